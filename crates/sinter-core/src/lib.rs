@@ -1,1 +1,27 @@
-//! sinter-core
+//! sinter-core: runtime-typed tensors with strided views, reverse-mode autograd, and the CPU
+//! backend. Higher layers (nn, models, dist) build only on the `Tensor` API here.
+
+pub mod autograd;
+pub mod cpu;
+pub mod device;
+pub mod dtype;
+pub mod error;
+pub mod layout;
+mod nn_ops;
+pub mod op;
+mod ops;
+pub mod rng;
+pub mod storage;
+pub mod tensor;
+
+pub use autograd::{is_grad_enabled, no_grad, NoGradGuard};
+pub use cpu::conv::{Conv2dParams, Pool2dParams};
+pub use cpu::nn::{AdamWParams, SgdParams};
+pub use device::Device;
+pub use dtype::{DType, Element};
+pub use error::{Error, Result};
+pub use layout::Layout;
+pub use rng::Rng;
+pub use tensor::{Tensor, TensorId};
+
+pub use half::{bf16, f16};

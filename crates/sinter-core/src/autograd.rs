@@ -1,0 +1,172 @@
+//! Reverse-mode autograd. Each op that sees a tracked input records a `Node`: its inputs and
+//! a closure that maps the output's gradient to the inputs' gradients. `backward` walks the
+//! graph in reverse topological order under no-grad, accumulates into each variable's `grad`,
+//! and calls a hook the moment a variable's gradient is final (data parallel starts its
+//! bucket all-reduce there, overlapping communication with the rest of backward).
+
+use std::cell::Cell;
+use std::collections::HashMap;
+use std::sync::{Arc, RwLock};
+
+use crate::storage::Storage;
+use crate::tensor::{Tensor, TensorId};
+use crate::{Layout, Result};
+
+pub(crate) type BackwardFn = Box<dyn Fn(&Tensor, &Tensor) -> Result<Vec<Option<Tensor>>> + Send + Sync>;
+
+pub(crate) struct Node {
+    pub(crate) name: &'static str,
+    pub(crate) inputs: Vec<Tensor>,
+    /// (grad of output, output) -> one gradient per input (None: nothing flows there).
+    pub(crate) backward: BackwardFn,
+}
+
+thread_local! {
+    static GRAD_ENABLED: Cell<bool> = const { Cell::new(true) };
+}
+
+pub fn is_grad_enabled() -> bool {
+    GRAD_ENABLED.with(|g| g.get())
+}
+
+/// While alive, ops record nothing (evaluation, optimizer updates). Restores on drop.
+pub struct NoGradGuard {
+    prev: bool,
+}
+
+impl Drop for NoGradGuard {
+    fn drop(&mut self) {
+        GRAD_ENABLED.with(|g| g.set(self.prev));
+    }
+}
+
+pub fn no_grad() -> NoGradGuard {
+    let prev = GRAD_ENABLED.with(|g| g.replace(false));
+    NoGradGuard { prev }
+}
+
+/// A node for an op over `inputs`, or None when no input needs gradients.
+pub(crate) fn record(
+    name: &'static str,
+    inputs: &[&Tensor],
+    backward: impl Fn(&Tensor, &Tensor) -> Result<Vec<Option<Tensor>>> + Send + Sync + 'static,
+) -> Option<Node> {
+    if !is_grad_enabled() || !inputs.iter().any(|t| t.tracks_grad()) {
+        return None;
+    }
+    Some(Node {
+        name,
+        inputs: inputs.iter().map(|t| (*t).clone()).collect(),
+        backward: Box::new(backward),
+    })
+}
+
+/// A fresh contiguous output of an op, with its node when gradients are tracked.
+pub(crate) fn output(
+    storage: Storage,
+    shape: &[usize],
+    name: &'static str,
+    inputs: &[&Tensor],
+    backward: impl Fn(&Tensor, &Tensor) -> Result<Vec<Option<Tensor>>> + Send + Sync + 'static,
+) -> Tensor {
+    let (dtype, device) = (storage.dtype(), storage.device());
+    let node = record(name, inputs, backward);
+    Tensor::from_parts(Arc::new(RwLock::new(storage)), Layout::contiguous(shape), dtype, device, node)
+}
+
+/// Tensors reachable from `root` through nodes, producers before consumers.
+fn topological_order(root: &Tensor) -> Vec<Tensor> {
+    let mut order = Vec::new();
+    let mut seen: HashMap<TensorId, ()> = HashMap::new();
+    // Iterative DFS: deep graphs (long sequences of small ops) must not overflow the stack.
+    let mut stack: Vec<(Tensor, usize)> = vec![(root.clone(), 0)];
+    seen.insert(root.id(), ());
+    while let Some((t, child)) = stack.pop() {
+        let inputs = t.0.node.as_ref().map(|n| n.inputs.as_slice()).unwrap_or(&[]);
+        if child < inputs.len() {
+            let next = inputs[child].clone();
+            stack.push((t, child + 1));
+            if next.tracks_grad() && seen.insert(next.id(), ()).is_none() {
+                stack.push((next, 0));
+            }
+        } else {
+            order.push(t);
+        }
+    }
+    order
+}
+
+impl Tensor {
+    /// Computes gradients of this tensor (seeded with ones) for every variable it depends on,
+    /// adding them to what the variables already hold.
+    pub fn backward(&self) -> Result<()> {
+        self.backward_with_hook(|_, _| Ok(()))
+    }
+
+    /// `backward`, calling `hook(variable, its accumulated gradient)` as soon as each
+    /// variable's gradient from this pass is complete.
+    pub fn backward_with_hook(&self, mut hook: impl FnMut(&Tensor, &Tensor) -> Result<()>) -> Result<()> {
+        if !self.tracks_grad() {
+            crate::bail!("backward: this tensor does not depend on any variable (was it computed under no_grad, or detached?)");
+        }
+        let _guard = no_grad();
+        let order = topological_order(self);
+        // How many recorded uses of each tensor remain unprocessed.
+        let mut pending: HashMap<TensorId, usize> = HashMap::new();
+        for t in &order {
+            if let Some(n) = &t.0.node {
+                for i in &n.inputs {
+                    if i.tracks_grad() {
+                        *pending.entry(i.id()).or_default() += 1;
+                    }
+                }
+            }
+        }
+        let mut grads: HashMap<TensorId, Tensor> = HashMap::new();
+        grads.insert(self.id(), self.ones_like()?);
+
+        let finish_variable = |v: &Tensor, g: Tensor, hook: &mut dyn FnMut(&Tensor, &Tensor) -> Result<()>| -> Result<()> {
+            let g = if g.dtype() != v.dtype() { g.to_dtype(v.dtype())? } else { g };
+            let total = match v.grad() {
+                Some(prev) => prev.add(&g)?,
+                None => g.contiguous()?,
+            };
+            v.set_grad(Some(total.clone()));
+            hook(v, &total)
+        };
+        if self.is_variable() {
+            let g = grads.remove(&self.id()).expect("seeded");
+            return finish_variable(self, g, &mut hook);
+        }
+
+        for t in order.iter().rev() {
+            let Some(node) = &t.0.node else { continue };
+            let Some(g) = grads.remove(&t.id()) else { continue };
+            let input_grads = (node.backward)(&g, t).map_err(|e| crate::Error::Msg(format!("backward of {}: {e}", node.name)))?;
+            debug_assert_eq!(input_grads.len(), node.inputs.len(), "{}", node.name);
+            for (input, ig) in node.inputs.iter().zip(input_grads) {
+                if !input.tracks_grad() {
+                    continue;
+                }
+                if let Some(ig) = ig {
+                    if ig.shape() != input.shape() {
+                        crate::bail!("backward of {}: gradient shape {:?} does not match input shape {:?}", node.name, ig.shape(), input.shape());
+                    }
+                    let acc = match grads.remove(&input.id()) {
+                        Some(prev) => prev.add(&ig)?,
+                        None => ig,
+                    };
+                    grads.insert(input.id(), acc);
+                }
+                let left = pending.get_mut(&input.id()).expect("counted");
+                *left -= 1;
+                if *left == 0 && input.is_variable() {
+                    if let Some(g) = grads.remove(&input.id()) {
+                        finish_variable(input, g, &mut hook)?;
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}

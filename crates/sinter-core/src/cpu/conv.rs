@@ -1,0 +1,322 @@
+//! conv2d as im2col + GEMM (forward and both backward passes) and 2-D pooling.
+//! Samples are independent, so the batch is split across cores; each core keeps its own
+//! weight-gradient accumulator and they are summed in a fixed order (deterministic).
+
+use rayon::prelude::*;
+
+use super::matmul::MatView;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Conv2dParams {
+    pub stride: usize,
+    pub padding: usize,
+    pub dilation: usize,
+    pub groups: usize,
+}
+
+impl Default for Conv2dParams {
+    fn default() -> Self {
+        Conv2dParams {
+            stride: 1,
+            padding: 0,
+            dilation: 1,
+            groups: 1,
+        }
+    }
+}
+
+/// Geometry of one convolution: input [n, c, h, w], weight [o, c/groups, kh, kw].
+#[derive(Clone, Copy, Debug)]
+pub struct ConvGeom {
+    pub n: usize,
+    pub c: usize,
+    pub h: usize,
+    pub w: usize,
+    pub o: usize,
+    pub kh: usize,
+    pub kw: usize,
+    pub oh: usize,
+    pub ow: usize,
+    pub p: Conv2dParams,
+}
+
+impl ConvGeom {
+    pub fn out_size(input: usize, k: usize, p: &Conv2dParams) -> Option<usize> {
+        let span = p.dilation * (k - 1) + 1;
+        (input + 2 * p.padding).checked_sub(span).map(|v| v / p.stride + 1)
+    }
+    fn cg(&self) -> usize {
+        self.c / self.p.groups
+    }
+    fn og(&self) -> usize {
+        self.o / self.p.groups
+    }
+    /// Rows of the column matrix of one group: cg * kh * kw.
+    fn ckk(&self) -> usize {
+        self.cg() * self.kh * self.kw
+    }
+    fn l(&self) -> usize {
+        self.oh * self.ow
+    }
+}
+
+/// col[(ci*kh + y)*kw + x, oy*ow + ox] = input[ci, oy*s - p + y*d, ox*s - p + x*d] (0 outside).
+fn im2col(img: &[f32], g: &ConvGeom, c0: usize, col: &mut [f32]) {
+    let (s, pd, d) = (g.p.stride as isize, g.p.padding as isize, g.p.dilation as isize);
+    let l = g.l();
+    for ci in 0..g.cg() {
+        let plane = &img[(c0 + ci) * g.h * g.w..(c0 + ci + 1) * g.h * g.w];
+        for ky in 0..g.kh {
+            for kx in 0..g.kw {
+                let row = &mut col[((ci * g.kh + ky) * g.kw + kx) * l..][..l];
+                for oy in 0..g.oh {
+                    let iy = oy as isize * s - pd + ky as isize * d;
+                    let dst = &mut row[oy * g.ow..(oy + 1) * g.ow];
+                    if iy < 0 || iy >= g.h as isize {
+                        dst.fill(0.0);
+                        continue;
+                    }
+                    let src = &plane[iy as usize * g.w..(iy as usize + 1) * g.w];
+                    for (ox, v) in dst.iter_mut().enumerate() {
+                        let ix = ox as isize * s - pd + kx as isize * d;
+                        *v = if ix < 0 || ix >= g.w as isize { 0.0 } else { src[ix as usize] };
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The adjoint of im2col: adds each column entry back to the pixel it was read from.
+fn col2im(col: &[f32], g: &ConvGeom, c0: usize, img: &mut [f32]) {
+    let (s, pd, d) = (g.p.stride as isize, g.p.padding as isize, g.p.dilation as isize);
+    let l = g.l();
+    for ci in 0..g.cg() {
+        let plane = &mut img[(c0 + ci) * g.h * g.w..(c0 + ci + 1) * g.h * g.w];
+        for ky in 0..g.kh {
+            for kx in 0..g.kw {
+                let row = &col[((ci * g.kh + ky) * g.kw + kx) * l..][..l];
+                for oy in 0..g.oh {
+                    let iy = oy as isize * s - pd + ky as isize * d;
+                    if iy < 0 || iy >= g.h as isize {
+                        continue;
+                    }
+                    for ox in 0..g.ow {
+                        let ix = ox as isize * s - pd + kx as isize * d;
+                        if ix >= 0 && ix < g.w as isize {
+                            plane[iy as usize * g.w + ix as usize] += row[oy * g.ow + ox];
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// dst (m×n, row-major, overwritten or accumulated) = a · b with strided views.
+#[allow(clippy::too_many_arguments)]
+fn gemm_into(dst: &mut [f32], accumulate: bool, m: usize, n: usize, k: usize, a: &[f32], av: MatView, b: &[f32], bv: MatView) {
+    // SAFETY: views address elements of a and b; dst holds m*n elements.
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            dst.as_mut_ptr(),
+            1,
+            n as isize,
+            accumulate,
+            a.as_ptr().add(av.offset),
+            av.cs,
+            av.rs,
+            b.as_ptr().add(bv.offset),
+            bv.cs,
+            bv.rs,
+            1.0,
+            1.0,
+            false,
+            false,
+            false,
+            gemm::Parallelism::None,
+        )
+    }
+}
+
+fn row_major(offset: usize, cols: usize) -> MatView {
+    MatView { offset, rs: cols as isize, cs: 1 }
+}
+fn transposed(offset: usize, cols: usize) -> MatView {
+    MatView { offset, rs: 1, cs: cols as isize }
+}
+
+pub fn conv2d_forward(x: &[f32], w: &[f32], g: &ConvGeom) -> Vec<f32> {
+    let (l, ckk, og) = (g.l(), g.ckk(), g.og());
+    let mut out = vec![0f32; g.n * g.o * l];
+    out.par_chunks_mut(g.o * l).enumerate().for_each_init(
+        || vec![0f32; ckk * l],
+        |col, (ni, dst)| {
+            let img = &x[ni * g.c * g.h * g.w..(ni + 1) * g.c * g.h * g.w];
+            for gi in 0..g.p.groups {
+                im2col(img, g, gi * g.cg(), col);
+                let d = &mut dst[gi * og * l..(gi + 1) * og * l];
+                gemm_into(d, false, og, l, ckk, w, row_major(gi * og * ckk, ckk), col, row_major(0, l));
+            }
+        },
+    );
+    out
+}
+
+/// Returns (dx, dw); either is skipped (empty) when not wanted.
+pub fn conv2d_backward(x: &[f32], w: &[f32], dy: &[f32], g: &ConvGeom, want_dx: bool, want_dw: bool) -> (Vec<f32>, Vec<f32>) {
+    let (l, ckk, og) = (g.l(), g.ckk(), g.og());
+    let img_len = g.c * g.h * g.w;
+    let mut dx = if want_dx { vec![0f32; g.n * img_len] } else { Vec::new() };
+    let wlen = g.o * ckk;
+    // Fixed chunks of samples (not per thread) keep the weight-gradient sum order fixed.
+    let chunk = 8usize;
+    let n_chunks = g.n.div_ceil(chunk);
+    let partial_dw: Vec<Vec<f32>> = {
+        let dx_chunks: Vec<&mut [f32]> = if want_dx { dx.chunks_mut(chunk * img_len).collect() } else { (0..n_chunks).map(|_| <&mut [f32]>::default()).collect() };
+        dx_chunks
+            .into_par_iter()
+            .enumerate()
+            .map(|(ci, dxc)| {
+                let mut dw = if want_dw { vec![0f32; wlen] } else { Vec::new() };
+                let mut col = vec![0f32; ckk * l];
+                let mut dcol = vec![0f32; if want_dx { ckk * l } else { 0 }];
+                for ni in ci * chunk..((ci + 1) * chunk).min(g.n) {
+                    let img = &x[ni * img_len..(ni + 1) * img_len];
+                    let dyn_ = &dy[ni * g.o * l..(ni + 1) * g.o * l];
+                    for gi in 0..g.p.groups {
+                        let dyg_off = gi * og * l;
+                        if want_dw {
+                            im2col(img, g, gi * g.cg(), &mut col);
+                            // dw_g (og×ckk) += dy_g (og×l) · colᵀ (l×ckk)
+                            let dwg = &mut dw[gi * og * ckk..(gi + 1) * og * ckk];
+                            gemm_into(dwg, true, og, ckk, l, dyn_, row_major(dyg_off, l), &col, transposed(0, l));
+                        }
+                        if want_dx {
+                            // dcol (ckk×l) = w_gᵀ (ckk×og) · dy_g (og×l)
+                            gemm_into(&mut dcol, false, ckk, l, og, w, transposed(gi * og * ckk, ckk), dyn_, row_major(dyg_off, l));
+                            let local = ni - ci * chunk;
+                            col2im(&dcol, g, gi * g.cg(), &mut dxc[local * img_len..(local + 1) * img_len]);
+                        }
+                    }
+                }
+                dw
+            })
+            .collect()
+    };
+    let mut dw = if want_dw { vec![0f32; wlen] } else { Vec::new() };
+    if want_dw {
+        for p in partial_dw {
+            for (a, b) in dw.iter_mut().zip(p) {
+                *a += b;
+            }
+        }
+    }
+    (dx, dw)
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Pool2dParams {
+    pub kernel: usize,
+    pub stride: usize,
+    pub padding: usize,
+}
+
+/// Max pooling over [planes, h, w]; returns the output and each output's argmax (flat index
+/// within its plane) for the backward pass.
+pub fn max_pool2d(x: &[f32], planes: usize, h: usize, w: usize, oh: usize, ow: usize, p: Pool2dParams) -> (Vec<f32>, Vec<i64>) {
+    let mut out = vec![0f32; planes * oh * ow];
+    let mut arg = vec![0i64; planes * oh * ow];
+    out.par_chunks_mut(oh * ow).zip(arg.par_chunks_mut(oh * ow)).enumerate().for_each(|(pi, (o, a))| {
+        let plane = &x[pi * h * w..(pi + 1) * h * w];
+        for oy in 0..oh {
+            for ox in 0..ow {
+                let mut best = f32::NEG_INFINITY;
+                let mut bi = -1i64;
+                for ky in 0..p.kernel {
+                    let iy = (oy * p.stride + ky) as isize - p.padding as isize;
+                    if iy < 0 || iy >= h as isize {
+                        continue;
+                    }
+                    for kx in 0..p.kernel {
+                        let ix = (ox * p.stride + kx) as isize - p.padding as isize;
+                        if ix < 0 || ix >= w as isize {
+                            continue;
+                        }
+                        let idx = iy as usize * w + ix as usize;
+                        if plane[idx] > best || bi < 0 {
+                            best = plane[idx];
+                            bi = idx as i64;
+                        }
+                    }
+                }
+                o[oy * ow + ox] = best;
+                a[oy * ow + ox] = bi;
+            }
+        }
+    });
+    (out, arg)
+}
+
+pub fn max_pool2d_backward(dy: &[f32], arg: &[i64], planes: usize, hw: usize, ohw: usize) -> Vec<f32> {
+    let mut dx = vec![0f32; planes * hw];
+    dx.par_chunks_mut(hw).enumerate().for_each(|(pi, d)| {
+        for j in 0..ohw {
+            let a = arg[pi * ohw + j];
+            if a >= 0 {
+                d[a as usize] += dy[pi * ohw + j];
+            }
+        }
+    });
+    dx
+}
+
+/// Average pooling; padding counts as zeros in the average (PyTorch's default).
+pub fn avg_pool2d(x: &[f32], planes: usize, h: usize, w: usize, oh: usize, ow: usize, p: Pool2dParams) -> Vec<f32> {
+    let inv = 1.0 / (p.kernel * p.kernel) as f32;
+    let mut out = vec![0f32; planes * oh * ow];
+    out.par_chunks_mut(oh * ow).enumerate().for_each(|(pi, o)| {
+        let plane = &x[pi * h * w..(pi + 1) * h * w];
+        for oy in 0..oh {
+            for ox in 0..ow {
+                let mut s = 0f32;
+                for ky in 0..p.kernel {
+                    let iy = (oy * p.stride + ky) as isize - p.padding as isize;
+                    for kx in 0..p.kernel {
+                        let ix = (ox * p.stride + kx) as isize - p.padding as isize;
+                        if iy >= 0 && iy < h as isize && ix >= 0 && ix < w as isize {
+                            s += plane[iy as usize * w + ix as usize];
+                        }
+                    }
+                }
+                o[oy * ow + ox] = s * inv;
+            }
+        }
+    });
+    out
+}
+
+pub fn avg_pool2d_backward(dy: &[f32], planes: usize, h: usize, w: usize, oh: usize, ow: usize, p: Pool2dParams) -> Vec<f32> {
+    let inv = 1.0 / (p.kernel * p.kernel) as f32;
+    let mut dx = vec![0f32; planes * h * w];
+    dx.par_chunks_mut(h * w).enumerate().for_each(|(pi, d)| {
+        for oy in 0..oh {
+            for ox in 0..ow {
+                let gv = dy[pi * oh * ow + oy * ow + ox] * inv;
+                for ky in 0..p.kernel {
+                    let iy = (oy * p.stride + ky) as isize - p.padding as isize;
+                    for kx in 0..p.kernel {
+                        let ix = (ox * p.stride + kx) as isize - p.padding as isize;
+                        if iy >= 0 && iy < h as isize && ix >= 0 && ix < w as isize {
+                            d[iy as usize * w + ix as usize] += gv;
+                        }
+                    }
+                }
+            }
+        }
+    });
+    dx
+}

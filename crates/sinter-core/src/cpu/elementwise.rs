@@ -1,0 +1,131 @@
+//! Elementwise kernels: unary maps and their derivatives, binary and ternary ops over
+//! strided/broadcast layouts. Contiguous inputs take a flat, vectorisable, parallel path.
+
+use rayon::prelude::*;
+
+use super::{CpuStorage, PAR_THRESHOLD};
+use crate::op::{BinaryOp, UnaryOp};
+use crate::{DType, Layout};
+
+fn map_flat(x: &[f32], f: impl Fn(f32) -> f32 + Sync) -> Vec<f32> {
+    if x.len() >= PAR_THRESHOLD {
+        x.par_iter().with_min_len(4096).map(|&v| f(v)).collect()
+    } else {
+        x.iter().map(|&v| f(v)).collect()
+    }
+}
+
+pub fn unary(s: &CpuStorage, layout: &Layout, op: UnaryOp) -> CpuStorage {
+    let x = s.f32_contiguous(layout);
+    CpuStorage::from_f32(map_flat(&x, |v| op.apply(v)), s.dtype())
+}
+
+/// grad_in = grad_out * f'(x), from contiguous x, y = f(x) and grad_out of one shape.
+pub fn unary_backward(op: UnaryOp, x: &[f32], y: &[f32], g: &[f32], dtype: DType) -> CpuStorage {
+    let n = g.len();
+    let mut out = vec![0f32; n];
+    let body = |(i, o): (usize, &mut f32)| *o = g[i] * op.derivative(x[i], y[i]);
+    if n >= PAR_THRESHOLD {
+        out.par_iter_mut().with_min_len(4096).enumerate().for_each(body);
+    } else {
+        out.iter_mut().enumerate().for_each(body);
+    }
+    CpuStorage::from_f32(out, dtype)
+}
+
+/// out[i] = f(a[i], b[i]) where both layouts already have the output's shape (broadcast views).
+fn zip_strided<T: Copy + Send + Sync + Default>(
+    a: &[T],
+    la: &Layout,
+    b: &[T],
+    lb: &Layout,
+    f: impl Fn(T, T) -> T + Sync,
+) -> Vec<T> {
+    let n = la.numel();
+    if let (Some(ra), Some(rb)) = (la.contiguous_range(), lb.contiguous_range()) {
+        let (a, b) = (&a[ra], &b[rb]);
+        return if n >= PAR_THRESHOLD {
+            a.par_iter()
+                .zip(b.par_iter())
+                .with_min_len(4096)
+                .map(|(&x, &y)| f(x, y))
+                .collect()
+        } else {
+            a.iter().zip(b).map(|(&x, &y)| f(x, y)).collect()
+        };
+    }
+    let (last, sa) = la.last_dim();
+    let (_, sb) = lb.last_dim();
+    let mut out = vec![T::default(); n];
+    if n == 0 || last == 0 {
+        return out;
+    }
+    let row = |(r, o): (usize, &mut [T])| {
+        let (oa, ob) = (la.row_offset(r), lb.row_offset(r));
+        for (j, v) in o.iter_mut().enumerate() {
+            *v = f(a[oa + j * sa], b[ob + j * sb]);
+        }
+    };
+    if n >= PAR_THRESHOLD {
+        out.par_chunks_mut(last)
+            .with_min_len((4096 / last).max(1))
+            .enumerate()
+            .for_each(row);
+    } else {
+        out.chunks_mut(last).enumerate().for_each(row);
+    }
+    out
+}
+
+pub fn binary(a: &CpuStorage, la: &Layout, b: &CpuStorage, lb: &Layout, op: BinaryOp) -> CpuStorage {
+    match (a, b) {
+        (CpuStorage::F32(x), CpuStorage::F32(y)) => {
+            CpuStorage::F32(zip_strided(x, la, y, lb, |p, q| op.apply(p, q)))
+        }
+        (CpuStorage::I64(x), CpuStorage::I64(y)) => {
+            CpuStorage::I64(zip_strided(x, la, y, lb, |p, q| op.apply_i64(p, q)))
+        }
+        _ => {
+            // Half types: widen both operands once, compute in f32, round back.
+            let dtype = a.dtype();
+            let x = a.f32_contiguous(la);
+            let y = b.f32_contiguous(lb);
+            let lc = Layout::contiguous(la.shape());
+            CpuStorage::from_f32(zip_strided(&x, &lc, &y, &lc, |p, q| op.apply(p, q)), dtype)
+        }
+    }
+}
+
+/// out = cond != 0 ? a : b, every layout already broadcast to the output's shape.
+pub fn where_cond(
+    c: &CpuStorage,
+    lc: &Layout,
+    a: &CpuStorage,
+    la: &Layout,
+    b: &CpuStorage,
+    lb: &Layout,
+) -> CpuStorage {
+    let cond = c.f32_contiguous(lc);
+    let dtype = a.dtype();
+    if dtype == DType::I64 {
+        let x = a.i64_contiguous(la);
+        let y = b.i64_contiguous(lb);
+        let out = cond
+            .iter()
+            .zip(x.iter().zip(y.iter()))
+            .map(|(&c, (&p, &q))| if c != 0.0 { p } else { q })
+            .collect();
+        return CpuStorage::I64(out);
+    }
+    let x = a.f32_contiguous(la);
+    let y = b.f32_contiguous(lb);
+    let n = cond.len();
+    let mut out = vec![0f32; n];
+    let body = |(i, o): (usize, &mut f32)| *o = if cond[i] != 0.0 { x[i] } else { y[i] };
+    if n >= PAR_THRESHOLD {
+        out.par_iter_mut().with_min_len(4096).enumerate().for_each(body);
+    } else {
+        out.iter_mut().enumerate().for_each(body);
+    }
+    CpuStorage::from_f32(out, dtype)
+}

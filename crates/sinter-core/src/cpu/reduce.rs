@@ -1,0 +1,83 @@
+//! Reductions over one dimension of a contiguous tensor viewed as [outer, n, inner].
+//! Sums accumulate in f64 per output so results do not depend on thread count.
+
+use rayon::prelude::*;
+
+use crate::op::ReduceOp;
+
+/// Reduces x viewed as [outer, n, inner] over the middle dimension; returns outer*inner values.
+pub fn reduce_f32(x: &[f32], outer: usize, n: usize, inner: usize, op: ReduceOp) -> Vec<f32> {
+    let mut out = vec![0f32; outer * inner];
+    let work = outer * n * inner;
+    let body = |(o, dst): (usize, &mut [f32])| {
+        let base = o * n * inner;
+        match op {
+            ReduceOp::Sum => {
+                if inner == 1 {
+                    let row = &x[base..base + n];
+                    // Pairs of f32 lanes summed into f64: accurate and still vectorisable.
+                    dst[0] = row.iter().map(|&v| v as f64).sum::<f64>() as f32;
+                } else {
+                    let mut acc = vec![0f64; inner];
+                    for k in 0..n {
+                        let r = &x[base + k * inner..base + (k + 1) * inner];
+                        for (a, &v) in acc.iter_mut().zip(r) {
+                            *a += v as f64;
+                        }
+                    }
+                    for (d, a) in dst.iter_mut().zip(acc) {
+                        *d = a as f32;
+                    }
+                }
+            }
+            ReduceOp::Max | ReduceOp::Min | ReduceOp::ArgMax => {
+                for (i, d) in dst.iter_mut().enumerate() {
+                    let mut best = x[base + i];
+                    let mut arg = 0usize;
+                    for k in 1..n {
+                        let v = x[base + k * inner + i];
+                        let better = match op {
+                            ReduceOp::Min => v < best,
+                            _ => v > best || (best.is_nan() && !v.is_nan()),
+                        };
+                        if better {
+                            best = v;
+                            arg = k;
+                        }
+                    }
+                    *d = if op == ReduceOp::ArgMax { arg as f32 } else { best };
+                }
+            }
+        }
+    };
+    if work >= super::PAR_THRESHOLD && outer > 1 {
+        out.par_chunks_mut(inner)
+            .with_min_len((super::PAR_THRESHOLD / (n * inner).max(1)).max(1))
+            .enumerate()
+            .for_each(body);
+    } else {
+        out.chunks_mut(inner).enumerate().for_each(body);
+    }
+    out
+}
+
+/// Index of the max along the middle dimension as i64 (exact for any n).
+pub fn argmax_i64(x: &[f32], outer: usize, n: usize, inner: usize) -> Vec<i64> {
+    let mut out = vec![0i64; outer * inner];
+    for o in 0..outer {
+        for i in 0..inner {
+            let base = o * n * inner + i;
+            let mut best = x[base];
+            let mut arg = 0;
+            for k in 1..n {
+                let v = x[base + k * inner];
+                if v > best {
+                    best = v;
+                    arg = k;
+                }
+            }
+            out[o * inner + i] = arg as i64;
+        }
+    }
+    out
+}

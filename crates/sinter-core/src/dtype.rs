@@ -1,0 +1,120 @@
+//! Runtime element types. Floats compute in f32 on the CPU; f16/bf16 are storage formats
+//! whose values are widened to f32 for arithmetic and rounded back, as tensor cores do.
+
+use half::{bf16, f16};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum DType {
+    F32,
+    F16,
+    BF16,
+    /// Integer indices (class labels, token ids); signed so that `ignore_index = -100` works.
+    I64,
+}
+
+impl DType {
+    pub fn size_in_bytes(self) -> usize {
+        match self {
+            DType::F32 => 4,
+            DType::F16 | DType::BF16 => 2,
+            DType::I64 => 8,
+        }
+    }
+    pub fn is_float(self) -> bool {
+        !matches!(self, DType::I64)
+    }
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DType::F32 => "f32",
+            DType::F16 => "f16",
+            DType::BF16 => "bf16",
+            DType::I64 => "i64",
+        }
+    }
+    pub fn parse(s: &str) -> Option<DType> {
+        match s {
+            "f32" | "float32" => Some(DType::F32),
+            "f16" | "float16" | "fp16" => Some(DType::F16),
+            "bf16" | "bfloat16" => Some(DType::BF16),
+            "i64" | "int64" => Some(DType::I64),
+            _ => None,
+        }
+    }
+    pub const ALL: [DType; 4] = [DType::F32, DType::F16, DType::BF16, DType::I64];
+}
+
+impl std::fmt::Display for DType {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A Rust element type that a tensor can hold.
+pub trait Element: Copy + Send + Sync + 'static + bytemuck::Pod + std::fmt::Debug {
+    const DTYPE: DType;
+    fn to_f64(self) -> f64;
+    fn from_f64(v: f64) -> Self;
+    fn to_f32(self) -> f32;
+    fn from_f32(v: f32) -> Self;
+}
+
+impl Element for f32 {
+    const DTYPE: DType = DType::F32;
+    fn to_f64(self) -> f64 {
+        self as f64
+    }
+    fn from_f64(v: f64) -> Self {
+        v as f32
+    }
+    fn to_f32(self) -> f32 {
+        self
+    }
+    fn from_f32(v: f32) -> Self {
+        v
+    }
+}
+impl Element for f16 {
+    const DTYPE: DType = DType::F16;
+    fn to_f64(self) -> f64 {
+        self.to_f64()
+    }
+    fn from_f64(v: f64) -> Self {
+        f16::from_f64(v)
+    }
+    fn to_f32(self) -> f32 {
+        self.to_f32()
+    }
+    fn from_f32(v: f32) -> Self {
+        f16::from_f32(v)
+    }
+}
+impl Element for bf16 {
+    const DTYPE: DType = DType::BF16;
+    fn to_f64(self) -> f64 {
+        self.to_f64()
+    }
+    fn from_f64(v: f64) -> Self {
+        bf16::from_f64(v)
+    }
+    fn to_f32(self) -> f32 {
+        self.to_f32()
+    }
+    fn from_f32(v: f32) -> Self {
+        bf16::from_f32(v)
+    }
+}
+impl Element for i64 {
+    const DTYPE: DType = DType::I64;
+    fn to_f64(self) -> f64 {
+        self as f64
+    }
+    fn from_f64(v: f64) -> Self {
+        v as i64
+    }
+    fn to_f32(self) -> f32 {
+        self as f32
+    }
+    fn from_f32(v: f32) -> Self {
+        v as i64
+    }
+}

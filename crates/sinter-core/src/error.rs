@@ -1,0 +1,45 @@
+//! One error type for every fallible tensor operation: each variant says which op failed and why.
+
+use crate::{DType, Device};
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("{op}: shapes {lhs:?} and {rhs:?} do not fit together")]
+    ShapeMismatch {
+        op: &'static str,
+        lhs: Vec<usize>,
+        rhs: Vec<usize>,
+    },
+    #[error("{op}: dimension {dim} is out of range for a tensor of rank {rank}")]
+    DimOutOfRange {
+        op: &'static str,
+        dim: isize,
+        rank: usize,
+    },
+    #[error("{op}: expected dtype {expected:?}, got {got:?}")]
+    DTypeMismatch {
+        op: &'static str,
+        expected: DType,
+        got: DType,
+    },
+    #[error("{op}: tensors live on different devices ({lhs:?} and {rhs:?}); move them with to_device first")]
+    DeviceMismatch {
+        op: &'static str,
+        lhs: Device,
+        rhs: Device,
+    },
+    #[error("device {0:?} is not available: {1}")]
+    DeviceUnavailable(Device, String),
+    #[error("{0}")]
+    Msg(String),
+}
+
+pub type Result<T> = std::result::Result<T, Error>;
+
+/// Builds an `Error::Msg` from a format string and returns it.
+#[macro_export]
+macro_rules! bail {
+    ($($arg:tt)*) => {
+        return Err($crate::Error::Msg(format!($($arg)*)))
+    };
+}

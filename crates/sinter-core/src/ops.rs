@@ -1,0 +1,366 @@
+//! Differentiable math: elementwise ops with broadcasting, reductions, softmax, matmul.
+//! Every backward is written in terms of these same ops, so it runs on any backend.
+
+use crate::autograd::output;
+use crate::cpu::{self, CpuStorage};
+use crate::layout::{broadcast_shape, resolve_dim};
+use crate::op::{BinaryOp, ReduceOp, UnaryOp};
+use crate::storage::Storage;
+use crate::{bail, DType, Error, Result, Tensor};
+
+impl Tensor {
+    fn same_device(&self, op: &'static str, other: &Tensor) -> Result<()> {
+        if self.device() != other.device() {
+            return Err(Error::DeviceMismatch { op, lhs: self.device(), rhs: other.device() });
+        }
+        Ok(())
+    }
+
+    // ---- unary ------------------------------------------------------------------------------
+
+    pub fn unary(&self, op: UnaryOp) -> Result<Tensor> {
+        if !self.dtype().is_float() {
+            bail!("{}: needs a float tensor, got {}", op.name(), self.dtype());
+        }
+        let s = Storage::Cpu(cpu::elementwise::unary(self.storage().cpu(), self.layout(), op));
+        let x = self.clone();
+        Ok(output(s, self.shape(), op.name(), &[self], move |g, y| Ok(vec![Some(Tensor::unary_backward(op, &x, y, g)?)])))
+    }
+    /// grad_out · f'(x) in one pass.
+    fn unary_backward(op: UnaryOp, x: &Tensor, y: &Tensor, g: &Tensor) -> Result<Tensor> {
+        let (xs, ys, gs) = (x.storage(), y.storage(), g.storage());
+        let (xv, yv, gv) = (xs.cpu().f32_contiguous(x.layout()), ys.cpu().f32_contiguous(y.layout()), gs.cpu().f32_contiguous(g.layout()));
+        let s = cpu::elementwise::unary_backward(op, &xv, &yv, &gv, g.dtype());
+        Ok(Tensor::from_cpu(s, g.shape()))
+    }
+    pub fn neg(&self) -> Result<Tensor> {
+        self.unary(UnaryOp::Neg)
+    }
+    pub fn exp(&self) -> Result<Tensor> {
+        self.unary(UnaryOp::Exp)
+    }
+    pub fn log(&self) -> Result<Tensor> {
+        self.unary(UnaryOp::Log)
+    }
+    pub fn sqrt(&self) -> Result<Tensor> {
+        self.unary(UnaryOp::Sqrt)
+    }
+    pub fn sqr(&self) -> Result<Tensor> {
+        self.unary(UnaryOp::Sqr)
+    }
+    pub fn recip(&self) -> Result<Tensor> {
+        self.unary(UnaryOp::Recip)
+    }
+    pub fn abs(&self) -> Result<Tensor> {
+        self.unary(UnaryOp::Abs)
+    }
+    pub fn tanh(&self) -> Result<Tensor> {
+        self.unary(UnaryOp::Tanh)
+    }
+    pub fn sigmoid(&self) -> Result<Tensor> {
+        self.unary(UnaryOp::Sigmoid)
+    }
+    pub fn relu(&self) -> Result<Tensor> {
+        self.unary(UnaryOp::Relu)
+    }
+    /// GELU, tanh approximation.
+    pub fn gelu(&self) -> Result<Tensor> {
+        self.unary(UnaryOp::GeluTanh)
+    }
+    /// GELU, exact erf form.
+    pub fn gelu_erf(&self) -> Result<Tensor> {
+        self.unary(UnaryOp::GeluErf)
+    }
+    pub fn silu(&self) -> Result<Tensor> {
+        self.unary(UnaryOp::Silu)
+    }
+    pub fn powf(&self, e: f32) -> Result<Tensor> {
+        self.unary(UnaryOp::Powf(e))
+    }
+    /// x · mul + add.
+    pub fn affine(&self, mul: f32, add: f32) -> Result<Tensor> {
+        self.unary(UnaryOp::Affine(mul, add))
+    }
+    pub fn mul_scalar(&self, v: f32) -> Result<Tensor> {
+        self.affine(v, 0.0)
+    }
+    pub fn add_scalar(&self, v: f32) -> Result<Tensor> {
+        self.affine(1.0, v)
+    }
+
+    // ---- binary with broadcasting -------------------------------------------------------------
+
+    pub fn binary(&self, rhs: &Tensor, op: BinaryOp) -> Result<Tensor> {
+        self.same_device(op.name(), rhs)?;
+        if self.dtype() != rhs.dtype() {
+            return Err(Error::DTypeMismatch { op: op.name(), expected: self.dtype(), got: rhs.dtype() });
+        }
+        let shape = broadcast_shape(op.name(), self.shape(), rhs.shape())?;
+        let (la, lb) = (self.layout().broadcast_as(&shape)?, rhs.layout().broadcast_as(&shape)?);
+        let s = {
+            let (sa, sb) = (self.storage(), rhs.storage());
+            Storage::Cpu(cpu::elementwise::binary(sa.cpu(), &la, sb.cpu(), &lb, op))
+        };
+        if op.is_comparison() || !self.dtype().is_float() {
+            return Ok(Tensor::from_storage(s, &shape));
+        }
+        let (a, b) = (self.clone(), rhs.clone());
+        Ok(output(s, &shape, op.name(), &[self, rhs], move |g, _| {
+            let (ga, gb) = match op {
+                BinaryOp::Add => (g.clone(), g.clone()),
+                BinaryOp::Sub => (g.clone(), g.neg()?),
+                BinaryOp::Mul => (g.mul(&b)?, g.mul(&a)?),
+                BinaryOp::Div => (g.div(&b)?, g.mul(&a)?.div(&b.sqr()?)?.neg()?),
+                BinaryOp::Maximum | BinaryOp::Minimum => {
+                    let pick_a = if op == BinaryOp::Maximum { a.ge(&b)? } else { a.le(&b)? };
+                    let zeros = g.zeros_like()?;
+                    (Tensor::where_cond(&pick_a, g, &zeros)?, Tensor::where_cond(&pick_a, &zeros, g)?)
+                }
+                _ => unreachable!("comparisons record no node"),
+            };
+            let want_a = a.tracks_grad().then(|| ga.sum_to_shape(a.shape())).transpose()?;
+            let want_b = b.tracks_grad().then(|| gb.sum_to_shape(b.shape())).transpose()?;
+            Ok(vec![want_a, want_b])
+        }))
+    }
+    pub fn add(&self, rhs: &Tensor) -> Result<Tensor> {
+        self.binary(rhs, BinaryOp::Add)
+    }
+    pub fn sub(&self, rhs: &Tensor) -> Result<Tensor> {
+        self.binary(rhs, BinaryOp::Sub)
+    }
+    pub fn mul(&self, rhs: &Tensor) -> Result<Tensor> {
+        self.binary(rhs, BinaryOp::Mul)
+    }
+    pub fn div(&self, rhs: &Tensor) -> Result<Tensor> {
+        self.binary(rhs, BinaryOp::Div)
+    }
+    pub fn maximum(&self, rhs: &Tensor) -> Result<Tensor> {
+        self.binary(rhs, BinaryOp::Maximum)
+    }
+    pub fn minimum(&self, rhs: &Tensor) -> Result<Tensor> {
+        self.binary(rhs, BinaryOp::Minimum)
+    }
+    /// 1 where equal, else 0 (same dtype as the inputs).
+    pub fn eq(&self, rhs: &Tensor) -> Result<Tensor> {
+        self.binary(rhs, BinaryOp::Eq)
+    }
+    pub fn ne(&self, rhs: &Tensor) -> Result<Tensor> {
+        self.binary(rhs, BinaryOp::Ne)
+    }
+    pub fn lt(&self, rhs: &Tensor) -> Result<Tensor> {
+        self.binary(rhs, BinaryOp::Lt)
+    }
+    pub fn le(&self, rhs: &Tensor) -> Result<Tensor> {
+        self.binary(rhs, BinaryOp::Le)
+    }
+    pub fn gt(&self, rhs: &Tensor) -> Result<Tensor> {
+        self.binary(rhs, BinaryOp::Gt)
+    }
+    pub fn ge(&self, rhs: &Tensor) -> Result<Tensor> {
+        self.binary(rhs, BinaryOp::Ge)
+    }
+
+    // ---- reductions ---------------------------------------------------------------------------
+
+    /// Reduces one dimension of a contiguous copy viewed as [outer, n, inner].
+    fn reduce_dim(&self, dim: usize, op: ReduceOp) -> Result<(CpuStorage, Vec<usize>)> {
+        let shape = self.shape();
+        let (outer, n, inner) = (shape[..dim].iter().product::<usize>(), shape[dim], shape[dim + 1..].iter().product::<usize>());
+        if n == 0 && op != ReduceOp::Sum {
+            bail!("{op:?}: cannot reduce over an empty dimension {dim} of {shape:?}");
+        }
+        let s = self.storage();
+        let x = s.cpu().f32_contiguous(self.layout());
+        let mut out_shape = shape.to_vec();
+        out_shape[dim] = 1;
+        let st = if op == ReduceOp::ArgMax {
+            CpuStorage::I64(cpu::reduce::argmax_i64(&x, outer, n, inner))
+        } else {
+            CpuStorage::from_f32(cpu::reduce::reduce_f32(&x, outer, n, inner, op), self.dtype())
+        };
+        Ok((st, out_shape))
+    }
+
+    fn squeeze_dims(&self, dims: &[usize]) -> Result<Tensor> {
+        let mut t = self.clone();
+        let mut ds = dims.to_vec();
+        ds.sort_unstable();
+        for &d in ds.iter().rev() {
+            t = t.squeeze(d as isize)?;
+        }
+        Ok(t)
+    }
+
+    fn resolve_dims(&self, op: &'static str, dims: &[isize]) -> Result<Vec<usize>> {
+        let mut out = dims.iter().map(|&d| resolve_dim(op, d, self.rank())).collect::<Result<Vec<_>>>()?;
+        out.sort_unstable();
+        out.dedup();
+        Ok(out)
+    }
+
+    /// Sum over `dims`; keeps them as size 1 when `keepdim`.
+    pub fn sum(&self, dims: &[isize], keepdim: bool) -> Result<Tensor> {
+        let ds = self.resolve_dims("sum", dims)?;
+        let mut t = self.clone();
+        for &d in &ds {
+            let (s, shape) = t.reduce_dim(d, ReduceOp::Sum)?;
+            let src_shape = t.shape().to_vec();
+            t = output(Storage::Cpu(s), &shape, "sum", &[&t], move |g, _| Ok(vec![Some(g.broadcast_as(&src_shape)?.contiguous()?)]));
+        }
+        if keepdim {
+            Ok(t)
+        } else {
+            t.squeeze_dims(&ds)
+        }
+    }
+    pub fn sum_all(&self) -> Result<Tensor> {
+        let all: Vec<isize> = (0..self.rank() as isize).collect();
+        self.sum(&all, false)
+    }
+    pub fn mean(&self, dims: &[isize], keepdim: bool) -> Result<Tensor> {
+        let ds = self.resolve_dims("mean", dims)?;
+        let count: usize = ds.iter().map(|&d| self.shape()[d]).product();
+        self.sum(dims, keepdim)?.mul_scalar(1.0 / count.max(1) as f32)
+    }
+    pub fn mean_all(&self) -> Result<Tensor> {
+        self.sum_all()?.mul_scalar(1.0 / self.numel().max(1) as f32)
+    }
+    /// Maximum over one dimension. Gradient goes to the maximal elements (split among ties).
+    pub fn max(&self, dim: isize, keepdim: bool) -> Result<Tensor> {
+        self.extremum(dim, keepdim, ReduceOp::Max)
+    }
+    pub fn min(&self, dim: isize, keepdim: bool) -> Result<Tensor> {
+        self.extremum(dim, keepdim, ReduceOp::Min)
+    }
+    fn extremum(&self, dim: isize, keepdim: bool, op: ReduceOp) -> Result<Tensor> {
+        let d = resolve_dim("max", dim, self.rank())?;
+        let (s, shape) = self.reduce_dim(d, op)?;
+        let x = self.clone();
+        let t = output(Storage::Cpu(s), &shape, "max", &[self], move |g, y| {
+            let hit = x.eq(&y.broadcast_as(x.shape())?)?;
+            let share = hit.div(&hit.sum(&[d as isize], true)?)?;
+            Ok(vec![Some(g.broadcast_as(x.shape())?.mul(&share)?)])
+        });
+        if keepdim {
+            Ok(t)
+        } else {
+            t.squeeze(d as isize)
+        }
+    }
+    /// Index of the maximum along `dim` (i64).
+    pub fn argmax(&self, dim: isize, keepdim: bool) -> Result<Tensor> {
+        let d = resolve_dim("argmax", dim, self.rank())?;
+        let (s, shape) = self.reduce_dim(d, ReduceOp::ArgMax)?;
+        let t = Tensor::from_cpu(s, &shape);
+        if keepdim {
+            Ok(t)
+        } else {
+            t.squeeze(d as isize)
+        }
+    }
+    /// Sums a broadcast gradient back down to `shape` (the adjoint of broadcasting).
+    pub fn sum_to_shape(&self, shape: &[usize]) -> Result<Tensor> {
+        if self.shape() == shape {
+            return Ok(self.clone());
+        }
+        let lead = self.rank() - shape.len();
+        let mut dims: Vec<isize> = (0..lead as isize).collect();
+        for (i, &d) in shape.iter().enumerate() {
+            if d == 1 && self.shape()[lead + i] != 1 {
+                dims.push((lead + i) as isize);
+            }
+        }
+        self.sum(&dims, true)?.reshape(shape)
+    }
+
+    // ---- softmax --------------------------------------------------------------------------------
+
+    fn softmax_impl(&self, dim: isize, log: bool) -> Result<Tensor> {
+        let d = resolve_dim("softmax", dim, self.rank())?;
+        let last = self.rank() - 1;
+        if d != last {
+            return self.transpose(d as isize, last as isize)?.softmax_impl(-1, log)?.transpose(d as isize, last as isize);
+        }
+        let n = self.shape()[last];
+        let x = self.storage().cpu().f32_contiguous(self.layout()).into_owned();
+        let y = cpu::nn::softmax_rows(&x, n, log);
+        let dtype = self.dtype();
+        let name = if log { "log_softmax" } else { "softmax" };
+        Ok(output(Storage::Cpu(CpuStorage::from_f32(y, dtype)), self.shape(), name, &[self], move |g, y| {
+            let (yv, gv) = (y.to_vec_f32()?, g.to_vec_f32()?);
+            let dx = cpu::nn::softmax_rows_backward(&yv, &gv, n, log);
+            Ok(vec![Some(Tensor::from_cpu(CpuStorage::from_f32(dx, dtype), g.shape()))])
+        }))
+    }
+    pub fn softmax(&self, dim: isize) -> Result<Tensor> {
+        self.softmax_impl(dim, false)
+    }
+    pub fn log_softmax(&self, dim: isize) -> Result<Tensor> {
+        self.softmax_impl(dim, true)
+    }
+
+    // ---- matmul -----------------------------------------------------------------------------------
+
+    /// [..., m, k] @ [..., k, n] with the leading (batch) dimensions broadcast.
+    pub fn matmul(&self, rhs: &Tensor) -> Result<Tensor> {
+        self.same_device("matmul", rhs)?;
+        if self.rank() < 2 || rhs.rank() < 2 {
+            bail!("matmul: both operands need at least 2 dimensions, got {:?} and {:?}", self.shape(), rhs.shape());
+        }
+        if self.dtype() != rhs.dtype() || !self.dtype().is_float() {
+            return Err(Error::DTypeMismatch { op: "matmul", expected: self.dtype(), got: rhs.dtype() });
+        }
+        let (ra, rb) = (self.rank(), rhs.rank());
+        let (m, k) = (self.shape()[ra - 2], self.shape()[ra - 1]);
+        let (k2, n) = (rhs.shape()[rb - 2], rhs.shape()[rb - 1]);
+        if k != k2 {
+            return Err(Error::ShapeMismatch { op: "matmul", lhs: self.shape().to_vec(), rhs: rhs.shape().to_vec() });
+        }
+        let batch_shape = broadcast_shape("matmul", &self.shape()[..ra - 2], &rhs.shape()[..rb - 2])?;
+        let batch: usize = batch_shape.iter().product();
+        let full = |mm: usize, nn: usize| [batch_shape.clone(), vec![mm, nn]].concat();
+        let la = self.layout().broadcast_as(&full(m, k))?;
+        let lb = rhs.layout().broadcast_as(&full(k, n))?;
+        let view = |l: &crate::Layout| {
+            let l = l.clone();
+            let nb = batch_shape.len();
+            move |b: usize| {
+                let mut off = l.offset();
+                let mut rem = b;
+                for i in (0..nb).rev() {
+                    off += (rem % l.shape()[i]) * l.strides()[i];
+                    rem /= l.shape()[i];
+                }
+                cpu::matmul::MatView { offset: off, rs: l.strides()[nb] as isize, cs: l.strides()[nb + 1] as isize }
+            }
+        };
+        let out = {
+            let (sa, sb) = (self.storage(), rhs.storage());
+            match (sa.cpu(), sb.cpu()) {
+                (CpuStorage::F32(a), CpuStorage::F32(b)) => cpu::matmul::batched_gemm_f32(a, b, batch, m, n, k, view(&la), view(&lb)),
+                _ => {
+                    // Half precision: widen to f32 (contiguous), multiply, round back.
+                    let (a, b) = (sa.cpu().f32_contiguous(&la), sb.cpu().f32_contiguous(&lb));
+                    let (ca, cb) = (crate::Layout::contiguous(la.shape()), crate::Layout::contiguous(lb.shape()));
+                    cpu::matmul::batched_gemm_f32(&a, &b, batch, m, n, k, view(&ca), view(&cb))
+                }
+            }
+        };
+        let shape = full(m, n);
+        let (a, b) = (self.clone(), rhs.clone());
+        let s = Storage::Cpu(CpuStorage::from_f32(out, self.dtype()));
+        Ok(output(s, &shape, "matmul", &[self, rhs], move |g, _| {
+            let ga = a.tracks_grad().then(|| g.matmul(&b.t()?)?.sum_to_shape(a.shape())).transpose()?;
+            let gb = b.tracks_grad().then(|| a.t()?.matmul(g)?.sum_to_shape(b.shape())).transpose()?;
+            Ok(vec![ga, gb])
+        }))
+    }
+}
+
+#[allow(dead_code)]
+fn _assert_send_sync() {
+    fn is<T: Send + Sync>() {}
+    is::<Tensor>();
+    let _ = DType::F32;
+}

@@ -1,0 +1,456 @@
+//! The tensor: shared storage, a strided layout over it, and (when gradients are tracked) the
+//! node that made it. Cloning a tensor is cheap (an `Arc`).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard};
+
+use crate::autograd::{self, Node};
+use crate::cpu::CpuStorage;
+use crate::layout::{numel, resolve_dim};
+use crate::storage::Storage;
+use crate::{bail, DType, Device, Element, Error, Layout, Result, Rng};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct TensorId(u64);
+
+impl TensorId {
+    fn new() -> Self {
+        static NEXT: AtomicU64 = AtomicU64::new(1);
+        TensorId(NEXT.fetch_add(1, Ordering::Relaxed))
+    }
+}
+
+pub(crate) struct Inner {
+    pub(crate) id: TensorId,
+    pub(crate) storage: Arc<RwLock<Storage>>,
+    pub(crate) layout: Layout,
+    pub(crate) dtype: DType,
+    pub(crate) device: Device,
+    pub(crate) node: Option<Node>,
+    pub(crate) is_variable: bool,
+    pub(crate) grad: Mutex<Option<Tensor>>,
+}
+
+#[derive(Clone)]
+pub struct Tensor(pub(crate) Arc<Inner>);
+
+impl std::fmt::Debug for Tensor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Tensor[{:?}, {}, {}]", self.shape(), self.dtype(), self.device())
+    }
+}
+
+fn check_device(device: Device) -> Result<()> {
+    match device {
+        Device::Cpu => Ok(()),
+        Device::Cuda(_) => Err(Error::DeviceUnavailable(
+            device,
+            "this build's tensor storage has no CUDA backend yet; use --device cpu".into(),
+        )),
+    }
+}
+
+impl Tensor {
+    // ---- construction -------------------------------------------------------------------
+
+    pub(crate) fn from_parts(storage: Arc<RwLock<Storage>>, layout: Layout, dtype: DType, device: Device, node: Option<Node>) -> Tensor {
+        Tensor(Arc::new(Inner {
+            id: TensorId::new(),
+            storage,
+            layout,
+            dtype,
+            device,
+            node,
+            is_variable: false,
+            grad: Mutex::new(None),
+        }))
+    }
+
+    /// A new tensor owning `storage`, contiguous with `shape`, recording nothing.
+    pub(crate) fn from_storage(storage: Storage, shape: &[usize]) -> Tensor {
+        let (dtype, device) = (storage.dtype(), storage.device());
+        debug_assert_eq!(storage.len(), numel(shape));
+        Tensor::from_parts(Arc::new(RwLock::new(storage)), Layout::contiguous(shape), dtype, device, None)
+    }
+
+    pub(crate) fn from_cpu(storage: CpuStorage, shape: &[usize]) -> Tensor {
+        Tensor::from_storage(Storage::Cpu(storage), shape)
+    }
+
+    pub fn zeros(shape: &[usize], dtype: DType, device: Device) -> Result<Tensor> {
+        Self::full(0.0, shape, dtype, device)
+    }
+    pub fn ones(shape: &[usize], dtype: DType, device: Device) -> Result<Tensor> {
+        Self::full(1.0, shape, dtype, device)
+    }
+    pub fn full(value: f64, shape: &[usize], dtype: DType, device: Device) -> Result<Tensor> {
+        check_device(device)?;
+        Ok(Tensor::from_cpu(CpuStorage::full(numel(shape), value, dtype), shape))
+    }
+    pub fn zeros_like(&self) -> Result<Tensor> {
+        Self::zeros(self.shape(), self.dtype(), self.device())
+    }
+    pub fn ones_like(&self) -> Result<Tensor> {
+        Self::ones(self.shape(), self.dtype(), self.device())
+    }
+    pub fn full_like(&self, value: f64) -> Result<Tensor> {
+        Self::full(value, self.shape(), self.dtype(), self.device())
+    }
+    /// A scalar (rank-0) f32 tensor on the CPU.
+    pub fn scalar(v: f32) -> Tensor {
+        Tensor::from_cpu(CpuStorage::F32(vec![v]), &[])
+    }
+
+    pub fn from_vec<T: Element>(data: Vec<T>, shape: &[usize], device: Device) -> Result<Tensor> {
+        check_device(device)?;
+        if data.len() != numel(shape) {
+            bail!("from_vec: {} values cannot fill shape {shape:?} ({} elements)", data.len(), numel(shape));
+        }
+        let any: Box<dyn std::any::Any> = Box::new(data);
+        let s = match T::DTYPE {
+            DType::F32 => CpuStorage::F32(*any.downcast().expect("dtype tag matches type")),
+            DType::F16 => CpuStorage::F16(*any.downcast().expect("dtype tag matches type")),
+            DType::BF16 => CpuStorage::BF16(*any.downcast().expect("dtype tag matches type")),
+            DType::I64 => CpuStorage::I64(*any.downcast().expect("dtype tag matches type")),
+        };
+        Ok(Tensor::from_cpu(s, shape))
+    }
+    pub fn from_slice<T: Element>(data: &[T], shape: &[usize], device: Device) -> Result<Tensor> {
+        Self::from_vec(data.to_vec(), shape, device)
+    }
+
+    /// Values start, start+step, … below end.
+    pub fn arange(start: f64, end: f64, step: f64, dtype: DType, device: Device) -> Result<Tensor> {
+        if step == 0.0 || (end - start) / step < 0.0 {
+            bail!("arange: step {step} never gets from {start} to {end}");
+        }
+        let n = ((end - start) / step).ceil() as usize;
+        let v: Vec<f32> = (0..n).map(|i| (start + i as f64 * step) as f32).collect();
+        check_device(device)?;
+        let s = if dtype == DType::I64 {
+            CpuStorage::I64((0..n).map(|i| (start + i as f64 * step) as i64).collect())
+        } else {
+            CpuStorage::from_f32(v, dtype)
+        };
+        Ok(Tensor::from_cpu(s, &[n]))
+    }
+
+    /// Uniform values in [lo, hi) drawn from `rng`.
+    pub fn rand_uniform(shape: &[usize], lo: f64, hi: f64, rng: &mut Rng, dtype: DType, device: Device) -> Result<Tensor> {
+        check_device(device)?;
+        let v: Vec<f32> = (0..numel(shape)).map(|_| rng.uniform(lo, hi) as f32).collect();
+        Ok(Tensor::from_cpu(CpuStorage::from_f32(v, dtype), shape))
+    }
+    /// Normal values with the given mean and standard deviation drawn from `rng`.
+    pub fn randn(shape: &[usize], mean: f64, std: f64, rng: &mut Rng, dtype: DType, device: Device) -> Result<Tensor> {
+        check_device(device)?;
+        let v: Vec<f32> = (0..numel(shape)).map(|_| (mean + std * rng.normal()) as f32).collect();
+        Ok(Tensor::from_cpu(CpuStorage::from_f32(v, dtype), shape))
+    }
+
+    // ---- accessors ----------------------------------------------------------------------
+
+    pub fn id(&self) -> TensorId {
+        self.0.id
+    }
+    pub fn shape(&self) -> &[usize] {
+        self.0.layout.shape()
+    }
+    pub fn dims(&self) -> &[usize] {
+        self.shape()
+    }
+    pub fn rank(&self) -> usize {
+        self.shape().len()
+    }
+    /// Size of dimension `d` (negative counts from the end).
+    pub fn dim(&self, d: isize) -> Result<usize> {
+        Ok(self.shape()[resolve_dim("dim", d, self.rank())?])
+    }
+    pub fn numel(&self) -> usize {
+        self.0.layout.numel()
+    }
+    pub fn dtype(&self) -> DType {
+        self.0.dtype
+    }
+    pub fn device(&self) -> Device {
+        self.0.device
+    }
+    pub fn layout(&self) -> &Layout {
+        &self.0.layout
+    }
+    pub fn is_contiguous(&self) -> bool {
+        self.0.layout.is_contiguous()
+    }
+    /// True for a leaf whose gradient is collected (a parameter).
+    pub fn is_variable(&self) -> bool {
+        self.0.is_variable
+    }
+    /// True when a backward pass through this tensor reaches some variable.
+    pub fn tracks_grad(&self) -> bool {
+        self.0.is_variable || self.0.node.is_some()
+    }
+    pub(crate) fn storage(&self) -> RwLockReadGuard<'_, Storage> {
+        self.0.storage.read().unwrap_or_else(|e| e.into_inner())
+    }
+    /// True when both tensors view the same storage (a view copies nothing).
+    pub fn shares_storage_with(&self, other: &Tensor) -> bool {
+        Arc::ptr_eq(&self.0.storage, &other.0.storage)
+    }
+
+    /// The accumulated gradient of a variable, if a backward pass has reached it.
+    pub fn grad(&self) -> Option<Tensor> {
+        self.0.grad.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+    pub fn set_grad(&self, g: Option<Tensor>) {
+        *self.0.grad.lock().unwrap_or_else(|e| e.into_inner()) = g;
+    }
+    pub fn zero_grad(&self) {
+        self.set_grad(None);
+    }
+
+    /// A leaf that collects gradients, sharing this tensor's storage.
+    pub fn to_var(&self) -> Result<Tensor> {
+        if !self.dtype().is_float() {
+            bail!("to_var: only float tensors can have gradients, this one is {}", self.dtype());
+        }
+        let t = self.contiguous()?.detach();
+        let inner = Arc::try_unwrap(t.0).unwrap_or_else(|arc| Inner {
+            id: TensorId::new(),
+            storage: arc.storage.clone(),
+            layout: arc.layout.clone(),
+            dtype: arc.dtype,
+            device: arc.device,
+            node: None,
+            is_variable: false,
+            grad: Mutex::new(None),
+        });
+        Ok(Tensor(Arc::new(Inner { is_variable: true, ..inner })))
+    }
+
+    /// The same values, cut off from the graph.
+    pub fn detach(&self) -> Tensor {
+        Tensor::from_parts(self.0.storage.clone(), self.0.layout.clone(), self.dtype(), self.device(), None)
+    }
+
+    // ---- reading values -------------------------------------------------------------------
+
+    pub fn to_vec_f32(&self) -> Result<Vec<f32>> {
+        Ok(self.storage().cpu().f32_contiguous(self.layout()).into_owned())
+    }
+    pub fn to_vec_i64(&self) -> Result<Vec<i64>> {
+        Ok(self.storage().cpu().i64_contiguous(self.layout()).into_owned())
+    }
+    pub fn to_vec_f64(&self) -> Result<Vec<f64>> {
+        let s = self.storage();
+        Ok(crate::with_cpu_vec!(s.cpu(), v => crate::cpu::gather_strided(v, self.layout()).iter().map(|x| x.to_f64()).collect()))
+    }
+    /// The one value of a tensor with one element.
+    pub fn to_scalar_f32(&self) -> Result<f32> {
+        if self.numel() != 1 {
+            bail!("to_scalar: tensor of shape {:?} has {} elements, not one", self.shape(), self.numel());
+        }
+        Ok(self.to_vec_f32()?[0])
+    }
+    /// Row-major little-endian bytes of the values, in this tensor's dtype (for checkpoints).
+    pub fn to_le_bytes(&self) -> Result<Vec<u8>> {
+        let c = self.contiguous()?;
+        let s = c.storage();
+        let r = c.layout().contiguous_range().expect("contiguous");
+        Ok(crate::with_cpu_vec!(s.cpu(), v => bytemuck::cast_slice(&v[r]).to_vec()))
+    }
+    pub fn from_le_bytes(bytes: &[u8], dtype: DType, shape: &[usize], device: Device) -> Result<Tensor> {
+        let n = numel(shape);
+        if bytes.len() != n * dtype.size_in_bytes() {
+            bail!("from_bytes: {} bytes do not hold {n} {dtype} values of shape {shape:?}", bytes.len());
+        }
+        fn read<T: Element>(b: &[u8]) -> Vec<T> {
+            // Copy element by element: the byte buffer may be unaligned.
+            b.chunks_exact(std::mem::size_of::<T>()).map(bytemuck::pod_read_unaligned).collect()
+        }
+        match dtype {
+            DType::F32 => Tensor::from_vec(read::<f32>(bytes), shape, device),
+            DType::F16 => Tensor::from_vec(read::<half::f16>(bytes), shape, device),
+            DType::BF16 => Tensor::from_vec(read::<half::bf16>(bytes), shape, device),
+            DType::I64 => Tensor::from_vec(read::<i64>(bytes), shape, device),
+        }
+    }
+
+    // ---- views (no copy) ------------------------------------------------------------------
+
+    fn view(&self, layout: Layout, name: &'static str, backward: impl Fn(&Tensor) -> Result<Tensor> + Send + Sync + 'static) -> Tensor {
+        let node = autograd::record(name, &[self], move |g, _| Ok(vec![Some(backward(g)?)]));
+        Tensor::from_parts(self.0.storage.clone(), layout, self.dtype(), self.device(), node)
+    }
+
+    /// A view with a new shape (one entry may be usize::MAX, meaning "the rest"); copies only
+    /// when the data is not contiguous.
+    pub fn reshape(&self, shape: &[usize]) -> Result<Tensor> {
+        let mut shape = shape.to_vec();
+        if let Some(pos) = shape.iter().position(|&d| d == usize::MAX) {
+            let known: usize = shape.iter().filter(|&&d| d != usize::MAX).product();
+            if known == 0 || self.numel() % known != 0 {
+                bail!("reshape: cannot infer a dimension to turn {:?} into {:?}", self.shape(), shape);
+            }
+            shape[pos] = self.numel() / known;
+        }
+        if numel(&shape) != self.numel() {
+            return Err(Error::ShapeMismatch { op: "reshape", lhs: self.shape().to_vec(), rhs: shape });
+        }
+        let src = if self.is_contiguous() { self.clone() } else { self.contiguous()? };
+        let layout = src.layout().reshape(&shape).expect("contiguous");
+        let orig = self.shape().to_vec();
+        Ok(src.view(layout, "reshape", move |g| g.reshape(&orig)))
+    }
+    /// Merges dimensions from `start` to the end into one.
+    pub fn flatten_from(&self, start: usize) -> Result<Tensor> {
+        let mut s = self.shape()[..start].to_vec();
+        s.push(self.shape()[start..].iter().product());
+        self.reshape(&s)
+    }
+    pub fn transpose(&self, d0: isize, d1: isize) -> Result<Tensor> {
+        let r = self.rank();
+        let (a, b) = (resolve_dim("transpose", d0, r)?, resolve_dim("transpose", d1, r)?);
+        Ok(self.view(self.layout().transpose(a, b), "transpose", move |g| g.transpose(a as isize, b as isize)))
+    }
+    /// Swaps the last two dimensions.
+    pub fn t(&self) -> Result<Tensor> {
+        self.transpose(-2, -1)
+    }
+    pub fn permute(&self, dims: &[usize]) -> Result<Tensor> {
+        let layout = self.layout().permute(dims)?;
+        let mut inverse = vec![0; dims.len()];
+        for (i, &d) in dims.iter().enumerate() {
+            inverse[d] = i;
+        }
+        Ok(self.view(layout, "permute", move |g| g.permute(&inverse)))
+    }
+    pub fn narrow(&self, dim: isize, start: usize, len: usize) -> Result<Tensor> {
+        let d = resolve_dim("narrow", dim, self.rank())?;
+        let layout = self.layout().narrow(d, start, len)?;
+        let full = self.shape()[d];
+        Ok(self.view(layout, "narrow", move |g| {
+            // Gradient flows back into the narrowed window; zeros elsewhere.
+            let mut parts = Vec::new();
+            if start > 0 {
+                let mut s = g.shape().to_vec();
+                s[d] = start;
+                parts.push(Tensor::zeros(&s, g.dtype(), g.device())?);
+            }
+            parts.push(g.clone());
+            if start + len < full {
+                let mut s = g.shape().to_vec();
+                s[d] = full - start - len;
+                parts.push(Tensor::zeros(&s, g.dtype(), g.device())?);
+            }
+            Tensor::cat(&parts, d as isize)
+        }))
+    }
+    pub fn broadcast_as(&self, shape: &[usize]) -> Result<Tensor> {
+        if self.shape() == shape {
+            return Ok(self.clone());
+        }
+        let layout = self.layout().broadcast_as(shape)?;
+        let orig = self.shape().to_vec();
+        Ok(self.view(layout, "broadcast", move |g| g.sum_to_shape(&orig)))
+    }
+    pub fn squeeze(&self, dim: isize) -> Result<Tensor> {
+        let d = resolve_dim("squeeze", dim, self.rank())?;
+        if self.shape()[d] != 1 {
+            bail!("squeeze: dimension {d} of {:?} has size {}, not 1", self.shape(), self.shape()[d]);
+        }
+        Ok(self.view(self.layout().squeeze(d), "squeeze", move |g| g.unsqueeze(d as isize)))
+    }
+    pub fn unsqueeze(&self, dim: isize) -> Result<Tensor> {
+        let d = resolve_dim("unsqueeze", dim, self.rank() + 1)?;
+        Ok(self.view(self.layout().unsqueeze(d), "unsqueeze", move |g| g.squeeze(d as isize)))
+    }
+    /// Contiguous row-major data: the same tensor if it already is, else a copy.
+    pub fn contiguous(&self) -> Result<Tensor> {
+        if self.is_contiguous() {
+            return Ok(self.clone());
+        }
+        let s = Storage::Cpu(self.storage().cpu().copy_strided(self.layout()));
+        Ok(autograd::output(s, self.shape(), "contiguous", &[self], |g, _| Ok(vec![Some(g.clone())])))
+    }
+
+    // ---- dtype and device -------------------------------------------------------------------
+
+    pub fn to_dtype(&self, dtype: DType) -> Result<Tensor> {
+        if dtype == self.dtype() {
+            return Ok(self.clone());
+        }
+        let s = Storage::Cpu(self.storage().cpu().cast(self.layout(), dtype));
+        let from = self.dtype();
+        let inputs: &[&Tensor] = if dtype.is_float() { &[self] } else { &[] };
+        Ok(autograd::output(s, self.shape(), "to_dtype", inputs, move |g, _| Ok(vec![Some(g.to_dtype(from)?)])))
+    }
+    pub fn to_device(&self, device: Device) -> Result<Tensor> {
+        check_device(device)?;
+        Ok(self.clone())
+    }
+
+    // ---- in-place updates (outside autograd: optimizers, running statistics) -----------------
+
+    fn check_in_place(&self, op: &'static str, src: &Tensor) -> Result<()> {
+        if self.shape() != src.shape() {
+            return Err(Error::ShapeMismatch { op, lhs: self.shape().to_vec(), rhs: src.shape().to_vec() });
+        }
+        if self.device() != src.device() {
+            return Err(Error::DeviceMismatch { op, lhs: self.device(), rhs: src.device() });
+        }
+        Ok(())
+    }
+    /// Overwrites this tensor's elements with `src`'s (cast to this dtype).
+    pub fn assign(&self, src: &Tensor) -> Result<()> {
+        self.check_in_place("assign", src)?;
+        let data = src.storage().cpu().cast(src.layout(), self.dtype());
+        let mut dst = self.0.storage.write().unwrap_or_else(|e| e.into_inner());
+        dst.cpu_mut().write_strided(self.layout(), &data)
+    }
+
+    fn f32_range(&self, op: &'static str) -> Result<std::ops::Range<usize>> {
+        if self.dtype() != DType::F32 {
+            return Err(Error::DTypeMismatch { op, expected: DType::F32, got: self.dtype() });
+        }
+        self.layout().contiguous_range().ok_or_else(|| Error::Msg(format!("{op}: optimizer state must be contiguous")))
+    }
+
+    /// Runs `f` over the f32 data of several distinct tensors at once, all locked for writing.
+    fn with_f32_mut<const N: usize>(op: &'static str, ts: [&Tensor; N], f: impl FnOnce([&mut [f32]; N])) -> Result<()> {
+        for i in 0..N {
+            for j in i + 1..N {
+                if ts[i].shares_storage_with(ts[j]) {
+                    bail!("{op}: parameter and optimizer state must not share storage");
+                }
+            }
+        }
+        let ranges = ts.map(|t| t.f32_range(op));
+        let ranges: Vec<_> = ranges.into_iter().collect::<Result<_>>()?;
+        let mut guards: Vec<_> = ts.iter().map(|t| t.0.storage.write().unwrap_or_else(|e| e.into_inner())).collect();
+        let mut slices = guards.iter_mut().zip(ranges).map(|(g, r)| &mut g.cpu_mut().as_f32_slice_mut().expect("dtype checked")[r]);
+        let arr: [&mut [f32]; N] = std::array::from_fn(|_| slices.next().expect("one per tensor"));
+        f(arr);
+        Ok(())
+    }
+
+    /// Fused AdamW update of this f32 parameter with its moment buffers, in place.
+    pub fn adamw_step(&self, grad: &Tensor, m: &Tensor, v: &Tensor, h: crate::cpu::nn::AdamWParams) -> Result<()> {
+        for t in [grad, m, v] {
+            self.check_in_place("adamw_step", t)?;
+        }
+        let g = grad.storage().cpu().f32_contiguous(grad.layout()).into_owned();
+        Tensor::with_f32_mut("adamw_step", [self, m, v], |[p, m, v]| crate::cpu::nn::adamw_step(p, &g, m, v, h))
+    }
+    /// SGD update of this f32 parameter, with an optional momentum buffer, in place.
+    pub fn sgd_step(&self, grad: &Tensor, buf: Option<&Tensor>, h: crate::cpu::nn::SgdParams) -> Result<()> {
+        self.check_in_place("sgd_step", grad)?;
+        let g = grad.storage().cpu().f32_contiguous(grad.layout()).into_owned();
+        match buf {
+            None => Tensor::with_f32_mut("sgd_step", [self], |[p]| crate::cpu::nn::sgd_step(p, &g, None, h)),
+            Some(b) => {
+                self.check_in_place("sgd_step", b)?;
+                Tensor::with_f32_mut("sgd_step", [self, b], |[p, b]| crate::cpu::nn::sgd_step(p, &g, Some(b), h))
+            }
+        }
+    }
+}

@@ -1,0 +1,298 @@
+//! The basic layers. Each owns its parameters as variables and names them like PyTorch.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use sinter_core::{bail, no_grad, Conv2dParams, Pool2dParams, Result, Rng, Tensor};
+
+use crate::init;
+use crate::module::{buffer, join, param, Module, NamedTensor, SharedRng};
+
+/// y = x Wᵀ + b over the last dimension; weight [out, in].
+pub struct Linear {
+    pub weight: Tensor,
+    pub bias: Option<Tensor>,
+}
+
+impl Linear {
+    /// PyTorch's default initialisation (Kaiming-uniform with a = √5, i.e. U(±1/√in)).
+    pub fn new(inp: usize, out: usize, bias: bool, rng: &mut Rng) -> Result<Self> {
+        let b = 1.0 / (inp as f64).sqrt();
+        let weight = Tensor::rand_uniform(&[out, inp], -b, b, rng, sinter_core::DType::F32, sinter_core::Device::Cpu)?.to_var()?;
+        let bias = if bias { Some(init::bias_uniform(out, inp, rng)?) } else { None };
+        Ok(Linear { weight, bias })
+    }
+    pub fn from_weights(weight: Tensor, bias: Option<Tensor>) -> Self {
+        Linear { weight, bias }
+    }
+    pub fn in_features(&self) -> usize {
+        self.weight.shape()[1]
+    }
+}
+
+impl Module for Linear {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let inp = self.in_features();
+        if x.shape().last() != Some(&inp) {
+            bail!("Linear: expected inputs with last dimension {inp}, got shape {:?}", x.shape());
+        }
+        // Fold leading dims into rows: one large GEMM, and the weight gradient is one product.
+        let lead = &x.shape()[..x.rank() - 1];
+        let rows: usize = lead.iter().product();
+        let y = x.reshape(&[rows, inp])?.matmul(&self.weight.t()?)?;
+        let y = match &self.bias {
+            Some(b) => y.add(b)?,
+            None => y,
+        };
+        let mut shape = lead.to_vec();
+        shape.push(self.weight.shape()[0]);
+        y.reshape(&shape)
+    }
+    fn collect(&self, prefix: &str, out: &mut Vec<NamedTensor>) {
+        param(prefix, "weight", &self.weight, out);
+        if let Some(b) = &self.bias {
+            param(prefix, "bias", b, out);
+        }
+    }
+}
+
+pub struct Conv2d {
+    pub weight: Tensor,
+    pub bias: Option<Tensor>,
+    pub params: Conv2dParams,
+}
+
+impl Conv2d {
+    /// Kaiming-normal weights (fan-in, for ReLU networks) and PyTorch-style uniform bias.
+    pub fn new(cin: usize, cout: usize, kernel: usize, params: Conv2dParams, bias: bool, rng: &mut Rng) -> Result<Self> {
+        if params.groups == 0 || cin % params.groups != 0 || cout % params.groups != 0 {
+            bail!("Conv2d: {cin} input and {cout} output channels do not split into {} groups", params.groups);
+        }
+        let shape = [cout, cin / params.groups, kernel, kernel];
+        let weight = init::kaiming_normal(&shape, rng)?;
+        let bias = if bias { Some(init::bias_uniform(cout, init::fans(&shape).0, rng)?) } else { None };
+        Ok(Conv2d { weight, bias, params })
+    }
+}
+
+impl Module for Conv2d {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let y = x.conv2d(&self.weight, self.params)?;
+        match &self.bias {
+            Some(b) => y.add(&b.reshape(&[1, b.numel(), 1, 1])?),
+            None => Ok(y),
+        }
+    }
+    fn collect(&self, prefix: &str, out: &mut Vec<NamedTensor>) {
+        param(prefix, "weight", &self.weight, out);
+        if let Some(b) = &self.bias {
+            param(prefix, "bias", b, out);
+        }
+    }
+}
+
+/// Batch norm over [n, c, h, w]: batch statistics while training (updating running averages),
+/// running averages in evaluation.
+pub struct BatchNorm2d {
+    pub weight: Tensor,
+    pub bias: Tensor,
+    pub running_mean: Tensor,
+    pub running_var: Tensor,
+    pub momentum: f32,
+    pub eps: f32,
+    training: AtomicBool,
+}
+
+impl BatchNorm2d {
+    pub fn new(c: usize) -> Result<Self> {
+        Ok(BatchNorm2d {
+            weight: init::ones(&[c])?,
+            bias: init::zeros(&[c])?,
+            running_mean: Tensor::zeros(&[c], sinter_core::DType::F32, sinter_core::Device::Cpu)?,
+            running_var: Tensor::ones(&[c], sinter_core::DType::F32, sinter_core::Device::Cpu)?,
+            momentum: 0.1,
+            eps: 1e-5,
+            training: AtomicBool::new(true),
+        })
+    }
+}
+
+impl Module for BatchNorm2d {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let c = self.weight.numel();
+        if x.rank() != 4 || x.shape()[1] != c {
+            bail!("BatchNorm2d: expected input [n, {c}, h, w], got {:?}", x.shape());
+        }
+        let bc = [1, c, 1, 1];
+        let (mean, var) = if self.training.load(Ordering::Relaxed) {
+            let mean = x.mean(&[0, 2, 3], true)?;
+            let var = x.sub(&mean)?.sqr()?.mean(&[0, 2, 3], true)?;
+            {
+                let _g = no_grad();
+                let n = (x.numel() / c) as f32;
+                let m = self.momentum;
+                let unbiased = var.detach().mul_scalar(n / (n - 1.0).max(1.0))?.reshape(&[c])?;
+                self.running_mean.assign(&self.running_mean.mul_scalar(1.0 - m)?.add(&mean.detach().reshape(&[c])?.mul_scalar(m)?)?)?;
+                self.running_var.assign(&self.running_var.mul_scalar(1.0 - m)?.add(&unbiased.mul_scalar(m)?)?)?;
+            }
+            (mean, var)
+        } else {
+            (self.running_mean.reshape(&bc)?, self.running_var.reshape(&bc)?)
+        };
+        let xhat = x.sub(&mean)?.div(&var.add_scalar(self.eps)?.sqrt()?)?;
+        xhat.mul(&self.weight.reshape(&bc)?)?.add(&self.bias.reshape(&bc)?)
+    }
+    fn collect(&self, prefix: &str, out: &mut Vec<NamedTensor>) {
+        param(prefix, "weight", &self.weight, out);
+        param(prefix, "bias", &self.bias, out);
+        buffer(prefix, "running_mean", &self.running_mean, out);
+        buffer(prefix, "running_var", &self.running_var, out);
+    }
+    fn set_training(&self, training: bool) {
+        self.training.store(training, Ordering::Relaxed);
+    }
+}
+
+pub struct LayerNorm {
+    pub weight: Tensor,
+    pub bias: Tensor,
+    pub eps: f32,
+}
+
+impl LayerNorm {
+    pub fn new(n: usize) -> Result<Self> {
+        Ok(LayerNorm { weight: init::ones(&[n])?, bias: init::zeros(&[n])?, eps: 1e-5 })
+    }
+}
+
+impl Module for LayerNorm {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        x.layer_norm(&self.weight, &self.bias, self.eps)
+    }
+    fn collect(&self, prefix: &str, out: &mut Vec<NamedTensor>) {
+        param(prefix, "weight", &self.weight, out);
+        param(prefix, "bias", &self.bias, out);
+    }
+}
+
+/// A [vocab, dim] table looked up by i64 ids.
+pub struct Embedding {
+    pub weight: Tensor,
+}
+
+impl Embedding {
+    pub fn new(vocab: usize, dim: usize, std: f64, rng: &mut Rng) -> Result<Self> {
+        Ok(Embedding { weight: init::normal(&[vocab, dim], std, rng)? })
+    }
+}
+
+impl Module for Embedding {
+    fn forward(&self, ids: &Tensor) -> Result<Tensor> {
+        self.weight.embedding(ids)
+    }
+    fn collect(&self, prefix: &str, out: &mut Vec<NamedTensor>) {
+        param(prefix, "weight", &self.weight, out);
+    }
+}
+
+pub struct Dropout {
+    pub p: f32,
+    rng: SharedRng,
+    training: AtomicBool,
+}
+
+impl Dropout {
+    pub fn new(p: f32, rng: SharedRng) -> Self {
+        Dropout { p, rng, training: AtomicBool::new(true) }
+    }
+}
+
+impl Module for Dropout {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        if !self.training.load(Ordering::Relaxed) || self.p == 0.0 {
+            return Ok(x.clone());
+        }
+        let mut rng = self.rng.lock().unwrap_or_else(|e| e.into_inner());
+        x.dropout(self.p, &mut rng)
+    }
+    fn collect(&self, _prefix: &str, _out: &mut Vec<NamedTensor>) {}
+    fn set_training(&self, training: bool) {
+        self.training.store(training, Ordering::Relaxed);
+    }
+}
+
+pub struct MaxPool2d(pub Pool2dParams);
+
+impl MaxPool2d {
+    pub fn new(kernel: usize, stride: usize) -> Self {
+        MaxPool2d(Pool2dParams { kernel, stride, padding: 0 })
+    }
+}
+
+impl Module for MaxPool2d {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        x.max_pool2d(self.0)
+    }
+    fn collect(&self, _prefix: &str, _out: &mut Vec<NamedTensor>) {}
+}
+
+pub struct Relu;
+impl Module for Relu {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        x.relu()
+    }
+    fn collect(&self, _prefix: &str, _out: &mut Vec<NamedTensor>) {}
+}
+
+pub struct Gelu;
+impl Module for Gelu {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        x.gelu()
+    }
+    fn collect(&self, _prefix: &str, _out: &mut Vec<NamedTensor>) {}
+}
+
+/// [n, ...] -> [n, product of the rest].
+pub struct Flatten;
+impl Module for Flatten {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        x.flatten_from(1)
+    }
+    fn collect(&self, _prefix: &str, _out: &mut Vec<NamedTensor>) {}
+}
+
+/// Layers applied in order; their tensors are named by position (`0.weight`, `3.bias`).
+#[derive(Default)]
+pub struct Sequential {
+    pub layers: Vec<Box<dyn Module>>,
+}
+
+impl Sequential {
+    pub fn new() -> Self {
+        Self::default()
+    }
+    #[allow(clippy::should_implement_trait)]
+    pub fn add(mut self, m: impl Module + 'static) -> Self {
+        self.layers.push(Box::new(m));
+        self
+    }
+}
+
+impl Module for Sequential {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let mut h = x.clone();
+        for l in &self.layers {
+            h = l.forward(&h)?;
+        }
+        Ok(h)
+    }
+    fn collect(&self, prefix: &str, out: &mut Vec<NamedTensor>) {
+        for (i, l) in self.layers.iter().enumerate() {
+            l.collect(&join(prefix, &i.to_string()), out);
+        }
+    }
+    fn set_training(&self, training: bool) {
+        for l in &self.layers {
+            l.set_training(training);
+        }
+    }
+}

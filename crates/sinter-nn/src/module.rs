@@ -1,0 +1,83 @@
+//! The Module trait. A module lists its tensors under dotted names relative to itself
+//! (`blocks.0.attn.qkv.weight`); those names are the checkpoint keys.
+
+use std::sync::{Arc, Mutex};
+
+use sinter_core::{Result, Rng, Tensor};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TensorKind {
+    /// Trained by the optimizer.
+    Parameter,
+    /// State that is saved but not trained (BatchNorm running statistics).
+    Buffer,
+}
+
+#[derive(Clone, Debug)]
+pub struct NamedTensor {
+    pub name: String,
+    pub tensor: Tensor,
+    pub kind: TensorKind,
+}
+
+/// A generator shared by the modules that draw random numbers (dropout), so that one
+/// state can be checkpointed and restored.
+pub type SharedRng = Arc<Mutex<Rng>>;
+
+pub fn shared_rng(seed: u64) -> SharedRng {
+    Arc::new(Mutex::new(Rng::new(seed)))
+}
+
+pub fn join(prefix: &str, name: &str) -> String {
+    if prefix.is_empty() {
+        name.to_string()
+    } else {
+        format!("{prefix}.{name}")
+    }
+}
+
+pub trait Module: Send + Sync {
+    fn forward(&self, x: &Tensor) -> Result<Tensor>;
+    /// Appends this module's tensors, named `prefix.<name>`.
+    fn collect(&self, prefix: &str, out: &mut Vec<NamedTensor>);
+    /// Switches training behaviour (dropout, batch statistics). Containers pass it on.
+    fn set_training(&self, _training: bool) {}
+
+    /// All tensors (parameters and buffers) with their full names.
+    fn named_tensors(&self) -> Vec<NamedTensor> {
+        let mut v = Vec::new();
+        self.collect("", &mut v);
+        v
+    }
+    /// Trainable parameters with their full names.
+    fn parameters(&self) -> Vec<(String, Tensor)> {
+        self.named_tensors().into_iter().filter(|t| t.kind == TensorKind::Parameter).map(|t| (t.name, t.tensor)).collect()
+    }
+    fn num_parameters(&self) -> usize {
+        self.parameters().iter().map(|(_, t)| t.numel()).sum()
+    }
+    fn zero_grad(&self) {
+        for (_, p) in self.parameters() {
+            p.zero_grad();
+        }
+    }
+}
+
+impl<M: Module + ?Sized> Module for Box<M> {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        (**self).forward(x)
+    }
+    fn collect(&self, prefix: &str, out: &mut Vec<NamedTensor>) {
+        (**self).collect(prefix, out)
+    }
+    fn set_training(&self, training: bool) {
+        (**self).set_training(training)
+    }
+}
+
+pub(crate) fn param(prefix: &str, name: &str, t: &Tensor, out: &mut Vec<NamedTensor>) {
+    out.push(NamedTensor { name: join(prefix, name), tensor: t.clone(), kind: TensorKind::Parameter });
+}
+pub(crate) fn buffer(prefix: &str, name: &str, t: &Tensor, out: &mut Vec<NamedTensor>) {
+    out.push(NamedTensor { name: join(prefix, name), tensor: t.clone(), kind: TensorKind::Buffer });
+}
