@@ -1,1 +1,72 @@
-//! sinter-models
+//! sinter-models: the model zoo, built only from sinter-nn — an MLP, a LeNet-style CNN,
+//! ResNet-18 (CIFAR variant) and GPT with presets — and a registry that builds them by name.
+
+pub mod cnn;
+pub mod gpt;
+pub mod mlp;
+pub mod resnet;
+
+pub use cnn::LeNet;
+pub use gpt::{Gpt, GptConfig};
+pub use mlp::Mlp;
+pub use resnet::ResNet18;
+
+use sinter_core::{bail, Result, Rng};
+use sinter_nn::{Module, SharedRng};
+
+/// What a model consumes and produces, so the trainer knows how to feed and score it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Task {
+    /// f32 images [n, c, h, w] → logits [n, classes].
+    Classification,
+    /// i64 tokens [n, t] → logits [n, t, vocab].
+    LanguageModel,
+}
+
+pub const MODEL_NAMES: &[&str] = &["mlp", "cnn", "resnet18", "gpt-tiny", "gpt2"];
+
+pub fn task_of(name: &str) -> Option<Task> {
+    match name {
+        "mlp" | "cnn" | "resnet18" => Some(Task::Classification),
+        "gpt-tiny" | "gpt2" => Some(Task::LanguageModel),
+        _ => None,
+    }
+}
+
+/// What a model needs to know about its data.
+#[derive(Clone, Debug)]
+pub struct DataShape {
+    /// Input shape of one example ([c, h, w] for images, [t] for tokens).
+    pub input: Vec<usize>,
+    /// Number of classes, or vocabulary size.
+    pub classes: usize,
+}
+
+/// Builds a model by name. The names are those in `MODEL_NAMES`.
+pub fn build(name: &str, data: &DataShape, rng: &mut Rng, dropout_rng: &SharedRng) -> Result<Box<dyn Module>> {
+    let image = |what: &str| -> Result<(usize, usize, usize)> {
+        match data.input.as_slice() {
+            [c, h, w] => Ok((*c, *h, *w)),
+            s => bail!("model {name} needs image inputs [c, h, w] but the data gives {s:?}; {what}"),
+        }
+    };
+    Ok(match name {
+        "mlp" => Box::new(Mlp::new(data.input.iter().product(), &[256, 128], data.classes, rng)?),
+        "cnn" => {
+            let (c, h, w) = image("use an image dataset such as digits or mnist:PATH")?;
+            Box::new(LeNet::new(c, h, w, data.classes, rng)?)
+        }
+        "resnet18" => {
+            let (c, _, _) = image("use an image dataset such as cifar10:PATH")?;
+            Box::new(ResNet18::new(c, data.classes, rng)?)
+        }
+        "gpt-tiny" | "gpt2" => {
+            let mut cfg = GptConfig::preset(name).expect("listed preset");
+            if data.classes > cfg.vocab_size {
+                cfg.vocab_size = data.classes;
+            }
+            Box::new(Gpt::new(cfg, rng, dropout_rng)?)
+        }
+        other => bail!("unknown model '{other}'; valid models: {}", MODEL_NAMES.join(", ")),
+    })
+}

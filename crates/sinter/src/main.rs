@@ -1,1 +1,236 @@
-fn main() {}
+//! `sinter`: train, evaluate and sample neural networks from one binary.
+
+mod checkpoint;
+mod config;
+mod metrics;
+mod train;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, Parser, Subcommand};
+
+use config::{ConfigFile, TrainConfig};
+
+#[derive(Parser)]
+#[command(name = "sinter", version, about = "Train and run neural networks on CPUs and GPUs")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Train a model (with no flags: the CNN on the bundled handwritten digits).
+    Train(TrainArgs),
+    /// Evaluate a checkpoint on its validation data.
+    Eval {
+        /// Run directory (or checkpoint file) written by `train --out`.
+        #[arg(long)]
+        checkpoint: PathBuf,
+    },
+    /// Sample text from a GPT checkpoint.
+    Generate(GenerateArgs),
+    /// Version, devices, threads and dtypes.
+    Info,
+}
+
+#[derive(Args, Default)]
+struct TrainArgs {
+    /// mlp, cnn, resnet18, gpt-tiny or gpt2.
+    #[arg(long)]
+    model: Option<String>,
+    /// digits, shakespeare, mnist:DIR, cifar10:DIR, text:FILE or tokens:FILE_OR_DIR.
+    #[arg(long)]
+    data: Option<String>,
+    #[arg(long)]
+    epochs: Option<u64>,
+    #[arg(long)]
+    steps: Option<u64>,
+    #[arg(long)]
+    batch_size: Option<usize>,
+    #[arg(long)]
+    lr: Option<f64>,
+    /// adamw or sgd.
+    #[arg(long)]
+    optimizer: Option<String>,
+    #[arg(long)]
+    momentum: Option<f64>,
+    #[arg(long)]
+    weight_decay: Option<f64>,
+    /// constant, cosine (with warm-up) or step.
+    #[arg(long)]
+    schedule: Option<String>,
+    /// Clip the global gradient norm to this value.
+    #[arg(long)]
+    grad_clip: Option<f64>,
+    /// Context length for language models.
+    #[arg(long)]
+    context: Option<usize>,
+    #[arg(long)]
+    seed: Option<u64>,
+    /// auto, cpu, cuda or cuda:N.
+    #[arg(long)]
+    device: Option<String>,
+    /// Evaluate every N steps (0: every epoch).
+    #[arg(long)]
+    eval_interval: Option<u64>,
+    /// Validation batches per evaluation (0: all).
+    #[arg(long)]
+    eval_batches: Option<usize>,
+    #[arg(long)]
+    log_interval: Option<u64>,
+    /// Checkpoint every N steps (0: every epoch).
+    #[arg(long)]
+    checkpoint_interval: Option<u64>,
+    /// Directory for metrics.jsonl, summary.json, loss.svg and checkpoints.
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// Continue the run saved in this directory.
+    #[arg(long)]
+    resume: Option<PathBuf>,
+    /// TOML file with the same keys as the flags (flags win).
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// No progress bar or summaries.
+    #[arg(long, short)]
+    quiet: bool,
+}
+
+impl TrainArgs {
+    fn flags(&self) -> ConfigFile {
+        ConfigFile {
+            model: self.model.clone(),
+            data: self.data.clone(),
+            epochs: self.epochs,
+            steps: self.steps,
+            batch_size: self.batch_size,
+            lr: self.lr,
+            optimizer: self.optimizer.clone(),
+            momentum: self.momentum,
+            weight_decay: self.weight_decay,
+            schedule: self.schedule.clone(),
+            grad_clip: self.grad_clip,
+            context: self.context,
+            seed: self.seed,
+            device: self.device.clone(),
+            eval_interval: self.eval_interval,
+            eval_batches: self.eval_batches,
+            log_interval: self.log_interval,
+            checkpoint_interval: self.checkpoint_interval,
+            out: self.out.clone(),
+        }
+    }
+}
+
+#[derive(Args)]
+struct GenerateArgs {
+    #[arg(long)]
+    checkpoint: PathBuf,
+    #[arg(long, default_value = "\n")]
+    prompt: String,
+    #[arg(long, default_value_t = 200)]
+    max_new_tokens: usize,
+    /// 0 picks the most likely token each time.
+    #[arg(long, default_value_t = 0.8)]
+    temperature: f64,
+    /// Sample from the k most likely tokens (0: all).
+    #[arg(long, default_value_t = 40)]
+    top_k: usize,
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+}
+
+/// A resumed run takes its config from the checkpoint; flags given now override it.
+fn train_config(a: &TrainArgs) -> Result<(TrainConfig, Option<PathBuf>)> {
+    let file = match &a.config {
+        Some(p) => ConfigFile::load(p)?,
+        None => ConfigFile::default(),
+    };
+    let layered = file.overlay(&a.flags());
+    let out = layered.out.clone().or_else(|| a.resume.clone());
+    if let Some(dir) = &a.resume {
+        let saved = checkpoint::load(dir)?.meta.config;
+        let mut c = saved.clone();
+        if let Some(s) = layered.steps {
+            c.steps = s;
+            c.epochs = None;
+        }
+        if let Some(e) = layered.epochs {
+            c.epochs = Some(e);
+        }
+        for (given, what) in [(layered.model.as_ref(), "model"), (layered.data.as_ref(), "data")] {
+            if let Some(v) = given {
+                let saved_v = if what == "model" { &saved.model } else { &saved.data };
+                if v != saved_v {
+                    bail!("--{what} {v} differs from the checkpoint's {what} {saved_v}; a resumed run keeps its {what}");
+                }
+            }
+        }
+        return Ok((c, out));
+    }
+    Ok((TrainConfig::resolve(&layered)?, out))
+}
+
+fn cmd_info() {
+    println!("sinter {}", env!("CARGO_PKG_VERSION"));
+    println!("devices:");
+    println!("  cpu: {} threads (rayon; set RAYON_NUM_THREADS to change)", rayon::current_num_threads());
+    println!("  cuda: not used by this build's tensor storage yet (see README, 'GPU status')");
+    println!("dtypes: f32, f16, bf16 (stored; CPU arithmetic in f32), i64 (indices)");
+    println!("models: {}", sinter_models::MODEL_NAMES.join(", "));
+    println!("data: digits, shakespeare, mnist:DIR, cifar10:DIR, text:FILE, tokens:FILE_OR_DIR");
+}
+
+fn run() -> Result<()> {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Train(a) => {
+            let (config, out) = train_config(&a)?;
+            train::run(config, &train::TrainOptions { out, resume: a.resume.clone(), quiet: a.quiet })?;
+        }
+        Command::Eval { checkpoint } => {
+            let (s, step) = train::load_for_inference(&checkpoint)?;
+            let e = train::evaluate(&s, 0)?;
+            let acc = e.accuracy.map(|a| format!(", accuracy {:.2}%", a * 100.0)).unwrap_or_default();
+            println!("{} on {} (step {step}): validation loss {:.4}{acc} over {} examples", s.config.model, s.config.data, e.loss, e.examples);
+        }
+        Command::Generate(g) => {
+            let (s, _) = train::load_for_inference(&g.checkpoint)?;
+            if s.task != sinter_models::Task::LanguageModel {
+                bail!("generate needs a language-model checkpoint; {} is a {:?} model", s.config.model, s.task);
+            }
+            let vocab = s.train.num_classes().unwrap_or(0);
+            if vocab != 256 {
+                bail!("this checkpoint uses a {vocab}-token vocabulary; only byte-level (256) models can turn a text prompt into tokens in this build");
+            }
+            let prompt: Vec<i64> = g.prompt.bytes().map(i64::from).collect();
+            if prompt.is_empty() {
+                bail!("--prompt must not be empty");
+            }
+            let out = train::generate(&s, &prompt, g.max_new_tokens, g.temperature, g.top_k, g.seed)?;
+            let bytes: Vec<u8> = out.iter().map(|&t| t as u8).collect();
+            println!("{}", String::from_utf8_lossy(&bytes));
+        }
+        Command::Info => cmd_info(),
+    }
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    match run().context("sinter") {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            // Skip the "sinter" context line; print the cause chain.
+            let mut chain = e.chain().skip(1);
+            if let Some(first) = chain.next() {
+                eprintln!("error: {first}");
+            }
+            for c in chain {
+                eprintln!("  caused by: {c}");
+            }
+            ExitCode::FAILURE
+        }
+    }
+}
