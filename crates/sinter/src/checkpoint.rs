@@ -150,3 +150,35 @@ pub fn restore_model(loaded: &HashMap<String, Tensor>, named: &[(String, Tensor)
 pub fn optimizer_state(loaded: &HashMap<String, Tensor>) -> HashMap<String, Tensor> {
     loaded.iter().filter_map(|(k, v)| k.strip_prefix("optim.").map(|n| (n.to_string(), v.clone()))).collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sinter_core::Tensor;
+
+    fn t(shape: &[usize]) -> Tensor {
+        Tensor::zeros(shape, DType::F32, Device::Cpu).unwrap()
+    }
+
+    #[test]
+    fn a_misfitting_tensor_is_named_with_both_shapes() {
+        let mut loaded = HashMap::new();
+        loaded.insert("model.fc.weight".to_string(), t(&[10, 64]));
+        let err = restore_model(&loaded, &[("fc.weight".into(), t(&[10, 128]))]).unwrap_err().to_string();
+        assert!(err.contains("model.fc.weight") && err.contains("[10, 64]") && err.contains("[10, 128]"), "{err}");
+        let err = restore_model(&loaded, &[("fc.bias".into(), t(&[10]))]).unwrap_err().to_string();
+        assert!(err.contains("model.fc.bias"), "{err}");
+    }
+
+    #[test]
+    fn atomic_write_replaces_whole_files_and_leaves_no_temporaries() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("x.bin");
+        write_atomic(&p, b"first").unwrap();
+        write_atomic(&p, b"second").unwrap();
+        assert_eq!(std::fs::read(&p).unwrap(), b"second");
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
+        // A directory that cannot be created is an error, not a panic.
+        assert!(write_atomic(&p.join("sub/y.bin"), b"z").is_err());
+    }
+}

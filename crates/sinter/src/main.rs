@@ -93,6 +93,9 @@ struct TrainArgs {
     /// TOML file with the same keys as the flags (flags win).
     #[arg(long)]
     config: Option<PathBuf>,
+    /// Stop after this step (checkpointing it); `--resume DIR` continues the same run.
+    #[arg(long)]
+    stop_at_step: Option<u64>,
     /// No progress bar or summaries.
     #[arg(long, short)]
     quiet: bool,
@@ -188,7 +191,7 @@ fn run() -> Result<()> {
     match cli.command {
         Command::Train(a) => {
             let (config, out) = train_config(&a)?;
-            train::run(config, &train::TrainOptions { out, resume: a.resume.clone(), quiet: a.quiet })?;
+            train::run(config, &train::TrainOptions { out, resume: a.resume.clone(), quiet: a.quiet, stop_at_step: a.stop_at_step })?;
         }
         Command::Eval { checkpoint } => {
             let (s, step) = train::load_for_inference(&checkpoint)?;

@@ -133,12 +133,11 @@ pub struct TrainOptions {
     pub out: Option<PathBuf>,
     pub resume: Option<PathBuf>,
     pub quiet: bool,
+    /// Stop (evaluating and checkpointing) after this step, for time-boxed jobs; `--resume`
+    /// continues the same run later.
+    pub stop_at_step: Option<u64>,
 }
 
-#[derive(Debug)]
-pub struct Outcome {
-    pub summary: serde_json::Value,
-}
 
 fn save_checkpoint(dir: &Path, s: &Setup, opt: &dyn Optimizer, step: u64, loader: &DataLoader) -> Result<()> {
     let named: Vec<(String, Tensor)> = s.model.named_tensors().into_iter().map(|t| (t.name, t.tensor)).collect();
@@ -153,7 +152,7 @@ fn save_checkpoint(dir: &Path, s: &Setup, opt: &dyn Optimizer, step: u64, loader
     checkpoint::save(dir, &named, &opt.state(), &meta)
 }
 
-pub fn run(config: TrainConfig, opts: &TrainOptions) -> Result<Outcome> {
+pub fn run(config: TrainConfig, opts: &TrainOptions) -> Result<serde_json::Value> {
     let device = resolve_device(&config.device)?;
     if config.device == "auto" && !opts.quiet {
         eprintln!("device auto: using the CPU ({} threads); no CUDA backend in tensor storage yet", rayon::current_num_threads());
@@ -190,6 +189,10 @@ pub fn run(config: TrainConfig, opts: &TrainOptions) -> Result<Outcome> {
             bail!("the checkpoint is at step {start}, which is already the end of this run ({total} steps); raise --steps to train further");
         }
     }
+    let end = opts.stop_at_step.map_or(total, |s| s.min(total));
+    if end <= start {
+        bail!("--stop-at-step {end} is not after the checkpoint's step {start}");
+    }
     let schedule = LrSchedule::parse(&s.config.schedule, total).expect("validated schedule");
     let mut log = match &opts.out {
         Some(d) => Some(MetricsLog::open(d, resumed.as_ref().map(|l| l.meta.step))?),
@@ -212,7 +215,7 @@ pub fn run(config: TrainConfig, opts: &TrainOptions) -> Result<Outcome> {
     let mut rate = 0.0;
     let eval_every = if s.config.eval_interval > 0 { s.config.eval_interval } else { per_epoch };
     let ckpt_every = if s.config.checkpoint_interval > 0 { s.config.checkpoint_interval } else { per_epoch };
-    for step in start..total {
+    for step in start..end {
         opt.set_lr(schedule.lr_at(s.config.lr, step));
         let b = loader.next_batch()?;
         let (x, y) = (to_tensor(&b.inputs)?.to_device(device)?, to_tensor(&b.targets)?.to_device(device)?);
@@ -236,7 +239,7 @@ pub fn run(config: TrainConfig, opts: &TrainOptions) -> Result<Outcome> {
         window_loss += lv;
         window_n += 1;
         let done = step + 1;
-        if done % s.config.log_interval == 0 || done == total {
+        if done % s.config.log_interval == 0 || done == end {
             let secs = window_start.elapsed().as_secs_f64().max(1e-9);
             rate = (window_n as usize * s.config.batch_size * per_sample) as f64 / secs;
             let avg = window_loss / window_n as f64;
@@ -250,7 +253,7 @@ pub fn run(config: TrainConfig, opts: &TrainOptions) -> Result<Outcome> {
             window_start = Instant::now();
         }
         bar.set_position(done);
-        if done % eval_every == 0 || done == total {
+        if done % eval_every == 0 || done == end {
             let e = evaluate(&s, s.config.eval_batches)?;
             let acc = e.accuracy.map(|a| format!(", val accuracy {:.2}%", a * 100.0)).unwrap_or_default();
             let what = if s.config.eval_interval == 0 { format!("epoch {}", done / per_epoch) } else { format!("step {done}") };
@@ -261,18 +264,18 @@ pub fn run(config: TrainConfig, opts: &TrainOptions) -> Result<Outcome> {
             last_eval = Some(e);
         }
         if let Some(d) = &opts.out {
-            if done % ckpt_every == 0 || done == total {
+            if done % ckpt_every == 0 || done == end {
                 save_checkpoint(d, &s, opt.as_ref(), done, &loader)?;
             }
         }
     }
     bar.finish_and_clear();
     let wall = t0.elapsed().as_secs_f64();
-    let trained = (total - start) as f64;
+    let trained = (end - start) as f64;
     let throughput = trained * (s.config.batch_size * per_sample) as f64 / wall.max(1e-9);
     let e = last_eval.expect("the last step always evaluates");
     let mut summary = json!({
-        "model": s.config.model, "data": s.config.data, "device": device.to_string(), "steps": total,
+        "model": s.config.model, "data": s.config.data, "device": device.to_string(), "steps": end, "total_steps": total,
         "resumed_from_step": resumed.as_ref().map(|l| l.meta.step), "parameters": s.model.num_parameters(),
         "wall_time_s": wall, "train_loss": last_loss, "val_loss": e.loss, "val_accuracy": e.accuracy,
         "val_examples": e.examples, "batch_size": s.config.batch_size, "lr": s.config.lr, "optimizer": s.config.optimizer,
@@ -286,12 +289,12 @@ pub fn run(config: TrainConfig, opts: &TrainOptions) -> Result<Outcome> {
     }
     if !opts.quiet {
         let acc = e.accuracy.map(|a| format!(", val accuracy {:.2}%", a * 100.0)).unwrap_or_default();
-        eprintln!("done: {total} steps in {wall:.1} s ({throughput:.0} {unit}); val loss {:.4}{acc}", e.loss);
+        eprintln!("done: step {end} of {total}; {} steps in {wall:.1} s ({throughput:.0} {unit}); val loss {:.4}{acc}", end - start, e.loss);
         if let Some(d) = &opts.out {
             eprintln!("wrote {}/{{metrics.jsonl, summary.json, loss.svg, {}}}", d.display(), checkpoint::FILE_NAME);
         }
     }
-    Ok(Outcome { summary })
+    Ok(summary)
 }
 
 /// The model and setup of a checkpoint, with its weights loaded.
