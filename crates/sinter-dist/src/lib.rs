@@ -1,1 +1,34 @@
-//! sinter-dist
+//! sinter-dist: the distributed layer of sinter.
+//!
+//! * [`Communicator`]: all-reduce, reduce-scatter, all-gather, broadcast, send/recv and
+//!   barrier over `f32` host buffers, with timeouts naming op, rank, peer and sequence number;
+//!   [`AsyncCommunicator`] runs them on a background thread; `new_group` and [`mesh_2d`]
+//!   build sub-groups for DP×TP / DP×PP meshes.
+//! * Host backends ([`host`]): threads in one process ([`ThreadGroup`]) and TCP between
+//!   processes ([`host::tcp`]), sharing one ring algorithm.
+//! * [`rendezvous`]: torchrun / Slurm / Open MPI variables, the TCP [`store`],
+//!   [`init_from_env`].
+//! * [`launch`]: the library behind `sinter launch`.
+//! * [`scaling`]: analytic scaling model and ZeRO memory accounting.
+//! * [`mod@bench`]: host all-reduce bandwidth.
+
+pub mod bench;
+pub mod comm;
+pub mod error;
+pub mod host;
+pub mod launch;
+pub mod rendezvous;
+pub mod scaling;
+pub mod store;
+
+pub use comm::{
+    default_timeout, mesh_2d, mesh_2d_groups, AsyncCommunicator, Communicator, Mesh2d, ReduceOp,
+    Work, DEFAULT_TIMEOUT, TIMEOUT_ENV,
+};
+pub use error::{DistError, ExitKind, OpContext, Result};
+pub use host::{
+    run_on_threads, HostCommunicator, TcpCommunicator, TcpOptions, ThreadCommunicator, ThreadGroup,
+};
+pub use launch::{LaunchOptions, LaunchReport, LaunchSpec};
+pub use rendezvous::{init, init_from_env, DistEnv, EnvSource};
+pub use store::{StoreClient, StoreServer};

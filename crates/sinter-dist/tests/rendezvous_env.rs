@@ -1,0 +1,264 @@
+//! Launcher environment parsing, Slurm node lists, and the TCP store.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use sinter_dist::rendezvous::{
+    expand_nodelist, first_host, parse_env, EnvSource, DEFAULT_MASTER_PORT,
+};
+use sinter_dist::{DistError, StoreClient, StoreServer};
+
+fn env(pairs: &[(&str, &str)]) -> HashMap<String, String> {
+    pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+#[test]
+fn torchrun_variables() {
+    let e = parse_env(&env(&[
+        ("RANK", "11"),
+        ("WORLD_SIZE", "16"),
+        ("LOCAL_RANK", "3"),
+        ("LOCAL_WORLD_SIZE", "8"),
+        ("MASTER_ADDR", "10.0.0.1"),
+        ("MASTER_PORT", "1234"),
+    ]))
+    .unwrap();
+    assert_eq!(e.source, EnvSource::Torchrun);
+    assert_eq!(
+        (e.rank, e.world_size, e.local_rank, e.local_world_size),
+        (11, 16, 3, 8)
+    );
+    assert_eq!(e.master_addr.as_deref(), Some("10.0.0.1"));
+    assert_eq!(e.master_port, 1234);
+    assert_eq!(e.node_rank(), 1);
+    assert_eq!(e.master_endpoint().unwrap(), "10.0.0.1:1234");
+}
+
+#[test]
+fn torchrun_defaults_and_errors() {
+    let e = parse_env(&env(&[
+        ("RANK", "0"),
+        ("WORLD_SIZE", "2"),
+        ("MASTER_ADDR", "h"),
+    ]))
+    .unwrap();
+    assert_eq!(e.master_port, DEFAULT_MASTER_PORT);
+    assert_eq!((e.local_rank, e.local_world_size), (0, 2));
+    // Multi-rank without a master.
+    assert!(matches!(
+        parse_env(&env(&[("RANK", "0"), ("WORLD_SIZE", "2")])),
+        Err(DistError::Env(_))
+    ));
+    // Garbage and out-of-range values.
+    assert!(parse_env(&env(&[
+        ("RANK", "x"),
+        ("WORLD_SIZE", "2"),
+        ("MASTER_ADDR", "h")
+    ]))
+    .is_err());
+    assert!(parse_env(&env(&[
+        ("RANK", "2"),
+        ("WORLD_SIZE", "2"),
+        ("MASTER_ADDR", "h")
+    ]))
+    .is_err());
+    assert!(parse_env(&env(&[
+        ("RANK", "0"),
+        ("WORLD_SIZE", "2"),
+        ("MASTER_ADDR", "h"),
+        ("MASTER_PORT", "99999")
+    ]))
+    .is_err());
+    // IPv6 master.
+    let e = parse_env(&env(&[
+        ("RANK", "0"),
+        ("WORLD_SIZE", "2"),
+        ("MASTER_ADDR", "::1"),
+        ("MASTER_PORT", "5"),
+    ]))
+    .unwrap();
+    assert_eq!(e.master_endpoint().unwrap(), "[::1]:5");
+}
+
+#[test]
+fn torchrun_wins_over_slurm() {
+    let e = parse_env(&env(&[
+        ("RANK", "1"),
+        ("WORLD_SIZE", "2"),
+        ("MASTER_ADDR", "a"),
+        ("SLURM_PROCID", "0"),
+        ("SLURM_NTASKS", "4"),
+        ("SLURM_JOB_NODELIST", "n[1-4]"),
+    ]))
+    .unwrap();
+    assert_eq!(
+        (e.source, e.rank, e.world_size),
+        (EnvSource::Torchrun, 1, 2)
+    );
+}
+
+#[test]
+fn slurm_variables() {
+    let e = parse_env(&env(&[
+        ("SLURM_PROCID", "13"),
+        ("SLURM_NTASKS", "16"),
+        ("SLURM_LOCALID", "5"),
+        ("SLURM_NTASKS_PER_NODE", "8"),
+        ("SLURM_JOB_NODELIST", "gpu[01-04,07]"),
+    ]))
+    .unwrap();
+    assert_eq!(e.source, EnvSource::Slurm);
+    assert_eq!(
+        (e.rank, e.world_size, e.local_rank, e.local_world_size),
+        (13, 16, 5, 8)
+    );
+    assert_eq!(e.master_addr.as_deref(), Some("gpu01"));
+    assert_eq!(e.master_port, DEFAULT_MASTER_PORT);
+
+    // SLURM_TASKS_PER_NODE compressed form, SLURM_NODELIST fallback, MASTER_* override.
+    let e = parse_env(&env(&[
+        ("SLURM_PROCID", "2"),
+        ("SLURM_NTASKS", "8"),
+        ("SLURM_LOCALID", "2"),
+        ("SLURM_TASKS_PER_NODE", "4(x2)"),
+        ("SLURM_NODELIST", "node[7-8]"),
+        ("MASTER_PORT", "4000"),
+    ]))
+    .unwrap();
+    assert_eq!(e.local_world_size, 4);
+    assert_eq!(e.master_addr.as_deref(), Some("node7"));
+    assert_eq!(e.master_port, 4000);
+
+    let e = parse_env(&env(&[
+        ("SLURM_PROCID", "0"),
+        ("SLURM_NTASKS", "4"),
+        ("SLURM_NNODES", "2"),
+        ("SLURM_JOB_NODELIST", "a,b"),
+        ("MASTER_ADDR", "10.1.1.1"),
+    ]))
+    .unwrap();
+    assert_eq!(e.local_world_size, 2);
+    assert_eq!(e.master_addr.as_deref(), Some("10.1.1.1"));
+
+    // Multi-task job without any node list.
+    assert!(parse_env(&env(&[("SLURM_PROCID", "0"), ("SLURM_NTASKS", "2")])).is_err());
+}
+
+#[test]
+fn openmpi_variables() {
+    let e = parse_env(&env(&[
+        ("OMPI_COMM_WORLD_RANK", "2"),
+        ("OMPI_COMM_WORLD_SIZE", "4"),
+        ("OMPI_COMM_WORLD_LOCAL_RANK", "2"),
+        ("OMPI_COMM_WORLD_LOCAL_SIZE", "4"),
+    ]))
+    .unwrap();
+    assert_eq!(e.source, EnvSource::OpenMpi);
+    assert_eq!(
+        (e.rank, e.world_size, e.local_rank, e.local_world_size),
+        (2, 4, 2, 4)
+    );
+    assert_eq!(e.master_addr.as_deref(), Some("127.0.0.1"));
+
+    // Several hosts: MASTER_ADDR is required.
+    let multi = [
+        ("OMPI_COMM_WORLD_RANK", "5"),
+        ("OMPI_COMM_WORLD_SIZE", "8"),
+        ("OMPI_COMM_WORLD_LOCAL_RANK", "1"),
+        ("OMPI_COMM_WORLD_LOCAL_SIZE", "4"),
+    ];
+    let err = parse_env(&env(&multi)).unwrap_err();
+    assert!(err.to_string().contains("MASTER_ADDR"), "{err}");
+    let mut v = multi.to_vec();
+    v.push(("MASTER_ADDR", "host0"));
+    let e = parse_env(&env(&v)).unwrap();
+    assert_eq!((e.rank, e.local_rank, e.node_rank()), (5, 1, 1));
+    assert_eq!(e.master_addr.as_deref(), Some("host0"));
+}
+
+#[test]
+fn nothing_set_is_single_process() {
+    let e = parse_env(&HashMap::new()).unwrap();
+    assert_eq!((e.rank, e.world_size, e.source), (0, 1, EnvSource::Single));
+    assert_eq!(e.master_addr, None);
+}
+
+#[test]
+fn slurm_nodelist_expansion() {
+    assert_eq!(
+        expand_nodelist("gpu[01-04,07]").unwrap(),
+        ["gpu01", "gpu02", "gpu03", "gpu04", "gpu07"]
+    );
+    assert_eq!(expand_nodelist("node1,node2").unwrap(), ["node1", "node2"]);
+    assert_eq!(
+        expand_nodelist("a[1-2]-ib,b3").unwrap(),
+        ["a1-ib", "a2-ib", "b3"]
+    );
+    assert_eq!(
+        expand_nodelist("r[1-2]n[01-02]").unwrap(),
+        ["r1n01", "r1n02", "r2n01", "r2n02"]
+    );
+    assert_eq!(expand_nodelist("x[9-11]").unwrap(), ["x9", "x10", "x11"]);
+    assert_eq!(
+        expand_nodelist("gpu[098-101]").unwrap(),
+        ["gpu098", "gpu099", "gpu100", "gpu101"]
+    );
+    assert_eq!(expand_nodelist("c[1,3],d[5]").unwrap(), ["c1", "c3", "d5"]);
+    for bad in ["gpu[01-", "gpu[]", "gpu[3-1]", "gpu]1[", "", "g[a-b]"] {
+        assert!(expand_nodelist(bad).is_err(), "`{bad}` should be rejected");
+    }
+    assert_eq!(first_host("gpu[07,01-04],cpu1").unwrap(), "gpu07");
+    assert_eq!(first_host("login5").unwrap(), "login5");
+    assert_eq!(first_host("node-[0012-0015]").unwrap(), "node-0012");
+}
+
+#[test]
+fn store_set_get_wait_add_delete() {
+    let server = StoreServer::bind("127.0.0.1:0").unwrap();
+    let addr = server.local_addr().to_string();
+    let a = StoreClient::connect(&addr, Duration::from_secs(5)).unwrap();
+    let b = StoreClient::connect(&addr, Duration::from_secs(5)).unwrap();
+    assert_eq!(a.get("k").unwrap(), None);
+    let bin: Vec<u8> = (0..=255).collect();
+    a.set("k", &bin).unwrap();
+    assert_eq!(b.get("k").unwrap().unwrap(), bin);
+    assert_eq!(a.add("ctr", 2).unwrap(), 2);
+    assert_eq!(b.add("ctr", 5).unwrap(), 7);
+    assert!(a.delete("k").unwrap());
+    assert!(!a.delete("k").unwrap());
+
+    // wait() blocks until another client sets the key.
+    let h = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(100));
+        b.set("late", b"v").unwrap();
+    });
+    let t = Instant::now();
+    assert_eq!(
+        a.wait("late", Duration::from_secs(10)).unwrap().unwrap(),
+        b"v"
+    );
+    assert!(t.elapsed() >= Duration::from_millis(90));
+    h.join().unwrap();
+
+    // ... and gives up after its timeout.
+    let t = Instant::now();
+    assert_eq!(a.wait("never", Duration::from_millis(200)).unwrap(), None);
+    let el = t.elapsed();
+    assert!(
+        el >= Duration::from_millis(190) && el < Duration::from_secs(3),
+        "{el:?}"
+    );
+}
+
+#[test]
+fn store_client_errors_when_server_goes_away() {
+    let server = StoreServer::bind("127.0.0.1:0").unwrap();
+    let addr = server.local_addr().to_string();
+    let a = StoreClient::connect(&addr, Duration::from_secs(5)).unwrap();
+    a.set("x", b"1").unwrap();
+    drop(server);
+    assert!(a.get("x").is_err());
+}
