@@ -96,6 +96,19 @@ fn topological_order(root: &Tensor) -> Vec<Tensor> {
     order
 }
 
+/// Wraps an already computed `value` as the output of a custom differentiable op over
+/// `inputs` (e.g. a collective: tensor parallelism's all-reduce, pipeline send/recv).
+/// `backward(grad_of_output, output)` returns one gradient per input.
+pub fn custom_op(
+    value: &Tensor,
+    name: &'static str,
+    inputs: &[&Tensor],
+    backward: impl Fn(&Tensor, &Tensor) -> Result<Vec<Option<Tensor>>> + Send + Sync + 'static,
+) -> Tensor {
+    let node = record(name, inputs, backward);
+    Tensor::from_parts(value.0.storage.clone(), value.layout().clone(), value.dtype(), value.device(), node)
+}
+
 impl Tensor {
     /// Computes gradients of this tensor (seeded with ones) for every variable it depends on,
     /// adding them to what the variables already hold.
@@ -105,7 +118,20 @@ impl Tensor {
 
     /// `backward`, calling `hook(variable, its accumulated gradient)` as soon as each
     /// variable's gradient from this pass is complete.
-    pub fn backward_with_hook(&self, mut hook: impl FnMut(&Tensor, &Tensor) -> Result<()>) -> Result<()> {
+    pub fn backward_with_hook(&self, hook: impl FnMut(&Tensor, &Tensor) -> Result<()>) -> Result<()> {
+        self.backward_from(None, hook)
+    }
+
+    /// Backward seeded with `grad` (this tensor's gradient, e.g. received from the next
+    /// pipeline stage) instead of ones.
+    pub fn backward_with_grad(&self, grad: &Tensor, hook: impl FnMut(&Tensor, &Tensor) -> Result<()>) -> Result<()> {
+        if grad.shape() != self.shape() {
+            return Err(crate::Error::ShapeMismatch { op: "backward_with_grad", lhs: self.shape().to_vec(), rhs: grad.shape().to_vec() });
+        }
+        self.backward_from(Some(grad.clone()), hook)
+    }
+
+    fn backward_from(&self, seed: Option<Tensor>, mut hook: impl FnMut(&Tensor, &Tensor) -> Result<()>) -> Result<()> {
         if !self.tracks_grad() {
             crate::bail!("backward: this tensor does not depend on any variable (was it computed under no_grad, or detached?)");
         }
@@ -123,7 +149,11 @@ impl Tensor {
             }
         }
         let mut grads: HashMap<TensorId, Tensor> = HashMap::new();
-        grads.insert(self.id(), self.ones_like()?);
+        let seed = match seed {
+            Some(g) => g.detach(),
+            None => self.ones_like()?,
+        };
+        grads.insert(self.id(), seed);
 
         let finish_variable = |v: &Tensor, g: Tensor, hook: &mut dyn FnMut(&Tensor, &Tensor) -> Result<()>| -> Result<()> {
             let g = if g.dtype() != v.dtype() { g.to_dtype(v.dtype())? } else { g };

@@ -14,7 +14,7 @@ pub mod rng;
 pub mod storage;
 pub mod tensor;
 
-pub use autograd::{is_grad_enabled, no_grad, NoGradGuard};
+pub use autograd::{custom_op, is_grad_enabled, no_grad, NoGradGuard};
 pub use cpu::conv::{Conv2dParams, Pool2dParams};
 pub use cpu::nn::{AdamWParams, SgdParams};
 pub use device::Device;
