@@ -1,0 +1,144 @@
+// adamw.cu — fused optimizer updates over flat fp32 buffers, and the grad-norm reduction.
+//
+// adamw_f32(float* p, const float* g, float* m, float* v, i64 n, AdamArgs a)
+// adamw_copy_bf16(float* p, const float* g, float* m, float* v, bf16* copy, i64 n, AdamArgs a)
+// adamw_copy_f16(float* p, const float* g, float* m, float* v, __half* copy, i64 n, AdamArgs a)
+//     g' = g * a.grad_scale (unscale and/or clip in the same pass); m = b1 m + (1-b1) g';
+//     v = b2 v + (1-b2) g'^2; p = p (1 - lr wd) - lr (m / bc1) / (sqrt(v / bc2) + eps)
+//     (PyTorch AdamW, decoupled weight decay; bc1 = 1 - b1^t and bc2 = 1 - b2^t come from the host);
+//     the *_copy_* variants also write the updated p in bf16/f16 for the compute copy of the model.
+//     If a.found_inf is non-null and *found_inf != 0 the step is skipped on the device (dynamic
+//     loss scaling without a host round trip).
+// sgd_f32(float* p, const float* g, float* buf, i64 n, SgdArgs a)
+//     PyTorch SGD: g' = g*grad_scale + wd p; buf = first ? g' : momentum buf + (1 - dampening) g';
+//     step = nesterov ? g' + momentum buf : buf; p -= lr step. buf may be null when momentum == 0.
+// sumsq_partial_<t>(const T* x, float* partial, i64 n)
+//     partial[blockIdx.x] = Σ x^2 over this block's grid-stride share (f32 accumulation).
+// sumsq_finish(const float* partial, i64 count, float* out, int accumulate)
+//     out[0] (+)= Σ partial, one block, fixed order. Partials of several tensors can share one
+//     buffer, so the global grad norm of a whole model is one finish launch; sqrt on the host (or
+//     as out^0.5 in the clip coefficient). A non-finite result doubles as the "found inf" flag.
+//
+// Why it is fast: each optimizer reads p, g, m, v and writes p, m, v (+ the copy) exactly once, with
+// 128-bit accesses when aligned — the minimum traffic for the update — instead of the ~10 passes of
+// an unfused implementation. The norm is deterministic: a fixed grid (chosen by the host from n
+// only) and fixed-order trees, no atomics.
+
+// Must match AdamArgs / SgdArgs in src/ops/adamw.rs.
+struct AdamArgs {
+    float lr, beta1, beta2, eps, weight_decay, bc1, bc2, grad_scale;
+    const float* found_inf;
+};
+struct SgdArgs {
+    float lr, momentum, dampening, weight_decay, grad_scale;
+    int nesterov, first_step, pad_;
+    const float* found_inf;
+};
+
+__device__ __forceinline__ void adam_one(float& p, float g, float& m, float& v, const AdamArgs& a) {
+    g *= a.grad_scale;
+    m = a.beta1 * m + (1.f - a.beta1) * g;
+    v = a.beta2 * v + (1.f - a.beta2) * g * g;
+    const float mh = m / a.bc1, vh = v / a.bc2;
+    p = p * (1.f - a.lr * a.weight_decay) - a.lr * mh / (sqrtf(vh) + a.eps);
+}
+
+template <typename TC, bool COPY>
+__device__ __forceinline__ void adamw_impl(float* p, const float* g, float* m, float* v, TC* copy, i64 n,
+                                           const AdamArgs& a) {
+    if (a.found_inf && *a.found_inf != 0.f) return;
+    const i64 tid = global_tid(), stride = global_stride();
+    i64 i0 = 0;
+    const bool vec = aligned16(p) && aligned16(g) && aligned16(m) && aligned16(v) &&
+                     (!COPY || (reinterpret_cast<u64>(copy) & 7ull) == 0);
+    if (vec) {
+        const i64 nv = n / 4;
+        for (i64 q = tid; q < nv; q += stride) {
+            float4 pp = reinterpret_cast<float4*>(p)[q];
+            const float4 gg = reinterpret_cast<const float4*>(g)[q];
+            float4 mm = reinterpret_cast<float4*>(m)[q];
+            float4 vv = reinterpret_cast<float4*>(v)[q];
+            adam_one(pp.x, gg.x, mm.x, vv.x, a);
+            adam_one(pp.y, gg.y, mm.y, vv.y, a);
+            adam_one(pp.z, gg.z, mm.z, vv.z, a);
+            adam_one(pp.w, gg.w, mm.w, vv.w, a);
+            reinterpret_cast<float4*>(p)[q] = pp;
+            reinterpret_cast<float4*>(m)[q] = mm;
+            reinterpret_cast<float4*>(v)[q] = vv;
+            if (COPY) {
+                TC* c = copy + q * 4;
+                c[0] = from_f32<TC>(pp.x);
+                c[1] = from_f32<TC>(pp.y);
+                c[2] = from_f32<TC>(pp.z);
+                c[3] = from_f32<TC>(pp.w);
+            }
+        }
+        i0 = nv * 4;
+    }
+    for (i64 i = i0 + tid; i < n; i += stride) {
+        float pp = p[i], mm = m[i], vv = v[i];
+        adam_one(pp, g[i], mm, vv, a);
+        p[i] = pp;
+        m[i] = mm;
+        v[i] = vv;
+        if (COPY) copy[i] = from_f32<TC>(pp);
+    }
+}
+
+extern "C" __global__ void adamw_f32(float* p, const float* g, float* m, float* v, i64 n, AdamArgs a) {
+    adamw_impl<float, false>(p, g, m, v, (float*)nullptr, n, a);
+}
+extern "C" __global__ void adamw_copy_bf16(float* p, const float* g, float* m, float* v, bf16* copy, i64 n,
+                                           AdamArgs a) {
+    adamw_impl<bf16, true>(p, g, m, v, copy, n, a);
+}
+extern "C" __global__ void adamw_copy_f16(float* p, const float* g, float* m, float* v, __half* copy, i64 n,
+                                          AdamArgs a) {
+    adamw_impl<__half, true>(p, g, m, v, copy, n, a);
+}
+
+extern "C" __global__ void sgd_f32(float* p, const float* g, float* buf, i64 n, SgdArgs a) {
+    if (a.found_inf && *a.found_inf != 0.f) return;
+    for (i64 i = global_tid(); i < n; i += global_stride()) {
+        const float pv = p[i];
+        float d = g[i] * a.grad_scale + a.weight_decay * pv;
+        if (a.momentum != 0.f && buf) {
+            const float b = a.first_step ? d : a.momentum * buf[i] + (1.f - a.dampening) * d;
+            buf[i] = b;
+            d = a.nesterov ? d + a.momentum * b : b;
+        }
+        p[i] = pv - a.lr * d;
+    }
+}
+
+template <typename T>
+__device__ __forceinline__ void sumsq_partial_impl(const T* x, float* partial, i64 n) {
+    __shared__ float scratch[32];
+    constexpr int N = Pack128<T>::N;
+    const i64 tid = global_tid(), stride = global_stride();
+    float acc = 0.f;
+    i64 i0 = 0;
+    if (aligned16(x)) {
+        const i64 nv = n / N;
+        for (i64 q = tid; q < nv; q += stride) {
+            const Pack128<T> pk = load128(x + q * N);
+#pragma unroll
+            for (int k = 0; k < N; ++k) { const float f = to_f32(pk.v[k]); acc += f * f; }
+        }
+        i0 = nv * N;
+    }
+    for (i64 i = i0 + tid; i < n; i += stride) { const float f = to_f32(x[i]); acc += f * f; }
+    acc = row_sum(acc, scratch);  // 1-D block: one row group = the block
+    if (threadIdx.x == 0) partial[blockIdx.x] = acc;
+}
+extern "C" __global__ void sumsq_partial_f32(const float* x, float* partial, i64 n) { sumsq_partial_impl<float>(x, partial, n); }
+extern "C" __global__ void sumsq_partial_f16(const __half* x, float* partial, i64 n) { sumsq_partial_impl<__half>(x, partial, n); }
+extern "C" __global__ void sumsq_partial_bf16(const bf16* x, float* partial, i64 n) { sumsq_partial_impl<bf16>(x, partial, n); }
+
+extern "C" __global__ void sumsq_finish(const float* partial, i64 count, float* out, int accumulate) {
+    __shared__ float scratch[32];
+    float acc = 0.f;
+    for (i64 i = threadIdx.x; i < count; i += blockDim.x) acc += partial[i];
+    acc = row_sum(acc, scratch);
+    if (threadIdx.x == 0) out[0] = accumulate ? out[0] + acc : acc;
+}

@@ -1,0 +1,424 @@
+//! Wrappers for `kernels/adamw.cu`: fused AdamW and SGD over flat f32 buffers, and the
+//! deterministic global grad-norm.
+
+use super::{fake_slice, kname, need, need_float, opt_need};
+use crate::alloc::{DevSlice, Pool};
+use crate::device::CudaDevice;
+use crate::dtype::DType;
+use crate::error::{CudaError, Result};
+use crate::launch::{Arg, Launch, LaunchTarget, ELEMWISE_BLOCK};
+use crate::nvrtc::KernelFile;
+
+/// Matches `struct AdamArgs` in adamw.cu (40 bytes).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct AdamArgs {
+    pub lr: f32,
+    pub beta1: f32,
+    pub beta2: f32,
+    pub eps: f32,
+    pub weight_decay: f32,
+    pub bc1: f32,
+    pub bc2: f32,
+    pub grad_scale: f32,
+    pub found_inf: u64,
+}
+// SAFETY: repr(C) plain data matching the CUDA struct.
+unsafe impl cudarc::driver::DeviceRepr for AdamArgs {}
+
+/// Matches `struct SgdArgs` in adamw.cu (40 bytes).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct SgdArgs {
+    pub lr: f32,
+    pub momentum: f32,
+    pub dampening: f32,
+    pub weight_decay: f32,
+    pub grad_scale: f32,
+    pub nesterov: i32,
+    pub first_step: i32,
+    pub pad: i32,
+    pub found_inf: u64,
+}
+// SAFETY: repr(C) plain data matching the CUDA struct.
+unsafe impl cudarc::driver::DeviceRepr for SgdArgs {}
+
+/// AdamW hyper-parameters for one step.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AdamW {
+    pub lr: f32,
+    pub beta1: f32,
+    pub beta2: f32,
+    pub eps: f32,
+    pub weight_decay: f32,
+    /// 1-based step number (for the bias corrections).
+    pub step: u64,
+    /// Multiplies the gradient first: 1/loss_scale, times a clip coefficient.
+    pub grad_scale: f32,
+}
+
+impl AdamW {
+    /// Kernel arguments (bias corrections computed in f64 on the host).
+    pub fn args(&self, found_inf: u64) -> Result<AdamArgs> {
+        if self.step == 0 {
+            return Err(CudaError::invalid("adamw", "step is 1-based"));
+        }
+        let t = self.step.min(i32::MAX as u64) as i32;
+        Ok(AdamArgs {
+            lr: self.lr,
+            beta1: self.beta1,
+            beta2: self.beta2,
+            eps: self.eps,
+            weight_decay: self.weight_decay,
+            bc1: (1.0 - (self.beta1 as f64).powi(t)) as f32,
+            bc2: (1.0 - (self.beta2 as f64).powi(t)) as f32,
+            grad_scale: self.grad_scale,
+            found_inf,
+        })
+    }
+
+    /// f32 reference of one element's update (p, m, v) -> (p, m, v).
+    pub fn reference(&self, p: f32, g: f32, m: f32, v: f32) -> (f32, f32, f32) {
+        let a = self.args(0).expect("step >= 1");
+        let g = g * a.grad_scale;
+        let m = a.beta1 * m + (1.0 - a.beta1) * g;
+        let v = a.beta2 * v + (1.0 - a.beta2) * g * g;
+        let p =
+            p * (1.0 - a.lr * a.weight_decay) - a.lr * (m / a.bc1) / ((v / a.bc2).sqrt() + a.eps);
+        (p, m, v)
+    }
+}
+
+/// SGD hyper-parameters for one step (PyTorch semantics).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Sgd {
+    pub lr: f32,
+    pub momentum: f32,
+    pub dampening: f32,
+    pub weight_decay: f32,
+    pub nesterov: bool,
+    /// True on the first step (initialises the momentum buffer with the gradient).
+    pub first_step: bool,
+    pub grad_scale: f32,
+}
+
+impl Sgd {
+    pub fn args(&self, found_inf: u64) -> SgdArgs {
+        SgdArgs {
+            lr: self.lr,
+            momentum: self.momentum,
+            dampening: self.dampening,
+            weight_decay: self.weight_decay,
+            grad_scale: self.grad_scale,
+            nesterov: self.nesterov as i32,
+            first_step: self.first_step as i32,
+            pad: 0,
+            found_inf,
+        }
+    }
+}
+
+/// Plan one fused AdamW step on flat f32 (param, grad, m, v), optionally writing a bf16/f16 copy
+/// of the new parameters; skipped on the device when `*found_inf != 0`.
+#[allow(clippy::too_many_arguments)]
+pub fn plan_adamw(
+    t: &LaunchTarget,
+    param: DevSlice<'_>,
+    grad: DevSlice<'_>,
+    m: DevSlice<'_>,
+    v: DevSlice<'_>,
+    copy: Option<DevSlice<'_>>,
+    cfg: &AdamW,
+    found_inf: Option<DevSlice<'_>>,
+) -> Result<Option<Launch>> {
+    let op = "adamw";
+    let n = param.len();
+    for (w, s) in [("param", &param), ("grad", &grad), ("m", &m), ("v", &v)] {
+        need(op, w, s, DType::F32, n)?;
+    }
+    opt_need(op, "found_inf", &found_inf, DType::F32, 1)?;
+    let a = cfg.args(found_inf.map_or(0, |s| s.ptr()))?;
+    if n == 0 {
+        return Ok(None);
+    }
+    let mut args = vec![
+        Arg::Ptr(param.ptr()),
+        Arg::Ptr(grad.ptr()),
+        Arg::Ptr(m.ptr()),
+        Arg::Ptr(v.ptr()),
+    ];
+    let name = match copy {
+        None => "adamw_f32".to_string(),
+        Some(c) => {
+            if !matches!(c.dtype(), DType::BF16 | DType::F16) {
+                return Err(CudaError::invalid(
+                    op,
+                    "the parameter copy must be bf16 or f16",
+                ));
+            }
+            need(op, "copy", &c, c.dtype(), n)?;
+            args.push(Arg::Ptr(c.ptr()));
+            kname("adamw_copy", c.dtype())
+        }
+    };
+    args.extend([Arg::I64(n as i64), Arg::Adam(a)]);
+    Ok(Some(Launch::new(
+        KernelFile::AdamW,
+        name,
+        t.elementwise_grid(n, 4),
+        ELEMWISE_BLOCK,
+        args,
+    )))
+}
+
+/// Plan one SGD step; `buf` (momentum buffer, f32) is required when momentum != 0.
+pub fn plan_sgd(
+    t: &LaunchTarget,
+    param: DevSlice<'_>,
+    grad: DevSlice<'_>,
+    buf: Option<DevSlice<'_>>,
+    cfg: &Sgd,
+    found_inf: Option<DevSlice<'_>>,
+) -> Result<Option<Launch>> {
+    let n = param.len();
+    need("sgd", "param", &param, DType::F32, n)?;
+    need("sgd", "grad", &grad, DType::F32, n)?;
+    opt_need("sgd", "momentum buffer", &buf, DType::F32, n)?;
+    opt_need("sgd", "found_inf", &found_inf, DType::F32, 1)?;
+    if cfg.momentum != 0.0 && buf.is_none() {
+        return Err(CudaError::invalid("sgd", "momentum needs a buffer"));
+    }
+    if n == 0 {
+        return Ok(None);
+    }
+    Ok(Some(Launch::new(
+        KernelFile::AdamW,
+        "sgd_f32",
+        t.grid_for(n, ELEMWISE_BLOCK),
+        ELEMWISE_BLOCK,
+        vec![
+            Arg::Ptr(param.ptr()),
+            Arg::Ptr(grad.ptr()),
+            Arg::Ptr(buf.map_or(0, |b| b.ptr())),
+            Arg::I64(n as i64),
+            Arg::Sgd(cfg.args(found_inf.map_or(0, |s| s.ptr()))),
+        ],
+    )))
+}
+
+/// Blocks (= partial sums) the squared-norm kernel uses for `n` elements; depends on n only, so
+/// the result is the same on every GPU.
+pub fn sumsq_blocks(n: usize) -> usize {
+    n.div_ceil(ELEMWISE_BLOCK as usize * 16).clamp(1, 1024)
+}
+
+/// Plan out[0] = Σ over all `xs` of x^2: one partial kernel per tensor into `partial` (f32, Σ
+/// [`sumsq_blocks`]), then one fixed-order finish. Deterministic.
+pub fn plan_sumsq(
+    xs: &[DevSlice<'_>],
+    partial: DevSlice<'_>,
+    out: DevSlice<'_>,
+    accumulate: bool,
+) -> Result<Vec<Launch>> {
+    let total: usize = xs.iter().map(|x| sumsq_blocks(x.len())).sum();
+    need("grad_norm", "partial", &partial, DType::F32, total)?;
+    need("grad_norm", "out", &out, DType::F32, 1)?;
+    let mut v = Vec::new();
+    let mut at = 0;
+    for x in xs {
+        need_float("grad_norm", x.dtype())?;
+        let b = sumsq_blocks(x.len());
+        v.push(Launch::new(
+            KernelFile::AdamW,
+            kname("sumsq_partial", x.dtype()),
+            b as u32,
+            ELEMWISE_BLOCK,
+            vec![
+                Arg::Ptr(x.ptr()),
+                Arg::Ptr(partial.slice(at, b)?.ptr()),
+                Arg::I64(x.len() as i64),
+            ],
+        ));
+        at += b;
+    }
+    v.push(Launch::new(
+        KernelFile::AdamW,
+        "sumsq_finish",
+        1,
+        1024,
+        vec![
+            Arg::Ptr(partial.ptr()),
+            Arg::I64(total as i64),
+            Arg::Ptr(out.ptr()),
+            Arg::I32(accumulate as i32),
+        ],
+    ));
+    Ok(v)
+}
+
+/// One fused AdamW step on the device.
+#[allow(clippy::too_many_arguments)]
+pub fn adamw(
+    dev: &CudaDevice,
+    param: DevSlice<'_>,
+    grad: DevSlice<'_>,
+    m: DevSlice<'_>,
+    v: DevSlice<'_>,
+    copy: Option<DevSlice<'_>>,
+    cfg: &AdamW,
+    found_inf: Option<DevSlice<'_>>,
+) -> Result<()> {
+    dev.run_opt(plan_adamw(
+        &dev.target(),
+        param,
+        grad,
+        m,
+        v,
+        copy,
+        cfg,
+        found_inf,
+    )?)
+}
+
+/// One SGD step on the device.
+pub fn sgd(
+    dev: &CudaDevice,
+    param: DevSlice<'_>,
+    grad: DevSlice<'_>,
+    buf: Option<DevSlice<'_>>,
+    cfg: &Sgd,
+    found_inf: Option<DevSlice<'_>>,
+) -> Result<()> {
+    dev.run_opt(plan_sgd(&dev.target(), param, grad, buf, cfg, found_inf)?)
+}
+
+/// out[0] = Σ x^2 over all tensors (the squared global grad norm; non-finite = found inf).
+pub fn sum_squares(dev: &CudaDevice, xs: &[DevSlice<'_>], out: DevSlice<'_>) -> Result<()> {
+    let total: usize = xs.iter().map(|x| sumsq_blocks(x.len())).sum();
+    let partial = dev.alloc(total.max(1), DType::F32, Pool::Temporary)?;
+    let part = partial.slice(0, total)?;
+    if total == 0 {
+        return super::unary::fill(dev, out, 0.0);
+    }
+    for l in plan_sumsq(xs, part, out, false)? {
+        dev.launch(&l)?;
+    }
+    Ok(())
+}
+
+pub(crate) fn samples(t: &LaunchTarget) -> Vec<Launch> {
+    let mut v = Vec::new();
+    let n = 1000;
+    let f = || fake_slice(DType::F32, n);
+    let cfg = AdamW {
+        lr: 1e-3,
+        beta1: 0.9,
+        beta2: 0.999,
+        eps: 1e-8,
+        weight_decay: 0.1,
+        step: 1,
+        grad_scale: 1.0,
+    };
+    v.extend(plan_adamw(t, f(), f(), f(), f(), None, &cfg, None).unwrap());
+    v.extend(
+        plan_adamw(
+            t,
+            f(),
+            f(),
+            f(),
+            f(),
+            Some(fake_slice(DType::BF16, n)),
+            &cfg,
+            None,
+        )
+        .unwrap(),
+    );
+    v.extend(
+        plan_adamw(
+            t,
+            f(),
+            f(),
+            f(),
+            f(),
+            Some(fake_slice(DType::F16, n)),
+            &cfg,
+            Some(fake_slice(DType::F32, 1)),
+        )
+        .unwrap(),
+    );
+    let sgd = Sgd {
+        lr: 0.1,
+        momentum: 0.9,
+        dampening: 0.0,
+        weight_decay: 0.0,
+        nesterov: true,
+        first_step: false,
+        grad_scale: 1.0,
+    };
+    v.extend(plan_sgd(t, f(), f(), Some(f()), &sgd, None).unwrap());
+    let xs = [
+        fake_slice(DType::F32, n),
+        fake_slice(DType::F16, n),
+        fake_slice(DType::BF16, n),
+    ];
+    let total = xs.iter().map(|x| sumsq_blocks(x.len())).sum();
+    v.extend(
+        plan_sumsq(
+            &xs,
+            fake_slice(DType::F32, total),
+            fake_slice(DType::F32, 1),
+            false,
+        )
+        .unwrap(),
+    );
+    v
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn struct_layouts() {
+        assert_eq!(std::mem::size_of::<AdamArgs>(), 40);
+        assert_eq!(std::mem::size_of::<SgdArgs>(), 40);
+    }
+
+    #[test]
+    fn adam_reference_first_step_moves_by_lr() {
+        let cfg = AdamW {
+            lr: 0.01,
+            beta1: 0.9,
+            beta2: 0.999,
+            eps: 1e-8,
+            weight_decay: 0.0,
+            step: 1,
+            grad_scale: 1.0,
+        };
+        // Step 1: m/bc1 = g, v/bc2 = g^2, so the step is lr * sign(g).
+        let (p, _, _) = cfg.reference(1.0, 0.5, 0.0, 0.0);
+        assert!((p - 0.99).abs() < 1e-6, "{p}");
+        assert!(AdamW { step: 0, ..cfg }.args(0).is_err());
+    }
+
+    #[test]
+    fn sumsq_partition() {
+        assert_eq!(sumsq_blocks(0), 1);
+        assert_eq!(sumsq_blocks(4096), 1);
+        assert_eq!(sumsq_blocks(4097), 2);
+        assert_eq!(sumsq_blocks(1 << 30), 1024);
+        let xs = [fake_slice(DType::F32, 10_000), fake_slice(DType::BF16, 5)];
+        let total = sumsq_blocks(10_000) + 1;
+        let p = fake_slice(DType::F32, total);
+        let ls = plan_sumsq(&xs, p, fake_slice(DType::F32, 1), false).unwrap();
+        assert_eq!(ls.len(), 3);
+        assert_eq!(ls[1].args[1], Arg::Ptr(p.ptr() + 4 * 3));
+        assert!(plan_sumsq(
+            &xs,
+            fake_slice(DType::F32, total - 1),
+            fake_slice(DType::F32, 1),
+            false
+        )
+        .is_err());
+    }
+}

@@ -1,0 +1,414 @@
+//! Wrappers for `kernels/binary.cu`: elementwise binary ops, comparisons and where, contiguous
+//! or strided/broadcast.
+
+use super::{fake_slice, kname, need, need_dtype, need_float};
+use crate::alloc::DevSlice;
+use crate::device::CudaDevice;
+use crate::dtype::DType;
+use crate::error::{CudaError, Result};
+use crate::launch::{
+    check_strided_bounds, coalesce, is_contiguous_coalesced, Arg, Launch, LaunchTarget,
+    StridedMeta, ELEMWISE_BLOCK,
+};
+use crate::nvrtc::KernelFile;
+
+/// out = a (op) b. Comparisons give 1 or 0 in the input dtype.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum BinaryOp {
+    Add,
+    Sub,
+    Mul,
+    Div,
+    Maximum,
+    Minimum,
+    Eq,
+    Ne,
+    Lt,
+    Le,
+    Gt,
+    Ge,
+}
+
+impl BinaryOp {
+    pub const ALL: [BinaryOp; 12] = [
+        BinaryOp::Add,
+        BinaryOp::Sub,
+        BinaryOp::Mul,
+        BinaryOp::Div,
+        BinaryOp::Maximum,
+        BinaryOp::Minimum,
+        BinaryOp::Eq,
+        BinaryOp::Ne,
+        BinaryOp::Lt,
+        BinaryOp::Le,
+        BinaryOp::Gt,
+        BinaryOp::Ge,
+    ];
+
+    pub fn kernel_base(&self) -> &'static str {
+        match self {
+            BinaryOp::Add => "add",
+            BinaryOp::Sub => "sub",
+            BinaryOp::Mul => "mul",
+            BinaryOp::Div => "div",
+            BinaryOp::Maximum => "maximum",
+            BinaryOp::Minimum => "minimum",
+            BinaryOp::Eq => "eq",
+            BinaryOp::Ne => "ne",
+            BinaryOp::Lt => "lt",
+            BinaryOp::Le => "le",
+            BinaryOp::Gt => "gt",
+            BinaryOp::Ge => "ge",
+        }
+    }
+
+    /// f32 reference (same NaN rules as the kernel).
+    pub fn reference(&self, a: f32, b: f32) -> f32 {
+        let t = |c: bool| if c { 1.0 } else { 0.0 };
+        match self {
+            BinaryOp::Add => a + b,
+            BinaryOp::Sub => a - b,
+            BinaryOp::Mul => a * b,
+            BinaryOp::Div => a / b,
+            BinaryOp::Maximum => {
+                if a > b || a.is_nan() {
+                    a
+                } else {
+                    b
+                }
+            }
+            BinaryOp::Minimum => {
+                if a < b || a.is_nan() {
+                    a
+                } else {
+                    b
+                }
+            }
+            BinaryOp::Eq => t(a == b),
+            BinaryOp::Ne => t(a != b),
+            BinaryOp::Lt => t(a < b),
+            BinaryOp::Le => t(a <= b),
+            BinaryOp::Gt => t(a > b),
+            BinaryOp::Ge => t(a >= b),
+        }
+    }
+}
+
+/// An operand viewed through element strides (relative to the slice start; 0 = broadcast).
+#[derive(Clone, Copy, Debug)]
+pub struct StridedIn<'a> {
+    pub data: DevSlice<'a>,
+    pub strides: &'a [i64],
+}
+
+/// Plan out = a op b on contiguous operands of equal length.
+pub fn plan_binary(
+    t: &LaunchTarget,
+    op: BinaryOp,
+    a: DevSlice<'_>,
+    b: DevSlice<'_>,
+    out: DevSlice<'_>,
+) -> Result<Option<Launch>> {
+    let d = a.dtype();
+    need_float("binary", d)?;
+    need("binary", "b", &b, d, a.len())?;
+    need("binary", "out", &out, d, a.len())?;
+    if a.is_empty() {
+        return Ok(None);
+    }
+    Ok(Some(Launch::new(
+        KernelFile::Binary,
+        kname(op.kernel_base(), d),
+        t.elementwise_grid(a.len(), d.size()),
+        ELEMWISE_BLOCK,
+        vec![
+            Arg::Ptr(a.ptr()),
+            Arg::Ptr(b.ptr()),
+            Arg::Ptr(out.ptr()),
+            Arg::I64(a.len() as i64),
+        ],
+    )))
+}
+
+fn numel(op: &'static str, shape: &[usize]) -> Result<usize> {
+    shape
+        .iter()
+        .try_fold(1usize, |acc, &s| acc.checked_mul(s))
+        .ok_or_else(|| CudaError::invalid(op, "shape overflows"))
+}
+
+/// Plan out (contiguous, `shape`) = a op b with strided/broadcast operands. Falls back to the
+/// contiguous kernel when both operands turn out contiguous after merging dims.
+pub fn plan_binary_strided(
+    t: &LaunchTarget,
+    op: BinaryOp,
+    a: StridedIn<'_>,
+    b: StridedIn<'_>,
+    out: DevSlice<'_>,
+    shape: &[usize],
+) -> Result<Option<Launch>> {
+    let d = a.data.dtype();
+    need_float("binary_strided", d)?;
+    need_dtype("binary_strided", "b", &b.data, d)?;
+    let n = numel("binary_strided", shape)?;
+    need("binary_strided", "out", &out, d, n)?;
+    check_strided_bounds("binary_strided", "a", a.data.len(), shape, a.strides)?;
+    check_strided_bounds("binary_strided", "b", b.data.len(), shape, b.strides)?;
+    if n == 0 {
+        return Ok(None);
+    }
+    let (cs, cst) = coalesce(shape, &[a.strides, b.strides]);
+    if cst.iter().all(|s| is_contiguous_coalesced(&cs, s)) {
+        let a1 = a.data.slice(0, n)?;
+        let b1 = b.data.slice(0, n)?;
+        return plan_binary(t, op, a1, b1, out);
+    }
+    let meta = StridedMeta::new(&cs, &cst)?;
+    Ok(Some(Launch::new(
+        KernelFile::Binary,
+        format!("{}_strided_{}", op.kernel_base(), d.suffix()),
+        t.grid_for(n, ELEMWISE_BLOCK),
+        ELEMWISE_BLOCK,
+        vec![
+            Arg::Ptr(a.data.ptr()),
+            Arg::Ptr(b.data.ptr()),
+            Arg::Ptr(out.ptr()),
+            Arg::I64(n as i64),
+            Arg::Strided(meta),
+        ],
+    )))
+}
+
+/// Plan out = cond != 0 ? a : b (all contiguous, same dtype).
+pub fn plan_where(
+    t: &LaunchTarget,
+    cond: DevSlice<'_>,
+    a: DevSlice<'_>,
+    b: DevSlice<'_>,
+    out: DevSlice<'_>,
+) -> Result<Option<Launch>> {
+    let d = a.dtype();
+    need_float("where", d)?;
+    need("where", "cond", &cond, d, a.len())?;
+    need("where", "b", &b, d, a.len())?;
+    need("where", "out", &out, d, a.len())?;
+    if a.is_empty() {
+        return Ok(None);
+    }
+    Ok(Some(Launch::new(
+        KernelFile::Binary,
+        kname("where", d),
+        t.elementwise_grid(a.len(), d.size()),
+        ELEMWISE_BLOCK,
+        vec![
+            Arg::Ptr(cond.ptr()),
+            Arg::Ptr(a.ptr()),
+            Arg::Ptr(b.ptr()),
+            Arg::Ptr(out.ptr()),
+            Arg::I64(a.len() as i64),
+        ],
+    )))
+}
+
+/// Plan where with strided/broadcast operands (`cond` has the same dtype as a and b).
+pub fn plan_where_strided(
+    t: &LaunchTarget,
+    cond: StridedIn<'_>,
+    a: StridedIn<'_>,
+    b: StridedIn<'_>,
+    out: DevSlice<'_>,
+    shape: &[usize],
+) -> Result<Option<Launch>> {
+    let d = a.data.dtype();
+    need_float("where_strided", d)?;
+    need_dtype("where_strided", "cond", &cond.data, d)?;
+    need_dtype("where_strided", "b", &b.data, d)?;
+    let n = numel("where_strided", shape)?;
+    need("where_strided", "out", &out, d, n)?;
+    for (what, s) in [("cond", &cond), ("a", &a), ("b", &b)] {
+        check_strided_bounds("where_strided", what, s.data.len(), shape, s.strides)?;
+    }
+    if n == 0 {
+        return Ok(None);
+    }
+    let (cs, cst) = coalesce(shape, &[cond.strides, a.strides, b.strides]);
+    if cst.iter().all(|s| is_contiguous_coalesced(&cs, s)) {
+        return plan_where(
+            t,
+            cond.data.slice(0, n)?,
+            a.data.slice(0, n)?,
+            b.data.slice(0, n)?,
+            out,
+        );
+    }
+    let meta = StridedMeta::new(&cs, &cst)?;
+    Ok(Some(Launch::new(
+        KernelFile::Binary,
+        kname("where_strided", d),
+        t.grid_for(n, ELEMWISE_BLOCK),
+        ELEMWISE_BLOCK,
+        vec![
+            Arg::Ptr(cond.data.ptr()),
+            Arg::Ptr(a.data.ptr()),
+            Arg::Ptr(b.data.ptr()),
+            Arg::Ptr(out.ptr()),
+            Arg::I64(n as i64),
+            Arg::Strided(meta),
+        ],
+    )))
+}
+
+/// out = a op b (contiguous; out may alias a or b).
+pub fn binary(
+    dev: &CudaDevice,
+    op: BinaryOp,
+    a: DevSlice<'_>,
+    b: DevSlice<'_>,
+    out: DevSlice<'_>,
+) -> Result<()> {
+    dev.run_opt(plan_binary(&dev.target(), op, a, b, out)?)
+}
+
+/// out[shape] = a op b through strides (broadcast = stride 0).
+pub fn binary_strided(
+    dev: &CudaDevice,
+    op: BinaryOp,
+    a: StridedIn<'_>,
+    b: StridedIn<'_>,
+    out: DevSlice<'_>,
+    shape: &[usize],
+) -> Result<()> {
+    dev.run_opt(plan_binary_strided(&dev.target(), op, a, b, out, shape)?)
+}
+
+/// out = cond != 0 ? a : b.
+pub fn where_cond(
+    dev: &CudaDevice,
+    cond: DevSlice<'_>,
+    a: DevSlice<'_>,
+    b: DevSlice<'_>,
+    out: DevSlice<'_>,
+) -> Result<()> {
+    dev.run_opt(plan_where(&dev.target(), cond, a, b, out)?)
+}
+
+/// where, strided/broadcast.
+pub fn where_strided(
+    dev: &CudaDevice,
+    cond: StridedIn<'_>,
+    a: StridedIn<'_>,
+    b: StridedIn<'_>,
+    out: DevSlice<'_>,
+    shape: &[usize],
+) -> Result<()> {
+    dev.run_opt(plan_where_strided(&dev.target(), cond, a, b, out, shape)?)
+}
+
+pub(crate) fn samples(t: &LaunchTarget) -> Vec<Launch> {
+    let mut v = Vec::new();
+    for d in DType::FLOATS {
+        let (a, b, o) = (fake_slice(d, 32), fake_slice(d, 8), fake_slice(d, 32));
+        for op in BinaryOp::ALL {
+            v.extend(plan_binary(t, op, a, a, o).unwrap());
+            let sa = StridedIn {
+                data: a,
+                strides: &[8, 1],
+            };
+            let sb = StridedIn {
+                data: b,
+                strides: &[0, 1],
+            };
+            v.extend(plan_binary_strided(t, op, sa, sb, o, &[4, 8]).unwrap());
+        }
+        v.extend(plan_where(t, a, a, a, o).unwrap());
+        let sa = StridedIn {
+            data: a,
+            strides: &[8, 1],
+        };
+        let sb = StridedIn {
+            data: b,
+            strides: &[0, 1],
+        };
+        v.extend(plan_where_strided(t, sb, sa, sb, o, &[4, 8]).unwrap());
+    }
+    v
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn strided_plans() {
+        let t = LaunchTarget { sm_count: 8 };
+        let a = fake_slice(DType::F32, 32);
+        let bias = fake_slice(DType::F32, 8);
+        let out = fake_slice(DType::F32, 32);
+        // Broadcast bias over rows -> strided kernel with 2 dims.
+        let l = plan_binary_strided(
+            &t,
+            BinaryOp::Add,
+            StridedIn {
+                data: a,
+                strides: &[8, 1],
+            },
+            StridedIn {
+                data: bias,
+                strides: &[0, 1],
+            },
+            out,
+            &[4, 8],
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(l.name, "add_strided_f32");
+        match l.args[4] {
+            Arg::Strided(m) => {
+                assert_eq!(m.ndim, 2);
+                assert_eq!(&m.strides[1][..2], &[0, 1]);
+            }
+            _ => panic!(),
+        }
+        // Both contiguous through a 3-D view -> the contiguous kernel.
+        let l = plan_binary_strided(
+            &t,
+            BinaryOp::Mul,
+            StridedIn {
+                data: a,
+                strides: &[16, 8, 1],
+            },
+            StridedIn {
+                data: out,
+                strides: &[16, 8, 1],
+            },
+            fake_slice(DType::F32, 32),
+            &[2, 2, 8],
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(l.name, "mul_f32");
+        // Out of bounds operand.
+        assert!(plan_binary_strided(
+            &t,
+            BinaryOp::Add,
+            StridedIn {
+                data: a,
+                strides: &[8, 1]
+            },
+            StridedIn {
+                data: bias,
+                strides: &[1, 1]
+            },
+            out,
+            &[4, 8]
+        )
+        .is_err());
+    }
+
+    #[test]
+    fn reference_nan_rules() {
+        assert!(BinaryOp::Maximum.reference(f32::NAN, 1.0).is_nan());
+        assert!(BinaryOp::Maximum.reference(1.0, f32::NAN).is_nan());
+        assert_eq!(BinaryOp::Ge.reference(1.0, 1.0), 1.0);
+    }
+}

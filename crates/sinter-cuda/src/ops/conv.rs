@@ -1,0 +1,859 @@
+//! Wrappers for `kernels/conv.cu`: im2col/col2im for GEMM-based conv2d, max/avg pooling and
+//! batch-norm statistics, all NCHW.
+
+use super::{fake_slice, kname, need, need_float, opt_need, ptr_of};
+use crate::alloc::DevSlice;
+use crate::device::CudaDevice;
+use crate::dtype::DType;
+use crate::error::{CudaError, Result};
+use crate::launch::{Arg, Launch, LaunchTarget, ELEMWISE_BLOCK};
+use crate::nvrtc::KernelFile;
+
+/// Matches `struct ConvMeta` in conv.cu.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ConvMeta {
+    pub n: i64,
+    pub c: i64,
+    pub h: i64,
+    pub w: i64,
+    pub img_stride: i64,
+    pub kh: i64,
+    pub kw: i64,
+    pub sh: i64,
+    pub sw: i64,
+    pub ph: i64,
+    pub pw: i64,
+    pub dh: i64,
+    pub dw: i64,
+    pub oh: i64,
+    pub ow: i64,
+}
+// SAFETY: repr(C) plain data matching the CUDA struct.
+unsafe impl cudarc::driver::DeviceRepr for ConvMeta {}
+
+/// Matches `struct PoolMeta` in conv.cu.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PoolMeta {
+    pub planes: i64,
+    pub h: i64,
+    pub w: i64,
+    pub kh: i64,
+    pub kw: i64,
+    pub sh: i64,
+    pub sw: i64,
+    pub ph: i64,
+    pub pw: i64,
+    pub dh: i64,
+    pub dw: i64,
+    pub oh: i64,
+    pub ow: i64,
+    pub count_include_pad: i64,
+}
+// SAFETY: repr(C) plain data matching the CUDA struct.
+unsafe impl cudarc::driver::DeviceRepr for PoolMeta {}
+
+/// Output size of a convolution/pooling window along one axis (floor mode).
+pub fn out_size(
+    input: usize,
+    kernel: usize,
+    stride: usize,
+    pad: usize,
+    dilation: usize,
+) -> Option<usize> {
+    let span = dilation
+        .checked_mul(kernel.checked_sub(1)?)?
+        .checked_add(1)?;
+    let padded = input.checked_add(2 * pad)?;
+    if stride == 0 || padded < span {
+        return None;
+    }
+    Some((padded - span) / stride + 1)
+}
+
+/// Geometry of a 2-D window op over NCHW input (one channel group: `c` channels).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Window2d {
+    pub n: usize,
+    pub c: usize,
+    pub h: usize,
+    pub w: usize,
+    pub kernel: (usize, usize),
+    pub stride: (usize, usize),
+    pub padding: (usize, usize),
+    pub dilation: (usize, usize),
+}
+
+impl Window2d {
+    /// (out_h, out_w), or an error for an empty output / zero stride.
+    pub fn out_hw(&self) -> Result<(usize, usize)> {
+        let oh = out_size(
+            self.h,
+            self.kernel.0,
+            self.stride.0,
+            self.padding.0,
+            self.dilation.0,
+        );
+        let ow = out_size(
+            self.w,
+            self.kernel.1,
+            self.stride.1,
+            self.padding.1,
+            self.dilation.1,
+        );
+        match (oh, ow) {
+            (Some(a), Some(b)) if a > 0 && b > 0 => Ok((a, b)),
+            _ => Err(CudaError::invalid(
+                "conv2d",
+                format!("window {self:?} gives an empty output"),
+            )),
+        }
+    }
+
+    /// The kernel-side description; `img_stride` is the element distance between images of the
+    /// full input (c_total * h * w), which lets a channel group be addressed by pointer offset.
+    pub fn conv_meta(&self, img_stride: usize) -> Result<ConvMeta> {
+        let (oh, ow) = self.out_hw()?;
+        Ok(ConvMeta {
+            n: self.n as i64,
+            c: self.c as i64,
+            h: self.h as i64,
+            w: self.w as i64,
+            img_stride: img_stride as i64,
+            kh: self.kernel.0 as i64,
+            kw: self.kernel.1 as i64,
+            sh: self.stride.0 as i64,
+            sw: self.stride.1 as i64,
+            ph: self.padding.0 as i64,
+            pw: self.padding.1 as i64,
+            dh: self.dilation.0 as i64,
+            dw: self.dilation.1 as i64,
+            oh: oh as i64,
+            ow: ow as i64,
+        })
+    }
+
+    /// Pooling needs every window to hold at least one input pixel (as PyTorch requires):
+    /// padding at most half the effective kernel size.
+    pub fn pool_meta(&self, count_include_pad: bool) -> Result<PoolMeta> {
+        let (oh, ow) = self.out_hw()?;
+        let eff = |k: usize, d: usize| d * (k.max(1) - 1) + 1;
+        if 2 * self.padding.0 > eff(self.kernel.0, self.dilation.0)
+            || 2 * self.padding.1 > eff(self.kernel.1, self.dilation.1)
+        {
+            return Err(CudaError::invalid(
+                "pool2d",
+                format!(
+                    "padding {:?} exceeds half the window {:?}",
+                    self.padding, self.kernel
+                ),
+            ));
+        }
+        Ok(PoolMeta {
+            planes: (self.n * self.c) as i64,
+            h: self.h as i64,
+            w: self.w as i64,
+            kh: self.kernel.0 as i64,
+            kw: self.kernel.1 as i64,
+            sh: self.stride.0 as i64,
+            sw: self.stride.1 as i64,
+            ph: self.padding.0 as i64,
+            pw: self.padding.1 as i64,
+            dh: self.dilation.0 as i64,
+            dw: self.dilation.1 as i64,
+            oh: oh as i64,
+            ow: ow as i64,
+            count_include_pad: count_include_pad as i64,
+        })
+    }
+
+    /// Elements of the im2col matrix for all images: n * (c*kh*kw) * (oh*ow).
+    pub fn col_len(&self) -> Result<usize> {
+        let (oh, ow) = self.out_hw()?;
+        Ok(self.n * self.c * self.kernel.0 * self.kernel.1 * oh * ow)
+    }
+
+    fn check_32bit(&self) -> Result<()> {
+        let (oh, ow) = self.out_hw()?;
+        let per_img = self.c * self.kernel.0 * self.kernel.1 * oh * ow;
+        if per_img >= u32::MAX as usize || self.c * self.h * self.w >= u32::MAX as usize {
+            return Err(CudaError::invalid(
+                "conv2d",
+                "one image exceeds 2^32 elements",
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Input elements the view needs: the last image's group ends at (n-1)*img_stride + c*h*w.
+fn input_extent(g: &Window2d, img_stride: usize) -> usize {
+    if g.n == 0 {
+        0
+    } else {
+        (g.n - 1) * img_stride + g.c * g.h * g.w
+    }
+}
+
+/// Plan col = im2col(x). `x` starts at the group's first channel; images are `img_stride` apart.
+pub fn plan_im2col(
+    t: &LaunchTarget,
+    x: DevSlice<'_>,
+    col: DevSlice<'_>,
+    g: &Window2d,
+    img_stride: usize,
+) -> Result<Option<Launch>> {
+    let d = x.dtype();
+    need_float("im2col", d)?;
+    g.check_32bit()?;
+    if x.len() < input_extent(g, img_stride) {
+        return Err(CudaError::invalid("im2col", "x too short for the geometry"));
+    }
+    let n = g.col_len()?;
+    need("im2col", "col", &col, d, n)?;
+    if n == 0 {
+        return Ok(None);
+    }
+    Ok(Some(Launch::new(
+        KernelFile::Conv,
+        kname("im2col", d),
+        t.grid_for(n, ELEMWISE_BLOCK),
+        ELEMWISE_BLOCK,
+        vec![
+            Arg::Ptr(x.ptr()),
+            Arg::Ptr(col.ptr()),
+            Arg::Conv(g.conv_meta(img_stride)?),
+        ],
+    )))
+}
+
+/// Plan x (+)= col2im(col), the adjoint of im2col.
+pub fn plan_col2im(
+    t: &LaunchTarget,
+    col: DevSlice<'_>,
+    x: DevSlice<'_>,
+    g: &Window2d,
+    img_stride: usize,
+    accumulate: bool,
+) -> Result<Option<Launch>> {
+    let d = x.dtype();
+    need_float("col2im", d)?;
+    g.check_32bit()?;
+    if x.len() < input_extent(g, img_stride) {
+        return Err(CudaError::invalid("col2im", "x too short for the geometry"));
+    }
+    need("col2im", "col", &col, d, g.col_len()?)?;
+    let n = g.n * g.c * g.h * g.w;
+    if n == 0 {
+        return Ok(None);
+    }
+    Ok(Some(Launch::new(
+        KernelFile::Conv,
+        kname("col2im", d),
+        t.grid_for(n, ELEMWISE_BLOCK),
+        ELEMWISE_BLOCK,
+        vec![
+            Arg::Ptr(col.ptr()),
+            Arg::Ptr(x.ptr()),
+            Arg::Conv(g.conv_meta(img_stride)?),
+            Arg::I32(accumulate as i32),
+        ],
+    )))
+}
+
+/// Plan 2-D max pooling (argmax optional, i64, index within the plane).
+pub fn plan_maxpool2d_forward(
+    t: &LaunchTarget,
+    x: DevSlice<'_>,
+    y: DevSlice<'_>,
+    argmax: Option<DevSlice<'_>>,
+    g: &Window2d,
+) -> Result<Option<Launch>> {
+    let d = x.dtype();
+    need_float("maxpool2d", d)?;
+    let (oh, ow) = g.out_hw()?;
+    let (nin, nout) = (g.n * g.c * g.h * g.w, g.n * g.c * oh * ow);
+    need("maxpool2d", "x", &x, d, nin)?;
+    need("maxpool2d", "y", &y, d, nout)?;
+    opt_need("maxpool2d", "argmax", &argmax, DType::I64, nout)?;
+    if nout == 0 {
+        return Ok(None);
+    }
+    Ok(Some(Launch::new(
+        KernelFile::Conv,
+        kname("maxpool2d_fwd", d),
+        t.grid_for(nout, ELEMWISE_BLOCK),
+        ELEMWISE_BLOCK,
+        vec![
+            Arg::Ptr(x.ptr()),
+            Arg::Ptr(y.ptr()),
+            Arg::Ptr(ptr_of(&argmax)),
+            Arg::Pool(g.pool_meta(false)?),
+        ],
+    )))
+}
+
+/// Plan the max-pool backward from the saved argmax (gather form, deterministic).
+pub fn plan_maxpool2d_backward(
+    t: &LaunchTarget,
+    gy: DevSlice<'_>,
+    argmax: DevSlice<'_>,
+    gx: DevSlice<'_>,
+    g: &Window2d,
+) -> Result<Option<Launch>> {
+    let d = gy.dtype();
+    need_float("maxpool2d_backward", d)?;
+    let (oh, ow) = g.out_hw()?;
+    let (nin, nout) = (g.n * g.c * g.h * g.w, g.n * g.c * oh * ow);
+    need("maxpool2d_backward", "gy", &gy, d, nout)?;
+    need("maxpool2d_backward", "argmax", &argmax, DType::I64, nout)?;
+    need("maxpool2d_backward", "gx", &gx, d, nin)?;
+    if nin == 0 {
+        return Ok(None);
+    }
+    Ok(Some(Launch::new(
+        KernelFile::Conv,
+        kname("maxpool2d_bwd", d),
+        t.grid_for(nin, ELEMWISE_BLOCK),
+        ELEMWISE_BLOCK,
+        vec![
+            Arg::Ptr(gy.ptr()),
+            Arg::Ptr(argmax.ptr()),
+            Arg::Ptr(gx.ptr()),
+            Arg::Pool(g.pool_meta(false)?),
+        ],
+    )))
+}
+
+fn avg_check(g: &Window2d) -> Result<()> {
+    if g.dilation != (1, 1) {
+        return Err(CudaError::invalid(
+            "avgpool2d",
+            "dilation is not supported for average pooling",
+        ));
+    }
+    Ok(())
+}
+
+/// Plan 2-D average pooling.
+pub fn plan_avgpool2d_forward(
+    t: &LaunchTarget,
+    x: DevSlice<'_>,
+    y: DevSlice<'_>,
+    g: &Window2d,
+    count_include_pad: bool,
+) -> Result<Option<Launch>> {
+    let d = x.dtype();
+    need_float("avgpool2d", d)?;
+    avg_check(g)?;
+    let (oh, ow) = g.out_hw()?;
+    let (nin, nout) = (g.n * g.c * g.h * g.w, g.n * g.c * oh * ow);
+    need("avgpool2d", "x", &x, d, nin)?;
+    need("avgpool2d", "y", &y, d, nout)?;
+    if nout == 0 {
+        return Ok(None);
+    }
+    Ok(Some(Launch::new(
+        KernelFile::Conv,
+        kname("avgpool2d_fwd", d),
+        t.grid_for(nout, ELEMWISE_BLOCK),
+        ELEMWISE_BLOCK,
+        vec![
+            Arg::Ptr(x.ptr()),
+            Arg::Ptr(y.ptr()),
+            Arg::Pool(g.pool_meta(count_include_pad)?),
+        ],
+    )))
+}
+
+/// Plan the average-pool backward (gather form).
+pub fn plan_avgpool2d_backward(
+    t: &LaunchTarget,
+    gy: DevSlice<'_>,
+    gx: DevSlice<'_>,
+    g: &Window2d,
+    count_include_pad: bool,
+) -> Result<Option<Launch>> {
+    let d = gy.dtype();
+    need_float("avgpool2d_backward", d)?;
+    avg_check(g)?;
+    let (oh, ow) = g.out_hw()?;
+    let (nin, nout) = (g.n * g.c * g.h * g.w, g.n * g.c * oh * ow);
+    need("avgpool2d_backward", "gy", &gy, d, nout)?;
+    need("avgpool2d_backward", "gx", &gx, d, nin)?;
+    if nin == 0 {
+        return Ok(None);
+    }
+    Ok(Some(Launch::new(
+        KernelFile::Conv,
+        kname("avgpool2d_bwd", d),
+        t.grid_for(nin, ELEMWISE_BLOCK),
+        ELEMWISE_BLOCK,
+        vec![
+            Arg::Ptr(gy.ptr()),
+            Arg::Ptr(gx.ptr()),
+            Arg::Pool(g.pool_meta(count_include_pad)?),
+        ],
+    )))
+}
+
+/// Batch-norm shape: x is [n, c, hw].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BnShape {
+    pub n: usize,
+    pub c: usize,
+    pub hw: usize,
+}
+
+impl BnShape {
+    fn numel(&self) -> usize {
+        self.n * self.c * self.hw
+    }
+    fn args(&self) -> [Arg; 3] {
+        [
+            Arg::I64(self.n as i64),
+            Arg::I64(self.c as i64),
+            Arg::I64(self.hw as i64),
+        ]
+    }
+}
+
+fn bn_block_grid(t: &LaunchTarget, s: &BnShape) -> (u32, u32) {
+    let per = s.n * s.hw;
+    let block = (per.div_ceil(4)).next_power_of_two().clamp(32, 1024) as u32;
+    (s.c.min(t.max_blocks(block) as usize).max(1) as u32, block)
+}
+
+/// Plan per-channel mean and biased variance (f32, [c]) over N*H*W.
+pub fn plan_batchnorm_stats(
+    t: &LaunchTarget,
+    x: DevSlice<'_>,
+    mean: DevSlice<'_>,
+    var: DevSlice<'_>,
+    s: &BnShape,
+) -> Result<Option<Launch>> {
+    let d = x.dtype();
+    need_float("batchnorm_stats", d)?;
+    need("batchnorm_stats", "x", &x, d, s.numel())?;
+    need("batchnorm_stats", "mean", &mean, DType::F32, s.c)?;
+    need("batchnorm_stats", "var", &var, DType::F32, s.c)?;
+    if s.c == 0 {
+        return Ok(None);
+    }
+    if s.n * s.hw == 0 {
+        return Err(CudaError::invalid(
+            "batchnorm_stats",
+            "statistics over zero elements",
+        ));
+    }
+    let (grid, block) = bn_block_grid(t, s);
+    let mut args = vec![Arg::Ptr(x.ptr()), Arg::Ptr(mean.ptr()), Arg::Ptr(var.ptr())];
+    args.extend(s.args());
+    Ok(Some(Launch::new(
+        KernelFile::Conv,
+        kname("batchnorm_stats", d),
+        grid,
+        block,
+        args,
+    )))
+}
+
+/// Plan y = (x - mean) * invstd * gamma + beta per channel (gamma/beta optional).
+#[allow(clippy::too_many_arguments)]
+pub fn plan_batchnorm_apply(
+    t: &LaunchTarget,
+    x: DevSlice<'_>,
+    mean: DevSlice<'_>,
+    invstd: DevSlice<'_>,
+    gamma: Option<DevSlice<'_>>,
+    beta: Option<DevSlice<'_>>,
+    y: DevSlice<'_>,
+    s: &BnShape,
+) -> Result<Option<Launch>> {
+    let d = x.dtype();
+    need_float("batchnorm_apply", d)?;
+    need("batchnorm_apply", "x", &x, d, s.numel())?;
+    need("batchnorm_apply", "y", &y, d, s.numel())?;
+    need("batchnorm_apply", "mean", &mean, DType::F32, s.c)?;
+    need("batchnorm_apply", "invstd", &invstd, DType::F32, s.c)?;
+    opt_need("batchnorm_apply", "gamma", &gamma, d, s.c)?;
+    opt_need("batchnorm_apply", "beta", &beta, d, s.c)?;
+    if s.numel() == 0 {
+        return Ok(None);
+    }
+    let mut args = vec![
+        Arg::Ptr(x.ptr()),
+        Arg::Ptr(mean.ptr()),
+        Arg::Ptr(invstd.ptr()),
+        Arg::Ptr(ptr_of(&gamma)),
+        Arg::Ptr(ptr_of(&beta)),
+        Arg::Ptr(y.ptr()),
+    ];
+    args.extend(s.args());
+    Ok(Some(Launch::new(
+        KernelFile::Conv,
+        kname("batchnorm_apply", d),
+        t.grid_for(s.numel(), ELEMWISE_BLOCK),
+        ELEMWISE_BLOCK,
+        args,
+    )))
+}
+
+/// Plan per-channel Σ gy and Σ gy * xhat (f32, [c]) for the training-mode backward.
+#[allow(clippy::too_many_arguments)]
+pub fn plan_batchnorm_backward_reduce(
+    t: &LaunchTarget,
+    x: DevSlice<'_>,
+    gy: DevSlice<'_>,
+    mean: DevSlice<'_>,
+    invstd: DevSlice<'_>,
+    sum_gy: DevSlice<'_>,
+    sum_gy_xhat: DevSlice<'_>,
+    s: &BnShape,
+) -> Result<Option<Launch>> {
+    let op = "batchnorm_backward_reduce";
+    let d = x.dtype();
+    need_float(op, d)?;
+    need(op, "x", &x, d, s.numel())?;
+    need(op, "gy", &gy, d, s.numel())?;
+    for (w, v) in [
+        ("mean", &mean),
+        ("invstd", &invstd),
+        ("sum_gy", &sum_gy),
+        ("sum_gy_xhat", &sum_gy_xhat),
+    ] {
+        need(op, w, v, DType::F32, s.c)?;
+    }
+    if s.c == 0 {
+        return Ok(None);
+    }
+    let (grid, block) = bn_block_grid(t, s);
+    let mut args = vec![
+        Arg::Ptr(x.ptr()),
+        Arg::Ptr(gy.ptr()),
+        Arg::Ptr(mean.ptr()),
+        Arg::Ptr(invstd.ptr()),
+        Arg::Ptr(sum_gy.ptr()),
+        Arg::Ptr(sum_gy_xhat.ptr()),
+    ];
+    args.extend(s.args());
+    Ok(Some(Launch::new(
+        KernelFile::Conv,
+        kname("batchnorm_bwd_reduce", d),
+        grid,
+        block,
+        args,
+    )))
+}
+
+/// Plan the training-mode dx from the reductions.
+#[allow(clippy::too_many_arguments)]
+pub fn plan_batchnorm_backward_dx(
+    t: &LaunchTarget,
+    x: DevSlice<'_>,
+    gy: DevSlice<'_>,
+    mean: DevSlice<'_>,
+    invstd: DevSlice<'_>,
+    gamma: Option<DevSlice<'_>>,
+    sum_gy: DevSlice<'_>,
+    sum_gy_xhat: DevSlice<'_>,
+    dx: DevSlice<'_>,
+    s: &BnShape,
+) -> Result<Option<Launch>> {
+    let op = "batchnorm_backward_dx";
+    let d = x.dtype();
+    need_float(op, d)?;
+    need(op, "x", &x, d, s.numel())?;
+    need(op, "gy", &gy, d, s.numel())?;
+    need(op, "dx", &dx, d, s.numel())?;
+    opt_need(op, "gamma", &gamma, d, s.c)?;
+    for (w, v) in [
+        ("mean", &mean),
+        ("invstd", &invstd),
+        ("sum_gy", &sum_gy),
+        ("sum_gy_xhat", &sum_gy_xhat),
+    ] {
+        need(op, w, v, DType::F32, s.c)?;
+    }
+    if s.numel() == 0 {
+        return Ok(None);
+    }
+    let mut args = vec![
+        Arg::Ptr(x.ptr()),
+        Arg::Ptr(gy.ptr()),
+        Arg::Ptr(mean.ptr()),
+        Arg::Ptr(invstd.ptr()),
+        Arg::Ptr(ptr_of(&gamma)),
+        Arg::Ptr(sum_gy.ptr()),
+        Arg::Ptr(sum_gy_xhat.ptr()),
+        Arg::Ptr(dx.ptr()),
+    ];
+    args.extend(s.args());
+    Ok(Some(Launch::new(
+        KernelFile::Conv,
+        kname("batchnorm_bwd_dx", d),
+        t.grid_for(s.numel(), ELEMWISE_BLOCK),
+        ELEMWISE_BLOCK,
+        args,
+    )))
+}
+
+/// col = im2col(x).
+pub fn im2col(
+    dev: &CudaDevice,
+    x: DevSlice<'_>,
+    col: DevSlice<'_>,
+    g: &Window2d,
+    img_stride: usize,
+) -> Result<()> {
+    dev.run_opt(plan_im2col(&dev.target(), x, col, g, img_stride)?)
+}
+/// x (+)= col2im(col).
+pub fn col2im(
+    dev: &CudaDevice,
+    col: DevSlice<'_>,
+    x: DevSlice<'_>,
+    g: &Window2d,
+    img_stride: usize,
+    accumulate: bool,
+) -> Result<()> {
+    dev.run_opt(plan_col2im(
+        &dev.target(),
+        col,
+        x,
+        g,
+        img_stride,
+        accumulate,
+    )?)
+}
+/// Max pooling forward.
+pub fn maxpool2d_forward(
+    dev: &CudaDevice,
+    x: DevSlice<'_>,
+    y: DevSlice<'_>,
+    argmax: Option<DevSlice<'_>>,
+    g: &Window2d,
+) -> Result<()> {
+    dev.run_opt(plan_maxpool2d_forward(&dev.target(), x, y, argmax, g)?)
+}
+/// Max pooling backward.
+pub fn maxpool2d_backward(
+    dev: &CudaDevice,
+    gy: DevSlice<'_>,
+    argmax: DevSlice<'_>,
+    gx: DevSlice<'_>,
+    g: &Window2d,
+) -> Result<()> {
+    dev.run_opt(plan_maxpool2d_backward(&dev.target(), gy, argmax, gx, g)?)
+}
+/// Average pooling forward.
+pub fn avgpool2d_forward(
+    dev: &CudaDevice,
+    x: DevSlice<'_>,
+    y: DevSlice<'_>,
+    g: &Window2d,
+    count_include_pad: bool,
+) -> Result<()> {
+    dev.run_opt(plan_avgpool2d_forward(
+        &dev.target(),
+        x,
+        y,
+        g,
+        count_include_pad,
+    )?)
+}
+/// Average pooling backward.
+pub fn avgpool2d_backward(
+    dev: &CudaDevice,
+    gy: DevSlice<'_>,
+    gx: DevSlice<'_>,
+    g: &Window2d,
+    count_include_pad: bool,
+) -> Result<()> {
+    dev.run_opt(plan_avgpool2d_backward(
+        &dev.target(),
+        gy,
+        gx,
+        g,
+        count_include_pad,
+    )?)
+}
+/// Per-channel mean and biased variance.
+pub fn batchnorm_stats(
+    dev: &CudaDevice,
+    x: DevSlice<'_>,
+    mean: DevSlice<'_>,
+    var: DevSlice<'_>,
+    s: &BnShape,
+) -> Result<()> {
+    dev.run_opt(plan_batchnorm_stats(&dev.target(), x, mean, var, s)?)
+}
+/// y = (x - mean) * invstd * gamma + beta.
+#[allow(clippy::too_many_arguments)]
+pub fn batchnorm_apply(
+    dev: &CudaDevice,
+    x: DevSlice<'_>,
+    mean: DevSlice<'_>,
+    invstd: DevSlice<'_>,
+    gamma: Option<DevSlice<'_>>,
+    beta: Option<DevSlice<'_>>,
+    y: DevSlice<'_>,
+    s: &BnShape,
+) -> Result<()> {
+    dev.run_opt(plan_batchnorm_apply(
+        &dev.target(),
+        x,
+        mean,
+        invstd,
+        gamma,
+        beta,
+        y,
+        s,
+    )?)
+}
+/// Σ gy and Σ gy * xhat per channel.
+#[allow(clippy::too_many_arguments)]
+pub fn batchnorm_backward_reduce(
+    dev: &CudaDevice,
+    x: DevSlice<'_>,
+    gy: DevSlice<'_>,
+    mean: DevSlice<'_>,
+    invstd: DevSlice<'_>,
+    sum_gy: DevSlice<'_>,
+    sum_gy_xhat: DevSlice<'_>,
+    s: &BnShape,
+) -> Result<()> {
+    dev.run_opt(plan_batchnorm_backward_reduce(
+        &dev.target(),
+        x,
+        gy,
+        mean,
+        invstd,
+        sum_gy,
+        sum_gy_xhat,
+        s,
+    )?)
+}
+/// Training-mode dx.
+#[allow(clippy::too_many_arguments)]
+pub fn batchnorm_backward_dx(
+    dev: &CudaDevice,
+    x: DevSlice<'_>,
+    gy: DevSlice<'_>,
+    mean: DevSlice<'_>,
+    invstd: DevSlice<'_>,
+    gamma: Option<DevSlice<'_>>,
+    sum_gy: DevSlice<'_>,
+    sum_gy_xhat: DevSlice<'_>,
+    dx: DevSlice<'_>,
+    s: &BnShape,
+) -> Result<()> {
+    dev.run_opt(plan_batchnorm_backward_dx(
+        &dev.target(),
+        x,
+        gy,
+        mean,
+        invstd,
+        gamma,
+        sum_gy,
+        sum_gy_xhat,
+        dx,
+        s,
+    )?)
+}
+
+pub(crate) fn samples(t: &LaunchTarget) -> Vec<Launch> {
+    let mut v = Vec::new();
+    let g = Window2d {
+        n: 2,
+        c: 3,
+        h: 8,
+        w: 8,
+        kernel: (3, 3),
+        stride: (1, 1),
+        padding: (1, 1),
+        dilation: (1, 1),
+    };
+    let bn = BnShape { n: 2, c: 3, hw: 64 };
+    let nin = 2 * 3 * 64;
+    for d in DType::FLOATS {
+        let x = fake_slice(d, nin);
+        let col = fake_slice(d, g.col_len().unwrap());
+        v.extend(plan_im2col(t, x, col, &g, 3 * 64).unwrap());
+        v.extend(plan_col2im(t, col, x, &g, 3 * 64, true).unwrap());
+        let (y, am) = (fake_slice(d, nin), fake_slice(DType::I64, nin));
+        v.extend(plan_maxpool2d_forward(t, x, y, Some(am), &g).unwrap());
+        v.extend(plan_maxpool2d_backward(t, y, am, x, &g).unwrap());
+        v.extend(plan_avgpool2d_forward(t, x, y, &g, true).unwrap());
+        v.extend(plan_avgpool2d_backward(t, y, x, &g, false).unwrap());
+        let f = |_| fake_slice(DType::F32, 3);
+        let (m, iv, s1, s2) = (f(0), f(1), f(2), f(3));
+        let gm = fake_slice(d, 3);
+        v.extend(plan_batchnorm_stats(t, x, m, iv, &bn).unwrap());
+        v.extend(plan_batchnorm_apply(t, x, m, iv, Some(gm), Some(gm), y, &bn).unwrap());
+        v.extend(plan_batchnorm_backward_reduce(t, x, y, m, iv, s1, s2, &bn).unwrap());
+        v.extend(plan_batchnorm_backward_dx(t, x, y, m, iv, Some(gm), s1, s2, x, &bn).unwrap());
+    }
+    v
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn geometry() {
+        assert_eq!(out_size(32, 3, 1, 1, 1), Some(32));
+        assert_eq!(out_size(32, 3, 2, 1, 1), Some(16));
+        assert_eq!(out_size(7, 3, 1, 0, 2), Some(3));
+        assert_eq!(out_size(2, 5, 1, 0, 1), None);
+        assert_eq!(out_size(5, 1, 0, 0, 1), None);
+        let g = Window2d {
+            n: 2,
+            c: 4,
+            h: 5,
+            w: 6,
+            kernel: (3, 2),
+            stride: (2, 1),
+            padding: (1, 0),
+            dilation: (1, 1),
+        };
+        assert_eq!(g.out_hw().unwrap(), (3, 5));
+        assert_eq!(g.col_len().unwrap(), 2 * 4 * 3 * 2 * 3 * 5);
+        let m = g.conv_meta(100).unwrap();
+        assert_eq!((m.oh, m.ow, m.img_stride), (3, 5, 100));
+        assert_eq!(std::mem::size_of::<ConvMeta>(), 120);
+        assert_eq!(std::mem::size_of::<PoolMeta>(), 112);
+        let bad = Window2d {
+            kernel: (2, 2),
+            padding: (2, 0),
+            ..g
+        };
+        assert!(bad.pool_meta(false).is_err(), "a window of pure padding");
+        assert!(g.pool_meta(false).is_ok());
+    }
+
+    #[test]
+    fn group_offsets_are_checked() {
+        // Group 1 of 2 (channels 2..4 of 4) of a [2, 4, 5, 6] input: pointer at channel 2,
+        // img_stride = 4*5*6, view length must reach the last image's group.
+        let t = LaunchTarget { sm_count: 4 };
+        let g = Window2d {
+            n: 2,
+            c: 2,
+            h: 5,
+            w: 6,
+            kernel: (3, 3),
+            stride: (1, 1),
+            padding: (1, 1),
+            dilation: (1, 1),
+        };
+        let full = fake_slice(DType::F32, 2 * 4 * 30);
+        let group = full.slice(2 * 30, 2 * 4 * 30 - 2 * 30).unwrap();
+        let col = fake_slice(DType::F32, g.col_len().unwrap());
+        assert!(plan_im2col(&t, group, col, &g, 120).unwrap().is_some());
+        let short = full.slice(2 * 30, 100).unwrap();
+        assert!(plan_im2col(&t, short, col, &g, 120).is_err());
+    }
+}

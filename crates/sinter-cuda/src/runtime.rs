@@ -1,0 +1,434 @@
+//! Guarded loading: find out, without ever panicking, whether CUDA can be used here, and say
+//! what is missing and how to fix it.
+//!
+//! cudarc loads every CUDA library lazily with `dlopen` and *panics* if it is absent, so each
+//! entry point here first asks `is_culib_present()` for that library, and wraps the actual calls in
+//! [`guard`](crate::error) (catching a panic from, e.g., a missing symbol in an unexpected library
+//! version).
+
+use std::fmt::Write as _;
+use std::sync::OnceLock;
+
+use cudarc::driver::{result as dr, sys as ds};
+
+use crate::error::{guard, CudaError, DriverResultExt, Result};
+
+/// Which CUDA libraries `dlopen` can find (cached after the first call).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Libraries {
+    /// `libcuda.so.1` — the driver (comes with the NVIDIA driver, not the toolkit).
+    pub driver: bool,
+    /// `libnvrtc.so.13` — runtime compilation of our kernels. Required.
+    pub nvrtc: bool,
+    /// `libcublas.so.13`.
+    pub cublas: bool,
+    /// `libcublasLt.so.13` — every GEMM. Required.
+    pub cublaslt: bool,
+    /// `libcudnn.so.9` — optional.
+    pub cudnn: bool,
+    /// `libnccl.so` — optional, needed for multi-GPU.
+    pub nccl: bool,
+}
+
+/// Probe the libraries once; never panics.
+pub fn libraries() -> Libraries {
+    static LIBS: OnceLock<Libraries> = OnceLock::new();
+    *LIBS.get_or_init(|| {
+        // SAFETY: `is_culib_present` only tries `dlopen` on candidate names.
+        let present =
+            |f: unsafe fn() -> bool| std::panic::catch_unwind(|| unsafe { f() }).unwrap_or(false);
+        Libraries {
+            driver: present(ds::is_culib_present),
+            nvrtc: present(cudarc::nvrtc::sys::is_culib_present),
+            cublas: present(cudarc::cublas::sys::is_culib_present),
+            cublaslt: present(cudarc::cublaslt::sys::is_culib_present),
+            cudnn: present(cudarc::cudnn::sys::is_culib_present),
+            nccl: present(cudarc::nccl::sys::is_culib_present),
+        }
+    })
+}
+
+/// True when sinter can run on a CUDA GPU here: the driver, NVRTC and cuBLASLt load and at least
+/// one device is visible. Never panics; the answer is cached.
+pub fn is_available() -> bool {
+    static AVAILABLE: OnceLock<bool> = OnceLock::new();
+    *AVAILABLE.get_or_init(|| {
+        let libs = libraries();
+        libs.driver && libs.nvrtc && libs.cublaslt && matches!(device_count(), Ok(n) if n > 0)
+    })
+}
+
+fn need_driver() -> Result<()> {
+    if libraries().driver {
+        Ok(())
+    } else {
+        Err(CudaError::LibraryNotFound {
+            lib: "libcuda.so.1",
+            hint: "install the NVIDIA driver, or add the folder holding libcuda.so.1 to LD_LIBRARY_PATH".into(),
+        })
+    }
+}
+
+/// Number of visible CUDA devices (`Err` when the driver is missing or fails to initialise).
+pub fn device_count() -> Result<usize> {
+    need_driver()?;
+    guard(|| {
+        dr::init().ctx("cuInit")?;
+        let n = dr::device::get_count().ctx("cuDeviceGetCount")?;
+        Ok(n.max(0) as usize)
+    })
+}
+
+/// Driver API version as (major, minor), e.g. (13, 0). Does not need a device.
+pub fn driver_version() -> Result<(u32, u32)> {
+    need_driver()?;
+    guard(|| {
+        let mut v: std::ffi::c_int = 0;
+        // SAFETY: writes one int.
+        unsafe { ds::cuDriverGetVersion(&mut v) }
+            .result()
+            .ctx("cuDriverGetVersion")?;
+        Ok(((v / 1000) as u32, ((v % 1000) / 10) as u32))
+    })
+}
+
+/// NVRTC version as (major, minor).
+pub fn nvrtc_version() -> Result<(u32, u32)> {
+    if !libraries().nvrtc {
+        return Err(CudaError::LibraryNotFound {
+            lib: "libnvrtc.so.13",
+            hint: nvrtc_hint(),
+        });
+    }
+    guard(|| {
+        let (mut major, mut minor) = (0, 0);
+        // SAFETY: writes two ints.
+        unsafe { cudarc::nvrtc::sys::nvrtcVersion(&mut major, &mut minor) }
+            .result()
+            .map_err(|e| CudaError::Nvrtc {
+                op: "nvrtcVersion",
+                msg: format!("{e:?}"),
+            })?;
+        Ok((major as u32, minor as u32))
+    })
+}
+
+/// cuBLASLt version as (major, minor, patch), or None if it does not load.
+pub fn cublas_version() -> Option<(u32, u32, u32)> {
+    if !libraries().cublaslt {
+        return None;
+    }
+    // SAFETY: plain getter.
+    guard(|| Ok(unsafe { cudarc::cublaslt::sys::cublasLtGetVersion() }))
+        .ok()
+        .map(split_version_10000)
+}
+
+/// The CUDA runtime version cuBLASLt was built for, as (major, minor).
+pub fn cuda_runtime_version() -> Option<(u32, u32)> {
+    if !libraries().cublaslt {
+        return None;
+    }
+    // SAFETY: plain getter.
+    let v = guard(|| Ok(unsafe { cudarc::cublaslt::sys::cublasLtGetCudartVersion() })).ok()?;
+    Some(((v / 1000) as u32, ((v % 1000) / 10) as u32))
+}
+
+/// cuDNN version, or None if it does not load.
+pub fn cudnn_version() -> Option<(u32, u32, u32)> {
+    if !libraries().cudnn {
+        return None;
+    }
+    // SAFETY: plain getter.
+    let v = guard(|| Ok(unsafe { cudarc::cudnn::sys::cudnnGetVersion() })).ok()?;
+    // cuDNN 9: major*10000 + minor*100 + patch.
+    Some(split_version_10000(v))
+}
+
+/// NCCL version, or None if it does not load.
+pub fn nccl_version() -> Option<(u32, u32, u32)> {
+    if !libraries().nccl {
+        return None;
+    }
+    guard(|| {
+        let mut v: std::ffi::c_int = 0;
+        // SAFETY: writes one int.
+        let r = unsafe { cudarc::nccl::sys::ncclGetVersion(&mut v) };
+        if r == cudarc::nccl::sys::ncclResult_t::ncclSuccess {
+            Ok(v)
+        } else {
+            Err(CudaError::Panicked(format!("{r:?}")))
+        }
+    })
+    .ok()
+    .map(|v| split_version_10000(v as usize))
+}
+
+/// Split a `major*10000 + minor*100 + patch` (or `major*1000 + minor*100 + patch` for old NCCL)
+/// version number.
+pub fn split_version_10000(v: usize) -> (u32, u32, u32) {
+    if v >= 10000 {
+        (
+            (v / 10000) as u32,
+            ((v % 10000) / 100) as u32,
+            (v % 100) as u32,
+        )
+    } else {
+        (
+            (v / 1000) as u32,
+            ((v % 1000) / 100) as u32,
+            (v % 100) as u32,
+        )
+    }
+}
+
+/// What one device is, and which library versions it would run with.
+#[derive(Clone, Debug, PartialEq)]
+pub struct DeviceInfo {
+    pub ordinal: usize,
+    pub name: String,
+    /// Bytes of device memory.
+    pub total_memory: usize,
+    /// (major, minor), e.g. (9, 0) for H100/H200.
+    pub compute_capability: (u32, u32),
+    pub multiprocessors: u32,
+    pub driver_version: Option<(u32, u32)>,
+    /// The CUDA runtime cuBLASLt was built for.
+    pub cuda_runtime_version: Option<(u32, u32)>,
+    pub nvrtc_version: Option<(u32, u32)>,
+    pub cublas_version: Option<(u32, u32, u32)>,
+    pub cudnn_version: Option<(u32, u32, u32)>,
+    pub nccl_version: Option<(u32, u32, u32)>,
+}
+
+impl DeviceInfo {
+    /// NVRTC architecture name for this device, e.g. `sm_90`.
+    pub fn arch(&self) -> String {
+        arch_name(self.compute_capability)
+    }
+}
+
+/// `sm_XY` from a compute capability.
+pub fn arch_name((major, minor): (u32, u32)) -> String {
+    format!("sm_{major}{minor}")
+}
+
+/// Query one device. Never panics.
+pub fn device_info(ordinal: usize) -> Result<DeviceInfo> {
+    let count = device_count()?;
+    if ordinal >= count {
+        return Err(CudaError::NoDevice { ordinal, count });
+    }
+    let (name, total_memory, cc, sms) = guard(|| {
+        let dev = dr::device::get(ordinal as i32).ctx("cuDeviceGet")?;
+        let name = dr::device::get_name(dev).ctx("cuDeviceGetName")?;
+        // SAFETY: `dev` is a valid device handle from cuDeviceGet.
+        let total = unsafe { dr::device::total_mem(dev) }.ctx("cuDeviceTotalMem")?;
+        let attr = |a| unsafe { dr::device::get_attribute(dev, a) }.ctx("cuDeviceGetAttribute");
+        use ds::CUdevice_attribute as A;
+        let major = attr(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?;
+        let minor = attr(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?;
+        let sms = attr(A::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
+        Ok((name, total, (major as u32, minor as u32), sms as u32))
+    })?;
+    Ok(DeviceInfo {
+        ordinal,
+        name,
+        total_memory,
+        compute_capability: cc,
+        multiprocessors: sms,
+        driver_version: driver_version().ok(),
+        cuda_runtime_version: cuda_runtime_version(),
+        nvrtc_version: nvrtc_version().ok(),
+        cublas_version: cublas_version(),
+        cudnn_version: cudnn_version(),
+        nccl_version: nccl_version(),
+    })
+}
+
+fn nvrtc_hint() -> String {
+    "add the folder holding libnvrtc.so.13 and libnvrtc-builtins.so.13.* to LD_LIBRARY_PATH \
+     (/usr/local/cuda/lib64, python's site-packages/nvidia/cu13/lib, or run .ci/nvrtc-setup)"
+        .into()
+}
+
+fn v2(v: Option<(u32, u32)>) -> String {
+    v.map(|(a, b)| format!("{a}.{b}"))
+        .unwrap_or_else(|| "?".into())
+}
+fn v3(v: Option<(u32, u32, u32)>) -> String {
+    v.map(|(a, b, c)| format!("{a}.{b}.{c}"))
+        .unwrap_or_else(|| "?".into())
+}
+
+/// A human-readable report: which libraries load (with versions), which devices are visible,
+/// where the CUDA headers are, and — for everything missing — how to fix it.
+pub fn report() -> String {
+    let libs = libraries();
+    let mut out = String::from("sinter CUDA report\n");
+    let mut fixes: Vec<String> = Vec::new();
+    let mark = |ok: bool| if ok { "found  " } else { "MISSING" };
+
+    let drv = if libs.driver {
+        driver_version().ok()
+    } else {
+        None
+    };
+    let _ = writeln!(
+        out,
+        "  driver   libcuda.so.1        {} {}",
+        mark(libs.driver),
+        if libs.driver { v2(drv) } else { String::new() }
+    );
+    if !libs.driver {
+        fixes.push("libcuda.so.1 (the NVIDIA driver) is not loadable: install the driver, or add its folder (often /usr/lib/x86_64-linux-gnu or /usr/local/cuda/compat) to LD_LIBRARY_PATH".into());
+    }
+    let nv = if libs.nvrtc {
+        nvrtc_version().ok()
+    } else {
+        None
+    };
+    let _ = writeln!(
+        out,
+        "  NVRTC    libnvrtc.so.13      {} {}",
+        mark(libs.nvrtc),
+        if libs.nvrtc { v2(nv) } else { String::new() }
+    );
+    if !libs.nvrtc {
+        fixes.push(format!(
+            "NVRTC (required, compiles the kernels): {}",
+            nvrtc_hint()
+        ));
+    }
+    let _ = writeln!(out, "  cuBLAS   libcublas.so.13     {}", mark(libs.cublas));
+    let _ = writeln!(
+        out,
+        "  cuBLASLt libcublasLt.so.13   {} {}",
+        mark(libs.cublaslt),
+        if libs.cublaslt {
+            format!(
+                "{} (CUDA runtime {})",
+                v3(cublas_version()),
+                v2(cuda_runtime_version())
+            )
+        } else {
+            String::new()
+        }
+    );
+    if !libs.cublaslt {
+        fixes.push("cuBLASLt (required, every GEMM): add the folder holding libcublasLt.so.13 (/usr/local/cuda/lib64 or site-packages/nvidia/cu13/lib) to LD_LIBRARY_PATH".into());
+    }
+    let _ = writeln!(
+        out,
+        "  cuDNN    libcudnn.so.9       {} {}",
+        mark(libs.cudnn),
+        if libs.cudnn {
+            v3(cudnn_version())
+        } else {
+            "(optional: convolution falls back to im2col + GEMM)".into()
+        }
+    );
+    let _ = writeln!(
+        out,
+        "  NCCL     libnccl.so          {} {}",
+        mark(libs.nccl),
+        if libs.nccl {
+            v3(nccl_version())
+        } else {
+            "(optional: needed for multi-GPU)".into()
+        }
+    );
+    if !libs.nccl {
+        fixes.push("NCCL: cudarc opens `libnccl.so` (not `libnccl.so.2`): create a symlink `ln -s /path/to/libnccl.so.2 <dir>/libnccl.so` in a folder on LD_LIBRARY_PATH".into());
+    }
+    match crate::nvrtc::find_cuda_include() {
+        Ok(p) => {
+            let _ = writeln!(
+                out,
+                "  headers  cuda_fp16.h         found   {}",
+                p.display()
+            );
+        }
+        Err(_) => {
+            let _ = writeln!(out, "  headers  cuda_fp16.h         MISSING");
+            fixes.push("CUDA headers for NVRTC: set SINTER_CUDA_INCLUDE (or CUDA_HOME) to a folder holding cuda_fp16.h and cuda_bf16.h (/usr/local/cuda/include, site-packages/nvidia/cu13/include, or run .ci/nvrtc-setup)".into());
+        }
+    }
+    if libs.driver {
+        match device_count() {
+            Ok(0) => {
+                let _ = writeln!(out, "  devices: none visible");
+                fixes.push(
+                    "the driver loads but sees no GPU: check CUDA_VISIBLE_DEVICES and nvidia-smi"
+                        .into(),
+                );
+            }
+            Ok(n) => {
+                let _ = writeln!(out, "  devices: {n}");
+                for i in 0..n {
+                    match device_info(i) {
+                        Ok(d) => {
+                            let _ = writeln!(
+                                out,
+                                "    [{i}] {}  {:.1} GiB  {}  {} SMs",
+                                d.name,
+                                d.total_memory as f64 / (1u64 << 30) as f64,
+                                d.arch(),
+                                d.multiprocessors
+                            );
+                        }
+                        Err(e) => {
+                            let _ = writeln!(out, "    [{i}] error: {e}");
+                        }
+                    }
+                }
+            }
+            Err(e) => {
+                let _ = writeln!(out, "  devices: error: {e}");
+                fixes.push(format!("the driver failed to initialise ({e}): check the driver install and that /dev/nvidia* is accessible"));
+            }
+        }
+    }
+    let _ = writeln!(
+        out,
+        "  status: {}",
+        if is_available() {
+            "CUDA available"
+        } else {
+            "CUDA NOT available (CPU only)"
+        }
+    );
+    if !fixes.is_empty() {
+        out.push_str("to fix:\n");
+        for f in fixes {
+            let _ = writeln!(out, "  - {f}");
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn probing_never_panics() {
+        // On a machine without CUDA these are all "missing"; with CUDA they work. Either way: no panic.
+        let _ = libraries();
+        let _ = is_available();
+        let _ = device_count();
+        let _ = driver_version();
+        let r = report();
+        assert!(r.contains("sinter CUDA report"));
+        assert!(r.contains("status:"));
+    }
+
+    #[test]
+    fn versions_split() {
+        assert_eq!(split_version_10000(90100), (9, 1, 0));
+        assert_eq!(split_version_10000(22703), (2, 27, 3));
+        assert_eq!(split_version_10000(130002), (13, 0, 2));
+        assert_eq!(arch_name((9, 0)), "sm_90");
+        assert_eq!(arch_name((8, 6)), "sm_86");
+    }
+}
