@@ -159,6 +159,10 @@ impl Tensor {
             let g = if g.dtype() != v.dtype() { g.to_dtype(v.dtype())? } else { g };
             let total = match v.grad() {
                 Some(prev) => prev.add(&g)?,
+                // A gradient may share storage with another variable's (add hands the same
+                // tensor to both operands) or with the caller's seed: give each variable its own,
+                // so that an in-place update of one (an all-reduce) never touches another.
+                None if std::sync::Arc::strong_count(&g.0.storage) > 1 => g.affine(1.0, 0.0)?,
                 None => g.contiguous()?,
             };
             v.set_grad(Some(total.clone()));

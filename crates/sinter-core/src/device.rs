@@ -4,8 +4,8 @@
 pub enum Device {
     #[default]
     Cpu,
-    /// A CUDA device by ordinal. Storage on it arrives with the CUDA backend (sinter-cuda);
-    /// until that backend is wired into `Storage`, asking for it is a clear error.
+    /// A CUDA device by ordinal (the backend in `crate::cuda`, over sinter-cuda). Asking for it
+    /// where CUDA cannot be used is an `Error::DeviceUnavailable` that says why.
     Cuda(usize),
 }
 
@@ -23,6 +23,9 @@ impl Device {
     }
     pub fn is_cpu(self) -> bool {
         matches!(self, Device::Cpu)
+    }
+    pub fn is_cuda(self) -> bool {
+        matches!(self, Device::Cuda(_))
     }
 }
 

@@ -3,9 +3,11 @@
 
 pub mod autograd;
 pub mod cpu;
+pub mod cuda;
 pub mod device;
 pub mod dtype;
 pub mod error;
+pub mod fused;
 pub mod layout;
 mod nn_ops;
 pub mod op;

@@ -37,6 +37,9 @@ impl Tensor {
             _ => bail!("conv2d: a {}x{} kernel does not fit a {}x{} input with {p:?}", ws[2], ws[3], xs[2], xs[3]),
         };
         let g = ConvGeom { n: xs[0], c: xs[1], h: xs[2], w: xs[3], o: ws[0], kh: ws[2], kw: ws[3], oh, ow, p };
+        if self.device().is_cuda() || weight.device().is_cuda() {
+            return crate::cuda::conv::conv2d(self, weight, &g);
+        }
         let y = conv::conv2d_forward(&f32_of(self), &f32_of(weight), &g);
         let dtype = self.dtype();
         let (x, w) = (self.clone(), weight.clone());
@@ -64,6 +67,9 @@ impl Tensor {
 
     pub fn max_pool2d(&self, p: Pool2dParams) -> Result<Tensor> {
         let (planes, h, w, oh, ow) = self.pool_geom("max_pool2d", p)?;
+        if self.device().is_cuda() {
+            return crate::cuda::conv::max_pool2d(self, p);
+        }
         let (y, arg) = conv::max_pool2d(&f32_of(self), planes, h, w, oh, ow, p);
         let dtype = self.dtype();
         let shape = [self.shape()[0], self.shape()[1], oh, ow];
@@ -76,6 +82,9 @@ impl Tensor {
 
     pub fn avg_pool2d(&self, p: Pool2dParams) -> Result<Tensor> {
         let (planes, h, w, oh, ow) = self.pool_geom("avg_pool2d", p)?;
+        if self.device().is_cuda() {
+            return crate::cuda::conv::avg_pool2d(self, p);
+        }
         let y = conv::avg_pool2d(&f32_of(self), planes, h, w, oh, ow, p);
         let dtype = self.dtype();
         let shape = [self.shape()[0], self.shape()[1], oh, ow];
@@ -89,10 +98,16 @@ impl Tensor {
     /// Layer norm over the last dimension with affine gamma and beta of that size.
     pub fn layer_norm(&self, gamma: &Tensor, beta: &Tensor, eps: f32) -> Result<Tensor> {
         let n = *self.shape().last().ok_or_else(|| Error::Msg("layer_norm: input is a scalar".into()))?;
+        if n == 0 {
+            bail!("layer_norm: the normalised dimension of {:?} is empty", self.shape());
+        }
         for p in [gamma, beta] {
             if p.shape() != [n] {
                 return Err(Error::ShapeMismatch { op: "layer_norm", lhs: self.shape().to_vec(), rhs: p.shape().to_vec() });
             }
+        }
+        if [self, gamma, beta].iter().any(|t| t.device().is_cuda()) {
+            return crate::cuda::nn::layer_norm(self, gamma, beta, n, eps);
         }
         let x = f32_of(self);
         let (y, mean, rstd) = cpu::nn::layer_norm(&x, &f32_of(gamma), &f32_of(beta), n, eps);
@@ -117,6 +132,9 @@ impl Tensor {
         }
         if targets.shape() != &self.shape()[..self.rank() - 1] {
             return Err(Error::ShapeMismatch { op: "cross_entropy", lhs: self.shape().to_vec(), rhs: targets.shape().to_vec() });
+        }
+        if self.device().is_cuda() {
+            return crate::cuda::nn::cross_entropy(self, targets, c, ignore_index);
         }
         let logits = f32_of(self);
         let t = targets.to_vec_i64()?;
@@ -160,6 +178,9 @@ impl Tensor {
         let ids = Self::index_vec(idx, n, "index_select")?;
         let mut out_shape = shape.to_vec();
         out_shape[d] = ids.len();
+        if self.device().is_cuda() {
+            return crate::cuda::nn::index_select(self, &ids, outer, n, inner, &out_shape);
+        }
         let st = {
             let s = self.storage();
             let c = s.cpu().copy_strided(self.layout());
@@ -178,7 +199,7 @@ impl Tensor {
     pub fn embedding(&self, ids: &Tensor) -> Result<Tensor> {
         self.expect_rank("embedding", 2, "table")?;
         let flat = ids.reshape(&[ids.numel()])?;
-        let rows = self.index_select(0, &flat)?;
+        let rows = self.index_select(0, &flat).map_err(|e| Error::Msg(format!("embedding: {e}")))?;
         let mut shape = ids.shape().to_vec();
         shape.push(self.shape()[1]);
         rows.reshape(&shape)
@@ -194,6 +215,9 @@ impl Tensor {
         expect[d] = ids.len();
         if src.shape() != expect {
             return Err(Error::ShapeMismatch { op: "index_add", lhs: expect, rhs: src.shape().to_vec() });
+        }
+        if self.device().is_cuda() || src.device().is_cuda() {
+            return crate::cuda::nn::index_add(self, d, idx, &ids, src, outer, n, inner);
         }
         let mut dst = f32_of(self);
         cpu::nn::index_add(&mut dst, &f32_of(src), &ids, outer, n, inner);
@@ -215,6 +239,9 @@ impl Tensor {
                 return Err(Error::ShapeMismatch { op: "cat", lhs: first.shape().to_vec(), rhs: t.shape().to_vec() });
             }
             shape[d] += t.shape()[d];
+        }
+        if tensors.iter().any(|t| t.device().is_cuda()) {
+            return crate::cuda::nn::cat(tensors, d, &shape);
         }
         let mut out = CpuStorage::zeros(shape.iter().product(), first.dtype());
         let full = crate::Layout::contiguous(&shape);
@@ -269,7 +296,9 @@ impl Tensor {
         }
         let shape = broadcast_shape("where", &broadcast_shape("where", cond.shape(), a.shape())?, b.shape())?;
         let (lc, la, lb) = (cond.layout().broadcast_as(&shape)?, a.layout().broadcast_as(&shape)?, b.layout().broadcast_as(&shape)?);
-        let s = {
+        let s = if [cond, a, b].iter().any(|t| t.device().is_cuda()) {
+            crate::cuda::elementwise::where_cond(cond, a, b, &shape)?
+        } else {
             let (sc, sa, sb) = (cond.storage(), a.storage(), b.storage());
             Storage::Cpu(cpu::elementwise::where_cond(sc.cpu(), &lc, sa.cpu(), &la, sb.cpu(), &lb))
         };
@@ -296,6 +325,9 @@ impl Tensor {
         }
         if p == 0.0 {
             return Ok(self.clone());
+        }
+        if self.device().is_cuda() {
+            return crate::cuda::random::dropout(self, p, rng);
         }
         let keep = 1.0 - p as f64;
         let scale = (1.0 / keep) as f32;

@@ -22,12 +22,19 @@ impl Tensor {
         if !self.dtype().is_float() {
             bail!("{}: needs a float tensor, got {}", op.name(), self.dtype());
         }
-        let s = Storage::Cpu(cpu::elementwise::unary(self.storage().cpu(), self.layout(), op));
+        let s = if self.device().is_cuda() {
+            crate::cuda::elementwise::unary(self, op)?
+        } else {
+            Storage::Cpu(cpu::elementwise::unary(self.storage().cpu(), self.layout(), op))
+        };
         let x = self.clone();
         Ok(output(s, self.shape(), op.name(), &[self], move |g, y| Ok(vec![Some(Tensor::unary_backward(op, &x, y, g)?)])))
     }
     /// grad_out · f'(x) in one pass.
     fn unary_backward(op: UnaryOp, x: &Tensor, y: &Tensor, g: &Tensor) -> Result<Tensor> {
+        if g.device().is_cuda() {
+            return crate::cuda::elementwise::unary_backward(op, x, y, g);
+        }
         let (xs, ys, gs) = (x.storage(), y.storage(), g.storage());
         let (xv, yv, gv) = (xs.cpu().f32_contiguous(x.layout()), ys.cpu().f32_contiguous(y.layout()), gs.cpu().f32_contiguous(g.layout()));
         let s = cpu::elementwise::unary_backward(op, &xv, &yv, &gv, g.dtype());
@@ -97,7 +104,9 @@ impl Tensor {
         }
         let shape = broadcast_shape(op.name(), self.shape(), rhs.shape())?;
         let (la, lb) = (self.layout().broadcast_as(&shape)?, rhs.layout().broadcast_as(&shape)?);
-        let s = {
+        let s = if self.device().is_cuda() {
+            crate::cuda::elementwise::binary(self, &la, rhs, &lb, &shape, op)?
+        } else {
             let (sa, sb) = (self.storage(), rhs.storage());
             Storage::Cpu(cpu::elementwise::binary(sa.cpu(), &la, sb.cpu(), &lb, op))
         };
@@ -164,11 +173,14 @@ impl Tensor {
     // ---- reductions ---------------------------------------------------------------------------
 
     /// Reduces one dimension of a contiguous copy viewed as [outer, n, inner].
-    fn reduce_dim(&self, dim: usize, op: ReduceOp) -> Result<(CpuStorage, Vec<usize>)> {
+    fn reduce_dim(&self, dim: usize, op: ReduceOp) -> Result<(Storage, Vec<usize>)> {
         let shape = self.shape();
         let (outer, n, inner) = (shape[..dim].iter().product::<usize>(), shape[dim], shape[dim + 1..].iter().product::<usize>());
         if n == 0 && op != ReduceOp::Sum {
             bail!("{op:?}: cannot reduce over an empty dimension {dim} of {shape:?}");
+        }
+        if self.device().is_cuda() {
+            return crate::cuda::reduce::reduce_dim(self, dim, op);
         }
         let s = self.storage();
         let x = s.cpu().f32_contiguous(self.layout());
@@ -179,7 +191,7 @@ impl Tensor {
         } else {
             CpuStorage::from_f32(cpu::reduce::reduce_f32(&x, outer, n, inner, op), self.dtype())
         };
-        Ok((st, out_shape))
+        Ok((Storage::Cpu(st), out_shape))
     }
 
     fn squeeze_dims(&self, dims: &[usize]) -> Result<Tensor> {
@@ -206,7 +218,7 @@ impl Tensor {
         for &d in &ds {
             let (s, shape) = t.reduce_dim(d, ReduceOp::Sum)?;
             let src_shape = t.shape().to_vec();
-            t = output(Storage::Cpu(s), &shape, "sum", &[&t], move |g, _| Ok(vec![Some(g.broadcast_as(&src_shape)?.contiguous()?)]));
+            t = output(s, &shape, "sum", &[&t], move |g, _| Ok(vec![Some(g.broadcast_as(&src_shape)?.contiguous()?)]));
         }
         if keepdim {
             Ok(t)
@@ -237,7 +249,7 @@ impl Tensor {
         let d = resolve_dim("max", dim, self.rank())?;
         let (s, shape) = self.reduce_dim(d, op)?;
         let x = self.clone();
-        let t = output(Storage::Cpu(s), &shape, "max", &[self], move |g, y| {
+        let t = output(s, &shape, "max", &[self], move |g, y| {
             let hit = x.eq(&y.broadcast_as(x.shape())?)?;
             let share = hit.div(&hit.sum(&[d as isize], true)?)?;
             Ok(vec![Some(g.broadcast_as(x.shape())?.mul(&share)?)])
@@ -252,7 +264,7 @@ impl Tensor {
     pub fn argmax(&self, dim: isize, keepdim: bool) -> Result<Tensor> {
         let d = resolve_dim("argmax", dim, self.rank())?;
         let (s, shape) = self.reduce_dim(d, ReduceOp::ArgMax)?;
-        let t = Tensor::from_cpu(s, &shape);
+        let t = Tensor::from_storage(s, &shape);
         if keepdim {
             Ok(t)
         } else {
@@ -282,7 +294,13 @@ impl Tensor {
         if d != last {
             return self.transpose(d as isize, last as isize)?.softmax_impl(-1, log)?.transpose(d as isize, last as isize);
         }
+        if self.device().is_cuda() {
+            return crate::cuda::nn::softmax(self, log);
+        }
         let n = self.shape()[last];
+        if n == 0 || self.numel() == 0 {
+            bail!("softmax: dimension {d} of {:?} is empty", self.shape());
+        }
         let x = self.storage().cpu().f32_contiguous(self.layout()).into_owned();
         let y = cpu::nn::softmax_rows(&x, n, log);
         let dtype = self.dtype();
@@ -316,6 +334,9 @@ impl Tensor {
         let (k2, n) = (rhs.shape()[rb - 2], rhs.shape()[rb - 1]);
         if k != k2 {
             return Err(Error::ShapeMismatch { op: "matmul", lhs: self.shape().to_vec(), rhs: rhs.shape().to_vec() });
+        }
+        if self.device().is_cuda() {
+            return crate::cuda::matmul::matmul(self, rhs);
         }
         let batch_shape = broadcast_shape("matmul", &self.shape()[..ra - 2], &rhs.shape()[..rb - 2])?;
         let batch: usize = batch_shape.iter().product();

@@ -43,10 +43,7 @@ impl std::fmt::Debug for Tensor {
 fn check_device(device: Device) -> Result<()> {
     match device {
         Device::Cpu => Ok(()),
-        Device::Cuda(_) => Err(Error::DeviceUnavailable(
-            device,
-            "this build's tensor storage has no CUDA backend yet; use --device cpu".into(),
-        )),
+        Device::Cuda(n) => crate::cuda::creation::check(n),
     }
 }
 
@@ -85,6 +82,9 @@ impl Tensor {
     }
     pub fn full(value: f64, shape: &[usize], dtype: DType, device: Device) -> Result<Tensor> {
         check_device(device)?;
+        if let Device::Cuda(n) = device {
+            return crate::cuda::creation::full(value, shape, dtype, n);
+        }
         Ok(Tensor::from_cpu(CpuStorage::full(numel(shape), value, dtype), shape))
     }
     pub fn zeros_like(&self) -> Result<Tensor> {
@@ -113,7 +113,7 @@ impl Tensor {
             DType::BF16 => CpuStorage::BF16(*any.downcast().expect("dtype tag matches type")),
             DType::I64 => CpuStorage::I64(*any.downcast().expect("dtype tag matches type")),
         };
-        Ok(Tensor::from_cpu(s, shape))
+        crate::cuda::creation::place(Tensor::from_cpu(s, shape), device)
     }
     pub fn from_slice<T: Element>(data: &[T], shape: &[usize], device: Device) -> Result<Tensor> {
         Self::from_vec(data.to_vec(), shape, device)
@@ -132,20 +132,22 @@ impl Tensor {
         } else {
             CpuStorage::from_f32(v, dtype)
         };
-        Ok(Tensor::from_cpu(s, &[n]))
+        crate::cuda::creation::place(Tensor::from_cpu(s, &[n]), device)
     }
 
     /// Uniform values in [lo, hi) drawn from `rng`.
     pub fn rand_uniform(shape: &[usize], lo: f64, hi: f64, rng: &mut Rng, dtype: DType, device: Device) -> Result<Tensor> {
         check_device(device)?;
         let v: Vec<f32> = (0..numel(shape)).map(|_| rng.uniform(lo, hi) as f32).collect();
-        Ok(Tensor::from_cpu(CpuStorage::from_f32(v, dtype), shape))
+        let t = Tensor::from_cpu(CpuStorage::from_f32(v, dtype), shape);
+        crate::cuda::creation::place(t, device)
     }
     /// Normal values with the given mean and standard deviation drawn from `rng`.
     pub fn randn(shape: &[usize], mean: f64, std: f64, rng: &mut Rng, dtype: DType, device: Device) -> Result<Tensor> {
         check_device(device)?;
         let v: Vec<f32> = (0..numel(shape)).map(|_| (mean + std * rng.normal()) as f32).collect();
-        Ok(Tensor::from_cpu(CpuStorage::from_f32(v, dtype), shape))
+        let t = Tensor::from_cpu(CpuStorage::from_f32(v, dtype), shape);
+        crate::cuda::creation::place(t, device)
     }
 
     // ---- accessors ----------------------------------------------------------------------
@@ -235,12 +237,21 @@ impl Tensor {
     // ---- reading values -------------------------------------------------------------------
 
     pub fn to_vec_f32(&self) -> Result<Vec<f32>> {
+        if self.device().is_cuda() {
+            return crate::cuda::to_host(self)?.to_vec_f32();
+        }
         Ok(self.storage().cpu().f32_contiguous(self.layout()).into_owned())
     }
     pub fn to_vec_i64(&self) -> Result<Vec<i64>> {
+        if self.device().is_cuda() {
+            return crate::cuda::to_host(self)?.to_vec_i64();
+        }
         Ok(self.storage().cpu().i64_contiguous(self.layout()).into_owned())
     }
     pub fn to_vec_f64(&self) -> Result<Vec<f64>> {
+        if self.device().is_cuda() {
+            return crate::cuda::to_host(self)?.to_vec_f64();
+        }
         let s = self.storage();
         Ok(crate::with_cpu_vec!(s.cpu(), v => crate::cpu::gather_strided(v, self.layout()).iter().map(|x| x.to_f64()).collect()))
     }
@@ -253,6 +264,9 @@ impl Tensor {
     }
     /// Row-major little-endian bytes of the values, in this tensor's dtype (for checkpoints).
     pub fn to_le_bytes(&self) -> Result<Vec<u8>> {
+        if self.device().is_cuda() {
+            return crate::cuda::to_host(self)?.to_le_bytes();
+        }
         let c = self.contiguous()?;
         let s = c.storage();
         let r = c.layout().contiguous_range().expect("contiguous");
@@ -369,7 +383,11 @@ impl Tensor {
         if self.is_contiguous() {
             return Ok(self.clone());
         }
-        let s = Storage::Cpu(self.storage().cpu().copy_strided(self.layout()));
+        let s = if self.device().is_cuda() {
+            crate::cuda::elementwise::contiguous(self)?
+        } else {
+            Storage::Cpu(self.storage().cpu().copy_strided(self.layout()))
+        };
         Ok(autograd::output(s, self.shape(), "contiguous", &[self], |g, _| Ok(vec![Some(g.clone())])))
     }
 
@@ -379,14 +397,20 @@ impl Tensor {
         if dtype == self.dtype() {
             return Ok(self.clone());
         }
-        let s = Storage::Cpu(self.storage().cpu().cast(self.layout(), dtype));
+        let s = if self.device().is_cuda() {
+            crate::cuda::elementwise::cast(self, dtype)?
+        } else {
+            Storage::Cpu(self.storage().cpu().cast(self.layout(), dtype))
+        };
         let from = self.dtype();
         let inputs: &[&Tensor] = if dtype.is_float() { &[self] } else { &[] };
         Ok(autograd::output(s, self.shape(), "to_dtype", inputs, move |g, _| Ok(vec![Some(g.to_dtype(from)?)])))
     }
+    /// The same values on `device` (a copy unless already there). Differentiable: the backward
+    /// moves the gradient back.
     pub fn to_device(&self, device: Device) -> Result<Tensor> {
         check_device(device)?;
-        Ok(self.clone())
+        crate::cuda::creation::to_device(self, device)
     }
 
     // ---- in-place updates (outside autograd: optimizers, running statistics) -----------------
@@ -403,6 +427,9 @@ impl Tensor {
     /// Overwrites this tensor's elements with `src`'s (cast to this dtype).
     pub fn assign(&self, src: &Tensor) -> Result<()> {
         self.check_in_place("assign", src)?;
+        if self.device().is_cuda() {
+            return crate::cuda::elementwise::assign(self, src);
+        }
         let data = src.storage().cpu().cast(src.layout(), self.dtype());
         let mut dst = self.0.storage.write().unwrap_or_else(|e| e.into_inner());
         dst.cpu_mut().write_strided(self.layout(), &data)
@@ -438,12 +465,21 @@ impl Tensor {
         for t in [grad, m, v] {
             self.check_in_place("adamw_step", t)?;
         }
+        if self.device().is_cuda() {
+            return crate::cuda::optim::adamw_step(self, grad, m, v, h);
+        }
         let g = grad.storage().cpu().f32_contiguous(grad.layout()).into_owned();
         Tensor::with_f32_mut("adamw_step", [self, m, v], |[p, m, v]| crate::cpu::nn::adamw_step(p, &g, m, v, h))
     }
     /// SGD update of this f32 parameter, with an optional momentum buffer, in place.
     pub fn sgd_step(&self, grad: &Tensor, buf: Option<&Tensor>, h: crate::cpu::nn::SgdParams) -> Result<()> {
         self.check_in_place("sgd_step", grad)?;
+        if self.device().is_cuda() {
+            if let Some(b) = buf {
+                self.check_in_place("sgd_step", b)?;
+            }
+            return crate::cuda::optim::sgd_step(self, grad, buf, h);
+        }
         let g = grad.storage().cpu().f32_contiguous(grad.layout()).into_owned();
         match buf {
             None => Tensor::with_f32_mut("sgd_step", [self], |[p]| crate::cpu::nn::sgd_step(p, &g, None, h)),

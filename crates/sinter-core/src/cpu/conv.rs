@@ -42,7 +42,7 @@ pub struct ConvGeom {
 
 impl ConvGeom {
     pub fn out_size(input: usize, k: usize, p: &Conv2dParams) -> Option<usize> {
-        let span = p.dilation * (k - 1) + 1;
+        let span = p.dilation * k.checked_sub(1)? + 1;
         (input + 2 * p.padding).checked_sub(span).map(|v| v / p.stride + 1)
     }
     fn cg(&self) -> usize {

@@ -1,0 +1,348 @@
+//! conv2d as im2col + cuBLASLt GEMM on the device (forward and both backward passes; cuDNN is
+//! not needed), and 2-D max / average pooling with their backward kernels.
+//!
+//! Images are processed in chunks whose column matrix stays under a fixed budget, so memory does
+//! not grow with the batch. Per chunk and group: forward is one batched GEMM (the group's
+//! weights shared across images with a zero batch stride); the input gradient is a batched GEMM
+//! into a column matrix and a col2im (gather form, no atomics); the weight gradient is one GEMM
+//! over all images of the chunk at once (gradient and column matrices rearranged so the images
+//! are part of the contraction), accumulated across chunks.
+
+use std::sync::Arc;
+
+use sinter_cuda::ops::conv::{self as kc, Window2d};
+use sinter_cuda::{CudaDevice, DevSlice, DeviceBuffer, GemmDesc, GemmShape};
+
+use super::matmul::gemm_dtype;
+use super::{alloc, contig, contig_as, parts, same_device, storage_of, tensor_of, DevView, OnOp};
+use crate::autograd::output;
+use crate::cpu::conv::{ConvGeom, Pool2dParams};
+use crate::{DType, Result, Tensor};
+
+type Buf = Arc<DeviceBuffer>;
+
+/// Elements of column matrix per chunk (128 MiB of f32).
+const COL_BUDGET: usize = 1 << 25;
+
+struct Plan {
+    g: ConvGeom,
+    cg: usize,
+    og: usize,
+    ckk: usize,
+    l: usize,
+    chw: usize,
+    hw: usize,
+    chunk: usize,
+    dtype: DType,
+}
+
+impl Plan {
+    fn new(g: &ConvGeom, dtype: DType) -> Plan {
+        let (cg, og) = (g.c / g.p.groups, g.o / g.p.groups);
+        let ckk = cg * g.kh * g.kw;
+        let l = g.oh * g.ow;
+        let chunk = (COL_BUDGET / (ckk * l).max(1)).clamp(1, g.n.max(1));
+        Plan {
+            g: *g,
+            cg,
+            og,
+            ckk,
+            l,
+            chw: g.c * g.h * g.w,
+            hw: g.h * g.w,
+            chunk,
+            dtype,
+        }
+    }
+    fn window(&self, nc: usize) -> Window2d {
+        let p = self.g.p;
+        Window2d {
+            n: nc,
+            c: self.cg,
+            h: self.g.h,
+            w: self.g.w,
+            kernel: (self.g.kh, self.g.kw),
+            stride: (p.stride, p.stride),
+            padding: (p.padding, p.padding),
+            dilation: (p.dilation, p.dilation),
+        }
+    }
+    /// (first image, images) of each chunk.
+    fn chunks(&self) -> impl Iterator<Item = (usize, usize)> + '_ {
+        (0..self.g.n)
+            .step_by(self.chunk)
+            .map(move |n0| (n0, self.chunk.min(self.g.n - n0)))
+    }
+}
+
+fn tail(buf: &DeviceBuffer, off: usize) -> Result<DevSlice<'_>> {
+    buf.slice(off, buf.len() - off).on("conv2d")
+}
+
+fn gemm(
+    dev: &CudaDevice,
+    p: &Plan,
+    s: GemmShape,
+    a: DevSlice<'_>,
+    b: DevSlice<'_>,
+    c: DevSlice<'_>,
+    beta: f32,
+) -> Result<()> {
+    let mut desc = GemmDesc::new(gemm_dtype(p.dtype), s, a, b, c);
+    desc.beta = beta;
+    dev.gemm(&desc).on("conv2d")
+}
+
+/// im2col of images n0..n0+nc, group gi, into `col` ([nc, ckk, l]).
+fn im2col(
+    dev: &CudaDevice,
+    p: &Plan,
+    x: &DevView,
+    n0: usize,
+    nc: usize,
+    gi: usize,
+    col: DevSlice<'_>,
+) -> Result<()> {
+    let xs = tail(&x.buf, x.off + n0 * p.chw + gi * p.cg * p.hw)?;
+    kc::im2col(dev, xs, col, &p.window(nc), p.chw).on("conv2d")
+}
+
+fn forward(dev: &Arc<CudaDevice>, p: &Plan, x: &DevView, w: &DevView) -> Result<Arc<DeviceBuffer>> {
+    let g = &p.g;
+    let y = alloc(dev, g.n * g.o * p.l, p.dtype)?;
+    let col = alloc(dev, p.chunk * p.ckk * p.l, p.dtype)?;
+    for (n0, nc) in p.chunks() {
+        let cols = col.slice(0, nc * p.ckk * p.l).on("conv2d")?;
+        for gi in 0..g.p.groups {
+            im2col(dev, p, x, n0, nc, gi, cols)?;
+            // y[n, group] (og x l) = W_g (og x ckk) · col[n] (ckk x l), W shared (stride 0).
+            let mut s = GemmShape::new(p.og, p.l, p.ckk).batched(nc);
+            if nc > 1 {
+                s.stride_a = Some(0);
+                s.stride_b = Some(p.ckk * p.l);
+                s.stride_c = Some(g.o * p.l);
+            }
+            let wg = w
+                .buf
+                .slice(w.off + gi * p.og * p.ckk, p.og * p.ckk)
+                .on("conv2d")?;
+            gemm(
+                dev,
+                p,
+                s,
+                wg,
+                cols,
+                tail(&y, (n0 * g.o + gi * p.og) * p.l)?,
+                0.0,
+            )?;
+        }
+    }
+    Ok(y)
+}
+
+/// Returns (dx, dw), each only when wanted.
+fn backward(
+    dev: &Arc<CudaDevice>,
+    p: &Plan,
+    x: &DevView,
+    w: &DevView,
+    gy: &DevView,
+    want_dx: bool,
+    want_dw: bool,
+) -> Result<(Option<Buf>, Option<Buf>)> {
+    let g = &p.g;
+    let dx = if want_dx {
+        Some(alloc(dev, g.n * p.chw, p.dtype)?)
+    } else {
+        None
+    };
+    let dw = if want_dw {
+        Some(alloc(dev, g.o * p.ckk, p.dtype)?)
+    } else {
+        None
+    };
+    let col = alloc(dev, p.chunk * p.ckk * p.l, p.dtype)?;
+    // Rearranged copies for the weight gradient of multi-image chunks.
+    let (col_t, gy_t) = if want_dw && p.chunk > 1 {
+        (
+            Some(alloc(dev, p.chunk * p.ckk * p.l, p.dtype)?),
+            Some(alloc(dev, p.chunk * p.og * p.l, p.dtype)?),
+        )
+    } else {
+        (None, None)
+    };
+    for (ci, (n0, nc)) in p.chunks().enumerate() {
+        let cols = col.slice(0, nc * p.ckk * p.l).on("conv2d")?;
+        for gi in 0..g.p.groups {
+            let gy_off = gy.off + (n0 * g.o + gi * p.og) * p.l;
+            if let Some(dw) = &dw {
+                im2col(dev, p, x, n0, nc, gi, cols)?;
+                let dwg = dw.slice(gi * p.og * p.ckk, p.og * p.ckk).on("conv2d")?;
+                let beta = if ci == 0 { 0.0 } else { 1.0 };
+                if nc == 1 {
+                    // dW_g (og x ckk) (+)= gy_g (og x l) · colᵀ.
+                    let s = GemmShape::new(p.og, p.ckk, p.l).trans(false, true);
+                    gemm(dev, p, s, tail(&gy.buf, gy_off)?, cols, dwg, beta)?;
+                } else {
+                    let (ct, gt) = (
+                        col_t.as_ref().expect("allocated"),
+                        gy_t.as_ref().expect("allocated"),
+                    );
+                    let nl = nc * p.l;
+                    // gyᵀ: [og, nc, l] from gy's [nc, og, l] window (images o*l apart).
+                    let gts = gt.slice(0, p.og * nl).on("conv2d")?;
+                    let (l, o) = (p.l as i64, g.o as i64);
+                    let shape = [p.og, nc, p.l];
+                    let dst = sinter_cuda::launch::contiguous_strides(&shape);
+                    sinter_cuda::ops::copy::strided_copy(
+                        dev,
+                        tail(&gy.buf, gy_off)?,
+                        &[l, o * l, 1],
+                        gts,
+                        &dst,
+                        &shape,
+                    )
+                    .on("conv2d")?;
+                    // colᵀ: [ckk, nc, l] from col's [nc, ckk, l].
+                    let cts = ct.slice(0, p.ckk * nl).on("conv2d")?;
+                    let shape = [p.ckk, nc, p.l];
+                    let dst = sinter_cuda::launch::contiguous_strides(&shape);
+                    sinter_cuda::ops::copy::strided_copy(
+                        dev,
+                        cols,
+                        &[l, p.ckk as i64 * l, 1],
+                        cts,
+                        &dst,
+                        &shape,
+                    )
+                    .on("conv2d")?;
+                    let s = GemmShape::new(p.og, p.ckk, nl).trans(false, true);
+                    gemm(dev, p, s, gts, cts, dwg, beta)?;
+                }
+            }
+            if let Some(dx) = &dx {
+                // dcol[n] (ckk x l) = W_gᵀ (ckk x og) · gy_g[n] (og x l).
+                let mut s = GemmShape::new(p.ckk, p.l, p.og)
+                    .trans(true, false)
+                    .batched(nc);
+                if nc > 1 {
+                    s.stride_a = Some(0);
+                    s.stride_b = Some(g.o * p.l);
+                    s.stride_c = Some(p.ckk * p.l);
+                }
+                let wg = w
+                    .buf
+                    .slice(w.off + gi * p.og * p.ckk, p.og * p.ckk)
+                    .on("conv2d")?;
+                gemm(dev, p, s, wg, tail(&gy.buf, gy_off)?, cols, 0.0)?;
+                let xs = tail(dx, n0 * p.chw + gi * p.cg * p.hw)?;
+                kc::col2im(dev, cols, xs, &p.window(nc), p.chw, false).on("conv2d")?;
+            }
+        }
+    }
+    Ok((dx, dw))
+}
+
+/// conv2d of x [n, c, h, w] with weight [o, c/groups, kh, kw] (the caller checked shapes and
+/// computed the geometry). The weight is used in x's dtype; the output and both gradients are
+/// in x's dtype, as on the CPU.
+pub(crate) fn conv2d(x: &Tensor, w: &Tensor, g: &ConvGeom) -> Result<Tensor> {
+    same_device("conv2d", x, w)?;
+    let (dev, _) = parts(x)?;
+    let dtype = x.dtype();
+    let p = Plan::new(g, dtype);
+    let y = forward(&dev, &p, &contig(x)?, &contig_as(w, dtype)?)?;
+    let (xt, wt) = (x.clone(), w.clone());
+    let shape = [g.n, g.o, g.oh, g.ow];
+    Ok(output(
+        storage_of(&dev, y, dtype),
+        &shape,
+        "conv2d",
+        &[x, w],
+        move |gr, _| {
+            let (want_dx, want_dw) = (xt.tracks_grad(), wt.tracks_grad());
+            let (dx, dw) = backward(
+                &dev,
+                &p,
+                &contig(&xt)?,
+                &contig_as(&wt, dtype)?,
+                &contig_as(gr, dtype)?,
+                want_dx,
+                want_dw,
+            )?;
+            Ok(vec![
+                dx.map(|b| tensor_of(&dev, b, dtype, xt.shape())),
+                dw.map(|b| tensor_of(&dev, b, dtype, wt.shape())),
+            ])
+        },
+    ))
+}
+
+fn pool_window(x: &Tensor, p: Pool2dParams) -> Window2d {
+    let s = x.shape();
+    Window2d {
+        n: s[0],
+        c: s[1],
+        h: s[2],
+        w: s[3],
+        kernel: (p.kernel, p.kernel),
+        stride: (p.stride, p.stride),
+        padding: (p.padding, p.padding),
+        dilation: (1, 1),
+    }
+}
+
+/// 2-D max pooling (the caller checked the geometry). The backward routes each output's
+/// gradient to its saved argmax.
+pub(crate) fn max_pool2d(x: &Tensor, p: Pool2dParams) -> Result<Tensor> {
+    let (dev, _) = parts(x)?;
+    let dtype = x.dtype();
+    let win = pool_window(x, p);
+    let (oh, ow) = win.out_hw().on("max_pool2d")?;
+    let shape = [win.n, win.c, oh, ow];
+    let nout = shape.iter().product();
+    let xv = contig(x)?;
+    let y = alloc(&dev, nout, dtype)?;
+    let arg = alloc(&dev, nout, DType::I64)?;
+    kc::maxpool2d_forward(&dev, xv.slice(), y.as_slice(), Some(arg.as_slice()), &win)
+        .on("max_pool2d")?;
+    let xshape = x.shape().to_vec();
+    Ok(output(
+        storage_of(&dev, y, dtype),
+        &shape,
+        "max_pool2d",
+        &[x],
+        move |g, _| {
+            let gv = contig_as(g, dtype)?;
+            let gx = alloc(&dev, xshape.iter().product(), dtype)?;
+            kc::maxpool2d_backward(&dev, gv.slice(), arg.as_slice(), gx.as_slice(), &win)
+                .on("max_pool2d")?;
+            Ok(vec![Some(tensor_of(&dev, gx, dtype, &xshape))])
+        },
+    ))
+}
+
+/// 2-D average pooling; padding counts as zeros in the average (as on the CPU).
+pub(crate) fn avg_pool2d(x: &Tensor, p: Pool2dParams) -> Result<Tensor> {
+    let (dev, _) = parts(x)?;
+    let dtype = x.dtype();
+    let win = pool_window(x, p);
+    let (oh, ow) = win.out_hw().on("avg_pool2d")?;
+    let shape = [win.n, win.c, oh, ow];
+    let xv = contig(x)?;
+    let y = alloc(&dev, shape.iter().product(), dtype)?;
+    kc::avgpool2d_forward(&dev, xv.slice(), y.as_slice(), &win, true).on("avg_pool2d")?;
+    let xshape = x.shape().to_vec();
+    Ok(output(
+        storage_of(&dev, y, dtype),
+        &shape,
+        "avg_pool2d",
+        &[x],
+        move |g, _| {
+            let gv = contig_as(g, dtype)?;
+            let gx = alloc(&dev, xshape.iter().product(), dtype)?;
+            kc::avgpool2d_backward(&dev, gv.slice(), gx.as_slice(), &win, true).on("avg_pool2d")?;
+            Ok(vec![Some(tensor_of(&dev, gx, dtype, &xshape))])
+        },
+    ))
+}

@@ -1,0 +1,102 @@
+//! Reductions over one dimension on the device: sum, max, min and argmax of a tensor viewed as
+//! [outer, n, inner] — the last-dim kernels when inner = 1, the middle-dim ones otherwise. Float
+//! sums accumulate in f32 in a fixed order (deterministic). Integer reductions run on the host.
+
+use sinter_cuda::ops::reduce::{self as kr, ArgReduce};
+
+use super::{alloc, contig, parts, storage_of, to_host, upload_storage, OnOp};
+use crate::op::ReduceOp;
+use crate::storage::Storage;
+use crate::{DType, Result, Tensor};
+
+/// Reduces dimension `dim` of `x` (kept as size 1). Returns the output storage and shape.
+pub(crate) fn reduce_dim(x: &Tensor, dim: usize, op: ReduceOp) -> Result<(Storage, Vec<usize>)> {
+    let shape = x.shape();
+    let (outer, n, inner) = (
+        shape[..dim].iter().product::<usize>(),
+        shape[dim],
+        shape[dim + 1..].iter().product::<usize>(),
+    );
+    let mut out_shape = shape.to_vec();
+    out_shape[dim] = 1;
+    if !x.dtype().is_float() {
+        let h = to_host(x)?;
+        let d = dim as isize;
+        let r = match op {
+            ReduceOp::Sum => h.sum(&[d], true)?,
+            ReduceOp::Max => h.max(d, true)?,
+            ReduceOp::Min => h.min(d, true)?,
+            ReduceOp::ArgMax => h.argmax(d, true)?,
+        };
+        return Ok((upload_storage(&r, super::ordinal_of(x)?)?, out_shape));
+    }
+    let (dev, _) = parts(x)?;
+    let d = x.dtype();
+    let m = outer * inner;
+    if n == 0 {
+        // Only a sum reaches here with an empty dimension (the caller rejects the rest).
+        return Ok((
+            storage_of(&dev, super::alloc_zeros(&dev, m, d)?, d),
+            out_shape,
+        ));
+    }
+    let xv = contig(x)?;
+    let xs = xv.slice();
+    let name = match op {
+        ReduceOp::Sum => "sum",
+        ReduceOp::Max => "max",
+        ReduceOp::Min => "min",
+        ReduceOp::ArgMax => "argmax",
+    };
+    let out = alloc(&dev, m, d)?;
+    let which = if op == ReduceOp::Min {
+        ArgReduce::Min
+    } else {
+        ArgReduce::Max
+    };
+    match op {
+        ReduceOp::Sum => {
+            if inner == 1 {
+                kr::sum_last(&dev, xs, out.as_slice(), outer, n, 1.0).on(name)?;
+            } else {
+                kr::sum_mid(&dev, xs, out.as_slice(), outer, n, inner, 1.0).on(name)?;
+            }
+        }
+        ReduceOp::Max | ReduceOp::Min => {
+            if inner == 1 {
+                kr::arg_last(&dev, which, xs, out.as_slice(), None, outer, n).on(name)?;
+            } else {
+                kr::arg_mid(&dev, which, xs, out.as_slice(), None, outer, n, inner).on(name)?;
+            }
+        }
+        ReduceOp::ArgMax => {
+            let idx = alloc(&dev, m, DType::I64)?;
+            if inner == 1 {
+                kr::arg_last(
+                    &dev,
+                    which,
+                    xs,
+                    out.as_slice(),
+                    Some(idx.as_slice()),
+                    outer,
+                    n,
+                )
+                .on(name)?;
+            } else {
+                kr::arg_mid(
+                    &dev,
+                    which,
+                    xs,
+                    out.as_slice(),
+                    Some(idx.as_slice()),
+                    outer,
+                    n,
+                    inner,
+                )
+                .on(name)?;
+            }
+            return Ok((storage_of(&dev, idx, DType::I64), out_shape));
+        }
+    }
+    Ok((storage_of(&dev, out, d), out_shape))
+}

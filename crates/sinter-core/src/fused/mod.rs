@@ -1,0 +1,41 @@
+//! Fused kernels for the Transformer fast path. Each op computes in one pass what the
+//! composite Tensor ops would compute in several, keeps only what its backward needs, and is
+//! tested against that composite (same forward values, same input gradients, within f32
+//! rounding): flash attention, residual add + LayerNorm, bias + GELU, and the global gradient
+//! norm. (Softmax + cross-entropy and AdamW are already fused: `Tensor::cross_entropy`,
+//! `Tensor::adamw_step`.)
+
+pub mod attention;
+pub mod bias_gelu;
+pub mod grad_norm;
+pub mod residual_layer_norm;
+
+pub use attention::{attention, attention_reference};
+pub use bias_gelu::{bias_gelu, bias_gelu_reference};
+pub use grad_norm::global_grad_norm;
+pub use residual_layer_norm::{residual_layer_norm, residual_layer_norm_reference};
+
+use crate::{Error, Result, Tensor};
+
+/// The row-major f32 values of a tensor (borrowed when it already is contiguous f32).
+pub(crate) fn f32_values(t: &Tensor) -> Vec<f32> {
+    t.storage().cpu().f32_contiguous(t.layout()).into_owned()
+}
+
+pub(crate) fn same_shape(op: &'static str, a: &Tensor, b: &Tensor) -> Result<()> {
+    if a.shape() != b.shape() {
+        return Err(Error::ShapeMismatch {
+            op,
+            lhs: a.shape().to_vec(),
+            rhs: b.shape().to_vec(),
+        });
+    }
+    Ok(())
+}
+
+pub(crate) fn float_input(op: &'static str, t: &Tensor) -> Result<()> {
+    if !t.dtype().is_float() {
+        crate::bail!("{op}: needs float tensors, got {}", t.dtype());
+    }
+    Ok(())
+}
