@@ -34,7 +34,8 @@
 //! Every reader detects gzip by its magic bytes (not by the file name) and validates
 //! headers, magic numbers, sizes and label ranges; bad input gives a [`DataError`] naming the
 //! file and saying what to do, never a panic. [`write_tokens`] writes an llm.c token file
-//! atomically.
+//! atomically; [`Gpt2Tokenizer`] (GPT-2's BPE, tiktoken's `r50k_base`, offline) turns text
+//! into the `u16` ids such files hold.
 //!
 //! Language-model datasets ([`LmDataset`]) have two window modes ([`Windows`]): `Sliding`
 //! (example `i` is `tokens[i..i+T]` → `tokens[i+1..i+T+1]`, length `n − T`, so shuffled
@@ -87,6 +88,7 @@ mod mnist;
 pub mod rng;
 mod spec;
 mod text;
+mod tokenizer;
 mod tokens;
 
 pub use cifar::{cifar10, Cifar10Dataset, CIFAR10_MEAN, CIFAR10_STD};
@@ -96,6 +98,7 @@ pub use loader::{DataLoader, LoaderPosition};
 pub use mnist::{mnist, MnistDataset, MNIST_MEAN, MNIST_STD};
 pub use spec::{open, DataKind, DataSpec, OpenOptions};
 pub use text::{shakespeare, text, LmDataset, Windows, TEXT_VOCAB_SIZE};
+pub use tokenizer::Gpt2Tokenizer;
 pub use tokens::{
     read_tokens, tokens, write_tokens, GPT2_VOCAB_SIZE, TOKENS_MAGIC, TOKENS_VERSION,
 };

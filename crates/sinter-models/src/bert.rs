@@ -1,0 +1,715 @@
+//! BERT with its masked-language-model head (Hugging Face's `BertForMaskedLM`): word +
+//! position + token-type embeddings → LayerNorm → post-norm encoder layers (bidirectional
+//! attention with an optional padding mask, exact-GELU feed-forward) → MLM head (dense, GELU,
+//! LayerNorm, a decoder tied to the word embeddings, and a bias).
+//!
+//! Tensors are named like Hugging Face's (`bert.embeddings.word_embeddings.weight`,
+//! `bert.encoder.layer.0.attention.self.query.weight`, `cls.predictions.bias`, …), so weights
+//! can be exchanged by name; the tied decoder weight is not listed separately (it *is*
+//! `bert.embeddings.word_embeddings.weight`). Linear weights are `[out, in]` as in PyTorch.
+//!
+//! The trainer's registry does not build BERT: masked-LM training needs the masking step
+//! ([`mask_tokens`]) and a loss over masked positions ([`Bert::mlm_loss`]), which the
+//! `Task`-driven training loop does not have yet. Use it directly (benchmarks, tests).
+
+use sinter_core::{bail, DType, Device, Result, Rng, Tensor};
+use sinter_nn::init;
+use sinter_nn::module::{join, NamedTensor, TensorKind};
+use sinter_nn::{Dropout, Embedding, LayerNorm, Linear, Module, SharedRng};
+
+/// Label of positions the MLM loss ignores (PyTorch's and Hugging Face's convention).
+pub const IGNORE_INDEX: i64 = -100;
+
+/// Special-token ids of the `bert-base-uncased` WordPiece vocabulary.
+pub mod special {
+    pub const PAD: i64 = 0;
+    pub const UNK: i64 = 100;
+    pub const CLS: i64 = 101;
+    pub const SEP: i64 = 102;
+    pub const MASK: i64 = 103;
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct BertConfig {
+    pub vocab_size: usize,
+    pub hidden: usize,
+    pub n_layer: usize,
+    pub n_head: usize,
+    /// Width of the feed-forward layer (4 × hidden in the published models).
+    pub intermediate: usize,
+    pub max_position: usize,
+    pub type_vocab_size: usize,
+    /// Dropout after the embeddings, on the attention probabilities and on each sub-layer's
+    /// output (BERT: 0.1).
+    pub dropout: f32,
+    pub layer_norm_eps: f32,
+}
+
+impl BertConfig {
+    /// `bert-tiny` (2 layers, 2 heads, 128 wide: trainable on a CPU) or `bert-base`
+    /// (12 layers, 12 heads, 768 wide, 3072 FFN: 109,514,298 parameters with the MLM head).
+    pub fn preset(name: &str) -> Option<BertConfig> {
+        let base = BertConfig {
+            vocab_size: 30522,
+            hidden: 768,
+            n_layer: 12,
+            n_head: 12,
+            intermediate: 3072,
+            max_position: 512,
+            type_vocab_size: 2,
+            dropout: 0.1,
+            layer_norm_eps: 1e-12,
+        };
+        match name {
+            "bert-tiny" => Some(BertConfig {
+                hidden: 128,
+                n_layer: 2,
+                n_head: 2,
+                intermediate: 512,
+                ..base
+            }),
+            "bert-base" => Some(base),
+            _ => None,
+        }
+    }
+
+    /// Parameters of `BertForMaskedLM` with this config (decoder tied, so counted once).
+    pub fn num_parameters(&self) -> usize {
+        let (h, f, v) = (self.hidden, self.intermediate, self.vocab_size);
+        let embeddings = (v + self.max_position + self.type_vocab_size) * h + 2 * h;
+        let layer = 4 * (h * h + h) + 2 * h + (h * f + f) + (f * h + h) + 2 * h;
+        let head = (h * h + h) + 2 * h + v;
+        embeddings + self.n_layer * layer + head
+    }
+}
+
+/// BERT's initialisation: weights N(0, 0.02²), biases zero.
+fn linear(inp: usize, out: usize, rng: &mut Rng) -> Result<Linear> {
+    Ok(Linear::from_weights(
+        init::normal(&[out, inp], 0.02, rng)?,
+        Some(init::zeros(&[out])?),
+    ))
+}
+
+fn layer_norm(n: usize, eps: f32) -> Result<LayerNorm> {
+    let mut ln = LayerNorm::new(n)?;
+    ln.eps = eps;
+    Ok(ln)
+}
+
+fn param(prefix: &str, name: &str, t: &Tensor, out: &mut Vec<NamedTensor>) {
+    out.push(NamedTensor {
+        name: join(prefix, name),
+        tensor: t.clone(),
+        kind: TensorKind::Parameter,
+    });
+}
+
+pub struct BertEmbeddings {
+    pub word_embeddings: Embedding,
+    pub position_embeddings: Embedding,
+    pub token_type_embeddings: Embedding,
+    pub layer_norm: LayerNorm,
+    pub dropout: Dropout,
+}
+
+impl BertEmbeddings {
+    /// ids [b, t] (i64), token types [b, t] (i64, default all 0) → [b, t, hidden].
+    pub fn forward(&self, ids: &Tensor, token_types: Option<&Tensor>) -> Result<Tensor> {
+        let t = ids.shape()[1];
+        let pos = Tensor::arange(0.0, t as f64, 1.0, DType::I64, Device::Cpu)?;
+        let mut x = self
+            .word_embeddings
+            .forward(ids)?
+            .add(&self.position_embeddings.forward(&pos)?)?;
+        x = match token_types {
+            Some(tt) => x.add(&self.token_type_embeddings.forward(tt)?)?,
+            // All type 0: add row 0 (broadcast), no lookup.
+            None => x.add(&self.token_type_embeddings.weight.narrow(0, 0, 1)?)?,
+        };
+        self.dropout.forward(&self.layer_norm.forward(&x)?)
+    }
+}
+
+impl Module for BertEmbeddings {
+    fn forward(&self, ids: &Tensor) -> Result<Tensor> {
+        BertEmbeddings::forward(self, ids, None)
+    }
+    fn collect(&self, prefix: &str, out: &mut Vec<NamedTensor>) {
+        self.word_embeddings
+            .collect(&join(prefix, "word_embeddings"), out);
+        self.position_embeddings
+            .collect(&join(prefix, "position_embeddings"), out);
+        self.token_type_embeddings
+            .collect(&join(prefix, "token_type_embeddings"), out);
+        self.layer_norm.collect(&join(prefix, "LayerNorm"), out);
+    }
+    fn set_training(&self, training: bool) {
+        self.dropout.set_training(training);
+    }
+}
+
+/// Multi-head self-attention over the whole sequence (no causal mask).
+pub struct BertSelfAttention {
+    pub query: Linear,
+    pub key: Linear,
+    pub value: Linear,
+    pub n_head: usize,
+    pub dropout: Dropout,
+}
+
+impl BertSelfAttention {
+    /// x [b, t, c]; `pad` [b, 1, 1, t] is non-zero at keys that must not be attended to.
+    pub fn forward(&self, x: &Tensor, pad: Option<&Tensor>) -> Result<Tensor> {
+        let (b, t, c) = (x.shape()[0], x.shape()[1], x.shape()[2]);
+        let hd = c / self.n_head;
+        let heads = |l: &Linear| -> Result<Tensor> {
+            l.forward(x)?
+                .reshape(&[b, t, self.n_head, hd])?
+                .transpose(1, 2)
+        };
+        // Scale q rather than the [t, t] scores: fewer multiplications, same result.
+        let q = heads(&self.query)?.mul_scalar(1.0 / (hd as f32).sqrt())?;
+        let (k, v) = (heads(&self.key)?, heads(&self.value)?);
+        let mut scores = q.matmul(&k.t()?)?; // [b, h, t, t]
+        if let Some(m) = pad {
+            // The most negative finite value: a fully padded row softmaxes to uniform, not NaN.
+            let fill = if scores.dtype() == DType::F32 {
+                f32::MIN
+            } else {
+                -65504.0
+            };
+            scores = scores.masked_fill(m, fill)?;
+        }
+        let att = self.dropout.forward(&scores.softmax(-1)?)?;
+        att.matmul(&v)?.transpose(1, 2)?.reshape(&[b, t, c])
+    }
+}
+
+/// One post-norm encoder layer: LN(x + attn(x)), then LN(x + FFN(x)).
+pub struct BertLayer {
+    pub attention: BertSelfAttention,
+    pub attention_output: Linear,
+    pub attention_norm: LayerNorm,
+    pub intermediate: Linear,
+    pub output: Linear,
+    pub output_norm: LayerNorm,
+    pub dropout: Dropout,
+}
+
+impl BertLayer {
+    fn new(c: &BertConfig, rng: &mut Rng, drop_rng: &SharedRng) -> Result<Self> {
+        let (h, f) = (c.hidden, c.intermediate);
+        Ok(BertLayer {
+            attention: BertSelfAttention {
+                query: linear(h, h, rng)?,
+                key: linear(h, h, rng)?,
+                value: linear(h, h, rng)?,
+                n_head: c.n_head,
+                dropout: Dropout::new(c.dropout, drop_rng.clone()),
+            },
+            attention_output: linear(h, h, rng)?,
+            attention_norm: layer_norm(h, c.layer_norm_eps)?,
+            intermediate: linear(h, f, rng)?,
+            output: linear(f, h, rng)?,
+            output_norm: layer_norm(h, c.layer_norm_eps)?,
+            dropout: Dropout::new(c.dropout, drop_rng.clone()),
+        })
+    }
+
+    pub fn forward(&self, x: &Tensor, pad: Option<&Tensor>) -> Result<Tensor> {
+        let a = self.attention.forward(x, pad)?;
+        let x = self.attention_norm.forward(
+            &self
+                .dropout
+                .forward(&self.attention_output.forward(&a)?)?
+                .add(x)?,
+        )?;
+        let h = self.intermediate.forward(&x)?.gelu_erf()?;
+        self.output_norm
+            .forward(&self.dropout.forward(&self.output.forward(&h)?)?.add(&x)?)
+    }
+}
+
+impl Module for BertLayer {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        BertLayer::forward(self, x, None)
+    }
+    fn collect(&self, prefix: &str, out: &mut Vec<NamedTensor>) {
+        let a = join(prefix, "attention");
+        self.attention.query.collect(&join(&a, "self.query"), out);
+        self.attention.key.collect(&join(&a, "self.key"), out);
+        self.attention.value.collect(&join(&a, "self.value"), out);
+        self.attention_output
+            .collect(&join(&a, "output.dense"), out);
+        self.attention_norm
+            .collect(&join(&a, "output.LayerNorm"), out);
+        self.intermediate
+            .collect(&join(prefix, "intermediate.dense"), out);
+        self.output.collect(&join(prefix, "output.dense"), out);
+        self.output_norm
+            .collect(&join(prefix, "output.LayerNorm"), out);
+    }
+    fn set_training(&self, training: bool) {
+        self.attention.dropout.set_training(training);
+        self.dropout.set_training(training);
+    }
+}
+
+/// `BertForMaskedLM`: the encoder and the MLM head.
+pub struct Bert {
+    pub config: BertConfig,
+    pub embeddings: BertEmbeddings,
+    pub layers: Vec<BertLayer>,
+    /// `cls.predictions.transform.dense`.
+    pub head_dense: Linear,
+    /// `cls.predictions.transform.LayerNorm`.
+    pub head_norm: LayerNorm,
+    /// `cls.predictions.bias` (the decoder's bias; its weight is the word embedding).
+    pub head_bias: Tensor,
+}
+
+impl Bert {
+    pub fn new(config: BertConfig, rng: &mut Rng, drop_rng: &SharedRng) -> Result<Self> {
+        let c = &config;
+        if c.n_head == 0 || !c.hidden.is_multiple_of(c.n_head) {
+            bail!(
+                "bert: hidden width {} does not split into {} heads",
+                c.hidden,
+                c.n_head
+            );
+        }
+        if c.type_vocab_size == 0 || c.max_position == 0 || c.vocab_size == 0 {
+            bail!("bert: vocabulary, positions and token types must all be at least 1 (got {c:?})");
+        }
+        let embeddings = BertEmbeddings {
+            word_embeddings: Embedding::new(c.vocab_size, c.hidden, 0.02, rng)?,
+            position_embeddings: Embedding::new(c.max_position, c.hidden, 0.02, rng)?,
+            token_type_embeddings: Embedding::new(c.type_vocab_size, c.hidden, 0.02, rng)?,
+            layer_norm: layer_norm(c.hidden, c.layer_norm_eps)?,
+            dropout: Dropout::new(c.dropout, drop_rng.clone()),
+        };
+        let layers = (0..c.n_layer)
+            .map(|_| BertLayer::new(c, rng, drop_rng))
+            .collect::<Result<_>>()?;
+        Ok(Bert {
+            embeddings,
+            layers,
+            head_dense: linear(c.hidden, c.hidden, rng)?,
+            head_norm: layer_norm(c.hidden, c.layer_norm_eps)?,
+            head_bias: init::zeros(&[c.vocab_size])?,
+            config,
+        })
+    }
+
+    fn check_inputs(
+        &self,
+        ids: &Tensor,
+        token_types: Option<&Tensor>,
+        attention_mask: Option<&Tensor>,
+    ) -> Result<()> {
+        if ids.rank() != 2 || ids.dtype() != DType::I64 {
+            bail!(
+                "bert: expected i64 token ids [batch, time], got {:?} {}",
+                ids.shape(),
+                ids.dtype()
+            );
+        }
+        let t = ids.shape()[1];
+        if t > self.config.max_position {
+            bail!(
+                "bert: sequence of {t} tokens is longer than the {} positions",
+                self.config.max_position
+            );
+        }
+        if let Some(tt) = token_types {
+            if tt.shape() != ids.shape() || tt.dtype() != DType::I64 {
+                bail!(
+                    "bert: token types must be i64 {:?} like the ids, got {:?} {}",
+                    ids.shape(),
+                    tt.shape(),
+                    tt.dtype()
+                );
+            }
+        }
+        if let Some(m) = attention_mask {
+            if m.shape() != ids.shape() {
+                bail!(
+                    "bert: the attention mask must have the ids' shape {:?}, got {:?}",
+                    ids.shape(),
+                    m.shape()
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// The last hidden states [b, t, hidden]. `token_types` [b, t] (i64) defaults to all 0;
+    /// `attention_mask` [b, t] (any dtype) is 1 at real tokens and 0 at padding, which no
+    /// position attends to (Hugging Face's convention).
+    pub fn encode(
+        &self,
+        ids: &Tensor,
+        token_types: Option<&Tensor>,
+        attention_mask: Option<&Tensor>,
+    ) -> Result<Tensor> {
+        self.check_inputs(ids, token_types, attention_mask)?;
+        let pad = match attention_mask {
+            Some(m) => {
+                let (b, t) = (ids.shape()[0], ids.shape()[1]);
+                let v: Vec<f32> = m
+                    .to_vec_f64()?
+                    .iter()
+                    .map(|&x| (x == 0.0) as u8 as f32)
+                    .collect();
+                Some(Tensor::from_vec(v, &[b, 1, 1, t], Device::Cpu)?)
+            }
+            None => None,
+        };
+        let mut x = self.embeddings.forward(ids, token_types)?;
+        for l in &self.layers {
+            x = l.forward(&x, pad.as_ref())?;
+        }
+        Ok(x)
+    }
+
+    /// MLM logits [.., vocab] of hidden states [.., hidden].
+    pub fn mlm_logits(&self, hidden: &Tensor) -> Result<Tensor> {
+        let h = self
+            .head_norm
+            .forward(&self.head_dense.forward(hidden)?.gelu_erf()?)?;
+        let c = self.config.hidden;
+        let lead = &h.shape()[..h.rank() - 1];
+        let rows: usize = lead.iter().product();
+        let logits = h
+            .reshape(&[rows, c])?
+            .matmul(&self.embeddings.word_embeddings.weight.t()?)?
+            .add(&self.head_bias)?;
+        let mut shape = lead.to_vec();
+        shape.push(self.config.vocab_size);
+        logits.reshape(&shape)
+    }
+
+    /// Logits [b, t, vocab] at every position.
+    pub fn forward_with(
+        &self,
+        ids: &Tensor,
+        token_types: Option<&Tensor>,
+        attention_mask: Option<&Tensor>,
+    ) -> Result<Tensor> {
+        self.mlm_logits(&self.encode(ids, token_types, attention_mask)?)
+    }
+
+    /// Mean cross-entropy over the masked positions only: `labels` [b, t] (i64) hold the
+    /// original token where the input was masked and [`IGNORE_INDEX`] elsewhere. The head
+    /// runs only on the masked positions (the same value as `cross_entropy` of all logits
+    /// with `ignore_index = -100`, for about 15% of the head's cost). With no masked
+    /// position the loss is 0 (and so are the gradients).
+    pub fn mlm_loss(
+        &self,
+        ids: &Tensor,
+        labels: &Tensor,
+        token_types: Option<&Tensor>,
+        attention_mask: Option<&Tensor>,
+    ) -> Result<Tensor> {
+        if labels.shape() != ids.shape() || labels.dtype() != DType::I64 {
+            bail!(
+                "bert: labels must be i64 {:?} like the ids, got {:?} {}",
+                ids.shape(),
+                labels.shape(),
+                labels.dtype()
+            );
+        }
+        let hidden = self.encode(ids, token_types, attention_mask)?;
+        let lv = labels.to_vec_i64()?;
+        let (rows, targets): (Vec<i64>, Vec<i64>) = lv
+            .iter()
+            .enumerate()
+            .filter(|(_, &l)| l != IGNORE_INDEX)
+            .map(|(i, &l)| (i as i64, l))
+            .unzip();
+        if rows.is_empty() {
+            return hidden.sum_all()?.mul_scalar(0.0);
+        }
+        if let Some(&bad) = targets
+            .iter()
+            .find(|&&l| l < 0 || l as usize >= self.config.vocab_size)
+        {
+            bail!("bert: label {bad} is neither {IGNORE_INDEX} nor a token below the vocabulary size {}", self.config.vocab_size);
+        }
+        let n = rows.len();
+        let c = self.config.hidden;
+        let picked = hidden
+            .reshape(&[ids.numel(), c])?
+            .index_select(0, &Tensor::from_vec(rows, &[n], Device::Cpu)?)?;
+        self.mlm_logits(&picked)?
+            .cross_entropy(&Tensor::from_vec(targets, &[n], Device::Cpu)?, IGNORE_INDEX)
+    }
+}
+
+impl Module for Bert {
+    /// ids [b, t] (i64) → MLM logits [b, t, vocab], token type 0, no padding.
+    fn forward(&self, ids: &Tensor) -> Result<Tensor> {
+        self.forward_with(ids, None, None)
+    }
+    fn collect(&self, prefix: &str, out: &mut Vec<NamedTensor>) {
+        self.embeddings
+            .collect(&join(prefix, "bert.embeddings"), out);
+        for (i, l) in self.layers.iter().enumerate() {
+            l.collect(&join(prefix, &format!("bert.encoder.layer.{i}")), out);
+        }
+        self.head_dense
+            .collect(&join(prefix, "cls.predictions.transform.dense"), out);
+        self.head_norm
+            .collect(&join(prefix, "cls.predictions.transform.LayerNorm"), out);
+        param(prefix, "cls.predictions.bias", &self.head_bias, out);
+    }
+    fn set_training(&self, training: bool) {
+        self.embeddings.set_training(training);
+        self.layers.iter().for_each(|l| l.set_training(training));
+    }
+}
+
+/// How [`mask_tokens`] corrupts its input (BERT's recipe by default).
+#[derive(Clone, Debug, PartialEq)]
+pub struct MlmMasking {
+    /// Probability that a (non-special) token is selected for prediction: 0.15.
+    pub mask_prob: f64,
+    /// Of the selected tokens, the share replaced by `mask_token` (0.8); of the rest, half
+    /// become a random token and half stay as they are.
+    pub replace_prob: f64,
+    pub mask_token: i64,
+    /// Random replacements are drawn uniformly from `0..vocab_size`.
+    pub vocab_size: usize,
+    /// Never selected ([CLS], [SEP], [PAD]).
+    pub special_tokens: Vec<i64>,
+}
+
+impl MlmMasking {
+    /// BERT's recipe for the `bert-base-uncased` vocabulary ([MASK] = 103; [PAD], [CLS] and
+    /// [SEP] are never masked).
+    pub fn bert(vocab_size: usize) -> Self {
+        MlmMasking {
+            mask_prob: 0.15,
+            replace_prob: 0.8,
+            mask_token: special::MASK,
+            vocab_size,
+            special_tokens: vec![special::PAD, special::CLS, special::SEP],
+        }
+    }
+}
+
+/// BERT's masking: each non-special token is selected with probability `mask_prob`; a
+/// selected token becomes `mask_token` with probability 0.8, a uniformly random token with
+/// 0.1, and stays with 0.1. Returns (inputs, labels): labels hold the original token at
+/// selected positions and [`IGNORE_INDEX`] elsewhere. Deterministic given `rng`.
+pub fn mask_tokens(ids: &[i64], m: &MlmMasking, rng: &mut Rng) -> (Vec<i64>, Vec<i64>) {
+    let mut inputs = ids.to_vec();
+    let mut labels = vec![IGNORE_INDEX; ids.len()];
+    for (i, &id) in ids.iter().enumerate() {
+        if m.special_tokens.contains(&id) || rng.next_f64() >= m.mask_prob {
+            continue;
+        }
+        labels[i] = id;
+        let r = rng.next_f64();
+        if r < m.replace_prob {
+            inputs[i] = m.mask_token;
+        } else if r < m.replace_prob + (1.0 - m.replace_prob) / 2.0 {
+            inputs[i] = rng.below(m.vocab_size as u64) as i64;
+        }
+    }
+    (inputs, labels)
+}
+
+/// [`mask_tokens`] on an i64 tensor of any shape: (inputs, labels) of the same shape.
+pub fn mask_batch(ids: &Tensor, m: &MlmMasking, rng: &mut Rng) -> Result<(Tensor, Tensor)> {
+    if ids.dtype() != DType::I64 {
+        bail!("mask_batch: expected i64 token ids, got {}", ids.dtype());
+    }
+    let (inputs, labels) = mask_tokens(&ids.to_vec_i64()?, m, rng);
+    Ok((
+        Tensor::from_vec(inputs, ids.shape(), Device::Cpu)?,
+        Tensor::from_vec(labels, ids.shape(), Device::Cpu)?,
+    ))
+}
+
+// ---- Hugging Face weights --------------------------------------------------------------------
+
+/// The sinter name of a tensor in a Hugging Face BERT checkpoint (TF-era `LayerNorm.gamma` /
+/// `.beta` become `.weight` / `.bias`), or `None` for entries the MLM model does not use:
+/// the `position_ids` buffer, the pooler, the next-sentence head, and the tied decoder
+/// (`cls.predictions.decoder.*`, which must then equal the word embedding / the bias).
+fn from_hf_bert_name(name: &str) -> Option<String> {
+    let skip = [
+        "bert.embeddings.position_ids",
+        "bert.pooler.",
+        "cls.seq_relationship.",
+        "cls.predictions.decoder.",
+    ];
+    if skip.iter().any(|s| name.starts_with(s)) {
+        return None;
+    }
+    let n = name
+        .strip_suffix(".gamma")
+        .map(|s| format!("{s}.weight"))
+        .or_else(|| name.strip_suffix(".beta").map(|s| format!("{s}.bias")));
+    Some(n.unwrap_or_else(|| name.to_string()))
+}
+
+/// Loads a Hugging Face `BertForMaskedLM` / `BertForPreTraining` safetensors file into
+/// `model`. Names match one to one; every tensor's shape is checked (errors name the tensor
+/// and both shapes), nothing may be missing, a decoder weight must equal the word embedding
+/// (the head is tied), and the model changes only if everything fits.
+pub fn load_hf_bert(path: impl AsRef<std::path::Path>, model: &Bert) -> Result<()> {
+    use safetensors::tensor::{Dtype, SafeTensors};
+    use sinter_core::Error;
+    let path = path.as_ref();
+    let bytes = std::fs::read(path)
+        .map_err(|e| Error::Msg(format!("cannot read BERT weights {}: {e}", path.display())))?;
+    let st = SafeTensors::deserialize(&bytes).map_err(|e| {
+        Error::Msg(format!(
+            "{} is not a valid safetensors file: {e}",
+            path.display()
+        ))
+    })?;
+    let read = |name: &str| -> Result<Tensor> {
+        let v = st
+            .tensor(name)
+            .map_err(|e| Error::Msg(format!("{name}: {e}")))?;
+        let dtype = match v.dtype() {
+            Dtype::F32 => DType::F32,
+            Dtype::F16 => DType::F16,
+            Dtype::BF16 => DType::BF16,
+            other => {
+                bail!("tensor {name} has dtype {other:?}; BERT weights must be F32, F16 or BF16")
+            }
+        };
+        Tensor::from_le_bytes(v.data(), dtype, v.shape(), Device::Cpu)
+    };
+    let mut file = std::collections::BTreeMap::new();
+    for name in st.names() {
+        if let Some(ours) = from_hf_bert_name(name) {
+            file.insert(ours, name.clone());
+        }
+    }
+    let mut problems = Vec::new();
+    let mut plan = Vec::new();
+    for nt in model.named_tensors() {
+        let Some(hf) = file.remove(&nt.name) else {
+            problems.push(format!("{} is missing", nt.name));
+            continue;
+        };
+        let shape = st
+            .tensor(&hf)
+            .map(|v| v.shape().to_vec())
+            .unwrap_or_default();
+        if shape != nt.tensor.shape() {
+            problems.push(format!(
+                "{hf} has shape {shape:?} in the file but the model needs {:?}",
+                nt.tensor.shape()
+            ));
+            continue;
+        }
+        plan.push((nt.tensor.clone(), read(&hf)?));
+    }
+    if st
+        .names()
+        .iter()
+        .any(|n| n.as_str() == "cls.predictions.decoder.weight")
+    {
+        let dec = read("cls.predictions.decoder.weight")?;
+        let word = &model.embeddings.word_embeddings.weight;
+        let same = match plan.iter().find(|(dst, _)| dst.shares_storage_with(word)) {
+            Some((_, src)) => {
+                src.shape() == dec.shape() && src.to_vec_f32()? == dec.to_vec_f32()?
+            }
+            None => true, // already reported missing
+        };
+        if !same {
+            problems.push("cls.predictions.decoder.weight differs from the word embedding; sinter's BERT ties them".into());
+        }
+    }
+    if !file.is_empty() {
+        problems.push(format!(
+            "unexpected tensors {} (does the config match? model: {} layers)",
+            file.values()
+                .take(8)
+                .cloned()
+                .collect::<Vec<_>>()
+                .join(", "),
+            model.config.n_layer
+        ));
+    }
+    if !problems.is_empty() {
+        bail!(
+            "loading {}: the BERT weights do not fit the model: {}",
+            path.display(),
+            problems.join("; ")
+        );
+    }
+    for (dst, src) in plan {
+        dst.assign(&src)?;
+    }
+    Ok(())
+}
+
+/// Saves `model` under Hugging Face's `BertForMaskedLM` names (the tied decoder omitted, as
+/// `save_pretrained` does) with the metadata `format = pt`, atomically.
+pub fn save_hf_bert(model: &Bert, path: impl AsRef<std::path::Path>) -> Result<()> {
+    use safetensors::tensor::{Dtype, TensorView};
+    use sinter_core::Error;
+    let path = path.as_ref();
+    let mut owned = Vec::new();
+    for nt in model.named_tensors() {
+        let dtype = match nt.tensor.dtype() {
+            DType::F32 => Dtype::F32,
+            DType::F16 => Dtype::F16,
+            DType::BF16 => Dtype::BF16,
+            DType::I64 => Dtype::I64,
+        };
+        owned.push((
+            nt.name,
+            dtype,
+            nt.tensor.shape().to_vec(),
+            nt.tensor.to_le_bytes()?,
+        ));
+    }
+    let views: Vec<(String, TensorView)> = owned
+        .iter()
+        .map(|(n, d, s, b)| {
+            Ok((
+                n.clone(),
+                TensorView::new(*d, s.clone(), b)
+                    .map_err(|e| Error::Msg(format!("tensor {n}: {e}")))?,
+            ))
+        })
+        .collect::<Result<_>>()?;
+    let md = std::collections::HashMap::from([("format".to_string(), "pt".to_string())]);
+    let bytes = safetensors::serialize(views, &Some(md))
+        .map_err(|e| Error::Msg(format!("cannot serialise BERT weights: {e}")))?;
+    let dir = path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(std::path::Path::new("."));
+    let tmp = dir.join(format!(
+        ".{}.tmp-{}",
+        path.file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or("model.safetensors"),
+        std::process::id()
+    ));
+    let werr = |p: &std::path::Path, e: std::io::Error| {
+        Error::Msg(format!("cannot write {}: {e}", p.display()))
+    };
+    let result = (|| -> Result<()> {
+        use std::io::Write;
+        let mut f = std::fs::File::create(&tmp).map_err(|e| werr(&tmp, e))?;
+        f.write_all(&bytes).map_err(|e| werr(&tmp, e))?;
+        f.sync_all().map_err(|e| werr(&tmp, e))?;
+        std::fs::rename(&tmp, path).map_err(|e| werr(path, e))
+    })();
+    if result.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    result
+}
