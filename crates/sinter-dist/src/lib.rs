@@ -11,20 +11,32 @@
 //! * [`launch`]: the library behind `sinter launch`.
 //! * [`scaling`]: analytic scaling model and ZeRO memory accounting.
 //! * [`mod@bench`]: host all-reduce bandwidth.
+//! * [`data_parallel`]: data parallelism with bucketed gradient all-reduce overlapped with
+//!   backward, and gradient accumulation without communication.
+//! * [`zero`]: ZeRO stage 1/2 as an [`sinter_nn::Optimizer`] whose state is gathered into full
+//!   tensors; [`checkpoint_layout`]: the flat sharded layout and its mapping to and from full
+//!   tensors (checkpoints independent of world size).
 
 pub mod bench;
+pub mod checkpoint_layout;
 pub mod comm;
+pub mod data_parallel;
 pub mod error;
 pub mod host;
 pub mod launch;
+pub mod pipeline;
 pub mod rendezvous;
 pub mod scaling;
 pub mod store;
+pub mod tensor_parallel;
+pub mod zero;
 
+pub use checkpoint_layout::FlatLayout;
 pub use comm::{
     default_timeout, mesh_2d, mesh_2d_groups, AsyncCommunicator, Communicator, Mesh2d, ReduceOp,
     Work, DEFAULT_TIMEOUT, TIMEOUT_ENV,
 };
+pub use data_parallel::{DataParallel, SharedComm, StepTrace, DEFAULT_BUCKET_MB};
 pub use error::{DistError, ExitKind, OpContext, Result};
 pub use host::{
     run_on_threads, HostCommunicator, TcpCommunicator, TcpOptions, ThreadCommunicator, ThreadGroup,
@@ -32,3 +44,4 @@ pub use host::{
 pub use launch::{LaunchOptions, LaunchReport, LaunchSpec};
 pub use rendezvous::{init, init_from_env, DistEnv, EnvSource};
 pub use store::{StoreClient, StoreServer};
+pub use zero::{ShardedAlgo, ZeroMemory, ZeroOptimizer, ZeroOptions};

@@ -29,6 +29,12 @@ pub struct ConfigFile {
     pub log_interval: Option<u64>,
     pub checkpoint_interval: Option<u64>,
     pub out: Option<PathBuf>,
+    /// ZeRO stage for data-parallel runs: 0 (off), 1 or 2.
+    pub zero: Option<u8>,
+    /// Gradient bucket size of data parallel / ZeRO, MiB.
+    pub bucket_mb: Option<f64>,
+    /// Micro-batches per optimizer step (gradient accumulation).
+    pub grad_accum: Option<u64>,
 }
 
 impl ConfigFile {
@@ -41,7 +47,7 @@ impl ConfigFile {
         macro_rules! take {
             ($($f:ident),*) => { $( if over.$f.is_some() { self.$f = over.$f.clone(); } )* };
         }
-        take!(model, data, epochs, steps, batch_size, lr, optimizer, momentum, weight_decay, schedule, grad_clip, context, seed, device, eval_interval, eval_batches, log_interval, checkpoint_interval, out);
+        take!(model, data, epochs, steps, batch_size, lr, optimizer, momentum, weight_decay, schedule, grad_clip, context, seed, device, eval_interval, eval_batches, log_interval, checkpoint_interval, out, zero, bucket_mb, grad_accum);
         self
     }
 }
@@ -68,6 +74,50 @@ pub struct TrainConfig {
     pub eval_batches: usize,
     pub log_interval: u64,
     pub checkpoint_interval: u64,
+    /// ZeRO stage (0: plain data parallel or a single process).
+    #[serde(default)]
+    pub zero: u8,
+    /// Gradient bucket size, MiB.
+    #[serde(default = "default_bucket_mb")]
+    pub bucket_mb: f64,
+    /// Micro-batches per optimizer step; `batch_size` is per micro-batch and per rank.
+    #[serde(default = "one")]
+    pub grad_accum: u64,
+    /// Data-parallel ranks this run was trained with (checkpoints record it, so a run
+    /// resumed on another world size keeps the global batch).
+    #[serde(default = "one_rank")]
+    pub world_size: usize,
+}
+
+fn default_bucket_mb() -> f64 {
+    sinter_dist::DEFAULT_BUCKET_MB
+}
+fn one() -> u64 {
+    1
+}
+fn one_rank() -> usize {
+    1
+}
+
+impl TrainConfig {
+    /// Checks the distributed settings (also for configs read back from checkpoints).
+    pub fn check_parallel(&self) -> Result<()> {
+        if self.zero > 2 {
+            bail!("--zero must be 0, 1 or 2, got {}", self.zero);
+        }
+        if self.grad_accum == 0 {
+            bail!("--grad-accum must be at least 1");
+        }
+        if !(self.bucket_mb.is_finite() && self.bucket_mb > 0.0) {
+            bail!("--bucket-mb must be a positive number of MiB, got {}", self.bucket_mb);
+        }
+        Ok(())
+    }
+
+    /// Samples per optimizer step over all ranks.
+    pub fn global_batch(&self) -> usize {
+        self.batch_size * self.world_size * self.grad_accum as usize
+    }
 }
 
 pub const OPTIMIZERS: &[&str] = &["adamw", "sgd"];
@@ -82,7 +132,7 @@ pub fn defaults_for(model: &str) -> ConfigFile {
         epochs: if gpt { None } else { Some(if model == "resnet18" { 5 } else { 30 }) },
         steps: if gpt { Some(2000) } else { None },
         batch_size: Some(if gpt { 12 } else { 64 }),
-        lr: Some(if gpt { 2e-3 } else { 2e-3 }),
+        lr: Some(2e-3),
         optimizer: Some("adamw".into()),
         momentum: Some(0.9),
         weight_decay: Some(if gpt { 0.1 } else { 1e-4 }),
@@ -96,6 +146,9 @@ pub fn defaults_for(model: &str) -> ConfigFile {
         log_interval: Some(if gpt { 10 } else { 5 }),
         checkpoint_interval: Some(if gpt { 500 } else { 0 }),
         out: None,
+        zero: Some(0),
+        bucket_mb: Some(sinter_dist::DEFAULT_BUCKET_MB),
+        grad_accum: Some(1),
     }
 }
 
@@ -132,7 +185,7 @@ impl TrainConfig {
             (None, Some(e)) => (0, Some(e)),
             (None, None) => (c.steps.unwrap_or(0), c.epochs),
         };
-        Ok(TrainConfig {
+        let c = TrainConfig {
             model,
             data: c.data.clone().expect("default"),
             steps,
@@ -151,7 +204,13 @@ impl TrainConfig {
             eval_batches: c.eval_batches.expect("default"),
             log_interval: c.log_interval.expect("default").max(1),
             checkpoint_interval: c.checkpoint_interval.expect("default"),
-        })
+            zero: c.zero.expect("default"),
+            bucket_mb: c.bucket_mb.expect("default"),
+            grad_accum: c.grad_accum.expect("default"),
+            world_size: 1,
+        };
+        c.check_parallel()?;
+        Ok(c)
     }
 }
 
@@ -169,5 +228,16 @@ mod tests {
         let t = TrainConfig::resolve(&ConfigFile { model: Some("gpt-tiny".into()), ..Default::default() }).unwrap();
         assert_eq!((t.steps, t.data.as_str()), (2000, "shakespeare"));
         assert!(toml::from_str::<ConfigFile>("lr = 1.0\nbogus = 2").is_err());
+        let d = TrainConfig::resolve(&toml::from_str::<ConfigFile>("zero = 2\ngrad_accum = 4\nbucket_mb = 1.5").unwrap()).unwrap();
+        assert_eq!((d.zero, d.grad_accum, d.bucket_mb, d.world_size), (2, 4, 1.5, 1));
+        assert!(TrainConfig::resolve(&ConfigFile { zero: Some(3), ..Default::default() }).is_err());
+        assert!(TrainConfig::resolve(&ConfigFile { grad_accum: Some(0), ..Default::default() }).is_err());
+        // Checkpoints written before these keys existed still read back.
+        let mut old = serde_json::to_value(&t).unwrap();
+        for k in ["zero", "bucket_mb", "grad_accum", "world_size"] {
+            old.as_object_mut().unwrap().remove(k);
+        }
+        let back: TrainConfig = serde_json::from_value(old).unwrap();
+        assert_eq!((back.zero, back.grad_accum, back.world_size), (0, 1, 1));
     }
 }

@@ -2,7 +2,9 @@
 
 mod checkpoint;
 mod config;
+mod dist_cmd;
 mod metrics;
+mod tokenize_cmd;
 mod train;
 
 use std::path::PathBuf;
@@ -23,7 +25,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Train a model (with no flags: the CNN on the bundled handwritten digits).
-    Train(TrainArgs),
+    Train(Box<TrainArgs>),
     /// Evaluate a checkpoint on its validation data.
     Eval {
         /// Run directory (or checkpoint file) written by `train --out`.
@@ -34,6 +36,15 @@ enum Command {
     Generate(GenerateArgs),
     /// Version, devices, threads and dtypes.
     Info,
+    /// Start N ranks of a sinter command on this node: `sinter launch --nproc-per-node 4 -- train …`.
+    Launch(dist_cmd::LaunchArgs),
+    /// Benchmarks: `bench scaling` (analytic scaling model), `bench allreduce` (host bandwidth).
+    Bench {
+        #[command(subcommand)]
+        which: dist_cmd::BenchCmd,
+    },
+    /// Turn a text file into GPT-2 token files (<name>_train.bin, <name>_val.bin) for tokens:DIR.
+    Tokenize(tokenize_cmd::TokenizeArgs),
 }
 
 #[derive(Args, Default)]
@@ -96,6 +107,18 @@ struct TrainArgs {
     /// Stop after this step (checkpointing it); `--resume DIR` continues the same run.
     #[arg(long)]
     stop_at_step: Option<u64>,
+    /// Data parallel (on by itself when WORLD_SIZE > 1, e.g. under `sinter launch`).
+    #[arg(long)]
+    dp: bool,
+    /// ZeRO stage 1 (optimizer state sharded) or 2 (gradients too); implies --dp.
+    #[arg(long)]
+    zero: Option<u8>,
+    /// Gradient bucket size in MiB for data parallel / ZeRO (default 25).
+    #[arg(long)]
+    bucket_mb: Option<f64>,
+    /// Accumulate gradients over N micro-batches per step (only the last one communicates).
+    #[arg(long)]
+    grad_accum: Option<u64>,
     /// No progress bar or summaries.
     #[arg(long, short)]
     quiet: bool,
@@ -123,6 +146,9 @@ impl TrainArgs {
             log_interval: self.log_interval,
             checkpoint_interval: self.checkpoint_interval,
             out: self.out.clone(),
+            zero: self.zero,
+            bucket_mb: self.bucket_mb,
+            grad_accum: self.grad_accum,
         }
     }
 }
@@ -163,6 +189,13 @@ fn train_config(a: &TrainArgs) -> Result<(TrainConfig, Option<PathBuf>)> {
         if let Some(e) = layered.epochs {
             c.epochs = Some(e);
         }
+        // How the step is distributed may change on resume; what it computes may not.
+        c.zero = layered.zero.unwrap_or(c.zero);
+        c.bucket_mb = layered.bucket_mb.unwrap_or(c.bucket_mb);
+        if let Some(g) = layered.grad_accum.filter(|&g| g != saved.grad_accum) {
+            bail!("--grad-accum {g} differs from the checkpoint's {}; a resumed run keeps its global batch", saved.grad_accum);
+        }
+        c.check_parallel()?;
         for (given, what) in [(layered.model.as_ref(), "model"), (layered.data.as_ref(), "data")] {
             if let Some(v) = given {
                 let saved_v = if what == "model" { &saved.model } else { &saved.data };
@@ -191,7 +224,7 @@ fn run() -> Result<()> {
     match cli.command {
         Command::Train(a) => {
             let (config, out) = train_config(&a)?;
-            train::run(config, &train::TrainOptions { out, resume: a.resume.clone(), quiet: a.quiet, stop_at_step: a.stop_at_step })?;
+            train::run(config, &train::TrainOptions { out, resume: a.resume.clone(), quiet: a.quiet, stop_at_step: a.stop_at_step, dp: a.dp })?;
         }
         Command::Eval { checkpoint } => {
             let (s, step) = train::load_for_inference(&checkpoint)?;
@@ -217,6 +250,9 @@ fn run() -> Result<()> {
             println!("{}", String::from_utf8_lossy(&bytes));
         }
         Command::Info => cmd_info(),
+        Command::Launch(a) => dist_cmd::launch(&a)?,
+        Command::Bench { which } => dist_cmd::bench(&which)?,
+        Command::Tokenize(a) => tokenize_cmd::run(&a)?,
     }
     Ok(())
 }

@@ -1,5 +1,8 @@
 //! The training loop: data → model → loss → backward → clip → optimizer, with evaluation,
-//! metrics, checkpoints and exact resume.
+//! metrics, checkpoints and exact resume; data parallel (bucketed all-reduce overlapped with
+//! backward) or ZeRO-1/2 across the ranks of a launched job, with gradient accumulation.
+//! Only rank 0 evaluates and writes files; checkpoints hold full tensors, so a run resumes
+//! on any number of ranks (the global batch is kept).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -11,8 +14,10 @@ use serde_json::json;
 use sinter_core::{no_grad, Device, Rng, Tensor};
 use sinter_data::{DataKind, DataLoader, DataSpec, Dataset, HostArray, HostData, LoaderPosition, OpenOptions, Split, Windows};
 use sinter_models::{DataShape, Task};
+use sinter_dist::data_parallel::{broadcast_tensors, bucket_bytes, shared};
+use sinter_dist::{DataParallel, ReduceOp, ShardedAlgo, SharedComm, TcpOptions, ZeroOptimizer, ZeroOptions};
 use sinter_nn::module::shared_rng;
-use sinter_nn::{clip_grad_norm, AdamW, LrSchedule, Module, Optimizer, SharedRng, Sgd};
+use sinter_nn::{clip_grad_norm, AdamW, LrSchedule, Module, Optimizer, SharedRng, Sgd, TensorKind};
 
 use crate::checkpoint::{self, Meta};
 use crate::config::TrainConfig;
@@ -136,38 +141,145 @@ pub struct TrainOptions {
     /// Stop (evaluating and checkpointing) after this step, for time-boxed jobs; `--resume`
     /// continues the same run later.
     pub stop_at_step: Option<u64>,
+    /// Data parallel even in a single process (it is on by itself when the launcher's
+    /// environment says WORLD_SIZE > 1, and with `--zero`).
+    pub dp: bool,
 }
 
-
-fn save_checkpoint(dir: &Path, s: &Setup, opt: &dyn Optimizer, step: u64, loader: &DataLoader) -> Result<()> {
+fn save_checkpoint(dir: &Path, s: &Setup, optim_state: &[(String, Tensor)], optimizer_steps: u64, step: u64, loader: &DataLoader) -> Result<()> {
     let named: Vec<(String, Tensor)> = s.model.named_tensors().into_iter().map(|t| (t.name, t.tensor)).collect();
     let meta = Meta {
         step,
-        optimizer_steps: opt.steps(),
+        optimizer_steps,
         rng: s.rng.state(),
         dropout_rng: s.dropout_rng.lock().unwrap_or_else(|e| e.into_inner()).state(),
         loader: loader.position().to_u64s(),
         config: s.config.clone(),
     };
-    checkpoint::save(dir, &named, &opt.state(), &meta)
+    checkpoint::save(dir, &named, optim_state, &meta)
+}
+
+/// This process's place in a data-parallel job.
+struct Dist {
+    rank: usize,
+    world: usize,
+    comm: SharedComm,
+}
+
+/// The optimizer: an ordinary one (single process or data parallel), or ZeRO.
+enum Opt {
+    Plain(Box<dyn Optimizer>),
+    Zero(Box<ZeroOptimizer>),
+}
+
+impl Opt {
+    fn get(&self) -> &dyn Optimizer {
+        match self {
+            Opt::Plain(o) => o.as_ref(),
+            Opt::Zero(z) => z.as_ref(),
+        }
+    }
+    fn get_mut(&mut self) -> &mut dyn Optimizer {
+        match self {
+            Opt::Plain(o) => o.as_mut(),
+            Opt::Zero(z) => z.as_mut(),
+        }
+    }
+    /// The full optimizer state: a collective under ZeRO (every rank calls it).
+    fn state(&self) -> Result<Vec<(String, Tensor)>> {
+        match self {
+            Opt::Plain(o) => Ok(o.state()),
+            Opt::Zero(z) => z.try_state().context("gathering the sharded optimizer state for the checkpoint"),
+        }
+    }
+}
+
+fn zero_algo(c: &TrainConfig) -> ShardedAlgo {
+    match c.optimizer.as_str() {
+        "sgd" => ShardedAlgo::Sgd { momentum: c.momentum, nesterov: c.momentum > 0.0, weight_decay: c.weight_decay },
+        _ => ShardedAlgo::adamw(c.weight_decay),
+    }
+}
+
+/// True for errors that another rank's failure causes here (a lost connection or a
+/// collective that timed out), as opposed to a failure of this rank.
+fn is_peer_failure(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| {
+        let m = c.to_string();
+        m.contains("connection to rank") || m.contains("timed out after") || m.contains("has shut down")
+    })
 }
 
 pub fn run(config: TrainConfig, opts: &TrainOptions) -> Result<serde_json::Value> {
+    let r = run_inner(config, opts);
+    if let Err(e) = &r {
+        if is_peer_failure(e) && sinter_dist::rendezvous::from_env().is_ok_and(|env| env.world_size > 1) {
+            // Another rank failed first: give the launcher a moment to see (and name) that
+            // rank before this secondary failure reaches it.
+            std::thread::sleep(std::time::Duration::from_secs(1));
+        }
+    }
+    r
+}
+
+fn run_inner(mut config: TrainConfig, opts: &TrainOptions) -> Result<serde_json::Value> {
     let device = resolve_device(&config.device)?;
-    if config.device == "auto" && !opts.quiet {
+    config.check_parallel()?;
+    let env = sinter_dist::rendezvous::from_env().context("reading the distributed environment (RANK, WORLD_SIZE, …)")?;
+    let dist = if opts.dp || config.zero > 0 || env.world_size > 1 {
+        let comm = sinter_dist::init(&env, &TcpOptions::default()).with_context(|| format!("rank {} of {} could not join the data-parallel group", env.rank, env.world_size))?;
+        Some(Dist { rank: env.rank, world: env.world_size, comm: shared(comm) })
+    } else {
+        None
+    };
+    let (rank, world) = dist.as_ref().map_or((0, 1), |d| (d.rank, d.world));
+    // Only rank 0 writes files and talks.
+    let writer = rank == 0;
+    let quiet = opts.quiet || !writer;
+    if config.device == "auto" && !quiet {
         eprintln!("device auto: using the CPU ({} threads); no CUDA backend in tensor storage yet", rayon::current_num_threads());
     }
     let resumed = match &opts.resume {
         Some(dir) => Some(checkpoint::load(dir)?),
         None => None,
     };
+    if resumed.is_some() && config.world_size != world {
+        // Keep the global batch: the data order, and so the run, stays the same.
+        let global = config.batch_size * config.world_size;
+        if !global.is_multiple_of(world) {
+            bail!("the checkpoint was trained on {} rank(s) at batch {} per rank (global batch {global}), which {world} ranks cannot split evenly; use a number of ranks that divides {global}", config.world_size, config.batch_size);
+        }
+        if !quiet {
+            eprintln!("resharding: the checkpoint was trained on {} rank(s) at batch {} per rank; continuing on {world} rank(s) at batch {} (global batch {global} unchanged)", config.world_size, config.batch_size, global / world);
+        }
+        config.batch_size = global / world;
+    }
+    config.world_size = world;
     let mut s = setup(config)?;
     let params = s.model.parameters();
-    let mut opt = make_optimizer(&s.config, params.clone())?;
-    let mut loader = DataLoader::new(s.train.clone(), s.config.batch_size, true, true, s.config.seed);
-    let per_epoch = loader.batches_per_epoch();
+    let accum = s.config.grad_accum;
+    let bucket = bucket_bytes(s.config.bucket_mb);
+    let (mut opt, mut dp) = match &dist {
+        Some(d) if s.config.zero > 0 => {
+            let zo = ZeroOptions { stage: s.config.zero, bucket_bytes: bucket, grad_clip: s.config.grad_clip };
+            (Opt::Zero(Box::new(ZeroOptimizer::new(d.comm.clone(), params.clone(), s.config.lr, zero_algo(&s.config), zo)?)), None)
+        }
+        Some(d) => (Opt::Plain(make_optimizer(&s.config, params.clone())?), Some(DataParallel::new(d.comm.clone(), params.clone(), bucket)?)),
+        None => (Opt::Plain(make_optimizer(&s.config, params.clone())?), None),
+    };
+    if let Some(d) = &dist {
+        // Parameters were broadcast from rank 0 above; buffers (BatchNorm statistics) too.
+        let buffers: Vec<Tensor> = s.model.named_tensors().into_iter().filter(|t| t.kind == TensorKind::Buffer && t.tensor.dtype().is_float()).map(|t| t.tensor).collect();
+        broadcast_tensors(&d.comm, &buffers, 0)?;
+    }
+    let mut loader = DataLoader::new(s.train.clone(), s.config.batch_size, true, true, s.config.seed).with_shard(rank, world);
+    let batches = loader.batches_per_epoch();
+    if batches == 0 {
+        bail!("data '{}' has {} training examples, fewer than one batch of {} per rank on {world} rank(s); lower --batch-size", s.config.data, s.train.len(), s.config.batch_size);
+    }
+    let per_epoch = batches / accum;
     if per_epoch == 0 {
-        bail!("data '{}' has {} training examples, fewer than one batch of {}; lower --batch-size", s.config.data, s.train.len(), s.config.batch_size);
+        bail!("an epoch has {batches} batches per rank, fewer than --grad-accum {accum}; lower --grad-accum or --batch-size");
     }
     if let Some(e) = s.config.epochs {
         s.config.steps = e * per_epoch;
@@ -180,7 +292,7 @@ pub fn run(config: TrainConfig, opts: &TrainOptions) -> Result<serde_json::Value
     if let Some(l) = &resumed {
         let named: Vec<(String, Tensor)> = s.model.named_tensors().into_iter().map(|t| (t.name, t.tensor)).collect();
         checkpoint::restore_model(&l.tensors, &named)?;
-        opt.load_state(l.meta.optimizer_steps, &checkpoint::optimizer_state(&l.tensors))?;
+        opt.get_mut().load_state(l.meta.optimizer_steps, &checkpoint::optimizer_state(&l.tensors))?;
         s.rng = Rng::from_state(l.meta.rng);
         *s.dropout_rng.lock().unwrap_or_else(|e| e.into_inner()) = Rng::from_state(l.meta.dropout_rng);
         loader = loader.with_position(LoaderPosition::from_u64s(l.meta.loader));
@@ -194,18 +306,26 @@ pub fn run(config: TrainConfig, opts: &TrainOptions) -> Result<serde_json::Value
         bail!("--stop-at-step {end} is not after the checkpoint's step {start}");
     }
     let schedule = LrSchedule::parse(&s.config.schedule, total).expect("validated schedule");
-    let mut log = match &opts.out {
+    let out_dir = if writer { opts.out.clone() } else { None };
+    let mut log = match &out_dir {
         Some(d) => Some(MetricsLog::open(d, resumed.as_ref().map(|l| l.meta.step))?),
         None => None,
     };
     let lm = s.task == Task::LanguageModel;
     let per_sample = if lm { s.config.context } else { 1 };
     let unit = if lm { "tok/s" } else { "samples/s" };
-    let bar = if opts.quiet { ProgressBar::hidden() } else { ProgressBar::new(total) };
+    let global_batch = s.config.global_batch();
+    let bar = if quiet { ProgressBar::hidden() } else { ProgressBar::new(total) };
     bar.set_style(ProgressStyle::with_template("{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} {msg} ETA {eta}").expect("valid template"));
     bar.set_position(start);
-    if !opts.quiet {
-        eprintln!("training {} ({} parameters) on {} ({} examples, {} per epoch at batch {}) for {} steps on {device}", s.config.model, s.model.num_parameters(), s.config.data, s.train.len(), per_epoch, s.config.batch_size, total);
+    if !quiet {
+        let how = match (&dist, s.config.zero) {
+            (None, _) => String::new(),
+            (Some(_), 0) => format!(" on {world} data-parallel rank(s)"),
+            (Some(_), z) => format!(" on {world} data-parallel rank(s) with ZeRO-{z}"),
+        };
+        let batch = if global_batch == s.config.batch_size { format!("batch {}", s.config.batch_size) } else { format!("batch {} per rank × {world} rank(s) × {accum} micro-step(s) = {global_batch}", s.config.batch_size) };
+        eprintln!("training {} ({} parameters) on {} ({} examples, {} steps per epoch at {batch}) for {} steps on {device}{how}", s.config.model, s.model.num_parameters(), s.config.data, s.train.len(), per_epoch, total);
     }
 
     let t0 = Instant::now();
@@ -215,64 +335,95 @@ pub fn run(config: TrainConfig, opts: &TrainOptions) -> Result<serde_json::Value
     let mut rate = 0.0;
     let eval_every = if s.config.eval_interval > 0 { s.config.eval_interval } else { per_epoch };
     let ckpt_every = if s.config.checkpoint_interval > 0 { s.config.checkpoint_interval } else { per_epoch };
+    let nan_stop = |lv: f64, step: u64, lr: f64| -> anyhow::Error {
+        bar.abandon();
+        let keep = match &opts.out {
+            Some(d) if checkpoint::path_in(d).exists() => format!("the last good checkpoint is kept in {}", d.display()),
+            _ => "no checkpoint was written".to_string(),
+        };
+        anyhow!("the training loss became {lv} at step {step} (lr {lr:.3e}); stopping. Lower --lr or add gradient clipping; {keep}")
+    };
     for step in start..end {
-        opt.set_lr(schedule.lr_at(s.config.lr, step));
-        let b = loader.next_batch()?;
-        let (x, y) = (to_tensor(&b.inputs)?.to_device(device)?, to_tensor(&b.targets)?.to_device(device)?);
-        let (loss, _) = batch_loss(s.model.as_ref(), s.task, &x, &y)?;
-        let lv = loss.to_scalar_f32()? as f64;
-        if !lv.is_finite() {
-            bar.abandon();
-            let keep = match &opts.out {
-                Some(d) if checkpoint::path_in(d).exists() => format!("the last good checkpoint is kept in {}", d.display()),
-                _ => "no checkpoint was written".to_string(),
-            };
-            bail!("the training loss became {lv} at step {step} (lr {:.3e}); stopping. Lower --lr or add gradient clipping; {keep}", opt.lr());
+        opt.get_mut().set_lr(schedule.lr_at(s.config.lr, step));
+        let mut loss_sum = 0f64;
+        for micro in 0..accum {
+            let b = loader.next_batch()?;
+            let (x, y) = (to_tensor(&b.inputs)?.to_device(device)?, to_tensor(&b.targets)?.to_device(device)?);
+            let (loss, _) = batch_loss(s.model.as_ref(), s.task, &x, &y)?;
+            let lv = loss.to_scalar_f32()? as f64;
+            // A single process stops before backward; ranks decide together below.
+            if dist.is_none() && !lv.is_finite() {
+                return Err(nan_stop(lv, step, opt.get().lr()));
+            }
+            loss_sum += lv;
+            let loss = if accum > 1 { loss.mul_scalar(1.0 / accum as f32)? } else { loss };
+            // Only the last micro-step communicates.
+            let sync = micro + 1 == accum;
+            match (&mut opt, &mut dp) {
+                (Opt::Zero(z), _) => z.backward_with(&loss, sync)?,
+                (_, Some(dp)) => dp.backward_with(&loss, sync)?,
+                _ => loss.backward()?,
+            }
         }
-        loss.backward()?;
-        if let Some(c) = s.config.grad_clip {
+        let mut lv = loss_sum / accum as f64;
+        if let Some(d) = &dist {
+            // The mean loss over every rank's batch (all ranks see the same value, so a
+            // non-finite loss anywhere stops every rank, before the update).
+            lv = d.comm.all_reduce(vec![lv as f32], ReduceOp::Avg).wait().context("all-reducing the loss")?[0] as f64;
+            if !lv.is_finite() {
+                return Err(nan_stop(lv, step, opt.get().lr()));
+            }
+        }
+        if let (Some(c), Opt::Plain(_)) = (s.config.grad_clip, &opt) {
+            // ZeRO clips inside its step, where the gradient shards are.
             clip_grad_norm(&params, c)?;
         }
-        opt.step()?;
-        opt.zero_grad();
+        opt.get_mut().step()?;
+        opt.get().zero_grad();
         last_loss = lv;
         window_loss += lv;
         window_n += 1;
         let done = step + 1;
         if done % s.config.log_interval == 0 || done == end {
             let secs = window_start.elapsed().as_secs_f64().max(1e-9);
-            rate = (window_n as usize * s.config.batch_size * per_sample) as f64 / secs;
+            rate = (window_n as usize * global_batch * per_sample) as f64 / secs;
             let avg = window_loss / window_n as f64;
             bar.set_message(format!("loss {avg:.4} {rate:.0} {unit}"));
             if let Some(l) = log.as_mut() {
                 let key = if lm { "tokens_per_s" } else { "samples_per_s" };
-                l.log(&json!({"step": done, "epoch": step / per_epoch, "train_loss": avg, "lr": opt.lr(), key: rate, "elapsed_s": t0.elapsed().as_secs_f64()}))?;
+                l.log(&json!({"step": done, "epoch": step / per_epoch, "train_loss": avg, "lr": opt.get().lr(), key: rate, "elapsed_s": t0.elapsed().as_secs_f64()}))?;
             }
             window_loss = 0.0;
             window_n = 0;
             window_start = Instant::now();
         }
         bar.set_position(done);
-        if done % eval_every == 0 || done == end {
+        if writer && (done % eval_every == 0 || done == end) {
             let e = evaluate(&s, s.config.eval_batches)?;
             let acc = e.accuracy.map(|a| format!(", val accuracy {:.2}%", a * 100.0)).unwrap_or_default();
             let what = if s.config.eval_interval == 0 { format!("epoch {}", done / per_epoch) } else { format!("step {done}") };
-            bar.suspend(|| if !opts.quiet { eprintln!("{what}: train loss {last_loss:.4}, val loss {:.4}{acc}", e.loss) });
+            bar.suspend(|| if !quiet { eprintln!("{what}: train loss {last_loss:.4}, val loss {:.4}{acc}", e.loss) });
             if let Some(l) = log.as_mut() {
                 l.log(&json!({"step": done, "epoch": step / per_epoch, "val_loss": e.loss, "val_accuracy": e.accuracy}))?;
             }
             last_eval = Some(e);
         }
-        if let Some(d) = &opts.out {
-            if done % ckpt_every == 0 || done == end {
-                save_checkpoint(d, &s, opt.as_ref(), done, &loader)?;
+        if opts.out.is_some() && (done % ckpt_every == 0 || done == end) {
+            // Every rank takes part in gathering ZeRO's state; rank 0 writes.
+            let needs_state = writer || matches!(opt, Opt::Zero(_));
+            let state = if needs_state { opt.state()? } else { Vec::new() };
+            if let Some(d) = &out_dir {
+                save_checkpoint(d, &s, &state, opt.get().steps(), done, &loader)?;
             }
         }
     }
     bar.finish_and_clear();
     let wall = t0.elapsed().as_secs_f64();
+    if !writer {
+        return Ok(json!({"rank": rank, "world_size": world, "steps": end, "wall_time_s": wall}));
+    }
     let trained = (end - start) as f64;
-    let throughput = trained * (s.config.batch_size * per_sample) as f64 / wall.max(1e-9);
+    let throughput = trained * (global_batch * per_sample) as f64 / wall.max(1e-9);
     let e = last_eval.expect("the last step always evaluates");
     let mut summary = json!({
         "model": s.config.model, "data": s.config.data, "device": device.to_string(), "steps": end, "total_steps": total,
@@ -280,17 +431,24 @@ pub fn run(config: TrainConfig, opts: &TrainOptions) -> Result<serde_json::Value
         "wall_time_s": wall, "train_loss": last_loss, "val_loss": e.loss, "val_accuracy": e.accuracy,
         "val_examples": e.examples, "batch_size": s.config.batch_size, "lr": s.config.lr, "optimizer": s.config.optimizer,
         "seed": s.config.seed, "threads": rayon::current_num_threads(), "last_logged_rate": rate,
+        "world_size": world, "grad_accum": accum, "global_batch_size": global_batch, "zero": s.config.zero,
     });
     summary[if lm { "tokens_per_s" } else { "samples_per_s" }] = json!(throughput);
-    if let Some(d) = &opts.out {
+    if let Opt::Zero(z) = &opt {
+        summary["zero_memory"] = serde_json::to_value(z.memory())?;
+    }
+    if let Some(dp) = &dp {
+        summary["gradient_buckets"] = json!(dp.layout().buckets.len());
+    }
+    if let Some(d) = &out_dir {
         checkpoint::write_atomic(&d.join("summary.json"), serde_json::to_string_pretty(&summary)?.as_bytes())?;
         let l = log.take().expect("opened with out");
         plot_losses(l.path(), &d.join("loss.svg"), &format!("{} on {}", s.config.model, s.config.data)).context("drawing the loss plot")?;
     }
-    if !opts.quiet {
+    if !quiet {
         let acc = e.accuracy.map(|a| format!(", val accuracy {:.2}%", a * 100.0)).unwrap_or_default();
         eprintln!("done: step {end} of {total}; {} steps in {wall:.1} s ({throughput:.0} {unit}); val loss {:.4}{acc}", end - start, e.loss);
-        if let Some(d) = &opts.out {
+        if let Some(d) = &out_dir {
             eprintln!("wrote {}/{{metrics.jsonl, summary.json, loss.svg, {}}}", d.display(), checkpoint::FILE_NAME);
         }
     }

@@ -1,0 +1,848 @@
+//! Tensor parallelism (Megatron-LM style) for the GPT.
+//!
+//! Each rank of a tensor-parallel group holds a slice of every large matrix:
+//!
+//! * attention: `qkv` is column-parallel by heads (rank `r` holds the q, k and v rows of heads
+//!   `r·h/tp .. (r+1)·h/tp`), `proj` is row-parallel (the matching input columns);
+//! * MLP: `fc` is column-parallel (output rows), `proj` row-parallel (input columns);
+//! * the token embedding `wte` and the tied output head are vocabulary-parallel (rank `r`
+//!   holds rows `r·V/tp .. (r+1)·V/tp`), and the cross-entropy is computed without ever
+//!   gathering the full logits ([`vocab_parallel_cross_entropy`]).
+//!
+//! Layer norms, position embeddings and the biases of row-parallel layers are replicated;
+//! their gradients come out identical on every rank, so replicas never drift apart.
+//!
+//! Communication goes through Megatron's two conjugate operators, built as differentiable
+//! [`custom_op`]s: `f` ([`copy_to_tp_region`]: identity forward, all-reduce of the gradient
+//! backward) before each column-parallel layer and `g` ([`reduce_from_tp_region`]: all-reduce
+//! forward, identity backward) after each row-parallel layer. That is one all-reduce per
+//! sub-layer in forward and one in backward.
+//!
+//! [`TpGpt`] is built by slicing a full [`Gpt`] (or its named weights), and
+//! [`TpGpt::gather_weights`] / [`TpGpt::gather_grads`] put the shards back together under the
+//! standard names (`blocks.0.attn.qkv.weight`, …), so checkpoints do not depend on the layout.
+
+use std::collections::HashMap;
+use std::ops::Range;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use sinter_core::{bail, custom_op, DType, Device, Error, Result, Tensor};
+use sinter_models::{Gpt, GptConfig};
+use sinter_nn::attention::causal_mask;
+use sinter_nn::module::{join, NamedTensor, TensorKind};
+use sinter_nn::{Embedding, LayerNorm, Linear, Module};
+
+use crate::comm::{Communicator, ReduceOp};
+use crate::error::DistError;
+
+/// The ignore index of the trainer's cross-entropy (PyTorch's default).
+pub const IGNORE_INDEX: i64 = -100;
+
+/// A communicator shared with the backward closures of the collectives in the graph.
+pub type SharedComm = Arc<Mutex<Box<dyn Communicator>>>;
+
+/// Wraps a communicator so that differentiable collectives can hold it.
+pub fn shared_comm(comm: Box<dyn Communicator>) -> SharedComm {
+    Arc::new(Mutex::new(comm))
+}
+
+pub(crate) fn lock(c: &SharedComm) -> MutexGuard<'_, Box<dyn Communicator>> {
+    c.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A communication failure as a tensor-layer error (keeps the op/rank/peer message).
+pub(crate) fn comm_err(e: DistError) -> Error {
+    Error::Msg(e.to_string())
+}
+
+/// A fresh f32 variable (own storage) holding `data`.
+pub(crate) fn new_var(data: Vec<f32>, shape: &[usize]) -> Result<Tensor> {
+    Tensor::from_vec(data, shape, Device::Cpu)?.to_var()
+}
+
+pub(crate) fn f32_tensor(data: Vec<f32>, shape: &[usize]) -> Result<Tensor> {
+    Tensor::from_vec(data, shape, Device::Cpu)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Parameter layout of the GPT
+// ---------------------------------------------------------------------------------------------
+
+/// Names and shapes of the GPT's parameters, in the order `Gpt::parameters()` lists them.
+pub fn gpt_param_specs(cfg: &GptConfig) -> Vec<(String, Vec<usize>)> {
+    let c = cfg.n_embd;
+    let mut v = vec![
+        ("wte.weight".to_string(), vec![cfg.vocab_size, c]),
+        ("wpe.weight".to_string(), vec![cfg.block_size, c]),
+    ];
+    for i in 0..cfg.n_layer {
+        v.extend(block_param_specs(c, i));
+    }
+    v.push(("ln_f.weight".into(), vec![c]));
+    v.push(("ln_f.bias".into(), vec![c]));
+    v
+}
+
+/// Names and shapes of block `i`'s parameters.
+pub(crate) fn block_param_specs(c: usize, i: usize) -> Vec<(String, Vec<usize>)> {
+    let p = format!("blocks.{i}");
+    [
+        ("ln1.weight", vec![c]),
+        ("ln1.bias", vec![c]),
+        ("attn.qkv.weight", vec![3 * c, c]),
+        ("attn.qkv.bias", vec![3 * c]),
+        ("attn.proj.weight", vec![c, c]),
+        ("attn.proj.bias", vec![c]),
+        ("ln2.weight", vec![c]),
+        ("ln2.bias", vec![c]),
+        ("mlp.fc.weight", vec![4 * c, c]),
+        ("mlp.fc.bias", vec![4 * c]),
+        ("mlp.proj.weight", vec![c, 4 * c]),
+        ("mlp.proj.bias", vec![c]),
+    ]
+    .into_iter()
+    .map(|(n, s)| (join(&p, n), s))
+    .collect()
+}
+
+/// Looks up named weights, checking that every expected name is present with its shape.
+pub(crate) struct WeightSource<'a> {
+    map: HashMap<&'a str, &'a Tensor>,
+}
+
+impl<'a> WeightSource<'a> {
+    pub(crate) fn new(cfg: &GptConfig, weights: &'a [(String, Tensor)]) -> Result<Self> {
+        let map: HashMap<&str, &Tensor> = weights.iter().map(|(n, t)| (n.as_str(), t)).collect();
+        for (name, shape) in gpt_param_specs(cfg) {
+            match map.get(name.as_str()) {
+                None => bail!("GPT weights: {name} is missing"),
+                Some(t) if t.shape() != shape.as_slice() => {
+                    bail!(
+                        "GPT weights: {name} has shape {:?}, the config needs {shape:?}",
+                        t.shape()
+                    )
+                }
+                Some(_) => {}
+            }
+        }
+        Ok(WeightSource { map })
+    }
+    /// The values of `name` (f32, row-major).
+    pub(crate) fn data(&self, name: &str) -> Result<(Vec<f32>, Vec<usize>)> {
+        let t = self
+            .map
+            .get(name)
+            .ok_or_else(|| Error::Msg(format!("GPT weights: {name} is missing")))?;
+        Ok((t.to_dtype(DType::F32)?.to_vec_f32()?, t.shape().to_vec()))
+    }
+    /// A private copy of `name` as a new variable.
+    pub(crate) fn var(&self, name: &str) -> Result<Tensor> {
+        let (d, s) = self.data(name)?;
+        new_var(d, &s)
+    }
+}
+
+/// The parameters (name, tensor) of a full model, copied into fresh storage: a snapshot that
+/// later in-place optimizer updates of the model do not change.
+pub fn snapshot_parameters(model: &dyn Module) -> Result<Vec<(String, Tensor)>> {
+    model
+        .parameters()
+        .into_iter()
+        .map(|(n, t)| Ok((n, new_var(t.to_vec_f32()?, t.shape())?)))
+        .collect()
+}
+
+// ---------------------------------------------------------------------------------------------
+// Sharding of one tensor
+// ---------------------------------------------------------------------------------------------
+
+/// How a parameter is laid out across the tensor-parallel group.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Shard {
+    /// Every rank holds the whole tensor (layer norms, `wpe`, row-parallel biases).
+    Replicated,
+    /// Split along dimension 0 (column-parallel weights and biases, the vocabulary of `wte`).
+    Rows,
+    /// Split along dimension 1 (row-parallel weights: their input features).
+    Cols,
+    /// The fused q/k/v rows: each third is split along dimension 0 (heads stay whole).
+    QkvRows,
+}
+
+impl Shard {
+    /// The layout of the GPT parameter `name` under tensor parallelism.
+    pub fn of(name: &str) -> Shard {
+        let leaf = name
+            .rsplit_once("blocks.")
+            .map(|(_, r)| r.split_once('.').map_or(r, |(_, l)| l))
+            .unwrap_or(name);
+        match leaf {
+            "wte.weight" => Shard::Rows,
+            "attn.qkv.weight" | "attn.qkv.bias" => Shard::QkvRows,
+            "attn.proj.weight" | "mlp.proj.weight" => Shard::Cols,
+            "mlp.fc.weight" | "mlp.fc.bias" => Shard::Rows,
+            _ => Shard::Replicated,
+        }
+    }
+
+    /// The full tensor seen as `[a, tp, b]` (rank `r` holds `[a, r, b]`), or an error when the
+    /// shape does not split.
+    fn view(self, shape: &[usize], tp: usize) -> Result<(usize, usize)> {
+        let n: usize = shape.iter().product();
+        let bad = || {
+            Error::Msg(format!(
+                "tensor parallel: shape {shape:?} does not split into {tp} parts ({self:?})"
+            ))
+        };
+        match self {
+            Shard::Replicated => Ok((1, n)),
+            Shard::Rows => {
+                if shape.is_empty() || !shape[0].is_multiple_of(tp) {
+                    return Err(bad());
+                }
+                Ok((1, n / tp))
+            }
+            Shard::Cols => {
+                if shape.len() != 2 || !shape[1].is_multiple_of(tp) {
+                    return Err(bad());
+                }
+                Ok((shape[0], shape[1] / tp))
+            }
+            Shard::QkvRows => {
+                if shape.is_empty() || !shape[0].is_multiple_of(3 * tp) {
+                    return Err(bad());
+                }
+                Ok((3, n / (3 * tp)))
+            }
+        }
+    }
+
+    /// The shape of one rank's shard.
+    pub fn local_shape(self, shape: &[usize], tp: usize) -> Vec<usize> {
+        let mut s = shape.to_vec();
+        match self {
+            Shard::Replicated => {}
+            Shard::Rows | Shard::QkvRows => s[0] /= tp,
+            Shard::Cols => s[1] /= tp,
+        }
+        s
+    }
+
+    /// Rank `r`'s shard of the full values `full` of shape `shape`.
+    pub fn slice(self, full: &[f32], shape: &[usize], tp: usize, r: usize) -> Result<Vec<f32>> {
+        if self == Shard::Replicated {
+            return Ok(full.to_vec());
+        }
+        let (a, b) = self.view(shape, tp)?;
+        let mut out = Vec::with_capacity(a * b);
+        for i in 0..a {
+            let o = (i * tp + r) * b;
+            out.extend_from_slice(&full[o..o + b]);
+        }
+        Ok(out)
+    }
+
+    /// The full values from the rank-major concatenation of all shards (an all-gather).
+    pub fn unslice(self, gathered: &[f32], shape: &[usize], tp: usize) -> Result<Vec<f32>> {
+        let (a, b) = self.view(shape, tp)?;
+        let mut out = vec![0f32; a * tp * b];
+        for r in 0..tp {
+            for i in 0..a {
+                let src = (r * a + i) * b;
+                let dst = (i * tp + r) * b;
+                out[dst..dst + b].copy_from_slice(&gathered[src..src + b]);
+            }
+        }
+        Ok(out)
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Differentiable collectives
+// ---------------------------------------------------------------------------------------------
+
+fn all_reduce_tensor(t: &Tensor, comm: &SharedComm) -> Result<Tensor> {
+    let mut v = t.to_vec_f32()?;
+    lock(comm)
+        .all_reduce(&mut v, ReduceOp::Sum)
+        .map_err(comm_err)?;
+    f32_tensor(v, t.shape())
+}
+
+/// Megatron's `f`: identity in forward, all-reduce (sum) of the gradient in backward. Put it
+/// in front of a column-parallel layer whose input is replicated.
+pub fn copy_to_tp_region(x: &Tensor, comm: &SharedComm) -> Result<Tensor> {
+    if lock(comm).world_size() == 1 {
+        return Ok(x.clone());
+    }
+    let c = comm.clone();
+    Ok(custom_op(x, "tp_copy_to_region", &[x], move |g, _| {
+        Ok(vec![Some(all_reduce_tensor(g, &c)?)])
+    }))
+}
+
+/// Megatron's `g`: all-reduce (sum) in forward, identity in backward. Put it after a
+/// row-parallel layer to sum the partial products of all ranks.
+pub fn reduce_from_tp_region(x: &Tensor, comm: &SharedComm) -> Result<Tensor> {
+    if lock(comm).world_size() == 1 {
+        return Ok(x.clone());
+    }
+    let y = all_reduce_tensor(x, comm)?;
+    Ok(custom_op(&y, "tp_reduce_from_region", &[x], |g, _| {
+        Ok(vec![Some(g.clone())])
+    }))
+}
+
+/// Looks up `ids` (i64, any shape, values in `0..vocab_size`) in a vocabulary-parallel table:
+/// `table` holds rows `vocab_start .. vocab_start + table.rows` of the full table. Ids owned
+/// by other ranks give zeros here; an all-reduce sums the parts. Returns `[..ids, dim]`,
+/// identical on all ranks.
+pub fn vocab_parallel_embedding(
+    table: &Tensor,
+    vocab_start: usize,
+    vocab_size: usize,
+    ids: &Tensor,
+    comm: &SharedComm,
+) -> Result<Tensor> {
+    if table.rank() != 2 {
+        bail!(
+            "vocab_parallel_embedding: table must be [rows, dim], got {:?}",
+            table.shape()
+        );
+    }
+    let rows = table.shape()[0];
+    let idv = ids.to_vec_i64()?;
+    let mut local = Vec::with_capacity(idv.len());
+    let mut mask = Vec::with_capacity(idv.len());
+    for (i, &id) in idv.iter().enumerate() {
+        if id < 0 || id as usize >= vocab_size {
+            bail!("vocab_parallel_embedding: id {id} at position {i} is outside 0..{vocab_size}");
+        }
+        let u = id as usize;
+        if (vocab_start..vocab_start + rows).contains(&u) {
+            local.push((u - vocab_start) as i64);
+            mask.push(1f32);
+        } else {
+            local.push(0);
+            mask.push(0f32);
+        }
+    }
+    let part = table.embedding(&Tensor::from_vec(local, ids.shape(), Device::Cpu)?)?;
+    let mut mshape = ids.shape().to_vec();
+    mshape.push(1);
+    let part = part.mul(&f32_tensor(mask, &mshape)?)?;
+    reduce_from_tp_region(&part, comm)
+}
+
+/// Mean cross-entropy over rows of vocabulary-parallel logits: `logits` is `[n, V/tp]`,
+/// this rank's columns `vocab_start ..`, `targets` `[n]` i64 class indices in `0..vocab_size`
+/// (or `ignore_index`). The global row maximum and sum of exponentials come from collectives
+/// (an all-gather of `n` maxima, one all-reduce of `2n` values, which also carries the target
+/// logit from its owning rank); the backward needs no communication and never forms the full
+/// logits. Returns the same scalar on every rank.
+pub fn vocab_parallel_cross_entropy(
+    logits: &Tensor,
+    vocab_start: usize,
+    vocab_size: usize,
+    targets: &Tensor,
+    ignore_index: i64,
+    comm: &SharedComm,
+) -> Result<Tensor> {
+    if logits.rank() != 2 {
+        bail!(
+            "vocab_parallel_cross_entropy: logits must be [rows, vocab shard], got {:?}",
+            logits.shape()
+        );
+    }
+    let (n, vl) = (logits.shape()[0], logits.shape()[1]);
+    if targets.dtype() != DType::I64 || targets.shape() != [n] {
+        bail!(
+            "vocab_parallel_cross_entropy: targets must be i64 [{n}], got {:?} {}",
+            targets.shape(),
+            targets.dtype()
+        );
+    }
+    let tv = targets.to_vec_i64()?;
+    for (i, &t) in tv.iter().enumerate() {
+        if t != ignore_index && (t < 0 || t as usize >= vocab_size) {
+            bail!("vocab_parallel_cross_entropy: target {t} at position {i} is not a class index in 0..{vocab_size} (nor the ignore index {ignore_index})");
+        }
+    }
+    let lv = logits.to_dtype(DType::F32)?.to_vec_f32()?;
+    let row = |r: usize| &lv[r * vl..(r + 1) * vl];
+    let local_max: Vec<f32> = (0..n)
+        .map(|r| row(r).iter().copied().fold(f32::NEG_INFINITY, f32::max))
+        .collect();
+    let tp = lock(comm).world_size();
+    let max: Vec<f32> = if tp == 1 {
+        local_max
+    } else {
+        let mut all = vec![0f32; n * tp];
+        lock(comm)
+            .all_gather(&local_max, &mut all)
+            .map_err(comm_err)?;
+        (0..n)
+            .map(|r| {
+                (0..tp)
+                    .map(|k| all[k * n + r])
+                    .fold(f32::NEG_INFINITY, f32::max)
+            })
+            .collect()
+    };
+    // [sum of exp(l - max) over this shard ; target logit if owned here]
+    let owned =
+        move |t: i64| t != ignore_index && (vocab_start..vocab_start + vl).contains(&(t as usize));
+    let mut buf = vec![0f32; 2 * n];
+    for r in 0..n {
+        buf[r] = row(r).iter().map(|&v| (v - max[r]).exp()).sum();
+        if owned(tv[r]) {
+            buf[n + r] = row(r)[tv[r] as usize - vocab_start];
+        }
+    }
+    if tp > 1 {
+        lock(comm)
+            .all_reduce(&mut buf, ReduceOp::Sum)
+            .map_err(comm_err)?;
+    }
+    let lse: Vec<f32> = (0..n).map(|r| max[r] + buf[r].ln()).collect();
+    let mut total = 0f64;
+    let mut count = 0usize;
+    for r in 0..n {
+        if tv[r] != ignore_index {
+            total += (lse[r] - buf[n + r]) as f64;
+            count += 1;
+        }
+    }
+    let loss = if count == 0 {
+        0.0
+    } else {
+        (total / count as f64) as f32
+    };
+    let dtype = logits.dtype();
+    let shape = logits.shape().to_vec();
+    Ok(custom_op(
+        &Tensor::scalar(loss),
+        "vocab_parallel_cross_entropy",
+        &[logits],
+        move |g, _| {
+            let scale = g.to_scalar_f32()? / count.max(1) as f32;
+            let mut d = vec![0f32; n * vl];
+            for r in 0..n {
+                let t = tv[r];
+                if t == ignore_index {
+                    continue;
+                }
+                let o = &mut d[r * vl..(r + 1) * vl];
+                for (j, x) in o.iter_mut().enumerate() {
+                    *x = (lv[r * vl + j] - lse[r]).exp() * scale;
+                }
+                if owned(t) {
+                    o[t as usize - vocab_start] -= scale;
+                }
+            }
+            Ok(vec![Some(f32_tensor(d, &shape)?.to_dtype(dtype)?)])
+        },
+    ))
+}
+
+// ---------------------------------------------------------------------------------------------
+// The tensor-parallel GPT
+// ---------------------------------------------------------------------------------------------
+
+/// Checks that `cfg` can be split over `tp` ranks (heads, vocabulary; dropout must be 0).
+pub fn check_tp_config(cfg: &GptConfig, tp: usize) -> Result<()> {
+    if tp == 0 {
+        bail!("tensor parallel: the group size must be at least 1");
+    }
+    if cfg.n_head == 0 || !cfg.n_embd.is_multiple_of(cfg.n_head) {
+        bail!(
+            "tensor parallel: width {} does not split into {} heads",
+            cfg.n_embd,
+            cfg.n_head
+        );
+    }
+    if !cfg.n_head.is_multiple_of(tp) {
+        bail!("tensor parallel: {} attention heads do not split over {tp} ranks (n_head must be a multiple of tp)", cfg.n_head);
+    }
+    if !cfg.vocab_size.is_multiple_of(tp) {
+        bail!("tensor parallel: vocabulary of {} tokens does not split over {tp} ranks (pad vocab_size to a multiple of tp)", cfg.vocab_size);
+    }
+    if cfg.dropout != 0.0 {
+        bail!("tensor parallel: dropout {} is not supported (replicated dropout needs RNGs synchronised across the group); use dropout 0", cfg.dropout);
+    }
+    Ok(())
+}
+
+/// One Transformer block with its attention heads and MLP columns split across the group.
+pub struct TpBlock {
+    pub ln1: LayerNorm,
+    /// Column-parallel by heads: `[3·c/tp, c]`, this rank's q, then k, then v rows.
+    pub qkv: Linear,
+    /// Row-parallel `[c, c/tp]` (no bias: it is added once after the all-reduce).
+    pub attn_proj: Linear,
+    pub attn_proj_bias: Tensor,
+    pub ln2: LayerNorm,
+    /// Column-parallel `[4c/tp, c]`.
+    pub fc: Linear,
+    /// Row-parallel `[c, 4c/tp]`.
+    pub mlp_proj: Linear,
+    pub mlp_proj_bias: Tensor,
+    /// Heads on this rank.
+    pub local_heads: usize,
+    comm: SharedComm,
+}
+
+impl TpBlock {
+    fn attention(&self, x: &Tensor) -> Result<Tensor> {
+        let (b, t, c) = (x.shape()[0], x.shape()[1], x.shape()[2]);
+        let cl = self.qkv.weight.shape()[0] / 3;
+        let h = self.local_heads;
+        let hd = cl / h;
+        let x = copy_to_tp_region(x, &self.comm)?;
+        let qkv = self.qkv.forward(&x)?; // [b, t, 3·cl]
+        let heads = |i: usize| -> Result<Tensor> {
+            qkv.narrow(2, i * cl, cl)?
+                .reshape(&[b, t, h, hd])?
+                .transpose(1, 2)
+        };
+        let (q, k, v) = (heads(0)?, heads(1)?, heads(2)?);
+        let scores = q.matmul(&k.t()?)?.mul_scalar(1.0 / (hd as f32).sqrt())?;
+        let mask = causal_mask(t, scores.dtype())?;
+        let att = scores.masked_fill(&mask, f32::NEG_INFINITY)?.softmax(-1)?;
+        let y = att.matmul(&v)?.transpose(1, 2)?.reshape(&[b, t, cl])?;
+        let part = self.attn_proj.forward(&y)?; // [b, t, c] partial sums
+        reduce_from_tp_region(&part, &self.comm)?
+            .add(&self.attn_proj_bias)?
+            .reshape(&[b, t, c])
+    }
+
+    fn mlp(&self, x: &Tensor) -> Result<Tensor> {
+        let x = copy_to_tp_region(x, &self.comm)?;
+        let part = self.mlp_proj.forward(&self.fc.forward(&x)?.gelu()?)?;
+        reduce_from_tp_region(&part, &self.comm)?.add(&self.mlp_proj_bias)
+    }
+}
+
+impl Module for TpBlock {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        if x.rank() != 3 {
+            bail!(
+                "tensor-parallel block: expected [batch, time, width], got {:?}",
+                x.shape()
+            );
+        }
+        let x = x.add(&self.attention(&self.ln1.forward(x)?)?)?;
+        x.add(&self.mlp(&self.ln2.forward(&x)?)?)
+    }
+    fn collect(&self, prefix: &str, out: &mut Vec<NamedTensor>) {
+        let mut p = |n: &str, t: &Tensor| {
+            out.push(NamedTensor {
+                name: join(prefix, n),
+                tensor: t.clone(),
+                kind: TensorKind::Parameter,
+            })
+        };
+        p("ln1.weight", &self.ln1.weight);
+        p("ln1.bias", &self.ln1.bias);
+        p("attn.qkv.weight", &self.qkv.weight);
+        p(
+            "attn.qkv.bias",
+            self.qkv.bias.as_ref().expect("qkv has a bias"),
+        );
+        p("attn.proj.weight", &self.attn_proj.weight);
+        p("attn.proj.bias", &self.attn_proj_bias);
+        p("ln2.weight", &self.ln2.weight);
+        p("ln2.bias", &self.ln2.bias);
+        p("mlp.fc.weight", &self.fc.weight);
+        p("mlp.fc.bias", self.fc.bias.as_ref().expect("fc has a bias"));
+        p("mlp.proj.weight", &self.mlp_proj.weight);
+        p("mlp.proj.bias", &self.mlp_proj_bias);
+    }
+}
+
+/// The GPT split across a tensor-parallel group. Its parameters carry the standard names
+/// with this rank's shard as value ([`Shard::of`] gives each one's layout), so an optimizer
+/// over [`Module::parameters`] updates the shards and its state is sharded alike.
+pub struct TpGpt {
+    pub config: GptConfig,
+    /// This rank's token-embedding rows (also the tied output head's rows).
+    pub wte: Embedding,
+    pub wpe: Embedding,
+    pub blocks: Vec<TpBlock>,
+    pub ln_f: LayerNorm,
+    tp_rank: usize,
+    tp_size: usize,
+    comm: SharedComm,
+}
+
+impl TpGpt {
+    /// Slices a full model for this rank of the tensor-parallel group `comm`.
+    pub fn from_gpt(gpt: &Gpt, comm: Box<dyn Communicator>) -> Result<Self> {
+        let weights = gpt.parameters();
+        Self::from_named(&gpt.config, &weights, comm)
+    }
+
+    /// Slices the full, standard-named weights of a GPT with config `cfg` (the weights are
+    /// copied; they may be shared by the threads of all ranks).
+    pub fn from_named(
+        cfg: &GptConfig,
+        weights: &[(String, Tensor)],
+        comm: Box<dyn Communicator>,
+    ) -> Result<Self> {
+        let (tp_rank, tp_size) = (comm.rank(), comm.world_size());
+        check_tp_config(cfg, tp_size)?;
+        let src = WeightSource::new(cfg, weights)?;
+        let shard = |name: &str| -> Result<Tensor> {
+            let (full, shape) = src.data(name)?;
+            let s = Shard::of(name);
+            new_var(
+                s.slice(&full, &shape, tp_size, tp_rank)?,
+                &s.local_shape(&shape, tp_size),
+            )
+        };
+        let comm = shared_comm(comm);
+        let ln = |p: &str| -> Result<LayerNorm> {
+            Ok(LayerNorm {
+                weight: src.var(&format!("{p}.weight"))?,
+                bias: src.var(&format!("{p}.bias"))?,
+                eps: 1e-5,
+            })
+        };
+        let mut blocks = Vec::with_capacity(cfg.n_layer);
+        for i in 0..cfg.n_layer {
+            let p = |n: &str| format!("blocks.{i}.{n}");
+            blocks.push(TpBlock {
+                ln1: ln(&p("ln1"))?,
+                qkv: Linear::from_weights(
+                    shard(&p("attn.qkv.weight"))?,
+                    Some(shard(&p("attn.qkv.bias"))?),
+                ),
+                attn_proj: Linear::from_weights(shard(&p("attn.proj.weight"))?, None),
+                attn_proj_bias: src.var(&p("attn.proj.bias"))?,
+                ln2: ln(&p("ln2"))?,
+                fc: Linear::from_weights(
+                    shard(&p("mlp.fc.weight"))?,
+                    Some(shard(&p("mlp.fc.bias"))?),
+                ),
+                mlp_proj: Linear::from_weights(shard(&p("mlp.proj.weight"))?, None),
+                mlp_proj_bias: src.var(&p("mlp.proj.bias"))?,
+                local_heads: cfg.n_head / tp_size,
+                comm: comm.clone(),
+            });
+        }
+        Ok(TpGpt {
+            config: cfg.clone(),
+            wte: Embedding {
+                weight: shard("wte.weight")?,
+            },
+            wpe: Embedding {
+                weight: src.var("wpe.weight")?,
+            },
+            blocks,
+            ln_f: ln("ln_f")?,
+            tp_rank,
+            tp_size,
+            comm,
+        })
+    }
+
+    /// This rank's index in the tensor-parallel group.
+    pub fn tp_rank(&self) -> usize {
+        self.tp_rank
+    }
+    /// Size of the tensor-parallel group.
+    pub fn tp_size(&self) -> usize {
+        self.tp_size
+    }
+    /// The tensor-parallel communicator (shared with the graph's collectives).
+    pub fn comm(&self) -> &SharedComm {
+        &self.comm
+    }
+    /// The token ids whose embedding rows and logits live on this rank.
+    pub fn vocab_range(&self) -> Range<usize> {
+        let n = self.config.vocab_size / self.tp_size;
+        self.tp_rank * n..(self.tp_rank + 1) * n
+    }
+
+    /// The final hidden states after `ln_f`: `[b, t, c]`, replicated.
+    fn hidden(&self, ids: &Tensor) -> Result<Tensor> {
+        if ids.rank() != 2 || ids.dtype() != DType::I64 {
+            bail!(
+                "gpt: expected i64 token ids [batch, time], got {:?} {}",
+                ids.shape(),
+                ids.dtype()
+            );
+        }
+        let t = ids.shape()[1];
+        if t > self.config.block_size {
+            bail!(
+                "gpt: sequence of {t} tokens is longer than the context of {}",
+                self.config.block_size
+            );
+        }
+        let pos = Tensor::arange(0.0, t as f64, 1.0, DType::I64, Device::Cpu)?;
+        let tok = vocab_parallel_embedding(
+            &self.wte.weight,
+            self.vocab_range().start,
+            self.config.vocab_size,
+            ids,
+            &self.comm,
+        )?;
+        let mut x = tok.add(&self.wpe.forward(&pos)?)?;
+        for b in &self.blocks {
+            x = b.forward(&x)?;
+        }
+        self.ln_f.forward(&x)
+    }
+
+    /// This rank's slice of the logits, `[b·t, V/tp]`.
+    fn logits_rows(&self, ids: &Tensor) -> Result<Tensor> {
+        let h = self.hidden(ids)?;
+        let (b, t, c) = (h.shape()[0], h.shape()[1], h.shape()[2]);
+        let h = copy_to_tp_region(&h.reshape(&[b * t, c])?, &self.comm)?;
+        h.matmul(&self.wte.weight.t()?)
+    }
+
+    /// This rank's vocabulary slice of the logits: `[b, t, V/tp]` (columns [`Self::vocab_range`]).
+    pub fn logits_shard(&self, ids: &Tensor) -> Result<Tensor> {
+        let (b, t) = (ids.shape()[0], ids.shape()[1]);
+        self.logits_rows(ids)?
+            .reshape(&[b, t, self.config.vocab_size / self.tp_size])
+    }
+
+    /// Mean next-token cross-entropy of `ids` against `targets` (both `[b, t]`, targets equal
+    /// to [`IGNORE_INDEX`] count for nothing), computed vocabulary-parallel. Same value on every
+    /// rank; `backward()` on every rank leaves each shard's gradient.
+    pub fn loss(&self, ids: &Tensor, targets: &Tensor) -> Result<Tensor> {
+        if targets.shape() != ids.shape() {
+            bail!(
+                "gpt loss: targets {:?} do not match ids {:?}",
+                targets.shape(),
+                ids.shape()
+            );
+        }
+        let logits = self.logits_rows(ids)?;
+        let tg = targets.reshape(&[targets.numel()])?;
+        vocab_parallel_cross_entropy(
+            &logits,
+            self.vocab_range().start,
+            self.config.vocab_size,
+            &tg,
+            IGNORE_INDEX,
+            &self.comm,
+        )
+    }
+
+    /// The full logits `[b, t, V]` from every rank's [`Self::logits_shard`] (an all-gather; for
+    /// evaluation and tests, not needed for training).
+    pub fn gather_logits(&self, shard: &Tensor) -> Result<Tensor> {
+        let (b, t, vl) = (shard.shape()[0], shard.shape()[1], shard.shape()[2]);
+        let tp = self.tp_size;
+        let local = shard.to_vec_f32()?;
+        let mut all = vec![0f32; local.len() * tp];
+        lock(&self.comm)
+            .all_gather(&local, &mut all)
+            .map_err(comm_err)?;
+        let full = Shard::Cols.unslice(&all, &[b * t, vl * tp], tp)?;
+        f32_tensor(full, &[b, t, vl * tp])
+    }
+
+    fn gather(&self, grads: bool) -> Result<Vec<(String, Tensor)>> {
+        let tp = self.tp_size;
+        let specs: HashMap<String, Vec<usize>> =
+            gpt_param_specs(&self.config).into_iter().collect();
+        let mut out = Vec::new();
+        for (name, t) in self.parameters() {
+            let local = if grads {
+                match t.grad() {
+                    Some(g) => g.to_vec_f32()?,
+                    None => vec![0f32; t.numel()],
+                }
+            } else {
+                t.to_vec_f32()?
+            };
+            let shape = &specs[&name];
+            let s = Shard::of(&name);
+            let full = if s == Shard::Replicated || tp == 1 {
+                local
+            } else {
+                let mut all = vec![0f32; local.len() * tp];
+                lock(&self.comm)
+                    .all_gather(&local, &mut all)
+                    .map_err(comm_err)?;
+                s.unslice(&all, shape, tp)?
+            };
+            out.push((name, f32_tensor(full, shape)?));
+        }
+        Ok(out)
+    }
+
+    /// The full weights under the standard names, in `Gpt::parameters()` order (collective:
+    /// every rank of the group calls it and gets the same result).
+    pub fn gather_weights(&self) -> Result<Vec<(String, Tensor)>> {
+        self.gather(false)
+    }
+
+    /// The full gradients under the standard names (zeros where a shard has none); collective.
+    pub fn gather_grads(&self) -> Result<Vec<(String, Tensor)>> {
+        self.gather(true)
+    }
+}
+
+impl Module for TpGpt {
+    /// ids `[b, t]` → this rank's logits slice `[b, t, V/tp]`.
+    fn forward(&self, ids: &Tensor) -> Result<Tensor> {
+        self.logits_shard(ids)
+    }
+    fn collect(&self, prefix: &str, out: &mut Vec<NamedTensor>) {
+        self.wte.collect(&join(prefix, "wte"), out);
+        self.wpe.collect(&join(prefix, "wpe"), out);
+        for (i, b) in self.blocks.iter().enumerate() {
+            b.collect(&join(prefix, &format!("blocks.{i}")), out);
+        }
+        self.ln_f.collect(&join(prefix, "ln_f"), out);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shard_slices_round_trip() {
+        for (shard, shape) in [
+            (Shard::Rows, vec![8, 3]),
+            (Shard::Cols, vec![3, 8]),
+            (Shard::QkvRows, vec![12, 2]),
+            (Shard::QkvRows, vec![12]),
+        ] {
+            let n: usize = shape.iter().product();
+            let full: Vec<f32> = (0..n).map(|i| i as f32).collect();
+            let tp = 2;
+            let mut gathered = Vec::new();
+            for r in 0..tp {
+                gathered.extend(shard.slice(&full, &shape, tp, r).unwrap());
+            }
+            assert_eq!(
+                shard.unslice(&gathered, &shape, tp).unwrap(),
+                full,
+                "{shard:?}"
+            );
+        }
+        // q rows 0..4, k 4..8, v 8..12: rank 1 of 2 holds rows 2,3 / 6,7 / 10,11.
+        let full: Vec<f32> = (0..12).map(|i| i as f32).collect();
+        assert_eq!(
+            Shard::QkvRows.slice(&full, &[12], 2, 1).unwrap(),
+            vec![2.0, 3.0, 6.0, 7.0, 10.0, 11.0]
+        );
+        assert_eq!(
+            Shard::Cols.slice(&full, &[3, 4], 2, 1).unwrap(),
+            vec![2.0, 3.0, 6.0, 7.0, 10.0, 11.0]
+        );
+        assert_eq!(Shard::of("blocks.3.attn.qkv.bias"), Shard::QkvRows);
+        assert_eq!(Shard::of("blocks.0.attn.proj.bias"), Shard::Replicated);
+        assert_eq!(Shard::of("blocks.10.mlp.proj.weight"), Shard::Cols);
+        assert_eq!(Shard::of("wte.weight"), Shard::Rows);
+        assert_eq!(Shard::of("wpe.weight"), Shard::Replicated);
+    }
+}

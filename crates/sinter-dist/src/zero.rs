@@ -1,0 +1,577 @@
+//! ZeRO stages 1 and 2 (Rajbhandari et al., 2020): the optimizer state — and with stage 2
+//! the gradients — are sharded across the data-parallel ranks.
+//!
+//! The parameters are laid out in one flat f32 buffer of padded gradient buckets
+//! ([`FlatLayout`]); rank `r` owns chunk `r` of every bucket. Each step:
+//!
+//! 1. gradients are reduce-scattered (average) bucket by bucket, so each rank receives the
+//!    averaged gradient of its own chunks only — during backward if the caller uses
+//!    [`ZeroOptimizer::backward`] (buckets are submitted from the backward hook as they
+//!    complete), otherwise from the parameters' `grad()` at the start of [`Optimizer::step`];
+//! 2. optionally the global gradient norm is clipped (one all-reduce of a scalar);
+//! 3. this rank runs the ordinary AdamW / SGD kernels
+//!    ([`sinter_core::cpu::nn::adamw_step`], [`sinter_core::cpu::nn::sgd_step`]) on the slices of
+//!    its shard, parameter by parameter (AdamW decays only tensors of rank ≥ 2, as
+//!    [`sinter_nn::AdamW`] does);
+//! 4. the updated chunks are all-gathered and written back into every rank's parameters.
+//!
+//! Stage 1 keeps an unpartitioned (full, local) gradient buffer, into which the reduced chunk
+//! is written in place; stage 2 keeps only the reduced shard, and the per-parameter
+//! gradients are released inside the backward hook as soon as they are copied into their
+//! bucket.
+//!
+//! [`ZeroOptimizer`] implements [`Optimizer`]: `state()` all-gathers the shards and returns
+//! the *full* state under the names `AdamW`/`Sgd` use (`<param>.exp_avg`, `.exp_avg_sq`,
+//! `.momentum_buffer`), and `load_state` cuts this rank's shard out of full tensors, so a
+//! checkpoint written by any world size (or by the plain optimizers) loads into any other.
+//! `state()` is a collective: every rank must call it.
+
+use std::collections::HashMap;
+
+use sinter_core::cpu::nn::{adamw_step, sgd_step};
+use sinter_core::{bail, no_grad, AdamWParams, Device, Result, SgdParams, Tensor, TensorId};
+use sinter_nn::Optimizer;
+
+use crate::checkpoint_layout::{to_tensors, FlatLayout, Piece};
+use crate::comm::ReduceOp;
+use crate::data_parallel::{
+    backward_into, broadcast_tensors, dist_err, index_params, wait, BucketOp, BucketPass,
+    PassResult, SharedComm, StepTrace,
+};
+use crate::scaling::zero_bytes_per_rank;
+
+/// The update rule run on each shard.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum ShardedAlgo {
+    /// As [`sinter_nn::AdamW`].
+    AdamW {
+        beta1: f64,
+        beta2: f64,
+        eps: f64,
+        weight_decay: f64,
+    },
+    /// As [`sinter_nn::Sgd`] (a momentum buffer only when `momentum > 0`).
+    Sgd {
+        momentum: f64,
+        nesterov: bool,
+        weight_decay: f64,
+    },
+}
+
+impl ShardedAlgo {
+    /// AdamW with `sinter_nn::AdamW`'s defaults (β = 0.9, 0.999, ε = 1e-8).
+    pub fn adamw(weight_decay: f64) -> Self {
+        ShardedAlgo::AdamW {
+            beta1: 0.9,
+            beta2: 0.999,
+            eps: 1e-8,
+            weight_decay,
+        }
+    }
+}
+
+/// Settings of a [`ZeroOptimizer`].
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ZeroOptions {
+    /// 1 (optimizer state sharded) or 2 (gradients too).
+    pub stage: u8,
+    /// Gradient bucket size in bytes.
+    pub bucket_bytes: usize,
+    /// Clip the global gradient norm to this value inside `step` (the parameters' own
+    /// gradients are not complete under ZeRO, so `clip_grad_norm` cannot be used).
+    pub grad_clip: Option<f64>,
+}
+
+/// Bytes per rank of the model states, as allocated by this implementation and as the
+/// ZeRO paper counts them for mixed-precision Adam.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct ZeroMemory {
+    pub stage: u8,
+    pub world_size: usize,
+    /// Ψ: number of parameter elements.
+    pub params: usize,
+    /// Replicated fp32 parameters: 4Ψ.
+    pub param_bytes: usize,
+    /// Persistent gradient storage: stage 1 the full (padded) flat buffer, stage 2 the shard.
+    pub grad_bytes: usize,
+    /// Optimizer state shards (AdamW: exp_avg + exp_avg_sq; SGD: momentum buffer).
+    pub optimizer_bytes: usize,
+    /// `param_bytes + grad_bytes + optimizer_bytes`.
+    pub total_bytes: usize,
+    /// Largest amount of gradient data in flight (transient bucket copies) during the last
+    /// synchronisation.
+    pub peak_in_flight_bytes: usize,
+    /// The same element counts priced as mixed-precision Adam: 2 bytes per parameter and per
+    /// stored gradient element, 12 bytes (fp32 master + m + v) per optimizer-shard element.
+    pub mixed_precision_bytes: f64,
+    /// [`zero_bytes_per_rank`]`(Ψ, stage, N)`: 4Ψ + 12Ψ/N (stage 1), 2Ψ + 14Ψ/N (stage 2).
+    pub formula_bytes: f64,
+}
+
+/// A sharded optimizer for one data-parallel rank. See the module documentation.
+pub struct ZeroOptimizer {
+    comm: SharedComm,
+    params: Vec<(String, Tensor)>,
+    index: HashMap<TensorId, usize>,
+    layout: FlatLayout,
+    stage: u8,
+    algo: ShardedAlgo,
+    lr: f64,
+    steps: u64,
+    rank: usize,
+    /// This rank's pieces, grouped by bucket.
+    pieces: Vec<Vec<Piece>>,
+    /// AdamW exp_avg or SGD momentum buffer (shard length; empty for plain SGD).
+    state_a: Vec<f32>,
+    /// AdamW exp_avg_sq (shard length; empty for SGD).
+    state_b: Vec<f32>,
+    /// Stage 1: the local flat gradient buffer, per bucket (padded); the owned chunk holds
+    /// the reduced gradient once `ready`.
+    grad_full: Vec<Vec<f32>>,
+    /// Stage 2: the reduced gradient shard.
+    grad_shard: Vec<f32>,
+    /// Set when gradients have been reduced: which parameters have one.
+    ready: Option<Vec<bool>>,
+    pub grad_clip: Option<f64>,
+    last_grad_norm: Option<f64>,
+    trace: StepTrace,
+    collectives: u64,
+}
+
+impl ZeroOptimizer {
+    /// Shards the optimizer over the ranks of `comm`. Broadcasts the parameters from rank 0
+    /// first, so the replicas start identical. Every rank calls it with the same parameters.
+    pub fn new(
+        comm: SharedComm,
+        params: Vec<(String, Tensor)>,
+        lr: f64,
+        algo: ShardedAlgo,
+        opts: ZeroOptions,
+    ) -> Result<Self> {
+        if !(opts.stage == 1 || opts.stage == 2) {
+            bail!("ZeRO stage must be 1 or 2, got {}", opts.stage);
+        }
+        if let ShardedAlgo::Sgd {
+            momentum,
+            nesterov: true,
+            ..
+        } = algo
+        {
+            if momentum <= 0.0 {
+                bail!("SGD: Nesterov momentum needs momentum > 0");
+            }
+        }
+        for (n, t) in &params {
+            if t.dtype() != sinter_core::DType::F32 {
+                bail!("ZeRO keeps f32 parameters; {n} is {}", t.dtype());
+            }
+        }
+        let (params, index) = index_params(&params);
+        let world = comm.world_size();
+        let rank = comm.rank();
+        let layout =
+            FlatLayout::from_params(&params, opts.bucket_bytes, world).map_err(dist_err)?;
+        let tensors: Vec<Tensor> = params.iter().map(|(_, t)| t.clone()).collect();
+        broadcast_tensors(&comm, &tensors, 0)?;
+        let shard = layout.shard_len();
+        let mut pieces: Vec<Vec<Piece>> = vec![Vec::new(); layout.buckets.len()];
+        let mut b = 0;
+        for piece in layout.shard_pieces(rank) {
+            while piece.in_shard.start >= layout.shard_offset(b) + layout.chunk_len(b) {
+                b += 1;
+            }
+            pieces[b].push(piece);
+        }
+        let (state_a, state_b) = match algo {
+            ShardedAlgo::AdamW { .. } => (vec![0.0; shard], vec![0.0; shard]),
+            ShardedAlgo::Sgd { momentum, .. } if momentum > 0.0 => (vec![0.0; shard], Vec::new()),
+            ShardedAlgo::Sgd { .. } => (Vec::new(), Vec::new()),
+        };
+        let grad_full = if opts.stage == 1 {
+            layout.buckets.iter().map(|b| vec![0.0; b.padded]).collect()
+        } else {
+            Vec::new()
+        };
+        let grad_shard = if opts.stage == 2 {
+            vec![0.0; shard]
+        } else {
+            Vec::new()
+        };
+        Ok(ZeroOptimizer {
+            collectives: u64::from(world > 1),
+            comm,
+            params,
+            index,
+            layout,
+            stage: opts.stage,
+            algo,
+            lr,
+            steps: 0,
+            rank,
+            pieces,
+            state_a,
+            state_b,
+            grad_full,
+            grad_shard,
+            ready: None,
+            grad_clip: opts.grad_clip,
+            last_grad_norm: None,
+            trace: StepTrace::default(),
+        })
+    }
+
+    pub fn stage(&self) -> u8 {
+        self.stage
+    }
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+    pub fn world_size(&self) -> usize {
+        self.layout.world_size
+    }
+    pub fn layout(&self) -> &FlatLayout {
+        &self.layout
+    }
+    pub fn comm(&self) -> &SharedComm {
+        &self.comm
+    }
+    /// Trace of the last gradient synchronisation.
+    pub fn last_trace(&self) -> &StepTrace {
+        &self.trace
+    }
+    /// Collectives submitted so far (the initial broadcast included).
+    pub fn collectives_submitted(&self) -> u64 {
+        self.collectives
+    }
+    /// Global gradient norm before clipping, of the last step that clipped.
+    pub fn last_grad_norm(&self) -> Option<f64> {
+        self.last_grad_norm
+    }
+
+    /// Backward of this rank's loss with the gradient reduce-scatter overlapped: buckets are
+    /// submitted from the backward hook as they complete, and the per-parameter gradients are
+    /// released once copied. With `sync == false` it only accumulates locally (no
+    /// communication), for the accumulating micro-steps of gradient accumulation.
+    pub fn backward_with(&mut self, loss: &Tensor, sync: bool) -> Result<()> {
+        if !sync {
+            loss.backward()?;
+            self.trace = StepTrace {
+                synced: false,
+                ..Default::default()
+            };
+            return Ok(());
+        }
+        let mut pass = BucketPass::new(
+            &self.layout,
+            &self.params,
+            &self.comm,
+            BucketOp::ReduceScatter,
+            self.stage == 1,
+        );
+        backward_into(loss, &self.index, &mut pass, true)?;
+        let r = pass.wait_all()?;
+        self.collect(r)
+    }
+
+    /// `backward_with(loss, true)`.
+    pub fn backward(&mut self, loss: &Tensor) -> Result<()> {
+        self.backward_with(loss, true)
+    }
+
+    fn reduce_from_grads(&mut self) -> Result<()> {
+        let mut pass = BucketPass::new(
+            &self.layout,
+            &self.params,
+            &self.comm,
+            BucketOp::ReduceScatter,
+            self.stage == 1,
+        );
+        pass.finish_backward(true)?;
+        let r = pass.wait_all()?;
+        self.collect(r)
+    }
+
+    fn collect(&mut self, r: PassResult) -> Result<()> {
+        let PassResult {
+            out: chunks,
+            kept,
+            got,
+            trace,
+            collectives: n,
+        } = r;
+        self.collectives += n;
+        for (b, (chunk, local)) in chunks.into_iter().zip(kept).enumerate() {
+            if self.stage == 1 {
+                let mut full = local.expect("stage 1 keeps the local buckets");
+                full[self.layout.chunk_range(b, self.rank)].copy_from_slice(&chunk);
+                self.grad_full[b] = full;
+            } else {
+                let off = self.layout.shard_offset(b);
+                self.grad_shard[off..off + chunk.len()].copy_from_slice(&chunk);
+            }
+        }
+        self.ready = Some(got);
+        self.trace = trace;
+        Ok(())
+    }
+
+    /// This rank's reduced gradient chunk of bucket `b`.
+    fn grad_chunk(&self, b: usize) -> &[f32] {
+        if self.stage == 1 {
+            &self.grad_full[b][self.layout.chunk_range(b, self.rank)]
+        } else {
+            let off = self.layout.shard_offset(b);
+            &self.grad_shard[off..off + self.layout.chunk_len(b)]
+        }
+    }
+
+    fn grad_chunk_mut(&mut self, b: usize) -> &mut [f32] {
+        if self.stage == 1 {
+            let r = self.layout.chunk_range(b, self.rank);
+            &mut self.grad_full[b][r]
+        } else {
+            let off = self.layout.shard_offset(b);
+            let len = self.layout.chunk_len(b);
+            &mut self.grad_shard[off..off + len]
+        }
+    }
+
+    fn clip(&mut self, max_norm: f64) -> Result<()> {
+        let mut local = 0f64;
+        for b in 0..self.pieces.len() {
+            let off = self.layout.shard_offset(b);
+            let g = self.grad_chunk(b);
+            for piece in &self.pieces[b] {
+                local += g[piece.in_shard.start - off..piece.in_shard.end - off]
+                    .iter()
+                    .map(|&x| (x as f64) * (x as f64))
+                    .sum::<f64>();
+            }
+        }
+        // The f64 partial sum travels as two f32 (high and low part).
+        let hi = local as f32;
+        let lo = (local - hi as f64) as f32;
+        self.collectives += 1;
+        let total = wait(self.comm.all_reduce(vec![hi, lo], ReduceOp::Sum))?;
+        let norm = (total[0] as f64 + total[1] as f64).max(0.0).sqrt();
+        self.last_grad_norm = Some(norm);
+        if norm.is_finite() && norm > max_norm {
+            let scale = (max_norm / (norm + 1e-6)) as f32;
+            for b in 0..self.pieces.len() {
+                self.grad_chunk_mut(b).iter_mut().for_each(|x| *x *= scale);
+            }
+        }
+        Ok(())
+    }
+
+    fn names(&self) -> Vec<&'static str> {
+        match self.algo {
+            ShardedAlgo::AdamW { .. } => vec!["exp_avg", "exp_avg_sq"],
+            ShardedAlgo::Sgd { momentum, .. } if momentum > 0.0 => vec!["momentum_buffer"],
+            ShardedAlgo::Sgd { .. } => Vec::new(),
+        }
+    }
+
+    /// The full (unsharded) optimizer state, gathered from all ranks. A collective.
+    pub fn try_state(&self) -> Result<Vec<(String, Tensor)>> {
+        let names = self.names();
+        let mut per_kind: Vec<Vec<Tensor>> = Vec::new();
+        for (k, _) in names.iter().enumerate() {
+            let shard = if k == 0 {
+                self.state_a.clone()
+            } else {
+                self.state_b.clone()
+            };
+            let gathered = wait(self.comm.all_gather(shard))?;
+            let full = self.layout.unshard(&gathered).map_err(dist_err)?;
+            per_kind.push(to_tensors(&self.layout, full).map_err(dist_err)?);
+        }
+        let mut out = Vec::new();
+        for (i, (n, _)) in self.params.iter().enumerate() {
+            for (k, kind) in names.iter().enumerate() {
+                out.push((format!("{n}.{kind}"), per_kind[k][i].clone()));
+            }
+        }
+        Ok(out)
+    }
+
+    /// Bytes per rank of parameters, gradients and optimizer state (see [`ZeroMemory`]).
+    pub fn memory(&self) -> ZeroMemory {
+        let psi = self.layout.numel();
+        let grad_elems = if self.stage == 1 {
+            self.grad_full.iter().map(Vec::len).sum()
+        } else {
+            self.grad_shard.len()
+        };
+        let state_elems = self.state_a.len() + self.state_b.len();
+        let shard = self.layout.shard_len();
+        let n = self.world_size();
+        ZeroMemory {
+            stage: self.stage,
+            world_size: n,
+            params: psi,
+            param_bytes: 4 * psi,
+            grad_bytes: 4 * grad_elems,
+            optimizer_bytes: 4 * state_elems,
+            total_bytes: 4 * (psi + grad_elems + state_elems),
+            peak_in_flight_bytes: 4 * self.trace.peak_in_flight,
+            mixed_precision_bytes: 2.0 * psi as f64 + 2.0 * grad_elems as f64 + 12.0 * shard as f64,
+            formula_bytes: zero_bytes_per_rank(psi as f64, self.stage, n),
+        }
+    }
+}
+
+impl Optimizer for ZeroOptimizer {
+    fn step(&mut self) -> Result<()> {
+        let _g = no_grad();
+        if self.ready.is_none() {
+            self.reduce_from_grads()?;
+        }
+        let got = self.ready.take().expect("reduced above");
+        if let Some(c) = self.grad_clip {
+            self.clip(c)?;
+        }
+        self.steps += 1;
+        let mut works = Vec::with_capacity(self.pieces.len());
+        for b in 0..self.pieces.len() {
+            let off = self.layout.shard_offset(b);
+            let range = self.layout.chunk_range(b, self.rank);
+            // This rank's chunk of the current parameters (they are fp32, so they double as
+            // the master weights).
+            let mut chunk = vec![0.0f32; range.len()];
+            for piece in &self.pieces[b] {
+                let v = self.params[piece.param].1.to_vec_f32()?;
+                chunk[piece.in_shard.start - off..piece.in_shard.end - off]
+                    .copy_from_slice(&v[piece.in_param.clone()]);
+            }
+            let g = self.grad_chunk(b).to_vec();
+            for piece in &self.pieces[b] {
+                if !got[piece.param] {
+                    continue;
+                }
+                let local = piece.in_shard.start - off..piece.in_shard.end - off;
+                let (p, gr) = (&mut chunk[local.clone()], &g[local]);
+                let s = piece.in_shard.clone();
+                match self.algo {
+                    ShardedAlgo::AdamW {
+                        beta1,
+                        beta2,
+                        eps,
+                        weight_decay,
+                    } => {
+                        let wd = if self.params[piece.param].1.rank() >= 2 {
+                            weight_decay
+                        } else {
+                            0.0
+                        };
+                        let h = AdamWParams {
+                            lr: self.lr as f32,
+                            beta1: beta1 as f32,
+                            beta2: beta2 as f32,
+                            eps: eps as f32,
+                            weight_decay: wd as f32,
+                            step: self.steps,
+                        };
+                        adamw_step(p, gr, &mut self.state_a[s.clone()], &mut self.state_b[s], h);
+                    }
+                    ShardedAlgo::Sgd {
+                        momentum,
+                        nesterov,
+                        weight_decay,
+                    } => {
+                        let h = SgdParams {
+                            lr: self.lr as f32,
+                            momentum: momentum as f32,
+                            nesterov,
+                            weight_decay: weight_decay as f32,
+                        };
+                        let buf = if self.state_a.is_empty() {
+                            None
+                        } else {
+                            Some(&mut self.state_a[s])
+                        };
+                        sgd_step(p, gr, buf, h);
+                    }
+                }
+            }
+            self.collectives += 1;
+            works.push(self.comm.all_gather(chunk));
+        }
+        for (b, w) in works.into_iter().enumerate() {
+            let full = wait(w)?;
+            for &p in &self.layout.buckets[b].params {
+                if !got[p] {
+                    continue;
+                }
+                let s = &self.layout.slots[p];
+                let t = &self.params[p].1;
+                t.assign(&Tensor::from_slice(
+                    &full[s.offset_in_bucket..s.offset_in_bucket + s.numel],
+                    &s.shape,
+                    Device::Cpu,
+                )?)?;
+            }
+        }
+        if self.stage == 1 {
+            self.grad_full
+                .iter_mut()
+                .for_each(|b| b.iter_mut().for_each(|x| *x = 0.0));
+        } else {
+            self.grad_shard.iter_mut().for_each(|x| *x = 0.0);
+        }
+        Ok(())
+    }
+    fn lr(&self) -> f64 {
+        self.lr
+    }
+    fn set_lr(&mut self, lr: f64) {
+        self.lr = lr;
+    }
+    fn steps(&self) -> u64 {
+        self.steps
+    }
+    /// The full state, gathered from every rank: a collective, every rank must call it.
+    /// Panics if the communication fails (use [`ZeroOptimizer::try_state`] to handle that).
+    fn state(&self) -> Vec<(String, Tensor)> {
+        self.try_state()
+            .unwrap_or_else(|e| panic!("ZeRO: gathering the optimizer state failed: {e}"))
+    }
+    fn load_state(&mut self, steps: u64, tensors: &HashMap<String, Tensor>) -> Result<()> {
+        let names = self.names();
+        for (k, kind) in names.iter().enumerate() {
+            let mut full: Vec<Vec<f32>> = Vec::with_capacity(self.params.len());
+            for (n, p) in &self.params {
+                let key = format!("{n}.{kind}");
+                match tensors.get(&key) {
+                    Some(t) if t.shape() == p.shape() => full.push(t.to_vec_f32()?),
+                    Some(t) => bail!(
+                        "optimizer state {key} has shape {:?} but its parameter needs {:?}",
+                        t.shape(),
+                        p.shape()
+                    ),
+                    None => bail!("optimizer state {key} is missing from the checkpoint"),
+                }
+            }
+            let refs: Vec<&[f32]> = full.iter().map(Vec::as_slice).collect();
+            let shard = self
+                .layout
+                .shard_from_full(self.rank, &refs)
+                .map_err(dist_err)?;
+            if k == 0 {
+                self.state_a = shard;
+            } else {
+                self.state_b = shard;
+            }
+        }
+        self.steps = steps;
+        Ok(())
+    }
+    fn params(&self) -> &[(String, Tensor)] {
+        &self.params
+    }
+    fn zero_grad(&self) {
+        for (_, p) in &self.params {
+            p.zero_grad();
+        }
+    }
+}

@@ -1,0 +1,312 @@
+//! `sinter launch` (start the ranks of a job on this node) and `sinter bench scaling|allreduce`.
+
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Context, Result};
+use clap::{Args, Subcommand, ValueEnum};
+use sinter_dist::bench::{bench_host_all_reduce, memcpy_gbs, AllReduceBench, BenchTransport};
+use sinter_dist::launch::{self, LaunchOptions, LaunchSpec, Output};
+use sinter_dist::scaling::{scaling_table, Assumptions, Interconnect, Workload};
+use sinter_dist::{Communicator, ReduceOp};
+
+#[derive(Args)]
+pub struct LaunchArgs {
+    /// Ranks (processes) to start on this node.
+    #[arg(long)]
+    pub nproc_per_node: usize,
+    /// Nodes in the job (run `sinter launch` once per node).
+    #[arg(long, default_value_t = 1)]
+    pub nnodes: usize,
+    /// This node's index, 0..nnodes.
+    #[arg(long, default_value_t = 0)]
+    pub node_rank: usize,
+    /// Host of global rank 0, which serves the rendezvous store.
+    #[arg(long, default_value = "127.0.0.1")]
+    pub master_addr: String,
+    /// Port of the rendezvous store; 0 picks a free one (single node only).
+    #[arg(long, default_value_t = 29500)]
+    pub master_port: u16,
+    /// Print the rank layout and each rank's environment without starting anything.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Seconds between SIGTERM and SIGKILL when stopping the ranks after a failure.
+    #[arg(long, default_value_t = 10.0)]
+    pub grace_period: f64,
+    /// The sinter command every rank runs, after `--` (e.g. `-- train --model mlp`).
+    #[arg(last = true, required = true)]
+    pub command: Vec<String>,
+}
+
+fn free_port() -> Result<u16> {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").context("looking for a free port")?;
+    Ok(l.local_addr()?.port())
+}
+
+fn spec(
+    nproc: usize,
+    nnodes: usize,
+    node_rank: usize,
+    master_addr: &str,
+    mut master_port: u16,
+    args: Vec<String>,
+) -> Result<LaunchSpec> {
+    if master_port == 0 {
+        if nnodes > 1 {
+            bail!("--master-port 0 (pick a free port) only works on a single node; give every node the same port");
+        }
+        master_port = free_port()?;
+    }
+    let program = std::env::current_exe().context("finding the sinter executable to re-run")?;
+    Ok(LaunchSpec {
+        nproc_per_node: nproc,
+        nnodes,
+        node_rank,
+        master_addr: master_addr.to_string(),
+        master_port,
+        program: program.to_string_lossy().into_owned(),
+        args,
+    })
+}
+
+/// `sinter launch`: re-runs this binary with the arguments after `--` in `nproc_per_node`
+/// processes carrying RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT, ….
+pub fn launch(a: &LaunchArgs) -> Result<()> {
+    if a.command.first().is_some_and(|c| c == "launch") {
+        bail!("the command after `--` is itself `launch`; give the command each rank runs, e.g. `-- train …`");
+    }
+    let spec = spec(
+        a.nproc_per_node,
+        a.nnodes,
+        a.node_rank,
+        &a.master_addr,
+        a.master_port,
+        a.command.clone(),
+    )?;
+    if a.dry_run {
+        print!("{}", launch::dry_run(&spec));
+        return Ok(());
+    }
+    if !(a.grace_period.is_finite() && a.grace_period >= 0.0) {
+        bail!("--grace-period must be a non-negative number of seconds");
+    }
+    let opts = LaunchOptions {
+        grace_period: Duration::from_secs_f64(a.grace_period),
+        ..LaunchOptions::default()
+    };
+    let report = launch::run_with(&spec, &opts).map_err(anyhow::Error::new)?;
+    eprintln!(
+        "launch: all {} rank(s) on node {} exited 0",
+        report.ranks.len(),
+        a.node_rank
+    );
+    Ok(())
+}
+
+#[derive(Subcommand)]
+pub enum BenchCmd {
+    /// Predicted step time, speedup and efficiency of DP, ZeRO-1/2, TP and PP on 1…N GPUs
+    /// (analytic model), with the speedup curve as SVG.
+    Scaling(ScalingArgs),
+    /// Host all-reduce bandwidth (bus bandwidth, as nccl-tests report it) beside a memcpy
+    /// ceiling, over threads, TCP loopback threads and TCP loopback processes.
+    Allreduce(AllReduceArgs),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum WorkloadName {
+    /// GPT-2 124M on H100s (llm.c's setup), 40% MFU.
+    Gpt2,
+    /// ResNet-50 on V100-class GPUs, fp32 gradients.
+    Resnet50,
+}
+
+#[derive(Args)]
+pub struct ScalingArgs {
+    #[arg(long, value_enum, default_value = "gpt2")]
+    pub workload: WorkloadName,
+    /// Largest GPU count (rows are powers of two).
+    #[arg(long, default_value_t = 512)]
+    pub max_gpus: usize,
+    /// Directory for scaling.svg and scaling.json.
+    #[arg(long, default_value = ".")]
+    pub out: PathBuf,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Transport {
+    /// Threads exchanging through shared memory.
+    Threads,
+    /// Threads connected over TCP on 127.0.0.1.
+    Tcp,
+    /// Processes (started like `sinter launch`) connected over TCP on 127.0.0.1.
+    Procs,
+    /// All three.
+    All,
+}
+
+#[derive(Args)]
+pub struct AllReduceArgs {
+    #[arg(long, default_value_t = 4)]
+    pub ranks: usize,
+    /// Buffer size per rank, MiB.
+    #[arg(long, default_value_t = 64.0)]
+    pub mb: f64,
+    /// Timed iterations (after one warm-up).
+    #[arg(long, default_value_t = 5)]
+    pub iters: usize,
+    #[arg(long, value_enum, default_value = "all")]
+    pub transport: Transport,
+    /// Internal: run as one rank of a `procs` measurement.
+    #[arg(long, hide = true)]
+    pub worker: bool,
+}
+
+pub fn bench(which: &BenchCmd) -> Result<()> {
+    match which {
+        BenchCmd::Scaling(a) => bench_scaling(a),
+        BenchCmd::Allreduce(a) => bench_allreduce(a),
+    }
+}
+
+fn bench_scaling(a: &ScalingArgs) -> Result<()> {
+    let (w, net) = match a.workload {
+        WorkloadName::Gpt2 => (
+            Workload::gpt2_124m_h100(0.4),
+            Interconnect::h100_nvlink_ib(),
+        ),
+        WorkloadName::Resnet50 => (Workload::resnet50_v100(), Interconnect::default()),
+    };
+    let table = scaling_table(&w, &net, &Assumptions::default(), a.max_gpus.max(1));
+    print!("{}", table.to_text());
+    std::fs::create_dir_all(&a.out)
+        .with_context(|| format!("cannot create {}", a.out.display()))?;
+    let svg = a.out.join("scaling.svg");
+    table.write_svg(&svg).map_err(anyhow::Error::new)?;
+    let js = a.out.join("scaling.json");
+    std::fs::write(&js, table.to_json())
+        .with_context(|| format!("cannot write {}", js.display()))?;
+    println!("wrote {} and {}", svg.display(), js.display());
+    Ok(())
+}
+
+const RESULT_TAG: &str = "SINTER_ALLREDUCE_RESULT ";
+
+fn timed_loop(c: &mut dyn Communicator, floats: usize, iters: usize) -> Result<f64> {
+    let mut buf = vec![1.0f32; floats];
+    c.all_reduce(&mut buf, ReduceOp::Sum)?;
+    c.barrier()?;
+    let t = Instant::now();
+    for _ in 0..iters {
+        c.all_reduce(&mut buf, ReduceOp::Sum)?;
+    }
+    c.barrier()?;
+    Ok(t.elapsed().as_secs_f64())
+}
+
+fn result(
+    label: &str,
+    ranks: usize,
+    bytes: usize,
+    iters: usize,
+    seconds_total: f64,
+) -> serde_json::Value {
+    let s = seconds_total / iters as f64;
+    let (b, n) = (bytes as f64, ranks as f64);
+    serde_json::json!({"transport": label, "ranks": ranks, "bytes": bytes, "iters": iters, "seconds": s, "algbw_gbs": b / s / 1e9, "busbw_gbs": 2.0 * (n - 1.0) / n * b / s / 1e9})
+}
+
+fn from_lib(r: &AllReduceBench, label: &str) -> serde_json::Value {
+    result(label, r.ranks, r.bytes, r.iters, r.seconds * r.iters as f64)
+}
+
+fn bench_allreduce(a: &AllReduceArgs) -> Result<()> {
+    if a.ranks == 0 || a.iters == 0 || !(a.mb.is_finite() && a.mb > 0.0) {
+        bail!("--ranks, --iters and --mb must be positive");
+    }
+    let floats = ((a.mb * 1024.0 * 1024.0) as usize / 4).max(1);
+    let bytes = floats * 4;
+    if a.worker {
+        let mut c = sinter_dist::init_from_env().context("joining the benchmark group")?;
+        let secs = timed_loop(&mut c, floats, a.iters)?;
+        if c.rank() == 0 {
+            println!(
+                "{RESULT_TAG}{}",
+                result("tcp processes", c.world_size(), bytes, a.iters, secs)
+            );
+        }
+        return Ok(());
+    }
+    let memcpy = memcpy_gbs(bytes, 5);
+    println!("host all-reduce, {} ranks, {:.1} MiB per rank, {} iterations (this machine is shared: expect noise)", a.ranks, bytes as f64 / (1024.0 * 1024.0), a.iters);
+    println!(
+        "memcpy ceiling (one thread, {:.1} MiB): {memcpy:.2} GB/s",
+        bytes as f64 / (1024.0 * 1024.0)
+    );
+    let want = |t: Transport| a.transport == t || a.transport == Transport::All;
+    let mut rows = Vec::new();
+    if want(Transport::Threads) {
+        rows.push(from_lib(
+            &bench_host_all_reduce(BenchTransport::Threads, a.ranks, bytes, a.iters)?,
+            "threads",
+        ));
+    }
+    if want(Transport::Tcp) {
+        rows.push(from_lib(
+            &bench_host_all_reduce(BenchTransport::TcpLoopback, a.ranks, bytes, a.iters)?,
+            "tcp threads",
+        ));
+    }
+    if want(Transport::Procs) {
+        let args: Vec<String> = [
+            "bench",
+            "allreduce",
+            "--worker",
+            "--mb",
+            &a.mb.to_string(),
+            "--iters",
+            &a.iters.to_string(),
+            "--ranks",
+            &a.ranks.to_string(),
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        let spec = spec(a.ranks, 1, 0, "127.0.0.1", 0, args)?;
+        let lines = Arc::new(Mutex::new(Vec::new()));
+        let opts = LaunchOptions {
+            output: Output::Capture(lines.clone()),
+            forward_signals: true,
+            ..LaunchOptions::default()
+        };
+        launch::run_with(&spec, &opts).map_err(|e| {
+            anyhow!(
+                "{e}; rank output:\n{}",
+                lines.lock().unwrap_or_else(|e| e.into_inner()).join("\n")
+            )
+        })?;
+        let lines = lines.lock().unwrap_or_else(|e| e.into_inner());
+        let r = lines
+            .iter()
+            .find_map(|l| l.split_once(RESULT_TAG).map(|(_, j)| j.to_string()))
+            .ok_or_else(|| anyhow!("rank 0 printed no result:\n{}", lines.join("\n")))?;
+        rows.push(serde_json::from_str(&r).context("reading rank 0's result")?);
+    }
+    println!(
+        "{:<15} {:>11} {:>13} {:>13} {:>12}",
+        "transport", "time", "algbw GB/s", "busbw GB/s", "of memcpy"
+    );
+    for r in &rows {
+        let bus = r["busbw_gbs"].as_f64().unwrap_or(0.0);
+        println!(
+            "{:<15} {:>8.2} ms {:>13.2} {:>13.2} {:>11.0}%",
+            r["transport"].as_str().unwrap_or("?"),
+            r["seconds"].as_f64().unwrap_or(0.0) * 1e3,
+            r["algbw_gbs"].as_f64().unwrap_or(0.0),
+            bus,
+            100.0 * bus / memcpy
+        );
+    }
+    Ok(())
+}
