@@ -28,7 +28,6 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use sinter_core::{bail, custom_op, DType, Device, Error, Result, Tensor};
 use sinter_models::{Gpt, GptConfig};
-use sinter_nn::attention::causal_mask;
 use sinter_nn::module::{join, NamedTensor, TensorKind};
 use sinter_nn::{Embedding, LayerNorm, Linear, Module};
 
@@ -506,10 +505,8 @@ impl TpBlock {
                 .transpose(1, 2)
         };
         let (q, k, v) = (heads(0)?, heads(1)?, heads(2)?);
-        let scores = q.matmul(&k.t()?)?.mul_scalar(1.0 / (hd as f32).sqrt())?;
-        let mask = causal_mask(t, scores.dtype())?;
-        let att = scores.masked_fill(&mask, f32::NEG_INFINITY)?.softmax(-1)?;
-        let y = att.matmul(&v)?.transpose(1, 2)?.reshape(&[b, t, cl])?;
+        // The same fused (flash) attention as the serial GPT, so both round alike.
+        let y = sinter_core::fused::attention(&q, &k, &v, true, 1.0 / (hd as f32).sqrt())?.transpose(1, 2)?.reshape(&[b, t, cl])?;
         let part = self.attn_proj.forward(&y)?; // [b, t, c] partial sums
         reduce_from_tp_region(&part, &self.comm)?
             .add(&self.attn_proj_bias)?

@@ -1,9 +1,18 @@
 //! GPT (GPT-2's architecture): token + position embeddings, pre-norm Transformer blocks,
 //! a final LayerNorm, and an output head tied to the token embedding.
+//!
+//! Training runs the blocks' fast path (flash attention, fused residual + LayerNorm, fused
+//! bias + GELU) with optional activation checkpointing per block (`set_recompute`); the
+//! unfused composite stays available (`set_fast_path(false)`) as the reference. Generation
+//! keeps a KV cache (`KvCache`, `forward_step`, `generate`): each new token runs the blocks
+//! on one position and attends over the cached keys and values of the earlier ones.
 
-use sinter_core::{bail, DType, Device, Result, Rng, Tensor};
+use std::sync::Arc;
+
+use sinter_core::{bail, no_grad, DType, Device, Result, Rng, Tensor};
 use sinter_nn::module::{join, NamedTensor};
-use sinter_nn::{Dropout, Embedding, LayerNorm, Module, SharedRng, TransformerBlock};
+use sinter_nn::recompute::{block_forward, Recompute};
+use sinter_nn::{Dropout, Embedding, LayerKvCache, LayerNorm, Module, SharedRng, TransformerBlock};
 
 #[derive(Clone, Debug, PartialEq)]
 pub struct GptConfig {
@@ -19,9 +28,23 @@ impl GptConfig {
     pub fn preset(name: &str) -> Option<GptConfig> {
         match name {
             // Byte-level, trainable on a 2-core CPU in minutes.
-            "gpt-tiny" => Some(GptConfig { n_layer: 4, n_head: 4, n_embd: 128, block_size: 64, vocab_size: 256, dropout: 0.0 }),
+            "gpt-tiny" => Some(GptConfig {
+                n_layer: 4,
+                n_head: 4,
+                n_embd: 128,
+                block_size: 64,
+                vocab_size: 256,
+                dropout: 0.0,
+            }),
             // GPT-2 small: 124M parameters.
-            "gpt2" => Some(GptConfig { n_layer: 12, n_head: 12, n_embd: 768, block_size: 1024, vocab_size: 50257, dropout: 0.0 }),
+            "gpt2" => Some(GptConfig {
+                n_layer: 12,
+                n_head: 12,
+                n_embd: 768,
+                block_size: 1024,
+                vocab_size: 50257,
+                dropout: 0.0,
+            }),
             _ => None,
         }
     }
@@ -31,45 +54,305 @@ pub struct Gpt {
     pub config: GptConfig,
     pub wte: Embedding,
     pub wpe: Embedding,
-    pub blocks: Vec<TransformerBlock>,
+    /// Shared so that a checkpointed block's recomputation can outlive this borrow.
+    pub blocks: Vec<Arc<TransformerBlock>>,
     pub ln_f: LayerNorm,
     drop: Dropout,
+    drop_rng: SharedRng,
+    recompute: Recompute,
+    fast_path: bool,
+}
+
+/// The keys and values of every layer for the positions generated so far (batch as given
+/// to `Gpt::kv_cache`, capacity `block_size`).
+pub struct KvCache {
+    pub layers: Vec<LayerKvCache>,
+}
+
+impl KvCache {
+    /// Positions cached.
+    pub fn len(&self) -> usize {
+        self.layers.first().map_or(0, |l| l.len)
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    pub fn capacity(&self) -> usize {
+        self.layers.first().map_or(0, |l| l.capacity())
+    }
+    /// Forgets every position (the buffers are kept).
+    pub fn clear(&mut self) {
+        self.layers.iter_mut().for_each(|l| l.len = 0);
+    }
+}
+
+/// Picks the next token from one position's logits: greedy when `temperature` ≤ 0, else a
+/// sample from softmax(logits / temperature) over the `top_k` most likely tokens (0: all).
+pub fn sample_token(logits: &[f32], temperature: f64, top_k: usize, rng: &mut Rng) -> usize {
+    if temperature <= 0.0 {
+        return logits
+            .iter()
+            .enumerate()
+            .max_by(|a, b| a.1.total_cmp(b.1))
+            .map(|(i, _)| i)
+            .unwrap_or(0);
+    }
+    let mut idx: Vec<usize> = (0..logits.len()).collect();
+    idx.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]));
+    if top_k > 0 {
+        idx.truncate(top_k);
+    }
+    let max = logits[idx[0]] as f64;
+    let w: Vec<f64> = idx
+        .iter()
+        .map(|&i| ((logits[i] as f64 - max) / temperature).exp())
+        .collect();
+    let mut u = rng.next_f64() * w.iter().sum::<f64>();
+    let mut pick = idx[idx.len() - 1];
+    for (j, &wi) in w.iter().enumerate() {
+        if u < wi {
+            pick = idx[j];
+            break;
+        }
+        u -= wi;
+    }
+    pick
 }
 
 impl Gpt {
     pub fn new(config: GptConfig, rng: &mut Rng, drop_rng: &SharedRng) -> Result<Self> {
         let c = &config;
-        let blocks = (0..c.n_layer).map(|_| TransformerBlock::new(c.n_embd, c.n_head, c.n_layer, c.dropout, rng, drop_rng)).collect::<Result<_>>()?;
+        let blocks = (0..c.n_layer)
+            .map(|_| {
+                TransformerBlock::new(c.n_embd, c.n_head, c.n_layer, c.dropout, rng, drop_rng)
+                    .map(Arc::new)
+            })
+            .collect::<Result<_>>()?;
         Ok(Gpt {
             wte: Embedding::new(c.vocab_size, c.n_embd, 0.02, rng)?,
             wpe: Embedding::new(c.block_size, c.n_embd, 0.01, rng)?,
             blocks,
             ln_f: LayerNorm::new(c.n_embd)?,
             drop: Dropout::new(c.dropout, drop_rng.clone()),
+            drop_rng: drop_rng.clone(),
+            recompute: Recompute::None,
+            fast_path: true,
             config,
         })
+    }
+
+    /// What each block recomputes in backward instead of keeping (default: nothing).
+    pub fn set_recompute(&mut self, mode: Recompute) {
+        self.recompute = mode;
+    }
+    pub fn recompute(&self) -> Recompute {
+        self.recompute
+    }
+    /// true (default): fused kernels; false: the unfused composite ops (the reference; no
+    /// recompute there).
+    pub fn set_fast_path(&mut self, on: bool) {
+        self.fast_path = on;
+    }
+    pub fn fast_path(&self) -> bool {
+        self.fast_path
+    }
+
+    fn check_ids(&self, ids: &Tensor) -> Result<()> {
+        if ids.rank() != 2 || ids.dtype() != DType::I64 {
+            bail!(
+                "gpt: expected i64 token ids [batch, time], got {:?} {}",
+                ids.shape(),
+                ids.dtype()
+            );
+        }
+        Ok(())
+    }
+
+    /// Final LayerNorm and the tied head: [b, t, c] → [b, t, vocab].
+    fn head(&self, x: &Tensor) -> Result<Tensor> {
+        let (b, t, c) = (x.shape()[0], x.shape()[1], x.shape()[2]);
+        let x = self.ln_f.forward(x)?;
+        // One [b·t, c] × [c, vocab] product: the tied head's gradient is then a single GEMM.
+        x.reshape(&[b * t, c])?
+            .matmul(&self.wte.weight.t()?)?
+            .reshape(&[b, t, self.config.vocab_size])
+    }
+
+    /// An empty KV cache for `batch` sequences, holding up to `block_size` positions.
+    pub fn kv_cache(&self, batch: usize) -> Result<KvCache> {
+        let c = &self.config;
+        let layers = (0..c.n_layer)
+            .map(|_| {
+                LayerKvCache::new(
+                    batch,
+                    c.n_head,
+                    c.block_size,
+                    c.n_embd / c.n_head,
+                    self.wte.weight.dtype(),
+                )
+            })
+            .collect::<Result<_>>()?;
+        Ok(KvCache { layers })
+    }
+
+    /// Logits [b, s, vocab] for ids [b, s] at positions cache.len()..cache.len() + s, given
+    /// the earlier positions' keys and values in `cache` (which this appends to). Equal to
+    /// the last s positions of `forward` over the whole sequence. Inference: runs without
+    /// recording gradients; call `set_training(false)` first when the model has dropout.
+    pub fn forward_step(&self, ids: &Tensor, cache: &mut KvCache) -> Result<Tensor> {
+        let _g = no_grad();
+        self.check_ids(ids)?;
+        let (start, s) = (cache.len(), ids.shape()[1]);
+        if start + s > self.config.block_size {
+            bail!(
+                "gpt: {} cached + {s} new positions exceed the context of {}",
+                start,
+                self.config.block_size
+            );
+        }
+        if cache.layers.len() != self.blocks.len() {
+            bail!(
+                "gpt: KV cache has {} layers, the model {}",
+                cache.layers.len(),
+                self.blocks.len()
+            );
+        }
+        let pos = Tensor::arange(
+            start as f64,
+            (start + s) as f64,
+            1.0,
+            DType::I64,
+            Device::Cpu,
+        )?;
+        let mut x = self.wte.forward(ids)?.add(&self.wpe.forward(&pos)?)?;
+        for (b, layer) in self.blocks.iter().zip(cache.layers.iter_mut()) {
+            x = b.forward_step(&x, layer)?;
+        }
+        self.head(&x)
+    }
+
+    /// Samples `max_new` tokens after `prompt` (temperature and top-k as in `sample_token`)
+    /// with a KV cache; returns prompt and continuation. The context is the last
+    /// `block_size` tokens.
+    pub fn generate(
+        &self,
+        prompt: &[i64],
+        max_new: usize,
+        temperature: f64,
+        top_k: usize,
+        rng: &mut Rng,
+    ) -> Result<Vec<i64>> {
+        self.generate_with(
+            prompt,
+            max_new,
+            temperature,
+            top_k,
+            self.config.block_size,
+            true,
+            rng,
+        )
+    }
+
+    /// `generate` recomputing the whole window for every token (no cache): the reference.
+    pub fn generate_uncached(
+        &self,
+        prompt: &[i64],
+        max_new: usize,
+        temperature: f64,
+        top_k: usize,
+        rng: &mut Rng,
+    ) -> Result<Vec<i64>> {
+        self.generate_with(
+            prompt,
+            max_new,
+            temperature,
+            top_k,
+            self.config.block_size,
+            false,
+            rng,
+        )
+    }
+
+    /// Generation conditioned on the last `context` (≤ block_size) tokens. With the cache, a
+    /// token costs one position per block while the sequence fits the context; once it
+    /// slides past, every position moves, so the window is recomputed (exactly what the
+    /// uncached path does), keeping both paths' logits equal.
+    #[allow(clippy::too_many_arguments)]
+    pub fn generate_with(
+        &self,
+        prompt: &[i64],
+        max_new: usize,
+        temperature: f64,
+        top_k: usize,
+        context: usize,
+        use_cache: bool,
+        rng: &mut Rng,
+    ) -> Result<Vec<i64>> {
+        if prompt.is_empty() {
+            bail!("gpt: generation needs a prompt of at least one token");
+        }
+        let ctx = context.min(self.config.block_size).max(1);
+        let _g = no_grad();
+        let v = self.config.vocab_size;
+        let mut tokens = prompt.to_vec();
+        let mut cache = if use_cache {
+            Some(self.kv_cache(1)?)
+        } else {
+            None
+        };
+        for _ in 0..max_new {
+            let window = &tokens[tokens.len().saturating_sub(ctx)..];
+            let last = match cache.as_mut() {
+                Some(cache) => {
+                    let new = if tokens.len() <= ctx {
+                        &tokens[cache.len()..]
+                    } else {
+                        cache.clear();
+                        window
+                    };
+                    let x = Tensor::from_slice(new, &[1, new.len()], Device::Cpu)?;
+                    self.forward_step(&x, cache)?
+                        .narrow(1, new.len() - 1, 1)?
+                        .reshape(&[v])?
+                        .to_vec_f32()?
+                }
+                None => {
+                    let x = Tensor::from_slice(window, &[1, window.len()], Device::Cpu)?;
+                    self.forward(&x)?
+                        .narrow(1, window.len() - 1, 1)?
+                        .reshape(&[v])?
+                        .to_vec_f32()?
+                }
+            };
+            tokens.push(sample_token(&last, temperature, top_k, rng) as i64);
+        }
+        Ok(tokens)
     }
 }
 
 impl Module for Gpt {
     /// ids [b, t] (i64) → logits [b, t, vocab].
     fn forward(&self, ids: &Tensor) -> Result<Tensor> {
-        if ids.rank() != 2 || ids.dtype() != DType::I64 {
-            bail!("gpt: expected i64 token ids [batch, time], got {:?} {}", ids.shape(), ids.dtype());
-        }
+        self.check_ids(ids)?;
         let t = ids.shape()[1];
         if t > self.config.block_size {
-            bail!("gpt: sequence of {t} tokens is longer than the context of {}", self.config.block_size);
+            bail!(
+                "gpt: sequence of {t} tokens is longer than the context of {}",
+                self.config.block_size
+            );
         }
         let pos = Tensor::arange(0.0, t as f64, 1.0, DType::I64, Device::Cpu)?;
-        let mut x = self.drop.forward(&self.wte.forward(ids)?.add(&self.wpe.forward(&pos)?)?)?;
+        let mut x = self
+            .drop
+            .forward(&self.wte.forward(ids)?.add(&self.wpe.forward(&pos)?)?)?;
         for b in &self.blocks {
-            x = b.forward(&x)?;
+            x = if self.fast_path {
+                block_forward(b, &x, self.recompute, Some(&self.drop_rng))?
+            } else {
+                b.forward_composite(&x)?
+            };
         }
-        let x = self.ln_f.forward(&x)?;
-        // One [b·t, c] × [c, vocab] product: the tied head's gradient is then a single GEMM.
-        let (b, c) = (ids.shape()[0], self.config.n_embd);
-        x.reshape(&[b * t, c])?.matmul(&self.wte.weight.t()?)?.reshape(&[b, t, self.config.vocab_size])
+        self.head(&x)
     }
     fn collect(&self, prefix: &str, out: &mut Vec<NamedTensor>) {
         self.wte.collect(&join(prefix, "wte"), out);

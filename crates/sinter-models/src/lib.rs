@@ -1,13 +1,17 @@
 //! sinter-models: the model zoo, built only from sinter-nn — an MLP, a LeNet-style CNN,
 //! ResNet-18 (CIFAR variant) and GPT with presets — and a registry that builds them by name.
 
+pub mod bert;
 pub mod cnn;
 pub mod gpt;
+pub mod hf_gpt2;
 pub mod mlp;
 pub mod resnet;
 
+pub use bert::{load_hf_bert, mask_batch, mask_tokens, save_hf_bert, Bert, BertConfig, MlmMasking};
 pub use cnn::LeNet;
 pub use gpt::{Gpt, GptConfig};
+pub use hf_gpt2::{hf_gpt2_config, load_hf_gpt2, save_hf_gpt2};
 pub use mlp::Mlp;
 pub use resnet::ResNet18;
 

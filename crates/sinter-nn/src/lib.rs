@@ -2,14 +2,20 @@
 //! layers, initialisers, optimizers, learning-rate schedules and gradient clipping.
 
 pub mod attention;
+pub mod device;
 pub mod init;
 pub mod layers;
+pub mod mixed_precision;
 pub mod module;
 pub mod optim;
+pub mod recompute;
 pub mod schedule;
 
-pub use attention::{CausalSelfAttention, Mlp, TransformerBlock};
+pub use attention::{CausalSelfAttention, LayerKvCache, Mlp, TransformerBlock};
+pub use device::{module_device, move_module};
 pub use layers::{BatchNorm2d, Conv2d, Dropout, Embedding, Flatten, Gelu, LayerNorm, Linear, MaxPool2d, Relu, Sequential};
+pub use mixed_precision::{LossScaler, LossScalerState, PrecisionMode};
 pub use module::{Module, NamedTensor, SharedRng, TensorKind};
 pub use optim::{clip_grad_norm, AdamW, Optimizer, Sgd};
+pub use recompute::{checkpoint, Recompute};
 pub use schedule::LrSchedule;

@@ -4,6 +4,7 @@ mod checkpoint;
 mod config;
 mod dist_cmd;
 mod metrics;
+mod model_parallel;
 mod tokenize_cmd;
 mod train;
 
@@ -49,6 +50,18 @@ enum Command {
 
 #[derive(Args, Default)]
 struct TrainArgs {
+    /// Tensor-parallel ranks per GPT replica (Megatron style); run under `sinter launch`.
+    #[arg(long, default_value_t = 1)]
+    tp: usize,
+    /// Pipeline stages per GPT replica; run under `sinter launch`.
+    #[arg(long, default_value_t = 1)]
+    pp: usize,
+    /// Micro-batches per step for the pipeline.
+    #[arg(long, default_value_t = 1)]
+    micro_batches: usize,
+    /// Pipeline schedule: gpipe or 1f1b (`--schedule` is the learning-rate schedule).
+    #[arg(long, default_value = "1f1b")]
+    pp_schedule: String,
     /// mlp, cnn, resnet18, gpt-tiny or gpt2.
     #[arg(long)]
     model: Option<String>,
@@ -224,7 +237,13 @@ fn run() -> Result<()> {
     match cli.command {
         Command::Train(a) => {
             let (config, out) = train_config(&a)?;
-            train::run(config, &train::TrainOptions { out, resume: a.resume.clone(), quiet: a.quiet, stop_at_step: a.stop_at_step, dp: a.dp })?;
+            let opts = train::TrainOptions { out, resume: a.resume.clone(), quiet: a.quiet, stop_at_step: a.stop_at_step, dp: a.dp };
+            if a.tp > 1 || a.pp > 1 {
+                let mp = model_parallel::ModelParallel { tp: a.tp, pp: a.pp, micro_batches: a.micro_batches, schedule: a.pp_schedule.clone() };
+                model_parallel::run(config, &opts, &mp)?;
+            } else {
+                train::run(config, &opts)?;
+            }
         }
         Command::Eval { checkpoint } => {
             let (s, step) = train::load_for_inference(&checkpoint)?;
