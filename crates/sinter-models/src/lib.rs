@@ -48,6 +48,11 @@ pub struct DataShape {
 
 /// Builds a model by name. The names are those in `MODEL_NAMES`.
 pub fn build(name: &str, data: &DataShape, rng: &mut Rng, dropout_rng: &SharedRng) -> Result<Box<dyn Module>> {
+    build_with(name, data, rng, dropout_rng, sinter_nn::recompute::Recompute::None)
+}
+
+/// `build`, with activation checkpointing of GPT blocks (ignored by the other models).
+pub fn build_with(name: &str, data: &DataShape, rng: &mut Rng, dropout_rng: &SharedRng, recompute: sinter_nn::recompute::Recompute) -> Result<Box<dyn Module>> {
     let image = |what: &str| -> Result<(usize, usize, usize)> {
         match data.input.as_slice() {
             [c, h, w] => Ok((*c, *h, *w)),
@@ -69,7 +74,9 @@ pub fn build(name: &str, data: &DataShape, rng: &mut Rng, dropout_rng: &SharedRn
             if data.classes > cfg.vocab_size {
                 cfg.vocab_size = data.classes;
             }
-            Box::new(Gpt::new(cfg, rng, dropout_rng)?)
+            let mut gpt = Gpt::new(cfg, rng, dropout_rng)?;
+            gpt.set_recompute(recompute);
+            Box::new(gpt)
         }
         other => bail!("unknown model '{other}'; valid models: {}", MODEL_NAMES.join(", ")),
     })

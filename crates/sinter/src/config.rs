@@ -35,6 +35,8 @@ pub struct ConfigFile {
     pub bucket_mb: Option<f64>,
     /// Micro-batches per optimizer step (gradient accumulation).
     pub grad_accum: Option<u64>,
+    /// Activation checkpointing of GPT blocks: none, attn or block.
+    pub recompute: Option<String>,
 }
 
 impl ConfigFile {
@@ -47,7 +49,7 @@ impl ConfigFile {
         macro_rules! take {
             ($($f:ident),*) => { $( if over.$f.is_some() { self.$f = over.$f.clone(); } )* };
         }
-        take!(model, data, epochs, steps, batch_size, lr, optimizer, momentum, weight_decay, schedule, grad_clip, context, seed, device, eval_interval, eval_batches, log_interval, checkpoint_interval, out, zero, bucket_mb, grad_accum);
+        take!(model, data, epochs, steps, batch_size, lr, optimizer, momentum, weight_decay, schedule, grad_clip, context, seed, device, eval_interval, eval_batches, log_interval, checkpoint_interval, out, zero, bucket_mb, grad_accum, recompute);
         self
     }
 }
@@ -87,6 +89,13 @@ pub struct TrainConfig {
     /// resumed on another world size keeps the global batch).
     #[serde(default = "one_rank")]
     pub world_size: usize,
+    /// Activation checkpointing of GPT blocks: none, attn or block.
+    #[serde(default = "no_recompute")]
+    pub recompute: String,
+}
+
+fn no_recompute() -> String {
+    "none".into()
 }
 
 fn default_bucket_mb() -> f64 {
@@ -149,6 +158,7 @@ pub fn defaults_for(model: &str) -> ConfigFile {
         zero: Some(0),
         bucket_mb: Some(sinter_dist::DEFAULT_BUCKET_MB),
         grad_accum: Some(1),
+        recompute: None,
     }
 }
 
@@ -207,6 +217,11 @@ impl TrainConfig {
             zero: c.zero.expect("default"),
             bucket_mb: c.bucket_mb.expect("default"),
             grad_accum: c.grad_accum.expect("default"),
+            recompute: {
+                let r = layers.recompute.clone().unwrap_or_else(no_recompute);
+                check_name("recompute mode", &r, &["none", "attn", "block"])?;
+                r
+            },
             world_size: 1,
         };
         c.check_parallel()?;

@@ -132,6 +132,9 @@ struct TrainArgs {
     /// Accumulate gradients over N micro-batches per step (only the last one communicates).
     #[arg(long)]
     grad_accum: Option<u64>,
+    /// Activation checkpointing of GPT blocks: none, attn or block (recompute in backward).
+    #[arg(long)]
+    recompute: Option<String>,
     /// No progress bar or summaries.
     #[arg(long, short)]
     quiet: bool,
@@ -162,6 +165,7 @@ impl TrainArgs {
             zero: self.zero,
             bucket_mb: self.bucket_mb,
             grad_accum: self.grad_accum,
+            recompute: self.recompute.clone(),
         }
     }
 }

@@ -77,7 +77,8 @@ pub fn setup(config: TrainConfig) -> Result<Setup> {
     let classes = train.num_classes().ok_or_else(|| anyhow!("data '{}' does not say how many classes it has", config.data))?;
     let mut rng = Rng::new(config.seed);
     let dropout_rng = shared_rng(config.seed ^ 0x5eed);
-    let model = sinter_models::build(&config.model, &DataShape { input: train.input_shape(), classes }, &mut rng, &dropout_rng)?;
+    let recompute = config.recompute.parse().map_err(|e| anyhow!("--recompute: {e}"))?;
+    let model = sinter_models::build_with(&config.model, &DataShape { input: train.input_shape(), classes }, &mut rng, &dropout_rng, recompute)?;
     Ok(Setup { config, task, model, train, val, rng, dropout_rng })
 }
 

@@ -183,3 +183,18 @@ fn info_names_the_devices_and_dtypes() {
     let t = String::from_utf8_lossy(&o.stdout);
     assert!(t.contains("cpu:") && t.contains("bf16") && t.contains("cuda"), "{t}");
 }
+
+#[test]
+fn block_recompute_trains_the_same_run() {
+    let mut losses = Vec::new();
+    for mode in ["none", "block", "attn"] {
+        let dir = tempfile::tempdir().unwrap();
+        let o = sinter(&["train", "--quiet", "--model", "gpt-tiny", "--steps", "3", "--batch-size", "2", "--eval-batches", "1", "--recompute", mode, "--out", dir.path().to_str().unwrap()]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        losses.push(summary(dir.path())["val_loss"].as_f64().unwrap());
+    }
+    for l in &losses[1..] {
+        assert!((l - losses[0]).abs() < 1e-5 * losses[0], "{losses:?}");
+    }
+    fails_with(&sinter(&["train", "--model", "gpt-tiny", "--recompute", "all"]), &["none", "attn", "block"]);
+}
