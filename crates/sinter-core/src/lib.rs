@@ -1,6 +1,7 @@
 //! sinter-core: runtime-typed tensors with strided views, reverse-mode autograd, and the CPU
 //! backend. Higher layers (nn, models, dist) build only on the `Tensor` API here.
 
+pub mod amp;
 pub mod autograd;
 pub mod cpu;
 pub mod cuda;
@@ -16,6 +17,7 @@ pub mod rng;
 pub mod storage;
 pub mod tensor;
 
+pub use amp::{autocast, AutocastGuard};
 pub use autograd::{custom_op, is_grad_enabled, no_grad, NoGradGuard};
 pub use cpu::conv::{Conv2dParams, Pool2dParams};
 pub use cpu::nn::{AdamWParams, SgdParams};

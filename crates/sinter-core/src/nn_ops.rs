@@ -37,6 +37,10 @@ impl Tensor {
             _ => bail!("conv2d: a {}x{} kernel does not fit a {}x{} input with {p:?}", ws[2], ws[3], xs[2], xs[3]),
         };
         let g = ConvGeom { n: xs[0], c: xs[1], h: xs[2], w: xs[3], o: ws[0], kh: ws[2], kw: ws[3], oh, ow, p };
+        // Under autocast, float operands are cast (differentiably) to the autocast dtype.
+        if let Some((x, w)) = crate::amp::autocast_operands(self, weight)? {
+            return x.conv2d(&w, p);
+        }
         if self.device().is_cuda() || weight.device().is_cuda() {
             return crate::cuda::conv::conv2d(self, weight, &g);
         }

@@ -99,6 +99,10 @@ impl Tensor {
 
     pub fn binary(&self, rhs: &Tensor, op: BinaryOp) -> Result<Tensor> {
         self.same_device(op.name(), rhs)?;
+        // Different float dtypes promote to the wider (see `amp`); the casts are differentiable.
+        if let Some((a, b)) = crate::amp::promote_operands(self, rhs)? {
+            return a.binary(&b, op);
+        }
         if self.dtype() != rhs.dtype() {
             return Err(Error::DTypeMismatch { op: op.name(), expected: self.dtype(), got: rhs.dtype() });
         }
@@ -323,6 +327,10 @@ impl Tensor {
     /// [..., m, k] @ [..., k, n] with the leading (batch) dimensions broadcast.
     pub fn matmul(&self, rhs: &Tensor) -> Result<Tensor> {
         self.same_device("matmul", rhs)?;
+        // Under autocast, float operands are cast (differentiably) to the autocast dtype.
+        if let Some((a, b)) = crate::amp::autocast_operands(self, rhs)? {
+            return a.matmul(&b);
+        }
         if self.rank() < 2 || rhs.rank() < 2 {
             bail!("matmul: both operands need at least 2 dimensions, got {:?} and {:?}", self.shape(), rhs.shape());
         }

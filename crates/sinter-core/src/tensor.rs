@@ -24,8 +24,8 @@ pub(crate) struct Inner {
     pub(crate) id: TensorId,
     pub(crate) storage: Arc<RwLock<Storage>>,
     pub(crate) layout: Layout,
-    pub(crate) dtype: DType,
-    pub(crate) device: Device,
+    // The dtype and device are read from `storage` (not cached here), so that replacing the
+    // storage in place (`move_to_device_`) moves every holder of this tensor with it.
     pub(crate) node: Option<Node>,
     pub(crate) is_variable: bool,
     pub(crate) grad: Mutex<Option<Tensor>>,
@@ -50,13 +50,14 @@ fn check_device(device: Device) -> Result<()> {
 impl Tensor {
     // ---- construction -------------------------------------------------------------------
 
+    /// `dtype` and `device` are those of `storage` (kept in the signature for the callers; the
+    /// tensor reads them from the storage).
     pub(crate) fn from_parts(storage: Arc<RwLock<Storage>>, layout: Layout, dtype: DType, device: Device, node: Option<Node>) -> Tensor {
+        let _ = (dtype, device);
         Tensor(Arc::new(Inner {
             id: TensorId::new(),
             storage,
             layout,
-            dtype,
-            device,
             node,
             is_variable: false,
             grad: Mutex::new(None),
@@ -171,11 +172,13 @@ impl Tensor {
     pub fn numel(&self) -> usize {
         self.0.layout.numel()
     }
+    /// The element type (of the storage: it follows an in-place move or cast).
     pub fn dtype(&self) -> DType {
-        self.0.dtype
+        self.storage().dtype()
     }
+    /// Where the data lives (of the storage: it follows `move_to_device_`).
     pub fn device(&self) -> Device {
-        self.0.device
+        self.storage().device()
     }
     pub fn layout(&self) -> &Layout {
         &self.0.layout
@@ -220,8 +223,6 @@ impl Tensor {
             id: TensorId::new(),
             storage: arc.storage.clone(),
             layout: arc.layout.clone(),
-            dtype: arc.dtype,
-            device: arc.device,
             node: None,
             is_variable: false,
             grad: Mutex::new(None),
@@ -411,6 +412,52 @@ impl Tensor {
     pub fn to_device(&self, device: Device) -> Result<Tensor> {
         check_device(device)?;
         crate::cuda::creation::to_device(self, device)
+    }
+
+    /// Moves this tensor's data to `device` in place: the storage behind it is replaced by a
+    /// copy on `device` (the values of `to_device`), so every clone of this tensor — a module's
+    /// parameter field, the optimizer's list, views over the same storage — now lives there.
+    /// Its gradient, if any, moves too. Records nothing (parameters are leaves).
+    ///
+    /// Only for a tensor that covers its whole storage contiguously (a parameter or buffer as
+    /// created); a view into a larger storage is an error, as is a device that cannot be used
+    /// (then nothing changes and the tensor stays usable where it was). Move a model before
+    /// creating its optimizer, whose state is allocated beside the parameters.
+    pub fn move_to_device_(&self, device: Device) -> Result<()> {
+        let from = self.device();
+        if from == device {
+            return Ok(());
+        }
+        check_device(device)?;
+        let storage_len = self.storage().len();
+        if self.layout().contiguous_range() != Some(0..storage_len) {
+            bail!(
+                "move_to_device_: a tensor of shape {:?} that views part of a larger storage (or strides over it) cannot be moved in place; move the tensor that owns the storage, or use to_device",
+                self.shape()
+            );
+        }
+        let moved = {
+            let _g = crate::no_grad();
+            self.detach().to_device(device)?
+        };
+        // `moved` is a fresh tensor: take its storage without copying when we hold the only
+        // reference (always, barring a concurrent reader), else clone it.
+        let new_storage = match Arc::try_unwrap(moved.0) {
+            Ok(inner) => match Arc::try_unwrap(inner.storage) {
+                Ok(lock) => lock.into_inner().unwrap_or_else(|e| e.into_inner()),
+                Err(shared) => shared.read().unwrap_or_else(|e| e.into_inner()).clone(),
+            },
+            Err(shared) => shared.storage.read().unwrap_or_else(|e| e.into_inner()).clone(),
+        };
+        let grad = self.grad().map(|g| g.detach().to_device(device)).transpose()?;
+        *self.0.storage.write().unwrap_or_else(|e| e.into_inner()) = new_storage;
+        self.set_grad(grad);
+        if device.is_cuda() {
+            // Long-lived data belongs in the permanent pool (the optimizer would move it there
+            // on its first step anyway).
+            crate::cuda::creation::promote_in_place(self)?;
+        }
+        Ok(())
     }
 
     // ---- in-place updates (outside autograd: optimizers, running statistics) -----------------

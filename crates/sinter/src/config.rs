@@ -37,6 +37,8 @@ pub struct ConfigFile {
     pub grad_accum: Option<u64>,
     /// Activation checkpointing of GPT blocks: none, attn or block.
     pub recompute: Option<String>,
+    /// fp32, tf32, bf16 or fp16.
+    pub precision: Option<String>,
 }
 
 impl ConfigFile {
@@ -49,7 +51,7 @@ impl ConfigFile {
         macro_rules! take {
             ($($f:ident),*) => { $( if over.$f.is_some() { self.$f = over.$f.clone(); } )* };
         }
-        take!(model, data, epochs, steps, batch_size, lr, optimizer, momentum, weight_decay, schedule, grad_clip, context, seed, device, eval_interval, eval_batches, log_interval, checkpoint_interval, out, zero, bucket_mb, grad_accum, recompute);
+        take!(model, data, epochs, steps, batch_size, lr, optimizer, momentum, weight_decay, schedule, grad_clip, context, seed, device, eval_interval, eval_batches, log_interval, checkpoint_interval, out, zero, bucket_mb, grad_accum, recompute, precision);
         self
     }
 }
@@ -92,6 +94,13 @@ pub struct TrainConfig {
     /// Activation checkpointing of GPT blocks: none, attn or block.
     #[serde(default = "no_recompute")]
     pub recompute: String,
+    /// fp32, tf32, bf16 or fp16.
+    #[serde(default = "fp32")]
+    pub precision: String,
+}
+
+fn fp32() -> String {
+    "fp32".into()
 }
 
 fn no_recompute() -> String {
@@ -159,6 +168,7 @@ pub fn defaults_for(model: &str) -> ConfigFile {
         bucket_mb: Some(sinter_dist::DEFAULT_BUCKET_MB),
         grad_accum: Some(1),
         recompute: None,
+        precision: None,
     }
 }
 
@@ -221,6 +231,11 @@ impl TrainConfig {
                 let r = layers.recompute.clone().unwrap_or_else(no_recompute);
                 check_name("recompute mode", &r, &["none", "attn", "block"])?;
                 r
+            },
+            precision: {
+                let p = layers.precision.clone().unwrap_or_else(fp32);
+                crate::precision::parse_precision(&p)?;
+                p
             },
             world_size: 1,
         };

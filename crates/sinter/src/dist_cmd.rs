@@ -112,6 +112,14 @@ pub enum BenchCmd {
     /// Host all-reduce bandwidth (bus bandwidth, as nccl-tests report it) beside a memcpy
     /// ceiling, over threads, TCP loopback threads and TCP loopback processes.
     Allreduce(AllReduceArgs),
+    /// GPU benchmarks (gemm, tc, linear, bandwidth or all) on the CUDA device; a markdown table.
+    Gpu {
+        #[arg(default_value = "all")]
+        which: String,
+        /// Also write the table here (and `<out>.json`).
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -167,6 +175,10 @@ pub fn bench(which: &BenchCmd) -> Result<()> {
     match which {
         BenchCmd::Scaling(a) => bench_scaling(a),
         BenchCmd::Allreduce(a) => bench_allreduce(a),
+        BenchCmd::Gpu { which, out } => {
+            println!("{}", crate::gpu_bench::run(which, out.as_deref())?);
+            Ok(())
+        }
     }
 }
 

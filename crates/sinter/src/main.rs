@@ -3,7 +3,9 @@
 mod checkpoint;
 mod config;
 mod dist_cmd;
+mod gpu_bench;
 mod metrics;
+mod precision;
 mod model_parallel;
 mod tokenize_cmd;
 mod train;
@@ -135,6 +137,9 @@ struct TrainArgs {
     /// Activation checkpointing of GPT blocks: none, attn or block (recompute in backward).
     #[arg(long)]
     recompute: Option<String>,
+    /// fp32, tf32, bf16 or fp16 (fp32 master weights; fp16 with dynamic loss scaling).
+    #[arg(long)]
+    precision: Option<String>,
     /// No progress bar or summaries.
     #[arg(long, short)]
     quiet: bool,
@@ -166,6 +171,7 @@ impl TrainArgs {
             bucket_mb: self.bucket_mb,
             grad_accum: self.grad_accum,
             recompute: self.recompute.clone(),
+            precision: self.precision.clone(),
         }
     }
 }
@@ -226,16 +232,6 @@ fn train_config(a: &TrainArgs) -> Result<(TrainConfig, Option<PathBuf>)> {
     Ok((TrainConfig::resolve(&layered)?, out))
 }
 
-fn cmd_info() {
-    println!("sinter {}", env!("CARGO_PKG_VERSION"));
-    println!("devices:");
-    println!("  cpu: {} threads (rayon; set RAYON_NUM_THREADS to change)", rayon::current_num_threads());
-    println!("  cuda: not used by this build's tensor storage yet (see README, 'GPU status')");
-    println!("dtypes: f32, f16, bf16 (stored; CPU arithmetic in f32), i64 (indices)");
-    println!("models: {}", sinter_models::MODEL_NAMES.join(", "));
-    println!("data: digits, shakespeare, mnist:DIR, cifar10:DIR, text:FILE, tokens:FILE_OR_DIR");
-}
-
 fn run() -> Result<()> {
     let cli = Cli::parse();
     match cli.command {
@@ -272,7 +268,7 @@ fn run() -> Result<()> {
             let bytes: Vec<u8> = out.iter().map(|&t| t as u8).collect();
             println!("{}", String::from_utf8_lossy(&bytes));
         }
-        Command::Info => cmd_info(),
+        Command::Info => print!("{}", precision::info_report()),
         Command::Launch(a) => dist_cmd::launch(&a)?,
         Command::Bench { which } => dist_cmd::bench(&which)?,
         Command::Tokenize(a) => tokenize_cmd::run(&a)?,

@@ -23,20 +23,6 @@ use crate::checkpoint::{self, Meta};
 use crate::config::TrainConfig;
 use crate::metrics::{plot_losses, MetricsLog};
 
-/// `auto` → the CPU until the CUDA backend is wired into tensors; `cuda` is a clear error.
-pub fn resolve_device(name: &str) -> Result<Device> {
-    match name {
-        "auto" => Ok(Device::Cpu),
-        other => {
-            let d = Device::parse(other).ok_or_else(|| anyhow!("unknown device '{other}'; valid devices: auto, cpu, cuda, cuda:N"))?;
-            if let Device::Cuda(_) = d {
-                bail!("device {d} is not available: this build's tensors run on the CPU only (the CUDA backend is not wired into tensor storage yet); use --device cpu or auto");
-            }
-            Ok(d)
-        }
-    }
-}
-
 pub fn to_tensor(a: &HostArray) -> Result<Tensor> {
     Ok(match &a.data {
         HostData::F32(v) => Tensor::from_slice(v, &a.shape, Device::Cpu)?,
@@ -115,6 +101,7 @@ pub struct EvalResult {
 
 /// Validation loss (and accuracy) over up to `max_batches` batches (0 = all), in order.
 pub fn evaluate(s: &Setup, max_batches: usize) -> Result<EvalResult> {
+    let device = sinter_nn::module_device(s.model.as_ref())?;
     let _g = no_grad();
     s.model.set_training(false);
     let bs = s.config.batch_size.max(1);
@@ -123,8 +110,11 @@ pub fn evaluate(s: &Setup, max_batches: usize) -> Result<EvalResult> {
     let (mut total, mut correct, mut count) = (0f64, 0usize, 0usize);
     for _ in 0..n {
         let b = loader.next_batch()?;
-        let (x, y) = (to_tensor(&b.inputs)?, to_tensor(&b.targets)?);
-        let (loss, c) = batch_loss(s.model.as_ref(), s.task, &x, &y)?;
+        let (x, y) = (to_tensor(&b.inputs)?.to_device(device)?, to_tensor(&b.targets)?.to_device(device)?);
+        let (loss, c) = {
+            let _autocast = sinter_nn::PrecisionMode::parse(&s.config.precision).and_then(|m| m.autocast());
+            batch_loss(s.model.as_ref(), s.task, &x, &y)?
+        };
         let rows = b.inputs.shape[0];
         total += loss.to_scalar_f32()? as f64 * rows as f64;
         correct += c.unwrap_or(0);
@@ -224,7 +214,8 @@ pub fn run(config: TrainConfig, opts: &TrainOptions) -> Result<serde_json::Value
 }
 
 fn run_inner(mut config: TrainConfig, opts: &TrainOptions) -> Result<serde_json::Value> {
-    let device = resolve_device(&config.device)?;
+    let (device, device_note) = crate::precision::resolve_device_noted(&config.device)?;
+    let mut precision = crate::precision::parse_precision(&config.precision)?;
     config.check_parallel()?;
     let env = sinter_dist::rendezvous::from_env().context("reading the distributed environment (RANK, WORLD_SIZE, …)")?;
     let dist = if opts.dp || config.zero > 0 || env.world_size > 1 {
@@ -237,8 +228,10 @@ fn run_inner(mut config: TrainConfig, opts: &TrainOptions) -> Result<serde_json:
     // Only rank 0 writes files and talks.
     let writer = rank == 0;
     let quiet = opts.quiet || !writer;
-    if config.device == "auto" && !quiet {
-        eprintln!("device auto: using the CPU ({} threads); no CUDA backend in tensor storage yet", rayon::current_num_threads());
+    for n in [device_note, precision.activate(device)].into_iter().flatten() {
+        if !quiet {
+            eprintln!("{n}");
+        }
     }
     let resumed = match &opts.resume {
         Some(dir) => Some(checkpoint::load(dir)?),
@@ -257,6 +250,8 @@ fn run_inner(mut config: TrainConfig, opts: &TrainOptions) -> Result<serde_json:
     }
     config.world_size = world;
     let mut s = setup(config)?;
+    // Before the optimizer or data parallel take hold of the parameters.
+    sinter_nn::move_module(s.model.as_ref(), device).with_context(|| format!("moving the model to {device}"))?;
     let params = s.model.parameters();
     let accum = s.config.grad_accum;
     let bucket = bucket_bytes(s.config.bucket_mb);
@@ -292,8 +287,10 @@ fn run_inner(mut config: TrainConfig, opts: &TrainOptions) -> Result<serde_json:
     let mut start = 0;
     if let Some(l) = &resumed {
         let named: Vec<(String, Tensor)> = s.model.named_tensors().into_iter().map(|t| (t.name, t.tensor)).collect();
-        checkpoint::restore_model(&l.tensors, &named)?;
-        opt.get_mut().load_state(l.meta.optimizer_steps, &checkpoint::optimizer_state(&l.tensors))?;
+        // Checkpoints load on the CPU; move them to the run's device first.
+        let tensors: std::collections::HashMap<String, Tensor> = l.tensors.iter().map(|(k, v)| Ok((k.clone(), v.to_device(device)?))).collect::<Result<_>>()?;
+        checkpoint::restore_model(&tensors, &named)?;
+        opt.get_mut().load_state(l.meta.optimizer_steps, &checkpoint::optimizer_state(&tensors))?;
         s.rng = Rng::from_state(l.meta.rng);
         *s.dropout_rng.lock().unwrap_or_else(|e| e.into_inner()) = Rng::from_state(l.meta.dropout_rng);
         loader = loader.with_position(LoaderPosition::from_u64s(l.meta.loader));
@@ -350,7 +347,10 @@ fn run_inner(mut config: TrainConfig, opts: &TrainOptions) -> Result<serde_json:
         for micro in 0..accum {
             let b = loader.next_batch()?;
             let (x, y) = (to_tensor(&b.inputs)?.to_device(device)?, to_tensor(&b.targets)?.to_device(device)?);
-            let (loss, _) = batch_loss(s.model.as_ref(), s.task, &x, &y)?;
+            let (loss, _) = {
+                let _autocast = precision.enter_autocast();
+                batch_loss(s.model.as_ref(), s.task, &x, &y)?
+            };
             let lv = loss.to_scalar_f32()? as f64;
             // A single process stops before backward; ranks decide together below.
             if dist.is_none() && !lv.is_finite() {
@@ -358,6 +358,7 @@ fn run_inner(mut config: TrainConfig, opts: &TrainOptions) -> Result<serde_json:
             }
             loss_sum += lv;
             let loss = if accum > 1 { loss.mul_scalar(1.0 / accum as f32)? } else { loss };
+            let loss = precision.scale_loss(&loss)?;
             // Only the last micro-step communicates.
             let sync = micro + 1 == accum;
             match (&mut opt, &mut dp) {
@@ -375,11 +376,20 @@ fn run_inner(mut config: TrainConfig, opts: &TrainOptions) -> Result<serde_json:
                 return Err(nan_stop(lv, step, opt.get().lr()));
             }
         }
-        if let (Some(c), Opt::Plain(_)) = (s.config.grad_clip, &opt) {
-            // ZeRO clips inside its step, where the gradient shards are.
-            clip_grad_norm(&params, c)?;
+        // fp16: unscale, and skip the update (shrinking the scale) on inf/NaN gradients.
+        precision.unscale_and_check(&params)?;
+        if precision.should_step() {
+            if let (Some(c), Opt::Plain(_)) = (s.config.grad_clip, &opt) {
+                // ZeRO clips inside its step, where the gradient shards are.
+                clip_grad_norm(&params, c)?;
+            }
+            opt.get_mut().step()?;
         }
-        opt.get_mut().step()?;
+        if let Some(m) = precision.end_step() {
+            if !quiet {
+                bar.suspend(|| eprintln!("step {}: {m}", step + 1));
+            }
+        }
         opt.get().zero_grad();
         last_loss = lv;
         window_loss += lv;
@@ -429,6 +439,7 @@ fn run_inner(mut config: TrainConfig, opts: &TrainOptions) -> Result<serde_json:
     let mut summary = json!({
         "model": s.config.model, "data": s.config.data, "device": device.to_string(), "steps": end, "total_steps": total,
         "resumed_from_step": resumed.as_ref().map(|l| l.meta.step), "parameters": s.model.num_parameters(),
+        "precision": s.config.precision, "peak_device_memory_bytes": crate::precision::peak_device_memory_bytes(device),
         "wall_time_s": wall, "train_loss": last_loss, "val_loss": e.loss, "val_accuracy": e.accuracy,
         "val_examples": e.examples, "batch_size": s.config.batch_size, "lr": s.config.lr, "optimizer": s.config.optimizer,
         "seed": s.config.seed, "threads": rayon::current_num_threads(), "last_logged_rate": rate,

@@ -112,8 +112,10 @@ pub(crate) fn promote_in_place(t: &Tensor) -> Result<()> {
     if buf.pool() == Pool::Permanent {
         return Ok(());
     }
-    let perm = permanent_copy(&dev, &DevView::whole(buf), t.dtype())?;
+    let dtype = t.dtype();
+    let perm = permanent_copy(&dev, &DevView::whole(buf), dtype)?;
+    // (dtype read before locking: `t.dtype()` reads the storage.)
     let mut guard = t.0.storage.write().unwrap_or_else(|e| e.into_inner());
-    *guard = storage_of(&dev, perm, t.dtype());
+    *guard = storage_of(&dev, perm, dtype);
     Ok(())
 }

@@ -241,6 +241,11 @@ fn dtype_misuse() {
     expect_err(i.exp(), "exp");
     expect_err(i.matmul(&i.t().unwrap()), "matmul");
     expect_err(Tensor::where_cond(&a, &a, &i), "where");
-    expect_err(a.to_dtype(DType::F16).unwrap().add(&a), "add");
+    // Float dtypes promote in elementwise ops (see `sinter_core::amp`), but not where the op
+    // cannot promote: `where` between f16 and f32, and matmul outside an autocast region.
+    let h = a.to_dtype(DType::F16).unwrap();
+    assert_eq!(h.add(&a).unwrap().dtype(), DType::F32);
+    expect_err(Tensor::where_cond(&a, &h, &a), "where");
+    expect_err(h.matmul(&a.t().unwrap()), "matmul");
     expect_err(i.to_var(), "to_var");
 }

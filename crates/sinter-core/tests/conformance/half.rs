@@ -174,8 +174,13 @@ fn half_losses_and_casts() {
         let g = v.grad().unwrap();
         assert_eq!(g.dtype(), DType::F32);
         assert_eq!(vals(&g), vals(&w));
-        // Mixed dtypes are an error, not a silent cast.
-        expect_err(x.add(&x.to_dtype(DType::F32).unwrap()), "add");
+        // Mixed float dtypes promote to the wider in elementwise ops (PyTorch's rule, see
+        // `sinter_core::amp`), with the exact f32 result of the half values; matmul does not
+        // mix dtypes outside an autocast region.
+        let wide = x.to_dtype(DType::F32).unwrap();
+        let sum = x.add(&wide).unwrap();
+        assert_eq!(sum.dtype(), DType::F32);
+        assert_eq!(vals(&sum), vals(&wide.add(&wide).unwrap()));
         expect_err(
             x.matmul(&x.to_dtype(DType::F32).unwrap().t().unwrap()),
             "matmul",

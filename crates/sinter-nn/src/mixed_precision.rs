@@ -1,0 +1,304 @@
+//! Mixed-precision training: the precision modes and dynamic loss scaling for fp16.
+//!
+//! Parameters (the master weights) and their gradients stay f32 in every mode; what changes is
+//! the dtype the matrix products run in, through `sinter_core::amp::autocast`:
+//!
+//! | mode | matmul / conv2d                         | loss scaling |
+//! |------|-----------------------------------------|--------------|
+//! | fp32 | f32                                     | no           |
+//! | tf32 | f32 storage, TF32 tensor cores on CUDA (f32 on the CPU) | no |
+//! | bf16 | bf16 operands, f32 accumulation         | no (bf16 has f32's range) |
+//! | fp16 | f16 operands, f32 accumulation          | yes: [`LossScaler`] |
+//!
+//! fp16 has 5 exponent bits: gradients below ~6e-8 flush to zero and above 65504 overflow.
+//! Scaling the loss by `scale` before backward lifts small gradients into range; the optimizer
+//! step then sees gradients multiplied by 1/scale, and a step whose gradients overflowed
+//! (inf/NaN) is skipped and the scale halved. After `growth_interval` good steps in a row the
+//! scale doubles, so it hovers just below the overflow point (PyTorch's `GradScaler`).
+
+use sinter_core::{amp, bail, no_grad, DType, Result, Tensor};
+
+use crate::optim::Optimizer;
+
+/// How a model computes (see the module docs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub enum PrecisionMode {
+    #[default]
+    Fp32,
+    Tf32,
+    Bf16,
+    Fp16,
+}
+
+impl PrecisionMode {
+    pub const ALL: [PrecisionMode; 4] = [
+        PrecisionMode::Fp32,
+        PrecisionMode::Tf32,
+        PrecisionMode::Bf16,
+        PrecisionMode::Fp16,
+    ];
+
+    /// Parses `fp32`, `tf32`, `bf16` or `fp16` (also `f32`, `float32`, `bfloat16`, `f16`,
+    /// `float16`, `half`).
+    pub fn parse(s: &str) -> Option<PrecisionMode> {
+        Some(match s.to_ascii_lowercase().as_str() {
+            "fp32" | "f32" | "float32" => PrecisionMode::Fp32,
+            "tf32" => PrecisionMode::Tf32,
+            "bf16" | "bfloat16" => PrecisionMode::Bf16,
+            "fp16" | "f16" | "float16" | "half" => PrecisionMode::Fp16,
+            _ => return None,
+        })
+    }
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PrecisionMode::Fp32 => "fp32",
+            PrecisionMode::Tf32 => "tf32",
+            PrecisionMode::Bf16 => "bf16",
+            PrecisionMode::Fp16 => "fp16",
+        }
+    }
+    /// The dtype matrix products run in under autocast (None: no autocast region).
+    pub fn autocast_dtype(self) -> Option<DType> {
+        match self {
+            PrecisionMode::Fp32 | PrecisionMode::Tf32 => None,
+            PrecisionMode::Bf16 => Some(DType::BF16),
+            PrecisionMode::Fp16 => Some(DType::F16),
+        }
+    }
+    /// Whether this mode needs dynamic loss scaling (fp16 only).
+    pub fn needs_loss_scaling(self) -> bool {
+        self == PrecisionMode::Fp16
+    }
+    /// Enters the autocast region for this mode (a no-op guard for fp32 and tf32).
+    pub fn autocast(self) -> Option<amp::AutocastGuard> {
+        self.autocast_dtype().map(amp::autocast)
+    }
+}
+
+impl std::fmt::Display for PrecisionMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// What a checkpoint keeps of a [`LossScaler`].
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct LossScalerState {
+    pub scale: f64,
+    /// Good (finite) steps since the scale last changed.
+    pub good_steps: u64,
+}
+
+/// Dynamic loss scaling for fp16 training (PyTorch's `GradScaler`, same defaults).
+///
+/// Per step: `backward(scale_loss(loss))`, then `unscale_and_check(params)`; if it returns
+/// true, (clip and) `optimizer.step()`; in any case `update(found_inf)` with its negation.
+/// [`LossScaler::step`] does the three for the common case.
+#[derive(Clone, Debug)]
+pub struct LossScaler {
+    /// The factor the loss is multiplied by (2^16 to start).
+    pub scale: f64,
+    /// Multiplies the scale after `growth_interval` good steps in a row (2).
+    pub growth_factor: f64,
+    /// Multiplies the scale after a step with inf/NaN gradients (0.5).
+    pub backoff_factor: f64,
+    /// Good steps in a row before the scale grows (2000).
+    pub growth_interval: u64,
+    good_steps: u64,
+    skipped: u64,
+    last_grad_norm: Option<f64>,
+}
+
+impl Default for LossScaler {
+    fn default() -> Self {
+        LossScaler::new(65536.0)
+    }
+}
+
+impl LossScaler {
+    /// A scaler starting at `init_scale`, with growth 2, backoff 0.5 and interval 2000.
+    pub fn new(init_scale: f64) -> LossScaler {
+        LossScaler {
+            scale: init_scale,
+            growth_factor: 2.0,
+            backoff_factor: 0.5,
+            growth_interval: 2000,
+            good_steps: 0,
+            skipped: 0,
+            last_grad_norm: None,
+        }
+    }
+
+    /// Checks the settings (a positive finite scale, growth > 1, 0 < backoff < 1, interval ≥ 1).
+    pub fn validate(&self) -> Result<()> {
+        if !(self.scale.is_finite() && self.scale > 0.0) {
+            bail!(
+                "loss scaler: the scale must be positive and finite, got {}",
+                self.scale
+            );
+        }
+        if !(self.growth_factor > 1.0 && self.growth_factor.is_finite()) {
+            bail!(
+                "loss scaler: growth_factor must be above 1, got {}",
+                self.growth_factor
+            );
+        }
+        if !(self.backoff_factor > 0.0 && self.backoff_factor < 1.0) {
+            bail!(
+                "loss scaler: backoff_factor must be in (0, 1), got {}",
+                self.backoff_factor
+            );
+        }
+        if self.growth_interval == 0 {
+            bail!("loss scaler: growth_interval must be at least 1");
+        }
+        Ok(())
+    }
+
+    /// `loss · scale` in f32 (differentiable), to call `backward` on. A half-precision loss is
+    /// widened first so that the scaled value itself is representable (cross-entropy already
+    /// returns f32; compute other losses in f32 too, or the scaled gradient may overflow on its
+    /// way back into an f16 graph — which the scaler then detects and backs off from).
+    pub fn scale_loss(&self, loss: &Tensor) -> Result<Tensor> {
+        let loss = if loss.dtype().is_float() && loss.dtype() != DType::F32 {
+            loss.to_dtype(DType::F32)?
+        } else {
+            loss.clone()
+        };
+        loss.mul_scalar(self.scale as f32)
+    }
+
+    /// Multiplies every gradient of `params` by 1/scale, in place (the gradients' storage is
+    /// kept, so data-parallel buckets that alias it stay valid), and returns true when all of
+    /// them are finite. The check is one fused pass over all gradients
+    /// (`sinter_core::fused::global_grad_norm`: an inf or NaN anywhere makes the norm non-finite);
+    /// when it fails nothing is unscaled (the step will be skipped and the gradients cleared).
+    pub fn unscale_and_check(&mut self, params: &[(String, Tensor)]) -> Result<bool> {
+        let _g = no_grad();
+        let grads: Vec<Tensor> = params.iter().filter_map(|(_, p)| p.grad()).collect();
+        let norm = sinter_core::fused::global_grad_norm(&grads);
+        if !norm.is_finite() {
+            self.last_grad_norm = None;
+            return Ok(false);
+        }
+        let inv = (1.0 / self.scale) as f32;
+        for g in &grads {
+            g.assign(&g.mul_scalar(inv)?)?;
+        }
+        self.last_grad_norm = Some(norm / self.scale);
+        Ok(true)
+    }
+
+    /// The global gradient norm after the last successful `unscale_and_check` (unscaled).
+    pub fn last_grad_norm(&self) -> Option<f64> {
+        self.last_grad_norm
+    }
+
+    /// Adjusts the scale after a step: on inf/NaN gradients, multiply by `backoff_factor` and
+    /// restart the count of good steps; else count the step and, after `growth_interval` good
+    /// steps in a row, multiply by `growth_factor` (as long as the scale stays finite in f32).
+    pub fn update(&mut self, found_inf: bool) {
+        if found_inf {
+            self.scale *= self.backoff_factor;
+            // Never reach zero: the smallest normal f32 keeps the loss representable.
+            self.scale = self.scale.max(f32::MIN_POSITIVE as f64);
+            self.good_steps = 0;
+            self.skipped += 1;
+        } else {
+            self.good_steps += 1;
+            if self.good_steps >= self.growth_interval {
+                let grown = self.scale * self.growth_factor;
+                if grown < f32::MAX as f64 {
+                    self.scale = grown;
+                }
+                self.good_steps = 0;
+            }
+        }
+    }
+
+    /// Unscale, check, step the optimizer when the gradients are finite, update the scale.
+    /// Returns whether the optimizer stepped. (Clipping, if any, goes between `unscale_and_check`
+    /// and `optimizer.step()`: call those two yourself.)
+    pub fn step(&mut self, optimizer: &mut dyn Optimizer) -> Result<bool> {
+        let ok = self.unscale_and_check(optimizer.params())?;
+        if ok {
+            optimizer.step()?;
+        }
+        self.update(!ok);
+        Ok(ok)
+    }
+
+    /// Good steps since the scale last changed.
+    pub fn good_steps(&self) -> u64 {
+        self.good_steps
+    }
+    /// Steps skipped for inf/NaN gradients since this scaler was made (not checkpointed).
+    pub fn skipped_steps(&self) -> u64 {
+        self.skipped
+    }
+    pub fn state(&self) -> LossScalerState {
+        LossScalerState {
+            scale: self.scale,
+            good_steps: self.good_steps,
+        }
+    }
+    pub fn load_state(&mut self, s: LossScalerState) -> Result<()> {
+        if !(s.scale.is_finite() && s.scale > 0.0) {
+            bail!(
+                "loss scaler state: the scale must be positive and finite, got {}",
+                s.scale
+            );
+        }
+        self.scale = s.scale;
+        self.good_steps = s.good_steps;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parse_and_dtypes() {
+        for m in PrecisionMode::ALL {
+            assert_eq!(PrecisionMode::parse(m.as_str()), Some(m));
+        }
+        assert_eq!(PrecisionMode::parse("BF16"), Some(PrecisionMode::Bf16));
+        assert_eq!(PrecisionMode::parse("int8"), None);
+        assert_eq!(PrecisionMode::Fp16.autocast_dtype(), Some(DType::F16));
+        assert_eq!(PrecisionMode::Tf32.autocast_dtype(), None);
+        assert!(
+            PrecisionMode::Fp16.needs_loss_scaling() && !PrecisionMode::Bf16.needs_loss_scaling()
+        );
+    }
+
+    #[test]
+    fn update_backs_off_and_grows() {
+        let mut s = LossScaler::new(1024.0);
+        s.growth_interval = 3;
+        s.validate().unwrap();
+        s.update(true);
+        assert_eq!(s.scale, 512.0);
+        s.update(false);
+        s.update(false);
+        assert_eq!(s.scale, 512.0);
+        s.update(true); // the run of good steps restarts
+        assert_eq!((s.scale, s.good_steps()), (256.0, 0));
+        for _ in 0..3 {
+            s.update(false);
+        }
+        assert_eq!((s.scale, s.good_steps()), (512.0, 0));
+        assert_eq!(s.skipped_steps(), 2);
+        let st = s.state();
+        let mut t = LossScaler::default();
+        t.load_state(st).unwrap();
+        assert_eq!(t.state(), st);
+        assert!(t
+            .load_state(LossScalerState {
+                scale: f64::NAN,
+                good_steps: 0
+            })
+            .is_err());
+    }
+}
