@@ -12,7 +12,8 @@ use crate::storage::Storage;
 use crate::tensor::{Tensor, TensorId};
 use crate::{Layout, Result};
 
-pub(crate) type BackwardFn = Box<dyn Fn(&Tensor, &Tensor) -> Result<Vec<Option<Tensor>>> + Send + Sync>;
+pub(crate) type BackwardFn =
+    Box<dyn Fn(&Tensor, &Tensor) -> Result<Vec<Option<Tensor>>> + Send + Sync>;
 
 pub(crate) struct Node {
     pub(crate) name: &'static str,
@@ -71,7 +72,13 @@ pub(crate) fn output(
 ) -> Tensor {
     let (dtype, device) = (storage.dtype(), storage.device());
     let node = record(name, inputs, backward);
-    Tensor::from_parts(Arc::new(RwLock::new(storage)), Layout::contiguous(shape), dtype, device, node)
+    Tensor::from_parts(
+        Arc::new(RwLock::new(storage)),
+        Layout::contiguous(shape),
+        dtype,
+        device,
+        node,
+    )
 }
 
 /// Tensors reachable from `root` through nodes, producers before consumers.
@@ -82,7 +89,11 @@ fn topological_order(root: &Tensor) -> Vec<Tensor> {
     let mut stack: Vec<(Tensor, usize)> = vec![(root.clone(), 0)];
     seen.insert(root.id(), ());
     while let Some((t, child)) = stack.pop() {
-        let inputs = t.0.node.as_ref().map(|n| n.inputs.as_slice()).unwrap_or(&[]);
+        let inputs =
+            t.0.node
+                .as_ref()
+                .map(|n| n.inputs.as_slice())
+                .unwrap_or(&[]);
         if child < inputs.len() {
             let next = inputs[child].clone();
             stack.push((t, child + 1));
@@ -106,7 +117,13 @@ pub fn custom_op(
     backward: impl Fn(&Tensor, &Tensor) -> Result<Vec<Option<Tensor>>> + Send + Sync + 'static,
 ) -> Tensor {
     let node = record(name, inputs, backward);
-    Tensor::from_parts(value.0.storage.clone(), value.layout().clone(), value.dtype(), value.device(), node)
+    Tensor::from_parts(
+        value.0.storage.clone(),
+        value.layout().clone(),
+        value.dtype(),
+        value.device(),
+        node,
+    )
 }
 
 impl Tensor {
@@ -118,20 +135,35 @@ impl Tensor {
 
     /// `backward`, calling `hook(variable, its accumulated gradient)` as soon as each
     /// variable's gradient from this pass is complete.
-    pub fn backward_with_hook(&self, hook: impl FnMut(&Tensor, &Tensor) -> Result<()>) -> Result<()> {
+    pub fn backward_with_hook(
+        &self,
+        hook: impl FnMut(&Tensor, &Tensor) -> Result<()>,
+    ) -> Result<()> {
         self.backward_from(None, hook)
     }
 
     /// Backward seeded with `grad` (this tensor's gradient, e.g. received from the next
     /// pipeline stage) instead of ones.
-    pub fn backward_with_grad(&self, grad: &Tensor, hook: impl FnMut(&Tensor, &Tensor) -> Result<()>) -> Result<()> {
+    pub fn backward_with_grad(
+        &self,
+        grad: &Tensor,
+        hook: impl FnMut(&Tensor, &Tensor) -> Result<()>,
+    ) -> Result<()> {
         if grad.shape() != self.shape() {
-            return Err(crate::Error::ShapeMismatch { op: "backward_with_grad", lhs: self.shape().to_vec(), rhs: grad.shape().to_vec() });
+            return Err(crate::Error::ShapeMismatch {
+                op: "backward_with_grad",
+                lhs: self.shape().to_vec(),
+                rhs: grad.shape().to_vec(),
+            });
         }
         self.backward_from(Some(grad.clone()), hook)
     }
 
-    fn backward_from(&self, seed: Option<Tensor>, mut hook: impl FnMut(&Tensor, &Tensor) -> Result<()>) -> Result<()> {
+    fn backward_from(
+        &self,
+        seed: Option<Tensor>,
+        mut hook: impl FnMut(&Tensor, &Tensor) -> Result<()>,
+    ) -> Result<()> {
         if !self.tracks_grad() {
             crate::bail!("backward: this tensor does not depend on any variable (was it computed under no_grad, or detached?)");
         }
@@ -155,8 +187,15 @@ impl Tensor {
         };
         grads.insert(self.id(), seed);
 
-        let finish_variable = |v: &Tensor, g: Tensor, hook: &mut dyn FnMut(&Tensor, &Tensor) -> Result<()>| -> Result<()> {
-            let g = if g.dtype() != v.dtype() { g.to_dtype(v.dtype())? } else { g };
+        let finish_variable = |v: &Tensor,
+                               g: Tensor,
+                               hook: &mut dyn FnMut(&Tensor, &Tensor) -> Result<()>|
+         -> Result<()> {
+            let g = if g.dtype() != v.dtype() {
+                g.to_dtype(v.dtype())?
+            } else {
+                g
+            };
             let total = match v.grad() {
                 Some(prev) => prev.add(&g)?,
                 // A gradient may share storage with another variable's (add hands the same
@@ -175,8 +214,11 @@ impl Tensor {
 
         for t in order.iter().rev() {
             let Some(node) = &t.0.node else { continue };
-            let Some(g) = grads.remove(&t.id()) else { continue };
-            let input_grads = (node.backward)(&g, t).map_err(|e| crate::Error::Msg(format!("backward of {}: {e}", node.name)))?;
+            let Some(g) = grads.remove(&t.id()) else {
+                continue;
+            };
+            let input_grads = (node.backward)(&g, t)
+                .map_err(|e| crate::Error::Msg(format!("backward of {}: {e}", node.name)))?;
             debug_assert_eq!(input_grads.len(), node.inputs.len(), "{}", node.name);
             for (input, ig) in node.inputs.iter().zip(input_grads) {
                 if !input.tracks_grad() {
@@ -184,7 +226,12 @@ impl Tensor {
                 }
                 if let Some(ig) = ig {
                     if ig.shape() != input.shape() {
-                        crate::bail!("backward of {}: gradient shape {:?} does not match input shape {:?}", node.name, ig.shape(), input.shape());
+                        crate::bail!(
+                            "backward of {}: gradient shape {:?} does not match input shape {:?}",
+                            node.name,
+                            ig.shape(),
+                            input.shape()
+                        );
                     }
                     let acc = match grads.remove(&input.id()) {
                         Some(prev) => prev.add(&ig)?,

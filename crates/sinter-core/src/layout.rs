@@ -32,8 +32,16 @@ pub fn broadcast_shape(op: &'static str, a: &[usize], b: &[usize]) -> Result<Vec
     let n = a.len().max(b.len());
     let mut out = vec![0; n];
     for i in 0..n {
-        let da = if i + a.len() >= n { a[i + a.len() - n] } else { 1 };
-        let db = if i + b.len() >= n { b[i + b.len() - n] } else { 1 };
+        let da = if i + a.len() >= n {
+            a[i + a.len() - n]
+        } else {
+            1
+        };
+        let db = if i + b.len() >= n {
+            b[i + b.len() - n]
+        } else {
+            1
+        };
         out[i] = if da == db || db == 1 {
             da
         } else if da == 1 {
@@ -261,10 +269,15 @@ mod tests {
         assert_eq!(t.offsets()[..4], [0, 4, 8, 1]);
         let n = l.narrow(2, 1, 2).unwrap();
         assert_eq!(n.offsets()[..4], [1, 2, 5, 6]);
-        let b = Layout::contiguous(&[3, 1]).broadcast_as(&[2, 3, 4]).unwrap();
+        let b = Layout::contiguous(&[3, 1])
+            .broadcast_as(&[2, 3, 4])
+            .unwrap();
         assert_eq!(b.offsets()[..6], [0, 0, 0, 0, 1, 1]);
         assert!(Layout::contiguous(&[3, 2]).broadcast_as(&[3, 4]).is_err());
-        assert_eq!(broadcast_shape("t", &[4, 1, 3], &[5, 1]).unwrap(), vec![4, 5, 3]);
+        assert_eq!(
+            broadcast_shape("t", &[4, 1, 3], &[5, 1]).unwrap(),
+            vec![4, 5, 3]
+        );
         assert!(broadcast_shape("t", &[2, 3], &[4]).is_err());
         assert_eq!(Layout::contiguous(&[2, 3]).unsqueeze(0).shape(), &[1, 2, 3]);
     }

@@ -34,15 +34,17 @@ pub fn erf(x: f64) -> f64 {
     // Numerical Recipes' erfc Chebyshev fit: fractional error below 1.2e-7 everywhere.
     let z = x.abs();
     let t = 1.0 / (1.0 + 0.5 * z);
-    let r = t * (-z * z - 1.265_512_23
-        + t * (1.000_023_68
-            + t * (0.374_091_96
-                + t * (0.096_784_18
-                    + t * (-0.186_288_06
-                        + t * (0.278_868_07
-                            + t * (-1.135_203_98
-                                + t * (1.488_515_87 + t * (-0.822_152_23 + t * 0.170_872_77)))))))))
-        .exp();
+    let r = t
+        * (-z * z - 1.265_512_23
+            + t * (1.000_023_68
+                + t * (0.374_091_96
+                    + t * (0.096_784_18
+                        + t * (-0.186_288_06
+                            + t * (0.278_868_07
+                                + t * (-1.135_203_98
+                                    + t * (1.488_515_87
+                                        + t * (-0.822_152_23 + t * 0.170_872_77)))))))))
+            .exp();
     if x >= 0.0 {
         1.0 - r
     } else {
@@ -83,7 +85,9 @@ impl UnaryOp {
             UnaryOp::Tanh => x.tanh(),
             UnaryOp::Sigmoid => 1.0 / (1.0 + (-x).exp()),
             UnaryOp::Relu => x.max(0.0),
-            UnaryOp::GeluTanh => 0.5 * x * (1.0 + (SQRT_2_OVER_PI * (x + 0.044715 * x * x * x)).tanh()),
+            UnaryOp::GeluTanh => {
+                0.5 * x * (1.0 + (SQRT_2_OVER_PI * (x + 0.044715 * x * x * x)).tanh())
+            }
             UnaryOp::GeluErf => 0.5 * x * (1.0 + erf(x * INV_SQRT_2)),
             UnaryOp::Silu => x / (1.0 + (-x).exp()),
             UnaryOp::Powf(e) => x.powf(e as f64),
@@ -286,19 +290,39 @@ mod tests {
     use super::*;
     #[test]
     fn erf_matches_known_values() {
-        for (x, e) in [(0.0, 0.0), (0.5, 0.520_499_877_8), (1.0, 0.842_700_792_9), (2.0, 0.995_322_265), (-1.5, -0.966_105_146_5)] {
+        for (x, e) in [
+            (0.0, 0.0),
+            (0.5, 0.520_499_877_8),
+            (1.0, 0.842_700_792_9),
+            (2.0, 0.995_322_265),
+            (-1.5, -0.966_105_146_5),
+        ] {
             assert!((erf(x) - e).abs() < 2e-7, "erf({x}) = {} not {e}", erf(x));
         }
     }
     #[test]
     fn analytic_derivatives_match_finite_differences() {
-        let ops = [UnaryOp::Tanh, UnaryOp::Sigmoid, UnaryOp::GeluTanh, UnaryOp::GeluErf, UnaryOp::Silu, UnaryOp::Exp, UnaryOp::Log, UnaryOp::Sqrt, UnaryOp::Powf(2.5), UnaryOp::Recip];
+        let ops = [
+            UnaryOp::Tanh,
+            UnaryOp::Sigmoid,
+            UnaryOp::GeluTanh,
+            UnaryOp::GeluErf,
+            UnaryOp::Silu,
+            UnaryOp::Exp,
+            UnaryOp::Log,
+            UnaryOp::Sqrt,
+            UnaryOp::Powf(2.5),
+            UnaryOp::Recip,
+        ];
         for op in ops {
             for &x in &[0.3, 1.7, 2.9] {
                 let h = 1e-6;
                 let fd = (op.apply_f64(x + h) - op.apply_f64(x - h)) / (2.0 * h);
                 let an = op.derivative_f64(x, op.apply_f64(x));
-                assert!((fd - an).abs() < 1e-5 * (1.0 + an.abs()), "{op:?} at {x}: fd {fd} analytic {an}");
+                assert!(
+                    (fd - an).abs() < 1e-5 * (1.0 + an.abs()),
+                    "{op:?} at {x}: fd {fd} analytic {an}"
+                );
             }
         }
     }

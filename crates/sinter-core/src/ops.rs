@@ -11,7 +11,11 @@ use crate::{bail, DType, Error, Result, Tensor};
 impl Tensor {
     fn same_device(&self, op: &'static str, other: &Tensor) -> Result<()> {
         if self.device() != other.device() {
-            return Err(Error::DeviceMismatch { op, lhs: self.device(), rhs: other.device() });
+            return Err(Error::DeviceMismatch {
+                op,
+                lhs: self.device(),
+                rhs: other.device(),
+            });
         }
         Ok(())
     }
@@ -25,10 +29,16 @@ impl Tensor {
         let s = if self.device().is_cuda() {
             crate::cuda::elementwise::unary(self, op)?
         } else {
-            Storage::Cpu(cpu::elementwise::unary(self.storage().cpu(), self.layout(), op))
+            Storage::Cpu(cpu::elementwise::unary(
+                self.storage().cpu(),
+                self.layout(),
+                op,
+            ))
         };
         let x = self.clone();
-        Ok(output(s, self.shape(), op.name(), &[self], move |g, y| Ok(vec![Some(Tensor::unary_backward(op, &x, y, g)?)])))
+        Ok(output(s, self.shape(), op.name(), &[self], move |g, y| {
+            Ok(vec![Some(Tensor::unary_backward(op, &x, y, g)?)])
+        }))
     }
     /// grad_out · f'(x) in one pass.
     fn unary_backward(op: UnaryOp, x: &Tensor, y: &Tensor, g: &Tensor) -> Result<Tensor> {
@@ -36,7 +46,11 @@ impl Tensor {
             return crate::cuda::elementwise::unary_backward(op, x, y, g);
         }
         let (xs, ys, gs) = (x.storage(), y.storage(), g.storage());
-        let (xv, yv, gv) = (xs.cpu().f32_contiguous(x.layout()), ys.cpu().f32_contiguous(y.layout()), gs.cpu().f32_contiguous(g.layout()));
+        let (xv, yv, gv) = (
+            xs.cpu().f32_contiguous(x.layout()),
+            ys.cpu().f32_contiguous(y.layout()),
+            gs.cpu().f32_contiguous(g.layout()),
+        );
         let s = cpu::elementwise::unary_backward(op, &xv, &yv, &gv, g.dtype());
         Ok(Tensor::from_cpu(s, g.shape()))
     }
@@ -104,10 +118,17 @@ impl Tensor {
             return a.binary(&b, op);
         }
         if self.dtype() != rhs.dtype() {
-            return Err(Error::DTypeMismatch { op: op.name(), expected: self.dtype(), got: rhs.dtype() });
+            return Err(Error::DTypeMismatch {
+                op: op.name(),
+                expected: self.dtype(),
+                got: rhs.dtype(),
+            });
         }
         let shape = broadcast_shape(op.name(), self.shape(), rhs.shape())?;
-        let (la, lb) = (self.layout().broadcast_as(&shape)?, rhs.layout().broadcast_as(&shape)?);
+        let (la, lb) = (
+            self.layout().broadcast_as(&shape)?,
+            rhs.layout().broadcast_as(&shape)?,
+        );
         let s = if self.device().is_cuda() {
             crate::cuda::elementwise::binary(self, &la, rhs, &lb, &shape, op)?
         } else {
@@ -125,14 +146,27 @@ impl Tensor {
                 BinaryOp::Mul => (g.mul(&b)?, g.mul(&a)?),
                 BinaryOp::Div => (g.div(&b)?, g.mul(&a)?.div(&b.sqr()?)?.neg()?),
                 BinaryOp::Maximum | BinaryOp::Minimum => {
-                    let pick_a = if op == BinaryOp::Maximum { a.ge(&b)? } else { a.le(&b)? };
+                    let pick_a = if op == BinaryOp::Maximum {
+                        a.ge(&b)?
+                    } else {
+                        a.le(&b)?
+                    };
                     let zeros = g.zeros_like()?;
-                    (Tensor::where_cond(&pick_a, g, &zeros)?, Tensor::where_cond(&pick_a, &zeros, g)?)
+                    (
+                        Tensor::where_cond(&pick_a, g, &zeros)?,
+                        Tensor::where_cond(&pick_a, &zeros, g)?,
+                    )
                 }
                 _ => unreachable!("comparisons record no node"),
             };
-            let want_a = a.tracks_grad().then(|| ga.sum_to_shape(a.shape())).transpose()?;
-            let want_b = b.tracks_grad().then(|| gb.sum_to_shape(b.shape())).transpose()?;
+            let want_a = a
+                .tracks_grad()
+                .then(|| ga.sum_to_shape(a.shape()))
+                .transpose()?;
+            let want_b = b
+                .tracks_grad()
+                .then(|| gb.sum_to_shape(b.shape()))
+                .transpose()?;
             Ok(vec![want_a, want_b])
         }))
     }
@@ -179,7 +213,11 @@ impl Tensor {
     /// Reduces one dimension of a contiguous copy viewed as [outer, n, inner].
     fn reduce_dim(&self, dim: usize, op: ReduceOp) -> Result<(Storage, Vec<usize>)> {
         let shape = self.shape();
-        let (outer, n, inner) = (shape[..dim].iter().product::<usize>(), shape[dim], shape[dim + 1..].iter().product::<usize>());
+        let (outer, n, inner) = (
+            shape[..dim].iter().product::<usize>(),
+            shape[dim],
+            shape[dim + 1..].iter().product::<usize>(),
+        );
         if n == 0 && op != ReduceOp::Sum {
             bail!("{op:?}: cannot reduce over an empty dimension {dim} of {shape:?}");
         }
@@ -193,7 +231,10 @@ impl Tensor {
         let st = if op == ReduceOp::ArgMax {
             CpuStorage::I64(cpu::reduce::argmax_i64(&x, outer, n, inner))
         } else {
-            CpuStorage::from_f32(cpu::reduce::reduce_f32(&x, outer, n, inner, op), self.dtype())
+            CpuStorage::from_f32(
+                cpu::reduce::reduce_f32(&x, outer, n, inner, op),
+                self.dtype(),
+            )
         };
         Ok((Storage::Cpu(st), out_shape))
     }
@@ -209,7 +250,10 @@ impl Tensor {
     }
 
     fn resolve_dims(&self, op: &'static str, dims: &[isize]) -> Result<Vec<usize>> {
-        let mut out = dims.iter().map(|&d| resolve_dim(op, d, self.rank())).collect::<Result<Vec<_>>>()?;
+        let mut out = dims
+            .iter()
+            .map(|&d| resolve_dim(op, d, self.rank()))
+            .collect::<Result<Vec<_>>>()?;
         out.sort_unstable();
         out.dedup();
         Ok(out)
@@ -222,7 +266,9 @@ impl Tensor {
         for &d in &ds {
             let (s, shape) = t.reduce_dim(d, ReduceOp::Sum)?;
             let src_shape = t.shape().to_vec();
-            t = output(s, &shape, "sum", &[&t], move |g, _| Ok(vec![Some(g.broadcast_as(&src_shape)?.contiguous()?)]));
+            t = output(s, &shape, "sum", &[&t], move |g, _| {
+                Ok(vec![Some(g.broadcast_as(&src_shape)?.contiguous()?)])
+            });
         }
         if keepdim {
             Ok(t)
@@ -237,7 +283,8 @@ impl Tensor {
     pub fn mean(&self, dims: &[isize], keepdim: bool) -> Result<Tensor> {
         let ds = self.resolve_dims("mean", dims)?;
         let count: usize = ds.iter().map(|&d| self.shape()[d]).product();
-        self.sum(dims, keepdim)?.mul_scalar(1.0 / count.max(1) as f32)
+        self.sum(dims, keepdim)?
+            .mul_scalar(1.0 / count.max(1) as f32)
     }
     pub fn mean_all(&self) -> Result<Tensor> {
         self.sum_all()?.mul_scalar(1.0 / self.numel().max(1) as f32)
@@ -296,7 +343,10 @@ impl Tensor {
         let d = resolve_dim("softmax", dim, self.rank())?;
         let last = self.rank() - 1;
         if d != last {
-            return self.transpose(d as isize, last as isize)?.softmax_impl(-1, log)?.transpose(d as isize, last as isize);
+            return self
+                .transpose(d as isize, last as isize)?
+                .softmax_impl(-1, log)?
+                .transpose(d as isize, last as isize);
         }
         if self.device().is_cuda() {
             return crate::cuda::nn::softmax(self, log);
@@ -305,15 +355,28 @@ impl Tensor {
         if n == 0 || self.numel() == 0 {
             bail!("softmax: dimension {d} of {:?} is empty", self.shape());
         }
-        let x = self.storage().cpu().f32_contiguous(self.layout()).into_owned();
+        let x = self
+            .storage()
+            .cpu()
+            .f32_contiguous(self.layout())
+            .into_owned();
         let y = cpu::nn::softmax_rows(&x, n, log);
         let dtype = self.dtype();
         let name = if log { "log_softmax" } else { "softmax" };
-        Ok(output(Storage::Cpu(CpuStorage::from_f32(y, dtype)), self.shape(), name, &[self], move |g, y| {
-            let (yv, gv) = (y.to_vec_f32()?, g.to_vec_f32()?);
-            let dx = cpu::nn::softmax_rows_backward(&yv, &gv, n, log);
-            Ok(vec![Some(Tensor::from_cpu(CpuStorage::from_f32(dx, dtype), g.shape()))])
-        }))
+        Ok(output(
+            Storage::Cpu(CpuStorage::from_f32(y, dtype)),
+            self.shape(),
+            name,
+            &[self],
+            move |g, y| {
+                let (yv, gv) = (y.to_vec_f32()?, g.to_vec_f32()?);
+                let dx = cpu::nn::softmax_rows_backward(&yv, &gv, n, log);
+                Ok(vec![Some(Tensor::from_cpu(
+                    CpuStorage::from_f32(dx, dtype),
+                    g.shape(),
+                ))])
+            },
+        ))
     }
     pub fn softmax(&self, dim: isize) -> Result<Tensor> {
         self.softmax_impl(dim, false)
@@ -332,21 +395,34 @@ impl Tensor {
             return a.matmul(&b);
         }
         if self.rank() < 2 || rhs.rank() < 2 {
-            bail!("matmul: both operands need at least 2 dimensions, got {:?} and {:?}", self.shape(), rhs.shape());
+            bail!(
+                "matmul: both operands need at least 2 dimensions, got {:?} and {:?}",
+                self.shape(),
+                rhs.shape()
+            );
         }
         if self.dtype() != rhs.dtype() || !self.dtype().is_float() {
-            return Err(Error::DTypeMismatch { op: "matmul", expected: self.dtype(), got: rhs.dtype() });
+            return Err(Error::DTypeMismatch {
+                op: "matmul",
+                expected: self.dtype(),
+                got: rhs.dtype(),
+            });
         }
         let (ra, rb) = (self.rank(), rhs.rank());
         let (m, k) = (self.shape()[ra - 2], self.shape()[ra - 1]);
         let (k2, n) = (rhs.shape()[rb - 2], rhs.shape()[rb - 1]);
         if k != k2 {
-            return Err(Error::ShapeMismatch { op: "matmul", lhs: self.shape().to_vec(), rhs: rhs.shape().to_vec() });
+            return Err(Error::ShapeMismatch {
+                op: "matmul",
+                lhs: self.shape().to_vec(),
+                rhs: rhs.shape().to_vec(),
+            });
         }
         if self.device().is_cuda() {
             return crate::cuda::matmul::matmul(self, rhs);
         }
-        let batch_shape = broadcast_shape("matmul", &self.shape()[..ra - 2], &rhs.shape()[..rb - 2])?;
+        let batch_shape =
+            broadcast_shape("matmul", &self.shape()[..ra - 2], &rhs.shape()[..rb - 2])?;
         let batch: usize = batch_shape.iter().product();
         let full = |mm: usize, nn: usize| [batch_shape.clone(), vec![mm, nn]].concat();
         let la = self.layout().broadcast_as(&full(m, k))?;
@@ -361,17 +437,26 @@ impl Tensor {
                     off += (rem % l.shape()[i]) * l.strides()[i];
                     rem /= l.shape()[i];
                 }
-                cpu::matmul::MatView { offset: off, rs: l.strides()[nb] as isize, cs: l.strides()[nb + 1] as isize }
+                cpu::matmul::MatView {
+                    offset: off,
+                    rs: l.strides()[nb] as isize,
+                    cs: l.strides()[nb + 1] as isize,
+                }
             }
         };
         let out = {
             let (sa, sb) = (self.storage(), rhs.storage());
             match (sa.cpu(), sb.cpu()) {
-                (CpuStorage::F32(a), CpuStorage::F32(b)) => cpu::matmul::batched_gemm_f32(a, b, batch, m, n, k, view(&la), view(&lb)),
+                (CpuStorage::F32(a), CpuStorage::F32(b)) => {
+                    cpu::matmul::batched_gemm_f32(a, b, batch, m, n, k, view(&la), view(&lb))
+                }
                 _ => {
                     // Half precision: widen to f32 (contiguous), multiply, round back.
                     let (a, b) = (sa.cpu().f32_contiguous(&la), sb.cpu().f32_contiguous(&lb));
-                    let (ca, cb) = (crate::Layout::contiguous(la.shape()), crate::Layout::contiguous(lb.shape()));
+                    let (ca, cb) = (
+                        crate::Layout::contiguous(la.shape()),
+                        crate::Layout::contiguous(lb.shape()),
+                    );
                     cpu::matmul::batched_gemm_f32(&a, &b, batch, m, n, k, view(&ca), view(&cb))
                 }
             }
@@ -380,8 +465,14 @@ impl Tensor {
         let (a, b) = (self.clone(), rhs.clone());
         let s = Storage::Cpu(CpuStorage::from_f32(out, self.dtype()));
         Ok(output(s, &shape, "matmul", &[self, rhs], move |g, _| {
-            let ga = a.tracks_grad().then(|| g.matmul(&b.t()?)?.sum_to_shape(a.shape())).transpose()?;
-            let gb = b.tracks_grad().then(|| a.t()?.matmul(g)?.sum_to_shape(b.shape())).transpose()?;
+            let ga = a
+                .tracks_grad()
+                .then(|| g.matmul(&b.t()?)?.sum_to_shape(a.shape()))
+                .transpose()?;
+            let gb = b
+                .tracks_grad()
+                .then(|| a.t()?.matmul(g)?.sum_to_shape(b.shape()))
+                .transpose()?;
             Ok(vec![ga, gb])
         }))
     }

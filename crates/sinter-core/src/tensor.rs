@@ -36,7 +36,13 @@ pub struct Tensor(pub(crate) Arc<Inner>);
 
 impl std::fmt::Debug for Tensor {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Tensor[{:?}, {}, {}]", self.shape(), self.dtype(), self.device())
+        write!(
+            f,
+            "Tensor[{:?}, {}, {}]",
+            self.shape(),
+            self.dtype(),
+            self.device()
+        )
     }
 }
 
@@ -52,7 +58,13 @@ impl Tensor {
 
     /// `dtype` and `device` are those of `storage` (kept in the signature for the callers; the
     /// tensor reads them from the storage).
-    pub(crate) fn from_parts(storage: Arc<RwLock<Storage>>, layout: Layout, dtype: DType, device: Device, node: Option<Node>) -> Tensor {
+    pub(crate) fn from_parts(
+        storage: Arc<RwLock<Storage>>,
+        layout: Layout,
+        dtype: DType,
+        device: Device,
+        node: Option<Node>,
+    ) -> Tensor {
         let _ = (dtype, device);
         Tensor(Arc::new(Inner {
             id: TensorId::new(),
@@ -68,7 +80,13 @@ impl Tensor {
     pub(crate) fn from_storage(storage: Storage, shape: &[usize]) -> Tensor {
         let (dtype, device) = (storage.dtype(), storage.device());
         debug_assert_eq!(storage.len(), numel(shape));
-        Tensor::from_parts(Arc::new(RwLock::new(storage)), Layout::contiguous(shape), dtype, device, None)
+        Tensor::from_parts(
+            Arc::new(RwLock::new(storage)),
+            Layout::contiguous(shape),
+            dtype,
+            device,
+            None,
+        )
     }
 
     pub(crate) fn from_cpu(storage: CpuStorage, shape: &[usize]) -> Tensor {
@@ -86,7 +104,10 @@ impl Tensor {
         if let Device::Cuda(n) = device {
             return crate::cuda::creation::full(value, shape, dtype, n);
         }
-        Ok(Tensor::from_cpu(CpuStorage::full(numel(shape), value, dtype), shape))
+        Ok(Tensor::from_cpu(
+            CpuStorage::full(numel(shape), value, dtype),
+            shape,
+        ))
     }
     pub fn zeros_like(&self) -> Result<Tensor> {
         Self::zeros(self.shape(), self.dtype(), self.device())
@@ -105,7 +126,11 @@ impl Tensor {
     pub fn from_vec<T: Element>(data: Vec<T>, shape: &[usize], device: Device) -> Result<Tensor> {
         check_device(device)?;
         if data.len() != numel(shape) {
-            bail!("from_vec: {} values cannot fill shape {shape:?} ({} elements)", data.len(), numel(shape));
+            bail!(
+                "from_vec: {} values cannot fill shape {shape:?} ({} elements)",
+                data.len(),
+                numel(shape)
+            );
         }
         let any: Box<dyn std::any::Any> = Box::new(data);
         let s = match T::DTYPE {
@@ -137,16 +162,34 @@ impl Tensor {
     }
 
     /// Uniform values in [lo, hi) drawn from `rng`.
-    pub fn rand_uniform(shape: &[usize], lo: f64, hi: f64, rng: &mut Rng, dtype: DType, device: Device) -> Result<Tensor> {
+    pub fn rand_uniform(
+        shape: &[usize],
+        lo: f64,
+        hi: f64,
+        rng: &mut Rng,
+        dtype: DType,
+        device: Device,
+    ) -> Result<Tensor> {
         check_device(device)?;
-        let v: Vec<f32> = (0..numel(shape)).map(|_| rng.uniform(lo, hi) as f32).collect();
+        let v: Vec<f32> = (0..numel(shape))
+            .map(|_| rng.uniform(lo, hi) as f32)
+            .collect();
         let t = Tensor::from_cpu(CpuStorage::from_f32(v, dtype), shape);
         crate::cuda::creation::place(t, device)
     }
     /// Normal values with the given mean and standard deviation drawn from `rng`.
-    pub fn randn(shape: &[usize], mean: f64, std: f64, rng: &mut Rng, dtype: DType, device: Device) -> Result<Tensor> {
+    pub fn randn(
+        shape: &[usize],
+        mean: f64,
+        std: f64,
+        rng: &mut Rng,
+        dtype: DType,
+        device: Device,
+    ) -> Result<Tensor> {
         check_device(device)?;
-        let v: Vec<f32> = (0..numel(shape)).map(|_| (mean + std * rng.normal()) as f32).collect();
+        let v: Vec<f32> = (0..numel(shape))
+            .map(|_| (mean + std * rng.normal()) as f32)
+            .collect();
         let t = Tensor::from_cpu(CpuStorage::from_f32(v, dtype), shape);
         crate::cuda::creation::place(t, device)
     }
@@ -204,7 +247,11 @@ impl Tensor {
 
     /// The accumulated gradient of a variable, if a backward pass has reached it.
     pub fn grad(&self) -> Option<Tensor> {
-        self.0.grad.lock().unwrap_or_else(|e| e.into_inner()).clone()
+        self.0
+            .grad
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
     pub fn set_grad(&self, g: Option<Tensor>) {
         *self.0.grad.lock().unwrap_or_else(|e| e.into_inner()) = g;
@@ -216,7 +263,10 @@ impl Tensor {
     /// A leaf that collects gradients, sharing this tensor's storage.
     pub fn to_var(&self) -> Result<Tensor> {
         if !self.dtype().is_float() {
-            bail!("to_var: only float tensors can have gradients, this one is {}", self.dtype());
+            bail!(
+                "to_var: only float tensors can have gradients, this one is {}",
+                self.dtype()
+            );
         }
         let t = self.contiguous()?.detach();
         let inner = Arc::try_unwrap(t.0).unwrap_or_else(|arc| Inner {
@@ -227,12 +277,21 @@ impl Tensor {
             is_variable: false,
             grad: Mutex::new(None),
         });
-        Ok(Tensor(Arc::new(Inner { is_variable: true, ..inner })))
+        Ok(Tensor(Arc::new(Inner {
+            is_variable: true,
+            ..inner
+        })))
     }
 
     /// The same values, cut off from the graph.
     pub fn detach(&self) -> Tensor {
-        Tensor::from_parts(self.0.storage.clone(), self.0.layout.clone(), self.dtype(), self.device(), None)
+        Tensor::from_parts(
+            self.0.storage.clone(),
+            self.0.layout.clone(),
+            self.dtype(),
+            self.device(),
+            None,
+        )
     }
 
     // ---- reading values -------------------------------------------------------------------
@@ -241,25 +300,39 @@ impl Tensor {
         if self.device().is_cuda() {
             return crate::cuda::to_host(self)?.to_vec_f32();
         }
-        Ok(self.storage().cpu().f32_contiguous(self.layout()).into_owned())
+        Ok(self
+            .storage()
+            .cpu()
+            .f32_contiguous(self.layout())
+            .into_owned())
     }
     pub fn to_vec_i64(&self) -> Result<Vec<i64>> {
         if self.device().is_cuda() {
             return crate::cuda::to_host(self)?.to_vec_i64();
         }
-        Ok(self.storage().cpu().i64_contiguous(self.layout()).into_owned())
+        Ok(self
+            .storage()
+            .cpu()
+            .i64_contiguous(self.layout())
+            .into_owned())
     }
     pub fn to_vec_f64(&self) -> Result<Vec<f64>> {
         if self.device().is_cuda() {
             return crate::cuda::to_host(self)?.to_vec_f64();
         }
         let s = self.storage();
-        Ok(crate::with_cpu_vec!(s.cpu(), v => crate::cpu::gather_strided(v, self.layout()).iter().map(|x| x.to_f64()).collect()))
+        Ok(
+            crate::with_cpu_vec!(s.cpu(), v => crate::cpu::gather_strided(v, self.layout()).iter().map(|x| x.to_f64()).collect()),
+        )
     }
     /// The one value of a tensor with one element.
     pub fn to_scalar_f32(&self) -> Result<f32> {
         if self.numel() != 1 {
-            bail!("to_scalar: tensor of shape {:?} has {} elements, not one", self.shape(), self.numel());
+            bail!(
+                "to_scalar: tensor of shape {:?} has {} elements, not one",
+                self.shape(),
+                self.numel()
+            );
         }
         Ok(self.to_vec_f32()?[0])
     }
@@ -273,14 +346,24 @@ impl Tensor {
         let r = c.layout().contiguous_range().expect("contiguous");
         Ok(crate::with_cpu_vec!(s.cpu(), v => bytemuck::cast_slice(&v[r]).to_vec()))
     }
-    pub fn from_le_bytes(bytes: &[u8], dtype: DType, shape: &[usize], device: Device) -> Result<Tensor> {
+    pub fn from_le_bytes(
+        bytes: &[u8],
+        dtype: DType,
+        shape: &[usize],
+        device: Device,
+    ) -> Result<Tensor> {
         let n = numel(shape);
         if bytes.len() != n * dtype.size_in_bytes() {
-            bail!("from_bytes: {} bytes do not hold {n} {dtype} values of shape {shape:?}", bytes.len());
+            bail!(
+                "from_bytes: {} bytes do not hold {n} {dtype} values of shape {shape:?}",
+                bytes.len()
+            );
         }
         fn read<T: Element>(b: &[u8]) -> Vec<T> {
             // Copy element by element: the byte buffer may be unaligned.
-            b.chunks_exact(std::mem::size_of::<T>()).map(bytemuck::pod_read_unaligned).collect()
+            b.chunks_exact(std::mem::size_of::<T>())
+                .map(bytemuck::pod_read_unaligned)
+                .collect()
         }
         match dtype {
             DType::F32 => Tensor::from_vec(read::<f32>(bytes), shape, device),
@@ -292,9 +375,20 @@ impl Tensor {
 
     // ---- views (no copy) ------------------------------------------------------------------
 
-    fn view(&self, layout: Layout, name: &'static str, backward: impl Fn(&Tensor) -> Result<Tensor> + Send + Sync + 'static) -> Tensor {
+    fn view(
+        &self,
+        layout: Layout,
+        name: &'static str,
+        backward: impl Fn(&Tensor) -> Result<Tensor> + Send + Sync + 'static,
+    ) -> Tensor {
         let node = autograd::record(name, &[self], move |g, _| Ok(vec![Some(backward(g)?)]));
-        Tensor::from_parts(self.0.storage.clone(), layout, self.dtype(), self.device(), node)
+        Tensor::from_parts(
+            self.0.storage.clone(),
+            layout,
+            self.dtype(),
+            self.device(),
+            node,
+        )
     }
 
     /// A view with a new shape (one entry may be usize::MAX, meaning "the rest"); copies only
@@ -303,15 +397,27 @@ impl Tensor {
         let mut shape = shape.to_vec();
         if let Some(pos) = shape.iter().position(|&d| d == usize::MAX) {
             let known: usize = shape.iter().filter(|&&d| d != usize::MAX).product();
-            if known == 0 || self.numel() % known != 0 {
-                bail!("reshape: cannot infer a dimension to turn {:?} into {:?}", self.shape(), shape);
+            if known == 0 || !self.numel().is_multiple_of(known) {
+                bail!(
+                    "reshape: cannot infer a dimension to turn {:?} into {:?}",
+                    self.shape(),
+                    shape
+                );
             }
             shape[pos] = self.numel() / known;
         }
         if numel(&shape) != self.numel() {
-            return Err(Error::ShapeMismatch { op: "reshape", lhs: self.shape().to_vec(), rhs: shape });
+            return Err(Error::ShapeMismatch {
+                op: "reshape",
+                lhs: self.shape().to_vec(),
+                rhs: shape,
+            });
         }
-        let src = if self.is_contiguous() { self.clone() } else { self.contiguous()? };
+        let src = if self.is_contiguous() {
+            self.clone()
+        } else {
+            self.contiguous()?
+        };
         let layout = src.layout().reshape(&shape).expect("contiguous");
         let orig = self.shape().to_vec();
         Ok(src.view(layout, "reshape", move |g| g.reshape(&orig)))
@@ -324,8 +430,15 @@ impl Tensor {
     }
     pub fn transpose(&self, d0: isize, d1: isize) -> Result<Tensor> {
         let r = self.rank();
-        let (a, b) = (resolve_dim("transpose", d0, r)?, resolve_dim("transpose", d1, r)?);
-        Ok(self.view(self.layout().transpose(a, b), "transpose", move |g| g.transpose(a as isize, b as isize)))
+        let (a, b) = (
+            resolve_dim("transpose", d0, r)?,
+            resolve_dim("transpose", d1, r)?,
+        );
+        Ok(
+            self.view(self.layout().transpose(a, b), "transpose", move |g| {
+                g.transpose(a as isize, b as isize)
+            }),
+        )
     }
     /// Swaps the last two dimensions.
     pub fn t(&self) -> Result<Tensor> {
@@ -371,13 +484,23 @@ impl Tensor {
     pub fn squeeze(&self, dim: isize) -> Result<Tensor> {
         let d = resolve_dim("squeeze", dim, self.rank())?;
         if self.shape()[d] != 1 {
-            bail!("squeeze: dimension {d} of {:?} has size {}, not 1", self.shape(), self.shape()[d]);
+            bail!(
+                "squeeze: dimension {d} of {:?} has size {}, not 1",
+                self.shape(),
+                self.shape()[d]
+            );
         }
-        Ok(self.view(self.layout().squeeze(d), "squeeze", move |g| g.unsqueeze(d as isize)))
+        Ok(self.view(self.layout().squeeze(d), "squeeze", move |g| {
+            g.unsqueeze(d as isize)
+        }))
     }
     pub fn unsqueeze(&self, dim: isize) -> Result<Tensor> {
         let d = resolve_dim("unsqueeze", dim, self.rank() + 1)?;
-        Ok(self.view(self.layout().unsqueeze(d), "unsqueeze", move |g| g.squeeze(d as isize)))
+        Ok(
+            self.view(self.layout().unsqueeze(d), "unsqueeze", move |g| {
+                g.squeeze(d as isize)
+            }),
+        )
     }
     /// Contiguous row-major data: the same tensor if it already is, else a copy.
     pub fn contiguous(&self) -> Result<Tensor> {
@@ -389,7 +512,13 @@ impl Tensor {
         } else {
             Storage::Cpu(self.storage().cpu().copy_strided(self.layout()))
         };
-        Ok(autograd::output(s, self.shape(), "contiguous", &[self], |g, _| Ok(vec![Some(g.clone())])))
+        Ok(autograd::output(
+            s,
+            self.shape(),
+            "contiguous",
+            &[self],
+            |g, _| Ok(vec![Some(g.clone())]),
+        ))
     }
 
     // ---- dtype and device -------------------------------------------------------------------
@@ -405,7 +534,13 @@ impl Tensor {
         };
         let from = self.dtype();
         let inputs: &[&Tensor] = if dtype.is_float() { &[self] } else { &[] };
-        Ok(autograd::output(s, self.shape(), "to_dtype", inputs, move |g, _| Ok(vec![Some(g.to_dtype(from)?)])))
+        Ok(autograd::output(
+            s,
+            self.shape(),
+            "to_dtype",
+            inputs,
+            move |g, _| Ok(vec![Some(g.to_dtype(from)?)]),
+        ))
     }
     /// The same values on `device` (a copy unless already there). Differentiable: the backward
     /// moves the gradient back.
@@ -447,9 +582,16 @@ impl Tensor {
                 Ok(lock) => lock.into_inner().unwrap_or_else(|e| e.into_inner()),
                 Err(shared) => shared.read().unwrap_or_else(|e| e.into_inner()).clone(),
             },
-            Err(shared) => shared.storage.read().unwrap_or_else(|e| e.into_inner()).clone(),
+            Err(shared) => shared
+                .storage
+                .read()
+                .unwrap_or_else(|e| e.into_inner())
+                .clone(),
         };
-        let grad = self.grad().map(|g| g.detach().to_device(device)).transpose()?;
+        let grad = self
+            .grad()
+            .map(|g| g.detach().to_device(device))
+            .transpose()?;
         *self.0.storage.write().unwrap_or_else(|e| e.into_inner()) = new_storage;
         self.set_grad(grad);
         if device.is_cuda() {
@@ -464,10 +606,18 @@ impl Tensor {
 
     fn check_in_place(&self, op: &'static str, src: &Tensor) -> Result<()> {
         if self.shape() != src.shape() {
-            return Err(Error::ShapeMismatch { op, lhs: self.shape().to_vec(), rhs: src.shape().to_vec() });
+            return Err(Error::ShapeMismatch {
+                op,
+                lhs: self.shape().to_vec(),
+                rhs: src.shape().to_vec(),
+            });
         }
         if self.device() != src.device() {
-            return Err(Error::DeviceMismatch { op, lhs: self.device(), rhs: src.device() });
+            return Err(Error::DeviceMismatch {
+                op,
+                lhs: self.device(),
+                rhs: src.device(),
+            });
         }
         Ok(())
     }
@@ -484,13 +634,23 @@ impl Tensor {
 
     fn f32_range(&self, op: &'static str) -> Result<std::ops::Range<usize>> {
         if self.dtype() != DType::F32 {
-            return Err(Error::DTypeMismatch { op, expected: DType::F32, got: self.dtype() });
+            return Err(Error::DTypeMismatch {
+                op,
+                expected: DType::F32,
+                got: self.dtype(),
+            });
         }
-        self.layout().contiguous_range().ok_or_else(|| Error::Msg(format!("{op}: optimizer state must be contiguous")))
+        self.layout()
+            .contiguous_range()
+            .ok_or_else(|| Error::Msg(format!("{op}: optimizer state must be contiguous")))
     }
 
     /// Runs `f` over the f32 data of several distinct tensors at once, all locked for writing.
-    fn with_f32_mut<const N: usize>(op: &'static str, ts: [&Tensor; N], f: impl FnOnce([&mut [f32]; N])) -> Result<()> {
+    fn with_f32_mut<const N: usize>(
+        op: &'static str,
+        ts: [&Tensor; N],
+        f: impl FnOnce([&mut [f32]; N]),
+    ) -> Result<()> {
         for i in 0..N {
             for j in i + 1..N {
                 if ts[i].shares_storage_with(ts[j]) {
@@ -500,26 +660,49 @@ impl Tensor {
         }
         let ranges = ts.map(|t| t.f32_range(op));
         let ranges: Vec<_> = ranges.into_iter().collect::<Result<_>>()?;
-        let mut guards: Vec<_> = ts.iter().map(|t| t.0.storage.write().unwrap_or_else(|e| e.into_inner())).collect();
-        let mut slices = guards.iter_mut().zip(ranges).map(|(g, r)| &mut g.cpu_mut().as_f32_slice_mut().expect("dtype checked")[r]);
+        let mut guards: Vec<_> = ts
+            .iter()
+            .map(|t| t.0.storage.write().unwrap_or_else(|e| e.into_inner()))
+            .collect();
+        let mut slices = guards
+            .iter_mut()
+            .zip(ranges)
+            .map(|(g, r)| &mut g.cpu_mut().as_f32_slice_mut().expect("dtype checked")[r]);
         let arr: [&mut [f32]; N] = std::array::from_fn(|_| slices.next().expect("one per tensor"));
         f(arr);
         Ok(())
     }
 
     /// Fused AdamW update of this f32 parameter with its moment buffers, in place.
-    pub fn adamw_step(&self, grad: &Tensor, m: &Tensor, v: &Tensor, h: crate::cpu::nn::AdamWParams) -> Result<()> {
+    pub fn adamw_step(
+        &self,
+        grad: &Tensor,
+        m: &Tensor,
+        v: &Tensor,
+        h: crate::cpu::nn::AdamWParams,
+    ) -> Result<()> {
         for t in [grad, m, v] {
             self.check_in_place("adamw_step", t)?;
         }
         if self.device().is_cuda() {
             return crate::cuda::optim::adamw_step(self, grad, m, v, h);
         }
-        let g = grad.storage().cpu().f32_contiguous(grad.layout()).into_owned();
-        Tensor::with_f32_mut("adamw_step", [self, m, v], |[p, m, v]| crate::cpu::nn::adamw_step(p, &g, m, v, h))
+        let g = grad
+            .storage()
+            .cpu()
+            .f32_contiguous(grad.layout())
+            .into_owned();
+        Tensor::with_f32_mut("adamw_step", [self, m, v], |[p, m, v]| {
+            crate::cpu::nn::adamw_step(p, &g, m, v, h)
+        })
     }
     /// SGD update of this f32 parameter, with an optional momentum buffer, in place.
-    pub fn sgd_step(&self, grad: &Tensor, buf: Option<&Tensor>, h: crate::cpu::nn::SgdParams) -> Result<()> {
+    pub fn sgd_step(
+        &self,
+        grad: &Tensor,
+        buf: Option<&Tensor>,
+        h: crate::cpu::nn::SgdParams,
+    ) -> Result<()> {
         self.check_in_place("sgd_step", grad)?;
         if self.device().is_cuda() {
             if let Some(b) = buf {
@@ -527,12 +710,20 @@ impl Tensor {
             }
             return crate::cuda::optim::sgd_step(self, grad, buf, h);
         }
-        let g = grad.storage().cpu().f32_contiguous(grad.layout()).into_owned();
+        let g = grad
+            .storage()
+            .cpu()
+            .f32_contiguous(grad.layout())
+            .into_owned();
         match buf {
-            None => Tensor::with_f32_mut("sgd_step", [self], |[p]| crate::cpu::nn::sgd_step(p, &g, None, h)),
+            None => Tensor::with_f32_mut("sgd_step", [self], |[p]| {
+                crate::cpu::nn::sgd_step(p, &g, None, h)
+            }),
             Some(b) => {
                 self.check_in_place("sgd_step", b)?;
-                Tensor::with_f32_mut("sgd_step", [self, b], |[p, b]| crate::cpu::nn::sgd_step(p, &g, Some(b), h))
+                Tensor::with_f32_mut("sgd_step", [self, b], |[p, b]| {
+                    crate::cpu::nn::sgd_step(p, &g, Some(b), h)
+                })
             }
         }
     }

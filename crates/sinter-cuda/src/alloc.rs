@@ -512,7 +512,7 @@ impl<'a> DevSlice<'a> {
     /// The same bytes seen as another dtype (length rescaled; must divide evenly).
     pub fn reinterpret(&self, dtype: DType) -> Result<DevSlice<'a>> {
         let bytes = self.num_bytes();
-        if bytes % dtype.size() != 0 || self.ptr % dtype.size() as u64 != 0 {
+        if !bytes.is_multiple_of(dtype.size()) || !self.ptr.is_multiple_of(dtype.size() as u64) {
             return Err(CudaError::invalid(
                 "reinterpret",
                 format!("{} bytes at {:#x} as {dtype}", bytes, self.ptr),
@@ -557,7 +557,7 @@ mod tests {
         ] {
             let s = bucket_size(b);
             assert!(s >= b);
-            assert!(s % 256 == 0, "alignment kept");
+            assert!(s.is_multiple_of(256), "alignment kept");
             if b > MIB {
                 assert!(
                     (s - b) as f64 <= 0.25 * b as f64 + 1.0,

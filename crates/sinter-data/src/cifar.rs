@@ -83,8 +83,8 @@ fn check_file(bytes: &[u8], path: &Path, gz: bool) -> Result<()> {
             detail: "the file is empty".into(),
         });
     }
-    if len % RECORD != 0 {
-        let cifar100 = if len % (RECORD + 1) == 0 {
+    if !len.is_multiple_of(RECORD) {
+        let cifar100 = if len.is_multiple_of(RECORD + 1) {
             " (its length fits CIFAR-100's 3074-byte records, which are not supported)"
         } else {
             ""

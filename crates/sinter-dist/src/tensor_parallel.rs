@@ -506,7 +506,9 @@ impl TpBlock {
         };
         let (q, k, v) = (heads(0)?, heads(1)?, heads(2)?);
         // The same fused (flash) attention as the serial GPT, so both round alike.
-        let y = sinter_core::fused::attention(&q, &k, &v, true, 1.0 / (hd as f32).sqrt())?.transpose(1, 2)?.reshape(&[b, t, cl])?;
+        let y = sinter_core::fused::attention(&q, &k, &v, true, 1.0 / (hd as f32).sqrt())?
+            .transpose(1, 2)?
+            .reshape(&[b, t, cl])?;
         let part = self.attn_proj.forward(&y)?; // [b, t, c] partial sums
         reduce_from_tp_region(&part, &self.comm)?
             .add(&self.attn_proj_bias)?

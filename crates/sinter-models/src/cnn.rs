@@ -18,7 +18,10 @@ impl LeNet {
         if h < 4 || w < 4 {
             bail!("cnn: images must be at least 4×4, got {h}×{w}");
         }
-        let same = Conv2dParams { padding: 1, ..Default::default() };
+        let same = Conv2dParams {
+            padding: 1,
+            ..Default::default()
+        };
         let (c1, c2) = (32, 64);
         let flat = c2 * (h / 4) * (w / 4);
         Ok(LeNet {

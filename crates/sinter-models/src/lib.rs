@@ -47,20 +47,44 @@ pub struct DataShape {
 }
 
 /// Builds a model by name. The names are those in `MODEL_NAMES`.
-pub fn build(name: &str, data: &DataShape, rng: &mut Rng, dropout_rng: &SharedRng) -> Result<Box<dyn Module>> {
-    build_with(name, data, rng, dropout_rng, sinter_nn::recompute::Recompute::None)
+pub fn build(
+    name: &str,
+    data: &DataShape,
+    rng: &mut Rng,
+    dropout_rng: &SharedRng,
+) -> Result<Box<dyn Module>> {
+    build_with(
+        name,
+        data,
+        rng,
+        dropout_rng,
+        sinter_nn::recompute::Recompute::None,
+    )
 }
 
 /// `build`, with activation checkpointing of GPT blocks (ignored by the other models).
-pub fn build_with(name: &str, data: &DataShape, rng: &mut Rng, dropout_rng: &SharedRng, recompute: sinter_nn::recompute::Recompute) -> Result<Box<dyn Module>> {
+pub fn build_with(
+    name: &str,
+    data: &DataShape,
+    rng: &mut Rng,
+    dropout_rng: &SharedRng,
+    recompute: sinter_nn::recompute::Recompute,
+) -> Result<Box<dyn Module>> {
     let image = |what: &str| -> Result<(usize, usize, usize)> {
         match data.input.as_slice() {
             [c, h, w] => Ok((*c, *h, *w)),
-            s => bail!("model {name} needs image inputs [c, h, w] but the data gives {s:?}; {what}"),
+            s => {
+                bail!("model {name} needs image inputs [c, h, w] but the data gives {s:?}; {what}")
+            }
         }
     };
     Ok(match name {
-        "mlp" => Box::new(Mlp::new(data.input.iter().product(), &[256, 128], data.classes, rng)?),
+        "mlp" => Box::new(Mlp::new(
+            data.input.iter().product(),
+            &[256, 128],
+            data.classes,
+            rng,
+        )?),
         "cnn" => {
             let (c, h, w) = image("use an image dataset such as digits or mnist:PATH")?;
             Box::new(LeNet::new(c, h, w, data.classes, rng)?)
@@ -78,6 +102,9 @@ pub fn build_with(name: &str, data: &DataShape, rng: &mut Rng, dropout_rng: &Sha
             gpt.set_recompute(recompute);
             Box::new(gpt)
         }
-        other => bail!("unknown model '{other}'; valid models: {}", MODEL_NAMES.join(", ")),
+        other => bail!(
+            "unknown model '{other}'; valid models: {}",
+            MODEL_NAMES.join(", ")
+        ),
     })
 }

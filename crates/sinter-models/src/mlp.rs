@@ -13,7 +13,10 @@ impl Mlp {
         let mut dims = vec![inputs];
         dims.extend_from_slice(hidden);
         dims.push(outputs);
-        let layers = dims.windows(2).map(|w| Linear::new(w[0], w[1], true, rng)).collect::<Result<_>>()?;
+        let layers = dims
+            .windows(2)
+            .map(|w| Linear::new(w[0], w[1], true, rng))
+            .collect::<Result<_>>()?;
         Ok(Mlp { layers })
     }
 }

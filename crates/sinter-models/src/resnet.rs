@@ -6,7 +6,18 @@ use sinter_nn::module::{join, NamedTensor};
 use sinter_nn::{BatchNorm2d, Conv2d, Linear, Module};
 
 fn conv3(cin: usize, cout: usize, stride: usize, rng: &mut Rng) -> Result<Conv2d> {
-    Conv2d::new(cin, cout, 3, Conv2dParams { stride, padding: 1, ..Default::default() }, false, rng)
+    Conv2d::new(
+        cin,
+        cout,
+        3,
+        Conv2dParams {
+            stride,
+            padding: 1,
+            ..Default::default()
+        },
+        false,
+        rng,
+    )
 }
 
 pub struct BasicBlock {
@@ -21,11 +32,30 @@ pub struct BasicBlock {
 impl BasicBlock {
     fn new(cin: usize, cout: usize, stride: usize, rng: &mut Rng) -> Result<Self> {
         let shortcut = if stride != 1 || cin != cout {
-            Some((Conv2d::new(cin, cout, 1, Conv2dParams { stride, ..Default::default() }, false, rng)?, BatchNorm2d::new(cout)?))
+            Some((
+                Conv2d::new(
+                    cin,
+                    cout,
+                    1,
+                    Conv2dParams {
+                        stride,
+                        ..Default::default()
+                    },
+                    false,
+                    rng,
+                )?,
+                BatchNorm2d::new(cout)?,
+            ))
         } else {
             None
         };
-        Ok(BasicBlock { conv1: conv3(cin, cout, stride, rng)?, bn1: BatchNorm2d::new(cout)?, conv2: conv3(cout, cout, 1, rng)?, bn2: BatchNorm2d::new(cout)?, shortcut })
+        Ok(BasicBlock {
+            conv1: conv3(cin, cout, stride, rng)?,
+            bn1: BatchNorm2d::new(cout)?,
+            conv2: conv3(cout, cout, 1, rng)?,
+            bn2: BatchNorm2d::new(cout)?,
+            shortcut,
+        })
     }
 }
 
@@ -71,10 +101,18 @@ impl ResNet18 {
         let mut cin = 64;
         for (i, &c) in [64, 128, 256, 512].iter().enumerate() {
             let stride = if i == 0 { 1 } else { 2 };
-            layers.push(vec![BasicBlock::new(cin, c, stride, rng)?, BasicBlock::new(c, c, 1, rng)?]);
+            layers.push(vec![
+                BasicBlock::new(cin, c, stride, rng)?,
+                BasicBlock::new(c, c, 1, rng)?,
+            ]);
             cin = c;
         }
-        Ok(ResNet18 { conv1: conv3(channels, 64, 1, rng)?, bn1: BatchNorm2d::new(64)?, layers, fc: Linear::new(512, classes, true, rng)? })
+        Ok(ResNet18 {
+            conv1: conv3(channels, 64, 1, rng)?,
+            bn1: BatchNorm2d::new(64)?,
+            layers,
+            fc: Linear::new(512, classes, true, rng)?,
+        })
     }
 }
 

@@ -37,7 +37,7 @@ impl CausalSelfAttention {
         rng: &mut Rng,
         drop_rng: &SharedRng,
     ) -> Result<Self> {
-        if n_head == 0 || width % n_head != 0 {
+        if n_head == 0 || !width.is_multiple_of(n_head) {
             bail!("attention: width {width} does not split into {n_head} heads");
         }
         let resid_std = 0.02 / (2.0 * n_layer as f64).sqrt();

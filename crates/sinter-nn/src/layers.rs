@@ -17,8 +17,20 @@ impl Linear {
     /// PyTorch's default initialisation (Kaiming-uniform with a = √5, i.e. U(±1/√in)).
     pub fn new(inp: usize, out: usize, bias: bool, rng: &mut Rng) -> Result<Self> {
         let b = 1.0 / (inp as f64).sqrt();
-        let weight = Tensor::rand_uniform(&[out, inp], -b, b, rng, sinter_core::DType::F32, sinter_core::Device::Cpu)?.to_var()?;
-        let bias = if bias { Some(init::bias_uniform(out, inp, rng)?) } else { None };
+        let weight = Tensor::rand_uniform(
+            &[out, inp],
+            -b,
+            b,
+            rng,
+            sinter_core::DType::F32,
+            sinter_core::Device::Cpu,
+        )?
+        .to_var()?;
+        let bias = if bias {
+            Some(init::bias_uniform(out, inp, rng)?)
+        } else {
+            None
+        };
         Ok(Linear { weight, bias })
     }
     pub fn from_weights(weight: Tensor, bias: Option<Tensor>) -> Self {
@@ -33,7 +45,10 @@ impl Module for Linear {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let inp = self.in_features();
         if x.shape().last() != Some(&inp) {
-            bail!("Linear: expected inputs with last dimension {inp}, got shape {:?}", x.shape());
+            bail!(
+                "Linear: expected inputs with last dimension {inp}, got shape {:?}",
+                x.shape()
+            );
         }
         // Fold leading dims into rows: one large GEMM, and the weight gradient is one product.
         let lead = &x.shape()[..x.rank() - 1];
@@ -63,14 +78,35 @@ pub struct Conv2d {
 
 impl Conv2d {
     /// Kaiming-normal weights (fan-in, for ReLU networks) and PyTorch-style uniform bias.
-    pub fn new(cin: usize, cout: usize, kernel: usize, params: Conv2dParams, bias: bool, rng: &mut Rng) -> Result<Self> {
-        if params.groups == 0 || cin % params.groups != 0 || cout % params.groups != 0 {
-            bail!("Conv2d: {cin} input and {cout} output channels do not split into {} groups", params.groups);
+    pub fn new(
+        cin: usize,
+        cout: usize,
+        kernel: usize,
+        params: Conv2dParams,
+        bias: bool,
+        rng: &mut Rng,
+    ) -> Result<Self> {
+        if params.groups == 0
+            || !cin.is_multiple_of(params.groups)
+            || !cout.is_multiple_of(params.groups)
+        {
+            bail!(
+                "Conv2d: {cin} input and {cout} output channels do not split into {} groups",
+                params.groups
+            );
         }
         let shape = [cout, cin / params.groups, kernel, kernel];
         let weight = init::kaiming_normal(&shape, rng)?;
-        let bias = if bias { Some(init::bias_uniform(cout, init::fans(&shape).0, rng)?) } else { None };
-        Ok(Conv2d { weight, bias, params })
+        let bias = if bias {
+            Some(init::bias_uniform(cout, init::fans(&shape).0, rng)?)
+        } else {
+            None
+        };
+        Ok(Conv2d {
+            weight,
+            bias,
+            params,
+        })
     }
 }
 
@@ -120,7 +156,10 @@ impl Module for BatchNorm2d {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let c = self.weight.numel();
         if x.rank() != 4 || x.shape()[1] != c {
-            bail!("BatchNorm2d: expected input [n, {c}, h, w], got {:?}", x.shape());
+            bail!(
+                "BatchNorm2d: expected input [n, {c}, h, w], got {:?}",
+                x.shape()
+            );
         }
         let bc = [1, c, 1, 1];
         let (mean, var) = if self.training.load(Ordering::Relaxed) {
@@ -130,16 +169,33 @@ impl Module for BatchNorm2d {
                 let _g = no_grad();
                 let n = (x.numel() / c) as f32;
                 let m = self.momentum;
-                let unbiased = var.detach().mul_scalar(n / (n - 1.0).max(1.0))?.reshape(&[c])?;
-                self.running_mean.assign(&self.running_mean.mul_scalar(1.0 - m)?.add(&mean.detach().reshape(&[c])?.mul_scalar(m)?)?)?;
-                self.running_var.assign(&self.running_var.mul_scalar(1.0 - m)?.add(&unbiased.mul_scalar(m)?)?)?;
+                let unbiased = var
+                    .detach()
+                    .mul_scalar(n / (n - 1.0).max(1.0))?
+                    .reshape(&[c])?;
+                self.running_mean.assign(
+                    &self
+                        .running_mean
+                        .mul_scalar(1.0 - m)?
+                        .add(&mean.detach().reshape(&[c])?.mul_scalar(m)?)?,
+                )?;
+                self.running_var.assign(
+                    &self
+                        .running_var
+                        .mul_scalar(1.0 - m)?
+                        .add(&unbiased.mul_scalar(m)?)?,
+                )?;
             }
             (mean, var)
         } else {
-            (self.running_mean.reshape(&bc)?, self.running_var.reshape(&bc)?)
+            (
+                self.running_mean.reshape(&bc)?,
+                self.running_var.reshape(&bc)?,
+            )
         };
         let xhat = x.sub(&mean)?.div(&var.add_scalar(self.eps)?.sqrt()?)?;
-        xhat.mul(&self.weight.reshape(&bc)?)?.add(&self.bias.reshape(&bc)?)
+        xhat.mul(&self.weight.reshape(&bc)?)?
+            .add(&self.bias.reshape(&bc)?)
     }
     fn collect(&self, prefix: &str, out: &mut Vec<NamedTensor>) {
         param(prefix, "weight", &self.weight, out);
@@ -160,7 +216,11 @@ pub struct LayerNorm {
 
 impl LayerNorm {
     pub fn new(n: usize) -> Result<Self> {
-        Ok(LayerNorm { weight: init::ones(&[n])?, bias: init::zeros(&[n])?, eps: 1e-5 })
+        Ok(LayerNorm {
+            weight: init::ones(&[n])?,
+            bias: init::zeros(&[n])?,
+            eps: 1e-5,
+        })
     }
 }
 
@@ -181,7 +241,9 @@ pub struct Embedding {
 
 impl Embedding {
     pub fn new(vocab: usize, dim: usize, std: f64, rng: &mut Rng) -> Result<Self> {
-        Ok(Embedding { weight: init::normal(&[vocab, dim], std, rng)? })
+        Ok(Embedding {
+            weight: init::normal(&[vocab, dim], std, rng)?,
+        })
     }
 }
 
@@ -202,7 +264,11 @@ pub struct Dropout {
 
 impl Dropout {
     pub fn new(p: f32, rng: SharedRng) -> Self {
-        Dropout { p, rng, training: AtomicBool::new(true) }
+        Dropout {
+            p,
+            rng,
+            training: AtomicBool::new(true),
+        }
     }
 }
 
@@ -224,7 +290,11 @@ pub struct MaxPool2d(pub Pool2dParams);
 
 impl MaxPool2d {
     pub fn new(kernel: usize, stride: usize) -> Self {
-        MaxPool2d(Pool2dParams { kernel, stride, padding: 0 })
+        MaxPool2d(Pool2dParams {
+            kernel,
+            stride,
+            padding: 0,
+        })
     }
 }
 

@@ -13,7 +13,10 @@ pub mod schedule;
 
 pub use attention::{CausalSelfAttention, LayerKvCache, Mlp, TransformerBlock};
 pub use device::{module_device, move_module};
-pub use layers::{BatchNorm2d, Conv2d, Dropout, Embedding, Flatten, Gelu, LayerNorm, Linear, MaxPool2d, Relu, Sequential};
+pub use layers::{
+    BatchNorm2d, Conv2d, Dropout, Embedding, Flatten, Gelu, LayerNorm, Linear, MaxPool2d, Relu,
+    Sequential,
+};
 pub use mixed_precision::{LossScaler, LossScalerState, PrecisionMode};
 pub use module::{Module, NamedTensor, SharedRng, TensorKind};
 pub use optim::{clip_grad_norm, AdamW, Optimizer, Sgd};

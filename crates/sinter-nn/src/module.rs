@@ -51,7 +51,11 @@ pub trait Module: Send + Sync {
     }
     /// Trainable parameters with their full names.
     fn parameters(&self) -> Vec<(String, Tensor)> {
-        self.named_tensors().into_iter().filter(|t| t.kind == TensorKind::Parameter).map(|t| (t.name, t.tensor)).collect()
+        self.named_tensors()
+            .into_iter()
+            .filter(|t| t.kind == TensorKind::Parameter)
+            .map(|t| (t.name, t.tensor))
+            .collect()
     }
     fn num_parameters(&self) -> usize {
         self.parameters().iter().map(|(_, t)| t.numel()).sum()
@@ -76,8 +80,16 @@ impl<M: Module + ?Sized> Module for Box<M> {
 }
 
 pub(crate) fn param(prefix: &str, name: &str, t: &Tensor, out: &mut Vec<NamedTensor>) {
-    out.push(NamedTensor { name: join(prefix, name), tensor: t.clone(), kind: TensorKind::Parameter });
+    out.push(NamedTensor {
+        name: join(prefix, name),
+        tensor: t.clone(),
+        kind: TensorKind::Parameter,
+    });
 }
 pub(crate) fn buffer(prefix: &str, name: &str, t: &Tensor, out: &mut Vec<NamedTensor>) {
-    out.push(NamedTensor { name: join(prefix, name), tensor: t.clone(), kind: TensorKind::Buffer });
+    out.push(NamedTensor {
+        name: join(prefix, name),
+        tensor: t.clone(),
+        kind: TensorKind::Buffer,
+    });
 }

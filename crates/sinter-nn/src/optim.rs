@@ -33,7 +33,11 @@ fn zeros_like_all(params: &[(String, Tensor)]) -> Result<Vec<Tensor>> {
 fn restore(dst: &Tensor, name: &str, tensors: &HashMap<String, Tensor>) -> Result<()> {
     match tensors.get(name) {
         Some(t) if t.shape() == dst.shape() => dst.assign(t),
-        Some(t) => bail!("optimizer state {name} has shape {:?} but its parameter needs {:?}", t.shape(), dst.shape()),
+        Some(t) => bail!(
+            "optimizer state {name} has shape {:?} but its parameter needs {:?}",
+            t.shape(),
+            dst.shape()
+        ),
         None => bail!("optimizer state {name} is missing from the checkpoint"),
     }
 }
@@ -46,12 +50,32 @@ pub struct Sgd {
 }
 
 impl Sgd {
-    pub fn new(params: Vec<(String, Tensor)>, lr: f64, momentum: f64, nesterov: bool, weight_decay: f64) -> Result<Self> {
+    pub fn new(
+        params: Vec<(String, Tensor)>,
+        lr: f64,
+        momentum: f64,
+        nesterov: bool,
+        weight_decay: f64,
+    ) -> Result<Self> {
         if nesterov && momentum <= 0.0 {
             bail!("SGD: Nesterov momentum needs momentum > 0");
         }
-        let bufs = if momentum > 0.0 { Some(zeros_like_all(&params)?) } else { None };
-        Ok(Sgd { params, hyper: SgdParams { lr: lr as f32, momentum: momentum as f32, nesterov, weight_decay: weight_decay as f32 }, bufs, steps: 0 })
+        let bufs = if momentum > 0.0 {
+            Some(zeros_like_all(&params)?)
+        } else {
+            None
+        };
+        Ok(Sgd {
+            params,
+            hyper: SgdParams {
+                lr: lr as f32,
+                momentum: momentum as f32,
+                nesterov,
+                weight_decay: weight_decay as f32,
+            },
+            bufs,
+            steps: 0,
+        })
     }
 }
 
@@ -76,7 +100,12 @@ impl Optimizer for Sgd {
     }
     fn state(&self) -> Vec<(String, Tensor)> {
         match &self.bufs {
-            Some(b) => self.params.iter().zip(b).map(|((n, _), t)| (format!("{n}.momentum_buffer"), t.clone())).collect(),
+            Some(b) => self
+                .params
+                .iter()
+                .zip(b)
+                .map(|((n, _), t)| (format!("{n}.momentum_buffer"), t.clone()))
+                .collect(),
             None => Vec::new(),
         }
     }
@@ -112,7 +141,17 @@ impl AdamW {
     pub fn new(params: Vec<(String, Tensor)>, lr: f64, weight_decay: f64) -> Result<Self> {
         let m = zeros_like_all(&params)?;
         let v = zeros_like_all(&params)?;
-        Ok(AdamW { params, lr, beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay, m, v, steps: 0 })
+        Ok(AdamW {
+            params,
+            lr,
+            beta1: 0.9,
+            beta2: 0.999,
+            eps: 1e-8,
+            weight_decay,
+            m,
+            v,
+            steps: 0,
+        })
     }
 }
 
@@ -122,8 +161,19 @@ impl Optimizer for AdamW {
         self.steps += 1;
         for (i, (_, p)) in self.params.iter().enumerate() {
             let Some(g) = p.grad() else { continue };
-            let wd = if p.rank() >= 2 { self.weight_decay } else { 0.0 };
-            let h = AdamWParams { lr: self.lr as f32, beta1: self.beta1 as f32, beta2: self.beta2 as f32, eps: self.eps as f32, weight_decay: wd as f32, step: self.steps };
+            let wd = if p.rank() >= 2 {
+                self.weight_decay
+            } else {
+                0.0
+            };
+            let h = AdamWParams {
+                lr: self.lr as f32,
+                beta1: self.beta1 as f32,
+                beta2: self.beta2 as f32,
+                eps: self.eps as f32,
+                weight_decay: wd as f32,
+                step: self.steps,
+            };
             p.adamw_step(&g, &self.m[i], &self.v[i], h)?;
         }
         Ok(())
@@ -187,21 +237,34 @@ mod tests {
 
     fn param(v: Vec<f32>) -> (String, Tensor) {
         let n = v.len();
-        ("w".into(), Tensor::from_vec(v, &[1, n], Device::Cpu).unwrap().to_var().unwrap())
+        (
+            "w".into(),
+            Tensor::from_vec(v, &[1, n], Device::Cpu)
+                .unwrap()
+                .to_var()
+                .unwrap(),
+        )
     }
 
     #[test]
     fn adamw_first_step_moves_each_weight_by_lr() {
         // With bias correction the first Adam step is lr · sign(g) (up to eps).
         let p = param(vec![1.0, -2.0, 3.0]);
-        p.1.set_grad(Some(Tensor::from_vec(vec![0.5f32, -4.0, 1e-3], &[1, 3], Device::Cpu).unwrap()));
+        p.1.set_grad(Some(
+            Tensor::from_vec(vec![0.5f32, -4.0, 1e-3], &[1, 3], Device::Cpu).unwrap(),
+        ));
         let mut opt = AdamW::new(vec![p.clone()], 0.1, 0.0).unwrap();
         opt.step().unwrap();
         let v = p.1.to_vec_f32().unwrap();
-        assert!((v[0] - 0.9).abs() < 1e-5 && (v[1] + 1.9).abs() < 1e-5 && (v[2] - 2.9).abs() < 1e-4, "{v:?}");
+        assert!(
+            (v[0] - 0.9).abs() < 1e-5 && (v[1] + 1.9).abs() < 1e-5 && (v[2] - 2.9).abs() < 1e-4,
+            "{v:?}"
+        );
         // Decoupled decay shrinks by lr·wd·p even with zero gradient.
         let q = param(vec![2.0]);
-        q.1.set_grad(Some(Tensor::zeros(&[1, 1], sinter_core::DType::F32, Device::Cpu).unwrap()));
+        q.1.set_grad(Some(
+            Tensor::zeros(&[1, 1], sinter_core::DType::F32, Device::Cpu).unwrap(),
+        ));
         let mut opt = AdamW::new(vec![q.clone()], 0.1, 0.5).unwrap();
         opt.step().unwrap();
         assert!((q.1.to_vec_f32().unwrap()[0] - (2.0 - 0.1 * 0.5 * 2.0)).abs() < 1e-6);
@@ -215,7 +278,9 @@ mod tests {
             let mut expect = 1.0f32;
             let mut buf = 0.0f32;
             for _ in 0..3 {
-                p.1.set_grad(Some(Tensor::from_vec(vec![2.0f32], &[1, 1], Device::Cpu).unwrap()));
+                p.1.set_grad(Some(
+                    Tensor::from_vec(vec![2.0f32], &[1, 1], Device::Cpu).unwrap(),
+                ));
                 opt.step().unwrap();
                 buf = 0.9 * buf + 2.0;
                 expect -= 0.1 * if nesterov { 2.0 + 0.9 * buf } else { buf };
@@ -228,8 +293,12 @@ mod tests {
     fn clipping_bounds_the_global_norm() {
         let a = param(vec![3.0]);
         let b = param(vec![4.0]);
-        a.1.set_grad(Some(Tensor::from_vec(vec![3.0f32], &[1, 1], Device::Cpu).unwrap()));
-        b.1.set_grad(Some(Tensor::from_vec(vec![4.0f32], &[1, 1], Device::Cpu).unwrap()));
+        a.1.set_grad(Some(
+            Tensor::from_vec(vec![3.0f32], &[1, 1], Device::Cpu).unwrap(),
+        ));
+        b.1.set_grad(Some(
+            Tensor::from_vec(vec![4.0f32], &[1, 1], Device::Cpu).unwrap(),
+        ));
         let ps = vec![a.clone(), b.clone()];
         let n = clip_grad_norm(&ps, 1.0).unwrap();
         assert!((n - 5.0).abs() < 1e-9);

@@ -4,9 +4,16 @@
 pub enum LrSchedule {
     Constant,
     /// Multiply by `gamma` every `step_size` steps.
-    Step { step_size: u64, gamma: f64 },
+    Step {
+        step_size: u64,
+        gamma: f64,
+    },
     /// Linear warm-up from 0 over `warmup` steps, then cosine decay to `min_factor`·lr at `total`.
-    Cosine { warmup: u64, total: u64, min_factor: f64 },
+    Cosine {
+        warmup: u64,
+        total: u64,
+        min_factor: f64,
+    },
 }
 
 impl LrSchedule {
@@ -14,8 +21,14 @@ impl LrSchedule {
     pub fn lr_at(&self, base: f64, step: u64) -> f64 {
         match *self {
             LrSchedule::Constant => base,
-            LrSchedule::Step { step_size, gamma } => base * gamma.powi((step / step_size.max(1)) as i32),
-            LrSchedule::Cosine { warmup, total, min_factor } => {
+            LrSchedule::Step { step_size, gamma } => {
+                base * gamma.powi((step / step_size.max(1)) as i32)
+            }
+            LrSchedule::Cosine {
+                warmup,
+                total,
+                min_factor,
+            } => {
                 if step < warmup {
                     return base * (step + 1) as f64 / warmup as f64;
                 }
@@ -29,8 +42,15 @@ impl LrSchedule {
     pub fn parse(name: &str, total: u64) -> Option<LrSchedule> {
         match name {
             "constant" => Some(LrSchedule::Constant),
-            "step" => Some(LrSchedule::Step { step_size: (total / 3).max(1), gamma: 0.1 }),
-            "cosine" => Some(LrSchedule::Cosine { warmup: (total / 20).min(500), total, min_factor: 0.1 }),
+            "step" => Some(LrSchedule::Step {
+                step_size: (total / 3).max(1),
+                gamma: 0.1,
+            }),
+            "cosine" => Some(LrSchedule::Cosine {
+                warmup: (total / 20).min(500),
+                total,
+                min_factor: 0.1,
+            }),
             _ => None,
         }
     }
@@ -41,12 +61,19 @@ mod tests {
     use super::*;
     #[test]
     fn schedules_hit_their_landmarks() {
-        let c = LrSchedule::Cosine { warmup: 10, total: 110, min_factor: 0.1 };
+        let c = LrSchedule::Cosine {
+            warmup: 10,
+            total: 110,
+            min_factor: 0.1,
+        };
         assert!((c.lr_at(1.0, 0) - 0.1).abs() < 1e-12);
         assert!((c.lr_at(1.0, 9) - 1.0).abs() < 1e-12);
         assert!((c.lr_at(1.0, 60) - 0.55).abs() < 1e-12);
         assert!((c.lr_at(1.0, 110) - 0.1).abs() < 1e-12);
-        let s = LrSchedule::Step { step_size: 5, gamma: 0.5 };
+        let s = LrSchedule::Step {
+            step_size: 5,
+            gamma: 0.5,
+        };
         assert_eq!(s.lr_at(1.0, 4), 1.0);
         assert_eq!(s.lr_at(1.0, 10), 0.25);
         assert_eq!(LrSchedule::Constant.lr_at(0.3, 1000), 0.3);

@@ -47,13 +47,21 @@ fn our_dtype(d: Dtype, name: &str) -> Result<DType> {
 }
 
 fn u64s(v: &[u64]) -> String {
-    v.iter().map(|x| x.to_string()).collect::<Vec<_>>().join(",")
+    v.iter()
+        .map(|x| x.to_string())
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 fn parse_u64s<const N: usize>(s: Option<&String>, key: &str) -> Result<[u64; N]> {
     let s = s.ok_or_else(|| anyhow!("checkpoint metadata lacks '{key}'"))?;
-    let v: Vec<u64> = s.split(',').map(|x| x.parse()).collect::<std::result::Result<_, _>>().with_context(|| format!("checkpoint metadata '{key}' is not a list of integers"))?;
-    v.try_into().map_err(|_| anyhow!("checkpoint metadata '{key}' should hold {N} integers"))
+    let v: Vec<u64> = s
+        .split(',')
+        .map(|x| x.parse())
+        .collect::<std::result::Result<_, _>>()
+        .with_context(|| format!("checkpoint metadata '{key}' is not a list of integers"))?;
+    v.try_into()
+        .map_err(|_| anyhow!("checkpoint metadata '{key}' should hold {N} integers"))
 }
 
 pub fn path_in(dir: &Path) -> PathBuf {
@@ -63,14 +71,26 @@ pub fn path_in(dir: &Path) -> PathBuf {
 /// Writes `bytes` to `path` atomically: temporary file in the same directory, fsync, rename,
 /// fsync of the directory.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
-    let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
-    std::fs::create_dir_all(dir).with_context(|| format!("cannot create directory {}", dir.display()))?;
-    let tmp = dir.join(format!(".{}.tmp-{}", path.file_name().and_then(|n| n.to_str()).unwrap_or("file"), std::process::id()));
+    let dir = path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    std::fs::create_dir_all(dir)
+        .with_context(|| format!("cannot create directory {}", dir.display()))?;
+    let tmp = dir.join(format!(
+        ".{}.tmp-{}",
+        path.file_name().and_then(|n| n.to_str()).unwrap_or("file"),
+        std::process::id()
+    ));
     let result = (|| -> Result<()> {
-        let mut f = std::fs::File::create(&tmp).with_context(|| format!("cannot create {}", tmp.display()))?;
-        f.write_all(bytes).with_context(|| format!("cannot write {}", tmp.display()))?;
-        f.sync_all().with_context(|| format!("cannot fsync {}", tmp.display()))?;
-        std::fs::rename(&tmp, path).with_context(|| format!("cannot move {} to {}", tmp.display(), path.display()))?;
+        let mut f = std::fs::File::create(&tmp)
+            .with_context(|| format!("cannot create {}", tmp.display()))?;
+        f.write_all(bytes)
+            .with_context(|| format!("cannot write {}", tmp.display()))?;
+        f.sync_all()
+            .with_context(|| format!("cannot fsync {}", tmp.display()))?;
+        std::fs::rename(&tmp, path)
+            .with_context(|| format!("cannot move {} to {}", tmp.display(), path.display()))?;
         if let Ok(d) = std::fs::File::open(dir) {
             let _ = d.sync_all();
         }
@@ -82,16 +102,32 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     result
 }
 
-pub fn save(dir: &Path, model: &[(String, Tensor)], optim: &[(String, Tensor)], meta: &Meta) -> Result<()> {
+pub fn save(
+    dir: &Path,
+    model: &[(String, Tensor)],
+    optim: &[(String, Tensor)],
+    meta: &Meta,
+) -> Result<()> {
     let mut owned: Vec<(String, DType, Vec<usize>, Vec<u8>)> = Vec::new();
     for (prefix, list) in [("model", model), ("optim", optim)] {
         for (n, t) in list {
-            owned.push((format!("{prefix}.{n}"), t.dtype(), t.shape().to_vec(), t.to_le_bytes()?));
+            owned.push((
+                format!("{prefix}.{n}"),
+                t.dtype(),
+                t.shape().to_vec(),
+                t.to_le_bytes()?,
+            ));
         }
     }
     let views: Vec<(String, TensorView)> = owned
         .iter()
-        .map(|(n, d, s, b)| Ok((n.clone(), TensorView::new(st_dtype(*d), s.clone(), b).map_err(|e| anyhow!("tensor {n}: {e}"))?)))
+        .map(|(n, d, s, b)| {
+            Ok((
+                n.clone(),
+                TensorView::new(st_dtype(*d), s.clone(), b)
+                    .map_err(|e| anyhow!("tensor {n}: {e}"))?,
+            ))
+        })
         .collect::<Result<_>>()?;
     let mut md = HashMap::new();
     md.insert("format".to_string(), FORMAT.to_string());
@@ -101,7 +137,8 @@ pub fn save(dir: &Path, model: &[(String, Tensor)], optim: &[(String, Tensor)], 
     md.insert("dropout_rng".into(), u64s(&meta.dropout_rng));
     md.insert("loader".into(), u64s(&meta.loader));
     md.insert("config".into(), serde_json::to_string(&meta.config)?);
-    let bytes = safetensors::serialize(views, &Some(md)).map_err(|e| anyhow!("cannot serialise checkpoint: {e}"))?;
+    let bytes = safetensors::serialize(views, &Some(md))
+        .map_err(|e| anyhow!("cannot serialise checkpoint: {e}"))?;
     write_atomic(&path_in(dir), &bytes)
 }
 
@@ -112,21 +149,53 @@ pub struct Loaded {
 }
 
 pub fn load(dir: &Path) -> Result<Loaded> {
-    let path = if dir.is_dir() { path_in(dir) } else { dir.to_path_buf() };
-    let bytes = std::fs::read(&path).with_context(|| format!("cannot read checkpoint {} (does the run directory exist and hold {FILE_NAME}?)", path.display()))?;
-    let (_, header) = SafeTensors::read_metadata(&bytes).map_err(|e| anyhow!("checkpoint {} is corrupt or truncated: {e}", path.display()))?;
-    let st = SafeTensors::deserialize(&bytes).map_err(|e| anyhow!("checkpoint {} is corrupt or truncated: {e}", path.display()))?;
+    let path = if dir.is_dir() {
+        path_in(dir)
+    } else {
+        dir.to_path_buf()
+    };
+    let bytes = std::fs::read(&path).with_context(|| {
+        format!(
+            "cannot read checkpoint {} (does the run directory exist and hold {FILE_NAME}?)",
+            path.display()
+        )
+    })?;
+    let (_, header) = SafeTensors::read_metadata(&bytes)
+        .map_err(|e| anyhow!("checkpoint {} is corrupt or truncated: {e}", path.display()))?;
+    let st = SafeTensors::deserialize(&bytes)
+        .map_err(|e| anyhow!("checkpoint {} is corrupt or truncated: {e}", path.display()))?;
     let md = header.metadata().clone().unwrap_or_default();
     if md.get("format").map(String::as_str) != Some(FORMAT) {
-        bail!("{} is not a sinter checkpoint (metadata format is {:?})", path.display(), md.get("format"));
+        bail!(
+            "{} is not a sinter checkpoint (metadata format is {:?})",
+            path.display(),
+            md.get("format")
+        );
     }
-    let parse = |k: &str| -> Result<u64> { md.get(k).ok_or_else(|| anyhow!("checkpoint metadata lacks '{k}'"))?.parse().with_context(|| format!("checkpoint metadata '{k}' is not an integer")) };
-    let config: TrainConfig = serde_json::from_str(md.get("config").ok_or_else(|| anyhow!("checkpoint metadata lacks 'config'"))?).context("checkpoint config is unreadable")?;
-    let meta = Meta { step: parse("step")?, optimizer_steps: parse("optimizer_steps")?, rng: parse_u64s(md.get("rng"), "rng")?, dropout_rng: parse_u64s(md.get("dropout_rng"), "dropout_rng")?, loader: parse_u64s(md.get("loader"), "loader")?, config };
+    let parse = |k: &str| -> Result<u64> {
+        md.get(k)
+            .ok_or_else(|| anyhow!("checkpoint metadata lacks '{k}'"))?
+            .parse()
+            .with_context(|| format!("checkpoint metadata '{k}' is not an integer"))
+    };
+    let config: TrainConfig = serde_json::from_str(
+        md.get("config")
+            .ok_or_else(|| anyhow!("checkpoint metadata lacks 'config'"))?,
+    )
+    .context("checkpoint config is unreadable")?;
+    let meta = Meta {
+        step: parse("step")?,
+        optimizer_steps: parse("optimizer_steps")?,
+        rng: parse_u64s(md.get("rng"), "rng")?,
+        dropout_rng: parse_u64s(md.get("dropout_rng"), "dropout_rng")?,
+        loader: parse_u64s(md.get("loader"), "loader")?,
+        config,
+    };
     let mut tensors = HashMap::new();
     for (name, view) in st.tensors() {
         let dtype = our_dtype(view.dtype(), &name)?;
-        let t = Tensor::from_le_bytes(view.data(), dtype, view.shape(), Device::Cpu).with_context(|| format!("checkpoint tensor {name}"))?;
+        let t = Tensor::from_le_bytes(view.data(), dtype, view.shape(), Device::Cpu)
+            .with_context(|| format!("checkpoint tensor {name}"))?;
         tensors.insert(name, t);
     }
     Ok(Loaded { tensors, meta })
@@ -148,7 +217,10 @@ pub fn restore_model(loaded: &HashMap<String, Tensor>, named: &[(String, Tensor)
 
 /// The optimizer part of a checkpoint, with the `optim.` prefix removed.
 pub fn optimizer_state(loaded: &HashMap<String, Tensor>) -> HashMap<String, Tensor> {
-    loaded.iter().filter_map(|(k, v)| k.strip_prefix("optim.").map(|n| (n.to_string(), v.clone()))).collect()
+    loaded
+        .iter()
+        .filter_map(|(k, v)| k.strip_prefix("optim.").map(|n| (n.to_string(), v.clone())))
+        .collect()
 }
 
 #[cfg(test)]
@@ -164,9 +236,18 @@ mod tests {
     fn a_misfitting_tensor_is_named_with_both_shapes() {
         let mut loaded = HashMap::new();
         loaded.insert("model.fc.weight".to_string(), t(&[10, 64]));
-        let err = restore_model(&loaded, &[("fc.weight".into(), t(&[10, 128]))]).unwrap_err().to_string();
-        assert!(err.contains("model.fc.weight") && err.contains("[10, 64]") && err.contains("[10, 128]"), "{err}");
-        let err = restore_model(&loaded, &[("fc.bias".into(), t(&[10]))]).unwrap_err().to_string();
+        let err = restore_model(&loaded, &[("fc.weight".into(), t(&[10, 128]))])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("model.fc.weight")
+                && err.contains("[10, 64]")
+                && err.contains("[10, 128]"),
+            "{err}"
+        );
+        let err = restore_model(&loaded, &[("fc.bias".into(), t(&[10]))])
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("model.fc.bias"), "{err}");
     }
 

@@ -43,15 +43,46 @@ pub struct ConfigFile {
 
 impl ConfigFile {
     pub fn load(path: &Path) -> Result<ConfigFile> {
-        let text = std::fs::read_to_string(path).with_context(|| format!("cannot read config file {}", path.display()))?;
-        toml::from_str(&text).with_context(|| format!("config file {} is not valid (keys are the long flag names with '_' for '-')", path.display()))
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read config file {}", path.display()))?;
+        toml::from_str(&text).with_context(|| {
+            format!(
+                "config file {} is not valid (keys are the long flag names with '_' for '-')",
+                path.display()
+            )
+        })
     }
     /// Values from `over` replace ours where set.
     pub fn overlay(mut self, over: &ConfigFile) -> ConfigFile {
         macro_rules! take {
             ($($f:ident),*) => { $( if over.$f.is_some() { self.$f = over.$f.clone(); } )* };
         }
-        take!(model, data, epochs, steps, batch_size, lr, optimizer, momentum, weight_decay, schedule, grad_clip, context, seed, device, eval_interval, eval_batches, log_interval, checkpoint_interval, out, zero, bucket_mb, grad_accum, recompute, precision);
+        take!(
+            model,
+            data,
+            epochs,
+            steps,
+            batch_size,
+            lr,
+            optimizer,
+            momentum,
+            weight_decay,
+            schedule,
+            grad_clip,
+            context,
+            seed,
+            device,
+            eval_interval,
+            eval_batches,
+            log_interval,
+            checkpoint_interval,
+            out,
+            zero,
+            bucket_mb,
+            grad_accum,
+            recompute,
+            precision
+        );
         self
     }
 }
@@ -127,7 +158,10 @@ impl TrainConfig {
             bail!("--grad-accum must be at least 1");
         }
         if !(self.bucket_mb.is_finite() && self.bucket_mb > 0.0) {
-            bail!("--bucket-mb must be a positive number of MiB, got {}", self.bucket_mb);
+            bail!(
+                "--bucket-mb must be a positive number of MiB, got {}",
+                self.bucket_mb
+            );
         }
         Ok(())
     }
@@ -147,7 +181,11 @@ pub fn defaults_for(model: &str) -> ConfigFile {
     ConfigFile {
         model: Some(model.into()),
         data: Some(if gpt { "shakespeare" } else { "digits" }.into()),
-        epochs: if gpt { None } else { Some(if model == "resnet18" { 5 } else { 30 }) },
+        epochs: if gpt {
+            None
+        } else {
+            Some(if model == "resnet18" { 5 } else { 30 })
+        },
         steps: if gpt { Some(2000) } else { None },
         batch_size: Some(if gpt { 12 } else { 64 }),
         lr: Some(2e-3),
@@ -174,7 +212,10 @@ pub fn defaults_for(model: &str) -> ConfigFile {
 
 fn check_name(kind: &str, name: &str, valid: &[&str]) -> Result<()> {
     if !valid.contains(&name) {
-        bail!("unknown {kind} '{name}'; valid {kind}s: {}", valid.join(", "));
+        bail!(
+            "unknown {kind} '{name}'; valid {kind}s: {}",
+            valid.join(", ")
+        );
     }
     Ok(())
 }
@@ -249,19 +290,52 @@ mod tests {
     use super::*;
     #[test]
     fn flags_win_over_file_and_file_over_defaults() {
-        let file = ConfigFile { lr: Some(0.5), batch_size: Some(7), ..Default::default() };
-        let flags = ConfigFile { lr: Some(0.25), ..Default::default() };
+        let file = ConfigFile {
+            lr: Some(0.5),
+            batch_size: Some(7),
+            ..Default::default()
+        };
+        let flags = ConfigFile {
+            lr: Some(0.25),
+            ..Default::default()
+        };
         let c = TrainConfig::resolve(&file.overlay(&flags)).unwrap();
-        assert_eq!((c.lr, c.batch_size, c.model.as_str(), c.data.as_str()), (0.25, 7, "cnn", "digits"));
-        let e = TrainConfig::resolve(&ConfigFile { model: Some("vgg".into()), ..Default::default() }).unwrap_err().to_string();
+        assert_eq!(
+            (c.lr, c.batch_size, c.model.as_str(), c.data.as_str()),
+            (0.25, 7, "cnn", "digits")
+        );
+        let e = TrainConfig::resolve(&ConfigFile {
+            model: Some("vgg".into()),
+            ..Default::default()
+        })
+        .unwrap_err()
+        .to_string();
         assert!(e.contains("gpt-tiny"), "{e}");
-        let t = TrainConfig::resolve(&ConfigFile { model: Some("gpt-tiny".into()), ..Default::default() }).unwrap();
+        let t = TrainConfig::resolve(&ConfigFile {
+            model: Some("gpt-tiny".into()),
+            ..Default::default()
+        })
+        .unwrap();
         assert_eq!((t.steps, t.data.as_str()), (2000, "shakespeare"));
         assert!(toml::from_str::<ConfigFile>("lr = 1.0\nbogus = 2").is_err());
-        let d = TrainConfig::resolve(&toml::from_str::<ConfigFile>("zero = 2\ngrad_accum = 4\nbucket_mb = 1.5").unwrap()).unwrap();
-        assert_eq!((d.zero, d.grad_accum, d.bucket_mb, d.world_size), (2, 4, 1.5, 1));
-        assert!(TrainConfig::resolve(&ConfigFile { zero: Some(3), ..Default::default() }).is_err());
-        assert!(TrainConfig::resolve(&ConfigFile { grad_accum: Some(0), ..Default::default() }).is_err());
+        let d = TrainConfig::resolve(
+            &toml::from_str::<ConfigFile>("zero = 2\ngrad_accum = 4\nbucket_mb = 1.5").unwrap(),
+        )
+        .unwrap();
+        assert_eq!(
+            (d.zero, d.grad_accum, d.bucket_mb, d.world_size),
+            (2, 4, 1.5, 1)
+        );
+        assert!(TrainConfig::resolve(&ConfigFile {
+            zero: Some(3),
+            ..Default::default()
+        })
+        .is_err());
+        assert!(TrainConfig::resolve(&ConfigFile {
+            grad_accum: Some(0),
+            ..Default::default()
+        })
+        .is_err());
         // Checkpoints written before these keys existed still read back.
         let mut old = serde_json::to_value(&t).unwrap();
         for k in ["zero", "bucket_mb", "grad_accum", "world_size"] {

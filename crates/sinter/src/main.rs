@@ -5,8 +5,8 @@ mod config;
 mod dist_cmd;
 mod gpu_bench;
 mod metrics;
-mod precision;
 mod model_parallel;
+mod precision;
 mod tokenize_cmd;
 mod train;
 
@@ -19,7 +19,11 @@ use clap::{Args, Parser, Subcommand};
 use config::{ConfigFile, TrainConfig};
 
 #[derive(Parser)]
-#[command(name = "sinter", version, about = "Train and run neural networks on CPUs and GPUs")]
+#[command(
+    name = "sinter",
+    version,
+    about = "Train and run neural networks on CPUs and GPUs"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -219,9 +223,16 @@ fn train_config(a: &TrainArgs) -> Result<(TrainConfig, Option<PathBuf>)> {
             bail!("--grad-accum {g} differs from the checkpoint's {}; a resumed run keeps its global batch", saved.grad_accum);
         }
         c.check_parallel()?;
-        for (given, what) in [(layered.model.as_ref(), "model"), (layered.data.as_ref(), "data")] {
+        for (given, what) in [
+            (layered.model.as_ref(), "model"),
+            (layered.data.as_ref(), "data"),
+        ] {
             if let Some(v) = given {
-                let saved_v = if what == "model" { &saved.model } else { &saved.data };
+                let saved_v = if what == "model" {
+                    &saved.model
+                } else {
+                    &saved.data
+                };
                 if v != saved_v {
                     bail!("--{what} {v} differs from the checkpoint's {what} {saved_v}; a resumed run keeps its {what}");
                 }
@@ -237,9 +248,20 @@ fn run() -> Result<()> {
     match cli.command {
         Command::Train(a) => {
             let (config, out) = train_config(&a)?;
-            let opts = train::TrainOptions { out, resume: a.resume.clone(), quiet: a.quiet, stop_at_step: a.stop_at_step, dp: a.dp };
+            let opts = train::TrainOptions {
+                out,
+                resume: a.resume.clone(),
+                quiet: a.quiet,
+                stop_at_step: a.stop_at_step,
+                dp: a.dp,
+            };
             if a.tp > 1 || a.pp > 1 {
-                let mp = model_parallel::ModelParallel { tp: a.tp, pp: a.pp, micro_batches: a.micro_batches, schedule: a.pp_schedule.clone() };
+                let mp = model_parallel::ModelParallel {
+                    tp: a.tp,
+                    pp: a.pp,
+                    micro_batches: a.micro_batches,
+                    schedule: a.pp_schedule.clone(),
+                };
                 model_parallel::run(config, &opts, &mp)?;
             } else {
                 train::run(config, &opts)?;
@@ -248,13 +270,23 @@ fn run() -> Result<()> {
         Command::Eval { checkpoint } => {
             let (s, step) = train::load_for_inference(&checkpoint)?;
             let e = train::evaluate(&s, 0)?;
-            let acc = e.accuracy.map(|a| format!(", accuracy {:.2}%", a * 100.0)).unwrap_or_default();
-            println!("{} on {} (step {step}): validation loss {:.4}{acc} over {} examples", s.config.model, s.config.data, e.loss, e.examples);
+            let acc = e
+                .accuracy
+                .map(|a| format!(", accuracy {:.2}%", a * 100.0))
+                .unwrap_or_default();
+            println!(
+                "{} on {} (step {step}): validation loss {:.4}{acc} over {} examples",
+                s.config.model, s.config.data, e.loss, e.examples
+            );
         }
         Command::Generate(g) => {
             let (s, _) = train::load_for_inference(&g.checkpoint)?;
             if s.task != sinter_models::Task::LanguageModel {
-                bail!("generate needs a language-model checkpoint; {} is a {:?} model", s.config.model, s.task);
+                bail!(
+                    "generate needs a language-model checkpoint; {} is a {:?} model",
+                    s.config.model,
+                    s.task
+                );
             }
             let vocab = s.train.num_classes().unwrap_or(0);
             if vocab != 256 {
@@ -264,7 +296,14 @@ fn run() -> Result<()> {
             if prompt.is_empty() {
                 bail!("--prompt must not be empty");
             }
-            let out = train::generate(&s, &prompt, g.max_new_tokens, g.temperature, g.top_k, g.seed)?;
+            let out = train::generate(
+                &s,
+                &prompt,
+                g.max_new_tokens,
+                g.temperature,
+                g.top_k,
+                g.seed,
+            )?;
             let bytes: Vec<u8> = out.iter().map(|&t| t as u8).collect();
             println!("{}", String::from_utf8_lossy(&bytes));
         }

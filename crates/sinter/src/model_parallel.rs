@@ -28,21 +28,43 @@ pub struct ModelParallel {
     pub schedule: String,
 }
 
-pub fn run(config: TrainConfig, opts: &TrainOptions, mp: &ModelParallel) -> Result<serde_json::Value> {
+pub fn run(
+    config: TrainConfig,
+    opts: &TrainOptions,
+    mp: &ModelParallel,
+) -> Result<serde_json::Value> {
     if sinter_models::task_of(&config.model) != Some(Task::LanguageModel) {
-        bail!("--tp/--pp split a GPT; model {} is not one (use --dp for other models)", config.model);
+        bail!(
+            "--tp/--pp split a GPT; model {} is not one (use --dp for other models)",
+            config.model
+        );
     }
     if opts.resume.is_some() {
         bail!("--resume is not supported with --tp/--pp yet: their checkpoints hold the gathered weights but not the sharded optimizer state; evaluate or sample them with `sinter eval` / `sinter generate`");
     }
-    let schedule: Schedule = mp.schedule.parse().map_err(|e| anyhow!("--schedule: {e}"))?;
-    let env = sinter_dist::rendezvous::from_env().context("reading the distributed environment (RANK, WORLD_SIZE, …)")?;
+    let schedule: Schedule = mp
+        .schedule
+        .parse()
+        .map_err(|e| anyhow!("--schedule: {e}"))?;
+    let env = sinter_dist::rendezvous::from_env()
+        .context("reading the distributed environment (RANK, WORLD_SIZE, …)")?;
     let inner = mp.tp * mp.pp;
     if inner == 0 || env.world_size % inner != 0 {
         bail!("--tp {} × --pp {} = {inner} ranks per replica does not divide the {} ranks started; launch a multiple of {inner} with `sinter launch --nproc-per-node N -- train …`", mp.tp, mp.pp, env.world_size);
     }
-    let spec = ParallelSpec { dp: env.world_size / inner, tp: mp.tp, pp: mp.pp, micro_batches: mp.micro_batches, schedule };
-    let mut comm = sinter_dist::init(&env, &TcpOptions::default()).with_context(|| format!("rank {} of {} could not join the group", env.rank, env.world_size))?;
+    let spec = ParallelSpec {
+        dp: env.world_size / inner,
+        tp: mp.tp,
+        pp: mp.pp,
+        micro_batches: mp.micro_batches,
+        schedule,
+    };
+    let mut comm = sinter_dist::init(&env, &TcpOptions::default()).with_context(|| {
+        format!(
+            "rank {} of {} could not join the group",
+            env.rank, env.world_size
+        )
+    })?;
     let writer = env.rank == 0;
     let quiet = opts.quiet || !writer;
 
@@ -53,7 +75,13 @@ pub fn run(config: TrainConfig, opts: &TrainOptions, mp: &ModelParallel) -> Resu
     let c = s.config.clone();
     let make = move |params: Vec<(String, Tensor)>| -> sinter_core::Result<Box<dyn Optimizer>> {
         Ok(match c.optimizer.as_str() {
-            "sgd" => Box::new(Sgd::new(params, c.lr, c.momentum, c.momentum > 0.0, c.weight_decay)?),
+            "sgd" => Box::new(Sgd::new(
+                params,
+                c.lr,
+                c.momentum,
+                c.momentum > 0.0,
+                c.weight_decay,
+            )?),
             _ => Box::new(AdamW::new(params, c.lr, c.weight_decay)?),
         })
     };
@@ -61,7 +89,10 @@ pub fn run(config: TrainConfig, opts: &TrainOptions, mp: &ModelParallel) -> Resu
     // Every rank reads the same global batch; the trainer gives each replica its slice.
     let global_batch = s.config.batch_size * spec.dp;
     let mut loader = DataLoader::new(s.train.clone(), global_batch, true, true, s.config.seed);
-    let total = s.config.steps.max(s.config.epochs.unwrap_or(0) * loader.batches_per_epoch());
+    let total = s
+        .config
+        .steps
+        .max(s.config.epochs.unwrap_or(0) * loader.batches_per_epoch());
     if total == 0 {
         bail!("nothing to train: --steps must be at least 1");
     }
@@ -80,7 +111,9 @@ pub fn run(config: TrainConfig, opts: &TrainOptions, mp: &ModelParallel) -> Resu
     let t0 = Instant::now();
     let mut last = f64::NAN;
     for step in 0..end {
-        trainer.optimizer_mut().set_lr(schedule_lr.lr_at(s.config.lr, step));
+        trainer
+            .optimizer_mut()
+            .set_lr(schedule_lr.lr_at(s.config.lr, step));
         let b = loader.next_batch()?;
         let loss = trainer.step(&to_tensor(&b.inputs)?, &to_tensor(&b.targets)?)? as f64;
         if !loss.is_finite() {
@@ -100,15 +133,20 @@ pub fn run(config: TrainConfig, opts: &TrainOptions, mp: &ModelParallel) -> Resu
     let wall = t0.elapsed().as_secs_f64();
     // Collective: every rank takes part, rank 0 keeps the full weights.
     let full = trainer.gather_weights()?;
-    let bubble = trainer.pipeline_stats().map(|p| (p.theoretical_bubble, p.measured_bubble));
+    let bubble = trainer
+        .pipeline_stats()
+        .map(|p| (p.theoretical_bubble, p.measured_bubble));
     if !writer {
         return Ok(json!({}));
     }
     let named = s.model.parameters();
     let by_name: std::collections::HashMap<String, Tensor> = full.into_iter().collect();
     for (n, t) in &named {
-        let src = by_name.get(n).ok_or_else(|| anyhow!("gathered weights lack {n}"))?;
-        t.assign(src).with_context(|| format!("loading gathered {n}"))?;
+        let src = by_name
+            .get(n)
+            .ok_or_else(|| anyhow!("gathered weights lack {n}"))?;
+        t.assign(src)
+            .with_context(|| format!("loading gathered {n}"))?;
     }
     let e = evaluate(&s, s.config.eval_batches)?;
     let tokens = (end as usize * global_batch * s.config.context) as f64;
@@ -120,13 +158,35 @@ pub fn run(config: TrainConfig, opts: &TrainOptions, mp: &ModelParallel) -> Resu
         "global_batch_size": global_batch, "seed": s.config.seed,
     });
     if let Some(d) = &opts.out {
-        let tensors: Vec<(String, Tensor)> = s.model.named_tensors().into_iter().map(|t| (t.name, t.tensor)).collect();
-        let meta = Meta { step: end, optimizer_steps: end, rng: s.rng.state(), dropout_rng: s.dropout_rng.lock().unwrap_or_else(|e| e.into_inner()).state(), loader: loader.position().to_u64s(), config: s.config.clone() };
+        let tensors: Vec<(String, Tensor)> = s
+            .model
+            .named_tensors()
+            .into_iter()
+            .map(|t| (t.name, t.tensor))
+            .collect();
+        let meta = Meta {
+            step: end,
+            optimizer_steps: end,
+            rng: s.rng.state(),
+            dropout_rng: s
+                .dropout_rng
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .state(),
+            loader: loader.position().to_u64s(),
+            config: s.config.clone(),
+        };
         checkpoint::save(d, &tensors, &[], &meta)?;
-        checkpoint::write_atomic(&d.join("summary.json"), serde_json::to_string_pretty(&summary)?.as_bytes())?;
+        checkpoint::write_atomic(
+            &d.join("summary.json"),
+            serde_json::to_string_pretty(&summary)?.as_bytes(),
+        )?;
     }
     if !quiet {
-        eprintln!("done: {end} steps in {wall:.1} s; train loss {last:.4}, val loss {:.4}", e.loss);
+        eprintln!(
+            "done: {end} steps in {wall:.1} s; train loss {last:.4}, val loss {:.4}",
+            e.loss
+        );
     }
     Ok(summary)
 }

@@ -12,12 +12,17 @@ use anyhow::{anyhow, bail, Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::json;
 use sinter_core::{no_grad, Device, Rng, Tensor};
-use sinter_data::{DataKind, DataLoader, DataSpec, Dataset, HostArray, HostData, LoaderPosition, OpenOptions, Split, Windows};
-use sinter_models::{DataShape, Task};
+use sinter_data::{
+    DataKind, DataLoader, DataSpec, Dataset, HostArray, HostData, LoaderPosition, OpenOptions,
+    Split, Windows,
+};
 use sinter_dist::data_parallel::{broadcast_tensors, bucket_bytes, shared};
-use sinter_dist::{DataParallel, ReduceOp, ShardedAlgo, SharedComm, TcpOptions, ZeroOptimizer, ZeroOptions};
+use sinter_dist::{
+    DataParallel, ReduceOp, ShardedAlgo, SharedComm, TcpOptions, ZeroOptimizer, ZeroOptions,
+};
+use sinter_models::{DataShape, Task};
 use sinter_nn::module::shared_rng;
-use sinter_nn::{clip_grad_norm, AdamW, LrSchedule, Module, Optimizer, SharedRng, Sgd, TensorKind};
+use sinter_nn::{clip_grad_norm, AdamW, LrSchedule, Module, Optimizer, Sgd, SharedRng, TensorKind};
 
 use crate::checkpoint::{self, Meta};
 use crate::config::TrainConfig;
@@ -52,7 +57,10 @@ pub fn setup(config: TrainConfig) -> Result<Setup> {
         bail!("model {} is a {:?} model but data '{}' is {:?} data; pick a matching --model or --data", config.model, task, config.data, data_task);
     }
     let (train, val) = match task {
-        Task::Classification => (spec.open(Split::Train, 0)?, spec.open(Split::Validation, 0)?),
+        Task::Classification => (
+            spec.open(Split::Train, 0)?,
+            spec.open(Split::Validation, 0)?,
+        ),
         Task::LanguageModel => {
             let mut o = OpenOptions::new(config.context);
             let train = spec.open_with(Split::Train, &o)?;
@@ -60,34 +68,86 @@ pub fn setup(config: TrainConfig) -> Result<Setup> {
             (train, spec.open_with(Split::Validation, &o)?)
         }
     };
-    let classes = train.num_classes().ok_or_else(|| anyhow!("data '{}' does not say how many classes it has", config.data))?;
+    let classes = train.num_classes().ok_or_else(|| {
+        anyhow!(
+            "data '{}' does not say how many classes it has",
+            config.data
+        )
+    })?;
     let mut rng = Rng::new(config.seed);
     let dropout_rng = shared_rng(config.seed ^ 0x5eed);
-    let recompute = config.recompute.parse().map_err(|e| anyhow!("--recompute: {e}"))?;
-    let model = sinter_models::build_with(&config.model, &DataShape { input: train.input_shape(), classes }, &mut rng, &dropout_rng, recompute)?;
-    Ok(Setup { config, task, model, train, val, rng, dropout_rng })
+    let recompute = config
+        .recompute
+        .parse()
+        .map_err(|e| anyhow!("--recompute: {e}"))?;
+    let model = sinter_models::build_with(
+        &config.model,
+        &DataShape {
+            input: train.input_shape(),
+            classes,
+        },
+        &mut rng,
+        &dropout_rng,
+        recompute,
+    )?;
+    Ok(Setup {
+        config,
+        task,
+        model,
+        train,
+        val,
+        rng,
+        dropout_rng,
+    })
 }
 
 fn make_optimizer(c: &TrainConfig, params: Vec<(String, Tensor)>) -> Result<Box<dyn Optimizer>> {
     Ok(match c.optimizer.as_str() {
-        "sgd" => Box::new(Sgd::new(params, c.lr, c.momentum, c.momentum > 0.0, c.weight_decay)?),
+        "sgd" => Box::new(Sgd::new(
+            params,
+            c.lr,
+            c.momentum,
+            c.momentum > 0.0,
+            c.weight_decay,
+        )?),
         _ => Box::new(AdamW::new(params, c.lr, c.weight_decay)?),
     })
 }
 
 /// Loss (and correct predictions, for classifiers) of one batch.
-fn batch_loss(model: &dyn Module, task: Task, inputs: &Tensor, targets: &Tensor) -> Result<(Tensor, Option<usize>)> {
+fn batch_loss(
+    model: &dyn Module,
+    task: Task,
+    inputs: &Tensor,
+    targets: &Tensor,
+) -> Result<(Tensor, Option<usize>)> {
     let logits = model.forward(inputs)?;
     match task {
         Task::Classification => {
             let loss = logits.cross_entropy(targets, -100)?;
-            let correct = if sinter_core::is_grad_enabled() { None } else { Some(logits.argmax(-1, false)?.eq(targets)?.to_vec_i64()?.iter().sum::<i64>() as usize) };
+            let correct = if sinter_core::is_grad_enabled() {
+                None
+            } else {
+                Some(
+                    logits
+                        .argmax(-1, false)?
+                        .eq(targets)?
+                        .to_vec_i64()?
+                        .iter()
+                        .sum::<i64>() as usize,
+                )
+            };
             Ok((loss, correct))
         }
         Task::LanguageModel => {
             let v = *logits.shape().last().expect("logits have a vocab dim");
             let n = targets.numel();
-            Ok((logits.reshape(&[n, v])?.cross_entropy(&targets.reshape(&[n])?, -100)?, None))
+            Ok((
+                logits
+                    .reshape(&[n, v])?
+                    .cross_entropy(&targets.reshape(&[n])?, -100)?,
+                None,
+            ))
         }
     }
 }
@@ -106,13 +166,21 @@ pub fn evaluate(s: &Setup, max_batches: usize) -> Result<EvalResult> {
     s.model.set_training(false);
     let bs = s.config.batch_size.max(1);
     let mut loader = DataLoader::new(s.val.clone(), bs, false, false, 0);
-    let n = if max_batches == 0 { loader.batches_per_epoch() as usize } else { (loader.batches_per_epoch() as usize).min(max_batches) };
+    let n = if max_batches == 0 {
+        loader.batches_per_epoch() as usize
+    } else {
+        (loader.batches_per_epoch() as usize).min(max_batches)
+    };
     let (mut total, mut correct, mut count) = (0f64, 0usize, 0usize);
     for _ in 0..n {
         let b = loader.next_batch()?;
-        let (x, y) = (to_tensor(&b.inputs)?.to_device(device)?, to_tensor(&b.targets)?.to_device(device)?);
+        let (x, y) = (
+            to_tensor(&b.inputs)?.to_device(device)?,
+            to_tensor(&b.targets)?.to_device(device)?,
+        );
         let (loss, c) = {
-            let _autocast = sinter_nn::PrecisionMode::parse(&s.config.precision).and_then(|m| m.autocast());
+            let _autocast =
+                sinter_nn::PrecisionMode::parse(&s.config.precision).and_then(|m| m.autocast());
             batch_loss(s.model.as_ref(), s.task, &x, &y)?
         };
         let rows = b.inputs.shape[0];
@@ -122,7 +190,11 @@ pub fn evaluate(s: &Setup, max_batches: usize) -> Result<EvalResult> {
     }
     s.model.set_training(true);
     let count_f = count.max(1) as f64;
-    Ok(EvalResult { loss: total / count_f, accuracy: (s.task == Task::Classification).then(|| correct as f64 / count_f), examples: count })
+    Ok(EvalResult {
+        loss: total / count_f,
+        accuracy: (s.task == Task::Classification).then(|| correct as f64 / count_f),
+        examples: count,
+    })
 }
 
 pub struct TrainOptions {
@@ -137,13 +209,29 @@ pub struct TrainOptions {
     pub dp: bool,
 }
 
-fn save_checkpoint(dir: &Path, s: &Setup, optim_state: &[(String, Tensor)], optimizer_steps: u64, step: u64, loader: &DataLoader) -> Result<()> {
-    let named: Vec<(String, Tensor)> = s.model.named_tensors().into_iter().map(|t| (t.name, t.tensor)).collect();
+fn save_checkpoint(
+    dir: &Path,
+    s: &Setup,
+    optim_state: &[(String, Tensor)],
+    optimizer_steps: u64,
+    step: u64,
+    loader: &DataLoader,
+) -> Result<()> {
+    let named: Vec<(String, Tensor)> = s
+        .model
+        .named_tensors()
+        .into_iter()
+        .map(|t| (t.name, t.tensor))
+        .collect();
     let meta = Meta {
         step,
         optimizer_steps,
         rng: s.rng.state(),
-        dropout_rng: s.dropout_rng.lock().unwrap_or_else(|e| e.into_inner()).state(),
+        dropout_rng: s
+            .dropout_rng
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .state(),
         loader: loader.position().to_u64s(),
         config: s.config.clone(),
     };
@@ -180,14 +268,20 @@ impl Opt {
     fn state(&self) -> Result<Vec<(String, Tensor)>> {
         match self {
             Opt::Plain(o) => Ok(o.state()),
-            Opt::Zero(z) => z.try_state().context("gathering the sharded optimizer state for the checkpoint"),
+            Opt::Zero(z) => z
+                .try_state()
+                .context("gathering the sharded optimizer state for the checkpoint"),
         }
     }
 }
 
 fn zero_algo(c: &TrainConfig) -> ShardedAlgo {
     match c.optimizer.as_str() {
-        "sgd" => ShardedAlgo::Sgd { momentum: c.momentum, nesterov: c.momentum > 0.0, weight_decay: c.weight_decay },
+        "sgd" => ShardedAlgo::Sgd {
+            momentum: c.momentum,
+            nesterov: c.momentum > 0.0,
+            weight_decay: c.weight_decay,
+        },
         _ => ShardedAlgo::adamw(c.weight_decay),
     }
 }
@@ -197,14 +291,18 @@ fn zero_algo(c: &TrainConfig) -> ShardedAlgo {
 fn is_peer_failure(e: &anyhow::Error) -> bool {
     e.chain().any(|c| {
         let m = c.to_string();
-        m.contains("connection to rank") || m.contains("timed out after") || m.contains("has shut down")
+        m.contains("connection to rank")
+            || m.contains("timed out after")
+            || m.contains("has shut down")
     })
 }
 
 pub fn run(config: TrainConfig, opts: &TrainOptions) -> Result<serde_json::Value> {
     let r = run_inner(config, opts);
     if let Err(e) = &r {
-        if is_peer_failure(e) && sinter_dist::rendezvous::from_env().is_ok_and(|env| env.world_size > 1) {
+        if is_peer_failure(e)
+            && sinter_dist::rendezvous::from_env().is_ok_and(|env| env.world_size > 1)
+        {
             // Another rank failed first: give the launcher a moment to see (and name) that
             // rank before this secondary failure reaches it.
             std::thread::sleep(std::time::Duration::from_secs(1));
@@ -217,10 +315,20 @@ fn run_inner(mut config: TrainConfig, opts: &TrainOptions) -> Result<serde_json:
     let (device, device_note) = crate::precision::resolve_device_noted(&config.device)?;
     let mut precision = crate::precision::parse_precision(&config.precision)?;
     config.check_parallel()?;
-    let env = sinter_dist::rendezvous::from_env().context("reading the distributed environment (RANK, WORLD_SIZE, …)")?;
+    let env = sinter_dist::rendezvous::from_env()
+        .context("reading the distributed environment (RANK, WORLD_SIZE, …)")?;
     let dist = if opts.dp || config.zero > 0 || env.world_size > 1 {
-        let comm = sinter_dist::init(&env, &TcpOptions::default()).with_context(|| format!("rank {} of {} could not join the data-parallel group", env.rank, env.world_size))?;
-        Some(Dist { rank: env.rank, world: env.world_size, comm: shared(comm) })
+        let comm = sinter_dist::init(&env, &TcpOptions::default()).with_context(|| {
+            format!(
+                "rank {} of {} could not join the data-parallel group",
+                env.rank, env.world_size
+            )
+        })?;
+        Some(Dist {
+            rank: env.rank,
+            world: env.world_size,
+            comm: shared(comm),
+        })
     } else {
         None
     };
@@ -228,7 +336,10 @@ fn run_inner(mut config: TrainConfig, opts: &TrainOptions) -> Result<serde_json:
     // Only rank 0 writes files and talks.
     let writer = rank == 0;
     let quiet = opts.quiet || !writer;
-    for n in [device_note, precision.activate(device)].into_iter().flatten() {
+    for n in [device_note, precision.activate(device)]
+        .into_iter()
+        .flatten()
+    {
         if !quiet {
             eprintln!("{n}");
         }
@@ -251,24 +362,54 @@ fn run_inner(mut config: TrainConfig, opts: &TrainOptions) -> Result<serde_json:
     config.world_size = world;
     let mut s = setup(config)?;
     // Before the optimizer or data parallel take hold of the parameters.
-    sinter_nn::move_module(s.model.as_ref(), device).with_context(|| format!("moving the model to {device}"))?;
+    sinter_nn::move_module(s.model.as_ref(), device)
+        .with_context(|| format!("moving the model to {device}"))?;
     let params = s.model.parameters();
     let accum = s.config.grad_accum;
     let bucket = bucket_bytes(s.config.bucket_mb);
     let (mut opt, mut dp) = match &dist {
         Some(d) if s.config.zero > 0 => {
-            let zo = ZeroOptions { stage: s.config.zero, bucket_bytes: bucket, grad_clip: s.config.grad_clip };
-            (Opt::Zero(Box::new(ZeroOptimizer::new(d.comm.clone(), params.clone(), s.config.lr, zero_algo(&s.config), zo)?)), None)
+            let zo = ZeroOptions {
+                stage: s.config.zero,
+                bucket_bytes: bucket,
+                grad_clip: s.config.grad_clip,
+            };
+            (
+                Opt::Zero(Box::new(ZeroOptimizer::new(
+                    d.comm.clone(),
+                    params.clone(),
+                    s.config.lr,
+                    zero_algo(&s.config),
+                    zo,
+                )?)),
+                None,
+            )
         }
-        Some(d) => (Opt::Plain(make_optimizer(&s.config, params.clone())?), Some(DataParallel::new(d.comm.clone(), params.clone(), bucket)?)),
+        Some(d) => (
+            Opt::Plain(make_optimizer(&s.config, params.clone())?),
+            Some(DataParallel::new(d.comm.clone(), params.clone(), bucket)?),
+        ),
         None => (Opt::Plain(make_optimizer(&s.config, params.clone())?), None),
     };
     if let Some(d) = &dist {
         // Parameters were broadcast from rank 0 above; buffers (BatchNorm statistics) too.
-        let buffers: Vec<Tensor> = s.model.named_tensors().into_iter().filter(|t| t.kind == TensorKind::Buffer && t.tensor.dtype().is_float()).map(|t| t.tensor).collect();
+        let buffers: Vec<Tensor> = s
+            .model
+            .named_tensors()
+            .into_iter()
+            .filter(|t| t.kind == TensorKind::Buffer && t.tensor.dtype().is_float())
+            .map(|t| t.tensor)
+            .collect();
         broadcast_tensors(&d.comm, &buffers, 0)?;
     }
-    let mut loader = DataLoader::new(s.train.clone(), s.config.batch_size, true, true, s.config.seed).with_shard(rank, world);
+    let mut loader = DataLoader::new(
+        s.train.clone(),
+        s.config.batch_size,
+        true,
+        true,
+        s.config.seed,
+    )
+    .with_shard(rank, world);
     let batches = loader.batches_per_epoch();
     if batches == 0 {
         bail!("data '{}' has {} training examples, fewer than one batch of {} per rank on {world} rank(s); lower --batch-size", s.config.data, s.train.len(), s.config.batch_size);
@@ -286,13 +427,26 @@ fn run_inner(mut config: TrainConfig, opts: &TrainOptions) -> Result<serde_json:
     let total = s.config.steps;
     let mut start = 0;
     if let Some(l) = &resumed {
-        let named: Vec<(String, Tensor)> = s.model.named_tensors().into_iter().map(|t| (t.name, t.tensor)).collect();
+        let named: Vec<(String, Tensor)> = s
+            .model
+            .named_tensors()
+            .into_iter()
+            .map(|t| (t.name, t.tensor))
+            .collect();
         // Checkpoints load on the CPU; move them to the run's device first.
-        let tensors: std::collections::HashMap<String, Tensor> = l.tensors.iter().map(|(k, v)| Ok((k.clone(), v.to_device(device)?))).collect::<Result<_>>()?;
+        let tensors: std::collections::HashMap<String, Tensor> = l
+            .tensors
+            .iter()
+            .map(|(k, v)| Ok((k.clone(), v.to_device(device)?)))
+            .collect::<Result<_>>()?;
         checkpoint::restore_model(&tensors, &named)?;
-        opt.get_mut().load_state(l.meta.optimizer_steps, &checkpoint::optimizer_state(&tensors))?;
+        opt.get_mut().load_state(
+            l.meta.optimizer_steps,
+            &checkpoint::optimizer_state(&tensors),
+        )?;
         s.rng = Rng::from_state(l.meta.rng);
-        *s.dropout_rng.lock().unwrap_or_else(|e| e.into_inner()) = Rng::from_state(l.meta.dropout_rng);
+        *s.dropout_rng.lock().unwrap_or_else(|e| e.into_inner()) =
+            Rng::from_state(l.meta.dropout_rng);
         loader = loader.with_position(LoaderPosition::from_u64s(l.meta.loader));
         start = l.meta.step;
         if start >= total {
@@ -313,8 +467,17 @@ fn run_inner(mut config: TrainConfig, opts: &TrainOptions) -> Result<serde_json:
     let per_sample = if lm { s.config.context } else { 1 };
     let unit = if lm { "tok/s" } else { "samples/s" };
     let global_batch = s.config.global_batch();
-    let bar = if quiet { ProgressBar::hidden() } else { ProgressBar::new(total) };
-    bar.set_style(ProgressStyle::with_template("{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} {msg} ETA {eta}").expect("valid template"));
+    let bar = if quiet {
+        ProgressBar::hidden()
+    } else {
+        ProgressBar::new(total)
+    };
+    bar.set_style(
+        ProgressStyle::with_template(
+            "{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} {msg} ETA {eta}",
+        )
+        .expect("valid template"),
+    );
     bar.set_position(start);
     if !quiet {
         let how = match (&dist, s.config.zero) {
@@ -322,7 +485,14 @@ fn run_inner(mut config: TrainConfig, opts: &TrainOptions) -> Result<serde_json:
             (Some(_), 0) => format!(" on {world} data-parallel rank(s)"),
             (Some(_), z) => format!(" on {world} data-parallel rank(s) with ZeRO-{z}"),
         };
-        let batch = if global_batch == s.config.batch_size { format!("batch {}", s.config.batch_size) } else { format!("batch {} per rank × {world} rank(s) × {accum} micro-step(s) = {global_batch}", s.config.batch_size) };
+        let batch = if global_batch == s.config.batch_size {
+            format!("batch {}", s.config.batch_size)
+        } else {
+            format!(
+                "batch {} per rank × {world} rank(s) × {accum} micro-step(s) = {global_batch}",
+                s.config.batch_size
+            )
+        };
         eprintln!("training {} ({} parameters) on {} ({} examples, {} steps per epoch at {batch}) for {} steps on {device}{how}", s.config.model, s.model.num_parameters(), s.config.data, s.train.len(), per_epoch, total);
     }
 
@@ -331,12 +501,22 @@ fn run_inner(mut config: TrainConfig, opts: &TrainOptions) -> Result<serde_json:
     let mut window_start = Instant::now();
     let mut last_eval: Option<EvalResult> = None;
     let mut rate = 0.0;
-    let eval_every = if s.config.eval_interval > 0 { s.config.eval_interval } else { per_epoch };
-    let ckpt_every = if s.config.checkpoint_interval > 0 { s.config.checkpoint_interval } else { per_epoch };
+    let eval_every = if s.config.eval_interval > 0 {
+        s.config.eval_interval
+    } else {
+        per_epoch
+    };
+    let ckpt_every = if s.config.checkpoint_interval > 0 {
+        s.config.checkpoint_interval
+    } else {
+        per_epoch
+    };
     let nan_stop = |lv: f64, step: u64, lr: f64| -> anyhow::Error {
         bar.abandon();
         let keep = match &opts.out {
-            Some(d) if checkpoint::path_in(d).exists() => format!("the last good checkpoint is kept in {}", d.display()),
+            Some(d) if checkpoint::path_in(d).exists() => {
+                format!("the last good checkpoint is kept in {}", d.display())
+            }
             _ => "no checkpoint was written".to_string(),
         };
         anyhow!("the training loss became {lv} at step {step} (lr {lr:.3e}); stopping. Lower --lr or add gradient clipping; {keep}")
@@ -346,7 +526,10 @@ fn run_inner(mut config: TrainConfig, opts: &TrainOptions) -> Result<serde_json:
         let mut loss_sum = 0f64;
         for micro in 0..accum {
             let b = loader.next_batch()?;
-            let (x, y) = (to_tensor(&b.inputs)?.to_device(device)?, to_tensor(&b.targets)?.to_device(device)?);
+            let (x, y) = (
+                to_tensor(&b.inputs)?.to_device(device)?,
+                to_tensor(&b.targets)?.to_device(device)?,
+            );
             let (loss, _) = {
                 let _autocast = precision.enter_autocast();
                 batch_loss(s.model.as_ref(), s.task, &x, &y)?
@@ -357,7 +540,11 @@ fn run_inner(mut config: TrainConfig, opts: &TrainOptions) -> Result<serde_json:
                 return Err(nan_stop(lv, step, opt.get().lr()));
             }
             loss_sum += lv;
-            let loss = if accum > 1 { loss.mul_scalar(1.0 / accum as f32)? } else { loss };
+            let loss = if accum > 1 {
+                loss.mul_scalar(1.0 / accum as f32)?
+            } else {
+                loss
+            };
             let loss = precision.scale_loss(&loss)?;
             // Only the last micro-step communicates.
             let sync = micro + 1 == accum;
@@ -371,7 +558,11 @@ fn run_inner(mut config: TrainConfig, opts: &TrainOptions) -> Result<serde_json:
         if let Some(d) = &dist {
             // The mean loss over every rank's batch (all ranks see the same value, so a
             // non-finite loss anywhere stops every rank, before the update).
-            lv = d.comm.all_reduce(vec![lv as f32], ReduceOp::Avg).wait().context("all-reducing the loss")?[0] as f64;
+            lv = d
+                .comm
+                .all_reduce(vec![lv as f32], ReduceOp::Avg)
+                .wait()
+                .context("all-reducing the loss")?[0] as f64;
             if !lv.is_finite() {
                 return Err(nan_stop(lv, step, opt.get().lr()));
             }
@@ -411,9 +602,23 @@ fn run_inner(mut config: TrainConfig, opts: &TrainOptions) -> Result<serde_json:
         bar.set_position(done);
         if writer && (done % eval_every == 0 || done == end) {
             let e = evaluate(&s, s.config.eval_batches)?;
-            let acc = e.accuracy.map(|a| format!(", val accuracy {:.2}%", a * 100.0)).unwrap_or_default();
-            let what = if s.config.eval_interval == 0 { format!("epoch {}", done / per_epoch) } else { format!("step {done}") };
-            bar.suspend(|| if !quiet { eprintln!("{what}: train loss {last_loss:.4}, val loss {:.4}{acc}", e.loss) });
+            let acc = e
+                .accuracy
+                .map(|a| format!(", val accuracy {:.2}%", a * 100.0))
+                .unwrap_or_default();
+            let what = if s.config.eval_interval == 0 {
+                format!("epoch {}", done / per_epoch)
+            } else {
+                format!("step {done}")
+            };
+            bar.suspend(|| {
+                if !quiet {
+                    eprintln!(
+                        "{what}: train loss {last_loss:.4}, val loss {:.4}{acc}",
+                        e.loss
+                    )
+                }
+            });
             if let Some(l) = log.as_mut() {
                 l.log(&json!({"step": done, "epoch": step / per_epoch, "val_loss": e.loss, "val_accuracy": e.accuracy}))?;
             }
@@ -422,7 +627,11 @@ fn run_inner(mut config: TrainConfig, opts: &TrainOptions) -> Result<serde_json:
         if opts.out.is_some() && (done % ckpt_every == 0 || done == end) {
             // Every rank takes part in gathering ZeRO's state; rank 0 writes.
             let needs_state = writer || matches!(opt, Opt::Zero(_));
-            let state = if needs_state { opt.state()? } else { Vec::new() };
+            let state = if needs_state {
+                opt.state()?
+            } else {
+                Vec::new()
+            };
             if let Some(d) = &out_dir {
                 save_checkpoint(d, &s, &state, opt.get().steps(), done, &loader)?;
             }
@@ -453,15 +662,30 @@ fn run_inner(mut config: TrainConfig, opts: &TrainOptions) -> Result<serde_json:
         summary["gradient_buckets"] = json!(dp.layout().buckets.len());
     }
     if let Some(d) = &out_dir {
-        checkpoint::write_atomic(&d.join("summary.json"), serde_json::to_string_pretty(&summary)?.as_bytes())?;
+        checkpoint::write_atomic(
+            &d.join("summary.json"),
+            serde_json::to_string_pretty(&summary)?.as_bytes(),
+        )?;
         let l = log.take().expect("opened with out");
-        plot_losses(l.path(), &d.join("loss.svg"), &format!("{} on {}", s.config.model, s.config.data)).context("drawing the loss plot")?;
+        plot_losses(
+            l.path(),
+            &d.join("loss.svg"),
+            &format!("{} on {}", s.config.model, s.config.data),
+        )
+        .context("drawing the loss plot")?;
     }
     if !quiet {
-        let acc = e.accuracy.map(|a| format!(", val accuracy {:.2}%", a * 100.0)).unwrap_or_default();
+        let acc = e
+            .accuracy
+            .map(|a| format!(", val accuracy {:.2}%", a * 100.0))
+            .unwrap_or_default();
         eprintln!("done: step {end} of {total}; {} steps in {wall:.1} s ({throughput:.0} {unit}); val loss {:.4}{acc}", end - start, e.loss);
         if let Some(d) = &out_dir {
-            eprintln!("wrote {}/{{metrics.jsonl, summary.json, loss.svg, {}}}", d.display(), checkpoint::FILE_NAME);
+            eprintln!(
+                "wrote {}/{{metrics.jsonl, summary.json, loss.svg, {}}}",
+                d.display(),
+                checkpoint::FILE_NAME
+            );
         }
     }
     Ok(summary)
@@ -471,14 +695,26 @@ fn run_inner(mut config: TrainConfig, opts: &TrainOptions) -> Result<serde_json:
 pub fn load_for_inference(dir: &Path) -> Result<(Setup, u64)> {
     let l = checkpoint::load(dir)?;
     let s = setup(l.meta.config.clone())?;
-    let named: Vec<(String, Tensor)> = s.model.named_tensors().into_iter().map(|t| (t.name, t.tensor)).collect();
+    let named: Vec<(String, Tensor)> = s
+        .model
+        .named_tensors()
+        .into_iter()
+        .map(|t| (t.name, t.tensor))
+        .collect();
     checkpoint::restore_model(&l.tensors, &named)?;
     s.model.set_training(false);
     Ok((s, l.meta.step))
 }
 
 /// Samples `max_new` tokens after `prompt` with temperature and top-k; returns all tokens.
-pub fn generate(s: &Setup, prompt: &[i64], max_new: usize, temperature: f64, top_k: usize, seed: u64) -> Result<Vec<i64>> {
+pub fn generate(
+    s: &Setup,
+    prompt: &[i64],
+    max_new: usize,
+    temperature: f64,
+    top_k: usize,
+    seed: u64,
+) -> Result<Vec<i64>> {
     let _g = no_grad();
     let ctx = s.config.context;
     let mut rng = Rng::new(seed);
@@ -488,9 +724,16 @@ pub fn generate(s: &Setup, prompt: &[i64], max_new: usize, temperature: f64, top
         let x = Tensor::from_slice(window, &[1, window.len()], Device::Cpu)?;
         let logits = s.model.forward(&x)?;
         let v = logits.shape()[2];
-        let last = logits.narrow(1, window.len() - 1, 1)?.reshape(&[v])?.to_vec_f32()?;
+        let last = logits
+            .narrow(1, window.len() - 1, 1)?
+            .reshape(&[v])?
+            .to_vec_f32()?;
         let next = if temperature <= 0.0 {
-            last.iter().enumerate().max_by(|a, b| a.1.total_cmp(b.1)).map(|(i, _)| i).unwrap_or(0)
+            last.iter()
+                .enumerate()
+                .max_by(|a, b| a.1.total_cmp(b.1))
+                .map(|(i, _)| i)
+                .unwrap_or(0)
         } else {
             let mut idx: Vec<usize> = (0..v).collect();
             idx.sort_by(|&a, &b| last[b].total_cmp(&last[a]));
@@ -498,7 +741,10 @@ pub fn generate(s: &Setup, prompt: &[i64], max_new: usize, temperature: f64, top
                 idx.truncate(top_k);
             }
             let max = last[idx[0]] as f64;
-            let w: Vec<f64> = idx.iter().map(|&i| ((last[i] as f64 - max) / temperature).exp()).collect();
+            let w: Vec<f64> = idx
+                .iter()
+                .map(|&i| ((last[i] as f64 - max) / temperature).exp())
+                .collect();
             let mut u = rng.next_f64() * w.iter().sum::<f64>();
             let mut pick = idx[idx.len() - 1];
             for (j, &wi) in w.iter().enumerate() {
@@ -514,4 +760,3 @@ pub fn generate(s: &Setup, prompt: &[i64], max_new: usize, temperature: f64, top
     }
     Ok(tokens)
 }
-

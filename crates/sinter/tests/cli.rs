@@ -4,7 +4,10 @@ use std::path::Path;
 use std::process::{Command, Output};
 
 fn sinter(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_sinter")).args(args).output().expect("the binary runs")
+    Command::new(env!("CARGO_BIN_EXE_sinter"))
+        .args(args)
+        .output()
+        .expect("the binary runs")
 }
 
 fn stderr(o: &Output) -> String {
@@ -42,7 +45,12 @@ fn default_train_learns_digits_to_97_percent() {
     assert_eq!(s["data"], "digits");
     let acc = s["val_accuracy"].as_f64().unwrap();
     assert!(acc >= 0.97, "validation accuracy {acc}");
-    for f in ["metrics.jsonl", "summary.json", "loss.svg", "checkpoint.safetensors"] {
+    for f in [
+        "metrics.jsonl",
+        "summary.json",
+        "loss.svg",
+        "checkpoint.safetensors",
+    ] {
         assert!(dir.path().join(f).exists(), "{f} missing");
     }
     let svg = std::fs::read_to_string(dir.path().join("loss.svg")).unwrap();
@@ -58,10 +66,17 @@ fn default_train_learns_digits_to_97_percent() {
 
 /// Every tensor's bytes and every metadata entry of a checkpoint (the file's header order
 /// may differ between processes, so files are compared by content).
-fn checkpoint_content(dir: &Path) -> (Vec<(String, Vec<u8>)>, Vec<(String, String)>) {
+/// (name, bytes) of each tensor and (key, value) of each metadata entry, sorted.
+type CheckpointContent = (Vec<(String, Vec<u8>)>, Vec<(String, String)>);
+
+fn checkpoint_content(dir: &Path) -> CheckpointContent {
     let bytes = std::fs::read(dir.join("checkpoint.safetensors")).unwrap();
     let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
-    let mut tensors: Vec<(String, Vec<u8>)> = st.tensors().into_iter().map(|(n, v)| (n, v.data().to_vec())).collect();
+    let mut tensors: Vec<(String, Vec<u8>)> = st
+        .tensors()
+        .into_iter()
+        .map(|(n, v)| (n, v.data().to_vec()))
+        .collect();
     tensors.sort();
     let (_, header) = safetensors::SafeTensors::read_metadata(&bytes).unwrap();
     let mut meta: Vec<(String, String)> = header.metadata().clone().unwrap().into_iter().collect();
@@ -71,10 +86,36 @@ fn checkpoint_content(dir: &Path) -> (Vec<(String, Vec<u8>)>, Vec<(String, Strin
 
 #[test]
 fn a_resumed_run_equals_an_uninterrupted_one() {
-    for (model, extra) in [("cnn", vec!["--optimizer", "sgd", "--momentum", "0.9"]), ("gpt-tiny", vec!["--batch-size", "4", "--context", "16", "--eval-batches", "2", "--eval-interval", "5"])] {
+    for (model, extra) in [
+        ("cnn", vec!["--optimizer", "sgd", "--momentum", "0.9"]),
+        (
+            "gpt-tiny",
+            vec![
+                "--batch-size",
+                "4",
+                "--context",
+                "16",
+                "--eval-batches",
+                "2",
+                "--eval-interval",
+                "5",
+            ],
+        ),
+    ] {
         let whole = tempfile::tempdir().unwrap();
         let parts = tempfile::tempdir().unwrap();
-        let base = ["train", "--quiet", "--model", model, "--steps", "12", "--checkpoint-interval", "4", "--seed", "5"];
+        let base = [
+            "train",
+            "--quiet",
+            "--model",
+            model,
+            "--steps",
+            "12",
+            "--checkpoint-interval",
+            "4",
+            "--seed",
+            "5",
+        ];
         let run = |dir: &Path, more: &[&str]| {
             let mut a: Vec<&str> = base.to_vec();
             a.extend_from_slice(&extra);
@@ -86,7 +127,12 @@ fn a_resumed_run_equals_an_uninterrupted_one() {
         run(whole.path(), &[]);
         run(parts.path(), &["--stop-at-step", "5"]);
         assert_eq!(summary(parts.path())["steps"], 5);
-        let o = sinter(&["train", "--quiet", "--resume", parts.path().to_str().unwrap()]);
+        let o = sinter(&[
+            "train",
+            "--quiet",
+            "--resume",
+            parts.path().to_str().unwrap(),
+        ]);
         assert!(o.status.success(), "{model}: {}", stderr(&o));
         let (a, b) = (summary(whole.path()), summary(parts.path()));
         assert_eq!(b["resumed_from_step"], 5);
@@ -96,7 +142,11 @@ fn a_resumed_run_equals_an_uninterrupted_one() {
         let (ta, ma) = checkpoint_content(whole.path());
         let (tb, mb) = checkpoint_content(parts.path());
         assert_eq!(ma, mb, "{model}: metadata differs");
-        assert!(ta.len() > 4 && ta.iter().any(|(n, _)| n.starts_with("optim.")), "{model}: {:?}", ta.iter().map(|t| &t.0).collect::<Vec<_>>());
+        assert!(
+            ta.len() > 4 && ta.iter().any(|(n, _)| n.starts_with("optim.")),
+            "{model}: {:?}",
+            ta.iter().map(|t| &t.0).collect::<Vec<_>>()
+        );
         for ((na, a), (nb, b)) in ta.iter().zip(&tb) {
             assert_eq!(na, nb);
             assert!(a == b, "{model}: tensor {na} differs after resume");
@@ -107,73 +157,187 @@ fn a_resumed_run_equals_an_uninterrupted_one() {
 
 #[test]
 fn unknown_names_list_the_valid_ones() {
-    fails_with(&sinter(&["train", "--model", "vgg16"]), &["vgg16", "cnn", "gpt-tiny", "resnet18"]);
-    fails_with(&sinter(&["train", "--data", "imagenet"]), &["imagenet", "digits", "mnist:"]);
-    fails_with(&sinter(&["train", "--optimizer", "lion"]), &["lion", "adamw", "sgd"]);
+    fails_with(
+        &sinter(&["train", "--model", "vgg16"]),
+        &["vgg16", "cnn", "gpt-tiny", "resnet18"],
+    );
+    fails_with(
+        &sinter(&["train", "--data", "imagenet"]),
+        &["imagenet", "digits", "mnist:"],
+    );
+    fails_with(
+        &sinter(&["train", "--optimizer", "lion"]),
+        &["lion", "adamw", "sgd"],
+    );
     fails_with(&sinter(&["train", "--device", "tpu"]), &["tpu", "cpu"]);
-    fails_with(&sinter(&["train", "--model", "gpt-tiny", "--data", "digits"]), &["gpt-tiny", "digits"]);
+    fails_with(
+        &sinter(&["train", "--model", "gpt-tiny", "--data", "digits"]),
+        &["gpt-tiny", "digits"],
+    );
 }
 
 #[test]
 fn missing_and_corrupt_files_are_clear_errors() {
     let dir = tempfile::tempdir().unwrap();
     let missing = dir.path().join("nope");
-    fails_with(&sinter(&["train", "--data", &format!("mnist:{}", missing.display())]), &["nope"]);
-    fails_with(&sinter(&["eval", "--checkpoint", missing.to_str().unwrap()]), &["nope"]);
+    fails_with(
+        &sinter(&["train", "--data", &format!("mnist:{}", missing.display())]),
+        &["nope"],
+    );
+    fails_with(
+        &sinter(&["eval", "--checkpoint", missing.to_str().unwrap()]),
+        &["nope"],
+    );
     // Garbage where a checkpoint should be.
     let bad = dir.path().join("bad");
     std::fs::create_dir(&bad).unwrap();
-    std::fs::write(bad.join("checkpoint.safetensors"), b"this is not a checkpoint").unwrap();
-    fails_with(&sinter(&["eval", "--checkpoint", bad.to_str().unwrap()]), &["corrupt"]);
+    std::fs::write(
+        bad.join("checkpoint.safetensors"),
+        b"this is not a checkpoint",
+    )
+    .unwrap();
+    fails_with(
+        &sinter(&["eval", "--checkpoint", bad.to_str().unwrap()]),
+        &["corrupt"],
+    );
     // A real checkpoint cut in half.
     let good = dir.path().join("good");
-    let o = sinter(&["train", "--quiet", "--model", "mlp", "--steps", "3", "--out", good.to_str().unwrap()]);
+    let o = sinter(&[
+        "train",
+        "--quiet",
+        "--model",
+        "mlp",
+        "--steps",
+        "3",
+        "--out",
+        good.to_str().unwrap(),
+    ]);
     assert!(o.status.success(), "{}", stderr(&o));
     let bytes = std::fs::read(good.join("checkpoint.safetensors")).unwrap();
-    std::fs::write(bad.join("checkpoint.safetensors"), &bytes[..bytes.len() / 2]).unwrap();
-    fails_with(&sinter(&["eval", "--checkpoint", bad.to_str().unwrap()]), &["truncated"]);
-    fails_with(&sinter(&["train", "--resume", bad.to_str().unwrap()]), &["checkpoint"]);
+    std::fs::write(
+        bad.join("checkpoint.safetensors"),
+        &bytes[..bytes.len() / 2],
+    )
+    .unwrap();
+    fails_with(
+        &sinter(&["eval", "--checkpoint", bad.to_str().unwrap()]),
+        &["truncated"],
+    );
+    fails_with(
+        &sinter(&["train", "--resume", bad.to_str().unwrap()]),
+        &["checkpoint"],
+    );
     // A config file with an unknown key.
     let cfg = dir.path().join("c.toml");
     std::fs::write(&cfg, "lr = 0.1\nlearning_rate = 2\n").unwrap();
-    fails_with(&sinter(&["train", "--config", cfg.to_str().unwrap()]), &["c.toml"]);
+    fails_with(
+        &sinter(&["train", "--config", cfg.to_str().unwrap()]),
+        &["c.toml"],
+    );
 }
 
 #[test]
 fn a_diverging_loss_stops_and_keeps_the_last_good_checkpoint() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path().to_str().unwrap();
-    let o = sinter(&["train", "--quiet", "--model", "mlp", "--optimizer", "sgd", "--momentum", "0", "--lr", "1e30", "--schedule", "constant", "--steps", "50", "--checkpoint-interval", "1", "--out", d]);
+    let o = sinter(&[
+        "train",
+        "--quiet",
+        "--model",
+        "mlp",
+        "--optimizer",
+        "sgd",
+        "--momentum",
+        "0",
+        "--lr",
+        "1e30",
+        "--schedule",
+        "constant",
+        "--steps",
+        "50",
+        "--checkpoint-interval",
+        "1",
+        "--out",
+        d,
+    ]);
     fails_with(&o, &["loss became", "last good checkpoint"]);
     no_temporaries(dir.path());
     // The checkpoint left behind is whole and loadable.
     let o = sinter(&["eval", "--checkpoint", d]);
-    assert!(!stderr(&o).contains("corrupt") && !stderr(&o).contains("panicked"), "{}", stderr(&o));
+    assert!(
+        !stderr(&o).contains("corrupt") && !stderr(&o).contains("panicked"),
+        "{}",
+        stderr(&o)
+    );
 }
 
 #[test]
 fn config_file_sets_keys_and_flags_win() {
     let dir = tempfile::tempdir().unwrap();
     let cfg = dir.path().join("run.toml");
-    std::fs::write(&cfg, "model = \"mlp\"\nsteps = 4\nbatch_size = 16\nlr = 0.01\n").unwrap();
+    std::fs::write(
+        &cfg,
+        "model = \"mlp\"\nsteps = 4\nbatch_size = 16\nlr = 0.01\n",
+    )
+    .unwrap();
     let out = dir.path().join("out");
-    let o = sinter(&["train", "--quiet", "--config", cfg.to_str().unwrap(), "--batch-size", "8", "--out", out.to_str().unwrap()]);
+    let o = sinter(&[
+        "train",
+        "--quiet",
+        "--config",
+        cfg.to_str().unwrap(),
+        "--batch-size",
+        "8",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
     assert!(o.status.success(), "{}", stderr(&o));
     let s = summary(&out);
-    assert_eq!((s["model"].as_str(), s["steps"].as_u64(), s["batch_size"].as_u64()), (Some("mlp"), Some(4), Some(8)));
+    assert_eq!(
+        (
+            s["model"].as_str(),
+            s["steps"].as_u64(),
+            s["batch_size"].as_u64()
+        ),
+        (Some("mlp"), Some(4), Some(8))
+    );
 }
 
 #[test]
 fn generate_continues_a_prompt_from_a_gpt_checkpoint() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path().to_str().unwrap();
-    let o = sinter(&["train", "--quiet", "--model", "gpt-tiny", "--steps", "3", "--batch-size", "2", "--eval-batches", "1", "--out", d]);
+    let o = sinter(&[
+        "train",
+        "--quiet",
+        "--model",
+        "gpt-tiny",
+        "--steps",
+        "3",
+        "--batch-size",
+        "2",
+        "--eval-batches",
+        "1",
+        "--out",
+        d,
+    ]);
     assert!(o.status.success(), "{}", stderr(&o));
-    let o = sinter(&["generate", "--checkpoint", d, "--prompt", "ROMEO:", "--max-new-tokens", "20"]);
+    let o = sinter(&[
+        "generate",
+        "--checkpoint",
+        d,
+        "--prompt",
+        "ROMEO:",
+        "--max-new-tokens",
+        "20",
+    ]);
     assert!(o.status.success(), "{}", stderr(&o));
     let text = String::from_utf8_lossy(&o.stdout);
     assert!(text.starts_with("ROMEO:"), "{text}");
-    fails_with(&sinter(&["generate", "--checkpoint", d, "--prompt", ""]), &["prompt"]);
+    fails_with(
+        &sinter(&["generate", "--checkpoint", d, "--prompt", ""]),
+        &["prompt"],
+    );
 }
 
 #[test]
@@ -181,7 +345,10 @@ fn info_names_the_devices_and_dtypes() {
     let o = sinter(&["info"]);
     assert!(o.status.success());
     let t = String::from_utf8_lossy(&o.stdout);
-    assert!(t.contains("cpu:") && t.contains("bf16") && t.contains("cuda"), "{t}");
+    assert!(
+        t.contains("cpu:") && t.contains("bf16") && t.contains("cuda"),
+        "{t}"
+    );
 }
 
 #[test]
@@ -189,12 +356,30 @@ fn block_recompute_trains_the_same_run() {
     let mut losses = Vec::new();
     for mode in ["none", "block", "attn"] {
         let dir = tempfile::tempdir().unwrap();
-        let o = sinter(&["train", "--quiet", "--model", "gpt-tiny", "--steps", "3", "--batch-size", "2", "--eval-batches", "1", "--recompute", mode, "--out", dir.path().to_str().unwrap()]);
+        let o = sinter(&[
+            "train",
+            "--quiet",
+            "--model",
+            "gpt-tiny",
+            "--steps",
+            "3",
+            "--batch-size",
+            "2",
+            "--eval-batches",
+            "1",
+            "--recompute",
+            mode,
+            "--out",
+            dir.path().to_str().unwrap(),
+        ]);
         assert!(o.status.success(), "{}", stderr(&o));
         losses.push(summary(dir.path())["val_loss"].as_f64().unwrap());
     }
     for l in &losses[1..] {
         assert!((l - losses[0]).abs() < 1e-5 * losses[0], "{losses:?}");
     }
-    fails_with(&sinter(&["train", "--model", "gpt-tiny", "--recompute", "all"]), &["none", "attn", "block"]);
+    fails_with(
+        &sinter(&["train", "--model", "gpt-tiny", "--recompute", "all"]),
+        &["none", "attn", "block"],
+    );
 }

@@ -5,7 +5,10 @@ use std::path::Path;
 use std::process::{Command, Output};
 
 fn sinter(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_sinter")).args(args).output().expect("the binary runs")
+    Command::new(env!("CARGO_BIN_EXE_sinter"))
+        .args(args)
+        .output()
+        .expect("the binary runs")
 }
 
 fn ok(o: &Output) {
@@ -16,7 +19,22 @@ fn summary(dir: &Path) -> serde_json::Value {
     serde_json::from_str(&std::fs::read_to_string(dir.join("summary.json")).unwrap()).unwrap()
 }
 
-const RUN: [&str; 14] = ["--model", "gpt-tiny", "--steps", "4", "--batch-size", "4", "--eval-batches", "2", "--seed", "3", "--grad-clip", "1e9", "--log-interval", "1"];
+const RUN: [&str; 14] = [
+    "--model",
+    "gpt-tiny",
+    "--steps",
+    "4",
+    "--batch-size",
+    "4",
+    "--eval-batches",
+    "2",
+    "--seed",
+    "3",
+    "--grad-clip",
+    "1e9",
+    "--log-interval",
+    "1",
+];
 
 #[test]
 fn tensor_and_pipeline_parallel_follow_the_serial_run() {
@@ -26,23 +44,61 @@ fn tensor_and_pipeline_parallel_follow_the_serial_run() {
     a.extend(["--out", serial.path().to_str().unwrap()]);
     ok(&sinter(&a));
     let want = summary(serial.path())["train_loss"].as_f64().unwrap();
-    for extra in [vec!["--tp", "2"], vec!["--pp", "2", "--micro-batches", "2", "--pp-schedule", "gpipe"], vec!["--pp", "2", "--micro-batches", "2", "--pp-schedule", "1f1b"]] {
+    for extra in [
+        vec!["--tp", "2"],
+        vec![
+            "--pp",
+            "2",
+            "--micro-batches",
+            "2",
+            "--pp-schedule",
+            "gpipe",
+        ],
+        vec!["--pp", "2", "--micro-batches", "2", "--pp-schedule", "1f1b"],
+    ] {
         let dir = tempfile::tempdir().unwrap();
-        let mut a = vec!["launch", "--nproc-per-node", "2", "--master-port", "0", "--", "train", "--quiet"];
+        let mut a = vec![
+            "launch",
+            "--nproc-per-node",
+            "2",
+            "--master-port",
+            "0",
+            "--",
+            "train",
+            "--quiet",
+        ];
         a.extend(RUN);
         a.extend(extra.iter().copied());
         a.extend(["--out", dir.path().to_str().unwrap()]);
         ok(&sinter(&a));
         let s = summary(dir.path());
         let got = s["train_loss"].as_f64().unwrap();
-        assert!((got - want).abs() <= 1e-4 * want.abs(), "{extra:?}: loss {got} vs serial {want}");
+        assert!(
+            (got - want).abs() <= 1e-4 * want.abs(),
+            "{extra:?}: loss {got} vs serial {want}"
+        );
         assert_eq!(s["world_size"], 2);
         // The gathered checkpoint is an ordinary one.
         let o = sinter(&["eval", "--checkpoint", dir.path().to_str().unwrap()]);
         ok(&o);
     }
     // A split that does not fit the ranks is a clear error, not a hang.
-    let o = sinter(&["launch", "--nproc-per-node", "2", "--master-port", "0", "--", "train", "--quiet", "--model", "gpt-tiny", "--tp", "4", "--steps", "1"]);
+    let o = sinter(&[
+        "launch",
+        "--nproc-per-node",
+        "2",
+        "--master-port",
+        "0",
+        "--",
+        "train",
+        "--quiet",
+        "--model",
+        "gpt-tiny",
+        "--tp",
+        "4",
+        "--steps",
+        "1",
+    ]);
     assert!(!o.status.success());
     assert!(!String::from_utf8_lossy(&o.stderr).contains("panicked"));
 }

@@ -43,7 +43,9 @@ pub struct ConvGeom {
 impl ConvGeom {
     pub fn out_size(input: usize, k: usize, p: &Conv2dParams) -> Option<usize> {
         let span = p.dilation * k.checked_sub(1)? + 1;
-        (input + 2 * p.padding).checked_sub(span).map(|v| v / p.stride + 1)
+        (input + 2 * p.padding)
+            .checked_sub(span)
+            .map(|v| v / p.stride + 1)
     }
     fn cg(&self) -> usize {
         self.c / self.p.groups
@@ -62,7 +64,11 @@ impl ConvGeom {
 
 /// col[(ci*kh + y)*kw + x, oy*ow + ox] = input[ci, oy*s - p + y*d, ox*s - p + x*d] (0 outside).
 fn im2col(img: &[f32], g: &ConvGeom, c0: usize, col: &mut [f32]) {
-    let (s, pd, d) = (g.p.stride as isize, g.p.padding as isize, g.p.dilation as isize);
+    let (s, pd, d) = (
+        g.p.stride as isize,
+        g.p.padding as isize,
+        g.p.dilation as isize,
+    );
     let l = g.l();
     for ci in 0..g.cg() {
         let plane = &img[(c0 + ci) * g.h * g.w..(c0 + ci + 1) * g.h * g.w];
@@ -79,7 +85,11 @@ fn im2col(img: &[f32], g: &ConvGeom, c0: usize, col: &mut [f32]) {
                     let src = &plane[iy as usize * g.w..(iy as usize + 1) * g.w];
                     for (ox, v) in dst.iter_mut().enumerate() {
                         let ix = ox as isize * s - pd + kx as isize * d;
-                        *v = if ix < 0 || ix >= g.w as isize { 0.0 } else { src[ix as usize] };
+                        *v = if ix < 0 || ix >= g.w as isize {
+                            0.0
+                        } else {
+                            src[ix as usize]
+                        };
                     }
                 }
             }
@@ -89,7 +99,11 @@ fn im2col(img: &[f32], g: &ConvGeom, c0: usize, col: &mut [f32]) {
 
 /// The adjoint of im2col: adds each column entry back to the pixel it was read from.
 fn col2im(col: &[f32], g: &ConvGeom, c0: usize, img: &mut [f32]) {
-    let (s, pd, d) = (g.p.stride as isize, g.p.padding as isize, g.p.dilation as isize);
+    let (s, pd, d) = (
+        g.p.stride as isize,
+        g.p.padding as isize,
+        g.p.dilation as isize,
+    );
     let l = g.l();
     for ci in 0..g.cg() {
         let plane = &mut img[(c0 + ci) * g.h * g.w..(c0 + ci + 1) * g.h * g.w];
@@ -115,7 +129,17 @@ fn col2im(col: &[f32], g: &ConvGeom, c0: usize, img: &mut [f32]) {
 
 /// dst (m×n, row-major, overwritten or accumulated) = a · b with strided views.
 #[allow(clippy::too_many_arguments)]
-fn gemm_into(dst: &mut [f32], accumulate: bool, m: usize, n: usize, k: usize, a: &[f32], av: MatView, b: &[f32], bv: MatView) {
+fn gemm_into(
+    dst: &mut [f32],
+    accumulate: bool,
+    m: usize,
+    n: usize,
+    k: usize,
+    a: &[f32],
+    av: MatView,
+    b: &[f32],
+    bv: MatView,
+) {
     // SAFETY: views address elements of a and b; dst holds m*n elements.
     unsafe {
         gemm::gemm(
@@ -143,10 +167,18 @@ fn gemm_into(dst: &mut [f32], accumulate: bool, m: usize, n: usize, k: usize, a:
 }
 
 fn row_major(offset: usize, cols: usize) -> MatView {
-    MatView { offset, rs: cols as isize, cs: 1 }
+    MatView {
+        offset,
+        rs: cols as isize,
+        cs: 1,
+    }
 }
 fn transposed(offset: usize, cols: usize) -> MatView {
-    MatView { offset, rs: 1, cs: cols as isize }
+    MatView {
+        offset,
+        rs: 1,
+        cs: cols as isize,
+    }
 }
 
 pub fn conv2d_forward(x: &[f32], w: &[f32], g: &ConvGeom) -> Vec<f32> {
@@ -159,7 +191,17 @@ pub fn conv2d_forward(x: &[f32], w: &[f32], g: &ConvGeom) -> Vec<f32> {
             for gi in 0..g.p.groups {
                 im2col(img, g, gi * g.cg(), col);
                 let d = &mut dst[gi * og * l..(gi + 1) * og * l];
-                gemm_into(d, false, og, l, ckk, w, row_major(gi * og * ckk, ckk), col, row_major(0, l));
+                gemm_into(
+                    d,
+                    false,
+                    og,
+                    l,
+                    ckk,
+                    w,
+                    row_major(gi * og * ckk, ckk),
+                    col,
+                    row_major(0, l),
+                );
             }
         },
     );
@@ -167,21 +209,40 @@ pub fn conv2d_forward(x: &[f32], w: &[f32], g: &ConvGeom) -> Vec<f32> {
 }
 
 /// Returns (dx, dw); either is skipped (empty) when not wanted.
-pub fn conv2d_backward(x: &[f32], w: &[f32], dy: &[f32], g: &ConvGeom, want_dx: bool, want_dw: bool) -> (Vec<f32>, Vec<f32>) {
+pub fn conv2d_backward(
+    x: &[f32],
+    w: &[f32],
+    dy: &[f32],
+    g: &ConvGeom,
+    want_dx: bool,
+    want_dw: bool,
+) -> (Vec<f32>, Vec<f32>) {
     let (l, ckk, og) = (g.l(), g.ckk(), g.og());
     let img_len = g.c * g.h * g.w;
-    let mut dx = if want_dx { vec![0f32; g.n * img_len] } else { Vec::new() };
+    let mut dx = if want_dx {
+        vec![0f32; g.n * img_len]
+    } else {
+        Vec::new()
+    };
     let wlen = g.o * ckk;
     // Fixed chunks of samples (not per thread) keep the weight-gradient sum order fixed.
     let chunk = 8usize;
     let n_chunks = g.n.div_ceil(chunk);
     let partial_dw: Vec<Vec<f32>> = {
-        let dx_chunks: Vec<&mut [f32]> = if want_dx { dx.chunks_mut(chunk * img_len).collect() } else { (0..n_chunks).map(|_| <&mut [f32]>::default()).collect() };
+        let dx_chunks: Vec<&mut [f32]> = if want_dx {
+            dx.chunks_mut(chunk * img_len).collect()
+        } else {
+            (0..n_chunks).map(|_| <&mut [f32]>::default()).collect()
+        };
         dx_chunks
             .into_par_iter()
             .enumerate()
             .map(|(ci, dxc)| {
-                let mut dw = if want_dw { vec![0f32; wlen] } else { Vec::new() };
+                let mut dw = if want_dw {
+                    vec![0f32; wlen]
+                } else {
+                    Vec::new()
+                };
                 let mut col = vec![0f32; ckk * l];
                 let mut dcol = vec![0f32; if want_dx { ckk * l } else { 0 }];
                 for ni in ci * chunk..((ci + 1) * chunk).min(g.n) {
@@ -193,13 +254,38 @@ pub fn conv2d_backward(x: &[f32], w: &[f32], dy: &[f32], g: &ConvGeom, want_dx: 
                             im2col(img, g, gi * g.cg(), &mut col);
                             // dw_g (og×ckk) += dy_g (og×l) · colᵀ (l×ckk)
                             let dwg = &mut dw[gi * og * ckk..(gi + 1) * og * ckk];
-                            gemm_into(dwg, true, og, ckk, l, dyn_, row_major(dyg_off, l), &col, transposed(0, l));
+                            gemm_into(
+                                dwg,
+                                true,
+                                og,
+                                ckk,
+                                l,
+                                dyn_,
+                                row_major(dyg_off, l),
+                                &col,
+                                transposed(0, l),
+                            );
                         }
                         if want_dx {
                             // dcol (ckk×l) = w_gᵀ (ckk×og) · dy_g (og×l)
-                            gemm_into(&mut dcol, false, ckk, l, og, w, transposed(gi * og * ckk, ckk), dyn_, row_major(dyg_off, l));
+                            gemm_into(
+                                &mut dcol,
+                                false,
+                                ckk,
+                                l,
+                                og,
+                                w,
+                                transposed(gi * og * ckk, ckk),
+                                dyn_,
+                                row_major(dyg_off, l),
+                            );
                             let local = ni - ci * chunk;
-                            col2im(&dcol, g, gi * g.cg(), &mut dxc[local * img_len..(local + 1) * img_len]);
+                            col2im(
+                                &dcol,
+                                g,
+                                gi * g.cg(),
+                                &mut dxc[local * img_len..(local + 1) * img_len],
+                            );
                         }
                     }
                 }
@@ -207,7 +293,11 @@ pub fn conv2d_backward(x: &[f32], w: &[f32], dy: &[f32], g: &ConvGeom, want_dx: 
             })
             .collect()
     };
-    let mut dw = if want_dw { vec![0f32; wlen] } else { Vec::new() };
+    let mut dw = if want_dw {
+        vec![0f32; wlen]
+    } else {
+        Vec::new()
+    };
     if want_dw {
         for p in partial_dw {
             for (a, b) in dw.iter_mut().zip(p) {
@@ -227,41 +317,58 @@ pub struct Pool2dParams {
 
 /// Max pooling over [planes, h, w]; returns the output and each output's argmax (flat index
 /// within its plane) for the backward pass.
-pub fn max_pool2d(x: &[f32], planes: usize, h: usize, w: usize, oh: usize, ow: usize, p: Pool2dParams) -> (Vec<f32>, Vec<i64>) {
+pub fn max_pool2d(
+    x: &[f32],
+    planes: usize,
+    h: usize,
+    w: usize,
+    oh: usize,
+    ow: usize,
+    p: Pool2dParams,
+) -> (Vec<f32>, Vec<i64>) {
     let mut out = vec![0f32; planes * oh * ow];
     let mut arg = vec![0i64; planes * oh * ow];
-    out.par_chunks_mut(oh * ow).zip(arg.par_chunks_mut(oh * ow)).enumerate().for_each(|(pi, (o, a))| {
-        let plane = &x[pi * h * w..(pi + 1) * h * w];
-        for oy in 0..oh {
-            for ox in 0..ow {
-                let mut best = f32::NEG_INFINITY;
-                let mut bi = -1i64;
-                for ky in 0..p.kernel {
-                    let iy = (oy * p.stride + ky) as isize - p.padding as isize;
-                    if iy < 0 || iy >= h as isize {
-                        continue;
-                    }
-                    for kx in 0..p.kernel {
-                        let ix = (ox * p.stride + kx) as isize - p.padding as isize;
-                        if ix < 0 || ix >= w as isize {
+    out.par_chunks_mut(oh * ow)
+        .zip(arg.par_chunks_mut(oh * ow))
+        .enumerate()
+        .for_each(|(pi, (o, a))| {
+            let plane = &x[pi * h * w..(pi + 1) * h * w];
+            for oy in 0..oh {
+                for ox in 0..ow {
+                    let mut best = f32::NEG_INFINITY;
+                    let mut bi = -1i64;
+                    for ky in 0..p.kernel {
+                        let iy = (oy * p.stride + ky) as isize - p.padding as isize;
+                        if iy < 0 || iy >= h as isize {
                             continue;
                         }
-                        let idx = iy as usize * w + ix as usize;
-                        if plane[idx] > best || bi < 0 {
-                            best = plane[idx];
-                            bi = idx as i64;
+                        for kx in 0..p.kernel {
+                            let ix = (ox * p.stride + kx) as isize - p.padding as isize;
+                            if ix < 0 || ix >= w as isize {
+                                continue;
+                            }
+                            let idx = iy as usize * w + ix as usize;
+                            if plane[idx] > best || bi < 0 {
+                                best = plane[idx];
+                                bi = idx as i64;
+                            }
                         }
                     }
+                    o[oy * ow + ox] = best;
+                    a[oy * ow + ox] = bi;
                 }
-                o[oy * ow + ox] = best;
-                a[oy * ow + ox] = bi;
             }
-        }
-    });
+        });
     (out, arg)
 }
 
-pub fn max_pool2d_backward(dy: &[f32], arg: &[i64], planes: usize, hw: usize, ohw: usize) -> Vec<f32> {
+pub fn max_pool2d_backward(
+    dy: &[f32],
+    arg: &[i64],
+    planes: usize,
+    hw: usize,
+    ohw: usize,
+) -> Vec<f32> {
     let mut dx = vec![0f32; planes * hw];
     dx.par_chunks_mut(hw).enumerate().for_each(|(pi, d)| {
         for j in 0..ohw {
@@ -275,7 +382,15 @@ pub fn max_pool2d_backward(dy: &[f32], arg: &[i64], planes: usize, hw: usize, oh
 }
 
 /// Average pooling; padding counts as zeros in the average (PyTorch's default).
-pub fn avg_pool2d(x: &[f32], planes: usize, h: usize, w: usize, oh: usize, ow: usize, p: Pool2dParams) -> Vec<f32> {
+pub fn avg_pool2d(
+    x: &[f32],
+    planes: usize,
+    h: usize,
+    w: usize,
+    oh: usize,
+    ow: usize,
+    p: Pool2dParams,
+) -> Vec<f32> {
     let inv = 1.0 / (p.kernel * p.kernel) as f32;
     let mut out = vec![0f32; planes * oh * ow];
     out.par_chunks_mut(oh * ow).enumerate().for_each(|(pi, o)| {
@@ -299,7 +414,15 @@ pub fn avg_pool2d(x: &[f32], planes: usize, h: usize, w: usize, oh: usize, ow: u
     out
 }
 
-pub fn avg_pool2d_backward(dy: &[f32], planes: usize, h: usize, w: usize, oh: usize, ow: usize, p: Pool2dParams) -> Vec<f32> {
+pub fn avg_pool2d_backward(
+    dy: &[f32],
+    planes: usize,
+    h: usize,
+    w: usize,
+    oh: usize,
+    ow: usize,
+    p: Pool2dParams,
+) -> Vec<f32> {
     let inv = 1.0 / (p.kernel * p.kernel) as f32;
     let mut dx = vec![0f32; planes * h * w];
     dx.par_chunks_mut(h * w).enumerate().for_each(|(pi, d)| {

@@ -26,7 +26,10 @@ pub fn unary_backward(op: UnaryOp, x: &[f32], y: &[f32], g: &[f32], dtype: DType
     let mut out = vec![0f32; n];
     let body = |(i, o): (usize, &mut f32)| *o = g[i] * op.derivative(x[i], y[i]);
     if n >= PAR_THRESHOLD {
-        out.par_iter_mut().with_min_len(4096).enumerate().for_each(body);
+        out.par_iter_mut()
+            .with_min_len(4096)
+            .enumerate()
+            .for_each(body);
     } else {
         out.iter_mut().enumerate().for_each(body);
     }
@@ -77,7 +80,13 @@ fn zip_strided<T: Copy + Send + Sync + Default>(
     out
 }
 
-pub fn binary(a: &CpuStorage, la: &Layout, b: &CpuStorage, lb: &Layout, op: BinaryOp) -> CpuStorage {
+pub fn binary(
+    a: &CpuStorage,
+    la: &Layout,
+    b: &CpuStorage,
+    lb: &Layout,
+    op: BinaryOp,
+) -> CpuStorage {
     match (a, b) {
         (CpuStorage::F32(x), CpuStorage::F32(y)) => {
             CpuStorage::F32(zip_strided(x, la, y, lb, |p, q| op.apply(p, q)))
@@ -123,7 +132,10 @@ pub fn where_cond(
     let mut out = vec![0f32; n];
     let body = |(i, o): (usize, &mut f32)| *o = if cond[i] != 0.0 { x[i] } else { y[i] };
     if n >= PAR_THRESHOLD {
-        out.par_iter_mut().with_min_len(4096).enumerate().for_each(body);
+        out.par_iter_mut()
+            .with_min_len(4096)
+            .enumerate()
+            .for_each(body);
     } else {
         out.iter_mut().enumerate().for_each(body);
     }

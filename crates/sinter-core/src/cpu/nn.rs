@@ -6,7 +6,10 @@ use rayon::prelude::*;
 
 fn rows_mut(out: &mut [f32], n: usize, f: impl Fn(usize, &mut [f32]) + Sync + Send) {
     if out.len() >= super::PAR_THRESHOLD {
-        out.par_chunks_mut(n).with_min_len((4096 / n).max(1)).enumerate().for_each(|(r, o)| f(r, o));
+        out.par_chunks_mut(n)
+            .with_min_len((4096 / n).max(1))
+            .enumerate()
+            .for_each(|(r, o)| f(r, o));
     } else {
         out.chunks_mut(n).enumerate().for_each(|(r, o)| f(r, o));
     }
@@ -56,14 +59,24 @@ pub fn softmax_rows_backward(y: &[f32], g: &[f32], n: usize, log: bool) -> Vec<f
 }
 
 /// Layer norm over rows of length n; returns (y, mean, rstd).
-pub fn layer_norm(x: &[f32], gamma: &[f32], beta: &[f32], n: usize, eps: f32) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+pub fn layer_norm(
+    x: &[f32],
+    gamma: &[f32],
+    beta: &[f32],
+    n: usize,
+    eps: f32,
+) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
     let rows = x.len() / n.max(1);
     let mut y = vec![0f32; x.len()];
     let mut stats = vec![(0f32, 0f32); rows];
     let body = |(r, (o, st)): (usize, (&mut [f32], &mut (f32, f32)))| {
         let row = &x[r * n..(r + 1) * n];
         let mean = (row.iter().map(|&v| v as f64).sum::<f64>() / n as f64) as f32;
-        let var = (row.iter().map(|&v| ((v - mean) as f64).powi(2)).sum::<f64>() / n as f64) as f32;
+        let var = (row
+            .iter()
+            .map(|&v| ((v - mean) as f64).powi(2))
+            .sum::<f64>()
+            / n as f64) as f32;
         let rstd = 1.0 / (var + eps).sqrt();
         for j in 0..n {
             o[j] = (row[j] - mean) * rstd * gamma[j] + beta[j];
@@ -71,16 +84,29 @@ pub fn layer_norm(x: &[f32], gamma: &[f32], beta: &[f32], n: usize, eps: f32) ->
         *st = (mean, rstd);
     };
     if x.len() >= super::PAR_THRESHOLD {
-        y.par_chunks_mut(n).zip(stats.par_iter_mut()).enumerate().for_each(body);
+        y.par_chunks_mut(n)
+            .zip(stats.par_iter_mut())
+            .enumerate()
+            .for_each(body);
     } else {
-        y.chunks_mut(n).zip(stats.iter_mut()).enumerate().for_each(body);
+        y.chunks_mut(n)
+            .zip(stats.iter_mut())
+            .enumerate()
+            .for_each(body);
     }
     let (mean, rstd) = stats.into_iter().unzip();
     (y, mean, rstd)
 }
 
 /// Returns (dx, dgamma, dbeta).
-pub fn layer_norm_backward(x: &[f32], gamma: &[f32], mean: &[f32], rstd: &[f32], g: &[f32], n: usize) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+pub fn layer_norm_backward(
+    x: &[f32],
+    gamma: &[f32],
+    mean: &[f32],
+    rstd: &[f32],
+    g: &[f32],
+    n: usize,
+) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
     let rows = mean.len();
     let mut dx = vec![0f32; x.len()];
     const CHUNK: usize = 64;
@@ -126,8 +152,17 @@ pub fn layer_norm_backward(x: &[f32], gamma: &[f32], mean: &[f32], rstd: &[f32],
 
 /// Cross-entropy of logits rows [rows, c] against class indices. Returns (sum of losses over
 /// counted rows, number counted, each row's log-sum-exp). Errors name a bad target.
-pub fn cross_entropy(logits: &[f32], targets: &[i64], c: usize, ignore_index: i64) -> Result<(f64, usize, Vec<f32>), String> {
-    if let Some((i, &t)) = targets.iter().enumerate().find(|(_, &t)| t != ignore_index && (t < 0 || t as usize >= c)) {
+pub fn cross_entropy(
+    logits: &[f32],
+    targets: &[i64],
+    c: usize,
+    ignore_index: i64,
+) -> Result<(f64, usize, Vec<f32>), String> {
+    if let Some((i, &t)) = targets
+        .iter()
+        .enumerate()
+        .find(|(_, &t)| t != ignore_index && (t < 0 || t as usize >= c))
+    {
         return Err(format!("cross_entropy: target {t} at position {i} is not a class index in 0..{c} (nor the ignore index {ignore_index})"));
     }
     let lse: Vec<f32> = logits
@@ -150,7 +185,14 @@ pub fn cross_entropy(logits: &[f32], targets: &[i64], c: usize, ignore_index: i6
 }
 
 /// d(loss)/d(logits) for a mean-reduced cross-entropy, scaled by the incoming gradient `scale`.
-pub fn cross_entropy_backward(logits: &[f32], targets: &[i64], lse: &[f32], c: usize, ignore_index: i64, scale: f32) -> Vec<f32> {
+pub fn cross_entropy_backward(
+    logits: &[f32],
+    targets: &[i64],
+    lse: &[f32],
+    c: usize,
+    ignore_index: i64,
+    scale: f32,
+) -> Vec<f32> {
     let mut out = vec![0f32; logits.len()];
     rows_mut(&mut out, c, |r, o| {
         let t = targets[r];
@@ -167,20 +209,36 @@ pub fn cross_entropy_backward(logits: &[f32], targets: &[i64], lse: &[f32], c: u
 }
 
 /// out[o, j, i] = x[o, idx[j], i] for x viewed as [outer, n, inner].
-pub fn index_select<T: Copy + Default + Send + Sync>(x: &[T], idx: &[usize], outer: usize, n: usize, inner: usize) -> Vec<T> {
+pub fn index_select<T: Copy + Default + Send + Sync>(
+    x: &[T],
+    idx: &[usize],
+    outer: usize,
+    n: usize,
+    inner: usize,
+) -> Vec<T> {
     let m = idx.len();
     let mut out = vec![T::default(); outer * m * inner];
-    out.par_chunks_mut(inner.max(1)).with_min_len(64).enumerate().for_each(|(r, o)| {
-        let (oi, j) = (r / m, r % m);
-        let src = (oi * n + idx[j]) * inner;
-        o.copy_from_slice(&x[src..src + inner]);
-    });
+    out.par_chunks_mut(inner.max(1))
+        .with_min_len(64)
+        .enumerate()
+        .for_each(|(r, o)| {
+            let (oi, j) = (r / m, r % m);
+            let src = (oi * n + idx[j]) * inner;
+            o.copy_from_slice(&x[src..src + inner]);
+        });
     out
 }
 
 /// dst[o, idx[j], i] += src[o, j, i]: the scatter-add that is index_select's backward.
 /// Columns are split across cores; each column sums its rows in index order (deterministic).
-pub fn index_add(dst: &mut [f32], src: &[f32], idx: &[usize], outer: usize, n: usize, inner: usize) {
+pub fn index_add(
+    dst: &mut [f32],
+    src: &[f32],
+    idx: &[usize],
+    outer: usize,
+    n: usize,
+    inner: usize,
+) {
     let m = idx.len();
     for oi in 0..outer {
         let d = &mut dst[oi * n * inner..(oi + 1) * n * inner];
@@ -233,9 +291,16 @@ pub fn adamw_step(p: &mut [f32], g: &[f32], m: &mut [f32], v: &mut [f32], h: Ada
         *pi -= h.lr * (mhat / (vhat.sqrt() + h.eps) + h.weight_decay * *pi);
     };
     if p.len() >= super::PAR_THRESHOLD {
-        p.par_iter_mut().zip(g.par_iter()).zip(m.par_iter_mut().zip(v.par_iter_mut())).with_min_len(4096).for_each(body);
+        p.par_iter_mut()
+            .zip(g.par_iter())
+            .zip(m.par_iter_mut().zip(v.par_iter_mut()))
+            .with_min_len(4096)
+            .for_each(body);
     } else {
-        p.iter_mut().zip(g.iter()).zip(m.iter_mut().zip(v.iter_mut())).for_each(body);
+        p.iter_mut()
+            .zip(g.iter())
+            .zip(m.iter_mut().zip(v.iter_mut()))
+            .for_each(body);
     }
 }
 
@@ -250,12 +315,23 @@ pub struct SgdParams {
 /// One SGD update (PyTorch's formulation: decay added to the gradient, buffer = μ·buf + g).
 pub fn sgd_step(p: &mut [f32], g: &[f32], buf: Option<&mut [f32]>, h: SgdParams) {
     match buf {
-        None => p.iter_mut().zip(g).for_each(|(pi, &gi)| *pi -= h.lr * (gi + h.weight_decay * *pi)),
-        Some(b) => p.iter_mut().zip(g).zip(b.iter_mut()).for_each(|((pi, &gi), bi)| {
-            let d = gi + h.weight_decay * *pi;
-            *bi = h.momentum * *bi + d;
-            let step = if h.nesterov { d + h.momentum * *bi } else { *bi };
-            *pi -= h.lr * step;
-        }),
+        None => p
+            .iter_mut()
+            .zip(g)
+            .for_each(|(pi, &gi)| *pi -= h.lr * (gi + h.weight_decay * *pi)),
+        Some(b) => p
+            .iter_mut()
+            .zip(g)
+            .zip(b.iter_mut())
+            .for_each(|((pi, &gi), bi)| {
+                let d = gi + h.weight_decay * *pi;
+                *bi = h.momentum * *bi + d;
+                let step = if h.nesterov {
+                    d + h.momentum * *bi
+                } else {
+                    *bi
+                };
+                *pi -= h.lr * step;
+            }),
     }
 }

@@ -45,7 +45,11 @@ pub fn reduce_f32(x: &[f32], outer: usize, n: usize, inner: usize, op: ReduceOp)
                             arg = k;
                         }
                     }
-                    *d = if op == ReduceOp::ArgMax { arg as f32 } else { best };
+                    *d = if op == ReduceOp::ArgMax {
+                        arg as f32
+                    } else {
+                        best
+                    };
                 }
             }
         }
