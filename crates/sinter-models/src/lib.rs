@@ -98,6 +98,10 @@ pub fn build_with(
             if data.classes > cfg.vocab_size {
                 cfg.vocab_size = data.classes;
             }
+            // The context comes from the data (`--context`): grow the position table to fit it.
+            if let [t] = data.input.as_slice() {
+                cfg.block_size = cfg.block_size.max(*t);
+            }
             let mut gpt = Gpt::new(cfg, rng, dropout_rng)?;
             gpt.set_recompute(recompute);
             Box::new(gpt)
