@@ -71,6 +71,7 @@ pub fn run(
     let s = setup(config)?;
     let mut gcfg = GptConfig::preset(&s.config.model).expect("GPT preset");
     gcfg.vocab_size = gcfg.vocab_size.max(s.train.num_classes().unwrap_or(0));
+    gcfg.block_size = gcfg.block_size.max(s.config.context);
     let init = s.model.parameters();
     let c = s.config.clone();
     let make = move |params: Vec<(String, Tensor)>| -> sinter_core::Result<Box<dyn Optimizer>> {
