@@ -10,6 +10,8 @@
 //! is not timed. Budget per case: `SINTER_BENCH_SECS` (default 1) × `SINTER_BENCH_ROUNDS`
 //! (default 2), after a few warm-up steps.
 
+// The timing loop is sinter-core's (one copy for every bench in the workspace).
+#[path = "../../sinter-core/benches/common/mod.rs"]
 mod common;
 
 use std::sync::Arc;
