@@ -383,3 +383,22 @@ fn block_recompute_trains_the_same_run() {
         &["none", "attn", "block"],
     );
 }
+
+#[test]
+fn fp16_with_zero_is_refused_clearly() {
+    fails_with(
+        &sinter(&[
+            "train",
+            "--model",
+            "mlp",
+            "--steps",
+            "1",
+            "--zero",
+            "1",
+            "--precision",
+            "fp16",
+        ]),
+        &["fp16", "--zero"],
+    );
+    fails_with(&sinter(&["train", "--precision", "fp8"]), &["fp8", "bf16"]);
+}
