@@ -645,6 +645,17 @@ impl Tensor {
             .ok_or_else(|| Error::Msg(format!("{op}: optimizer state must be contiguous")))
     }
 
+    /// The gradient is read under its own lock while the state is written: they must not
+    /// share storage (that would deadlock).
+    fn grad_apart(op: &'static str, grad: &Tensor, state: &[&Tensor]) -> Result<()> {
+        if state.iter().any(|t| t.shares_storage_with(grad)) {
+            bail!(
+                "{op}: the gradient must not share storage with the parameter or optimizer state"
+            );
+        }
+        Ok(())
+    }
+
     /// Runs `f` over the f32 data of several distinct tensors at once, all locked for writing.
     fn with_f32_mut<const N: usize>(
         op: &'static str,
@@ -687,11 +698,10 @@ impl Tensor {
         if self.device().is_cuda() {
             return crate::cuda::optim::adamw_step(self, grad, m, v, h);
         }
-        let g = grad
-            .storage()
-            .cpu()
-            .f32_contiguous(grad.layout())
-            .into_owned();
+        // Read the gradient in place (no copy); it never shares storage with the state.
+        Tensor::grad_apart("adamw_step", grad, &[self, m, v])?;
+        let gs = grad.storage();
+        let g = gs.cpu().f32_contiguous(grad.layout());
         Tensor::with_f32_mut("adamw_step", [self, m, v], |[p, m, v]| {
             crate::cpu::nn::adamw_step(p, &g, m, v, h)
         })
@@ -710,11 +720,10 @@ impl Tensor {
             }
             return crate::cuda::optim::sgd_step(self, grad, buf, h);
         }
-        let g = grad
-            .storage()
-            .cpu()
-            .f32_contiguous(grad.layout())
-            .into_owned();
+        let state: Vec<&Tensor> = std::iter::once(self).chain(buf).collect();
+        Tensor::grad_apart("sgd_step", grad, &state)?;
+        let gs = grad.storage();
+        let g = gs.cpu().f32_contiguous(grad.layout());
         match buf {
             None => Tensor::with_f32_mut("sgd_step", [self], |[p]| {
                 crate::cpu::nn::sgd_step(p, &g, None, h)

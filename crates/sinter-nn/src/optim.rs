@@ -212,13 +212,9 @@ impl Optimizer for AdamW {
 /// before clipping (a NaN or infinite norm is returned as is and nothing is scaled).
 pub fn clip_grad_norm(params: &[(String, Tensor)], max_norm: f64) -> Result<f64> {
     let _g = no_grad();
-    let mut total = 0f64;
-    for (_, p) in params {
-        if let Some(g) = p.grad() {
-            total += g.to_vec_f64()?.iter().map(|x| x * x).sum::<f64>();
-        }
-    }
-    let norm = total.sqrt();
+    // One deterministic pass over all gradients, on their device (no copy to the host).
+    let grads: Vec<Tensor> = params.iter().filter_map(|(_, p)| p.grad()).collect();
+    let norm = sinter_core::fused::global_grad_norm(&grads);
     if norm.is_finite() && norm > max_norm {
         let scale = (max_norm / (norm + 1e-6)) as f32;
         for (_, p) in params {

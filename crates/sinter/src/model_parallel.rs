@@ -116,7 +116,7 @@ pub fn run(
             .optimizer_mut()
             .set_lr(schedule_lr.lr_at(s.config.lr, step));
         let b = loader.next_batch()?;
-        let loss = trainer.step(&to_tensor(&b.inputs)?, &to_tensor(&b.targets)?)? as f64;
+        let loss = trainer.step(&to_tensor(b.inputs)?, &to_tensor(b.targets)?)? as f64;
         if !loss.is_finite() {
             bail!("the training loss became {loss} at step {step}; stopping (lower --lr)");
         }

@@ -28,10 +28,11 @@ use crate::checkpoint::{self, Meta};
 use crate::config::TrainConfig;
 use crate::metrics::{plot_losses, MetricsLog};
 
-pub fn to_tensor(a: &HostArray) -> Result<Tensor> {
-    Ok(match &a.data {
-        HostData::F32(v) => Tensor::from_slice(v, &a.shape, Device::Cpu)?,
-        HostData::I64(v) => Tensor::from_slice(v, &a.shape, Device::Cpu)?,
+/// Takes over the loader's buffer as the tensor's storage (no copy).
+pub fn to_tensor(a: HostArray) -> Result<Tensor> {
+    Ok(match a.data {
+        HostData::F32(v) => Tensor::from_vec(v, &a.shape, Device::Cpu)?,
+        HostData::I64(v) => Tensor::from_vec(v, &a.shape, Device::Cpu)?,
     })
 }
 
@@ -174,16 +175,16 @@ pub fn evaluate(s: &Setup, max_batches: usize) -> Result<EvalResult> {
     let (mut total, mut correct, mut count) = (0f64, 0usize, 0usize);
     for _ in 0..n {
         let b = loader.next_batch()?;
+        let rows = b.inputs.shape[0];
         let (x, y) = (
-            to_tensor(&b.inputs)?.to_device(device)?,
-            to_tensor(&b.targets)?.to_device(device)?,
+            to_tensor(b.inputs)?.to_device(device)?,
+            to_tensor(b.targets)?.to_device(device)?,
         );
         let (loss, c) = {
             let _autocast =
                 sinter_nn::PrecisionMode::parse(&s.config.precision).and_then(|m| m.autocast());
             batch_loss(s.model.as_ref(), s.task, &x, &y)?
         };
-        let rows = b.inputs.shape[0];
         total += loss.to_scalar_f32()? as f64 * rows as f64;
         correct += c.unwrap_or(0);
         count += rows;
@@ -527,8 +528,8 @@ fn run_inner(mut config: TrainConfig, opts: &TrainOptions) -> Result<serde_json:
         for micro in 0..accum {
             let b = loader.next_batch()?;
             let (x, y) = (
-                to_tensor(&b.inputs)?.to_device(device)?,
-                to_tensor(&b.targets)?.to_device(device)?,
+                to_tensor(b.inputs)?.to_device(device)?,
+                to_tensor(b.targets)?.to_device(device)?,
             );
             let (loss, _) = {
                 let _autocast = precision.enter_autocast();
