@@ -8,9 +8,10 @@
 //! can be exchanged by name; the tied decoder weight is not listed separately (it *is*
 //! `bert.embeddings.word_embeddings.weight`). Linear weights are `[out, in]` as in PyTorch.
 //!
-//! The trainer's registry does not build BERT: masked-LM training needs the masking step
-//! ([`mask_tokens`]) and a loss over masked positions ([`Bert::mlm_loss`]), which the
-//! `Task`-driven training loop does not have yet. Use it directly (benchmarks, tests).
+//! The trainer builds `bert-tiny` and `bert-base` for `Task::MaskedLm` on token data: it
+//! masks each batch on the host with [`MlmMasking::for_vocab`] (the mask token is the id one
+//! past the data's vocabulary) and scores the masked positions. [`Bert::mlm_loss`] does the
+//! same for callers that hold labels, running the head on the masked rows only.
 
 use sinter_core::{bail, DType, Device, Result, Rng, Tensor};
 use sinter_nn::init;
@@ -362,7 +363,7 @@ impl Bert {
                     .iter()
                     .map(|&x| (x == 0.0) as u8 as f32)
                     .collect();
-                Some(Tensor::from_vec(v, &[b, 1, 1, t], Device::Cpu)?)
+                Some(Tensor::from_vec(v, &[b, 1, 1, t], Device::Cpu)?.to_device(ids.device())?)
             }
             None => None,
         };
@@ -441,13 +442,20 @@ impl Bert {
         let c = self.config.hidden;
         let picked = hidden
             .reshape(&[ids.numel(), c])?
-            .index_select(0, &Tensor::from_vec(rows, &[n], Device::Cpu)?)?;
+            .index_select(
+                0,
+                &Tensor::from_vec(rows, &[n], Device::Cpu)?.to_device(hidden.device())?,
+            )?;
+        let targets = Tensor::from_vec(targets, &[n], Device::Cpu)?.to_device(hidden.device())?;
         self.mlm_logits(&picked)?
-            .cross_entropy(&Tensor::from_vec(targets, &[n], Device::Cpu)?, IGNORE_INDEX)
+            .cross_entropy(&targets, IGNORE_INDEX)
     }
 }
 
 impl Module for Bert {
+    fn as_any(&self) -> Option<&dyn std::any::Any> {
+        Some(self)
+    }
     /// ids [b, t] (i64) → MLM logits [b, t, vocab], token type 0, no padding.
     fn forward(&self, ids: &Tensor) -> Result<Tensor> {
         self.forward_with(ids, None, None)
@@ -495,6 +503,21 @@ impl MlmMasking {
             mask_token: special::MASK,
             vocab_size,
             special_tokens: vec![special::PAD, special::CLS, special::SEP],
+        }
+    }
+}
+
+impl MlmMasking {
+    /// BERT's 15% / 80-10-10 recipe for token data with `data_vocab` ids and no special
+    /// tokens (character or GPT-2 token files): the mask token is `data_vocab` itself, so
+    /// the model's vocabulary is `data_vocab + 1`, and random replacements are data tokens.
+    pub fn for_vocab(data_vocab: usize) -> Self {
+        MlmMasking {
+            mask_prob: 0.15,
+            replace_prob: 0.8,
+            mask_token: data_vocab as i64,
+            vocab_size: data_vocab,
+            special_tokens: Vec::new(),
         }
     }
 }

@@ -331,6 +331,9 @@ impl Gpt {
 }
 
 impl Module for Gpt {
+    fn as_any(&self) -> Option<&dyn std::any::Any> {
+        Some(self)
+    }
     /// ids [b, t] (i64) → logits [b, t, vocab].
     fn forward(&self, ids: &Tensor) -> Result<Tensor> {
         self.check_ids(ids)?;

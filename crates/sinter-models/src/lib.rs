@@ -25,14 +25,34 @@ pub enum Task {
     Classification,
     /// i64 tokens [n, t] → logits [n, t, vocab].
     LanguageModel,
+    /// i64 tokens [n, t] with some replaced by a mask token → logits [n, t, vocab + 1],
+    /// scored at the masked positions only (BERT's pre-training). It reads the same token
+    /// data as `LanguageModel`; the mask token is the id one past the data's vocabulary.
+    MaskedLm,
 }
 
-pub const MODEL_NAMES: &[&str] = &["mlp", "cnn", "resnet18", "gpt-tiny", "gpt2"];
+impl Task {
+    /// Whether examples are token sequences (throughput is then counted in tokens).
+    pub fn is_sequence(self) -> bool {
+        matches!(self, Task::LanguageModel | Task::MaskedLm)
+    }
+}
+
+pub const MODEL_NAMES: &[&str] = &[
+    "mlp",
+    "cnn",
+    "resnet18",
+    "gpt-tiny",
+    "gpt2",
+    "bert-tiny",
+    "bert-base",
+];
 
 pub fn task_of(name: &str) -> Option<Task> {
     match name {
         "mlp" | "cnn" | "resnet18" => Some(Task::Classification),
         "gpt-tiny" | "gpt2" => Some(Task::LanguageModel),
+        "bert-tiny" | "bert-base" => Some(Task::MaskedLm),
         _ => None,
     }
 }
@@ -105,6 +125,15 @@ pub fn build_with(
             let mut gpt = Gpt::new(cfg, rng, dropout_rng)?;
             gpt.set_recompute(recompute);
             Box::new(gpt)
+        }
+        "bert-tiny" | "bert-base" => {
+            let mut cfg = BertConfig::preset(name).expect("listed preset");
+            // One id past the data's tokens is the mask token (`mlm_masking`).
+            cfg.vocab_size = data.classes + 1;
+            if let [t] = data.input.as_slice() {
+                cfg.max_position = cfg.max_position.max(*t);
+            }
+            Box::new(Bert::new(cfg, rng, dropout_rng)?)
         }
         other => bail!(
             "unknown model '{other}'; valid models: {}",

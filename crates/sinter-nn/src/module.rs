@@ -65,6 +65,11 @@ pub trait Module: Send + Sync {
             p.zero_grad();
         }
     }
+    /// The concrete model, for callers that need more than `forward` (a GPT's KV-cache
+    /// generation, say). Models that offer such methods return `Some(self)`.
+    fn as_any(&self) -> Option<&dyn std::any::Any> {
+        None
+    }
 }
 
 impl<M: Module + ?Sized> Module for Box<M> {
@@ -76,6 +81,9 @@ impl<M: Module + ?Sized> Module for Box<M> {
     }
     fn set_training(&self, training: bool) {
         (**self).set_training(training)
+    }
+    fn as_any(&self) -> Option<&dyn std::any::Any> {
+        (**self).as_any()
     }
 }
 

@@ -19,7 +19,8 @@ pub struct ConfigFile {
     pub optimizer: Option<String>,
     pub momentum: Option<f64>,
     pub weight_decay: Option<f64>,
-    pub schedule: Option<String>,
+    /// Learning-rate schedule: constant, cosine or step.
+    pub lr_schedule: Option<String>,
     pub grad_clip: Option<f64>,
     pub context: Option<usize>,
     pub seed: Option<u64>,
@@ -67,7 +68,7 @@ impl ConfigFile {
             optimizer,
             momentum,
             weight_decay,
-            schedule,
+            lr_schedule,
             grad_clip,
             context,
             seed,
@@ -100,7 +101,9 @@ pub struct TrainConfig {
     pub optimizer: String,
     pub momentum: f64,
     pub weight_decay: f64,
-    pub schedule: String,
+    /// Learning-rate schedule (`schedule` in checkpoints written before it was renamed).
+    #[serde(alias = "schedule")]
+    pub lr_schedule: String,
     pub grad_clip: Option<f64>,
     pub context: usize,
     pub seed: u64,
@@ -182,7 +185,8 @@ pub const SCHEDULES: &[&str] = &["constant", "cosine", "step"];
 
 /// Defaults chosen so that the model learns its default data on a 2-core CPU.
 pub fn defaults_for(model: &str) -> ConfigFile {
-    let gpt = model.starts_with("gpt");
+    // Sequence models (GPT, BERT) share their defaults; BERT-base trains at length 128.
+    let gpt = model.starts_with("gpt") || model.starts_with("bert");
     ConfigFile {
         model: Some(model.into()),
         data: Some(if gpt { "shakespeare" } else { "digits" }.into()),
@@ -193,13 +197,18 @@ pub fn defaults_for(model: &str) -> ConfigFile {
         },
         steps: if gpt { Some(2000) } else { None },
         batch_size: Some(if gpt { 12 } else { 64 }),
-        lr: Some(2e-3),
+        // Post-LayerNorm BERT diverges at GPT's 2e-3.
+        lr: Some(if model.starts_with("bert") { 1e-3 } else { 2e-3 }),
         optimizer: Some("adamw".into()),
         momentum: Some(0.9),
         weight_decay: Some(if gpt { 0.1 } else { 1e-4 }),
-        schedule: Some("cosine".into()),
+        lr_schedule: Some("cosine".into()),
         grad_clip: if gpt { Some(1.0) } else { None },
-        context: Some(if model == "gpt2" { 1024 } else { 64 }),
+        context: Some(match model {
+            "gpt2" => 1024,
+            "bert-base" => 128,
+            _ => 64,
+        }),
         seed: Some(1337),
         device: Some("auto".into()),
         eval_interval: Some(if gpt { 250 } else { 0 }),
@@ -234,8 +243,8 @@ impl TrainConfig {
         let c = defaults_for(&model).overlay(layers);
         let optimizer = c.optimizer.clone().expect("default");
         check_name("optimizer", &optimizer, OPTIMIZERS)?;
-        let schedule = c.schedule.clone().expect("default");
-        check_name("schedule", &schedule, SCHEDULES)?;
+        let lr_schedule = c.lr_schedule.clone().expect("default");
+        check_name("lr-schedule", &lr_schedule, SCHEDULES)?;
         let batch_size = c.batch_size.expect("default");
         if batch_size == 0 {
             bail!("--batch-size must be at least 1");
@@ -261,7 +270,7 @@ impl TrainConfig {
             optimizer,
             momentum: c.momentum.expect("default"),
             weight_decay: c.weight_decay.expect("default"),
-            schedule,
+            lr_schedule,
             grad_clip: c.grad_clip,
             context: c.context.expect("default"),
             seed: c.seed.expect("default"),

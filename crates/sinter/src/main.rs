@@ -65,8 +65,8 @@ struct TrainArgs {
     /// Micro-batches per step for the pipeline.
     #[arg(long, default_value_t = 1)]
     micro_batches: usize,
-    /// Pipeline schedule: gpipe or 1f1b (`--schedule` is the learning-rate schedule).
-    #[arg(long, default_value = "1f1b")]
+    /// Pipeline schedule: gpipe or 1f1b (the learning-rate schedule is `--lr-schedule`).
+    #[arg(long = "schedule", visible_alias = "pp-schedule", default_value = "1f1b")]
     pp_schedule: String,
     /// mlp, cnn, resnet18, gpt-tiny or gpt2.
     #[arg(long)]
@@ -89,9 +89,9 @@ struct TrainArgs {
     momentum: Option<f64>,
     #[arg(long)]
     weight_decay: Option<f64>,
-    /// constant, cosine (with warm-up) or step.
+    /// Learning-rate schedule: constant, cosine (with warm-up) or step.
     #[arg(long)]
-    schedule: Option<String>,
+    lr_schedule: Option<String>,
     /// Clip the global gradient norm to this value.
     #[arg(long)]
     grad_clip: Option<f64>,
@@ -161,7 +161,7 @@ impl TrainArgs {
             optimizer: self.optimizer.clone(),
             momentum: self.momentum,
             weight_decay: self.weight_decay,
-            schedule: self.schedule.clone(),
+            lr_schedule: self.lr_schedule.clone(),
             grad_clip: self.grad_clip,
             context: self.context,
             seed: self.seed,
@@ -196,6 +196,10 @@ struct GenerateArgs {
     top_k: usize,
     #[arg(long, default_value_t = 0)]
     seed: u64,
+    /// Recompute the whole window for every token instead of using the KV cache (slower;
+    /// the same tokens).
+    #[arg(long)]
+    no_kv_cache: bool,
 }
 
 /// A resumed run takes its config from the checkpoint; flags given now override it.
@@ -243,10 +247,23 @@ fn train_config(a: &TrainArgs) -> Result<(TrainConfig, Option<PathBuf>)> {
     Ok((TrainConfig::resolve(&layered)?, out))
 }
 
+/// `--schedule` names the pipeline schedule; a learning-rate schedule there is a mistake
+/// worth pointing at the right flag.
+fn check_pipeline_schedule(name: &str) -> Result<()> {
+    if name.parse::<sinter_dist::pipeline::Schedule>().is_ok() {
+        return Ok(());
+    }
+    if ["constant", "cosine", "step"].contains(&name) {
+        bail!("--schedule picks the pipeline schedule (gpipe or 1f1b); for the learning-rate schedule use --lr-schedule {name}");
+    }
+    bail!("--schedule: unknown pipeline schedule '{name}'; valid: gpipe, 1f1b")
+}
+
 fn run() -> Result<()> {
     let cli = Cli::parse();
     match cli.command {
         Command::Train(a) => {
+            check_pipeline_schedule(&a.pp_schedule)?;
             let (config, out) = train_config(&a)?;
             let opts = train::TrainOptions {
                 out,
@@ -289,10 +306,16 @@ fn run() -> Result<()> {
                 );
             }
             let vocab = s.train.num_classes().unwrap_or(0);
-            if vocab != 256 {
-                bail!("this checkpoint uses a {vocab}-token vocabulary; only byte-level (256) models can turn a text prompt into tokens in this build");
+            // Byte-level data (shakespeare, text:) has 256 tokens; tokens: data is GPT-2 BPE.
+            let bpe = s.config.data.starts_with("tokens:");
+            if vocab != 256 && !bpe {
+                bail!("this checkpoint uses a {vocab}-token vocabulary that is neither bytes nor GPT-2 BPE; no tokenizer can turn a text prompt into its tokens");
             }
-            let prompt: Vec<i64> = g.prompt.bytes().map(i64::from).collect();
+            let tokenizer = bpe.then(sinter_data::Gpt2Tokenizer::new);
+            let prompt: Vec<i64> = match &tokenizer {
+                Some(t) => t.encode(&g.prompt).into_iter().map(i64::from).collect(),
+                None => g.prompt.bytes().map(i64::from).collect(),
+            };
             if prompt.is_empty() {
                 bail!("--prompt must not be empty");
             }
@@ -303,9 +326,19 @@ fn run() -> Result<()> {
                 g.temperature,
                 g.top_k,
                 g.seed,
+                !g.no_kv_cache,
             )?;
-            let bytes: Vec<u8> = out.iter().map(|&t| t as u8).collect();
-            println!("{}", String::from_utf8_lossy(&bytes));
+            let text = match &tokenizer {
+                Some(t) => {
+                    let ids: Vec<u16> = out.iter().map(|&t| t as u16).collect();
+                    t.decode(&ids)
+                }
+                None => {
+                    let bytes: Vec<u8> = out.iter().map(|&t| t as u8).collect();
+                    String::from_utf8_lossy(&bytes).into_owned()
+                }
+            };
+            println!("{text}");
         }
         Command::Info => print!("{}", precision::info_report()),
         Command::Launch(a) => dist_cmd::launch(&a)?,

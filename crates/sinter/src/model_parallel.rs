@@ -98,7 +98,7 @@ pub fn run(
         bail!("nothing to train: --steps must be at least 1");
     }
     let end = opts.stop_at_step.map_or(total, |x| x.min(total));
-    let schedule_lr = LrSchedule::parse(&s.config.schedule, total).expect("validated schedule");
+    let schedule_lr = LrSchedule::parse(&s.config.lr_schedule, total).expect("validated schedule");
     if !quiet {
         eprintln!("training {} with dp {} × tp {} × pp {} ({} micro-batches, {:?}) on {} ranks for {end} steps", s.config.model, spec.dp, spec.tp, spec.pp, spec.micro_batches, spec.schedule, env.world_size);
         if s.config.grad_clip.is_some() {

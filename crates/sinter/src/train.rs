@@ -54,7 +54,8 @@ pub fn setup(config: TrainConfig) -> Result<Setup> {
         DataKind::Classification => Task::Classification,
         DataKind::LanguageModel => Task::LanguageModel,
     };
-    if task != data_task {
+    // Token data serves both next-token (GPT) and masked-token (BERT) training.
+    if task.is_sequence() != data_task.is_sequence() {
         bail!("model {} is a {:?} model but data '{}' is {:?} data; pick a matching --model or --data", config.model, task, config.data, data_task);
     }
     let (train, val) = match task {
@@ -62,7 +63,7 @@ pub fn setup(config: TrainConfig) -> Result<Setup> {
             spec.open(Split::Train, 0)?,
             spec.open(Split::Validation, 0)?,
         ),
-        Task::LanguageModel => {
+        Task::LanguageModel | Task::MaskedLm => {
             let mut o = OpenOptions::new(config.context);
             let train = spec.open_with(Split::Train, &o)?;
             o.windows = Windows::Strided;
@@ -115,6 +116,44 @@ fn make_optimizer(c: &TrainConfig, params: Vec<(String, Tensor)>) -> Result<Box<
     })
 }
 
+/// A batch as tensors on `device`. For masked-LM training the inputs are corrupted on the
+/// host with BERT's recipe, from an RNG seeded by `mask_seed` (so a resumed run masks its
+/// batches exactly as the uninterrupted one did), and the targets become the original
+/// tokens at the selected positions and -100 (ignored) elsewhere.
+fn batch_tensors(
+    s: &Setup,
+    b: sinter_data::Batch,
+    mask_seed: u64,
+    device: Device,
+) -> Result<(Tensor, Tensor)> {
+    if s.task != Task::MaskedLm {
+        return Ok((
+            to_tensor(b.inputs)?.to_device(device)?,
+            to_tensor(b.targets)?.to_device(device)?,
+        ));
+    }
+    let HostData::I64(ids) = &b.inputs.data else {
+        bail!("masked-LM training needs token ids, but data '{}' gives floats", s.config.data);
+    };
+    let vocab = s.train.num_classes().unwrap_or(0);
+    let masking = sinter_models::MlmMasking::for_vocab(vocab);
+    let (inputs, labels) = sinter_models::mask_tokens(ids, &masking, &mut Rng::new(mask_seed));
+    let shape = &b.inputs.shape;
+    Ok((
+        Tensor::from_vec(inputs, shape, Device::Cpu)?.to_device(device)?,
+        Tensor::from_vec(labels, shape, Device::Cpu)?.to_device(device)?,
+    ))
+}
+
+/// The masking seed of one batch: distinct per run seed, step, micro-step and rank.
+fn mask_seed(seed: u64, step: u64, micro: u64, rank: usize) -> u64 {
+    let mut h = seed ^ 0x6d61_736b_6c6d_0001;
+    for x in [step, micro, rank as u64] {
+        h = (h ^ x).wrapping_mul(0x9e37_79b9_7f4a_7c15).rotate_left(29);
+    }
+    h
+}
+
 /// Loss (and correct predictions, for classifiers) of one batch.
 fn batch_loss(
     model: &dyn Module,
@@ -140,7 +179,8 @@ fn batch_loss(
             };
             Ok((loss, correct))
         }
-        Task::LanguageModel => {
+        // Masked-LM targets are -100 except at the masked positions (`batch_tensors`).
+        Task::LanguageModel | Task::MaskedLm => {
             let v = *logits.shape().last().expect("logits have a vocab dim");
             let n = targets.numel();
             Ok((
@@ -173,13 +213,11 @@ pub fn evaluate(s: &Setup, max_batches: usize) -> Result<EvalResult> {
         (loader.batches_per_epoch() as usize).min(max_batches)
     };
     let (mut total, mut correct, mut count) = (0f64, 0usize, 0usize);
-    for _ in 0..n {
+    for i in 0..n {
         let b = loader.next_batch()?;
         let rows = b.inputs.shape[0];
-        let (x, y) = (
-            to_tensor(b.inputs)?.to_device(device)?,
-            to_tensor(b.targets)?.to_device(device)?,
-        );
+        // Validation masks are the same at every evaluation, so losses compare over time.
+        let (x, y) = batch_tensors(s, b, mask_seed(s.config.seed, u64::MAX, i as u64, 0), device)?;
         let (loss, c) = {
             let _autocast =
                 sinter_nn::PrecisionMode::parse(&s.config.precision).and_then(|m| m.autocast());
@@ -458,13 +496,13 @@ fn run_inner(mut config: TrainConfig, opts: &TrainOptions) -> Result<serde_json:
     if end <= start {
         bail!("--stop-at-step {end} is not after the checkpoint's step {start}");
     }
-    let schedule = LrSchedule::parse(&s.config.schedule, total).expect("validated schedule");
+    let schedule = LrSchedule::parse(&s.config.lr_schedule, total).expect("validated schedule");
     let out_dir = if writer { opts.out.clone() } else { None };
     let mut log = match &out_dir {
         Some(d) => Some(MetricsLog::open(d, resumed.as_ref().map(|l| l.meta.step))?),
         None => None,
     };
-    let lm = s.task == Task::LanguageModel;
+    let lm = s.task.is_sequence();
     let per_sample = if lm { s.config.context } else { 1 };
     let unit = if lm { "tok/s" } else { "samples/s" };
     let global_batch = s.config.global_batch();
@@ -527,10 +565,8 @@ fn run_inner(mut config: TrainConfig, opts: &TrainOptions) -> Result<serde_json:
         let mut loss_sum = 0f64;
         for micro in 0..accum {
             let b = loader.next_batch()?;
-            let (x, y) = (
-                to_tensor(b.inputs)?.to_device(device)?,
-                to_tensor(b.targets)?.to_device(device)?,
-            );
+            let seed = mask_seed(s.config.seed, step, micro, rank);
+            let (x, y) = batch_tensors(&s, b, seed, device)?;
             let (loss, _) = {
                 let _autocast = precision.enter_autocast();
                 batch_loss(s.model.as_ref(), s.task, &x, &y)?
@@ -708,6 +744,8 @@ pub fn load_for_inference(dir: &Path) -> Result<(Setup, u64)> {
 }
 
 /// Samples `max_new` tokens after `prompt` with temperature and top-k; returns all tokens.
+/// GPT checkpoints generate with the KV cache (each new token runs one position through the
+/// blocks) unless `use_cache` is false, which recomputes the whole window per token.
 pub fn generate(
     s: &Setup,
     prompt: &[i64],
@@ -715,49 +753,26 @@ pub fn generate(
     temperature: f64,
     top_k: usize,
     seed: u64,
+    use_cache: bool,
 ) -> Result<Vec<i64>> {
-    let _g = no_grad();
-    let ctx = s.config.context;
+    let gpt = s
+        .model
+        .as_any()
+        .and_then(|m| m.downcast_ref::<sinter_models::Gpt>())
+        .ok_or_else(|| {
+            anyhow!(
+                "generate needs a GPT checkpoint; {} cannot generate text",
+                s.config.model
+            )
+        })?;
     let mut rng = Rng::new(seed);
-    let mut tokens = prompt.to_vec();
-    for _ in 0..max_new {
-        let window = &tokens[tokens.len().saturating_sub(ctx)..];
-        let x = Tensor::from_slice(window, &[1, window.len()], Device::Cpu)?;
-        let logits = s.model.forward(&x)?;
-        let v = logits.shape()[2];
-        let last = logits
-            .narrow(1, window.len() - 1, 1)?
-            .reshape(&[v])?
-            .to_vec_f32()?;
-        let next = if temperature <= 0.0 {
-            last.iter()
-                .enumerate()
-                .max_by(|a, b| a.1.total_cmp(b.1))
-                .map(|(i, _)| i)
-                .unwrap_or(0)
-        } else {
-            let mut idx: Vec<usize> = (0..v).collect();
-            idx.sort_by(|&a, &b| last[b].total_cmp(&last[a]));
-            if top_k > 0 {
-                idx.truncate(top_k);
-            }
-            let max = last[idx[0]] as f64;
-            let w: Vec<f64> = idx
-                .iter()
-                .map(|&i| ((last[i] as f64 - max) / temperature).exp())
-                .collect();
-            let mut u = rng.next_f64() * w.iter().sum::<f64>();
-            let mut pick = idx[idx.len() - 1];
-            for (j, &wi) in w.iter().enumerate() {
-                if u < wi {
-                    pick = idx[j];
-                    break;
-                }
-                u -= wi;
-            }
-            pick
-        };
-        tokens.push(next as i64);
-    }
-    Ok(tokens)
+    Ok(gpt.generate_with(
+        prompt,
+        max_new,
+        temperature,
+        top_k,
+        s.config.context,
+        use_cache,
+        &mut rng,
+    )?)
 }

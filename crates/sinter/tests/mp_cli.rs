@@ -51,10 +51,10 @@ fn tensor_and_pipeline_parallel_follow_the_serial_run() {
             "2",
             "--micro-batches",
             "2",
-            "--pp-schedule",
+            "--schedule",
             "gpipe",
         ],
-        vec!["--pp", "2", "--micro-batches", "2", "--pp-schedule", "1f1b"],
+        vec!["--pp", "2", "--micro-batches", "2", "--schedule", "1f1b"],
     ] {
         let dir = tempfile::tempdir().unwrap();
         let mut a = vec![
