@@ -2,11 +2,12 @@
 # bench/gpu/sinter_gpu_bench.sh — sinter's GPU benchmarks beside torch.matmul, on the GPU machine.
 #
 # Runs `sinter bench gpu <which> --out OUT/sinter_gpu.md` (GEMM, tensor cores, Linear CPU vs GPU,
-# bandwidth-bound kernels) and bench/gpu/torch_gemm.py, then prints sinter / torch for each GEMM.
+# bandwidth-bound kernels, fused attention) and bench/gpu/torch_gemm.py / torch_sdpa.py, then prints
+# sinter / torch for each GEMM and each attention shape.
 # From the repository root, with a release binary built elsewhere (the GPU machine has no Rust):
 #
 #   cargo build --release -p sinter                      # on the build machine
-#   bench/gpu/sinter_gpu_bench.sh [all|gemm|tc|linear|bandwidth]
+#   bench/gpu/sinter_gpu_bench.sh [all|gemm|tc|linear|bandwidth|attention]
 #
 # Through the `run` device tool: command "bench/gpu/sinter_gpu_bench.sh all", carry
 # ["target/release/sinter"]; results come back under $OUT (else bench/gpu/out/).
@@ -23,32 +24,8 @@ mkdir -p "${OUT_DIR}"
 
 die() { echo "sinter_gpu_bench: error: $*" >&2; exit 1; }
 
-# CUDA libraries for cudarc's dlopen: the toolkit, pip's NVIDIA wheels, and a libnccl.so link.
-cuda_env() {
-    local dirs=() d s nccl=""
-    for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib /usr/local/cuda-*/lib64; do
-        [[ -d "${d}" ]] && dirs+=("${d}")
-    done
-    for s in $("${PYTHON}" -c 'import site; print(" ".join(site.getsitepackages()))' 2>/dev/null || true); do
-        for d in "${s}"/nvidia/*/lib; do
-            [[ -d "${d}" ]] && dirs+=("${d}")
-        done
-    done
-    nccl="$({ ldconfig -p 2>/dev/null || true; } | awk '/libnccl\.so\.2 /{print $NF; exit}')"
-    if [[ -z "${nccl}" ]]; then
-        for d in "${dirs[@]}"; do
-            if [[ -e "${d}/libnccl.so.2" ]]; then nccl="${d}/libnccl.so.2"; break; fi
-        done
-    fi
-    if [[ -n "${nccl}" ]]; then
-        mkdir -p "${OUT_DIR}/.lib"
-        ln -sf "${nccl}" "${OUT_DIR}/.lib/libnccl.so"
-        dirs+=("$(cd "${OUT_DIR}/.lib" && pwd)")
-    fi
-    local joined
-    joined="$(IFS=:; echo "${dirs[*]}")"
-    export LD_LIBRARY_PATH="${joined}${LD_LIBRARY_PATH:+:${LD_LIBRARY_PATH}}"
-}
+# shellcheck source=bench/gpu/cuda_env.sh
+source "${ROOT}/bench/gpu/cuda_env.sh"
 
 [[ -x "${SINTER}" ]] || die "${SINTER} not found: build it with 'cargo build --release -p sinter' and carry target/release/sinter"
 cuda_env
@@ -79,5 +56,23 @@ for name, a, b in pairs:
     print(f"| {name} | {a:.1f} | {b:.1f} | {a / b:.2f} |")
 EOF
 fi
+if [[ "${WHICH}" == "all" || "${WHICH}" == "attention" ]]; then
+    echo
+    echo "== torch scaled_dot_product_attention"
+    "${PYTHON}" bench/gpu/torch_sdpa.py > "${OUT_DIR}/torch_sdpa.jsonl"
+    "${PYTHON}" - "${OUT_DIR}/sinter_gpu.json" "${OUT_DIR}/torch_sdpa.jsonl" <<'EOF' | tee "${OUT_DIR}/attention_vs_torch.md"
+import json, sys
+s = json.load(open(sys.argv[1])).get("attention", {})
+rows = [json.loads(l) for l in open(sys.argv[2]) if l.startswith("{")]
+print("## Attention fwd+bwd, causal bf16: sinter fused vs torch SDPA\n")
+print("| T | head dim | sinter TFLOP/s | torch TFLOP/s | sinter / torch |")
+print("|---:|---:|---:|---:|---:|")
+for r in rows:
+    mine = s.get(f"t{r['seq']}_d{r['head_dim']}", {}).get("fwd_bwd_tflops")
+    theirs = r.get("fwd_bwd_tflops")
+    if mine and theirs:
+        print(f"| {r['seq']} | {r['head_dim']} | {mine:.1f} | {theirs:.1f} | {mine / theirs:.2f} |")
+EOF
+fi
 echo
-echo "wrote ${OUT_DIR}/{sinter_gpu.md,sinter_gpu.json,torch_gemm.json,sinter_vs_torch.md}"
+echo "wrote ${OUT_DIR}/{sinter_gpu.md,sinter_gpu.json,torch_gemm.json,sinter_vs_torch.md,...}"

@@ -50,6 +50,7 @@ def parse_args():
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--device", default="cuda")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--vocab-size", type=int, default=30522, help="vocabulary (30522: bert-base-uncased; sinter's bench passes its own)")
     return p.parse_args()
 
 
@@ -59,7 +60,7 @@ def bench(a, precision, torch, dev):
     torch.manual_seed(a.seed)
     torch.backends.cuda.matmul.allow_tf32 = a.tf32
     torch.backends.cudnn.allow_tf32 = a.tf32
-    model = BertForMaskedLM(sdpa=a.attention == "sdpa", **PRESETS[a.preset]).to(dev).train()
+    model = BertForMaskedLM(sdpa=a.attention == "sdpa", **{**PRESETS[a.preset], "vocab_size": a.vocab_size}).to(dev).train()
     params = sum(p.numel() for p in model.parameters())
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
@@ -69,7 +70,7 @@ def bench(a, precision, torch, dev):
     scaler = torch.amp.GradScaler(dev.type, enabled=amp16)
     autocast = torch.autocast(device_type=dev.type, dtype=torch.float16, enabled=amp16)
     g = torch.Generator(device=dev).manual_seed(a.seed)
-    vocab = 30522
+    vocab = a.vocab_size
     ids = torch.randint(1000, vocab, (a.batch_size, a.seq), device=dev, generator=g)
     ids[:, 0], ids[:, -1] = 101, 102  # [CLS] ... [SEP]
 

@@ -112,7 +112,7 @@ pub enum BenchCmd {
     /// Host all-reduce bandwidth (bus bandwidth, as nccl-tests report it) beside a memcpy
     /// ceiling, over threads, TCP loopback threads and TCP loopback processes.
     Allreduce(AllReduceArgs),
-    /// GPU benchmarks (gemm, tc, linear, bandwidth or all) on the CUDA device; a markdown table.
+    /// GPU benchmarks (gemm, tc, linear, bandwidth, attention or all) on the CUDA device; a markdown table.
     Gpu {
         #[arg(default_value = "all")]
         which: String,

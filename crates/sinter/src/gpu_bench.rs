@@ -7,6 +7,9 @@
 //! - `gemm`: bf16 GEMM at 4096³ and 8192³ (compare with PyTorch: bench/gpu/sinter_gpu_bench.sh);
 //! - `bandwidth`: add, GELU, softmax and layer norm over 2^28 f32 elements, in GB/s against a
 //!   measured device-to-device copy;
+//! - `attention`: fused (flash) attention forward, backward and both, causal bf16, T = 1024 and
+//!   4096, head dims 64 and 128, with batch·T = 16384 and heads·head_dim = 2048 — the shapes of
+//!   bench/gpu/torch_sdpa.py, which times PyTorch's `scaled_dot_product_attention` on them;
 //! - `all`: everything.
 //!
 //! Every timing waits for the device (`synchronize`) before starting and stopping the clock,
@@ -26,7 +29,7 @@ use serde_json::{json, Map, Value};
 use sinter_core::{amp, no_grad, DType, Device, Rng, Tensor};
 
 /// The benchmarks `run` accepts.
-pub const WHICH: &str = "gemm, tc, linear, bandwidth, all";
+pub const WHICH: &str = "gemm, tc, linear, bandwidth, attention, all";
 
 const ORDINAL: usize = 0;
 const GPU: Device = Device::Cuda(ORDINAL);
@@ -35,8 +38,8 @@ const GPU: Device = Device::Cuda(ORDINAL);
 /// written to `out`, with the numbers as JSON in `out` with extension `.json`).
 pub fn run(which: &str, out: Option<&Path>) -> Result<String> {
     let parts: Vec<&str> = match which {
-        "all" => vec!["tc", "gemm", "linear", "bandwidth"],
-        "gemm" | "tc" | "linear" | "bandwidth" => vec![which],
+        "all" => vec!["tc", "gemm", "linear", "bandwidth", "attention"],
+        "gemm" | "tc" | "linear" | "bandwidth" | "attention" => vec![which],
         other => bail!("unknown GPU benchmark '{other}'; valid: {WHICH}"),
     };
     crate::precision::check_cuda(ORDINAL).context("the GPU benchmarks need a CUDA device")?;
@@ -66,6 +69,7 @@ pub fn run(which: &str, out: Option<&Path>) -> Result<String> {
                 "gemm" => gemm_bf16()?,
                 "linear" => linear()?,
                 "bandwidth" => bandwidth()?,
+                "attention" => attention()?,
                 _ => unreachable!("checked above"),
             };
             md.push_str(&section);
@@ -334,6 +338,60 @@ fn bandwidth() -> Result<(String, Value)> {
             100.0 * gbs / ceiling
         );
         v.insert((*name).into(), json!(gbs));
+    }
+    Ok((md, Value::Object(v)))
+}
+
+// ---- attention -------------------------------------------------------------------------------------
+
+/// Forward, backward and forward+backward TFLOP/s of causal bf16 attention, counted as
+/// FlashAttention counts: forward 4·B·H·T²·D halved by the causal mask, backward 2.5× that.
+fn attention() -> Result<(String, Value)> {
+    let mut md = String::from(
+        "## Fused attention, causal bf16 (batch·T = 16384, heads·head_dim = 2048)\n\n| T | head dim | batch × heads | fwd ms | bwd ms | fwd TFLOP/s | bwd TFLOP/s | fwd+bwd TFLOP/s |\n|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+    );
+    let mut v = Map::new();
+    for t in [1024usize, 4096] {
+        for d in [64usize, 128] {
+            let (b, h) = (16384 / t, 2048 / d);
+            let shape = [b, h, t, d];
+            let var = |seed| -> Result<Tensor> {
+                Ok(rand(&shape, seed, GPU)?.to_dtype(DType::BF16)?.to_var()?)
+            };
+            let (q, k, vv) = (var(11)?, var(12)?, var(13)?);
+            let dout = rand(&shape, 14, GPU)?.to_dtype(DType::BF16)?;
+            let scale = 1.0 / (d as f32).sqrt();
+            let fwd = || -> Result<Tensor> {
+                Ok(sinter_core::fused::attention(&q, &k, &vv, true, scale)?)
+            };
+            let fwd_s = time_gpu(2, 0.5, || fwd().map(drop))?;
+            let both_s = time_gpu(2, 0.5, || {
+                fwd()?.backward_with_grad(&dout, |_, _| Ok(()))?;
+                for x in [&q, &k, &vv] {
+                    x.zero_grad();
+                }
+                Ok(())
+            })?;
+            let bwd_s = (both_s - fwd_s).max(1e-9);
+            let fwd_flops = 4.0 * (b * h) as f64 * (t * t * d) as f64 / 2.0;
+            let bwd_flops = 2.5 * fwd_flops;
+            let tf = |f: f64, s: f64| f / s / 1e12;
+            let _ = writeln!(
+                md,
+                "| {t} | {d} | {b} × {h} | {:.3} | {:.3} | {:.1} | {:.1} | {:.1} |",
+                fwd_s * 1e3,
+                bwd_s * 1e3,
+                tf(fwd_flops, fwd_s),
+                tf(bwd_flops, bwd_s),
+                tf(fwd_flops + bwd_flops, both_s)
+            );
+            v.insert(
+                format!("t{t}_d{d}"),
+                json!({"fwd_ms": fwd_s * 1e3, "bwd_ms": bwd_s * 1e3,
+                       "fwd_tflops": tf(fwd_flops, fwd_s), "bwd_tflops": tf(bwd_flops, bwd_s),
+                       "fwd_bwd_tflops": tf(fwd_flops + bwd_flops, both_s)}),
+            );
+        }
     }
     Ok((md, Value::Object(v)))
 }
