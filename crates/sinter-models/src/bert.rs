@@ -405,7 +405,7 @@ impl Bert {
     /// original token where the input was masked and [`IGNORE_INDEX`] elsewhere. The head
     /// runs only on the masked positions (the same value as `cross_entropy` of all logits
     /// with `ignore_index = -100`, for about 15% of the head's cost). With no masked
-    /// position the loss is 0 (and so are the gradients).
+    /// position the loss is 0 (and so are the gradients, of every parameter).
     pub fn mlm_loss(
         &self,
         ids: &Tensor,
@@ -430,7 +430,11 @@ impl Bert {
             .map(|(i, &l)| (i as i64, l))
             .unzip();
         if rows.is_empty() {
-            return hidden.sum_all()?.mul_scalar(0.0);
+            // Zero, but through the head too, so every parameter gets a (zero) gradient and
+            // data-parallel ranks see the same set of gradients.
+            let c = self.config.hidden;
+            let first = hidden.reshape(&[ids.numel(), c])?.narrow(0, 0, 1)?;
+            return self.mlm_logits(&first)?.sum_all()?.mul_scalar(0.0);
         }
         if let Some(&bad) = targets
             .iter()

@@ -223,15 +223,15 @@ fn mlm_loss_counts_only_masked_positions() {
         .unwrap();
     assert!((loss - full).abs() < 1e-5);
     // Unlabelled positions' inputs still matter (context), but not as targets: a loss with
-    // no labels is 0, and its gradients are 0.
+    // no labels is 0, and its gradients are 0 — for every parameter, so that data-parallel
+    // ranks, whose gradient buckets wait for every parameter, stay in step.
     let none = ids(&[IGNORE_INDEX; 16], &[2, 8]);
     let z = m.mlm_loss(&xt, &none, None, None).unwrap();
     assert_eq!(z.to_scalar_f32().unwrap(), 0.0);
     z.backward().unwrap();
     for (name, p) in m.parameters() {
-        if let Some(g) = p.grad() {
-            assert!(g.to_vec_f32().unwrap().iter().all(|&x| x == 0.0), "{name}");
-        }
+        let g = p.grad().unwrap_or_else(|| panic!("{name} got no gradient"));
+        assert!(g.to_vec_f32().unwrap().iter().all(|&x| x == 0.0), "{name}");
     }
     assert!(m
         .mlm_loss(&xt, &ids(&[70; 16], &[2, 8]), None, None)

@@ -119,7 +119,8 @@ fn make_optimizer(c: &TrainConfig, params: Vec<(String, Tensor)>) -> Result<Box<
 /// A batch as tensors on `device`. For masked-LM training the inputs are corrupted on the
 /// host with BERT's recipe, from an RNG seeded by `mask_seed` (so a resumed run masks its
 /// batches exactly as the uninterrupted one did), and the targets become the original
-/// tokens at the selected positions and -100 (ignored) elsewhere.
+/// tokens at the selected positions and -100 (ignored) elsewhere. Those labels stay on the
+/// host: the loss picks the masked rows from them without reading the device.
 fn batch_tensors(
     s: &Setup,
     b: sinter_data::Batch,
@@ -141,7 +142,7 @@ fn batch_tensors(
     let shape = &b.inputs.shape;
     Ok((
         Tensor::from_vec(inputs, shape, Device::Cpu)?.to_device(device)?,
-        Tensor::from_vec(labels, shape, Device::Cpu)?.to_device(device)?,
+        Tensor::from_vec(labels, shape, Device::Cpu)?,
     ))
 }
 
@@ -161,6 +162,15 @@ fn batch_loss(
     inputs: &Tensor,
     targets: &Tensor,
 ) -> Result<(Tensor, Option<usize>)> {
+    if task == Task::MaskedLm {
+        // BERT runs its MLM head on the masked rows only (about 15% of the positions).
+        if let Some(bert) = model
+            .as_any()
+            .and_then(|m| m.downcast_ref::<sinter_models::Bert>())
+        {
+            return Ok((bert.mlm_loss(inputs, targets, None, None)?, None));
+        }
+    }
     let logits = model.forward(inputs)?;
     match task {
         Task::Classification => {
@@ -183,10 +193,9 @@ fn batch_loss(
         Task::LanguageModel | Task::MaskedLm => {
             let v = *logits.shape().last().expect("logits have a vocab dim");
             let n = targets.numel();
+            let targets = targets.reshape(&[n])?.to_device(logits.device())?;
             Ok((
-                logits
-                    .reshape(&[n, v])?
-                    .cross_entropy(&targets.reshape(&[n])?, -100)?,
+                logits.reshape(&[n, v])?.cross_entropy(&targets, -100)?,
                 None,
             ))
         }
