@@ -1,6 +1,8 @@
 //! Elementwise kernels (unary.cu, binary.cu, copy.cu) run through the CPU emulator from their
 //! launch plans, against f64 references, for f32/f16/bf16, with sizes that hit the 128-bit path,
 //! the scalar tail, unaligned views and more than one grid-stride sweep (LaunchTarget of 1 SM).
+// References index several arrays with the same loop counter; ranges read better there.
+#![allow(clippy::needless_range_loop)]
 
 #[path = "emu/harness.rs"]
 mod harness;

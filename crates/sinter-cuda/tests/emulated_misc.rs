@@ -1,5 +1,7 @@
 //! embedding.cu, conv.cu, dropout.cu and adamw.cu run through the CPU emulator from their launch
 //! plans, against f64 references, for f32/f16/bf16 (f32 master weights for the optimizers).
+// References index several arrays with the same loop counter; ranges read better there.
+#![allow(clippy::needless_range_loop)]
 
 #[path = "emu/harness.rs"]
 mod harness;

@@ -3,6 +3,8 @@
 //! warp per row (several rows per block), rows longer than one block's first sweep, unaligned rows
 //! (scalar path) and row counts beyond one grid (grid-stride over rows). Every run is repeated in
 //! reverse thread order and must give bit-identical results (deterministic reductions, barriers).
+// References index several arrays with the same loop counter; ranges read better there.
+#![allow(clippy::needless_range_loop)]
 
 #[path = "emu/harness.rs"]
 mod harness;
@@ -17,7 +19,15 @@ use sinter_cuda::DType;
 
 /// (rows, n): warp-per-row with a grid-stride over rows, odd lengths (unaligned rows), rows
 /// longer than 8 elements per thread of a 1024-thread block.
-const SHAPES: [(usize, usize); 5] = [(300, 5), (19, 100), (7, 1000), (5, 3001), (3, 9000)];
+const SHAPES: [(usize, usize); 7] = [
+    (1, 1),
+    (33, 2),
+    (300, 5),
+    (19, 100),
+    (7, 1000),
+    (5, 3001),
+    (3, 9000),
+];
 
 fn k(l: Option<sinter_cuda::launch::Launch>) -> Vec<Step> {
     l.into_iter().map(Step::Kernel).collect()
@@ -102,7 +112,12 @@ fn sum_mid_and_arg_mid() {
     let Some(e) = emu() else { return };
     let mut rng = Rng::new(11);
     // (outer, n, inner): one chunk; several chunks (partial + finish); inner not a multiple of 32.
-    for (outer, n, inner) in [(3usize, 50usize, 70usize), (1, 2000, 40), (2, 700, 5)] {
+    for (outer, n, inner) in [
+        (1usize, 1usize, 2usize),
+        (3, 50, 70),
+        (1, 2000, 40),
+        (2, 700, 5),
+    ] {
         for d in FLOATS {
             let total = outer * n * inner;
             let xv = inputs(&mut rng, d, total, -1.0, 1.0);
@@ -262,7 +277,14 @@ fn layernorm_forward_backward() {
     let mut rng = Rng::new(13);
     let eps = 1e-5f32;
     for d in FLOATS {
-        for (rows, n) in [(300usize, 5usize), (19, 100), (7, 1000), (40, 3001)] {
+        for (rows, n) in [
+            (1usize, 1usize),
+            (3, 2),
+            (300, 5),
+            (19, 100),
+            (7, 1000),
+            (40, 3001),
+        ] {
             let xv = inputs(&mut rng, d, rows * n, -2.0, 3.0);
             let gam = inputs(&mut rng, d, n, 0.5, 1.5);
             let bet = inputs(&mut rng, d, n, -0.5, 0.5);
