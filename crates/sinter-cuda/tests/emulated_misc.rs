@@ -373,6 +373,12 @@ fn batchnorm_stats_apply_backward() {
         // Small planes (one warp), and N*H*W beyond a 1024-thread block.
         for s in [
             BnShape { n: 3, c: 5, hw: 7 },
+            // 1024-thread blocks: more channels than the 1-SM grid, so blocks loop over channels.
+            BnShape {
+                n: 2,
+                c: 10,
+                hw: 2100,
+            },
             BnShape {
                 n: 4,
                 c: 3,

@@ -111,9 +111,11 @@ fn sum_last_and_arg_last() {
 fn sum_mid_and_arg_mid() {
     let Some(e) = emu() else { return };
     let mut rng = Rng::new(11);
-    // (outer, n, inner): one chunk; several chunks (partial + finish); inner not a multiple of 32.
+    // (outer, n, inner): one chunk; several chunks (partial + finish); inner not a multiple of 32;
+    // inner 1 (planned as a last-dim sum).
     for (outer, n, inner) in [
         (1usize, 1usize, 2usize),
+        (4, 100, 1),
         (3, 50, 70),
         (1, 2000, 40),
         (2, 700, 5),
@@ -520,6 +522,113 @@ fn cross_entropy_forward_backward() {
             exec1(e, l, &[&t, &count]);
             let valid = tv.iter().filter(|&&v| v != ignore).count() as f64;
             assert_eq!(count.get()[0], valid, "{what} count_valid");
+        }
+    }
+}
+
+#[test]
+fn optional_operands_and_scalar_upstream_gradients() {
+    let Some(e) = emu() else { return };
+    let mut rng = Rng::new(15);
+    for d in FLOATS {
+        let (rows, n) = (21usize, 300usize);
+        let xv = inputs(&mut rng, d, rows * n, -2.0, 2.0);
+        // LayerNorm with no affine and no saved statistics (inference), on the 2-SM target.
+        let mut x = Buf::from_f64(d, &xv, 0);
+        let mut y = Buf::zeros(d, rows * n, 0);
+        let steps = k(layernorm::plan_layernorm_forward(
+            &T2,
+            x.slice(),
+            None,
+            None,
+            y.slice(),
+            None,
+            None,
+            rows,
+            n,
+            1e-5,
+        )
+        .unwrap());
+        exec_both(e, &steps, &mut [&mut x, &mut y]);
+        let mut want = vec![0.0; rows * n];
+        for r in 0..rows {
+            let row = &xv[r * n..(r + 1) * n];
+            let mu = row.iter().sum::<f64>() / n as f64;
+            let var = row.iter().map(|v| (v - mu).powi(2)).sum::<f64>() / n as f64;
+            for j in 0..n {
+                want[r * n + j] = (row[j] - mu) / (var + 1e-5).sqrt();
+            }
+        }
+        let (rt, at) = tol(d);
+        assert_close(
+            &format!("layernorm no affine {d}"),
+            &y.get(),
+            &want,
+            (rt * 2.0, at * 4.0),
+        );
+
+        // Cross entropy: an out-of-range target gives NaN; gradients with dloss = 1 and with one
+        // scalar dloss for all rows.
+        let tv: Vec<i64> = (0..rows as i64)
+            .map(|r| if r == 5 { n as i64 } else { r * 7 % n as i64 })
+            .collect();
+        let t = Buf::from_i64(&tv);
+        let loss = Buf::zeros(DType::F32, rows, 0);
+        let lse = Buf::zeros(DType::F32, rows, 0);
+        let l = cross_entropy::plan_cross_entropy_forward(
+            &T2,
+            x.slice(),
+            t.slice(),
+            loss.slice(),
+            Some(lse.slice()),
+            rows,
+            n,
+            -1,
+        )
+        .unwrap()
+        .unwrap();
+        exec1(e, l, &[&x, &t, &loss, &lse]);
+        let lv = loss.get();
+        assert!(
+            lv[5].is_nan(),
+            "target out of range must give NaN, got {}",
+            lv[5]
+        );
+        assert!(lv.iter().enumerate().all(|(r, v)| r == 5 || v.is_finite()));
+        let lse_v = lse.get();
+        let dscalar = Buf::from_f64(DType::F32, &[3.0], 0);
+        for (grad, g) in [
+            (LossGrad::One, 1.0),
+            (LossGrad::Scalar(dscalar.slice()), 3.0),
+        ] {
+            let dx = Buf::zeros(d, rows * n, 0);
+            let l = cross_entropy::plan_cross_entropy_backward(
+                &T2,
+                x.slice(),
+                t.slice(),
+                lse.slice(),
+                grad,
+                dx.slice(),
+                rows,
+                n,
+                -1,
+                0.5,
+            )
+            .unwrap()
+            .unwrap();
+            exec1(e, l, &[&x, &t, &lse, &dscalar, &dx]);
+            let dv = dx.get();
+            for r in (0..rows).filter(|&r| r != 5) {
+                for j in 0..n {
+                    let p = (xv[r * n + j] - lse_v[r]).exp();
+                    let w = (p - (j as i64 == tv[r]) as i32 as f64) * g * 0.5;
+                    let got = dv[r * n + j];
+                    assert!(
+                        (got - w).abs() <= at * 0.1 + rt * 2.0 * w.abs(),
+                        "ce bwd {d} dloss {g} [{r},{j}]: {got} vs {w}"
+                    );
+                }
+            }
         }
     }
 }
