@@ -10,11 +10,10 @@
 //   a machine with few cores. Between block barriers the warps run one after another, each as far
 //   as it can; the order (forward, or warps and lanes reversed) is selectable, so a missing
 //   barrier shows up as a difference between the two orders.
-// - `__shared__` is `static`: blocks run one at a time, so one copy per launch is enough. Static
-//   shared memory therefore keeps its contents from one block to the next (the hardware gives
-//   undefined contents); dynamic (`extern __shared__`) memory is rewritten by the Rust side into a
-//   call to emu::dyn_shared(), which returns a buffer filled with 0xFF bytes (NaN as floats) for
-//   every block, so reads of never-written shared memory show up.
+// - `__shared__` is `static` (blocks run one at a time, so one copy is enough), placed in a section
+//   that is filled with 0xFF bytes (NaN as floats) before every block; dynamic (`extern
+//   __shared__`) memory is rewritten by the Rust side into a call to emu::dyn_shared(), a buffer
+//   filled the same way. Reads of shared memory that no thread of the block wrote show up.
 // - Errors the hardware leaves undefined are reported instead of guessed: a warp operation whose
 //   mask names a lane that has exited or does not exist, lanes of one warp waiting at different
 //   warp operations, threads of a block at different __syncthreads, and deadlocks.
@@ -46,7 +45,9 @@
 #define __host__
 #define __forceinline__ inline
 #define __noinline__ __attribute__((noinline))
-#define __shared__ static
+// Static shared memory lives in its own section, so the runtime can fill all of it with 0xFF bytes
+// (NaN as floats) before every block: reads of shared memory no thread of the block wrote show up.
+#define __shared__ static __attribute__((section("emu_shared")))
 #define __constant__ static
 #define __managed__
 #define __restrict__ __restrict
@@ -339,6 +340,14 @@ inline void fail(const char* msg) {
 
 inline void* dyn_shared() { return rt().dyn; }
 
+// Bounds of the static shared memory section (defined by the linker when the section exists).
+extern "C" char __start_emu_shared[] __attribute__((weak, visibility("hidden")));
+extern "C" char __stop_emu_shared[] __attribute__((weak, visibility("hidden")));
+inline void poison_static_shared() {
+    if (__start_emu_shared && __stop_emu_shared > __start_emu_shared)
+        std::memset(__start_emu_shared, 0xff, (size_t)(__stop_emu_shared - __start_emu_shared));
+}
+
 inline int linear_tid() { return (int)(threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z)); }
 
 // Suspend the current fiber in `state`; returns once the scheduler resumes it.
@@ -585,6 +594,7 @@ extern "C" __attribute__((visibility("default"))) int emu_launch(void (*fn)(void
             for (unsigned x = 0; x < gx; ++x) {
                 blockIdx = dim3{x, y, z};
                 std::memset(r.dyn, 0xff, shared_bytes);  // NaN-filled: reads of unwritten memory show
+                emu::poison_static_shared();
                 if (!emu::run_block(reverse != 0)) {
                     std::snprintf(err, err_len, "%s", r.err);
                     return 1;

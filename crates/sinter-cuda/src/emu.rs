@@ -20,14 +20,15 @@
 //!
 //! What it reports: divergent `__syncthreads`, warp operations whose mask names exited or
 //! missing lanes, lanes of a warp at different warp operations, and deadlocks — all undefined on
-//! the hardware — as [`CudaError::Emulator`].
+//! the hardware — as [`CudaError::Emulator`]. Shared memory (static and dynamic) is filled with
+//! NaN bytes before every block, so reads of shared memory nobody wrote show up in results.
 //!
-//! What it cannot show: timing and occupancy; memory-model races (there is no real concurrency);
-//! shared-memory bank conflicts; the reduced precision of approximate intrinsics (`__expf`,
-//! `rsqrtf`, `__fdividef` are exact here); FMA contraction differences between nvcc and g++;
-//! out-of-bounds accesses (they touch host memory; tests guard their buffers); static
-//! `__shared__` arrays keep their contents from one block to the next (the hardware leaves them
-//! undefined). Results are therefore compared with tolerances, not bit for bit, against the GPU.
+//! What it cannot show: timing and occupancy; memory-model races beyond a missing barrier (there
+//! is no real concurrency); shared-memory bank conflicts; the reduced precision of approximate
+//! intrinsics (`__expf`, `rsqrtf`, `__fdividef` are exact here); FMA contraction differences
+//! between nvcc and g++; out-of-bounds accesses (they touch host memory; the tests guard their
+//! buffers with canaries, which catches writes but not reads); resource limits (registers,
+//! occupancy). Results are therefore compared with tolerances, not bit for bit, against the GPU.
 
 use std::collections::HashMap;
 use std::ffi::c_void;

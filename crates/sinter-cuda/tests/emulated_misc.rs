@@ -669,7 +669,7 @@ fn adamw_sgd_and_grad_norm() {
                 if let (Some(c), Some(d)) = (&c, copy) {
                     c.check_guards(&what);
                     let wc: Vec<f64> = if skip {
-                        vec![0.0; n]
+                        vec![f64::NAN; n] // skipped step: the copy keeps its (NaN-filled) contents
                     } else {
                         p.get().iter().map(|&x| q(d, x)).collect()
                     };

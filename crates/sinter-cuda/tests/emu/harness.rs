@@ -48,12 +48,18 @@ pub struct Buf {
 }
 
 impl Buf {
+    /// A buffer the kernel is to write, filled with 0xFF bytes (NaN for floats, -1 for
+    /// integers) like uninitialised device memory, so an element a kernel forgets to write
+    /// cannot pass for a correct zero.
     pub fn zeros(dtype: DType, len: usize, shift: usize) -> Buf {
+        Buf::filled(dtype, len, shift, 0xFF)
+    }
+    fn filled(dtype: DType, len: usize, shift: usize, byte: u8) -> Buf {
         let bytes = len * dtype.size();
         let mut mem = vec![CANARY; bytes + shift * dtype.size() + 2 * GUARD + 128];
         let base = mem.as_ptr() as usize;
         let start = (base.div_ceil(64) * 64 - base) + GUARD + shift * dtype.size();
-        mem[start..start + bytes].fill(0);
+        mem[start..start + bytes].fill(byte);
         Buf {
             mem,
             start,
@@ -62,12 +68,12 @@ impl Buf {
         }
     }
     pub fn from_f64(dtype: DType, v: &[f64], shift: usize) -> Buf {
-        let mut b = Buf::zeros(dtype, v.len(), shift);
+        let mut b = Buf::filled(dtype, v.len(), shift, 0);
         b.set(v);
         b
     }
     pub fn from_i64(v: &[i64]) -> Buf {
-        let mut b = Buf::zeros(DType::I64, v.len(), 0);
+        let mut b = Buf::filled(DType::I64, v.len(), 0, 0);
         for (i, x) in v.iter().enumerate() {
             b.bytes_mut()[i * 8..i * 8 + 8].copy_from_slice(&x.to_le_bytes());
         }
