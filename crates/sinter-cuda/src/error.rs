@@ -55,6 +55,10 @@ pub enum CudaError {
         path: String,
         source: std::io::Error,
     },
+    /// The CPU kernel emulator ([`crate::emu`]) failed: no C++ compiler, a compile error, or a
+    /// kernel that did something the hardware leaves undefined (divergent barrier, exited lane).
+    #[error("kernel emulator, {op}: {msg}")]
+    Emulator { op: &'static str, msg: String },
     /// A library call panicked (a missing symbol in an unexpected library version); caught so
     /// the caller can fall back to the CPU.
     #[error("a CUDA library call panicked: {0}")]

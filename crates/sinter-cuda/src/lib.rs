@@ -5,6 +5,7 @@
 //! - [`nvrtc`]: the kernels in `kernels/*.cu`, compiled by NVRTC at first use for the device's own
 //!   `sm_XY` and cached on disk.
 //! - [`ops`]: one Rust wrapper module per kernel file; each op is a pure plan plus a launch.
+//! - [`emu`]: a CPU emulator that runs the kernels of a launch plan on host memory (tests).
 //! - [`gemm`]: row-major GEMM (+ bias / GELU epilogues) through cuBLASLt.
 //! - [`alloc`]: the caching allocator with `Permanent` and `Temporary` pools.
 //! - [`CudaDevice`]: context, stream, allocator, kernels and cuBLASLt of one GPU.
@@ -15,6 +16,7 @@
 pub mod alloc;
 pub mod device;
 pub mod dtype;
+pub mod emu;
 pub mod error;
 pub mod gemm;
 pub mod launch;

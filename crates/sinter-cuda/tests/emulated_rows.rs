@@ -1,0 +1,634 @@
+//! Row kernels (reduce.cu, softmax.cu, layernorm.cu, cross_entropy.cu) run through the CPU
+//! emulator from their launch plans, against f64 references, for f32/f16/bf16. Row lengths cover a
+//! warp per row (several rows per block), rows longer than one block's first sweep, unaligned rows
+//! (scalar path) and row counts beyond one grid (grid-stride over rows). Every run is repeated in
+//! reverse thread order and must give bit-identical results (deterministic reductions, barriers).
+// References index several arrays with the same loop counter; ranges read better there.
+#![allow(clippy::needless_range_loop)]
+
+#[path = "emu/harness.rs"]
+mod harness;
+
+use harness::*;
+use sinter_cuda::launch::Step;
+use sinter_cuda::ops::cross_entropy::{self, LossGrad};
+use sinter_cuda::ops::layernorm;
+use sinter_cuda::ops::reduce::{self, ArgReduce};
+use sinter_cuda::ops::softmax;
+use sinter_cuda::DType;
+
+/// (rows, n): warp-per-row with a grid-stride over rows, odd lengths (unaligned rows), rows
+/// longer than 8 elements per thread of a 1024-thread block.
+const SHAPES: [(usize, usize); 7] = [
+    (1, 1),
+    (33, 2),
+    (300, 5),
+    (19, 100),
+    (7, 1000),
+    (5, 3001),
+    (3, 9000),
+];
+
+fn k(l: Option<sinter_cuda::launch::Launch>) -> Vec<Step> {
+    l.into_iter().map(Step::Kernel).collect()
+}
+
+fn inputs(rng: &mut Rng, d: DType, n: usize, lo: f64, hi: f64) -> Vec<f64> {
+    rng.vec(n, lo, hi).into_iter().map(|v| q(d, v)).collect()
+}
+
+#[test]
+fn sum_last_and_arg_last() {
+    let Some(e) = emu() else { return };
+    let mut rng = Rng::new(10);
+    for d in FLOATS {
+        for (rows, n) in SHAPES {
+            let mut xv = inputs(&mut rng, d, rows * n, -2.0, 2.0);
+            // Ties (first index wins), a NaN row and an all -inf row for the arg reductions.
+            xv[n / 2] = xv[0];
+            if rows > 2 {
+                xv[n + n / 3] = f64::NAN;
+                for v in &mut xv[2 * n..3 * n] {
+                    *v = f64::NEG_INFINITY;
+                }
+            }
+            let mut x = Buf::from_f64(d, &xv, 0);
+            let mut out = Buf::zeros(d, rows, 0);
+            let steps =
+                k(reduce::plan_sum_last(&T1, x.slice(), out.slice(), rows, n, 0.5).unwrap());
+            exec_both(e, &steps, &mut [&mut x, &mut out]);
+            let want: Vec<f64> = (0..rows)
+                .map(|r| 0.5 * xv[r * n..(r + 1) * n].iter().sum::<f64>())
+                .collect();
+            let (rt, at) = tol(d);
+            let what = format!("sum_last {d} {rows}x{n}");
+            assert_close(&what, &out.get(), &want, (rt, at * (n as f64).sqrt() * 4.0));
+
+            for which in [ArgReduce::Max, ArgReduce::Min] {
+                let mut out = Buf::zeros(d, rows, 0);
+                let mut idx = Buf::zeros(DType::I64, rows, 0);
+                let steps = k(reduce::plan_arg_last(
+                    &T1,
+                    which,
+                    x.slice(),
+                    out.slice(),
+                    Some(idx.slice()),
+                    rows,
+                    n,
+                )
+                .unwrap());
+                exec_both(e, &steps, &mut [&mut x, &mut out, &mut idx]);
+                let got_i = idx.get_i64();
+                let got_v = out.get();
+                for r in 0..rows {
+                    let row = &xv[r * n..(r + 1) * n];
+                    let (mut bv, mut bi) = (row[0], 0usize);
+                    for (j, &v) in row.iter().enumerate() {
+                        if bv.is_nan() {
+                            break;
+                        }
+                        let better = v.is_nan()
+                            || if which == ArgReduce::Max {
+                                v > bv
+                            } else {
+                                v < bv
+                            };
+                        if better {
+                            bv = v;
+                            bi = j;
+                        }
+                    }
+                    let what = format!("{which:?}_last {d} {rows}x{n} row {r}");
+                    assert_eq!(got_i[r], bi as i64, "{what}: index");
+                    assert_close(&what, &[got_v[r]], &[bv], (0.0, 0.0));
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn sum_mid_and_arg_mid() {
+    let Some(e) = emu() else { return };
+    let mut rng = Rng::new(11);
+    // (outer, n, inner): one chunk; several chunks (partial + finish); inner not a multiple of 32;
+    // inner 1 (planned as a last-dim sum).
+    for (outer, n, inner) in [
+        (1usize, 1usize, 2usize),
+        (4, 100, 1),
+        (3, 50, 70),
+        (1, 2000, 40),
+        (2, 700, 5),
+    ] {
+        for d in FLOATS {
+            let total = outer * n * inner;
+            let xv = inputs(&mut rng, d, total, -1.0, 1.0);
+            let mut x = Buf::from_f64(d, &xv, 0);
+            let mut out = Buf::zeros(d, outer * inner, 0);
+            let sl = reduce::sum_mid_scratch_len(&T1, outer, n, inner);
+            let mut part = Buf::zeros(DType::F32, sl.max(1), 0);
+            let steps = reduce::plan_sum_mid(
+                &T1,
+                x.slice(),
+                out.slice(),
+                (sl > 0).then(|| part.slice()),
+                outer,
+                n,
+                inner,
+                2.0,
+            )
+            .unwrap();
+            exec_both(e, &steps, &mut [&mut x, &mut out, &mut part]);
+            let at = |o: usize, j: usize, i: usize| xv[(o * n + j) * inner + i];
+            let want: Vec<f64> = (0..outer * inner)
+                .map(|t| 2.0 * (0..n).map(|j| at(t / inner, j, t % inner)).sum::<f64>())
+                .collect();
+            let (rt, a) = tol(d);
+            let what = format!("sum_mid {d} {outer}x{n}x{inner} ({} steps)", steps.len());
+            assert_close(&what, &out.get(), &want, (rt, a * (n as f64).sqrt() * 8.0));
+
+            for which in [ArgReduce::Max, ArgReduce::Min] {
+                let out = Buf::zeros(d, outer * inner, 0);
+                let idx = Buf::zeros(DType::I64, outer * inner, 0);
+                let l = reduce::plan_arg_mid(
+                    &T1,
+                    which,
+                    x.slice(),
+                    out.slice(),
+                    Some(idx.slice()),
+                    outer,
+                    n,
+                    inner,
+                )
+                .unwrap()
+                .unwrap();
+                exec1(e, l, &[&x, &out, &idx]);
+                let gi = idx.get_i64();
+                let gv = out.get();
+                for t in 0..outer * inner {
+                    let (o, i) = (t / inner, t % inner);
+                    let mut bi = 0;
+                    for j in 1..n {
+                        let v = at(o, j, i);
+                        if (which == ArgReduce::Max && v > at(o, bi, i))
+                            || (which == ArgReduce::Min && v < at(o, bi, i))
+                        {
+                            bi = j;
+                        }
+                    }
+                    assert_eq!(gi[t], bi as i64, "{which:?}_mid {d} output {t}");
+                    assert_eq!(gv[t], at(o, bi, i), "{which:?}_mid {d} output {t}");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn softmax_and_log_softmax_forward_backward() {
+    let Some(e) = emu() else { return };
+    let mut rng = Rng::new(12);
+    for d in FLOATS {
+        for (rows, n) in SHAPES {
+            let xv = inputs(&mut rng, d, rows * n, -4.0, 4.0);
+            let gv = inputs(&mut rng, d, rows * n, -1.0, 1.0);
+            let scale = 0.75f32;
+            for log in [false, true] {
+                let mut x = Buf::from_f64(d, &xv, 0);
+                let mut y = Buf::zeros(d, rows * n, 0);
+                let steps =
+                    k(
+                        softmax::plan_softmax(&T1, log, x.slice(), y.slice(), rows, n, scale)
+                            .unwrap(),
+                    );
+                exec_both(e, &steps, &mut [&mut x, &mut y]);
+                let mut want = vec![0.0; rows * n];
+                for r in 0..rows {
+                    let row: Vec<f64> = xv[r * n..(r + 1) * n]
+                        .iter()
+                        .map(|v| v * scale as f64)
+                        .collect();
+                    let m = row.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                    let s: f64 = row.iter().map(|v| (v - m).exp()).sum();
+                    for j in 0..n {
+                        want[r * n + j] = if log {
+                            row[j] - m - s.ln()
+                        } else {
+                            (row[j] - m).exp() / s
+                        };
+                    }
+                }
+                let (rt, at) = tol(d);
+                let what = format!(
+                    "{} {d} {rows}x{n}",
+                    if log { "log_softmax" } else { "softmax" }
+                );
+                assert_close(
+                    &what,
+                    &y.get(),
+                    &want,
+                    (rt * 2.0, at * if log { 20.0 } else { 1.0 }),
+                );
+
+                // Backward from the stored y.
+                let yv = y.get();
+                let mut g = Buf::from_f64(d, &gv, 0);
+                let mut gx = Buf::zeros(d, rows * n, 0);
+                let steps = k(softmax::plan_softmax_backward(
+                    &T1,
+                    log,
+                    y.slice(),
+                    g.slice(),
+                    gx.slice(),
+                    rows,
+                    n,
+                    scale,
+                )
+                .unwrap());
+                exec_both(e, &steps, &mut [&mut y, &mut g, &mut gx]);
+                let mut want = vec![0.0; rows * n];
+                for r in 0..rows {
+                    let yr = &yv[r * n..(r + 1) * n];
+                    let gr = &gv[r * n..(r + 1) * n];
+                    if log {
+                        let sg: f64 = gr.iter().sum();
+                        for j in 0..n {
+                            want[r * n + j] = scale as f64 * (gr[j] - yr[j].exp() * sg);
+                        }
+                    } else {
+                        let dot: f64 = yr.iter().zip(gr).map(|(a, b)| a * b).sum();
+                        for j in 0..n {
+                            want[r * n + j] = scale as f64 * yr[j] * (gr[j] - dot);
+                        }
+                    }
+                }
+                assert_close(
+                    &format!("{what} backward"),
+                    &gx.get(),
+                    &want,
+                    (rt * 4.0, at * 20.0),
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn layernorm_forward_backward() {
+    let Some(e) = emu() else { return };
+    let mut rng = Rng::new(13);
+    let eps = 1e-5f32;
+    for d in FLOATS {
+        for (rows, n) in [
+            (1usize, 1usize),
+            (3, 2),
+            (300, 5),
+            (19, 100),
+            (7, 1000),
+            (40, 3001),
+        ] {
+            let xv = inputs(&mut rng, d, rows * n, -2.0, 3.0);
+            let gam = inputs(&mut rng, d, n, 0.5, 1.5);
+            let bet = inputs(&mut rng, d, n, -0.5, 0.5);
+            let gv = inputs(&mut rng, d, rows * n, -1.0, 1.0);
+            let mut x = Buf::from_f64(d, &xv, 0);
+            let mut gamma = Buf::from_f64(d, &gam, 0);
+            let mut beta = Buf::from_f64(d, &bet, 0);
+            let mut y = Buf::zeros(d, rows * n, 0);
+            let mut mean = Buf::zeros(DType::F32, rows, 0);
+            let mut rstd = Buf::zeros(DType::F32, rows, 0);
+            let steps = k(layernorm::plan_layernorm_forward(
+                &T1,
+                x.slice(),
+                Some(gamma.slice()),
+                Some(beta.slice()),
+                y.slice(),
+                Some(mean.slice()),
+                Some(rstd.slice()),
+                rows,
+                n,
+                eps,
+            )
+            .unwrap());
+            exec_both(
+                e,
+                &steps,
+                &mut [&mut x, &mut gamma, &mut beta, &mut y, &mut mean, &mut rstd],
+            );
+            let mut want_y = vec![0.0; rows * n];
+            let mut mus = vec![0.0; rows];
+            let mut rss = vec![0.0; rows];
+            for r in 0..rows {
+                let row = &xv[r * n..(r + 1) * n];
+                let mu = row.iter().sum::<f64>() / n as f64;
+                let var = row.iter().map(|v| (v - mu).powi(2)).sum::<f64>() / n as f64;
+                let rs = 1.0 / (var + eps as f64).sqrt();
+                mus[r] = mu;
+                rss[r] = rs;
+                for j in 0..n {
+                    want_y[r * n + j] = (row[j] - mu) * rs * gam[j] + bet[j];
+                }
+            }
+            let (rt, at) = tol(d);
+            let what = format!("layernorm {d} {rows}x{n}");
+            assert_close(&what, &y.get(), &want_y, (rt * 2.0, at * 4.0));
+            assert_close(&format!("{what} mean"), &mean.get(), &mus, (1e-5, 1e-6));
+            assert_close(&format!("{what} rstd"), &rstd.get(), &rss, (1e-5, 1e-6));
+
+            for accumulate in [false, true] {
+                let dx0 = inputs(&mut rng, d, rows * n, -1.0, 1.0);
+                let dg0 = inputs(&mut rng, d, n, -1.0, 1.0);
+                let db0 = inputs(&mut rng, d, n, -1.0, 1.0);
+                let mut g = Buf::from_f64(d, &gv, 0);
+                let mut dx = Buf::from_f64(d, &dx0, 0);
+                let mut dgamma = Buf::from_f64(d, &dg0, 0);
+                let mut dbeta = Buf::from_f64(d, &db0, 0);
+                let mut scratch =
+                    Buf::zeros(DType::F32, layernorm::backward_scratch_len(&T1, rows, n), 0);
+                let steps = layernorm::plan_layernorm_backward(
+                    &T1,
+                    x.slice(),
+                    Some(gamma.slice()),
+                    g.slice(),
+                    mean.slice(),
+                    rstd.slice(),
+                    Some(dx.slice()),
+                    Some(dgamma.slice()),
+                    Some(dbeta.slice()),
+                    Some(scratch.slice()),
+                    rows,
+                    n,
+                    accumulate,
+                )
+                .unwrap();
+                exec_both(
+                    e,
+                    &steps,
+                    &mut [
+                        &mut x,
+                        &mut gamma,
+                        &mut g,
+                        &mut mean,
+                        &mut rstd,
+                        &mut dx,
+                        &mut dgamma,
+                        &mut dbeta,
+                        &mut scratch,
+                    ],
+                );
+                let mut want_dx = vec![0.0; rows * n];
+                let mut want_dg = vec![0.0; n];
+                let mut want_db = vec![0.0; n];
+                for r in 0..rows {
+                    let (mu, rs) = (mus[r], rss[r]);
+                    let xh: Vec<f64> = (0..n).map(|j| (xv[r * n + j] - mu) * rs).collect();
+                    let gg: Vec<f64> = (0..n).map(|j| gv[r * n + j] * gam[j]).collect();
+                    let a = gg.iter().sum::<f64>() / n as f64;
+                    let b = gg.iter().zip(&xh).map(|(p, q)| p * q).sum::<f64>() / n as f64;
+                    for j in 0..n {
+                        want_dx[r * n + j] = rs * (gg[j] - a - xh[j] * b);
+                        want_dg[j] += gv[r * n + j] * xh[j];
+                        want_db[j] += gv[r * n + j];
+                    }
+                }
+                if accumulate {
+                    want_dx.iter_mut().zip(&dx0).for_each(|(w, o)| *w += o);
+                    want_dg.iter_mut().zip(&dg0).for_each(|(w, o)| *w += o);
+                    want_db.iter_mut().zip(&db0).for_each(|(w, o)| *w += o);
+                }
+                let what = format!("{what} backward (accumulate {accumulate})");
+                assert_close(
+                    &format!("{what} dx"),
+                    &dx.get(),
+                    &want_dx,
+                    (rt * 4.0, at * 20.0),
+                );
+                let ra = at * (rows as f64).sqrt() * 8.0;
+                assert_close(
+                    &format!("{what} dgamma"),
+                    &dgamma.get(),
+                    &want_dg,
+                    (rt * 2.0, ra),
+                );
+                assert_close(
+                    &format!("{what} dbeta"),
+                    &dbeta.get(),
+                    &want_db,
+                    (rt * 2.0, ra),
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn cross_entropy_forward_backward() {
+    let Some(e) = emu() else { return };
+    let mut rng = Rng::new(14);
+    let ignore = -100i64;
+    for d in FLOATS {
+        for (rows, n) in SHAPES {
+            let xv = inputs(&mut rng, d, rows * n, -5.0, 5.0);
+            let tv: Vec<i64> = (0..rows)
+                .map(|r| {
+                    if r % 4 == 1 {
+                        ignore
+                    } else {
+                        rng.below(n as u64) as i64
+                    }
+                })
+                .collect();
+            let mut x = Buf::from_f64(d, &xv, 0);
+            let mut t = Buf::from_i64(&tv);
+            let mut loss = Buf::zeros(DType::F32, rows, 0);
+            let mut lse = Buf::zeros(DType::F32, rows, 0);
+            let steps = k(cross_entropy::plan_cross_entropy_forward(
+                &T1,
+                x.slice(),
+                t.slice(),
+                loss.slice(),
+                Some(lse.slice()),
+                rows,
+                n,
+                ignore,
+            )
+            .unwrap());
+            exec_both(e, &steps, &mut [&mut x, &mut t, &mut loss, &mut lse]);
+            let mut want_lse = vec![0.0; rows];
+            let mut want_loss = vec![0.0; rows];
+            for r in 0..rows {
+                let row = &xv[r * n..(r + 1) * n];
+                let m = row.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                want_lse[r] = m + row.iter().map(|v| (v - m).exp()).sum::<f64>().ln();
+                if tv[r] != ignore {
+                    want_loss[r] = want_lse[r] - row[tv[r] as usize];
+                }
+            }
+            let what = format!("cross_entropy {d} {rows}x{n}");
+            assert_close(&format!("{what} lse"), &lse.get(), &want_lse, (1e-5, 1e-5));
+            assert_close(
+                &format!("{what} loss"),
+                &loss.get(),
+                &want_loss,
+                (1e-5, 1e-5),
+            );
+
+            // Backward: per-row upstream gradients, scaled.
+            let dl: Vec<f64> = rng.vec(rows, 0.5, 1.5);
+            let mut dloss = Buf::from_f64(DType::F32, &dl, 0);
+            let mut dx = Buf::zeros(d, rows * n, 0);
+            let scale = 0.25f32;
+            let steps = k(cross_entropy::plan_cross_entropy_backward(
+                &T1,
+                x.slice(),
+                t.slice(),
+                lse.slice(),
+                LossGrad::PerRow(dloss.slice()),
+                dx.slice(),
+                rows,
+                n,
+                ignore,
+                scale,
+            )
+            .unwrap());
+            exec_both(
+                e,
+                &steps,
+                &mut [&mut x, &mut t, &mut lse, &mut dloss, &mut dx],
+            );
+            let lse_v = lse.get();
+            let mut want = vec![0.0; rows * n];
+            for r in 0..rows {
+                if tv[r] == ignore {
+                    continue;
+                }
+                for j in 0..n {
+                    let p = (xv[r * n + j] - lse_v[r]).exp();
+                    let oh = (j as i64 == tv[r]) as i32 as f64;
+                    want[r * n + j] = (p - oh) * dl[r] * scale as f64;
+                }
+            }
+            let (rt, at) = tol(d);
+            assert_close(
+                &format!("{what} backward"),
+                &dx.get(),
+                &want,
+                (rt * 2.0, at * 0.1),
+            );
+
+            // Count of valid targets.
+            let count = Buf::zeros(DType::F32, 1, 0);
+            let l = cross_entropy::plan_count_valid(t.slice(), count.slice(), ignore).unwrap();
+            exec1(e, l, &[&t, &count]);
+            let valid = tv.iter().filter(|&&v| v != ignore).count() as f64;
+            assert_eq!(count.get()[0], valid, "{what} count_valid");
+        }
+    }
+}
+
+#[test]
+fn optional_operands_and_scalar_upstream_gradients() {
+    let Some(e) = emu() else { return };
+    let mut rng = Rng::new(15);
+    for d in FLOATS {
+        let (rows, n) = (21usize, 300usize);
+        let xv = inputs(&mut rng, d, rows * n, -2.0, 2.0);
+        // LayerNorm with no affine and no saved statistics (inference), on the 2-SM target.
+        let mut x = Buf::from_f64(d, &xv, 0);
+        let mut y = Buf::zeros(d, rows * n, 0);
+        let steps = k(layernorm::plan_layernorm_forward(
+            &T2,
+            x.slice(),
+            None,
+            None,
+            y.slice(),
+            None,
+            None,
+            rows,
+            n,
+            1e-5,
+        )
+        .unwrap());
+        exec_both(e, &steps, &mut [&mut x, &mut y]);
+        let mut want = vec![0.0; rows * n];
+        for r in 0..rows {
+            let row = &xv[r * n..(r + 1) * n];
+            let mu = row.iter().sum::<f64>() / n as f64;
+            let var = row.iter().map(|v| (v - mu).powi(2)).sum::<f64>() / n as f64;
+            for j in 0..n {
+                want[r * n + j] = (row[j] - mu) / (var + 1e-5).sqrt();
+            }
+        }
+        let (rt, at) = tol(d);
+        assert_close(
+            &format!("layernorm no affine {d}"),
+            &y.get(),
+            &want,
+            (rt * 2.0, at * 4.0),
+        );
+
+        // Cross entropy: an out-of-range target gives NaN; gradients with dloss = 1 and with one
+        // scalar dloss for all rows.
+        let tv: Vec<i64> = (0..rows as i64)
+            .map(|r| if r == 5 { n as i64 } else { r * 7 % n as i64 })
+            .collect();
+        let t = Buf::from_i64(&tv);
+        let loss = Buf::zeros(DType::F32, rows, 0);
+        let lse = Buf::zeros(DType::F32, rows, 0);
+        let l = cross_entropy::plan_cross_entropy_forward(
+            &T2,
+            x.slice(),
+            t.slice(),
+            loss.slice(),
+            Some(lse.slice()),
+            rows,
+            n,
+            -1,
+        )
+        .unwrap()
+        .unwrap();
+        exec1(e, l, &[&x, &t, &loss, &lse]);
+        let lv = loss.get();
+        assert!(
+            lv[5].is_nan(),
+            "target out of range must give NaN, got {}",
+            lv[5]
+        );
+        assert!(lv.iter().enumerate().all(|(r, v)| r == 5 || v.is_finite()));
+        let lse_v = lse.get();
+        let dscalar = Buf::from_f64(DType::F32, &[3.0], 0);
+        for (grad, g) in [
+            (LossGrad::One, 1.0),
+            (LossGrad::Scalar(dscalar.slice()), 3.0),
+        ] {
+            let dx = Buf::zeros(d, rows * n, 0);
+            let l = cross_entropy::plan_cross_entropy_backward(
+                &T2,
+                x.slice(),
+                t.slice(),
+                lse.slice(),
+                grad,
+                dx.slice(),
+                rows,
+                n,
+                -1,
+                0.5,
+            )
+            .unwrap()
+            .unwrap();
+            exec1(e, l, &[&x, &t, &lse, &dscalar, &dx]);
+            let dv = dx.get();
+            for r in (0..rows).filter(|&r| r != 5) {
+                for j in 0..n {
+                    let p = (xv[r * n + j] - lse_v[r]).exp();
+                    let w = (p - (j as i64 == tv[r]) as i32 as f64) * g * 0.5;
+                    let got = dv[r * n + j];
+                    assert!(
+                        (got - w).abs() <= at * 0.1 + rt * 2.0 * w.abs(),
+                        "ce bwd {d} dloss {g} [{r},{j}]: {got} vs {w}"
+                    );
+                }
+            }
+        }
+    }
+}
