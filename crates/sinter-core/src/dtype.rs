@@ -78,8 +78,10 @@ impl Element for f16 {
     fn to_f64(self) -> f64 {
         self.to_f64()
     }
+    // Through f32, as the GPU rounds: `half`'s own f64 path drops the low 32 bits of the f64
+    // before rounding, so a value just above a halfway point would round down.
     fn from_f64(v: f64) -> Self {
-        f16::from_f64(v)
+        f16::from_f32(v as f32)
     }
     fn to_f32(self) -> f32 {
         self.to_f32()
@@ -94,7 +96,7 @@ impl Element for bf16 {
         self.to_f64()
     }
     fn from_f64(v: f64) -> Self {
-        bf16::from_f64(v)
+        bf16::from_f32(v as f32)
     }
     fn to_f32(self) -> f32 {
         self.to_f32()
@@ -116,5 +118,24 @@ impl Element for i64 {
     }
     fn from_f32(v: f32) -> Self {
         v as i64
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn half_types_round_f64_values_as_the_gpu_rounds_their_f32() {
+        // Just above the halfway point between two bf16 values: rounds up (0x3f37), as
+        // __float2bfloat16_rn does; truncating the f64 first would give 0x3f36.
+        let x = f32::from_bits(0x3f36_8006);
+        assert_eq!(<bf16 as Element>::from_f64(x as f64).to_bits(), 0x3f37);
+        assert_eq!(<bf16 as Element>::from_f32(x).to_bits(), 0x3f37);
+        let y = f32::from_bits(0x3f80_1001); // 1 + 2^-11 + 2^-23: just above an f16 halfway
+        assert_eq!(
+            <f16 as Element>::from_f64(y as f64).to_bits(),
+            f16::from_f32(y).to_bits()
+        );
     }
 }

@@ -146,8 +146,8 @@ impl CpuStorage {
     pub fn full(n: usize, value: f64, dtype: DType) -> Self {
         match dtype {
             DType::F32 => CpuStorage::F32(vec![value as f32; n]),
-            DType::F16 => CpuStorage::F16(vec![f16::from_f64(value); n]),
-            DType::BF16 => CpuStorage::BF16(vec![bf16::from_f64(value); n]),
+            DType::F16 => CpuStorage::F16(vec![<f16 as Element>::from_f64(value); n]),
+            DType::BF16 => CpuStorage::BF16(vec![<bf16 as Element>::from_f64(value); n]),
             DType::I64 => CpuStorage::I64(vec![value as i64; n]),
         }
     }
