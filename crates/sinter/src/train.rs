@@ -1125,10 +1125,12 @@ mod tests {
                 warmup: GRAPH_WARMUP_STEPS
             })
         );
-        assert!(
-            GRAPH_WARMUP_STEPS >= 1,
-            "the pool must be warmed before capturing"
-        );
+        const {
+            assert!(
+                GRAPH_WARMUP_STEPS >= 1,
+                "the pool must be warmed before capturing"
+            )
+        };
     }
 
     #[test]

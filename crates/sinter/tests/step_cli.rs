@@ -35,7 +35,9 @@ fn cuda_graph_on_the_cpu_is_ignored_with_a_note() {
 }
 
 /// (name, bytes) of every tensor and (key, value) of every metadata entry, sorted.
-fn checkpoint_content(dir: &Path) -> (Vec<(String, Vec<u8>)>, Vec<(String, String)>) {
+type CheckpointContent = (Vec<(String, Vec<u8>)>, Vec<(String, String)>);
+
+fn checkpoint_content(dir: &Path) -> CheckpointContent {
     let bytes = std::fs::read(dir.join("checkpoint.safetensors")).unwrap();
     let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
     let mut tensors: Vec<(String, Vec<u8>)> = st
