@@ -26,6 +26,6 @@ pub use dtype::{DType, Element};
 pub use error::{Error, Result};
 pub use layout::Layout;
 pub use rng::Rng;
-pub use tensor::{Tensor, TensorId};
+pub use tensor::{step_ctl, Tensor, TensorId};
 
 pub use half::{bf16, f16};

@@ -1,6 +1,7 @@
 //! The tensor: shared storage, a strided layout over it, and (when gradients are tracked) the
 //! node that made it. Cloning a tensor is cheap (an `Arc`).
 
+pub mod step_ctl;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard};
 
@@ -696,7 +697,7 @@ impl Tensor {
             self.check_in_place("adamw_step", t)?;
         }
         if self.device().is_cuda() {
-            return crate::cuda::optim::adamw_step(self, grad, m, v, h);
+            return crate::cuda::optim::adamw_step(self, grad, m, v, h, None);
         }
         // Read the gradient in place (no copy); it never shares storage with the state.
         Tensor::grad_apart("adamw_step", grad, &[self, m, v])?;
@@ -718,7 +719,7 @@ impl Tensor {
             if let Some(b) = buf {
                 self.check_in_place("sgd_step", b)?;
             }
-            return crate::cuda::optim::sgd_step(self, grad, buf, h);
+            return crate::cuda::optim::sgd_step(self, grad, buf, h, None);
         }
         let state: Vec<&Tensor> = std::iter::once(self).chain(buf).collect();
         Tensor::grad_apart("sgd_step", grad, &state)?;

@@ -8,10 +8,23 @@
 //     (PyTorch AdamW, decoupled weight decay; bc1 = 1 - b1^t and bc2 = 1 - b2^t come from the host);
 //     the *_copy_* variants also write the updated p in bf16/f16 for the compute copy of the model.
 //     If a.found_inf is non-null and *found_inf != 0 the step is skipped on the device (dynamic
-//     loss scaling without a host round trip).
+//     loss scaling without a host round trip). If a.ctl is non-null it points at the step control
+//     block (below): lr = ctl[LR], t = ctl[STEPS] + 1 (bias corrections computed here, so a skipped
+//     step does not advance them), and the gradient is also multiplied by ctl[GRAD_FACTOR].
 // sgd_f32(float* p, const float* g, float* buf, i64 n, SgdArgs a)
 //     PyTorch SGD: g' = g*grad_scale + wd p; buf = first ? g' : momentum buf + (1 - dampening) g';
 //     step = nesterov ? g' + momentum buf : buf; p -= lr step. buf may be null when momentum == 0.
+//     found_inf / ctl as for AdamW (lr and the gradient factor come from ctl).
+// step_prepare(float* ctl, const float* sumsq, float max_norm, int dynamic)
+//     After backward, from the squared global norm of the (loss-scaled) gradients: found_inf
+//     (dynamic scaling only), the unscaled norm, and the gradient factor
+//     min(1, max_norm / (norm + 1e-6)) / scale that the optimizer kernels fold into their pass.
+// step_finish(float* ctl, const float* lr_table, i64 n_lr, float growth, float backoff,
+//             float interval, int dynamic)
+//     After the optimizer: skipped step (found_inf) → scale *= backoff, good = 0, skipped += 1;
+//     else steps += 1 and, after `interval` good steps, scale *= growth. Then iter += 1 and
+//     lr = lr_table[min(iter, n_lr - 1)] (the schedule lives on the device, so a replayed CUDA
+//     graph sees the right learning rate). One thread.
 // sumsq_partial_<t>(const T* x, float* partial, i64 n)
 //     partial[blockIdx.x] = Σ x^2 over this block's grid-stride share (f32 accumulation).
 // sumsq_finish(const float* partial, i64 count, float* out, int accumulate)
@@ -28,12 +41,37 @@
 struct AdamArgs {
     float lr, beta1, beta2, eps, weight_decay, bc1, bc2, grad_scale;
     const float* found_inf;
+    const float* ctl;
 };
 struct SgdArgs {
     float lr, momentum, dampening, weight_decay, grad_scale;
     int nesterov, first_step, pad_;
     const float* found_inf;
+    const float* ctl;
 };
+
+// The step control block (f32 slots); must match `ctl` in src/ops/adamw.rs.
+#define CTL_FOUND_INF 0
+#define CTL_LR 1
+#define CTL_STEPS 2
+#define CTL_GRAD_FACTOR 3
+#define CTL_SCALE 4
+#define CTL_GOOD_STEPS 5
+#define CTL_ITER 6
+#define CTL_SKIPPED 7
+#define CTL_GRAD_NORM 8
+
+// The arguments with the values the control block overrides.
+__device__ __forceinline__ AdamArgs adam_resolve(AdamArgs a) {
+    if (a.ctl) {
+        const float t = a.ctl[CTL_STEPS] + 1.f;
+        a.lr = a.ctl[CTL_LR];
+        a.bc1 = 1.f - powf(a.beta1, t);
+        a.bc2 = 1.f - powf(a.beta2, t);
+        a.grad_scale *= a.ctl[CTL_GRAD_FACTOR];
+    }
+    return a;
+}
 
 __device__ __forceinline__ void adam_one(float& p, float g, float& m, float& v, const AdamArgs& a) {
     g *= a.grad_scale;
@@ -45,8 +83,9 @@ __device__ __forceinline__ void adam_one(float& p, float g, float& m, float& v, 
 
 template <typename TC, bool COPY>
 __device__ __forceinline__ void adamw_impl(float* p, const float* g, float* m, float* v, TC* copy, i64 n,
-                                           const AdamArgs& a) {
-    if (a.found_inf && *a.found_inf != 0.f) return;
+                                           const AdamArgs& a0) {
+    if (a0.found_inf && *a0.found_inf != 0.f) return;
+    const AdamArgs a = adam_resolve(a0);
     const i64 tid = global_tid(), stride = global_stride();
     i64 i0 = 0;
     const bool vec = aligned16(p) && aligned16(g) && aligned16(m) && aligned16(v) &&
@@ -99,6 +138,10 @@ extern "C" __global__ void adamw_copy_f16(float* p, const float* g, float* m, fl
 
 extern "C" __global__ void sgd_f32(float* p, const float* g, float* buf, i64 n, SgdArgs a) {
     if (a.found_inf && *a.found_inf != 0.f) return;
+    if (a.ctl) {
+        a.lr = a.ctl[CTL_LR];
+        a.grad_scale *= a.ctl[CTL_GRAD_FACTOR];
+    }
     for (i64 i = global_tid(); i < n; i += global_stride()) {
         const float pv = p[i];
         float d = g[i] * a.grad_scale + a.weight_decay * pv;
@@ -141,4 +184,45 @@ extern "C" __global__ void sumsq_finish(const float* partial, i64 count, float* 
     for (i64 i = threadIdx.x; i < count; i += blockDim.x) acc += partial[i];
     acc = row_sum(acc, scratch);
     if (threadIdx.x == 0) out[0] = accumulate ? out[0] + acc : acc;
+}
+
+extern "C" __global__ void step_prepare(float* ctl, const float* sumsq, float max_norm, int dynamic) {
+    if (threadIdx.x != 0 || blockIdx.x != 0) return;
+    const float s = sumsq[0];
+    const float scale = ctl[CTL_SCALE];
+    const bool bad = !isfinite(s);
+    ctl[CTL_FOUND_INF] = (dynamic && bad) ? 1.f : 0.f;
+    const float norm = sqrtf(s) / scale;
+    ctl[CTL_GRAD_NORM] = norm;
+    float clip = 1.f;
+    if (!bad && max_norm > 0.f && norm > max_norm) clip = max_norm / (norm + 1e-6f);
+    ctl[CTL_GRAD_FACTOR] = clip / scale;
+}
+
+extern "C" __global__ void step_finish(float* ctl, const float* lr_table, i64 n_lr, float growth, float backoff,
+                                       float interval, int dynamic) {
+    if (threadIdx.x != 0 || blockIdx.x != 0) return;
+    if (dynamic && ctl[CTL_FOUND_INF] != 0.f) {
+        ctl[CTL_SCALE] = fmaxf(ctl[CTL_SCALE] * backoff, 1.17549435e-38f);  // never zero (FLT_MIN)
+        ctl[CTL_GOOD_STEPS] = 0.f;
+        ctl[CTL_SKIPPED] += 1.f;
+    } else {
+        ctl[CTL_STEPS] += 1.f;
+        if (dynamic) {
+            const float good = ctl[CTL_GOOD_STEPS] + 1.f;
+            if (good >= interval) {
+                const float grown = ctl[CTL_SCALE] * growth;
+                if (grown < 3.40282347e38f) ctl[CTL_SCALE] = grown;  // stays finite (FLT_MAX)
+                ctl[CTL_GOOD_STEPS] = 0.f;
+            } else {
+                ctl[CTL_GOOD_STEPS] = good;
+            }
+        }
+    }
+    ctl[CTL_FOUND_INF] = 0.f;
+    const float it = ctl[CTL_ITER] + 1.f;
+    ctl[CTL_ITER] = it;
+    i64 k = (i64)it;
+    if (k > n_lr - 1) k = n_lr - 1;
+    if (n_lr > 0) ctl[CTL_LR] = lr_table[k];
 }

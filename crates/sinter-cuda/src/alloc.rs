@@ -14,8 +14,17 @@
 //! free list can be handed out again immediately — any later use is ordered after the earlier
 //! one on that stream. Code that uses a buffer on another stream must synchronise before
 //! dropping it. [`CachingAllocator::empty_cache`] synchronises before it frees.
+//!
+//! CUDA graph capture ([`CachingAllocator::begin_capture`]): while a step is being captured no
+//! device memory may be obtained or returned (`cuMemAlloc` / `cuMemFree` / a synchronise are not
+//! allowed in a capture, and the pool was warmed by eager warm-up steps). Every block handed out
+//! during the capture becomes the graph's: a replay writes it again, so it must never serve an
+//! eager allocation while the graph lives. Blocks the capture frees go to the graph's private free
+//! list (reused by later allocations of the same capture, in the same stream order a replay
+//! follows) and stay there, with the graph's blocks still live, until
+//! [`CachingAllocator::release_capture`] (deferred frees).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::marker::PhantomData;
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -110,11 +119,29 @@ struct PoolBook {
     stats: PoolStats,
 }
 
+/// Identifies one captured CUDA graph's reservation in the allocator.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct CaptureId(u64);
+
+/// The blocks of one captured graph.
+#[derive(Debug, Default)]
+struct GraphBook {
+    id: u64,
+    /// Still capturing (new blocks may join).
+    active: bool,
+    /// Every block the graph uses (live or in `free`), with its pool and bucket.
+    owned: HashMap<u64, (Pool, usize)>,
+    /// Graph blocks freed by the host: reusable only by this graph's capture.
+    free: BTreeMap<(usize, usize), Vec<u64>>,
+}
+
 /// Pure bookkeeping of the caching allocator: free lists per (pool, bucket) and the statistics.
 #[derive(Debug, Default)]
 pub struct AllocBook {
     pools: [PoolBook; 2],
     peak_total: usize,
+    graphs: Vec<GraphBook>,
+    next_graph: u64,
 }
 
 impl AllocBook {
@@ -131,8 +158,34 @@ impl AllocBook {
         self.peak_total = self.peak_total.max(total);
     }
 
-    /// Take a cached block of exactly `bucket` bytes from `pool`, if there is one.
+    /// Take a cached block of exactly `bucket` bytes from `pool`, if there is one. While
+    /// capturing, the capture's own freed blocks come first, and whatever is taken joins the
+    /// graph.
     pub fn take(&mut self, pool: Pool, bucket: usize) -> Option<u64> {
+        if let Some(g) = self.graphs.iter_mut().find(|g| g.active) {
+            let key = (pool.index(), bucket);
+            if let Some(list) = g.free.get_mut(&key) {
+                let ptr = list.pop().expect("empty lists are removed");
+                if list.is_empty() {
+                    g.free.remove(&key);
+                }
+                self.pools[pool.index()].stats.cache_hits += 1;
+                self.note_use(pool, bucket);
+                return Some(ptr);
+            }
+            let ptr = self.take_global(pool, bucket)?;
+            let g = self
+                .graphs
+                .iter_mut()
+                .find(|g| g.active)
+                .expect("still capturing");
+            g.owned.insert(ptr, (pool, bucket));
+            return Some(ptr);
+        }
+        self.take_global(pool, bucket)
+    }
+
+    fn take_global(&mut self, pool: Pool, bucket: usize) -> Option<u64> {
         let book = &mut self.pools[pool.index()];
         let list = book.free.get_mut(&bucket)?;
         let ptr = list.pop()?;
@@ -152,12 +205,70 @@ impl AllocBook {
         self.note_use(pool, bucket);
     }
 
-    /// A live block comes back: it joins the free list of its bucket.
+    /// A live block comes back: it joins the free list of its bucket, or, for a block a
+    /// captured graph uses, that graph's private free list (the free is deferred until the graph
+    /// is released).
     pub fn give_back(&mut self, pool: Pool, bucket: usize, ptr: u64) {
         let book = &mut self.pools[pool.index()];
         book.stats.in_use = book.stats.in_use.saturating_sub(bucket);
         book.stats.live_buffers = book.stats.live_buffers.saturating_sub(1);
+        if let Some(g) = self.graphs.iter_mut().find(|g| g.owned.contains_key(&ptr)) {
+            g.free.entry((pool.index(), bucket)).or_default().push(ptr);
+            return;
+        }
         book.free.entry(bucket).or_default().push(ptr);
+    }
+
+    /// Starts a capture: from now on blocks are served from the cache only and join the graph.
+    /// Only one capture at a time.
+    pub fn begin_capture(&mut self) -> std::result::Result<CaptureId, String> {
+        if self.capturing() {
+            return Err("a CUDA graph capture is already in progress on this device".into());
+        }
+        self.next_graph += 1;
+        self.graphs.push(GraphBook {
+            id: self.next_graph,
+            active: true,
+            ..GraphBook::default()
+        });
+        Ok(CaptureId(self.next_graph))
+    }
+
+    /// Whether a capture is in progress.
+    pub fn capturing(&self) -> bool {
+        self.graphs.iter().any(|g| g.active)
+    }
+
+    /// Ends the capture `id`; its blocks stay reserved until [`AllocBook::release_capture`].
+    pub fn end_capture(&mut self, id: CaptureId) {
+        if let Some(g) = self.graphs.iter_mut().find(|g| g.id == id.0) {
+            g.active = false;
+        }
+    }
+
+    /// The graph `id` is gone: its freed blocks return to the ordinary free lists, and its
+    /// blocks still live will when they are dropped.
+    pub fn release_capture(&mut self, id: CaptureId) {
+        let Some(i) = self.graphs.iter().position(|g| g.id == id.0) else {
+            return;
+        };
+        let g = self.graphs.swap_remove(i);
+        for ((pool, bucket), ptrs) in g.free {
+            self.pools[pool]
+                .free
+                .entry(bucket)
+                .or_default()
+                .extend(ptrs);
+        }
+    }
+
+    /// Bytes held for captured graphs (their blocks, live or freed by the host).
+    pub fn graph_reserved_bytes(&self) -> usize {
+        self.graphs
+            .iter()
+            .flat_map(|g| g.owned.values())
+            .map(|(_, b)| b)
+            .sum()
     }
 
     /// Remove every cached (free) block of `pool` from the books; the caller frees them.
@@ -234,6 +345,12 @@ impl AllocInner {
     fn release_cached(&self, pool: Option<Pool>) -> Result<()> {
         let blocks: Vec<(u64, usize)> = {
             let mut b = self.book();
+            if b.capturing() {
+                return Err(CudaError::invalid(
+                    "empty_cache",
+                    "device memory cannot be freed while a CUDA graph is being captured",
+                ));
+            }
             match pool {
                 Some(p) => b.drain_free(p),
                 None => {
@@ -306,16 +423,27 @@ impl CachingAllocator {
                 owner: Some(self.inner.clone()),
             });
         }
-        if let Some(ptr) = self.inner.book().take(pool, bucket) {
-            return Ok(DeviceBuffer {
-                ptr,
-                len,
-                dtype,
-                pool,
-                bucket,
-                ordinal,
-                owner: Some(self.inner.clone()),
-            });
+        {
+            let mut book = self.inner.book();
+            if let Some(ptr) = book.take(pool, bucket) {
+                return Ok(DeviceBuffer {
+                    ptr,
+                    len,
+                    dtype,
+                    pool,
+                    bucket,
+                    ordinal,
+                    owner: Some(self.inner.clone()),
+                });
+            }
+            if book.capturing() {
+                return Err(CudaError::invalid(
+                    "alloc",
+                    format!(
+                        "CUDA graph capture needs {bytes} bytes ({bucket}-byte block) in the {pool:?} pool that the warm-up steps did not leave cached; device memory cannot be allocated while capturing (did the step's shapes change after warm-up?)"
+                    ),
+                ));
+            }
         }
         let ptr = match self.inner.raw.malloc(bucket) {
             Ok(p) => p,
@@ -371,6 +499,35 @@ impl CachingAllocator {
 
     pub fn reset_peak(&self) {
         self.inner.book().reset_peak()
+    }
+
+    /// Enter capture mode (see the module docs). Pair with [`CachingAllocator::end_capture`]
+    /// and, when the graph is dropped, [`CachingAllocator::release_capture`].
+    pub fn begin_capture(&self) -> Result<CaptureId> {
+        self.inner
+            .book()
+            .begin_capture()
+            .map_err(|m| CudaError::invalid("begin_capture", m))
+    }
+
+    /// Leave capture mode; the graph's blocks stay reserved.
+    pub fn end_capture(&self, id: CaptureId) {
+        self.inner.book().end_capture(id)
+    }
+
+    /// Release the blocks of a graph that will not run again.
+    pub fn release_capture(&self, id: CaptureId) {
+        self.inner.book().release_capture(id)
+    }
+
+    /// Whether a capture is in progress (host synchronisation is an error then).
+    pub fn is_capturing(&self) -> bool {
+        self.inner.book().capturing()
+    }
+
+    /// Bytes reserved for captured graphs.
+    pub fn graph_reserved_bytes(&self) -> usize {
+        self.inner.book().graph_reserved_bytes()
     }
 }
 
@@ -692,6 +849,56 @@ mod tests {
         assert_eq!(s.temporary.peak_in_use, 4096 + 4096 + 512);
         assert_eq!(s.temporary.cache_hits, 27);
         assert_eq!(s.temporary.live_buffers, 0);
+    }
+
+    #[test]
+    fn capture_serves_from_the_cache_and_keeps_graph_blocks_reserved() {
+        let (a, c) = fake(usize::MAX);
+        // Warm-up: one eager step leaves two 4 KiB blocks and one 512 B block cached.
+        let keep = a.alloc(10, DType::F32, Pool::Permanent).unwrap();
+        drop((
+            a.alloc(1000, DType::F32, Pool::Temporary).unwrap(),
+            a.alloc(1000, DType::F32, Pool::Temporary).unwrap(),
+            a.alloc(3, DType::F32, Pool::Temporary).unwrap(),
+        ));
+        let mallocs = c.mallocs.load(Ordering::SeqCst);
+        let id = a.begin_capture().unwrap();
+        assert!(a.is_capturing());
+        assert!(a.begin_capture().is_err(), "one capture at a time");
+        let x = a.alloc(1000, DType::F32, Pool::Temporary).unwrap();
+        let xp = x.ptr();
+        drop(x); // freed inside the capture: reusable by the capture only
+        let y = a.alloc(1000, DType::F32, Pool::Temporary).unwrap();
+        assert_eq!(y.ptr(), xp, "the capture reuses its own freed block first");
+        let z = a.alloc(900, DType::F32, Pool::Temporary).unwrap(); // the other cached 4 KiB
+        assert_ne!(z.ptr(), xp);
+        // Nothing left in that bucket: no cuMemAlloc while capturing, a clear error instead.
+        let e = a
+            .alloc(1000, DType::F32, Pool::Temporary)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("capture") && e.contains("warm-up"), "{e}");
+        assert!(a.empty_cache().is_err(), "no cuMemFree while capturing");
+        assert_eq!(c.mallocs.load(Ordering::SeqCst), mallocs);
+        assert_eq!(c.syncs.load(Ordering::SeqCst), 0);
+        a.end_capture(id);
+        assert!(!a.is_capturing());
+        assert_eq!(a.graph_reserved_bytes(), 2 * 4096);
+        // After the capture the graph's blocks, freed or live, never serve eager allocations.
+        let (yp, zp) = (y.ptr(), z.ptr());
+        drop(y);
+        assert_eq!(a.cached_bytes(Pool::Temporary), 512);
+        let w = a.alloc(1000, DType::F32, Pool::Temporary).unwrap();
+        assert!(w.ptr() != yp && w.ptr() != zp);
+        assert_eq!(c.mallocs.load(Ordering::SeqCst), mallocs + 1);
+        // Releasing the graph returns its freed blocks; its live one returns when dropped.
+        a.release_capture(id);
+        assert_eq!(a.graph_reserved_bytes(), 0);
+        assert_eq!(a.cached_bytes(Pool::Temporary), 512 + 4096);
+        drop(z);
+        assert_eq!(a.cached_bytes(Pool::Temporary), 512 + 2 * 4096);
+        drop((w, keep));
+        assert_eq!(a.stats().in_use(), 0);
     }
 
     #[test]

@@ -185,7 +185,20 @@ impl CudaDevice {
 
     /// Wait for all queued work.
     pub fn synchronize(&self) -> Result<()> {
+        self.no_host_wait_in_capture("synchronize")?;
         self.stream.synchronize().ctx("cuStreamSynchronize")
+    }
+
+    /// A host wait inside a CUDA graph capture would invalidate it (and means the captured
+    /// step reads device memory): refuse it with an error naming the call.
+    fn no_host_wait_in_capture(&self, op: &'static str) -> Result<()> {
+        if self.allocator.is_capturing() {
+            return Err(CudaError::invalid(
+                op,
+                "the host waits for the device while a CUDA graph is being captured; a captured step must not read device memory or upload from the host (run it without --cuda-graph)",
+            ));
+        }
+        Ok(())
     }
 
     // ----------------------------------------------------------------------------- memory
@@ -260,7 +273,8 @@ impl CudaDevice {
         Ok(b)
     }
 
-    /// Upload `data` into `dst`. Returns when `data` may be reused.
+    /// Upload `data` into `dst`. Returns when `data` may be reused, without waiting for the
+    /// device's queued work when `data` is ordinary (pageable) memory.
     pub fn copy_htod<T: DeviceScalar>(&self, data: &[T], dst: DevSlice<'_>) -> Result<()> {
         if dst.dtype() != T::DTYPE || dst.len() != data.len() {
             return Err(CudaError::invalid(
@@ -277,12 +291,34 @@ impl CudaDevice {
         if data.is_empty() {
             return Ok(());
         }
+        self.no_host_wait_in_capture("htod")?;
         self.ctx.bind_to_thread().ctx("cuCtxSetCurrent")?;
-        // SAFETY: sizes checked; we synchronise before returning, so `data` outlives the copy
-        // even if it happens to be page-locked memory (where the copy is truly asynchronous).
+        let pinned = self.is_page_locked(data.as_ptr() as u64);
+        // SAFETY: sizes checked. From pageable memory the driver stages `data` before the call
+        // returns, so it may be reused at once (and the host need not wait for the device's
+        // queue: a training step's batch upload does not stall it); page-locked memory is read
+        // later by the copy engine, so then we synchronise before `data` can be reused.
         unsafe { dr::memcpy_htod_async(dst.ptr(), data, self.stream.cu_stream()) }
             .ctx("cuMemcpyHtoDAsync")?;
-        self.synchronize()
+        if pinned {
+            self.synchronize()?;
+        }
+        Ok(())
+    }
+
+    /// Whether host address `ptr` is page-locked (registered or allocated by CUDA); ordinary
+    /// (pageable) memory is unknown to the driver, which answers with an error.
+    fn is_page_locked(&self, ptr: u64) -> bool {
+        let mut ty: u32 = 0;
+        // SAFETY: the attribute is a CUmemorytype (u32) written into `ty`.
+        let r = unsafe {
+            ds::cuPointerGetAttribute(
+                (&mut ty as *mut u32).cast(),
+                ds::CUpointer_attribute::CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+                ptr,
+            )
+        };
+        r == ds::CUresult::CUDA_SUCCESS && ty == ds::CUmemorytype::CU_MEMORYTYPE_HOST as u32
     }
 
     /// Download `src` (waits for the queued work that produces it).
@@ -297,6 +333,7 @@ impl CudaDevice {
         if out.is_empty() {
             return Ok(out);
         }
+        self.no_host_wait_in_capture("dtoh")?;
         self.ctx.bind_to_thread().ctx("cuCtxSetCurrent")?;
         // SAFETY: sizes checked; synchronised before `out` is used.
         unsafe { dr::memcpy_dtoh_async(&mut out, src.ptr(), self.stream.cu_stream()) }

@@ -19,12 +19,15 @@ pub mod dtype;
 pub mod emu;
 pub mod error;
 pub mod gemm;
+pub mod graph;
 pub mod launch;
 pub mod nvrtc;
 pub mod ops;
 pub mod runtime;
 
-pub use alloc::{CachingAllocator, DevSlice, DeviceBuffer, MemoryStats, Pool, PoolStats};
+pub use alloc::{
+    CachingAllocator, CaptureId, DevSlice, DeviceBuffer, MemoryStats, Pool, PoolStats,
+};
 pub use device::CudaDevice;
 pub use dtype::{DType, DeviceScalar};
 pub use error::{CudaError, Result};

@@ -17,7 +17,9 @@ pub use layers::{
     BatchNorm2d, Conv2d, Dropout, Embedding, Flatten, Gelu, LayerNorm, Linear, MaxPool2d, Relu,
     Sequential,
 };
-pub use mixed_precision::{LossScaler, LossScalerState, PrecisionMode};
+pub use mixed_precision::{
+    LossScaler, LossScalerState, PrecisionMode, StepControl, StepControlState,
+};
 pub use module::{Module, NamedTensor, SharedRng, TensorKind};
 pub use optim::{clip_grad_norm, AdamW, Optimizer, Sgd};
 pub use recompute::{checkpoint, Recompute};

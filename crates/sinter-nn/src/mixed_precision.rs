@@ -15,8 +15,15 @@
 //! step then sees gradients multiplied by 1/scale, and a step whose gradients overflowed
 //! (inf/NaN) is skipped and the scale halved. After `growth_interval` good steps in a row the
 //! scale doubles, so it hovers just below the overflow point (PyTorch's `GradScaler`).
+//!
+//! [`LossScaler`] decides on the host (it reads the gradient norm back every step);
+//! [`StepControl`] makes the same decisions on the tensors' device (a control block read and
+//! written by kernels: found-inf flag, scale, growth tracker, clip factor, learning rate, step
+//! counts), so a training step never waits for the device. The host reads it back only when it
+//! wants to report or save it ([`StepControl::read`]).
 
-use sinter_core::{amp, bail, no_grad, DType, Result, Tensor};
+use sinter_core::step_ctl::{ctl, grad_sum_squares, ScalerCfg};
+use sinter_core::{amp, bail, no_grad, DType, Device, Result, Tensor};
 
 use crate::optim::Optimizer;
 
@@ -252,6 +259,154 @@ impl LossScaler {
         self.scale = s.scale;
         self.good_steps = s.good_steps;
         Ok(())
+    }
+}
+
+/// What the host reads back from a [`StepControl`].
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct StepControlState {
+    /// The loss scale (1 without dynamic scaling).
+    pub loss_scale: f64,
+    /// Good steps since the scale last changed.
+    pub good_steps: u64,
+    /// Optimizer updates taken (skipped steps excluded).
+    pub optimizer_steps: u64,
+    /// Steps skipped for inf/NaN gradients since this block was made.
+    pub skipped_steps: u64,
+    /// Steps of the schedule done (the next step's index).
+    pub iter: u64,
+    /// The learning rate the next step will use.
+    pub lr: f64,
+    /// Global gradient norm of the last step (unscaled, before clipping).
+    pub grad_norm: f64,
+}
+
+/// The training step's decisions on the device: gradient clipping, fp16 dynamic loss scaling
+/// and the learning-rate schedule, kept in a small control block beside the parameters (see
+/// `sinter_core::step_ctl`). Per step:
+///
+/// ```text
+/// control.scale_loss(&loss)?.backward()?;   // loss · scale, the scale read on the device
+/// control.prepare(params)?;                 // found_inf, grad norm, clip factor / scale
+/// optimizer.step_ctl(control.tensor())?;    // skipped on the device when found_inf is set
+/// control.finish()?;                        // scale backoff / growth, step counts, next lr
+/// ```
+///
+/// Semantics match [`LossScaler`] (backoff on an inf/NaN step, which the optimizer skips
+/// without advancing its step count; growth after `growth_interval` good steps) and
+/// `clip_grad_norm` (scale by max / (norm + 1e-6) when the norm is above max); the counters are
+/// f32 on the device, exact up to 2^24 steps.
+#[derive(Clone, Debug)]
+pub struct StepControl {
+    ctl: Tensor,
+    lr_table: Tensor,
+    max_norm: f32,
+    scaler: Option<ScalerCfg>,
+}
+
+impl StepControl {
+    /// A block on `device`. `lrs[i]` is the learning rate of step i of the run (the schedule);
+    /// the run continues at step `start` with `optimizer_steps` updates taken so far; `max_norm`
+    /// clips the global gradient norm; `scaler` (fp16) gives the initial scale, growth tracker
+    /// and settings of dynamic loss scaling.
+    pub fn new(
+        device: Device,
+        lrs: &[f64],
+        start: u64,
+        optimizer_steps: u64,
+        max_norm: Option<f64>,
+        scaler: Option<&LossScaler>,
+    ) -> Result<StepControl> {
+        if lrs.is_empty() {
+            bail!("step control: the learning-rate schedule has no steps");
+        }
+        if let Some(m) = max_norm {
+            if !(m > 0.0 && m.is_finite()) {
+                bail!("step control: the gradient clip norm must be positive and finite, got {m}");
+            }
+        }
+        if let Some(s) = scaler {
+            s.validate()?;
+        }
+        let mut c = vec![0f32; ctl::LEN];
+        c[ctl::LR] = lrs[(start as usize).min(lrs.len() - 1)] as f32;
+        c[ctl::STEPS] = optimizer_steps as f32;
+        c[ctl::GRAD_FACTOR] = 1.0;
+        c[ctl::SCALE] = scaler.map_or(1.0, |s| s.scale as f32);
+        c[ctl::GOOD_STEPS] = scaler.map_or(0.0, |s| s.good_steps() as f32);
+        c[ctl::ITER] = start as f32;
+        let table: Vec<f32> = lrs.iter().map(|&l| l as f32).collect();
+        let n = table.len();
+        Ok(StepControl {
+            ctl: Tensor::from_vec(c, &[ctl::LEN], Device::Cpu)?.to_device(device)?,
+            lr_table: Tensor::from_vec(table, &[n], Device::Cpu)?.to_device(device)?,
+            max_norm: max_norm.unwrap_or(0.0) as f32,
+            scaler: scaler.map(|s| ScalerCfg {
+                growth: s.growth_factor as f32,
+                backoff: s.backoff_factor as f32,
+                interval: s.growth_interval,
+            }),
+        })
+    }
+
+    /// The control block (for `Optimizer::step_ctl`).
+    pub fn tensor(&self) -> &Tensor {
+        &self.ctl
+    }
+
+    /// Whether dynamic loss scaling is on.
+    pub fn scaling(&self) -> bool {
+        self.scaler.is_some()
+    }
+
+    /// The loss to call `backward` on: `loss · scale` in f32 with dynamic scaling (the scale is
+    /// read on the device when the product runs), else `loss` as is.
+    pub fn scale_loss(&self, loss: &Tensor) -> Result<Tensor> {
+        if self.scaler.is_none() {
+            return Ok(loss.clone());
+        }
+        let loss = if loss.dtype() != DType::F32 {
+            loss.to_dtype(DType::F32)?
+        } else {
+            loss.clone()
+        };
+        let scale = self.ctl.narrow(0, ctl::SCALE, 1)?.reshape(loss.shape())?;
+        loss.mul(&scale)
+    }
+
+    /// After backward (and any all-reduce of the gradients): one pass over all gradients for
+    /// their squared norm, then found_inf, the norm and the gradient factor on the device.
+    pub fn prepare(&self, params: &[(String, Tensor)]) -> Result<()> {
+        let _g = no_grad();
+        let grads: Vec<Tensor> = params.iter().filter_map(|(_, p)| p.grad()).collect();
+        let sumsq = if grads.is_empty() {
+            Tensor::zeros(&[1], DType::F32, self.ctl.device())?
+        } else {
+            grad_sum_squares(&grads, self.ctl.device())?
+        };
+        self.ctl
+            .step_prepare(&sumsq, self.max_norm, self.scaler.is_some())
+    }
+
+    /// After the optimizer: loss-scale update, step counters, the next learning rate.
+    pub fn finish(&self) -> Result<()> {
+        let _g = no_grad();
+        self.ctl.step_finish(&self.lr_table, self.scaler)
+    }
+
+    /// Reads the block back to the host (waits for the device: call it at log intervals and
+    /// checkpoints, not every step).
+    pub fn read(&self) -> Result<StepControlState> {
+        let c = self.ctl.to_vec_f32()?;
+        Ok(StepControlState {
+            loss_scale: c[ctl::SCALE] as f64,
+            good_steps: c[ctl::GOOD_STEPS] as u64,
+            optimizer_steps: c[ctl::STEPS] as u64,
+            skipped_steps: c[ctl::SKIPPED] as u64,
+            iter: c[ctl::ITER] as u64,
+            lr: c[ctl::LR] as f64,
+            grad_norm: c[ctl::GRAD_NORM] as f64,
+        })
     }
 }
 

@@ -19,6 +19,19 @@ pub trait Optimizer: Send {
     /// Restores state saved by `state` (names must match; missing buffers are an error).
     fn load_state(&mut self, steps: u64, tensors: &HashMap<String, Tensor>) -> Result<()>;
     fn params(&self) -> &[(String, Tensor)];
+    /// One update driven by a step control block on the parameters' device (see
+    /// `sinter_core::step_ctl` and `StepControl`): the learning rate, the step number, a
+    /// gradient factor (clip / loss scale) and the skip-on-inf flag are read there, so the step
+    /// reads nothing back to the host. `steps()` is not advanced here: the block counts the
+    /// updates taken (read it back with `StepControl::read` and pass it to `set_steps`).
+    fn step_ctl(&mut self, ctl: &Tensor) -> Result<()> {
+        let _ = ctl;
+        bail!("this optimizer cannot be driven by a device step control block; use step()")
+    }
+    /// Sets the count of updates taken (e.g. read back from a step control block).
+    fn set_steps(&mut self, steps: u64) {
+        let _ = steps;
+    }
     fn zero_grad(&self) {
         for (_, p) in self.params() {
             p.zero_grad();
@@ -88,6 +101,17 @@ impl Optimizer for Sgd {
         }
         self.steps += 1;
         Ok(())
+    }
+    fn step_ctl(&mut self, ctl: &Tensor) -> Result<()> {
+        let _g = no_grad();
+        for (i, (_, p)) in self.params.iter().enumerate() {
+            let Some(g) = p.grad() else { continue };
+            p.sgd_step_ctl(&g, self.bufs.as_ref().map(|b| &b[i]), self.hyper, ctl)?;
+        }
+        Ok(())
+    }
+    fn set_steps(&mut self, steps: u64) {
+        self.steps = steps;
     }
     fn lr(&self) -> f64 {
         self.hyper.lr as f64
@@ -177,6 +201,31 @@ impl Optimizer for AdamW {
             p.adamw_step(&g, &self.m[i], &self.v[i], h)?;
         }
         Ok(())
+    }
+    fn step_ctl(&mut self, ctl: &Tensor) -> Result<()> {
+        let _g = no_grad();
+        for (i, (_, p)) in self.params.iter().enumerate() {
+            let Some(g) = p.grad() else { continue };
+            let wd = if p.rank() >= 2 {
+                self.weight_decay
+            } else {
+                0.0
+            };
+            // lr and the step number come from the block; these two are placeholders.
+            let h = AdamWParams {
+                lr: self.lr as f32,
+                beta1: self.beta1 as f32,
+                beta2: self.beta2 as f32,
+                eps: self.eps as f32,
+                weight_decay: wd as f32,
+                step: 1,
+            };
+            p.adamw_step_ctl(&g, &self.m[i], &self.v[i], h, ctl)?;
+        }
+        Ok(())
+    }
+    fn set_steps(&mut self, steps: u64) {
+        self.steps = steps;
     }
     fn lr(&self) -> f64 {
         self.lr

@@ -25,6 +25,9 @@ pub struct Meta {
     pub dropout_rng: [u64; 4],
     pub loader: [u64; 2],
     pub config: TrainConfig,
+    /// The precision hooks' state (`Precision::state`: the fp16 loss scale and its growth
+    /// tracker), so a resumed fp16 run continues with the same scale; None in older checkpoints.
+    pub precision: Option<String>,
 }
 
 fn st_dtype(d: DType) -> Dtype {
@@ -137,6 +140,9 @@ pub fn save(
     md.insert("dropout_rng".into(), u64s(&meta.dropout_rng));
     md.insert("loader".into(), u64s(&meta.loader));
     md.insert("config".into(), serde_json::to_string(&meta.config)?);
+    if let Some(p) = &meta.precision {
+        md.insert("precision".into(), p.clone());
+    }
     let bytes = safetensors::serialize(views, &Some(md))
         .map_err(|e| anyhow!("cannot serialise checkpoint: {e}"))?;
     write_atomic(&path_in(dir), &bytes)
@@ -190,6 +196,7 @@ pub fn load(dir: &Path) -> Result<Loaded> {
         dropout_rng: parse_u64s(md.get("dropout_rng"), "dropout_rng")?,
         loader: parse_u64s(md.get("loader"), "loader")?,
         config,
+        precision: md.get("precision").cloned(),
     };
     let mut tensors = HashMap::new();
     for (name, view) in st.tensors() {

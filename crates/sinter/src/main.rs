@@ -144,6 +144,10 @@ struct TrainArgs {
     /// fp32, tf32, bf16 or fp16 (fp32 master weights; fp16 with dynamic loss scaling).
     #[arg(long)]
     precision: Option<String>,
+    /// Capture the whole training step as a CUDA graph after warm-up steps and replay it
+    /// (CUDA, one process, static shapes, no dropout; ignored on the CPU).
+    #[arg(long)]
+    cuda_graph: bool,
     /// No progress bar or summaries.
     #[arg(long, short)]
     quiet: bool,
@@ -271,6 +275,7 @@ fn run() -> Result<()> {
                 quiet: a.quiet,
                 stop_at_step: a.stop_at_step,
                 dp: a.dp,
+                cuda_graph: a.cuda_graph,
             };
             if a.tp > 1 || a.pp > 1 {
                 let mp = model_parallel::ModelParallel {

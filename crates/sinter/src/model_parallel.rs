@@ -176,6 +176,7 @@ pub fn run(
                 .state(),
             loader: loader.position().to_u64s(),
             config: s.config.clone(),
+            precision: None,
         };
         checkpoint::save(d, &tensors, &[], &meta)?;
         checkpoint::write_atomic(

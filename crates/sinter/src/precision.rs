@@ -2,16 +2,12 @@
 //! (fp32 | tf32 | bf16 | fp16, with fp32 master weights and dynamic loss scaling for fp16),
 //! device memory peaks, and the text of `sinter info`.
 //!
-//! The training loop calls, per optimizer step:
-//!
-//! ```text
-//! let loss = { let _ac = precision.enter_autocast(); batch_loss(..)? };   // forward
-//! precision.scale_loss(&loss)?.backward()?;                               // backward
-//! precision.unscale_and_check(&params)?;                                  // before clipping
-//! if precision.should_step() { clip; optimizer.step()?; }
-//! precision.end_step();                                                   // grows/shrinks the scale
-//! optimizer.zero_grad();
-//! ```
+//! The training loop enters `precision.enter_autocast()` around the forward pass and gives
+//! `precision.scaler()` (fp16: the scale to start from and the scaler's settings) to a
+//! `sinter_nn::StepControl`, which scales the loss, skips overflowing steps and grows or shrinks
+//! the scale on the device; at checkpoints it hands the scale read back from the device to
+//! `set_scaler_state`, so `state` saves it. The host-side hooks below (`scale_loss`,
+//! `unscale_and_check`, `end_step`) do the same with a host round trip per step.
 
 // Hooks for the trainer and CLI: not every one is called from every build of the binary.
 #![allow(dead_code)]
@@ -137,6 +133,22 @@ impl Precision {
                 s.scale
             )
         })
+    }
+
+    /// The fp16 loss scaler (None for the other modes): settings and current scale.
+    pub fn scaler(&self) -> Option<&LossScaler> {
+        self.scaler.as_ref()
+    }
+
+    /// Takes the scale and growth tracker read back from a device `StepControl` (fp16 only;
+    /// a no-op otherwise), so that [`Precision::state`] saves them.
+    pub fn set_scaler_state(&mut self, scale: f64, good_steps: u64) -> Result<()> {
+        match self.scaler.as_mut() {
+            Some(s) => s
+                .load_state(LossScalerState { scale, good_steps })
+                .context("reading back the fp16 loss scale"),
+            None => Ok(()),
+        }
     }
 
     /// The current loss scale (fp16 only), e.g. for metrics.

@@ -11,7 +11,7 @@ use std::time::Instant;
 use anyhow::{anyhow, bail, Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::json;
-use sinter_core::{no_grad, Device, Rng, Tensor};
+use sinter_core::{no_grad, DType, Device, Rng, Tensor};
 use sinter_data::{
     DataKind, DataLoader, DataSpec, Dataset, HostArray, HostData, LoaderPosition, OpenOptions,
     Split, Windows,
@@ -22,11 +22,12 @@ use sinter_dist::{
 };
 use sinter_models::{DataShape, Task};
 use sinter_nn::module::shared_rng;
-use sinter_nn::{clip_grad_norm, AdamW, LrSchedule, Module, Optimizer, Sgd, SharedRng, TensorKind};
+use sinter_nn::{AdamW, LrSchedule, Module, Optimizer, Sgd, SharedRng, StepControl, TensorKind};
 
 use crate::checkpoint::{self, Meta};
 use crate::config::TrainConfig;
 use crate::metrics::{plot_losses, MetricsLog};
+use crate::precision::Precision;
 
 /// Takes over the loader's buffer as the tensor's storage (no copy).
 pub fn to_tensor(a: HostArray) -> Result<Tensor> {
@@ -116,22 +117,13 @@ fn make_optimizer(c: &TrainConfig, params: Vec<(String, Tensor)>) -> Result<Box<
     })
 }
 
-/// A batch as tensors on `device`. For masked-LM training the inputs are corrupted on the
-/// host with BERT's recipe, from an RNG seeded by `mask_seed` (so a resumed run masks its
-/// batches exactly as the uninterrupted one did), and the targets become the original
-/// tokens at the selected positions and -100 (ignored) elsewhere. Those labels stay on the
-/// host: the loss picks the masked rows from them without reading the device.
-fn batch_tensors(
-    s: &Setup,
-    b: sinter_data::Batch,
-    mask_seed: u64,
-    device: Device,
-) -> Result<(Tensor, Tensor)> {
+/// A batch as host tensors. For masked-LM training the inputs are corrupted with BERT's
+/// recipe, from an RNG seeded by `mask_seed` (so a resumed run masks its batches exactly as
+/// the uninterrupted one did), and the targets become the original tokens at the selected
+/// positions and -100 (ignored) elsewhere.
+fn host_batch(s: &Setup, b: sinter_data::Batch, mask_seed: u64) -> Result<(Tensor, Tensor)> {
     if s.task != Task::MaskedLm {
-        return Ok((
-            to_tensor(b.inputs)?.to_device(device)?,
-            to_tensor(b.targets)?.to_device(device)?,
-        ));
+        return Ok((to_tensor(b.inputs)?, to_tensor(b.targets)?));
     }
     let HostData::I64(ids) = &b.inputs.data else {
         bail!("masked-LM training needs token ids, but data '{}' gives floats", s.config.data);
@@ -141,9 +133,20 @@ fn batch_tensors(
     let (inputs, labels) = sinter_models::mask_tokens(ids, &masking, &mut Rng::new(mask_seed));
     let shape = &b.inputs.shape;
     Ok((
-        Tensor::from_vec(inputs, shape, Device::Cpu)?.to_device(device)?,
+        Tensor::from_vec(inputs, shape, Device::Cpu)?,
         Tensor::from_vec(labels, shape, Device::Cpu)?,
     ))
+}
+
+/// A host batch on `device`. Masked-LM labels stay on the host: the loss picks the masked
+/// rows from them without reading the device.
+fn upload(s: &Setup, (x, y): &(Tensor, Tensor), device: Device) -> Result<(Tensor, Tensor)> {
+    let y = if s.task == Task::MaskedLm {
+        y.clone()
+    } else {
+        y.to_device(device)?
+    };
+    Ok((x.to_device(device)?, y))
 }
 
 /// The masking seed of one batch: distinct per run seed, step, micro-step and rank.
@@ -189,7 +192,7 @@ fn batch_loss(
             };
             Ok((loss, correct))
         }
-        // Masked-LM targets are -100 except at the masked positions (`batch_tensors`).
+        // Masked-LM targets are -100 except at the masked positions (`host_batch`).
         Task::LanguageModel | Task::MaskedLm => {
             let v = *logits.shape().last().expect("logits have a vocab dim");
             let n = targets.numel();
@@ -226,7 +229,8 @@ pub fn evaluate(s: &Setup, max_batches: usize) -> Result<EvalResult> {
         let b = loader.next_batch()?;
         let rows = b.inputs.shape[0];
         // Validation masks are the same at every evaluation, so losses compare over time.
-        let (x, y) = batch_tensors(s, b, mask_seed(s.config.seed, u64::MAX, i as u64, 0), device)?;
+        let host = host_batch(s, b, mask_seed(s.config.seed, u64::MAX, i as u64, 0))?;
+        let (x, y) = upload(s, &host, device)?;
         let (loss, c) = {
             let _autocast =
                 sinter_nn::PrecisionMode::parse(&s.config.precision).and_then(|m| m.autocast());
@@ -255,6 +259,9 @@ pub struct TrainOptions {
     /// Data parallel even in a single process (it is on by itself when the launcher's
     /// environment says WORLD_SIZE > 1, and with `--zero`).
     pub dp: bool,
+    /// `--cuda-graph`: capture the whole training step as a CUDA graph after warm-up steps and
+    /// replay it (CUDA, single process, no dropout; ignored on the CPU).
+    pub cuda_graph: bool,
 }
 
 fn save_checkpoint(
@@ -264,6 +271,7 @@ fn save_checkpoint(
     optimizer_steps: u64,
     step: u64,
     loader: &DataLoader,
+    precision: String,
 ) -> Result<()> {
     let named: Vec<(String, Tensor)> = s
         .model
@@ -282,6 +290,7 @@ fn save_checkpoint(
             .state(),
         loader: loader.position().to_u64s(),
         config: s.config.clone(),
+        precision: Some(precision),
     };
     checkpoint::save(dir, &named, optim_state, &meta)
 }
@@ -331,6 +340,234 @@ fn zero_algo(c: &TrainConfig) -> ShardedAlgo {
             weight_decay: c.weight_decay,
         },
         _ => ShardedAlgo::adamw(c.weight_decay),
+    }
+}
+
+/// One training step's device work, reading nothing back to the host: forward and backward of
+/// every micro-batch (the loss accumulated on the device), then, with a step control block,
+/// clip / fp16 unscale-and-skip / update / loss-scale and schedule update as kernels (ZeRO:
+/// its own step), and the gradients cleared.
+#[allow(clippy::too_many_arguments)]
+fn device_step(
+    s: &Setup,
+    precision: &Precision,
+    control: Option<&StepControl>,
+    opt: &mut Opt,
+    dp: &mut Option<DataParallel>,
+    inputs: &[(Tensor, Tensor)],
+    params: &[(String, Tensor)],
+    step_loss: &Tensor,
+    loss_acc: &Tensor,
+) -> Result<()> {
+    let accum = inputs.len();
+    for (micro, (x, y)) in inputs.iter().enumerate() {
+        let (loss, _) = {
+            let _autocast = precision.enter_autocast();
+            batch_loss(s.model.as_ref(), s.task, x, y)?
+        };
+        let loss = if accum > 1 {
+            loss.mul_scalar(1.0 / accum as f32)?
+        } else {
+            loss
+        };
+        {
+            let _g = no_grad();
+            let l = loss.detach().to_dtype(DType::F32)?.reshape(&[1])?;
+            if micro == 0 {
+                step_loss.assign(&l)?;
+            } else {
+                step_loss.assign(&step_loss.add(&l)?)?;
+            }
+        }
+        let loss = match control {
+            Some(c) => c.scale_loss(&loss)?,
+            None => loss,
+        };
+        // Only the last micro-step communicates.
+        let sync = micro + 1 == accum;
+        match (&mut *opt, dp.as_mut()) {
+            (Opt::Zero(z), _) => z.backward_with(&loss, sync)?,
+            (_, Some(dp)) => dp.backward_with(&loss, sync)?,
+            _ => loss.backward()?,
+        }
+    }
+    {
+        let _g = no_grad();
+        loss_acc.assign(&loss_acc.add(step_loss)?)?;
+    }
+    match (&mut *opt, control) {
+        (Opt::Plain(o), Some(c)) => {
+            c.prepare(params)?;
+            o.step_ctl(c.tensor())?;
+            c.finish()?;
+        }
+        // ZeRO clips inside its step, where the gradient shards are.
+        (o, _) => o.get_mut().step()?,
+    }
+    opt.get().zero_grad();
+    Ok(())
+}
+
+/// What `--cuda-graph` does for a run.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum GraphDecision {
+    /// Not asked for.
+    Off,
+    /// Asked for on the CPU: ignored, with a note.
+    IgnoredOnCpu,
+    /// Capture after `warmup` eager steps (they warm the allocator's cache and load the
+    /// kernels), then replay.
+    Capture { warmup: u64 },
+}
+
+/// Eager steps before the capture.
+pub const GRAPH_WARMUP_STEPS: u64 = 3;
+
+/// Decides `--cuda-graph` from the run's setup: Err (a message for the user) when the step
+/// cannot be captured whole. Data-parallel steps all-reduce their gradients through the host
+/// between backward kernels, so they are refused. Dropout is checked after the first step
+/// ([`dropout_refusal`]); a batch of another shape runs eagerly.
+pub fn cuda_graph_decision(
+    requested: bool,
+    device: Device,
+    task: Task,
+    data_parallel: bool,
+    grad_accum: u64,
+) -> std::result::Result<GraphDecision, String> {
+    if !requested {
+        return Ok(GraphDecision::Off);
+    }
+    if !device.is_cuda() {
+        return Ok(GraphDecision::IgnoredOnCpu);
+    }
+    if task == Task::MaskedLm {
+        return Err("--cuda-graph cannot capture a masked-LM step: each batch masks a different number of tokens, so the MLM head's shapes change every step; drop --cuda-graph".into());
+    }
+    if data_parallel {
+        return Err("--cuda-graph cannot capture a data-parallel or ZeRO step: its gradient all-reduce runs on the host between backward kernels; run a single process or drop --cuda-graph".into());
+    }
+    if grad_accum == 0 {
+        return Err("--cuda-graph needs --grad-accum of at least 1".into());
+    }
+    Ok(GraphDecision::Capture {
+        warmup: GRAPH_WARMUP_STEPS,
+    })
+}
+
+/// With `--cuda-graph`, a step that drew from the dropout generator means the model uses
+/// dropout: its masks are seeded on the host at each forward, so a replayed graph would repeat
+/// one mask forever. Returns the message refusing the run.
+pub fn dropout_refusal(before: [u64; 4], after: [u64; 4]) -> Option<String> {
+    (before != after).then(|| {
+        "--cuda-graph cannot be used with this model: it applies dropout (p > 0), whose random masks are drawn on the host at every forward pass, so a replayed CUDA graph would reuse one mask; train without --cuda-graph".to_string()
+    })
+}
+
+/// Shapes of a step's (inputs, targets) per micro-batch: a replay needs the captured ones.
+fn batch_shapes(b: &[(Tensor, Tensor)]) -> Vec<(Vec<usize>, Vec<usize>)> {
+    b.iter()
+        .map(|(x, y)| (x.shape().to_vec(), y.shape().to_vec()))
+        .collect()
+}
+
+/// The captured step: the graph and the fixed device buffers its inputs are copied into.
+struct Captured {
+    graph: sinter_cuda::graph::Graph,
+    inputs: Vec<(Tensor, Tensor)>,
+    shapes: Vec<(Vec<usize>, Vec<usize>)>,
+}
+
+/// `--cuda-graph` over a run: eager warm-up steps, one capture of the whole step (forward,
+/// backward, optimizer, loss accumulation, scaler and schedule updates), then replays.
+struct GraphRun {
+    capture_at: u64,
+    captured: Option<Captured>,
+    /// Capture failed: the rest of the run is eager.
+    off: bool,
+}
+
+impl GraphRun {
+    fn new(capture_at: u64) -> GraphRun {
+        GraphRun {
+            capture_at,
+            captured: None,
+            off: false,
+        }
+    }
+
+    /// Runs `step` through the graph when it can (capturing it first at the capture step);
+    /// false: run it eagerly (warm-up, capture failed, or a batch of another shape).
+    #[allow(clippy::too_many_arguments)]
+    fn run(
+        &mut self,
+        step: u64,
+        batches: &[(Tensor, Tensor)],
+        device: Device,
+        params: &[(String, Tensor)],
+        quiet: bool,
+        bar: &ProgressBar,
+        body: impl FnOnce(&[(Tensor, Tensor)]) -> Result<()>,
+    ) -> Result<bool> {
+        if self.off || step < self.capture_at {
+            return Ok(false);
+        }
+        if let Some(c) = &self.captured {
+            if batch_shapes(batches) != c.shapes {
+                return Ok(false);
+            }
+            // Inputs go into the buffers the graph reads; the graph does the rest.
+            for ((fx, fy), (x, y)) in c.inputs.iter().zip(batches) {
+                fx.assign(&x.to_device(device)?)?;
+                fy.assign(&y.to_device(device)?)?;
+            }
+            c.graph
+                .replay()
+                .context("replaying the captured training step")?;
+            return Ok(true);
+        }
+        let Device::Cuda(ordinal) = device else {
+            return Ok(false);
+        };
+        // Fixed input buffers, allocated before the capture (they outlive it).
+        let inputs = batches
+            .iter()
+            .map(|(x, y)| Ok((x.to_device(device)?, y.to_device(device)?)))
+            .collect::<Result<Vec<_>>>()?;
+        let dev = sinter_cuda::CudaDevice::get(ordinal)?;
+        let captured = sinter_cuda::graph::begin_capture(&dev)
+            .map_err(anyhow::Error::from)
+            .and_then(|cap| {
+                body(&inputs)?;
+                Ok(cap.finish()?)
+            });
+        match captured {
+            Ok(graph) => {
+                // Capturing records the step without running it: run it now.
+                graph
+                    .replay()
+                    .context("running the captured training step")?;
+                if !quiet {
+                    bar.suspend(|| eprintln!("--cuda-graph: captured the training step at step {}; replaying it from now on", step + 1));
+                }
+                self.captured = Some(Captured {
+                    graph,
+                    shapes: batch_shapes(batches),
+                    inputs,
+                });
+                Ok(true)
+            }
+            Err(e) => {
+                // Nothing of the failed capture ran; its gradients were never written.
+                for (_, p) in params {
+                    p.zero_grad();
+                }
+                self.off = true;
+                if !quiet {
+                    bar.suspend(|| eprintln!("--cuda-graph: the training step could not be captured ({e:#}); continuing without CUDA graphs"));
+                }
+                Ok(false)
+            }
+        }
     }
 }
 
@@ -492,6 +729,9 @@ fn run_inner(mut config: TrainConfig, opts: &TrainOptions) -> Result<serde_json:
             l.meta.optimizer_steps,
             &checkpoint::optimizer_state(&tensors),
         )?;
+        if let Some(p) = &l.meta.precision {
+            precision.load_state(p)?;
+        }
         s.rng = Rng::from_state(l.meta.rng);
         *s.dropout_rng.lock().unwrap_or_else(|e| e.into_inner()) =
             Rng::from_state(l.meta.dropout_rng);
@@ -544,10 +784,51 @@ fn run_inner(mut config: TrainConfig, opts: &TrainOptions) -> Result<serde_json:
         eprintln!("training {} ({} parameters) on {} ({} examples, {} steps per epoch at {batch}) for {} steps on {device}{how}", s.config.model, s.model.num_parameters(), s.config.data, s.train.len(), per_epoch, total);
     }
 
+    // The step's decisions live on the device (clip factor, fp16 loss scale and skip flag,
+    // learning rate, step count) and the loss accumulates there: a step reads nothing back;
+    // the host reads at log / eval / checkpoint boundaries only. ZeRO keeps its own host-side
+    // step (it clips inside, over the shards).
+    let control = match &opt {
+        Opt::Plain(_) => {
+            let lrs: Vec<f64> = (0..total).map(|i| schedule.lr_at(s.config.lr, i)).collect();
+            let optimizer_steps = resumed.as_ref().map_or(0, |l| l.meta.optimizer_steps);
+            Some(
+                StepControl::new(
+                    device,
+                    &lrs,
+                    start,
+                    optimizer_steps,
+                    s.config.grad_clip,
+                    precision.scaler(),
+                )
+                .context("setting up the training step on the device")?,
+            )
+        }
+        Opt::Zero(_) => None,
+    };
+    opt.get_mut().set_lr(schedule.lr_at(s.config.lr, start));
+    let mut graph = match cuda_graph_decision(opts.cuda_graph, device, s.task, dist.is_some(), accum) {
+        Ok(GraphDecision::Off) => None,
+        Ok(GraphDecision::IgnoredOnCpu) => {
+            if !quiet {
+                eprintln!("--cuda-graph ignored on the CPU: CUDA graphs need a CUDA device (training runs as usual)");
+            }
+            None
+        }
+        Ok(GraphDecision::Capture { warmup }) => Some(GraphRun::new(start + warmup)),
+        Err(why) => bail!("{why}"),
+    };
+    // Per-step loss (for `train_loss`) and the running sum since the last read, on the device.
+    let loss_acc = Tensor::zeros(&[1], DType::F32, device)?;
+    let step_loss = Tensor::zeros(&[1], DType::F32, device)?;
+    let mut skipped_seen = 0u64;
+
     let t0 = Instant::now();
     let (mut last_loss, mut window_loss, mut window_n) = (f64::NAN, 0f64, 0u64);
+    let mut pending = 0u64; // steps accumulated in loss_acc since the last read
     let mut window_start = Instant::now();
     let mut last_eval: Option<EvalResult> = None;
+    let mut last_grad_norm: Option<f64> = None;
     let mut rate = 0.0;
     let eval_every = if s.config.eval_interval > 0 {
         s.config.eval_interval
@@ -559,7 +840,7 @@ fn run_inner(mut config: TrainConfig, opts: &TrainOptions) -> Result<serde_json:
     } else {
         per_epoch
     };
-    let nan_stop = |lv: f64, step: u64, lr: f64| -> anyhow::Error {
+    let nan_stop = |lv: f64, first: u64, last: u64| -> anyhow::Error {
         bar.abandon();
         let keep = match &opts.out {
             Some(d) if checkpoint::path_in(d).exists() => {
@@ -567,86 +848,136 @@ fn run_inner(mut config: TrainConfig, opts: &TrainOptions) -> Result<serde_json:
             }
             _ => "no checkpoint was written".to_string(),
         };
-        anyhow!("the training loss became {lv} at step {step} (lr {lr:.3e}); stopping. Lower --lr or add gradient clipping; {keep}")
+        let when = if first == last {
+            format!("at step {last}")
+        } else {
+            format!("in steps {first}..={last}")
+        };
+        anyhow!("the training loss became {lv} {when} (lr {:.3e} at step {last}); stopping. Lower --lr or add gradient clipping; {keep}", schedule.lr_at(s.config.lr, last - 1))
     };
     for step in start..end {
-        opt.get_mut().set_lr(schedule.lr_at(s.config.lr, step));
-        let mut loss_sum = 0f64;
+        if control.is_none() {
+            opt.get_mut().set_lr(schedule.lr_at(s.config.lr, step));
+        }
+        let mut batches = Vec::with_capacity(accum as usize);
         for micro in 0..accum {
             let b = loader.next_batch()?;
-            let seed = mask_seed(s.config.seed, step, micro, rank);
-            let (x, y) = batch_tensors(&s, b, seed, device)?;
-            let (loss, _) = {
-                let _autocast = precision.enter_autocast();
-                batch_loss(s.model.as_ref(), s.task, &x, &y)?
-            };
-            let lv = loss.to_scalar_f32()? as f64;
-            // A single process stops before backward; ranks decide together below.
-            if dist.is_none() && !lv.is_finite() {
-                return Err(nan_stop(lv, step, opt.get().lr()));
-            }
-            loss_sum += lv;
-            let loss = if accum > 1 {
-                loss.mul_scalar(1.0 / accum as f32)?
-            } else {
-                loss
-            };
-            let loss = precision.scale_loss(&loss)?;
-            // Only the last micro-step communicates.
-            let sync = micro + 1 == accum;
-            match (&mut opt, &mut dp) {
-                (Opt::Zero(z), _) => z.backward_with(&loss, sync)?,
-                (_, Some(dp)) => dp.backward_with(&loss, sync)?,
-                _ => loss.backward()?,
+            batches.push(host_batch(&s, b, mask_seed(s.config.seed, step, micro, rank))?);
+        }
+        let rng_before = s
+            .dropout_rng
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .state();
+        let mut ran = false;
+        if let Some(g) = graph.as_mut() {
+            ran = g.run(step, &batches, device, &params, quiet, &bar, |inputs| {
+                device_step(
+                    &s,
+                    &precision,
+                    control.as_ref(),
+                    &mut opt,
+                    &mut dp,
+                    inputs,
+                    &params,
+                    &step_loss,
+                    &loss_acc,
+                )
+            })?;
+        }
+        if !ran {
+            let inputs = batches
+                .iter()
+                .map(|b| upload(&s, b, device))
+                .collect::<Result<Vec<_>>>()?;
+            device_step(
+                &s,
+                &precision,
+                control.as_ref(),
+                &mut opt,
+                &mut dp,
+                &inputs,
+                &params,
+                &step_loss,
+                &loss_acc,
+            )?;
+        }
+        if graph.is_some() {
+            let after = s
+                .dropout_rng
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .state();
+            if let Some(why) = dropout_refusal(rng_before, after) {
+                bar.abandon();
+                bail!("{why}");
             }
         }
-        let mut lv = loss_sum / accum as f64;
-        if let Some(d) = &dist {
-            // The mean loss over every rank's batch (all ranks see the same value, so a
-            // non-finite loss anywhere stops every rank, before the update).
-            lv = d
-                .comm
-                .all_reduce(vec![lv as f32], ReduceOp::Avg)
-                .wait()
-                .context("all-reducing the loss")?[0] as f64;
-            if !lv.is_finite() {
-                return Err(nan_stop(lv, step, opt.get().lr()));
-            }
-        }
-        // fp16: unscale, and skip the update (shrinking the scale) on inf/NaN gradients.
-        precision.unscale_and_check(&params)?;
-        if precision.should_step() {
-            if let (Some(c), Opt::Plain(_)) = (s.config.grad_clip, &opt) {
-                // ZeRO clips inside its step, where the gradient shards are.
-                clip_grad_norm(&params, c)?;
-            }
-            opt.get_mut().step()?;
-        }
-        if let Some(m) = precision.end_step() {
-            if !quiet {
-                bar.suspend(|| eprintln!("step {}: {m}", step + 1));
-            }
-        }
-        opt.get().zero_grad();
-        last_loss = lv;
-        window_loss += lv;
+        pending += 1;
         window_n += 1;
         let done = step + 1;
-        if done % s.config.log_interval == 0 || done == end {
+        let log_now = done % s.config.log_interval == 0 || done == end;
+        let eval_now = done % eval_every == 0 || done == end;
+        let ckpt_now = opts.out.is_some() && (done % ckpt_every == 0 || done == end);
+        // Every rank reads at the same steps (the all-reduce below is a collective).
+        if log_now || eval_now || ckpt_now {
+            let acc = loss_acc.to_vec_f32()?[0] as f64;
+            let last = step_loss.to_vec_f32()?[0] as f64;
+            let (acc, last) = match &dist {
+                Some(d) => {
+                    let v = d
+                        .comm
+                        .all_reduce(vec![acc as f32, last as f32], ReduceOp::Avg)
+                        .wait()
+                        .context("all-reducing the loss")?;
+                    (v[0] as f64, v[1] as f64)
+                }
+                None => (acc, last),
+            };
+            if !acc.is_finite() || !last.is_finite() {
+                let bad = if last.is_finite() { acc } else { last };
+                return Err(nan_stop(bad, done + 1 - pending, done));
+            }
+            loss_acc.assign(&Tensor::zeros(&[1], DType::F32, device)?)?;
+            window_loss += acc;
+            last_loss = last;
+            pending = 0;
+            if let Some(c) = &control {
+                let st = c.read()?;
+                last_grad_norm = Some(st.grad_norm);
+                opt.get_mut().set_steps(st.optimizer_steps);
+                opt.get_mut().set_lr(schedule.lr_at(s.config.lr, step));
+                precision.set_scaler_state(st.loss_scale, st.good_steps)?;
+                if st.skipped_steps > skipped_seen && !quiet {
+                    let n = st.skipped_steps - skipped_seen;
+                    bar.suspend(|| eprintln!("step {done}: {n} step(s) skipped since the last report (fp16 gradients overflowed); loss scale now {}", st.loss_scale));
+                }
+                skipped_seen = st.skipped_steps;
+            }
+        }
+        if log_now {
             let secs = window_start.elapsed().as_secs_f64().max(1e-9);
             rate = (window_n as usize * global_batch * per_sample) as f64 / secs;
             let avg = window_loss / window_n as f64;
             bar.set_message(format!("loss {avg:.4} {rate:.0} {unit}"));
             if let Some(l) = log.as_mut() {
                 let key = if lm { "tokens_per_s" } else { "samples_per_s" };
-                l.log(&json!({"step": done, "epoch": step / per_epoch, "train_loss": avg, "lr": opt.get().lr(), key: rate, "elapsed_s": t0.elapsed().as_secs_f64()}))?;
+                let mut rec = json!({"step": done, "epoch": step / per_epoch, "train_loss": avg, "lr": schedule.lr_at(s.config.lr, step), key: rate, "elapsed_s": t0.elapsed().as_secs_f64()});
+                if let Some(n) = last_grad_norm {
+                    rec["grad_norm"] = json!(n);
+                }
+                if let Some(sc) = precision.loss_scale() {
+                    rec["loss_scale"] = json!(sc);
+                    rec["skipped_steps"] = json!(skipped_seen);
+                }
+                l.log(&rec)?;
             }
             window_loss = 0.0;
             window_n = 0;
             window_start = Instant::now();
         }
         bar.set_position(done);
-        if writer && (done % eval_every == 0 || done == end) {
+        if writer && eval_now {
             let e = evaluate(&s, s.config.eval_batches)?;
             let acc = e
                 .accuracy
@@ -670,7 +1001,7 @@ fn run_inner(mut config: TrainConfig, opts: &TrainOptions) -> Result<serde_json:
             }
             last_eval = Some(e);
         }
-        if opts.out.is_some() && (done % ckpt_every == 0 || done == end) {
+        if ckpt_now {
             // Every rank takes part in gathering ZeRO's state; rank 0 writes.
             let needs_state = writer || matches!(opt, Opt::Zero(_));
             let state = if needs_state {
@@ -679,10 +1010,20 @@ fn run_inner(mut config: TrainConfig, opts: &TrainOptions) -> Result<serde_json:
                 Vec::new()
             };
             if let Some(d) = &out_dir {
-                save_checkpoint(d, &s, &state, opt.get().steps(), done, &loader)?;
+                save_checkpoint(
+                    d,
+                    &s,
+                    &state,
+                    opt.get().steps(),
+                    done,
+                    &loader,
+                    precision.state(),
+                )?;
             }
         }
     }
+    // The captured graph's memory goes back to the allocator before the summary.
+    drop(graph);
     bar.finish_and_clear();
     let wall = t0.elapsed().as_secs_f64();
     if !writer {
@@ -784,4 +1125,80 @@ pub fn generate(
         use_cache,
         &mut rng,
     )?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cuda_graph_decisions() {
+        let cuda = Device::Cuda(0);
+        assert_eq!(
+            cuda_graph_decision(false, cuda, Task::Classification, true, 1),
+            Ok(GraphDecision::Off)
+        );
+        assert_eq!(
+            cuda_graph_decision(true, Device::Cpu, Task::Classification, false, 1),
+            Ok(GraphDecision::IgnoredOnCpu)
+        );
+        // The CPU note wins over what would be refused on CUDA: nothing is captured there.
+        assert_eq!(
+            cuda_graph_decision(true, Device::Cpu, Task::Classification, true, 1),
+            Ok(GraphDecision::IgnoredOnCpu)
+        );
+        let e = cuda_graph_decision(true, cuda, Task::MaskedLm, false, 1).unwrap_err();
+        assert!(e.contains("masked-LM"), "{e}");
+        let e = cuda_graph_decision(true, cuda, Task::Classification, true, 1).unwrap_err();
+        assert!(
+            e.contains("--cuda-graph") && e.contains("data-parallel"),
+            "{e}"
+        );
+        assert_eq!(
+            cuda_graph_decision(true, cuda, Task::Classification, false, 4),
+            Ok(GraphDecision::Capture {
+                warmup: GRAPH_WARMUP_STEPS
+            })
+        );
+        const {
+            assert!(
+                GRAPH_WARMUP_STEPS >= 1,
+                "the pool must be warmed before capturing"
+            )
+        };
+    }
+
+    #[test]
+    fn dropout_is_refused_and_shapes_must_match() {
+        let a = Rng::new(1).state();
+        let mut r = Rng::new(1);
+        assert_eq!(dropout_refusal(a, r.state()), None);
+        r.next_u64();
+        let e = dropout_refusal(a, r.state()).unwrap();
+        assert!(e.contains("dropout") && e.contains("--cuda-graph"), "{e}");
+        let t = |s: &[usize]| Tensor::zeros(s, DType::F32, Device::Cpu).unwrap();
+        let full = vec![(t(&[8, 4]), t(&[8]))];
+        let partial = vec![(t(&[3, 4]), t(&[3]))];
+        assert_eq!(batch_shapes(&full), batch_shapes(&full.clone()));
+        assert_ne!(batch_shapes(&full), batch_shapes(&partial));
+    }
+
+    #[test]
+    fn graph_run_waits_for_warm_up_and_stays_eager_on_the_cpu() {
+        let mut g = GraphRun::new(3);
+        let t = |s: &[usize]| Tensor::zeros(s, DType::F32, Device::Cpu).unwrap();
+        let b = vec![(t(&[2, 2]), t(&[2]))];
+        let bar = ProgressBar::hidden();
+        let mut calls = 0;
+        for step in 0..5 {
+            let ran = g
+                .run(step, &b, Device::Cpu, &[], true, &bar, |_| {
+                    calls += 1;
+                    Ok(())
+                })
+                .unwrap();
+            assert!(!ran, "step {step}: nothing is captured on the CPU");
+        }
+        assert_eq!(calls, 0, "the step body runs only under a capture");
+    }
 }

@@ -281,9 +281,23 @@ pub struct AdamWParams {
 
 /// One fused AdamW update (decoupled weight decay) over a flat parameter buffer.
 pub fn adamw_step(p: &mut [f32], g: &[f32], m: &mut [f32], v: &mut [f32], h: AdamWParams) {
+    adamw_step_scaled(p, g, m, v, h, 1.0)
+}
+
+/// [`adamw_step`] of the gradient times `grad_scale` (unscaling and clipping folded into the
+/// update's single pass; a factor of 1 leaves the gradient bit for bit as it is).
+pub fn adamw_step_scaled(
+    p: &mut [f32],
+    g: &[f32],
+    m: &mut [f32],
+    v: &mut [f32],
+    h: AdamWParams,
+    grad_scale: f32,
+) {
     let bc1 = 1.0 - h.beta1.powi(h.step as i32);
     let bc2 = 1.0 - h.beta2.powi(h.step as i32);
     let body = |((pi, gi), (mi, vi)): ((&mut f32, &f32), (&mut f32, &mut f32))| {
+        let gi = gi * grad_scale;
         *mi = h.beta1 * *mi + (1.0 - h.beta1) * gi;
         *vi = h.beta2 * *vi + (1.0 - h.beta2) * gi * gi;
         let mhat = *mi / bc1;
@@ -314,17 +328,28 @@ pub struct SgdParams {
 
 /// One SGD update (PyTorch's formulation: decay added to the gradient, buffer = μ·buf + g).
 pub fn sgd_step(p: &mut [f32], g: &[f32], buf: Option<&mut [f32]>, h: SgdParams) {
+    sgd_step_scaled(p, g, buf, h, 1.0)
+}
+
+/// [`sgd_step`] of the gradient times `grad_scale`.
+pub fn sgd_step_scaled(
+    p: &mut [f32],
+    g: &[f32],
+    buf: Option<&mut [f32]>,
+    h: SgdParams,
+    grad_scale: f32,
+) {
     match buf {
         None => p
             .iter_mut()
             .zip(g)
-            .for_each(|(pi, &gi)| *pi -= h.lr * (gi + h.weight_decay * *pi)),
+            .for_each(|(pi, &gi)| *pi -= h.lr * (gi * grad_scale + h.weight_decay * *pi)),
         Some(b) => p
             .iter_mut()
             .zip(g)
             .zip(b.iter_mut())
             .for_each(|((pi, &gi), bi)| {
-                let d = gi + h.weight_decay * *pi;
+                let d = gi * grad_scale + h.weight_decay * *pi;
                 *bi = h.momentum * *bi + d;
                 let step = if h.nesterov {
                     d + h.momentum * *bi
@@ -333,5 +358,59 @@ pub fn sgd_step(p: &mut [f32], g: &[f32], buf: Option<&mut [f32]>, h: SgdParams)
                 };
                 *pi -= h.lr * step;
             }),
+    }
+}
+
+/// The step control block's slots (shared with the CUDA kernels).
+pub use sinter_cuda::ops::adamw::{ctl, ScalerCfg};
+
+/// CPU `step_prepare` (same arithmetic as the kernel in adamw.cu): from the squared global norm
+/// of the loss-scaled gradients, set found_inf (with dynamic scaling), the unscaled norm and the
+/// gradient factor min(1, max_norm / (norm + 1e-6)) / scale; `max_norm` ≤ 0: no clipping.
+pub fn step_prepare(c: &mut [f32], sumsq: f32, max_norm: f32, dynamic: bool) {
+    let scale = c[ctl::SCALE];
+    let bad = !sumsq.is_finite();
+    c[ctl::FOUND_INF] = if dynamic && bad { 1.0 } else { 0.0 };
+    let norm = sumsq.sqrt() / scale;
+    c[ctl::GRAD_NORM] = norm;
+    let clip = if !bad && max_norm > 0.0 && norm > max_norm {
+        max_norm / (norm + 1e-6)
+    } else {
+        1.0
+    };
+    c[ctl::GRAD_FACTOR] = clip / scale;
+}
+
+/// CPU `step_finish` (same arithmetic as the kernel): a skipped step shrinks the scale, a good
+/// one counts (growing the scale after `interval` in a row) and advances the optimizer's step
+/// count; then the schedule advances and the next learning rate is loaded from `lr_table`.
+pub fn step_finish(c: &mut [f32], lr_table: &[f32], scaler: Option<ScalerCfg>) {
+    match scaler {
+        Some(s) if c[ctl::FOUND_INF] != 0.0 => {
+            c[ctl::SCALE] = (c[ctl::SCALE] * s.backoff).max(f32::MIN_POSITIVE);
+            c[ctl::GOOD_STEPS] = 0.0;
+            c[ctl::SKIPPED] += 1.0;
+        }
+        _ => {
+            c[ctl::STEPS] += 1.0;
+            if let Some(s) = scaler {
+                let good = c[ctl::GOOD_STEPS] + 1.0;
+                if good >= s.interval as f32 {
+                    let grown = c[ctl::SCALE] * s.growth;
+                    if grown < f32::MAX {
+                        c[ctl::SCALE] = grown;
+                    }
+                    c[ctl::GOOD_STEPS] = 0.0;
+                } else {
+                    c[ctl::GOOD_STEPS] = good;
+                }
+            }
+        }
+    }
+    c[ctl::FOUND_INF] = 0.0;
+    let it = c[ctl::ITER] + 1.0;
+    c[ctl::ITER] = it;
+    if let Some(last) = lr_table.len().checked_sub(1) {
+        c[ctl::LR] = lr_table[(it as usize).min(last)];
     }
 }

@@ -33,12 +33,22 @@ pub(crate) fn attention(
 
 /// sqrt(Σ g²) over all gradients; NaN if the device fails (the signature has no error).
 pub(crate) fn global_grad_norm(grads: &[Tensor]) -> f64 {
-    grad_sum_squares(grads)
+    grad_sum_squares_host(grads)
         .map(|s| s.sqrt())
         .unwrap_or(f64::NAN)
 }
 
-fn grad_sum_squares(grads: &[Tensor]) -> Result<f64> {
+/// Σ g² over gradients on one CUDA device as a 1-element f32 tensor there (no host read).
+pub(crate) fn grad_sum_squares(grads: &[Tensor]) -> Result<Tensor> {
+    let (dev, _) = parts(&grads[0])?;
+    let views = grads.iter().map(contig).collect::<Result<Vec<_>>>()?;
+    let slices: Vec<_> = views.iter().map(|v| v.slice()).collect();
+    let out = alloc(&dev, 1, DType::F32)?;
+    ka::sum_squares(&dev, &slices, out.as_slice()).on("grad_sum_squares")?;
+    Ok(super::tensor_of(&dev, out, DType::F32, &[1]))
+}
+
+fn grad_sum_squares_host(grads: &[Tensor]) -> Result<f64> {
     let mut total = 0f64;
     // One deterministic kernel pass per device over that device's gradients; CPU ones on the host.
     let mut by_device: Vec<(crate::Device, Vec<&Tensor>)> = Vec::new();

@@ -43,13 +43,14 @@ fn distinct(op: &'static str, ts: &[&Tensor]) -> Result<()> {
 }
 
 /// Fused AdamW (decoupled weight decay) of `p` with moments `m`, `v` (shapes and devices
-/// checked by the caller).
+/// checked by the caller); with a step control block, driven by it (see `tensor::step_ctl`).
 pub(crate) fn adamw_step(
     p: &Tensor,
     grad: &Tensor,
     m: &Tensor,
     v: &Tensor,
     h: AdamWParams,
+    ctl: Option<&Tensor>,
 ) -> Result<()> {
     distinct("adamw_step", &[p, m, v])?;
     for t in [p, m, v] {
@@ -72,16 +73,33 @@ pub(crate) fn adamw_step(
         step: h.step,
         grad_scale: 1.0,
     };
-    ka::adamw(
-        &dev,
-        pv.slice(),
-        g.slice(),
-        mv.slice(),
-        vv.slice(),
-        None,
-        &cfg,
-        None,
-    )
+    match ctl {
+        None => ka::adamw(
+            &dev,
+            pv.slice(),
+            g.slice(),
+            mv.slice(),
+            vv.slice(),
+            None,
+            &cfg,
+            None,
+        ),
+        Some(c) => {
+            let cv = super::contig(c)?;
+            // The step number is read on the device; the plan only checks it is 1-based.
+            let cfg = ka::AdamW { step: 1, ..cfg };
+            ka::adamw_ctl(
+                &dev,
+                pv.slice(),
+                g.slice(),
+                mv.slice(),
+                vv.slice(),
+                None,
+                &cfg,
+                cv.slice(),
+            )
+        }
+    }
     .on("adamw_step")
 }
 
@@ -91,6 +109,7 @@ pub(crate) fn sgd_step(
     grad: &Tensor,
     buf: Option<&Tensor>,
     h: SgdParams,
+    ctl: Option<&Tensor>,
 ) -> Result<()> {
     let mut all = vec![p];
     all.extend(buf);
@@ -119,5 +138,35 @@ pub(crate) fn sgd_step(
     } else {
         None
     };
-    ka::sgd(&dev, pv.slice(), g.slice(), b, &cfg, None).on("sgd_step")
+    match ctl {
+        None => ka::sgd(&dev, pv.slice(), g.slice(), b, &cfg, None),
+        Some(c) => {
+            let cv = super::contig(c)?;
+            ka::sgd_ctl(&dev, pv.slice(), g.slice(), b, &cfg, cv.slice())
+        }
+    }
+    .on("sgd_step")
+}
+
+/// `step_prepare` kernel on the control block `ctl` (checked by the caller).
+pub(crate) fn step_prepare(
+    ctl: &Tensor,
+    sumsq: &Tensor,
+    max_norm: f32,
+    dynamic: bool,
+) -> Result<()> {
+    let (dev, _) = parts(ctl)?;
+    let (cv, sv) = (super::contig(ctl)?, super::contig(sumsq)?);
+    ka::step_prepare(&dev, cv.slice(), sv.slice(), max_norm, dynamic).on("step_prepare")
+}
+
+/// `step_finish` kernel on the control block `ctl` (checked by the caller).
+pub(crate) fn step_finish(
+    ctl: &Tensor,
+    lr_table: &Tensor,
+    scaler: Option<ka::ScalerCfg>,
+) -> Result<()> {
+    let (dev, _) = parts(ctl)?;
+    let (cv, tv) = (super::contig(ctl)?, super::contig(lr_table)?);
+    ka::step_finish(&dev, cv.slice(), tv.slice(), scaler).on("step_finish")
 }

@@ -1,7 +1,8 @@
-//! Wrappers for `kernels/adamw.cu`: fused AdamW and SGD over flat f32 buffers, and the
-//! deterministic global grad-norm.
+//! Wrappers for `kernels/adamw.cu`: fused AdamW and SGD over flat f32 buffers, the
+//! deterministic global grad-norm, and the step control block that keeps a training step's
+//! decisions (skip on inf/NaN, loss scale, clip factor, learning rate, step count) on the device.
 
-use super::{fake_slice, kname, need, need_float, opt_need};
+use super::{fake_slice, kname, need, need_dtype, need_float, opt_need};
 use crate::alloc::{DevSlice, Pool};
 use crate::device::CudaDevice;
 use crate::dtype::DType;
@@ -9,7 +10,42 @@ use crate::error::{CudaError, Result};
 use crate::launch::{Arg, Launch, LaunchTarget, ELEMWISE_BLOCK};
 use crate::nvrtc::KernelFile;
 
-/// Matches `struct AdamArgs` in adamw.cu (40 bytes).
+/// Slots of the step control block: a small f32 buffer on the device that the optimizer and
+/// step kernels read and update, so a training step needs no host round trip (and a captured
+/// CUDA graph replays with the current values). Must match the `CTL_*` defines in adamw.cu.
+pub mod ctl {
+    /// 1 when the step's (loss-scaled) gradients hold inf/NaN: the optimizer skips the update.
+    pub const FOUND_INF: usize = 0;
+    /// Learning rate of the current step (from the schedule table).
+    pub const LR: usize = 1;
+    /// Optimizer updates taken (skipped steps excluded); AdamW's bias corrections use it + 1.
+    pub const STEPS: usize = 2;
+    /// Multiplies every gradient in the optimizer pass: clip factor / loss scale.
+    pub const GRAD_FACTOR: usize = 3;
+    /// The loss scale (1 without dynamic scaling).
+    pub const SCALE: usize = 4;
+    /// Good steps in a row since the scale last changed (the growth tracker).
+    pub const GOOD_STEPS: usize = 5;
+    /// Steps of the schedule done (skipped ones included): the index into the lr table.
+    pub const ITER: usize = 6;
+    /// Steps skipped for inf/NaN gradients.
+    pub const SKIPPED: usize = 7;
+    /// Global gradient norm of the last step (unscaled, before clipping).
+    pub const GRAD_NORM: usize = 8;
+    /// Slots in the block.
+    pub const LEN: usize = 9;
+}
+
+/// Growth / backoff of dynamic loss scaling for [`plan_step_finish`].
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ScalerCfg {
+    pub growth: f32,
+    pub backoff: f32,
+    /// Good steps in a row before the scale grows.
+    pub interval: u64,
+}
+
+/// Matches `struct AdamArgs` in adamw.cu (48 bytes).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct AdamArgs {
@@ -22,11 +58,13 @@ pub struct AdamArgs {
     pub bc2: f32,
     pub grad_scale: f32,
     pub found_inf: u64,
+    /// Step control block (0: none).
+    pub ctl: u64,
 }
 // SAFETY: repr(C) plain data matching the CUDA struct.
 unsafe impl cudarc::driver::DeviceRepr for AdamArgs {}
 
-/// Matches `struct SgdArgs` in adamw.cu (40 bytes).
+/// Matches `struct SgdArgs` in adamw.cu (48 bytes).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct SgdArgs {
@@ -39,6 +77,8 @@ pub struct SgdArgs {
     pub first_step: i32,
     pub pad: i32,
     pub found_inf: u64,
+    /// Step control block (0: none).
+    pub ctl: u64,
 }
 // SAFETY: repr(C) plain data matching the CUDA struct.
 unsafe impl cudarc::driver::DeviceRepr for SgdArgs {}
@@ -74,6 +114,7 @@ impl AdamW {
             bc2: (1.0 - (self.beta2 as f64).powi(t)) as f32,
             grad_scale: self.grad_scale,
             found_inf,
+            ctl: 0,
         })
     }
 
@@ -114,6 +155,7 @@ impl Sgd {
             first_step: self.first_step as i32,
             pad: 0,
             found_inf,
+            ctl: 0,
         }
     }
 }
@@ -131,13 +173,48 @@ pub fn plan_adamw(
     cfg: &AdamW,
     found_inf: Option<DevSlice<'_>>,
 ) -> Result<Option<Launch>> {
+    plan_adamw_impl(t, param, grad, m, v, copy, cfg, found_inf, None)
+}
+
+/// [`plan_adamw`] driven by the step control block `ctl` ([`ctl::LEN`] f32): skipped when
+/// `ctl[FOUND_INF] != 0`; lr, step number and a gradient factor come from the block
+/// (`cfg.lr` and `cfg.step` are ignored, `cfg.step` must still be ≥ 1).
+#[allow(clippy::too_many_arguments)]
+pub fn plan_adamw_ctl(
+    t: &LaunchTarget,
+    param: DevSlice<'_>,
+    grad: DevSlice<'_>,
+    m: DevSlice<'_>,
+    v: DevSlice<'_>,
+    copy: Option<DevSlice<'_>>,
+    cfg: &AdamW,
+    ctl: DevSlice<'_>,
+) -> Result<Option<Launch>> {
+    need("adamw", "step control", &ctl, DType::F32, ctl::LEN)?;
+    let flag = ctl.slice(ctl::FOUND_INF, 1)?;
+    plan_adamw_impl(t, param, grad, m, v, copy, cfg, Some(flag), Some(ctl))
+}
+
+#[allow(clippy::too_many_arguments)]
+fn plan_adamw_impl(
+    t: &LaunchTarget,
+    param: DevSlice<'_>,
+    grad: DevSlice<'_>,
+    m: DevSlice<'_>,
+    v: DevSlice<'_>,
+    copy: Option<DevSlice<'_>>,
+    cfg: &AdamW,
+    found_inf: Option<DevSlice<'_>>,
+    ctl: Option<DevSlice<'_>>,
+) -> Result<Option<Launch>> {
     let op = "adamw";
     let n = param.len();
     for (w, s) in [("param", &param), ("grad", &grad), ("m", &m), ("v", &v)] {
         need(op, w, s, DType::F32, n)?;
     }
     opt_need(op, "found_inf", &found_inf, DType::F32, 1)?;
-    let a = cfg.args(found_inf.map_or(0, |s| s.ptr()))?;
+    let mut a = cfg.args(found_inf.map_or(0, |s| s.ptr()))?;
+    a.ctl = ctl.map_or(0, |s| s.ptr());
     if n == 0 {
         return Ok(None);
     }
@@ -180,6 +257,32 @@ pub fn plan_sgd(
     cfg: &Sgd,
     found_inf: Option<DevSlice<'_>>,
 ) -> Result<Option<Launch>> {
+    plan_sgd_impl(t, param, grad, buf, cfg, found_inf, None)
+}
+
+/// [`plan_sgd`] driven by the step control block (see [`plan_adamw_ctl`]; `cfg.lr` is ignored).
+pub fn plan_sgd_ctl(
+    t: &LaunchTarget,
+    param: DevSlice<'_>,
+    grad: DevSlice<'_>,
+    buf: Option<DevSlice<'_>>,
+    cfg: &Sgd,
+    ctl: DevSlice<'_>,
+) -> Result<Option<Launch>> {
+    need("sgd", "step control", &ctl, DType::F32, ctl::LEN)?;
+    let flag = ctl.slice(ctl::FOUND_INF, 1)?;
+    plan_sgd_impl(t, param, grad, buf, cfg, Some(flag), Some(ctl))
+}
+
+fn plan_sgd_impl(
+    t: &LaunchTarget,
+    param: DevSlice<'_>,
+    grad: DevSlice<'_>,
+    buf: Option<DevSlice<'_>>,
+    cfg: &Sgd,
+    found_inf: Option<DevSlice<'_>>,
+    ctl: Option<DevSlice<'_>>,
+) -> Result<Option<Launch>> {
     let n = param.len();
     need("sgd", "param", &param, DType::F32, n)?;
     need("sgd", "grad", &grad, DType::F32, n)?;
@@ -201,9 +304,84 @@ pub fn plan_sgd(
             Arg::Ptr(grad.ptr()),
             Arg::Ptr(buf.map_or(0, |b| b.ptr())),
             Arg::I64(n as i64),
-            Arg::Sgd(cfg.args(found_inf.map_or(0, |s| s.ptr()))),
+            Arg::Sgd(SgdArgs {
+                ctl: ctl.map_or(0, |s| s.ptr()),
+                ..cfg.args(found_inf.map_or(0, |s| s.ptr()))
+            }),
         ],
     )))
+}
+
+/// Plan `step_prepare`: from `sumsq` (1 f32, the squared global norm of the loss-scaled
+/// gradients) set found_inf (when `dynamic`), the norm and the gradient factor in `ctl`.
+/// `max_norm` ≤ 0 means no clipping.
+pub fn plan_step_prepare(
+    ctl: DevSlice<'_>,
+    sumsq: DevSlice<'_>,
+    max_norm: f32,
+    dynamic: bool,
+) -> Result<Launch> {
+    need("step_prepare", "step control", &ctl, DType::F32, ctl::LEN)?;
+    need("step_prepare", "sumsq", &sumsq, DType::F32, 1)?;
+    if max_norm.is_nan() {
+        return Err(CudaError::invalid("step_prepare", "max_norm is NaN"));
+    }
+    Ok(Launch::new(
+        KernelFile::AdamW,
+        "step_prepare",
+        1,
+        32,
+        vec![
+            Arg::Ptr(ctl.ptr()),
+            Arg::Ptr(sumsq.ptr()),
+            Arg::F32(max_norm),
+            Arg::I32(dynamic as i32),
+        ],
+    ))
+}
+
+/// Plan `step_finish`: update the loss scale (when `scaler` is given), the step and schedule
+/// counters, and load the next learning rate from `lr_table` (f32, at least one entry).
+pub fn plan_step_finish(
+    ctl: DevSlice<'_>,
+    lr_table: DevSlice<'_>,
+    scaler: Option<ScalerCfg>,
+) -> Result<Launch> {
+    need("step_finish", "step control", &ctl, DType::F32, ctl::LEN)?;
+    need_dtype("step_finish", "lr table", &lr_table, DType::F32)?;
+    if lr_table.is_empty() {
+        return Err(CudaError::invalid("step_finish", "the lr table is empty"));
+    }
+    let s = scaler.unwrap_or(ScalerCfg {
+        growth: 1.0,
+        backoff: 1.0,
+        interval: 1,
+    });
+    if scaler.is_some()
+        && !(s.growth > 1.0 && s.backoff > 0.0 && s.backoff < 1.0 && s.interval >= 1)
+    {
+        return Err(CudaError::invalid(
+            "step_finish",
+            format!(
+                "bad loss scaler settings {s:?} (need growth > 1, 0 < backoff < 1, interval ≥ 1)"
+            ),
+        ));
+    }
+    Ok(Launch::new(
+        KernelFile::AdamW,
+        "step_finish",
+        1,
+        32,
+        vec![
+            Arg::Ptr(ctl.ptr()),
+            Arg::Ptr(lr_table.ptr()),
+            Arg::I64(lr_table.len() as i64),
+            Arg::F32(s.growth),
+            Arg::F32(s.backoff),
+            Arg::F32(s.interval as f32),
+            Arg::I32(scaler.is_some() as i32),
+        ],
+    ))
 }
 
 /// Blocks (= partial sums) the squared-norm kernel uses for `n` elements; depends on n only, so
@@ -278,6 +456,63 @@ pub fn adamw(
         cfg,
         found_inf,
     )?)
+}
+
+/// One fused AdamW step driven by the step control block (see [`plan_adamw_ctl`]).
+#[allow(clippy::too_many_arguments)]
+pub fn adamw_ctl(
+    dev: &CudaDevice,
+    param: DevSlice<'_>,
+    grad: DevSlice<'_>,
+    m: DevSlice<'_>,
+    v: DevSlice<'_>,
+    copy: Option<DevSlice<'_>>,
+    cfg: &AdamW,
+    ctl: DevSlice<'_>,
+) -> Result<()> {
+    dev.run_opt(plan_adamw_ctl(
+        &dev.target(),
+        param,
+        grad,
+        m,
+        v,
+        copy,
+        cfg,
+        ctl,
+    )?)
+}
+
+/// One SGD step driven by the step control block.
+pub fn sgd_ctl(
+    dev: &CudaDevice,
+    param: DevSlice<'_>,
+    grad: DevSlice<'_>,
+    buf: Option<DevSlice<'_>>,
+    cfg: &Sgd,
+    ctl: DevSlice<'_>,
+) -> Result<()> {
+    dev.run_opt(plan_sgd_ctl(&dev.target(), param, grad, buf, cfg, ctl)?)
+}
+
+/// `step_prepare` on the device (see [`plan_step_prepare`]).
+pub fn step_prepare(
+    dev: &CudaDevice,
+    ctl: DevSlice<'_>,
+    sumsq: DevSlice<'_>,
+    max_norm: f32,
+    dynamic: bool,
+) -> Result<()> {
+    dev.launch(&plan_step_prepare(ctl, sumsq, max_norm, dynamic)?)
+}
+
+/// `step_finish` on the device (see [`plan_step_finish`]).
+pub fn step_finish(
+    dev: &CudaDevice,
+    ctl: DevSlice<'_>,
+    lr_table: DevSlice<'_>,
+    scaler: Option<ScalerCfg>,
+) -> Result<()> {
+    dev.launch(&plan_step_finish(ctl, lr_table, scaler)?)
 }
 
 /// One SGD step on the device.
@@ -356,6 +591,22 @@ pub(crate) fn samples(t: &LaunchTarget) -> Vec<Launch> {
         grad_scale: 1.0,
     };
     v.extend(plan_sgd(t, f(), f(), Some(f()), &sgd, None).unwrap());
+    let c = || fake_slice(DType::F32, ctl::LEN);
+    v.extend(plan_adamw_ctl(t, f(), f(), f(), f(), None, &cfg, c()).unwrap());
+    v.extend(plan_sgd_ctl(t, f(), f(), Some(f()), &sgd, c()).unwrap());
+    v.push(plan_step_prepare(c(), fake_slice(DType::F32, 1), 1.0, true).unwrap());
+    v.push(
+        plan_step_finish(
+            c(),
+            fake_slice(DType::F32, 100),
+            Some(ScalerCfg {
+                growth: 2.0,
+                backoff: 0.5,
+                interval: 2000,
+            }),
+        )
+        .unwrap(),
+    );
     let xs = [
         fake_slice(DType::F32, n),
         fake_slice(DType::F16, n),
@@ -380,8 +631,50 @@ mod tests {
 
     #[test]
     fn struct_layouts() {
-        assert_eq!(std::mem::size_of::<AdamArgs>(), 40);
-        assert_eq!(std::mem::size_of::<SgdArgs>(), 40);
+        assert_eq!(std::mem::size_of::<AdamArgs>(), 48);
+        assert_eq!(std::mem::size_of::<SgdArgs>(), 48);
+    }
+
+    #[test]
+    fn ctl_plans_point_at_the_control_block() {
+        let t = LaunchTarget { sm_count: 4 };
+        let f = || fake_slice(DType::F32, 64);
+        let c = fake_slice(DType::F32, ctl::LEN);
+        let cfg = AdamW {
+            lr: 1e-3,
+            beta1: 0.9,
+            beta2: 0.999,
+            eps: 1e-8,
+            weight_decay: 0.0,
+            step: 1,
+            grad_scale: 1.0,
+        };
+        let l = plan_adamw_ctl(&t, f(), f(), f(), f(), None, &cfg, c)
+            .unwrap()
+            .unwrap();
+        match l.args.last() {
+            Some(Arg::Adam(a)) => {
+                assert_eq!(a.ctl, c.ptr());
+                assert_eq!(a.found_inf, c.ptr() + 4 * ctl::FOUND_INF as u64);
+            }
+            other => panic!("{other:?}"),
+        }
+        // A block of the wrong size is refused.
+        let short = fake_slice(DType::F32, ctl::LEN - 1);
+        assert!(plan_adamw_ctl(&t, f(), f(), f(), f(), None, &cfg, short).is_err());
+        assert!(plan_step_prepare(short, fake_slice(DType::F32, 1), 1.0, true).is_err());
+        let p = plan_step_prepare(c, fake_slice(DType::F32, 1), 0.0, false).unwrap();
+        assert_eq!(p.args[3], Arg::I32(0));
+        let bad = ScalerCfg {
+            growth: 0.5,
+            backoff: 0.5,
+            interval: 10,
+        };
+        assert!(plan_step_finish(c, fake_slice(DType::F32, 3), Some(bad)).is_err());
+        assert!(plan_step_finish(c, fake_slice(DType::F32, 0), None).is_err());
+        let fin = plan_step_finish(c, fake_slice(DType::F32, 3), None).unwrap();
+        assert_eq!(fin.args[2], Arg::I64(3));
+        assert_eq!(fin.args[6], Arg::I32(0));
     }
 
     #[test]
