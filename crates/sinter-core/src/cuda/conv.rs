@@ -1,15 +1,19 @@
-//! conv2d as im2col + cuBLASLt GEMM on the device (forward and both backward passes; cuDNN is
-//! not needed), and 2-D max / average pooling with their backward kernels.
+//! conv2d on the device — through cuDNN when `libcudnn` loads (forward, backward-data and
+//! backward-filter, algorithms chosen once per shape, see `sinter_cuda::cudnn`), else, or when
+//! cuDNN answers NOT_SUPPORTED for a shape, or when `SINTER_CONV=im2col` /
+//! [`set_conv_backend`](super::set_conv_backend) asks for it, as im2col + cuBLASLt GEMM — and
+//! 2-D max / average pooling with their backward kernels.
 //!
-//! Images are processed in chunks whose column matrix stays under a fixed budget, so memory does
-//! not grow with the batch. Per chunk and group: forward is one batched GEMM (the group's
-//! weights shared across images with a zero batch stride); the input gradient is a batched GEMM
-//! into a column matrix and a col2im (gather form, no atomics); the weight gradient is one GEMM
-//! over all images of the chunk at once (gradient and column matrices rearranged so the images
-//! are part of the contraction), accumulated across chunks.
+//! im2col: images are processed in chunks whose column matrix stays under a fixed budget, so
+//! memory does not grow with the batch. Per chunk and group: forward is one batched GEMM (the
+//! group's weights shared across images with a zero batch stride); the input gradient is a
+//! batched GEMM into a column matrix and a col2im (gather form, no atomics); the weight gradient
+//! is one GEMM over all images of the chunk at once (gradient and column matrices rearranged so
+//! the images are part of the contraction), accumulated across chunks.
 
 use std::sync::Arc;
 
+use sinter_cuda::cudnn::{ConvProblem, Ran};
 use sinter_cuda::ops::conv::{self as kc, Window2d};
 use sinter_cuda::{CudaDevice, DevSlice, DeviceBuffer, GemmDesc, GemmShape};
 
@@ -243,15 +247,121 @@ fn backward(
     Ok((dx, dw))
 }
 
+/// The cuDNN problem of a convolution, when cuDNN is to be tried for it.
+fn cudnn_problem(g: &ConvGeom, dtype: DType) -> Option<ConvProblem> {
+    if super::conv_backend() == super::ConvBackend::Im2col || !sinter_cuda::cudnn::available() {
+        return None;
+    }
+    let p = ConvProblem {
+        n: g.n,
+        c: g.c,
+        h: g.h,
+        w: g.w,
+        o: g.o,
+        kh: g.kh,
+        kw: g.kw,
+        stride: g.p.stride,
+        padding: g.p.padding,
+        dilation: g.p.dilation,
+        groups: g.p.groups,
+        dtype: super::cu_dtype(dtype),
+        allow_tf32: dtype == DType::F32 && super::allow_tf32(),
+    };
+    // Shapes beyond cuDNN's int range go to im2col (which chunks the batch).
+    p.validate().is_ok().then_some(p)
+}
+
+/// `v` itself when its start is 16-byte aligned (what cuDNN's vectorised kernels assume), else
+/// an aligned copy (a view starting mid-buffer; rare).
+fn aligned(dev: &CudaDevice, v: DevView, dtype: DType) -> Result<DevView> {
+    if v.slice().ptr().is_multiple_of(16) {
+        return Ok(v);
+    }
+    let b = alloc(dev, v.len, dtype)?;
+    dev.copy(v.slice(), b.as_slice()).on("conv2d")?;
+    Ok(DevView::whole(b))
+}
+
+/// Counts a pass cuDNN ran, for [`cudnn_conv_passes`](super::cudnn_conv_passes).
+fn ran(r: Ran) -> bool {
+    match r {
+        Ran::Done => {
+            super::CUDNN_PASSES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            true
+        }
+        Ran::Unsupported(_) => false,
+    }
+}
+
+fn cudnn_forward(
+    dev: &Arc<CudaDevice>,
+    cp: &ConvProblem,
+    x: &DevView,
+    w: &DevView,
+    dtype: DType,
+) -> Result<Option<Buf>> {
+    let (_, _, ny) = cp.numels().on("conv2d")?;
+    let y = alloc(dev, ny, dtype)?;
+    let r = sinter_cuda::cudnn::conv2d_forward(dev, cp, x.slice(), w.slice(), y.as_slice())
+        .on("conv2d")?;
+    Ok(ran(r).then_some(y))
+}
+
+fn cudnn_backward_data(
+    dev: &Arc<CudaDevice>,
+    cp: &ConvProblem,
+    w: &DevView,
+    gy: &DevView,
+    dtype: DType,
+) -> Result<Option<Buf>> {
+    let (nx, _, _) = cp.numels().on("conv2d")?;
+    let dx = alloc(dev, nx, dtype)?;
+    let r = sinter_cuda::cudnn::conv2d_backward_data(dev, cp, w.slice(), gy.slice(), dx.as_slice())
+        .on("conv2d")?;
+    Ok(ran(r).then_some(dx))
+}
+
+fn cudnn_backward_filter(
+    dev: &Arc<CudaDevice>,
+    cp: &ConvProblem,
+    x: &DevView,
+    gy: &DevView,
+    dtype: DType,
+) -> Result<Option<Buf>> {
+    let (_, nw, _) = cp.numels().on("conv2d")?;
+    let dw = alloc(dev, nw, dtype)?;
+    let r =
+        sinter_cuda::cudnn::conv2d_backward_filter(dev, cp, x.slice(), gy.slice(), dw.as_slice())
+            .on("conv2d")?;
+    Ok(ran(r).then_some(dw))
+}
+
 /// conv2d of x [n, c, h, w] with weight [o, c/groups, kh, kw] (the caller checked shapes and
 /// computed the geometry). The weight is used in x's dtype; the output and both gradients are
-/// in x's dtype, as on the CPU.
+/// in x's dtype, as on the CPU. Each pass tries cuDNN first (when it is to be used) and falls
+/// back to im2col for that pass alone.
 pub(crate) fn conv2d(x: &Tensor, w: &Tensor, g: &ConvGeom) -> Result<Tensor> {
     same_device("conv2d", x, w)?;
     let (dev, _) = parts(x)?;
     let dtype = x.dtype();
     let p = Plan::new(g, dtype);
-    let y = forward(&dev, &p, &contig(x)?, &contig_as(w, dtype)?)?;
+    // Decided once per call, so the backward uses the same implementation as the forward.
+    let cp = cudnn_problem(g, dtype);
+    let (xv, wv) = (contig(x)?, contig_as(w, dtype)?);
+    let y = match &cp {
+        Some(cp) => cudnn_forward(
+            &dev,
+            cp,
+            &aligned(&dev, xv.clone(), dtype)?,
+            &aligned(&dev, wv.clone(), dtype)?,
+            dtype,
+        )?,
+        None => None,
+    };
+    let y = match y {
+        Some(y) => y,
+        None => forward(&dev, &p, &xv, &wv)?,
+    };
     let (xt, wt) = (x.clone(), w.clone());
     let shape = [g.n, g.o, g.oh, g.ow];
     Ok(output(
@@ -261,15 +371,35 @@ pub(crate) fn conv2d(x: &Tensor, w: &Tensor, g: &ConvGeom) -> Result<Tensor> {
         &[x, w],
         move |gr, _| {
             let (want_dx, want_dw) = (xt.tracks_grad(), wt.tracks_grad());
-            let (dx, dw) = backward(
-                &dev,
-                &p,
-                &contig(&xt)?,
-                &contig_as(&wt, dtype)?,
-                &contig_as(gr, dtype)?,
-                want_dx,
-                want_dw,
-            )?;
+            let (xv, wv, gv) = (contig(&xt)?, contig_as(&wt, dtype)?, contig_as(gr, dtype)?);
+            let (mut dx, mut dw) = (None, None);
+            if let Some(cp) = &cp {
+                let gva = aligned(&dev, gv.clone(), dtype)?;
+                if want_dx {
+                    dx = cudnn_backward_data(
+                        &dev,
+                        cp,
+                        &aligned(&dev, wv.clone(), dtype)?,
+                        &gva,
+                        dtype,
+                    )?;
+                }
+                if want_dw {
+                    dw = cudnn_backward_filter(
+                        &dev,
+                        cp,
+                        &aligned(&dev, xv.clone(), dtype)?,
+                        &gva,
+                        dtype,
+                    )?;
+                }
+            }
+            let (need_dx, need_dw) = (want_dx && dx.is_none(), want_dw && dw.is_none());
+            if need_dx || need_dw {
+                let (bx, bw) = backward(&dev, &p, &xv, &wv, &gv, need_dx, need_dw)?;
+                dx = dx.or(bx);
+                dw = dw.or(bw);
+            }
             Ok(vec![
                 dx.map(|b| tensor_of(&dev, b, dtype, xt.shape())),
                 dw.map(|b| tensor_of(&dev, b, dtype, wt.shape())),
