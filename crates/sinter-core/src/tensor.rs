@@ -156,7 +156,6 @@ impl Tensor {
             return crate::cuda::creation::arange(start, step, n, dtype, o);
         }
         let v: Vec<f32> = (0..n).map(|i| (start + i as f64 * step) as f32).collect();
-        check_device(device)?;
         let s = if dtype == DType::I64 {
             CpuStorage::I64((0..n).map(|i| (start + i as f64 * step) as i64).collect())
         } else {

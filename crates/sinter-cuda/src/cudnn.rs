@@ -666,7 +666,30 @@ fn choose_fwd(
         .iter()
         .map(|q| candidate(q.algo, q.status, q.determinism, q.memory, q.mathType))
         .collect();
-    Ok(pick(p, &c))
+    let Some(mut c) = pick(p, &c) else {
+        return Ok(None);
+    };
+    // The exact workspace for the mode it will run in (the heuristic's figure is an estimate).
+    // SAFETY: live handle and descriptors.
+    let ws = unsafe {
+        cr::set_convolution_math_type(plan.conv.0, p.exec_math(c.math)).and_then(|_| {
+            cr::get_convolution_forward_workspace_size(
+                h,
+                plan.x.0,
+                plan.w.0,
+                plan.conv.0,
+                plan.y.0,
+                c.algo,
+            )
+        })
+    };
+    Ok(ws
+        .ok()
+        .map(|w| {
+            c.workspace = c.workspace.max(w);
+            c
+        })
+        .filter(|c| c.workspace <= MAX_WORKSPACE))
 }
 
 fn choose_bwd_data(
@@ -699,7 +722,29 @@ fn choose_bwd_data(
         .iter()
         .map(|q| candidate(q.algo, q.status, q.determinism, q.memory, q.mathType))
         .collect();
-    Ok(pick(p, &c))
+    let Some(mut c) = pick(p, &c) else {
+        return Ok(None);
+    };
+    // SAFETY: as in choose_fwd.
+    let ws = unsafe {
+        cr::set_convolution_math_type(plan.conv.0, p.exec_math(c.math)).and_then(|_| {
+            cr::get_convolution_backward_data_workspace_size(
+                h,
+                plan.w.0,
+                plan.y.0,
+                plan.conv.0,
+                plan.x.0,
+                c.algo,
+            )
+        })
+    };
+    Ok(ws
+        .ok()
+        .map(|w| {
+            c.workspace = c.workspace.max(w);
+            c
+        })
+        .filter(|c| c.workspace <= MAX_WORKSPACE))
 }
 
 fn choose_bwd_filter(
@@ -736,7 +781,29 @@ fn choose_bwd_filter(
         .iter()
         .map(|q| candidate(q.algo, q.status, q.determinism, q.memory, q.mathType))
         .collect();
-    Ok(pick(p, &c))
+    let Some(mut c) = pick(p, &c) else {
+        return Ok(None);
+    };
+    // SAFETY: as in choose_fwd.
+    let ws = unsafe {
+        cr::set_convolution_math_type(plan.conv.0, p.exec_math(c.math)).and_then(|_| {
+            cr::get_convolution_backward_filter_workspace_size(
+                h,
+                plan.x.0,
+                plan.y.0,
+                plan.conv.0,
+                plan.w.0,
+                c.algo,
+            )
+        })
+    };
+    Ok(ws
+        .ok()
+        .map(|w| {
+            c.workspace = c.workspace.max(w);
+            c
+        })
+        .filter(|c| c.workspace <= MAX_WORKSPACE))
 }
 
 /// y = conv2d(x, w) (contiguous NCHW operands of `p.dtype`).

@@ -69,12 +69,17 @@ struct DeviceSlot {
     armed: AtomicBool,
 }
 
-fn slot_of(dev: &CudaDevice) -> Result<Arc<DeviceSlot>> {
+fn slots() -> std::sync::MutexGuard<'static, HashMap<usize, Arc<DeviceSlot>>> {
     static SLOTS: OnceLock<Mutex<HashMap<usize, Arc<DeviceSlot>>>> = OnceLock::new();
-    let mut map = SLOTS
+    SLOTS
         .get_or_init(Default::default)
         .lock()
-        .unwrap_or_else(|p| p.into_inner());
+        .unwrap_or_else(|p| p.into_inner())
+}
+
+/// The slot of `dev`, created (32 bytes, permanent pool) by the first check on it.
+fn slot_of(dev: &CudaDevice) -> Result<Arc<DeviceSlot>> {
+    let mut map = slots();
     if let Some(s) = map.get(&dev.ordinal()) {
         return Ok(s.clone());
     }
@@ -110,7 +115,10 @@ pub(crate) fn check_indices(
 /// Returns the error recorded on `dev` since the last call, if any (and clears it). Costs a
 /// 32-byte read only when a check ran since then.
 pub(crate) fn take_error(dev: &CudaDevice) -> Result<()> {
-    let s = slot_of(dev)?;
+    // No check ever ran on this device: nothing to read (and nothing allocated).
+    let Some(s) = slots().get(&dev.ordinal()).cloned() else {
+        return Ok(());
+    };
     if !s.armed.swap(false, Ordering::AcqRel) {
         return Ok(());
     }

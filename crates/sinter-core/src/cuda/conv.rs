@@ -252,7 +252,14 @@ fn cudnn_problem(g: &ConvGeom, dtype: DType) -> Option<ConvProblem> {
     if super::conv_backend() == super::ConvBackend::Im2col || !sinter_cuda::cudnn::available() {
         return None;
     }
-    let p = ConvProblem {
+    let p = to_problem(g, dtype, dtype == DType::F32 && super::allow_tf32());
+    // Shapes beyond cuDNN's int range go to im2col (which chunks the batch).
+    p.validate().is_ok().then_some(p)
+}
+
+/// The cuDNN description of a convolution geometry (pure).
+fn to_problem(g: &ConvGeom, dtype: DType, allow_tf32: bool) -> ConvProblem {
+    ConvProblem {
         n: g.n,
         c: g.c,
         h: g.h,
@@ -265,10 +272,8 @@ fn cudnn_problem(g: &ConvGeom, dtype: DType) -> Option<ConvProblem> {
         dilation: g.p.dilation,
         groups: g.p.groups,
         dtype: super::cu_dtype(dtype),
-        allow_tf32: dtype == DType::F32 && super::allow_tf32(),
-    };
-    // Shapes beyond cuDNN's int range go to im2col (which chunks the batch).
-    p.validate().is_ok().then_some(p)
+        allow_tf32,
+    }
 }
 
 /// `v` itself when its start is 16-byte aligned (what cuDNN's vectorised kernels assume), else
@@ -475,4 +480,61 @@ pub(crate) fn avg_pool2d(x: &Tensor, p: Pool2dParams) -> Result<Tensor> {
             Ok(vec![Some(tensor_of(&dev, gx, dtype, &xshape))])
         },
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Conv2dParams;
+
+    #[test]
+    fn cudnn_problems_agree_with_the_tensor_geometry() {
+        let cases = [
+            ([2, 3, 8, 8], [4, 3, 3, 3], (1, 1, 1, 1)),
+            ([3, 4, 9, 7], [6, 2, 3, 2], (2, 1, 1, 2)),
+            ([2, 2, 11, 11], [3, 2, 3, 3], (1, 2, 2, 1)),
+            ([2, 4, 6, 6], [4, 1, 3, 3], (1, 1, 1, 4)),
+            ([1, 8, 5, 4], [16, 8, 5, 4], (3, 0, 1, 1)),
+        ];
+        for (xs, ws, (stride, padding, dilation, groups)) in cases {
+            let p = Conv2dParams {
+                stride,
+                padding,
+                dilation,
+                groups,
+            };
+            let (oh, ow) = (
+                ConvGeom::out_size(xs[2], ws[2], &p).unwrap(),
+                ConvGeom::out_size(xs[3], ws[3], &p).unwrap(),
+            );
+            let g = ConvGeom {
+                n: xs[0],
+                c: xs[1],
+                h: xs[2],
+                w: xs[3],
+                o: ws[0],
+                kh: ws[2],
+                kw: ws[3],
+                oh,
+                ow,
+                p,
+            };
+            for dtype in [DType::F32, DType::BF16, DType::F16] {
+                let cp = to_problem(&g, dtype, false);
+                cp.validate().unwrap();
+                assert_eq!(cp.out_hw().unwrap(), (oh, ow), "{xs:?} {ws:?} {p:?}");
+                assert_eq!(cp.w_dims().map(|v| v as usize), ws, "filter layout");
+                assert_eq!(
+                    cp.y_dims().unwrap().map(|v| v as usize),
+                    [xs[0], ws[0], oh, ow]
+                );
+                assert_eq!(cp.dtype, cu_dtype_of(dtype));
+            }
+            assert!(to_problem(&g, DType::F32, true).allow_tf32);
+        }
+    }
+
+    fn cu_dtype_of(d: DType) -> sinter_cuda::DType {
+        super::super::cu_dtype(d)
+    }
 }
