@@ -246,7 +246,14 @@ fn cudnn_err(op: &'static str) -> impl Fn(cr::CudnnError) -> CudaError {
 }
 
 fn is_not_supported(e: &cr::CudnnError) -> bool {
-    e.0 == cs::cudnnStatus_t::CUDNN_STATUS_NOT_SUPPORTED
+    falls_back(e.0 as u32)
+}
+
+/// Whether a cuDNN status means "cuDNN cannot do this here" (fall back to im2col) rather than a
+/// failure: the NOT_SUPPORTED family (3000..=3999 in cuDNN 9; 9 in cuDNN 8), a misaligned
+/// pointer (2003), or a sub-library (e.g. libcudnn_cnn) that failed to load (1008).
+pub fn falls_back(status: u32) -> bool {
+    (3000..4000).contains(&status) || matches!(status, 9 | 1008 | 2003)
 }
 
 struct TensorDesc(cs::cudnnTensorDescriptor_t);
@@ -469,7 +476,7 @@ fn run_pass(
             Ok(plan) => {
                 state.plans.insert(*p, plan);
             }
-            Err(e) if is_not_supported(&e) || e.0 == cs::cudnnStatus_t::CUDNN_STATUS_BAD_PARAM => {
+            Err(e) if is_not_supported(&e) || (e.0 as u32) == 2000 || (e.0 as u32) == 3 => {
                 return Ok(Ran::Unsupported(format!("cuDNN descriptors: {:?}", e.0)));
             }
             Err(e) => return Err(cudnn_err("cuDNN descriptors")(e)),
@@ -974,6 +981,19 @@ mod tests {
         // Nothing usable: fall back.
         assert!(pick(&strict, &ranked[..2]).is_none());
         assert!(pick::<u32>(&strict, &[]).is_none());
+    }
+
+    #[test]
+    fn not_supported_statuses_fall_back_and_failures_do_not() {
+        for code in [3000, 3002, 3007, 3009, 3999, 1008, 2003, 9] {
+            assert!(falls_back(code), "{code}");
+        }
+        for code in [0, 2000, 4000, 4004, 5000, 5002, 1001] {
+            assert!(!falls_back(code), "{code}");
+        }
+        assert!(falls_back(
+            cs::cudnnStatus_t::CUDNN_STATUS_NOT_SUPPORTED as u32
+        ));
     }
 
     #[test]
