@@ -24,7 +24,8 @@ impl Tensor {
     }
 
     /// 2-D convolution of x [n, c, h, w] with weight [o, c/groups, kh, kw] (no bias; add it
-    /// with broadcasting). Runs as im2col + GEMM.
+    /// with broadcasting). On the CPU and as the CUDA fall-back it runs as im2col + GEMM; on CUDA
+    /// it runs through cuDNN when that loads (see `cuda::set_conv_backend`).
     pub fn conv2d(&self, weight: &Tensor, p: Conv2dParams) -> Result<Tensor> {
         self.expect_rank("conv2d", 4, "input [n, c, h, w]")?;
         weight.expect_rank("conv2d", 4, "weight [o, c/groups, kh, kw]")?;
@@ -282,7 +283,7 @@ impl Tensor {
         self.sub(target)?.sqr()?.mean_all()
     }
 
-    fn index_vec(idx: &Tensor, bound: usize, op: &'static str) -> Result<Vec<usize>> {
+    fn index_dtype(idx: &Tensor, op: &'static str) -> Result<()> {
         if idx.dtype() != DType::I64 {
             return Err(Error::DTypeMismatch {
                 op,
@@ -290,6 +291,11 @@ impl Tensor {
                 got: idx.dtype(),
             });
         }
+        Ok(())
+    }
+
+    fn index_vec(idx: &Tensor, bound: usize, op: &'static str) -> Result<Vec<usize>> {
+        Self::index_dtype(idx, op)?;
         idx.to_vec_i64()?
             .into_iter()
             .enumerate()
@@ -315,6 +321,13 @@ impl Tensor {
             shape[d],
             shape[d + 1..].iter().product::<usize>(),
         );
+        if self.device().is_cuda() && idx.device().is_cuda() {
+            // Device ids stay on the device: checked there, no host round trip.
+            Self::index_dtype(idx, "index_select")?;
+            let mut out_shape = shape.to_vec();
+            out_shape[d] = idx.numel();
+            return crate::cuda::nn::index_select_device(self, idx, outer, n, inner, &out_shape);
+        }
         let ids = Self::index_vec(idx, n, "index_select")?;
         let mut out_shape = shape.to_vec();
         out_shape[d] = ids.len();
@@ -365,9 +378,18 @@ impl Tensor {
             shape[d],
             shape[d + 1..].iter().product::<usize>(),
         );
-        let ids = Self::index_vec(idx, n, "index_add")?;
+        let on_device =
+            (self.device().is_cuda() || src.device().is_cuda()) && idx.device().is_cuda();
+        // Device ids are checked on the device (see cuda::checks), host ids here.
+        let ids = if on_device {
+            Self::index_dtype(idx, "index_add")?;
+            idx.expect_rank("index_add", 1, "indices")?;
+            None
+        } else {
+            Some(Self::index_vec(idx, n, "index_add")?)
+        };
         let mut expect = shape.to_vec();
-        expect[d] = ids.len();
+        expect[d] = idx.numel();
         if src.shape() != expect {
             return Err(Error::ShapeMismatch {
                 op: "index_add",
@@ -376,8 +398,9 @@ impl Tensor {
             });
         }
         if self.device().is_cuda() || src.device().is_cuda() {
-            return crate::cuda::nn::index_add(self, d, idx, &ids, src, outer, n, inner);
+            return crate::cuda::nn::index_add(self, d, idx, ids.as_deref(), src, outer, n, inner);
         }
+        let ids = ids.expect("host ids are checked on the host");
         let mut dst = f32_of(self);
         cpu::nn::index_add(&mut dst, &f32_of(src), &ids, outer, n, inner);
         let idx = idx.clone();

@@ -152,8 +152,11 @@ impl Tensor {
             bail!("arange: step {step} never gets from {start} to {end}");
         }
         let n = ((end - start) / step).ceil() as usize;
-        let v: Vec<f32> = (0..n).map(|i| (start + i as f64 * step) as f32).collect();
         check_device(device)?;
+        if let Device::Cuda(o) = device {
+            return crate::cuda::creation::arange(start, step, n, dtype, o);
+        }
+        let v: Vec<f32> = (0..n).map(|i| (start + i as f64 * step) as f32).collect();
         let s = if dtype == DType::I64 {
             CpuStorage::I64((0..n).map(|i| (start + i as f64 * step) as i64).collect())
         } else {

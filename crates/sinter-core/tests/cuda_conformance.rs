@@ -850,6 +850,7 @@ fn matmul_matches_cpu() {
 #[test]
 fn matmul_tf32_within_1e_3() {
     let g = need_gpu!();
+    let _s = serial();
     let mut rng = Rng::new(9);
     cuda::set_allow_tf32(true);
     for (name, inputs, f) in matmul_cases(&mut rng) {
@@ -870,6 +871,7 @@ fn matmul_tf32_within_1e_3() {
 #[test]
 fn conv2d_matches_cpu() {
     let g = need_gpu!();
+    let _s = serial();
     let mut rng = Rng::new(10);
     let cases: [(&[usize], &[usize], Conv2dParams); 6] = [
         (
@@ -1749,4 +1751,378 @@ fn cuda_requests_without_a_device_are_errors() {
 fn report_explains_what_is_missing() {
     let r = cuda::report();
     assert!(r.contains("libcuda") || r.contains("driver"), "{r}");
+}
+
+// ---- i64 on the device, device-side index checks, cuDNN ---------------------------------------
+
+/// Serialises the tests that flip process-wide settings (TF32, the conv backend), so the
+/// tests running beside them see the defaults.
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    LOCK.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+#[test]
+fn integer_ops_run_on_the_device_and_match_cpu() {
+    let g = need_gpu!();
+    // Negative values, zero divisors and equal pairs; b broadcasts over a's rows.
+    let a = ids(&[7, -7, 0, 5, i64::MAX, -3, 12, 1, -9, 4, 4, 6], &[3, 4]);
+    let b = ids(&[2, -2, 0, 4], &[4]);
+    let ops: [(&str, BinaryOp); 12] = [
+        ("add", BinaryOp::Add),
+        ("sub", BinaryOp::Sub),
+        ("mul", BinaryOp::Mul),
+        ("div", BinaryOp::Div),
+        ("maximum", BinaryOp::Maximum),
+        ("minimum", BinaryOp::Minimum),
+        ("eq", BinaryOp::Eq),
+        ("ne", BinaryOp::Ne),
+        ("lt", BinaryOp::Lt),
+        ("le", BinaryOp::Le),
+        ("gt", BinaryOp::Gt),
+        ("ge", BinaryOp::Ge),
+    ];
+    for (name, op) in ops {
+        check(
+            g,
+            &format!("i64 {name}"),
+            &[DType::F32],
+            &[fixed(a.clone()), fixed(b.clone())],
+            Some(0.0),
+            move |t| t[0].binary(&t[1], op),
+        );
+        // A transposed (strided) left operand.
+        check(
+            g,
+            &format!("i64 {name} of a transpose"),
+            &[DType::F32],
+            &[fixed(a.clone()), fixed(ids(&[1, 0, -1], &[3, 1]))],
+            Some(0.0),
+            move |t| t[0].t()?.binary(&t[1].t()?, op),
+        );
+    }
+    // where with an i64 result and float or i64 conditions (0.5 counts as true, like the CPU).
+    let cond_f = Tensor::from_vec(vec![0.5f32, 0.0, -1.0, 0.0], &[4], CPU).unwrap();
+    let cond_i = ids(&[0, 3, 0, -1], &[4]);
+    for (name, cond) in [("float", cond_f), ("i64", cond_i)] {
+        check(
+            g,
+            &format!("i64 where ({name} condition)"),
+            &FLOATS,
+            &[fixed(cond), fixed(a.clone()), fixed(b.clone())],
+            Some(0.0),
+            |t| Tensor::where_cond(&t[0], &t[1], &t[2]),
+        );
+    }
+    // Reductions along each dim, kept and not.
+    for dim in [0isize, 1] {
+        for keep in [false, true] {
+            let what = format!("dim {dim} keep {keep}");
+            check(
+                g,
+                &format!("i64 sum {what}"),
+                &[DType::F32],
+                &[fixed(a.clone())],
+                Some(0.0),
+                move |t| t[0].sum(&[dim], keep),
+            );
+            check(
+                g,
+                &format!("i64 max {what}"),
+                &[DType::F32],
+                &[fixed(a.clone())],
+                Some(0.0),
+                move |t| t[0].max(dim, keep),
+            );
+            check(
+                g,
+                &format!("i64 min {what}"),
+                &[DType::F32],
+                &[fixed(a.clone())],
+                Some(0.0),
+                move |t| t[0].min(dim, keep),
+            );
+        }
+    }
+    // argmax with ties: the first maximum (values small enough to be exact in f32 on the CPU).
+    let tied = ids(&[3, 9, 9, 1, 4, 4, 2, 4], &[2, 4]);
+    for dim in [0isize, 1] {
+        check(
+            g,
+            &format!("i64 argmax {dim}"),
+            &[DType::F32],
+            &[fixed(tied.clone())],
+            Some(0.0),
+            move |t| t[0].argmax(dim, false),
+        );
+    }
+    // Casts both ways.
+    check(
+        g,
+        "i64 -> float",
+        &FLOATS,
+        &[fixed(tied.clone())],
+        None,
+        |t| t[0].to_dtype(DType::F32),
+    );
+    let fl = Tensor::from_vec(vec![1.9f32, -1.9, 0.4, 7.0], &[4], CPU).unwrap();
+    check(
+        g,
+        "float -> i64 (truncates)",
+        &FLOATS,
+        &[fixed(fl)],
+        Some(0.0),
+        |t| t[0].to_dtype(DType::I64),
+    );
+    // Creation straight on the device.
+    for v in [0.0, 1.0, -5.0, 123456789.0] {
+        let t = Tensor::full(v, &[2, 3], DType::I64, g).unwrap();
+        assert_eq!(t.device(), g);
+        assert_eq!(t.to_vec_i64().unwrap(), vec![v as i64; 6], "full({v})");
+    }
+    for (start, end, step) in [(0.0, 10.0, 1.0), (-3.0, 4.0, 2.5), (5.0, -2.0, -0.75)] {
+        for dtype in [DType::I64, DType::F32, DType::BF16, DType::F16] {
+            let want = Tensor::arange(start, end, step, dtype, CPU).unwrap();
+            let got = Tensor::arange(start, end, step, dtype, g).unwrap();
+            assert_eq!(
+                (got.dtype(), got.device(), got.shape()),
+                (dtype, g, want.shape())
+            );
+            assert_eq!(
+                got.to_vec_f64().unwrap(),
+                want.to_vec_f64().unwrap(),
+                "arange({start}, {end}, {step}) {dtype}"
+            );
+        }
+    }
+    // An i64 gather with ids already on the device, and masks built from comparisons.
+    let table = ids(&(0..30).collect::<Vec<i64>>(), &[10, 3]);
+    check(
+        g,
+        "i64 embedding with device ids",
+        &[DType::F32],
+        &[fixed(table), fixed(ids(&[9, 0, 4, 4], &[2, 2]))],
+        Some(0.0),
+        |t| t[0].embedding(&t[1]),
+    );
+    check(
+        g,
+        "mask from an i64 comparison",
+        &[DType::F32],
+        &[fixed(a.clone())],
+        Some(0.0),
+        |t| t[0].gt(&Tensor::zeros(&[1], DType::I64, t[0].device())?),
+    );
+}
+
+#[test]
+fn index_ops_with_device_ids_match_cpu() {
+    let g = need_gpu!();
+    let mut rng = Rng::new(41);
+    let x = uniform(&mut rng, &[3, 5, 4], -1.0, 1.0);
+    // `check` moves the ids to the device, so these take the device-id path.
+    for (dim, i) in [
+        (0isize, ids(&[2, 0, 2], &[3])),
+        (1, ids(&[4, 0, 4, 2], &[4])),
+        (2, ids(&[3, 3, 1], &[3])),
+    ] {
+        let mut src_shape = x.shape().to_vec();
+        src_shape[dim as usize] = i.numel();
+        let src = uniform(&mut rng, &src_shape, -1.0, 1.0);
+        check(
+            g,
+            &format!("index_add {dim} (device ids)"),
+            &FLOATS,
+            &[var(x.clone()), fixed(i.clone()), var(src)],
+            None,
+            move |t| t[0].index_add(dim, &t[1], &t[2]),
+        );
+        check(
+            g,
+            &format!("index_select {dim} (device ids)"),
+            &FLOATS,
+            &[var(x.clone()), fixed(i)],
+            None,
+            move |t| t[0].index_select(dim, &t[1]),
+        );
+    }
+}
+
+#[test]
+fn bad_device_indices_are_reported_with_value_and_position() {
+    let g = need_gpu!();
+    let mut rng = Rng::new(42);
+    let logits = uniform(&mut rng, &[6, 10], -3.0, 3.0).to_device(g).unwrap();
+    // Targets already on the device: the op itself does not wait for the device ...
+    let bad = ids(&[3, 1, 0, 10, 9, 12], &[6]).to_device(g).unwrap();
+    let loss = logits.cross_entropy(&bad, -100).unwrap();
+    // ... the first read does, and names the first bad target instead of returning NaN.
+    let e = loss.to_scalar_f32().unwrap_err().to_string();
+    assert!(e.contains("cross_entropy: target 10 at position 3"), "{e}");
+    // Reported once: the next reads work again.
+    let good = ids(&[3, -100, 0, 9, 9, 1], &[6]).to_device(g).unwrap();
+    let l = logits
+        .cross_entropy(&good, -100)
+        .unwrap()
+        .to_scalar_f32()
+        .unwrap();
+    assert!(l.is_finite());
+    // A negative target that is not the ignore index, reported through synchronize.
+    let neg = ids(&[3, -1, 0, 1, 2, -7], &[6]).to_device(g).unwrap();
+    let _ = logits.cross_entropy(&neg, -100).unwrap();
+    let e = cuda::synchronize(0).unwrap_err().to_string();
+    assert!(e.contains("target -1 at position 1"), "{e}");
+    cuda::synchronize(0).unwrap();
+    // index_select / embedding ids on the device: the gather stays in bounds, the read errs.
+    let table = uniform(&mut rng, &[20, 8], -1.0, 1.0).to_device(g).unwrap();
+    let bad_ids = ids(&[3, 19, 25, 0], &[4]).to_device(g).unwrap();
+    let rows = table.index_select(0, &bad_ids).unwrap();
+    let e = rows.to_vec_f32().unwrap_err().to_string();
+    assert!(e.contains("index_select: index 25 at position 2"), "{e}");
+    let e = table
+        .embedding(&ids(&[1, -2], &[1, 2]).to_device(g).unwrap())
+        .unwrap()
+        .to_vec_f32()
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("index -2 at position 1"), "{e}");
+    let src = Tensor::ones(&[2, 8], DType::F32, g).unwrap();
+    let e = table
+        .index_add(0, &ids(&[0, 20], &[2]).to_device(g).unwrap(), &src)
+        .unwrap()
+        .to_vec_f32()
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("index_add: index 20 at position 1"), "{e}");
+    assert_eq!(table.to_vec_f32().unwrap().len(), 160);
+}
+
+#[test]
+fn bad_targets_are_errors_on_the_cpu() {
+    let mut rng = Rng::new(43);
+    let logits = uniform(&mut rng, &[6, 10], -3.0, 3.0);
+    for (t, want) in [
+        (vec![3, 1, 0, 10, 9, 2], "target 10 at position 3"),
+        (vec![3, -1, 0, 1, 9, 2], "target -1 at position 1"),
+    ] {
+        let e = logits
+            .cross_entropy(&ids(&t, &[6]), -100)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(want), "{e}");
+        assert!(e.contains("0..10"), "{e}");
+    }
+    // The ignore index is not an error, and the ignored row counts for nothing.
+    let l = logits
+        .cross_entropy(&ids(&[3, -100, 0, 1, 9, 2], &[6]), -100)
+        .unwrap()
+        .to_scalar_f32()
+        .unwrap();
+    assert!(l.is_finite() && l > 0.0);
+    // Host ids out of range are immediate errors too.
+    let e = logits
+        .index_select(0, &ids(&[0, 6], &[2]))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("index 6 at position 1"), "{e}");
+}
+
+fn conv_cases() -> Vec<(Vec<usize>, Vec<usize>, Conv2dParams)> {
+    let p = |stride, padding, dilation, groups| Conv2dParams {
+        stride,
+        padding,
+        dilation,
+        groups,
+    };
+    vec![
+        (vec![2, 3, 8, 8], vec![4, 3, 3, 3], p(1, 1, 1, 1)),
+        (vec![3, 4, 9, 7], vec![6, 2, 3, 2], p(2, 1, 1, 2)),
+        (vec![2, 2, 11, 11], vec![3, 2, 3, 3], p(1, 2, 2, 1)),
+        (vec![2, 4, 6, 6], vec![4, 1, 3, 3], p(1, 1, 1, 4)),
+        (vec![4, 8, 5, 5], vec![16, 8, 1, 1], p(1, 0, 1, 1)),
+        (vec![2, 16, 12, 12], vec![32, 16, 3, 3], p(2, 1, 1, 1)),
+    ]
+}
+
+/// The GPU, when cuDNN loads there (else prints why the test is skipped).
+fn cudnn_gpu() -> Option<Device> {
+    let g = gpu()?;
+    if cuda::cudnn_available() {
+        Some(g)
+    } else {
+        println!("skipped: cuDNN not loadable here");
+        None
+    }
+}
+
+#[test]
+fn cudnn_conv_matches_cpu() {
+    let Some(g) = cudnn_gpu() else { return };
+    let _s = serial();
+    cuda::set_conv_backend(cuda::ConvBackend::Auto);
+    let mut rng = Rng::new(44);
+    for (xs, ws, p) in conv_cases() {
+        let x = uniform(&mut rng, &xs, -1.0, 1.0);
+        let w = uniform(&mut rng, &ws, -0.5, 0.5);
+        let before = cuda::cudnn_conv_passes();
+        check(
+            g,
+            &format!("cudnn conv2d {xs:?} {ws:?} {p:?}"),
+            &FLOATS,
+            &[var(x), var(w)],
+            Some(2e-5),
+            move |t| t[0].conv2d(&t[1], p),
+        );
+        // Forward, backward-data and backward-filter ran in cuDNN for each of the 3 dtypes.
+        let ran = cuda::cudnn_conv_passes() - before;
+        assert!(
+            ran >= 9,
+            "{xs:?} {ws:?}: cuDNN ran {ran} passes, expected 9"
+        );
+    }
+}
+
+#[test]
+fn cudnn_conv_matches_im2col() {
+    let Some(g) = cudnn_gpu() else { return };
+    let _s = serial();
+    let mut rng = Rng::new(45);
+    for (xs, ws, p) in conv_cases() {
+        let x = uniform(&mut rng, &xs, -1.0, 1.0);
+        let w = uniform(&mut rng, &ws, -0.5, 0.5);
+        for dtype in FLOATS {
+            let mut runs = Vec::new();
+            for backend in [cuda::ConvBackend::Im2col, cuda::ConvBackend::Auto] {
+                cuda::set_conv_backend(backend);
+                let before = cuda::cudnn_conv_passes();
+                runs.push(eval(g, dtype, &[var(x.clone()), var(w.clone())], &|t| {
+                    t[0].conv2d(&t[1], p)
+                }));
+                let ran = cuda::cudnn_conv_passes() - before;
+                match backend {
+                    cuda::ConvBackend::Im2col => {
+                        assert_eq!(ran, 0, "SINTER_CONV=im2col must not use cuDNN")
+                    }
+                    cuda::ConvBackend::Auto => assert_eq!(ran, 3, "cuDNN runs all three passes"),
+                }
+            }
+            cuda::set_conv_backend(cuda::ConvBackend::Auto);
+            let (im, dnn) = (&runs[0], &runs[1]);
+            let what = format!("cudnn vs im2col {xs:?} {ws:?} {p:?} [{dtype}]");
+            let t = if dtype == DType::F32 {
+                2e-5
+            } else {
+                tol(dtype)
+            };
+            assert_close(&format!("{what} output"), &dnn.out, &im.out, t);
+            for (i, (a, b)) in dnn.grads.iter().zip(&im.grads).enumerate() {
+                assert_close(
+                    &format!("{what} gradient {i}"),
+                    a.as_ref().unwrap(),
+                    b.as_ref().unwrap(),
+                    t,
+                );
+            }
+        }
+    }
 }

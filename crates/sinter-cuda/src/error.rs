@@ -63,6 +63,9 @@ pub enum CudaError {
     /// the caller can fall back to the CPU.
     #[error("a CUDA library call panicked: {0}")]
     Panicked(String),
+    /// A cuDNN call failed with a status other than NOT_SUPPORTED (which falls back instead).
+    #[error("cuDNN error in {op}: {msg}")]
+    Cudnn { op: &'static str, msg: String },
 }
 
 /// `Result` with [`CudaError`].

@@ -6,6 +6,8 @@
 //!   `sm_XY` and cached on disk.
 //! - [`ops`]: one Rust wrapper module per kernel file; each op is a pure plan plus a launch.
 //! - [`emu`]: a CPU emulator that runs the kernels of a launch plan on host memory (tests).
+//! - [`cudnn`]: conv2d forward / backward-data / backward-filter through cuDNN when it loads
+//!   (the CUDA convolution path; im2col + GEMM is the fall-back).
 //! - [`gemm`]: row-major GEMM (+ bias / GELU epilogues) through cuBLASLt.
 //! - [`alloc`]: the caching allocator with `Permanent` and `Temporary` pools.
 //! - [`CudaDevice`]: context, stream, allocator, kernels and cuBLASLt of one GPU.
@@ -14,6 +16,7 @@
 //! loaded with `dlopen` at run time, so it builds and runs where CUDA is absent.
 
 pub mod alloc;
+pub mod cudnn;
 pub mod device;
 pub mod dtype;
 pub mod emu;

@@ -32,11 +32,12 @@ pub enum KernelFile {
     Conv,
     Dropout,
     AdamW,
+    Int,
 }
 
 impl KernelFile {
     /// Every kernel file.
-    pub const ALL: [KernelFile; 11] = [
+    pub const ALL: [KernelFile; 12] = [
         KernelFile::Unary,
         KernelFile::Binary,
         KernelFile::Copy,
@@ -48,6 +49,7 @@ impl KernelFile {
         KernelFile::Conv,
         KernelFile::Dropout,
         KernelFile::AdamW,
+        KernelFile::Int,
     ];
 
     /// File name under `kernels/`.
@@ -64,6 +66,7 @@ impl KernelFile {
             KernelFile::Conv => "conv.cu",
             KernelFile::Dropout => "dropout.cu",
             KernelFile::AdamW => "adamw.cu",
+            KernelFile::Int => "int.cu",
         }
     }
 
@@ -81,6 +84,7 @@ impl KernelFile {
             KernelFile::Conv => include_str!("../kernels/conv.cu"),
             KernelFile::Dropout => include_str!("../kernels/dropout.cu"),
             KernelFile::AdamW => include_str!("../kernels/adamw.cu"),
+            KernelFile::Int => include_str!("../kernels/int.cu"),
         }
     }
 

@@ -323,9 +323,9 @@ pub fn report() -> String {
         "  cuDNN    libcudnn.so.9       {} {}",
         mark(libs.cudnn),
         if libs.cudnn {
-            v3(cudnn_version())
+            format!("{} (conv2d runs through cuDNN)", v3(cudnn_version()))
         } else {
-            "(optional: convolution falls back to im2col + GEMM)".into()
+            "(optional: conv2d falls back to im2col + GEMM)".into()
         }
     );
     let _ = writeln!(

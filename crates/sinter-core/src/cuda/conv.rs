@@ -1,15 +1,19 @@
-//! conv2d as im2col + cuBLASLt GEMM on the device (forward and both backward passes; cuDNN is
-//! not needed), and 2-D max / average pooling with their backward kernels.
+//! conv2d on the device — through cuDNN when `libcudnn` loads (forward, backward-data and
+//! backward-filter, algorithms chosen once per shape, see `sinter_cuda::cudnn`), else, or when
+//! cuDNN answers NOT_SUPPORTED for a shape, or when `SINTER_CONV=im2col` /
+//! [`set_conv_backend`](super::set_conv_backend) asks for it, as im2col + cuBLASLt GEMM — and
+//! 2-D max / average pooling with their backward kernels.
 //!
-//! Images are processed in chunks whose column matrix stays under a fixed budget, so memory does
-//! not grow with the batch. Per chunk and group: forward is one batched GEMM (the group's
-//! weights shared across images with a zero batch stride); the input gradient is a batched GEMM
-//! into a column matrix and a col2im (gather form, no atomics); the weight gradient is one GEMM
-//! over all images of the chunk at once (gradient and column matrices rearranged so the images
-//! are part of the contraction), accumulated across chunks.
+//! im2col: images are processed in chunks whose column matrix stays under a fixed budget, so
+//! memory does not grow with the batch. Per chunk and group: forward is one batched GEMM (the
+//! group's weights shared across images with a zero batch stride); the input gradient is a
+//! batched GEMM into a column matrix and a col2im (gather form, no atomics); the weight gradient
+//! is one GEMM over all images of the chunk at once (gradient and column matrices rearranged so
+//! the images are part of the contraction), accumulated across chunks.
 
 use std::sync::Arc;
 
+use sinter_cuda::cudnn::{ConvProblem, Ran};
 use sinter_cuda::ops::conv::{self as kc, Window2d};
 use sinter_cuda::{CudaDevice, DevSlice, DeviceBuffer, GemmDesc, GemmShape};
 
@@ -243,15 +247,126 @@ fn backward(
     Ok((dx, dw))
 }
 
+/// The cuDNN problem of a convolution, when cuDNN is to be tried for it.
+fn cudnn_problem(g: &ConvGeom, dtype: DType) -> Option<ConvProblem> {
+    if super::conv_backend() == super::ConvBackend::Im2col || !sinter_cuda::cudnn::available() {
+        return None;
+    }
+    let p = to_problem(g, dtype, dtype == DType::F32 && super::allow_tf32());
+    // Shapes beyond cuDNN's int range go to im2col (which chunks the batch).
+    p.validate().is_ok().then_some(p)
+}
+
+/// The cuDNN description of a convolution geometry (pure).
+fn to_problem(g: &ConvGeom, dtype: DType, allow_tf32: bool) -> ConvProblem {
+    ConvProblem {
+        n: g.n,
+        c: g.c,
+        h: g.h,
+        w: g.w,
+        o: g.o,
+        kh: g.kh,
+        kw: g.kw,
+        stride: g.p.stride,
+        padding: g.p.padding,
+        dilation: g.p.dilation,
+        groups: g.p.groups,
+        dtype: super::cu_dtype(dtype),
+        allow_tf32,
+    }
+}
+
+/// `v` itself when its start is 16-byte aligned (what cuDNN's vectorised kernels assume), else
+/// an aligned copy (a view starting mid-buffer; rare).
+fn aligned(dev: &CudaDevice, v: DevView, dtype: DType) -> Result<DevView> {
+    if v.slice().ptr().is_multiple_of(16) {
+        return Ok(v);
+    }
+    let b = alloc(dev, v.len, dtype)?;
+    dev.copy(v.slice(), b.as_slice()).on("conv2d")?;
+    Ok(DevView::whole(b))
+}
+
+/// Counts a pass cuDNN ran, for [`cudnn_conv_passes`](super::cudnn_conv_passes).
+fn ran(r: Ran) -> bool {
+    match r {
+        Ran::Done => {
+            super::CUDNN_PASSES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            true
+        }
+        Ran::Unsupported(_) => false,
+    }
+}
+
+fn cudnn_forward(
+    dev: &Arc<CudaDevice>,
+    cp: &ConvProblem,
+    x: &DevView,
+    w: &DevView,
+    dtype: DType,
+) -> Result<Option<Buf>> {
+    let (_, _, ny) = cp.numels().on("conv2d")?;
+    let y = alloc(dev, ny, dtype)?;
+    let r = sinter_cuda::cudnn::conv2d_forward(dev, cp, x.slice(), w.slice(), y.as_slice())
+        .on("conv2d")?;
+    Ok(ran(r).then_some(y))
+}
+
+fn cudnn_backward_data(
+    dev: &Arc<CudaDevice>,
+    cp: &ConvProblem,
+    w: &DevView,
+    gy: &DevView,
+    dtype: DType,
+) -> Result<Option<Buf>> {
+    let (nx, _, _) = cp.numels().on("conv2d")?;
+    let dx = alloc(dev, nx, dtype)?;
+    let r = sinter_cuda::cudnn::conv2d_backward_data(dev, cp, w.slice(), gy.slice(), dx.as_slice())
+        .on("conv2d")?;
+    Ok(ran(r).then_some(dx))
+}
+
+fn cudnn_backward_filter(
+    dev: &Arc<CudaDevice>,
+    cp: &ConvProblem,
+    x: &DevView,
+    gy: &DevView,
+    dtype: DType,
+) -> Result<Option<Buf>> {
+    let (_, nw, _) = cp.numels().on("conv2d")?;
+    let dw = alloc(dev, nw, dtype)?;
+    let r =
+        sinter_cuda::cudnn::conv2d_backward_filter(dev, cp, x.slice(), gy.slice(), dw.as_slice())
+            .on("conv2d")?;
+    Ok(ran(r).then_some(dw))
+}
+
 /// conv2d of x [n, c, h, w] with weight [o, c/groups, kh, kw] (the caller checked shapes and
 /// computed the geometry). The weight is used in x's dtype; the output and both gradients are
-/// in x's dtype, as on the CPU.
+/// in x's dtype, as on the CPU. Each pass tries cuDNN first (when it is to be used) and falls
+/// back to im2col for that pass alone.
 pub(crate) fn conv2d(x: &Tensor, w: &Tensor, g: &ConvGeom) -> Result<Tensor> {
     same_device("conv2d", x, w)?;
     let (dev, _) = parts(x)?;
     let dtype = x.dtype();
     let p = Plan::new(g, dtype);
-    let y = forward(&dev, &p, &contig(x)?, &contig_as(w, dtype)?)?;
+    // Decided once per call, so the backward uses the same implementation as the forward.
+    let cp = cudnn_problem(g, dtype);
+    let (xv, wv) = (contig(x)?, contig_as(w, dtype)?);
+    let y = match &cp {
+        Some(cp) => cudnn_forward(
+            &dev,
+            cp,
+            &aligned(&dev, xv.clone(), dtype)?,
+            &aligned(&dev, wv.clone(), dtype)?,
+            dtype,
+        )?,
+        None => None,
+    };
+    let y = match y {
+        Some(y) => y,
+        None => forward(&dev, &p, &xv, &wv)?,
+    };
     let (xt, wt) = (x.clone(), w.clone());
     let shape = [g.n, g.o, g.oh, g.ow];
     Ok(output(
@@ -261,15 +376,35 @@ pub(crate) fn conv2d(x: &Tensor, w: &Tensor, g: &ConvGeom) -> Result<Tensor> {
         &[x, w],
         move |gr, _| {
             let (want_dx, want_dw) = (xt.tracks_grad(), wt.tracks_grad());
-            let (dx, dw) = backward(
-                &dev,
-                &p,
-                &contig(&xt)?,
-                &contig_as(&wt, dtype)?,
-                &contig_as(gr, dtype)?,
-                want_dx,
-                want_dw,
-            )?;
+            let (xv, wv, gv) = (contig(&xt)?, contig_as(&wt, dtype)?, contig_as(gr, dtype)?);
+            let (mut dx, mut dw) = (None, None);
+            if let Some(cp) = &cp {
+                let gva = aligned(&dev, gv.clone(), dtype)?;
+                if want_dx {
+                    dx = cudnn_backward_data(
+                        &dev,
+                        cp,
+                        &aligned(&dev, wv.clone(), dtype)?,
+                        &gva,
+                        dtype,
+                    )?;
+                }
+                if want_dw {
+                    dw = cudnn_backward_filter(
+                        &dev,
+                        cp,
+                        &aligned(&dev, xv.clone(), dtype)?,
+                        &gva,
+                        dtype,
+                    )?;
+                }
+            }
+            let (need_dx, need_dw) = (want_dx && dx.is_none(), want_dw && dw.is_none());
+            if need_dx || need_dw {
+                let (bx, bw) = backward(&dev, &p, &xv, &wv, &gv, need_dx, need_dw)?;
+                dx = dx.or(bx);
+                dw = dw.or(bw);
+            }
             Ok(vec![
                 dx.map(|b| tensor_of(&dev, b, dtype, xt.shape())),
                 dw.map(|b| tensor_of(&dev, b, dtype, wt.shape())),
@@ -345,4 +480,61 @@ pub(crate) fn avg_pool2d(x: &Tensor, p: Pool2dParams) -> Result<Tensor> {
             Ok(vec![Some(tensor_of(&dev, gx, dtype, &xshape))])
         },
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Conv2dParams;
+
+    #[test]
+    fn cudnn_problems_agree_with_the_tensor_geometry() {
+        let cases = [
+            ([2, 3, 8, 8], [4, 3, 3, 3], (1, 1, 1, 1)),
+            ([3, 4, 9, 7], [6, 2, 3, 2], (2, 1, 1, 2)),
+            ([2, 2, 11, 11], [3, 2, 3, 3], (1, 2, 2, 1)),
+            ([2, 4, 6, 6], [4, 1, 3, 3], (1, 1, 1, 4)),
+            ([1, 8, 5, 4], [16, 8, 5, 4], (3, 0, 1, 1)),
+        ];
+        for (xs, ws, (stride, padding, dilation, groups)) in cases {
+            let p = Conv2dParams {
+                stride,
+                padding,
+                dilation,
+                groups,
+            };
+            let (oh, ow) = (
+                ConvGeom::out_size(xs[2], ws[2], &p).unwrap(),
+                ConvGeom::out_size(xs[3], ws[3], &p).unwrap(),
+            );
+            let g = ConvGeom {
+                n: xs[0],
+                c: xs[1],
+                h: xs[2],
+                w: xs[3],
+                o: ws[0],
+                kh: ws[2],
+                kw: ws[3],
+                oh,
+                ow,
+                p,
+            };
+            for dtype in [DType::F32, DType::BF16, DType::F16] {
+                let cp = to_problem(&g, dtype, false);
+                cp.validate().unwrap();
+                assert_eq!(cp.out_hw().unwrap(), (oh, ow), "{xs:?} {ws:?} {p:?}");
+                assert_eq!(cp.w_dims().map(|v| v as usize), ws, "filter layout");
+                assert_eq!(
+                    cp.y_dims().unwrap().map(|v| v as usize),
+                    [xs[0], ws[0], oh, ow]
+                );
+                assert_eq!(cp.dtype, cu_dtype_of(dtype));
+            }
+            assert!(to_problem(&g, DType::F32, true).allow_tf32);
+        }
+    }
+
+    fn cu_dtype_of(d: DType) -> sinter_cuda::DType {
+        super::super::cu_dtype(d)
+    }
 }

@@ -31,9 +31,26 @@ pub(crate) fn full(value: f64, shape: &[usize], dtype: DType, ordinal: usize) ->
         sinter_cuda::ops::unary::fill(&dev, b.as_slice(), value as f32).on("full")?;
         b
     } else {
-        upload(&dev, &CpuStorage::full(n, value, dtype), Pool::Temporary)?
+        let b = alloc(&dev, n, dtype)?;
+        sinter_cuda::ops::int::fill_i64(&dev, b.as_slice(), value as i64).on("full")?;
+        b
     };
     Ok(tensor_of(&dev, buf, dtype, shape))
+}
+
+/// `arange` on device `ordinal`: n values start + i * step, computed in f64 and cast like the
+/// CPU backend (the caller checked the range and computed n).
+pub(crate) fn arange(
+    start: f64,
+    step: f64,
+    n: usize,
+    dtype: DType,
+    ordinal: usize,
+) -> Result<Tensor> {
+    let dev = device(ordinal)?;
+    let b = alloc(&dev, n, dtype)?;
+    sinter_cuda::ops::int::arange(&dev, b.as_slice(), start, step).on("arange")?;
+    Ok(tensor_of(&dev, b, dtype, &[n]))
 }
 
 /// A fresh CPU tensor (the result of a host-side constructor) placed on `device`.
@@ -58,6 +75,8 @@ pub(crate) fn download(t: &Tensor) -> Result<Tensor> {
 /// The values of a CUDA tensor, row-major, in host memory (waits for the queued work).
 pub(crate) fn download_storage(t: &Tensor) -> Result<CpuStorage> {
     let (dev, _) = super::parts(t)?;
+    // The host waits for the device here anyway: report a bad device-side index first.
+    super::checks::take_error(&dev)?;
     let v = contig(t)?;
     let s = v.slice();
     Ok(match t.dtype() {

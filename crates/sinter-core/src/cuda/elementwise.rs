@@ -3,16 +3,14 @@
 //!
 //! These return the output `Storage`; the caller in `ops.rs` / `tensor.rs` records the autograd
 //! node, whose backward is written in tensor ops and so runs here too. Float math runs in f32 in
-//! the kernels and rounds once to f16/bf16, like the CPU backend. Integer (i64) arithmetic has
-//! no kernels: it runs on the host and the result is uploaded.
+//! the kernels and rounds once to f16/bf16, like the CPU backend. Integer (i64) arithmetic,
+//! comparisons and where run in the i64 kernels of `int.cu`, exact and wrapping like the CPU.
 
 use sinter_cuda::ops::binary::{self as kb, StridedIn};
+use sinter_cuda::ops::int as ki;
 use sinter_cuda::ops::unary::{self as ku, Saved};
 
-use super::{
-    alloc, contig, contig_as, parts, same_device, storage_of, strides_i64, tail_of, to_host,
-    upload_storage, OnOp,
-};
+use super::{alloc, contig, contig_as, parts, same_device, storage_of, strides_i64, tail_of, OnOp};
 use crate::layout::numel;
 use crate::op::{BinaryOp, UnaryOp};
 use crate::storage::Storage;
@@ -101,18 +99,7 @@ pub(crate) fn binary(
     shape: &[usize],
     op: BinaryOp,
 ) -> Result<Storage> {
-    if !a.dtype().is_float() {
-        // i64 arithmetic and comparisons: on the host.
-        let (ha, hb) = (to_host(a)?, to_host(b)?);
-        let r = crate::cpu::elementwise::binary(
-            ha.storage().cpu(),
-            &ha.layout().broadcast_as(shape)?,
-            hb.storage().cpu(),
-            &hb.layout().broadcast_as(shape)?,
-            op,
-        );
-        return upload_storage(&Tensor::from_cpu(r, shape), super::ordinal_of(a)?);
-    }
+    same_device(op.name(), a, b)?;
     let (dev, abuf) = parts(a)?;
     let (_, bbuf) = parts(b)?;
     let out = alloc(&dev, numel(shape), a.dtype())?;
@@ -125,7 +112,12 @@ pub(crate) fn binary(
         data: tail_of(&bbuf, lb.offset(), op.name())?,
         strides: &sb,
     };
-    kb::binary_strided(&dev, kernel_binary(op), ia, ib, out.as_slice(), shape).on(op.name())?;
+    if !a.dtype().is_float() {
+        // i64 arithmetic (wrapping, like the CPU) and comparisons (1/0).
+        ki::int_binary(&dev, kernel_binary(op), ia, ib, out.as_slice(), shape).on(op.name())?;
+    } else {
+        kb::binary_strided(&dev, kernel_binary(op), ia, ib, out.as_slice(), shape).on(op.name())?;
+    }
     Ok(storage_of(&dev, out, a.dtype()))
 }
 
@@ -139,16 +131,31 @@ pub(crate) fn where_cond(
     same_device("where", a, b)?;
     same_device("where", cond, a)?;
     if !a.dtype().is_float() {
-        let (hc, ha, hb) = (to_host(cond)?, to_host(a)?, to_host(b)?);
-        let r = crate::cpu::elementwise::where_cond(
-            hc.storage().cpu(),
-            &hc.layout().broadcast_as(shape)?,
-            ha.storage().cpu(),
-            &ha.layout().broadcast_as(shape)?,
-            hb.storage().cpu(),
-            &hb.layout().broadcast_as(shape)?,
+        // i64 operands: the kernel reads the condition in its own dtype.
+        let (lc, la, lb) = (
+            cond.layout().broadcast_as(shape)?,
+            a.layout().broadcast_as(shape)?,
+            b.layout().broadcast_as(shape)?,
         );
-        return upload_storage(&Tensor::from_cpu(r, shape), super::ordinal_of(a)?);
+        let (dev, cbuf) = parts(cond)?;
+        let (_, abuf) = parts(a)?;
+        let (_, bbuf) = parts(b)?;
+        let out = alloc(&dev, numel(shape), a.dtype())?;
+        let (sc, sa, sb) = (strides_i64(&lc), strides_i64(&la), strides_i64(&lb));
+        let ic = StridedIn {
+            data: tail_of(&cbuf, lc.offset(), "where")?,
+            strides: &sc,
+        };
+        let ia = StridedIn {
+            data: tail_of(&abuf, la.offset(), "where")?,
+            strides: &sa,
+        };
+        let ib = StridedIn {
+            data: tail_of(&bbuf, lb.offset(), "where")?,
+            strides: &sb,
+        };
+        ki::int_where(&dev, ic, ia, ib, out.as_slice(), shape).on("where")?;
+        return Ok(storage_of(&dev, out, a.dtype()));
     }
     // The kernel wants the condition in the operands' dtype.
     let cond = if cond.dtype() == a.dtype() {

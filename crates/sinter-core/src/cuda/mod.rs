@@ -6,9 +6,11 @@
 //! Ops whose backward is written in terms of other tensor ops (binary, unary, reductions,
 //! matmul, where, cast, contiguous) only swap the storage they produce; ops whose backward calls
 //! a fused kernel (softmax, layer norm, cross-entropy, conv2d, pooling, index_select/index_add,
-//! cat, dropout) are implemented here whole, autograd node included. A handful of rare cases
-//! without a device kernel (integer arithmetic, integer reductions and gathers) run on the host
-//! and move the result back — correct, just not fast; nothing on the float training path does.
+//! cat, dropout) are implemented here whole, autograd node included. i64 tensors live on the
+//! device too: creation, arithmetic, comparisons, where, reductions, gathers and casts run in
+//! kernels (`kernels/int.cu`); device-resident indices (cross-entropy targets, index_select /
+//! embedding / index_add ids) are validated on the device and a bad one is reported at the next
+//! read (see `checks`). conv2d runs through cuDNN when it loads, else im2col + cuBLASLt (`conv`).
 //!
 //! Memory: everything is allocated from the allocator's `Temporary` pool; the first
 //! `adamw_step` / `sgd_step` moves each parameter and its optimizer state (in place, for all
@@ -16,6 +18,7 @@
 //! All work of a device is ordered on its one stream; only reading values back
 //! (`to_vec_*`, `to_device(Cpu)`) and the host-checked index ops wait for it.
 
+pub(crate) mod checks;
 pub(crate) mod conv;
 pub(crate) mod creation;
 pub(crate) mod elementwise;
@@ -104,10 +107,12 @@ pub fn empty_cache(ordinal: usize) -> Result<()> {
 }
 
 /// Wait until all queued work on device `ordinal` has finished (for timings).
+/// Also returns the error of a bad device-resident index found since the last read (see
+/// `checks`).
 pub fn synchronize(ordinal: usize) -> Result<()> {
-    device(ordinal)?
-        .synchronize()
-        .map_err(op_err("synchronize"))
+    let dev = device(ordinal)?;
+    dev.synchronize().map_err(op_err("synchronize"))?;
+    checks::take_error(&dev)
 }
 
 fn tf32_flag() -> &'static AtomicBool {
@@ -131,6 +136,51 @@ pub fn set_allow_tf32(on: bool) {
 /// Whether f32 matrix products use TF32 (see [`set_allow_tf32`]).
 pub fn allow_tf32() -> bool {
     tf32_flag().load(Ordering::Relaxed)
+}
+
+/// Which implementation conv2d uses on CUDA.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ConvBackend {
+    /// cuDNN when it loads and supports the shape, else im2col + GEMM (the default).
+    Auto,
+    /// Always im2col + cuBLASLt GEMM (for comparisons; `SINTER_CONV=im2col` at start-up).
+    Im2col,
+}
+
+fn conv_flag() -> &'static AtomicBool {
+    static FLAG: OnceLock<AtomicBool> = OnceLock::new();
+    FLAG.get_or_init(|| {
+        AtomicBool::new(matches!(
+            std::env::var("SINTER_CONV").as_deref(),
+            Ok("im2col")
+        ))
+    })
+}
+
+/// Chooses the CUDA conv2d implementation for the following calls (process-wide).
+pub fn set_conv_backend(b: ConvBackend) {
+    conv_flag().store(b == ConvBackend::Im2col, Ordering::Relaxed);
+}
+
+/// The CUDA conv2d implementation in use (see [`set_conv_backend`]).
+pub fn conv_backend() -> ConvBackend {
+    if conv_flag().load(Ordering::Relaxed) {
+        ConvBackend::Im2col
+    } else {
+        ConvBackend::Auto
+    }
+}
+
+/// True when `libcudnn` loads here (conv2d then runs through it unless told otherwise).
+pub fn cudnn_available() -> bool {
+    sinter_cuda::cudnn::available()
+}
+
+pub(crate) static CUDNN_PASSES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// conv2d passes (forward, backward-data, backward-filter) cuDNN has run in this process.
+pub fn cudnn_conv_passes() -> u64 {
+    CUDNN_PASSES.load(Ordering::Relaxed)
 }
 
 // ---- internal helpers ---------------------------------------------------------------------------
@@ -219,16 +269,6 @@ pub(crate) fn parts(t: &Tensor) -> Result<(Arc<CudaDevice>, Arc<DeviceBuffer>)> 
             "internal error: expected a CUDA tensor, got one on {}",
             t.device()
         ))),
-    }
-}
-
-/// The ordinal of a tensor's device (an error for CPU tensors).
-pub(crate) fn ordinal_of(t: &Tensor) -> Result<usize> {
-    match t.device() {
-        Device::Cuda(n) => Ok(n),
-        Device::Cpu => Err(Error::Msg(
-            "internal error: expected a CUDA tensor, got a CPU one".into(),
-        )),
     }
 }
 
@@ -332,15 +372,4 @@ pub(crate) fn contig_as(t: &Tensor, dtype: DType) -> Result<DevView> {
 /// The tensor's values as a CPU tensor (contiguous, detached): a device-to-host copy.
 pub(crate) fn to_host(t: &Tensor) -> Result<Tensor> {
     creation::download(t)
-}
-
-/// A CPU result moved to `device` (no autograd: for integer fallbacks and creation).
-pub(crate) fn upload_storage(t: &Tensor, ordinal: usize) -> Result<Storage> {
-    let dev = device(ordinal)?;
-    let buf = creation::upload(
-        &dev,
-        &t.storage().cpu().copy_strided(t.layout()),
-        Pool::Temporary,
-    )?;
-    Ok(storage_of(&dev, buf, t.dtype()))
 }

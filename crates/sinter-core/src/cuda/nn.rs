@@ -12,10 +12,9 @@ use sinter_cuda::{CudaDevice, DeviceBuffer, Pool};
 
 use super::{
     alloc, contig, contig_as, opt_slice, parts, same_device, storage_of, strides_i64, tensor_of,
-    to_host, upload_storage, OnOp,
+    OnOp,
 };
 use crate::autograd::output;
-use crate::cpu::CpuStorage;
 use crate::{DType, Error, Layout, Result, Tensor};
 
 /// Softmax (or log-softmax) over the last dimension.
@@ -139,8 +138,10 @@ pub(crate) fn layer_norm(
     ))
 }
 
-/// The targets as a device i64 buffer. Host-resident targets are checked here (an error names
-/// the bad one); device-resident ones are not read back (a bad target makes the loss NaN).
+/// The targets as a device i64 buffer. Host-resident targets are checked here, before upload
+/// (an immediate error naming the bad one). Device-resident ones are checked on the device
+/// without a sync: a bad target makes its row's loss NaN and is reported, with its value and
+/// position, at the next read of device values (`checks`), e.g. when the loss is logged.
 fn device_targets(
     dev: &Arc<CudaDevice>,
     targets: &Tensor,
@@ -149,7 +150,15 @@ fn device_targets(
 ) -> Result<super::DevView> {
     if targets.device().is_cuda() {
         same_device_ordinal("cross_entropy", dev, targets)?;
-        return contig(targets);
+        let tv = contig(targets)?;
+        super::checks::check_indices(
+            dev,
+            tv.slice(),
+            c,
+            Some(ignore_index),
+            super::checks::IndexUse::CrossEntropy,
+        )?;
+        return Ok(tv);
     }
     let t = targets.to_vec_i64()?;
     if let Some((i, &v)) = t
@@ -275,21 +284,71 @@ pub(crate) fn index_select(
     out_shape: &[usize],
 ) -> Result<Tensor> {
     let (dev, _) = parts(x)?;
-    let dtype = x.dtype();
-    if !dtype.is_float() {
-        // Integer gathers (rare: no gradient) run on the host.
-        let h = to_host(x)?;
-        let v = h.storage().cpu().i64_contiguous(h.layout()).into_owned();
-        let r = crate::cpu::nn::index_select(&v, ids, outer, n, inner);
-        let s = upload_storage(
-            &Tensor::from_cpu(CpuStorage::I64(r), out_shape),
-            dev.ordinal(),
-        )?;
-        return Ok(Tensor::from_storage(s, out_shape));
-    }
     let idx = flat_ids(&dev, ids, outer, n)?;
+    gather(x, idx, outer, n, inner, ids.len(), out_shape)
+}
+
+/// index_select with the ids already on the device (no host round trip): they are checked on
+/// the device (a bad one is reported at the next read, see `checks`) and turned into flat row
+/// ids in range, so the gather itself is always memory-safe.
+pub(crate) fn index_select_device(
+    x: &Tensor,
+    ids: &Tensor,
+    outer: usize,
+    n: usize,
+    inner: usize,
+    out_shape: &[usize],
+) -> Result<Tensor> {
+    same_device("index_select", x, ids)?;
+    let (dev, _) = parts(x)?;
+    let flat = device_flat_ids(&dev, ids, outer, n, super::checks::IndexUse::IndexSelect)?;
+    gather(x, flat, outer, n, inner, ids.numel(), out_shape)
+}
+
+/// Checked (deferred) and flattened device ids: [outer * k] rows of x viewed as [outer * n, inner].
+fn device_flat_ids(
+    dev: &Arc<CudaDevice>,
+    ids: &Tensor,
+    outer: usize,
+    n: usize,
+    what: super::checks::IndexUse,
+) -> Result<Arc<DeviceBuffer>> {
+    let iv = contig(ids)?;
+    super::checks::check_indices(dev, iv.slice(), n, None, what)?;
+    let flat = alloc(dev, outer * iv.len, DType::I64)?;
+    sinter_cuda::ops::int::index_flat(dev, iv.slice(), flat.as_slice(), outer, n)
+        .on("index_select")?;
+    Ok(flat)
+}
+
+/// out[o, j, i] = x[o, ids[j], i] from flat row ids `idx` ([outer * k], in range).
+fn gather(
+    x: &Tensor,
+    idx: Arc<DeviceBuffer>,
+    outer: usize,
+    n: usize,
+    inner: usize,
+    k: usize,
+    out_shape: &[usize],
+) -> Result<Tensor> {
+    let (dev, _) = parts(x)?;
+    let dtype = x.dtype();
     let xv = contig(x)?;
-    let out = alloc(&dev, outer * ids.len() * inner, dtype)?;
+    if !dtype.is_float() {
+        // i64 rows (no gradient).
+        let out = alloc(&dev, outer * k * inner, dtype)?;
+        sinter_cuda::ops::int::gather_rows_i64(
+            &dev,
+            xv.slice(),
+            idx.as_slice(),
+            out.as_slice(),
+            outer * n,
+            inner,
+        )
+        .on("index_select")?;
+        return Ok(tensor_of(&dev, out, dtype, out_shape));
+    }
+    let out = alloc(&dev, outer * k * inner, dtype)?;
     ke::embedding_forward(
         &dev,
         xv.slice(),
@@ -323,14 +382,15 @@ pub(crate) fn index_select(
     ))
 }
 
-/// A copy of x with `src` rows added at `ids` along the middle dimension of [outer, n, inner]
-/// (checked by the caller; src is used in x's dtype).
+/// A copy of x with `src` rows added at the ids of `idx` along the middle dimension of
+/// [outer, n, inner] (src is used in x's dtype). `ids` are the host-checked ids when `idx` is
+/// on the host; None when `idx` is on the device (checked there, see `checks`).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn index_add(
     x: &Tensor,
     d: usize,
     idx: &Tensor,
-    ids: &[usize],
+    ids: Option<&[usize]>,
     src: &Tensor,
     outer: usize,
     n: usize,
@@ -345,7 +405,13 @@ pub(crate) fn index_add(
     let xv = contig(x)?;
     let out = alloc(&dev, xv.len, dtype)?;
     dev.copy(xv.slice(), out.as_slice()).on("index_add")?;
-    let fid = flat_ids(&dev, ids, outer, n)?;
+    let fid = match ids {
+        Some(ids) => flat_ids(&dev, ids, outer, n)?,
+        None => {
+            same_device("index_add", x, idx)?;
+            device_flat_ids(&dev, idx, outer, n, super::checks::IndexUse::IndexAdd)?
+        }
+    };
     let sv = contig_as(src, dtype)?;
     ke::embedding_backward(
         &dev,

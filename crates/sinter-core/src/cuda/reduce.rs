@@ -1,10 +1,12 @@
 //! Reductions over one dimension on the device: sum, max, min and argmax of a tensor viewed as
 //! [outer, n, inner] — the last-dim kernels when inner = 1, the middle-dim ones otherwise. Float
-//! sums accumulate in f32 in a fixed order (deterministic). Integer reductions run on the host.
+//! sums accumulate in f32 in a fixed order (deterministic); i64 reductions are exact (int.cu).
 
 use sinter_cuda::ops::reduce::{self as kr, ArgReduce};
 
-use super::{alloc, contig, parts, storage_of, to_host, upload_storage, OnOp};
+use sinter_cuda::ops::int as ki;
+
+use super::{alloc, contig, parts, storage_of, OnOp};
 use crate::op::ReduceOp;
 use crate::storage::Storage;
 use crate::{DType, Result, Tensor};
@@ -20,15 +22,23 @@ pub(crate) fn reduce_dim(x: &Tensor, dim: usize, op: ReduceOp) -> Result<(Storag
     let mut out_shape = shape.to_vec();
     out_shape[dim] = 1;
     if !x.dtype().is_float() {
-        let h = to_host(x)?;
-        let d = dim as isize;
-        let r = match op {
-            ReduceOp::Sum => h.sum(&[d], true)?,
-            ReduceOp::Max => h.max(d, true)?,
-            ReduceOp::Min => h.min(d, true)?,
-            ReduceOp::ArgMax => h.argmax(d, true)?,
+        // i64: exact integer sums (wrapping), max/min, first-max argmax, one thread per output.
+        let (dev, _) = parts(x)?;
+        let xv = contig(x)?;
+        let out = alloc(&dev, outer * inner, DType::I64)?;
+        let k = match op {
+            ReduceOp::Sum => ki::IntReduce::Sum,
+            ReduceOp::Max => ki::IntReduce::Max,
+            ReduceOp::Min => ki::IntReduce::Min,
+            ReduceOp::ArgMax => ki::IntReduce::ArgMax,
         };
-        return Ok((upload_storage(&r, super::ordinal_of(x)?)?, out_shape));
+        if n == 0 {
+            // Only a sum reaches here with an empty dimension.
+            dev.zero(out.as_slice()).on("sum")?;
+        } else {
+            ki::int_reduce(&dev, k, xv.slice(), out.as_slice(), outer, n, inner).on("reduce")?;
+        }
+        return Ok((storage_of(&dev, out, DType::I64), out_shape));
     }
     let (dev, _) = parts(x)?;
     let d = x.dtype();

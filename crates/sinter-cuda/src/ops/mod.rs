@@ -9,6 +9,7 @@ pub mod copy;
 pub mod cross_entropy;
 pub mod dropout;
 pub mod embedding;
+pub mod int;
 pub mod layernorm;
 pub mod reduce;
 pub mod softmax;
@@ -119,6 +120,7 @@ pub fn sample_plans(t: &LaunchTarget) -> Vec<Launch> {
     v.extend(conv::samples(t));
     v.extend(dropout::samples(t));
     v.extend(adamw::samples(t));
+    v.extend(int::samples(t));
     v
 }
 

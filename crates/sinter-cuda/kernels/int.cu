@@ -1,0 +1,168 @@
+// int.cu — i64 tensors on the device: integer arithmetic and comparisons, where, fill, arange,
+// reductions, row gathers, and the device-side index checks (cross-entropy targets, index_select
+// ids) that record the first bad index without a host round trip.
+//
+// Integer math matches the CPU backend exactly: add/sub/mul wrap (two's complement), division
+// truncates toward zero, x / 0 = 0 and i64::MIN / -1 = i64::MIN (Rust's wrapping_div).
+// Why it is fast enough: these tensors are small (ids, masks, counts), so plain grid-stride
+// loops through the strided-index helper (32-bit index math when it fits) and one thread per
+// output for reductions are memory-bound already; what matters is that nothing goes through the
+// host. The index check is one block and never synchronises the host.
+//
+//   int_<op>_i64(const i64* a, const i64* b, i64* out, i64 n, StridedMeta m)  op: add sub mul div
+//        maximum minimum eq ne lt le gt ge (comparisons give 1/0)
+//   int_where_<c>(const C* cond, const i64* a, const i64* b, i64* out, i64 n, StridedMeta m)
+//        out = cond != 0 ? a : b, cond of any dtype (f32/f16/bf16/i64)
+//   int_fill_i64(i64* y, i64 n, i64 value)
+//   arange_<t>(T* y, i64 n, u64 start_bits, u64 step_bits)   y[i] = start + i * step (f64 math,
+//        then cast like the CPU: to f32 then T for floats, truncation for i64)
+//   int_reduce_i64(const i64* x, i64* out, i64 outer, i64 n, i64 inner, int op)
+//        over the middle dim of [outer, n, inner]; op 0 sum, 1 max, 2 min, 3 argmax (first max)
+//   index_flat(const i64* idx, i64* flat, i64 k, i64 outer, i64 n)
+//        flat[o * k + j] = o * n + idx[j]; an index outside [0, n) becomes o * n (row 0), so the
+//        gathers that follow never touch memory outside the tensor; index_check reports it.
+//   int_gather_rows_i64(const i64* x, const i64* rows, i64* out, i64 count, i64 inner)
+//        out[r, :] = x[rows[r], :]
+//   index_check(const i64* idx, i64 n, i64 bound, i64 ignore, int has_ignore, i64 tag, i64* slot)
+//        one block: finds the smallest position p with idx[p] outside [0, bound) (and not the
+//        ignore value when has_ignore) and, if slot[0] == 0 (no earlier error recorded), writes
+//        slot = {p + 1, idx[p], bound, tag}. All work of a device is on one stream, so "earlier"
+//        is program order and no atomics are needed.
+
+struct IAdd { static __device__ __forceinline__ i64 f(i64 a, i64 b) { return (i64)((u64)a + (u64)b); } };
+struct ISub { static __device__ __forceinline__ i64 f(i64 a, i64 b) { return (i64)((u64)a - (u64)b); } };
+struct IMul { static __device__ __forceinline__ i64 f(i64 a, i64 b) { return (i64)((u64)a * (u64)b); } };
+struct IDiv {
+    static __device__ __forceinline__ i64 f(i64 a, i64 b) {
+        if (b == 0) return 0;
+        if (b == -1) return (i64)(0ull - (u64)a);  // wraps for i64::MIN like wrapping_div
+        return a / b;
+    }
+};
+struct IMax { static __device__ __forceinline__ i64 f(i64 a, i64 b) { return a > b ? a : b; } };
+struct IMin { static __device__ __forceinline__ i64 f(i64 a, i64 b) { return a < b ? a : b; } };
+struct IEq { static __device__ __forceinline__ i64 f(i64 a, i64 b) { return a == b; } };
+struct INe { static __device__ __forceinline__ i64 f(i64 a, i64 b) { return a != b; } };
+struct ILt { static __device__ __forceinline__ i64 f(i64 a, i64 b) { return a < b; } };
+struct ILe { static __device__ __forceinline__ i64 f(i64 a, i64 b) { return a <= b; } };
+struct IGt { static __device__ __forceinline__ i64 f(i64 a, i64 b) { return a > b; } };
+struct IGe { static __device__ __forceinline__ i64 f(i64 a, i64 b) { return a >= b; } };
+
+#define INT_BINARY(name, Op)                                                                         \
+    extern "C" __global__ void int_##name##_i64(const i64* a, const i64* b, i64* out, i64 n,         \
+                                                StridedMeta m) {                                     \
+        for (i64 i = global_tid(); i < n; i += global_stride()) {                                    \
+            i64 off[2];                                                                              \
+            strided_offsets<2>(m, i, n, off);                                                        \
+            out[i] = Op::f(a[off[0]], b[off[1]]);                                                    \
+        }                                                                                            \
+    }
+INT_BINARY(add, IAdd)
+INT_BINARY(sub, ISub)
+INT_BINARY(mul, IMul)
+INT_BINARY(div, IDiv)
+INT_BINARY(maximum, IMax)
+INT_BINARY(minimum, IMin)
+INT_BINARY(eq, IEq)
+INT_BINARY(ne, INe)
+INT_BINARY(lt, ILt)
+INT_BINARY(le, ILe)
+INT_BINARY(gt, IGt)
+INT_BINARY(ge, IGe)
+
+template <typename C> __device__ __forceinline__ bool is_true(C c) { return to_f32(c) != 0.f; }
+template <> __device__ __forceinline__ bool is_true<i64>(i64 c) { return c != 0; }
+
+#define INT_WHERE(sfx, C)                                                                            \
+    extern "C" __global__ void int_where_##sfx(const C* c, const i64* a, const i64* b, i64* out,     \
+                                               i64 n, StridedMeta m) {                               \
+        for (i64 i = global_tid(); i < n; i += global_stride()) {                                    \
+            i64 off[3];                                                                              \
+            strided_offsets<3>(m, i, n, off);                                                        \
+            out[i] = is_true(c[off[0]]) ? a[off[1]] : b[off[2]];                                     \
+        }                                                                                            \
+    }
+INT_WHERE(f32, float)
+INT_WHERE(f16, __half)
+INT_WHERE(bf16, bf16)
+INT_WHERE(i64, i64)
+
+extern "C" __global__ void int_fill_i64(i64* y, i64 n, i64 value) {
+    for (i64 i = global_tid(); i < n; i += global_stride()) y[i] = value;
+}
+
+template <typename T> __device__ __forceinline__ T arange_value(double v) { return from_f32<T>((float)v); }
+template <> __device__ __forceinline__ i64 arange_value<i64>(double v) { return (i64)v; }
+
+#define ARANGE(sfx, T)                                                                               \
+    extern "C" __global__ void arange_##sfx(T* y, i64 n, u64 start_bits, u64 step_bits) {            \
+        const double start = __longlong_as_double((long long)start_bits);                            \
+        const double step = __longlong_as_double((long long)step_bits);                              \
+        for (i64 i = global_tid(); i < n; i += global_stride()) y[i] = arange_value<T>(start + (double)i * step); \
+    }
+ARANGE(f32, float)
+ARANGE(f16, __half)
+ARANGE(bf16, bf16)
+ARANGE(i64, i64)
+
+extern "C" __global__ void int_reduce_i64(const i64* x, i64* out, i64 outer, i64 n, i64 inner, int op) {
+    const i64 m = outer * inner;
+    for (i64 t = global_tid(); t < m; t += global_stride()) {
+        const i64 o = t / inner, in = t - o * inner;
+        const i64* p = x + o * n * inner + in;
+        i64 best = p[0], arg = 0, sum = 0;
+        for (i64 k = 0; k < n; ++k) {
+            const i64 v = p[k * inner];
+            sum = (i64)((u64)sum + (u64)v);
+            if ((op == 2 && v < best) || (op != 2 && v > best)) {
+                best = v;
+                arg = k;
+            }
+        }
+        out[t] = op == 0 ? sum : op == 3 ? arg : best;
+    }
+}
+
+extern "C" __global__ void index_flat(const i64* idx, i64* flat, i64 k, i64 outer, i64 n) {
+    const i64 total = k * outer;
+    for (i64 t = global_tid(); t < total; t += global_stride()) {
+        const i64 o = t / k, j = t - o * k;
+        const i64 v = idx[j];
+        flat[t] = o * n + ((v >= 0 && v < n) ? v : 0);
+    }
+}
+
+extern "C" __global__ void int_gather_rows_i64(const i64* x, const i64* rows, i64* out, i64 count, i64 inner) {
+    const i64 total = count * inner;
+    for (i64 t = global_tid(); t < total; t += global_stride()) {
+        const i64 r = t / inner, i = t - r * inner;
+        out[t] = x[rows[r] * inner + i];
+    }
+}
+
+extern "C" __global__ void index_check(const i64* idx, i64 n, i64 bound, i64 ignore, int has_ignore, i64 tag,
+                                       i64* slot) {
+    __shared__ i64 first[1024];
+    i64 mine = n;  // n = none found
+    for (i64 p = threadIdx.x; p < n; p += blockDim.x) {
+        const i64 v = idx[p];
+        const bool ok = (v >= 0 && v < bound) || (has_ignore && v == ignore);
+        if (!ok) {
+            mine = p;  // positions grow with the loop: the first hit is this thread's smallest
+            break;
+        }
+    }
+    first[threadIdx.x] = mine;
+    __syncthreads();
+    for (int s = blockDim.x / 2; s > 0; s >>= 1) {
+        if ((int)threadIdx.x < s && first[threadIdx.x + s] < first[threadIdx.x]) first[threadIdx.x] = first[threadIdx.x + s];
+        __syncthreads();
+    }
+    if (threadIdx.x == 0 && first[0] < n && slot[0] == 0) {
+        const i64 p = first[0];
+        slot[0] = p + 1;
+        slot[1] = idx[p];
+        slot[2] = bound;
+        slot[3] = tag;
+    }
+}

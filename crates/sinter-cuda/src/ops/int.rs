@@ -1,0 +1,675 @@
+//! Wrappers for `kernels/int.cu`: i64 arithmetic / comparisons / where over strided operands,
+//! fill, arange (every dtype), i64 reductions, row gathers through device ids, and the
+//! device-side index check that records the first bad index in a small slot buffer.
+
+use super::binary::{BinaryOp, StridedIn};
+use super::{fake_slice, need, need_dtype};
+use crate::alloc::DevSlice;
+use crate::device::CudaDevice;
+use crate::dtype::DType;
+use crate::error::{CudaError, Result};
+use crate::launch::{
+    check_strided_bounds, coalesce, Arg, Launch, LaunchTarget, StridedMeta, ELEMWISE_BLOCK,
+};
+use crate::nvrtc::KernelFile;
+
+/// Elements of the error slot [`plan_index_check`] writes: {position + 1, value, bound, tag},
+/// all zero while no error was recorded.
+pub const SLOT_LEN: usize = 4;
+
+/// Threads of the one-block index check (a power of two: the block reduction halves it).
+pub const CHECK_BLOCK: u32 = 1024;
+
+fn numel(op: &'static str, shape: &[usize]) -> Result<usize> {
+    shape
+        .iter()
+        .try_fold(1usize, |acc, &s| acc.checked_mul(s))
+        .ok_or_else(|| CudaError::invalid(op, "shape overflows"))
+}
+
+/// Merged shape and strides of `ins` over `shape` as the strided kernels take them.
+fn strided_meta(op: &'static str, ins: &[&StridedIn<'_>], shape: &[usize]) -> Result<StridedMeta> {
+    for (k, s) in ins.iter().enumerate() {
+        check_strided_bounds(
+            op,
+            ["first operand", "second operand", "third operand"][k],
+            s.data.len(),
+            shape,
+            s.strides,
+        )?;
+    }
+    let strides: Vec<&[i64]> = ins.iter().map(|s| s.strides).collect();
+    let (cs, cst) = coalesce(shape, &strides);
+    StridedMeta::new(&cs, &cst)
+}
+
+/// Plan out (contiguous i64, `shape`) = a op b for i64 operands through strides.
+pub fn plan_int_binary(
+    t: &LaunchTarget,
+    op: BinaryOp,
+    a: StridedIn<'_>,
+    b: StridedIn<'_>,
+    out: DevSlice<'_>,
+    shape: &[usize],
+) -> Result<Option<Launch>> {
+    let name = "int_binary";
+    need_dtype(name, "a", &a.data, DType::I64)?;
+    need_dtype(name, "b", &b.data, DType::I64)?;
+    let n = numel(name, shape)?;
+    need(name, "out", &out, DType::I64, n)?;
+    if n == 0 {
+        return Ok(None);
+    }
+    let meta = strided_meta(name, &[&a, &b], shape)?;
+    Ok(Some(Launch::new(
+        KernelFile::Int,
+        format!("int_{}_i64", op.kernel_base()),
+        t.grid_for(n, ELEMWISE_BLOCK),
+        ELEMWISE_BLOCK,
+        vec![
+            Arg::Ptr(a.data.ptr()),
+            Arg::Ptr(b.data.ptr()),
+            Arg::Ptr(out.ptr()),
+            Arg::I64(n as i64),
+            Arg::Strided(meta),
+        ],
+    )))
+}
+
+/// Plan out = cond != 0 ? a : b with i64 a, b and a condition of any dtype, through strides.
+pub fn plan_int_where(
+    t: &LaunchTarget,
+    cond: StridedIn<'_>,
+    a: StridedIn<'_>,
+    b: StridedIn<'_>,
+    out: DevSlice<'_>,
+    shape: &[usize],
+) -> Result<Option<Launch>> {
+    let name = "int_where";
+    if !matches!(
+        cond.data.dtype(),
+        DType::F32 | DType::F16 | DType::BF16 | DType::I64
+    ) {
+        return Err(CudaError::invalid(
+            name,
+            format!("condition of dtype {} has no kernel", cond.data.dtype()),
+        ));
+    }
+    need_dtype(name, "a", &a.data, DType::I64)?;
+    need_dtype(name, "b", &b.data, DType::I64)?;
+    let n = numel(name, shape)?;
+    need(name, "out", &out, DType::I64, n)?;
+    if n == 0 {
+        return Ok(None);
+    }
+    let meta = strided_meta(name, &[&cond, &a, &b], shape)?;
+    Ok(Some(Launch::new(
+        KernelFile::Int,
+        format!("int_where_{}", cond.data.dtype().suffix()),
+        t.grid_for(n, ELEMWISE_BLOCK),
+        ELEMWISE_BLOCK,
+        vec![
+            Arg::Ptr(cond.data.ptr()),
+            Arg::Ptr(a.data.ptr()),
+            Arg::Ptr(b.data.ptr()),
+            Arg::Ptr(out.ptr()),
+            Arg::I64(n as i64),
+            Arg::Strided(meta),
+        ],
+    )))
+}
+
+/// Plan y[:] = value (i64).
+pub fn plan_fill_i64(t: &LaunchTarget, y: DevSlice<'_>, value: i64) -> Result<Option<Launch>> {
+    need_dtype("fill_i64", "y", &y, DType::I64)?;
+    if y.is_empty() {
+        return Ok(None);
+    }
+    Ok(Some(Launch::new(
+        KernelFile::Int,
+        "int_fill_i64",
+        t.grid_for(y.len(), ELEMWISE_BLOCK),
+        ELEMWISE_BLOCK,
+        vec![Arg::Ptr(y.ptr()), Arg::I64(y.len() as i64), Arg::I64(value)],
+    )))
+}
+
+/// Plan y[i] = start + i * step in f64, then cast to y's dtype like the CPU backend (floats
+/// through f32, i64 by truncation). The f64 values travel as their bit patterns.
+pub fn plan_arange(
+    t: &LaunchTarget,
+    y: DevSlice<'_>,
+    start: f64,
+    step: f64,
+) -> Result<Option<Launch>> {
+    let d = y.dtype();
+    if !matches!(d, DType::F32 | DType::F16 | DType::BF16 | DType::I64) {
+        return Err(CudaError::invalid("arange", format!("no kernel for {d}")));
+    }
+    if !start.is_finite() || !step.is_finite() {
+        return Err(CudaError::invalid(
+            "arange",
+            format!("start {start} and step {step} must be finite"),
+        ));
+    }
+    if y.is_empty() {
+        return Ok(None);
+    }
+    Ok(Some(Launch::new(
+        KernelFile::Int,
+        format!("arange_{}", d.suffix()),
+        t.grid_for(y.len(), ELEMWISE_BLOCK),
+        ELEMWISE_BLOCK,
+        vec![
+            Arg::Ptr(y.ptr()),
+            Arg::I64(y.len() as i64),
+            Arg::U64(start.to_bits()),
+            Arg::U64(step.to_bits()),
+        ],
+    )))
+}
+
+/// Which i64 reduction (the kernel's `op` code).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum IntReduce {
+    Sum = 0,
+    Max = 1,
+    Min = 2,
+    /// Index of the first maximum.
+    ArgMax = 3,
+}
+
+/// Plan out[o, i] = reduce_k x[o, k, i] of a contiguous i64 [outer, n, inner] (n >= 1).
+pub fn plan_int_reduce(
+    t: &LaunchTarget,
+    op: IntReduce,
+    x: DevSlice<'_>,
+    out: DevSlice<'_>,
+    outer: usize,
+    n: usize,
+    inner: usize,
+) -> Result<Option<Launch>> {
+    let name = "int_reduce";
+    let m = outer
+        .checked_mul(inner)
+        .ok_or_else(|| CudaError::invalid(name, "outer * inner overflows"))?;
+    let total = m
+        .checked_mul(n)
+        .ok_or_else(|| CudaError::invalid(name, "shape overflows"))?;
+    need(name, "x", &x, DType::I64, total)?;
+    need(name, "out", &out, DType::I64, m)?;
+    if n == 0 {
+        return Err(CudaError::invalid(name, "cannot reduce an empty dimension"));
+    }
+    if m == 0 {
+        return Ok(None);
+    }
+    Ok(Some(Launch::new(
+        KernelFile::Int,
+        "int_reduce_i64",
+        t.grid_for(m, ELEMWISE_BLOCK),
+        ELEMWISE_BLOCK,
+        vec![
+            Arg::Ptr(x.ptr()),
+            Arg::Ptr(out.ptr()),
+            Arg::I64(outer as i64),
+            Arg::I64(n as i64),
+            Arg::I64(inner as i64),
+            Arg::I32(op as i32),
+        ],
+    )))
+}
+
+/// Plan flat[o * k + j] = o * n + idx[j] (row ids into x viewed as [outer * n, inner]); an id
+/// outside [0, n) is replaced by row 0 of its block so later gathers stay in bounds (the index
+/// check reports it).
+pub fn plan_index_flat(
+    t: &LaunchTarget,
+    idx: DevSlice<'_>,
+    flat: DevSlice<'_>,
+    outer: usize,
+    n: usize,
+) -> Result<Option<Launch>> {
+    let name = "index_flat";
+    need_dtype(name, "idx", &idx, DType::I64)?;
+    let k = idx.len();
+    let total = k
+        .checked_mul(outer)
+        .ok_or_else(|| CudaError::invalid(name, "k * outer overflows"))?;
+    need(name, "flat", &flat, DType::I64, total)?;
+    if total == 0 {
+        return Ok(None);
+    }
+    Ok(Some(Launch::new(
+        KernelFile::Int,
+        "index_flat",
+        t.grid_for(total, ELEMWISE_BLOCK),
+        ELEMWISE_BLOCK,
+        vec![
+            Arg::Ptr(idx.ptr()),
+            Arg::Ptr(flat.ptr()),
+            Arg::I64(k as i64),
+            Arg::I64(outer as i64),
+            Arg::I64(n as i64),
+        ],
+    )))
+}
+
+/// Plan out[r, :] = x[rows[r], :] for i64 x of `x_rows` rows of `inner` (ids already in range).
+pub fn plan_gather_rows_i64(
+    t: &LaunchTarget,
+    x: DevSlice<'_>,
+    rows: DevSlice<'_>,
+    out: DevSlice<'_>,
+    x_rows: usize,
+    inner: usize,
+) -> Result<Option<Launch>> {
+    let name = "gather_rows_i64";
+    need(
+        name,
+        "x",
+        &x,
+        DType::I64,
+        x_rows
+            .checked_mul(inner)
+            .ok_or_else(|| CudaError::invalid(name, "shape overflows"))?,
+    )?;
+    need_dtype(name, "rows", &rows, DType::I64)?;
+    let count = rows.len();
+    need(
+        name,
+        "out",
+        &out,
+        DType::I64,
+        count
+            .checked_mul(inner)
+            .ok_or_else(|| CudaError::invalid(name, "shape overflows"))?,
+    )?;
+    if count == 0 || inner == 0 {
+        return Ok(None);
+    }
+    Ok(Some(Launch::new(
+        KernelFile::Int,
+        "int_gather_rows_i64",
+        t.grid_for(count * inner, ELEMWISE_BLOCK),
+        ELEMWISE_BLOCK,
+        vec![
+            Arg::Ptr(x.ptr()),
+            Arg::Ptr(rows.ptr()),
+            Arg::Ptr(out.ptr()),
+            Arg::I64(count as i64),
+            Arg::I64(inner as i64),
+        ],
+    )))
+}
+
+/// Plan the check of `idx` against [0, bound) (values equal to `ignore` pass when given): the
+/// first bad position is written to `slot` ({pos + 1, value, bound, tag}) unless an earlier
+/// error is already there. One block, no host synchronisation.
+pub fn plan_index_check(
+    idx: DevSlice<'_>,
+    bound: usize,
+    ignore: Option<i64>,
+    tag: i64,
+    slot: DevSlice<'_>,
+) -> Result<Option<Launch>> {
+    need_dtype("index_check", "idx", &idx, DType::I64)?;
+    need("index_check", "slot", &slot, DType::I64, SLOT_LEN)?;
+    if idx.is_empty() {
+        return Ok(None);
+    }
+    Ok(Some(Launch::new(
+        KernelFile::Int,
+        "index_check",
+        1,
+        CHECK_BLOCK,
+        vec![
+            Arg::Ptr(idx.ptr()),
+            Arg::I64(idx.len() as i64),
+            Arg::I64(bound as i64),
+            Arg::I64(ignore.unwrap_or(0)),
+            Arg::I32(ignore.is_some() as i32),
+            Arg::I64(tag),
+            Arg::Ptr(slot.ptr()),
+        ],
+    )))
+}
+
+/// The error an index-check slot holds, if any: (position, value, bound, tag).
+pub fn decode_slot(slot: &[i64]) -> Option<(usize, i64, usize, i64)> {
+    match slot {
+        [p, v, b, tag] if *p > 0 => Some(((*p - 1) as usize, *v, (*b).max(0) as usize, *tag)),
+        _ => None,
+    }
+}
+
+pub fn int_binary(
+    dev: &CudaDevice,
+    op: BinaryOp,
+    a: StridedIn<'_>,
+    b: StridedIn<'_>,
+    out: DevSlice<'_>,
+    shape: &[usize],
+) -> Result<()> {
+    dev.run_opt(plan_int_binary(&dev.target(), op, a, b, out, shape)?)
+}
+pub fn int_where(
+    dev: &CudaDevice,
+    cond: StridedIn<'_>,
+    a: StridedIn<'_>,
+    b: StridedIn<'_>,
+    out: DevSlice<'_>,
+    shape: &[usize],
+) -> Result<()> {
+    dev.run_opt(plan_int_where(&dev.target(), cond, a, b, out, shape)?)
+}
+pub fn fill_i64(dev: &CudaDevice, y: DevSlice<'_>, value: i64) -> Result<()> {
+    dev.run_opt(plan_fill_i64(&dev.target(), y, value)?)
+}
+pub fn arange(dev: &CudaDevice, y: DevSlice<'_>, start: f64, step: f64) -> Result<()> {
+    dev.run_opt(plan_arange(&dev.target(), y, start, step)?)
+}
+pub fn int_reduce(
+    dev: &CudaDevice,
+    op: IntReduce,
+    x: DevSlice<'_>,
+    out: DevSlice<'_>,
+    outer: usize,
+    n: usize,
+    inner: usize,
+) -> Result<()> {
+    dev.run_opt(plan_int_reduce(&dev.target(), op, x, out, outer, n, inner)?)
+}
+pub fn index_flat(
+    dev: &CudaDevice,
+    idx: DevSlice<'_>,
+    flat: DevSlice<'_>,
+    outer: usize,
+    n: usize,
+) -> Result<()> {
+    dev.run_opt(plan_index_flat(&dev.target(), idx, flat, outer, n)?)
+}
+pub fn gather_rows_i64(
+    dev: &CudaDevice,
+    x: DevSlice<'_>,
+    rows: DevSlice<'_>,
+    out: DevSlice<'_>,
+    x_rows: usize,
+    inner: usize,
+) -> Result<()> {
+    dev.run_opt(plan_gather_rows_i64(
+        &dev.target(),
+        x,
+        rows,
+        out,
+        x_rows,
+        inner,
+    )?)
+}
+pub fn index_check(
+    dev: &CudaDevice,
+    idx: DevSlice<'_>,
+    bound: usize,
+    ignore: Option<i64>,
+    tag: i64,
+    slot: DevSlice<'_>,
+) -> Result<()> {
+    dev.run_opt(plan_index_check(idx, bound, ignore, tag, slot)?)
+}
+
+pub(crate) fn samples(t: &LaunchTarget) -> Vec<Launch> {
+    let mut v = Vec::new();
+    let (a, b, o) = (
+        fake_slice(DType::I64, 32),
+        fake_slice(DType::I64, 8),
+        fake_slice(DType::I64, 32),
+    );
+    let sa = || StridedIn {
+        data: a,
+        strides: &[8, 1],
+    };
+    let sb = || StridedIn {
+        data: b,
+        strides: &[0, 1],
+    };
+    for op in BinaryOp::ALL {
+        v.extend(plan_int_binary(t, op, sa(), sb(), o, &[4, 8]).unwrap());
+    }
+    for d in [DType::F32, DType::F16, DType::BF16, DType::I64] {
+        let c = StridedIn {
+            data: fake_slice(d, 8),
+            strides: &[0, 1],
+        };
+        v.extend(plan_int_where(t, c, sa(), sb(), o, &[4, 8]).unwrap());
+        v.extend(plan_arange(t, fake_slice(d, 10), 1.0, 0.5).unwrap());
+    }
+    v.extend(plan_fill_i64(t, o, 7).unwrap());
+    v.extend(plan_int_reduce(t, IntReduce::Sum, a, b, 2, 4, 4).unwrap());
+    v.extend(plan_index_flat(t, b, o, 4, 10).unwrap());
+    v.extend(plan_gather_rows_i64(t, a, b, o, 8, 4).unwrap());
+    v.extend(plan_index_check(a, 10, Some(-100), 1, fake_slice(DType::I64, SLOT_LEN)).unwrap());
+    v
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn t() -> LaunchTarget {
+        LaunchTarget { sm_count: 132 }
+    }
+
+    #[test]
+    fn binary_plan_names_the_op_and_merges_dims() {
+        let (a, b, o) = (
+            fake_slice(DType::I64, 24),
+            fake_slice(DType::I64, 4),
+            fake_slice(DType::I64, 24),
+        );
+        let l = plan_int_binary(
+            &t(),
+            BinaryOp::Div,
+            StridedIn {
+                data: a,
+                strides: &[12, 4, 1],
+            },
+            StridedIn {
+                data: b,
+                strides: &[0, 0, 1],
+            },
+            o,
+            &[2, 3, 4],
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(l.name, "int_div_i64");
+        assert_eq!(l.args[3], Arg::I64(24));
+        let Arg::Strided(m) = l.args[4] else {
+            panic!("strided meta expected")
+        };
+        // a is contiguous over [6, 4], b broadcasts over the merged outer dims.
+        assert_eq!(m.ndim, 2);
+        assert_eq!(&m.shape[..2], &[6, 4]);
+        assert_eq!(&m.strides[0][..2], &[4, 1]);
+        assert_eq!(&m.strides[1][..2], &[0, 1]);
+        // Wrong dtypes and out-of-range views are errors, not launches.
+        let f = fake_slice(DType::F32, 24);
+        assert!(plan_int_binary(
+            &t(),
+            BinaryOp::Add,
+            StridedIn {
+                data: f,
+                strides: &[1]
+            },
+            StridedIn {
+                data: a,
+                strides: &[1]
+            },
+            o,
+            &[24]
+        )
+        .is_err());
+        assert!(plan_int_binary(
+            &t(),
+            BinaryOp::Add,
+            StridedIn {
+                data: b,
+                strides: &[1]
+            },
+            StridedIn {
+                data: a,
+                strides: &[1]
+            },
+            o,
+            &[24]
+        )
+        .is_err());
+        assert!(plan_int_binary(
+            &t(),
+            BinaryOp::Add,
+            StridedIn {
+                data: a,
+                strides: &[1]
+            },
+            StridedIn {
+                data: a,
+                strides: &[1]
+            },
+            fake_slice(DType::I64, 0),
+            &[0]
+        )
+        .unwrap()
+        .is_none());
+    }
+
+    #[test]
+    fn where_takes_any_condition_dtype() {
+        let (a, o) = (fake_slice(DType::I64, 6), fake_slice(DType::I64, 6));
+        for d in [DType::F32, DType::BF16, DType::I64] {
+            let c = StridedIn {
+                data: fake_slice(d, 6),
+                strides: &[1],
+            };
+            let l = plan_int_where(
+                &t(),
+                c,
+                StridedIn {
+                    data: a,
+                    strides: &[1],
+                },
+                StridedIn {
+                    data: a,
+                    strides: &[1],
+                },
+                o,
+                &[6],
+            )
+            .unwrap()
+            .unwrap();
+            assert_eq!(l.name, format!("int_where_{}", d.suffix()));
+        }
+        let c = StridedIn {
+            data: fake_slice(DType::U8, 6),
+            strides: &[1],
+        };
+        assert!(plan_int_where(
+            &t(),
+            c,
+            StridedIn {
+                data: a,
+                strides: &[1]
+            },
+            StridedIn {
+                data: a,
+                strides: &[1]
+            },
+            o,
+            &[6]
+        )
+        .is_err());
+    }
+
+    #[test]
+    fn arange_passes_f64_bits() {
+        let y = fake_slice(DType::I64, 5);
+        let l = plan_arange(&t(), y, -2.5, 0.25).unwrap().unwrap();
+        assert_eq!(l.name, "arange_i64");
+        assert_eq!(l.args[2], Arg::U64((-2.5f64).to_bits()));
+        assert_eq!(l.args[3], Arg::U64(0.25f64.to_bits()));
+        assert!(plan_arange(&t(), y, f64::NAN, 1.0).is_err());
+        assert!(plan_arange(&t(), fake_slice(DType::U8, 5), 0.0, 1.0).is_err());
+    }
+
+    #[test]
+    fn reduce_and_gather_plans_check_sizes() {
+        let (x, out) = (fake_slice(DType::I64, 2 * 5 * 3), fake_slice(DType::I64, 6));
+        let l = plan_int_reduce(&t(), IntReduce::ArgMax, x, out, 2, 5, 3)
+            .unwrap()
+            .unwrap();
+        assert_eq!(l.args[5], Arg::I32(3));
+        assert!(
+            plan_int_reduce(&t(), IntReduce::Sum, x, fake_slice(DType::I64, 5), 2, 5, 3).is_err()
+        );
+        assert!(plan_int_reduce(
+            &t(),
+            IntReduce::Max,
+            fake_slice(DType::I64, 0),
+            fake_slice(DType::I64, 6),
+            2,
+            0,
+            3
+        )
+        .is_err());
+        let (ids, flat) = (fake_slice(DType::I64, 4), fake_slice(DType::I64, 12));
+        let l = plan_index_flat(&t(), ids, flat, 3, 7).unwrap().unwrap();
+        assert_eq!(&l.args[2..], &[Arg::I64(4), Arg::I64(3), Arg::I64(7)]);
+        assert!(plan_index_flat(&t(), ids, fake_slice(DType::I64, 4), 3, 7).is_err());
+        assert!(plan_gather_rows_i64(
+            &t(),
+            fake_slice(DType::I64, 21),
+            ids,
+            fake_slice(DType::I64, 12),
+            7,
+            3
+        )
+        .unwrap()
+        .is_some());
+        assert!(plan_gather_rows_i64(
+            &t(),
+            fake_slice(DType::I64, 20),
+            ids,
+            fake_slice(DType::I64, 12),
+            7,
+            3
+        )
+        .is_err());
+    }
+
+    #[test]
+    fn index_check_is_one_power_of_two_block_and_slots_decode() {
+        let (ids, slot) = (
+            fake_slice(DType::I64, 5000),
+            fake_slice(DType::I64, SLOT_LEN),
+        );
+        let l = plan_index_check(ids, 10, Some(-100), 2, slot)
+            .unwrap()
+            .unwrap();
+        assert_eq!((l.grid, l.block), ((1, 1, 1), (CHECK_BLOCK, 1, 1)));
+        assert!(CHECK_BLOCK.is_power_of_two());
+        assert_eq!(
+            &l.args[1..6],
+            &[
+                Arg::I64(5000),
+                Arg::I64(10),
+                Arg::I64(-100),
+                Arg::I32(1),
+                Arg::I64(2)
+            ]
+        );
+        let l = plan_index_check(ids, 10, None, 2, slot).unwrap().unwrap();
+        assert_eq!(l.args[4], Arg::I32(0));
+        assert!(plan_index_check(ids, 10, None, 2, fake_slice(DType::I64, 3)).is_err());
+        assert_eq!(decode_slot(&[0, 0, 0, 0]), None);
+        assert_eq!(decode_slot(&[4, 17, 10, 1]), Some((3, 17, 10, 1)));
+    }
+}
