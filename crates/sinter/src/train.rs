@@ -208,6 +208,8 @@ pub struct TrainOptions {
     /// Data parallel even in a single process (it is on by itself when the launcher's
     /// environment says WORLD_SIZE > 1, and with `--zero`).
     pub dp: bool,
+    /// `--dist-backend`: NCCL or the host ring for data parallel / ZeRO.
+    pub dist_backend: sinter_dist::BackendChoice,
 }
 
 fn save_checkpoint(
@@ -244,6 +246,10 @@ struct Dist {
     rank: usize,
     world: usize,
     comm: SharedComm,
+    /// With NCCL: the communicator for device gradient buckets. The TCP ring stays alive
+    /// beside it (rank 0's store, which NCCL's id exchange uses, lives inside it).
+    nccl_grads: Option<sinter_dist::NcclCommunicator>,
+    _host: Option<SharedComm>,
 }
 
 /// The optimizer: an ordinary one (single process or data parallel), or ZeRO.
@@ -318,17 +324,27 @@ fn run_inner(mut config: TrainConfig, opts: &TrainOptions) -> Result<serde_json:
     config.check_parallel()?;
     let env = sinter_dist::rendezvous::from_env()
         .context("reading the distributed environment (RANK, WORLD_SIZE, …)")?;
-    let dist = if opts.dp || config.zero > 0 || env.world_size > 1 {
+    let mut dist = if opts.dp || config.zero > 0 || env.world_size > 1 {
         let comm = sinter_dist::init(&env, &TcpOptions::default()).with_context(|| {
             format!(
                 "rank {} of {} could not join the data-parallel group",
                 env.rank, env.world_size
             )
         })?;
+        let host = shared(comm);
+        let (comm, nccl_grads, _host) = crate::dist_cmd::pick_backend(
+            &env,
+            host,
+            opts.dist_backend,
+            device,
+            env.rank == 0 && !opts.quiet,
+        )?;
         Some(Dist {
             rank: env.rank,
             world: env.world_size,
-            comm: shared(comm),
+            comm,
+            nccl_grads,
+            _host,
         })
     } else {
         None
@@ -368,7 +384,7 @@ fn run_inner(mut config: TrainConfig, opts: &TrainOptions) -> Result<serde_json:
     let params = s.model.parameters();
     let accum = s.config.grad_accum;
     let bucket = bucket_bytes(s.config.bucket_mb);
-    let (mut opt, mut dp) = match &dist {
+    let (mut opt, mut dp) = match &mut dist {
         Some(d) if s.config.zero > 0 => {
             let zo = ZeroOptions {
                 stage: s.config.zero,
@@ -386,21 +402,28 @@ fn run_inner(mut config: TrainConfig, opts: &TrainOptions) -> Result<serde_json:
                 None,
             )
         }
-        Some(d) => (
-            Opt::Plain(make_optimizer(&s.config, params.clone())?),
-            Some(DataParallel::new(d.comm.clone(), params.clone(), bucket)?),
-        ),
+        Some(d) => {
+            let mut dp = DataParallel::new(d.comm.clone(), params.clone(), bucket)?;
+            if let Some(n) = d.nccl_grads.take() {
+                dp.use_nccl(n)?;
+            }
+            (
+                Opt::Plain(make_optimizer(&s.config, params.clone())?),
+                Some(dp),
+            )
+        }
         None => (Opt::Plain(make_optimizer(&s.config, params.clone())?), None),
     };
+    // Float buffers (BatchNorm running statistics): each rank updates them from its own data.
+    let buffers: Vec<Tensor> = s
+        .model
+        .named_tensors()
+        .into_iter()
+        .filter(|t| t.kind == TensorKind::Buffer && t.tensor.dtype().is_float())
+        .map(|t| t.tensor)
+        .collect();
     if let Some(d) = &dist {
-        // Parameters were broadcast from rank 0 above; buffers (BatchNorm statistics) too.
-        let buffers: Vec<Tensor> = s
-            .model
-            .named_tensors()
-            .into_iter()
-            .filter(|t| t.kind == TensorKind::Buffer && t.tensor.dtype().is_float())
-            .map(|t| t.tensor)
-            .collect();
+        // Parameters were broadcast from rank 0 above; buffers too.
         broadcast_tensors(&d.comm, &buffers, 0)?;
     }
     let mut loader = DataLoader::new(
@@ -569,7 +592,16 @@ fn run_inner(mut config: TrainConfig, opts: &TrainOptions) -> Result<serde_json:
             }
         }
         // fp16: unscale, and skip the update (shrinking the scale) on inf/NaN gradients.
-        precision.unscale_and_check(&params)?;
+        match (&mut opt, precision.loss_scale()) {
+            // ZeRO holds gradient shards: the overflow verdict is agreed over all ranks.
+            (Opt::Zero(z), Some(scale)) => {
+                let ok = z.unscale_and_check(scale)?;
+                precision.set_should_step(ok);
+            }
+            _ => {
+                precision.unscale_and_check(&params)?;
+            }
+        }
         if precision.should_step() {
             if let (Some(c), Opt::Plain(_)) = (s.config.grad_clip, &opt) {
                 // ZeRO clips inside its step, where the gradient shards are.
@@ -601,6 +633,13 @@ fn run_inner(mut config: TrainConfig, opts: &TrainOptions) -> Result<serde_json:
             window_start = Instant::now();
         }
         bar.set_position(done);
+        if let Some(d) = &dist {
+            // Ranks agree on the BatchNorm statistics before they are evaluated or saved.
+            let ckpt = opts.out.is_some() && done % ckpt_every == 0;
+            if done % eval_every == 0 || done == end || ckpt {
+                sinter_dist::data_parallel::average_tensors(&d.comm, &buffers)?;
+            }
+        }
         if writer && (done % eval_every == 0 || done == end) {
             let e = evaluate(&s, s.config.eval_batches)?;
             let acc = e
