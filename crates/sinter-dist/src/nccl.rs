@@ -853,9 +853,9 @@ impl DeviceBuckets {
                 Ok(())
             })?;
         }
-        for p in 0..params.len() {
+        for (p, (_, param)) in params.iter().enumerate() {
             if !pass.got[p] {
-                match params[p].1.grad() {
+                match param.grad() {
                     Some(g) => pass.add(p, &g)?,
                     None => {
                         let b = pass.db.layout.slots[p].bucket;
