@@ -9,6 +9,11 @@
 //!   is used (recorded on the NCCL stream, waited on by compute).
 //! * Completion is polled against the collective timeout; on expiry the communicator is aborted
 //!   and the error names op, rank and sequence number like the host backends'.
+//! * `send` waits (bounded by the timeout) until the peer has received, as NCCL's send only
+//!   completes then: two ranks that both send before receiving would time out, so the pipeline
+//!   schedules keep using the host ring (`sinter train --tp/--pp` does).
+//! * Communicator creation (`ncclCommInitRank`) blocks until every member joined; the id
+//!   exchange before it is bounded by the timeout, the creation itself is not.
 //! * The unique id is made by rank 0 and handed to the others through the TCP store
 //!   ([`exchange_id`]); [`select_backend`] decides between NCCL and the host ring, the same way
 //!   on every rank.
@@ -158,24 +163,61 @@ pub fn select_backend(
     }
 }
 
-/// Every rank contributes whether it can use NCCL (one all-reduce on `comm`), then all decide
-/// the same way with [`select_backend`].
+/// The first two ranks that would drive the same GPU (same node, same CUDA ordinal), which
+/// one NCCL communicator does not allow: `places[r]` is rank `r`'s (node, ordinal).
+pub fn shared_gpu(places: &[(usize, Option<usize>)]) -> Option<String> {
+    for (a, pa) in places.iter().enumerate() {
+        let (na, Some(oa)) = *pa else { continue };
+        if let Some(k) = places[a + 1..].iter().position(|p| p == pa) {
+            let b = a + 1 + k;
+            return Some(format!(
+                "ranks {a} and {b} both use cuda:{oa} on node {na}, and NCCL needs one GPU per rank (give each rank its own --device cuda:N)"
+            ));
+        }
+    }
+    None
+}
+
+/// Every rank contributes whether it can use NCCL and which GPU it drives (one all-gather on
+/// `comm`; `node` is this rank's node index), then all decide the same way with
+/// [`select_backend`]. Ranks sharing a GPU rule NCCL out (auto falls back to the host ring).
 pub fn agree_backend(
     comm: &AsyncCommunicator,
     choice: BackendChoice,
     local: &LocalSupport,
+    node: usize,
 ) -> Result<(Backend, Option<String>)> {
-    let all = if choice == BackendChoice::Host {
-        false
-    } else if comm.world_size() <= 1 {
-        local.usable()
-    } else {
-        let n = comm
-            .all_reduce(vec![f32::from(u8::from(local.usable()))], ReduceOp::Sum)
-            .wait()?;
-        n[0].round() as usize == comm.world_size()
-    };
-    select_backend(choice, local, all, comm.rank())
+    if choice == BackendChoice::Host {
+        return select_backend(choice, local, false, comm.rank());
+    }
+    if comm.world_size() <= 1 {
+        return select_backend(choice, local, local.usable(), comm.rank());
+    }
+    let mine = vec![
+        f32::from(u8::from(local.usable())),
+        node as f32,
+        local.cuda_ordinal.map_or(-1.0, |o| o as f32),
+    ];
+    let all = comm.all_gather(mine).wait()?;
+    let usable = all.chunks(3).all(|c| c[0] == 1.0);
+    let places: Vec<(usize, Option<usize>)> = all
+        .chunks(3)
+        .map(|c| (c[1] as usize, (c[2] >= 0.0).then_some(c[2] as usize)))
+        .collect();
+    if usable {
+        if let Some(why) = shared_gpu(&places) {
+            return match choice {
+                BackendChoice::Nccl => Err(DistError::Backend(format!(
+                    "--dist-backend nccl is not usable: {why}; or pass --dist-backend host"
+                ))),
+                _ => Ok((
+                    Backend::Host,
+                    Some(format!("distributed backend: host ring ({why})")),
+                )),
+            };
+        }
+    }
+    select_backend(choice, local, usable, comm.rank())
 }
 
 /// Bytes of an NCCL unique id.

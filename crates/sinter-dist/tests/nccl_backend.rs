@@ -100,8 +100,10 @@ fn every_rank_agrees_on_the_backend() {
         let r = c.rank();
         let comm = sinter_dist::AsyncCommunicator::new(c);
         let local = support(r == 0, true);
-        let auto = agree_backend(&comm, BackendChoice::Auto, &local).unwrap().0;
-        let forced = agree_backend(&comm, BackendChoice::Nccl, &local)
+        let auto = agree_backend(&comm, BackendChoice::Auto, &local, 0)
+            .unwrap()
+            .0;
+        let forced = agree_backend(&comm, BackendChoice::Nccl, &local, 0)
             .unwrap_err()
             .to_string();
         (auto, forced)
@@ -114,6 +116,36 @@ fn every_rank_agrees_on_the_backend() {
         "{}",
         out[1].1
     );
+}
+
+#[test]
+fn ranks_sharing_a_gpu_rule_nccl_out() {
+    // Two processes on one GPU (e.g. `launch --nproc-per-node 2` with --device cuda on a
+    // one-GPU machine): NCCL refuses duplicate GPUs, so auto takes the host ring.
+    let out = run_on_threads(2, T, |c| {
+        let comm = sinter_dist::AsyncCommunicator::new(c);
+        let local = support(true, true);
+        let auto = agree_backend(&comm, BackendChoice::Auto, &local, 0).unwrap();
+        let forced = agree_backend(&comm, BackendChoice::Nccl, &local, 0)
+            .unwrap_err()
+            .to_string();
+        // Different nodes: the same ordinal is a different GPU.
+        let apart = agree_backend(&comm, BackendChoice::Auto, &local, comm.rank())
+            .unwrap()
+            .0;
+        (auto, forced, apart)
+    });
+    for (auto, forced, apart) in out {
+        assert_eq!(auto.0, Backend::Host);
+        assert!(auto.1.unwrap().contains("ranks 0 and 1 both use cuda:0"));
+        assert!(forced.contains("one GPU per rank"), "{forced}");
+        assert_eq!(apart, Backend::Nccl);
+    }
+    assert_eq!(
+        sinter_dist::nccl::shared_gpu(&[(0, Some(0)), (0, Some(1)), (1, Some(0))]),
+        None
+    );
+    assert!(sinter_dist::nccl::shared_gpu(&[(0, None), (0, None)]).is_none());
 }
 
 #[test]

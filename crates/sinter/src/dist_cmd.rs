@@ -356,7 +356,7 @@ pub fn pick_backend(
     } else {
         LocalSupport::probe(ordinal)
     };
-    let (backend, note) = agree_backend(&host, choice, &local)
+    let (backend, note) = agree_backend(&host, choice, &local, env.node_rank())
         .with_context(|| format!("rank {}: choosing the distributed backend", env.rank))?;
     match (backend, ordinal) {
         (Backend::Nccl, Some(ord)) => {
