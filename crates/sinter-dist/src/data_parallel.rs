@@ -83,6 +83,32 @@ pub fn broadcast_tensors(
     Ok(())
 }
 
+/// Replaces `tensors` (e.g. BatchNorm running statistics, which each rank updates from its
+/// own batches) by their average over the ranks (one all-reduce of their concatenation), so
+/// every rank evaluates and checkpoints the same values. Every rank calls it with tensors of
+/// the same shapes; non-float tensors (counters) are left alone.
+pub fn average_tensors(comm: &AsyncCommunicator, tensors: &[Tensor]) -> sinter_core::Result<()> {
+    let floats: Vec<&Tensor> = tensors.iter().filter(|t| t.dtype().is_float()).collect();
+    if comm.world_size() <= 1 || floats.is_empty() {
+        return Ok(());
+    }
+    let mut flat = Vec::with_capacity(floats.iter().map(|t| t.numel()).sum());
+    for t in &floats {
+        flat.extend(t.to_vec_f32()?);
+    }
+    let flat = wait(comm.all_reduce(flat, ReduceOp::Avg))?;
+    let mut off = 0;
+    for t in floats {
+        let n = t.numel();
+        let v = Tensor::from_slice(&flat[off..off + n], t.shape(), Device::Cpu)?
+            .to_dtype(t.dtype())?
+            .to_device(t.device())?;
+        t.assign(&v)?;
+        off += n;
+    }
+    Ok(())
+}
+
 /// One bucket submission.
 #[derive(Debug, Clone, PartialEq)]
 pub struct BucketEvent {
@@ -347,6 +373,8 @@ pub struct DataParallel {
     layout: FlatLayout,
     trace: StepTrace,
     collectives: u64,
+    /// NCCL gradient buckets on the device (CUDA models with `--dist-backend nccl`).
+    device: Option<crate::nccl::DeviceBuckets>,
 }
 
 impl DataParallel {
@@ -369,7 +397,24 @@ impl DataParallel {
             layout,
             trace: StepTrace::default(),
             collectives,
+            device: None,
         })
+    }
+
+    /// All-reduces the gradients device to device through `nccl` (same bucket plan) instead
+    /// of through the host communicator. Every parameter must live on `nccl`'s device.
+    pub fn use_nccl(&mut self, nccl: crate::nccl::NcclCommunicator) -> sinter_core::Result<()> {
+        let db = crate::nccl::DeviceBuckets::new(nccl, self.layout.clone());
+        if !db.applies_to(&self.params) {
+            sinter_core::bail!("NCCL gradient buckets need every parameter on the communicator's CUDA device; move the model there first");
+        }
+        self.device = Some(db);
+        Ok(())
+    }
+
+    /// True when gradients go through NCCL on the device.
+    pub fn uses_nccl(&self) -> bool {
+        self.device.is_some()
     }
 
     pub fn rank(&self) -> usize {
@@ -422,6 +467,17 @@ impl DataParallel {
             };
             return Ok(());
         }
+        if let Some(db) = &mut self.device {
+            let t = Instant::now();
+            db.sync(Some(loss), &self.params, &self.index)?;
+            self.collectives += self.layout.buckets.len() as u64;
+            self.trace = StepTrace {
+                synced: true,
+                backward: t.elapsed(),
+                ..Default::default()
+            };
+            return Ok(());
+        }
         let mut pass = BucketPass::new(
             &self.layout,
             &self.params,
@@ -437,6 +493,10 @@ impl DataParallel {
     /// Averages the gradients the parameters already hold (after a plain `loss.backward()`),
     /// bucket by bucket, without overlap.
     pub fn sync_gradients(&mut self) -> sinter_core::Result<()> {
+        if let Some(db) = &mut self.device {
+            self.collectives += self.layout.buckets.len() as u64;
+            return db.sync(None, &self.params, &self.index);
+        }
         let mut pass = BucketPass::new(
             &self.layout,
             &self.params,

@@ -147,6 +147,9 @@ pub enum DistError {
     /// The launcher could not start a rank.
     #[error("launch: {0}")]
     Launch(String),
+    /// The device backend (CUDA / NCCL) failed or is unavailable.
+    #[error("{0}")]
+    Backend(String),
     /// The background thread of an [`crate::AsyncCommunicator`] is gone.
     #[error("asynchronous communicator has shut down")]
     Shutdown,

@@ -8,6 +8,8 @@
 //!   processes ([`host::tcp`]), sharing one ring algorithm.
 //! * [`rendezvous`]: torchrun / Slurm / Open MPI variables, the TCP [`store`],
 //!   [`init_from_env`].
+//! * [`nccl`]: the NCCL backend (device collectives, host-slice staging, device gradient
+//!   buckets) and the choice between it and the host ring.
 //! * [`launch`]: the library behind `sinter launch`.
 //! * [`scaling`]: analytic scaling model and ZeRO memory accounting.
 //! * [`mod@bench`]: host all-reduce bandwidth.
@@ -24,6 +26,7 @@ pub mod data_parallel;
 pub mod error;
 pub mod host;
 pub mod launch;
+pub mod nccl;
 pub mod pipeline;
 pub mod rendezvous;
 pub mod scaling;
@@ -42,6 +45,7 @@ pub use host::{
     run_on_threads, HostCommunicator, TcpCommunicator, TcpOptions, ThreadCommunicator, ThreadGroup,
 };
 pub use launch::{LaunchOptions, LaunchReport, LaunchSpec};
+pub use nccl::{Backend, BackendChoice, DeviceBuckets, NcclCommunicator};
 pub use rendezvous::{init, init_from_env, DistEnv, EnvSource};
 pub use store::{StoreClient, StoreServer};
 pub use zero::{ShardedAlgo, ZeroMemory, ZeroOptimizer, ZeroOptions};

@@ -673,6 +673,36 @@ impl PipelineGpt {
     }
 
     fn gather(&mut self, grads: bool) -> Result<Vec<(String, Tensor)>> {
+        self.gather_with(&|_, t| {
+            if grads {
+                match t.grad() {
+                    Some(g) => g.to_vec_f32(),
+                    None => Ok(vec![0f32; t.numel()]),
+                }
+            } else {
+                t.to_vec_f32()
+            }
+        })
+    }
+
+    /// The pipeline group (e.g. for a global gradient norm over the stages).
+    pub fn comm_mut(&mut self) -> &mut dyn Communicator {
+        &mut *self.comm
+    }
+
+    /// True when parameter `name` of this stage is owned here (not the last stage's copy of
+    /// the tied `wte`): what a sum over the stages counts once.
+    pub fn owns(&self, name: &str) -> bool {
+        !(name == "wte.weight" && self.stage.num_stages > 1 && self.stage.stage > 0)
+    }
+
+    /// Full tensors from every stage: `local(name, param)` gives the values of something laid
+    /// out like this stage's parameter `name` (weight, gradient, optimizer state). Collective
+    /// over the pipeline group; standard names, `Gpt::parameters()` order.
+    pub fn gather_with(
+        &mut self,
+        local_of: &dyn Fn(&str, &Tensor) -> Result<Vec<f32>>,
+    ) -> Result<Vec<(String, Tensor)>> {
         let cfg = self.stage.config.clone();
         let (p, s) = (self.stage.num_stages, self.stage.stage);
         let specs: Vec<Vec<(String, Vec<usize>)>> =
@@ -686,14 +716,14 @@ impl PipelineGpt {
         let mut local = Vec::with_capacity(max_len);
         for (name, shape) in &specs[s] {
             let t = &mine[name];
-            if grads {
-                match t.grad() {
-                    Some(g) => local.extend(g.to_vec_f32()?),
-                    None => local.extend(std::iter::repeat_n(0f32, shape.iter().product())),
-                }
-            } else {
-                local.extend(t.to_vec_f32()?);
+            let v = local_of(name, t)?;
+            if v.len() != shape.iter().product::<usize>() {
+                bail!(
+                    "pipeline gather: {name} gave {} values, expected shape {shape:?}",
+                    v.len()
+                );
             }
+            local.extend(v);
         }
         local.resize(max_len, 0.0);
         let mut all = vec![0f32; max_len * p];

@@ -747,19 +747,31 @@ impl TpGpt {
     }
 
     fn gather(&self, grads: bool) -> Result<Vec<(String, Tensor)>> {
+        self.gather_with(&|_, t| {
+            if grads {
+                match t.grad() {
+                    Some(g) => g.to_vec_f32(),
+                    None => Ok(vec![0f32; t.numel()]),
+                }
+            } else {
+                t.to_vec_f32()
+            }
+        })
+    }
+
+    /// Full tensors assembled from per-parameter shards: `local(name, param)` gives this
+    /// rank's shard values of something laid out like parameter `name` (its weight, gradient
+    /// or optimizer state). Collective over the group; standard names and full shapes.
+    pub fn gather_with(
+        &self,
+        local: &dyn Fn(&str, &Tensor) -> Result<Vec<f32>>,
+    ) -> Result<Vec<(String, Tensor)>> {
         let tp = self.tp_size;
         let specs: HashMap<String, Vec<usize>> =
             gpt_param_specs(&self.config).into_iter().collect();
         let mut out = Vec::new();
         for (name, t) in self.parameters() {
-            let local = if grads {
-                match t.grad() {
-                    Some(g) => g.to_vec_f32()?,
-                    None => vec![0f32; t.numel()],
-                }
-            } else {
-                t.to_vec_f32()?
-            };
+            let local = local(&name, &t)?;
             let shape = &specs[&name];
             let s = Shard::of(&name);
             let full = if s == Shard::Replicated || tp == 1 {
@@ -774,6 +786,23 @@ impl TpGpt {
             out.push((name, f32_tensor(full, shape)?));
         }
         Ok(out)
+    }
+
+    /// This rank's shard of the full values `full` of something laid out like parameter
+    /// `name` (the inverse of [`Self::gather_with`], without communication).
+    pub fn shard_of_full(&self, name: &str, full: &[f32]) -> Result<Vec<f32>> {
+        let specs: HashMap<String, Vec<usize>> =
+            gpt_param_specs(&self.config).into_iter().collect();
+        let shape = specs
+            .get(name)
+            .ok_or_else(|| Error::Msg(format!("tensor parallel: no parameter named {name}")))?;
+        if full.len() != shape.iter().product::<usize>() {
+            return Err(Error::Msg(format!(
+                "tensor parallel: {name} has {} values, expected shape {shape:?}",
+                full.len()
+            )));
+        }
+        Shard::of(name).slice(full, shape, self.tp_size, self.tp_rank)
     }
 
     /// The full weights under the standard names, in `Gpt::parameters()` order (collective:

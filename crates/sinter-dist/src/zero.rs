@@ -364,6 +364,35 @@ impl ZeroOptimizer {
         Ok(())
     }
 
+    /// fp16 dynamic loss scaling under ZeRO: divides this rank's reduced gradient shard by
+    /// `scale` and checks it for inf/NaN. Each rank holds only its shard, so the overflow flag
+    /// is all-reduced: every rank gets the same verdict, and all skip the step (returning
+    /// false) or all take it together. Call after the synchronising backward, before `step`;
+    /// a collective.
+    pub fn unscale_and_check(&mut self, scale: f64) -> Result<bool> {
+        if self.ready.is_none() {
+            self.reduce_from_grads()?;
+        }
+        let inv = (1.0 / scale) as f32;
+        let mut bad = false;
+        for b in 0..self.pieces.len() {
+            let g = self.grad_chunk_mut(b);
+            bad |= g.iter().any(|x| !x.is_finite());
+            g.iter_mut().for_each(|x| *x *= inv);
+        }
+        self.collectives += 1;
+        let flags = wait(
+            self.comm
+                .all_reduce(vec![f32::from(u8::from(bad))], ReduceOp::Sum),
+        )?;
+        let ok = flags[0] == 0.0;
+        if !ok {
+            // The step is skipped: drop the reduced gradients so the next backward starts clean.
+            self.ready = None;
+        }
+        Ok(ok)
+    }
+
     fn names(&self) -> Vec<&'static str> {
         match self.algo {
             ShardedAlgo::AdamW { .. } => vec!["exp_avg", "exp_avg_sq"],

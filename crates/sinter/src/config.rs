@@ -160,11 +160,6 @@ impl TrainConfig {
         if self.grad_accum == 0 {
             bail!("--grad-accum must be at least 1");
         }
-        if self.zero > 0 && self.precision == "fp16" {
-            // The loss scaler's inf/NaN check reads whole gradients; under ZeRO each rank holds
-            // only a shard, so ranks could disagree about skipping a step.
-            bail!("--precision fp16 is not supported with --zero yet (its overflow check needs whole gradients); use --precision bf16, or plain data parallel");
-        }
         if !(self.bucket_mb.is_finite() && self.bucket_mb > 0.0) {
             bail!(
                 "--bucket-mb must be a positive number of MiB, got {}",

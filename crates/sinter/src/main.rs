@@ -129,6 +129,10 @@ struct TrainArgs {
     /// Data parallel (on by itself when WORLD_SIZE > 1, e.g. under `sinter launch`).
     #[arg(long)]
     dp: bool,
+    /// Collective backend of a distributed run: auto (NCCL when every rank's model is on CUDA
+    /// and NCCL loads), nccl, or host (TCP ring).
+    #[arg(long, default_value = "auto")]
+    dist_backend: String,
     /// ZeRO stage 1 (optimizer state sharded) or 2 (gradients too); implies --dp.
     #[arg(long)]
     zero: Option<u8>,
@@ -276,6 +280,7 @@ fn run() -> Result<()> {
                 stop_at_step: a.stop_at_step,
                 dp: a.dp,
                 cuda_graph: a.cuda_graph,
+                dist_backend: a.dist_backend.parse()?,
             };
             if a.tp > 1 || a.pp > 1 {
                 let mp = model_parallel::ModelParallel {

@@ -262,6 +262,8 @@ pub struct TrainOptions {
     /// `--cuda-graph`: capture the whole training step as a CUDA graph after warm-up steps and
     /// replay it (CUDA, single process, no dropout; ignored on the CPU).
     pub cuda_graph: bool,
+    /// `--dist-backend`: NCCL or the host ring for data parallel / ZeRO.
+    pub dist_backend: sinter_dist::BackendChoice,
 }
 
 fn save_checkpoint(
@@ -300,6 +302,10 @@ struct Dist {
     rank: usize,
     world: usize,
     comm: SharedComm,
+    /// With NCCL: the communicator for device gradient buckets. The TCP ring stays alive
+    /// beside it (rank 0's store, which NCCL's id exchange uses, lives inside it).
+    nccl_grads: Option<sinter_dist::NcclCommunicator>,
+    _host: Option<SharedComm>,
 }
 
 /// The optimizer: an ordinary one (single process or data parallel), or ZeRO.
@@ -350,7 +356,7 @@ fn zero_algo(c: &TrainConfig) -> ShardedAlgo {
 #[allow(clippy::too_many_arguments)]
 fn device_step(
     s: &Setup,
-    precision: &Precision,
+    precision: &mut Precision,
     control: Option<&StepControl>,
     opt: &mut Opt,
     dp: &mut Option<DataParallel>,
@@ -381,7 +387,7 @@ fn device_step(
         }
         let loss = match control {
             Some(c) => c.scale_loss(&loss)?,
-            None => loss,
+            None => precision.scale_loss(&loss)?,
         };
         // Only the last micro-step communicates.
         let sync = micro + 1 == accum;
@@ -401,7 +407,20 @@ fn device_step(
             o.step_ctl(c.tensor())?;
             c.finish()?;
         }
-        // ZeRO clips inside its step, where the gradient shards are.
+        // ZeRO holds gradient shards: under fp16 the overflow verdict is agreed over all ranks
+        // (the one host read of such a step; its collectives go through the host anyway), and
+        // every rank skips or steps together. ZeRO clips inside its step.
+        (Opt::Zero(z), _) => {
+            let ok = match precision.loss_scale() {
+                Some(scale) => z.unscale_and_check(scale)?,
+                None => true,
+            };
+            precision.set_should_step(ok);
+            if ok {
+                z.step()?;
+            }
+            precision.end_step();
+        }
         (o, _) => o.get_mut().step()?,
     }
     opt.get().zero_grad();
@@ -602,17 +621,27 @@ fn run_inner(mut config: TrainConfig, opts: &TrainOptions) -> Result<serde_json:
     config.check_parallel()?;
     let env = sinter_dist::rendezvous::from_env()
         .context("reading the distributed environment (RANK, WORLD_SIZE, …)")?;
-    let dist = if opts.dp || config.zero > 0 || env.world_size > 1 {
+    let mut dist = if opts.dp || config.zero > 0 || env.world_size > 1 {
         let comm = sinter_dist::init(&env, &TcpOptions::default()).with_context(|| {
             format!(
                 "rank {} of {} could not join the data-parallel group",
                 env.rank, env.world_size
             )
         })?;
+        let host = shared(comm);
+        let (comm, nccl_grads, _host) = crate::dist_cmd::pick_backend(
+            &env,
+            host,
+            opts.dist_backend,
+            device,
+            env.rank == 0 && !opts.quiet,
+        )?;
         Some(Dist {
             rank: env.rank,
             world: env.world_size,
-            comm: shared(comm),
+            comm,
+            nccl_grads,
+            _host,
         })
     } else {
         None
@@ -652,7 +681,7 @@ fn run_inner(mut config: TrainConfig, opts: &TrainOptions) -> Result<serde_json:
     let params = s.model.parameters();
     let accum = s.config.grad_accum;
     let bucket = bucket_bytes(s.config.bucket_mb);
-    let (mut opt, mut dp) = match &dist {
+    let (mut opt, mut dp) = match &mut dist {
         Some(d) if s.config.zero > 0 => {
             let zo = ZeroOptions {
                 stage: s.config.zero,
@@ -670,21 +699,28 @@ fn run_inner(mut config: TrainConfig, opts: &TrainOptions) -> Result<serde_json:
                 None,
             )
         }
-        Some(d) => (
-            Opt::Plain(make_optimizer(&s.config, params.clone())?),
-            Some(DataParallel::new(d.comm.clone(), params.clone(), bucket)?),
-        ),
+        Some(d) => {
+            let mut dp = DataParallel::new(d.comm.clone(), params.clone(), bucket)?;
+            if let Some(n) = d.nccl_grads.take() {
+                dp.use_nccl(n)?;
+            }
+            (
+                Opt::Plain(make_optimizer(&s.config, params.clone())?),
+                Some(dp),
+            )
+        }
         None => (Opt::Plain(make_optimizer(&s.config, params.clone())?), None),
     };
+    // Float buffers (BatchNorm running statistics): each rank updates them from its own data.
+    let buffers: Vec<Tensor> = s
+        .model
+        .named_tensors()
+        .into_iter()
+        .filter(|t| t.kind == TensorKind::Buffer && t.tensor.dtype().is_float())
+        .map(|t| t.tensor)
+        .collect();
     if let Some(d) = &dist {
-        // Parameters were broadcast from rank 0 above; buffers (BatchNorm statistics) too.
-        let buffers: Vec<Tensor> = s
-            .model
-            .named_tensors()
-            .into_iter()
-            .filter(|t| t.kind == TensorKind::Buffer && t.tensor.dtype().is_float())
-            .map(|t| t.tensor)
-            .collect();
+        // Parameters were broadcast from rank 0 above; buffers too.
         broadcast_tensors(&d.comm, &buffers, 0)?;
     }
     let mut loader = DataLoader::new(
@@ -874,7 +910,7 @@ fn run_inner(mut config: TrainConfig, opts: &TrainOptions) -> Result<serde_json:
             ran = g.run(step, &batches, device, &params, quiet, &bar, |inputs| {
                 device_step(
                     &s,
-                    &precision,
+                    &mut precision,
                     control.as_ref(),
                     &mut opt,
                     &mut dp,
@@ -892,7 +928,7 @@ fn run_inner(mut config: TrainConfig, opts: &TrainOptions) -> Result<serde_json:
                 .collect::<Result<Vec<_>>>()?;
             device_step(
                 &s,
-                &precision,
+                &mut precision,
                 control.as_ref(),
                 &mut opt,
                 &mut dp,
@@ -977,6 +1013,13 @@ fn run_inner(mut config: TrainConfig, opts: &TrainOptions) -> Result<serde_json:
             window_start = Instant::now();
         }
         bar.set_position(done);
+        if let Some(d) = &dist {
+            // Ranks agree on the BatchNorm statistics before they are evaluated or saved.
+            let ckpt = opts.out.is_some() && done % ckpt_every == 0;
+            if eval_now || ckpt {
+                sinter_dist::data_parallel::average_tensors(&d.comm, &buffers)?;
+            }
+        }
         if writer && eval_now {
             let e = evaluate(&s, s.config.eval_batches)?;
             let acc = e

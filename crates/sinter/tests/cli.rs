@@ -469,20 +469,20 @@ fn block_recompute_trains_the_same_run() {
 }
 
 #[test]
-fn fp16_with_zero_is_refused_clearly() {
-    fails_with(
-        &sinter(&[
-            "train",
-            "--model",
-            "mlp",
-            "--steps",
-            "1",
-            "--zero",
-            "1",
-            "--precision",
-            "fp16",
-        ]),
-        &["fp16", "--zero"],
-    );
+fn fp16_with_zero_trains_and_unknown_precision_is_refused() {
+    // ZeRO agrees on the fp16 overflow verdict across ranks (see sinter-dist's zero tests).
+    let o = sinter(&[
+        "train",
+        "--quiet",
+        "--model",
+        "mlp",
+        "--steps",
+        "2",
+        "--zero",
+        "1",
+        "--precision",
+        "fp16",
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     fails_with(&sinter(&["train", "--precision", "fp8"]), &["fp8", "bf16"]);
 }

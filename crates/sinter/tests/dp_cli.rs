@@ -430,3 +430,36 @@ fn launch_dry_run_and_bench_commands() {
             && String::from_utf8_lossy(&o.stderr).contains("--zero must be 0, 1 or 2")
     );
 }
+
+/// `--dist-backend`: NCCL asked for with a CPU model is a clear error on every rank (naming
+/// the rank and the fix); an unknown backend is refused; `host` and `auto` train on the CPU.
+#[test]
+fn dist_backend_flag() {
+    let base = ["--model", "mlp", "--steps", "1", "--batch-size", "8"];
+    let mut a = base.to_vec();
+    a.extend(["--dist-backend", "nccl"]);
+    let o = launch_train(2, &a);
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("--dist-backend nccl")
+            && err.contains("--device cuda")
+            && err.contains("--dist-backend host"),
+        "{err}"
+    );
+    let mut a = vec!["train", "--dp"];
+    a.extend(base);
+    a.extend(["--dist-backend", "mpi"]);
+    let o = sinter(&a);
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("mpi") && err.contains("auto, nccl or host"),
+        "{err}"
+    );
+    for b in ["host", "auto"] {
+        let mut a = base.to_vec();
+        a.extend(["--dist-backend", b]);
+        ok(&launch_train(2, &a));
+    }
+}

@@ -102,3 +102,78 @@ fn tensor_and_pipeline_parallel_follow_the_serial_run() {
     assert!(!o.status.success());
     assert!(!String::from_utf8_lossy(&o.stderr).contains("panicked"));
 }
+
+/// A TP = 2 run stopped at step 2 (its checkpoint holds the gathered weights and optimizer
+/// state in the canonical layout) resumes on one process and on PP = 2, and both reach the
+/// uninterrupted TP = 2 run's loss at step 4 (with gradient clipping active throughout).
+#[test]
+fn tp_checkpoint_resumes_on_one_rank_and_on_pipeline_parallel() {
+    let base = [
+        "--model",
+        "gpt-tiny",
+        "--steps",
+        "4",
+        "--batch-size",
+        "4",
+        "--eval-batches",
+        "2",
+        "--seed",
+        "5",
+        "--grad-clip",
+        "0.5",
+        "--log-interval",
+        "1",
+    ];
+    let launch = |extra: &[&str], dir: &Path| {
+        let mut a = vec![
+            "launch",
+            "--nproc-per-node",
+            "2",
+            "--master-port",
+            "0",
+            "--",
+            "train",
+            "--quiet",
+        ];
+        a.extend(extra.iter().copied());
+        a.extend(["--out", dir.to_str().unwrap()]);
+        ok(&sinter(&a));
+    };
+    let whole = tempfile::tempdir().unwrap();
+    let mut a: Vec<&str> = base.to_vec();
+    a.extend(["--tp", "2"]);
+    launch(&a, whole.path());
+    let want = summary(whole.path())["train_loss"].as_f64().unwrap();
+
+    let half = tempfile::tempdir().unwrap();
+    a.extend(["--stop-at-step", "2"]);
+    launch(&a, half.path());
+    let copy = tempfile::tempdir().unwrap();
+    for f in std::fs::read_dir(half.path()).unwrap() {
+        let f = f.unwrap();
+        std::fs::copy(f.path(), copy.path().join(f.file_name())).unwrap();
+    }
+    // One process (the ordinary training path) reads the TP checkpoint.
+    let h = half.path().to_str().unwrap();
+    ok(&sinter(&["train", "--quiet", "--resume", h]));
+    let s = summary(half.path());
+    assert_eq!(s["resumed_from_step"], 2);
+    let got = s["train_loss"].as_f64().unwrap();
+    assert!(
+        (got - want).abs() <= 1e-4 * want.abs(),
+        "TP=2 checkpoint resumed on 1 rank: loss {got} vs uninterrupted {want}"
+    );
+    // Pipeline parallel reads it too.
+    let c = copy.path().to_str().unwrap();
+    launch(
+        &["--resume", c, "--pp", "2", "--micro-batches", "2"],
+        copy.path(),
+    );
+    let s = summary(copy.path());
+    assert_eq!(s["resumed_from_step"], 2);
+    let got = s["train_loss"].as_f64().unwrap();
+    assert!(
+        (got - want).abs() <= 1e-4 * want.abs(),
+        "TP=2 checkpoint resumed on PP=2: loss {got} vs uninterrupted {want}"
+    );
+}

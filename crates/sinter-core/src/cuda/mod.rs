@@ -373,3 +373,39 @@ pub(crate) fn contig_as(t: &Tensor, dtype: DType) -> Result<DevView> {
 pub(crate) fn to_host(t: &Tensor) -> Result<Tensor> {
     creation::download(t)
 }
+
+// ---- for the distributed layer (NCCL reads and writes gradients in place) ----------------------
+
+/// The device, the buffer and the element range of a CUDA tensor whose elements are contiguous
+/// (`None` for a CPU tensor or a strided view: call `contiguous()` first).
+pub fn contiguous_parts(
+    t: &Tensor,
+) -> Option<(Arc<CudaDevice>, Arc<DeviceBuffer>, std::ops::Range<usize>)> {
+    let range = t.layout().contiguous_range()?;
+    let s = t.storage();
+    let c = s.as_cuda()?;
+    Some((c.device().clone(), c.buffer().clone(), range))
+}
+
+/// A contiguous tensor of `shape` owning `buf` on `dev` (its dtype must match `dtype`).
+pub fn tensor_from_buffer(
+    dev: &Arc<CudaDevice>,
+    buf: Arc<DeviceBuffer>,
+    dtype: DType,
+    shape: &[usize],
+) -> Result<Tensor> {
+    let n: usize = shape.iter().product();
+    if buf.dtype() != cu_dtype(dtype) || buf.len() != n {
+        return Err(Error::Msg(format!(
+            "tensor_from_buffer: a {} x {:?} buffer cannot hold a {dtype:?} tensor of shape {shape:?}",
+            buf.len(),
+            buf.dtype()
+        )));
+    }
+    Ok(tensor_of(dev, buf, dtype, shape))
+}
+
+/// The process-wide device for `ordinal` (the one whose stream every tensor op is ordered on).
+pub fn shared_device(ordinal: usize) -> Result<Arc<CudaDevice>> {
+    device(ordinal)
+}

@@ -13,7 +13,7 @@ use sinter_nn::Optimizer;
 
 use super::{PipelineGpt, PipelineStats, Schedule};
 use crate::comm::{mesh_2d, Communicator, ReduceOp};
-use crate::tensor_parallel::{check_tp_config, comm_err, f32_tensor, TpGpt};
+use crate::tensor_parallel::{check_tp_config, comm_err, f32_tensor, Shard, TpGpt};
 
 /// Builds an optimizer over a rank's local parameters (shards or stage, full-model names).
 pub type MakeOptimizer = dyn Fn(Vec<(String, Tensor)>) -> Result<Box<dyn Optimizer>>;
@@ -119,6 +119,8 @@ pub struct ParallelTrainer {
     dp_rank: usize,
     optimizer: Box<dyn Optimizer>,
     last_stats: Option<PipelineStats>,
+    grad_clip: Option<f64>,
+    last_grad_norm: Option<f64>,
 }
 
 impl ParallelTrainer {
@@ -159,6 +161,8 @@ impl ParallelTrainer {
             dp_rank,
             optimizer,
             last_stats: None,
+            grad_clip: None,
+            last_grad_norm: None,
         })
     }
 
@@ -228,8 +232,153 @@ impl ParallelTrainer {
         let params = self.parameters();
         let mut extra = [loss];
         all_reduce_grads(&params, &mut *self.dp, &mut extra)?;
+        if let Some(max_norm) = self.grad_clip {
+            self.last_grad_norm = Some(self.clip_grad_norm(max_norm)?);
+        }
         self.optimizer.step()?;
         Ok(extra[0])
+    }
+
+    /// Clip the gradients to this global L2 norm before each update (`None`: no clipping).
+    pub fn set_grad_clip(&mut self, max_norm: Option<f64>) {
+        self.grad_clip = max_norm;
+    }
+
+    /// The global gradient norm of the last step (with clipping on).
+    pub fn last_grad_norm(&self) -> Option<f64> {
+        self.last_grad_norm
+    }
+
+    /// The L2 norm of the whole model's gradient: each rank sums the squares of what it owns
+    /// (shards fully, replicated tensors on tensor-parallel rank 0 only, the tied `wte` on the
+    /// first stage only), one all-reduce over the model-parallel group adds them up. The
+    /// data-parallel replicas already agree (gradients were averaged). Scales every local
+    /// gradient by `max_norm / (norm + 1e-6)` when the norm exceeds `max_norm`, exactly as
+    /// the serial `clip_grad_norm`. Collective over the model-parallel group.
+    pub fn clip_grad_norm(&mut self, max_norm: f64) -> Result<f64> {
+        let params = self.parameters();
+        let sumsq = |t: &Tensor| -> Result<f64> {
+            Ok(match t.grad() {
+                Some(g) => g
+                    .to_vec_f32()?
+                    .iter()
+                    .map(|&x| (x as f64) * (x as f64))
+                    .sum(),
+                None => 0.0,
+            })
+        };
+        let mut local = 0f64;
+        let total = match &mut self.engine {
+            Engine::Tp(m) => {
+                let first = m.tp_rank() == 0;
+                for (n, t) in &params {
+                    if first || Shard::of(n) != Shard::Replicated {
+                        local += sumsq(t)?;
+                    }
+                }
+                let mut v = [local as f32];
+                crate::tensor_parallel::lock(m.comm())
+                    .all_reduce(&mut v, ReduceOp::Sum)
+                    .map_err(comm_err)?;
+                v[0] as f64
+            }
+            Engine::Pp(m) => {
+                for (n, t) in &params {
+                    if m.owns(n) {
+                        local += sumsq(t)?;
+                    }
+                }
+                let mut v = [local as f32];
+                let c = m.comm_mut();
+                if c.world_size() > 1 {
+                    c.all_reduce(&mut v, ReduceOp::Sum).map_err(comm_err)?;
+                }
+                v[0] as f64
+            }
+        };
+        let norm = total.sqrt();
+        if norm.is_finite() && norm > max_norm {
+            let scale = (max_norm / (norm + 1e-6)) as f32;
+            for (_, p) in &params {
+                if let Some(g) = p.grad() {
+                    p.set_grad(Some(g.mul_scalar(scale)?));
+                }
+            }
+        }
+        Ok(norm)
+    }
+
+    /// Names of the optimizer's per-parameter state (`exp_avg`, `momentum_buffer`, …).
+    fn state_suffixes(&self) -> Vec<String> {
+        let params = self.parameters();
+        let Some((first, _)) = params.first() else {
+            return Vec::new();
+        };
+        let prefix = format!("{first}.");
+        self.optimizer
+            .state()
+            .into_iter()
+            .filter_map(|(n, _)| n.strip_prefix(&prefix).map(str::to_string))
+            .collect()
+    }
+
+    /// The optimizer state of the whole model, in the canonical layout every checkpoint uses
+    /// (`{parameter}.{exp_avg|exp_avg_sq|momentum_buffer}`, full shapes), so any layout
+    /// (tensor / pipeline / data parallel, one rank) can load it. Collective over the
+    /// model-parallel group; every rank gets it.
+    pub fn gather_optimizer_state(&mut self) -> Result<Vec<(String, Tensor)>> {
+        let state: std::collections::HashMap<String, Tensor> =
+            self.optimizer.state().into_iter().collect();
+        let mut out = Vec::new();
+        for suffix in self.state_suffixes() {
+            let local = |name: &str, p: &Tensor| -> Result<Vec<f32>> {
+                match state.get(&format!("{name}.{suffix}")) {
+                    Some(t) => t.to_vec_f32(),
+                    None => Ok(vec![0f32; p.numel()]),
+                }
+            };
+            let full = match &mut self.engine {
+                Engine::Tp(m) => m.gather_with(&local)?,
+                Engine::Pp(m) => m.gather_with(&local)?,
+            };
+            out.extend(full.into_iter().map(|(n, t)| (format!("{n}.{suffix}"), t)));
+        }
+        Ok(out)
+    }
+
+    /// Loads the canonical full optimizer state (see [`Self::gather_optimizer_state`]; also
+    /// what data-parallel / ZeRO / single-process checkpoints hold): each rank takes its
+    /// shard or stage. `steps` is the optimizer's step count.
+    pub fn load_optimizer_state(
+        &mut self,
+        steps: u64,
+        full: &std::collections::HashMap<String, Tensor>,
+    ) -> Result<()> {
+        let mut local = std::collections::HashMap::new();
+        for suffix in self.state_suffixes() {
+            for (name, p) in self.parameters() {
+                let key = format!("{name}.{suffix}");
+                let t = full.get(&key).ok_or_else(|| {
+                    sinter_core::Error::Msg(format!(
+                        "the checkpoint has no optimizer state {key} (was it written with another optimizer?)"
+                    ))
+                })?;
+                let v = t.to_vec_f32()?;
+                let v = match &self.engine {
+                    Engine::Tp(m) => m.shard_of_full(&name, &v)?,
+                    Engine::Pp(_) => v,
+                };
+                if v.len() != p.numel() {
+                    bail!(
+                        "optimizer state {key} has {} values, the parameter here has {}",
+                        v.len(),
+                        p.numel()
+                    );
+                }
+                local.insert(key, f32_tensor(v, p.shape())?);
+            }
+        }
+        self.optimizer.load_state(steps, &local)
     }
 
     /// The full model's weights under the standard names, in `Gpt::parameters()` order
