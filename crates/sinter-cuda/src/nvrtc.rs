@@ -32,11 +32,13 @@ pub enum KernelFile {
     Conv,
     Dropout,
     AdamW,
+    FlashAttention,
+    ResidualLayerNorm,
 }
 
 impl KernelFile {
     /// Every kernel file.
-    pub const ALL: [KernelFile; 11] = [
+    pub const ALL: [KernelFile; 13] = [
         KernelFile::Unary,
         KernelFile::Binary,
         KernelFile::Copy,
@@ -48,6 +50,8 @@ impl KernelFile {
         KernelFile::Conv,
         KernelFile::Dropout,
         KernelFile::AdamW,
+        KernelFile::FlashAttention,
+        KernelFile::ResidualLayerNorm,
     ];
 
     /// File name under `kernels/`.
@@ -64,6 +68,8 @@ impl KernelFile {
             KernelFile::Conv => "conv.cu",
             KernelFile::Dropout => "dropout.cu",
             KernelFile::AdamW => "adamw.cu",
+            KernelFile::FlashAttention => "flash_attention.cu",
+            KernelFile::ResidualLayerNorm => "residual_layernorm.cu",
         }
     }
 
@@ -81,6 +87,8 @@ impl KernelFile {
             KernelFile::Conv => include_str!("../kernels/conv.cu"),
             KernelFile::Dropout => include_str!("../kernels/dropout.cu"),
             KernelFile::AdamW => include_str!("../kernels/adamw.cu"),
+            KernelFile::FlashAttention => include_str!("../kernels/flash_attention.cu"),
+            KernelFile::ResidualLayerNorm => include_str!("../kernels/residual_layernorm.cu"),
         }
     }
 

@@ -9,8 +9,10 @@ pub mod copy;
 pub mod cross_entropy;
 pub mod dropout;
 pub mod embedding;
+pub mod flash_attention;
 pub mod layernorm;
 pub mod reduce;
+pub mod residual_layernorm;
 pub mod softmax;
 pub mod unary;
 
@@ -119,6 +121,8 @@ pub fn sample_plans(t: &LaunchTarget) -> Vec<Launch> {
     v.extend(conv::samples(t));
     v.extend(dropout::samples(t));
     v.extend(adamw::samples(t));
+    v.extend(flash_attention::samples(t));
+    v.extend(residual_layernorm::samples(t));
     v
 }
 
