@@ -30,8 +30,6 @@ __device__ __forceinline__ void resln_fwd(const T* x, const T* r, const T* gamma
         const T* rr = r + at;
         T* hr = h + at;
         float acc = 0.f;
-        // Each thread later re-reads exactly the elements of h it wrote here (row_visit and
-        // row_write split a row the same way), so no synchronisation is needed.
         if (live)
             row_write(hr, n, [&](i64 j) {
                 const float s = to_f32(from_f32<T>(to_f32(xr[j]) + to_f32(rr[j])));
@@ -39,6 +37,9 @@ __device__ __forceinline__ void resln_fwd(const T* x, const T* r, const T* gamma
                 return s;
             });
         const float mu = row_sum(acc, scratch) * inv_n;
+        // The re-reads of h below may split the row differently from the writes above (when y's
+        // alignment differs from h's): make the block's writes visible first.
+        __syncthreads();
         acc = 0.f;
         if (live) row_visit(hr, n, [&](i64, float v) { const float d = v - mu; acc += d * d; });
         const float var = row_sum(acc, scratch) * inv_n;

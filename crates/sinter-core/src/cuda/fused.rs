@@ -3,13 +3,14 @@
 //! and dtypes run as the equivalent composite of device ops (same values and gradients). The
 //! global gradient norm uses the deterministic sum-of-squares kernel.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use sinter_cuda::ops::adamw as ka;
 use sinter_cuda::ops::flash_attention::{self as kfa, AttnShape, AttnView};
 use sinter_cuda::ops::residual_layernorm as krl;
 use sinter_cuda::ops::unary as ku;
-use sinter_cuda::{DeviceBuffer, Epilogue, GemmDesc, GemmShape};
+use sinter_cuda::{CudaError, DeviceBuffer, Epilogue, GemmDesc, GemmShape};
 
 use super::{
     alloc, contig, contig_as, cu_dtype, opt_slice, parts, same_device, storage_of, tail_of,
@@ -22,8 +23,12 @@ use crate::{bail, DType, Result, Tensor};
 /// f16/bf16, head dim 64 or 128. Layouts never disqualify: a view whose last dim is not
 /// contiguous is gathered first.
 pub(crate) fn flash_applies(q: &Tensor, head_dim: usize) -> bool {
-    kfa::supported(cu_dtype(q.dtype()), head_dim)
+    kfa::supported(cu_dtype(q.dtype()), head_dim) && !FLASH_UNCOMPILABLE.load(Ordering::Relaxed)
 }
+
+/// Set when NVRTC could not compile `flash_attention.cu` (CUDA headers without `crt/mma.h`, the
+/// WMMA API): attention then runs as the composite instead of failing, and NVRTC is not retried.
+static FLASH_UNCOMPILABLE: AtomicBool = AtomicBool::new(false);
 
 /// softmax(scale · q kᵀ [+ causal mask]) v; the mask is aligned bottom-right, as in
 /// `fused::attention` (query i sees keys up to tk − tq + i). Flash kernels where they apply,
@@ -57,7 +62,7 @@ pub(crate) fn attention(
     let rows = s.b * s.h * s.tq;
     let o = alloc(&dev, rows * s.d, dtype)?;
     let lse = alloc(&dev, rows, DType::F32)?;
-    kfa::flash_forward(
+    match kfa::flash_forward(
         &dev,
         &s,
         qo.view()?,
@@ -65,8 +70,14 @@ pub(crate) fn attention(
         vo.view()?,
         o.as_slice(),
         lse.as_slice(),
-    )
-    .on(op)?;
+    ) {
+        Ok(()) => {}
+        Err(CudaError::Compile { .. }) => {
+            FLASH_UNCOMPILABLE.store(true, Ordering::Relaxed);
+            return attention_composite(q, k, v, causal, scale);
+        }
+        Err(e) => return Err(e).on(op),
+    }
     let (qt, kt, vt) = (q.clone(), k.clone(), v.clone());
     Ok(output(
         storage_of(&dev, o, dtype),

@@ -46,16 +46,9 @@ pub struct AttnView<'a> {
 }
 
 impl AttnView<'_> {
-    fn check(
-        &self,
-        op: &'static str,
-        what: &str,
-        d: DType,
-        b: usize,
-        h: usize,
-        t: usize,
-        hd: usize,
-    ) -> Result<()> {
+    /// Every element of the [s.b, s.h, t, s.d] view lies inside `data`.
+    fn check(&self, op: &'static str, what: &str, d: DType, s: &AttnShape, t: usize) -> Result<()> {
+        let (b, h, hd) = (s.b, s.h, s.d);
         need_dtype(op, what, &self.data, d)?;
         if b == 0 || h == 0 || t == 0 {
             return Ok(());
@@ -135,9 +128,9 @@ pub fn plan_flash_forward(
     let op = "flash_attention_forward";
     let d = q.data.dtype();
     check_shape(op, s, d)?;
-    q.check(op, "q", d, s.b, s.h, s.tq, s.d)?;
-    k.check(op, "k", d, s.b, s.h, s.tk, s.d)?;
-    v.check(op, "v", d, s.b, s.h, s.tk, s.d)?;
+    q.check(op, "q", d, s, s.tq)?;
+    k.check(op, "k", d, s, s.tk)?;
+    v.check(op, "v", d, s, s.tk)?;
     let rows = s.b * s.h * s.tq;
     need(op, "o", &o, d, rows * s.d)?;
     need(op, "lse", &lse, DType::F32, rows)?;
@@ -184,9 +177,9 @@ pub fn plan_flash_backward(
     let op = "flash_attention_backward";
     let d = q.data.dtype();
     check_shape(op, s, d)?;
-    q.check(op, "q", d, s.b, s.h, s.tq, s.d)?;
-    k.check(op, "k", d, s.b, s.h, s.tk, s.d)?;
-    v.check(op, "v", d, s.b, s.h, s.tk, s.d)?;
+    q.check(op, "q", d, s, s.tq)?;
+    k.check(op, "k", d, s, s.tk)?;
+    v.check(op, "v", d, s, s.tk)?;
     let (qrows, krows) = (s.b * s.h * s.tq, s.b * s.h * s.tk);
     need(op, "o", &o, d, qrows * s.d)?;
     need(op, "dout", &dout, d, qrows * s.d)?;
