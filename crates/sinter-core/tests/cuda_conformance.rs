@@ -1511,6 +1511,117 @@ fn fused_ops_match_cpu() {
     assert_close("global_grad_norm", &[got], &[want], 1e-5);
 }
 
+/// The flash attention kernels (f16/bf16, head dims 64 and 128) against the CPU fused op:
+/// outputs and all three gradients, causal and not, tq = tk, tq < tk (KV cache), tq > tk (rows
+/// that see no key), lengths that are not multiples of the tiles, and q/k/v read in place as
+/// heads narrowed out of one packed projection. Half-precision tolerance: P and dS are rounded
+/// to the input dtype before their tensor-core products, as in FlashAttention-2.
+#[test]
+fn flash_attention_kernels_match_cpu() {
+    let g = need_gpu!();
+    let mut rng = Rng::new(29);
+    for d in [64usize, 128] {
+        for (tq, tk) in [(77usize, 77usize), (20, 100), (1, 45), (70, 40)] {
+            let (b, h) = (2usize, 3usize);
+            let q = uniform(&mut rng, &[b, h, tq, d], -1.0, 1.0);
+            let k = uniform(&mut rng, &[b, h, tk, d], -1.0, 1.0);
+            let v = uniform(&mut rng, &[b, h, tk, d], -1.0, 1.0);
+            let scale = 1.0 / (d as f32).sqrt();
+            for causal in [false, true] {
+                check(
+                    g,
+                    &format!("flash attention d {d} tq {tq} tk {tk} causal {causal}"),
+                    &[DType::BF16, DType::F16],
+                    &[var(q.clone()), var(k.clone()), var(v.clone())],
+                    Some(3e-2),
+                    move |t| fused::attention(&t[0], &t[1], &t[2], causal, scale),
+                );
+            }
+        }
+        // Strided views: [b, t, 3, h, d] packed qkv, each operand [b, h, t, d] with row stride
+        // 3·h·d, read in place by the kernels.
+        let (b, h, t) = (2usize, 2usize, 50usize);
+        let qkv = uniform(&mut rng, &[b, t, 3 * h * d], -1.0, 1.0);
+        check(
+            g,
+            &format!("flash attention d {d} packed qkv views"),
+            &[DType::BF16, DType::F16],
+            &[var(qkv)],
+            Some(3e-2),
+            move |x| {
+                let p = x[0].reshape(&[b, t, 3, h, d])?;
+                let part = |i: usize| -> Result<Tensor> {
+                    p.narrow(2, i, 1)?.squeeze(2)?.permute(&[0, 2, 1, 3])
+                };
+                fused::attention(&part(0)?, &part(1)?, &part(2)?, true, 0.125)
+            },
+        );
+    }
+}
+
+/// Linear + bias + GELU: one cuBLASLt GEMM with the GELU_AUX_BIAS epilogue at f16/bf16 when
+/// the width is a multiple of 8 (out = 64), the composite otherwise (out = 12, and f32); values
+/// and the gradients of x, W and b against the CPU op.
+#[test]
+fn linear_bias_gelu_matches_cpu() {
+    let g = need_gpu!();
+    let mut rng = Rng::new(37);
+    for out in [64usize, 12] {
+        let x = uniform(&mut rng, &[3, 10, 40], -1.0, 1.0);
+        let w = uniform(&mut rng, &[out, 40], -0.3, 0.3);
+        let b = uniform(&mut rng, &[out], -0.5, 0.5);
+        for (dtypes, t) in [
+            (&[DType::F32][..], 1e-3),
+            (&[DType::BF16, DType::F16][..], 3e-2),
+        ] {
+            check(
+                g,
+                &format!("linear_bias_gelu out {out}"),
+                dtypes,
+                &[var(x.clone()), var(w.clone()), var(b.clone())],
+                Some(t),
+                |t| fused::linear_bias_gelu(&t[0], &t[1], &t[2]),
+            );
+        }
+    }
+}
+
+/// The residual + LayerNorm kernel at a Transformer width (vectorised rows, several warps per
+/// row) and a ragged one, in every float dtype, gradients to all four inputs.
+#[test]
+fn residual_layer_norm_kernel_matches_cpu() {
+    let g = need_gpu!();
+    let mut rng = Rng::new(31);
+    for (rows, n) in [(64usize, 768usize), (33, 100)] {
+        let x = uniform(&mut rng, &[rows, n], -2.0, 2.0);
+        let r = uniform(&mut rng, &[rows, n], -2.0, 2.0);
+        let ga = uniform(&mut rng, &[n], 0.5, 1.5);
+        let be = uniform(&mut rng, &[n], -1.0, 1.0);
+        for (dtypes, t) in [
+            (&[DType::F32][..], 1e-4),
+            (&[DType::BF16, DType::F16][..], 3e-2),
+        ] {
+            check(
+                g,
+                &format!("residual_layer_norm {rows}x{n}"),
+                dtypes,
+                &[
+                    var(x.clone()),
+                    var(r.clone()),
+                    var(ga.clone()),
+                    var(be.clone()),
+                ],
+                Some(t),
+                |t| {
+                    let (s, y) = fused::residual_layer_norm(&t[0], &t[1], &t[2], &t[3], 1e-5)?;
+                    // Weight the two outputs differently so both gradient paths count.
+                    s.mul_scalar(0.5)?.add(&y)
+                },
+            );
+        }
+    }
+}
+
 // ---- composite graphs --------------------------------------------------------------------------------
 
 /// Gradients of every parameter after one step of `f`, on `dev`.

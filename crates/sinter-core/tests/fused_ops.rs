@@ -382,6 +382,64 @@ fn bias_gelu_matches_composite() {
 }
 
 #[test]
+fn linear_bias_gelu_matches_composite() {
+    let mut rng = Rng::new(23);
+    for (i, &(lead, inp, out)) in [
+        (&[1usize][..], 1usize, 1usize),
+        (&[2, 5][..], 7, 16),
+        (&[3, 4, 2][..], 32, 24),
+        (&[64][..], 48, 96),
+    ]
+    .iter()
+    .enumerate()
+    {
+        let seed = rng.next_u64();
+        let mut oshape = lead.to_vec();
+        oshape.push(out);
+        let lw = randn(&oshape, &mut rng);
+        let run = |fused_path: bool| {
+            let mut r = Rng::new(seed);
+            let mut xshape = lead.to_vec();
+            xshape.push(inp);
+            let x = randn(&xshape, &mut r).to_var().unwrap();
+            let w = randn(&[out, inp], &mut r)
+                .mul_scalar(0.5)
+                .unwrap()
+                .to_var()
+                .unwrap();
+            let b = randn(&[out], &mut r).to_var().unwrap();
+            let y = if fused_path {
+                fused::linear_bias_gelu(&x, &w, &b)
+            } else {
+                fused::linear_bias_gelu_reference(&x, &w, &b)
+            }
+            .unwrap();
+            assert_eq!(y.shape(), oshape.as_slice(), "case {i}: output shape");
+            weighted_sum(&y, &lw).backward().unwrap();
+            (
+                vals(&y),
+                vals(&x.grad().unwrap()),
+                vals(&w.grad().unwrap()),
+                vals(&b.grad().unwrap()),
+            )
+        };
+        let (fy, fx, fw, fb) = run(true);
+        let (ry, rx, rw, rb) = run(false);
+        assert_close(&format!("case {i}: forward"), &fy, &ry, 1e-6);
+        assert_close(&format!("case {i}: dx"), &fx, &rx, 1e-5);
+        assert_close(&format!("case {i}: dw"), &fw, &rw, 1e-5);
+        assert_close(&format!("case {i}: db"), &fb, &rb, 1e-5);
+    }
+    let x = randn(&[4, 6], &mut rng);
+    let w = randn(&[8, 6], &mut rng);
+    let b = randn(&[8], &mut rng);
+    let e = fused::linear_bias_gelu(&x, &w.t().unwrap(), &b).unwrap_err();
+    assert!(e.to_string().contains("last dimension"), "{e}");
+    assert!(fused::linear_bias_gelu(&x, &w, &randn(&[6], &mut rng)).is_err());
+    assert!(fused::linear_bias_gelu(&x, &b, &b).is_err(), "a 1-D weight");
+}
+
+#[test]
 fn global_grad_norm_is_exact_and_deterministic() {
     let mut rng = Rng::new(31);
     let grads = vec![

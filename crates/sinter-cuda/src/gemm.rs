@@ -224,6 +224,13 @@ pub enum Epilogue<'a> {
     BiasGelu(DevSlice<'a>),
     /// GELU(x).
     Gelu,
+    /// GELU(x + bias[n]), also writing the pre-activation x + bias to `aux` (row-major [m, n],
+    /// unbatched, n a multiple of 8): the forward of a Linear + GELU that keeps what its
+    /// backward needs (cuBLASLt's GELU_AUX_BIAS).
+    BiasGeluAux {
+        bias: DevSlice<'a>,
+        aux: DevSlice<'a>,
+    },
 }
 
 impl Epilogue<'_> {
@@ -234,11 +241,14 @@ impl Epilogue<'_> {
             Epilogue::Bias(_) => E::CUBLASLT_EPILOGUE_BIAS,
             Epilogue::BiasGelu(_) => E::CUBLASLT_EPILOGUE_GELU_BIAS,
             Epilogue::Gelu => E::CUBLASLT_EPILOGUE_GELU,
+            Epilogue::BiasGeluAux { .. } => E::CUBLASLT_EPILOGUE_GELU_AUX_BIAS,
         }
     }
     fn bias(&self) -> Option<DevSlice<'_>> {
         match *self {
-            Epilogue::Bias(b) | Epilogue::BiasGelu(b) => Some(b),
+            Epilogue::Bias(b) | Epilogue::BiasGelu(b) | Epilogue::BiasGeluAux { bias: b, .. } => {
+                Some(b)
+            }
             _ => None,
         }
     }
@@ -306,6 +316,24 @@ impl<'a> GemmDesc<'a> {
                 return Err(CudaError::invalid(
                     "gemm",
                     format!("bias must be {} x {d}", self.shape.n),
+                ));
+            }
+        }
+        if let Epilogue::BiasGeluAux { aux, .. } = self.epilogue {
+            let (m, n) = (self.shape.m, self.shape.n);
+            if aux.dtype() != d
+                || aux.len() != m * n
+                || self.shape.batch != 1
+                || !n.is_multiple_of(8)
+            {
+                return Err(CudaError::invalid(
+                    "gemm",
+                    format!(
+                        "the GELU aux output must be an unbatched {m} x {n} {d} matrix with n a multiple of 8 (got {} elements of {}, batch {})",
+                        aux.len(),
+                        aux.dtype(),
+                        self.shape.batch
+                    ),
                 ));
             }
         }
@@ -460,6 +488,12 @@ impl GemmEngine {
             set_desc(&desc, D::CUBLASLT_MATMUL_DESC_EPILOGUE, &(epi as u32))?;
             if bias_ptr != 0 {
                 set_desc(&desc, D::CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias_ptr)?;
+            }
+            if let Epilogue::BiasGeluAux { aux, .. } = g.epilogue {
+                // Row-major [m, n] is cuBLASLt's column-major n x m: leading dim n.
+                let (ptr, ld) = (aux.ptr(), g.shape.n as i64);
+                set_desc(&desc, D::CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &ptr)?;
+                set_desc(&desc, D::CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ld)?;
             }
         }
         let la = layout(dt, &p.a, p.batch)?;
@@ -726,6 +760,34 @@ mod tests {
         let mut g = GemmDesc::new(GemmDType::BF16, s, a, b, c);
         g.epilogue = Epilogue::BiasGelu(fake_slice(DType::BF16, 4));
         assert!(g.validate().is_err(), "bias has n = 8 elements");
+        g.epilogue = Epilogue::BiasGeluAux {
+            bias: fake_slice(DType::BF16, 8),
+            aux: fake_slice(DType::BF16, 8),
+        };
+        assert!(g.validate().is_err(), "aux must hold m x n");
+        let aux = fake_slice(DType::BF16, 32);
+        g.epilogue = Epilogue::BiasGeluAux {
+            bias: fake_slice(DType::BF16, 8),
+            aux,
+        };
+        assert!(g.validate().is_ok());
+        let s12 = GemmShape::new(4, 12, 2);
+        let mut g12 = GemmDesc::new(
+            GemmDType::BF16,
+            s12,
+            a,
+            fake_slice(DType::BF16, 24),
+            fake_slice(DType::BF16, 48),
+        );
+        assert!(g12.validate().is_ok());
+        g12.epilogue = Epilogue::BiasGeluAux {
+            bias: fake_slice(DType::BF16, 12),
+            aux: fake_slice(DType::BF16, 48),
+        };
+        assert!(
+            g12.validate().is_err(),
+            "cuBLASLt wants the aux ld (n) a multiple of 8"
+        );
         g.epilogue = Epilogue::BiasGelu(fake_slice(DType::BF16, 8));
         assert!(g.validate().is_ok());
         assert_eq!(GemmDType::Tf32.storage(), DType::F32);

@@ -33,11 +33,13 @@ pub enum KernelFile {
     Dropout,
     AdamW,
     Int,
+    FlashAttention,
+    ResidualLayerNorm,
 }
 
 impl KernelFile {
     /// Every kernel file.
-    pub const ALL: [KernelFile; 12] = [
+    pub const ALL: [KernelFile; 14] = [
         KernelFile::Unary,
         KernelFile::Binary,
         KernelFile::Copy,
@@ -50,6 +52,8 @@ impl KernelFile {
         KernelFile::Dropout,
         KernelFile::AdamW,
         KernelFile::Int,
+        KernelFile::FlashAttention,
+        KernelFile::ResidualLayerNorm,
     ];
 
     /// File name under `kernels/`.
@@ -67,6 +71,8 @@ impl KernelFile {
             KernelFile::Dropout => "dropout.cu",
             KernelFile::AdamW => "adamw.cu",
             KernelFile::Int => "int.cu",
+            KernelFile::FlashAttention => "flash_attention.cu",
+            KernelFile::ResidualLayerNorm => "residual_layernorm.cu",
         }
     }
 
@@ -85,6 +91,8 @@ impl KernelFile {
             KernelFile::Dropout => include_str!("../kernels/dropout.cu"),
             KernelFile::AdamW => include_str!("../kernels/adamw.cu"),
             KernelFile::Int => include_str!("../kernels/int.cu"),
+            KernelFile::FlashAttention => include_str!("../kernels/flash_attention.cu"),
+            KernelFile::ResidualLayerNorm => include_str!("../kernels/residual_layernorm.cu"),
         }
     }
 

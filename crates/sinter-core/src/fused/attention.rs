@@ -18,6 +18,10 @@
 //! Causal masking is aligned bottom-right: query row i sits at position tk − tq + i and sees
 //! keys 0..=tk − tq + i. With tq = tk that is the usual lower triangle; with tq < tk it is
 //! decoding against a KV cache that holds the earlier positions.
+//!
+//! On CUDA, f16/bf16 with head dim 64 or 128 run sinter-cuda's flash attention kernels
+//! (`kernels/flash_attention.cu`: the same algorithm on tensor cores, views read in place);
+//! f32 and other head dims run as a composite of device ops.
 
 use std::sync::RwLockReadGuard;
 

@@ -1,18 +1,20 @@
 //! Fused kernels for the Transformer fast path. Each op computes in one pass what the
 //! composite Tensor ops would compute in several, keeps only what its backward needs, and is
 //! tested against that composite (same forward values, same input gradients, within f32
-//! rounding): flash attention, residual add + LayerNorm, bias + GELU, and the global gradient
-//! norm. (Softmax + cross-entropy and AdamW are already fused: `Tensor::cross_entropy`,
+//! rounding): flash attention, residual add + LayerNorm, bias + GELU (also fused into the
+//! preceding Linear's GEMM: `linear_bias_gelu`), and the global gradient norm. (Softmax + cross-entropy and AdamW are already fused: `Tensor::cross_entropy`,
 //! `Tensor::adamw_step`.)
 
 pub mod attention;
 pub mod bias_gelu;
 pub mod grad_norm;
+pub mod linear_bias_gelu;
 pub mod residual_layer_norm;
 
 pub use attention::{attention, attention_reference};
 pub use bias_gelu::{bias_gelu, bias_gelu_reference};
 pub use grad_norm::global_grad_norm;
+pub use linear_bias_gelu::{linear_bias_gelu, linear_bias_gelu_reference};
 pub use residual_layer_norm::{residual_layer_norm, residual_layer_norm_reference};
 
 use crate::{Error, Result, Tensor};

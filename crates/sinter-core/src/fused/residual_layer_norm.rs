@@ -9,6 +9,8 @@
 //! cores. The backward pass is the LayerNorm backward (one pass, deterministic parameter
 //! sums) whose gradient joins the sum's own gradient, and the add passes it through to both
 //! inputs without a copy. The values are bit-identical to `x.add(residual)?.layer_norm(..)`.
+//! On CUDA the forward is one kernel (`kernels/residual_layernorm.cu`) and the backward is
+//! LayerNorm's deterministic kernels on the saved sum.
 
 use rayon::prelude::*;
 
@@ -104,7 +106,7 @@ pub fn residual_layer_norm(
         .iter()
         .any(|t| t.device().is_cuda())
     {
-        return residual_layer_norm_reference(x, residual, gamma, beta, eps);
+        return crate::cuda::fused::residual_layer_norm(x, residual, gamma, beta, n, eps);
     }
     let (s, y, mean, rstd) = kernel(
         &f32_values(x),

@@ -10,8 +10,10 @@ pub mod cross_entropy;
 pub mod dropout;
 pub mod embedding;
 pub mod int;
+pub mod flash_attention;
 pub mod layernorm;
 pub mod reduce;
+pub mod residual_layernorm;
 pub mod softmax;
 pub mod unary;
 
@@ -121,6 +123,8 @@ pub fn sample_plans(t: &LaunchTarget) -> Vec<Launch> {
     v.extend(dropout::samples(t));
     v.extend(adamw::samples(t));
     v.extend(int::samples(t));
+    v.extend(flash_attention::samples(t));
+    v.extend(residual_layernorm::samples(t));
     v
 }
 

@@ -1,0 +1,83 @@
+//! Linear + bias + GELU (tanh approximation): y = gelu(x Wᵀ + b), the first half of a
+//! Transformer MLP.
+//!
+//! Reads: x [..., in], the weight [out, in] (nn.Linear's layout) and the bias [out].
+//! Writes: y [..., out]. On CUDA (f16/bf16, out a multiple of 8) it is one cuBLASLt GEMM whose
+//! GELU_AUX_BIAS epilogue adds the bias, applies GELU and also stores the pre-activation
+//! u = x Wᵀ + b, which is all the backward pass needs: du = dy ∘ gelu'(u) (one elementwise
+//! kernel), db = Σ_rows du (deterministic column sum), dx = du W and dW = duᵀ x (two GEMMs).
+//! Why it is fast: the composite writes x Wᵀ, reads it back to add the bias and apply GELU and
+//! writes again; here the bias and the activation happen in the GEMM's registers before the
+//! single store. Elsewhere (CPU, f32, other widths) it is the composite: the matmul and then
+//! the fused `bias_gelu` (which itself avoids storing the pre-activation).
+
+use super::{bias_gelu, float_input};
+use crate::{bail, Error, Result, Tensor};
+
+/// gelu(x Wᵀ + b) over the last dimension of x, differentiable in x, w and b.
+pub fn linear_bias_gelu(x: &Tensor, w: &Tensor, b: &Tensor) -> Result<Tensor> {
+    let (rows, inp, out) = check("linear_bias_gelu", x, w, b)?;
+    let mut shape = x.shape().to_vec();
+    *shape.last_mut().expect("rank checked") = out;
+    if [x, w, b].iter().any(|t| t.device().is_cuda())
+        && crate::cuda::fused::linear_gelu_applies(x.dtype(), out)
+    {
+        return crate::cuda::fused::linear_bias_gelu(x, w, b, rows, inp, out)?.reshape(&shape);
+    }
+    bias_gelu(&x.reshape(&[rows, inp])?.matmul(&w.t()?)?, b)?.reshape(&shape)
+}
+
+/// The composite reference: `(x Wᵀ).add(b).gelu()` from unfused ops.
+pub fn linear_bias_gelu_reference(x: &Tensor, w: &Tensor, b: &Tensor) -> Result<Tensor> {
+    let (rows, inp, out) = check("linear_bias_gelu", x, w, b)?;
+    let mut shape = x.shape().to_vec();
+    *shape.last_mut().expect("rank checked") = out;
+    x.reshape(&[rows, inp])?
+        .matmul(&w.t()?)?
+        .add(b)?
+        .gelu()?
+        .reshape(&shape)
+}
+
+/// (rows, in, out) after checking ranks, shapes, dtypes and devices.
+fn check(op: &'static str, x: &Tensor, w: &Tensor, b: &Tensor) -> Result<(usize, usize, usize)> {
+    float_input(op, x)?;
+    if w.rank() != 2 {
+        bail!(
+            "{op}: the weight must be [out, in], got shape {:?}",
+            w.shape()
+        );
+    }
+    let (out, inp) = (w.shape()[0], w.shape()[1]);
+    if x.rank() == 0 || x.shape().last() != Some(&inp) {
+        bail!(
+            "{op}: expected inputs with last dimension {inp} (the weight is {:?}), got shape {:?}",
+            w.shape(),
+            x.shape()
+        );
+    }
+    if b.shape() != [out] {
+        return Err(Error::ShapeMismatch {
+            op,
+            lhs: w.shape().to_vec(),
+            rhs: b.shape().to_vec(),
+        });
+    }
+    for t in [w, b] {
+        if t.dtype() != x.dtype() {
+            return Err(Error::DTypeMismatch {
+                op,
+                expected: x.dtype(),
+                got: t.dtype(),
+            });
+        }
+        if t.device() != x.device() {
+            return Err(Error::DeviceMismatch {
+                op,
+                lhs: x.device(),
+                rhs: t.device(),
+            });
+        }
+    }
+    Ok((x.numel() / inp.max(1), inp, out))
+}

@@ -1,0 +1,504 @@
+//! Wrappers for `kernels/flash_attention.cu`: FlashAttention-2 forward (O and the per-row
+//! log-sum-exp) and backward (D = rowsum(dO∘O), then dK/dV per key block and dQ per query block:
+//! two kernels, one writer per output, no atomics). f16/bf16, head dims 64 and 128; callers fall
+//! back to a composite for anything else ([`supported`]).
+
+use super::{fake_slice, need, need_dtype};
+use crate::alloc::{DevSlice, Pool};
+use crate::device::CudaDevice;
+use crate::dtype::DType;
+use crate::error::{CudaError, Result};
+use crate::launch::{Arg, Launch, LaunchTarget, Step};
+use crate::nvrtc::KernelFile;
+
+/// Query rows per forward block (4 warps × 16).
+pub const FWD_ROWS: usize = 64;
+/// Keys per dK/dV block and query rows per dQ block (2 warps × 16).
+pub const BWD_ROWS: usize = 32;
+/// Threads of the forward, backward and row-dot kernels.
+const FWD_THREADS: u32 = 128;
+const BWD_THREADS: u32 = 64;
+const DOT_THREADS: u32 = 256;
+
+/// True when the kernels cover this dtype and head dimension.
+pub fn supported(dtype: DType, head_dim: usize) -> bool {
+    matches!(dtype, DType::F16 | DType::BF16) && matches!(head_dim, 64 | 128)
+}
+
+/// The problem: q [b, h, tq, d], k and v [b, h, tk, d]; the causal mask is aligned bottom-right.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AttnShape {
+    pub b: usize,
+    pub h: usize,
+    pub tq: usize,
+    pub tk: usize,
+    pub d: usize,
+    pub causal: bool,
+    pub scale: f32,
+}
+
+/// A [b, h, t, d] operand read in place: `data` starts at element (0, 0, 0, 0); `strides` are the
+/// batch, head and row strides in elements (the last dim is contiguous).
+#[derive(Clone, Copy, Debug)]
+pub struct AttnView<'a> {
+    pub data: DevSlice<'a>,
+    pub strides: [usize; 3],
+}
+
+impl AttnView<'_> {
+    /// Every element of the [s.b, s.h, t, s.d] view lies inside `data`.
+    fn check(&self, op: &'static str, what: &str, d: DType, s: &AttnShape, t: usize) -> Result<()> {
+        let (b, h, hd) = (s.b, s.h, s.d);
+        need_dtype(op, what, &self.data, d)?;
+        if b == 0 || h == 0 || t == 0 {
+            return Ok(());
+        }
+        let [sb, sh, st] = self.strides;
+        let last = (b - 1)
+            .checked_mul(sb)
+            .and_then(|x| x.checked_add((h - 1).checked_mul(sh)?))
+            .and_then(|x| x.checked_add((t - 1).checked_mul(st)?))
+            .and_then(|x| x.checked_add(hd));
+        match last {
+            Some(end) if end <= self.data.len() && end <= i64::MAX as usize => Ok(()),
+            _ => Err(CudaError::invalid(
+                op,
+                format!(
+                    "{what} view [{b}, {h}, {t}, {hd}] with strides {:?} reaches past its {} elements",
+                    self.strides,
+                    self.data.len()
+                ),
+            )),
+        }
+    }
+    fn args(&self) -> [Arg; 3] {
+        self.strides.map(|s| Arg::I64(s as i64))
+    }
+}
+
+fn check_shape(op: &'static str, s: &AttnShape, d: DType) -> Result<()> {
+    if !supported(d, s.d) {
+        return Err(CudaError::invalid(
+            op,
+            format!(
+                "the kernels cover f16/bf16 with head dim 64 or 128, got {d} with head dim {}; use the composite",
+                s.d
+            ),
+        ));
+    }
+    let bh = s.b.checked_mul(s.h).filter(|&x| x <= i32::MAX as usize);
+    if bh.is_none() || s.tq.div_ceil(BWD_ROWS) > 65535 || s.tk.div_ceil(BWD_ROWS) > 65535 {
+        return Err(CudaError::invalid(
+            op,
+            format!(
+                "batch·heads {}·{} or sequence lengths tq {} / tk {} exceed the launch grid",
+                s.b, s.h, s.tq, s.tk
+            ),
+        ));
+    }
+    Ok(())
+}
+
+fn geometry_args(s: &AttnShape, q: &AttnView, k: &AttnView, v: &AttnView) -> Vec<Arg> {
+    let mut a = vec![
+        Arg::I64(s.h as i64),
+        Arg::I64(s.tq as i64),
+        Arg::I64(s.tk as i64),
+    ];
+    a.extend(q.args());
+    a.extend(k.args());
+    a.extend(v.args());
+    a
+}
+
+fn kernel_name(base: &str, d: DType, head_dim: usize) -> String {
+    format!("{base}_{}_d{head_dim}", d.suffix())
+}
+
+/// Plan the forward: o (contiguous [b, h, tq, d]) and lse (f32 [b, h, tq]). None when empty.
+pub fn plan_flash_forward(
+    _t: &LaunchTarget,
+    s: &AttnShape,
+    q: AttnView<'_>,
+    k: AttnView<'_>,
+    v: AttnView<'_>,
+    o: DevSlice<'_>,
+    lse: DevSlice<'_>,
+) -> Result<Option<Launch>> {
+    let op = "flash_attention_forward";
+    let d = q.data.dtype();
+    check_shape(op, s, d)?;
+    q.check(op, "q", d, s, s.tq)?;
+    k.check(op, "k", d, s, s.tk)?;
+    v.check(op, "v", d, s, s.tk)?;
+    let rows = s.b * s.h * s.tq;
+    need(op, "o", &o, d, rows * s.d)?;
+    need(op, "lse", &lse, DType::F32, rows)?;
+    if rows == 0 {
+        return Ok(None);
+    }
+    let mut args = vec![
+        Arg::Ptr(q.data.ptr()),
+        Arg::Ptr(k.data.ptr()),
+        Arg::Ptr(v.data.ptr()),
+        Arg::Ptr(o.ptr()),
+        Arg::Ptr(lse.ptr()),
+    ];
+    args.extend(geometry_args(s, &q, &k, &v));
+    args.push(Arg::F32(s.scale));
+    args.push(Arg::I32(s.causal as i32));
+    Ok(Some(Launch {
+        file: KernelFile::FlashAttention,
+        name: kernel_name("fa_fwd", d, s.d),
+        grid: ((s.b * s.h) as u32, s.tq.div_ceil(FWD_ROWS) as u32, 1),
+        block: (FWD_THREADS, 1, 1),
+        shared_mem: 0,
+        args,
+    }))
+}
+
+/// Plan the backward: dvec (f32 [b, h, tq], scratch) = rowsum(dout∘o), then dk, dv and dq (all
+/// contiguous [b, h, t, d], fully overwritten). `o` and `dout` are contiguous [b, h, tq, d].
+#[allow(clippy::too_many_arguments)]
+pub fn plan_flash_backward(
+    _t: &LaunchTarget,
+    s: &AttnShape,
+    q: AttnView<'_>,
+    k: AttnView<'_>,
+    v: AttnView<'_>,
+    o: DevSlice<'_>,
+    dout: DevSlice<'_>,
+    lse: DevSlice<'_>,
+    dvec: DevSlice<'_>,
+    dq: DevSlice<'_>,
+    dk: DevSlice<'_>,
+    dv: DevSlice<'_>,
+) -> Result<Vec<Step>> {
+    let op = "flash_attention_backward";
+    let d = q.data.dtype();
+    check_shape(op, s, d)?;
+    q.check(op, "q", d, s, s.tq)?;
+    k.check(op, "k", d, s, s.tk)?;
+    v.check(op, "v", d, s, s.tk)?;
+    let (qrows, krows) = (s.b * s.h * s.tq, s.b * s.h * s.tk);
+    need(op, "o", &o, d, qrows * s.d)?;
+    need(op, "dout", &dout, d, qrows * s.d)?;
+    need(op, "lse", &lse, DType::F32, qrows)?;
+    need(op, "dvec", &dvec, DType::F32, qrows)?;
+    need(op, "dq", &dq, d, qrows * s.d)?;
+    need(op, "dk", &dk, d, krows * s.d)?;
+    need(op, "dv", &dv, d, krows * s.d)?;
+    let mut steps = Vec::new();
+    if krows == 0 {
+        // No keys: every output row is 0 and so is dq (dk and dv are empty).
+        if qrows > 0 {
+            steps.push(Step::Zero {
+                ptr: dq.ptr(),
+                bytes: dq.num_bytes(),
+            });
+        }
+        return Ok(steps);
+    }
+    if qrows == 0 {
+        steps.push(Step::Zero {
+            ptr: dk.ptr(),
+            bytes: dk.num_bytes(),
+        });
+        steps.push(Step::Zero {
+            ptr: dv.ptr(),
+            bytes: dv.num_bytes(),
+        });
+        return Ok(steps);
+    }
+    let rows_per_block = (DOT_THREADS / 32) as usize;
+    steps.push(Step::Kernel(Launch::new(
+        KernelFile::FlashAttention,
+        format!("fa_bwd_dot_{}", d.suffix()),
+        qrows.div_ceil(rows_per_block) as u32,
+        DOT_THREADS,
+        vec![
+            Arg::Ptr(o.ptr()),
+            Arg::Ptr(dout.ptr()),
+            Arg::Ptr(dvec.ptr()),
+            Arg::I64(qrows as i64),
+            Arg::I64(s.d as i64),
+        ],
+    )));
+    let common = |outs: &[u64]| {
+        let mut a = vec![
+            Arg::Ptr(q.data.ptr()),
+            Arg::Ptr(k.data.ptr()),
+            Arg::Ptr(v.data.ptr()),
+            Arg::Ptr(dout.ptr()),
+            Arg::Ptr(lse.ptr()),
+            Arg::Ptr(dvec.ptr()),
+        ];
+        a.extend(outs.iter().map(|&p| Arg::Ptr(p)));
+        a.extend(geometry_args(s, &q, &k, &v));
+        a.push(Arg::F32(s.scale));
+        a.push(Arg::I32(s.causal as i32));
+        a
+    };
+    let bh = (s.b * s.h) as u32;
+    steps.push(Step::Kernel(Launch {
+        file: KernelFile::FlashAttention,
+        name: kernel_name("fa_bwd_dkdv", d, s.d),
+        grid: (bh, s.tk.div_ceil(BWD_ROWS) as u32, 1),
+        block: (BWD_THREADS, 1, 1),
+        shared_mem: 0,
+        args: common(&[dk.ptr(), dv.ptr()]),
+    }));
+    steps.push(Step::Kernel(Launch {
+        file: KernelFile::FlashAttention,
+        name: kernel_name("fa_bwd_dq", d, s.d),
+        grid: (bh, s.tq.div_ceil(BWD_ROWS) as u32, 1),
+        block: (BWD_THREADS, 1, 1),
+        shared_mem: 0,
+        args: common(&[dq.ptr()]),
+    }));
+    Ok(steps)
+}
+
+/// Flash attention forward on the device.
+pub fn flash_forward(
+    dev: &CudaDevice,
+    s: &AttnShape,
+    q: AttnView<'_>,
+    k: AttnView<'_>,
+    v: AttnView<'_>,
+    o: DevSlice<'_>,
+    lse: DevSlice<'_>,
+) -> Result<()> {
+    dev.run_opt(plan_flash_forward(&dev.target(), s, q, k, v, o, lse)?)
+}
+
+/// Flash attention backward on the device; the row-dot scratch comes from the temporary pool.
+#[allow(clippy::too_many_arguments)]
+pub fn flash_backward(
+    dev: &CudaDevice,
+    s: &AttnShape,
+    q: AttnView<'_>,
+    k: AttnView<'_>,
+    v: AttnView<'_>,
+    o: DevSlice<'_>,
+    dout: DevSlice<'_>,
+    lse: DevSlice<'_>,
+    dq: DevSlice<'_>,
+    dk: DevSlice<'_>,
+    dv: DevSlice<'_>,
+) -> Result<()> {
+    let dvec = dev.alloc(s.b * s.h * s.tq, DType::F32, Pool::Temporary)?;
+    let steps = plan_flash_backward(
+        &dev.target(),
+        s,
+        q,
+        k,
+        v,
+        o,
+        dout,
+        lse,
+        dvec.as_slice(),
+        dq,
+        dk,
+        dv,
+    )?;
+    dev.run_steps(steps.into_iter())
+}
+
+pub(crate) fn samples(t: &LaunchTarget) -> Vec<Launch> {
+    let mut out = Vec::new();
+    for dt in [DType::F16, DType::BF16] {
+        for hd in [64, 128] {
+            let s = AttnShape {
+                b: 2,
+                h: 3,
+                tq: 40,
+                tk: 70,
+                d: hd,
+                causal: true,
+                scale: 0.125,
+            };
+            let view = |t: usize| AttnView {
+                data: fake_slice(dt, 2 * 3 * t * hd),
+                strides: [3 * t * hd, t * hd, hd],
+            };
+            let (q, k, v) = (view(s.tq), view(s.tk), view(s.tk));
+            let qn = 2 * 3 * s.tq;
+            let (o, dout, dq) = (
+                fake_slice(dt, qn * hd),
+                fake_slice(dt, qn * hd),
+                fake_slice(dt, qn * hd),
+            );
+            let (lse, dvec) = (fake_slice(DType::F32, qn), fake_slice(DType::F32, qn));
+            let (dk, dv) = (k.data, v.data);
+            out.extend(plan_flash_forward(t, &s, q, k, v, o, lse).unwrap());
+            out.extend(super::kernels_of(
+                plan_flash_backward(t, &s, q, k, v, o, dout, lse, dvec, dq, dk, dv).unwrap(),
+            ));
+        }
+    }
+    // fa_bwd_dot is planned once per dtype and head dim above; keep one per dtype.
+    let mut seen = std::collections::HashSet::new();
+    out.retain(|l| seen.insert(l.name.clone()));
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shape(tq: usize, tk: usize, d: usize) -> AttnShape {
+        AttnShape {
+            b: 2,
+            h: 4,
+            tq,
+            tk,
+            d,
+            causal: true,
+            scale: 0.1,
+        }
+    }
+
+    fn packed(dt: DType, b: usize, h: usize, t: usize, d: usize) -> AttnView<'static> {
+        AttnView {
+            data: fake_slice(dt, b * h * t * d),
+            strides: [h * t * d, t * d, d],
+        }
+    }
+
+    #[test]
+    fn coverage_and_fallback_choice() {
+        assert!(supported(DType::BF16, 64) && supported(DType::F16, 128));
+        assert!(!supported(DType::F32, 64), "f32 keeps the composite");
+        assert!(!supported(DType::BF16, 96) && !supported(DType::F16, 32));
+        let t = LaunchTarget { sm_count: 132 };
+        let s = shape(8, 8, 96);
+        let v = packed(DType::BF16, 2, 4, 8, 96);
+        let e = plan_flash_forward(
+            &t,
+            &s,
+            v,
+            v,
+            v,
+            fake_slice(DType::BF16, 2 * 4 * 8 * 96),
+            fake_slice(DType::F32, 64),
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("head dim"), "{e}");
+    }
+
+    #[test]
+    fn forward_grid_and_args() {
+        let t = LaunchTarget { sm_count: 132 };
+        let s = shape(100, 130, 128);
+        let (q, k, v) = (
+            packed(DType::F16, 2, 4, 100, 128),
+            packed(DType::F16, 2, 4, 130, 128),
+            packed(DType::F16, 2, 4, 130, 128),
+        );
+        let o = fake_slice(DType::F16, 2 * 4 * 100 * 128);
+        let lse = fake_slice(DType::F32, 2 * 4 * 100);
+        let l = plan_flash_forward(&t, &s, q, k, v, o, lse)
+            .unwrap()
+            .unwrap();
+        assert_eq!(l.name, "fa_fwd_f16_d128");
+        assert_eq!(
+            l.grid,
+            (8, 2, 1),
+            "b·h blocks × ceil(100 / 64) query blocks"
+        );
+        assert_eq!(l.block, (128, 1, 1));
+        assert_eq!(l.args.len(), 5 + 3 + 9 + 2);
+        assert_eq!(l.args[3], Arg::Ptr(o.ptr()));
+        assert_eq!(l.args[6], Arg::I64(100));
+        assert_eq!(l.args[7], Arg::I64(130));
+        assert_eq!(l.args[8], Arg::I64(4 * 100 * 128), "q batch stride");
+        assert_eq!(l.args[13], Arg::I64(128), "k row stride");
+        assert_eq!(l.args[17], Arg::F32(0.1));
+        assert_eq!(l.args[18], Arg::I32(1));
+        l.validate().unwrap();
+    }
+
+    #[test]
+    fn strided_views_are_bounds_checked() {
+        let t = LaunchTarget { sm_count: 8 };
+        let s = AttnShape {
+            b: 1,
+            h: 2,
+            tq: 4,
+            tk: 4,
+            d: 64,
+            causal: false,
+            scale: 1.0,
+        };
+        // Heads narrowed out of a packed [b, t, 3·h·d] projection: row stride 3·2·64.
+        let qkv = fake_slice(DType::BF16, 4 * 3 * 2 * 64);
+        let view = |off: usize, len: usize| AttnView {
+            data: qkv.slice(off, len).unwrap(),
+            strides: [4 * 384, 64, 384],
+        };
+        let (q, k, v) = (
+            view(0, qkv.len()),
+            view(128, qkv.len() - 128),
+            view(256, qkv.len() - 256),
+        );
+        let o = fake_slice(DType::BF16, 2 * 4 * 64);
+        let lse = fake_slice(DType::F32, 8);
+        assert!(plan_flash_forward(&t, &s, q, k, v, o, lse).is_ok());
+        let short = view(256, 3 * 384);
+        let e = plan_flash_forward(&t, &s, q, k, short, o, lse).unwrap_err();
+        assert!(e.to_string().contains("v view"), "{e}");
+    }
+
+    #[test]
+    fn backward_steps() {
+        let t = LaunchTarget { sm_count: 132 };
+        let s = shape(33, 65, 64);
+        let dt = DType::BF16;
+        let (q, k, v) = (
+            packed(dt, 2, 4, 33, 64),
+            packed(dt, 2, 4, 65, 64),
+            packed(dt, 2, 4, 65, 64),
+        );
+        let qn = 2 * 4 * 33;
+        let (o, g, dq) = (
+            fake_slice(dt, qn * 64),
+            fake_slice(dt, qn * 64),
+            fake_slice(dt, qn * 64),
+        );
+        let (lse, dvec) = (fake_slice(DType::F32, qn), fake_slice(DType::F32, qn));
+        let (dk, dv) = (fake_slice(dt, 8 * 65 * 64), fake_slice(dt, 8 * 65 * 64));
+        let steps = super::super::kernels_of(
+            plan_flash_backward(&t, &s, q, k, v, o, g, lse, dvec, dq, dk, dv).unwrap(),
+        );
+        let names: Vec<&str> = steps.iter().map(|l| l.name.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "fa_bwd_dot_bf16",
+                "fa_bwd_dkdv_bf16_d64",
+                "fa_bwd_dq_bf16_d64"
+            ]
+        );
+        assert_eq!(steps[0].grid.0 as usize, qn.div_ceil(8));
+        assert_eq!(steps[1].grid, (8, 3, 1), "ceil(65 / 32) key blocks");
+        assert_eq!(steps[2].grid, (8, 2, 1), "ceil(33 / 32) query blocks");
+        assert_eq!(steps[1].args[6], Arg::Ptr(dk.ptr()));
+        assert_eq!(steps[1].args[7], Arg::Ptr(dv.ptr()));
+        assert_eq!(steps[2].args[6], Arg::Ptr(dq.ptr()));
+        assert_eq!(steps[1].args.len(), steps[2].args.len() + 1);
+        // A wrong-sized gradient buffer is refused.
+        let e = plan_flash_backward(&t, &s, q, k, v, o, g, lse, dvec, dq, dq, dv).unwrap_err();
+        assert!(e.to_string().contains("dk"), "{e}");
+        // No keys: dq is zero-filled and no kernel runs.
+        let s0 = shape(33, 0, 64);
+        let empty = fake_slice(dt, 0);
+        let k0 = AttnView {
+            data: empty,
+            strides: [0, 0, 64],
+        };
+        let st =
+            plan_flash_backward(&t, &s0, q, k0, k0, o, g, lse, dvec, dq, empty, empty).unwrap();
+        assert!(matches!(st.as_slice(), [Step::Zero { .. }]));
+    }
+}
