@@ -444,12 +444,10 @@ impl Bert {
         }
         let n = rows.len();
         let c = self.config.hidden;
-        let picked = hidden
-            .reshape(&[ids.numel(), c])?
-            .index_select(
-                0,
-                &Tensor::from_vec(rows, &[n], Device::Cpu)?.to_device(hidden.device())?,
-            )?;
+        let picked = hidden.reshape(&[ids.numel(), c])?.index_select(
+            0,
+            &Tensor::from_vec(rows, &[n], Device::Cpu)?.to_device(hidden.device())?,
+        )?;
         let targets = Tensor::from_vec(targets, &[n], Device::Cpu)?.to_device(hidden.device())?;
         self.mlm_logits(&picked)?
             .cross_entropy(&targets, IGNORE_INDEX)

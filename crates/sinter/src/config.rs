@@ -193,7 +193,11 @@ pub fn defaults_for(model: &str) -> ConfigFile {
         steps: if gpt { Some(2000) } else { None },
         batch_size: Some(if gpt { 12 } else { 64 }),
         // Post-LayerNorm BERT diverges at GPT's 2e-3.
-        lr: Some(if model.starts_with("bert") { 1e-3 } else { 2e-3 }),
+        lr: Some(if model.starts_with("bert") {
+            1e-3
+        } else {
+            2e-3
+        }),
         optimizer: Some("adamw".into()),
         momentum: Some(0.9),
         weight_decay: Some(if gpt { 0.1 } else { 1e-4 }),

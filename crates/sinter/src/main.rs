@@ -66,7 +66,11 @@ struct TrainArgs {
     #[arg(long, default_value_t = 1)]
     micro_batches: usize,
     /// Pipeline schedule: gpipe or 1f1b (the learning-rate schedule is `--lr-schedule`).
-    #[arg(long = "schedule", visible_alias = "pp-schedule", default_value = "1f1b")]
+    #[arg(
+        long = "schedule",
+        visible_alias = "pp-schedule",
+        default_value = "1f1b"
+    )]
     pp_schedule: String,
     /// mlp, cnn, resnet18, gpt-tiny or gpt2.
     #[arg(long)]

@@ -126,7 +126,10 @@ fn host_batch(s: &Setup, b: sinter_data::Batch, mask_seed: u64) -> Result<(Tenso
         return Ok((to_tensor(b.inputs)?, to_tensor(b.targets)?));
     }
     let HostData::I64(ids) = &b.inputs.data else {
-        bail!("masked-LM training needs token ids, but data '{}' gives floats", s.config.data);
+        bail!(
+            "masked-LM training needs token ids, but data '{}' gives floats",
+            s.config.data
+        );
     };
     let vocab = s.train.num_classes().unwrap_or(0);
     let masking = sinter_models::MlmMasking::for_vocab(vocab);
@@ -843,7 +846,13 @@ fn run_inner(mut config: TrainConfig, opts: &TrainOptions) -> Result<serde_json:
         Opt::Zero(_) => None,
     };
     opt.get_mut().set_lr(schedule.lr_at(s.config.lr, start));
-    let mut graph = match cuda_graph_decision(opts.cuda_graph, device, s.task, dist.is_some(), accum) {
+    let mut graph = match cuda_graph_decision(
+        opts.cuda_graph,
+        device,
+        s.task,
+        dist.is_some(),
+        accum,
+    ) {
         Ok(GraphDecision::Off) => None,
         Ok(GraphDecision::IgnoredOnCpu) => {
             if !quiet {
@@ -898,7 +907,11 @@ fn run_inner(mut config: TrainConfig, opts: &TrainOptions) -> Result<serde_json:
         let mut batches = Vec::with_capacity(accum as usize);
         for micro in 0..accum {
             let b = loader.next_batch()?;
-            batches.push(host_batch(&s, b, mask_seed(s.config.seed, step, micro, rank))?);
+            batches.push(host_batch(
+                &s,
+                b,
+                mask_seed(s.config.seed, step, micro, rank),
+            )?);
         }
         let rng_before = s
             .dropout_rng

@@ -46,14 +46,7 @@ fn tensor_and_pipeline_parallel_follow_the_serial_run() {
     let want = summary(serial.path())["train_loss"].as_f64().unwrap();
     for extra in [
         vec!["--tp", "2"],
-        vec![
-            "--pp",
-            "2",
-            "--micro-batches",
-            "2",
-            "--schedule",
-            "gpipe",
-        ],
+        vec!["--pp", "2", "--micro-batches", "2", "--schedule", "gpipe"],
         vec!["--pp", "2", "--micro-batches", "2", "--schedule", "1f1b"],
     ] {
         let dir = tempfile::tempdir().unwrap();
