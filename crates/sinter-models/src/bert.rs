@@ -118,7 +118,13 @@ impl BertEmbeddings {
     /// ids [b, t] (i64), token types [b, t] (i64, default all 0) → [b, t, hidden].
     pub fn forward(&self, ids: &Tensor, token_types: Option<&Tensor>) -> Result<Tensor> {
         let t = ids.shape()[1];
-        let pos = Tensor::arange(0.0, t as f64, 1.0, DType::I64, Device::Cpu)?;
+        let pos = Tensor::arange(
+            0.0,
+            t as f64,
+            1.0,
+            DType::I64,
+            self.position_embeddings.weight.device(),
+        )?;
         let mut x = self
             .word_embeddings
             .forward(ids)?

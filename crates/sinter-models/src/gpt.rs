@@ -189,6 +189,7 @@ impl Gpt {
                     c.block_size,
                     c.n_embd / c.n_head,
                     self.wte.weight.dtype(),
+                    self.wte.weight.device(),
                 )
             })
             .collect::<Result<_>>()?;
@@ -217,12 +218,13 @@ impl Gpt {
                 self.blocks.len()
             );
         }
+        // Positions are made where the model lives (no upload inside a step).
         let pos = Tensor::arange(
             start as f64,
             (start + s) as f64,
             1.0,
             DType::I64,
-            Device::Cpu,
+            self.wpe.weight.device(),
         )?;
         let mut x = self.wte.forward(ids)?.add(&self.wpe.forward(&pos)?)?;
         for (b, layer) in self.blocks.iter().zip(cache.layers.iter_mut()) {
@@ -310,14 +312,16 @@ impl Gpt {
                         cache.clear();
                         window
                     };
-                    let x = Tensor::from_slice(new, &[1, new.len()], Device::Cpu)?;
+                    let x = Tensor::from_slice(new, &[1, new.len()], Device::Cpu)?
+                        .to_device(self.wte.weight.device())?;
                     self.forward_step(&x, cache)?
                         .narrow(1, new.len() - 1, 1)?
                         .reshape(&[v])?
                         .to_vec_f32()?
                 }
                 None => {
-                    let x = Tensor::from_slice(window, &[1, window.len()], Device::Cpu)?;
+                    let x = Tensor::from_slice(window, &[1, window.len()], Device::Cpu)?
+                        .to_device(self.wte.weight.device())?;
                     self.forward(&x)?
                         .narrow(1, window.len() - 1, 1)?
                         .reshape(&[v])?
@@ -344,7 +348,7 @@ impl Module for Gpt {
                 self.config.block_size
             );
         }
-        let pos = Tensor::arange(0.0, t as f64, 1.0, DType::I64, Device::Cpu)?;
+        let pos = Tensor::arange(0.0, t as f64, 1.0, DType::I64, self.wpe.weight.device())?;
         let mut x = self
             .drop
             .forward(&self.wte.forward(ids)?.add(&self.wpe.forward(&pos)?)?)?;

@@ -75,11 +75,12 @@ impl LayerKvCache {
         capacity: usize,
         head_dim: usize,
         dtype: DType,
+        device: Device,
     ) -> Result<Self> {
         let shape = [batch, n_head, capacity, head_dim];
         Ok(LayerKvCache {
-            k: Tensor::zeros(&shape, dtype, Device::Cpu)?,
-            v: Tensor::zeros(&shape, dtype, Device::Cpu)?,
+            k: Tensor::zeros(&shape, dtype, device)?,
+            v: Tensor::zeros(&shape, dtype, device)?,
             len: 0,
         })
     }

@@ -209,7 +209,7 @@ fn kv_cache_step_equals_the_full_forward() {
     let x = randn(&[b, t, 32], &mut rng);
     let _g = no_grad();
     let full = blk.forward(&x).unwrap();
-    let mut cache = LayerKvCache::new(b, 4, 80, 8, DType::F32).unwrap();
+    let mut cache = LayerKvCache::new(b, 4, 80, 8, DType::F32, Device::Cpu).unwrap();
     // A prompt of 10 positions, then one at a time, then chunks of 3.
     let mut at = 0;
     for len in std::iter::once(10)
