@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# bench/gpu/prove.sh — on the GPU machine, with the binaries bench/gpu/pack.sh put in
+# .gpu-carry/: the verification of every GPU path, in parts that each fit one 10-minute call.
+#
+#   bench/gpu/prove.sh tests   # every GPU test binary; none may skip (about 3-5 min)
+#   bench/gpu/prove.sh check   # bench/gpu-check: conformance + CPU-vs-GPU loss curves
+#   bench/gpu/prove.sh bench   # sinter_gpu_bench.sh all, then train_bench.sh all
+#
+# Each part writes under $OUT (else bench/gpu/out/prove) and packs everything it wrote into
+# $OUT/<part>.tgz, since the device tool returns only files at most two folders down.
+set -uo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+cd "${ROOT}"
+PART="${1:-tests}"
+CARRY="${CARRY:-.gpu-carry}"
+PYTHON="${PYTHON:-python3}"
+OUT_DIR="${OUT:-bench/gpu/out/prove}"
+mkdir -p "${OUT_DIR}"
+OUT_DIR="$(cd "${OUT_DIR}" && pwd)"
+[[ -x "${CARRY}/sinter" ]] || { echo "prove: ${CARRY}/sinter missing: run bench/gpu/pack.sh on the build machine and carry ${CARRY}" >&2; exit 2; }
+# shellcheck source=bench/gpu/cuda_env.sh
+source "${ROOT}/bench/gpu/cuda_env.sh"
+cuda_env
+nvidia-smi > "${OUT_DIR}/nvidia-smi.txt" 2>&1 || true
+rc=0
+case "${PART}" in
+tests)
+    for t in cuda_conformance step_ctl_cuda amp_autocast gpu graph_gpu gpt_kv_cache nccl_backend; do
+        [[ -x "${CARRY}/${t}" ]] || { echo "prove: ${CARRY}/${t} missing" >&2; rc=1; continue; }
+        echo "== ${t}"
+        timeout 240 "${CARRY}/${t}" --test-threads=1 --nocapture > "${OUT_DIR}/${t}.txt" 2>&1
+        r=$?
+        grep -E "^test result:" "${OUT_DIR}/${t}.txt" | tail -n1
+        if [[ ${r} -ne 0 ]]; then
+            echo "FAIL ${t} (exit ${r}):"; grep -E "^test .* FAILED$|panicked" "${OUT_DIR}/${t}.txt" | head -20
+            rc=1
+        fi
+        n="$(grep -c "skipped" "${OUT_DIR}/${t}.txt" || true)"
+        [[ "${n}" -gt 0 ]] && { echo "FAIL ${t}: ${n} skipped line(s) on the GPU machine:"; grep skipped "${OUT_DIR}/${t}.txt" | sort | uniq -c | head; rc=1; }
+    done
+    ;;
+check)
+    SINTER="${CARRY}/sinter" CONFORMANCE="${CARRY}/cuda_conformance" OUT="${OUT_DIR}/gpu-check" \
+        timeout 560 bench/gpu-check || rc=$?
+    ;;
+bench)
+    SINTER="${CARRY}/sinter" OUT="${OUT_DIR}/kernels" timeout 280 bench/gpu/sinter_gpu_bench.sh all || rc=$?
+    SINTER="${CARRY}/sinter" OUT="${OUT_DIR}/train" timeout 280 bench/gpu/train_bench.sh all || rc=$?
+    ;;
+*)
+    echo "prove: unknown part '${PART}'; valid: tests, check, bench" >&2
+    exit 2
+    ;;
+esac
+tar czf "${OUT_DIR}/${PART}.tgz" -C "${OUT_DIR}" --exclude '*.tgz' --exclude '.cache' --exclude '.lib' --exclude 'tokens' . 2>/dev/null
+echo "prove ${PART}: exit ${rc}; everything is in ${OUT_DIR}/${PART}.tgz"
+exit ${rc}
