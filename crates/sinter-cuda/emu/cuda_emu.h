@@ -51,7 +51,9 @@
 #define __constant__ static
 #define __managed__
 #define __restrict__ __restrict
-#define __align__(n) alignas(n)
+// The GNU spelling: it may stand anywhere among the decl-specifiers (`__shared__ __align__(16) T
+// x[n]`), where C++'s alignas may not.
+#define __align__(n) __attribute__((aligned(n)))
 #define __launch_bounds__(...)
 #define __CUDACC__ 1
 #define __CUDA_ARCH__ 900
