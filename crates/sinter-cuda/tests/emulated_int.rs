@@ -197,7 +197,12 @@ fn fill_and_arange() {
 fn reductions_over_the_middle_dim() {
     let Some(e) = emu() else { return };
     let mut rng = Rng::new(32);
-    for (outer, n, inner) in [(1usize, 1usize, 1usize), (3, 7, 5), (2, 300, 1), (1, 4, 2500)] {
+    for (outer, n, inner) in [
+        (1usize, 1usize, 1usize),
+        (3, 7, 5),
+        (2, 300, 1),
+        (1, 4, 2500),
+    ] {
         let mut xv = ints(&mut rng, outer * n * inner);
         if n > 2 {
             xv[2 * inner] = xv[0]; // ties: the first maximum wins
@@ -275,15 +280,10 @@ fn index_flat_gathers_and_index_check() {
     let mut out = Buf::zeros(DType::I64, want.len() * inner, 0);
     exec_both(
         e,
-        &k(int::plan_gather_rows_i64(
-            &T1,
-            x.slice(),
-            flat.slice(),
-            out.slice(),
-            outer * n,
-            inner,
-        )
-        .unwrap()),
+        &k(
+            int::plan_gather_rows_i64(&T1, x.slice(), flat.slice(), out.slice(), outer * n, inner)
+                .unwrap(),
+        ),
         &mut [&mut x, &mut flat, &mut out],
     );
     let wg: Vec<i64> = want
@@ -302,9 +302,7 @@ fn index_flat_gathers_and_index_check() {
         (vec![], Some(-100), 0),
         (vec![5], None, 77),
     ] {
-        let mut v: Vec<i64> = (0..len)
-            .map(|_| rng.below(bound as u64) as i64)
-            .collect();
+        let mut v: Vec<i64> = (0..len).map(|_| rng.below(bound as u64) as i64).collect();
         for (k, &p) in bad.iter().enumerate() {
             v[p] = if k == 0 { bound as i64 } else { -3 };
         }

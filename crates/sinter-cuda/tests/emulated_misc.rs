@@ -881,13 +881,19 @@ fn step_control_block_drives_adamw_and_sgd() {
         let (mut wp, mut wm, mut wv) = (f32v(&pv), f32v(&mv), f32v(&vv));
         let mut wc = vec![7.0; n];
         if !skip {
-            let (b1, b2, lr, wd) = (0.9f32 as f64, 0.999f32 as f64, 0.01f32 as f64, 0.1f32 as f64);
+            let (b1, b2, lr, wd) = (
+                0.9f32 as f64,
+                0.999f32 as f64,
+                0.01f32 as f64,
+                0.1f32 as f64,
+            );
             let (bc1, bc2) = (1.0 - b1.powi(5), 1.0 - b2.powi(5));
             for i in 0..n {
                 let gg = gv[i] as f32 as f64 * factor;
                 wm[i] = b1 * wm[i] + (1.0 - b1) * gg;
                 wv[i] = b2 * wv[i] + (1.0 - b2) * gg * gg;
-                wp[i] = wp[i] * (1.0 - lr * wd) - lr * (wm[i] / bc1) / ((wv[i] / bc2).sqrt() + 1e-8);
+                wp[i] =
+                    wp[i] * (1.0 - lr * wd) - lr * (wm[i] / bc1) / ((wv[i] / bc2).sqrt() + 1e-8);
             }
             wc = p.get().iter().map(|&x| q(DType::BF16, x)).collect();
         }
@@ -912,11 +918,7 @@ fn step_control_block_drives_adamw_and_sgd() {
         let l = adamw::plan_sgd_ctl(&T1, p.slice(), g.slice(), Some(b.slice()), &sgd, c.slice())
             .unwrap()
             .unwrap();
-        exec_both(
-            e,
-            &[Step::Kernel(l)],
-            &mut [&mut p, &mut g, &mut b, &mut c],
-        );
+        exec_both(e, &[Step::Kernel(l)], &mut [&mut p, &mut g, &mut b, &mut c]);
         let (mut wp, mut wb) = (f32v(&pv), f32v(&bv));
         if !skip {
             for i in 0..n {

@@ -704,7 +704,12 @@ fn residual_layernorm_forward_backward() {
                 }
             }
             let (rt, at) = tol(d);
-            assert_close(&format!("{what} y"), &y.get(), &want_y, (rt * 2.0, at * 4.0));
+            assert_close(
+                &format!("{what} y"),
+                &y.get(),
+                &want_y,
+                (rt * 2.0, at * 4.0),
+            );
             assert_close(&format!("{what} mean"), &mean.get(), &mus, (1e-5, 1e-6));
             assert_close(&format!("{what} rstd"), &rstd.get(), &rss, (1e-5, 1e-6));
 
