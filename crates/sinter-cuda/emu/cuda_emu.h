@@ -51,7 +51,9 @@
 #define __constant__ static
 #define __managed__
 #define __restrict__ __restrict
-#define __align__(n) alignas(n)
+// The GNU spelling: it may stand anywhere among the decl-specifiers (`__shared__ __align__(16) T
+// x[n]`), where C++'s alignas may not.
+#define __align__(n) __attribute__((aligned(n)))
 #define __launch_bounds__(...)
 #define __CUDACC__ 1
 #define __CUDA_ARCH__ 900
@@ -222,6 +224,8 @@ inline float __fsqrt_rn(float a) { return sqrtf(a); }
 inline float __fmaf_rn(float a, float b, float c) { return fmaf(a, b, c); }
 inline float __fadd_rn(float a, float b) { return a + b; }
 inline float __fmul_rn(float a, float b) { return a * b; }
+inline double __dadd_rn(double a, double b) { return a + b; }
+inline double __dmul_rn(double a, double b) { return a * b; }
 inline float __saturatef(float x) { return x != x ? 0.f : (x < 0.f ? 0.f : (x > 1.f ? 1.f : x)); }
 inline float rsqrtf(float x) { return 1.f / sqrtf(x); }
 inline double rsqrt(double x) { return 1.0 / sqrt(x); }
@@ -237,6 +241,12 @@ inline void sincospif(float x, float* s, float* c) {
 inline float sinpif(float x) { return (float)sin(3.14159265358979323846 * (double)x); }
 inline float cospif(float x) { return (float)cos(3.14159265358979323846 * (double)x); }
 inline void __sincosf(float x, float* s, float* c) { *s = sinf(x); *c = cosf(x); }
+
+// CUDA declares the classification functions in the global namespace; <cmath> puts them in std.
+using std::isfinite;
+using std::isinf;
+using std::isnan;
+using std::signbit;
 
 inline float __int_as_float(int i) { float f; std::memcpy(&f, &i, 4); return f; }
 inline int __float_as_int(float f) { int i; std::memcpy(&i, &f, 4); return i; }
@@ -606,8 +616,11 @@ extern "C" __attribute__((visibility("default"))) int emu_launch(void (*fn)(void
 // ------------------------------------------------------------------------------------------------
 // WMMA (nvcuda::wmma) for 16x16x16-style tiles with f16/bf16 inputs. Every lane of the warp holds
 // the whole tile (x[] is the tile in row-major order), so only uniform element-wise use of x[i]
-// (the same operation on every element) means the same thing as on the hardware. Each operation is
-// a warp synchronisation point, as the *_sync names promise.
+// (the same operation on every element) means the same thing as on the hardware. Every fragment
+// of one shape and use maps x[e] to the same tile element, so per-element lookups through another
+// fragment (FlashAttention's row-index accumulator: load_matrix_sync of a matrix whose (r, c) is r
+// into an accumulator, then x[e] of any accumulator belongs to row rowid.x[e]) work as on the
+// hardware. Each operation is a warp synchronisation point, as the *_sync names promise.
 namespace nvcuda {
 namespace wmma {
 struct matrix_a {};
@@ -639,8 +652,19 @@ inline void fill_fragment(fragment<Use, M, N, K, T, L>& f, const V& v, int line 
     warp_point(line);
     for (int i = 0; i < f.num_elements; ++i) f.x[i] = T(v);
 }
+// The hardware's preconditions of load/store_matrix_sync (undefined behaviour otherwise): the
+// pointer is 256-bit aligned and the leading dimension a multiple of 16 bytes. Reported before
+// the warp synchronises, so the scheduler stops the launch there.
+template <typename S> inline void check_tile_ptr(const S* p, unsigned ldm, const char* what, int line) {
+    if (((uintptr_t)p & 31u) == 0 && ((size_t)ldm * sizeof(S)) % 16 == 0) return;
+    char m[200];
+    std::snprintf(m, sizeof m, "wmma::%s at line %d: pointer %p must be 32-byte aligned and ldm %u (x %zu bytes) a multiple of 16 bytes",
+                  what, line, (const void*)p, ldm, sizeof(S));
+    ::emu::fail(m);
+}
 template <typename Use, int M, int N, int K, typename T, typename L, typename S>
 inline void load_impl(fragment<Use, M, N, K, T, L>& f, const S* p, unsigned ldm, bool col, int line) {
+    check_tile_ptr(p, ldm, "load_matrix_sync", line);
     warp_point(line);
     for (int r = 0; r < f.rows; ++r)
         for (int c = 0; c < f.cols; ++c) f.x[r * f.cols + c] = T(col ? p[(size_t)c * ldm + r] : p[(size_t)r * ldm + c]);
@@ -661,6 +685,7 @@ inline void load_matrix_sync(fragment<accumulator, M, N, K, T, void>& f, const S
 template <int M, int N, int K, typename T, typename S>
 inline void store_matrix_sync(S* p, const fragment<accumulator, M, N, K, T, void>& f, unsigned ldm, layout_t l,
                               int line = __builtin_LINE()) {
+    check_tile_ptr(p, ldm, "store_matrix_sync", line);
     warp_point(line);
     // Lane 0 alone writes (every lane holds the same tile), so a lane reading memory that another
     // lane overwrote earlier in program order still behaves as on the hardware.

@@ -15,7 +15,9 @@
 //        out = cond != 0 ? a : b, cond of any dtype (f32/f16/bf16/i64)
 //   int_fill_i64(i64* y, i64 n, i64 value)
 //   arange_<t>(T* y, i64 n, u64 start_bits, u64 step_bits)   y[i] = start + i * step (f64 math,
-//        then cast like the CPU: to f32 then T for floats, truncation for i64)
+//        then cast like the CPU: to f32 then T for floats, truncation for i64; the product and
+//        the sum are rounded separately, as on the CPU: NVRTC would otherwise contract them
+//        into one fma, and e.g. 0.1 + 3 * 0.3 truncates to 1 instead of the CPU's 0)
 //   int_reduce_i64(const i64* x, i64* out, i64 outer, i64 n, i64 inner, int op)
 //        over the middle dim of [outer, n, inner]; op 0 sum, 1 max, 2 min, 3 argmax (first max)
 //   index_flat(const i64* idx, i64* flat, i64 k, i64 outer, i64 n)
@@ -98,7 +100,7 @@ template <> __device__ __forceinline__ i64 arange_value<i64>(double v) { return 
     extern "C" __global__ void arange_##sfx(T* y, i64 n, u64 start_bits, u64 step_bits) {            \
         const double start = __longlong_as_double((long long)start_bits);                            \
         const double step = __longlong_as_double((long long)step_bits);                              \
-        for (i64 i = global_tid(); i < n; i += global_stride()) y[i] = arange_value<T>(start + (double)i * step); \
+        for (i64 i = global_tid(); i < n; i += global_stride()) y[i] = arange_value<T>(__dadd_rn(start, __dmul_rn((double)i, step))); \
     }
 ARANGE(f32, float)
 ARANGE(f16, __half)

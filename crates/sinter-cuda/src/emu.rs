@@ -19,8 +19,9 @@
 //! two orders.
 //!
 //! What it reports: divergent `__syncthreads`, warp operations whose mask names exited or
-//! missing lanes, lanes of a warp at different warp operations, and deadlocks — all undefined on
-//! the hardware — as [`CudaError::Emulator`]. Shared memory (static and dynamic) is filled with
+//! missing lanes, lanes of a warp at different warp operations, deadlocks, and WMMA loads/stores
+//! whose pointer is not 32-byte aligned or whose leading dimension is not a multiple of 16 bytes —
+//! all undefined on the hardware — as [`CudaError::Emulator`]. Shared memory (static and dynamic) is filled with
 //! NaN bytes before every block, so reads of shared memory nobody wrote show up in results.
 //!
 //! What it cannot show: timing and occupancy; memory-model races beyond a missing barrier (there

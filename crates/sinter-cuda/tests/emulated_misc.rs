@@ -766,3 +766,198 @@ fn adamw_sgd_and_grad_norm() {
         );
     }
 }
+
+/// The step control block's slots, named for the references below.
+fn ctl_block(lr: f64, steps: f64, scale: f64, good: f64, iter: f64) -> Vec<f64> {
+    let mut c = vec![0.0; adamw::ctl::LEN];
+    c[adamw::ctl::FOUND_INF] = 1.0; // stale: step_prepare must overwrite it
+    c[adamw::ctl::LR] = lr;
+    c[adamw::ctl::STEPS] = steps;
+    c[adamw::ctl::GRAD_FACTOR] = 123.0; // stale as well
+    c[adamw::ctl::SCALE] = scale;
+    c[adamw::ctl::GOOD_STEPS] = good;
+    c[adamw::ctl::ITER] = iter;
+    c[adamw::ctl::SKIPPED] = 2.0;
+    c
+}
+
+#[test]
+fn step_control_block_drives_adamw_and_sgd() {
+    use adamw::ctl;
+    let Some(e) = emu() else { return };
+    let mut rng = Rng::new(26);
+    let n = 2000 + 3;
+    let pv = rng.vec(n, -1.0, 1.0);
+    // Loss-scaled gradients (scale 1024).
+    let gv: Vec<f64> = rng.vec(n, -1.0, 1.0).iter().map(|g| g * 1024.0).collect();
+    let mv = rng.vec(n, -0.1, 0.1);
+    let vv = rng.vec(n, 0.0, 0.01);
+    let table = [0.5, 0.25, 0.125, 0.0625];
+    let scaler = adamw::ScalerCfg {
+        growth: 2.0,
+        backoff: 0.5,
+        interval: 2,
+    };
+    // (sumsq, max_norm, dynamic, scaler): clipped good step that grows the scale; overflow that
+    // skips the step and backs off; no clipping and no dynamic scaling (found_inf stays 0 even
+    // for an infinite norm, as on the CPU).
+    let sumsq_good = gv.iter().map(|g| (g * g) as f32 as f64).sum::<f64>();
+    for (sumsq, max_norm, dynamic, with_scaler) in [
+        (sumsq_good, 1.0f32, true, true),
+        (f64::INFINITY, 1.0, true, true),
+        (sumsq_good, 0.0, false, false),
+    ] {
+        let c0 = ctl_block(0.01, 4.0, 1024.0, 1.0, 5.0);
+        let mut c = Buf::from_f64(DType::F32, &c0, 0);
+        let mut s = Buf::from_f64(DType::F32, &[sumsq], 0);
+        let what = format!("sumsq {sumsq} max_norm {max_norm} dynamic {dynamic}");
+        exec_both(
+            e,
+            &[Step::Kernel(
+                adamw::plan_step_prepare(c.slice(), s.slice(), max_norm, dynamic).unwrap(),
+            )],
+            &mut [&mut c, &mut s],
+        );
+        let s32 = sumsq as f32;
+        let bad = !s32.is_finite();
+        let norm = s32.sqrt() / 1024.0;
+        let clip = if !bad && max_norm > 0.0 && norm > max_norm {
+            max_norm / (norm + 1e-6)
+        } else {
+            1.0
+        };
+        let mut want_c = c0.clone();
+        want_c[ctl::FOUND_INF] = (dynamic && bad) as i32 as f64;
+        want_c[ctl::GRAD_NORM] = norm as f64;
+        want_c[ctl::GRAD_FACTOR] = (clip / 1024.0) as f64;
+        assert_close(
+            &format!("{what}: step_prepare"),
+            &c.get(),
+            &want_c,
+            (1e-6, 0.0),
+        );
+        if !bad {
+            assert!(
+                (norm as f64 - sumsq.sqrt() / 1024.0).abs() < 1e-3,
+                "{what}: norm"
+            );
+        }
+        let skip = dynamic && bad;
+        let factor = c.get()[ctl::GRAD_FACTOR];
+
+        // AdamW from the block: lr 0.01, t = steps + 1 = 5; cfg.lr / cfg.step are ignored.
+        let cfg = AdamW {
+            lr: 99.0,
+            beta1: 0.9,
+            beta2: 0.999,
+            eps: 1e-8,
+            weight_decay: 0.1,
+            step: 1,
+            grad_scale: 1.0,
+        };
+        let mut p = Buf::from_f64(DType::F32, &pv, 0);
+        let mut g = Buf::from_f64(DType::F32, &gv, 0);
+        let mut m = Buf::from_f64(DType::F32, &mv, 0);
+        let mut v = Buf::from_f64(DType::F32, &vv, 0);
+        let mut cp = Buf::from_f64(DType::BF16, &vec![7.0; n], 0);
+        let l = adamw::plan_adamw_ctl(
+            &T1,
+            p.slice(),
+            g.slice(),
+            m.slice(),
+            v.slice(),
+            Some(cp.slice()),
+            &cfg,
+            c.slice(),
+        )
+        .unwrap()
+        .unwrap();
+        exec_both(
+            e,
+            &[Step::Kernel(l)],
+            &mut [&mut p, &mut g, &mut m, &mut v, &mut cp, &mut c],
+        );
+        let f32v = |x: &[f64]| x.iter().map(|&y| y as f32 as f64).collect::<Vec<_>>();
+        let (mut wp, mut wm, mut wv) = (f32v(&pv), f32v(&mv), f32v(&vv));
+        let mut wc = vec![7.0; n];
+        if !skip {
+            let (b1, b2, lr, wd) = (
+                0.9f32 as f64,
+                0.999f32 as f64,
+                0.01f32 as f64,
+                0.1f32 as f64,
+            );
+            let (bc1, bc2) = (1.0 - b1.powi(5), 1.0 - b2.powi(5));
+            for i in 0..n {
+                let gg = gv[i] as f32 as f64 * factor;
+                wm[i] = b1 * wm[i] + (1.0 - b1) * gg;
+                wv[i] = b2 * wv[i] + (1.0 - b2) * gg * gg;
+                wp[i] =
+                    wp[i] * (1.0 - lr * wd) - lr * (wm[i] / bc1) / ((wv[i] / bc2).sqrt() + 1e-8);
+            }
+            wc = p.get().iter().map(|&x| q(DType::BF16, x)).collect();
+        }
+        assert_close(&format!("{what}: adamw p"), &p.get(), &wp, (1e-5, 1e-6));
+        assert_close(&format!("{what}: adamw m"), &m.get(), &wm, (1e-5, 1e-7));
+        assert_close(&format!("{what}: adamw v"), &v.get(), &wv, (1e-5, 1e-9));
+        assert_close(&format!("{what}: adamw copy"), &cp.get(), &wc, (0.0, 0.0));
+
+        // SGD with momentum and nesterov from the block (cfg.lr ignored).
+        let bv = rng.vec(n, -0.5, 0.5);
+        let sgd = Sgd {
+            lr: 99.0,
+            momentum: 0.9,
+            dampening: 0.0,
+            weight_decay: 0.01,
+            nesterov: true,
+            first_step: false,
+            grad_scale: 1.0,
+        };
+        let mut p = Buf::from_f64(DType::F32, &pv, 0);
+        let mut b = Buf::from_f64(DType::F32, &bv, 0);
+        let l = adamw::plan_sgd_ctl(&T1, p.slice(), g.slice(), Some(b.slice()), &sgd, c.slice())
+            .unwrap()
+            .unwrap();
+        exec_both(e, &[Step::Kernel(l)], &mut [&mut p, &mut g, &mut b, &mut c]);
+        let (mut wp, mut wb) = (f32v(&pv), f32v(&bv));
+        if !skip {
+            for i in 0..n {
+                let d = gv[i] as f32 as f64 * factor + 0.01f32 as f64 * wp[i];
+                wb[i] = 0.9f32 as f64 * wb[i] + d;
+                wp[i] -= 0.01f32 as f64 * (d + 0.9f32 as f64 * wb[i]);
+            }
+        }
+        assert_close(&format!("{what}: sgd p"), &p.get(), &wp, (1e-5, 1e-6));
+        assert_close(&format!("{what}: sgd buf"), &b.get(), &wb, (1e-5, 1e-6));
+
+        // step_finish: counters, loss scale and the next learning rate (iter 6 is past the end
+        // of the table: its last entry).
+        let mut t = Buf::from_f64(DType::F32, &table, 0);
+        let before = c.get();
+        exec_both(
+            e,
+            &[Step::Kernel(
+                adamw::plan_step_finish(c.slice(), t.slice(), with_scaler.then_some(scaler))
+                    .unwrap(),
+            )],
+            &mut [&mut c, &mut t],
+        );
+        let mut want = before.clone();
+        if skip {
+            want[ctl::SCALE] = 512.0;
+            want[ctl::GOOD_STEPS] = 0.0;
+            want[ctl::SKIPPED] = 3.0;
+        } else {
+            want[ctl::STEPS] = 5.0;
+            if with_scaler {
+                // good 1 + 1 reaches the interval of 2: the scale grows, the tracker restarts.
+                want[ctl::SCALE] = 2048.0;
+                want[ctl::GOOD_STEPS] = 0.0;
+            }
+        }
+        want[ctl::FOUND_INF] = 0.0;
+        want[ctl::ITER] = 6.0;
+        want[ctl::LR] = 0.0625;
+        assert_close(&format!("{what}: step_finish"), &c.get(), &want, (0.0, 0.0));
+    }
+}

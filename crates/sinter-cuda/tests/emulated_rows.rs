@@ -1,5 +1,6 @@
-//! Row kernels (reduce.cu, softmax.cu, layernorm.cu, cross_entropy.cu) run through the CPU
-//! emulator from their launch plans, against f64 references, for f32/f16/bf16. Row lengths cover a
+//! Row kernels (reduce.cu, softmax.cu, layernorm.cu, residual_layernorm.cu, cross_entropy.cu) run
+//! through the CPU emulator from their launch plans, against f64 references, for f32/f16/bf16. Row
+//! lengths cover a
 //! warp per row (several rows per block), rows longer than one block's first sweep, unaligned rows
 //! (scalar path) and row counts beyond one grid (grid-stride over rows). Every run is repeated in
 //! reverse thread order and must give bit-identical results (deterministic reductions, barriers).
@@ -14,6 +15,7 @@ use sinter_cuda::launch::Step;
 use sinter_cuda::ops::cross_entropy::{self, LossGrad};
 use sinter_cuda::ops::layernorm;
 use sinter_cuda::ops::reduce::{self, ArgReduce};
+use sinter_cuda::ops::residual_layernorm;
 use sinter_cuda::ops::softmax;
 use sinter_cuda::DType;
 
@@ -629,6 +631,161 @@ fn optional_operands_and_scalar_upstream_gradients() {
                     );
                 }
             }
+        }
+    }
+}
+
+#[test]
+fn residual_layernorm_forward_backward() {
+    let Some(e) = emu() else { return };
+    let mut rng = Rng::new(14);
+    let eps = 1e-5f32;
+    for d in FLOATS {
+        // (rows, n, shift of r, shift of y): a shifted y splits its row differently from h's
+        // (the kernel re-reads h after a barrier), a shifted r takes the scalar read path.
+        for (rows, n, rs_shift, y_shift) in [
+            (1usize, 1usize, 0usize, 0usize),
+            (33, 2, 1, 0),
+            (300, 5, 0, 1),
+            (19, 100, 1, 1),
+            (7, 1000, 0, 1),
+            (5, 3001, 1, 0),
+        ] {
+            let xv = inputs(&mut rng, d, rows * n, -2.0, 3.0);
+            let rv = inputs(&mut rng, d, rows * n, -1.0, 1.0);
+            let gam = inputs(&mut rng, d, n, 0.5, 1.5);
+            let bet = inputs(&mut rng, d, n, -0.5, 0.5);
+            let mut x = Buf::from_f64(d, &xv, 0);
+            let mut r = Buf::from_f64(d, &rv, rs_shift);
+            let mut gamma = Buf::from_f64(d, &gam, 0);
+            let mut beta = Buf::from_f64(d, &bet, 0);
+            let mut h = Buf::zeros(d, rows * n, 0);
+            let mut y = Buf::zeros(d, rows * n, y_shift);
+            let mut mean = Buf::zeros(DType::F32, rows, 0);
+            let mut rstd = Buf::zeros(DType::F32, rows, 0);
+            let steps = k(residual_layernorm::plan_residual_layernorm_forward(
+                &T1,
+                x.slice(),
+                r.slice(),
+                gamma.slice(),
+                beta.slice(),
+                h.slice(),
+                y.slice(),
+                mean.slice(),
+                rstd.slice(),
+                rows,
+                n,
+                eps,
+            )
+            .unwrap());
+            exec_both(
+                e,
+                &steps,
+                &mut [
+                    &mut x, &mut r, &mut gamma, &mut beta, &mut h, &mut y, &mut mean, &mut rstd,
+                ],
+            );
+            // h is rounded to the storage type; the statistics are those of the rounded h.
+            let hv: Vec<f64> = xv.iter().zip(&rv).map(|(a, b)| q(d, a + b)).collect();
+            let what = format!("residual_layernorm {d} {rows}x{n}");
+            assert_close(&format!("{what} h"), &h.get(), &hv, (0.0, 0.0));
+            let mut want_y = vec![0.0; rows * n];
+            let mut mus = vec![0.0; rows];
+            let mut rss = vec![0.0; rows];
+            for i in 0..rows {
+                let row = &hv[i * n..(i + 1) * n];
+                let mu = row.iter().sum::<f64>() / n as f64;
+                let var = row.iter().map(|v| (v - mu).powi(2)).sum::<f64>() / n as f64;
+                let rs = 1.0 / (var + eps as f64).sqrt();
+                mus[i] = mu;
+                rss[i] = rs;
+                for j in 0..n {
+                    want_y[i * n + j] = (row[j] - mu) * rs * gam[j] + bet[j];
+                }
+            }
+            let (rt, at) = tol(d);
+            assert_close(
+                &format!("{what} y"),
+                &y.get(),
+                &want_y,
+                (rt * 2.0, at * 4.0),
+            );
+            assert_close(&format!("{what} mean"), &mean.get(), &mus, (1e-5, 1e-6));
+            assert_close(&format!("{what} rstd"), &rstd.get(), &rss, (1e-5, 1e-6));
+
+            // Backward: LayerNorm's on the saved h; dx = dr = dh.
+            let gv = inputs(&mut rng, d, rows * n, -1.0, 1.0);
+            let mut g = Buf::from_f64(d, &gv, 0);
+            let mut dh = Buf::zeros(d, rows * n, 0);
+            let mut dgamma = Buf::zeros(d, n, 0);
+            let mut dbeta = Buf::zeros(d, n, 0);
+            let mut scratch =
+                Buf::zeros(DType::F32, layernorm::backward_scratch_len(&T1, rows, n), 0);
+            let steps = residual_layernorm::plan_residual_layernorm_backward(
+                &T1,
+                h.slice(),
+                gamma.slice(),
+                g.slice(),
+                mean.slice(),
+                rstd.slice(),
+                Some(dh.slice()),
+                Some(dgamma.slice()),
+                Some(dbeta.slice()),
+                Some(scratch.slice()),
+                rows,
+                n,
+            )
+            .unwrap();
+            exec_both(
+                e,
+                &steps,
+                &mut [
+                    &mut h,
+                    &mut gamma,
+                    &mut g,
+                    &mut mean,
+                    &mut rstd,
+                    &mut dh,
+                    &mut dgamma,
+                    &mut dbeta,
+                    &mut scratch,
+                ],
+            );
+            let mut want_dh = vec![0.0; rows * n];
+            let mut want_dg = vec![0.0; n];
+            let mut want_db = vec![0.0; n];
+            for i in 0..rows {
+                let (mu, rs) = (mus[i], rss[i]);
+                let xh: Vec<f64> = (0..n).map(|j| (hv[i * n + j] - mu) * rs).collect();
+                let gg: Vec<f64> = (0..n).map(|j| gv[i * n + j] * gam[j]).collect();
+                let a = gg.iter().sum::<f64>() / n as f64;
+                let b = gg.iter().zip(&xh).map(|(p, q)| p * q).sum::<f64>() / n as f64;
+                for j in 0..n {
+                    want_dh[i * n + j] = rs * (gg[j] - a - xh[j] * b);
+                    want_dg[j] += gv[i * n + j] * xh[j];
+                    want_db[j] += gv[i * n + j];
+                }
+            }
+            let what = format!("{what} backward");
+            assert_close(
+                &format!("{what} dh"),
+                &dh.get(),
+                &want_dh,
+                (rt * 4.0, at * 20.0),
+            );
+            let ra = at * (rows as f64).sqrt() * 8.0;
+            assert_close(
+                &format!("{what} dgamma"),
+                &dgamma.get(),
+                &want_dg,
+                (rt * 2.0, ra),
+            );
+            assert_close(
+                &format!("{what} dbeta"),
+                &dbeta.get(),
+                &want_db,
+                (rt * 2.0, ra),
+            );
         }
     }
 }

@@ -108,6 +108,21 @@ __device__ void mma_tile(const T* a, const T* b, const float* c, float* d) {
 }
 extern "C" __global__ void mma_f16(const __half* a, const __half* b, const float* c, float* d) { mma_tile(a, b, c, d); }
 extern "C" __global__ void mma_bf16(const __nv_bfloat16* a, const __nv_bfloat16* b, const float* c, float* d) { mma_tile(a, b, c, d); }
+
+// The row-index accumulator (flash_attention.cu): load a matrix whose (r, c) is r into an
+// accumulator, then scale each element of another accumulator by a per-row factor found
+// through it. d(r, c) = r + 1.
+extern "C" __global__ void rowid_scale(float* d) {
+    __shared__ __align__(32) float srow[256];
+    for (int e = threadIdx.x; e < 256; e += blockDim.x) srow[e] = (float)(e / 16);
+    __syncthreads();
+    wmma::fragment<wmma::accumulator, 16, 16, 16, float> rowid, acc;
+    wmma::load_matrix_sync(rowid, srow, 16, wmma::mem_row_major);
+    wmma::fill_fragment(acc, 1.0f);
+    static_assert(decltype(rowid)::num_elements == decltype(acc)::num_elements, "same shape, same count");
+    for (int e = 0; e < acc.num_elements; ++e) acc.x[e] *= rowid.x[e] + 1.f;
+    wmma::store_matrix_sync(d, acc, 16, wmma::mem_row_major);
+}
 "#;
 
 fn lib(e: &Emulator) -> std::sync::Arc<EmuLibrary> {
@@ -404,4 +419,39 @@ fn wmma_tile_matches_a_reference_gemm() {
         assert_close(&format!("wmma {d}"), &out.get(), &want, (1e-5, 1e-5));
         out.check_guards("wmma");
     }
+}
+
+#[test]
+fn wmma_row_index_accumulator_and_tile_preconditions() {
+    let Some(e) = emu() else { return };
+    let out = Buf::zeros(DType::F32, 256, 0);
+    run(
+        e,
+        &launch("rowid_scale", 1, 64, vec![Arg::Ptr(out.ptr())]),
+        Order::Reverse,
+    )
+    .unwrap();
+    let want: Vec<f64> = (0..256).map(|i| (i / 16 + 1) as f64).collect();
+    assert_eq!(out.get(), want);
+    // A tile pointer that is not 32-byte aligned is undefined on the hardware: reported.
+    let a = Buf::from_f64(DType::F16, &[0.0; 256], 1);
+    let b = Buf::from_f64(DType::F16, &[0.0; 256], 0);
+    let c = Buf::from_f64(DType::F32, &[0.0; 256], 0);
+    let err = run(
+        e,
+        &launch(
+            "mma_f16",
+            1,
+            32,
+            vec![
+                Arg::Ptr(a.ptr()),
+                Arg::Ptr(b.ptr()),
+                Arg::Ptr(c.ptr()),
+                Arg::Ptr(out.ptr()),
+            ],
+        ),
+        Order::Forward,
+    )
+    .unwrap_err();
+    assert!(err.to_string().contains("32-byte aligned"), "{err}");
 }
