@@ -427,14 +427,17 @@ impl Emulator {
                 .output()
                 .map_err(|e| emu_err(what, format!("{}: {e}", self.cxx.display())))?;
             if !o.status.success() {
-                return Err(CudaError::Compile {
-                    file: format!("{stem}.cu ({what})"),
-                    arch: "host (kernel emulator)".into(),
-                    log: String::from_utf8_lossy(&o.stderr)
-                        .chars()
-                        .take(20000)
-                        .collect(),
-                });
+                let log: String = String::from_utf8_lossy(&o.stderr)
+                    .chars()
+                    .take(20000)
+                    .collect();
+                return Err(emu_err(
+                    what,
+                    format!(
+                        "{} could not build {stem}.cu for the kernel emulator:\n{log}",
+                        self.cxx.display()
+                    ),
+                ));
             }
             Ok(o.stdout)
         };
