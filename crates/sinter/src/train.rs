@@ -618,12 +618,30 @@ pub fn run(config: TrainConfig, opts: &TrainOptions) -> Result<serde_json::Value
     r
 }
 
+/// The GPU of one rank: `--device auto` or a bare `cuda` means "this node's GPU number
+/// LOCAL_RANK" (wrapping when ranks outnumber GPUs, which then share one), as torchrun users
+/// expect; an explicit `cuda:N` is kept.
+pub fn rank_device(requested: &str, resolved: Device, local_rank: usize, gpus: usize) -> Device {
+    match resolved {
+        Device::Cuda(0) if (requested == "auto" || requested == "cuda") && gpus > 1 => {
+            Device::Cuda(local_rank % gpus)
+        }
+        d => d,
+    }
+}
+
 fn run_inner(mut config: TrainConfig, opts: &TrainOptions) -> Result<serde_json::Value> {
     let (device, device_note) = crate::precision::resolve_device_noted(&config.device)?;
     let mut precision = crate::precision::parse_precision(&config.precision)?;
     config.check_parallel()?;
     let env = sinter_dist::rendezvous::from_env()
         .context("reading the distributed environment (RANK, WORLD_SIZE, …)")?;
+    let device = if device.is_cuda() && env.world_size > 1 {
+        let gpus = sinter_cuda::runtime::device_count().unwrap_or(1);
+        rank_device(&config.device, device, env.local_rank, gpus)
+    } else {
+        device
+    };
     let mut dist = if opts.dp || config.zero > 0 || env.world_size > 1 {
         let comm = sinter_dist::init(&env, &TcpOptions::default()).with_context(|| {
             format!(
@@ -1186,6 +1204,24 @@ pub fn generate(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ranks_take_their_local_gpu_unless_one_is_named() {
+        let c0 = Device::Cuda(0);
+        assert_eq!(rank_device("auto", c0, 3, 8), Device::Cuda(3));
+        assert_eq!(rank_device("cuda", c0, 5, 8), Device::Cuda(5));
+        // More ranks than GPUs: they share, round robin.
+        assert_eq!(rank_device("cuda", c0, 9, 8), Device::Cuda(1));
+        // One GPU: everyone on it.
+        assert_eq!(rank_device("auto", c0, 3, 1), c0);
+        // Named devices and the CPU stay.
+        assert_eq!(rank_device("cuda:0", c0, 3, 8), c0);
+        assert_eq!(
+            rank_device("cuda:2", Device::Cuda(2), 3, 8),
+            Device::Cuda(2)
+        );
+        assert_eq!(rank_device("auto", Device::Cpu, 3, 8), Device::Cpu);
+    }
 
     #[test]
     fn cuda_graph_decisions() {
