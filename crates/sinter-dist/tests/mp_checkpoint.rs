@@ -7,10 +7,13 @@
 //! * clipping to a global norm under TP = 2 and PP = 2 matches serial training with
 //!   `clip_grad_norm`, the reported norm equals the serial one, and clipping was active.
 
+mod gpt_common;
+use gpt_common::{setup, Named};
+
 use std::collections::HashMap;
 use std::time::Duration;
 
-use sinter_core::{Device, Result, Rng, Tensor};
+use sinter_core::{Result, Rng, Tensor};
 use sinter_dist::pipeline::{ParallelSpec, ParallelTrainer, Schedule};
 use sinter_dist::run_on_threads;
 use sinter_dist::tensor_parallel::{snapshot_parameters, IGNORE_INDEX};
@@ -23,8 +26,6 @@ const LR: f64 = 3e-3;
 /// See tests/tp_gpt.rs: AdamW amplifies f32 rounding differences of near-zero gradients.
 const WEIGHT_TOL: f64 = 2e-4;
 
-type Named = Vec<(String, Tensor)>;
-
 fn config() -> GptConfig {
     GptConfig {
         n_layer: 2,
@@ -34,26 +35,6 @@ fn config() -> GptConfig {
         vocab_size: 64,
         dropout: 0.0,
     }
-}
-
-fn setup(cfg: &GptConfig, b: usize, n: usize) -> (Named, Vec<(Tensor, Tensor)>) {
-    let gpt = Gpt::new(cfg.clone(), &mut Rng::new(7), &shared_rng(1)).unwrap();
-    let init = snapshot_parameters(&gpt).unwrap();
-    let mut rng = Rng::new(42);
-    let t = cfg.block_size;
-    let mut tok = |len: usize| -> Vec<i64> {
-        (0..len)
-            .map(|_| rng.below(cfg.vocab_size as u64) as i64)
-            .collect()
-    };
-    let batches = (0..n)
-        .map(|_| {
-            let ids = Tensor::from_vec(tok(b * t), &[b, t], Device::Cpu).unwrap();
-            let tg = Tensor::from_vec(tok(b * t), &[b, t], Device::Cpu).unwrap();
-            (ids, tg)
-        })
-        .collect();
-    (init, batches)
 }
 
 fn adamw(p: Named) -> Result<Box<dyn Optimizer>> {

@@ -3,9 +3,12 @@
 //! steps, 1F1B holds at most p micro-batches of activations per stage while GPipe holds m,
 //! DP × PP (2 × 2) matches serial training, and bad configurations are clear errors.
 
+mod gpt_common;
+use gpt_common::Named;
+
 use std::time::Duration;
 
-use sinter_core::{Device, Rng, Tensor};
+use sinter_core::{Rng, Tensor};
 use sinter_dist::pipeline::{
     partition_layers, schedule_actions, simulate_schedule, theoretical_bubble, train_gpt_parallel,
     Action, ParallelSpec, PipelineGpt, PipelineStats, Schedule,
@@ -27,8 +30,6 @@ const WD: f64 = 0.1;
 const WEIGHT_TOL: f64 = 1e-4;
 const BATCH: usize = 8;
 
-type Named = Vec<(String, Tensor)>;
-
 fn config() -> GptConfig {
     GptConfig {
         n_layer: 4,
@@ -41,23 +42,7 @@ fn config() -> GptConfig {
 }
 
 fn setup(cfg: &GptConfig, b: usize, n: usize) -> (Named, Vec<(Tensor, Tensor)>) {
-    let gpt = Gpt::new(cfg.clone(), &mut Rng::new(11), &shared_rng(1)).unwrap();
-    let init = snapshot_parameters(&gpt).unwrap();
-    let mut rng = Rng::new(5);
-    let t = cfg.block_size;
-    let mut tok = |len: usize| -> Vec<i64> {
-        (0..len)
-            .map(|_| rng.below(cfg.vocab_size as u64) as i64)
-            .collect()
-    };
-    let batches = (0..n)
-        .map(|_| {
-            let ids = Tensor::from_vec(tok(b * t), &[b, t], Device::Cpu).unwrap();
-            let tg = Tensor::from_vec(tok(b * t), &[b, t], Device::Cpu).unwrap();
-            (ids, tg)
-        })
-        .collect();
-    (init, batches)
+    gpt_common::setup_with(cfg, b, n, 11, 5)
 }
 
 struct Serial {

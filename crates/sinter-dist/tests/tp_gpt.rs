@@ -3,6 +3,9 @@
 //! parallel embedding and cross-entropy match their dense forms, DP × TP (2 × 2) matches
 //! serial training, and bad configurations are clear errors.
 
+mod gpt_common;
+use gpt_common::{setup, Named};
+
 use std::time::Duration;
 
 use sinter_core::{Device, Result, Rng, Tensor};
@@ -26,8 +29,6 @@ const WD: f64 = 0.1;
 /// shows up between serial and plain data-parallel training, which only reorders sums).
 const WEIGHT_TOL: f64 = 1e-4;
 
-type Named = Vec<(String, Tensor)>;
-
 fn config() -> GptConfig {
     GptConfig {
         n_layer: 2,
@@ -37,27 +38,6 @@ fn config() -> GptConfig {
         vocab_size: 64,
         dropout: 0.0,
     }
-}
-
-/// A model's initial weights (fresh storage) and `n` fixed random (ids, targets) batches.
-fn setup(cfg: &GptConfig, b: usize, n: usize) -> (Named, Vec<(Tensor, Tensor)>) {
-    let gpt = Gpt::new(cfg.clone(), &mut Rng::new(7), &shared_rng(1)).unwrap();
-    let init = snapshot_parameters(&gpt).unwrap();
-    let mut rng = Rng::new(42);
-    let t = cfg.block_size;
-    let mut tok = |len: usize| -> Vec<i64> {
-        (0..len)
-            .map(|_| rng.below(cfg.vocab_size as u64) as i64)
-            .collect()
-    };
-    let batches = (0..n)
-        .map(|_| {
-            let ids = Tensor::from_vec(tok(b * t), &[b, t], Device::Cpu).unwrap();
-            let tg = Tensor::from_vec(tok(b * t), &[b, t], Device::Cpu).unwrap();
-            (ids, tg)
-        })
-        .collect();
-    (init, batches)
 }
 
 fn adamw(p: Named) -> Result<Box<dyn Optimizer>> {
