@@ -150,6 +150,17 @@ impl Operand {
     }
 }
 
+/// [tq, tk] i64, 1 where query row i may not see key j under the bottom-right causal
+/// alignment (j >= i + tk + 1 - tq), built from two aranges on `device`: no host upload, so a
+/// step using it can be captured in a CUDA graph.
+pub(crate) fn causal_mask_on(tq: usize, tk: usize, device: crate::Device) -> Result<Tensor> {
+    let cols = Tensor::arange(0.0, tk as f64, 1.0, DType::I64, device)?.reshape(&[1, tk])?;
+    let first = tk as f64 + 1.0 - tq as f64;
+    let rows =
+        Tensor::arange(first, first + tq as f64, 1.0, DType::I64, device)?.reshape(&[tq, 1])?;
+    cols.ge(&rows)
+}
+
 /// The composite of device ops: materialises the [tq, tk] scores (f32 and other head dims).
 fn attention_composite(
     q: &Tensor,
@@ -160,12 +171,7 @@ fn attention_composite(
 ) -> Result<Tensor> {
     let s = q.matmul(&k.t()?)?.mul_scalar(scale)?;
     let s = if causal {
-        let (tq, tk) = (q.shape()[2], k.shape()[2]);
-        let limit = |i: usize| (i + tk + 1).saturating_sub(tq).min(tk);
-        let mask: Vec<f32> = (0..tq * tk)
-            .map(|x| ((x % tk) >= limit(x / tk)) as u8 as f32)
-            .collect();
-        let mask = Tensor::from_vec(mask, &[tq, tk], q.device())?.to_dtype(s.dtype())?;
+        let mask = causal_mask_on(q.shape()[2], k.shape()[2], q.device())?.to_dtype(s.dtype())?;
         s.masked_fill(&mask, f32::NEG_INFINITY)?
     } else {
         s
@@ -386,6 +392,19 @@ fn grad_sum_squares_host(grads: &[Tensor]) -> Result<f64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn causal_mask_from_aranges_matches_the_bottom_right_rule() {
+        for (tq, tk) in [(1, 1), (4, 4), (3, 7), (7, 3), (1, 9), (5, 0)] {
+            let limit = |i: usize| (i + tk + 1).saturating_sub(tq).min(tk);
+            let want: Vec<i64> = (0..tq * tk)
+                .map(|x| ((x % tk) >= limit(x / tk)) as i64)
+                .collect();
+            let got = causal_mask_on(tq, tk, crate::Device::Cpu).unwrap();
+            assert_eq!(got.shape(), &[tq, tk]);
+            assert_eq!(got.to_vec_i64().unwrap(), want, "tq {tq}, tk {tk}");
+        }
+    }
 
     #[test]
     fn kernel_or_composite() {
