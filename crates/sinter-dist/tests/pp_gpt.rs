@@ -4,7 +4,7 @@
 //! DP × PP (2 × 2) matches serial training, and bad configurations are clear errors.
 
 mod gpt_common;
-use gpt_common::Named;
+use gpt_common::{assert_losses_close, Named};
 
 use std::time::Duration;
 
@@ -87,71 +87,14 @@ fn serial(cfg: &GptConfig, init: &Named, batches: &[(Tensor, Tensor)]) -> Serial
     }
 }
 
-/// (max |a − b| / max |b|, index of the worst element), skipping the elements in `skip`.
-fn worst_elem(a: &Tensor, b: &Tensor, skip: Option<std::ops::Range<usize>>) -> (f64, usize) {
-    assert_eq!(a.shape(), b.shape());
-    let (a, b) = (a.to_vec_f64().unwrap(), b.to_vec_f64().unwrap());
-    let scale = b.iter().fold(1e-12f64, |m, x| m.max(x.abs()));
-    let skip = skip.unwrap_or(0..0);
-    let (i, d) = a
-        .iter()
-        .zip(&b)
-        .map(|(x, y)| (x - y).abs())
-        .enumerate()
-        .filter(|(i, _)| !skip.contains(i))
-        .fold(
-            (0, 0.0),
-            |(bi, bd), (i, d)| if d > bd { (i, d) } else { (bi, bd) },
-        );
-    (d / scale, i)
-}
-
 /// The key bias gets an exactly zero gradient (softmax ignores a constant added to a row of
 /// scores), so what it receives is rounding noise, which AdamW normalises into small random
 /// moves. Those elements are compared with an absolute bound instead of relative to the
 /// tensor's scale.
 const ZERO_GRAD_ATOL: f64 = 1e-5;
 
-fn key_bias(name: &str, t: &Tensor) -> Option<std::ops::Range<usize>> {
-    let c = t.numel() / 3;
-    name.ends_with("attn.qkv.bias").then_some(c..2 * c)
-}
-
 fn assert_named_close(got: &Named, want: &Named, tol: f64, what: &str) -> f64 {
-    assert_eq!(got.len(), want.len(), "{what}: number of tensors");
-    let mut worst = 0f64;
-    for ((gn, g), (wn, w)) in got.iter().zip(want) {
-        assert_eq!(gn, wn, "{what}: names/order");
-        let skip = key_bias(gn, g);
-        let (e, i) = worst_elem(g, w, skip.clone());
-        assert!(
-            e <= tol,
-            "{what}: {gn} {:?} differs by {e:e} relative to its scale, worst at flat index {i}",
-            g.shape()
-        );
-        if let Some(k) = skip {
-            let (a, b) = (g.to_vec_f64().unwrap(), w.to_vec_f64().unwrap());
-            for j in k {
-                let d = (a[j] - b[j]).abs();
-                assert!(
-                    d <= ZERO_GRAD_ATOL,
-                    "{what}: {gn}[{j}] (key bias) differs by {d:e}"
-                );
-            }
-        }
-        worst = worst.max(e);
-    }
-    worst
-}
-
-fn assert_losses_close(got: &[f32], want: &[f32], what: &str) {
-    assert_eq!(got.len(), want.len());
-    for (i, (g, w)) in got.iter().zip(want).enumerate() {
-        assert!(
-            (g - w).abs() <= 1e-5 * w.abs().max(1.0),
-            "{what}: loss of step {i}: {g} vs {w}"
-        );
-    }
+    gpt_common::assert_named_close(got, want, tol, ZERO_GRAD_ATOL, what)
 }
 
 #[test]

@@ -372,19 +372,13 @@ fn grad_sum_squares_host(grads: &[Tensor]) -> Result<f64> {
         }
     }
     for (d, gs) in by_device {
-        if !d.is_cuda() {
-            let owned: Vec<Tensor> = gs.into_iter().cloned().collect();
+        let owned: Vec<Tensor> = gs.into_iter().cloned().collect();
+        if d.is_cuda() {
+            total += grad_sum_squares(&owned)?.to_vec_f32()?[0] as f64;
+        } else {
             let n = crate::fused::global_grad_norm(&owned);
             total += n * n;
-            continue;
         }
-        let (dev, _) = parts(gs[0])?;
-        let views = gs.iter().map(|g| contig(g)).collect::<Result<Vec<_>>>()?;
-        let slices: Vec<_> = views.iter().map(|v| v.slice()).collect();
-        let out = alloc(&dev, 1, DType::F32)?;
-        ka::sum_squares(&dev, &slices, out.as_slice()).on("global_grad_norm")?;
-        let s: Vec<f32> = dev.dtoh(out.as_slice()).on("global_grad_norm")?;
-        total += s[0] as f64;
     }
     Ok(total)
 }

@@ -2,9 +2,9 @@
 //! pass (saving mean and rstd). The backward pass is LayerNorm's on the saved h (dx = dr = dh),
 //! run by `layernorm.cu`'s deterministic kernels: [`plan_residual_layernorm_backward`].
 
-use super::layernorm::{backward_scratch_len, plan_layernorm_backward};
+use super::layernorm::plan_layernorm_backward;
 use super::{fake_slice, kname, need, need_float, rows_times_n};
-use crate::alloc::{DevSlice, Pool};
+use crate::alloc::DevSlice;
 use crate::device::CudaDevice;
 use crate::dtype::DType;
 use crate::error::Result;
@@ -132,7 +132,8 @@ pub fn residual_layernorm_forward(
     )?)
 }
 
-/// The backward on the device; the parameter-sum scratch comes from the temporary pool.
+/// The backward on the device: LayerNorm's backward on the saved h (see
+/// [`plan_residual_layernorm_backward`]).
 #[allow(clippy::too_many_arguments)]
 pub fn residual_layernorm_backward(
     dev: &CudaDevice,
@@ -147,31 +148,20 @@ pub fn residual_layernorm_backward(
     rows: usize,
     n: usize,
 ) -> Result<()> {
-    let t = dev.target();
-    let scratch = if dgamma.is_some() || dbeta.is_some() {
-        Some(dev.alloc(
-            backward_scratch_len(&t, rows, n),
-            DType::F32,
-            Pool::Temporary,
-        )?)
-    } else {
-        None
-    };
-    let steps = plan_residual_layernorm_backward(
-        &t,
+    super::layernorm::layernorm_backward(
+        dev,
         h,
-        gamma,
+        Some(gamma),
         gy,
         mean,
         rstd,
         dh,
         dgamma,
         dbeta,
-        scratch.as_ref().map(|s| s.as_slice()),
         rows,
         n,
-    )?;
-    dev.run_steps(steps.into_iter())
+        false,
+    )
 }
 
 pub(crate) fn samples(t: &LaunchTarget) -> Vec<Launch> {
@@ -262,7 +252,10 @@ mod tests {
         );
         let (g, dg, db) = (fake_slice(d, 64), fake_slice(d, 64), fake_slice(d, 64));
         let (m, s) = (fake_slice(DType::F32, 512), fake_slice(DType::F32, 512));
-        let sc = fake_slice(DType::F32, backward_scratch_len(&t, 512, 64));
+        let sc = fake_slice(
+            DType::F32,
+            super::super::layernorm::backward_scratch_len(&t, 512, 64),
+        );
         let steps = super::super::kernels_of(
             plan_residual_layernorm_backward(
                 &t,

@@ -41,3 +41,74 @@ pub fn setup_with(
 pub fn setup(cfg: &GptConfig, b: usize, n: usize) -> (Named, Vec<(Tensor, Tensor)>) {
     setup_with(cfg, b, n, 7, 42)
 }
+
+/// (max |a − b| / max |b|, index of the worst element), skipping the elements in `skip`.
+pub fn worst_elem(a: &Tensor, b: &Tensor, skip: Option<std::ops::Range<usize>>) -> (f64, usize) {
+    assert_eq!(a.shape(), b.shape());
+    let (a, b) = (a.to_vec_f64().unwrap(), b.to_vec_f64().unwrap());
+    let scale = b.iter().fold(1e-12f64, |m, x| m.max(x.abs()));
+    let skip = skip.unwrap_or(0..0);
+    let (i, d) = a
+        .iter()
+        .zip(&b)
+        .map(|(x, y)| (x - y).abs())
+        .enumerate()
+        .filter(|(i, _)| !skip.contains(i))
+        .fold(
+            (0, 0.0),
+            |(bi, bd), (i, d)| if d > bd { (i, d) } else { (bi, bd) },
+        );
+    (d / scale, i)
+}
+
+/// The key-bias elements of a `attn.qkv.bias`: their gradient is exactly zero (softmax ignores
+/// a constant added to a row of scores), so they only receive rounding noise.
+pub fn key_bias(name: &str, t: &Tensor) -> Option<std::ops::Range<usize>> {
+    let c = t.numel() / 3;
+    name.ends_with("attn.qkv.bias").then_some(c..2 * c)
+}
+
+/// Every tensor of `got` within `tol` of `want` relative to its scale, except the key-bias
+/// elements, which must be within `key_bias_atol` absolutely; returns the worst relative error.
+pub fn assert_named_close(
+    got: &Named,
+    want: &Named,
+    tol: f64,
+    key_bias_atol: f64,
+    what: &str,
+) -> f64 {
+    assert_eq!(got.len(), want.len(), "{what}: number of tensors");
+    let mut worst = 0f64;
+    for ((gn, g), (wn, w)) in got.iter().zip(want) {
+        assert_eq!(gn, wn, "{what}: names/order");
+        let skip = key_bias(gn, g);
+        let (e, i) = worst_elem(g, w, skip.clone());
+        assert!(
+            e <= tol,
+            "{what}: {gn} {:?} differs by {e:e} relative to its scale, worst at flat index {i}",
+            g.shape()
+        );
+        if let Some(k) = skip {
+            let (a, b) = (g.to_vec_f64().unwrap(), w.to_vec_f64().unwrap());
+            for j in k {
+                let d = (a[j] - b[j]).abs();
+                assert!(
+                    d <= key_bias_atol,
+                    "{what}: {gn}[{j}] (key bias) differs by {d:e}"
+                );
+            }
+        }
+        worst = worst.max(e);
+    }
+    worst
+}
+
+pub fn assert_losses_close(got: &[f32], want: &[f32], what: &str) {
+    assert_eq!(got.len(), want.len());
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        assert!(
+            (g - w).abs() <= 1e-5 * w.abs().max(1.0),
+            "{what}: loss of step {i}: {g} vs {w}"
+        );
+    }
+}
