@@ -55,6 +55,29 @@ pub(crate) fn wait(w: Work) -> sinter_core::Result<Vec<f32>> {
     w.wait().map_err(dist_err)
 }
 
+/// Runs one collective on the concatenation of `tensors` (as f32) and writes its result back
+/// into them, each in its own dtype and on its own device.
+fn collective_over(
+    tensors: &[&Tensor],
+    run: impl FnOnce(Vec<f32>) -> Work,
+) -> sinter_core::Result<()> {
+    let mut flat = Vec::with_capacity(tensors.iter().map(|t| t.numel()).sum());
+    for t in tensors {
+        flat.extend(t.to_vec_f32()?);
+    }
+    let flat = wait(run(flat))?;
+    let mut off = 0;
+    for t in tensors {
+        let n = t.numel();
+        let v = Tensor::from_slice(&flat[off..off + n], t.shape(), Device::Cpu)?
+            .to_dtype(t.dtype())?
+            .to_device(t.device())?;
+        t.assign(&v)?;
+        off += n;
+    }
+    Ok(())
+}
+
 /// Copies `root`'s values of `tensors` to every rank (one broadcast of their concatenation).
 /// Every rank calls it with tensors of the same shapes.
 pub fn broadcast_tensors(
@@ -65,22 +88,8 @@ pub fn broadcast_tensors(
     if comm.world_size() <= 1 || tensors.is_empty() {
         return Ok(());
     }
-    let mut flat = Vec::with_capacity(tensors.iter().map(|t| t.numel()).sum());
-    for t in tensors {
-        flat.extend(t.to_vec_f32()?);
-    }
-    let flat = wait(comm.broadcast(flat, root))?;
-    let mut off = 0;
-    for t in tensors {
-        let n = t.numel();
-        t.assign(&Tensor::from_slice(
-            &flat[off..off + n],
-            t.shape(),
-            Device::Cpu,
-        )?)?;
-        off += n;
-    }
-    Ok(())
+    let all: Vec<&Tensor> = tensors.iter().collect();
+    collective_over(&all, |flat| comm.broadcast(flat, root))
 }
 
 /// Replaces `tensors` (e.g. BatchNorm running statistics, which each rank updates from its
@@ -92,21 +101,7 @@ pub fn average_tensors(comm: &AsyncCommunicator, tensors: &[Tensor]) -> sinter_c
     if comm.world_size() <= 1 || floats.is_empty() {
         return Ok(());
     }
-    let mut flat = Vec::with_capacity(floats.iter().map(|t| t.numel()).sum());
-    for t in &floats {
-        flat.extend(t.to_vec_f32()?);
-    }
-    let flat = wait(comm.all_reduce(flat, ReduceOp::Avg))?;
-    let mut off = 0;
-    for t in floats {
-        let n = t.numel();
-        let v = Tensor::from_slice(&flat[off..off + n], t.shape(), Device::Cpu)?
-            .to_dtype(t.dtype())?
-            .to_device(t.device())?;
-        t.assign(&v)?;
-        off += n;
-    }
-    Ok(())
+    collective_over(&floats, |flat| comm.all_reduce(flat, ReduceOp::Avg))
 }
 
 /// One bucket submission.
