@@ -498,7 +498,7 @@ def main():
     git = cmd_out(["git", "rev-parse", "--short", "HEAD"]) + (" + uncommitted changes" if cmd_out(["git", "status", "--porcelain", "--untracked-files=no"]) else "")
     meta = {
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "command": "bench/vs-torch/run " + " ".join(user_args(sys.argv[1:])),
+        "command": " ".join(["bench/vs-torch/run", *user_args(sys.argv[1:])]),
         "machine": machine(), "git": git or "?", "sinter": cmd_out([args.sinter, "--version"]) or "?", "torch": torch_version,
         "threads": args.threads, "rounds": args.rounds, "secs": args.secs, "gpt_steps": args.gpt_steps, "loadavg_before": loadavg(),
     }
