@@ -6,3 +6,7 @@
 //!   capped by `SINTER_CPU_ISA` (so every path can be tested on any machine).
 pub mod isa;
 pub use isa::Isa;
+pub mod gemm;
+pub mod math;
+#[doc(hidden)]
+pub mod simd;
