@@ -78,12 +78,22 @@ impl Blocking {
     /// Blocks for a micro-kernel of mr × nr on caches `c`.
     pub fn for_kernel(mr: usize, nr: usize, c: CacheSizes) -> Blocking {
         const F32: usize = 4;
-        // B's micro-panel (kc × nr) takes at most half of L1.
-        let kc = (c.l1d / 2 / (nr * F32)).clamp(128, 512) / 8 * 8;
+        // One micro-panel of A (mr × kc) and one of B (kc × nr) fit in L1 together.
+        let kc = (c.l1d / ((mr + nr) * F32)).clamp(128, 512) / 8 * 8;
         let mc = (c.l2 / 2 / (kc * F32)).clamp(mr, 1024) / mr * mr;
         // One quarter of L3 (it is shared by the cores).
         let nc = (c.l3 / 4 / (kc * F32)).clamp(nr, 4096) / nr * nr;
-        Blocking { mc, kc, nc }
+        let env = |k: &str, d: usize| {
+            std::env::var(k)
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(d)
+        };
+        Blocking {
+            mc: env("SINTER_GEMM_MC", mc),
+            kc: env("SINTER_GEMM_KC", kc),
+            nc: env("SINTER_GEMM_NC", nc),
+        }
     }
 }
 

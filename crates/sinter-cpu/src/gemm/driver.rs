@@ -57,24 +57,50 @@ thread_local! {
     static PACK_B: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
 }
 
-/// Runs `f` with a 64-byte aligned scratch slice of `len` floats from `cell` (a fresh one if
-/// the cell is in use, which only happens on re-entry).
-fn with_scratch<R>(
+/// A 64-byte aligned scratch buffer borrowed from a thread-local cell and given back on
+/// drop (a fresh one if the cell is in use, which only happens on re-entry). No closure:
+/// the kernels around it must stay inside one function compiled for the ISA.
+struct Scratch {
     cell: &'static std::thread::LocalKey<RefCell<Vec<f32>>>,
+    buf: Vec<f32>,
+    skip: usize,
     len: usize,
-    f: impl FnOnce(&mut [f32]) -> R,
-) -> R {
-    fn aligned(v: &mut Vec<f32>, len: usize) -> &mut [f32] {
-        if v.len() < len + 16 {
-            v.resize(len + 16, 0.0);
+}
+
+impl Scratch {
+    fn take(cell: &'static std::thread::LocalKey<RefCell<Vec<f32>>>, len: usize) -> Scratch {
+        let mut buf = cell.with(|c| {
+            c.try_borrow_mut()
+                .map(|mut v| std::mem::take(&mut *v))
+                .unwrap_or_default()
+        });
+        if buf.len() < len + 16 {
+            buf.resize(len + 16, 0.0);
         }
-        let skip = v.as_ptr().align_offset(64).min(16);
-        &mut v[skip..skip + len]
+        let skip = buf.as_ptr().align_offset(64).min(16);
+        Scratch {
+            cell,
+            buf,
+            skip,
+            len,
+        }
     }
-    cell.with(|c| match c.try_borrow_mut() {
-        Ok(mut v) => f(aligned(&mut v, len)),
-        Err(_) => f(aligned(&mut Vec::new(), len)),
-    })
+    fn slice(&mut self) -> &mut [f32] {
+        &mut self.buf[self.skip..self.skip + self.len]
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let buf = std::mem::take(&mut self.buf);
+        self.cell.with(|c| {
+            if let Ok(mut v) = c.try_borrow_mut() {
+                if v.capacity() < buf.capacity() {
+                    *v = buf;
+                }
+            }
+        });
+    }
 }
 
 /// Offset of the k block starting at `pc` inside a prepacked operand with `padded` free
@@ -103,96 +129,83 @@ pub(crate) unsafe fn run_range<S: Simd, const MV: usize, const NR: usize>(
     let (mc, nc) = (blk.mc, blk.nc);
     let padded_m = p.m.div_ceil(mr) * mr;
     let unit_rows = p.rsc == 1;
-    with_scratch(
-        &PACK_B,
-        kc_max * nc.min(cols.len().div_ceil(NR) * NR),
-        |bbuf| {
-            with_scratch(
-                &PACK_A,
-                kc_max * mc.min(rows.len().div_ceil(mr) * mr),
-                |abuf| {
-                    let mut jc = cols.start;
-                    while jc < cols.end {
-                        let ncb = nc.min(cols.end - jc);
-                        let mut pc = 0;
-                        loop {
-                            let kcb = kc_max.min(p.k - pc);
-                            let (first, last) = (pc == 0, pc + kcb >= p.k);
-                            let bsrc = Src {
-                                ptr: p.b.offset(pc as isize * p.rsb + jc as isize * p.csb),
-                                fs: p.csb,
-                                ks: p.rsb,
-                            };
-                            pack_panels(bsrc, ncb, kcb, NR, bbuf);
-                            let mut ic = rows.start;
-                            while ic < rows.end {
-                                let mcb = mc.min(rows.end - ic);
-                                let apanels: *const f32 = if p.packed_a.is_null() {
-                                    let asrc = Src {
-                                        ptr: p.a.offset(ic as isize * p.rsa + pc as isize * p.csa),
-                                        fs: p.rsa,
-                                        ks: p.csa,
-                                    };
-                                    pack_panels(asrc, mcb, kcb, mr, abuf);
-                                    abuf.as_ptr()
-                                } else {
-                                    // ic is a multiple of MR (threads and mc split on panel bounds).
-                                    p.packed_a.add(block_offset(pc, padded_m) + ic * kcb)
-                                };
-                                for jr in (0..ncb).step_by(NR) {
-                                    let bp = bbuf.as_ptr().add(jr * kcb);
-                                    for ir in (0..mcb).step_by(mr) {
-                                        let acc = microkernel::<S, MV, NR>(
-                                            kcb,
-                                            apanels.add(ir * kcb),
-                                            bp,
-                                        );
-                                        let (i, j) = (ic + ir, jc + jr);
-                                        let at = i as isize * p.rsc + j as isize * p.csc;
-                                        let t = TileOut {
-                                            c: p.c.offset(at),
-                                            ldc: p.csc,
-                                            pre: if p.pre.is_null() {
-                                                p.pre
-                                            } else {
-                                                p.pre.offset(at)
-                                            },
-                                            pre_ldc: p.csc,
-                                            rows: mr.min(mcb - ir),
-                                            cols: NR.min(ncb - jr),
-                                            alpha: p.alpha,
-                                            beta: if first { p.beta } else { 1.0 },
-                                            last,
-                                            bias: if p.bias.is_null() {
-                                                p.bias
-                                            } else if p.bias_along_rows {
-                                                p.bias.add(i)
-                                            } else {
-                                                p.bias.add(j)
-                                            },
-                                            bias_along_rows: p.bias_along_rows,
-                                            act: p.act,
-                                        };
-                                        if unit_rows {
-                                            store_tile::<S, MV, NR>(&acc, &t);
-                                        } else {
-                                            store_tile_strided::<S, MV, NR>(&acc, &t, p.rsc, p.csc);
-                                        }
-                                    }
-                                }
-                                ic += mcb;
-                            }
-                            pc += kcb;
-                            if pc >= p.k {
-                                break;
-                            }
+    let mut bscratch = Scratch::take(&PACK_B, kc_max * nc.min(cols.len().div_ceil(NR) * NR));
+    let mut ascratch = Scratch::take(&PACK_A, kc_max * mc.min(rows.len().div_ceil(mr) * mr));
+    let (bbuf, abuf) = (bscratch.slice(), ascratch.slice());
+    let mut jc = cols.start;
+    while jc < cols.end {
+        let ncb = nc.min(cols.end - jc);
+        let mut pc = 0;
+        loop {
+            let kcb = kc_max.min(p.k - pc);
+            let (first, last) = (pc == 0, pc + kcb >= p.k);
+            let bsrc = Src {
+                ptr: p.b.offset(pc as isize * p.rsb + jc as isize * p.csb),
+                fs: p.csb,
+                ks: p.rsb,
+            };
+            pack_panels(bsrc, ncb, kcb, NR, bbuf);
+            let mut ic = rows.start;
+            while ic < rows.end {
+                let mcb = mc.min(rows.end - ic);
+                let apanels: *const f32 = if p.packed_a.is_null() {
+                    let asrc = Src {
+                        ptr: p.a.offset(ic as isize * p.rsa + pc as isize * p.csa),
+                        fs: p.rsa,
+                        ks: p.csa,
+                    };
+                    pack_panels(asrc, mcb, kcb, mr, abuf);
+                    abuf.as_ptr()
+                } else {
+                    // ic is a multiple of MR (threads and mc split on panel bounds).
+                    p.packed_a.add(block_offset(pc, padded_m) + ic * kcb)
+                };
+                for jr in (0..ncb).step_by(NR) {
+                    let bp = bbuf.as_ptr().add(jr * kcb);
+                    for ir in (0..mcb).step_by(mr) {
+                        let acc = microkernel::<S, MV, NR>(kcb, apanels.add(ir * kcb), bp);
+                        let (i, j) = (ic + ir, jc + jr);
+                        let at = i as isize * p.rsc + j as isize * p.csc;
+                        let t = TileOut {
+                            c: p.c.offset(at),
+                            ldc: p.csc,
+                            pre: if p.pre.is_null() {
+                                p.pre
+                            } else {
+                                p.pre.offset(at)
+                            },
+                            pre_ldc: p.csc,
+                            rows: mr.min(mcb - ir),
+                            cols: NR.min(ncb - jr),
+                            alpha: p.alpha,
+                            beta: if first { p.beta } else { 1.0 },
+                            last,
+                            bias: if p.bias.is_null() {
+                                p.bias
+                            } else if p.bias_along_rows {
+                                p.bias.add(i)
+                            } else {
+                                p.bias.add(j)
+                            },
+                            bias_along_rows: p.bias_along_rows,
+                            act: p.act,
+                        };
+                        if unit_rows {
+                            store_tile::<S, MV, NR>(&acc, &t);
+                        } else {
+                            store_tile_strided::<S, MV, NR>(&acc, &t, p.rsc, p.csc);
                         }
-                        jc += ncb;
                     }
-                },
-            )
-        },
-    )
+                }
+                ic += mcb;
+            }
+            pc += kcb;
+            if pc >= p.k {
+                break;
+            }
+        }
+        jc += ncb;
+    }
 }
 
 /// The whole product on `threads` threads (1: this thread only). Large dimension split into
@@ -208,7 +221,7 @@ pub(crate) unsafe fn run<S: Simd, const MV: usize, const NR: usize>(p: &Problem,
     if !p.packed_a.is_null() {
         blk.kc = p.packed_kc;
     }
-    let split_cols = !p.packed_a.is_null() || p.n > p.m;
+    let split_cols = !p.packed_a.is_null() || 2 * p.n >= p.m;
     let (len, unit) = if split_cols { (p.n, NR) } else { (p.m, mr) };
     let parts = threads.min(len.div_ceil(unit)).max(1);
     if parts == 1 {

@@ -503,13 +503,22 @@ unsafe fn dispatch(isa: Isa, p: &Problem, threads: usize) {
         #[cfg(target_arch = "x86_64")]
         Isa::Avx512 => {
             use crate::simd::Avx512;
-            Avx512::vectorize(|| driver::run::<Avx512, 2, 12>(p, threads))
+            Avx512::vectorize(
+                #[inline(always)]
+                || driver::run::<Avx512, 2, 12>(p, threads),
+            )
         }
         #[cfg(target_arch = "x86_64")]
         Isa::Avx2 => {
             use crate::simd::Avx2;
-            Avx2::vectorize(|| driver::run::<Avx2, 2, 6>(p, threads))
+            Avx2::vectorize(
+                #[inline(always)]
+                || driver::run::<Avx2, 2, 6>(p, threads),
+            )
         }
-        _ => Scalar::vectorize(|| driver::run::<Scalar, 4, 4>(p, threads)),
+        _ => Scalar::vectorize(
+            #[inline(always)]
+            || driver::run::<Scalar, 4, 4>(p, threads),
+        ),
     }
 }

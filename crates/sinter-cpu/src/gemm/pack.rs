@@ -36,18 +36,19 @@ pub(crate) unsafe fn pack_panels(src: Src, free: usize, kc: usize, width: usize,
                 to[..w].copy_from_slice(from);
                 to[w..].fill(0.0);
             }
-        } else if src.ks == 1 {
-            // k is contiguous: read each row of the panel once, write it strided.
-            for f in 0..w {
-                let from = std::slice::from_raw_parts(base.offset(f as isize * src.fs), kc);
-                for (k, &v) in from.iter().enumerate() {
-                    out[k * width + f] = v;
-                }
+        } else if src.ks == 1 && width <= 32 {
+            // k is contiguous (a transposing copy): keep one pointer per row of the panel and
+            // walk k, so each row is read sequentially and the panel written in order.
+            let mut rows = [base; 32];
+            for (f, r) in rows.iter_mut().enumerate().take(w) {
+                *r = base.offset(f as isize * src.fs);
             }
-            if w < width {
-                for k in 0..kc {
-                    out[k * width + w..(k + 1) * width].fill(0.0);
+            for k in 0..kc {
+                let to = &mut out[k * width..(k + 1) * width];
+                for f in 0..w {
+                    to[f] = *rows[f].add(k);
                 }
+                to[w..].fill(0.0);
             }
         } else {
             for k in 0..kc {

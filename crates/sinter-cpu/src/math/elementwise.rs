@@ -96,12 +96,25 @@ pub(crate) unsafe fn zip_map<S: Simd, const N: usize>(
     let l = S::LANES;
     let mut i = 0;
     while i + l <= n {
-        S::store(out.add(i), op(ins.map(|s| S::load(s.add(i)))));
+        S::store(
+            out.add(i),
+            op(ins.map(
+                #[inline(always)]
+                |s| S::load(s.add(i)),
+            )),
+        );
         i += l;
     }
     if i < n {
         let r = n - i;
-        S::store_partial(out.add(i), op(ins.map(|s| S::load_partial(s.add(i), r))), r);
+        S::store_partial(
+            out.add(i),
+            op(ins.map(
+                #[inline(always)]
+                |s| S::load_partial(s.add(i), r),
+            )),
+            r,
+        );
     }
 }
 
@@ -117,7 +130,7 @@ pub fn unary_isa(isa: Isa, f: Unary, x: &[f32], y: &mut [f32]) {
     );
     let (n, x, y) = (y.len(), x.as_ptr(), y.as_mut_ptr());
     // SAFETY: both slices hold n values.
-    with_isa!(isa, S => zip_map::<S, 1>([x], y, n, |[v]| value::<S>(f, v)))
+    with_isa!(isa, S => zip_map::<S, 1>([x], y, n, #[inline(always)] |[v]| value::<S>(f, v)))
 }
 
 /// y = f(x) on [`Isa::get`]'s instruction set.
@@ -129,7 +142,7 @@ pub fn unary(f: Unary, x: &[f32], y: &mut [f32]) {
 pub fn unary_in_place(f: Unary, x: &mut [f32]) {
     let (n, p) = (x.len(), x.as_mut_ptr());
     // SAFETY: zip_map reads each element before writing it.
-    with_isa!(Isa::get(), S => zip_map::<S, 1>([p as *const f32], p, n, |[v]| value::<S>(f, v)))
+    with_isa!(Isa::get(), S => zip_map::<S, 1>([p as *const f32], p, n, #[inline(always)] |[v]| value::<S>(f, v)))
 }
 
 /// dx = g · f'(x), elementwise (the backward of [`unary`]), on `isa`.
@@ -140,7 +153,7 @@ pub fn unary_backward_isa(isa: Isa, f: Unary, x: &[f32], g: &[f32], dx: &mut [f3
     );
     let (n, x, g, dx) = (dx.len(), x.as_ptr(), g.as_ptr(), dx.as_mut_ptr());
     // SAFETY: the three slices hold n values.
-    with_isa!(isa, S => zip_map::<S, 2>([x, g], dx, n, |[v, gv]| S::mul(gv, derivative::<S>(f, v))))
+    with_isa!(isa, S => zip_map::<S, 2>([x, g], dx, n, #[inline(always)] |[v, gv]| S::mul(gv, derivative::<S>(f, v))))
 }
 
 /// dx = g · f'(x) on [`Isa::get`]'s instruction set.
