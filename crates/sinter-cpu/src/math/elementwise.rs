@@ -59,18 +59,21 @@ unsafe fn derivative<S: Simd>(f: Unary, x: S::V) -> S::V {
         Unary::Exp => exp::<S>(x),
         Unary::Ln => S::div(one, x),
         Unary::Tanh => {
-            let t = tanh::<S>(x);
-            S::fnma(t, t, one)
+            // 1 − tanh² = 4q/(1 + q)² with q = e^−2|x|: no cancellation as |tanh| → 1.
+            let q = exp::<S>(S::mul(S::splat(-2.0), S::abs(x)));
+            let d = S::add(one, q);
+            S::div(S::mul(S::splat(4.0), q), S::mul(d, d))
         }
         Unary::Sigmoid => {
             let (s, c) = sigmoid_pair::<S>(x);
             S::mul(s, c)
         }
         Unary::Silu => silu_grad::<S>(x),
-        Unary::Erf => S::mul(
-            S::splat(2.0),
-            normal_pdf::<S>(S::mul(x, S::splat(std::f32::consts::SQRT_2))),
-        ),
+        // erf'(x) = 2/√π·e^(−x²) = 2√2·φ(√2·x).
+        Unary::Erf => {
+            let r2 = S::splat(std::f32::consts::SQRT_2);
+            S::mul(S::mul(S::splat(2.0), r2), normal_pdf::<S>(S::mul(x, r2)))
+        }
         Unary::Relu => S::select(
             S::lt(S::zero(), x),
             one,

@@ -21,15 +21,20 @@ pub unsafe fn sigmoid_pair<S: Simd>(z: S::V) -> (S::V, S::V) {
     (S::select(pos, d, qd), S::select(pos, qd, d))
 }
 
+/// sigmoid(z) with one division, 1/(1 + q) or q/(1 + q): ≤ 2.1 ulp (the pair's product form
+/// reaches 2.4 on the negative side).
 #[inline(always)]
 pub unsafe fn sigmoid<S: Simd>(z: S::V) -> S::V {
-    sigmoid_pair::<S>(z).0
+    let q = exp::<S>(S::sub(S::zero(), S::abs(z)));
+    let num = S::select(S::le(S::zero(), z), S::splat(1.0), q);
+    S::div(num, S::add(S::splat(1.0), q))
 }
 
-/// x · sigmoid(x).
+/// x · sigmoid(x) (−0 at −inf, where the product would be NaN).
 #[inline(always)]
 pub unsafe fn silu<S: Simd>(x: S::V) -> S::V {
-    S::mul(x, sigmoid::<S>(x))
+    let y = S::mul(x, sigmoid::<S>(x));
+    S::select(S::eq(x, S::splat(f32::NEG_INFINITY)), S::splat(-0.0), y)
 }
 
 /// d silu / dx = s · (1 + x · (1 − s)).
