@@ -7,3 +7,7 @@
 pub mod int8;
 pub mod isa;
 pub use isa::Isa;
+pub mod gemm;
+pub mod math;
+#[doc(hidden)]
+pub mod simd;
