@@ -35,7 +35,10 @@ struct Case {
     bt: bool,
 }
 
-fn engines(c: Case, threads: usize) -> Vec<(&'static str, Box<dyn FnMut()>)> {
+/// A named engine's timed call.
+type Engine = (&'static str, Box<dyn FnMut()>);
+
+fn engines(c: Case, threads: usize) -> Vec<Engine> {
     let (m, n, k) = (c.m, c.n, c.k);
     let a = values(m * k, 1);
     let b = values(k * n, 2);
@@ -44,7 +47,7 @@ fn engines(c: Case, threads: usize) -> Vec<(&'static str, Box<dyn FnMut()>)> {
     } else {
         (n as isize, 1)
     };
-    let mut out: Vec<(&'static str, Box<dyn FnMut()>)> = Vec::new();
+    let mut out: Vec<Engine> = Vec::new();
     {
         let (a, b) = (a.clone(), b.clone());
         let mut cbuf = vec![0f32; m * n];
@@ -139,17 +142,18 @@ fn engines(c: Case, threads: usize) -> Vec<(&'static str, Box<dyn FnMut()>)> {
     out
 }
 
-/// FLOP/s of a loop of independent FMAs on `isa` (24 chains of 16 or 8 lanes), per thread.
+/// FLOP/s of a loop of independent FMAs on `isa` (12 chains of 16 or 8 lanes: more than
+/// latency × pipes), per thread.
 fn fma_peak(isa: Isa) -> f64 {
     #[cfg(target_arch = "x86_64")]
     {
         use std::arch::x86_64::*;
-        const ITERS: usize = 20_000_000;
+        const ITERS: usize = 480_000_000;
         #[target_feature(enable = "avx512f")]
         unsafe fn avx512() -> f32 {
-            let mut acc = [_mm512_set1_ps(0.0); 24];
+            let mut acc = [_mm512_set1_ps(0.0); 12];
             let (x, y) = (_mm512_set1_ps(0.999_999), _mm512_set1_ps(1e-7));
-            for _ in 0..ITERS / 24 {
+            for _ in 0..ITERS / 12 {
                 for a in acc.iter_mut() {
                     *a = _mm512_fmadd_ps(*a, x, y);
                 }
@@ -181,7 +185,7 @@ fn fma_peak(isa: Isa) -> f64 {
         let t0 = std::time::Instant::now();
         std::hint::black_box(unsafe { f() });
         let secs = t0.elapsed().as_secs_f64();
-        (ITERS / 24 * 24) as f64 * lanes * 2.0 / secs
+        (ITERS / 12 * 12) as f64 * lanes * 2.0 / secs
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
@@ -197,7 +201,7 @@ fn main() {
     println!("{}", machine_line());
     let pool = rayon::current_num_threads();
     let peak1 = {
-        let runs: Vec<f64> = (0..3).map(|_| fma_peak(isa)).collect();
+        let runs: Vec<f64> = (0..5).map(|_| fma_peak(isa)).collect();
         runs.iter().cloned().fold(0.0, f64::max)
     };
     let peak_all = {

@@ -1,7 +1,7 @@
 //! The fused row kernels (softmax, cross-entropy, layer norm, bias + activation, AdamW) on
 //! every ISA against f64 references, on row lengths that are not multiples of any vector.
 
-mod math_reference;
+mod reference;
 
 use sinter_cpu::math::activation::Activation;
 use sinter_cpu::math::adamw::{adamw, AdamW};
@@ -241,7 +241,7 @@ fn layer_norm_rows_match_f64_with_and_without_residual_and_backward() {
 
 #[test]
 fn bias_activation_rows_match_f64_forward_and_backward() {
-    use math_reference as r;
+    use reference as r;
     for isa in Isa::available() {
         for n in LENS {
             let rows = 3;

@@ -32,7 +32,7 @@ unsafe fn grad<S: Simd>(act: Activation, u: S::V) -> S::V {
 pub fn bias_act_rows(isa: Isa, x: &[f32], bias: &[f32], act: Activation, y: &mut [f32]) {
     let n = bias.len();
     assert!(
-        n > 0 && x.len() == y.len() && x.len() % n == 0,
+        n > 0 && x.len() == y.len() && x.len().is_multiple_of(n),
         "bias_act_rows: {} inputs, {} outputs, bias of {n}",
         x.len(),
         y.len()
@@ -60,7 +60,11 @@ pub fn bias_act_backward_rows(
 ) {
     let n = bias.len();
     assert!(
-        n > 0 && x.len() == dx.len() && g.len() == dx.len() && x.len() % n == 0 && dbias.len() == n,
+        n > 0
+            && x.len() == dx.len()
+            && g.len() == dx.len()
+            && x.len().is_multiple_of(n)
+            && dbias.len() == n,
         "bias_act_backward_rows: lengths do not match rows of {n}"
     );
     with_isa!(isa, S => {

@@ -29,11 +29,11 @@ pub mod adamw;
 pub mod bias_act;
 pub mod cross_entropy;
 pub mod elementwise;
-pub mod erf;
-pub mod exp_log;
+mod erf;
+mod exp_log;
 pub mod layer_norm;
 mod reduce;
-pub mod sigmoid_tanh;
+mod sigmoid_tanh;
 pub mod softmax;
 
 pub use activation::Activation;
