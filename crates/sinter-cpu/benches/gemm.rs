@@ -35,6 +35,16 @@ struct Case {
     bt: bool,
 }
 
+/// One thread, or sinter's own choice (single-threaded below `PAR_MIN_FLOPS`) with the pool.
+fn gemm_for(m: usize, n: usize, k: usize, threads: usize) -> Gemm<'static> {
+    let g = Gemm::new(m, n, k);
+    if threads == 1 {
+        g.threads(1)
+    } else {
+        g
+    }
+}
+
 /// A named engine's timed call.
 type Engine = (&'static str, Box<dyn FnMut()>);
 
@@ -60,8 +70,7 @@ fn engines(c: Case, threads: usize) -> Vec<Engine> {
                     rs: brs,
                     cs: bcs,
                 };
-                Gemm::new(m, n, k)
-                    .threads(threads)
+                gemm_for(m, n, k, threads)
                     .run(
                         MatRef::row_major(&a, k),
                         bm,
@@ -88,8 +97,7 @@ fn engines(c: Case, threads: usize) -> Vec<Engine> {
         out.push((
             "sinter-packed",
             Box::new(move || {
-                Gemm::new(m, n, k)
-                    .threads(threads)
+                gemm_for(m, n, k, threads)
                     .run_packed(
                         MatRef::row_major(&a, k),
                         &packed,

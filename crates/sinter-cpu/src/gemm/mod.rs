@@ -26,6 +26,7 @@
 
 mod blocking;
 mod driver;
+mod gemv;
 mod kernel;
 mod pack;
 mod prepacked;
