@@ -295,6 +295,9 @@ fn main() {
             bt: true,
         },
     ];
+    if selected("threshold") {
+        threshold();
+    }
     println!("| case | threads | engine | GFLOP/s | vs gemm-0.19 | % of peak |");
     println!("|---|---:|---|---:|---:|---:|");
     for c in cases {
@@ -330,4 +333,38 @@ fn main() {
             }
         }
     }
+}
+
+/// Where splitting one product over the pool starts to pay: n³ products on 1 thread and on
+/// every thread, side by side (`PAR_MIN_FLOPS` is set from this).
+fn threshold() {
+    let pool = rayon::current_num_threads();
+    println!("| n³ (flops) | 1 thread µs | {pool} threads µs | speed-up |");
+    println!("|---|---:|---:|---:|");
+    for n in [32usize, 48, 64, 80, 96, 128, 160] {
+        let (a, b) = (values(n * n, 1), values(n * n, 2));
+        let mut c = vec![0f32; n * n];
+        let (mut one, mut all) = (Vec::new(), Vec::new());
+        for _ in 0..rounds() {
+            for (threads, t) in [(1, &mut one), (pool, &mut all)] {
+                t.extend(time(budget(), || {
+                    Gemm::new(n, n, n)
+                        .threads(threads)
+                        .run(
+                            MatRef::row_major(&a, n),
+                            MatRef::row_major(&b, n),
+                            MatMut::row_major(&mut c, n),
+                        )
+                        .unwrap()
+                }));
+            }
+        }
+        let (t1, tp) = (median(&one) * 1e6, median(&all) * 1e6);
+        println!(
+            "| {n}³ ({:.1e}) | {t1:.1} | {tp:.1} | {:.2}× |",
+            2.0 * (n * n * n) as f64,
+            t1 / tp
+        );
+    }
+    println!();
 }
