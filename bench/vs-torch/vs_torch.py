@@ -304,6 +304,14 @@ def summarise(rounds):
     return s
 
 
+def spread(side):
+    """How far the rounds' medians lie apart: max / min − 1, as a percentage."""
+    vals = [v for v in side.get("rounds", []) if v]
+    if len(vals) < 2:
+        return "–"
+    return f"{100 * (max(vals) / min(vals) - 1):.0f} %"
+
+
 def speed_ratio(a, b):
     """sinter's speed over the other's (> 1: sinter is faster), from medians."""
     if "median" not in a or "median" not in b or not a["median"] or not b["median"]:
@@ -393,13 +401,15 @@ def render(meta, bench, rows, summary):
            f"{m['nproc']} CPUs, {m.get('mem_gib', '?')} GiB",
            f"- sinter: {meta['sinter']} (git {meta['git']}); PyTorch: {meta['torch']}",
            f"- {meta['threads']} threads per side (RAYON_NUM_THREADS, torch.set_num_threads); scheduling: {meta['policy']}",
-           f"- {meta['rounds']} round(s), interleaved, {meta['secs']} s of repetitions per figure; medians of the rounds' medians",
+           f"- {meta['rounds']} round(s), interleaved, {meta['secs']} s of repetitions per figure; medians of the rounds' medians "
+           "(round spread: how far the rounds' medians lie apart, max / min − 1; a large one means other load got in)",
            f"- load average before: {meta['loadavg_before']}; after: {meta['loadavg_after']}",
            "- ratio = sinter's speed / PyTorch's (> 1: sinter is faster); memory = peak resident set of each process (VmHWM)", ""]
     for group, title in (("main", "f32"), ("int8", "int8 (issue 12): sinter's quantized checkpoints beside PyTorch's quantize_dynamic")):
         if not any(g == group for _, g, *_ in rows):
             continue
-        md += [f"## {title}", "", "| measure | sinter | PyTorch eager | torch.compile | sinter / PyTorch | peak RSS MiB sinter / PyTorch |", "|---|---:|---:|---:|---:|---:|"]
+        md += [f"## {title}", "", "| measure | sinter | PyTorch eager | torch.compile | sinter / PyTorch | peak RSS MiB sinter / PyTorch | round spread sinter / PyTorch |",
+               "|---|---:|---:|---:|---:|---:|---:|"]
         for rid, g, *_ in rows:
             if g != group:
                 continue
@@ -410,7 +420,7 @@ def render(meta, bench, rows, summary):
             comp_cell = "" if comp is None else cell(comp) + (f" (×{s['ratio_compile']:.2f})" if s.get("ratio_compile") else "")
             ratio = f"**{s['ratio']:.2f}×**" if s.get("ratio") else "–"
             mem = " / ".join(f"{x['peak_rss_mib']:.0f}" if x.get("peak_rss_mib") else "–" for x in (s["sinter"], s["torch"]))
-            md.append(f"| {what} | {cell(s['sinter'])} | {cell(s['torch'])} | {comp_cell} | {ratio} | {mem} |")
+            md.append(f"| {what} | {cell(s['sinter'])} | {cell(s['torch'])} | {comp_cell} | {ratio} | {mem} | {spread(s['sinter'])} / {spread(s['torch'])} |")
         md.append("")
     md += ["## Accuracy of what was measured", "", "| run | sinter | PyTorch |", "|---|---|---|"]
     for name, key in (("default `train` (digits CNN), final validation loss / accuracy", "train"),):
@@ -473,7 +483,7 @@ def main():
     ap.add_argument("--python", default=sys.executable, help="Python with torch (default: this one)")
     ap.add_argument("--out", default=os.path.join(HERE, "out"))
     ap.add_argument("--quick", action="store_true", help="1 round, 0.3 s per figure, short GPT training, no torch.compile")
-    ap.add_argument("--rounds", type=int)
+    ap.add_argument("--rounds", type=int, help="rounds of every row (default 5; --quick 1)")
     ap.add_argument("--secs", type=float)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--gpt-steps", type=int, help="training steps of the gpt-tiny checkpoint (default 2000; --quick 60)")
@@ -485,7 +495,7 @@ def main():
     ap.add_argument("--timeout", type=float, default=900, help="seconds before one process is killed")
     args = ap.parse_args()
     q = args.quick
-    args.rounds = args.rounds or (1 if q else 3)
+    args.rounds = args.rounds or (1 if q else 5)
     args.secs = args.secs or (0.3 if q else 1.0)
     args.gpt_steps = args.gpt_steps or (60 if q else 2000)
     args.gpt256_steps = args.gpt256_steps or (10 if q else 100)
@@ -498,7 +508,7 @@ def main():
     git = cmd_out(["git", "rev-parse", "--short", "HEAD"]) + (" + uncommitted changes" if cmd_out(["git", "status", "--porcelain", "--untracked-files=no"]) else "")
     meta = {
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "command": "bench/vs-torch/run " + " ".join(user_args(sys.argv[1:])),
+        "command": " ".join(["bench/vs-torch/run", *user_args(sys.argv[1:])]),
         "machine": machine(), "git": git or "?", "sinter": cmd_out([args.sinter, "--version"]) or "?", "torch": torch_version,
         "threads": args.threads, "rounds": args.rounds, "secs": args.secs, "gpt_steps": args.gpt_steps, "loadavg_before": loadavg(),
     }

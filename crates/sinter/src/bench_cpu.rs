@@ -4,7 +4,8 @@
 //!
 //! Cases (with no case named: every one that does not need a trained checkpoint):
 //! - `gemm[:N]`: C = A·B with N×N f32 operands (default N = 256, 1024, 2048), GFLOP/s;
-//! - `conv`: conv2d 64×32×16×16 ∗ 64×32×3×3, pad 1, forward and forward + backward, GFLOP/s;
+//! - `conv`: conv2d 64×32×16×16 ∗ 64×32×3×3, pad 1, forward and forward + backward (dx and dw
+//!   from a random output gradient), GFLOP/s;
 //! - `cnn-step`, `gpt-step`: one training step (forward, cross-entropy, backward, gradient
 //!   clipping where the model's defaults clip, AdamW, zero_grad) of the digits CNN at batch 64
 //!   and of gpt-tiny at 12×64, with the hyper-parameters of `sinter train`'s defaults, on the
@@ -134,69 +135,14 @@ pub fn run(a: &CpuBenchArgs) -> Result<()> {
     if a.save_init.is_some() && (a.cases.len() != 1 || !starts.contains(&a.cases[0].as_str())) {
         bail!("--save-init goes with exactly one of the cases cnn-step, gpt-step or train (it writes the weights that case starts from)");
     }
-    let init = a.save_init.as_deref();
     let cases: Vec<String> = if a.cases.is_empty() {
-        [
-            "gemm",
-            "conv",
-            "cnn-step",
-            "gpt-step",
-            "gpt-forward",
-            "cnn-infer",
-            "generate",
-            "linear",
-        ]
-        .map(String::from)
-        .to_vec()
+        DEFAULT_CASES.map(String::from).to_vec()
     } else {
         a.cases.clone()
     };
-    let budget = Duration::from_secs_f64(a.secs);
     let mut figures = Vec::new();
     for case in &cases {
-        let (name, param) = match case.split_once(':') {
-            Some((n, p)) => {
-                let v = p.parse::<usize>().ok().filter(|&v| v > 0).ok_or_else(|| {
-                    anyhow!("case '{case}': '{p}' is not a positive integer (e.g. gemm:1024)")
-                })?;
-                (n, Some(v))
-            }
-            None => (case.as_str(), None),
-        };
-        let sizes = |default: &[usize]| param.map_or(default.to_vec(), |v| vec![v]);
-        let ckpt = a.checkpoint.as_deref();
-        match name {
-            "gemm" => {
-                for n in sizes(&[256, 1024, 2048]) {
-                    figures.push(gemm(n, budget)?);
-                }
-            }
-            "conv" if param.is_none() => figures.extend(conv(budget)?),
-            "cnn-step" if param.is_none() => figures.push(train_step("cnn", init, budget)?),
-            "gpt-step" if param.is_none() => figures.push(train_step("gpt-tiny", init, budget)?),
-            "gpt-forward" if param.is_none() => figures.push(gpt_forward(ckpt, budget)?),
-            "cnn-infer" => {
-                for b in sizes(&[1, 256]) {
-                    figures.push(cnn_infer(ckpt, b, budget)?);
-                }
-            }
-            "generate" => {
-                let contexts = match (param, ckpt) {
-                    (None, Some(_)) => vec![None],
-                    _ => sizes(&[64, 256]).into_iter().map(Some).collect(),
-                };
-                for t in contexts {
-                    figures.push(generate(ckpt, t, a.tokens, budget)?);
-                }
-            }
-            "linear" => {
-                for r in sizes(&[1, 64]) {
-                    figures.push(linear(r, budget)?);
-                }
-            }
-            "train" if param.is_none() => figures.push(whole_train(init)?),
-            _ => bail!("unknown CPU benchmark case '{case}'; valid: {CASES}"),
-        }
+        figures.extend(run_case(case, a)?);
     }
     let threads = rayon::current_num_threads();
     if a.json {
@@ -215,6 +161,57 @@ pub fn run(a: &CpuBenchArgs) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// The cases run when none is named: all that need no trained checkpoint to mean something
+/// and take seconds, not minutes.
+const DEFAULT_CASES: [&str; 8] = [
+    "gemm",
+    "conv",
+    "cnn-step",
+    "gpt-step",
+    "gpt-forward",
+    "cnn-infer",
+    "generate",
+    "linear",
+];
+
+/// The figures of one case, `name` or `name:N`.
+fn run_case(case: &str, a: &CpuBenchArgs) -> Result<Vec<Figure>> {
+    let (name, param) = match case.split_once(':') {
+        Some((n, p)) => {
+            let v = p.parse::<usize>().ok().filter(|&v| v > 0).ok_or_else(|| {
+                anyhow!("case '{case}': '{p}' is not a positive integer (e.g. gemm:1024)")
+            })?;
+            (n, Some(v))
+        }
+        None => (case, None),
+    };
+    let sizes = |default: &[usize]| param.map_or(default.to_vec(), |v| vec![v]);
+    let (ckpt, init) = (a.checkpoint.as_deref(), a.save_init.as_deref());
+    let budget = Duration::from_secs_f64(a.secs);
+    Ok(match (name, param) {
+        ("gemm", _) => (sizes(&[256, 1024, 2048]).into_iter())
+            .map(|n| gemm(n, budget))
+            .collect::<Result<_>>()?,
+        ("conv", None) => conv(budget)?,
+        ("cnn-step", None) => vec![train_step("cnn", init, budget)?],
+        ("gpt-step", None) => vec![train_step("gpt-tiny", init, budget)?],
+        ("gpt-forward", None) => vec![gpt_forward(ckpt, budget)?],
+        ("cnn-infer", _) => (sizes(&[1, 256]).into_iter())
+            .map(|b| cnn_infer(ckpt, b, budget))
+            .collect::<Result<_>>()?,
+        // A checkpoint has one context: its own, unless the case names it.
+        ("generate", None) if ckpt.is_some() => vec![generate(ckpt, None, a.tokens, budget)?],
+        ("generate", _) => (sizes(&[64, 256]).into_iter())
+            .map(|t| generate(ckpt, Some(t), a.tokens, budget))
+            .collect::<Result<_>>()?,
+        ("linear", _) => (sizes(&[1, 64]).into_iter())
+            .map(|r| linear(r, budget))
+            .collect::<Result<_>>()?,
+        ("train", None) => vec![whole_train(init)?],
+        _ => bail!("unknown CPU benchmark case '{case}'; valid: {CASES}"),
+    })
 }
 
 fn markdown(figures: &[Figure]) -> String {
@@ -392,16 +389,25 @@ fn conv(budget: Duration) -> Result<Vec<Figure>> {
     let w = Tensor::randn(&w_shape, 0.0, 0.1, &mut rng, DType::F32, Device::Cpu)?;
     // Output 64×64×16×16, each a 32·3·3 dot product: 2 FLOPs per multiply-add.
     let pass = 2.0 * (64 * 64 * 16 * 16 * 32 * 9) as f64;
-    let fwd = time_checked(3, budget, 5, || {
+    // Ten warm-up calls: allocator and library caches settle (PyTorch's side needs them).
+    let fwd = time_checked(10, budget, 5, || {
         std::hint::black_box(x.conv2d(&w, p)?);
         Ok(())
     })?;
+    // The output gradient is random, as in training (a constant one could take shortcuts).
+    let dy = Tensor::randn(
+        &[64, 64, 16, 16],
+        0.0,
+        1.0,
+        &mut rng,
+        DType::F32,
+        Device::Cpu,
+    )?;
     let (xv, wv) = (x.to_var()?, w.to_var()?);
-    let both = time_checked(3, budget, 5, || {
+    let both = time_checked(10, budget, 5, || {
         xv.zero_grad();
         wv.zero_grad();
-        // Seeded with ones: no extra op runs.
-        xv.conv2d(&wv, p)?.backward()?;
+        xv.conv2d(&wv, p)?.backward_with_grad(&dy, |_, _| Ok(()))?;
         Ok(())
     })?;
     if xv.grad().is_none() || wv.grad().is_none() {
@@ -624,29 +630,13 @@ fn whole_train(save_init: Option<&Path>) -> Result<Figure> {
     )
 }
 
-/// A freshly built setup's weights as a step-0 checkpoint (no optimizer state).
+/// A freshly built setup's weights as a step-0 checkpoint, written as a run writes its
+/// checkpoints (no optimizer state yet; the loader at its start).
 fn save_initial_weights(dir: &Path, s: &Setup) -> Result<()> {
-    let named: Vec<(String, Tensor)> = s
-        .model
-        .named_tensors()
-        .into_iter()
-        .map(|t| (t.name, t.tensor))
-        .collect();
-    let dropout_rng = s
-        .dropout_rng
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .state();
-    let meta = crate::checkpoint::Meta {
-        step: 0,
-        optimizer_steps: 0,
-        rng: s.rng.state(),
-        dropout_rng,
-        loader: [0, 0],
-        config: s.config.clone(),
-        precision: None,
-    };
-    crate::checkpoint::save(dir, &named, &[], &meta)
+    let c = &s.config;
+    let loader = DataLoader::new(s.train.clone(), c.batch_size, true, true, c.seed);
+    let precision = crate::precision::parse_precision(&c.precision)?.state();
+    train::save_checkpoint(dir, s, &[], 0, 0, &loader, precision)
         .with_context(|| format!("writing the initial weights to {}", dir.display()))
 }
 
