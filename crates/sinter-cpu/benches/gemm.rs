@@ -35,7 +35,20 @@ struct Case {
     bt: bool,
 }
 
-fn engines(c: Case, threads: usize) -> Vec<(&'static str, Box<dyn FnMut()>)> {
+/// One thread, or sinter's own choice (single-threaded below `PAR_MIN_FLOPS`) with the pool.
+fn gemm_for(m: usize, n: usize, k: usize, threads: usize) -> Gemm<'static> {
+    let g = Gemm::new(m, n, k);
+    if threads == 1 {
+        g.threads(1)
+    } else {
+        g
+    }
+}
+
+/// A named engine's timed call.
+type Engine = (&'static str, Box<dyn FnMut()>);
+
+fn engines(c: Case, threads: usize) -> Vec<Engine> {
     let (m, n, k) = (c.m, c.n, c.k);
     let a = values(m * k, 1);
     let b = values(k * n, 2);
@@ -44,7 +57,7 @@ fn engines(c: Case, threads: usize) -> Vec<(&'static str, Box<dyn FnMut()>)> {
     } else {
         (n as isize, 1)
     };
-    let mut out: Vec<(&'static str, Box<dyn FnMut()>)> = Vec::new();
+    let mut out: Vec<Engine> = Vec::new();
     {
         let (a, b) = (a.clone(), b.clone());
         let mut cbuf = vec![0f32; m * n];
@@ -57,8 +70,7 @@ fn engines(c: Case, threads: usize) -> Vec<(&'static str, Box<dyn FnMut()>)> {
                     rs: brs,
                     cs: bcs,
                 };
-                Gemm::new(m, n, k)
-                    .threads(threads)
+                gemm_for(m, n, k, threads)
                     .run(
                         MatRef::row_major(&a, k),
                         bm,
@@ -85,8 +97,7 @@ fn engines(c: Case, threads: usize) -> Vec<(&'static str, Box<dyn FnMut()>)> {
         out.push((
             "sinter-packed",
             Box::new(move || {
-                Gemm::new(m, n, k)
-                    .threads(threads)
+                gemm_for(m, n, k, threads)
                     .run_packed(
                         MatRef::row_major(&a, k),
                         &packed,
@@ -139,17 +150,18 @@ fn engines(c: Case, threads: usize) -> Vec<(&'static str, Box<dyn FnMut()>)> {
     out
 }
 
-/// FLOP/s of a loop of independent FMAs on `isa` (24 chains of 16 or 8 lanes), per thread.
+/// FLOP/s of a loop of independent FMAs on `isa` (12 chains of 16 or 8 lanes: more than
+/// latency × pipes), per thread.
 fn fma_peak(isa: Isa) -> f64 {
     #[cfg(target_arch = "x86_64")]
     {
         use std::arch::x86_64::*;
-        const ITERS: usize = 20_000_000;
+        const ITERS: usize = 480_000_000;
         #[target_feature(enable = "avx512f")]
         unsafe fn avx512() -> f32 {
-            let mut acc = [_mm512_set1_ps(0.0); 24];
+            let mut acc = [_mm512_set1_ps(0.0); 12];
             let (x, y) = (_mm512_set1_ps(0.999_999), _mm512_set1_ps(1e-7));
-            for _ in 0..ITERS / 24 {
+            for _ in 0..ITERS / 12 {
                 for a in acc.iter_mut() {
                     *a = _mm512_fmadd_ps(*a, x, y);
                 }
@@ -181,7 +193,7 @@ fn fma_peak(isa: Isa) -> f64 {
         let t0 = std::time::Instant::now();
         std::hint::black_box(unsafe { f() });
         let secs = t0.elapsed().as_secs_f64();
-        (ITERS / 24 * 24) as f64 * lanes * 2.0 / secs
+        (ITERS / 12 * 12) as f64 * lanes * 2.0 / secs
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
@@ -197,7 +209,7 @@ fn main() {
     println!("{}", machine_line());
     let pool = rayon::current_num_threads();
     let peak1 = {
-        let runs: Vec<f64> = (0..3).map(|_| fma_peak(isa)).collect();
+        let runs: Vec<f64> = (0..5).map(|_| fma_peak(isa)).collect();
         runs.iter().cloned().fold(0.0, f64::max)
     };
     let peak_all = {
@@ -283,6 +295,9 @@ fn main() {
             bt: true,
         },
     ];
+    if selected("threshold") {
+        threshold();
+    }
     println!("| case | threads | engine | GFLOP/s | vs gemm-0.19 | % of peak |");
     println!("|---|---:|---|---:|---:|---:|");
     for c in cases {
@@ -318,4 +333,38 @@ fn main() {
             }
         }
     }
+}
+
+/// Where splitting one product over the pool starts to pay: n³ products on 1 thread and on
+/// every thread, side by side (`PAR_MIN_FLOPS` is set from this).
+fn threshold() {
+    let pool = rayon::current_num_threads();
+    println!("| n³ (flops) | 1 thread µs | {pool} threads µs | speed-up |");
+    println!("|---|---:|---:|---:|");
+    for n in [32usize, 48, 64, 80, 96, 128, 160] {
+        let (a, b) = (values(n * n, 1), values(n * n, 2));
+        let mut c = vec![0f32; n * n];
+        let (mut one, mut all) = (Vec::new(), Vec::new());
+        for _ in 0..rounds() {
+            for (threads, t) in [(1, &mut one), (pool, &mut all)] {
+                t.extend(time(budget(), || {
+                    Gemm::new(n, n, n)
+                        .threads(threads)
+                        .run(
+                            MatRef::row_major(&a, n),
+                            MatRef::row_major(&b, n),
+                            MatMut::row_major(&mut c, n),
+                        )
+                        .unwrap()
+                }));
+            }
+        }
+        let (t1, tp) = (median(&one) * 1e6, median(&all) * 1e6);
+        println!(
+            "| {n}³ ({:.1e}) | {t1:.1} | {tp:.1} | {:.2}× |",
+            2.0 * (n * n * n) as f64,
+            t1 / tp
+        );
+    }
+    println!();
 }

@@ -4,9 +4,9 @@
 //!
 //! `cargo test -p sinter-cpu --test math -- --nocapture` prints the measured max errors.
 
-mod math_reference;
+mod reference;
 
-use math_reference as r;
+use reference as r;
 use sinter_cpu::math::{unary_backward_isa, unary_isa, Unary};
 use sinter_cpu::Isa;
 
@@ -246,7 +246,9 @@ fn edge_cases_follow_ieee_conventions() {
 
 #[test]
 fn derivatives_match_f64_on_every_isa() {
-    let grads: Vec<(Unary, fn(f64) -> f64, f32, f32)> = vec![
+    // (f, f' in f64, domain)
+    type Grad = (Unary, fn(f64) -> f64, f32, f32);
+    let grads: Vec<Grad> = vec![
         (Unary::Exp, f64::exp, -100.0, 88.0),
         (Unary::Ln, |x| 1.0 / x, 1e-30, 1e30),
         (Unary::Tanh, |x| 1.0 - x.tanh().powi(2), -20.0, 20.0),

@@ -221,6 +221,24 @@ pub(crate) unsafe fn run<S: Simd, const MV: usize, const NR: usize>(p: &Problem,
     if !p.packed_a.is_null() {
         blk.kc = p.packed_kc;
     }
+    if super::gemv::applies(p) {
+        let parts = threads.min(p.m.div_ceil(mr)).max(1);
+        if parts == 1 {
+            return super::gemv::run_rows::<S, MV>(p, 0..p.m);
+        }
+        let per = p.m.div_ceil(parts).div_ceil(mr) * mr;
+        (0..parts).into_par_iter().for_each(|t| {
+            let rows = (t * per).min(p.m)..((t + 1) * per).min(p.m);
+            // SAFETY: each part owns its rows of C; the task re-enters S's ISA.
+            unsafe {
+                S::vectorize(
+                    #[inline(always)]
+                    || super::gemv::run_rows::<S, MV>(p, rows),
+                )
+            }
+        });
+        return;
+    }
     let split_cols = !p.packed_a.is_null() || 2 * p.n >= p.m;
     let (len, unit) = if split_cols { (p.n, NR) } else { (p.m, mr) };
     let parts = threads.min(len.div_ceil(unit)).max(1);

@@ -11,7 +11,7 @@
 //! written once, already activated.
 
 use crate::math::activation::{apply, Activation};
-use crate::simd::Simd;
+use crate::simd::{load_lanes, Simd};
 
 /// Register tile of a micro-kernel: MV vectors down (MR = MV · LANES) by NR columns.
 pub(crate) type Acc<S, const MV: usize, const NR: usize> = [[<S as Simd>::V; MV]; NR];
@@ -93,22 +93,15 @@ pub(crate) unsafe fn store_tile<S: Simd, const MV: usize, const NR: usize>(
             }
             let n = (t.rows - r0).min(lanes);
             let full = n == lanes;
-            let load = |p: *const f32| {
-                if full {
-                    S::load(p)
-                } else {
-                    S::load_partial(p, n)
-                }
-            };
             let mut x = if t.alpha == 1.0 { a } else { S::mul(a, alpha) };
             if t.beta != 0.0 {
-                x = S::fma(load(c.add(r0)), beta, x);
+                x = S::fma(load_lanes::<S>(c, r0, n), beta, x);
             }
             if epilogue {
                 if let Some(b) = bias_j {
                     x = S::add(x, b);
                 } else if !t.bias.is_null() {
-                    x = S::add(x, load(t.bias.add(r0)));
+                    x = S::add(x, load_lanes::<S>(t.bias, r0, n));
                 }
                 if !t.pre.is_null() {
                     let p = t.pre.offset(j as isize * t.pre_ldc).add(r0);

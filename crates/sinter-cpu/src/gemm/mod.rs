@@ -26,6 +26,7 @@
 
 mod blocking;
 mod driver;
+mod gemv;
 mod kernel;
 mod pack;
 mod prepacked;
@@ -38,9 +39,10 @@ use crate::Isa;
 use driver::Problem;
 use rayon::prelude::*;
 
-/// Products with fewer flops (2·m·n·k) than this run on one thread: below it, waking the
-/// pool costs more than the second core gains (measured with `benches/gemm.rs`).
-pub const PAR_MIN_FLOPS: usize = 1 << 21;
+/// Products with fewer flops (2·m·n·k) than this run on one thread: waking the rayon pool
+/// and joining costs ~8 µs here, so on 2 cores splitting pays from about 128³ (4.2e6 flops:
+/// 1.15× faster, 96³ is still 0.73×; `benches/gemm.rs -- threshold`, Zen 5, 2026-11-23).
+pub const PAR_MIN_FLOPS: usize = 1 << 22;
 
 /// A bad argument: what is wrong and with which operand.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -35,7 +35,7 @@ pub(crate) unsafe fn apply<S: Simd>(act: Activation, x: S::V) -> S::V {
 
 /// max(x, 0), NaN propagated.
 #[inline(always)]
-pub unsafe fn relu<S: Simd>(x: S::V) -> S::V {
+pub(crate) unsafe fn relu<S: Simd>(x: S::V) -> S::V {
     S::max(x, S::zero())
 }
 
@@ -66,13 +66,13 @@ unsafe fn negative_tail<S: Simd>(x: S::V, y: S::V) -> S::V {
 }
 
 #[inline(always)]
-pub unsafe fn gelu_tanh<S: Simd>(x: S::V) -> S::V {
+pub(crate) unsafe fn gelu_tanh<S: Simd>(x: S::V) -> S::V {
     let (u2, _) = gelu_tanh_inner::<S>(clamp20::<S>(x));
     negative_tail::<S>(x, S::mul(x, sigmoid_pair::<S>(u2).0))
 }
 
 #[inline(always)]
-pub unsafe fn gelu_tanh_grad<S: Simd>(x: S::V) -> S::V {
+pub(crate) unsafe fn gelu_tanh_grad<S: Simd>(x: S::V) -> S::V {
     let x = clamp20::<S>(x);
     let (u2, du2) = gelu_tanh_inner::<S>(x);
     let (s, c) = sigmoid_pair::<S>(u2);
@@ -81,12 +81,12 @@ pub unsafe fn gelu_tanh_grad<S: Simd>(x: S::V) -> S::V {
 }
 
 #[inline(always)]
-pub unsafe fn gelu_erf<S: Simd>(x: S::V) -> S::V {
+pub(crate) unsafe fn gelu_erf<S: Simd>(x: S::V) -> S::V {
     negative_tail::<S>(x, S::mul(x, normal_cdf::<S>(x)))
 }
 
 #[inline(always)]
-pub unsafe fn gelu_erf_grad<S: Simd>(x: S::V) -> S::V {
+pub(crate) unsafe fn gelu_erf_grad<S: Simd>(x: S::V) -> S::V {
     let x = clamp20::<S>(x);
     S::fma(x, normal_pdf::<S>(x), normal_cdf::<S>(x))
 }

@@ -73,7 +73,7 @@ unsafe fn erfc_large<S: Simd>(a: S::V) -> S::V {
 }
 
 #[inline(always)]
-pub unsafe fn erf<S: Simd>(x: S::V) -> S::V {
+pub(crate) unsafe fn erf<S: Simd>(x: S::V) -> S::V {
     let a = S::abs(x);
     let large = S::copysign(
         S::sub(S::splat(1.0), erfc_large::<S>(S::max(a, S::splat(1.0)))),
@@ -85,7 +85,7 @@ pub unsafe fn erf<S: Simd>(x: S::V) -> S::V {
 
 /// Φ(x) = P(N(0,1) ≤ x) = erfc(−x/√2)/2, relative accuracy kept for very negative x.
 #[inline(always)]
-pub unsafe fn normal_cdf<S: Simd>(x: S::V) -> S::V {
+pub(crate) unsafe fn normal_cdf<S: Simd>(x: S::V) -> S::V {
     let z = S::mul(x, S::splat(std::f32::consts::FRAC_1_SQRT_2));
     let a = S::abs(z);
     let half = S::splat(0.5);
@@ -98,7 +98,7 @@ pub unsafe fn normal_cdf<S: Simd>(x: S::V) -> S::V {
 
 /// The standard normal density φ(x) = e^(−x²/2)/√(2π), with x² carried exactly.
 #[inline(always)]
-pub unsafe fn normal_pdf<S: Simd>(x: S::V) -> S::V {
+pub(crate) unsafe fn normal_pdf<S: Simd>(x: S::V) -> S::V {
     // φ(15) is 0 in f32; the cap keeps inf out of the exact-square trick.
     let x = S::min(S::abs(x), S::splat(15.0));
     let p = S::mul(x, x);

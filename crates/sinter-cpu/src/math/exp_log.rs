@@ -18,7 +18,7 @@ const LOG2E: f32 = std::f32::consts::LOG2_E;
 
 /// e^x per lane.
 #[inline(always)]
-pub unsafe fn exp<S: Simd>(x: S::V) -> S::V {
+pub(crate) unsafe fn exp<S: Simd>(x: S::V) -> S::V {
     // Beyond these e^x is inf or 0 in f32; clamping keeps 2^n in ldexp's range.
     let xc = S::min(S::max(x, S::splat(-104.0)), S::splat(89.0));
     let n = S::round(S::mul(xc, S::splat(LOG2E)));
@@ -43,7 +43,7 @@ pub unsafe fn exp<S: Simd>(x: S::V) -> S::V {
 
 /// ln x per lane: ln(±0) = −inf, ln(x < 0) = NaN, ln(inf) = inf.
 #[inline(always)]
-pub unsafe fn ln<S: Simd>(x: S::V) -> S::V {
+pub(crate) unsafe fn ln<S: Simd>(x: S::V) -> S::V {
     let tiny = S::lt(x, S::splat(f32::MIN_POSITIVE));
     let xs = S::select(tiny, S::mul(x, S::splat(8_388_608.0)), x); // 2^23
     let (m, e) = S::frexp(xs);
@@ -57,7 +57,7 @@ pub unsafe fn ln<S: Simd>(x: S::V) -> S::V {
     let w = S::mul(z, z);
     // R(z) = z·(L1 + w·L3) + w·(L2 + w·L4): the series 2/3, 2/5, 2/7, 2/9 fitted for f32.
     let t1 = S::mul(w, S::fma(w, S::splat(0.242_790_79), S::splat(0.400_009_72)));
-    let t2 = S::mul(z, S::fma(w, S::splat(0.284_987_87), S::splat(0.666_666_63)));
+    let t2 = S::mul(z, S::fma(w, S::splat(0.284_987_87), S::splat(0.666_666_6)));
     let r = S::add(t1, t2);
     let hfsq = S::mul(S::splat(0.5), S::mul(f, f));
     // e·ln2_hi − ((hfsq − (s·(hfsq + R) + e·ln2_lo)) − f)

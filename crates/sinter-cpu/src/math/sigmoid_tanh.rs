@@ -12,7 +12,7 @@ use crate::simd::Simd;
 
 /// (sigmoid(z), 1 − sigmoid(z)) per lane, both to a few ulp, never NaN for non-NaN z.
 #[inline(always)]
-pub unsafe fn sigmoid_pair<S: Simd>(z: S::V) -> (S::V, S::V) {
+pub(crate) unsafe fn sigmoid_pair<S: Simd>(z: S::V) -> (S::V, S::V) {
     let q = exp::<S>(S::sub(S::zero(), S::abs(z)));
     let d = S::div(S::splat(1.0), S::add(S::splat(1.0), q));
     let qd = S::mul(q, d);
@@ -24,7 +24,7 @@ pub unsafe fn sigmoid_pair<S: Simd>(z: S::V) -> (S::V, S::V) {
 /// sigmoid(z) with one division, 1/(1 + q) or q/(1 + q): ≤ 2.1 ulp (the pair's product form
 /// reaches 2.4 on the negative side).
 #[inline(always)]
-pub unsafe fn sigmoid<S: Simd>(z: S::V) -> S::V {
+pub(crate) unsafe fn sigmoid<S: Simd>(z: S::V) -> S::V {
     let q = exp::<S>(S::sub(S::zero(), S::abs(z)));
     let num = S::select(S::le(S::zero(), z), S::splat(1.0), q);
     S::div(num, S::add(S::splat(1.0), q))
@@ -32,14 +32,14 @@ pub unsafe fn sigmoid<S: Simd>(z: S::V) -> S::V {
 
 /// x · sigmoid(x) (−0 at −inf, where the product would be NaN).
 #[inline(always)]
-pub unsafe fn silu<S: Simd>(x: S::V) -> S::V {
+pub(crate) unsafe fn silu<S: Simd>(x: S::V) -> S::V {
     let y = S::mul(x, sigmoid::<S>(x));
     S::select(S::eq(x, S::splat(f32::NEG_INFINITY)), S::splat(-0.0), y)
 }
 
 /// d silu / dx = s · (1 + x · (1 − s)).
 #[inline(always)]
-pub unsafe fn silu_grad<S: Simd>(x: S::V) -> S::V {
+pub(crate) unsafe fn silu_grad<S: Simd>(x: S::V) -> S::V {
     let (s, c) = sigmoid_pair::<S>(x);
     S::mul(s, S::fma(x, c, S::splat(1.0)))
 }
@@ -54,7 +54,7 @@ const TANH_P: [f32; 6] = [
 ];
 
 #[inline(always)]
-pub unsafe fn tanh<S: Simd>(x: S::V) -> S::V {
+pub(crate) unsafe fn tanh<S: Simd>(x: S::V) -> S::V {
     let a = S::abs(x);
     let z = S::mul(a, a);
     let mut p = S::splat(TANH_P[5]);

@@ -52,6 +52,10 @@ unsafe impl Simd for Avx2 {
         _mm256_maskstore_ps(p, first_lanes(n), v)
     }
     #[inline(always)]
+    unsafe fn keep_first(v: __m256, n: usize) -> __m256 {
+        _mm256_and_ps(v, _mm256_castsi256_ps(first_lanes(n)))
+    }
+    #[inline(always)]
     unsafe fn add(a: __m256, b: __m256) -> __m256 {
         _mm256_add_ps(a, b)
     }

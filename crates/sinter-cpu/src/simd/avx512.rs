@@ -44,6 +44,10 @@ unsafe impl Simd for Avx512 {
         _mm512_mask_storeu_ps(p, first_lanes(n), v)
     }
     #[inline(always)]
+    unsafe fn keep_first(v: __m512, n: usize) -> __m512 {
+        _mm512_maskz_mov_ps(first_lanes(n), v)
+    }
+    #[inline(always)]
     unsafe fn add(a: __m512, b: __m512) -> __m512 {
         _mm512_add_ps(a, b)
     }

@@ -43,6 +43,8 @@ pub unsafe trait Simd: Copy + Send + Sync + 'static {
     /// Writes only the first `n < LANES` lanes of `v`.
     unsafe fn store_partial(p: *mut f32, v: Self::V, n: usize);
 
+    /// `v` with lanes `n..` set to zero (n < LANES).
+    unsafe fn keep_first(v: Self::V, n: usize) -> Self::V;
     unsafe fn add(a: Self::V, b: Self::V) -> Self::V;
     unsafe fn sub(a: Self::V, b: Self::V) -> Self::V;
     unsafe fn mul(a: Self::V, b: Self::V) -> Self::V;
@@ -81,6 +83,32 @@ pub unsafe trait Simd: Copy + Send + Sync + 'static {
     unsafe fn vectorize<R>(f: impl FnOnce() -> R) -> R;
     /// Maximum over the lanes (NaN if any lane is NaN).
     unsafe fn reduce_max(a: Self::V) -> f32;
+}
+
+/// `lanes` values from `p + i`: a full vector, or a zero-padded tail when `lanes < LANES`.
+///
+/// # Safety
+/// `p + i .. p + i + lanes` is readable; the CPU has `S`'s ISA.
+#[inline(always)]
+pub(crate) unsafe fn load_lanes<S: Simd>(p: *const f32, i: usize, lanes: usize) -> S::V {
+    if lanes == S::LANES {
+        S::load(p.add(i))
+    } else {
+        S::load_partial(p.add(i), lanes)
+    }
+}
+
+/// Writes the first `lanes` lanes of `v` at `p`.
+///
+/// # Safety
+/// `p .. p + lanes` is writable; the CPU has `S`'s ISA.
+#[inline(always)]
+pub(crate) unsafe fn store_lanes<S: Simd>(p: *mut f32, v: S::V, lanes: usize) {
+    if lanes == S::LANES {
+        S::store(p, v)
+    } else {
+        S::store_partial(p, v, lanes)
+    }
 }
 
 /// Runs `$body` with the type alias `$S` bound to the [`Simd`] implementation of `$isa`,

@@ -31,6 +31,10 @@ unsafe impl Simd for Scalar {
     #[inline(always)]
     unsafe fn store_partial(_p: *mut f32, _v: f32, _n: usize) {}
     #[inline(always)]
+    unsafe fn keep_first(_v: f32, _n: usize) -> f32 {
+        0.0 // n < 1 lane
+    }
+    #[inline(always)]
     unsafe fn add(a: f32, b: f32) -> f32 {
         a + b
     }

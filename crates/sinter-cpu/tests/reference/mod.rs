@@ -1,4 +1,4 @@
-//! f64 references for the math tests (shared by `math.rs` and `rows.rs` through `mod`).
+//! f64 references for the math tests (shared by `math.rs` and `rows.rs`).
 
 #![allow(dead_code)]
 
