@@ -16,10 +16,13 @@
 //! loaded with `dlopen` at run time, so it builds and runs where CUDA is absent.
 
 pub mod alloc;
+pub mod comm;
 pub mod cudnn;
 pub mod device;
+pub mod driver;
 pub mod dtype;
 pub mod emu;
+pub mod emulated;
 pub mod error;
 pub mod gemm;
 pub mod graph;
@@ -27,16 +30,19 @@ pub mod launch;
 pub mod nvrtc;
 pub mod ops;
 pub mod runtime;
+pub mod testing;
 
 pub use alloc::{
     CachingAllocator, CaptureId, DevSlice, DeviceBuffer, MemoryStats, Pool, PoolStats,
 };
 pub use device::CudaDevice;
+pub use driver::{Event, Stream};
 pub use dtype::{DType, DeviceScalar};
 pub use error::{CudaError, Result};
 pub use gemm::{Epilogue, GemmDType, GemmDesc, GemmShape};
 pub use runtime::{
-    device_count, device_info, is_available, libraries, report, DeviceInfo, Libraries,
+    device_count, device_info, enable_emulation, is_available, is_emulated, libraries, report,
+    DeviceInfo, Libraries, Mode,
 };
 
 #[cfg(test)]
