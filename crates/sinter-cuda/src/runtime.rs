@@ -531,6 +531,19 @@ mod tests {
     }
 
     #[test]
+    fn the_emulation_variable_is_explicit() {
+        assert_eq!(parse_emu_var(None), Ok(Mode::Real));
+        assert_eq!(parse_emu_var(Some("")), Ok(Mode::Real));
+        assert_eq!(parse_emu_var(Some("0")), Ok(Mode::Real));
+        assert_eq!(parse_emu_var(Some("1")), Ok(Mode::Emulated { devices: 1 }));
+        assert_eq!(parse_emu_var(Some(" 4 ")), Ok(Mode::Emulated { devices: 4 }));
+        for bad in ["yes", "-1", "65", "1.5"] {
+            let e = parse_emu_var(Some(bad)).unwrap_err();
+            assert!(e.contains(EMU_VAR) && e.contains(bad.trim()), "{e}");
+        }
+    }
+
+    #[test]
     fn versions_split() {
         assert_eq!(split_version_10000(90100), (9, 1, 0));
         assert_eq!(split_version_10000(22703), (2, 27, 3));
