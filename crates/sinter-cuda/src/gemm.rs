@@ -10,6 +10,8 @@
 //! f32 (exact FP32 math), tf32 (f32 storage, TF32 tensor cores), bf16 and f16 (fp32 accumulate).
 //! A 32 MiB workspace (NVIDIA's recommendation for Hopper) is allocated once per device, and the
 //! heuristic's algorithm choice is cached per (shape, dtype, transposes, epilogue, alignment).
+//! On an emulated device the same validated [`GemmDesc`] is computed by a host reference GEMM
+//! (`emulated::blas`), which keeps the same workspace so memory statistics match.
 
 use std::collections::HashMap;
 use std::ffi::c_void;

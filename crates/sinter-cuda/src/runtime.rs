@@ -536,7 +536,10 @@ mod tests {
         assert_eq!(parse_emu_var(Some("")), Ok(Mode::Real));
         assert_eq!(parse_emu_var(Some("0")), Ok(Mode::Real));
         assert_eq!(parse_emu_var(Some("1")), Ok(Mode::Emulated { devices: 1 }));
-        assert_eq!(parse_emu_var(Some(" 4 ")), Ok(Mode::Emulated { devices: 4 }));
+        assert_eq!(
+            parse_emu_var(Some(" 4 ")),
+            Ok(Mode::Emulated { devices: 4 })
+        );
         for bad in ["yes", "-1", "65", "1.5"] {
             let e = parse_emu_var(Some(bad)).unwrap_err();
             assert!(e.contains(EMU_VAR) && e.contains(bad.trim()), "{e}");
