@@ -13,7 +13,7 @@ use std::ops::Range;
 use rayon::prelude::*;
 
 use super::blocking::{Blocking, CacheSizes};
-use super::kernel::{microkernel, store_tile, store_tile_strided, TileOut};
+use super::kernel::{microkernel, microkernel_kcontig_b, store_tile, store_tile_strided, TileOut};
 use super::pack::{pack_panels, Src};
 use crate::math::activation::Activation;
 use crate::simd::Simd;
@@ -144,7 +144,11 @@ pub(crate) unsafe fn run_range<S: Simd, const MV: usize, const NR: usize>(
                 fs: p.csb,
                 ks: p.rsb,
             };
-            pack_panels(bsrc, ncb, kcb, NR, bbuf);
+            // B with contiguous k is read in place (see microkernel_kcontig_b).
+            let b_in_place = p.rsb == 1 && p.csb != 1;
+            if !b_in_place {
+                pack_panels(bsrc, ncb, kcb, NR, bbuf);
+            }
             let mut ic = rows.start;
             while ic < rows.end {
                 let mcb = mc.min(rows.end - ic);
@@ -163,7 +167,16 @@ pub(crate) unsafe fn run_range<S: Simd, const MV: usize, const NR: usize>(
                 for jr in (0..ncb).step_by(NR) {
                     let bp = bbuf.as_ptr().add(jr * kcb);
                     for ir in (0..mcb).step_by(mr) {
-                        let acc = microkernel::<S, MV, NR>(kcb, apanels.add(ir * kcb), bp);
+                        let acc = if b_in_place {
+                            let last_col = ncb - 1;
+                            let cols: [*const f32; NR] = std::array::from_fn(
+                                #[inline(always)]
+                                |j| bsrc.ptr.offset((jr + j).min(last_col) as isize * p.csb),
+                            );
+                            microkernel_kcontig_b::<S, MV, NR>(kcb, apanels.add(ir * kcb), &cols)
+                        } else {
+                            microkernel::<S, MV, NR>(kcb, apanels.add(ir * kcb), bp)
+                        };
                         let (i, j) = (ic + ir, jc + jr);
                         let at = i as isize * p.rsc + j as isize * p.csc;
                         let t = TileOut {

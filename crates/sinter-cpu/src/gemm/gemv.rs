@@ -56,7 +56,7 @@ pub(crate) unsafe fn run_rows<S: Simd, const MV: usize>(p: &Problem, rows: Range
                 }
             }
         } else {
-            let mut out = [0f32; 32];
+            let mut out = [0f32; 64];
             dots::<S>(p, i0, valid, &mut out);
             for (v, a) in acc[0].iter_mut().enumerate() {
                 *a = S::load(out.as_ptr().add(v * l));
@@ -99,7 +99,7 @@ pub(crate) unsafe fn run_rows<S: Simd, const MV: usize>(p: &Problem, rows: Range
 /// out[r] = Σ_q A[i0 + r, q]·b[q] for r < rows, A with unit stride along k: four rows per
 /// pass over b.
 #[inline(always)]
-unsafe fn dots<S: Simd>(p: &Problem, i0: usize, rows: usize, out: &mut [f32; 32]) {
+unsafe fn dots<S: Simd>(p: &Problem, i0: usize, rows: usize, out: &mut [f32; 64]) {
     let (l, k) = (S::LANES, p.k);
     let b_at = |q: usize| p.b.offset(q as isize * p.rsb);
     let mut r = 0;

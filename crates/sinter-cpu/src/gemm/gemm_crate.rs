@@ -1,0 +1,51 @@
+//! Plain products on AVX-512 through the `gemm` crate (0.19, feature `x86-v4`): on this
+//! workplace's Zen 5 its AVX-512 kernels run square products 2–6 % faster than ours
+//! (256³–2048³, 1 and 2 threads, `benches/gemm.rs`, 2026-11-23), so [`super::Kernels::Auto`] hands it every product that uses none of
+//! what only ours has (fused epilogue, prepacked B, an ISA cap below the CPU's: the crate
+//! picks its kernels by CPU detection alone).
+
+use super::driver::Problem;
+
+/// Whether `p` is a plain product the crate can run (no epilogue, B not prepacked, k > 0).
+pub(crate) fn applies(p: &Problem) -> bool {
+    p.bias.is_null()
+        && p.pre.is_null()
+        && p.act == super::Activation::None
+        && p.packed_a.is_null()
+        && p.k > 0
+}
+
+/// C = α·A·B + β·C through the crate, on `threads` rayon threads.
+///
+/// # Safety
+/// `p` is valid (see [`Problem`]) and [`applies`].
+pub(crate) unsafe fn run(p: &Problem, threads: usize) {
+    let par = if threads > 1 {
+        gemm19::Parallelism::Rayon(threads)
+    } else {
+        gemm19::Parallelism::None
+    };
+    // The crate computes dst = α_dst·dst + β_prod·(lhs·rhs), reading dst only if asked: with
+    // β = 0 the old C (NaN included) is never read, as in BLAS.
+    gemm19::gemm(
+        p.m,
+        p.n,
+        p.k,
+        p.c,
+        p.csc,
+        p.rsc,
+        p.beta != 0.0,
+        p.a,
+        p.csa,
+        p.rsa,
+        p.b,
+        p.csb,
+        p.rsb,
+        p.beta,
+        p.alpha,
+        false,
+        false,
+        false,
+        par,
+    )
+}
