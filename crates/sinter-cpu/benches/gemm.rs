@@ -352,6 +352,7 @@ fn threshold() {
             for (threads, t) in [(1, &mut one), (pool, &mut all)] {
                 t.extend(time(budget(), || {
                     Gemm::new(n, n, n)
+                        .kernels(Kernels::Own)
                         .threads(threads)
                         .run(
                             MatRef::row_major(&a, n),

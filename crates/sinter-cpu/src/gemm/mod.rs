@@ -23,9 +23,10 @@
 //! product per thread. One-column products take a matrix-vector path (`gemv.rs`).
 //!
 //! **Which kernels.** With [`Kernels::Auto`] (the default), plain products (no epilogue, B not
-//! prepacked) at [`Isa::Avx512`] run the `gemm` crate 0.19's AVX-512 kernels, measured 2–6 %
-//! faster than ours on square products (`gemm_crate.rs`); everything else, and every capped
-//! ISA, runs ours. [`Kernels::Own`] forces ours.
+//! prepacked) at [`Isa::Avx512`] on one thread, or on several with every dimension ≥ 256, run
+//! the `gemm` crate 0.19's AVX-512 kernels, measured 2–6 % faster than ours there
+//! (`gemm_crate.rs`); everything else (skinny threaded products, where ours are 1.1–1.25×
+//! faster, epilogues, prepacked B, every capped ISA) runs ours. [`Kernels::Own`] forces ours.
 //!
 //! **Instruction set.** [`Gemm::isa`] defaults to [`Isa::get`] (detected, capped by
 //! `SINTER_CPU_ISA`); tests set it explicitly to run every path.
@@ -527,7 +528,7 @@ impl<'b> Gemm<'b> {
 unsafe fn dispatch(isa: Isa, kernels: Kernels, p: &Problem, threads: usize) {
     use crate::simd::{Scalar, Simd};
     #[cfg(target_arch = "x86_64")]
-    if kernels == Kernels::Auto && isa == Isa::Avx512 && gemm_crate::applies(p) {
+    if kernels == Kernels::Auto && isa == Isa::Avx512 && gemm_crate::applies(p, threads) {
         return gemm_crate::run(p, threads);
     }
     let _ = kernels;
