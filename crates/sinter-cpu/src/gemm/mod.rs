@@ -25,8 +25,8 @@
 //! **Which kernels.** With [`Kernels::Auto`] (the default), plain products (no epilogue, B not
 //! prepacked) at [`Isa::Avx512`] on one thread, or on several with every dimension ≥ 256, run
 //! the `gemm` crate 0.19's AVX-512 kernels, measured 2–6 % faster than ours there
-//! (`gemm_crate.rs`); everything else (skinny threaded products, where ours are 1.1–1.25×
-//! faster, epilogues, prepacked B, every capped ISA) runs ours. [`Kernels::Own`] forces ours.
+//! (`gemm_crate.rs`); everything else (skinny threaded products, where ours measured
+//! 0.96–1.25× the crate, epilogues, prepacked B, every capped ISA) runs ours. [`Kernels::Own`] forces ours.
 //!
 //! **Instruction set.** [`Gemm::isa`] defaults to [`Isa::get`] (detected, capped by
 //! `SINTER_CPU_ISA`); tests set it explicitly to run every path.
