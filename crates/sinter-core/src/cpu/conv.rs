@@ -3,6 +3,7 @@
 //! weight-gradient accumulator and they are summed in a fixed order (deterministic).
 
 use rayon::prelude::*;
+use sinter_cpu::gemm::{Gemm, MatMut};
 
 use super::matmul::MatView;
 
@@ -140,30 +141,12 @@ fn gemm_into(
     b: &[f32],
     bv: MatView,
 ) {
-    // SAFETY: views address elements of a and b; dst holds m*n elements.
-    unsafe {
-        gemm::gemm(
-            m,
-            n,
-            k,
-            dst.as_mut_ptr(),
-            1,
-            n as isize,
-            accumulate,
-            a.as_ptr().add(av.offset),
-            av.cs,
-            av.rs,
-            b.as_ptr().add(bv.offset),
-            bv.cs,
-            bv.rs,
-            1.0,
-            1.0,
-            false,
-            false,
-            false,
-            gemm::Parallelism::None,
-        )
-    }
+    // One thread: the callers already run one image per core.
+    let g = Gemm::new(m, n, k)
+        .beta(if accumulate { 1.0 } else { 0.0 })
+        .threads(1);
+    g.run(av.of(a), bv.of(b), MatMut::row_major(dst, n))
+        .expect("internal error: convolution GEMM views out of bounds");
 }
 
 fn row_major(offset: usize, cols: usize) -> MatView {

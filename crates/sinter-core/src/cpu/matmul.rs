@@ -1,7 +1,8 @@
-//! Matrix products through the `gemm` crate, which takes arbitrary row and column strides:
+//! Matrix products through `sinter_cpu::gemm`, which takes arbitrary row and column strides:
 //! transposed operands are multiplied in place, never copied.
 
 use rayon::prelude::*;
+use sinter_cpu::gemm::{Batch, Gemm, MatMut, MatRef};
 
 /// One strided matrix operand: element (i, j) is at `offset + i * rs + j * cs`.
 #[derive(Clone, Copy, Debug)]
@@ -9,6 +10,35 @@ pub struct MatView {
     pub offset: usize,
     pub rs: isize,
     pub cs: isize,
+}
+
+impl MatView {
+    pub(crate) fn of<'a>(&self, data: &'a [f32]) -> MatRef<'a> {
+        MatRef {
+            data,
+            offset: self.offset,
+            rs: self.rs,
+            cs: self.cs,
+        }
+    }
+}
+
+/// The common stride between the batch's views when their offsets step evenly (a strided or
+/// broadcast batch: one call of the GEMM), None otherwise.
+fn even_stride(batch: usize, view: &impl Fn(usize) -> MatView) -> Option<isize> {
+    let first = view(0);
+    if batch == 1 {
+        return Some(0);
+    }
+    let step = view(1).offset as isize - first.offset as isize;
+    (1..batch)
+        .all(|b| {
+            let v = view(b);
+            v.rs == first.rs
+                && v.cs == first.cs
+                && v.offset as isize == first.offset as isize + b as isize * step
+        })
+        .then_some(step)
 }
 
 /// out[b] = lhs[b] · rhs[b] for every batch b, m×k times k×n, out contiguous [batch, m, n].
@@ -25,55 +55,46 @@ pub fn batched_gemm_f32(
     rhs_view: impl Fn(usize) -> MatView + Sync,
 ) -> Vec<f32> {
     let mut out = vec![0f32; batch * m * n];
-    if m == 0 || n == 0 {
+    if m == 0 || n == 0 || batch == 0 || k == 0 {
         return out;
     }
-    let flops = 2 * m * n * k;
-    // Large products: let gemm split each product across all cores. Many small products:
-    // one product per core.
-    let big = flops >= 1 << 21;
-    let threads = rayon::current_num_threads();
-    let run = |b: usize, dst: &mut [f32], par: gemm::Parallelism| {
-        let (l, r) = (lhs_view(b), rhs_view(b));
-        // SAFETY: the views address elements inside lhs/rhs (checked by the caller's layout
-        // arithmetic) and dst is an exclusive m×n row-major block.
-        unsafe {
-            gemm::gemm(
-                m,
-                n,
-                k,
-                dst.as_mut_ptr(),
-                1,
-                n as isize,
-                false,
-                lhs.as_ptr().add(l.offset),
-                l.cs,
-                l.rs,
-                rhs.as_ptr().add(r.offset),
-                r.cs,
-                r.rs,
-                0.0,
-                1.0,
-                false,
-                false,
-                false,
-                par,
-            )
-        }
-    };
-    if big || batch == 1 {
-        let par = if big && threads > 1 {
-            gemm::Parallelism::Rayon(threads)
-        } else {
-            gemm::Parallelism::None
+    let gemm = Gemm::new(m, n, k);
+    // The views were built from checked layouts, so a GEMM error here is a bug in them.
+    const BAD_VIEW: &str = "internal error: matmul operand views out of bounds";
+    if let (Some(sa), Some(sb)) = (even_stride(batch, &lhs_view), even_stride(batch, &rhs_view)) {
+        let bt = Batch {
+            count: batch,
+            a: sa,
+            b: sb,
+            c: (m * n) as isize,
         };
+        gemm.batch(bt)
+            .run(
+                lhs_view(0).of(lhs),
+                rhs_view(0).of(rhs),
+                MatMut::row_major(&mut out, n),
+            )
+            .expect(BAD_VIEW);
+        return out;
+    }
+    // Irregular batch offsets (several broadcast batch dimensions): one product per batch,
+    // the small ones spread over the cores.
+    let one = |b: usize, dst: &mut [f32], g: Gemm| {
+        g.run(
+            lhs_view(b).of(lhs),
+            rhs_view(b).of(rhs),
+            MatMut::row_major(dst, n),
+        )
+        .expect(BAD_VIEW)
+    };
+    if 2 * m * n * k >= sinter_cpu::gemm::PAR_MIN_FLOPS {
         for (b, dst) in out.chunks_mut(m * n).enumerate() {
-            run(b, dst, par);
+            one(b, dst, gemm);
         }
     } else {
         out.par_chunks_mut(m * n)
             .enumerate()
-            .for_each(|(b, dst)| run(b, dst, gemm::Parallelism::None));
+            .for_each(|(b, dst)| one(b, dst, gemm.threads(1)));
     }
     out
 }

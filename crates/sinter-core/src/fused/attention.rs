@@ -11,7 +11,7 @@
 //! max and sum per row rescale the accumulator), so the t×t score and probability matrices
 //! are never materialised, forward or backward: memory is O(b·h·t·d) instead of O(b·h·t²).
 //! Backward recomputes each tile's probabilities from the saved log-sum-exp (P = exp(S −
-//! lse)) and uses D = rowsum(dO∘O) for dS = P∘(dP − D). Tile products run through `gemm`,
+//! lse)) and uses D = rowsum(dO∘O) for dS = P∘(dP − D). Tile products run through `sinter_cpu::gemm`,
 //! (batch·head, query block) tasks run on all cores, and causal attention skips the key
 //! blocks above the diagonal entirely (half the work).
 //!
@@ -26,6 +26,7 @@
 use std::sync::RwLockReadGuard;
 
 use rayon::prelude::*;
+use sinter_cpu::gemm::{Gemm, MatMut, MatRef};
 
 use super::{f32_values, float_input};
 use crate::autograd::output;
@@ -158,27 +159,34 @@ unsafe fn mm(
         }
         return;
     }
-    gemm::gemm(
-        m,
-        n,
-        k,
-        dst,
-        1,
-        dst_rs as isize,
-        accumulate,
-        a,
-        a_cs as isize,
-        a_rs as isize,
-        b,
-        b_cs as isize,
-        b_rs as isize,
-        if accumulate { 1.0 } else { 0.0 },
-        beta,
-        false,
-        false,
-        false,
-        gemm::Parallelism::None,
-    )
+    // The slices reach exactly the last addressed element of each operand.
+    let extent =
+        |rows: usize, rs: usize, cols: usize, cs: usize| (rows - 1) * rs + (cols - 1) * cs + 1;
+    let a = std::slice::from_raw_parts(a, extent(m, a_rs, k, a_cs));
+    let b = std::slice::from_raw_parts(b, extent(k, b_rs, n, b_cs));
+    let dst = std::slice::from_raw_parts_mut(dst, extent(m, dst_rs, n, 1));
+    let view = |data, rs: usize, cs: usize| MatRef {
+        data,
+        offset: 0,
+        rs: rs as isize,
+        cs: cs as isize,
+    };
+    // One thread: the callers already run one tile per core.
+    Gemm::new(m, n, k)
+        .alpha(beta)
+        .beta(if accumulate { 1.0 } else { 0.0 })
+        .threads(1)
+        .run(
+            view(a, a_rs, a_cs),
+            view(b, b_rs, b_cs),
+            MatMut {
+                data: dst,
+                offset: 0,
+                rs: dst_rs as isize,
+                cs: 1,
+            },
+        )
+        .expect("internal error: attention tile views out of bounds")
 }
 
 /// Forward over every (batch, head, query block); returns (o [b, h, tq, d], lse [b, h, tq]).
