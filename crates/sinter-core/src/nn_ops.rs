@@ -1,11 +1,11 @@
 //! Differentiable neural-network ops with dedicated (fused) kernels: conv2d, pooling,
 //! layer norm, cross-entropy, gather/scatter, concatenation, selection and dropout.
 
-use crate::autograd::output;
 use crate::cpu::conv::{self, Conv2dParams, ConvGeom, Pool2dParams};
 use crate::cpu::{self, CpuStorage};
 use crate::layout::{broadcast_shape, resolve_dim};
 use crate::storage::Storage;
+use crate::tensor::output;
 use crate::{bail, DType, Error, Result, Rng, Tensor};
 
 fn f32_of(t: &Tensor) -> Vec<f32> {
@@ -336,7 +336,7 @@ impl Tensor {
         }
         let st = {
             let s = self.storage();
-            let c = s.cpu().copy_strided(self.layout());
+            let c = s.cpu().gather(self.layout());
             crate::with_cpu_vec!(&c, v => cpu::nn::index_select(v, &ids, outer, n, inner).into())
         };
         let xshape = shape.to_vec();
@@ -437,35 +437,33 @@ impl Tensor {
                     rhs: t.shape().to_vec(),
                 });
             }
+            if t.device() != first.device() {
+                return Err(Error::DeviceMismatch {
+                    op: "cat",
+                    lhs: first.device(),
+                    rhs: t.device(),
+                });
+            }
             shape[d] += t.shape()[d];
         }
-        if tensors.iter().any(|t| t.device().is_cuda()) {
-            return crate::cuda::nn::cat(tensors, d, &shape);
-        }
-        let mut out = CpuStorage::zeros(shape.iter().product(), first.dtype());
+        let mut out = Storage::alloc(first.device(), shape.iter().product(), first.dtype())?;
         let full = crate::Layout::contiguous(&shape);
         let mut start = 0;
         let mut sizes = Vec::new();
         for t in tensors {
             let len = t.shape()[d];
             let region = full.narrow(d, start, len)?;
-            out.write_strided(&region, &t.storage().cpu().copy_strided(t.layout()))?;
+            out.assign(&region, &t.storage(), t.layout())?;
             sizes.push((start, len));
             start += len;
         }
         let refs: Vec<&Tensor> = tensors.iter().collect();
-        Ok(output(
-            Storage::Cpu(out),
-            &shape,
-            "cat",
-            &refs,
-            move |g, _| {
-                sizes
-                    .iter()
-                    .map(|&(s, l)| Ok(Some(g.narrow(d as isize, s, l)?.contiguous()?)))
-                    .collect()
-            },
-        ))
+        Ok(output(out, &shape, "cat", &refs, move |g, _| {
+            sizes
+                .iter()
+                .map(|&(s, l)| Ok(Some(g.narrow(d as isize, s, l)?.contiguous()?)))
+                .collect()
+        }))
     }
     /// Stacks same-shaped tensors along a new dimension.
     pub fn stack(tensors: &[Tensor], dim: isize) -> Result<Tensor> {
@@ -525,19 +523,9 @@ impl Tensor {
             a.layout().broadcast_as(&shape)?,
             b.layout().broadcast_as(&shape)?,
         );
-        let s = if [cond, a, b].iter().any(|t| t.device().is_cuda()) {
-            crate::cuda::elementwise::where_cond(cond, a, b, &shape)?
-        } else {
-            let (sc, sa, sb) = (cond.storage(), a.storage(), b.storage());
-            Storage::Cpu(cpu::elementwise::where_cond(
-                sc.cpu(),
-                &lc,
-                sa.cpu(),
-                &la,
-                sb.cpu(),
-                &lb,
-            ))
-        };
+        let s = cond
+            .storage()
+            .where_cond(&lc, &a.storage(), &la, &b.storage(), &lb)?;
         if !a.dtype().is_float() {
             return Ok(Tensor::from_storage(s, &shape));
         }

@@ -1,11 +1,11 @@
 //! Differentiable math: elementwise ops with broadcasting, reductions, softmax, matmul.
 //! Every backward is written in terms of these same ops, so it runs on any backend.
 
-use crate::autograd::output;
 use crate::cpu::{self, CpuStorage};
 use crate::layout::{broadcast_shape, resolve_dim};
 use crate::op::{BinaryOp, ReduceOp, UnaryOp};
 use crate::storage::Storage;
+use crate::tensor::output;
 use crate::{bail, DType, Error, Result, Tensor};
 
 impl Tensor {
@@ -26,33 +26,28 @@ impl Tensor {
         if !self.dtype().is_float() {
             bail!("{}: needs a float tensor, got {}", op.name(), self.dtype());
         }
-        let s = if self.device().is_cuda() {
-            crate::cuda::elementwise::unary(self, op)?
-        } else {
-            Storage::Cpu(cpu::elementwise::unary(
-                self.storage().cpu(),
-                self.layout(),
-                op,
-            ))
-        };
+        let s = self.storage().unary(self.layout(), op)?;
         let x = self.clone();
         Ok(output(s, self.shape(), op.name(), &[self], move |g, y| {
             Ok(vec![Some(Tensor::unary_backward(op, &x, y, g)?)])
         }))
     }
     /// grad_out · f'(x) in one pass.
-    fn unary_backward(op: UnaryOp, x: &Tensor, y: &Tensor, g: &Tensor) -> Result<Tensor> {
-        if g.device().is_cuda() {
-            return crate::cuda::elementwise::unary_backward(op, x, y, g);
-        }
-        let (xs, ys, gs) = (x.storage(), y.storage(), g.storage());
-        let (xv, yv, gv) = (
-            xs.cpu().f32_contiguous(x.layout()),
-            ys.cpu().f32_contiguous(y.layout()),
-            gs.cpu().f32_contiguous(g.layout()),
-        );
-        let s = cpu::elementwise::unary_backward(op, &xv, &yv, &gv, g.dtype());
-        Ok(Tensor::from_cpu(s, g.shape()))
+    pub(crate) fn unary_backward(
+        op: UnaryOp,
+        x: &Tensor,
+        y: &Tensor,
+        g: &Tensor,
+    ) -> Result<Tensor> {
+        let s = g.storage().unary_backward(
+            g.layout(),
+            op,
+            &x.storage(),
+            x.layout(),
+            &y.storage(),
+            y.layout(),
+        )?;
+        Ok(Tensor::from_storage(s, g.shape()))
     }
     pub fn neg(&self) -> Result<Tensor> {
         self.unary(UnaryOp::Neg)
@@ -129,12 +124,7 @@ impl Tensor {
             self.layout().broadcast_as(&shape)?,
             rhs.layout().broadcast_as(&shape)?,
         );
-        let s = if self.device().is_cuda() {
-            crate::cuda::elementwise::binary(self, &la, rhs, &lb, &shape, op)?
-        } else {
-            let (sa, sb) = (self.storage(), rhs.storage());
-            Storage::Cpu(cpu::elementwise::binary(sa.cpu(), &la, sb.cpu(), &lb, op))
-        };
+        let s = self.storage().binary(&la, &rhs.storage(), &lb, op)?;
         if op.is_comparison() || !self.dtype().is_float() {
             return Ok(Tensor::from_storage(s, &shape));
         }
@@ -210,33 +200,12 @@ impl Tensor {
 
     // ---- reductions ---------------------------------------------------------------------------
 
-    /// Reduces one dimension of a contiguous copy viewed as [outer, n, inner].
+    /// Reduces one dimension (kept as size 1): the output storage and shape.
     fn reduce_dim(&self, dim: usize, op: ReduceOp) -> Result<(Storage, Vec<usize>)> {
-        let shape = self.shape();
-        let (outer, n, inner) = (
-            shape[..dim].iter().product::<usize>(),
-            shape[dim],
-            shape[dim + 1..].iter().product::<usize>(),
-        );
-        if n == 0 && op != ReduceOp::Sum {
-            bail!("{op:?}: cannot reduce over an empty dimension {dim} of {shape:?}");
-        }
-        if self.device().is_cuda() {
-            return crate::cuda::reduce::reduce_dim(self, dim, op);
-        }
-        let s = self.storage();
-        let x = s.cpu().f32_contiguous(self.layout());
-        let mut out_shape = shape.to_vec();
+        let s = self.storage().reduce(self.layout(), dim, op)?;
+        let mut out_shape = self.shape().to_vec();
         out_shape[dim] = 1;
-        let st = if op == ReduceOp::ArgMax {
-            CpuStorage::I64(cpu::reduce::argmax_i64(&x, outer, n, inner))
-        } else {
-            CpuStorage::from_f32(
-                cpu::reduce::reduce_f32(&x, outer, n, inner, op),
-                self.dtype(),
-            )
-        };
-        Ok((Storage::Cpu(st), out_shape))
+        Ok((s, out_shape))
     }
 
     fn squeeze_dims(&self, dims: &[usize]) -> Result<Tensor> {

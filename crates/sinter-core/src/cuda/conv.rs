@@ -19,8 +19,8 @@ use sinter_cuda::{CudaDevice, DevSlice, DeviceBuffer, GemmDesc, GemmShape};
 
 use super::matmul::gemm_dtype;
 use super::{alloc, contig, contig_as, parts, same_device, storage_of, tensor_of, DevView, OnOp};
-use crate::autograd::output;
 use crate::cpu::conv::{ConvGeom, Pool2dParams};
+use crate::tensor::output;
 use crate::{DType, Result, Tensor};
 
 type Buf = Arc<DeviceBuffer>;

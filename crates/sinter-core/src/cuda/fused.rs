@@ -15,7 +15,7 @@ use sinter_cuda::{CudaError, DeviceBuffer, Epilogue, GemmDesc, GemmShape};
 use super::{
     alloc, contig, contig_as, opt_slice, parts, same_device, storage_of, tail_of, tensor_of, OnOp,
 };
-use crate::autograd::output;
+use crate::tensor::output;
 use crate::{bail, DType, Result, Tensor};
 
 /// True when the flash attention kernels cover these operands (checked to agree by the caller):

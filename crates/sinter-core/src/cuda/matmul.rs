@@ -10,8 +10,8 @@
 use sinter_cuda::{GemmDType, GemmDesc, GemmShape};
 
 use super::{alloc, alloc_zeros, parts, storage_of, DevView, OnOp};
-use crate::autograd::output;
 use crate::layout::broadcast_shape;
+use crate::tensor::output;
 use crate::{DType, Layout, Result, Tensor};
 
 /// How one operand is handed to cuBLASLt.

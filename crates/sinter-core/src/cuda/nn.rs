@@ -1,6 +1,5 @@
 //! Fused NN ops on the device, each with its own backward kernel: softmax / log-softmax, layer
-//! norm, cross-entropy, index_select / embedding and index_add (deterministic scatter-add), and
-//! cat (strided copies).
+//! norm, cross-entropy, index_select / embedding and index_add (deterministic scatter-add).
 
 use std::sync::Arc;
 
@@ -10,12 +9,9 @@ use sinter_cuda::ops::{
 };
 use sinter_cuda::{CudaDevice, DeviceBuffer, Pool};
 
-use super::{
-    alloc, contig, contig_as, opt_slice, parts, same_device, storage_of, strides_i64, tensor_of,
-    OnOp,
-};
-use crate::autograd::output;
-use crate::{DType, Error, Layout, Result, Tensor};
+use super::{alloc, contig, contig_as, opt_slice, parts, same_device, storage_of, tensor_of, OnOp};
+use crate::tensor::output;
+use crate::{DType, Error, Result, Tensor};
 
 /// Softmax (or log-softmax) over the last dimension.
 pub(crate) fn softmax(x: &Tensor, log: bool) -> Result<Tensor> {
@@ -434,54 +430,6 @@ pub(crate) fn index_add(
                 Some(g.clone()),
                 Some(g.index_select(d as isize, &idx)?),
             ])
-        },
-    ))
-}
-
-/// Joins tensors along `d` into `shape` (validated by the caller) with one strided copy each.
-pub(crate) fn cat(tensors: &[Tensor], d: usize, shape: &[usize]) -> Result<Tensor> {
-    let first = &tensors[0];
-    for t in tensors {
-        same_device("cat", first, t)?;
-    }
-    let (dev, _) = parts(first)?;
-    let dtype = first.dtype();
-    let out = alloc(&dev, shape.iter().product(), dtype)?;
-    let full = Layout::contiguous(shape);
-    let mut start = 0;
-    let mut sizes = Vec::new();
-    for t in tensors {
-        let len = t.shape()[d];
-        let region = full.narrow(d, start, len)?;
-        if region.numel() > 0 {
-            let (_, buf) = parts(t)?;
-            let l = t.layout();
-            let src = super::tail_of(&buf, l.offset(), "cat")?;
-            let dst = super::tail_of(&out, region.offset(), "cat")?;
-            sinter_cuda::ops::copy::strided_copy(
-                &dev,
-                src,
-                &strides_i64(l),
-                dst,
-                &strides_i64(&region),
-                l.shape(),
-            )
-            .on("cat")?;
-        }
-        sizes.push((start, len));
-        start += len;
-    }
-    let refs: Vec<&Tensor> = tensors.iter().collect();
-    Ok(output(
-        storage_of(&dev, out, dtype),
-        shape,
-        "cat",
-        &refs,
-        move |g, _| {
-            sizes
-                .iter()
-                .map(|&(s, l)| Ok(Some(g.narrow(d as isize, s, l)?.contiguous()?)))
-                .collect()
         },
     ))
 }

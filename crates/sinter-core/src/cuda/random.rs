@@ -7,7 +7,7 @@
 use sinter_cuda::ops::dropout as kd;
 
 use super::{alloc, contig, contig_as, parts, storage_of, tensor_of, OnOp};
-use crate::autograd::output;
+use crate::tensor::output;
 use crate::{Result, Rng, Tensor};
 
 /// Inverted dropout with probability `p` in (0, 1) (checked by the caller).

@@ -28,9 +28,9 @@ use std::sync::RwLockReadGuard;
 use rayon::prelude::*;
 
 use super::{f32_values, float_input};
-use crate::autograd::output;
 use crate::cpu::CpuStorage;
 use crate::storage::Storage;
+use crate::tensor::output;
 use crate::{bail, DType, Error, Layout, Result, Tensor};
 
 /// Query rows per tile.

@@ -13,10 +13,10 @@
 use rayon::prelude::*;
 
 use super::float_input;
-use crate::autograd::output;
 use crate::cpu::{self, CpuStorage};
 use crate::op::UnaryOp;
 use crate::storage::Storage;
+use crate::tensor::output;
 use crate::{Error, Result, Tensor};
 
 const GELU: UnaryOp = UnaryOp::GeluTanh;

@@ -15,9 +15,9 @@
 use rayon::prelude::*;
 
 use super::{f32_values, float_input, same_shape};
-use crate::autograd::output;
 use crate::cpu::{self, CpuStorage};
 use crate::storage::Storage;
+use crate::tensor::output;
 use crate::{Error, Result, Tensor};
 
 /// Returns (sum, normed) for rows of length n: sum = x + r, normed = LN(sum), and the

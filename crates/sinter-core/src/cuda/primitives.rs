@@ -1,0 +1,63 @@
+//! The CUDA side of the backend seam: `CudaStorage` implements each primitive of
+//! `crate::backend` by launching sinter-cuda's kernels (or cuBLASLt / cuDNN) through the
+//! family modules beside this one. Nothing here sees a tensor or records a gradient.
+
+use super::storage::CudaStorage;
+use super::{creation, elementwise, reduce};
+use crate::backend::BackendStorage;
+use crate::cpu::CpuStorage;
+use crate::op::{BinaryOp, ReduceOp, UnaryOp};
+use crate::{DType, Device, Layout, Result};
+
+impl BackendStorage for CudaStorage {
+    fn dtype(&self) -> DType {
+        CudaStorage::dtype(self)
+    }
+    fn len(&self) -> usize {
+        CudaStorage::len(self)
+    }
+    fn device(&self) -> Device {
+        Device::Cuda(self.ordinal())
+    }
+
+    fn to_cpu(&self, l: &Layout) -> Result<CpuStorage> {
+        creation::download(self, l)
+    }
+    fn copy_strided(&self, l: &Layout) -> Result<Self> {
+        elementwise::copy_strided(self, l)
+    }
+    fn cast(&self, l: &Layout, dtype: DType) -> Result<Self> {
+        elementwise::cast(self, l, dtype)
+    }
+    fn assign(&mut self, dst_l: &Layout, src: &Self, src_l: &Layout) -> Result<()> {
+        elementwise::assign(self, dst_l, src, src_l)
+    }
+    fn promote_to_permanent(&mut self) -> Result<()> {
+        creation::promote_in_place(self)
+    }
+
+    fn unary(&self, l: &Layout, op: UnaryOp) -> Result<Self> {
+        elementwise::unary(self, l, op)
+    }
+    fn unary_backward(
+        &self,
+        l: &Layout,
+        op: UnaryOp,
+        x: &Self,
+        xl: &Layout,
+        y: &Self,
+        yl: &Layout,
+    ) -> Result<Self> {
+        elementwise::unary_backward(self, l, op, (x, xl), (y, yl))
+    }
+    fn binary(&self, l: &Layout, rhs: &Self, rl: &Layout, op: BinaryOp) -> Result<Self> {
+        elementwise::binary(self, l, rhs, rl, op)
+    }
+    fn where_cond(&self, l: &Layout, a: &Self, al: &Layout, b: &Self, bl: &Layout) -> Result<Self> {
+        elementwise::where_cond(self, l, a, al, b, bl)
+    }
+
+    fn reduce(&self, l: &Layout, dim: usize, op: ReduceOp) -> Result<Self> {
+        reduce::reduce_dim(self, l, dim, op)
+    }
+}
