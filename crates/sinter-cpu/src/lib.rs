@@ -4,5 +4,10 @@
 //!
 //! - [`isa`]: which SIMD instruction set the running CPU offers, chosen once at run time and
 //!   capped by `SINTER_CPU_ISA` (so every path can be tested on any machine).
+pub mod int8;
 pub mod isa;
 pub use isa::Isa;
+pub mod gemm;
+pub mod math;
+#[doc(hidden)]
+pub mod simd;
