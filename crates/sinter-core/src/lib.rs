@@ -22,8 +22,7 @@ pub mod tensor;
 
 pub use amp::{autocast, AutocastGuard};
 pub use autograd::{custom_op, is_grad_enabled, no_grad, NoGradGuard};
-pub use cpu::conv::{Conv2dParams, Pool2dParams};
-pub use cpu::nn::{AdamWParams, SgdParams};
+pub use backend::{AdamWParams, Conv2dParams, Pool2dParams, SgdParams};
 pub use device::Device;
 pub use dtype::{DType, Element};
 pub use error::{Error, Result};

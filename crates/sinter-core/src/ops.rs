@@ -1,7 +1,6 @@
 //! Differentiable math: elementwise ops with broadcasting, reductions, softmax, matmul.
 //! Every backward is written in terms of these same ops, so it runs on any backend.
 
-use crate::cpu::{self, CpuStorage};
 use crate::layout::{broadcast_shape, resolve_dim};
 use crate::op::{BinaryOp, ReduceOp, UnaryOp};
 use crate::storage::Storage;
@@ -317,35 +316,18 @@ impl Tensor {
                 .softmax_impl(-1, log)?
                 .transpose(d as isize, last as isize);
         }
-        if self.device().is_cuda() {
-            return crate::cuda::nn::softmax(self, log);
-        }
-        let n = self.shape()[last];
-        if n == 0 || self.numel() == 0 {
+        let name = if log { "log_softmax" } else { "softmax" };
+        self.float_op(name)?;
+        if self.shape()[last] == 0 || self.numel() == 0 {
             bail!("softmax: dimension {d} of {:?} is empty", self.shape());
         }
-        let x = self
-            .storage()
-            .cpu()
-            .f32_contiguous(self.layout())
-            .into_owned();
-        let y = cpu::nn::softmax_rows(&x, n, log);
-        let dtype = self.dtype();
-        let name = if log { "log_softmax" } else { "softmax" };
-        Ok(output(
-            Storage::Cpu(CpuStorage::from_f32(y, dtype)),
-            self.shape(),
-            name,
-            &[self],
-            move |g, y| {
-                let (yv, gv) = (y.to_vec_f32()?, g.to_vec_f32()?);
-                let dx = cpu::nn::softmax_rows_backward(&yv, &gv, n, log);
-                Ok(vec![Some(Tensor::from_cpu(
-                    CpuStorage::from_f32(dx, dtype),
-                    g.shape(),
-                ))])
-            },
-        ))
+        let s = self.storage().softmax(self.layout(), log)?;
+        Ok(output(s, self.shape(), name, &[self], move |g, y| {
+            let dx = g
+                .storage()
+                .softmax_backward(g.layout(), &y.storage(), y.layout(), log)?;
+            Ok(vec![Some(Tensor::from_storage(dx, g.shape()))])
+        }))
     }
     pub fn softmax(&self, dim: isize) -> Result<Tensor> {
         self.softmax_impl(dim, false)
@@ -370,11 +352,18 @@ impl Tensor {
                 rhs.shape()
             );
         }
-        if self.dtype() != rhs.dtype() || !self.dtype().is_float() {
+        if self.dtype() != rhs.dtype() {
             return Err(Error::DTypeMismatch {
                 op: "matmul",
                 expected: self.dtype(),
                 got: rhs.dtype(),
+            });
+        }
+        if !self.dtype().is_float() {
+            return Err(Error::UnsupportedDType {
+                op: "matmul",
+                dtype: self.dtype(),
+                supported: "f32, f16 or bf16",
             });
         }
         let (ra, rb) = (self.rank(), rhs.rank());
@@ -387,52 +376,14 @@ impl Tensor {
                 rhs: rhs.shape().to_vec(),
             });
         }
-        if self.device().is_cuda() {
-            return crate::cuda::matmul::matmul(self, rhs);
-        }
         let batch_shape =
             broadcast_shape("matmul", &self.shape()[..ra - 2], &rhs.shape()[..rb - 2])?;
-        let batch: usize = batch_shape.iter().product();
         let full = |mm: usize, nn: usize| [batch_shape.clone(), vec![mm, nn]].concat();
         let la = self.layout().broadcast_as(&full(m, k))?;
         let lb = rhs.layout().broadcast_as(&full(k, n))?;
-        let view = |l: &crate::Layout| {
-            let l = l.clone();
-            let nb = batch_shape.len();
-            move |b: usize| {
-                let mut off = l.offset();
-                let mut rem = b;
-                for i in (0..nb).rev() {
-                    off += (rem % l.shape()[i]) * l.strides()[i];
-                    rem /= l.shape()[i];
-                }
-                cpu::matmul::MatView {
-                    offset: off,
-                    rs: l.strides()[nb] as isize,
-                    cs: l.strides()[nb + 1] as isize,
-                }
-            }
-        };
-        let out = {
-            let (sa, sb) = (self.storage(), rhs.storage());
-            match (sa.cpu(), sb.cpu()) {
-                (CpuStorage::F32(a), CpuStorage::F32(b)) => {
-                    cpu::matmul::batched_gemm_f32(a, b, batch, m, n, k, view(&la), view(&lb))
-                }
-                _ => {
-                    // Half precision: widen to f32 (contiguous), multiply, round back.
-                    let (a, b) = (sa.cpu().f32_contiguous(&la), sb.cpu().f32_contiguous(&lb));
-                    let (ca, cb) = (
-                        crate::Layout::contiguous(la.shape()),
-                        crate::Layout::contiguous(lb.shape()),
-                    );
-                    cpu::matmul::batched_gemm_f32(&a, &b, batch, m, n, k, view(&ca), view(&cb))
-                }
-            }
-        };
+        let s = self.storage().matmul(&la, &rhs.storage(), &lb)?;
         let shape = full(m, n);
         let (a, b) = (self.clone(), rhs.clone());
-        let s = Storage::Cpu(CpuStorage::from_f32(out, self.dtype()));
         Ok(output(s, &shape, "matmul", &[self, rhs], move |g, _| {
             let ga = a
                 .tracks_grad()

@@ -2,11 +2,14 @@
 //! is a backend primitive (see `crate::backend`): it checks that its operands live on one
 //! device, then calls that backend's implementation, once.
 
-use crate::backend::{BackendDevice, BackendStorage};
+use crate::backend::{
+    BackendDevice, BackendStorage, ConvGeom, CrossEntropyOut, DropoutMask, IndexGeom, Indices,
+    PoolGeom, RowStats, Wants,
+};
 use crate::cpu::{CpuDevice, CpuStorage};
 use crate::cuda::CudaStorage;
 use crate::op::{BinaryOp, ReduceOp, UnaryOp};
-use crate::{bail, DType, Device, Error, Layout, Result};
+use crate::{bail, DType, Device, Error, Layout, Result, Rng};
 
 #[derive(Clone, Debug)]
 pub enum Storage {
@@ -244,5 +247,321 @@ impl Storage {
         }
         let this = self;
         on_device!("reduce", [this], |w| Ok(w(this.reduce(l, dim, op)?)))
+    }
+
+    // ---- products ------------------------------------------------------------------------
+
+    /// [batch.., m, k] · [batch.., k, n] with both layouts broadcast over the batch dims.
+    pub fn matmul(&self, l: &Layout, rhs: &Storage, rl: &Layout) -> Result<Storage> {
+        let a = self;
+        on_device!("matmul", [a, rhs], |w| Ok(w(a.matmul(l, rhs, rl)?)))
+    }
+    /// gelu(x Wᵀ + b) in one GEMM, or None where the backend has no epilogue for it.
+    #[allow(clippy::too_many_arguments)]
+    pub fn linear_bias_gelu(
+        &self,
+        l: &Layout,
+        wt: &Storage,
+        wl: &Layout,
+        b: &Storage,
+        bl: &Layout,
+        rows: usize,
+        inp: usize,
+        out: usize,
+    ) -> Result<Option<(Storage, Storage)>> {
+        let x = self;
+        on_device!("linear_bias_gelu", [x, wt, b], |w| Ok(x
+            .linear_bias_gelu(l, wt, wl, b, bl, rows, inp, out)?
+            .map(|(y, pre)| (w(y), w(pre)))))
+    }
+
+    // ---- convolution and pooling ---------------------------------------------------------
+
+    pub fn conv2d(&self, l: &Layout, wt: &Storage, wl: &Layout, g: &ConvGeom) -> Result<Storage> {
+        let x = self;
+        on_device!("conv2d", [x, wt], |w| Ok(w(x.conv2d(l, wt, wl, g)?)))
+    }
+    /// `self` is grad_out: the input gradient.
+    pub fn conv2d_backward_data(
+        &self,
+        l: &Layout,
+        wt: &Storage,
+        wl: &Layout,
+        g: &ConvGeom,
+    ) -> Result<Storage> {
+        let gy = self;
+        on_device!("conv2d", [gy, wt], |w| Ok(w(
+            gy.conv2d_backward_data(l, wt, wl, g)?
+        )))
+    }
+    /// `self` is grad_out: the weight gradient.
+    pub fn conv2d_backward_filter(
+        &self,
+        l: &Layout,
+        x: &Storage,
+        xl: &Layout,
+        g: &ConvGeom,
+    ) -> Result<Storage> {
+        let gy = self;
+        on_device!("conv2d", [gy, x], |w| Ok(w(
+            gy.conv2d_backward_filter(l, x, xl, g)?
+        )))
+    }
+    /// (output, argmax).
+    pub fn max_pool2d(&self, l: &Layout, g: &PoolGeom) -> Result<(Storage, Storage)> {
+        let x = self;
+        on_device!("max_pool2d", [x], |w| {
+            let (y, arg) = x.max_pool2d(l, g)?;
+            Ok((w(y), w(arg)))
+        })
+    }
+    pub fn max_pool2d_backward(
+        &self,
+        l: &Layout,
+        argmax: &Storage,
+        g: &PoolGeom,
+    ) -> Result<Storage> {
+        let gy = self;
+        on_device!("max_pool2d", [gy, argmax], |w| Ok(w(
+            gy.max_pool2d_backward(l, argmax, g)?
+        )))
+    }
+    pub fn avg_pool2d(&self, l: &Layout, g: &PoolGeom) -> Result<Storage> {
+        let x = self;
+        on_device!("avg_pool2d", [x], |w| Ok(w(x.avg_pool2d(l, g)?)))
+    }
+    pub fn avg_pool2d_backward(&self, l: &Layout, g: &PoolGeom) -> Result<Storage> {
+        let gy = self;
+        on_device!("avg_pool2d", [gy], |w| Ok(w(gy.avg_pool2d_backward(l, g)?)))
+    }
+
+    // ---- row kernels ---------------------------------------------------------------------
+
+    pub fn softmax(&self, l: &Layout, log: bool) -> Result<Storage> {
+        let x = self;
+        on_device!("softmax", [x], |w| Ok(w(x.softmax(l, log)?)))
+    }
+    /// `self` is grad_out; `y` the forward's output.
+    pub fn softmax_backward(
+        &self,
+        l: &Layout,
+        y: &Storage,
+        yl: &Layout,
+        log: bool,
+    ) -> Result<Storage> {
+        let g = self;
+        on_device!("softmax", [g, y], |w| Ok(w(
+            g.softmax_backward(l, y, yl, log)?
+        )))
+    }
+    pub fn layer_norm(
+        &self,
+        l: &Layout,
+        gamma: &Storage,
+        gl: &Layout,
+        beta: &Storage,
+        bl: &Layout,
+        eps: f32,
+    ) -> Result<(Storage, RowStats<Storage>)> {
+        let x = self;
+        on_device!("layer_norm", [x, gamma, beta], |w| {
+            let (y, s) = x.layer_norm(l, gamma, gl, beta, bl, eps)?;
+            Ok((
+                w(y),
+                RowStats {
+                    mean: w(s.mean),
+                    rstd: w(s.rstd),
+                },
+            ))
+        })
+    }
+    /// `self` is grad_out (see `BackendStorage::layer_norm_backward`).
+    #[allow(clippy::too_many_arguments)]
+    pub fn layer_norm_backward(
+        &self,
+        l: &Layout,
+        x: &Storage,
+        xl: &Layout,
+        gamma: &Storage,
+        gl: &Layout,
+        stats: &RowStats<Storage>,
+        wants: Wants,
+    ) -> Result<(Option<Storage>, Option<Storage>, Option<Storage>)> {
+        let (g, mean, rstd) = (self, &stats.mean, &stats.rstd);
+        on_device!("layer_norm", [g, x, gamma, mean, rstd], |w| {
+            let (dx, dg, db) =
+                g.layer_norm_backward(l, x, xl, gamma, gl, RowStats { mean, rstd }, wants)?;
+            Ok((dx.map(w), dg.map(w), db.map(w)))
+        })
+    }
+    #[allow(clippy::too_many_arguments)]
+    pub fn residual_layer_norm(
+        &self,
+        l: &Layout,
+        residual: &Storage,
+        rl: &Layout,
+        gamma: &Storage,
+        gl: &Layout,
+        beta: &Storage,
+        bl: &Layout,
+        eps: f32,
+    ) -> Result<(Storage, Storage, RowStats<Storage>)> {
+        let x = self;
+        on_device!("residual_layer_norm", [x, residual, gamma, beta], |w| {
+            let (h, y, s) = x.residual_layer_norm(l, residual, rl, gamma, gl, beta, bl, eps)?;
+            Ok((
+                w(h),
+                w(y),
+                RowStats {
+                    mean: w(s.mean),
+                    rstd: w(s.rstd),
+                },
+            ))
+        })
+    }
+    pub fn cross_entropy(
+        &self,
+        l: &Layout,
+        targets: Indices<'_, Storage>,
+        ignore_index: i64,
+    ) -> Result<CrossEntropyOut<Storage>> {
+        let (x, t) = (self, targets.ids);
+        on_device!("cross_entropy", [x, t], |w| {
+            let o = x.cross_entropy(l, targets.with(t), ignore_index)?;
+            Ok(CrossEntropyOut {
+                loss: w(o.loss),
+                lse: w(o.lse),
+                count: w(o.count),
+            })
+        })
+    }
+    /// `self` is the logits; `grad` the loss's gradient.
+    pub fn cross_entropy_backward(
+        &self,
+        l: &Layout,
+        targets: Indices<'_, Storage>,
+        saved: &CrossEntropyOut<Storage>,
+        grad: &Storage,
+        gradl: &Layout,
+        ignore_index: i64,
+    ) -> Result<Storage> {
+        let (x, t, loss, lse, count) = (self, targets.ids, &saved.loss, &saved.lse, &saved.count);
+        on_device!("cross_entropy", [x, t, loss, lse, count, grad], |w| {
+            let saved = CrossEntropyOut { loss, lse, count };
+            Ok(w(x.cross_entropy_backward(
+                l,
+                targets.with(t),
+                saved,
+                grad,
+                gradl,
+                ignore_index,
+            )?))
+        })
+    }
+    pub fn bias_gelu(&self, l: &Layout, bias: &Storage, bl: &Layout) -> Result<Option<Storage>> {
+        let x = self;
+        on_device!("bias_gelu", [x, bias], |w| Ok(x
+            .bias_gelu(l, bias, bl)?
+            .map(w)))
+    }
+    /// `self` is grad_out: (dx, dbias).
+    pub fn bias_gelu_backward(
+        &self,
+        l: &Layout,
+        x: &Storage,
+        xl: &Layout,
+        bias: &Storage,
+        bl: &Layout,
+    ) -> Result<(Storage, Storage)> {
+        let g = self;
+        on_device!("bias_gelu", [g, x, bias], |w| {
+            let (dx, db) = g.bias_gelu_backward(l, x, xl, bias, bl)?;
+            Ok((w(dx), w(db)))
+        })
+    }
+
+    // ---- indexing ------------------------------------------------------------------------
+
+    pub fn index_select(
+        &self,
+        l: &Layout,
+        ids: Indices<'_, Storage>,
+        g: IndexGeom,
+    ) -> Result<Storage> {
+        let (x, i) = (self, ids.ids);
+        on_device!("index_select", [x, i], |w| Ok(w(x.index_select(
+            l,
+            ids.with(i),
+            g
+        )?)))
+    }
+    /// `self` is grad_out.
+    pub fn index_select_backward(
+        &self,
+        l: &Layout,
+        ids: Indices<'_, Storage>,
+        g: IndexGeom,
+    ) -> Result<Storage> {
+        let (gy, i) = (self, ids.ids);
+        on_device!("index_select", [gy, i], |w| Ok(w(
+            gy.index_select_backward(l, ids.with(i), g)?
+        )))
+    }
+    pub fn index_add(
+        &self,
+        l: &Layout,
+        ids: Indices<'_, Storage>,
+        src: &Storage,
+        srcl: &Layout,
+        g: IndexGeom,
+    ) -> Result<Storage> {
+        let (x, i) = (self, ids.ids);
+        on_device!("index_add", [x, i, src], |w| Ok(w(x.index_add(
+            l,
+            ids.with(i),
+            src,
+            srcl,
+            g
+        )?)))
+    }
+
+    // ---- random --------------------------------------------------------------------------
+
+    pub fn dropout(
+        &self,
+        l: &Layout,
+        p: f32,
+        rng: &mut Rng,
+    ) -> Result<(Storage, DropoutMask<Storage>)> {
+        let x = self;
+        on_device!("dropout", [x], |w| {
+            let (y, m) = x.dropout(l, p, rng)?;
+            Ok((w(y), m.map(w)))
+        })
+    }
+    /// `self` is grad_out.
+    pub fn dropout_backward(
+        &self,
+        l: &Layout,
+        p: f32,
+        mask: &DropoutMask<Storage>,
+    ) -> Result<Storage> {
+        let g = self;
+        match mask {
+            DropoutMask::Stored(m) => {
+                on_device!("dropout", [g, m], |w| Ok(w(g.dropout_backward(
+                    l,
+                    p,
+                    DropoutMask::Stored(m)
+                )?)))
+            }
+            DropoutMask::Seed(s) => {
+                on_device!("dropout", [g], |w| Ok(w(g.dropout_backward(
+                    l,
+                    p,
+                    DropoutMask::Seed(*s)
+                )?)))
+            }
+        }
     }
 }

@@ -3,6 +3,7 @@
 
 pub mod conv;
 pub mod elementwise;
+pub mod fused;
 pub mod matmul;
 pub mod nn;
 mod primitives;
@@ -250,5 +251,26 @@ impl CpuStorage {
             CpuStorage::F32(v) => Some(v),
             _ => None,
         }
+    }
+}
+
+impl From<Vec<f32>> for CpuStorage {
+    fn from(v: Vec<f32>) -> Self {
+        CpuStorage::F32(v)
+    }
+}
+impl From<Vec<half::f16>> for CpuStorage {
+    fn from(v: Vec<half::f16>) -> Self {
+        CpuStorage::F16(v)
+    }
+}
+impl From<Vec<half::bf16>> for CpuStorage {
+    fn from(v: Vec<half::bf16>) -> Self {
+        CpuStorage::BF16(v)
+    }
+}
+impl From<Vec<i64>> for CpuStorage {
+    fn from(v: Vec<i64>) -> Self {
+        CpuStorage::I64(v)
     }
 }
