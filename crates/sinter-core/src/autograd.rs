@@ -4,82 +4,12 @@
 //! and calls a hook the moment a variable's gradient is final (data parallel starts its
 //! bucket all-reduce there, overlapping communication with the rest of backward).
 
-use std::cell::Cell;
 use std::collections::HashMap;
-use std::sync::{Arc, RwLock};
 
-use crate::storage::Storage;
+use crate::graph::record;
+pub use crate::graph::{is_grad_enabled, no_grad, NoGradGuard};
 use crate::tensor::{Tensor, TensorId};
-use crate::{Layout, Result};
-
-pub(crate) type BackwardFn =
-    Box<dyn Fn(&Tensor, &Tensor) -> Result<Vec<Option<Tensor>>> + Send + Sync>;
-
-pub(crate) struct Node {
-    pub(crate) name: &'static str,
-    pub(crate) inputs: Vec<Tensor>,
-    /// (grad of output, output) -> one gradient per input (None: nothing flows there).
-    pub(crate) backward: BackwardFn,
-}
-
-thread_local! {
-    static GRAD_ENABLED: Cell<bool> = const { Cell::new(true) };
-}
-
-pub fn is_grad_enabled() -> bool {
-    GRAD_ENABLED.with(|g| g.get())
-}
-
-/// While alive, ops record nothing (evaluation, optimizer updates). Restores on drop.
-pub struct NoGradGuard {
-    prev: bool,
-}
-
-impl Drop for NoGradGuard {
-    fn drop(&mut self) {
-        GRAD_ENABLED.with(|g| g.set(self.prev));
-    }
-}
-
-pub fn no_grad() -> NoGradGuard {
-    let prev = GRAD_ENABLED.with(|g| g.replace(false));
-    NoGradGuard { prev }
-}
-
-/// A node for an op over `inputs`, or None when no input needs gradients.
-pub(crate) fn record(
-    name: &'static str,
-    inputs: &[&Tensor],
-    backward: impl Fn(&Tensor, &Tensor) -> Result<Vec<Option<Tensor>>> + Send + Sync + 'static,
-) -> Option<Node> {
-    if !is_grad_enabled() || !inputs.iter().any(|t| t.tracks_grad()) {
-        return None;
-    }
-    Some(Node {
-        name,
-        inputs: inputs.iter().map(|t| (*t).clone()).collect(),
-        backward: Box::new(backward),
-    })
-}
-
-/// A fresh contiguous output of an op, with its node when gradients are tracked.
-pub(crate) fn output(
-    storage: Storage,
-    shape: &[usize],
-    name: &'static str,
-    inputs: &[&Tensor],
-    backward: impl Fn(&Tensor, &Tensor) -> Result<Vec<Option<Tensor>>> + Send + Sync + 'static,
-) -> Tensor {
-    let (dtype, device) = (storage.dtype(), storage.device());
-    let node = record(name, inputs, backward);
-    Tensor::from_parts(
-        Arc::new(RwLock::new(storage)),
-        Layout::contiguous(shape),
-        dtype,
-        device,
-        node,
-    )
-}
+use crate::Result;
 
 /// Tensors reachable from `root` through nodes, producers before consumers.
 fn topological_order(root: &Tensor) -> Vec<Tensor> {
@@ -117,13 +47,7 @@ pub fn custom_op(
     backward: impl Fn(&Tensor, &Tensor) -> Result<Vec<Option<Tensor>>> + Send + Sync + 'static,
 ) -> Tensor {
     let node = record(name, inputs, backward);
-    Tensor::from_parts(
-        value.0.storage.clone(),
-        value.layout().clone(),
-        value.dtype(),
-        value.device(),
-        node,
-    )
+    Tensor::from_parts(value.0.storage.clone(), value.layout().clone(), node)
 }
 
 impl Tensor {

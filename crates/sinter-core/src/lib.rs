@@ -1,14 +1,17 @@
-//! sinter-core: runtime-typed tensors with strided views, reverse-mode autograd, and the CPU
-//! backend. Higher layers (nn, models, dist) build only on the `Tensor` API here.
+//! sinter-core: runtime-typed tensors with strided views, reverse-mode autograd, and the
+//! backends behind one seam (`backend`: storage-level primitives that the CPU and CUDA storages
+//! implement). Higher layers (nn, models, dist) build only on the `Tensor` API here.
 
 pub mod amp;
 pub mod autograd;
+pub mod backend;
 pub mod cpu;
 pub mod cuda;
 pub mod device;
 pub mod dtype;
 pub mod error;
 pub mod fused;
+mod graph;
 pub mod layout;
 mod nn_ops;
 pub mod op;
@@ -19,8 +22,7 @@ pub mod tensor;
 
 pub use amp::{autocast, AutocastGuard};
 pub use autograd::{custom_op, is_grad_enabled, no_grad, NoGradGuard};
-pub use cpu::conv::{Conv2dParams, Pool2dParams};
-pub use cpu::nn::{AdamWParams, SgdParams};
+pub use backend::{AdamWParams, Conv2dParams, Pool2dParams, SgdParams};
 pub use device::Device;
 pub use dtype::{DType, Element};
 pub use error::{Error, Result};

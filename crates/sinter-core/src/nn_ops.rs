@@ -1,18 +1,64 @@
 //! Differentiable neural-network ops with dedicated (fused) kernels: conv2d, pooling,
 //! layer norm, cross-entropy, gather/scatter, concatenation, selection and dropout.
 
-use crate::autograd::output;
-use crate::cpu::conv::{self, Conv2dParams, ConvGeom, Pool2dParams};
-use crate::cpu::{self, CpuStorage};
+use crate::backend::{
+    check_indices, Conv2dParams, ConvGeom, IndexGeom, IndexUse, Indices, Pool2dParams, PoolGeom,
+    RowStats, Wants,
+};
 use crate::layout::{broadcast_shape, resolve_dim};
 use crate::storage::Storage;
+use crate::tensor::output;
 use crate::{bail, DType, Error, Result, Rng, Tensor};
 
-fn f32_of(t: &Tensor) -> Vec<f32> {
-    t.storage().cpu().f32_contiguous(t.layout()).into_owned()
+/// The layer norm backward rule (shared by `layer_norm` and `fused::residual_layer_norm`):
+/// gradients of x (when `want_x`), gamma and beta from the output gradient `g` and the forward's
+/// row statistics; the parameter gradients come back in the parameters' dtypes.
+pub(crate) fn layer_norm_grads(
+    x: &Tensor,
+    gamma: &Tensor,
+    beta: &Tensor,
+    stats: &RowStats<Storage>,
+    g: &Tensor,
+    want_x: bool,
+) -> Result<Vec<Option<Tensor>>> {
+    let wants = Wants {
+        input: want_x,
+        gamma: gamma.tracks_grad(),
+        beta: beta.tracks_grad(),
+    };
+    let (dx, dg, db) = g.storage().layer_norm_backward(
+        g.layout(),
+        &x.storage(),
+        x.layout(),
+        &gamma.storage(),
+        gamma.layout(),
+        stats,
+        wants,
+    )?;
+    let param = |s: Option<Storage>, like: &Tensor| {
+        s.map(|s| Tensor::from_storage(s, like.shape()).to_dtype(like.dtype()))
+            .transpose()
+    };
+    Ok(vec![
+        dx.map(|s| Tensor::from_storage(s, x.shape())),
+        param(dg, gamma)?,
+        param(db, beta)?,
+    ])
 }
 
 impl Tensor {
+    /// An error naming `op` unless this tensor holds floats.
+    pub(crate) fn float_op(&self, op: &'static str) -> Result<()> {
+        if self.dtype().is_float() {
+            return Ok(());
+        }
+        Err(Error::UnsupportedDType {
+            op,
+            dtype: self.dtype(),
+            supported: "f32, f16 or bf16",
+        })
+    }
+
     fn expect_rank(&self, op: &'static str, rank: usize, what: &str) -> Result<()> {
         if self.rank() != rank {
             bail!(
@@ -69,42 +115,56 @@ impl Tensor {
         if let Some((x, w)) = crate::amp::autocast_operands(self, weight)? {
             return x.conv2d(&w, p);
         }
-        if self.device().is_cuda() || weight.device().is_cuda() {
-            return crate::cuda::conv::conv2d(self, weight, &g);
+        self.float_op("conv2d")?;
+        if self.device() != weight.device() {
+            return Err(Error::DeviceMismatch {
+                op: "conv2d",
+                lhs: self.device(),
+                rhs: weight.device(),
+            });
         }
-        let y = conv::conv2d_forward(&f32_of(self), &f32_of(weight), &g);
-        let dtype = self.dtype();
+        let y = self
+            .storage()
+            .conv2d(self.layout(), &weight.storage(), weight.layout(), &g)?;
         let (x, w) = (self.clone(), weight.clone());
         Ok(output(
-            Storage::Cpu(CpuStorage::from_f32(y, dtype)),
+            y,
             &[g.n, g.o, oh, ow],
             "conv2d",
             &[self, weight],
             move |gr, _| {
-                let (want_dx, want_dw) = (x.tracks_grad(), w.tracks_grad());
-                let (dx, dw) = conv::conv2d_backward(
-                    &f32_of(&x),
-                    &f32_of(&w),
-                    &f32_of(gr),
-                    &g,
-                    want_dx,
-                    want_dw,
-                );
-                let dx =
-                    want_dx.then(|| Tensor::from_cpu(CpuStorage::from_f32(dx, dtype), x.shape()));
-                let dw =
-                    want_dw.then(|| Tensor::from_cpu(CpuStorage::from_f32(dw, dtype), w.shape()));
+                let dx = x
+                    .tracks_grad()
+                    .then(|| -> Result<Tensor> {
+                        let s = gr.storage().conv2d_backward_data(
+                            gr.layout(),
+                            &w.storage(),
+                            w.layout(),
+                            &g,
+                        )?;
+                        Ok(Tensor::from_storage(s, x.shape()))
+                    })
+                    .transpose()?;
+                let dw = w
+                    .tracks_grad()
+                    .then(|| -> Result<Tensor> {
+                        let s = gr.storage().conv2d_backward_filter(
+                            gr.layout(),
+                            &x.storage(),
+                            x.layout(),
+                            &g,
+                        )?;
+                        Ok(Tensor::from_storage(s, w.shape()))
+                    })
+                    .transpose()?;
                 Ok(vec![dx, dw])
             },
         ))
     }
 
-    fn pool_geom(
-        &self,
-        op: &'static str,
-        p: Pool2dParams,
-    ) -> Result<(usize, usize, usize, usize, usize)> {
+    fn pool_geom(&self, op: &'static str, p: Pool2dParams) -> Result<PoolGeom> {
         self.expect_rank(op, 4, "input [n, c, h, w]")?;
+        self.float_op(op)?;
         let s = self.shape();
         if p.kernel == 0 || p.stride == 0 || p.padding * 2 > p.kernel {
             bail!("{op}: kernel and stride must be ≥ 1 and padding at most half the kernel, got {p:?}");
@@ -115,7 +175,15 @@ impl Tensor {
                 .map(|v| v / p.stride + 1)
         };
         match (out(s[2]), out(s[3])) {
-            (Some(oh), Some(ow)) => Ok((s[0] * s[1], s[2], s[3], oh, ow)),
+            (Some(oh), Some(ow)) => Ok(PoolGeom {
+                n: s[0],
+                c: s[1],
+                h: s[2],
+                w: s[3],
+                oh,
+                ow,
+                p,
+            }),
             _ => bail!(
                 "{op}: kernel {} does not fit a {}x{} input",
                 p.kernel,
@@ -126,49 +194,33 @@ impl Tensor {
     }
 
     pub fn max_pool2d(&self, p: Pool2dParams) -> Result<Tensor> {
-        let (planes, h, w, oh, ow) = self.pool_geom("max_pool2d", p)?;
-        if self.device().is_cuda() {
-            return crate::cuda::conv::max_pool2d(self, p);
-        }
-        let (y, arg) = conv::max_pool2d(&f32_of(self), planes, h, w, oh, ow, p);
-        let dtype = self.dtype();
-        let shape = [self.shape()[0], self.shape()[1], oh, ow];
+        let g = self.pool_geom("max_pool2d", p)?;
+        let (y, arg) = self.storage().max_pool2d(self.layout(), &g)?;
         let xshape = self.shape().to_vec();
         Ok(output(
-            Storage::Cpu(CpuStorage::from_f32(y, dtype)),
-            &shape,
+            y,
+            &[g.n, g.c, g.oh, g.ow],
             "max_pool2d",
             &[self],
-            move |g, _| {
-                let dx = conv::max_pool2d_backward(&f32_of(g), &arg, planes, h * w, oh * ow);
-                Ok(vec![Some(Tensor::from_cpu(
-                    CpuStorage::from_f32(dx, dtype),
-                    &xshape,
-                ))])
+            move |gr, _| {
+                let dx = gr.storage().max_pool2d_backward(gr.layout(), &arg, &g)?;
+                Ok(vec![Some(Tensor::from_storage(dx, &xshape))])
             },
         ))
     }
 
     pub fn avg_pool2d(&self, p: Pool2dParams) -> Result<Tensor> {
-        let (planes, h, w, oh, ow) = self.pool_geom("avg_pool2d", p)?;
-        if self.device().is_cuda() {
-            return crate::cuda::conv::avg_pool2d(self, p);
-        }
-        let y = conv::avg_pool2d(&f32_of(self), planes, h, w, oh, ow, p);
-        let dtype = self.dtype();
-        let shape = [self.shape()[0], self.shape()[1], oh, ow];
+        let g = self.pool_geom("avg_pool2d", p)?;
+        let y = self.storage().avg_pool2d(self.layout(), &g)?;
         let xshape = self.shape().to_vec();
         Ok(output(
-            Storage::Cpu(CpuStorage::from_f32(y, dtype)),
-            &shape,
+            y,
+            &[g.n, g.c, g.oh, g.ow],
             "avg_pool2d",
             &[self],
-            move |g, _| {
-                let dx = conv::avg_pool2d_backward(&f32_of(g), planes, h, w, oh, ow, p);
-                Ok(vec![Some(Tensor::from_cpu(
-                    CpuStorage::from_f32(dx, dtype),
-                    &xshape,
-                ))])
+            move |gr, _| {
+                let dx = gr.storage().avg_pool2d_backward(gr.layout(), &g)?;
+                Ok(vec![Some(Tensor::from_storage(dx, &xshape))])
             },
         ))
     }
@@ -194,38 +246,22 @@ impl Tensor {
                 });
             }
         }
-        if [self, gamma, beta].iter().any(|t| t.device().is_cuda()) {
-            return crate::cuda::nn::layer_norm(self, gamma, beta, n, eps);
-        }
-        let x = f32_of(self);
-        let (y, mean, rstd) = cpu::nn::layer_norm(&x, &f32_of(gamma), &f32_of(beta), n, eps);
-        let dtype = self.dtype();
+        self.float_op("layer_norm")?;
+        let (y, stats) = self.storage().layer_norm(
+            self.layout(),
+            &gamma.storage(),
+            gamma.layout(),
+            &beta.storage(),
+            beta.layout(),
+            eps,
+        )?;
         let (xt, gt, bt) = (self.clone(), gamma.clone(), beta.clone());
         Ok(output(
-            Storage::Cpu(CpuStorage::from_f32(y, dtype)),
+            y,
             self.shape(),
             "layer_norm",
             &[self, gamma, beta],
-            move |g, _| {
-                let (dx, dg, db) = cpu::nn::layer_norm_backward(
-                    &f32_of(&xt),
-                    &f32_of(&gt),
-                    &mean,
-                    &rstd,
-                    &f32_of(g),
-                    n,
-                );
-                Ok(vec![
-                    Some(Tensor::from_cpu(
-                        CpuStorage::from_f32(dx, dtype),
-                        xt.shape(),
-                    )),
-                    gt.tracks_grad()
-                        .then(|| Tensor::from_cpu(CpuStorage::from_f32(dg, gt.dtype()), &[n])),
-                    bt.tracks_grad()
-                        .then(|| Tensor::from_cpu(CpuStorage::from_f32(db, bt.dtype()), &[n])),
-                ])
-            },
+            move |g, _| layer_norm_grads(&xt, &gt, &bt, &stats, g, xt.tracks_grad()),
         ))
     }
 
@@ -250,25 +286,45 @@ impl Tensor {
                 rhs: targets.shape().to_vec(),
             });
         }
-        if self.device().is_cuda() {
-            return crate::cuda::nn::cross_entropy(self, targets, c, ignore_index);
-        }
-        let logits = f32_of(self);
-        let t = targets.to_vec_i64()?;
-        let (total, count, lse) =
-            cpu::nn::cross_entropy(&logits, &t, c, ignore_index).map_err(Error::Msg)?;
-        let loss = (total / count as f64) as f32;
-        let dtype = self.dtype();
-        let shape = self.shape().to_vec();
-        let s = Storage::Cpu(CpuStorage::from_f32(vec![loss], DType::F32));
-        Ok(output(s, &[], "cross_entropy", &[self], move |g, _| {
-            let scale = g.to_scalar_f32()? / count as f32;
-            let d = cpu::nn::cross_entropy_backward(&logits, &t, &lse, c, ignore_index, scale);
-            Ok(vec![Some(Tensor::from_cpu(
-                CpuStorage::from_f32(d, dtype),
-                &shape,
-            ))])
-        }))
+        self.float_op("cross_entropy")?;
+        let what = IndexUse::CrossEntropy;
+        let (targets, checked) = self.indices_here(targets, c, Some(ignore_index), what)?;
+        let saved = {
+            let ts = targets.storage();
+            let ids = Indices {
+                ids: &*ts,
+                layout: targets.layout(),
+                what,
+                checked,
+            };
+            self.storage()
+                .cross_entropy(self.layout(), ids, ignore_index)?
+        };
+        let logits = self.clone();
+        Ok(output(
+            saved.loss.clone(),
+            &[],
+            "cross_entropy",
+            &[self],
+            move |g, _| {
+                let ts = targets.storage();
+                let ids = Indices {
+                    ids: &*ts,
+                    layout: targets.layout(),
+                    what,
+                    checked: true,
+                };
+                let d = logits.storage().cross_entropy_backward(
+                    logits.layout(),
+                    ids,
+                    &saved,
+                    &g.storage(),
+                    g.layout(),
+                    ignore_index,
+                )?;
+                Ok(vec![Some(Tensor::from_storage(d, logits.shape()))])
+            },
+        ))
     }
 
     /// Mean squared error against a target of the same shape.
@@ -294,65 +350,61 @@ impl Tensor {
         Ok(())
     }
 
-    fn index_vec(idx: &Tensor, bound: usize, op: &'static str) -> Result<Vec<usize>> {
-        Self::index_dtype(idx, op)?;
-        idx.to_vec_i64()?
-            .into_iter()
-            .enumerate()
-            .map(|(i, v)| {
-                if v >= 0 && (v as usize) < bound {
-                    Ok(v as usize)
-                } else {
-                    Err(Error::Msg(format!(
-                        "{op}: index {v} at position {i} is outside 0..{bound}"
-                    )))
-                }
-            })
-            .collect()
+    /// `idx` as indices for a primitive on this tensor's device, and whether they are already
+    /// checked: indices that live here are checked by the backend; indices from another device
+    /// are read to the host, checked there (an immediate error naming the bad one) and moved
+    /// here.
+    fn indices_here(
+        &self,
+        idx: &Tensor,
+        bound: usize,
+        ignore: Option<i64>,
+        what: IndexUse,
+    ) -> Result<(Tensor, bool)> {
+        Self::index_dtype(idx, what.name())?;
+        if idx.device() == self.device() {
+            return Ok((idx.clone(), false));
+        }
+        let v = idx.to_vec_i64()?;
+        check_indices(&v, bound, ignore, what)?;
+        Ok((Tensor::from_vec(v, idx.shape(), self.device())?, true))
     }
 
     /// Rows along `dim` picked by the 1-D i64 tensor `idx`. Backward is a scatter-add.
     pub fn index_select(&self, dim: isize, idx: &Tensor) -> Result<Tensor> {
         let d = resolve_dim("index_select", dim, self.rank())?;
         idx.expect_rank("index_select", 1, "indices")?;
-        let shape = self.shape();
-        let (outer, n, inner) = (
-            shape[..d].iter().product::<usize>(),
-            shape[d],
-            shape[d + 1..].iter().product::<usize>(),
-        );
-        if self.device().is_cuda() && idx.device().is_cuda() {
-            // Device ids stay on the device: checked there, no host round trip.
-            Self::index_dtype(idx, "index_select")?;
-            let mut out_shape = shape.to_vec();
-            out_shape[d] = idx.numel();
-            return crate::cuda::nn::index_select_device(self, idx, outer, n, inner, &out_shape);
-        }
-        let ids = Self::index_vec(idx, n, "index_select")?;
-        let mut out_shape = shape.to_vec();
-        out_shape[d] = ids.len();
-        if self.device().is_cuda() {
-            return crate::cuda::nn::index_select(self, &ids, outer, n, inner, &out_shape);
-        }
-        let st = {
-            let s = self.storage();
-            let c = s.cpu().copy_strided(self.layout());
-            crate::with_cpu_vec!(&c, v => cpu::nn::index_select(v, &ids, outer, n, inner).into())
+        let g = IndexGeom::around(self.shape(), d);
+        let what = IndexUse::IndexSelect;
+        let (ids, checked) = self.indices_here(idx, g.n, None, what)?;
+        let mut out_shape = self.shape().to_vec();
+        out_shape[d] = ids.numel();
+        let s = {
+            let is = ids.storage();
+            let ix = Indices {
+                ids: &*is,
+                layout: ids.layout(),
+                what,
+                checked,
+            };
+            self.storage().index_select(self.layout(), ix, g)?
         };
-        let xshape = shape.to_vec();
-        let dtype = self.dtype();
+        let xshape = self.shape().to_vec();
         Ok(output(
-            Storage::Cpu(st),
+            s,
             &out_shape,
             "index_select",
             &[self],
-            move |g, _| {
-                let mut dst = vec![0f32; outer * n * inner];
-                cpu::nn::index_add(&mut dst, &f32_of(g), &ids, outer, n, inner);
-                Ok(vec![Some(Tensor::from_cpu(
-                    CpuStorage::from_f32(dst, dtype),
-                    &xshape,
-                ))])
+            move |gr, _| {
+                let is = ids.storage();
+                let ix = Indices {
+                    ids: &*is,
+                    layout: ids.layout(),
+                    what,
+                    checked: true,
+                };
+                let dx = gr.storage().index_select_backward(gr.layout(), ix, g)?;
+                Ok(vec![Some(Tensor::from_storage(dx, &xshape))])
             },
         ))
     }
@@ -369,26 +421,12 @@ impl Tensor {
         rows.reshape(&shape)
     }
 
-    /// Adds `src` rows into a copy of this tensor at positions `idx` along `dim`.
+    /// Adds `src` rows into a copy of this tensor at positions `idx` (1-D i64) along `dim`.
     pub fn index_add(&self, dim: isize, idx: &Tensor, src: &Tensor) -> Result<Tensor> {
         let d = resolve_dim("index_add", dim, self.rank())?;
-        let shape = self.shape();
-        let (outer, n, inner) = (
-            shape[..d].iter().product::<usize>(),
-            shape[d],
-            shape[d + 1..].iter().product::<usize>(),
-        );
-        let on_device =
-            (self.device().is_cuda() || src.device().is_cuda()) && idx.device().is_cuda();
-        // Device ids are checked on the device (see cuda::checks), host ids here.
-        let ids = if on_device {
-            Self::index_dtype(idx, "index_add")?;
-            idx.expect_rank("index_add", 1, "indices")?;
-            None
-        } else {
-            Some(Self::index_vec(idx, n, "index_add")?)
-        };
-        let mut expect = shape.to_vec();
+        idx.expect_rank("index_add", 1, "indices")?;
+        let g = IndexGeom::around(self.shape(), d);
+        let mut expect = self.shape().to_vec();
         expect[d] = idx.numel();
         if src.shape() != expect {
             return Err(Error::ShapeMismatch {
@@ -397,22 +435,28 @@ impl Tensor {
                 rhs: src.shape().to_vec(),
             });
         }
-        if self.device().is_cuda() || src.device().is_cuda() {
-            return crate::cuda::nn::index_add(self, d, idx, ids.as_deref(), src, outer, n, inner);
-        }
-        let ids = ids.expect("host ids are checked on the host");
-        let mut dst = f32_of(self);
-        cpu::nn::index_add(&mut dst, &f32_of(src), &ids, outer, n, inner);
-        let idx = idx.clone();
+        let what = IndexUse::IndexAdd;
+        let (ids, checked) = self.indices_here(idx, g.n, None, what)?;
+        let s = {
+            let is = ids.storage();
+            let ix = Indices {
+                ids: &*is,
+                layout: ids.layout(),
+                what,
+                checked,
+            };
+            self.storage()
+                .index_add(self.layout(), ix, &src.storage(), src.layout(), g)?
+        };
         Ok(output(
-            Storage::Cpu(CpuStorage::from_f32(dst, self.dtype())),
-            shape,
+            s,
+            self.shape(),
             "index_add",
             &[self, src],
-            move |g, _| {
+            move |gr, _| {
                 Ok(vec![
-                    Some(g.clone()),
-                    Some(g.index_select(d as isize, &idx)?),
+                    Some(gr.clone()),
+                    Some(gr.index_select(d as isize, &ids)?),
                 ])
             },
         ))
@@ -437,35 +481,33 @@ impl Tensor {
                     rhs: t.shape().to_vec(),
                 });
             }
+            if t.device() != first.device() {
+                return Err(Error::DeviceMismatch {
+                    op: "cat",
+                    lhs: first.device(),
+                    rhs: t.device(),
+                });
+            }
             shape[d] += t.shape()[d];
         }
-        if tensors.iter().any(|t| t.device().is_cuda()) {
-            return crate::cuda::nn::cat(tensors, d, &shape);
-        }
-        let mut out = CpuStorage::zeros(shape.iter().product(), first.dtype());
+        let mut out = Storage::alloc(first.device(), shape.iter().product(), first.dtype())?;
         let full = crate::Layout::contiguous(&shape);
         let mut start = 0;
         let mut sizes = Vec::new();
         for t in tensors {
             let len = t.shape()[d];
             let region = full.narrow(d, start, len)?;
-            out.write_strided(&region, &t.storage().cpu().copy_strided(t.layout()))?;
+            out.assign(&region, &t.storage(), t.layout())?;
             sizes.push((start, len));
             start += len;
         }
         let refs: Vec<&Tensor> = tensors.iter().collect();
-        Ok(output(
-            Storage::Cpu(out),
-            &shape,
-            "cat",
-            &refs,
-            move |g, _| {
-                sizes
-                    .iter()
-                    .map(|&(s, l)| Ok(Some(g.narrow(d as isize, s, l)?.contiguous()?)))
-                    .collect()
-            },
-        ))
+        Ok(output(out, &shape, "cat", &refs, move |g, _| {
+            sizes
+                .iter()
+                .map(|&(s, l)| Ok(Some(g.narrow(d as isize, s, l)?.contiguous()?)))
+                .collect()
+        }))
     }
     /// Stacks same-shaped tensors along a new dimension.
     pub fn stack(tensors: &[Tensor], dim: isize) -> Result<Tensor> {
@@ -525,19 +567,9 @@ impl Tensor {
             a.layout().broadcast_as(&shape)?,
             b.layout().broadcast_as(&shape)?,
         );
-        let s = if [cond, a, b].iter().any(|t| t.device().is_cuda()) {
-            crate::cuda::elementwise::where_cond(cond, a, b, &shape)?
-        } else {
-            let (sc, sa, sb) = (cond.storage(), a.storage(), b.storage());
-            Storage::Cpu(cpu::elementwise::where_cond(
-                sc.cpu(),
-                &lc,
-                sa.cpu(),
-                &la,
-                sb.cpu(),
-                &lb,
-            ))
-        };
+        let s = cond
+            .storage()
+            .where_cond(&lc, &a.storage(), &la, &b.storage(), &lb)?;
         if !a.dtype().is_float() {
             return Ok(Tensor::from_storage(s, &shape));
         }
@@ -565,36 +597,11 @@ impl Tensor {
         if p == 0.0 {
             return Ok(self.clone());
         }
-        if self.device().is_cuda() {
-            return crate::cuda::random::dropout(self, p, rng);
-        }
-        let keep = 1.0 - p as f64;
-        let scale = (1.0 / keep) as f32;
-        let mask: Vec<f32> = (0..self.numel())
-            .map(|_| if rng.next_f64() < keep { scale } else { 0.0 })
-            .collect();
-        let mask = Tensor::from_cpu(CpuStorage::from_f32(mask, self.dtype()), self.shape());
-        self.mul(&mask)
-    }
-}
-
-impl From<Vec<f32>> for CpuStorage {
-    fn from(v: Vec<f32>) -> Self {
-        CpuStorage::F32(v)
-    }
-}
-impl From<Vec<half::f16>> for CpuStorage {
-    fn from(v: Vec<half::f16>) -> Self {
-        CpuStorage::F16(v)
-    }
-}
-impl From<Vec<half::bf16>> for CpuStorage {
-    fn from(v: Vec<half::bf16>) -> Self {
-        CpuStorage::BF16(v)
-    }
-}
-impl From<Vec<i64>> for CpuStorage {
-    fn from(v: Vec<i64>) -> Self {
-        CpuStorage::I64(v)
+        self.float_op("dropout")?;
+        let (y, mask) = self.storage().dropout(self.layout(), p, rng)?;
+        Ok(output(y, self.shape(), "dropout", &[self], move |g, _| {
+            let dx = g.storage().dropout_backward(g.layout(), p, &mask)?;
+            Ok(vec![Some(Tensor::from_storage(dx, g.shape()))])
+        }))
     }
 }

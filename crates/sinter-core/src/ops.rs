@@ -1,11 +1,10 @@
 //! Differentiable math: elementwise ops with broadcasting, reductions, softmax, matmul.
 //! Every backward is written in terms of these same ops, so it runs on any backend.
 
-use crate::autograd::output;
-use crate::cpu::{self, CpuStorage};
 use crate::layout::{broadcast_shape, resolve_dim};
 use crate::op::{BinaryOp, ReduceOp, UnaryOp};
 use crate::storage::Storage;
+use crate::tensor::output;
 use crate::{bail, DType, Error, Result, Tensor};
 
 impl Tensor {
@@ -26,33 +25,28 @@ impl Tensor {
         if !self.dtype().is_float() {
             bail!("{}: needs a float tensor, got {}", op.name(), self.dtype());
         }
-        let s = if self.device().is_cuda() {
-            crate::cuda::elementwise::unary(self, op)?
-        } else {
-            Storage::Cpu(cpu::elementwise::unary(
-                self.storage().cpu(),
-                self.layout(),
-                op,
-            ))
-        };
+        let s = self.storage().unary(self.layout(), op)?;
         let x = self.clone();
         Ok(output(s, self.shape(), op.name(), &[self], move |g, y| {
             Ok(vec![Some(Tensor::unary_backward(op, &x, y, g)?)])
         }))
     }
     /// grad_out · f'(x) in one pass.
-    fn unary_backward(op: UnaryOp, x: &Tensor, y: &Tensor, g: &Tensor) -> Result<Tensor> {
-        if g.device().is_cuda() {
-            return crate::cuda::elementwise::unary_backward(op, x, y, g);
-        }
-        let (xs, ys, gs) = (x.storage(), y.storage(), g.storage());
-        let (xv, yv, gv) = (
-            xs.cpu().f32_contiguous(x.layout()),
-            ys.cpu().f32_contiguous(y.layout()),
-            gs.cpu().f32_contiguous(g.layout()),
-        );
-        let s = cpu::elementwise::unary_backward(op, &xv, &yv, &gv, g.dtype());
-        Ok(Tensor::from_cpu(s, g.shape()))
+    pub(crate) fn unary_backward(
+        op: UnaryOp,
+        x: &Tensor,
+        y: &Tensor,
+        g: &Tensor,
+    ) -> Result<Tensor> {
+        let s = g.storage().unary_backward(
+            g.layout(),
+            op,
+            &x.storage(),
+            x.layout(),
+            &y.storage(),
+            y.layout(),
+        )?;
+        Ok(Tensor::from_storage(s, g.shape()))
     }
     pub fn neg(&self) -> Result<Tensor> {
         self.unary(UnaryOp::Neg)
@@ -129,12 +123,7 @@ impl Tensor {
             self.layout().broadcast_as(&shape)?,
             rhs.layout().broadcast_as(&shape)?,
         );
-        let s = if self.device().is_cuda() {
-            crate::cuda::elementwise::binary(self, &la, rhs, &lb, &shape, op)?
-        } else {
-            let (sa, sb) = (self.storage(), rhs.storage());
-            Storage::Cpu(cpu::elementwise::binary(sa.cpu(), &la, sb.cpu(), &lb, op))
-        };
+        let s = self.storage().binary(&la, &rhs.storage(), &lb, op)?;
         if op.is_comparison() || !self.dtype().is_float() {
             return Ok(Tensor::from_storage(s, &shape));
         }
@@ -210,33 +199,12 @@ impl Tensor {
 
     // ---- reductions ---------------------------------------------------------------------------
 
-    /// Reduces one dimension of a contiguous copy viewed as [outer, n, inner].
+    /// Reduces one dimension (kept as size 1): the output storage and shape.
     fn reduce_dim(&self, dim: usize, op: ReduceOp) -> Result<(Storage, Vec<usize>)> {
-        let shape = self.shape();
-        let (outer, n, inner) = (
-            shape[..dim].iter().product::<usize>(),
-            shape[dim],
-            shape[dim + 1..].iter().product::<usize>(),
-        );
-        if n == 0 && op != ReduceOp::Sum {
-            bail!("{op:?}: cannot reduce over an empty dimension {dim} of {shape:?}");
-        }
-        if self.device().is_cuda() {
-            return crate::cuda::reduce::reduce_dim(self, dim, op);
-        }
-        let s = self.storage();
-        let x = s.cpu().f32_contiguous(self.layout());
-        let mut out_shape = shape.to_vec();
+        let s = self.storage().reduce(self.layout(), dim, op)?;
+        let mut out_shape = self.shape().to_vec();
         out_shape[dim] = 1;
-        let st = if op == ReduceOp::ArgMax {
-            CpuStorage::I64(cpu::reduce::argmax_i64(&x, outer, n, inner))
-        } else {
-            CpuStorage::from_f32(
-                cpu::reduce::reduce_f32(&x, outer, n, inner, op),
-                self.dtype(),
-            )
-        };
-        Ok((Storage::Cpu(st), out_shape))
+        Ok((s, out_shape))
     }
 
     fn squeeze_dims(&self, dims: &[usize]) -> Result<Tensor> {
@@ -348,35 +316,18 @@ impl Tensor {
                 .softmax_impl(-1, log)?
                 .transpose(d as isize, last as isize);
         }
-        if self.device().is_cuda() {
-            return crate::cuda::nn::softmax(self, log);
-        }
-        let n = self.shape()[last];
-        if n == 0 || self.numel() == 0 {
+        let name = if log { "log_softmax" } else { "softmax" };
+        self.float_op(name)?;
+        if self.shape()[last] == 0 || self.numel() == 0 {
             bail!("softmax: dimension {d} of {:?} is empty", self.shape());
         }
-        let x = self
-            .storage()
-            .cpu()
-            .f32_contiguous(self.layout())
-            .into_owned();
-        let y = cpu::nn::softmax_rows(&x, n, log);
-        let dtype = self.dtype();
-        let name = if log { "log_softmax" } else { "softmax" };
-        Ok(output(
-            Storage::Cpu(CpuStorage::from_f32(y, dtype)),
-            self.shape(),
-            name,
-            &[self],
-            move |g, y| {
-                let (yv, gv) = (y.to_vec_f32()?, g.to_vec_f32()?);
-                let dx = cpu::nn::softmax_rows_backward(&yv, &gv, n, log);
-                Ok(vec![Some(Tensor::from_cpu(
-                    CpuStorage::from_f32(dx, dtype),
-                    g.shape(),
-                ))])
-            },
-        ))
+        let s = self.storage().softmax(self.layout(), log)?;
+        Ok(output(s, self.shape(), name, &[self], move |g, y| {
+            let dx = g
+                .storage()
+                .softmax_backward(g.layout(), &y.storage(), y.layout(), log)?;
+            Ok(vec![Some(Tensor::from_storage(dx, g.shape()))])
+        }))
     }
     pub fn softmax(&self, dim: isize) -> Result<Tensor> {
         self.softmax_impl(dim, false)
@@ -401,11 +352,18 @@ impl Tensor {
                 rhs.shape()
             );
         }
-        if self.dtype() != rhs.dtype() || !self.dtype().is_float() {
+        if self.dtype() != rhs.dtype() {
             return Err(Error::DTypeMismatch {
                 op: "matmul",
                 expected: self.dtype(),
                 got: rhs.dtype(),
+            });
+        }
+        if !self.dtype().is_float() {
+            return Err(Error::UnsupportedDType {
+                op: "matmul",
+                dtype: self.dtype(),
+                supported: "f32, f16 or bf16",
             });
         }
         let (ra, rb) = (self.rank(), rhs.rank());
@@ -418,52 +376,14 @@ impl Tensor {
                 rhs: rhs.shape().to_vec(),
             });
         }
-        if self.device().is_cuda() {
-            return crate::cuda::matmul::matmul(self, rhs);
-        }
         let batch_shape =
             broadcast_shape("matmul", &self.shape()[..ra - 2], &rhs.shape()[..rb - 2])?;
-        let batch: usize = batch_shape.iter().product();
         let full = |mm: usize, nn: usize| [batch_shape.clone(), vec![mm, nn]].concat();
         let la = self.layout().broadcast_as(&full(m, k))?;
         let lb = rhs.layout().broadcast_as(&full(k, n))?;
-        let view = |l: &crate::Layout| {
-            let l = l.clone();
-            let nb = batch_shape.len();
-            move |b: usize| {
-                let mut off = l.offset();
-                let mut rem = b;
-                for i in (0..nb).rev() {
-                    off += (rem % l.shape()[i]) * l.strides()[i];
-                    rem /= l.shape()[i];
-                }
-                cpu::matmul::MatView {
-                    offset: off,
-                    rs: l.strides()[nb] as isize,
-                    cs: l.strides()[nb + 1] as isize,
-                }
-            }
-        };
-        let out = {
-            let (sa, sb) = (self.storage(), rhs.storage());
-            match (sa.cpu(), sb.cpu()) {
-                (CpuStorage::F32(a), CpuStorage::F32(b)) => {
-                    cpu::matmul::batched_gemm_f32(a, b, batch, m, n, k, view(&la), view(&lb))
-                }
-                _ => {
-                    // Half precision: widen to f32 (contiguous), multiply, round back.
-                    let (a, b) = (sa.cpu().f32_contiguous(&la), sb.cpu().f32_contiguous(&lb));
-                    let (ca, cb) = (
-                        crate::Layout::contiguous(la.shape()),
-                        crate::Layout::contiguous(lb.shape()),
-                    );
-                    cpu::matmul::batched_gemm_f32(&a, &b, batch, m, n, k, view(&ca), view(&cb))
-                }
-            }
-        };
+        let s = self.storage().matmul(&la, &rhs.storage(), &lb)?;
         let shape = full(m, n);
         let (a, b) = (self.clone(), rhs.clone());
-        let s = Storage::Cpu(CpuStorage::from_f32(out, self.dtype()));
         Ok(output(s, &shape, "matmul", &[self, rhs], move |g, _| {
             let ga = a
                 .tracks_grad()

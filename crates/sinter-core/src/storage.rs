@@ -1,9 +1,15 @@
 //! Device dispatch: `Storage` is the one place that matches on where data lives. Each method
-//! is a backend primitive; the CPU arm calls into `cpu`, and a CUDA arm slots in beside it.
+//! is a backend primitive (see `crate::backend`): it checks that its operands live on one
+//! device, then calls that backend's implementation, once.
 
-use crate::cpu::CpuStorage;
+use crate::backend::{
+    BackendDevice, BackendStorage, ConvGeom, CrossEntropyOut, DropoutMask, IndexGeom, Indices,
+    PoolGeom, RowStats, Wants,
+};
+use crate::cpu::{CpuDevice, CpuStorage};
 use crate::cuda::CudaStorage;
-use crate::{DType, Device};
+use crate::op::{BinaryOp, ReduceOp, UnaryOp};
+use crate::{bail, DType, Device, Error, Layout, Result, Rng};
 
 #[derive(Clone, Debug)]
 pub enum Storage {
@@ -14,6 +20,40 @@ pub enum Storage {
 /// Reaching a CPU kernel with device data is a bug in the dispatch (an op without its
 /// `is_cuda()` branch), never a user error: say so plainly.
 const NOT_CPU: &str = "internal error: a CPU kernel was reached with a CUDA tensor (an op is missing its CUDA dispatch; please report it)";
+
+/// An error unless every operand lives on the device of the first.
+fn same_device(op: &'static str, first: &Storage, rest: &[&Storage]) -> Result<()> {
+    for s in rest {
+        if s.device() != first.device() {
+            return Err(Error::DeviceMismatch {
+                op,
+                lhs: first.device(),
+                rhs: s.device(),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Runs `$body` with every named operand bound to its backend storage (after checking they
+/// share one device) and `$wrap` bound to that backend's `Storage` constructor.
+macro_rules! on_device {
+    ($op:expr, [$first:ident $(, $rest:ident)*], |$wrap:ident| $body:expr) => {{
+        same_device($op, $first, &[$($rest),*])?;
+        match $first {
+            Storage::Cpu($first) => {
+                $(let Storage::Cpu($rest) = $rest else { unreachable!("devices checked") };)*
+                let $wrap = Storage::Cpu;
+                $body
+            }
+            Storage::Cuda($first) => {
+                $(let Storage::Cuda($rest) = $rest else { unreachable!("devices checked") };)*
+                let $wrap = Storage::Cuda;
+                $body
+            }
+        }
+    }};
+}
 
 impl Storage {
     pub fn dtype(&self) -> DType {
@@ -56,6 +96,472 @@ impl Storage {
         match self {
             Storage::Cuda(s) => Some(s),
             Storage::Cpu(_) => None,
+        }
+    }
+
+    // ---- making storage ------------------------------------------------------------------
+
+    /// Ok when `device` can be used (a CUDA device that cannot is `Error::DeviceUnavailable`
+    /// saying why).
+    pub fn check_device(device: Device) -> Result<()> {
+        match device {
+            Device::Cpu => Ok(()),
+            Device::Cuda(n) => crate::cuda::device(n).map(|_| ()),
+        }
+    }
+    /// `n` elements that the caller overwrites before reading.
+    pub fn alloc(device: Device, n: usize, dtype: DType) -> Result<Storage> {
+        match device {
+            Device::Cpu => Ok(Storage::Cpu(CpuDevice.alloc(n, dtype)?)),
+            Device::Cuda(o) => Ok(Storage::Cuda(crate::cuda::device(o)?.alloc(n, dtype)?)),
+        }
+    }
+    pub fn full(device: Device, n: usize, value: f64, dtype: DType) -> Result<Storage> {
+        match device {
+            Device::Cpu => Ok(Storage::Cpu(CpuDevice.full(n, value, dtype)?)),
+            Device::Cuda(o) => Ok(Storage::Cuda(
+                crate::cuda::device(o)?.full(n, value, dtype)?,
+            )),
+        }
+    }
+    pub fn arange(
+        device: Device,
+        start: f64,
+        step: f64,
+        n: usize,
+        dtype: DType,
+    ) -> Result<Storage> {
+        match device {
+            Device::Cpu => Ok(Storage::Cpu(CpuDevice.arange(start, step, n, dtype)?)),
+            Device::Cuda(o) => Ok(Storage::Cuda(
+                crate::cuda::device(o)?.arange(start, step, n, dtype)?,
+            )),
+        }
+    }
+    /// Host data placed on `device` (moved, not copied, when that is the host).
+    pub fn from_host(device: Device, host: CpuStorage) -> Result<Storage> {
+        match device {
+            Device::Cpu => Ok(Storage::Cpu(host)),
+            Device::Cuda(o) => Ok(Storage::Cuda(crate::cuda::device(o)?.upload(&host)?)),
+        }
+    }
+
+    // ---- data movement -------------------------------------------------------------------
+
+    /// The elements `l` addresses, row-major, in host memory.
+    pub fn to_cpu(&self, l: &Layout) -> Result<CpuStorage> {
+        match self {
+            Storage::Cpu(s) => s.to_cpu(l),
+            Storage::Cuda(s) => s.to_cpu(l),
+        }
+    }
+    /// Runs `f` on host data with its layout: this storage itself when it is on the host, else
+    /// a contiguous download of the elements `l` addresses.
+    pub fn with_host<R>(&self, l: &Layout, f: impl FnOnce(&CpuStorage, &Layout) -> R) -> Result<R> {
+        match self {
+            Storage::Cpu(s) => Ok(f(s, l)),
+            other => Ok(f(&other.to_cpu(l)?, &Layout::contiguous(l.shape()))),
+        }
+    }
+    /// The elements `l` addresses, contiguous, on `device` (through the host between devices).
+    pub fn to_device(&self, l: &Layout, device: Device) -> Result<Storage> {
+        if self.device() == device {
+            return self.copy_strided(l);
+        }
+        Storage::from_host(device, self.to_cpu(l)?)
+    }
+    pub fn copy_strided(&self, l: &Layout) -> Result<Storage> {
+        let this = self;
+        on_device!("contiguous", [this], |w| Ok(w(this.copy_strided(l)?)))
+    }
+    pub fn cast(&self, l: &Layout, dtype: DType) -> Result<Storage> {
+        let this = self;
+        on_device!("to_dtype", [this], |w| Ok(w(this.cast(l, dtype)?)))
+    }
+    /// In place (see `BackendStorage::assign`); `src` must not share memory with `self`.
+    pub fn assign(&mut self, dst_l: &Layout, src: &Storage, src_l: &Layout) -> Result<()> {
+        same_device("assign", self, &[src])?;
+        match (self, src) {
+            (Storage::Cpu(d), Storage::Cpu(s)) => d.assign(dst_l, s, src_l),
+            (Storage::Cuda(d), Storage::Cuda(s)) => d.assign(dst_l, s, src_l),
+            _ => unreachable!("devices checked"),
+        }
+    }
+    pub fn promote_to_permanent(&mut self) -> Result<()> {
+        match self {
+            Storage::Cpu(s) => s.promote_to_permanent(),
+            Storage::Cuda(s) => s.promote_to_permanent(),
+        }
+    }
+
+    // ---- elementwise ---------------------------------------------------------------------
+
+    pub fn unary(&self, l: &Layout, op: UnaryOp) -> Result<Storage> {
+        let this = self;
+        on_device!(op.name(), [this], |w| Ok(w(this.unary(l, op)?)))
+    }
+    /// `self` is grad_out (see `BackendStorage::unary_backward`).
+    pub fn unary_backward(
+        &self,
+        l: &Layout,
+        op: UnaryOp,
+        x: &Storage,
+        xl: &Layout,
+        y: &Storage,
+        yl: &Layout,
+    ) -> Result<Storage> {
+        let g = self;
+        on_device!(op.name(), [g, x, y], |w| Ok(w(
+            g.unary_backward(l, op, x, xl, y, yl)?
+        )))
+    }
+    pub fn binary(&self, l: &Layout, rhs: &Storage, rl: &Layout, op: BinaryOp) -> Result<Storage> {
+        let lhs = self;
+        on_device!(op.name(), [lhs, rhs], |w| Ok(
+            w(lhs.binary(l, rhs, rl, op)?)
+        ))
+    }
+    /// `self` is the condition (see `BackendStorage::where_cond`).
+    pub fn where_cond(
+        &self,
+        l: &Layout,
+        a: &Storage,
+        al: &Layout,
+        b: &Storage,
+        bl: &Layout,
+    ) -> Result<Storage> {
+        let cond = self;
+        on_device!("where", [cond, a, b], |w| Ok(w(
+            cond.where_cond(l, a, al, b, bl)?
+        )))
+    }
+
+    // ---- reductions ----------------------------------------------------------------------
+
+    pub fn reduce(&self, l: &Layout, dim: usize, op: ReduceOp) -> Result<Storage> {
+        if l.shape()[dim] == 0 && op != ReduceOp::Sum {
+            bail!(
+                "{op:?}: cannot reduce over an empty dimension {dim} of {:?}",
+                l.shape()
+            );
+        }
+        let this = self;
+        on_device!("reduce", [this], |w| Ok(w(this.reduce(l, dim, op)?)))
+    }
+
+    // ---- products ------------------------------------------------------------------------
+
+    /// [batch.., m, k] · [batch.., k, n] with both layouts broadcast over the batch dims.
+    pub fn matmul(&self, l: &Layout, rhs: &Storage, rl: &Layout) -> Result<Storage> {
+        let a = self;
+        on_device!("matmul", [a, rhs], |w| Ok(w(a.matmul(l, rhs, rl)?)))
+    }
+    /// gelu(x Wᵀ + b) in one GEMM, or None where the backend has no epilogue for it.
+    #[allow(clippy::too_many_arguments)]
+    pub fn linear_bias_gelu(
+        &self,
+        l: &Layout,
+        wt: &Storage,
+        wl: &Layout,
+        b: &Storage,
+        bl: &Layout,
+        rows: usize,
+        inp: usize,
+        out: usize,
+    ) -> Result<Option<(Storage, Storage)>> {
+        let x = self;
+        on_device!("linear_bias_gelu", [x, wt, b], |w| Ok(x
+            .linear_bias_gelu(l, wt, wl, b, bl, rows, inp, out)?
+            .map(|(y, pre)| (w(y), w(pre)))))
+    }
+
+    // ---- convolution and pooling ---------------------------------------------------------
+
+    pub fn conv2d(&self, l: &Layout, wt: &Storage, wl: &Layout, g: &ConvGeom) -> Result<Storage> {
+        let x = self;
+        on_device!("conv2d", [x, wt], |w| Ok(w(x.conv2d(l, wt, wl, g)?)))
+    }
+    /// `self` is grad_out: the input gradient.
+    pub fn conv2d_backward_data(
+        &self,
+        l: &Layout,
+        wt: &Storage,
+        wl: &Layout,
+        g: &ConvGeom,
+    ) -> Result<Storage> {
+        let gy = self;
+        on_device!("conv2d", [gy, wt], |w| Ok(w(
+            gy.conv2d_backward_data(l, wt, wl, g)?
+        )))
+    }
+    /// `self` is grad_out: the weight gradient.
+    pub fn conv2d_backward_filter(
+        &self,
+        l: &Layout,
+        x: &Storage,
+        xl: &Layout,
+        g: &ConvGeom,
+    ) -> Result<Storage> {
+        let gy = self;
+        on_device!("conv2d", [gy, x], |w| Ok(w(
+            gy.conv2d_backward_filter(l, x, xl, g)?
+        )))
+    }
+    /// (output, argmax).
+    pub fn max_pool2d(&self, l: &Layout, g: &PoolGeom) -> Result<(Storage, Storage)> {
+        let x = self;
+        on_device!("max_pool2d", [x], |w| {
+            let (y, arg) = x.max_pool2d(l, g)?;
+            Ok((w(y), w(arg)))
+        })
+    }
+    pub fn max_pool2d_backward(
+        &self,
+        l: &Layout,
+        argmax: &Storage,
+        g: &PoolGeom,
+    ) -> Result<Storage> {
+        let gy = self;
+        on_device!("max_pool2d", [gy, argmax], |w| Ok(w(
+            gy.max_pool2d_backward(l, argmax, g)?
+        )))
+    }
+    pub fn avg_pool2d(&self, l: &Layout, g: &PoolGeom) -> Result<Storage> {
+        let x = self;
+        on_device!("avg_pool2d", [x], |w| Ok(w(x.avg_pool2d(l, g)?)))
+    }
+    pub fn avg_pool2d_backward(&self, l: &Layout, g: &PoolGeom) -> Result<Storage> {
+        let gy = self;
+        on_device!("avg_pool2d", [gy], |w| Ok(w(gy.avg_pool2d_backward(l, g)?)))
+    }
+
+    // ---- row kernels ---------------------------------------------------------------------
+
+    pub fn softmax(&self, l: &Layout, log: bool) -> Result<Storage> {
+        let x = self;
+        on_device!("softmax", [x], |w| Ok(w(x.softmax(l, log)?)))
+    }
+    /// `self` is grad_out; `y` the forward's output.
+    pub fn softmax_backward(
+        &self,
+        l: &Layout,
+        y: &Storage,
+        yl: &Layout,
+        log: bool,
+    ) -> Result<Storage> {
+        let g = self;
+        on_device!("softmax", [g, y], |w| Ok(w(
+            g.softmax_backward(l, y, yl, log)?
+        )))
+    }
+    pub fn layer_norm(
+        &self,
+        l: &Layout,
+        gamma: &Storage,
+        gl: &Layout,
+        beta: &Storage,
+        bl: &Layout,
+        eps: f32,
+    ) -> Result<(Storage, RowStats<Storage>)> {
+        let x = self;
+        on_device!("layer_norm", [x, gamma, beta], |w| {
+            let (y, s) = x.layer_norm(l, gamma, gl, beta, bl, eps)?;
+            Ok((
+                w(y),
+                RowStats {
+                    mean: w(s.mean),
+                    rstd: w(s.rstd),
+                },
+            ))
+        })
+    }
+    /// `self` is grad_out (see `BackendStorage::layer_norm_backward`).
+    #[allow(clippy::too_many_arguments)]
+    pub fn layer_norm_backward(
+        &self,
+        l: &Layout,
+        x: &Storage,
+        xl: &Layout,
+        gamma: &Storage,
+        gl: &Layout,
+        stats: &RowStats<Storage>,
+        wants: Wants,
+    ) -> Result<(Option<Storage>, Option<Storage>, Option<Storage>)> {
+        let (g, mean, rstd) = (self, &stats.mean, &stats.rstd);
+        on_device!("layer_norm", [g, x, gamma, mean, rstd], |w| {
+            let (dx, dg, db) =
+                g.layer_norm_backward(l, x, xl, gamma, gl, RowStats { mean, rstd }, wants)?;
+            Ok((dx.map(w), dg.map(w), db.map(w)))
+        })
+    }
+    #[allow(clippy::too_many_arguments)]
+    pub fn residual_layer_norm(
+        &self,
+        l: &Layout,
+        residual: &Storage,
+        rl: &Layout,
+        gamma: &Storage,
+        gl: &Layout,
+        beta: &Storage,
+        bl: &Layout,
+        eps: f32,
+    ) -> Result<(Storage, Storage, RowStats<Storage>)> {
+        let x = self;
+        on_device!("residual_layer_norm", [x, residual, gamma, beta], |w| {
+            let (h, y, s) = x.residual_layer_norm(l, residual, rl, gamma, gl, beta, bl, eps)?;
+            Ok((
+                w(h),
+                w(y),
+                RowStats {
+                    mean: w(s.mean),
+                    rstd: w(s.rstd),
+                },
+            ))
+        })
+    }
+    pub fn cross_entropy(
+        &self,
+        l: &Layout,
+        targets: Indices<'_, Storage>,
+        ignore_index: i64,
+    ) -> Result<CrossEntropyOut<Storage>> {
+        let (x, t) = (self, targets.ids);
+        on_device!("cross_entropy", [x, t], |w| {
+            let o = x.cross_entropy(l, targets.with(t), ignore_index)?;
+            Ok(CrossEntropyOut {
+                loss: w(o.loss),
+                lse: w(o.lse),
+                count: w(o.count),
+            })
+        })
+    }
+    /// `self` is the logits; `grad` the loss's gradient.
+    pub fn cross_entropy_backward(
+        &self,
+        l: &Layout,
+        targets: Indices<'_, Storage>,
+        saved: &CrossEntropyOut<Storage>,
+        grad: &Storage,
+        gradl: &Layout,
+        ignore_index: i64,
+    ) -> Result<Storage> {
+        let (x, t, loss, lse, count) = (self, targets.ids, &saved.loss, &saved.lse, &saved.count);
+        on_device!("cross_entropy", [x, t, loss, lse, count, grad], |w| {
+            let saved = CrossEntropyOut { loss, lse, count };
+            Ok(w(x.cross_entropy_backward(
+                l,
+                targets.with(t),
+                saved,
+                grad,
+                gradl,
+                ignore_index,
+            )?))
+        })
+    }
+    pub fn bias_gelu(&self, l: &Layout, bias: &Storage, bl: &Layout) -> Result<Option<Storage>> {
+        let x = self;
+        on_device!("bias_gelu", [x, bias], |w| Ok(x
+            .bias_gelu(l, bias, bl)?
+            .map(w)))
+    }
+    /// `self` is grad_out: (dx, dbias).
+    pub fn bias_gelu_backward(
+        &self,
+        l: &Layout,
+        x: &Storage,
+        xl: &Layout,
+        bias: &Storage,
+        bl: &Layout,
+    ) -> Result<(Storage, Storage)> {
+        let g = self;
+        on_device!("bias_gelu", [g, x, bias], |w| {
+            let (dx, db) = g.bias_gelu_backward(l, x, xl, bias, bl)?;
+            Ok((w(dx), w(db)))
+        })
+    }
+
+    // ---- indexing ------------------------------------------------------------------------
+
+    pub fn index_select(
+        &self,
+        l: &Layout,
+        ids: Indices<'_, Storage>,
+        g: IndexGeom,
+    ) -> Result<Storage> {
+        let (x, i) = (self, ids.ids);
+        on_device!("index_select", [x, i], |w| Ok(w(x.index_select(
+            l,
+            ids.with(i),
+            g
+        )?)))
+    }
+    /// `self` is grad_out.
+    pub fn index_select_backward(
+        &self,
+        l: &Layout,
+        ids: Indices<'_, Storage>,
+        g: IndexGeom,
+    ) -> Result<Storage> {
+        let (gy, i) = (self, ids.ids);
+        on_device!("index_select", [gy, i], |w| Ok(w(
+            gy.index_select_backward(l, ids.with(i), g)?
+        )))
+    }
+    pub fn index_add(
+        &self,
+        l: &Layout,
+        ids: Indices<'_, Storage>,
+        src: &Storage,
+        srcl: &Layout,
+        g: IndexGeom,
+    ) -> Result<Storage> {
+        let (x, i) = (self, ids.ids);
+        on_device!("index_add", [x, i, src], |w| Ok(w(x.index_add(
+            l,
+            ids.with(i),
+            src,
+            srcl,
+            g
+        )?)))
+    }
+
+    // ---- random --------------------------------------------------------------------------
+
+    pub fn dropout(
+        &self,
+        l: &Layout,
+        p: f32,
+        rng: &mut Rng,
+    ) -> Result<(Storage, DropoutMask<Storage>)> {
+        let x = self;
+        on_device!("dropout", [x], |w| {
+            let (y, m) = x.dropout(l, p, rng)?;
+            Ok((w(y), m.map(w)))
+        })
+    }
+    /// `self` is grad_out.
+    pub fn dropout_backward(
+        &self,
+        l: &Layout,
+        p: f32,
+        mask: &DropoutMask<Storage>,
+    ) -> Result<Storage> {
+        let g = self;
+        match mask {
+            DropoutMask::Stored(m) => {
+                on_device!("dropout", [g, m], |w| Ok(w(g.dropout_backward(
+                    l,
+                    p,
+                    DropoutMask::Stored(m)
+                )?)))
+            }
+            DropoutMask::Seed(s) => {
+                on_device!("dropout", [g], |w| Ok(w(g.dropout_backward(
+                    l,
+                    p,
+                    DropoutMask::Seed(*s)
+                )?)))
+            }
         }
     }
 }

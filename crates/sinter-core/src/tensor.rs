@@ -3,11 +3,11 @@
 
 pub mod step_ctl;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard};
+use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
-use crate::autograd::{self, Node};
 use crate::cpu::CpuStorage;
 use crate::dtype::check_tensor_dtype;
+use crate::graph::{self, Tracked};
 use crate::layout::{numel, resolve_dim};
 use crate::storage::Storage;
 use crate::{bail, DType, Device, Element, Error, Layout, Result, Rng};
@@ -21,6 +21,9 @@ impl TensorId {
         TensorId(NEXT.fetch_add(1, Ordering::Relaxed))
     }
 }
+
+/// The node that made a tensor: its inputs and backward rule.
+pub(crate) type Node = graph::Node<Tensor>;
 
 pub(crate) struct Inner {
     pub(crate) id: TensorId,
@@ -48,26 +51,42 @@ impl std::fmt::Debug for Tensor {
     }
 }
 
-fn check_device(device: Device) -> Result<()> {
-    match device {
-        Device::Cpu => Ok(()),
-        Device::Cuda(n) => crate::cuda::creation::check(n),
+impl Tracked for Tensor {
+    fn tracks_grad(&self) -> bool {
+        Tensor::tracks_grad(self)
     }
+}
+
+fn check_device(device: Device) -> Result<()> {
+    Storage::check_device(device)
+}
+
+/// A fresh contiguous output of an op, with its node when gradients are tracked:
+/// `backward(grad_of_output, output)` returns one gradient per input.
+pub(crate) fn output(
+    storage: Storage,
+    shape: &[usize],
+    name: &'static str,
+    inputs: &[&Tensor],
+    backward: impl Fn(&Tensor, &Tensor) -> Result<Vec<Option<Tensor>>> + Send + Sync + 'static,
+) -> Tensor {
+    let node = graph::record(name, inputs, backward);
+    Tensor::from_parts(
+        Arc::new(RwLock::new(storage)),
+        Layout::contiguous(shape),
+        node,
+    )
 }
 
 impl Tensor {
     // ---- construction -------------------------------------------------------------------
 
-    /// `dtype` and `device` are those of `storage` (kept in the signature for the callers; the
-    /// tensor reads them from the storage).
+    /// A tensor viewing `storage` through `layout` (its dtype and device are the storage's).
     pub(crate) fn from_parts(
         storage: Arc<RwLock<Storage>>,
         layout: Layout,
-        dtype: DType,
-        device: Device,
         node: Option<Node>,
     ) -> Tensor {
-        let _ = (dtype, device);
         Tensor(Arc::new(Inner {
             id: TensorId::new(),
             storage,
@@ -80,19 +99,24 @@ impl Tensor {
 
     /// A new tensor owning `storage`, contiguous with `shape`, recording nothing.
     pub(crate) fn from_storage(storage: Storage, shape: &[usize]) -> Tensor {
-        let (dtype, device) = (storage.dtype(), storage.device());
         debug_assert_eq!(storage.len(), numel(shape));
         Tensor::from_parts(
             Arc::new(RwLock::new(storage)),
             Layout::contiguous(shape),
-            dtype,
-            device,
             None,
         )
     }
 
     pub(crate) fn from_cpu(storage: CpuStorage, shape: &[usize]) -> Tensor {
         Tensor::from_storage(Storage::Cpu(storage), shape)
+    }
+
+    /// Host values placed on `device`.
+    fn from_host(host: CpuStorage, shape: &[usize], device: Device) -> Result<Tensor> {
+        Ok(Tensor::from_storage(
+            Storage::from_host(device, host)?,
+            shape,
+        ))
     }
 
     pub fn zeros(shape: &[usize], dtype: DType, device: Device) -> Result<Tensor> {
@@ -103,12 +127,8 @@ impl Tensor {
     }
     pub fn full(value: f64, shape: &[usize], dtype: DType, device: Device) -> Result<Tensor> {
         check_tensor_dtype("full", dtype)?;
-        check_device(device)?;
-        if let Device::Cuda(n) = device {
-            return crate::cuda::creation::full(value, shape, dtype, n);
-        }
-        Ok(Tensor::from_cpu(
-            CpuStorage::full(numel(shape), value, dtype),
+        Ok(Tensor::from_storage(
+            Storage::full(device, numel(shape), value, dtype)?,
             shape,
         ))
     }
@@ -144,7 +164,7 @@ impl Tensor {
             DType::I64 => CpuStorage::I64(*any.downcast().expect("dtype tag matches type")),
             DType::I32 | DType::U8 => unreachable!("checked above"),
         };
-        crate::cuda::creation::place(Tensor::from_cpu(s, shape), device)
+        Tensor::from_host(s, shape, device)
     }
     pub fn from_slice<T: Element>(data: &[T], shape: &[usize], device: Device) -> Result<Tensor> {
         Self::from_vec(data.to_vec(), shape, device)
@@ -157,17 +177,10 @@ impl Tensor {
         }
         let n = ((end - start) / step).ceil() as usize;
         check_tensor_dtype("arange", dtype)?;
-        check_device(device)?;
-        if let Device::Cuda(o) = device {
-            return crate::cuda::creation::arange(start, step, n, dtype, o);
-        }
-        let v: Vec<f32> = (0..n).map(|i| (start + i as f64 * step) as f32).collect();
-        let s = if dtype == DType::I64 {
-            CpuStorage::I64((0..n).map(|i| (start + i as f64 * step) as i64).collect())
-        } else {
-            CpuStorage::from_f32(v, dtype)
-        };
-        crate::cuda::creation::place(Tensor::from_cpu(s, &[n]), device)
+        Ok(Tensor::from_storage(
+            Storage::arange(device, start, step, n, dtype)?,
+            &[n],
+        ))
     }
 
     /// Uniform values in [lo, hi) drawn from `rng`.
@@ -184,8 +197,7 @@ impl Tensor {
         let v: Vec<f32> = (0..numel(shape))
             .map(|_| rng.uniform(lo, hi) as f32)
             .collect();
-        let t = Tensor::from_cpu(CpuStorage::from_f32(v, dtype), shape);
-        crate::cuda::creation::place(t, device)
+        Tensor::from_host(CpuStorage::from_f32(v, dtype), shape, device)
     }
     /// Normal values with the given mean and standard deviation drawn from `rng`.
     pub fn randn(
@@ -201,8 +213,7 @@ impl Tensor {
         let v: Vec<f32> = (0..numel(shape))
             .map(|_| (mean + std * rng.normal()) as f32)
             .collect();
-        let t = Tensor::from_cpu(CpuStorage::from_f32(v, dtype), shape);
-        crate::cuda::creation::place(t, device)
+        Tensor::from_host(CpuStorage::from_f32(v, dtype), shape, device)
     }
 
     // ---- accessors ----------------------------------------------------------------------
@@ -251,6 +262,9 @@ impl Tensor {
     pub(crate) fn storage(&self) -> RwLockReadGuard<'_, Storage> {
         self.0.storage.read().unwrap_or_else(|e| e.into_inner())
     }
+    pub(crate) fn write_storage(&self) -> RwLockWriteGuard<'_, Storage> {
+        self.0.storage.write().unwrap_or_else(|e| e.into_inner())
+    }
     /// True when both tensors view the same storage (a view copies nothing).
     pub fn shares_storage_with(&self, other: &Tensor) -> bool {
         Arc::ptr_eq(&self.0.storage, &other.0.storage)
@@ -296,45 +310,23 @@ impl Tensor {
 
     /// The same values, cut off from the graph.
     pub fn detach(&self) -> Tensor {
-        Tensor::from_parts(
-            self.0.storage.clone(),
-            self.0.layout.clone(),
-            self.dtype(),
-            self.device(),
-            None,
-        )
+        Tensor::from_parts(self.0.storage.clone(), self.0.layout.clone(), None)
     }
 
     // ---- reading values -------------------------------------------------------------------
 
     pub fn to_vec_f32(&self) -> Result<Vec<f32>> {
-        if self.device().is_cuda() {
-            return crate::cuda::to_host(self)?.to_vec_f32();
-        }
-        Ok(self
-            .storage()
-            .cpu()
-            .f32_contiguous(self.layout())
-            .into_owned())
+        self.storage()
+            .with_host(self.layout(), |h, l| h.f32_contiguous(l).into_owned())
     }
     pub fn to_vec_i64(&self) -> Result<Vec<i64>> {
-        if self.device().is_cuda() {
-            return crate::cuda::to_host(self)?.to_vec_i64();
-        }
-        Ok(self
-            .storage()
-            .cpu()
-            .i64_contiguous(self.layout())
-            .into_owned())
+        self.storage()
+            .with_host(self.layout(), |h, l| h.i64_contiguous(l).into_owned())
     }
     pub fn to_vec_f64(&self) -> Result<Vec<f64>> {
-        if self.device().is_cuda() {
-            return crate::cuda::to_host(self)?.to_vec_f64();
-        }
-        let s = self.storage();
-        Ok(
-            crate::with_cpu_vec!(s.cpu(), v => crate::cpu::gather_strided(v, self.layout()).iter().map(|x| x.to_f64()).collect()),
-        )
+        self.storage().with_host(self.layout(), |h, l| {
+            crate::with_cpu_vec!(h, v => crate::cpu::gather_strided(v, l).iter().map(|x| x.to_f64()).collect())
+        })
     }
     /// The one value of a tensor with one element.
     pub fn to_scalar_f32(&self) -> Result<f32> {
@@ -349,13 +341,12 @@ impl Tensor {
     }
     /// Row-major little-endian bytes of the values, in this tensor's dtype (for checkpoints).
     pub fn to_le_bytes(&self) -> Result<Vec<u8>> {
-        if self.device().is_cuda() {
-            return crate::cuda::to_host(self)?.to_le_bytes();
-        }
-        let c = self.contiguous()?;
-        let s = c.storage();
-        let r = c.layout().contiguous_range().expect("contiguous");
-        Ok(crate::with_cpu_vec!(s.cpu(), v => bytemuck::cast_slice(&v[r]).to_vec()))
+        self.storage().with_host(self.layout(), |h, l| {
+            crate::with_cpu_vec!(h, v => match l.contiguous_range() {
+                Some(r) => bytemuck::cast_slice(&v[r]).to_vec(),
+                None => bytemuck::cast_slice(&crate::cpu::gather_strided(v, l)).to_vec(),
+            })
+        })
     }
     pub fn from_le_bytes(
         bytes: &[u8],
@@ -394,14 +385,8 @@ impl Tensor {
         name: &'static str,
         backward: impl Fn(&Tensor) -> Result<Tensor> + Send + Sync + 'static,
     ) -> Tensor {
-        let node = autograd::record(name, &[self], move |g, _| Ok(vec![Some(backward(g)?)]));
-        Tensor::from_parts(
-            self.0.storage.clone(),
-            layout,
-            self.dtype(),
-            self.device(),
-            node,
-        )
+        let node = graph::record(name, &[self], move |g, _| Ok(vec![Some(backward(g)?)]));
+        Tensor::from_parts(self.0.storage.clone(), layout, node)
     }
 
     /// A view with a new shape (one entry may be usize::MAX, meaning "the rest"); copies only
@@ -520,18 +505,10 @@ impl Tensor {
         if self.is_contiguous() {
             return Ok(self.clone());
         }
-        let s = if self.device().is_cuda() {
-            crate::cuda::elementwise::contiguous(self)?
-        } else {
-            Storage::Cpu(self.storage().cpu().copy_strided(self.layout()))
-        };
-        Ok(autograd::output(
-            s,
-            self.shape(),
-            "contiguous",
-            &[self],
-            |g, _| Ok(vec![Some(g.clone())]),
-        ))
+        let s = self.storage().copy_strided(self.layout())?;
+        Ok(output(s, self.shape(), "contiguous", &[self], |g, _| {
+            Ok(vec![Some(g.clone())])
+        }))
     }
 
     // ---- dtype and device -------------------------------------------------------------------
@@ -541,26 +518,29 @@ impl Tensor {
         if dtype == self.dtype() {
             return Ok(self.clone());
         }
-        let s = if self.device().is_cuda() {
-            crate::cuda::elementwise::cast(self, dtype)?
-        } else {
-            Storage::Cpu(self.storage().cpu().cast(self.layout(), dtype))
-        };
+        let s = self.storage().cast(self.layout(), dtype)?;
         let from = self.dtype();
         let inputs: &[&Tensor] = if dtype.is_float() { &[self] } else { &[] };
-        Ok(autograd::output(
-            s,
-            self.shape(),
-            "to_dtype",
-            inputs,
-            move |g, _| Ok(vec![Some(g.to_dtype(from)?)]),
-        ))
+        Ok(output(s, self.shape(), "to_dtype", inputs, move |g, _| {
+            Ok(vec![Some(g.to_dtype(from)?)])
+        }))
     }
     /// The same values on `device` (a copy unless already there). Differentiable: the backward
     /// moves the gradient back.
     pub fn to_device(&self, device: Device) -> Result<Tensor> {
+        let from = self.device();
+        if from == device {
+            return Ok(self.clone());
+        }
         check_device(device)?;
-        crate::cuda::creation::to_device(self, device)
+        let s = self.storage().to_device(self.layout(), device)?;
+        Ok(output(
+            s,
+            self.shape(),
+            "to_device",
+            &[self],
+            move |g, _| Ok(vec![Some(g.to_device(from)?)]),
+        ))
     }
 
     /// Moves this tensor's data to `device` in place: the storage behind it is replaced by a
@@ -591,7 +571,7 @@ impl Tensor {
         };
         // `moved` is a fresh tensor: take its storage without copying when we hold the only
         // reference (always, barring a concurrent reader), else clone it.
-        let new_storage = match Arc::try_unwrap(moved.0) {
+        let mut new_storage = match Arc::try_unwrap(moved.0) {
             Ok(inner) => match Arc::try_unwrap(inner.storage) {
                 Ok(lock) => lock.into_inner().unwrap_or_else(|e| e.into_inner()),
                 Err(shared) => shared.read().unwrap_or_else(|e| e.into_inner()).clone(),
@@ -602,17 +582,15 @@ impl Tensor {
                 .unwrap_or_else(|e| e.into_inner())
                 .clone(),
         };
+        // Long-lived data belongs in the permanent pool where the device keeps one (the
+        // optimizer would move it there on its first step anyway).
+        new_storage.promote_to_permanent()?;
         let grad = self
             .grad()
             .map(|g| g.detach().to_device(device))
             .transpose()?;
         *self.0.storage.write().unwrap_or_else(|e| e.into_inner()) = new_storage;
         self.set_grad(grad);
-        if device.is_cuda() {
-            // Long-lived data belongs in the permanent pool (the optimizer would move it there
-            // on its first step anyway).
-            crate::cuda::creation::promote_in_place(self)?;
-        }
         Ok(())
     }
 
@@ -638,12 +616,15 @@ impl Tensor {
     /// Overwrites this tensor's elements with `src`'s (cast to this dtype).
     pub fn assign(&self, src: &Tensor) -> Result<()> {
         self.check_in_place("assign", src)?;
-        if self.device().is_cuda() {
-            return crate::cuda::elementwise::assign(self, src);
+        if self.shares_storage_with(src) {
+            // Reading and writing the same memory in different orders: copy the source first
+            // (its read lock is released before the write lock is taken).
+            let copy = src.storage().copy_strided(src.layout())?;
+            let l = Layout::contiguous(src.shape());
+            return self.write_storage().assign(self.layout(), &copy, &l);
         }
-        let data = src.storage().cpu().cast(src.layout(), self.dtype());
-        let mut dst = self.0.storage.write().unwrap_or_else(|e| e.into_inner());
-        dst.cpu_mut().write_strided(self.layout(), &data)
+        let s = src.storage();
+        self.write_storage().assign(self.layout(), &s, src.layout())
     }
 
     fn f32_range(&self, op: &'static str) -> Result<std::ops::Range<usize>> {

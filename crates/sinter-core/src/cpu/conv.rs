@@ -6,62 +6,7 @@ use rayon::prelude::*;
 use sinter_cpu::gemm::{Gemm, MatMut};
 
 use super::matmul::MatView;
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Conv2dParams {
-    pub stride: usize,
-    pub padding: usize,
-    pub dilation: usize,
-    pub groups: usize,
-}
-
-impl Default for Conv2dParams {
-    fn default() -> Self {
-        Conv2dParams {
-            stride: 1,
-            padding: 0,
-            dilation: 1,
-            groups: 1,
-        }
-    }
-}
-
-/// Geometry of one convolution: input [n, c, h, w], weight [o, c/groups, kh, kw].
-#[derive(Clone, Copy, Debug)]
-pub struct ConvGeom {
-    pub n: usize,
-    pub c: usize,
-    pub h: usize,
-    pub w: usize,
-    pub o: usize,
-    pub kh: usize,
-    pub kw: usize,
-    pub oh: usize,
-    pub ow: usize,
-    pub p: Conv2dParams,
-}
-
-impl ConvGeom {
-    pub fn out_size(input: usize, k: usize, p: &Conv2dParams) -> Option<usize> {
-        let span = p.dilation * k.checked_sub(1)? + 1;
-        (input + 2 * p.padding)
-            .checked_sub(span)
-            .map(|v| v / p.stride + 1)
-    }
-    fn cg(&self) -> usize {
-        self.c / self.p.groups
-    }
-    fn og(&self) -> usize {
-        self.o / self.p.groups
-    }
-    /// Rows of the column matrix of one group: cg * kh * kw.
-    fn ckk(&self) -> usize {
-        self.cg() * self.kh * self.kw
-    }
-    fn l(&self) -> usize {
-        self.oh * self.ow
-    }
-}
+use crate::backend::{ConvGeom, Pool2dParams};
 
 /// col[(ci*kh + y)*kw + x, oy*ow + ox] = input[ci, oy*s - p + y*d, ox*s - p + x*d] (0 outside).
 fn im2col(img: &[f32], g: &ConvGeom, c0: usize, col: &mut [f32]) {
@@ -191,15 +136,25 @@ pub fn conv2d_forward(x: &[f32], w: &[f32], g: &ConvGeom) -> Vec<f32> {
     out
 }
 
-/// Returns (dx, dw); either is skipped (empty) when not wanted.
-pub fn conv2d_backward(
-    x: &[f32],
-    w: &[f32],
+/// The input gradient of conv2d from the weight and the output gradient.
+pub fn conv2d_backward_data(w: &[f32], dy: &[f32], g: &ConvGeom) -> Vec<f32> {
+    backward(None, Some(w), dy, g).0
+}
+
+/// The weight gradient of conv2d from the input and the output gradient (summed over fixed
+/// chunks of samples in order: deterministic).
+pub fn conv2d_backward_filter(x: &[f32], dy: &[f32], g: &ConvGeom) -> Vec<f32> {
+    backward(Some(x), None, dy, g).1
+}
+
+/// Returns (dx, dw): dx when the weight is given, dw when the input is (else empty).
+fn backward(
+    x: Option<&[f32]>,
+    w: Option<&[f32]>,
     dy: &[f32],
     g: &ConvGeom,
-    want_dx: bool,
-    want_dw: bool,
 ) -> (Vec<f32>, Vec<f32>) {
+    let (want_dx, want_dw) = (w.is_some(), x.is_some());
     let (l, ckk, og) = (g.l(), g.ckk(), g.og());
     let img_len = g.c * g.h * g.w;
     let mut dx = if want_dx {
@@ -229,11 +184,11 @@ pub fn conv2d_backward(
                 let mut col = vec![0f32; ckk * l];
                 let mut dcol = vec![0f32; if want_dx { ckk * l } else { 0 }];
                 for ni in ci * chunk..((ci + 1) * chunk).min(g.n) {
-                    let img = &x[ni * img_len..(ni + 1) * img_len];
                     let dyn_ = &dy[ni * g.o * l..(ni + 1) * g.o * l];
                     for gi in 0..g.p.groups {
                         let dyg_off = gi * og * l;
-                        if want_dw {
+                        if let Some(x) = x {
+                            let img = &x[ni * img_len..(ni + 1) * img_len];
                             im2col(img, g, gi * g.cg(), &mut col);
                             // dw_g (og×ckk) += dy_g (og×l) · colᵀ (l×ckk)
                             let dwg = &mut dw[gi * og * ckk..(gi + 1) * og * ckk];
@@ -249,7 +204,7 @@ pub fn conv2d_backward(
                                 transposed(0, l),
                             );
                         }
-                        if want_dx {
+                        if let Some(w) = w {
                             // dcol (ckk×l) = w_gᵀ (ckk×og) · dy_g (og×l)
                             gemm_into(
                                 &mut dcol,
@@ -289,13 +244,6 @@ pub fn conv2d_backward(
         }
     }
     (dx, dw)
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Pool2dParams {
-    pub kernel: usize,
-    pub stride: usize,
-    pub padding: usize,
 }
 
 /// Max pooling over [planes, h, w]; returns the output and each output's argmax (flat index

@@ -3,9 +3,13 @@
 
 pub mod conv;
 pub mod elementwise;
+pub mod fused;
 pub mod matmul;
 pub mod nn;
+mod primitives;
 pub mod reduce;
+
+pub use primitives::CpuDevice;
 
 use std::borrow::Cow;
 
@@ -197,7 +201,8 @@ impl CpuStorage {
             ),
         }
     }
-    pub fn copy_strided(&self, layout: &Layout) -> CpuStorage {
+    /// A row-major copy of the elements `layout` addresses.
+    pub fn gather(&self, layout: &Layout) -> CpuStorage {
         match self {
             CpuStorage::F32(v) => CpuStorage::F32(gather_strided(v, layout)),
             CpuStorage::F16(v) => CpuStorage::F16(gather_strided(v, layout)),
@@ -205,8 +210,9 @@ impl CpuStorage {
             CpuStorage::I64(v) => CpuStorage::I64(gather_strided(v, layout)),
         }
     }
-    pub fn cast(&self, layout: &Layout, dtype: DType) -> CpuStorage {
-        let src = self.copy_strided(layout);
+    /// A row-major copy of the elements `layout` addresses, converted to `dtype`.
+    pub fn gather_as(&self, layout: &Layout, dtype: DType) -> CpuStorage {
+        let src = self.gather(layout);
         if src.dtype() == dtype {
             return src;
         }
@@ -245,5 +251,26 @@ impl CpuStorage {
             CpuStorage::F32(v) => Some(v),
             _ => None,
         }
+    }
+}
+
+impl From<Vec<f32>> for CpuStorage {
+    fn from(v: Vec<f32>) -> Self {
+        CpuStorage::F32(v)
+    }
+}
+impl From<Vec<half::f16>> for CpuStorage {
+    fn from(v: Vec<half::f16>) -> Self {
+        CpuStorage::F16(v)
+    }
+}
+impl From<Vec<half::bf16>> for CpuStorage {
+    fn from(v: Vec<half::bf16>) -> Self {
+        CpuStorage::BF16(v)
+    }
+}
+impl From<Vec<i64>> for CpuStorage {
+    fn from(v: Vec<i64>) -> Self {
+        CpuStorage::I64(v)
     }
 }

@@ -268,16 +268,7 @@ pub fn index_add(
     }
 }
 
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct AdamWParams {
-    pub lr: f32,
-    pub beta1: f32,
-    pub beta2: f32,
-    pub eps: f32,
-    pub weight_decay: f32,
-    /// 1-based step count, for bias correction.
-    pub step: u64,
-}
+pub use crate::backend::{AdamWParams, SgdParams};
 
 /// One fused AdamW update (decoupled weight decay) over a flat parameter buffer.
 pub fn adamw_step(p: &mut [f32], g: &[f32], m: &mut [f32], v: &mut [f32], h: AdamWParams) {
@@ -318,14 +309,6 @@ pub fn adamw_step_scaled(
     }
 }
 
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct SgdParams {
-    pub lr: f32,
-    pub momentum: f32,
-    pub nesterov: bool,
-    pub weight_decay: f32,
-}
-
 /// One SGD update (PyTorch's formulation: decay added to the gradient, buffer = μ·buf + g).
 pub fn sgd_step(p: &mut [f32], g: &[f32], buf: Option<&mut [f32]>, h: SgdParams) {
     sgd_step_scaled(p, g, buf, h, 1.0)
@@ -362,7 +345,7 @@ pub fn sgd_step_scaled(
 }
 
 /// The step control block's slots (shared with the CUDA kernels).
-pub use sinter_cuda::ops::adamw::{ctl, ScalerCfg};
+pub use crate::backend::{ctl, ScalerCfg};
 
 /// CPU `step_prepare` (same arithmetic as the kernel in adamw.cu): from the squared global norm
 /// of the loss-scaled gradients, set found_inf (with dynamic scaling), the unscaled norm and the

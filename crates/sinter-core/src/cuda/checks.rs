@@ -23,27 +23,8 @@ use sinter_cuda::ops::int::{self as ki, SLOT_LEN};
 use sinter_cuda::{CudaDevice, DevSlice, DeviceBuffer, Pool};
 
 use super::OnOp;
+use crate::backend::IndexUse;
 use crate::{DType, Error, Result};
-
-/// Which op recorded an error (stored in the slot as its code).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum IndexUse {
-    /// Cross-entropy targets (class indices, or the ignore index).
-    CrossEntropy = 1,
-    IndexSelect = 2,
-    IndexAdd = 3,
-}
-
-impl IndexUse {
-    fn from_code(c: i64) -> Option<IndexUse> {
-        match c {
-            1 => Some(IndexUse::CrossEntropy),
-            2 => Some(IndexUse::IndexSelect),
-            3 => Some(IndexUse::IndexAdd),
-            _ => None,
-        }
-    }
-}
 
 /// The error message for a recorded bad index.
 pub(crate) fn describe(pos: usize, value: i64, bound: usize, tag: i64, ordinal: usize) -> String {

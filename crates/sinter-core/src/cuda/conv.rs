@@ -18,10 +18,10 @@ use sinter_cuda::ops::conv::{self as kc, Window2d};
 use sinter_cuda::{CudaDevice, DevSlice, DeviceBuffer, GemmDesc, GemmShape};
 
 use super::matmul::gemm_dtype;
-use super::{alloc, contig, contig_as, parts, same_device, storage_of, tensor_of, DevView, OnOp};
-use crate::autograd::output;
-use crate::cpu::conv::{ConvGeom, Pool2dParams};
-use crate::{DType, Result, Tensor};
+use super::storage::{CudaStorage, DevView};
+use super::{alloc, OnOp};
+use crate::backend::{ConvGeom, PoolGeom};
+use crate::{DType, Layout, Result};
 
 type Buf = Arc<DeviceBuffer>;
 
@@ -30,6 +30,7 @@ const COL_BUDGET: usize = 1 << 25;
 
 struct Plan {
     g: ConvGeom,
+    gemm: sinter_cuda::GemmDType,
     cg: usize,
     og: usize,
     ckk: usize,
@@ -41,13 +42,14 @@ struct Plan {
 }
 
 impl Plan {
-    fn new(g: &ConvGeom, dtype: DType) -> Plan {
+    fn new(g: &ConvGeom, dtype: DType) -> Result<Plan> {
         let (cg, og) = (g.c / g.p.groups, g.o / g.p.groups);
         let ckk = cg * g.kh * g.kw;
         let l = g.oh * g.ow;
         let chunk = (COL_BUDGET / (ckk * l).max(1)).clamp(1, g.n.max(1));
-        Plan {
+        Ok(Plan {
             g: *g,
+            gemm: gemm_dtype("conv2d", dtype)?,
             cg,
             og,
             ckk,
@@ -56,7 +58,7 @@ impl Plan {
             hw: g.h * g.w,
             chunk,
             dtype,
-        }
+        })
     }
     fn window(&self, nc: usize) -> Window2d {
         let p = self.g.p;
@@ -92,7 +94,7 @@ fn gemm(
     c: DevSlice<'_>,
     beta: f32,
 ) -> Result<()> {
-    let mut desc = GemmDesc::new(gemm_dtype(p.dtype), s, a, b, c);
+    let mut desc = GemmDesc::new(p.gemm, s, a, b, c);
     desc.beta = beta;
     dev.gemm(&desc).on("conv2d")
 }
@@ -144,16 +146,15 @@ fn forward(dev: &Arc<CudaDevice>, p: &Plan, x: &DevView, w: &DevView) -> Result<
     Ok(y)
 }
 
-/// Returns (dx, dw), each only when wanted.
+/// Returns (dx, dw): dx when the weight is given, dw when the input is.
 fn backward(
     dev: &Arc<CudaDevice>,
     p: &Plan,
-    x: &DevView,
-    w: &DevView,
+    x: Option<&DevView>,
+    w: Option<&DevView>,
     gy: &DevView,
-    want_dx: bool,
-    want_dw: bool,
 ) -> Result<(Option<Buf>, Option<Buf>)> {
+    let (want_dx, want_dw) = (w.is_some(), x.is_some());
     let g = &p.g;
     let dx = if want_dx {
         Some(alloc(dev, g.n * p.chw, p.dtype)?)
@@ -179,7 +180,7 @@ fn backward(
         let cols = col.slice(0, nc * p.ckk * p.l).on("conv2d")?;
         for gi in 0..g.p.groups {
             let gy_off = gy.off + (n0 * g.o + gi * p.og) * p.l;
-            if let Some(dw) = &dw {
+            if let (Some(dw), Some(x)) = (&dw, x) {
                 im2col(dev, p, x, n0, nc, gi, cols)?;
                 let dwg = dw.slice(gi * p.og * p.ckk, p.og * p.ckk).on("conv2d")?;
                 let beta = if ci == 0 { 0.0 } else { 1.0 };
@@ -224,7 +225,7 @@ fn backward(
                     gemm(dev, p, s, gts, cts, dwg, beta)?;
                 }
             }
-            if let Some(dx) = &dx {
+            if let (Some(dx), Some(w)) = (&dx, w) {
                 // dcol[n] (ckk x l) = W_gᵀ (ckk x og) · gy_g[n] (og x l).
                 let mut s = GemmShape::new(p.ckk, p.l, p.og)
                     .trans(true, false)
@@ -342,150 +343,181 @@ fn cudnn_backward_filter(
 }
 
 /// conv2d of x [n, c, h, w] with weight [o, c/groups, kh, kw] (the caller checked shapes and
-/// computed the geometry). The weight is used in x's dtype; the output and both gradients are
-/// in x's dtype, as on the CPU. Each pass tries cuDNN first (when it is to be used) and falls
-/// back to im2col for that pass alone.
-pub(crate) fn conv2d(x: &Tensor, w: &Tensor, g: &ConvGeom) -> Result<Tensor> {
-    same_device("conv2d", x, w)?;
-    let (dev, _) = parts(x)?;
+/// computed the geometry). The weight is used in x's dtype; the output is in x's dtype, as on
+/// the CPU. cuDNN first (when it is to be used), else im2col.
+pub(crate) fn conv2d(
+    x: &CudaStorage,
+    xl: &Layout,
+    w: &CudaStorage,
+    wl: &Layout,
+    g: &ConvGeom,
+) -> Result<CudaStorage> {
+    let dev = x.device();
     let dtype = x.dtype();
-    let p = Plan::new(g, dtype);
-    // Decided once per call, so the backward uses the same implementation as the forward.
-    let cp = cudnn_problem(g, dtype);
-    let (xv, wv) = (contig(x)?, contig_as(w, dtype)?);
-    let y = match &cp {
+    let p = Plan::new(g, dtype)?;
+    let (xv, wv) = (x.window(xl)?, w.window_as(wl, dtype)?);
+    let y = match cudnn_problem(g, dtype) {
         Some(cp) => cudnn_forward(
-            &dev,
-            cp,
-            &aligned(&dev, xv.clone(), dtype)?,
-            &aligned(&dev, wv.clone(), dtype)?,
+            dev,
+            &cp,
+            &aligned(dev, xv.clone(), dtype)?,
+            &aligned(dev, wv.clone(), dtype)?,
             dtype,
         )?,
         None => None,
     };
     let y = match y {
         Some(y) => y,
-        None => forward(&dev, &p, &xv, &wv)?,
+        None => forward(dev, &p, &xv, &wv)?,
     };
-    let (xt, wt) = (x.clone(), w.clone());
-    let shape = [g.n, g.o, g.oh, g.ow];
-    Ok(output(
-        storage_of(&dev, y, dtype),
-        &shape,
-        "conv2d",
-        &[x, w],
-        move |gr, _| {
-            let (want_dx, want_dw) = (xt.tracks_grad(), wt.tracks_grad());
-            let (xv, wv, gv) = (contig(&xt)?, contig_as(&wt, dtype)?, contig_as(gr, dtype)?);
-            let (mut dx, mut dw) = (None, None);
-            if let Some(cp) = &cp {
-                let gva = aligned(&dev, gv.clone(), dtype)?;
-                if want_dx {
-                    dx = cudnn_backward_data(
-                        &dev,
-                        cp,
-                        &aligned(&dev, wv.clone(), dtype)?,
-                        &gva,
-                        dtype,
-                    )?;
-                }
-                if want_dw {
-                    dw = cudnn_backward_filter(
-                        &dev,
-                        cp,
-                        &aligned(&dev, xv.clone(), dtype)?,
-                        &gva,
-                        dtype,
-                    )?;
-                }
-            }
-            let (need_dx, need_dw) = (want_dx && dx.is_none(), want_dw && dw.is_none());
-            if need_dx || need_dw {
-                let (bx, bw) = backward(&dev, &p, &xv, &wv, &gv, need_dx, need_dw)?;
-                dx = dx.or(bx);
-                dw = dw.or(bw);
-            }
-            Ok(vec![
-                dx.map(|b| tensor_of(&dev, b, dtype, xt.shape())),
-                dw.map(|b| tensor_of(&dev, b, dtype, wt.shape())),
-            ])
-        },
-    ))
+    Ok(x.sibling(y, dtype))
 }
 
-fn pool_window(x: &Tensor, p: Pool2dParams) -> Window2d {
-    let s = x.shape();
+/// The input gradient from the output gradient `gy` and the weight (used in gy's dtype): cuDNN
+/// backward-data when it runs the shape, else im2col (GEMM + col2im).
+pub(crate) fn conv2d_backward_data(
+    gy: &CudaStorage,
+    gyl: &Layout,
+    w: &CudaStorage,
+    wl: &Layout,
+    g: &ConvGeom,
+) -> Result<CudaStorage> {
+    let dev = gy.device();
+    let dtype = gy.dtype();
+    let (gv, wv) = (gy.window(gyl)?, w.window_as(wl, dtype)?);
+    let mut dx = None;
+    if let Some(cp) = cudnn_problem(g, dtype) {
+        let (wa, ga) = (
+            aligned(dev, wv.clone(), dtype)?,
+            aligned(dev, gv.clone(), dtype)?,
+        );
+        dx = cudnn_backward_data(dev, &cp, &wa, &ga, dtype)?;
+    }
+    let dx = match dx {
+        Some(b) => b,
+        None => {
+            let p = Plan::new(g, dtype)?;
+            backward(dev, &p, None, Some(&wv), &gv)?
+                .0
+                .expect("the weight was given")
+        }
+    };
+    Ok(gy.sibling(dx, dtype))
+}
+
+/// The weight gradient from the output gradient `gy` and the input (used in gy's dtype):
+/// cuDNN backward-filter when it runs the shape, else im2col (GEMMs over chunks of images).
+pub(crate) fn conv2d_backward_filter(
+    gy: &CudaStorage,
+    gyl: &Layout,
+    x: &CudaStorage,
+    xl: &Layout,
+    g: &ConvGeom,
+) -> Result<CudaStorage> {
+    let dev = gy.device();
+    let dtype = gy.dtype();
+    let (gv, xv) = (gy.window(gyl)?, x.window_as(xl, dtype)?);
+    let mut dw = None;
+    if let Some(cp) = cudnn_problem(g, dtype) {
+        let (xa, ga) = (
+            aligned(dev, xv.clone(), dtype)?,
+            aligned(dev, gv.clone(), dtype)?,
+        );
+        dw = cudnn_backward_filter(dev, &cp, &xa, &ga, dtype)?;
+    }
+    let dw = match dw {
+        Some(b) => b,
+        None => {
+            let p = Plan::new(g, dtype)?;
+            backward(dev, &p, Some(&xv), None, &gv)?
+                .1
+                .expect("the input was given")
+        }
+    };
+    Ok(gy.sibling(dw, dtype))
+}
+
+fn pool_window(g: &PoolGeom) -> Window2d {
     Window2d {
-        n: s[0],
-        c: s[1],
-        h: s[2],
-        w: s[3],
-        kernel: (p.kernel, p.kernel),
-        stride: (p.stride, p.stride),
-        padding: (p.padding, p.padding),
+        n: g.n,
+        c: g.c,
+        h: g.h,
+        w: g.w,
+        kernel: (g.p.kernel, g.p.kernel),
+        stride: (g.p.stride, g.p.stride),
+        padding: (g.p.padding, g.p.padding),
         dilation: (1, 1),
     }
 }
 
-/// 2-D max pooling (the caller checked the geometry). The backward routes each output's
-/// gradient to its saved argmax.
-pub(crate) fn max_pool2d(x: &Tensor, p: Pool2dParams) -> Result<Tensor> {
-    let (dev, _) = parts(x)?;
+/// 2-D max pooling (the caller checked the geometry): the output and each output's argmax.
+pub(crate) fn max_pool2d(
+    x: &CudaStorage,
+    l: &Layout,
+    g: &PoolGeom,
+) -> Result<(CudaStorage, CudaStorage)> {
+    let dev = x.device();
     let dtype = x.dtype();
-    let win = pool_window(x, p);
-    let (oh, ow) = win.out_hw().on("max_pool2d")?;
-    let shape = [win.n, win.c, oh, ow];
-    let nout = shape.iter().product();
-    let xv = contig(x)?;
-    let y = alloc(&dev, nout, dtype)?;
-    let arg = alloc(&dev, nout, DType::I64)?;
-    kc::maxpool2d_forward(&dev, xv.slice(), y.as_slice(), Some(arg.as_slice()), &win)
+    let win = pool_window(g);
+    let nout = g.planes() * g.oh * g.ow;
+    let xv = x.window(l)?;
+    let y = alloc(dev, nout, dtype)?;
+    let arg = alloc(dev, nout, DType::I64)?;
+    kc::maxpool2d_forward(dev, xv.slice(), y.as_slice(), Some(arg.as_slice()), &win)
         .on("max_pool2d")?;
-    let xshape = x.shape().to_vec();
-    Ok(output(
-        storage_of(&dev, y, dtype),
-        &shape,
-        "max_pool2d",
-        &[x],
-        move |g, _| {
-            let gv = contig_as(g, dtype)?;
-            let gx = alloc(&dev, xshape.iter().product(), dtype)?;
-            kc::maxpool2d_backward(&dev, gv.slice(), arg.as_slice(), gx.as_slice(), &win)
-                .on("max_pool2d")?;
-            Ok(vec![Some(tensor_of(&dev, gx, dtype, &xshape))])
-        },
-    ))
+    Ok((x.sibling(y, dtype), x.sibling(arg, DType::I64)))
+}
+
+/// Routes each output's gradient to its saved argmax.
+pub(crate) fn max_pool2d_backward(
+    gy: &CudaStorage,
+    l: &Layout,
+    arg: &CudaStorage,
+    g: &PoolGeom,
+) -> Result<CudaStorage> {
+    let dev = gy.device();
+    let dtype = gy.dtype();
+    let gv = gy.window(l)?;
+    let gx = alloc(dev, g.planes() * g.h * g.w, dtype)?;
+    kc::maxpool2d_backward(
+        dev,
+        gv.slice(),
+        arg.buffer().as_slice(),
+        gx.as_slice(),
+        &pool_window(g),
+    )
+    .on("max_pool2d")?;
+    Ok(gy.sibling(gx, dtype))
 }
 
 /// 2-D average pooling; padding counts as zeros in the average (as on the CPU).
-pub(crate) fn avg_pool2d(x: &Tensor, p: Pool2dParams) -> Result<Tensor> {
-    let (dev, _) = parts(x)?;
+pub(crate) fn avg_pool2d(x: &CudaStorage, l: &Layout, g: &PoolGeom) -> Result<CudaStorage> {
+    let dev = x.device();
     let dtype = x.dtype();
-    let win = pool_window(x, p);
-    let (oh, ow) = win.out_hw().on("avg_pool2d")?;
-    let shape = [win.n, win.c, oh, ow];
-    let xv = contig(x)?;
-    let y = alloc(&dev, shape.iter().product(), dtype)?;
-    kc::avgpool2d_forward(&dev, xv.slice(), y.as_slice(), &win, true).on("avg_pool2d")?;
-    let xshape = x.shape().to_vec();
-    Ok(output(
-        storage_of(&dev, y, dtype),
-        &shape,
-        "avg_pool2d",
-        &[x],
-        move |g, _| {
-            let gv = contig_as(g, dtype)?;
-            let gx = alloc(&dev, xshape.iter().product(), dtype)?;
-            kc::avgpool2d_backward(&dev, gv.slice(), gx.as_slice(), &win, true).on("avg_pool2d")?;
-            Ok(vec![Some(tensor_of(&dev, gx, dtype, &xshape))])
-        },
-    ))
+    let xv = x.window(l)?;
+    let y = alloc(dev, g.planes() * g.oh * g.ow, dtype)?;
+    kc::avgpool2d_forward(dev, xv.slice(), y.as_slice(), &pool_window(g), true).on("avg_pool2d")?;
+    Ok(x.sibling(y, dtype))
+}
+
+pub(crate) fn avg_pool2d_backward(
+    gy: &CudaStorage,
+    l: &Layout,
+    g: &PoolGeom,
+) -> Result<CudaStorage> {
+    let dev = gy.device();
+    let dtype = gy.dtype();
+    let gv = gy.window(l)?;
+    let gx = alloc(dev, g.planes() * g.h * g.w, dtype)?;
+    kc::avgpool2d_backward(dev, gv.slice(), gx.as_slice(), &pool_window(g), true)
+        .on("avg_pool2d")?;
+    Ok(gy.sibling(gx, dtype))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::Conv2dParams;
+    use crate::backend::Conv2dParams;
 
     #[test]
     fn cudnn_problems_agree_with_the_tensor_geometry() {

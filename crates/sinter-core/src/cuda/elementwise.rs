@@ -1,20 +1,18 @@
-//! Elementwise ops on the device: unary maps and their backward, binary ops over
+//! Elementwise primitives on the device: unary maps and their backward, binary ops over
 //! strided/broadcast operands, where, dtype casts, strided copies (contiguous, assign).
 //!
-//! These return the output `Storage`; the caller in `ops.rs` / `tensor.rs` records the autograd
-//! node, whose backward is written in tensor ops and so runs here too. Float math runs in f32 in
-//! the kernels and rounds once to f16/bf16, like the CPU backend. Integer (i64) arithmetic,
-//! comparisons and where run in the i64 kernels of `int.cu`, exact and wrapping like the CPU.
+//! Float math runs in f32 in the kernels and rounds once to f16/bf16, like the CPU backend.
+//! Integer (i64) arithmetic, comparisons and where run in the i64 kernels of `int.cu`, exact
+//! and wrapping like the CPU.
 
 use sinter_cuda::ops::binary::{self as kb, StridedIn};
 use sinter_cuda::ops::int as ki;
 use sinter_cuda::ops::unary::{self as ku, Saved};
 
-use super::{alloc, contig, contig_as, parts, same_device, storage_of, strides_i64, tail_of, OnOp};
-use crate::layout::numel;
+use super::storage::{CudaStorage, DevView};
+use super::{alloc, strides_i64, OnOp};
 use crate::op::{BinaryOp, UnaryOp};
-use crate::storage::Storage;
-use crate::{DType, Layout, Result, Tensor};
+use crate::{DType, Layout, Result};
 
 fn kernel_unary(op: UnaryOp) -> Option<ku::UnaryOp> {
     Some(match op {
@@ -38,38 +36,39 @@ fn kernel_unary(op: UnaryOp) -> Option<ku::UnaryOp> {
 }
 
 /// y = op(x) (x float; the caller checked).
-pub(crate) fn unary(x: &Tensor, op: UnaryOp) -> Result<Storage> {
-    let (dev, _) = parts(x)?;
-    let xv = contig(x)?;
-    let y = alloc(&dev, xv.len, x.dtype())?;
+pub(crate) fn unary(x: &CudaStorage, l: &Layout, op: UnaryOp) -> Result<CudaStorage> {
+    let dev = x.device();
+    let xv = x.window(l)?;
+    let y = alloc(dev, xv.len, x.dtype())?;
     match kernel_unary(op) {
-        Some(k) => ku::unary(&dev, k, xv.slice(), y.as_slice()).on(op.name())?,
-        None => kb::binary(
-            &dev,
-            kb::BinaryOp::Mul,
-            xv.slice(),
-            xv.slice(),
-            y.as_slice(),
-        )
-        .on(op.name())?,
+        Some(k) => ku::unary(dev, k, xv.slice(), y.as_slice()).on(op.name())?,
+        None => {
+            kb::binary(dev, kb::BinaryOp::Mul, xv.slice(), xv.slice(), y.as_slice()).on(op.name())?
+        }
     }
-    Ok(storage_of(&dev, y, x.dtype()))
+    Ok(x.sibling(y, x.dtype()))
 }
 
-/// grad_in = grad_out · f'(x), from x, y = f(x) and grad_out (all of one shape).
-pub(crate) fn unary_backward(op: UnaryOp, x: &Tensor, y: &Tensor, g: &Tensor) -> Result<Tensor> {
-    let (dev, _) = parts(g)?;
+/// grad_in = grad_out · f'(x), from x, y = f(x) and grad_out `g` (all of one shape).
+pub(crate) fn unary_backward(
+    g: &CudaStorage,
+    gl: &Layout,
+    op: UnaryOp,
+    x: (&CudaStorage, &Layout),
+    y: (&CudaStorage, &Layout),
+) -> Result<CudaStorage> {
+    let dev = g.device();
     let d = g.dtype();
     let k = kernel_unary(op).unwrap_or(ku::UnaryOp::Powf(2.0));
-    let gv = contig(g)?;
+    let gv = g.window(gl)?;
     let saved = match k.saves() {
-        Saved::Input => contig_as(x, d)?,
-        Saved::Output => contig_as(y, d)?,
+        Saved::Input => x.0.window_as(x.1, d)?,
+        Saved::Output => y.0.window_as(y.1, d)?,
         Saved::Nothing => gv.clone(),
     };
-    let gx = alloc(&dev, gv.len, d)?;
-    ku::unary_backward(&dev, k, saved.slice(), gv.slice(), gx.as_slice()).on(op.name())?;
-    Ok(super::tensor_of(&dev, gx, d, g.shape()))
+    let gx = alloc(dev, gv.len, d)?;
+    ku::unary_backward(dev, k, saved.slice(), gv.slice(), gx.as_slice()).on(op.name())?;
+    Ok(g.sibling(gx, d))
 }
 
 fn kernel_binary(op: BinaryOp) -> kb::BinaryOp {
@@ -89,151 +88,141 @@ fn kernel_binary(op: BinaryOp) -> kb::BinaryOp {
     }
 }
 
-/// out[shape] = a op b, with `la`/`lb` the operands' layouts broadcast to `shape` (the caller
+/// A strided kernel operand: the buffer from the layout's offset, with its strides.
+fn strided<'a>(
+    s: &'a CudaStorage,
+    l: &Layout,
+    strides: &'a [i64],
+    op: &'static str,
+) -> Result<StridedIn<'a>> {
+    Ok(StridedIn {
+        data: s.tail(l.offset(), op)?,
+        strides,
+    })
+}
+
+/// out = a op b, with `la`/`lb` the operands' layouts broadcast to the output shape (the caller
 /// checked devices and dtypes).
 pub(crate) fn binary(
-    a: &Tensor,
+    a: &CudaStorage,
     la: &Layout,
-    b: &Tensor,
+    b: &CudaStorage,
     lb: &Layout,
-    shape: &[usize],
     op: BinaryOp,
-) -> Result<Storage> {
-    same_device(op.name(), a, b)?;
-    let (dev, abuf) = parts(a)?;
-    let (_, bbuf) = parts(b)?;
-    let out = alloc(&dev, numel(shape), a.dtype())?;
+) -> Result<CudaStorage> {
+    let dev = a.device();
+    let shape = la.shape();
+    let out = alloc(dev, la.numel(), a.dtype())?;
     let (sa, sb) = (strides_i64(la), strides_i64(lb));
-    let ia = StridedIn {
-        data: tail_of(&abuf, la.offset(), op.name())?,
-        strides: &sa,
-    };
-    let ib = StridedIn {
-        data: tail_of(&bbuf, lb.offset(), op.name())?,
-        strides: &sb,
-    };
+    let (ia, ib) = (
+        strided(a, la, &sa, op.name())?,
+        strided(b, lb, &sb, op.name())?,
+    );
     if !a.dtype().is_float() {
         // i64 arithmetic (wrapping, like the CPU) and comparisons (1/0).
-        ki::int_binary(&dev, kernel_binary(op), ia, ib, out.as_slice(), shape).on(op.name())?;
+        ki::int_binary(dev, kernel_binary(op), ia, ib, out.as_slice(), shape).on(op.name())?;
     } else {
-        kb::binary_strided(&dev, kernel_binary(op), ia, ib, out.as_slice(), shape).on(op.name())?;
+        kb::binary_strided(dev, kernel_binary(op), ia, ib, out.as_slice(), shape).on(op.name())?;
     }
-    Ok(storage_of(&dev, out, a.dtype()))
+    Ok(a.sibling(out, a.dtype()))
 }
 
-/// out = cond != 0 ? a : b, all three broadcast to `shape` (a and b of one dtype, checked).
+/// `l` without its broadcast dimensions (stride 0, size > 1, become size 1): the elements it
+/// actually reads, so a cast of them costs what the tensor holds, not the broadcast shape.
+fn unbroadcast(l: &Layout) -> Layout {
+    let shape = l
+        .shape()
+        .iter()
+        .zip(l.strides())
+        .map(|(&n, &s)| if s == 0 { 1 } else { n })
+        .collect();
+    Layout::new(shape, l.strides().to_vec(), l.offset())
+}
+
+/// out = cond != 0 ? a : b, all three broadcast to one shape (a and b of one dtype, checked).
 pub(crate) fn where_cond(
-    cond: &Tensor,
-    a: &Tensor,
-    b: &Tensor,
-    shape: &[usize],
-) -> Result<Storage> {
-    same_device("where", a, b)?;
-    same_device("where", cond, a)?;
+    cond: &CudaStorage,
+    lc: &Layout,
+    a: &CudaStorage,
+    la: &Layout,
+    b: &CudaStorage,
+    lb: &Layout,
+) -> Result<CudaStorage> {
+    let dev = a.device();
+    let shape = la.shape();
+    let out = alloc(dev, la.numel(), a.dtype())?;
+    let (sa, sb) = (strides_i64(la), strides_i64(lb));
+    let (ia, ib) = (strided(a, la, &sa, "where")?, strided(b, lb, &sb, "where")?);
     if !a.dtype().is_float() {
         // i64 operands: the kernel reads the condition in its own dtype.
-        let (lc, la, lb) = (
-            cond.layout().broadcast_as(shape)?,
-            a.layout().broadcast_as(shape)?,
-            b.layout().broadcast_as(shape)?,
-        );
-        let (dev, cbuf) = parts(cond)?;
-        let (_, abuf) = parts(a)?;
-        let (_, bbuf) = parts(b)?;
-        let out = alloc(&dev, numel(shape), a.dtype())?;
-        let (sc, sa, sb) = (strides_i64(&lc), strides_i64(&la), strides_i64(&lb));
-        let ic = StridedIn {
-            data: tail_of(&cbuf, lc.offset(), "where")?,
-            strides: &sc,
-        };
-        let ia = StridedIn {
-            data: tail_of(&abuf, la.offset(), "where")?,
-            strides: &sa,
-        };
-        let ib = StridedIn {
-            data: tail_of(&bbuf, lb.offset(), "where")?,
-            strides: &sb,
-        };
-        ki::int_where(&dev, ic, ia, ib, out.as_slice(), shape).on("where")?;
-        return Ok(storage_of(&dev, out, a.dtype()));
+        let sc = strides_i64(lc);
+        let ic = strided(cond, lc, &sc, "where")?;
+        ki::int_where(dev, ic, ia, ib, out.as_slice(), shape).on("where")?;
+        return Ok(a.sibling(out, a.dtype()));
     }
-    // The kernel wants the condition in the operands' dtype.
-    let cond = if cond.dtype() == a.dtype() {
-        cond.clone()
+    // The float kernel wants the condition in the operands' dtype: cast the elements the
+    // condition holds (not its broadcast), then broadcast the cast copy.
+    let cast;
+    let (cs, lc) = if cond.dtype() == a.dtype() {
+        (cond, lc.clone())
     } else {
-        cond.detach().to_dtype(a.dtype())?
+        let compact = unbroadcast(lc);
+        cast = self::cast(cond, &compact, a.dtype())?;
+        let l = Layout::contiguous(compact.shape()).broadcast_as(shape)?;
+        (&cast, l)
     };
-    let (lc, la, lb) = (
-        cond.layout().broadcast_as(shape)?,
-        a.layout().broadcast_as(shape)?,
-        b.layout().broadcast_as(shape)?,
-    );
-    let (dev, cbuf) = parts(&cond)?;
-    let (_, abuf) = parts(a)?;
-    let (_, bbuf) = parts(b)?;
-    let out = alloc(&dev, numel(shape), a.dtype())?;
-    let (sc, sa, sb) = (strides_i64(&lc), strides_i64(&la), strides_i64(&lb));
-    let ic = StridedIn {
-        data: tail_of(&cbuf, lc.offset(), "where")?,
-        strides: &sc,
-    };
-    let ia = StridedIn {
-        data: tail_of(&abuf, la.offset(), "where")?,
-        strides: &sa,
-    };
-    let ib = StridedIn {
-        data: tail_of(&bbuf, lb.offset(), "where")?,
-        strides: &sb,
-    };
-    kb::where_strided(&dev, ic, ia, ib, out.as_slice(), shape).on("where")?;
-    Ok(storage_of(&dev, out, a.dtype()))
+    let sc = strides_i64(&lc);
+    let ic = strided(cs, &lc, &sc, "where")?;
+    kb::where_strided(dev, ic, ia, ib, out.as_slice(), shape).on("where")?;
+    Ok(a.sibling(out, a.dtype()))
 }
 
-/// A contiguous copy of the elements `x` addresses.
-pub(crate) fn contiguous(x: &Tensor) -> Result<Storage> {
-    let (dev, buf) = parts(x)?;
-    let out = alloc(&dev, x.numel(), x.dtype())?;
-    super::gather_into(&dev, &buf, x.layout(), &out, 0)?;
-    Ok(storage_of(&dev, out, x.dtype()))
+/// A contiguous copy of the elements `l` addresses.
+pub(crate) fn copy_strided(x: &CudaStorage, l: &Layout) -> Result<CudaStorage> {
+    let out = alloc(x.device(), l.numel(), x.dtype())?;
+    super::gather_into(x.device(), x.buffer(), l, &out, 0)?;
+    Ok(x.sibling(out, x.dtype()))
 }
 
-/// x converted to `dtype` (contiguous).
-pub(crate) fn cast(x: &Tensor, dtype: DType) -> Result<Storage> {
+/// The elements `l` addresses converted to `dtype` (contiguous, always a fresh buffer).
+pub(crate) fn cast(x: &CudaStorage, l: &Layout, dtype: DType) -> Result<CudaStorage> {
     if x.dtype() == dtype {
-        return contiguous(x);
+        return copy_strided(x, l);
     }
-    let (dev, _) = parts(x)?;
-    // A cast always writes a fresh buffer of exactly the tensor's elements.
-    let v = contig_as(x, dtype)?;
-    Ok(storage_of(&dev, v.buf, dtype))
+    let v = x.window_as(l, dtype)?;
+    Ok(x.sibling(v.buf, dtype))
 }
 
-/// dst's elements = src's, cast to dst's dtype (in place, outside autograd). The caller checked
-/// shapes and devices.
-pub(crate) fn assign(dst: &Tensor, src: &Tensor) -> Result<()> {
-    let (dev, dbuf) = parts(dst)?;
-    let mut v = contig_as(src, dst.dtype())?;
-    if std::sync::Arc::ptr_eq(&v.buf, &dbuf) {
-        // Reading and writing the same memory in different orders: copy the source first.
-        let tmp = alloc(&dev, v.len, dst.dtype())?;
-        dev.copy(v.slice(), tmp.as_slice()).on("assign")?;
-        v = super::DevView::whole(tmp);
-    }
-    let l = dst.layout();
-    if l.numel() == 0 {
+/// dst's elements at `dl` = src's at `sl` (one shape), cast to dst's dtype: one strided copy
+/// when the dtypes agree, else a cast to a contiguous copy first. The caller made sure the two
+/// do not share memory.
+pub(crate) fn assign(dst: &CudaStorage, dl: &Layout, src: &CudaStorage, sl: &Layout) -> Result<()> {
+    if dl.numel() == 0 {
         return Ok(());
     }
-    let d = dbuf
-        .slice(l.offset(), dbuf.len() - l.offset())
-        .on("assign")?;
-    let src_strides = sinter_cuda::launch::contiguous_strides(l.shape());
+    let dev = dst.device();
+    let d = dst.tail(dl.offset(), "assign")?;
+    if src.dtype() == dst.dtype() {
+        let s = src.tail(sl.offset(), "assign")?;
+        return sinter_cuda::ops::copy::strided_copy(
+            dev,
+            s,
+            &strides_i64(sl),
+            d,
+            &strides_i64(dl),
+            dl.shape(),
+        )
+        .on("assign");
+    }
+    let v: DevView = src.window_as(sl, dst.dtype())?;
+    let src_strides = sinter_cuda::launch::contiguous_strides(dl.shape());
     sinter_cuda::ops::copy::strided_copy(
-        &dev,
+        dev,
         v.slice(),
         &src_strides,
         d,
-        &strides_i64(l),
-        l.shape(),
+        &strides_i64(dl),
+        dl.shape(),
     )
     .on("assign")
 }

@@ -8,15 +8,12 @@ use std::sync::Arc;
 
 use sinter_cuda::ops::adamw as ka;
 use sinter_cuda::ops::flash_attention::{self as kfa, AttnShape, AttnView};
-use sinter_cuda::ops::residual_layernorm as krl;
-use sinter_cuda::ops::unary as ku;
-use sinter_cuda::{CudaError, DeviceBuffer, Epilogue, GemmDesc, GemmShape};
 
-use super::{
-    alloc, contig, contig_as, opt_slice, parts, same_device, storage_of, tail_of, tensor_of, OnOp,
-};
-use crate::autograd::output;
-use crate::{bail, DType, Result, Tensor};
+use sinter_cuda::{CudaError, DeviceBuffer};
+
+use super::{alloc, contig, contig_as, parts, same_device, storage_of, tail_of, tensor_of, OnOp};
+use crate::tensor::output;
+use crate::{DType, Result, Tensor};
 
 /// True when the flash attention kernels cover these operands (checked to agree by the caller):
 /// f16/bf16, head dim 64 or 128. Layouts never disqualify: a view whose last dim is not
@@ -178,171 +175,6 @@ fn attention_composite(
     s.softmax(-1)?.matmul(v)
 }
 
-/// (x + residual, LayerNorm(x + residual)·gamma + beta) over rows of length n, in one kernel
-/// (shapes and dtypes checked by the caller). Like `layer_norm`, gamma and beta are used in x's
-/// dtype and their gradients come back in their own.
-pub(crate) fn residual_layer_norm(
-    x: &Tensor,
-    residual: &Tensor,
-    gamma: &Tensor,
-    beta: &Tensor,
-    n: usize,
-    eps: f32,
-) -> Result<(Tensor, Tensor)> {
-    let op = "residual_layer_norm";
-    for t in [residual, gamma, beta] {
-        same_device(op, x, t)?;
-    }
-    let (dev, _) = parts(x)?;
-    let dtype = x.dtype();
-    let rows = x.numel().checked_div(n).unwrap_or(0);
-    let (xv, rv, gv, bv) = (
-        contig(x)?,
-        contig(residual)?,
-        contig_as(gamma, dtype)?,
-        contig_as(beta, dtype)?,
-    );
-    let h = alloc(&dev, xv.len, dtype)?;
-    let y = alloc(&dev, xv.len, dtype)?;
-    let mean = alloc(&dev, rows, DType::F32)?;
-    let rstd = alloc(&dev, rows, DType::F32)?;
-    krl::residual_layernorm_forward(
-        &dev,
-        xv.slice(),
-        rv.slice(),
-        gv.slice(),
-        bv.slice(),
-        h.as_slice(),
-        y.as_slice(),
-        mean.as_slice(),
-        rstd.as_slice(),
-        rows,
-        n,
-        eps,
-    )
-    .on(op)?;
-    let shape = x.shape().to_vec();
-    let sum = output(
-        storage_of(&dev, h, dtype),
-        &shape,
-        "residual_add",
-        &[x, residual],
-        |g, _| Ok(vec![Some(g.clone()), Some(g.clone())]),
-    );
-    let (st, gt, bt) = (sum.clone(), gamma.clone(), beta.clone());
-    let normed = output(
-        storage_of(&dev, y, dtype),
-        &shape,
-        op,
-        &[&sum, gamma, beta],
-        move |g, _| {
-            let (hv, gav, gyv) = (contig(&st)?, contig_as(&gt, dtype)?, contig_as(g, dtype)?);
-            let dh = alloc(&dev, hv.len, dtype)?;
-            let want = (gt.tracks_grad(), bt.tracks_grad());
-            let dg = want.0.then(|| alloc(&dev, n, dtype)).transpose()?;
-            let db = want.1.then(|| alloc(&dev, n, dtype)).transpose()?;
-            krl::residual_layernorm_backward(
-                &dev,
-                hv.slice(),
-                gav.slice(),
-                gyv.slice(),
-                mean.as_slice(),
-                rstd.as_slice(),
-                Some(dh.as_slice()),
-                opt_slice(&dg),
-                opt_slice(&db),
-                rows,
-                n,
-            )
-            .on(op)?;
-            let param = |b: Option<Arc<DeviceBuffer>>, like: &Tensor| -> Result<Option<Tensor>> {
-                b.map(|b| tensor_of(&dev, b, dtype, &[n]).to_dtype(like.dtype()))
-                    .transpose()
-            };
-            Ok(vec![
-                Some(tensor_of(&dev, dh, dtype, st.shape())),
-                param(dg, &gt)?,
-                param(db, &bt)?,
-            ])
-        },
-    );
-    Ok((sum, normed))
-}
-
-/// True when `linear_bias_gelu` runs as one cuBLASLt GEMM with the GELU_AUX_BIAS epilogue:
-/// f16/bf16 (the mixed-precision Transformer path; f32 keeps the composite) and an output width
-/// that is a multiple of 8 (cuBLASLt's rule for the aux matrix's leading dimension).
-pub(crate) fn linear_gelu_applies(dtype: DType, out: usize) -> bool {
-    matches!(dtype, DType::F16 | DType::BF16) && out > 0 && out.is_multiple_of(8)
-}
-
-/// y [rows, out] = gelu(x Wᵀ + b) as one GEMM that also stores the pre-activation for the
-/// backward pass (operands checked by the caller; x is viewed as [rows, in]).
-pub(crate) fn linear_bias_gelu(
-    x: &Tensor,
-    w: &Tensor,
-    b: &Tensor,
-    rows: usize,
-    inp: usize,
-    out: usize,
-) -> Result<Tensor> {
-    let op = "linear_bias_gelu";
-    let (dev, _) = parts(x)?;
-    let dtype = x.dtype();
-    let (xv, wv, bv) = (contig(x)?, contig(w)?, contig(b)?);
-    let y = alloc(&dev, rows * out, dtype)?;
-    let pre = alloc(&dev, rows * out, dtype)?;
-    if rows > 0 {
-        if inp == 0 {
-            bail!("{op}: the weight has no input features");
-        }
-        // B is the weight stored [out, in]: x Wᵀ is the transposed-B product.
-        let mut desc = GemmDesc::new(
-            super::matmul::gemm_dtype(dtype),
-            GemmShape::new(rows, out, inp).trans(false, true),
-            xv.slice(),
-            wv.slice(),
-            y.as_slice(),
-        );
-        desc.epilogue = Epilogue::BiasGeluAux {
-            bias: bv.slice(),
-            aux: pre.as_slice(),
-        };
-        dev.gemm(&desc).on(op)?;
-    }
-    let (xt, wt, bt) = (x.clone(), w.clone(), b.clone());
-    Ok(output(
-        storage_of(&dev, y, dtype),
-        &[rows, out],
-        op,
-        &[x, w, b],
-        move |g, _| {
-            let gv = contig_as(g, dtype)?;
-            let du = alloc(&dev, rows * out, dtype)?;
-            ku::unary_backward(
-                &dev,
-                ku::UnaryOp::GeluTanh,
-                pre.as_slice(),
-                gv.slice(),
-                du.as_slice(),
-            )
-            .on(op)?;
-            let du = tensor_of(&dev, du, dtype, &[rows, out]);
-            let x2 = xt.reshape(&[rows, inp])?;
-            let dx = xt
-                .tracks_grad()
-                .then(|| du.matmul(&wt)?.reshape(xt.shape()))
-                .transpose()?;
-            let dw = wt.tracks_grad().then(|| du.t()?.matmul(&x2)).transpose()?;
-            let db = bt
-                .tracks_grad()
-                .then(|| du.sum_to_shape(&[out]))
-                .transpose()?;
-            Ok(vec![dx, dw, db])
-        },
-    ))
-}
-
 /// sqrt(Σ g²) over all gradients; NaN if the device fails (the signature has no error).
 pub(crate) fn global_grad_norm(grads: &[Tensor]) -> f64 {
     grad_sum_squares_host(grads)
@@ -412,12 +244,5 @@ mod tests {
             !flash_applies(&t(DType::BF16, &[1, 1, 2, 80]), 80),
             "head dim 80: composite"
         );
-        assert!(linear_gelu_applies(DType::BF16, 3072));
-        assert!(
-            !linear_gelu_applies(DType::BF16, 12),
-            "aux ld must be a multiple of 8"
-        );
-        assert!(!linear_gelu_applies(DType::F32, 64));
-        assert!(!linear_gelu_applies(DType::F16, 0));
     }
 }

@@ -7,12 +7,11 @@
 //! Anything else is gathered into a contiguous copy first. A broadcast right operand against a
 //! batch of row-major left matrices (every `nn.Linear`) becomes one tall GEMM.
 
-use sinter_cuda::{GemmDType, GemmDesc, GemmShape};
+use sinter_cuda::{Epilogue, GemmDType, GemmDesc, GemmShape};
 
-use super::{alloc, alloc_zeros, parts, storage_of, DevView, OnOp};
-use crate::autograd::output;
-use crate::layout::broadcast_shape;
-use crate::{DType, Layout, Result, Tensor};
+use super::storage::{CudaStorage, DevView};
+use super::{alloc, alloc_zeros, OnOp};
+use crate::{bail, DType, Error, Layout, Result};
 
 /// How one operand is handed to cuBLASLt.
 struct Operand {
@@ -62,8 +61,8 @@ fn batch_stride(shape: &[usize], strides: &[usize]) -> Option<usize> {
 }
 
 /// `t` seen through `l` (already broadcast to [batch.., rows, cols]).
-fn operand(t: &Tensor, l: &Layout, nb: usize, rows: usize, cols: usize) -> Result<Operand> {
-    let (dev, buf) = parts(t)?;
+fn operand(t: &CudaStorage, l: &Layout, nb: usize, rows: usize, cols: usize) -> Result<Operand> {
+    let (dev, buf) = (t.device(), t.buffer().clone());
     let st = l.strides();
     let fast =
         mat_layout(rows, cols, st[nb], st[nb + 1]).zip(batch_stride(&l.shape()[..nb], &st[..nb]));
@@ -81,8 +80,8 @@ fn operand(t: &Tensor, l: &Layout, nb: usize, rows: usize, cols: usize) -> Resul
         });
     }
     // Gather the (broadcast) view into [batch, rows, cols].
-    let out = alloc(&dev, l.numel(), t.dtype())?;
-    super::gather_into(&dev, &buf, l, &out, 0)?;
+    let out = alloc(dev, l.numel(), t.dtype())?;
+    super::gather_into(dev, &buf, l, &out, 0)?;
     Ok(Operand {
         data: DevView::whole(out),
         trans: false,
@@ -91,40 +90,43 @@ fn operand(t: &Tensor, l: &Layout, nb: usize, rows: usize, cols: usize) -> Resul
     })
 }
 
-pub(crate) fn gemm_dtype(d: DType) -> GemmDType {
-    match d {
+/// The cuBLASLt compute type of a float dtype (an error for the others).
+pub(crate) fn gemm_dtype(op: &'static str, d: DType) -> Result<GemmDType> {
+    Ok(match d {
         DType::F32 if super::allow_tf32() => GemmDType::Tf32,
         DType::F32 => GemmDType::F32,
         DType::BF16 => GemmDType::BF16,
         DType::F16 => GemmDType::F16,
         DType::I64 | DType::I32 | DType::U8 => {
-            unreachable!("matmul of integers is rejected before dispatch")
+            return Err(Error::UnsupportedDType {
+                op,
+                dtype: d,
+                supported: "f32, f16 or bf16",
+            })
         }
-    }
+    })
 }
 
-/// [..., m, k] @ [..., k, n] with broadcast batch dims (the caller checked ranks, dtypes,
-/// devices and k).
-pub(crate) fn matmul(a: &Tensor, b: &Tensor) -> Result<Tensor> {
-    let (ra, rb) = (a.rank(), b.rank());
-    let (m, k) = (a.shape()[ra - 2], a.shape()[ra - 1]);
-    let n = b.shape()[rb - 1];
-    let batch_shape = broadcast_shape("matmul", &a.shape()[..ra - 2], &b.shape()[..rb - 2])?;
-    let batch: usize = batch_shape.iter().product();
-    let full = |r: usize, c: usize| [batch_shape.clone(), vec![r, c]].concat();
-    let shape = full(m, n);
-    let (dev, _) = parts(a)?;
+/// [batch.., m, k] @ [batch.., k, n] with `la`, `lb` already broadcast over the batch dims.
+pub(crate) fn matmul(
+    a: &CudaStorage,
+    la: &Layout,
+    b: &CudaStorage,
+    lb: &Layout,
+) -> Result<CudaStorage> {
+    let nb = la.rank() - 2;
+    let batch: usize = la.shape()[..nb].iter().product();
+    let (m, k, n) = (la.shape()[nb], la.shape()[nb + 1], lb.shape()[nb + 1]);
+    let dev = a.device();
     let dtype = a.dtype();
+    let gemm_type = gemm_dtype("matmul", dtype)?;
     let total = batch * m * n;
     let out = if total == 0 || k == 0 {
-        alloc_zeros(&dev, total, dtype)?
+        alloc_zeros(dev, total, dtype)?
     } else {
-        let nb = batch_shape.len();
-        let la = a.layout().broadcast_as(&full(m, k))?;
-        let lb = b.layout().broadcast_as(&full(k, n))?;
-        let oa = operand(a, &la, nb, m, k)?;
-        let ob = operand(b, &lb, nb, k, n)?;
-        let out = alloc(&dev, total, dtype)?;
+        let oa = operand(a, la, nb, m, k)?;
+        let ob = operand(b, lb, nb, k, n)?;
+        let out = alloc(dev, total, dtype)?;
         // A shared right matrix and row-major left matrices packed one after another: one GEMM
         // of batch*m rows.
         let fold = batch > 1 && ob.batch_stride == 0 && !oa.trans && oa.batch_stride == m * oa.ld;
@@ -142,7 +144,7 @@ pub(crate) fn matmul(a: &Tensor, b: &Tensor) -> Result<Tensor> {
             s.stride_c = Some(m * n);
         }
         dev.gemm(&GemmDesc::new(
-            gemm_dtype(dtype),
+            gemm_type,
             s,
             oa.data.slice(),
             ob.data.slice(),
@@ -151,24 +153,59 @@ pub(crate) fn matmul(a: &Tensor, b: &Tensor) -> Result<Tensor> {
         .on("matmul")?;
         out
     };
-    let (ta, tb) = (a.clone(), b.clone());
-    Ok(output(
-        storage_of(&dev, out, dtype),
-        &shape,
-        "matmul",
-        &[a, b],
-        move |g, _| {
-            let ga = ta
-                .tracks_grad()
-                .then(|| g.matmul(&tb.t()?)?.sum_to_shape(ta.shape()))
-                .transpose()?;
-            let gb = tb
-                .tracks_grad()
-                .then(|| ta.t()?.matmul(g)?.sum_to_shape(tb.shape()))
-                .transpose()?;
-            Ok(vec![ga, gb])
-        },
-    ))
+    Ok(a.sibling(out, dtype))
+}
+
+/// True when `linear_bias_gelu` runs as one cuBLASLt GEMM with the GELU_AUX_BIAS epilogue:
+/// f16/bf16 (the mixed-precision Transformer path; f32 keeps the composite) and an output width
+/// that is a multiple of 8 (cuBLASLt's rule for the aux matrix's leading dimension).
+pub(crate) fn linear_gelu_applies(dtype: DType, out: usize) -> bool {
+    matches!(dtype, DType::F16 | DType::BF16) && out > 0 && out.is_multiple_of(8)
+}
+
+/// y [rows, out] = gelu(x Wᵀ + b) as one GEMM that also stores the pre-activation for the
+/// backward pass (x's elements read row-major as [rows, in]); None where the epilogue does not
+/// apply (see [`linear_gelu_applies`]).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn linear_bias_gelu(
+    x: &CudaStorage,
+    xl: &Layout,
+    w: &CudaStorage,
+    wl: &Layout,
+    b: &CudaStorage,
+    bl: &Layout,
+    rows: usize,
+    inp: usize,
+    out: usize,
+) -> Result<Option<(CudaStorage, CudaStorage)>> {
+    let op = "linear_bias_gelu";
+    let dtype = x.dtype();
+    if !linear_gelu_applies(dtype, out) {
+        return Ok(None);
+    }
+    let dev = x.device();
+    let (xv, wv, bv) = (x.window(xl)?, w.window(wl)?, b.window(bl)?);
+    let y = alloc(dev, rows * out, dtype)?;
+    let pre = alloc(dev, rows * out, dtype)?;
+    if rows > 0 {
+        if inp == 0 {
+            bail!("{op}: the weight has no input features");
+        }
+        // B is the weight stored [out, in]: x Wᵀ is the transposed-B product.
+        let mut desc = GemmDesc::new(
+            gemm_dtype(op, dtype)?,
+            GemmShape::new(rows, out, inp).trans(false, true),
+            xv.slice(),
+            wv.slice(),
+            y.as_slice(),
+        );
+        desc.epilogue = Epilogue::BiasGeluAux {
+            bias: bv.slice(),
+            aux: pre.as_slice(),
+        };
+        dev.gemm(&desc).on(op)?;
+    }
+    Ok(Some((x.sibling(y, dtype), x.sibling(pre, dtype))))
 }
 
 #[cfg(test)]
@@ -190,6 +227,17 @@ mod tests {
         assert_eq!(mat_layout(5, 1, 1, 0), Some((false, 1)));
         // Both strides non-unit: gather.
         assert_eq!(mat_layout(3, 4, 8, 2), None);
+    }
+
+    #[test]
+    fn gemm_epilogue_or_composite() {
+        assert!(linear_gelu_applies(DType::BF16, 3072));
+        assert!(
+            !linear_gelu_applies(DType::BF16, 12),
+            "aux ld must be a multiple of 8"
+        );
+        assert!(!linear_gelu_applies(DType::F32, 64));
+        assert!(!linear_gelu_applies(DType::F16, 0));
     }
 
     #[test]

@@ -26,6 +26,7 @@ pub(crate) mod fused;
 pub(crate) mod matmul;
 pub(crate) mod nn;
 pub(crate) mod optim;
+mod primitives;
 pub(crate) mod random;
 pub(crate) mod reduce;
 pub mod storage;
@@ -37,6 +38,7 @@ use sinter_cuda::{CudaDevice, CudaError, DevSlice, DeviceBuffer};
 
 pub use sinter_cuda::Pool;
 pub use storage::CudaStorage;
+pub(crate) use storage::DevView;
 
 use crate::storage::Storage;
 use crate::{DType, Device, Error, Result, Tensor};
@@ -216,27 +218,6 @@ impl<T> OnOp<T> for sinter_cuda::Result<T> {
     }
 }
 
-/// A window of device memory: `len` elements of `buf` from element `off`. Holding it keeps the
-/// buffer alive; kernels read it through [`DevView::slice`].
-#[derive(Clone, Debug)]
-pub(crate) struct DevView {
-    pub buf: Arc<DeviceBuffer>,
-    pub off: usize,
-    pub len: usize,
-}
-
-impl DevView {
-    pub fn whole(buf: Arc<DeviceBuffer>) -> DevView {
-        let len = buf.len();
-        DevView { buf, off: 0, len }
-    }
-    pub fn slice(&self) -> DevSlice<'_> {
-        self.buf
-            .slice(self.off, self.len)
-            .expect("a DevView lies inside its buffer")
-    }
-}
-
 /// `buf` from element `off` to its end (a strided operand's data).
 pub(crate) fn tail_of<'a>(
     buf: &'a DeviceBuffer,
@@ -312,19 +293,17 @@ pub(crate) fn strides_i64(l: &crate::Layout) -> Vec<i64> {
 /// The tensor's elements as a contiguous device window: the tensor's own memory when it is
 /// contiguous, else a gathered copy.
 pub(crate) fn contig(t: &Tensor) -> Result<DevView> {
-    let (dev, buf) = parts(t)?;
-    let l = t.layout();
-    if let Some(r) = l.contiguous_range() {
-        return Ok(DevView {
-            buf,
-            off: r.start,
-            len: r.len(),
-        });
-    }
-    let n = l.numel();
-    let out = alloc(&dev, n, t.dtype())?;
-    gather_into(&dev, &buf, l, &out, 0)?;
-    Ok(DevView::whole(out))
+    let s = t.storage();
+    cuda_of(&s, t)?.window(t.layout())
+}
+
+fn cuda_of<'a>(s: &'a Storage, t: &Tensor) -> Result<&'a CudaStorage> {
+    s.as_cuda().ok_or_else(|| {
+        Error::Msg(format!(
+            "internal error: expected a CUDA tensor, got one on {}",
+            t.device()
+        ))
+    })
 }
 
 /// `dst[dst_off ..]` (contiguous, `l.shape()`) = the elements `l` addresses in `src`.
@@ -348,19 +327,8 @@ pub(crate) fn gather_into(
 
 /// Contiguous and of `dtype` (cast on the device when it differs).
 pub(crate) fn contig_as(t: &Tensor, dtype: DType) -> Result<DevView> {
-    let v = contig(t)?;
-    if t.dtype() == dtype {
-        return Ok(v);
-    }
-    let (dev, _) = parts(t)?;
-    let out = alloc(&dev, v.len, dtype)?;
-    sinter_cuda::ops::copy::cast(&dev, v.slice(), out.as_slice()).on("to_dtype")?;
-    Ok(DevView::whole(out))
-}
-
-/// The tensor's values as a CPU tensor (contiguous, detached): a device-to-host copy.
-pub(crate) fn to_host(t: &Tensor) -> Result<Tensor> {
-    creation::download(t)
+    let s = t.storage();
+    cuda_of(&s, t)?.window_as(t.layout(), dtype)
 }
 
 // ---- for the distributed layer (NCCL reads and writes gradients in place) ----------------------

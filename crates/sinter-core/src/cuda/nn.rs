@@ -1,80 +1,103 @@
-//! Fused NN ops on the device, each with its own backward kernel: softmax / log-softmax, layer
-//! norm, cross-entropy, index_select / embedding and index_add (deterministic scatter-add), and
-//! cat (strided copies).
+//! Row and index primitives on the device, each with its own backward kernel: softmax /
+//! log-softmax, layer norm (and residual add + layer norm), cross-entropy, and the row gathers
+//! and deterministic scatter-adds of index_select / embedding / index_add.
+//!
+//! Indices that live on the device are checked there (`checks`: a bad one is reported, with
+//! its value and position, at the next read of device values) and the gathers clamp them, so a
+//! bad index is never a bad memory access. Indices the tensor layer already checked on the host
+//! arrive with `checked` set and are not checked again.
 
 use std::sync::Arc;
 
 use sinter_cuda::ops::cross_entropy::{self as kce, LossGrad};
 use sinter_cuda::ops::{
-    binary as kb, embedding as ke, layernorm as kl, reduce as kr, softmax as ks,
+    binary as kb, embedding as ke, layernorm as kl, reduce as kr, residual_layernorm as krl,
+    softmax as ks,
 };
-use sinter_cuda::{CudaDevice, DeviceBuffer, Pool};
+use sinter_cuda::{CudaDevice, DeviceBuffer};
 
-use super::{
-    alloc, contig, contig_as, opt_slice, parts, same_device, storage_of, strides_i64, tensor_of,
-    OnOp,
-};
-use crate::autograd::output;
-use crate::{DType, Error, Layout, Result, Tensor};
+use super::checks::check_indices;
+use super::storage::{CudaStorage, DevView};
+use super::{alloc, opt_slice, OnOp};
+use crate::backend::{CrossEntropyOut, IndexGeom, Indices, RowStats, Wants};
+use crate::{DType, Error, Layout, Result};
 
-/// Softmax (or log-softmax) over the last dimension.
-pub(crate) fn softmax(x: &Tensor, log: bool) -> Result<Tensor> {
-    let (dev, _) = parts(x)?;
-    let dtype = x.dtype();
-    let n = *x.shape().last().unwrap_or(&1);
-    let rows = x.numel().checked_div(n).unwrap_or(0);
-    let name = if log { "log_softmax" } else { "softmax" };
-    let xv = contig(x)?;
-    let y = alloc(&dev, xv.len, dtype)?;
-    ks::softmax(&dev, log, xv.slice(), y.as_slice(), rows, n, 1.0).on(name)?;
-    Ok(output(
-        storage_of(&dev, y, dtype),
-        x.shape(),
-        name,
-        &[x],
-        move |g, y| {
-            let (yv, gv) = (contig(y)?, contig_as(g, dtype)?);
-            let gx = alloc(&dev, gv.len, dtype)?;
-            ks::softmax_backward(
-                &dev,
-                log,
-                yv.slice(),
-                gv.slice(),
-                gx.as_slice(),
-                rows,
-                n,
-                1.0,
-            )
-            .on(name)?;
-            Ok(vec![Some(tensor_of(&dev, gx, dtype, g.shape()))])
-        },
-    ))
+fn rows_of(l: &Layout) -> (usize, usize) {
+    let n = l.shape().last().copied().unwrap_or(1);
+    (l.numel().checked_div(n).unwrap_or(0), n)
 }
 
-/// Layer norm over the last dimension (size n) with affine gamma and beta (checked by the
-/// caller). gamma and beta are used in x's dtype; their gradients come back in their own.
+fn float_only(op: &'static str, dtype: DType) -> Result<()> {
+    if dtype.is_float() {
+        return Ok(());
+    }
+    Err(Error::UnsupportedDType {
+        op,
+        dtype,
+        supported: "f32, f16 or bf16",
+    })
+}
+
+/// Softmax (or log-softmax) over the last dimension.
+pub(crate) fn softmax(x: &CudaStorage, l: &Layout, log: bool) -> Result<CudaStorage> {
+    let name = if log { "log_softmax" } else { "softmax" };
+    float_only(name, x.dtype())?;
+    let (dev, dtype) = (x.device(), x.dtype());
+    let (rows, n) = rows_of(l);
+    let xv = x.window(l)?;
+    let y = alloc(dev, xv.len, dtype)?;
+    ks::softmax(dev, log, xv.slice(), y.as_slice(), rows, n, 1.0).on(name)?;
+    Ok(x.sibling(y, dtype))
+}
+
+/// The input gradient of softmax from its output `y` and the output gradient `g`.
+pub(crate) fn softmax_backward(
+    g: &CudaStorage,
+    gl: &Layout,
+    y: &CudaStorage,
+    yl: &Layout,
+    log: bool,
+) -> Result<CudaStorage> {
+    let name = if log { "log_softmax" } else { "softmax" };
+    let (dev, dtype) = (g.device(), y.dtype());
+    let (rows, n) = rows_of(yl);
+    let (yv, gv) = (y.window(yl)?, g.window_as(gl, dtype)?);
+    let gx = alloc(dev, gv.len, dtype)?;
+    ks::softmax_backward(
+        dev,
+        log,
+        yv.slice(),
+        gv.slice(),
+        gx.as_slice(),
+        rows,
+        n,
+        1.0,
+    )
+    .on(name)?;
+    Ok(g.sibling(gx, dtype))
+}
+
+/// Layer norm over the last dimension with gamma and beta (used in x's dtype).
 pub(crate) fn layer_norm(
-    x: &Tensor,
-    gamma: &Tensor,
-    beta: &Tensor,
-    n: usize,
+    x: &CudaStorage,
+    l: &Layout,
+    gamma: (&CudaStorage, &Layout),
+    beta: (&CudaStorage, &Layout),
     eps: f32,
-) -> Result<Tensor> {
-    same_device("layer_norm", x, gamma)?;
-    same_device("layer_norm", x, beta)?;
-    let (dev, _) = parts(x)?;
-    let dtype = x.dtype();
-    let rows = x.numel().checked_div(n).unwrap_or(0);
+) -> Result<(CudaStorage, RowStats<CudaStorage>)> {
+    float_only("layer_norm", x.dtype())?;
+    let (dev, dtype) = (x.device(), x.dtype());
+    let (rows, n) = rows_of(l);
     let (xv, gv, bv) = (
-        contig(x)?,
-        contig_as(gamma, dtype)?,
-        contig_as(beta, dtype)?,
+        x.window(l)?,
+        gamma.0.window_as(gamma.1, dtype)?,
+        beta.0.window_as(beta.1, dtype)?,
     );
-    let y = alloc(&dev, xv.len, dtype)?;
-    let mean = alloc(&dev, rows, DType::F32)?;
-    let rstd = alloc(&dev, rows, DType::F32)?;
+    let y = alloc(dev, xv.len, dtype)?;
+    let mean = alloc(dev, rows, DType::F32)?;
+    let rstd = alloc(dev, rows, DType::F32)?;
     kl::layernorm_forward(
-        &dev,
+        dev,
         xv.slice(),
         Some(gv.slice()),
         Some(bv.slice()),
@@ -86,122 +109,145 @@ pub(crate) fn layer_norm(
         eps,
     )
     .on("layer_norm")?;
-    let (xt, gt, bt) = (x.clone(), gamma.clone(), beta.clone());
-    Ok(output(
-        storage_of(&dev, y, dtype),
-        x.shape(),
-        "layer_norm",
-        &[x, gamma, beta],
-        move |g, _| {
-            let (xv, gav, gyv) = (contig(&xt)?, contig_as(&gt, dtype)?, contig_as(g, dtype)?);
-            let want = (xt.tracks_grad(), gt.tracks_grad(), bt.tracks_grad());
-            let dx = if want.0 {
-                Some(alloc(&dev, xv.len, dtype)?)
-            } else {
-                None
-            };
-            let dg = if want.1 {
-                Some(alloc(&dev, n, dtype)?)
-            } else {
-                None
-            };
-            let db = if want.2 {
-                Some(alloc(&dev, n, dtype)?)
-            } else {
-                None
-            };
-            kl::layernorm_backward(
-                &dev,
-                xv.slice(),
-                Some(gav.slice()),
-                gyv.slice(),
-                mean.as_slice(),
-                rstd.as_slice(),
-                opt_slice(&dx),
-                opt_slice(&dg),
-                opt_slice(&db),
-                rows,
-                n,
-                false,
-            )
-            .on("layer_norm")?;
-            let param = |b: Option<Arc<DeviceBuffer>>, like: &Tensor| -> Result<Option<Tensor>> {
-                b.map(|b| tensor_of(&dev, b, dtype, &[n]).to_dtype(like.dtype()))
-                    .transpose()
-            };
-            Ok(vec![
-                dx.map(|b| tensor_of(&dev, b, dtype, xt.shape())),
-                param(dg, &gt)?,
-                param(db, &bt)?,
-            ])
-        },
-    ))
+    let stats = RowStats {
+        mean: x.sibling(mean, DType::F32),
+        rstd: x.sibling(rstd, DType::F32),
+    };
+    Ok((x.sibling(y, dtype), stats))
 }
 
-/// The targets as a device i64 buffer. Host-resident targets are checked here, before upload
-/// (an immediate error naming the bad one). Device-resident ones are checked on the device
-/// without a sync: a bad target makes its row's loss NaN and is reported, with its value and
-/// position, at the next read of device values (`checks`), e.g. when the loss is logged.
-fn device_targets(
-    dev: &Arc<CudaDevice>,
-    targets: &Tensor,
-    c: usize,
-    ignore_index: i64,
-) -> Result<super::DevView> {
-    if targets.device().is_cuda() {
-        same_device_ordinal("cross_entropy", dev, targets)?;
-        let tv = contig(targets)?;
-        super::checks::check_indices(
-            dev,
-            tv.slice(),
-            c,
-            Some(ignore_index),
-            super::checks::IndexUse::CrossEntropy,
-        )?;
-        return Ok(tv);
-    }
-    let t = targets.to_vec_i64()?;
-    if let Some((i, &v)) = t
-        .iter()
-        .enumerate()
-        .find(|(_, &v)| v != ignore_index && (v < 0 || v as usize >= c))
-    {
-        return Err(Error::Msg(format!("cross_entropy: target {v} at position {i} is not a class index in 0..{c} (nor the ignore index {ignore_index})")));
-    }
-    Ok(super::DevView::whole(Arc::new(
-        dev.htod(&t, Pool::Temporary).on("cross_entropy")?,
-    )))
+/// (dx, dgamma, dbeta), each when wanted, all in x's dtype (the tensor layer casts the
+/// parameter gradients to the parameters' dtypes).
+pub(crate) fn layer_norm_backward(
+    g: &CudaStorage,
+    gl: &Layout,
+    x: (&CudaStorage, &Layout),
+    gamma: (&CudaStorage, &Layout),
+    stats: RowStats<&CudaStorage>,
+    wants: Wants,
+) -> Result<(
+    Option<CudaStorage>,
+    Option<CudaStorage>,
+    Option<CudaStorage>,
+)> {
+    let (dev, dtype) = (g.device(), x.0.dtype());
+    let (rows, n) = rows_of(x.1);
+    let (xv, gav, gyv) = (
+        x.0.window(x.1)?,
+        gamma.0.window_as(gamma.1, dtype)?,
+        g.window_as(gl, dtype)?,
+    );
+    let buf = |want: bool, len: usize| want.then(|| alloc(dev, len, dtype)).transpose();
+    let (dx, dg, db) = (
+        buf(wants.input, xv.len)?,
+        buf(wants.gamma, n)?,
+        buf(wants.beta, n)?,
+    );
+    kl::layernorm_backward(
+        dev,
+        xv.slice(),
+        Some(gav.slice()),
+        gyv.slice(),
+        stats.mean.buffer().as_slice(),
+        stats.rstd.buffer().as_slice(),
+        opt_slice(&dx),
+        opt_slice(&dg),
+        opt_slice(&db),
+        rows,
+        n,
+        false,
+    )
+    .on("layer_norm")?;
+    let wrap = |b: Option<Arc<DeviceBuffer>>| b.map(|b| g.sibling(b, dtype));
+    Ok((wrap(dx), wrap(dg), wrap(db)))
 }
 
-fn same_device_ordinal(op: &'static str, dev: &CudaDevice, t: &Tensor) -> Result<()> {
-    let d = crate::Device::Cuda(dev.ordinal());
-    if t.device() != d {
-        return Err(Error::DeviceMismatch {
-            op,
-            lhs: d,
-            rhs: t.device(),
+/// (x + residual, LayerNorm(x + residual)·gamma + beta, row stats) over rows of the last
+/// dimension, in one kernel. gamma and beta are used in x's dtype.
+pub(crate) fn residual_layer_norm(
+    x: &CudaStorage,
+    l: &Layout,
+    residual: (&CudaStorage, &Layout),
+    gamma: (&CudaStorage, &Layout),
+    beta: (&CudaStorage, &Layout),
+    eps: f32,
+) -> Result<(CudaStorage, CudaStorage, RowStats<CudaStorage>)> {
+    let op = "residual_layer_norm";
+    float_only(op, x.dtype())?;
+    let (dev, dtype) = (x.device(), x.dtype());
+    let (rows, n) = rows_of(l);
+    let (xv, rv, gv, bv) = (
+        x.window(l)?,
+        residual.0.window(residual.1)?,
+        gamma.0.window_as(gamma.1, dtype)?,
+        beta.0.window_as(beta.1, dtype)?,
+    );
+    let h = alloc(dev, xv.len, dtype)?;
+    let y = alloc(dev, xv.len, dtype)?;
+    let mean = alloc(dev, rows, DType::F32)?;
+    let rstd = alloc(dev, rows, DType::F32)?;
+    krl::residual_layernorm_forward(
+        dev,
+        xv.slice(),
+        rv.slice(),
+        gv.slice(),
+        bv.slice(),
+        h.as_slice(),
+        y.as_slice(),
+        mean.as_slice(),
+        rstd.as_slice(),
+        rows,
+        n,
+        eps,
+    )
+    .on(op)?;
+    let stats = RowStats {
+        mean: x.sibling(mean, DType::F32),
+        rstd: x.sibling(rstd, DType::F32),
+    };
+    Ok((x.sibling(h, dtype), x.sibling(y, dtype), stats))
+}
+
+/// The indices as a contiguous device window, checked on the device unless already checked.
+fn device_indices(
+    dev: &CudaDevice,
+    ids: &Indices<'_, CudaStorage>,
+    bound: usize,
+    ignore: Option<i64>,
+) -> Result<DevView> {
+    if ids.ids.dtype() != DType::I64 {
+        return Err(Error::DTypeMismatch {
+            op: ids.what.name(),
+            expected: DType::I64,
+            got: ids.ids.dtype(),
         });
     }
-    Ok(())
+    let v = ids.ids.window(ids.layout)?;
+    if !ids.checked {
+        check_indices(dev, v.slice(), bound, ignore, ids.what)?;
+    }
+    Ok(v)
 }
 
-/// Mean cross-entropy of logits [..., c] against i64 targets [...] (checked by the caller); rows
-/// whose target is `ignore_index` count for nothing. The loss is an f32 scalar on the device.
+/// Mean cross-entropy of logits [rows, c] against i64 targets; rows whose target is
+/// `ignore_index` count for nothing. The loss, each row's log-sum-exp and the count of counted
+/// rows stay on the device (f32).
 pub(crate) fn cross_entropy(
-    logits: &Tensor,
-    targets: &Tensor,
-    c: usize,
+    logits: &CudaStorage,
+    l: &Layout,
+    targets: Indices<'_, CudaStorage>,
     ignore_index: i64,
-) -> Result<Tensor> {
-    let (dev, _) = parts(logits)?;
-    let dtype = logits.dtype();
-    let rows = targets.numel();
-    let tv = device_targets(&dev, targets, c, ignore_index)?;
-    let xv = contig(logits)?;
-    let loss_rows = alloc(&dev, rows, DType::F32)?;
-    let lse = alloc(&dev, rows, DType::F32)?;
+) -> Result<CrossEntropyOut<CudaStorage>> {
+    let op = "cross_entropy";
+    float_only(op, logits.dtype())?;
+    let dev = logits.device();
+    let (rows, c) = rows_of(l);
+    let tv = device_indices(dev, &targets, c, Some(ignore_index))?;
+    let xv = logits.window(l)?;
+    let loss_rows = alloc(dev, rows, DType::F32)?;
+    let lse = alloc(dev, rows, DType::F32)?;
     kce::cross_entropy_forward(
-        &dev,
+        dev,
         xv.slice(),
         tv.slice(),
         loss_rows.as_slice(),
@@ -210,278 +256,170 @@ pub(crate) fn cross_entropy(
         c,
         ignore_index,
     )
-    .on("cross_entropy")?;
-    let count = alloc(&dev, 1, DType::F32)?;
-    kce::count_valid(&dev, tv.slice(), count.as_slice(), ignore_index).on("cross_entropy")?;
-    let total = alloc(&dev, 1, DType::F32)?;
-    kr::sum_last(&dev, loss_rows.as_slice(), total.as_slice(), 1, rows, 1.0).on("cross_entropy")?;
-    let loss = alloc(&dev, 1, DType::F32)?;
+    .on(op)?;
+    let count = alloc(dev, 1, DType::F32)?;
+    kce::count_valid(dev, tv.slice(), count.as_slice(), ignore_index).on(op)?;
+    let total = alloc(dev, 1, DType::F32)?;
+    kr::sum_last(dev, loss_rows.as_slice(), total.as_slice(), 1, rows, 1.0).on(op)?;
+    let loss = alloc(dev, 1, DType::F32)?;
     kb::binary(
-        &dev,
+        dev,
         kb::BinaryOp::Div,
         total.as_slice(),
         count.as_slice(),
         loss.as_slice(),
     )
-    .on("cross_entropy")?;
-    let lt = logits.clone();
-    Ok(output(
-        storage_of(&dev, loss, DType::F32),
-        &[],
-        "cross_entropy",
-        &[logits],
-        move |g, _| {
-            // d loss / d logits = (softmax - onehot) · g / count.
-            let gv = contig_as(g, DType::F32)?;
-            let dl = alloc(&dev, 1, DType::F32)?;
-            kb::binary(
-                &dev,
-                kb::BinaryOp::Div,
-                gv.slice(),
-                count.as_slice(),
-                dl.as_slice(),
-            )
-            .on("cross_entropy")?;
-            let xv = contig(&lt)?;
-            let dx = alloc(&dev, xv.len, dtype)?;
-            kce::cross_entropy_backward(
-                &dev,
-                xv.slice(),
-                tv.slice(),
-                lse.as_slice(),
-                LossGrad::Scalar(dl.as_slice()),
-                dx.as_slice(),
-                rows,
-                c,
-                ignore_index,
-                1.0,
-            )
-            .on("cross_entropy")?;
-            Ok(vec![Some(tensor_of(&dev, dx, dtype, lt.shape()))])
-        },
-    ))
+    .on(op)?;
+    let f = |b| logits.sibling(b, DType::F32);
+    Ok(CrossEntropyOut {
+        loss: f(loss),
+        lse: f(lse),
+        count: f(count),
+    })
 }
 
-/// Indices into x viewed as [outer * n, inner] for picking `ids` along the middle dimension of
-/// [outer, n, inner], uploaded.
-fn flat_ids(dev: &CudaDevice, ids: &[usize], outer: usize, n: usize) -> Result<Arc<DeviceBuffer>> {
-    let flat: Vec<i64> = (0..outer)
-        .flat_map(|o| ids.iter().map(move |&j| (o * n + j) as i64))
-        .collect();
-    Ok(Arc::new(
-        dev.htod(&flat, Pool::Temporary).on("index_select")?,
-    ))
+/// d loss / d logits = (softmax − onehot) · grad / count, in the logits' dtype.
+pub(crate) fn cross_entropy_backward(
+    logits: &CudaStorage,
+    l: &Layout,
+    targets: Indices<'_, CudaStorage>,
+    saved: CrossEntropyOut<&CudaStorage>,
+    grad: (&CudaStorage, &Layout),
+    ignore_index: i64,
+) -> Result<CudaStorage> {
+    let op = "cross_entropy";
+    let (dev, dtype) = (logits.device(), logits.dtype());
+    let (rows, c) = rows_of(l);
+    let tv = device_indices(dev, &targets, c, Some(ignore_index))?;
+    let gv = grad.0.window_as(grad.1, DType::F32)?;
+    let dl = alloc(dev, 1, DType::F32)?;
+    kb::binary(
+        dev,
+        kb::BinaryOp::Div,
+        gv.slice(),
+        saved.count.buffer().as_slice(),
+        dl.as_slice(),
+    )
+    .on(op)?;
+    let xv = logits.window(l)?;
+    let dx = alloc(dev, xv.len, dtype)?;
+    kce::cross_entropy_backward(
+        dev,
+        xv.slice(),
+        tv.slice(),
+        saved.lse.buffer().as_slice(),
+        LossGrad::Scalar(dl.as_slice()),
+        dx.as_slice(),
+        rows,
+        c,
+        ignore_index,
+        1.0,
+    )
+    .on(op)?;
+    Ok(logits.sibling(dx, dtype))
 }
 
-/// out[o, j, i] = x[o, ids[j], i] (ids checked by the caller). The backward is the
-/// deterministic scatter-add of the embedding kernels.
-pub(crate) fn index_select(
-    x: &Tensor,
-    ids: &[usize],
-    outer: usize,
-    n: usize,
-    inner: usize,
-    out_shape: &[usize],
-) -> Result<Tensor> {
-    let (dev, _) = parts(x)?;
-    let idx = flat_ids(&dev, ids, outer, n)?;
-    gather(x, idx, outer, n, inner, ids.len(), out_shape)
-}
-
-/// index_select with the ids already on the device (no host round trip): they are checked on
-/// the device (a bad one is reported at the next read, see `checks`) and turned into flat row
-/// ids in range, so the gather itself is always memory-safe.
-pub(crate) fn index_select_device(
-    x: &Tensor,
-    ids: &Tensor,
-    outer: usize,
-    n: usize,
-    inner: usize,
-    out_shape: &[usize],
-) -> Result<Tensor> {
-    same_device("index_select", x, ids)?;
-    let (dev, _) = parts(x)?;
-    let flat = device_flat_ids(&dev, ids, outer, n, super::checks::IndexUse::IndexSelect)?;
-    gather(x, flat, outer, n, inner, ids.numel(), out_shape)
-}
-
-/// Checked (deferred) and flattened device ids: [outer * k] rows of x viewed as [outer * n, inner].
-fn device_flat_ids(
-    dev: &Arc<CudaDevice>,
-    ids: &Tensor,
-    outer: usize,
-    n: usize,
-    what: super::checks::IndexUse,
+/// Checked (unless already) and flattened ids: [outer · k] rows of x viewed as
+/// [outer · n, inner].
+fn flat_ids(
+    dev: &CudaDevice,
+    ids: &Indices<'_, CudaStorage>,
+    g: IndexGeom,
 ) -> Result<Arc<DeviceBuffer>> {
-    let iv = contig(ids)?;
-    super::checks::check_indices(dev, iv.slice(), n, None, what)?;
-    let flat = alloc(dev, outer * iv.len, DType::I64)?;
-    sinter_cuda::ops::int::index_flat(dev, iv.slice(), flat.as_slice(), outer, n)
-        .on("index_select")?;
+    let iv = device_indices(dev, ids, g.n, None)?;
+    let flat = alloc(dev, g.outer * iv.len, DType::I64)?;
+    sinter_cuda::ops::int::index_flat(dev, iv.slice(), flat.as_slice(), g.outer, g.n)
+        .on(ids.what.name())?;
     Ok(flat)
 }
 
-/// out[o, j, i] = x[o, ids[j], i] from flat row ids `idx` ([outer * k], in range).
-fn gather(
-    x: &Tensor,
-    idx: Arc<DeviceBuffer>,
-    outer: usize,
-    n: usize,
-    inner: usize,
-    k: usize,
-    out_shape: &[usize],
-) -> Result<Tensor> {
-    let (dev, _) = parts(x)?;
-    let dtype = x.dtype();
-    let xv = contig(x)?;
-    if !dtype.is_float() {
-        // i64 rows (no gradient).
-        let out = alloc(&dev, outer * k * inner, dtype)?;
-        sinter_cuda::ops::int::gather_rows_i64(
-            &dev,
+/// out[o, j, i] = x[o, ids[j], i]: float rows through the embedding kernel, i64 rows through
+/// the integer gather.
+pub(crate) fn index_select(
+    x: &CudaStorage,
+    l: &Layout,
+    ids: Indices<'_, CudaStorage>,
+    g: IndexGeom,
+) -> Result<CudaStorage> {
+    let (dev, dtype) = (x.device(), x.dtype());
+    let flat = flat_ids(dev, &ids, g)?;
+    let k = ids.layout.numel();
+    let xv = x.window(l)?;
+    let out = alloc(dev, g.outer * k * g.inner, dtype)?;
+    if dtype.is_float() {
+        ke::embedding_forward(
+            dev,
             xv.slice(),
-            idx.as_slice(),
+            flat.as_slice(),
             out.as_slice(),
-            outer * n,
-            inner,
+            g.outer * g.n,
+            g.inner,
         )
         .on("index_select")?;
-        return Ok(tensor_of(&dev, out, dtype, out_shape));
+    } else {
+        sinter_cuda::ops::int::gather_rows_i64(
+            dev,
+            xv.slice(),
+            flat.as_slice(),
+            out.as_slice(),
+            g.outer * g.n,
+            g.inner,
+        )
+        .on("index_select")?;
     }
-    let out = alloc(&dev, outer * k * inner, dtype)?;
-    ke::embedding_forward(
-        &dev,
-        xv.slice(),
-        idx.as_slice(),
-        out.as_slice(),
-        outer * n,
-        inner,
-    )
-    .on("index_select")?;
-    let xshape = x.shape().to_vec();
-    Ok(output(
-        storage_of(&dev, out, dtype),
-        out_shape,
-        "index_select",
-        &[x],
-        move |g, _| {
-            let gv = contig_as(g, dtype)?;
-            let gx = alloc(&dev, outer * n * inner, dtype)?;
-            ke::embedding_backward(
-                &dev,
-                gv.slice(),
-                idx.as_slice(),
-                gx.as_slice(),
-                outer * n,
-                inner,
-                false,
-            )
-            .on("index_select")?;
-            Ok(vec![Some(tensor_of(&dev, gx, dtype, &xshape))])
-        },
-    ))
+    Ok(x.sibling(out, dtype))
 }
 
-/// A copy of x with `src` rows added at the ids of `idx` along the middle dimension of
-/// [outer, n, inner] (src is used in x's dtype). `ids` are the host-checked ids when `idx` is
-/// on the host; None when `idx` is on the device (checked there, see `checks`).
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn index_add(
-    x: &Tensor,
-    d: usize,
-    idx: &Tensor,
-    ids: Option<&[usize]>,
-    src: &Tensor,
-    outer: usize,
-    n: usize,
-    inner: usize,
-) -> Result<Tensor> {
-    same_device("index_add", x, src)?;
-    let (dev, _) = parts(x)?;
-    let dtype = x.dtype();
-    if !dtype.is_float() {
-        crate::bail!("index_add: needs a float tensor, got {dtype}");
-    }
-    let xv = contig(x)?;
-    let out = alloc(&dev, xv.len, dtype)?;
-    dev.copy(xv.slice(), out.as_slice()).on("index_add")?;
-    let fid = match ids {
-        Some(ids) => flat_ids(&dev, ids, outer, n)?,
-        None => {
-            same_device("index_add", x, idx)?;
-            device_flat_ids(&dev, idx, outer, n, super::checks::IndexUse::IndexAdd)?
-        }
-    };
-    let sv = contig_as(src, dtype)?;
+/// The deterministic scatter-add of grad_out rows into zeros of x's shape (written, not
+/// accumulated: the kernel sums each destination row's sources in order).
+pub(crate) fn index_select_backward(
+    gy: &CudaStorage,
+    l: &Layout,
+    ids: Indices<'_, CudaStorage>,
+    g: IndexGeom,
+) -> Result<CudaStorage> {
+    let (dev, dtype) = (gy.device(), gy.dtype());
+    float_only("index_select", dtype)?;
+    let flat = flat_ids(dev, &ids, g)?;
+    let gv = gy.window(l)?;
+    let gx = alloc(dev, g.outer * g.n * g.inner, dtype)?;
     ke::embedding_backward(
-        &dev,
+        dev,
+        gv.slice(),
+        flat.as_slice(),
+        gx.as_slice(),
+        g.outer * g.n,
+        g.inner,
+        false,
+    )
+    .on("index_select")?;
+    Ok(gy.sibling(gx, dtype))
+}
+
+/// A copy of x with `src` rows (used in x's dtype) added at `ids` along the middle dimension.
+pub(crate) fn index_add(
+    x: &CudaStorage,
+    l: &Layout,
+    ids: Indices<'_, CudaStorage>,
+    src: (&CudaStorage, &Layout),
+    g: IndexGeom,
+) -> Result<CudaStorage> {
+    let (dev, dtype) = (x.device(), x.dtype());
+    float_only("index_add", dtype)?;
+    let xv = x.window(l)?;
+    let out = alloc(dev, xv.len, dtype)?;
+    dev.copy(xv.slice(), out.as_slice()).on("index_add")?;
+    let flat = flat_ids(dev, &ids, g)?;
+    let sv = src.0.window_as(src.1, dtype)?;
+    ke::embedding_backward(
+        dev,
         sv.slice(),
-        fid.as_slice(),
+        flat.as_slice(),
         out.as_slice(),
-        outer * n,
-        inner,
+        g.outer * g.n,
+        g.inner,
         true,
     )
     .on("index_add")?;
-    let idx = idx.clone();
-    Ok(output(
-        storage_of(&dev, out, dtype),
-        x.shape(),
-        "index_add",
-        &[x, src],
-        move |g, _| {
-            Ok(vec![
-                Some(g.clone()),
-                Some(g.index_select(d as isize, &idx)?),
-            ])
-        },
-    ))
-}
-
-/// Joins tensors along `d` into `shape` (validated by the caller) with one strided copy each.
-pub(crate) fn cat(tensors: &[Tensor], d: usize, shape: &[usize]) -> Result<Tensor> {
-    let first = &tensors[0];
-    for t in tensors {
-        same_device("cat", first, t)?;
-    }
-    let (dev, _) = parts(first)?;
-    let dtype = first.dtype();
-    let out = alloc(&dev, shape.iter().product(), dtype)?;
-    let full = Layout::contiguous(shape);
-    let mut start = 0;
-    let mut sizes = Vec::new();
-    for t in tensors {
-        let len = t.shape()[d];
-        let region = full.narrow(d, start, len)?;
-        if region.numel() > 0 {
-            let (_, buf) = parts(t)?;
-            let l = t.layout();
-            let src = super::tail_of(&buf, l.offset(), "cat")?;
-            let dst = super::tail_of(&out, region.offset(), "cat")?;
-            sinter_cuda::ops::copy::strided_copy(
-                &dev,
-                src,
-                &strides_i64(l),
-                dst,
-                &strides_i64(&region),
-                l.shape(),
-            )
-            .on("cat")?;
-        }
-        sizes.push((start, len));
-        start += len;
-    }
-    let refs: Vec<&Tensor> = tensors.iter().collect();
-    Ok(output(
-        storage_of(&dev, out, dtype),
-        shape,
-        "cat",
-        &refs,
-        move |g, _| {
-            sizes
-                .iter()
-                .map(|&(s, l)| Ok(Some(g.narrow(d as isize, s, l)?.contiguous()?)))
-                .collect()
-        },
-    ))
+    Ok(x.sibling(out, dtype))
 }

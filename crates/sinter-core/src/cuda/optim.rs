@@ -5,7 +5,6 @@
 
 use sinter_cuda::ops::adamw as ka;
 
-use super::creation::promote_in_place;
 use super::{contig_as, parts, OnOp};
 use crate::cpu::nn::{AdamWParams, SgdParams};
 use crate::{bail, DType, Error, Result, Tensor};
@@ -55,7 +54,7 @@ pub(crate) fn adamw_step(
     distinct("adamw_step", &[p, m, v])?;
     for t in [p, m, v] {
         state("adamw_step", t)?;
-        promote_in_place(t)?;
+        t.write_storage().promote_to_permanent()?;
     }
     let (dev, _) = parts(p)?;
     let (pv, mv, vv) = (
@@ -116,7 +115,7 @@ pub(crate) fn sgd_step(
     distinct("sgd_step", &all)?;
     for t in &all {
         state("sgd_step", t)?;
-        promote_in_place(t)?;
+        t.write_storage().promote_to_permanent()?;
     }
     let (dev, _) = parts(p)?;
     let pv = state("sgd_step", p)?;

@@ -6,26 +6,29 @@ use sinter_cuda::ops::reduce::{self as kr, ArgReduce};
 
 use sinter_cuda::ops::int as ki;
 
-use super::{alloc, contig, parts, storage_of, OnOp};
+use super::storage::CudaStorage;
+use super::{alloc, OnOp};
 use crate::op::ReduceOp;
-use crate::storage::Storage;
-use crate::{DType, Result, Tensor};
+use crate::{DType, Layout, Result};
 
-/// Reduces dimension `dim` of `x` (kept as size 1). Returns the output storage and shape.
-pub(crate) fn reduce_dim(x: &Tensor, dim: usize, op: ReduceOp) -> Result<(Storage, Vec<usize>)> {
-    let shape = x.shape();
+/// Reduces dimension `dim` of the elements `l` addresses (kept as size 1).
+pub(crate) fn reduce_dim(
+    x: &CudaStorage,
+    l: &Layout,
+    dim: usize,
+    op: ReduceOp,
+) -> Result<CudaStorage> {
+    let shape = l.shape();
     let (outer, n, inner) = (
         shape[..dim].iter().product::<usize>(),
         shape[dim],
         shape[dim + 1..].iter().product::<usize>(),
     );
-    let mut out_shape = shape.to_vec();
-    out_shape[dim] = 1;
+    let dev = x.device();
     if !x.dtype().is_float() {
         // i64: exact integer sums (wrapping), max/min, first-max argmax, one thread per output.
-        let (dev, _) = parts(x)?;
-        let xv = contig(x)?;
-        let out = alloc(&dev, outer * inner, DType::I64)?;
+        let xv = x.window(l)?;
+        let out = alloc(dev, outer * inner, DType::I64)?;
         let k = match op {
             ReduceOp::Sum => ki::IntReduce::Sum,
             ReduceOp::Max => ki::IntReduce::Max,
@@ -36,21 +39,17 @@ pub(crate) fn reduce_dim(x: &Tensor, dim: usize, op: ReduceOp) -> Result<(Storag
             // Only a sum reaches here with an empty dimension.
             dev.zero(out.as_slice()).on("sum")?;
         } else {
-            ki::int_reduce(&dev, k, xv.slice(), out.as_slice(), outer, n, inner).on("reduce")?;
+            ki::int_reduce(dev, k, xv.slice(), out.as_slice(), outer, n, inner).on("reduce")?;
         }
-        return Ok((storage_of(&dev, out, DType::I64), out_shape));
+        return Ok(x.sibling(out, DType::I64));
     }
-    let (dev, _) = parts(x)?;
     let d = x.dtype();
     let m = outer * inner;
     if n == 0 {
         // Only a sum reaches here with an empty dimension (the caller rejects the rest).
-        return Ok((
-            storage_of(&dev, super::alloc_zeros(&dev, m, d)?, d),
-            out_shape,
-        ));
+        return Ok(x.sibling(super::alloc_zeros(dev, m, d)?, d));
     }
-    let xv = contig(x)?;
+    let xv = x.window(l)?;
     let xs = xv.slice();
     let name = match op {
         ReduceOp::Sum => "sum",
@@ -58,7 +57,7 @@ pub(crate) fn reduce_dim(x: &Tensor, dim: usize, op: ReduceOp) -> Result<(Storag
         ReduceOp::Min => "min",
         ReduceOp::ArgMax => "argmax",
     };
-    let out = alloc(&dev, m, d)?;
+    let out = alloc(dev, m, d)?;
     let which = if op == ReduceOp::Min {
         ArgReduce::Min
     } else {
@@ -67,23 +66,23 @@ pub(crate) fn reduce_dim(x: &Tensor, dim: usize, op: ReduceOp) -> Result<(Storag
     match op {
         ReduceOp::Sum => {
             if inner == 1 {
-                kr::sum_last(&dev, xs, out.as_slice(), outer, n, 1.0).on(name)?;
+                kr::sum_last(dev, xs, out.as_slice(), outer, n, 1.0).on(name)?;
             } else {
-                kr::sum_mid(&dev, xs, out.as_slice(), outer, n, inner, 1.0).on(name)?;
+                kr::sum_mid(dev, xs, out.as_slice(), outer, n, inner, 1.0).on(name)?;
             }
         }
         ReduceOp::Max | ReduceOp::Min => {
             if inner == 1 {
-                kr::arg_last(&dev, which, xs, out.as_slice(), None, outer, n).on(name)?;
+                kr::arg_last(dev, which, xs, out.as_slice(), None, outer, n).on(name)?;
             } else {
-                kr::arg_mid(&dev, which, xs, out.as_slice(), None, outer, n, inner).on(name)?;
+                kr::arg_mid(dev, which, xs, out.as_slice(), None, outer, n, inner).on(name)?;
             }
         }
         ReduceOp::ArgMax => {
-            let idx = alloc(&dev, m, DType::I64)?;
+            let idx = alloc(dev, m, DType::I64)?;
             if inner == 1 {
                 kr::arg_last(
-                    &dev,
+                    dev,
                     which,
                     xs,
                     out.as_slice(),
@@ -94,7 +93,7 @@ pub(crate) fn reduce_dim(x: &Tensor, dim: usize, op: ReduceOp) -> Result<(Storag
                 .on(name)?;
             } else {
                 kr::arg_mid(
-                    &dev,
+                    dev,
                     which,
                     xs,
                     out.as_slice(),
@@ -105,8 +104,8 @@ pub(crate) fn reduce_dim(x: &Tensor, dim: usize, op: ReduceOp) -> Result<(Storag
                 )
                 .on(name)?;
             }
-            return Ok((storage_of(&dev, idx, DType::I64), out_shape));
+            return Ok(x.sibling(idx, DType::I64));
         }
     }
-    Ok((storage_of(&dev, out, d), out_shape))
+    Ok(x.sibling(out, d))
 }

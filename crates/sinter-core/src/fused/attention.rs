@@ -29,9 +29,9 @@ use rayon::prelude::*;
 use sinter_cpu::gemm::{Gemm, MatMut, MatRef};
 
 use super::{f32_values, float_input};
-use crate::autograd::output;
 use crate::cpu::CpuStorage;
 use crate::storage::Storage;
+use crate::tensor::output;
 use crate::{bail, DType, Error, Layout, Result, Tensor};
 
 /// Query rows per tile.

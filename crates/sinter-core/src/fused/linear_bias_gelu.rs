@@ -12,6 +12,8 @@
 //! the fused `bias_gelu` (which itself avoids storing the pre-activation).
 
 use super::{bias_gelu, float_input};
+use crate::op::UnaryOp;
+use crate::tensor::output;
 use crate::{bail, Error, Result, Tensor};
 
 /// gelu(x Wᵀ + b) over the last dimension of x, differentiable in x, w and b.
@@ -19,12 +21,46 @@ pub fn linear_bias_gelu(x: &Tensor, w: &Tensor, b: &Tensor) -> Result<Tensor> {
     let (rows, inp, out) = check("linear_bias_gelu", x, w, b)?;
     let mut shape = x.shape().to_vec();
     *shape.last_mut().expect("rank checked") = out;
-    if [x, w, b].iter().any(|t| t.device().is_cuda())
-        && crate::cuda::fused::linear_gelu_applies(x.dtype(), out)
-    {
-        return crate::cuda::fused::linear_bias_gelu(x, w, b, rows, inp, out)?.reshape(&shape);
-    }
-    bias_gelu(&x.reshape(&[rows, inp])?.matmul(&w.t()?)?, b)?.reshape(&shape)
+    let fused = x.storage().linear_bias_gelu(
+        x.layout(),
+        &w.storage(),
+        w.layout(),
+        &b.storage(),
+        b.layout(),
+        rows,
+        inp,
+        out,
+    )?;
+    let Some((y, pre)) = fused else {
+        return bias_gelu(&x.reshape(&[rows, inp])?.matmul(&w.t()?)?, b)?.reshape(&shape);
+    };
+    // The backward needs only the saved pre-activation u = x Wᵀ + b: du = dy ∘ gelu'(u),
+    // dx = du W, dW = duᵀ x, db = Σ_rows du.
+    let pre = Tensor::from_storage(pre, &[rows, out]);
+    let (xt, wt, bt) = (x.clone(), w.clone(), b.clone());
+    let y = output(
+        y,
+        &[rows, out],
+        "linear_bias_gelu",
+        &[x, w, b],
+        move |g, _| {
+            let du = Tensor::unary_backward(UnaryOp::GeluTanh, &pre, &pre, g)?;
+            let dx = xt
+                .tracks_grad()
+                .then(|| du.matmul(&wt)?.reshape(xt.shape()))
+                .transpose()?;
+            let dw = wt
+                .tracks_grad()
+                .then(|| du.t()?.matmul(&xt.reshape(&[rows, inp])?))
+                .transpose()?;
+            let db = bt
+                .tracks_grad()
+                .then(|| du.sum_to_shape(&[out]))
+                .transpose()?;
+            Ok(vec![dx, dw, db])
+        },
+    );
+    y.reshape(&shape)
 }
 
 /// The composite reference: `(x Wᵀ).add(b).gelu()` from unfused ops.

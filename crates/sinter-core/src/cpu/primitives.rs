@@ -1,0 +1,533 @@
+//! The CPU side of the backend seam: `CpuStorage` implements each primitive of
+//! `crate::backend` as a thin call into the slice kernels of this module's siblings (which
+//! never see a storage enum, a layout or a tensor beyond what they are handed), so moving a
+//! kernel family to sinter-cpu changes one call here.
+
+use super::matmul::MatView;
+use super::{conv, elementwise, fused, matmul, nn, reduce, CpuStorage};
+use crate::backend::{
+    check_indices, BackendDevice, BackendStorage, ConvGeom, CrossEntropyOut, DropoutMask,
+    IndexGeom, Indices, PoolGeom, RowStats, Wants,
+};
+use crate::op::{BinaryOp, ReduceOp, UnaryOp};
+use crate::{DType, Device, Error, Layout, Result, Rng};
+
+/// The host as a backend device.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct CpuDevice;
+
+impl BackendDevice for CpuDevice {
+    type Storage = CpuStorage;
+    fn location(&self) -> Device {
+        Device::Cpu
+    }
+    fn alloc(&self, n: usize, dtype: DType) -> Result<CpuStorage> {
+        self.zeros(n, dtype)
+    }
+    fn zeros(&self, n: usize, dtype: DType) -> Result<CpuStorage> {
+        Ok(CpuStorage::zeros(n, dtype))
+    }
+    fn full(&self, n: usize, value: f64, dtype: DType) -> Result<CpuStorage> {
+        Ok(CpuStorage::full(n, value, dtype))
+    }
+    fn arange(&self, start: f64, step: f64, n: usize, dtype: DType) -> Result<CpuStorage> {
+        Ok(if dtype == DType::I64 {
+            CpuStorage::I64((0..n).map(|i| (start + i as f64 * step) as i64).collect())
+        } else {
+            let v: Vec<f32> = (0..n).map(|i| (start + i as f64 * step) as f32).collect();
+            CpuStorage::from_f32(v, dtype)
+        })
+    }
+    fn upload(&self, host: &CpuStorage) -> Result<CpuStorage> {
+        Ok(host.clone())
+    }
+}
+
+/// [outer, n, inner] around dimension `dim` of `shape`.
+fn split_at_dim(shape: &[usize], dim: usize) -> (usize, usize, usize) {
+    (
+        shape[..dim].iter().product(),
+        shape[dim],
+        shape[dim + 1..].iter().product(),
+    )
+}
+
+/// An error unless `dtype` is a float (the kernels of `op` compute on f32 values).
+fn float_only(op: &'static str, dtype: DType) -> Result<()> {
+    if dtype.is_float() {
+        Ok(())
+    } else {
+        Err(Error::UnsupportedDType {
+            op,
+            dtype,
+            supported: "f32, f16 or bf16",
+        })
+    }
+}
+
+/// The last dimension's size (rows of that length are what the row kernels work on).
+fn last_dim(l: &Layout) -> usize {
+    l.shape().last().copied().unwrap_or(1)
+}
+
+/// Values of an f32 scalar (or one-element) storage.
+fn scalar_f32(s: &CpuStorage) -> f32 {
+    s.f32_contiguous(&Layout::contiguous(&[s.len()]))[0]
+}
+
+/// The ids as checked row numbers (the CPU checks every time: it is one pass over the ids).
+fn row_ids(ids: &Indices<'_, CpuStorage>, bound: usize) -> Result<Vec<usize>> {
+    if ids.ids.dtype() != DType::I64 {
+        return Err(Error::DTypeMismatch {
+            op: ids.what.name(),
+            expected: DType::I64,
+            got: ids.ids.dtype(),
+        });
+    }
+    let v = ids.ids.i64_contiguous(ids.layout);
+    check_indices(&v, bound, None, ids.what)?;
+    Ok(v.iter().map(|&i| i as usize).collect())
+}
+
+/// The matrix of batch `b` of a layout broadcast to [batch.., rows, cols] (`nb` batch dims).
+fn batch_view(l: &Layout, nb: usize) -> impl Fn(usize) -> MatView + Sync + '_ {
+    move |b: usize| {
+        let mut off = l.offset();
+        let mut rem = b;
+        for i in (0..nb).rev() {
+            off += (rem % l.shape()[i]) * l.strides()[i];
+            rem /= l.shape()[i];
+        }
+        MatView {
+            offset: off,
+            rs: l.strides()[nb] as isize,
+            cs: l.strides()[nb + 1] as isize,
+        }
+    }
+}
+
+impl BackendStorage for CpuStorage {
+    fn dtype(&self) -> DType {
+        CpuStorage::dtype(self)
+    }
+    fn len(&self) -> usize {
+        CpuStorage::len(self)
+    }
+    fn device(&self) -> Device {
+        Device::Cpu
+    }
+
+    fn to_cpu(&self, l: &Layout) -> Result<CpuStorage> {
+        Ok(self.gather(l))
+    }
+    fn copy_strided(&self, l: &Layout) -> Result<Self> {
+        Ok(self.gather(l))
+    }
+    fn cast(&self, l: &Layout, dtype: DType) -> Result<Self> {
+        Ok(self.gather_as(l, dtype))
+    }
+    fn assign(&mut self, dst_l: &Layout, src: &Self, src_l: &Layout) -> Result<()> {
+        let data = src.gather_as(src_l, CpuStorage::dtype(self));
+        self.write_strided(dst_l, &data)
+    }
+    fn promote_to_permanent(&mut self) -> Result<()> {
+        Ok(())
+    }
+
+    fn unary(&self, l: &Layout, op: UnaryOp) -> Result<Self> {
+        Ok(elementwise::unary(self, l, op))
+    }
+    fn unary_backward(
+        &self,
+        l: &Layout,
+        op: UnaryOp,
+        x: &Self,
+        xl: &Layout,
+        y: &Self,
+        yl: &Layout,
+    ) -> Result<Self> {
+        let (xv, yv, gv) = (
+            x.f32_contiguous(xl),
+            y.f32_contiguous(yl),
+            self.f32_contiguous(l),
+        );
+        Ok(elementwise::unary_backward(
+            op,
+            &xv,
+            &yv,
+            &gv,
+            CpuStorage::dtype(self),
+        ))
+    }
+    fn binary(&self, l: &Layout, rhs: &Self, rl: &Layout, op: BinaryOp) -> Result<Self> {
+        Ok(elementwise::binary(self, l, rhs, rl, op))
+    }
+    fn where_cond(&self, l: &Layout, a: &Self, al: &Layout, b: &Self, bl: &Layout) -> Result<Self> {
+        Ok(elementwise::where_cond(self, l, a, al, b, bl))
+    }
+
+    fn reduce(&self, l: &Layout, dim: usize, op: ReduceOp) -> Result<Self> {
+        let (outer, n, inner) = split_at_dim(l.shape(), dim);
+        let x = self.f32_contiguous(l);
+        Ok(if op == ReduceOp::ArgMax {
+            CpuStorage::I64(reduce::argmax_i64(&x, outer, n, inner))
+        } else {
+            CpuStorage::from_f32(
+                reduce::reduce_f32(&x, outer, n, inner, op),
+                CpuStorage::dtype(self),
+            )
+        })
+    }
+
+    fn matmul(&self, la: &Layout, rhs: &Self, lb: &Layout) -> Result<Self> {
+        float_only("matmul", CpuStorage::dtype(self))?;
+        let nb = la.rank() - 2;
+        let batch: usize = la.shape()[..nb].iter().product();
+        let (m, k, n) = (la.shape()[nb], la.shape()[nb + 1], lb.shape()[nb + 1]);
+        let out = match (self, rhs) {
+            (CpuStorage::F32(a), CpuStorage::F32(b)) => matmul::batched_gemm_f32(
+                a,
+                b,
+                batch,
+                m,
+                n,
+                k,
+                batch_view(la, nb),
+                batch_view(lb, nb),
+            ),
+            _ => {
+                // Half precision: widen to f32 (contiguous), multiply, round back.
+                let (a, b) = (self.f32_contiguous(la), rhs.f32_contiguous(lb));
+                let (ca, cb) = (
+                    Layout::contiguous(la.shape()),
+                    Layout::contiguous(lb.shape()),
+                );
+                matmul::batched_gemm_f32(
+                    &a,
+                    &b,
+                    batch,
+                    m,
+                    n,
+                    k,
+                    batch_view(&ca, nb),
+                    batch_view(&cb, nb),
+                )
+            }
+        };
+        Ok(CpuStorage::from_f32(out, CpuStorage::dtype(self)))
+    }
+    fn linear_bias_gelu(
+        &self,
+        _: &Layout,
+        _: &Self,
+        _: &Layout,
+        _: &Self,
+        _: &Layout,
+        _: usize,
+        _: usize,
+        _: usize,
+    ) -> Result<Option<(Self, Self)>> {
+        // No GEMM epilogue here: the op runs as matmul + the fused bias_gelu.
+        Ok(None)
+    }
+
+    fn conv2d(&self, l: &Layout, w: &Self, wl: &Layout, g: &ConvGeom) -> Result<Self> {
+        float_only("conv2d", CpuStorage::dtype(self))?;
+        let y = conv::conv2d_forward(&self.f32_contiguous(l), &w.f32_contiguous(wl), g);
+        Ok(CpuStorage::from_f32(y, CpuStorage::dtype(self)))
+    }
+    fn conv2d_backward_data(
+        &self,
+        l: &Layout,
+        w: &Self,
+        wl: &Layout,
+        g: &ConvGeom,
+    ) -> Result<Self> {
+        let dx = conv::conv2d_backward_data(&w.f32_contiguous(wl), &self.f32_contiguous(l), g);
+        Ok(CpuStorage::from_f32(dx, CpuStorage::dtype(self)))
+    }
+    fn conv2d_backward_filter(
+        &self,
+        l: &Layout,
+        x: &Self,
+        xl: &Layout,
+        g: &ConvGeom,
+    ) -> Result<Self> {
+        let dw = conv::conv2d_backward_filter(&x.f32_contiguous(xl), &self.f32_contiguous(l), g);
+        Ok(CpuStorage::from_f32(dw, CpuStorage::dtype(self)))
+    }
+    fn max_pool2d(&self, l: &Layout, g: &PoolGeom) -> Result<(Self, Self)> {
+        float_only("max_pool2d", CpuStorage::dtype(self))?;
+        let x = self.f32_contiguous(l);
+        let (y, arg) = conv::max_pool2d(&x, g.planes(), g.h, g.w, g.oh, g.ow, g.p);
+        Ok((
+            CpuStorage::from_f32(y, CpuStorage::dtype(self)),
+            CpuStorage::I64(arg),
+        ))
+    }
+    fn max_pool2d_backward(&self, l: &Layout, argmax: &Self, g: &PoolGeom) -> Result<Self> {
+        let arg = argmax.i64_contiguous(&Layout::contiguous(&[argmax.len()]));
+        let dx = conv::max_pool2d_backward(
+            &self.f32_contiguous(l),
+            &arg,
+            g.planes(),
+            g.h * g.w,
+            g.oh * g.ow,
+        );
+        Ok(CpuStorage::from_f32(dx, CpuStorage::dtype(self)))
+    }
+    fn avg_pool2d(&self, l: &Layout, g: &PoolGeom) -> Result<Self> {
+        float_only("avg_pool2d", CpuStorage::dtype(self))?;
+        let x = self.f32_contiguous(l);
+        let y = conv::avg_pool2d(&x, g.planes(), g.h, g.w, g.oh, g.ow, g.p);
+        Ok(CpuStorage::from_f32(y, CpuStorage::dtype(self)))
+    }
+    fn avg_pool2d_backward(&self, l: &Layout, g: &PoolGeom) -> Result<Self> {
+        let dy = self.f32_contiguous(l);
+        let dx = conv::avg_pool2d_backward(&dy, g.planes(), g.h, g.w, g.oh, g.ow, g.p);
+        Ok(CpuStorage::from_f32(dx, CpuStorage::dtype(self)))
+    }
+
+    fn softmax(&self, l: &Layout, log: bool) -> Result<Self> {
+        float_only(
+            if log { "log_softmax" } else { "softmax" },
+            CpuStorage::dtype(self),
+        )?;
+        let y = nn::softmax_rows(&self.f32_contiguous(l), last_dim(l), log);
+        Ok(CpuStorage::from_f32(y, CpuStorage::dtype(self)))
+    }
+    fn softmax_backward(&self, l: &Layout, y: &Self, yl: &Layout, log: bool) -> Result<Self> {
+        let (yv, gv) = (y.f32_contiguous(yl), self.f32_contiguous(l));
+        let dx = nn::softmax_rows_backward(&yv, &gv, last_dim(l), log);
+        Ok(CpuStorage::from_f32(dx, CpuStorage::dtype(y)))
+    }
+    fn layer_norm(
+        &self,
+        l: &Layout,
+        gamma: &Self,
+        gl: &Layout,
+        beta: &Self,
+        bl: &Layout,
+        eps: f32,
+    ) -> Result<(Self, RowStats<Self>)> {
+        float_only("layer_norm", CpuStorage::dtype(self))?;
+        let (y, mean, rstd) = nn::layer_norm(
+            &self.f32_contiguous(l),
+            &gamma.f32_contiguous(gl),
+            &beta.f32_contiguous(bl),
+            last_dim(l),
+            eps,
+        );
+        let stats = RowStats {
+            mean: CpuStorage::F32(mean),
+            rstd: CpuStorage::F32(rstd),
+        };
+        Ok((CpuStorage::from_f32(y, CpuStorage::dtype(self)), stats))
+    }
+    fn layer_norm_backward(
+        &self,
+        l: &Layout,
+        x: &Self,
+        xl: &Layout,
+        gamma: &Self,
+        gl: &Layout,
+        stats: RowStats<&Self>,
+        wants: Wants,
+    ) -> Result<(Option<Self>, Option<Self>, Option<Self>)> {
+        let RowStats {
+            mean: CpuStorage::F32(mean),
+            rstd: CpuStorage::F32(rstd),
+        } = stats
+        else {
+            crate::bail!("layer_norm: row statistics must be f32");
+        };
+        let (dx, dg, db) = nn::layer_norm_backward(
+            &x.f32_contiguous(xl),
+            &gamma.f32_contiguous(gl),
+            mean,
+            rstd,
+            &self.f32_contiguous(l),
+            last_dim(l),
+        );
+        Ok((
+            wants
+                .input
+                .then(|| CpuStorage::from_f32(dx, CpuStorage::dtype(x))),
+            wants.gamma.then_some(CpuStorage::F32(dg)),
+            wants.beta.then_some(CpuStorage::F32(db)),
+        ))
+    }
+    fn residual_layer_norm(
+        &self,
+        l: &Layout,
+        residual: &Self,
+        rl: &Layout,
+        gamma: &Self,
+        gl: &Layout,
+        beta: &Self,
+        bl: &Layout,
+        eps: f32,
+    ) -> Result<(Self, Self, RowStats<Self>)> {
+        float_only("residual_layer_norm", CpuStorage::dtype(self))?;
+        let (s, y, mean, rstd) = fused::residual_layer_norm(
+            &self.f32_contiguous(l),
+            &residual.f32_contiguous(rl),
+            &gamma.f32_contiguous(gl),
+            &beta.f32_contiguous(bl),
+            last_dim(l),
+            eps,
+        );
+        let dtype = CpuStorage::dtype(self);
+        let stats = RowStats {
+            mean: CpuStorage::F32(mean),
+            rstd: CpuStorage::F32(rstd),
+        };
+        Ok((
+            CpuStorage::from_f32(s, dtype),
+            CpuStorage::from_f32(y, dtype),
+            stats,
+        ))
+    }
+    fn cross_entropy(
+        &self,
+        l: &Layout,
+        targets: Indices<'_, Self>,
+        ignore_index: i64,
+    ) -> Result<CrossEntropyOut<Self>> {
+        float_only("cross_entropy", CpuStorage::dtype(self))?;
+        let t = targets.ids.i64_contiguous(targets.layout);
+        let (total, count, lse) =
+            nn::cross_entropy(&self.f32_contiguous(l), &t, last_dim(l), ignore_index)
+                .map_err(Error::Msg)?;
+        Ok(CrossEntropyOut {
+            loss: CpuStorage::F32(vec![(total / count as f64) as f32]),
+            lse: CpuStorage::F32(lse),
+            count: CpuStorage::F32(vec![count as f32]),
+        })
+    }
+    fn cross_entropy_backward(
+        &self,
+        l: &Layout,
+        targets: Indices<'_, Self>,
+        saved: CrossEntropyOut<&Self>,
+        grad: &Self,
+        gradl: &Layout,
+        ignore_index: i64,
+    ) -> Result<Self> {
+        let t = targets.ids.i64_contiguous(targets.layout);
+        let g = grad.f32_contiguous(gradl)[0];
+        let scale = g / scalar_f32(saved.count);
+        let lse = saved
+            .lse
+            .f32_contiguous(&Layout::contiguous(&[saved.lse.len()]));
+        let d = nn::cross_entropy_backward(
+            &self.f32_contiguous(l),
+            &t,
+            &lse,
+            last_dim(l),
+            ignore_index,
+            scale,
+        );
+        Ok(CpuStorage::from_f32(d, CpuStorage::dtype(self)))
+    }
+    fn bias_gelu(&self, l: &Layout, bias: &Self, bl: &Layout) -> Result<Option<Self>> {
+        float_only("bias_gelu", CpuStorage::dtype(self))?;
+        let y = fused::bias_gelu(
+            &self.f32_contiguous(l),
+            &bias.f32_contiguous(bl),
+            last_dim(l),
+        );
+        Ok(Some(CpuStorage::from_f32(y, CpuStorage::dtype(self))))
+    }
+    fn bias_gelu_backward(
+        &self,
+        l: &Layout,
+        x: &Self,
+        xl: &Layout,
+        bias: &Self,
+        bl: &Layout,
+    ) -> Result<(Self, Self)> {
+        let (dx, db) = fused::bias_gelu_backward(
+            &x.f32_contiguous(xl),
+            &bias.f32_contiguous(bl),
+            &self.f32_contiguous(l),
+            last_dim(xl),
+        );
+        Ok((
+            CpuStorage::from_f32(dx, CpuStorage::dtype(x)),
+            CpuStorage::from_f32(db, CpuStorage::dtype(bias)),
+        ))
+    }
+
+    fn index_select(&self, l: &Layout, ids: Indices<'_, Self>, g: IndexGeom) -> Result<Self> {
+        let ids = row_ids(&ids, g.n)?;
+        let c = self.gather(l);
+        Ok(crate::with_cpu_vec!(&c, v => nn::index_select(v, &ids, g.outer, g.n, g.inner).into()))
+    }
+    fn index_select_backward(
+        &self,
+        l: &Layout,
+        ids: Indices<'_, Self>,
+        g: IndexGeom,
+    ) -> Result<Self> {
+        let ids = row_ids(&ids, g.n)?;
+        let mut dst = vec![0f32; g.outer * g.n * g.inner];
+        nn::index_add(
+            &mut dst,
+            &self.f32_contiguous(l),
+            &ids,
+            g.outer,
+            g.n,
+            g.inner,
+        );
+        Ok(CpuStorage::from_f32(dst, CpuStorage::dtype(self)))
+    }
+    fn index_add(
+        &self,
+        l: &Layout,
+        ids: Indices<'_, Self>,
+        src: &Self,
+        srcl: &Layout,
+        g: IndexGeom,
+    ) -> Result<Self> {
+        let ids = row_ids(&ids, g.n)?;
+        let mut dst = self.f32_contiguous(l).into_owned();
+        nn::index_add(
+            &mut dst,
+            &src.f32_contiguous(srcl),
+            &ids,
+            g.outer,
+            g.n,
+            g.inner,
+        );
+        Ok(CpuStorage::from_f32(dst, CpuStorage::dtype(self)))
+    }
+
+    fn dropout(&self, l: &Layout, p: f32, rng: &mut Rng) -> Result<(Self, DropoutMask<Self>)> {
+        float_only("dropout", CpuStorage::dtype(self))?;
+        // Every element draws from the caller's generator, in order (the stream saved runs
+        // depend on); the scaled mask is kept for the backward.
+        let keep = 1.0 - p as f64;
+        let scale = (1.0 / keep) as f32;
+        let mask: Vec<f32> = (0..l.numel())
+            .map(|_| if rng.next_f64() < keep { scale } else { 0.0 })
+            .collect();
+        let mask = CpuStorage::from_f32(mask, CpuStorage::dtype(self));
+        let ml = Layout::contiguous(l.shape());
+        let y = elementwise::binary(self, l, &mask, &ml, crate::op::BinaryOp::Mul);
+        Ok((y, DropoutMask::Stored(mask)))
+    }
+    fn dropout_backward(&self, l: &Layout, _p: f32, mask: DropoutMask<&Self>) -> Result<Self> {
+        let DropoutMask::Stored(mask) = mask else {
+            crate::bail!("dropout: internal error: a CPU dropout stores its mask, not a seed");
+        };
+        let ml = Layout::contiguous(l.shape());
+        Ok(elementwise::binary(
+            self,
+            l,
+            mask,
+            &ml,
+            crate::op::BinaryOp::Mul,
+        ))
+    }
+}
