@@ -1,7 +1,9 @@
 //! Elementwise kernels: unary maps and their derivatives, binary and ternary ops over
-//! strided/broadcast layouts. Contiguous inputs take a flat, vectorisable, parallel path.
+//! strided/broadcast layouts. Contiguous inputs take a flat, vectorisable, parallel path;
+//! transcendental maps (exp, log, tanh, sigmoid, SiLU, GELU) run sinter-cpu's SIMD kernels.
 
 use rayon::prelude::*;
+use sinter_cpu::math::{self, Unary};
 
 use super::{CpuStorage, PAR_THRESHOLD};
 use crate::op::{BinaryOp, UnaryOp};
@@ -15,15 +17,59 @@ fn map_flat(x: &[f32], f: impl Fn(f32) -> f32 + Sync) -> Vec<f32> {
     }
 }
 
+/// Elements per task when a vectorised map runs on several cores.
+const SIMD_CHUNK: usize = 1 << 14;
+
+/// The vectorised sinter-cpu function for `op`, where one exists. ReLU stays on the scalar
+/// path: it is one compare (the compiler vectorises it) and its NaN rule is the op's own.
+fn simd_unary(op: UnaryOp) -> Option<Unary> {
+    Some(match op {
+        UnaryOp::Exp => Unary::Exp,
+        UnaryOp::Log => Unary::Ln,
+        UnaryOp::Tanh => Unary::Tanh,
+        UnaryOp::Sigmoid => Unary::Sigmoid,
+        UnaryOp::Silu => Unary::Silu,
+        UnaryOp::GeluTanh => Unary::GeluTanh,
+        UnaryOp::GeluErf => Unary::GeluErf,
+        _ => return None,
+    })
+}
+
+/// out = f(inputs) chunk by chunk: `f(range, out_chunk)`, on all cores for long inputs.
+fn map_chunks(out: &mut [f32], f: impl Fn(usize, &mut [f32]) + Sync) {
+    if out.len() >= PAR_THRESHOLD {
+        out.par_chunks_mut(SIMD_CHUNK)
+            .enumerate()
+            .for_each(|(c, o)| f(c * SIMD_CHUNK, o));
+    } else if !out.is_empty() {
+        f(0, out);
+    }
+}
+
 pub fn unary(s: &CpuStorage, layout: &Layout, op: UnaryOp) -> CpuStorage {
     let x = s.f32_contiguous(layout);
-    CpuStorage::from_f32(map_flat(&x, |v| op.apply(v)), s.dtype())
+    let y = match simd_unary(op) {
+        Some(f) => {
+            let mut y = vec![0f32; x.len()];
+            map_chunks(&mut y, |at, o| math::unary(f, &x[at..at + o.len()], o));
+            y
+        }
+        None => map_flat(&x, |v| op.apply(v)),
+    };
+    CpuStorage::from_f32(y, s.dtype())
 }
 
 /// grad_in = grad_out * f'(x), from contiguous x, y = f(x) and grad_out of one shape.
 pub fn unary_backward(op: UnaryOp, x: &[f32], y: &[f32], g: &[f32], dtype: DType) -> CpuStorage {
     let n = g.len();
     let mut out = vec![0f32; n];
+    if let Some(f) = simd_unary(op) {
+        map_chunks(&mut out, |at, o| {
+            let r = at..at + o.len();
+            math::unary_backward(f, &x[r.clone()], &g[r], o)
+        });
+        return CpuStorage::from_f32(out, dtype);
+    }
     let body = |(i, o): (usize, &mut f32)| *o = g[i] * op.derivative(x[i], y[i]);
     if n >= PAR_THRESHOLD {
         out.par_iter_mut()

@@ -3,37 +3,73 @@
 //! across cores; parameter-gradient sums use fixed row chunks so they are deterministic.
 
 use rayon::prelude::*;
+use sinter_cpu::math::cross_entropy::{self, BadTarget};
+use sinter_cpu::math::{layer_norm, softmax};
+use sinter_cpu::Isa;
 
-fn rows_mut(out: &mut [f32], n: usize, f: impl Fn(usize, &mut [f32]) + Sync + Send) {
-    if out.len() >= super::PAR_THRESHOLD {
-        out.par_chunks_mut(n)
-            .with_min_len((4096 / n).max(1))
-            .enumerate()
-            .for_each(|(r, o)| f(r, o));
+/// Rows per task of the parallel row kernels: fixed, so that the parameter-gradient sums are
+/// grouped the same way whatever the thread count.
+pub(crate) const CHUNK_ROWS: usize = 64;
+/// Values per task when rows are split only for speed (results do not depend on the split).
+const TASK_LEN: usize = 1 << 14;
+
+/// Rows per task for `len` values in rows of n: all rows in one task (run on the calling
+/// thread: rayon does not split a single task) below the parallel threshold.
+pub(crate) fn rows_per_task(len: usize, n: usize) -> usize {
+    let n = n.max(1);
+    if len < super::PAR_THRESHOLD {
+        (len / n).max(1)
     } else {
-        out.chunks_mut(n).enumerate().for_each(|(r, o)| f(r, o));
+        (TASK_LEN / n).max(1)
     }
+}
+
+/// `f(first_row, rows)` over blocks of whole rows of `out` (rows of n), on all cores when long.
+fn row_tasks(out: &mut [f32], n: usize, f: impl Fn(usize, &mut [f32]) + Sync + Send) {
+    if n == 0 || out.is_empty() {
+        return;
+    }
+    let rows = rows_per_task(out.len(), n);
+    out.par_chunks_mut(rows * n)
+        .enumerate()
+        .for_each(|(i, o)| f(i * rows, o));
+}
+
+/// `f(chunk, rows)` over fixed chunks of [`CHUNK_ROWS`] rows of `out`, in order; on all cores
+/// when long. For kernels that also return per-chunk partial sums.
+pub(crate) fn fixed_chunks<R: Send>(
+    out: &mut [f32],
+    n: usize,
+    f: impl Fn(usize, &mut [f32]) -> R + Sync + Send,
+) -> Vec<R> {
+    let block = CHUNK_ROWS * n.max(1);
+    if out.len() >= super::PAR_THRESHOLD {
+        out.par_chunks_mut(block)
+            .enumerate()
+            .map(|(c, o)| f(c, o))
+            .collect()
+    } else {
+        out.chunks_mut(block)
+            .enumerate()
+            .map(|(c, o)| f(c, o))
+            .collect()
+    }
+}
+
+/// The sum of per-chunk partials of length n, added in chunk order (deterministic).
+pub(crate) fn sum_partials(partials: impl IntoIterator<Item = Vec<f32>>, n: usize) -> Vec<f32> {
+    let mut total = vec![0f32; n];
+    for p in partials {
+        total.iter_mut().zip(p).for_each(|(a, b)| *a += b);
+    }
+    total
 }
 
 pub fn softmax_rows(x: &[f32], n: usize, log: bool) -> Vec<f32> {
     let mut out = vec![0f32; x.len()];
-    rows_mut(&mut out, n, |r, o| {
-        let row = &x[r * n..(r + 1) * n];
-        let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-        let mut sum = 0f32;
-        for (d, &v) in o.iter_mut().zip(row) {
-            *d = (v - max).exp();
-            sum += *d;
-        }
-        if log {
-            let lse = sum.ln();
-            for (d, &v) in o.iter_mut().zip(row) {
-                *d = v - max - lse;
-            }
-        } else {
-            let inv = 1.0 / sum;
-            o.iter_mut().for_each(|d| *d *= inv);
-        }
+    let isa = Isa::get();
+    row_tasks(&mut out, n, |r, o| {
+        softmax::softmax_rows(isa, &x[r * n..r * n + o.len()], o, n, log)
     });
     out
 }
@@ -41,19 +77,10 @@ pub fn softmax_rows(x: &[f32], n: usize, log: bool) -> Vec<f32> {
 /// Backward of softmax (y = softmax) or log-softmax (y = log_softmax) over rows of length n.
 pub fn softmax_rows_backward(y: &[f32], g: &[f32], n: usize, log: bool) -> Vec<f32> {
     let mut out = vec![0f32; y.len()];
-    rows_mut(&mut out, n, |r, o| {
-        let (yr, gr) = (&y[r * n..(r + 1) * n], &g[r * n..(r + 1) * n]);
-        if log {
-            let s: f32 = gr.iter().sum();
-            for j in 0..n {
-                o[j] = gr[j] - yr[j].exp() * s;
-            }
-        } else {
-            let dot: f32 = yr.iter().zip(gr).map(|(a, b)| a * b).sum();
-            for j in 0..n {
-                o[j] = yr[j] * (gr[j] - dot);
-            }
-        }
+    let isa = Isa::get();
+    row_tasks(&mut out, n, |r, o| {
+        let at = r * n..r * n + o.len();
+        softmax::softmax_rows_backward(isa, &y[at.clone()], &g[at], o, n, log)
     });
     out
 }
@@ -68,33 +95,20 @@ pub fn layer_norm(
 ) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
     let rows = x.len() / n.max(1);
     let mut y = vec![0f32; x.len()];
-    let mut stats = vec![(0f32, 0f32); rows];
-    let body = |(r, (o, st)): (usize, (&mut [f32], &mut (f32, f32)))| {
-        let row = &x[r * n..(r + 1) * n];
-        let mean = (row.iter().map(|&v| v as f64).sum::<f64>() / n as f64) as f32;
-        let var = (row
-            .iter()
-            .map(|&v| ((v - mean) as f64).powi(2))
-            .sum::<f64>()
-            / n as f64) as f32;
-        let rstd = 1.0 / (var + eps).sqrt();
-        for j in 0..n {
-            o[j] = (row[j] - mean) * rstd * gamma[j] + beta[j];
-        }
-        *st = (mean, rstd);
-    };
-    if x.len() >= super::PAR_THRESHOLD {
-        y.par_chunks_mut(n)
-            .zip(stats.par_iter_mut())
-            .enumerate()
-            .for_each(body);
-    } else {
-        y.chunks_mut(n)
-            .zip(stats.iter_mut())
-            .enumerate()
-            .for_each(body);
+    let (mut mean, mut rstd) = (vec![0f32; rows], vec![0f32; rows]);
+    if n == 0 || rows == 0 {
+        return (y, mean, rstd);
     }
-    let (mean, rstd) = stats.into_iter().unzip();
+    let isa = Isa::get();
+    let per = rows_per_task(x.len(), n);
+    y.par_chunks_mut(per * n)
+        .zip(mean.par_chunks_mut(per))
+        .zip(rstd.par_chunks_mut(per))
+        .enumerate()
+        .for_each(|(i, ((o, m), rs))| {
+            let xs = &x[i * per * n..i * per * n + o.len()];
+            layer_norm::layer_norm_rows(isa, xs, gamma, beta, eps, o, m, rs);
+        });
     (y, mean, rstd)
 }
 
@@ -107,47 +121,30 @@ pub fn layer_norm_backward(
     g: &[f32],
     n: usize,
 ) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
-    let rows = mean.len();
     let mut dx = vec![0f32; x.len()];
-    const CHUNK: usize = 64;
-    let partials: Vec<(Vec<f32>, Vec<f32>)> = dx
-        .par_chunks_mut(CHUNK * n)
-        .enumerate()
-        .map(|(c, dxc)| {
-            let mut dg = vec![0f32; n];
-            let mut db = vec![0f32; n];
-            for (local, r) in (c * CHUNK..((c + 1) * CHUNK).min(rows)).enumerate() {
-                let (xr, gr) = (&x[r * n..(r + 1) * n], &g[r * n..(r + 1) * n]);
-                let (m, rs) = (mean[r], rstd[r]);
-                let mut sum_dxhat = 0f32;
-                let mut sum_dxhat_xhat = 0f32;
-                for j in 0..n {
-                    let xhat = (xr[j] - m) * rs;
-                    let dxhat = gr[j] * gamma[j];
-                    sum_dxhat += dxhat;
-                    sum_dxhat_xhat += dxhat * xhat;
-                    dg[j] += gr[j] * xhat;
-                    db[j] += gr[j];
-                }
-                let (a, b) = (sum_dxhat / n as f32, sum_dxhat_xhat / n as f32);
-                let d = &mut dxc[local * n..(local + 1) * n];
-                for j in 0..n {
-                    let xhat = (xr[j] - m) * rs;
-                    d[j] = rs * (gr[j] * gamma[j] - a - xhat * b);
-                }
-            }
-            (dg, db)
-        })
-        .collect();
-    let mut dgamma = vec![0f32; n];
-    let mut dbeta = vec![0f32; n];
-    for (dg, db) in partials {
-        for j in 0..n {
-            dgamma[j] += dg[j];
-            dbeta[j] += db[j];
-        }
+    if n == 0 || x.is_empty() {
+        return (dx, vec![0f32; n], vec![0f32; n]);
     }
-    (dx, dgamma, dbeta)
+    let isa = Isa::get();
+    let partials = fixed_chunks(&mut dx, n, |c, d| {
+        let (r0, rows) = (c * CHUNK_ROWS, d.len() / n);
+        let at = r0 * n..r0 * n + d.len();
+        let (mut dg, mut db) = (vec![0f32; n], vec![0f32; n]);
+        layer_norm::layer_norm_backward_rows(
+            isa,
+            &x[at.clone()],
+            gamma,
+            &mean[r0..r0 + rows],
+            &rstd[r0..r0 + rows],
+            &g[at],
+            d,
+            &mut dg,
+            &mut db,
+        );
+        (dg, db)
+    });
+    let (dg, db): (Vec<_>, Vec<_>) = partials.into_iter().unzip();
+    (dx, sum_partials(dg, n), sum_partials(db, n))
 }
 
 /// Cross-entropy of logits rows [rows, c] against class indices. Returns (sum of losses over
@@ -158,30 +155,41 @@ pub fn cross_entropy(
     c: usize,
     ignore_index: i64,
 ) -> Result<(f64, usize, Vec<f32>), String> {
-    if let Some((i, &t)) = targets
-        .iter()
+    let rows = targets.len();
+    let (mut loss, mut lse) = (vec![0f32; rows], vec![0f32; rows]);
+    if c == 0 {
+        // No class exists, so only ignored rows are valid.
+        return match targets.iter().position(|&t| t != ignore_index) {
+            Some(row) => Err(BadTarget {
+                row,
+                target: targets[row],
+                classes: 0,
+            }
+            .to_string()),
+            None => Ok((0.0, 0, lse)),
+        };
+    }
+    let isa = Isa::get();
+    let per = rows_per_task(logits.len(), c);
+    loss.par_chunks_mut(per)
+        .zip(lse.par_chunks_mut(per))
         .enumerate()
-        .find(|(_, &t)| t != ignore_index && (t < 0 || t as usize >= c))
-    {
-        return Err(format!("cross_entropy: target {t} at position {i} is not a class index in 0..{c} (nor the ignore index {ignore_index})"));
-    }
-    let lse: Vec<f32> = logits
-        .par_chunks(c)
-        .with_min_len((4096 / c).max(1))
-        .map(|row| {
-            let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-            max + row.iter().map(|&v| (v - max).exp()).sum::<f32>().ln()
+        .map(|(i, (l, s))| {
+            let r = i * per..i * per + l.len();
+            let x = &logits[r.start * c..r.end * c];
+            cross_entropy::cross_entropy_rows(isa, x, c, &targets[r.clone()], ignore_index, l, s)
+                .map_err(|e| {
+                    BadTarget {
+                        row: e.row + r.start,
+                        ..e
+                    }
+                    .to_string()
+                })
         })
-        .collect();
-    let mut total = 0f64;
-    let mut count = 0;
-    for (r, &t) in targets.iter().enumerate() {
-        if t != ignore_index {
-            total += (lse[r] - logits[r * c + t as usize]) as f64;
-            count += 1;
-        }
-    }
-    Ok((total, count, lse))
+        .collect::<Result<(), String>>()?;
+    let counted = targets.iter().filter(|&&t| t != ignore_index).count();
+    let total = loss.iter().map(|&l| l as f64).sum();
+    Ok((total, counted, lse))
 }
 
 /// d(loss)/d(logits) for a mean-reduced cross-entropy, scaled by the incoming gradient `scale`.
@@ -194,16 +202,21 @@ pub fn cross_entropy_backward(
     scale: f32,
 ) -> Vec<f32> {
     let mut out = vec![0f32; logits.len()];
-    rows_mut(&mut out, c, |r, o| {
-        let t = targets[r];
-        if t == ignore_index {
-            return;
-        }
-        let row = &logits[r * c..(r + 1) * c];
-        for j in 0..c {
-            o[j] = (row[j] - lse[r]).exp() * scale;
-        }
-        o[t as usize] -= scale;
+    let isa = Isa::get();
+    row_tasks(&mut out, c, |r0, o| {
+        let r = r0..r0 + o.len() / c;
+        let x = &logits[r.start * c..r.end * c];
+        cross_entropy::cross_entropy_rows_backward(
+            isa,
+            x,
+            c,
+            &targets[r.clone()],
+            ignore_index,
+            &lse[r],
+            scale,
+            o,
+        )
+        .expect("targets were checked by the forward pass");
     });
     out
 }
