@@ -259,11 +259,21 @@ pub fn max_pool2d(
 ) -> (Vec<f32>, Vec<i64>) {
     let mut out = vec![0f32; planes * oh * ow];
     let mut arg = vec![0i64; planes * oh * ow];
+    if out.is_empty() {
+        return (out, arg);
+    }
+    // Without padding every window lies inside its plane: no bounds checks per element.
+    let (k, s) = (p.kernel, p.stride);
+    let inside = p.padding == 0 && k > 0 && (oh - 1) * s + k <= h && (ow - 1) * s + k <= w;
     out.par_chunks_mut(oh * ow)
         .zip(arg.par_chunks_mut(oh * ow))
+        .with_min_len((4096 / (h * w).max(1)).max(1))
         .enumerate()
         .for_each(|(pi, (o, a))| {
             let plane = &x[pi * h * w..(pi + 1) * h * w];
+            if inside {
+                return max_pool_plane_inside(plane, w, oh, ow, k, s, o, a);
+            }
             for oy in 0..oh {
                 for ox in 0..ow {
                     let mut best = f32::NEG_INFINITY;
@@ -293,6 +303,38 @@ pub fn max_pool2d(
     (out, arg)
 }
 
+/// One plane of [`max_pool2d`] when every window is inside it (the same scan order and
+/// comparison as the general loop: the first element, then any strictly greater one).
+#[allow(clippy::too_many_arguments)]
+fn max_pool_plane_inside(
+    plane: &[f32],
+    w: usize,
+    oh: usize,
+    ow: usize,
+    k: usize,
+    s: usize,
+    o: &mut [f32],
+    a: &mut [i64],
+) {
+    for oy in 0..oh {
+        for ox in 0..ow {
+            let first = oy * s * w + ox * s;
+            let (mut best, mut bi) = (plane[first], first);
+            for ky in 0..k {
+                let row = first + ky * w;
+                for (kx, &v) in plane[row..row + k].iter().enumerate() {
+                    if v > best {
+                        best = v;
+                        bi = row + kx;
+                    }
+                }
+            }
+            o[oy * ow + ox] = best;
+            a[oy * ow + ox] = bi as i64;
+        }
+    }
+}
+
 pub fn max_pool2d_backward(
     dy: &[f32],
     arg: &[i64],
@@ -301,14 +343,17 @@ pub fn max_pool2d_backward(
     ohw: usize,
 ) -> Vec<f32> {
     let mut dx = vec![0f32; planes * hw];
-    dx.par_chunks_mut(hw).enumerate().for_each(|(pi, d)| {
-        for j in 0..ohw {
-            let a = arg[pi * ohw + j];
-            if a >= 0 {
-                d[a as usize] += dy[pi * ohw + j];
+    dx.par_chunks_mut(hw)
+        .with_min_len((4096 / hw.max(1)).max(1))
+        .enumerate()
+        .for_each(|(pi, d)| {
+            for j in 0..ohw {
+                let a = arg[pi * ohw + j];
+                if a >= 0 {
+                    d[a as usize] += dy[pi * ohw + j];
+                }
             }
-        }
-    });
+        });
     dx
 }
 

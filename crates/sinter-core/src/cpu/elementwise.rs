@@ -54,7 +54,13 @@ pub fn unary(s: &CpuStorage, layout: &Layout, op: UnaryOp) -> CpuStorage {
             map_chunks(&mut y, |at, o| math::unary(f, &x[at..at + o.len()], o));
             y
         }
-        None => map_flat(&x, |v| op.apply(v)),
+        // A constant op lets the compiler inline apply() and vectorise the loop.
+        None => match op {
+            UnaryOp::Relu => map_flat(&x, |v| UnaryOp::Relu.apply(v)),
+            UnaryOp::Neg => map_flat(&x, |v| UnaryOp::Neg.apply(v)),
+            UnaryOp::Sqr => map_flat(&x, |v| UnaryOp::Sqr.apply(v)),
+            _ => map_flat(&x, |v| op.apply(v)),
+        },
     };
     CpuStorage::from_f32(y, s.dtype())
 }
@@ -70,8 +76,23 @@ pub fn unary_backward(op: UnaryOp, x: &[f32], y: &[f32], g: &[f32], dtype: DType
         });
         return CpuStorage::from_f32(out, dtype);
     }
-    let body = |(i, o): (usize, &mut f32)| *o = g[i] * op.derivative(x[i], y[i]);
-    if n >= PAR_THRESHOLD {
+    match op {
+        UnaryOp::Relu => derivative_times(&mut out, x, y, g, |a, b| UnaryOp::Relu.derivative(a, b)),
+        _ => derivative_times(&mut out, x, y, g, |a, b| op.derivative(a, b)),
+    }
+    CpuStorage::from_f32(out, dtype)
+}
+
+/// out[i] = g[i] · d(x[i], y[i]).
+fn derivative_times(
+    out: &mut [f32],
+    x: &[f32],
+    y: &[f32],
+    g: &[f32],
+    d: impl Fn(f32, f32) -> f32 + Sync,
+) {
+    let body = |(i, o): (usize, &mut f32)| *o = g[i] * d(x[i], y[i]);
+    if out.len() >= PAR_THRESHOLD {
         out.par_iter_mut()
             .with_min_len(4096)
             .enumerate()
@@ -79,7 +100,33 @@ pub fn unary_backward(op: UnaryOp, x: &[f32], y: &[f32], g: &[f32], dtype: DType
     } else {
         out.iter_mut().enumerate().for_each(body);
     }
-    CpuStorage::from_f32(out, dtype)
+}
+
+/// The two layouts (of one shape) with adjacent dimensions merged wherever both are
+/// contiguous across them, so that strided loops run over long rows (a [n, c, h, w] plus a
+/// [1, c, 1, 1] bias becomes rows of h·w).
+fn coalesce(la: &Layout, lb: &Layout) -> (Layout, Layout) {
+    let (sh, sa, sb) = (la.shape(), la.strides(), lb.strides());
+    let (mut shape, mut a, mut b) = (Vec::new(), Vec::new(), Vec::new());
+    for i in 0..sh.len() {
+        if sh[i] == 1 {
+            continue;
+        }
+        let merges = |s: &[usize], t: &Vec<usize>| t.last().is_some_and(|&l| l == s[i] * sh[i]);
+        if !shape.is_empty() && merges(sa, &a) && merges(sb, &b) {
+            *shape.last_mut().expect("not empty") *= sh[i];
+            *a.last_mut().expect("not empty") = sa[i];
+            *b.last_mut().expect("not empty") = sb[i];
+        } else {
+            shape.push(sh[i]);
+            a.push(sa[i]);
+            b.push(sb[i]);
+        }
+    }
+    (
+        Layout::new(shape.clone(), a, la.offset()),
+        Layout::new(shape, b, lb.offset()),
+    )
 }
 
 /// out[i] = f(a[i], b[i]) where both layouts already have the output's shape (broadcast views).
@@ -103,16 +150,40 @@ fn zip_strided<T: Copy + Send + Sync + Default>(
             a.iter().zip(b).map(|(&x, &y)| f(x, y)).collect()
         };
     }
-    let (last, sa) = la.last_dim();
-    let (_, sb) = lb.last_dim();
     let mut out = vec![T::default(); n];
-    if n == 0 || last == 0 {
+    if n == 0 {
         return out;
     }
+    let (la, lb) = &coalesce(la, lb);
+    let (last, sa) = la.last_dim();
+    let (_, sb) = lb.last_dim();
+    // The common stride pairs get loops over slices (no index arithmetic: vectorised).
     let row = |(r, o): (usize, &mut [T])| {
         let (oa, ob) = (la.row_offset(r), lb.row_offset(r));
-        for (j, v) in o.iter_mut().enumerate() {
-            *v = f(a[oa + j * sa], b[ob + j * sb]);
+        match (sa, sb) {
+            (1, 1) => {
+                let (ra, rb) = (&a[oa..oa + last], &b[ob..ob + last]);
+                for ((v, &p), &q) in o.iter_mut().zip(ra).zip(rb) {
+                    *v = f(p, q);
+                }
+            }
+            (1, 0) => {
+                let q = b[ob];
+                for (v, &p) in o.iter_mut().zip(&a[oa..oa + last]) {
+                    *v = f(p, q);
+                }
+            }
+            (0, 1) => {
+                let p = a[oa];
+                for (v, &q) in o.iter_mut().zip(&b[ob..ob + last]) {
+                    *v = f(p, q);
+                }
+            }
+            _ => {
+                for (j, v) in o.iter_mut().enumerate() {
+                    *v = f(a[oa + j * sa], b[ob + j * sb]);
+                }
+            }
         }
     };
     if n >= PAR_THRESHOLD {
@@ -134,9 +205,14 @@ pub fn binary(
     op: BinaryOp,
 ) -> CpuStorage {
     match (a, b) {
-        (CpuStorage::F32(x), CpuStorage::F32(y)) => {
-            CpuStorage::F32(zip_strided(x, la, y, lb, |p, q| op.apply(p, q)))
-        }
+        (CpuStorage::F32(x), CpuStorage::F32(y)) => CpuStorage::F32(match op {
+            // A constant op lets the compiler inline apply() and vectorise the loops.
+            BinaryOp::Add => zip_strided(x, la, y, lb, |p, q| BinaryOp::Add.apply(p, q)),
+            BinaryOp::Sub => zip_strided(x, la, y, lb, |p, q| BinaryOp::Sub.apply(p, q)),
+            BinaryOp::Mul => zip_strided(x, la, y, lb, |p, q| BinaryOp::Mul.apply(p, q)),
+            BinaryOp::Div => zip_strided(x, la, y, lb, |p, q| BinaryOp::Div.apply(p, q)),
+            _ => zip_strided(x, la, y, lb, |p, q| op.apply(p, q)),
+        }),
         (CpuStorage::I64(x), CpuStorage::I64(y)) => {
             CpuStorage::I64(zip_strided(x, la, y, lb, |p, q| op.apply_i64(p, q)))
         }
