@@ -85,3 +85,17 @@ pub fn argmax_i64(x: &[f32], outer: usize, n: usize, inner: usize) -> Vec<i64> {
     }
     out
 }
+
+/// Elements per partial sum of [`sum_squares`]; fixed, so the summation order never changes.
+const SUMSQ_CHUNK: usize = 1 << 14;
+
+/// Σ x² accumulated in f64, in parallel over fixed 16 Ki-element chunks whose partial sums are
+/// added in chunk order: the result does not depend on the thread count.
+pub fn sum_squares(v: &[f32]) -> f64 {
+    let chunk = |c: &[f32]| c.iter().map(|&x| (x as f64) * (x as f64)).sum::<f64>();
+    if v.len() <= SUMSQ_CHUNK {
+        return chunk(v);
+    }
+    let partials: Vec<f64> = v.par_chunks(SUMSQ_CHUNK).map(chunk).collect();
+    partials.iter().sum()
+}
