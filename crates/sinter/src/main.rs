@@ -6,7 +6,9 @@ mod dist_cmd;
 mod gpu_bench;
 mod inference;
 mod metrics;
+mod plot;
 mod precision;
+mod signals;
 mod term;
 mod tfevents;
 mod tokenize_cmd;
@@ -43,6 +45,10 @@ enum Command {
         /// Run directory (or checkpoint file) written by `train --out`.
         #[arg(long)]
         checkpoint: PathBuf,
+        /// Validation batches to evaluate; 0: all. Give the run's --eval-batches to reproduce
+        /// its last validation loss [default: 0].
+        #[arg(long, default_value_t = 0, hide_default_value = true)]
+        eval_batches: usize,
     },
     /// Sample text from a GPT checkpoint.
     Generate(GenerateArgs),
@@ -50,7 +56,8 @@ enum Command {
     Info,
     /// Start N ranks of a sinter command on this node: `sinter launch --nproc-per-node 4 -- train …`.
     Launch(dist_cmd::LaunchArgs),
-    /// Benchmarks: `bench scaling` (analytic scaling model), `bench allreduce` (host bandwidth).
+    /// Benchmarks: `bench scaling` (analytic scaling model), `bench allreduce` (host
+    /// all-reduce bandwidth), `bench gpu gemm|tc|linear|bandwidth|attention|all` (CUDA).
     Bench {
         #[command(subcommand)]
         which: dist_cmd::BenchCmd,
@@ -122,21 +129,26 @@ fn run() -> Result<()> {
                     schedule: a.pp_schedule.clone().unwrap_or_else(|| "1f1b".into()),
                 }),
             };
+            signals::install();
             trainer::run(config, &opts)?;
         }
-        Command::Eval { checkpoint } => {
+        Command::Eval {
+            checkpoint,
+            eval_batches,
+        } => {
             let (s, step) = inference::load_for_eval(&checkpoint)?;
-            let e = trainer::evaluate(&s, 0)?;
+            let e = trainer::evaluate(&s, eval_batches)?;
             let acc = e
                 .accuracy
                 .map(|a| format!(", accuracy {:.2}%", a * 100.0))
                 .unwrap_or_default();
             out!(
-                "{} on {} (step {step}): validation loss {:.4}{acc} over {} examples",
+                "{} on {} (step {step}): validation loss {:.4}{acc} over {} examples ({})",
                 s.config.model,
                 s.config.data,
                 e.loss,
-                e.examples
+                e.examples,
+                e.coverage()
             );
         }
         Command::Generate(g) => {
@@ -167,16 +179,22 @@ fn run() -> Result<()> {
 }
 
 fn main() -> ExitCode {
+    signals::die_with_launcher();
     match run().context("sinter") {
-        Ok(()) => ExitCode::SUCCESS,
+        // A run stopped by a signal saved its state; its status still says it was stopped.
+        Ok(()) => match (signals::requested(), term::output_closed()) {
+            (Some(sig), _) => ExitCode::from((128 + sig) as u8),
+            (None, true) => ExitCode::from(128 + libc::SIGPIPE as u8),
+            (None, false) => ExitCode::SUCCESS,
+        },
         Err(e) => {
             // Skip the "sinter" context line; print the cause chain.
             let mut chain = e.chain().skip(1);
             if let Some(first) = chain.next() {
-                eprintln!("error: {first}");
+                say!("error: {first}");
             }
             for c in chain {
-                eprintln!("  caused by: {c}");
+                say!("  caused by: {c}");
             }
             ExitCode::FAILURE
         }

@@ -15,7 +15,8 @@ use super::engine::{LrPlan, Readout, StepEngine};
 use super::eval::{evaluate, EvalResult};
 use super::{Console, Setup, TrainOptions};
 use crate::checkpoint::{self, Loaded, Meta};
-use crate::metrics::{plot_losses, MetricsLog};
+use crate::metrics::MetricsLog;
+use crate::plot::plot_losses;
 
 /// The steps of a run: `start..end` this time, of `total`.
 #[derive(Clone, Copy, Debug)]
@@ -86,6 +87,8 @@ pub struct Trainer<'a> {
     progress: Progress,
     /// What the last read said (gradient norm, loss scale).
     last_readout: Option<Readout>,
+    /// Why the run stopped before its end, if it did.
+    stopped: Option<String>,
 }
 
 impl<'a> Trainer<'a> {
@@ -157,6 +160,7 @@ impl<'a> Trainer<'a> {
                 last_eval: None,
             },
             last_readout: None,
+            stopped: None,
         })
     }
 
@@ -238,12 +242,15 @@ impl<'a> Trainer<'a> {
         self.progress.window.steps += 1;
         let done = step + 1;
         let mut due = self.due(done);
-        // Every rank reads at the same steps (the read is a collective).
-        if due.log || due.eval || due.ckpt {
+        // Every rank reads at the same steps (the read is a collective); a single process
+        // asked to stop reads (and so stops) at once.
+        let alone = self.engine.world_size() == 1;
+        if due.log || due.eval || due.ckpt || (alone && stop_requested()) {
             let stopping = self.read(step)?;
             if stopping && done < self.span.end {
-                self.console
-                    .note(format!("stopping at step {done}: {}", stop_reason()));
+                let why = stop_reason();
+                self.console.note(format!("stopping at step {done}: {why}"));
+                self.stopped = Some(why);
                 self.span.end = done;
                 due = self.due(done);
             }
@@ -372,10 +379,11 @@ impl<'a> Trainer<'a> {
             format!("step {done}")
         };
         self.console.note(format!(
-            "{what}: train loss {:.4}, val loss {:.4}{}",
+            "{what}: train loss {:.4}, val loss {:.4}{} ({})",
             self.progress.last_loss,
             e.loss,
-            e.accuracy_text()
+            e.accuracy_text(),
+            e.coverage()
         ));
         if let Some(l) = self.log.as_mut() {
             l.log(&json!({"step": done, "epoch": self.span.epoch_of(step), "val_loss": e.loss, "val_accuracy": e.accuracy}))?;
@@ -437,6 +445,7 @@ impl<'a> Trainer<'a> {
             "world_size": self.engine.world_size(), "grad_accum": s.config.grad_accum, "global_batch_size": self.engine.global_batch(s),
         });
         summary[self.throughput_key()] = json!(trained * self.per_step_units() / wall.max(1e-9));
+        summary["stopped_early"] = json!(self.stopped);
         self.engine.summarize(&mut summary);
         Ok(summary)
     }
@@ -462,10 +471,17 @@ impl<'a> Trainer<'a> {
         ));
         if let Some(d) = &self.out {
             self.console.note(format!(
-                "wrote {}/{{metrics.jsonl, summary.json, loss.svg, {}}}",
+                "wrote {}/{{metrics.jsonl, metrics.csv, {}, summary.json, loss.svg, {}}}",
                 d.display(),
+                crate::metrics::EVENTS_FILE,
                 checkpoint::FILE_NAME
             ));
+            if self.stopped.is_some() {
+                self.console.note(format!(
+                    "continue with: sinter train --resume {}",
+                    d.display()
+                ));
+            }
         }
     }
 }
@@ -487,13 +503,20 @@ fn write_outputs(dir: &Path, summary: &Value, log: Option<&MetricsLog>, s: &Setu
     Ok(())
 }
 
-/// Whether this process was asked to stop (its output went away).
+/// Whether this process was asked to stop (a signal, or its output went away).
 fn stop_requested() -> bool {
-    crate::term::output_closed()
+    crate::signals::requested().is_some() || crate::term::output_closed()
 }
 
-fn stop_reason() -> &'static str {
-    "asked to stop"
+fn stop_reason() -> String {
+    match crate::signals::requested() {
+        Some(sig) => format!(
+            "{} received (send it again to exit at once)",
+            crate::signals::name(sig)
+        ),
+        None if crate::term::output_closed() => "the output was closed".into(),
+        None => "another rank was asked to stop".into(),
+    }
 }
 
 /// The steps of the run: the total from `--steps` or `--epochs`, where a resumed run starts,
