@@ -21,6 +21,8 @@ use sinter_core::{DType, Device, Tensor};
 use crate::config::TrainConfig;
 
 pub const FILE_NAME: &str = "checkpoint.safetensors";
+/// The checkpoint of the best validation loss (`--keep-best`).
+pub const BEST_FILE: &str = "best.safetensors";
 const FORMAT: &str = "sinter-checkpoint-1";
 
 /// What running a checkpoint needs besides its weights, so that `generate`, `eval`, `serve`
@@ -295,13 +297,37 @@ pub fn to_bytes(
     serialize(owned, &metadata(meta)?)
 }
 
-pub fn save(
-    dir: &Path,
-    model: &[(String, Tensor)],
-    optim: &[(String, Tensor)],
-    meta: &Meta,
-) -> Result<()> {
-    write_atomic(&path_in(dir), &to_bytes(model, optim, meta)?)
+/// The step of a `--keep-last` copy's file name (`checkpoint-step<STEP>.safetensors`).
+pub fn kept_step(name: &str) -> Option<u64> {
+    name.strip_prefix("checkpoint-step")?
+        .strip_suffix(".safetensors")?
+        .parse()
+        .ok()
+}
+
+/// `--keep-last n`: links the latest checkpoint (step `step`) as
+/// `checkpoint-step<step>.safetensors` and removes all but the `n` newest such copies.
+pub fn keep_last(dir: &Path, step: u64, n: u64) -> Result<()> {
+    if n == 0 {
+        return Ok(());
+    }
+    let copy = dir.join(format!("checkpoint-step{step}.safetensors"));
+    let _ = std::fs::remove_file(&copy);
+    if std::fs::hard_link(path_in(dir), &copy).is_err() {
+        std::fs::copy(path_in(dir), &copy)
+            .with_context(|| format!("cannot write {}", copy.display()))?;
+    }
+    let mut kept: Vec<(u64, PathBuf)> = std::fs::read_dir(dir)
+        .with_context(|| format!("cannot list {}", dir.display()))?
+        .flatten()
+        .filter_map(|e| Some((kept_step(&e.file_name().to_string_lossy())?, e.path())))
+        .collect();
+    kept.sort();
+    let extra = kept.len().saturating_sub(n as usize);
+    for (_, p) in &kept[..extra] {
+        std::fs::remove_file(p).with_context(|| format!("cannot remove {}", p.display()))?;
+    }
+    Ok(())
 }
 
 /// A checkpoint read back: tensors by full name, and its metadata.
@@ -320,7 +346,9 @@ fn explain(e: &SafeTensorError) -> String {
         E::InvalidHeader | E::InvalidHeaderStart | E::InvalidHeaderDeserialization => {
             "its header is not the JSON a safetensors file starts with"
         }
-        E::MetadataIncompleteBuffer => "the file ends before the tensor data its header describes",
+        E::MetadataIncompleteBuffer => {
+            "its length does not match the tensor data its header describes (the file was cut short, or bytes were added)"
+        }
         E::InvalidOffset(_) | E::TensorInvalidInfo | E::ValidationOverflow => {
             "its header gives tensor positions that do not fit the file"
         }
@@ -501,5 +529,77 @@ mod tests {
         let (removed, bytes) = remove_stale_temporaries(dir.path()).unwrap();
         assert_eq!((removed, bytes), (vec![stale.clone()], 1000));
         assert!(!stale.exists() && live.exists() && keep.exists());
+    }
+
+    mod fuzz {
+        use super::*;
+        use proptest::prelude::*;
+
+        /// The bytes of a small valid checkpoint.
+        fn valid() -> Vec<u8> {
+            let config = crate::config::TrainConfig::resolve(&Default::default()).unwrap();
+            let meta = Meta {
+                step: 3,
+                optimizer_steps: 3,
+                rng: [1, 2, 3, 4],
+                dropout_rng: [5, 6, 7, 8],
+                loader: [0, 3],
+                config,
+                precision: None,
+                trainer: None,
+                inference: None,
+            };
+            let w = Tensor::from_vec(vec![0.5f32; 6], &[2, 3], Device::Cpu).unwrap();
+            to_bytes(
+                &[("fc.weight".into(), w.clone())],
+                &[("fc.weight.exp_avg".into(), w)],
+                &meta,
+            )
+            .unwrap()
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+            #[test]
+            fn random_bytes_are_refused_without_a_panic(
+                bytes in proptest::collection::vec(any::<u8>(), 0..512),
+            ) {
+                prop_assert!(parse(&bytes).is_err());
+            }
+
+            #[test]
+            fn damaged_checkpoints_load_or_are_refused_without_a_panic(
+                cut in 0usize..200,
+                flips in proptest::collection::vec((any::<usize>(), any::<u8>()), 0..4),
+            ) {
+                let mut b = valid();
+                b.truncate(b.len() - cut.min(b.len()));
+                for (at, x) in flips {
+                    if !b.is_empty() {
+                        let i = at % b.len();
+                        b[i] ^= x;
+                    }
+                }
+                let _ = parse(&b);
+            }
+
+            #[test]
+            fn toml_configs_never_panic(text in "[a-z_ =\"0-9.\n-]{0,120}") {
+                if let Ok(c) = toml::from_str::<crate::config::ConfigFile>(&text) {
+                    let _ = crate::config::TrainConfig::resolve(&c);
+                }
+            }
+        }
+
+        #[test]
+        fn the_valid_checkpoint_parses() {
+            let l = parse(&valid()).unwrap();
+            assert_eq!(l.meta.step, 3);
+            assert_eq!(
+                to_bytes(&[], &[], &l.meta).unwrap(),
+                to_bytes(&[], &[], &l.meta).unwrap()
+            );
+        }
     }
 }

@@ -40,6 +40,14 @@ pub struct ConfigFile {
     pub recompute: Option<String>,
     /// fp32, tf32, bf16 or fp16.
     pub precision: Option<String>,
+    /// Keep the last N checkpoints as checkpoint-step<N>.safetensors.
+    pub keep_last: Option<u64>,
+    /// Keep the checkpoint of the best validation loss as best.safetensors.
+    pub keep_best: Option<bool>,
+    /// Stop when the validation loss has not improved for this many evaluations (0: never).
+    pub early_stop: Option<u64>,
+    /// The improvement of the validation loss that counts for early stopping.
+    pub early_stop_delta: Option<f64>,
 }
 
 impl ConfigFile {
@@ -82,7 +90,11 @@ impl ConfigFile {
             bucket_mb,
             grad_accum,
             recompute,
-            precision
+            precision,
+            keep_last,
+            keep_best,
+            early_stop,
+            early_stop_delta
         );
         self
     }
@@ -131,6 +143,18 @@ pub struct TrainConfig {
     /// fp32, tf32, bf16 or fp16.
     #[serde(default = "fp32")]
     pub precision: String,
+    /// Checkpoints kept besides the latest (checkpoint-step<N>.safetensors); 0: none.
+    #[serde(default)]
+    pub keep_last: u64,
+    /// Keep the best validation loss's checkpoint as best.safetensors.
+    #[serde(default)]
+    pub keep_best: bool,
+    /// Evaluations without improvement before the run stops; 0: never.
+    #[serde(default)]
+    pub early_stop: u64,
+    /// The decrease of the validation loss that counts as an improvement.
+    #[serde(default)]
+    pub early_stop_delta: f64,
 }
 
 fn fp32() -> String {
@@ -200,6 +224,7 @@ impl TrainConfig {
         if let Some(c) = self.grad_clip {
             positive("--grad-clip", c)?;
         }
+        non_negative("--early-stop-delta", self.early_stop_delta)?;
         self.check_parallel()
     }
 }
@@ -275,6 +300,10 @@ pub fn defaults_for(model: &str) -> ConfigFile {
         grad_accum: Some(1),
         recompute: None,
         precision: None,
+        keep_last: Some(0),
+        keep_best: Some(false),
+        early_stop: Some(0),
+        early_stop_delta: Some(0.0),
     }
 }
 
@@ -327,6 +356,10 @@ impl TrainConfig {
             recompute: layers.recompute.clone().unwrap_or_else(no_recompute),
             precision: layers.precision.clone().unwrap_or_else(fp32),
             world_size: 1,
+            keep_last: c.keep_last.expect("default"),
+            keep_best: c.keep_best.expect("default"),
+            early_stop: c.early_stop.expect("default"),
+            early_stop_delta: c.early_stop_delta.expect("default"),
         };
         c.validate()?;
         Ok(c)
@@ -388,7 +421,9 @@ pub fn resume_config(
         eval_interval, "--eval-interval"; eval_batches, "--eval-batches";
         log_interval, "--log-interval"; checkpoint_interval, "--checkpoint-interval";
         zero, "--zero"; bucket_mb, "--bucket-mb"; device, "--device";
-        precision, "--precision"; recompute, "--recompute";
+        precision, "--precision"; recompute, "--recompute"; keep_last, "--keep-last";
+        keep_best, "--keep-best"; early_stop, "--early-stop";
+        early_stop_delta, "--early-stop-delta";
     );
     if let Some(m) = given.momentum.filter(|&m| m != saved.momentum) {
         if saved.optimizer == "sgd" && (m > 0.0) != (saved.momentum > 0.0) {

@@ -17,7 +17,6 @@
 //! [`run`] returns a markdown report; with `out` it also writes it there, and the raw numbers as
 //! JSON beside it (same name, `.json`).
 
-
 use std::fmt::Write as _;
 use std::path::Path;
 use std::time::Instant;

@@ -10,9 +10,8 @@
 //! `scale_loss`, `set_should_step` (with the overflow verdict agreed over the ranks) and
 //! `end_step` instead.
 
-
 use anyhow::{anyhow, bail, Context, Result};
-use sinter_core::{amp::AutocastGuard, DType, Device, Tensor};
+use sinter_core::{amp::AutocastGuard, Device, Tensor};
 use sinter_nn::{LossScaler, LossScalerState, PrecisionMode};
 
 /// The values `--precision` accepts, for messages.
@@ -342,6 +341,7 @@ pub fn info_report() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use sinter_core::DType;
 
     #[test]
     fn parses_precisions_with_a_clear_error() {
@@ -386,7 +386,10 @@ mod tests {
         let mut p = parse_precision("fp16").unwrap();
         assert!(p.activate(Device::Cpu).is_some());
         let loss = Tensor::full(0.5, &[1], DType::F32, Device::Cpu).unwrap();
-        assert_eq!(p.scale_loss(&loss).unwrap().to_vec_f32().unwrap(), [32768.0]);
+        assert_eq!(
+            p.scale_loss(&loss).unwrap().to_vec_f32().unwrap(),
+            [32768.0]
+        );
         // A good step keeps the scale; an overflow (the agreed verdict) skips and halves it.
         p.set_should_step(true);
         assert!(p.end_step().is_none());

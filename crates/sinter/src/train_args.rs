@@ -103,6 +103,22 @@ pub struct TrainArgs {
     /// BERT].
     #[arg(long, help_heading = OUTPUT)]
     pub checkpoint_interval: Option<u64>,
+    /// Also keep the last N checkpoints, as checkpoint-step<STEP>.safetensors; needs --out
+    /// [default: 0: only the latest, checkpoint.safetensors].
+    #[arg(long, help_heading = OUTPUT)]
+    pub keep_last: Option<u64>,
+    /// Keep the checkpoint of the best validation loss so far as best.safetensors; needs
+    /// --out [default: off].
+    #[arg(long, help_heading = OUTPUT)]
+    pub keep_best: bool,
+    /// Stop early when the validation loss has not improved for N evaluations in a row
+    /// (checkpointing that step) [default: 0: never].
+    #[arg(long, help_heading = OUTPUT)]
+    pub early_stop: Option<u64>,
+    /// The decrease of the validation loss that counts as an improvement for --early-stop
+    /// [default: 0].
+    #[arg(long, help_heading = OUTPUT)]
+    pub early_stop_delta: Option<f64>,
 
     /// Device: auto (the first GPU if CUDA works here, else the CPU), cpu, cuda or cuda:N
     /// [default: auto].
@@ -180,6 +196,10 @@ impl TrainArgs {
             grad_accum: self.grad_accum,
             recompute: self.recompute.clone(),
             precision: self.precision.clone(),
+            keep_last: self.keep_last,
+            keep_best: self.keep_best.then_some(true),
+            early_stop: self.early_stop,
+            early_stop_delta: self.early_stop_delta,
         }
     }
 
@@ -225,8 +245,19 @@ impl TrainArgs {
                 bail!("--grad-accum {g} is not supported with --tp/--pp; use --micro-batches to split a pipeline step, or a larger --batch-size");
             }
         }
-        if layered.checkpoint_interval.is_some() && layered.out.is_none() && self.resume.is_none() {
-            bail!("--checkpoint-interval says how often to write checkpoints, but without --out DIR nothing is written; add --out DIR");
+        if layered.out.is_none() && self.resume.is_none() {
+            for (set, flag) in [
+                (
+                    layered.checkpoint_interval.is_some(),
+                    "--checkpoint-interval",
+                ),
+                (layered.keep_last.is_some_and(|n| n > 0), "--keep-last"),
+                (layered.keep_best == Some(true), "--keep-best"),
+            ] {
+                if set {
+                    bail!("{flag} says which checkpoints to write, but without --out DIR nothing is written; add --out DIR");
+                }
+            }
         }
         Ok(())
     }

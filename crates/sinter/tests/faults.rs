@@ -388,10 +388,10 @@ fn silent_wrong_values_are_errors() {
     );
     ok(&mlp_run(dir.path(), "2", &["--overwrite"]));
     // generate's temperature.
-    for t in ["NaN", "-1"] {
+    for t in ["--temperature=NaN", "--temperature=-1"] {
         fails_with(
-            &sinter(&["generate", "--checkpoint", d, "--temperature", t]),
-            &["--temperature"],
+            &sinter(&["generate", "--checkpoint", d, t]),
+            &["--temperature must be"],
         );
     }
 }

@@ -116,9 +116,11 @@ fn run_inner(config: TrainConfig, opts: &TrainOptions) -> Result<serde_json::Val
     Trainer::new(s, engine, resumed.as_ref(), opts, env.rank == 0, console)?.run()
 }
 
-/// Files a run writes in its `--out` directory (besides temporaries).
+/// Files a run writes in its `--out` directory (besides temporaries and `--keep-last`
+/// copies).
 pub const RUN_FILES: &[&str] = &[
     checkpoint::FILE_NAME,
+    checkpoint::BEST_FILE,
     "metrics.jsonl",
     "metrics.csv",
     crate::metrics::EVENTS_FILE,
@@ -142,10 +144,17 @@ fn prepare_out_dir(opts: &TrainOptions, console: &Console) -> Result<()> {
     if opts.resume.is_some() {
         return Ok(());
     }
-    let existing: Vec<&str> = RUN_FILES
+    let kept = std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| checkpoint::kept_step(n).is_some());
+    let existing: Vec<String> = RUN_FILES
         .iter()
-        .copied()
+        .map(|f| f.to_string())
         .filter(|f| dir.join(f).exists())
+        .chain(kept)
         .collect();
     if existing.is_empty() {
         return Ok(());
@@ -153,7 +162,7 @@ fn prepare_out_dir(opts: &TrainOptions, console: &Console) -> Result<()> {
     if !opts.overwrite {
         bail!("{} already holds a run ({}); continue it with --resume {}, replace it with --overwrite, or choose another --out", dir.display(), existing.join(", "), dir.display());
     }
-    for f in existing {
+    for f in &existing {
         std::fs::remove_file(dir.join(f))
             .with_context(|| format!("--overwrite: cannot remove {}", dir.join(f).display()))?;
     }

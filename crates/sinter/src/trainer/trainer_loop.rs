@@ -68,6 +68,32 @@ struct Progress {
     last_eval: Option<EvalResult>,
 }
 
+/// The best validation loss so far (for `--keep-best` and `--early-stop`); saved in
+/// checkpoints so a resumed run judges like an uninterrupted one.
+#[derive(Clone, Copy, Debug, Default, serde::Serialize, serde::Deserialize)]
+struct Best {
+    loss: Option<f64>,
+    step: u64,
+    /// Evaluations since the last improvement.
+    stale: u64,
+}
+
+impl Best {
+    /// Takes an evaluation's loss; true when it improves on the best by more than `delta`.
+    fn observe(&mut self, loss: f64, step: u64, delta: f64) -> bool {
+        if self.loss.is_none_or(|b| loss < b - delta) {
+            *self = Best {
+                loss: Some(loss),
+                step,
+                stale: 0,
+            };
+            return true;
+        }
+        self.stale += 1;
+        false
+    }
+}
+
 pub struct Trainer<'a> {
     s: Setup,
     engine: Box<dyn StepEngine>,
@@ -89,6 +115,7 @@ pub struct Trainer<'a> {
     last_readout: Option<Readout>,
     /// Why the run stopped before its end, if it did.
     stopped: Option<String>,
+    best: Best,
 }
 
 impl<'a> Trainer<'a> {
@@ -161,6 +188,10 @@ impl<'a> Trainer<'a> {
             },
             last_readout: None,
             stopped: None,
+            best: resumed
+                .and_then(|l| l.meta.trainer.as_deref())
+                .and_then(|j| serde_json::from_str(j).ok())
+                .unwrap_or_default(),
         })
     }
 
@@ -262,11 +293,26 @@ impl<'a> Trainer<'a> {
         if due.eval || due.ckpt {
             self.engine.sync_model(&self.s)?;
         }
+        let mut best = false;
         if due.eval {
             self.evaluate(step)?;
+            let (improved, stop) = self.judge(done)?;
+            best = improved && self.s.config.keep_best;
+            if stop && done < self.span.end {
+                let b = self.best;
+                let why = format!("the validation loss has not improved for {} evaluations (best {:.4} at step {})", b.stale, b.loss.unwrap_or(f64::NAN), b.step);
+                self.console
+                    .note(format!("stopping early at step {done}: {why}"));
+                self.stopped = Some(why);
+                self.span.end = done;
+                if !due.log {
+                    self.log_step(step)?;
+                }
+                due = self.due(done);
+            }
         }
-        if due.ckpt {
-            self.checkpoint(done)?;
+        if due.ckpt || best {
+            self.checkpoint(done, due.ckpt, best)?;
         }
         Ok(())
     }
@@ -392,7 +438,27 @@ impl<'a> Trainer<'a> {
         Ok(())
     }
 
-    fn checkpoint(&mut self, done: u64) -> Result<()> {
+    /// Whether this evaluation improved the best validation loss, and whether the run should
+    /// stop early; rank 0 judges, every rank follows (collective where it matters).
+    fn judge(&mut self, done: u64) -> Result<(bool, bool)> {
+        let c = &self.s.config;
+        let (mut improved, mut stop) = (false, false);
+        if let (true, Some(e)) = (self.writer, self.progress.last_eval) {
+            improved = self.best.observe(e.loss, done, c.early_stop_delta);
+            stop = c.early_stop > 0 && self.best.stale >= c.early_stop;
+        }
+        if c.keep_best {
+            improved = self.engine.agree(improved)?;
+        }
+        if c.early_stop > 0 {
+            stop = self.engine.agree(stop)?;
+        }
+        Ok((improved, stop))
+    }
+
+    /// Writes the checkpoint of step `done`: the latest (with `--keep-last` copies) and/or
+    /// the best.
+    fn checkpoint(&mut self, done: u64, latest: bool, best: bool) -> Result<()> {
         let (optimizer_steps, state) = self.engine.checkpoint_state(self.writer)?;
         let Some(dir) = &self.out else {
             return Ok(());
@@ -405,10 +471,18 @@ impl<'a> Trainer<'a> {
             loader: self.loader.position().to_u64s(),
             config: self.s.config.clone(),
             precision: self.engine.precision_state(),
-            trainer: None,
+            trainer: Some(serde_json::to_string(&self.best)?),
             inference: Some(crate::inference::info_of(&self.s)),
         };
-        checkpoint::save(dir, &self.s.named_tensors(), &state, &meta)
+        let bytes = checkpoint::to_bytes(&self.s.named_tensors(), &state, &meta)?;
+        if latest {
+            checkpoint::write_atomic(&checkpoint::path_in(dir), &bytes)?;
+            checkpoint::keep_last(dir, done, self.s.config.keep_last)?;
+        }
+        if best {
+            checkpoint::write_atomic(&dir.join(checkpoint::BEST_FILE), &bytes)?;
+        }
+        Ok(())
     }
 
     fn finish(self) -> Result<Value> {
