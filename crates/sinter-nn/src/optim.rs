@@ -96,7 +96,7 @@ fn flatten(groups: Vec<ParamGroup>, lr: f64, weight_decay: f64) -> Result<PerPar
     for g in groups {
         let glr = g.lr.unwrap_or(lr);
         let wd = g.weight_decay.unwrap_or(weight_decay);
-        if !(glr.is_finite() && glr >= 0.0) || !(wd.is_finite() && wd >= 0.0) {
+        if !(glr.is_finite() && glr >= 0.0 && wd.is_finite() && wd >= 0.0) {
             bail!("parameter group: lr {glr} and weight decay {wd} must be finite and at least 0");
         }
         let scale = if lr > 0.0 { glr / lr } else { 1.0 };

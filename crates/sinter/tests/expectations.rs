@@ -23,7 +23,7 @@ fn options(help: &str) -> Vec<(String, String)> {
         let t = line.trim_start();
         if t.starts_with("-") && line.starts_with("  ") {
             let flag = t
-                .split(|c: char| c == ' ' || c == ',')
+                .split([' ', ','])
                 .find(|w| w.starts_with("--"))
                 .unwrap_or(t)
                 .to_string();
