@@ -108,6 +108,8 @@ fn st_dtype(d: DType) -> Dtype {
         DType::F16 => Dtype::F16,
         DType::BF16 => Dtype::BF16,
         DType::I64 => Dtype::I64,
+        DType::I32 => Dtype::I32,
+        DType::U8 => Dtype::U8,
     }
 }
 
@@ -117,6 +119,8 @@ fn our_dtype(d: Dtype, name: &str) -> Result<DType> {
         Dtype::F16 => DType::F16,
         Dtype::BF16 => DType::BF16,
         Dtype::I64 => DType::I64,
+        Dtype::I32 => DType::I32,
+        Dtype::U8 => DType::U8,
         other => bail!("tensor {name} has dtype {other:?}, which sinter does not load"),
     })
 }

@@ -248,8 +248,9 @@ fn non_negative(flag: &str, v: f64) -> Result<()> {
 /// `auto`, `cpu`, `cuda` or `cuda:N` (whether the device exists is checked when the run
 /// starts).
 fn check_device_name(name: &str) -> Result<()> {
-    if name != "auto" && sinter_core::Device::parse(name).is_none() {
-        bail!("unknown device '{name}'; valid devices: auto, cpu, cuda, cuda:N");
+    let known = ["auto", crate::precision::EMULATED].contains(&name);
+    if !known && sinter_core::Device::parse(name).is_none() {
+        bail!("unknown device '{name}'; valid devices: auto, cpu, cuda, cuda:N, cuda-emu");
     }
     Ok(())
 }

@@ -111,6 +111,9 @@ pub fn launch(a: &LaunchArgs) -> Result<()> {
 
 #[derive(Subcommand)]
 pub enum BenchCmd {
+    /// CPU figures without Python: GEMM, conv, training steps, inference, generation and the
+    /// whole default `train` (see bench/vs-torch for the comparison with PyTorch).
+    Cpu(crate::bench_cpu::CpuBenchArgs),
     /// Predicted step time, speedup and efficiency of DP, ZeRO-1/2, TP and PP on 1…N GPUs
     /// (analytic model), with the speedup curve as SVG.
     Scaling(ScalingArgs),
@@ -181,6 +184,7 @@ pub struct AllReduceArgs {
 
 pub fn bench(which: &BenchCmd) -> Result<()> {
     match which {
+        BenchCmd::Cpu(a) => crate::bench_cpu::run(a),
         BenchCmd::Scaling(a) => bench_scaling(a),
         BenchCmd::Allreduce(a) => bench_allreduce(a),
         BenchCmd::Gpu { which, out } => {
@@ -375,8 +379,8 @@ pub fn pick_backend(
             let grads = NcclCommunicator::init(env, dev, "grads", timeout)
                 .with_context(|| format!("rank {}: bringing up NCCL", env.rank))?;
             if talk {
-                if let Ok((a, b, c)) = &local.nccl {
-                    eprintln!("distributed backend: NCCL {a}.{b}.{c} (gradients all-reduced on the device)");
+                if let Ok(lib) = sinter_dist::nccl::nccl_library() {
+                    crate::say!("distributed backend: {lib} (gradients all-reduced on the device)");
                 }
             }
             Ok((

@@ -135,36 +135,55 @@ impl TextCodec {
     }
 }
 
-/// Samples `max_new` tokens after `prompt` with temperature and top-k; returns all tokens.
-/// GPT checkpoints generate with the KV cache (each new token runs one position through the
-/// blocks) unless `use_cache` is false, which recomputes the whole window per token.
+/// How `generate` samples.
+#[derive(Clone, Copy, Debug)]
+pub struct Sampling {
+    pub max_new: usize,
+    /// 0 picks the most likely token.
+    pub temperature: f64,
+    /// Sample from the k most likely tokens (0: all).
+    pub top_k: usize,
+    pub seed: u64,
+    /// The KV cache (one position per new token) or recomputing the whole window.
+    pub use_cache: bool,
+}
+
+impl Sampling {
+    /// `max_new` most likely tokens, with the KV cache.
+    pub fn greedy(max_new: usize) -> Sampling {
+        Sampling {
+            max_new,
+            temperature: 0.0,
+            top_k: 0,
+            seed: 0,
+            use_cache: true,
+        }
+    }
+}
+
+/// Samples tokens after `prompt` from a GPT `model` with a `context`-token window; returns
+/// all tokens (prompt included).
 pub fn generate(
-    inf: &Inference,
+    model: &dyn Model,
+    context: usize,
     prompt: &[i64],
-    max_new: usize,
-    temperature: f64,
-    top_k: usize,
-    seed: u64,
-    use_cache: bool,
+    how: &Sampling,
 ) -> Result<Vec<i64>> {
-    let gpt = inf
-        .model
+    check_temperature(how.temperature)?;
+    let gpt = model
         .as_any()
         .and_then(|m| m.downcast_ref::<sinter_models::Gpt>())
         .ok_or_else(|| {
-            anyhow!(
-                "generate needs a GPT checkpoint; {} cannot generate text",
-                inf.info.model
-            )
+            anyhow!("generate needs a GPT checkpoint; this model cannot generate text")
         })?;
-    let mut rng = Rng::new(seed);
+    let mut rng = Rng::new(how.seed);
     Ok(gpt.generate_with(
         prompt,
-        max_new,
-        temperature,
-        top_k,
-        inf.config.context,
-        use_cache,
+        how.max_new,
+        how.temperature,
+        how.top_k,
+        context,
+        how.use_cache,
         &mut rng,
     )?)
 }

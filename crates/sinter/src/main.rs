@@ -1,5 +1,6 @@
 //! `sinter`: train, evaluate and sample neural networks from one binary.
 
+mod bench_cpu;
 mod checkpoint;
 mod config;
 mod dist_cmd;
@@ -56,8 +57,9 @@ enum Command {
     Info,
     /// Start N ranks of a sinter command on this node: `sinter launch --nproc-per-node 4 -- train …`.
     Launch(dist_cmd::LaunchArgs),
-    /// Benchmarks: `bench scaling` (analytic scaling model), `bench allreduce` (host
-    /// all-reduce bandwidth), `bench gpu gemm|tc|linear|bandwidth|attention|all` (CUDA).
+    /// Benchmarks: `bench cpu` (GEMM, conv, training, inference), `bench scaling` (analytic
+    /// scaling model), `bench allreduce` (host all-reduce bandwidth), `bench gpu
+    /// gemm|tc|linear|bandwidth|attention|all` (CUDA).
     Bench {
         #[command(subcommand)]
         which: dist_cmd::BenchCmd,
@@ -159,15 +161,15 @@ fn run() -> Result<()> {
             if prompt.is_empty() {
                 bail!("--prompt must not be empty");
             }
-            let tokens = inference::generate(
-                &inf,
-                &prompt,
-                g.max_new_tokens,
-                g.temperature,
-                g.top_k,
-                g.seed,
-                !g.no_kv_cache,
-            )?;
+            let how = inference::Sampling {
+                max_new: g.max_new_tokens,
+                temperature: g.temperature,
+                top_k: g.top_k,
+                seed: g.seed,
+                use_cache: !g.no_kv_cache,
+            };
+            let tokens =
+                inference::generate(inf.model.as_ref(), inf.config.context, &prompt, &how)?;
             out!("{}", codec.decode(&tokens));
         }
         Command::Info => print!("{}", precision::info_report()),

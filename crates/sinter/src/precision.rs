@@ -157,8 +157,22 @@ impl Precision {
 
 // ---- devices ----------------------------------------------------------------------------------
 
+/// `--device cuda-emu`: the emulated CUDA device.
+pub const EMULATED: &str = "cuda-emu";
+
+/// Turns on the emulated CUDA device for `--device cuda-emu` (one emulated device per local
+/// rank, so each rank of `sinter launch` gets its own, as on a real node). Call before any
+/// CUDA use; other devices are left alone.
+pub fn enable_emulation(device: &str, local_ranks: usize) -> Result<()> {
+    if device == EMULATED {
+        sinter_cuda::runtime::enable_emulation(local_ranks.max(1))
+            .map_err(|e| anyhow!("--device cuda-emu: {e}"))?;
+    }
+    Ok(())
+}
+
 /// `auto` (CUDA device 0 when CUDA can be used here, else the CPU, with a line saying why),
-/// `cpu`, `cuda` (= `cuda:0`) or `cuda:N`; a CUDA device that cannot be used is an error that
+/// `cpu`, `cuda` (= `cuda:0`), `cuda:N` or `cuda-emu` (after [`enable_emulation`]); a CUDA device that cannot be used is an error that
 /// quotes the CUDA report (what loads, what is missing, how to fix it).
 pub fn resolve_device_noted(name: &str) -> Result<(Device, Option<String>)> {
     if name == "auto" {
@@ -182,8 +196,14 @@ pub fn resolve_device_noted(name: &str) -> Result<(Device, Option<String>)> {
             )),
         ));
     }
+    if name == EMULATED {
+        return Ok((
+            Device::Cuda(0),
+            Some("device cuda-emu: the emulated CUDA device (sinter's real CUDA kernels run on the CPU by the kernel emulator; correct, not fast)".into()),
+        ));
+    }
     let d = Device::parse(name).ok_or_else(|| {
-        anyhow!("unknown device '{name}'; valid devices: auto, cpu, cuda, cuda:N")
+        anyhow!("unknown device '{name}'; valid devices: auto, cpu, cuda, cuda:N, cuda-emu")
     })?;
     if let Device::Cuda(n) = d {
         check_cuda(n)?;

@@ -120,7 +120,8 @@ pub struct TrainArgs {
     #[arg(long, help_heading = OUTPUT)]
     pub early_stop_delta: Option<f64>,
 
-    /// Device: auto (the first GPU if CUDA works here, else the CPU), cpu, cuda or cuda:N
+    /// Device: auto (the first GPU if CUDA works here, else the CPU), cpu, cuda, cuda:N, or
+    /// cuda-emu (the emulated CUDA device: the CUDA code path run on the CPU, for checking)
     /// [default: auto].
     #[arg(long, help_heading = DEVICE)]
     pub device: Option<String>,

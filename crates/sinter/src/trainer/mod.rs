@@ -18,6 +18,7 @@ use anyhow::{bail, Context, Result};
 use sinter_core::{Device, Rng};
 use sinter_dist::DistEnv;
 
+pub use batch::to_tensor;
 pub use console::Console;
 pub use engine::parallel::ModelParallel;
 pub use eval::evaluate;
@@ -84,7 +85,9 @@ pub fn run(config: TrainConfig, opts: &TrainOptions) -> Result<serde_json::Value
 /// expect; an explicit `cuda:N` is kept.
 pub fn rank_device(requested: &str, resolved: Device, local_rank: usize, gpus: usize) -> Device {
     match resolved {
-        Device::Cuda(0) if (requested == "auto" || requested == "cuda") && gpus > 1 => {
+        Device::Cuda(0)
+            if ["auto", "cuda", crate::precision::EMULATED].contains(&requested) && gpus > 1 =>
+        {
             Device::Cuda(local_rank % gpus)
         }
         d => d,
@@ -169,6 +172,44 @@ fn prepare_out_dir(opts: &TrainOptions, console: &Console) -> Result<()> {
     Ok(())
 }
 
+/// A checkpoint of `s` at `step` (its weights, `optim_state` with `optimizer_steps` updates
+/// taken, the generators, the loader's position, the config and what inference needs).
+pub fn save_checkpoint(
+    dir: &std::path::Path,
+    s: &Setup,
+    optim_state: &[(String, sinter_core::Tensor)],
+    optimizer_steps: u64,
+    step: u64,
+    loader: &sinter_data::DataLoader,
+    precision: String,
+) -> Result<()> {
+    let meta = checkpoint_meta(s, step, optimizer_steps, loader, Some(precision), None);
+    let bytes = checkpoint::to_bytes(&s.named_tensors(), optim_state, &meta)?;
+    checkpoint::write_atomic(&checkpoint::path_in(dir), &bytes)
+}
+
+/// The metadata of a checkpoint of `s` at `step`.
+pub fn checkpoint_meta(
+    s: &Setup,
+    step: u64,
+    optimizer_steps: u64,
+    loader: &sinter_data::DataLoader,
+    precision: Option<String>,
+    trainer: Option<String>,
+) -> checkpoint::Meta {
+    checkpoint::Meta {
+        step,
+        optimizer_steps,
+        rng: s.rng.state(),
+        dropout_rng: s.dropout_state(),
+        loader: loader.position().to_u64s(),
+        config: s.config.clone(),
+        precision,
+        trainer,
+        inference: Some(crate::inference::info_of(s)),
+    }
+}
+
 type Started = (Setup, Box<dyn StepEngine>, Option<Loaded>);
 
 /// One process, data parallel or ZeRO.
@@ -178,6 +219,7 @@ fn start_local(
     env: &DistEnv,
     console: &Console,
 ) -> Result<Started> {
+    crate::precision::enable_emulation(&config.device, env.local_world_size)?;
     let (device, device_note) = crate::precision::resolve_device_noted(&config.device)?;
     let precision = crate::precision::parse_precision(&config.precision)?;
     config.check_parallel()?;

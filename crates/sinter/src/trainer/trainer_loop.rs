@@ -14,7 +14,7 @@ use super::batch::{batch_seed, prepare};
 use super::engine::{LrPlan, Readout, StepEngine};
 use super::eval::{evaluate, EvalResult};
 use super::{Console, Setup, TrainOptions};
-use crate::checkpoint::{self, Loaded, Meta};
+use crate::checkpoint::{self, Loaded};
 use crate::metrics::MetricsLog;
 use crate::plot::plot_losses;
 
@@ -463,17 +463,14 @@ impl<'a> Trainer<'a> {
         let Some(dir) = &self.out else {
             return Ok(());
         };
-        let meta = Meta {
-            step: done,
+        let meta = super::checkpoint_meta(
+            &self.s,
+            done,
             optimizer_steps,
-            rng: self.s.rng.state(),
-            dropout_rng: self.s.dropout_state(),
-            loader: self.loader.position().to_u64s(),
-            config: self.s.config.clone(),
-            precision: self.engine.precision_state(),
-            trainer: Some(serde_json::to_string(&self.best)?),
-            inference: Some(crate::inference::info_of(&self.s)),
-        };
+            &self.loader,
+            self.engine.precision_state(),
+            Some(serde_json::to_string(&self.best)?),
+        );
         let bytes = checkpoint::to_bytes(&self.s.named_tensors(), &state, &meta)?;
         if latest {
             checkpoint::write_atomic(&checkpoint::path_in(dir), &bytes)?;
