@@ -138,8 +138,8 @@ impl CausalSelfAttention {
         };
         let (q, k, v) = (heads(0)?, heads(1)?, heads(2)?);
         let scores = q.matmul(&k.t()?)?.mul_scalar(1.0 / (hd as f32).sqrt())?; // [b, h, t, t]
-        // 1 above the diagonal: the positions a token may not attend to, built on the scores'
-        // device (no host tensor in the step).
+                                                                               // 1 above the diagonal: the positions a token may not attend to, built on the scores'
+                                                                               // device (no host tensor in the step).
         let mask = fused::causal_mask(t, t, scores.device())?.to_dtype(scores.dtype())?;
         let att = scores.masked_fill(&mask, f32::NEG_INFINITY)?.softmax(-1)?;
         let att = self.attn_dropout.forward(&att)?;
