@@ -205,6 +205,10 @@ impl BackendStorage for CpuStorage {
     }
     fn reduce(&self, l: &Layout, dim: usize, op: ReduceOp) -> Result<Self> {
         let (outer, n, inner) = split_at_dim(l.shape(), dim);
+        if let CpuStorage::I64(_) = self {
+            let x = self.i64_contiguous(l);
+            return Ok(CpuStorage::I64(reduce::reduce_i64(&x, outer, n, inner, op)));
+        }
         let x = self.f32_contiguous(l);
         Ok(if op == ReduceOp::ArgMax {
             CpuStorage::I64(reduce::argmax_i64(&x, outer, n, inner))

@@ -139,7 +139,21 @@ pub fn attention_reference(
     scale: f32,
 ) -> Result<Tensor> {
     let g = geom(q, k, v, causal, scale)?;
+    let (dead, live) = (g.tq.saturating_sub(g.tk), g.tq.min(g.tk));
+    if causal && dead > 0 && live > 0 {
+        // The first tq − tk query rows see no key: their output is 0 (as the kernels give). A
+        // softmax over an all −inf row would be NaN, forward and backward, so only the live
+        // rows (the last tk, whose alignment is the square one) go through it.
+        let o = attention_reference(&q.narrow(2, dead, live)?, k, v, true, scale)?;
+        let zeros = Tensor::zeros(&[g.b, g.h, dead, g.d], o.dtype(), o.device())?;
+        return Tensor::cat(&[zeros, o], 2);
+    }
     let s = q.matmul(&k.t()?)?.mul_scalar(scale)?;
+    if g.tk == 0 {
+        // No keys at all: every output is 0 (a softmax over nothing has no value), still
+        // differentiable (the gradients are 0).
+        return s.matmul(v);
+    }
     let s = if causal {
         let mask = causal_mask(g.tq, g.tk, q.device())?.to_dtype(s.dtype())?;
         s.masked_fill(&mask, f32::NEG_INFINITY)?
@@ -171,6 +185,51 @@ mod tests {
             let got = causal_mask(tq, tk, Device::Cpu).unwrap();
             assert_eq!(got.shape(), &[tq, tk]);
             assert_eq!(got.to_vec_i64().unwrap(), want, "tq {tq}, tk {tk}");
+        }
+    }
+
+    /// Causal with more queries than keys: the first tq − tk rows see no key. The composite
+    /// (what CUDA runs for f32) must give them 0 like the kernel, with finite gradients, and
+    /// match the kernel everywhere else; with no keys at all everything is 0.
+    #[test]
+    fn composite_rows_without_keys_are_zero_like_the_kernel() {
+        let mut rng = crate::Rng::new(7);
+        for (tq, tk) in [(5usize, 3usize), (4, 0)] {
+            let mut mk = |t: usize| {
+                Tensor::randn(&[1, 2, t, 4], 0.0, 1.0, &mut rng, DType::F32, Device::Cpu)
+                    .unwrap()
+                    .to_var()
+                    .unwrap()
+            };
+            let (q, k, v) = (mk(tq), mk(tk), mk(tk));
+            let run = |f: fn(&Tensor, &Tensor, &Tensor, bool, f32) -> Result<Tensor>| {
+                let o = f(&q, &k, &v, true, 0.5).unwrap();
+                o.sum_all().unwrap().backward().unwrap();
+                let grads: Vec<Vec<f32>> = [&q, &k, &v]
+                    .iter()
+                    .map(|t| t.grad().unwrap().to_vec_f32().unwrap())
+                    .collect();
+                for t in [&q, &k, &v] {
+                    t.zero_grad();
+                }
+                (o.to_vec_f32().unwrap(), grads)
+            };
+            let (o_ref, g_ref) = run(attention_reference);
+            let (o_ker, g_ker) = run(attention);
+            for head in o_ref.chunks(tq * 4) {
+                // Each head's first tq − tk rows (of head dim 4).
+                assert!(head[..(tq - tk) * 4].iter().all(|&x| x == 0.0), "{head:?}");
+            }
+            for (a, b) in o_ref
+                .iter()
+                .zip(&o_ker)
+                .chain(g_ref.iter().flatten().zip(g_ker.iter().flatten()))
+            {
+                assert!(
+                    a.is_finite() && (a - b).abs() < 1e-5,
+                    "tq {tq} tk {tk}: {a} vs {b}"
+                );
+            }
         }
     }
 }
