@@ -40,6 +40,8 @@ pub struct ConfigFile {
     pub recompute: Option<String>,
     /// fp32, tf32, bf16 or fp16.
     pub precision: Option<String>,
+    /// Train conv → BatchNorm pairs as one fused op that recomputes the convolution.
+    pub fuse_conv_bn: Option<bool>,
 }
 
 impl ConfigFile {
@@ -82,7 +84,8 @@ impl ConfigFile {
             bucket_mb,
             grad_accum,
             recompute,
-            precision
+            precision,
+            fuse_conv_bn
         );
         self
     }
@@ -131,6 +134,9 @@ pub struct TrainConfig {
     /// fp32, tf32, bf16 or fp16.
     #[serde(default = "fp32")]
     pub precision: String,
+    /// Conv → BatchNorm pairs trained as one fused op (`--fuse-conv-bn`).
+    #[serde(default)]
+    pub fuse_conv_bn: bool,
 }
 
 fn fp32() -> String {
@@ -220,6 +226,7 @@ pub fn defaults_for(model: &str) -> ConfigFile {
         grad_accum: Some(1),
         recompute: None,
         precision: None,
+        fuse_conv_bn: None,
     }
 }
 
@@ -292,6 +299,7 @@ impl TrainConfig {
                 p
             },
             world_size: 1,
+            fuse_conv_bn: c.fuse_conv_bn.unwrap_or(false),
         };
         c.check_parallel()?;
         Ok(c)

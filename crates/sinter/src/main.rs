@@ -72,7 +72,7 @@ struct TrainArgs {
         default_value = "1f1b"
     )]
     pp_schedule: String,
-    /// mlp, cnn, resnet18, gpt-tiny or gpt2.
+    /// mlp, cnn, cnn-bn, resnet18, gpt-tiny, gpt2, bert-tiny or bert-base.
     #[arg(long)]
     model: Option<String>,
     /// digits, shakespeare, mnist:DIR, cifar10:DIR, text:FILE or tokens:FILE_OR_DIR.
@@ -152,6 +152,10 @@ struct TrainArgs {
     /// fp32, tf32, bf16 or fp16 (fp32 master weights; fp16 with dynamic loss scaling).
     #[arg(long)]
     precision: Option<String>,
+    /// Train each conv → BatchNorm pair (cnn-bn, resnet18) as one op that recomputes the
+    /// convolution in backward: the same values with less activation memory.
+    #[arg(long)]
+    fuse_conv_bn: bool,
     /// Capture the whole training step as a CUDA graph after warm-up steps and replay it
     /// (CUDA, one process, static shapes, no dropout; ignored on the CPU).
     #[arg(long)]
@@ -188,6 +192,7 @@ impl TrainArgs {
             grad_accum: self.grad_accum,
             recompute: self.recompute.clone(),
             precision: self.precision.clone(),
+            fuse_conv_bn: self.fuse_conv_bn.then_some(true),
         }
     }
 }
@@ -300,6 +305,8 @@ fn run() -> Result<()> {
         }
         Command::Eval { checkpoint } => {
             let (s, step) = train::load_for_inference(&checkpoint)?;
+            // BatchNorm folded into the convolutions: the same outputs, fewer passes.
+            sinter_nn::fold::fold_for_inference(s.model.as_ref())?;
             let e = train::evaluate(&s, 0)?;
             let acc = e
                 .accuracy

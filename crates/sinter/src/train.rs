@@ -91,7 +91,10 @@ pub fn setup(config: TrainConfig) -> Result<Setup> {
         },
         &mut rng,
         &dropout_rng,
-        recompute,
+        sinter_models::ModelOptions {
+            recompute,
+            fuse_conv_bn: config.fuse_conv_bn,
+        },
     )?;
     Ok(Setup {
         config,
