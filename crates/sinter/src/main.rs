@@ -7,6 +7,7 @@ mod gpu_bench;
 mod metrics;
 mod model_parallel;
 mod precision;
+mod predict_cmd;
 mod tokenize_cmd;
 mod train;
 
@@ -41,6 +42,8 @@ enum Command {
     },
     /// Sample text from a GPT checkpoint.
     Generate(GenerateArgs),
+    /// Classify your own PNG/JPEG images or CSV rows with a classifier checkpoint.
+    Predict(predict_cmd::PredictArgs),
     /// Version, devices, threads and dtypes.
     Info,
     /// Start N ranks of a sinter command on this node: `sinter launch --nproc-per-node 4 -- train …`.
@@ -361,6 +364,7 @@ fn run() -> Result<()> {
             };
             println!("{text}");
         }
+        Command::Predict(a) => predict_cmd::run(&a)?,
         Command::Info => print!("{}", precision::info_report()),
         Command::Launch(a) => dist_cmd::launch(&a)?,
         Command::Bench { which } => dist_cmd::bench(&which)?,
