@@ -2,6 +2,8 @@
 //! Sized from the input, so it fits 8×8 digits and 28×28 MNIST alike. The `cnn-bn` variant
 //! puts a BatchNorm after each convolution (whose bias it makes redundant).
 
+use crate::model::{classifier_loss, BatchLoss, Model};
+use crate::Task;
 use sinter_core::{bail, Conv2dParams, Result, Rng, Tensor};
 use sinter_nn::module::{join, NamedTensor};
 use sinter_nn::{BatchNorm2d, Conv2d, ConvBn, Linear, MaxPool2d, Module};
@@ -78,5 +80,14 @@ impl Module for LeNet {
     }
     fn fold_batch_norm(&self) -> Result<usize> {
         Ok(self.conv1.fold_batch_norm()? + self.conv2.fold_batch_norm()?)
+    }
+}
+
+impl Model for LeNet {
+    fn task(&self) -> Task {
+        Task::Classification
+    }
+    fn loss(&self, inputs: &Tensor, targets: &Tensor) -> Result<BatchLoss> {
+        classifier_loss(self, inputs, targets)
     }
 }

@@ -4,12 +4,12 @@
 //! running statistics as unfused ones; checkpoint names do not depend on fusion.
 
 use sinter_core::{DType, Device, Rng, Tensor};
-use sinter_models::{build_with, DataShape, ModelOptions};
+use sinter_models::{build_with, DataShape, Model, ModelOptions};
 use sinter_nn::fold::fold_for_inference;
 use sinter_nn::module::shared_rng;
 use sinter_nn::Module;
 
-fn model(name: &str, data: &DataShape, fuse: bool) -> Box<dyn Module> {
+fn model(name: &str, data: &DataShape, fuse: bool) -> Box<dyn Model> {
     let options = ModelOptions {
         fuse_conv_bn: fuse,
         ..Default::default()

@@ -93,6 +93,11 @@ pub fn launch(a: &LaunchArgs) -> Result<()> {
     }
     let opts = LaunchOptions {
         grace_period: Duration::from_secs_f64(a.grace_period),
+        // The ranks die with this process, even if it is killed by SIGKILL.
+        extra_env: vec![(
+            crate::signals::LAUNCHER_PID.to_string(),
+            std::process::id().to_string(),
+        )],
         ..LaunchOptions::default()
     };
     let report = launch::run_with(&spec, &opts).map_err(anyhow::Error::new)?;
@@ -106,15 +111,21 @@ pub fn launch(a: &LaunchArgs) -> Result<()> {
 
 #[derive(Subcommand)]
 pub enum BenchCmd {
+    /// CPU figures without Python: GEMM, conv, training steps, inference, generation and the
+    /// whole default `train` (see bench/vs-torch for the comparison with PyTorch).
+    Cpu(crate::bench_cpu::CpuBenchArgs),
     /// Predicted step time, speedup and efficiency of DP, ZeRO-1/2, TP and PP on 1…N GPUs
     /// (analytic model), with the speedup curve as SVG.
     Scaling(ScalingArgs),
     /// Host all-reduce bandwidth (bus bandwidth, as nccl-tests report it) beside a memcpy
     /// ceiling, over threads, TCP loopback threads and TCP loopback processes.
     Allreduce(AllReduceArgs),
-    /// GPU benchmarks (gemm, tc, linear, bandwidth, attention or all) on the CUDA device; a markdown table.
+    /// GPU benchmarks on the CUDA device, as a markdown table: gemm (bf16 GEMM), tc (tensor
+    /// cores vs CUDA cores), linear (Linear forward + backward, CPU vs GPU), bandwidth
+    /// (elementwise and row kernels vs a copy), attention (fused flash attention) or all.
     Gpu {
-        #[arg(default_value = "all")]
+        /// gemm, tc, linear, bandwidth, attention or all [default: all].
+        #[arg(default_value = "all", hide_default_value = true)]
         which: String,
         /// Also write the table here (and `<out>.json`).
         #[arg(long)]
@@ -173,6 +184,7 @@ pub struct AllReduceArgs {
 
 pub fn bench(which: &BenchCmd) -> Result<()> {
     match which {
+        BenchCmd::Cpu(a) => crate::bench_cpu::run(a),
         BenchCmd::Scaling(a) => bench_scaling(a),
         BenchCmd::Allreduce(a) => bench_allreduce(a),
         BenchCmd::Gpu { which, out } => {
@@ -367,8 +379,8 @@ pub fn pick_backend(
             let grads = NcclCommunicator::init(env, dev, "grads", timeout)
                 .with_context(|| format!("rank {}: bringing up NCCL", env.rank))?;
             if talk {
-                if let Ok((a, b, c)) = &local.nccl {
-                    eprintln!("distributed backend: NCCL {a}.{b}.{c} (gradients all-reduced on the device)");
+                if let Ok(lib) = sinter_dist::nccl::nccl_library() {
+                    crate::say!("distributed backend: {lib} (gradients all-reduced on the device)");
                 }
             }
             Ok((

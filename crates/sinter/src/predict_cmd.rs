@@ -12,9 +12,9 @@ use anyhow::{anyhow, bail, Context, Result};
 use clap::Args;
 use serde::Serialize;
 use sinter_core::{no_grad, Tensor};
-use sinter_models::Task;
 
-use crate::train::{self, Setup};
+use crate::checkpoint::InputSpec;
+use crate::inference::{self, Inference};
 use input::ImageSpec;
 
 #[derive(Args)]
@@ -42,7 +42,7 @@ pub struct PredictArgs {
 
 /// A loaded classifier and what its inputs must look like.
 struct Classifier {
-    setup: Setup,
+    inf: Inference,
     spec: ImageSpec,
     class_names: Vec<String>,
 }
@@ -83,66 +83,58 @@ pub fn run(a: &PredictArgs) -> Result<()> {
     Ok(())
 }
 
-/// The checkpoint's model (BatchNorm folded, evaluation mode) and its input format.
+/// The checkpoint's model (BatchNorm folded, evaluation mode) and its input format, from the
+/// checkpoint alone.
 fn load_classifier(dir: &Path) -> Result<Classifier> {
-    let (setup, _) = train::load_for_inference(dir)?;
-    if setup.task != Task::Classification {
+    let inf = inference::load_model(dir)?;
+    let info = &inf.info;
+    if info.task != "classification" {
         bail!(
-            "predict needs a classifier checkpoint; {} is a {:?} model (use sinter generate for language models)",
-            setup.config.model,
-            setup.task
+            "predict needs a classifier checkpoint; {} is a {} model (use sinter generate for language models)",
+            info.model,
+            info.task.replace('_', " ")
         );
     }
-    let (spec, class_names) = input_format(&setup)?;
-    sinter_nn::fold::fold_for_inference(setup.model.as_ref())?;
+    let spec = match (&info.input, &info.input_shape[..]) {
+        (
+            InputSpec::Image {
+                pixel_max,
+                mean,
+                std,
+            },
+            &[channels, height, width],
+        ) if mean.len() == channels
+            && std.len() == channels
+            && *pixel_max > 0.0
+            && std.iter().all(|s| *s > 0.0) =>
+        {
+            ImageSpec {
+                channels,
+                height,
+                width,
+                pixel_max: *pixel_max,
+                mean: mean.clone(),
+                std: std.clone(),
+            }
+        }
+        (input, shape) => bail!(
+            "predict: the checkpoint's inputs ({input:?}, shape {shape:?}) are not images with a usable normalisation"
+        ),
+    };
+    let class_names = match &info.class_names {
+        Some(n) if n.len() == info.classes => n.clone(),
+        Some(n) => bail!(
+            "the checkpoint names {} classes but its model has {}; the checkpoint is damaged",
+            n.len(),
+            info.classes
+        ),
+        None => (0..info.classes).map(|c| c.to_string()).collect(),
+    };
+    sinter_nn::fold::fold_for_inference(inf.model.as_ref())?;
     Ok(Classifier {
-        setup,
+        inf,
         spec,
         class_names,
-    })
-}
-
-/// Stand-in until checkpoints carry the trainer's inference information: the format of each
-/// classification data set, as its loader in sinter-data prepares it.
-fn input_format(s: &Setup) -> Result<(ImageSpec, Vec<String>)> {
-    let shape = s.train.input_shape();
-    let [channels, height, width] = shape[..] else {
-        bail!("predict: the model's inputs have shape {shape:?}, not [c, h, w] images");
-    };
-    let digits = |n: usize| (0..n).map(|d| d.to_string()).collect::<Vec<_>>();
-    let spec = |pixel_max: f32, mean: &[f32], std: &[f32]| ImageSpec {
-        channels,
-        height,
-        width,
-        pixel_max,
-        mean: mean.to_vec(),
-        std: std.to_vec(),
-    };
-    let data = s.config.data.as_str();
-    Ok(match data.split(':').next().unwrap_or("") {
-        "digits" => (spec(16.0, &[0.0], &[1.0]), digits(10)),
-        "mnist" => (
-            spec(255.0, &[sinter_data::MNIST_MEAN], &[sinter_data::MNIST_STD]),
-            digits(10),
-        ),
-        "cifar10" => (
-            spec(255.0, &sinter_data::CIFAR10_MEAN, &sinter_data::CIFAR10_STD),
-            [
-                "airplane",
-                "automobile",
-                "bird",
-                "cat",
-                "deer",
-                "dog",
-                "frog",
-                "horse",
-                "ship",
-                "truck",
-            ]
-            .map(String::from)
-            .to_vec(),
-        ),
-        _ => bail!("predict: the input format of data '{data}' is not known"),
     })
 }
 
@@ -181,7 +173,7 @@ fn read_file(path: &Path, spec: &ImageSpec, invert: bool, out: &mut Vec<Input>) 
 
 /// Class probabilities, one row of `classes` per input, in batches of 256.
 fn classify(c: &Classifier, inputs: &[Input]) -> Result<Vec<f32>> {
-    let model = c.setup.model.as_ref();
+    let model = c.inf.model.as_ref();
     let device = sinter_nn::module_device(model)?;
     let _g = no_grad();
     let s = &c.spec;
@@ -193,7 +185,16 @@ fn classify(c: &Classifier, inputs: &[Input]) -> Result<Vec<f32>> {
             .collect();
         let shape = [chunk.len(), s.channels, s.height, s.width];
         let x = Tensor::from_vec(flat, &shape, sinter_core::Device::Cpu)?.to_device(device)?;
-        probs.extend(model.forward(&x)?.softmax(-1)?.to_vec_f32()?);
+        let logits = model.forward(&x)?;
+        if logits.shape() != [chunk.len(), c.class_names.len()] {
+            bail!(
+                "the model gave outputs of shape {:?} for {} inputs of {} classes",
+                logits.shape(),
+                chunk.len(),
+                c.class_names.len()
+            );
+        }
+        probs.extend(logits.softmax(-1)?.to_vec_f32()?);
     }
     Ok(probs)
 }
@@ -250,32 +251,32 @@ fn export_sample(c: &Classifier, n: usize, files: &[PathBuf]) -> Result<()> {
             files.len()
         );
     };
-    let val = &c.setup.val;
+    let data = &c.inf.config.data;
+    let val = sinter_data::DataSpec::parse(data)?.open(sinter_data::Split::Validation, 0)?;
     if n >= val.len() {
         bail!(
-            "--export-sample {n}: the validation split of {} has {} examples (0–{})",
-            c.setup.config.data,
+            "--export-sample {n}: the validation split of {data} has {} examples (0–{})",
             val.len(),
             val.len().saturating_sub(1)
         );
     }
     let (x, y) = val.get(n);
     let values = match &x.data {
-        sinter_data::HostData::F32(v) => v,
-        sinter_data::HostData::I64(_) => {
-            bail!("--export-sample: this data's inputs are not images")
-        }
+        sinter_data::HostData::F32(v) if v.len() == c.spec.numel() => v,
+        _ => bail!("--export-sample: the inputs of {data} are not the model's images"),
     };
     let png = input::png_bytes(&input::to_image(values, &c.spec)).map_err(|e| anyhow!(e))?;
     crate::checkpoint::write_atomic(out, &png)?;
     let label = match &y.data {
-        sinter_data::HostData::I64(v) => v.first().map(|&l| c.class_names[l as usize].clone()),
+        sinter_data::HostData::I64(v) => v
+            .first()
+            .and_then(|&l| c.class_names.get(l as usize).cloned()),
         sinter_data::HostData::F32(_) => None,
     };
     println!(
         "wrote {}: validation example {n} of {} ({}×{}, label {})",
         out.display(),
-        c.setup.config.data,
+        data,
         c.spec.width,
         c.spec.height,
         label.unwrap_or_else(|| "?".into())
