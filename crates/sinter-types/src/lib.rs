@@ -14,7 +14,10 @@ pub mod op;
 pub mod rng;
 
 pub use dtype::{DType, Element};
-pub use op::{erf, BinaryOp, ReduceOp, UnaryOp};
+pub use op::{
+    erf, floor_div_f32, floor_div_f64, floor_div_i64, pool_max_replaces, BinaryOp, ReduceOp,
+    UnaryOp,
+};
 pub use rng::{Rng, SplitMix64};
 
 pub use half::{bf16, f16};
