@@ -295,7 +295,6 @@ fn a_repeated_reduction_dimension_is_refused() {
 /// (f32, CPU): PyTorch's scalars (1 − β, the bias corrections, the step size) are Python floats
 /// rounded once to f32; computing 1 − β₂ in f32 puts v 1.3e-5 off.
 #[test]
-#[ignore = "issue 14: AdamWParams holds f32 hyper-parameters (the CUDA kernel computes in f64)"]
 fn adamw_state_follows_pytorch() {
     let grads = [[0.1f32, -0.2, 3.0, 1e-3], [-0.3, 0.05, 2.5, 0.0]];
     // (p, m, v) after each step, PyTorch's f32 values.

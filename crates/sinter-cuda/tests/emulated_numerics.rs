@@ -165,60 +165,19 @@ fn cross_entropy_keeps_the_digits_of_a_confident_prediction() {
 }
 
 /// Two steps of `torch.optim.AdamW(lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01)`
-/// on f32 (PyTorch's values): the hyper-parameters are f64 and each scalar factor is rounded to
-/// f32 once, as PyTorch computes them from Python floats. Also driven by the step control block.
+/// on f32, plain and driven by the step control block: bit for bit the shared rule
+/// (`sinter_types::AdamW`: the f64 hyper-parameters, each scalar factor rounded to f32 once, as
+/// PyTorch computes them from Python floats). PyTorch's own values for these two steps are
+/// checked on the CPU and the CUDA device by sinter-core's tests/semantics.rs.
 #[test]
-fn adamw_follows_pytorch_step_by_step() {
+fn adamw_follows_the_shared_rule_step_by_step() {
     let Some(e) = emu() else { return };
     let grads = [[0.1, -0.2, 3.0, 1e-3], [-0.3, 0.05, 2.5, 0.0]];
-    // (p, m, v) after each step.
-    let want: [[[f64; 4]; 3]; 2] = [
-        [
-            [
-                0.49899500608444214,
-                -1.2489874362945557,
-                1.998979926109314,
-                -0.0009999898029491305,
-            ],
-            [
-                0.010000000707805157,
-                -0.020000001415610313,
-                0.30000001192092896,
-                0.00010000000474974513,
-            ],
-            [
-                1.0000000656873453e-05,
-                4.0000002627493814e-05,
-                0.008999999612569809,
-                1.0000001937626735e-09,
-            ],
-        ],
-        [
-            [
-                0.49948418140411377,
-                -1.2485054731369019,
-                1.9979686737060547,
-                -0.0016700285486876965,
-            ],
-            [
-                -0.020999999716877937,
-                -0.013000001199543476,
-                0.5200000405311584,
-                9.000000136438757e-05,
-            ],
-            [
-                9.999000758398324e-05,
-                4.246000389684923e-05,
-                0.01524099987000227,
-                9.990002158843936e-10,
-            ],
-        ],
-    ];
     for with_ctl in [false, true] {
         let p = Buf::from_f64(DType::F32, &[0.5, -1.25, 2.0, 0.0], 0);
         let m = Buf::from_f64(DType::F32, &[0.0; 4], 0);
         let v = Buf::from_f64(DType::F32, &[0.0; 4], 0);
-        for (step, (gv, want)) in grads.iter().zip(&want).enumerate() {
+        for (step, gv) in grads.iter().enumerate() {
             let cfg = AdamW {
                 lr: 1e-3,
                 beta1: 0.9,
@@ -279,11 +238,6 @@ fn adamw_follows_pytorch_step_by_step() {
                     cfg.reference(f(before.0[i]), f(gi), f(before.1[i]), f(before.2[i]));
                 let got = (f(p.get()[i]), f(m.get()[i]), f(v.get()[i]));
                 assert_eq!(got, (rp, rm, rv), "adamw (ctl {with_ctl}) element {i}");
-            }
-            for (name, b, w) in [("p", &p, want[0]), ("m", &m, want[1]), ("v", &v, want[2])] {
-                let what = format!("adamw (ctl {with_ctl}) {name} after step {}", step + 1);
-                // Two ulps: PyTorch's CPU kernel may round a multiply-add differently.
-                assert_close(&what, &b.get(), &w, (2.4e-7, 0.0));
             }
         }
     }

@@ -67,22 +67,41 @@ pub fn erf(x: f64) -> f64 {
 }
 
 /// The float types the references and the CPU arithmetic share (f32 and f64).
-trait Real: Copy + PartialOrd {
+trait Real:
+    Copy
+    + PartialOrd
+    + std::ops::Add<Output = Self>
+    + std::ops::Sub<Output = Self>
+    + std::ops::Div<Output = Self>
+    + std::ops::Rem<Output = Self>
+{
     const ZERO: Self;
+    const ONE: Self;
+    const HALF: Self;
     fn nan(self) -> bool;
+    fn floor(self) -> Self;
+    fn copysign(self, sign: Self) -> Self;
 }
-impl Real for f32 {
-    const ZERO: f32 = 0.0;
-    fn nan(self) -> bool {
-        self.is_nan()
-    }
+macro_rules! impl_real {
+    ($t:ty) => {
+        impl Real for $t {
+            const ZERO: $t = 0.0;
+            const ONE: $t = 1.0;
+            const HALF: $t = 0.5;
+            fn nan(self) -> bool {
+                self.is_nan()
+            }
+            fn floor(self) -> $t {
+                <$t>::floor(self)
+            }
+            fn copysign(self, sign: $t) -> $t {
+                <$t>::copysign(self, sign)
+            }
+        }
+    };
 }
-impl Real for f64 {
-    const ZERO: f64 = 0.0;
-    fn nan(self) -> bool {
-        self.is_nan()
-    }
-}
+impl_real!(f32);
+impl_real!(f64);
 
 /// max(x, 0) that keeps NaN (and -0), as PyTorch's relu.
 #[inline]
@@ -116,42 +135,30 @@ fn minimum<T: Real>(a: T, b: T) -> T {
 /// from the exact remainder as PyTorch does (so 5 // 0.1 = 49, not 50). Division by zero is
 /// IEEE division: ±inf, or NaN for 0 // 0.
 pub fn floor_div_f64(a: f64, b: f64) -> f64 {
-    if b == 0.0 {
-        return a / b;
-    }
-    let rem = a % b;
-    let mut div = (a - rem) / b;
-    if rem != 0.0 && (b < 0.0) != (rem < 0.0) {
-        div -= 1.0;
-    }
-    if div == 0.0 {
-        // A zero quotient takes the sign of the true quotient, as in PyTorch.
-        return 0.0f64.copysign(a / b);
-    }
-    let floor = div.floor();
-    if div - floor > 0.5 {
-        floor + 1.0
-    } else {
-        floor
-    }
+    floor_div(a, b)
 }
 
 /// [`floor_div_f64`] in f32 arithmetic (the CPU kernels' and the CUDA kernels' form).
 pub fn floor_div_f32(a: f32, b: f32) -> f32 {
-    if b == 0.0 {
+    floor_div(a, b)
+}
+
+fn floor_div<T: Real>(a: T, b: T) -> T {
+    if b == T::ZERO {
         return a / b;
     }
     let rem = a % b;
     let mut div = (a - rem) / b;
-    if rem != 0.0 && (b < 0.0) != (rem < 0.0) {
-        div -= 1.0;
+    if rem != T::ZERO && (b < T::ZERO) != (rem < T::ZERO) {
+        div = div - T::ONE;
     }
-    if div == 0.0 {
-        return 0.0f32.copysign(a / b);
+    if div == T::ZERO {
+        // A zero quotient takes the sign of the true quotient, as in PyTorch.
+        return T::ZERO.copysign(a / b);
     }
     let floor = div.floor();
-    if div - floor > 0.5 {
-        floor + 1.0
+    if div - floor > T::HALF {
+        floor + T::ONE
     } else {
         floor
     }

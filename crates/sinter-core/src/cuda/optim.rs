@@ -65,11 +65,11 @@ pub(crate) fn adamw_step(
     );
     let g = contig_as(grad, DType::F32)?;
     let cfg = ka::AdamW {
-        lr: h.lr.into(),
-        beta1: h.beta1.into(),
-        beta2: h.beta2.into(),
-        eps: h.eps.into(),
-        weight_decay: h.weight_decay.into(),
+        lr: h.lr,
+        beta1: h.beta1,
+        beta2: h.beta2,
+        eps: h.eps,
+        weight_decay: h.weight_decay,
         step: h.step,
         grad_scale: 1.0,
     };

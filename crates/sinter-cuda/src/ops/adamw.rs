@@ -100,19 +100,6 @@ pub struct AdamW {
     pub grad_scale: f32,
 }
 
-/// The f32 factors of one AdamW step, each computed in f64 and rounded once (the kernel's
-/// `adam_factors`).
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct AdamFactors {
-    pub decay: f32,
-    pub one_minus_beta1: f32,
-    pub beta2: f32,
-    pub one_minus_beta2: f32,
-    pub step_size: f32,
-    pub bc2_sqrt: f32,
-    pub eps: f32,
-}
-
 impl AdamW {
     /// Kernel arguments.
     pub fn args(&self, found_inf: u64) -> Result<AdamArgs> {
@@ -133,30 +120,23 @@ impl AdamW {
         })
     }
 
-    /// The factors the kernel computes for step `self.step` (learning rate `self.lr`).
-    pub fn factors(&self) -> AdamFactors {
-        let t = self.step as f64;
-        AdamFactors {
-            decay: (1.0 - self.lr * self.weight_decay) as f32,
-            one_minus_beta1: (1.0 - self.beta1) as f32,
-            beta2: self.beta2 as f32,
-            one_minus_beta2: (1.0 - self.beta2) as f32,
-            step_size: (self.lr / (1.0 - self.beta1.powf(t))) as f32,
-            bc2_sqrt: (1.0 - self.beta2.powf(t)).sqrt() as f32,
-            eps: self.eps as f32,
+    /// The hyper-parameters without the gradient scale: the shared rule's input.
+    pub fn hyper(&self) -> sinter_types::AdamW {
+        sinter_types::AdamW {
+            lr: self.lr,
+            beta1: self.beta1,
+            beta2: self.beta2,
+            eps: self.eps,
+            weight_decay: self.weight_decay,
+            step: self.step,
         }
     }
 
-    /// The kernel's arithmetic for one element: (p, g, m, v) -> (p, m, v).
+    /// The kernel's arithmetic for one element: (p, g, m, v) -> (p, m, v). The kernel's
+    /// `adam_factors` and `adam_one` are `sinter_types::AdamW::factors` and
+    /// `AdamWFactors::update` in CUDA.
     pub fn reference(&self, p: f32, g: f32, m: f32, v: f32) -> (f32, f32, f32) {
-        let f = self.factors();
-        let g = g * self.grad_scale;
-        let p = p * f.decay;
-        let m = f.one_minus_beta1.mul_add(g - m, m);
-        let v = f.one_minus_beta2.mul_add(g * g, v * f.beta2);
-        let denom = v.sqrt() / f.bc2_sqrt + f.eps;
-        let p = (-f.step_size).mul_add(m / denom, p);
-        (p, m, v)
+        self.hyper().factors().update(p, g * self.grad_scale, m, v)
     }
 }
 
