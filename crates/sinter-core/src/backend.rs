@@ -146,16 +146,9 @@ impl PoolGeom {
     }
 }
 
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct AdamWParams {
-    pub lr: f32,
-    pub beta1: f32,
-    pub beta2: f32,
-    pub eps: f32,
-    pub weight_decay: f32,
-    /// 1-based step count, for bias correction.
-    pub step: u64,
-}
+/// AdamW's hyper-parameters, f64 like PyTorch's Python floats; the step's arithmetic is
+/// PyTorch's, the shared rule of `sinter_types::AdamW` (also the CUDA kernel's).
+pub use sinter_types::AdamW as AdamWParams;
 
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct SgdParams {

@@ -635,7 +635,7 @@ impl BackendStorage for CpuStorage {
             Some(c) if c[ctl::FOUND_INF] != 0.0 => return Ok(()),
             Some(c) => (
                 AdamWParams {
-                    lr: c[ctl::LR],
+                    lr: c[ctl::LR] as f64,
                     step: c[ctl::STEPS] as u64 + 1,
                     ..h
                 },
