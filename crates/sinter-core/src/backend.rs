@@ -146,16 +146,9 @@ impl PoolGeom {
     }
 }
 
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct AdamWParams {
-    pub lr: f32,
-    pub beta1: f32,
-    pub beta2: f32,
-    pub eps: f32,
-    pub weight_decay: f32,
-    /// 1-based step count, for bias correction.
-    pub step: u64,
-}
+/// AdamW's hyper-parameters, f64 like PyTorch's Python floats; the step's arithmetic is
+/// PyTorch's, the shared rule of `sinter_types::AdamW` (also the CUDA kernel's).
+pub use sinter_types::AdamW as AdamWParams;
 
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct SgdParams {
@@ -434,6 +427,12 @@ pub trait BackendStorage: Sized + Clone + Send + Sync + std::fmt::Debug {
     /// Reduces dimension `dim` of `l` (kept as size 1). ArgMax gives i64; the others keep the
     /// dtype. Only `Sum` accepts an empty dimension (giving zeros).
     fn reduce(&self, l: &Layout, dim: usize, op: ReduceOp) -> Result<Self>;
+    /// Σ g² over every element of every part, accumulated as the backend accumulates (the CPU
+    /// in f64), returned to the host.
+    fn sum_squares_host(parts: &[(&Self, &Layout)]) -> Result<f64>;
+    /// Σ g² as a one-element f32 storage on the parts' device (no host read where the data is
+    /// not on the host). `parts` is not empty.
+    fn sum_squares(parts: &[(&Self, &Layout)]) -> Result<Self>;
 
     // -- products --------------------------------------------------------------------------
 
@@ -581,4 +580,73 @@ pub trait BackendStorage: Sized + Clone + Send + Sync + std::fmt::Debug {
     fn dropout(&self, l: &Layout, p: f32, rng: &mut Rng) -> Result<(Self, DropoutMask<Self>)>;
     /// `self` is grad_out: grad_out times the forward's scaled mask.
     fn dropout_backward(&self, l: &Layout, p: f32, mask: DropoutMask<&Self>) -> Result<Self>;
+
+    // -- attention -------------------------------------------------------------------------
+
+    /// Flash attention forward: Some((o [b, h, tq, d], one log-sum-exp per query row, f32)),
+    /// or None where the backend has no kernel for these operands (then the composite runs).
+    fn attention(
+        &self,
+        l: &Layout,
+        k: &Self,
+        kl: &Layout,
+        v: &Self,
+        vl: &Layout,
+        g: &AttnGeom,
+    ) -> Result<Option<(Self, Self)>>;
+    /// `self` is q; `o` and `lse` the forward's outputs, `grad` dO: (dq, dk, dv).
+    fn attention_backward(
+        &self,
+        l: &Layout,
+        k: &Self,
+        kl: &Layout,
+        v: &Self,
+        vl: &Layout,
+        o: &Self,
+        ol: &Layout,
+        grad: &Self,
+        gradl: &Layout,
+        lse: &Self,
+        g: &AttnGeom,
+    ) -> Result<(Self, Self, Self)>;
+
+    // -- optimizer (in place) ----------------------------------------------------------------
+
+    /// Fused AdamW of the f32 parameter `self` (contiguous `l`) with moments `m`, `v` (f32,
+    /// contiguous); the gradient may be of any float dtype and layout. With a step control
+    /// block, driven by it (see `tensor::step_ctl`).
+    fn adamw_step(
+        &mut self,
+        l: &Layout,
+        grad: (&Self, &Layout),
+        m: (&mut Self, &Layout),
+        v: (&mut Self, &Layout),
+        h: AdamWParams,
+        ctl: Option<(&Self, &Layout)>,
+    ) -> Result<()>;
+    /// SGD (PyTorch's formulation) of the f32 parameter `self`, with an optional momentum
+    /// buffer.
+    fn sgd_step(
+        &mut self,
+        l: &Layout,
+        grad: (&Self, &Layout),
+        buf: Option<(&mut Self, &Layout)>,
+        h: SgdParams,
+        ctl: Option<(&Self, &Layout)>,
+    ) -> Result<()>;
+    /// On a step control block `self`: found_inf, the gradient norm and factor from `sumsq`.
+    fn step_prepare(
+        &mut self,
+        l: &Layout,
+        sumsq: (&Self, &Layout),
+        max_norm: f32,
+        dynamic: bool,
+    ) -> Result<()>;
+    /// On a step control block `self`: loss-scale update, counters, next learning rate.
+    fn step_finish(
+        &mut self,
+        l: &Layout,
+        lr_table: (&Self, &Layout),
+        scaler: Option<ScalerCfg>,
+    ) -> Result<()>;
 }

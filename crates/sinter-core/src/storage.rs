@@ -3,8 +3,8 @@
 //! device, then calls that backend's implementation, once.
 
 use crate::backend::{
-    BackendDevice, BackendStorage, ConvGeom, CrossEntropyOut, DropoutMask, IndexGeom, Indices,
-    PoolGeom, RowStats, Wants,
+    AdamWParams, AttnGeom, BackendDevice, BackendStorage, ConvGeom, CrossEntropyOut, DropoutMask,
+    IndexGeom, Indices, PoolGeom, RowStats, ScalerCfg, SgdParams, Wants,
 };
 use crate::cpu::{CpuDevice, CpuStorage};
 use crate::cuda::CudaStorage;
@@ -16,10 +16,6 @@ pub enum Storage {
     Cpu(CpuStorage),
     Cuda(CudaStorage),
 }
-
-/// Reaching a CPU kernel with device data is a bug in the dispatch (an op without its
-/// `is_cuda()` branch), never a user error: say so plainly.
-const NOT_CPU: &str = "internal error: a CPU kernel was reached with a CUDA tensor (an op is missing its CUDA dispatch; please report it)";
 
 /// An error unless every operand lives on the device of the first.
 fn same_device(op: &'static str, first: &Storage, rest: &[&Storage]) -> Result<()> {
@@ -33,6 +29,44 @@ fn same_device(op: &'static str, first: &Storage, rest: &[&Storage]) -> Result<(
         }
     }
     Ok(())
+}
+
+/// The backend storages of `parts` when they all live on the device `first` does (else
+/// `Error::DeviceMismatch` naming `op`).
+macro_rules! all_on {
+    ($op:expr, $parts:expr, $variant:path) => {{
+        let mut out = Vec::with_capacity($parts.len());
+        for (s, l) in $parts {
+            match s {
+                $variant(s) => out.push((s, *l)),
+                other => {
+                    return Err(Error::DeviceMismatch {
+                        op: $op,
+                        lhs: $parts[0].0.device(),
+                        rhs: other.device(),
+                    })
+                }
+            }
+        }
+        out
+    }};
+}
+
+/// An optional read-only operand as the backend storage of `$variant`.
+macro_rules! opt_on {
+    ($op:expr, $first:expr, $opt:expr, $variant:path) => {
+        match $opt {
+            None => None,
+            Some(($variant(s), l)) => Some((s, l)),
+            Some((other, _)) => {
+                return Err(Error::DeviceMismatch {
+                    op: $op,
+                    lhs: $first,
+                    rhs: other.device(),
+                })
+            }
+        }
+    };
 }
 
 /// Runs `$body` with every named operand bound to its backend storage (after checking they
@@ -76,20 +110,6 @@ impl Storage {
     }
     pub fn is_empty(&self) -> bool {
         self.len() == 0
-    }
-    /// The host data. Only CPU code paths call this (every op dispatches CUDA tensors to
-    /// `crate::cuda` first), so device data here is an internal error.
-    pub fn cpu(&self) -> &CpuStorage {
-        match self {
-            Storage::Cpu(s) => s,
-            Storage::Cuda(_) => panic!("{NOT_CPU}"),
-        }
-    }
-    pub fn cpu_mut(&mut self) -> &mut CpuStorage {
-        match self {
-            Storage::Cpu(s) => s,
-            Storage::Cuda(_) => panic!("{NOT_CPU}"),
-        }
     }
     /// The device data, if this storage lives on a CUDA device.
     pub fn as_cuda(&self) -> Option<&CudaStorage> {
@@ -247,6 +267,34 @@ impl Storage {
         }
         let this = self;
         on_device!("reduce", [this], |w| Ok(w(this.reduce(l, dim, op)?)))
+    }
+    /// Σ g² over every element of every part (all on one device), on the host.
+    pub fn sum_squares_host(parts: &[(&Storage, &Layout)]) -> Result<f64> {
+        match parts.first() {
+            None => Ok(0.0),
+            Some((Storage::Cpu(_), _)) => {
+                CpuStorage::sum_squares_host(&all_on!("grad_sum_squares", parts, Storage::Cpu))
+            }
+            Some((Storage::Cuda(_), _)) => {
+                CudaStorage::sum_squares_host(&all_on!("grad_sum_squares", parts, Storage::Cuda))
+            }
+        }
+    }
+    /// Σ g² as a one-element f32 storage on the parts' device (`parts` not empty).
+    pub fn sum_squares(parts: &[(&Storage, &Layout)]) -> Result<Storage> {
+        match parts.first() {
+            None => bail!("grad_sum_squares: no tensors"),
+            Some((Storage::Cpu(_), _)) => Ok(Storage::Cpu(CpuStorage::sum_squares(&all_on!(
+                "grad_sum_squares",
+                parts,
+                Storage::Cpu
+            ))?)),
+            Some((Storage::Cuda(_), _)) => Ok(Storage::Cuda(CudaStorage::sum_squares(&all_on!(
+                "grad_sum_squares",
+                parts,
+                Storage::Cuda
+            ))?)),
+        }
     }
 
     // ---- products ------------------------------------------------------------------------
@@ -562,6 +610,144 @@ impl Storage {
                     DropoutMask::Seed(*s)
                 )?)))
             }
+        }
+    }
+
+    // ---- attention -----------------------------------------------------------------------
+
+    /// Flash attention forward: Some((o, lse)), or None where the backend has no kernel.
+    pub fn attention(
+        &self,
+        l: &Layout,
+        k: &Storage,
+        kl: &Layout,
+        v: &Storage,
+        vl: &Layout,
+        g: &AttnGeom,
+    ) -> Result<Option<(Storage, Storage)>> {
+        let q = self;
+        on_device!("attention", [q, k, v], |w| Ok(q
+            .attention(l, k, kl, v, vl, g)?
+            .map(|(o, lse)| (w(o), w(lse)))))
+    }
+    /// `self` is q: (dq, dk, dv).
+    #[allow(clippy::too_many_arguments)]
+    pub fn attention_backward(
+        &self,
+        l: &Layout,
+        k: &Storage,
+        kl: &Layout,
+        v: &Storage,
+        vl: &Layout,
+        o: &Storage,
+        ol: &Layout,
+        grad: &Storage,
+        gradl: &Layout,
+        lse: &Storage,
+        g: &AttnGeom,
+    ) -> Result<(Storage, Storage, Storage)> {
+        let q = self;
+        on_device!("attention", [q, k, v, o, grad, lse], |w| {
+            let (dq, dk, dv) = q.attention_backward(l, k, kl, v, vl, o, ol, grad, gradl, lse, g)?;
+            Ok((w(dq), w(dk), w(dv)))
+        })
+    }
+
+    // ---- optimizer (in place) ------------------------------------------------------------
+
+    /// AdamW of the parameter `self` with moments `m`, `v` (see `BackendStorage::adamw_step`).
+    pub fn adamw_step(
+        &mut self,
+        l: &Layout,
+        grad: (&Storage, &Layout),
+        m: (&mut Storage, &Layout),
+        v: (&mut Storage, &Layout),
+        h: AdamWParams,
+        ctl: Option<(&Storage, &Layout)>,
+    ) -> Result<()> {
+        let op = "adamw_step";
+        same_device(op, self, &[grad.0, &*m.0, &*v.0])?;
+        let dev = self.device();
+        match (self, grad.0, m.0, v.0) {
+            (Storage::Cpu(p), Storage::Cpu(g), Storage::Cpu(ms), Storage::Cpu(vs)) => {
+                let c = opt_on!(op, dev, ctl, Storage::Cpu);
+                p.adamw_step(l, (g, grad.1), (ms, m.1), (vs, v.1), h, c)
+            }
+            (Storage::Cuda(p), Storage::Cuda(g), Storage::Cuda(ms), Storage::Cuda(vs)) => {
+                let c = opt_on!(op, dev, ctl, Storage::Cuda);
+                p.adamw_step(l, (g, grad.1), (ms, m.1), (vs, v.1), h, c)
+            }
+            _ => unreachable!("devices checked"),
+        }
+    }
+    /// SGD of the parameter `self` with an optional momentum buffer.
+    pub fn sgd_step(
+        &mut self,
+        l: &Layout,
+        grad: (&Storage, &Layout),
+        buf: Option<(&mut Storage, &Layout)>,
+        h: SgdParams,
+        ctl: Option<(&Storage, &Layout)>,
+    ) -> Result<()> {
+        let op = "sgd_step";
+        same_device(op, self, &[grad.0])?;
+        if let Some((b, _)) = &buf {
+            same_device(op, self, &[&**b])?;
+        }
+        let dev = self.device();
+        match (self, grad.0) {
+            (Storage::Cpu(p), Storage::Cpu(g)) => {
+                let b = match buf {
+                    None => None,
+                    Some((Storage::Cpu(b), bl)) => Some((b, bl)),
+                    Some(_) => unreachable!("devices checked"),
+                };
+                let c = opt_on!(op, dev, ctl, Storage::Cpu);
+                p.sgd_step(l, (g, grad.1), b, h, c)
+            }
+            (Storage::Cuda(p), Storage::Cuda(g)) => {
+                let b = match buf {
+                    None => None,
+                    Some((Storage::Cuda(b), bl)) => Some((b, bl)),
+                    Some(_) => unreachable!("devices checked"),
+                };
+                let c = opt_on!(op, dev, ctl, Storage::Cuda);
+                p.sgd_step(l, (g, grad.1), b, h, c)
+            }
+            _ => unreachable!("devices checked"),
+        }
+    }
+    /// On a step control block `self` (see `tensor::step_ctl`).
+    pub fn step_prepare(
+        &mut self,
+        l: &Layout,
+        sumsq: (&Storage, &Layout),
+        max_norm: f32,
+        dynamic: bool,
+    ) -> Result<()> {
+        same_device("step_prepare", self, &[sumsq.0])?;
+        match (self, sumsq.0) {
+            (Storage::Cpu(c), Storage::Cpu(s)) => {
+                c.step_prepare(l, (s, sumsq.1), max_norm, dynamic)
+            }
+            (Storage::Cuda(c), Storage::Cuda(s)) => {
+                c.step_prepare(l, (s, sumsq.1), max_norm, dynamic)
+            }
+            _ => unreachable!("devices checked"),
+        }
+    }
+    /// On a step control block `self` (see `tensor::step_ctl`).
+    pub fn step_finish(
+        &mut self,
+        l: &Layout,
+        lr_table: (&Storage, &Layout),
+        scaler: Option<ScalerCfg>,
+    ) -> Result<()> {
+        same_device("step_finish", self, &[lr_table.0])?;
+        match (self, lr_table.0) {
+            (Storage::Cpu(c), Storage::Cpu(t)) => c.step_finish(l, (t, lr_table.1), scaler),
+            (Storage::Cuda(c), Storage::Cuda(t)) => c.step_finish(l, (t, lr_table.1), scaler),
+            _ => unreachable!("devices checked"),
         }
     }
 }

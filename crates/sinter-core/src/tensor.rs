@@ -1,10 +1,12 @@
 //! The tensor: shared storage, a strided layout over it, and (when gradients are tracked) the
 //! node that made it. Cloning a tensor is cheap (an `Arc`).
 
+mod cuda_buffers;
 pub mod step_ctl;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
+use crate::backend::{AdamWParams, SgdParams};
 use crate::cpu::CpuStorage;
 use crate::dtype::check_tensor_dtype;
 use crate::graph::{self, Tracked};
@@ -627,7 +629,8 @@ impl Tensor {
         self.write_storage().assign(self.layout(), &s, src.layout())
     }
 
-    fn f32_range(&self, op: &'static str) -> Result<std::ops::Range<usize>> {
+    /// An error unless this tensor can be updated in place by an optimizer: f32, contiguous.
+    fn check_state(&self, op: &'static str) -> Result<()> {
         if self.dtype() != DType::F32 {
             return Err(Error::DTypeMismatch {
                 op,
@@ -635,100 +638,97 @@ impl Tensor {
                 got: self.dtype(),
             });
         }
-        self.layout()
-            .contiguous_range()
-            .ok_or_else(|| Error::Msg(format!("{op}: optimizer state must be contiguous")))
-    }
-
-    /// The gradient is read under its own lock while the state is written: they must not
-    /// share storage (that would deadlock).
-    fn grad_apart(op: &'static str, grad: &Tensor, state: &[&Tensor]) -> Result<()> {
-        if state.iter().any(|t| t.shares_storage_with(grad)) {
-            bail!(
-                "{op}: the gradient must not share storage with the parameter or optimizer state"
-            );
+        if self.layout().contiguous_range().is_none() {
+            bail!("{op}: optimizer state must be contiguous");
         }
         Ok(())
     }
 
-    /// Runs `f` over the f32 data of several distinct tensors at once, all locked for writing.
-    fn with_f32_mut<const N: usize>(
-        op: &'static str,
-        ts: [&Tensor; N],
-        f: impl FnOnce([&mut [f32]; N]),
-    ) -> Result<()> {
-        for i in 0..N {
-            for j in i + 1..N {
-                if ts[i].shares_storage_with(ts[j]) {
-                    bail!("{op}: parameter and optimizer state must not share storage");
-                }
+    /// The tensors an update writes must not share storage with each other or with what it
+    /// reads: each is locked on its own (sharing would deadlock).
+    fn check_apart(op: &'static str, written: &[&Tensor], read: &[&Tensor]) -> Result<()> {
+        for (i, a) in written.iter().enumerate() {
+            if written[i + 1..].iter().any(|b| a.shares_storage_with(b)) {
+                bail!("{op}: parameter and optimizer state must not share storage");
+            }
+            if read.iter().any(|r| a.shares_storage_with(r)) {
+                bail!(
+                    "{op}: the gradient (and the step control block) must not share storage with the parameter or optimizer state"
+                );
             }
         }
-        let ranges = ts.map(|t| t.f32_range(op));
-        let ranges: Vec<_> = ranges.into_iter().collect::<Result<_>>()?;
-        let mut guards: Vec<_> = ts
-            .iter()
-            .map(|t| t.0.storage.write().unwrap_or_else(|e| e.into_inner()))
-            .collect();
-        let mut slices = guards
-            .iter_mut()
-            .zip(ranges)
-            .map(|(g, r)| &mut g.cpu_mut().as_f32_slice_mut().expect("dtype checked")[r]);
-        let arr: [&mut [f32]; N] = std::array::from_fn(|_| slices.next().expect("one per tensor"));
-        f(arr);
         Ok(())
     }
 
     /// Fused AdamW update of this f32 parameter with its moment buffers, in place.
-    pub fn adamw_step(
+    pub fn adamw_step(&self, grad: &Tensor, m: &Tensor, v: &Tensor, h: AdamWParams) -> Result<()> {
+        self.adamw_update(grad, m, v, h, None)
+    }
+
+    /// AdamW, optionally driven by a step control block (see `step_ctl`): every check here,
+    /// then one primitive.
+    pub(crate) fn adamw_update(
         &self,
         grad: &Tensor,
         m: &Tensor,
         v: &Tensor,
-        h: crate::cpu::nn::AdamWParams,
+        h: AdamWParams,
+        ctl: Option<&Tensor>,
     ) -> Result<()> {
+        let op = "adamw_step";
         for t in [grad, m, v] {
-            self.check_in_place("adamw_step", t)?;
+            self.check_in_place(op, t)?;
         }
-        if self.device().is_cuda() {
-            return crate::cuda::optim::adamw_step(self, grad, m, v, h, None);
+        for t in [self, m, v] {
+            t.check_state(op)?;
         }
-        // Read the gradient in place (no copy); it never shares storage with the state.
-        Tensor::grad_apart("adamw_step", grad, &[self, m, v])?;
-        let gs = grad.storage();
-        let g = gs.cpu().f32_contiguous(grad.layout());
-        Tensor::with_f32_mut("adamw_step", [self, m, v], |[p, m, v]| {
-            crate::cpu::nn::adamw_step(p, &g, m, v, h)
-        })
+        let read: Vec<&Tensor> = std::iter::once(grad).chain(ctl).collect();
+        Tensor::check_apart(op, &[self, m, v], &read)?;
+        let (gs, cs) = (grad.storage(), ctl.map(|c| c.storage()));
+        let (mut ps, mut ms, mut vs) = (self.write_storage(), m.write_storage(), v.write_storage());
+        ps.adamw_step(
+            self.layout(),
+            (&gs, grad.layout()),
+            (&mut ms, m.layout()),
+            (&mut vs, v.layout()),
+            h,
+            cs.as_deref().zip(ctl.map(|c| c.layout())),
+        )
     }
+
     /// SGD update of this f32 parameter, with an optional momentum buffer, in place.
-    pub fn sgd_step(
+    pub fn sgd_step(&self, grad: &Tensor, buf: Option<&Tensor>, h: SgdParams) -> Result<()> {
+        self.sgd_update(grad, buf, h, None)
+    }
+
+    /// SGD, optionally driven by a step control block (see `step_ctl`).
+    pub(crate) fn sgd_update(
         &self,
         grad: &Tensor,
         buf: Option<&Tensor>,
-        h: crate::cpu::nn::SgdParams,
+        h: SgdParams,
+        ctl: Option<&Tensor>,
     ) -> Result<()> {
-        self.check_in_place("sgd_step", grad)?;
-        if self.device().is_cuda() {
-            if let Some(b) = buf {
-                self.check_in_place("sgd_step", b)?;
-            }
-            return crate::cuda::optim::sgd_step(self, grad, buf, h, None);
+        let op = "sgd_step";
+        self.check_in_place(op, grad)?;
+        if let Some(b) = buf {
+            self.check_in_place(op, b)?;
         }
-        let state: Vec<&Tensor> = std::iter::once(self).chain(buf).collect();
-        Tensor::grad_apart("sgd_step", grad, &state)?;
-        let gs = grad.storage();
-        let g = gs.cpu().f32_contiguous(grad.layout());
-        match buf {
-            None => Tensor::with_f32_mut("sgd_step", [self], |[p]| {
-                crate::cpu::nn::sgd_step(p, &g, None, h)
-            }),
-            Some(b) => {
-                self.check_in_place("sgd_step", b)?;
-                Tensor::with_f32_mut("sgd_step", [self, b], |[p, b]| {
-                    crate::cpu::nn::sgd_step(p, &g, Some(b), h)
-                })
-            }
+        let written: Vec<&Tensor> = std::iter::once(self).chain(buf).collect();
+        for t in &written {
+            t.check_state(op)?;
         }
+        let read: Vec<&Tensor> = std::iter::once(grad).chain(ctl).collect();
+        Tensor::check_apart(op, &written, &read)?;
+        let (gs, cs) = (grad.storage(), ctl.map(|c| c.storage()));
+        let mut ps = self.write_storage();
+        let mut bs = buf.map(|b| b.write_storage());
+        ps.sgd_step(
+            self.layout(),
+            (&gs, grad.layout()),
+            bs.as_deref_mut().zip(buf.map(|b| b.layout())),
+            h,
+            cs.as_deref().zip(ctl.map(|c| c.layout())),
+        )
     }
 }

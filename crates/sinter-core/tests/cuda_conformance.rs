@@ -1411,7 +1411,7 @@ fn parameters_live_in_the_permanent_pool() {
         .to_var()
         .unwrap();
     let grad = w.mul_scalar(0.5).unwrap();
-    assert_eq!(cuda::buffer_pool(&w), Some(cuda::Pool::Temporary));
+    assert_eq!(w.cuda_pool(), Some(cuda::Pool::Temporary));
     // The first optimizer step moves the parameter and its state (made with zeros_like) to the
     // permanent pool, in place: views and clones taken before see the move.
     let view = w.t().unwrap();
@@ -1431,9 +1431,9 @@ fn parameters_live_in_the_permanent_pool() {
     )
     .unwrap();
     for (name, t) in [("param", &w), ("its view", &view), ("m", &m), ("v", &v)] {
-        assert_eq!(cuda::buffer_pool(t), Some(cuda::Pool::Permanent), "{name}");
+        assert_eq!(t.cuda_pool(), Some(cuda::Pool::Permanent), "{name}");
     }
-    assert_eq!(cuda::buffer_pool(&grad), Some(cuda::Pool::Temporary));
+    assert_eq!(grad.cuda_pool(), Some(cuda::Pool::Temporary));
     // The update went to the moved buffer (AdamW's first step moves each weight by about lr).
     let vals = view.to_vec_f32().unwrap();
     assert!(
@@ -1448,7 +1448,7 @@ fn parameters_live_in_the_permanent_pool() {
         "{s:?}"
     );
     assert_eq!(
-        cuda::buffer_pool(&Tensor::zeros(&[2], DType::F32, CPU).unwrap()),
+        Tensor::zeros(&[2], DType::F32, CPU).unwrap().cuda_pool(),
         None
     );
 }

@@ -814,8 +814,7 @@ impl DeviceBuckets {
                 .map_err(|e| core_err(cuda_err("allocating a gradient", e)))?;
             dev.copy(src, out.as_slice())
                 .map_err(|e| core_err(cuda_err("copying a gradient", e)))?;
-            let g =
-                sinter_core::cuda::tensor_from_buffer(&dev, Arc::new(out), DType::F32, &s.shape)?;
+            let g = Tensor::from_cuda_buffer(&dev, Arc::new(out), DType::F32, &s.shape)?;
             let g = if t.dtype() == DType::F32 {
                 g
             } else {
@@ -870,7 +869,7 @@ impl DevicePass<'_> {
         } else {
             grad.to_dtype(DType::F32)?.contiguous()?
         };
-        let Some((_, src_buf, range)) = sinter_core::cuda::contiguous_parts(&g) else {
+        let Some((_, src_buf, range)) = g.cuda_buffer() else {
             sinter_core::bail!(
                 "gradient of {} is on {}, not on the NCCL device cuda:{}",
                 slot.name,

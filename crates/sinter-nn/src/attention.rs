@@ -51,14 +51,6 @@ impl CausalSelfAttention {
     }
 }
 
-/// 1 above the diagonal of a [t, t] matrix: the positions a token may not attend to.
-pub fn causal_mask(t: usize, dtype: DType) -> Result<Tensor> {
-    let v: Vec<f32> = (0..t * t)
-        .map(|i| ((i % t) > (i / t)) as u8 as f32)
-        .collect();
-    Tensor::from_vec(v, &[t, t], Device::Cpu)?.to_dtype(dtype)
-}
-
 /// The keys and values of one attention layer for the positions seen so far:
 /// k and v are [batch, heads, capacity, head_dim] buffers of which the first `len`
 /// positions are filled.
@@ -146,7 +138,9 @@ impl CausalSelfAttention {
         };
         let (q, k, v) = (heads(0)?, heads(1)?, heads(2)?);
         let scores = q.matmul(&k.t()?)?.mul_scalar(1.0 / (hd as f32).sqrt())?; // [b, h, t, t]
-        let mask = causal_mask(t, scores.dtype())?;
+                                                                               // 1 above the diagonal: the positions a token may not attend to, built on the scores'
+                                                                               // device (no host tensor in the step).
+        let mask = fused::causal_mask(t, t, scores.device())?.to_dtype(scores.dtype())?;
         let att = scores.masked_fill(&mask, f32::NEG_INFINITY)?.softmax(-1)?;
         let att = self.attn_dropout.forward(&att)?;
         let y = att.matmul(&v)?.transpose(1, 2)?.reshape(&[b, t, c])?;

@@ -1,6 +1,7 @@
 //! The CPU backend: storage as plain vectors, kernels over f32 (f16/bf16 widen to f32 and
 //! round back), rayon across cores for large tensors, the `gemm` crate for matrix products.
 
+pub mod attention;
 pub mod conv;
 pub mod elementwise;
 pub mod fused;

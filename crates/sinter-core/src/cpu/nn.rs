@@ -298,15 +298,9 @@ pub fn adamw_step_scaled(
     h: AdamWParams,
     grad_scale: f32,
 ) {
-    let bc1 = 1.0 - h.beta1.powi(h.step as i32);
-    let bc2 = 1.0 - h.beta2.powi(h.step as i32);
+    let f = h.factors();
     let body = |((pi, gi), (mi, vi)): ((&mut f32, &f32), (&mut f32, &mut f32))| {
-        let gi = gi * grad_scale;
-        *mi = h.beta1 * *mi + (1.0 - h.beta1) * gi;
-        *vi = h.beta2 * *vi + (1.0 - h.beta2) * gi * gi;
-        let mhat = *mi / bc1;
-        let vhat = *vi / bc2;
-        *pi -= h.lr * (mhat / (vhat.sqrt() + h.eps) + h.weight_decay * *pi);
+        (*pi, *mi, *vi) = f.update(*pi, gi * grad_scale, *mi, *vi);
     };
     if p.len() >= super::PAR_THRESHOLD {
         p.par_iter_mut()

@@ -3,11 +3,13 @@
 //! never see a storage enum, a layout or a tensor beyond what they are handed), so moving a
 //! kernel family to sinter-cpu changes one call here.
 
+use super::attention::{self, Src};
 use super::matmul::MatView;
 use super::{conv, elementwise, fused, matmul, nn, reduce, CpuStorage};
 use crate::backend::{
-    check_indices, BackendDevice, BackendStorage, ConvGeom, CrossEntropyOut, DropoutMask,
-    IndexGeom, Indices, PoolGeom, RowStats, Wants,
+    check_indices, ctl, AdamWParams, AttnGeom, BackendDevice, BackendStorage, ConvGeom,
+    CrossEntropyOut, DropoutMask, IndexGeom, Indices, PoolGeom, RowStats, ScalerCfg, SgdParams,
+    Wants,
 };
 use crate::op::{BinaryOp, ReduceOp, UnaryOp};
 use crate::{DType, Device, Error, Layout, Result, Rng};
@@ -89,6 +91,26 @@ fn row_ids(ids: &Indices<'_, CpuStorage>, bound: usize) -> Result<Vec<usize>> {
     Ok(v.iter().map(|&i| i as usize).collect())
 }
 
+/// The f32 elements an optimizer updates in place: f32 and contiguous, else an error.
+fn f32_mut<'a>(s: &'a mut CpuStorage, l: &Layout, op: &'static str) -> Result<&'a mut [f32]> {
+    let r = l
+        .contiguous_range()
+        .ok_or_else(|| Error::Msg(format!("{op}: optimizer state must be contiguous")))?;
+    match s {
+        CpuStorage::F32(v) => Ok(&mut v[r]),
+        other => Err(Error::DTypeMismatch {
+            op,
+            expected: DType::F32,
+            got: other.dtype(),
+        }),
+    }
+}
+
+/// The values of a step control block (read before the update, as the kernels do).
+fn ctl_values(c: Option<(&CpuStorage, &Layout)>) -> Option<Vec<f32>> {
+    c.map(|(c, l)| c.f32_contiguous(l).into_owned())
+}
+
 /// The matrix of batch `b` of a layout broadcast to [batch.., rows, cols] (`nb` batch dims).
 fn batch_view(l: &Layout, nb: usize) -> impl Fn(usize) -> MatView + Sync + '_ {
     move |b: usize| {
@@ -166,8 +188,27 @@ impl BackendStorage for CpuStorage {
         Ok(elementwise::where_cond(self, l, a, al, b, bl))
     }
 
+    fn sum_squares_host(parts: &[(&Self, &Layout)]) -> Result<f64> {
+        Ok(parts
+            .iter()
+            .map(|(s, l)| match (s, l.contiguous_range()) {
+                (CpuStorage::F32(v), Some(r)) => reduce::sum_squares(&v[r]),
+                (other, _) => reduce::sum_squares(&other.f32_contiguous(l)),
+            })
+            .sum())
+    }
+    fn sum_squares(parts: &[(&Self, &Layout)]) -> Result<Self> {
+        // Through the norm and back (sqrt, then square, in f64): the value runs have always
+        // seen, which resumed checkpoints compare bit for bit.
+        let n = Self::sum_squares_host(parts)?.sqrt();
+        Ok(CpuStorage::F32(vec![(n * n) as f32]))
+    }
     fn reduce(&self, l: &Layout, dim: usize, op: ReduceOp) -> Result<Self> {
         let (outer, n, inner) = split_at_dim(l.shape(), dim);
+        if let CpuStorage::I64(_) = self {
+            let x = self.i64_contiguous(l);
+            return Ok(CpuStorage::I64(reduce::reduce_i64(&x, outer, n, inner, op)));
+        }
         let x = self.f32_contiguous(l);
         Ok(if op == ReduceOp::ArgMax {
             CpuStorage::I64(reduce::argmax_i64(&x, outer, n, inner))
@@ -529,5 +570,129 @@ impl BackendStorage for CpuStorage {
             &ml,
             crate::op::BinaryOp::Mul,
         ))
+    }
+
+    fn attention(
+        &self,
+        l: &Layout,
+        k: &Self,
+        kl: &Layout,
+        v: &Self,
+        vl: &Layout,
+        g: &AttnGeom,
+    ) -> Result<Option<(Self, Self)>> {
+        float_only("attention", CpuStorage::dtype(self))?;
+        let (o, lse) = attention::forward(g, &Src::of(self, l), &Src::of(k, kl), &Src::of(v, vl));
+        Ok(Some((
+            CpuStorage::from_f32(o, CpuStorage::dtype(self)),
+            CpuStorage::F32(lse),
+        )))
+    }
+    fn attention_backward(
+        &self,
+        l: &Layout,
+        k: &Self,
+        kl: &Layout,
+        v: &Self,
+        vl: &Layout,
+        o: &Self,
+        ol: &Layout,
+        grad: &Self,
+        gradl: &Layout,
+        lse: &Self,
+        g: &AttnGeom,
+    ) -> Result<(Self, Self, Self)> {
+        let lse = lse.f32_contiguous(&Layout::contiguous(&[lse.len()]));
+        let (dq, dk, dv) = attention::backward(
+            g,
+            &Src::of(self, l),
+            &Src::of(k, kl),
+            &Src::of(v, vl),
+            &o.f32_contiguous(ol),
+            &lse,
+            &grad.f32_contiguous(gradl),
+        );
+        Ok((
+            CpuStorage::from_f32(dq, CpuStorage::dtype(self)),
+            CpuStorage::from_f32(dk, CpuStorage::dtype(k)),
+            CpuStorage::from_f32(dv, CpuStorage::dtype(v)),
+        ))
+    }
+
+    fn adamw_step(
+        &mut self,
+        l: &Layout,
+        grad: (&Self, &Layout),
+        m: (&mut Self, &Layout),
+        v: (&mut Self, &Layout),
+        h: AdamWParams,
+        ctl: Option<(&Self, &Layout)>,
+    ) -> Result<()> {
+        let op = "adamw_step";
+        let (h, scale) = match ctl_values(ctl) {
+            None => (h, 1.0),
+            // A skipped step (found_inf) leaves the moments and the step count alone.
+            Some(c) if c[ctl::FOUND_INF] != 0.0 => return Ok(()),
+            Some(c) => (
+                AdamWParams {
+                    lr: c[ctl::LR] as f64,
+                    step: c[ctl::STEPS] as u64 + 1,
+                    ..h
+                },
+                c[ctl::GRAD_FACTOR],
+            ),
+        };
+        let g = grad.0.f32_contiguous(grad.1);
+        let p = f32_mut(self, l, op)?;
+        let (m, v) = (f32_mut(m.0, m.1, op)?, f32_mut(v.0, v.1, op)?);
+        nn::adamw_step_scaled(p, &g, m, v, h, scale);
+        Ok(())
+    }
+    fn sgd_step(
+        &mut self,
+        l: &Layout,
+        grad: (&Self, &Layout),
+        buf: Option<(&mut Self, &Layout)>,
+        h: SgdParams,
+        ctl: Option<(&Self, &Layout)>,
+    ) -> Result<()> {
+        let op = "sgd_step";
+        let (h, scale) = match ctl_values(ctl) {
+            None => (h, 1.0),
+            Some(c) if c[ctl::FOUND_INF] != 0.0 => return Ok(()),
+            Some(c) => (
+                SgdParams {
+                    lr: c[ctl::LR],
+                    ..h
+                },
+                c[ctl::GRAD_FACTOR],
+            ),
+        };
+        let g = grad.0.f32_contiguous(grad.1);
+        let p = f32_mut(self, l, op)?;
+        let b = buf.map(|(b, bl)| f32_mut(b, bl, op)).transpose()?;
+        nn::sgd_step_scaled(p, &g, b, h, scale);
+        Ok(())
+    }
+    fn step_prepare(
+        &mut self,
+        l: &Layout,
+        sumsq: (&Self, &Layout),
+        max_norm: f32,
+        dynamic: bool,
+    ) -> Result<()> {
+        let s = sumsq.0.f32_contiguous(sumsq.1)[0];
+        nn::step_prepare(f32_mut(self, l, "step_prepare")?, s, max_norm, dynamic);
+        Ok(())
+    }
+    fn step_finish(
+        &mut self,
+        l: &Layout,
+        lr_table: (&Self, &Layout),
+        scaler: Option<ScalerCfg>,
+    ) -> Result<()> {
+        let table = lr_table.0.f32_contiguous(lr_table.1).into_owned();
+        nn::step_finish(f32_mut(self, l, "step_finish")?, &table, scaler);
+        Ok(())
     }
 }

@@ -8,6 +8,10 @@ use crate::op::ReduceOp;
 /// Reduces x viewed as [outer, n, inner] over the middle dimension; returns outer*inner values.
 pub fn reduce_f32(x: &[f32], outer: usize, n: usize, inner: usize, op: ReduceOp) -> Vec<f32> {
     let mut out = vec![0f32; outer * inner];
+    if out.is_empty() {
+        // Nothing to write (and `chunks_mut(0)` would panic when inner is 0).
+        return out;
+    }
     let work = outer * n * inner;
     let body = |(o, dst): (usize, &mut [f32])| {
         let base = o * n * inner;
@@ -65,6 +69,27 @@ pub fn reduce_f32(x: &[f32], outer: usize, n: usize, inner: usize, op: ReduceOp)
     out
 }
 
+/// Reduces i64 x viewed as [outer, n, inner] over the middle dimension, exactly (never through
+/// f32): sums wrap on overflow as PyTorch's and the CUDA kernels' do; ArgMax is the first index
+/// of the maximum. Only `Sum` may have n = 0.
+pub fn reduce_i64(x: &[i64], outer: usize, n: usize, inner: usize, op: ReduceOp) -> Vec<i64> {
+    let mut out = vec![0i64; outer * inner];
+    for o in 0..outer {
+        for i in 0..inner {
+            let at = |k: usize| x[(o * n + k) * inner + i];
+            out[o * inner + i] = match op {
+                ReduceOp::Sum => (0..n).fold(0i64, |a, k| a.wrapping_add(at(k))),
+                ReduceOp::Max => (1..n).map(at).fold(at(0), i64::max),
+                ReduceOp::Min => (1..n).map(at).fold(at(0), i64::min),
+                ReduceOp::ArgMax => {
+                    (1..n).fold(0, |arg, k| if at(k) > at(arg) { k } else { arg }) as i64
+                }
+            };
+        }
+    }
+    out
+}
+
 /// Index of the max along the middle dimension as i64 (exact for any n).
 pub fn argmax_i64(x: &[f32], outer: usize, n: usize, inner: usize) -> Vec<i64> {
     let mut out = vec![0i64; outer * inner];
@@ -84,4 +109,50 @@ pub fn argmax_i64(x: &[f32], outer: usize, n: usize, inner: usize) -> Vec<i64> {
         }
     }
     out
+}
+
+/// Elements per partial sum of [`sum_squares`]; fixed, so the summation order never changes.
+const SUMSQ_CHUNK: usize = 1 << 14;
+
+/// Σ x² accumulated in f64, in parallel over fixed 16 Ki-element chunks whose partial sums are
+/// added in chunk order: the result does not depend on the thread count.
+pub fn sum_squares(v: &[f32]) -> f64 {
+    let chunk = |c: &[f32]| c.iter().map(|&x| (x as f64) * (x as f64)).sum::<f64>();
+    if v.len() <= SUMSQ_CHUNK {
+        return chunk(v);
+    }
+    let partials: Vec<f64> = v.par_chunks(SUMSQ_CHUNK).map(chunk).collect();
+    partials.iter().sum()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn i64_reductions_are_exact_beyond_f32() {
+        let big = (1i64 << 40) + 1;
+        // [2, 3] reduced over dim 0 (inner 3) and dim 1 (inner 1).
+        let x = [big, -3, i64::MAX, 1, 7, 1];
+        assert_eq!(
+            reduce_i64(&x, 1, 2, 3, ReduceOp::Sum),
+            [big + 1, 4, i64::MIN]
+        );
+        assert_eq!(reduce_i64(&x, 2, 3, 1, ReduceOp::Max), [i64::MAX, 7]);
+        assert_eq!(reduce_i64(&x, 2, 3, 1, ReduceOp::Min), [-3, 1]);
+        assert_eq!(reduce_i64(&x, 2, 3, 1, ReduceOp::ArgMax), [2, 1]);
+        assert_eq!(
+            reduce_i64(&[big, big - 1], 1, 2, 1, ReduceOp::Sum),
+            [2 * big - 1]
+        );
+    }
+
+    #[test]
+    fn empty_reductions_do_not_panic() {
+        // [2, 0] over dim 0: no outputs; [0, 3] over dim 0: three zero sums.
+        assert!(reduce_f32(&[], 1, 2, 0, ReduceOp::Sum).is_empty());
+        assert_eq!(reduce_f32(&[], 1, 0, 3, ReduceOp::Sum), [0.0; 3]);
+        assert!(reduce_i64(&[], 1, 2, 0, ReduceOp::Sum).is_empty());
+        assert_eq!(reduce_i64(&[], 1, 0, 3, ReduceOp::Sum), [0; 3]);
+    }
 }

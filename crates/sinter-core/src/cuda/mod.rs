@@ -1,28 +1,27 @@
-//! The CUDA backend of the tensors, over `sinter-cuda` (NVRTC kernels, cuBLASLt, the caching
-//! allocator).
+//! The CUDA backend: `CudaStorage` and its implementation of the backend seam's primitives
+//! (`crate::backend`) over `sinter-cuda` (NVRTC kernels, cuBLASLt, cuDNN, the caching
+//! allocator), plus the process-wide device functions (availability, memory statistics,
+//! synchronisation, TF32 and conv2d choices). Nothing here sees a tensor or records a gradient:
+//! the ops and their backward rules live once, above the seam.
 //!
-//! Dispatch: every op in `tensor.rs`, `ops.rs`, `nn_ops.rs` and `fused/` checks
-//! `device().is_cuda()` and, for device tensors, calls into this module instead of a CPU kernel.
-//! Ops whose backward is written in terms of other tensor ops (binary, unary, reductions,
-//! matmul, where, cast, contiguous) only swap the storage they produce; ops whose backward calls
-//! a fused kernel (softmax, layer norm, cross-entropy, conv2d, pooling, index_select/index_add,
-//! cat, dropout) are implemented here whole, autograd node included. i64 tensors live on the
-//! device too: creation, arithmetic, comparisons, where, reductions, gathers and casts run in
-//! kernels (`kernels/int.cu`); device-resident indices (cross-entropy targets, index_select /
-//! embedding / index_add ids) are validated on the device and a bad one is reported at the next
-//! read (see `checks`). conv2d runs through cuDNN when it loads, else im2col + cuBLASLt (`conv`).
+//! One file per primitive family: `elementwise`, `reduce`, `matmul` (with the GELU epilogue),
+//! `conv` (cuDNN when it loads, else im2col + cuBLASLt), `nn` (row kernels and index gathers /
+//! scatter-adds), `random` (Philox dropout), `attention` (flash attention), `optim` (AdamW, SGD,
+//! the step control block, the gradient sum of squares), `creation` (fills, uploads, downloads,
+//! the permanent pool). i64 tensors live on the device too (`kernels/int.cu`); device-resident
+//! indices are validated on the device and a bad one is reported at the next read (`checks`).
 //!
 //! Memory: everything is allocated from the allocator's `Temporary` pool; the first
 //! `adamw_step` / `sgd_step` moves each parameter and its optimizer state (in place, for all
 //! views) into the `Permanent` pool, where they stay for the run.
 //! All work of a device is ordered on its one stream; only reading values back
-//! (`to_vec_*`, `to_device(Cpu)`) and the host-checked index ops wait for it.
+//! (`to_vec_*`, `to_device(Cpu)`) waits for it.
 
+mod attention;
 pub(crate) mod checks;
 pub(crate) mod conv;
 pub(crate) mod creation;
 pub(crate) mod elementwise;
-pub(crate) mod fused;
 pub(crate) mod matmul;
 pub(crate) mod nn;
 pub(crate) mod optim;
@@ -38,10 +37,8 @@ use sinter_cuda::{CudaDevice, CudaError, DevSlice, DeviceBuffer};
 
 pub use sinter_cuda::Pool;
 pub use storage::CudaStorage;
-pub(crate) use storage::DevView;
 
-use crate::storage::Storage;
-use crate::{DType, Device, Error, Result, Tensor};
+use crate::{DType, Device, Error, Result};
 
 /// True when CUDA can be used here: the driver, NVRTC and cuBLASLt load and a device is visible.
 /// Never panics.
@@ -88,11 +85,6 @@ pub fn memory_stats(ordinal: usize) -> Result<DeviceMemory> {
         permanent: s.permanent.in_use,
         temporary: s.temporary.in_use,
     })
-}
-
-/// The allocator pool holding a CUDA tensor's buffer (None for a CPU tensor).
-pub fn buffer_pool(t: &Tensor) -> Option<Pool> {
-    t.storage().as_cuda().map(|s| s.pool())
 }
 
 /// Restart the peak of [`memory_stats`] from the current use.
@@ -218,42 +210,9 @@ impl<T> OnOp<T> for sinter_cuda::Result<T> {
     }
 }
 
-/// `buf` from element `off` to its end (a strided operand's data).
-pub(crate) fn tail_of<'a>(
-    buf: &'a DeviceBuffer,
-    off: usize,
-    op: &'static str,
-) -> Result<DevSlice<'a>> {
-    buf.slice(off, buf.len().saturating_sub(off)).on(op)
-}
-
 /// The whole of an optional buffer.
 pub(crate) fn opt_slice(b: &Option<Arc<DeviceBuffer>>) -> Option<DevSlice<'_>> {
     b.as_ref().map(|b| b.as_slice())
-}
-
-/// The device and buffer of a CUDA tensor.
-pub(crate) fn parts(t: &Tensor) -> Result<(Arc<CudaDevice>, Arc<DeviceBuffer>)> {
-    let s = t.storage();
-    match s.as_cuda() {
-        Some(c) => Ok((c.device().clone(), c.buffer().clone())),
-        None => Err(Error::Msg(format!(
-            "internal error: expected a CUDA tensor, got one on {}",
-            t.device()
-        ))),
-    }
-}
-
-/// Both tensors on the same device, else `Error::DeviceMismatch`.
-pub(crate) fn same_device(op: &'static str, a: &Tensor, b: &Tensor) -> Result<()> {
-    if a.device() != b.device() {
-        return Err(Error::DeviceMismatch {
-            op,
-            lhs: a.device(),
-            rhs: b.device(),
-        });
-    }
-    Ok(())
 }
 
 /// A new uninitialised buffer from the temporary pool.
@@ -270,40 +229,9 @@ pub(crate) fn alloc_zeros(dev: &CudaDevice, len: usize, dtype: DType) -> Result<
     ))
 }
 
-/// Storage owning `buf` on `dev`.
-pub(crate) fn storage_of(dev: &Arc<CudaDevice>, buf: Arc<DeviceBuffer>, dtype: DType) -> Storage {
-    Storage::Cuda(CudaStorage::new(dev.clone(), buf, dtype))
-}
-
-/// A fresh contiguous tensor of `shape` owning `buf`, recording nothing.
-pub(crate) fn tensor_of(
-    dev: &Arc<CudaDevice>,
-    buf: Arc<DeviceBuffer>,
-    dtype: DType,
-    shape: &[usize],
-) -> Tensor {
-    Tensor::from_storage(storage_of(dev, buf, dtype), shape)
-}
-
 /// Element strides of a layout as the kernels take them.
 pub(crate) fn strides_i64(l: &crate::Layout) -> Vec<i64> {
     l.strides().iter().map(|&s| s as i64).collect()
-}
-
-/// The tensor's elements as a contiguous device window: the tensor's own memory when it is
-/// contiguous, else a gathered copy.
-pub(crate) fn contig(t: &Tensor) -> Result<DevView> {
-    let s = t.storage();
-    cuda_of(&s, t)?.window(t.layout())
-}
-
-fn cuda_of<'a>(s: &'a Storage, t: &Tensor) -> Result<&'a CudaStorage> {
-    s.as_cuda().ok_or_else(|| {
-        Error::Msg(format!(
-            "internal error: expected a CUDA tensor, got one on {}",
-            t.device()
-        ))
-    })
 }
 
 /// `dst[dst_off ..]` (contiguous, `l.shape()`) = the elements `l` addresses in `src`.
@@ -323,43 +251,6 @@ pub(crate) fn gather_into(
         .on("contiguous")?;
     let d = dst.slice(dst_off, n).on("contiguous")?;
     sinter_cuda::ops::copy::contiguous(dev, s, &strides_i64(l), l.shape(), d).on("contiguous")
-}
-
-/// Contiguous and of `dtype` (cast on the device when it differs).
-pub(crate) fn contig_as(t: &Tensor, dtype: DType) -> Result<DevView> {
-    let s = t.storage();
-    cuda_of(&s, t)?.window_as(t.layout(), dtype)
-}
-
-// ---- for the distributed layer (NCCL reads and writes gradients in place) ----------------------
-
-/// The device, the buffer and the element range of a CUDA tensor whose elements are contiguous
-/// (`None` for a CPU tensor or a strided view: call `contiguous()` first).
-pub fn contiguous_parts(
-    t: &Tensor,
-) -> Option<(Arc<CudaDevice>, Arc<DeviceBuffer>, std::ops::Range<usize>)> {
-    let range = t.layout().contiguous_range()?;
-    let s = t.storage();
-    let c = s.as_cuda()?;
-    Some((c.device().clone(), c.buffer().clone(), range))
-}
-
-/// A contiguous tensor of `shape` owning `buf` on `dev` (its dtype must match `dtype`).
-pub fn tensor_from_buffer(
-    dev: &Arc<CudaDevice>,
-    buf: Arc<DeviceBuffer>,
-    dtype: DType,
-    shape: &[usize],
-) -> Result<Tensor> {
-    let n: usize = shape.iter().product();
-    if buf.dtype() != dtype || buf.len() != n {
-        return Err(Error::Msg(format!(
-            "tensor_from_buffer: a {} x {:?} buffer cannot hold a {dtype:?} tensor of shape {shape:?}",
-            buf.len(),
-            buf.dtype()
-        )));
-    }
-    Ok(tensor_of(dev, buf, dtype, shape))
 }
 
 /// The process-wide device for `ordinal` (the one whose stream every tensor op is ordered on).

@@ -1,68 +1,56 @@
 //! The optimizer steps on the device: one fused kernel per parameter, in place. Parameter,
 //! moments and momentum buffer are f32 and contiguous (as on the CPU); the gradient may be of
 //! any float dtype or layout (it is made contiguous f32 first). On the first step the
-//! parameter and its state are moved into the allocator's permanent pool.
+//! parameter and its state are moved into the allocator's permanent pool. Also the step
+//! control block's kernels and the deterministic sum of squares of the gradient norm.
 
 use sinter_cuda::ops::adamw as ka;
 
-use super::{contig_as, parts, OnOp};
-use crate::cpu::nn::{AdamWParams, SgdParams};
-use crate::{bail, DType, Error, Result, Tensor};
+use super::creation::promote_in_place;
+use super::storage::{CudaStorage, DevView};
+use super::{alloc, OnOp};
+use crate::backend::{AdamWParams, ScalerCfg, SgdParams};
+use crate::{DType, Error, Layout, Result};
 
-/// The tensor's contiguous f32 window (what the kernels update in place).
-fn state(op: &'static str, t: &Tensor) -> Result<super::DevView> {
-    if t.dtype() != DType::F32 {
+/// The storage's contiguous f32 window (what the kernels update in place), after moving the
+/// storage into the permanent pool.
+fn state(op: &'static str, s: &mut CudaStorage, l: &Layout) -> Result<DevView> {
+    if s.dtype() != DType::F32 {
         return Err(Error::DTypeMismatch {
             op,
             expected: DType::F32,
-            got: t.dtype(),
+            got: s.dtype(),
         });
     }
-    let (_, buf) = parts(t)?;
-    let r = t
-        .layout()
+    let r = l
         .contiguous_range()
         .ok_or_else(|| Error::Msg(format!("{op}: optimizer state must be contiguous")))?;
-    Ok(super::DevView {
-        buf,
+    promote_in_place(s)?;
+    Ok(DevView {
+        buf: s.buffer().clone(),
         off: r.start,
         len: r.len(),
     })
 }
 
-fn distinct(op: &'static str, ts: &[&Tensor]) -> Result<()> {
-    for i in 0..ts.len() {
-        for j in i + 1..ts.len() {
-            if ts[i].shares_storage_with(ts[j]) {
-                bail!("{op}: parameter and optimizer state must not share storage");
-            }
-        }
-    }
-    Ok(())
-}
-
-/// Fused AdamW (decoupled weight decay) of `p` with moments `m`, `v` (shapes and devices
-/// checked by the caller); with a step control block, driven by it (see `tensor::step_ctl`).
+/// Fused AdamW (decoupled weight decay) of `p` with moments `m`, `v`; with a step control
+/// block, driven by it (see `tensor::step_ctl`).
 pub(crate) fn adamw_step(
-    p: &Tensor,
-    grad: &Tensor,
-    m: &Tensor,
-    v: &Tensor,
+    p: (&mut CudaStorage, &Layout),
+    grad: (&CudaStorage, &Layout),
+    m: (&mut CudaStorage, &Layout),
+    v: (&mut CudaStorage, &Layout),
     h: AdamWParams,
-    ctl: Option<&Tensor>,
+    ctl: Option<(&CudaStorage, &Layout)>,
 ) -> Result<()> {
-    distinct("adamw_step", &[p, m, v])?;
-    for t in [p, m, v] {
-        state("adamw_step", t)?;
-        t.write_storage().promote_to_permanent()?;
-    }
-    let (dev, _) = parts(p)?;
+    let op = "adamw_step";
     let (pv, mv, vv) = (
-        state("adamw_step", p)?,
-        state("adamw_step", m)?,
-        state("adamw_step", v)?,
+        state(op, p.0, p.1)?,
+        state(op, m.0, m.1)?,
+        state(op, v.0, v.1)?,
     );
-    let g = contig_as(grad, DType::F32)?;
+    let dev = p.0.device();
+    let g = grad.0.window_as(grad.1, DType::F32)?;
     let cfg = ka::AdamW {
         lr: h.lr,
         beta1: h.beta1,
@@ -74,7 +62,7 @@ pub(crate) fn adamw_step(
     };
     match ctl {
         None => ka::adamw(
-            &dev,
+            dev,
             pv.slice(),
             g.slice(),
             mv.slice(),
@@ -83,12 +71,12 @@ pub(crate) fn adamw_step(
             &cfg,
             None,
         ),
-        Some(c) => {
-            let cv = super::contig(c)?;
+        Some((c, cl)) => {
+            let cv = c.window(cl)?;
             // The step number is read on the device; the plan only checks it is 1-based.
             let cfg = ka::AdamW { step: 1, ..cfg };
             ka::adamw_ctl(
-                &dev,
+                dev,
                 pv.slice(),
                 g.slice(),
                 mv.slice(),
@@ -99,28 +87,22 @@ pub(crate) fn adamw_step(
             )
         }
     }
-    .on("adamw_step")
+    .on(op)
 }
 
 /// SGD (PyTorch's formulation) of `p`, with an optional momentum buffer.
 pub(crate) fn sgd_step(
-    p: &Tensor,
-    grad: &Tensor,
-    buf: Option<&Tensor>,
+    p: (&mut CudaStorage, &Layout),
+    grad: (&CudaStorage, &Layout),
+    buf: Option<(&mut CudaStorage, &Layout)>,
     h: SgdParams,
-    ctl: Option<&Tensor>,
+    ctl: Option<(&CudaStorage, &Layout)>,
 ) -> Result<()> {
-    let mut all = vec![p];
-    all.extend(buf);
-    distinct("sgd_step", &all)?;
-    for t in &all {
-        state("sgd_step", t)?;
-        t.write_storage().promote_to_permanent()?;
-    }
-    let (dev, _) = parts(p)?;
-    let pv = state("sgd_step", p)?;
-    let bv = buf.map(|b| state("sgd_step", b)).transpose()?;
-    let g = contig_as(grad, DType::F32)?;
+    let op = "sgd_step";
+    let pv = state(op, p.0, p.1)?;
+    let bv = buf.map(|(b, l)| state(op, b, l)).transpose()?;
+    let dev = p.0.device();
+    let g = grad.0.window_as(grad.1, DType::F32)?;
     let cfg = ka::Sgd {
         lr: h.lr,
         momentum: h.momentum,
@@ -138,34 +120,46 @@ pub(crate) fn sgd_step(
         None
     };
     match ctl {
-        None => ka::sgd(&dev, pv.slice(), g.slice(), b, &cfg, None),
-        Some(c) => {
-            let cv = super::contig(c)?;
-            ka::sgd_ctl(&dev, pv.slice(), g.slice(), b, &cfg, cv.slice())
+        None => ka::sgd(dev, pv.slice(), g.slice(), b, &cfg, None),
+        Some((c, cl)) => {
+            let cv = c.window(cl)?;
+            ka::sgd_ctl(dev, pv.slice(), g.slice(), b, &cfg, cv.slice())
         }
     }
-    .on("sgd_step")
+    .on(op)
 }
 
-/// `step_prepare` kernel on the control block `ctl` (checked by the caller).
+/// The `step_prepare` kernel on the control block.
 pub(crate) fn step_prepare(
-    ctl: &Tensor,
-    sumsq: &Tensor,
+    ctl: (&CudaStorage, &Layout),
+    sumsq: (&CudaStorage, &Layout),
     max_norm: f32,
     dynamic: bool,
 ) -> Result<()> {
-    let (dev, _) = parts(ctl)?;
-    let (cv, sv) = (super::contig(ctl)?, super::contig(sumsq)?);
-    ka::step_prepare(&dev, cv.slice(), sv.slice(), max_norm, dynamic).on("step_prepare")
+    let (cv, sv) = (ctl.0.window(ctl.1)?, sumsq.0.window(sumsq.1)?);
+    ka::step_prepare(ctl.0.device(), cv.slice(), sv.slice(), max_norm, dynamic).on("step_prepare")
 }
 
-/// `step_finish` kernel on the control block `ctl` (checked by the caller).
+/// The `step_finish` kernel on the control block.
 pub(crate) fn step_finish(
-    ctl: &Tensor,
-    lr_table: &Tensor,
-    scaler: Option<ka::ScalerCfg>,
+    ctl: (&CudaStorage, &Layout),
+    lr_table: (&CudaStorage, &Layout),
+    scaler: Option<ScalerCfg>,
 ) -> Result<()> {
-    let (dev, _) = parts(ctl)?;
-    let (cv, tv) = (super::contig(ctl)?, super::contig(lr_table)?);
-    ka::step_finish(&dev, cv.slice(), tv.slice(), scaler).on("step_finish")
+    let (cv, tv) = (ctl.0.window(ctl.1)?, lr_table.0.window(lr_table.1)?);
+    ka::step_finish(ctl.0.device(), cv.slice(), tv.slice(), scaler).on("step_finish")
+}
+
+/// Σ g² over the parts (one device) as a one-element f32 storage there: one deterministic
+/// kernel pass.
+pub(crate) fn sum_squares(parts: &[(&CudaStorage, &Layout)]) -> Result<CudaStorage> {
+    let first = parts[0].0;
+    let views = parts
+        .iter()
+        .map(|(s, l)| s.window(l))
+        .collect::<Result<Vec<_>>>()?;
+    let slices: Vec<_> = views.iter().map(|v| v.slice()).collect();
+    let out = alloc(first.device(), 1, DType::F32)?;
+    ka::sum_squares(first.device(), &slices, out.as_slice()).on("grad_sum_squares")?;
+    Ok(first.sibling(out, DType::F32))
 }

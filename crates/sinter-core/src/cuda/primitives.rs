@@ -3,10 +3,10 @@
 //! family modules beside this one. Nothing here sees a tensor or records a gradient.
 
 use super::storage::CudaStorage;
-use super::{conv, creation, elementwise, matmul, nn, random, reduce};
+use super::{attention, conv, creation, elementwise, matmul, nn, optim, random, reduce};
 use crate::backend::{
-    BackendStorage, ConvGeom, CrossEntropyOut, DropoutMask, IndexGeom, Indices, PoolGeom, RowStats,
-    Wants,
+    AdamWParams, AttnGeom, BackendStorage, ConvGeom, CrossEntropyOut, DropoutMask, IndexGeom,
+    Indices, PoolGeom, RowStats, ScalerCfg, SgdParams, Wants,
 };
 use crate::cpu::CpuStorage;
 use crate::op::{BinaryOp, ReduceOp, UnaryOp};
@@ -62,6 +62,14 @@ impl BackendStorage for CudaStorage {
 
     fn reduce(&self, l: &Layout, dim: usize, op: ReduceOp) -> Result<Self> {
         reduce::reduce_dim(self, l, dim, op)
+    }
+    fn sum_squares_host(parts: &[(&Self, &Layout)]) -> Result<f64> {
+        let s = optim::sum_squares(parts)?;
+        let v = creation::download(&s, &Layout::contiguous(&[1]))?;
+        Ok(v.f32_contiguous(&Layout::contiguous(&[1]))[0] as f64)
+    }
+    fn sum_squares(parts: &[(&Self, &Layout)]) -> Result<Self> {
+        optim::sum_squares(parts)
     }
 
     fn matmul(&self, l: &Layout, rhs: &Self, rl: &Layout) -> Result<Self> {
@@ -219,5 +227,72 @@ impl BackendStorage for CudaStorage {
     }
     fn dropout_backward(&self, l: &Layout, p: f32, mask: DropoutMask<&Self>) -> Result<Self> {
         random::dropout_backward(self, l, p, mask)
+    }
+
+    fn attention(
+        &self,
+        l: &Layout,
+        k: &Self,
+        kl: &Layout,
+        v: &Self,
+        vl: &Layout,
+        g: &AttnGeom,
+    ) -> Result<Option<(Self, Self)>> {
+        attention::attention((self, l), (k, kl), (v, vl), g)
+    }
+    fn attention_backward(
+        &self,
+        l: &Layout,
+        k: &Self,
+        kl: &Layout,
+        v: &Self,
+        vl: &Layout,
+        o: &Self,
+        ol: &Layout,
+        grad: &Self,
+        gradl: &Layout,
+        lse: &Self,
+        g: &AttnGeom,
+    ) -> Result<(Self, Self, Self)> {
+        attention::attention_backward((self, l), (k, kl), (v, vl), (o, ol), (grad, gradl), lse, g)
+    }
+
+    fn adamw_step(
+        &mut self,
+        l: &Layout,
+        grad: (&Self, &Layout),
+        m: (&mut Self, &Layout),
+        v: (&mut Self, &Layout),
+        h: AdamWParams,
+        ctl: Option<(&Self, &Layout)>,
+    ) -> Result<()> {
+        optim::adamw_step((self, l), grad, m, v, h, ctl)
+    }
+    fn sgd_step(
+        &mut self,
+        l: &Layout,
+        grad: (&Self, &Layout),
+        buf: Option<(&mut Self, &Layout)>,
+        h: SgdParams,
+        ctl: Option<(&Self, &Layout)>,
+    ) -> Result<()> {
+        optim::sgd_step((self, l), grad, buf, h, ctl)
+    }
+    fn step_prepare(
+        &mut self,
+        l: &Layout,
+        sumsq: (&Self, &Layout),
+        max_norm: f32,
+        dynamic: bool,
+    ) -> Result<()> {
+        optim::step_prepare((self, l), sumsq, max_norm, dynamic)
+    }
+    fn step_finish(
+        &mut self,
+        l: &Layout,
+        lr_table: (&Self, &Layout),
+        scaler: Option<ScalerCfg>,
+    ) -> Result<()> {
+        optim::step_finish((self, l), lr_table, scaler)
     }
 }

@@ -11,18 +11,13 @@ pub mod grad_norm;
 pub mod linear_bias_gelu;
 pub mod residual_layer_norm;
 
-pub use attention::{attention, attention_reference};
+pub use attention::{attention, attention_reference, causal_mask};
 pub use bias_gelu::{bias_gelu, bias_gelu_reference};
 pub use grad_norm::global_grad_norm;
 pub use linear_bias_gelu::{linear_bias_gelu, linear_bias_gelu_reference};
 pub use residual_layer_norm::{residual_layer_norm, residual_layer_norm_reference};
 
 use crate::{Error, Result, Tensor};
-
-/// The row-major f32 values of a tensor (borrowed when it already is contiguous f32).
-pub(crate) fn f32_values(t: &Tensor) -> Vec<f32> {
-    t.storage().cpu().f32_contiguous(t.layout()).into_owned()
-}
 
 pub(crate) fn same_shape(op: &'static str, a: &Tensor, b: &Tensor) -> Result<()> {
     if a.shape() != b.shape() {

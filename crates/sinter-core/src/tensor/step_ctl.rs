@@ -1,20 +1,20 @@
 //! The training step's decisions on the tensors' device: a small f32 "step control block"
 //! (slots in [`ctl`]) holds the loss scale, the found-inf flag, the clip factor, the learning
-//! rate and the step counters, and is read and updated by kernels, so a step never waits on the
-//! host (and a captured CUDA graph replays with current values). On the CPU the same functions
-//! run the same arithmetic on host memory (`crate::cpu::nn::{step_prepare, step_finish}`).
+//! rate and the step counters, and is read and updated by the backend (kernels on CUDA, the
+//! same arithmetic on host memory on the CPU: `crate::cpu::nn::{step_prepare, step_finish}`),
+//! so a step never waits on the host (and a captured CUDA graph replays with current values).
 //!
 //! Per step: `backward(loss · ctl[SCALE])`; `ctl.step_prepare(&grad_sum_squares(grads)?, ..)`;
 //! `p.adamw_step_ctl(.., &ctl)` for every parameter (skipped when found_inf is set; lr, bias
 //! correction and the gradient factor read from the block); `ctl.step_finish(&lr_table, ..)`.
 
-use crate::cpu::nn::{AdamWParams, SgdParams};
+use crate::backend::{AdamWParams, SgdParams};
 use crate::{bail, DType, Device, Error, Result, Tensor};
 
-pub use crate::cpu::nn::{ctl, ScalerCfg};
+pub use crate::backend::{ctl, ScalerCfg};
 
 /// Σ g² over all gradients as a 1-element f32 tensor on `device` (one deterministic pass; an
-/// inf or NaN anywhere makes it non-finite). No host read on CUDA.
+/// inf or NaN anywhere makes it non-finite). No host read where the data is not on the host.
 pub fn grad_sum_squares(grads: &[Tensor], device: Device) -> Result<Tensor> {
     if let Some(g) = grads.iter().find(|g| g.device() != device) {
         return Err(Error::DeviceMismatch {
@@ -23,11 +23,7 @@ pub fn grad_sum_squares(grads: &[Tensor], device: Device) -> Result<Tensor> {
             rhs: g.device(),
         });
     }
-    if device.is_cuda() && !grads.is_empty() {
-        return crate::cuda::fused::grad_sum_squares(grads);
-    }
-    let n = crate::fused::global_grad_norm(grads);
-    Tensor::from_vec(vec![(n * n) as f32], &[1], device)
+    crate::fused::grad_norm::grad_sum_squares_on(grads, device)
 }
 
 impl Tensor {
@@ -48,14 +44,6 @@ impl Tensor {
             );
         }
         Ok(())
-    }
-
-    /// The block's values (CPU only: on the host they are plain memory).
-    fn ctl_values(&self) -> Vec<f32> {
-        self.storage()
-            .cpu()
-            .f32_contiguous(self.layout())
-            .into_owned()
     }
 
     fn ctl_on(&self, op: &'static str, other: &Tensor) -> Result<()> {
@@ -82,28 +70,8 @@ impl Tensor {
         h: AdamWParams,
         ctl: &Tensor,
     ) -> Result<()> {
-        for t in [grad, m, v] {
-            self.check_in_place("adamw_step", t)?;
-        }
         self.ctl_on("adamw_step", ctl)?;
-        if self.device().is_cuda() {
-            return crate::cuda::optim::adamw_step(self, grad, m, v, h, Some(ctl));
-        }
-        let c = ctl.ctl_values();
-        if c[ctl::FOUND_INF] != 0.0 {
-            return Ok(());
-        }
-        let h = AdamWParams {
-            lr: c[ctl::LR],
-            step: c[ctl::STEPS] as u64 + 1,
-            ..h
-        };
-        Tensor::grad_apart("adamw_step", grad, &[self, m, v])?;
-        let gs = grad.storage();
-        let g = gs.cpu().f32_contiguous(grad.layout());
-        Tensor::with_f32_mut("adamw_step", [self, m, v], |[p, m, v]| {
-            crate::cpu::nn::adamw_step_scaled(p, &g, m, v, h, c[ctl::GRAD_FACTOR])
-        })
+        self.adamw_update(grad, m, v, h, Some(ctl))
     }
 
     /// [`Tensor::sgd_step`] driven by the step control block (see [`Tensor::adamw_step_ctl`];
@@ -115,35 +83,8 @@ impl Tensor {
         h: SgdParams,
         ctl: &Tensor,
     ) -> Result<()> {
-        self.check_in_place("sgd_step", grad)?;
-        if let Some(b) = buf {
-            self.check_in_place("sgd_step", b)?;
-        }
         self.ctl_on("sgd_step", ctl)?;
-        if self.device().is_cuda() {
-            return crate::cuda::optim::sgd_step(self, grad, buf, h, Some(ctl));
-        }
-        let c = ctl.ctl_values();
-        if c[ctl::FOUND_INF] != 0.0 {
-            return Ok(());
-        }
-        let h = SgdParams {
-            lr: c[ctl::LR],
-            ..h
-        };
-        let f = c[ctl::GRAD_FACTOR];
-        let state: Vec<&Tensor> = std::iter::once(self).chain(buf).collect();
-        Tensor::grad_apart("sgd_step", grad, &state)?;
-        let gs = grad.storage();
-        let g = gs.cpu().f32_contiguous(grad.layout());
-        match buf {
-            None => Tensor::with_f32_mut("sgd_step", [self], |[p]| {
-                crate::cpu::nn::sgd_step_scaled(p, &g, None, h, f)
-            }),
-            Some(b) => Tensor::with_f32_mut("sgd_step", [self, b], |[p, b]| {
-                crate::cpu::nn::sgd_step_scaled(p, &g, Some(b), h, f)
-            }),
-        }
+        self.sgd_update(grad, buf, h, Some(ctl))
     }
 
     /// On a step control block, after backward: found_inf (when `dynamic`), the gradient norm
@@ -160,17 +101,12 @@ impl Tensor {
                 sumsq.device()
             );
         }
-        if self.device().is_cuda() {
-            return crate::cuda::optim::step_prepare(self, sumsq, max_norm, dynamic);
+        if self.shares_storage_with(sumsq) {
+            bail!("step_prepare: sumsq must not share storage with the step control block");
         }
-        let s = sumsq.ctl_sumsq();
-        Tensor::with_f32_mut("step_prepare", [self], |[c]| {
-            crate::cpu::nn::step_prepare(c, s, max_norm, dynamic)
-        })
-    }
-
-    fn ctl_sumsq(&self) -> f32 {
-        self.storage().cpu().f32_contiguous(self.layout())[0]
+        let s = sumsq.storage();
+        self.write_storage()
+            .step_prepare(self.layout(), (&s, sumsq.layout()), max_norm, dynamic)
     }
 
     /// On a step control block, after the optimizer: loss-scale update (with `scaler`), step
@@ -192,12 +128,11 @@ impl Tensor {
                 bail!("step_finish: bad loss scaler settings {s:?} (need growth > 1, 0 < backoff < 1, interval ≥ 1)");
             }
         }
-        if self.device().is_cuda() {
-            return crate::cuda::optim::step_finish(self, lr_table, scaler);
+        if self.shares_storage_with(lr_table) {
+            bail!("step_finish: the learning-rate table must not share storage with the step control block");
         }
-        let table = lr_table.ctl_values();
-        Tensor::with_f32_mut("step_finish", [self], |[c]| {
-            crate::cpu::nn::step_finish(c, &table, scaler)
-        })
+        let t = lr_table.storage();
+        self.write_storage()
+            .step_finish(self.layout(), (&t, lr_table.layout()), scaler)
     }
 }
