@@ -65,7 +65,6 @@ fn err_text(r: Result<Tensor>) -> String {
 /// Logits [[88, 80, …, 80]] (10 classes): the loss of the confident class is 0.0030146151294,
 /// which `lse − x_t` in f32 gets only to 3.3e-4 (issue 14). PyTorch's float64 values.
 #[test]
-#[ignore = "issue 14: the CPU computes lse − x_t in f32 (the CUDA kernel is fixed)"]
 fn cross_entropy_keeps_the_digits_of_a_confident_prediction() {
     on_each_device(|d| {
         let mut row = vec![80f32; 10];
