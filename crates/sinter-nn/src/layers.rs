@@ -159,15 +159,20 @@ impl BatchNorm2d {
     /// Moves the running averages towards a batch's statistics: `mean` and biased `var`
     /// (any shape holding one value per channel) over `n` values per channel. The variance
     /// stored is the unbiased one, as PyTorch does. Not recorded for autograd.
+    ///
+    /// Fewer than 2 values per channel is an error, as in PyTorch: the batch variance of one
+    /// value is 0 and its unbiased estimate undefined (every training path passes here).
     pub fn update_running_stats(&self, mean: &Tensor, var: &Tensor, n: usize) -> Result<()> {
+        if n <= 1 {
+            bail!(
+                "BatchNorm2d: expected more than 1 value per channel when training, got {n} (batch × height × width); use a larger batch (or spatial size), or evaluation mode"
+            );
+        }
         let _g = no_grad();
         let c = self.weight.numel();
         let n = n as f32;
         let m = self.momentum;
-        let unbiased = var
-            .detach()
-            .mul_scalar(n / (n - 1.0).max(1.0))?
-            .reshape(&[c])?;
+        let unbiased = var.detach().mul_scalar(n / (n - 1.0))?.reshape(&[c])?;
         self.running_mean.assign(
             &self
                 .running_mean
@@ -193,16 +198,7 @@ impl Module for BatchNorm2d {
             );
         }
         let bc = [1, c, 1, 1];
-        let training = self.training.load(Ordering::Relaxed);
-        if training && x.numel() / c.max(1) <= 1 {
-            // PyTorch refuses this too: the batch variance of one value is 0 (and its unbiased
-            // estimate for the running variance is undefined).
-            bail!(
-                "BatchNorm2d: expected more than 1 value per channel when training, got input {:?}; use a larger batch (or spatial size), or evaluation mode",
-                x.shape()
-            );
-        }
-        let (mean, var) = if training {
+        let (mean, var) = if self.training.load(Ordering::Relaxed) {
             let mean = x.mean(&[0, 2, 3], true)?;
             let var = x.sub(&mean)?.sqr()?.mean(&[0, 2, 3], true)?;
             self.update_running_stats(&mean, &var, x.numel() / c)?;

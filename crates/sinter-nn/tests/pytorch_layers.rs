@@ -3,8 +3,8 @@
 //! value per channel in training. Expected values were printed by PyTorch 2.15 (CPU) with
 //! crates/sinter-core/tests/semantics_torch.py.
 
-use sinter_core::{DType, Device, Result, Rng, Tensor};
-use sinter_nn::{BatchNorm2d, Embedding, Gelu, Module};
+use sinter_core::{Conv2dParams, DType, Device, Result, Rng, Tensor};
+use sinter_nn::{BatchNorm2d, Conv2d, ConvBn, Embedding, Gelu, Module};
 
 fn close(what: &str, got: &[f32], want: &[f64], tol: f64) {
     assert_eq!(got.len(), want.len(), "{what}");
@@ -104,16 +104,21 @@ fn gelu_is_exact_by_default_and_tanh_on_request() -> Result<()> {
 }
 
 /// PyTorch: "Expected more than 1 value per channel when training, got input size [1, 3, 1, 1]".
-/// Two values per channel train; one value in evaluation mode is fine.
+/// Two values per channel train; one value in evaluation mode is fine. The fused
+/// convolution + BatchNorm training op refuses it too.
 #[test]
 fn batch_norm_refuses_one_value_per_channel_in_training() -> Result<()> {
     let bn = BatchNorm2d::new(3)?;
     let one = Tensor::ones(&[1, 3, 1, 1], DType::F32, Device::Cpu)?;
-    let err = bn.forward(&one).expect_err("an error");
-    assert!(
-        err.to_string().contains("more than 1 value per channel"),
-        "{err}"
-    );
+    let refused = |r: Result<Tensor>| {
+        let err = r.expect_err("an error").to_string();
+        assert!(err.contains("more than 1 value per channel"), "{err}");
+    };
+    refused(bn.forward(&one));
+    let conv = Conv2d::new(2, 3, 1, Conv2dParams::default(), false, &mut Rng::new(3))?;
+    let fused = ConvBn::new(conv, Some(BatchNorm2d::new(3)?))?.fused_training(true);
+    let x = Tensor::ones(&[1, 2, 1, 1], DType::F32, Device::Cpu)?.to_var()?;
+    refused(fused.forward(&x));
     let two = Tensor::from_slice(
         &[1.0f32, 2.0, 3.0, 3.0, 2.0, 1.0],
         &[2, 3, 1, 1],
