@@ -8,11 +8,14 @@
 use std::path::Path;
 
 use serde_json::{Map, Value};
-use sinter_core::{bail, DType, Device, Error, Result, Rng, Tensor};
+use sinter_core::{bail, Error, Result, Rng, Tensor};
 use sinter_nn::module::SharedRng;
 use sinter_nn::Module;
 
 use crate::bert::{Bert, BertConfig, HiddenAct};
+use crate::hf_file;
+
+const WHAT: &str = "BERT";
 
 /// `config.json` as Hugging Face's `BertConfig` reads it: a key it does not list takes
 /// `BertConfig`'s default (as `from_pretrained` does), a key of the wrong type or a value
@@ -212,29 +215,14 @@ fn from_hf_bert_name(name: &str) -> Option<String> {
 /// and both shapes), nothing may be missing, a decoder weight must equal the word embedding
 /// (the head is tied), and the model changes only if everything fits.
 pub fn load_hf_bert(path: impl AsRef<std::path::Path>, model: &Bert) -> Result<()> {
-    use safetensors::tensor::{Dtype, SafeTensors};
     let path = path.as_ref();
-    let bytes = std::fs::read(path)
-        .map_err(|e| Error::Msg(format!("cannot read BERT weights {}: {e}", path.display())))?;
-    let st = SafeTensors::deserialize(&bytes).map_err(|e| {
-        Error::Msg(format!(
-            "{} is not a valid safetensors file: {e}",
-            path.display()
-        ))
-    })?;
+    let bytes = hf_file::read(path, WHAT)?;
+    let st = hf_file::parse(&bytes, path)?;
     let read = |name: &str| -> Result<Tensor> {
         let v = st
             .tensor(name)
             .map_err(|e| Error::Msg(format!("{name}: {e}")))?;
-        let dtype = match v.dtype() {
-            Dtype::F32 => DType::F32,
-            Dtype::F16 => DType::F16,
-            Dtype::BF16 => DType::BF16,
-            other => {
-                bail!("tensor {name} has dtype {other:?}; BERT weights must be F32, F16 or BF16")
-            }
-        };
-        Tensor::from_le_bytes(v.data(), dtype, v.shape(), Device::Cpu)
+        hf_file::view_tensor(&v, name, WHAT)
     };
     let mut file = std::collections::BTreeMap::new();
     for name in st.names() {
@@ -306,61 +294,11 @@ pub fn load_hf_bert(path: impl AsRef<std::path::Path>, model: &Bert) -> Result<(
 /// Saves `model` under Hugging Face's `BertForMaskedLM` names (the tied decoder omitted, as
 /// `save_pretrained` does) with the metadata `format = pt`, atomically.
 pub fn save_hf_bert(model: &Bert, path: impl AsRef<std::path::Path>) -> Result<()> {
-    use safetensors::tensor::{Dtype, TensorView};
-    let path = path.as_ref();
-    let mut owned = Vec::new();
-    for nt in model.named_tensors() {
-        let dtype = match nt.tensor.dtype() {
-            DType::F32 => Dtype::F32,
-            DType::F16 => Dtype::F16,
-            DType::BF16 => Dtype::BF16,
-            DType::I64 => Dtype::I64,
-            DType::I32 => Dtype::I32,
-            DType::U8 => Dtype::U8,
-        };
-        owned.push((
-            nt.name,
-            dtype,
-            nt.tensor.shape().to_vec(),
-            nt.tensor.to_le_bytes()?,
-        ));
-    }
-    let views: Vec<(String, TensorView)> = owned
-        .iter()
-        .map(|(n, d, s, b)| {
-            Ok((
-                n.clone(),
-                TensorView::new(*d, s.clone(), b)
-                    .map_err(|e| Error::Msg(format!("tensor {n}: {e}")))?,
-            ))
-        })
-        .collect::<Result<_>>()?;
+    let tensors: Vec<(String, Tensor)> = model
+        .named_tensors()
+        .into_iter()
+        .map(|nt| (nt.name, nt.tensor))
+        .collect();
     let md = std::collections::HashMap::from([("format".to_string(), "pt".to_string())]);
-    let bytes = safetensors::serialize(views, &Some(md))
-        .map_err(|e| Error::Msg(format!("cannot serialise BERT weights: {e}")))?;
-    let dir = path
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or(std::path::Path::new("."));
-    let tmp = dir.join(format!(
-        ".{}.tmp-{}",
-        path.file_name()
-            .and_then(|n| n.to_str())
-            .unwrap_or("model.safetensors"),
-        std::process::id()
-    ));
-    let werr = |p: &std::path::Path, e: std::io::Error| {
-        Error::Msg(format!("cannot write {}: {e}", p.display()))
-    };
-    let result = (|| -> Result<()> {
-        use std::io::Write;
-        let mut f = std::fs::File::create(&tmp).map_err(|e| werr(&tmp, e))?;
-        f.write_all(&bytes).map_err(|e| werr(&tmp, e))?;
-        f.sync_all().map_err(|e| werr(&tmp, e))?;
-        std::fs::rename(&tmp, path).map_err(|e| werr(path, e))
-    })();
-    if result.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    result
+    hf_file::write_atomic(path.as_ref(), &hf_file::serialize(&tensors, md, WHAT)?)
 }

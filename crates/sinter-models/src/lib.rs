@@ -6,6 +6,7 @@ pub mod bert;
 pub mod cnn;
 pub mod gpt;
 pub mod hf_bert;
+mod hf_file;
 pub mod hf_gpt2;
 pub mod mlp;
 pub mod model;
