@@ -631,12 +631,8 @@ impl TpGpt {
         }
         Ok(TpGpt {
             config: cfg.clone(),
-            wte: Embedding {
-                weight: shard("wte.weight")?,
-            },
-            wpe: Embedding {
-                weight: src.var("wpe.weight")?,
-            },
+            wte: Embedding::from_weights(shard("wte.weight")?),
+            wpe: Embedding::from_weights(src.var("wpe.weight")?),
             blocks,
             ln_f: ln("ln_f")?,
             tp_rank,

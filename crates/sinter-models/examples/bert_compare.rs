@@ -6,8 +6,8 @@
 //! cargo run --release -p sinter-models --example bert_compare -- /tmp/bert_ref [--tol 1e-4]
 //! ```
 //!
-//! Builds the BERT of `DIR/config.json` (bert-base or bert-tiny shapes, read from the
-//! weights), loads `DIR/model.safetensors` with `load_hf_bert`, runs the reference batch
+//! Builds the BERT of `DIR/config.json` and loads `DIR/model.safetensors` with
+//! `from_hf_pretrained` (as `BertForMaskedLM.from_pretrained(DIR)` does), runs the reference batch
 //! (token types and a padding mask included) and compares logits, the masked-LM loss and
 //! the `grad.<name>` tensors: max |ours − ref| / max |ref| per tensor. Exit status 1 if any
 //! is above the tolerance.
@@ -16,8 +16,8 @@ use std::collections::HashMap;
 use std::process::ExitCode;
 
 use safetensors::tensor::{Dtype, SafeTensors};
-use sinter_core::{DType, Device, Rng, Tensor};
-use sinter_models::{load_hf_bert, Bert, BertConfig};
+use sinter_core::{DType, Device, Tensor};
+use sinter_models::from_hf_pretrained;
 use sinter_nn::module::shared_rng;
 use sinter_nn::Module;
 
@@ -61,41 +61,6 @@ fn rel_err(ours: &Tensor, reference: &Tensor) -> AnyResult<f64> {
     Ok(if scale > 0.0 { diff / scale } else { diff })
 }
 
-/// The config from the weights' shapes (heads from config.json's num_attention_heads, else width / 64).
-fn config(dir: &std::path::Path, w: &HashMap<String, Tensor>) -> AnyResult<BertConfig> {
-    let shape = |n: &str| {
-        w.get(n)
-            .map(|t| t.shape().to_vec())
-            .ok_or_else(|| format!("the weights have no {n}"))
-    };
-    let word = shape("bert.embeddings.word_embeddings.weight")?;
-    let n_layer = (0..)
-        .take_while(|i| {
-            w.contains_key(&format!(
-                "bert.encoder.layer.{i}.attention.self.query.weight"
-            ))
-        })
-        .count();
-    let json = std::fs::read_to_string(dir.join("config.json")).unwrap_or_default();
-    let heads = json.find("\"num_attention_heads\"").and_then(|i| {
-        let rest = json[i..].split_once(':')?.1.trim_start();
-        rest[..rest.find(|c: char| !c.is_ascii_digit())?]
-            .parse()
-            .ok()
-    });
-    Ok(BertConfig {
-        vocab_size: word[0],
-        hidden: word[1],
-        n_layer,
-        n_head: heads.unwrap_or(word[1] / 64),
-        intermediate: shape("bert.encoder.layer.0.intermediate.dense.weight")?[0],
-        max_position: shape("bert.embeddings.position_embeddings.weight")?[0],
-        type_vocab_size: shape("bert.embeddings.token_type_embeddings.weight")?[0],
-        dropout: 0.0,
-        layer_norm_eps: 1e-12,
-    })
-}
-
 fn run() -> AnyResult<bool> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let (mut dir, mut tol) = (None, 1e-4);
@@ -111,11 +76,8 @@ fn run() -> AnyResult<bool> {
         }
     }
     let dir = dir.ok_or("usage: bert_compare DIR [--tol 1e-4]")?;
-    let weights = dir.join("model.safetensors");
-    let cfg = config(&dir, &tensors(&std::fs::read(&weights)?)?)?;
-    eprintln!("config: {cfg:?}");
-    let model = Bert::new(cfg.clone(), &mut Rng::new(0), &shared_rng(0))?;
-    load_hf_bert(&weights, &model)?;
+    let model = from_hf_pretrained(&dir, &shared_rng(0))?;
+    eprintln!("config: {:?}", model.config);
     model.set_training(false);
     let r = tensors(&std::fs::read(dir.join("reference.safetensors"))?)?;
     let get = |n: &str| {
@@ -161,7 +123,7 @@ fn run() -> AnyResult<bool> {
     let worst = rows.iter().map(|r| r.1).fold(0f64, f64::max);
     println!(
         "{{\"bench\": \"bert_compare\", \"ok\": {ok}, \"tol\": {tol:e}, \"max_rel_err\": {worst:e}, \"logits_rel_err\": {:e}, \"n_layer\": {}, \"hidden\": {}, \"fwd_bwd_s\": {secs:.3}}}",
-        rows[0].1, cfg.n_layer, cfg.hidden
+        rows[0].1, model.config.n_layer, model.config.hidden
     );
     Ok(ok)
 }

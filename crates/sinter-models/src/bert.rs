@@ -8,6 +8,10 @@
 //! can be exchanged by name; the tied decoder weight is not listed separately (it *is*
 //! `bert.embeddings.word_embeddings.weight`). Linear weights are `[out, in]` as in PyTorch.
 //!
+//! The feed-forward layer and the head use `config.hidden_act`: the exact (erf) GELU of the
+//! published BERT models unless a Hugging Face `config.json` says otherwise (see
+//! [`crate::hf_bert`], which also loads and saves weights and configs).
+//!
 //! The trainer builds `bert-tiny` and `bert-base` for `Task::MaskedLm` on token data: it
 //! masks each batch on the host with [`MlmMasking::for_vocab`] (the mask token is the id one
 //! past the data's vocabulary) and scores the masked positions. [`Bert::mlm_loss`] does the
@@ -32,6 +36,49 @@ pub mod special {
     pub const MASK: i64 = 103;
 }
 
+/// The activation of BERT's feed-forward layers and MLM head (Hugging Face's `hidden_act`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HiddenAct {
+    /// `"gelu"`: the exact GELU, x·Φ(x) with erf (the published BERT models').
+    Gelu,
+    /// `"gelu_new"`, `"gelu_pytorch_tanh"`, `"gelu_fast"`: GELU's tanh approximation.
+    GeluTanh,
+    /// `"relu"`.
+    Relu,
+    /// `"silu"` / `"swish"`.
+    Silu,
+}
+
+impl HiddenAct {
+    /// The activation a Hugging Face `hidden_act` names, if sinter has it.
+    pub fn from_hf(name: &str) -> Option<HiddenAct> {
+        Some(match name {
+            "gelu" => HiddenAct::Gelu,
+            "gelu_new" | "gelu_pytorch_tanh" | "gelu_fast" => HiddenAct::GeluTanh,
+            "relu" => HiddenAct::Relu,
+            "silu" | "swish" => HiddenAct::Silu,
+            _ => return None,
+        })
+    }
+    /// The name Hugging Face writes for it.
+    pub fn hf_name(self) -> &'static str {
+        match self {
+            HiddenAct::Gelu => "gelu",
+            HiddenAct::GeluTanh => "gelu_pytorch_tanh",
+            HiddenAct::Relu => "relu",
+            HiddenAct::Silu => "silu",
+        }
+    }
+    pub fn apply(self, x: &Tensor) -> Result<Tensor> {
+        match self {
+            HiddenAct::Gelu => x.gelu_erf(),
+            HiddenAct::GeluTanh => x.gelu(),
+            HiddenAct::Relu => x.relu(),
+            HiddenAct::Silu => x.silu(),
+        }
+    }
+}
+
 #[derive(Clone, Debug, PartialEq)]
 pub struct BertConfig {
     pub vocab_size: usize,
@@ -42,10 +89,17 @@ pub struct BertConfig {
     pub intermediate: usize,
     pub max_position: usize,
     pub type_vocab_size: usize,
-    /// Dropout after the embeddings, on the attention probabilities and on each sub-layer's
-    /// output (BERT: 0.1).
+    /// Dropout after the embeddings and on each sub-layer's output (BERT: 0.1).
     pub dropout: f32,
+    /// Dropout on the attention probabilities (BERT: 0.1).
+    pub attention_dropout: f32,
     pub layer_norm_eps: f32,
+    /// The feed-forward and head activation (BERT: exact GELU).
+    pub hidden_act: HiddenAct,
+    /// The padding token, whose embedding row receives no gradient (PyTorch's `padding_idx`,
+    /// as Hugging Face's BERT sets it from `pad_token_id`). `None` for the presets: the trainer
+    /// feeds unpadded token streams, where id 0 is an ordinary token.
+    pub pad_token_id: Option<usize>,
 }
 
 impl BertConfig {
@@ -61,7 +115,10 @@ impl BertConfig {
             max_position: 512,
             type_vocab_size: 2,
             dropout: 0.1,
+            attention_dropout: 0.1,
             layer_norm_eps: 1e-12,
+            hidden_act: HiddenAct::Gelu,
+            pad_token_id: None,
         };
         match name {
             "bert-tiny" => Some(BertConfig {
@@ -204,6 +261,7 @@ pub struct BertLayer {
     pub output: Linear,
     pub output_norm: LayerNorm,
     pub dropout: Dropout,
+    pub act: HiddenAct,
 }
 
 impl BertLayer {
@@ -215,7 +273,7 @@ impl BertLayer {
                 key: linear(h, h, rng)?,
                 value: linear(h, h, rng)?,
                 n_head: c.n_head,
-                dropout: Dropout::new(c.dropout, drop_rng.clone()),
+                dropout: Dropout::new(c.attention_dropout, drop_rng.clone()),
             },
             attention_output: linear(h, h, rng)?,
             attention_norm: layer_norm(h, c.layer_norm_eps)?,
@@ -223,6 +281,7 @@ impl BertLayer {
             output: linear(f, h, rng)?,
             output_norm: layer_norm(h, c.layer_norm_eps)?,
             dropout: Dropout::new(c.dropout, drop_rng.clone()),
+            act: c.hidden_act,
         })
     }
 
@@ -234,7 +293,7 @@ impl BertLayer {
                 .forward(&self.attention_output.forward(&a)?)?
                 .add(x)?,
         )?;
-        let h = self.intermediate.forward(&x)?.gelu_erf()?;
+        let h = self.act.apply(&self.intermediate.forward(&x)?)?;
         self.output_norm
             .forward(&self.dropout.forward(&self.output.forward(&h)?)?.add(&x)?)
     }
@@ -291,8 +350,18 @@ impl Bert {
         if c.type_vocab_size == 0 || c.max_position == 0 || c.vocab_size == 0 {
             bail!("bert: vocabulary, positions and token types must all be at least 1 (got {c:?})");
         }
+        let mut word_embeddings = Embedding::new(c.vocab_size, c.hidden, 0.02, rng)?;
+        if let Some(pad) = c.pad_token_id {
+            if pad >= c.vocab_size {
+                bail!(
+                    "bert: pad_token_id {pad} is not a token below the vocabulary size {}",
+                    c.vocab_size
+                );
+            }
+            word_embeddings = word_embeddings.with_padding_idx(pad as i64)?;
+        }
         let embeddings = BertEmbeddings {
-            word_embeddings: Embedding::new(c.vocab_size, c.hidden, 0.02, rng)?,
+            word_embeddings,
             position_embeddings: Embedding::new(c.max_position, c.hidden, 0.02, rng)?,
             token_type_embeddings: Embedding::new(c.type_vocab_size, c.hidden, 0.02, rng)?,
             layer_norm: layer_norm(c.hidden, c.layer_norm_eps)?,
@@ -384,9 +453,12 @@ impl Bert {
 
     /// MLM logits [.., vocab] of hidden states [.., hidden].
     pub fn mlm_logits(&self, hidden: &Tensor) -> Result<Tensor> {
-        let h = self
-            .head_norm
-            .forward(&self.head_dense.forward(hidden)?.gelu_erf()?)?;
+        let h = self.head_norm.forward(
+            &self
+                .config
+                .hidden_act
+                .apply(&self.head_dense.forward(hidden)?)?,
+        )?;
         let c = self.config.hidden;
         let lead = &h.shape()[..h.rank() - 1];
         let rows: usize = lead.iter().product();
@@ -567,187 +639,6 @@ pub fn mask_batch(ids: &Tensor, m: &MlmMasking, rng: &mut Rng) -> Result<(Tensor
 }
 
 // ---- Hugging Face weights --------------------------------------------------------------------
-
-/// The sinter name of a tensor in a Hugging Face BERT checkpoint (TF-era `LayerNorm.gamma` /
-/// `.beta` become `.weight` / `.bias`), or `None` for entries the MLM model does not use:
-/// the `position_ids` buffer, the pooler, the next-sentence head, and the tied decoder
-/// (`cls.predictions.decoder.*`, which must then equal the word embedding / the bias).
-fn from_hf_bert_name(name: &str) -> Option<String> {
-    let skip = [
-        "bert.embeddings.position_ids",
-        "bert.pooler.",
-        "cls.seq_relationship.",
-        "cls.predictions.decoder.",
-    ];
-    if skip.iter().any(|s| name.starts_with(s)) {
-        return None;
-    }
-    let n = name
-        .strip_suffix(".gamma")
-        .map(|s| format!("{s}.weight"))
-        .or_else(|| name.strip_suffix(".beta").map(|s| format!("{s}.bias")));
-    Some(n.unwrap_or_else(|| name.to_string()))
-}
-
-/// Loads a Hugging Face `BertForMaskedLM` / `BertForPreTraining` safetensors file into
-/// `model`. Names match one to one; every tensor's shape is checked (errors name the tensor
-/// and both shapes), nothing may be missing, a decoder weight must equal the word embedding
-/// (the head is tied), and the model changes only if everything fits.
-pub fn load_hf_bert(path: impl AsRef<std::path::Path>, model: &Bert) -> Result<()> {
-    use safetensors::tensor::{Dtype, SafeTensors};
-    use sinter_core::Error;
-    let path = path.as_ref();
-    let bytes = std::fs::read(path)
-        .map_err(|e| Error::Msg(format!("cannot read BERT weights {}: {e}", path.display())))?;
-    let st = SafeTensors::deserialize(&bytes).map_err(|e| {
-        Error::Msg(format!(
-            "{} is not a valid safetensors file: {e}",
-            path.display()
-        ))
-    })?;
-    let read = |name: &str| -> Result<Tensor> {
-        let v = st
-            .tensor(name)
-            .map_err(|e| Error::Msg(format!("{name}: {e}")))?;
-        let dtype = match v.dtype() {
-            Dtype::F32 => DType::F32,
-            Dtype::F16 => DType::F16,
-            Dtype::BF16 => DType::BF16,
-            other => {
-                bail!("tensor {name} has dtype {other:?}; BERT weights must be F32, F16 or BF16")
-            }
-        };
-        Tensor::from_le_bytes(v.data(), dtype, v.shape(), Device::Cpu)
-    };
-    let mut file = std::collections::BTreeMap::new();
-    for name in st.names() {
-        if let Some(ours) = from_hf_bert_name(name) {
-            file.insert(ours, name.clone());
-        }
-    }
-    let mut problems = Vec::new();
-    let mut plan = Vec::new();
-    for nt in model.named_tensors() {
-        let Some(hf) = file.remove(&nt.name) else {
-            problems.push(format!("{} is missing", nt.name));
-            continue;
-        };
-        let shape = st
-            .tensor(&hf)
-            .map(|v| v.shape().to_vec())
-            .unwrap_or_default();
-        if shape != nt.tensor.shape() {
-            problems.push(format!(
-                "{hf} has shape {shape:?} in the file but the model needs {:?}",
-                nt.tensor.shape()
-            ));
-            continue;
-        }
-        plan.push((nt.tensor.clone(), read(&hf)?));
-    }
-    if st
-        .names()
-        .iter()
-        .any(|n| n.as_str() == "cls.predictions.decoder.weight")
-    {
-        let dec = read("cls.predictions.decoder.weight")?;
-        let word = &model.embeddings.word_embeddings.weight;
-        let same = match plan.iter().find(|(dst, _)| dst.shares_storage_with(word)) {
-            Some((_, src)) => {
-                src.shape() == dec.shape() && src.to_vec_f32()? == dec.to_vec_f32()?
-            }
-            None => true, // already reported missing
-        };
-        if !same {
-            problems.push("cls.predictions.decoder.weight differs from the word embedding; sinter's BERT ties them".into());
-        }
-    }
-    if !file.is_empty() {
-        problems.push(format!(
-            "unexpected tensors {} (does the config match? model: {} layers)",
-            file.values()
-                .take(8)
-                .cloned()
-                .collect::<Vec<_>>()
-                .join(", "),
-            model.config.n_layer
-        ));
-    }
-    if !problems.is_empty() {
-        bail!(
-            "loading {}: the BERT weights do not fit the model: {}",
-            path.display(),
-            problems.join("; ")
-        );
-    }
-    for (dst, src) in plan {
-        dst.assign(&src)?;
-    }
-    Ok(())
-}
-
-/// Saves `model` under Hugging Face's `BertForMaskedLM` names (the tied decoder omitted, as
-/// `save_pretrained` does) with the metadata `format = pt`, atomically.
-pub fn save_hf_bert(model: &Bert, path: impl AsRef<std::path::Path>) -> Result<()> {
-    use safetensors::tensor::{Dtype, TensorView};
-    use sinter_core::Error;
-    let path = path.as_ref();
-    let mut owned = Vec::new();
-    for nt in model.named_tensors() {
-        let dtype = match nt.tensor.dtype() {
-            DType::F32 => Dtype::F32,
-            DType::F16 => Dtype::F16,
-            DType::BF16 => Dtype::BF16,
-            DType::I64 => Dtype::I64,
-            DType::I32 => Dtype::I32,
-            DType::U8 => Dtype::U8,
-        };
-        owned.push((
-            nt.name,
-            dtype,
-            nt.tensor.shape().to_vec(),
-            nt.tensor.to_le_bytes()?,
-        ));
-    }
-    let views: Vec<(String, TensorView)> = owned
-        .iter()
-        .map(|(n, d, s, b)| {
-            Ok((
-                n.clone(),
-                TensorView::new(*d, s.clone(), b)
-                    .map_err(|e| Error::Msg(format!("tensor {n}: {e}")))?,
-            ))
-        })
-        .collect::<Result<_>>()?;
-    let md = std::collections::HashMap::from([("format".to_string(), "pt".to_string())]);
-    let bytes = safetensors::serialize(views, &Some(md))
-        .map_err(|e| Error::Msg(format!("cannot serialise BERT weights: {e}")))?;
-    let dir = path
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or(std::path::Path::new("."));
-    let tmp = dir.join(format!(
-        ".{}.tmp-{}",
-        path.file_name()
-            .and_then(|n| n.to_str())
-            .unwrap_or("model.safetensors"),
-        std::process::id()
-    ));
-    let werr = |p: &std::path::Path, e: std::io::Error| {
-        Error::Msg(format!("cannot write {}: {e}", p.display()))
-    };
-    let result = (|| -> Result<()> {
-        use std::io::Write;
-        let mut f = std::fs::File::create(&tmp).map_err(|e| werr(&tmp, e))?;
-        f.write_all(&bytes).map_err(|e| werr(&tmp, e))?;
-        f.sync_all().map_err(|e| werr(&tmp, e))?;
-        std::fs::rename(&tmp, path).map_err(|e| werr(path, e))
-    })();
-    if result.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    result
-}
 
 impl Model for Bert {
     fn task(&self) -> Task {

@@ -16,14 +16,14 @@
 //! skipped; `lm_head.weight`, if present, must equal `wte.weight` (GPT-2 ties them).
 
 use std::collections::{BTreeMap, HashMap};
-use std::io::Write;
 use std::path::Path;
 
-use safetensors::tensor::{Dtype, SafeTensors, TensorView};
-use sinter_core::{bail, DType, Device, Error, Result, Tensor};
+use safetensors::tensor::{SafeTensors, TensorView};
+use sinter_core::{bail, Error, Result, Tensor};
 use sinter_nn::{Module, TensorKind};
 
 use crate::gpt::{Gpt, GptConfig};
+use crate::hf_file;
 
 const PREFIX: &str = "transformer.";
 
@@ -56,33 +56,10 @@ pub fn hf_gpt2_name(ours: &str) -> Option<(String, bool)> {
     Some((format!("h.{i}.{hf_module}.{param}"), conv1d))
 }
 
-fn our_dtype(d: Dtype, name: &str) -> Result<DType> {
-    Ok(match d {
-        Dtype::F32 => DType::F32,
-        Dtype::F16 => DType::F16,
-        Dtype::BF16 => DType::BF16,
-        other => bail!("tensor {name} has dtype {other:?}; GPT-2 weights must be F32, F16 or BF16"),
-    })
-}
-
-fn st_dtype(d: DType) -> Result<Dtype> {
-    Ok(match d {
-        DType::F32 => Dtype::F32,
-        DType::F16 => Dtype::F16,
-        DType::BF16 => Dtype::BF16,
-        d @ (DType::I64 | DType::I32 | DType::U8) => {
-            bail!("GPT-2 weights are floating point, not {d}")
-        }
-    })
-}
+const WHAT: &str = "GPT-2";
 
 fn view_tensor(v: &TensorView, name: &str) -> Result<Tensor> {
-    Tensor::from_le_bytes(
-        v.data(),
-        our_dtype(v.dtype(), name)?,
-        v.shape(),
-        Device::Cpu,
-    )
+    hf_file::view_tensor(v, name, WHAT)
 }
 
 fn is_skipped_buffer(name: &str) -> bool {
@@ -101,34 +78,20 @@ fn by_hf_name<'a>(st: &'a SafeTensors<'a>) -> Result<BTreeMap<String, TensorView
     Ok(map)
 }
 
-fn read(path: &Path) -> Result<Vec<u8>> {
-    std::fs::read(path)
-        .map_err(|e| Error::Msg(format!("cannot read GPT-2 weights {}: {e}", path.display())))
-}
-
-fn parse<'a>(bytes: &'a [u8], path: &Path) -> Result<SafeTensors<'a>> {
-    SafeTensors::deserialize(bytes).map_err(|e| {
-        Error::Msg(format!(
-            "{} is not a valid safetensors file: {e}",
-            path.display()
-        ))
-    })
-}
-
 /// Loads GPT-2 weights saved by Hugging Face (`model.safetensors` of `GPT2LMHeadModel` or
 /// `GPT2Model`) into `model`, transposing the Conv1D weights. Every tensor is checked first —
 /// names, shapes (the error names the tensor and both shapes), nothing missing, nothing
 /// unexpected — and the model is changed only if all of them fit.
 pub fn load_hf_gpt2(path: impl AsRef<Path>, model: &Gpt) -> Result<()> {
     let path = path.as_ref();
-    let bytes = read(path)?;
+    let bytes = hf_file::read(path, WHAT)?;
     load_hf_gpt2_bytes(&bytes, model)
         .map_err(|e| Error::Msg(format!("loading {}: {e}", path.display())))
 }
 
 /// [`load_hf_gpt2`] from the bytes of a safetensors file.
 pub fn load_hf_gpt2_bytes(bytes: &[u8], model: &Gpt) -> Result<()> {
-    let st = parse(bytes, Path::new("the data"))?;
+    let st = hf_file::parse(bytes, Path::new("the data"))?;
     let mut file = by_hf_name(&st)?;
     let mut problems = Vec::new();
     let mut plan: Vec<(Tensor, Tensor)> = Vec::new();
@@ -221,7 +184,7 @@ pub fn load_hf_gpt2_bytes(bytes: &[u8], model: &Gpt) -> Result<()> {
 /// Conv1D weights transposed, no `lm_head.weight` since it is tied), with the metadata
 /// `format = pt` that `transformers` requires, and `n_head`.
 pub fn hf_gpt2_bytes(model: &Gpt) -> Result<Vec<u8>> {
-    let mut owned: Vec<(String, Dtype, Vec<usize>, Vec<u8>)> = Vec::new();
+    let mut tensors = Vec::new();
     for nt in model.named_tensors() {
         let Some((hf, conv1d)) = hf_gpt2_name(&nt.name) else {
             if nt.kind == TensorKind::Buffer {
@@ -234,57 +197,18 @@ pub fn hf_gpt2_bytes(model: &Gpt) -> Result<Vec<u8>> {
         } else {
             nt.tensor.clone()
         };
-        owned.push((
-            format!("{PREFIX}{hf}"),
-            st_dtype(t.dtype())?,
-            t.shape().to_vec(),
-            t.to_le_bytes()?,
-        ));
+        tensors.push((format!("{PREFIX}{hf}"), t));
     }
-    let views: Vec<(String, TensorView)> = owned
-        .iter()
-        .map(|(n, d, s, b)| {
-            Ok((
-                n.clone(),
-                TensorView::new(*d, s.clone(), b)
-                    .map_err(|e| Error::Msg(format!("tensor {n}: {e}")))?,
-            ))
-        })
-        .collect::<Result<_>>()?;
     let mut md = HashMap::new();
     md.insert("format".to_string(), "pt".to_string());
     md.insert("n_head".to_string(), model.config.n_head.to_string());
-    safetensors::serialize(views, &Some(md))
-        .map_err(|e| Error::Msg(format!("cannot serialise GPT-2 weights: {e}")))
+    hf_file::serialize(&tensors, md, WHAT)
 }
 
 /// Saves `model` as a Hugging Face GPT-2 `model.safetensors` (see [`hf_gpt2_bytes`]),
 /// atomically: a temporary file in the same directory, fsynced, then renamed over `path`.
 pub fn save_hf_gpt2(model: &Gpt, path: impl AsRef<Path>) -> Result<()> {
-    let path = path.as_ref();
-    let bytes = hf_gpt2_bytes(model)?;
-    let dir = path
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    let name = path
-        .file_name()
-        .and_then(|n| n.to_str())
-        .unwrap_or("model.safetensors");
-    let tmp = dir.join(format!(".{name}.tmp-{}", std::process::id()));
-    let werr =
-        |p: &Path, e: std::io::Error| Error::Msg(format!("cannot write {}: {e}", p.display()));
-    let result = (|| -> Result<()> {
-        let mut f = std::fs::File::create(&tmp).map_err(|e| werr(&tmp, e))?;
-        f.write_all(&bytes).map_err(|e| werr(&tmp, e))?;
-        f.sync_all().map_err(|e| werr(&tmp, e))?;
-        std::fs::rename(&tmp, path).map_err(|e| werr(path, e))?;
-        Ok(())
-    })();
-    if result.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    result
+    hf_file::write_atomic(path.as_ref(), &hf_gpt2_bytes(model)?)
 }
 
 /// The [`GptConfig`] of a Hugging Face GPT-2 safetensors file, from its shapes: layers
@@ -294,14 +218,14 @@ pub fn save_hf_gpt2(model: &Gpt, path: impl AsRef<Path>) -> Result<()> {
 /// width / 64 (every published GPT-2 size has 64-wide heads).
 pub fn hf_gpt2_config(path: impl AsRef<Path>, n_head: Option<usize>) -> Result<GptConfig> {
     let path = path.as_ref();
-    let bytes = read(path)?;
+    let bytes = hf_file::read(path, WHAT)?;
     let (_, meta) = SafeTensors::read_metadata(&bytes).map_err(|e| {
         Error::Msg(format!(
             "{} is not a valid safetensors file: {e}",
             path.display()
         ))
     })?;
-    let st = parse(&bytes, path)?;
+    let st = hf_file::parse(&bytes, path)?;
     let file = by_hf_name(&st)?;
     let shape = |n: &str| -> Result<Vec<usize>> {
         match file.get(n) {

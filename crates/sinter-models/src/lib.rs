@@ -5,14 +5,20 @@
 pub mod bert;
 pub mod cnn;
 pub mod gpt;
+pub mod hf_bert;
+mod hf_file;
 pub mod hf_gpt2;
 pub mod mlp;
 pub mod model;
 pub mod resnet;
 
-pub use bert::{load_hf_bert, mask_batch, mask_tokens, save_hf_bert, Bert, BertConfig, MlmMasking};
+pub use bert::{mask_batch, mask_tokens, Bert, BertConfig, HiddenAct, MlmMasking};
 pub use cnn::LeNet;
 pub use gpt::{Gpt, GptConfig};
+pub use hf_bert::{
+    bert_config_from_hf_file, bert_config_from_hf_json, from_hf_pretrained, hf_bert_config_json,
+    load_hf_bert, save_hf_bert,
+};
 pub use hf_gpt2::{hf_gpt2_config, load_hf_gpt2, save_hf_gpt2};
 pub use mlp::Mlp;
 pub use model::{classifier_loss, sequence_loss, BatchLoss, Model};

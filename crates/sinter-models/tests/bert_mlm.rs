@@ -17,7 +17,8 @@ fn small_config() -> BertConfig {
         max_position: 32,
         type_vocab_size: 2,
         dropout: 0.0,
-        layer_norm_eps: 1e-12,
+        attention_dropout: 0.0,
+        ..BertConfig::preset("bert-tiny").unwrap()
     }
 }
 

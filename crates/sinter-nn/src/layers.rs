@@ -159,15 +159,20 @@ impl BatchNorm2d {
     /// Moves the running averages towards a batch's statistics: `mean` and biased `var`
     /// (any shape holding one value per channel) over `n` values per channel. The variance
     /// stored is the unbiased one, as PyTorch does. Not recorded for autograd.
+    ///
+    /// Fewer than 2 values per channel is an error, as in PyTorch: the batch variance of one
+    /// value is 0 and its unbiased estimate undefined (every training path passes here).
     pub fn update_running_stats(&self, mean: &Tensor, var: &Tensor, n: usize) -> Result<()> {
+        if n <= 1 {
+            bail!(
+                "BatchNorm2d: expected more than 1 value per channel when training, got {n} (batch × height × width); use a larger batch (or spatial size), or evaluation mode"
+            );
+        }
         let _g = no_grad();
         let c = self.weight.numel();
         let n = n as f32;
         let m = self.momentum;
-        let unbiased = var
-            .detach()
-            .mul_scalar(n / (n - 1.0).max(1.0))?
-            .reshape(&[c])?;
+        let unbiased = var.detach().mul_scalar(n / (n - 1.0))?.reshape(&[c])?;
         self.running_mean.assign(
             &self
                 .running_mean
@@ -246,21 +251,66 @@ impl Module for LayerNorm {
 }
 
 /// A [vocab, dim] table looked up by i64 ids.
+///
+/// With a padding index (PyTorch's `padding_idx`) that row never receives a gradient: Hugging
+/// Face's BERT keeps its `[PAD]` row as loaded, and so does fine-tuning here. The lookup still
+/// returns the row's values (zeros when the table was made here, as PyTorch initialises it).
 pub struct Embedding {
     pub weight: Tensor,
+    /// The row that receives no gradient, if any (a row index, already resolved).
+    pub padding_idx: Option<usize>,
 }
 
 impl Embedding {
     pub fn new(vocab: usize, dim: usize, std: f64, rng: &mut Rng) -> Result<Self> {
         Ok(Embedding {
             weight: init::normal(&[vocab, dim], std, rng)?,
+            padding_idx: None,
         })
     }
+    /// A table of given weights, without a padding row.
+    pub fn from_weights(weight: Tensor) -> Self {
+        Embedding {
+            weight,
+            padding_idx: None,
+        }
+    }
+    /// This table with `padding_idx` (negative counts from the end, as in PyTorch) as its
+    /// padding row, zero-filled.
+    pub fn with_padding_idx(mut self, padding_idx: i64) -> Result<Self> {
+        let row = resolve_padding_idx(padding_idx, self.weight.shape()[0])?;
+        {
+            let _g = no_grad();
+            let r = self.weight.narrow(0, row, 1)?;
+            r.assign(&r.zeros_like()?)?;
+        }
+        self.padding_idx = Some(row);
+        Ok(self)
+    }
+}
+
+/// PyTorch's rule: `padding_idx` in [-vocab, vocab), negative counting from the end.
+fn resolve_padding_idx(idx: i64, vocab: usize) -> Result<usize> {
+    let v = vocab as i64;
+    if !(-v..v).contains(&idx) {
+        bail!("Embedding: padding_idx {idx} is outside the table of {vocab} rows (must be in -{vocab}..{vocab})");
+    }
+    Ok(if idx < 0 { idx + v } else { idx } as usize)
 }
 
 impl Module for Embedding {
     fn forward(&self, ids: &Tensor) -> Result<Tensor> {
-        self.weight.embedding(ids)
+        let rows = self.weight.embedding(ids)?;
+        let Some(pad) = self.padding_idx else {
+            return Ok(rows);
+        };
+        if !rows.tracks_grad() {
+            return Ok(rows);
+        }
+        // The same values; the gradient flows only where the id is not the padding row.
+        let pad = Tensor::full(pad as f64, &[], ids.dtype(), ids.device())?;
+        let keep = ids.ne(&pad)?.unsqueeze(-1)?;
+        Tensor::where_cond(&keep, &rows, &rows.detach())
     }
     fn collect(&self, prefix: &str, out: &mut Vec<NamedTensor>) {
         param(prefix, "weight", &self.weight, out);
@@ -324,10 +374,42 @@ impl Module for Relu {
     fn collect(&self, _prefix: &str, _out: &mut Vec<NamedTensor>) {}
 }
 
-pub struct Gelu;
+/// Which form of GELU (PyTorch's `approximate` argument).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum GeluApproximate {
+    /// The exact form, x·Φ(x) with erf: PyTorch's default (`approximate='none'`), BERT's
+    /// (`hidden_act = "gelu"`).
+    #[default]
+    None,
+    /// The tanh approximation (`approximate='tanh'`): GPT-2's (`gelu_new`).
+    Tanh,
+}
+
+/// GELU, exact by default like `torch.nn.GELU()`; [`Gelu::tanh`] for the approximation.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Gelu {
+    pub approximate: GeluApproximate,
+}
+
+impl Gelu {
+    /// The exact (erf) GELU.
+    pub fn new() -> Self {
+        Gelu::default()
+    }
+    /// The tanh approximation (GPT-2's).
+    pub fn tanh() -> Self {
+        Gelu {
+            approximate: GeluApproximate::Tanh,
+        }
+    }
+}
+
 impl Module for Gelu {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        x.gelu()
+        match self.approximate {
+            GeluApproximate::None => x.gelu_erf(),
+            GeluApproximate::Tanh => x.gelu(),
+        }
     }
     fn collect(&self, _prefix: &str, _out: &mut Vec<NamedTensor>) {}
 }

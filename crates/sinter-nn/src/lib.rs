@@ -18,8 +18,8 @@ pub use attention::{CausalSelfAttention, LayerKvCache, Mlp, TransformerBlock};
 pub use conv_bn::ConvBn;
 pub use device::{module_device, move_module};
 pub use layers::{
-    BatchNorm2d, Conv2d, Dropout, Embedding, Flatten, Gelu, LayerNorm, Linear, MaxPool2d, Relu,
-    Sequential,
+    BatchNorm2d, Conv2d, Dropout, Embedding, Flatten, Gelu, GeluApproximate, LayerNorm, Linear,
+    MaxPool2d, Relu, Sequential,
 };
 pub use mixed_precision::{
     LossScaler, LossScalerState, PrecisionMode, StepControl, StepControlState,
