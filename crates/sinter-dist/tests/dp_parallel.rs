@@ -7,6 +7,12 @@ mod dp_common;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
+/// Summation-order rounding in the gradients (ranks add in another order than one process)
+/// reaches the weights through AdamW's g/√v, which divides it by the gradient's own running
+/// magnitude: measured 1.4e-5 relative after AdamW took PyTorch's order of operations
+/// (sinter_types::AdamW), so 2e-5, as in zero_sharded.rs. A real bug is orders larger.
+const ADAMW_TOL: f64 = 2e-5;
+
 use dp_common::*;
 use sinter_dist::data_parallel::{bucket_bytes, shared};
 use sinter_dist::{run_on_threads, AsyncCommunicator, DataParallel};
@@ -72,7 +78,7 @@ fn data_parallel_equals_serial_with_2_and_4_ranks() {
                 assert_close(
                     w,
                     &want,
-                    1e-5,
+                    ADAMW_TOL,
                     &format!("{o:?}, {n} ranks, rank {r} vs serial"),
                 );
             }
@@ -184,7 +190,7 @@ fn gradient_accumulation_equals_one_big_batch_and_communicates_once() {
         assert_close(
             w,
             &want,
-            1e-5,
+            ADAMW_TOL,
             &format!(
                 "rank {r}: {A} micro-steps of {B} on {N} ranks vs one step of {}",
                 N * A * B
@@ -195,5 +201,5 @@ fn gradient_accumulation_equals_one_big_batch_and_communicates_once() {
     // The single-rank form of the claim: A micro-steps of B with accumulation = one step of A·B.
     let accum = serial(Opt::AdamW, A * B, A);
     let big = serial(Opt::AdamW, A * B, 1);
-    assert_close(&accum, &big, 1e-5, "accumulation on one rank");
+    assert_close(&accum, &big, ADAMW_TOL, "accumulation on one rank");
 }
