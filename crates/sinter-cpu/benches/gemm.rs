@@ -1,5 +1,7 @@
-//! f32 GEMM throughput: sinter-cpu's kernels beside the `gemm` crate (0.19 with its AVX-512
-//! `x86-v4` kernels, and 0.18, which sinter-core uses today), at square sizes and at the
+//! f32 GEMM throughput: sinter-cpu's `Gemm` (`sinter`: Kernels::Auto, which hands plain
+//! AVX-512 products to the gemm crate 0.19; `sinter-own`: our kernels only; `sinter-packed`:
+//! our kernels with B packed ahead) beside the `gemm` crate (0.19 with its AVX-512 `x86-v4`
+//! kernels, and 0.18, which sinter-core uses today), at square sizes and at the
 //! shapes of a gpt-tiny training step, on 1 and 2 threads; plus this machine's measured FMA
 //! peak, to say how close each gets.
 //!
@@ -12,7 +14,7 @@
 mod common;
 
 use common::{budget, machine_line, median, rounds, selected, time};
-use sinter_cpu::gemm::{Gemm, MatMut, MatRef, PackedB};
+use sinter_cpu::gemm::{Gemm, Kernels, MatMut, MatRef, PackedB};
 use sinter_cpu::Isa;
 
 fn values(n: usize, seed: u32) -> Vec<f32> {
@@ -58,11 +60,11 @@ fn engines(c: Case, threads: usize) -> Vec<Engine> {
         (n as isize, 1)
     };
     let mut out: Vec<Engine> = Vec::new();
-    {
+    for (name, kernels) in [("sinter", Kernels::Auto), ("sinter-own", Kernels::Own)] {
         let (a, b) = (a.clone(), b.clone());
         let mut cbuf = vec![0f32; m * n];
         out.push((
-            "sinter",
+            name,
             Box::new(move || {
                 let bm = MatRef {
                     data: &b,
@@ -71,6 +73,7 @@ fn engines(c: Case, threads: usize) -> Vec<Engine> {
                     cs: bcs,
                 };
                 gemm_for(m, n, k, threads)
+                    .kernels(kernels)
                     .run(
                         MatRef::row_major(&a, k),
                         bm,
@@ -349,6 +352,7 @@ fn threshold() {
             for (threads, t) in [(1, &mut one), (pool, &mut all)] {
                 t.extend(time(budget(), || {
                     Gemm::new(n, n, n)
+                        .kernels(Kernels::Own)
                         .threads(threads)
                         .run(
                             MatRef::row_major(&a, n),

@@ -2,8 +2,14 @@
 //! transposed and strided operands, α/β, batches, epilogues, prepacked B, NaN propagation
 //! and argument errors.
 
-use sinter_cpu::gemm::{Activation, Batch, Gemm, MatMut, MatRef, PackedB};
+use sinter_cpu::gemm::{Activation, Batch, Gemm, Kernels, MatMut, MatRef, PackedB};
 use sinter_cpu::Isa;
+
+/// A product on sinter-cpu's own kernels (Kernels::Auto may hand plain products to the gemm
+/// crate; `auto_kernels_*` tests that path).
+fn own(m: usize, n: usize, k: usize) -> Gemm<'static> {
+    Gemm::new(m, n, k).kernels(Kernels::Own)
+}
 
 /// A small deterministic generator (values in [-1, 1)).
 struct Lcg(u64);
@@ -188,7 +194,7 @@ fn check_case(
         bias.then_some(&biasv[..]),
         act,
     );
-    let mut g = Gemm::new(m, n, k)
+    let mut g = own(m, n, k)
         .alpha(alpha)
         .beta(beta)
         .activation(act)
@@ -365,7 +371,7 @@ fn threaded_products_match_the_single_threaded_ones_bit_for_bit() {
             let (a, b) = (rng.vec(m * k), rng.vec(k * n));
             let run = |threads| {
                 let mut c = vec![0f32; m * n];
-                Gemm::new(m, n, k)
+                own(m, n, k)
                     .isa(isa)
                     .threads(threads)
                     .run(
@@ -395,7 +401,7 @@ fn batches_with_broadcast_operands_match_separate_products() {
             b: 0,
             c: (m * n) as isize,
         };
-        Gemm::new(m, n, k)
+        own(m, n, k)
             .isa(isa)
             .batch(batch)
             .run(
@@ -447,7 +453,7 @@ fn prepacked_b_gives_the_same_products_as_plain_b() {
             let b = MatRef::row_major(&w, k).t();
             let packed = PackedB::new_isa(isa, b, k, n).unwrap();
             for threads in [1, 2] {
-                let g = Gemm::new(m, n, k)
+                let g = own(m, n, k)
                     .isa(isa)
                     .bias(&bias)
                     .activation(Activation::GeluTanh)
@@ -500,7 +506,7 @@ fn nan_and_inf_in_inputs_propagate_and_beta_zero_ignores_old_c() {
         a[3 * k + 7] = f32::NAN; // row 3 of C becomes NaN
         a[5 * k] = f32::INFINITY; // row 5 becomes +inf
         let mut c = vec![f32::NAN; m * n]; // β = 0: never read
-        Gemm::new(m, n, k)
+        own(m, n, k)
             .isa(isa)
             .run(
                 MatRef::row_major(&a, k),
@@ -526,7 +532,7 @@ fn bad_arguments_are_errors_that_name_the_operand() {
     let a = vec![0f32; 6];
     let b = vec![0f32; 6];
     let mut c = vec![0f32; 3];
-    let e = Gemm::new(2, 2, 3)
+    let e = own(2, 2, 3)
         .run(
             MatRef::row_major(&a, 3),
             MatRef::row_major(&b, 2),
@@ -535,7 +541,7 @@ fn bad_arguments_are_errors_that_name_the_operand() {
         .unwrap_err();
     assert!(e.to_string().contains("C (2 × 2"), "{e}");
     let mut c = vec![0f32; 4];
-    let e = Gemm::new(2, 2, 4)
+    let e = own(2, 2, 4)
         .run(
             MatRef::row_major(&a, 4),
             MatRef::row_major(&b, 2),
@@ -544,7 +550,7 @@ fn bad_arguments_are_errors_that_name_the_operand() {
         .unwrap_err();
     assert!(e.to_string().contains("A (2 × 4"), "{e}");
     let bias = [0f32; 3];
-    let e = Gemm::new(2, 2, 3)
+    let e = own(2, 2, 3)
         .bias(&bias)
         .run(
             MatRef::row_major(&a, 3),
@@ -553,7 +559,7 @@ fn bad_arguments_are_errors_that_name_the_operand() {
         )
         .unwrap_err();
     assert!(e.to_string().contains("bias has 3 values"), "{e}");
-    let e = Gemm::new(2, 2, 3)
+    let e = own(2, 2, 3)
         .run(
             MatRef::row_major(&a, 3),
             MatRef::row_major(&b, 2),
@@ -568,7 +574,7 @@ fn bad_arguments_are_errors_that_name_the_operand() {
     assert!(e.to_string().contains("overlap"), "{e}");
     let packed = PackedB::new_isa(Isa::Scalar, MatRef::row_major(&b, 2), 3, 2).unwrap();
     let a8 = vec![0f32; 8];
-    let e = Gemm::new(2, 2, 4)
+    let e = own(2, 2, 4)
         .run_packed(
             MatRef::row_major(&a8, 4),
             &packed,
@@ -577,4 +583,52 @@ fn bad_arguments_are_errors_that_name_the_operand() {
         )
         .unwrap_err();
     assert!(e.to_string().contains("packed B is 3 × 2"), "{e}");
+}
+
+#[test]
+fn auto_kernels_match_the_reference_nan_and_beta_rules_included() {
+    for isa in Isa::available() {
+        for &(m, n, k) in &[(1, 300, 129), (63, 29, 70), (130, 70, 40)] {
+            let mut rng = Lcg(77);
+            let (mut a, b, c0) = (rng.vec(m * k), rng.vec(k * n), rng.vec(m * n));
+            a[0] = f32::NAN; // row 0 of C is NaN
+            for (beta, threads) in [(0.0, 1), (0.5, 2)] {
+                let mut c = c0.clone();
+                if beta == 0.0 {
+                    c.iter_mut().for_each(|v| *v = f32::NAN); // never read
+                }
+                let g = Gemm::new(m, n, k)
+                    .isa(isa)
+                    .alpha(1.5)
+                    .beta(beta)
+                    .threads(threads);
+                g.run(
+                    MatRef::row_major(&a, k),
+                    MatRef::row_major(&b, n),
+                    MatMut::row_major(&mut c, n),
+                )
+                .unwrap();
+                let (want, _) = reference(
+                    m,
+                    n,
+                    k,
+                    1.5,
+                    &MatRef::row_major(&a, k),
+                    &MatRef::row_major(&b, n),
+                    beta,
+                    &MatRef::row_major(&c0, n),
+                    None,
+                    Activation::None,
+                );
+                for i in 0..m * n {
+                    assert_close(
+                        &format!("auto {isa:?} {m}x{n}x{k} β {beta} [{i}]"),
+                        c[i],
+                        want[i],
+                        k,
+                    );
+                }
+            }
+        }
+    }
 }

@@ -13,7 +13,9 @@ use std::ops::Range;
 use rayon::prelude::*;
 
 use super::blocking::{Blocking, CacheSizes};
-use super::kernel::{microkernel, store_tile, store_tile_strided, TileOut};
+use super::kernel::{
+    microkernel, microkernel_kcontig_b, store_tile, store_tile_strided, Acc, TileOut,
+};
 use super::pack::{pack_panels, Src};
 use crate::math::activation::Activation;
 use crate::simd::Simd;
@@ -51,6 +53,57 @@ pub(crate) struct Problem {
 // write disjoint tiles of C (and pre) and only read A, B and the bias.
 unsafe impl Send for Problem {}
 unsafe impl Sync for Problem {}
+
+impl Problem {
+    /// Stores a register tile at C's (i, j) with the epilogue when `last` (see
+    /// [`store_tile`]), whatever C's strides.
+    ///
+    /// # Safety
+    /// The rows × cols tile at (i, j) is inside C; the CPU has `S`'s ISA.
+    #[allow(clippy::too_many_arguments)]
+    #[inline(always)]
+    pub(crate) unsafe fn store<S: Simd, const MV: usize, const NR: usize>(
+        &self,
+        acc: &Acc<S, MV, NR>,
+        i: usize,
+        j: usize,
+        rows: usize,
+        cols: usize,
+        beta: f32,
+        last: bool,
+    ) {
+        let at = i as isize * self.rsc + j as isize * self.csc;
+        let t = TileOut {
+            c: self.c.offset(at),
+            ldc: self.csc,
+            pre: if self.pre.is_null() {
+                self.pre
+            } else {
+                self.pre.offset(at)
+            },
+            pre_ldc: self.csc,
+            rows,
+            cols,
+            alpha: self.alpha,
+            beta,
+            last,
+            bias: if self.bias.is_null() {
+                self.bias
+            } else if self.bias_along_rows {
+                self.bias.add(i)
+            } else {
+                self.bias.add(j)
+            },
+            bias_along_rows: self.bias_along_rows,
+            act: self.act,
+        };
+        if self.rsc == 1 {
+            store_tile::<S, MV, NR>(acc, &t);
+        } else {
+            store_tile_strided::<S, MV, NR>(acc, &t, self.rsc, self.csc);
+        }
+    }
+}
 
 thread_local! {
     static PACK_A: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
@@ -128,7 +181,6 @@ pub(crate) unsafe fn run_range<S: Simd, const MV: usize, const NR: usize>(
     };
     let (mc, nc) = (blk.mc, blk.nc);
     let padded_m = p.m.div_ceil(mr) * mr;
-    let unit_rows = p.rsc == 1;
     let mut bscratch = Scratch::take(&PACK_B, kc_max * nc.min(cols.len().div_ceil(NR) * NR));
     let mut ascratch = Scratch::take(&PACK_A, kc_max * mc.min(rows.len().div_ceil(mr) * mr));
     let (bbuf, abuf) = (bscratch.slice(), ascratch.slice());
@@ -144,7 +196,11 @@ pub(crate) unsafe fn run_range<S: Simd, const MV: usize, const NR: usize>(
                 fs: p.csb,
                 ks: p.rsb,
             };
-            pack_panels(bsrc, ncb, kcb, NR, bbuf);
+            // B with contiguous k is read in place (see microkernel_kcontig_b).
+            let b_in_place = p.rsb == 1 && p.csb != 1;
+            if !b_in_place {
+                pack_panels(bsrc, ncb, kcb, NR, bbuf);
+            }
             let mut ic = rows.start;
             while ic < rows.end {
                 let mcb = mc.min(rows.end - ic);
@@ -163,38 +219,19 @@ pub(crate) unsafe fn run_range<S: Simd, const MV: usize, const NR: usize>(
                 for jr in (0..ncb).step_by(NR) {
                     let bp = bbuf.as_ptr().add(jr * kcb);
                     for ir in (0..mcb).step_by(mr) {
-                        let acc = microkernel::<S, MV, NR>(kcb, apanels.add(ir * kcb), bp);
-                        let (i, j) = (ic + ir, jc + jr);
-                        let at = i as isize * p.rsc + j as isize * p.csc;
-                        let t = TileOut {
-                            c: p.c.offset(at),
-                            ldc: p.csc,
-                            pre: if p.pre.is_null() {
-                                p.pre
-                            } else {
-                                p.pre.offset(at)
-                            },
-                            pre_ldc: p.csc,
-                            rows: mr.min(mcb - ir),
-                            cols: NR.min(ncb - jr),
-                            alpha: p.alpha,
-                            beta: if first { p.beta } else { 1.0 },
-                            last,
-                            bias: if p.bias.is_null() {
-                                p.bias
-                            } else if p.bias_along_rows {
-                                p.bias.add(i)
-                            } else {
-                                p.bias.add(j)
-                            },
-                            bias_along_rows: p.bias_along_rows,
-                            act: p.act,
-                        };
-                        if unit_rows {
-                            store_tile::<S, MV, NR>(&acc, &t);
+                        let acc = if b_in_place {
+                            let last_col = ncb - 1;
+                            let cols: [*const f32; NR] = std::array::from_fn(
+                                #[inline(always)]
+                                |j| bsrc.ptr.offset((jr + j).min(last_col) as isize * p.csb),
+                            );
+                            microkernel_kcontig_b::<S, MV, NR>(kcb, apanels.add(ir * kcb), &cols)
                         } else {
-                            store_tile_strided::<S, MV, NR>(&acc, &t, p.rsc, p.csc);
-                        }
+                            microkernel::<S, MV, NR>(kcb, apanels.add(ir * kcb), bp)
+                        };
+                        let beta = if first { p.beta } else { 1.0 };
+                        let (rows, cols) = (mr.min(mcb - ir), NR.min(ncb - jr));
+                        p.store::<S, MV, NR>(&acc, ic + ir, jc + jr, rows, cols, beta, last);
                     }
                 }
                 ic += mcb;

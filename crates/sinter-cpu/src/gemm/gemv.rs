@@ -10,7 +10,7 @@
 use std::ops::Range;
 
 use super::driver::{block_offset, Problem};
-use super::kernel::{store_tile, store_tile_strided, Acc, TileOut};
+use super::kernel::Acc;
 use crate::simd::{load_lanes, Simd};
 
 /// Whether [`run_rows`] handles `p` (one column, and A prepacked or unit-stride along i or k).
@@ -56,42 +56,13 @@ pub(crate) unsafe fn run_rows<S: Simd, const MV: usize>(p: &Problem, rows: Range
                 }
             }
         } else {
-            let mut out = [0f32; 32];
+            let mut out = [0f32; 64];
             dots::<S>(p, i0, valid, &mut out);
             for (v, a) in acc[0].iter_mut().enumerate() {
                 *a = S::load(out.as_ptr().add(v * l));
             }
         }
-        let at = i0 as isize * p.rsc;
-        let t = TileOut {
-            c: p.c.offset(at),
-            ldc: p.csc,
-            pre: if p.pre.is_null() {
-                p.pre
-            } else {
-                p.pre.offset(at)
-            },
-            pre_ldc: p.csc,
-            rows: valid,
-            cols: 1,
-            alpha: p.alpha,
-            beta: p.beta,
-            last: true,
-            bias: if p.bias.is_null() {
-                p.bias
-            } else if p.bias_along_rows {
-                p.bias.add(i0)
-            } else {
-                p.bias
-            },
-            bias_along_rows: p.bias_along_rows,
-            act: p.act,
-        };
-        if p.rsc == 1 {
-            store_tile::<S, MV, 1>(&acc, &t);
-        } else {
-            store_tile_strided::<S, MV, 1>(&acc, &t, p.rsc, p.csc);
-        }
+        p.store::<S, MV, 1>(&acc, i0, 0, valid, 1, p.beta, true);
         i0 += mr;
     }
 }
@@ -99,7 +70,7 @@ pub(crate) unsafe fn run_rows<S: Simd, const MV: usize>(p: &Problem, rows: Range
 /// out[r] = Σ_q A[i0 + r, q]·b[q] for r < rows, A with unit stride along k: four rows per
 /// pass over b.
 #[inline(always)]
-unsafe fn dots<S: Simd>(p: &Problem, i0: usize, rows: usize, out: &mut [f32; 32]) {
+unsafe fn dots<S: Simd>(p: &Problem, i0: usize, rows: usize, out: &mut [f32; 64]) {
     let (l, k) = (S::LANES, p.k);
     let b_at = |q: usize| p.b.offset(q as isize * p.rsb);
     let mut r = 0;

@@ -46,6 +46,37 @@ pub(crate) unsafe fn microkernel<S: Simd, const MV: usize, const NR: usize>(
     acc
 }
 
+/// acc = A_panel · B over kc, with B read in place where its k is contiguous: column j of the
+/// tile starts at `b[j]` (packing such a B would be a transposing copy, the slowest kind;
+/// here each column is a sequential stream that stays in L1 across the row panels).
+///
+/// # Safety
+/// `a` holds kc · MR packed values; each `b[j]` is readable for kc values.
+#[inline(always)]
+pub(crate) unsafe fn microkernel_kcontig_b<S: Simd, const MV: usize, const NR: usize>(
+    kc: usize,
+    a: *const f32,
+    b: &[*const f32; NR],
+) -> Acc<S, MV, NR> {
+    let mr = MV * S::LANES;
+    let mut acc = [[S::zero(); MV]; NR];
+    let mut a = a;
+    for q in 0..kc {
+        let mut av = [S::zero(); MV];
+        for (v, x) in av.iter_mut().enumerate() {
+            *x = S::load(a.add(v * S::LANES));
+        }
+        for (j, row) in acc.iter_mut().enumerate() {
+            let bj = S::splat(*b[j].add(q));
+            for v in 0..MV {
+                row[v] = S::fma(av[v], bj, row[v]);
+            }
+        }
+        a = a.add(mr);
+    }
+    acc
+}
+
 /// Where and how one tile is stored.
 #[derive(Clone, Copy)]
 pub(crate) struct TileOut {
@@ -135,7 +166,7 @@ pub(crate) unsafe fn store_tile_strided<S: Simd, const MV: usize, const NR: usiz
     cs: isize,
 ) {
     let mr = MV * S::LANES;
-    // MR ≤ 32 and NR ≤ 12 for every kernel here.
+    // MR·NR ≤ 512 for every kernel here (see kernel_shape).
     let mut cbuf = [0f32; 32 * 16];
     let mut pbuf = [0f32; 32 * 16];
     debug_assert!(mr * NR <= cbuf.len());

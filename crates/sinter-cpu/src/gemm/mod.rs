@@ -12,20 +12,29 @@
 //! ([`Gemm::run_packed`]).
 //!
 //! **Why it is fast.** The BLIS structure: operands are packed block by block into the
-//! panel layout the micro-kernel streams (`pack.rs`), blocks sized from the CPU's caches
-//! (`blocking.rs`), and a register-tile micro-kernel (`kernel.rs`) does MV·NR independent
+//! panel layout the micro-kernel streams (`pack.rs`; a broadcast operand whose k is
+//! contiguous is read in place instead of by a transposing copy), blocks sized from the
+//! CPU's caches (`blocking.rs`), and a register-tile micro-kernel (`kernel.rs`) does MV·NR independent
 //! FMAs per k step (AVX-512: 32 × 12, AVX2: 16 × 6, scalar: 4 × 4). The epilogue runs on the
 //! tile while it is in registers, so bias and activation cost no extra pass over C. A
 //! row-major C is handled by computing Cᵀ = Bᵀ·Aᵀ (C's unit-stride dimension is always the
 //! vector dimension). Products above [`PAR_MIN_FLOPS`] split C into one block per rayon
 //! thread; smaller ones run on the calling thread, and a batch of small products runs one
-//! product per thread.
+//! product per thread. One-column products take a matrix-vector path (`gemv.rs`).
+//!
+//! **Which kernels.** With [`Kernels::Auto`] (the default), plain products (no epilogue, B not
+//! prepacked) at [`Isa::Avx512`] on one thread, or on several with every dimension ≥ 256, run
+//! the `gemm` crate 0.19's AVX-512 kernels, measured 2–6 % faster than ours there
+//! (`gemm_crate.rs`); everything else (skinny threaded products, where ours measured
+//! 0.96–1.25× the crate, epilogues, prepacked B, every capped ISA) runs ours. [`Kernels::Own`] forces ours.
 //!
 //! **Instruction set.** [`Gemm::isa`] defaults to [`Isa::get`] (detected, capped by
 //! `SINTER_CPU_ISA`); tests set it explicitly to run every path.
 
 mod blocking;
 mod driver;
+#[cfg(target_arch = "x86_64")]
+mod gemm_crate;
 mod gemv;
 mod kernel;
 mod pack;
@@ -193,6 +202,19 @@ pub struct Gemm<'b> {
     pub isa: Isa,
     /// None: the rayon pool for products above [`PAR_MIN_FLOPS`], else this thread.
     pub threads: Option<usize>,
+    pub kernels: Kernels,
+}
+
+/// Which implementation runs a product.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Kernels {
+    /// The fastest measured: the `gemm` crate's AVX-512 kernels for plain products when the
+    /// product runs at [`Isa::Avx512`] (see `gemm_crate.rs`), sinter-cpu's kernels for
+    /// everything else.
+    #[default]
+    Auto,
+    /// Always sinter-cpu's own kernels (tests; comparing the two).
+    Own,
 }
 
 /// The right operand of a product.
@@ -216,7 +238,11 @@ impl<'b> Gemm<'b> {
             act: Activation::None,
             isa: Isa::get(),
             threads: None,
+            kernels: Kernels::Auto,
         }
+    }
+    pub fn kernels(self, kernels: Kernels) -> Self {
+        Gemm { kernels, ..self }
     }
     pub fn alpha(self, alpha: f32) -> Self {
         Gemm { alpha, ..self }
@@ -426,12 +452,12 @@ impl<'b> Gemm<'b> {
             // Many small products: one product per task, each on one thread.
             problems.par_iter().for_each(|p| {
                 // SAFETY: products write disjoint C matrices (validated).
-                unsafe { dispatch(self.isa, p, 1) }
+                unsafe { dispatch(self.isa, self.kernels, p, 1) }
             });
         } else {
             for p in &problems {
                 // SAFETY: validated above.
-                unsafe { dispatch(self.isa, p, threads) }
+                unsafe { dispatch(self.isa, self.kernels, p, threads) }
             }
         }
         Ok(())
@@ -495,12 +521,17 @@ impl<'b> Gemm<'b> {
     }
 }
 
-/// Runs one internal problem on `isa`'s kernels.
+/// Runs one internal problem on `isa`'s kernels (or the gemm crate's, see [`Kernels`]).
 ///
 /// # Safety
 /// `p` is valid and the CPU has `isa`.
-unsafe fn dispatch(isa: Isa, p: &Problem, threads: usize) {
+unsafe fn dispatch(isa: Isa, kernels: Kernels, p: &Problem, threads: usize) {
     use crate::simd::{Scalar, Simd};
+    #[cfg(target_arch = "x86_64")]
+    if kernels == Kernels::Auto && isa == Isa::Avx512 && gemm_crate::applies(p, threads) {
+        return gemm_crate::run(p, threads);
+    }
+    let _ = kernels;
     match isa {
         #[cfg(target_arch = "x86_64")]
         Isa::Avx512 => {

@@ -503,12 +503,15 @@ fn join(listener: &TcpListener, nonce: u64) -> Option<Vec<TcpStream>> {
     Some(conns)
 }
 
+/// One rank's contribution to a collective: its call and its bytes.
+type Contribution = (WireCall, Vec<u8>);
+
 struct Coordinator {
     writers: Vec<TcpStream>,
     gone: Vec<bool>,
     broken: Option<String>,
     /// Contributions to collective `seq`: (call, data) per rank.
-    colls: HashMap<u64, Vec<Option<(WireCall, Vec<u8>)>>>,
+    colls: HashMap<u64, Vec<Option<Contribution>>>,
     /// Sends from `.0` to `.1` not yet received.
     mail: HashMap<(usize, usize), VecDeque<Vec<u8>>>,
     /// Receives posted by `.1` from `.0` not yet matched, with their byte counts.
