@@ -73,11 +73,15 @@ fn history(dir: &Path) -> Vec<(u64, bool)> {
 fn sigkill_at_random_moments_then_resume_equals_an_uninterrupted_run() {
     let root = tempfile::tempdir().unwrap();
     let (whole, killed) = (root.path().join("whole"), root.path().join("killed"));
+    let started = Instant::now();
     let o = Command::new(env!("CARGO_BIN_EXE_sinter"))
         .args(args(&whole))
         .output()
         .unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    // Kill moments are drawn inside the uninterrupted run's own duration, so a fast machine
+    // (the whole run in a few hundred milliseconds) is interrupted as surely as a slow one.
+    let whole_ms = (started.elapsed().as_millis() as u64).max(20);
     // Random kill moments, reproducible from the printed seed.
     let seed = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -93,11 +97,18 @@ fn sigkill_at_random_moments_then_resume_equals_an_uninterrupted_run() {
     };
     let t = Instant::now();
     let mut kills = 0;
-    while checkpoint_step(&killed) != Some(STEPS) {
+    while checkpoint_step(&killed) != Some(STEPS) || kills == 0 {
         assert!(t.elapsed() < Duration::from_secs(120), "no progress");
+        if kills == 0 && checkpoint_step(&killed) == Some(STEPS) {
+            // Every kill came too late (the run had already finished): start over.
+            std::fs::remove_dir_all(&killed).unwrap();
+        }
         let mut child = next_attempt(&killed).spawn().unwrap();
         if kills < 8 {
-            std::thread::sleep(Duration::from_millis(30 + next() % 400));
+            // Between 5 % and 90 % of an uninterrupted run (a resumed attempt is shorter, so
+            // late draws may miss it; the loop only needs one kill to land).
+            let ms = whole_ms / 20 + next() % (whole_ms * 17 / 20);
+            std::thread::sleep(Duration::from_millis(ms));
             if child.try_wait().unwrap().is_none() {
                 child.kill().unwrap();
                 kills += 1;
@@ -107,6 +118,7 @@ fn sigkill_at_random_moments_then_resume_equals_an_uninterrupted_run() {
         let err = String::from_utf8_lossy(&o.stderr);
         assert!(!err.contains("panicked") && !err.contains("error"), "{err}");
     }
+    eprintln!("{kills} kills in an uninterrupted run of {whole_ms} ms");
     assert!(kills > 0, "the run was never interrupted");
     assert!(
         std::fs::read(whole.join("checkpoint.safetensors")).unwrap()
