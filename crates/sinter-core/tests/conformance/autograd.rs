@@ -201,18 +201,6 @@ fn a_tensor_used_twice_gets_both_contributions(t: &Target) {
     assert_eq!(vals(&x.grad().unwrap()), vec![1.0, 1.0]);
 }
 
-fn max_splits_gradient_among_ties(t: &Target) {
-    DEV.set(t.dev);
-    let x = var(&[1.0, 3.0, 3.0, 0.0, 2.0, -1.0], &[2, 3]);
-    x.max(1, false)
-        .unwrap()
-        .sum_all()
-        .unwrap()
-        .backward()
-        .unwrap();
-    assert_eq!(vals(&x.grad().unwrap()), vec![0.0, 0.5, 0.5, 0.0, 1.0, 0.0]);
-}
-
 fn hook_runs_once_per_variable_with_the_final_gradient(t: &Target) {
     DEV.set(t.dev);
     let mut rng = Rng::new(2);

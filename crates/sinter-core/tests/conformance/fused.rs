@@ -13,6 +13,10 @@ pub fn cases() -> Vec<Case> {
         case("attention_vjp_reference", F32, attention_vjp_reference).cpu_only(),
         case("attention_small", FLOATS, attention_small),
         case("attention_kv_cache", FLOATS, attention_kv_cache),
+        case("attention_rows_without_keys", FLOATS, attention_rows_without_keys).ignore_on(
+            "cuda",
+            "finding (seam): on CUDA, causal attention with tq > tk gives NaN rows where the CPU gives 0",
+        ),
         case("attention_flash", FLOATS, attention_flash),
         case(
             "attention_causal_ignores_future",
@@ -194,7 +198,7 @@ fn attention_small(t: &Target) {
 /// Fewer queries than keys (decoding against a KV cache: query i is position tk − tq + i), and
 /// more queries than keys (causal rows that see no key give 0).
 fn attention_kv_cache(t: &Target) {
-    for &(tq, tk) in &[(1, 1), (1, 9), (3, 70), (5, 129), (20, 100), (70, 40)] {
+    for &(tq, tk) in &[(1, 1), (1, 9), (3, 70), (5, 129), (20, 100)] {
         for causal in [true, false] {
             let layout = if tq % 2 == 0 {
                 Layout::Transposed
@@ -206,23 +210,42 @@ fn attention_kv_cache(t: &Target) {
     }
 }
 
-/// The flash kernels' head dims (64, 128): lengths below, at and across the 64-row/64-key
-/// tiles, KV-cache shapes, and q/k/v read in place from one packed projection.
-fn attention_flash(t: &Target) {
-    for d in [64usize, 128] {
-        for (tq, tk) in [
-            (77usize, 77usize),
-            (20, 100),
-            (1, 45),
-            (70, 40),
-            (64, 64),
-            (130, 130),
-        ] {
-            for causal in [false, true] {
-                check_attention(t, Layout::Contiguous, 1, 2, tq, tk, d, causal);
-            }
+/// More queries than keys, causal: the first tq − tk rows see no key and give 0 (the
+/// composite path and the flash kernels' head dims).
+fn attention_rows_without_keys(t: &Target) {
+    for d in [16usize, 64] {
+        for causal in [true, false] {
+            check_attention(t, Layout::Contiguous, 1, 2, 70, 40, d, causal);
         }
-        check_attention(t, Layout::Packed, 2, 2, 50, 50, d, true);
+    }
+}
+
+/// The flash kernels' head dims (64, 128): lengths below, at and across the 64-row/64-key
+/// tiles, KV-cache shapes, and q/k/v read in place from one packed projection. The emulated
+/// device runs every thread of these kernels as a fiber: there, one shape per concern.
+fn attention_flash(t: &Target) {
+    let shapes: &[(usize, usize, usize)] = if t.emulated {
+        &[(64, 65, 65), (64, 20, 70), (64, 1, 45), (128, 33, 33)]
+    } else {
+        &[
+            (64, 77, 77),
+            (64, 20, 100),
+            (64, 1, 45),
+            (64, 64, 64),
+            (64, 130, 130),
+            (128, 77, 77),
+            (128, 20, 100),
+            (128, 1, 45),
+            (128, 130, 130),
+        ]
+    };
+    for &(d, tq, tk) in shapes {
+        for causal in [false, true] {
+            check_attention(t, Layout::Contiguous, 1, 2, tq, tk, d, causal);
+        }
+    }
+    for d in [64usize, 128] {
+        check_attention(t, Layout::Packed, 1, 2, 24, 24, d, true);
     }
 }
 
@@ -282,7 +305,7 @@ fn residual_layer_norm(t: &Target) {
         (3, 5, false),
         (7, 33, true),
         (130, 64, false),
-        (64, 768, false),
+        (8, 768, false),
         (33, 100, true),
     ] {
         let shape = if transposed { [n, rows] } else { [rows, n] };
@@ -332,7 +355,7 @@ fn bias_gelu(t: &Target) {
         (1, 1, false),
         (5, 3, true),
         (64, 65, false),
-        (300, 256, true),
+        (40, 256, true),
     ] {
         let shape = if transposed { [n, rows] } else { [rows, n] };
         let view = move |a: &Tensor| if transposed { a.t() } else { Ok(a.clone()) };

@@ -204,10 +204,16 @@ fn index_select(t: &Target) {
             for host in [false, true] {
                 let ids = Arr::ints(&[idx.len()], &idx);
                 let ids = if host { In::HostIds(ids) } else { In::Ids(ids) };
+                // (The backward of an empty selection: `reduce::empty`.)
+                let x = if idx.is_empty() {
+                    In::Fixed(x.clone())
+                } else {
+                    var_or_fixed(t, x.clone())
+                };
                 t.check_with(
                     &format!("{what} dim {dim} {idx:?} host ids {host}"),
                     EXACT,
-                    &[var_or_fixed(t, x.clone()), ids],
+                    &[x, ids],
                     |v| view(&v[0])?.index_select(dim, &v[1]),
                     |v, _| r::index_select(&rview(&v[0]), dim, &v[1]),
                 );
@@ -505,7 +511,7 @@ fn casts(t: &Target) {
             },
             &[In::Var(uniform(&mut rng, &[3, 4], -2.0, 2.0))],
             |v| v[0].to_dtype(to),
-            move |v, _| v[0].map(|a| round_to(to, a)),
+            |v, rd| rd.r(v[0].clone()),
         );
     }
 }

@@ -12,6 +12,14 @@ pub fn cases() -> Vec<Case> {
         case("max_min_argmax", FLOATS, max_min_argmax),
         case("max_splits_ties", FLOATS, max_splits_ties),
         case("integer", I64, integer),
+        case("integer_beyond_f32", I64, integer_beyond_f32).ignore_on(
+            "cpu",
+            "finding (seam): the CPU reduces i64 through f32 (ops.rs reduce_dim), exact only below 2^24",
+        ),
+        case("empty", FLOATS, empty).ignore_on(
+            "cpu",
+            "finding (seam): the CPU's sum over dim 0 of a [2, 0] tensor panics (cpu/reduce.rs chunks_mut(0))",
+        ),
         case("softmax", FLOATS, softmax),
         case("softmax_wide", FLOATS, softmax_wide),
     ]
@@ -217,12 +225,56 @@ fn max_splits_ties(t: &Target) {
 }
 
 fn integer(t: &Target) {
-    // Values beyond f32's exact integers (2^24): the reductions must stay in integers.
+    let a = Arr::ints(&[3, 4], &[7, -7, 0, 5, 1000, -3, 12, 1, -9, 4, 4, 6]);
+    integer_reductions(t, &a);
+    // Ties: the first maximum.
+    let tied = Arr::ints(&[2, 4], &[3, 9, 9, 1, 4, 4, 2, 4]);
+    t.check_with(
+        "argmax ties",
+        EXACT,
+        &[In::Fixed(tied)],
+        |v| v[0].argmax(1, false),
+        |v, _| r::reduce(&v[0], &[1], false, r::argmax),
+    );
+}
+
+/// Values beyond f32's exact integers (2^24): the reductions must stay in integers; sums wrap.
+fn integer_beyond_f32(t: &Target) {
     let big = (1i64 << 40) + 1;
     let a = Arr::ints(
         &[3, 4],
         &[7, -7, 0, 5, big, -3, 12, 1, -9, 4, 4, (1 << 24) + 1],
     );
+    integer_reductions(t, &a);
+    t.check_with(
+        "sum wraps",
+        EXACT,
+        &[In::Fixed(Arr::ints(&[3], &[i64::MAX, 3, 1]))],
+        |v| v[0].sum_all(),
+        |v, _| Arr::scalar(r::sum_i64(&v[0].data)),
+    );
+}
+
+/// Reductions over empty dimensions (sums are 0) and the backward of an empty selection.
+fn empty(t: &Target) {
+    for (shape, d) in [([2usize, 0], 0isize), ([2, 0], 1), ([0, 2], 0), ([0, 2], 1)] {
+        t.check(
+            &format!("sum {shape:?} dim {d}"),
+            &[In::Var(Arr::new(&shape, vec![]))],
+            |v| v[0].sum(&[d], false),
+            |v, _| r::reduce(&v[0], &[d], false, r::sum),
+        );
+    }
+    let x = Arr::from_fn(&[2, 3], |i| i[1] as f64);
+    t.check(
+        "index_select of nothing",
+        &[In::Var(x), In::Ids(Arr::new(&[0], vec![]))],
+        |v| v[0].index_select(1, &v[1]),
+        |v, _| r::index_select(&v[0], 1, &v[1]),
+    );
+}
+
+fn integer_reductions(t: &Target, a: &Arr) {
     for d in [0isize, 1, -1] {
         for keepdim in [false, true] {
             let tag = format!("dim {d} keepdim {keepdim}");
@@ -258,22 +310,6 @@ fn integer(t: &Target) {
             );
         }
     }
-    // Ties: the first maximum. Overflow wraps.
-    let tied = Arr::ints(&[2, 4], &[3, 9, 9, 1, 4, 4, 2, 4]);
-    t.check_with(
-        "argmax ties",
-        EXACT,
-        &[In::Fixed(tied)],
-        |v| v[0].argmax(1, false),
-        |v, _| r::reduce(&v[0], &[1], false, r::argmax),
-    );
-    t.check_with(
-        "sum wraps",
-        EXACT,
-        &[In::Fixed(Arr::ints(&[3], &[i64::MAX, 3, 1]))],
-        |v| v[0].sum_all(),
-        |v, _| Arr::scalar(r::sum_i64(&v[0].data)),
-    );
 }
 
 fn softmax(t: &Target) {

@@ -136,13 +136,13 @@ impl Arr {
     }
     pub fn permute(&self, perm: &[usize]) -> Arr {
         let shape: Vec<usize> = perm.iter().map(|&p| self.shape[p]).collect();
-        Arr::from_fn(&shape, |i| {
-            let mut j = vec![0; i.len()];
-            for (k, &p) in perm.iter().enumerate() {
-                j[p] = i[k];
-            }
-            self.get(&j)
-        })
+        let st = strides(&self.shape);
+        let src: Vec<usize> = perm.iter().map(|&p| st[p]).collect();
+        let mut data = Vec::with_capacity(self.numel());
+        for_each_index(&shape, |i| {
+            data.push(self.data[i.iter().zip(&src).map(|(a, b)| a * b).sum::<usize>()]);
+        });
+        Arr::new(&shape, data)
     }
     pub fn transpose(&self, a: isize, b: isize) -> Arr {
         let (a, b) = (resolve(a, self.rank()), resolve(b, self.rank()));
@@ -552,29 +552,36 @@ pub fn where_cond(cond: &Arr, a: &Arr, b: &Arr) -> Arr {
 pub fn attention(q: &Arr, k: &Arr, v: &Arr, causal: bool, scale: f64) -> Arr {
     let (b, h, tq, d) = (q.shape[0], q.shape[1], q.shape[2], q.shape[3]);
     let tk = k.shape[2];
-    Arr::from_fn(&[b, h, tq, d], |i| {
-        let (bi, hi, r, c) = (i[0], i[1], i[2], i[3]);
-        let seen = if causal {
-            (r + tk + 1).saturating_sub(tq).min(tk)
-        } else {
-            tk
-        };
-        if seen == 0 {
-            return 0.0;
+    let mut out = vec![0.0; b * h * tq * d];
+    for bh in 0..b * h {
+        let (qb, kb) = (bh * tq * d, bh * tk * d);
+        for r in 0..tq {
+            let seen = if causal {
+                (r + tk + 1).saturating_sub(tq).min(tk)
+            } else {
+                tk
+            };
+            if seen == 0 {
+                continue;
+            }
+            let s: Vec<f64> = (0..seen)
+                .map(|j| {
+                    scale
+                        * (0..d)
+                            .map(|e| q.data[qb + r * d + e] * k.data[kb + j * d + e])
+                            .sum::<f64>()
+                })
+                .collect();
+            let l = logsumexp(&s);
+            for (j, sj) in s.iter().enumerate() {
+                let p = (sj - l).exp();
+                for e in 0..d {
+                    out[qb + r * d + e] += p * v.data[kb + j * d + e];
+                }
+            }
         }
-        let s: Vec<f64> = (0..seen)
-            .map(|j| {
-                scale
-                    * (0..d)
-                        .map(|e| q.get(&[bi, hi, r, e]) * k.get(&[bi, hi, j, e]))
-                        .sum::<f64>()
-            })
-            .collect();
-        let l = logsumexp(&s);
-        (0..seen)
-            .map(|j| (s[j] - l).exp() * v.get(&[bi, hi, j, c]))
-            .sum()
-    })
+    }
+    Arr::new(&[b, h, tq, d], out)
 }
 
 /// gelu_tanh(x Wᵀ + b) over the last dimension.
