@@ -50,12 +50,12 @@ fn creation(t: &Target) {
         "empty",
     );
     for (start, end, step) in [
-        (0.0, 10.0, 1.0),
+        (0.0, 10.0, 1.0f64),
         (-3.0, 4.0, 2.5),
         (5.0, -2.0, -0.75),
         (-3.0, 7.0, 0.5),
     ] {
-        let n = ((end - start) / step as f64).ceil() as usize;
+        let n = ((end - start) / step).ceil() as usize;
         let want = Arr::from_fn(&[n], |i| r::round_to(dt, start + i[0] as f64 * step));
         same(
             Tensor::arange(start, end, step, dt, t.dev).unwrap(),
@@ -377,9 +377,8 @@ fn cnn_training_step(t: &Target) {
         }
         let cur: Vec<Arr> = want.iter().map(|w| w.0.clone()).collect();
         let loss = |ps: &[Arr]| cnn_ref(&xr, &labels, ps, &smooth);
-        for i in 0..cur.len() {
+        for (i, w) in want.iter_mut().enumerate() {
             let g = full_gradient(&cur, i, &loss);
-            let w = &mut want[i];
             for j in 0..g.numel() {
                 (w.0.data[j], w.1.data[j], w.2.data[j]) = r::adamw(
                     w.0.data[j],

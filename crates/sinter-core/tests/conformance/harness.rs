@@ -35,6 +35,7 @@ pub struct Tol {
 ///   the rounded output, whose error 1 − y² amplifies near saturation. A case whose graph
 ///   rounds to the half dtype several times in sequence (a composite) says how many
 ///   (`Opts::roundings`).
+///
 /// An absolute floor of a tenth of the RMS term (times the reference's largest element) keeps
 /// a reference that is exactly zero from demanding exact zero (f32 noise of 1e-8 in a gradient
 /// that cancels).

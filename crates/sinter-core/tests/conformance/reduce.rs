@@ -329,7 +329,7 @@ fn softmax(t: &Target) {
                 };
                 t.check(
                     &format!("softmax {tag}"),
-                    &[input.clone()],
+                    std::slice::from_ref(&input),
                     |v| view(&v[0])?.softmax(d),
                     |v, _| r::softmax(&rview(&v[0]), d),
                 );

@@ -554,34 +554,38 @@ pub fn attention(q: &Arr, k: &Arr, v: &Arr, causal: bool, scale: f64) -> Arr {
     let tk = k.shape[2];
     let mut out = vec![0.0; b * h * tq * d];
     for bh in 0..b * h {
-        let (qb, kb) = (bh * tq * d, bh * tk * d);
         for r in 0..tq {
-            let seen = if causal {
-                (r + tk + 1).saturating_sub(tq).min(tk)
-            } else {
-                tk
-            };
-            if seen == 0 {
-                continue;
-            }
-            let s: Vec<f64> = (0..seen)
-                .map(|j| {
-                    scale
-                        * (0..d)
-                            .map(|e| q.data[qb + r * d + e] * k.data[kb + j * d + e])
-                            .sum::<f64>()
-                })
-                .collect();
-            let l = logsumexp(&s);
-            for (j, sj) in s.iter().enumerate() {
-                let p = (sj - l).exp();
+            let p = attention_probs(q, k, bh, r, causal, scale);
+            for (j, pj) in p.iter().enumerate() {
                 for e in 0..d {
-                    out[qb + r * d + e] += p * v.data[kb + j * d + e];
+                    out[(bh * tq + r) * d + e] += pj * v.data[(bh * tk + j) * d + e];
                 }
             }
         }
     }
     Arr::new(&[b, h, tq, d], out)
+}
+
+/// softmax(scale · q kᵀ) of query `r` of head `bh` (batch × heads flattened) over the keys it
+/// sees; empty when it sees none.
+fn attention_probs(q: &Arr, k: &Arr, bh: usize, r: usize, causal: bool, scale: f64) -> Vec<f64> {
+    let (tq, d, tk) = (q.shape[2], q.shape[3], k.shape[2]);
+    let seen = if causal {
+        (r + tk + 1).saturating_sub(tq).min(tk)
+    } else {
+        tk
+    };
+    let (qr, kb) = ((bh * tq + r) * d, bh * tk * d);
+    let s: Vec<f64> = (0..seen)
+        .map(|j| {
+            scale
+                * (0..d)
+                    .map(|e| q.data[qr + e] * k.data[kb + j * d + e])
+                    .sum::<f64>()
+        })
+        .collect();
+    let l = logsumexp(&s);
+    s.iter().map(|x| (x - l).exp()).collect()
 }
 
 /// gelu_tanh(x Wᵀ + b) over the last dimension.
@@ -692,42 +696,22 @@ pub fn attention_vjp(q: &Arr, k: &Arr, v: &Arr, causal: bool, scale: f64, w: &Ar
     let (b, h, tq, d) = (q.shape[0], q.shape[1], q.shape[2], q.shape[3]);
     let tk = k.shape[2];
     let (mut dq, mut dk, mut dv) = (q.map(|_| 0.0), k.map(|_| 0.0), v.map(|_| 0.0));
-    let at = |a: &Arr, bi: usize, hi: usize, r: usize, e: usize| {
-        ((bi * a.shape[1] + hi) * a.shape[2] + r) * a.shape[3] + e
-    };
-    for bi in 0..b {
-        for hi in 0..h {
-            for r in 0..tq {
-                let seen = if causal {
-                    (r + tk + 1).saturating_sub(tq).min(tk)
-                } else {
-                    tk
-                };
-                if seen == 0 {
-                    continue;
-                }
-                let s: Vec<f64> = (0..seen)
-                    .map(|j| {
-                        scale
-                            * (0..d)
-                                .map(|e| q.data[at(q, bi, hi, r, e)] * k.data[at(k, bi, hi, j, e)])
-                                .sum::<f64>()
-                    })
-                    .collect();
-                let l = logsumexp(&s);
-                let p: Vec<f64> = s.iter().map(|x| (x - l).exp()).collect();
-                let dy: Vec<f64> = (0..d).map(|e| w.data[at(w, bi, hi, r, e)]).collect();
-                let dp: Vec<f64> = (0..seen)
-                    .map(|j| (0..d).map(|e| dy[e] * v.data[at(v, bi, hi, j, e)]).sum())
-                    .collect();
-                let pdp: f64 = p.iter().zip(&dp).map(|(a, b)| a * b).sum();
-                for j in 0..seen {
-                    let ds = p[j] * (dp[j] - pdp);
-                    for e in 0..d {
-                        dq.data[at(q, bi, hi, r, e)] += scale * ds * k.data[at(k, bi, hi, j, e)];
-                        dk.data[at(k, bi, hi, j, e)] += scale * ds * q.data[at(q, bi, hi, r, e)];
-                        dv.data[at(v, bi, hi, j, e)] += p[j] * dy[e];
-                    }
+    for bh in 0..b * h {
+        let kb = bh * tk * d;
+        for r in 0..tq {
+            let p = attention_probs(q, k, bh, r, causal, scale);
+            let qr = (bh * tq + r) * d;
+            let dy = &w.data[qr..qr + d];
+            let dp: Vec<f64> = (0..p.len())
+                .map(|j| (0..d).map(|e| dy[e] * v.data[kb + j * d + e]).sum())
+                .collect();
+            let pdp: f64 = p.iter().zip(&dp).map(|(a, b)| a * b).sum();
+            for (j, (pj, dpj)) in p.iter().zip(&dp).enumerate() {
+                let ds = pj * (dpj - pdp);
+                for (e, &dye) in dy.iter().enumerate() {
+                    dq.data[qr + e] += scale * ds * k.data[kb + j * d + e];
+                    dk.data[kb + j * d + e] += scale * ds * q.data[qr + e];
+                    dv.data[kb + j * d + e] += pj * dye;
                 }
             }
         }
