@@ -96,14 +96,20 @@ pub fn assert_close_scaled(what: &str, got: &[f64], want: &[f64], scale: &[f64],
                     || g.is_nan() != w.is_nan()
             })
             .count();
+        let error = (got[i] - want[i]).abs();
+        let allowed = if t.rel == 0.0 && t.rms == 0.0 {
+            "exact comparison".to_string()
+        } else {
+            format!(
+                "{ratio:.2}× allowed; rel {:.1e}, rms {:.1e} × {rms:.3e}",
+                t.rel, t.rms
+            )
+        };
         panic!(
-            "{what}: {bad} of {} elements off; worst element {i}: got {}, want {} (error {:.3e} = {ratio:.2}× allowed; rel {:.1e}, rms {:.1e} × {rms:.3e})",
+            "{what}: {bad} of {} elements off; worst element {i}: got {}, want {} (error {error:.3e}, {allowed})",
             got.len(),
             got[i],
             want[i],
-            (got[i] - want[i]).abs(),
-            t.rel,
-            t.rms
         );
     }
 }
