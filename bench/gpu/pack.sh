@@ -16,12 +16,10 @@ DEST=.gpu-carry
 # crate:test — the GPU tests (without a GPU they run on the emulated CUDA device; on the GPU
 # machine prove.sh sets SINTER_REQUIRE_GPU=1 so they must run on the GPU).
 TESTS=(
-    sinter-core:cuda_conformance
-    sinter-core:step_ctl_cuda
-    sinter-core:amp_autocast
+    sinter-core:conformance
     sinter-cuda:gpu
     sinter-cuda:graph_gpu
-    sinter-models:gpt_kv_cache
+    sinter-models:emulated_e2e
     sinter-dist:nccl_backend
     sinter-dist:nccl_device
 )

@@ -29,7 +29,7 @@ nvidia-smi > "${OUT_DIR}/nvidia-smi.txt" 2>&1 || true
 rc=0
 case "${PART}" in
 tests)
-    for t in cuda_conformance step_ctl_cuda amp_autocast gpu graph_gpu gpt_kv_cache nccl_backend nccl_device; do
+    for t in conformance gpu graph_gpu emulated_e2e nccl_backend nccl_device; do
         [[ -x "${CARRY}/${t}" ]] || { echo "prove: ${CARRY}/${t} missing" >&2; rc=1; continue; }
         echo "== ${t}"
         timeout 240 "${CARRY}/${t}" --test-threads=1 --nocapture > "${OUT_DIR}/${t}.txt" 2>&1
@@ -44,7 +44,7 @@ tests)
     done
     ;;
 check)
-    SINTER="${CARRY}/sinter" CONFORMANCE="${CARRY}/cuda_conformance" OUT="${OUT_DIR}/gpu-check" \
+    SINTER="${CARRY}/sinter" CONFORMANCE="${CARRY}/conformance" OUT="${OUT_DIR}/gpu-check" \
         timeout 560 bench/gpu-check || rc=$?
     ;;
 bench)

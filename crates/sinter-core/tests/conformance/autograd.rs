@@ -1,14 +1,87 @@
-//! Autograd semantics: no_grad, detach, accumulation, shared uses, and backward hooks.
+//! Autograd semantics on every device: no_grad, detach, accumulation, shared uses, backward
+//! hooks, custom ops and leaves.
 
-use super::common::*;
+use crate::harness::*;
+use crate::reference::Arr;
 use sinter_core::{is_grad_enabled, no_grad, DType, Rng, Tensor, TensorId};
 
+pub fn cases() -> Vec<Case> {
+    vec![
+        case("no_grad_records_nothing", F32, no_grad_records_nothing),
+        case("detach_stops_gradients", F32, detach_stops_gradients),
+        case(
+            "gradients_accumulate",
+            F32,
+            gradients_accumulate_across_backward_calls,
+        ),
+        case(
+            "a_tensor_used_twice",
+            F32,
+            a_tensor_used_twice_gets_both_contributions,
+        ),
+        case(
+            "hook_runs_once_per_variable",
+            F32,
+            hook_runs_once_per_variable_with_the_final_gradient,
+        ),
+        case(
+            "hook_order_and_accumulation",
+            F32,
+            hook_sees_accumulated_gradient_and_chain_order,
+        ),
+        case(
+            "grads_keep_dtype_and_shape",
+            F32,
+            grads_keep_dtype_and_shape_of_variables,
+        ),
+        case(
+            "backward_with_grad",
+            F32,
+            backward_seeded_with_a_given_gradient,
+        ),
+        case(
+            "custom_op",
+            F32,
+            custom_op_routes_gradients_through_its_closure,
+        ),
+        case("to_var_makes_a_leaf", F32, to_var_makes_a_contiguous_leaf),
+        case("small_network", F32, small_network),
+    ]
+}
+
+thread_local! {
+    static DEV: std::cell::Cell<sinter_core::Device> = const { std::cell::Cell::new(sinter_core::Device::Cpu) };
+}
+
+fn tensor(data: &[f64], shape: &[usize]) -> Tensor {
+    make(&Arr::new(shape, data.to_vec()), DType::F32, DEV.get())
+}
 fn var(data: &[f64], shape: &[usize]) -> Tensor {
     tensor(data, shape).to_var().unwrap()
 }
+fn vals(t: &Tensor) -> Vec<f64> {
+    arr(t).data
+}
+fn u(rng: &mut Rng, shape: &[usize], lo: f64, hi: f64) -> Tensor {
+    make(&uniform(rng, shape, lo, hi), DType::F32, DEV.get())
+}
+fn ids(v: &[i64], shape: &[usize]) -> Tensor {
+    Tensor::from_vec(v.to_vec(), shape, DEV.get()).unwrap()
+}
+fn assert_close_vec(got: &[f64], want: &[f64], rtol: f64, atol: f64, what: &str) {
+    assert_close(
+        what,
+        got,
+        want,
+        Tol {
+            rel: rtol.max(1e-6),
+            rms: atol.max(1e-6),
+        },
+    );
+}
 
-#[test]
-fn no_grad_records_nothing() {
+fn no_grad_records_nothing(t: &Target) {
+    DEV.set(t.dev);
     let x = var(&[1.0, 2.0, 3.0], &[3]);
     assert!(is_grad_enabled());
     let y = {
@@ -40,8 +113,8 @@ fn no_grad_records_nothing() {
     assert_eq!(vals(&x.grad().unwrap()), vec![2.0, 4.0, 6.0]);
 }
 
-#[test]
-fn detach_stops_gradients() {
+fn detach_stops_gradients(t: &Target) {
+    DEV.set(t.dev);
     let x = var(&[1.0, -2.0, 3.0], &[3]);
     let d = x.detach();
     assert!(!d.tracks_grad() && !d.is_variable());
@@ -62,11 +135,11 @@ fn detach_stops_gradients() {
     expect_err(ids(&[1, 2], &[2]).to_var(), "to_var");
 }
 
-#[test]
-fn gradients_accumulate_across_backward_calls() {
+fn gradients_accumulate_across_backward_calls(t: &Target) {
+    DEV.set(t.dev);
     let mut rng = Rng::new(1);
-    let x = uniform(&mut rng, &[3, 4], -1.0, 1.0).to_var().unwrap();
-    let w = uniform(&mut rng, &[3, 4], -1.0, 1.0);
+    let x = u(&mut rng, &[3, 4], -1.0, 1.0).to_var().unwrap();
+    let w = u(&mut rng, &[3, 4], -1.0, 1.0);
     let loss = || x.mul(&w).unwrap().tanh().unwrap().sum_all().unwrap();
     loss().backward().unwrap();
     let g1 = vals(&x.grad().unwrap());
@@ -94,8 +167,8 @@ fn gradients_accumulate_across_backward_calls() {
     );
 }
 
-#[test]
-fn a_tensor_used_twice_gets_both_contributions() {
+fn a_tensor_used_twice_gets_both_contributions(t: &Target) {
+    DEV.set(t.dev);
     let x = var(&[1.5, -2.0, 0.5], &[3]);
     x.mul(&x).unwrap().sum_all().unwrap().backward().unwrap();
     assert_eq!(vals(&x.grad().unwrap()), vec![3.0, -4.0, 1.0]);
@@ -128,27 +201,15 @@ fn a_tensor_used_twice_gets_both_contributions() {
     assert_eq!(vals(&x.grad().unwrap()), vec![1.0, 1.0]);
 }
 
-#[test]
-fn max_splits_gradient_among_ties() {
-    let x = var(&[1.0, 3.0, 3.0, 0.0, 2.0, -1.0], &[2, 3]);
-    x.max(1, false)
-        .unwrap()
-        .sum_all()
-        .unwrap()
-        .backward()
-        .unwrap();
-    assert_eq!(vals(&x.grad().unwrap()), vec![0.0, 0.5, 0.5, 0.0, 1.0, 0.0]);
-}
-
-#[test]
-fn hook_runs_once_per_variable_with_the_final_gradient() {
+fn hook_runs_once_per_variable_with_the_final_gradient(t: &Target) {
+    DEV.set(t.dev);
     let mut rng = Rng::new(2);
-    let x = uniform(&mut rng, &[4, 3], -1.0, 1.0);
+    let x = u(&mut rng, &[4, 3], -1.0, 1.0);
     let ws: Vec<Tensor> = (0..4)
-        .map(|_| uniform(&mut rng, &[3, 3], -1.0, 1.0).to_var().unwrap())
+        .map(|_| u(&mut rng, &[3, 3], -1.0, 1.0).to_var().unwrap())
         .collect();
     let bs: Vec<Tensor> = (0..4)
-        .map(|_| uniform(&mut rng, &[3], -0.5, 0.5).to_var().unwrap())
+        .map(|_| u(&mut rng, &[3], -0.5, 0.5).to_var().unwrap())
         .collect();
     let forward = || {
         let mut h = x.clone();
@@ -212,8 +273,8 @@ fn hook_runs_once_per_variable_with_the_final_gradient() {
     );
 }
 
-#[test]
-fn hook_sees_accumulated_gradient_and_chain_order() {
+fn hook_sees_accumulated_gradient_and_chain_order(t: &Target) {
+    DEV.set(t.dev);
     // A plain chain of scalar layers: y = w3·tanh(w2·tanh(w1·x)).
     let x = tensor(&[0.7], &[1]);
     let w: Vec<Tensor> = [0.9, -1.2, 0.8].iter().map(|&v| var(&[v], &[1])).collect();
@@ -255,13 +316,13 @@ fn hook_sees_accumulated_gradient_and_chain_order() {
     assert!(err_msg(r).contains("hook failed"));
 }
 
-#[test]
-fn grads_keep_dtype_and_shape_of_variables() {
-    let x = Tensor::ones(&[2, 3], DType::F32, CPU)
+fn grads_keep_dtype_and_shape_of_variables(t: &Target) {
+    DEV.set(t.dev);
+    let x = Tensor::ones(&[2, 3], DType::F32, t.dev)
         .unwrap()
         .to_var()
         .unwrap();
-    let b = Tensor::ones(&[3], DType::F32, CPU)
+    let b = Tensor::ones(&[3], DType::F32, t.dev)
         .unwrap()
         .to_var()
         .unwrap();
@@ -284,12 +345,12 @@ fn grads_keep_dtype_and_shape_of_variables() {
     assert!(y.grad().is_none());
 }
 
-#[test]
-fn backward_seeded_with_a_given_gradient() {
+fn backward_seeded_with_a_given_gradient(t: &Target) {
+    DEV.set(t.dev);
     let mut rng = Rng::new(4);
-    let x = uniform(&mut rng, &[2, 3], -1.0, 1.0).to_var().unwrap();
+    let x = u(&mut rng, &[2, 3], -1.0, 1.0).to_var().unwrap();
     let y = x.tanh().unwrap();
-    let seed = uniform(&mut rng, &[2, 3], -1.0, 1.0);
+    let seed = u(&mut rng, &[2, 3], -1.0, 1.0);
     y.backward_with_grad(&seed, |_, _| Ok(())).unwrap();
     let want: Vec<f64> = vals(&y)
         .iter()
@@ -309,8 +370,8 @@ fn backward_seeded_with_a_given_gradient() {
     );
 }
 
-#[test]
-fn custom_op_routes_gradients_through_its_closure() {
+fn custom_op_routes_gradients_through_its_closure(t: &Target) {
+    DEV.set(t.dev);
     let x = var(&[1.0, -2.0, 0.5], &[3]);
     let value = {
         let _g = no_grad();
@@ -326,8 +387,8 @@ fn custom_op_routes_gradients_through_its_closure() {
     assert_eq!(vals(&x.grad().unwrap()), vec![18.0, -36.0, 9.0]);
 }
 
-#[test]
-fn to_var_makes_a_contiguous_leaf() {
+fn to_var_makes_a_contiguous_leaf(t: &Target) {
+    DEV.set(t.dev);
     let base = tensor(&[1.0, 2.0, 3.0, 4.0, 5.0, 6.0], &[2, 3]);
     let v = base.to_var().unwrap();
     assert!(v.is_variable() && v.tracks_grad() && v.grad().is_none());
@@ -349,4 +410,35 @@ fn to_var_makes_a_contiguous_leaf() {
     y.sum_all().unwrap().backward().unwrap();
     assert!(v.grad().is_none(), "gradients stop at the new leaf");
     assert_eq!(vals(&y.grad().unwrap()), vec![1.0; 6]);
+}
+
+/// A small network end to end: linear, bias, GELU, linear, cross-entropy; every parameter's
+/// gradient against the composed reference.
+fn small_network(t: &Target) {
+    use crate::reference as r;
+    let mut rng = t.rng(1150);
+    let x = uniform(&mut rng, &[5, 4], -1.0, 1.0);
+    let labels = Arr::ints(&[5], &[0, 2, 1, 2, 0]);
+    t.check_with(
+        "mlp",
+        Opts {
+            out: Some(DType::F32),
+            ..Opts::default()
+        },
+        &[
+            In::Fixed(x),
+            In::Ids(labels),
+            In::Var(uniform(&mut rng, &[4, 6], -1.0, 1.0)),
+            In::Var(uniform(&mut rng, &[6], -0.5, 0.5)),
+            In::Var(uniform(&mut rng, &[3, 6], -1.0, 1.0)),
+        ],
+        |v| {
+            let h = v[0].matmul(&v[2])?.add(&v[3])?.gelu()?;
+            h.matmul(&v[4].t()?)?.cross_entropy(&v[1], -100)
+        },
+        |v, _| {
+            let h = r::matmul(&v[0], &v[2]).add(&v[3]).map(r::gelu_tanh);
+            r::cross_entropy(&r::matmul(&h, &v[4].t()), &v[1], -100)
+        },
+    );
 }

@@ -1,20 +1,28 @@
-//! Forward of elementwise ops (binary with broadcasting, comparisons, unary maps) against
-//! f64 references, on contiguous, broadcast and non-contiguous inputs.
+//! Elementwise ops: binary with broadcasting, comparisons, integer arithmetic, unary maps,
+//! where and masked_fill — contiguous, broadcast and strided operands, forward and backward.
 
-use super::common::*;
-use sinter_core::{DType, Result, Rng, Tensor};
+use crate::harness::*;
+use crate::reference::{self as r, Arr};
+use sinter_core::{Result, Rng, Tensor};
+
+pub fn cases() -> Vec<Case> {
+    vec![
+        case("binary", FLOATS, binary),
+        case("binary_random_broadcast", FLOATS, binary_random_broadcast),
+        case("binary_strided", FLOATS, binary_strided),
+        case("binary_large", FLOATS, binary_large),
+        case("comparisons", FLOATS, comparisons),
+        case("integer_binary", I64, integer_binary),
+        case("unary", FLOATS, unary),
+        case("unary_strided", FLOATS, unary_strided),
+        case("unary_large", FLOATS, unary_large),
+        case("where_cond", FLOATS, where_cond),
+        case("where_integer", I64, where_integer),
+        case("masked_fill", FLOATS, masked_fill),
+    ]
+}
 
 type BinFn = fn(&Tensor, &Tensor) -> Result<Tensor>;
-
-const SHAPES: &[(&[usize], &[usize])] = &[
-    (&[4, 1, 3], &[5, 1]),
-    (&[2, 3], &[2, 3]),
-    (&[3], &[2, 3]),
-    (&[2, 1, 4], &[1, 3, 1]),
-    (&[], &[2, 3]),
-    (&[6, 1], &[1, 7]),
-    (&[2, 3, 1, 2], &[3, 4, 1]),
-];
 
 fn arith() -> Vec<(&'static str, BinFn, fn(f64, f64) -> f64)> {
     vec![
@@ -27,103 +35,157 @@ fn arith() -> Vec<(&'static str, BinFn, fn(f64, f64) -> f64)> {
     ]
 }
 
-fn operand(rng: &mut Rng, name: &str, shape: &[usize], rhs: bool) -> Tensor {
-    if name == "div" && rhs {
-        away_from_zero(rng, shape, 0.3, 2.0)
-    } else {
-        uniform(rng, shape, -2.0, 2.0)
+/// Values 0.5·k + offset + U(0, 0.1), k in -4..4: operands drawn with offsets 0 and 0.25
+/// differ by at least 0.15 everywhere, so maximum/minimum never see near-ties.
+fn offset_grid(rng: &mut Rng, shape: &[usize], offset: f64) -> Arr {
+    Arr::from_fn(shape, |_| {
+        0.5 * (rng.below(9) as f64 - 4.0) + offset + rng.uniform(0.0, 0.1)
+    })
+}
+
+fn operands(rng: &mut Rng, name: &str, sa: &[usize], sb: &[usize]) -> [Arr; 2] {
+    match name {
+        "div" => [
+            uniform(rng, sa, -2.0, 2.0),
+            away_from_zero(rng, sb, 0.5, 2.0),
+        ],
+        "maximum" | "minimum" => [offset_grid(rng, sa, 0.0), offset_grid(rng, sb, 0.25)],
+        _ => [uniform(rng, sa, -2.0, 2.0), uniform(rng, sb, -2.0, 2.0)],
     }
 }
 
-#[test]
-fn binary_arithmetic_broadcasts_like_f64() {
-    for seed in 0..3 {
-        let mut rng = Rng::new(seed);
-        for &(sa, sb) in SHAPES {
-            for (name, f, r) in arith() {
-                // Both orders: the broadcast operand on either side.
-                for (s1, s2) in [(sa, sb), (sb, sa)] {
-                    let a = operand(&mut rng, name, s1, false);
-                    let b = operand(&mut rng, name, s2, true);
-                    let want = Arr::of(&a).zip(&Arr::of(&b), r);
-                    check_f32(&f(&a, &b).unwrap(), &want, &format!("{name} {s1:?} {s2:?}"));
-                }
+const SHAPES: &[(&[usize], &[usize])] = &[
+    (&[4, 1, 3], &[5, 1]),
+    (&[2, 3], &[2, 3]),
+    (&[3], &[2, 3]),
+    (&[2, 1, 4], &[1, 3, 1]),
+    (&[], &[2, 3]),
+    (&[6, 1], &[1, 7]),
+    (&[2, 3, 1, 2], &[3, 4, 1]),
+];
+
+fn check_binary(t: &Target, what: &str, f: BinFn, rf: fn(f64, f64) -> f64, [a, b]: [Arr; 2]) {
+    t.check(
+        what,
+        &[In::Var(a), In::Var(b)],
+        |x| f(&x[0], &x[1]),
+        |x, _| x[0].zip(&x[1], rf),
+    );
+}
+
+fn binary(t: &Target) {
+    let mut rng = t.rng(1);
+    for &(sa, sb) in SHAPES {
+        for (name, f, rf) in arith() {
+            // Both orders: the broadcast operand on either side (gradients summed back).
+            for (s1, s2) in [(sa, sb), (sb, sa)] {
+                let ab = operands(&mut rng, name, s1, s2);
+                check_binary(t, &format!("{name} {s1:?} {s2:?}"), f, rf, ab);
             }
         }
     }
 }
 
-#[test]
-fn binary_arithmetic_on_random_broadcast_shapes() {
-    let mut rng = Rng::new(31);
-    for _ in 0..30 {
+/// A random shape (rank 1..=4, sizes 1..=5) and one that broadcasts against it.
+fn broadcast_pair(rng: &mut Rng) -> (Vec<usize>, Vec<usize>) {
+    let rank = 1 + rng.below(4) as usize;
+    let a = rand_shape(rng, rank, 1, 5);
+    let drop = rng.below(rank as u64) as usize;
+    let b: Vec<usize> = a[drop..]
+        .iter()
+        .map(|&d| if rng.below(2) == 0 { 1 } else { d })
+        .collect();
+    let a: Vec<usize> = a
+        .iter()
+        .enumerate()
+        .map(|(i, &d)| {
+            if i >= drop && b[i - drop] == d && rng.below(3) == 0 {
+                1
+            } else {
+                d
+            }
+        })
+        .collect();
+    (a, b)
+}
+
+fn binary_random_broadcast(t: &Target) {
+    let mut rng = t.rng(2);
+    for _ in 0..8 {
         let (sa, sb) = broadcast_pair(&mut rng);
-        for (name, f, r) in arith() {
-            let a = operand(&mut rng, name, &sa, false);
-            let b = operand(&mut rng, name, &sb, true);
-            let want = Arr::of(&a).zip(&Arr::of(&b), r);
-            check_f32(&f(&a, &b).unwrap(), &want, &format!("{name} {sa:?} {sb:?}"));
-            let b2 = operand(&mut rng, name, &sa, true);
-            let a2 = operand(&mut rng, name, &sb, false);
-            check_f32(
-                &f(&a2, &b2).unwrap(),
-                &Arr::of(&a2).zip(&Arr::of(&b2), r),
-                &format!("{name} {sb:?} {sa:?}"),
+        for (name, f, rf) in arith() {
+            let ab = operands(&mut rng, name, &sa, &sb);
+            check_binary(t, &format!("{name} {sa:?} {sb:?}"), f, rf, ab);
+            let ab = operands(&mut rng, name, &sb, &sa);
+            check_binary(t, &format!("{name} {sb:?} {sa:?}"), f, rf, ab);
+        }
+    }
+}
+
+fn binary_strided(t: &Target) {
+    let mut rng = t.rng(3);
+    for (name, f, rf) in arith() {
+        // a [3,4] used as its transpose; b [3,5] narrowed, transposed and narrowed to a row.
+        let [a, _] = operands(&mut rng, name, &[3, 4], &[1]);
+        let [_, b] = operands(&mut rng, name, &[1], &[3, 5]);
+        t.check(
+            &format!("{name} transpose · narrowed row"),
+            &[In::Var(a), In::Var(b)],
+            |x| f(&x[0].t()?, &x[1].narrow(1, 1, 3)?.t()?.narrow(0, 0, 1)?),
+            |x, _| x[0].t().zip(&x[1].narrow(1, 1, 3).t().narrow(0, 0, 1), rf),
+        );
+        // Permuted against a narrowed operand.
+        let [a, _] = operands(&mut rng, name, &[5, 3, 4], &[1]);
+        let [_, b] = operands(&mut rng, name, &[1], &[4, 8]);
+        t.check(
+            &format!("{name} permute · narrow"),
+            &[In::Var(a), In::Var(b)],
+            |x| {
+                f(
+                    &x[0].permute(&[2, 1, 0])?,
+                    &x[1].narrow(1, 2, 5)?.unsqueeze(1)?,
+                )
+            },
+            |x, _| {
+                x[0].permute(&[2, 1, 0])
+                    .zip(&x[1].narrow(1, 2, 5).unsqueeze(1), rf)
+            },
+        );
+        // One operand through two views of itself.
+        if matches!(name, "add" | "sub" | "mul") {
+            t.check(
+                &format!("{name} of self-views"),
+                &[In::Var(uniform(&mut rng, &[3, 3], -1.0, 1.0))],
+                |x| f(&x[0], &x[0].t()?),
+                |x, _| x[0].zip(&x[0].t(), rf),
             );
         }
     }
 }
 
-#[test]
-fn binary_arithmetic_on_non_contiguous_operands() {
-    let mut rng = Rng::new(11);
-    for (name, f, r) in arith() {
-        // [4,5] as a transpose, a narrow window, and a broadcast row.
-        let a = uniform(&mut rng, &[5, 4], -2.0, 2.0).t().unwrap();
-        let b = operand(&mut rng, name, &[4, 8], true)
-            .narrow(1, 2, 5)
-            .unwrap();
-        let c = operand(&mut rng, name, &[5], true);
-        let d = uniform(&mut rng, &[5, 3, 4], -2.0, 2.0)
-            .permute(&[2, 1, 0])
-            .unwrap(); // [4,3,5]
-        assert!(!a.is_contiguous() && !b.is_contiguous() && !d.is_contiguous());
-        for (x, y, what) in [
-            (&a, &b, "t·narrow"),
-            (&a, &c, "t·row"),
-            (&d, &b.unsqueeze(1).unwrap(), "permute·narrow"),
-        ] {
-            let want = Arr::of(x).zip(&Arr::of(y), r);
-            check_f32(&f(x, y).unwrap(), &want, &format!("{name} {what}"));
-        }
-        // Large enough for the parallel strided path.
-        let big = uniform(&mut rng, &[600, 64], -2.0, 2.0).t().unwrap();
-        let row = operand(&mut rng, name, &[600], true);
-        let want = Arr::of(&big).zip(&Arr::of(&row), r);
-        check_f32(
-            &f(&big, &row).unwrap(),
-            &want,
-            &format!("{name} large strided"),
+/// Large enough for the CPU's parallel strided path and several CUDA grid sweeps.
+fn binary_large(t: &Target) {
+    let mut rng = t.rng(4);
+    for (name, f, rf) in arith() {
+        let [a, _] = operands(&mut rng, name, &[600, 64], &[1]);
+        let [_, row] = operands(&mut rng, name, &[1], &[600]);
+        let [_, full] = operands(&mut rng, name, &[1], &[64, 600]);
+        t.check(
+            &format!("{name} large transpose · row"),
+            &[In::Fixed(a.clone()), In::Fixed(row)],
+            |x| f(&x[0].t()?, &x[1]),
+            |x, _| x[0].t().zip(&x[1], rf),
         );
-        let big2 = operand(&mut rng, name, &[64, 600], true);
-        let want = Arr::of(&big).zip(&Arr::of(&big2), r);
-        check_f32(
-            &f(&big, &big2).unwrap(),
-            &want,
-            &format!("{name} large mixed"),
-        );
-        let big3 = uniform(&mut rng, &[64, 600], -2.0, 2.0);
-        let want = Arr::of(&big3).zip(&Arr::of(&big2), r);
-        check_f32(
-            &f(&big3, &big2).unwrap(),
-            &want,
-            &format!("{name} large contiguous"),
+        t.check(
+            &format!("{name} large transpose · contiguous"),
+            &[In::Fixed(a), In::Fixed(full)],
+            |x| f(&x[0].t()?, &x[1]),
+            |x, _| x[0].t().zip(&x[1], rf),
         );
     }
 }
 
-#[test]
-fn comparisons_give_zero_one_with_ties() {
+fn comparisons(t: &Target) {
     let cmps: Vec<(&str, BinFn, fn(f64, f64) -> bool)> = vec![
         ("eq", Tensor::eq, |a, b| a == b),
         ("ne", Tensor::ne, |a, b| a != b),
@@ -132,176 +194,142 @@ fn comparisons_give_zero_one_with_ties() {
         ("gt", Tensor::gt, |a, b| a > b),
         ("ge", Tensor::ge, |a, b| a >= b),
     ];
-    let mut rng = Rng::new(5);
-    // Values from {-1, 0, 1} so that ties are common.
-    let mut small = |shape: &[usize]| {
-        let n: usize = shape.iter().product();
-        let v: Vec<f64> = (0..n).map(|_| rng.below(3) as f64 - 1.0).collect();
-        tensor(&v, shape)
-    };
+    let mut rng = t.rng(5);
     for &(sa, sb) in SHAPES {
-        let (a, b) = (small(sa).to_var().unwrap(), small(sb));
-        for (name, f, r) in &cmps {
-            let got = f(&a, &b).unwrap();
-            assert!(
-                !got.tracks_grad(),
-                "{name}: comparisons are not differentiable"
+        let (a, b) = (grid(&mut rng, sa), grid(&mut rng, sb));
+        for (name, f, rf) in &cmps {
+            t.check_with(
+                &format!("{name} {sa:?} {sb:?}"),
+                EXACT,
+                &[In::Fixed(a.clone()), In::Fixed(b.clone())],
+                |x| f(&x[0], &x[1]),
+                |x, _| x[0].zip(&x[1], |p, q| rf(p, q) as u8 as f64),
             );
-            let want = Arr::of(&a).zip(&Arr::of(&b), |x, y| r(x, y) as u8 as f64);
-            assert_close(&got, &want, 0.0, 0.0, name);
         }
     }
-    let a = small(&[4, 3]).t().unwrap();
-    let b = small(&[3, 4]);
-    for (name, f, r) in &cmps {
-        let want = Arr::of(&a).zip(&Arr::of(&b), |x, y| r(x, y) as u8 as f64);
-        assert_close(
-            &f(&a, &b).unwrap(),
-            &want,
-            0.0,
-            0.0,
-            &format!("{name} non-contiguous"),
+    // Strided operands; and comparisons are not differentiable.
+    let (a, b) = (grid(&mut rng, &[4, 3]), grid(&mut rng, &[3, 4]));
+    for (name, f, rf) in &cmps {
+        t.check_with(
+            &format!("{name} transposed"),
+            EXACT,
+            &[In::Fixed(a.clone()), In::Fixed(b.clone())],
+            |x| f(&x[0].t()?, &x[1]),
+            |x, _| x[0].t().zip(&x[1], |p, q| rf(p, q) as u8 as f64),
+        );
+        let v = t.tensor(&a).to_var().unwrap();
+        assert!(
+            !f(&v, &v).unwrap().tracks_grad(),
+            "{name}: comparisons are not differentiable"
         );
     }
 }
 
-#[test]
-fn integer_binary_ops_are_exact() {
-    let a = ids(&[3, -7, 12, 0, 5, -1], &[2, 3]);
-    let b = ids(&[2, -4, 5], &[3]);
-    let cases: Vec<(BinFn, fn(i64, i64) -> i64)> = vec![
-        (Tensor::add, |x, y| x + y),
-        (Tensor::sub, |x, y| x - y),
-        (Tensor::mul, |x, y| x * y),
-        (Tensor::maximum, |x, y| x.max(y)),
-        (Tensor::minimum, |x, y| x.min(y)),
-        (Tensor::lt, |x, y| (x < y) as i64),
-        (Tensor::eq, |x, y| (x == y) as i64),
+fn integer_binary(t: &Target) {
+    // Negative values, values beyond f32's exact integers (2^24) and equal pairs; b broadcasts
+    // over a's rows. Division truncates toward zero; the sums wrap like two's complement.
+    let big = (1i64 << 40) + 3;
+    let a = Arr::ints(&[3, 4], &[7, -7, 0, 5, big, -3, 12, 1, -9, 4, 4, 6]);
+    let b = Arr::ints(&[4], &[2, -2, 3, 4]);
+    let ops: Vec<(&str, BinFn, fn(f64, f64) -> f64)> = vec![
+        ("add", Tensor::add, |x, y| {
+            r::wrap_i64(x as i128 + y as i128)
+        }),
+        ("sub", Tensor::sub, |x, y| {
+            r::wrap_i64(x as i128 - y as i128)
+        }),
+        ("mul", Tensor::mul, |x, y| {
+            r::wrap_i64(x as i128 * y as i128)
+        }),
+        ("div", Tensor::div, r::int_div),
+        ("maximum", Tensor::maximum, f64::max),
+        ("minimum", Tensor::minimum, f64::min),
+        ("eq", Tensor::eq, |x, y| (x == y) as u8 as f64),
+        ("ne", Tensor::ne, |x, y| (x != y) as u8 as f64),
+        ("lt", Tensor::lt, |x, y| (x < y) as u8 as f64),
+        ("le", Tensor::le, |x, y| (x <= y) as u8 as f64),
+        ("gt", Tensor::gt, |x, y| (x > y) as u8 as f64),
+        ("ge", Tensor::ge, |x, y| (x >= y) as u8 as f64),
     ];
-    let (av, bv) = (a.to_vec_i64().unwrap(), b.to_vec_i64().unwrap());
-    for (f, r) in cases {
-        let got = f(&a, &b).unwrap();
-        assert_eq!(got.dtype(), DType::I64);
-        let want: Vec<i64> = (0..6).map(|i| r(av[i], bv[i % 3])).collect();
-        assert_eq!(got.to_vec_i64().unwrap(), want);
+    for (name, f, rf) in ops {
+        t.check_with(
+            name,
+            EXACT,
+            &[In::Fixed(a.clone()), In::Fixed(b.clone())],
+            |x| f(&x[0], &x[1]),
+            |x, _| x[0].zip(&x[1], rf),
+        );
+        t.check_with(
+            &format!("{name} of a transpose"),
+            EXACT,
+            &[
+                In::Fixed(a.clone()),
+                In::Fixed(Arr::ints(&[3, 1], &[1, -5, 2])),
+            ],
+            |x| f(&x[0].t()?, &x[1].t()?),
+            |x, _| x[0].t().zip(&x[1].t(), rf),
+        );
     }
+    // Overflow wraps (i64::MAX + 1 = i64::MIN), as in PyTorch.
+    t.check_with(
+        "add wraps",
+        EXACT,
+        &[
+            In::Fixed(Arr::ints(&[2], &[i64::MAX, -5])),
+            In::Fixed(Arr::ints(&[1], &[1])),
+        ],
+        |x| x[0].add(&x[1]),
+        |x, _| x[0].zip(&x[1], |p, q| r::wrap_i64(p as i128 + q as i128)),
+    );
 }
 
-// ---- unary --------------------------------------------------------------------------------
-
-/// erf (one definition, in sinter-types; its accuracy is tested there against a series).
-pub use sinter_core::op::erf;
-
-pub fn gelu_tanh_ref(x: f64) -> f64 {
-    0.5 * x * (1.0 + ((2.0 / std::f64::consts::PI).sqrt() * (x + 0.044715 * x * x * x)).tanh())
-}
-pub fn gelu_erf_ref(x: f64) -> f64 {
-    0.5 * x * (1.0 + erf(x / 2f64.sqrt()))
-}
-pub fn sigmoid_ref(x: f64) -> f64 {
-    1.0 / (1.0 + (-x).exp())
-}
+// ---- unary ----------------------------------------------------------------------------------------
 
 pub type UnaryCase = (
     &'static str,
-    Box<dyn Fn(&Tensor) -> Result<Tensor>>,
+    fn(&Tensor) -> Result<Tensor>,
     fn(f64) -> f64,
     (f64, f64, bool),
 );
 
-/// (name, op, f64 reference, input domain (lo, hi, symmetric away from zero)).
-pub fn unary_cases() -> Vec<UnaryCase> {
-    let sym = (0.05, 4.0, true);
+/// (name, op, reference, input domain (lo, hi, symmetric away from zero)), domains clear of
+/// poles and kinks by more than any rounding of the inputs.
+pub fn unary_ops() -> Vec<UnaryCase> {
+    let sym = (0.1, 3.0, true);
     vec![
-        ("neg", Box::new(|t: &Tensor| t.neg()), |x| -x, sym),
-        (
-            "exp",
-            Box::new(|t: &Tensor| t.exp()),
-            f64::exp,
-            (-3.0, 3.0, false),
-        ),
-        (
-            "log",
-            Box::new(|t: &Tensor| t.log()),
-            f64::ln,
-            (0.05, 5.0, false),
-        ),
-        (
-            "sqrt",
-            Box::new(|t: &Tensor| t.sqrt()),
-            f64::sqrt,
-            (0.05, 5.0, false),
-        ),
-        ("sqr", Box::new(|t: &Tensor| t.sqr()), |x| x * x, sym),
-        (
-            "recip",
-            Box::new(|t: &Tensor| t.recip()),
-            |x| 1.0 / x,
-            (0.2, 3.0, true),
-        ),
-        ("abs", Box::new(|t: &Tensor| t.abs()), f64::abs, sym),
+        ("neg", |t| t.neg(), |x| -x, sym),
+        ("exp", |t| t.exp(), f64::exp, (-3.0, 3.0, false)),
+        ("log", |t| t.log(), f64::ln, (0.3, 5.0, false)),
+        ("sqrt", |t| t.sqrt(), f64::sqrt, (0.3, 5.0, false)),
+        ("sqr", |t| t.sqr(), |x| x * x, sym),
+        ("recip", |t| t.recip(), |x| 1.0 / x, (0.3, 3.0, true)),
+        ("abs", |t| t.abs(), f64::abs, sym),
         (
             "powf 2.5",
-            Box::new(|t: &Tensor| t.powf(2.5)),
+            |t| t.powf(2.5),
             |x| x.powf(2.5),
-            (0.05, 3.0, false),
-        ),
-        (
-            "powf -1.5",
-            Box::new(|t: &Tensor| t.powf(-1.5)),
-            |x| x.powf(-1.5),
             (0.3, 3.0, false),
         ),
         (
-            "powf 3",
-            Box::new(|t: &Tensor| t.powf(3.0)),
-            |x| x * x * x,
-            (0.05, 2.0, true),
+            "powf -1.5",
+            |t| t.powf(-1.5),
+            |x| x.powf(-1.5),
+            (0.3, 3.0, false),
         ),
-        ("tanh", Box::new(|t: &Tensor| t.tanh()), f64::tanh, sym),
-        (
-            "sigmoid",
-            Box::new(|t: &Tensor| t.sigmoid()),
-            sigmoid_ref,
-            (0.05, 8.0, true),
-        ),
-        ("relu", Box::new(|t: &Tensor| t.relu()), |x| x.max(0.0), sym),
-        ("gelu", Box::new(|t: &Tensor| t.gelu()), gelu_tanh_ref, sym),
-        (
-            "gelu_erf",
-            Box::new(|t: &Tensor| t.gelu_erf()),
-            gelu_erf_ref,
-            sym,
-        ),
-        (
-            "silu",
-            Box::new(|t: &Tensor| t.silu()),
-            |x| x * sigmoid_ref(x),
-            sym,
-        ),
-        (
-            "affine",
-            Box::new(|t: &Tensor| t.affine(1.5, -0.25)),
-            |x| 1.5 * x - 0.25,
-            sym,
-        ),
-        (
-            "mul_scalar",
-            Box::new(|t: &Tensor| t.mul_scalar(-3.0)),
-            |x| -3.0 * x,
-            sym,
-        ),
-        (
-            "add_scalar",
-            Box::new(|t: &Tensor| t.add_scalar(0.75)),
-            |x| x + 0.75,
-            sym,
-        ),
+        ("powf 3", |t| t.powf(3.0), |x| x * x * x, (0.1, 2.0, true)),
+        ("tanh", |t| t.tanh(), f64::tanh, sym),
+        ("sigmoid", |t| t.sigmoid(), r::sigmoid, (0.1, 4.0, true)),
+        ("relu", |t| t.relu(), r::relu, sym),
+        ("gelu", |t| t.gelu(), r::gelu_tanh, sym),
+        ("gelu_erf", |t| t.gelu_erf(), r::gelu_erf, sym),
+        ("silu", |t| t.silu(), r::silu, sym),
+        ("affine", |t| t.affine(1.5, -0.25), |x| 1.5 * x - 0.25, sym),
+        ("mul_scalar", |t| t.mul_scalar(-3.0), |x| -3.0 * x, sym),
+        ("add_scalar", |t| t.add_scalar(0.75), |x| x + 0.75, sym),
     ]
 }
 
-pub fn unary_input(rng: &mut Rng, shape: &[usize], dom: (f64, f64, bool)) -> Tensor {
-    let (lo, hi, symmetric) = dom;
+pub fn unary_input(rng: &mut Rng, shape: &[usize], (lo, hi, symmetric): (f64, f64, bool)) -> Arr {
     if symmetric {
         away_from_zero(rng, shape, lo, hi)
     } else {
@@ -309,38 +337,181 @@ pub fn unary_input(rng: &mut Rng, shape: &[usize], dom: (f64, f64, bool)) -> Ten
     }
 }
 
-#[test]
-fn unary_ops_match_f64() {
-    for seed in 0..3 {
-        let mut rng = Rng::new(100 + seed);
-        for (name, f, r, dom) in unary_cases() {
+fn unary(t: &Target) {
+    let mut rng = t.rng(6);
+    for (name, f, rf, dom) in unary_ops() {
+        for _ in 0..2 {
             let rank = 1 + rng.below(4) as usize;
             let shape = rand_shape(&mut rng, rank, 1, 5);
             let x = unary_input(&mut rng, &shape, dom);
-            check_f32(
-                &f(&x).unwrap(),
-                &Arr::of(&x).map(r),
+            t.check(
                 &format!("{name} {shape:?}"),
-            );
-            // A permuted (non-contiguous) view of a rank-3 tensor.
-            let x = unary_input(&mut rng, &[3, 4, 5], dom)
-                .permute(&[2, 0, 1])
-                .unwrap();
-            check_f32(
-                &f(&x).unwrap(),
-                &Arr::of(&x).map(r),
-                &format!("{name} permuted"),
+                &[In::Var(x)],
+                |x| f(&x[0]),
+                |x, _| x[0].map(rf),
             );
         }
     }
-    // Large: the parallel path.
-    let mut rng = Rng::new(7);
-    for (name, f, r, dom) in unary_cases() {
-        let x = unary_input(&mut rng, &[200, 201], dom);
-        check_f32(
-            &f(&x).unwrap(),
-            &Arr::of(&x).map(r),
-            &format!("{name} large"),
+}
+
+fn unary_strided(t: &Target) {
+    let mut rng = t.rng(7);
+    for (name, f, rf, dom) in unary_ops() {
+        t.check(
+            &format!("{name} transposed"),
+            &[In::Var(unary_input(&mut rng, &[4, 3], dom))],
+            |x| f(&x[0].t()?),
+            |x, _| x[0].t().map(rf),
+        );
+        t.check(
+            &format!("{name} permuted"),
+            &[In::Var(unary_input(&mut rng, &[3, 4, 5], dom))],
+            |x| f(&x[0].permute(&[2, 0, 1])?),
+            |x, _| x[0].permute(&[2, 0, 1]).map(rf),
         );
     }
+}
+
+fn unary_large(t: &Target) {
+    let mut rng = t.rng(8);
+    for (name, f, rf, dom) in unary_ops() {
+        t.check(
+            &format!("{name} large"),
+            &[In::Fixed(unary_input(&mut rng, &[200, 201], dom))],
+            |x| f(&x[0]),
+            |x, _| x[0].map(rf),
+        );
+    }
+}
+
+// ---- where / masked_fill --------------------------------------------------------------------------
+
+fn where_cond(t: &Target) {
+    let mut rng = t.rng(9);
+    let cond = Arr::from_fn(&[4, 1, 3], |_| rng.below(2) as f64);
+    let (a, b) = (
+        uniform(&mut rng, &[5, 1], -1.0, 1.0),
+        uniform(&mut rng, &[3], 4.0, 6.0),
+    );
+    let rf = |x: &[Arr], _: &Rd| r::where_cond(&x[0], &x[1], &x[2]);
+    let f = |x: &[Tensor]| Tensor::where_cond(&x[0], &x[1], &x[2]);
+    t.check(
+        "f32 condition",
+        &[
+            In::F32(cond.clone()),
+            In::Var(a.clone()),
+            In::Var(b.clone()),
+        ],
+        f,
+        rf,
+    );
+    t.check(
+        "i64 condition",
+        &[
+            In::Ids(cond.clone()),
+            In::Var(a.clone()),
+            In::Var(b.clone()),
+        ],
+        f,
+        rf,
+    );
+    // A condition in the operands' dtype, and any non-zero value (negative, fractional) is true.
+    let odd = Arr::new(&[6], vec![-1.0, 0.0, 0.5, 2.0, -0.25, 0.0]);
+    t.check_with(
+        "non-zero is true",
+        EXACT,
+        &[
+            In::Fixed(odd),
+            In::Fixed(uniform(&mut rng, &[6], -1.0, 1.0)),
+            In::Fixed(uniform(&mut rng, &[6], 2.0, 3.0)),
+        ],
+        f,
+        rf,
+    );
+    // Strided operands.
+    t.check(
+        "transposed operands",
+        &[
+            In::F32(cond.reshape(&[4, 3])),
+            In::Var(uniform(&mut rng, &[3, 4], -1.0, 1.0)),
+            In::Var(b),
+        ],
+        |x| Tensor::where_cond(&x[0], &x[1].t()?, &x[2]),
+        |x, _| r::where_cond(&x[0], &x[1].t(), &x[2]),
+    );
+}
+
+fn where_integer(t: &Target) {
+    let cond = Arr::new(&[4], vec![0.5, 0.0, -1.0, 0.0]);
+    let a = Arr::ints(&[3, 4], &[7, -7, 0, 5, 1 << 40, -3, 12, 1, -9, 4, 4, 6]);
+    let b = Arr::ints(&[4], &[2, -2, 0, 4]);
+    let rf = |x: &[Arr], _: &Rd| r::where_cond(&x[0], &x[1], &x[2]);
+    let f = |x: &[Tensor]| Tensor::where_cond(&x[0], &x[1], &x[2]);
+    t.check_with(
+        "float condition",
+        EXACT,
+        &[
+            In::F32(cond.clone()),
+            In::Fixed(a.clone()),
+            In::Fixed(b.clone()),
+        ],
+        f,
+        rf,
+    );
+    t.check_with(
+        "i64 condition",
+        EXACT,
+        &[
+            In::Ids(Arr::ints(&[4], &[0, 3, 0, -1])),
+            In::Fixed(a),
+            In::Fixed(b),
+        ],
+        f,
+        rf,
+    );
+}
+
+fn causal_mask(t: usize) -> Arr {
+    Arr::from_fn(&[t, t], |i| (i[1] > i[0]) as u8 as f64)
+}
+
+fn masked_fill(t: &Target) {
+    let mut rng = t.rng(10);
+    let n = 5;
+    let mask = causal_mask(n);
+    let fill = |x: &Arr, m: &Arr, v: f64| x.zip(m, |a, b| if b != 0.0 { v } else { a });
+    let scores = uniform(&mut rng, &[2, 3, n, n], -2.0, 2.0);
+    t.check(
+        "causal mask",
+        &[In::Var(scores.clone()), In::F32(mask.clone())],
+        |x| x[0].masked_fill(&x[1], -1e4),
+        |x, rd| rd.r(fill(&x[0], &x[1], -1e4)),
+    );
+    // -inf above the diagonal: softmax gives exactly zero weight there.
+    t.check(
+        "causal -inf + softmax",
+        &[In::Var(scores), In::F32(mask.clone())],
+        |x| x[0].masked_fill(&x[1], f32::NEG_INFINITY)?.softmax(-1),
+        |x, _| r::softmax(&fill(&x[0], &x[1], f64::NEG_INFINITY), -1),
+    );
+    t.check(
+        "transposed input",
+        &[
+            In::Var(uniform(&mut rng, &[n, n], -1.0, 1.0)),
+            In::F32(mask),
+        ],
+        |x| x[0].t()?.masked_fill(&x[1], 7.0),
+        |x, _| fill(&x[0].t(), &x[1], 7.0),
+    );
+    // A mask in the operand's dtype.
+    let m = Arr::from_fn(&[3, 5], |i| ((i[0] * 5 + i[1]) % 4 == 0) as u8 as f64);
+    t.check(
+        "mask of the input dtype",
+        &[
+            In::Var(uniform(&mut rng, &[4, 3, 5], -1.0, 1.0)),
+            In::Fixed(m),
+        ],
+        |x| x[0].masked_fill(&x[1], -2.0),
+        |x, _| fill(&x[0], &x[1], -2.0),
+    );
 }

@@ -1,14 +1,64 @@
-//! Misuse returns an error that names the op; nothing panics.
+//! Misuse returns an error that names the op, on every device; nothing panics.
 
-use super::common::*;
+use crate::harness::*;
+use crate::reference::Arr;
 use sinter_core::{Conv2dParams, DType, Pool2dParams, Rng, Tensor};
 
+pub fn cases() -> Vec<Case> {
+    vec![
+        case("shape_mismatches", F32, shape_mismatches),
+        case("out_of_range_host_indices", F32, out_of_range_indices),
+        case("bad_dimensions", F32, bad_dimensions),
+        case(
+            "convolution_and_pooling_misuse",
+            F32,
+            convolution_and_pooling_misuse,
+        ),
+        case("dtype_misuse", F32, dtype_misuse),
+        case(
+            "buffer_only_dtypes",
+            F32,
+            buffer_only_dtypes_are_refused_by_tensor_ops,
+        ),
+        case("device_mismatch", F32, device_mismatch).cuda_only(),
+    ]
+}
+
+thread_local! {
+    static DEV: std::cell::Cell<sinter_core::Device> = const { std::cell::Cell::new(sinter_core::Device::Cpu) };
+}
+
+fn tensor(data: &[f64], shape: &[usize]) -> Tensor {
+    make(&Arr::new(shape, data.to_vec()), DType::F32, DEV.get())
+}
+/// Ids stay on the host: out-of-range host ids fail at the op on every device (device-resident
+/// ones are reported at the next read, see `device::bad_device_indices`).
+fn ids(v: &[i64], shape: &[usize]) -> Tensor {
+    Tensor::from_vec(v.to_vec(), shape, sinter_core::Device::Cpu).unwrap()
+}
+fn u(rng: &mut Rng, shape: &[usize], lo: f64, hi: f64) -> Tensor {
+    make(&uniform(rng, shape, lo, hi), DType::F32, DEV.get())
+}
 fn x23() -> Tensor {
     tensor(&[1.0, 2.0, 3.0, 4.0, 5.0, 6.0], &[2, 3])
 }
 
-#[test]
-fn shape_mismatches() {
+/// Mixing devices in one op is an error, not a panic.
+fn device_mismatch(t: &Target) {
+    use sinter_core::{Device, Error};
+    let x = make(&Arr::new(&[2, 3], vec![1.0; 6]), DType::F32, Device::Cpu);
+    let e = x.add(&x.to_device(t.dev).unwrap()).unwrap_err();
+    assert!(matches!(e, Error::DeviceMismatch { .. }), "{e}");
+    let e = x
+        .to_device(t.dev)
+        .unwrap()
+        .matmul(&x.t().unwrap())
+        .unwrap_err();
+    assert!(matches!(e, Error::DeviceMismatch { .. }), "{e}");
+}
+
+fn shape_mismatches(t: &Target) {
+    DEV.set(t.dev);
     let a = x23();
     for f in [
         Tensor::add,
@@ -58,7 +108,7 @@ fn shape_mismatches() {
         Tensor::where_cond(&tensor(&[1.0; 4], &[4]), &a, &a),
         "where",
     );
-    expect_err(Tensor::from_vec(vec![1f32; 5], &[2, 3], CPU), "from_vec");
+    expect_err(Tensor::from_vec(vec![1f32; 5], &[2, 3], t.dev), "from_vec");
     expect_err(
         a.cross_entropy(&ids(&[0, 1, 2], &[3]), -100),
         "cross_entropy",
@@ -69,8 +119,8 @@ fn shape_mismatches() {
     );
 }
 
-#[test]
-fn out_of_range_indices() {
+fn out_of_range_indices(t: &Target) {
+    DEV.set(t.dev);
     let table = tensor(&[0.0; 12], &[4, 3]);
     expect_err(table.index_select(0, &ids(&[0, 4], &[2])), "index_select");
     expect_err(table.index_select(0, &ids(&[-1], &[1])), "index_select");
@@ -98,8 +148,8 @@ fn out_of_range_indices() {
     expect_err(table.narrow(0, 3, 2), "narrow");
 }
 
-#[test]
-fn bad_dimensions() {
+fn bad_dimensions(t: &Target) {
+    DEV.set(t.dev);
     let a = tensor(&[0.0; 24], &[2, 3, 4]);
     expect_err(a.sum(&[3], false), "sum");
     expect_err(a.sum(&[-4], true), "sum");
@@ -126,56 +176,56 @@ fn bad_dimensions() {
     );
 }
 
-#[test]
-fn convolution_and_pooling_misuse() {
+fn convolution_and_pooling_misuse(t: &Target) {
+    DEV.set(t.dev);
     let mut rng = Rng::new(3);
-    let x = uniform(&mut rng, &[1, 2, 4, 4], -1.0, 1.0);
+    let x = u(&mut rng, &[1, 2, 4, 4], -1.0, 1.0);
     let p = Conv2dParams::default();
     // Kernel larger than the input.
     expect_err(
-        x.conv2d(&uniform(&mut rng, &[3, 2, 5, 5], -1.0, 1.0), p),
+        x.conv2d(&u(&mut rng, &[3, 2, 5, 5], -1.0, 1.0), p),
         "conv2d",
     );
     expect_err(
         x.conv2d(
-            &uniform(&mut rng, &[3, 2, 3, 3], -1.0, 1.0),
+            &u(&mut rng, &[3, 2, 3, 3], -1.0, 1.0),
             Conv2dParams { dilation: 2, ..p },
         ),
         "conv2d",
     );
     assert!(x
         .conv2d(
-            &uniform(&mut rng, &[3, 2, 5, 5], -1.0, 1.0),
+            &u(&mut rng, &[3, 2, 5, 5], -1.0, 1.0),
             Conv2dParams { padding: 1, ..p }
         )
         .is_ok());
     // An empty kernel.
     expect_err(
-        x.conv2d(&Tensor::zeros(&[3, 2, 0, 0], DType::F32, CPU).unwrap(), p),
+        x.conv2d(&Tensor::zeros(&[3, 2, 0, 0], DType::F32, t.dev).unwrap(), p),
         "conv2d",
     );
     // Channel / group mismatches, ranks, zero stride.
     expect_err(
-        x.conv2d(&uniform(&mut rng, &[3, 3, 3, 3], -1.0, 1.0), p),
+        x.conv2d(&u(&mut rng, &[3, 3, 3, 3], -1.0, 1.0), p),
         "conv2d",
     );
     expect_err(
         x.conv2d(
-            &uniform(&mut rng, &[3, 1, 3, 3], -1.0, 1.0),
+            &u(&mut rng, &[3, 1, 3, 3], -1.0, 1.0),
             Conv2dParams { groups: 2, ..p },
         ),
         "conv2d",
     );
     expect_err(
         x.conv2d(
-            &uniform(&mut rng, &[4, 2, 3, 3], -1.0, 1.0),
+            &u(&mut rng, &[4, 2, 3, 3], -1.0, 1.0),
             Conv2dParams { groups: 0, ..p },
         ),
         "conv2d",
     );
     expect_err(
         x.conv2d(
-            &uniform(&mut rng, &[4, 2, 3, 3], -1.0, 1.0),
+            &u(&mut rng, &[4, 2, 3, 3], -1.0, 1.0),
             Conv2dParams { stride: 0, ..p },
         ),
         "conv2d",
@@ -183,13 +233,10 @@ fn convolution_and_pooling_misuse() {
     expect_err(
         x.reshape(&[2, 4, 4])
             .unwrap()
-            .conv2d(&uniform(&mut rng, &[3, 2, 3, 3], -1.0, 1.0), p),
+            .conv2d(&u(&mut rng, &[3, 2, 3, 3], -1.0, 1.0), p),
         "conv2d",
     );
-    expect_err(
-        x.conv2d(&uniform(&mut rng, &[3, 2, 3], -1.0, 1.0), p),
-        "conv2d",
-    );
+    expect_err(x.conv2d(&u(&mut rng, &[3, 2, 3], -1.0, 1.0), p), "conv2d");
     // Pooling.
     expect_err(
         x.max_pool2d(Pool2dParams {
@@ -233,8 +280,8 @@ fn convolution_and_pooling_misuse() {
     );
 }
 
-#[test]
-fn dtype_misuse() {
+fn dtype_misuse(t: &Target) {
+    DEV.set(t.dev);
     let a = x23();
     let i = ids(&[1, 2, 3, 4, 5, 6], &[2, 3]);
     expect_err(a.add(&i), "add");
@@ -250,12 +297,12 @@ fn dtype_misuse() {
     expect_err(i.to_var(), "to_var");
 }
 
-#[test]
-fn buffer_only_dtypes_are_refused_by_tensor_ops() {
+fn buffer_only_dtypes_are_refused_by_tensor_ops(t: &Target) {
+    DEV.set(t.dev);
     // i32 and u8 name device-buffer element types (one DType for tensors and kernels); every
     // way a dtype enters a tensor answers with an error that names the op and the dtype.
     let a = x23();
-    let dev = sinter_core::Device::Cpu;
+    let dev = t.dev;
     for d in [DType::I32, DType::U8] {
         let check = |m: String, op: &str| {
             assert!(

@@ -1,174 +1,160 @@
-//! Forward of matmul (plain, batched, batch-broadcast, transposed operands), conv2d (direct
-//! 7-loop reference) and 2-D pooling.
+//! matmul (plain, batched, broadcast batch, transposed and narrowed operands; TF32), conv2d
+//! (every geometry; cuDNN and im2col on CUDA) and 2-D pooling.
 
-use super::common::*;
-use sinter_core::{Conv2dParams, Pool2dParams, Rng};
+use crate::harness::*;
+use crate::reference::{self as r, Arr, Conv};
+use sinter_core::cuda;
+use sinter_core::{Conv2dParams, Pool2dParams, Result, Rng, Tensor};
 
-/// [..., m, k] @ [..., k, n] with broadcast batch dimensions, in f64.
-pub fn matmul_ref(a: &Arr, b: &Arr) -> Arr {
-    let (ra, rb) = (a.shape.len(), b.shape.len());
-    let (m, k, n) = (a.shape[ra - 2], a.shape[ra - 1], b.shape[rb - 1]);
-    assert_eq!(k, b.shape[rb - 2]);
-    let batch = broadcast_shape(&a.shape[..ra - 2], &b.shape[..rb - 2]);
-    let mut shape = batch.clone();
-    shape.extend([m, n]);
-    let nb = batch.len();
-    Arr::from_fn(&shape, |i| {
-        let (bi, (r, c)) = (&i[..nb], (i[nb], i[nb + 1]));
-        (0..k)
-            .map(|kk| {
-                let mut ia = bi.to_vec();
-                ia.extend([r, kk]);
-                let mut ib = bi.to_vec();
-                ib.extend([kk, c]);
-                a.get_bcast(&ia) * b.get_bcast(&ib)
-            })
-            .sum()
-    })
+pub fn cases() -> Vec<Case> {
+    vec![
+        case("matmul", FLOATS, matmul),
+        case("matmul_large", FLOATS, matmul_large),
+        case("matmul_tf32", F32, matmul_tf32).cuda_only().exclusive(),
+        case("conv2d", FLOATS, conv2d),
+        case("conv2d_random", FLOATS, conv2d_random),
+        case("conv2d_one_side", FLOATS, conv2d_one_side),
+        case("conv2d_cudnn_and_im2col", FLOATS, conv2d_cudnn_and_im2col).cuda_only().exclusive(),
+        case("conv2d_chunked", F32, conv2d_chunked)
+            .cuda_only()
+            .real_gpu("its im2col column matrix must exceed 32M elements to split; far too large for the emulator"),
+        case("pool2d", FLOATS, pool2d),
+    ]
 }
 
-#[test]
-fn matmul_plain_batched_and_broadcast() {
-    let cases: &[(&[usize], &[usize])] = &[
-        (&[3, 4], &[4, 5]),
-        (&[1, 1], &[1, 1]),
-        (&[2, 3, 4], &[2, 4, 5]),
-        (&[2, 1, 3, 4], &[5, 4, 2]),
-        (&[3, 4], &[2, 4, 5]),
-        (&[1, 3, 4], &[2, 4, 5]),
-        (&[2, 3, 7], &[7, 1]),
-    ];
-    for seed in 0..3 {
-        let mut rng = Rng::new(500 + seed);
-        for &(sa, sb) in cases {
-            let (a, b) = (
-                uniform(&mut rng, sa, -1.0, 1.0),
-                uniform(&mut rng, sb, -1.0, 1.0),
-            );
-            check_f32(
-                &a.matmul(&b).unwrap(),
-                &matmul_ref(&Arr::of(&a), &Arr::of(&b)),
-                &format!("matmul {sa:?} @ {sb:?}"),
-            );
-        }
-        // Random sizes.
-        let (m, k, n) = (
-            1 + rng.below(9) as usize,
-            1 + rng.below(9) as usize,
-            1 + rng.below(9) as usize,
-        );
-        let (a, b) = (
-            uniform(&mut rng, &[2, m, k], -1.0, 1.0),
-            uniform(&mut rng, &[k, n], -1.0, 1.0),
-        );
-        check_f32(
-            &a.matmul(&b).unwrap(),
-            &matmul_ref(&Arr::of(&a), &Arr::of(&b)),
-            &format!("matmul m{m} k{k} n{n}"),
-        );
+type Graph = fn(&[Tensor]) -> Result<Tensor>;
+type RefGraph = fn(&[Arr]) -> Arr;
+
+/// (name, operand shapes, op, reference).
+fn matmul_cases() -> Vec<(&'static str, [&'static [usize]; 2], Graph, RefGraph)> {
+    let mm: Graph = |t| t[0].matmul(&t[1]);
+    let rm: RefGraph = |x| r::matmul(&x[0], &x[1]);
+    vec![
+        ("2-D", [&[3, 4], &[4, 5]], mm, rm),
+        ("1x1", [&[1, 1], &[1, 1]], mm, rm),
+        ("batched", [&[2, 3, 4], &[2, 4, 5]], mm, rm),
+        (
+            "batched × shared (one tall GEMM)",
+            [&[2, 5, 7], &[7, 3]],
+            mm,
+            rm,
+        ),
+        ("shared × batched", [&[5, 7], &[3, 7, 2]], mm, rm),
+        ("broadcast batch dims", [&[2, 1, 3, 4], &[5, 4, 2]], mm, rm),
+        (
+            "broadcast batch dims 2",
+            [&[3, 1, 4, 6], &[2, 6, 5]],
+            mm,
+            rm,
+        ),
+        ("one of a batch", [&[1, 3, 4], &[2, 4, 5]], mm, rm),
+        ("column", [&[2, 3, 7], &[7, 1]], mm, rm),
+        ("vector-like", [&[1, 9], &[9, 1]], mm, rm),
+        (
+            "aᵀ · bᵀ",
+            [&[7, 5], &[3, 7]],
+            |t| t[0].t()?.matmul(&t[1].t()?),
+            |x| r::matmul(&x[0].t(), &x[1].t()),
+        ),
+        (
+            "x · Wᵀ (linear)",
+            [&[2, 3, 8], &[6, 8]],
+            |t| t[0].matmul(&t[1].t()?),
+            |x| r::matmul(&x[0], &x[1].t()),
+        ),
+        (
+            "narrowed views",
+            [&[5, 10], &[9, 4]],
+            |t| t[0].narrow(1, 2, 7)?.matmul(&t[1].narrow(0, 1, 7)?),
+            |x| r::matmul(&x[0].narrow(1, 2, 7), &x[1].narrow(0, 1, 7)),
+        ),
+        (
+            "narrow · batched bᵀ",
+            [&[3, 8], &[2, 5, 4]],
+            |t| t[0].narrow(1, 3, 4)?.matmul(&t[1].transpose(1, 2)?),
+            |x| r::matmul(&x[0].narrow(1, 3, 4), &x[1].transpose(1, 2)),
+        ),
+        (
+            "attention scores",
+            [&[2, 3, 4, 8], &[2, 3, 6, 8]],
+            |t| t[0].matmul(&t[1].t()?),
+            |x| r::matmul(&x[0], &x[1].t()),
+        ),
+        (
+            "permuted batch",
+            [&[3, 2, 4, 5], &[2, 3, 5, 4]],
+            |t| t[0].permute(&[1, 0, 2, 3])?.matmul(&t[1]),
+            |x| r::matmul(&x[0].permute(&[1, 0, 2, 3]), &x[1]),
+        ),
+        (
+            "permuted · b",
+            [&[4, 2, 3], &[4, 5]],
+            |t| t[0].permute(&[1, 2, 0])?.matmul(&t[1]),
+            |x| r::matmul(&x[0].permute(&[1, 2, 0]), &x[1]),
+        ),
+        ("larger", [&[64, 96], &[96, 80]], mm, rm),
+    ]
+}
+
+fn matmul(t: &Target) {
+    let mut rng = t.rng(30);
+    for (name, [sa, sb], f, rf) in matmul_cases() {
+        let inputs = [
+            In::Var(uniform(&mut rng, sa, -1.0, 1.0)),
+            In::Var(uniform(&mut rng, sb, -1.0, 1.0)),
+        ];
+        t.check(name, &inputs, f, |x, _| rf(x));
     }
 }
 
-#[test]
-fn matmul_with_transposed_and_strided_operands() {
-    let mut rng = Rng::new(17);
-    let a_t = uniform(&mut rng, &[4, 3], -1.0, 1.0).t().unwrap(); // [3,4]
-    let b_t = uniform(&mut rng, &[5, 4], -1.0, 1.0).t().unwrap(); // [4,5]
-    let a = uniform(&mut rng, &[3, 4], -1.0, 1.0);
-    let b = uniform(&mut rng, &[4, 5], -1.0, 1.0);
-    let a_n = uniform(&mut rng, &[3, 9], -1.0, 1.0)
-        .narrow(1, 2, 4)
-        .unwrap();
-    let bb_t = uniform(&mut rng, &[2, 5, 4], -1.0, 1.0)
-        .transpose(1, 2)
-        .unwrap(); // [2,4,5]
-    let ab_p = uniform(&mut rng, &[4, 2, 3], -1.0, 1.0)
-        .permute(&[1, 2, 0])
-        .unwrap(); // [2,3,4]
-    for (x, y, what) in [
-        (&a_t, &b, "aᵀ·b"),
-        (&a, &b_t, "a·bᵀ"),
-        (&a_t, &b_t, "aᵀ·bᵀ"),
-        (&a_n, &b_t, "narrow·bᵀ"),
-        (&a, &bb_t, "a·batched bᵀ"),
-        (&ab_p, &bb_t, "permuted·batched bᵀ"),
-        (&ab_p, &b, "permuted·b"),
-    ] {
-        check_f32(
-            &x.matmul(y).unwrap(),
-            &matmul_ref(&Arr::of(x), &Arr::of(y)),
-            what,
-        );
-    }
-}
-
-#[test]
-fn matmul_large_paths() {
-    let mut rng = Rng::new(23);
-    // One large product (gemm splits it across threads), and many medium ones (one per thread).
-    let a = uniform(&mut rng, &[96, 128], -1.0, 1.0).t().unwrap();
-    let b = uniform(&mut rng, &[96, 112], -1.0, 1.0);
-    assert_close(
-        &a.matmul(&b).unwrap(),
-        &matmul_ref(&Arr::of(&a), &Arr::of(&b)),
-        1e-5,
-        3e-5,
-        "large matmul",
+/// One large product (the CPU's gemm splits it across threads) and many medium ones.
+fn matmul_large(t: &Target) {
+    let mut rng = t.rng(31);
+    let (a, b) = (
+        uniform(&mut rng, &[96, 128], -1.0, 1.0),
+        uniform(&mut rng, &[96, 112], -1.0, 1.0),
     );
-    let a = uniform(&mut rng, &[4, 48, 64], -1.0, 1.0);
-    let b = uniform(&mut rng, &[4, 64, 40], -1.0, 1.0);
-    assert_close(
-        &a.matmul(&b).unwrap(),
-        &matmul_ref(&Arr::of(&a), &Arr::of(&b)),
-        1e-5,
-        3e-5,
-        "batched matmul",
+    t.check(
+        "aᵀ · b 128×96×112",
+        &[In::Fixed(a), In::Fixed(b)],
+        |x| x[0].t()?.matmul(&x[1]),
+        |x, _| r::matmul(&x[0].t(), &x[1]),
+    );
+    let (a, b) = (
+        uniform(&mut rng, &[4, 48, 64], -1.0, 1.0),
+        uniform(&mut rng, &[4, 64, 40], -1.0, 1.0),
+    );
+    t.check(
+        "batched 4×48×64×40",
+        &[In::Fixed(a), In::Fixed(b)],
+        |x| x[0].matmul(&x[1]),
+        |x, _| r::matmul(&x[0], &x[1]),
     );
 }
 
-// ---- conv2d -------------------------------------------------------------------------------
-
-/// Direct convolution: out[n,o,y,x] = Σ_c Σ_ky Σ_kx in[n, g·cg + c, y·s − p + ky·d, x·s − p + kx·d] · w[o,c,ky,kx].
-pub fn conv2d_ref(x: &Arr, w: &Arr, p: Conv2dParams) -> Arr {
-    let (n, c, h, wd) = (x.shape[0], x.shape[1], x.shape[2], x.shape[3]);
-    let (o, cg, kh, kw) = (w.shape[0], w.shape[1], w.shape[2], w.shape[3]);
-    assert_eq!(cg * p.groups, c);
-    let og = o / p.groups;
-    let out =
-        |len: usize, k: usize| (len + 2 * p.padding - p.dilation * (k - 1) - 1) / p.stride + 1;
-    let (oh, ow) = (out(h, kh), out(wd, kw));
-    let mut y = vec![0f64; n * o * oh * ow];
-    for ni in 0..n {
-        for oi in 0..o {
-            let g = oi / og;
-            for oy in 0..oh {
-                for ox in 0..ow {
-                    let mut s = 0.0;
-                    for ci in 0..cg {
-                        for ky in 0..kh {
-                            for kx in 0..kw {
-                                let iy =
-                                    (oy * p.stride + ky * p.dilation) as isize - p.padding as isize;
-                                let ix =
-                                    (ox * p.stride + kx * p.dilation) as isize - p.padding as isize;
-                                if iy < 0 || ix < 0 || iy >= h as isize || ix >= wd as isize {
-                                    continue;
-                                }
-                                s += x.get(&[ni, g * cg + ci, iy as usize, ix as usize])
-                                    * w.get(&[oi, ci, ky, kx]);
-                            }
-                        }
-                    }
-                    y[((ni * o + oi) * oh + oy) * ow + ox] = s;
-                }
-            }
-        }
+/// TF32 products: inputs rounded to 10 mantissa bits (u = 2^-11) before an f32 accumulation,
+/// so 1e-3 (about two TF32 units) instead of the f32 tolerance.
+fn matmul_tf32(t: &Target) {
+    cuda::set_allow_tf32(true);
+    let mut rng = t.rng(32);
+    let tf32 = Opts {
+        f32_tol: Some(1e-3),
+        ..Opts::default()
+    };
+    for (name, [sa, sb], f, rf) in matmul_cases() {
+        let inputs = [
+            In::Var(uniform(&mut rng, sa, -1.0, 1.0)),
+            In::Var(uniform(&mut rng, sb, -1.0, 1.0)),
+        ];
+        t.check_with(&format!("tf32 {name}"), tf32, &inputs, f, |x, _| rf(x));
     }
-    Arr::new(&[n, o, oh, ow], y)
+    cuda::set_allow_tf32(false);
 }
+
+// ---- conv2d -----------------------------------------------------------------------------------
 
 /// (n, c, h, w, o, kh, kw, stride, padding, dilation, groups)
-pub const CONV_CASES: &[[usize; 11]] = &[
+const CONV_CASES: &[[usize; 11]] = &[
     [2, 3, 7, 6, 4, 3, 3, 1, 0, 1, 1],
     [2, 3, 8, 8, 5, 3, 3, 2, 1, 1, 1],
     [1, 2, 9, 7, 3, 3, 2, 1, 2, 2, 1],
@@ -177,10 +163,30 @@ pub const CONV_CASES: &[[usize; 11]] = &[
     [2, 6, 10, 9, 4, 2, 3, 3, 0, 2, 2],
     [1, 2, 5, 5, 3, 1, 1, 1, 0, 1, 1],
     [1, 2, 4, 4, 2, 4, 4, 1, 0, 1, 1],
+    [4, 8, 5, 5, 16, 1, 1, 1, 0, 1, 1],
+    [2, 16, 12, 12, 32, 3, 3, 2, 1, 1, 1],
 ];
 
-/// A random configuration in the CONV_CASES format; the input is always large enough.
-pub fn random_conv_case(rng: &mut Rng) -> [usize; 11] {
+fn params(c: &[usize; 11]) -> (Conv2dParams, Conv) {
+    let (stride, padding, dilation, groups) = (c[7], c[8], c[9], c[10]);
+    (
+        Conv2dParams {
+            stride,
+            padding,
+            dilation,
+            groups,
+        },
+        Conv {
+            stride,
+            padding,
+            dilation,
+            groups,
+        },
+    )
+}
+
+/// A random geometry whose input is always large enough.
+fn random_conv_case(rng: &mut Rng) -> [usize; 11] {
     let r = |rng: &mut Rng, lo: usize, hi: usize| lo + rng.below((hi - lo + 1) as u64) as usize;
     let (groups, cg, og) = (r(rng, 1, 3), r(rng, 1, 3), r(rng, 1, 3));
     let (kh, kw, stride, padding, dilation) = (
@@ -209,104 +215,127 @@ pub fn random_conv_case(rng: &mut Rng) -> [usize; 11] {
     ]
 }
 
-pub fn conv_params(c: &[usize; 11]) -> Conv2dParams {
-    Conv2dParams {
-        stride: c[7],
-        padding: c[8],
-        dilation: c[9],
-        groups: c[10],
-    }
+fn conv_inputs(rng: &mut Rng, c: &[usize; 11]) -> (Arr, Arr) {
+    let &[n, ch, h, w, o, kh, kw, .., groups] = c;
+    (
+        uniform(rng, &[n, ch, h, w], -1.0, 1.0),
+        uniform(rng, &[o, ch / groups, kh, kw], -0.5, 0.5),
+    )
 }
 
-#[test]
-fn conv2d_matches_direct_convolution() {
-    for seed in 0..2 {
-        let mut rng = Rng::new(600 + seed);
-        for case in CONV_CASES {
-            let &[n, c, h, w, o, kh, kw, ..] = case;
-            let p = conv_params(case);
-            let x = uniform(&mut rng, &[n, c, h, w], -1.0, 1.0);
-            let wt = uniform(&mut rng, &[o, c / p.groups, kh, kw], -1.0, 1.0);
-            check_f32(
-                &x.conv2d(&wt, p).unwrap(),
-                &conv2d_ref(&Arr::of(&x), &Arr::of(&wt), p),
-                &format!("conv2d {case:?}"),
-            );
-            // Channels-last data viewed as NCHW, and a permuted weight: non-contiguous operands.
-            let xp = uniform(&mut rng, &[n, h, w, c], -1.0, 1.0)
-                .permute(&[0, 3, 1, 2])
-                .unwrap();
-            let wp = uniform(&mut rng, &[kh, kw, o, c / p.groups], -1.0, 1.0)
-                .permute(&[2, 3, 0, 1])
-                .unwrap();
-            check_f32(
-                &xp.conv2d(&wp, p).unwrap(),
-                &conv2d_ref(&Arr::of(&xp), &Arr::of(&wp), p),
-                &format!("conv2d strided {case:?}"),
-            );
-        }
-    }
-    let mut rng = Rng::new(62);
-    for _ in 0..20 {
-        let case = random_conv_case(&mut rng);
-        let &[n, c, h, w, o, kh, kw, ..] = &case;
-        let p = conv_params(&case);
-        let x = uniform(&mut rng, &[n, c, h, w], -1.0, 1.0);
-        let wt = uniform(&mut rng, &[o, c / p.groups, kh, kw], -1.0, 1.0);
-        check_f32(
-            &x.conv2d(&wt, p).unwrap(),
-            &conv2d_ref(&Arr::of(&x), &Arr::of(&wt), p),
-            &format!("conv2d random {case:?}"),
-        );
-    }
-    // A batch spread over several cores.
-    let mut rng = Rng::new(61);
-    let p = Conv2dParams {
-        stride: 1,
-        padding: 1,
-        dilation: 1,
-        groups: 1,
-    };
-    let x = uniform(&mut rng, &[11, 3, 6, 6], -1.0, 1.0);
-    let w = uniform(&mut rng, &[4, 3, 3, 3], -1.0, 1.0);
-    check_f32(
-        &x.conv2d(&w, p).unwrap(),
-        &conv2d_ref(&Arr::of(&x), &Arr::of(&w), p),
-        "conv2d batch 11",
+fn check_conv(t: &Target, what: &str, c: &[usize; 11], x: Arr, w: Arr) {
+    let (p, rp) = params(c);
+    t.check(
+        what,
+        &[In::Var(x), In::Var(w)],
+        move |v| v[0].conv2d(&v[1], p),
+        move |v, _| r::conv2d(&v[0], &v[1], rp),
     );
 }
 
-// ---- pooling -----------------------------------------------------------------------------
-
-/// Max (padding never wins) or average (padding counts as zeros) pooling.
-pub fn pool_ref(x: &Arr, p: Pool2dParams, is_max: bool) -> Arr {
-    let (n, c, h, w) = (x.shape[0], x.shape[1], x.shape[2], x.shape[3]);
-    let oh = (h + 2 * p.padding - p.kernel) / p.stride + 1;
-    let ow = (w + 2 * p.padding - p.kernel) / p.stride + 1;
-    Arr::from_fn(&[n, c, oh, ow], |i| {
-        let mut best = f64::NEG_INFINITY;
-        let mut sum = 0.0;
-        for ky in 0..p.kernel {
-            for kx in 0..p.kernel {
-                let iy = (i[2] * p.stride + ky) as isize - p.padding as isize;
-                let ix = (i[3] * p.stride + kx) as isize - p.padding as isize;
-                if iy < 0 || ix < 0 || iy >= h as isize || ix >= w as isize {
-                    continue;
-                }
-                let v = x.get(&[i[0], i[1], iy as usize, ix as usize]);
-                best = best.max(v);
-                sum += v;
-            }
-        }
-        if is_max {
-            best
-        } else {
-            sum / (p.kernel * p.kernel) as f64
-        }
-    })
+fn conv2d(t: &Target) {
+    let mut rng = t.rng(33);
+    for c in CONV_CASES {
+        let (x, w) = conv_inputs(&mut rng, c);
+        check_conv(t, &format!("conv2d {c:?}"), c, x, w);
+        // Channels-last data viewed as NCHW and a permuted weight: non-contiguous operands.
+        let &[n, ch, h, wd, o, kh, kw, .., g] = c;
+        let (p, rp) = params(c);
+        t.check(
+            &format!("conv2d strided {c:?}"),
+            &[
+                In::Var(uniform(&mut rng, &[n, h, wd, ch], -1.0, 1.0)),
+                In::Var(uniform(&mut rng, &[kh, kw, o, ch / g], -0.5, 0.5)),
+            ],
+            move |v| {
+                v[0].permute(&[0, 3, 1, 2])?
+                    .conv2d(&v[1].permute(&[2, 3, 0, 1])?, p)
+            },
+            move |v, _| {
+                r::conv2d(
+                    &v[0].permute(&[0, 3, 1, 2]),
+                    &v[1].permute(&[2, 3, 0, 1]),
+                    rp,
+                )
+            },
+        );
+    }
 }
 
-pub const POOL_CASES: &[(usize, usize, usize)] = &[
+fn conv2d_random(t: &Target) {
+    let mut rng = t.rng(34);
+    for _ in 0..8 {
+        let c = random_conv_case(&mut rng);
+        let (x, w) = conv_inputs(&mut rng, &c);
+        check_conv(t, &format!("conv2d random {c:?}"), &c, x, w);
+    }
+    // A batch larger than the CPU backward's sample chunk (8): the weight gradient sums chunks.
+    let c = [19, 2, 5, 5, 3, 3, 3, 2, 1, 1, 1];
+    let (x, w) = conv_inputs(&mut rng, &c);
+    check_conv(t, "conv2d batch 19", &c, x, w);
+}
+
+/// Only the weight, or only the input, tracks gradients.
+fn conv2d_one_side(t: &Target) {
+    let mut rng = t.rng(35);
+    let c = [2, 3, 6, 6, 2, 3, 3, 1, 1, 1, 1];
+    let (p, rp) = params(&c);
+    let (x, w) = conv_inputs(&mut rng, &c);
+    let f = move |v: &[Tensor]| v[0].conv2d(&v[1], p);
+    let rf = move |v: &[Arr], _: &Rd| r::conv2d(&v[0], &v[1], rp);
+    t.check(
+        "weight only",
+        &[In::Fixed(x.clone()), In::Var(w.clone())],
+        f,
+        rf,
+    );
+    t.check("input only", &[In::Var(x), In::Fixed(w)], f, rf);
+}
+
+/// Both CUDA convolution paths against the reference, and which one ran: cuDNN's three passes
+/// under `Auto` (when cuDNN loads), none under `Im2col`.
+fn conv2d_cudnn_and_im2col(t: &Target) {
+    let mut rng = t.rng(36);
+    for c in CONV_CASES {
+        let (x, w) = conv_inputs(&mut rng, c);
+        for backend in [cuda::ConvBackend::Im2col, cuda::ConvBackend::Auto] {
+            cuda::set_conv_backend(backend);
+            let before = cuda::cudnn_conv_passes();
+            check_conv(t, &format!("{backend:?} {c:?}"), c, x.clone(), w.clone());
+            let ran = cuda::cudnn_conv_passes() - before;
+            let want = if backend == cuda::ConvBackend::Auto && cuda::cudnn_available() {
+                3
+            } else {
+                0
+            };
+            assert_eq!(
+                ran, want,
+                "{backend:?} {c:?}: cuDNN passes (forward, backward-data, backward-filter)"
+            );
+        }
+    }
+    cuda::set_conv_backend(cuda::ConvBackend::Auto);
+}
+
+/// 96 images of a 64-channel 3×3 conv over 32×32: a column matrix larger than one chunk.
+fn conv2d_chunked(t: &Target) {
+    cuda::set_conv_backend(cuda::ConvBackend::Im2col);
+    let mut rng = t.rng(37);
+    let c = [96, 64, 32, 32, 8, 3, 3, 1, 1, 1, 1];
+    let (x, w) = conv_inputs(&mut rng, &c);
+    let (p, rp) = params(&c);
+    t.check(
+        "conv2d chunked",
+        &[In::Fixed(x), In::Fixed(w)],
+        move |v| v[0].conv2d(&v[1], p),
+        move |v, _| r::conv2d(&v[0], &v[1], rp),
+    );
+    cuda::set_conv_backend(cuda::ConvBackend::Auto);
+}
+
+// ---- pooling ----------------------------------------------------------------------------------
+
+const POOL_CASES: &[(usize, usize, usize)] = &[
     (2, 2, 0),
     (3, 2, 1),
     (3, 1, 1),
@@ -315,9 +344,8 @@ pub const POOL_CASES: &[(usize, usize, usize)] = &[
     (3, 3, 0),
 ];
 
-#[test]
-fn max_and_avg_pool_with_padding() {
-    let mut rng = Rng::new(700);
+fn pool2d(t: &Target) {
+    let mut rng = t.rng(38);
     for &(kernel, stride, padding) in POOL_CASES {
         let p = Pool2dParams {
             kernel,
@@ -325,34 +353,45 @@ fn max_and_avg_pool_with_padding() {
             padding,
         };
         for shape in [[2, 3, 7, 6], [1, 2, 8, 8]] {
-            let inputs = [
-                ("mixed", uniform(&mut rng, &shape, -2.0, 2.0)),
-                // All negative: padding must not act as a zero in max pooling.
-                ("negative", uniform(&mut rng, &shape, -3.0, -1.0)),
+            let [n, c, h, w] = shape;
+            // Distinct values (max-pool never ties), also all negative: padding is no zero.
+            let inputs: [(&str, Arr, bool); 3] = [
+                ("mixed", distinct(&mut rng, &shape), false),
                 (
-                    "permuted",
-                    uniform(
-                        &mut rng,
-                        &[shape[0], shape[2], shape[3], shape[1]],
-                        -2.0,
-                        2.0,
-                    )
-                    .permute(&[0, 3, 1, 2])
-                    .unwrap(),
+                    "negative",
+                    distinct(&mut rng, &shape).map(|v| v - 20.0),
+                    false,
                 ),
+                ("permuted", distinct(&mut rng, &[n, h, w, c]), true),
             ];
-            for (what, x) in inputs {
-                let a = Arr::of(&x);
+            for (what, x, permuted) in inputs {
+                let view = move |v: &Tensor| {
+                    if permuted {
+                        v.permute(&[0, 3, 1, 2])
+                    } else {
+                        Ok(v.clone())
+                    }
+                };
+                let rview = move |v: &Arr| {
+                    if permuted {
+                        v.permute(&[0, 3, 1, 2])
+                    } else {
+                        v.clone()
+                    }
+                };
                 let tag = format!("{what} {shape:?} {p:?}");
-                check_f32(
-                    &x.max_pool2d(p).unwrap(),
-                    &pool_ref(&a, p, true),
+                t.check_with(
                     &format!("max_pool2d {tag}"),
+                    EXACT,
+                    &[In::Var(x.clone())],
+                    |v| view(&v[0])?.max_pool2d(p),
+                    |v, _| r::pool2d(&rview(&v[0]), kernel, stride, padding, true),
                 );
-                check_f32(
-                    &x.avg_pool2d(p).unwrap(),
-                    &pool_ref(&a, p, false),
+                t.check(
                     &format!("avg_pool2d {tag}"),
+                    &[In::Var(x)],
+                    |v| view(&v[0])?.avg_pool2d(p),
+                    |v, _| r::pool2d(&rview(&v[0]), kernel, stride, padding, false),
                 );
             }
         }

@@ -1,0 +1,720 @@
+//! The f64 reference of every op: one plain function per op over [`Arr`], a row-major f64
+//! n-d array, written independently of the crate (no sinter op is called here except
+//! `sinter_core::op::erf`, whose accuracy is tested in sinter-types against a series).
+//! Gradients are not written here: the harness differentiates these functions by central
+//! differences in f64 (see `harness::check`), so each op has exactly one reference.
+
+use sinter_core::{bf16, f16, DType};
+
+/// Row-major strides.
+pub fn strides(shape: &[usize]) -> Vec<usize> {
+    let mut s = vec![1; shape.len()];
+    for i in (0..shape.len().saturating_sub(1)).rev() {
+        s[i] = s[i + 1] * shape[i + 1];
+    }
+    s
+}
+
+/// Calls `f` with every multi-index of `shape`, in row-major order.
+pub fn for_each_index(shape: &[usize], mut f: impl FnMut(&[usize])) {
+    let n: usize = shape.iter().product();
+    let mut idx = vec![0usize; shape.len()];
+    for _ in 0..n {
+        f(&idx);
+        for d in (0..shape.len()).rev() {
+            idx[d] += 1;
+            if idx[d] < shape[d] {
+                break;
+            }
+            idx[d] = 0;
+        }
+    }
+}
+
+/// NumPy broadcasting.
+pub fn broadcast_shape(a: &[usize], b: &[usize]) -> Vec<usize> {
+    let n = a.len().max(b.len());
+    let at = |s: &[usize], i: usize| {
+        if i + s.len() >= n {
+            s[i + s.len() - n]
+        } else {
+            1
+        }
+    };
+    (0..n)
+        .map(|i| {
+            let (da, db) = (at(a, i), at(b, i));
+            assert!(da == db || da == 1 || db == 1, "test bug: {a:?} vs {b:?}");
+            da.max(db)
+        })
+        .collect()
+}
+
+fn resolve(dim: isize, rank: usize) -> usize {
+    if dim < 0 {
+        (dim + rank as isize) as usize
+    } else {
+        dim as usize
+    }
+}
+
+/// A plain f64 n-d array.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Arr {
+    pub shape: Vec<usize>,
+    pub data: Vec<f64>,
+}
+
+impl Arr {
+    pub fn new(shape: &[usize], data: Vec<f64>) -> Arr {
+        assert_eq!(
+            shape.iter().product::<usize>(),
+            data.len(),
+            "test bug: size"
+        );
+        Arr {
+            shape: shape.to_vec(),
+            data,
+        }
+    }
+    pub fn scalar(v: f64) -> Arr {
+        Arr::new(&[], vec![v])
+    }
+    pub fn from_fn(shape: &[usize], mut f: impl FnMut(&[usize]) -> f64) -> Arr {
+        let mut data = Vec::with_capacity(shape.iter().product());
+        for_each_index(shape, |i| data.push(f(i)));
+        Arr::new(shape, data)
+    }
+    pub fn ints(shape: &[usize], v: &[i64]) -> Arr {
+        Arr::new(shape, v.iter().map(|&x| x as f64).collect())
+    }
+    pub fn numel(&self) -> usize {
+        self.data.len()
+    }
+    pub fn rank(&self) -> usize {
+        self.shape.len()
+    }
+    /// Row-major offset of an index (no allocation: the references call this in loops).
+    pub fn offset(&self, idx: &[usize]) -> usize {
+        debug_assert_eq!(idx.len(), self.shape.len());
+        let mut off = 0;
+        for (i, d) in idx.iter().zip(&self.shape) {
+            off = off * d + i;
+        }
+        off
+    }
+    pub fn get(&self, idx: &[usize]) -> f64 {
+        self.data[self.offset(idx)]
+    }
+    /// Reads at an index of a broadcast shape: trailing dims align, size-1 dims read 0.
+    pub fn get_bcast(&self, idx: &[usize]) -> f64 {
+        let lead = idx.len() - self.shape.len();
+        let mut off = 0;
+        for (k, &d) in self.shape.iter().enumerate() {
+            off = off * d + if d == 1 { 0 } else { idx[lead + k] };
+        }
+        self.data[off]
+    }
+    pub fn map(&self, f: impl Fn(f64) -> f64) -> Arr {
+        Arr::new(&self.shape, self.data.iter().map(|&x| f(x)).collect())
+    }
+    /// Elementwise with broadcasting.
+    pub fn zip(&self, other: &Arr, f: impl Fn(f64, f64) -> f64) -> Arr {
+        let shape = broadcast_shape(&self.shape, &other.shape);
+        Arr::from_fn(&shape, |i| f(self.get_bcast(i), other.get_bcast(i)))
+    }
+    pub fn add(&self, o: &Arr) -> Arr {
+        self.zip(o, |a, b| a + b)
+    }
+    pub fn mul(&self, o: &Arr) -> Arr {
+        self.zip(o, |a, b| a * b)
+    }
+
+    // ---- views (materialised) ----
+    pub fn reshape(&self, shape: &[usize]) -> Arr {
+        Arr::new(shape, self.data.clone())
+    }
+    pub fn permute(&self, perm: &[usize]) -> Arr {
+        let shape: Vec<usize> = perm.iter().map(|&p| self.shape[p]).collect();
+        let st = strides(&self.shape);
+        let src: Vec<usize> = perm.iter().map(|&p| st[p]).collect();
+        let mut data = Vec::with_capacity(self.numel());
+        for_each_index(&shape, |i| {
+            data.push(self.data[i.iter().zip(&src).map(|(a, b)| a * b).sum::<usize>()]);
+        });
+        Arr::new(&shape, data)
+    }
+    pub fn transpose(&self, a: isize, b: isize) -> Arr {
+        let (a, b) = (resolve(a, self.rank()), resolve(b, self.rank()));
+        let mut perm: Vec<usize> = (0..self.rank()).collect();
+        perm.swap(a, b);
+        self.permute(&perm)
+    }
+    /// Swaps the last two dims.
+    pub fn t(&self) -> Arr {
+        self.transpose(-2, -1)
+    }
+    pub fn narrow(&self, dim: isize, start: usize, len: usize) -> Arr {
+        let d = resolve(dim, self.rank());
+        let mut shape = self.shape.clone();
+        shape[d] = len;
+        Arr::from_fn(&shape, |i| {
+            let mut j = i.to_vec();
+            j[d] += start;
+            self.get(&j)
+        })
+    }
+    pub fn broadcast_to(&self, shape: &[usize]) -> Arr {
+        Arr::from_fn(shape, |i| self.get_bcast(i))
+    }
+    pub fn unsqueeze(&self, dim: usize) -> Arr {
+        let mut shape = self.shape.clone();
+        shape.insert(dim, 1);
+        self.reshape(&shape)
+    }
+    pub fn squeeze(&self, dim: usize) -> Arr {
+        let mut shape = self.shape.clone();
+        assert_eq!(shape.remove(dim), 1);
+        self.reshape(&shape)
+    }
+}
+
+// ---- rounding to a dtype ----------------------------------------------------------------------
+
+/// `x` rounded to nearest (ties to even) in `dtype`; i64 truncates toward zero, like a cast.
+pub fn round_to(dtype: DType, x: f64) -> f64 {
+    match dtype {
+        DType::F32 => x as f32 as f64,
+        DType::F16 => f16::from_f64(x).to_f64(),
+        DType::BF16 => bf16::from_f64(x).to_f64(),
+        DType::I64 => x.trunc(),
+        other => panic!("test bug: {other} is not a tensor dtype"),
+    }
+}
+
+pub fn rounded(a: &Arr, dtype: DType) -> Arr {
+    a.map(|x| round_to(dtype, x))
+}
+
+/// Unit roundoff: half the distance from 1 to the next value of `dtype`.
+pub fn unit_roundoff(dtype: DType) -> f64 {
+    match dtype {
+        DType::F32 => 2f64.powi(-24),
+        DType::F16 => 2f64.powi(-11),
+        DType::BF16 => 2f64.powi(-8),
+        _ => 0.0,
+    }
+}
+
+// ---- unary and binary maps ---------------------------------------------------------------------
+
+pub use sinter_core::op::erf;
+
+pub fn gelu_tanh(x: f64) -> f64 {
+    0.5 * x * (1.0 + ((2.0 / std::f64::consts::PI).sqrt() * (x + 0.044715 * x * x * x)).tanh())
+}
+pub fn gelu_erf(x: f64) -> f64 {
+    0.5 * x * (1.0 + erf(x / 2f64.sqrt()))
+}
+pub fn sigmoid(x: f64) -> f64 {
+    1.0 / (1.0 + (-x).exp())
+}
+pub fn silu(x: f64) -> f64 {
+    x * sigmoid(x)
+}
+pub fn relu(x: f64) -> f64 {
+    x.max(0.0)
+}
+
+/// Truncating integer division (Rust's and C's `/`); the caller keeps divisors non-zero.
+pub fn int_div(a: f64, b: f64) -> f64 {
+    (a as i64).wrapping_div(b as i64) as f64
+}
+
+/// Two's-complement wrapping of an exact integer result into i64.
+pub fn wrap_i64(x: i128) -> f64 {
+    x as i64 as f64
+}
+
+// ---- reductions ----------------------------------------------------------------------------------
+
+/// Reduces over `dims` (any order, negative allowed) with `f` over the reduced values in
+/// row-major order.
+pub fn reduce(a: &Arr, dims: &[isize], keepdim: bool, f: impl Fn(&[f64]) -> f64) -> Arr {
+    let ds: Vec<usize> = dims.iter().map(|&d| resolve(d, a.rank())).collect();
+    let kept: Vec<usize> = (0..a.rank())
+        .map(|i| if ds.contains(&i) { 1 } else { a.shape[i] })
+        .collect();
+    let red: Vec<usize> = (0..a.rank())
+        .map(|i| if ds.contains(&i) { a.shape[i] } else { 1 })
+        .collect();
+    let out = Arr::from_fn(&kept, |o| {
+        let mut v = Vec::new();
+        for_each_index(&red, |k| {
+            let idx: Vec<usize> = o.iter().zip(k).map(|(a, b)| a + b).collect();
+            v.push(a.get(&idx));
+        });
+        f(&v)
+    });
+    if keepdim {
+        out
+    } else {
+        let shape: Vec<usize> = (0..a.rank())
+            .filter(|i| !ds.contains(i))
+            .map(|i| a.shape[i])
+            .collect();
+        Arr::new(&shape, out.data)
+    }
+}
+
+pub fn sum(v: &[f64]) -> f64 {
+    v.iter().sum()
+}
+pub fn mean(v: &[f64]) -> f64 {
+    v.iter().sum::<f64>() / v.len() as f64
+}
+pub fn max(v: &[f64]) -> f64 {
+    v.iter().copied().fold(f64::NEG_INFINITY, f64::max)
+}
+pub fn min(v: &[f64]) -> f64 {
+    v.iter().copied().fold(f64::INFINITY, f64::min)
+}
+/// Index of the first maximum.
+pub fn argmax(v: &[f64]) -> f64 {
+    let m = max(v);
+    v.iter().position(|&x| x == m).unwrap() as f64
+}
+/// Exact i64 sum with two's-complement wrapping (PyTorch's integer semantics).
+pub fn sum_i64(v: &[f64]) -> f64 {
+    wrap_i64(v.iter().map(|&x| x as i64 as i128).sum())
+}
+
+/// Applies `f` to every 1-D row along `dim` (a row-to-row map of the same length).
+pub fn along(a: &Arr, dim: isize, f: impl Fn(&[f64]) -> Vec<f64>) -> Arr {
+    let d = resolve(dim, a.rank());
+    let mut out = a.clone();
+    let st = strides(&a.shape);
+    let mut outer = a.shape.clone();
+    outer[d] = 1;
+    for_each_index(&outer, |o| {
+        let base: usize = o.iter().zip(&st).map(|(i, s)| i * s).sum();
+        let row: Vec<f64> = (0..a.shape[d]).map(|k| a.data[base + k * st[d]]).collect();
+        for (k, v) in f(&row).into_iter().enumerate() {
+            out.data[base + k * st[d]] = v;
+        }
+    });
+    out
+}
+
+fn logsumexp(row: &[f64]) -> f64 {
+    let m = max(row);
+    if m == f64::NEG_INFINITY {
+        return m;
+    }
+    m + row.iter().map(|v| (v - m).exp()).sum::<f64>().ln()
+}
+
+pub fn softmax(a: &Arr, dim: isize) -> Arr {
+    along(a, dim, |row| {
+        let l = logsumexp(row);
+        row.iter().map(|v| (v - l).exp()).collect()
+    })
+}
+pub fn log_softmax(a: &Arr, dim: isize) -> Arr {
+    along(a, dim, |row| {
+        let l = logsumexp(row);
+        row.iter().map(|v| v - l).collect()
+    })
+}
+
+// ---- linear algebra ------------------------------------------------------------------------------
+
+/// [..., m, k] @ [..., k, n] with broadcast batch dimensions.
+pub fn matmul(a: &Arr, b: &Arr) -> Arr {
+    let (ra, rb) = (a.rank(), b.rank());
+    let (m, k, n) = (a.shape[ra - 2], a.shape[ra - 1], b.shape[rb - 1]);
+    assert_eq!(k, b.shape[rb - 2], "test bug: matmul inner dims");
+    let batch = broadcast_shape(&a.shape[..ra - 2], &b.shape[..rb - 2]);
+    let (ba, bb) = (
+        Arr::new(&a.shape[..ra - 2], vec![0.0; a.numel() / (m * k)]),
+        Arr::new(&b.shape[..rb - 2], vec![0.0; b.numel() / (k * n)]),
+    );
+    let mut shape = batch.clone();
+    shape.extend([m, n]);
+    let mut out = Vec::with_capacity(shape.iter().product());
+    for_each_index(&batch, |bi| {
+        // The matrix of each operand this batch index reads (size-1 batch dims broadcast).
+        let (oa, ob) = (bcast_offset(&ba, bi) * m * k, bcast_offset(&bb, bi) * k * n);
+        for r in 0..m {
+            for c in 0..n {
+                out.push(
+                    (0..k)
+                        .map(|kk| a.data[oa + r * k + kk] * b.data[ob + kk * n + c])
+                        .sum(),
+                );
+            }
+        }
+    });
+    Arr::new(&shape, out)
+}
+
+/// The offset in `a` (of shape `a.shape`) read at broadcast index `idx`.
+fn bcast_offset(a: &Arr, idx: &[usize]) -> usize {
+    let lead = idx.len() - a.shape.len();
+    let mut off = 0;
+    for (kk, &d) in a.shape.iter().enumerate() {
+        off = off * d + if d == 1 { 0 } else { idx[lead + kk] };
+    }
+    off
+}
+
+/// Convolution geometry: (stride, padding, dilation, groups).
+#[derive(Clone, Copy, Debug)]
+pub struct Conv {
+    pub stride: usize,
+    pub padding: usize,
+    pub dilation: usize,
+    pub groups: usize,
+}
+
+/// Direct convolution: out[n,o,y,x] = Σ_c Σ_ky Σ_kx in[n, g·cg + c, y·s − p + ky·d, x·s − p + kx·d] · w[o,c,ky,kx].
+pub fn conv2d(x: &Arr, w: &Arr, p: Conv) -> Arr {
+    let (n, c, h, wd) = (x.shape[0], x.shape[1], x.shape[2], x.shape[3]);
+    let (o, cg, kh, kw) = (w.shape[0], w.shape[1], w.shape[2], w.shape[3]);
+    assert_eq!(cg * p.groups, c, "test bug: conv channels");
+    let og = o / p.groups;
+    let out =
+        |len: usize, k: usize| (len + 2 * p.padding - p.dilation * (k - 1) - 1) / p.stride + 1;
+    let (oh, ow) = (out(h, kh), out(wd, kw));
+    Arr::from_fn(&[n, o, oh, ow], |i| {
+        let (ni, oi, oy, ox) = (i[0], i[1], i[2], i[3]);
+        let g = oi / og;
+        let mut s = 0.0;
+        for ci in 0..cg {
+            for ky in 0..kh {
+                for kx in 0..kw {
+                    let iy = (oy * p.stride + ky * p.dilation) as isize - p.padding as isize;
+                    let ix = (ox * p.stride + kx * p.dilation) as isize - p.padding as isize;
+                    if iy < 0 || ix < 0 || iy >= h as isize || ix >= wd as isize {
+                        continue;
+                    }
+                    s += x.data[((ni * c + g * cg + ci) * h + iy as usize) * wd + ix as usize]
+                        * w.data[((oi * cg + ci) * kh + ky) * kw + kx];
+                }
+            }
+        }
+        s
+    })
+}
+
+/// Max pooling (padding never wins) or average pooling (padding counts as zeros).
+pub fn pool2d(x: &Arr, kernel: usize, stride: usize, padding: usize, is_max: bool) -> Arr {
+    let (n, c, h, w) = (x.shape[0], x.shape[1], x.shape[2], x.shape[3]);
+    let oh = (h + 2 * padding - kernel) / stride + 1;
+    let ow = (w + 2 * padding - kernel) / stride + 1;
+    Arr::from_fn(&[n, c, oh, ow], |i| {
+        let (mut best, mut total) = (f64::NEG_INFINITY, 0.0);
+        for ky in 0..kernel {
+            for kx in 0..kernel {
+                let iy = (i[2] * stride + ky) as isize - padding as isize;
+                let ix = (i[3] * stride + kx) as isize - padding as isize;
+                if iy < 0 || ix < 0 || iy >= h as isize || ix >= w as isize {
+                    continue;
+                }
+                let v = x.get(&[i[0], i[1], iy as usize, ix as usize]);
+                best = best.max(v);
+                total += v;
+            }
+        }
+        if is_max {
+            best
+        } else {
+            total / (kernel * kernel) as f64
+        }
+    })
+}
+
+// ---- normalisation and losses ----------------------------------------------------------------------
+
+/// LayerNorm over the last dimension with affine gain and bias (biased variance).
+pub fn layer_norm(x: &Arr, g: &Arr, b: &Arr, eps: f64) -> Arr {
+    let n = *x.shape.last().unwrap();
+    let mut y = Vec::with_capacity(x.numel());
+    for row in x.data.chunks(n) {
+        let mu = row.iter().sum::<f64>() / n as f64;
+        let var = row.iter().map(|v| (v - mu) * (v - mu)).sum::<f64>() / n as f64;
+        for (j, v) in row.iter().enumerate() {
+            y.push((v - mu) / (var + eps).sqrt() * g.data[j] + b.data[j]);
+        }
+    }
+    Arr::new(&x.shape, y)
+}
+
+/// Mean over the non-ignored rows of −log softmax(logits)[target]; `targets` holds class ids.
+pub fn cross_entropy(logits: &Arr, targets: &Arr, ignore: i64) -> Arr {
+    let c = *logits.shape.last().unwrap();
+    let (mut total, mut count) = (0.0, 0usize);
+    for (row, &t) in logits.data.chunks(c).zip(&targets.data) {
+        if t as i64 == ignore {
+            continue;
+        }
+        total += logsumexp(row) - row[t as usize];
+        count += 1;
+    }
+    Arr::scalar(total / count as f64)
+}
+
+pub fn mse(a: &Arr, b: &Arr) -> Arr {
+    let d = a.zip(b, |x, y| (x - y) * (x - y));
+    Arr::scalar(mean(&d.data))
+}
+
+// ---- gathers, scatters, concatenation ------------------------------------------------------------
+
+pub fn index_select(x: &Arr, dim: isize, idx: &Arr) -> Arr {
+    let d = resolve(dim, x.rank());
+    let mut shape = x.shape.clone();
+    shape[d] = idx.numel();
+    Arr::from_fn(&shape, |i| {
+        let mut j = i.to_vec();
+        j[d] = idx.data[i[d]] as usize;
+        x.get(&j)
+    })
+}
+
+/// Rows of `table` [v, e] picked by `ids` of any shape: [..ids, e].
+pub fn embedding(table: &Arr, ids: &Arr) -> Arr {
+    let e = table.shape[1];
+    let mut shape = ids.shape.clone();
+    shape.push(e);
+    Arr::new(
+        &shape,
+        ids.data
+            .iter()
+            .flat_map(|&t| table.data[t as usize * e..(t as usize + 1) * e].to_vec())
+            .collect(),
+    )
+}
+
+pub fn index_add(base: &Arr, dim: isize, idx: &Arr, src: &Arr) -> Arr {
+    let d = resolve(dim, base.rank());
+    let mut out = base.clone();
+    let st = strides(&base.shape);
+    for_each_index(&src.shape, |i| {
+        let mut j = i.to_vec();
+        j[d] = idx.data[i[d]] as usize;
+        let off: usize = j.iter().zip(&st).map(|(a, b)| a * b).sum();
+        out.data[off] += src.get(i);
+    });
+    out
+}
+
+pub fn cat(parts: &[Arr], dim: isize) -> Arr {
+    let d = resolve(dim, parts[0].rank());
+    let mut shape = parts[0].shape.clone();
+    shape[d] = parts.iter().map(|p| p.shape[d]).sum();
+    Arr::from_fn(&shape, |i| {
+        let mut k = i[d];
+        for p in parts {
+            if k < p.shape[d] {
+                let mut j = i.to_vec();
+                j[d] = k;
+                return p.get(&j);
+            }
+            k -= p.shape[d];
+        }
+        unreachable!()
+    })
+}
+
+pub fn stack(parts: &[Arr], dim: isize) -> Arr {
+    let d = resolve(dim, parts[0].rank() + 1);
+    let us: Vec<Arr> = parts.iter().map(|p| p.unsqueeze(d)).collect();
+    cat(&us, d as isize)
+}
+
+/// `cond != 0 ? a : b`, broadcast.
+pub fn where_cond(cond: &Arr, a: &Arr, b: &Arr) -> Arr {
+    let shape = broadcast_shape(&broadcast_shape(&cond.shape, &a.shape), &b.shape);
+    Arr::from_fn(&shape, |i| {
+        if cond.get_bcast(i) != 0.0 {
+            a.get_bcast(i)
+        } else {
+            b.get_bcast(i)
+        }
+    })
+}
+
+// ---- fused Transformer ops --------------------------------------------------------------------------
+
+/// softmax(scale · q kᵀ [+ causal mask]) v for q [b, h, tq, d], k and v [b, h, tk, d]; causal
+/// aligns bottom-right (query i sees keys 0..=tk − tq + i); a row that sees no key gives 0.
+pub fn attention(q: &Arr, k: &Arr, v: &Arr, causal: bool, scale: f64) -> Arr {
+    let (b, h, tq, d) = (q.shape[0], q.shape[1], q.shape[2], q.shape[3]);
+    let tk = k.shape[2];
+    let mut out = vec![0.0; b * h * tq * d];
+    for bh in 0..b * h {
+        for r in 0..tq {
+            let p = attention_probs(q, k, bh, r, causal, scale);
+            for (j, pj) in p.iter().enumerate() {
+                for e in 0..d {
+                    out[(bh * tq + r) * d + e] += pj * v.data[(bh * tk + j) * d + e];
+                }
+            }
+        }
+    }
+    Arr::new(&[b, h, tq, d], out)
+}
+
+/// softmax(scale · q kᵀ) of query `r` of head `bh` (batch × heads flattened) over the keys it
+/// sees; empty when it sees none.
+fn attention_probs(q: &Arr, k: &Arr, bh: usize, r: usize, causal: bool, scale: f64) -> Vec<f64> {
+    let (tq, d, tk) = (q.shape[2], q.shape[3], k.shape[2]);
+    let seen = if causal {
+        (r + tk + 1).saturating_sub(tq).min(tk)
+    } else {
+        tk
+    };
+    let (qr, kb) = ((bh * tq + r) * d, bh * tk * d);
+    let s: Vec<f64> = (0..seen)
+        .map(|j| {
+            scale
+                * (0..d)
+                    .map(|e| q.data[qr + e] * k.data[kb + j * d + e])
+                    .sum::<f64>()
+        })
+        .collect();
+    let l = logsumexp(&s);
+    s.iter().map(|x| (x - l).exp()).collect()
+}
+
+/// gelu_tanh(x Wᵀ + b) over the last dimension.
+pub fn linear_bias_gelu(x: &Arr, w: &Arr, b: &Arr) -> Arr {
+    matmul(x, &w.t()).add(b).map(gelu_tanh)
+}
+
+// ---- optimizers and the step control block ------------------------------------------------------
+
+/// One AdamW step (decoupled weight decay, bias-corrected moments); returns (p, m, v).
+#[allow(clippy::too_many_arguments)]
+pub fn adamw(
+    p: f64,
+    g: f64,
+    m: f64,
+    v: f64,
+    lr: f64,
+    (beta1, beta2): (f64, f64),
+    eps: f64,
+    weight_decay: f64,
+    step: i32,
+) -> (f64, f64, f64) {
+    let m = beta1 * m + (1.0 - beta1) * g;
+    let v = beta2 * v + (1.0 - beta2) * g * g;
+    let mhat = m / (1.0 - beta1.powi(step));
+    let vhat = v / (1.0 - beta2.powi(step));
+    (
+        p - lr * (mhat / (vhat.sqrt() + eps) + weight_decay * p),
+        m,
+        v,
+    )
+}
+
+/// One SGD step (PyTorch's: decay added to the gradient, buf = μ·buf + d, Nesterov looks
+/// ahead); returns (p, buf).
+pub fn sgd(
+    p: f64,
+    g: f64,
+    buf: f64,
+    lr: f64,
+    momentum: f64,
+    nesterov: bool,
+    wd: f64,
+) -> (f64, f64) {
+    let d = g + wd * p;
+    if momentum == 0.0 {
+        return (p - lr * d, buf);
+    }
+    let buf = momentum * buf + d;
+    let step = if nesterov { d + momentum * buf } else { buf };
+    (p - lr * step, buf)
+}
+
+/// The step control block of one training step, as documented in `sinter_core::step_ctl`:
+/// `prepare` turns the squared norm of the loss-scaled gradients into the gradient factor
+/// (unscale and clip) and the found-inf flag; `finish` shrinks the scale on a skipped step,
+/// counts a good one (growing the scale after `interval` in a row) and loads the next learning
+/// rate from the schedule.
+#[derive(Clone, Debug)]
+pub struct StepControl {
+    pub scale: f64,
+    pub lr: f64,
+    pub steps: f64,
+    pub good: f64,
+    pub iter: f64,
+    pub skipped: f64,
+    pub found_inf: bool,
+    pub grad_norm: f64,
+    pub factor: f64,
+}
+
+impl StepControl {
+    pub fn prepare(&mut self, sumsq: f64, max_norm: f64, dynamic: bool) {
+        let bad = !sumsq.is_finite();
+        self.found_inf = dynamic && bad;
+        self.grad_norm = sumsq.sqrt() / self.scale;
+        let clip = if !bad && max_norm > 0.0 && self.grad_norm > max_norm {
+            max_norm / (self.grad_norm + 1e-6)
+        } else {
+            1.0
+        };
+        self.factor = clip / self.scale;
+    }
+    pub fn finish(&mut self, lr_table: &[f64], growth: f64, backoff: f64, interval: f64) {
+        if self.found_inf {
+            self.scale *= backoff;
+            self.good = 0.0;
+            self.skipped += 1.0;
+        } else {
+            self.steps += 1.0;
+            self.good += 1.0;
+            if self.good >= interval {
+                self.scale *= growth;
+                self.good = 0.0;
+            }
+        }
+        self.found_inf = false;
+        self.iter += 1.0;
+        self.lr = lr_table[(self.iter as usize).min(lr_table.len() - 1)];
+    }
+}
+
+/// The vector-Jacobian product of [`attention`]: (dq, dk, dv) of Σ w ∘ attention(q, k, v).
+/// Written out because central differences over attention's inputs cost O(inputs × output)
+/// evaluations; the suite checks it against central differences on small shapes
+/// (`reference::attention_vjp`).
+pub fn attention_vjp(q: &Arr, k: &Arr, v: &Arr, causal: bool, scale: f64, w: &Arr) -> [Arr; 3] {
+    let (b, h, tq, d) = (q.shape[0], q.shape[1], q.shape[2], q.shape[3]);
+    let tk = k.shape[2];
+    let (mut dq, mut dk, mut dv) = (q.map(|_| 0.0), k.map(|_| 0.0), v.map(|_| 0.0));
+    for bh in 0..b * h {
+        let kb = bh * tk * d;
+        for r in 0..tq {
+            let p = attention_probs(q, k, bh, r, causal, scale);
+            let qr = (bh * tq + r) * d;
+            let dy = &w.data[qr..qr + d];
+            let dp: Vec<f64> = (0..p.len())
+                .map(|j| (0..d).map(|e| dy[e] * v.data[kb + j * d + e]).sum())
+                .collect();
+            let pdp: f64 = p.iter().zip(&dp).map(|(a, b)| a * b).sum();
+            for (j, (pj, dpj)) in p.iter().zip(&dp).enumerate() {
+                let ds = pj * (dpj - pdp);
+                for (e, &dye) in dy.iter().enumerate() {
+                    dq.data[qr + e] += scale * ds * k.data[kb + j * d + e];
+                    dk.data[kb + j * d + e] += scale * ds * q.data[qr + e];
+                    dv.data[kb + j * d + e] += pj * dye;
+                }
+            }
+        }
+    }
+    [dq, dk, dv]
+}

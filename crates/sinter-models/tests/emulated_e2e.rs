@@ -1,0 +1,238 @@
+//! GPT and BERT end to end on the CUDA device — the real GPU when present, else the emulated
+//! CUDA device (sinter's CUDA kernels on the CPU; required in CI by SINTER_REQUIRE_EMU=1) —
+//! against the same model on the CPU: GPT training steps on the fast path and on the composite
+//! path (whose causal mask must live on the device), with block recompute, with dropout, and
+//! KV-cache generation; BERT's masked-LM loss with padding, without dropout (the trainer's
+//! bert-tiny keeps BERT's dropout, whose masks differ between the backends by design). The
+//! trainer-level runs (CNN, autocast, CUDA graph, data parallel) are in
+//! `crates/sinter/tests/emulated_cli.rs`.
+//!
+//! Tolerances: f32 on both devices, only the summation order differs: 1e-4 relative on the loss
+//! and on every gradient (relative to the largest element of its tensor) at each of three
+//! AdamW steps. The parameters themselves are not compared: AdamW divides a gradient by its
+//! own size, so a gradient that is zero in exact arithmetic (the key bias: softmax ignores a
+//! constant added to every score) moves its weight by ±lr on the sign of rounding noise.
+
+use sinter_core::{Device, Rng, Tensor};
+use sinter_models::bert::IGNORE_INDEX;
+use sinter_models::{Bert, BertConfig, Gpt, GptConfig};
+use sinter_nn::module::shared_rng;
+use sinter_nn::optim::{AdamW, Optimizer};
+use sinter_nn::{Module, Recompute};
+
+/// The CUDA device of this test process, or None (the skip was printed).
+fn cuda() -> Option<Device> {
+    sinter_cuda::testing::gpu_tests(1).map(|_| Device::Cuda(0))
+}
+
+fn config(dropout: f32) -> GptConfig {
+    GptConfig {
+        n_layer: 2,
+        n_head: 2,
+        n_embd: 32,
+        block_size: 16,
+        vocab_size: 29,
+        dropout,
+    }
+}
+
+fn batch(seed: u64) -> (Tensor, Tensor) {
+    let mut r = Rng::new(seed);
+    let mut ids = |n| (0..n).map(|_| r.below(29) as i64).collect::<Vec<_>>();
+    let (b, t) = (2, 12);
+    (
+        Tensor::from_vec(ids(b * t), &[b, t], Device::Cpu).unwrap(),
+        Tensor::from_vec(ids(b * t), &[b, t], Device::Cpu).unwrap(),
+    )
+}
+
+/// The loss and the gradients (by parameter name) of each step of training.
+type Steps = Vec<(f32, Vec<(String, Vec<f32>)>)>;
+
+/// Three AdamW steps of `m` moved to `dev`, `loss(m, step, dev)` giving each step's loss.
+fn train_steps<M: Module>(m: &M, dev: Device, loss: impl Fn(&M, u64, Device) -> Tensor) -> Steps {
+    sinter_nn::move_module(m, dev).unwrap();
+    let mut opt = AdamW::new(m.parameters(), 1e-3, 0.1).unwrap();
+    let mut steps = Vec::new();
+    for s in 0..3 {
+        m.zero_grad();
+        let l = loss(m, s, dev);
+        assert_eq!(l.device(), dev);
+        l.backward().unwrap();
+        let grads = m
+            .parameters()
+            .into_iter()
+            .map(|(n, p)| {
+                (
+                    n,
+                    p.grad()
+                        .expect("every parameter has a gradient")
+                        .to_vec_f32()
+                        .unwrap(),
+                )
+            })
+            .collect();
+        opt.step().unwrap();
+        steps.push((l.to_scalar_f32().unwrap(), grads));
+    }
+    steps
+}
+
+/// GPT's next-token loss over three steps on `dev`.
+fn train(dev: Device, dropout: f32, fast_path: bool, recompute: Recompute) -> Steps {
+    let mut m = Gpt::new(config(dropout), &mut Rng::new(5), &shared_rng(6)).unwrap();
+    m.set_fast_path(fast_path);
+    m.set_recompute(recompute);
+    train_steps(&m, dev, |m, s, dev| {
+        let (x, y) = batch(s);
+        m.forward(&x.to_device(dev).unwrap())
+            .unwrap()
+            .cross_entropy(&y.to_device(dev).unwrap(), -100)
+            .unwrap()
+    })
+}
+
+/// Every step's loss and gradients agree (see the tolerances above).
+fn assert_same_steps(what: &str, on_dev: &Steps, on_cpu: &Steps) {
+    for (s, ((lg, gg), (lc, gc))) in on_dev.iter().zip(on_cpu).enumerate() {
+        assert_close(&format!("{what}: step {s} loss"), &[*lg], &[*lc], 1e-4);
+        for ((n, a), (_, b)) in gg.iter().zip(gc) {
+            assert_close(&format!("{what}: step {s} gradient of {n}"), a, b, 1e-4);
+        }
+    }
+}
+
+fn assert_close(what: &str, a: &[f32], b: &[f32], tol: f32) {
+    assert_eq!(a.len(), b.len(), "{what}");
+    let scale = b.iter().fold(1e-3f32, |m, x| m.max(x.abs()));
+    for (i, (x, y)) in a.iter().zip(b).enumerate() {
+        assert!(
+            (x - y).abs() <= tol * scale,
+            "{what}[{i}]: cuda {x} vs cpu {y} (scale {scale})"
+        );
+    }
+}
+
+fn same_training(dropout: f32, fast_path: bool, recompute: Recompute) {
+    let Some(dev) = cuda() else { return };
+    let what = format!("fast path {fast_path}, recompute {recompute:?}");
+    let on_dev = train(dev, dropout, fast_path, recompute);
+    assert_same_steps(
+        &what,
+        &on_dev,
+        &train(Device::Cpu, dropout, fast_path, recompute),
+    );
+}
+
+#[test]
+fn fast_path_trains_like_the_cpu() {
+    same_training(0.0, true, Recompute::None);
+}
+
+#[test]
+#[ignore = "finding (seam, fixed on its branch): sinter-nn attention.rs builds the composite path's causal mask on the CPU"]
+fn composite_path_trains_like_the_cpu() {
+    same_training(0.0, false, Recompute::None);
+}
+
+#[test]
+fn block_recompute_trains_like_the_cpu() {
+    same_training(0.0, true, Recompute::Block);
+}
+
+/// With dropout (the composite attention path, its causal mask built on the device) the masks
+/// differ by design between the backends (a Philox stream on CUDA): the run must go through,
+/// stay finite and start where the CPU starts (at initialisation the loss is ≈ ln 29 with or
+/// without a mask; 2 % covers the masks' effect on three steps of this size).
+#[test]
+#[ignore = "finding (seam, fixed on its branch): sinter-nn attention.rs builds the composite path's causal mask on the CPU"]
+fn dropout_trains_on_the_device() {
+    let Some(dev) = cuda() else { return };
+    let lg: Vec<f32> = train(dev, 0.1, true, Recompute::None)
+        .iter()
+        .map(|s| s.0)
+        .collect();
+    let lc: Vec<f32> = train(Device::Cpu, 0.1, true, Recompute::None)
+        .iter()
+        .map(|s| s.0)
+        .collect();
+    assert!(lg.iter().all(|l| l.is_finite()), "{lg:?}");
+    for (a, b) in lg.iter().zip(&lc) {
+        assert!(
+            (a - b).abs() <= 0.02 * b,
+            "dropout losses: cuda {lg:?} vs cpu {lc:?}"
+        );
+    }
+}
+
+/// Greedy generation with the KV cache kept on the device picks the CPU model's tokens, and
+/// so does the uncached path.
+#[test]
+fn kv_cache_generation_matches_the_cpu_tokens() {
+    let Some(dev) = cuda() else { return };
+    let make = || {
+        let m = Gpt::new(config(0.0), &mut Rng::new(11), &shared_rng(11)).unwrap();
+        m.set_training(false);
+        m
+    };
+    let (cpu, gpu) = (make(), make());
+    sinter_nn::move_module(&gpu, dev).unwrap();
+    let cache = gpu.kv_cache(1).unwrap();
+    assert_eq!(cache.layers[0].k.device(), dev);
+    let prompt = [3i64, 1, 4, 1, 5];
+    let want = cpu.generate(&prompt, 20, 0.0, 0, &mut Rng::new(0)).unwrap();
+    let cached = gpu.generate(&prompt, 20, 0.0, 0, &mut Rng::new(0)).unwrap();
+    let uncached = gpu
+        .generate_uncached(&prompt, 20, 0.0, 0, &mut Rng::new(0))
+        .unwrap();
+    assert_eq!(cached, want, "cached tokens on the device vs the CPU");
+    assert_eq!(uncached, want, "uncached tokens on the device vs the CPU");
+}
+
+/// BERT's masked-LM loss (only the masked positions go through the head, gathered on the
+/// device) with the second sequence padded (the padding mask built on the device), no dropout.
+#[test]
+fn bert_masked_lm_trains_like_the_cpu() {
+    let Some(dev) = cuda() else { return };
+    let config = BertConfig {
+        vocab_size: 40,
+        hidden: 32,
+        n_layer: 2,
+        n_head: 2,
+        intermediate: 64,
+        max_position: 16,
+        type_vocab_size: 2,
+        dropout: 0.0,
+        layer_norm_eps: 1e-12,
+    };
+    let (b, t) = (2usize, 10usize);
+    let run = |dev: Device| {
+        let m = Bert::new(config.clone(), &mut Rng::new(7), &shared_rng(8)).unwrap();
+        train_steps(&m, dev, |m, s, dev| {
+            let mut r = Rng::new(100 + s);
+            let ids: Vec<i64> = (0..b * t).map(|_| r.below(40) as i64).collect();
+            // Every third position is masked (its label the token), the rest ignored.
+            let labels: Vec<i64> = ids
+                .iter()
+                .enumerate()
+                .map(|(i, &id)| {
+                    if i % 3 == s as usize {
+                        id
+                    } else {
+                        IGNORE_INDEX
+                    }
+                })
+                .collect();
+            let real: Vec<f32> = (0..b * t).map(|i| (i < t + 6) as u8 as f32).collect();
+            let on = |v: Tensor| v.to_device(dev).unwrap();
+            m.mlm_loss(
+                &on(Tensor::from_vec(ids, &[b, t], Device::Cpu).unwrap()),
+                &on(Tensor::from_vec(labels, &[b, t], Device::Cpu).unwrap()),
+                None,
+                Some(&on(Tensor::from_vec(real, &[b, t], Device::Cpu).unwrap())),
+            )
+            .unwrap()
+        })
+    };
+    assert_same_steps("bert masked LM", &run(dev), &run(Device::Cpu));
+}
