@@ -130,7 +130,6 @@ fn fast_path_trains_like_the_cpu() {
 }
 
 #[test]
-#[ignore = "finding (seam, fixed on its branch): sinter-nn attention.rs builds the composite path's causal mask on the CPU"]
 fn composite_path_trains_like_the_cpu() {
     same_training(0.0, false, Recompute::None);
 }
@@ -145,7 +144,6 @@ fn block_recompute_trains_like_the_cpu() {
 /// stay finite and start where the CPU starts (at initialisation the loss is ≈ ln 29 with or
 /// without a mask; 2 % covers the masks' effect on three steps of this size).
 #[test]
-#[ignore = "finding (seam, fixed on its branch): sinter-nn attention.rs builds the composite path's causal mask on the CPU"]
 fn dropout_trains_on_the_device() {
     let Some(dev) = cuda() else { return };
     let lg: Vec<f32> = train(dev, 0.1, true, Recompute::None)
@@ -203,6 +201,9 @@ fn bert_masked_lm_trains_like_the_cpu() {
         max_position: 16,
         type_vocab_size: 2,
         dropout: 0.0,
+        attention_dropout: 0.0,
+        hidden_act: sinter_models::HiddenAct::Gelu,
+        pad_token_id: None,
         layer_norm_eps: 1e-12,
     };
     let (b, t) = (2usize, 10usize);

@@ -152,13 +152,11 @@ fn gpt_tiny_block_recompute() {
 }
 
 #[test]
-#[ignore = "finding (seam): under autocast the fused MLP's bias_gelu gets an f16 product and the f32 bias and fails, on the CPU too"]
 fn gpt_tiny_fp16_with_loss_scaling() {
     same_run(&[], &[], &[], &gpt(&["--precision", "fp16"]), 2e-3);
 }
 
 #[test]
-#[ignore = "finding (seam): under autocast the fused MLP's bias_gelu gets a bf16 product and the f32 bias and fails, on the CPU too"]
 fn gpt_tiny_bf16() {
     same_run(&[], &[], &[], &gpt(&["--precision", "bf16"]), 1.5e-2);
 }

@@ -28,6 +28,10 @@ pub fn bias_gelu(x: &Tensor, bias: &Tensor) -> Result<Tensor> {
             rhs: bias.shape().to_vec(),
         });
     }
+    if let Some((x, bias)) = crate::amp::promote_operands(x, bias)? {
+        // Mixed floats (an autocast product and an f32 bias) promote as `x + bias` would.
+        return bias_gelu(&x, &bias);
+    }
     if x.dtype() != bias.dtype() {
         return Err(Error::DTypeMismatch {
             op: "bias_gelu",

@@ -210,6 +210,7 @@ impl Case {
         self
     }
     /// Ignored on the devices whose label starts with `device` while a finding is fixed.
+    #[allow(dead_code)] // no open finding today; the mechanism stays for the next one
     pub fn ignore_on(mut self, device: &'static str, finding: &'static str) -> Case {
         self.ignore = Some((device, finding));
         self

@@ -313,7 +313,7 @@ fn permanent_pool(t: &Target) {
         .to_var()
         .unwrap();
     let grad = w.mul_scalar(0.5).unwrap();
-    assert_eq!(cuda::buffer_pool(&w), Some(cuda::Pool::Temporary));
+    assert_eq!(w.cuda_pool(), Some(cuda::Pool::Temporary));
     let view = w.t().unwrap();
     let (m, v) = (w.zeros_like().unwrap(), w.zeros_like().unwrap());
     w.adamw_step(
@@ -331,9 +331,9 @@ fn permanent_pool(t: &Target) {
     )
     .unwrap();
     for (name, x) in [("param", &w), ("its view", &view), ("m", &m), ("v", &v)] {
-        assert_eq!(cuda::buffer_pool(x), Some(cuda::Pool::Permanent), "{name}");
+        assert_eq!(x.cuda_pool(), Some(cuda::Pool::Permanent), "{name}");
     }
-    assert_eq!(cuda::buffer_pool(&grad), Some(cuda::Pool::Temporary));
+    assert_eq!(grad.cuda_pool(), Some(cuda::Pool::Temporary));
     // The update reached the moved buffer (AdamW's first step moves each weight by about lr).
     let vals = arr(&view).data;
     assert!(
@@ -348,7 +348,9 @@ fn permanent_pool(t: &Target) {
         "{s:?}"
     );
     assert_eq!(
-        cuda::buffer_pool(&Tensor::zeros(&[2], DType::F32, sinter_core::Device::Cpu).unwrap()),
+        Tensor::zeros(&[2], DType::F32, sinter_core::Device::Cpu)
+            .unwrap()
+            .cuda_pool(),
         None
     );
 }

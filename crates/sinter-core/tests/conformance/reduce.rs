@@ -12,14 +12,8 @@ pub fn cases() -> Vec<Case> {
         case("max_min_argmax", FLOATS, max_min_argmax),
         case("max_splits_ties", FLOATS, max_splits_ties),
         case("integer", I64, integer),
-        case("integer_beyond_f32", I64, integer_beyond_f32).ignore_on(
-            "cpu",
-            "finding (seam): the CPU reduces i64 through f32 (ops.rs reduce_dim), exact only below 2^24",
-        ),
-        case("empty", FLOATS, empty).ignore_on(
-            "cpu",
-            "finding (seam): the CPU's sum over dim 0 of a [2, 0] tensor panics (cpu/reduce.rs chunks_mut(0))",
-        ),
+        case("integer_beyond_f32", I64, integer_beyond_f32),
+        case("empty", FLOATS, empty),
         case("softmax", FLOATS, softmax),
         case("softmax_wide", FLOATS, softmax_wide),
     ]
