@@ -217,6 +217,26 @@ fn fused_epilogue_is_the_same_on_every_path_and_matches_f64() {
                     stride: n,
                 },
             );
+            let mut yt = vec![f32::NAN; n * (m + 2)];
+            gemm(
+                p,
+                &acts,
+                &packed,
+                &epi,
+                Output::F32ChannelMajor {
+                    data: &mut yt,
+                    stride: m + 2,
+                },
+            );
+            for i in 0..m {
+                for j in 0..n {
+                    assert_eq!(
+                        yt[j * (m + 2) + i].to_bits(),
+                        y[i * n + j].to_bits(),
+                        "{p}: channel-major ({i}, {j})"
+                    );
+                }
+            }
             let mut q = vec![0u8; m * n];
             gemm(
                 p,

@@ -337,16 +337,12 @@ impl GptStage {
             num_stages,
             layers: parts[stage].clone(),
             wte: if first || last {
-                Some(Embedding {
-                    weight: src.var("wte.weight")?,
-                })
+                Some(Embedding::from_weights(src.var("wte.weight")?))
             } else {
                 None
             },
             wpe: if first {
-                Some(Embedding {
-                    weight: src.var("wpe.weight")?,
-                })
+                Some(Embedding::from_weights(src.var("wpe.weight")?))
             } else {
                 None
             },

@@ -539,6 +539,7 @@ impl Module for TpBlock {
                 name: join(prefix, n),
                 tensor: t.clone(),
                 kind: TensorKind::Parameter,
+                layer: None,
             })
         };
         p("ln1.weight", &self.ln1.weight);
@@ -631,12 +632,8 @@ impl TpGpt {
         }
         Ok(TpGpt {
             config: cfg.clone(),
-            wte: Embedding {
-                weight: shard("wte.weight")?,
-            },
-            wpe: Embedding {
-                weight: src.var("wpe.weight")?,
-            },
+            wte: Embedding::from_weights(shard("wte.weight")?),
+            wpe: Embedding::from_weights(src.var("wpe.weight")?),
             blocks,
             ln_f: ln("ln_f")?,
             tp_rank,

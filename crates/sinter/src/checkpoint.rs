@@ -30,7 +30,7 @@ pub struct Meta {
     pub precision: Option<String>,
 }
 
-fn st_dtype(d: DType) -> Dtype {
+pub(crate) fn st_dtype(d: DType) -> Dtype {
     match d {
         DType::F32 => Dtype::F32,
         DType::F16 => Dtype::F16,
@@ -39,7 +39,7 @@ fn st_dtype(d: DType) -> Dtype {
     }
 }
 
-fn our_dtype(d: Dtype, name: &str) -> Result<DType> {
+pub(crate) fn our_dtype(d: Dtype, name: &str) -> Result<DType> {
     Ok(match d {
         Dtype::F32 => DType::F32,
         Dtype::F16 => DType::F16,

@@ -113,6 +113,9 @@ pub enum BenchCmd {
     /// ceiling, over threads, TCP loopback threads and TCP loopback processes.
     Allreduce(AllReduceArgs),
     /// GPU benchmarks (gemm, tc, linear, bandwidth, attention or all) on the CUDA device; a markdown table.
+    /// int8 against f32 on the CPU: Linear layers, a checkpoint's accuracy and speed, or a
+    /// random model's speed (`sinter bench int8 --checkpoint DIR` / `--model gpt2`).
+    Int8(crate::int8_bench::Int8BenchArgs),
     Gpu {
         #[arg(default_value = "all")]
         which: String,
@@ -175,6 +178,7 @@ pub fn bench(which: &BenchCmd) -> Result<()> {
     match which {
         BenchCmd::Scaling(a) => bench_scaling(a),
         BenchCmd::Allreduce(a) => bench_allreduce(a),
+        BenchCmd::Int8(a) => crate::int8_bench::run(a),
         BenchCmd::Gpu { which, out } => {
             println!("{}", crate::gpu_bench::run(which, out.as_deref())?);
             Ok(())

@@ -1154,6 +1154,9 @@ fn run_inner(mut config: TrainConfig, opts: &TrainOptions) -> Result<serde_json:
 
 /// The model and setup of a checkpoint, with its weights loaded.
 pub fn load_for_inference(dir: &Path) -> Result<(Setup, u64)> {
+    if let Some(loaded) = crate::quantize_cmd::load_if_quantized(dir)? {
+        return Ok(loaded);
+    }
     let l = checkpoint::load(dir)?;
     let s = setup(l.meta.config.clone())?;
     let named: Vec<(String, Tensor)> = s

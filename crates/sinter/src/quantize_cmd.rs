@@ -1,0 +1,292 @@
+//! `sinter quantize`: a trained checkpoint → an int8 inference checkpoint, and the loader that
+//! lets `eval`, `generate` (and later `predict` and the server) open one like any checkpoint.
+//!
+//! The file is safetensors with metadata `format = "sinter-quantized-1"` (the marker the loader
+//! looks for), the training `config` (so the model is rebuilt as it was trained), `step`,
+//! `source` and a `quantization` summary. Tensors are named as in a training checkpoint
+//! (`model.<name>`), except that the weight of each int8 layer becomes `model.<layer>.weight.q`
+//! (i8, the weight's shape) and `model.<layer>.weight.scale` (f32 [out]), plus, for a Conv2d,
+//! its calibrated input mapping `model.<layer>.input.scale` (f32 [1]) and
+//! `model.<layer>.input.zero_point` (i32 [1]) — see `sinter_nn::quant::state`. There is no
+//! optimizer state: the file is for inference only.
+
+use std::collections::HashMap;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+
+use anyhow::{anyhow, bail, Context, Result};
+use clap::Args;
+use safetensors::tensor::{Dtype, SafeTensors, TensorView};
+use sinter_core::{no_grad, Tensor};
+use sinter_data::DataLoader;
+use sinter_models::Task;
+use sinter_nn::quant::{self, QuantizeReport, StateTensor};
+use sinter_nn::Module;
+
+use crate::checkpoint::{self, our_dtype, st_dtype};
+use crate::config::TrainConfig;
+use crate::train::{self, Setup};
+
+pub const FORMAT: &str = "sinter-quantized-1";
+
+#[derive(Args)]
+pub struct QuantizeArgs {
+    /// Run directory (or checkpoint file) of the trained f32 model.
+    #[arg(long)]
+    pub checkpoint: PathBuf,
+    /// Directory for the int8 checkpoint (written as checkpoint.safetensors).
+    #[arg(long)]
+    pub out: PathBuf,
+    /// Training batches run through the f32 model to calibrate each convolution's input range
+    /// (CNNs only; Transformers quantize their activations per row at run time).
+    #[arg(long, default_value_t = 16)]
+    pub calibration_batches: usize,
+}
+
+pub fn run(a: &QuantizeArgs) -> Result<()> {
+    if is_quantized(&checkpoint_file(&a.checkpoint))? {
+        bail!(
+            "{} is already an int8 checkpoint; quantize the f32 checkpoint it came from",
+            a.checkpoint.display()
+        );
+    }
+    let (s, step) = train::load_for_inference(&a.checkpoint)?;
+    let report = quantize_setup(&s, a.calibration_batches)?;
+    let path = save(&a.out, &s, step, &report, &a.checkpoint)?;
+    let size = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
+    println!(
+        "{}: {} layers int8 ({} linear, {} conv2d, {} embedding){}",
+        s.config.model,
+        report.int8.len(),
+        count(&report, "linear"),
+        count(&report, "conv2d"),
+        count(&report, "embedding"),
+        if report.kept_f32.is_empty() {
+            String::new()
+        } else {
+            format!(
+                "; kept in f32: {}",
+                report
+                    .kept_f32
+                    .iter()
+                    .map(|(n, why)| format!("{n} ({why})"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )
+        }
+    );
+    let f32_weights = weight_bytes(s.model.as_ref());
+    println!(
+        "wrote {} ({:.2} MB; the f32 weights are {:.2} MB: {:.2}× smaller)",
+        path.display(),
+        size as f64 / 1e6,
+        f32_weights as f64 / 1e6,
+        f32_weights as f64 / size.max(1) as f64
+    );
+    Ok(())
+}
+
+fn count(r: &QuantizeReport, kind: &str) -> usize {
+    r.int8.iter().filter(|(_, k)| *k == kind).count()
+}
+
+/// Bytes of a model's tensors in f32 (what a weights-only f32 file would hold).
+pub fn weight_bytes(model: &dyn Module) -> usize {
+    model
+        .named_tensors()
+        .iter()
+        .map(|t| 4 * t.tensor.numel())
+        .sum()
+}
+
+/// Quantizes the setup's model in place; convolutions are calibrated on the first
+/// `batches` training batches (in order, so the result is reproducible).
+pub fn quantize_setup(s: &Setup, batches: usize) -> Result<QuantizeReport> {
+    let mut calibrate = |model: &dyn Module| -> sinter_core::Result<()> {
+        if s.task != Task::Classification {
+            return Err(sinter_core::Error::Msg(format!(
+                "{} has convolutions but no image data to calibrate them with",
+                s.config.model
+            )));
+        }
+        if batches == 0 {
+            return Err(sinter_core::Error::Msg(
+                "the model has convolutions: --calibration-batches must be at least 1".into(),
+            ));
+        }
+        let _g = no_grad();
+        model.set_training(false);
+        let mut loader =
+            DataLoader::new(s.train.clone(), s.config.batch_size.max(1), false, false, 0);
+        let n = batches.min(loader.batches_per_epoch() as usize).max(1);
+        for _ in 0..n {
+            let b = loader
+                .next_batch()
+                .map_err(|e| sinter_core::Error::Msg(format!("calibration data: {e}")))?;
+            let x =
+                train::to_tensor(b.inputs).map_err(|e| sinter_core::Error::Msg(e.to_string()))?;
+            model.forward(&x)?;
+        }
+        Ok(())
+    };
+    let report = quant::quantize(s.model.as_ref(), &mut calibrate)?;
+    s.model.set_training(false);
+    Ok(report)
+}
+
+fn checkpoint_file(p: &Path) -> PathBuf {
+    if p.is_dir() {
+        checkpoint::path_in(p)
+    } else {
+        p.to_path_buf()
+    }
+}
+
+/// Writes the quantized model of `s` to `dir`/checkpoint.safetensors, atomically.
+pub fn save(
+    dir: &Path,
+    s: &Setup,
+    step: u64,
+    report: &QuantizeReport,
+    source: &Path,
+) -> Result<PathBuf> {
+    let state = quant::export(s.model.as_ref())?;
+    let mut owned: Vec<(String, Dtype, Vec<usize>, Vec<u8>)> = Vec::with_capacity(state.len());
+    for (name, t) in state {
+        let name = format!("model.{name}");
+        owned.push(match t {
+            StateTensor::Float(t) => (
+                name,
+                st_dtype(t.dtype()),
+                t.shape().to_vec(),
+                t.to_le_bytes()?,
+            ),
+            StateTensor::I8 { values, shape } => (
+                name,
+                Dtype::I8,
+                shape,
+                values.iter().map(|&v| v as u8).collect(),
+            ),
+            StateTensor::I32 { values, shape } => (
+                name,
+                Dtype::I32,
+                shape,
+                values.iter().flat_map(|v| v.to_le_bytes()).collect(),
+            ),
+        });
+    }
+    let views: Vec<(String, TensorView)> = owned
+        .iter()
+        .map(|(n, d, s, b)| {
+            Ok((
+                n.clone(),
+                TensorView::new(*d, s.clone(), b).map_err(|e| anyhow!("tensor {n}: {e}"))?,
+            ))
+        })
+        .collect::<Result<_>>()?;
+    let summary = serde_json::json!({
+        "weights": "int8, symmetric, one scale per output channel (per row for embedding tables)",
+        "activations": {
+            "linear": "u8, dynamic, one scale and zero point per row",
+            "conv2d": "u8, static, one scale and zero point per layer from calibration (min/max)",
+        },
+        "layers": report.int8.iter().map(|(n, k)| (n.clone(), *k)).collect::<HashMap<_, _>>(),
+        "kept_f32": report.kept_f32.iter().cloned().collect::<HashMap<_, _>>(),
+    });
+    let mut md = HashMap::new();
+    md.insert("format".to_string(), FORMAT.to_string());
+    md.insert("config".into(), serde_json::to_string(&s.config)?);
+    md.insert("step".into(), step.to_string());
+    md.insert("source".into(), source.display().to_string());
+    md.insert("quantization".into(), summary.to_string());
+    let bytes = safetensors::serialize(views, &Some(md))
+        .map_err(|e| anyhow!("cannot serialise the int8 checkpoint: {e}"))?;
+    let path = checkpoint::path_in(dir);
+    checkpoint::write_atomic(&path, &bytes)?;
+    Ok(path)
+}
+
+/// Whether the safetensors file at `path` carries the int8 format marker (reads its header
+/// only). A file that cannot be read is "not quantized": the regular loader reports it.
+fn is_quantized(path: &Path) -> Result<bool> {
+    let Ok(mut f) = std::fs::File::open(path) else {
+        return Ok(false);
+    };
+    let mut len = [0u8; 8];
+    if f.read_exact(&mut len).is_err() {
+        return Ok(false);
+    }
+    let n = u64::from_le_bytes(len);
+    if n > 100_000_000 {
+        return Ok(false);
+    }
+    let mut header = vec![0u8; n as usize];
+    if f.read_exact(&mut header).is_err() {
+        return Ok(false);
+    }
+    let Ok(h) = serde_json::from_slice::<serde_json::Value>(&header) else {
+        return Ok(false);
+    };
+    Ok(h["__metadata__"]["format"].as_str() == Some(FORMAT))
+}
+
+/// The loader hook of `train::load_for_inference`: Some(setup, step) when `dir` holds an int8
+/// checkpoint, with the model rebuilt from its config and its int8 layers installed.
+pub fn load_if_quantized(dir: &Path) -> Result<Option<(Setup, u64)>> {
+    let path = checkpoint_file(dir);
+    if !is_quantized(&path)? {
+        return Ok(None);
+    }
+    let bytes = std::fs::read(&path).with_context(|| format!("cannot read {}", path.display()))?;
+    let corrupt = |e: safetensors::SafeTensorError| {
+        anyhow!(
+            "int8 checkpoint {} is corrupt or truncated: {e}",
+            path.display()
+        )
+    };
+    let (_, header) = SafeTensors::read_metadata(&bytes).map_err(corrupt)?;
+    let st = SafeTensors::deserialize(&bytes).map_err(corrupt)?;
+    let md = header.metadata().clone().unwrap_or_default();
+    let config: TrainConfig = serde_json::from_str(
+        md.get("config")
+            .ok_or_else(|| anyhow!("int8 checkpoint {} lacks its config", path.display()))?,
+    )
+    .context("the int8 checkpoint's config is unreadable")?;
+    let step = md.get("step").and_then(|s| s.parse().ok()).unwrap_or(0);
+    let mut tensors = HashMap::new();
+    for (name, view) in st.tensors() {
+        let Some(bare) = name.strip_prefix("model.") else {
+            continue;
+        };
+        let shape = view.shape().to_vec();
+        let t = match view.dtype() {
+            Dtype::I8 => StateTensor::I8 {
+                values: view.data().iter().map(|&b| b as i8).collect(),
+                shape,
+            },
+            Dtype::I32 => StateTensor::I32 {
+                values: view
+                    .data()
+                    .chunks_exact(4)
+                    .map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                    .collect(),
+                shape,
+            },
+            d => StateTensor::Float(
+                Tensor::from_le_bytes(
+                    view.data(),
+                    our_dtype(d, &name)?,
+                    &shape,
+                    sinter_core::Device::Cpu,
+                )
+                .with_context(|| format!("int8 checkpoint tensor {name}"))?,
+            ),
+        };
+        tensors.insert(bare.to_string(), t);
+    }
+    let s = train::setup(config)?;
+    quant::import(s.model.as_ref(), &tensors)
+        .with_context(|| format!("loading the int8 checkpoint {}", path.display()))?;
+    s.model.set_training(false);
+    Ok(Some((s, step)))
+}
