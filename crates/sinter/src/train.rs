@@ -269,7 +269,7 @@ pub struct TrainOptions {
     pub dist_backend: sinter_dist::BackendChoice,
 }
 
-fn save_checkpoint(
+pub fn save_checkpoint(
     dir: &Path,
     s: &Setup,
     optim_state: &[(String, Tensor)],
