@@ -2,7 +2,7 @@
 //!
 //!     sinter bench int8 --checkpoint DIR      # a trained model: accuracy, speed, size
 //!     sinter bench int8 --model gpt2          # random weights (no data): speed and agreement
-//!     sinter bench int8 --linear              # only nn::Linear vs QuantizedLinear, GPT-2 shapes
+//!     sinter bench int8 --linear              # nn::Linear vs QuantizedLinear, GPT-2 shapes
 //!
 //! Rows: nn::Linear (f32) against QuantizedLinear at GPT-2 124M's shapes (768→2304, 768→3072,
 //! 3072→768) for 1, 8 and 64 rows; for classifiers, validation accuracy and loss and forward
@@ -37,7 +37,7 @@ pub struct Int8BenchArgs {
     /// Or a model with random weights and no data (gpt-tiny, gpt2, mlp, cnn, resnet18, …).
     #[arg(long)]
     pub model: Option<String>,
-    /// Only the Linear layer rows.
+    /// The Linear layer rows (nn::Linear vs QuantizedLinear at GPT-2 124M's shapes).
     #[arg(long)]
     pub linear: bool,
     /// Validation batches for accuracy (0: all).
@@ -134,31 +134,32 @@ pub fn run(a: &Int8BenchArgs) -> Result<()> {
         rep.md,
         "| what | f32 | int8 | int8 / f32 |\n| --- | ---: | ---: | ---: |"
     );
-    linear_rows(&timer, &mut rep)?;
-    if !a.linear {
-        match (&a.checkpoint, &a.model) {
-            (Some(dir), _) => {
-                let (f, _) = train::load_for_inference(dir)?;
-                let (q, _) = train::load_for_inference(dir)?;
-                quantize_cmd::quantize_setup(&q, a.calibration_batches)?;
-                accuracy_rows(a, &mut rep, &f, &q)?;
-                let pair = Pair {
-                    f32: f.model,
-                    int8: q.model,
-                    task: f.task,
-                    input: f.train.input_shape(),
-                    batch: f.config.batch_size,
-                };
-                size_row(&mut rep, &pair)?;
-                speed_rows(a, &timer, &mut rep, &pair)?;
-            }
-            (None, Some(name)) => {
-                let pair = random_pair(name, a.seed, a.calibration_batches)?;
-                size_row(&mut rep, &pair)?;
-                speed_rows(a, &timer, &mut rep, &pair)?;
-            }
-            (None, None) => bail!("bench int8 needs --checkpoint DIR, --model NAME or --linear"),
+    if a.linear {
+        linear_rows(&timer, &mut rep)?;
+    }
+    match (&a.checkpoint, &a.model) {
+        (Some(dir), _) => {
+            let (f, _) = train::load_for_inference(dir)?;
+            let (q, _) = train::load_for_inference(dir)?;
+            quantize_cmd::quantize_setup(&q, a.calibration_batches)?;
+            accuracy_rows(a, &mut rep, &f, &q)?;
+            let pair = Pair {
+                f32: f.model,
+                int8: q.model,
+                task: f.task,
+                input: f.train.input_shape(),
+                batch: f.config.batch_size,
+            };
+            size_row(&mut rep, &pair)?;
+            speed_rows(a, &timer, &mut rep, &pair)?;
         }
+        (None, Some(name)) => {
+            let pair = random_pair(name, a.seed, a.calibration_batches)?;
+            size_row(&mut rep, &pair)?;
+            speed_rows(a, &timer, &mut rep, &pair)?;
+        }
+        (None, None) if a.linear => {}
+        (None, None) => bail!("bench int8 needs --checkpoint DIR, --model NAME or --linear"),
     }
     println!("{}", rep.md);
     if let Some(p) = &a.json {
