@@ -27,7 +27,7 @@ use sinter_nn::quant::{self, QuantizedLinear};
 use sinter_nn::{Linear, Module};
 
 use crate::quantize_cmd;
-use crate::train;
+use crate::trainer;
 
 #[derive(Args)]
 pub struct Int8BenchArgs {
@@ -139,8 +139,8 @@ pub fn run(a: &Int8BenchArgs) -> Result<()> {
     }
     match (&a.checkpoint, &a.model) {
         (Some(dir), _) => {
-            let (f, _) = train::load_for_inference(dir)?;
-            let (q, _) = train::load_for_inference(dir)?;
+            let (f, _) = crate::inference::load_for_eval(dir)?;
+            let (q, _) = crate::inference::load_for_eval(dir)?;
             quantize_cmd::quantize_setup(&q, a.calibration_batches)?;
             accuracy_rows(a, &mut rep, &f, &q)?;
             let pair = Pair {
@@ -298,12 +298,12 @@ fn size_row(rep: &mut Report, p: &Pair) -> Result<()> {
 fn accuracy_rows(
     a: &Int8BenchArgs,
     rep: &mut Report,
-    f: &train::Setup,
-    q: &train::Setup,
+    f: &trainer::Setup,
+    q: &trainer::Setup,
 ) -> Result<()> {
     let (ef, eq) = (
-        train::evaluate(f, a.eval_batches)?,
-        train::evaluate(q, a.eval_batches)?,
+        trainer::evaluate(f, a.eval_batches)?,
+        trainer::evaluate(q, a.eval_batches)?,
     );
     rep.row(
         &format!("validation loss ({} examples)", ef.examples),

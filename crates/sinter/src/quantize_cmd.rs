@@ -1,9 +1,10 @@
 //! `sinter quantize`: a trained checkpoint → an int8 inference checkpoint, and the loader that
-//! lets `eval`, `generate` (and later `predict` and the server) open one like any checkpoint.
+//! lets `eval`, `generate`, `predict` and the server open one like any checkpoint (through
+//! `inference::load_model` / `load_for_eval`).
 //!
 //! The file is safetensors with metadata `format = "sinter-quantized-1"` (the marker the loader
-//! looks for), the training `config` (so the model is rebuilt as it was trained), `step`,
-//! `source` and a `quantization` summary. Tensors are named as in a training checkpoint
+//! looks for), the training `config`, `inference` (the `InferenceInfo` that rebuilds the model
+//! from the checkpoint alone), `step`, `source` and a `quantization` summary. Tensors are named as in a training checkpoint
 //! (`model.<name>`), except that the weight of each int8 layer becomes `model.<layer>.weight.q`
 //! (i8, the weight's shape) and `model.<layer>.weight.scale` (f32 [out]), plus, for a Conv2d,
 //! its calibrated input mapping `model.<layer>.input.scale` (f32 [1]) and
@@ -25,7 +26,9 @@ use sinter_nn::Module;
 
 use crate::checkpoint::{self, our_dtype, st_dtype};
 use crate::config::TrainConfig;
-use crate::train::{self, Setup};
+use crate::checkpoint::InferenceInfo;
+use crate::inference::{self, Inference};
+use crate::trainer::{self, setup, Setup};
 
 pub const FORMAT: &str = "sinter-quantized-1";
 
@@ -44,13 +47,13 @@ pub struct QuantizeArgs {
 }
 
 pub fn run(a: &QuantizeArgs) -> Result<()> {
-    if is_quantized(&checkpoint_file(&a.checkpoint))? {
+    if is_quantized(&checkpoint::file_of(&a.checkpoint))? {
         bail!(
             "{} is already an int8 checkpoint; quantize the f32 checkpoint it came from",
             a.checkpoint.display()
         );
     }
-    let (s, step) = train::load_for_inference(&a.checkpoint)?;
+    let (s, step) = inference::load_for_eval(&a.checkpoint)?;
     let report = quantize_setup(&s, a.calibration_batches)?;
     let path = save(&a.out, &s, step, &report, &a.checkpoint)?;
     let size = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
@@ -124,7 +127,7 @@ pub fn quantize_setup(s: &Setup, batches: usize) -> Result<QuantizeReport> {
                 .next_batch()
                 .map_err(|e| sinter_core::Error::Msg(format!("calibration data: {e}")))?;
             let x =
-                train::to_tensor(b.inputs).map_err(|e| sinter_core::Error::Msg(e.to_string()))?;
+                trainer::to_tensor(b.inputs).map_err(|e| sinter_core::Error::Msg(e.to_string()))?;
             model.forward(&x)?;
         }
         Ok(())
@@ -132,14 +135,6 @@ pub fn quantize_setup(s: &Setup, batches: usize) -> Result<QuantizeReport> {
     let report = quant::quantize(s.model.as_ref(), &mut calibrate)?;
     s.model.set_training(false);
     Ok(report)
-}
-
-fn checkpoint_file(p: &Path) -> PathBuf {
-    if p.is_dir() {
-        checkpoint::path_in(p)
-    } else {
-        p.to_path_buf()
-    }
 }
 
 /// Writes the quantized model of `s` to `dir`/checkpoint.safetensors, atomically.
@@ -199,6 +194,10 @@ pub fn save(
     md.insert("step".into(), step.to_string());
     md.insert("source".into(), source.display().to_string());
     md.insert("quantization".into(), summary.to_string());
+    md.insert(
+        "inference".into(),
+        serde_json::to_string(&inference::info_of(s))?,
+    );
     let bytes = safetensors::serialize(views, &Some(md))
         .map_err(|e| anyhow!("cannot serialise the int8 checkpoint: {e}"))?;
     let path = checkpoint::path_in(dir);
@@ -230,29 +229,106 @@ fn is_quantized(path: &Path) -> Result<bool> {
     Ok(h["__metadata__"]["format"].as_str() == Some(FORMAT))
 }
 
-/// The loader hook of `train::load_for_inference`: Some(setup, step) when `dir` holds an int8
-/// checkpoint, with the model rebuilt from its config and its int8 layers installed.
-pub fn load_if_quantized(dir: &Path) -> Result<Option<(Setup, u64)>> {
-    let path = checkpoint_file(dir);
+/// An int8 checkpoint read back: its config, step, inference information (None in files
+/// written before it was saved) and tensors by name (without the `model.` prefix).
+struct QuantizedFile {
+    path: PathBuf,
+    config: TrainConfig,
+    step: u64,
+    inference: Option<InferenceInfo>,
+    tensors: HashMap<String, StateTensor>,
+}
+
+impl QuantizedFile {
+    /// Installs the file's tensors (int8 forms included) into a freshly built `model`.
+    fn install(&self, model: &dyn Module) -> Result<()> {
+        quant::import(model, &self.tensors)
+            .with_context(|| format!("loading the int8 checkpoint {}", self.path.display()))?;
+        model.set_training(false);
+        Ok(())
+    }
+}
+
+/// `inference::load_model`'s hook: Some when `path` holds an int8 checkpoint, the model
+/// rebuilt from the checkpoint alone with its int8 layers installed.
+pub fn load_model_if_quantized(path: &Path) -> Result<Option<Inference>> {
+    let Some(q) = read_if_quantized(path)? else {
+        return Ok(None);
+    };
+    let info = match &q.inference {
+        Some(i) => i.clone(),
+        None => inference::info_of(&setup(q.config.clone())?),
+    };
+    let model = inference::build_model(&info)?;
+    q.install(model.as_ref())?;
+    Ok(Some(Inference {
+        config: q.config,
+        info,
+        model,
+    }))
+}
+
+/// `inference::load_for_eval`'s hook: Some(setup with its data, step) for an int8 checkpoint.
+pub fn load_for_eval_if_quantized(path: &Path) -> Result<Option<(Setup, u64)>> {
+    let Some(q) = read_if_quantized(path)? else {
+        return Ok(None);
+    };
+    let s = setup(q.config.clone())?;
+    q.install(s.model.as_ref())?;
+    Ok(Some((s, q.step)))
+}
+
+/// Reads `path` (a run directory or the file) if it is an int8 checkpoint. Every error names
+/// the file.
+fn read_if_quantized(dir: &Path) -> Result<Option<QuantizedFile>> {
+    let path = checkpoint::file_of(dir);
     if !is_quantized(&path)? {
         return Ok(None);
     }
     let bytes = std::fs::read(&path).with_context(|| format!("cannot read {}", path.display()))?;
-    let corrupt = |e: safetensors::SafeTensorError| {
-        anyhow!(
-            "int8 checkpoint {} is corrupt or truncated: {e}",
-            path.display()
-        )
-    };
-    let (_, header) = SafeTensors::read_metadata(&bytes).map_err(corrupt)?;
-    let st = SafeTensors::deserialize(&bytes).map_err(corrupt)?;
+    parse(&bytes)
+        .with_context(|| format!("int8 checkpoint {}", path.display()))
+        .map(|(config, step, inference, tensors)| {
+            Some(QuantizedFile {
+                path,
+                config,
+                step,
+                inference,
+                tensors,
+            })
+        })
+}
+
+type Parsed = (
+    TrainConfig,
+    u64,
+    Option<InferenceInfo>,
+    HashMap<String, StateTensor>,
+);
+
+fn parse(bytes: &[u8]) -> Result<Parsed> {
+    let corrupt = |e: safetensors::SafeTensorError| anyhow!("is corrupt or truncated: {e}");
+    let (_, header) = SafeTensors::read_metadata(bytes).map_err(corrupt)?;
+    let st = SafeTensors::deserialize(bytes).map_err(corrupt)?;
     let md = header.metadata().clone().unwrap_or_default();
     let config: TrainConfig = serde_json::from_str(
         md.get("config")
-            .ok_or_else(|| anyhow!("int8 checkpoint {} lacks its config", path.display()))?,
+            .ok_or_else(|| anyhow!("its metadata lacks 'config'"))?,
     )
-    .context("the int8 checkpoint's config is unreadable")?;
-    let step = md.get("step").and_then(|s| s.parse().ok()).unwrap_or(0);
+    .context("its config is unreadable")?;
+    config
+        .validate()
+        .context("its config is invalid (was the file edited?)")?;
+    let step = md
+        .get("step")
+        .ok_or_else(|| anyhow!("its metadata lacks 'step'"))?
+        .parse()
+        .context("its metadata 'step' is not an integer")?;
+    let inference = md
+        .get("inference")
+        .map(|s| serde_json::from_str(s))
+        .transpose()
+        .context("its inference information is unreadable")?;
     let mut tensors = HashMap::new();
     for (name, view) in st.tensors() {
         let Some(bare) = name.strip_prefix("model.") else {
@@ -272,21 +348,19 @@ pub fn load_if_quantized(dir: &Path) -> Result<Option<(Setup, u64)>> {
                     .collect(),
                 shape,
             },
-            d => StateTensor::Float(
-                Tensor::from_le_bytes(
+            d => {
+                let t = Tensor::from_le_bytes(
                     view.data(),
                     our_dtype(d, &name)?,
                     &shape,
                     sinter_core::Device::Cpu,
                 )
-                .with_context(|| format!("int8 checkpoint tensor {name}"))?,
-            ),
+                .with_context(|| format!("tensor {name} is corrupt"))?;
+                checkpoint::check_finite(&name, &t)?;
+                StateTensor::Float(t)
+            }
         };
         tensors.insert(bare.to_string(), t);
     }
-    let s = train::setup(config)?;
-    quant::import(s.model.as_ref(), &tensors)
-        .with_context(|| format!("loading the int8 checkpoint {}", path.display()))?;
-    s.model.set_training(false);
-    Ok(Some((s, step)))
+    Ok((config, step, inference, tensors))
 }
