@@ -24,9 +24,9 @@ use sinter_models::Task;
 use sinter_nn::quant::{self, QuantizeReport, StateTensor};
 use sinter_nn::Module;
 
+use crate::checkpoint::InferenceInfo;
 use crate::checkpoint::{self, our_dtype, st_dtype};
 use crate::config::TrainConfig;
-use crate::checkpoint::InferenceInfo;
 use crate::inference::{self, Inference};
 use crate::trainer::{self, setup, Setup};
 
