@@ -334,17 +334,8 @@ fn speed_rows(a: &Int8BenchArgs, timer: &Timer, rep: &mut Report, p: &Pair) -> R
                 let mut shape = vec![b];
                 shape.extend(input);
                 let x = randn(&shape, &mut rng)?;
-                let (tf, tq) = timer.pair(
-                    || f.forward(&x).map(|_| ()).map_err(Into::into),
-                    || q.forward(&x).map(|_| ()).map_err(Into::into),
-                )?;
-                rep.row(
-                    &format!("forward, batch {b}"),
-                    format!("{:.0} samples/s", b as f64 / tf),
-                    format!("{:.0} samples/s", b as f64 / tq),
-                    Some(tf / tq),
-                    json!({ "f32_s": tf, "int8_s": tq, "batch": b }),
-                );
+                let what = format!("forward, batch {b}");
+                forward_row(timer, rep, (f, q), &x, &what, (b, "samples"))?;
             }
         }
         Task::LanguageModel => {
@@ -409,34 +400,41 @@ fn speed_rows(a: &Int8BenchArgs, timer: &Timer, rep: &mut Report, p: &Pair) -> R
                 (num / den).sqrt()
             );
             let ids = Tensor::from_slice(&vec![1i64; batch * ctx], &[batch, ctx], Device::Cpu)?;
-            let (tf, tq) = timer.pair(
-                || f.forward(&ids).map(|_| ()).map_err(Into::into),
-                || q.forward(&ids).map(|_| ()).map_err(Into::into),
-            )?;
-            rep.row(
-                &format!("forward {batch}×{ctx} tokens"),
-                format!("{:.0} tokens/s", (batch * ctx) as f64 / tf),
-                format!("{:.0} tokens/s", (batch * ctx) as f64 / tq),
-                Some(tf / tq),
-                json!({ "f32_s": tf, "int8_s": tq }),
-            );
+            let what = format!("forward {batch}×{ctx} tokens");
+            forward_row(timer, rep, (f, q), &ids, &what, (batch * ctx, "tokens"))?;
         }
         Task::MaskedLm => {
             let ctx = input.first().copied().unwrap_or(64);
             let ids = Tensor::from_slice(&vec![1i64; batch * ctx], &[batch, ctx], Device::Cpu)?;
-            let (tf, tq) = timer.pair(
-                || f.forward(&ids).map(|_| ()).map_err(Into::into),
-                || q.forward(&ids).map(|_| ()).map_err(Into::into),
-            )?;
-            rep.row(
-                &format!("forward {batch}×{ctx} tokens"),
-                format!("{:.0} tokens/s", (batch * ctx) as f64 / tf),
-                format!("{:.0} tokens/s", (batch * ctx) as f64 / tq),
-                Some(tf / tq),
-                json!({ "f32_s": tf, "int8_s": tq }),
-            );
+            let what = format!("forward {batch}×{ctx} tokens");
+            forward_row(timer, rep, (f, q), &ids, &what, (batch * ctx, "tokens"))?;
         }
     }
+    Ok(())
+}
+
+/// One row: forward throughput of the f32 and int8 models on `x`, as `items` `unit`s (samples,
+/// tokens) per second.
+fn forward_row(
+    timer: &Timer,
+    rep: &mut Report,
+    (f, q): (&dyn Module, &dyn Module),
+    x: &Tensor,
+    what: &str,
+    (items, unit): (usize, &str),
+) -> Result<()> {
+    let items = items as f64;
+    let (tf, tq) = timer.pair(
+        || f.forward(x).map(|_| ()).map_err(Into::into),
+        || q.forward(x).map(|_| ()).map_err(Into::into),
+    )?;
+    rep.row(
+        what,
+        format!("{:.0} {unit}/s", items / tf),
+        format!("{:.0} {unit}/s", items / tq),
+        Some(tf / tq),
+        json!({ "f32_s": tf, "int8_s": tq, "shape": x.shape() }),
+    );
     Ok(())
 }
 

@@ -311,24 +311,7 @@ fn parse(bytes: &[u8]) -> Result<Parsed> {
     let (_, header) = SafeTensors::read_metadata(bytes).map_err(corrupt)?;
     let st = SafeTensors::deserialize(bytes).map_err(corrupt)?;
     let md = header.metadata().clone().unwrap_or_default();
-    let config: TrainConfig = serde_json::from_str(
-        md.get("config")
-            .ok_or_else(|| anyhow!("its metadata lacks 'config'"))?,
-    )
-    .context("its config is unreadable")?;
-    config
-        .validate()
-        .context("its config is invalid (was the file edited?)")?;
-    let step = md
-        .get("step")
-        .ok_or_else(|| anyhow!("its metadata lacks 'step'"))?
-        .parse()
-        .context("its metadata 'step' is not an integer")?;
-    let inference = md
-        .get("inference")
-        .map(|s| serde_json::from_str(s))
-        .transpose()
-        .context("its inference information is unreadable")?;
+    let (step, config, inference) = checkpoint::parse_model_meta(&md)?;
     let mut tensors = HashMap::new();
     for (name, view) in st.tensors() {
         let Some(bare) = name.strip_prefix("model.") else {
