@@ -132,6 +132,17 @@ fn cnns_calibrate_each_convolution_and_round_trip() {
         (kinds(&report, "conv2d"), kinds(&report, "linear")),
         (20, 1)
     );
-    let y = r.forward(&images(&[1, 3, 16, 16], 10)).unwrap();
+    let x = images(&[1, 3, 16, 16], 10);
+    let y = r.forward(&x).unwrap();
     assert_eq!(y.shape(), &[1, 10]);
+    // Every BatchNorm folds into its int8 convolution, which stays int8: the outputs are the
+    // unfolded int8 model's to f32 rounding (an f32 fold would differ by the activations'
+    // quantization error, orders of magnitude more).
+    assert_eq!(sinter_nn::fold::fold_for_inference(&r).unwrap(), 20);
+    let folded = r.forward(&x).unwrap().to_vec_f32().unwrap();
+    let y = y.to_vec_f32().unwrap();
+    let scale = y.iter().fold(0f32, |m, v| m.max(v.abs()));
+    for (a, b) in folded.iter().zip(&y) {
+        assert!((a - b).abs() <= 1e-4 * scale, "folded {a} vs unfolded {b}");
+    }
 }

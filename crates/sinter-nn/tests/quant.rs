@@ -331,3 +331,58 @@ fn misuse_gets_clear_errors() {
     assert!(m.fc.forward(&nan).is_err());
     assert!(matches!(quant::layers(&m)[0].1.kind, LayerKind::Conv2d(_)));
 }
+
+/// BatchNorm folded into an int8 convolution: the folded layer is int8 (its weight scales
+/// absorb γ/√(σ²+ε), a negative γ included) and computes what the int8 convolution followed by
+/// the f32 BatchNorm computes, to f32 rounding; `set_training(true)` unfolds.
+#[test]
+fn batch_norm_folds_into_an_int8_convolution() {
+    let mut rng = Rng::new(5);
+    let p = Conv2dParams {
+        stride: 1,
+        padding: 1,
+        dilation: 1,
+        groups: 1,
+    };
+    let conv = Conv2d::new(3, 6, 3, p, false, &mut rng).unwrap();
+    let bn = sinter_nn::BatchNorm2d::new(6).unwrap();
+    let set = |t: &Tensor, v: &[f32]| t.assign(&Tensor::from_slice(v, &[6], Device::Cpu).unwrap());
+    set(&bn.weight, &[1.5, -0.7, 0.3, 2.0, -1.2, 0.9]).unwrap();
+    set(&bn.bias, &[0.1, -0.2, 0.3, 0.0, 0.5, -0.4]).unwrap();
+    set(&bn.running_mean, &[0.2, -0.1, 0.0, 0.4, -0.3, 0.1]).unwrap();
+    set(&bn.running_var, &[0.5, 1.2, 2.0, 0.8, 0.3, 1.0]).unwrap();
+    let layer = sinter_nn::ConvBn::new(conv, Some(bn)).unwrap();
+    layer.set_training(false);
+    let x = randn(&[2, 3, 7, 7], 1.0, &mut rng);
+    let _g = no_grad();
+    let want_f32 = vals(&layer.forward(&x).unwrap());
+    quant::quantize(&layer, &mut |m: &dyn Module| m.forward(&x).map(|_| ())).unwrap();
+    let unfolded = vals(&layer.forward(&x).unwrap());
+    assert_eq!(sinter_nn::fold::fold_for_inference(&layer).unwrap(), 1);
+    let folded = layer.folded().expect("folded");
+    assert!(
+        folded.quant.int8().is_some(),
+        "the folded convolution is int8"
+    );
+    let got = vals(&layer.forward(&x).unwrap());
+    let scale = want_f32.iter().fold(0f32, |m, v| m.max(v.abs()));
+    for (i, (&g, &u)) in got.iter().zip(&unfolded).enumerate() {
+        assert!(
+            (g - u).abs() <= 1e-5 * scale,
+            "at {i}: folded {g} vs unfolded {u}"
+        );
+    }
+    // And both are the f32 layer up to quantization error (a loose check that the int8 path,
+    // not a stale copy, ran: the values differ from f32 but stay close).
+    let err = got
+        .iter()
+        .zip(&want_f32)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0f32, f32::max);
+    assert!(
+        err > 0.0 && err < 0.05 * scale,
+        "int8 vs f32: {err} of {scale}"
+    );
+    layer.set_training(true);
+    assert!(layer.folded().is_none());
+}

@@ -76,14 +76,15 @@ pub fn build_model(info: &InferenceInfo) -> Result<Box<dyn Model>> {
         input: info.input_shape.clone(),
         classes: info.classes,
     };
-    let recompute = sinter_nn::Recompute::None;
     let dropout = sinter_nn::module::shared_rng(0);
+    // Inference needs no training options (fused Conv+BatchNorm only changes training).
+    let options = sinter_models::ModelOptions::default();
     Ok(sinter_models::build_with(
         &info.model,
         &shape,
         &mut Rng::new(0),
         &dropout,
-        recompute,
+        options,
     )?)
 }
 

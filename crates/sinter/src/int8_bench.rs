@@ -142,6 +142,8 @@ pub fn run(a: &Int8BenchArgs) -> Result<()> {
             let (f, _) = crate::inference::load_for_eval(dir)?;
             let (q, _) = crate::inference::load_for_eval(dir)?;
             quantize_cmd::quantize_setup(&q, a.calibration_batches)?;
+            // Both as `eval` runs them: BatchNorm folded into the convolutions.
+            sinter_nn::fold::fold_for_inference(f.model.as_ref())?;
             accuracy_rows(a, &mut rep, &f, &q)?;
             let pair = Pair {
                 f32: f.model,
@@ -266,6 +268,9 @@ fn random_pair(name: &str, seed: u64, calibration_batches: usize) -> Result<Pair
         }
         Ok(())
     })?;
+    for m in [&f, &q] {
+        sinter_nn::fold::fold_for_inference(m.as_ref())?;
+    }
     Ok(Pair {
         f32: f,
         int8: q,

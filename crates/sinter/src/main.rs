@@ -10,6 +10,7 @@ mod int8_bench;
 mod metrics;
 mod plot;
 mod precision;
+mod predict_cmd;
 mod quantize_cmd;
 mod signals;
 mod term;
@@ -55,6 +56,8 @@ enum Command {
     },
     /// Sample text from a GPT checkpoint.
     Generate(GenerateArgs),
+    /// Classify your own PNG/JPEG images or CSV rows with a classifier checkpoint.
+    Predict(predict_cmd::PredictArgs),
     /// Version, devices, threads and dtypes.
     Info,
     /// Start N ranks of a sinter command on this node: `sinter launch --nproc-per-node 4 -- train …`.
@@ -143,6 +146,8 @@ fn run() -> Result<()> {
             eval_batches,
         } => {
             let (s, step) = inference::load_for_eval(&checkpoint)?;
+            // BatchNorm folded into the convolutions: the same outputs, fewer passes.
+            sinter_nn::fold::fold_for_inference(s.model.as_ref())?;
             let e = trainer::evaluate(&s, eval_batches)?;
             let acc = e
                 .accuracy
@@ -176,6 +181,7 @@ fn run() -> Result<()> {
                 inference::generate(inf.model.as_ref(), inf.config.context, &prompt, &how)?;
             out!("{}", codec.decode(&tokens));
         }
+        Command::Predict(a) => predict_cmd::run(&a)?,
         Command::Info => print!("{}", precision::info_report()),
         Command::Launch(a) => dist_cmd::launch(&a)?,
         Command::Bench { which } => dist_cmd::bench(&which)?,

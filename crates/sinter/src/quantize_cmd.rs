@@ -54,11 +54,11 @@ pub fn run(a: &QuantizeArgs) -> Result<()> {
         );
     }
     let (s, step) = inference::load_for_eval(&a.checkpoint)?;
-    let report = quantize_setup(&s, a.calibration_batches)?;
+    let (report, folded) = quantize_setup(&s, a.calibration_batches)?;
     let path = save(&a.out, &s, step, &report, &a.checkpoint)?;
     let size = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
     println!(
-        "{}: {} layers int8 ({} linear, {} conv2d, {} embedding){}",
+        "{}: {} layers int8 ({} linear, {} conv2d, {} embedding; {folded} BatchNorm to fold into their int8 convolutions at load){}",
         s.config.model,
         report.int8.len(),
         count(&report, "linear"),
@@ -103,8 +103,10 @@ pub fn weight_bytes(model: &dyn Module) -> usize {
 }
 
 /// Quantizes the setup's model in place; convolutions are calibrated on the first
-/// `batches` training batches (in order, so the result is reproducible).
-pub fn quantize_setup(s: &Setup, batches: usize) -> Result<QuantizeReport> {
+/// `batches` training batches (in order, so the result is reproducible). Then folds each
+/// BatchNorm into the int8 convolution before it, as `eval` and `predict` do after loading;
+/// returns how many were folded.
+pub fn quantize_setup(s: &Setup, batches: usize) -> Result<(QuantizeReport, usize)> {
     let mut calibrate = |model: &dyn Module| -> sinter_core::Result<()> {
         if s.task != Task::Classification {
             return Err(sinter_core::Error::Msg(format!(
@@ -133,8 +135,8 @@ pub fn quantize_setup(s: &Setup, batches: usize) -> Result<QuantizeReport> {
         Ok(())
     };
     let report = quant::quantize(s.model.as_ref(), &mut calibrate)?;
-    s.model.set_training(false);
-    Ok(report)
+    let folded = sinter_nn::fold::fold_for_inference(s.model.as_ref())?;
+    Ok((report, folded))
 }
 
 /// Writes the quantized model of `s` to `dir`/checkpoint.safetensors, atomically.

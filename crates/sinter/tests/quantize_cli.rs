@@ -169,3 +169,59 @@ fn gpt_tiny_validation_loss_within_one_percent_and_generation_runs() {
     );
     assert_eq!(cached, gen(&["--no-kv-cache"]));
 }
+
+/// The top class and its probability in `predict --json`'s answer for one file.
+fn top1(json: &str) -> (String, f64) {
+    let v: serde_json::Value = serde_json::from_str(json).expect("predict --json prints JSON");
+    let t = &v[0]["top"][0];
+    (t["class"].to_string(), t["probability"].as_f64().unwrap())
+}
+
+/// A CNN with BatchNorm: `quantize` reports the BatchNorms that fold into its int8
+/// convolutions, `eval` (which folds) keeps the accuracy within half a point, and `predict`
+/// answers from the int8 checkpoint alone as the f32 one does.
+#[test]
+fn cnn_with_batch_norm_folds_into_int8_and_predicts() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (f32_dir, int8_dir) = (tmp.path().join("f32"), tmp.path().join("int8"));
+    let (f, q) = (f32_dir.to_str().unwrap(), int8_dir.to_str().unwrap());
+    ok(sinter(&[
+        "train", "--quiet", "--model", "cnn-bn", "--epochs", "10", "--out", f,
+    ]));
+    let report = ok(sinter(&["quantize", "--checkpoint", f, "--out", q]));
+    assert!(
+        report.contains("2 conv2d") && report.contains("2 BatchNorm to fold"),
+        "{report}"
+    );
+    let acc_f32 = number_after(&ok(sinter(&["eval", "--checkpoint", f])), "accuracy");
+    let acc_int8 = number_after(&ok(sinter(&["eval", "--checkpoint", q])), "accuracy");
+    assert!(acc_f32 >= 95.0, "f32 accuracy {acc_f32}");
+    assert!(
+        (acc_int8 - acc_f32).abs() <= 0.5,
+        "int8 accuracy {acc_int8}% vs f32 {acc_f32}%"
+    );
+    for n in 0..4 {
+        let png = tmp.path().join(format!("digit{n}.png"));
+        let png = png.to_str().unwrap();
+        ok(sinter(&[
+            "predict",
+            "--checkpoint",
+            f,
+            "--export-sample",
+            &n.to_string(),
+            png,
+        ]));
+        let ask = |dir: &str| {
+            top1(&ok(sinter(&[
+                "predict",
+                "--checkpoint",
+                dir,
+                "--json",
+                png,
+            ])))
+        };
+        let ((cf, pf), (cq, pq)) = (ask(f), ask(q));
+        assert_eq!(cf, cq, "sample {n}: f32 says {cf} ({pf}), int8 {cq} ({pq})");
+        assert!((pf - pq).abs() < 0.05, "sample {n}: p {pf} vs {pq}");
+    }
+}

@@ -97,6 +97,30 @@ impl QuantizedConv2d {
         })
     }
 
+    /// This convolution followed by a per-output-channel scale (BatchNorm's γ/√(σ²+ε)) and a new
+    /// bias, as one int8 convolution: the int8 values stay (negated where the scale is
+    /// negative, exact since they lie in [-127, 127]) and each channel's weight scale absorbs
+    /// |scale|. The input mapping is unchanged: folding changes nothing before the layer.
+    pub fn folded(&self, scale: &[f64], bias: &Tensor) -> Result<QuantizedConv2d> {
+        let (n, k) = (self.weight.n(), self.weight.k());
+        if scale.len() != n {
+            bail!(
+                "QuantizedConv2d: {} folding scales for {n} output channels",
+                scale.len()
+            );
+        }
+        let mut q = self.weight.values();
+        let mut scales = Vec::with_capacity(n);
+        for (j, row) in q.chunks_exact_mut(k.max(1)).enumerate().take(n) {
+            if scale[j] < 0.0 {
+                row.iter_mut().for_each(|v| *v = -*v);
+            }
+            scales.push((self.weight.scales()[j] as f64 * scale[j].abs()) as f32);
+        }
+        let w = Int8Weight::from_int8(&q, self.weight.shape(), scales)?;
+        QuantizedConv2d::new(w, Some(bias), self.params, self.input)
+    }
+
     pub fn weight(&self) -> &Int8Weight {
         &self.weight
     }

@@ -76,6 +76,10 @@ pub fn quantize(
     model: &dyn Module,
     calibrate: &mut dyn FnMut(&dyn Module) -> Result<()>,
 ) -> Result<QuantizeReport> {
+    // BatchNorm folded before now made f32 copies of the convolutions that would shadow their
+    // int8 forms: unfold (fold again after quantizing, `fold::fold_for_inference`).
+    model.set_training(true);
+    model.set_training(false);
     let all = layers(model);
     for (name, h) in &all {
         if h.weight.device() != Device::Cpu {
@@ -167,6 +171,29 @@ fn calibrate_convs(
         });
     }
     Ok(ranges)
+}
+
+/// BatchNorm folding of an int8 convolution: when `conv` runs an int8 form, installs in
+/// `folded` (the f32 fold of `conv` and a BatchNorm, `fold::fold_conv_bn`) that form with each
+/// output channel scaled by `scale` and `folded`'s bias, so the folded layer stays int8.
+pub fn fold_int8_conv(
+    conv: &crate::layers::Conv2d,
+    folded: &crate::layers::Conv2d,
+    scale: &[f64],
+) -> Result<()> {
+    let Some(form) = conv.quant.int8() else {
+        return Ok(());
+    };
+    let Some(q) = form.as_any().downcast_ref::<QuantizedConv2d>() else {
+        bail!("fold: the convolution holds an int8 form that is not a QuantizedConv2d");
+    };
+    let bias = folded.bias.as_ref().ok_or_else(|| {
+        sinter_core::Error::Msg("fold: the folded convolution has no bias".into())
+    })?;
+    folded
+        .quant
+        .set(QuantState::Int8(Arc::new(q.folded(scale, bias)?)));
+    Ok(())
 }
 
 fn at(name: &str, e: sinter_core::Error) -> sinter_core::Error {
