@@ -1,18 +1,18 @@
-//! int8 GEMM throughput per path beside the f32 GEMM sinter's Linear runs today (the `gemm`
-//! crate, with sinter-core's threading policy), at GPT-2 124M's Linear shapes.
+//! int8 GEMM throughput per path beside sinter-cpu's f32 GEMM (B read in place, as the f32
+//! Linear does, and prepacked), at GPT-2 124M's Linear shapes.
 //!
 //!     cargo bench -p sinter-cpu --bench int8_gemm
 //!     chrt -f 1 target/release/deps/int8_gemm-* --bench     # steadier on a shared machine
 //!
 //! Each int8 row is the whole quantized Linear on f32 input: dynamic per-row quantization of
 //! the activations, the GEMM, and the fused dequantize + bias epilogue to f32. GOP/s counts
-//! 2·m·n·k per call for both. Budget per case: `SINTER_BENCH_SECS` (default 1) ×
-//! `SINTER_BENCH_ROUNDS` (default 2), f32 and the int8 paths interleaved in each round.
+//! 2·m·n·k per call for both. Budget per case: `SINTER_BENCH_SECS` (default 0.5) ×
+//! `SINTER_BENCH_ROUNDS` (default 3), f32 and the int8 paths interleaved in each round.
 
-#[path = "../../sinter-core/benches/common/mod.rs"]
 mod common;
 
-use common::{budget, machine_line, rounds, time_it, Stats};
+use common::{budget, machine_line, median, rounds, time};
+use sinter_cpu::gemm::{Gemm, MatMut, MatRef, PackedB};
 use sinter_cpu::int8::{
     gemm as int8_gemm, quantize_rows_dynamic, quantize_weights, ActQuant, Activation, Activations,
     Epilogue, Int8Path, Output, PackedWeights,
@@ -26,41 +26,24 @@ const SHAPES: &[(usize, usize, &str)] = &[
 ];
 const ROWS: &[usize] = &[1, 8, 64];
 
-fn f32_linear(x: &[f32], w: &[f32], bias: &[f32], m: usize, n: usize, k: usize, y: &mut [f32]) {
-    let threads = rayon::current_num_threads();
-    let par = if 2 * m * n * k >= 1 << 21 && threads > 1 {
-        ::gemm::Parallelism::Rayon(threads)
-    } else {
-        ::gemm::Parallelism::None
-    };
-    // y = x · wᵀ (w is [n, k], read transposed in place), then the bias, as Linear does.
-    unsafe {
-        ::gemm::gemm(
-            m,
-            n,
-            k,
-            y.as_mut_ptr(),
-            1,
-            n as isize,
-            false,
-            x.as_ptr(),
-            1,
-            k as isize,
-            w.as_ptr(),
-            k as isize,
-            1,
-            0.0,
-            1.0,
-            false,
-            false,
-            false,
-            par,
-        )
-    };
-    for row in y.chunks_exact_mut(n) {
-        for (v, b) in row.iter_mut().zip(bias) {
-            *v += b;
+/// y = x·wᵀ + bias with sinter-cpu's f32 GEMM, bias fused: w [n, k] read transposed in place,
+/// as the f32 Linear does, or prepacked once (the best f32 inference can do).
+struct F32Linear<'a> {
+    w: &'a [f32],
+    packed: Option<&'a PackedB>,
+    bias: &'a [f32],
+}
+
+impl F32Linear<'_> {
+    fn forward(&self, x: &[f32], m: usize, y: &mut [f32]) {
+        let (n, k) = (self.bias.len(), self.w.len() / self.bias.len());
+        let g = Gemm::new(m, n, k).bias(self.bias);
+        let (a, c) = (MatRef::row_major(x, k), MatMut::row_major(y, n));
+        match self.packed {
+            Some(b) => g.run_packed(a, b, c, None),
+            None => g.run(a, MatRef::row_major(self.w, k).t(), c),
         }
+        .unwrap();
     }
 }
 
@@ -109,10 +92,10 @@ fn main() {
         budget().as_secs_f64()
     );
     println!();
-    let mut header = "| shape | rows | f32 GOP/s |".to_string();
-    let mut rule = "| --- | ---: | ---: |".to_string();
+    let mut header = "| shape | rows | f32 GOP/s | f32 prepacked GOP/s |".to_string();
+    let mut rule = "| --- | ---: | ---: | ---: |".to_string();
     for p in &paths {
-        header += &format!(" {} GOP/s (× f32) |", p.name());
+        header += &format!(" {} GOP/s (× f32 in place) |", p.name());
         rule += " ---: |";
     }
     println!("{header}\n{rule}");
@@ -127,6 +110,17 @@ fn main() {
         let w: Vec<f32> = (0..n * k).map(|_| rand() * 0.1).collect();
         let bias: Vec<f32> = (0..n).map(|_| rand()).collect();
         let (q, scales) = quantize_weights(&w, n, k).unwrap();
+        let wp = PackedB::new(MatRef::row_major(&w, k).t(), k, n).unwrap();
+        let plain = F32Linear {
+            w: &w,
+            packed: None,
+            bias: &bias,
+        };
+        let prepacked = F32Linear {
+            w: &w,
+            packed: Some(&wp),
+            bias: &bias,
+        };
         let lin = Int8Linear {
             packed: PackedWeights::pack(&q, n, k).unwrap(),
             scales,
@@ -136,23 +130,24 @@ fn main() {
             let x: Vec<f32> = (0..m * k).map(|_| rand()).collect();
             let mut y = vec![0f32; m * n];
             let mut buf = Vec::new();
-            let mut f32_t = Vec::new();
-            let mut int8_t: Vec<Vec<Stats>> = vec![Vec::new(); paths.len()];
+            let (mut f32_t, mut f32p_t) = (Vec::new(), Vec::new());
+            let mut int8_t: Vec<Vec<f64>> = vec![Vec::new(); paths.len()];
             for _ in 0..rounds() {
-                f32_t.push(time_it(3, budget(), 5, 100_000, || {
-                    f32_linear(&x, &w, &bias, m, n, k, &mut y)
-                }));
+                f32_t.extend(time(budget(), || plain.forward(&x, m, &mut y)));
+                f32p_t.extend(time(budget(), || prepacked.forward(&x, m, &mut y)));
                 for (i, &p) in paths.iter().enumerate() {
-                    int8_t[i].push(time_it(3, budget(), 5, 100_000, || {
-                        lin.forward(p, &x, m, &mut y, &mut buf)
-                    }));
+                    int8_t[i].extend(time(budget(), || lin.forward(p, &x, m, &mut y, &mut buf)));
                 }
             }
             let ops = 2.0 * (m * n * k) as f64;
-            let t32 = Stats::merge(&f32_t).median();
-            let mut line = format!("| {name} | {m} | {:.1} |", ops / t32 / 1e9);
+            let (t32, t32p) = (median(&f32_t), median(&f32p_t));
+            let mut line = format!(
+                "| {name} | {m} | {:.1} | {:.1} |",
+                ops / t32 / 1e9,
+                ops / t32p / 1e9
+            );
             for t in &int8_t {
-                let t8 = Stats::merge(t).median();
+                let t8 = median(t);
                 line += &format!(" {:.1} ({:.2}×) |", ops / t8 / 1e9, t32 / t8);
             }
             println!("{line}");

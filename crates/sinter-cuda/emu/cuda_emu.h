@@ -256,6 +256,17 @@ inline double __longlong_as_double(long long i) { double f; std::memcpy(&f, &i, 
 inline long long __double_as_longlong(double f) { long long i; std::memcpy(&i, &f, 8); return i; }
 inline unsigned __umulhi(unsigned a, unsigned b) { return (unsigned)(((uint64_t)a * b) >> 32); }
 inline int __mulhi(int a, int b) { return (int)(((int64_t)a * b) >> 32); }
+// dp4a: the four byte products of a and b (signed, or unsigned for the unsigned overload) added to
+// c, in 32-bit wrapping arithmetic, as the instruction does (no saturation).
+inline int __dp4a(int a, int b, int c) {
+    uint32_t s = (uint32_t)c;
+    for (int i = 0; i < 4; ++i) s += (uint32_t)((int)(int8_t)(a >> (8 * i)) * (int)(int8_t)(b >> (8 * i)));
+    return (int)s;
+}
+inline unsigned __dp4a(unsigned a, unsigned b, unsigned c) {
+    for (int i = 0; i < 4; ++i) c += ((a >> (8 * i)) & 0xffu) * ((b >> (8 * i)) & 0xffu);
+    return c;
+}
 inline unsigned long long __umul64hi(unsigned long long a, unsigned long long b) {
     return (unsigned long long)(((unsigned __int128)a * b) >> 64);
 }

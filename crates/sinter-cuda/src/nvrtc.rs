@@ -35,11 +35,12 @@ pub enum KernelFile {
     Int,
     FlashAttention,
     ResidualLayerNorm,
+    Int8Gemm,
 }
 
 impl KernelFile {
     /// Every kernel file.
-    pub const ALL: [KernelFile; 14] = [
+    pub const ALL: [KernelFile; 15] = [
         KernelFile::Unary,
         KernelFile::Binary,
         KernelFile::Copy,
@@ -54,6 +55,7 @@ impl KernelFile {
         KernelFile::Int,
         KernelFile::FlashAttention,
         KernelFile::ResidualLayerNorm,
+        KernelFile::Int8Gemm,
     ];
 
     /// File name under `kernels/`.
@@ -73,6 +75,7 @@ impl KernelFile {
             KernelFile::Int => "int.cu",
             KernelFile::FlashAttention => "flash_attention.cu",
             KernelFile::ResidualLayerNorm => "residual_layernorm.cu",
+            KernelFile::Int8Gemm => "int8_gemm.cu",
         }
     }
 
@@ -93,6 +96,7 @@ impl KernelFile {
             KernelFile::Int => include_str!("../kernels/int.cu"),
             KernelFile::FlashAttention => include_str!("../kernels/flash_attention.cu"),
             KernelFile::ResidualLayerNorm => include_str!("../kernels/residual_layernorm.cu"),
+            KernelFile::Int8Gemm => include_str!("../kernels/int8_gemm.cu"),
         }
     }
 

@@ -539,6 +539,7 @@ impl Module for TpBlock {
                 name: join(prefix, n),
                 tensor: t.clone(),
                 kind: TensorKind::Parameter,
+                layer: None,
             })
         };
         p("ln1.weight", &self.ln1.weight);

@@ -162,6 +162,7 @@ fn param(prefix: &str, name: &str, t: &Tensor, out: &mut Vec<NamedTensor>) {
         name: join(prefix, name),
         tensor: t.clone(),
         kind: TensorKind::Parameter,
+        layer: None,
     });
 }
 
@@ -462,9 +463,10 @@ impl Bert {
         let c = self.config.hidden;
         let lead = &h.shape()[..h.rank() - 1];
         let rows: usize = lead.iter().product();
-        let logits = h
-            .reshape(&[rows, c])?
-            .matmul(&self.embeddings.word_embeddings.weight.t()?)?
+        let logits = self
+            .embeddings
+            .word_embeddings
+            .linear(&h.reshape(&[rows, c])?)?
             .add(&self.head_bias)?;
         let mut shape = lead.to_vec();
         shape.push(self.config.vocab_size);

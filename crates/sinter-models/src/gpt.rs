@@ -175,8 +175,8 @@ impl Gpt {
         let (b, t, c) = (x.shape()[0], x.shape()[1], x.shape()[2]);
         let x = self.ln_f.forward(x)?;
         // One [b·t, c] × [c, vocab] product: the tied head's gradient is then a single GEMM.
-        x.reshape(&[b * t, c])?
-            .matmul(&self.wte.weight.t()?)?
+        self.wte
+            .linear(&x.reshape(&[b * t, c])?)?
             .reshape(&[b, t, self.config.vocab_size])
     }
 

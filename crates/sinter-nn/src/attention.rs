@@ -205,10 +205,7 @@ impl Mlp {
     /// fc, bias and GELU fused (one GEMM with a GELU epilogue on CUDA at f16/bf16; the matmul
     /// then the fused bias + GELU elsewhere), then the projection.
     pub fn forward_fused(&self, x: &Tensor) -> Result<Tensor> {
-        let h = match &self.fc.bias {
-            Some(b) => fused::linear_bias_gelu(x, &self.fc.weight, b)?,
-            None => self.fc.forward(x)?.gelu()?,
-        };
+        let h = self.fc.forward_gelu(x)?;
         self.dropout.forward(&self.proj.forward(&h)?)
     }
     pub fn forward_composite(&self, x: &Tensor) -> Result<Tensor> {

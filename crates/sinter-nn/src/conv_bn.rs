@@ -158,11 +158,7 @@ pub fn conv_bn_training(x: &Tensor, conv: &Conv2d, bn: &BatchNorm2d) -> Result<T
             let xv = if want_dx { xd.to_var()? } else { xd.clone() };
             let wv = w.detach().to_var()?;
             let bv = b.as_ref().map(|b| b.detach().to_var()).transpose()?;
-            let recomputed = Conv2d {
-                weight: wv.clone(),
-                bias: bv.clone(),
-                params,
-            };
+            let recomputed = Conv2d::from_weights(wv.clone(), bv.clone(), params);
             let y = recomputed.forward(&xv)?;
             let (dy, dgamma, dbeta) = {
                 let _g = no_grad();

@@ -91,14 +91,13 @@ fn fold_weight_bias(
 }
 
 /// `conv` followed by `bn` in evaluation mode, as one Conv2d with a bias. The originals are
-/// not changed; the new layer's tensors are plain (not trained) tensors.
+/// not changed; the new layer's tensors are plain (not trained) tensors. An int8 `conv` folds
+/// into an int8 Conv2d (`quant::fold_int8_conv`).
 pub fn fold_conv_bn(conv: &Conv2d, bn: &BatchNorm2d) -> Result<Conv2d> {
     let (weight, bias) = fold_weight_bias("Conv2d", &conv.weight, conv.bias.as_ref(), bn)?;
-    Ok(Conv2d {
-        weight,
-        bias: Some(bias),
-        params: conv.params,
-    })
+    let folded = Conv2d::from_weights(weight, Some(bias), conv.params);
+    crate::quant::fold_int8_conv(conv, &folded, &BnAffine::of(bn)?.scale)?;
+    Ok(folded)
 }
 
 /// `linear` followed by `bn` over its output features (a BatchNorm1d, or a BatchNorm2d over

@@ -5,12 +5,15 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use sinter_core::{bail, no_grad, Conv2dParams, Pool2dParams, Result, Rng, Tensor};
 
 use crate::init;
-use crate::module::{buffer, join, param, Module, NamedTensor, SharedRng};
+use crate::module::{buffer, join, layer_weight, param, Module, NamedTensor, SharedRng};
+use crate::quant::slot::{Activation, LayerHandle, LayerKind, QuantSlot};
 
 /// y = x Wᵀ + b over the last dimension; weight [out, in].
 pub struct Linear {
     pub weight: Tensor,
     pub bias: Option<Tensor>,
+    /// An int8 form installed by `quant::quantize` runs instead of the f32 weights.
+    pub quant: QuantSlot,
 }
 
 impl Linear {
@@ -31,18 +34,44 @@ impl Linear {
         } else {
             None
         };
-        Ok(Linear { weight, bias })
+        Ok(Linear::from_weights(weight, bias))
     }
     pub fn from_weights(weight: Tensor, bias: Option<Tensor>) -> Self {
-        Linear { weight, bias }
+        Linear {
+            weight,
+            bias,
+            quant: QuantSlot::default(),
+        }
     }
     pub fn in_features(&self) -> usize {
         self.weight.shape()[1]
+    }
+    /// GELU(x Wᵀ + b) with the bias and GELU fused (one GEMM with a GELU epilogue where the
+    /// backend has one; the int8 epilogue when quantized).
+    pub fn forward_gelu(&self, x: &Tensor) -> Result<Tensor> {
+        if let Some(y) = self.quant.forward(x, Activation::GeluTanh)? {
+            return Ok(y);
+        }
+        match &self.bias {
+            Some(b) => sinter_core::fused::linear_bias_gelu(x, &self.weight, b),
+            None => self.forward(x)?.gelu(),
+        }
+    }
+    fn handle(&self) -> LayerHandle {
+        LayerHandle {
+            kind: LayerKind::Linear,
+            weight: self.weight.clone(),
+            bias: self.bias.clone(),
+            slot: self.quant.clone(),
+        }
     }
 }
 
 impl Module for Linear {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        if let Some(y) = self.quant.forward(x, Activation::None)? {
+            return Ok(y);
+        }
         let inp = self.in_features();
         if x.shape().last() != Some(&inp) {
             bail!(
@@ -63,7 +92,7 @@ impl Module for Linear {
         y.reshape(&shape)
     }
     fn collect(&self, prefix: &str, out: &mut Vec<NamedTensor>) {
-        param(prefix, "weight", &self.weight, out);
+        layer_weight(prefix, self.handle(), out);
         if let Some(b) = &self.bias {
             param(prefix, "bias", b, out);
         }
@@ -74,6 +103,8 @@ pub struct Conv2d {
     pub weight: Tensor,
     pub bias: Option<Tensor>,
     pub params: Conv2dParams,
+    /// An int8 form installed by `quant::quantize` runs instead of the f32 weights.
+    pub quant: QuantSlot,
 }
 
 impl Conv2d {
@@ -102,16 +133,25 @@ impl Conv2d {
         } else {
             None
         };
-        Ok(Conv2d {
+        Ok(Conv2d::from_weights(weight, bias, params))
+    }
+
+    /// A Conv2d with these tensors (f32, no int8 form).
+    pub fn from_weights(weight: Tensor, bias: Option<Tensor>, params: Conv2dParams) -> Self {
+        Conv2d {
             weight,
             bias,
             params,
-        })
+            quant: QuantSlot::default(),
+        }
     }
 }
 
 impl Module for Conv2d {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        if let Some(y) = self.quant.forward(x, Activation::None)? {
+            return Ok(y);
+        }
         let y = x.conv2d(&self.weight, self.params)?;
         match &self.bias {
             Some(b) => y.add(&b.reshape(&[1, b.numel(), 1, 1])?),
@@ -119,7 +159,13 @@ impl Module for Conv2d {
         }
     }
     fn collect(&self, prefix: &str, out: &mut Vec<NamedTensor>) {
-        param(prefix, "weight", &self.weight, out);
+        let handle = LayerHandle {
+            kind: LayerKind::Conv2d(self.params),
+            weight: self.weight.clone(),
+            bias: self.bias.clone(),
+            slot: self.quant.clone(),
+        };
+        layer_weight(prefix, handle, out);
         if let Some(b) = &self.bias {
             param(prefix, "bias", b, out);
         }
@@ -259,20 +305,31 @@ pub struct Embedding {
     pub weight: Tensor,
     /// The row that receives no gradient, if any (a row index, already resolved).
     pub padding_idx: Option<usize>,
+    /// An int8 table installed by `quant::quantize` serves the lookups and `linear`.
+    pub quant: QuantSlot,
 }
 
 impl Embedding {
     pub fn new(vocab: usize, dim: usize, std: f64, rng: &mut Rng) -> Result<Self> {
-        Ok(Embedding {
-            weight: init::normal(&[vocab, dim], std, rng)?,
-            padding_idx: None,
-        })
+        Ok(Embedding::from_weights(init::normal(
+            &[vocab, dim],
+            std,
+            rng,
+        )?))
+    }
+    /// x · tableᵀ over the last dimension: the table used as a tied output head.
+    pub fn linear(&self, x: &Tensor) -> Result<Tensor> {
+        if let Some(y) = self.quant.forward(x, Activation::None)? {
+            return Ok(y);
+        }
+        x.matmul(&self.weight.t()?)
     }
     /// A table of given weights, without a padding row.
     pub fn from_weights(weight: Tensor) -> Self {
         Embedding {
             weight,
             padding_idx: None,
+            quant: QuantSlot::default(),
         }
     }
     /// This table with `padding_idx` (negative counts from the end, as in PyTorch) as its
@@ -300,6 +357,10 @@ fn resolve_padding_idx(idx: i64, vocab: usize) -> Result<usize> {
 
 impl Module for Embedding {
     fn forward(&self, ids: &Tensor) -> Result<Tensor> {
+        if let Some(y) = self.quant.lookup(ids)? {
+            // A quantized table serves inference only: no gradient to withhold.
+            return Ok(y);
+        }
         let rows = self.weight.embedding(ids)?;
         let Some(pad) = self.padding_idx else {
             return Ok(rows);
@@ -313,7 +374,13 @@ impl Module for Embedding {
         Tensor::where_cond(&keep, &rows, &rows.detach())
     }
     fn collect(&self, prefix: &str, out: &mut Vec<NamedTensor>) {
-        param(prefix, "weight", &self.weight, out);
+        let handle = LayerHandle {
+            kind: LayerKind::Embedding,
+            weight: self.weight.clone(),
+            bias: None,
+            slot: self.quant.clone(),
+        };
+        layer_weight(prefix, handle, out);
     }
 }
 

@@ -11,6 +11,7 @@ pub mod layers;
 pub mod mixed_precision;
 pub mod module;
 pub mod optim;
+pub mod quant;
 pub mod recompute;
 pub mod schedule;
 

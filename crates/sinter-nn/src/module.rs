@@ -5,6 +5,8 @@ use std::sync::{Arc, Mutex};
 
 use sinter_core::{Result, Rng, Tensor};
 
+use crate::quant::slot::LayerHandle;
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum TensorKind {
     /// Trained by the optimizer.
@@ -18,6 +20,9 @@ pub struct NamedTensor {
     pub name: String,
     pub tensor: Tensor,
     pub kind: TensorKind,
+    /// For the weight of a Linear, Conv2d or Embedding: a handle on its layer, through which
+    /// an inference rewrite (int8 quantization, `crate::quant`) replaces the layer's forward.
+    pub layer: Option<LayerHandle>,
 }
 
 /// A generator shared by the modules that draw random numbers (dropout), so that one
@@ -101,6 +106,16 @@ pub(crate) fn param(prefix: &str, name: &str, t: &Tensor, out: &mut Vec<NamedTen
         name: join(prefix, name),
         tensor: t.clone(),
         kind: TensorKind::Parameter,
+        layer: None,
+    });
+}
+/// A layer's weight, with the handle that lets `crate::quant` rewrite the layer.
+pub(crate) fn layer_weight(prefix: &str, layer: LayerHandle, out: &mut Vec<NamedTensor>) {
+    out.push(NamedTensor {
+        name: join(prefix, "weight"),
+        tensor: layer.weight.clone(),
+        kind: TensorKind::Parameter,
+        layer: Some(layer),
     });
 }
 pub(crate) fn buffer(prefix: &str, name: &str, t: &Tensor, out: &mut Vec<NamedTensor>) {
@@ -108,5 +123,6 @@ pub(crate) fn buffer(prefix: &str, name: &str, t: &Tensor, out: &mut Vec<NamedTe
         name: join(prefix, name),
         tensor: t.clone(),
         kind: TensorKind::Buffer,
+        layer: None,
     });
 }

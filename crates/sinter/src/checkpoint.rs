@@ -102,7 +102,7 @@ pub struct Meta {
     pub inference: Option<InferenceInfo>,
 }
 
-fn st_dtype(d: DType) -> Dtype {
+pub(crate) fn st_dtype(d: DType) -> Dtype {
     match d {
         DType::F32 => Dtype::F32,
         DType::F16 => Dtype::F16,
@@ -113,7 +113,7 @@ fn st_dtype(d: DType) -> Dtype {
     }
 }
 
-fn our_dtype(d: Dtype, name: &str) -> Result<DType> {
+pub(crate) fn our_dtype(d: Dtype, name: &str) -> Result<DType> {
     Ok(match d {
         Dtype::F32 => DType::F32,
         Dtype::F16 => DType::F16,
@@ -361,7 +361,7 @@ fn explain(e: &SafeTensorError) -> String {
     format!("{what} ({e:?})")
 }
 
-fn file_of(dir: &Path) -> PathBuf {
+pub(crate) fn file_of(dir: &Path) -> PathBuf {
     if dir.is_dir() {
         path_in(dir)
     } else {
@@ -406,13 +406,11 @@ pub fn parse(bytes: &[u8]) -> Result<Loaded> {
     Ok(Loaded { tensors, meta })
 }
 
-fn parse_meta(md: &HashMap<String, String>) -> Result<Meta> {
-    let parse = |k: &str| -> Result<u64> {
-        md.get(k)
-            .ok_or_else(|| anyhow!("its metadata lacks '{k}'"))?
-            .parse()
-            .with_context(|| format!("its metadata '{k}' is not an integer"))
-    };
+/// The metadata every file that holds a model shares (training and int8 checkpoints): the
+/// step, the run's config (checked like the flags) and the inference information.
+pub(crate) fn parse_model_meta(
+    md: &HashMap<String, String>,
+) -> Result<(u64, TrainConfig, Option<InferenceInfo>)> {
     let config: TrainConfig = serde_json::from_str(
         md.get("config")
             .ok_or_else(|| anyhow!("its metadata lacks 'config'"))?,
@@ -426,8 +424,21 @@ fn parse_meta(md: &HashMap<String, String>) -> Result<Meta> {
         .map(|s| serde_json::from_str(s))
         .transpose()
         .context("its inference information is unreadable")?;
+    Ok((parse_u64(md, "step")?, config, inference))
+}
+
+fn parse_u64(md: &HashMap<String, String>, k: &str) -> Result<u64> {
+    md.get(k)
+        .ok_or_else(|| anyhow!("its metadata lacks '{k}'"))?
+        .parse()
+        .with_context(|| format!("its metadata '{k}' is not an integer"))
+}
+
+fn parse_meta(md: &HashMap<String, String>) -> Result<Meta> {
+    let parse = |k: &str| parse_u64(md, k);
+    let (step, config, inference) = parse_model_meta(md)?;
     Ok(Meta {
-        step: parse("step")?,
+        step,
         optimizer_steps: parse("optimizer_steps")?,
         rng: parse_u64s(md.get("rng"), "rng")?,
         dropout_rng: parse_u64s(md.get("dropout_rng"), "dropout_rng")?,
@@ -440,7 +451,7 @@ fn parse_meta(md: &HashMap<String, String>) -> Result<Meta> {
 }
 
 /// A weight or optimizer state with NaN or infinity cannot be what training saved.
-fn check_finite(name: &str, t: &Tensor) -> Result<()> {
+pub(crate) fn check_finite(name: &str, t: &Tensor) -> Result<()> {
     if !t.dtype().is_float() {
         return Ok(());
     }

@@ -120,6 +120,9 @@ pub enum BenchCmd {
     /// Host all-reduce bandwidth (bus bandwidth, as nccl-tests report it) beside a memcpy
     /// ceiling, over threads, TCP loopback threads and TCP loopback processes.
     Allreduce(AllReduceArgs),
+    /// int8 against f32 on the CPU: Linear layers, a checkpoint's accuracy and speed, or a
+    /// random model's speed (`sinter bench int8 --checkpoint DIR` / `--model gpt2`).
+    Int8(crate::int8_bench::Int8BenchArgs),
     /// GPU benchmarks on the CUDA device, as a markdown table: gemm (bf16 GEMM), tc (tensor
     /// cores vs CUDA cores), linear (Linear forward + backward, CPU vs GPU), bandwidth
     /// (elementwise and row kernels vs a copy), attention (fused flash attention) or all.
@@ -187,6 +190,7 @@ pub fn bench(which: &BenchCmd) -> Result<()> {
         BenchCmd::Cpu(a) => crate::bench_cpu::run(a),
         BenchCmd::Scaling(a) => bench_scaling(a),
         BenchCmd::Allreduce(a) => bench_allreduce(a),
+        BenchCmd::Int8(a) => crate::int8_bench::run(a),
         BenchCmd::Gpu { which, out } => {
             println!("{}", crate::gpu_bench::run(which, out.as_deref())?);
             Ok(())

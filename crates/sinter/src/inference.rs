@@ -52,20 +52,15 @@ pub fn check_temperature(t: f64) -> Result<()> {
 /// Loads a checkpoint (a run directory or the file) as a model to run. Checkpoints written
 /// before they held [`InferenceInfo`] open their data once to learn it.
 pub fn load_model(path: &Path) -> Result<Inference> {
+    if let Some(q) = crate::quantize_cmd::load_model_if_quantized(path)? {
+        return Ok(q);
+    }
     let l = checkpoint::load(path)?;
     let info = match &l.meta.inference {
         Some(i) => i.clone(),
         None => info_of(&setup(l.meta.config.clone())?),
     };
-    let shape = DataShape {
-        input: info.input_shape.clone(),
-        classes: info.classes,
-    };
-    let dropout = sinter_nn::module::shared_rng(0);
-    // Inference needs no training options (fused Conv+BatchNorm only changes training).
-    let options = sinter_models::ModelOptions::default();
-    let model =
-        sinter_models::build_with(&info.model, &shape, &mut Rng::new(0), &dropout, options)?;
+    let model = build_model(&info)?;
     checkpoint::restore_model(&l.tensors, &named(model.as_ref()))?;
     model.set_training(false);
     Ok(Inference {
@@ -73,6 +68,24 @@ pub fn load_model(path: &Path) -> Result<Inference> {
         info,
         model,
     })
+}
+
+/// The architecture `info` describes, with fresh weights, for inference.
+pub fn build_model(info: &InferenceInfo) -> Result<Box<dyn Model>> {
+    let shape = DataShape {
+        input: info.input_shape.clone(),
+        classes: info.classes,
+    };
+    let dropout = sinter_nn::module::shared_rng(0);
+    // Inference needs no training options (fused Conv+BatchNorm only changes training).
+    let options = sinter_models::ModelOptions::default();
+    Ok(sinter_models::build_with(
+        &info.model,
+        &shape,
+        &mut Rng::new(0),
+        &dropout,
+        options,
+    )?)
 }
 
 fn named(m: &dyn Model) -> Vec<(String, sinter_core::Tensor)> {
@@ -84,6 +97,9 @@ fn named(m: &dyn Model) -> Vec<(String, sinter_core::Tensor)> {
 
 /// The model and validation data of a checkpoint, with its weights loaded; and its step.
 pub fn load_for_eval(path: &Path) -> Result<(Setup, u64)> {
+    if let Some(q) = crate::quantize_cmd::load_for_eval_if_quantized(path)? {
+        return Ok(q);
+    }
     let l = checkpoint::load(path)?;
     let s = setup(l.meta.config.clone())?;
     checkpoint::restore_model(&l.tensors, &s.named_tensors())?;

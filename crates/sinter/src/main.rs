@@ -6,10 +6,12 @@ mod config;
 mod dist_cmd;
 mod gpu_bench;
 mod inference;
+mod int8_bench;
 mod metrics;
 mod plot;
 mod precision;
 mod predict_cmd;
+mod quantize_cmd;
 mod signals;
 mod term;
 mod tfevents;
@@ -67,6 +69,8 @@ enum Command {
         #[command(subcommand)]
         which: dist_cmd::BenchCmd,
     },
+    /// Write an int8 copy of a checkpoint for CPU inference (eval and generate load it as is).
+    Quantize(quantize_cmd::QuantizeArgs),
     /// Turn a text file into GPT-2 token files (<name>_train.bin, <name>_val.bin) for tokens:DIR.
     Tokenize(tokenize_cmd::TokenizeArgs),
 }
@@ -182,6 +186,7 @@ fn run() -> Result<()> {
         Command::Launch(a) => dist_cmd::launch(&a)?,
         Command::Bench { which } => dist_cmd::bench(&which)?,
         Command::Tokenize(a) => tokenize_cmd::run(&a)?,
+        Command::Quantize(a) => quantize_cmd::run(&a)?,
     }
     Ok(())
 }

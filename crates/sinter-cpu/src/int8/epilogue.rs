@@ -9,17 +9,8 @@
 //! the same too.
 
 use super::quant::QParams;
-
-/// The function applied after the bias.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Activation {
-    None,
-    Relu,
-    /// GELU, tanh approximation (GPT-2).
-    GeluTanh,
-    /// GELU with erf (BERT).
-    GeluErf,
-}
+pub use crate::math::Activation;
+use crate::math::{unary_in_place, Unary};
 
 /// How the u8 activation rows map to reals.
 #[derive(Clone, Copy, Debug)]
@@ -81,64 +72,21 @@ pub(crate) fn requantize_row(y: &[f32], q: QParams, out: &mut [u8]) {
     }
 }
 
+/// The activation, in place; GELU through the vectorised `math` kernels (the same functions
+/// as the f32 path's).
 #[inline(always)]
 pub(crate) fn activate(activation: Activation, v: &mut [f32]) {
     match activation {
         Activation::None => {}
         Activation::Relu => v.iter_mut().for_each(|x| *x = x.max(0.0)),
-        Activation::GeluTanh => v.iter_mut().for_each(|x| *x = gelu_tanh(*x)),
-        Activation::GeluErf => v.iter_mut().for_each(|x| *x = gelu_erf(*x)),
+        Activation::GeluTanh => unary_in_place(Unary::GeluTanh, v),
+        Activation::GeluErf => unary_in_place(Unary::GeluErf, v),
     }
-}
-
-const SQRT_2_OVER_PI: f32 = 0.797_884_6;
-
-/// GELU, tanh form, in f32.
-#[inline(always)]
-pub fn gelu_tanh(x: f32) -> f32 {
-    0.5 * x * (1.0 + (SQRT_2_OVER_PI * (x + 0.044_715 * x * x * x)).tanh())
-}
-
-/// GELU, erf form, in f32 (erf to 1.5e-7 absolute: Abramowitz–Stegun 7.1.26).
-#[inline(always)]
-pub fn gelu_erf(x: f32) -> f32 {
-    let z = (x * std::f32::consts::FRAC_1_SQRT_2).abs();
-    let t = 1.0 / (1.0 + 0.327_591_1 * z);
-    let poly = t
-        * (0.254_829_6
-            + t * (-0.284_496_74 + t * (1.421_413_7 + t * (-1.453_152 + t * 1.061_405_4))));
-    let erf = 1.0 - poly * (-z * z).exp();
-    0.5 * x * (1.0 + erf.copysign(x))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn gelus_match_their_definitions() {
-        for i in -60..=60 {
-            let x = i as f64 * 0.1;
-            let tanh_ref = 0.5
-                * x
-                * (1.0 + ((2.0 / std::f64::consts::PI).sqrt() * (x + 0.044715 * x * x * x)).tanh());
-            let tol = 1e-6 * (1.0 + x.abs());
-            assert!((gelu_tanh(x as f32) as f64 - tanh_ref).abs() < tol, "{x}");
-            // erf(x/√2) = 2Φ(x) − 1; Φ by a direct sum of its series is exact enough here.
-            let phi = 0.5 * (1.0 + erf_series(x / 2f64.sqrt()));
-            assert!((gelu_erf(x as f32) as f64 - x * phi).abs() < tol, "{x}");
-        }
-    }
-
-    fn erf_series(x: f64) -> f64 {
-        // erf(x) = 2/√π Σ (-1)^n x^(2n+1) / (n! (2n+1)), converging fast for |x| ≤ 4.3.
-        let (mut term, mut sum) = (x, 0.0);
-        for n in 0..200 {
-            sum += term / (2 * n + 1) as f64;
-            term *= -x * x / (n + 1) as f64;
-        }
-        sum * 2.0 / std::f64::consts::PI.sqrt()
-    }
 
     #[test]
     fn dequantize_subtracts_the_zero_point_times_the_channel_sum() {

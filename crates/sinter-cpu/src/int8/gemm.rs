@@ -30,6 +30,9 @@ pub struct Activations<'a> {
 pub enum Output<'a> {
     /// f32 rows `stride` apart.
     F32 { data: &'a mut [f32], stride: usize },
+    /// f32 transposed: element (i, j) at `data[j·stride + i]` (a convolution's NCHW planes,
+    /// where the GEMM's rows are an image's output positions).
+    F32ChannelMajor { data: &'a mut [f32], stride: usize },
     /// u8 rows `stride` apart, requantized with `quant` (the next layer's input mapping).
     U8 {
         data: &'a mut [u8],
@@ -111,6 +114,14 @@ pub fn gemm(
                 dq,
             }
         }
+        Output::F32ChannelMajor { data, stride } => {
+            check_out(data.len(), n, stride, m);
+            Sink::F32ChannelMajor {
+                ptr: data.as_mut_ptr(),
+                ld: stride,
+                dq,
+            }
+        }
         Output::U8 {
             data,
             stride,
@@ -165,6 +176,11 @@ enum Sink<'a> {
         ld: usize,
     },
     F32 {
+        ptr: *mut f32,
+        ld: usize,
+        dq: Dequant<'a>,
+    },
+    F32ChannelMajor {
         ptr: *mut f32,
         ld: usize,
         dq: Dequant<'a>,
@@ -226,6 +242,22 @@ impl<'a> Job<'a> {
                             dq.activation,
                             out,
                         );
+                    }
+                    Sink::F32ChannelMajor { ptr, ld, dq } => {
+                        let mut y = [0f32; TILE_NR];
+                        let y = &mut y[..cols];
+                        dequantize_row(
+                            acc_r,
+                            dq.act.row(i),
+                            sums,
+                            &dq.scales[j0..],
+                            &dq.bias[j0..],
+                            dq.activation,
+                            y,
+                        );
+                        for (c, &v) in y.iter().enumerate() {
+                            *ptr.add((j0 + c) * ld + i) = v;
+                        }
                     }
                     Sink::U8 { ptr, ld, dq, quant } => {
                         let mut y = [0f32; TILE_NR];

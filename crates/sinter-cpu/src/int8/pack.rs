@@ -95,6 +95,20 @@ impl PackedWeights {
         w
     }
 
+    /// Row j of the [n, k] weight (channel j), into `out` (k values).
+    pub fn row_into(&self, j: usize, out: &mut [i8]) {
+        assert!(
+            j < self.n && out.len() == self.k,
+            "row {j} of [{}, {}]",
+            self.n,
+            self.k
+        );
+        let (blocks, c) = (&self.blocks[(j / PANEL) * self.groups..], j % PANEL);
+        for (g, chunk) in out.chunks_mut(KGROUP).enumerate() {
+            chunk.copy_from_slice(&blocks[g].0[c * KGROUP..c * KGROUP + chunk.len()]);
+        }
+    }
+
     /// Output channels.
     pub fn n(&self) -> usize {
         self.n
@@ -168,6 +182,11 @@ mod tests {
                 }
             }
             assert!(p.sums()[n..].iter().all(|&s| s == 0));
+            let mut row = vec![0i8; k];
+            for j in 0..n {
+                p.row_into(j, &mut row);
+                assert_eq!(row, &w[j * k..(j + 1) * k]);
+            }
         }
     }
 

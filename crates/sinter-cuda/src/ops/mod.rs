@@ -11,6 +11,7 @@ pub mod dropout;
 pub mod embedding;
 pub mod flash_attention;
 pub mod int;
+pub mod int8;
 pub mod layernorm;
 pub mod reduce;
 pub mod residual_layernorm;
@@ -125,6 +126,7 @@ pub fn sample_plans(t: &LaunchTarget) -> Vec<Launch> {
     v.extend(int::samples(t));
     v.extend(flash_attention::samples(t));
     v.extend(residual_layernorm::samples(t));
+    v.extend(int8::samples(t));
     v
 }
 

@@ -1,0 +1,151 @@
+//! Int8 quantization of every model in the zoo: the walk reaches each Linear, Conv2d and
+//! Embedding (GPT's and BERT's tied heads included), the models still run (GPT's KV-cache
+//! generation picks the same tokens as recomputation), and export → import reproduces a
+//! quantized model exactly. Accuracy against f32 on trained models is checked end to end by
+//! the CLI tests (`crates/sinter/tests/quantize_cli.rs`).
+
+use std::collections::HashMap;
+
+use sinter_core::{no_grad, DType, Device, Rng, Tensor};
+use sinter_models::{Bert, BertConfig, Gpt, GptConfig, LeNet, ResNet18};
+use sinter_nn::module::shared_rng;
+use sinter_nn::quant::{self, StateTensor};
+use sinter_nn::Module;
+
+fn kinds(report: &quant::QuantizeReport, kind: &str) -> usize {
+    report.int8.iter().filter(|(_, k)| *k == kind).count()
+}
+
+fn no_calibration(_: &dyn Module) -> sinter_core::Result<()> {
+    panic!("a model without convolutions needs no calibration")
+}
+
+fn images(shape: &[usize], seed: u64) -> Tensor {
+    Tensor::randn(
+        shape,
+        0.0,
+        1.0,
+        &mut Rng::new(seed),
+        DType::F32,
+        Device::Cpu,
+    )
+    .unwrap()
+}
+
+fn round_trip(a: &dyn Module, b: &dyn Module) {
+    let state: HashMap<String, StateTensor> = quant::export(a).unwrap().into_iter().collect();
+    quant::import(b, &state).unwrap();
+}
+
+#[test]
+fn gpt_quantizes_every_projection_and_the_tied_head_and_still_generates() {
+    let cfg = GptConfig {
+        n_layer: 2,
+        n_head: 4,
+        n_embd: 32,
+        block_size: 24,
+        vocab_size: 40,
+        dropout: 0.0,
+    };
+    let m = Gpt::new(cfg.clone(), &mut Rng::new(1), &shared_rng(1)).unwrap();
+    m.set_training(false);
+    let report = quant::quantize(&m, &mut no_calibration).unwrap();
+    assert_eq!(kinds(&report, "linear"), 4 * cfg.n_layer);
+    assert_eq!(kinds(&report, "embedding"), 2); // wte (tied head) and wpe
+    assert!(report.kept_f32.is_empty());
+    let prompt = [1i64, 5, 7];
+    let mut rng = Rng::new(0);
+    let cached = m.generate(&prompt, 10, 0.0, 0, &mut rng).unwrap();
+    let uncached = m.generate_uncached(&prompt, 10, 0.0, 0, &mut rng).unwrap();
+    assert_eq!(
+        cached, uncached,
+        "KV cache and recomputation pick the same int8 tokens"
+    );
+
+    let b = Gpt::new(cfg, &mut Rng::new(2), &shared_rng(2)).unwrap();
+    round_trip(&m, &b);
+    let ids = Tensor::from_slice(&[3i64, 1, 4, 1, 5, 9], &[2, 3], Device::Cpu).unwrap();
+    let _g = no_grad();
+    assert_eq!(
+        m.forward(&ids).unwrap().to_vec_f32().unwrap(),
+        b.forward(&ids).unwrap().to_vec_f32().unwrap()
+    );
+}
+
+#[test]
+fn bert_quantizes_its_encoder_and_tied_decoder() {
+    let cfg = BertConfig {
+        vocab_size: 50,
+        hidden: 32,
+        n_layer: 2,
+        n_head: 2,
+        intermediate: 64,
+        max_position: 16,
+        type_vocab_size: 2,
+        dropout: 0.0,
+        attention_dropout: 0.0,
+        hidden_act: sinter_models::HiddenAct::Gelu,
+        pad_token_id: None,
+        layer_norm_eps: 1e-12,
+    };
+    let m = Bert::new(cfg.clone(), &mut Rng::new(3), &shared_rng(3)).unwrap();
+    m.set_training(false);
+    let report = quant::quantize(&m, &mut no_calibration).unwrap();
+    // Per layer q, k, v, attention output, intermediate, output; and the head's dense.
+    assert_eq!(kinds(&report, "linear"), 6 * cfg.n_layer + 1);
+    assert_eq!(kinds(&report, "embedding"), 3);
+    let ids = Tensor::from_slice(&[3i64, 1, 4, 1, 5, 9], &[2, 3], Device::Cpu).unwrap();
+    let _g = no_grad();
+    let logits = m.forward(&ids).unwrap();
+    assert_eq!(logits.shape(), &[2, 3, cfg.vocab_size]);
+    assert!(logits.to_vec_f32().unwrap().iter().all(|v| v.is_finite()));
+}
+
+#[test]
+fn cnns_calibrate_each_convolution_and_round_trip() {
+    let m = LeNet::new(1, 8, 8, 10, &mut Rng::new(4)).unwrap();
+    let mut calls = 0;
+    let report = quant::quantize(&m, &mut |model: &dyn Module| {
+        calls += 1;
+        let _g = no_grad();
+        model.forward(&images(&[16, 1, 8, 8], 5))?;
+        Ok(())
+    })
+    .unwrap();
+    assert_eq!(calls, 1);
+    assert_eq!((kinds(&report, "conv2d"), kinds(&report, "linear")), (2, 2));
+    let b = LeNet::new(1, 8, 8, 10, &mut Rng::new(6)).unwrap();
+    round_trip(&m, &b);
+    let x = images(&[3, 1, 8, 8], 7);
+    let _g = no_grad();
+    assert_eq!(
+        m.forward(&x).unwrap().to_vec_f32().unwrap(),
+        b.forward(&x).unwrap().to_vec_f32().unwrap()
+    );
+
+    let r = ResNet18::new(3, 10, &mut Rng::new(8)).unwrap();
+    r.set_training(false);
+    let report = quant::quantize(&r, &mut |model: &dyn Module| {
+        let _g = no_grad();
+        model.forward(&images(&[2, 3, 16, 16], 9)).map(|_| ())
+    })
+    .unwrap();
+    // Stem, 16 block convs, 3 projection shortcuts; one Linear.
+    assert_eq!(
+        (kinds(&report, "conv2d"), kinds(&report, "linear")),
+        (20, 1)
+    );
+    let x = images(&[1, 3, 16, 16], 10);
+    let y = r.forward(&x).unwrap();
+    assert_eq!(y.shape(), &[1, 10]);
+    // Every BatchNorm folds into its int8 convolution, which stays int8: the outputs are the
+    // unfolded int8 model's to f32 rounding (an f32 fold would differ by the activations'
+    // quantization error, orders of magnitude more).
+    assert_eq!(sinter_nn::fold::fold_for_inference(&r).unwrap(), 20);
+    let folded = r.forward(&x).unwrap().to_vec_f32().unwrap();
+    let y = y.to_vec_f32().unwrap();
+    let scale = y.iter().fold(0f32, |m, v| m.max(v.abs()));
+    for (a, b) in folded.iter().zip(&y) {
+        assert!((a - b).abs() <= 1e-4 * scale, "folded {a} vs unfolded {b}");
+    }
+}

@@ -1,0 +1,152 @@
+//! `QuantizedLinear`: y = act(x Wᵀ + b) with int8 weights (symmetric, per output channel) and
+//! activations quantized per row at run time (dynamic quantization: each token or example gets
+//! its own u8 range, so no calibration is needed — the Transformer case). Also serves an int8
+//! embedding table: its rows are the output channels of a tied head, and lookups dequantize
+//! the rows they read.
+
+use std::any::Any;
+
+use sinter_core::{bail, DType, Device, Result, Tensor};
+use sinter_cpu::int8::{
+    gemm, quantize_rows_dynamic, ActQuant, Activation, Activations, Epilogue, Int8Path, Output,
+};
+
+use super::slot::Int8Layer;
+use super::weight::{int8_err, Int8Weight};
+use super::{cpu_input, host_vec};
+use crate::module::{param, Module, NamedTensor};
+
+pub struct QuantizedLinear {
+    weight: Int8Weight,
+    bias: Option<Vec<f32>>,
+    /// The f32 bias as given (listed by `collect`, like Linear's).
+    bias_tensor: Option<Tensor>,
+}
+
+impl QuantizedLinear {
+    /// Quantizes a Linear's f32 weight [out, in] and keeps its bias in f32.
+    pub fn from_f32(weight: &Tensor, bias: Option<&Tensor>) -> Result<QuantizedLinear> {
+        QuantizedLinear::new(Int8Weight::from_f32(weight)?, bias)
+    }
+
+    pub fn new(weight: Int8Weight, bias: Option<&Tensor>) -> Result<QuantizedLinear> {
+        if weight.shape().len() != 2 {
+            bail!(
+                "QuantizedLinear: weight must be [out, in], got {:?}",
+                weight.shape()
+            );
+        }
+        let bias_values = match bias {
+            Some(b) => {
+                if b.shape() != [weight.n()] {
+                    bail!(
+                        "QuantizedLinear: bias {:?} does not fit {} outputs",
+                        b.shape(),
+                        weight.n()
+                    );
+                }
+                Some(host_vec(b)?)
+            }
+            None => None,
+        };
+        Ok(QuantizedLinear {
+            weight,
+            bias: bias_values,
+            bias_tensor: bias.cloned(),
+        })
+    }
+
+    pub fn weight(&self) -> &Int8Weight {
+        &self.weight
+    }
+    pub fn in_features(&self) -> usize {
+        self.weight.k()
+    }
+    pub fn out_features(&self) -> usize {
+        self.weight.n()
+    }
+
+    /// activation(x Wᵀ + b) over the last dimension of `x` (a CPU float tensor, no gradient).
+    pub fn forward_with(&self, x: &Tensor, activation: Activation) -> Result<Tensor> {
+        let (k, n) = (self.in_features(), self.out_features());
+        if x.rank() == 0 || x.shape().last() != Some(&k) {
+            bail!(
+                "QuantizedLinear: expected inputs with last dimension {k}, got shape {:?}",
+                x.shape()
+            );
+        }
+        let xs = cpu_input(x, "QuantizedLinear")?;
+        let rows = xs.len() / k.max(1);
+        let kp = self.weight.packed.k_padded();
+        let mut xq = vec![0u8; rows * kp];
+        let qp = quantize_rows_dynamic(&xs, rows, k, k, &mut xq, kp).map_err(int8_err)?;
+        let mut y = vec![0f32; rows * n];
+        gemm(
+            Int8Path::get(),
+            &Activations {
+                data: &xq,
+                rows,
+                stride: kp,
+                quant: ActQuant::PerRow(&qp),
+            },
+            &self.weight.packed,
+            &Epilogue {
+                weight_scales: &self.weight.scales,
+                bias: self.bias.as_deref(),
+                activation,
+            },
+            Output::F32 {
+                data: &mut y,
+                stride: n,
+            },
+        );
+        let mut shape = x.shape().to_vec();
+        *shape.last_mut().expect("rank ≥ 1") = n;
+        Tensor::from_vec(y, &shape, Device::Cpu)
+    }
+}
+
+impl Int8Layer for QuantizedLinear {
+    fn forward(&self, x: &Tensor, activation: Activation) -> Result<Tensor> {
+        self.forward_with(x, activation)
+    }
+    /// Rows of the [rows, dim] table for i64 ids, dequantized.
+    fn lookup(&self, ids: &Tensor) -> Result<Tensor> {
+        if ids.dtype() != DType::I64 {
+            bail!("int8 embedding: ids must be i64, got {}", ids.dtype());
+        }
+        let (rows, dim) = (self.out_features(), self.in_features());
+        let ids_v = ids.to_vec_i64()?;
+        let mut out = vec![0f32; ids_v.len() * dim];
+        for (pos, (&id, row)) in ids_v
+            .iter()
+            .zip(out.chunks_exact_mut(dim.max(1)))
+            .enumerate()
+        {
+            if id < 0 || id as usize >= rows {
+                bail!(
+                    "int8 embedding: id {id} at position {pos} is outside the table of {rows} rows"
+                );
+            }
+            self.weight.dequantize_row(id as usize, row);
+        }
+        let mut shape = ids.shape().to_vec();
+        shape.push(dim);
+        Tensor::from_vec(out, &shape, Device::Cpu)
+    }
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+impl Module for QuantizedLinear {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        self.forward_with(x, Activation::None)
+    }
+    /// The f32 bias only: the int8 weight is not a tensor (see `quant::export`).
+    fn collect(&self, prefix: &str, out: &mut Vec<NamedTensor>) {
+        if let Some(b) = &self.bias_tensor {
+            param(prefix, "bias", b, out);
+        }
+    }
+}

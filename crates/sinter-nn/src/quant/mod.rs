@@ -1,0 +1,227 @@
+//! Int8 post-training quantization for CPU inference.
+//!
+//! - Weights: symmetric int8 per output channel (Linear, Conv2d) or per row (Embedding
+//!   tables), w ≈ scale[j]·q[j, …]; biases, norms and everything else stay f32.
+//! - Activations: u8 with a zero point. Linear layers quantize each row of their input at run
+//!   time (dynamic: every token gets its own range; no calibration). Conv2d layers use one
+//!   static range per layer, measured by running calibration batches through the f32 model
+//!   (the running min and max of the layer's input over all batches: it never clips a value
+//!   seen in calibration; the CNNs here feed post-ReLU/pool activations without the rare
+//!   outliers that would argue for a percentile).
+//! - Embedding tables are stored per-row int8 and serve both the lookup (rows dequantized) and,
+//!   for GPT/BERT, the tied output head (an int8 GEMM). For GPT-2 124M the tied head is 38.6M of
+//!   the 124M parameters and about a third of the per-token work at batch 1: left in f32 it
+//!   would cap both the file's shrink (about 2× instead of 4×) and generation's speed-up.
+//!   Per-row scales keep each token's vector within half a step (1/254 of its largest entry).
+//!
+//! [`quantize`] rewrites a model in place: every Linear, Conv2d and Embedding lists a
+//! [`slot::LayerHandle`] beside its weight in `Module::collect`, and its forward runs the int8
+//! form installed in that slot. [`state::export`] / [`state::import`] turn a quantized model
+//! into named tensors (int8 weights + f32 scales) and back. Int8 layers run on the CPU only and
+//! carry no gradient; a CUDA input or one that needs a gradient gets an error.
+
+pub mod conv;
+pub mod linear;
+pub mod slot;
+pub mod state;
+pub mod weight;
+
+use std::sync::Arc;
+
+pub use conv::QuantizedConv2d;
+pub use linear::QuantizedLinear;
+pub use slot::{LayerHandle, LayerKind, QuantSlot, QuantState};
+pub use state::{export, import, StateTensor};
+pub use weight::Int8Weight;
+
+use sinter_core::{bail, is_grad_enabled, Device, Result, Tensor};
+use sinter_cpu::int8::QParams;
+
+use crate::module::Module;
+use slot::{Int8Layer, RangeObserver};
+
+/// What [`quantize`] did.
+#[derive(Clone, Debug, Default)]
+pub struct QuantizeReport {
+    /// Layers now int8, by name, with their kind ("linear", "conv2d", "embedding").
+    pub int8: Vec<(String, &'static str)>,
+    /// Layers left in f32, with the reason.
+    pub kept_f32: Vec<(String, String)>,
+    /// Bytes of the f32 weights that got int8 forms, and of those forms.
+    pub f32_bytes: usize,
+    pub int8_bytes: usize,
+}
+
+/// A quantizable layer of a model: its name (the weight's name without `.weight`) and handle.
+pub fn layers(model: &dyn Module) -> Vec<(String, LayerHandle)> {
+    model
+        .named_tensors()
+        .into_iter()
+        .filter_map(|t| {
+            let name = t
+                .name
+                .strip_suffix(".weight")
+                .unwrap_or(&t.name)
+                .to_string();
+            t.layer.map(|h| (name, h))
+        })
+        .collect()
+}
+
+/// Rewrites every Linear, Conv2d and Embedding of `model` to int8, in place (all or nothing).
+/// `calibrate` is called once, with the model in f32, when there are Conv2d layers: it should
+/// run representative batches through `model.forward` (under `no_grad`); each conv records the
+/// range of its input. A model quantized before is re-quantized from its f32 weights.
+pub fn quantize(
+    model: &dyn Module,
+    calibrate: &mut dyn FnMut(&dyn Module) -> Result<()>,
+) -> Result<QuantizeReport> {
+    // BatchNorm folded before now made f32 copies of the convolutions that would shadow their
+    // int8 forms: unfold (fold again after quantizing, `fold::fold_for_inference`).
+    model.set_training(true);
+    model.set_training(false);
+    let all = layers(model);
+    for (name, h) in &all {
+        if h.weight.device() != Device::Cpu {
+            bail!(
+                "quantize: {name} is on {}; int8 layers run on the CPU, move the model there first",
+                h.weight.device()
+            );
+        }
+        h.slot.set(QuantState::F32);
+    }
+    let mut report = QuantizeReport::default();
+    let mut todo = Vec::new();
+    for (name, h) in all {
+        match h.kind {
+            slot::LayerKind::Conv2d(p) if p.groups != 1 => report
+                .kept_f32
+                .push((name, format!("grouped convolution ({} groups)", p.groups))),
+            _ => todo.push((name, h)),
+        }
+    }
+    let ranges = calibrate_convs(model, &todo, calibrate)?;
+    let mut forms: Vec<(usize, Arc<dyn Int8Layer>, usize)> = Vec::new();
+    for (i, (name, h)) in todo.iter().enumerate() {
+        let bias = h.bias.as_ref();
+        let (form, bytes): (Arc<dyn Int8Layer>, usize) = match h.kind {
+            LayerKind::Linear | LayerKind::Embedding => {
+                let q = QuantizedLinear::from_f32(&h.weight, bias).map_err(|e| at(name, e))?;
+                let b = q.weight().bytes();
+                (Arc::new(q), b)
+            }
+            LayerKind::Conv2d(p) => {
+                let (lo, hi) = ranges[i].expect("every conv was calibrated");
+                let input =
+                    QParams::from_range(lo, hi).map_err(|e| at(name, weight::int8_err(e)))?;
+                let q = QuantizedConv2d::from_f32(&h.weight, bias, p, input)
+                    .map_err(|e| at(name, e))?;
+                let b = q.weight().bytes();
+                (Arc::new(q), b)
+            }
+        };
+        forms.push((i, form, bytes));
+    }
+    for (i, form, bytes) in forms {
+        let (name, h) = &todo[i];
+        report.f32_bytes += 4 * h.weight.numel();
+        report.int8_bytes += bytes;
+        let kind = match h.kind {
+            LayerKind::Linear => "linear",
+            LayerKind::Conv2d(_) => "conv2d",
+            LayerKind::Embedding => "embedding",
+        };
+        report.int8.push((name.clone(), kind));
+        h.slot.set(QuantState::Int8(form));
+    }
+    Ok(report)
+}
+
+/// The input range of each conv in `todo` (None for other layers), from one `calibrate` run.
+fn calibrate_convs(
+    model: &dyn Module,
+    todo: &[(String, LayerHandle)],
+    calibrate: &mut dyn FnMut(&dyn Module) -> Result<()>,
+) -> Result<Vec<Option<(f32, f32)>>> {
+    let observers: Vec<Option<Arc<RangeObserver>>> = todo
+        .iter()
+        .map(|(_, h)| matches!(h.kind, LayerKind::Conv2d(_)).then(Default::default))
+        .collect();
+    if observers.iter().all(Option::is_none) {
+        return Ok(vec![None; todo.len()]);
+    }
+    for ((_, h), o) in todo.iter().zip(&observers) {
+        if let Some(o) = o {
+            h.slot.set(QuantState::Calibrating(o.clone()));
+        }
+    }
+    let run = calibrate(model);
+    for (_, h) in todo {
+        h.slot.set(QuantState::F32);
+    }
+    run.map_err(|e| sinter_core::Error::Msg(format!("calibration: {e}")))?;
+    let mut ranges = Vec::with_capacity(todo.len());
+    for ((name, _), o) in todo.iter().zip(&observers) {
+        ranges.push(match o {
+            None => None,
+            Some(o) => match o.range() {
+                Some(r) => Some(r),
+                None => bail!("calibration: no batch reached {name}; give calibration batches that run the whole model"),
+            },
+        });
+    }
+    Ok(ranges)
+}
+
+/// BatchNorm folding of an int8 convolution: when `conv` runs an int8 form, installs in
+/// `folded` (the f32 fold of `conv` and a BatchNorm, `fold::fold_conv_bn`) that form with each
+/// output channel scaled by `scale` and `folded`'s bias, so the folded layer stays int8.
+pub fn fold_int8_conv(
+    conv: &crate::layers::Conv2d,
+    folded: &crate::layers::Conv2d,
+    scale: &[f64],
+) -> Result<()> {
+    let Some(form) = conv.quant.int8() else {
+        return Ok(());
+    };
+    let Some(q) = form.as_any().downcast_ref::<QuantizedConv2d>() else {
+        bail!("fold: the convolution holds an int8 form that is not a QuantizedConv2d");
+    };
+    let bias = folded.bias.as_ref().ok_or_else(|| {
+        sinter_core::Error::Msg("fold: the folded convolution has no bias".into())
+    })?;
+    folded
+        .quant
+        .set(QuantState::Int8(Arc::new(q.folded(scale, bias)?)));
+    Ok(())
+}
+
+fn at(name: &str, e: sinter_core::Error) -> sinter_core::Error {
+    sinter_core::Error::Msg(format!("quantizing {name}: {e}"))
+}
+
+/// The f32 values of a CPU float input of an int8 layer, refusing what the int8 path cannot
+/// honour: a CUDA tensor, a non-float one, or one whose gradient is being tracked.
+pub(crate) fn cpu_input(x: &Tensor, layer: &str) -> Result<Vec<f32>> {
+    if x.device() != Device::Cpu {
+        bail!("{layer}: int8 layers run on the CPU only, and this input is on {}; run the quantized model with --device cpu (or use the f32 checkpoint on the GPU)", x.device());
+    }
+    if !x.dtype().is_float() {
+        bail!("{layer}: expected a float input, got {}", x.dtype());
+    }
+    if is_grad_enabled() && x.tracks_grad() {
+        bail!("{layer}: int8 layers are for inference and pass no gradient; run the model under no_grad (eval, predict and generate do)");
+    }
+    x.to_vec_f32()
+}
+
+/// A small CPU tensor's values (biases).
+pub(crate) fn host_vec(t: &Tensor) -> Result<Vec<f32>> {
+    if t.device() != Device::Cpu {
+        bail!(
+            "int8 layers keep their bias on the CPU; this one is on {}",
+            t.device()
+        );
+    }
+    t.to_vec_f32()
+}

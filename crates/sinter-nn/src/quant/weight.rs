@@ -1,0 +1,101 @@
+//! A layer's int8 weight: symmetric per-output-channel quantization of an f32 weight whose
+//! first dimension is the output channel (Linear [out, in], Conv2d [out, in, kh, kw],
+//! Embedding [rows, dim]), packed once for the kernels.
+
+use sinter_core::{bail, Device, Result, Tensor};
+use sinter_cpu::int8::{quantize_weights, PackedWeights};
+
+/// w[j, …] ≈ scales[j] · q[j, …], q ∈ [-127, 127].
+pub struct Int8Weight {
+    pub(crate) packed: PackedWeights,
+    pub(crate) scales: Vec<f32>,
+    /// The f32 weight's shape (the file keeps it).
+    pub(crate) shape: Vec<usize>,
+}
+
+impl Int8Weight {
+    /// Quantizes an f32 weight (on the CPU).
+    pub fn from_f32(w: &Tensor) -> Result<Int8Weight> {
+        let (n, k) = rows_cols(w.shape())?;
+        if w.device() != Device::Cpu {
+            bail!(
+                "int8 quantization reads weights on the CPU; this one is on {}",
+                w.device()
+            );
+        }
+        let (q, scales) = quantize_weights(&w.to_vec_f32()?, n, k).map_err(int8_err)?;
+        Int8Weight::from_int8(&q, w.shape(), scales)
+    }
+
+    /// From int8 values and per-channel scales (a quantized checkpoint).
+    pub fn from_int8(q: &[i8], shape: &[usize], scales: Vec<f32>) -> Result<Int8Weight> {
+        let (n, k) = rows_cols(shape)?;
+        if scales.len() != n {
+            bail!("{} weight scales for {n} output channels", scales.len());
+        }
+        if let Some(j) = scales.iter().position(|s| !s.is_finite() || *s < 0.0) {
+            bail!(
+                "weight scale {} of channel {j} is not a finite non-negative number",
+                scales[j]
+            );
+        }
+        let packed = PackedWeights::pack(q, n, k).map_err(int8_err)?;
+        Ok(Int8Weight {
+            packed,
+            scales,
+            shape: shape.to_vec(),
+        })
+    }
+
+    /// Output channels and inputs per channel.
+    pub fn n(&self) -> usize {
+        self.packed.n()
+    }
+    pub fn k(&self) -> usize {
+        self.packed.k()
+    }
+    pub fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+    pub fn scales(&self) -> &[f32] {
+        &self.scales
+    }
+    /// The int8 values, row-major in the weight's shape.
+    pub fn values(&self) -> Vec<i8> {
+        self.packed.unpack()
+    }
+    /// Channel j dequantized into `out` (k values).
+    pub fn dequantize_row(&self, j: usize, out: &mut [f32]) {
+        let mut q = vec![0i8; self.k()];
+        self.packed.row_into(j, &mut q);
+        let s = self.scales[j];
+        for (o, &v) in out.iter_mut().zip(&q) {
+            *o = s * v as f32;
+        }
+    }
+    /// The whole weight dequantized, as a CPU tensor of the weight's shape.
+    pub fn dequantized(&self) -> Result<Tensor> {
+        let k = self.k();
+        let mut w = vec![0f32; self.n() * k];
+        for (j, row) in w.chunks_exact_mut(k.max(1)).enumerate().take(self.n()) {
+            self.dequantize_row(j, row);
+        }
+        Tensor::from_vec(w, &self.shape, Device::Cpu)
+    }
+    /// Bytes the weight takes in a checkpoint: one per value and four per channel scale (in
+    /// memory the packed copy also pads k to a multiple of 4 and n to one of 16).
+    pub fn bytes(&self) -> usize {
+        self.n() * self.k() + 4 * self.scales.len()
+    }
+}
+
+fn rows_cols(shape: &[usize]) -> Result<(usize, usize)> {
+    match shape {
+        [n, rest @ ..] if !rest.is_empty() => Ok((*n, rest.iter().product())),
+        _ => bail!("an int8 weight needs [out, in, …] (at least two dimensions), got {shape:?}"),
+    }
+}
+
+pub(crate) fn int8_err(e: sinter_cpu::int8::Int8Error) -> sinter_core::Error {
+    sinter_core::Error::Msg(format!("int8: {e}"))
+}

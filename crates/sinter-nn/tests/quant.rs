@@ -1,0 +1,388 @@
+//! Int8 layers against their f32 originals, within the error their scales imply; the model
+//! walk (every layer rewritten, the f32 weights no longer read, calibration of convolutions);
+//! export and import; and the errors a user can run into.
+
+use std::collections::HashMap;
+
+use sinter_core::{no_grad, Conv2dParams, DType, Device, Rng, Tensor};
+use sinter_nn::module::{join, NamedTensor};
+use sinter_nn::quant::{
+    self, export, import, Int8Weight, LayerKind, QuantizedConv2d, QuantizedLinear, StateTensor,
+};
+use sinter_nn::{Conv2d, Embedding, Linear, Module};
+
+fn randn(shape: &[usize], std: f64, rng: &mut Rng) -> Tensor {
+    Tensor::randn(shape, 0.0, std, rng, DType::F32, Device::Cpu).unwrap()
+}
+fn vals(t: &Tensor) -> Vec<f32> {
+    t.to_vec_f32().unwrap()
+}
+
+/// Half a quantization step of each row of x (dynamic u8: (max(x,0) − min(x,0))/255 / 2).
+fn row_half_steps(x: &[f32], k: usize) -> Vec<f64> {
+    x.chunks(k)
+        .map(|r| {
+            let hi = r.iter().fold(0f32, |m, &v| m.max(v));
+            let lo = r.iter().fold(0f32, |m, &v| m.min(v));
+            (hi - lo) as f64 / 255.0 / 2.0
+        })
+        .collect()
+}
+
+/// |Σ x·w − Σ x̂·ŵ| ≤ Σ |x|·δw + |w|·δx + δx·δw for one output.
+fn dot_bound(x: &[f32], w: &[f32], dx: f64, dw: f64) -> f64 {
+    x.iter()
+        .zip(w)
+        .map(|(&a, &b)| a.abs() as f64 * dw + b.abs() as f64 * dx + dx * dw)
+        .sum::<f64>()
+        // f32 rounding of the two sides' sums
+        + 1e-6 * x.iter().zip(w).map(|(&a, &b)| (a * b).abs() as f64).sum::<f64>()
+        + 1e-6
+}
+
+#[test]
+fn quantized_linear_is_within_its_quantization_error() {
+    let mut rng = Rng::new(1);
+    let (rows, k, n) = (7, 45, 33);
+    let lin = Linear::new(k, n, true, &mut rng).unwrap();
+    let x = randn(&[rows, k], 1.5, &mut rng);
+    let q = QuantizedLinear::from_f32(&lin.weight, lin.bias.as_ref()).unwrap();
+    let (xv, wv) = (vals(&x), vals(&lin.weight));
+    let wq = Int8Weight::from_f32(&lin.weight).unwrap();
+    let _g = no_grad();
+    let want = vals(&lin.forward(&x).unwrap());
+    let got = vals(&q.forward(&x).unwrap());
+    let gelu_got = vals(
+        &q.forward_with(&x, quant::slot::Activation::GeluTanh)
+            .unwrap(),
+    );
+    let gelu_want = vals(&lin.forward(&x).unwrap().gelu().unwrap());
+    let dxs = row_half_steps(&xv, k);
+    for i in 0..rows {
+        for j in 0..n {
+            let b = dot_bound(
+                &xv[i * k..(i + 1) * k],
+                &wv[j * k..(j + 1) * k],
+                dxs[i],
+                wq.scales()[j] as f64 / 2.0,
+            );
+            let e = (got[i * n + j] - want[i * n + j]).abs() as f64;
+            assert!(e <= b, "({i}, {j}): error {e} above the bound {b}");
+            // GELU's slope lies in [-0.13, 1.13], so the error grows by at most 1.13×.
+            let eg = (gelu_got[i * n + j] - gelu_want[i * n + j]).abs() as f64;
+            assert!(
+                eg <= 1.13 * b + 1e-6,
+                "GELU ({i}, {j}): error {eg} above {}",
+                1.13 * b
+            );
+        }
+    }
+    // The errors are real quantization errors, not zero (the test would pass a no-op otherwise).
+    assert!(got.iter().zip(&want).any(|(a, b)| a != b));
+}
+
+#[test]
+fn quantized_conv_is_within_its_quantization_error() {
+    let mut rng = Rng::new(2);
+    let p = Conv2dParams {
+        stride: 2,
+        padding: 1,
+        dilation: 1,
+        groups: 1,
+    };
+    let conv = Conv2d::new(3, 5, 3, p, true, &mut rng).unwrap();
+    let x = randn(&[2, 3, 7, 6], 1.0, &mut rng);
+    let xv = vals(&x);
+    let (lo, hi) = xv
+        .iter()
+        .fold((0f32, 0f32), |(a, b), &v| (a.min(v), b.max(v)));
+    let input = sinter_cpu::int8::QParams::from_range(lo, hi).unwrap();
+    let q = QuantizedConv2d::from_f32(&conv.weight, conv.bias.as_ref(), p, input).unwrap();
+    let _g = no_grad();
+    let want = vals(&conv.forward(&x).unwrap());
+    let got_t = q.forward(&x).unwrap();
+    assert_eq!(got_t.shape(), &[2, 5, 4, 3]);
+    let got = vals(&got_t);
+    let (w, ws) = (
+        vals(&conv.weight),
+        Int8Weight::from_f32(&conv.weight).unwrap(),
+    );
+    let dx = input.scale as f64 / 2.0;
+    for n in 0..2 {
+        for o in 0..5 {
+            for oy in 0..4 {
+                for ox in 0..3 {
+                    // The patch inside the image (padding is an exact 0 on both sides).
+                    let (mut xs, mut wsl) = (Vec::new(), Vec::new());
+                    for c in 0..3 {
+                        for ky in 0..3 {
+                            for kx in 0..3 {
+                                let (iy, ix) =
+                                    ((oy * 2 + ky) as isize - 1, (ox * 2 + kx) as isize - 1);
+                                if (0..7).contains(&iy) && (0..6).contains(&ix) {
+                                    xs.push(xv[((n * 3 + c) * 7 + iy as usize) * 6 + ix as usize]);
+                                    wsl.push(w[((o * 3 + c) * 3 + ky) * 3 + kx]);
+                                }
+                            }
+                        }
+                    }
+                    let b = dot_bound(&xs, &wsl, dx, ws.scales()[o] as f64 / 2.0);
+                    let i = ((n * 5 + o) * 4 + oy) * 3 + ox;
+                    let e = (got[i] - want[i]).abs() as f64;
+                    assert!(
+                        e <= b,
+                        "({n}, {o}, {oy}, {ox}): error {e} above the bound {b}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// A small model with each kind of layer: conv → ReLU → flatten → Linear, plus an embedding
+/// whose table is also used as a tied head.
+struct Tiny {
+    conv: Conv2d,
+    fc: Linear,
+    emb: Embedding,
+}
+
+impl Tiny {
+    fn new(seed: u64) -> Tiny {
+        let mut rng = Rng::new(seed);
+        let p = Conv2dParams {
+            padding: 1,
+            ..Default::default()
+        };
+        Tiny {
+            conv: Conv2d::new(2, 4, 3, p, true, &mut rng).unwrap(),
+            fc: Linear::new(4 * 5 * 5, 6, true, &mut rng).unwrap(),
+            emb: Embedding::new(10, 6, 1.0, &mut rng).unwrap(),
+        }
+    }
+    /// Image logits through the tied head, plus the embedding rows of some ids.
+    fn run(&self, x: &Tensor, ids: &Tensor) -> (Vec<f32>, Vec<f32>) {
+        let h = self.forward(x).unwrap();
+        (
+            vals(&self.emb.linear(&h).unwrap()),
+            vals(&self.emb.forward(ids).unwrap()),
+        )
+    }
+}
+
+impl Module for Tiny {
+    fn forward(&self, x: &Tensor) -> sinter_core::Result<Tensor> {
+        self.fc
+            .forward(&self.conv.forward(x)?.relu()?.flatten_from(1)?)
+    }
+    fn collect(&self, prefix: &str, out: &mut Vec<NamedTensor>) {
+        self.conv.collect(&join(prefix, "conv"), out);
+        self.fc.collect(&join(prefix, "fc"), out);
+        self.emb.collect(&join(prefix, "emb"), out);
+    }
+}
+
+fn inputs() -> (Tensor, Tensor, Vec<Tensor>) {
+    let mut rng = Rng::new(9);
+    let x = randn(&[3, 2, 5, 5], 1.0, &mut rng);
+    let ids = Tensor::from_vec(vec![0i64, 9, 3, 3], &[2, 2], Device::Cpu).unwrap();
+    let calib = (0..2)
+        .map(|_| randn(&[4, 2, 5, 5], 1.0, &mut rng))
+        .collect();
+    (x, ids, calib)
+}
+
+fn quantize_tiny(m: &Tiny, calib: &[Tensor]) -> quant::QuantizeReport {
+    quant::quantize(m, &mut |model: &dyn Module| {
+        let _g = no_grad();
+        for b in calib {
+            model.forward(b)?;
+        }
+        Ok(())
+    })
+    .unwrap()
+}
+
+#[test]
+fn the_walk_rewrites_every_layer_and_the_f32_weights_are_no_longer_read() {
+    let (x, ids, calib) = inputs();
+    let m = Tiny::new(3);
+    let _g = no_grad();
+    let (f32_logits, f32_rows) = m.run(&x, &ids);
+    let report = quantize_tiny(&m, &calib);
+    let kinds: Vec<_> = report.int8.iter().map(|(n, k)| (n.as_str(), *k)).collect();
+    assert_eq!(
+        kinds,
+        [("conv", "conv2d"), ("fc", "linear"), ("emb", "embedding")]
+    );
+    assert!(report.int8_bytes * 3 < report.f32_bytes, "{report:?}");
+    let (q_logits, q_rows) = m.run(&x, &ids);
+    assert_ne!(
+        q_logits, f32_logits,
+        "the int8 path must be the one running"
+    );
+    // Embedding rows: within half a step of each row's scale.
+    let wq = Int8Weight::from_f32(&m.emb.weight).unwrap();
+    for (i, (a, b)) in q_rows.iter().zip(&f32_rows).enumerate() {
+        let id = [0, 9, 3, 3][i / 6];
+        assert!((a - b).abs() <= wq.scales()[id] / 2.0 + 1e-7);
+    }
+    // Zeroing every f32 weight changes nothing: no path reads them any more.
+    for (_, h) in quant::layers(&m) {
+        h.weight.assign(&h.weight.zeros_like().unwrap()).unwrap();
+    }
+    assert_eq!(m.run(&x, &ids), (q_logits, q_rows));
+}
+
+#[test]
+fn export_then_import_reproduces_the_quantized_model_exactly() {
+    let (x, ids, calib) = inputs();
+    let a = Tiny::new(4);
+    quantize_tiny(&a, &calib);
+    let state = export(&a).unwrap();
+    let names: Vec<&str> = state.iter().map(|(n, _)| n.as_str()).collect();
+    for want in [
+        "conv.weight.q",
+        "conv.weight.scale",
+        "conv.input.scale",
+        "conv.input.zero_point",
+        "conv.bias",
+        "fc.weight.q",
+        "fc.bias",
+        "emb.weight.q",
+        "emb.weight.scale",
+    ] {
+        assert!(names.contains(&want), "{want} missing from {names:?}");
+    }
+    assert!(!names.contains(&"fc.weight"));
+    let map: HashMap<String, StateTensor> = state.into_iter().collect();
+    let b = Tiny::new(5); // other random weights, replaced by the import
+    import(&b, &map).unwrap();
+    let _g = no_grad();
+    assert_eq!(a.run(&x, &ids), b.run(&x, &ids));
+    for (_, h) in quant::layers(&b) {
+        assert!(h.slot.int8().is_some());
+    }
+    // A shape that does not fit is named with both shapes.
+    let mut bad = map.clone();
+    bad.insert(
+        "fc.weight.q".into(),
+        StateTensor::I8 {
+            values: vec![0; 12],
+            shape: vec![6, 2],
+        },
+    );
+    let e = import(&Tiny::new(6), &bad).unwrap_err().to_string();
+    assert!(
+        e.contains("fc.weight.q") && e.contains("[6, 2]") && e.contains("[6, 100]"),
+        "{e}"
+    );
+    let mut missing = map.clone();
+    missing.remove("conv.input.zero_point");
+    let e = import(&Tiny::new(6), &missing).unwrap_err().to_string();
+    assert!(e.contains("conv.input.zero_point"), "{e}");
+    let mut stray = map;
+    stray.insert(
+        "head.weight.q".into(),
+        StateTensor::I8 {
+            values: vec![1],
+            shape: vec![1, 1],
+        },
+    );
+    let e = import(&Tiny::new(6), &stray).unwrap_err().to_string();
+    assert!(e.contains("head.weight.q"), "{e}");
+}
+
+#[test]
+fn misuse_gets_clear_errors() {
+    let (x, _, calib) = inputs();
+    let m = Tiny::new(7);
+    // Calibration that never reaches the conv.
+    let e = quant::quantize(&m, &mut |_m: &dyn Module| Ok(()))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("no batch reached conv"), "{e}");
+    assert!(
+        quant::layers(&m)
+            .iter()
+            .all(|(_, h)| h.slot.int8().is_none()),
+        "all or nothing"
+    );
+    quantize_tiny(&m, &calib);
+    // A gradient-tracking input (training through an int8 layer) is refused.
+    let xv = x.to_var().unwrap();
+    let e = m.forward(&xv).unwrap_err().to_string();
+    assert!(e.contains("no gradient") && e.contains("no_grad"), "{e}");
+    // Wrong input width, ids outside the table.
+    let _g = no_grad();
+    let e =
+        m.fc.forward(&Tensor::zeros(&[2, 7], DType::F32, Device::Cpu).unwrap())
+            .unwrap_err()
+            .to_string();
+    assert!(e.contains("last dimension 100"), "{e}");
+    let e = m
+        .emb
+        .forward(&Tensor::from_vec(vec![10i64], &[1], Device::Cpu).unwrap())
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("id 10") && e.contains("10 rows"), "{e}");
+    // A NaN activation cannot be quantized.
+    let nan = Tensor::from_vec(vec![f32::NAN; 100], &[1, 100], Device::Cpu).unwrap();
+    assert!(m.fc.forward(&nan).is_err());
+    assert!(matches!(quant::layers(&m)[0].1.kind, LayerKind::Conv2d(_)));
+}
+
+/// BatchNorm folded into an int8 convolution: the folded layer is int8 (its weight scales
+/// absorb γ/√(σ²+ε), a negative γ included) and computes what the int8 convolution followed by
+/// the f32 BatchNorm computes, to f32 rounding; `set_training(true)` unfolds.
+#[test]
+fn batch_norm_folds_into_an_int8_convolution() {
+    let mut rng = Rng::new(5);
+    let p = Conv2dParams {
+        stride: 1,
+        padding: 1,
+        dilation: 1,
+        groups: 1,
+    };
+    let conv = Conv2d::new(3, 6, 3, p, false, &mut rng).unwrap();
+    let bn = sinter_nn::BatchNorm2d::new(6).unwrap();
+    let set = |t: &Tensor, v: &[f32]| t.assign(&Tensor::from_slice(v, &[6], Device::Cpu).unwrap());
+    set(&bn.weight, &[1.5, -0.7, 0.3, 2.0, -1.2, 0.9]).unwrap();
+    set(&bn.bias, &[0.1, -0.2, 0.3, 0.0, 0.5, -0.4]).unwrap();
+    set(&bn.running_mean, &[0.2, -0.1, 0.0, 0.4, -0.3, 0.1]).unwrap();
+    set(&bn.running_var, &[0.5, 1.2, 2.0, 0.8, 0.3, 1.0]).unwrap();
+    let layer = sinter_nn::ConvBn::new(conv, Some(bn)).unwrap();
+    layer.set_training(false);
+    let x = randn(&[2, 3, 7, 7], 1.0, &mut rng);
+    let _g = no_grad();
+    let want_f32 = vals(&layer.forward(&x).unwrap());
+    quant::quantize(&layer, &mut |m: &dyn Module| m.forward(&x).map(|_| ())).unwrap();
+    let unfolded = vals(&layer.forward(&x).unwrap());
+    assert_eq!(sinter_nn::fold::fold_for_inference(&layer).unwrap(), 1);
+    let folded = layer.folded().expect("folded");
+    assert!(
+        folded.quant.int8().is_some(),
+        "the folded convolution is int8"
+    );
+    let got = vals(&layer.forward(&x).unwrap());
+    let scale = want_f32.iter().fold(0f32, |m, v| m.max(v.abs()));
+    for (i, (&g, &u)) in got.iter().zip(&unfolded).enumerate() {
+        assert!(
+            (g - u).abs() <= 1e-5 * scale,
+            "at {i}: folded {g} vs unfolded {u}"
+        );
+    }
+    // And both are the f32 layer up to quantization error (a loose check that the int8 path,
+    // not a stale copy, ran: the values differ from f32 but stay close).
+    let err = got
+        .iter()
+        .zip(&want_f32)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0f32, f32::max);
+    assert!(
+        err > 0.0 && err < 0.05 * scale,
+        "int8 vs f32: {err} of {scale}"
+    );
+    layer.set_training(true);
+    assert!(layer.folded().is_none());
+}

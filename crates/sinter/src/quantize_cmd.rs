@@ -1,0 +1,351 @@
+//! `sinter quantize`: a trained checkpoint → an int8 inference checkpoint, and the loader that
+//! lets `eval`, `generate`, `predict` and the server open one like any checkpoint (through
+//! `inference::load_model` / `load_for_eval`).
+//!
+//! The file is safetensors with metadata `format = "sinter-quantized-1"` (the marker the loader
+//! looks for), the training `config`, `inference` (the `InferenceInfo` that rebuilds the model
+//! from the checkpoint alone), `step`, `source` and a `quantization` summary. Tensors are named as in a training checkpoint
+//! (`model.<name>`), except that the weight of each int8 layer becomes `model.<layer>.weight.q`
+//! (i8, the weight's shape) and `model.<layer>.weight.scale` (f32 [out]), plus, for a Conv2d,
+//! its calibrated input mapping `model.<layer>.input.scale` (f32 [1]) and
+//! `model.<layer>.input.zero_point` (i32 [1]) — see `sinter_nn::quant::state`. There is no
+//! optimizer state: the file is for inference only.
+
+use std::collections::HashMap;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+
+use anyhow::{anyhow, bail, Context, Result};
+use clap::Args;
+use safetensors::tensor::{Dtype, SafeTensors, TensorView};
+use sinter_core::{no_grad, Tensor};
+use sinter_data::DataLoader;
+use sinter_models::Task;
+use sinter_nn::quant::{self, QuantizeReport, StateTensor};
+use sinter_nn::Module;
+
+use crate::checkpoint::InferenceInfo;
+use crate::checkpoint::{self, our_dtype, st_dtype};
+use crate::config::TrainConfig;
+use crate::inference::{self, Inference};
+use crate::trainer::{self, setup, Setup};
+
+pub const FORMAT: &str = "sinter-quantized-1";
+
+#[derive(Args)]
+pub struct QuantizeArgs {
+    /// Run directory (or checkpoint file) of the trained f32 model.
+    #[arg(long)]
+    pub checkpoint: PathBuf,
+    /// Directory for the int8 checkpoint (written as checkpoint.safetensors).
+    #[arg(long)]
+    pub out: PathBuf,
+    /// Training batches run through the f32 model to calibrate each convolution's input range
+    /// (CNNs only; Transformers quantize their activations per row at run time).
+    #[arg(long, default_value_t = 16)]
+    pub calibration_batches: usize,
+}
+
+pub fn run(a: &QuantizeArgs) -> Result<()> {
+    if is_quantized(&checkpoint::file_of(&a.checkpoint))? {
+        bail!(
+            "{} is already an int8 checkpoint; quantize the f32 checkpoint it came from",
+            a.checkpoint.display()
+        );
+    }
+    let (s, step) = inference::load_for_eval(&a.checkpoint)?;
+    let (report, folded) = quantize_setup(&s, a.calibration_batches)?;
+    let path = save(&a.out, &s, step, &report, &a.checkpoint)?;
+    let size = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
+    println!(
+        "{}: {} layers int8 ({} linear, {} conv2d, {} embedding; {folded} BatchNorm to fold into their int8 convolutions at load){}",
+        s.config.model,
+        report.int8.len(),
+        count(&report, "linear"),
+        count(&report, "conv2d"),
+        count(&report, "embedding"),
+        if report.kept_f32.is_empty() {
+            String::new()
+        } else {
+            format!(
+                "; kept in f32: {}",
+                report
+                    .kept_f32
+                    .iter()
+                    .map(|(n, why)| format!("{n} ({why})"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )
+        }
+    );
+    let f32_weights = weight_bytes(s.model.as_ref());
+    println!(
+        "wrote {} ({:.2} MB; the f32 weights are {:.2} MB: {:.2}× smaller)",
+        path.display(),
+        size as f64 / 1e6,
+        f32_weights as f64 / 1e6,
+        f32_weights as f64 / size.max(1) as f64
+    );
+    Ok(())
+}
+
+fn count(r: &QuantizeReport, kind: &str) -> usize {
+    r.int8.iter().filter(|(_, k)| *k == kind).count()
+}
+
+/// Bytes of a model's tensors in f32 (what a weights-only f32 file would hold).
+pub fn weight_bytes(model: &dyn Module) -> usize {
+    model
+        .named_tensors()
+        .iter()
+        .map(|t| 4 * t.tensor.numel())
+        .sum()
+}
+
+/// Quantizes the setup's model in place; convolutions are calibrated on the first
+/// `batches` training batches (in order, so the result is reproducible). Then folds each
+/// BatchNorm into the int8 convolution before it, as `eval` and `predict` do after loading;
+/// returns how many were folded.
+pub fn quantize_setup(s: &Setup, batches: usize) -> Result<(QuantizeReport, usize)> {
+    let mut calibrate = |model: &dyn Module| -> sinter_core::Result<()> {
+        if s.task != Task::Classification {
+            return Err(sinter_core::Error::Msg(format!(
+                "{} has convolutions but no image data to calibrate them with",
+                s.config.model
+            )));
+        }
+        if batches == 0 {
+            return Err(sinter_core::Error::Msg(
+                "the model has convolutions: --calibration-batches must be at least 1".into(),
+            ));
+        }
+        let _g = no_grad();
+        model.set_training(false);
+        let mut loader =
+            DataLoader::new(s.train.clone(), s.config.batch_size.max(1), false, false, 0);
+        let n = batches.min(loader.batches_per_epoch() as usize).max(1);
+        for _ in 0..n {
+            let b = loader
+                .next_batch()
+                .map_err(|e| sinter_core::Error::Msg(format!("calibration data: {e}")))?;
+            let x =
+                trainer::to_tensor(b.inputs).map_err(|e| sinter_core::Error::Msg(e.to_string()))?;
+            model.forward(&x)?;
+        }
+        Ok(())
+    };
+    let report = quant::quantize(s.model.as_ref(), &mut calibrate)?;
+    let folded = sinter_nn::fold::fold_for_inference(s.model.as_ref())?;
+    Ok((report, folded))
+}
+
+/// Writes the quantized model of `s` to `dir`/checkpoint.safetensors, atomically.
+pub fn save(
+    dir: &Path,
+    s: &Setup,
+    step: u64,
+    report: &QuantizeReport,
+    source: &Path,
+) -> Result<PathBuf> {
+    let state = quant::export(s.model.as_ref())?;
+    let mut owned: Vec<(String, Dtype, Vec<usize>, Vec<u8>)> = Vec::with_capacity(state.len());
+    for (name, t) in state {
+        let name = format!("model.{name}");
+        owned.push(match t {
+            StateTensor::Float(t) => (
+                name,
+                st_dtype(t.dtype()),
+                t.shape().to_vec(),
+                t.to_le_bytes()?,
+            ),
+            StateTensor::I8 { values, shape } => (
+                name,
+                Dtype::I8,
+                shape,
+                values.iter().map(|&v| v as u8).collect(),
+            ),
+            StateTensor::I32 { values, shape } => (
+                name,
+                Dtype::I32,
+                shape,
+                values.iter().flat_map(|v| v.to_le_bytes()).collect(),
+            ),
+        });
+    }
+    let views: Vec<(String, TensorView)> = owned
+        .iter()
+        .map(|(n, d, s, b)| {
+            Ok((
+                n.clone(),
+                TensorView::new(*d, s.clone(), b).map_err(|e| anyhow!("tensor {n}: {e}"))?,
+            ))
+        })
+        .collect::<Result<_>>()?;
+    let summary = serde_json::json!({
+        "weights": "int8, symmetric, one scale per output channel (per row for embedding tables)",
+        "activations": {
+            "linear": "u8, dynamic, one scale and zero point per row",
+            "conv2d": "u8, static, one scale and zero point per layer from calibration (min/max)",
+        },
+        "layers": report.int8.iter().map(|(n, k)| (n.clone(), *k)).collect::<HashMap<_, _>>(),
+        "kept_f32": report.kept_f32.iter().cloned().collect::<HashMap<_, _>>(),
+    });
+    let mut md = HashMap::new();
+    md.insert("format".to_string(), FORMAT.to_string());
+    md.insert("config".into(), serde_json::to_string(&s.config)?);
+    md.insert("step".into(), step.to_string());
+    md.insert("source".into(), source.display().to_string());
+    md.insert("quantization".into(), summary.to_string());
+    md.insert(
+        "inference".into(),
+        serde_json::to_string(&inference::info_of(s))?,
+    );
+    let bytes = safetensors::serialize(views, &Some(md))
+        .map_err(|e| anyhow!("cannot serialise the int8 checkpoint: {e}"))?;
+    let path = checkpoint::path_in(dir);
+    checkpoint::write_atomic(&path, &bytes)?;
+    Ok(path)
+}
+
+/// Whether the safetensors file at `path` carries the int8 format marker (reads its header
+/// only). A file that cannot be read is "not quantized": the regular loader reports it.
+fn is_quantized(path: &Path) -> Result<bool> {
+    let Ok(mut f) = std::fs::File::open(path) else {
+        return Ok(false);
+    };
+    let mut len = [0u8; 8];
+    if f.read_exact(&mut len).is_err() {
+        return Ok(false);
+    }
+    let n = u64::from_le_bytes(len);
+    if n > 100_000_000 {
+        return Ok(false);
+    }
+    let mut header = vec![0u8; n as usize];
+    if f.read_exact(&mut header).is_err() {
+        return Ok(false);
+    }
+    let Ok(h) = serde_json::from_slice::<serde_json::Value>(&header) else {
+        return Ok(false);
+    };
+    Ok(h["__metadata__"]["format"].as_str() == Some(FORMAT))
+}
+
+/// An int8 checkpoint read back: its config, step, inference information (None in files
+/// written before it was saved) and tensors by name (without the `model.` prefix).
+struct QuantizedFile {
+    path: PathBuf,
+    config: TrainConfig,
+    step: u64,
+    inference: Option<InferenceInfo>,
+    tensors: HashMap<String, StateTensor>,
+}
+
+impl QuantizedFile {
+    /// Installs the file's tensors (int8 forms included) into a freshly built `model`.
+    fn install(&self, model: &dyn Module) -> Result<()> {
+        quant::import(model, &self.tensors)
+            .with_context(|| format!("loading the int8 checkpoint {}", self.path.display()))?;
+        model.set_training(false);
+        Ok(())
+    }
+}
+
+/// `inference::load_model`'s hook: Some when `path` holds an int8 checkpoint, the model
+/// rebuilt from the checkpoint alone with its int8 layers installed.
+pub fn load_model_if_quantized(path: &Path) -> Result<Option<Inference>> {
+    let Some(q) = read_if_quantized(path)? else {
+        return Ok(None);
+    };
+    let info = match &q.inference {
+        Some(i) => i.clone(),
+        None => inference::info_of(&setup(q.config.clone())?),
+    };
+    let model = inference::build_model(&info)?;
+    q.install(model.as_ref())?;
+    Ok(Some(Inference {
+        config: q.config,
+        info,
+        model,
+    }))
+}
+
+/// `inference::load_for_eval`'s hook: Some(setup with its data, step) for an int8 checkpoint.
+pub fn load_for_eval_if_quantized(path: &Path) -> Result<Option<(Setup, u64)>> {
+    let Some(q) = read_if_quantized(path)? else {
+        return Ok(None);
+    };
+    let s = setup(q.config.clone())?;
+    q.install(s.model.as_ref())?;
+    Ok(Some((s, q.step)))
+}
+
+/// Reads `path` (a run directory or the file) if it is an int8 checkpoint. Every error names
+/// the file.
+fn read_if_quantized(dir: &Path) -> Result<Option<QuantizedFile>> {
+    let path = checkpoint::file_of(dir);
+    if !is_quantized(&path)? {
+        return Ok(None);
+    }
+    let bytes = std::fs::read(&path).with_context(|| format!("cannot read {}", path.display()))?;
+    parse(&bytes)
+        .with_context(|| format!("int8 checkpoint {}", path.display()))
+        .map(|(config, step, inference, tensors)| {
+            Some(QuantizedFile {
+                path,
+                config,
+                step,
+                inference,
+                tensors,
+            })
+        })
+}
+
+type Parsed = (
+    TrainConfig,
+    u64,
+    Option<InferenceInfo>,
+    HashMap<String, StateTensor>,
+);
+
+fn parse(bytes: &[u8]) -> Result<Parsed> {
+    let corrupt = |e: safetensors::SafeTensorError| anyhow!("is corrupt or truncated: {e}");
+    let (_, header) = SafeTensors::read_metadata(bytes).map_err(corrupt)?;
+    let st = SafeTensors::deserialize(bytes).map_err(corrupt)?;
+    let md = header.metadata().clone().unwrap_or_default();
+    let (step, config, inference) = checkpoint::parse_model_meta(&md)?;
+    let mut tensors = HashMap::new();
+    for (name, view) in st.tensors() {
+        let Some(bare) = name.strip_prefix("model.") else {
+            continue;
+        };
+        let shape = view.shape().to_vec();
+        let t = match view.dtype() {
+            Dtype::I8 => StateTensor::I8 {
+                values: view.data().iter().map(|&b| b as i8).collect(),
+                shape,
+            },
+            Dtype::I32 => StateTensor::I32 {
+                values: view
+                    .data()
+                    .chunks_exact(4)
+                    .map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                    .collect(),
+                shape,
+            },
+            d => {
+                let t = Tensor::from_le_bytes(
+                    view.data(),
+                    our_dtype(d, &name)?,
+                    &shape,
+                    sinter_core::Device::Cpu,
+                )
+                .with_context(|| format!("tensor {name} is corrupt"))?;
+                checkpoint::check_finite(&name, &t)?;
+                StateTensor::Float(t)
+            }
+        };
+        tensors.insert(bare.to_string(), t);
+    }
+    Ok((config, step, inference, tensors))
+}
