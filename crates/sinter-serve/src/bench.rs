@@ -283,6 +283,16 @@ pub async fn run_load(o: &LoadOptions) -> Result<LoadReport> {
     Ok(rep)
 }
 
+/// `run_load` on a runtime of its own (for callers without one, like the CLI).
+pub fn run_load_blocking(o: &LoadOptions) -> Result<LoadReport> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?
+        .block_on(run_load(o))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
+use axum::serve::ListenerExt;
 use tokio::sync::{oneshot, watch};
 
 use crate::api::Limits;
@@ -205,7 +206,11 @@ async fn serve(
     stopped: oneshot::Receiver<()>,
     o: &ServeOptions,
 ) -> Result<()> {
-    let listener = tokio::net::TcpListener::from_std(listener)?;
+    // Each token is a small write: without TCP_NODELAY, Nagle's algorithm would hold it
+    // until the client's delayed ACK (tens of milliseconds).
+    let listener = tokio::net::TcpListener::from_std(listener)?.tap_io(|tcp| {
+        let _ = tcp.set_nodelay(true);
+    });
     let engine = app.engine.clone();
     let (began, mut begun) = watch::channel(false);
     let (timeout, signals) = (o.shutdown_timeout, o.handle_signals);

@@ -7,6 +7,7 @@ mod gpu_bench;
 mod metrics;
 mod model_parallel;
 mod precision;
+mod serve_cmd;
 mod tokenize_cmd;
 mod train;
 
@@ -39,8 +40,8 @@ enum Command {
         #[arg(long)]
         checkpoint: PathBuf,
     },
-    /// Sample text from a GPT checkpoint.
-    Generate(GenerateArgs),
+    /// Sample text from a GPT checkpoint, printing each token as it is made.
+    Generate(serve_cmd::GenerateArgs),
     /// Version, devices, threads and dtypes.
     Info,
     /// Start N ranks of a sinter command on this node: `sinter launch --nproc-per-node 4 -- train …`.
@@ -52,6 +53,8 @@ enum Command {
     },
     /// Turn a text file into GPT-2 token files (<name>_train.bin, <name>_val.bin) for tokens:DIR.
     Tokenize(tokenize_cmd::TokenizeArgs),
+    /// Serve a GPT checkpoint over an OpenAI-compatible HTTP API (completions, chat, streaming).
+    Serve(serve_cmd::ServeArgs),
 }
 
 #[derive(Args, Default)]
@@ -192,28 +195,6 @@ impl TrainArgs {
     }
 }
 
-#[derive(Args)]
-struct GenerateArgs {
-    #[arg(long)]
-    checkpoint: PathBuf,
-    #[arg(long, default_value = "\n")]
-    prompt: String,
-    #[arg(long, default_value_t = 200)]
-    max_new_tokens: usize,
-    /// 0 picks the most likely token each time.
-    #[arg(long, default_value_t = 0.8)]
-    temperature: f64,
-    /// Sample from the k most likely tokens (0: all).
-    #[arg(long, default_value_t = 40)]
-    top_k: usize,
-    #[arg(long, default_value_t = 0)]
-    seed: u64,
-    /// Recompute the whole window for every token instead of using the KV cache (slower;
-    /// the same tokens).
-    #[arg(long)]
-    no_kv_cache: bool,
-}
-
 /// A resumed run takes its config from the checkpoint; flags given now override it.
 fn train_config(a: &TrainArgs) -> Result<(TrainConfig, Option<PathBuf>)> {
     let file = match &a.config {
@@ -310,54 +291,12 @@ fn run() -> Result<()> {
                 s.config.model, s.config.data, e.loss, e.examples
             );
         }
-        Command::Generate(g) => {
-            let (s, _) = train::load_for_inference(&g.checkpoint)?;
-            if s.task != sinter_models::Task::LanguageModel {
-                bail!(
-                    "generate needs a language-model checkpoint; {} is a {:?} model",
-                    s.config.model,
-                    s.task
-                );
-            }
-            let vocab = s.train.num_classes().unwrap_or(0);
-            // Byte-level data (shakespeare, text:) has 256 tokens; tokens: data is GPT-2 BPE.
-            let bpe = s.config.data.starts_with("tokens:");
-            if vocab != 256 && !bpe {
-                bail!("this checkpoint uses a {vocab}-token vocabulary that is neither bytes nor GPT-2 BPE; no tokenizer can turn a text prompt into its tokens");
-            }
-            let tokenizer = bpe.then(sinter_data::Gpt2Tokenizer::new);
-            let prompt: Vec<i64> = match &tokenizer {
-                Some(t) => t.encode(&g.prompt).into_iter().map(i64::from).collect(),
-                None => g.prompt.bytes().map(i64::from).collect(),
-            };
-            if prompt.is_empty() {
-                bail!("--prompt must not be empty");
-            }
-            let out = train::generate(
-                &s,
-                &prompt,
-                g.max_new_tokens,
-                g.temperature,
-                g.top_k,
-                g.seed,
-                !g.no_kv_cache,
-            )?;
-            let text = match &tokenizer {
-                Some(t) => {
-                    let ids: Vec<u16> = out.iter().map(|&t| t as u16).collect();
-                    t.decode(&ids)
-                }
-                None => {
-                    let bytes: Vec<u8> = out.iter().map(|&t| t as u8).collect();
-                    String::from_utf8_lossy(&bytes).into_owned()
-                }
-            };
-            println!("{text}");
-        }
+        Command::Generate(g) => serve_cmd::generate(&g)?,
         Command::Info => print!("{}", precision::info_report()),
         Command::Launch(a) => dist_cmd::launch(&a)?,
         Command::Bench { which } => dist_cmd::bench(&which)?,
         Command::Tokenize(a) => tokenize_cmd::run(&a)?,
+        Command::Serve(a) => serve_cmd::serve(&a)?,
     }
     Ok(())
 }

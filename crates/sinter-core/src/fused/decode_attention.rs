@@ -25,7 +25,7 @@ use crate::{bail, is_grad_enabled, DType, Result, Tensor};
 
 /// Below this many multiply-adds a step runs on the calling thread (rayon's fork/join costs
 /// more than it saves).
-const PAR_WORK: usize = 1 << 16;
+const PAR_WORK: usize = 1 << 20;
 
 /// Geometry of one step: n sequences, h heads of width d.
 #[derive(Clone, Copy)]
