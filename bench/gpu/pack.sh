@@ -13,7 +13,8 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "${ROOT}"
 CARGO="${CARGO:-cargo}"
 DEST=.gpu-carry
-# crate:test — the tests that need a GPU (each prints "skipped: no CUDA device" without one).
+# crate:test — the GPU tests (without a GPU they run on the emulated CUDA device; on the GPU
+# machine prove.sh sets SINTER_REQUIRE_GPU=1 so they must run on the GPU).
 TESTS=(
     sinter-core:cuda_conformance
     sinter-core:step_ctl_cuda
@@ -22,6 +23,7 @@ TESTS=(
     sinter-cuda:graph_gpu
     sinter-models:gpt_kv_cache
     sinter-dist:nccl_backend
+    sinter-dist:nccl_device
 )
 "${CARGO}" build --release -p sinter
 rm -rf "${DEST}"

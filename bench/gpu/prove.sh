@@ -2,7 +2,7 @@
 # bench/gpu/prove.sh — on the GPU machine, with the binaries bench/gpu/pack.sh put in
 # .gpu-carry/: the verification of every GPU path, in parts that each fit one 10-minute call.
 #
-#   bench/gpu/prove.sh tests   # every GPU test binary; none may skip (about 3-5 min)
+#   bench/gpu/prove.sh tests   # every GPU test binary on the GPU; none may skip (about 3-5 min)
 #   bench/gpu/prove.sh check   # bench/gpu-check: conformance + CPU-vs-GPU loss curves
 #   bench/gpu/prove.sh bench   # sinter_gpu_bench.sh all, then train_bench.sh all
 #
@@ -21,11 +21,15 @@ OUT_DIR="$(cd "${OUT_DIR}" && pwd)"
 # shellcheck source=bench/gpu/cuda_env.sh
 source "${ROOT}/bench/gpu/cuda_env.sh"
 cuda_env
+# Without this a GPU test finding no usable GPU would run on the emulated CUDA device (or skip):
+# here that is a failure.
+export SINTER_REQUIRE_GPU=1
+unset SINTER_CUDA_EMU
 nvidia-smi > "${OUT_DIR}/nvidia-smi.txt" 2>&1 || true
 rc=0
 case "${PART}" in
 tests)
-    for t in cuda_conformance step_ctl_cuda amp_autocast gpu graph_gpu gpt_kv_cache nccl_backend; do
+    for t in cuda_conformance step_ctl_cuda amp_autocast gpu graph_gpu gpt_kv_cache nccl_backend nccl_device; do
         [[ -x "${CARRY}/${t}" ]] || { echo "prove: ${CARRY}/${t} missing" >&2; rc=1; continue; }
         echo "== ${t}"
         timeout 240 "${CARRY}/${t}" --test-threads=1 --nocapture > "${OUT_DIR}/${t}.txt" 2>&1

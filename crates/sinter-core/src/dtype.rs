@@ -1,141 +1,18 @@
-//! Runtime element types. Floats compute in f32 on the CPU; f16/bf16 are storage formats
-//! whose values are widened to f32 for arithmetic and rounded back, as tensor cores do.
+//! Runtime element types: defined once in `sinter-types` (shared with sinter-cuda's buffers)
+//! and re-exported here. Tensors hold the [`DType::TENSOR`] dtypes; constructors and casts
+//! refuse the buffer-only ones (i32, u8) with [`Error::UnsupportedDType`](crate::Error).
 
-use half::{bf16, f16};
+pub use sinter_types::dtype::{DType, Element};
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum DType {
-    F32,
-    F16,
-    BF16,
-    /// Integer indices (class labels, token ids); signed so that `ignore_index = -100` works.
-    I64,
-}
-
-impl DType {
-    pub fn size_in_bytes(self) -> usize {
-        match self {
-            DType::F32 => 4,
-            DType::F16 | DType::BF16 => 2,
-            DType::I64 => 8,
-        }
-    }
-    pub fn is_float(self) -> bool {
-        !matches!(self, DType::I64)
-    }
-    pub fn as_str(self) -> &'static str {
-        match self {
-            DType::F32 => "f32",
-            DType::F16 => "f16",
-            DType::BF16 => "bf16",
-            DType::I64 => "i64",
-        }
-    }
-    pub fn parse(s: &str) -> Option<DType> {
-        match s {
-            "f32" | "float32" => Some(DType::F32),
-            "f16" | "float16" | "fp16" => Some(DType::F16),
-            "bf16" | "bfloat16" => Some(DType::BF16),
-            "i64" | "int64" => Some(DType::I64),
-            _ => None,
-        }
-    }
-    pub const ALL: [DType; 4] = [DType::F32, DType::F16, DType::BF16, DType::I64];
-}
-
-impl std::fmt::Display for DType {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-/// A Rust element type that a tensor can hold.
-pub trait Element: Copy + Send + Sync + 'static + bytemuck::Pod + std::fmt::Debug {
-    const DTYPE: DType;
-    fn to_f64(self) -> f64;
-    fn from_f64(v: f64) -> Self;
-    fn to_f32(self) -> f32;
-    fn from_f32(v: f32) -> Self;
-}
-
-impl Element for f32 {
-    const DTYPE: DType = DType::F32;
-    fn to_f64(self) -> f64 {
-        self as f64
-    }
-    fn from_f64(v: f64) -> Self {
-        v as f32
-    }
-    fn to_f32(self) -> f32 {
-        self
-    }
-    fn from_f32(v: f32) -> Self {
-        v
-    }
-}
-impl Element for f16 {
-    const DTYPE: DType = DType::F16;
-    fn to_f64(self) -> f64 {
-        self.to_f64()
-    }
-    // Through f32, as the GPU rounds: `half`'s own f64 path drops the low 32 bits of the f64
-    // before rounding, so a value just above a halfway point would round down.
-    fn from_f64(v: f64) -> Self {
-        f16::from_f32(v as f32)
-    }
-    fn to_f32(self) -> f32 {
-        self.to_f32()
-    }
-    fn from_f32(v: f32) -> Self {
-        f16::from_f32(v)
-    }
-}
-impl Element for bf16 {
-    const DTYPE: DType = DType::BF16;
-    fn to_f64(self) -> f64 {
-        self.to_f64()
-    }
-    fn from_f64(v: f64) -> Self {
-        bf16::from_f32(v as f32)
-    }
-    fn to_f32(self) -> f32 {
-        self.to_f32()
-    }
-    fn from_f32(v: f32) -> Self {
-        bf16::from_f32(v)
-    }
-}
-impl Element for i64 {
-    const DTYPE: DType = DType::I64;
-    fn to_f64(self) -> f64 {
-        self as f64
-    }
-    fn from_f64(v: f64) -> Self {
-        v as i64
-    }
-    fn to_f32(self) -> f32 {
-        self as f32
-    }
-    fn from_f32(v: f32) -> Self {
-        v as i64
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn half_types_round_f64_values_as_the_gpu_rounds_their_f32() {
-        // Just above the halfway point between two bf16 values: rounds up (0x3f37), as
-        // __float2bfloat16_rn does; truncating the f64 first would give 0x3f36.
-        let x = f32::from_bits(0x3f36_8006);
-        assert_eq!(<bf16 as Element>::from_f64(x as f64).to_bits(), 0x3f37);
-        assert_eq!(<bf16 as Element>::from_f32(x).to_bits(), 0x3f37);
-        let y = f32::from_bits(0x3f80_1001); // 1 + 2^-11 + 2^-23: just above an f16 halfway
-        assert_eq!(
-            <f16 as Element>::from_f64(y as f64).to_bits(),
-            f16::from_f32(y).to_bits()
-        );
+/// Ok when a tensor can hold `dtype`, else an error naming the op and the dtypes it supports.
+pub(crate) fn check_tensor_dtype(op: &'static str, dtype: DType) -> crate::Result<()> {
+    if dtype.is_tensor_dtype() {
+        Ok(())
+    } else {
+        Err(crate::Error::UnsupportedDType {
+            op,
+            dtype,
+            supported: "tensors hold f32, f16, bf16 or i64",
+        })
     }
 }

@@ -28,6 +28,12 @@ pub enum Error {
         lhs: Device,
         rhs: Device,
     },
+    #[error("{op}: dtype {dtype} is not supported ({supported})")]
+    UnsupportedDType {
+        op: &'static str,
+        dtype: DType,
+        supported: &'static str,
+    },
     #[error("device {0:?} is not available: {1}")]
     DeviceUnavailable(Device, String),
     #[error("{0}")]

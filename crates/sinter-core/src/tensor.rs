@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard};
 
 use crate::autograd::{self, Node};
 use crate::cpu::CpuStorage;
+use crate::dtype::check_tensor_dtype;
 use crate::layout::{numel, resolve_dim};
 use crate::storage::Storage;
 use crate::{bail, DType, Device, Element, Error, Layout, Result, Rng};
@@ -101,6 +102,7 @@ impl Tensor {
         Self::full(1.0, shape, dtype, device)
     }
     pub fn full(value: f64, shape: &[usize], dtype: DType, device: Device) -> Result<Tensor> {
+        check_tensor_dtype("full", dtype)?;
         check_device(device)?;
         if let Device::Cuda(n) = device {
             return crate::cuda::creation::full(value, shape, dtype, n);
@@ -125,6 +127,7 @@ impl Tensor {
     }
 
     pub fn from_vec<T: Element>(data: Vec<T>, shape: &[usize], device: Device) -> Result<Tensor> {
+        check_tensor_dtype("from_vec", T::DTYPE)?;
         check_device(device)?;
         if data.len() != numel(shape) {
             bail!(
@@ -139,6 +142,7 @@ impl Tensor {
             DType::F16 => CpuStorage::F16(*any.downcast().expect("dtype tag matches type")),
             DType::BF16 => CpuStorage::BF16(*any.downcast().expect("dtype tag matches type")),
             DType::I64 => CpuStorage::I64(*any.downcast().expect("dtype tag matches type")),
+            DType::I32 | DType::U8 => unreachable!("checked above"),
         };
         crate::cuda::creation::place(Tensor::from_cpu(s, shape), device)
     }
@@ -152,6 +156,7 @@ impl Tensor {
             bail!("arange: step {step} never gets from {start} to {end}");
         }
         let n = ((end - start) / step).ceil() as usize;
+        check_tensor_dtype("arange", dtype)?;
         check_device(device)?;
         if let Device::Cuda(o) = device {
             return crate::cuda::creation::arange(start, step, n, dtype, o);
@@ -174,6 +179,7 @@ impl Tensor {
         dtype: DType,
         device: Device,
     ) -> Result<Tensor> {
+        check_tensor_dtype("rand_uniform", dtype)?;
         check_device(device)?;
         let v: Vec<f32> = (0..numel(shape))
             .map(|_| rng.uniform(lo, hi) as f32)
@@ -190,6 +196,7 @@ impl Tensor {
         dtype: DType,
         device: Device,
     ) -> Result<Tensor> {
+        check_tensor_dtype("randn", dtype)?;
         check_device(device)?;
         let v: Vec<f32> = (0..numel(shape))
             .map(|_| (mean + std * rng.normal()) as f32)
@@ -356,6 +363,7 @@ impl Tensor {
         shape: &[usize],
         device: Device,
     ) -> Result<Tensor> {
+        check_tensor_dtype("from_le_bytes", dtype)?;
         let n = numel(shape);
         if bytes.len() != n * dtype.size_in_bytes() {
             bail!(
@@ -374,6 +382,7 @@ impl Tensor {
             DType::F16 => Tensor::from_vec(read::<half::f16>(bytes), shape, device),
             DType::BF16 => Tensor::from_vec(read::<half::bf16>(bytes), shape, device),
             DType::I64 => Tensor::from_vec(read::<i64>(bytes), shape, device),
+            DType::I32 | DType::U8 => unreachable!("checked above"),
         }
     }
 
@@ -528,6 +537,7 @@ impl Tensor {
     // ---- dtype and device -------------------------------------------------------------------
 
     pub fn to_dtype(&self, dtype: DType) -> Result<Tensor> {
+        check_tensor_dtype("to_dtype", dtype)?;
         if dtype == self.dtype() {
             return Ok(self.clone());
         }

@@ -4,5 +4,14 @@
 //!
 //! - [`isa`]: which SIMD instruction set the running CPU offers, chosen once at run time and
 //!   capped by `SINTER_CPU_ISA` (so every path can be tested on any machine).
+//! - [`gemm`]: f32 C = α·A·B + β·C over strided slices, batched, with a fused bias +
+//!   activation epilogue and prepacked B.
+//! - [`math`]: vectorised exp/ln/tanh/sigmoid/SiLU/erf/GELU and derivatives over slices, and
+//!   fused row kernels (softmax, cross-entropy, layer norm, bias + activation, AdamW).
+pub mod int8;
 pub mod isa;
 pub use isa::Isa;
+pub mod gemm;
+pub mod math;
+#[doc(hidden)]
+pub mod simd;

@@ -231,9 +231,10 @@ pub fn pick<A: Copy>(p: &ConvProblem, ranked: &[Candidate<A>]) -> Option<Candida
         .copied()
 }
 
-/// True when `libcudnn` loads (checked once; never panics).
+/// True when convolutions can run through cuDNN: `libcudnn` loads (checked once; never panics),
+/// or the devices are emulated (their cuDNN is a host reference implementation).
 pub fn available() -> bool {
-    crate::runtime::libraries().cudnn
+    crate::runtime::is_emulated() || crate::runtime::libraries().cudnn
 }
 
 // ---- descriptors (RAII over the raw handles) ----------------------------------------------------
@@ -371,15 +372,13 @@ fn state_of(dev: &CudaDevice) -> Result<Slot> {
     if let Some(s) = map.get(&dev.ordinal()) {
         return Ok(s.clone());
     }
+    let real = dev.real().ok_or_else(|| {
+        CudaError::invalid("cudnnCreate", "an emulated device has no cuDNN handle")
+    })?;
     let state = guard(|| {
-        dev.context()
-            .bind_to_thread()
-            .map_err(|e| CudaError::Driver {
-                op: "cuCtxSetCurrent",
-                msg: format!("{e:?}"),
-            })?;
+        real.bind()?;
         let handle = cr::create_handle().map_err(cudnn_err("cudnnCreate"))?;
-        let stream = dev.stream().cu_stream() as cs::cudaStream_t;
+        let stream = real.cu_stream() as cs::cudaStream_t;
         // SAFETY: a fresh handle and the device's live stream.
         if let Err(e) = unsafe { cr::set_stream(handle, stream) } {
             // SAFETY: created just above.
@@ -399,7 +398,7 @@ fn state_of(dev: &CudaDevice) -> Result<Slot> {
 
 /// Which of the three passes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Pass {
+pub(crate) enum Pass {
     Forward,
     BackwardData,
     BackwardFilter,
@@ -458,6 +457,12 @@ fn run_pass(
     b: DevSlice<'_>,
     out: DevSlice<'_>,
 ) -> Result<Ran> {
+    if let Some(emu) = dev.emulated() {
+        p.validate()?;
+        check_operands(p, pass, &a, &b, &out)?;
+        emu.conv(p, pass, a.ptr(), b.ptr(), out.ptr())?;
+        return Ok(Ran::Done);
+    }
     if !available() {
         return Ok(Ran::Unsupported("libcudnn is not loadable".into()));
     }
@@ -483,12 +488,9 @@ fn run_pass(
         }
     }
     let plan = state.plans.get_mut(p).expect("inserted above");
-    dev.context()
-        .bind_to_thread()
-        .map_err(|e| CudaError::Driver {
-            op: "cuCtxSetCurrent",
-            msg: format!("{e:?}"),
-        })?;
+    if let Some(r) = dev.real() {
+        r.bind()?;
+    }
     // Choose (once) and look up the algorithm and its workspace.
     let (math, ws_bytes, algo) = match pass {
         Pass::Forward => {

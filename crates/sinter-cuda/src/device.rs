@@ -1,63 +1,22 @@
-//! One CUDA device: its context, its compute stream, its caching allocator, its loaded kernels and
-//! its cuBLASLt engine. Everything sinter runs on a device goes through one stream, in order.
+//! One CUDA device: its driver (a real GPU, or an emulated device — see [`crate::driver`]), its
+//! compute stream, its caching allocator and its GEMM engine. Everything sinter runs on a device
+//! goes through one stream, in order.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
-use cudarc::driver::{
-    result as dr, sys as ds, CudaContext, CudaFunction, CudaModule, CudaStream, LaunchConfig,
-    PushKernelArg,
-};
-
-use crate::alloc::{
-    CachingAllocator, DevSlice, DeviceBuffer, MemoryStats, Pool, RawAlloc, RawAllocError,
-};
+use crate::alloc::{CachingAllocator, DevSlice, DeviceBuffer, MemoryStats, Pool};
+use crate::driver::real::RealDriver;
+use crate::driver::{Driver, Stream};
 use crate::dtype::{DType, DeviceScalar};
-use crate::error::{guard, CudaError, DriverResultExt, Result};
+use crate::emulated::EmuDriver;
+use crate::error::{CudaError, Result};
 use crate::gemm::{GemmDesc, GemmEngine};
-use crate::launch::{Arg, Launch, LaunchTarget, Step};
-use crate::nvrtc::{KernelCache, KernelFile, Output};
+use crate::launch::{Launch, LaunchTarget, Step};
 use crate::runtime::{self, DeviceInfo};
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-struct DeviceRaw {
-    ctx: Arc<CudaContext>,
-    stream: Arc<CudaStream>,
-    ordinal: usize,
-}
-
-impl RawAlloc for DeviceRaw {
-    fn malloc(&self, bytes: usize) -> std::result::Result<u64, RawAllocError> {
-        self.ctx
-            .bind_to_thread()
-            .ctx("cuCtxSetCurrent")
-            .map_err(RawAllocError::Other)?;
-        // SAFETY: plain allocation; the memory is uninitialised, which DeviceBuffer documents.
-        match unsafe { dr::malloc_sync(bytes) } {
-            Ok(p) => Ok(p),
-            Err(e) if e.0 == ds::CUresult::CUDA_ERROR_OUT_OF_MEMORY => {
-                Err(RawAllocError::OutOfMemory)
-            }
-            Err(e) => Err(RawAllocError::Other(CudaError::Driver {
-                op: "cuMemAlloc",
-                msg: format!("{e:?}"),
-            })),
-        }
-    }
-    fn free(&self, ptr: u64) -> Result<()> {
-        self.ctx.bind_to_thread().ctx("cuCtxSetCurrent")?;
-        // SAFETY: `ptr` came from malloc_sync and the allocator frees it once, after synchronising.
-        unsafe { dr::free_sync(ptr) }.ctx("cuMemFree")
-    }
-    fn synchronize(&self) -> Result<()> {
-        self.stream.synchronize().ctx("cuStreamSynchronize")
-    }
-    fn ordinal(&self) -> usize {
-        self.ordinal
-    }
 }
 
 /// A CUDA device ready for sinter's kernels. Get the shared one with [`CudaDevice::get`].
@@ -65,14 +24,10 @@ pub struct CudaDevice {
     info: DeviceInfo,
     arch: String,
     target: LaunchTarget,
-    ctx: Arc<CudaContext>,
-    stream: Arc<CudaStream>,
-    allocator: CachingAllocator,
-    cache: KernelCache,
-    output: Output,
-    modules: Mutex<HashMap<KernelFile, Arc<CudaModule>>>,
-    functions: Mutex<HashMap<KernelFile, HashMap<String, CudaFunction>>>,
+    // Dropped before the driver: the allocator's last frees wait for the driver's queue.
     gemm: Mutex<Option<GemmEngine>>,
+    allocator: CachingAllocator,
+    driver: Driver,
 }
 
 impl std::fmt::Debug for CudaDevice {
@@ -81,6 +36,7 @@ impl std::fmt::Debug for CudaDevice {
             .field("ordinal", &self.info.ordinal)
             .field("name", &self.info.name)
             .field("arch", &self.arch)
+            .field("emulated", &self.is_emulated())
             .finish()
     }
 }
@@ -98,49 +54,16 @@ impl CudaDevice {
         Ok(d)
     }
 
-    /// A new, independent handle on device `ordinal` (own stream, allocator and module cache).
+    /// A new, independent handle on device `ordinal` (own stream, allocator and module cache):
+    /// a real GPU, or an emulated device when the process serves those (see [`runtime::mode`]).
     pub fn new(ordinal: usize) -> Result<CudaDevice> {
-        let libs = runtime::libraries();
-        for (ok, lib, hint) in [
-            (
-                libs.driver,
-                "libcuda.so.1",
-                "install the NVIDIA driver or add it to LD_LIBRARY_PATH",
-            ),
-            (
-                libs.nvrtc,
-                "libnvrtc.so.13",
-                "add the CUDA lib folder to LD_LIBRARY_PATH (see `sinter info`)",
-            ),
-            (
-                libs.cublaslt,
-                "libcublasLt.so.13",
-                "add the CUDA lib folder to LD_LIBRARY_PATH (see `sinter info`)",
-            ),
-        ] {
-            if !ok {
-                return Err(CudaError::LibraryNotFound {
-                    lib,
-                    hint: hint.into(),
-                });
-            }
-        }
         let info = runtime::device_info(ordinal)?;
-        let (ctx, stream) = guard(|| {
-            let ctx = CudaContext::new(ordinal).ctx("cuDevicePrimaryCtxRetain")?;
-            // SAFETY: sinter never uses cudarc's CudaSlice; ordering is by our single stream.
-            unsafe { ctx.disable_event_tracking() };
-            let stream = ctx.new_stream().ctx("cuStreamCreate")?;
-            Ok((ctx, stream))
-        })?;
-        let raw = DeviceRaw {
-            ctx: ctx.clone(),
-            stream: stream.clone(),
-            ordinal,
-        };
-        let output = match std::env::var("SINTER_KERNEL_FORMAT").as_deref() {
-            Ok("ptx") => Output::Ptx,
-            _ => Output::Cubin,
+        let (driver, raw) = if runtime::is_emulated() {
+            let (d, raw) = EmuDriver::new(ordinal)?;
+            (Driver::Emulated(d), raw)
+        } else {
+            let (d, raw) = RealDriver::new(&info)?;
+            (Driver::Real(d), raw)
         };
         Ok(CudaDevice {
             arch: info.arch(),
@@ -148,14 +71,9 @@ impl CudaDevice {
                 sm_count: info.multiprocessors,
             },
             info,
-            ctx,
-            stream,
-            allocator: CachingAllocator::new(Box::new(raw)),
-            cache: KernelCache::from_env(),
-            output,
-            modules: Mutex::default(),
-            functions: Mutex::default(),
             gemm: Mutex::default(),
+            allocator: CachingAllocator::new(raw),
+            driver,
         })
     }
 
@@ -172,21 +90,43 @@ impl CudaDevice {
     pub fn target(&self) -> LaunchTarget {
         self.target
     }
-    pub fn context(&self) -> &Arc<CudaContext> {
-        &self.ctx
+    /// True for an emulated device (the CPU kernel emulator; not a GPU).
+    pub fn is_emulated(&self) -> bool {
+        matches!(self.driver, Driver::Emulated(_))
     }
-    /// The stream all of sinter's work on this device is ordered on (NCCL should use it too).
-    pub fn stream(&self) -> &Arc<CudaStream> {
-        &self.stream
+    /// The stream all of sinter's work on this device is ordered on.
+    pub fn stream(&self) -> &Stream {
+        self.driver.stream()
+    }
+    /// A new stream on this device (ordered against the compute stream with events).
+    pub fn new_stream(&self) -> Result<Stream> {
+        self.driver.new_stream()
     }
     pub fn allocator(&self) -> &CachingAllocator {
         &self.allocator
+    }
+    pub(crate) fn driver(&self) -> &Driver {
+        &self.driver
+    }
+    /// The CUDA driver of a real GPU (None when emulated).
+    pub(crate) fn real(&self) -> Option<&RealDriver> {
+        match &self.driver {
+            Driver::Real(r) => Some(r),
+            Driver::Emulated(_) => None,
+        }
+    }
+    /// The driver of an emulated device (None on a real GPU).
+    pub(crate) fn emulated(&self) -> Option<&EmuDriver> {
+        match &self.driver {
+            Driver::Real(_) => None,
+            Driver::Emulated(e) => Some(e),
+        }
     }
 
     /// Wait for all queued work.
     pub fn synchronize(&self) -> Result<()> {
         self.no_host_wait_in_capture("synchronize")?;
-        self.stream.synchronize().ctx("cuStreamSynchronize")
+        self.driver.synchronize()
     }
 
     /// A host wait inside a CUDA graph capture would invalidate it (and means the captured
@@ -233,20 +173,14 @@ impl CudaDevice {
         if bytes == 0 {
             return Ok(());
         }
-        self.ctx.bind_to_thread().ctx("cuCtxSetCurrent")?;
-        // SAFETY: the range lies in a live allocation (DevSlice invariant); stream-ordered.
-        unsafe { dr::memset_d8_async(ptr, 0, bytes, self.stream.cu_stream()) }
-            .ctx("cuMemsetD8Async")
+        self.driver.memset_zero(ptr, bytes)
     }
 
     fn copy_raw(&self, src: u64, dst: u64, bytes: usize) -> Result<()> {
         if bytes == 0 {
             return Ok(());
         }
-        self.ctx.bind_to_thread().ctx("cuCtxSetCurrent")?;
-        // SAFETY: both ranges lie in live allocations; stream-ordered.
-        unsafe { dr::memcpy_dtod_async(dst, src, bytes, self.stream.cu_stream()) }
-            .ctx("cuMemcpyDtoDAsync")
+        self.driver.copy_dtod(src, dst, bytes)
     }
 
     /// dst = src (same dtype and length).
@@ -292,33 +226,7 @@ impl CudaDevice {
             return Ok(());
         }
         self.no_host_wait_in_capture("htod")?;
-        self.ctx.bind_to_thread().ctx("cuCtxSetCurrent")?;
-        let pinned = self.is_page_locked(data.as_ptr() as u64);
-        // SAFETY: sizes checked. From pageable memory the driver stages `data` before the call
-        // returns, so it may be reused at once (and the host need not wait for the device's
-        // queue: a training step's batch upload does not stall it); page-locked memory is read
-        // later by the copy engine, so then we synchronise before `data` can be reused.
-        unsafe { dr::memcpy_htod_async(dst.ptr(), data, self.stream.cu_stream()) }
-            .ctx("cuMemcpyHtoDAsync")?;
-        if pinned {
-            self.synchronize()?;
-        }
-        Ok(())
-    }
-
-    /// Whether host address `ptr` is page-locked (registered or allocated by CUDA); ordinary
-    /// (pageable) memory is unknown to the driver, which answers with an error.
-    fn is_page_locked(&self, ptr: u64) -> bool {
-        let mut ty: u32 = 0;
-        // SAFETY: the attribute is a CUmemorytype (u32) written into `ty`.
-        let r = unsafe {
-            ds::cuPointerGetAttribute(
-                (&mut ty as *mut u32).cast(),
-                ds::CUpointer_attribute::CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
-                ptr,
-            )
-        };
-        r == ds::CUresult::CUDA_SUCCESS && ty == ds::CUmemorytype::CU_MEMORYTYPE_HOST as u32
+        self.driver.copy_htod(as_bytes(data), dst.ptr())
     }
 
     /// Download `src` (waits for the queued work that produces it).
@@ -334,96 +242,21 @@ impl CudaDevice {
             return Ok(out);
         }
         self.no_host_wait_in_capture("dtoh")?;
-        self.ctx.bind_to_thread().ctx("cuCtxSetCurrent")?;
-        // SAFETY: sizes checked; synchronised before `out` is used.
-        unsafe { dr::memcpy_dtoh_async(&mut out, src.ptr(), self.stream.cu_stream()) }
-            .ctx("cuMemcpyDtoHAsync")?;
-        self.synchronize()?;
+        self.driver.copy_dtoh(src.ptr(), as_bytes_mut(&mut out))?;
         Ok(out)
     }
 
     // ----------------------------------------------------------------------------- kernels
 
-    fn module(&self, file: KernelFile) -> Result<Arc<CudaModule>> {
-        let mut mods = lock(&self.modules);
-        if let Some(m) = mods.get(&file) {
-            return Ok(m.clone());
-        }
-        let driver = self.info.driver_version.unwrap_or((0, 0));
-        let (bytes, _hit) =
-            crate::nvrtc::load_or_compile(&self.cache, file, &self.arch, self.output, driver)?;
-        let ptx = match self.output {
-            Output::Cubin => cudarc::nvrtc::Ptx::from_binary(bytes),
-            Output::Ptx => {
-                cudarc::nvrtc::Ptx::from_src(String::from_utf8_lossy(&bytes).into_owned())
-            }
-        };
-        let m = guard(|| self.ctx.load_module(ptx).ctx("cuModuleLoadData"))?;
-        mods.insert(file, m.clone());
-        Ok(m)
-    }
-
-    fn function(&self, file: KernelFile, name: &str) -> Result<CudaFunction> {
-        // Hot path (every launch): a lookup by &str, no allocation.
-        if let Some(f) = lock(&self.functions).get(&file).and_then(|m| m.get(name)) {
-            return Ok(f.clone());
-        }
-        let m = self.module(file)?;
-        let f = guard(|| {
-            m.load_function(name)
-                .map_err(|e| CudaError::KernelNotFound {
-                    file: file.file_name(),
-                    name: name.to_string(),
-                    msg: format!("{e:?}"),
-                })
-        })?;
-        lock(&self.functions)
-            .entry(file)
-            .or_default()
-            .insert(name.to_string(), f.clone());
-        Ok(f)
-    }
-
     /// Compile (or load from the disk cache) every kernel file now instead of at first use.
     pub fn preload_kernels(&self) -> Result<()> {
-        for f in KernelFile::ALL {
-            self.module(f)?;
-        }
-        Ok(())
+        self.driver.preload_kernels()
     }
 
     /// Submit one planned kernel on the device stream.
     pub fn launch(&self, l: &Launch) -> Result<()> {
         l.validate()?;
-        let func = self.function(l.file, &l.name)?;
-        let cfg = LaunchConfig {
-            grid_dim: l.grid,
-            block_dim: l.block,
-            shared_mem_bytes: l.shared_mem,
-        };
-        let mut b = self.stream.launch_builder(&func);
-        for a in &l.args {
-            match a {
-                Arg::Ptr(p) => b.arg(p),
-                Arg::I64(v) => b.arg(v),
-                Arg::U64(v) => b.arg(v),
-                Arg::I32(v) => b.arg(v),
-                Arg::F32(v) => b.arg(v),
-                Arg::Strided(m) => b.arg(m),
-                Arg::Conv(m) => b.arg(m),
-                Arg::Pool(m) => b.arg(m),
-                Arg::Adam(m) => b.arg(m),
-                Arg::Sgd(m) => b.arg(m),
-            };
-        }
-        // SAFETY: the argument list was built by the op's plan and checked (by the NVRTC test)
-        // against the kernel's compiled signature; buffer sizes were validated by the plan.
-        unsafe { b.launch(cfg) }
-            .map(|_| ())
-            .map_err(|e| CudaError::Driver {
-                op: "cuLaunchKernel",
-                msg: format!("{}: {e:?}", l.name),
-            })
+        self.driver.launch(l)
     }
 
     /// Run an optional launch.
@@ -445,7 +278,7 @@ impl CudaDevice {
 
     // ----------------------------------------------------------------------------- GEMM
 
-    /// Row-major GEMM through cuBLASLt (see [`crate::gemm`]).
+    /// Row-major GEMM through cuBLASLt (see [`crate::gemm`]), or the emulated device's host GEMM.
     pub fn gemm(&self, desc: &GemmDesc<'_>) -> Result<()> {
         let mut g = lock(&self.gemm);
         if g.is_none() {
@@ -453,4 +286,15 @@ impl CudaDevice {
         }
         g.as_ref().expect("initialised").run(self, desc)
     }
+}
+
+/// The bytes of a slice of plain device scalars.
+fn as_bytes<T: DeviceScalar>(v: &[T]) -> &[u8] {
+    // SAFETY: DeviceScalar types (f32, f16, bf16, i64, i32, u8) are plain data without padding.
+    unsafe { std::slice::from_raw_parts(v.as_ptr().cast(), std::mem::size_of_val(v)) }
+}
+
+fn as_bytes_mut<T: DeviceScalar>(v: &mut [T]) -> &mut [u8] {
+    // SAFETY: as above; every bit pattern is a valid value of these types.
+    unsafe { std::slice::from_raw_parts_mut(v.as_mut_ptr().cast(), std::mem::size_of_val(v)) }
 }

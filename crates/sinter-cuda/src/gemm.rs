@@ -10,6 +10,8 @@
 //! f32 (exact FP32 math), tf32 (f32 storage, TF32 tensor cores), bf16 and f16 (fp32 accumulate).
 //! A 32 MiB workspace (NVIDIA's recommendation for Hopper) is allocated once per device, and the
 //! heuristic's algorithm choice is cached per (shape, dtype, transposes, epilogue, alignment).
+//! On an emulated device the same validated [`GemmDesc`] is computed by a host reference GEMM
+//! (`emulated::blas`), which keeps the same workspace so memory statistics match.
 
 use std::collections::HashMap;
 use std::ffi::c_void;
@@ -19,6 +21,7 @@ use cudarc::cublaslt::{result as lr, sys as ls};
 
 use crate::alloc::{DevSlice, DeviceBuffer, Pool};
 use crate::device::CudaDevice;
+use crate::driver::real::RealDriver;
 use crate::dtype::DType;
 use crate::error::{guard, CudaError, DriverResultExt, Result};
 
@@ -438,29 +441,35 @@ fn layout(dt: ls::cudaDataType, l: &LtLayout, batch: i32) -> Result<Layout> {
     Ok(h)
 }
 
-/// Per-device cuBLASLt state: handle, workspace, algorithm cache.
-pub(crate) struct GemmEngine {
+/// cuBLASLt's handle and the algorithm cache of one GPU.
+struct Lt {
     handle: Handle,
-    workspace: DeviceBuffer,
     algos: Mutex<HashMap<AlgoKey, ls::cublasLtMatmulAlgo_t>>,
+}
+
+/// Per-device GEMM state: the workspace and, on a real GPU, cuBLASLt's handle and algorithm
+/// cache. An emulated device serves the call on the host ([`crate::emulated`]) but holds the
+/// same workspace, so memory statistics match a GPU's.
+pub(crate) struct GemmEngine {
+    lt: Option<Lt>,
+    workspace: DeviceBuffer,
 }
 
 impl GemmEngine {
     pub(crate) fn new(dev: &CudaDevice) -> Result<Self> {
-        dev.context().bind_to_thread().ctx("cuCtxSetCurrent")?;
-        let handle = Handle(guard(|| lr::create_handle().ctx("cublasLtCreate"))?);
+        let lt = match dev.real() {
+            Some(r) => {
+                r.bind()?;
+                let handle = Handle(guard(|| lr::create_handle().ctx("cublasLtCreate"))?);
+                Some(Lt {
+                    handle,
+                    algos: Mutex::default(),
+                })
+            }
+            None => None,
+        };
         let workspace = dev.alloc(WORKSPACE_BYTES, DType::U8, Pool::Permanent)?;
-        Ok(GemmEngine {
-            handle,
-            workspace,
-            algos: Mutex::default(),
-        })
-    }
-
-    /// Number of cached algorithm choices.
-    #[allow(dead_code)]
-    pub(crate) fn cached_algos(&self) -> usize {
-        self.algos.lock().map(|m| m.len()).unwrap_or(0)
+        Ok(GemmEngine { lt, workspace })
     }
 
     pub(crate) fn run(&self, dev: &CudaDevice, g: &GemmDesc<'_>) -> Result<()> {
@@ -468,11 +477,20 @@ impl GemmEngine {
         if p.m == 0 || p.n == 0 {
             return Ok(());
         }
-        dev.context().bind_to_thread().ctx("cuCtxSetCurrent")?;
-        guard(|| self.run_inner(dev, g, &p))
+        match (&self.lt, dev.real(), dev.emulated()) {
+            (Some(lt), Some(r), _) => {
+                r.bind()?;
+                guard(|| self.run_lt(lt, r, g, &p))
+            }
+            (_, _, Some(e)) => e.gemm(g),
+            _ => Err(CudaError::invalid(
+                "gemm",
+                "the GEMM engine belongs to another kind of device",
+            )),
+        }
     }
 
-    fn run_inner(&self, dev: &CudaDevice, g: &GemmDesc<'_>, p: &LtParams) -> Result<()> {
+    fn run_lt(&self, lt: &Lt, r: &RealDriver, g: &GemmDesc<'_>, p: &LtParams) -> Result<()> {
         use ls::cublasLtMatmulDescAttributes_t as D;
         let dt = g.dtype.data_type();
         let desc = Desc(
@@ -512,7 +530,7 @@ impl GemmEngine {
             epilogue: epi as u32,
             align,
         };
-        let cached = self.algos.lock().ok().and_then(|m| m.get(&key).copied());
+        let cached = lt.algos.lock().ok().and_then(|m| m.get(&key).copied());
         let algo = match cached {
             Some(a) => a,
             None => {
@@ -546,7 +564,7 @@ impl GemmEngine {
                 // SAFETY: all descriptors live.
                 let h = unsafe {
                     lr::get_matmul_algo_heuristic(
-                        self.handle.0,
+                        lt.handle.0,
                         desc.0,
                         la.0,
                         lb.0,
@@ -556,7 +574,7 @@ impl GemmEngine {
                     )
                 }
                 .ctx("cublasLtMatmulAlgoGetHeuristic")?;
-                if let Ok(mut m) = self.algos.lock() {
+                if let Ok(mut m) = lt.algos.lock() {
                     m.insert(key, h.algo);
                 }
                 h.algo
@@ -567,7 +585,7 @@ impl GemmEngine {
         // ours; the call is ordered on the device stream.
         unsafe {
             lr::matmul(
-                self.handle.0,
+                lt.handle.0,
                 desc.0,
                 &alpha as *const f32 as *const c_void,
                 &beta as *const f32 as *const c_void,
@@ -582,7 +600,7 @@ impl GemmEngine {
                 &algo,
                 self.workspace.ptr() as *mut c_void,
                 WORKSPACE_BYTES,
-                dev.stream().cu_stream() as ls::cudaStream_t,
+                r.cu_stream() as ls::cudaStream_t,
             )
         }
         .ctx("cublasLtMatmul")

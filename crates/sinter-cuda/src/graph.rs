@@ -1,5 +1,6 @@
 //! CUDA graphs: record a device's queued work once (stream capture) and replay it with one
-//! launch, so a training step of hundreds of small kernels costs one host call.
+//! launch, so a training step of hundreds of small kernels costs one host call. The same code
+//! serves an emulated device, whose driver records the work and replays it on the host.
 //!
 //! ```text
 //! let cap = graph::begin_capture(&dev)?;   // stream capture + allocator capture mode
@@ -16,11 +17,10 @@
 
 use std::sync::Arc;
 
-use cudarc::driver::{sys, CudaGraph};
-
 use crate::alloc::CaptureId;
 use crate::device::CudaDevice;
-use crate::error::{CudaError, DriverResultExt, Result};
+use crate::driver::GraphExec;
+use crate::error::{CudaError, Result};
 
 /// A capture in progress on a device's stream.
 pub struct Capture {
@@ -29,16 +29,11 @@ pub struct Capture {
     done: bool,
 }
 
-/// Starts capturing everything enqueued on `dev`'s stream by this thread.
+/// Starts capturing everything enqueued on `dev`'s stream (on a real GPU, calls that are unsafe
+/// during capture fail on this thread, the one that enqueues the step).
 pub fn begin_capture(dev: &Arc<CudaDevice>) -> Result<Capture> {
     let id = dev.allocator().begin_capture()?;
-    // Thread-local mode: calls that are unsafe during capture (cuMemAlloc, synchronising ones)
-    // fail on this thread, the one that enqueues the step; other threads are unaffected.
-    if let Err(e) = dev
-        .stream()
-        .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
-        .ctx("cuStreamBeginCapture")
-    {
+    if let Err(e) = dev.driver().begin_capture() {
         dev.allocator().end_capture(id);
         dev.allocator().release_capture(id);
         return Err(e);
@@ -54,11 +49,7 @@ impl Capture {
     /// Ends the capture and instantiates the graph.
     pub fn finish(mut self) -> Result<Graph> {
         self.done = true;
-        let r = self
-            .dev
-            .stream()
-            .end_capture(sys::CUgraphInstantiate_flags(0))
-            .ctx("cuStreamEndCapture / cuGraphInstantiate");
+        let r = self.dev.driver().end_capture();
         self.dev.allocator().end_capture(self.id);
         match r {
             Ok(Some(graph)) => Ok(Graph {
@@ -88,10 +79,7 @@ impl Drop for Capture {
         }
         // Abandoned (the captured code failed): end the stream capture, dropping whatever it
         // recorded, so the stream is usable again; nothing captured has run.
-        let _ = self
-            .dev
-            .stream()
-            .end_capture(sys::CUgraphInstantiate_flags(0));
+        let _ = self.dev.driver().end_capture();
         self.dev.allocator().end_capture(self.id);
         self.dev.allocator().release_capture(self.id);
     }
@@ -100,7 +88,7 @@ impl Drop for Capture {
 /// An instantiated graph; replays on the device's stream. Its memory stays reserved in the
 /// allocator until it is dropped.
 pub struct Graph {
-    graph: Option<CudaGraph>,
+    graph: Option<GraphExec>,
     dev: Arc<CudaDevice>,
     id: CaptureId,
 }
@@ -117,11 +105,7 @@ impl std::fmt::Debug for Graph {
 impl Graph {
     /// Enqueue one run of the captured work on the device's stream (asynchronous).
     pub fn replay(&self) -> Result<()> {
-        self.graph
-            .as_ref()
-            .expect("present until drop")
-            .launch()
-            .ctx("cuGraphLaunch")
+        self.graph.as_ref().expect("present until drop").launch()
     }
 }
 

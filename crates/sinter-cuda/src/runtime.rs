@@ -48,13 +48,108 @@ pub fn libraries() -> Libraries {
     })
 }
 
-/// True when sinter can run on a CUDA GPU here: the driver, NVRTC and cuBLASLt load and at least
-/// one device is visible. Never panics; the answer is cached.
+/// How this process serves CUDA devices: the GPUs the driver sees, or emulated devices (see
+/// [`crate::emulated`]). Chosen once per process, explicitly: by `SINTER_CUDA_EMU` or by
+/// [`enable_emulation`] before the first use; never as a fall-back.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// Real GPUs through the CUDA driver.
+    Real,
+    /// `devices` emulated CUDA devices (the CPU kernel emulator and host libraries); not a GPU.
+    Emulated { devices: usize },
+}
+
+/// The environment variable that selects emulated devices: `1` (or `N` for N devices); unset or
+/// `0` for real GPUs.
+pub const EMU_VAR: &str = "SINTER_CUDA_EMU";
+
+/// At most this many emulated devices.
+pub const MAX_EMULATED_DEVICES: usize = 64;
+
+/// The mode `SINTER_CUDA_EMU=value` asks for (`None`: unset), or why the value is bad.
+pub fn parse_emu_var(value: Option<&str>) -> std::result::Result<Mode, String> {
+    match value.map(str::trim) {
+        None | Some("") | Some("0") => Ok(Mode::Real),
+        Some(v) => match v.parse::<usize>() {
+            Ok(n) if (1..=MAX_EMULATED_DEVICES).contains(&n) => Ok(Mode::Emulated { devices: n }),
+            _ => Err(format!(
+                "{EMU_VAR}={v}: expected the number of emulated CUDA devices (1 to {MAX_EMULATED_DEVICES}), or 0 for real GPUs"
+            )),
+        },
+    }
+}
+
+fn mode_cell() -> &'static OnceLock<std::result::Result<Mode, String>> {
+    static MODE: OnceLock<std::result::Result<Mode, String>> = OnceLock::new();
+    &MODE
+}
+
+/// The process's mode, fixed at the first call (from `SINTER_CUDA_EMU`) unless
+/// [`enable_emulation`] fixed it before. `Err` says what is wrong with the variable.
+pub fn mode() -> std::result::Result<Mode, String> {
+    mode_cell()
+        .get_or_init(|| parse_emu_var(std::env::var(EMU_VAR).ok().as_deref()))
+        .clone()
+}
+
+/// Serve `devices` emulated CUDA devices in this process (what `--device cuda-emu` and the GPU
+/// tests without a GPU call). Must come before the first use of CUDA: once the process has
+/// answered a CUDA query with real devices it stays with them. Asking again for no more devices
+/// than are emulated is fine. Fails, saying so, when no C++ compiler is installed.
+pub fn enable_emulation(devices: usize) -> Result<()> {
+    if !(1..=MAX_EMULATED_DEVICES).contains(&devices) {
+        return Err(CudaError::invalid(
+            "enable_emulation",
+            format!("{devices} devices: between 1 and {MAX_EMULATED_DEVICES}"),
+        ));
+    }
+    let _ = mode_cell().set(Ok(Mode::Emulated { devices }));
+    match mode() {
+        Ok(Mode::Emulated { devices: n }) if n >= devices => {
+            crate::emulated::emulator().map(|_| ())
+        }
+        Ok(Mode::Emulated { devices: n }) => Err(CudaError::invalid(
+            "enable_emulation",
+            format!("{devices} emulated devices asked for, but this process already serves {n} ({EMU_VAR}={n})"),
+        )),
+        Ok(Mode::Real) => Err(CudaError::invalid(
+            "enable_emulation",
+            "this process already uses real CUDA devices; select the emulated device before the first use of CUDA (or set SINTER_CUDA_EMU=1)",
+        )),
+        Err(m) => Err(CudaError::invalid("enable_emulation", m)),
+    }
+}
+
+/// True when this process serves emulated CUDA devices (fixes the mode, see [`mode`]).
+pub fn is_emulated() -> bool {
+    matches!(mode(), Ok(Mode::Emulated { .. }))
+}
+
+/// True when sinter can run on a CUDA device here: on real GPUs, the driver, NVRTC and cuBLASLt
+/// load and at least one device is visible; emulated, a host C++ compiler is present. Never
+/// panics; the answer is cached.
 pub fn is_available() -> bool {
     static AVAILABLE: OnceLock<bool> = OnceLock::new();
-    *AVAILABLE.get_or_init(|| {
-        let libs = libraries();
-        libs.driver && libs.nvrtc && libs.cublaslt && matches!(device_count(), Ok(n) if n > 0)
+    *AVAILABLE.get_or_init(|| match mode() {
+        Ok(Mode::Real) => real_gpu_usable(),
+        Ok(Mode::Emulated { .. }) => crate::emulated::emulator().is_ok(),
+        Err(_) => false,
+    })
+}
+
+/// Whether a real GPU is usable here (the driver, NVRTC and cuBLASLt load and a device is
+/// visible), whatever the process's [`mode`] (which this does not fix). Never panics.
+pub fn real_gpu_usable() -> bool {
+    let libs = libraries();
+    libs.driver && libs.nvrtc && libs.cublaslt && matches!(real_device_count(), Ok(n) if n > 0)
+}
+
+fn real_device_count() -> Result<usize> {
+    need_driver()?;
+    guard(|| {
+        dr::init().ctx("cuInit")?;
+        let n = dr::device::get_count().ctx("cuDeviceGetCount")?;
+        Ok(n.max(0) as usize)
     })
 }
 
@@ -69,14 +164,18 @@ fn need_driver() -> Result<()> {
     }
 }
 
-/// Number of visible CUDA devices (`Err` when the driver is missing or fails to initialise).
+/// Number of visible CUDA devices (`Err` when the driver is missing or fails to initialise), or
+/// of emulated ones (`Err` when the emulator cannot run here).
 pub fn device_count() -> Result<usize> {
-    need_driver()?;
-    guard(|| {
-        dr::init().ctx("cuInit")?;
-        let n = dr::device::get_count().ctx("cuDeviceGetCount")?;
-        Ok(n.max(0) as usize)
-    })
+    match mode() {
+        Ok(Mode::Real) => {}
+        Ok(Mode::Emulated { devices }) => {
+            crate::emulated::emulator()?;
+            return Ok(devices);
+        }
+        Err(m) => return Err(CudaError::invalid(EMU_VAR, m)),
+    }
+    real_device_count()
 }
 
 /// Driver API version as (major, minor), e.g. (13, 0). Does not need a device.
@@ -219,6 +318,9 @@ pub fn device_info(ordinal: usize) -> Result<DeviceInfo> {
     if ordinal >= count {
         return Err(CudaError::NoDevice { ordinal, count });
     }
+    if is_emulated() {
+        return Ok(crate::emulated::device_info(ordinal));
+    }
     let (name, total_memory, cc, sms) = guard(|| {
         let dev = dr::device::get(ordinal as i32).ctx("cuDeviceGet")?;
         let name = dr::device::get_name(dev).ctx("cuDeviceGetName")?;
@@ -264,6 +366,11 @@ fn v3(v: Option<(u32, u32, u32)>) -> String {
 /// A human-readable report: which libraries load (with versions), which devices are visible,
 /// where the CUDA headers are, and — for everything missing — how to fix it.
 pub fn report() -> String {
+    match mode() {
+        Ok(Mode::Real) => {}
+        Ok(Mode::Emulated { devices }) => return crate::emulated::report(devices),
+        Err(m) => return format!("sinter CUDA report\n  status: CUDA NOT available: {m}\n"),
+    }
     let libs = libraries();
     let mut out = String::from("sinter CUDA report\n");
     let mut fixes: Vec<String> = Vec::new();
@@ -421,6 +528,22 @@ mod tests {
         let r = report();
         assert!(r.contains("sinter CUDA report"));
         assert!(r.contains("status:"));
+    }
+
+    #[test]
+    fn the_emulation_variable_is_explicit() {
+        assert_eq!(parse_emu_var(None), Ok(Mode::Real));
+        assert_eq!(parse_emu_var(Some("")), Ok(Mode::Real));
+        assert_eq!(parse_emu_var(Some("0")), Ok(Mode::Real));
+        assert_eq!(parse_emu_var(Some("1")), Ok(Mode::Emulated { devices: 1 }));
+        assert_eq!(
+            parse_emu_var(Some(" 4 ")),
+            Ok(Mode::Emulated { devices: 4 })
+        );
+        for bad in ["yes", "-1", "65", "1.5"] {
+            let e = parse_emu_var(Some(bad)).unwrap_err();
+            assert!(e.contains(EMU_VAR) && e.contains(bad.trim()), "{e}");
+        }
     }
 
     #[test]

@@ -1,5 +1,6 @@
-//! Kernels against CPU references on a real GPU. Without a usable CUDA device every test prints
-//! `skipped: no CUDA device` and passes.
+//! Kernels against CPU references on a CUDA device: the real GPU when there is one, else the
+//! emulated CUDA device (the same kernels, launch plans and library descriptors, on the CPU;
+//! see `sinter_cuda::testing`). `SINTER_REQUIRE_GPU=1` makes them fail without a real GPU.
 
 use std::sync::Arc;
 
@@ -8,15 +9,12 @@ use sinter_cuda::ops::{
     adamw, binary, conv, copy, cross_entropy, dropout, embedding, layernorm, reduce, softmax, unary,
 };
 use sinter_cuda::{
-    is_available, CudaDevice, DType, DevSlice, DeviceBuffer, Epilogue, GemmDType, GemmDesc,
-    GemmShape, Pool,
+    testing, CudaDevice, DType, DevSlice, DeviceBuffer, Epilogue, GemmDType, GemmDesc, GemmShape,
+    Pool,
 };
 
 fn dev() -> Option<Arc<CudaDevice>> {
-    if !is_available() {
-        eprintln!("skipped: no CUDA device");
-        return None;
-    }
+    testing::gpu_tests(1)?;
     Some(CudaDevice::get(0).unwrap_or_else(|e| {
         panic!(
             "CUDA reported available but the device failed: {e}\n{}",

@@ -1,14 +1,13 @@
-//! CUDA graphs on a real GPU: a captured step replays with the values in device memory, the
-//! allocator serves a capture from its cache only, and host waits during a capture are errors.
-//! Without a usable CUDA device every test prints `skipped: no GPU` and passes.
+//! CUDA graphs: a captured step replays with the values in device memory, the allocator serves
+//! a capture from its cache only, and host waits during a capture are errors. On the real GPU
+//! when there is one, else on the emulated CUDA device (see `sinter_cuda::testing`).
 
 use sinter_cuda::ops::adamw::{self, ctl, ScalerCfg};
-use sinter_cuda::{graph, is_available, CudaDevice, DType, Pool};
+use sinter_cuda::{graph, testing, CudaDevice, DType, Pool};
 
 #[test]
 fn a_captured_step_replays_with_device_state() {
-    if !is_available() {
-        eprintln!("skipped: no GPU");
+    if testing::gpu_tests(1).is_none() {
         return;
     }
     // A device of its own: the capture must not see other tests' work on the shared stream.

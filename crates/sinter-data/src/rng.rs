@@ -1,78 +1,12 @@
-//! Small, dependency-free seeded random numbers for shuffling.
+//! Seeded shuffles.
 //!
 //! The shuffle order of every epoch must be a pure function of `(seed, epoch)` so that a
-//! resumed run sees exactly the batches an uninterrupted run would have seen. These
-//! generators are fixed algorithms (SplitMix64 for seeding, xoshiro256** for the stream)
-//! whose output never depends on the platform, the thread or a library version.
+//! resumed run sees exactly the batches an uninterrupted run would have seen. The generators
+//! are fixed algorithms (SplitMix64 for seeding, xoshiro256** for the stream) whose output
+//! never depends on the platform, the thread or a library version; they are defined once in
+//! `sinter-types` (shared with the tensors' `Rng`).
 
-/// SplitMix64 (Steele, Lea & Flood): a tiny generator, used here to expand one `u64` seed
-/// into well-mixed state for [`Xoshiro256`] and to derive per-epoch seeds.
-#[derive(Clone, Debug)]
-pub struct SplitMix64 {
-    state: u64,
-}
-
-impl SplitMix64 {
-    /// A generator starting from `seed`.
-    pub fn new(seed: u64) -> Self {
-        SplitMix64 { state: seed }
-    }
-
-    /// The next 64 random bits.
-    pub fn next_u64(&mut self) -> u64 {
-        self.state = self.state.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.state;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-}
-
-/// xoshiro256** (Blackman & Vigna): a fast generator with 256 bits of state.
-#[derive(Clone, Debug)]
-pub struct Xoshiro256 {
-    s: [u64; 4],
-}
-
-impl Xoshiro256 {
-    /// A generator whose state is filled from SplitMix64 seeded with `seed`
-    /// (never the all-zero state).
-    pub fn new(seed: u64) -> Self {
-        let mut sm = SplitMix64::new(seed);
-        let s = [sm.next_u64(), sm.next_u64(), sm.next_u64(), sm.next_u64()];
-        Xoshiro256 { s }
-    }
-
-    /// The next 64 random bits.
-    pub fn next_u64(&mut self) -> u64 {
-        let s = &mut self.s;
-        let result = s[1].wrapping_mul(5).rotate_left(7).wrapping_mul(9);
-        let t = s[1] << 17;
-        s[2] ^= s[0];
-        s[3] ^= s[1];
-        s[1] ^= s[2];
-        s[0] ^= s[3];
-        s[2] ^= t;
-        s[3] = s[3].rotate_left(45);
-        result
-    }
-
-    /// A uniform integer in `0..bound` without modulo bias (Lemire's method).
-    /// Returns 0 when `bound` is 0.
-    pub fn below(&mut self, bound: u64) -> u64 {
-        if bound == 0 {
-            return 0;
-        }
-        let mut m = (self.next_u64() as u128) * (bound as u128);
-        if (m as u64) < bound {
-            let threshold = bound.wrapping_neg() % bound;
-            while (m as u64) < threshold {
-                m = (self.next_u64() as u128) * (bound as u128);
-            }
-        }
-        (m >> 64) as u64
-    }
-}
+pub use sinter_types::rng::{Rng, SplitMix64};
 
 /// The seed for shuffling epoch `epoch` of a run seeded with `seed`: distinct epochs give
 /// distinct seeds (the final mixing step is a bijection).
@@ -89,11 +23,12 @@ pub fn permutation(n: usize, seed: u64) -> Vec<usize> {
     v
 }
 
-/// Shuffles `items` in place with Fisher–Yates driven by [`Xoshiro256`] seeded with `seed`.
+/// Shuffles `items` in place with Fisher–Yates driven by xoshiro256** ([`Rng`]) seeded with
+/// `seed`, drawing each index without bias ([`Rng::below_unbiased`]).
 pub fn shuffle<T>(items: &mut [T], seed: u64) {
-    let mut rng = Xoshiro256::new(seed);
+    let mut rng = Rng::new(seed);
     for i in (1..items.len()).rev() {
-        let j = rng.below(i as u64 + 1) as usize;
+        let j = rng.below_unbiased(i as u64 + 1) as usize;
         items.swap(i, j);
     }
 }
@@ -142,26 +77,11 @@ mod tests {
     use super::*;
 
     #[test]
-    fn splitmix_reference_values() {
-        // First outputs of SplitMix64 seeded with 0 (published reference sequence).
-        let mut sm = SplitMix64::new(0);
-        assert_eq!(sm.next_u64(), 0xE220_A839_7B1D_CDAF);
-        assert_eq!(sm.next_u64(), 0x6E78_9E6A_A1B9_65F4);
-    }
-
-    #[test]
-    fn below_is_in_range_and_roughly_uniform() {
-        let mut rng = Xoshiro256::new(7);
-        let mut counts = [0usize; 6];
-        for _ in 0..60_000 {
-            let x = rng.below(6);
-            counts[x as usize] += 1;
-        }
-        for c in counts {
-            assert!((9_000..11_000).contains(&c), "{counts:?}");
-        }
-        assert_eq!(rng.below(0), 0);
-        assert_eq!(rng.below(1), 0);
+    fn shuffles_are_those_of_saved_runs() {
+        // Produced before the generators moved to sinter-types (commit 8c6f784): a resumed run
+        // must see the same epoch orders.
+        assert_eq!(permutation(12, 42), [0, 2, 11, 3, 9, 10, 5, 7, 8, 6, 4, 1]);
+        assert_eq!(epoch_seed(7, 3), 0x8292_1840_7f50_6b30);
     }
 
     #[test]

@@ -22,10 +22,9 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use cudarc::driver::{CudaEvent, CudaStream};
-use cudarc::nccl::sys as nsys;
 use sinter_core::{DType, Tensor, TensorId};
-use sinter_cuda::{CudaDevice, DevSlice, DeviceBuffer, Pool};
+use sinter_cuda::comm::{self, Comm, Library, RedOp, UniqueId};
+use sinter_cuda::{CudaDevice, DevSlice, DeviceBuffer, Event, Pool, Stream};
 
 use crate::checkpoint_layout::FlatLayout;
 use crate::comm::{AsyncCommunicator, Communicator, ReduceOp};
@@ -34,7 +33,7 @@ use crate::rendezvous::DistEnv;
 use crate::store::StoreClient;
 
 /// What to do when NCCL cannot be loaded.
-pub const NCCL_HINT: &str = "NCCL is loaded at run time under the bare name `libnccl.so`, which most installs do not ship (only `libnccl.so.2`): create a symlink `libnccl.so -> libnccl.so.2` in a directory on LD_LIBRARY_PATH (e.g. `mkdir -p ~/lib && ln -s /usr/lib/x86_64-linux-gnu/libnccl.so.2 ~/lib/libnccl.so && export LD_LIBRARY_PATH=~/lib:$LD_LIBRARY_PATH`), or pass `--dist-backend host`";
+pub use sinter_cuda::comm::NCCL_HINT;
 
 /// Which communication backend the user asked for (`--dist-backend`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -91,28 +90,22 @@ impl LocalSupport {
     }
 }
 
-/// NCCL's version if the driver and NCCL both load, else an explanation with the fix.
+/// NCCL's version if the driver and NCCL both load, else an explanation with the fix. With
+/// emulated CUDA devices the collectives are the emulator's and the version is (0, 0, 0); say
+/// which with [`nccl_library`].
 pub fn nccl_status() -> std::result::Result<(u32, u32, u32), String> {
-    // SAFETY: both only try to dlopen the library; they never call into it.
-    if !unsafe { cudarc::driver::sys::is_culib_present() } {
-        return Err("the CUDA driver (libcuda.so.1) is not loadable on this machine".into());
-    }
-    if !unsafe { nsys::is_culib_present() } {
-        return Err(format!("NCCL could not be loaded. {NCCL_HINT}"));
-    }
-    let v = cudarc::nccl::result::get_nccl_version()
-        .map_err(|e| format!("NCCL loaded but ncclGetVersion failed: {:?}", e.0))?;
-    Ok(split_nccl_version(v as u32))
+    nccl_library().map(|l| match l {
+        Library::Nccl(v) => v,
+        Library::Emulated => (0, 0, 0),
+    })
 }
 
-/// NCCL encodes 2.19.3 as 21903 (and versions before 2.9 as 2903).
-pub fn split_nccl_version(v: u32) -> (u32, u32, u32) {
-    if v >= 10000 {
-        (v / 10000, (v / 100) % 100, v % 100)
-    } else {
-        (v / 1000, (v / 100) % 10, v % 100)
-    }
+/// What serves NCCL's collectives here (its `Display` names it for logs), or why nothing can.
+pub fn nccl_library() -> std::result::Result<Library, String> {
+    comm::library()
 }
+
+pub use sinter_cuda::comm::split_nccl_version;
 
 /// Decides the backend from this rank's support and whether *every* rank can use NCCL (the
 /// caller agrees on that with one collective, see [`agree_backend`]). Returns the backend and,
@@ -260,45 +253,31 @@ pub fn exchange_id(
 
 /// A fresh NCCL unique id.
 pub fn new_unique_id() -> Result<[u8; ID_BYTES]> {
-    let id = cudarc::nccl::result::get_uniqueid().map_err(|e| nccl_err("ncclGetUniqueId", e.0))?;
-    Ok(id.internal.map(|c| c as u8))
-}
-
-fn nccl_err(op: &str, r: nsys::ncclResult_t) -> DistError {
-    DistError::Backend(format!("{op} failed: {r:?}"))
-}
-
-fn drv_err(op: &str, e: cudarc::driver::DriverError) -> DistError {
-    DistError::Backend(format!("{op} failed: {e:?}"))
+    comm::unique_id().map_err(|e| cuda_err("ncclGetUniqueId", e))
 }
 
 fn cuda_err(op: &str, e: sinter_cuda::CudaError) -> DistError {
     DistError::Backend(format!("{op}: {e}"))
 }
 
-fn nccl_op(op: ReduceOp) -> nsys::ncclRedOp_t {
+fn red_op(op: ReduceOp) -> RedOp {
     match op {
-        ReduceOp::Sum => nsys::ncclRedOp_t::ncclSum,
-        ReduceOp::Avg => nsys::ncclRedOp_t::ncclAvg,
+        ReduceOp::Sum => RedOp::Sum,
+        ReduceOp::Avg => RedOp::Avg,
     }
 }
-
-/// The raw communicator handle (NCCL allows use from any thread, one at a time).
-struct RawComm(nsys::ncclComm_t);
-// SAFETY: the handle is only used through `&mut NcclCommunicator`, one thread at a time.
-unsafe impl Send for RawComm {}
 
 /// A collective enqueued on the NCCL stream and not yet waited for.
 pub struct Pending {
     ctx: OpContext,
-    done: CudaEvent,
+    done: Event,
 }
 
 /// An NCCL communicator of one rank, on the process-wide [`CudaDevice`] of its ordinal.
 pub struct NcclCommunicator {
     dev: Arc<CudaDevice>,
-    comm: RawComm,
-    stream: Arc<CudaStream>,
+    comm: Comm,
+    stream: Stream,
     rank: usize,
     /// Global rank of each member.
     members: Vec<usize>,
@@ -362,26 +341,19 @@ impl NcclCommunicator {
         store: Option<Arc<StoreClient>>,
         timeout: Duration,
     ) -> Result<Self> {
-        let ctx = dev.context().clone();
-        ctx.bind_to_thread()
-            .map_err(|e| drv_err("cuCtxSetCurrent", e))?;
-        let stream = ctx.new_stream().map_err(|e| drv_err("cuStreamCreate", e))?;
-        let uid = nsys::ncclUniqueId {
-            internal: id.map(|b| b as std::ffi::c_char),
-        };
-        let mut comm: nsys::ncclComm_t = std::ptr::null_mut();
-        // SAFETY: `comm` is a valid out-pointer; the id is the one every member uses.
-        let r =
-            unsafe { nsys::ncclCommInitRank(&mut comm, members.len() as i32, uid, rank as i32) };
-        if r != nsys::ncclResult_t::ncclSuccess {
-            return Err(nccl_err(
+        let stream = dev
+            .new_stream()
+            .map_err(|e| cuda_err("creating the NCCL stream", e))?;
+        let id: UniqueId = id;
+        let comm = Comm::init_rank(&dev, &id, members.len(), rank).map_err(|e| {
+            cuda_err(
                 &format!("ncclCommInitRank (rank {rank} of {})", members.len()),
-                r,
-            ));
-        }
+                e,
+            )
+        })?;
         Ok(NcclCommunicator {
             dev,
-            comm: RawComm(comm),
+            comm,
             stream,
             rank,
             members,
@@ -435,27 +407,27 @@ impl NcclCommunicator {
         let ready = self
             .dev
             .stream()
-            .record_event(None)
-            .map_err(|e| drv_err("cuEventRecord", e))?;
+            .record_event()
+            .map_err(|e| cuda_err("cuEventRecord", e))?;
         self.stream
             .wait(&ready)
-            .map_err(|e| drv_err("cuStreamWaitEvent", e))?;
+            .map_err(|e| cuda_err("cuStreamWaitEvent", e))?;
         Ok(ctx)
     }
 
     /// Ends the enqueueing of a collective: the compute stream will wait for it.
-    fn end(&mut self, ctx: OpContext, r: nsys::ncclResult_t) -> Result<Pending> {
-        if r != nsys::ncclResult_t::ncclSuccess {
-            return Err(DistError::Backend(format!("{ctx} failed in NCCL: {r:?}")));
+    fn end(&mut self, ctx: OpContext, r: sinter_cuda::Result<()>) -> Result<Pending> {
+        if let Err(e) = r {
+            return Err(DistError::Backend(format!("{ctx} failed in NCCL: {e}")));
         }
         let done = self
             .stream
-            .record_event(None)
-            .map_err(|e| drv_err("cuEventRecord", e))?;
+            .record_event()
+            .map_err(|e| cuda_err("cuEventRecord", e))?;
         self.dev
             .stream()
             .wait(&done)
-            .map_err(|e| drv_err("cuStreamWaitEvent", e))?;
+            .map_err(|e| cuda_err("cuStreamWaitEvent", e))?;
         Ok(Pending { ctx, done })
     }
 
@@ -465,25 +437,23 @@ impl NcclCommunicator {
         let t0 = Instant::now();
         let mut nap = Duration::from_micros(20);
         loop {
-            match p.done.try_is_complete() {
-                Ok(true) => return Ok(()),
-                Ok(false) => {}
+            let done = match p.done.query() {
+                Ok(d) => d,
                 Err(e) => {
-                    self.abort(format!("{e:?}"));
-                    return Err(DistError::Backend(format!("{} failed: {e:?}", p.ctx)));
+                    self.abort(e.to_string());
+                    return Err(DistError::Backend(format!("{} failed: {e}", p.ctx)));
                 }
-            }
-            let mut async_err = nsys::ncclResult_t::ncclSuccess;
-            // SAFETY: live communicator, valid out-pointer.
-            unsafe { nsys::ncclCommGetAsyncError(self.comm.0, &mut async_err) };
-            if async_err != nsys::ncclResult_t::ncclSuccess
-                && async_err != nsys::ncclResult_t::ncclInProgress
-            {
-                self.abort(format!("{async_err:?}"));
+            };
+            // Checked after completion too: a collective that failed may still complete.
+            if let Some(async_err) = self.comm.async_error() {
+                self.abort(async_err.clone());
                 return Err(DistError::Backend(format!(
-                    "{} failed in NCCL: {async_err:?}",
+                    "{} failed in NCCL: {async_err}",
                     p.ctx
                 )));
+            }
+            if done {
+                return Ok(());
             }
             if t0.elapsed() >= self.timeout {
                 self.abort(format!("{} timed out", p.ctx));
@@ -499,16 +469,10 @@ impl NcclCommunicator {
     }
 
     fn abort(&mut self, why: String) {
-        if self.broken.is_none() && !self.comm.0.is_null() {
-            // SAFETY: live communicator; abort makes pending kernels return.
-            unsafe { nsys::ncclCommAbort(self.comm.0) };
-            self.comm.0 = std::ptr::null_mut();
+        if self.broken.is_none() {
+            self.comm.abort();
         }
         self.broken = Some(why);
-    }
-
-    fn cu_stream(&self) -> nsys::cudaStream_t {
-        self.stream.cu_stream() as nsys::cudaStream_t
     }
 
     /// In-place all-reduce of `buf` (f32 device memory on this communicator's device),
@@ -517,24 +481,13 @@ impl NcclCommunicator {
     pub fn all_reduce_device(&mut self, buf: DevSlice<'_>, op: ReduceOp) -> Result<Pending> {
         check_f32(&buf, "all_reduce")?;
         let ctx = self.begin("all_reduce", None)?;
-        // SAFETY: `buf` lies in a live allocation of this device (DevSlice invariant); the
-        // caller keeps it alive until the compute stream has passed the returned event.
-        let r = unsafe {
-            nsys::ncclAllReduce(
-                buf.ptr() as *const _,
-                buf.ptr() as *mut _,
-                buf.len(),
-                nsys::ncclDataType_t::ncclFloat32,
-                nccl_op(op),
-                self.comm.0,
-                self.cu_stream(),
-            )
-        };
+        // The caller keeps `buf` alive until the compute stream has passed the returned event.
+        let r = self.comm.all_reduce(buf, buf, red_op(op), &self.stream);
         self.end(ctx, r)
     }
 
     /// Staging buffer `i` with room for `n` f32 values.
-    fn stage(&mut self, i: usize, n: usize) -> Result<u64> {
+    fn stage(&mut self, i: usize, n: usize) -> Result<()> {
         let big_enough = self.staging[i].as_ref().is_some_and(|b| b.len() >= n);
         if !big_enough {
             self.staging[i] = None;
@@ -544,39 +497,33 @@ impl NcclCommunicator {
                 .map_err(|e| cuda_err("allocating the NCCL staging buffer", e))?;
             self.staging[i] = Some(b);
         }
-        Ok(self.staging[i].as_ref().expect("allocated above").ptr())
-    }
-
-    fn upload(&mut self, i: usize, data: &[f32]) -> Result<u64> {
-        let p = self.stage(i, data.len())?;
-        let b = self.staging[i].as_ref().expect("staged");
-        let s = b
-            .slice(0, data.len())
-            .map_err(|e| cuda_err("staging slice", e))?;
-        self.dev
-            .copy_htod(data, s)
-            .map_err(|e| cuda_err("copying to the NCCL staging buffer", e))?;
-        Ok(p)
-    }
-
-    fn download(&mut self, i: usize, out: &mut [f32]) -> Result<()> {
-        let b = self.staging[i].as_ref().expect("staged");
-        let s = b
-            .slice(0, out.len())
-            .map_err(|e| cuda_err("staging slice", e))?;
-        let v: Vec<f32> = self
-            .dev
-            .dtoh(s)
-            .map_err(|e| cuda_err("copying from the NCCL staging buffer", e))?;
-        out.copy_from_slice(&v);
         Ok(())
     }
 
-    fn bind(&self) -> Result<()> {
+    /// The first `n` values of staging buffer `i` (staged before).
+    fn staged(&self, i: usize, n: usize) -> Result<DevSlice<'_>> {
+        self.staging[i]
+            .as_ref()
+            .expect("staged")
+            .slice(0, n)
+            .map_err(|e| cuda_err("staging slice", e))
+    }
+
+    fn upload(&mut self, i: usize, data: &[f32]) -> Result<()> {
+        self.stage(i, data.len())?;
+        let s = self.staged(i, data.len())?;
         self.dev
-            .context()
-            .bind_to_thread()
-            .map_err(|e| drv_err("cuCtxSetCurrent", e))
+            .copy_htod(data, s)
+            .map_err(|e| cuda_err("copying to the NCCL staging buffer", e))
+    }
+
+    fn download(&self, i: usize, out: &mut [f32]) -> Result<()> {
+        let v: Vec<f32> = self
+            .dev
+            .dtoh(self.staged(i, out.len())?)
+            .map_err(|e| cuda_err("copying from the NCCL staging buffer", e))?;
+        out.copy_from_slice(&v);
+        Ok(())
     }
 }
 
@@ -592,12 +539,9 @@ fn check_f32(buf: &DevSlice<'_>, op: &str) -> Result<()> {
 
 impl Drop for NcclCommunicator {
     fn drop(&mut self) {
-        if !self.comm.0.is_null() {
-            let _ = self.bind();
-            let _ = self.stream.synchronize();
-            // SAFETY: live communicator, no work pending after the synchronize above.
-            unsafe { nsys::ncclCommDestroy(self.comm.0) };
-        }
+        // Nothing may be pending on the NCCL stream when the communicator is destroyed (its
+        // `comm` field, dropped after this).
+        let _ = self.stream.synchronize();
     }
 }
 
@@ -613,21 +557,10 @@ impl Communicator for NcclCommunicator {
     }
 
     fn all_reduce(&mut self, buf: &mut [f32], op: ReduceOp) -> Result<()> {
-        self.bind()?;
-        let p = self.upload(0, buf)?;
+        self.upload(0, buf)?;
         let ctx = self.begin("all_reduce", None)?;
-        // SAFETY: staging buffer 0 holds `buf.len()` values; it lives in `self`.
-        let r = unsafe {
-            nsys::ncclAllReduce(
-                p as *const _,
-                p as *mut _,
-                buf.len(),
-                nsys::ncclDataType_t::ncclFloat32,
-                nccl_op(op),
-                self.comm.0,
-                self.cu_stream(),
-            )
-        };
+        let s = self.staged(0, buf.len())?;
+        let r = self.comm.all_reduce(s, s, red_op(op), &self.stream);
         let pending = self.end(ctx, r)?;
         self.wait(pending, None)?;
         self.download(0, buf)
@@ -642,22 +575,11 @@ impl Communicator for NcclCommunicator {
                 output.len()
             )));
         }
-        self.bind()?;
-        let src = self.upload(0, input)?;
-        let dst = self.stage(1, output.len())?;
+        self.upload(0, input)?;
+        self.stage(1, output.len())?;
         let ctx = self.begin("reduce_scatter", None)?;
-        // SAFETY: staging buffers sized above.
-        let r = unsafe {
-            nsys::ncclReduceScatter(
-                src as *const _,
-                dst as *mut _,
-                output.len(),
-                nsys::ncclDataType_t::ncclFloat32,
-                nccl_op(op),
-                self.comm.0,
-                self.cu_stream(),
-            )
-        };
+        let (src, dst) = (self.staged(0, input.len())?, self.staged(1, output.len())?);
+        let r = self.comm.reduce_scatter(src, dst, red_op(op), &self.stream);
         let pending = self.end(ctx, r)?;
         self.wait(pending, None)?;
         self.download(1, output)
@@ -672,21 +594,11 @@ impl Communicator for NcclCommunicator {
                 input.len()
             )));
         }
-        self.bind()?;
-        let src = self.upload(0, input)?;
-        let dst = self.stage(1, output.len())?;
+        self.upload(0, input)?;
+        self.stage(1, output.len())?;
         let ctx = self.begin("all_gather", None)?;
-        // SAFETY: staging buffers sized above.
-        let r = unsafe {
-            nsys::ncclAllGather(
-                src as *const _,
-                dst as *mut _,
-                input.len(),
-                nsys::ncclDataType_t::ncclFloat32,
-                self.comm.0,
-                self.cu_stream(),
-            )
-        };
+        let (src, dst) = (self.staged(0, input.len())?, self.staged(1, output.len())?);
+        let r = self.comm.all_gather(src, dst, &self.stream);
         let pending = self.end(ctx, r)?;
         self.wait(pending, None)?;
         self.download(1, output)
@@ -699,21 +611,10 @@ impl Communicator for NcclCommunicator {
                 self.world_size()
             )));
         }
-        self.bind()?;
-        let p = self.upload(0, buf)?;
+        self.upload(0, buf)?;
         let ctx = self.begin("broadcast", None)?;
-        // SAFETY: staging buffer 0 holds `buf.len()` values.
-        let r = unsafe {
-            nsys::ncclBroadcast(
-                p as *const _,
-                p as *mut _,
-                buf.len(),
-                nsys::ncclDataType_t::ncclFloat32,
-                root as i32,
-                self.comm.0,
-                self.cu_stream(),
-            )
-        };
+        let s = self.staged(0, buf.len())?;
+        let r = self.comm.broadcast(s, s, root, &self.stream);
         let pending = self.end(ctx, r)?;
         self.wait(pending, Some(root))?;
         self.download(0, buf)
@@ -726,20 +627,10 @@ impl Communicator for NcclCommunicator {
                 self.world_size()
             )));
         }
-        self.bind()?;
-        let p = self.upload(0, buf)?;
+        self.upload(0, buf)?;
         let ctx = self.begin("send", Some((true, dst)))?;
-        // SAFETY: staging buffer 0 holds `buf.len()` values.
-        let r = unsafe {
-            nsys::ncclSend(
-                p as *const _,
-                buf.len(),
-                nsys::ncclDataType_t::ncclFloat32,
-                dst as i32,
-                self.comm.0,
-                self.cu_stream(),
-            )
-        };
+        let s = self.staged(0, buf.len())?;
+        let r = self.comm.send(s, dst, &self.stream);
         // NCCL's send completes only when the peer receives: wait (bounded) so the staging
         // buffer can be reused.
         let pending = self.end(ctx, r)?;
@@ -753,20 +644,10 @@ impl Communicator for NcclCommunicator {
                 self.world_size()
             )));
         }
-        self.bind()?;
-        let p = self.stage(0, buf.len())?;
+        self.stage(0, buf.len())?;
         let ctx = self.begin("recv", Some((false, src)))?;
-        // SAFETY: staging buffer 0 has room for `buf.len()` values.
-        let r = unsafe {
-            nsys::ncclRecv(
-                p as *mut _,
-                buf.len(),
-                nsys::ncclDataType_t::ncclFloat32,
-                src as i32,
-                self.comm.0,
-                self.cu_stream(),
-            )
-        };
+        let s = self.staged(0, buf.len())?;
+        let r = self.comm.recv(s, src, &self.stream);
         let pending = self.end(ctx, r)?;
         self.wait(pending, Some(src))?;
         self.download(0, buf)

@@ -697,6 +697,8 @@ pub fn save_hf_bert(model: &Bert, path: impl AsRef<std::path::Path>) -> Result<(
             DType::F16 => Dtype::F16,
             DType::BF16 => Dtype::BF16,
             DType::I64 => Dtype::I64,
+            DType::I32 => Dtype::I32,
+            DType::U8 => Dtype::U8,
         };
         owned.push((
             nt.name,

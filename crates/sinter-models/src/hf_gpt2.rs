@@ -70,7 +70,9 @@ fn st_dtype(d: DType) -> Result<Dtype> {
         DType::F32 => Dtype::F32,
         DType::F16 => Dtype::F16,
         DType::BF16 => Dtype::BF16,
-        DType::I64 => bail!("GPT-2 weights are floating point, not i64"),
+        d @ (DType::I64 | DType::I32 | DType::U8) => {
+            bail!("GPT-2 weights are floating point, not {d}")
+        }
     })
 }
 

@@ -36,6 +36,8 @@ fn st_dtype(d: DType) -> Dtype {
         DType::F16 => Dtype::F16,
         DType::BF16 => Dtype::BF16,
         DType::I64 => Dtype::I64,
+        DType::I32 => Dtype::I32,
+        DType::U8 => Dtype::U8,
     }
 }
 

@@ -106,6 +106,9 @@ pub fn launch(a: &LaunchArgs) -> Result<()> {
 
 #[derive(Subcommand)]
 pub enum BenchCmd {
+    /// CPU figures without Python: GEMM, conv, training steps, inference, generation and the
+    /// whole default `train` (see bench/vs-torch for the comparison with PyTorch).
+    Cpu(crate::bench_cpu::CpuBenchArgs),
     /// Predicted step time, speedup and efficiency of DP, ZeRO-1/2, TP and PP on 1…N GPUs
     /// (analytic model), with the speedup curve as SVG.
     Scaling(ScalingArgs),
@@ -176,6 +179,7 @@ pub struct AllReduceArgs {
 
 pub fn bench(which: &BenchCmd) -> Result<()> {
     match which {
+        BenchCmd::Cpu(a) => crate::bench_cpu::run(a),
         BenchCmd::Scaling(a) => bench_scaling(a),
         BenchCmd::Allreduce(a) => bench_allreduce(a),
         BenchCmd::Gpu { which, out } => {

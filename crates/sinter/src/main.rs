@@ -1,5 +1,6 @@
 //! `sinter`: train, evaluate and sample neural networks from one binary.
 
+mod bench_cpu;
 mod checkpoint;
 mod config;
 mod dist_cmd;
@@ -46,7 +47,8 @@ enum Command {
     Info,
     /// Start N ranks of a sinter command on this node: `sinter launch --nproc-per-node 4 -- train …`.
     Launch(dist_cmd::LaunchArgs),
-    /// Benchmarks: `bench scaling` (analytic scaling model), `bench allreduce` (host bandwidth).
+    /// Benchmarks: `bench cpu` (GEMM, conv, training, inference), `bench scaling` (analytic
+    /// scaling model), `bench allreduce` (host bandwidth), `bench gpu`.
     Bench {
         #[command(subcommand)]
         which: dist_cmd::BenchCmd,

@@ -269,7 +269,7 @@ pub struct TrainOptions {
     pub dist_backend: sinter_dist::BackendChoice,
 }
 
-fn save_checkpoint(
+pub fn save_checkpoint(
     dir: &Path,
     s: &Setup,
     optim_state: &[(String, Tensor)],
@@ -1165,6 +1165,40 @@ pub fn load_for_inference(dir: &Path) -> Result<(Setup, u64)> {
     checkpoint::restore_model(&l.tensors, &named)?;
     s.model.set_training(false);
     Ok((s, l.meta.step))
+}
+
+/// Samples `max_new` tokens after `prompt` with temperature and top-k; returns all tokens.
+/// GPT checkpoints generate with the KV cache (each new token runs one position through the
+/// blocks) unless `use_cache` is false, which recomputes the whole window per token.
+pub fn generate(
+    s: &Setup,
+    prompt: &[i64],
+    max_new: usize,
+    temperature: f64,
+    top_k: usize,
+    seed: u64,
+    use_cache: bool,
+) -> Result<Vec<i64>> {
+    let gpt = s
+        .model
+        .as_any()
+        .and_then(|m| m.downcast_ref::<sinter_models::Gpt>())
+        .ok_or_else(|| {
+            anyhow!(
+                "generate needs a GPT checkpoint; {} cannot generate text",
+                s.config.model
+            )
+        })?;
+    let mut rng = Rng::new(seed);
+    Ok(gpt.generate_with(
+        prompt,
+        max_new,
+        temperature,
+        top_k,
+        s.config.context,
+        use_cache,
+        &mut rng,
+    )?)
 }
 
 #[cfg(test)]

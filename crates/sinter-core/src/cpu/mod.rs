@@ -93,6 +93,12 @@ pub fn scatter_strided<T: Copy>(dst: &mut [T], layout: &Layout, src: &[T]) {
     }
 }
 
+/// CPU storage holds only the tensor dtypes; the others are refused where tensors are made
+/// (`dtype::check_tensor_dtype`), so reaching this is a bug in that check.
+fn not_a_tensor_dtype(d: DType) -> ! {
+    unreachable!("internal error: CPU storage of {d} (tensors hold f32, f16, bf16 or i64)")
+}
+
 fn convert<A: Element, B: Element>(v: &[A]) -> Vec<B> {
     use rayon::prelude::*;
     if v.len() >= PAR_THRESHOLD {
@@ -141,6 +147,7 @@ impl CpuStorage {
             DType::F16 => CpuStorage::F16(vec![f16::ZERO; n]),
             DType::BF16 => CpuStorage::BF16(vec![bf16::ZERO; n]),
             DType::I64 => CpuStorage::I64(vec![0; n]),
+            d => not_a_tensor_dtype(d),
         }
     }
     pub fn full(n: usize, value: f64, dtype: DType) -> Self {
@@ -149,6 +156,7 @@ impl CpuStorage {
             DType::F16 => CpuStorage::F16(vec![<f16 as Element>::from_f64(value); n]),
             DType::BF16 => CpuStorage::BF16(vec![<bf16 as Element>::from_f64(value); n]),
             DType::I64 => CpuStorage::I64(vec![value as i64; n]),
+            d => not_a_tensor_dtype(d),
         }
     }
     /// Builds storage of `dtype` from f32 values (the result of a kernel).
@@ -158,6 +166,7 @@ impl CpuStorage {
             DType::F16 => CpuStorage::F16(f32_to(&v)),
             DType::BF16 => CpuStorage::BF16(f32_to(&v)),
             DType::I64 => CpuStorage::I64(v.iter().map(|&x| x as i64).collect()),
+            d => not_a_tensor_dtype(d),
         }
     }
     /// The addressed elements as row-major f32, borrowed when they already are.
@@ -208,6 +217,7 @@ impl CpuStorage {
                     DType::F16 => CpuStorage::F16(convert($v)),
                     DType::BF16 => CpuStorage::BF16(convert($v)),
                     DType::I64 => CpuStorage::I64(convert($v)),
+                    d => not_a_tensor_dtype(d),
                 }
             };
         }

@@ -22,7 +22,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use sinter_cuda::ops::int::{self as ki, SLOT_LEN};
 use sinter_cuda::{CudaDevice, DevSlice, DeviceBuffer, Pool};
 
-use super::{cu_dtype, OnOp};
+use super::OnOp;
 use crate::{DType, Error, Result};
 
 /// Which op recorded an error (stored in the slot as its code).
@@ -85,7 +85,7 @@ fn slot_of(dev: &CudaDevice) -> Result<Arc<DeviceSlot>> {
     }
     // Permanent: it lives as long as the process and must not fragment the activation pool.
     let buf = dev
-        .alloc_zeros(SLOT_LEN, cu_dtype(DType::I64), Pool::Permanent)
+        .alloc_zeros(SLOT_LEN, DType::I64, Pool::Permanent)
         .on("index check")?;
     let s = Arc::new(DeviceSlot {
         slot: Arc::new(buf),

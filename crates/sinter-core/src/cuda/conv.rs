@@ -271,7 +271,7 @@ fn to_problem(g: &ConvGeom, dtype: DType, allow_tf32: bool) -> ConvProblem {
         padding: g.p.padding,
         dilation: g.p.dilation,
         groups: g.p.groups,
-        dtype: super::cu_dtype(dtype),
+        dtype,
         allow_tf32,
     }
 }
@@ -528,13 +528,9 @@ mod tests {
                     cp.y_dims().unwrap().map(|v| v as usize),
                     [xs[0], ws[0], oh, ow]
                 );
-                assert_eq!(cp.dtype, cu_dtype_of(dtype));
+                assert_eq!(cp.dtype, dtype);
             }
             assert!(to_problem(&g, DType::F32, true).allow_tf32);
         }
-    }
-
-    fn cu_dtype_of(d: DType) -> sinter_cuda::DType {
-        super::super::cu_dtype(d)
     }
 }

@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use sinter_cuda::{CudaDevice, DeviceBuffer, Pool};
 
-use super::{alloc, contig, cu_dtype, device, storage_of, tensor_of, DevView, OnOp};
+use super::{alloc, contig, device, storage_of, tensor_of, DevView, OnOp};
 use crate::autograd::output;
 use crate::cpu::CpuStorage;
 use crate::storage::Storage;
@@ -84,6 +84,9 @@ pub(crate) fn download_storage(t: &Tensor) -> Result<CpuStorage> {
         DType::F16 => CpuStorage::F16(dev.dtoh(s).on("to_device")?),
         DType::BF16 => CpuStorage::BF16(dev.dtoh(s).on("to_device")?),
         DType::I64 => CpuStorage::I64(dev.dtoh(s).on("to_device")?),
+        d @ (DType::I32 | DType::U8) => {
+            unreachable!("a tensor never holds {d} (refused where tensors are made)")
+        }
     })
 }
 
@@ -117,7 +120,7 @@ pub(crate) fn to_device(t: &Tensor, to: Device) -> Result<Tensor> {
 
 fn permanent_copy(dev: &CudaDevice, v: &DevView, dtype: DType) -> Result<Arc<DeviceBuffer>> {
     let b = dev
-        .alloc(v.len, cu_dtype(dtype), Pool::Permanent)
+        .alloc(v.len, dtype, Pool::Permanent)
         .on("optimizer state")?;
     dev.copy(v.slice(), b.as_slice()).on("optimizer state")?;
     Ok(Arc::new(b))

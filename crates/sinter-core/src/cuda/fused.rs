@@ -13,8 +13,7 @@ use sinter_cuda::ops::unary as ku;
 use sinter_cuda::{CudaError, DeviceBuffer, Epilogue, GemmDesc, GemmShape};
 
 use super::{
-    alloc, contig, contig_as, cu_dtype, opt_slice, parts, same_device, storage_of, tail_of,
-    tensor_of, OnOp,
+    alloc, contig, contig_as, opt_slice, parts, same_device, storage_of, tail_of, tensor_of, OnOp,
 };
 use crate::autograd::output;
 use crate::{bail, DType, Result, Tensor};
@@ -23,7 +22,7 @@ use crate::{bail, DType, Result, Tensor};
 /// f16/bf16, head dim 64 or 128. Layouts never disqualify: a view whose last dim is not
 /// contiguous is gathered first.
 pub(crate) fn flash_applies(q: &Tensor, head_dim: usize) -> bool {
-    kfa::supported(cu_dtype(q.dtype()), head_dim) && !FLASH_UNCOMPILABLE.load(Ordering::Relaxed)
+    kfa::supported(q.dtype(), head_dim) && !FLASH_UNCOMPILABLE.load(Ordering::Relaxed)
 }
 
 /// Set when NVRTC could not compile `flash_attention.cu` (CUDA headers without `crt/mma.h`, the

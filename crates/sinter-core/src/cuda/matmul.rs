@@ -97,7 +97,9 @@ pub(crate) fn gemm_dtype(d: DType) -> GemmDType {
         DType::F32 => GemmDType::F32,
         DType::BF16 => GemmDType::BF16,
         DType::F16 => GemmDType::F16,
-        DType::I64 => unreachable!("matmul of integers is rejected before dispatch"),
+        DType::I64 | DType::I32 | DType::U8 => {
+            unreachable!("matmul of integers is rejected before dispatch")
+        }
     }
 }
 

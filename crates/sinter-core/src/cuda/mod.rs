@@ -216,15 +216,6 @@ impl<T> OnOp<T> for sinter_cuda::Result<T> {
     }
 }
 
-pub(crate) fn cu_dtype(d: DType) -> sinter_cuda::DType {
-    match d {
-        DType::F32 => sinter_cuda::DType::F32,
-        DType::F16 => sinter_cuda::DType::F16,
-        DType::BF16 => sinter_cuda::DType::BF16,
-        DType::I64 => sinter_cuda::DType::I64,
-    }
-}
-
 /// A window of device memory: `len` elements of `buf` from element `off`. Holding it keeps the
 /// buffer alive; kernels read it through [`DevView::slice`].
 #[derive(Clone, Debug)]
@@ -287,16 +278,14 @@ pub(crate) fn same_device(op: &'static str, a: &Tensor, b: &Tensor) -> Result<()
 /// A new uninitialised buffer from the temporary pool.
 pub(crate) fn alloc(dev: &CudaDevice, len: usize, dtype: DType) -> Result<Arc<DeviceBuffer>> {
     Ok(Arc::new(
-        dev.alloc(len, cu_dtype(dtype), Pool::Temporary)
-            .on("alloc")?,
+        dev.alloc(len, dtype, Pool::Temporary).on("alloc")?,
     ))
 }
 
 /// A new zero-filled buffer from the temporary pool.
 pub(crate) fn alloc_zeros(dev: &CudaDevice, len: usize, dtype: DType) -> Result<Arc<DeviceBuffer>> {
     Ok(Arc::new(
-        dev.alloc_zeros(len, cu_dtype(dtype), Pool::Temporary)
-            .on("alloc")?,
+        dev.alloc_zeros(len, dtype, Pool::Temporary).on("alloc")?,
     ))
 }
 
@@ -395,7 +384,7 @@ pub fn tensor_from_buffer(
     shape: &[usize],
 ) -> Result<Tensor> {
     let n: usize = shape.iter().product();
-    if buf.dtype() != cu_dtype(dtype) || buf.len() != n {
+    if buf.dtype() != dtype || buf.len() != n {
         return Err(Error::Msg(format!(
             "tensor_from_buffer: a {} x {:?} buffer cannot hold a {dtype:?} tensor of shape {shape:?}",
             buf.len(),

@@ -17,7 +17,7 @@ pub struct CudaStorage {
 
 impl CudaStorage {
     pub(crate) fn new(dev: Arc<CudaDevice>, buf: Arc<DeviceBuffer>, dtype: DType) -> Self {
-        debug_assert_eq!(buf.dtype(), super::cu_dtype(dtype));
+        debug_assert_eq!(buf.dtype(), dtype);
         CudaStorage { dev, buf, dtype }
     }
     pub fn dtype(&self) -> DType {

@@ -189,20 +189,8 @@ fn integer_binary_ops_are_exact() {
 
 // ---- unary --------------------------------------------------------------------------------
 
-/// erf by its Maclaurin series (independent of the crate's rational fit); ~1e-13 for |x| < 3.
-pub fn erf(x: f64) -> f64 {
-    let mut sum = 0.0;
-    let mut term = x; // (-1)^n x^(2n+1) / n!
-    for n in 0..300 {
-        let t = term / (2 * n + 1) as f64;
-        sum += t;
-        if t.abs() < 1e-18 {
-            break;
-        }
-        term *= -x * x / (n + 1) as f64;
-    }
-    sum * 2.0 / std::f64::consts::PI.sqrt()
-}
+/// erf (one definition, in sinter-types; its accuracy is tested there against a series).
+pub use sinter_core::op::erf;
 
 pub fn gelu_tanh_ref(x: f64) -> f64 {
     0.5 * x * (1.0 + ((2.0 / std::f64::consts::PI).sqrt() * (x + 0.044715 * x * x * x)).tanh())
@@ -318,17 +306,6 @@ pub fn unary_input(rng: &mut Rng, shape: &[usize], dom: (f64, f64, bool)) -> Ten
         away_from_zero(rng, shape, lo, hi)
     } else {
         uniform(rng, shape, lo, hi)
-    }
-}
-
-#[test]
-fn erf_reference_is_right() {
-    for (x, e) in [
-        (0.5, 0.520_499_877_813_046_5),
-        (1.0, 0.842_700_792_949_714_9),
-        (2.5, 0.999_593_047_982_555),
-    ] {
-        assert!((erf(x) - e).abs() < 1e-12 && (erf(-x) + e).abs() < 1e-12);
     }
 }
 

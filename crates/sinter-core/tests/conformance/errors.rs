@@ -249,3 +249,35 @@ fn dtype_misuse() {
     expect_err(h.matmul(&a.t().unwrap()), "matmul");
     expect_err(i.to_var(), "to_var");
 }
+
+#[test]
+fn buffer_only_dtypes_are_refused_by_tensor_ops() {
+    // i32 and u8 name device-buffer element types (one DType for tensors and kernels); every
+    // way a dtype enters a tensor answers with an error that names the op and the dtype.
+    let a = x23();
+    let dev = sinter_core::Device::Cpu;
+    for d in [DType::I32, DType::U8] {
+        let check = |m: String, op: &str| {
+            assert!(
+                m.contains(op) && m.contains(d.as_str()) && m.contains("f32, f16, bf16 or i64"),
+                "{m}"
+            );
+        };
+        check(err_msg(Tensor::zeros(&[2], d, dev)), "full");
+        check(err_msg(Tensor::arange(0.0, 3.0, 1.0, d, dev)), "arange");
+        check(err_msg(a.to_dtype(d)), "to_dtype");
+        check(
+            err_msg(Tensor::from_le_bytes(&[0; 8], d, &[2], dev)),
+            "from_le_bytes",
+        );
+        let mut rng = Rng::new(1);
+        check(
+            err_msg(Tensor::randn(&[2], 0.0, 1.0, &mut rng, d, dev)),
+            "randn",
+        );
+        check(
+            err_msg(Tensor::rand_uniform(&[2], 0.0, 1.0, &mut rng, d, dev)),
+            "rand_uniform",
+        );
+    }
+}

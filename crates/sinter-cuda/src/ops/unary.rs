@@ -146,27 +146,8 @@ impl UnaryOp {
     }
 }
 
-/// erf for references (Abramowitz-Stegun 7.1.26 is too coarse; use a series / continued fraction).
-pub fn erf(x: f64) -> f64 {
-    // erf via the complementary error function with a Chebyshev fit (Numerical Recipes erfc, ~1e-7).
-    let z = x.abs();
-    let t = 1.0 / (1.0 + 0.5 * z);
-    let r = t
-        * (-z * z - 1.26551223
-            + t * (1.00002368
-                + t * (0.37409196
-                    + t * (0.09678418
-                        + t * (-0.18628806
-                            + t * (0.27886807
-                                + t * (-1.13520398
-                                    + t * (1.48851587 + t * (-0.82215223 + t * 0.17087277)))))))))
-            .exp();
-    if x >= 0.0 {
-        1.0 - r
-    } else {
-        r - 1.0
-    }
-}
+/// erf for references (defined once in sinter-types).
+pub use sinter_types::erf;
 
 fn grid(t: &LaunchTarget, n: usize, d: DType) -> u32 {
     t.elementwise_grid(n, d.size())

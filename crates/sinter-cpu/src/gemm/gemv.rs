@@ -1,0 +1,103 @@
+//! Matrix × vector (internal n = 1: a row-major C with one row, e.g. one token's projection
+//! while generating): no packing and no 12-column tile wasting 11/12 of its FMAs.
+//!
+//! A's rows contiguous in memory along the vector dimension (or prepacked): each MR-row
+//! block accumulates A[i.., p]·b[p] over p in registers ("axpy" form). A's k contiguous
+//! (x·Wᵀ with W read in place): four dot products at a time share each load of b ("dot"
+//! form). Either way the result block goes through the same tile store as the GEMM, so α, β,
+//! bias, activation and the pre-activation behave identically.
+
+use std::ops::Range;
+
+use super::driver::{block_offset, Problem};
+use super::kernel::Acc;
+use crate::simd::{load_lanes, Simd};
+
+/// Whether [`run_rows`] handles `p` (one column, and A prepacked or unit-stride along i or k).
+pub(crate) fn applies(p: &Problem) -> bool {
+    p.n == 1 && (!p.packed_a.is_null() || p.rsa == 1 || p.csa == 1)
+}
+
+/// C[rows, 0] of a one-column problem; rows start on a multiple of MR.
+///
+/// # Safety
+/// `p` is valid and [`applies`]; no other thread writes these rows.
+#[inline(always)]
+pub(crate) unsafe fn run_rows<S: Simd, const MV: usize>(p: &Problem, rows: Range<usize>) {
+    let (l, mr, k) = (S::LANES, MV * S::LANES, p.k);
+    let padded_m = p.m.div_ceil(mr) * mr;
+    let mut i0 = rows.start;
+    while i0 < rows.end {
+        let valid = mr.min(rows.end - i0);
+        let mut acc: Acc<S, MV, 1> = [[S::zero(); MV]];
+        if !p.packed_a.is_null() {
+            // Panels of MR rows, k blocks of packed_kc, zero padded: always whole vectors.
+            let mut pc = 0;
+            while pc < k {
+                let kcb = p.packed_kc.min(k - pc);
+                let panel = p.packed_a.add(block_offset(pc, padded_m) + i0 * kcb);
+                for q in 0..kcb {
+                    let bq = S::splat(*p.b.offset((pc + q) as isize * p.rsb));
+                    for (v, a) in acc[0].iter_mut().enumerate() {
+                        *a = S::fma(S::load(panel.add(q * mr + v * l)), bq, *a);
+                    }
+                }
+                pc += kcb;
+            }
+        } else if p.rsa == 1 {
+            for q in 0..k {
+                let bq = S::splat(*p.b.offset(q as isize * p.rsb));
+                let col = p.a.offset(q as isize * p.csa + i0 as isize);
+                for (v, a) in acc[0].iter_mut().enumerate() {
+                    let lanes = l.min(valid.saturating_sub(v * l));
+                    if lanes > 0 {
+                        *a = S::fma(load_lanes::<S>(col, v * l, lanes), bq, *a);
+                    }
+                }
+            }
+        } else {
+            let mut out = [0f32; 64];
+            dots::<S>(p, i0, valid, &mut out);
+            for (v, a) in acc[0].iter_mut().enumerate() {
+                *a = S::load(out.as_ptr().add(v * l));
+            }
+        }
+        p.store::<S, MV, 1>(&acc, i0, 0, valid, 1, p.beta, true);
+        i0 += mr;
+    }
+}
+
+/// out[r] = Σ_q A[i0 + r, q]·b[q] for r < rows, A with unit stride along k: four rows per
+/// pass over b.
+#[inline(always)]
+unsafe fn dots<S: Simd>(p: &Problem, i0: usize, rows: usize, out: &mut [f32; 64]) {
+    let (l, k) = (S::LANES, p.k);
+    let b_at = |q: usize| p.b.offset(q as isize * p.rsb);
+    let mut r = 0;
+    while r < rows {
+        let group = 4.min(rows - r);
+        let row = |g: usize| p.a.offset((i0 + r + g.min(group - 1)) as isize * p.rsa);
+        let mut acc = [S::zero(); 4];
+        let mut q = 0;
+        while q < k {
+            let lanes = l.min(k - q);
+            let bv = if p.rsb == 1 {
+                load_lanes::<S>(b_at(0), q, lanes)
+            } else {
+                let mut tmp = [0f32; 16];
+                for (j, t) in tmp.iter_mut().enumerate().take(lanes) {
+                    *t = *b_at(q + j);
+                }
+                S::load(tmp.as_ptr())
+            };
+            for (g, a) in acc.iter_mut().enumerate() {
+                *a = S::fma(load_lanes::<S>(row(g), q, lanes), bv, *a);
+            }
+            q += l;
+        }
+        for g in 0..group {
+            out[r + g] = S::reduce_add(acc[g]);
+        }
+        r += group;
+    }
+}

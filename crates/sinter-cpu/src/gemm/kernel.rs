@@ -1,0 +1,201 @@
+//! The micro-kernel and the tile store, written once over [`Simd`].
+//!
+//! The micro-kernel multiplies one packed MR × kc panel of A by one packed kc × NR panel of B
+//! into MR × NR accumulators that never leave the registers: per k it loads MV vectors of A
+//! and broadcasts NR values of B, MV·NR independent FMAs (AVX-512: 2 × 12 = 24 accumulators
+//! of 16 lanes, 32 × 12 tile; AVX2: 2 × 6 = 12 of 8 lanes, 16 × 6; scalar: 4 × 4), enough
+//! independent chains to hide the FMA latency on both FMA pipes.
+//!
+//! The tile store applies C = α·acc + β·C and, on the last k block, the fused epilogue (bias,
+//! pre-activation copy, activation) while the tile is still in registers: the output is
+//! written once, already activated.
+
+use crate::math::activation::{apply, Activation};
+use crate::simd::{load_lanes, Simd};
+
+/// Register tile of a micro-kernel: MV vectors down (MR = MV · LANES) by NR columns.
+pub(crate) type Acc<S, const MV: usize, const NR: usize> = [[<S as Simd>::V; MV]; NR];
+
+/// acc = A_panel · B_panel over kc.
+///
+/// # Safety
+/// `a` holds kc · MR and `b` kc · NR readable values (packed panels); the CPU has `S`'s ISA.
+#[inline(always)]
+pub(crate) unsafe fn microkernel<S: Simd, const MV: usize, const NR: usize>(
+    kc: usize,
+    a: *const f32,
+    b: *const f32,
+) -> Acc<S, MV, NR> {
+    let mr = MV * S::LANES;
+    let mut acc = [[S::zero(); MV]; NR];
+    let (mut a, mut b) = (a, b);
+    for _ in 0..kc {
+        let mut av = [S::zero(); MV];
+        for (v, x) in av.iter_mut().enumerate() {
+            *x = S::load(a.add(v * S::LANES));
+        }
+        for (j, row) in acc.iter_mut().enumerate() {
+            let bj = S::splat(*b.add(j));
+            for v in 0..MV {
+                row[v] = S::fma(av[v], bj, row[v]);
+            }
+        }
+        a = a.add(mr);
+        b = b.add(NR);
+    }
+    acc
+}
+
+/// acc = A_panel · B over kc, with B read in place where its k is contiguous: column j of the
+/// tile starts at `b[j]` (packing such a B would be a transposing copy, the slowest kind;
+/// here each column is a sequential stream that stays in L1 across the row panels).
+///
+/// # Safety
+/// `a` holds kc · MR packed values; each `b[j]` is readable for kc values.
+#[inline(always)]
+pub(crate) unsafe fn microkernel_kcontig_b<S: Simd, const MV: usize, const NR: usize>(
+    kc: usize,
+    a: *const f32,
+    b: &[*const f32; NR],
+) -> Acc<S, MV, NR> {
+    let mr = MV * S::LANES;
+    let mut acc = [[S::zero(); MV]; NR];
+    let mut a = a;
+    for q in 0..kc {
+        let mut av = [S::zero(); MV];
+        for (v, x) in av.iter_mut().enumerate() {
+            *x = S::load(a.add(v * S::LANES));
+        }
+        for (j, row) in acc.iter_mut().enumerate() {
+            let bj = S::splat(*b[j].add(q));
+            for v in 0..MV {
+                row[v] = S::fma(av[v], bj, row[v]);
+            }
+        }
+        a = a.add(mr);
+    }
+    acc
+}
+
+/// Where and how one tile is stored.
+#[derive(Clone, Copy)]
+pub(crate) struct TileOut {
+    /// C at the tile's (0, 0); rows (the vector dimension) have unit stride, columns `ldc`.
+    pub c: *mut f32,
+    pub ldc: isize,
+    /// The pre-activation output at the same offsets as `c`, or null.
+    pub pre: *mut f32,
+    pub pre_ldc: isize,
+    /// Valid rows (≤ MR) and columns (≤ NR) of the tile.
+    pub rows: usize,
+    pub cols: usize,
+    pub alpha: f32,
+    /// β for this k block (the caller's β on the first block, then 1).
+    pub beta: f32,
+    /// Whether this is the last k block (the epilogue runs).
+    pub last: bool,
+    /// The bias at the tile's first row or column, or null.
+    pub bias: *const f32,
+    /// The bias runs along the rows (the vector dimension) instead of the columns.
+    pub bias_along_rows: bool,
+    pub act: Activation,
+}
+
+/// Stores `acc` into the tile described by `t` (see the module docs).
+///
+/// # Safety
+/// Every element of the `rows` × `cols` tile of `c` (and `pre`, when not null) and the bias
+/// entries it reads are valid.
+#[inline(always)]
+pub(crate) unsafe fn store_tile<S: Simd, const MV: usize, const NR: usize>(
+    acc: &Acc<S, MV, NR>,
+    t: &TileOut,
+) {
+    let lanes = S::LANES;
+    let (alpha, beta) = (S::splat(t.alpha), S::splat(t.beta));
+    let epilogue = t.last && (!t.bias.is_null() || !t.pre.is_null() || t.act != Activation::None);
+    for (j, col) in acc.iter().enumerate().take(t.cols) {
+        let c = t.c.offset(j as isize * t.ldc);
+        let bias_j = (!t.bias.is_null() && !t.bias_along_rows).then(|| S::splat(*t.bias.add(j)));
+        for (v, &a) in col.iter().enumerate() {
+            let r0 = v * lanes;
+            if r0 >= t.rows {
+                break;
+            }
+            let n = (t.rows - r0).min(lanes);
+            let full = n == lanes;
+            let mut x = if t.alpha == 1.0 { a } else { S::mul(a, alpha) };
+            if t.beta != 0.0 {
+                x = S::fma(load_lanes::<S>(c, r0, n), beta, x);
+            }
+            if epilogue {
+                if let Some(b) = bias_j {
+                    x = S::add(x, b);
+                } else if !t.bias.is_null() {
+                    x = S::add(x, load_lanes::<S>(t.bias, r0, n));
+                }
+                if !t.pre.is_null() {
+                    let p = t.pre.offset(j as isize * t.pre_ldc).add(r0);
+                    if full {
+                        S::store(p, x)
+                    } else {
+                        S::store_partial(p, x, n)
+                    }
+                }
+                x = apply::<S>(t.act, x);
+            }
+            if full {
+                S::store(c.add(r0), x)
+            } else {
+                S::store_partial(c.add(r0), x, n)
+            }
+        }
+    }
+}
+
+/// [`store_tile`] for a C (or pre-activation) without a unit row stride: the tile goes
+/// through a small contiguous buffer and is scattered with the real strides.
+///
+/// # Safety
+/// As [`store_tile`], with element (i, j) of C at `c + i·rs + j·cs` (and of pre the same).
+#[inline(always)]
+pub(crate) unsafe fn store_tile_strided<S: Simd, const MV: usize, const NR: usize>(
+    acc: &Acc<S, MV, NR>,
+    t: &TileOut,
+    rs: isize,
+    cs: isize,
+) {
+    let mr = MV * S::LANES;
+    // MR·NR ≤ 512 for every kernel here (see kernel_shape).
+    let mut cbuf = [0f32; 32 * 16];
+    let mut pbuf = [0f32; 32 * 16];
+    debug_assert!(mr * NR <= cbuf.len());
+    if t.beta != 0.0 {
+        for j in 0..t.cols {
+            for i in 0..t.rows {
+                cbuf[j * mr + i] = *t.c.offset(i as isize * rs + j as isize * cs);
+            }
+        }
+    }
+    let local = TileOut {
+        c: cbuf.as_mut_ptr(),
+        ldc: mr as isize,
+        pre: if t.pre.is_null() {
+            std::ptr::null_mut()
+        } else {
+            pbuf.as_mut_ptr()
+        },
+        pre_ldc: mr as isize,
+        ..*t
+    };
+    store_tile::<S, MV, NR>(acc, &local);
+    for j in 0..t.cols {
+        for i in 0..t.rows {
+            let at = i as isize * rs + j as isize * cs;
+            *t.c.offset(at) = cbuf[j * mr + i];
+            if !t.pre.is_null() {
+                *t.pre.offset(at) = pbuf[j * mr + i];
+            }
+        }
+    }
+}

@@ -1,0 +1,238 @@
+//! Quantization of f32 data to the GEMM's operands.
+//!
+//! - Weights: symmetric, one scale per output channel: q = round(w / s) with
+//!   s = max|w[j, :]| / 127, so q ∈ [-127, 127] and w ≈ s·q. No zero point, so the weight side
+//!   of the product needs no correction.
+//! - Activations: asymmetric u8, x ≈ s·(q − z) with q ∈ [0, 255]. The range [lo, hi] always
+//!   includes 0 (so 0, ReLU's floor and zero padding, is exact), s = (hi − lo)/255 and
+//!   z = round(−lo/s). Per row for dynamic quantization (each token of a Transformer gets its own
+//!   range), per tensor with a calibrated range for static quantization (CNNs).
+//!
+//! Rounding is to nearest, ties to even, everywhere (the SIMD conversions' mode), so every
+//! path of the GEMM and the epilogue's requantization agree.
+
+use super::Int8Error;
+
+/// How u8 values map to reals: x ≈ scale · (q − zero_point).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct QParams {
+    pub scale: f32,
+    pub zero_point: i32,
+}
+
+impl QParams {
+    /// The u8 mapping of the range [lo, hi] (widened to include 0). A zero-width range maps
+    /// everything to q = 0 with scale 1.
+    pub fn from_range(lo: f32, hi: f32) -> Result<QParams, Int8Error> {
+        if !(lo.is_finite() && hi.is_finite()) || lo > hi {
+            return Err(Int8Error(format!(
+                "cannot quantize the range [{lo}, {hi}]: it must be finite and ordered (a NaN or infinite activation?)"
+            )));
+        }
+        let (lo, hi) = (lo.min(0.0), hi.max(0.0));
+        let scale = (hi - lo) / 255.0;
+        if scale == 0.0 || !scale.is_normal() {
+            return Ok(QParams {
+                scale: 1.0,
+                zero_point: 0,
+            });
+        }
+        let zero_point = (-lo / scale).round_ties_even().clamp(0.0, 255.0) as i32;
+        Ok(QParams { scale, zero_point })
+    }
+
+    /// q for one value.
+    #[inline(always)]
+    pub fn quantize(self, x: f32) -> u8 {
+        quantize_one(x, 1.0 / self.scale, self.zero_point as f32)
+    }
+
+    /// x for one q.
+    #[inline(always)]
+    pub fn dequantize(self, q: u8) -> f32 {
+        self.scale * (q as i32 - self.zero_point) as f32
+    }
+}
+
+#[inline(always)]
+fn quantize_one(x: f32, inv_scale: f32, zero_point: f32) -> u8 {
+    (x * inv_scale + zero_point)
+        .round_ties_even()
+        .clamp(0.0, 255.0) as u8
+}
+
+/// Quantizes m rows of k values (`x` row-major, `x_stride` apart) to u8 rows `out_stride` apart,
+/// all with `q`. Bytes k..out_stride of each output row are left as they are (the kernels
+/// multiply them by zero weights).
+pub fn quantize_rows_static(
+    x: &[f32],
+    m: usize,
+    k: usize,
+    x_stride: usize,
+    q: QParams,
+    out: &mut [u8],
+    out_stride: usize,
+) {
+    check_rows(x.len(), m, k, x_stride, out.len(), out_stride);
+    let (inv, zp) = (1.0 / q.scale, q.zero_point as f32);
+    for i in 0..m {
+        let row = &x[i * x_stride..i * x_stride + k];
+        for (o, &v) in out[i * out_stride..i * out_stride + k].iter_mut().zip(row) {
+            *o = quantize_one(v, inv, zp);
+        }
+    }
+}
+
+/// Quantizes each of m rows with its own range (dynamic quantization); returns the rows'
+/// parameters. A non-finite value is an error naming its row.
+pub fn quantize_rows_dynamic(
+    x: &[f32],
+    m: usize,
+    k: usize,
+    x_stride: usize,
+    out: &mut [u8],
+    out_stride: usize,
+) -> Result<Vec<QParams>, Int8Error> {
+    check_rows(x.len(), m, k, x_stride, out.len(), out_stride);
+    let mut params = Vec::with_capacity(m);
+    for i in 0..m {
+        let row = &x[i * x_stride..i * x_stride + k];
+        let (lo, hi) = min_max(row);
+        let q = QParams::from_range(lo, hi).map_err(|e| Int8Error(format!("row {i}: {}", e.0)))?;
+        let (inv, zp) = (1.0 / q.scale, q.zero_point as f32);
+        for (o, &v) in out[i * out_stride..i * out_stride + k].iter_mut().zip(row) {
+            *o = quantize_one(v, inv, zp);
+        }
+        params.push(q);
+    }
+    Ok(params)
+}
+
+/// (min, max) of a slice; NaN if any value is NaN (so the caller's range check catches it).
+pub fn min_max(v: &[f32]) -> (f32, f32) {
+    // Eight lanes of partial extrema vectorise; a NaN is tracked apart because min/max drop it.
+    let (mut lo, mut hi, mut nan) = ([f32::INFINITY; 8], [f32::NEG_INFINITY; 8], false);
+    let mut chunks = v.chunks_exact(8);
+    for c in &mut chunks {
+        for t in 0..8 {
+            lo[t] = lo[t].min(c[t]);
+            hi[t] = hi[t].max(c[t]);
+            nan |= c[t].is_nan();
+        }
+    }
+    for &x in chunks.remainder() {
+        lo[0] = lo[0].min(x);
+        hi[0] = hi[0].max(x);
+        nan |= x.is_nan();
+    }
+    if nan {
+        return (f32::NAN, f32::NAN);
+    }
+    let lo = lo.iter().copied().fold(f32::INFINITY, f32::min);
+    let hi = hi.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    (lo, hi)
+}
+
+fn check_rows(x_len: usize, m: usize, k: usize, xs: usize, out_len: usize, os: usize) {
+    assert!(xs >= k && os >= k, "row strides {xs}, {os} below k = {k}");
+    if m > 0 {
+        assert!(x_len >= (m - 1) * xs + k, "input too short for {m} rows");
+        assert!(out_len >= (m - 1) * os + k, "output too short for {m} rows");
+    }
+}
+
+/// Symmetric per-channel quantization of a row-major [n, k] weight: (q, scales) with
+/// w[j, :] ≈ scales[j] · q[j, :], q ∈ [-127, 127]. An all-zero channel gets scale 0.
+pub fn quantize_weights(w: &[f32], n: usize, k: usize) -> Result<(Vec<i8>, Vec<f32>), Int8Error> {
+    if w.len() != n * k {
+        return Err(Int8Error(format!(
+            "weight has {} values, [{n}, {k}] needs {}",
+            w.len(),
+            n * k
+        )));
+    }
+    let mut q = vec![0i8; n * k];
+    let mut scales = vec![0f32; n];
+    for j in 0..n {
+        let row = &w[j * k..(j + 1) * k];
+        let amax = row.iter().fold(0f32, |m, &v| m.max(v.abs()));
+        if !amax.is_finite() || row.iter().any(|v| v.is_nan()) {
+            return Err(Int8Error(format!(
+                "weight row {j} holds a NaN or infinite value; it cannot be quantized"
+            )));
+        }
+        if amax == 0.0 {
+            continue;
+        }
+        let s = amax / 127.0;
+        let inv = 127.0 / amax;
+        for (o, &v) in q[j * k..(j + 1) * k].iter_mut().zip(row) {
+            *o = (v * inv).round_ties_even().clamp(-127.0, 127.0) as i8;
+        }
+        scales[j] = s;
+    }
+    Ok((q, scales))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn activation_ranges_include_zero_and_round_trip_within_half_a_step() {
+        for (lo, hi) in [(-1.5f32, 3.0), (0.0, 6.0), (-2.0, -0.5), (0.25, 0.75)] {
+            let q = QParams::from_range(lo, hi).unwrap();
+            assert_eq!(q.dequantize(q.quantize(0.0)), 0.0, "[{lo}, {hi}]");
+            for i in 0..=100 {
+                let x = lo + (hi - lo) * i as f32 / 100.0;
+                let err = (q.dequantize(q.quantize(x)) - x).abs();
+                assert!(
+                    err <= q.scale * 0.5 + 1e-6,
+                    "x {x}: error {err}, step {}",
+                    q.scale
+                );
+            }
+        }
+        assert_eq!(QParams::from_range(0.0, 0.0).unwrap().quantize(0.0), 0);
+        assert!(QParams::from_range(f32::NAN, 1.0).is_err());
+        assert!(QParams::from_range(0.0, f32::INFINITY).is_err());
+    }
+
+    #[test]
+    fn dynamic_rows_get_their_own_ranges_and_padding_is_untouched() {
+        let x = [1.0f32, -1.0, 0.5, 100.0, 0.0, 25.0];
+        let mut out = [7u8; 8];
+        let p = quantize_rows_dynamic(&x, 2, 3, 3, &mut out, 4).unwrap();
+        assert_eq!(out[3], 7);
+        assert_eq!(out[7], 7);
+        assert!((p[0].scale - 2.0 / 255.0).abs() < 1e-7);
+        assert!((p[1].scale - 100.0 / 255.0).abs() < 1e-6);
+        assert_eq!((out[4], out[5], out[6]), (255, 0, 64));
+        let e = quantize_rows_dynamic(&[1.0, f32::NAN], 2, 1, 1, &mut out, 1).unwrap_err();
+        assert!(e.0.contains("row 1"), "{}", e.0);
+    }
+
+    #[test]
+    fn weights_are_symmetric_per_channel() {
+        let w = [0.5f32, -1.0, 0.25, 0.0, 0.0, 0.0, 2.0, 1.0, -2.0];
+        let (q, s) = quantize_weights(&w, 3, 3).unwrap();
+        assert_eq!(&q[..3], &[64, -127, 32]);
+        assert_eq!(s[1], 0.0);
+        assert_eq!(&q[6..], &[127, 64, -127]);
+        for j in 0..3 {
+            for t in 0..3 {
+                assert!((s[j] * q[j * 3 + t] as f32 - w[j * 3 + t]).abs() <= s[j] * 0.5 + 1e-7);
+            }
+        }
+        assert!(quantize_weights(&[f32::NAN], 1, 1).is_err());
+    }
+
+    #[test]
+    fn min_max_sees_every_value_and_nan() {
+        let v: Vec<f32> = (0..19).map(|i| (i as f32 - 7.0) * 0.5).collect();
+        assert_eq!(min_max(&v), (-3.5, 5.5));
+        let mut w = v.clone();
+        w[17] = f32::NAN;
+        assert!(min_max(&w).0.is_nan());
+    }
+}

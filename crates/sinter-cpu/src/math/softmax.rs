@@ -1,0 +1,97 @@
+//! Softmax and log-softmax over rows, forward and backward.
+//!
+//! Reads x [rows, n]; writes y [rows, n]. Each row is read twice (max, then exp and sum
+//! while writing) and its output scaled in place: three vector passes over data in L1,
+//! one exp per element. Backward reads y and g, writes dx: softmax dx = y·(g − Σ y·g),
+//! log-softmax dx = g − e^y·Σ g.
+
+use super::exp_log::exp;
+use super::reduce::{dot, for_vectors, load_lanes, max, store_lanes, sum};
+use crate::simd::Simd;
+use crate::{with_isa, Isa};
+
+fn check(what: &str, n: usize, lens: &[usize]) {
+    assert!(
+        n > 0 && lens.iter().all(|&l| l == lens[0] && l % n == 0),
+        "{what}: slice lengths {lens:?} are not the same whole number of rows of {n}"
+    );
+}
+
+/// y = softmax(x) (or log_softmax when `log`) over each row of length n.
+///
+/// # Panics
+/// If the slices are not the same whole number of rows (a caller bug).
+pub fn softmax_rows(isa: Isa, x: &[f32], y: &mut [f32], n: usize, log: bool) {
+    check("softmax_rows", n, &[x.len(), y.len()]);
+    with_isa!(isa, S => {
+        for (xr, yr) in x.chunks_exact(n).zip(y.chunks_exact_mut(n)) {
+            softmax_row::<S>(xr.as_ptr(), yr.as_mut_ptr(), n, log)
+        }
+    })
+}
+
+#[inline(always)]
+unsafe fn softmax_row<S: Simd>(x: *const f32, y: *mut f32, n: usize, log: bool) {
+    let m = max::<S>(x, n);
+    let mv = S::splat(m);
+    let mut acc = S::zero();
+    for_vectors::<S>(
+        x,
+        n,
+        #[inline(always)]
+        |i, v, lanes| {
+            let e = exp::<S>(S::sub(v, mv));
+            // Masked-off lanes are exp(0 − m): keep them out of the sum.
+            let e = if lanes == S::LANES {
+                e
+            } else {
+                S::keep_first(e, lanes)
+            };
+            acc = S::add(acc, e);
+            if !log {
+                store_lanes::<S>(y.add(i), e, lanes);
+            }
+        },
+    );
+    let total = S::reduce_add(acc);
+    if log {
+        let shift = S::splat(m + total.ln());
+        for_vectors::<S>(
+            x,
+            n,
+            #[inline(always)]
+            |i, v, lanes| store_lanes::<S>(y.add(i), S::sub(v, shift), lanes),
+        );
+    } else {
+        let inv = S::splat(1.0 / total);
+        for_vectors::<S>(
+            y,
+            n,
+            #[inline(always)]
+            |i, v, lanes| store_lanes::<S>(y.add(i), S::mul(v, inv), lanes),
+        );
+    }
+}
+
+/// dx from y = softmax(x) (or log_softmax when `log`) and the output gradient g.
+pub fn softmax_rows_backward(isa: Isa, y: &[f32], g: &[f32], dx: &mut [f32], n: usize, log: bool) {
+    check("softmax_rows_backward", n, &[y.len(), g.len(), dx.len()]);
+    with_isa!(isa, S => {
+        for ((yr, gr), dr) in y.chunks_exact(n).zip(g.chunks_exact(n)).zip(dx.chunks_exact_mut(n)) {
+            let (yp, gp, dp) = (yr.as_ptr(), gr.as_ptr(), dr.as_mut_ptr());
+            if log {
+                let s = S::splat(sum::<S>(gp, n));
+                for_vectors::<S>(yp, n, #[inline(always)] |i, v, lanes| {
+                    let gv = load_lanes::<S>(gp, i, lanes);
+                    store_lanes::<S>(dp.add(i), S::fnma(exp::<S>(v), s, gv), lanes)
+                });
+            } else {
+                let d = S::splat(dot::<S>(yp, gp, n));
+                for_vectors::<S>(yp, n, #[inline(always)] |i, v, lanes| {
+                    let gv = load_lanes::<S>(gp, i, lanes);
+                    store_lanes::<S>(dp.add(i), S::mul(v, S::sub(gv, d)), lanes)
+                });
+            }
+        }
+    })
+}

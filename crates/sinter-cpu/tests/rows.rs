@@ -1,0 +1,343 @@
+//! The fused row kernels (softmax, cross-entropy, layer norm, bias + activation, AdamW) on
+//! every ISA against f64 references, on row lengths that are not multiples of any vector.
+
+mod reference;
+
+use sinter_cpu::math::activation::Activation;
+use sinter_cpu::math::adamw::{adamw, AdamW};
+use sinter_cpu::math::bias_act::{bias_act_backward_rows, bias_act_rows};
+use sinter_cpu::math::cross_entropy::{cross_entropy_rows, cross_entropy_rows_backward};
+use sinter_cpu::math::layer_norm::{
+    layer_norm_backward_rows, layer_norm_rows, residual_layer_norm_rows,
+};
+use sinter_cpu::math::softmax::{softmax_rows, softmax_rows_backward};
+use sinter_cpu::Isa;
+
+fn vals(n: usize, seed: u64, scale: f32) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            ((s >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * scale
+        })
+        .collect()
+}
+
+fn close(what: &str, got: &[f32], want: &[f64], rel: f64, abs: f64) {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
+        assert!(
+            (g as f64 - w).abs() <= rel * w.abs() + abs,
+            "{what}[{i}]: got {g}, want {w}"
+        );
+    }
+}
+
+const LENS: [usize; 5] = [1, 7, 17, 63, 129];
+
+#[test]
+fn softmax_and_log_softmax_rows_match_f64_forward_and_backward() {
+    for isa in Isa::available() {
+        for n in LENS {
+            let rows = 3;
+            let x = vals(rows * n, n as u64, 8.0);
+            let g = vals(rows * n, 99, 1.0);
+            for log in [false, true] {
+                let mut y = vec![0f32; x.len()];
+                softmax_rows(isa, &x, &mut y, n, log);
+                let mut want = vec![0f64; x.len()];
+                let mut want_dx = vec![0f64; x.len()];
+                for r in 0..rows {
+                    let row: Vec<f64> = x[r * n..(r + 1) * n].iter().map(|&v| v as f64).collect();
+                    let m = row.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                    let s: f64 = row.iter().map(|v| (v - m).exp()).sum();
+                    let gs: f64 = g[r * n..(r + 1) * n].iter().map(|&v| v as f64).sum();
+                    let p: Vec<f64> = row.iter().map(|v| (v - m).exp() / s).collect();
+                    let pg: f64 = p
+                        .iter()
+                        .zip(&g[r * n..(r + 1) * n])
+                        .map(|(a, &b)| a * b as f64)
+                        .sum();
+                    for j in 0..n {
+                        let gj = g[r * n + j] as f64;
+                        want[r * n + j] = if log { row[j] - m - s.ln() } else { p[j] };
+                        want_dx[r * n + j] = if log {
+                            gj - p[j] * gs
+                        } else {
+                            p[j] * (gj - pg)
+                        };
+                    }
+                }
+                close(
+                    &format!("{isa:?} softmax log={log} n={n}"),
+                    &y,
+                    &want,
+                    2e-6,
+                    1e-7,
+                );
+                let mut dx = vec![0f32; x.len()];
+                softmax_rows_backward(isa, &y, &g, &mut dx, n, log);
+                close(
+                    &format!("{isa:?} softmax backward log={log} n={n}"),
+                    &dx,
+                    &want_dx,
+                    1e-5,
+                    1e-6,
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn cross_entropy_keeps_precision_for_confident_predictions_and_checks_targets() {
+    for isa in Isa::available() {
+        for n in LENS {
+            let rows = 4;
+            let mut x = vals(rows * n, 7 + n as u64, 4.0);
+            // Row 0: a confident prediction, large logits: the loss is ~e^-30 relative to them.
+            x[0] = 1000.0;
+            for v in &mut x[1..n] {
+                *v = 970.0;
+            }
+            let targets: Vec<i64> = (0..rows as i64)
+                .map(|r| if r == 2 { -100 } else { r % n as i64 })
+                .collect();
+            let (mut loss, mut lse) = (vec![0f32; rows], vec![0f32; rows]);
+            cross_entropy_rows(isa, &x, n, &targets, -100, &mut loss, &mut lse).unwrap();
+            let mut want_loss = vec![0f64; rows];
+            let mut want_lse = vec![0f64; rows];
+            for r in 0..rows {
+                let row: Vec<f64> = x[r * n..(r + 1) * n].iter().map(|&v| v as f64).collect();
+                let m = row.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                // ln Σ e^(x − m) = ln_1p(Σ over all but one max): f64 loses a tiny rest too.
+                let top = row.iter().position(|&v| v == m).unwrap();
+                let rest: f64 = row
+                    .iter()
+                    .enumerate()
+                    .filter(|&(j, _)| j != top)
+                    .map(|(_, v)| (v - m).exp())
+                    .sum();
+                let ls = rest.ln_1p();
+                want_lse[r] = m + ls;
+                if targets[r] != -100 {
+                    want_loss[r] = ls - (row[targets[r] as usize] - m);
+                }
+            }
+            // Relative precision of the loss itself, even where it is tiny (row 0: ~(n−1)e^-30).
+            close(
+                &format!("{isa:?} ce loss n={n}"),
+                &loss,
+                &want_loss,
+                1e-5,
+                1e-30,
+            );
+            close(&format!("{isa:?} ce lse n={n}"), &lse, &want_lse, 1e-6, 0.0);
+            let mut dx = vec![0f32; x.len()];
+            cross_entropy_rows_backward(isa, &x, n, &targets, -100, &lse, 0.25, &mut dx).unwrap();
+            let mut want_dx = vec![0f64; x.len()];
+            for r in 0..rows {
+                if targets[r] == -100 {
+                    continue;
+                }
+                for j in 0..n {
+                    want_dx[r * n + j] = 0.25 * ((x[r * n + j] as f64) - want_lse[r]).exp();
+                }
+                want_dx[r * n + targets[r] as usize] -= 0.25;
+            }
+            close(
+                &format!("{isa:?} ce backward n={n}"),
+                &dx,
+                &want_dx,
+                1e-4,
+                1e-7,
+            );
+        }
+        let x = vals(6, 1, 1.0);
+        let (mut loss, mut lse) = (vec![0f32; 2], vec![0f32; 2]);
+        let e = cross_entropy_rows(isa, &x, 3, &[0, 3], -100, &mut loss, &mut lse).unwrap_err();
+        assert!(e.to_string().contains("target 3 at row 1"), "{e}");
+    }
+}
+
+#[test]
+fn layer_norm_rows_match_f64_with_and_without_residual_and_backward() {
+    for isa in Isa::available() {
+        for n in LENS {
+            let rows = 5;
+            let x = vals(rows * n, 3 + n as u64, 3.0);
+            let res = vals(rows * n, 5, 1.0);
+            let gamma = vals(n, 11, 1.0);
+            let beta = vals(n, 13, 1.0);
+            let g = vals(rows * n, 17, 1.0);
+            let eps = 1e-5f32;
+            let s: Vec<f32> = x.iter().zip(&res).map(|(a, b)| a + b).collect();
+            let (mut y, mut y2, mut sum) = (
+                vec![0f32; x.len()],
+                vec![0f32; x.len()],
+                vec![0f32; x.len()],
+            );
+            let (mut mean, mut rstd) = (vec![0f32; rows], vec![0f32; rows]);
+            let (mut mean2, mut rstd2) = (vec![0f32; rows], vec![0f32; rows]);
+            layer_norm_rows(isa, &s, &gamma, &beta, eps, &mut y, &mut mean, &mut rstd);
+            residual_layer_norm_rows(
+                isa, &x, &res, &gamma, &beta, eps, &mut sum, &mut y2, &mut mean2, &mut rstd2,
+            );
+            assert_eq!(sum, s, "{isa:?} residual sum n={n}");
+            assert_eq!(y, y2, "{isa:?} residual form n={n}");
+            let (mut want, mut want_dx) = (vec![0f64; x.len()], vec![0f64; x.len()]);
+            let (mut want_dg, mut want_db) = (vec![0f64; n], vec![0f64; n]);
+            for r in 0..rows {
+                let row: Vec<f64> = s[r * n..(r + 1) * n].iter().map(|&v| v as f64).collect();
+                let m = row.iter().sum::<f64>() / n as f64;
+                let var = row.iter().map(|v| (v - m).powi(2)).sum::<f64>() / n as f64;
+                let rs = 1.0 / (var + eps as f64).sqrt();
+                let xh: Vec<f64> = row.iter().map(|v| (v - m) * rs).collect();
+                let dxh: Vec<f64> = (0..n)
+                    .map(|j| g[r * n + j] as f64 * gamma[j] as f64)
+                    .collect();
+                let (a, b) = (
+                    dxh.iter().sum::<f64>() / n as f64,
+                    dxh.iter().zip(&xh).map(|(p, q)| p * q).sum::<f64>() / n as f64,
+                );
+                for j in 0..n {
+                    want[r * n + j] = xh[j] * gamma[j] as f64 + beta[j] as f64;
+                    want_dx[r * n + j] = rs * (dxh[j] - a - xh[j] * b);
+                    want_dg[j] += g[r * n + j] as f64 * xh[j];
+                    want_db[j] += g[r * n + j] as f64;
+                }
+            }
+            close(&format!("{isa:?} layer norm n={n}"), &y, &want, 1e-5, 2e-6);
+            let (mut dx, mut dg, mut db) = (vec![0f32; x.len()], vec![0f32; n], vec![0f32; n]);
+            layer_norm_backward_rows(isa, &s, &gamma, &mean, &rstd, &g, &mut dx, &mut dg, &mut db);
+            // n = 1 normalises to 0 with a huge rstd: compare with an absolute floor scaled by it.
+            let floor = if n == 1 { 1e-2 } else { 1e-5 };
+            close(
+                &format!("{isa:?} layer norm dx n={n}"),
+                &dx,
+                &want_dx,
+                1e-4,
+                floor,
+            );
+            close(
+                &format!("{isa:?} layer norm dgamma n={n}"),
+                &dg,
+                &want_dg,
+                1e-4,
+                1e-5,
+            );
+            close(
+                &format!("{isa:?} layer norm dbeta n={n}"),
+                &db,
+                &want_db,
+                1e-5,
+                1e-6,
+            );
+        }
+    }
+}
+
+#[test]
+fn bias_activation_rows_match_f64_forward_and_backward() {
+    use reference as r;
+    for isa in Isa::available() {
+        for n in LENS {
+            let rows = 3;
+            let x = vals(rows * n, 21 + n as u64, 4.0);
+            let bias = vals(n, 23, 1.0);
+            let g = vals(rows * n, 29, 1.0);
+            for act in [
+                Activation::None,
+                Activation::Relu,
+                Activation::GeluTanh,
+                Activation::GeluErf,
+            ] {
+                let f = |u: f64| match act {
+                    Activation::None => (u, 1.0),
+                    Activation::Relu => (u.max(0.0), if u > 0.0 { 1.0 } else { 0.0 }),
+                    Activation::GeluTanh => (r::gelu_tanh(u), r::gelu_tanh_grad(u)),
+                    Activation::GeluErf => (r::gelu_erf(u), r::gelu_erf_grad(u)),
+                };
+                let mut y = vec![0f32; x.len()];
+                bias_act_rows(isa, &x, &bias, act, &mut y);
+                let (mut dx, mut db) = (vec![0f32; x.len()], vec![0.5f32; n]);
+                bias_act_backward_rows(isa, &x, &bias, act, &g, &mut dx, &mut db);
+                let (mut wy, mut wdx, mut wdb) =
+                    (vec![0f64; x.len()], vec![0f64; x.len()], vec![0.5f64; n]);
+                for i in 0..x.len() {
+                    let (v, d) = f(x[i] as f64 + bias[i % n] as f64);
+                    wy[i] = v;
+                    wdx[i] = g[i] as f64 * d;
+                    wdb[i % n] += wdx[i];
+                }
+                close(&format!("{isa:?} {act:?} n={n}"), &y, &wy, 1e-5, 1e-6);
+                close(&format!("{isa:?} {act:?} dx n={n}"), &dx, &wdx, 1e-5, 1e-6);
+                close(
+                    &format!("{isa:?} {act:?} dbias n={n}"),
+                    &db,
+                    &wdb,
+                    1e-5,
+                    1e-5,
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn adamw_follows_pytorchs_formula_on_every_isa() {
+    let h = AdamW {
+        lr: 1e-3,
+        beta1: 0.9,
+        beta2: 0.999,
+        eps: 1e-8,
+        weight_decay: 0.01,
+        step: 3,
+    };
+    for isa in Isa::available() {
+        for n in [1, 17, 129] {
+            let (mut p, g, mut m, mut v) = (
+                vals(n, 1, 1.0),
+                vals(n, 2, 1.0),
+                vals(n, 3, 0.1),
+                vals(n, 4, 0.01),
+            );
+            for x in &mut v {
+                *x = x.abs();
+            }
+            let (p0, m0, v0) = (p.clone(), m.clone(), v.clone());
+            adamw(isa, &mut p, &g, &mut m, &mut v, h, 0.5);
+            let (bc1, bc2) = (1.0 - 0.9f64.powi(3), 1.0 - 0.999f64.powi(3));
+            for i in 0..n {
+                let gi = g[i] as f64 * 0.5;
+                let mi = m0[i] as f64 + 0.1 * (gi - m0[i] as f64);
+                let vi = 0.999 * v0[i] as f64 + 0.001 * gi * gi;
+                let pi =
+                    p0[i] as f64 * (1.0 - 1e-5) - 1e-3 / bc1 * mi / (vi.sqrt() / bc2.sqrt() + 1e-8);
+                close(
+                    &format!("{isa:?} adamw m n={n}"),
+                    &m[i..=i],
+                    &[mi],
+                    1e-6,
+                    1e-9,
+                );
+                close(
+                    &format!("{isa:?} adamw v n={n}"),
+                    &v[i..=i],
+                    &[vi],
+                    1e-6,
+                    1e-12,
+                );
+                close(
+                    &format!("{isa:?} adamw p n={n}"),
+                    &p[i..=i],
+                    &[pi],
+                    1e-6,
+                    1e-9,
+                );
+            }
+        }
+    }
+}

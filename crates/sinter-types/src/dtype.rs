@@ -1,0 +1,202 @@
+//! Element types. One enum names the element type of a tensor and of a device buffer.
+//!
+//! Tensors hold [`DType::TENSOR`] (f32, f16, bf16, i64): floats compute in f32 on the CPU, and
+//! f16/bf16 are storage formats whose values are widened to f32 for arithmetic and rounded back,
+//! as tensor cores do. i32 and u8 exist only as device-buffer types of kernels (e.g. packed
+//! masks, int8 data); a tensor op asked for one answers with an error that says so.
+
+use half::{bf16, f16};
+
+/// The element type of a tensor or a device buffer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum DType {
+    F32,
+    F16,
+    BF16,
+    /// Integer indices (class labels, token ids); signed so that `ignore_index = -100` works.
+    I64,
+    /// Device buffers only (kernel operands); no tensor holds it.
+    I32,
+    /// Device buffers only (kernel operands); no tensor holds it.
+    U8,
+}
+
+impl DType {
+    /// Every dtype, tensor or buffer.
+    pub const ALL: [DType; 6] = [
+        DType::F32,
+        DType::F16,
+        DType::BF16,
+        DType::I64,
+        DType::I32,
+        DType::U8,
+    ];
+    /// The floating-point dtypes (every math kernel is instantiated for these).
+    pub const FLOATS: [DType; 3] = [DType::F32, DType::F16, DType::BF16];
+    /// The dtypes a tensor can hold.
+    pub const TENSOR: [DType; 4] = [DType::F32, DType::F16, DType::BF16, DType::I64];
+
+    /// Bytes per element.
+    pub const fn size(self) -> usize {
+        match self {
+            DType::F32 | DType::I32 => 4,
+            DType::F16 | DType::BF16 => 2,
+            DType::I64 => 8,
+            DType::U8 => 1,
+        }
+    }
+    /// Bytes per element (the same as [`DType::size`]).
+    pub const fn size_in_bytes(self) -> usize {
+        self.size()
+    }
+    /// f32, f16 or bf16.
+    pub const fn is_float(self) -> bool {
+        matches!(self, DType::F32 | DType::F16 | DType::BF16)
+    }
+    /// True for the dtypes a tensor can hold ([`DType::TENSOR`]).
+    pub const fn is_tensor_dtype(self) -> bool {
+        !matches!(self, DType::I32 | DType::U8)
+    }
+    /// The short name: `f32`, `f16`, `bf16`, `i64`, `i32`, `u8` (also the suffix of kernel
+    /// names instantiated for this dtype, `add_f32`, `cast_bf16_i64`, ...).
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            DType::F32 => "f32",
+            DType::F16 => "f16",
+            DType::BF16 => "bf16",
+            DType::I64 => "i64",
+            DType::I32 => "i32",
+            DType::U8 => "u8",
+        }
+    }
+    /// The kernel-name suffix (the same as [`DType::as_str`]).
+    pub const fn suffix(self) -> &'static str {
+        self.as_str()
+    }
+    /// Parses a short or long name (`f32`/`float32`, `bf16`/`bfloat16`, `i64`/`int64`, ...).
+    pub fn parse(s: &str) -> Option<DType> {
+        match s {
+            "f32" | "float32" => Some(DType::F32),
+            "f16" | "float16" | "fp16" => Some(DType::F16),
+            "bf16" | "bfloat16" => Some(DType::BF16),
+            "i64" | "int64" => Some(DType::I64),
+            "i32" | "int32" => Some(DType::I32),
+            "u8" | "uint8" => Some(DType::U8),
+            _ => None,
+        }
+    }
+}
+
+impl std::fmt::Display for DType {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A Rust element type that a tensor can hold.
+pub trait Element: Copy + Send + Sync + 'static + bytemuck::Pod + std::fmt::Debug {
+    const DTYPE: DType;
+    fn to_f64(self) -> f64;
+    fn from_f64(v: f64) -> Self;
+    fn to_f32(self) -> f32;
+    fn from_f32(v: f32) -> Self;
+}
+
+impl Element for f32 {
+    const DTYPE: DType = DType::F32;
+    fn to_f64(self) -> f64 {
+        self as f64
+    }
+    fn from_f64(v: f64) -> Self {
+        v as f32
+    }
+    fn to_f32(self) -> f32 {
+        self
+    }
+    fn from_f32(v: f32) -> Self {
+        v
+    }
+}
+impl Element for f16 {
+    const DTYPE: DType = DType::F16;
+    fn to_f64(self) -> f64 {
+        self.to_f64()
+    }
+    // Through f32, as the GPU rounds: `half`'s own f64 path drops the low 32 bits of the f64
+    // before rounding, so a value just above a halfway point would round down.
+    fn from_f64(v: f64) -> Self {
+        f16::from_f32(v as f32)
+    }
+    fn to_f32(self) -> f32 {
+        self.to_f32()
+    }
+    fn from_f32(v: f32) -> Self {
+        f16::from_f32(v)
+    }
+}
+impl Element for bf16 {
+    const DTYPE: DType = DType::BF16;
+    fn to_f64(self) -> f64 {
+        self.to_f64()
+    }
+    fn from_f64(v: f64) -> Self {
+        bf16::from_f32(v as f32)
+    }
+    fn to_f32(self) -> f32 {
+        self.to_f32()
+    }
+    fn from_f32(v: f32) -> Self {
+        bf16::from_f32(v)
+    }
+}
+impl Element for i64 {
+    const DTYPE: DType = DType::I64;
+    fn to_f64(self) -> f64 {
+        self as f64
+    }
+    fn from_f64(v: f64) -> Self {
+        v as i64
+    }
+    fn to_f32(self) -> f32 {
+        self as f32
+    }
+    fn from_f32(v: f32) -> Self {
+        v as i64
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn half_types_round_f64_values_as_the_gpu_rounds_their_f32() {
+        // Just above the halfway point between two bf16 values: rounds up (0x3f37), as
+        // __float2bfloat16_rn does; truncating the f64 first would give 0x3f36.
+        let x = f32::from_bits(0x3f36_8006);
+        assert_eq!(<bf16 as Element>::from_f64(x as f64).to_bits(), 0x3f37);
+        assert_eq!(<bf16 as Element>::from_f32(x).to_bits(), 0x3f37);
+        let y = f32::from_bits(0x3f80_1001); // 1 + 2^-11 + 2^-23: just above an f16 halfway
+        assert_eq!(
+            <f16 as Element>::from_f64(y as f64).to_bits(),
+            f16::from_f32(y).to_bits()
+        );
+    }
+
+    #[test]
+    fn names_sizes_and_classes_agree() {
+        for d in DType::ALL {
+            assert_eq!(DType::parse(d.as_str()), Some(d));
+            assert_eq!(d.to_string(), d.suffix());
+            assert_eq!(d.size(), d.size_in_bytes());
+            assert_eq!(d.is_tensor_dtype(), DType::TENSOR.contains(&d), "{d}");
+            assert_eq!(d.is_float(), DType::FLOATS.contains(&d), "{d}");
+        }
+        assert_eq!(
+            [f32::DTYPE, f16::DTYPE, bf16::DTYPE, i64::DTYPE],
+            DType::TENSOR
+        );
+        assert_eq!(std::mem::size_of::<bf16>(), DType::BF16.size());
+        assert_eq!(DType::parse("float64"), None);
+    }
+}

@@ -1,0 +1,20 @@
+//! sinter-types: the small types every other sinter crate shares, defined once.
+//!
+//! - [`DType`]: the element types of tensors and device buffers, with [`Element`] for the Rust
+//!   types that tensors hold.
+//! - [`UnaryOp`], [`BinaryOp`], [`ReduceOp`]: the elementwise and reduction ops as data, with
+//!   their f64 reference semantics and the f32 arithmetic the CPU kernels use.
+//! - [`erf`]: the error function of GELU's exact form.
+//! - [`Rng`] and [`SplitMix64`]: the seeded generators whose state checkpoints save.
+//!
+//! This crate depends on no other sinter crate; everything else depends on it.
+
+pub mod dtype;
+pub mod op;
+pub mod rng;
+
+pub use dtype::{DType, Element};
+pub use op::{erf, BinaryOp, ReduceOp, UnaryOp};
+pub use rng::{Rng, SplitMix64};
+
+pub use half::{bf16, f16};
