@@ -136,20 +136,10 @@ fn views_of_one_pool_work_one_sequence_at_a_time() {
     let pool_v = Tensor::zeros(&[n, h, cap, d], DType::F32, Device::Cpu).unwrap();
     let lens = [250, 10, 299];
     for (i, &l) in lens.iter().enumerate() {
-        pool_k
-            .narrow(0, i, 1)
-            .unwrap()
-            .narrow(2, 0, l)
-            .unwrap()
-            .assign(&randn(&[1, h, l, d], &mut rng))
-            .unwrap();
-        pool_v
-            .narrow(0, i, 1)
-            .unwrap()
-            .narrow(2, 0, l)
-            .unwrap()
-            .assign(&randn(&[1, h, l, d], &mut rng))
-            .unwrap();
+        for pool in [&pool_k, &pool_v] {
+            let rows = pool.narrow(0, i, 1).unwrap().narrow(2, 0, l).unwrap();
+            rows.assign(&randn(&[1, h, l, d], &mut rng)).unwrap();
+        }
     }
     let own = |p: &Tensor| -> Vec<Tensor> {
         (0..n)

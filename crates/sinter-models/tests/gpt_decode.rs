@@ -141,8 +141,13 @@ fn decode_refuses_sequences_that_need_a_prefill() {
     let mut a = m
         .sequence(&[1, 2, 3], 4, 16, ContextPolicy::Shift, true)
         .unwrap();
-    assert!(!a.is_decoding());
-    let err = m.decode(&mut [&mut a]).unwrap_err().to_string();
+    assert!(!a.is_decoding() && a.can_feed());
+    // Without a cache, only a prefill (the whole window) can run.
+    let mut b = m
+        .sequence(&[1, 2, 3], 4, 16, ContextPolicy::Shift, false)
+        .unwrap();
+    assert!(!b.can_feed());
+    let err = m.decode(&mut [&mut a, &mut b]).unwrap_err().to_string();
     assert!(err.contains("prefill"), "{err}");
     assert!(m.sequence(&[], 4, 16, ContextPolicy::Shift, true).is_err());
     let err = m
@@ -230,4 +235,36 @@ fn a_short_cache_grows_when_the_sequence_runs_longer_than_announced() {
         assert!(max_err(&logits, &full_logits(&m, s.window())) < 1e-4);
         s.push(argmax(&logits) as i64);
     }
+}
+
+#[test]
+fn a_prompt_fed_through_decode_steps_gives_its_prefill_logits() {
+    let m = model(32, 6);
+    let v = 37;
+    // A is decoding; B's prompt of 5 tokens joins A's steps one token at a time.
+    let mut a = m
+        .sequence(&[1, 2, 3], 20, 32, ContextPolicy::Shift, true)
+        .unwrap();
+    let first = m.prefill(&mut a, usize::MAX).unwrap().unwrap();
+    a.push(argmax(&first) as i64);
+    let prompt = [4i64, 8, 15, 16, 23];
+    let mut b = m
+        .sequence(&prompt, 20, 32, ContextPolicy::Shift, true)
+        .unwrap();
+    assert!(b.can_feed() && !b.is_decoding());
+    for k in 0..prompt.len() {
+        assert_eq!(b.pending().len(), prompt.len() - k);
+        let logits = m.decode(&mut [&mut a, &mut b]).unwrap();
+        let want_a = full_logits(&m, a.tokens());
+        assert!(max_err(&logits[..v], &want_a) < 1e-4);
+        a.push(argmax(&logits[..v]) as i64);
+        if k + 1 == prompt.len() {
+            assert!(b.pending().is_empty());
+            let e = max_err(&logits[v..], &full_logits(&m, &prompt));
+            assert!(e < 1e-4, "{e}");
+        }
+    }
+    // Nothing pending: no decode step for it.
+    assert!(!b.can_feed());
+    assert!(m.decode(&mut [&mut b]).is_err());
 }

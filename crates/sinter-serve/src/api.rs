@@ -178,10 +178,7 @@ fn neutral<T: PartialEq + std::fmt::Debug>(
 
 impl Common {
     /// Checks the shared parameters; returns the sampling, stop sequences and delivery.
-    fn check(
-        &self,
-        limits: &Limits,
-    ) -> Result<(SamplingParams, Vec<String>, u64, Delivery), ApiError> {
+    fn check(&self, limits: &Limits) -> Result<Checked, ApiError> {
         match &self.model {
             None => {
                 return Err(ApiError::invalid(
@@ -275,16 +272,36 @@ impl Common {
             top_k,
             top_p,
         };
-        Ok((
+        Ok(Checked {
             sampling,
             stop,
             seed,
-            Delivery {
+            delivery: Delivery {
                 stream,
                 include_usage,
             },
-        ))
+            max_tokens: self.max_tokens,
+        })
     }
+}
+
+/// The shared parameters, checked.
+struct Checked {
+    sampling: SamplingParams,
+    stop: Vec<String>,
+    seed: u64,
+    delivery: Delivery,
+    max_tokens: Option<i64>,
+}
+
+/// A body's own fields (`T`) and its shared parameters, checked.
+fn read<T: serde::de::DeserializeOwned>(
+    body: &[u8],
+    limits: &Limits,
+) -> Result<(T, Checked), ApiError> {
+    let body = parse_body(body)?;
+    let common: Common = fields(&body)?;
+    Ok((fields(&body)?, common.check(limits)?))
 }
 
 fn fresh_seed() -> u64 {
@@ -334,10 +351,7 @@ pub fn completion_request(
     tok: &Tokenizer,
     limits: &Limits,
 ) -> Result<(GenRequest, Delivery), ApiError> {
-    let body = parse_body(body)?;
-    let common: Common = fields(&body)?;
-    let r: CompletionRequest = fields(&body)?;
-    let (sampling, stop, seed, delivery) = common.check(limits)?;
+    let (r, c): (CompletionRequest, _) = read(body, limits)?;
     if r.echo == Some(true) {
         return Err(ApiError::invalid(
             "'echo' is not supported by this server",
@@ -372,17 +386,17 @@ pub fn completion_request(
     };
     let prompt = check_prompt(tokens, tok, limits)?;
     // OpenAI's default for completions.
-    let max_tokens = positive(common.max_tokens, "max_tokens", limits.max_tokens)?.unwrap_or(16);
+    let max_tokens = positive(c.max_tokens, "max_tokens", limits.max_tokens)?.unwrap_or(16);
     Ok((
         GenRequest {
             prompt,
             max_tokens: max_tokens.min(limits.max_tokens),
-            sampling,
-            seed,
-            stop,
+            sampling: c.sampling,
+            seed: c.seed,
+            stop: c.stop,
             trim_start: false,
         },
-        delivery,
+        c.delivery,
     ))
 }
 
@@ -424,10 +438,7 @@ pub fn chat_request(
     tok: &Tokenizer,
     limits: &Limits,
 ) -> Result<(GenRequest, Delivery), ApiError> {
-    let body = parse_body(body)?;
-    let common: Common = fields(&body)?;
-    let r: ChatRequest = fields(&body)?;
-    let (sampling, mut stop, seed, delivery) = common.check(limits)?;
+    let (r, mut c): (ChatRequest, _) = read(body, limits)?;
     let messages = match r.messages {
         None => {
             return Err(ApiError::invalid(
@@ -474,7 +485,7 @@ pub fn chat_request(
         turns.push((m.role, text));
     }
     let prompt = check_prompt(tok.encode(&chat_prompt(&turns)), tok, limits)?;
-    let given = match (r.max_completion_tokens, common.max_tokens) {
+    let given = match (r.max_completion_tokens, c.max_tokens) {
         (Some(m), _) => positive(Some(m), "max_completion_tokens", limits.max_tokens)?,
         (None, m) => positive(m, "max_tokens", limits.max_tokens)?,
     };
@@ -482,17 +493,17 @@ pub fn chat_request(
     let max_tokens = given
         .unwrap_or_else(|| (limits.context - prompt.len()).max(16))
         .min(limits.max_tokens);
-    stop.push(CHAT_TURN_STOP.to_string());
+    c.stop.push(CHAT_TURN_STOP.to_string());
     Ok((
         GenRequest {
             prompt,
             max_tokens,
-            sampling,
-            seed,
-            stop,
+            sampling: c.sampling,
+            seed: c.seed,
+            stop: c.stop,
             trim_start: true,
         },
-        delivery,
+        c.delivery,
     ))
 }
 

@@ -7,10 +7,12 @@
 //!    step; its sequence and KV cache are made then);
 //! 2. drops requests whose client went away (their event channel is closed): the slot is
 //!    free for the next request at once;
-//! 3. prefills sequences that have pending tokens (a new prompt, or a window re-encoded past
-//!    the context), one chunk of at most `prefill_chunk` tokens each, so that a long prompt
-//!    does not stall everyone else's decoding;
-//! 4. decodes every other sequence together in one batched step (`ServeModel::decode`);
+//! 3. decodes every sequence with one pending token (its last) together in one batched step
+//!    (`ServeModel::decode`). A new prompt (or a window re-encoded past the context) of up to
+//!    `FEED_MAX` tokens rides along in these steps, one token per step, when others are
+//!    decoding: for a model whose step costs one read of its weights, that is much cheaper
+//!    than a separate pass per prompt. Alone, or longer, a prompt is prefilled in chunks of at
+//!    most `prefill_chunk` tokens per step, so that it does not stall everyone else;
 //! 5. samples each sequence's next token from its logits with its own seeded RNG, turns it
 //!    into text (whole UTF-8 characters, stop sequences held back), sends it to the client,
 //!    and retires sequences that hit a stop sequence, the end-of-text token or `max_tokens`.
@@ -75,6 +77,10 @@ pub enum Event {
     /// The request could not be completed (model error, or cut off by shutdown).
     Failed(String),
 }
+
+/// Prompts of at most this many tokens join other sequences' decode steps (see the module
+/// comment) instead of being prefilled apart.
+pub const FEED_MAX: usize = 16;
 
 #[derive(Clone, Copy, Debug)]
 pub struct EngineOptions {
@@ -239,8 +245,7 @@ impl<M: ServeModel> Scheduler<M> {
                 continue;
             }
             self.drop_cancelled();
-            self.prefill();
-            self.decode();
+            self.step();
             self.retire();
         }
     }
@@ -330,31 +335,45 @@ impl<M: ServeModel> Scheduler<M> {
         self.retire();
     }
 
-    fn prefill(&mut self) {
+    /// Splits the running requests into this step's batch and the prefills, runs both.
+    fn step(&mut self) {
+        let m = &self.model;
+        let live = |r: &Running<M::Seq>| !r.over;
+        let decoding = |r: &Running<M::Seq>| m.can_feed(&r.seq) && m.pending(&r.seq) == 1;
+        let others = self.running.iter().any(|r| live(r) && decoding(r));
+        let mut batch = Vec::new();
+        let mut prefill = Vec::new();
+        for (i, r) in self.running.iter().enumerate().filter(|(_, r)| live(r)) {
+            let rides = others && m.can_feed(&r.seq) && m.pending(&r.seq) <= FEED_MAX;
+            if decoding(r) || rides {
+                batch.push(i);
+            } else {
+                prefill.push(i);
+            }
+        }
+        for i in prefill {
+            self.prefill(i);
+        }
+        self.decode(&batch);
+    }
+
+    fn prefill(&mut self, i: usize) {
         let chunk = self.opts.prefill_chunk.max(1);
-        for i in 0..self.running.len() {
-            if self.model.is_decoding(&self.running[i].seq) {
-                continue;
-            }
-            let r = &mut self.running[i];
-            let out = catch_unwind(AssertUnwindSafe(|| self.model.prefill(&mut r.seq, chunk)));
-            match out {
-                Ok(Ok(Some(logits))) => self.next_token(i, &logits),
-                Ok(Ok(None)) => {}
-                Ok(Err(e)) => self.fail_running(i, &format!("{e:#}")),
-                Err(p) => self.fail_running(i, &panic_text(&p)),
-            }
+        let r = &mut self.running[i];
+        let out = catch_unwind(AssertUnwindSafe(|| self.model.prefill(&mut r.seq, chunk)));
+        match out {
+            Ok(Ok(Some(logits))) => self.next_token(i, &logits),
+            Ok(Ok(None)) => {}
+            Ok(Err(e)) => self.fail_running(i, &format!("{e:#}")),
+            Err(p) => self.fail_running(i, &panic_text(&p)),
         }
     }
 
-    fn decode(&mut self) {
-        let model = &self.model;
-        let batch: Vec<usize> = (0..self.running.len())
-            .filter(|&i| !self.running[i].over && model.is_decoding(&self.running[i].seq))
-            .collect();
+    fn decode(&mut self, batch: &[usize]) {
         if batch.is_empty() {
             return;
         }
+        let model = &self.model;
         let mut seqs: Vec<&mut M::Seq> = self
             .running
             .iter_mut()
@@ -370,7 +389,10 @@ impl<M: ServeModel> Scheduler<M> {
         match out {
             Ok(Ok(logits)) => {
                 for (k, &i) in batch.iter().enumerate() {
-                    self.next_token(i, &logits[k * v..(k + 1) * v]);
+                    // A prompt still being fed: its row is not a prediction yet.
+                    if self.model.pending(&self.running[i].seq) == 0 {
+                        self.next_token(i, &logits[k * v..(k + 1) * v]);
+                    }
                 }
             }
             Ok(Err(e)) => {

@@ -17,11 +17,14 @@ pub trait ServeModel: Send + 'static {
     fn context(&self) -> usize;
     /// A new sequence for `prompt`, about to generate up to `max_new` tokens.
     fn start(&self, prompt: &[i64], max_new: usize) -> Result<Self::Seq>;
-    /// Whether the next call for `seq` is a one-position decode (else a prefill).
-    fn is_decoding(&self, seq: &Self::Seq) -> bool;
+    /// Tokens of `seq` not yet fed to the model (its prompt at first, then the last token).
+    fn pending(&self, seq: &Self::Seq) -> usize;
+    /// Whether a decode step can take `seq`'s next pending token.
+    fn can_feed(&self, seq: &Self::Seq) -> bool;
     /// Feeds up to `max_chunk` pending tokens; the next-token logits once none are left.
     fn prefill(&self, seq: &mut Self::Seq, max_chunk: usize) -> Result<Option<Vec<f32>>>;
-    /// One decode step for every sequence: their next-token logits, row-major.
+    /// One decode step that feeds every sequence its next pending token: a row of logits
+    /// each, row-major (the next token's for sequences left with nothing pending).
     fn decode(&self, seqs: &mut [&mut Self::Seq]) -> Result<Vec<f32>>;
     /// Appends a picked token (the window moves on past the context).
     fn push(&self, seq: &mut Self::Seq, token: i64);
@@ -59,8 +62,11 @@ impl ServeModel for GptModel {
             .gpt
             .sequence(prompt, max_new, self.context, self.policy, true)?)
     }
-    fn is_decoding(&self, seq: &GptSequence) -> bool {
-        seq.is_decoding()
+    fn pending(&self, seq: &GptSequence) -> usize {
+        seq.pending().len()
+    }
+    fn can_feed(&self, seq: &GptSequence) -> bool {
+        seq.can_feed()
     }
     fn prefill(&self, seq: &mut GptSequence, max_chunk: usize) -> Result<Option<Vec<f32>>> {
         Ok(self.gpt.prefill(seq, max_chunk)?)

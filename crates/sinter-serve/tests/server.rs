@@ -6,27 +6,11 @@
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
-use sinter_core::Rng;
-use sinter_models::{Gpt, GptConfig};
-use sinter_nn::module::shared_rng;
-use sinter_nn::Module;
-use sinter_serve::{GptModel, ServeOptions, Server, Tokenizer};
+use sinter_serve::{ServeOptions, Server, Tokenizer};
+
+mod common;
 
 const MODEL: &str = "tiny";
-
-fn tiny_gpt() -> GptModel {
-    let cfg = GptConfig {
-        n_layer: 2,
-        n_head: 2,
-        n_embd: 32,
-        block_size: 64,
-        vocab_size: 256,
-        dropout: 0.0,
-    };
-    let gpt = Gpt::new(cfg, &mut Rng::new(1), &shared_rng(1)).unwrap();
-    gpt.set_training(false);
-    GptModel::new(gpt, 64)
-}
 
 fn options() -> ServeOptions {
     ServeOptions {
@@ -40,7 +24,7 @@ fn options() -> ServeOptions {
 }
 
 fn start(o: ServeOptions) -> (Server, String) {
-    let server = Server::start(tiny_gpt(), Tokenizer::Bytes, o).unwrap();
+    let server = Server::start(common::tiny_gpt(1), Tokenizer::Bytes, o).unwrap();
     let url = format!("http://{}", server.addr());
     (server, url)
 }
@@ -118,6 +102,16 @@ async fn metric(url: &str, name: &str) -> u64 {
         .trim()
         .parse()
         .unwrap()
+}
+
+/// A short completion of `n` tokens still goes through.
+async fn still_serves(url: &str, n: u64) {
+    let v = complete(
+        url,
+        json!({"model": MODEL, "prompt": "next", "max_tokens": n}),
+    )
+    .await;
+    assert_eq!(v["usage"]["completion_tokens"], n);
 }
 
 /// Polls `cond` until it holds (10 s at most).
@@ -474,12 +468,7 @@ async fn bad_requests_get_openai_errors_and_the_server_keeps_serving() {
         metric(&url, "sinter_requests_invalid_total").await,
         cases.len() as u64
     );
-    let ok = complete(
-        &url,
-        json!({"model": MODEL, "prompt": "still here", "max_tokens": 3}),
-    )
-    .await;
-    assert_eq!(ok["usage"]["completion_tokens"], 3);
+    still_serves(&url, 3).await;
     server.shutdown().unwrap();
 }
 
@@ -624,12 +613,7 @@ async fn a_client_that_stops_waiting_for_a_whole_response_frees_its_slot() {
         metric(&url, "sinter_requests_cancelled_total").await == 1
     })
     .await;
-    let v = complete(
-        &url,
-        json!({"model": MODEL, "prompt": "next", "max_tokens": 2}),
-    )
-    .await;
-    assert_eq!(v["usage"]["completion_tokens"], 2);
+    still_serves(&url, 2).await;
     server.shutdown().unwrap();
 }
 

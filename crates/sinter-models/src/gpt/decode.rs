@@ -77,22 +77,23 @@ impl Gpt {
         self.head_rows(&x)
     }
 
-    /// One step for every sequence in `seqs`, each decoding one position (`is_decoding`):
-    /// returns their next-token logits, n rows of `vocab_size`, row-major.
+    /// One step for every sequence in `seqs`, each taking its next pending token
+    /// (`can_feed`): returns n rows of `vocab_size` logits, row-major. A row is the next
+    /// token's logits when its sequence has nothing pending left (`pending()` empty), else
+    /// the logits of a prompt position, which callers skip.
     pub fn decode(&self, seqs: &mut [&mut GptSequence]) -> Result<Vec<f32>> {
         let mut ids = Vec::with_capacity(seqs.len());
         for (i, s) in seqs.iter().enumerate() {
-            if !s.is_decoding() {
+            if !s.can_feed() {
                 bail!(
-                    "gpt: sequence {i} has {} pending tokens; prefill it before decoding",
-                    s.pending().len()
+                    "gpt: sequence {i} cannot take a decode step (no cache, nothing pending, or a window larger than its cache); prefill it"
                 );
             }
             ids.push(s.pending()[0]);
         }
         let mut caches: Vec<&mut KvCache> = seqs
             .iter_mut()
-            .map(|s| s.cache_mut().expect("decoding sequences have a cache"))
+            .map(|s| s.cache_mut().expect("fed sequences have a cache"))
             .collect();
         self.decode_step(&ids, &mut caches)?.to_vec_f32()
     }

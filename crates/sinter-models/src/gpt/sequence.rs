@@ -139,10 +139,20 @@ impl GptSequence {
     pub fn pending(&self) -> &[i64] {
         &self.tokens[self.start + self.cached()..]
     }
-    /// Whether the next call is a single-position decode (`Gpt::decode`), rather than a
-    /// prefill of several positions or a recomputation without cache.
+    /// Whether exactly one token is pending and the cache has room for it: the next call is
+    /// a one-position decode step (`Gpt::decode`) that yields the next token's logits.
     pub fn is_decoding(&self) -> bool {
-        self.cache.as_ref().is_some_and(|c| c.len() < c.capacity()) && self.pending().len() == 1
+        self.can_feed() && self.pending().len() == 1
+    }
+    /// Whether a decode step can take this sequence's next pending token: it has a cache
+    /// sized for its window. A prompt can also be fed this way, one token per step, among
+    /// other sequences' decode steps (the logits are those of the next token only once
+    /// nothing is pending).
+    pub fn can_feed(&self) -> bool {
+        let window = self.tokens.len() - self.start;
+        self.cache
+            .as_ref()
+            .is_some_and(|c| window <= c.capacity() && c.len() < window)
     }
     pub(crate) fn cache(&self) -> Option<&KvCache> {
         self.cache.as_ref()
