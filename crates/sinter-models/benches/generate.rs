@@ -160,6 +160,46 @@ fn batch() {
     println!();
 }
 
+/// One token of one sequence at positions 32..92: the general step (`forward_step`: [b, s] with
+/// head transposes, the prefill path) against the batched decode step at n = 1, interleaved.
+fn one_token() {
+    println!("### One token, one sequence, positions 32..92: forward_step vs decode");
+    println!();
+    println!("| model | forward_step median µs | decode median µs | ratio |");
+    println!("|---|---:|---:|---:|");
+    for preset in ["gpt-tiny", "gpt2"] {
+        let m = model(preset, 128);
+        let ids =
+            sinter_core::Tensor::from_slice(&[5i64], &[1, 1], sinter_core::Device::Cpu).unwrap();
+        let (mut a, mut b) = (Vec::new(), Vec::new());
+        for _ in 0..rounds() {
+            let mut seq = sequences(&m, 1, 32).pop().unwrap();
+            let mut cache = m.kv_cache(1).unwrap();
+            let prompt: Vec<i64> = (0..32).collect();
+            let p = sinter_core::Tensor::from_slice(&prompt, &[1, 32], sinter_core::Device::Cpu)
+                .unwrap();
+            m.forward_step(&p, &mut cache).unwrap();
+            // 60 tokens each, positions 32..92 on both sides.
+            a.push(time_it(0, budget(), 60, 60, || {
+                let y = m.forward_step(&ids, &mut cache).unwrap();
+                std::hint::black_box(y.to_vec_f32().unwrap());
+            }));
+            b.push(time_it(0, budget(), 60, 60, || {
+                std::hint::black_box(m.decode(&mut [&mut seq]).unwrap());
+                seq.push(5);
+            }));
+        }
+        let (a, b) = (Stats::merge(&a), Stats::merge(&b));
+        println!(
+            "| {preset} | {:.1} | {:.1} | {:.2}× |",
+            a.median() * 1e6,
+            b.median() * 1e6,
+            a.median() / b.median()
+        );
+    }
+    println!();
+}
+
 fn main() {
     println!("## Generation (f32, CPU)");
     println!();
@@ -175,5 +215,8 @@ fn main() {
     }
     if common::selected("batch") {
         batch();
+    }
+    if common::selected("one_token") {
+        one_token();
     }
 }

@@ -113,6 +113,16 @@ struct Shared {
     deadline: Mutex<Option<Instant>>,
 }
 
+impl Shared {
+    /// Marks a running request as over and frees its place in the server at once (it leaves
+    /// the batch at the end of the step).
+    fn end(&self, over: &mut bool) {
+        if !std::mem::replace(over, true) {
+            self.in_system.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+}
+
 /// The HTTP side's way into the scheduler (cheap to clone).
 #[derive(Clone)]
 pub struct EngineHandle {
@@ -267,7 +277,7 @@ impl<M: ServeModel> Scheduler<M> {
             };
             self.metrics().queued.fetch_sub(1, Ordering::Relaxed);
             if job.events.is_closed() {
-                self.leave(&job, Outcome::Cancelled);
+                self.leave(Outcome::Cancelled);
                 continue;
             }
             let started = catch_unwind(AssertUnwindSafe(|| {
@@ -309,26 +319,30 @@ impl<M: ServeModel> Scheduler<M> {
 
     /// Shutdown's deadline has passed: every running and queued request is cut off.
     fn cut_off(&mut self) {
-        for r in std::mem::take(&mut self.running) {
+        for mut r in std::mem::take(&mut self.running) {
+            self.metrics().active.fetch_sub(1, Ordering::Relaxed);
+            if r.over {
+                continue;
+            }
             let _ = r.job.events.send(Event::Failed(
                 "the server shut down before this request finished".into(),
             ));
-            self.metrics().active.fetch_sub(1, Ordering::Relaxed);
-            self.leave(&r.job, Outcome::Cancelled);
+            self.shared.end(&mut r.over);
+            Metrics::add(&self.shared.metrics.requests_cancelled_total, 1);
         }
         while let Ok(job) = self.rx.try_recv() {
             self.metrics().queued.fetch_sub(1, Ordering::Relaxed);
             let _ = job.events.send(Event::Failed(
                 "the server shut down before this request started".into(),
             ));
-            self.leave(&job, Outcome::Cancelled);
+            self.leave(Outcome::Cancelled);
         }
     }
 
     fn drop_cancelled(&mut self) {
         for r in &mut self.running {
             if r.job.events.is_closed() {
-                r.over = true;
+                self.shared.end(&mut r.over);
                 Metrics::add(&self.shared.metrics.requests_cancelled_total, 1);
             }
         }
@@ -443,7 +457,7 @@ impl<M: ServeModel> Scheduler<M> {
         }
         let gone = !out.is_empty() && r.job.events.send(Event::Text(out)).is_err();
         if let Some(finish) = finish {
-            r.over = true;
+            self.shared.end(&mut r.over);
             // Counted before the client hears of it, so that /metrics never lags a response.
             if gone || r.job.events.is_closed() {
                 Metrics::add(&m.requests_cancelled_total, 1);
@@ -458,7 +472,7 @@ impl<M: ServeModel> Scheduler<M> {
                 completion_tokens: r.generated,
             });
         } else if gone {
-            r.over = true;
+            self.shared.end(&mut r.over);
             Metrics::add(&m.requests_cancelled_total, 1);
         }
     }
@@ -468,31 +482,28 @@ impl<M: ServeModel> Scheduler<M> {
         if r.over {
             return;
         }
-        r.over = true;
+        self.shared.end(&mut r.over);
         let _ = r.job.events.send(Event::Failed(msg.to_string()));
         Metrics::add(&self.shared.metrics.requests_failed_total, 1);
     }
 
     fn fail(&self, job: &Job, msg: &str) {
         let _ = job.events.send(Event::Failed(msg.to_string()));
-        self.leave(job, Outcome::Failed);
+        self.leave(Outcome::Failed);
     }
 
-    /// Removes the requests that are over and frees their slots.
+    /// Removes the requests that are over from the batch.
     fn retire(&mut self) {
         let before = self.running.len();
         self.running.retain(|r| !r.over);
         let gone = before - self.running.len();
-        if gone > 0 {
-            self.metrics()
-                .active
-                .fetch_sub(gone as u64, Ordering::Relaxed);
-            self.shared.in_system.fetch_sub(gone, Ordering::SeqCst);
-        }
+        self.metrics()
+            .active
+            .fetch_sub(gone as u64, Ordering::Relaxed);
     }
 
     /// A request that leaves without having run (or after `cut_off`).
-    fn leave(&self, _job: &Job, outcome: Outcome) {
+    fn leave(&self, outcome: Outcome) {
         let m = &self.shared.metrics;
         match outcome {
             Outcome::Cancelled => Metrics::add(&m.requests_cancelled_total, 1),
