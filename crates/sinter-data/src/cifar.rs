@@ -4,10 +4,23 @@ use std::path::{Path, PathBuf};
 
 use crate::error::{DataError, Result};
 use crate::io::{check_dir, read_file, size_note};
-use crate::{push_f32, push_i64, Dataset, HostArray, HostData, Split};
+use crate::{push_f32, push_i64, Dataset, HostArray, HostData, InputEncoding, Split};
 
 /// Per-channel (R, G, B) mean of the CIFAR-10 training pixels scaled to [0, 1].
 pub const CIFAR10_MEAN: [f32; 3] = [0.4914, 0.4822, 0.4465];
+/// The CIFAR-10 classes, by label.
+pub const CIFAR10_CLASSES: [&str; 10] = [
+    "airplane",
+    "automobile",
+    "bird",
+    "cat",
+    "deer",
+    "dog",
+    "frog",
+    "horse",
+    "ship",
+    "truck",
+];
 /// Per-channel (R, G, B) standard deviation of the CIFAR-10 training pixels.
 pub const CIFAR10_STD: [f32; 3] = [0.2470, 0.2435, 0.2616];
 
@@ -141,6 +154,17 @@ impl Cifar10Dataset {
 }
 
 impl Dataset for Cifar10Dataset {
+    fn input_encoding(&self) -> InputEncoding {
+        InputEncoding::Image {
+            pixel_max: 255.0,
+            mean: CIFAR10_MEAN.to_vec(),
+            std: CIFAR10_STD.to_vec(),
+        }
+    }
+    fn class_names(&self) -> Option<Vec<String>> {
+        Some(CIFAR10_CLASSES.iter().map(|c| c.to_string()).collect())
+    }
+
     fn len(&self) -> usize {
         self.len
     }

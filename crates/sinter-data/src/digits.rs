@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use crate::error::{DataError, Result};
-use crate::{push_f32, push_i64, Dataset, HostArray, HostData, Split};
+use crate::{push_f32, push_i64, Dataset, HostArray, HostData, InputEncoding, Split};
 
 /// The gzipped CSV: 1,797 lines of 64 pixel values 0–16 and a label 0–9.
 static DIGITS_CSV_GZ: &[u8] = include_bytes!("../../../data/digits.csv.gz");
@@ -122,6 +122,17 @@ impl DigitsDataset {
 }
 
 impl Dataset for DigitsDataset {
+    fn input_encoding(&self) -> InputEncoding {
+        InputEncoding::Image {
+            pixel_max: 16.0,
+            mean: vec![0.0],
+            std: vec![1.0],
+        }
+    }
+    fn class_names(&self) -> Option<Vec<String>> {
+        Some((0..10).map(|d| d.to_string()).collect())
+    }
+
     fn len(&self) -> usize {
         self.rows.len()
     }

@@ -17,6 +17,8 @@
 //!     fn input_shape(&self) -> Vec<usize>;                       // one example
 //!     fn target_shape(&self) -> Vec<usize>;
 //!     fn num_classes(&self) -> Option<usize>;                    // classes, or vocab size
+//!     fn input_encoding(&self) -> InputEncoding;                 // provided: how raw inputs map
+//!     fn class_names(&self) -> Option<Vec<String>>;              // provided
 //!     fn append_example(&self, index, inputs: &mut HostData, targets: &mut HostData); // provided
 //! }
 //! ```
@@ -91,7 +93,7 @@ mod text;
 mod tokenizer;
 mod tokens;
 
-pub use cifar::{cifar10, Cifar10Dataset, CIFAR10_MEAN, CIFAR10_STD};
+pub use cifar::{cifar10, Cifar10Dataset, CIFAR10_CLASSES, CIFAR10_MEAN, CIFAR10_STD};
 pub use digits::{digits, DigitsDataset};
 pub use error::{DataError, Result};
 pub use loader::{DataLoader, LoaderPosition};
@@ -254,6 +256,27 @@ impl Batch {
     }
 }
 
+/// How raw inputs become a dataset's example inputs, so a model trained on it can be run on
+/// new inputs (an image file, a prompt) without the data set.
+#[derive(Clone, Debug, PartialEq)]
+pub enum InputEncoding {
+    /// Images `[c, h, w]`: `x = (pixel / pixel_max − mean[c]) / std[c]`.
+    Image {
+        /// The largest raw pixel value (16 for the bundled digits, 255 for 8-bit images).
+        pixel_max: f32,
+        /// Per-channel mean subtracted (after scaling to 0–1).
+        mean: Vec<f32>,
+        /// Per-channel standard deviation divided out.
+        std: Vec<f32>,
+    },
+    /// Text as bytes: one token per byte (vocabulary 256).
+    Bytes,
+    /// Text as GPT-2 BPE token ids ([`Gpt2Tokenizer`]).
+    Gpt2Tokens,
+    /// Not known (token files of another tokenizer).
+    Unspecified,
+}
+
 /// A random-access collection of `(input, target)` examples.
 ///
 /// Implementations must be cheap to call from a background thread (`Send + Sync`) and
@@ -282,6 +305,16 @@ pub trait Dataset: Send + Sync {
 
     /// For classifiers the number of classes; for language models the vocabulary size.
     fn num_classes(&self) -> Option<usize>;
+
+    /// How raw inputs become this dataset's inputs.
+    fn input_encoding(&self) -> InputEncoding {
+        InputEncoding::Unspecified
+    }
+
+    /// The classes' names, by class id, where the data names them.
+    fn class_names(&self) -> Option<Vec<String>> {
+        None
+    }
 
     /// Appends example `index`'s elements to `inputs` and `targets` (used to build batches
     /// without per-example allocation). The default calls [`get`](Self::get); datasets

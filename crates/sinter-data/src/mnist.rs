@@ -4,7 +4,7 @@ use std::path::{Path, PathBuf};
 
 use crate::error::{DataError, Result};
 use crate::io::{be_u32, find_first, mul_u64, read_file, size_note};
-use crate::{push_f32, push_i64, Dataset, HostArray, HostData, Split};
+use crate::{push_f32, push_i64, Dataset, HostArray, HostData, InputEncoding, Split};
 
 /// The mean pixel value of the MNIST training set (after scaling to [0, 1]).
 pub const MNIST_MEAN: f32 = 0.1307;
@@ -248,6 +248,17 @@ impl MnistDataset {
 }
 
 impl Dataset for MnistDataset {
+    fn input_encoding(&self) -> InputEncoding {
+        InputEncoding::Image {
+            pixel_max: 255.0,
+            mean: vec![MNIST_MEAN],
+            std: vec![MNIST_STD],
+        }
+    }
+    fn class_names(&self) -> Option<Vec<String>> {
+        Some((0..10).map(|d| d.to_string()).collect())
+    }
+
     fn len(&self) -> usize {
         self.labels.len()
     }

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 
 use crate::error::{DataError, Result};
 use crate::io::read_file;
-use crate::{push_i64, Dataset, HostArray, HostData, Split};
+use crate::{push_i64, Dataset, HostArray, HostData, InputEncoding, Split};
 
 /// The vocabulary size of byte-level text.
 pub const TEXT_VOCAB_SIZE: usize = 256;
@@ -35,6 +35,7 @@ pub struct LmDataset {
     vocab_size: usize,
     context_len: usize,
     windows: Windows,
+    encoding: InputEncoding,
 }
 
 impl LmDataset {
@@ -79,12 +80,19 @@ impl LmDataset {
             vocab_size,
             context_len,
             windows,
+            encoding: InputEncoding::Unspecified,
         })
     }
 
     /// The same tokens cut with another window mode.
     pub fn with_windows(mut self, windows: Windows) -> Self {
         self.windows = windows;
+        self
+    }
+
+    /// The same tokens, saying how text became them.
+    pub fn with_encoding(mut self, encoding: InputEncoding) -> Self {
+        self.encoding = encoding;
         self
     }
 
@@ -163,6 +171,10 @@ impl Dataset for LmDataset {
     fn num_classes(&self) -> Option<usize> {
         Some(self.vocab_size)
     }
+
+    fn input_encoding(&self) -> InputEncoding {
+        self.encoding.clone()
+    }
 }
 
 /// The index where the validation part of `n` tokens starts: the first 90% (rounded down)
@@ -208,13 +220,14 @@ pub(crate) fn split_dataset(
 /// sliding windows of `context_len`.
 pub fn shakespeare(split: Split, context_len: usize) -> Result<LmDataset> {
     let tokens = SHAKESPEARE.iter().map(|&b| b as u16).collect();
-    split_dataset(
+    Ok(split_dataset(
         tokens,
         split,
         context_len,
         TEXT_VOCAB_SIZE,
         &PathBuf::from("<bundled>/data/tinyshakespeare.txt"),
-    )
+    )?
+    .with_encoding(InputEncoding::Bytes))
 }
 
 /// Any file as bytes (vocab 256; gzip is decompressed first): first 90% train, last 10%
@@ -223,5 +236,8 @@ pub fn text(path: impl AsRef<Path>, split: Split, context_len: usize) -> Result<
     let path = path.as_ref();
     let (bytes, _) = read_file(path, "text file")?;
     let tokens = bytes.iter().map(|&b| b as u16).collect();
-    split_dataset(tokens, split, context_len, TEXT_VOCAB_SIZE, path)
+    Ok(
+        split_dataset(tokens, split, context_len, TEXT_VOCAB_SIZE, path)?
+            .with_encoding(InputEncoding::Bytes),
+    )
 }

@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use crate::error::{DataError, Result};
 use crate::io::{le_i32, read_file, size_note};
 use crate::text::{split_dataset, LmDataset, Windows};
-use crate::Split;
+use crate::{InputEncoding, Split};
 
 /// `header[0]` of an llm.c token file.
 pub const TOKENS_MAGIC: i32 = 20240520;
@@ -209,6 +209,21 @@ pub fn tokens(
             "vocabulary size is 0; give the tokenizer's vocabulary size".into(),
         ));
     }
+    // llm.c token files of GPT-2's vocabulary are GPT-2 BPE (what `sinter tokenize` writes).
+    let encoding = if vocab_size == GPT2_VOCAB_SIZE {
+        InputEncoding::Gpt2Tokens
+    } else {
+        InputEncoding::Unspecified
+    };
+    Ok(read_split(path, split, context_len, vocab_size)?.with_encoding(encoding))
+}
+
+fn read_split(
+    path: &Path,
+    split: Split,
+    context_len: usize,
+    vocab_size: usize,
+) -> Result<LmDataset> {
     if path.is_dir() {
         let files = shard_files(path, split)?;
         let mut all = Vec::new();

@@ -13,6 +13,8 @@
 //! past the data's vocabulary) and scores the masked positions. [`Bert::mlm_loss`] does the
 //! same for callers that hold labels, running the head on the masked rows only.
 
+use crate::model::{BatchLoss, Model};
+use crate::Task;
 use sinter_core::{bail, DType, Device, Result, Rng, Tensor};
 use sinter_nn::init;
 use sinter_nn::module::{join, NamedTensor, TensorKind};
@@ -745,4 +747,44 @@ pub fn save_hf_bert(model: &Bert, path: impl AsRef<std::path::Path>) -> Result<(
         let _ = std::fs::remove_file(&tmp);
     }
     result
+}
+
+impl Model for Bert {
+    fn task(&self) -> Task {
+        Task::MaskedLm
+    }
+    /// Masks the token batch with BERT's recipe (the mask token is the id after the data's
+    /// vocabulary); the targets become the original tokens at the selected positions and
+    /// [`IGNORE_INDEX`] elsewhere.
+    fn prepare_batch(
+        &self,
+        inputs: Tensor,
+        _targets: Tensor,
+        seed: u64,
+    ) -> Result<(Tensor, Tensor)> {
+        if inputs.dtype() != DType::I64 {
+            bail!(
+                "masked-LM training needs token ids, but the data gives {}",
+                inputs.dtype()
+            );
+        }
+        let masking = MlmMasking::for_vocab(self.config.vocab_size - 1);
+        let (x, y) = mask_tokens(&inputs.to_vec_i64()?, &masking, &mut Rng::new(seed));
+        let shape = inputs.shape().to_vec();
+        Ok((
+            Tensor::from_vec(x, &shape, Device::Cpu)?,
+            Tensor::from_vec(y, &shape, Device::Cpu)?,
+        ))
+    }
+    /// The labels stay on the host: the loss picks the masked rows from them without reading
+    /// the device.
+    fn place_batch(&self, batch: &(Tensor, Tensor), device: Device) -> Result<(Tensor, Tensor)> {
+        Ok((batch.0.to_device(device)?, batch.1.clone()))
+    }
+    fn loss(&self, inputs: &Tensor, targets: &Tensor) -> Result<BatchLoss> {
+        Ok(BatchLoss {
+            loss: self.mlm_loss(inputs, targets, None, None)?,
+            logits: None,
+        })
+    }
 }

@@ -1,6 +1,8 @@
 //! A LeNet-style CNN: two conv(3×3) + ReLU + max-pool(2) stages, then two linear layers.
 //! Sized from the input, so it fits 8×8 digits and 28×28 MNIST alike.
 
+use crate::model::{classifier_loss, BatchLoss, Model};
+use crate::Task;
 use sinter_core::{bail, Conv2dParams, Result, Rng, Tensor};
 use sinter_nn::module::{join, NamedTensor};
 use sinter_nn::{Conv2d, Linear, MaxPool2d, Module};
@@ -46,5 +48,14 @@ impl Module for LeNet {
         self.conv2.collect(&join(prefix, "conv2"), out);
         self.fc1.collect(&join(prefix, "fc1"), out);
         self.fc2.collect(&join(prefix, "fc2"), out);
+    }
+}
+
+impl Model for LeNet {
+    fn task(&self) -> Task {
+        Task::Classification
+    }
+    fn loss(&self, inputs: &Tensor, targets: &Tensor) -> Result<BatchLoss> {
+        classifier_loss(self, inputs, targets)
     }
 }

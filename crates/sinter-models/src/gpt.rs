@@ -21,6 +21,8 @@ pub use sequence::{ContextPolicy, GptSequence};
 
 use std::sync::Arc;
 
+use crate::model::{sequence_loss, BatchLoss, Model};
+use crate::Task;
 use sinter_core::{bail, no_grad, DType, Result, Rng, Tensor};
 use sinter_nn::module::{join, NamedTensor};
 use sinter_nn::recompute::{block_forward, Recompute};
@@ -273,5 +275,14 @@ impl Module for Gpt {
     fn set_training(&self, t: bool) {
         self.drop.set_training(t);
         self.blocks.iter().for_each(|b| b.set_training(t));
+    }
+}
+
+impl Model for Gpt {
+    fn task(&self) -> Task {
+        Task::LanguageModel
+    }
+    fn loss(&self, inputs: &Tensor, targets: &Tensor) -> Result<BatchLoss> {
+        sequence_loss(&self.forward(inputs)?, targets)
     }
 }

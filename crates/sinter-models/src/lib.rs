@@ -6,6 +6,7 @@ pub mod cnn;
 pub mod gpt;
 pub mod hf_gpt2;
 pub mod mlp;
+pub mod model;
 pub mod resnet;
 
 pub use bert::{load_hf_bert, mask_batch, mask_tokens, save_hf_bert, Bert, BertConfig, MlmMasking};
@@ -13,10 +14,11 @@ pub use cnn::LeNet;
 pub use gpt::{Gpt, GptConfig};
 pub use hf_gpt2::{hf_gpt2_config, load_hf_gpt2, save_hf_gpt2};
 pub use mlp::Mlp;
+pub use model::{classifier_loss, sequence_loss, BatchLoss, Model};
 pub use resnet::ResNet18;
 
 use sinter_core::{bail, Result, Rng};
-use sinter_nn::{Module, SharedRng};
+use sinter_nn::SharedRng;
 
 /// What a model consumes and produces, so the trainer knows how to feed and score it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -72,7 +74,7 @@ pub fn build(
     data: &DataShape,
     rng: &mut Rng,
     dropout_rng: &SharedRng,
-) -> Result<Box<dyn Module>> {
+) -> Result<Box<dyn Model>> {
     build_with(
         name,
         data,
@@ -89,7 +91,7 @@ pub fn build_with(
     rng: &mut Rng,
     dropout_rng: &SharedRng,
     recompute: sinter_nn::recompute::Recompute,
-) -> Result<Box<dyn Module>> {
+) -> Result<Box<dyn Model>> {
     let image = |what: &str| -> Result<(usize, usize, usize)> {
         match data.input.as_slice() {
             [c, h, w] => Ok((*c, *h, *w)),

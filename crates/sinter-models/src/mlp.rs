@@ -1,5 +1,7 @@
 //! A multi-layer perceptron over flattened inputs.
 
+use crate::model::{classifier_loss, BatchLoss, Model};
+use crate::Task;
 use sinter_core::{Result, Rng, Tensor};
 use sinter_nn::module::{join, NamedTensor};
 use sinter_nn::{Linear, Module};
@@ -36,5 +38,14 @@ impl Module for Mlp {
         for (i, l) in self.layers.iter().enumerate() {
             l.collect(&join(prefix, &format!("layers.{i}")), out);
         }
+    }
+}
+
+impl Model for Mlp {
+    fn task(&self) -> Task {
+        Task::Classification
+    }
+    fn loss(&self, inputs: &Tensor, targets: &Tensor) -> Result<BatchLoss> {
+        classifier_loss(self, inputs, targets)
     }
 }

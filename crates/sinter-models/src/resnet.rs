@@ -1,6 +1,8 @@
 //! ResNet-18, CIFAR variant (He et al. 2016): a 3×3 stem with no max-pool, four stages of
 //! two basic blocks (64, 128, 256, 512 channels), global average pooling, one linear layer.
 
+use crate::model::{classifier_loss, BatchLoss, Model};
+use crate::Task;
 use sinter_core::{Conv2dParams, Result, Rng, Tensor};
 use sinter_nn::module::{join, NamedTensor};
 use sinter_nn::{BatchNorm2d, Conv2d, Linear, Module};
@@ -139,5 +141,14 @@ impl Module for ResNet18 {
     fn set_training(&self, t: bool) {
         self.bn1.set_training(t);
         self.layers.iter().flatten().for_each(|b| b.set_training(t));
+    }
+}
+
+impl Model for ResNet18 {
+    fn task(&self) -> Task {
+        Task::Classification
+    }
+    fn loss(&self, inputs: &Tensor, targets: &Tensor) -> Result<BatchLoss> {
+        classifier_loss(self, inputs, targets)
     }
 }

@@ -349,6 +349,35 @@ impl StepControl {
         })
     }
 
+    /// Continues the schedule with the learning rates `lrs` of the next steps: the next step
+    /// uses `lrs[0]` (the table's index restarts at 0). With it a trainer keeps a window of
+    /// the schedule on the device instead of every step of the run, refilling it before the
+    /// window runs out; `lrs` may be as long as the table `new` was given, at most.
+    pub fn restart_schedule(&self, lrs: &[f64]) -> Result<()> {
+        let n = self.lr_table.numel();
+        let (Some(&first), Some(&last)) = (lrs.first(), lrs.last()) else {
+            bail!("step control: the learning-rate window is empty");
+        };
+        if lrs.len() > n {
+            bail!(
+                "step control: a window of {} learning rates does not fit the table of {n}",
+                lrs.len()
+            );
+        }
+        let _g = no_grad();
+        let mut table: Vec<f32> = lrs.iter().map(|&l| l as f32).collect();
+        table.resize(n, last as f32);
+        let device = self.ctl.device();
+        self.lr_table
+            .assign(&Tensor::from_vec(table, &[n], Device::Cpu)?.to_device(device)?)?;
+        let set = |at: usize, v: f32| -> Result<()> {
+            let x = Tensor::from_vec(vec![v], &[1], Device::Cpu)?.to_device(device)?;
+            self.ctl.narrow(0, at, 1)?.assign(&x)
+        };
+        set(ctl::ITER, 0.0)?;
+        set(ctl::LR, first as f32)
+    }
+
     /// The control block (for `Optimizer::step_ctl`).
     pub fn tensor(&self) -> &Tensor {
         &self.ctl
@@ -426,6 +455,21 @@ mod tests {
         assert!(
             PrecisionMode::Fp16.needs_loss_scaling() && !PrecisionMode::Bf16.needs_loss_scaling()
         );
+    }
+
+    #[test]
+    fn a_restarted_schedule_continues_from_its_window() {
+        let c = StepControl::new(Device::Cpu, &[1.0, 2.0, 3.0], 1, 0, None, None).unwrap();
+        assert_eq!(c.read().unwrap().lr, 2.0);
+        c.restart_schedule(&[5.0, 6.0]).unwrap();
+        assert_eq!((c.read().unwrap().lr, c.read().unwrap().iter), (5.0, 0));
+        c.finish().unwrap();
+        assert_eq!(c.read().unwrap().lr, 6.0);
+        // Past the window's end the last rate holds until the next restart.
+        c.finish().unwrap();
+        assert_eq!(c.read().unwrap().lr, 6.0);
+        assert!(c.restart_schedule(&[]).is_err());
+        assert!(c.restart_schedule(&[1.0; 4]).is_err());
     }
 
     #[test]

@@ -39,6 +39,89 @@ pub trait Optimizer: Send {
     }
 }
 
+/// Parameters with their own learning rate and weight decay (PyTorch's parameter groups).
+/// A schedule's `set_lr` scales every group's rate by the same factor, as PyTorch's
+/// schedulers do.
+#[derive(Clone, Debug)]
+pub struct ParamGroup {
+    pub params: Vec<(String, Tensor)>,
+    /// This group's learning rate (None: the optimizer's).
+    pub lr: Option<f64>,
+    /// This group's weight decay (None: the optimizer's).
+    pub weight_decay: Option<f64>,
+}
+
+impl ParamGroup {
+    pub fn new(params: Vec<(String, Tensor)>) -> ParamGroup {
+        ParamGroup {
+            params,
+            lr: None,
+            weight_decay: None,
+        }
+    }
+    pub fn with_lr(mut self, lr: f64) -> ParamGroup {
+        self.lr = Some(lr);
+        self
+    }
+    pub fn with_weight_decay(mut self, weight_decay: f64) -> ParamGroup {
+        self.weight_decay = Some(weight_decay);
+        self
+    }
+}
+
+/// GPT-2's grouping: matrices and embeddings (rank ≥ 2) decay by `weight_decay`, biases and
+/// norm gains do not.
+pub fn decay_groups(params: Vec<(String, Tensor)>, weight_decay: f64) -> Vec<ParamGroup> {
+    let (decay, rest): (Vec<_>, Vec<_>) = params.into_iter().partition(|(_, p)| p.rank() >= 2);
+    vec![
+        ParamGroup::new(decay).with_weight_decay(weight_decay),
+        ParamGroup::new(rest).with_weight_decay(0.0),
+    ]
+}
+
+/// Each parameter's learning-rate factor (group lr / optimizer lr) and weight decay, in the
+/// order of the flattened groups.
+struct PerParam {
+    params: Vec<(String, Tensor)>,
+    lr_scale: Vec<f64>,
+    weight_decay: Vec<f64>,
+}
+
+fn flatten(groups: Vec<ParamGroup>, lr: f64, weight_decay: f64) -> Result<PerParam> {
+    let mut out = PerParam {
+        params: Vec::new(),
+        lr_scale: Vec::new(),
+        weight_decay: Vec::new(),
+    };
+    for g in groups {
+        let glr = g.lr.unwrap_or(lr);
+        let wd = g.weight_decay.unwrap_or(weight_decay);
+        if !(glr.is_finite() && glr >= 0.0 && wd.is_finite() && wd >= 0.0) {
+            bail!("parameter group: lr {glr} and weight decay {wd} must be finite and at least 0");
+        }
+        let scale = if lr > 0.0 { glr / lr } else { 1.0 };
+        for p in g.params {
+            out.params.push(p);
+            out.lr_scale.push(scale);
+            out.weight_decay.push(wd);
+        }
+    }
+    Ok(out)
+}
+
+/// The control block as a group with learning-rate factor `scale` reads it (the block's own
+/// tensor when the factor is 1): kernels read the rate from the block, so a group's rate is
+/// the block's rate times its factor, still without a host round trip.
+fn scaled_ctl(ctl: &Tensor, scale: f64) -> Result<Tensor> {
+    if scale == 1.0 {
+        return Ok(ctl.clone());
+    }
+    let mut f = vec![1f32; ctl.numel()];
+    f[sinter_core::step_ctl::ctl::LR] = scale as f32;
+    let f = Tensor::from_vec(f, ctl.shape(), sinter_core::Device::Cpu)?.to_device(ctl.device())?;
+    ctl.mul(&f)
+}
+
 fn zeros_like_all(params: &[(String, Tensor)]) -> Result<Vec<Tensor>> {
     params.iter().map(|(_, p)| p.zeros_like()).collect()
 }
@@ -58,6 +141,8 @@ fn restore(dst: &Tensor, name: &str, tensors: &HashMap<String, Tensor>) -> Resul
 pub struct Sgd {
     params: Vec<(String, Tensor)>,
     pub hyper: SgdParams,
+    lr_scale: Vec<f64>,
+    weight_decay: Vec<f64>,
     bufs: Option<Vec<Tensor>>,
     steps: u64,
 }
@@ -70,25 +155,57 @@ impl Sgd {
         nesterov: bool,
         weight_decay: f64,
     ) -> Result<Self> {
+        Sgd::with_groups(
+            vec![ParamGroup::new(params)],
+            lr,
+            momentum,
+            nesterov,
+            weight_decay,
+        )
+    }
+
+    /// SGD over parameter groups (each with its own learning rate and weight decay).
+    pub fn with_groups(
+        groups: Vec<ParamGroup>,
+        lr: f64,
+        momentum: f64,
+        nesterov: bool,
+        weight_decay: f64,
+    ) -> Result<Self> {
         if nesterov && momentum <= 0.0 {
             bail!("SGD: Nesterov momentum needs momentum > 0");
         }
+        if !(momentum.is_finite() && momentum >= 0.0) {
+            bail!("SGD: momentum must be finite and at least 0, got {momentum}");
+        }
+        let pp = flatten(groups, lr, weight_decay)?;
         let bufs = if momentum > 0.0 {
-            Some(zeros_like_all(&params)?)
+            Some(zeros_like_all(&pp.params)?)
         } else {
             None
         };
         Ok(Sgd {
-            params,
+            params: pp.params,
             hyper: SgdParams {
                 lr: lr as f32,
                 momentum: momentum as f32,
                 nesterov,
                 weight_decay: weight_decay as f32,
             },
+            lr_scale: pp.lr_scale,
+            weight_decay: pp.weight_decay,
             bufs,
             steps: 0,
         })
+    }
+
+    /// The hyper-parameters of parameter `i`.
+    fn hyper_of(&self, i: usize) -> SgdParams {
+        SgdParams {
+            lr: (self.hyper.lr as f64 * self.lr_scale[i]) as f32,
+            weight_decay: self.weight_decay[i] as f32,
+            ..self.hyper
+        }
     }
 }
 
@@ -97,7 +214,7 @@ impl Optimizer for Sgd {
         let _g = no_grad();
         for (i, (_, p)) in self.params.iter().enumerate() {
             let Some(g) = p.grad() else { continue };
-            p.sgd_step(&g, self.bufs.as_ref().map(|b| &b[i]), self.hyper)?;
+            p.sgd_step(&g, self.bufs.as_ref().map(|b| &b[i]), self.hyper_of(i))?;
         }
         self.steps += 1;
         Ok(())
@@ -106,7 +223,8 @@ impl Optimizer for Sgd {
         let _g = no_grad();
         for (i, (_, p)) in self.params.iter().enumerate() {
             let Some(g) = p.grad() else { continue };
-            p.sgd_step_ctl(&g, self.bufs.as_ref().map(|b| &b[i]), self.hyper, ctl)?;
+            let c = scaled_ctl(ctl, self.lr_scale[i])?;
+            p.sgd_step_ctl(&g, self.bufs.as_ref().map(|b| &b[i]), self.hyper_of(i), &c)?;
         }
         Ok(())
     }
@@ -147,10 +265,13 @@ impl Optimizer for Sgd {
     }
 }
 
-/// AdamW with decoupled weight decay, applied to matrices and embeddings (rank ≥ 2) but not
-/// to biases and norm gains, as GPT-2 and most recipes do.
+/// AdamW with decoupled weight decay. `new` applies the decay to matrices and embeddings
+/// (rank ≥ 2) but not to biases and norm gains, as GPT-2 and most recipes do
+/// ([`decay_groups`]); `with_groups` takes any grouping.
 pub struct AdamW {
     params: Vec<(String, Tensor)>,
+    lr_scale: Vec<f64>,
+    decay: Vec<f64>,
     pub lr: f64,
     pub beta1: f64,
     pub beta2: f64,
@@ -163,10 +284,18 @@ pub struct AdamW {
 
 impl AdamW {
     pub fn new(params: Vec<(String, Tensor)>, lr: f64, weight_decay: f64) -> Result<Self> {
-        let m = zeros_like_all(&params)?;
-        let v = zeros_like_all(&params)?;
+        AdamW::with_groups(decay_groups(params, weight_decay), lr, weight_decay)
+    }
+
+    /// AdamW over parameter groups (each with its own learning rate and weight decay).
+    pub fn with_groups(groups: Vec<ParamGroup>, lr: f64, weight_decay: f64) -> Result<Self> {
+        let pp = flatten(groups, lr, weight_decay)?;
+        let m = zeros_like_all(&pp.params)?;
+        let v = zeros_like_all(&pp.params)?;
         Ok(AdamW {
-            params,
+            params: pp.params,
+            lr_scale: pp.lr_scale,
+            decay: pp.weight_decay,
             lr,
             beta1: 0.9,
             beta2: 0.999,
@@ -185,17 +314,12 @@ impl Optimizer for AdamW {
         self.steps += 1;
         for (i, (_, p)) in self.params.iter().enumerate() {
             let Some(g) = p.grad() else { continue };
-            let wd = if p.rank() >= 2 {
-                self.weight_decay
-            } else {
-                0.0
-            };
             let h = AdamWParams {
-                lr: self.lr as f32,
+                lr: (self.lr * self.lr_scale[i]) as f32,
                 beta1: self.beta1 as f32,
                 beta2: self.beta2 as f32,
                 eps: self.eps as f32,
-                weight_decay: wd as f32,
+                weight_decay: self.decay[i] as f32,
                 step: self.steps,
             };
             p.adamw_step(&g, &self.m[i], &self.v[i], h)?;
@@ -206,21 +330,17 @@ impl Optimizer for AdamW {
         let _g = no_grad();
         for (i, (_, p)) in self.params.iter().enumerate() {
             let Some(g) = p.grad() else { continue };
-            let wd = if p.rank() >= 2 {
-                self.weight_decay
-            } else {
-                0.0
-            };
             // lr and the step number come from the block; these two are placeholders.
             let h = AdamWParams {
                 lr: self.lr as f32,
                 beta1: self.beta1 as f32,
                 beta2: self.beta2 as f32,
                 eps: self.eps as f32,
-                weight_decay: wd as f32,
+                weight_decay: self.decay[i] as f32,
                 step: 1,
             };
-            p.adamw_step_ctl(&g, &self.m[i], &self.v[i], h, ctl)?;
+            let c = scaled_ctl(ctl, self.lr_scale[i])?;
+            p.adamw_step_ctl(&g, &self.m[i], &self.v[i], h, &c)?;
         }
         Ok(())
     }
@@ -332,6 +452,71 @@ mod tests {
             }
             assert!((p.1.to_vec_f32().unwrap()[0] - expect).abs() < 1e-5);
         }
+    }
+
+    #[test]
+    fn parameter_groups_take_their_own_lr_and_weight_decay() {
+        // Two 1-element matrices: group a at lr 0.1 without decay, group b at lr 0.01 with
+        // decay 0.5; AdamW's first step moves each by its lr (plus decay).
+        let a = param(vec![1.0]);
+        let b = param(vec![1.0]);
+        for p in [&a, &b] {
+            p.1.set_grad(Some(
+                Tensor::from_vec(vec![2.0f32], &[1, 1], Device::Cpu).unwrap(),
+            ));
+        }
+        let groups = vec![
+            ParamGroup::new(vec![a.clone()]).with_weight_decay(0.0),
+            ParamGroup::new(vec![b.clone()])
+                .with_lr(0.01)
+                .with_weight_decay(0.5),
+        ];
+        let mut opt = AdamW::with_groups(groups.clone(), 0.1, 0.0).unwrap();
+        opt.step().unwrap();
+        let (va, vb) = (a.1.to_vec_f32().unwrap()[0], b.1.to_vec_f32().unwrap()[0]);
+        assert!((va - 0.9).abs() < 1e-5, "{va}");
+        assert!((vb - (1.0 - 0.01 * 0.5 - 0.01)).abs() < 1e-4, "{vb}");
+        // A schedule halves every group's rate alike.
+        opt.set_lr(0.05);
+        opt.step().unwrap();
+        let vb2 = b.1.to_vec_f32().unwrap()[0];
+        assert!(
+            (vb - vb2 - (0.005 * 0.5 * vb + 0.005)).abs() < 1e-4,
+            "{vb} {vb2}"
+        );
+        // The same on the device step control block.
+        let c = param(vec![1.0]);
+        c.1.set_grad(Some(
+            Tensor::from_vec(vec![2.0f32], &[1, 1], Device::Cpu).unwrap(),
+        ));
+        let ctl = crate::StepControl::new(Device::Cpu, &[0.1], 0, 0, None, None).unwrap();
+        let mut o = AdamW::with_groups(
+            vec![ParamGroup::new(vec![c.clone()])
+                .with_lr(0.01)
+                .with_weight_decay(0.0)],
+            0.1,
+            0.0,
+        )
+        .unwrap();
+        ctl.prepare(o.params()).unwrap();
+        o.step_ctl(ctl.tensor()).unwrap();
+        assert!((c.1.to_vec_f32().unwrap()[0] - 0.99).abs() < 1e-5);
+        // SGD decays everything by default (PyTorch); groups choose.
+        let d = param(vec![1.0]);
+        d.1.set_grad(Some(
+            Tensor::from_vec(vec![0.0f32], &[1, 1], Device::Cpu).unwrap(),
+        ));
+        let mut s = Sgd::with_groups(
+            vec![ParamGroup::new(vec![d.clone()]).with_weight_decay(0.0)],
+            0.1,
+            0.0,
+            false,
+            0.5,
+        )
+        .unwrap();
+        s.step().unwrap();
+        assert_eq!(d.1.to_vec_f32().unwrap()[0], 1.0);
+        assert!(Sgd::new(vec![param(vec![1.0])], 0.1, f64::NAN, false, 0.0).is_err());
     }
 
     #[test]

@@ -40,7 +40,7 @@ use sinter_models::Task;
 use sinter_nn::{clip_grad_norm, AdamW, Module, Optimizer};
 
 use crate::config::{ConfigFile, TrainConfig};
-use crate::train::{self, Setup};
+use crate::trainer::{self, Setup};
 
 // The timing loop and statistics of the cargo benches (one copy in the workspace).
 #[path = "../../sinter-core/benches/common/mod.rs"]
@@ -275,7 +275,7 @@ fn default_setup(model: &str, context: Option<usize>) -> Result<Setup> {
         context,
         ..ConfigFile::default()
     };
-    train::setup(TrainConfig::resolve(&flags)?)
+    trainer::setup(TrainConfig::resolve(&flags)?)
 }
 
 /// The checkpoint's setup (weights loaded), checked to be a `task` model; else the default
@@ -289,7 +289,7 @@ fn setup_for(
     let Some(dir) = ckpt else {
         return default_setup(model, context);
     };
-    let (s, _) = train::load_for_inference(dir)
+    let (s, _) = crate::inference::load_for_eval(dir)
         .with_context(|| format!("loading the checkpoint {}", dir.display()))?;
     if s.task != task {
         bail!(
@@ -325,7 +325,10 @@ fn batches(
     (0..count)
         .map(|_| {
             let b = loader.next_batch()?;
-            Ok((train::to_tensor(b.inputs)?, train::to_tensor(b.targets)?))
+            Ok((
+                trainer::to_tensor(b.inputs)?,
+                trainer::to_tensor(b.targets)?,
+            ))
         })
         .collect()
 }
@@ -555,7 +558,12 @@ fn generate(
     let prompt = [b'\n' as i64];
     let mut tokens = Vec::new();
     let stats = time_checked(1, budget, 3, || {
-        tokens = train::generate(&s, &prompt, n, 0.0, 0, 0, true)?;
+        tokens = crate::inference::generate(
+            s.model.as_ref(),
+            s.config.context,
+            &prompt,
+            &crate::inference::Sampling::greedy(n),
+        )?;
         Ok(())
     })?;
     let ctx = s.config.context;
@@ -598,19 +606,22 @@ fn whole_train(save_init: Option<&Path>) -> Result<Figure> {
     };
     let config = TrainConfig::resolve(&flags)?;
     if let Some(dir) = save_init {
-        // `train::run` builds the same model from the same seed.
-        save_initial_weights(dir, &train::setup(config.clone())?)?;
+        // `trainer::run` builds the same model from the same seed.
+        save_initial_weights(dir, &trainer::setup(config.clone())?)?;
     }
-    let opts = train::TrainOptions {
+    let opts = trainer::TrainOptions {
         out: None,
         resume: None,
+        overwrite: false,
+        notes: Vec::new(),
+        parallel: None,
         quiet: true,
         stop_at_step: None,
         dp: false,
         cuda_graph: false,
         dist_backend: "auto".parse()?,
     };
-    let summary = train::run(config, &opts)?;
+    let summary = trainer::run(config, &opts)?;
     let field = |k: &str| summary.get(k).cloned().unwrap_or(Value::Null);
     let wall = summary["wall_time_s"]
         .as_f64()
@@ -636,7 +647,7 @@ fn save_initial_weights(dir: &Path, s: &Setup) -> Result<()> {
     let c = &s.config;
     let loader = DataLoader::new(s.train.clone(), c.batch_size, true, true, c.seed);
     let precision = crate::precision::parse_precision(&c.precision)?.state();
-    train::save_checkpoint(dir, s, &[], 0, 0, &loader, precision)
+    trainer::save_checkpoint(dir, s, &[], 0, 0, &loader, precision)
         .with_context(|| format!("writing the initial weights to {}", dir.display()))
 }
 

@@ -1,20 +1,88 @@
 //! Checkpoints: one safetensors file holding the model's tensors (`model.<name>`), the
 //! optimizer state (`optim.<name>.exp_avg`, …), and in its metadata the step, the RNG states,
-//! the data loader's position and the run's config. Written to a temporary file, fsynced and
-//! renamed, so a crash never leaves a half-written checkpoint in place of a good one.
+//! the data loader's position, the run's config and what inference needs ([`InferenceInfo`]).
+//!
+//! The file is byte-reproducible: tensors in a fixed order and the metadata keys sorted, so
+//! two identical runs (or a resumed run and an uninterrupted one) write the same bytes. It is
+//! written to a temporary file, fsynced and renamed, so a crash never leaves a half-written
+//! checkpoint in place of a good one; temporaries left by killed runs are removed on start
+//! ([`remove_stale_temporaries`]). Loading checks everything it reads: the header, the
+//! config (like the flags), and every weight for NaN or infinity.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use anyhow::{anyhow, bail, Context, Result};
-use safetensors::tensor::{Dtype, SafeTensors, TensorView};
+use safetensors::tensor::{Dtype, SafeTensorError, SafeTensors};
+use serde::{Deserialize, Serialize};
 use sinter_core::{DType, Device, Tensor};
 
 use crate::config::TrainConfig;
 
 pub const FILE_NAME: &str = "checkpoint.safetensors";
+/// The checkpoint of the best validation loss (`--keep-best`).
+pub const BEST_FILE: &str = "best.safetensors";
 const FORMAT: &str = "sinter-checkpoint-1";
+
+/// What running a checkpoint needs besides its weights, so that `generate`, `eval`, `serve`
+/// and `predict` work from the checkpoint alone (no data set). Saved as JSON under the
+/// metadata key `inference`; read it with [`load`] (`Loaded::meta.inference`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct InferenceInfo {
+    /// The model's name (one of `sinter_models::MODEL_NAMES`); with `input_shape` and
+    /// `classes` it rebuilds the exact architecture (`sinter_models::build`).
+    pub model: String,
+    /// "classification", "language_model" or "masked_lm".
+    pub task: String,
+    /// Shape of one input example: `[c, h, w]` for images, `[context]` for token models.
+    pub input_shape: Vec<usize>,
+    /// Classes of a classifier, or the data's vocabulary size for token models (BERT adds
+    /// its mask token after it).
+    pub classes: usize,
+    /// Class names by class id, where the data names them.
+    pub class_names: Option<Vec<String>>,
+    /// How raw inputs become model inputs.
+    pub input: InputSpec,
+}
+
+/// How raw inputs become model inputs (see `sinter_data::InputEncoding`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum InputSpec {
+    /// Images `[c, h, w]`: `x = (pixel / pixel_max − mean[c]) / std[c]`.
+    Image {
+        pixel_max: f32,
+        mean: Vec<f32>,
+        std: Vec<f32>,
+    },
+    /// Text as bytes: one token per byte (vocabulary 256).
+    Bytes,
+    /// Text as GPT-2 BPE tokens.
+    Gpt2Tokens,
+    /// Not known (token files of another tokenizer).
+    Unspecified,
+}
+
+impl InputSpec {
+    pub fn from_data(e: &sinter_data::InputEncoding) -> InputSpec {
+        use sinter_data::InputEncoding as E;
+        match e {
+            E::Image {
+                pixel_max,
+                mean,
+                std,
+            } => InputSpec::Image {
+                pixel_max: *pixel_max,
+                mean: mean.clone(),
+                std: std.clone(),
+            },
+            E::Bytes => InputSpec::Bytes,
+            E::Gpt2Tokens => InputSpec::Gpt2Tokens,
+            E::Unspecified => InputSpec::Unspecified,
+        }
+    }
+}
 
 /// Everything besides tensors that a resumed run needs.
 #[derive(Clone, Debug, PartialEq)]
@@ -28,6 +96,10 @@ pub struct Meta {
     /// The precision hooks' state (`Precision::state`: the fp16 loss scale and its growth
     /// tracker), so a resumed fp16 run continues with the same scale; None in older checkpoints.
     pub precision: Option<String>,
+    /// The trainer's own state (best validation loss, early-stopping counters) as JSON.
+    pub trainer: Option<String>,
+    /// What inference needs; None in checkpoints written before it was saved.
+    pub inference: Option<InferenceInfo>,
 }
 
 fn st_dtype(d: DType) -> Dtype {
@@ -47,7 +119,9 @@ fn our_dtype(d: Dtype, name: &str) -> Result<DType> {
         Dtype::F16 => DType::F16,
         Dtype::BF16 => DType::BF16,
         Dtype::I64 => DType::I64,
-        other => bail!("checkpoint tensor {name} has dtype {other:?}, which sinter does not load"),
+        Dtype::I32 => DType::I32,
+        Dtype::U8 => DType::U8,
+        other => bail!("tensor {name} has dtype {other:?}, which sinter does not load"),
     })
 }
 
@@ -59,18 +133,27 @@ fn u64s(v: &[u64]) -> String {
 }
 
 fn parse_u64s<const N: usize>(s: Option<&String>, key: &str) -> Result<[u64; N]> {
-    let s = s.ok_or_else(|| anyhow!("checkpoint metadata lacks '{key}'"))?;
+    let s = s.ok_or_else(|| anyhow!("its metadata lacks '{key}'"))?;
     let v: Vec<u64> = s
         .split(',')
         .map(|x| x.parse())
         .collect::<std::result::Result<_, _>>()
-        .with_context(|| format!("checkpoint metadata '{key}' is not a list of integers"))?;
+        .with_context(|| format!("its metadata '{key}' is not a list of integers"))?;
     v.try_into()
-        .map_err(|_| anyhow!("checkpoint metadata '{key}' should hold {N} integers"))
+        .map_err(|_| anyhow!("its metadata '{key}' should hold {N} integers"))
 }
 
 pub fn path_in(dir: &Path) -> PathBuf {
     dir.join(FILE_NAME)
+}
+
+/// The name of `path`'s temporary twin for this process.
+fn temporary(path: &Path, dir: &Path) -> PathBuf {
+    dir.join(format!(
+        ".{}.tmp-{}",
+        path.file_name().and_then(|n| n.to_str()).unwrap_or("file"),
+        std::process::id()
+    ))
 }
 
 /// Writes `bytes` to `path` atomically: temporary file in the same directory, fsync, rename,
@@ -82,11 +165,7 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
         .unwrap_or(Path::new("."));
     std::fs::create_dir_all(dir)
         .with_context(|| format!("cannot create directory {}", dir.display()))?;
-    let tmp = dir.join(format!(
-        ".{}.tmp-{}",
-        path.file_name().and_then(|n| n.to_str()).unwrap_or("file"),
-        std::process::id()
-    ));
+    let tmp = temporary(path, dir);
     let result = (|| -> Result<()> {
         let mut f = std::fs::File::create(&tmp)
             .with_context(|| format!("cannot create {}", tmp.display()))?;
@@ -107,34 +186,43 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     result
 }
 
-pub fn save(
-    dir: &Path,
-    model: &[(String, Tensor)],
-    optim: &[(String, Tensor)],
-    meta: &Meta,
-) -> Result<()> {
-    let mut owned: Vec<(String, DType, Vec<usize>, Vec<u8>)> = Vec::new();
-    for (prefix, list) in [("model", model), ("optim", optim)] {
-        for (n, t) in list {
-            owned.push((
-                format!("{prefix}.{n}"),
-                t.dtype(),
-                t.shape().to_vec(),
-                t.to_le_bytes()?,
-            ));
+/// Whether process `pid` is alive on this machine.
+fn alive(pid: u32) -> bool {
+    Path::new(&format!("/proc/{pid}")).exists()
+}
+
+/// Removes the temporary files (`.<name>.tmp-<pid>`) that runs killed while writing left in
+/// `dir`, skipping those of live processes; returns what it removed and the bytes freed.
+pub fn remove_stale_temporaries(dir: &Path) -> Result<(Vec<PathBuf>, u64)> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Ok((Vec::new(), 0));
+    };
+    let mut removed = (Vec::new(), 0);
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let Some(pid) = name
+            .strip_prefix('.')
+            .and_then(|n| n.rsplit_once(".tmp-"))
+            .and_then(|(_, pid)| pid.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if pid != std::process::id() && alive(pid) {
+            continue;
         }
+        let bytes = e.metadata().map(|m| m.len()).unwrap_or(0);
+        std::fs::remove_file(e.path())
+            .with_context(|| format!("cannot remove stale {}", e.path().display()))?;
+        removed.0.push(e.path());
+        removed.1 += bytes;
     }
-    let views: Vec<(String, TensorView)> = owned
-        .iter()
-        .map(|(n, d, s, b)| {
-            Ok((
-                n.clone(),
-                TensorView::new(st_dtype(*d), s.clone(), b)
-                    .map_err(|e| anyhow!("tensor {n}: {e}"))?,
-            ))
-        })
-        .collect::<Result<_>>()?;
-    let mut md = HashMap::new();
+    Ok(removed)
+}
+
+/// The metadata of a checkpoint, keys sorted (so the file's bytes do not depend on the
+/// process).
+fn metadata(meta: &Meta) -> Result<BTreeMap<String, String>> {
+    let mut md = BTreeMap::new();
     md.insert("format".to_string(), FORMAT.to_string());
     md.insert("step".into(), meta.step.to_string());
     md.insert("optimizer_steps".into(), meta.optimizer_steps.to_string());
@@ -145,9 +233,105 @@ pub fn save(
     if let Some(p) = &meta.precision {
         md.insert("precision".into(), p.clone());
     }
-    let bytes = safetensors::serialize(views, &Some(md))
-        .map_err(|e| anyhow!("cannot serialise checkpoint: {e}"))?;
-    write_atomic(&path_in(dir), &bytes)
+    if let Some(t) = &meta.trainer {
+        md.insert("trainer".into(), t.clone());
+    }
+    if let Some(i) = &meta.inference {
+        md.insert("inference".into(), serde_json::to_string(i)?);
+    }
+    Ok(md)
+}
+
+/// A safetensors file: an 8-byte little-endian header length, the JSON header (metadata
+/// first, then each tensor's dtype, shape and byte range, in data order), padded with spaces
+/// to 8 bytes, then the tensors' bytes. Tensors are ordered by descending dtype size, then
+/// name (as the safetensors crate orders them), so every tensor stays aligned.
+fn serialize(
+    tensors: Vec<(String, DType, Vec<usize>, Vec<u8>)>,
+    md: &BTreeMap<String, String>,
+) -> Result<Vec<u8>> {
+    let mut tensors = tensors;
+    tensors.sort_by(|a, b| {
+        b.1.size_in_bytes()
+            .cmp(&a.1.size_in_bytes())
+            .then(a.0.cmp(&b.0))
+    });
+    let mut header = serde_json::Map::new();
+    header.insert("__metadata__".into(), serde_json::to_value(md)?);
+    let mut offset = 0usize;
+    for (name, dtype, shape, bytes) in &tensors {
+        if header.contains_key(name) {
+            bail!("two tensors are named {name}");
+        }
+        let dt = serde_json::to_value(st_dtype(*dtype))?;
+        header.insert(
+            name.clone(),
+            serde_json::json!({"dtype": dt, "shape": shape, "data_offsets": [offset, offset + bytes.len()]}),
+        );
+        offset += bytes.len();
+    }
+    let mut h = serde_json::to_string(&serde_json::Value::Object(header))?.into_bytes();
+    h.resize(h.len().div_ceil(8) * 8, b' ');
+    let mut out = Vec::with_capacity(8 + h.len() + offset);
+    out.extend_from_slice(&(h.len() as u64).to_le_bytes());
+    out.extend_from_slice(&h);
+    for (_, _, _, bytes) in &tensors {
+        out.extend_from_slice(bytes);
+    }
+    Ok(out)
+}
+
+/// The bytes of a checkpoint of `model` and `optim` tensors with `meta`.
+pub fn to_bytes(
+    model: &[(String, Tensor)],
+    optim: &[(String, Tensor)],
+    meta: &Meta,
+) -> Result<Vec<u8>> {
+    let mut owned = Vec::new();
+    for (prefix, list) in [("model", model), ("optim", optim)] {
+        for (n, t) in list {
+            owned.push((
+                format!("{prefix}.{n}"),
+                t.dtype(),
+                t.shape().to_vec(),
+                t.to_le_bytes()?,
+            ));
+        }
+    }
+    serialize(owned, &metadata(meta)?)
+}
+
+/// The step of a `--keep-last` copy's file name (`checkpoint-step<STEP>.safetensors`).
+pub fn kept_step(name: &str) -> Option<u64> {
+    name.strip_prefix("checkpoint-step")?
+        .strip_suffix(".safetensors")?
+        .parse()
+        .ok()
+}
+
+/// `--keep-last n`: links the latest checkpoint (step `step`) as
+/// `checkpoint-step<step>.safetensors` and removes all but the `n` newest such copies.
+pub fn keep_last(dir: &Path, step: u64, n: u64) -> Result<()> {
+    if n == 0 {
+        return Ok(());
+    }
+    let copy = dir.join(format!("checkpoint-step{step}.safetensors"));
+    let _ = std::fs::remove_file(&copy);
+    if std::fs::hard_link(path_in(dir), &copy).is_err() {
+        std::fs::copy(path_in(dir), &copy)
+            .with_context(|| format!("cannot write {}", copy.display()))?;
+    }
+    let mut kept: Vec<(u64, PathBuf)> = std::fs::read_dir(dir)
+        .with_context(|| format!("cannot list {}", dir.display()))?
+        .flatten()
+        .filter_map(|e| Some((kept_step(&e.file_name().to_string_lossy())?, e.path())))
+        .collect();
+    kept.sort();
+    let extra = kept.len().saturating_sub(n as usize);
+    for (_, p) in &kept[..extra] {
+        std::fs::remove_file(p).with_context(|| format!("cannot remove {}", p.display()))?;
+    }
+    Ok(())
 }
 
 /// A checkpoint read back: tensors by full name, and its metadata.
@@ -156,42 +340,93 @@ pub struct Loaded {
     pub meta: Meta,
 }
 
-pub fn load(dir: &Path) -> Result<Loaded> {
-    let path = if dir.is_dir() {
+/// What a safetensors error means, in words.
+fn explain(e: &SafeTensorError) -> String {
+    use SafeTensorError as E;
+    let what = match e {
+        E::HeaderTooLarge => "its header claims to be larger than sinter accepts (100 MB)",
+        E::HeaderTooSmall => "it is shorter than the 8 bytes that give the header's length",
+        E::InvalidHeaderLength => "its header runs past the end of the file",
+        E::InvalidHeader | E::InvalidHeaderStart | E::InvalidHeaderDeserialization => {
+            "its header is not the JSON a safetensors file starts with"
+        }
+        E::MetadataIncompleteBuffer => {
+            "its length does not match the tensor data its header describes (the file was cut short, or bytes were added)"
+        }
+        E::InvalidOffset(_) | E::TensorInvalidInfo | E::ValidationOverflow => {
+            "its header gives tensor positions that do not fit the file"
+        }
+        _ => "it could not be read as safetensors",
+    };
+    format!("{what} ({e:?})")
+}
+
+fn file_of(dir: &Path) -> PathBuf {
+    if dir.is_dir() {
         path_in(dir)
     } else {
         dir.to_path_buf()
-    };
+    }
+}
+
+/// Reads and checks a checkpoint (a run directory or the file itself). Every error names
+/// the file.
+pub fn load(dir: &Path) -> Result<Loaded> {
+    let path = file_of(dir);
     let bytes = std::fs::read(&path).with_context(|| {
         format!(
             "cannot read checkpoint {} (does the run directory exist and hold {FILE_NAME}?)",
             path.display()
         )
     })?;
-    let (_, header) = SafeTensors::read_metadata(&bytes)
-        .map_err(|e| anyhow!("checkpoint {} is corrupt or truncated: {e}", path.display()))?;
-    let st = SafeTensors::deserialize(&bytes)
-        .map_err(|e| anyhow!("checkpoint {} is corrupt or truncated: {e}", path.display()))?;
+    parse(&bytes).with_context(|| format!("checkpoint {}", path.display()))
+}
+
+/// A checkpoint from its bytes (see [`load`]).
+pub fn parse(bytes: &[u8]) -> Result<Loaded> {
+    let corrupt = |e: SafeTensorError| anyhow!("is corrupt or truncated: {}", explain(&e));
+    let (_, header) = SafeTensors::read_metadata(bytes).map_err(corrupt)?;
+    let st = SafeTensors::deserialize(bytes).map_err(corrupt)?;
     let md = header.metadata().clone().unwrap_or_default();
     if md.get("format").map(String::as_str) != Some(FORMAT) {
         bail!(
-            "{} is not a sinter checkpoint (metadata format is {:?})",
-            path.display(),
+            "is not a sinter checkpoint (its metadata format is {:?}, not {FORMAT:?})",
             md.get("format")
         );
     }
+    let meta = parse_meta(&md)?;
+    let mut tensors = HashMap::new();
+    for (name, view) in st.tensors() {
+        let dtype = our_dtype(view.dtype(), &name)?;
+        let t = Tensor::from_le_bytes(view.data(), dtype, view.shape(), Device::Cpu)
+            .with_context(|| format!("tensor {name} is corrupt"))?;
+        check_finite(&name, &t)?;
+        tensors.insert(name, t);
+    }
+    Ok(Loaded { tensors, meta })
+}
+
+fn parse_meta(md: &HashMap<String, String>) -> Result<Meta> {
     let parse = |k: &str| -> Result<u64> {
         md.get(k)
-            .ok_or_else(|| anyhow!("checkpoint metadata lacks '{k}'"))?
+            .ok_or_else(|| anyhow!("its metadata lacks '{k}'"))?
             .parse()
-            .with_context(|| format!("checkpoint metadata '{k}' is not an integer"))
+            .with_context(|| format!("its metadata '{k}' is not an integer"))
     };
     let config: TrainConfig = serde_json::from_str(
         md.get("config")
-            .ok_or_else(|| anyhow!("checkpoint metadata lacks 'config'"))?,
+            .ok_or_else(|| anyhow!("its metadata lacks 'config'"))?,
     )
-    .context("checkpoint config is unreadable")?;
-    let meta = Meta {
+    .context("its config is unreadable")?;
+    config
+        .validate()
+        .context("its config is invalid (was the file edited?)")?;
+    let inference = md
+        .get("inference")
+        .map(|s| serde_json::from_str(s))
+        .transpose()
+        .context("its inference information is unreadable")?;
+    Ok(Meta {
         step: parse("step")?,
         optimizer_steps: parse("optimizer_steps")?,
         rng: parse_u64s(md.get("rng"), "rng")?,
@@ -199,15 +434,27 @@ pub fn load(dir: &Path) -> Result<Loaded> {
         loader: parse_u64s(md.get("loader"), "loader")?,
         config,
         precision: md.get("precision").cloned(),
-    };
-    let mut tensors = HashMap::new();
-    for (name, view) in st.tensors() {
-        let dtype = our_dtype(view.dtype(), &name)?;
-        let t = Tensor::from_le_bytes(view.data(), dtype, view.shape(), Device::Cpu)
-            .with_context(|| format!("checkpoint tensor {name}"))?;
-        tensors.insert(name, t);
+        trainer: md.get("trainer").cloned(),
+        inference,
+    })
+}
+
+/// A weight or optimizer state with NaN or infinity cannot be what training saved.
+fn check_finite(name: &str, t: &Tensor) -> Result<()> {
+    if !t.dtype().is_float() {
+        return Ok(());
     }
-    Ok(Loaded { tensors, meta })
+    let v = t.to_dtype(DType::F32)?.to_vec_f32()?;
+    let bad = v.iter().filter(|x| !x.is_finite()).count();
+    if bad > 0 {
+        let first = v.iter().position(|x| !x.is_finite()).unwrap_or(0);
+        bail!(
+            "tensor {name} holds {bad} NaN or infinite value(s) of {} (the first at index {first}, {}); the weights are corrupt — use an earlier checkpoint",
+            v.len(),
+            v[first]
+        );
+    }
+    Ok(())
 }
 
 /// Copies `model.<name>` tensors into the model's tensors, checking that every one is present
@@ -270,5 +517,93 @@ mod tests {
         assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
         // A directory that cannot be created is an error, not a panic.
         assert!(write_atomic(&p.join("sub/y.bin"), b"z").is_err());
+    }
+
+    #[test]
+    fn stale_temporaries_of_dead_processes_are_removed() {
+        let dir = tempfile::tempdir().unwrap();
+        // pid 4194305 is above Linux's pid_max (2^22): never alive.
+        let stale = dir.path().join(".checkpoint.safetensors.tmp-4194305");
+        std::fs::write(&stale, vec![0u8; 1000]).unwrap();
+        // pid 1 is alive: its file is left alone.
+        let live = dir.path().join(".summary.json.tmp-1");
+        std::fs::write(&live, b"x").unwrap();
+        let keep = dir.path().join("checkpoint.safetensors");
+        std::fs::write(&keep, b"x").unwrap();
+        let (removed, bytes) = remove_stale_temporaries(dir.path()).unwrap();
+        assert_eq!((removed, bytes), (vec![stale.clone()], 1000));
+        assert!(!stale.exists() && live.exists() && keep.exists());
+    }
+
+    mod fuzz {
+        use super::*;
+        use proptest::prelude::*;
+
+        /// The bytes of a small valid checkpoint.
+        fn valid() -> Vec<u8> {
+            let config = crate::config::TrainConfig::resolve(&Default::default()).unwrap();
+            let meta = Meta {
+                step: 3,
+                optimizer_steps: 3,
+                rng: [1, 2, 3, 4],
+                dropout_rng: [5, 6, 7, 8],
+                loader: [0, 3],
+                config,
+                precision: None,
+                trainer: None,
+                inference: None,
+            };
+            let w = Tensor::from_vec(vec![0.5f32; 6], &[2, 3], Device::Cpu).unwrap();
+            to_bytes(
+                &[("fc.weight".into(), w.clone())],
+                &[("fc.weight.exp_avg".into(), w)],
+                &meta,
+            )
+            .unwrap()
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+            #[test]
+            fn random_bytes_are_refused_without_a_panic(
+                bytes in proptest::collection::vec(any::<u8>(), 0..512),
+            ) {
+                prop_assert!(parse(&bytes).is_err());
+            }
+
+            #[test]
+            fn damaged_checkpoints_load_or_are_refused_without_a_panic(
+                cut in 0usize..200,
+                flips in proptest::collection::vec((any::<usize>(), any::<u8>()), 0..4),
+            ) {
+                let mut b = valid();
+                b.truncate(b.len() - cut.min(b.len()));
+                for (at, x) in flips {
+                    if !b.is_empty() {
+                        let i = at % b.len();
+                        b[i] ^= x;
+                    }
+                }
+                let _ = parse(&b);
+            }
+
+            #[test]
+            fn toml_configs_never_panic(text in "[a-z_ =\"0-9.\n-]{0,120}") {
+                if let Ok(c) = toml::from_str::<crate::config::ConfigFile>(&text) {
+                    let _ = crate::config::TrainConfig::resolve(&c);
+                }
+            }
+        }
+
+        #[test]
+        fn the_valid_checkpoint_parses() {
+            let l = parse(&valid()).unwrap();
+            assert_eq!(l.meta.step, 3);
+            assert_eq!(
+                to_bytes(&[], &[], &l.meta).unwrap(),
+                to_bytes(&[], &[], &l.meta).unwrap()
+            );
+        }
     }
 }

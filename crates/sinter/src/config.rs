@@ -40,6 +40,14 @@ pub struct ConfigFile {
     pub recompute: Option<String>,
     /// fp32, tf32, bf16 or fp16.
     pub precision: Option<String>,
+    /// Keep the last N checkpoints as checkpoint-step<N>.safetensors.
+    pub keep_last: Option<u64>,
+    /// Keep the checkpoint of the best validation loss as best.safetensors.
+    pub keep_best: Option<bool>,
+    /// Stop when the validation loss has not improved for this many evaluations (0: never).
+    pub early_stop: Option<u64>,
+    /// The improvement of the validation loss that counts for early stopping.
+    pub early_stop_delta: Option<f64>,
 }
 
 impl ConfigFile {
@@ -82,7 +90,11 @@ impl ConfigFile {
             bucket_mb,
             grad_accum,
             recompute,
-            precision
+            precision,
+            keep_last,
+            keep_best,
+            early_stop,
+            early_stop_delta
         );
         self
     }
@@ -131,6 +143,18 @@ pub struct TrainConfig {
     /// fp32, tf32, bf16 or fp16.
     #[serde(default = "fp32")]
     pub precision: String,
+    /// Checkpoints kept besides the latest (checkpoint-step<N>.safetensors); 0: none.
+    #[serde(default)]
+    pub keep_last: u64,
+    /// Keep the best validation loss's checkpoint as best.safetensors.
+    #[serde(default)]
+    pub keep_best: bool,
+    /// Evaluations without improvement before the run stops; 0: never.
+    #[serde(default)]
+    pub early_stop: u64,
+    /// The decrease of the validation loss that counts as an improvement.
+    #[serde(default)]
+    pub early_stop_delta: f64,
 }
 
 fn fp32() -> String {
@@ -166,17 +190,74 @@ impl TrainConfig {
                 self.bucket_mb
             );
         }
+        if self.world_size == 0 {
+            bail!("world_size must be at least 1");
+        }
         Ok(())
     }
 
-    /// Samples per optimizer step over all ranks.
-    pub fn global_batch(&self) -> usize {
-        self.batch_size * self.world_size * self.grad_accum as usize
+    /// Checks every setting: the flags of a new run and the config a checkpoint holds go
+    /// through this same test, so neither can start a run the other would refuse.
+    pub fn validate(&self) -> Result<()> {
+        check_name("model", &self.model, sinter_models::MODEL_NAMES)?;
+        check_name("optimizer", &self.optimizer, OPTIMIZERS)?;
+        check_name("lr-schedule", &self.lr_schedule, SCHEDULES)?;
+        check_name("recompute mode", &self.recompute, RECOMPUTE)?;
+        crate::precision::parse_precision(&self.precision)?;
+        sinter_data::DataSpec::parse(&self.data)?;
+        check_device_name(&self.device)?;
+        if self.batch_size == 0 {
+            bail!("--batch-size must be at least 1");
+        }
+        if self.context == 0 {
+            bail!("--context must be at least 1");
+        }
+        if self.log_interval == 0 {
+            bail!("--log-interval must be at least 1");
+        }
+        if self.epochs.is_none() && self.steps == 0 || self.epochs == Some(0) {
+            bail!("nothing to train: --steps or --epochs must be at least 1");
+        }
+        positive("--lr", self.lr)?;
+        non_negative("--weight-decay", self.weight_decay)?;
+        non_negative("--momentum", self.momentum)?;
+        if let Some(c) = self.grad_clip {
+            positive("--grad-clip", c)?;
+        }
+        non_negative("--early-stop-delta", self.early_stop_delta)?;
+        self.check_parallel()
     }
+}
+
+/// A finite number above 0.
+fn positive(flag: &str, v: f64) -> Result<()> {
+    if !(v.is_finite() && v > 0.0) {
+        bail!("{flag} must be a positive number, got {v}");
+    }
+    Ok(())
+}
+
+/// A finite number of at least 0.
+fn non_negative(flag: &str, v: f64) -> Result<()> {
+    if !(v.is_finite() && v >= 0.0) {
+        bail!("{flag} must be a number of at least 0, got {v}");
+    }
+    Ok(())
+}
+
+/// `auto`, `cpu`, `cuda` or `cuda:N` (whether the device exists is checked when the run
+/// starts).
+fn check_device_name(name: &str) -> Result<()> {
+    let known = ["auto", crate::precision::EMULATED].contains(&name);
+    if !known && sinter_core::Device::parse(name).is_none() {
+        bail!("unknown device '{name}'; valid devices: auto, cpu, cuda, cuda:N, cuda-emu");
+    }
+    Ok(())
 }
 
 pub const OPTIMIZERS: &[&str] = &["adamw", "sgd"];
 pub const SCHEDULES: &[&str] = &["constant", "cosine", "step"];
+pub const RECOMPUTE: &[&str] = &["none", "attn", "block"];
 
 /// Defaults chosen so that the model learns its default data on a 2-core CPU.
 pub fn defaults_for(model: &str) -> ConfigFile {
@@ -220,6 +301,10 @@ pub fn defaults_for(model: &str) -> ConfigFile {
         grad_accum: Some(1),
         recompute: None,
         precision: None,
+        keep_last: Some(0),
+        keep_best: Some(false),
+        early_stop: Some(0),
+        early_stop_delta: Some(0.0),
     }
 }
 
@@ -240,18 +325,6 @@ impl TrainConfig {
         let model = layers.model.clone().unwrap_or_else(|| "cnn".into());
         check_name("model", &model, sinter_models::MODEL_NAMES)?;
         let c = defaults_for(&model).overlay(layers);
-        let optimizer = c.optimizer.clone().expect("default");
-        check_name("optimizer", &optimizer, OPTIMIZERS)?;
-        let lr_schedule = c.lr_schedule.clone().expect("default");
-        check_name("lr-schedule", &lr_schedule, SCHEDULES)?;
-        let batch_size = c.batch_size.expect("default");
-        if batch_size == 0 {
-            bail!("--batch-size must be at least 1");
-        }
-        let lr = c.lr.expect("default");
-        if !(lr.is_finite() && lr > 0.0) {
-            bail!("--lr must be a positive number, got {lr}");
-        }
         // An explicit --steps wins over the model's default epochs, and vice versa.
         let (steps, epochs) = match (layers.steps, layers.epochs) {
             (Some(_), Some(_)) => bail!("give --epochs or --steps, not both"),
@@ -264,38 +337,136 @@ impl TrainConfig {
             data: c.data.clone().expect("default"),
             steps,
             epochs,
-            batch_size,
-            lr,
-            optimizer,
+            batch_size: c.batch_size.expect("default"),
+            lr: c.lr.expect("default"),
+            optimizer: c.optimizer.clone().expect("default"),
             momentum: c.momentum.expect("default"),
             weight_decay: c.weight_decay.expect("default"),
-            lr_schedule,
+            lr_schedule: c.lr_schedule.clone().expect("default"),
             grad_clip: c.grad_clip,
             context: c.context.expect("default"),
             seed: c.seed.expect("default"),
             device: c.device.clone().expect("default"),
             eval_interval: c.eval_interval.expect("default"),
             eval_batches: c.eval_batches.expect("default"),
-            log_interval: c.log_interval.expect("default").max(1),
+            log_interval: c.log_interval.expect("default"),
             checkpoint_interval: c.checkpoint_interval.expect("default"),
             zero: c.zero.expect("default"),
             bucket_mb: c.bucket_mb.expect("default"),
             grad_accum: c.grad_accum.expect("default"),
-            recompute: {
-                let r = layers.recompute.clone().unwrap_or_else(no_recompute);
-                check_name("recompute mode", &r, &["none", "attn", "block"])?;
-                r
-            },
-            precision: {
-                let p = layers.precision.clone().unwrap_or_else(fp32);
-                crate::precision::parse_precision(&p)?;
-                p
-            },
+            recompute: layers.recompute.clone().unwrap_or_else(no_recompute),
+            precision: layers.precision.clone().unwrap_or_else(fp32),
             world_size: 1,
+            keep_last: c.keep_last.expect("default"),
+            keep_best: c.keep_best.expect("default"),
+            early_stop: c.early_stop.expect("default"),
+            early_stop_delta: c.early_stop_delta.expect("default"),
         };
-        c.check_parallel()?;
+        c.validate()?;
         Ok(c)
     }
+}
+
+/// A resumed run's config: the checkpoint's, with what the flags (and `--config`) given now
+/// may change applied — each change noted in the returned lines — and a clear refusal for
+/// what a resumed run cannot change. `at_epoch_start`: the checkpoint sits at the start of
+/// an epoch (the batch size may change there).
+pub fn resume_config(
+    saved: &TrainConfig,
+    given: &ConfigFile,
+    at_epoch_start: bool,
+) -> Result<(TrainConfig, Vec<String>)> {
+    let mut c = saved.clone();
+    let mut notes = Vec::new();
+    // Fixed for the whole run: (flag, given, saved, why).
+    macro_rules! fixed {
+        ($($f:ident, $flag:literal, $why:expr);* $(;)?) => { $(
+            if let Some(v) = &given.$f {
+                if *v != saved.$f {
+                    bail!("{} {} differs from the checkpoint's {}; a resumed run keeps it ({}). Drop {} or start a new run", $flag, v, saved.$f, $why, $flag);
+                }
+            }
+        )* };
+    }
+    fixed!(
+        model, "--model", format!("the checkpoint's weights are a {}", saved.model);
+        data, "--data", "the checkpoint's data position is a place in that data";
+        context, "--context", "the model and the data windows are built for it";
+        seed, "--seed", "the data order, dropout and masks follow it";
+        optimizer, "--optimizer", format!("the checkpoint holds {}'s state", saved.optimizer);
+        grad_accum, "--grad-accum", "a resumed run keeps its global batch";
+    );
+    if let Some(b) = given.batch_size.filter(|&b| b != saved.batch_size) {
+        if !at_epoch_start {
+            bail!("--batch-size {b} differs from the checkpoint's {} (per rank); a resumed run keeps its batch size within an epoch, since the checkpoint's data position counts batches of that size. Drop --batch-size (another number of ranks reshards the batch by itself), or resume from a checkpoint at the start of an epoch", saved.batch_size);
+        }
+        notes.push(format!(
+            "--batch-size {b} (the checkpoint had {}; it is at the start of an epoch)",
+            saved.batch_size
+        ));
+        c.batch_size = b;
+    }
+    // May change: (field, flag).
+    macro_rules! changeable {
+        ($($f:ident, $flag:literal);* $(;)?) => { $(
+            if let Some(v) = &given.$f {
+                if *v != saved.$f {
+                    notes.push(format!("{} {} (the checkpoint had {})", $flag, v, saved.$f));
+                    c.$f = v.clone();
+                }
+            }
+        )* };
+    }
+    changeable!(
+        lr, "--lr"; lr_schedule, "--lr-schedule"; weight_decay, "--weight-decay";
+        eval_interval, "--eval-interval"; eval_batches, "--eval-batches";
+        log_interval, "--log-interval"; checkpoint_interval, "--checkpoint-interval";
+        zero, "--zero"; bucket_mb, "--bucket-mb"; device, "--device";
+        precision, "--precision"; recompute, "--recompute"; keep_last, "--keep-last";
+        keep_best, "--keep-best"; early_stop, "--early-stop";
+        early_stop_delta, "--early-stop-delta";
+    );
+    if let Some(m) = given.momentum.filter(|&m| m != saved.momentum) {
+        if saved.optimizer == "sgd" && (m > 0.0) != (saved.momentum > 0.0) {
+            bail!("--momentum {m} differs from the checkpoint's {} in whether SGD keeps a momentum buffer; a resumed run keeps that. Drop --momentum or give another non-zero value", saved.momentum);
+        }
+        notes.push(format!(
+            "--momentum {m} (the checkpoint had {})",
+            saved.momentum
+        ));
+        c.momentum = m;
+    }
+    if let Some(g) = given.grad_clip.filter(|&g| Some(g) != saved.grad_clip) {
+        notes.push(format!(
+            "--grad-clip {g} (the checkpoint had {:?})",
+            saved.grad_clip
+        ));
+        c.grad_clip = Some(g);
+    }
+    match (given.steps, given.epochs) {
+        (Some(_), Some(_)) => bail!("give --epochs or --steps, not both"),
+        (Some(s), None) if s != saved.steps || saved.epochs.is_some() => {
+            notes.push(format!(
+                "--steps {s} (the checkpoint's run had {} steps)",
+                saved.steps
+            ));
+            c.steps = s;
+            c.epochs = None;
+        }
+        (None, Some(e)) if Some(e) != saved.epochs => {
+            notes.push(format!(
+                "--epochs {e} (the checkpoint's run had {})",
+                saved.epochs.map_or_else(
+                    || format!("{} steps", saved.steps),
+                    |e| format!("{e} epochs")
+                )
+            ));
+            c.epochs = Some(e);
+        }
+        _ => {}
+    }
+    c.validate()?;
+    Ok((c, notes))
 }
 
 #[cfg(test)]

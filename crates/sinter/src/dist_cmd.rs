@@ -93,6 +93,11 @@ pub fn launch(a: &LaunchArgs) -> Result<()> {
     }
     let opts = LaunchOptions {
         grace_period: Duration::from_secs_f64(a.grace_period),
+        // The ranks die with this process, even if it is killed by SIGKILL.
+        extra_env: vec![(
+            crate::signals::LAUNCHER_PID.to_string(),
+            std::process::id().to_string(),
+        )],
         ..LaunchOptions::default()
     };
     let report = launch::run_with(&spec, &opts).map_err(anyhow::Error::new)?;
@@ -115,9 +120,12 @@ pub enum BenchCmd {
     /// Host all-reduce bandwidth (bus bandwidth, as nccl-tests report it) beside a memcpy
     /// ceiling, over threads, TCP loopback threads and TCP loopback processes.
     Allreduce(AllReduceArgs),
-    /// GPU benchmarks (gemm, tc, linear, bandwidth, attention or all) on the CUDA device; a markdown table.
+    /// GPU benchmarks on the CUDA device, as a markdown table: gemm (bf16 GEMM), tc (tensor
+    /// cores vs CUDA cores), linear (Linear forward + backward, CPU vs GPU), bandwidth
+    /// (elementwise and row kernels vs a copy), attention (fused flash attention) or all.
     Gpu {
-        #[arg(default_value = "all")]
+        /// gemm, tc, linear, bandwidth, attention or all [default: all].
+        #[arg(default_value = "all", hide_default_value = true)]
         which: String,
         /// Also write the table here (and `<out>.json`).
         #[arg(long)]
@@ -375,8 +383,8 @@ pub fn pick_backend(
             let grads = NcclCommunicator::init(env, dev, "grads", timeout)
                 .with_context(|| format!("rank {}: bringing up NCCL", env.rank))?;
             if talk {
-                if let Ok((a, b, c)) = &local.nccl {
-                    eprintln!("distributed backend: NCCL {a}.{b}.{c} (gradients all-reduced on the device)");
+                if let Ok(lib) = sinter_dist::nccl::nccl_library() {
+                    crate::say!("distributed backend: {lib} (gradients all-reduced on the device)");
                 }
             }
             Ok((

@@ -17,9 +17,6 @@
 //! [`run`] returns a markdown report; with `out` it also writes it there, and the raw numbers as
 //! JSON beside it (same name, `.json`).
 
-// Hooks for the trainer and CLI: not every one is called from every build of the binary.
-#![allow(dead_code)]
-
 use std::fmt::Write as _;
 use std::path::Path;
 use std::time::Instant;

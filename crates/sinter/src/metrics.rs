@@ -1,56 +1,182 @@
-//! Run outputs: metrics.jsonl (one JSON object per logged step or evaluation), summary.json,
-//! and loss.svg (training and validation loss against step).
+//! Run outputs: the history (metrics.jsonl, metrics.csv, the TensorBoard event log) and
+//! loss.svg (training and validation loss against step).
 
 use std::fs::{File, OpenOptions};
-use std::io::{BufWriter, Write};
+use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
-use plotters::prelude::*;
 use serde_json::Value;
 
+use crate::tfevents;
+
+/// The TensorBoard event log's file name (TensorBoard reads files with `tfevents` in it).
+pub const EVENTS_FILE: &str = "events.out.tfevents.sinter";
+
+/// CSV columns, in order (a row leaves empty what its record lacks).
+const CSV_COLUMNS: &[&str] = &[
+    "step",
+    "epoch",
+    "train_loss",
+    "val_loss",
+    "val_accuracy",
+    "lr",
+    "samples_per_s",
+    "tokens_per_s",
+    "grad_norm",
+    "loss_scale",
+    "skipped_steps",
+    "elapsed_s",
+];
+
+/// Scalars that go to TensorBoard, and their tags.
+const EVENT_TAGS: &[(&str, &str)] = &[
+    ("train_loss", "train/loss"),
+    ("val_loss", "val/loss"),
+    ("val_accuracy", "val/accuracy"),
+    ("lr", "train/lr"),
+    ("grad_norm", "train/grad_norm"),
+    ("samples_per_s", "train/samples_per_s"),
+    ("tokens_per_s", "train/tokens_per_s"),
+];
+
+/// A run's history: `metrics.jsonl` (one JSON object per logged step and per evaluation),
+/// `metrics.csv` (the same rows) and a TensorBoard event log. History is only appended; a
+/// resumed run first drops what came after its checkpoint (a killed run's last lines) by
+/// writing the kept part to a new file and renaming it over the old one, so the history is
+/// never lost, whenever the run is killed.
 pub struct MetricsLog {
     path: PathBuf,
-    file: BufWriter<File>,
+    jsonl: File,
+    csv: File,
+    events: File,
+}
+
+fn append(path: &Path) -> Result<File> {
+    OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .with_context(|| format!("cannot write {}", path.display()))
+}
+
+/// Keeps the whole lines of a text file whose step (`step_of`) is at most `step`; rewrites it
+/// (write, then rename) only when something is dropped.
+fn keep_lines(path: &Path, step: u64, step_of: impl Fn(&str) -> Option<u64>) -> Result<()> {
+    let Ok(text) = std::fs::read_to_string(path) else {
+        return Ok(());
+    };
+    // A last line without its newline was torn by a kill.
+    let whole = match text.rfind('\n') {
+        Some(i) => &text[..=i],
+        None => "",
+    };
+    let kept: Vec<&str> = whole
+        .lines()
+        .filter(|l| step_of(l).is_none_or(|s| s <= step))
+        .collect();
+    if kept.len() == whole.lines().count() && whole.len() == text.len() {
+        return Ok(());
+    }
+    let mut out = kept.join("\n");
+    if !out.is_empty() {
+        out.push('\n');
+    }
+    crate::checkpoint::write_atomic(path, out.as_bytes())
+}
+
+/// Keeps the whole event records of step at most `step` (see [`keep_lines`]).
+fn keep_events(path: &Path, step: u64) -> Result<()> {
+    let Ok(bytes) = std::fs::read(path) else {
+        return Ok(());
+    };
+    let (records, len) = tfevents::read_records(&bytes);
+    let kept: Vec<&[u8]> = records
+        .iter()
+        .copied()
+        .filter(|r| tfevents::event_step(r) <= step)
+        .collect();
+    if kept.len() == records.len() && len == bytes.len() {
+        return Ok(());
+    }
+    let out: Vec<u8> = kept.iter().flat_map(|r| tfevents::record(r)).collect();
+    crate::checkpoint::write_atomic(path, &out)
+}
+
+fn wall_time() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
 }
 
 impl MetricsLog {
-    /// Opens DIR/metrics.jsonl. A resumed run keeps the lines up to its step and appends.
+    /// Opens the history files in `dir` for appending. A new run starts them empty; a resumed
+    /// run keeps what was logged up to its checkpoint's step.
     pub fn open(dir: &Path, resume_from_step: Option<u64>) -> Result<MetricsLog> {
         std::fs::create_dir_all(dir)
             .with_context(|| format!("cannot create output directory {}", dir.display()))?;
         let path = dir.join("metrics.jsonl");
-        let kept: Vec<String> = match resume_from_step {
-            Some(step) => read_lines(&path)?
-                .into_iter()
-                .filter(|v| {
-                    v.get("step")
-                        .and_then(Value::as_u64)
-                        .is_some_and(|s| s <= step)
-                })
-                .map(|v| v.to_string())
-                .collect(),
-            None => Vec::new(),
-        };
-        let mut file = BufWriter::new(
-            OpenOptions::new()
-                .create(true)
-                .write(true)
-                .truncate(true)
-                .open(&path)
-                .with_context(|| format!("cannot write {}", path.display()))?,
-        );
-        for l in kept {
-            writeln!(file, "{l}")?;
+        let (csv_path, events_path) = (dir.join("metrics.csv"), dir.join(EVENTS_FILE));
+        match resume_from_step {
+            Some(step) => {
+                let json_step = |l: &str| {
+                    serde_json::from_str::<Value>(l)
+                        .ok()
+                        .and_then(|v| v.get("step")?.as_u64())
+                };
+                keep_lines(&path, step, json_step)?;
+                keep_lines(&csv_path, step, |l| l.split(',').next()?.parse().ok())?;
+                keep_events(&events_path, step)?;
+            }
+            None => {
+                for p in [&path, &csv_path, &events_path] {
+                    crate::checkpoint::write_atomic(p, b"")?;
+                }
+            }
         }
-        Ok(MetricsLog { path, file })
+        let mut log = MetricsLog {
+            jsonl: append(&path)?,
+            csv: append(&csv_path)?,
+            events: append(&events_path)?,
+            path,
+        };
+        if log.csv.metadata().map_or(0, |m| m.len()) == 0 {
+            log.csv
+                .write_all(format!("{}\n", CSV_COLUMNS.join(",")).as_bytes())?;
+        }
+        if log.events.metadata().map_or(0, |m| m.len()) == 0 {
+            log.events
+                .write_all(&tfevents::record(&tfevents::file_version(wall_time())))?;
+        }
+        Ok(log)
     }
+
+    /// Appends one record (with its `step`) to every history file.
     pub fn log(&mut self, v: &Value) -> Result<()> {
-        writeln!(self.file, "{v}")
-            .with_context(|| format!("cannot write {}", self.path.display()))?;
-        self.file.flush()?;
+        let what = |p: &Path| format!("cannot write {}", p.display());
+        writeln!(self.jsonl, "{v}").with_context(|| what(&self.path))?;
+        let row: Vec<String> = CSV_COLUMNS
+            .iter()
+            .map(|c| match v.get(*c) {
+                Some(Value::Null) | None => String::new(),
+                Some(x) => x.to_string(),
+            })
+            .collect();
+        writeln!(self.csv, "{}", row.join(",")).with_context(|| what(&self.path))?;
+        let scalars: Vec<(&str, f32)> = EVENT_TAGS
+            .iter()
+            .filter_map(|(k, tag)| Some((*tag, v.get(*k)?.as_f64()? as f32)))
+            .collect();
+        if !scalars.is_empty() {
+            let step = v.get("step").and_then(Value::as_u64).unwrap_or(0);
+            let e = tfevents::scalars(wall_time(), step, &scalars);
+            self.events
+                .write_all(&tfevents::record(&e))
+                .with_context(|| what(&self.path))?;
+        }
         Ok(())
     }
+
     pub fn path(&self) -> &Path {
         &self.path
     }
@@ -66,60 +192,4 @@ pub fn read_lines(path: &Path) -> Result<Vec<Value>> {
         .lines()
         .filter_map(|l| serde_json::from_str(l).ok())
         .collect())
-}
-
-/// Draws training and validation loss from metrics.jsonl into DIR/loss.svg.
-pub fn plot_losses(metrics: &Path, out: &Path, title: &str) -> Result<()> {
-    let rows = read_lines(metrics)?;
-    let series = |key: &str| -> Vec<(f64, f64)> {
-        rows.iter()
-            .filter_map(|v| Some((v.get("step")?.as_f64()?, v.get(key)?.as_f64()?)))
-            .filter(|(_, y)| y.is_finite())
-            .collect()
-    };
-    let (train, val) = (series("train_loss"), series("val_loss"));
-    if train.is_empty() {
-        return Ok(());
-    }
-    let max_x = train.iter().chain(&val).map(|p| p.0).fold(1.0, f64::max);
-    let max_y = train.iter().chain(&val).map(|p| p.1).fold(0.0, f64::max) * 1.05;
-    let min_y = train
-        .iter()
-        .chain(&val)
-        .map(|p| p.1)
-        .fold(f64::INFINITY, f64::min)
-        .min(0.0);
-    let root = SVGBackend::new(out, (900, 540)).into_drawing_area();
-    let draw = || -> std::result::Result<(), Box<dyn std::error::Error>> {
-        root.fill(&WHITE)?;
-        let mut chart = ChartBuilder::on(&root)
-            .caption(title, ("sans-serif", 22))
-            .margin(16)
-            .x_label_area_size(40)
-            .y_label_area_size(56)
-            .build_cartesian_2d(0.0..max_x, min_y..max_y.max(1e-6))?;
-        chart
-            .configure_mesh()
-            .x_desc("step")
-            .y_desc("loss")
-            .draw()?;
-        chart
-            .draw_series(LineSeries::new(train.clone(), &BLUE))?
-            .label("train loss")
-            .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], BLUE));
-        if !val.is_empty() {
-            chart
-                .draw_series(LineSeries::new(val.clone(), RED.stroke_width(2)))?
-                .label("validation loss")
-                .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], RED));
-        }
-        chart
-            .configure_series_labels()
-            .background_style(WHITE.mix(0.8))
-            .border_style(BLACK)
-            .draw()?;
-        root.present()?;
-        Ok(())
-    };
-    draw().map_err(|e| anyhow::anyhow!("cannot draw {}: {e}", out.display()))
 }

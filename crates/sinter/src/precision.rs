@@ -6,14 +6,12 @@
 //! `precision.scaler()` (fp16: the scale to start from and the scaler's settings) to a
 //! `sinter_nn::StepControl`, which scales the loss, skips overflowing steps and grows or shrinks
 //! the scale on the device; at checkpoints it hands the scale read back from the device to
-//! `set_scaler_state`, so `state` saves it. The host-side hooks below (`scale_loss`,
-//! `unscale_and_check`, `end_step`) do the same with a host round trip per step.
-
-// Hooks for the trainer and CLI: not every one is called from every build of the binary.
-#![allow(dead_code)]
+//! `set_scaler_state`, so `state` saves it. ZeRO, which keeps its own host-side step, uses
+//! `scale_loss`, `set_should_step` (with the overflow verdict agreed over the ranks) and
+//! `end_step` instead.
 
 use anyhow::{anyhow, bail, Context, Result};
-use sinter_core::{amp::AutocastGuard, DType, Device, Tensor};
+use sinter_core::{amp::AutocastGuard, Device, Tensor};
 use sinter_nn::{LossScaler, LossScalerState, PrecisionMode};
 
 /// The values `--precision` accepts, for messages.
@@ -38,7 +36,7 @@ pub fn parse_precision(s: &str) -> Result<Precision> {
 pub struct Precision {
     mode: PrecisionMode,
     scaler: Option<LossScaler>,
-    /// Result of the last `unscale_and_check` (true: gradients finite, take the step).
+    /// The step's overflow verdict (true: gradients finite, take the step).
     step_ok: bool,
 }
 
@@ -49,10 +47,6 @@ impl Precision {
             scaler: mode.needs_loss_scaling().then(LossScaler::default),
             step_ok: true,
         }
-    }
-
-    pub fn mode(&self) -> PrecisionMode {
-        self.mode
     }
 
     /// Sets up the process for this precision on `device` (call once, after resolving the
@@ -80,11 +74,6 @@ impl Precision {
         self.mode.autocast()
     }
 
-    /// The dtype matrix products run in (f32 for fp32 and tf32).
-    pub fn compute_dtype(&self) -> DType {
-        self.mode.autocast_dtype().unwrap_or(DType::F32)
-    }
-
     /// The loss to call `backward` on: multiplied by the loss scale for fp16, else as is.
     pub fn scale_loss(&self, loss: &Tensor) -> Result<Tensor> {
         Ok(match &self.scaler {
@@ -93,29 +82,8 @@ impl Precision {
         })
     }
 
-    /// After backward (and any gradient all-reduce), before clipping: for fp16, divides the
-    /// gradients by the loss scale and checks them for inf/NaN in one pass. Returns (and
-    /// remembers for [`Precision::should_step`]) whether the step should be taken; always true
-    /// for the other modes.
-    ///
-    /// With ZeRO-2 each rank sees only its gradient shard: combine the flag across ranks
-    /// (all-reduce max of `!ok`) and pass the result to [`Precision::set_should_step`].
-    pub fn unscale_and_check(&mut self, params: &[(String, Tensor)]) -> Result<bool> {
-        self.step_ok = match &mut self.scaler {
-            Some(s) => s
-                .unscale_and_check(params)
-                .context("unscaling fp16 gradients")?,
-            None => true,
-        };
-        Ok(self.step_ok)
-    }
-
-    /// Whether the optimizer should step (false after fp16 gradients overflowed).
-    pub fn should_step(&self) -> bool {
-        self.step_ok
-    }
-
-    /// Overrides the result of `unscale_and_check` (e.g. with the verdict of all ranks).
+    /// Whether the optimizer should step: false after fp16 gradients overflowed (under ZeRO,
+    /// the verdict of all ranks).
     pub fn set_should_step(&mut self, ok: bool) {
         self.step_ok = ok;
     }
@@ -156,11 +124,6 @@ impl Precision {
         self.scaler.as_ref().map(|s| s.scale)
     }
 
-    /// Steps skipped for overflow since the start of this process (fp16 only).
-    pub fn skipped_steps(&self) -> u64 {
-        self.scaler.as_ref().map_or(0, |s| s.skipped_steps())
-    }
-
     /// The checkpoint entry (a JSON string for the checkpoint metadata): mode, and for fp16 the
     /// loss scale and count of good steps.
     pub fn state(&self) -> String {
@@ -194,17 +157,22 @@ impl Precision {
 
 // ---- devices ----------------------------------------------------------------------------------
 
-/// Resolves `--device` (see [`resolve_device_noted`]), printing its note to stderr.
-pub fn resolve_device(name: &str) -> Result<Device> {
-    let (d, note) = resolve_device_noted(name)?;
-    if let Some(n) = note {
-        eprintln!("{n}");
+/// `--device cuda-emu`: the emulated CUDA device.
+pub const EMULATED: &str = "cuda-emu";
+
+/// Turns on the emulated CUDA device for `--device cuda-emu` (one emulated device per local
+/// rank, so each rank of `sinter launch` gets its own, as on a real node). Call before any
+/// CUDA use; other devices are left alone.
+pub fn enable_emulation(device: &str, local_ranks: usize) -> Result<()> {
+    if device == EMULATED {
+        sinter_cuda::runtime::enable_emulation(local_ranks.max(1))
+            .map_err(|e| anyhow!("--device cuda-emu: {e}"))?;
     }
-    Ok(d)
+    Ok(())
 }
 
 /// `auto` (CUDA device 0 when CUDA can be used here, else the CPU, with a line saying why),
-/// `cpu`, `cuda` (= `cuda:0`) or `cuda:N`; a CUDA device that cannot be used is an error that
+/// `cpu`, `cuda` (= `cuda:0`), `cuda:N` or `cuda-emu` (after [`enable_emulation`]); a CUDA device that cannot be used is an error that
 /// quotes the CUDA report (what loads, what is missing, how to fix it).
 pub fn resolve_device_noted(name: &str) -> Result<(Device, Option<String>)> {
     if name == "auto" {
@@ -228,8 +196,14 @@ pub fn resolve_device_noted(name: &str) -> Result<(Device, Option<String>)> {
             )),
         ));
     }
+    if name == EMULATED {
+        return Ok((
+            Device::Cuda(0),
+            Some("device cuda-emu: the emulated CUDA device (sinter's real CUDA kernels run on the CPU by the kernel emulator; correct, not fast)".into()),
+        ));
+    }
     let d = Device::parse(name).ok_or_else(|| {
-        anyhow!("unknown device '{name}'; valid devices: auto, cpu, cuda, cuda:N")
+        anyhow!("unknown device '{name}'; valid devices: auto, cpu, cuda, cuda:N, cuda-emu")
     })?;
     if let Device::Cuda(n) = d {
         check_cuda(n)?;
@@ -387,17 +361,12 @@ pub fn info_report() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use sinter_core::Rng;
+    use sinter_core::DType;
 
     #[test]
     fn parses_precisions_with_a_clear_error() {
-        for (s, m) in [
-            ("fp32", PrecisionMode::Fp32),
-            ("tf32", PrecisionMode::Tf32),
-            ("bf16", PrecisionMode::Bf16),
-            ("fp16", PrecisionMode::Fp16),
-        ] {
-            assert_eq!(parse_precision(s).unwrap().mode(), m);
+        for s in ["fp32", "tf32", "bf16", "fp16"] {
+            assert!(parse_precision(s).unwrap().state().contains(s));
         }
         let e = parse_precision("fp8").unwrap_err().to_string();
         assert!(e.contains("fp8") && e.contains(VALID_PRECISIONS), "{e}");
@@ -436,36 +405,15 @@ mod tests {
     fn fp16_hooks_skip_an_overflowing_step_and_round_trip_their_state() {
         let mut p = parse_precision("fp16").unwrap();
         assert!(p.activate(Device::Cpu).is_some());
-        let mut rng = Rng::new(1);
-        // Small values: at the initial scale 2^16 the scaled gradients stay inside fp16's range.
-        let w = Tensor::randn(&[8, 8], 0.0, 0.1, &mut rng, DType::F32, Device::Cpu)
-            .unwrap()
-            .to_var()
-            .unwrap();
-        let x = Tensor::randn(&[4, 8], 0.0, 0.1, &mut rng, DType::F32, Device::Cpu).unwrap();
-        let params = vec![("w".to_string(), w.clone())];
-        let loss = {
-            let _ac = p.enter_autocast();
-            // The loss in f32, as cross-entropy returns it: the scaled gradient enters the f16
-            // graph only after the f32 reduction has divided it down.
-            x.matmul(&w)
-                .unwrap()
-                .to_dtype(DType::F32)
-                .unwrap()
-                .sqr()
-                .unwrap()
-                .mean_all()
-                .unwrap()
-        };
-        p.scale_loss(&loss).unwrap().backward().unwrap();
-        assert!(p.unscale_and_check(&params).unwrap() && p.should_step());
+        let loss = Tensor::full(0.5, &[1], DType::F32, Device::Cpu).unwrap();
+        assert_eq!(
+            p.scale_loss(&loss).unwrap().to_vec_f32().unwrap(),
+            [32768.0]
+        );
+        // A good step keeps the scale; an overflow (the agreed verdict) skips and halves it.
+        p.set_should_step(true);
         assert!(p.end_step().is_none());
-        // Overflow: a NaN gradient.
-        w.set_grad(Some(
-            Tensor::full(f64::NAN, &[8, 8], DType::F32, Device::Cpu).unwrap(),
-        ));
-        assert!(!p.unscale_and_check(&params).unwrap());
-        assert!(!p.should_step());
+        p.set_should_step(false);
         assert!(p.end_step().unwrap().contains("skipped"));
         assert_eq!(p.loss_scale(), Some(32768.0));
         let saved = p.state();
@@ -474,7 +422,7 @@ mod tests {
         assert_eq!(q.loss_scale(), Some(32768.0));
         // Other modes: no scaling, always step.
         let mut b = parse_precision("bf16").unwrap();
-        assert!(b.unscale_and_check(&params).unwrap());
+        assert_eq!(b.scale_loss(&loss).unwrap().to_vec_f32().unwrap(), [0.5]);
         assert!(b.load_state(&saved).is_ok());
         assert!(b.end_step().is_none());
     }

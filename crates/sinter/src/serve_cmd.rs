@@ -10,7 +10,7 @@ use std::time::Duration;
 use anyhow::{anyhow, bail, Context, Result};
 use clap::Args;
 use sinter_core::{Device, Rng};
-use sinter_models::gpt::{ContextPolicy, GenerateOptions, SamplingParams};
+use sinter_models::gpt::{ContextPolicy, GenerateOptions};
 use sinter_models::{Gpt, GptConfig};
 use sinter_nn::module::shared_rng;
 use sinter_nn::Module;
@@ -18,7 +18,7 @@ use sinter_serve::bench::{self, LoadOptions, LoadReport};
 use sinter_serve::text::Utf8Stream;
 use sinter_serve::{GptModel, ServeOptions, Server, Tokenizer};
 
-use crate::checkpoint;
+use crate::inference;
 
 /// A GPT ready for inference, with how to turn text into its tokens.
 pub struct LoadedLm {
@@ -30,59 +30,30 @@ pub struct LoadedLm {
     pub name: String,
 }
 
-/// Loads a GPT checkpoint onto `device`. Int8 checkpoints (from `sinter quantize`) would
-/// load here into their own `sinter_serve::ServeModel` once that format exists.
+/// Loads a GPT checkpoint onto `device` through [`inference::load_model`] (the architecture
+/// and the tokenizer come from the checkpoint's `InferenceInfo`). Int8 checkpoints (from
+/// `sinter quantize`) would load here into their own `sinter_serve::ServeModel` once that
+/// format exists.
 pub fn load_lm(path: &Path, device: Device) -> Result<LoadedLm> {
-    let l = checkpoint::load(path)?;
-    let c = &l.meta.config;
-    let preset = GptConfig::preset(&c.model).ok_or_else(|| {
+    let inf = inference::load_model(path)?;
+    let model_name = inf.info.model.clone();
+    let model: Box<dyn std::any::Any> = inf.model;
+    let gpt = *model.downcast::<Gpt>().map_err(|_| {
         anyhow!(
-            "{} holds a '{}' model; generate and serve need a GPT checkpoint (gpt-tiny or gpt2)",
-            path.display(),
-            c.model
+            "{} holds a '{model_name}' model; generate and serve need a GPT checkpoint (gpt-tiny or gpt2)",
+            path.display()
         )
     })?;
-    let shape = |name: &str| -> Result<Vec<usize>> {
-        l.tensors
-            .get(name)
-            .map(|t| t.shape().to_vec())
-            .ok_or_else(|| anyhow!("checkpoint {} has no tensor {name}", path.display()))
-    };
-    let (wte, wpe) = (shape("model.wte.weight")?, shape("model.wpe.weight")?);
-    let cfg = GptConfig {
-        vocab_size: wte[0],
-        block_size: wpe[0],
-        dropout: 0.0,
-        ..preset
-    };
-    let gpt = Gpt::new(cfg, &mut Rng::new(0), &shared_rng(0))?;
-    let named: Vec<(String, sinter_core::Tensor)> = gpt
-        .named_tensors()
-        .into_iter()
-        .map(|t| (t.name, t.tensor))
-        .collect();
-    checkpoint::restore_model(&l.tensors, &named)?;
-    gpt.set_training(false);
-    if device != Device::Cpu {
-        sinter_nn::move_module(&gpt, device)?;
-    }
-    // Byte-level data (shakespeare, text:) has 256 tokens; tokens: data is GPT-2 BPE.
-    let tokenizer = if c.data.starts_with("tokens:") {
-        Tokenizer::gpt2()
-    } else if gpt.config.vocab_size == 256 {
-        Tokenizer::Bytes
-    } else {
-        bail!(
-            "this checkpoint uses a {}-token vocabulary that is neither bytes nor GPT-2 BPE; no tokenizer can turn text into its tokens",
-            gpt.config.vocab_size
-        )
-    };
+    let tokenizer = inference::tokenizer_of(&inf.info)?;
     if tokenizer.vocab_size() > gpt.config.vocab_size {
         bail!(
             "the checkpoint's vocabulary ({}) is smaller than its tokenizer's ({})",
             gpt.config.vocab_size,
             tokenizer.vocab_size()
         );
+    }
+    if device != Device::Cpu {
+        sinter_nn::move_module(&gpt, device)?;
     }
     let dir = if path.is_dir() {
         path
@@ -93,23 +64,23 @@ pub fn load_lm(path: &Path, device: Device) -> Result<LoadedLm> {
         .canonicalize()
         .ok()
         .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
-        .unwrap_or_else(|| c.model.clone());
+        .unwrap_or(model_name);
     Ok(LoadedLm {
-        context: c.context.clamp(1, gpt.config.block_size),
+        context: inf.config.context.clamp(1, gpt.config.block_size),
         gpt,
         tokenizer,
         name,
     })
 }
 
-fn sampling(temperature: f64, top_k: usize, top_p: f64) -> Result<SamplingParams> {
-    let s = SamplingParams {
-        temperature,
-        top_k,
-        top_p,
-    };
-    s.validate().map_err(|e| anyhow!("--{e}"))?;
-    Ok(s)
+/// `--device` (auto, cpu, cuda[:N] or cuda-emu), saying on stderr what auto picked.
+fn device(name: &str) -> Result<Device> {
+    crate::precision::enable_emulation(name, 1)?;
+    let (d, note) = crate::precision::resolve_device_noted(name)?;
+    if let Some(n) = note {
+        eprintln!("{n}");
+    }
+    Ok(d)
 }
 
 #[derive(Args)]
@@ -140,7 +111,7 @@ pub struct GenerateArgs {
     /// the same tokens).
     #[arg(long)]
     no_kv_cache: bool,
-    /// auto, cpu, cuda or cuda:N.
+    /// auto, cpu, cuda, cuda:N or cuda-emu.
     #[arg(long, default_value = "auto")]
     device: String,
 }
@@ -152,8 +123,8 @@ pub fn generate(g: &GenerateArgs) -> Result<()> {
         .context_policy
         .parse()
         .map_err(|e| anyhow!("--context-policy: {e}"))?;
-    let sampling = sampling(g.temperature, g.top_k, g.top_p)?;
-    let device = crate::precision::resolve_device(&g.device)?;
+    let sampling = inference::check_sampling(g.temperature, g.top_k, g.top_p)?;
+    let device = device(&g.device)?;
     let lm = load_lm(&g.checkpoint, device)?;
     let prompt = lm.tokenizer.encode(&g.prompt);
     if prompt.is_empty() {
@@ -219,7 +190,7 @@ pub struct ServeArgs {
     host: String,
     #[arg(long, default_value_t = 8080)]
     port: u16,
-    /// auto, cpu, cuda or cuda:N.
+    /// auto, cpu, cuda, cuda:N or cuda-emu.
     #[arg(long, default_value = "auto")]
     device: String,
     /// Requests decoded together at most (continuous batching).
@@ -265,7 +236,7 @@ pub fn serve(a: &ServeArgs) -> Result<()> {
     if !(a.shutdown_timeout.is_finite() && a.shutdown_timeout >= 0.0) {
         bail!("--shutdown-timeout must be a number of seconds ≥ 0");
     }
-    let device = crate::precision::resolve_device(&a.device)?;
+    let device = device(&a.device)?;
     let lm = load_lm(&a.checkpoint, device)?;
     let name = a.model_name.clone().unwrap_or_else(|| lm.name.clone());
     let (context, tok_name) = (lm.context, lm.tokenizer.name());
@@ -386,7 +357,7 @@ pub fn bench_serve(a: &BenchServeArgs) -> Result<()> {
             (None, url.trim_end_matches('/').to_string(), name)
         }
         None => {
-            let device = crate::precision::resolve_device(&a.device)?;
+            let device = device(&a.device)?;
             let lm = match &a.checkpoint {
                 Some(p) => load_lm(p, device)?,
                 None => random_lm(&a.model, a.context)?,

@@ -122,3 +122,52 @@ fn fp16_runs_log_the_device_loss_scale_and_resume_exactly() {
         assert!(a == b, "tensor {na} differs after resume");
     }
 }
+
+/// `--device cuda-emu`: the whole trainer on the emulated CUDA device (sinter's CUDA kernels
+/// run by the kernel emulator) follows the CPU run. Needs the emulator's C++ compiler: a
+/// machine without one says so and skips, unless SINTER_REQUIRE_EMU=1 (as in CI).
+#[test]
+fn the_trainer_runs_on_the_emulated_cuda_device_like_on_the_cpu() {
+    let run = |device: &str, dir: &Path| {
+        sinter(&[
+            "train",
+            "--quiet",
+            "--device",
+            device,
+            "--model",
+            "mlp",
+            "--steps",
+            "3",
+            "--batch-size",
+            "8",
+            "--eval-batches",
+            "1",
+            "--out",
+            dir.to_str().unwrap(),
+        ])
+    };
+    let (emu, cpu) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let o = run("cuda-emu", emu.path());
+    if !o.status.success() && std::env::var("SINTER_REQUIRE_EMU").as_deref() != Ok("1") {
+        eprintln!(
+            "skipped: the emulated CUDA device is not available: {}",
+            stderr(&o)
+        );
+        return;
+    }
+    assert!(o.status.success(), "{}", stderr(&o));
+    let o = run("cpu", cpu.path());
+    assert!(o.status.success(), "{}", stderr(&o));
+    let summary = |d: &Path| -> serde_json::Value {
+        serde_json::from_str(&std::fs::read_to_string(d.join("summary.json")).unwrap()).unwrap()
+    };
+    let (a, b) = (summary(emu.path()), summary(cpu.path()));
+    assert_eq!(a["device"], "cuda:0");
+    for k in ["train_loss", "val_loss"] {
+        let (x, y) = (a[k].as_f64().unwrap(), b[k].as_f64().unwrap());
+        assert!(
+            (x - y).abs() <= 1e-5 * y.abs(),
+            "{k}: emulated {x} vs cpu {y}"
+        );
+    }
+}

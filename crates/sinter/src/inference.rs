@@ -1,0 +1,168 @@
+//! A checkpoint as a model to run: `eval` (which reads the validation data), `generate` and
+//! `serve` (which need only the checkpoint: the architecture, the tokenizer and the input
+//! encoding are in its [`InferenceInfo`]).
+
+use std::path::Path;
+
+use anyhow::{anyhow, bail, Result};
+use sinter_core::Rng;
+use sinter_models::gpt::SamplingParams;
+use sinter_models::{DataShape, Model, Task};
+use sinter_serve::Tokenizer;
+
+use crate::checkpoint::{self, InferenceInfo, InputSpec};
+use crate::config::TrainConfig;
+use crate::trainer::{setup, Setup};
+
+/// What inference needs to know about a run's data and model (saved in its checkpoints).
+pub fn info_of(s: &Setup) -> InferenceInfo {
+    InferenceInfo {
+        model: s.config.model.clone(),
+        task: task_name(s.task).into(),
+        input_shape: s.train.input_shape(),
+        classes: s.train.num_classes().unwrap_or(0),
+        class_names: s.train.class_names(),
+        input: InputSpec::from_data(&s.train.input_encoding()),
+    }
+}
+
+fn task_name(t: Task) -> &'static str {
+    match t {
+        Task::Classification => "classification",
+        Task::LanguageModel => "language_model",
+        Task::MaskedLm => "masked_lm",
+    }
+}
+
+/// A checkpoint's model with its weights, built from the checkpoint alone.
+pub struct Inference {
+    pub config: TrainConfig,
+    pub info: InferenceInfo,
+    pub model: Box<dyn Model>,
+}
+
+/// `--temperature`, `--top-k` and `--top-p`, checked (the rule is `SamplingParams::validate`'s).
+pub fn check_sampling(temperature: f64, top_k: usize, top_p: f64) -> Result<SamplingParams> {
+    let s = SamplingParams {
+        temperature,
+        top_k,
+        top_p,
+    };
+    s.validate().map_err(|e| anyhow!("--{e}"))?;
+    Ok(s)
+}
+
+/// `--temperature`: 0 (greedy) or above.
+pub fn check_temperature(t: f64) -> Result<()> {
+    check_sampling(t, 0, 1.0).map(|_| ())
+}
+
+/// Loads a checkpoint (a run directory or the file) as a model to run. Checkpoints written
+/// before they held [`InferenceInfo`] open their data once to learn it.
+pub fn load_model(path: &Path) -> Result<Inference> {
+    let l = checkpoint::load(path)?;
+    let info = match &l.meta.inference {
+        Some(i) => i.clone(),
+        None => info_of(&setup(l.meta.config.clone())?),
+    };
+    let shape = DataShape {
+        input: info.input_shape.clone(),
+        classes: info.classes,
+    };
+    let recompute = sinter_nn::Recompute::None;
+    let dropout = sinter_nn::module::shared_rng(0);
+    let model =
+        sinter_models::build_with(&info.model, &shape, &mut Rng::new(0), &dropout, recompute)?;
+    checkpoint::restore_model(&l.tensors, &named(model.as_ref()))?;
+    model.set_training(false);
+    Ok(Inference {
+        config: l.meta.config,
+        info,
+        model,
+    })
+}
+
+fn named(m: &dyn Model) -> Vec<(String, sinter_core::Tensor)> {
+    m.named_tensors()
+        .into_iter()
+        .map(|t| (t.name, t.tensor))
+        .collect()
+}
+
+/// The model and validation data of a checkpoint, with its weights loaded; and its step.
+pub fn load_for_eval(path: &Path) -> Result<(Setup, u64)> {
+    let l = checkpoint::load(path)?;
+    let s = setup(l.meta.config.clone())?;
+    checkpoint::restore_model(&l.tensors, &s.named_tensors())?;
+    s.model.set_training(false);
+    Ok((s, l.meta.step))
+}
+
+/// The tokenizer a language-model checkpoint was trained with (`generate` and `serve`).
+pub fn tokenizer_of(info: &InferenceInfo) -> Result<Tokenizer> {
+    if sinter_models::task_of(&info.model) != Some(Task::LanguageModel) {
+        bail!(
+            "text generation needs a language-model checkpoint; {} is a {} model",
+            info.model,
+            info.task
+        );
+    }
+    match info.input {
+        InputSpec::Bytes => Ok(Tokenizer::Bytes),
+        InputSpec::Gpt2Tokens => Ok(Tokenizer::gpt2()),
+        _ => bail!("this checkpoint uses a {}-token vocabulary that is neither bytes nor GPT-2 BPE; no tokenizer can turn a text prompt into its tokens", info.classes),
+    }
+}
+
+/// How `generate` samples.
+#[derive(Clone, Copy, Debug)]
+pub struct Sampling {
+    pub max_new: usize,
+    /// 0 picks the most likely token.
+    pub temperature: f64,
+    /// Sample from the k most likely tokens (0: all).
+    pub top_k: usize,
+    pub seed: u64,
+    /// The KV cache (one position per new token) or recomputing the whole window.
+    pub use_cache: bool,
+}
+
+impl Sampling {
+    /// `max_new` most likely tokens, with the KV cache.
+    pub fn greedy(max_new: usize) -> Sampling {
+        Sampling {
+            max_new,
+            temperature: 0.0,
+            top_k: 0,
+            seed: 0,
+            use_cache: true,
+        }
+    }
+}
+
+/// Samples tokens after `prompt` from a GPT `model` with a `context`-token window; returns
+/// all tokens (prompt included).
+pub fn generate(
+    model: &dyn Model,
+    context: usize,
+    prompt: &[i64],
+    how: &Sampling,
+) -> Result<Vec<i64>> {
+    check_temperature(how.temperature)?;
+    let gpt = model
+        .as_any()
+        .and_then(|m| m.downcast_ref::<sinter_models::Gpt>())
+        .ok_or_else(|| {
+            anyhow!("generate needs a GPT checkpoint; this model cannot generate text")
+        })?;
+    let mut rng = Rng::new(how.seed);
+    Ok(gpt.generate_with(
+        prompt,
+        how.max_new,
+        how.temperature,
+        how.top_k,
+        context,
+        how.use_cache,
+        &mut rng,
+    )?)
+}

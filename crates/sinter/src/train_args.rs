@@ -1,0 +1,265 @@
+//! `sinter train`'s flags, their help (each with its default, per model where it varies),
+//! and the checks between flags that no single flag can make.
+
+use std::path::PathBuf;
+
+use anyhow::{bail, Result};
+use clap::Args;
+
+use crate::config::ConfigFile;
+
+const RUN: &str = "Run";
+const OPTIM: &str = "Optimization";
+const OUTPUT: &str = "Evaluation, logging and checkpoints";
+const DEVICE: &str = "Device and precision";
+const PARALLEL: &str = "Parallel training (run under `sinter launch`)";
+
+#[derive(Args, Default)]
+pub struct TrainArgs {
+    /// Model: mlp, cnn, resnet18, gpt-tiny, gpt2, bert-tiny or bert-base [default: cnn].
+    #[arg(long, help_heading = RUN)]
+    pub model: Option<String>,
+    /// Data: digits, shakespeare, mnist:DIR, cifar10:DIR, text:FILE or tokens:FILE_OR_DIR
+    /// [default: digits for mlp/cnn/resnet18, shakespeare for GPT and BERT].
+    #[arg(long, help_heading = RUN)]
+    pub data: Option<String>,
+    /// Passes over the training data [default: 30 for mlp/cnn, 5 for resnet18; GPT and BERT
+    /// count --steps].
+    #[arg(long, help_heading = RUN)]
+    pub epochs: Option<u64>,
+    /// Optimizer steps [default: 2000 for GPT and BERT; the others count --epochs].
+    #[arg(long, help_heading = RUN)]
+    pub steps: Option<u64>,
+    /// Directory for metrics.jsonl/.csv, the TensorBoard event log, summary.json, loss.svg and
+    /// checkpoints [default: none: nothing is written].
+    #[arg(long, help_heading = RUN)]
+    pub out: Option<PathBuf>,
+    /// Continue the run saved in this directory; flags given now change what may change (the
+    /// learning rate, schedule, steps, intervals, …) with a note, and refuse the rest
+    /// [default: a new run].
+    #[arg(long, help_heading = RUN)]
+    pub resume: Option<PathBuf>,
+    /// Start a new run in an --out directory that already holds one, replacing it
+    /// [default: refuse].
+    #[arg(long, help_heading = RUN)]
+    pub overwrite: bool,
+    /// TOML file with the same keys as the flags (`batch_size = 64`); flags win
+    /// [default: none].
+    #[arg(long, help_heading = RUN)]
+    pub config: Option<PathBuf>,
+    /// Stop after this step (checkpointing it); `--resume DIR` continues the same run
+    /// [default: run to the end].
+    #[arg(long, help_heading = RUN)]
+    pub stop_at_step: Option<u64>,
+    /// No progress bar or notes [default: off].
+    #[arg(long, short, help_heading = RUN)]
+    pub quiet: bool,
+
+    /// Examples per batch (per rank and micro-step) [default: 64; 12 for GPT and BERT].
+    #[arg(long, help_heading = OPTIM)]
+    pub batch_size: Option<usize>,
+    /// Peak learning rate [default: 2e-3; 1e-3 for BERT].
+    #[arg(long, help_heading = OPTIM)]
+    pub lr: Option<f64>,
+    /// Optimizer: adamw or sgd [default: adamw].
+    #[arg(long, help_heading = OPTIM)]
+    pub optimizer: Option<String>,
+    /// SGD momentum, at least 0 (Nesterov when above 0) [default: 0.9].
+    #[arg(long, help_heading = OPTIM)]
+    pub momentum: Option<f64>,
+    /// Decoupled weight decay, at least 0; applied to matrices and embeddings, not to biases
+    /// and norm gains [default: 1e-4; 0.1 for GPT and BERT].
+    #[arg(long, help_heading = OPTIM)]
+    pub weight_decay: Option<f64>,
+    /// Learning-rate schedule: constant, cosine (5 % linear warm-up, at most 500 steps, then
+    /// cosine to 10 %) or step (×0.1 every third of the run) [default: cosine].
+    #[arg(long, help_heading = OPTIM)]
+    pub lr_schedule: Option<String>,
+    /// Clip the global gradient norm to this value [default: none; 1.0 for GPT and BERT].
+    #[arg(long, help_heading = OPTIM)]
+    pub grad_clip: Option<f64>,
+    /// Accumulate gradients over N micro-batches per step (only the last one communicates)
+    /// [default: 1].
+    #[arg(long, help_heading = OPTIM)]
+    pub grad_accum: Option<u64>,
+    /// Context length of language models, in tokens [default: 64; 1024 for gpt2, 128 for
+    /// bert-base].
+    #[arg(long, help_heading = OPTIM)]
+    pub context: Option<usize>,
+    /// Seed of the initial weights, data order, dropout and masks [default: 1337].
+    #[arg(long, help_heading = OPTIM)]
+    pub seed: Option<u64>,
+
+    /// Evaluate every N steps; 0: every epoch [default: 0; 250 for GPT and BERT].
+    #[arg(long, help_heading = OUTPUT)]
+    pub eval_interval: Option<u64>,
+    /// Validation batches per evaluation; 0: all [default: 0; 40 for GPT and BERT].
+    #[arg(long, help_heading = OUTPUT)]
+    pub eval_batches: Option<usize>,
+    /// Log the training loss every N steps [default: 5; 10 for GPT and BERT].
+    #[arg(long, help_heading = OUTPUT)]
+    pub log_interval: Option<u64>,
+    /// Checkpoint every N steps; 0: every epoch; needs --out [default: 0; 500 for GPT and
+    /// BERT].
+    #[arg(long, help_heading = OUTPUT)]
+    pub checkpoint_interval: Option<u64>,
+    /// Also keep the last N checkpoints, as checkpoint-step<STEP>.safetensors; needs --out
+    /// [default: 0: only the latest, checkpoint.safetensors].
+    #[arg(long, help_heading = OUTPUT)]
+    pub keep_last: Option<u64>,
+    /// Keep the checkpoint of the best validation loss so far as best.safetensors; needs
+    /// --out [default: off].
+    #[arg(long, help_heading = OUTPUT)]
+    pub keep_best: bool,
+    /// Stop early when the validation loss has not improved for N evaluations in a row
+    /// (checkpointing that step) [default: 0: never].
+    #[arg(long, help_heading = OUTPUT)]
+    pub early_stop: Option<u64>,
+    /// The decrease of the validation loss that counts as an improvement for --early-stop
+    /// [default: 0].
+    #[arg(long, help_heading = OUTPUT)]
+    pub early_stop_delta: Option<f64>,
+
+    /// Device: auto (the first GPU if CUDA works here, else the CPU), cpu, cuda, cuda:N, or
+    /// cuda-emu (the emulated CUDA device: the CUDA code path run on the CPU, for checking)
+    /// [default: auto].
+    #[arg(long, help_heading = DEVICE)]
+    pub device: Option<String>,
+    /// fp32, tf32, bf16 or fp16 (f32 master weights; fp16 with dynamic loss scaling)
+    /// [default: fp32].
+    #[arg(long, help_heading = DEVICE)]
+    pub precision: Option<String>,
+    /// Activation checkpointing of GPT blocks: none, attn or block (recompute in backward)
+    /// [default: none].
+    #[arg(long, help_heading = DEVICE)]
+    pub recompute: Option<String>,
+    /// Capture the whole training step as a CUDA graph after warm-up steps and replay it
+    /// (CUDA, one process, static shapes, no dropout; ignored on the CPU) [default: off].
+    #[arg(long, help_heading = DEVICE)]
+    pub cuda_graph: bool,
+
+    /// Data parallel (on by itself when WORLD_SIZE > 1, e.g. under `sinter launch`)
+    /// [default: off].
+    #[arg(long, help_heading = PARALLEL)]
+    pub dp: bool,
+    /// ZeRO stage: 0 (off), 1 (optimizer state sharded) or 2 (gradients too); above 0 implies
+    /// --dp [default: 0].
+    #[arg(long, help_heading = PARALLEL)]
+    pub zero: Option<u8>,
+    /// Gradient bucket size in MiB for data parallel / ZeRO [default: 25].
+    #[arg(long, help_heading = PARALLEL)]
+    pub bucket_mb: Option<f64>,
+    /// Collective backend of a distributed run: auto (NCCL when every rank's model is on CUDA
+    /// and NCCL loads), nccl, or host (TCP ring) [default: auto].
+    #[arg(long, default_value = "auto", hide_default_value = true, help_heading = PARALLEL)]
+    pub dist_backend: String,
+    /// Tensor-parallel ranks per GPT replica (Megatron style) [default: 1].
+    #[arg(long, default_value_t = 1, hide_default_value = true, help_heading = PARALLEL)]
+    pub tp: usize,
+    /// Pipeline stages per GPT replica [default: 1].
+    #[arg(long, default_value_t = 1, hide_default_value = true, help_heading = PARALLEL)]
+    pub pp: usize,
+    /// Micro-batches per step for the pipeline (--pp) [default: 1].
+    #[arg(long, help_heading = PARALLEL)]
+    pub micro_batches: Option<usize>,
+    /// Pipeline schedule for --pp: gpipe or 1f1b (the learning-rate schedule is
+    /// --lr-schedule) [default: 1f1b].
+    #[arg(long = "schedule", visible_alias = "pp-schedule", help_heading = PARALLEL)]
+    pub pp_schedule: Option<String>,
+}
+
+impl TrainArgs {
+    /// The flags given, as config keys (unset ones stay unset, so defaults and config files
+    /// fill them).
+    pub fn flags(&self) -> ConfigFile {
+        ConfigFile {
+            model: self.model.clone(),
+            data: self.data.clone(),
+            epochs: self.epochs,
+            steps: self.steps,
+            batch_size: self.batch_size,
+            lr: self.lr,
+            optimizer: self.optimizer.clone(),
+            momentum: self.momentum,
+            weight_decay: self.weight_decay,
+            lr_schedule: self.lr_schedule.clone(),
+            grad_clip: self.grad_clip,
+            context: self.context,
+            seed: self.seed,
+            device: self.device.clone(),
+            eval_interval: self.eval_interval,
+            eval_batches: self.eval_batches,
+            log_interval: self.log_interval,
+            checkpoint_interval: self.checkpoint_interval,
+            out: self.out.clone(),
+            zero: self.zero,
+            bucket_mb: self.bucket_mb,
+            grad_accum: self.grad_accum,
+            recompute: self.recompute.clone(),
+            precision: self.precision.clone(),
+            keep_last: self.keep_last,
+            keep_best: self.keep_best.then_some(true),
+            early_stop: self.early_stop,
+            early_stop_delta: self.early_stop_delta,
+        }
+    }
+
+    pub fn model_parallel(&self) -> bool {
+        self.tp > 1 || self.pp > 1
+    }
+
+    /// The pipeline schedule's name (checked: a learning-rate schedule there is a mistake
+    /// worth pointing at the right flag).
+    pub fn pipeline_schedule(&self) -> Result<String> {
+        let name = self.pp_schedule.clone().unwrap_or_else(|| "1f1b".into());
+        if name.parse::<sinter_dist::pipeline::Schedule>().is_ok() {
+            return Ok(name);
+        }
+        if ["constant", "cosine", "step"].contains(&name.as_str()) {
+            bail!("--schedule picks the pipeline schedule (gpipe or 1f1b); for the learning-rate schedule use --lr-schedule {name}");
+        }
+        bail!("--schedule: unknown pipeline schedule '{name}'; valid: gpipe, 1f1b")
+    }
+
+    /// Flags that mean nothing in this combination are errors, not silently ignored.
+    pub fn check_combination(&self, layered: &ConfigFile) -> Result<()> {
+        self.pipeline_schedule()?;
+        if self.tp == 0 || self.pp == 0 {
+            bail!("--tp and --pp must be at least 1");
+        }
+        if self.pp <= 1 {
+            if let Some(m) = self.micro_batches {
+                bail!("--micro-batches {m} splits a pipeline step, but there is no pipeline; add --pp N (N ≥ 2) or drop --micro-batches");
+            }
+            if let Some(s) = &self.pp_schedule {
+                bail!("--schedule {s} orders a pipeline's micro-batches, but there is no pipeline; add --pp N (N ≥ 2) or drop --schedule (the learning-rate schedule is --lr-schedule)");
+            }
+        }
+        if self.micro_batches == Some(0) {
+            bail!("--micro-batches must be at least 1");
+        }
+        if self.model_parallel() {
+            if let Some(z) = layered.zero.filter(|&z| z > 0) {
+                bail!("--zero {z} shards a data-parallel optimizer, which --tp/--pp do not use (each rank steps its own shard or stage); drop --zero");
+            }
+            if let Some(g) = layered.grad_accum.filter(|&g| g > 1) {
+                bail!("--grad-accum {g} is not supported with --tp/--pp; use --micro-batches to split a pipeline step, or a larger --batch-size");
+            }
+        }
+        if layered.out.is_none() && self.resume.is_none() {
+            for (set, flag) in [
+                (
+                    layered.checkpoint_interval.is_some(),
+                    "--checkpoint-interval",
+                ),
+                (layered.keep_last.is_some_and(|n| n > 0), "--keep-last"),
+                (layered.keep_best == Some(true), "--keep-best"),
+            ] {
+                if set {
+                    bail!("{flag} says which checkpoints to write, but without --out DIR nothing is written; add --out DIR");
+                }
+            }
+        }
+        Ok(())
+    }
+}

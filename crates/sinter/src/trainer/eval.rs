@@ -1,0 +1,90 @@
+//! Validation: loss (and accuracy for classifiers) over the validation data, in order.
+
+use anyhow::Result;
+use sinter_core::no_grad;
+use sinter_data::DataLoader;
+
+use super::batch::{batch_seed, prepare, EVAL_STEP};
+use super::Setup;
+
+#[derive(Clone, Copy, Debug)]
+pub struct EvalResult {
+    pub loss: f64,
+    pub accuracy: Option<f64>,
+    /// Examples evaluated.
+    pub examples: usize,
+    /// Batches evaluated, of `total_batches` in the validation data.
+    pub batches: usize,
+    pub total_batches: usize,
+}
+
+impl EvalResult {
+    /// ", val accuracy 97.50%" for classifiers, else "".
+    pub fn accuracy_text(&self) -> String {
+        self.accuracy
+            .map(|a| format!(", val accuracy {:.2}%", a * 100.0))
+            .unwrap_or_default()
+    }
+
+    /// "all 45 batches" or "40 of 1,742 batches".
+    pub fn coverage(&self) -> String {
+        if self.batches == self.total_batches {
+            format!("all {} validation batches", self.total_batches)
+        } else {
+            format!(
+                "{} of {} validation batches",
+                self.batches, self.total_batches
+            )
+        }
+    }
+}
+
+/// Number of correct predictions in a batch of classifier logits.
+fn count_correct(logits: &sinter_core::Tensor, targets: &sinter_core::Tensor) -> Result<usize> {
+    Ok(logits
+        .argmax(-1, false)?
+        .eq(targets)?
+        .to_vec_i64()?
+        .iter()
+        .sum::<i64>() as usize)
+}
+
+/// Validation loss (and accuracy) over up to `max_batches` batches (0 = all), in order.
+pub fn evaluate(s: &Setup, max_batches: usize) -> Result<EvalResult> {
+    let device = sinter_nn::module_device(s.model.as_ref())?;
+    let _g = no_grad();
+    s.model.set_training(false);
+    let bs = s.config.batch_size.max(1);
+    let mut loader = DataLoader::new(s.val.clone(), bs, false, false, 0);
+    let total_batches = loader.batches_per_epoch() as usize;
+    let n = match max_batches {
+        0 => total_batches,
+        m => total_batches.min(m),
+    };
+    let (mut total, mut correct, mut count) = (0f64, 0usize, 0usize);
+    for i in 0..n {
+        let b = loader.next_batch()?;
+        let rows = b.inputs.shape[0];
+        let host = prepare(s, b, batch_seed(s.config.seed, EVAL_STEP, i as u64, 0))?;
+        let (x, y) = s.model.place_batch(&host, device)?;
+        let out = {
+            let _autocast =
+                sinter_nn::PrecisionMode::parse(&s.config.precision).and_then(|m| m.autocast());
+            s.model.loss(&x, &y)?
+        };
+        total += out.loss.to_scalar_f32()? as f64 * rows as f64;
+        if let Some(logits) = &out.logits {
+            correct += count_correct(logits, &y)?;
+        }
+        count += rows;
+    }
+    s.model.set_training(true);
+    let count_f = count.max(1) as f64;
+    Ok(EvalResult {
+        loss: total / count_f,
+        accuracy: (s.task == sinter_models::Task::Classification).then(|| correct as f64 / count_f),
+        examples: count,
+        batches: n,
+        total_batches,
+    })
+}
