@@ -310,7 +310,11 @@ fn adamw_follows_pytorchs_formula_on_every_isa() {
             let (p0, m0, v0) = (p.clone(), m.clone(), v.clone());
             adamw(isa, &mut p, &g, &mut m, &mut v, h, 0.5);
             let (bc1, bc2) = (1.0 - 0.9f64.powi(3), 1.0 - 0.999f64.powi(3));
+            let f = h.factors();
             for i in 0..n {
+                // Bit for bit the shared scalar rule (the CUDA kernel's too).
+                let want = f.update(p0[i], g[i] * 0.5, m0[i], v0[i]);
+                assert_eq!((p[i], m[i], v[i]), want, "{isa:?} adamw n={n} element {i}");
                 let gi = g[i] as f64 * 0.5;
                 let mi = m0[i] as f64 + 0.1 * (gi - m0[i] as f64);
                 let vi = 0.999 * v0[i] as f64 + 0.001 * gi * gi;

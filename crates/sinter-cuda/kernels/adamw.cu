@@ -3,9 +3,13 @@
 // adamw_f32(float* p, const float* g, float* m, float* v, i64 n, AdamArgs a)
 // adamw_copy_bf16(float* p, const float* g, float* m, float* v, bf16* copy, i64 n, AdamArgs a)
 // adamw_copy_f16(float* p, const float* g, float* m, float* v, __half* copy, i64 n, AdamArgs a)
-//     g' = g * a.grad_scale (unscale and/or clip in the same pass); m = b1 m + (1-b1) g';
-//     v = b2 v + (1-b2) g'^2; p = p (1 - lr wd) - lr (m / bc1) / (sqrt(v / bc2) + eps)
-//     (PyTorch AdamW, decoupled weight decay; bc1 = 1 - b1^t and bc2 = 1 - b2^t come from the host);
+//     PyTorch's AdamW (torch.optim.AdamW, decoupled weight decay), its arithmetic included:
+//     g' = g * grad_scale (unscale and/or clip in the same pass); p = p * (1 - lr wd);
+//     m = m + (1 - b1) (g' - m) (lerp); v = b2 v + (1 - b2) g'^2;
+//     p = p - step_size * m / (sqrt(v) / sqrt(bc2) + eps), step_size = lr / bc1,
+//     bc1 = 1 - b1^t, bc2 = 1 - b2^t. The hyper-parameters arrive as f64 and the scalar factors
+//     (1 - b1, 1 - b2, 1 - lr wd, step_size, sqrt(bc2)) are computed in f64 and rounded to f32
+//     once, as PyTorch computes them from Python floats: 1 - b2 in f32 is 1.3e-5 off (issue 14).
 //     the *_copy_* variants also write the updated p in bf16/f16 for the compute copy of the model.
 //     If a.found_inf is non-null and *found_inf != 0 the step is skipped on the device (dynamic
 //     loss scaling without a host round trip). If a.ctl is non-null it points at the step control
@@ -39,7 +43,10 @@
 
 // Must match AdamArgs / SgdArgs in src/ops/adamw.rs.
 struct AdamArgs {
-    float lr, beta1, beta2, eps, weight_decay, bc1, bc2, grad_scale;
+    double lr, beta1, beta2, eps, weight_decay;
+    double step;  // 1-based (the step control block's count replaces it)
+    float grad_scale;
+    int pad_;
     const float* found_inf;
     const float* ctl;
 };
@@ -61,31 +68,45 @@ struct SgdArgs {
 #define CTL_SKIPPED 7
 #define CTL_GRAD_NORM 8
 
-// The arguments with the values the control block overrides.
-__device__ __forceinline__ AdamArgs adam_resolve(AdamArgs a) {
+// The f32 factors of one step, computed once per thread in f64 (see the header).
+struct AdamFactors {
+    float decay, one_minus_beta1, beta2, one_minus_beta2, step_size, bc2_sqrt, eps, grad_scale;
+};
+__device__ __forceinline__ AdamFactors adam_factors(const AdamArgs& a) {
+    double lr = a.lr, t = a.step;
+    float grad_scale = a.grad_scale;
     if (a.ctl) {
-        const float t = a.ctl[CTL_STEPS] + 1.f;
-        a.lr = a.ctl[CTL_LR];
-        a.bc1 = 1.f - powf(a.beta1, t);
-        a.bc2 = 1.f - powf(a.beta2, t);
-        a.grad_scale *= a.ctl[CTL_GRAD_FACTOR];
+        lr = a.ctl[CTL_LR];
+        t = (double)a.ctl[CTL_STEPS] + 1.0;
+        grad_scale *= a.ctl[CTL_GRAD_FACTOR];
     }
-    return a;
+    AdamFactors f;
+    f.decay = (float)(1.0 - lr * a.weight_decay);
+    f.one_minus_beta1 = (float)(1.0 - a.beta1);
+    f.beta2 = (float)a.beta2;
+    f.one_minus_beta2 = (float)(1.0 - a.beta2);
+    f.step_size = (float)(lr / (1.0 - pow(a.beta1, t)));
+    f.bc2_sqrt = (float)sqrt(1.0 - pow(a.beta2, t));
+    f.eps = (float)a.eps;
+    f.grad_scale = grad_scale;
+    return f;
 }
 
-__device__ __forceinline__ void adam_one(float& p, float g, float& m, float& v, const AdamArgs& a) {
-    g *= a.grad_scale;
-    m = a.beta1 * m + (1.f - a.beta1) * g;
-    v = a.beta2 * v + (1.f - a.beta2) * g * g;
-    const float mh = m / a.bc1, vh = v / a.bc2;
-    p = p * (1.f - a.lr * a.weight_decay) - a.lr * mh / (sqrtf(vh) + a.eps);
+// One element, with explicit fmas so that every compiler rounds alike (the CPU's order).
+__device__ __forceinline__ void adam_one(float& p, float g, float& m, float& v, const AdamFactors& f) {
+    g *= f.grad_scale;
+    p *= f.decay;
+    m = fmaf(f.one_minus_beta1, g - m, m);
+    v = fmaf(f.one_minus_beta2, g * g, v * f.beta2);
+    const float denom = sqrtf(v) / f.bc2_sqrt + f.eps;
+    p = fmaf(-f.step_size, m / denom, p);
 }
 
 template <typename TC, bool COPY>
 __device__ __forceinline__ void adamw_impl(float* p, const float* g, float* m, float* v, TC* copy, i64 n,
                                            const AdamArgs& a0) {
     if (a0.found_inf && *a0.found_inf != 0.f) return;
-    const AdamArgs a = adam_resolve(a0);
+    const AdamFactors a = adam_factors(a0);
     const i64 tid = global_tid(), stride = global_stride();
     i64 i0 = 0;
     const bool vec = aligned16(p) && aligned16(g) && aligned16(m) && aligned16(v) &&

@@ -130,30 +130,38 @@ __device__ __forceinline__ void ms_merge(float& m, float& s, float m2, float s2)
     s = (m == -SINTER_INF ? 0.f : s * expf(m - mx)) + (m2 == -SINTER_INF ? 0.f : s2 * expf(m2 - mx));
     m = mx;
 }
-// Row-group reduction of (m, s); `scratch` is 64 floats of shared memory.
-__device__ __forceinline__ void row_ms(float& m, float& s, float* scratch) {
+// Row-group reduction of a pair of statistics (a, b) with `merge(a, b, a2, b2)`: a warp's
+// butterfly, then across the warps of the row group; lanes past the warps start from (a0, b0),
+// merge's identity. `scratch` is 64 floats of shared memory.
+template <typename Merge>
+__device__ __forceinline__ void row_pair(float& a, float& b, float a0, float b0, float* scratch, Merge merge) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) {
-        const float m2 = __shfl_xor_sync(0xffffffffu, m, o);
-        const float s2 = __shfl_xor_sync(0xffffffffu, s, o);
-        ms_merge(m, s, m2, s2);
+        const float a2 = __shfl_xor_sync(0xffffffffu, a, o);
+        const float b2 = __shfl_xor_sync(0xffffffffu, b, o);
+        merge(a, b, a2, b2);
     }
     const int warps = blockDim.x >> 5;
     if (warps == 1) return;
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
-    float* sm = scratch + threadIdx.y * warps;
-    float* ss = scratch + 32 + threadIdx.y * warps;
+    float* sa = scratch + threadIdx.y * warps;
+    float* sb = scratch + 32 + threadIdx.y * warps;
     __syncthreads();
-    if (lane == 0) { sm[w] = m; ss[w] = s; }
+    if (lane == 0) { sa[w] = a; sb[w] = b; }
     __syncthreads();
-    m = lane < warps ? sm[lane] : -SINTER_INF;
-    s = lane < warps ? ss[lane] : 0.f;
+    a = lane < warps ? sa[lane] : a0;
+    b = lane < warps ? sb[lane] : b0;
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) {
-        const float m2 = __shfl_xor_sync(0xffffffffu, m, o);
-        const float s2 = __shfl_xor_sync(0xffffffffu, s, o);
-        ms_merge(m, s, m2, s2);
+        const float a2 = __shfl_xor_sync(0xffffffffu, a, o);
+        const float b2 = __shfl_xor_sync(0xffffffffu, b, o);
+        merge(a, b, a2, b2);
     }
+}
+// Row-group reduction of (m, s); `scratch` is 64 floats of shared memory.
+__device__ __forceinline__ void row_ms(float& m, float& s, float* scratch) {
+    row_pair(m, s, -SINTER_INF, 0.f, scratch,
+             [](float& m1, float& s1, float m2, float s2) { ms_merge(m1, s1, m2, s2); });
 }
 
 // Visit this thread's share of a row (elements threadIdx.x, +blockDim.x, ...), 128 bits at a time

@@ -113,7 +113,9 @@ __device__ __forceinline__ void maxpool_fwd(const T* x, T* y, i64* argmax, const
                 if (ix < 0 || ix >= (int)m.w) continue;
                 const i64 at = (i64)iy * m.w + ix;
                 const float v = to_f32(xp[at]);
-                if (bi < 0 || v > best || (v != v && best == best)) { best = v; bi = at; }
+                // PyTorch's rule (sinter_types::pool_max_replaces): a NaN makes the output NaN
+                // and the gradient goes to the window's last NaN.
+                if (bi < 0 || v > best || v != v) { best = v; bi = at; }
             }
         }
         y[i] = from_f32<T>(best);
@@ -147,12 +149,14 @@ __device__ __forceinline__ void maxpool_bwd(const T* gy, const i64* argmax, T* g
     }
 }
 
-// Divisor of output window (oy, ox): the full window, or only its in-bounds taps.
+// Divisor of output window (oy, ox), PyTorch's rule: with count_include_pad the window clipped
+// to the padded input (all of kh * kw, except a ceil_mode window hanging past the padding), else
+// only its in-bounds taps.
 __device__ __forceinline__ float avg_divisor(const PoolMeta& m, int oy, int ox) {
-    if (m.count_include_pad) return (float)(m.kh * m.kw);
     const int y0 = oy * (int)m.sh - (int)m.ph, x0 = ox * (int)m.sw - (int)m.pw;
-    const int y1 = min(y0 + (int)m.kh, (int)m.h), x1 = min(x0 + (int)m.kw, (int)m.w);
-    const int cnt = (y1 - max(y0, 0)) * (x1 - max(x0, 0));
+    const int y1 = min(y0 + (int)m.kh, (int)(m.h + m.ph)), x1 = min(x0 + (int)m.kw, (int)(m.w + m.pw));
+    if (m.count_include_pad) return (float)((y1 - y0) * (x1 - x0));
+    const int cnt = (min(y1, (int)m.h) - max(y0, 0)) * (min(x1, (int)m.w) - max(x0, 0));
     return cnt > 0 ? (float)cnt : 1.f;
 }
 

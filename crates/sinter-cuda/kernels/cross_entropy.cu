@@ -3,8 +3,12 @@
 //
 // cross_entropy_fwd_<t>(const T* logits, const i64* target, float* loss, float* lse,
 //                       i64 rows, i64 n, i64 ignore_index)
-//     lse[r] = logsumexp(logits[r, :]); loss[r] = lse[r] - logits[r, target[r]], or 0 when
+//     lse[r] = logsumexp(logits[r, :]); loss[r] = ln Σ exp(x - max) - (x_t - max), or 0 when
 //     target[r] == ignore_index; NaN when the target is out of [0, n) (the host cannot see it).
+//     Never lse - x_t: for a confident prediction both are large and nearly equal, and their
+//     difference after rounding keeps few of the loss's digits (issue 14: logits [88, 80 x 9]
+//     gave 3.3e-4 relative error). The sum is kept as 1 + rest, the max's own term apart, and
+//     its log taken as log1p(rest), so a loss of 1e-9 keeps its digits too.
 // cross_entropy_bwd_<t>(const T* logits, const i64* target, const float* lse, const float* dloss,
 //                       T* dlogits, i64 rows, i64 n, i64 ignore_index, i64 dloss_stride, float scale)
 //     dlogits[r, j] = (exp(logits[r, j] - lse[r]) - [j == target[r]]) * dloss[r * dloss_stride] * scale
@@ -18,6 +22,27 @@
 // the backward; the saved logsumexp (4 bytes per row) replaces a saved [rows, n] probability
 // tensor. Row groups sized by the host (warp per row for small vocabularies), 128-bit accesses.
 
+// Online (max, rest) of a row: rest = Σ exp(x - max) over every element but one maximum.
+__device__ __forceinline__ void mr_push(float& m, float& rest, float x) {
+    if (x > m) {
+        // The old maximum becomes one of the rest.
+        rest = m == -SINTER_INF ? 0.f : (rest + 1.f) * expf(m - x);
+        m = x;
+    } else if (x == x) {
+        if (x != -SINTER_INF) rest += expf(x - m);  // exp(-inf) = 0; avoids (-inf) - (-inf)
+    } else {  // NaN poisons the row, as in PyTorch
+        m = x;
+    }
+}
+__device__ __forceinline__ void mr_merge(float& m, float& rest, float m2, float rest2) {
+    if (m != m || m2 != m2) { m = SINTER_NAN; rest = SINTER_NAN; return; }
+    if (m2 == -SINTER_INF) return;  // nothing on the other side (or only -inf)
+    if (m == -SINTER_INF) { m = m2; rest = rest2; return; }
+    // The larger maximum stays the max; the other side's maximum joins the rest.
+    if (m >= m2) rest += (rest2 + 1.f) * expf(m2 - m);
+    else { rest = rest2 + (rest + 1.f) * expf(m - m2); m = m2; }
+}
+
 template <typename T>
 __device__ __forceinline__ void ce_fwd(const T* logits, const i64* target, float* loss, float* lse, i64 rows,
                                        i64 n, i64 ignore_index) {
@@ -25,18 +50,19 @@ __device__ __forceinline__ void ce_fwd(const T* logits, const i64* target, float
     for (i64 r0 = (i64)blockIdx.x * blockDim.y; r0 < rows; r0 += (i64)gridDim.x * blockDim.y) {
         const i64 r = r0 + threadIdx.y;
         const bool live = r < rows;
-        float m = -SINTER_INF, s = 0.f;
-        if (live) row_visit(logits + r * n, n, [&](i64, float v) { ms_push(m, s, v); });
-        row_ms(m, s, scratch);
+        float m = -SINTER_INF, rest = 0.f;
+        if (live) row_visit(logits + r * n, n, [&](i64, float v) { mr_push(m, rest, v); });
+        row_pair(m, rest, -SINTER_INF, 0.f, scratch,
+                 [](float& m1, float& r1, float m2, float r2) { mr_merge(m1, r1, m2, r2); });
         if (live && threadIdx.x == 0) {
-            const float l = m + logf(s);
+            const float log_sum = log1pf(rest);  // ln Σ exp(x - m)
             const i64 t = target[r];
             float out;
             if (t == ignore_index) out = 0.f;
             else if (t < 0 || t >= n) out = SINTER_NAN;
-            else out = l - to_f32(logits[r * n + t]);
+            else out = log_sum - (to_f32(logits[r * n + t]) - m);
             loss[r] = out;
-            if (lse) lse[r] = l;
+            if (lse) lse[r] = m + log_sum;
         }
     }
 }

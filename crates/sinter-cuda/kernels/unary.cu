@@ -39,8 +39,9 @@ struct OpTanh    { static __device__ __forceinline__ float f(float x, float, flo
                    static __device__ __forceinline__ float b(float y, float g, float, float) { return g * (1.f - y * y); } };
 struct OpSigmoid { static __device__ __forceinline__ float f(float x, float, float) { return sigmoidf_(x); }
                    static __device__ __forceinline__ float b(float y, float g, float, float) { return g * y * (1.f - y); } };
-struct OpRelu    { static __device__ __forceinline__ float f(float x, float, float) { return x > 0.f ? x : (x == x ? 0.f : x); }
-                   static __device__ __forceinline__ float b(float x, float g, float, float) { return x > 0.f ? g : 0.f; } };
+// PyTorch's relu: NaN and -0 pass through; the gradient is 0 only where x <= 0 (so 1 at NaN).
+struct OpRelu    { static __device__ __forceinline__ float f(float x, float, float) { return x < 0.f ? 0.f : x; }
+                   static __device__ __forceinline__ float b(float x, float g, float, float) { return x <= 0.f ? 0.f : g; } };
 struct OpGeluTanh {
     static __device__ __forceinline__ float f(float x, float, float) {
         const float u = K_SQRT_2_OVER_PI * (x + K_GELU_C * x * x * x);

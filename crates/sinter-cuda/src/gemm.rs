@@ -114,6 +114,81 @@ impl GemmShape {
     }
 }
 
+/// Where each element of a row-major [`GemmShape`] lives: leading dims and batch strides with
+/// the packed defaults filled in. The one definition of the layout, used by [`lt_params`], the
+/// emulated device's host GEMM and the tests.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Indexing {
+    pub trans_a: bool,
+    pub trans_b: bool,
+    pub lda: usize,
+    pub ldb: usize,
+    pub ldc: usize,
+    pub stride_a: usize,
+    pub stride_b: usize,
+    pub stride_c: usize,
+}
+
+impl Indexing {
+    /// Element offset of op(A)[i, kk] in batch `bt`.
+    pub fn a(&self, bt: usize, i: usize, kk: usize) -> usize {
+        bt * self.stride_a
+            + if self.trans_a {
+                kk * self.lda + i
+            } else {
+                i * self.lda + kk
+            }
+    }
+    /// Element offset of op(B)[kk, j] in batch `bt`.
+    pub fn b(&self, bt: usize, kk: usize, j: usize) -> usize {
+        bt * self.stride_b
+            + if self.trans_b {
+                j * self.ldb + kk
+            } else {
+                kk * self.ldb + j
+            }
+    }
+    /// Element offset of C[i, j] in batch `bt`.
+    pub fn c(&self, bt: usize, i: usize, j: usize) -> usize {
+        bt * self.stride_c + i * self.ldc + j
+    }
+}
+
+impl GemmShape {
+    /// Row-major storage shapes (rows, cols) of A, B and C.
+    fn stored(&self) -> [(usize, usize); 3] {
+        let a = if self.trans_a {
+            (self.k, self.m)
+        } else {
+            (self.m, self.k)
+        };
+        let b = if self.trans_b {
+            (self.n, self.k)
+        } else {
+            (self.k, self.n)
+        };
+        [a, b, (self.m, self.n)]
+    }
+
+    /// The layout of every operand (not validated: see [`lt_params`]).
+    pub fn indexing(&self) -> Indexing {
+        let [(ar, ac), (br, bc), (cr, cc)] = self.stored();
+        let lda = self.lda.unwrap_or(ac.max(1));
+        let ldb = self.ldb.unwrap_or(bc.max(1));
+        let ldc = self.ldc.unwrap_or(cc.max(1));
+        Indexing {
+            trans_a: self.trans_a,
+            trans_b: self.trans_b,
+            lda,
+            ldb,
+            ldc,
+            stride_a: self.stride_a.unwrap_or(ar * lda),
+            stride_b: self.stride_b.unwrap_or(br * ldb),
+            stride_c: self.stride_c.unwrap_or(cr * ldc),
+        }
+    }
+}
+
 /// One operand as cuBLASLt sees it (column-major).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct LtLayout {
@@ -157,21 +232,15 @@ fn extent(batch: usize, stride: usize, rows: usize, cols: usize, ld: usize) -> u
 /// Translate a row-major problem into cuBLASLt's column-major call (pure; see module docs).
 pub fn lt_params(s: &GemmShape) -> Result<LtParams> {
     let err = |m: String| CudaError::invalid("gemm", m);
-    // Row-major storage shapes.
-    let (ar, ac) = if s.trans_a { (s.k, s.m) } else { (s.m, s.k) };
-    let (br, bc) = if s.trans_b { (s.n, s.k) } else { (s.k, s.n) };
-    let (cr, cc) = (s.m, s.n);
-    let lda = s.lda.unwrap_or(ac.max(1));
-    let ldb = s.ldb.unwrap_or(bc.max(1));
-    let ldc = s.ldc.unwrap_or(cc.max(1));
+    let [(ar, ac), (br, bc), (cr, cc)] = s.stored();
+    let ix = s.indexing();
+    let (lda, ldb, ldc) = (ix.lda, ix.ldb, ix.ldc);
     if lda < ac || ldb < bc || ldc < cc {
         return Err(err(format!(
             "leading dims ({lda}, {ldb}, {ldc}) smaller than rows ({ac}, {bc}, {cc})"
         )));
     }
-    let sa = s.stride_a.unwrap_or(ar * lda);
-    let sb = s.stride_b.unwrap_or(br * ldb);
-    let sc = s.stride_c.unwrap_or(cr * ldc);
+    let (sa, sb, sc) = (ix.stride_a, ix.stride_b, ix.stride_c);
     if s.batch > 1 && sc < cr * ldc && cr > 1 {
         return Err(err(format!(
             "batches of C overlap (stride {sc} < {})",
@@ -648,36 +717,14 @@ mod tests {
     }
 
     fn row_major(s: &GemmShape, a: &[f32], b: &[f32]) -> Vec<f32> {
-        let p = lt_params(s).unwrap();
-        let lda = s.lda.unwrap_or(if s.trans_a { s.m } else { s.k });
-        let ldb = s.ldb.unwrap_or(if s.trans_b { s.k } else { s.n });
-        let ldc = s.ldc.unwrap_or(s.n);
-        let sa = s
-            .stride_a
-            .unwrap_or(if s.trans_a { s.k } else { s.m } * lda);
-        let sb = s
-            .stride_b
-            .unwrap_or(if s.trans_b { s.n } else { s.k } * ldb);
-        let sc = s.stride_c.unwrap_or(s.m * ldc);
+        let (p, ix) = (lt_params(s).unwrap(), s.indexing());
         let mut c = vec![0f32; p.need_c];
         for bt in 0..s.batch {
             for i in 0..s.m {
                 for j in 0..s.n {
-                    let mut acc = 0.0;
-                    for kk in 0..s.k {
-                        let x = if s.trans_a {
-                            a[bt * sa + kk * lda + i]
-                        } else {
-                            a[bt * sa + i * lda + kk]
-                        };
-                        let y = if s.trans_b {
-                            b[bt * sb + j * ldb + kk]
-                        } else {
-                            b[bt * sb + kk * ldb + j]
-                        };
-                        acc += x * y;
-                    }
-                    c[bt * sc + i * ldc + j] = acc;
+                    c[ix.c(bt, i, j)] = (0..s.k)
+                        .map(|kk| a[ix.a(bt, i, kk)] * b[ix.b(bt, kk, j)])
+                        .sum();
                 }
             }
         }

@@ -642,15 +642,14 @@ fn adamw_sgd_and_grad_norm() {
                 .unwrap();
                 exec1(e, l, &[&p, &g, &m, &v, &fi]);
                 let mut want = (vec![0.0; n], vec![0.0; n], vec![0.0; n]);
+                let t = cfg.step as i32;
+                let (bc1, bc2) = (1.0 - cfg.beta1.powi(t), 1.0 - cfg.beta2.powi(t));
                 for i in 0..n {
-                    let a = cfg.args(0).unwrap();
-                    let gg = gv[i] as f32 as f64 * a.grad_scale as f64;
-                    let mm = a.beta1 as f64 * mv[i] as f32 as f64 + (1.0 - a.beta1 as f64) * gg;
-                    let v2 =
-                        a.beta2 as f64 * vv[i] as f32 as f64 + (1.0 - a.beta2 as f64) * gg * gg;
-                    let pp = pv[i] as f32 as f64 * (1.0 - a.lr as f64 * a.weight_decay as f64)
-                        - a.lr as f64 * (mm / a.bc1 as f64)
-                            / ((v2 / a.bc2 as f64).sqrt() + a.eps as f64);
+                    let gg = gv[i] as f32 as f64 * cfg.grad_scale as f64;
+                    let mm = cfg.beta1 * mv[i] as f32 as f64 + (1.0 - cfg.beta1) * gg;
+                    let v2 = cfg.beta2 * vv[i] as f32 as f64 + (1.0 - cfg.beta2) * gg * gg;
+                    let pp = pv[i] as f32 as f64 * (1.0 - cfg.lr * cfg.weight_decay)
+                        - cfg.lr * (mm / bc1) / ((v2 / bc2).sqrt() + cfg.eps);
                     if skip {
                         want = (p.get(), m.get(), v.get());
                         want.0 = pv.iter().map(|&x| x as f32 as f64).collect();
@@ -881,12 +880,8 @@ fn step_control_block_drives_adamw_and_sgd() {
         let (mut wp, mut wm, mut wv) = (f32v(&pv), f32v(&mv), f32v(&vv));
         let mut wc = vec![7.0; n];
         if !skip {
-            let (b1, b2, lr, wd) = (
-                0.9f32 as f64,
-                0.999f32 as f64,
-                0.01f32 as f64,
-                0.1f32 as f64,
-            );
+            // The hyper-parameters are f64 (cfg); the learning rate is the block's f32.
+            let (b1, b2, lr, wd) = (0.9f64, 0.999f64, 0.01f32 as f64, 0.1);
             let (bc1, bc2) = (1.0 - b1.powi(5), 1.0 - b2.powi(5));
             for i in 0..n {
                 let gg = gv[i] as f32 as f64 * factor;

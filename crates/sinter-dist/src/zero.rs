@@ -494,11 +494,11 @@ impl Optimizer for ZeroOptimizer {
                             0.0
                         };
                         let h = AdamWParams {
-                            lr: self.lr as f32,
-                            beta1: beta1 as f32,
-                            beta2: beta2 as f32,
-                            eps: eps as f32,
-                            weight_decay: wd as f32,
+                            lr: self.lr,
+                            beta1,
+                            beta2,
+                            eps,
+                            weight_decay: wd,
                             step: self.steps,
                         };
                         adamw_step(p, gr, &mut self.state_a[s.clone()], &mut self.state_b[s], h);

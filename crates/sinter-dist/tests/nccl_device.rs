@@ -21,6 +21,19 @@ fn devices() -> Option<sinter_cuda::testing::TestDevice> {
     sinter_cuda::testing::gpu_tests(2)
 }
 
+/// Whether two ranks can each have a device (two emulated ones, or two GPUs).
+fn two_devices() -> bool {
+    match devices() {
+        Some(sinter_cuda::testing::TestDevice::Real)
+            if sinter_cuda::device_count().unwrap_or(0) < 2 =>
+        {
+            println!("skipped: two ranks need two GPUs here (NCCL takes one GPU per rank)");
+            false
+        }
+        d => d.is_some(),
+    }
+}
+
 fn env(rank: usize, world: usize, port: u16) -> DistEnv {
     DistEnv {
         rank,
@@ -109,15 +122,8 @@ fn batch(rank: usize) -> Vec<f32> {
 
 #[test]
 fn two_ranks_agree_on_nccl_and_reduce_like_the_host_ring() {
-    match devices() {
-        Some(sinter_cuda::testing::TestDevice::Real)
-            if sinter_cuda::device_count().unwrap_or(0) < 2 =>
-        {
-            println!("skipped: two ranks need two GPUs here");
-            return;
-        }
-        None => return,
-        _ => {}
+    if !two_devices() {
+        return;
     }
     assert!(nccl_status().is_ok());
     let store = StoreServer::bind("127.0.0.1:0").unwrap();
@@ -218,15 +224,8 @@ fn two_ranks_agree_on_nccl_and_reduce_like_the_host_ring() {
 
 #[test]
 fn a_rank_that_never_arrives_is_a_timeout_naming_the_op_not_a_hang() {
-    match devices() {
-        Some(sinter_cuda::testing::TestDevice::Real)
-            if sinter_cuda::device_count().unwrap_or(0) < 2 =>
-        {
-            println!("skipped: two ranks need two GPUs here");
-            return;
-        }
-        None => return,
-        _ => {}
+    if !two_devices() {
+        return;
     }
     let store = StoreServer::bind("127.0.0.1:0").unwrap();
     let port = store.local_addr().port();

@@ -231,11 +231,13 @@ fn zero_accumulates_without_communicating() {
         opt.step().unwrap();
         opt.zero_grad();
     }
+    // Three thirds of a loss summed round differently from the whole; AdamW divides each
+    // gradient by its own running magnitude, so that rounding reaches the weights at ~1e-5.
     for w in &got {
         assert_close(
             w,
             &weights(m.as_ref()),
-            1e-5,
+            2e-5,
             "ZeRO-2 with accumulation vs one big batch",
         );
     }

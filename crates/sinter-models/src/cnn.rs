@@ -1,15 +1,16 @@
 //! A LeNet-style CNN: two conv(3×3) + ReLU + max-pool(2) stages, then two linear layers.
-//! Sized from the input, so it fits 8×8 digits and 28×28 MNIST alike.
+//! Sized from the input, so it fits 8×8 digits and 28×28 MNIST alike. The `cnn-bn` variant
+//! puts a BatchNorm after each convolution (whose bias it makes redundant).
 
 use crate::model::{classifier_loss, BatchLoss, Model};
 use crate::Task;
 use sinter_core::{bail, Conv2dParams, Result, Rng, Tensor};
 use sinter_nn::module::{join, NamedTensor};
-use sinter_nn::{Conv2d, Linear, MaxPool2d, Module};
+use sinter_nn::{BatchNorm2d, Conv2d, ConvBn, Linear, MaxPool2d, Module};
 
 pub struct LeNet {
-    pub conv1: Conv2d,
-    pub conv2: Conv2d,
+    pub conv1: ConvBn,
+    pub conv2: ConvBn,
     pub fc1: Linear,
     pub fc2: Linear,
     pool: MaxPool2d,
@@ -17,8 +18,25 @@ pub struct LeNet {
 
 impl LeNet {
     pub fn new(c: usize, h: usize, w: usize, classes: usize, rng: &mut Rng) -> Result<Self> {
+        Self::with_options(c, h, w, classes, false, false, rng)
+    }
+
+    /// `batch_norm`: conv (no bias) → BatchNorm → ReLU in each stage (`bn1`, `bn2`);
+    /// `fuse_conv_bn`: train those pairs with the fused op (needs `batch_norm`).
+    pub fn with_options(
+        c: usize,
+        h: usize,
+        w: usize,
+        classes: usize,
+        batch_norm: bool,
+        fuse_conv_bn: bool,
+        rng: &mut Rng,
+    ) -> Result<Self> {
         if h < 4 || w < 4 {
             bail!("cnn: images must be at least 4×4, got {h}×{w}");
+        }
+        if fuse_conv_bn && !batch_norm {
+            bail!("cnn: fusing conv and BatchNorm needs the BatchNorm variant (cnn-bn)");
         }
         let same = Conv2dParams {
             padding: 1,
@@ -26,9 +44,16 @@ impl LeNet {
         };
         let (c1, c2) = (32, 64);
         let flat = c2 * (h / 4) * (w / 4);
+        let mut stage = |cin: usize, cout: usize, names: [&'static str; 2]| -> Result<ConvBn> {
+            let conv = Conv2d::new(cin, cout, 3, same, !batch_norm, rng)?;
+            let bn = batch_norm.then(|| BatchNorm2d::new(cout)).transpose()?;
+            Ok(ConvBn::new(conv, bn)?
+                .named(names[0], names[1])
+                .fused_training(fuse_conv_bn))
+        };
         Ok(LeNet {
-            conv1: Conv2d::new(c, c1, 3, same, true, rng)?,
-            conv2: Conv2d::new(c1, c2, 3, same, true, rng)?,
+            conv1: stage(c, c1, ["conv1", "bn1"])?,
+            conv2: stage(c1, c2, ["conv2", "bn2"])?,
             fc1: Linear::new(flat, 128, true, rng)?,
             fc2: Linear::new(128, classes, true, rng)?,
             pool: MaxPool2d::new(2, 2),
@@ -38,16 +63,23 @@ impl LeNet {
 
 impl Module for LeNet {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let h = self.pool.forward(&self.conv1.forward(x)?.relu()?)?;
-        let h = self.pool.forward(&self.conv2.forward(&h)?.relu()?)?;
+        let h = self.pool.forward(&self.conv1.forward_relu(x)?)?;
+        let h = self.pool.forward(&self.conv2.forward_relu(&h)?)?;
         let h = self.fc1.forward(&h.flatten_from(1)?)?.relu()?;
         self.fc2.forward(&h)
     }
     fn collect(&self, prefix: &str, out: &mut Vec<NamedTensor>) {
-        self.conv1.collect(&join(prefix, "conv1"), out);
-        self.conv2.collect(&join(prefix, "conv2"), out);
+        self.conv1.collect(prefix, out);
+        self.conv2.collect(prefix, out);
         self.fc1.collect(&join(prefix, "fc1"), out);
         self.fc2.collect(&join(prefix, "fc2"), out);
+    }
+    fn set_training(&self, t: bool) {
+        self.conv1.set_training(t);
+        self.conv2.set_training(t);
+    }
+    fn fold_batch_norm(&self) -> Result<usize> {
+        Ok(self.conv1.fold_batch_norm()? + self.conv2.fold_batch_norm()?)
     }
 }
 

@@ -1,5 +1,6 @@
-//! sinter-models: the model zoo, built only from sinter-nn — an MLP, a LeNet-style CNN,
-//! ResNet-18 (CIFAR variant) and GPT with presets — and a registry that builds them by name.
+//! sinter-models: the model zoo, built only from sinter-nn — an MLP, a LeNet-style CNN (with
+//! or without BatchNorm), ResNet-18 (CIFAR variant) and GPT with presets — and a registry that
+//! builds them by name.
 
 pub mod bert;
 pub mod cnn;
@@ -43,6 +44,7 @@ impl Task {
 pub const MODEL_NAMES: &[&str] = &[
     "mlp",
     "cnn",
+    "cnn-bn",
     "resnet18",
     "gpt-tiny",
     "gpt2",
@@ -52,7 +54,7 @@ pub const MODEL_NAMES: &[&str] = &[
 
 pub fn task_of(name: &str) -> Option<Task> {
     match name {
-        "mlp" | "cnn" | "resnet18" => Some(Task::Classification),
+        "mlp" | "cnn" | "cnn-bn" | "resnet18" => Some(Task::Classification),
         "gpt-tiny" | "gpt2" => Some(Task::LanguageModel),
         "bert-tiny" | "bert-base" => Some(Task::MaskedLm),
         _ => None,
@@ -68,6 +70,16 @@ pub struct DataShape {
     pub classes: usize,
 }
 
+/// How a model is built beyond its name and data.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ModelOptions {
+    /// Activation checkpointing of GPT blocks (ignored by the other models).
+    pub recompute: sinter_nn::recompute::Recompute,
+    /// Train each conv → BatchNorm pair as one fused op that recomputes the convolution in
+    /// backward (`cnn-bn`, `resnet18`; an error for models without BatchNorm).
+    pub fuse_conv_bn: bool,
+}
+
 /// Builds a model by name. The names are those in `MODEL_NAMES`.
 pub fn build(
     name: &str,
@@ -75,23 +87,20 @@ pub fn build(
     rng: &mut Rng,
     dropout_rng: &SharedRng,
 ) -> Result<Box<dyn Model>> {
-    build_with(
-        name,
-        data,
-        rng,
-        dropout_rng,
-        sinter_nn::recompute::Recompute::None,
-    )
+    build_with(name, data, rng, dropout_rng, ModelOptions::default())
 }
 
-/// `build`, with activation checkpointing of GPT blocks (ignored by the other models).
+/// `build`, with the options.
 pub fn build_with(
     name: &str,
     data: &DataShape,
     rng: &mut Rng,
     dropout_rng: &SharedRng,
-    recompute: sinter_nn::recompute::Recompute,
+    options: ModelOptions,
 ) -> Result<Box<dyn Model>> {
+    if options.fuse_conv_bn && !["cnn-bn", "resnet18"].contains(&name) {
+        bail!("--fuse-conv-bn fuses a convolution with the BatchNorm after it, and model {name} has none; use --model cnn-bn or resnet18");
+    }
     let image = |what: &str| -> Result<(usize, usize, usize)> {
         match data.input.as_slice() {
             [c, h, w] => Ok((*c, *h, *w)),
@@ -107,13 +116,27 @@ pub fn build_with(
             data.classes,
             rng,
         )?),
-        "cnn" => {
+        "cnn" | "cnn-bn" => {
             let (c, h, w) = image("use an image dataset such as digits or mnist:PATH")?;
-            Box::new(LeNet::new(c, h, w, data.classes, rng)?)
+            let bn = name == "cnn-bn";
+            Box::new(LeNet::with_options(
+                c,
+                h,
+                w,
+                data.classes,
+                bn,
+                options.fuse_conv_bn,
+                rng,
+            )?)
         }
         "resnet18" => {
             let (c, _, _) = image("use an image dataset such as cifar10:PATH")?;
-            Box::new(ResNet18::new(c, data.classes, rng)?)
+            Box::new(ResNet18::with_options(
+                c,
+                data.classes,
+                options.fuse_conv_bn,
+                rng,
+            )?)
         }
         "gpt-tiny" | "gpt2" => {
             let mut cfg = GptConfig::preset(name).expect("listed preset");
@@ -125,7 +148,7 @@ pub fn build_with(
                 cfg.block_size = cfg.block_size.max(*t);
             }
             let mut gpt = Gpt::new(cfg, rng, dropout_rng)?;
-            gpt.set_recompute(recompute);
+            gpt.set_recompute(options.recompute);
             Box::new(gpt)
         }
         "bert-tiny" | "bert-base" => {

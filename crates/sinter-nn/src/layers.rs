@@ -150,6 +150,37 @@ impl BatchNorm2d {
             training: AtomicBool::new(true),
         })
     }
+
+    /// Whether the layer normalises with batch statistics (training) or running ones.
+    pub fn is_training(&self) -> bool {
+        self.training.load(Ordering::Relaxed)
+    }
+
+    /// Moves the running averages towards a batch's statistics: `mean` and biased `var`
+    /// (any shape holding one value per channel) over `n` values per channel. The variance
+    /// stored is the unbiased one, as PyTorch does. Not recorded for autograd.
+    pub fn update_running_stats(&self, mean: &Tensor, var: &Tensor, n: usize) -> Result<()> {
+        let _g = no_grad();
+        let c = self.weight.numel();
+        let n = n as f32;
+        let m = self.momentum;
+        let unbiased = var
+            .detach()
+            .mul_scalar(n / (n - 1.0).max(1.0))?
+            .reshape(&[c])?;
+        self.running_mean.assign(
+            &self
+                .running_mean
+                .mul_scalar(1.0 - m)?
+                .add(&mean.detach().reshape(&[c])?.mul_scalar(m)?)?,
+        )?;
+        self.running_var.assign(
+            &self
+                .running_var
+                .mul_scalar(1.0 - m)?
+                .add(&unbiased.mul_scalar(m)?)?,
+        )
+    }
 }
 
 impl Module for BatchNorm2d {
@@ -165,27 +196,7 @@ impl Module for BatchNorm2d {
         let (mean, var) = if self.training.load(Ordering::Relaxed) {
             let mean = x.mean(&[0, 2, 3], true)?;
             let var = x.sub(&mean)?.sqr()?.mean(&[0, 2, 3], true)?;
-            {
-                let _g = no_grad();
-                let n = (x.numel() / c) as f32;
-                let m = self.momentum;
-                let unbiased = var
-                    .detach()
-                    .mul_scalar(n / (n - 1.0).max(1.0))?
-                    .reshape(&[c])?;
-                self.running_mean.assign(
-                    &self
-                        .running_mean
-                        .mul_scalar(1.0 - m)?
-                        .add(&mean.detach().reshape(&[c])?.mul_scalar(m)?)?,
-                )?;
-                self.running_var.assign(
-                    &self
-                        .running_var
-                        .mul_scalar(1.0 - m)?
-                        .add(&unbiased.mul_scalar(m)?)?,
-                )?;
-            }
+            self.update_running_stats(&mean, &var, x.numel() / c)?;
             (mean, var)
         } else {
             (
@@ -364,5 +375,8 @@ impl Module for Sequential {
         for l in &self.layers {
             l.set_training(training);
         }
+    }
+    fn fold_batch_norm(&self) -> Result<usize> {
+        self.layers.iter().map(|l| l.fold_batch_norm()).sum()
     }
 }

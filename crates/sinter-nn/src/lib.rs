@@ -1,8 +1,11 @@
 //! sinter-nn: modules with named parameters (the names are checkpoint keys, PyTorch style),
-//! layers, initialisers, optimizers, learning-rate schedules and gradient clipping.
+//! layers, initialisers, optimizers, learning-rate schedules, gradient clipping, and BatchNorm
+//! folding / fused Conv+BatchNorm (`fold`, `conv_bn`).
 
 pub mod attention;
+pub mod conv_bn;
 pub mod device;
+pub mod fold;
 pub mod init;
 pub mod layers;
 pub mod mixed_precision;
@@ -12,6 +15,7 @@ pub mod recompute;
 pub mod schedule;
 
 pub use attention::{CausalSelfAttention, LayerKvCache, Mlp, TransformerBlock};
+pub use conv_bn::ConvBn;
 pub use device::{module_device, move_module};
 pub use layers::{
     BatchNorm2d, Conv2d, Dropout, Embedding, Flatten, Gelu, LayerNorm, Linear, MaxPool2d, Relu,

@@ -42,6 +42,12 @@ pub trait Module: Send + Sync {
     fn collect(&self, prefix: &str, out: &mut Vec<NamedTensor>);
     /// Switches training behaviour (dropout, batch statistics). Containers pass it on.
     fn set_training(&self, _training: bool) {}
+    /// Folds each BatchNorm into the layer before it, for inference (see `fold`): the layers
+    /// then run with the folded weights until `set_training(true)`. Needs evaluation mode.
+    /// Returns how many BatchNorms were folded. Containers pass it on.
+    fn fold_batch_norm(&self) -> Result<usize> {
+        Ok(0)
+    }
 
     /// All tensors (parameters and buffers) with their full names.
     fn named_tensors(&self) -> Vec<NamedTensor> {
@@ -81,6 +87,9 @@ impl<M: Module + ?Sized> Module for Box<M> {
     }
     fn set_training(&self, training: bool) {
         (**self).set_training(training)
+    }
+    fn fold_batch_norm(&self) -> Result<usize> {
+        (**self).fold_batch_norm()
     }
     fn as_any(&self) -> Option<&dyn std::any::Any> {
         (**self).as_any()

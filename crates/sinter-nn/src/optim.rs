@@ -315,11 +315,11 @@ impl Optimizer for AdamW {
         for (i, (_, p)) in self.params.iter().enumerate() {
             let Some(g) = p.grad() else { continue };
             let h = AdamWParams {
-                lr: (self.lr * self.lr_scale[i]) as f32,
-                beta1: self.beta1 as f32,
-                beta2: self.beta2 as f32,
-                eps: self.eps as f32,
-                weight_decay: self.decay[i] as f32,
+                lr: self.lr * self.lr_scale[i],
+                beta1: self.beta1,
+                beta2: self.beta2,
+                eps: self.eps,
+                weight_decay: self.decay[i],
                 step: self.steps,
             };
             p.adamw_step(&g, &self.m[i], &self.v[i], h)?;
@@ -332,11 +332,11 @@ impl Optimizer for AdamW {
             let Some(g) = p.grad() else { continue };
             // lr and the step number come from the block; these two are placeholders.
             let h = AdamWParams {
-                lr: self.lr as f32,
-                beta1: self.beta1 as f32,
-                beta2: self.beta2 as f32,
-                eps: self.eps as f32,
-                weight_decay: self.decay[i] as f32,
+                lr: self.lr,
+                beta1: self.beta1,
+                beta2: self.beta2,
+                eps: self.eps,
+                weight_decay: self.decay[i],
                 step: 1,
             };
             let c = scaled_ctl(ctl, self.lr_scale[i])?;

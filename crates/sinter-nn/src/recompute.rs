@@ -72,7 +72,7 @@ fn lock(rng: &SharedRng) -> std::sync::MutexGuard<'_, Rng> {
 /// Runs `f` with gradient recording on. Backward passes run under `no_grad`, and the flag is
 /// per thread, so when it is off the work moves to a scoped thread (where recording is on
 /// by default) and the caller waits for it.
-fn with_grad<T: Send>(f: impl FnOnce() -> Result<T> + Send) -> Result<T> {
+pub(crate) fn with_grad<T: Send>(f: impl FnOnce() -> Result<T> + Send) -> Result<T> {
     if is_grad_enabled() {
         return f();
     }

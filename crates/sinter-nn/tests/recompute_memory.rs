@@ -8,48 +8,15 @@
 //!
 //! `cargo test -p sinter-nn --test recompute_memory -- --nocapture` prints the numbers.
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicUsize, Ordering};
+mod common;
+
 use std::sync::Arc;
 
+use common::counting_alloc::{live, peak_since, reset_peak};
 use sinter_core::{DType, Device, Rng, Tensor};
 use sinter_nn::module::shared_rng;
 use sinter_nn::recompute::{block_forward, Recompute};
 use sinter_nn::{Embedding, LayerNorm, Module, SharedRng, TransformerBlock};
-
-struct Counting;
-static CURRENT: AtomicUsize = AtomicUsize::new(0);
-static PEAK: AtomicUsize = AtomicUsize::new(0);
-
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
-        let p = System.alloc(l);
-        if !p.is_null() {
-            let now = CURRENT.fetch_add(l.size(), Ordering::Relaxed) + l.size();
-            PEAK.fetch_max(now, Ordering::Relaxed);
-        }
-        p
-    }
-    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
-        System.dealloc(p, l);
-        CURRENT.fetch_sub(l.size(), Ordering::Relaxed);
-    }
-    unsafe fn realloc(&self, p: *mut u8, l: Layout, new: usize) -> *mut u8 {
-        let q = System.realloc(p, l, new);
-        if !q.is_null() {
-            if new > l.size() {
-                let now = CURRENT.fetch_add(new - l.size(), Ordering::Relaxed) + new - l.size();
-                PEAK.fetch_max(now, Ordering::Relaxed);
-            } else {
-                CURRENT.fetch_sub(l.size() - new, Ordering::Relaxed);
-            }
-        }
-        q
-    }
-}
-
-#[global_allocator]
-static A: Counting = Counting;
 
 struct TinyGpt {
     wte: Embedding,
@@ -121,13 +88,12 @@ fn recompute_cuts_activation_memory() {
     let mut losses = Vec::new();
     for mode in [Recompute::None, Recompute::Attn, Recompute::Block] {
         m.zero_grad();
-        let before = CURRENT.load(Ordering::Relaxed);
-        PEAK.store(before, Ordering::Relaxed);
+        let before = reset_peak();
         let loss = m.loss(&ids, &tg, mode);
-        let held = CURRENT.load(Ordering::Relaxed) - before;
-        let fwd_peak = PEAK.load(Ordering::Relaxed) - before;
+        let held = live() - before;
+        let fwd_peak = peak_since(before);
         loss.backward().unwrap();
-        let step_peak = PEAK.load(Ordering::Relaxed) - before;
+        let step_peak = peak_since(before);
         losses.push(loss.to_scalar_f32().unwrap());
         drop(loss);
         eprintln!(

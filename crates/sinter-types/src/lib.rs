@@ -5,16 +5,22 @@
 //! - [`UnaryOp`], [`BinaryOp`], [`ReduceOp`]: the elementwise and reduction ops as data, with
 //!   their f64 reference semantics and the f32 arithmetic the CPU kernels use.
 //! - [`erf`]: the error function of GELU's exact form.
+//! - [`AdamW`]: the optimizer's hyper-parameters and per-step factors (PyTorch's arithmetic).
 //! - [`Rng`] and [`SplitMix64`]: the seeded generators whose state checkpoints save.
 //!
 //! This crate depends on no other sinter crate; everything else depends on it.
 
+pub mod adamw;
 pub mod dtype;
 pub mod op;
 pub mod rng;
 
+pub use adamw::{AdamW, AdamWFactors};
 pub use dtype::{DType, Element};
-pub use op::{erf, BinaryOp, ReduceOp, UnaryOp};
+pub use op::{
+    erf, floor_div_f32, floor_div_f64, floor_div_i64, pool_max_replaces, BinaryOp, ReduceOp,
+    UnaryOp,
+};
 pub use rng::{Rng, SplitMix64};
 
 pub use half::{bf16, f16};

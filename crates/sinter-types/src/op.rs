@@ -4,6 +4,15 @@
 //! `apply_f64` / `derivative_f64` are the references every kernel is tested against; `apply` /
 //! `derivative` are the f32 arithmetic of the CPU kernels (changing them changes results bit
 //! for bit, which resumed checkpoints compare).
+//!
+//! The semantics are PyTorch's, edges included:
+//! - NaN propagates: `relu(NaN)`, `maximum(NaN, x)`, `maximum(x, NaN)` and the max / min /
+//!   argmax reductions over a NaN are NaN (the reductions' index is the first NaN's; see
+//!   [`ReduceOp::replaces`]); Rust's `f32::max` would drop it.
+//! - Division: `/` ([`BinaryOp::Div`]) of floats is IEEE division (x / 0 = ±inf, 0 / 0 = NaN).
+//!   Integer tensors divide as floats (true division, `torch.div`); [`floor_div_f64`] /
+//!   [`floor_div_i64`] are `torch.floor_divide` (Python's `//`: rounds toward −∞), where an
+//!   integer division by zero is an error (PyTorch raises `ZeroDivisionError`).
 
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum UnaryOp {
@@ -57,6 +66,120 @@ pub fn erf(x: f64) -> f64 {
     }
 }
 
+/// The float types the references and the CPU arithmetic share (f32 and f64).
+trait Real:
+    Copy
+    + PartialOrd
+    + std::ops::Add<Output = Self>
+    + std::ops::Sub<Output = Self>
+    + std::ops::Div<Output = Self>
+    + std::ops::Rem<Output = Self>
+{
+    const ZERO: Self;
+    const ONE: Self;
+    const HALF: Self;
+    fn nan(self) -> bool;
+    fn floor(self) -> Self;
+    fn copysign(self, sign: Self) -> Self;
+}
+macro_rules! impl_real {
+    ($t:ty) => {
+        impl Real for $t {
+            const ZERO: $t = 0.0;
+            const ONE: $t = 1.0;
+            const HALF: $t = 0.5;
+            fn nan(self) -> bool {
+                self.is_nan()
+            }
+            fn floor(self) -> $t {
+                <$t>::floor(self)
+            }
+            fn copysign(self, sign: $t) -> $t {
+                <$t>::copysign(self, sign)
+            }
+        }
+    };
+}
+impl_real!(f32);
+impl_real!(f64);
+
+/// max(x, 0) that keeps NaN (and -0), as PyTorch's relu.
+#[inline]
+fn relu<T: Real>(x: T) -> T {
+    if x < T::ZERO {
+        T::ZERO
+    } else {
+        x
+    }
+}
+/// `torch.maximum`: NaN if either is NaN.
+#[inline]
+fn maximum<T: Real>(a: T, b: T) -> T {
+    if a > b || a.nan() {
+        a
+    } else {
+        b
+    }
+}
+/// `torch.minimum`: NaN if either is NaN.
+#[inline]
+fn minimum<T: Real>(a: T, b: T) -> T {
+    if a < b || a.nan() {
+        a
+    } else {
+        b
+    }
+}
+
+/// `torch.floor_divide` of floats (Python's `//`): the quotient rounded toward −∞, computed
+/// from the exact remainder as PyTorch does (so 5 // 0.1 = 49, not 50). Division by zero is
+/// IEEE division: ±inf, or NaN for 0 // 0.
+pub fn floor_div_f64(a: f64, b: f64) -> f64 {
+    floor_div(a, b)
+}
+
+/// [`floor_div_f64`] in f32 arithmetic (the CPU kernels' and the CUDA kernels' form).
+pub fn floor_div_f32(a: f32, b: f32) -> f32 {
+    floor_div(a, b)
+}
+
+fn floor_div<T: Real>(a: T, b: T) -> T {
+    if b == T::ZERO {
+        return a / b;
+    }
+    let rem = a % b;
+    let mut div = (a - rem) / b;
+    if rem != T::ZERO && (b < T::ZERO) != (rem < T::ZERO) {
+        div = div - T::ONE;
+    }
+    if div == T::ZERO {
+        // A zero quotient takes the sign of the true quotient, as in PyTorch.
+        return T::ZERO.copysign(a / b);
+    }
+    let floor = div.floor();
+    if div - floor > T::HALF {
+        floor + T::ONE
+    } else {
+        floor
+    }
+}
+
+/// `torch.floor_divide` of integers: the quotient rounded toward −∞ (−7 // 2 = −4), wrapping
+/// for i64::MIN // −1 as PyTorch does; `None` for a division by zero (PyTorch raises
+/// `ZeroDivisionError`; sinter's ops report an error naming the position).
+pub fn floor_div_i64(a: i64, b: i64) -> Option<i64> {
+    if b == 0 {
+        return None;
+    }
+    let q = a.wrapping_div(b);
+    // Truncation rounds toward zero: step down when the signs differ and it was inexact.
+    Some(if (a < 0) != (b < 0) && a.wrapping_rem(b) != 0 {
+        q - 1
+    } else {
+        q
+    })
+}
+
 impl UnaryOp {
     pub fn name(self) -> &'static str {
         match self {
@@ -89,7 +212,8 @@ impl UnaryOp {
             UnaryOp::Abs => x.abs(),
             UnaryOp::Tanh => x.tanh(),
             UnaryOp::Sigmoid => 1.0 / (1.0 + (-x).exp()),
-            UnaryOp::Relu => x.max(0.0),
+            // Not `x.max(0.0)`, which drops NaN; keeps -0 as PyTorch does.
+            UnaryOp::Relu => relu(x),
             UnaryOp::GeluTanh => {
                 0.5 * x * (1.0 + (SQRT_2_OVER_PI * (x + 0.044715 * x * x * x)).tanh())
             }
@@ -119,11 +243,12 @@ impl UnaryOp {
             }
             UnaryOp::Tanh => 1.0 - y * y,
             UnaryOp::Sigmoid => y * (1.0 - y),
+            // PyTorch's threshold_backward: 0 where the output is <= 0, else 1 (also at NaN).
             UnaryOp::Relu => {
-                if x > 0.0 {
-                    1.0
-                } else {
+                if x <= 0.0 {
                     0.0
+                } else {
+                    1.0
                 }
             }
             UnaryOp::GeluTanh => {
@@ -155,7 +280,7 @@ impl UnaryOp {
             UnaryOp::Abs => x.abs(),
             UnaryOp::Tanh => x.tanh(),
             UnaryOp::Sigmoid => 1.0 / (1.0 + (-x).exp()),
-            UnaryOp::Relu => x.max(0.0),
+            UnaryOp::Relu => relu(x),
             UnaryOp::Powf(e) => x.powf(e),
             UnaryOp::Affine(m, a) => x * m + a,
             UnaryOp::GeluTanh => {
@@ -173,7 +298,13 @@ impl UnaryOp {
             UnaryOp::Exp => y,
             UnaryOp::Tanh => 1.0 - y * y,
             UnaryOp::Sigmoid => y * (1.0 - y),
-            UnaryOp::Relu => (x > 0.0) as u8 as f32,
+            UnaryOp::Relu => {
+                if x <= 0.0 {
+                    0.0
+                } else {
+                    1.0
+                }
+            }
             UnaryOp::Sqr => 2.0 * x,
             UnaryOp::Affine(m, _) => m,
             _ => self.derivative_f64(x as f64, y as f64) as f32,
@@ -221,8 +352,8 @@ impl BinaryOp {
             BinaryOp::Sub => a - b,
             BinaryOp::Mul => a * b,
             BinaryOp::Div => a / b,
-            BinaryOp::Maximum => a.max(b),
-            BinaryOp::Minimum => a.min(b),
+            BinaryOp::Maximum => maximum(a, b),
+            BinaryOp::Minimum => minimum(a, b),
             BinaryOp::Eq => t(a == b),
             BinaryOp::Ne => t(a != b),
             BinaryOp::Lt => t(a < b),
@@ -239,8 +370,8 @@ impl BinaryOp {
             BinaryOp::Sub => a - b,
             BinaryOp::Mul => a * b,
             BinaryOp::Div => a / b,
-            BinaryOp::Maximum => a.max(b),
-            BinaryOp::Minimum => a.min(b),
+            BinaryOp::Maximum => maximum(a, b),
+            BinaryOp::Minimum => minimum(a, b),
             BinaryOp::Eq => t(a == b),
             BinaryOp::Ne => t(a != b),
             BinaryOp::Lt => t(a < b),
@@ -284,10 +415,85 @@ impl BinaryOp {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ReduceOp {
     Sum,
+    /// The maximum; NaN if any element is NaN.
     Max,
+    /// The minimum; NaN if any element is NaN.
     Min,
-    /// Index of the maximum (first one on ties), as i64.
+    /// Index of the maximum as i64: the first NaN if there is one, else the first of equal
+    /// maxima (PyTorch's `argmax`, and the index `max(dim)` returns).
     ArgMax,
+}
+
+impl ReduceOp {
+    /// For the max / min / argmax scans: does `v`, met after `best`, take its place? A NaN
+    /// wins over any number and the first NaN stays; ties keep the earlier element.
+    #[inline]
+    pub fn replaces(self, best: f32, v: f32) -> bool {
+        self.replaces_f64(best as f64, v as f64)
+    }
+    /// [`ReduceOp::replaces`] on f64 values (the references).
+    #[inline]
+    pub fn replaces_f64(self, best: f64, v: f64) -> bool {
+        if best.is_nan() {
+            return false;
+        }
+        match self {
+            ReduceOp::Min => v < best || v.is_nan(),
+            ReduceOp::Max | ReduceOp::ArgMax => v > best || v.is_nan(),
+            ReduceOp::Sum => false,
+        }
+    }
+    /// The reference of one reduction over `xs`: the value (the index, as f64, for
+    /// `ArgMax`); `None` for max / min / argmax of nothing (PyTorch: an error). The sum of
+    /// nothing is 0.
+    pub fn reduce_f64(self, xs: &[f64]) -> Option<f64> {
+        if self == ReduceOp::Sum {
+            return Some(xs.iter().sum());
+        }
+        let (first, rest) = xs.split_first()?;
+        let (mut best, mut at) = (*first, 0);
+        for (i, &v) in rest.iter().enumerate() {
+            if self.replaces_f64(best, v) {
+                (best, at) = (v, i + 1);
+            }
+        }
+        Some(if self == ReduceOp::ArgMax {
+            at as f64
+        } else {
+            best
+        })
+    }
+    /// The exact i64 reduction (sum wraps, as PyTorch's); `None` for max / min / argmax of
+    /// nothing.
+    pub fn reduce_i64(self, xs: &[i64]) -> Option<i64> {
+        if self == ReduceOp::Sum {
+            return Some(xs.iter().fold(0i64, |a, &b| a.wrapping_add(b)));
+        }
+        let (first, rest) = xs.split_first()?;
+        let (mut best, mut at) = (*first, 0);
+        for (i, &v) in rest.iter().enumerate() {
+            let better = if self == ReduceOp::Min {
+                v < best
+            } else {
+                v > best
+            };
+            if better {
+                (best, at) = (v, i + 1);
+            }
+        }
+        Some(if self == ReduceOp::ArgMax {
+            at as i64
+        } else {
+            best
+        })
+    }
+}
+
+/// Max pooling's scan rule (PyTorch's `val > max || isnan(val)`): a NaN in the window makes
+/// the output NaN, and the gradient goes to the window's last NaN.
+#[inline]
+pub fn pool_max_replaces(best: f32, v: f32) -> bool {
+    v > best || v.is_nan()
 }
 
 #[cfg(test)]
@@ -364,5 +570,140 @@ mod tests {
                 );
             }
         }
+    }
+
+    // The expected values below are PyTorch 2.15's (CPU), as printed by
+    // crates/sinter-core/tests/semantics_torch.py.
+
+    #[test]
+    fn relu_maximum_and_minimum_propagate_nan_like_pytorch() {
+        let nan = f64::NAN;
+        // torch.relu([nan, -1, 2, -0.0]) = [nan, 0, 2, -0.0]
+        for (x, want) in [(nan, nan), (-1.0, 0.0), (2.0, 2.0), (-0.0, -0.0)] {
+            for got in [
+                UnaryOp::Relu.apply_f64(x),
+                UnaryOp::Relu.apply(x as f32) as f64,
+            ] {
+                assert!(
+                    got.to_bits() == want.to_bits() || (got.is_nan() && want.is_nan()),
+                    "relu({x}) = {got}, PyTorch {want}"
+                );
+            }
+        }
+        // torch.relu's gradient is 1 at NaN (threshold_backward: 0 only where y <= 0).
+        assert_eq!(UnaryOp::Relu.derivative(f32::NAN, f32::NAN), 1.0);
+        assert_eq!(UnaryOp::Relu.derivative_f64(-0.0, -0.0), 0.0);
+        // torch.maximum / minimum([nan, 1, 2], [1, nan, 1]) = [nan, nan, 2] / [nan, nan, 1]
+        let (a, b) = ([nan, 1.0, 2.0], [1.0, nan, 1.0]);
+        for (op, want) in [
+            (BinaryOp::Maximum, [nan, nan, 2.0]),
+            (BinaryOp::Minimum, [nan, nan, 1.0]),
+        ] {
+            for i in 0..3 {
+                let got64 = op.apply_f64(a[i], b[i]);
+                let got32 = op.apply(a[i] as f32, b[i] as f32) as f64;
+                for got in [got64, got32] {
+                    assert!(
+                        got == want[i] || (got.is_nan() && want[i].is_nan()),
+                        "{op:?}({}, {}) = {got}, PyTorch {}",
+                        a[i],
+                        b[i],
+                        want[i]
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn reductions_take_the_first_nan_and_the_first_of_ties() {
+        let nan = f64::NAN;
+        // torch.tensor([1, nan, 3]).max(0) = (nan, 1); [nan, 1, 0.5].min(0) = (nan, 0);
+        // argmax([1, nan, 3, nan]) = 1; argmax([1, 3, 3]) = 1.
+        assert!(ReduceOp::Max.reduce_f64(&[1.0, nan, 3.0]).unwrap().is_nan());
+        assert!(ReduceOp::Min.reduce_f64(&[nan, 1.0, 0.5]).unwrap().is_nan());
+        assert!(ReduceOp::Min.reduce_f64(&[1.0, 0.5, nan]).unwrap().is_nan());
+        assert_eq!(ReduceOp::ArgMax.reduce_f64(&[1.0, nan, 3.0]), Some(1.0));
+        assert_eq!(
+            ReduceOp::ArgMax.reduce_f64(&[1.0, nan, 3.0, nan]),
+            Some(1.0)
+        );
+        assert_eq!(ReduceOp::ArgMax.reduce_f64(&[1.0, 3.0, 3.0]), Some(1.0));
+        assert_eq!(ReduceOp::Max.reduce_f64(&[]), None);
+        assert_eq!(ReduceOp::Sum.reduce_f64(&[]), Some(0.0));
+        // Exact i64: [16777217, 0, 1].sum() = 16777218; max([2^53 + 1, 2^53]) = 2^53 + 1;
+        // argmax([100000001, 100000002, 100000003]) = 2.
+        assert_eq!(
+            ReduceOp::Sum.reduce_i64(&[16_777_217, 0, 1]),
+            Some(16_777_218)
+        );
+        let big = (1i64 << 53) + 1;
+        assert_eq!(ReduceOp::Max.reduce_i64(&[big, 1 << 53]), Some(big));
+        let ids = [100_000_001, 100_000_002, 100_000_003];
+        assert_eq!(ReduceOp::ArgMax.reduce_i64(&ids), Some(2));
+        assert_eq!(ReduceOp::Min.reduce_i64(&[]), None);
+        // max_pool2d over a window [1, nan, nan, 0]: index 2 (the last NaN).
+        let window = [1.0f32, f32::NAN, f32::NAN, 0.0];
+        let mut at = 0;
+        for (i, &v) in window.iter().enumerate().skip(1) {
+            if pool_max_replaces(window[at], v) {
+                at = i;
+            }
+        }
+        assert_eq!(at, 2);
+    }
+
+    #[test]
+    fn floor_division_follows_pytorch() {
+        let (inf, nan) = (f64::INFINITY, f64::NAN);
+        let a = [
+            -7.5, 7.0, 5.0, -0.0, 1e-30, 0.3, -0.3, 1.0, 0.0, -1.0, 1.0, -1.0,
+        ];
+        let b = [
+            2.0, -2.0, 0.1, 3.0, -1.0, 0.1, 0.1, 0.0, 0.0, 0.0, -0.0, -0.0,
+        ];
+        // torch.floor_divide in float32 and float64 (0.3 // 0.1 differs between them).
+        let want32 = [
+            -4.0, -4.0, 49.0, -0.0, -1.0, 3.0, -4.0, inf, nan, -inf, -inf, inf,
+        ];
+        let want64 = [
+            -4.0, -4.0, 49.0, -0.0, -1.0, 2.0, -3.0, inf, nan, -inf, -inf, inf,
+        ];
+        let same = |g: f64, w: f64| g.to_bits() == w.to_bits() || (g.is_nan() && w.is_nan());
+        for i in 0..a.len() {
+            let g32 = floor_div_f32(a[i] as f32, b[i] as f32) as f64;
+            let g64 = floor_div_f64(a[i], b[i]);
+            assert!(
+                same(g32, want32[i]),
+                "f32 {} // {} = {g32}, PyTorch {}",
+                a[i],
+                b[i],
+                want32[i]
+            );
+            assert!(
+                same(g64, want64[i]),
+                "f64 {} // {} = {g64}, PyTorch {}",
+                a[i],
+                b[i],
+                want64[i]
+            );
+        }
+        // Integers: [-7, 7] // [2, -2] = [-4, -4]; [6, -6, 5, -5, 0] // [-3, -3, 3, 3, -3] =
+        // [-2, 2, 1, -2, 0]; i64::MIN // -1 = i64::MIN; x // 0 raises ZeroDivisionError.
+        let cases = [
+            (-7, 2, -4),
+            (7, -2, -4),
+            (6, -3, -2),
+            (-6, -3, 2),
+            (5, 3, 1),
+            (-5, 3, -2),
+            (0, -3, 0),
+            (i64::MIN, -1, i64::MIN),
+        ];
+        for (a, b, q) in cases {
+            assert_eq!(floor_div_i64(a, b), Some(q), "{a} // {b}");
+        }
+        assert_eq!(floor_div_i64(1, 0), None);
+        assert_eq!(floor_div_i64(0, 0), None);
     }
 }

@@ -48,6 +48,8 @@ pub struct ConfigFile {
     pub early_stop: Option<u64>,
     /// The improvement of the validation loss that counts for early stopping.
     pub early_stop_delta: Option<f64>,
+    /// Train conv → BatchNorm pairs as one fused op that recomputes the convolution.
+    pub fuse_conv_bn: Option<bool>,
 }
 
 impl ConfigFile {
@@ -94,7 +96,8 @@ impl ConfigFile {
             keep_last,
             keep_best,
             early_stop,
-            early_stop_delta
+            early_stop_delta,
+            fuse_conv_bn
         );
         self
     }
@@ -155,6 +158,9 @@ pub struct TrainConfig {
     /// The decrease of the validation loss that counts as an improvement.
     #[serde(default)]
     pub early_stop_delta: f64,
+    /// Conv → BatchNorm pairs trained as one fused op (`--fuse-conv-bn`).
+    #[serde(default)]
+    pub fuse_conv_bn: bool,
 }
 
 fn fp32() -> String {
@@ -305,6 +311,7 @@ pub fn defaults_for(model: &str) -> ConfigFile {
         keep_best: Some(false),
         early_stop: Some(0),
         early_stop_delta: Some(0.0),
+        fuse_conv_bn: None,
     }
 }
 
@@ -361,6 +368,7 @@ impl TrainConfig {
             keep_best: c.keep_best.expect("default"),
             early_stop: c.early_stop.expect("default"),
             early_stop_delta: c.early_stop_delta.expect("default"),
+            fuse_conv_bn: c.fuse_conv_bn.unwrap_or(false),
         };
         c.validate()?;
         Ok(c)

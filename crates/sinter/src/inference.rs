@@ -69,10 +69,11 @@ pub fn load_model(path: &Path) -> Result<Inference> {
         input: info.input_shape.clone(),
         classes: info.classes,
     };
-    let recompute = sinter_nn::Recompute::None;
     let dropout = sinter_nn::module::shared_rng(0);
+    // Inference needs no training options (fused Conv+BatchNorm only changes training).
+    let options = sinter_models::ModelOptions::default();
     let model =
-        sinter_models::build_with(&info.model, &shape, &mut Rng::new(0), &dropout, recompute)?;
+        sinter_models::build_with(&info.model, &shape, &mut Rng::new(0), &dropout, options)?;
     checkpoint::restore_model(&l.tensors, &named(model.as_ref()))?;
     model.set_training(false);
     Ok(Inference {

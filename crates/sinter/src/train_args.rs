@@ -16,7 +16,7 @@ const PARALLEL: &str = "Parallel training (run under `sinter launch`)";
 
 #[derive(Args, Default)]
 pub struct TrainArgs {
-    /// Model: mlp, cnn, resnet18, gpt-tiny, gpt2, bert-tiny or bert-base [default: cnn].
+    /// Model: mlp, cnn, cnn-bn, resnet18, gpt-tiny, gpt2, bert-tiny or bert-base [default: cnn].
     #[arg(long, help_heading = RUN)]
     pub model: Option<String>,
     /// Data: digits, shakespeare, mnist:DIR, cifar10:DIR, text:FILE or tokens:FILE_OR_DIR
@@ -133,6 +133,10 @@ pub struct TrainArgs {
     /// [default: none].
     #[arg(long, help_heading = DEVICE)]
     pub recompute: Option<String>,
+    /// Train each conv → BatchNorm pair (cnn-bn, resnet18) as one op that recomputes the
+    /// convolution in backward: the same values with less activation memory [default: off].
+    #[arg(long, help_heading = DEVICE)]
+    pub fuse_conv_bn: bool,
     /// Capture the whole training step as a CUDA graph after warm-up steps and replay it
     /// (CUDA, one process, static shapes, no dropout; ignored on the CPU) [default: off].
     #[arg(long, help_heading = DEVICE)]
@@ -201,6 +205,7 @@ impl TrainArgs {
             keep_best: self.keep_best.then_some(true),
             early_stop: self.early_stop,
             early_stop_delta: self.early_stop_delta,
+            fuse_conv_bn: self.fuse_conv_bn.then_some(true),
         }
     }
 

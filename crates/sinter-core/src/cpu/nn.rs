@@ -268,16 +268,9 @@ pub fn index_add(
     }
 }
 
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct AdamWParams {
-    pub lr: f32,
-    pub beta1: f32,
-    pub beta2: f32,
-    pub eps: f32,
-    pub weight_decay: f32,
-    /// 1-based step count, for bias correction.
-    pub step: u64,
-}
+/// AdamW's hyper-parameters, f64 like PyTorch's Python floats; the step's arithmetic is
+/// PyTorch's, the shared rule of `sinter_types::AdamW` (also the CUDA kernel's).
+pub use sinter_types::AdamW as AdamWParams;
 
 /// One fused AdamW update (decoupled weight decay) over a flat parameter buffer.
 pub fn adamw_step(p: &mut [f32], g: &[f32], m: &mut [f32], v: &mut [f32], h: AdamWParams) {
@@ -294,15 +287,9 @@ pub fn adamw_step_scaled(
     h: AdamWParams,
     grad_scale: f32,
 ) {
-    let bc1 = 1.0 - h.beta1.powi(h.step as i32);
-    let bc2 = 1.0 - h.beta2.powi(h.step as i32);
+    let f = h.factors();
     let body = |((pi, gi), (mi, vi)): ((&mut f32, &f32), (&mut f32, &mut f32))| {
-        let gi = gi * grad_scale;
-        *mi = h.beta1 * *mi + (1.0 - h.beta1) * gi;
-        *vi = h.beta2 * *vi + (1.0 - h.beta2) * gi * gi;
-        let mhat = *mi / bc1;
-        let vhat = *vi / bc2;
-        *pi -= h.lr * (mhat / (vhat.sqrt() + h.eps) + h.weight_decay * *pi);
+        (*pi, *mi, *vi) = f.update(*pi, gi * grad_scale, *mi, *vi);
     };
     if p.len() >= super::PAR_THRESHOLD {
         p.par_iter_mut()

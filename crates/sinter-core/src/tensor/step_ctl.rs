@@ -94,7 +94,7 @@ impl Tensor {
             return Ok(());
         }
         let h = AdamWParams {
-            lr: c[ctl::LR],
+            lr: c[ctl::LR] as f64,
             step: c[ctl::STEPS] as u64 + 1,
             ..h
         };

@@ -5,50 +5,15 @@
 //! p ← p·(1 − lr·wd); m ← m + (1 − β1)(g − m); v ← β2·v + (1 − β2)·g²;
 //! p ← p − (lr / (1 − β1^t)) · m / (√v / √(1 − β2^t) + eps).
 //! As in PyTorch the scalar factors (β powers, 1 − β, the bias corrections and their square
-//! root, the step size) are computed in f64 and rounded to f32 once. One read and write of
-//! each buffer, vectorised.
+//! root, the step size) are computed in f64 and rounded to f32 once ([`AdamW::factors`]).
+//! One read and write of each buffer, vectorised.
 
 use super::reduce::{load_lanes, store_lanes};
 use crate::simd::Simd;
 use crate::{with_isa, Isa};
 
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct AdamW {
-    pub lr: f64,
-    pub beta1: f64,
-    pub beta2: f64,
-    pub eps: f64,
-    pub weight_decay: f64,
-    /// 1-based step count, for the bias corrections.
-    pub step: u64,
-}
-
-/// The f32 factors of one step, computed in f64 (PyTorch's Python-float scalars).
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct AdamWFactors {
-    pub decay: f32,
-    pub one_minus_beta1: f32,
-    pub beta2: f32,
-    pub one_minus_beta2: f32,
-    pub step_size: f32,
-    pub bc2_sqrt: f32,
-    pub eps: f32,
-}
-
-impl AdamW {
-    pub fn factors(&self) -> AdamWFactors {
-        let t = self.step.min(i32::MAX as u64) as i32;
-        AdamWFactors {
-            decay: (1.0 - self.lr * self.weight_decay) as f32,
-            one_minus_beta1: (1.0 - self.beta1) as f32,
-            beta2: self.beta2 as f32,
-            one_minus_beta2: (1.0 - self.beta2) as f32,
-            step_size: (self.lr / (1.0 - self.beta1.powi(t))) as f32,
-            bc2_sqrt: (1.0 - self.beta2.powi(t)).sqrt() as f32,
-            eps: self.eps as f32,
-        }
-    }
-}
+// The hyper-parameters and the factors are PyTorch's rule, written once in sinter-types.
+pub use sinter_types::{AdamW, AdamWFactors};
 
 /// One AdamW step over equal-length slices (see the module docs).
 ///

@@ -135,46 +135,6 @@ impl Comm {
         &self.dev
     }
 
-    fn check(&self, op: &'static str, slices: &[(&str, &DevSlice<'_>, usize)]) -> Result<DType> {
-        let dtype = slices[0].1.dtype();
-        if !dtype.is_float() {
-            return Err(CudaError::invalid(
-                op,
-                format!("f32, f16 or bf16 buffers, got {dtype}"),
-            ));
-        }
-        for (what, s, len) in slices {
-            if s.dtype() != dtype || s.len() != *len {
-                return Err(CudaError::invalid(
-                    op,
-                    format!(
-                        "{what} must hold {len} x {dtype}, got {} x {}",
-                        s.len(),
-                        s.dtype()
-                    ),
-                ));
-            }
-        }
-        Ok(dtype)
-    }
-
-    fn kind(&self, stream: &Stream) -> Result<()> {
-        let ok = match &self.imp {
-            Imp::Nccl(_) => stream.real().is_some(),
-            Imp::Emulated(_) => stream
-                .emulated()
-                .is_some_and(|s| s.ordinal() == self.dev.ordinal()),
-        };
-        if ok {
-            Ok(())
-        } else {
-            Err(CudaError::invalid(
-                "comm",
-                "the stream must belong to the communicator's device",
-            ))
-        }
-    }
-
     /// `recv = op over ranks of send` (in place when they are the same buffer).
     pub fn all_reduce(
         &self,
@@ -184,10 +144,7 @@ impl Comm {
         stream: &Stream,
     ) -> Result<()> {
         let n = send.len();
-        let dtype = self.check("all_reduce", &[("send", &send, n), ("recv", &recv, n)])?;
-        self.kind(stream)?;
-        let c = Call::AllReduce(op);
-        self.call(c, dtype, send, recv, stream)
+        self.submit(Call::AllReduce(op), send, recv, (n, n), stream)
     }
 
     /// `recv` (count elements) = this rank's block of the elementwise reduction of every rank's
@@ -200,12 +157,13 @@ impl Comm {
         stream: &Stream,
     ) -> Result<()> {
         let n = recv.len();
-        let dtype = self.check(
-            "reduce_scatter",
-            &[("recv", &recv, n), ("send", &send, n * self.nranks)],
-        )?;
-        self.kind(stream)?;
-        self.call(Call::ReduceScatter(op), dtype, send, recv, stream)
+        self.submit(
+            Call::ReduceScatter(op),
+            send,
+            recv,
+            (n * self.nranks, n),
+            stream,
+        )
     }
 
     /// `recv` (nranks × count) = every rank's `send` (count), in rank order.
@@ -216,12 +174,7 @@ impl Comm {
         stream: &Stream,
     ) -> Result<()> {
         let n = send.len();
-        let dtype = self.check(
-            "all_gather",
-            &[("send", &send, n), ("recv", &recv, n * self.nranks)],
-        )?;
-        self.kind(stream)?;
-        self.call(Call::AllGather, dtype, send, recv, stream)
+        self.submit(Call::AllGather, send, recv, (n, n * self.nranks), stream)
     }
 
     /// `recv` = `root`'s `send` on every rank.
@@ -232,63 +185,79 @@ impl Comm {
         root: usize,
         stream: &Stream,
     ) -> Result<()> {
-        if root >= self.nranks {
-            return Err(CudaError::invalid(
-                "broadcast",
-                format!("root {root} of {} ranks", self.nranks),
-            ));
-        }
         let n = send.len();
-        let dtype = self.check("broadcast", &[("send", &send, n), ("recv", &recv, n)])?;
-        self.kind(stream)?;
-        self.call(Call::Broadcast(root), dtype, send, recv, stream)
+        self.submit(Call::Broadcast(root), send, recv, (n, n), stream)
     }
 
     /// Send `buf` to `peer` (completes once the peer has received it).
     pub fn send(&self, buf: DevSlice<'_>, peer: usize, stream: &Stream) -> Result<()> {
-        self.check_peer("send", peer)?;
-        let dtype = self.check("send", &[("buf", &buf, buf.len())])?;
-        self.kind(stream)?;
-        self.call(Call::Send(peer), dtype, buf, buf, stream)
+        let n = buf.len();
+        self.submit(Call::Send(peer), buf, buf, (n, n), stream)
     }
 
     /// Receive `buf` from `peer`.
     pub fn recv(&self, buf: DevSlice<'_>, peer: usize, stream: &Stream) -> Result<()> {
-        self.check_peer("recv", peer)?;
-        let dtype = self.check("recv", &[("buf", &buf, buf.len())])?;
-        self.kind(stream)?;
-        self.call(Call::Recv(peer), dtype, buf, buf, stream)
+        let n = buf.len();
+        self.submit(Call::Recv(peer), buf, buf, (n, n), stream)
     }
 
-    fn check_peer(&self, op: &'static str, peer: usize) -> Result<()> {
-        if peer >= self.nranks || peer == self.rank {
-            return Err(CudaError::invalid(
-                op,
-                format!("peer {peer} is not another rank of {}", self.nranks),
-            ));
-        }
-        Ok(())
-    }
-
-    fn call(
+    /// Check `call` (peer or root, dtypes, the buffers' lengths, the stream's device) and
+    /// queue it on `stream`.
+    fn submit(
         &self,
-        c: Call,
-        dtype: DType,
+        call: Call,
         send: DevSlice<'_>,
         recv: DevSlice<'_>,
+        (send_len, recv_len): (usize, usize),
         stream: &Stream,
     ) -> Result<()> {
+        let name = call.name();
+        let bad = |msg: String| Err(CudaError::invalid(name, msg));
+        match call {
+            Call::Broadcast(root) if root >= self.nranks => {
+                return bad(format!("root {root} of {} ranks", self.nranks));
+            }
+            Call::Send(peer) | Call::Recv(peer) if peer >= self.nranks || peer == self.rank => {
+                return bad(format!(
+                    "peer {peer} is not another rank of {}",
+                    self.nranks
+                ));
+            }
+            _ => {}
+        }
+        let dtype = send.dtype();
+        if !dtype.is_float() {
+            return bad(format!("f32, f16 or bf16 buffers, got {dtype}"));
+        }
+        for (what, s, len) in [("send", &send, send_len), ("recv", &recv, recv_len)] {
+            if s.dtype() != dtype || s.len() != len {
+                return bad(format!(
+                    "the {what} buffer must hold {len} x {dtype}, got {} x {}",
+                    s.len(),
+                    s.dtype()
+                ));
+            }
+        }
+        let own_stream = match &self.imp {
+            Imp::Nccl(_) => stream.real().is_some(),
+            Imp::Emulated(_) => stream
+                .emulated()
+                .is_some_and(|s| s.ordinal() == self.dev.ordinal()),
+        };
+        if !own_stream {
+            return bad("the stream must belong to the communicator's device".into());
+        }
         let op = Op {
-            call: c,
+            call,
             dtype,
             send: send.ptr(),
             recv: recv.ptr(),
-            count: send.len(),
-            recv_count: recv.len(),
+            count: send_len,
+            recv_count: recv_len,
         };
         match &self.imp {
             Imp::Nccl(n) => n.call(&self.dev, &op, stream),
-            Imp::Emulated(e) => e.call(op, stream.emulated().expect("checked by kind")),
+            Imp::Emulated(e) => e.call(op, stream.emulated().expect("checked above")),
         }
     }
 
@@ -318,6 +287,19 @@ pub(crate) enum Call {
     Broadcast(usize),
     Send(usize),
     Recv(usize),
+}
+
+impl Call {
+    fn name(self) -> &'static str {
+        match self {
+            Call::AllReduce(_) => "all_reduce",
+            Call::ReduceScatter(_) => "reduce_scatter",
+            Call::AllGather => "all_gather",
+            Call::Broadcast(_) => "broadcast",
+            Call::Send(_) => "send",
+            Call::Recv(_) => "recv",
+        }
+    }
 }
 
 /// A validated collective: device addresses and element counts (`count` of the send buffer).

@@ -90,14 +90,7 @@ impl GemmJob {
             return;
         }
         let d = self.dtype.storage();
-        let (ar, ac) = if s.trans_a { (k, m) } else { (m, k) };
-        let (br, bc) = if s.trans_b { (n, k) } else { (k, n) };
-        let lda = s.lda.unwrap_or(ac.max(1));
-        let ldb = s.ldb.unwrap_or(bc.max(1));
-        let ldc = s.ldc.unwrap_or(n.max(1));
-        let sa = s.stride_a.unwrap_or(ar * lda);
-        let sb = s.stride_b.unwrap_or(br * ldb);
-        let sc = s.stride_c.unwrap_or(m * ldc);
+        let ix = s.indexing();
         // SAFETY (all loads and stores below): offsets stay inside the extents that
         // `GemmDesc::validate` checked against the slices' lengths.
         let bias: Vec<f32> = if self.bias != 0 {
@@ -112,22 +105,12 @@ impl GemmJob {
         for bt in 0..s.batch {
             for i in 0..m {
                 for kk in 0..k {
-                    let off = if s.trans_a {
-                        kk * lda + i
-                    } else {
-                        i * lda + kk
-                    };
-                    pa[i * k + kk] = unsafe { load(d, self.a, bt * sa + off) };
+                    pa[i * k + kk] = unsafe { load(d, self.a, ix.a(bt, i, kk)) };
                 }
             }
             for kk in 0..k {
                 for j in 0..n {
-                    let off = if s.trans_b {
-                        j * ldb + kk
-                    } else {
-                        kk * ldb + j
-                    };
-                    pb[kk * n + j] = unsafe { load(d, self.b, bt * sb + off) };
+                    pb[kk * n + j] = unsafe { load(d, self.b, ix.b(bt, kk, j)) };
                 }
             }
             for i in 0..m {
@@ -139,7 +122,7 @@ impl GemmJob {
                     }
                 }
                 for j in 0..n {
-                    let at = bt * sc + i * ldc + j;
+                    let at = ix.c(bt, i, j);
                     let mut t = self.alpha * acc[j];
                     if self.beta != 0.0 {
                         t += self.beta * unsafe { load(d, self.c, at) };
@@ -311,16 +294,7 @@ mod tests {
         // SAFETY: every slice addresses a live host array of the validated size.
         unsafe { GemmJob::new(&g).unwrap().run() };
         let (got, got_aux) = (c.get(), aux.get());
-        let lda = s.lda.unwrap_or(if s.trans_a { s.m } else { s.k });
-        let ldb = s.ldb.unwrap_or(if s.trans_b { s.k } else { s.n });
-        let ldc = s.ldc.unwrap_or(s.n);
-        let sa = s
-            .stride_a
-            .unwrap_or(if s.trans_a { s.k } else { s.m } * lda);
-        let sb = s
-            .stride_b
-            .unwrap_or(if s.trans_b { s.n } else { s.k } * ldb);
-        let sc = s.stride_c.unwrap_or(s.m * ldc);
+        let ix = s.indexing();
         let with_bias = matches!(epi, Epi::Bias | Epi::BiasGelu | Epi::BiasGeluAux);
         let gelu = matches!(epi, Epi::Gelu | Epi::BiasGelu | Epi::BiasGeluAux);
         for bt in 0..s.batch {
@@ -328,20 +302,11 @@ mod tests {
                 for j in 0..s.n {
                     let (mut dot, mut mag) = (0.0f64, 0.0f64);
                     for kk in 0..s.k {
-                        let x = if s.trans_a {
-                            av[bt * sa + kk * lda + i]
-                        } else {
-                            av[bt * sa + i * lda + kk]
-                        };
-                        let y = if s.trans_b {
-                            bv[bt * sb + j * ldb + kk]
-                        } else {
-                            bv[bt * sb + kk * ldb + j]
-                        };
+                        let (x, y) = (av[ix.a(bt, i, kk)], bv[ix.b(bt, kk, j)]);
                         dot += x * y;
                         mag += (x * y).abs();
                     }
-                    let at = bt * sc + i * ldc + j;
+                    let at = ix.c(bt, i, j);
                     let mut t = alpha as f64 * dot;
                     mag *= alpha.abs() as f64;
                     if beta != 0.0 {
@@ -370,8 +335,9 @@ mod tests {
         }
         // Outside the matrices (padding of ldc, gaps between batches) C is untouched.
         if beta != 0.0 {
+            let (sc, ldc) = (ix.stride_c.max(1), ix.ldc);
             for (at, (&g, &w)) in got.iter().zip(&cv).enumerate() {
-                let (bt, r) = (at / sc.max(1), at % sc.max(1));
+                let (bt, r) = (at / sc, at % sc);
                 let inside = bt < s.batch && r / ldc < s.m && r % ldc < s.n;
                 if !inside {
                     assert_eq!(g, w, "{dt:?} {s:?}: element {at} outside C was written");

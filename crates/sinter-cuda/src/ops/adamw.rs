@@ -45,18 +45,20 @@ pub struct ScalerCfg {
     pub interval: u64,
 }
 
-/// Matches `struct AdamArgs` in adamw.cu (48 bytes).
+/// Matches `struct AdamArgs` in adamw.cu (72 bytes). The hyper-parameters travel as f64: the
+/// kernel computes its scalar factors in f64 and rounds each to f32 once, as PyTorch does.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct AdamArgs {
-    pub lr: f32,
-    pub beta1: f32,
-    pub beta2: f32,
-    pub eps: f32,
-    pub weight_decay: f32,
-    pub bc1: f32,
-    pub bc2: f32,
+    pub lr: f64,
+    pub beta1: f64,
+    pub beta2: f64,
+    pub eps: f64,
+    pub weight_decay: f64,
+    /// 1-based step number (the step control block's count replaces it).
+    pub step: f64,
     pub grad_scale: f32,
+    pub pad: i32,
     pub found_inf: u64,
     /// Step control block (0: none).
     pub ctl: u64,
@@ -83,14 +85,15 @@ pub struct SgdArgs {
 // SAFETY: repr(C) plain data matching the CUDA struct.
 unsafe impl cudarc::driver::DeviceRepr for SgdArgs {}
 
-/// AdamW hyper-parameters for one step.
+/// AdamW hyper-parameters for one step, as the optimizer holds them (f64, like PyTorch's
+/// Python floats: 1 − β₂ of an f32 β₂ = 0.999 would be 1.3e-5 off).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct AdamW {
-    pub lr: f32,
-    pub beta1: f32,
-    pub beta2: f32,
-    pub eps: f32,
-    pub weight_decay: f32,
+    pub lr: f64,
+    pub beta1: f64,
+    pub beta2: f64,
+    pub eps: f64,
+    pub weight_decay: f64,
     /// 1-based step number (for the bias corrections).
     pub step: u64,
     /// Multiplies the gradient first: 1/loss_scale, times a clip coefficient.
@@ -98,35 +101,42 @@ pub struct AdamW {
 }
 
 impl AdamW {
-    /// Kernel arguments (bias corrections computed in f64 on the host).
+    /// Kernel arguments.
     pub fn args(&self, found_inf: u64) -> Result<AdamArgs> {
         if self.step == 0 {
             return Err(CudaError::invalid("adamw", "step is 1-based"));
         }
-        let t = self.step.min(i32::MAX as u64) as i32;
         Ok(AdamArgs {
             lr: self.lr,
             beta1: self.beta1,
             beta2: self.beta2,
             eps: self.eps,
             weight_decay: self.weight_decay,
-            bc1: (1.0 - (self.beta1 as f64).powi(t)) as f32,
-            bc2: (1.0 - (self.beta2 as f64).powi(t)) as f32,
+            step: self.step as f64,
             grad_scale: self.grad_scale,
+            pad: 0,
             found_inf,
             ctl: 0,
         })
     }
 
-    /// f32 reference of one element's update (p, m, v) -> (p, m, v).
+    /// The hyper-parameters without the gradient scale: the shared rule's input.
+    pub fn hyper(&self) -> sinter_types::AdamW {
+        sinter_types::AdamW {
+            lr: self.lr,
+            beta1: self.beta1,
+            beta2: self.beta2,
+            eps: self.eps,
+            weight_decay: self.weight_decay,
+            step: self.step,
+        }
+    }
+
+    /// The kernel's arithmetic for one element: (p, g, m, v) -> (p, m, v). The kernel's
+    /// `adam_factors` and `adam_one` are `sinter_types::AdamW::factors` and
+    /// `AdamWFactors::update` in CUDA.
     pub fn reference(&self, p: f32, g: f32, m: f32, v: f32) -> (f32, f32, f32) {
-        let a = self.args(0).expect("step >= 1");
-        let g = g * a.grad_scale;
-        let m = a.beta1 * m + (1.0 - a.beta1) * g;
-        let v = a.beta2 * v + (1.0 - a.beta2) * g * g;
-        let p =
-            p * (1.0 - a.lr * a.weight_decay) - a.lr * (m / a.bc1) / ((v / a.bc2).sqrt() + a.eps);
-        (p, m, v)
+        self.hyper().factors().update(p, g * self.grad_scale, m, v)
     }
 }
 
@@ -631,7 +641,7 @@ mod tests {
 
     #[test]
     fn struct_layouts() {
-        assert_eq!(std::mem::size_of::<AdamArgs>(), 48);
+        assert_eq!(std::mem::size_of::<AdamArgs>(), 72);
         assert_eq!(std::mem::size_of::<SgdArgs>(), 48);
     }
 

@@ -1,4 +1,5 @@
 //! Shared helpers of the emulated-kernel tests: guarded host buffers, the emulator, tolerances.
+// Each emulated_*.rs test binary includes this module and uses part of it.
 #![allow(dead_code)]
 
 use std::sync::OnceLock;
@@ -18,8 +19,8 @@ pub const FLOATS: [DType; 3] = [DType::F32, DType::F16, DType::BF16];
 pub fn emu() -> Option<&'static Emulator> {
     static E: OnceLock<Option<Emulator>> = OnceLock::new();
     let e = E.get_or_init(|| {
-        let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("kernel-emu");
-        match Emulator::new(dir) {
+        // The emulated CUDA device's cache: every kernel file is built once for all tests.
+        match Emulator::new(sinter_cuda::emu::default_cache_dir()) {
             Ok(e) => Some(e),
             Err(err) => {
                 if std::env::var("SINTER_REQUIRE_EMU").as_deref() == Ok("1") {

@@ -84,7 +84,11 @@ pub fn build_model(
         .recompute
         .parse()
         .map_err(|e| anyhow!("--recompute: {e}"))?;
-    let model = sinter_models::build_with(&config.model, shape, &mut rng, &dropout_rng, recompute)?;
+    let options = sinter_models::ModelOptions {
+        recompute,
+        fuse_conv_bn: config.fuse_conv_bn,
+    };
+    let model = sinter_models::build_with(&config.model, shape, &mut rng, &dropout_rng, options)?;
     Ok((model, rng, dropout_rng))
 }
 
