@@ -4,14 +4,26 @@
 //! Training runs the blocks' fast path (flash attention, fused residual + LayerNorm, fused
 //! bias + GELU) with optional activation checkpointing per block (`set_recompute`); the
 //! unfused composite stays available (`set_fast_path(false)`) as the reference. Generation
-//! keeps a KV cache (`KvCache`, `forward_step`, `generate`): each new token runs the blocks
-//! on one position and attends over the cached keys and values of the earlier ones.
+//! keeps a KV cache (`KvCache`, `forward_step`): each new token runs the blocks on one
+//! position and attends over the cached keys and values of the earlier ones. The generation
+//! code lives in the submodules: `decode` (one step for many sequences at once, each with its
+//! own cache: continuous batching), `sequence` (one sequence's tokens, window and cache, and
+//! what happens past the context), `sampling` (logits → token) and `generate` (the loops).
+
+mod decode;
+mod generate;
+mod sampling;
+mod sequence;
+
+pub use generate::GenerateOptions;
+pub use sampling::{sample_token, SamplingParams};
+pub use sequence::{ContextPolicy, GptSequence};
 
 use std::sync::Arc;
 
 use crate::model::{sequence_loss, BatchLoss, Model};
 use crate::Task;
-use sinter_core::{bail, no_grad, DType, Device, Result, Rng, Tensor};
+use sinter_core::{bail, no_grad, DType, Result, Rng, Tensor};
 use sinter_nn::module::{join, NamedTensor};
 use sinter_nn::recompute::{block_forward, Recompute};
 use sinter_nn::{Dropout, Embedding, LayerKvCache, LayerNorm, Module, SharedRng, TransformerBlock};
@@ -88,39 +100,6 @@ impl KvCache {
     }
 }
 
-/// Picks the next token from one position's logits: greedy when `temperature` ≤ 0, else a
-/// sample from softmax(logits / temperature) over the `top_k` most likely tokens (0: all).
-pub fn sample_token(logits: &[f32], temperature: f64, top_k: usize, rng: &mut Rng) -> usize {
-    if temperature <= 0.0 {
-        return logits
-            .iter()
-            .enumerate()
-            .max_by(|a, b| a.1.total_cmp(b.1))
-            .map(|(i, _)| i)
-            .unwrap_or(0);
-    }
-    let mut idx: Vec<usize> = (0..logits.len()).collect();
-    idx.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]));
-    if top_k > 0 {
-        idx.truncate(top_k);
-    }
-    let max = logits[idx[0]] as f64;
-    let w: Vec<f64> = idx
-        .iter()
-        .map(|&i| ((logits[i] as f64 - max) / temperature).exp())
-        .collect();
-    let mut u = rng.next_f64() * w.iter().sum::<f64>();
-    let mut pick = idx[idx.len() - 1];
-    for (j, &wi) in w.iter().enumerate() {
-        if u < wi {
-            pick = idx[j];
-            break;
-        }
-        u -= wi;
-    }
-    pick
-}
-
 impl Gpt {
     pub fn new(config: GptConfig, rng: &mut Rng, drop_rng: &SharedRng) -> Result<Self> {
         let c = &config;
@@ -173,22 +152,38 @@ impl Gpt {
     /// Final LayerNorm and the tied head: [b, t, c] → [b, t, vocab].
     fn head(&self, x: &Tensor) -> Result<Tensor> {
         let (b, t, c) = (x.shape()[0], x.shape()[1], x.shape()[2]);
-        let x = self.ln_f.forward(x)?;
         // One [b·t, c] × [c, vocab] product: the tied head's gradient is then a single GEMM.
-        self.wte
-            .linear(&x.reshape(&[b * t, c])?)?
+        self.head_rows(&x.reshape(&[b * t, c])?)?
             .reshape(&[b, t, self.config.vocab_size])
+    }
+
+    /// The head over rows of hidden states: [n, c] → [n, vocab].
+    pub(crate) fn head_rows(&self, x: &Tensor) -> Result<Tensor> {
+        // Through the table's `linear`, so an int8-quantized table serves the head too.
+        self.wte.linear(&self.ln_f.forward(x)?)
     }
 
     /// An empty KV cache for `batch` sequences, holding up to `block_size` positions.
     pub fn kv_cache(&self, batch: usize) -> Result<KvCache> {
+        self.kv_cache_with_capacity(batch, self.config.block_size)
+    }
+
+    /// An empty KV cache for `batch` sequences, holding up to `capacity` (≤ `block_size`)
+    /// positions: a sequence known to stay short needs no more memory than its length.
+    pub fn kv_cache_with_capacity(&self, batch: usize, capacity: usize) -> Result<KvCache> {
         let c = &self.config;
+        if capacity > c.block_size {
+            bail!(
+                "gpt: a KV cache of {capacity} positions exceeds the context of {}",
+                c.block_size
+            );
+        }
         let layers = (0..c.n_layer)
             .map(|_| {
                 LayerKvCache::new(
                     batch,
                     c.n_head,
-                    c.block_size,
+                    capacity,
                     c.n_embd / c.n_head,
                     self.wte.weight.dtype(),
                     self.wte.weight.device(),
@@ -204,12 +199,19 @@ impl Gpt {
     /// recording gradients; call `set_training(false)` first when the model has dropout.
     pub fn forward_step(&self, ids: &Tensor, cache: &mut KvCache) -> Result<Tensor> {
         let _g = no_grad();
+        self.head(&self.hidden_step(ids, cache)?)
+    }
+
+    /// `forward_step` without the head: the last block's output [b, s, c] (a prefill needs
+    /// the head on its last position only).
+    pub fn hidden_step(&self, ids: &Tensor, cache: &mut KvCache) -> Result<Tensor> {
+        let _g = no_grad();
         self.check_ids(ids)?;
         let (start, s) = (cache.len(), ids.shape()[1]);
-        if start + s > self.config.block_size {
+        if start + s > cache.capacity().min(self.config.block_size) {
             bail!(
-                "gpt: {} cached + {s} new positions exceed the context of {}",
-                start,
+                "gpt: {start} cached + {s} new positions exceed the KV cache's {} (context {})",
+                cache.capacity(),
                 self.config.block_size
             );
         }
@@ -232,107 +234,7 @@ impl Gpt {
         for (b, layer) in self.blocks.iter().zip(cache.layers.iter_mut()) {
             x = b.forward_step(&x, layer)?;
         }
-        self.head(&x)
-    }
-
-    /// Samples `max_new` tokens after `prompt` (temperature and top-k as in `sample_token`)
-    /// with a KV cache; returns prompt and continuation. The context is the last
-    /// `block_size` tokens.
-    pub fn generate(
-        &self,
-        prompt: &[i64],
-        max_new: usize,
-        temperature: f64,
-        top_k: usize,
-        rng: &mut Rng,
-    ) -> Result<Vec<i64>> {
-        self.generate_with(
-            prompt,
-            max_new,
-            temperature,
-            top_k,
-            self.config.block_size,
-            true,
-            rng,
-        )
-    }
-
-    /// `generate` recomputing the whole window for every token (no cache): the reference.
-    pub fn generate_uncached(
-        &self,
-        prompt: &[i64],
-        max_new: usize,
-        temperature: f64,
-        top_k: usize,
-        rng: &mut Rng,
-    ) -> Result<Vec<i64>> {
-        self.generate_with(
-            prompt,
-            max_new,
-            temperature,
-            top_k,
-            self.config.block_size,
-            false,
-            rng,
-        )
-    }
-
-    /// Generation conditioned on the last `context` (≤ block_size) tokens. With the cache, a
-    /// token costs one position per block while the sequence fits the context; once it
-    /// slides past, every position moves, so the window is recomputed (exactly what the
-    /// uncached path does), keeping both paths' logits equal.
-    #[allow(clippy::too_many_arguments)]
-    pub fn generate_with(
-        &self,
-        prompt: &[i64],
-        max_new: usize,
-        temperature: f64,
-        top_k: usize,
-        context: usize,
-        use_cache: bool,
-        rng: &mut Rng,
-    ) -> Result<Vec<i64>> {
-        if prompt.is_empty() {
-            bail!("gpt: generation needs a prompt of at least one token");
-        }
-        let ctx = context.min(self.config.block_size).max(1);
-        let _g = no_grad();
-        let v = self.config.vocab_size;
-        let mut tokens = prompt.to_vec();
-        let mut cache = if use_cache {
-            Some(self.kv_cache(1)?)
-        } else {
-            None
-        };
-        for _ in 0..max_new {
-            let window = &tokens[tokens.len().saturating_sub(ctx)..];
-            let last = match cache.as_mut() {
-                Some(cache) => {
-                    let new = if tokens.len() <= ctx {
-                        &tokens[cache.len()..]
-                    } else {
-                        cache.clear();
-                        window
-                    };
-                    let x = Tensor::from_slice(new, &[1, new.len()], Device::Cpu)?
-                        .to_device(self.wte.weight.device())?;
-                    self.forward_step(&x, cache)?
-                        .narrow(1, new.len() - 1, 1)?
-                        .reshape(&[v])?
-                        .to_vec_f32()?
-                }
-                None => {
-                    let x = Tensor::from_slice(window, &[1, window.len()], Device::Cpu)?
-                        .to_device(self.wte.weight.device())?;
-                    self.forward(&x)?
-                        .narrow(1, window.len() - 1, 1)?
-                        .reshape(&[v])?
-                        .to_vec_f32()?
-                }
-            };
-            tokens.push(sample_token(&last, temperature, top_k, rng) as i64);
-        }
-        Ok(tokens)
+        Ok(x)
     }
 }
 

@@ -16,8 +16,9 @@ pub struct BatchLoss {
     pub logits: Option<Tensor>,
 }
 
-/// A trainable model: a [`Module`] that knows its task and computes its own loss.
-pub trait Model: Module {
+/// A trainable model: a [`Module`] that knows its task and computes its own loss. `Any`, so
+/// that a loaded `Box<dyn Model>` can be taken back as its concrete type (`serve` owns a `Gpt`).
+pub trait Model: Module + std::any::Any {
     /// What the model consumes and produces.
     fn task(&self) -> Task;
 

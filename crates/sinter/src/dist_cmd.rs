@@ -134,6 +134,9 @@ pub enum BenchCmd {
         #[arg(long)]
         out: Option<PathBuf>,
     },
+    /// Load test of `sinter serve`: concurrent streaming clients (requests/s, tokens/s, time to
+    /// first token, inter-token latency) at several concurrencies.
+    Serve(crate::serve_cmd::BenchServeArgs),
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -195,6 +198,7 @@ pub fn bench(which: &BenchCmd) -> Result<()> {
             println!("{}", crate::gpu_bench::run(which, out.as_deref())?);
             Ok(())
         }
+        BenchCmd::Serve(a) => crate::serve_cmd::bench_serve(a),
     }
 }
 

@@ -1,12 +1,14 @@
-//! A checkpoint as a model to run: `eval` (which reads the validation data) and `generate`
-//! (which needs only the checkpoint: the architecture, the tokenizer and the input encoding
-//! are in its [`InferenceInfo`]).
+//! A checkpoint as a model to run: `eval` (which reads the validation data), `generate` and
+//! `serve` (which need only the checkpoint: the architecture, the tokenizer and the input
+//! encoding are in its [`InferenceInfo`]).
 
 use std::path::Path;
 
 use anyhow::{anyhow, bail, Result};
 use sinter_core::Rng;
+use sinter_models::gpt::SamplingParams;
 use sinter_models::{DataShape, Model, Task};
+use sinter_serve::Tokenizer;
 
 use crate::checkpoint::{self, InferenceInfo, InputSpec};
 use crate::config::TrainConfig;
@@ -39,14 +41,20 @@ pub struct Inference {
     pub model: Box<dyn Model>,
 }
 
+/// `--temperature`, `--top-k` and `--top-p`, checked (the rule is `SamplingParams::validate`'s).
+pub fn check_sampling(temperature: f64, top_k: usize, top_p: f64) -> Result<SamplingParams> {
+    let s = SamplingParams {
+        temperature,
+        top_k,
+        top_p,
+    };
+    s.validate().map_err(|e| anyhow!("--{e}"))?;
+    Ok(s)
+}
+
 /// `--temperature`: 0 (greedy) or above.
 pub fn check_temperature(t: f64) -> Result<()> {
-    if !(t.is_finite() && t >= 0.0) {
-        bail!(
-            "--temperature must be a number of at least 0 (0 picks the most likely token), got {t}"
-        );
-    }
-    Ok(())
+    check_sampling(t, 0, 1.0).map(|_| ())
 }
 
 /// Loads a checkpoint (a run directory or the file) as a model to run. Checkpoints written
@@ -107,48 +115,19 @@ pub fn load_for_eval(path: &Path) -> Result<(Setup, u64)> {
     Ok((s, l.meta.step))
 }
 
-/// How `generate` turns text into tokens and back.
-pub enum TextCodec {
-    Bytes,
-    Gpt2(Box<sinter_data::Gpt2Tokenizer>),
-}
-
-impl TextCodec {
-    /// The codec a language-model checkpoint was trained with.
-    pub fn of(inf: &Inference) -> Result<TextCodec> {
-        let task = sinter_models::task_of(&inf.info.model);
-        if task != Some(Task::LanguageModel) {
-            bail!(
-                "generate needs a language-model checkpoint; {} is a {} model",
-                inf.info.model,
-                inf.info.task
-            );
-        }
-        match inf.info.input {
-            InputSpec::Bytes => Ok(TextCodec::Bytes),
-            InputSpec::Gpt2Tokens => Ok(TextCodec::Gpt2(Box::new(sinter_data::Gpt2Tokenizer::new()))),
-            _ => bail!("this checkpoint uses a {}-token vocabulary that is neither bytes nor GPT-2 BPE; no tokenizer can turn a text prompt into its tokens", inf.info.classes),
-        }
+/// The tokenizer a language-model checkpoint was trained with (`generate` and `serve`).
+pub fn tokenizer_of(info: &InferenceInfo) -> Result<Tokenizer> {
+    if sinter_models::task_of(&info.model) != Some(Task::LanguageModel) {
+        bail!(
+            "text generation needs a language-model checkpoint; {} is a {} model",
+            info.model,
+            info.task
+        );
     }
-
-    pub fn encode(&self, text: &str) -> Vec<i64> {
-        match self {
-            TextCodec::Bytes => text.bytes().map(i64::from).collect(),
-            TextCodec::Gpt2(t) => t.encode(text).into_iter().map(i64::from).collect(),
-        }
-    }
-
-    pub fn decode(&self, tokens: &[i64]) -> String {
-        match self {
-            TextCodec::Bytes => {
-                let bytes: Vec<u8> = tokens.iter().map(|&t| t as u8).collect();
-                String::from_utf8_lossy(&bytes).into_owned()
-            }
-            TextCodec::Gpt2(t) => {
-                let ids: Vec<u16> = tokens.iter().map(|&t| t as u16).collect();
-                t.decode(&ids)
-            }
-        }
+    match info.input {
+        InputSpec::Bytes => Ok(Tokenizer::Bytes),
+        InputSpec::Gpt2Tokens => Ok(Tokenizer::gpt2()),
+        _ => bail!("this checkpoint uses a {}-token vocabulary that is neither bytes nor GPT-2 BPE; no tokenizer can turn a text prompt into its tokens", info.classes),
     }
 }
 

@@ -12,6 +12,7 @@ mod plot;
 mod precision;
 mod predict_cmd;
 mod quantize_cmd;
+mod serve_cmd;
 mod signals;
 mod term;
 mod tfevents;
@@ -22,8 +23,8 @@ mod trainer;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use anyhow::{bail, Context, Result};
-use clap::{Args, Parser, Subcommand};
+use anyhow::{Context, Result};
+use clap::{Parser, Subcommand};
 
 use train_args::TrainArgs;
 
@@ -54,8 +55,8 @@ enum Command {
         #[arg(long, default_value_t = 0, hide_default_value = true)]
         eval_batches: usize,
     },
-    /// Sample text from a GPT checkpoint.
-    Generate(GenerateArgs),
+    /// Sample text from a GPT checkpoint, printing each token as it is made.
+    Generate(serve_cmd::GenerateArgs),
     /// Classify your own PNG/JPEG images or CSV rows with a classifier checkpoint.
     Predict(predict_cmd::PredictArgs),
     /// Version, devices, threads and dtypes.
@@ -73,28 +74,8 @@ enum Command {
     Quantize(quantize_cmd::QuantizeArgs),
     /// Turn a text file into GPT-2 token files (<name>_train.bin, <name>_val.bin) for tokens:DIR.
     Tokenize(tokenize_cmd::TokenizeArgs),
-}
-
-#[derive(Args)]
-struct GenerateArgs {
-    #[arg(long)]
-    checkpoint: PathBuf,
-    #[arg(long, default_value = "\n")]
-    prompt: String,
-    #[arg(long, default_value_t = 200)]
-    max_new_tokens: usize,
-    /// 0 picks the most likely token each time.
-    #[arg(long, default_value_t = 0.8)]
-    temperature: f64,
-    /// Sample from the k most likely tokens (0: all).
-    #[arg(long, default_value_t = 40)]
-    top_k: usize,
-    #[arg(long, default_value_t = 0)]
-    seed: u64,
-    /// Recompute the whole window for every token instead of using the KV cache (slower;
-    /// the same tokens).
-    #[arg(long)]
-    no_kv_cache: bool,
+    /// Serve a GPT checkpoint over an OpenAI-compatible HTTP API (completions, chat, streaming).
+    Serve(serve_cmd::ServeArgs),
 }
 
 /// The run's config: defaults, then `--config`, then flags; a resumed run starts from its
@@ -162,31 +143,14 @@ fn run() -> Result<()> {
                 e.coverage()
             );
         }
-        Command::Generate(g) => {
-            inference::check_temperature(g.temperature)?;
-            let inf = inference::load_model(&g.checkpoint)?;
-            let codec = inference::TextCodec::of(&inf)?;
-            let prompt = codec.encode(&g.prompt);
-            if prompt.is_empty() {
-                bail!("--prompt must not be empty");
-            }
-            let how = inference::Sampling {
-                max_new: g.max_new_tokens,
-                temperature: g.temperature,
-                top_k: g.top_k,
-                seed: g.seed,
-                use_cache: !g.no_kv_cache,
-            };
-            let tokens =
-                inference::generate(inf.model.as_ref(), inf.config.context, &prompt, &how)?;
-            out!("{}", codec.decode(&tokens));
-        }
+        Command::Generate(g) => serve_cmd::generate(&g)?,
         Command::Predict(a) => predict_cmd::run(&a)?,
         Command::Info => print!("{}", precision::info_report()),
         Command::Launch(a) => dist_cmd::launch(&a)?,
         Command::Bench { which } => dist_cmd::bench(&which)?,
         Command::Tokenize(a) => tokenize_cmd::run(&a)?,
         Command::Quantize(a) => quantize_cmd::run(&a)?,
+        Command::Serve(a) => serve_cmd::serve(&a)?,
     }
     Ok(())
 }

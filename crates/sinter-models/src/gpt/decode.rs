@@ -1,0 +1,147 @@
+//! Decoding many sequences at once (continuous batching) and prefilling one.
+//!
+//! A decode step takes n sequences, each with one new token and its own KV cache of its own
+//! length. The embeddings, every projection, the MLPs and the head run on the n rows together
+//! (one GEMM each: that is where batching pays, the weights are read once per step instead
+//! of once per sequence); attention runs per sequence against its own cache
+//! (`fused::decode_attention`, one call per layer for all n). Sequences may join or leave
+//! between steps: nothing ties one step's batch to the next.
+
+use sinter_core::{bail, fused, no_grad, Device, Result, Tensor};
+use sinter_nn::Module;
+
+use super::{Gpt, GptSequence, KvCache};
+
+impl Gpt {
+    /// Logits [n, vocab] of one new token per sequence: `ids[i]` at position
+    /// `caches[i].len()` of sequence i, whose earlier keys and values are in `caches[i]`
+    /// (batch 1, appended to). Equal, row by row, to `forward_step` of each sequence alone
+    /// (within f32 rounding). Inference only.
+    pub fn decode_step(&self, ids: &[i64], caches: &mut [&mut KvCache]) -> Result<Tensor> {
+        let _g = no_grad();
+        let c = &self.config;
+        let n = ids.len();
+        if caches.len() != n {
+            bail!("gpt: {n} tokens but {} KV caches", caches.len());
+        }
+        let mut lens = Vec::with_capacity(n);
+        for (i, cache) in caches.iter().enumerate() {
+            if cache.layers.len() != self.blocks.len() || cache.layers[0].k.shape()[0] != 1 {
+                bail!(
+                    "gpt: sequence {i}: a decode step needs a one-sequence KV cache of {} layers",
+                    self.blocks.len()
+                );
+            }
+            if cache.len() >= cache.capacity() {
+                bail!(
+                    "gpt: sequence {i}: its KV cache is full ({} positions)",
+                    cache.capacity()
+                );
+            }
+            lens.push(cache.len());
+        }
+        if let Some(t) = ids
+            .iter()
+            .find(|&&t| !(0..c.vocab_size as i64).contains(&t))
+        {
+            bail!(
+                "gpt: token {t} is outside the vocabulary of {}",
+                c.vocab_size
+            );
+        }
+        let device = self.wte.weight.device();
+        let pos: Vec<i64> = lens.iter().map(|&l| l as i64).collect();
+        let ids = Tensor::from_slice(ids, &[n], Device::Cpu)?.to_device(device)?;
+        let pos = Tensor::from_slice(&pos, &[n], Device::Cpu)?.to_device(device)?;
+        let mut x = self.wte.forward(&ids)?.add(&self.wpe.forward(&pos)?)?; // [n, c]
+        let (h, hd) = (c.n_head, c.n_embd / c.n_head);
+        let scale = 1.0 / (hd as f32).sqrt();
+        for (l, block) in self.blocks.iter().enumerate() {
+            // Packed [n, 3c] as [n, 3, h, hd]: q, k and v are strided views of it.
+            let qkv = block
+                .attn
+                .qkv
+                .forward(&block.ln1.forward(&x)?)?
+                .reshape(&[n, 3, h, hd])?;
+            let part = |i: usize| qkv.narrow(1, i, 1)?.squeeze(1);
+            let ks: Vec<&Tensor> = caches.iter().map(|c| &c.layers[l].k).collect();
+            let vs: Vec<&Tensor> = caches.iter().map(|c| &c.layers[l].v).collect();
+            let y =
+                fused::decode_attention(&part(0)?, &part(1)?, &part(2)?, &ks, &vs, &lens, scale)?;
+            let a = block.attn.proj.forward(&y.reshape(&[n, c.n_embd])?)?;
+            x = block.forward_after_attn(&x, &a)?;
+        }
+        for cache in caches.iter_mut() {
+            cache.layers.iter_mut().for_each(|l| l.len += 1);
+        }
+        self.head_rows(&x)
+    }
+
+    /// One step for every sequence in `seqs`, each taking its next pending token
+    /// (`can_feed`): returns n rows of `vocab_size` logits, row-major. A row is the next
+    /// token's logits when its sequence has nothing pending left (`pending()` empty), else
+    /// the logits of a prompt position, which callers skip.
+    pub fn decode(&self, seqs: &mut [&mut GptSequence]) -> Result<Vec<f32>> {
+        let mut ids = Vec::with_capacity(seqs.len());
+        for (i, s) in seqs.iter().enumerate() {
+            if !s.can_feed() {
+                bail!(
+                    "gpt: sequence {i} cannot take a decode step (no cache, nothing pending, or a window larger than its cache); prefill it"
+                );
+            }
+            ids.push(s.pending()[0]);
+        }
+        let mut caches: Vec<&mut KvCache> = seqs
+            .iter_mut()
+            .map(|s| s.cache_mut().expect("fed sequences have a cache"))
+            .collect();
+        self.decode_step(&ids, &mut caches)?.to_vec_f32()
+    }
+
+    /// Feeds up to `max_chunk` (≥ 1) of the sequence's pending tokens (a prompt, or the window
+    /// after a shift) into its cache. Returns the next-token logits once nothing is pending,
+    /// None while more chunks remain (long prompts are fed in chunks so that a server can
+    /// interleave them with other sequences' decode steps). Without a cache, recomputes the
+    /// whole window and returns its logits.
+    pub fn prefill(&self, seq: &mut GptSequence, max_chunk: usize) -> Result<Option<Vec<f32>>> {
+        let _g = no_grad();
+        let device = self.wte.weight.device();
+        let ids = |t: &[i64]| -> Result<Tensor> {
+            Tensor::from_slice(t, &[1, t.len()], Device::Cpu)?.to_device(device)
+        };
+        if seq.cache().is_none() {
+            let window = seq.window();
+            let x = self.forward(&ids(window)?)?;
+            let last = x.narrow(1, window.len() - 1, 1)?;
+            return Ok(Some(last.reshape(&[self.config.vocab_size])?.to_vec_f32()?));
+        }
+        seq.fit_cache(self)?;
+        let pending = seq.pending();
+        if pending.is_empty() {
+            bail!("gpt: the sequence has nothing pending; push a token first");
+        }
+        let take = pending.len().min(max_chunk.max(1));
+        let done = take == pending.len();
+        let x = ids(&pending[..take])?;
+        let cache = seq.cache_mut().expect("checked above");
+        let hidden = self.hidden_step(&x, cache)?;
+        if !done {
+            return Ok(None);
+        }
+        let last = hidden
+            .narrow(1, take - 1, 1)?
+            .reshape(&[1, self.config.n_embd])?;
+        Ok(Some(self.head_rows(&last)?.to_vec_f32()?))
+    }
+
+    /// The next-token logits of one sequence: a decode step when one token is pending, else
+    /// a whole prefill.
+    pub fn next_logits(&self, seq: &mut GptSequence) -> Result<Vec<f32>> {
+        if seq.is_decoding() {
+            return self.decode(&mut [seq]);
+        }
+        Ok(self
+            .prefill(seq, usize::MAX)?
+            .expect("a whole prefill returns logits"))
+    }
+}

@@ -1,0 +1,270 @@
+//! Continuous batching and generation past the context: a batched decode step of sequences
+//! with different lengths (joining and leaving between steps) gives each sequence the logits
+//! and greedy tokens it gets alone; chunked prefill equals a whole one; both context policies
+//! give the same tokens with and without the KV cache, and keep the window they promise.
+
+use sinter_core::{no_grad, Device, Rng, Tensor};
+use sinter_models::gpt::{ContextPolicy, GenerateOptions, GptSequence, SamplingParams};
+use sinter_models::{Gpt, GptConfig};
+use sinter_nn::module::shared_rng;
+use sinter_nn::Module;
+
+fn model(block_size: usize, seed: u64) -> Gpt {
+    let cfg = GptConfig {
+        n_layer: 2,
+        n_head: 4,
+        n_embd: 32,
+        block_size,
+        vocab_size: 37,
+        dropout: 0.0,
+    };
+    let m = Gpt::new(cfg, &mut Rng::new(seed), &shared_rng(seed)).unwrap();
+    m.set_training(false);
+    m
+}
+
+fn argmax(v: &[f32]) -> usize {
+    (0..v.len()).fold(0, |b, i| if v[i] > v[b] { i } else { b })
+}
+
+fn max_err(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
+}
+
+/// Logits of the last position of `tokens`, by a full forward (no cache).
+fn full_logits(m: &Gpt, tokens: &[i64]) -> Vec<f32> {
+    let _g = no_grad();
+    let x = Tensor::from_slice(tokens, &[1, tokens.len()], Device::Cpu).unwrap();
+    let y = m.forward(&x).unwrap();
+    y.narrow(1, tokens.len() - 1, 1)
+        .unwrap()
+        .to_vec_f32()
+        .unwrap()
+}
+
+#[test]
+fn batched_decode_equals_each_sequence_alone() {
+    let m = model(48, 1);
+    let v = 37;
+    let prompts: Vec<Vec<i64>> = [1usize, 7, 20, 3]
+        .iter()
+        .enumerate()
+        .map(|(i, &n)| (0..n).map(|j| ((i * 11 + j * 5) % v) as i64).collect())
+        .collect();
+    // Sequence i joins at step join[i] and leaves after `steps[i]` tokens.
+    let join = [0usize, 0, 2, 5];
+    let steps = [12usize, 4, 9, 10];
+    let mut seqs: Vec<Option<GptSequence>> = prompts.iter().map(|_| None).collect();
+    let mut batched_tokens: Vec<Vec<i64>> = vec![Vec::new(); prompts.len()];
+    let mut sizes_seen = std::collections::BTreeSet::new();
+    for step in 0..20 {
+        // Join: prefill (in chunks of 3 positions) and pick the first token from it.
+        for i in 0..prompts.len() {
+            if join[i] == step {
+                let mut s = m
+                    .sequence(&prompts[i], steps[i], 48, ContextPolicy::Shift, true)
+                    .unwrap();
+                let logits = loop {
+                    if let Some(l) = m.prefill(&mut s, 3).unwrap() {
+                        break l;
+                    }
+                };
+                let e = max_err(&logits, &full_logits(&m, s.tokens()));
+                assert!(e < 1e-4, "prefill of sequence {i}: {e}");
+                s.push(argmax(&logits) as i64);
+                seqs[i] = Some(s);
+            }
+        }
+        // One decode step for every active sequence, all together.
+        let active: Vec<usize> = (0..prompts.len())
+            .filter(|&i| {
+                seqs[i]
+                    .as_ref()
+                    .is_some_and(|s| s.generated().len() < steps[i])
+            })
+            .collect();
+        if active.is_empty() {
+            continue;
+        }
+        sizes_seen.insert(active.len());
+        let want: Vec<Vec<f32>> = active
+            .iter()
+            .map(|&i| full_logits(&m, seqs[i].as_ref().unwrap().tokens()))
+            .collect();
+        let mut refs: Vec<&mut GptSequence> = Vec::new();
+        for (i, s) in seqs.iter_mut().enumerate() {
+            if active.contains(&i) {
+                refs.push(s.as_mut().unwrap());
+            }
+        }
+        let logits = m.decode(&mut refs).unwrap();
+        for (r, &i) in active.iter().enumerate() {
+            let row = &logits[r * v..(r + 1) * v];
+            let e = max_err(row, &want[r]);
+            assert!(e < 1e-4, "step {step}, sequence {i}: logits differ by {e}");
+            refs[r].push(argmax(row) as i64);
+        }
+    }
+    assert!(sizes_seen.len() >= 3, "batch sizes {sizes_seen:?}");
+    for (i, s) in seqs.iter().enumerate() {
+        let s = s.as_ref().unwrap();
+        batched_tokens[i] = s.generated().to_vec();
+        // The same greedy tokens alone, through the generation loop.
+        let o = GenerateOptions {
+            max_new: steps[i],
+            sampling: SamplingParams {
+                temperature: 0.0,
+                ..Default::default()
+            },
+            context: 48,
+            policy: ContextPolicy::Shift,
+            use_cache: true,
+        };
+        let alone = m
+            .generate_streaming(&prompts[i], &o, &mut Rng::new(0), |_| true)
+            .unwrap();
+        assert_eq!(
+            &alone[prompts[i].len()..],
+            &batched_tokens[i][..],
+            "sequence {i}"
+        );
+    }
+}
+
+#[test]
+fn decode_refuses_sequences_that_need_a_prefill() {
+    let m = model(16, 2);
+    let mut a = m
+        .sequence(&[1, 2, 3], 4, 16, ContextPolicy::Shift, true)
+        .unwrap();
+    assert!(!a.is_decoding() && a.can_feed());
+    // Without a cache, only a prefill (the whole window) can run.
+    let mut b = m
+        .sequence(&[1, 2, 3], 4, 16, ContextPolicy::Shift, false)
+        .unwrap();
+    assert!(!b.can_feed());
+    let err = m.decode(&mut [&mut a, &mut b]).unwrap_err().to_string();
+    assert!(err.contains("prefill"), "{err}");
+    assert!(m.sequence(&[], 4, 16, ContextPolicy::Shift, true).is_err());
+    let err = m
+        .sequence(&[1, 99], 4, 16, ContextPolicy::Shift, true)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(err.contains("99") && err.contains("vocabulary"), "{err}");
+}
+
+#[test]
+fn both_policies_give_the_same_tokens_with_and_without_cache() {
+    let m = model(12, 3);
+    let prompt = [3i64, 1, 4, 1, 5];
+    for policy in [ContextPolicy::Slide, ContextPolicy::Shift] {
+        for sampling in [
+            SamplingParams {
+                temperature: 0.0,
+                ..Default::default()
+            },
+            SamplingParams {
+                temperature: 0.9,
+                top_k: 10,
+                top_p: 0.95,
+            },
+        ] {
+            let run = |use_cache| {
+                let o = GenerateOptions {
+                    max_new: 40,
+                    sampling,
+                    context: 12,
+                    policy,
+                    use_cache,
+                };
+                m.generate_streaming(&prompt, &o, &mut Rng::new(4), |_| true)
+                    .unwrap()
+            };
+            let (a, b) = (run(true), run(false));
+            assert_eq!(a.len(), 45);
+            assert_eq!(a, b, "{policy}, {sampling:?}");
+        }
+    }
+}
+
+#[test]
+fn windows_follow_the_policy() {
+    let m = model(8, 4);
+    for (policy, lo) in [(ContextPolicy::Slide, 8), (ContextPolicy::Shift, 4)] {
+        let mut s = m.sequence(&[1, 2, 3], 30, 8, policy, true).unwrap();
+        let mut prefills = 0;
+        for t in 0..30 {
+            if !s.is_decoding() {
+                prefills += 1;
+            }
+            let logits = m.next_logits(&mut s).unwrap();
+            // The logits are the model's on exactly the window.
+            let e = max_err(&logits, &full_logits(&m, s.window()));
+            assert!(e < 1e-4, "{policy}, token {t}: {e}");
+            s.push(argmax(&logits) as i64);
+            let w = s.window().len();
+            assert!(
+                w <= 8 && (s.tokens().len() < 8 || w >= lo),
+                "{policy}: window {w}"
+            );
+            assert_eq!(s.window(), &s.tokens()[s.tokens().len() - w..]);
+        }
+        // Slide re-encodes the window for every token past the context; shift once per
+        // half-window.
+        match policy {
+            ContextPolicy::Slide => assert!(prefills >= 30 - 8, "{prefills}"),
+            ContextPolicy::Shift => assert!(prefills <= 1 + 30 / 4, "{prefills}"),
+        }
+    }
+}
+
+#[test]
+fn a_short_cache_grows_when_the_sequence_runs_longer_than_announced() {
+    let m = model(16, 5);
+    // Announced 2 new tokens (cache of 5 positions), generates 20: past 5, then past 16.
+    let mut s = m
+        .sequence(&[7, 8, 9], 2, 16, ContextPolicy::Shift, true)
+        .unwrap();
+    for _ in 0..20 {
+        let logits = m.next_logits(&mut s).unwrap();
+        assert!(max_err(&logits, &full_logits(&m, s.window())) < 1e-4);
+        s.push(argmax(&logits) as i64);
+    }
+}
+
+#[test]
+fn a_prompt_fed_through_decode_steps_gives_its_prefill_logits() {
+    let m = model(32, 6);
+    let v = 37;
+    // A is decoding; B's prompt of 5 tokens joins A's steps one token at a time.
+    let mut a = m
+        .sequence(&[1, 2, 3], 20, 32, ContextPolicy::Shift, true)
+        .unwrap();
+    let first = m.prefill(&mut a, usize::MAX).unwrap().unwrap();
+    a.push(argmax(&first) as i64);
+    let prompt = [4i64, 8, 15, 16, 23];
+    let mut b = m
+        .sequence(&prompt, 20, 32, ContextPolicy::Shift, true)
+        .unwrap();
+    assert!(b.can_feed() && !b.is_decoding());
+    for k in 0..prompt.len() {
+        assert_eq!(b.pending().len(), prompt.len() - k);
+        let logits = m.decode(&mut [&mut a, &mut b]).unwrap();
+        let want_a = full_logits(&m, a.tokens());
+        assert!(max_err(&logits[..v], &want_a) < 1e-4);
+        a.push(argmax(&logits[..v]) as i64);
+        if k + 1 == prompt.len() {
+            assert!(b.pending().is_empty());
+            let e = max_err(&logits[v..], &full_logits(&m, &prompt));
+            assert!(e < 1e-4, "{e}");
+        }
+    }
+    // Nothing pending: no decode step for it.
+    assert!(!b.can_feed());
+    assert!(m.decode(&mut [&mut b]).is_err());
+}

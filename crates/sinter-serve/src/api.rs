@@ -1,0 +1,683 @@
+//! OpenAI's request and response shapes for `/v1/completions` and `/v1/chat/completions`,
+//! the checks that turn a request into a `GenRequest` (every bad value is a 4xx `ApiError`
+//! naming the parameter), the chat template, and the JSON of responses and stream chunks.
+
+use axum::http::StatusCode;
+use serde::Deserialize;
+use serde_json::{json, Value};
+use sinter_models::gpt::SamplingParams;
+
+use crate::engine::{Finish, GenRequest};
+use crate::error::ApiError;
+use crate::text::Tokenizer;
+
+/// A prompt in any of the shapes OpenAI accepts (one prompt: `n` = 1 and no batches).
+#[derive(Deserialize)]
+#[serde(untagged)]
+pub enum Prompt {
+    Text(String),
+    Texts(Vec<String>),
+    Tokens(Vec<i64>),
+    TokenLists(Vec<Vec<i64>>),
+}
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+pub enum Stop {
+    One(String),
+    Many(Vec<String>),
+}
+
+#[derive(Deserialize, Default)]
+pub struct StreamOptions {
+    #[serde(default)]
+    pub include_usage: Option<bool>,
+}
+
+/// Parameters shared by completions and chat. Fields OpenAI defines that this server cannot
+/// honour are accepted only at their neutral values; fields it does not know are ignored.
+#[derive(Deserialize, Default)]
+pub struct Common {
+    pub model: Option<String>,
+    pub max_tokens: Option<i64>,
+    pub temperature: Option<f64>,
+    pub top_p: Option<f64>,
+    /// Not OpenAI's: vLLM's extension (0 or -1: off).
+    pub top_k: Option<i64>,
+    pub stop: Option<Stop>,
+    pub seed: Option<i64>,
+    pub n: Option<i64>,
+    pub stream: Option<bool>,
+    pub stream_options: Option<StreamOptions>,
+    pub presence_penalty: Option<f64>,
+    pub frequency_penalty: Option<f64>,
+    pub logit_bias: Option<serde_json::Map<String, Value>>,
+    pub logprobs: Option<Value>,
+    pub top_logprobs: Option<Value>,
+    pub user: Option<String>,
+}
+
+#[derive(Deserialize)]
+pub struct CompletionRequest {
+    pub prompt: Option<Prompt>,
+    pub echo: Option<bool>,
+    pub best_of: Option<i64>,
+    pub suffix: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+pub enum Content {
+    Text(String),
+    Parts(Vec<ContentPart>),
+}
+
+#[derive(Deserialize)]
+pub struct ContentPart {
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub text: Option<String>,
+}
+
+#[derive(Deserialize)]
+pub struct Message {
+    pub role: String,
+    pub content: Option<Content>,
+}
+
+#[derive(Deserialize)]
+pub struct ChatRequest {
+    pub messages: Option<Vec<Message>>,
+    pub max_completion_tokens: Option<i64>,
+}
+
+/// What the server allows and holds.
+#[derive(Clone, Debug)]
+pub struct Limits {
+    /// The model's name in requests and `/v1/models`.
+    pub model_name: String,
+    /// The most tokens a prompt may have (the model's context).
+    pub context: usize,
+    /// The most tokens one request may generate.
+    pub max_tokens: usize,
+}
+
+/// How the response is to be sent.
+#[derive(Clone, Copy, Debug)]
+pub struct Delivery {
+    pub stream: bool,
+    pub include_usage: bool,
+}
+
+/// Parses a JSON body: malformed JSON or a body that is not an object is a 400.
+pub fn parse_body(body: &[u8]) -> Result<Value, ApiError> {
+    let v: Value = serde_json::from_slice(body)
+        .map_err(|e| ApiError::invalid(format!("the request body is not valid JSON: {e}"), None))?;
+    if !v.is_object() {
+        return Err(ApiError::invalid(
+            "the request body must be a JSON object",
+            None,
+        ));
+    }
+    Ok(v)
+}
+
+/// Reads the fields of `T` from a parsed body; a value of the wrong type is a 400 naming the
+/// parameter. (Each request is read as two structs, its own fields and the shared ones, so
+/// that serde can report the path; `#[serde(flatten)]` would lose it.)
+pub fn fields<T: serde::de::DeserializeOwned>(body: &Value) -> Result<T, ApiError> {
+    serde_path_to_error::deserialize(body.clone()).map_err(|e| {
+        let path = e.path().to_string();
+        let msg = describe_type_error(&path, &e.into_inner().to_string());
+        ApiError::invalid(format!("'{path}': {msg}"), Some(path))
+    })
+}
+
+/// serde's message for untagged enums says nothing useful; say what is expected instead.
+fn describe_type_error(path: &str, msg: &str) -> String {
+    if msg.contains("did not match any variant") {
+        let want = match path.split('.').next().unwrap_or("") {
+            "prompt" => "a string, an array with one string, or an array of token ids",
+            "stop" => "a string or an array of strings",
+            "messages" => "an array of {role, content} objects whose content is a string or an array of text parts",
+            _ => "a value of another type",
+        };
+        return format!("expected {want}");
+    }
+    msg.to_string()
+}
+
+fn positive(v: Option<i64>, name: &str, limit: usize) -> Result<Option<usize>, ApiError> {
+    match v {
+        None => Ok(None),
+        Some(x) if x <= 0 => Err(ApiError::invalid(
+            format!("'{name}' must be at least 1, got {x}"),
+            Some(name.into()),
+        )),
+        Some(x) if x as u64 > limit as u64 => Err(ApiError::invalid(
+            format!("'{name}' is {x}, more than this server's limit of {limit} tokens per request (sinter serve --max-tokens)"),
+            Some(name.into()),
+        )),
+        Some(x) => Ok(Some(x as usize)),
+    }
+}
+
+fn neutral<T: PartialEq + std::fmt::Debug>(
+    v: &Option<T>,
+    ok: &[T],
+    name: &str,
+) -> Result<(), ApiError> {
+    match v {
+        Some(x) if !ok.contains(x) => Err(ApiError::invalid(
+            format!("'{name}' = {x:?} is not supported by this server"),
+            Some(name.into()),
+        )),
+        _ => Ok(()),
+    }
+}
+
+impl Common {
+    /// Checks the shared parameters; returns the sampling, stop sequences and delivery.
+    fn check(&self, limits: &Limits) -> Result<Checked, ApiError> {
+        match &self.model {
+            None => {
+                return Err(ApiError::invalid(
+                    "'model' is required; GET /v1/models lists the model this server runs",
+                    Some("model".into()),
+                ))
+            }
+            Some(m) if *m != limits.model_name => return Err(ApiError::model_not_found(m, limits)),
+            Some(_) => {}
+        }
+        neutral(&self.n, &[1], "n")?;
+        neutral(&self.presence_penalty, &[0.0], "presence_penalty")?;
+        neutral(&self.frequency_penalty, &[0.0], "frequency_penalty")?;
+        if self.logit_bias.as_ref().is_some_and(|m| !m.is_empty()) {
+            return Err(ApiError::invalid(
+                "'logit_bias' is not supported by this server",
+                Some("logit_bias".into()),
+            ));
+        }
+        for (v, name) in [
+            (&self.logprobs, "logprobs"),
+            (&self.top_logprobs, "top_logprobs"),
+        ] {
+            if !matches!(v, None | Some(Value::Null) | Some(Value::Bool(false))) {
+                return Err(ApiError::invalid(
+                    format!("'{name}' is not supported by this server"),
+                    Some(name.into()),
+                ));
+            }
+        }
+        let temperature = self.temperature.unwrap_or(1.0);
+        if !(0.0..=2.0).contains(&temperature) {
+            return Err(ApiError::invalid(
+                format!("'temperature' must be between 0 and 2 (0 is greedy), got {temperature}"),
+                Some("temperature".into()),
+            ));
+        }
+        let top_p = self.top_p.unwrap_or(1.0);
+        if !(top_p > 0.0 && top_p <= 1.0) {
+            return Err(ApiError::invalid(
+                format!("'top_p' must be in (0, 1], got {top_p}"),
+                Some("top_p".into()),
+            ));
+        }
+        let top_k = match self.top_k {
+            None | Some(-1) | Some(0) => 0,
+            Some(k) if k > 0 => k as usize,
+            Some(k) => {
+                return Err(ApiError::invalid(
+                    format!("'top_k' must be ≥ 1 (0 or -1: off), got {k}"),
+                    Some("top_k".into()),
+                ))
+            }
+        };
+        let stop = match &self.stop {
+            None => Vec::new(),
+            Some(Stop::One(s)) => vec![s.clone()],
+            Some(Stop::Many(v)) => v.clone(),
+        };
+        if stop.len() > 4 {
+            return Err(ApiError::invalid(
+                format!("'stop' may hold up to 4 sequences, got {}", stop.len()),
+                Some("stop".into()),
+            ));
+        }
+        if stop.iter().any(String::is_empty) {
+            return Err(ApiError::invalid(
+                "'stop' sequences must not be empty",
+                Some("stop".into()),
+            ));
+        }
+        // No seed: a fresh one per request (the output then varies, as with OpenAI).
+        let seed = match self.seed {
+            Some(s) => s as u64,
+            None => fresh_seed(),
+        };
+        let stream = self.stream.unwrap_or(false);
+        let include_usage = self
+            .stream_options
+            .as_ref()
+            .and_then(|o| o.include_usage)
+            .unwrap_or(false);
+        if self.stream_options.is_some() && !stream {
+            return Err(ApiError::invalid(
+                "'stream_options' is only allowed with 'stream': true",
+                Some("stream_options".into()),
+            ));
+        }
+        let sampling = SamplingParams {
+            temperature,
+            top_k,
+            top_p,
+        };
+        Ok(Checked {
+            sampling,
+            stop,
+            seed,
+            delivery: Delivery {
+                stream,
+                include_usage,
+            },
+            max_tokens: self.max_tokens,
+        })
+    }
+}
+
+/// The shared parameters, checked.
+struct Checked {
+    sampling: SamplingParams,
+    stop: Vec<String>,
+    seed: u64,
+    delivery: Delivery,
+    max_tokens: Option<i64>,
+}
+
+/// A body's own fields (`T`) and its shared parameters, checked.
+fn read<T: serde::de::DeserializeOwned>(
+    body: &[u8],
+    limits: &Limits,
+) -> Result<(T, Checked), ApiError> {
+    let body = parse_body(body)?;
+    let common: Common = fields(&body)?;
+    Ok((fields(&body)?, common.check(limits)?))
+}
+
+fn fresh_seed() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos()),
+    );
+    h.finish()
+}
+
+/// Checks the prompt's tokens against the model and the tokenizer.
+fn check_prompt(tokens: Vec<i64>, tok: &Tokenizer, limits: &Limits) -> Result<Vec<i64>, ApiError> {
+    if tokens.is_empty() {
+        return Err(ApiError::invalid(
+            "the prompt is empty",
+            Some("prompt".into()),
+        ));
+    }
+    if tokens.len() > limits.context {
+        return Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_request_error",
+            format!(
+                "this model's maximum context length is {} tokens, but the prompt has {} tokens; shorten the prompt",
+                limits.context,
+                tokens.len()
+            ),
+            Some("prompt".into()),
+            Some("context_length_exceeded"),
+        ));
+    }
+    let v = tok.vocab_size() as i64;
+    if let Some(t) = tokens.iter().find(|&&t| !(0..v).contains(&t)) {
+        return Err(ApiError::invalid(
+            format!("prompt token {t} is outside the model's vocabulary of {v}"),
+            Some("prompt".into()),
+        ));
+    }
+    Ok(tokens)
+}
+
+pub fn completion_request(
+    body: &[u8],
+    tok: &Tokenizer,
+    limits: &Limits,
+) -> Result<(GenRequest, Delivery), ApiError> {
+    let (r, c): (CompletionRequest, _) = read(body, limits)?;
+    if r.echo == Some(true) {
+        return Err(ApiError::invalid(
+            "'echo' is not supported by this server",
+            Some("echo".into()),
+        ));
+    }
+    neutral(&r.best_of, &[1], "best_of")?;
+    if r.suffix.as_deref().is_some_and(|s| !s.is_empty()) {
+        return Err(ApiError::invalid(
+            "'suffix' is not supported by this server",
+            Some("suffix".into()),
+        ));
+    }
+    let one = || {
+        ApiError::invalid(
+            "this server takes one prompt per request ('n' = 1, no batches of prompts)",
+            Some("prompt".into()),
+        )
+    };
+    let tokens = match r.prompt {
+        None => {
+            return Err(ApiError::invalid(
+                "'prompt' is required",
+                Some("prompt".into()),
+            ))
+        }
+        Some(Prompt::Text(s)) => tok.encode(&s),
+        Some(Prompt::Texts(v)) if v.len() == 1 => tok.encode(&v[0]),
+        Some(Prompt::Tokens(t)) => t,
+        Some(Prompt::TokenLists(mut v)) if v.len() == 1 => v.remove(0),
+        Some(_) => return Err(one()),
+    };
+    let prompt = check_prompt(tokens, tok, limits)?;
+    // OpenAI's default for completions.
+    let max_tokens = positive(c.max_tokens, "max_tokens", limits.max_tokens)?.unwrap_or(16);
+    Ok((
+        GenRequest {
+            prompt,
+            max_tokens: max_tokens.min(limits.max_tokens),
+            sampling: c.sampling,
+            seed: c.seed,
+            stop: c.stop,
+            trim_start: false,
+        },
+        c.delivery,
+    ))
+}
+
+/// The stop sequence that ends an answer in the chat template.
+pub const CHAT_TURN_STOP: &str = "\nUser:";
+
+/// The plain chat template for base models: system (and developer) messages as leading
+/// paragraphs, then one line per turn, "User: …" or "Assistant: …", and a last
+/// "Assistant:" for the model to continue:
+///
+/// ```text
+/// You are terse.
+///
+/// User: Hello
+/// Assistant: Hi.
+/// User: Who are you?
+/// Assistant:
+/// ```
+///
+/// Generation stops at "\nUser:" (the model starting the next turn) besides any `stop`.
+pub fn chat_prompt(messages: &[(String, String)]) -> String {
+    let mut out = String::new();
+    for (role, text) in messages {
+        match role.as_str() {
+            "system" | "developer" => {
+                out.push_str(text.trim());
+                out.push_str("\n\n");
+            }
+            "user" => out.push_str(&format!("User: {}\n", text.trim())),
+            _ => out.push_str(&format!("Assistant: {}\n", text.trim())),
+        }
+    }
+    out.push_str("Assistant:");
+    out
+}
+
+pub fn chat_request(
+    body: &[u8],
+    tok: &Tokenizer,
+    limits: &Limits,
+) -> Result<(GenRequest, Delivery), ApiError> {
+    let (r, mut c): (ChatRequest, _) = read(body, limits)?;
+    let messages = match r.messages {
+        None => {
+            return Err(ApiError::invalid(
+                "'messages' is required",
+                Some("messages".into()),
+            ))
+        }
+        Some(m) if m.is_empty() => {
+            return Err(ApiError::invalid(
+                "'messages' must hold at least one message",
+                Some("messages".into()),
+            ))
+        }
+        Some(m) => m,
+    };
+    let mut turns = Vec::with_capacity(messages.len());
+    for (i, m) in messages.into_iter().enumerate() {
+        let param = || Some(format!("messages.[{i}]"));
+        if !["system", "developer", "user", "assistant"].contains(&m.role.as_str()) {
+            return Err(ApiError::invalid(
+                format!("messages[{i}]: role '{}' is not supported (system, developer, user, assistant)", m.role),
+                param(),
+            ));
+        }
+        let text = match m.content {
+            None => String::new(),
+            Some(Content::Text(s)) => s,
+            Some(Content::Parts(parts)) => {
+                let mut s = String::new();
+                for p in parts {
+                    match (p.kind.as_str(), p.text) {
+                        ("text", Some(t)) => s.push_str(&t),
+                        (kind, _) => {
+                            return Err(ApiError::invalid(
+                                format!("messages[{i}]: content parts of type '{kind}' are not supported (text only)"),
+                                param(),
+                            ))
+                        }
+                    }
+                }
+                s
+            }
+        };
+        turns.push((m.role, text));
+    }
+    let prompt = check_prompt(tok.encode(&chat_prompt(&turns)), tok, limits)?;
+    let given = match (r.max_completion_tokens, c.max_tokens) {
+        (Some(m), _) => positive(Some(m), "max_completion_tokens", limits.max_tokens)?,
+        (None, m) => positive(m, "max_tokens", limits.max_tokens)?,
+    };
+    // No limit given: what is left of the context after the prompt (at least 16 tokens).
+    let max_tokens = given
+        .unwrap_or_else(|| (limits.context - prompt.len()).max(16))
+        .min(limits.max_tokens);
+    c.stop.push(CHAT_TURN_STOP.to_string());
+    Ok((
+        GenRequest {
+            prompt,
+            max_tokens,
+            sampling: c.sampling,
+            seed: c.seed,
+            stop: c.stop,
+            trim_start: true,
+        },
+        c.delivery,
+    ))
+}
+
+/// Identity of one response: id, creation time, model.
+#[derive(Clone, Debug)]
+pub struct ResponseMeta {
+    pub id: String,
+    pub created: u64,
+    pub model: String,
+    pub chat: bool,
+}
+
+fn usage(prompt: usize, completion: usize) -> Value {
+    json!({
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+    })
+}
+
+impl ResponseMeta {
+    /// The whole (non-streamed) response.
+    pub fn full(&self, text: &str, finish: Finish, prompt: usize, completion: usize) -> Value {
+        let choice = if self.chat {
+            json!({
+                "index": 0,
+                "message": {"role": "assistant", "content": text},
+                "logprobs": null,
+                "finish_reason": finish.as_str(),
+            })
+        } else {
+            json!({"index": 0, "text": text, "logprobs": null, "finish_reason": finish.as_str()})
+        };
+        json!({
+            "id": self.id,
+            "object": if self.chat { "chat.completion" } else { "text_completion" },
+            "created": self.created,
+            "model": self.model,
+            "choices": [choice],
+            "usage": usage(prompt, completion),
+        })
+    }
+
+    fn chunk(&self, choices: Value) -> Value {
+        json!({
+            "id": self.id,
+            "object": if self.chat { "chat.completion.chunk" } else { "text_completion" },
+            "created": self.created,
+            "model": self.model,
+            "choices": choices,
+        })
+    }
+
+    /// A stream chunk: `text` as a delta, or (with `finish`) the closing chunk.
+    pub fn delta(&self, text: Option<&str>, finish: Option<Finish>) -> Value {
+        let reason = finish.map(Finish::as_str);
+        let choice = if self.chat {
+            let delta = match text {
+                Some(t) => json!({"content": t}),
+                None => json!({}),
+            };
+            json!({"index": 0, "delta": delta, "logprobs": null, "finish_reason": reason})
+        } else {
+            json!({"index": 0, "text": text.unwrap_or(""), "logprobs": null, "finish_reason": reason})
+        };
+        self.chunk(json!([choice]))
+    }
+
+    /// The first chat chunk, which names the role.
+    pub fn role_chunk(&self) -> Value {
+        self.chunk(json!([{
+            "index": 0,
+            "delta": {"role": "assistant", "content": ""},
+            "logprobs": null,
+            "finish_reason": null,
+        }]))
+    }
+
+    /// The chunk with `usage` and no choices (`stream_options.include_usage`).
+    pub fn usage_chunk(&self, prompt: usize, completion: usize) -> Value {
+        let mut c = self.chunk(json!([]));
+        c["usage"] = usage(prompt, completion);
+        c
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn limits() -> Limits {
+        Limits {
+            model_name: "m".into(),
+            context: 64,
+            max_tokens: 100,
+        }
+    }
+
+    fn err(body: &str) -> ApiError {
+        completion_request(body.as_bytes(), &Tokenizer::Bytes, &limits()).unwrap_err()
+    }
+
+    #[test]
+    fn completion_requests_are_checked() {
+        let (r, d) = completion_request(
+            br#"{"model":"m","prompt":"hi","max_tokens":5,"temperature":0,"stop":"x","seed":7,"stream":true,"user":"u","extra":1}"#,
+            &Tokenizer::Bytes,
+            &limits(),
+        )
+        .unwrap();
+        assert_eq!((r.prompt, r.max_tokens, r.seed), (vec![104, 105], 5, 7));
+        assert_eq!(r.stop, vec!["x".to_string()]);
+        assert!(d.stream && !d.include_usage);
+        for (body, param) in [
+            (
+                r#"{"model":"m","prompt":"hi","max_tokens":0}"#,
+                "max_tokens",
+            ),
+            (
+                r#"{"model":"m","prompt":"hi","max_tokens":101}"#,
+                "max_tokens",
+            ),
+            (
+                r#"{"model":"m","prompt":"hi","max_tokens":"5"}"#,
+                "max_tokens",
+            ),
+            (
+                r#"{"model":"m","prompt":"hi","temperature":-1}"#,
+                "temperature",
+            ),
+            (r#"{"model":"m","prompt":"hi","top_p":0}"#, "top_p"),
+            (r#"{"model":"m","prompt":"hi","n":2}"#, "n"),
+            (r#"{"model":"m","prompt":["a","b"]}"#, "prompt"),
+            (r#"{"model":"m","prompt":""}"#, "prompt"),
+            (r#"{"model":"m","prompt":[300]}"#, "prompt"),
+            (r#"{"model":"m","prompt":{"a":1}}"#, "prompt"),
+            (
+                r#"{"model":"m","prompt":"hi","stop":["a","b","c","d","e"]}"#,
+                "stop",
+            ),
+            (r#"{"prompt":"hi"}"#, "model"),
+        ] {
+            let e = err(body);
+            assert_eq!(e.status, StatusCode::BAD_REQUEST, "{body}");
+            assert_eq!(e.param.as_deref(), Some(param), "{body}: {}", e.message);
+        }
+        let long = format!(r#"{{"model":"m","prompt":"{}"}}"#, "x".repeat(65));
+        assert_eq!(err(&long).code, Some("context_length_exceeded"));
+        assert_eq!(
+            err(r#"{"model":"other","prompt":"hi"}"#).status,
+            StatusCode::NOT_FOUND
+        );
+        assert!(err("{not json").message.contains("not valid JSON"));
+        assert!(err("[1]").message.contains("JSON object"));
+    }
+
+    #[test]
+    fn chat_uses_the_template_and_stops_at_the_next_turn() {
+        let body = br#"{"model":"m","messages":[{"role":"system","content":"Be brief."},{"role":"user","content":[{"type":"text","text":"Hi"}]}]}"#;
+        let (r, _) = chat_request(body, &Tokenizer::Bytes, &limits()).unwrap();
+        let text = String::from_utf8(r.prompt.iter().map(|&t| t as u8).collect()).unwrap();
+        assert_eq!(text, "Be brief.\n\nUser: Hi\nAssistant:");
+        assert_eq!(r.stop, vec![CHAT_TURN_STOP.to_string()]);
+        assert_eq!(r.max_tokens, 64 - text.len());
+        assert!(r.trim_start);
+        for body in [
+            r#"{"model":"m","messages":[]}"#,
+            r#"{"model":"m"}"#,
+            r#"{"model":"m","messages":[{"role":"tool","content":"x"}]}"#,
+            r#"{"model":"m","messages":[{"role":"user","content":[{"type":"image_url"}]}]}"#,
+            r#"{"model":"m","messages":"hi"}"#,
+        ] {
+            let e = chat_request(body.as_bytes(), &Tokenizer::Bytes, &limits()).unwrap_err();
+            assert_eq!(e.status, StatusCode::BAD_REQUEST, "{body}");
+        }
+    }
+}

@@ -1,0 +1,328 @@
+//! The load generator behind `sinter bench serve`: N concurrent clients stream completions
+//! from a server on this machine until a fixed number of requests is done (or a time limit
+//! passes), measuring time to first token and the gaps between streamed chunks as a client
+//! sees them, and checking that every request finished exactly once (unique response ids,
+//! `[DONE]` received, and the server's completed-request counter moved by the same count).
+
+use std::collections::HashSet;
+use std::net::IpAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Context, Result};
+use futures_util::StreamExt;
+use serde_json::{json, Value};
+
+#[derive(Clone, Debug)]
+pub struct LoadOptions {
+    /// `http://127.0.0.1:PORT` (loopback only).
+    pub base_url: String,
+    pub model: String,
+    pub api_key: Option<String>,
+    pub concurrency: usize,
+    pub requests: usize,
+    pub prompt: String,
+    pub max_tokens: usize,
+    pub temperature: f64,
+    /// The whole run stops after this long (the requests not done count as errors).
+    pub time_limit: Duration,
+}
+
+/// What one run at one concurrency measured.
+#[derive(Clone, Debug, Default)]
+pub struct LoadReport {
+    pub concurrency: usize,
+    pub requests: usize,
+    pub ok: usize,
+    pub errors: usize,
+    /// The first few error messages.
+    pub error_samples: Vec<String>,
+    pub wall_s: f64,
+    pub completion_tokens: u64,
+    /// Seconds from sending a request to its first text.
+    pub ttft: Vec<f64>,
+    /// Seconds between consecutive text chunks of a request.
+    pub itl: Vec<f64>,
+    /// Responses whose id was seen before (must be 0).
+    pub duplicate_ids: usize,
+    /// How much the server's `sinter_requests_completed_total` moved (None: not readable).
+    pub server_completed: Option<u64>,
+}
+
+/// The p-quantile (0..=1) of `v` by nearest rank; NaN when empty.
+pub fn quantile(v: &[f64], p: f64) -> f64 {
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    let mut s = v.to_vec();
+    s.sort_by(f64::total_cmp);
+    let rank = ((p * s.len() as f64).ceil() as usize).clamp(1, s.len());
+    s[rank - 1]
+}
+
+impl LoadReport {
+    pub fn requests_per_s(&self) -> f64 {
+        self.ok as f64 / self.wall_s
+    }
+    pub fn tokens_per_s(&self) -> f64 {
+        self.completion_tokens as f64 / self.wall_s
+    }
+    /// Every request finished once and the server agrees.
+    pub fn is_clean(&self) -> bool {
+        self.errors == 0
+            && self.ok == self.requests
+            && self.duplicate_ids == 0
+            && self.server_completed.is_none_or(|n| n == self.ok as u64)
+    }
+    pub fn table_header() -> &'static str {
+        "| concurrency | requests | errors | wall s | requests/s | tokens/s | TTFT p50 ms | TTFT p99 ms | inter-token p50 ms | inter-token p99 ms | server completed |\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+    }
+    pub fn table_row(&self) -> String {
+        format!(
+            "| {} | {} | {} | {:.2} | {:.2} | {:.0} | {:.1} | {:.1} | {:.2} | {:.2} | {} |",
+            self.concurrency,
+            self.ok,
+            self.errors,
+            self.wall_s,
+            self.requests_per_s(),
+            self.tokens_per_s(),
+            quantile(&self.ttft, 0.5) * 1e3,
+            quantile(&self.ttft, 0.99) * 1e3,
+            quantile(&self.itl, 0.5) * 1e3,
+            quantile(&self.itl, 0.99) * 1e3,
+            self.server_completed
+                .map_or("?".to_string(), |n| n.to_string())
+        )
+    }
+}
+
+/// Refuses any target but this machine: the load generator never sends traffic elsewhere.
+pub fn check_loopback(base_url: &str) -> Result<()> {
+    let rest = base_url
+        .strip_prefix("http://")
+        .ok_or_else(|| anyhow!("--url must start with http:// (got {base_url})"))?;
+    let authority = rest.split('/').next().unwrap_or("");
+    let host = if let Some(h) = authority.strip_prefix('[') {
+        h.split(']').next().unwrap_or("")
+    } else {
+        authority.rsplit_once(':').map_or(authority, |(h, _)| h)
+    };
+    let loopback = host == "localhost" || host.parse::<IpAddr>().is_ok_and(|ip| ip.is_loopback());
+    if !loopback {
+        bail!("the load generator only targets this machine (127.0.0.0/8, ::1, localhost); got host '{host}'");
+    }
+    Ok(())
+}
+
+/// Reads `sinter_requests_completed_total` from the server's `/metrics`.
+async fn completed_count(client: &reqwest::Client, base: &str) -> Option<u64> {
+    let text = client
+        .get(format!("{base}/metrics"))
+        .send()
+        .await
+        .ok()?
+        .text()
+        .await
+        .ok()?;
+    text.lines()
+        .find_map(|l| l.strip_prefix("sinter_requests_completed_total "))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+/// One streamed request's measurements.
+struct Streamed {
+    id: String,
+    tokens: u64,
+    ttft: Option<f64>,
+    gaps: Vec<f64>,
+}
+
+async fn one_request(client: &reqwest::Client, o: &LoadOptions, seed: usize) -> Result<Streamed> {
+    let body = json!({
+        "model": o.model,
+        "prompt": o.prompt,
+        "max_tokens": o.max_tokens,
+        "temperature": o.temperature,
+        "seed": seed,
+        "stream": true,
+        "stream_options": {"include_usage": true},
+    });
+    let mut req = client
+        .post(format!("{}/v1/completions", o.base_url))
+        .header("content-type", "application/json")
+        .body(body.to_string());
+    if let Some(k) = &o.api_key {
+        req = req.header("authorization", format!("Bearer {k}"));
+    }
+    let sent = Instant::now();
+    let resp = req.send().await.context("request failed")?;
+    let status = resp.status();
+    if !status.is_success() {
+        let text = resp.text().await.unwrap_or_default();
+        bail!("HTTP {status}: {text}");
+    }
+    let mut out = Streamed {
+        id: String::new(),
+        tokens: 0,
+        ttft: None,
+        gaps: Vec::new(),
+    };
+    let mut last = sent;
+    let mut buf = Vec::new();
+    let mut body = resp.bytes_stream();
+    let mut done = false;
+    while let Some(chunk) = body.next().await {
+        buf.extend_from_slice(&chunk.context("stream broken")?);
+        // Server-sent events end with a blank line.
+        while let Some(end) = buf.windows(2).position(|w| w == b"\n\n") {
+            let event: Vec<u8> = buf.drain(..end + 2).collect();
+            let event = String::from_utf8_lossy(&event);
+            for line in event.lines() {
+                let Some(data) = line.strip_prefix("data: ") else {
+                    continue;
+                };
+                if data == "[DONE]" {
+                    done = true;
+                    continue;
+                }
+                let v: Value = serde_json::from_str(data).context("a chunk is not JSON")?;
+                if let Some(e) = v.get("error") {
+                    bail!("error event: {e}");
+                }
+                if let Some(id) = v["id"].as_str() {
+                    out.id = id.to_string();
+                }
+                if let Some(n) = v["usage"]["completion_tokens"].as_u64() {
+                    out.tokens = n;
+                }
+                let text = v["choices"][0]["text"].as_str().unwrap_or("");
+                if !text.is_empty() {
+                    let now = Instant::now();
+                    match out.ttft {
+                        None => out.ttft = Some((now - sent).as_secs_f64()),
+                        Some(_) => out.gaps.push((now - last).as_secs_f64()),
+                    }
+                    last = now;
+                }
+            }
+        }
+    }
+    if !done {
+        bail!("the stream ended without [DONE]");
+    }
+    Ok(out)
+}
+
+/// Runs `o.requests` streamed completions over `o.concurrency` clients.
+pub async fn run_load(o: &LoadOptions) -> Result<LoadReport> {
+    check_loopback(&o.base_url)?;
+    let client = reqwest::Client::builder()
+        .pool_max_idle_per_host(o.concurrency.max(1))
+        .no_proxy()
+        .build()?;
+    let before = completed_count(&client, &o.base_url).await;
+    let next = Arc::new(AtomicUsize::new(0));
+    let report = Arc::new(Mutex::new(LoadReport {
+        concurrency: o.concurrency,
+        requests: o.requests,
+        ..Default::default()
+    }));
+    let ids = Arc::new(Mutex::new(HashSet::new()));
+    let start = Instant::now();
+    let deadline = start + o.time_limit;
+    let workers: Vec<_> = (0..o.concurrency.max(1))
+        .map(|_| {
+            let (client, o, next, report, ids) = (
+                client.clone(),
+                o.clone(),
+                next.clone(),
+                report.clone(),
+                ids.clone(),
+            );
+            tokio::spawn(async move {
+                loop {
+                    let i = next.fetch_add(1, Ordering::SeqCst);
+                    if i >= o.requests {
+                        break;
+                    }
+                    let left = deadline.saturating_duration_since(Instant::now());
+                    let r = tokio::time::timeout(left, one_request(&client, &o, i))
+                        .await
+                        .unwrap_or_else(|_| Err(anyhow!("time limit reached")));
+                    let mut rep = report.lock().unwrap();
+                    match r {
+                        Ok(s) => {
+                            rep.ok += 1;
+                            rep.completion_tokens += s.tokens;
+                            rep.ttft.extend(s.ttft);
+                            rep.itl.extend(s.gaps);
+                            if !ids.lock().unwrap().insert(s.id) {
+                                rep.duplicate_ids += 1;
+                            }
+                        }
+                        Err(e) => {
+                            rep.errors += 1;
+                            if rep.error_samples.len() < 5 {
+                                rep.error_samples.push(format!("{e:#}"));
+                            }
+                        }
+                    }
+                }
+            })
+        })
+        .collect();
+    for w in workers {
+        w.await?;
+    }
+    let wall = start.elapsed().as_secs_f64();
+    let after = completed_count(&client, &o.base_url).await;
+    let mut rep = report.lock().unwrap().clone();
+    rep.wall_s = wall;
+    rep.server_completed = before.zip(after).map(|(b, a)| a - b);
+    Ok(rep)
+}
+
+/// `run_load` on a runtime of its own (for callers without one, like the CLI).
+pub fn run_load_blocking(o: &LoadOptions) -> Result<LoadReport> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?
+        .block_on(run_load(o))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_loopback_targets() {
+        for ok in [
+            "http://127.0.0.1:8080",
+            "http://127.9.9.9:1/x",
+            "http://localhost:80",
+            "http://[::1]:8080",
+        ] {
+            check_loopback(ok).unwrap();
+        }
+        for bad in [
+            "http://10.0.0.1:8080",
+            "http://example.com",
+            "https://127.0.0.1:1",
+            "http://0.0.0.0:1",
+        ] {
+            assert!(check_loopback(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn nearest_rank_quantiles() {
+        let v: Vec<f64> = (1..=100).map(f64::from).collect();
+        assert_eq!(quantile(&v, 0.5), 50.0);
+        assert_eq!(quantile(&v, 0.99), 99.0);
+        assert_eq!(quantile(&[3.0], 0.99), 3.0);
+        assert!(quantile(&[], 0.5).is_nan());
+    }
+}

@@ -1,0 +1,327 @@
+//! The HTTP layer: routes, the API key check, the request body limit, and how a request's
+//! events from the scheduler become a JSON response or a server-sent event stream.
+//!
+//! Cancellation: a request's event channel lives exactly as long as the client does. When a
+//! streaming client disconnects, hyper drops the response stream and with it the receiver;
+//! for a non-streamed request, hyper drops the handler. Either way the scheduler sees the
+//! closed channel at its next step and frees the slot.
+
+use std::convert::Infallible;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{DefaultBodyLimit, Path, Request, State};
+use axum::http::{header, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use futures_util::{stream, StreamExt};
+use serde_json::{json, Value};
+use subtle::ConstantTimeEq;
+use tokio::sync::mpsc::UnboundedReceiver;
+
+use crate::api::{self, Delivery, Limits, ResponseMeta};
+use crate::engine::{EngineHandle, Event, SubmitError};
+use crate::error::ApiError;
+use crate::metrics::Metrics;
+use crate::text::Tokenizer;
+
+/// What every handler sees.
+#[derive(Clone)]
+pub struct App {
+    pub engine: EngineHandle,
+    pub tokenizer: Arc<Tokenizer>,
+    pub limits: Arc<Limits>,
+    pub api_key: Option<Arc<[u8]>>,
+    /// When the server started (Unix seconds): the model's `created`.
+    pub started: u64,
+    pub next_id: Arc<AtomicU64>,
+}
+
+impl App {
+    fn metrics(&self) -> &Metrics {
+        self.engine.metrics()
+    }
+    fn response_meta(&self, chat: bool) -> ResponseMeta {
+        let n = self.next_id.fetch_add(1, Ordering::Relaxed);
+        ResponseMeta {
+            id: format!(
+                "{}-{:x}{n:06x}",
+                if chat { "chatcmpl" } else { "cmpl" },
+                self.started
+            ),
+            created: unix_now(),
+            model: self.limits.model_name.clone(),
+            chat,
+        }
+    }
+}
+
+pub fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// The routes: the OpenAI API under `/v1` (behind the API key when one is set), and
+/// `/health` and `/metrics` (open, for probes and scrapers).
+pub fn router(app: App, body_limit: usize) -> Router {
+    let v1 = Router::new()
+        .route("/v1/completions", post(completions))
+        .route("/v1/chat/completions", post(chat_completions))
+        .route("/v1/models", get(models))
+        .route("/v1/models/{id}", get(model))
+        .route_layer(middleware::from_fn_with_state(app.clone(), check_api_key));
+    Router::new()
+        .merge(v1)
+        .route("/health", get(health))
+        .route("/metrics", get(metrics))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(DefaultBodyLimit::max(body_limit))
+        .with_state(app)
+}
+
+/// Whether `given` is the key, in time that does not depend on where they differ.
+fn key_matches(given: &[u8], key: &[u8]) -> bool {
+    // Compare over the key's length whatever was given (padded or cut), and the lengths
+    // separately, so neither a prefix nor a wrong length ends the comparison early.
+    let padded: Vec<u8> = (0..key.len())
+        .map(|i| given.get(i).copied().unwrap_or(0))
+        .collect();
+    let same = padded.ct_eq(key) & (given.len() as u64).ct_eq(&(key.len() as u64));
+    same.into()
+}
+
+async fn check_api_key(State(app): State<App>, req: Request, next: Next) -> Response {
+    if let Some(key) = &app.api_key {
+        let given = req
+            .headers()
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .unwrap_or("");
+        if !key_matches(given.trim().as_bytes(), key) {
+            Metrics::add(&app.metrics().requests_invalid_total, 1);
+            return ApiError::unauthorized().into_response();
+        }
+    }
+    next.run(req).await
+}
+
+async fn completions(State(app): State<App>, body: Result<Bytes, BytesRejection>) -> Response {
+    generate(app, body, false).await
+}
+
+async fn chat_completions(State(app): State<App>, body: Result<Bytes, BytesRejection>) -> Response {
+    generate(app, body, true).await
+}
+
+async fn generate(app: App, body: Result<Bytes, BytesRejection>, chat: bool) -> Response {
+    let m = app.metrics();
+    Metrics::add(&m.requests_total, 1);
+    let parsed = body.map_err(body_error).and_then(|b| {
+        if chat {
+            api::chat_request(&b, &app.tokenizer, &app.limits)
+        } else {
+            api::completion_request(&b, &app.tokenizer, &app.limits)
+        }
+    });
+    let (req, delivery) = match parsed {
+        Ok(x) => x,
+        Err(e) => {
+            Metrics::add(&m.requests_invalid_total, 1);
+            return e.into_response();
+        }
+    };
+    let rx = match app.engine.submit(req) {
+        Ok(rx) => rx,
+        Err(SubmitError::QueueFull) => {
+            Metrics::add(&m.requests_rejected_total, 1);
+            return ApiError::queue_full().into_response();
+        }
+        Err(SubmitError::ShuttingDown) => return ApiError::shutting_down().into_response(),
+    };
+    let meta = app.response_meta(chat);
+    if delivery.stream {
+        stream_response(rx, meta, delivery)
+    } else {
+        full_response(rx, meta).await
+    }
+}
+
+/// A body the extractor refused: too large (413) or unreadable (400).
+fn body_error(r: BytesRejection) -> ApiError {
+    let status = r.status();
+    let message = if status == StatusCode::PAYLOAD_TOO_LARGE {
+        "the request body is larger than this server accepts (sinter serve --max-body-bytes)"
+            .to_string()
+    } else {
+        format!("cannot read the request body: {}", r.body_text())
+    };
+    ApiError::new(status, "invalid_request_error", message, None, None)
+}
+
+async fn full_response(mut rx: UnboundedReceiver<Event>, meta: ResponseMeta) -> Response {
+    let mut text = String::new();
+    while let Some(ev) = rx.recv().await {
+        match ev {
+            Event::Text(t) => text.push_str(&t),
+            Event::Done {
+                finish,
+                prompt_tokens,
+                completion_tokens,
+            } => {
+                let body = meta.full(&text, finish, prompt_tokens, completion_tokens);
+                return json_response(StatusCode::OK, &body);
+            }
+            Event::Failed(msg) => return ApiError::internal(msg).into_response(),
+        }
+    }
+    ApiError::internal("the scheduler stopped before the request finished").into_response()
+}
+
+fn json_response(status: StatusCode, body: &Value) -> Response {
+    (
+        status,
+        [(header::CONTENT_TYPE, "application/json")],
+        body.to_string(),
+    )
+        .into_response()
+}
+
+fn data(v: &Value) -> SseEvent {
+    SseEvent::default().data(v.to_string())
+}
+
+/// Server-sent events: (chat: a first chunk naming the role,) one chunk per piece of text
+/// as it is made, a closing chunk with `finish_reason`, the usage chunk when asked for, and
+/// `data: [DONE]`. A failure after the stream began is an `{"error": …}` event.
+fn stream_response(rx: UnboundedReceiver<Event>, meta: ResponseMeta, d: Delivery) -> Response {
+    let head = meta.chat.then(|| data(&meta.role_chunk()));
+    let body = stream::unfold((rx, meta, false), move |(mut rx, meta, over)| async move {
+        if over {
+            return None;
+        }
+        let done = || SseEvent::default().data("[DONE]");
+        let (events, over) = match rx.recv().await {
+            Some(Event::Text(t)) => (vec![data(&meta.delta(Some(&t), None))], false),
+            Some(Event::Done {
+                finish,
+                prompt_tokens,
+                completion_tokens,
+            }) => {
+                let mut v = vec![data(&meta.delta(None, Some(finish)))];
+                if d.include_usage {
+                    v.push(data(&meta.usage_chunk(prompt_tokens, completion_tokens)));
+                }
+                v.push(done());
+                (v, true)
+            }
+            Some(Event::Failed(msg)) => (vec![data(&ApiError::internal(msg).body()), done()], true),
+            None => (
+                vec![
+                    data(&ApiError::internal("the scheduler stopped").body()),
+                    done(),
+                ],
+                true,
+            ),
+        };
+        Some((stream::iter(events), (rx, meta, over)))
+    })
+    .flatten();
+    let all = stream::iter(head).chain(body).map(Ok::<_, Infallible>);
+    Sse::new(all)
+        .keep_alive(KeepAlive::default())
+        .into_response()
+}
+
+fn model_card(app: &App) -> Value {
+    json!({
+        "id": app.limits.model_name,
+        "object": "model",
+        "created": app.started,
+        "owned_by": "sinter",
+        "context_length": app.limits.context,
+        "tokenizer": app.tokenizer.name(),
+    })
+}
+
+async fn models(State(app): State<App>) -> Response {
+    json_response(
+        StatusCode::OK,
+        &json!({"object": "list", "data": [model_card(&app)]}),
+    )
+}
+
+async fn model(State(app): State<App>, Path(id): Path<String>) -> Response {
+    if id != app.limits.model_name {
+        return ApiError::model_not_found(&id, &app.limits).into_response();
+    }
+    json_response(StatusCode::OK, &model_card(&app))
+}
+
+async fn health(State(app): State<App>) -> Response {
+    if app.engine.is_closing() {
+        return json_response(
+            StatusCode::SERVICE_UNAVAILABLE,
+            &json!({"status": "shutting_down"}),
+        );
+    }
+    json_response(StatusCode::OK, &json!({"status": "ok"}))
+}
+
+async fn metrics(State(app): State<App>) -> Response {
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        app.metrics().render(),
+    )
+        .into_response()
+}
+
+async fn not_found(req: Request) -> Response {
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        "invalid_request_error",
+        format!(
+            "no route {} {}; this server has POST /v1/completions, POST /v1/chat/completions, GET /v1/models, GET /health, GET /metrics",
+            req.method(),
+            req.uri().path()
+        ),
+        None,
+        None,
+    )
+    .into_response()
+}
+
+async fn method_not_allowed(req: Request) -> Response {
+    ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "invalid_request_error",
+        format!("{} is not allowed on {}", req.method(), req.uri().path()),
+        None,
+        None,
+    )
+    .into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::key_matches;
+
+    #[test]
+    fn api_keys_match_exactly() {
+        assert!(key_matches(b"secret", b"secret"));
+        for wrong in [&b"secre"[..], b"secret!", b"Secret", b"", b"secrex"] {
+            assert!(!key_matches(wrong, b"secret"), "{wrong:?}");
+        }
+    }
+}

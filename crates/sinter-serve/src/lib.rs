@@ -1,0 +1,28 @@
+//! sinter-serve: an OpenAI-compatible HTTP server for sinter's GPT models.
+//!
+//! - [`server`]: start, listen, graceful shutdown on signals.
+//! - [`http`]: routes (`/v1/completions`, `/v1/chat/completions`, `/v1/models`, `/health`,
+//!   `/metrics`), API key, body limit, JSON responses and server-sent event streams.
+//! - [`api`]: OpenAI's request and response shapes, their checks, the chat template.
+//! - [`engine`]: the scheduler thread: a bounded queue and continuous batching (requests join
+//!   the running batch at the next step and leave when done, each with its own KV cache).
+//! - [`model`]: what the scheduler needs from a model (`ServeModel`), for the f32 GPT.
+//! - [`text`]: tokenizers, whole-character UTF-8 streaming, stop sequences.
+//! - [`metrics`]: counters and latency histograms in Prometheus' text format.
+//! - [`bench`]: the load generator behind `sinter bench serve`.
+
+pub mod api;
+pub mod bench;
+pub mod engine;
+pub mod error;
+pub mod http;
+pub mod metrics;
+pub mod model;
+pub mod server;
+pub mod text;
+
+pub use api::{chat_prompt, Limits};
+pub use engine::{Finish, GenRequest};
+pub use model::{GptModel, ServeModel};
+pub use server::{ServeOptions, Server};
+pub use text::Tokenizer;

@@ -1,0 +1,80 @@
+//! What the scheduler needs from a model, and the f32 GPT that provides it.
+//!
+//! `ServeModel` is the extension point for other kinds of model: an int8 GPT (from `sinter
+//! quantize`) implements the same five calls over its own weights, and everything above —
+//! batching, streaming, HTTP — stays as it is.
+
+use anyhow::Result;
+use sinter_models::gpt::{ContextPolicy, GptSequence};
+use sinter_models::Gpt;
+
+/// A language model that decodes many sequences at once, each with its own cache.
+pub trait ServeModel: Send + 'static {
+    /// One sequence's state (its tokens, window and KV cache).
+    type Seq: Send;
+    fn vocab_size(&self) -> usize;
+    /// The most tokens a prompt may have.
+    fn context(&self) -> usize;
+    /// A new sequence for `prompt`, about to generate up to `max_new` tokens.
+    fn start(&self, prompt: &[i64], max_new: usize) -> Result<Self::Seq>;
+    /// Tokens of `seq` not yet fed to the model (its prompt at first, then the last token).
+    fn pending(&self, seq: &Self::Seq) -> usize;
+    /// Whether a decode step can take `seq`'s next pending token.
+    fn can_feed(&self, seq: &Self::Seq) -> bool;
+    /// Feeds up to `max_chunk` pending tokens; the next-token logits once none are left.
+    fn prefill(&self, seq: &mut Self::Seq, max_chunk: usize) -> Result<Option<Vec<f32>>>;
+    /// One decode step that feeds every sequence its next pending token: a row of logits
+    /// each, row-major (the next token's for sequences left with nothing pending).
+    fn decode(&self, seqs: &mut [&mut Self::Seq]) -> Result<Vec<f32>>;
+    /// Appends a picked token (the window moves on past the context).
+    fn push(&self, seq: &mut Self::Seq, token: i64);
+}
+
+/// A GPT with f32 weights, and how its sequences outgrow the context.
+pub struct GptModel {
+    pub gpt: Gpt,
+    /// Tokens a sequence is conditioned on (≤ block_size).
+    pub context: usize,
+    pub policy: ContextPolicy,
+}
+
+impl GptModel {
+    pub fn new(gpt: Gpt, context: usize) -> GptModel {
+        let context = context.clamp(1, gpt.config.block_size);
+        GptModel {
+            gpt,
+            context,
+            policy: ContextPolicy::Shift,
+        }
+    }
+}
+
+impl ServeModel for GptModel {
+    type Seq = GptSequence;
+    fn vocab_size(&self) -> usize {
+        self.gpt.config.vocab_size
+    }
+    fn context(&self) -> usize {
+        self.context
+    }
+    fn start(&self, prompt: &[i64], max_new: usize) -> Result<GptSequence> {
+        Ok(self
+            .gpt
+            .sequence(prompt, max_new, self.context, self.policy, true)?)
+    }
+    fn pending(&self, seq: &GptSequence) -> usize {
+        seq.pending().len()
+    }
+    fn can_feed(&self, seq: &GptSequence) -> bool {
+        seq.can_feed()
+    }
+    fn prefill(&self, seq: &mut GptSequence, max_chunk: usize) -> Result<Option<Vec<f32>>> {
+        Ok(self.gpt.prefill(seq, max_chunk)?)
+    }
+    fn decode(&self, seqs: &mut [&mut GptSequence]) -> Result<Vec<f32>> {
+        Ok(self.gpt.decode(seqs)?)
+    }
+    fn push(&self, seq: &mut GptSequence, token: i64) {
+        seq.push(token)
+    }
+}

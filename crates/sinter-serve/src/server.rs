@@ -1,0 +1,253 @@
+//! Starting and stopping the server: bind, the scheduler thread, the HTTP runtime, and the
+//! graceful shutdown (on `Server::shutdown`, on drop, or on SIGINT/SIGTERM): stop accepting,
+//! refuse new requests with 503, let the requests in flight finish until the deadline, cut
+//! off the rest, close the connections, return. A second signal cuts off at once.
+
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Context, Result};
+use axum::serve::ListenerExt;
+use tokio::sync::{oneshot, watch};
+
+use crate::api::Limits;
+use crate::engine::{self, EngineOptions};
+use crate::http::{self, unix_now, App};
+use crate::metrics::Metrics;
+use crate::model::ServeModel;
+use crate::text::Tokenizer;
+
+#[derive(Clone, Debug)]
+pub struct ServeOptions {
+    /// Address to bind (127.0.0.1: this machine only).
+    pub host: String,
+    /// 0 picks a free port (`Server::addr` tells which).
+    pub port: u16,
+    /// The model's name in requests and `/v1/models`.
+    pub model_name: String,
+    pub max_batch: usize,
+    pub max_queue: usize,
+    /// The most tokens one request may generate.
+    pub max_tokens: usize,
+    pub max_body_bytes: usize,
+    /// Requests to `/v1/*` must carry `Authorization: Bearer <key>`.
+    pub api_key: Option<String>,
+    /// How long requests in flight may run after shutdown begins.
+    pub shutdown_timeout: Duration,
+    /// Prompt tokens fed per sequence per scheduler step.
+    pub prefill_chunk: usize,
+    /// Shut down on SIGINT/SIGTERM (the CLI); tests stop the server themselves.
+    pub handle_signals: bool,
+}
+
+impl Default for ServeOptions {
+    fn default() -> Self {
+        ServeOptions {
+            host: "127.0.0.1".into(),
+            port: 8080,
+            model_name: "sinter".into(),
+            max_batch: 16,
+            max_queue: 64,
+            max_tokens: 4096,
+            max_body_bytes: 1 << 20,
+            api_key: None,
+            shutdown_timeout: Duration::from_secs(10),
+            prefill_chunk: 256,
+            handle_signals: false,
+        }
+    }
+}
+
+/// A running server.
+pub struct Server {
+    addr: SocketAddr,
+    /// Not the engine handle: the scheduler ends only when every handle is gone.
+    metrics: Arc<Metrics>,
+    stop: Option<oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<Result<()>>>,
+}
+
+impl Server {
+    /// Binds `host:port` (the error says when the address is taken) and serves `model` from
+    /// background threads until `shutdown`, drop, or (with `handle_signals`) a signal.
+    pub fn start<M: ServeModel>(model: M, tokenizer: Tokenizer, o: ServeOptions) -> Result<Server> {
+        if tokenizer.vocab_size() > model.vocab_size() {
+            bail!(
+                "the {} tokenizer makes ids up to {}, but the model's vocabulary has {} tokens",
+                tokenizer.name(),
+                tokenizer.vocab_size() - 1,
+                model.vocab_size()
+            );
+        }
+        if o.max_batch == 0 {
+            bail!("--max-batch must be at least 1");
+        }
+        let addr = (o.host.as_str(), o.port)
+            .to_socket_addrs()
+            .with_context(|| format!("cannot resolve host '{}'", o.host))?
+            .next()
+            .ok_or_else(|| anyhow!("host '{}' resolves to no address", o.host))?;
+        let listener = std::net::TcpListener::bind(addr).with_context(|| {
+            format!("cannot listen on {addr} (is another server using the port? pick another with --port)")
+        })?;
+        listener.set_nonblocking(true)?;
+        let addr = listener.local_addr()?;
+        let limits = Limits {
+            model_name: o.model_name.clone(),
+            context: model.context(),
+            max_tokens: o.max_tokens.max(1),
+        };
+        let (engine, scheduler) = engine::start(
+            model,
+            tokenizer.clone(),
+            EngineOptions {
+                max_batch: o.max_batch,
+                max_queue: o.max_queue,
+                prefill_chunk: o.prefill_chunk,
+            },
+            Arc::new(Metrics::default()),
+        )?;
+        let app = App {
+            engine: engine.clone(),
+            tokenizer: Arc::new(tokenizer),
+            limits: Arc::new(limits),
+            api_key: o.api_key.as_ref().map(|k| Arc::from(k.as_bytes())),
+            started: unix_now(),
+            next_id: Arc::new(AtomicU64::new(0)),
+        };
+        let (stop, stopped) = oneshot::channel();
+        let thread = std::thread::Builder::new()
+            .name("sinter-http".into())
+            .spawn(move || {
+                let rt = tokio::runtime::Builder::new_multi_thread()
+                    .worker_threads(2)
+                    .enable_all()
+                    .build()
+                    .context("cannot start the async runtime")?;
+                let served = rt.block_on(serve(listener, app, stopped, &o));
+                // The HTTP side is gone: the scheduler ends once its queue is empty.
+                drop(rt);
+                let _ = scheduler.join();
+                served
+            })?;
+        Ok(Server {
+            addr,
+            metrics: engine.metrics().clone(),
+            stop: Some(stop),
+            thread: Some(thread),
+        })
+    }
+
+    /// The address the server listens on.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// The scheduler's metrics (what `/metrics` shows).
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
+    }
+
+    /// Shuts down gracefully (see the module comment) and waits until it is done.
+    pub fn shutdown(mut self) -> Result<()> {
+        self.stop.take().map(|s| s.send(()));
+        self.join()
+    }
+
+    /// Waits until the server stops (after a signal, with `handle_signals`).
+    pub fn wait(mut self) -> Result<()> {
+        self.join()
+    }
+
+    fn join(&mut self) -> Result<()> {
+        match self.thread.take().map(|t| t.join()) {
+            Some(Ok(r)) => r,
+            Some(Err(_)) => bail!("the server thread panicked"),
+            None => Ok(()),
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.stop.take().map(|s| s.send(()));
+        let _ = self.join();
+    }
+}
+
+/// Resolves on SIGINT or SIGTERM.
+async fn signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = tokio::signal::ctrl_c() => {}
+                    _ = term.recv() => {}
+                }
+            }
+            Err(_) => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}
+
+async fn serve(
+    listener: std::net::TcpListener,
+    app: App,
+    stopped: oneshot::Receiver<()>,
+    o: &ServeOptions,
+) -> Result<()> {
+    // Each token is a small write: without TCP_NODELAY, Nagle's algorithm would hold it
+    // until the client's delayed ACK (tens of milliseconds).
+    let listener = tokio::net::TcpListener::from_std(listener)?.tap_io(|tcp| {
+        let _ = tcp.set_nodelay(true);
+    });
+    let engine = app.engine.clone();
+    let (began, mut begun) = watch::channel(false);
+    let (timeout, signals) = (o.shutdown_timeout, o.handle_signals);
+    let trigger = async move {
+        if signals {
+            tokio::select! {
+                _ = stopped => {}
+                _ = signal() => {}
+            }
+        } else {
+            let _ = stopped.await;
+        }
+        engine.begin_shutdown(Instant::now() + timeout);
+        eprintln!(
+            "sinter serve: shutting down: {} request(s) in flight get up to {:.1} s to finish",
+            engine.in_flight(),
+            timeout.as_secs_f64()
+        );
+        let _ = began.send(true);
+        if signals {
+            tokio::spawn(async move {
+                signal().await;
+                eprintln!("sinter serve: second signal: cutting off the requests in flight");
+                engine.begin_shutdown(Instant::now());
+            });
+        }
+    };
+    let router = http::router(app, o.max_body_bytes);
+    let served = axum::serve(listener, router).with_graceful_shutdown(trigger);
+    // Past the deadline and a grace period, stop waiting for connections that stay open.
+    let give_up = async {
+        let _ = begun.wait_for(|b| *b).await;
+        tokio::time::sleep(timeout + Duration::from_secs(2)).await;
+    };
+    tokio::select! {
+        r = served => r.context("the HTTP server failed")?,
+        _ = give_up => eprintln!("sinter serve: closing the connections still open"),
+    }
+    Ok(())
+}

@@ -1,0 +1,667 @@
+//! The real server on a loopback port, driven over HTTP: every endpoint, streamed and not,
+//! stop sequences, seeds, every bad request, the API key, a full queue (429), clients that
+//! disconnect (their slot is freed), and graceful shutdown. The model is a tiny random
+//! byte-level GPT, so the text is gibberish but fully determined by the seed.
+
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use sinter_serve::{ServeOptions, Server, Tokenizer};
+
+mod common;
+
+const MODEL: &str = "tiny";
+
+fn options() -> ServeOptions {
+    ServeOptions {
+        port: 0,
+        model_name: MODEL.into(),
+        max_batch: 4,
+        max_queue: 4,
+        max_tokens: 1_000_000,
+        ..Default::default()
+    }
+}
+
+fn start(o: ServeOptions) -> (Server, String) {
+    let server = Server::start(common::tiny_gpt(1), Tokenizer::Bytes, o).unwrap();
+    let url = format!("http://{}", server.addr());
+    (server, url)
+}
+
+fn client() -> reqwest::Client {
+    reqwest::Client::builder().no_proxy().build().unwrap()
+}
+
+async fn post(url: &str, path: &str, body: &str) -> (u16, reqwest::header::HeaderMap, Value) {
+    let r = client()
+        .post(format!("{url}{path}"))
+        .header("content-type", "application/json")
+        .body(body.to_string())
+        .send()
+        .await
+        .unwrap();
+    let (status, headers) = (r.status().as_u16(), r.headers().clone());
+    let text = r.text().await.unwrap();
+    let v = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}"));
+    (status, headers, v)
+}
+
+async fn get(url: &str, path: &str) -> (u16, String) {
+    let r = client().get(format!("{url}{path}")).send().await.unwrap();
+    (r.status().as_u16(), r.text().await.unwrap())
+}
+
+async fn complete(url: &str, body: Value) -> Value {
+    let (status, _, v) = post(url, "/v1/completions", &body.to_string()).await;
+    assert_eq!(status, 200, "{v}");
+    v
+}
+
+/// The data lines of a server-sent event stream, parsed (`[DONE]` as a string).
+async fn stream(url: &str, path: &str, body: Value) -> Vec<Value> {
+    let r = client()
+        .post(format!("{url}{path}"))
+        .json_body(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(
+        r.headers()["content-type"].to_str().unwrap(),
+        "text/event-stream"
+    );
+    let text = r.text().await.unwrap();
+    text.split("\n\n")
+        .filter_map(|ev| ev.lines().find_map(|l| l.strip_prefix("data: ")))
+        .map(|d| {
+            if d == "[DONE]" {
+                Value::String(d.into())
+            } else {
+                serde_json::from_str(d).unwrap()
+            }
+        })
+        .collect()
+}
+
+trait JsonBody {
+    fn json_body(self, v: &Value) -> Self;
+}
+impl JsonBody for reqwest::RequestBuilder {
+    fn json_body(self, v: &Value) -> Self {
+        self.header("content-type", "application/json")
+            .body(v.to_string())
+    }
+}
+
+async fn metric(url: &str, name: &str) -> u64 {
+    let (_, text) = get(url, "/metrics").await;
+    text.lines()
+        .find_map(|l| l.strip_prefix(&format!("{name} ")))
+        .unwrap_or_else(|| panic!("no {name} in /metrics"))
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+/// A short completion of `n` tokens still goes through.
+async fn still_serves(url: &str, n: u64) {
+    let v = complete(
+        url,
+        json!({"model": MODEL, "prompt": "next", "max_tokens": n}),
+    )
+    .await;
+    assert_eq!(v["usage"]["completion_tokens"], n);
+}
+
+/// Polls `cond` until it holds (10 s at most).
+async fn eventually(what: &str, mut cond: impl AsyncFnMut() -> bool) {
+    let t0 = Instant::now();
+    while !cond().await {
+        assert!(t0.elapsed() < Duration::from_secs(10), "timed out: {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn models_health_metrics_and_unknown_routes() {
+    let (server, url) = start(options());
+    let (status, body) = get(&url, "/v1/models").await;
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(status, 200);
+    assert_eq!(v["object"], "list");
+    assert_eq!(v["data"][0]["id"], MODEL);
+    assert_eq!(v["data"][0]["object"], "model");
+    assert_eq!(v["data"][0]["context_length"], 64);
+    let (status, body) = get(&url, &format!("/v1/models/{MODEL}")).await;
+    assert_eq!(
+        (
+            status,
+            serde_json::from_str::<Value>(&body).unwrap()["id"].clone()
+        ),
+        (200, json!(MODEL))
+    );
+    let (status, body) = get(&url, "/v1/models/gpt-4").await;
+    assert_eq!(status, 404);
+    assert_eq!(
+        serde_json::from_str::<Value>(&body).unwrap()["error"]["code"],
+        "model_not_found"
+    );
+    assert_eq!(
+        get(&url, "/health").await,
+        (200, r#"{"status":"ok"}"#.into())
+    );
+    let (status, text) = get(&url, "/metrics").await;
+    assert_eq!(status, 200);
+    for name in [
+        "sinter_requests_total",
+        "sinter_generation_tokens_total",
+        "sinter_queue_length",
+        "sinter_time_to_first_token_seconds_bucket",
+        "sinter_inter_token_latency_seconds_bucket",
+    ] {
+        assert!(text.contains(name), "{name} missing");
+    }
+    let (status, body) = get(&url, "/v2/nothing").await;
+    assert_eq!(status, 404);
+    assert!(body.contains("POST /v1/completions"), "{body}");
+    let (status, body) = get(&url, "/v1/completions").await;
+    assert_eq!(status, 405);
+    assert!(serde_json::from_str::<Value>(&body).unwrap()["error"]["message"].is_string());
+    server.shutdown().unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn completions_streamed_and_not_agree() {
+    let (server, url) = start(options());
+    let body = json!({"model": MODEL, "prompt": "ROMEO:", "max_tokens": 12, "temperature": 0});
+    let v = complete(&url, body.clone()).await;
+    assert_eq!(v["object"], "text_completion");
+    assert!(v["id"].as_str().unwrap().starts_with("cmpl-"));
+    assert_eq!(v["model"], MODEL);
+    let choice = &v["choices"][0];
+    assert_eq!(choice["finish_reason"], "length");
+    assert_eq!(choice["index"], 0);
+    assert_eq!(
+        v["usage"],
+        json!({"prompt_tokens": 6, "completion_tokens": 12, "total_tokens": 18})
+    );
+    let text = choice["text"].as_str().unwrap().to_string();
+    assert!(!text.is_empty());
+
+    let mut sbody = body.clone();
+    sbody["stream"] = json!(true);
+    sbody["stream_options"] = json!({"include_usage": true});
+    let chunks = stream(&url, "/v1/completions", sbody).await;
+    assert_eq!(chunks.last().unwrap(), "[DONE]");
+    let usage = &chunks[chunks.len() - 2];
+    assert_eq!(usage["choices"], json!([]));
+    assert_eq!(usage["usage"]["completion_tokens"], 12);
+    let finals = &chunks[chunks.len() - 3];
+    assert_eq!(finals["choices"][0]["finish_reason"], "length");
+    let deltas = &chunks[..chunks.len() - 3];
+    assert!(deltas.len() >= 2, "text arrives in pieces: {deltas:?}");
+    let mut streamed = String::new();
+    for c in deltas {
+        assert_eq!(c["object"], "text_completion");
+        assert_eq!(c["choices"][0]["finish_reason"], Value::Null);
+        streamed.push_str(c["choices"][0]["text"].as_str().unwrap());
+    }
+    assert_eq!(streamed, text);
+    // Every chunk of one response carries its id.
+    let ids: std::collections::HashSet<_> = chunks[..chunks.len() - 1]
+        .iter()
+        .map(|c| c["id"].clone())
+        .collect();
+    assert_eq!(ids.len(), 1);
+    // A token-id prompt is the same prompt.
+    let mut tbody = body.clone();
+    tbody["prompt"] = json!("ROMEO:".bytes().collect::<Vec<u8>>());
+    assert_eq!(
+        complete(&url, tbody).await["choices"][0]["text"],
+        text.as_str()
+    );
+    server.shutdown().unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chat_completions_streamed_and_not() {
+    let (server, url) = start(options());
+    let body = json!({
+        "model": MODEL,
+        "messages": [
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": "Hi"}
+        ],
+        "max_tokens": 10,
+        "temperature": 0,
+    });
+    let (status, _, v) = post(&url, "/v1/chat/completions", &body.to_string()).await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["object"], "chat.completion");
+    assert!(v["id"].as_str().unwrap().starts_with("chatcmpl-"));
+    let msg = &v["choices"][0]["message"];
+    assert_eq!(msg["role"], "assistant");
+    let content = msg["content"].as_str().unwrap().to_string();
+    // The template: "Be brief.\n\nUser: Hi\nAssistant:" is 30 bytes.
+    assert_eq!(v["usage"]["prompt_tokens"], 30);
+    let reason = v["choices"][0]["finish_reason"].as_str().unwrap();
+    assert!(reason == "length" || reason == "stop");
+
+    let mut sbody = body.clone();
+    sbody["stream"] = json!(true);
+    let chunks = stream(&url, "/v1/chat/completions", sbody).await;
+    assert_eq!(chunks[0]["choices"][0]["delta"]["role"], "assistant");
+    assert_eq!(chunks.last().unwrap(), "[DONE]");
+    let n = chunks.len();
+    assert_eq!(chunks[n - 2]["choices"][0]["finish_reason"], reason);
+    assert_eq!(chunks[n - 2]["choices"][0]["delta"], json!({}));
+    let streamed: String = chunks[1..n - 2]
+        .iter()
+        .map(|c| {
+            assert_eq!(c["object"], "chat.completion.chunk");
+            c["choices"][0]["delta"]["content"]
+                .as_str()
+                .unwrap()
+                .to_string()
+        })
+        .collect();
+    assert_eq!(streamed, content);
+    server.shutdown().unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stop_sequences_end_the_text_before_them() {
+    let (server, url) = start(options());
+    let base = json!({"model": MODEL, "prompt": "abc", "max_tokens": 40, "temperature": 0});
+    let full = complete(&url, base.clone()).await["choices"][0]["text"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let chars: Vec<char> = full.chars().collect();
+    assert!(chars.len() >= 8, "{full:?}");
+    // A stop sequence taken from the text: the completion ends where it first appears.
+    let stop: String = chars[4..6].iter().collect();
+    let want = &full[..full.find(&stop).unwrap()];
+    let mut body = base.clone();
+    body["stop"] = json!(["never-there", stop]);
+    let v = complete(&url, body.clone()).await;
+    assert_eq!(v["choices"][0]["text"], want);
+    assert_eq!(v["choices"][0]["finish_reason"], "stop");
+    assert!(v["usage"]["completion_tokens"].as_u64().unwrap() < 40);
+    body["stream"] = json!(true);
+    let chunks = stream(&url, "/v1/completions", body).await;
+    let streamed: String = chunks
+        .iter()
+        .filter_map(|c| c["choices"][0]["text"].as_str())
+        .collect();
+    assert_eq!(streamed, want);
+    assert_eq!(
+        chunks[chunks.len() - 2]["choices"][0]["finish_reason"],
+        "stop"
+    );
+    server.shutdown().unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_seed_gives_the_same_text_alone_or_in_a_batch() {
+    let (server, url) = start(options());
+    let body = |seed: u64| json!({"model": MODEL, "prompt": "To be", "max_tokens": 30, "temperature": 1.0, "top_p": 0.9, "seed": seed});
+    let text = |v: Value| v["choices"][0]["text"].as_str().unwrap().to_string();
+    let a = text(complete(&url, body(7)).await);
+    let b = text(complete(&url, body(7)).await);
+    let c = text(complete(&url, body(8)).await);
+    assert_eq!(a, b);
+    assert_ne!(a, c);
+    // Four at once (decoded together): the same text as alone.
+    let together = futures_util::future::join_all((0..4).map(|_| complete(&url, body(7)))).await;
+    for v in together {
+        assert_eq!(text(v), a);
+    }
+    server.shutdown().unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_requests_get_openai_errors_and_the_server_keeps_serving() {
+    let (server, url) = start(ServeOptions {
+        max_tokens: 100,
+        max_body_bytes: 4096,
+        ..options()
+    });
+    let long_prompt = "x".repeat(65);
+    let cases: Vec<(&str, String, u16, Option<&str>)> = vec![
+        ("/v1/completions", "{\"model\": ".into(), 400, None),
+        ("/v1/completions", "not json at all".into(), 400, None),
+        ("/v1/completions", r#"[1, 2]"#.into(), 400, None),
+        (
+            "/v1/completions",
+            json!({"model": MODEL, "prompt": "a", "max_tokens": "ten"}).to_string(),
+            400,
+            Some("max_tokens"),
+        ),
+        (
+            "/v1/completions",
+            json!({"model": MODEL, "prompt": 42}).to_string(),
+            400,
+            Some("prompt"),
+        ),
+        (
+            "/v1/completions",
+            json!({"model": MODEL, "prompt": "a", "temperature": "hot"}).to_string(),
+            400,
+            Some("temperature"),
+        ),
+        (
+            "/v1/completions",
+            json!({"model": MODEL, "prompt": "a", "stream": "yes"}).to_string(),
+            400,
+            Some("stream"),
+        ),
+        (
+            "/v1/completions",
+            json!({"model": MODEL, "prompt": "a", "max_tokens": 0}).to_string(),
+            400,
+            Some("max_tokens"),
+        ),
+        (
+            "/v1/completions",
+            json!({"model": MODEL, "prompt": "a", "max_tokens": -3}).to_string(),
+            400,
+            Some("max_tokens"),
+        ),
+        (
+            "/v1/completions",
+            json!({"model": MODEL, "prompt": "a", "max_tokens": 101}).to_string(),
+            400,
+            Some("max_tokens"),
+        ),
+        (
+            "/v1/completions",
+            json!({"model": MODEL, "prompt": "a", "temperature": -0.5}).to_string(),
+            400,
+            Some("temperature"),
+        ),
+        (
+            "/v1/completions",
+            r#"{"model": "tiny", "prompt": "a", "temperature": NaN}"#.into(),
+            400,
+            None,
+        ),
+        (
+            "/v1/completions",
+            json!({"model": MODEL, "prompt": "a", "top_p": 1.5}).to_string(),
+            400,
+            Some("top_p"),
+        ),
+        (
+            "/v1/completions",
+            json!({"model": MODEL, "prompt": "a", "n": 3}).to_string(),
+            400,
+            Some("n"),
+        ),
+        (
+            "/v1/completions",
+            json!({"model": MODEL, "prompt": long_prompt}).to_string(),
+            400,
+            Some("prompt"),
+        ),
+        (
+            "/v1/completions",
+            json!({"model": MODEL, "prompt": ""}).to_string(),
+            400,
+            Some("prompt"),
+        ),
+        (
+            "/v1/completions",
+            json!({"model": "gpt-4", "prompt": "a"}).to_string(),
+            404,
+            Some("model"),
+        ),
+        (
+            "/v1/completions",
+            json!({"prompt": "a"}).to_string(),
+            400,
+            Some("model"),
+        ),
+        (
+            "/v1/completions",
+            json!({"model": MODEL, "prompt": "a", "stop": ""}).to_string(),
+            400,
+            Some("stop"),
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"model": MODEL, "messages": []}).to_string(),
+            400,
+            Some("messages"),
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"model": MODEL, "messages": "hi"}).to_string(),
+            400,
+            Some("messages"),
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"model": MODEL, "messages": [{"role": "wizard", "content": "x"}]}).to_string(),
+            400,
+            Some("messages.[0]"),
+        ),
+        (
+            "/v1/completions",
+            json!({"model": MODEL, "prompt": "a".repeat(5000)}).to_string(),
+            413,
+            None,
+        ),
+    ];
+    for (path, body, status, param) in &cases {
+        let (got, _, v) = post(&url, path, body).await;
+        assert_eq!(got, *status, "{body:.80}: {v}");
+        let e = &v["error"];
+        assert!(e["message"].as_str().is_some_and(|m| !m.is_empty()), "{v}");
+        assert!(e["type"].is_string(), "{v}");
+        if let Some(p) = param {
+            assert_eq!(e["param"], *p, "{body:.80}: {v}");
+        }
+    }
+    assert_eq!(
+        metric(&url, "sinter_requests_invalid_total").await,
+        cases.len() as u64
+    );
+    still_serves(&url, 3).await;
+    server.shutdown().unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_api_key_guards_v1_only() {
+    let (server, url) = start(ServeOptions {
+        api_key: Some("s3cret".into()),
+        ..options()
+    });
+    let body = json!({"model": MODEL, "prompt": "a", "max_tokens": 2}).to_string();
+    for auth in [
+        None,
+        Some("Bearer wrong"),
+        Some("Bearer s3cre"),
+        Some("s3cret"),
+    ] {
+        let mut r = client()
+            .post(format!("{url}/v1/completions"))
+            .body(body.clone());
+        if let Some(a) = auth {
+            r = r.header("authorization", a);
+        }
+        let r = r.send().await.unwrap();
+        assert_eq!(r.status(), 401, "{auth:?}");
+        let v: Value = r.json_text().await;
+        assert_eq!(v["error"]["type"], "authentication_error");
+    }
+    let r = client()
+        .post(format!("{url}/v1/completions"))
+        .header("authorization", "Bearer s3cret")
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let r = client()
+        .get(format!("{url}/v1/models"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 401);
+    assert_eq!(get(&url, "/health").await.0, 200);
+    assert_eq!(get(&url, "/metrics").await.0, 200);
+    server.shutdown().unwrap();
+}
+
+trait JsonText {
+    async fn json_text(self) -> Value;
+}
+impl JsonText for reqwest::Response {
+    async fn json_text(self) -> Value {
+        serde_json::from_str(&self.text().await.unwrap()).unwrap()
+    }
+}
+
+/// Opens a streamed completion that would run for a long time and waits for its first
+/// chunk; dropping the returned response disconnects.
+async fn endless_stream(url: &str) -> reqwest::Response {
+    let body = json!({"model": MODEL, "prompt": "go", "max_tokens": 1_000_000, "stream": true});
+    let mut r = client()
+        .post(format!("{url}/v1/completions"))
+        .json_body(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let first = r.chunk().await.unwrap().unwrap();
+    assert!(first.starts_with(b"data: "));
+    r
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_queue_gets_429_and_a_disconnect_frees_its_slot() {
+    let (server, url) = start(ServeOptions {
+        max_batch: 1,
+        max_queue: 1,
+        ..options()
+    });
+    let running = endless_stream(&url).await;
+    assert_eq!(metric(&url, "sinter_active_requests").await, 1);
+    // The second request waits in the queue...
+    let queued = {
+        let url = url.clone();
+        tokio::spawn(async move {
+            complete(
+                &url,
+                json!({"model": MODEL, "prompt": "next", "max_tokens": 3}),
+            )
+            .await
+        })
+    };
+    eventually("a queued request", async || {
+        metric(&url, "sinter_queue_length").await == 1
+    })
+    .await;
+    // ... and the third is refused.
+    let (status, headers, v) = post(
+        &url,
+        "/v1/completions",
+        &json!({"model": MODEL, "prompt": "x"}).to_string(),
+    )
+    .await;
+    assert_eq!(status, 429, "{v}");
+    assert_eq!(headers["retry-after"], "1");
+    assert_eq!(v["error"]["type"], "rate_limit_error");
+    assert_eq!(metric(&url, "sinter_requests_rejected_total").await, 1);
+    // The endless stream's client goes away: its slot goes to the queued request.
+    drop(running);
+    let v = tokio::time::timeout(Duration::from_secs(10), queued)
+        .await
+        .expect("the queued request never ran")
+        .unwrap();
+    assert_eq!(v["usage"]["completion_tokens"], 3);
+    assert_eq!(metric(&url, "sinter_requests_cancelled_total").await, 1);
+    assert_eq!(metric(&url, "sinter_requests_completed_total").await, 1);
+    eventually("an idle server", async || {
+        metric(&url, "sinter_active_requests").await == 0
+    })
+    .await;
+    server.shutdown().unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_stops_waiting_for_a_whole_response_frees_its_slot() {
+    let (server, url) = start(ServeOptions {
+        max_batch: 1,
+        max_queue: 0,
+        ..options()
+    });
+    let body = json!({"model": MODEL, "prompt": "go", "max_tokens": 1_000_000});
+    let r = reqwest::Client::builder()
+        .no_proxy()
+        .timeout(Duration::from_millis(300))
+        .build()
+        .unwrap()
+        .post(format!("{url}/v1/completions"))
+        .json_body(&body)
+        .send()
+        .await;
+    assert!(r.unwrap_err().is_timeout());
+    eventually("the slot freed", async || {
+        metric(&url, "sinter_requests_cancelled_total").await == 1
+    })
+    .await;
+    still_serves(&url, 2).await;
+    server.shutdown().unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_finishes_requests_in_flight_then_refuses_connections() {
+    let (server, url) = start(ServeOptions {
+        shutdown_timeout: Duration::from_secs(20),
+        ..options()
+    });
+    let body = json!({"model": MODEL, "prompt": "go", "max_tokens": 400, "stream": true});
+    let mut r = client()
+        .post(format!("{url}/v1/completions"))
+        .json_body(&body)
+        .send()
+        .await
+        .unwrap();
+    let first = r.chunk().await.unwrap().unwrap();
+    let stopper = tokio::task::spawn_blocking(move || server.shutdown());
+    let mut rest = first.to_vec();
+    while let Some(c) = r.chunk().await.unwrap() {
+        rest.extend_from_slice(&c);
+    }
+    let text = String::from_utf8_lossy(&rest);
+    assert!(text.contains("\"finish_reason\":\"length\""), "{text:.300}");
+    assert!(text.trim_end().ends_with("data: [DONE]"));
+    stopper.await.unwrap().unwrap();
+    assert!(client().get(format!("{url}/health")).send().await.is_err());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_cuts_off_what_outlives_the_deadline() {
+    let (server, url) = start(ServeOptions {
+        shutdown_timeout: Duration::from_millis(300),
+        ..options()
+    });
+    let mut running = endless_stream(&url).await;
+    let t0 = Instant::now();
+    let stopper = tokio::task::spawn_blocking(move || server.shutdown());
+    let mut rest = Vec::new();
+    while let Ok(Some(c)) = running.chunk().await {
+        rest.extend_from_slice(&c);
+    }
+    let text = String::from_utf8_lossy(&rest);
+    assert!(
+        text.contains("shut down before this request finished"),
+        "{:.300}",
+        &text[text.len().saturating_sub(300)..]
+    );
+    stopper.await.unwrap().unwrap();
+    assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
+}

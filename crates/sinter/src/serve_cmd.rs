@@ -1,0 +1,456 @@
+//! `sinter generate` (tokens streamed to the terminal as they are made), `sinter serve` (the
+//! OpenAI-compatible server of `sinter-serve`) and `sinter bench serve` (its load generator).
+//! All three load a GPT and its tokenizer from a checkpoint alone: the vocabulary and the
+//! context come from the weights' shapes and the run's config, not from the training data.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{anyhow, bail, Context, Result};
+use clap::Args;
+use sinter_core::{Device, Rng};
+use sinter_models::gpt::{ContextPolicy, GenerateOptions};
+use sinter_models::{Gpt, GptConfig};
+use sinter_nn::module::shared_rng;
+use sinter_nn::Module;
+use sinter_serve::bench::{self, LoadOptions, LoadReport};
+use sinter_serve::text::Utf8Stream;
+use sinter_serve::{GptModel, ServeOptions, Server, Tokenizer};
+
+use crate::inference;
+
+/// A GPT ready for inference, with how to turn text into its tokens.
+pub struct LoadedLm {
+    pub gpt: Gpt,
+    pub tokenizer: Tokenizer,
+    /// The context it was trained with (≤ its position table).
+    pub context: usize,
+    /// The run directory's name (the default model name of `serve`).
+    pub name: String,
+}
+
+/// Loads a GPT checkpoint onto `device` through [`inference::load_model`] (the architecture
+/// and the tokenizer come from the checkpoint's `InferenceInfo`). Int8 checkpoints (from
+/// `sinter quantize`) would load here into their own `sinter_serve::ServeModel` once that
+/// format exists.
+pub fn load_lm(path: &Path, device: Device) -> Result<LoadedLm> {
+    let inf = inference::load_model(path)?;
+    let model_name = inf.info.model.clone();
+    let model: Box<dyn std::any::Any> = inf.model;
+    let gpt = *model.downcast::<Gpt>().map_err(|_| {
+        anyhow!(
+            "{} holds a '{model_name}' model; generate and serve need a GPT checkpoint (gpt-tiny or gpt2)",
+            path.display()
+        )
+    })?;
+    let tokenizer = inference::tokenizer_of(&inf.info)?;
+    if tokenizer.vocab_size() > gpt.config.vocab_size {
+        bail!(
+            "the checkpoint's vocabulary ({}) is smaller than its tokenizer's ({})",
+            gpt.config.vocab_size,
+            tokenizer.vocab_size()
+        );
+    }
+    if device != Device::Cpu {
+        sinter_nn::move_module(&gpt, device)?;
+    }
+    let dir = if path.is_dir() {
+        path
+    } else {
+        path.parent().unwrap_or(path)
+    };
+    let name = dir
+        .canonicalize()
+        .ok()
+        .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
+        .unwrap_or(model_name);
+    Ok(LoadedLm {
+        context: inf.config.context.clamp(1, gpt.config.block_size),
+        gpt,
+        tokenizer,
+        name,
+    })
+}
+
+/// `--device` (auto, cpu, cuda[:N] or cuda-emu), saying on stderr what auto picked.
+fn device(name: &str) -> Result<Device> {
+    crate::precision::enable_emulation(name, 1)?;
+    let (d, note) = crate::precision::resolve_device_noted(name)?;
+    if let Some(n) = note {
+        eprintln!("{n}");
+    }
+    Ok(d)
+}
+
+#[derive(Args)]
+pub struct GenerateArgs {
+    /// Run directory (or checkpoint file) of a GPT run.
+    #[arg(long)]
+    checkpoint: PathBuf,
+    #[arg(long, default_value = "\n")]
+    prompt: String,
+    #[arg(long, default_value_t = 200)]
+    max_new_tokens: usize,
+    /// 0 picks the most likely token each time.
+    #[arg(long, default_value_t = 0.8)]
+    temperature: f64,
+    /// Sample from the k most likely tokens (0: all).
+    #[arg(long, default_value_t = 40)]
+    top_k: usize,
+    /// Sample from the smallest set of tokens whose probability reaches this (1: all).
+    #[arg(long, default_value_t = 1.0)]
+    top_p: f64,
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Past the context: shift (drop the older half of the window and re-encode the rest once)
+    /// or slide (re-encode the last `context` tokens for every token: exact, slower).
+    #[arg(long, default_value = "shift")]
+    context_policy: String,
+    /// Recompute the whole window for every token instead of using the KV cache (slower;
+    /// the same tokens).
+    #[arg(long)]
+    no_kv_cache: bool,
+    /// auto, cpu, cuda, cuda:N or cuda-emu.
+    #[arg(long, default_value = "auto")]
+    device: String,
+}
+
+/// `sinter generate`: prints the prompt, then each token's text as soon as it is picked
+/// (whole UTF-8 characters only), flushed so that a terminal or a pipe sees it at once.
+pub fn generate(g: &GenerateArgs) -> Result<()> {
+    let policy: ContextPolicy = g
+        .context_policy
+        .parse()
+        .map_err(|e| anyhow!("--context-policy: {e}"))?;
+    let sampling = inference::check_sampling(g.temperature, g.top_k, g.top_p)?;
+    let device = device(&g.device)?;
+    let lm = load_lm(&g.checkpoint, device)?;
+    let prompt = lm.tokenizer.encode(&g.prompt);
+    if prompt.is_empty() {
+        bail!("--prompt must not be empty");
+    }
+    let mut out = std::io::stdout().lock();
+    let mut utf8 = Utf8Stream::default();
+    let mut bytes = Vec::new();
+    // A closed pipe (`| head`) ends generation quietly; other write errors are reported.
+    let mut write_err: Option<std::io::Error> = None;
+    let mut emit = |out: &mut std::io::StdoutLock, text: &str| -> bool {
+        let r = out.write_all(text.as_bytes()).and_then(|_| out.flush());
+        match r {
+            Ok(()) => true,
+            Err(e) => {
+                if e.kind() != std::io::ErrorKind::BrokenPipe {
+                    write_err = Some(e);
+                }
+                false
+            }
+        }
+    };
+    if !emit(&mut out, &g.prompt) {
+        return finish(write_err);
+    }
+    let o = GenerateOptions {
+        max_new: g.max_new_tokens,
+        sampling,
+        context: lm.context,
+        policy,
+        use_cache: !g.no_kv_cache,
+    };
+    let mut open = true;
+    lm.gpt
+        .generate_streaming(&prompt, &o, &mut Rng::new(g.seed), |t| {
+            bytes.clear();
+            lm.tokenizer.token_bytes(t, &mut bytes);
+            let text = utf8.push(&bytes);
+            open = text.is_empty() || emit(&mut out, &text);
+            open
+        })?;
+    if open {
+        let tail = utf8.finish() + "\n";
+        emit(&mut out, &tail);
+    }
+    finish(write_err)
+}
+
+fn finish(err: Option<std::io::Error>) -> Result<()> {
+    match err {
+        Some(e) => Err(e).context("cannot write the generated text to stdout"),
+        None => Ok(()),
+    }
+}
+
+#[derive(Args)]
+pub struct ServeArgs {
+    /// Run directory (or checkpoint file) of a GPT run.
+    #[arg(long)]
+    checkpoint: PathBuf,
+    /// Address to listen on; 127.0.0.1 keeps the server to this machine.
+    #[arg(long, default_value = "127.0.0.1")]
+    host: String,
+    #[arg(long, default_value_t = 8080)]
+    port: u16,
+    /// auto, cpu, cuda, cuda:N or cuda-emu.
+    #[arg(long, default_value = "auto")]
+    device: String,
+    /// Requests decoded together at most (continuous batching).
+    #[arg(long, default_value_t = 16)]
+    max_batch: usize,
+    /// Requests that may wait for a slot; past that, 429 with Retry-After.
+    #[arg(long, default_value_t = 64)]
+    max_queue: usize,
+    /// The model's name in requests and /v1/models (default: the run directory's name).
+    #[arg(long)]
+    model_name: Option<String>,
+    /// Require `Authorization: Bearer KEY` on /v1/* (also read from SINTER_API_KEY).
+    #[arg(long)]
+    api_key: Option<String>,
+    /// The most tokens one request may generate.
+    #[arg(long, default_value_t = 4096)]
+    max_tokens: usize,
+    /// The largest request body accepted, in bytes.
+    #[arg(long, default_value_t = 1 << 20)]
+    max_body_bytes: usize,
+    /// Seconds that requests in flight get to finish after SIGINT/SIGTERM.
+    #[arg(long, default_value_t = 10.0)]
+    shutdown_timeout: f64,
+    /// Past the context: shift or slide (see `generate --help`).
+    #[arg(long, default_value = "shift")]
+    context_policy: String,
+    /// Prompt tokens fed per request per scheduler step (long prompts are fed in chunks
+    /// between the other requests' decode steps).
+    #[arg(long, default_value_t = 256)]
+    prefill_chunk: usize,
+}
+
+fn gpt_model(lm: LoadedLm, policy: &str) -> Result<(GptModel, Tokenizer)> {
+    let mut model = GptModel::new(lm.gpt, lm.context);
+    model.policy = policy
+        .parse()
+        .map_err(|e| anyhow!("--context-policy: {e}"))?;
+    Ok((model, lm.tokenizer))
+}
+
+/// `sinter serve`: runs until SIGINT/SIGTERM, then shuts down gracefully and exits 0.
+pub fn serve(a: &ServeArgs) -> Result<()> {
+    if !(a.shutdown_timeout.is_finite() && a.shutdown_timeout >= 0.0) {
+        bail!("--shutdown-timeout must be a number of seconds ≥ 0");
+    }
+    let device = device(&a.device)?;
+    let lm = load_lm(&a.checkpoint, device)?;
+    let name = a.model_name.clone().unwrap_or_else(|| lm.name.clone());
+    let (context, tok_name) = (lm.context, lm.tokenizer.name());
+    let (model, tokenizer) = gpt_model(lm, &a.context_policy)?;
+    let api_key = a
+        .api_key
+        .clone()
+        .or_else(|| std::env::var("SINTER_API_KEY").ok())
+        .filter(|k| !k.is_empty());
+    let opts = ServeOptions {
+        host: a.host.clone(),
+        port: a.port,
+        model_name: name.clone(),
+        max_batch: a.max_batch,
+        max_queue: a.max_queue,
+        max_tokens: a.max_tokens,
+        max_body_bytes: a.max_body_bytes,
+        api_key: api_key.clone(),
+        shutdown_timeout: Duration::from_secs_f64(a.shutdown_timeout),
+        prefill_chunk: a.prefill_chunk,
+        handle_signals: true,
+    };
+    let server = Server::start(model, tokenizer, opts)?;
+    let addr = server.addr();
+    if !addr.ip().is_loopback() {
+        eprintln!(
+            "warning: listening on {addr}: any machine that can reach this one can use the model{}",
+            if api_key.is_none() {
+                ", and no --api-key is set"
+            } else {
+                ""
+            }
+        );
+    }
+    eprintln!(
+        "sinter serve: model '{name}' ({tok_name} tokens, context {context}) on {device:?}; max batch {}, queue {}",
+        a.max_batch, a.max_queue
+    );
+    println!("listening on http://{addr} (POST /v1/completions, POST /v1/chat/completions, GET /v1/models, /health, /metrics); Ctrl-C stops");
+    let _ = std::io::stdout().flush();
+    server.wait()?;
+    eprintln!("sinter serve: stopped");
+    Ok(())
+}
+
+#[derive(Args)]
+pub struct BenchServeArgs {
+    /// Serve this checkpoint (default: a randomly initialised --model).
+    #[arg(long)]
+    checkpoint: Option<PathBuf>,
+    /// gpt-tiny (bytes) or gpt2 (124M, GPT-2 BPE), random weights, when no --checkpoint.
+    #[arg(long, default_value = "gpt-tiny")]
+    model: String,
+    /// Load an already running server instead (loopback only), e.g. http://127.0.0.1:8080.
+    #[arg(long)]
+    url: Option<String>,
+    /// The model name to request from --url.
+    #[arg(long)]
+    model_name: Option<String>,
+    /// Concurrent streaming clients, one run per value.
+    #[arg(long, value_delimiter = ',', default_value = "1,4,16,64")]
+    concurrency: Vec<usize>,
+    /// Requests per run (default: 4 × concurrency, at least 16).
+    #[arg(long)]
+    requests: Option<usize>,
+    /// Tokens each request generates.
+    #[arg(long, default_value_t = 64)]
+    max_tokens: usize,
+    #[arg(long, default_value = "ROMEO:")]
+    prompt: String,
+    /// Sampling temperature of the requests.
+    #[arg(long, default_value_t = 1.0)]
+    temperature: f64,
+    /// Seconds each run may take at most.
+    #[arg(long, default_value_t = 600.0)]
+    time_limit: f64,
+    /// Context of the random model (default: the preset's, capped at 256).
+    #[arg(long)]
+    context: Option<usize>,
+    #[arg(long, default_value = "cpu")]
+    device: String,
+}
+
+/// A random GPT of a preset, for load tests without a checkpoint.
+fn random_lm(preset: &str, context: Option<usize>) -> Result<LoadedLm> {
+    let cfg = GptConfig::preset(preset)
+        .ok_or_else(|| anyhow!("--model: '{preset}' is not a GPT preset (gpt-tiny, gpt2)"))?;
+    let block = context.unwrap_or(cfg.block_size.min(256));
+    let cfg = GptConfig {
+        block_size: block,
+        ..cfg
+    };
+    let tokenizer = if cfg.vocab_size == 256 {
+        Tokenizer::Bytes
+    } else {
+        Tokenizer::gpt2()
+    };
+    let gpt = Gpt::new(cfg, &mut Rng::new(0), &shared_rng(0))?;
+    gpt.set_training(false);
+    Ok(LoadedLm {
+        gpt,
+        tokenizer,
+        context: block,
+        name: preset.to_string(),
+    })
+}
+
+/// `sinter bench serve`: the load generator at each concurrency, as a markdown table.
+pub fn bench_serve(a: &BenchServeArgs) -> Result<()> {
+    let max_c = a.concurrency.iter().copied().max().unwrap_or(1).max(1);
+    let requests = |c: usize| a.requests.unwrap_or((4 * c).max(16));
+    let (server, base_url, name) = match &a.url {
+        Some(url) => {
+            let name = a
+                .model_name
+                .clone()
+                .ok_or_else(|| anyhow!("--url needs --model-name"))?;
+            (None, url.trim_end_matches('/').to_string(), name)
+        }
+        None => {
+            let device = device(&a.device)?;
+            let lm = match &a.checkpoint {
+                Some(p) => load_lm(p, device)?,
+                None => random_lm(&a.model, a.context)?,
+            };
+            let name = lm.name.clone();
+            let (model, tokenizer) = gpt_model(lm, "shift")?;
+            let max_requests = a
+                .concurrency
+                .iter()
+                .map(|&c| requests(c))
+                .max()
+                .unwrap_or(16);
+            let server = Server::start(
+                model,
+                tokenizer,
+                ServeOptions {
+                    port: 0,
+                    model_name: name.clone(),
+                    max_batch: max_c,
+                    max_queue: max_requests,
+                    shutdown_timeout: Duration::from_secs(5),
+                    ..Default::default()
+                },
+            )?;
+            let url = format!("http://{}", server.addr());
+            (Some(server), url, name)
+        }
+    };
+    println!(
+        "## sinter bench serve: {name}, {} new tokens per request, prompt {:?}, streamed completions",
+        a.max_tokens, a.prompt
+    );
+    println!();
+    println!("{}", LoadReport::table_header());
+    let mut reports = Vec::new();
+    for &c in &a.concurrency {
+        let o = LoadOptions {
+            base_url: base_url.clone(),
+            model: name.clone(),
+            api_key: std::env::var("SINTER_API_KEY").ok(),
+            concurrency: c.max(1),
+            requests: requests(c),
+            prompt: a.prompt.clone(),
+            max_tokens: a.max_tokens,
+            temperature: a.temperature,
+            time_limit: Duration::from_secs_f64(a.time_limit.max(1.0)),
+        };
+        // One untimed request first (pages, caches, connections).
+        if reports.is_empty() {
+            bench::run_load_blocking(&LoadOptions {
+                concurrency: 1,
+                requests: 1,
+                ..o.clone()
+            })?;
+        }
+        let r = bench::run_load_blocking(&o)?;
+        println!("{}", r.table_row());
+        reports.push(r);
+    }
+    println!();
+    if let (Some(one), Some(sixteen)) = (
+        reports.iter().find(|r| r.concurrency == 1),
+        reports.iter().find(|r| r.concurrency == 16),
+    ) {
+        println!(
+            "tokens/s at concurrency 16 / concurrency 1: {:.2}×",
+            sixteen.tokens_per_s() / one.tokens_per_s()
+        );
+    }
+    if let Some(s) = server {
+        s.shutdown()?;
+    }
+    let bad: Vec<String> = reports
+        .iter()
+        .filter(|r| !r.is_clean())
+        .map(|r| {
+            format!(
+                "concurrency {}: {} of {} requests ok, {} errors, {} duplicate ids, server completed {:?}; {}",
+                r.concurrency,
+                r.ok,
+                r.requests,
+                r.errors,
+                r.duplicate_ids,
+                r.server_completed,
+                r.error_samples.join("; ")
+            )
+        })
+        .collect();
+    if !bad.is_empty() {
+        bail!(
+            "requests were lost, duplicated or failed:\n{}",
+            bad.join("\n")
+        );
+    }
+    Ok(())
+}
