@@ -8,8 +8,8 @@ use super::matmul::MatView;
 use super::{conv, elementwise, fused, matmul, nn, reduce, CpuStorage};
 use crate::backend::{
     check_indices, ctl, AdamWParams, AttnGeom, BackendDevice, BackendStorage, ConvGeom,
-    CrossEntropyOut, DropoutMask, IndexGeom, Indices, PoolGeom, RowStats, ScalerCfg, SgdParams,
-    Wants,
+    CrossEntropyOut, DropoutMask, IndexGeom, IndexUse, Indices, PoolGeom, RowStats, ScalerCfg,
+    SgdParams, Wants,
 };
 use crate::op::{BinaryOp, ReduceOp, UnaryOp};
 use crate::{DType, Device, Error, Layout, Result, Rng};
@@ -437,6 +437,8 @@ impl BackendStorage for CpuStorage {
     ) -> Result<CrossEntropyOut<Self>> {
         float_only("cross_entropy", CpuStorage::dtype(self))?;
         let t = targets.ids.i64_contiguous(targets.layout);
+        // A bad target is reported in the words every backend uses.
+        check_indices(&t, last_dim(l), Some(ignore_index), IndexUse::CrossEntropy)?;
         let (total, count, lse) =
             nn::cross_entropy(&self.f32_contiguous(l), &t, last_dim(l), ignore_index)
                 .map_err(Error::Msg)?;
