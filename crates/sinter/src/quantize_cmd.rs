@@ -58,12 +58,17 @@ pub fn run(a: &QuantizeArgs) -> Result<()> {
     let path = save(&a.out, &s, step, &report, &a.checkpoint)?;
     let size = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
     println!(
-        "{}: {} layers int8 ({} linear, {} conv2d, {} embedding; {folded} BatchNorm to fold into their int8 convolutions at load){}",
+        "{}: {} layers int8 ({} linear, {} conv2d, {} embedding{}){}",
         s.config.model,
         report.int8.len(),
         count(&report, "linear"),
         count(&report, "conv2d"),
         count(&report, "embedding"),
+        if folded > 0 {
+            format!("; {folded} BatchNorm to fold into their int8 convolutions at load")
+        } else {
+            String::new()
+        },
         if report.kept_f32.is_empty() {
             String::new()
         } else {
