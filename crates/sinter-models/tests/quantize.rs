@@ -125,8 +125,9 @@ fn cnns_calibrate_each_convolution_and_round_trip() {
 }
 
 #[test]
-#[ignore = "finding (integration of int8 with cpufast 153e779, open): the folded int8 ResNet-18 differs from the unfolded int8 one by ~4 % (1.0676 vs 1.1120); passes on int8 + seam without cpufast's CPU kernels"]
+#[ignore = "finding (open): with SINTER_CPU_ISA=avx512 (the default on AVX-512 CPUs) the folded int8 ResNet-18 differs from the unfolded one by ~4 % (1.0676 vs 1.1120); avx2 and scalar pass, whatever SINTER_CPU_INT8; appeared when cpufast's CPU kernels landed"]
 fn resnet18_folds_every_batch_norm_into_its_int8_convolution() {
+    let _g = no_grad();
     let r = ResNet18::new(3, 10, &mut Rng::new(8)).unwrap();
     r.set_training(false);
     let report = quant::quantize(&r, &mut |model: &dyn Module| {
