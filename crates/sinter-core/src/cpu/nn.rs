@@ -3,7 +3,8 @@
 //! across cores; parameter-gradient sums use fixed row chunks so they are deterministic.
 
 use rayon::prelude::*;
-use sinter_cpu::math::cross_entropy::{self, BadTarget};
+use sinter_cpu::math::adamw::adamw;
+use sinter_cpu::math::cross_entropy;
 use sinter_cpu::math::{layer_norm, softmax};
 use sinter_cpu::Isa;
 
@@ -154,42 +155,27 @@ pub fn cross_entropy(
     targets: &[i64],
     c: usize,
     ignore_index: i64,
-) -> Result<(f64, usize, Vec<f32>), String> {
+) -> (f64, usize, Vec<f32>) {
     let rows = targets.len();
     let (mut loss, mut lse) = (vec![0f32; rows], vec![0f32; rows]);
     if c == 0 {
-        // No class exists, so only ignored rows are valid.
-        return match targets.iter().position(|&t| t != ignore_index) {
-            Some(row) => Err(BadTarget {
-                row,
-                target: targets[row],
-                classes: 0,
-            }
-            .to_string()),
-            None => Ok((0.0, 0, lse)),
-        };
+        // No class exists, so every row is ignored (the caller checked the targets).
+        return (0.0, 0, lse);
     }
     let isa = Isa::get();
     let per = rows_per_task(logits.len(), c);
     loss.par_chunks_mut(per)
         .zip(lse.par_chunks_mut(per))
         .enumerate()
-        .map(|(i, (l, s))| {
+        .for_each(|(i, (l, s))| {
             let r = i * per..i * per + l.len();
             let x = &logits[r.start * c..r.end * c];
-            cross_entropy::cross_entropy_rows(isa, x, c, &targets[r.clone()], ignore_index, l, s)
-                .map_err(|e| {
-                    BadTarget {
-                        row: e.row + r.start,
-                        ..e
-                    }
-                    .to_string()
-                })
-        })
-        .collect::<Result<(), String>>()?;
+            cross_entropy::cross_entropy_rows(isa, x, c, &targets[r], ignore_index, l, s)
+                .expect("targets checked by backend::check_indices");
+        });
     let counted = targets.iter().filter(|&&t| t != ignore_index).count();
     let total = loss.iter().map(|&l| l as f64).sum();
-    Ok((total, counted, lse))
+    (total, counted, lse)
 }
 
 /// d(loss)/d(logits) for a mean-reduced cross-entropy, scaled by the incoming gradient `scale`.
@@ -298,21 +284,17 @@ pub fn adamw_step_scaled(
     h: AdamWParams,
     grad_scale: f32,
 ) {
-    let f = h.factors();
-    let body = |((pi, gi), (mi, vi)): ((&mut f32, &f32), (&mut f32, &mut f32))| {
-        (*pi, *mi, *vi) = f.update(*pi, gi * grad_scale, *mi, *vi);
-    };
+    // sinter-cpu's vectorised kernel: the shared rule's arithmetic, bit for bit, on every ISA
+    // (sinter-cpu tests/rows.rs), without a libm fmaf call per element.
+    let isa = Isa::get();
     if p.len() >= super::PAR_THRESHOLD {
-        p.par_iter_mut()
-            .zip(g.par_iter())
-            .zip(m.par_iter_mut().zip(v.par_iter_mut()))
-            .with_min_len(4096)
-            .for_each(body);
+        const CHUNK: usize = 4096;
+        p.par_chunks_mut(CHUNK)
+            .zip(g.par_chunks(CHUNK))
+            .zip(m.par_chunks_mut(CHUNK).zip(v.par_chunks_mut(CHUNK)))
+            .for_each(|((p, g), (m, v))| adamw(isa, p, g, m, v, h, grad_scale));
     } else {
-        p.iter_mut()
-            .zip(g.iter())
-            .zip(m.iter_mut().zip(v.iter_mut()))
-            .for_each(body);
+        adamw(isa, p, g, m, v, h, grad_scale);
     }
 }
 

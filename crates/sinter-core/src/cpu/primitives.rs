@@ -440,8 +440,7 @@ impl BackendStorage for CpuStorage {
         // A bad target is reported in the words every backend uses.
         check_indices(&t, last_dim(l), Some(ignore_index), IndexUse::CrossEntropy)?;
         let (total, count, lse) =
-            nn::cross_entropy(&self.f32_contiguous(l), &t, last_dim(l), ignore_index)
-                .map_err(Error::Msg)?;
+            nn::cross_entropy(&self.f32_contiguous(l), &t, last_dim(l), ignore_index);
         Ok(CrossEntropyOut {
             loss: CpuStorage::F32(vec![(total / count as f64) as f32]),
             lse: CpuStorage::F32(lse),
@@ -504,8 +503,18 @@ impl BackendStorage for CpuStorage {
 
     fn index_select(&self, l: &Layout, ids: Indices<'_, Self>, g: IndexGeom) -> Result<Self> {
         let ids = row_ids(&ids, g.n)?;
-        let c = self.gather(l);
-        Ok(crate::with_cpu_vec!(&c, v => nn::index_select(v, &ids, g.outer, g.n, g.inner).into()))
+        // A contiguous table is read in place (an embedding lookup copies its rows, not the table).
+        Ok(crate::with_cpu_vec!(self, v => {
+            let gathered;
+            let src = match l.contiguous_range() {
+                Some(r) => &v[r],
+                None => {
+                    gathered = super::gather_strided(v, l);
+                    &gathered[..]
+                }
+            };
+            nn::index_select(src, &ids, g.outer, g.n, g.inner).into()
+        }))
     }
     fn index_select_backward(
         &self,
@@ -693,7 +702,7 @@ impl BackendStorage for CpuStorage {
         lr_table: (&Self, &Layout),
         scaler: Option<ScalerCfg>,
     ) -> Result<()> {
-        let table = lr_table.0.f32_contiguous(lr_table.1).into_owned();
+        let table = lr_table.0.f32_contiguous(lr_table.1);
         nn::step_finish(f32_mut(self, l, "step_finish")?, &table, scaler);
         Ok(())
     }
