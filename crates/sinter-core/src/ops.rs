@@ -223,7 +223,14 @@ impl Tensor {
             .map(|&d| resolve_dim(op, d, self.rank()))
             .collect::<Result<Vec<_>>>()?;
         out.sort_unstable();
-        out.dedup();
+        // PyTorch refuses a dimension named twice (as 0 and -2, say) rather than reducing once.
+        if let Some(w) = out.windows(2).find(|w| w[0] == w[1]) {
+            bail!(
+                "{op}: dim {} appears multiple times in the list of dims {dims:?} (shape {:?})",
+                w[0],
+                self.shape()
+            );
+        }
         Ok(out)
     }
 
@@ -248,14 +255,16 @@ impl Tensor {
         let all: Vec<isize> = (0..self.rank() as isize).collect();
         self.sum(&all, false)
     }
+    /// Mean over `dims`; over an empty dimension it is NaN (0 / 0), as in PyTorch.
     pub fn mean(&self, dims: &[isize], keepdim: bool) -> Result<Tensor> {
         let ds = self.resolve_dims("mean", dims)?;
         let count: usize = ds.iter().map(|&d| self.shape()[d]).product();
-        self.sum(dims, keepdim)?
-            .mul_scalar(1.0 / count.max(1) as f32)
+        // 1 / 0 = inf, and the empty sum's 0 · inf is NaN.
+        self.sum(dims, keepdim)?.mul_scalar(1.0 / count as f32)
     }
+    /// Mean of every element; NaN for an empty tensor.
     pub fn mean_all(&self) -> Result<Tensor> {
-        self.sum_all()?.mul_scalar(1.0 / self.numel().max(1) as f32)
+        self.sum_all()?.mul_scalar(1.0 / self.numel() as f32)
     }
     /// Maximum over one dimension. Gradient goes to the maximal elements (split among ties).
     pub fn max(&self, dim: isize, keepdim: bool) -> Result<Tensor> {
@@ -318,8 +327,12 @@ impl Tensor {
         }
         let name = if log { "log_softmax" } else { "softmax" };
         self.float_op(name)?;
-        if self.shape()[last] == 0 || self.numel() == 0 {
-            bail!("softmax: dimension {d} of {:?} is empty", self.shape());
+        if self.numel() == 0 {
+            // Nothing to normalise: an empty result of the same shape, as in PyTorch.
+            let s = Storage::alloc(self.device(), 0, self.dtype())?;
+            return Ok(output(s, self.shape(), name, &[self], |g, _| {
+                Ok(vec![Some(g.clone())])
+            }));
         }
         let s = self.storage().softmax(self.layout(), log)?;
         Ok(output(s, self.shape(), name, &[self], move |g, y| {

@@ -119,7 +119,6 @@ fn maximum_and_minimum_propagate_nan_from_either_side() {
 /// `max(0)` of [1, NaN, 3] is NaN (PyTorch: index 1) and so is `min(0)` of [NaN, 1, 0.5]
 /// (index 0), wherever the NaN sits; also over the middle dimension of a [3, 2] tensor.
 #[test]
-#[ignore = "issue 14: the CPU's max reduction drops a NaN that is not first"]
 fn max_and_min_reductions_propagate_nan() {
     on_each_device(|d| {
         let nan = f64::NAN;
@@ -136,7 +135,6 @@ fn max_and_min_reductions_propagate_nan() {
 
 /// argmax([1, NaN, 3]) = 1 in PyTorch: a NaN is the maximum, its first occurrence wins.
 #[test]
-#[ignore = "issue 14: the CPU's argmax skips NaN"]
 fn argmax_picks_the_first_nan() {
     on_each_device(|d| {
         let x = t(&[1.0f32, f32::NAN, 3.0], &[3], d)?;
@@ -150,7 +148,6 @@ fn argmax_picks_the_first_nan() {
 /// A 2×2 window [[1, 2], [NaN, 0]] pools to NaN (PyTorch's index: 2), and its gradient goes to
 /// the NaN.
 #[test]
-#[ignore = "issue 14: the CPU's max_pool2d ignores a NaN unless it comes first in the window"]
 fn max_pool_propagates_nan() {
     on_each_device(|d| {
         let x = t(&[1.0f32, 2.0, f32::NAN, 0.0], &[1, 1, 2, 2], d)?.to_var()?;
@@ -171,7 +168,6 @@ fn max_pool_propagates_nan() {
 // ---- i64 is exact ---------------------------------------------------------------------------------
 
 #[test]
-#[ignore = "issue 14: i64 sums, maxima and argmax go through f32"]
 fn i64_reductions_are_exact() {
     on_each_device(|d| {
         let x = t(&[16_777_217i64, 0, 1], &[3], d)?;
@@ -187,7 +183,6 @@ fn i64_reductions_are_exact() {
 
 /// PyTorch: `"softmax_lastdim_kernel_impl" not implemented for 'Long'`.
 #[test]
-#[ignore = "issue 14: softmax of i64 returns zeros instead of an error"]
 fn softmax_of_i64_is_refused() {
     on_each_device(|d| {
         let x = t(&[1i64, 2], &[2], d)?;
@@ -239,7 +234,6 @@ fn integer_division_is_true_division() {
 
 /// The mean over an empty dimension is NaN (0/0), as in PyTorch; the sum is 0.
 #[test]
-#[ignore = "issue 14: the mean over an empty dimension is 0"]
 fn mean_over_an_empty_dimension_is_nan() {
     on_each_device(|d| {
         let x = Tensor::zeros(&[0, 3], DType::F32, d)?;
@@ -258,7 +252,6 @@ fn mean_over_an_empty_dimension_is_nan() {
 
 /// Softmax of an empty tensor is an empty tensor of the same shape.
 #[test]
-#[ignore = "issue 14: softmax of an empty tensor is an error"]
 fn softmax_of_an_empty_tensor_is_empty() {
     on_each_device(|d| {
         for shape in [[0usize, 3], [3, 0]] {
@@ -274,7 +267,6 @@ fn softmax_of_an_empty_tensor_is_empty() {
 
 /// PyTorch: "dim 0 appears multiple times in the list of dims" (also for 0 and -2 of a matrix).
 #[test]
-#[ignore = "issue 14: a repeated reduction dimension is accepted silently"]
 fn a_repeated_reduction_dimension_is_refused() {
     on_each_device(|d| {
         let x = Tensor::ones(&[2, 3], DType::F32, d)?;

@@ -11,9 +11,11 @@ pub fn cases() -> Vec<Case> {
         case("sum_long", FLOATS, sum_long),
         case("max_min_argmax", FLOATS, max_min_argmax),
         case("max_splits_ties", FLOATS, max_splits_ties),
+        case("nan_propagates", FLOATS, nan_propagates),
         case("integer", I64, integer),
         case("integer_beyond_f32", I64, integer_beyond_f32),
         case("empty", FLOATS, empty),
+        case("repeated_dims", ALL, repeated_dims),
         case("softmax", FLOATS, softmax),
         case("softmax_wide", FLOATS, softmax_wide),
     ]
@@ -200,6 +202,75 @@ fn max_min_argmax(t: &Target) {
     }
 }
 
+/// A NaN anywhere in a reduced row makes max and min NaN and argmax its first position
+/// (PyTorch's rule), over the last and a middle dimension, whether the NaN comes first or not.
+fn nan_propagates(t: &Target) {
+    let nan = f64::NAN;
+    #[rustfmt::skip]
+    let x = Arr::new(&[3, 4], vec![
+        1.0, nan, 3.0, nan,
+        nan, 2.0, -1.0, 0.5,
+        4.0, -2.0, 7.0, nan,
+    ]);
+    for d in [0isize, 1] {
+        t.check_with(
+            &format!("max dim {d}"),
+            EXACT,
+            &[In::Fixed(x.clone())],
+            |v| v[0].max(d, false),
+            |v, _| r::reduce(&v[0], &[d], false, r::max),
+        );
+        t.check_with(
+            &format!("min dim {d}"),
+            EXACT,
+            &[In::Fixed(x.clone())],
+            |v| v[0].min(d, false),
+            |v, _| r::reduce(&v[0], &[d], false, r::min),
+        );
+        t.check_with(
+            &format!("argmax dim {d}"),
+            Opts {
+                out: Some(DType::I64),
+                ..EXACT
+            },
+            &[In::Fixed(x.clone())],
+            |v| v[0].argmax(d, false),
+            |v, _| r::reduce(&v[0], &[d], false, r::argmax),
+        );
+    }
+    // Over a middle dimension of [2, 3, 2] (inner 2).
+    let y = Arr::from_fn(
+        &[2, 3, 2],
+        |i| if i == [1, 2, 0] { nan } else { i[1] as f64 },
+    );
+    t.check_with(
+        "max over a middle dim",
+        EXACT,
+        &[In::Fixed(y)],
+        |v| v[0].max(1, false),
+        |v, _| r::reduce(&v[0], &[1], false, r::max),
+    );
+}
+
+/// A dimension named twice (also as its negative alias) is an error, as in PyTorch.
+fn repeated_dims(t: &Target) {
+    let x = t.zeros(&[2, 3], t.dtype);
+    for dims in [[1isize, 1], [1, -1]] {
+        let e = err_msg(x.sum(&dims, false));
+        assert!(
+            e.contains("dim 1 appears multiple times"),
+            "sum {dims:?}: {e}"
+        );
+        if t.dtype.is_float() {
+            let e = err_msg(x.mean(&dims, true));
+            assert!(
+                e.contains("dim 1 appears multiple times"),
+                "mean {dims:?}: {e}"
+            );
+        }
+    }
+}
+
 /// The gradient of max goes to the maximal elements, split evenly among ties.
 fn max_splits_ties(t: &Target) {
     let x = t
@@ -258,6 +329,39 @@ fn empty(t: &Target) {
             |v| v[0].sum(&[d], false),
             |v, _| r::reduce(&v[0], &[d], false, r::sum),
         );
+    }
+    // The mean over an empty dimension is 0 / 0 = NaN (PyTorch); so is the mean of nothing.
+    for (shape, d) in [([0usize, 3], 0isize), ([3, 0], 1)] {
+        t.check_with(
+            &format!("mean {shape:?} dim {d}"),
+            EXACT,
+            &[In::Fixed(Arr::new(&shape, vec![]))],
+            |v| v[0].mean(&[d], false),
+            |_, _| Arr::new(&[3], vec![f64::NAN; 3]),
+        );
+    }
+    t.check_with(
+        "mean_all of nothing",
+        EXACT,
+        &[In::Fixed(Arr::new(&[0, 2], vec![]))],
+        |v| v[0].mean_all(),
+        |_, _| Arr::scalar(f64::NAN),
+    );
+    // Softmax of an empty tensor is an empty tensor of its shape.
+    for shape in [[0usize, 3], [3, 0]] {
+        let x = t.zeros(&shape, t.dtype);
+        for d in [0isize, 1] {
+            assert_eq!(
+                x.softmax(d).unwrap().shape(),
+                shape,
+                "softmax {shape:?} dim {d}"
+            );
+            assert_eq!(
+                x.log_softmax(d).unwrap().shape(),
+                shape,
+                "log_softmax {shape:?}"
+            );
+        }
     }
     let x = Arr::from_fn(&[2, 3], |i| i[1] as f64);
     t.check(

@@ -4,6 +4,7 @@
 //! Gradients are not written here: the harness differentiates these functions by central
 //! differences in f64 (see `harness::check`), so each op has exactly one reference.
 
+use sinter_core::op::{pool_max_replaces, ReduceOp};
 use sinter_core::{bf16, f16, DType};
 
 /// Row-major strides.
@@ -273,16 +274,19 @@ pub fn sum(v: &[f64]) -> f64 {
 pub fn mean(v: &[f64]) -> f64 {
     v.iter().sum::<f64>() / v.len() as f64
 }
+/// The maximum (NaN if any element is NaN; −inf of nothing): the shared rule of
+/// `ReduceOp::reduce_f64`.
 pub fn max(v: &[f64]) -> f64 {
-    v.iter().copied().fold(f64::NEG_INFINITY, f64::max)
+    ReduceOp::Max.reduce_f64(v).unwrap_or(f64::NEG_INFINITY)
 }
 pub fn min(v: &[f64]) -> f64 {
-    v.iter().copied().fold(f64::INFINITY, f64::min)
+    ReduceOp::Min.reduce_f64(v).unwrap_or(f64::INFINITY)
 }
-/// Index of the first maximum.
+/// Index of the first maximum (of the first NaN, if any).
 pub fn argmax(v: &[f64]) -> f64 {
-    let m = max(v);
-    v.iter().position(|&x| x == m).unwrap() as f64
+    ReduceOp::ArgMax
+        .reduce_f64(v)
+        .expect("argmax of a non-empty row")
 }
 /// Exact i64 sum with two's-complement wrapping (PyTorch's integer semantics).
 pub fn sum_i64(v: &[f64]) -> f64 {
@@ -422,7 +426,9 @@ pub fn pool2d(x: &Arr, kernel: usize, stride: usize, padding: usize, is_max: boo
                     continue;
                 }
                 let v = x.get(&[i[0], i[1], iy as usize, ix as usize]);
-                best = best.max(v);
+                if pool_max_replaces(best as f32, v as f32) {
+                    best = v;
+                }
                 total += v;
             }
         }
