@@ -197,7 +197,6 @@ fn softmax_of_i64_is_refused() {
 /// [[1, 2], [3, 4]] @ [[5], [2^40]] = [[2199023255557], [4398046511119]] and
 /// [[2^62, 2^62]] @ [[2], [1]] = [[-4611686018427387904]].
 #[test]
-#[ignore = "issue 14: i64 matmul fails with \"expected dtype I64, got I64\""]
 fn i64_matmul_is_exact() {
     on_each_device(|d| {
         let a = t(&[1i64, 2, 3, 4], &[2, 2], d)?;
@@ -217,7 +216,6 @@ fn i64_matmul_is_exact() {
 /// `/` is true division, as in PyTorch: i64 operands give f32 ([-7, 7] / [2, -2] = [-3.5, -3.5])
 /// and a division by zero gives ±inf or NaN ([1, 0, -1] / 0 = [inf, nan, -inf]).
 #[test]
-#[ignore = "issue 14: i64 division truncates and x / 0 is 0"]
 fn integer_division_is_true_division() {
     on_each_device(|d| {
         let y = t(&[-7i64, 7], &[2], d)?.div(&t(&[2i64, -2], &[2], d)?)?;
@@ -226,6 +224,26 @@ fn integer_division_is_true_division() {
         let y = t(&[1i64, 0, -1], &[3], d)?.div(&t(&[0i64, 0, 0], &[3], d)?)?;
         let inf = f64::INFINITY;
         assert_close("div by 0", &y.to_vec_f32()?, &[inf, f64::NAN, -inf], 0.0);
+        Ok(())
+    })
+}
+
+/// `torch.floor_divide` rounds toward −∞ ([-7, 7] // [2, -2] = [-4, -4]; in float32
+/// 5 // 0.1 = 49 and 0.3 // 0.1 = 3, -0.3 // 0.1 = -4); an integer division by zero is refused
+/// (PyTorch: ZeroDivisionError), a float one is ±inf / NaN.
+#[test]
+fn floor_divide_follows_pytorch() {
+    on_each_device(|d| {
+        let y = t(&[-7i64, 7, 6, -5], &[4], d)?.floor_divide(&t(&[2i64, -2, -3, 3], &[4], d)?)?;
+        assert_eq!(y.dtype(), DType::I64);
+        assert_eq!(y.to_vec_i64()?, [-4, -4, -2, -2]);
+        let a = t(&[5.0f32, 0.3, -0.3, 1.0, 0.0, -7.5], &[6], d)?;
+        let b = t(&[0.1f32, 0.1, 0.1, 0.0, 0.0, 2.0], &[6], d)?;
+        let (inf, nan) = (f64::INFINITY, f64::NAN);
+        let want = [49.0, 3.0, -4.0, inf, nan, -4.0];
+        assert_close("f32 //", &a.floor_divide(&b)?.to_vec_f32()?, &want, 0.0);
+        let e = err_text(t(&[1i64, 2], &[2], d)?.floor_divide(&t(&[1i64, 0], &[2], d)?));
+        assert!(e.contains("division by zero"), "{e}");
         Ok(())
     })
 }
@@ -364,7 +382,6 @@ fn adamw_state_follows_pytorch() {
 /// 1-D operands as in `torch.matmul`: a vector is a row on the left and a column on the right,
 /// and that dimension is removed from the result.
 #[test]
-#[ignore = "issue 14: matmul needs two matrices"]
 fn matmul_accepts_vectors() {
     on_each_device(|d| {
         let a = t(&[1.0f32, 2.0, 3.0], &[3], d)?;
@@ -398,7 +415,6 @@ fn matmul_accepts_vectors() {
 /// An integer operand meets a float one as that float dtype (i64 + f32 → f32, i64 · f16 → f16,
 /// i64 · bf16 → bf16), like PyTorch's type promotion.
 #[test]
-#[ignore = "issue 14: i64 and float operands are a dtype mismatch"]
 fn integer_operands_promote_to_the_float_dtype() {
     on_each_device(|d| {
         let i = t(&[1i64, 2], &[2], d)?;

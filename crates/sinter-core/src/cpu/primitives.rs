@@ -221,10 +221,15 @@ impl BackendStorage for CpuStorage {
     }
 
     fn matmul(&self, la: &Layout, rhs: &Self, lb: &Layout) -> Result<Self> {
-        float_only("matmul", CpuStorage::dtype(self))?;
         let nb = la.rank() - 2;
         let batch: usize = la.shape()[..nb].iter().product();
         let (m, k, n) = (la.shape()[nb], la.shape()[nb + 1], lb.shape()[nb + 1]);
+        if let (CpuStorage::I64(a), CpuStorage::I64(b)) = (self, rhs) {
+            let (va, vb) = (batch_view(la, nb), batch_view(lb, nb));
+            let out = matmul::batched_matmul_i64(a, b, batch, m, n, k, va, vb);
+            return Ok(CpuStorage::I64(out));
+        }
+        float_only("matmul", CpuStorage::dtype(self))?;
         let out = match (self, rhs) {
             (CpuStorage::F32(a), CpuStorage::F32(b)) => matmul::batched_gemm_f32(
                 a,

@@ -227,11 +227,6 @@ pub fn relu(x: f64) -> f64 {
     x.max(0.0)
 }
 
-/// Truncating integer division (Rust's and C's `/`); the caller keeps divisors non-zero.
-pub fn int_div(a: f64, b: f64) -> f64 {
-    (a as i64).wrapping_div(b as i64) as f64
-}
-
 /// Two's-complement wrapping of an exact integer result into i64.
 pub fn wrap_i64(x: i128) -> f64 {
     x as i64 as f64
