@@ -213,30 +213,7 @@ fn nan_propagates(t: &Target) {
         4.0, -2.0, 7.0, nan,
     ]);
     for d in [0isize, 1] {
-        t.check_with(
-            &format!("max dim {d}"),
-            EXACT,
-            &[In::Fixed(x.clone())],
-            |v| v[0].max(d, false),
-            |v, _| r::reduce(&v[0], &[d], false, r::max),
-        );
-        t.check_with(
-            &format!("min dim {d}"),
-            EXACT,
-            &[In::Fixed(x.clone())],
-            |v| v[0].min(d, false),
-            |v, _| r::reduce(&v[0], &[d], false, r::min),
-        );
-        t.check_with(
-            &format!("argmax dim {d}"),
-            Opts {
-                out: Some(DType::I64),
-                ..EXACT
-            },
-            &[In::Fixed(x.clone())],
-            |v| v[0].argmax(d, false),
-            |v, _| r::reduce(&v[0], &[d], false, r::argmax),
-        );
+        extrema(t, &x, d, false);
     }
     // Over a middle dimension of [2, 3, 2] (inner 2).
     let y = Arr::from_fn(
@@ -385,28 +362,32 @@ fn integer_reductions(t: &Target, a: &Arr) {
                 |v| v[0].sum(&[d], keepdim),
                 rd(r::sum_i64),
             );
-            t.check_with(
-                &format!("max {tag}"),
-                EXACT,
-                &[In::Fixed(a.clone())],
-                |v| v[0].max(d, keepdim),
-                rd(r::max),
-            );
-            t.check_with(
-                &format!("min {tag}"),
-                EXACT,
-                &[In::Fixed(a.clone())],
-                |v| v[0].min(d, keepdim),
-                rd(r::min),
-            );
-            t.check_with(
-                &format!("argmax {tag}"),
-                EXACT,
-                &[In::Fixed(a.clone())],
-                |v| v[0].argmax(d, keepdim),
-                rd(r::argmax),
-            );
+            extrema(t, a, d, keepdim);
         }
+    }
+}
+
+/// max, min and argmax of `a` over `d`, exactly (argmax as i64 in every target dtype).
+fn extrema(t: &Target, a: &Arr, d: isize, keepdim: bool) {
+    let tag = format!("dim {d} keepdim {keepdim}");
+    let ops: [(
+        &str,
+        fn(&Tensor, isize, bool) -> sinter_core::Result<Tensor>,
+        fn(&[f64]) -> f64,
+    ); 3] = [
+        ("max", Tensor::max, r::max),
+        ("min", Tensor::min, r::min),
+        ("argmax", Tensor::argmax, r::argmax),
+    ];
+    for (name, f, rf) in ops {
+        let out = (name == "argmax").then_some(DType::I64);
+        t.check_with(
+            &format!("{name} {tag}"),
+            Opts { out, ..EXACT },
+            &[In::Fixed(a.clone())],
+            |v| f(&v[0], d, keepdim),
+            |v, _| r::reduce(&v[0], &[d], keepdim, rf),
+        );
     }
 }
 
