@@ -9,7 +9,10 @@
 //! A case that today's code fails is `#[ignore]`d with the reason until its fix lands;
 //! `cargo test -p sinter-core --test semantics -- --ignored` lists what is still open.
 
-use sinter_core::{AdamWParams, DType, Device, Element, Pool2dParams, Result, Tensor};
+use sinter_core::{
+    AdamWParams, CrossEntropyOptions, DType, Device, Element, Pool2dParams, Reduction, Result,
+    Tensor,
+};
 
 /// The CPU, then the CUDA test device when there is one.
 fn devices() -> Vec<Device> {
@@ -79,6 +82,31 @@ fn cross_entropy_keeps_the_digits_of_a_confident_prediction() {
         );
         let wrong = x.cross_entropy(&t(&[1i64], &[1], d)?, -100)?;
         assert_close("loss", &wrong.to_vec_f32()?, &[8.0030146151294], 1e-6);
+        Ok(())
+    })
+}
+
+/// Per-row losses (`reduction = none`) keep the same digits: PyTorch's float64 values of the
+/// rows above, 0 for an ignored row, and their sum.
+#[test]
+fn cross_entropy_per_row_losses_keep_their_digits() {
+    on_each_device(|d| {
+        let mut rows = vec![80f32; 30];
+        for r in 0..3 {
+            rows[r * 10] = 88.0;
+        }
+        let x = t(&rows, &[3, 10], d)?;
+        let targets = t(&[0i64, 1, -100], &[3], d)?;
+        let mut o = CrossEntropyOptions {
+            reduction: Reduction::None,
+            ..Default::default()
+        };
+        let want = [0.0030146151294003338, 8.0030146151294, 0.0];
+        let per_row = x.cross_entropy_with(&targets, &o)?.to_vec_f32()?;
+        assert_close("rows", &per_row, &want, 2e-6);
+        o.reduction = Reduction::Sum;
+        let sum = x.cross_entropy_with(&targets, &o)?.to_vec_f32()?;
+        assert_close("sum", &sum, &[want.iter().sum()], 1e-6);
         Ok(())
     })
 }

@@ -72,11 +72,6 @@ fn last_dim(l: &Layout) -> usize {
     l.shape().last().copied().unwrap_or(1)
 }
 
-/// Values of an f32 scalar (or one-element) storage.
-fn scalar_f32(s: &CpuStorage) -> f32 {
-    s.f32_contiguous(&Layout::contiguous(&[s.len()]))[0]
-}
-
 /// The ids as checked row numbers (the CPU checks every time: it is one pass over the ids).
 fn row_ids(ids: &Indices<'_, CpuStorage>, bound: usize) -> Result<Vec<usize>> {
     if ids.ids.dtype() != DType::I64 {
@@ -444,36 +439,31 @@ impl BackendStorage for CpuStorage {
         let t = targets.ids.i64_contiguous(targets.layout);
         // A bad target is reported in the words every backend uses.
         check_indices(&t, last_dim(l), Some(ignore_index), IndexUse::CrossEntropy)?;
-        let (total, count, lse) =
-            nn::cross_entropy(&self.f32_contiguous(l), &t, last_dim(l), ignore_index);
+        let (loss, lse) = nn::cross_entropy(&self.f32_contiguous(l), &t, last_dim(l), ignore_index);
         Ok(CrossEntropyOut {
-            loss: CpuStorage::F32(vec![(total / count as f64) as f32]),
+            loss: CpuStorage::F32(loss),
             lse: CpuStorage::F32(lse),
-            count: CpuStorage::F32(vec![count as f32]),
         })
     }
     fn cross_entropy_backward(
         &self,
         l: &Layout,
         targets: Indices<'_, Self>,
-        saved: CrossEntropyOut<&Self>,
+        lse: &Self,
         grad: &Self,
         gradl: &Layout,
         ignore_index: i64,
     ) -> Result<Self> {
         let t = targets.ids.i64_contiguous(targets.layout);
-        let g = grad.f32_contiguous(gradl)[0];
-        let scale = g / scalar_f32(saved.count);
-        let lse = saved
-            .lse
-            .f32_contiguous(&Layout::contiguous(&[saved.lse.len()]));
+        let g = grad.f32_contiguous(gradl);
+        let lse = lse.f32_contiguous(&Layout::contiguous(&[lse.len()]));
         let d = nn::cross_entropy_backward(
             &self.f32_contiguous(l),
             &t,
             &lse,
             last_dim(l),
             ignore_index,
-            scale,
+            &g,
         );
         Ok(CpuStorage::from_f32(d, CpuStorage::dtype(self)))
     }

@@ -453,16 +453,40 @@ pub fn layer_norm(x: &Arr, g: &Arr, b: &Arr, eps: f64) -> Arr {
 
 /// Mean over the non-ignored rows of −log softmax(logits)[target]; `targets` holds class ids.
 pub fn cross_entropy(logits: &Arr, targets: &Arr, ignore: i64) -> Arr {
+    cross_entropy_with(logits, targets, None, 0.0, ignore, "mean")
+}
+
+/// `torch.nn.functional.cross_entropy` with class weights `w`, label smoothing `eps` and
+/// reduction `mean` / `sum` / `none`, written from PyTorch's definition: row r's loss is
+/// (1 − ε)·w[t]·(lse − x_t) + ε/C·Σ_c w_c·(lse − x_c) (0 when t is ignored), and the mean
+/// divides by Σ w[t] over the counted rows.
+pub fn cross_entropy_with(
+    logits: &Arr,
+    targets: &Arr,
+    w: Option<&Arr>,
+    eps: f64,
+    ignore: i64,
+    reduction: &str,
+) -> Arr {
     let c = *logits.shape.last().unwrap();
-    let (mut total, mut count) = (0.0, 0usize);
+    let weight = |k: usize| w.map_or(1.0, |w| w.data[k]);
+    let (mut losses, mut denominator) = (Vec::new(), 0.0);
     for (row, &t) in logits.data.chunks(c).zip(&targets.data) {
         if t as i64 == ignore {
+            losses.push(0.0);
             continue;
         }
-        total += logsumexp(row) - row[t as usize];
-        count += 1;
+        let (lse, t) = (logsumexp(row), t as usize);
+        let smooth: f64 = (0..c).map(|k| weight(k) * (lse - row[k])).sum();
+        losses.push((1.0 - eps) * weight(t) * (lse - row[t]) + eps / c as f64 * smooth);
+        denominator += weight(t);
     }
-    Arr::scalar(total / count as f64)
+    let total: f64 = losses.iter().sum();
+    match reduction {
+        "none" => Arr::new(&targets.shape, losses),
+        "sum" => Arr::scalar(total),
+        _ => Arr::scalar(total / denominator),
+    }
 }
 
 pub fn mse(a: &Arr, b: &Arr) -> Arr {
