@@ -297,6 +297,30 @@ impl Tensor {
     pub fn mean_all(&self) -> Result<Tensor> {
         self.sum_all()?.mul_scalar(1.0 / self.numel() as f32)
     }
+    /// `torch.var`: Σ (x − mean)² / max(0, N − correction) over `dims` (N elements each), so
+    /// `correction` 1 is Bessel's (PyTorch's default) and 0 the population variance; N ≤
+    /// correction gives NaN (or inf), as in PyTorch. Computed in f32 from the mean (two passes)
+    /// and returned in the input's dtype; differentiable.
+    pub fn var(&self, dims: &[isize], correction: f64, keepdim: bool) -> Result<Tensor> {
+        let ds = self.resolve_dims("var", dims)?;
+        self.float_op("var")?;
+        let n: usize = ds.iter().map(|&d| self.shape()[d]).product();
+        let x = self.to_dtype(DType::F32)?;
+        let deviation = x.sub(&x.mean(dims, true)?)?;
+        let squares = deviation.sqr()?.sum(dims, keepdim)?;
+        let denominator = (n as f64 - correction).max(0.0);
+        squares
+            .mul_scalar((1.0 / denominator) as f32)?
+            .to_dtype(self.dtype())
+    }
+    /// `torch.std`: the square root of [`Tensor::var`].
+    pub fn std(&self, dims: &[isize], correction: f64, keepdim: bool) -> Result<Tensor> {
+        let dtype = self.dtype();
+        self.to_dtype(DType::F32)?
+            .var(dims, correction, keepdim)?
+            .sqrt()?
+            .to_dtype(dtype)
+    }
     /// Maximum over one dimension. Gradient goes to the maximal elements (split among ties).
     pub fn max(&self, dim: isize, keepdim: bool) -> Result<Tensor> {
         self.extremum(dim, keepdim, ReduceOp::Max)

@@ -8,6 +8,7 @@ pub fn cases() -> Vec<Case> {
     vec![
         case("sum_mean", FLOATS, sum_mean),
         case("sum_all_mean_all", FLOATS, sum_all_mean_all),
+        case("var_std", FLOATS, var_std),
         case("sum_long", FLOATS, sum_long),
         case("max_min_argmax", FLOATS, max_min_argmax),
         case("max_splits_ties", FLOATS, max_splits_ties),
@@ -87,6 +88,51 @@ fn sum_mean(t: &Target) {
         |v| v[0].sum(&[1], false),
         |v, _| r::reduce(&v[0], &[1], false, r::sum),
     );
+}
+
+/// `var` / `std` with corrections 0, 1 (Bessel's) and 2 over the views and dimension sets of
+/// `sum_mean`, forward and gradient; a dimension of N ≤ correction gives NaN.
+fn var_std(t: &Target) {
+    let mut rng = t.rng(26);
+    for (what, shape, view, rview) in views() {
+        let x = uniform(&mut rng, &shape, -2.0, 2.0);
+        for &dims in &[&[0isize][..], &[-1], &[0, 2], &[0, 1, 2]] {
+            for (correction, keepdim) in [(1.0, false), (0.0, true), (2.0, false)] {
+                let tag = format!("{what} dims {dims:?} correction {correction} keepdim {keepdim}");
+                t.check_with(
+                    &format!("var {tag}"),
+                    rounds(2.0),
+                    &[In::Var(x.clone())],
+                    |v| view(&v[0])?.var(dims, correction, keepdim),
+                    |v, _| r::reduce(&rview(&v[0]), dims, keepdim, |s| r::var(s, correction)),
+                );
+                t.check_with(
+                    &format!("std {tag}"),
+                    rounds(2.0),
+                    &[In::Var(x.clone())],
+                    |v| view(&v[0])?.std(dims, correction, keepdim),
+                    |v, _| {
+                        r::reduce(&rview(&v[0]), dims, keepdim, |s| {
+                            r::var(s, correction).sqrt()
+                        })
+                    },
+                );
+            }
+        }
+    }
+    // [2, 1]: one element per row; correction 1 leaves no degree of freedom (NaN), 0 gives 0.
+    let x = Arr::new(&[2, 1], vec![3.0, -1.0]);
+    for (correction, want) in [(1.0, f64::NAN), (0.0, 0.0)] {
+        t.check_with(
+            &format!("var of one element, correction {correction}"),
+            EXACT,
+            &[In::Fixed(x.clone())],
+            |v| v[0].var(&[1], correction, false),
+            |_, _| Arr::new(&[2], vec![want; 2]),
+        );
+    }
+    let e = err_msg(t.ids(&[1, 2], &[2]).var(&[0], 1.0, false));
+    assert!(e.contains("var"), "{e}");
 }
 
 fn sum_all_mean_all(t: &Target) {

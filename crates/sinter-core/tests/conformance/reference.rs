@@ -269,6 +269,11 @@ pub fn sum(v: &[f64]) -> f64 {
 pub fn mean(v: &[f64]) -> f64 {
     v.iter().sum::<f64>() / v.len() as f64
 }
+/// Σ (x − mean)² / max(0, N − correction) (`torch.var`).
+pub fn var(v: &[f64], correction: f64) -> f64 {
+    let m = mean(v);
+    v.iter().map(|x| (x - m) * (x - m)).sum::<f64>() / (v.len() as f64 - correction).max(0.0)
+}
 /// The maximum (NaN if any element is NaN; −inf of nothing): the shared rule of
 /// `ReduceOp::reduce_f64`.
 pub fn max(v: &[f64]) -> f64 {
