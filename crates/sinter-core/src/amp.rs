@@ -25,10 +25,10 @@
 //! (`cross_entropy` returns f32 for any logits). Compute a hand-written loss in f32 (cast its
 //! input with `to_dtype`) so that fp16 loss scaling has the range it needs.
 //!
-//! Promotion rules (`promote_types`): equal dtypes stay; f32 with bf16 or f16 gives f32; bf16
-//! with f16 gives f32 (neither holds the other). Integers never promote: mixing i64 with a float
-//! stays an error, as does a float mix in ops that do not promote (`where_cond`, `cat`, and
-//! `matmul` outside an autocast region).
+//! Promotion rules (`promote_types`, the rule of `DType::promote`): equal dtypes stay; f32 with
+//! bf16 or f16 gives f32; bf16 with f16 gives f32 (neither holds the other); i64 with a float
+//! gives that float (as in PyTorch). A dtype mix in ops that do not promote (`where_cond`,
+//! `cat`, and `matmul` outside an autocast region) stays an error.
 
 use std::cell::Cell;
 
@@ -82,14 +82,7 @@ pub fn autocast_disabled() -> AutocastGuard {
 /// The common dtype of two operands of an elementwise op, or None when they cannot be mixed
 /// (different dtypes of which one is not a float).
 pub fn promote_types(a: DType, b: DType) -> Option<DType> {
-    if a == b {
-        return Some(a);
-    }
-    if !a.is_float() || !b.is_float() {
-        return None;
-    }
-    // Different floats: f32 with anything is f32; bf16 with f16 needs f32 to hold both.
-    Some(DType::F32)
+    DType::promote(a, b)
 }
 
 /// Casts a float tensor to `dtype` (differentiably) unless it already is; integers pass as is.
@@ -115,13 +108,14 @@ pub(crate) fn autocast_operands(a: &Tensor, b: &Tensor) -> Result<Option<(Tensor
 }
 
 /// For an elementwise op: both operands in their promoted dtype, or None when they already
-/// agree or cannot be promoted (the op then reports the mismatch).
+/// agree or cannot be promoted (the op then reports the mismatch). Float casts are
+/// differentiable; an integer operand is converted (it has no gradient).
 pub(crate) fn promote_operands(a: &Tensor, b: &Tensor) -> Result<Option<(Tensor, Tensor)>> {
     if a.dtype() == b.dtype() {
         return Ok(None);
     }
     match promote_types(a.dtype(), b.dtype()) {
-        Some(dt) => Ok(Some((cast_float(a, dt)?, cast_float(b, dt)?))),
+        Some(dt) => Ok(Some((a.to_dtype(dt)?, b.to_dtype(dt)?))),
         None => Ok(None),
     }
 }
@@ -158,7 +152,7 @@ mod tests {
         assert_eq!(promote_types(BF16, F16), Some(F32));
         assert_eq!(promote_types(BF16, BF16), Some(BF16));
         assert_eq!(promote_types(I64, I64), Some(I64));
-        assert_eq!(promote_types(I64, F32), None);
-        assert_eq!(promote_types(BF16, I64), None);
+        assert_eq!(promote_types(I64, F32), Some(F32));
+        assert_eq!(promote_types(BF16, I64), Some(BF16));
     }
 }

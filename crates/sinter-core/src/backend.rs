@@ -335,23 +335,14 @@ pub struct RowStats<S> {
     pub rstd: S,
 }
 
-/// The outputs of a fused cross-entropy forward: the mean loss (an f32 scalar), and what the
-/// backward needs: each row's log-sum-exp and the number of counted rows (f32, one element).
+/// The outputs of a fused cross-entropy forward, f32, one per row of the logits: each row's
+/// loss, computed as ln Σ e^(x − max) − (x_t − max) (0 where the target is the ignore index),
+/// and its log-sum-exp (what the backward needs besides the logits). Reductions, class weights
+/// and label smoothing are tensor ops above the seam (`loss.rs`).
 #[derive(Clone, Debug)]
 pub struct CrossEntropyOut<S> {
     pub loss: S,
     pub lse: S,
-    pub count: S,
-}
-
-impl<S> CrossEntropyOut<S> {
-    pub fn as_ref(&self) -> CrossEntropyOut<&S> {
-        CrossEntropyOut {
-            loss: &self.loss,
-            lse: &self.lse,
-            count: &self.count,
-        }
-    }
 }
 
 // ---- the traits ----------------------------------------------------------------------------------
@@ -519,21 +510,22 @@ pub trait BackendStorage: Sized + Clone + Send + Sync + std::fmt::Debug {
         bl: &Layout,
         eps: f32,
     ) -> Result<(Self, Self, RowStats<Self>)>;
-    /// Mean cross-entropy of logits [rows, c] (`self`) against i64 targets [rows]; rows whose
-    /// target is `ignore_index` count for nothing.
+    /// Cross-entropy of each row of logits [rows, c] (`self`) against i64 targets [rows]; a row
+    /// whose target is `ignore_index` has loss 0.
     fn cross_entropy(
         &self,
         l: &Layout,
         targets: Indices<'_, Self>,
         ignore_index: i64,
     ) -> Result<CrossEntropyOut<Self>>;
-    /// d loss / d logits scaled by the loss's gradient `grad` (an f32 scalar), in the logits'
-    /// dtype.
+    /// d Σ_r grad_r · loss_r / d logits = (softmax(x_r) − onehot(t_r)) · grad_r (0 for ignored
+    /// rows), from the forward's `lse` and the per-row loss gradient `grad` (f32 [rows], any
+    /// layout), in the logits' dtype.
     fn cross_entropy_backward(
         &self,
         l: &Layout,
         targets: Indices<'_, Self>,
-        saved: CrossEntropyOut<&Self>,
+        lse: &Self,
         grad: &Self,
         gradl: &Layout,
         ignore_index: i64,

@@ -13,6 +13,7 @@ pub mod error;
 pub mod fused;
 mod graph;
 pub mod layout;
+pub mod loss;
 mod nn_ops;
 pub mod op;
 mod ops;
@@ -27,6 +28,7 @@ pub use device::Device;
 pub use dtype::{DType, Element};
 pub use error::{Error, Result};
 pub use layout::Layout;
+pub use loss::{CrossEntropyOptions, Reduction};
 pub use rng::Rng;
 pub use tensor::{step_ctl, Tensor, TensorId};
 

@@ -1,5 +1,5 @@
 //! Differentiable neural-network ops with dedicated (fused) kernels: conv2d, pooling,
-//! layer norm, cross-entropy, gather/scatter, concatenation, selection and dropout.
+//! layer norm, gather/scatter, concatenation, selection and dropout (losses: `loss.rs`).
 
 use crate::backend::{
     check_indices, Conv2dParams, ConvGeom, IndexGeom, IndexUse, Indices, Pool2dParams, PoolGeom,
@@ -265,80 +265,6 @@ impl Tensor {
         ))
     }
 
-    /// Mean cross-entropy of logits [..., c] against i64 class indices [...], fused with
-    /// log-softmax; targets equal to `ignore_index` count for nothing.
-    pub fn cross_entropy(&self, targets: &Tensor, ignore_index: i64) -> Result<Tensor> {
-        let c = *self
-            .shape()
-            .last()
-            .ok_or_else(|| Error::Msg("cross_entropy: logits are a scalar".into()))?;
-        if targets.dtype() != DType::I64 {
-            return Err(Error::DTypeMismatch {
-                op: "cross_entropy",
-                expected: DType::I64,
-                got: targets.dtype(),
-            });
-        }
-        if targets.shape() != &self.shape()[..self.rank() - 1] {
-            return Err(Error::ShapeMismatch {
-                op: "cross_entropy",
-                lhs: self.shape().to_vec(),
-                rhs: targets.shape().to_vec(),
-            });
-        }
-        self.float_op("cross_entropy")?;
-        let what = IndexUse::CrossEntropy;
-        let (targets, checked) = self.indices_here(targets, c, Some(ignore_index), what)?;
-        let saved = {
-            let ts = targets.storage();
-            let ids = Indices {
-                ids: &*ts,
-                layout: targets.layout(),
-                what,
-                checked,
-            };
-            self.storage()
-                .cross_entropy(self.layout(), ids, ignore_index)?
-        };
-        let logits = self.clone();
-        Ok(output(
-            saved.loss.clone(),
-            &[],
-            "cross_entropy",
-            &[self],
-            move |g, _| {
-                let ts = targets.storage();
-                let ids = Indices {
-                    ids: &*ts,
-                    layout: targets.layout(),
-                    what,
-                    checked: true,
-                };
-                let d = logits.storage().cross_entropy_backward(
-                    logits.layout(),
-                    ids,
-                    &saved,
-                    &g.storage(),
-                    g.layout(),
-                    ignore_index,
-                )?;
-                Ok(vec![Some(Tensor::from_storage(d, logits.shape()))])
-            },
-        ))
-    }
-
-    /// Mean squared error against a target of the same shape.
-    pub fn mse_loss(&self, target: &Tensor) -> Result<Tensor> {
-        if self.shape() != target.shape() {
-            return Err(Error::ShapeMismatch {
-                op: "mse_loss",
-                lhs: self.shape().to_vec(),
-                rhs: target.shape().to_vec(),
-            });
-        }
-        self.sub(target)?.sqr()?.mean_all()
-    }
-
     fn index_dtype(idx: &Tensor, op: &'static str) -> Result<()> {
         if idx.dtype() != DType::I64 {
             return Err(Error::DTypeMismatch {
@@ -354,7 +280,7 @@ impl Tensor {
     /// checked: indices that live here are checked by the backend; indices from another device
     /// are read to the host, checked there (an immediate error naming the bad one) and moved
     /// here.
-    fn indices_here(
+    pub(crate) fn indices_here(
         &self,
         idx: &Tensor,
         bound: usize,

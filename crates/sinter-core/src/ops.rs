@@ -107,7 +107,14 @@ impl Tensor {
 
     pub fn binary(&self, rhs: &Tensor, op: BinaryOp) -> Result<Tensor> {
         self.same_device(op.name(), rhs)?;
-        // Different float dtypes promote to the wider (see `amp`); the casts are differentiable.
+        if op == BinaryOp::Div && !self.dtype().is_float() && !rhs.dtype().is_float() {
+            // True division, as PyTorch's `/`: integers divide as f32 (its default float).
+            return self
+                .to_dtype(DType::F32)?
+                .binary(&rhs.to_dtype(DType::F32)?, op);
+        }
+        // Mixed dtypes promote (`DType::promote`: the wider float; an integer meets a float as
+        // that float); float casts are differentiable.
         if let Some((a, b)) = crate::amp::promote_operands(self, rhs)? {
             return a.binary(&b, op);
         }
@@ -119,12 +126,16 @@ impl Tensor {
             });
         }
         let shape = broadcast_shape(op.name(), self.shape(), rhs.shape())?;
+        if op == BinaryOp::FloorDiv && !rhs.dtype().is_float() {
+            rhs.no_zero_divisor()?;
+        }
         let (la, lb) = (
             self.layout().broadcast_as(&shape)?,
             rhs.layout().broadcast_as(&shape)?,
         );
         let s = self.storage().binary(&la, &rhs.storage(), &lb, op)?;
-        if op.is_comparison() || !self.dtype().is_float() {
+        // Comparisons and floor division are piecewise constant: no gradient (PyTorch's is 0).
+        if op.is_comparison() || op == BinaryOp::FloorDiv || !self.dtype().is_float() {
             return Ok(Tensor::from_storage(s, &shape));
         }
         let (a, b) = (self.clone(), rhs.clone());
@@ -146,7 +157,7 @@ impl Tensor {
                         Tensor::where_cond(&pick_a, &zeros, g)?,
                     )
                 }
-                _ => unreachable!("comparisons record no node"),
+                _ => unreachable!("comparisons and floor division record no node"),
             };
             let want_a = a
                 .tracks_grad()
@@ -168,8 +179,28 @@ impl Tensor {
     pub fn mul(&self, rhs: &Tensor) -> Result<Tensor> {
         self.binary(rhs, BinaryOp::Mul)
     }
+    /// True division (PyTorch's `/` and `torch.div`): integer operands divide as f32, so
+    /// [-7, 7] / [2, -2] = [-3.5, -3.5]; x / 0 is ±inf, and 0 / 0 NaN.
     pub fn div(&self, rhs: &Tensor) -> Result<Tensor> {
         self.binary(rhs, BinaryOp::Div)
+    }
+    /// `torch.floor_divide` (Python's `//`): the quotient rounded toward −∞, in the operands'
+    /// (promoted) dtype: [-7, 7] // [2, -2] = [-4, -4]. Floats follow IEEE for a zero divisor
+    /// (±inf, NaN); an integer division by zero is an error, as PyTorch's `ZeroDivisionError`
+    /// (checking it reads the integer divisor to the host). No gradient.
+    pub fn floor_divide(&self, rhs: &Tensor) -> Result<Tensor> {
+        self.binary(rhs, BinaryOp::FloorDiv)
+    }
+    /// An error naming the first zero of this integer divisor, if it has one.
+    fn no_zero_divisor(&self) -> Result<()> {
+        let v = self.to_vec_i64()?;
+        if let Some(at) = v.iter().position(|&x| x == 0) {
+            bail!(
+                "floor_divide: integer division by zero (element {at} of the divisor, shape {:?}, is 0); divide as floats (`div`) for ±inf, or keep the divisor non-zero",
+                self.shape()
+            );
+        }
+        Ok(())
     }
     pub fn maximum(&self, rhs: &Tensor) -> Result<Tensor> {
         self.binary(rhs, BinaryOp::Maximum)
@@ -223,7 +254,14 @@ impl Tensor {
             .map(|&d| resolve_dim(op, d, self.rank()))
             .collect::<Result<Vec<_>>>()?;
         out.sort_unstable();
-        out.dedup();
+        // PyTorch refuses a dimension named twice (as 0 and -2, say) rather than reducing once.
+        if let Some(w) = out.windows(2).find(|w| w[0] == w[1]) {
+            bail!(
+                "{op}: dim {} appears multiple times in the list of dims {dims:?} (shape {:?})",
+                w[0],
+                self.shape()
+            );
+        }
         Ok(out)
     }
 
@@ -248,14 +286,40 @@ impl Tensor {
         let all: Vec<isize> = (0..self.rank() as isize).collect();
         self.sum(&all, false)
     }
+    /// Mean over `dims`; over an empty dimension it is NaN (0 / 0), as in PyTorch.
     pub fn mean(&self, dims: &[isize], keepdim: bool) -> Result<Tensor> {
         let ds = self.resolve_dims("mean", dims)?;
         let count: usize = ds.iter().map(|&d| self.shape()[d]).product();
-        self.sum(dims, keepdim)?
-            .mul_scalar(1.0 / count.max(1) as f32)
+        // 1 / 0 = inf, and the empty sum's 0 · inf is NaN.
+        self.sum(dims, keepdim)?.mul_scalar(1.0 / count as f32)
     }
+    /// Mean of every element; NaN for an empty tensor.
     pub fn mean_all(&self) -> Result<Tensor> {
-        self.sum_all()?.mul_scalar(1.0 / self.numel().max(1) as f32)
+        self.sum_all()?.mul_scalar(1.0 / self.numel() as f32)
+    }
+    /// `torch.var`: Σ (x − mean)² / max(0, N − correction) over `dims` (N elements each), so
+    /// `correction` 1 is Bessel's (PyTorch's default) and 0 the population variance; N ≤
+    /// correction gives NaN (or inf), as in PyTorch. Computed in f32 from the mean (two passes)
+    /// and returned in the input's dtype; differentiable.
+    pub fn var(&self, dims: &[isize], correction: f64, keepdim: bool) -> Result<Tensor> {
+        let ds = self.resolve_dims("var", dims)?;
+        self.float_op("var")?;
+        let n: usize = ds.iter().map(|&d| self.shape()[d]).product();
+        let x = self.to_dtype(DType::F32)?;
+        let deviation = x.sub(&x.mean(dims, true)?)?;
+        let squares = deviation.sqr()?.sum(dims, keepdim)?;
+        let denominator = (n as f64 - correction).max(0.0);
+        squares
+            .mul_scalar((1.0 / denominator) as f32)?
+            .to_dtype(self.dtype())
+    }
+    /// `torch.std`: the square root of [`Tensor::var`].
+    pub fn std(&self, dims: &[isize], correction: f64, keepdim: bool) -> Result<Tensor> {
+        let dtype = self.dtype();
+        self.to_dtype(DType::F32)?
+            .var(dims, correction, keepdim)?
+            .sqrt()?
+            .to_dtype(dtype)
     }
     /// Maximum over one dimension. Gradient goes to the maximal elements (split among ties).
     pub fn max(&self, dim: isize, keepdim: bool) -> Result<Tensor> {
@@ -318,8 +382,12 @@ impl Tensor {
         }
         let name = if log { "log_softmax" } else { "softmax" };
         self.float_op(name)?;
-        if self.shape()[last] == 0 || self.numel() == 0 {
-            bail!("softmax: dimension {d} of {:?} is empty", self.shape());
+        if self.numel() == 0 {
+            // Nothing to normalise: an empty result of the same shape, as in PyTorch.
+            let s = Storage::alloc(self.device(), 0, self.dtype())?;
+            return Ok(output(s, self.shape(), name, &[self], |g, _| {
+                Ok(vec![Some(g.clone())])
+            }));
         }
         let s = self.storage().softmax(self.layout(), log)?;
         Ok(output(s, self.shape(), name, &[self], move |g, y| {
@@ -338,19 +406,25 @@ impl Tensor {
 
     // ---- matmul -----------------------------------------------------------------------------------
 
-    /// [..., m, k] @ [..., k, n] with the leading (batch) dimensions broadcast.
+    /// `torch.matmul`: [..., m, k] @ [..., k, n] with the leading (batch) dimensions
+    /// broadcast. A 1-D operand is a row on the left and a column on the right, and that
+    /// dimension is removed from the result (vector · vector is a scalar). Floats are
+    /// differentiable; i64 products are exact and wrap on overflow, like PyTorch's CPU.
     pub fn matmul(&self, rhs: &Tensor) -> Result<Tensor> {
         self.same_device("matmul", rhs)?;
-        // Under autocast, float operands are cast (differentiably) to the autocast dtype.
-        if let Some((a, b)) = crate::amp::autocast_operands(self, rhs)? {
-            return a.matmul(&b);
-        }
-        if self.rank() < 2 || rhs.rank() < 2 {
+        if self.rank() == 0 || rhs.rank() == 0 {
             bail!(
-                "matmul: both operands need at least 2 dimensions, got {:?} and {:?}",
+                "matmul: both operands need at least 1 dimension, got {:?} and {:?}",
                 self.shape(),
                 rhs.shape()
             );
+        }
+        if self.rank() == 1 || rhs.rank() == 1 {
+            return self.matmul_vectors(rhs);
+        }
+        // Under autocast, float operands are cast (differentiably) to the autocast dtype.
+        if let Some((a, b)) = crate::amp::autocast_operands(self, rhs)? {
+            return a.matmul(&b);
         }
         if self.dtype() != rhs.dtype() {
             return Err(Error::DTypeMismatch {
@@ -359,11 +433,11 @@ impl Tensor {
                 got: rhs.dtype(),
             });
         }
-        if !self.dtype().is_float() {
+        if !self.dtype().is_tensor_dtype() {
             return Err(Error::UnsupportedDType {
                 op: "matmul",
                 dtype: self.dtype(),
-                supported: "f32, f16 or bf16",
+                supported: "f32, f16, bf16 or i64",
             });
         }
         let (ra, rb) = (self.rank(), rhs.rank());
@@ -383,6 +457,9 @@ impl Tensor {
         let lb = rhs.layout().broadcast_as(&full(k, n))?;
         let s = self.storage().matmul(&la, &rhs.storage(), &lb)?;
         let shape = full(m, n);
+        if !self.dtype().is_float() {
+            return Ok(Tensor::from_storage(s, &shape));
+        }
         let (a, b) = (self.clone(), rhs.clone());
         Ok(output(s, &shape, "matmul", &[self, rhs], move |g, _| {
             let ga = a
@@ -395,6 +472,35 @@ impl Tensor {
                 .transpose()?;
             Ok(vec![ga, gb])
         }))
+    }
+}
+
+impl Tensor {
+    /// `matmul` with a 1-D operand: the vector as a [1, k] row (left) or a [k, 1] column
+    /// (right), then that dimension squeezed out of the product.
+    fn matmul_vectors(&self, rhs: &Tensor) -> Result<Tensor> {
+        let k_left = self.shape()[self.rank() - 1];
+        let k_right = rhs.shape()[rhs.rank().saturating_sub(2)];
+        if k_left != k_right {
+            bail!(
+                "matmul: the inner dimensions differ: {:?} @ {:?} ({k_left} vs {k_right})",
+                self.shape(),
+                rhs.shape()
+            );
+        }
+        let (row, col) = (self.rank() == 1, rhs.rank() == 1);
+        let a = if row {
+            self.unsqueeze(0)?
+        } else {
+            self.clone()
+        };
+        let b = if col { rhs.unsqueeze(1)? } else { rhs.clone() };
+        let y = a.matmul(&b)?;
+        match (row, col) {
+            (true, true) => y.squeeze(-1)?.squeeze(-1),
+            (true, false) => y.squeeze(-2),
+            _ => y.squeeze(-1),
+        }
     }
 }
 

@@ -479,27 +479,25 @@ impl Storage {
             Ok(CrossEntropyOut {
                 loss: w(o.loss),
                 lse: w(o.lse),
-                count: w(o.count),
             })
         })
     }
-    /// `self` is the logits; `grad` the loss's gradient.
+    /// `self` is the logits; `grad` the per-row losses' gradient.
     pub fn cross_entropy_backward(
         &self,
         l: &Layout,
         targets: Indices<'_, Storage>,
-        saved: &CrossEntropyOut<Storage>,
+        lse: &Storage,
         grad: &Storage,
         gradl: &Layout,
         ignore_index: i64,
     ) -> Result<Storage> {
-        let (x, t, loss, lse, count) = (self, targets.ids, &saved.loss, &saved.lse, &saved.count);
-        on_device!("cross_entropy", [x, t, loss, lse, count, grad], |w| {
-            let saved = CrossEntropyOut { loss, lse, count };
+        let (x, t) = (self, targets.ids);
+        on_device!("cross_entropy", [x, t, lse, grad], |w| {
             Ok(w(x.cross_entropy_backward(
                 l,
                 targets.with(t),
-                saved,
+                lse,
                 grad,
                 gradl,
                 ignore_index,

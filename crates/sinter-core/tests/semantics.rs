@@ -9,7 +9,10 @@
 //! A case that today's code fails is `#[ignore]`d with the reason until its fix lands;
 //! `cargo test -p sinter-core --test semantics -- --ignored` lists what is still open.
 
-use sinter_core::{AdamWParams, DType, Device, Element, Pool2dParams, Result, Tensor};
+use sinter_core::{
+    AdamWParams, CrossEntropyOptions, DType, Device, Element, Pool2dParams, Reduction, Result,
+    Tensor,
+};
 
 /// The CPU, then the CUDA test device when there is one.
 fn devices() -> Vec<Device> {
@@ -83,6 +86,31 @@ fn cross_entropy_keeps_the_digits_of_a_confident_prediction() {
     })
 }
 
+/// Per-row losses (`reduction = none`) keep the same digits: PyTorch's float64 values of the
+/// rows above, 0 for an ignored row, and their sum.
+#[test]
+fn cross_entropy_per_row_losses_keep_their_digits() {
+    on_each_device(|d| {
+        let mut rows = vec![80f32; 30];
+        for r in 0..3 {
+            rows[r * 10] = 88.0;
+        }
+        let x = t(&rows, &[3, 10], d)?;
+        let targets = t(&[0i64, 1, -100], &[3], d)?;
+        let mut o = CrossEntropyOptions {
+            reduction: Reduction::None,
+            ..Default::default()
+        };
+        let want = [0.0030146151294003338, 8.0030146151294, 0.0];
+        let per_row = x.cross_entropy_with(&targets, &o)?.to_vec_f32()?;
+        assert_close("rows", &per_row, &want, 2e-6);
+        o.reduction = Reduction::Sum;
+        let sum = x.cross_entropy_with(&targets, &o)?.to_vec_f32()?;
+        assert_close("sum", &sum, &[want.iter().sum()], 1e-6);
+        Ok(())
+    })
+}
+
 // ---- NaN propagation ------------------------------------------------------------------------------
 
 #[test]
@@ -119,7 +147,6 @@ fn maximum_and_minimum_propagate_nan_from_either_side() {
 /// `max(0)` of [1, NaN, 3] is NaN (PyTorch: index 1) and so is `min(0)` of [NaN, 1, 0.5]
 /// (index 0), wherever the NaN sits; also over the middle dimension of a [3, 2] tensor.
 #[test]
-#[ignore = "issue 14: the CPU's max reduction drops a NaN that is not first"]
 fn max_and_min_reductions_propagate_nan() {
     on_each_device(|d| {
         let nan = f64::NAN;
@@ -136,7 +163,6 @@ fn max_and_min_reductions_propagate_nan() {
 
 /// argmax([1, NaN, 3]) = 1 in PyTorch: a NaN is the maximum, its first occurrence wins.
 #[test]
-#[ignore = "issue 14: the CPU's argmax skips NaN"]
 fn argmax_picks_the_first_nan() {
     on_each_device(|d| {
         let x = t(&[1.0f32, f32::NAN, 3.0], &[3], d)?;
@@ -150,7 +176,6 @@ fn argmax_picks_the_first_nan() {
 /// A 2×2 window [[1, 2], [NaN, 0]] pools to NaN (PyTorch's index: 2), and its gradient goes to
 /// the NaN.
 #[test]
-#[ignore = "issue 14: the CPU's max_pool2d ignores a NaN unless it comes first in the window"]
 fn max_pool_propagates_nan() {
     on_each_device(|d| {
         let x = t(&[1.0f32, 2.0, f32::NAN, 0.0], &[1, 1, 2, 2], d)?.to_var()?;
@@ -171,7 +196,6 @@ fn max_pool_propagates_nan() {
 // ---- i64 is exact ---------------------------------------------------------------------------------
 
 #[test]
-#[ignore = "issue 14: i64 sums, maxima and argmax go through f32"]
 fn i64_reductions_are_exact() {
     on_each_device(|d| {
         let x = t(&[16_777_217i64, 0, 1], &[3], d)?;
@@ -187,7 +211,6 @@ fn i64_reductions_are_exact() {
 
 /// PyTorch: `"softmax_lastdim_kernel_impl" not implemented for 'Long'`.
 #[test]
-#[ignore = "issue 14: softmax of i64 returns zeros instead of an error"]
 fn softmax_of_i64_is_refused() {
     on_each_device(|d| {
         let x = t(&[1i64, 2], &[2], d)?;
@@ -202,7 +225,6 @@ fn softmax_of_i64_is_refused() {
 /// [[1, 2], [3, 4]] @ [[5], [2^40]] = [[2199023255557], [4398046511119]] and
 /// [[2^62, 2^62]] @ [[2], [1]] = [[-4611686018427387904]].
 #[test]
-#[ignore = "issue 14: i64 matmul fails with \"expected dtype I64, got I64\""]
 fn i64_matmul_is_exact() {
     on_each_device(|d| {
         let a = t(&[1i64, 2, 3, 4], &[2, 2], d)?;
@@ -222,7 +244,6 @@ fn i64_matmul_is_exact() {
 /// `/` is true division, as in PyTorch: i64 operands give f32 ([-7, 7] / [2, -2] = [-3.5, -3.5])
 /// and a division by zero gives ±inf or NaN ([1, 0, -1] / 0 = [inf, nan, -inf]).
 #[test]
-#[ignore = "issue 14: i64 division truncates and x / 0 is 0"]
 fn integer_division_is_true_division() {
     on_each_device(|d| {
         let y = t(&[-7i64, 7], &[2], d)?.div(&t(&[2i64, -2], &[2], d)?)?;
@@ -235,11 +256,30 @@ fn integer_division_is_true_division() {
     })
 }
 
+/// `torch.floor_divide` rounds toward −∞ ([-7, 7] // [2, -2] = [-4, -4]; in float32
+/// 5 // 0.1 = 49 and 0.3 // 0.1 = 3, -0.3 // 0.1 = -4); an integer division by zero is refused
+/// (PyTorch: ZeroDivisionError), a float one is ±inf / NaN.
+#[test]
+fn floor_divide_follows_pytorch() {
+    on_each_device(|d| {
+        let y = t(&[-7i64, 7, 6, -5], &[4], d)?.floor_divide(&t(&[2i64, -2, -3, 3], &[4], d)?)?;
+        assert_eq!(y.dtype(), DType::I64);
+        assert_eq!(y.to_vec_i64()?, [-4, -4, -2, -2]);
+        let a = t(&[5.0f32, 0.3, -0.3, 1.0, 0.0, -7.5], &[6], d)?;
+        let b = t(&[0.1f32, 0.1, 0.1, 0.0, 0.0, 2.0], &[6], d)?;
+        let (inf, nan) = (f64::INFINITY, f64::NAN);
+        let want = [49.0, 3.0, -4.0, inf, nan, -4.0];
+        assert_close("f32 //", &a.floor_divide(&b)?.to_vec_f32()?, &want, 0.0);
+        let e = err_text(t(&[1i64, 2], &[2], d)?.floor_divide(&t(&[1i64, 0], &[2], d)?));
+        assert!(e.contains("division by zero"), "{e}");
+        Ok(())
+    })
+}
+
 // ---- empty tensors --------------------------------------------------------------------------------
 
 /// The mean over an empty dimension is NaN (0/0), as in PyTorch; the sum is 0.
 #[test]
-#[ignore = "issue 14: the mean over an empty dimension is 0"]
 fn mean_over_an_empty_dimension_is_nan() {
     on_each_device(|d| {
         let x = Tensor::zeros(&[0, 3], DType::F32, d)?;
@@ -258,7 +298,6 @@ fn mean_over_an_empty_dimension_is_nan() {
 
 /// Softmax of an empty tensor is an empty tensor of the same shape.
 #[test]
-#[ignore = "issue 14: softmax of an empty tensor is an error"]
 fn softmax_of_an_empty_tensor_is_empty() {
     on_each_device(|d| {
         for shape in [[0usize, 3], [3, 0]] {
@@ -274,7 +313,6 @@ fn softmax_of_an_empty_tensor_is_empty() {
 
 /// PyTorch: "dim 0 appears multiple times in the list of dims" (also for 0 and -2 of a matrix).
 #[test]
-#[ignore = "issue 14: a repeated reduction dimension is accepted silently"]
 fn a_repeated_reduction_dimension_is_refused() {
     on_each_device(|d| {
         let x = Tensor::ones(&[2, 3], DType::F32, d)?;
@@ -372,7 +410,6 @@ fn adamw_state_follows_pytorch() {
 /// 1-D operands as in `torch.matmul`: a vector is a row on the left and a column on the right,
 /// and that dimension is removed from the result.
 #[test]
-#[ignore = "issue 14: matmul needs two matrices"]
 fn matmul_accepts_vectors() {
     on_each_device(|d| {
         let a = t(&[1.0f32, 2.0, 3.0], &[3], d)?;
@@ -406,7 +443,6 @@ fn matmul_accepts_vectors() {
 /// An integer operand meets a float one as that float dtype (i64 + f32 → f32, i64 · f16 → f16,
 /// i64 · bf16 → bf16), like PyTorch's type promotion.
 #[test]
-#[ignore = "issue 14: i64 and float operands are a dtype mismatch"]
 fn integer_operands_promote_to_the_float_dtype() {
     on_each_device(|d| {
         let i = t(&[1i64, 2], &[2], d)?;

@@ -8,7 +8,8 @@
 // merges dims that are contiguous in every operand (src/launch.rs `coalesce`), so the common
 // "bias over rows" broadcast becomes a 2-dim problem.
 //
-//   <op>_<t>(const T* a, const T* b, T* out, i64 n)
+//   <op>_<t>(const T* a, const T* b, T* out, i64 n)     op: add sub mul div floor_div maximum minimum
+//        eq ne lt le gt ge
 //   <op>_strided_<t>(const T* a, const T* b, T* out, i64 n, StridedMeta m)   strides[0]=a, [1]=b
 //   where_<t>(const T* c, const T* a, const T* b, T* out, i64 n)             out = c != 0 ? a : b
 //   where_strided_<t>(const T* c, const T* a, const T* b, T* out, i64 n, StridedMeta m)
@@ -17,6 +18,19 @@ struct OpAdd { static __device__ __forceinline__ float f(float a, float b) { ret
 struct OpSub { static __device__ __forceinline__ float f(float a, float b) { return a - b; } };
 struct OpMul { static __device__ __forceinline__ float f(float a, float b) { return a * b; } };
 struct OpDiv { static __device__ __forceinline__ float f(float a, float b) { return a / b; } };
+// torch.floor_divide (sinter_types::floor_div_f32): the quotient from the exact remainder, rounded
+// toward -inf; a zero quotient keeps the true quotient's sign; b == 0 is IEEE division.
+struct OpFloorDiv {
+    static __device__ __forceinline__ float f(float a, float b) {
+        if (b == 0.f) return a / b;
+        const float rem = fmodf(a, b);
+        float div = (a - rem) / b;
+        if (rem != 0.f && ((b < 0.f) != (rem < 0.f))) div -= 1.f;
+        if (div == 0.f) return copysignf(0.f, a / b);
+        const float fl = floorf(div);
+        return div - fl > 0.5f ? fl + 1.f : fl;
+    }
+};
 // maximum/minimum propagate NaN (like torch.maximum), unlike fmaxf.
 struct OpMaximum { static __device__ __forceinline__ float f(float a, float b) { return (a > b || a != a) ? a : b; } };
 struct OpMinimum { static __device__ __forceinline__ float f(float a, float b) { return (a < b || a != a) ? a : b; } };
@@ -70,6 +84,7 @@ BINARY(add, OpAdd)
 BINARY(sub, OpSub)
 BINARY(mul, OpMul)
 BINARY(div, OpDiv)
+BINARY(floor_div, OpFloorDiv)
 BINARY(maximum, OpMaximum)
 BINARY(minimum, OpMinimum)
 BINARY(eq, OpEq)

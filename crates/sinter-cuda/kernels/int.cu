@@ -10,7 +10,8 @@
 // host. The index check is one block and never synchronises the host.
 //
 //   int_<op>_i64(const i64* a, const i64* b, i64* out, i64 n, StridedMeta m)  op: add sub mul div
-//        maximum minimum eq ne lt le gt ge (comparisons give 1/0)
+//        floor_div maximum minimum eq ne lt le gt ge (comparisons give 1/0; floor_div
+//        rounds toward -inf, torch.floor_divide)
 //   int_where_<c>(const C* cond, const i64* a, const i64* b, i64* out, i64 n, StridedMeta m)
 //        out = cond != 0 ? a : b, cond of any dtype (f32/f16/bf16/i64)
 //   int_fill_i64(i64* y, i64 n, i64 value)
@@ -20,6 +21,10 @@
 //        into one fma, and e.g. 0.1 + 3 * 0.3 truncates to 1 instead of the CPU's 0)
 //   int_reduce_i64(const i64* x, i64* out, i64 outer, i64 n, i64 inner, int op)
 //        over the middle dim of [outer, n, inner]; op 0 sum, 1 max, 2 min, 3 argmax (first max)
+//   int_matmul_i64(const i64* a, const i64* b, i64* out, i64 batch, i64 m, i64 n, i64 k)
+//        out[b] = a[b] @ b[b] for contiguous [batch, m, k] and [batch, k, n], exact and wrapping
+//        (PyTorch's CPU integer matmul); one thread per output (integer products are rare and
+//        small: ids, counts; no tensor cores for i64)
 //   index_flat(const i64* idx, i64* flat, i64 k, i64 outer, i64 n)
 //        flat[o * k + j] = o * n + idx[j]; an index outside [0, n) becomes o * n (row 0), so the
 //        gathers that follow never touch memory outside the tensor; index_check reports it.
@@ -39,6 +44,16 @@ struct IDiv {
         if (b == 0) return 0;
         if (b == -1) return (i64)(0ull - (u64)a);  // wraps for i64::MIN like wrapping_div
         return a / b;
+    }
+};
+// torch.floor_divide (sinter_types::floor_div_i64): rounds toward -inf; the tensor op refuses a
+// zero divisor before launching, and 0 keeps the kernel total.
+struct IFloorDiv {
+    static __device__ __forceinline__ i64 f(i64 a, i64 b) {
+        if (b == 0) return 0;
+        if (b == -1) return (i64)(0ull - (u64)a);
+        const i64 q = a / b;
+        return (a % b != 0 && ((a < 0) != (b < 0))) ? q - 1 : q;
     }
 };
 struct IMax { static __device__ __forceinline__ i64 f(i64 a, i64 b) { return a > b ? a : b; } };
@@ -63,6 +78,7 @@ INT_BINARY(add, IAdd)
 INT_BINARY(sub, ISub)
 INT_BINARY(mul, IMul)
 INT_BINARY(div, IDiv)
+INT_BINARY(floor_div, IFloorDiv)
 INT_BINARY(maximum, IMax)
 INT_BINARY(minimum, IMin)
 INT_BINARY(eq, IEq)
@@ -122,6 +138,18 @@ extern "C" __global__ void int_reduce_i64(const i64* x, i64* out, i64 outer, i64
             }
         }
         out[t] = op == 0 ? sum : op == 3 ? arg : best;
+    }
+}
+
+extern "C" __global__ void int_matmul_i64(const i64* a, const i64* b, i64* out, i64 batch, i64 m, i64 n, i64 k) {
+    const i64 total = batch * m * n;
+    for (i64 t = global_tid(); t < total; t += global_stride()) {
+        const i64 bi = t / (m * n), r = t - bi * m * n, i = r / n, j = r - i * n;
+        const i64* pa = a + (bi * m + i) * k;
+        const i64* pb = b + bi * k * n + j;
+        u64 acc = 0;
+        for (i64 p = 0; p < k; ++p) acc += (u64)pa[p] * (u64)pb[p * n];
+        out[t] = (i64)acc;
     }
 }
 

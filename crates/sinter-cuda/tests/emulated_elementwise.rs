@@ -167,6 +167,7 @@ fn bref(op: BinaryOp, a: f64, b: f64) -> f64 {
         BinaryOp::Sub => a - b,
         BinaryOp::Mul => a * b,
         BinaryOp::Div => a / b,
+        BinaryOp::FloorDiv => sinter_types::floor_div_f32(a as f32, b as f32) as f64,
         BinaryOp::Maximum => a.max(b),
         BinaryOp::Minimum => a.min(b),
         BinaryOp::Eq => t(a == b),
@@ -178,11 +179,12 @@ fn bref(op: BinaryOp, a: f64, b: f64) -> f64 {
     }
 }
 
-const BINARY_OPS: [BinaryOp; 12] = [
+const BINARY_OPS: [BinaryOp; 13] = [
     BinaryOp::Add,
     BinaryOp::Sub,
     BinaryOp::Mul,
     BinaryOp::Div,
+    BinaryOp::FloorDiv,
     BinaryOp::Maximum,
     BinaryOp::Minimum,
     BinaryOp::Eq,

@@ -46,6 +46,7 @@ fn cpu_op(op: BinaryOp, a: i64, b: i64) -> i64 {
                 a.wrapping_div(b)
             }
         }
+        BinaryOp::FloorDiv => sinter_types::floor_div_i64(a, b).unwrap_or(0),
         BinaryOp::Maximum => a.max(b),
         BinaryOp::Minimum => a.min(b),
         BinaryOp::Eq => t(a == b),

@@ -1,5 +1,5 @@
 //! sinter-nn: modules with named parameters (the names are checkpoint keys, PyTorch style),
-//! layers, initialisers, optimizers, learning-rate schedules, gradient clipping, and BatchNorm
+//! layers, losses, initialisers, optimizers, learning-rate schedules, gradient clipping, and BatchNorm
 //! folding / fused Conv+BatchNorm (`fold`, `conv_bn`).
 
 pub mod attention;
@@ -8,6 +8,7 @@ pub mod device;
 pub mod fold;
 pub mod init;
 pub mod layers;
+pub mod loss;
 pub mod mixed_precision;
 pub mod module;
 pub mod optim;
@@ -22,6 +23,7 @@ pub use layers::{
     BatchNorm2d, Conv2d, Dropout, Embedding, Flatten, Gelu, GeluApproximate, LayerNorm, Linear,
     MaxPool2d, Relu, Sequential,
 };
+pub use loss::{CrossEntropyLoss, MseLoss};
 pub use mixed_precision::{
     LossScaler, LossScalerState, PrecisionMode, StepControl, StepControlState,
 };

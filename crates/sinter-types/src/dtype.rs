@@ -53,6 +53,21 @@ impl DType {
     pub const fn is_float(self) -> bool {
         matches!(self, DType::F32 | DType::F16 | DType::BF16)
     }
+    /// The dtype two tensor operands of an elementwise op compute in (PyTorch's type
+    /// promotion for the dtypes here): equal dtypes stay; two different floats give f32 (f32
+    /// holds f16 and bf16, and neither half holds the other); an integer with a float gives that
+    /// float (i64 + f16 is f16, as in PyTorch). None where they cannot be mixed (a buffer-only
+    /// dtype, or two different integers).
+    pub const fn promote(a: DType, b: DType) -> Option<DType> {
+        match (a, b) {
+            (DType::I32 | DType::U8, _) | (_, DType::I32 | DType::U8) => None,
+            _ if a as u8 == b as u8 => Some(a),
+            _ if a.is_float() && b.is_float() => Some(DType::F32),
+            _ if a.is_float() => Some(a),
+            _ if b.is_float() => Some(b),
+            _ => None,
+        }
+    }
     /// True for the dtypes a tensor can hold ([`DType::TENSOR`]).
     pub const fn is_tensor_dtype(self) -> bool {
         !matches!(self, DType::I32 | DType::U8)
@@ -168,6 +183,23 @@ impl Element for i64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn promotion_follows_pytorch() {
+        use DType::*;
+        // torch.promote_types: float32 with bfloat16/float16 -> float32, bfloat16 with float16
+        // -> float32, int64 with any float -> that float.
+        assert_eq!(DType::promote(F32, BF16), Some(F32));
+        assert_eq!(DType::promote(F16, F32), Some(F32));
+        assert_eq!(DType::promote(BF16, F16), Some(F32));
+        assert_eq!(DType::promote(BF16, BF16), Some(BF16));
+        assert_eq!(DType::promote(I64, I64), Some(I64));
+        assert_eq!(DType::promote(I64, F32), Some(F32));
+        assert_eq!(DType::promote(F16, I64), Some(F16));
+        assert_eq!(DType::promote(I64, BF16), Some(BF16));
+        assert_eq!(DType::promote(I32, F32), None);
+        assert_eq!(DType::promote(U8, U8), None);
+    }
 
     #[test]
     fn half_types_round_f64_values_as_the_gpu_rounds_their_f32() {

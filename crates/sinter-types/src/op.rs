@@ -10,9 +10,14 @@
 //!   argmax reductions over a NaN are NaN (the reductions' index is the first NaN's; see
 //!   [`ReduceOp::replaces`]); Rust's `f32::max` would drop it.
 //! - Division: `/` ([`BinaryOp::Div`]) of floats is IEEE division (x / 0 = ±inf, 0 / 0 = NaN).
-//!   Integer tensors divide as floats (true division, `torch.div`); [`floor_div_f64`] /
-//!   [`floor_div_i64`] are `torch.floor_divide` (Python's `//`: rounds toward −∞), where an
-//!   integer division by zero is an error (PyTorch raises `ZeroDivisionError`).
+//!   Integer tensors divide as floats (true division, `torch.div`: `Tensor::div` casts them to
+//!   f32 first, so the integer kernels' truncating `Div` is a storage-level operation no tensor
+//!   op exposes). [`BinaryOp::FloorDiv`] ([`floor_div_f64`] / [`floor_div_f32`] /
+//!   [`floor_div_i64`]) is `torch.floor_divide` (Python's `//`: rounds toward −∞), where an
+//!   integer division by zero is an error (PyTorch raises `ZeroDivisionError`; the tensor op
+//!   checks the divisor before it runs).
+//! - Type promotion: [`DType::promote`](crate::DType::promote) (an integer meets a float as that
+//!   float, as in PyTorch).
 
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum UnaryOp {
@@ -317,7 +322,10 @@ pub enum BinaryOp {
     Add,
     Sub,
     Mul,
+    /// True division for floats; truncating for i64 at the storage level (see the module docs).
     Div,
+    /// `torch.floor_divide`: the quotient rounded toward −∞.
+    FloorDiv,
     Maximum,
     Minimum,
     Eq,
@@ -335,6 +343,7 @@ impl BinaryOp {
             BinaryOp::Sub => "sub",
             BinaryOp::Mul => "mul",
             BinaryOp::Div => "div",
+            BinaryOp::FloorDiv => "floor_divide",
             BinaryOp::Maximum => "maximum",
             BinaryOp::Minimum => "minimum",
             BinaryOp::Eq => "eq",
@@ -352,6 +361,7 @@ impl BinaryOp {
             BinaryOp::Sub => a - b,
             BinaryOp::Mul => a * b,
             BinaryOp::Div => a / b,
+            BinaryOp::FloorDiv => floor_div(a, b),
             BinaryOp::Maximum => maximum(a, b),
             BinaryOp::Minimum => minimum(a, b),
             BinaryOp::Eq => t(a == b),
@@ -370,6 +380,7 @@ impl BinaryOp {
             BinaryOp::Sub => a - b,
             BinaryOp::Mul => a * b,
             BinaryOp::Div => a / b,
+            BinaryOp::FloorDiv => floor_div(a, b),
             BinaryOp::Maximum => maximum(a, b),
             BinaryOp::Minimum => minimum(a, b),
             BinaryOp::Eq => t(a == b),
@@ -387,6 +398,7 @@ impl BinaryOp {
             BinaryOp::Add => a.wrapping_add(b),
             BinaryOp::Sub => a.wrapping_sub(b),
             BinaryOp::Mul => a.wrapping_mul(b),
+            // Truncating, x / 0 = 0: the storage-level integer division (module docs).
             BinaryOp::Div => {
                 if b == 0 {
                     0
@@ -394,6 +406,8 @@ impl BinaryOp {
                     a.wrapping_div(b)
                 }
             }
+            // `floor_divide` refuses a zero divisor before any kernel runs; 0 keeps this total.
+            BinaryOp::FloorDiv => floor_div_i64(a, b).unwrap_or(0),
             BinaryOp::Maximum => a.max(b),
             BinaryOp::Minimum => a.min(b),
             BinaryOp::Eq => t(a == b),

@@ -7,6 +7,7 @@ use sinter_cpu::gemm::{Gemm, MatMut};
 
 use super::matmul::MatView;
 use crate::backend::{ConvGeom, Pool2dParams};
+use crate::op::pool_max_replaces;
 
 /// col[(ci*kh + y)*kw + x, oy*ow + ox] = input[ci, oy*s - p + y*d, ox*s - p + x*d] (0 outside).
 fn im2col(img: &[f32], g: &ConvGeom, c0: usize, col: &mut [f32]) {
@@ -289,7 +290,7 @@ pub fn max_pool2d(
                                 continue;
                             }
                             let idx = iy as usize * w + ix as usize;
-                            if plane[idx] > best || bi < 0 {
+                            if bi < 0 || pool_max_replaces(best, plane[idx]) {
                                 best = plane[idx];
                                 bi = idx as i64;
                             }
@@ -304,7 +305,7 @@ pub fn max_pool2d(
 }
 
 /// One plane of [`max_pool2d`] when every window is inside it (the same scan order and
-/// comparison as the general loop: the first element, then any strictly greater one).
+/// comparison as the general loop: the first element, then any strictly greater one or NaN).
 #[allow(clippy::too_many_arguments)]
 fn max_pool_plane_inside(
     plane: &[f32],
@@ -323,7 +324,7 @@ fn max_pool_plane_inside(
             for ky in 0..k {
                 let row = first + ky * w;
                 for (kx, &v) in plane[row..row + k].iter().enumerate() {
-                    if v > best {
+                    if pool_max_replaces(best, v) {
                         best = v;
                         bi = row + kx;
                     }

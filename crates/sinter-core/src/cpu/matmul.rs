@@ -98,3 +98,33 @@ pub fn batched_gemm_f32(
     }
     out
 }
+
+/// out[b] = lhs[b] · rhs[b] for i64 operands (views as in [`batched_gemm_f32`]): exact, wrapping
+/// on overflow like PyTorch's CPU integer matmul. Integer products are small (ids, counts), so
+/// this is a plain loop, not a GEMM.
+#[allow(clippy::too_many_arguments)]
+pub fn batched_matmul_i64(
+    lhs: &[i64],
+    rhs: &[i64],
+    batch: usize,
+    m: usize,
+    n: usize,
+    k: usize,
+    lhs_view: impl Fn(usize) -> MatView,
+    rhs_view: impl Fn(usize) -> MatView,
+) -> Vec<i64> {
+    let at = |v: &MatView, i: usize, j: usize| {
+        (v.offset as isize + i as isize * v.rs + j as isize * v.cs) as usize
+    };
+    let mut out = vec![0i64; batch * m * n];
+    for (b, dst) in out.chunks_mut((m * n).max(1)).enumerate().take(batch) {
+        let (va, vb) = (lhs_view(b), rhs_view(b));
+        for (r, d) in dst.iter_mut().enumerate() {
+            let (i, j) = (r / n, r % n);
+            *d = (0..k).fold(0i64, |acc, p| {
+                acc.wrapping_add(lhs[at(&va, i, p)].wrapping_mul(rhs[at(&vb, p, j)]))
+            });
+        }
+    }
+    out
+}

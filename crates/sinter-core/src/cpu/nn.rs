@@ -148,19 +148,19 @@ pub fn layer_norm_backward(
     (dx, sum_partials(dg, n), sum_partials(db, n))
 }
 
-/// Cross-entropy of logits rows [rows, c] against class indices. Returns (sum of losses over
-/// counted rows, number counted, each row's log-sum-exp). Errors name a bad target.
+/// Cross-entropy of logits rows [rows, c] against class indices (checked by the caller).
+/// Returns (each row's loss, 0 where ignored; each row's log-sum-exp).
 pub fn cross_entropy(
     logits: &[f32],
     targets: &[i64],
     c: usize,
     ignore_index: i64,
-) -> (f64, usize, Vec<f32>) {
+) -> (Vec<f32>, Vec<f32>) {
     let rows = targets.len();
     let (mut loss, mut lse) = (vec![0f32; rows], vec![0f32; rows]);
     if c == 0 {
         // No class exists, so every row is ignored (the caller checked the targets).
-        return (0.0, 0, lse);
+        return (loss, lse);
     }
     let isa = Isa::get();
     let per = rows_per_task(logits.len(), c);
@@ -173,36 +173,43 @@ pub fn cross_entropy(
             cross_entropy::cross_entropy_rows(isa, x, c, &targets[r], ignore_index, l, s)
                 .expect("targets checked by backend::check_indices");
         });
-    let counted = targets.iter().filter(|&&t| t != ignore_index).count();
-    let total = loss.iter().map(|&l| l as f64).sum();
-    (total, counted, lse)
+    (loss, lse)
 }
 
-/// d(loss)/d(logits) for a mean-reduced cross-entropy, scaled by the incoming gradient `scale`.
+/// d(Σ_r grad_r · loss_r)/d(logits): each row's (softmax − onehot) times its loss gradient.
 pub fn cross_entropy_backward(
     logits: &[f32],
     targets: &[i64],
     lse: &[f32],
     c: usize,
     ignore_index: i64,
-    scale: f32,
+    grad: &[f32],
 ) -> Vec<f32> {
     let mut out = vec![0f32; logits.len()];
     let isa = Isa::get();
     row_tasks(&mut out, c, |r0, o| {
-        let r = r0..r0 + o.len() / c;
-        let x = &logits[r.start * c..r.end * c];
-        cross_entropy::cross_entropy_rows_backward(
-            isa,
-            x,
-            c,
-            &targets[r.clone()],
-            ignore_index,
-            &lse[r],
-            scale,
-            o,
-        )
-        .expect("targets were checked by the forward pass");
+        let rows = r0..r0 + o.len() / c;
+        // Runs of rows sharing one gradient (all of them for a mean or a sum) in one call.
+        let mut start = rows.start;
+        while start < rows.end {
+            let scale = grad[start];
+            let end = (start..rows.end)
+                .find(|&r| grad[r].to_bits() != scale.to_bits())
+                .unwrap_or(rows.end);
+            let r = start..end;
+            cross_entropy::cross_entropy_rows_backward(
+                isa,
+                &logits[r.start * c..r.end * c],
+                c,
+                &targets[r.clone()],
+                ignore_index,
+                &lse[r.clone()],
+                scale,
+                &mut o[(r.start - r0) * c..(r.end - r0) * c],
+            )
+            .expect("targets were checked by the forward pass");
+            start = end;
+        }
     });
     out
 }

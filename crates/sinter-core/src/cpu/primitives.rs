@@ -72,11 +72,6 @@ fn last_dim(l: &Layout) -> usize {
     l.shape().last().copied().unwrap_or(1)
 }
 
-/// Values of an f32 scalar (or one-element) storage.
-fn scalar_f32(s: &CpuStorage) -> f32 {
-    s.f32_contiguous(&Layout::contiguous(&[s.len()]))[0]
-}
-
 /// The ids as checked row numbers (the CPU checks every time: it is one pass over the ids).
 fn row_ids(ids: &Indices<'_, CpuStorage>, bound: usize) -> Result<Vec<usize>> {
     if ids.ids.dtype() != DType::I64 {
@@ -221,10 +216,15 @@ impl BackendStorage for CpuStorage {
     }
 
     fn matmul(&self, la: &Layout, rhs: &Self, lb: &Layout) -> Result<Self> {
-        float_only("matmul", CpuStorage::dtype(self))?;
         let nb = la.rank() - 2;
         let batch: usize = la.shape()[..nb].iter().product();
         let (m, k, n) = (la.shape()[nb], la.shape()[nb + 1], lb.shape()[nb + 1]);
+        if let (CpuStorage::I64(a), CpuStorage::I64(b)) = (self, rhs) {
+            let (va, vb) = (batch_view(la, nb), batch_view(lb, nb));
+            let out = matmul::batched_matmul_i64(a, b, batch, m, n, k, va, vb);
+            return Ok(CpuStorage::I64(out));
+        }
+        float_only("matmul", CpuStorage::dtype(self))?;
         let out = match (self, rhs) {
             (CpuStorage::F32(a), CpuStorage::F32(b)) => matmul::batched_gemm_f32(
                 a,
@@ -439,36 +439,31 @@ impl BackendStorage for CpuStorage {
         let t = targets.ids.i64_contiguous(targets.layout);
         // A bad target is reported in the words every backend uses.
         check_indices(&t, last_dim(l), Some(ignore_index), IndexUse::CrossEntropy)?;
-        let (total, count, lse) =
-            nn::cross_entropy(&self.f32_contiguous(l), &t, last_dim(l), ignore_index);
+        let (loss, lse) = nn::cross_entropy(&self.f32_contiguous(l), &t, last_dim(l), ignore_index);
         Ok(CrossEntropyOut {
-            loss: CpuStorage::F32(vec![(total / count as f64) as f32]),
+            loss: CpuStorage::F32(loss),
             lse: CpuStorage::F32(lse),
-            count: CpuStorage::F32(vec![count as f32]),
         })
     }
     fn cross_entropy_backward(
         &self,
         l: &Layout,
         targets: Indices<'_, Self>,
-        saved: CrossEntropyOut<&Self>,
+        lse: &Self,
         grad: &Self,
         gradl: &Layout,
         ignore_index: i64,
     ) -> Result<Self> {
         let t = targets.ids.i64_contiguous(targets.layout);
-        let g = grad.f32_contiguous(gradl)[0];
-        let scale = g / scalar_f32(saved.count);
-        let lse = saved
-            .lse
-            .f32_contiguous(&Layout::contiguous(&[saved.lse.len()]));
+        let g = grad.f32_contiguous(gradl);
+        let lse = lse.f32_contiguous(&Layout::contiguous(&[lse.len()]));
         let d = nn::cross_entropy_backward(
             &self.f32_contiguous(l),
             &t,
             &lse,
             last_dim(l),
             ignore_index,
-            scale,
+            &g,
         );
         Ok(CpuStorage::from_f32(d, CpuStorage::dtype(self)))
     }

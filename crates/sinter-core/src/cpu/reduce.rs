@@ -36,19 +36,7 @@ pub fn reduce_f32(x: &[f32], outer: usize, n: usize, inner: usize, op: ReduceOp)
             }
             ReduceOp::Max | ReduceOp::Min | ReduceOp::ArgMax => {
                 for (i, d) in dst.iter_mut().enumerate() {
-                    let mut best = x[base + i];
-                    let mut arg = 0usize;
-                    for k in 1..n {
-                        let v = x[base + k * inner + i];
-                        let better = match op {
-                            ReduceOp::Min => v < best,
-                            _ => v > best || (best.is_nan() && !v.is_nan()),
-                        };
-                        if better {
-                            best = v;
-                            arg = k;
-                        }
-                    }
+                    let (best, arg) = scan(x, base + i, n, inner, op);
                     *d = if op == ReduceOp::ArgMax {
                         arg as f32
                     } else {
@@ -90,22 +78,26 @@ pub fn reduce_i64(x: &[i64], outer: usize, n: usize, inner: usize, op: ReduceOp)
     out
 }
 
-/// Index of the max along the middle dimension as i64 (exact for any n).
+/// The max / min (and its index) of the n values at `at`, `at + inner`, …: the scan rule of
+/// `ReduceOp::replaces` (PyTorch's: the first NaN wins, ties keep the earlier element).
+#[inline]
+fn scan(x: &[f32], at: usize, n: usize, inner: usize, op: ReduceOp) -> (f32, usize) {
+    let (mut best, mut arg) = (x[at], 0);
+    for k in 1..n {
+        let v = x[at + k * inner];
+        if op.replaces(best, v) {
+            (best, arg) = (v, k);
+        }
+    }
+    (best, arg)
+}
+
+/// Index of the max along the middle dimension as i64 (exact for any n; a NaN is the max).
 pub fn argmax_i64(x: &[f32], outer: usize, n: usize, inner: usize) -> Vec<i64> {
     let mut out = vec![0i64; outer * inner];
     for o in 0..outer {
         for i in 0..inner {
-            let base = o * n * inner + i;
-            let mut best = x[base];
-            let mut arg = 0;
-            for k in 1..n {
-                let v = x[base + k * inner];
-                if v > best {
-                    best = v;
-                    arg = k;
-                }
-            }
-            out[o * inner + i] = arg as i64;
+            out[o * inner + i] = scan(x, o * n * inner + i, n, inner, ReduceOp::ArgMax).1 as i64;
         }
     }
     out

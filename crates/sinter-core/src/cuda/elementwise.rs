@@ -77,6 +77,7 @@ fn kernel_binary(op: BinaryOp) -> kb::BinaryOp {
         BinaryOp::Sub => kb::BinaryOp::Sub,
         BinaryOp::Mul => kb::BinaryOp::Mul,
         BinaryOp::Div => kb::BinaryOp::Div,
+        BinaryOp::FloorDiv => kb::BinaryOp::FloorDiv,
         BinaryOp::Maximum => kb::BinaryOp::Maximum,
         BinaryOp::Minimum => kb::BinaryOp::Minimum,
         BinaryOp::Eq => kb::BinaryOp::Eq,

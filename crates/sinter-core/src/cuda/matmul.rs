@@ -108,6 +108,33 @@ pub(crate) fn gemm_dtype(op: &'static str, d: DType) -> Result<GemmDType> {
 }
 
 /// [batch.., m, k] @ [batch.., k, n] with `la`, `lb` already broadcast over the batch dims.
+/// An exact i64 product (wrapping): contiguous copies of the operands (broadcast batches
+/// materialised), one thread per output (`int.cu`).
+fn int_matmul(
+    a: &CudaStorage,
+    la: &Layout,
+    b: &CudaStorage,
+    lb: &Layout,
+    dims: [usize; 4],
+) -> Result<CudaStorage> {
+    let dev = a.device();
+    let [batch, m, n, _] = dims;
+    let out = alloc(dev, batch * m * n, DType::I64)?;
+    let (ca, cb) = (
+        super::elementwise::copy_strided(a, la)?,
+        super::elementwise::copy_strided(b, lb)?,
+    );
+    sinter_cuda::ops::int::int_matmul(
+        dev,
+        ca.buffer().as_slice(),
+        cb.buffer().as_slice(),
+        out.as_slice(),
+        dims,
+    )
+    .on("matmul")?;
+    Ok(a.sibling(out, DType::I64))
+}
+
 pub(crate) fn matmul(
     a: &CudaStorage,
     la: &Layout,
@@ -119,6 +146,9 @@ pub(crate) fn matmul(
     let (m, k, n) = (la.shape()[nb], la.shape()[nb + 1], lb.shape()[nb + 1]);
     let dev = a.device();
     let dtype = a.dtype();
+    if dtype == DType::I64 {
+        return int_matmul(a, la, b, lb, [batch, m, n, k]);
+    }
     let gemm_type = gemm_dtype("matmul", dtype)?;
     let total = batch * m * n;
     let out = if total == 0 || k == 0 {

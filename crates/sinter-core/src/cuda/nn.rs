@@ -11,8 +11,7 @@ use std::sync::Arc;
 
 use sinter_cuda::ops::cross_entropy::{self as kce, LossGrad};
 use sinter_cuda::ops::{
-    binary as kb, embedding as ke, layernorm as kl, reduce as kr, residual_layernorm as krl,
-    softmax as ks,
+    embedding as ke, layernorm as kl, residual_layernorm as krl, softmax as ks,
 };
 use sinter_cuda::{CudaDevice, DeviceBuffer};
 
@@ -229,9 +228,8 @@ fn device_indices(
     Ok(v)
 }
 
-/// Mean cross-entropy of logits [rows, c] against i64 targets; rows whose target is
-/// `ignore_index` count for nothing. The loss, each row's log-sum-exp and the count of counted
-/// rows stay on the device (f32).
+/// Cross-entropy of each row of logits [rows, c] against i64 targets (0 for a row whose target
+/// is `ignore_index`), and each row's log-sum-exp; both f32, on the device.
 pub(crate) fn cross_entropy(
     logits: &CudaStorage,
     l: &Layout,
@@ -244,46 +242,32 @@ pub(crate) fn cross_entropy(
     let (rows, c) = rows_of(l);
     let tv = device_indices(dev, &targets, c, Some(ignore_index))?;
     let xv = logits.window(l)?;
-    let loss_rows = alloc(dev, rows, DType::F32)?;
+    let loss = alloc(dev, rows, DType::F32)?;
     let lse = alloc(dev, rows, DType::F32)?;
     kce::cross_entropy_forward(
         dev,
         xv.slice(),
         tv.slice(),
-        loss_rows.as_slice(),
+        loss.as_slice(),
         Some(lse.as_slice()),
         rows,
         c,
         ignore_index,
     )
     .on(op)?;
-    let count = alloc(dev, 1, DType::F32)?;
-    kce::count_valid(dev, tv.slice(), count.as_slice(), ignore_index).on(op)?;
-    let total = alloc(dev, 1, DType::F32)?;
-    kr::sum_last(dev, loss_rows.as_slice(), total.as_slice(), 1, rows, 1.0).on(op)?;
-    let loss = alloc(dev, 1, DType::F32)?;
-    kb::binary(
-        dev,
-        kb::BinaryOp::Div,
-        total.as_slice(),
-        count.as_slice(),
-        loss.as_slice(),
-    )
-    .on(op)?;
     let f = |b| logits.sibling(b, DType::F32);
     Ok(CrossEntropyOut {
         loss: f(loss),
         lse: f(lse),
-        count: f(count),
     })
 }
 
-/// d loss / d logits = (softmax − onehot) · grad / count, in the logits' dtype.
+/// d Σ_r g_r loss_r / d logits = (softmax − onehot) · g_r per row, in the logits' dtype.
 pub(crate) fn cross_entropy_backward(
     logits: &CudaStorage,
     l: &Layout,
     targets: Indices<'_, CudaStorage>,
-    saved: CrossEntropyOut<&CudaStorage>,
+    lse: &CudaStorage,
     grad: (&CudaStorage, &Layout),
     ignore_index: i64,
 ) -> Result<CudaStorage> {
@@ -292,23 +276,14 @@ pub(crate) fn cross_entropy_backward(
     let (rows, c) = rows_of(l);
     let tv = device_indices(dev, &targets, c, Some(ignore_index))?;
     let gv = grad.0.window_as(grad.1, DType::F32)?;
-    let dl = alloc(dev, 1, DType::F32)?;
-    kb::binary(
-        dev,
-        kb::BinaryOp::Div,
-        gv.slice(),
-        saved.count.buffer().as_slice(),
-        dl.as_slice(),
-    )
-    .on(op)?;
     let xv = logits.window(l)?;
     let dx = alloc(dev, xv.len, dtype)?;
     kce::cross_entropy_backward(
         dev,
         xv.slice(),
         tv.slice(),
-        saved.lse.buffer().as_slice(),
-        LossGrad::Scalar(dl.as_slice()),
+        lse.buffer().as_slice(),
+        LossGrad::PerRow(gv.slice()),
         dx.as_slice(),
         rows,
         c,

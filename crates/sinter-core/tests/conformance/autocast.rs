@@ -3,7 +3,7 @@
 
 use crate::harness::*;
 use crate::reference::{self as r, Arr, Conv};
-use sinter_core::{amp, Conv2dParams, DType, Error, Tensor};
+use sinter_core::{amp, Conv2dParams, DType, Tensor};
 
 pub fn cases() -> Vec<Case> {
     vec![
@@ -111,14 +111,16 @@ fn mixed_matmul(t: &Target) {
     let i = t.ids(&[1, 2, 3, 4, 5, 6], &[2, 3]);
     let _ac = amp::autocast(t.dtype);
     assert_eq!(h.matmul(&a.t().unwrap()).unwrap().dtype(), t.dtype);
-    assert!(
-        i.matmul(&i.t().unwrap()).is_err(),
+    assert_eq!(
+        i.matmul(&i.t().unwrap()).unwrap().dtype(),
+        DType::I64,
         "integer operands are not cast"
     );
 }
 
 /// Binary ops promote float dtypes to the wider (bf16 with f16 to f32), comparisons too, and
-/// each operand's gradient comes back in its own dtype; where and integer mixes still error.
+/// each operand's gradient comes back in its own dtype; an i64 operand meets a float as that
+/// float (PyTorch's promotion, every float dtype); `where` between floats still errors.
 fn promotion(t: &Target) {
     let mut rng = t.rng(94);
     let a = make(&uniform(&mut rng, &[3, 4], -1.0, 1.0), DType::F32, t.dev)
@@ -165,10 +167,33 @@ fn promotion(t: &Target) {
         &want.data,
         tol(DType::BF16, 2.0),
     );
-    let i = t.ids(&[1, 2, 3, 4, 5, 6], &[2, 3]);
+    let i = t.ids(&[1, -2, 3, 4, 5, 6, 7, 8], &[2, 4]);
     let a2 = a.detach().narrow(0, 0, 2).unwrap();
-    assert!(matches!(a2.add(&i), Err(Error::DTypeMismatch { .. })));
-    assert!(matches!(i.mul(&a2), Err(Error::DTypeMismatch { .. })));
+    let iv = arr(&i);
+    for d in [DType::F32, DType::BF16, DType::F16] {
+        let x = a2.to_dtype(d).unwrap();
+        for (name, y, want) in [
+            (
+                "i64 + float",
+                i.add(&x).unwrap(),
+                iv.zip(&arr(&x), |p, q| p + q),
+            ),
+            (
+                "float * i64",
+                x.mul(&i).unwrap(),
+                arr(&x).zip(&iv, |p, q| p * q),
+            ),
+            (
+                "i64 < float",
+                i.lt(&x).unwrap(),
+                iv.zip(&arr(&x), |p, q| (p < q) as u8 as f64),
+            ),
+        ] {
+            assert_eq!(y.dtype(), d, "{name} in {d}");
+            let want = r::rounded(&want, d);
+            assert_close(name, &arr(&y).data, &want.data, tol(d, 1.0));
+        }
+    }
     assert!(Tensor::where_cond(&a2, &a2.to_dtype(DType::F16).unwrap(), &a2).is_err());
 }
 

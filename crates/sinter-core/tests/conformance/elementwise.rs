@@ -3,7 +3,8 @@
 
 use crate::harness::*;
 use crate::reference::{self as r, Arr};
-use sinter_core::{Result, Rng, Tensor};
+use sinter_core::op::{floor_div_f32, floor_div_i64};
+use sinter_core::{DType, Result, Rng, Tensor};
 
 pub fn cases() -> Vec<Case> {
     vec![
@@ -13,6 +14,7 @@ pub fn cases() -> Vec<Case> {
         case("binary_large", FLOATS, binary_large),
         case("comparisons", FLOATS, comparisons),
         case("integer_binary", I64, integer_binary),
+        case("floor_divide", FLOATS, floor_divide),
         case("unary", FLOATS, unary),
         case("unary_strided", FLOATS, unary_strided),
         case("unary_large", FLOATS, unary_large),
@@ -225,9 +227,46 @@ fn comparisons(t: &Target) {
     }
 }
 
+/// `floor_divide` of floats: PyTorch's rule in f32 (`sinter_types::floor_div_f32`; half dtypes
+/// compute in f32 and round once), negative operands, fractional divisors, a zero divisor
+/// (±inf, NaN), a broadcast divisor; no gradient.
+fn floor_divide(t: &Target) {
+    #[rustfmt::skip]
+    let a = Arr::new(&[3, 4], vec![
+        -7.5, 7.0, 5.0, -0.0,
+        0.3, -0.3, 1.0, 0.0,
+        -1.0, 9.25, -9.25, 100.0,
+    ]);
+    #[rustfmt::skip]
+    let b = Arr::new(&[3, 4], vec![
+        2.0, -2.0, 0.1, 3.0,
+        0.1, 0.1, 0.0, 0.0,
+        0.0, 0.5, 0.75, -7.0,
+    ]);
+    let rf = |p: f64, q: f64| floor_div_f32(p as f32, q as f32) as f64;
+    t.check_with(
+        "floor_divide",
+        EXACT,
+        &[In::Fixed(a.clone()), In::Fixed(b.clone())],
+        |x| x[0].floor_divide(&x[1]),
+        |x, _| x[0].zip(&x[1], rf),
+    );
+    t.check_with(
+        "floor_divide by a broadcast row",
+        EXACT,
+        &[In::Fixed(a.clone()), In::Fixed(b.narrow(0, 2, 1))],
+        |x| x[0].floor_divide(&x[1]),
+        |x, _| x[0].zip(&x[1], rf),
+    );
+    let v = t.tensor(&a).to_var().unwrap();
+    let y = v.floor_divide(&t.tensor(&b)).unwrap();
+    assert!(!y.tracks_grad(), "floor_divide has no gradient");
+}
+
 fn integer_binary(t: &Target) {
     // Negative values, values beyond f32's exact integers (2^24) and equal pairs; b broadcasts
-    // over a's rows. Division truncates toward zero; the sums wrap like two's complement.
+    // over a's rows. The sums wrap like two's complement; `/` is true division (in f32) and
+    // `floor_divide` rounds toward −∞ (PyTorch's rules, `sinter_types::floor_div_i64`).
     let big = (1i64 << 40) + 3;
     let a = Arr::ints(&[3, 4], &[7, -7, 0, 5, big, -3, 12, 1, -9, 4, 4, 6]);
     let b = Arr::ints(&[4], &[2, -2, 3, 4]);
@@ -241,7 +280,9 @@ fn integer_binary(t: &Target) {
         ("mul", Tensor::mul, |x, y| {
             r::wrap_i64(x as i128 * y as i128)
         }),
-        ("div", Tensor::div, r::int_div),
+        ("floor_divide", Tensor::floor_divide, |x, y| {
+            floor_div_i64(x as i64, y as i64).expect("non-zero divisors") as f64
+        }),
         ("maximum", Tensor::maximum, f64::max),
         ("minimum", Tensor::minimum, f64::min),
         ("eq", Tensor::eq, |x, y| (x == y) as u8 as f64),
@@ -270,6 +311,21 @@ fn integer_binary(t: &Target) {
             |x, _| x[0].t().zip(&x[1].t(), rf),
         );
     }
+    t.check_with(
+        "true division",
+        Opts {
+            out: Some(DType::F32),
+            ..EXACT
+        },
+        &[In::Fixed(a.clone()), In::Fixed(b.clone())],
+        |x| x[0].div(&x[1]),
+        |x, _| x[0].zip(&x[1], |p, q| (p as f32 / q as f32) as f64),
+    );
+    let e = err_msg(t.ids(&[1, 2], &[2]).floor_divide(&t.ids(&[3, 0], &[2])));
+    assert!(
+        e.contains("floor_divide") && e.contains("division by zero") && e.contains("element 1"),
+        "{e}"
+    );
     // Overflow wraps (i64::MAX + 1 = i64::MIN), as in PyTorch.
     t.check_with(
         "add wraps",

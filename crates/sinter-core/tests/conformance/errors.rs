@@ -77,7 +77,15 @@ fn shape_mismatches(t: &Target) {
     expect_err(a.add(&tensor(&[1.0; 4], &[4])), "add");
     expect_err(a.mul(&tensor(&[1.0; 6], &[3, 2])), "mul");
     expect_err(a.matmul(&tensor(&[1.0; 8], &[4, 2])), "matmul");
-    expect_err(a.matmul(&tensor(&[1.0; 3], &[3])), "matmul");
+    expect_err(a.matmul(&tensor(&[1.0; 4], &[4])), "matmul");
+    expect_err(
+        tensor(&[1.0; 3], &[3]).matmul(&tensor(&[1.0; 2], &[2])),
+        "matmul",
+    );
+    expect_err(
+        tensor(&[1.0], &[]).matmul(&tensor(&[1.0; 2], &[2])),
+        "matmul",
+    );
     expect_err(
         tensor(&[1.0; 24], &[2, 3, 4]).matmul(&tensor(&[1.0; 60], &[3, 4, 5])),
         "matmul",
@@ -283,10 +291,11 @@ fn convolution_and_pooling_misuse(t: &Target) {
 fn dtype_misuse(t: &Target) {
     DEV.set(t.dev);
     let a = x23();
-    let i = ids(&[1, 2, 3, 4, 5, 6], &[2, 3]);
-    expect_err(a.add(&i), "add");
+    let i = ids(&[1, 2, 3, 4, 5, 6], &[2, 3]).to_device(t.dev).unwrap();
+    // i64 meets a float as that float (`DType::promote`), but matmul does not promote.
+    assert_eq!(a.add(&i).unwrap().dtype(), a.dtype());
     expect_err(i.exp(), "exp");
-    expect_err(i.matmul(&i.t().unwrap()), "matmul");
+    expect_err(a.matmul(&i.t().unwrap()), "matmul");
     expect_err(Tensor::where_cond(&a, &a, &i), "where");
     // Float dtypes promote in elementwise ops (see `sinter_core::amp`), but not where the op
     // cannot promote: `where` between f16 and f32, and matmul outside an autocast region.

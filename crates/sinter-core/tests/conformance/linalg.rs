@@ -9,6 +9,7 @@ use sinter_core::{Conv2dParams, Pool2dParams, Result, Rng, Tensor};
 pub fn cases() -> Vec<Case> {
     vec![
         case("matmul", FLOATS, matmul),
+        case("matmul_integer", I64, matmul_integer),
         case("matmul_large", FLOATS, matmul_large),
         case("matmul_tf32", F32, matmul_tf32).cuda_only().exclusive(),
         case("conv2d", FLOATS, conv2d),
@@ -93,7 +94,34 @@ fn matmul_cases() -> Vec<(&'static str, [&'static [usize]; 2], Graph, RefGraph)>
             |x| r::matmul(&x[0].permute(&[1, 2, 0]), &x[1]),
         ),
         ("larger", [&[64, 96], &[96, 80]], mm, rm),
+        // 1-D operands (torch.matmul): a row on the left, a column on the right, squeezed out.
+        ("vector · matrix", [&[4], &[4, 5]], mm, |x| {
+            r::matmul(&x[0].reshape(&[1, 4]), &x[1]).reshape(&[5])
+        }),
+        ("matrix · vector", [&[3, 4], &[4]], mm, |x| {
+            r::matmul(&x[0], &x[1].reshape(&[4, 1])).reshape(&[3])
+        }),
+        ("vector · vector", [&[6], &[6]], mm, |x| {
+            r::matmul(&x[0].reshape(&[1, 6]), &x[1].reshape(&[6, 1])).reshape(&[])
+        }),
+        ("vector · batch", [&[4], &[2, 4, 3]], mm, |x| {
+            r::matmul(&x[0].reshape(&[1, 4]), &x[1]).reshape(&[2, 3])
+        }),
+        ("batch · vector", [&[2, 3, 4], &[4]], mm, |x| {
+            r::matmul(&x[0], &x[1].reshape(&[4, 1])).reshape(&[2, 3])
+        }),
     ]
+}
+
+/// Every product of the table on i64 operands: exact (the values keep every sum far below
+/// 2^53, so the f64 reference is exact too); integer products have no gradient.
+fn matmul_integer(t: &Target) {
+    let mut rng = t.rng(33);
+    let ints = |rng: &mut Rng, s: &[usize]| uniform(rng, s, -60.0, 60.0).map(f64::round);
+    for (name, [sa, sb], f, rf) in matmul_cases() {
+        let inputs = [In::Fixed(ints(&mut rng, sa)), In::Fixed(ints(&mut rng, sb))];
+        t.check_with(name, EXACT, &inputs, f, |x, _| rf(x));
+    }
 }
 
 fn matmul(t: &Target) {

@@ -3,12 +3,13 @@
 
 use crate::harness::*;
 use crate::reference::{self as r, round_to, Arr};
-use sinter_core::{DType, Rng, Tensor};
+use sinter_core::{CrossEntropyOptions, DType, Reduction, Rng, Tensor};
 
 pub fn cases() -> Vec<Case> {
     vec![
         case("layer_norm", FLOATS, layer_norm),
         case("cross_entropy", FLOATS, cross_entropy),
+        case("cross_entropy_options", FLOATS, cross_entropy_options),
         case("mse_loss", FLOATS, mse_loss),
         case("index_select", ALL, index_select),
         case("embedding", ALL, embedding),
@@ -69,6 +70,72 @@ fn targets(rng: &mut Rng, rows: usize, c: usize, ignore: i64) -> Vec<i64> {
         t[0] = c as i64 - 1;
     }
     t
+}
+
+/// PyTorch's options: every reduction, with and without class weights (which get gradients
+/// too), label smoothing 0 / 0.2 / 1, an ignore index outside and inside the classes.
+fn cross_entropy_options(t: &Target) {
+    let mut rng = t.rng(42);
+    let f32_out = Opts {
+        out: Some(DType::F32),
+        roundings: 2.0,
+        ..Opts::default()
+    };
+    for shape in [vec![6, 5], vec![2, 3, 4]] {
+        let c = *shape.last().unwrap();
+        let lead = &shape[..shape.len() - 1];
+        let rows: usize = lead.iter().product();
+        let w = uniform(&mut rng, &[c], 0.2, 2.0);
+        for (ignore, eps) in [(-100i64, 0.0), (1, 0.2), (-100, 1.0)] {
+            let x = uniform(&mut rng, &shape, -3.0, 3.0);
+            let tg = Arr::ints(lead, &targets(&mut rng, rows, c, ignore));
+            for reduction in [Reduction::Mean, Reduction::Sum, Reduction::None] {
+                let name = format!("{reduction:?}").to_lowercase();
+                let tag = format!("{shape:?} ignore {ignore} ε {eps} {name}");
+                let opts = move |weight: Option<Tensor>| CrossEntropyOptions {
+                    reduction,
+                    weight,
+                    label_smoothing: eps,
+                    ignore_index: ignore,
+                };
+                t.check_with(
+                    &tag,
+                    f32_out,
+                    &[In::Var(x.clone()), In::Ids(tg.clone())],
+                    |v| v[0].cross_entropy_with(&v[1], &opts(None)),
+                    |v, _| r::cross_entropy_with(&v[0], &v[1], None, eps, ignore, &name),
+                );
+                t.check_with(
+                    &format!("{tag} weighted"),
+                    f32_out,
+                    &[In::Var(x.clone()), In::Ids(tg.clone()), In::Var(w.clone())],
+                    |v| v[0].cross_entropy_with(&v[1], &opts(Some(v[2].clone()))),
+                    |v, _| r::cross_entropy_with(&v[0], &v[1], Some(&v[2]), eps, ignore, &name),
+                );
+            }
+        }
+    }
+    let x = t.tensor(&uniform(&mut rng, &[3, 4], -1.0, 1.0));
+    let tg = t.ids(&[0, 1, 2], &[3]);
+    for (bad, what) in [
+        (
+            CrossEntropyOptions {
+                label_smoothing: 1.5,
+                ..Default::default()
+            },
+            "label_smoothing",
+        ),
+        (
+            CrossEntropyOptions {
+                weight: Some(t.zeros(&[3], DType::F32)),
+                ..Default::default()
+            },
+            "weight",
+        ),
+    ] {
+        let e = err_msg(x.cross_entropy_with(&tg, &bad));
+        assert!(e.contains("cross_entropy") && e.contains(what), "{e}");
+    }
 }
 
 fn cross_entropy(t: &Target) {

@@ -8,12 +8,15 @@ pub fn cases() -> Vec<Case> {
     vec![
         case("sum_mean", FLOATS, sum_mean),
         case("sum_all_mean_all", FLOATS, sum_all_mean_all),
+        case("var_std", FLOATS, var_std),
         case("sum_long", FLOATS, sum_long),
         case("max_min_argmax", FLOATS, max_min_argmax),
         case("max_splits_ties", FLOATS, max_splits_ties),
+        case("nan_propagates", FLOATS, nan_propagates),
         case("integer", I64, integer),
         case("integer_beyond_f32", I64, integer_beyond_f32),
         case("empty", FLOATS, empty),
+        case("repeated_dims", ALL, repeated_dims),
         case("softmax", FLOATS, softmax),
         case("softmax_wide", FLOATS, softmax_wide),
     ]
@@ -85,6 +88,51 @@ fn sum_mean(t: &Target) {
         |v| v[0].sum(&[1], false),
         |v, _| r::reduce(&v[0], &[1], false, r::sum),
     );
+}
+
+/// `var` / `std` with corrections 0, 1 (Bessel's) and 2 over the views and dimension sets of
+/// `sum_mean`, forward and gradient; a dimension of N ≤ correction gives NaN.
+fn var_std(t: &Target) {
+    let mut rng = t.rng(26);
+    for (what, shape, view, rview) in views() {
+        let x = uniform(&mut rng, &shape, -2.0, 2.0);
+        for &dims in &[&[0isize][..], &[-1], &[0, 2], &[0, 1, 2]] {
+            for (correction, keepdim) in [(1.0, false), (0.0, true), (2.0, false)] {
+                let tag = format!("{what} dims {dims:?} correction {correction} keepdim {keepdim}");
+                t.check_with(
+                    &format!("var {tag}"),
+                    rounds(2.0),
+                    &[In::Var(x.clone())],
+                    |v| view(&v[0])?.var(dims, correction, keepdim),
+                    |v, _| r::reduce(&rview(&v[0]), dims, keepdim, |s| r::var(s, correction)),
+                );
+                t.check_with(
+                    &format!("std {tag}"),
+                    rounds(2.0),
+                    &[In::Var(x.clone())],
+                    |v| view(&v[0])?.std(dims, correction, keepdim),
+                    |v, _| {
+                        r::reduce(&rview(&v[0]), dims, keepdim, |s| {
+                            r::var(s, correction).sqrt()
+                        })
+                    },
+                );
+            }
+        }
+    }
+    // [2, 1]: one element per row; correction 1 leaves no degree of freedom (NaN), 0 gives 0.
+    let x = Arr::new(&[2, 1], vec![3.0, -1.0]);
+    for (correction, want) in [(1.0, f64::NAN), (0.0, 0.0)] {
+        t.check_with(
+            &format!("var of one element, correction {correction}"),
+            EXACT,
+            &[In::Fixed(x.clone())],
+            |v| v[0].var(&[1], correction, false),
+            |_, _| Arr::new(&[2], vec![want; 2]),
+        );
+    }
+    let e = err_msg(t.ids(&[1, 2], &[2]).var(&[0], 1.0, false));
+    assert!(e.contains("var"), "{e}");
 }
 
 fn sum_all_mean_all(t: &Target) {
@@ -200,6 +248,52 @@ fn max_min_argmax(t: &Target) {
     }
 }
 
+/// A NaN anywhere in a reduced row makes max and min NaN and argmax its first position
+/// (PyTorch's rule), over the last and a middle dimension, whether the NaN comes first or not.
+fn nan_propagates(t: &Target) {
+    let nan = f64::NAN;
+    #[rustfmt::skip]
+    let x = Arr::new(&[3, 4], vec![
+        1.0, nan, 3.0, nan,
+        nan, 2.0, -1.0, 0.5,
+        4.0, -2.0, 7.0, nan,
+    ]);
+    for d in [0isize, 1] {
+        extrema(t, &x, d, false);
+    }
+    // Over a middle dimension of [2, 3, 2] (inner 2).
+    let y = Arr::from_fn(
+        &[2, 3, 2],
+        |i| if i == [1, 2, 0] { nan } else { i[1] as f64 },
+    );
+    t.check_with(
+        "max over a middle dim",
+        EXACT,
+        &[In::Fixed(y)],
+        |v| v[0].max(1, false),
+        |v, _| r::reduce(&v[0], &[1], false, r::max),
+    );
+}
+
+/// A dimension named twice (also as its negative alias) is an error, as in PyTorch.
+fn repeated_dims(t: &Target) {
+    let x = t.zeros(&[2, 3], t.dtype);
+    for dims in [[1isize, 1], [1, -1]] {
+        let e = err_msg(x.sum(&dims, false));
+        assert!(
+            e.contains("dim 1 appears multiple times"),
+            "sum {dims:?}: {e}"
+        );
+        if t.dtype.is_float() {
+            let e = err_msg(x.mean(&dims, true));
+            assert!(
+                e.contains("dim 1 appears multiple times"),
+                "mean {dims:?}: {e}"
+            );
+        }
+    }
+}
+
 /// The gradient of max goes to the maximal elements, split evenly among ties.
 fn max_splits_ties(t: &Target) {
     let x = t
@@ -259,6 +353,39 @@ fn empty(t: &Target) {
             |v, _| r::reduce(&v[0], &[d], false, r::sum),
         );
     }
+    // The mean over an empty dimension is 0 / 0 = NaN (PyTorch); so is the mean of nothing.
+    for (shape, d) in [([0usize, 3], 0isize), ([3, 0], 1)] {
+        t.check_with(
+            &format!("mean {shape:?} dim {d}"),
+            EXACT,
+            &[In::Fixed(Arr::new(&shape, vec![]))],
+            |v| v[0].mean(&[d], false),
+            |_, _| Arr::new(&[3], vec![f64::NAN; 3]),
+        );
+    }
+    t.check_with(
+        "mean_all of nothing",
+        EXACT,
+        &[In::Fixed(Arr::new(&[0, 2], vec![]))],
+        |v| v[0].mean_all(),
+        |_, _| Arr::scalar(f64::NAN),
+    );
+    // Softmax of an empty tensor is an empty tensor of its shape.
+    for shape in [[0usize, 3], [3, 0]] {
+        let x = t.zeros(&shape, t.dtype);
+        for d in [0isize, 1] {
+            assert_eq!(
+                x.softmax(d).unwrap().shape(),
+                shape,
+                "softmax {shape:?} dim {d}"
+            );
+            assert_eq!(
+                x.log_softmax(d).unwrap().shape(),
+                shape,
+                "log_softmax {shape:?}"
+            );
+        }
+    }
     let x = Arr::from_fn(&[2, 3], |i| i[1] as f64);
     t.check(
         "index_select of nothing",
@@ -281,28 +408,32 @@ fn integer_reductions(t: &Target, a: &Arr) {
                 |v| v[0].sum(&[d], keepdim),
                 rd(r::sum_i64),
             );
-            t.check_with(
-                &format!("max {tag}"),
-                EXACT,
-                &[In::Fixed(a.clone())],
-                |v| v[0].max(d, keepdim),
-                rd(r::max),
-            );
-            t.check_with(
-                &format!("min {tag}"),
-                EXACT,
-                &[In::Fixed(a.clone())],
-                |v| v[0].min(d, keepdim),
-                rd(r::min),
-            );
-            t.check_with(
-                &format!("argmax {tag}"),
-                EXACT,
-                &[In::Fixed(a.clone())],
-                |v| v[0].argmax(d, keepdim),
-                rd(r::argmax),
-            );
+            extrema(t, a, d, keepdim);
         }
+    }
+}
+
+/// max, min and argmax of `a` over `d`, exactly (argmax as i64 in every target dtype).
+fn extrema(t: &Target, a: &Arr, d: isize, keepdim: bool) {
+    let tag = format!("dim {d} keepdim {keepdim}");
+    let ops: [(
+        &str,
+        fn(&Tensor, isize, bool) -> sinter_core::Result<Tensor>,
+        fn(&[f64]) -> f64,
+    ); 3] = [
+        ("max", Tensor::max, r::max),
+        ("min", Tensor::min, r::min),
+        ("argmax", Tensor::argmax, r::argmax),
+    ];
+    for (name, f, rf) in ops {
+        let out = (name == "argmax").then_some(DType::I64);
+        t.check_with(
+            &format!("{name} {tag}"),
+            Opts { out, ..EXACT },
+            &[In::Fixed(a.clone())],
+            |v| f(&v[0], d, keepdim),
+            |v, _| r::reduce(&v[0], &[d], keepdim, rf),
+        );
     }
 }
 

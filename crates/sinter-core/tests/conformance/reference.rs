@@ -4,6 +4,7 @@
 //! Gradients are not written here: the harness differentiates these functions by central
 //! differences in f64 (see `harness::check`), so each op has exactly one reference.
 
+use sinter_core::op::{pool_max_replaces, ReduceOp};
 use sinter_core::{bf16, f16, DType};
 
 /// Row-major strides.
@@ -226,11 +227,6 @@ pub fn relu(x: f64) -> f64 {
     x.max(0.0)
 }
 
-/// Truncating integer division (Rust's and C's `/`); the caller keeps divisors non-zero.
-pub fn int_div(a: f64, b: f64) -> f64 {
-    (a as i64).wrapping_div(b as i64) as f64
-}
-
 /// Two's-complement wrapping of an exact integer result into i64.
 pub fn wrap_i64(x: i128) -> f64 {
     x as i64 as f64
@@ -273,16 +269,24 @@ pub fn sum(v: &[f64]) -> f64 {
 pub fn mean(v: &[f64]) -> f64 {
     v.iter().sum::<f64>() / v.len() as f64
 }
+/// Σ (x − mean)² / max(0, N − correction) (`torch.var`).
+pub fn var(v: &[f64], correction: f64) -> f64 {
+    let m = mean(v);
+    v.iter().map(|x| (x - m) * (x - m)).sum::<f64>() / (v.len() as f64 - correction).max(0.0)
+}
+/// The maximum (NaN if any element is NaN; −inf of nothing): the shared rule of
+/// `ReduceOp::reduce_f64`.
 pub fn max(v: &[f64]) -> f64 {
-    v.iter().copied().fold(f64::NEG_INFINITY, f64::max)
+    ReduceOp::Max.reduce_f64(v).unwrap_or(f64::NEG_INFINITY)
 }
 pub fn min(v: &[f64]) -> f64 {
-    v.iter().copied().fold(f64::INFINITY, f64::min)
+    ReduceOp::Min.reduce_f64(v).unwrap_or(f64::INFINITY)
 }
-/// Index of the first maximum.
+/// Index of the first maximum (of the first NaN, if any).
 pub fn argmax(v: &[f64]) -> f64 {
-    let m = max(v);
-    v.iter().position(|&x| x == m).unwrap() as f64
+    ReduceOp::ArgMax
+        .reduce_f64(v)
+        .expect("argmax of a non-empty row")
 }
 /// Exact i64 sum with two's-complement wrapping (PyTorch's integer semantics).
 pub fn sum_i64(v: &[f64]) -> f64 {
@@ -422,7 +426,9 @@ pub fn pool2d(x: &Arr, kernel: usize, stride: usize, padding: usize, is_max: boo
                     continue;
                 }
                 let v = x.get(&[i[0], i[1], iy as usize, ix as usize]);
-                best = best.max(v);
+                if pool_max_replaces(best as f32, v as f32) {
+                    best = v;
+                }
                 total += v;
             }
         }
@@ -452,16 +458,40 @@ pub fn layer_norm(x: &Arr, g: &Arr, b: &Arr, eps: f64) -> Arr {
 
 /// Mean over the non-ignored rows of −log softmax(logits)[target]; `targets` holds class ids.
 pub fn cross_entropy(logits: &Arr, targets: &Arr, ignore: i64) -> Arr {
+    cross_entropy_with(logits, targets, None, 0.0, ignore, "mean")
+}
+
+/// `torch.nn.functional.cross_entropy` with class weights `w`, label smoothing `eps` and
+/// reduction `mean` / `sum` / `none`, written from PyTorch's definition: row r's loss is
+/// (1 − ε)·w[t]·(lse − x_t) + ε/C·Σ_c w_c·(lse − x_c) (0 when t is ignored), and the mean
+/// divides by Σ w[t] over the counted rows.
+pub fn cross_entropy_with(
+    logits: &Arr,
+    targets: &Arr,
+    w: Option<&Arr>,
+    eps: f64,
+    ignore: i64,
+    reduction: &str,
+) -> Arr {
     let c = *logits.shape.last().unwrap();
-    let (mut total, mut count) = (0.0, 0usize);
+    let weight = |k: usize| w.map_or(1.0, |w| w.data[k]);
+    let (mut losses, mut denominator) = (Vec::new(), 0.0);
     for (row, &t) in logits.data.chunks(c).zip(&targets.data) {
         if t as i64 == ignore {
+            losses.push(0.0);
             continue;
         }
-        total += logsumexp(row) - row[t as usize];
-        count += 1;
+        let (lse, t) = (logsumexp(row), t as usize);
+        let smooth: f64 = (0..c).map(|k| weight(k) * (lse - row[k])).sum();
+        losses.push((1.0 - eps) * weight(t) * (lse - row[t]) + eps / c as f64 * smooth);
+        denominator += weight(t);
     }
-    Arr::scalar(total / count as f64)
+    let total: f64 = losses.iter().sum();
+    match reduction {
+        "none" => Arr::new(&targets.shape, losses),
+        "sum" => Arr::scalar(total),
+        _ => Arr::scalar(total / denominator),
+    }
 }
 
 pub fn mse(a: &Arr, b: &Arr) -> Arr {

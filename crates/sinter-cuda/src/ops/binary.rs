@@ -19,6 +19,8 @@ pub enum BinaryOp {
     Sub,
     Mul,
     Div,
+    /// `torch.floor_divide` (sinter_types::floor_div_f32 / floor_div_i64).
+    FloorDiv,
     Maximum,
     Minimum,
     Eq,
@@ -30,11 +32,12 @@ pub enum BinaryOp {
 }
 
 impl BinaryOp {
-    pub const ALL: [BinaryOp; 12] = [
+    pub const ALL: [BinaryOp; 13] = [
         BinaryOp::Add,
         BinaryOp::Sub,
         BinaryOp::Mul,
         BinaryOp::Div,
+        BinaryOp::FloorDiv,
         BinaryOp::Maximum,
         BinaryOp::Minimum,
         BinaryOp::Eq,
@@ -51,6 +54,7 @@ impl BinaryOp {
             BinaryOp::Sub => "sub",
             BinaryOp::Mul => "mul",
             BinaryOp::Div => "div",
+            BinaryOp::FloorDiv => "floor_div",
             BinaryOp::Maximum => "maximum",
             BinaryOp::Minimum => "minimum",
             BinaryOp::Eq => "eq",
@@ -70,6 +74,7 @@ impl BinaryOp {
             BinaryOp::Sub => a - b,
             BinaryOp::Mul => a * b,
             BinaryOp::Div => a / b,
+            BinaryOp::FloorDiv => sinter_types::floor_div_f32(a, b),
             BinaryOp::Maximum => {
                 if a > b || a.is_nan() {
                     a

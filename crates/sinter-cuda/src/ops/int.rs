@@ -220,6 +220,41 @@ pub fn plan_int_reduce(
     )))
 }
 
+/// Plan out[b] = a[b] @ b[b] for contiguous i64 a [batch, m, k] and b [batch, k, n] into
+/// out [batch, m, n]: exact, wrapping on overflow (PyTorch's CPU integer matmul).
+pub fn plan_int_matmul(
+    t: &LaunchTarget,
+    a: DevSlice<'_>,
+    b: DevSlice<'_>,
+    out: DevSlice<'_>,
+    [batch, m, n, k]: [usize; 4],
+) -> Result<Option<Launch>> {
+    let name = "int_matmul";
+    let size = |dims: &[usize]| numel(name, dims);
+    need(name, "a", &a, DType::I64, size(&[batch, m, k])?)?;
+    need(name, "b", &b, DType::I64, size(&[batch, k, n])?)?;
+    let total = size(&[batch, m, n])?;
+    need(name, "out", &out, DType::I64, total)?;
+    if total == 0 {
+        return Ok(None);
+    }
+    Ok(Some(Launch::new(
+        KernelFile::Int,
+        "int_matmul_i64",
+        t.grid_for(total, ELEMWISE_BLOCK),
+        ELEMWISE_BLOCK,
+        vec![
+            Arg::Ptr(a.ptr()),
+            Arg::Ptr(b.ptr()),
+            Arg::Ptr(out.ptr()),
+            Arg::I64(batch as i64),
+            Arg::I64(m as i64),
+            Arg::I64(n as i64),
+            Arg::I64(k as i64),
+        ],
+    )))
+}
+
 /// Plan flat[o * k + j] = o * n + idx[j] (row ids into x viewed as [outer * n, inner]); an id
 /// outside [0, n) is replaced by row 0 of its block so later gathers stay in bounds (the index
 /// check reports it).
@@ -380,6 +415,15 @@ pub fn int_reduce(
 ) -> Result<()> {
     dev.run_opt(plan_int_reduce(&dev.target(), op, x, out, outer, n, inner)?)
 }
+pub fn int_matmul(
+    dev: &CudaDevice,
+    a: DevSlice<'_>,
+    b: DevSlice<'_>,
+    out: DevSlice<'_>,
+    dims: [usize; 4],
+) -> Result<()> {
+    dev.run_opt(plan_int_matmul(&dev.target(), a, b, out, dims)?)
+}
 pub fn index_flat(
     dev: &CudaDevice,
     idx: DevSlice<'_>,
@@ -445,6 +489,8 @@ pub(crate) fn samples(t: &LaunchTarget) -> Vec<Launch> {
     }
     v.extend(plan_fill_i64(t, o, 7).unwrap());
     v.extend(plan_int_reduce(t, IntReduce::Sum, a, b, 2, 4, 4).unwrap());
+    let mm = |n| fake_slice(DType::I64, n);
+    v.extend(plan_int_matmul(t, mm(6), mm(12), mm(8), [1, 2, 4, 3]).unwrap());
     v.extend(plan_index_flat(t, b, o, 4, 10).unwrap());
     v.extend(plan_gather_rows_i64(t, a, b, o, 8, 4).unwrap());
     v.extend(plan_index_check(a, 10, Some(-100), 1, fake_slice(DType::I64, SLOT_LEN)).unwrap());
