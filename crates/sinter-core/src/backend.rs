@@ -35,6 +35,7 @@
 //! | random | `dropout`, `dropout_backward` |
 //! | attention | `attention` (flash, forward), `attention_backward` |
 //! | optimizer | `adamw_step`, `sgd_step`, `step_prepare`, `step_finish` (the step control block) |
+//! | custom ops | `custom_forward` (`custom_op::seam`: a user's CPU closure or NVRTC kernel; None = no forward for this device) |
 //!
 //! Some primitives are fast paths a backend may decline by returning `Ok(None)`
 //! (`linear_bias_gelu`, `bias_gelu`, `attention`): the op above the seam then runs its

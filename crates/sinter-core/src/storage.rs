@@ -8,6 +8,7 @@ use crate::backend::{
 };
 use crate::cpu::{CpuDevice, CpuStorage};
 use crate::cuda::CudaStorage;
+use crate::custom_op::seam::{CustomForward, ForwardCall};
 use crate::op::{BinaryOp, ReduceOp, UnaryOp};
 use crate::{bail, DType, Device, Error, Layout, Result, Rng};
 
@@ -295,6 +296,28 @@ impl Storage {
                 Storage::Cuda
             ))?)),
         }
+    }
+
+    // ---- custom ops (crate::custom_op) -----------------------------------------------------
+
+    /// A custom op's forward on its inputs' device (`inputs` not empty), or None when the op
+    /// has none for it.
+    pub(crate) fn custom_forward(
+        call: &ForwardCall<'_>,
+        inputs: &[(&Storage, &Layout)],
+    ) -> Result<Option<Vec<Storage>>> {
+        let name = call.def.name;
+        Ok(match inputs.first() {
+            None => bail!("custom op `{name}`: no inputs"),
+            Some((Storage::Cpu(_), _)) => {
+                CpuStorage::custom_forward(call, &all_on!(name, inputs, Storage::Cpu))?
+                    .map(|v| v.into_iter().map(Storage::Cpu).collect())
+            }
+            Some((Storage::Cuda(_), _)) => {
+                CudaStorage::custom_forward(call, &all_on!(name, inputs, Storage::Cuda))?
+                    .map(|v| v.into_iter().map(Storage::Cuda).collect())
+            }
+        })
     }
 
     // ---- products ------------------------------------------------------------------------
