@@ -206,6 +206,20 @@ fn values_and_gradients_match_the_composite_on_every_device() {
 }
 
 #[test]
+fn a_second_backward_over_the_same_graph_adds_the_same_gradients() {
+    let (x, yv) = inputs(Device::Cpu);
+    let out = prod_sum().apply(&[&x, &yv.t().unwrap()]).unwrap();
+    let l = loss(&out[0], &out[1], true);
+    l.backward().unwrap();
+    let once = x.grad().unwrap().to_vec_f32().unwrap();
+    l.backward().unwrap();
+    let twice = x.grad().unwrap().to_vec_f32().unwrap();
+    for (a, b) in once.iter().zip(&twice) {
+        assert_eq!(2.0 * a, *b);
+    }
+}
+
+#[test]
 fn under_no_grad_nothing_is_recorded_and_no_backward_is_needed() {
     let op = CustomOp::builder("double")
         .outputs(|m| Ok(vec![OutputSpec::new(&m[0].shape, DType::F32)]))

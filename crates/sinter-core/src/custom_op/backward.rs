@@ -89,10 +89,15 @@ pub(crate) fn record(
             def.name,
             inputs,
             move |_, _| {
-                let taken = std::mem::take(&mut *slot.lock().unwrap_or_else(|p| p.into_inner()));
+                // Emptied (not shrunk) for the next backward pass over the same graph.
+                let taken: Vec<Option<Tensor>> = slot
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .iter_mut()
+                    .map(Option::take)
+                    .collect();
                 let grads = taken
                     .into_iter()
-                    .chain(std::iter::repeat(None))
                     .zip(&outs[..returned])
                     .map(|(g, o)| g.map_or_else(|| o.zeros_like(), Ok))
                     .collect::<Result<Vec<_>>>()?;
