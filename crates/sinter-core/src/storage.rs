@@ -3,8 +3,8 @@
 //! device, then calls that backend's implementation, once.
 
 use crate::backend::{
-    AdamWParams, AttnGeom, BackendDevice, BackendStorage, ConvGeom, CrossEntropyOut, DropoutMask,
-    IndexGeom, Indices, PoolGeom, RowStats, ScalerCfg, SgdParams, Wants,
+    AdamWParams, AttnGeom, BackendDevice, BackendStorage, ConvGeom, CrossEntropyOut, DecodeSeq,
+    DropoutMask, IndexGeom, Indices, PoolGeom, RowStats, ScalerCfg, SgdParams, Wants,
 };
 use crate::cpu::{CpuDevice, CpuStorage};
 use crate::cuda::CudaStorage;
@@ -295,6 +295,46 @@ impl Storage {
                 parts,
                 Storage::Cuda
             ))?)),
+        }
+    }
+
+    /// `self` is q (see `BackendStorage::decode_attention`); `caches` are written in place.
+    #[allow(clippy::too_many_arguments)]
+    pub fn decode_attention(
+        &self,
+        l: &Layout,
+        k: &Storage,
+        kl: &Layout,
+        v: &Storage,
+        vl: &Layout,
+        caches: &mut [&mut Storage],
+        seqs: &[DecodeSeq<'_>],
+        scale: f32,
+    ) -> Result<Option<Storage>> {
+        const OP: &str = "decode_attention";
+        same_device(OP, self, &[k, v])?;
+        for c in caches.iter() {
+            same_device(OP, self, &[&**c])?;
+        }
+        macro_rules! run {
+            ($variant:path) => {{
+                let ($variant(q), $variant(k), $variant(v)) = (self, k, v) else {
+                    unreachable!("devices checked")
+                };
+                let mut cs: Vec<_> = caches
+                    .iter_mut()
+                    .map(|c| match &mut **c {
+                        $variant(c) => c,
+                        _ => unreachable!("devices checked"),
+                    })
+                    .collect();
+                Ok(q.decode_attention(l, k, kl, v, vl, &mut cs, seqs, scale)?
+                    .map($variant))
+            }};
+        }
+        match self {
+            Storage::Cpu(_) => run!(Storage::Cpu),
+            Storage::Cuda(_) => run!(Storage::Cuda),
         }
     }
 
