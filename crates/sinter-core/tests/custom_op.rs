@@ -61,6 +61,7 @@ fn cpu_zip(
 /// (x, y, gp, gs) -> (dx, dy), no backward of its own.
 fn grad_op(kernel: &CudaKernel) -> CustomOp {
     CustomOp::builder("prod_sum_grad")
+        .inputs(4)
         .outputs(|m| {
             let s = same_shapes(m)?;
             Ok(vec![
@@ -100,6 +101,7 @@ fn prod_sum() -> CustomOp {
     .unwrap();
     let grad = grad_op(&kernel);
     CustomOp::builder("prod_sum")
+        .inputs(2)
         .outputs(|m| {
             let s = same_shapes(m)?;
             Ok(vec![
@@ -349,6 +351,9 @@ fn an_op_without_a_forward_for_the_device_says_so() {
         e.contains("`cuda_only` has no forward for cpu (it has one for cuda)"),
         "{e}"
     );
+    // The wrong number of inputs.
+    let e = prod_sum().apply(&[&x]).unwrap_err().to_string();
+    assert!(e.contains("takes 2 inputs, got 1"), "{e}");
     let Some(dev) = cuda() else { return };
     let e = cpu_only
         .apply(&[&x.to_device(dev).unwrap()])

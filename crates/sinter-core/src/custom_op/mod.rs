@@ -4,9 +4,9 @@
 //! differentiable like a built-in op. PyTorch's `torch.autograd.Function` plus
 //! `cpp_extension.load_inline`, in one Rust value.
 //!
-//! - The op declares its outputs' shapes and dtypes from its inputs' ([`OutputSpec`]); every
-//!   backend's outputs are checked against them (a wrong number, shape or dtype is an error
-//!   naming the op and the output). Outputs marked [`OutputSpec::saved`] are kept for the
+//! - The op declares how many inputs it takes, and its outputs' shapes and dtypes from its
+//!   inputs' ([`OutputSpec`]); every backend's outputs are checked against them (a wrong
+//!   number, shape or dtype is an error naming the op and the output). Outputs marked [`OutputSpec::saved`] are kept for the
 //!   backward but not returned (intermediates such as activations).
 //! - The forward runs where the inputs live, through one seam primitive
 //!   (`Storage::custom_forward`; the CPU runs the closure, CUDA launches the kernel on the
@@ -34,6 +34,7 @@
 //!     if (i < n) y[i] = x[i] * x[i] * x[i];
 //! }"#;
 //! let cube = CustomOp::builder("cube")
+//!     .inputs(1)
 //!     .outputs(|x| Ok(vec![OutputSpec::new(&x[0].shape, DType::F32)]))
 //!     .cpu(|x| {
 //!         let v = x[0].f32()?.iter().map(|v| v * v * v).collect();

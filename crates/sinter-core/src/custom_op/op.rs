@@ -17,6 +17,7 @@ pub(crate) type OutputsFn = dyn Fn(&[TensorMeta]) -> Result<Vec<OutputSpec>> + S
 
 pub(crate) struct OpDef {
     pub name: &'static str,
+    pub inputs: Option<usize>,
     pub dtypes: Vec<DType>,
     pub outputs: Box<OutputsFn>,
     pub cpu: Option<Box<CpuForwardFn>>,
@@ -57,6 +58,7 @@ impl std::fmt::Debug for CustomOp {
 /// Builds a [`CustomOp`]: `outputs` and at least one forward are required.
 pub struct CustomOpBuilder {
     name: &'static str,
+    inputs: Option<usize>,
     dtypes: Vec<DType>,
     outputs: Option<Box<OutputsFn>>,
     cpu: Option<Box<CpuForwardFn>>,
@@ -65,6 +67,12 @@ pub struct CustomOpBuilder {
 }
 
 impl CustomOpBuilder {
+    /// How many inputs the op takes (checked before anything else runs, so the output and
+    /// launch functions may index them); without it, any number of at least one.
+    pub fn inputs(mut self, n: usize) -> Self {
+        self.inputs = Some(n);
+        self
+    }
     /// The dtypes every input may have (default: f32 only).
     pub fn dtypes(mut self, dtypes: &[DType]) -> Self {
         self.dtypes = dtypes.to_vec();
@@ -112,6 +120,7 @@ impl CustomOpBuilder {
         }
         Ok(CustomOp(Arc::new(OpDef {
             name,
+            inputs: self.inputs,
             dtypes: self.dtypes,
             outputs,
             cpu: self.cpu,
@@ -126,6 +135,7 @@ impl CustomOp {
     pub fn builder(name: &'static str) -> CustomOpBuilder {
         CustomOpBuilder {
             name,
+            inputs: None,
             dtypes: vec![DType::F32],
             outputs: None,
             cpu: None,
@@ -146,6 +156,13 @@ impl CustomOp {
         let name = def.name;
         if inputs.is_empty() {
             bail!("custom op `{name}`: needs at least one input (its device is theirs)");
+        }
+        if def.inputs.is_some_and(|n| n != inputs.len()) {
+            bail!(
+                "custom op `{name}`: takes {} inputs, got {}",
+                def.inputs.unwrap_or(0),
+                inputs.len()
+            );
         }
         for (i, t) in inputs.iter().enumerate() {
             if !def.dtypes.contains(&t.dtype()) {

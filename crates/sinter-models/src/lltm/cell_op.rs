@@ -55,6 +55,7 @@ pub fn lltm_cell() -> Result<&'static CustomOp> {
     }
     let backward_op = lltm_cell_backward()?;
     let op = CustomOp::builder("lltm_cell")
+        .inputs(2)
         .outputs(|m| {
             let (b, s) = cell_dims(&m[0], &m[1])?;
             Ok(vec![
@@ -90,6 +91,7 @@ pub fn lltm_cell_backward() -> Result<&'static CustomOp> {
         return Ok(op);
     }
     let op = CustomOp::builder("lltm_cell_backward")
+        .inputs(4)
         .outputs(|m| {
             let (b, s) = cell_dims(&m[3], &m[2])?;
             if m[0].shape != [b, s] || m[1].shape != [b, s] {
