@@ -33,14 +33,15 @@
 //! | rows | `softmax` / log-softmax and backward, `layer_norm` and backward, `residual_layer_norm`, `cross_entropy` and backward, `bias_gelu` and backward |
 //! | indexing | `index_select`, `index_select_backward` (scatter-add into zeros), `index_add` |
 //! | random | `dropout`, `dropout_backward` |
-//! | attention | `attention` (flash, forward), `attention_backward` |
+//! | attention | `attention` (flash, forward), `attention_backward`, `decode_attention` (one decoding step against KV caches, in place) |
 //! | optimizer | `adamw_step`, `sgd_step`, `step_prepare`, `step_finish` (the step control block) |
+//! | custom ops | `custom_forward` (`custom_op::seam`: a user's CPU closure or NVRTC kernel; None = no forward for this device) |
 //!
 //! Some primitives are fast paths a backend may decline by returning `Ok(None)`
-//! (`linear_bias_gelu`, `bias_gelu`, `attention`): the op above the seam then runs its
-//! composite of other ops, with the same values and gradients. The CPU declines the GEMM
-//! epilogue; CUDA declines fused bias + GELU without a GEMM, and flash attention outside f16/bf16
-//! with head dim 64 or 128.
+//! (`linear_bias_gelu`, `bias_gelu`, `attention`, `decode_attention`): the op above the seam
+//! then runs its composite of other ops, with the same values and gradients. The CPU declines
+//! the GEMM epilogue and decoding attention outside f32; CUDA declines fused bias + GELU without
+//! a GEMM, flash attention outside f16/bf16 with head dim 64 or 128, and decoding attention.
 //!
 //! Adding a backend: implement both traits for its storage and device, add a variant to
 //! `Storage` and `Device`, and a match arm to each `Storage` method. Adding an op: if it is a
@@ -294,6 +295,18 @@ impl AttnGeom {
             0
         }
     }
+}
+
+/// One sequence of a decoding step (`fused::decode_attention`): its key and value caches
+/// [1, h, capacity, d] as indices into the step's list of cache storages, their layouts, and
+/// how many positions are filled before this step's.
+#[derive(Clone, Copy, Debug)]
+pub struct DecodeSeq<'a> {
+    pub k: usize,
+    pub kl: &'a Layout,
+    pub v: usize,
+    pub vl: &'a Layout,
+    pub len: usize,
 }
 
 /// What a dropout forward leaves for its backward: the scaled keep-mask itself (0 or 1/(1 − p)
@@ -601,6 +614,23 @@ pub trait BackendStorage: Sized + Clone + Send + Sync + std::fmt::Debug {
         lse: &Self,
         g: &AttnGeom,
     ) -> Result<(Self, Self, Self)>;
+
+    /// One decoding step of attention: `self` is q and k, v are [n, h, d] (one new position per
+    /// sequence). Writes sequence i's keys and values into its caches at `seqs[i].len` (in
+    /// place; `caches` holds every cache storage once) and returns o [n, h, d] = each query's
+    /// softmax attention over its filled positions; None where the backend has no kernel for
+    /// these operands (nothing is written then, and the op runs its composite).
+    fn decode_attention(
+        &self,
+        l: &Layout,
+        k: &Self,
+        kl: &Layout,
+        v: &Self,
+        vl: &Layout,
+        caches: &mut [&mut Self],
+        seqs: &[DecodeSeq<'_>],
+        scale: f32,
+    ) -> Result<Option<Self>>;
 
     // -- optimizer (in place) ----------------------------------------------------------------
 

@@ -7,6 +7,7 @@ pub mod autograd;
 pub mod backend;
 pub mod cpu;
 pub mod cuda;
+pub mod custom_op;
 pub mod device;
 pub mod dtype;
 pub mod error;

@@ -3,11 +3,12 @@
 //! device, then calls that backend's implementation, once.
 
 use crate::backend::{
-    AdamWParams, AttnGeom, BackendDevice, BackendStorage, ConvGeom, CrossEntropyOut, DropoutMask,
-    IndexGeom, Indices, PoolGeom, RowStats, ScalerCfg, SgdParams, Wants,
+    AdamWParams, AttnGeom, BackendDevice, BackendStorage, ConvGeom, CrossEntropyOut, DecodeSeq,
+    DropoutMask, IndexGeom, Indices, PoolGeom, RowStats, ScalerCfg, SgdParams, Wants,
 };
 use crate::cpu::{CpuDevice, CpuStorage};
 use crate::cuda::CudaStorage;
+use crate::custom_op::seam::{CustomForward, ForwardCall};
 use crate::op::{BinaryOp, ReduceOp, UnaryOp};
 use crate::{bail, DType, Device, Error, Layout, Result, Rng};
 
@@ -295,6 +296,68 @@ impl Storage {
                 Storage::Cuda
             ))?)),
         }
+    }
+
+    /// `self` is q (see `BackendStorage::decode_attention`); `caches` are written in place.
+    #[allow(clippy::too_many_arguments)]
+    pub fn decode_attention(
+        &self,
+        l: &Layout,
+        k: &Storage,
+        kl: &Layout,
+        v: &Storage,
+        vl: &Layout,
+        caches: &mut [&mut Storage],
+        seqs: &[DecodeSeq<'_>],
+        scale: f32,
+    ) -> Result<Option<Storage>> {
+        const OP: &str = "decode_attention";
+        same_device(OP, self, &[k, v])?;
+        for c in caches.iter() {
+            same_device(OP, self, &[&**c])?;
+        }
+        macro_rules! run {
+            ($variant:path) => {{
+                let ($variant(q), $variant(k), $variant(v)) = (self, k, v) else {
+                    unreachable!("devices checked")
+                };
+                let mut cs: Vec<_> = caches
+                    .iter_mut()
+                    .map(|c| match &mut **c {
+                        $variant(c) => c,
+                        _ => unreachable!("devices checked"),
+                    })
+                    .collect();
+                Ok(q.decode_attention(l, k, kl, v, vl, &mut cs, seqs, scale)?
+                    .map($variant))
+            }};
+        }
+        match self {
+            Storage::Cpu(_) => run!(Storage::Cpu),
+            Storage::Cuda(_) => run!(Storage::Cuda),
+        }
+    }
+
+    // ---- custom ops (crate::custom_op) -----------------------------------------------------
+
+    /// A custom op's forward on its inputs' device (`inputs` not empty), or None when the op
+    /// has none for it.
+    pub(crate) fn custom_forward(
+        call: &ForwardCall<'_>,
+        inputs: &[(&Storage, &Layout)],
+    ) -> Result<Option<Vec<Storage>>> {
+        let name = call.def.name;
+        Ok(match inputs.first() {
+            None => bail!("custom op `{name}`: no inputs"),
+            Some((Storage::Cpu(_), _)) => {
+                CpuStorage::custom_forward(call, &all_on!(name, inputs, Storage::Cpu))?
+                    .map(|v| v.into_iter().map(Storage::Cpu).collect())
+            }
+            Some((Storage::Cuda(_), _)) => {
+                CudaStorage::custom_forward(call, &all_on!(name, inputs, Storage::Cuda))?
+                    .map(|v| v.into_iter().map(Storage::Cuda).collect())
+            }
+        })
     }
 
     // ---- products ------------------------------------------------------------------------

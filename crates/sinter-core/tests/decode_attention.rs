@@ -163,3 +163,73 @@ fn views_of_one_pool_work_one_sequence_at_a_time() {
     let b = fused::decode_attention(&q, &q, &q, &r(&ok), &r(&ov), &lens, 0.25).unwrap();
     assert!(max_diff(&a, &b) == 0.0);
 }
+
+/// The kernel on the CPU against the composite, for one set of sequences (caches made on the
+/// CPU from `seed`; the reference runs on `dev`), values and appended caches.
+fn kernel_vs_composite_on(dev: Device, lens: &[usize], h: usize, d: usize, cap: usize) {
+    let _g = no_grad();
+    let mut rng = Rng::new(5);
+    let n = lens.len();
+    let (q, k, v) = (
+        randn(&[n, h, d], &mut rng),
+        randn(&[n, h, d], &mut rng),
+        randn(&[n, h, d], &mut rng),
+    );
+    let fast = caches(lens, h, cap, d, &mut Rng::new(2));
+    let slow: Vec<(Tensor, Tensor)> = caches(lens, h, cap, d, &mut Rng::new(2))
+        .into_iter()
+        .map(|(k, v)| (k.to_device(dev).unwrap(), v.to_device(dev).unwrap()))
+        .collect();
+    let split = |c: &[(Tensor, Tensor)]| -> (Vec<Tensor>, Vec<Tensor>) {
+        (
+            c.iter().map(|x| x.0.clone()).collect(),
+            c.iter().map(|x| x.1.clone()).collect(),
+        )
+    };
+    let ((fk, fv), (sk, sv)) = (split(&fast), split(&slow));
+    let got = fused::decode_attention(&q, &k, &v, &r(&fk), &r(&fv), lens, 0.2).unwrap();
+    let on = |t: &Tensor| t.to_device(dev).unwrap();
+    let want =
+        fused::decode_attention(&on(&q), &on(&k), &on(&v), &r(&sk), &r(&sv), lens, 0.2).unwrap();
+    assert_eq!(want.device(), dev);
+    let e = max_diff(&got, &want.to_device(Device::Cpu).unwrap());
+    assert!(e < 1e-5, "{dev}: kernel vs composite: {e}");
+    for i in 0..n {
+        assert_eq!(
+            max_diff(&fk[i], &sk[i].to_device(Device::Cpu).unwrap()),
+            0.0
+        );
+        assert_eq!(
+            max_diff(&fv[i], &sv[i].to_device(Device::Cpu).unwrap()),
+            0.0
+        );
+    }
+}
+
+#[test]
+fn the_kernel_runs_sequences_in_parallel_when_the_step_is_large() {
+    // Σ (len + 1)·h·d·2 ≈ 2.3M multiply-adds: above the kernel's threshold for parallel
+    // sequences, each with its own caches.
+    kernel_vs_composite_on(Device::Cpu, &[1000, 1500, 2047], 4, 64, 2048);
+}
+
+#[test]
+fn on_the_cuda_device_the_backend_declines_and_the_composite_runs() {
+    let Some(_) = sinter_cuda::testing::gpu_tests(1) else {
+        return;
+    };
+    kernel_vs_composite_on(Device::Cuda(0), &[0, 3, 17], 2, 16, 32);
+}
+
+#[test]
+fn a_query_that_shares_storage_with_a_value_cache_is_an_error() {
+    let _g = no_grad();
+    let c = caches(&[1], 2, 4, 8, &mut Rng::new(1));
+    // q is a view of the value cache's storage.
+    let q = c[0].1.narrow(2, 3, 1).unwrap().squeeze(2).unwrap();
+    let k = randn(&[1, 2, 8], &mut Rng::new(2));
+    let e = fused::decode_attention(&q, &k, &k, &[&c[0].0], &[&c[0].1], &[1], 1.0)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("shares storage"), "{e}");
+}

@@ -15,6 +15,8 @@
 //! - [`emu`]: the CPU kernel emulator (kernels compiled by the host C++ compiler, threads as
 //!   fibers); [`emulated`]: the emulated CUDA device built on it; [`testing`]: the device the
 //!   GPU tests run on.
+//! - [`user_kernel`]: custom ops' CUDA C++ kernels, compiled by NVRTC at run time and launched
+//!   on the device stream ([`CudaDevice::launch_user`]).
 //!
 //! # The emulated CUDA device
 //!
@@ -60,6 +62,7 @@ pub mod nvrtc;
 pub mod ops;
 pub mod runtime;
 pub mod testing;
+pub mod user_kernel;
 
 pub use alloc::{
     CachingAllocator, CaptureId, DevSlice, DeviceBuffer, MemoryStats, Pool, PoolStats,

@@ -579,25 +579,44 @@ pub fn load_or_compile(
     output: Output,
     driver_version: (u32, u32),
 ) -> Result<(Vec<u8>, bool)> {
+    load_or_compile_source(
+        cache,
+        file.file_name(),
+        &file.program_source(),
+        arch,
+        output,
+        driver_version,
+    )
+}
+
+/// [`load_or_compile`] for any program text (`name` names it in errors and in the cache):
+/// the kernel files, and the custom kernels of [`crate::user_kernel`].
+pub fn load_or_compile_source(
+    cache: &KernelCache,
+    name: &str,
+    src: &str,
+    arch: &str,
+    output: Output,
+    driver_version: (u32, u32),
+) -> Result<(Vec<u8>, bool)> {
     validate_arch(arch)?;
     let inc = find_cuda_include()?;
     let opts = compile_options(arch, &inc);
-    let src = file.program_source();
     let nvrtc_version = crate::runtime::nvrtc_version()?;
     let key = CacheKey {
-        source: &src,
+        source: src,
         arch,
         output,
         options: &opts,
         driver_version,
         nvrtc_version,
     };
-    if let Some(bytes) = cache.load(file.file_name(), &key) {
+    if let Some(bytes) = cache.load(name, &key) {
         return Ok((bytes, true));
     }
-    let bytes = compile_source(file.file_name(), &src, &opts, output)?;
+    let bytes = compile_source(name, src, &opts, output)?;
     // A failed cache write costs the next process a recompile, nothing more.
-    let _ = cache.store(file.file_name(), &key, &bytes);
+    let _ = cache.store(name, &key, &bytes);
     Ok((bytes, false))
 }
 

@@ -8,6 +8,7 @@ pub mod gpt;
 pub mod hf_bert;
 mod hf_file;
 pub mod hf_gpt2;
+pub mod lltm;
 pub mod mlp;
 pub mod model;
 pub mod resnet;

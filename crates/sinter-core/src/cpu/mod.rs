@@ -3,6 +3,7 @@
 
 pub mod attention;
 pub mod conv;
+mod decode_attention;
 pub mod elementwise;
 pub mod fused;
 pub mod matmul;

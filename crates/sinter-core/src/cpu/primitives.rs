@@ -8,8 +8,8 @@ use super::matmul::MatView;
 use super::{conv, elementwise, fused, matmul, nn, reduce, CpuStorage};
 use crate::backend::{
     check_indices, ctl, AdamWParams, AttnGeom, BackendDevice, BackendStorage, ConvGeom,
-    CrossEntropyOut, DropoutMask, IndexGeom, IndexUse, Indices, PoolGeom, RowStats, ScalerCfg,
-    SgdParams, Wants,
+    CrossEntropyOut, DecodeSeq, DropoutMask, IndexGeom, IndexUse, Indices, PoolGeom, RowStats,
+    ScalerCfg, SgdParams, Wants,
 };
 use crate::op::{BinaryOp, ReduceOp, UnaryOp};
 use crate::{DType, Device, Error, Layout, Result, Rng};
@@ -593,6 +593,19 @@ impl BackendStorage for CpuStorage {
             CpuStorage::from_f32(o, CpuStorage::dtype(self)),
             CpuStorage::F32(lse),
         )))
+    }
+    fn decode_attention(
+        &self,
+        l: &Layout,
+        k: &Self,
+        kl: &Layout,
+        v: &Self,
+        vl: &Layout,
+        caches: &mut [&mut Self],
+        seqs: &[DecodeSeq<'_>],
+        scale: f32,
+    ) -> Result<Option<Self>> {
+        super::decode_attention::decode_attention((self, l), (k, kl), (v, vl), caches, seqs, scale)
     }
     fn attention_backward(
         &self,

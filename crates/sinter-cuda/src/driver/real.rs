@@ -15,6 +15,7 @@ use crate::error::{guard, CudaError, DriverResultExt, Result};
 use crate::launch::{Arg, Launch};
 use crate::nvrtc::{KernelCache, KernelFile, Output};
 use crate::runtime::{self, DeviceInfo};
+use crate::user_kernel::{CompiledPtx, KernelSource};
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
@@ -58,6 +59,9 @@ impl RawAlloc for DeviceRaw {
     }
 }
 
+/// A custom kernel source's module and the functions looked up in it so far.
+type UserModule = (Arc<CudaModule>, HashMap<String, CudaFunction>);
+
 /// One GPU's context, compute stream and loaded kernels.
 pub(crate) struct RealDriver {
     ctx: Arc<CudaContext>,
@@ -69,6 +73,9 @@ pub(crate) struct RealDriver {
     output: Output,
     modules: Mutex<HashMap<KernelFile, Arc<CudaModule>>>,
     functions: Mutex<HashMap<KernelFile, HashMap<String, CudaFunction>>>,
+    /// Custom kernels ([`crate::user_kernel`]) by source id, then kernel name (boxed: rarely
+    /// used, and it keeps `Driver`'s variants close in size).
+    user_functions: Box<Mutex<HashMap<u128, UserModule>>>,
 }
 
 impl RealDriver {
@@ -125,6 +132,7 @@ impl RealDriver {
             output,
             modules: Mutex::default(),
             functions: Mutex::default(),
+            user_functions: Box::default(),
         };
         Ok((driver, Box::new(raw)))
     }
@@ -236,12 +244,46 @@ impl RealDriver {
 
     pub(crate) fn launch(&self, l: &Launch) -> Result<()> {
         let func = self.function(l.file, &l.name)?;
+        self.launch_function(&func, l)
+    }
+
+    /// Launch `l`'s kernel from a custom source (`compiled` is its PTX for this device, already
+    /// checked against `l`); the module is loaded once per source.
+    pub(crate) fn launch_user(
+        &self,
+        src: &KernelSource,
+        compiled: &CompiledPtx,
+        l: &Launch,
+    ) -> Result<()> {
+        let func = {
+            let mut users = lock(&self.user_functions);
+            let (module, funcs) = match users.entry(src.id()) {
+                std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+                std::collections::hash_map::Entry::Vacant(v) => {
+                    let ptx = cudarc::nvrtc::Ptx::from_src(compiled.ptx.clone());
+                    let m = guard(|| self.ctx.load_module(ptx).ctx("cuModuleLoadData"))?;
+                    v.insert((m, HashMap::new()))
+                }
+            };
+            match funcs.get(&l.name) {
+                Some(f) => f.clone(),
+                None => {
+                    let f = guard(|| module.load_function(&l.name).ctx("cuModuleGetFunction"))?;
+                    funcs.insert(l.name.clone(), f.clone());
+                    f
+                }
+            }
+        };
+        self.launch_function(&func, l)
+    }
+
+    fn launch_function(&self, func: &CudaFunction, l: &Launch) -> Result<()> {
         let cfg = LaunchConfig {
             grid_dim: l.grid,
             block_dim: l.block,
             shared_mem_bytes: l.shared_mem,
         };
-        let mut b = self.cu.launch_builder(&func);
+        let mut b = self.cu.launch_builder(func);
         for a in &l.args {
             match a {
                 Arg::Ptr(p) => b.arg(p),

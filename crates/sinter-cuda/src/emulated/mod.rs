@@ -40,6 +40,7 @@ use crate::gemm::GemmDesc;
 use crate::launch::Launch;
 use crate::nvrtc::KernelFile;
 use crate::runtime::DeviceInfo;
+use crate::user_kernel::KernelSource;
 
 use blas::GemmJob;
 use dnn::ConvJob;
@@ -166,6 +167,21 @@ pub(crate) fn report(devices: usize) -> String {
         }
     }
     out
+}
+
+/// A launch asking for more dynamic shared memory than a GPU grants without the per-function
+/// opt-in fails there; it fails here too.
+fn check_shared_mem(l: &Launch) -> Result<()> {
+    if l.shared_mem > MAX_DEFAULT_DYNAMIC_SHARED {
+        return Err(CudaError::Driver {
+            op: "cuLaunchKernel",
+            msg: format!(
+                "{}: {} bytes of dynamic shared memory need the function's MaxDynamicSharedMemorySize attribute raised first (CUDA_ERROR_INVALID_VALUE)",
+                l.name, l.shared_mem
+            ),
+        });
+    }
+    Ok(())
 }
 
 /// One piece of device work that a graph can record and replay.
@@ -427,16 +443,19 @@ impl EmuDriver {
     }
 
     pub(crate) fn launch(&self, l: &Launch) -> Result<()> {
-        if l.shared_mem > MAX_DEFAULT_DYNAMIC_SHARED {
-            return Err(CudaError::Driver {
-                op: "cuLaunchKernel",
-                msg: format!(
-                    "{}: {} bytes of dynamic shared memory need the function's MaxDynamicSharedMemorySize attribute raised first (CUDA_ERROR_INVALID_VALUE)",
-                    l.name, l.shared_mem
-                ),
-            });
-        }
+        check_shared_mem(l)?;
         let k = self.emulator.resolve(l)?;
+        self.shared
+            .enqueue(Recorded::Kernel(Arc::new((l.clone(), k))))
+    }
+
+    /// Launch `l`'s kernel from a custom source (built for the emulator once per text).
+    pub(crate) fn launch_user(&self, src: &KernelSource, l: &Launch) -> Result<()> {
+        check_shared_mem(l)?;
+        let lib = self
+            .emulator
+            .library_from_source(&src.emu_stem(), src.program_source())?;
+        let k = Emulator::resolve_in(&lib, l)?;
         self.shared
             .enqueue(Recorded::Kernel(Arc::new((l.clone(), k))))
     }

@@ -1,0 +1,187 @@
+//! A custom op's CUDA forward: one kernel of CUDA C++ source ([`CudaKernel`]), compiled by NVRTC
+//! at its first launch on a device and cached (in memory per process, on disk across runs), and
+//! launched on the device's one stream through sinter-cuda like every built-in kernel — so it
+//! also runs on the emulated CUDA device.
+//!
+//! The kernel's parameters, in order: one `const T*` per input (contiguous, row-major), one
+//! `T*` per declared output (saved-only ones included; fresh and uninitialised: the kernel
+//! writes every element), then the scalars of its [`KernelLaunch`].
+
+use std::sync::Arc;
+
+use sinter_cuda::launch::Arg;
+use sinter_cuda::user_kernel::{KernelSource, UserLaunch};
+
+use super::seam::{CustomForward, ForwardCall};
+use super::spec::TensorMeta;
+use crate::cuda::{alloc, CudaStorage};
+use crate::{Device, Error, Layout, Result};
+
+/// Computes a launch's geometry and scalars from the inputs' shapes.
+pub(crate) type LaunchFn = dyn Fn(&[TensorMeta]) -> Result<KernelLaunch> + Send + Sync;
+
+/// A kernel of CUDA C++ source and how to launch it.
+#[derive(Clone)]
+pub struct CudaKernel {
+    source: Arc<KernelSource>,
+    kernel: String,
+    launch: Arc<LaunchFn>,
+}
+
+impl std::fmt::Debug for CudaKernel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "CudaKernel({} in {})", self.kernel, self.source.name())
+    }
+}
+
+impl CudaKernel {
+    /// Kernel `kernel` (an `extern "C" __global__` function) of `source`, a file named `file`
+    /// in compiler errors (letters, digits, `_`, `-`, `.`), launched as `launch` computes from
+    /// the inputs. Nothing is compiled until the first launch.
+    pub fn new(
+        file: &str,
+        source: &str,
+        kernel: &str,
+        launch: impl Fn(&[TensorMeta]) -> Result<KernelLaunch> + Send + Sync + 'static,
+    ) -> Result<CudaKernel> {
+        let source = KernelSource::new(file, source).map_err(|e| Error::Msg(e.to_string()))?;
+        Ok(CudaKernel {
+            source: Arc::new(source),
+            kernel: kernel.to_string(),
+            launch: Arc::new(launch),
+        })
+    }
+
+    /// Another kernel of the same source (compiled once for both).
+    pub fn sibling(
+        &self,
+        kernel: &str,
+        launch: impl Fn(&[TensorMeta]) -> Result<KernelLaunch> + Send + Sync + 'static,
+    ) -> CudaKernel {
+        CudaKernel {
+            source: self.source.clone(),
+            kernel: kernel.to_string(),
+            launch: Arc::new(launch),
+        }
+    }
+}
+
+/// A scalar kernel argument (after the input and output pointers).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Scalar {
+    I32(i32),
+    I64(i64),
+    F32(f32),
+}
+
+impl From<i32> for Scalar {
+    fn from(v: i32) -> Self {
+        Scalar::I32(v)
+    }
+}
+impl From<i64> for Scalar {
+    fn from(v: i64) -> Self {
+        Scalar::I64(v)
+    }
+}
+impl From<f32> for Scalar {
+    fn from(v: f32) -> Self {
+        Scalar::F32(v)
+    }
+}
+
+impl Scalar {
+    fn arg(self) -> Arg {
+        match self {
+            Scalar::I32(v) => Arg::I32(v),
+            Scalar::I64(v) => Arg::I64(v),
+            Scalar::F32(v) => Arg::F32(v),
+        }
+    }
+}
+
+/// The geometry of one launch and its scalar arguments.
+#[derive(Clone, Debug, PartialEq)]
+pub struct KernelLaunch {
+    pub grid: (u32, u32, u32),
+    pub block: (u32, u32, u32),
+    /// Bytes of dynamic shared memory (`extern __shared__`), at most 48 KiB.
+    pub shared_mem: u32,
+    pub scalars: Vec<Scalar>,
+}
+
+impl KernelLaunch {
+    /// One thread per item, in 1-D blocks of `block` threads (at least one block).
+    pub fn linear(items: usize, block: u32) -> Result<KernelLaunch> {
+        let blocks = items.div_ceil(block.max(1) as usize).max(1);
+        let grid = u32::try_from(blocks)
+            .ok()
+            .filter(|&g| g <= i32::MAX as u32)
+            .ok_or_else(|| {
+                Error::Msg(format!(
+                    "KernelLaunch::linear: {items} items need {blocks} blocks of {block}, more than a grid holds; loop over the items in the kernel (grid-stride) instead"
+                ))
+            })?;
+        Ok(KernelLaunch {
+            grid: (grid, 1, 1),
+            block: (block, 1, 1),
+            shared_mem: 0,
+            scalars: Vec::new(),
+        })
+    }
+    /// The same launch with one more scalar argument.
+    pub fn arg(mut self, s: impl Into<Scalar>) -> KernelLaunch {
+        self.scalars.push(s.into());
+        self
+    }
+}
+
+impl CustomForward for CudaStorage {
+    fn custom_forward(
+        call: &ForwardCall<'_>,
+        inputs: &[(&Self, &Layout)],
+    ) -> Result<Option<Vec<Self>>> {
+        let Some(k) = call.def.cuda.as_ref() else {
+            return Ok(None);
+        };
+        let first = inputs[0].0;
+        let dev = first.device();
+        let on_device = |e: sinter_cuda::CudaError| {
+            Error::Msg(format!(
+                "custom op `{}` on {}: {e}",
+                call.def.name,
+                Device::Cuda(first.ordinal())
+            ))
+        };
+        let views = inputs
+            .iter()
+            .map(|(s, l)| s.window(l))
+            .collect::<Result<Vec<_>>>()?;
+        let outs = call
+            .specs
+            .iter()
+            .map(|s| alloc(dev, s.numel(), s.dtype))
+            .collect::<Result<Vec<_>>>()?;
+        let plan = (k.launch)(call.metas)?;
+        let args = views
+            .iter()
+            .map(|v| Arg::Ptr(v.slice().ptr()))
+            .chain(outs.iter().map(|b| Arg::Ptr(b.ptr())))
+            .chain(plan.scalars.iter().map(|s| s.arg()))
+            .collect();
+        let launch = UserLaunch {
+            kernel: k.kernel.clone(),
+            grid: plan.grid,
+            block: plan.block,
+            shared_mem: plan.shared_mem,
+            args,
+        };
+        dev.launch_user(&k.source, &launch).map_err(on_device)?;
+        Ok(Some(
+            outs.into_iter()
+                .zip(call.specs)
+                .map(|(b, s)| first.sibling(b, s.dtype))
+                .collect(),
+        ))
+    }
+}
