@@ -3,18 +3,10 @@
 //! agreeing with the run's last validation loss or saying why not, `--keep-last`,
 //! `--keep-best` and `--early-stop`.
 
+mod common;
+
+use common::*;
 use std::process::{Command, Output};
-
-fn sinter(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_sinter"))
-        .args(args)
-        .output()
-        .expect("the binary runs")
-}
-
-fn stdout(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
 
 /// (flag, its help text) of every option in a `--help` page.
 fn options(help: &str) -> Vec<(String, String)> {

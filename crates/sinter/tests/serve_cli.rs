@@ -2,22 +2,14 @@
 //! short `sinter train`, generate streams text; serve answers over HTTP and exits 0 on
 //! SIGTERM after finishing; bad input is a clear error.
 
+mod common;
+
+use common::*;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::path::Path;
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
-
-fn sinter(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_sinter"))
-        .args(args)
-        .output()
-        .expect("run sinter")
-}
-
-fn text(b: &[u8]) -> String {
-    String::from_utf8_lossy(b).into_owned()
-}
 
 /// A gpt-tiny checkpoint after two training steps.
 fn gpt_checkpoint(dir: &Path) {
