@@ -8,6 +8,7 @@ mod gpu_bench;
 mod inference;
 mod int8_bench;
 mod metrics;
+mod param_groups;
 mod plot;
 mod precision;
 mod predict_cmd;
