@@ -247,7 +247,7 @@ fn a_killed_rank_fails_the_launch_naming_it_and_the_last_checkpoint_loads() {
         Instant::now().elapsed().as_nanos()
     );
     let (k, v) = tag.split_once('=').unwrap();
-    let mut launcher = Command::new(env!("CARGO_BIN_EXE_sinter"))
+    let mut launcher = sinter_cmd()
         .args([
             "launch",
             "--nproc-per-node",

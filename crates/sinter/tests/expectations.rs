@@ -6,7 +6,7 @@
 mod common;
 
 use common::*;
-use std::process::{Command, Output};
+use std::process::Output;
 
 /// (flag, its help text) of every option in a `--help` page.
 fn options(help: &str) -> Vec<(String, String)> {
@@ -234,7 +234,7 @@ fn on_a_terminal(args: &[&str]) -> String {
             std::fs::File::from_raw_fd(slave),
         )
     };
-    let mut child = Command::new(env!("CARGO_BIN_EXE_sinter"))
+    let mut child = sinter_cmd()
         .args(args)
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::from(writer))

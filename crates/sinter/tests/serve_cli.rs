@@ -50,7 +50,7 @@ fn http(addr: &str, method: &str, path: &str, body: &str) -> (u16, String) {
 /// `sinter serve` on a free port with model name "tiny"; returns the child and the address
 /// it prints.
 fn start_serve(ck: &str) -> (std::process::Child, String) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_sinter"))
+    let mut child = sinter_cmd()
         .args([
             "serve",
             "--checkpoint",
