@@ -11,8 +11,9 @@
 //! 2. optionally the global gradient norm is clipped (one all-reduce of a scalar);
 //! 3. this rank runs the ordinary AdamW / SGD kernels
 //!    ([`sinter_core::cpu::nn::adamw_step`], [`sinter_core::cpu::nn::sgd_step`]) on the slices of
-//!    its shard, parameter by parameter (AdamW decays only tensors of rank ≥ 2, as
-//!    [`sinter_nn::AdamW`] does);
+//!    its shard, parameter by parameter, each with its parameter group's learning rate and
+//!    weight decay ([`sinter_nn::ParamGroup`]; `new` uses the default grouping
+//!    [`sinter_nn::decay_groups`], as [`sinter_nn::AdamW::new`] and [`sinter_nn::Sgd::new`] do);
 //! 4. the updated chunks are all-gathered and written back into every rank's parameters.
 //!
 //! Stage 1 keeps an unpartitioned (full, local) gradient buffer, into which the reduced chunk
@@ -30,7 +31,7 @@ use std::collections::HashMap;
 
 use sinter_core::cpu::nn::{adamw_step, sgd_step};
 use sinter_core::{bail, no_grad, AdamWParams, Device, Result, SgdParams, Tensor, TensorId};
-use sinter_nn::Optimizer;
+use sinter_nn::{decay_groups, Optimizer, ParamGroup, ParamSettings};
 
 use crate::checkpoint_layout::{to_tensors, FlatLayout, Piece};
 use crate::comm::ReduceOp;
@@ -40,7 +41,8 @@ use crate::data_parallel::{
 };
 use crate::scaling::zero_bytes_per_rank;
 
-/// The update rule run on each shard.
+/// The update rule run on each shard. Its `weight_decay` is for parameter groups that name
+/// none (as the plain optimizers' `weight_decay` argument).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum ShardedAlgo {
     /// As [`sinter_nn::AdamW`].
@@ -66,6 +68,15 @@ impl ShardedAlgo {
             beta2: 0.999,
             eps: 1e-8,
             weight_decay,
+        }
+    }
+
+    /// The weight decay of groups that name none.
+    pub fn weight_decay(&self) -> f64 {
+        match *self {
+            ShardedAlgo::AdamW { weight_decay, .. } | ShardedAlgo::Sgd { weight_decay, .. } => {
+                weight_decay
+            }
         }
     }
 }
@@ -112,6 +123,8 @@ pub struct ZeroMemory {
 pub struct ZeroOptimizer {
     comm: SharedComm,
     params: Vec<(String, Tensor)>,
+    /// Each parameter's group settings (learning-rate factor, weight decay).
+    settings: Vec<ParamSettings>,
     index: HashMap<TensorId, usize>,
     layout: FlatLayout,
     stage: u8,
@@ -139,11 +152,25 @@ pub struct ZeroOptimizer {
 }
 
 impl ZeroOptimizer {
-    /// Shards the optimizer over the ranks of `comm`. Broadcasts the parameters from rank 0
-    /// first, so the replicas start identical. Every rank calls it with the same parameters.
+    /// Shards the optimizer over the ranks of `comm`, with the default parameter grouping
+    /// ([`decay_groups`]). Broadcasts the parameters from rank 0 first, so the replicas start
+    /// identical. Every rank calls it with the same parameters.
     pub fn new(
         comm: SharedComm,
         params: Vec<(String, Tensor)>,
+        lr: f64,
+        algo: ShardedAlgo,
+        opts: ZeroOptions,
+    ) -> Result<Self> {
+        let groups = decay_groups(params, algo.weight_decay());
+        ZeroOptimizer::with_groups(comm, groups, lr, algo, opts)
+    }
+
+    /// As [`ZeroOptimizer::new`] over parameter groups (each with its own learning rate and
+    /// weight decay), stepping exactly as the plain optimizer `with_groups` does.
+    pub fn with_groups(
+        comm: SharedComm,
+        groups: Vec<ParamGroup>,
         lr: f64,
         algo: ShardedAlgo,
         opts: ZeroOptions,
@@ -161,12 +188,15 @@ impl ZeroOptimizer {
                 bail!("SGD: Nesterov momentum needs momentum > 0");
             }
         }
-        for (n, t) in &params {
+        let grouped = ParamGroup::flatten(groups, lr, algo.weight_decay())?;
+        for (n, t) in &grouped.params {
             if t.dtype() != sinter_core::DType::F32 {
                 bail!("ZeRO keeps f32 parameters; {n} is {}", t.dtype());
             }
         }
-        let (params, index) = index_params(&params);
+        // `flatten` lists each parameter once, so the index keeps their order and settings.
+        let (params, index) = index_params(&grouped.params);
+        let settings = grouped.settings;
         let world = comm.world_size();
         let rank = comm.rank();
         let layout =
@@ -201,6 +231,7 @@ impl ZeroOptimizer {
             collectives: u64::from(world > 1),
             comm,
             params,
+            settings,
             index,
             layout,
             stage: opts.stage,
@@ -481,38 +512,30 @@ impl Optimizer for ZeroOptimizer {
                 let local = piece.in_shard.start - off..piece.in_shard.end - off;
                 let (p, gr) = (&mut chunk[local.clone()], &g[local]);
                 let s = piece.in_shard.clone();
+                let set = self.settings[piece.param];
+                let lr = self.lr * set.lr_scale;
                 match self.algo {
                     ShardedAlgo::AdamW {
-                        beta1,
-                        beta2,
-                        eps,
-                        weight_decay,
+                        beta1, beta2, eps, ..
                     } => {
-                        let wd = if self.params[piece.param].1.rank() >= 2 {
-                            weight_decay
-                        } else {
-                            0.0
-                        };
                         let h = AdamWParams {
-                            lr: self.lr,
+                            lr,
                             beta1,
                             beta2,
                             eps,
-                            weight_decay: wd,
+                            weight_decay: set.weight_decay,
                             step: self.steps,
                         };
                         adamw_step(p, gr, &mut self.state_a[s.clone()], &mut self.state_b[s], h);
                     }
                     ShardedAlgo::Sgd {
-                        momentum,
-                        nesterov,
-                        weight_decay,
+                        momentum, nesterov, ..
                     } => {
                         let h = SgdParams {
-                            lr: self.lr as f32,
+                            lr: lr as f32,
                             momentum: momentum as f32,
                             nesterov,
-                            weight_decay: weight_decay as f32,
+                            weight_decay: set.weight_decay as f32,
                         };
                         let buf = if self.state_a.is_empty() {
                             None

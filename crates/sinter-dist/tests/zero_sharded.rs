@@ -16,7 +16,7 @@ use sinter_dist::{
     run_on_threads, AsyncCommunicator, Communicator, DataParallel, ShardedAlgo, ZeroOptimizer,
     ZeroOptions,
 };
-use sinter_nn::{clip_grad_norm, AdamW, Module, Optimizer, Sgd};
+use sinter_nn::{clip_grad_norm, AdamW, Module, Optimizer, ParamGroup, Sgd};
 
 const B: usize = 6;
 const LR: f64 = 1e-2;
@@ -50,13 +50,23 @@ fn plain(m: &dyn Module, c: Case) -> Box<dyn Optimizer> {
     }
 }
 
-/// Data parallel with the plain optimizer: (weights, optimizer state) after `steps`.
+/// Data parallel with the plain optimizer: the weights after `steps`.
 fn data_parallel(n: usize, c: Case, steps: usize) -> Vec<Vec<f32>> {
+    data_parallel_with(n, c, steps, &|m| plain(m, c))
+}
+
+/// Data parallel with the optimizer `make` builds.
+fn data_parallel_with(
+    n: usize,
+    c: Case,
+    steps: usize,
+    make: &(dyn Fn(&dyn Module) -> Box<dyn Optimizer> + Sync),
+) -> Vec<Vec<f32>> {
     run_on_threads(n, T, |comm| {
         let r = comm.rank();
         let m = model(7 + r as u64);
         let mut dp = DataParallel::new(shared(comm), m.parameters(), 1024).unwrap();
-        let mut opt = plain(m.as_ref(), c);
+        let mut opt = make(m.as_ref());
         for s in 0..steps {
             dp.backward(&loss(m.as_ref(), s, r * B..(r + 1) * B).unwrap())
                 .unwrap();
@@ -157,6 +167,60 @@ fn zero_1_and_2_equal_data_parallel() {
                     );
                 }
                 assert!(got.iter().all(|w| w == &got[0]), "replicas diverged");
+            }
+        }
+    }
+}
+
+/// Two groups unlike the default one: the first half of the parameters at 3× the rate and
+/// without decay, the rest (biases too) decayed by 0.2.
+fn groups(m: &dyn Module) -> Vec<ParamGroup> {
+    let mut first = m.parameters();
+    let rest = first.split_off(first.len() / 2);
+    vec![
+        ParamGroup::new(first)
+            .with_lr(3.0 * LR)
+            .with_weight_decay(0.0),
+        ParamGroup::new(rest).with_weight_decay(0.2),
+    ]
+}
+
+#[test]
+fn zero_with_parameter_groups_equals_data_parallel() {
+    for sgd in [false, true] {
+        let c = Case {
+            sgd,
+            clip: None,
+            overlapped: true,
+        };
+        let plain_groups = |m: &dyn Module| -> Box<dyn Optimizer> {
+            if sgd {
+                Box::new(Sgd::with_groups(groups(m), LR, 0.9, false, WD).unwrap())
+            } else {
+                Box::new(AdamW::with_groups(groups(m), LR, WD).unwrap())
+            }
+        };
+        let want = data_parallel_with(2, c, 4, &plain_groups);
+        // The groups make a difference, or this test could not fail.
+        let default = data_parallel(2, c, 4);
+        assert!(want != default);
+        for stage in [1u8, 2] {
+            let got = run_on_threads(2, T, |comm| {
+                let r = comm.rank();
+                let m = model(7 + r as u64);
+                let mut z = ZeroOptimizer::with_groups(
+                    shared(comm),
+                    groups(m.as_ref()),
+                    LR,
+                    algo(c),
+                    zero_opts(stage, c),
+                )
+                .unwrap();
+                zero_steps(m.as_ref(), &mut z, c, r, 0, 4);
+                weights(m.as_ref())
+            });
+            for (r, w) in got.iter().enumerate() {
+                assert_close(w, &want, 1e-5, &format!("sgd {sgd} stage {stage} rank {r}"));
             }
         }
     }

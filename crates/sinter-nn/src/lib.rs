@@ -28,6 +28,8 @@ pub use mixed_precision::{
     LossScaler, LossScalerState, PrecisionMode, StepControl, StepControlState,
 };
 pub use module::{Module, NamedTensor, SharedRng, TensorKind};
-pub use optim::{clip_grad_norm, decay_groups, AdamW, Optimizer, ParamGroup, Sgd};
+pub use optim::{
+    clip_grad_norm, decay_groups, AdamW, GroupedParams, Optimizer, ParamGroup, ParamSettings, Sgd,
+};
 pub use recompute::{checkpoint, Recompute};
 pub use schedule::LrSchedule;

@@ -41,7 +41,7 @@ pub trait Optimizer: Send {
 
 /// Parameters with their own learning rate and weight decay (PyTorch's parameter groups).
 /// A schedule's `set_lr` scales every group's rate by the same factor, as PyTorch's
-/// schedulers do.
+/// schedulers do. A parameter belongs to one group only.
 #[derive(Clone, Debug)]
 pub struct ParamGroup {
     pub params: Vec<(String, Tensor)>,
@@ -67,10 +67,46 @@ impl ParamGroup {
         self.weight_decay = Some(weight_decay);
         self
     }
+
+    /// Every parameter of `groups` once, in order, with its settings: the learning-rate
+    /// factor (group lr / `lr`) and the weight decay (the group's, else `weight_decay`).
+    /// A parameter in two groups is an error (PyTorch refuses it too: it would be stepped
+    /// twice).
+    pub fn flatten(groups: Vec<ParamGroup>, lr: f64, weight_decay: f64) -> Result<GroupedParams> {
+        let mut out = GroupedParams {
+            params: Vec::new(),
+            settings: Vec::new(),
+        };
+        let mut seen = std::collections::HashSet::new();
+        for g in groups {
+            let glr = g.lr.unwrap_or(lr);
+            let wd = g.weight_decay.unwrap_or(weight_decay);
+            if !(glr.is_finite() && glr >= 0.0 && wd.is_finite() && wd >= 0.0) {
+                bail!(
+                    "parameter group: lr {glr} and weight decay {wd} must be finite and at least 0"
+                );
+            }
+            let lr_scale = if lr > 0.0 { glr / lr } else { 1.0 };
+            for (name, p) in g.params {
+                if !seen.insert(p.id()) {
+                    bail!("parameter {name} is in more than one parameter group (or twice in one); give each parameter one group");
+                }
+                out.params.push((name, p));
+                out.settings.push(ParamSettings {
+                    lr_scale,
+                    weight_decay: wd,
+                });
+            }
+        }
+        Ok(out)
+    }
 }
 
-/// GPT-2's grouping: matrices and embeddings (rank ≥ 2) decay by `weight_decay`, biases and
-/// norm gains do not.
+/// The default assignment, and the one place for the no-decay rule: matrices and embeddings
+/// (rank ≥ 2) decay by `weight_decay`; biases and norm gains (rank < 2) do not, as GPT-2,
+/// BERT and most recipes do. `AdamW::new`, `Sgd::new` and ZeRO's `new` apply it; their
+/// `with_groups` take any assignment (one `ParamGroup::new(params)` decays everything, as
+/// PyTorch's optimizers do without groups).
 pub fn decay_groups(params: Vec<(String, Tensor)>, weight_decay: f64) -> Vec<ParamGroup> {
     let (decay, rest): (Vec<_>, Vec<_>) = params.into_iter().partition(|(_, p)| p.rank() >= 2);
     vec![
@@ -79,34 +115,18 @@ pub fn decay_groups(params: Vec<(String, Tensor)>, weight_decay: f64) -> Vec<Par
     ]
 }
 
-/// Each parameter's learning-rate factor (group lr / optimizer lr) and weight decay, in the
-/// order of the flattened groups.
-struct PerParam {
-    params: Vec<(String, Tensor)>,
-    lr_scale: Vec<f64>,
-    weight_decay: Vec<f64>,
+/// One parameter's settings from its group.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ParamSettings {
+    /// Its learning rate over the optimizer's (a schedule moves the optimizer's rate).
+    pub lr_scale: f64,
+    pub weight_decay: f64,
 }
 
-fn flatten(groups: Vec<ParamGroup>, lr: f64, weight_decay: f64) -> Result<PerParam> {
-    let mut out = PerParam {
-        params: Vec::new(),
-        lr_scale: Vec::new(),
-        weight_decay: Vec::new(),
-    };
-    for g in groups {
-        let glr = g.lr.unwrap_or(lr);
-        let wd = g.weight_decay.unwrap_or(weight_decay);
-        if !(glr.is_finite() && glr >= 0.0 && wd.is_finite() && wd >= 0.0) {
-            bail!("parameter group: lr {glr} and weight decay {wd} must be finite and at least 0");
-        }
-        let scale = if lr > 0.0 { glr / lr } else { 1.0 };
-        for p in g.params {
-            out.params.push(p);
-            out.lr_scale.push(scale);
-            out.weight_decay.push(wd);
-        }
-    }
-    Ok(out)
+/// Parameter groups flattened ([`ParamGroup::flatten`]): `settings[i]` is `params[i]`'s.
+pub struct GroupedParams {
+    pub params: Vec<(String, Tensor)>,
+    pub settings: Vec<ParamSettings>,
 }
 
 /// The control block as a group with learning-rate factor `scale` reads it (the block's own
@@ -138,11 +158,14 @@ fn restore(dst: &Tensor, name: &str, tensors: &HashMap<String, Tensor>) -> Resul
     }
 }
 
+/// SGD with momentum (optionally Nesterov) and weight decay added to the gradient, as
+/// PyTorch's. `new` applies the default grouping ([`decay_groups`]); `with_groups` takes any.
 pub struct Sgd {
     params: Vec<(String, Tensor)>,
-    pub hyper: SgdParams,
-    lr_scale: Vec<f64>,
-    weight_decay: Vec<f64>,
+    settings: Vec<ParamSettings>,
+    lr: f64,
+    momentum: f64,
+    nesterov: bool,
     bufs: Option<Vec<Tensor>>,
     steps: u64,
 }
@@ -156,7 +179,7 @@ impl Sgd {
         weight_decay: f64,
     ) -> Result<Self> {
         Sgd::with_groups(
-            vec![ParamGroup::new(params)],
+            decay_groups(params, weight_decay),
             lr,
             momentum,
             nesterov,
@@ -164,7 +187,8 @@ impl Sgd {
         )
     }
 
-    /// SGD over parameter groups (each with its own learning rate and weight decay).
+    /// SGD over parameter groups (each with its own learning rate and weight decay;
+    /// `weight_decay` is for groups that name none).
     pub fn with_groups(
         groups: Vec<ParamGroup>,
         lr: f64,
@@ -178,22 +202,18 @@ impl Sgd {
         if !(momentum.is_finite() && momentum >= 0.0) {
             bail!("SGD: momentum must be finite and at least 0, got {momentum}");
         }
-        let pp = flatten(groups, lr, weight_decay)?;
+        let g = ParamGroup::flatten(groups, lr, weight_decay)?;
         let bufs = if momentum > 0.0 {
-            Some(zeros_like_all(&pp.params)?)
+            Some(zeros_like_all(&g.params)?)
         } else {
             None
         };
         Ok(Sgd {
-            params: pp.params,
-            hyper: SgdParams {
-                lr: lr as f32,
-                momentum: momentum as f32,
-                nesterov,
-                weight_decay: weight_decay as f32,
-            },
-            lr_scale: pp.lr_scale,
-            weight_decay: pp.weight_decay,
+            params: g.params,
+            settings: g.settings,
+            lr,
+            momentum,
+            nesterov,
             bufs,
             steps: 0,
         })
@@ -201,10 +221,12 @@ impl Sgd {
 
     /// The hyper-parameters of parameter `i`.
     fn hyper_of(&self, i: usize) -> SgdParams {
+        let s = self.settings[i];
         SgdParams {
-            lr: (self.hyper.lr as f64 * self.lr_scale[i]) as f32,
-            weight_decay: self.weight_decay[i] as f32,
-            ..self.hyper
+            lr: (self.lr * s.lr_scale) as f32,
+            momentum: self.momentum as f32,
+            nesterov: self.nesterov,
+            weight_decay: s.weight_decay as f32,
         }
     }
 }
@@ -223,7 +245,7 @@ impl Optimizer for Sgd {
         let _g = no_grad();
         for (i, (_, p)) in self.params.iter().enumerate() {
             let Some(g) = p.grad() else { continue };
-            let c = scaled_ctl(ctl, self.lr_scale[i])?;
+            let c = scaled_ctl(ctl, self.settings[i].lr_scale)?;
             p.sgd_step_ctl(&g, self.bufs.as_ref().map(|b| &b[i]), self.hyper_of(i), &c)?;
         }
         Ok(())
@@ -232,10 +254,10 @@ impl Optimizer for Sgd {
         self.steps = steps;
     }
     fn lr(&self) -> f64 {
-        self.hyper.lr as f64
+        self.lr
     }
     fn set_lr(&mut self, lr: f64) {
-        self.hyper.lr = lr as f32;
+        self.lr = lr;
     }
     fn steps(&self) -> u64 {
         self.steps
@@ -265,18 +287,15 @@ impl Optimizer for Sgd {
     }
 }
 
-/// AdamW with decoupled weight decay. `new` applies the decay to matrices and embeddings
-/// (rank ≥ 2) but not to biases and norm gains, as GPT-2 and most recipes do
-/// ([`decay_groups`]); `with_groups` takes any grouping.
+/// AdamW with decoupled weight decay. `new` applies the default grouping ([`decay_groups`]:
+/// matrices and embeddings decay, biases and norm gains do not); `with_groups` takes any.
 pub struct AdamW {
     params: Vec<(String, Tensor)>,
-    lr_scale: Vec<f64>,
-    decay: Vec<f64>,
+    settings: Vec<ParamSettings>,
     pub lr: f64,
     pub beta1: f64,
     pub beta2: f64,
     pub eps: f64,
-    pub weight_decay: f64,
     m: Vec<Tensor>,
     v: Vec<Tensor>,
     steps: u64,
@@ -287,20 +306,19 @@ impl AdamW {
         AdamW::with_groups(decay_groups(params, weight_decay), lr, weight_decay)
     }
 
-    /// AdamW over parameter groups (each with its own learning rate and weight decay).
+    /// AdamW over parameter groups (each with its own learning rate and weight decay;
+    /// `weight_decay` is for groups that name none).
     pub fn with_groups(groups: Vec<ParamGroup>, lr: f64, weight_decay: f64) -> Result<Self> {
-        let pp = flatten(groups, lr, weight_decay)?;
-        let m = zeros_like_all(&pp.params)?;
-        let v = zeros_like_all(&pp.params)?;
+        let g = ParamGroup::flatten(groups, lr, weight_decay)?;
+        let m = zeros_like_all(&g.params)?;
+        let v = zeros_like_all(&g.params)?;
         Ok(AdamW {
-            params: pp.params,
-            lr_scale: pp.lr_scale,
-            decay: pp.weight_decay,
+            params: g.params,
+            settings: g.settings,
             lr,
             beta1: 0.9,
             beta2: 0.999,
             eps: 1e-8,
-            weight_decay,
             m,
             v,
             steps: 0,
@@ -315,11 +333,11 @@ impl Optimizer for AdamW {
         for (i, (_, p)) in self.params.iter().enumerate() {
             let Some(g) = p.grad() else { continue };
             let h = AdamWParams {
-                lr: self.lr * self.lr_scale[i],
+                lr: self.lr * self.settings[i].lr_scale,
                 beta1: self.beta1,
                 beta2: self.beta2,
                 eps: self.eps,
-                weight_decay: self.decay[i],
+                weight_decay: self.settings[i].weight_decay,
                 step: self.steps,
             };
             p.adamw_step(&g, &self.m[i], &self.v[i], h)?;
@@ -336,10 +354,10 @@ impl Optimizer for AdamW {
                 beta1: self.beta1,
                 beta2: self.beta2,
                 eps: self.eps,
-                weight_decay: self.decay[i],
+                weight_decay: self.settings[i].weight_decay,
                 step: 1,
             };
-            let c = scaled_ctl(ctl, self.lr_scale[i])?;
+            let c = scaled_ctl(ctl, self.settings[i].lr_scale)?;
             p.adamw_step_ctl(&g, &self.m[i], &self.v[i], h, &c)?;
         }
         Ok(())
@@ -501,7 +519,7 @@ mod tests {
         ctl.prepare(o.params()).unwrap();
         o.step_ctl(ctl.tensor()).unwrap();
         assert!((c.1.to_vec_f32().unwrap()[0] - 0.99).abs() < 1e-5);
-        // SGD decays everything by default (PyTorch); groups choose.
+        // SGD takes groups too.
         let d = param(vec![1.0]);
         d.1.set_grad(Some(
             Tensor::from_vec(vec![0.0f32], &[1, 1], Device::Cpu).unwrap(),
@@ -517,6 +535,50 @@ mod tests {
         s.step().unwrap();
         assert_eq!(d.1.to_vec_f32().unwrap()[0], 1.0);
         assert!(Sgd::new(vec![param(vec![1.0])], 0.1, f64::NAN, false, 0.0).is_err());
+    }
+
+    #[test]
+    fn both_optimizers_leave_biases_and_norm_gains_undecayed_by_default() {
+        // With a zero gradient only the decay moves a weight: the matrix shrinks, the bias
+        // (rank 1) keeps its value, in SGD as in AdamW.
+        let zero_grad = |p: &(String, Tensor)| {
+            p.1.set_grad(Some(p.1.zeros_like().unwrap()));
+        };
+        type Make = dyn Fn(Vec<(String, Tensor)>) -> Box<dyn Optimizer>;
+        let makers: [&Make; 2] = [
+            &|ps| Box::new(Sgd::new(ps, 0.1, 0.9, false, 0.5).unwrap()),
+            &|ps| Box::new(AdamW::new(ps, 0.1, 0.5).unwrap()),
+        ];
+        for make in makers {
+            let matrix = param(vec![2.0]);
+            let bias = (
+                "b".to_string(),
+                Tensor::from_vec(vec![2.0f32], &[1], Device::Cpu)
+                    .unwrap()
+                    .to_var()
+                    .unwrap(),
+            );
+            zero_grad(&matrix);
+            zero_grad(&bias);
+            let mut opt = make(vec![matrix.clone(), bias.clone()]);
+            opt.step().unwrap();
+            assert_eq!(bias.1.to_vec_f32().unwrap(), [2.0]);
+            assert!((matrix.1.to_vec_f32().unwrap()[0] - 1.9).abs() < 1e-6);
+        }
+    }
+
+    #[test]
+    fn a_parameter_in_two_groups_is_refused() {
+        let p = param(vec![1.0]);
+        let groups = vec![
+            ParamGroup::new(vec![p.clone()]),
+            ParamGroup::new(vec![p.clone()]).with_lr(0.5),
+        ];
+        let e = AdamW::with_groups(groups, 0.1, 0.0).err().unwrap();
+        assert!(
+            e.to_string().contains("more than one parameter group"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -379,18 +379,70 @@ pub fn load(dir: &Path) -> Result<Loaded> {
     parse(&bytes).with_context(|| format!("checkpoint {}", path.display()))
 }
 
-/// A checkpoint from its bytes (see [`load`]).
-pub fn parse(bytes: &[u8]) -> Result<Loaded> {
-    let corrupt = |e: SafeTensorError| anyhow!("is corrupt or truncated: {}", explain(&e));
-    let (_, header) = SafeTensors::read_metadata(bytes).map_err(corrupt)?;
-    let st = SafeTensors::deserialize(bytes).map_err(corrupt)?;
-    let md = header.metadata().clone().unwrap_or_default();
+/// The metadata of a checkpoint (a run directory or the file itself), read from its header
+/// alone: a first look (e.g. at a resumed run's config) without reading every tensor.
+/// [`load`] checks the whole file later.
+pub fn load_meta(dir: &Path) -> Result<Meta> {
+    let path = file_of(dir);
+    let f = std::fs::File::open(&path).with_context(|| {
+        format!(
+            "cannot read checkpoint {} (does the run directory exist and hold {FILE_NAME}?)",
+            path.display()
+        )
+    })?;
+    header_meta(std::io::BufReader::new(f))
+        .with_context(|| format!("checkpoint {}", path.display()))
+}
+
+/// The largest header [`load_meta`] reads (safetensors' own limit).
+const MAX_HEADER: u64 = 100_000_000;
+
+/// The metadata in the header at the start of `f` (see [`load_meta`]).
+fn header_meta(mut f: impl std::io::Read) -> Result<Meta> {
+    use std::io::Read;
+    let corrupt = |what: &str| anyhow!("is corrupt or truncated: {what}");
+    let mut len = [0u8; 8];
+    f.read_exact(&mut len)
+        .map_err(|_| corrupt("it is shorter than the 8 bytes that give the header's length"))?;
+    let len = u64::from_le_bytes(len);
+    if len > MAX_HEADER {
+        return Err(corrupt(
+            "its header claims to be larger than sinter accepts (100 MB)",
+        ));
+    }
+    let mut header = Vec::new();
+    f.take(len).read_to_end(&mut header)?;
+    if header.len() as u64 != len {
+        return Err(corrupt("its header runs past the end of the file"));
+    }
+    #[derive(Deserialize)]
+    struct Header {
+        #[serde(rename = "__metadata__", default)]
+        metadata: HashMap<String, String>,
+    }
+    let h: Header = serde_json::from_slice(&header)
+        .map_err(|_| corrupt("its header is not the JSON a safetensors file starts with"))?;
+    check_format(&h.metadata)?;
+    parse_meta(&h.metadata)
+}
+
+fn check_format(md: &HashMap<String, String>) -> Result<()> {
     if md.get("format").map(String::as_str) != Some(FORMAT) {
         bail!(
             "is not a sinter checkpoint (its metadata format is {:?}, not {FORMAT:?})",
             md.get("format")
         );
     }
+    Ok(())
+}
+
+/// A checkpoint from its bytes (see [`load`]).
+pub fn parse(bytes: &[u8]) -> Result<Loaded> {
+    let corrupt = |e: SafeTensorError| anyhow!("is corrupt or truncated: {}", explain(&e));
+    let (_, header) = SafeTensors::read_metadata(bytes).map_err(corrupt)?;
+    let st = SafeTensors::deserialize(bytes).map_err(corrupt)?;
+    let md = header.metadata().clone().unwrap_or_default();
+    check_format(&md)?;
     let meta = parse_meta(&md)?;
     let mut tensors = HashMap::new();
     for (name, view) in st.tensors() {
@@ -594,6 +646,7 @@ mod tests {
                     }
                 }
                 let _ = parse(&b);
+                let _ = header_meta(&b[..]);
             }
 
             #[test]
@@ -602,6 +655,21 @@ mod tests {
                     let _ = crate::config::TrainConfig::resolve(&c);
                 }
             }
+        }
+
+        #[test]
+        fn the_header_alone_gives_the_metadata() {
+            let b = valid();
+            let whole = parse(&b).unwrap().meta;
+            // Without its tensor data the file does not load, but its header still reads.
+            let cut = &b[..b.len() - 8];
+            assert!(parse(cut).is_err());
+            assert_eq!(header_meta(cut).unwrap(), whole);
+            let e = header_meta(&b[..20]).unwrap_err().to_string();
+            assert!(e.contains("corrupt or truncated"), "{e}");
+            let dir = tempfile::tempdir().unwrap();
+            std::fs::write(path_in(dir.path()), &b).unwrap();
+            assert_eq!(load_meta(dir.path()).unwrap(), whole);
         }
 
         #[test]

@@ -50,6 +50,8 @@ pub struct ConfigFile {
     pub early_stop_delta: Option<f64>,
     /// Train conv → BatchNorm pairs as one fused op that recomputes the convolution.
     pub fuse_conv_bn: Option<bool>,
+    /// Optimizer parameter groups: `PATTERN:lr=X,weight_decay=Y` rules (see param_groups.rs).
+    pub param_group: Option<Vec<String>>,
 }
 
 impl ConfigFile {
@@ -97,7 +99,8 @@ impl ConfigFile {
             keep_best,
             early_stop,
             early_stop_delta,
-            fuse_conv_bn
+            fuse_conv_bn,
+            param_group
         );
         self
     }
@@ -161,6 +164,9 @@ pub struct TrainConfig {
     /// Conv → BatchNorm pairs trained as one fused op (`--fuse-conv-bn`).
     #[serde(default)]
     pub fuse_conv_bn: bool,
+    /// Optimizer parameter group rules (`--param-group`), in order.
+    #[serde(default)]
+    pub param_groups: Vec<String>,
 }
 
 fn fp32() -> String {
@@ -231,6 +237,7 @@ impl TrainConfig {
             positive("--grad-clip", c)?;
         }
         non_negative("--early-stop-delta", self.early_stop_delta)?;
+        crate::param_groups::check(&self.param_groups)?;
         self.check_parallel()
     }
 }
@@ -312,6 +319,7 @@ pub fn defaults_for(model: &str) -> ConfigFile {
         early_stop: Some(0),
         early_stop_delta: Some(0.0),
         fuse_conv_bn: None,
+        param_group: None,
     }
 }
 
@@ -369,6 +377,7 @@ impl TrainConfig {
             early_stop: c.early_stop.expect("default"),
             early_stop_delta: c.early_stop_delta.expect("default"),
             fuse_conv_bn: c.fuse_conv_bn.unwrap_or(false),
+            param_groups: c.param_group.clone().unwrap_or_default(),
         };
         c.validate()?;
         Ok(c)
@@ -443,6 +452,22 @@ pub fn resume_config(
             saved.momentum
         ));
         c.momentum = m;
+    }
+    if let Some(g) = given
+        .param_group
+        .as_ref()
+        .filter(|&g| *g != saved.param_groups)
+    {
+        notes.push(format!(
+            "--param-group {} (the checkpoint had {})",
+            g.join(" "),
+            if saved.param_groups.is_empty() {
+                "none".into()
+            } else {
+                saved.param_groups.join(" ")
+            }
+        ));
+        c.param_groups = g.clone();
     }
     if let Some(g) = given.grad_clip.filter(|&g| Some(g) != saved.grad_clip) {
         notes.push(format!(

@@ -8,6 +8,7 @@ mod gpu_bench;
 mod inference;
 mod int8_bench;
 mod metrics;
+mod param_groups;
 mod plot;
 mod precision;
 mod predict_cmd;
@@ -89,7 +90,8 @@ fn train_config(a: &TrainArgs) -> Result<(TrainConfig, Option<PathBuf>, Vec<Stri
     a.check_combination(&layered)?;
     let out = layered.out.clone().or_else(|| a.resume.clone());
     if let Some(dir) = &a.resume {
-        let meta = checkpoint::load(dir)?.meta;
+        // A first look at the header; the trainer reads (and checks) the whole file.
+        let meta = checkpoint::load_meta(dir)?;
         let at_epoch_start = meta.loader[1] == 0;
         let (c, notes) = config::resume_config(&meta.config, &layered, at_epoch_start)?;
         return Ok((c, out, notes));

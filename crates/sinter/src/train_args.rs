@@ -71,6 +71,14 @@ pub struct TrainArgs {
     /// and norm gains [default: 1e-4; 0.1 for GPT and BERT].
     #[arg(long, help_heading = OPTIM)]
     pub weight_decay: Option<f64>,
+    /// An optimizer parameter group, PATTERN:lr=X,weight_decay=Y (either or both; repeat the
+    /// flag for more groups): the parameters whose name matches the regular expression
+    /// PATTERN (e.g. 'bias$', '^wte', 'ln_|norm'; the first matching group wins) take that
+    /// learning rate (0 freezes them; the schedule scales it like --lr) and weight decay
+    /// [default: none: every parameter at --lr, with --weight-decay on matrices and
+    /// embeddings only].
+    #[arg(long, value_name = "PATTERN:SETTINGS", help_heading = OPTIM)]
+    pub param_group: Vec<String>,
     /// Learning-rate schedule: constant, cosine (5 % linear warm-up, at most 500 steps, then
     /// cosine to 10 %) or step (×0.1 every third of the run) [default: cosine].
     #[arg(long, help_heading = OPTIM)]
@@ -206,6 +214,7 @@ impl TrainArgs {
             early_stop: self.early_stop,
             early_stop_delta: self.early_stop_delta,
             fuse_conv_bn: self.fuse_conv_bn.then_some(true),
+            param_group: (!self.param_group.is_empty()).then(|| self.param_group.clone()),
         }
     }
 

@@ -1,39 +1,9 @@
 //! End-to-end tests of the `sinter` binary: learning, exact resume, outputs, and bad input.
 
+mod common;
+
+use common::*;
 use std::path::Path;
-use std::process::{Command, Output};
-
-fn sinter(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_sinter"))
-        .args(args)
-        .output()
-        .expect("the binary runs")
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
-
-/// A failure: non-zero exit, a message containing every `needle`, and no panic.
-fn fails_with(o: &Output, needles: &[&str]) {
-    let e = stderr(o);
-    assert!(!o.status.success(), "expected failure, got success: {e}");
-    assert!(!e.contains("panicked"), "panicked: {e}");
-    for n in needles {
-        assert!(e.contains(n), "expected '{n}' in: {e}");
-    }
-}
-
-fn summary(dir: &Path) -> serde_json::Value {
-    serde_json::from_str(&std::fs::read_to_string(dir.join("summary.json")).unwrap()).unwrap()
-}
-
-fn no_temporaries(dir: &Path) {
-    for e in std::fs::read_dir(dir).unwrap() {
-        let n = e.unwrap().file_name().to_string_lossy().into_owned();
-        assert!(!n.contains(".tmp"), "left a temporary file {n}");
-    }
-}
 
 #[test]
 fn default_train_learns_digits_to_97_percent() {
@@ -67,22 +37,6 @@ fn default_train_learns_digits_to_97_percent() {
 /// Every tensor's bytes and every metadata entry of a checkpoint (the file's header order
 /// may differ between processes, so files are compared by content).
 /// (name, bytes) of each tensor and (key, value) of each metadata entry, sorted.
-type CheckpointContent = (Vec<(String, Vec<u8>)>, Vec<(String, String)>);
-
-fn checkpoint_content(dir: &Path) -> CheckpointContent {
-    let bytes = std::fs::read(dir.join("checkpoint.safetensors")).unwrap();
-    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
-    let mut tensors: Vec<(String, Vec<u8>)> = st
-        .tensors()
-        .into_iter()
-        .map(|(n, v)| (n, v.data().to_vec()))
-        .collect();
-    tensors.sort();
-    let (_, header) = safetensors::SafeTensors::read_metadata(&bytes).unwrap();
-    let mut meta: Vec<(String, String)> = header.metadata().clone().unwrap().into_iter().collect();
-    meta.sort();
-    (tensors, meta)
-}
 
 #[test]
 fn a_resumed_run_equals_an_uninterrupted_one() {

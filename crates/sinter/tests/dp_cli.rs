@@ -1,26 +1,13 @@
 //! Data parallel and ZeRO through the real binary: `sinter launch` starts processes that
 //! rendezvous over TCP on 127.0.0.1.
 
+mod common;
+
+use common::*;
 use std::collections::HashMap;
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
-
-fn sinter(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_sinter"))
-        .args(args)
-        .output()
-        .expect("the binary runs")
-}
-
-fn ok(o: &Output) {
-    assert!(
-        o.status.success(),
-        "failed: {}\n{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    );
-}
 
 /// `sinter launch --nproc-per-node n --master-port 0 -- train --quiet …`
 fn launch_train(n: usize, train: &[&str]) -> Output {
@@ -54,10 +41,6 @@ fn tensors(dir: &Path) -> HashMap<String, Vec<f32>> {
             )
         })
         .collect()
-}
-
-fn summary(dir: &Path) -> serde_json::Value {
-    serde_json::from_str(&std::fs::read_to_string(dir.join("summary.json")).unwrap()).unwrap()
 }
 
 /// Every tensor whose name starts with `prefix` agrees within `tol`, relative:
@@ -253,25 +236,6 @@ fn a_zero2_checkpoint_from_4_ranks_resumes_on_2_and_on_1() {
     assert_eq!(summary(on1.path())["world_size"], 1);
 }
 
-/// Pid of the process whose environment holds `tag` and `RANK=rank`.
-fn find_rank(tag: &str, rank: usize) -> Option<u32> {
-    let want = format!("RANK={rank}");
-    for e in std::fs::read_dir("/proc").ok()? {
-        let e = e.ok()?;
-        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
-            continue;
-        };
-        let Ok(env) = std::fs::read(e.path().join("environ")) else {
-            continue;
-        };
-        let vars: Vec<&[u8]> = env.split(|&b| b == 0).collect();
-        if vars.contains(&tag.as_bytes()) && vars.contains(&want.as_bytes()) {
-            return Some(pid);
-        }
-    }
-    None
-}
-
 #[test]
 fn a_killed_rank_fails_the_launch_naming_it_and_the_last_checkpoint_loads() {
     let dir = tempfile::tempdir().unwrap();
@@ -283,7 +247,7 @@ fn a_killed_rank_fails_the_launch_naming_it_and_the_last_checkpoint_loads() {
         Instant::now().elapsed().as_nanos()
     );
     let (k, v) = tag.split_once('=').unwrap();
-    let mut launcher = Command::new(env!("CARGO_BIN_EXE_sinter"))
+    let mut launcher = sinter_cmd()
         .args([
             "launch",
             "--nproc-per-node",

@@ -14,19 +14,11 @@
 //! Philox stream) than on the CPU — its exact comparison without dropout is in
 //! `sinter-models/tests/emulated_e2e.rs`.
 
+mod common;
+
+use common::*;
 use std::path::Path;
-use std::process::{Command, Output};
-
-fn sinter(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_sinter"))
-        .args(args)
-        .output()
-        .expect("the binary runs")
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
+use std::process::Output;
 
 /// (step, train_loss) of every logged step of the run in `dir`.
 fn losses(dir: &Path) -> Vec<(u64, f64)> {

@@ -3,18 +3,10 @@
 //! agreeing with the run's last validation loss or saying why not, `--keep-last`,
 //! `--keep-best` and `--early-stop`.
 
-use std::process::{Command, Output};
+mod common;
 
-fn sinter(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_sinter"))
-        .args(args)
-        .output()
-        .expect("the binary runs")
-}
-
-fn stdout(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
+use common::*;
+use std::process::Output;
 
 /// (flag, its help text) of every option in a `--help` page.
 fn options(help: &str) -> Vec<(String, String)> {
@@ -242,7 +234,7 @@ fn on_a_terminal(args: &[&str]) -> String {
             std::fs::File::from_raw_fd(slave),
         )
     };
-    let mut child = Command::new(env!("CARGO_BIN_EXE_sinter"))
+    let mut child = sinter_cmd()
         .args(args)
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::from(writer))
@@ -280,4 +272,58 @@ fn the_starting_line_is_not_drawn_over_by_the_progress_bar() {
     );
     let end = line + term[line..].find('\n').expect("a whole line");
     assert!(term[line..end].contains("steps on cpu"), "{term:?}");
+}
+
+/// The model tensors of a run's checkpoint, by name.
+fn model_tensors(dir: &std::path::Path) -> std::collections::HashMap<String, Vec<u8>> {
+    checkpoint_content(dir)
+        .0
+        .into_iter()
+        .filter(|(n, _)| n.starts_with("model."))
+        .collect()
+}
+
+#[test]
+fn parameter_groups_give_parts_of_the_model_their_own_rate() {
+    let root = tempfile::tempdir().unwrap();
+    let run = |name: &str, more: &[&str]| {
+        let dir = root.path().join(name);
+        let mut a = vec!["--steps", "3", "--optimizer", "sgd"];
+        a.extend_from_slice(more);
+        ok(&mlp(&dir, &a));
+        model_tensors(&dir)
+    };
+    // Everything at rate 0: the initial weights.
+    let init = run("frozen", &["--param-group", ".:lr=0"]);
+    let default = run("default", &[]);
+    let biases_frozen = run("biases", &["--param-group", "bias$:lr=0"]);
+    let zero = run("zero", &["--param-group", "bias$:lr=0", "--zero", "1"]);
+    let mut biases = 0;
+    for (name, init) in &init {
+        let is_bias = name.ends_with(".bias");
+        biases += usize::from(is_bias);
+        assert_eq!(&biases_frozen[name] == init, is_bias, "{name}");
+        assert!(&default[name] != init, "{name} did not train by default");
+        // ZeRO steps the groups as the plain optimizer does.
+        assert!(zero[name] == biases_frozen[name], "{name} under ZeRO");
+    }
+    assert!(biases >= 2);
+    // Rules that match nothing, or do not parse, are refused before training.
+    fails_with(
+        &mlp(
+            &root.path().join("none"),
+            &["--steps", "1", "--param-group", "^nope:lr=1"],
+        ),
+        &[
+            "--param-group '^nope:lr=1' matches no parameter",
+            "layers.0.weight",
+        ],
+    );
+    fails_with(
+        &mlp(
+            &root.path().join("bad"),
+            &["--steps", "1", "--param-group", "bias"],
+        ),
+        &["--param-group 'bias' has no ':'"],
+    );
 }

@@ -2,38 +2,11 @@
 //! load, history that survives resumes, flags that are applied or refused on resume, huge
 //! step counts, silent wrong values made errors, and inference from the checkpoint alone.
 
+mod common;
+
+use common::*;
 use std::path::Path;
-use std::process::{Command, Output};
-
-fn sinter(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_sinter"))
-        .args(args)
-        .output()
-        .expect("the binary runs")
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
-
-fn ok(o: &Output) {
-    assert!(o.status.success(), "failed: {}", stderr(o));
-    assert!(!stderr(o).contains("panicked"), "{}", stderr(o));
-}
-
-/// A failure: non-zero exit, a message containing every `needle`, and no panic.
-fn fails_with(o: &Output, needles: &[&str]) {
-    let e = stderr(o);
-    assert!(!o.status.success(), "expected failure, got success: {e}");
-    assert!(!e.contains("panicked"), "panicked: {e}");
-    for n in needles {
-        assert!(e.contains(n), "expected '{n}' in: {e}");
-    }
-}
-
-fn summary(dir: &Path) -> serde_json::Value {
-    serde_json::from_str(&std::fs::read_to_string(dir.join("summary.json")).unwrap()).unwrap()
-}
+use std::process::Output;
 
 /// A small MLP run (a few seconds) with a checkpoint every 2 steps.
 fn mlp_run(dir: &Path, steps: &str, more: &[&str]) -> Output {

@@ -2,6 +2,9 @@
 //! resumed each time ends with the same checkpoint file, byte for byte, as a run that was
 //! never interrupted, and with every logged step in metrics.jsonl exactly once.
 
+mod common;
+
+use common::*;
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -46,7 +49,7 @@ fn checkpoint_step(dir: &Path) -> Option<u64> {
 /// The command that continues the run in `out`: resume if it has a checkpoint, else start
 /// it anew over whatever a killed first attempt left.
 fn next_attempt(out: &Path) -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_sinter"));
+    let mut c = sinter_cmd();
     c.args(args(out))
         .stdout(Stdio::null())
         .stderr(Stdio::piped());
@@ -74,10 +77,7 @@ fn sigkill_at_random_moments_then_resume_equals_an_uninterrupted_run() {
     let root = tempfile::tempdir().unwrap();
     let (whole, killed) = (root.path().join("whole"), root.path().join("killed"));
     let started = Instant::now();
-    let o = Command::new(env!("CARGO_BIN_EXE_sinter"))
-        .args(args(&whole))
-        .output()
-        .unwrap();
+    let o = sinter_cmd().args(args(&whole)).output().unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     // Kill moments are drawn inside the uninterrupted run's own duration, so a fast machine
     // (the whole run in a few hundred milliseconds) is interrupted as surely as a slow one.

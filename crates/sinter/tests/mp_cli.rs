@@ -1,23 +1,10 @@
 //! Tensor and pipeline parallel GPT through the real binary: two launched processes split
 //! the model (by heads and vocabulary, or by layers) and follow the serial run's losses.
 
+mod common;
+
+use common::*;
 use std::path::Path;
-use std::process::{Command, Output};
-
-fn sinter(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_sinter"))
-        .args(args)
-        .output()
-        .expect("the binary runs")
-}
-
-fn ok(o: &Output) {
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-}
-
-fn summary(dir: &Path) -> serde_json::Value {
-    serde_json::from_str(&std::fs::read_to_string(dir.join("summary.json")).unwrap()).unwrap()
-}
 
 const RUN: [&str; 14] = [
     "--model",

@@ -2,25 +2,10 @@
 //! validation examples exported as PNG and classified (BatchNorm folded), the same pixels as a
 //! CSV row giving the same probabilities, `--json`, and clear errors with a non-zero exit.
 
+mod common;
+
+use common::*;
 use std::path::Path;
-use std::process::{Command, Output};
-
-fn sinter(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_sinter"))
-        .args(args)
-        .output()
-        .expect("the binary runs")
-}
-
-fn text(b: &[u8]) -> String {
-    String::from_utf8_lossy(b).into_owned()
-}
-
-fn ok(args: &[&str]) -> String {
-    let o = sinter(args);
-    assert!(o.status.success(), "{args:?}: {}", text(&o.stderr));
-    text(&o.stdout)
-}
 
 fn fails(args: &[&str]) -> String {
     let o = sinter(args);
@@ -29,7 +14,7 @@ fn fails(args: &[&str]) -> String {
 }
 
 fn json(args: &[&str]) -> serde_json::Value {
-    serde_json::from_str(&ok(args)).unwrap()
+    serde_json::from_str(&run_ok(args)).unwrap()
 }
 
 #[test]
@@ -37,7 +22,7 @@ fn predict_on_exported_digits() {
     let dir = tempfile::tempdir().unwrap();
     let run = dir.path().join("run");
     let run_s = run.to_str().unwrap();
-    ok(&[
+    run_ok(&[
         "train",
         "--quiet",
         "--model",
@@ -49,14 +34,14 @@ fn predict_on_exported_digits() {
         run_s,
     ]);
     // eval folds the BatchNorms and still scores the model.
-    let e = ok(&["eval", "--checkpoint", run_s]);
+    let e = run_ok(&["eval", "--checkpoint", run_s]);
     assert!(e.contains("accuracy"), "{e}");
 
     let mut correct = 0;
     for n in 0..6 {
         let png = dir.path().join(format!("digit{n}.png"));
         let png_s = png.to_str().unwrap();
-        let out = ok(&[
+        let out = run_ok(&[
             "predict",
             "--checkpoint",
             run_s,
@@ -122,7 +107,7 @@ fn predict_on_exported_digits() {
     );
 
     // Text output: one line per input, top-k classes with percentages.
-    let two = ok(&[
+    let two = run_ok(&[
         "predict",
         "--checkpoint",
         run_s,

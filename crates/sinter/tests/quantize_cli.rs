@@ -3,33 +3,10 @@
 //! 1 % relative), the file is about 4× smaller than the f32 weights, `generate` runs from the
 //! int8 checkpoint (the KV cache and recomputation agree), and bad input gets clear errors.
 
+mod common;
+
+use common::*;
 use std::path::Path;
-use std::process::{Command, Output};
-
-fn sinter(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_sinter"))
-        .args(args)
-        .output()
-        .expect("the binary runs")
-}
-
-fn ok(o: Output) -> String {
-    assert!(
-        o.status.success(),
-        "failed: {}",
-        String::from_utf8_lossy(&o.stderr)
-    );
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
-
-fn fails_with(o: &Output, needles: &[&str]) {
-    let e = String::from_utf8_lossy(&o.stderr);
-    assert!(!o.status.success(), "expected failure, got success: {e}");
-    assert!(!e.contains("panicked"), "panicked: {e}");
-    for n in needles {
-        assert!(e.contains(n), "expected '{n}' in: {e}");
-    }
-}
 
 /// The number after `key` in `eval`'s line ("validation loss 0.0816, accuracy 98.33%").
 fn number_after(text: &str, key: &str) -> f64 {
@@ -67,14 +44,14 @@ fn digits_cnn_keeps_its_accuracy_within_half_a_point() {
     let tmp = tempfile::tempdir().unwrap();
     let (f32_dir, int8_dir) = (tmp.path().join("f32"), tmp.path().join("int8"));
     let (f, q) = (f32_dir.to_str().unwrap(), int8_dir.to_str().unwrap());
-    ok(sinter(&["train", "--quiet", "--out", f]));
-    let report = ok(sinter(&["quantize", "--checkpoint", f, "--out", q]));
+    ok(&sinter(&["train", "--quiet", "--out", f]));
+    let report = ok(&sinter(&["quantize", "--checkpoint", f, "--out", q]));
     assert!(
         report.contains("2 conv2d") && report.contains("2 linear"),
         "{report}"
     );
-    let acc_f32 = number_after(&ok(sinter(&["eval", "--checkpoint", f])), "accuracy");
-    let acc_int8 = number_after(&ok(sinter(&["eval", "--checkpoint", q])), "accuracy");
+    let acc_f32 = number_after(&ok(&sinter(&["eval", "--checkpoint", f])), "accuracy");
+    let acc_int8 = number_after(&ok(&sinter(&["eval", "--checkpoint", q])), "accuracy");
     assert!(acc_f32 >= 97.0, "f32 accuracy {acc_f32}");
     assert!(
         (acc_int8 - acc_f32).abs() <= 0.5,
@@ -112,7 +89,7 @@ fn digits_cnn_keeps_its_accuracy_within_half_a_point() {
         &["nowhere"],
     );
     // The output directory was not touched by the failed runs: f32 still loads.
-    ok(sinter(&["eval", "--checkpoint", f]));
+    ok(&sinter(&["eval", "--checkpoint", f]));
 }
 
 #[test]
@@ -120,7 +97,7 @@ fn gpt_tiny_validation_loss_within_one_percent_and_generation_runs() {
     let tmp = tempfile::tempdir().unwrap();
     let (f32_dir, int8_dir) = (tmp.path().join("f32"), tmp.path().join("int8"));
     let (f, q) = (f32_dir.to_str().unwrap(), int8_dir.to_str().unwrap());
-    ok(sinter(&[
+    ok(&sinter(&[
         "train",
         "--quiet",
         "--model",
@@ -134,13 +111,19 @@ fn gpt_tiny_validation_loss_within_one_percent_and_generation_runs() {
         "--out",
         f,
     ]));
-    let report = ok(sinter(&["quantize", "--checkpoint", f, "--out", q]));
+    let report = ok(&sinter(&["quantize", "--checkpoint", f, "--out", q]));
     assert!(
         report.contains("16 linear") && report.contains("2 embedding"),
         "{report}"
     );
-    let loss_f32 = number_after(&ok(sinter(&["eval", "--checkpoint", f])), "validation loss");
-    let loss_int8 = number_after(&ok(sinter(&["eval", "--checkpoint", q])), "validation loss");
+    let loss_f32 = number_after(
+        &ok(&sinter(&["eval", "--checkpoint", f])),
+        "validation loss",
+    );
+    let loss_int8 = number_after(
+        &ok(&sinter(&["eval", "--checkpoint", q])),
+        "validation loss",
+    );
     let rel = (loss_int8 - loss_f32).abs() / loss_f32;
     assert!(
         rel <= 0.01,
@@ -160,7 +143,7 @@ fn gpt_tiny_validation_loss_within_one_percent_and_generation_runs() {
             "40",
         ];
         args.extend(extra);
-        ok(sinter(&args))
+        ok(&sinter(&args))
     };
     let cached = gen(&[]);
     assert!(
@@ -185,16 +168,16 @@ fn cnn_with_batch_norm_folds_into_int8_and_predicts() {
     let tmp = tempfile::tempdir().unwrap();
     let (f32_dir, int8_dir) = (tmp.path().join("f32"), tmp.path().join("int8"));
     let (f, q) = (f32_dir.to_str().unwrap(), int8_dir.to_str().unwrap());
-    ok(sinter(&[
+    ok(&sinter(&[
         "train", "--quiet", "--model", "cnn-bn", "--epochs", "10", "--out", f,
     ]));
-    let report = ok(sinter(&["quantize", "--checkpoint", f, "--out", q]));
+    let report = ok(&sinter(&["quantize", "--checkpoint", f, "--out", q]));
     assert!(
         report.contains("2 conv2d") && report.contains("2 BatchNorm to fold"),
         "{report}"
     );
-    let acc_f32 = number_after(&ok(sinter(&["eval", "--checkpoint", f])), "accuracy");
-    let acc_int8 = number_after(&ok(sinter(&["eval", "--checkpoint", q])), "accuracy");
+    let acc_f32 = number_after(&ok(&sinter(&["eval", "--checkpoint", f])), "accuracy");
+    let acc_int8 = number_after(&ok(&sinter(&["eval", "--checkpoint", q])), "accuracy");
     assert!(acc_f32 >= 95.0, "f32 accuracy {acc_f32}");
     assert!(
         (acc_int8 - acc_f32).abs() <= 0.5,
@@ -203,7 +186,7 @@ fn cnn_with_batch_norm_folds_into_int8_and_predicts() {
     for n in 0..4 {
         let png = tmp.path().join(format!("digit{n}.png"));
         let png = png.to_str().unwrap();
-        ok(sinter(&[
+        ok(&sinter(&[
             "predict",
             "--checkpoint",
             f,
@@ -212,7 +195,7 @@ fn cnn_with_batch_norm_folds_into_int8_and_predicts() {
             png,
         ]));
         let ask = |dir: &str| {
-            top1(&ok(sinter(&[
+            top1(&ok(&sinter(&[
                 "predict",
                 "--checkpoint",
                 dir,

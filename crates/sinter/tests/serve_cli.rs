@@ -2,22 +2,14 @@
 //! short `sinter train`, generate streams text; serve answers over HTTP and exits 0 on
 //! SIGTERM after finishing; bad input is a clear error.
 
+mod common;
+
+use common::*;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::path::Path;
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
-
-fn sinter(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_sinter"))
-        .args(args)
-        .output()
-        .expect("run sinter")
-}
-
-fn text(b: &[u8]) -> String {
-    String::from_utf8_lossy(b).into_owned()
-}
 
 /// A gpt-tiny checkpoint after two training steps.
 fn gpt_checkpoint(dir: &Path) {
@@ -58,7 +50,7 @@ fn http(addr: &str, method: &str, path: &str, body: &str) -> (u16, String) {
 /// `sinter serve` on a free port with model name "tiny"; returns the child and the address
 /// it prints.
 fn start_serve(ck: &str) -> (std::process::Child, String) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_sinter"))
+    let mut child = sinter_cmd()
         .args([
             "serve",
             "--checkpoint",

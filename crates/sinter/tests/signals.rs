@@ -2,14 +2,13 @@
 //! once), a closed output pipe stops the run quietly, and the ranks of a launcher killed
 //! with SIGKILL die with it.
 
+mod common;
+
+use common::*;
 use std::io::Read;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
-
-fn sinter() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_sinter"))
-}
 
 fn signal(pid: u32, sig: &str) {
     assert!(Command::new("kill")
@@ -48,7 +47,7 @@ fn wait_exit(child: &mut Child, secs: u64) -> i32 {
 }
 
 fn long_run(out: &Path, model: &str, extra: &[&str]) -> Command {
-    let mut c = sinter();
+    let mut c = sinter_cmd();
     c.args([
         "train",
         "--model",
@@ -89,7 +88,7 @@ fn sigterm_writes_a_checkpoint_and_summary_and_the_run_resumes() {
     assert!(step > 0 && step < 1_000_000, "{s}");
     assert!(out.join("loss.svg").exists());
     // The checkpoint is at that step: the run continues from it.
-    let o = sinter()
+    let o = sinter_cmd()
         .args([
             "train",
             "--quiet",
@@ -152,31 +151,13 @@ fn a_closed_output_pipe_stops_the_run_quietly() {
     assert!(out.join("summary.json").exists() && out.join("checkpoint.safetensors").exists());
 }
 
-/// Pid of a process whose environment holds `tag` and `RANK=rank`.
-fn find_rank(tag: &str, rank: usize) -> Option<u32> {
-    let want = format!("RANK={rank}");
-    for e in std::fs::read_dir("/proc").ok()?.flatten() {
-        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
-            continue;
-        };
-        let Ok(env) = std::fs::read(e.path().join("environ")) else {
-            continue;
-        };
-        let vars: Vec<&[u8]> = env.split(|&b| b == 0).collect();
-        if vars.contains(&tag.as_bytes()) && vars.contains(&want.as_bytes()) {
-            return Some(pid);
-        }
-    }
-    None
-}
-
 #[test]
 fn ranks_die_with_a_launcher_killed_by_sigkill() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("run");
     let tag = format!("SINTER_SIGNALS_TEST_TAG={}", std::process::id());
     let (k, v) = tag.split_once('=').unwrap();
-    let mut launcher = sinter()
+    let mut launcher = sinter_cmd()
         .args([
             "launch",
             "--nproc-per-node",

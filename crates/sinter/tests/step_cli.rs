@@ -1,19 +1,10 @@
 //! The training step end to end: `--cuda-graph` on the CPU, and fp16 dynamic loss scaling on the
 //! device (its state read back at log intervals and saved in checkpoints for an exact resume).
 
+mod common;
+
+use common::*;
 use std::path::Path;
-use std::process::{Command, Output};
-
-fn sinter(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_sinter"))
-        .args(args)
-        .output()
-        .expect("the binary runs")
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
 
 #[test]
 fn cuda_graph_on_the_cpu_is_ignored_with_a_note() {
@@ -35,22 +26,6 @@ fn cuda_graph_on_the_cpu_is_ignored_with_a_note() {
 }
 
 /// (name, bytes) of every tensor and (key, value) of every metadata entry, sorted.
-type CheckpointContent = (Vec<(String, Vec<u8>)>, Vec<(String, String)>);
-
-fn checkpoint_content(dir: &Path) -> CheckpointContent {
-    let bytes = std::fs::read(dir.join("checkpoint.safetensors")).unwrap();
-    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
-    let mut tensors: Vec<(String, Vec<u8>)> = st
-        .tensors()
-        .into_iter()
-        .map(|(n, v)| (n, v.data().to_vec()))
-        .collect();
-    tensors.sort();
-    let (_, header) = safetensors::SafeTensors::read_metadata(&bytes).unwrap();
-    let mut meta: Vec<(String, String)> = header.metadata().clone().unwrap().into_iter().collect();
-    meta.sort();
-    (tensors, meta)
-}
 
 #[test]
 fn fp16_runs_log_the_device_loss_scale_and_resume_exactly() {

@@ -1,17 +1,12 @@
 //! `sinter tokenize text:PATH --out DIR` end to end: the token files, their split and
 //! content, that `sinter train --data tokens:DIR` trains on them, and the errors.
 
+mod common;
+
 use std::path::Path;
-use std::process::{Command, Output};
 
+use common::*;
 use sinter_data::{read_tokens, Gpt2Tokenizer};
-
-fn sinter(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_sinter"))
-        .args(args)
-        .output()
-        .expect("the binary runs")
-}
 
 fn text() -> String {
     let lines = [
@@ -24,10 +19,6 @@ fn text() -> String {
     (0..400)
         .map(|i| format!("{} {i}\n", lines[i % lines.len()]))
         .collect()
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
 }
 
 #[test]

@@ -18,7 +18,7 @@ use sinter_dist::{
 use sinter_nn::{Optimizer, StepControl, TensorKind};
 
 use super::graph::{self, GraphRun};
-use super::{make_optimizer, LoaderShard, LrPlan, Readout, StepEngine};
+use super::{make_optimizer, param_groups, LoaderShard, LrPlan, Readout, StepEngine};
 use crate::config::TrainConfig;
 use crate::precision::Precision;
 use crate::trainer::{Console, Setup};
@@ -110,7 +110,8 @@ fn optimizer(
                 bucket_bytes: bucket,
                 grad_clip: c.grad_clip,
             };
-            let z = ZeroOptimizer::new(d.comm.clone(), params.to_vec(), c.lr, zero_algo(c), zo)?;
+            let groups = param_groups(c, params.to_vec())?;
+            let z = ZeroOptimizer::with_groups(d.comm.clone(), groups, c.lr, zero_algo(c), zo)?;
             (Opt::Zero(Box::new(z)), None)
         }
         Some(d) => {

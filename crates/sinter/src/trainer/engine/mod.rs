@@ -106,22 +106,33 @@ pub trait StepEngine {
     fn end(&mut self) {}
 }
 
-/// The optimizer a config names, over `params` (shared by every engine that steps a plain
-/// optimizer).
+/// The parameter groups of a run, for every optimizer and strategy alike: the default
+/// grouping ([`sinter_nn::decay_groups`]: biases and norm gains do not decay) with the
+/// `--param-group` rules applied.
+pub fn param_groups(
+    c: &crate::config::TrainConfig,
+    params: Vec<(String, Tensor)>,
+) -> anyhow::Result<Vec<sinter_nn::ParamGroup>> {
+    crate::param_groups::assign(&c.param_groups, params, c.weight_decay)
+}
+
+/// The optimizer a config names, over `params` in the run's groups (shared by every engine
+/// that steps a plain optimizer).
 pub fn make_optimizer(
     c: &crate::config::TrainConfig,
     params: Vec<(String, Tensor)>,
 ) -> sinter_core::Result<Box<dyn sinter_nn::Optimizer>> {
     use sinter_nn::{AdamW, Sgd};
+    let groups = param_groups(c, params).map_err(|e| sinter_core::Error::Msg(format!("{e:#}")))?;
     Ok(match c.optimizer.as_str() {
-        "sgd" => Box::new(Sgd::new(
-            params,
+        "sgd" => Box::new(Sgd::with_groups(
+            groups,
             c.lr,
             c.momentum,
             c.momentum > 0.0,
             c.weight_decay,
         )?),
-        "adamw" => Box::new(AdamW::new(params, c.lr, c.weight_decay)?),
+        "adamw" => Box::new(AdamW::with_groups(groups, c.lr, c.weight_decay)?),
         other => sinter_core::bail!(
             "unknown optimizer '{other}'; valid optimizers: {}",
             crate::config::OPTIMIZERS.join(", ")
