@@ -15,7 +15,7 @@
 //!
 //! The loss is f32 whatever the logits' dtype.
 
-use crate::backend::{IndexUse, Indices};
+use crate::backend::IndexUse;
 use crate::tensor::output;
 use crate::{bail, DType, Error, Result, Tensor};
 
@@ -191,16 +191,9 @@ impl Tensor {
     /// The fused primitive: each row's loss (f32, in the targets' shape; 0 where ignored).
     fn cross_entropy_rows(&self, targets: &Tensor, checked: bool, ignore: i64) -> Result<Tensor> {
         let what = IndexUse::CrossEntropy;
-        let out = {
-            let ts = targets.storage();
-            let ids = Indices {
-                ids: &*ts,
-                layout: targets.layout(),
-                what,
-                checked,
-            };
-            self.storage().cross_entropy(self.layout(), ids, ignore)?
-        };
+        let out = targets.as_indices(what, checked, |ids| {
+            self.storage().cross_entropy(self.layout(), ids, ignore)
+        })?;
         let (logits, lse, t) = (self.clone(), out.lse, targets.clone());
         Ok(output(
             out.loss,
@@ -208,21 +201,16 @@ impl Tensor {
             "cross_entropy",
             &[self],
             move |g, _| {
-                let ts = t.storage();
-                let ids = Indices {
-                    ids: &*ts,
-                    layout: t.layout(),
-                    what,
-                    checked: true,
-                };
-                let d = logits.storage().cross_entropy_backward(
-                    logits.layout(),
-                    ids,
-                    &lse,
-                    &g.storage(),
-                    g.layout(),
-                    ignore,
-                )?;
+                let d = t.as_indices(what, true, |ids| {
+                    logits.storage().cross_entropy_backward(
+                        logits.layout(),
+                        ids,
+                        &lse,
+                        &g.storage(),
+                        g.layout(),
+                        ignore,
+                    )
+                })?;
                 Ok(vec![Some(Tensor::from_storage(d, logits.shape()))])
             },
         ))
