@@ -15,7 +15,7 @@
 //!
 //! The loss is f32 whatever the logits' dtype.
 
-use crate::backend::{IndexUse, Indices};
+use crate::backend::IndexUse;
 use crate::tensor::output;
 use crate::{bail, DType, Error, Result, Tensor};
 
@@ -66,6 +66,16 @@ impl Default for CrossEntropyOptions {
     }
 }
 
+/// An i64 scalar on `dev`: filled on the device where f64 holds the value exactly (no host
+/// upload, which would wait for the device on every loss), uploaded otherwise.
+fn scalar_i64(v: i64, dev: crate::Device) -> Result<Tensor> {
+    if v.unsigned_abs() < 1 << 53 {
+        Tensor::full(v as f64, &[], DType::I64, dev)
+    } else {
+        Tensor::from_slice(&[v], &[], dev)
+    }
+}
+
 impl Tensor {
     /// Mean cross-entropy of logits [..., c] against i64 class indices [...]; targets equal to
     /// `ignore_index` count for nothing. [`Tensor::cross_entropy_with`] takes PyTorch's other
@@ -87,8 +97,7 @@ impl Tensor {
         let (targets, checked) = self.indices_here(targets, c, Some(o.ignore_index), what)?;
         let rows = self.cross_entropy_rows(&targets, checked, o.ignore_index)?;
         let dev = self.device();
-        let ignore = Tensor::from_slice(&[o.ignore_index], &[], dev)?;
-        let counted = targets.ne(&ignore)?;
+        let counted = targets.ne(&scalar_i64(o.ignore_index, dev)?)?;
         let weight = o
             .weight
             .as_ref()
@@ -98,8 +107,7 @@ impl Tensor {
         let row_weight = match &weight {
             None => None,
             Some(w) => {
-                let zero = Tensor::from_slice(&[0i64], &[], dev)?;
-                let safe = Tensor::where_cond(&counted, &targets, &zero)?;
+                let safe = Tensor::where_cond(&counted, &targets, &scalar_i64(0, dev)?)?;
                 let wt = w.index_select(0, &safe.reshape(&[safe.numel()])?)?;
                 Some(wt.reshape(targets.shape())?.mul(&counted)?)
             }
@@ -183,16 +191,9 @@ impl Tensor {
     /// The fused primitive: each row's loss (f32, in the targets' shape; 0 where ignored).
     fn cross_entropy_rows(&self, targets: &Tensor, checked: bool, ignore: i64) -> Result<Tensor> {
         let what = IndexUse::CrossEntropy;
-        let out = {
-            let ts = targets.storage();
-            let ids = Indices {
-                ids: &*ts,
-                layout: targets.layout(),
-                what,
-                checked,
-            };
-            self.storage().cross_entropy(self.layout(), ids, ignore)?
-        };
+        let out = targets.as_indices(what, checked, |ids| {
+            self.storage().cross_entropy(self.layout(), ids, ignore)
+        })?;
         let (logits, lse, t) = (self.clone(), out.lse, targets.clone());
         Ok(output(
             out.loss,
@@ -200,21 +201,16 @@ impl Tensor {
             "cross_entropy",
             &[self],
             move |g, _| {
-                let ts = t.storage();
-                let ids = Indices {
-                    ids: &*ts,
-                    layout: t.layout(),
-                    what,
-                    checked: true,
-                };
-                let d = logits.storage().cross_entropy_backward(
-                    logits.layout(),
-                    ids,
-                    &lse,
-                    &g.storage(),
-                    g.layout(),
-                    ignore,
-                )?;
+                let d = t.as_indices(what, true, |ids| {
+                    logits.storage().cross_entropy_backward(
+                        logits.layout(),
+                        ids,
+                        &lse,
+                        &g.storage(),
+                        g.layout(),
+                        ignore,
+                    )
+                })?;
                 Ok(vec![Some(Tensor::from_storage(d, logits.shape()))])
             },
         ))

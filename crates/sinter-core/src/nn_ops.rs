@@ -276,6 +276,23 @@ impl Tensor {
         Ok(())
     }
 
+    /// Runs `f` with this i64 tensor as the indices of a primitive (`what` names the op;
+    /// `checked`: already validated, see [`Tensor::indices_here`]).
+    pub(crate) fn as_indices<R>(
+        &self,
+        what: IndexUse,
+        checked: bool,
+        f: impl FnOnce(Indices<'_, Storage>) -> Result<R>,
+    ) -> Result<R> {
+        let s = self.storage();
+        f(Indices {
+            ids: &s,
+            layout: self.layout(),
+            what,
+            checked,
+        })
+    }
+
     /// `idx` as indices for a primitive on this tensor's device, and whether they are already
     /// checked: indices that live here are checked by the backend; indices from another device
     /// are read to the host, checked there (an immediate error naming the bad one) and moved
@@ -305,16 +322,9 @@ impl Tensor {
         let (ids, checked) = self.indices_here(idx, g.n, None, what)?;
         let mut out_shape = self.shape().to_vec();
         out_shape[d] = ids.numel();
-        let s = {
-            let is = ids.storage();
-            let ix = Indices {
-                ids: &*is,
-                layout: ids.layout(),
-                what,
-                checked,
-            };
-            self.storage().index_select(self.layout(), ix, g)?
-        };
+        let s = ids.as_indices(what, checked, |ix| {
+            self.storage().index_select(self.layout(), ix, g)
+        })?;
         let xshape = self.shape().to_vec();
         Ok(output(
             s,
@@ -322,14 +332,9 @@ impl Tensor {
             "index_select",
             &[self],
             move |gr, _| {
-                let is = ids.storage();
-                let ix = Indices {
-                    ids: &*is,
-                    layout: ids.layout(),
-                    what,
-                    checked: true,
-                };
-                let dx = gr.storage().index_select_backward(gr.layout(), ix, g)?;
+                let dx = ids.as_indices(what, true, |ix| {
+                    gr.storage().index_select_backward(gr.layout(), ix, g)
+                })?;
                 Ok(vec![Some(Tensor::from_storage(dx, &xshape))])
             },
         ))
@@ -363,17 +368,10 @@ impl Tensor {
         }
         let what = IndexUse::IndexAdd;
         let (ids, checked) = self.indices_here(idx, g.n, None, what)?;
-        let s = {
-            let is = ids.storage();
-            let ix = Indices {
-                ids: &*is,
-                layout: ids.layout(),
-                what,
-                checked,
-            };
+        let s = ids.as_indices(what, checked, |ix| {
             self.storage()
-                .index_add(self.layout(), ix, &src.storage(), src.layout(), g)?
-        };
+                .index_add(self.layout(), ix, &src.storage(), src.layout(), g)
+        })?;
         Ok(output(
             s,
             self.shape(),

@@ -315,6 +315,7 @@ impl Tensor {
     }
     /// `torch.std`: the square root of [`Tensor::var`].
     pub fn std(&self, dims: &[isize], correction: f64, keepdim: bool) -> Result<Tensor> {
+        self.float_op("std")?;
         let dtype = self.dtype();
         self.to_dtype(DType::F32)?
             .var(dims, correction, keepdim)?

@@ -131,8 +131,11 @@ fn var_std(t: &Target) {
             |_, _| Arr::new(&[2], vec![want; 2]),
         );
     }
-    let e = err_msg(t.ids(&[1, 2], &[2]).var(&[0], 1.0, false));
-    assert!(e.contains("var"), "{e}");
+    let ints = t.ids(&[1, 2], &[2]);
+    let e = err_msg(ints.var(&[0], 1.0, false));
+    assert!(e.contains("var") && e.contains("i64"), "{e}");
+    let e = err_msg(ints.std(&[0], 1.0, false));
+    assert!(e.contains("std") && e.contains("i64"), "{e}");
 }
 
 fn sum_all_mean_all(t: &Target) {
