@@ -82,7 +82,7 @@ fn bench_help_lists_every_benchmark() {
 }
 
 #[test]
-fn epochs_match_and_eval_agrees_with_the_runs_last_validation_loss() {
+fn epochs_match_eval_agrees_with_the_runs_last_validation_loss_and_the_files_are_named() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path().to_str().unwrap();
     let o = sinter(&[
@@ -93,11 +93,18 @@ fn epochs_match_and_eval_agrees_with_the_runs_last_validation_loss() {
         "2",
         "--eval-batches",
         "2",
+        "--keep-best",
         "--out",
         d,
     ]);
-    assert!(o.status.success());
-    let err = String::from_utf8_lossy(&o.stderr).into_owned();
+    ok(&o);
+    let err = stderr(&o);
+    // The closing line names every file the run wrote.
+    let wrote = err.lines().find(|l| l.starts_with("wrote ")).unwrap_or("");
+    assert!(
+        wrote.contains("best.safetensors") && wrote.contains("checkpoint.safetensors"),
+        "{err}"
+    );
     let metrics = std::fs::read_to_string(dir.path().join("metrics.jsonl")).unwrap();
     let val_epochs: Vec<u64> = metrics
         .lines()
@@ -166,7 +173,7 @@ fn keep_last_keeps_the_newest_checkpoints() {
             "2",
         ],
     );
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    ok(&o);
     let p = |s: u64| dir.path().join(format!("checkpoint-step{s}.safetensors"));
     assert!(!p(2).exists() && !p(4).exists() && p(6).exists() && p(8).exists());
     assert_eq!(meta_step(&p(6)), "6");

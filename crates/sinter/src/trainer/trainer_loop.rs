@@ -542,10 +542,9 @@ impl<'a> Trainer<'a> {
         ));
         if let Some(d) = &self.out {
             self.console.note(format!(
-                "wrote {}/{{metrics.jsonl, metrics.csv, {}, summary.json, loss.svg, {}}}",
+                "wrote {}/{{{}}}",
                 d.display(),
-                crate::metrics::EVENTS_FILE,
-                checkpoint::FILE_NAME
+                written(d).join(", ")
             ));
             if self.stopped.is_some() {
                 self.console.note(format!(
@@ -555,6 +554,27 @@ impl<'a> Trainer<'a> {
             }
         }
     }
+}
+
+/// The run's files in `dir` (best.safetensors and the kept copies only when there are some).
+fn written(dir: &std::path::Path) -> Vec<String> {
+    let mut files: Vec<String> = super::RUN_FILES
+        .iter()
+        .filter(|f| dir.join(f).exists())
+        .map(|f| f.to_string())
+        .collect();
+    let mut kept: Vec<u64> = std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| checkpoint::kept_step(&e.file_name().to_string_lossy()))
+        .collect();
+    kept.sort_unstable();
+    files.extend(
+        kept.iter()
+            .map(|s| format!("checkpoint-step{s}.safetensors")),
+    );
+    files
 }
 
 /// summary.json and loss.svg.
