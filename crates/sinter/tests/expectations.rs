@@ -215,6 +215,24 @@ fn early_stopping_stops_when_validation_stalls_and_keeps_the_best() {
     );
     assert_eq!(meta_step(&dir.path().join("best.safetensors")), "1");
     assert_eq!(meta_step(&dir.path().join("checkpoint.safetensors")), "3");
+    // A run that evaluates too rarely to stop early says so.
+    let o = sinter(&[
+        "train",
+        "--model",
+        "mlp",
+        "--steps",
+        "3",
+        "--eval-batches",
+        "1",
+        "--early-stop",
+        "2",
+    ]);
+    let e = stderr(&o);
+    ok(&o);
+    assert!(
+        e.contains("--early-stop 2 cannot stop this run: it evaluates 1 time(s) in 3 steps"),
+        "{e}"
+    );
 }
 
 /// Runs `sinter args` with stderr on a pseudo-terminal (so the progress bar is drawn) and

@@ -237,6 +237,21 @@ impl<'a> Trainer<'a> {
         if let Some(from) = self.resumed_from {
             self.console.note(format!("resuming at step {from}"));
         }
+        self.check_early_stop();
+    }
+
+    /// `--early-stop N` needs N evaluations after the first: say so when the run makes fewer.
+    fn check_early_stop(&self) {
+        let (n, total, every) = (self.s.config.early_stop, self.span.total, self.every.eval);
+        // Every `every` steps, and at the last step.
+        let evals = total / every + u64::from(!total.is_multiple_of(every));
+        if n > 0 && evals <= n {
+            let when = match self.s.config.eval_interval {
+                0 => format!("once per epoch of {every} steps"),
+                _ => format!("every {every} steps"),
+            };
+            self.console.note(format!("--early-stop {n} cannot stop this run: it evaluates {evals} time(s) in {total} steps ({when}, and at the end), and stopping needs {} evaluations; lower --eval-interval", n + 1));
+        }
     }
 
     /// This step's micro-batches, prepared by the model on the host.
