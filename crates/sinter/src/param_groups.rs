@@ -66,8 +66,26 @@ pub fn check(specs: &[String]) -> Result<()> {
     specs.iter().try_for_each(|s| Rule::parse(s).map(drop))
 }
 
-/// The groups of a run: the default groups, each split by the first rule that matches each
-/// parameter. A rule that matches no parameter is an error that lists some names.
+/// Refuses a rule that matches no parameter of the model (`params`: all of them, named),
+/// listing some names. Checked once on the whole model: a pipeline stage or a tensor-parallel
+/// shard holds only some of the parameters.
+pub fn check_matches(specs: &[String], params: &[(String, Tensor)]) -> Result<()> {
+    for spec in specs {
+        let rule = Rule::parse(spec)?;
+        if !params.iter().any(|(n, _)| rule.pattern.is_match(n)) {
+            let some: Vec<&str> = params.iter().take(8).map(|(n, _)| n.as_str()).collect();
+            bail!(
+                "--param-group '{spec}' matches no parameter of this model (its {} parameters are named like {}, …)",
+                params.len(),
+                some.join(", ")
+            );
+        }
+    }
+    Ok(())
+}
+
+/// The groups of `params`: the default groups, each split by the first rule that matches
+/// each parameter.
 pub fn assign(
     specs: &[String],
     params: Vec<(String, Tensor)>,
@@ -77,8 +95,6 @@ pub fn assign(
         .iter()
         .map(|s| Rule::parse(s))
         .collect::<Result<_>>()?;
-    let names: Vec<String> = params.iter().map(|(n, _)| n.clone()).collect();
-    let mut used = vec![false; rules.len()];
     let mut out = Vec::new();
     for default in sinter_nn::decay_groups(params, weight_decay) {
         // by_rule[i]: the parameters rule i takes; the last slot keeps the rest.
@@ -100,21 +116,11 @@ pub fn assign(
                 weight_decay: default.weight_decay,
             };
             if let Some(r) = rules.get(i) {
-                used[i] = true;
                 g.lr = r.lr.or(g.lr);
                 g.weight_decay = r.weight_decay.or(g.weight_decay);
             }
             out.push(g);
         }
-    }
-    if let Some(i) = used.iter().position(|u| !u) {
-        let some: Vec<&str> = names.iter().take(8).map(String::as_str).collect();
-        bail!(
-            "--param-group '{}' matches no parameter of this model (its {} parameters are named like {}, …)",
-            specs[i],
-            names.len(),
-            some.join(", ")
-        );
     }
     Ok(out)
 }
@@ -162,13 +168,9 @@ mod tests {
                 (vec!["ln.weight"], None, Some(0.0)),
             ]
         );
-        let e = assign(
-            &["^nothing:lr=1".into()],
-            vec![p("fc.weight", &[2, 2])],
-            0.1,
-        )
-        .unwrap_err()
-        .to_string();
+        let e = check_matches(&["^nothing:lr=1".into()], &[p("fc.weight", &[2, 2])])
+            .unwrap_err()
+            .to_string();
         assert!(
             e.contains("matches no parameter") && e.contains("fc.weight"),
             "{e}"

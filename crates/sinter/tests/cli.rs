@@ -34,10 +34,6 @@ fn default_train_learns_digits_to_97_percent() {
     assert!(text.contains(&format!("{:.2}%", acc * 100.0)), "{text}");
 }
 
-/// Every tensor's bytes and every metadata entry of a checkpoint (the file's header order
-/// may differ between processes, so files are compared by content).
-/// (name, bytes) of each tensor and (key, value) of each metadata entry, sorted.
-
 #[test]
 fn a_resumed_run_equals_an_uninterrupted_one() {
     for (model, extra) in [

@@ -82,7 +82,7 @@ fn bench_help_lists_every_benchmark() {
 }
 
 #[test]
-fn epochs_match_and_eval_agrees_with_the_runs_last_validation_loss() {
+fn epochs_match_eval_agrees_with_the_runs_last_validation_loss_and_the_files_are_named() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path().to_str().unwrap();
     let o = sinter(&[
@@ -93,11 +93,18 @@ fn epochs_match_and_eval_agrees_with_the_runs_last_validation_loss() {
         "2",
         "--eval-batches",
         "2",
+        "--keep-best",
         "--out",
         d,
     ]);
-    assert!(o.status.success());
-    let err = String::from_utf8_lossy(&o.stderr).into_owned();
+    ok(&o);
+    let err = stderr(&o);
+    // The closing line names every file the run wrote.
+    let wrote = err.lines().find(|l| l.starts_with("wrote ")).unwrap_or("");
+    assert!(
+        wrote.contains("best.safetensors") && wrote.contains("checkpoint.safetensors"),
+        "{err}"
+    );
     let metrics = std::fs::read_to_string(dir.path().join("metrics.jsonl")).unwrap();
     let val_epochs: Vec<u64> = metrics
         .lines()
@@ -166,7 +173,7 @@ fn keep_last_keeps_the_newest_checkpoints() {
             "2",
         ],
     );
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    ok(&o);
     let p = |s: u64| dir.path().join(format!("checkpoint-step{s}.safetensors"));
     assert!(!p(2).exists() && !p(4).exists() && p(6).exists() && p(8).exists());
     assert_eq!(meta_step(&p(6)), "6");
@@ -208,6 +215,24 @@ fn early_stopping_stops_when_validation_stalls_and_keeps_the_best() {
     );
     assert_eq!(meta_step(&dir.path().join("best.safetensors")), "1");
     assert_eq!(meta_step(&dir.path().join("checkpoint.safetensors")), "3");
+    // A run that evaluates too rarely to stop early says so.
+    let o = sinter(&[
+        "train",
+        "--model",
+        "mlp",
+        "--steps",
+        "3",
+        "--eval-batches",
+        "1",
+        "--early-stop",
+        "2",
+    ]);
+    let e = stderr(&o);
+    ok(&o);
+    assert!(
+        e.contains("--early-stop 2 cannot stop this run: it evaluates 1 time(s) in 3 steps"),
+        "{e}"
+    );
 }
 
 /// Runs `sinter args` with stderr on a pseudo-terminal (so the progress bar is drawn) and

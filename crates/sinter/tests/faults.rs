@@ -291,11 +291,23 @@ fn resume_applies_changeable_flags_and_refuses_the_rest() {
         &sinter(&["train", "--resume", d, "--batch-size", "8"]),
         &["--batch-size 8", "within an epoch"],
     );
-    let o = sinter(&["train", "--resume", d, "--lr", "0.01", "--steps", "8"]);
+    let o = sinter(&[
+        "train",
+        "--resume",
+        d,
+        "--lr",
+        "0.01",
+        "--steps",
+        "8",
+        "--param-group",
+        "bias$:lr=0",
+    ]);
     ok(&o);
     let e = stderr(&o);
     assert!(
-        e.contains("--lr 0.01 (the checkpoint had 0.002)") && e.contains("--steps 8"),
+        e.contains("--lr 0.01 (the checkpoint had 0.002)")
+            && e.contains("--steps 8")
+            && e.contains("--param-group bias$:lr=0 (the checkpoint had none)"),
         "{e}"
     );
     let s = summary(dir.path());

@@ -6,7 +6,13 @@ mod common;
 use common::*;
 use std::path::Path;
 
-const RUN: [&str; 14] = [
+/// The run every strategy must follow, with parameter groups (each pipeline stage holds only
+/// some of the parameters the rules name: the first has no ln_f).
+const RUN: [&str; 18] = [
+    "--param-group",
+    "^w[tp]e:lr=0.0005",
+    "--param-group",
+    "ln_f:weight_decay=0.5",
     "--model",
     "gpt-tiny",
     "--steps",

@@ -25,8 +25,6 @@ fn cuda_graph_on_the_cpu_is_ignored_with_a_note() {
     assert!(e.contains("--cuda-graph ignored on the CPU"), "{e}");
 }
 
-/// (name, bytes) of every tensor and (key, value) of every metadata entry, sorted.
-
 #[test]
 fn fp16_runs_log_the_device_loss_scale_and_resume_exactly() {
     let whole = tempfile::tempdir().unwrap();

@@ -26,17 +26,28 @@ impl EvalResult {
             .unwrap_or_default()
     }
 
-    /// "all 45 batches" or "40 of 1,742 batches".
+    /// "all 45 validation batches", "40 of 1,742 validation batches" or "the only
+    /// validation batch".
     pub fn coverage(&self) -> String {
-        if self.batches == self.total_batches {
-            format!("all {} validation batches", self.total_batches)
-        } else {
-            format!(
-                "{} of {} validation batches",
-                self.batches, self.total_batches
-            )
+        match (self.batches, self.total_batches) {
+            (1, 1) => "the only validation batch".into(),
+            (b, t) if b == t => format!("all {} validation batches", thousands(t)),
+            (b, t) => format!("{} of {} validation batches", thousands(b), thousands(t)),
         }
     }
+}
+
+/// 1742 → "1,742".
+fn thousands(n: usize) -> String {
+    let digits = n.to_string();
+    let mut out = String::new();
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
 }
 
 /// Number of correct predictions in a batch of classifier logits.
@@ -87,4 +98,31 @@ pub fn evaluate(s: &Setup, max_batches: usize) -> Result<EvalResult> {
         batches: n,
         total_batches,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn coverage_reads_like_english() {
+        let of = |batches, total_batches| {
+            EvalResult {
+                loss: 1.0,
+                accuracy: None,
+                examples: 1,
+                batches,
+                total_batches,
+            }
+            .coverage()
+        };
+        assert_eq!(of(40, 1742), "40 of 1,742 validation batches");
+        assert_eq!(of(1742, 1742), "all 1,742 validation batches");
+        assert_eq!(of(1, 1), "the only validation batch");
+        assert_eq!(of(2, 6), "2 of 6 validation batches");
+        assert_eq!(
+            of(1_000_000, 2_000_000),
+            "1,000,000 of 2,000,000 validation batches"
+        );
+    }
 }

@@ -107,6 +107,7 @@ pub fn setup(config: TrainConfig) -> Result<Setup> {
         classes,
     };
     let (model, rng, dropout_rng) = build_model(&config, &shape)?;
+    crate::param_groups::check_matches(&config.param_groups, &model.parameters())?;
     Ok(Setup {
         config,
         task,

@@ -237,6 +237,21 @@ impl<'a> Trainer<'a> {
         if let Some(from) = self.resumed_from {
             self.console.note(format!("resuming at step {from}"));
         }
+        self.check_early_stop();
+    }
+
+    /// `--early-stop N` needs N evaluations after the first: say so when the run makes fewer.
+    fn check_early_stop(&self) {
+        let (n, total, every) = (self.s.config.early_stop, self.span.total, self.every.eval);
+        // Every `every` steps, and at the last step.
+        let evals = total / every + u64::from(!total.is_multiple_of(every));
+        if n > 0 && evals <= n {
+            let when = match self.s.config.eval_interval {
+                0 => format!("once per epoch of {every} steps"),
+                _ => format!("every {every} steps"),
+            };
+            self.console.note(format!("--early-stop {n} cannot stop this run: it evaluates {evals} time(s) in {total} steps ({when}, and at the end), and stopping needs {} evaluations; lower --eval-interval", n + 1));
+        }
     }
 
     /// This step's micro-batches, prepared by the model on the host.
@@ -542,10 +557,9 @@ impl<'a> Trainer<'a> {
         ));
         if let Some(d) = &self.out {
             self.console.note(format!(
-                "wrote {}/{{metrics.jsonl, metrics.csv, {}, summary.json, loss.svg, {}}}",
+                "wrote {}/{{{}}}",
                 d.display(),
-                crate::metrics::EVENTS_FILE,
-                checkpoint::FILE_NAME
+                written(d).join(", ")
             ));
             if self.stopped.is_some() {
                 self.console.note(format!(
@@ -555,6 +569,27 @@ impl<'a> Trainer<'a> {
             }
         }
     }
+}
+
+/// The run's files in `dir` (best.safetensors and the kept copies only when there are some).
+fn written(dir: &std::path::Path) -> Vec<String> {
+    let mut files: Vec<String> = super::RUN_FILES
+        .iter()
+        .filter(|f| dir.join(f).exists())
+        .map(|f| f.to_string())
+        .collect();
+    let mut kept: Vec<u64> = std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| checkpoint::kept_step(&e.file_name().to_string_lossy()))
+        .collect();
+    kept.sort_unstable();
+    files.extend(
+        kept.iter()
+            .map(|s| format!("checkpoint-step{s}.safetensors")),
+    );
+    files
 }
 
 /// summary.json and loss.svg.
