@@ -295,13 +295,91 @@ fn col2im_image(
     }
 }
 
+/// Output planes of at most this many pixels (a digits CNN's 8×8 and 4×4) take the table
+/// path of im2col and col2im: per (image, channel) the plane is read once and every tap's
+/// pixels are picked from it through [`tap_table`], instead of a few short runs per tap.
+const SMALL_PLANE: usize = 64;
+
+/// For tap t and output pixel q, `table[t·l + q]`: the input pixel (in its plane) that q
+/// reads, or h·w (a zero slot after the plane) over padding. Only for small planes.
+fn tap_table(g: &ConvGeom) -> Option<Vec<u32>> {
+    let (l, hw, kk) = (g.l(), g.h * g.w, g.kh * g.kw);
+    if l > SMALL_PLANE || hw >= u32::MAX as usize {
+        return None;
+    }
+    let mut table = vec![hw as u32; kk * l];
+    for t in 0..kk {
+        for oy in 0..g.oh {
+            let (row, shift, lo, hi) = tap(g, oy, t / g.kw, t % g.kw);
+            let Some(iy) = row else { continue };
+            for ox in lo..hi {
+                let ix = ((ox * g.p.stride) as isize + shift) as usize;
+                table[t * l + oy * g.ow + ox] = (iy * g.w + ix) as u32;
+            }
+        }
+    }
+    Some(table)
+}
+
 /// The block's column matrix for group input channels from `c0`: [ckk, imgs·l], row stride
-/// imgs·l (rows on all cores when `par`).
-fn im2col_block(x: &[f32], g: &ConvGeom, c0: usize, imgs: usize, col: &mut [f32], par: bool) {
+/// imgs·l (on all cores when `par`), through `table` ([`tap_table`]) when given.
+fn im2col_block(
+    x: &[f32],
+    g: &ConvGeom,
+    c0: usize,
+    imgs: usize,
+    col: &mut [f32],
+    par: bool,
+    table: Option<&[u32]>,
+) {
     let cols = imgs * g.l();
-    for_chunks(&mut col[..g.ckk() * cols], cols, par, |r, dst| {
-        im2col_row(x, g, c0, r, dst)
+    let Some(table) = table else {
+        return for_chunks(&mut col[..g.ckk() * cols], cols, par, |r, dst| {
+            im2col_row(x, g, c0, r, dst)
+        });
+    };
+    let (l, hw, kk, img_len) = (g.l(), g.h * g.w, g.kh * g.kw, g.c * g.h * g.w);
+    // One input channel's kk rows per task.
+    for_chunks(&mut col[..g.ckk() * cols], kk * cols, par, |ci, rows| {
+        let mut plane = vec![0f32; hw + 1];
+        for i in 0..imgs {
+            copy_short(&mut plane[..hw], &x[i * img_len + (c0 + ci) * hw..][..hw]);
+            for t in 0..kk {
+                let out = &mut rows[t * cols + i * l..][..l];
+                for (o, &j) in out.iter_mut().zip(&table[t * l..(t + 1) * l]) {
+                    // SAFETY: tap_table's entries are at most hw, the zero slot.
+                    *o = unsafe { *plane.get_unchecked(j as usize) };
+                }
+            }
+        }
     });
+}
+
+/// [`col2im_image`] through `table` ([`tap_table`]): each channel's taps are added into a
+/// local plane (padding into the zero slot), which is then added to the image.
+fn col2im_image_table(
+    col: &[f32],
+    ld: usize,
+    g: &ConvGeom,
+    c0: usize,
+    table: &[u32],
+    img: &mut [f32],
+) {
+    let (l, hw, kk) = (g.l(), g.h * g.w, g.kh * g.kw);
+    let mut plane = vec![0f32; hw + 1];
+    for ci in 0..g.cg() {
+        plane.fill(0.0);
+        for t in 0..kk {
+            let row = &col[(ci * kk + t) * ld..][..l];
+            for (&v, &j) in row.iter().zip(&table[t * l..(t + 1) * l]) {
+                // SAFETY: tap_table's entries are at most hw, the zero slot.
+                unsafe { *plane.get_unchecked_mut(j as usize) += v };
+            }
+        }
+        for (d, &v) in img[(c0 + ci) * hw..][..hw].iter_mut().zip(&plane[..hw]) {
+            *d += v;
+        }
+    }
 }
 
 /// dst (m×n, row-major, overwritten or accumulated) = a · b with strided views, on one
@@ -395,6 +473,7 @@ pub fn conv2d_forward_fused(x: &[f32], w: &[f32], g: &ConvGeom, e: Epilogue) -> 
     }
     let (per, count) = blocks(g);
     let img_len = g.c * g.h * g.w;
+    let table = tap_table(g);
     // One block: its GEMMs and copies use every core; several: one block per core.
     let blocks_in_parallel = count > 1;
     let block = |bi: usize, dst: &mut [f32]| {
@@ -405,7 +484,7 @@ pub fn conv2d_forward_fused(x: &[f32], w: &[f32], g: &ConvGeom, e: Epilogue) -> 
         with_scratch((ckk + og) * cols, |s| {
             let (col, tmp) = s.split_at_mut(ckk * cols);
             for gi in 0..g.p.groups {
-                im2col_block(xb, g, gi * g.cg(), imgs, col, par);
+                im2col_block(xb, g, gi * g.cg(), imgs, col, par, table.as_deref());
                 // tmp (og × cols) = W_g (og × ckk) · col (ckk × cols)
                 gemm_into(
                     tmp,
@@ -464,7 +543,12 @@ fn backward(
     }
     let (per, count) = blocks(g);
     let blocks_in_parallel = count > 1;
-    let flat = if w.is_some() { flat_masks(g) } else { None };
+    let table = tap_table(g);
+    let flat = if w.is_some() && table.is_none() {
+        flat_masks(g)
+    } else {
+        None
+    };
     // Block bi: its images' dx (when wanted) and its weight-gradient partial (when wanted).
     let block = |bi: usize, dxb: &mut [f32], dwb: &mut [f32]| {
         let i0 = bi * per;
@@ -482,7 +566,15 @@ fn backward(
             });
             for gi in 0..g.p.groups {
                 if let Some(x) = x {
-                    im2col_block(&x[i0 * img_len..], g, gi * g.cg(), imgs, col, par);
+                    im2col_block(
+                        &x[i0 * img_len..],
+                        g,
+                        gi * g.cg(),
+                        imgs,
+                        col,
+                        par,
+                        table.as_deref(),
+                    );
                     // dw_g (og×ckk) = dy_g (og×cols) · colᵀ (cols×ckk)
                     gemm_into(
                         &mut dwb[gi * og * ckk..(gi + 1) * og * ckk],
@@ -508,8 +600,11 @@ fn backward(
                         blocks_in_parallel,
                     );
                     let dcol = &*dcol;
-                    for_chunks(dxb, img_len, par, |i, img| {
-                        col2im_image(&dcol[i * l..], cols, g, gi * g.cg(), flat.as_deref(), img)
+                    for_chunks(dxb, img_len, par, |i, img| match &table {
+                        Some(t) => col2im_image_table(&dcol[i * l..], cols, g, gi * g.cg(), t, img),
+                        None => {
+                            col2im_image(&dcol[i * l..], cols, g, gi * g.cg(), flat.as_deref(), img)
+                        }
                     });
                 }
             }

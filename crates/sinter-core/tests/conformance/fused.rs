@@ -388,7 +388,9 @@ fn bias_gelu(t: &Target) {
 }
 
 /// Conv2d + bias (+ ReLU) as one op: small and batch-blocked geometries (the CPU kernel cuts
-/// the batch into blocks of about 1024 output pixels), strides, dilation, groups.
+/// the batch into blocks of about 1024 output pixels), strides, dilation, groups, and the
+/// CPU's three im2col paths (planes of at most 64 pixels, "same" stride-1 convolutions of
+/// larger planes, the rest).
 fn conv2d_bias_relu(t: &Target) {
     let mut rng = t.rng(75);
     // (n, c, h, w, o, k, stride, padding, dilation, groups, relu)
@@ -399,6 +401,8 @@ fn conv2d_bias_relu(t: &Target) {
         (40, 1, 8, 8, 8, 3, 1, 1, 1, 1, true),
         (70, 4, 4, 4, 8, 3, 1, 1, 1, 1, true),
         (18, 2, 9, 8, 4, 2, 1, 0, 1, 1, true),
+        (3, 2, 10, 10, 4, 3, 1, 1, 1, 1, true),
+        (12, 2, 12, 11, 5, 3, 1, 1, 1, 1, true),
     ] {
         let p = Conv2dParams {
             stride,
