@@ -388,7 +388,7 @@ fn bias_gelu(t: &Target) {
 }
 
 /// Conv2d + bias (+ ReLU) as one op: small and batch-blocked geometries (the CPU kernel cuts
-/// the batch into blocks of about 1024 output pixels), strides, dilation, groups, and the
+/// the batch into blocks of about 256 output pixels), strides, dilation, groups, and the
 /// CPU's three im2col paths (planes of at most 64 pixels, "same" stride-1 convolutions of
 /// larger planes, the rest).
 fn conv2d_bias_relu(t: &Target) {
