@@ -12,12 +12,20 @@ fn r(v: &[Tensor]) -> Vec<&Tensor> {
     v.iter().collect()
 }
 
+/// max |a − b|; infinite where either side is NaN (f32::max would drop a NaN).
 fn max_diff(a: &Tensor, b: &Tensor) -> f32 {
     let (a, b) = (a.to_vec_f32().unwrap(), b.to_vec_f32().unwrap());
     assert_eq!(a.len(), b.len());
     a.iter()
         .zip(&b)
-        .map(|(x, y)| (x - y).abs())
+        .map(|(x, y)| {
+            let d = (x - y).abs();
+            if d.is_nan() {
+                f32::INFINITY
+            } else {
+                d
+            }
+        })
         .fold(0.0, f32::max)
 }
 

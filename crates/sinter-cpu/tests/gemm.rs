@@ -632,3 +632,47 @@ fn auto_kernels_match_the_reference_nan_and_beta_rules_included() {
         }
     }
 }
+
+#[test]
+fn thin_products_x_times_w_transposed_match_the_reference() {
+    // A decode step of 2..16 sequences: x [m, k] · Wᵀ with W [n, k] read in place, the shape
+    // that takes the matrix-vector path's dot form (columns four at a time); 17 rows take
+    // the packed GEMM. With β, bias, activation and two threads.
+    use Layout::*;
+    for isa in Isa::available() {
+        for (s, &(m, n, k)) in [
+            (2, 40, 7),
+            (4, 384, 128),
+            (5, 33, 600),
+            (8, 17, 16),
+            (13, 65, 129),
+            (16, 70, 45),
+            (17, 20, 9),
+        ]
+        .iter()
+        .enumerate()
+        {
+            for (beta, bias, act, threads) in [
+                (0.0, false, Activation::None, 1),
+                (0.5, true, Activation::GeluTanh, 2),
+                (1.0, true, Activation::Relu, 1),
+            ] {
+                check_case(
+                    isa,
+                    m,
+                    n,
+                    k,
+                    RowMajor,
+                    ColMajor,
+                    RowMajor,
+                    1.25,
+                    beta,
+                    bias,
+                    act,
+                    threads,
+                    100 + s as u64,
+                );
+            }
+        }
+    }
+}

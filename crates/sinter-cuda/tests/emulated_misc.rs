@@ -612,12 +612,14 @@ fn adamw_sgd_and_grad_norm() {
         let mv = rng.vec(n, -0.1, 0.1);
         let vv = rng.vec(n, 0.0, 0.01);
         let cfg = AdamW {
-            lr: 1e-2,
-            beta1: 0.9,
-            beta2: 0.999,
-            eps: 1e-8,
-            weight_decay: 0.1,
-            step: 3,
+            hyper: sinter_types::AdamW {
+                lr: 1e-2,
+                beta1: 0.9,
+                beta2: 0.999,
+                eps: 1e-8,
+                weight_decay: 0.1,
+                step: 3,
+            },
             grad_scale: 0.5,
         };
         for copy in [None, Some(DType::BF16), Some(DType::F16)] {
@@ -642,14 +644,15 @@ fn adamw_sgd_and_grad_norm() {
                 .unwrap();
                 exec1(e, l, &[&p, &g, &m, &v, &fi]);
                 let mut want = (vec![0.0; n], vec![0.0; n], vec![0.0; n]);
-                let t = cfg.step as i32;
-                let (bc1, bc2) = (1.0 - cfg.beta1.powi(t), 1.0 - cfg.beta2.powi(t));
+                let t = cfg.hyper.step as i32;
+                let (bc1, bc2) = (1.0 - cfg.hyper.beta1.powi(t), 1.0 - cfg.hyper.beta2.powi(t));
                 for i in 0..n {
                     let gg = gv[i] as f32 as f64 * cfg.grad_scale as f64;
-                    let mm = cfg.beta1 * mv[i] as f32 as f64 + (1.0 - cfg.beta1) * gg;
-                    let v2 = cfg.beta2 * vv[i] as f32 as f64 + (1.0 - cfg.beta2) * gg * gg;
-                    let pp = pv[i] as f32 as f64 * (1.0 - cfg.lr * cfg.weight_decay)
-                        - cfg.lr * (mm / bc1) / ((v2 / bc2).sqrt() + cfg.eps);
+                    let mm = cfg.hyper.beta1 * mv[i] as f32 as f64 + (1.0 - cfg.hyper.beta1) * gg;
+                    let v2 =
+                        cfg.hyper.beta2 * vv[i] as f32 as f64 + (1.0 - cfg.hyper.beta2) * gg * gg;
+                    let pp = pv[i] as f32 as f64 * (1.0 - cfg.hyper.lr * cfg.hyper.weight_decay)
+                        - cfg.hyper.lr * (mm / bc1) / ((v2 / bc2).sqrt() + cfg.hyper.eps);
                     if skip {
                         want = (p.get(), m.get(), v.get());
                         want.0 = pv.iter().map(|&x| x as f32 as f64).collect();
@@ -844,14 +847,16 @@ fn step_control_block_drives_adamw_and_sgd() {
         let skip = dynamic && bad;
         let factor = c.get()[ctl::GRAD_FACTOR];
 
-        // AdamW from the block: lr 0.01, t = steps + 1 = 5; cfg.lr / cfg.step are ignored.
+        // AdamW from the block: lr 0.01, t = steps + 1 = 5; cfg.hyper.lr / cfg.hyper.step are ignored.
         let cfg = AdamW {
-            lr: 99.0,
-            beta1: 0.9,
-            beta2: 0.999,
-            eps: 1e-8,
-            weight_decay: 0.1,
-            step: 1,
+            hyper: sinter_types::AdamW {
+                lr: 99.0,
+                beta1: 0.9,
+                beta2: 0.999,
+                eps: 1e-8,
+                weight_decay: 0.1,
+                step: 1,
+            },
             grad_scale: 1.0,
         };
         let mut p = Buf::from_f64(DType::F32, &pv, 0);
@@ -897,7 +902,7 @@ fn step_control_block_drives_adamw_and_sgd() {
         assert_close(&format!("{what}: adamw v"), &v.get(), &wv, (1e-5, 1e-9));
         assert_close(&format!("{what}: adamw copy"), &cp.get(), &wc, (0.0, 0.0));
 
-        // SGD with momentum and nesterov from the block (cfg.lr ignored).
+        // SGD with momentum and nesterov from the block (cfg.hyper.lr ignored).
         let bv = rng.vec(n, -0.5, 0.5);
         let sgd = Sgd {
             lr: 99.0,

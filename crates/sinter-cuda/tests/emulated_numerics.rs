@@ -179,12 +179,14 @@ fn adamw_follows_the_shared_rule_step_by_step() {
         let v = Buf::from_f64(DType::F32, &[0.0; 4], 0);
         for (step, gv) in grads.iter().enumerate() {
             let cfg = AdamW {
-                lr: 1e-3,
-                beta1: 0.9,
-                beta2: 0.999,
-                eps: 1e-8,
-                weight_decay: 0.01,
-                step: step as u64 + 1,
+                hyper: sinter_types::AdamW {
+                    lr: 1e-3,
+                    beta1: 0.9,
+                    beta2: 0.999,
+                    eps: 1e-8,
+                    weight_decay: 0.01,
+                    step: step as u64 + 1,
+                },
                 grad_scale: 1.0,
             };
             let g = Buf::from_f64(DType::F32, gv, 0);
@@ -196,10 +198,13 @@ fn adamw_follows_the_shared_rule_step_by_step() {
                 block[ctl::GRAD_FACTOR] = 1.0;
                 let c = Buf::from_f64(DType::F32, &block, 0);
                 let cfg = AdamW {
-                    lr: 99.0,
-                    step: 1,
+                    hyper: sinter_types::AdamW {
+                        lr: 99.0,
+                        ..cfg.hyper
+                    },
                     ..cfg
-                };
+                }
+                .at_step(1);
                 let l = adamw::plan_adamw_ctl(
                     &T1,
                     p.slice(),
@@ -230,8 +235,15 @@ fn adamw_follows_the_shared_rule_step_by_step() {
             exec1(e, l.unwrap().unwrap(), &bufs);
             // The host reference (`AdamW::reference`) is the kernel's arithmetic, bit for bit
             // (with the block's f32 learning rate when the block drives the step).
-            let lr = if with_ctl { 1e-3f32 as f64 } else { cfg.lr };
-            let cfg = AdamW { lr, ..cfg };
+            let lr = if with_ctl {
+                1e-3f32 as f64
+            } else {
+                cfg.hyper.lr
+            };
+            let cfg = AdamW {
+                hyper: sinter_types::AdamW { lr, ..cfg.hyper },
+                ..cfg
+            };
             for (i, &gi) in gv.iter().enumerate() {
                 let f = |x: f64| x as f32;
                 let (rp, rm, rv) =

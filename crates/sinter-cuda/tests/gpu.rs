@@ -849,12 +849,14 @@ fn optimizers_and_grad_norm() {
     );
     let copy = zeros(&d, n, DType::BF16);
     let cfg = adamw::AdamW {
-        lr: 1e-2,
-        beta1: 0.9,
-        beta2: 0.95,
-        eps: 1e-8,
-        weight_decay: 0.1,
-        step: 3,
+        hyper: sinter_types::AdamW {
+            lr: 1e-2,
+            beta1: 0.9,
+            beta2: 0.95,
+            eps: 1e-8,
+            weight_decay: 0.1,
+            step: 3,
+        },
         grad_scale: 0.5,
     };
     adamw::adamw(

@@ -155,6 +155,46 @@ fn conv_bn_folds_in_eval_mode_and_unfolds_for_training() {
     assert_eq!(seq.fold_batch_norm().unwrap(), 1);
 }
 
+#[test]
+fn an_int8_conv_folds_with_its_batch_norm_into_an_int8_conv_with_the_same_outputs() {
+    let mut rng = Rng::new(11);
+    let conv = Conv2d::new(3, 6, 3, Conv2dParams::default(), false, &mut rng).unwrap();
+    let bn = trained_bn(6, &mut rng);
+    // One negative γ: the fold negates that channel's int8 weights instead of its scale.
+    let mut gamma = bn.weight.to_vec_f32().unwrap();
+    gamma[2] = -gamma[2];
+    bn.weight
+        .assign(&Tensor::from_vec(gamma, &[6], Device::Cpu).unwrap())
+        .unwrap();
+    let m = ConvBn::new(conv, Some(bn)).unwrap();
+    m.set_training(false);
+    let x = randn(&[2, 3, 9, 9], &mut rng);
+    let _g = no_grad();
+    let f32_out = m.forward_relu(&x).unwrap();
+    sinter_nn::quant::quantize(&m, &mut |model: &dyn Module| {
+        model.forward(&randn(&[4, 3, 9, 9], &mut Rng::new(12)))?;
+        Ok(())
+    })
+    .unwrap();
+    let unfolded = m.forward_relu(&x).unwrap();
+    assert_eq!(fold_for_inference(&m).unwrap(), 1);
+    let folded_conv = m.folded().expect("folded");
+    assert!(
+        folded_conv.quant.int8().is_some(),
+        "the folded convolution stays int8"
+    );
+    let folded = m.forward_relu(&x).unwrap();
+    // Same u8 input, same int8 products: only the f32 epilogue's rounding differs, where an
+    // f32 fold would differ by the int8 quantization error (checked to be far larger).
+    let e = rel_err(&folded, &unfolded);
+    assert!(
+        e <= 1e-5,
+        "folded int8 vs unfolded int8: relative error {e:e}"
+    );
+    let q = rel_err(&unfolded, &f32_out);
+    assert!(q > 1e-4, "the int8 path must be the one running ({q:e})");
+}
+
 /// One training-mode forward and backward through `f`, seeded with a fixed random gradient;
 /// returns the output and the gradients of x, the conv weight and bias, γ and β.
 fn run_step(

@@ -245,17 +245,14 @@ fn metadata(meta: &Meta) -> Result<BTreeMap<String, String>> {
 /// A safetensors file: an 8-byte little-endian header length, the JSON header (metadata
 /// first, then each tensor's dtype, shape and byte range, in data order), padded with spaces
 /// to 8 bytes, then the tensors' bytes. Tensors are ordered by descending dtype size, then
-/// name (as the safetensors crate orders them), so every tensor stays aligned.
-fn serialize(
-    tensors: Vec<(String, DType, Vec<usize>, Vec<u8>)>,
+/// name (as the safetensors crate orders them), so every tensor stays aligned. The same
+/// tensors and metadata always give the same bytes (int8 checkpoints are written here too).
+pub(crate) fn serialize(
+    tensors: Vec<(String, Dtype, Vec<usize>, Vec<u8>)>,
     md: &BTreeMap<String, String>,
 ) -> Result<Vec<u8>> {
     let mut tensors = tensors;
-    tensors.sort_by(|a, b| {
-        b.1.size_in_bytes()
-            .cmp(&a.1.size_in_bytes())
-            .then(a.0.cmp(&b.0))
-    });
+    tensors.sort_by(|a, b| b.1.size().cmp(&a.1.size()).then(a.0.cmp(&b.0)));
     let mut header = serde_json::Map::new();
     header.insert("__metadata__".into(), serde_json::to_value(md)?);
     let mut offset = 0usize;
@@ -263,7 +260,7 @@ fn serialize(
         if header.contains_key(name) {
             bail!("two tensors are named {name}");
         }
-        let dt = serde_json::to_value(st_dtype(*dtype))?;
+        let dt = serde_json::to_value(dtype)?;
         header.insert(
             name.clone(),
             serde_json::json!({"dtype": dt, "shape": shape, "data_offsets": [offset, offset + bytes.len()]}),
@@ -292,7 +289,7 @@ pub fn to_bytes(
         for (n, t) in list {
             owned.push((
                 format!("{prefix}.{n}"),
-                t.dtype(),
+                st_dtype(t.dtype()),
                 t.shape().to_vec(),
                 t.to_le_bytes()?,
             ));

@@ -11,13 +11,13 @@
 //! `model.<layer>.input.zero_point` (i32 [1]) — see `sinter_nn::quant::state`. There is no
 //! optimizer state: the file is for inference only.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use anyhow::{anyhow, bail, Context, Result};
 use clap::Args;
-use safetensors::tensor::{Dtype, SafeTensors, TensorView};
+use safetensors::tensor::{Dtype, SafeTensors};
 use sinter_core::{no_grad, Tensor};
 use sinter_data::DataLoader;
 use sinter_models::Task;
@@ -177,25 +177,16 @@ pub fn save(
             ),
         });
     }
-    let views: Vec<(String, TensorView)> = owned
-        .iter()
-        .map(|(n, d, s, b)| {
-            Ok((
-                n.clone(),
-                TensorView::new(*d, s.clone(), b).map_err(|e| anyhow!("tensor {n}: {e}"))?,
-            ))
-        })
-        .collect::<Result<_>>()?;
     let summary = serde_json::json!({
         "weights": "int8, symmetric, one scale per output channel (per row for embedding tables)",
         "activations": {
             "linear": "u8, dynamic, one scale and zero point per row",
             "conv2d": "u8, static, one scale and zero point per layer from calibration (min/max)",
         },
-        "layers": report.int8.iter().map(|(n, k)| (n.clone(), *k)).collect::<HashMap<_, _>>(),
-        "kept_f32": report.kept_f32.iter().cloned().collect::<HashMap<_, _>>(),
+        "layers": report.int8.iter().map(|(n, k)| (n.clone(), *k)).collect::<BTreeMap<_, _>>(),
+        "kept_f32": report.kept_f32.iter().cloned().collect::<BTreeMap<_, _>>(),
     });
-    let mut md = HashMap::new();
+    let mut md = BTreeMap::new();
     md.insert("format".to_string(), FORMAT.to_string());
     md.insert("config".into(), serde_json::to_string(&s.config)?);
     md.insert("step".into(), step.to_string());
@@ -205,7 +196,9 @@ pub fn save(
         "inference".into(),
         serde_json::to_string(&inference::info_of(s))?,
     );
-    let bytes = safetensors::serialize(views, &Some(md))
+    // checkpoint's writer: sorted keys and a fixed tensor order, so quantizing the same
+    // checkpoint twice gives the same bytes.
+    let bytes = checkpoint::serialize(owned, &md)
         .map_err(|e| anyhow!("cannot serialise the int8 checkpoint: {e}"))?;
     let path = checkpoint::path_in(dir);
     checkpoint::write_atomic(&path, &bytes)?;

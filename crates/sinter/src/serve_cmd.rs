@@ -32,8 +32,7 @@ pub struct LoadedLm {
 
 /// Loads a GPT checkpoint onto `device` through [`inference::load_model`] (the architecture
 /// and the tokenizer come from the checkpoint's `InferenceInfo`). Int8 checkpoints (from
-/// `sinter quantize`) would load here into their own `sinter_serve::ServeModel` once that
-/// format exists.
+/// `sinter quantize`) load through the same call: their layers run int8 on the CPU.
 pub fn load_lm(path: &Path, device: Device) -> Result<LoadedLm> {
     let inf = inference::load_model(path)?;
     let model_name = inf.info.model.clone();

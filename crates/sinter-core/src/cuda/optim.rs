@@ -52,12 +52,7 @@ pub(crate) fn adamw_step(
     let dev = p.0.device();
     let g = grad.0.window_as(grad.1, DType::F32)?;
     let cfg = ka::AdamW {
-        lr: h.lr,
-        beta1: h.beta1,
-        beta2: h.beta2,
-        eps: h.eps,
-        weight_decay: h.weight_decay,
-        step: h.step,
+        hyper: h,
         grad_scale: 1.0,
     };
     match ctl {
@@ -74,7 +69,7 @@ pub(crate) fn adamw_step(
         Some((c, cl)) => {
             let cv = c.window(cl)?;
             // The step number is read on the device; the plan only checks it is 1-based.
-            let cfg = ka::AdamW { step: 1, ..cfg };
+            let cfg = cfg.at_step(1);
             ka::adamw_ctl(
                 dev,
                 pv.slice(),

@@ -1,5 +1,10 @@
 //! Matrix × vector (internal n = 1: a row-major C with one row, e.g. one token's projection
-//! while generating): no packing and no 12-column tile wasting 11/12 of its FMAs.
+//! while generating): no packing and no 12-column tile wasting 11/12 of its FMAs. Up to
+//! [`FEW_COLUMNS`] columns with A's k contiguous (a decode step of a few sequences: x·Wᵀ)
+//! take the same dot form, four rows × four columns per pass: packing the operands of a
+//! product this thin costs more than the product. A gpt-tiny decode step of 4 sequences
+//! took 368 µs through the packed GEMM and 131 µs this way; 16 sequences 592 → 381 µs
+//! (one thread, Zen 5, 2026-11-24; one sequence: 80–90 µs either way).
 //!
 //! A's rows contiguous in memory along the vector dimension (or prepacked): each MR-row
 //! block accumulates A[i.., p]·b[p] over p in registers ("axpy" form). A's k contiguous
@@ -13,17 +18,25 @@ use super::driver::{block_offset, Problem};
 use super::kernel::Acc;
 use crate::simd::{load_lanes, Simd};
 
-/// Whether [`run_rows`] handles `p` (one column, and A prepacked or unit-stride along i or k).
+/// The most columns the dot form takes (see the module note; measured on gpt-tiny's decode).
+pub(crate) const FEW_COLUMNS: usize = 16;
+
+/// Whether [`run_rows`] handles `p`: one column with A prepacked or unit-stride along i or
+/// k, or up to [`FEW_COLUMNS`] columns with A unit-stride along k.
 pub(crate) fn applies(p: &Problem) -> bool {
-    p.n == 1 && (!p.packed_a.is_null() || p.rsa == 1 || p.csa == 1)
+    (p.n == 1 && (!p.packed_a.is_null() || p.rsa == 1 || p.csa == 1))
+        || (p.n <= FEW_COLUMNS && p.packed_a.is_null() && p.csa == 1 && p.k > 0)
 }
 
-/// C[rows, 0] of a one-column problem; rows start on a multiple of MR.
+/// C[rows, ..] of a problem that [`applies`]; rows start on a multiple of MR.
 ///
 /// # Safety
 /// `p` is valid and [`applies`]; no other thread writes these rows.
 #[inline(always)]
 pub(crate) unsafe fn run_rows<S: Simd, const MV: usize>(p: &Problem, rows: Range<usize>) {
+    if p.n > 1 {
+        return run_rows_few::<S, MV>(p, rows);
+    }
     let (l, mr, k) = (S::LANES, MV * S::LANES, p.k);
     let padded_m = p.m.div_ceil(mr) * mr;
     let mut i0 = rows.start;
@@ -97,6 +110,82 @@ unsafe fn dots<S: Simd>(p: &Problem, i0: usize, rows: usize, out: &mut [f32; 64]
         }
         for g in 0..group {
             out[r + g] = S::reduce_add(acc[g]);
+        }
+        r += group;
+    }
+}
+
+/// [`run_rows`] for 2..=[`FEW_COLUMNS`] columns (A unit-stride along k): per MR-row block,
+/// columns four at a time, each block of results stored through the GEMM's tile store.
+#[inline(always)]
+unsafe fn run_rows_few<S: Simd, const MV: usize>(p: &Problem, rows: Range<usize>) {
+    let (l, mr) = (S::LANES, MV * S::LANES);
+    let mut out = [[0f32; 64]; 4];
+    let mut i0 = rows.start;
+    while i0 < rows.end {
+        let valid = mr.min(rows.end - i0);
+        let mut j0 = 0;
+        while j0 < p.n {
+            let cols = 4.min(p.n - j0);
+            dots_4x4::<S>(p, i0, valid, j0, cols, &mut out);
+            for (c, col) in out.iter().enumerate().take(cols) {
+                let mut acc: Acc<S, MV, 1> = [[S::zero(); MV]];
+                for (v, a) in acc[0].iter_mut().enumerate() {
+                    *a = S::load(col.as_ptr().add(v * l));
+                }
+                p.store::<S, MV, 1>(&acc, i0, j0 + c, valid, 1, p.beta, true);
+            }
+            j0 += cols;
+        }
+        i0 += mr;
+    }
+}
+
+/// out[c][r] = Σ_q A[i0 + r, q]·B[q, j0 + c] for r < rows, c < cols (≤ 4), A with unit
+/// stride along k: four rows by four columns share each load of both.
+#[inline(always)]
+unsafe fn dots_4x4<S: Simd>(
+    p: &Problem,
+    i0: usize,
+    rows: usize,
+    j0: usize,
+    cols: usize,
+    out: &mut [[f32; 64]; 4],
+) {
+    let (l, k) = (S::LANES, p.k);
+    let col = |c: usize| p.b.offset((j0 + c.min(cols - 1)) as isize * p.csb);
+    let mut r = 0;
+    while r < rows {
+        let group = 4.min(rows - r);
+        let row = |g: usize| p.a.offset((i0 + r + g.min(group - 1)) as isize * p.rsa);
+        let mut acc = [[S::zero(); 4]; 4];
+        let mut q = 0;
+        while q < k {
+            let lanes = l.min(k - q);
+            let mut bv = [S::zero(); 4];
+            for (c, b) in bv.iter_mut().enumerate() {
+                *b = if p.rsb == 1 {
+                    load_lanes::<S>(col(c), q, lanes)
+                } else {
+                    let mut tmp = [0f32; 16];
+                    for (t, v) in tmp.iter_mut().enumerate().take(lanes) {
+                        *v = *col(c).offset((q + t) as isize * p.rsb);
+                    }
+                    S::load(tmp.as_ptr())
+                };
+            }
+            for (g, a) in acc.iter_mut().enumerate() {
+                let av = load_lanes::<S>(row(g), q, lanes);
+                for (c, x) in a.iter_mut().enumerate() {
+                    *x = S::fma(av, bv[c], *x);
+                }
+            }
+            q += l;
+        }
+        for (g, a) in acc.iter().enumerate().take(group) {
+            for (c, x) in a.iter().enumerate().take(cols) {
+                out[c][r + g] = S::reduce_add(*x);
+            }
         }
         r += group;
     }

@@ -85,17 +85,11 @@ pub struct SgdArgs {
 // SAFETY: repr(C) plain data matching the CUDA struct.
 unsafe impl cudarc::driver::DeviceRepr for SgdArgs {}
 
-/// AdamW hyper-parameters for one step, as the optimizer holds them (f64, like PyTorch's
-/// Python floats: 1 − β₂ of an f32 β₂ = 0.999 would be 1.3e-5 off).
+/// One AdamW step as the kernel takes it: the shared hyper-parameters (`sinter_types::AdamW`,
+/// f64 like PyTorch's Python floats) and the factor the gradient is multiplied by first.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct AdamW {
-    pub lr: f64,
-    pub beta1: f64,
-    pub beta2: f64,
-    pub eps: f64,
-    pub weight_decay: f64,
-    /// 1-based step number (for the bias corrections).
-    pub step: u64,
+    pub hyper: sinter_types::AdamW,
     /// Multiplies the gradient first: 1/loss_scale, times a clip coefficient.
     pub grad_scale: f32,
 }
@@ -103,16 +97,17 @@ pub struct AdamW {
 impl AdamW {
     /// Kernel arguments.
     pub fn args(&self, found_inf: u64) -> Result<AdamArgs> {
-        if self.step == 0 {
+        let h = &self.hyper;
+        if h.step == 0 {
             return Err(CudaError::invalid("adamw", "step is 1-based"));
         }
         Ok(AdamArgs {
-            lr: self.lr,
-            beta1: self.beta1,
-            beta2: self.beta2,
-            eps: self.eps,
-            weight_decay: self.weight_decay,
-            step: self.step as f64,
+            lr: h.lr,
+            beta1: h.beta1,
+            beta2: h.beta2,
+            eps: h.eps,
+            weight_decay: h.weight_decay,
+            step: h.step as f64,
             grad_scale: self.grad_scale,
             pad: 0,
             found_inf,
@@ -120,15 +115,12 @@ impl AdamW {
         })
     }
 
-    /// The hyper-parameters without the gradient scale: the shared rule's input.
-    pub fn hyper(&self) -> sinter_types::AdamW {
-        sinter_types::AdamW {
-            lr: self.lr,
-            beta1: self.beta1,
-            beta2: self.beta2,
-            eps: self.eps,
-            weight_decay: self.weight_decay,
-            step: self.step,
+    /// The same step with another step number (the control block's plans ignore it, but it
+    /// must still be 1-based).
+    pub fn at_step(&self, step: u64) -> AdamW {
+        AdamW {
+            hyper: sinter_types::AdamW { step, ..self.hyper },
+            ..*self
         }
     }
 
@@ -136,7 +128,7 @@ impl AdamW {
     /// `adam_factors` and `adam_one` are `sinter_types::AdamW::factors` and
     /// `AdamWFactors::update` in CUDA.
     pub fn reference(&self, p: f32, g: f32, m: f32, v: f32) -> (f32, f32, f32) {
-        self.hyper().factors().update(p, g * self.grad_scale, m, v)
+        self.hyper.factors().update(p, g * self.grad_scale, m, v)
     }
 }
 
@@ -556,12 +548,14 @@ pub(crate) fn samples(t: &LaunchTarget) -> Vec<Launch> {
     let n = 1000;
     let f = || fake_slice(DType::F32, n);
     let cfg = AdamW {
-        lr: 1e-3,
-        beta1: 0.9,
-        beta2: 0.999,
-        eps: 1e-8,
-        weight_decay: 0.1,
-        step: 1,
+        hyper: sinter_types::AdamW {
+            lr: 1e-3,
+            beta1: 0.9,
+            beta2: 0.999,
+            eps: 1e-8,
+            weight_decay: 0.1,
+            step: 1,
+        },
         grad_scale: 1.0,
     };
     v.extend(plan_adamw(t, f(), f(), f(), f(), None, &cfg, None).unwrap());
@@ -651,12 +645,14 @@ mod tests {
         let f = || fake_slice(DType::F32, 64);
         let c = fake_slice(DType::F32, ctl::LEN);
         let cfg = AdamW {
-            lr: 1e-3,
-            beta1: 0.9,
-            beta2: 0.999,
-            eps: 1e-8,
-            weight_decay: 0.0,
-            step: 1,
+            hyper: sinter_types::AdamW {
+                lr: 1e-3,
+                beta1: 0.9,
+                beta2: 0.999,
+                eps: 1e-8,
+                weight_decay: 0.0,
+                step: 1,
+            },
             grad_scale: 1.0,
         };
         let l = plan_adamw_ctl(&t, f(), f(), f(), f(), None, &cfg, c)
@@ -690,18 +686,20 @@ mod tests {
     #[test]
     fn adam_reference_first_step_moves_by_lr() {
         let cfg = AdamW {
-            lr: 0.01,
-            beta1: 0.9,
-            beta2: 0.999,
-            eps: 1e-8,
-            weight_decay: 0.0,
-            step: 1,
+            hyper: sinter_types::AdamW {
+                lr: 0.01,
+                beta1: 0.9,
+                beta2: 0.999,
+                eps: 1e-8,
+                weight_decay: 0.0,
+                step: 1,
+            },
             grad_scale: 1.0,
         };
         // Step 1: m/bc1 = g, v/bc2 = g^2, so the step is lr * sign(g).
         let (p, _, _) = cfg.reference(1.0, 0.5, 0.0, 0.0);
         assert!((p - 0.99).abs() < 1e-6, "{p}");
-        assert!(AdamW { step: 0, ..cfg }.args(0).is_err());
+        assert!(cfg.at_step(0).args(0).is_err());
     }
 
     #[test]
