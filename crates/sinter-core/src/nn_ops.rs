@@ -73,6 +73,72 @@ impl Tensor {
     /// with broadcasting). On the CPU and as the CUDA fall-back it runs as im2col + GEMM; on CUDA
     /// it runs through cuDNN when that loads (see `cuda::set_conv_backend`).
     pub fn conv2d(&self, weight: &Tensor, p: Conv2dParams) -> Result<Tensor> {
+        let g = self.conv_geom(weight, p)?;
+        let (oh, ow) = (g.oh, g.ow);
+        // Under autocast, float operands are cast (differentiably) to the autocast dtype.
+        if let Some((x, w)) = crate::amp::autocast_operands(self, weight)? {
+            return x.conv2d(&w, p);
+        }
+        self.float_op("conv2d")?;
+        if self.device() != weight.device() {
+            return Err(Error::DeviceMismatch {
+                op: "conv2d",
+                lhs: self.device(),
+                rhs: weight.device(),
+            });
+        }
+        let y = self
+            .storage()
+            .conv2d(self.layout(), &weight.storage(), weight.layout(), &g)?;
+        let (x, w) = (self.clone(), weight.clone());
+        Ok(output(
+            y,
+            &[g.n, g.o, oh, ow],
+            "conv2d",
+            &[self, weight],
+            move |gr, _| {
+                Ok(vec![
+                    x.conv2d_grad_input(gr, &w, &g)?,
+                    w.conv2d_grad_weight(gr, &x, &g)?,
+                ])
+            },
+        ))
+    }
+
+    /// dx of a conv2d of `self` (None when `self` needs no gradient) from grad_out `gr`.
+    pub(crate) fn conv2d_grad_input(
+        &self,
+        gr: &Tensor,
+        w: &Tensor,
+        g: &ConvGeom,
+    ) -> Result<Option<Tensor>> {
+        if !self.tracks_grad() {
+            return Ok(None);
+        }
+        let s = gr
+            .storage()
+            .conv2d_backward_data(gr.layout(), &w.storage(), w.layout(), g)?;
+        Ok(Some(Tensor::from_storage(s, self.shape())))
+    }
+
+    /// dw of a conv2d with weight `self` (None when it needs no gradient) from grad_out `gr`.
+    pub(crate) fn conv2d_grad_weight(
+        &self,
+        gr: &Tensor,
+        x: &Tensor,
+        g: &ConvGeom,
+    ) -> Result<Option<Tensor>> {
+        if !self.tracks_grad() {
+            return Ok(None);
+        }
+        let s = gr
+            .storage()
+            .conv2d_backward_filter(gr.layout(), &x.storage(), x.layout(), g)?;
+        Ok(Some(Tensor::from_storage(s, self.shape())))
+    }
+
+    /// The geometry of conv2d(self, weight, p), after checking ranks, channels and sizes.
+    pub(crate) fn conv_geom(&self, weight: &Tensor, p: Conv2dParams) -> Result<ConvGeom> {
         self.expect_rank("conv2d", 4, "input [n, c, h, w]")?;
         weight.expect_rank("conv2d", 4, "weight [o, c/groups, kh, kw]")?;
         let (xs, ws) = (self.shape(), weight.shape());
@@ -99,7 +165,7 @@ impl Tensor {
                 xs[3]
             ),
         };
-        let g = ConvGeom {
+        Ok(ConvGeom {
             n: xs[0],
             c: xs[1],
             h: xs[2],
@@ -110,56 +176,7 @@ impl Tensor {
             oh,
             ow,
             p,
-        };
-        // Under autocast, float operands are cast (differentiably) to the autocast dtype.
-        if let Some((x, w)) = crate::amp::autocast_operands(self, weight)? {
-            return x.conv2d(&w, p);
-        }
-        self.float_op("conv2d")?;
-        if self.device() != weight.device() {
-            return Err(Error::DeviceMismatch {
-                op: "conv2d",
-                lhs: self.device(),
-                rhs: weight.device(),
-            });
-        }
-        let y = self
-            .storage()
-            .conv2d(self.layout(), &weight.storage(), weight.layout(), &g)?;
-        let (x, w) = (self.clone(), weight.clone());
-        Ok(output(
-            y,
-            &[g.n, g.o, oh, ow],
-            "conv2d",
-            &[self, weight],
-            move |gr, _| {
-                let dx = x
-                    .tracks_grad()
-                    .then(|| -> Result<Tensor> {
-                        let s = gr.storage().conv2d_backward_data(
-                            gr.layout(),
-                            &w.storage(),
-                            w.layout(),
-                            &g,
-                        )?;
-                        Ok(Tensor::from_storage(s, x.shape()))
-                    })
-                    .transpose()?;
-                let dw = w
-                    .tracks_grad()
-                    .then(|| -> Result<Tensor> {
-                        let s = gr.storage().conv2d_backward_filter(
-                            gr.layout(),
-                            &x.storage(),
-                            x.layout(),
-                            &g,
-                        )?;
-                        Ok(Tensor::from_storage(s, w.shape()))
-                    })
-                    .transpose()?;
-                Ok(vec![dx, dw])
-            },
-        ))
+        })
     }
 
     fn pool_geom(&self, op: &'static str, p: Pool2dParams) -> Result<PoolGeom> {

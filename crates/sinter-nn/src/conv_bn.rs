@@ -67,11 +67,16 @@ impl ConvBn {
             .clone()
     }
 
-    /// `relu(self.forward(x))`. Where a future conv + bias + ReLU kernel (the GEMM epilogue)
-    /// plugs in for the folded inference path; today the folded path is conv2d, a bias add
-    /// and a ReLU, as composite ops.
+    /// `relu(self.forward(x))`: without a BatchNorm (or with it folded in) one fused conv +
+    /// bias + ReLU op ([`Conv2d::forward_relu`]).
     pub fn forward_relu(&self, x: &Tensor) -> Result<Tensor> {
-        self.forward(x)?.relu()
+        if let Some(f) = self.folded() {
+            return f.forward_relu(x);
+        }
+        match &self.bn {
+            None => self.conv.forward_relu(x),
+            Some(_) => self.forward(x)?.relu(),
+        }
     }
 }
 

@@ -136,6 +136,18 @@ impl Conv2d {
         Ok(Conv2d::from_weights(weight, bias, params))
     }
 
+    /// relu(self.forward(x)); with a bias, one fused conv + bias + ReLU op (the bias add and
+    /// the ReLU happen as the convolution stores its output; see `fused::conv2d_bias_relu`).
+    pub fn forward_relu(&self, x: &Tensor) -> Result<Tensor> {
+        if let Some(y) = self.quant.forward(x, Activation::None)? {
+            return y.relu();
+        }
+        match &self.bias {
+            Some(b) => sinter_core::fused::conv2d_bias_relu(x, &self.weight, b, self.params, true),
+            None => x.conv2d(&self.weight, self.params)?.relu(),
+        }
+    }
+
     /// A Conv2d with these tensors (f32, no int8 form).
     pub fn from_weights(weight: Tensor, bias: Option<Tensor>, params: Conv2dParams) -> Self {
         Conv2d {

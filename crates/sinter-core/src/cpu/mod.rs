@@ -1,6 +1,7 @@
 //! The CPU backend: storage as plain vectors, kernels over f32 (f16/bf16 widen to f32 and
 //! round back), rayon across cores for large tensors, the `gemm` crate for matrix products.
 
+pub mod alloc;
 pub mod attention;
 pub mod conv;
 mod decode_attention;
@@ -148,6 +149,7 @@ impl CpuStorage {
         self.len() == 0
     }
     pub fn zeros(n: usize, dtype: DType) -> Self {
+        alloc::tune_once();
         match dtype {
             DType::F32 => CpuStorage::F32(vec![0.0; n]),
             DType::F16 => CpuStorage::F16(vec![f16::ZERO; n]),
@@ -157,6 +159,7 @@ impl CpuStorage {
         }
     }
     pub fn full(n: usize, value: f64, dtype: DType) -> Self {
+        alloc::tune_once();
         match dtype {
             DType::F32 => CpuStorage::F32(vec![value as f32; n]),
             DType::F16 => CpuStorage::F16(vec![<f16 as Element>::from_f64(value); n]),
@@ -167,6 +170,7 @@ impl CpuStorage {
     }
     /// Builds storage of `dtype` from f32 values (the result of a kernel).
     pub fn from_f32(v: Vec<f32>, dtype: DType) -> Self {
+        alloc::tune_once();
         match dtype {
             DType::F32 => CpuStorage::F32(v),
             DType::F16 => CpuStorage::F16(f32_to(&v)),
@@ -258,6 +262,7 @@ impl CpuStorage {
 
 impl From<Vec<f32>> for CpuStorage {
     fn from(v: Vec<f32>) -> Self {
+        alloc::tune_once();
         CpuStorage::F32(v)
     }
 }

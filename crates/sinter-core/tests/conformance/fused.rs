@@ -4,9 +4,9 @@
 //! and 128) and linear + bias + GELU one cuBLASLt epilogue GEMM (width a multiple of 8).
 
 use crate::harness::*;
-use crate::reference::{self as r, Arr};
+use crate::reference::{self as r, Arr, Conv};
 use sinter_core::fused;
-use sinter_core::{DType, Tensor};
+use sinter_core::{Conv2dParams, DType, Tensor};
 
 pub fn cases() -> Vec<Case> {
     vec![
@@ -28,6 +28,7 @@ pub fn cases() -> Vec<Case> {
         case("residual_layer_norm", FLOATS, residual_layer_norm),
         case("bias_gelu", FLOATS, bias_gelu),
         case("linear_bias_gelu", FLOATS, linear_bias_gelu),
+        case("conv2d_bias_relu", FLOATS, conv2d_bias_relu),
         case("global_grad_norm", FLOATS, global_grad_norm),
     ]
 }
@@ -383,6 +384,67 @@ fn bias_gelu(t: &Target) {
     expect_err(
         fused::bias_gelu(&t.zeros(&[2, 4], t.dtype), &t.zeros(&[3], t.dtype)),
         "bias_gelu",
+    );
+}
+
+/// Conv2d + bias (+ ReLU) as one op: small and batch-blocked geometries (the CPU kernel cuts
+/// the batch into blocks of about 256 output pixels), strides, dilation, groups, and the
+/// CPU's three im2col paths (planes of at most 64 pixels, "same" stride-1 convolutions of
+/// larger planes, the rest).
+fn conv2d_bias_relu(t: &Target) {
+    let mut rng = t.rng(75);
+    // (n, c, h, w, o, k, stride, padding, dilation, groups, relu)
+    for &(n, c, h, wd, o, k, stride, padding, dilation, groups, relu) in &[
+        (2, 3, 5, 5, 4, 3, 1, 1, 1, 1, true),
+        (3, 4, 7, 6, 6, 3, 2, 1, 1, 2, true),
+        (1, 2, 9, 9, 3, 3, 1, 2, 2, 1, false),
+        (40, 1, 8, 8, 8, 3, 1, 1, 1, 1, true),
+        (70, 4, 4, 4, 8, 3, 1, 1, 1, 1, true),
+        (18, 2, 9, 8, 4, 2, 1, 0, 1, 1, true),
+        (3, 2, 10, 10, 4, 3, 1, 1, 1, 1, true),
+        (12, 2, 12, 11, 5, 3, 1, 1, 1, 1, true),
+    ] {
+        let p = Conv2dParams {
+            stride,
+            padding,
+            dilation,
+            groups,
+        };
+        let rp = Conv {
+            stride,
+            padding,
+            dilation,
+            groups,
+        };
+        t.check(
+            &format!("n {n} c {c} {h}x{wd} o {o} k {k} {p:?} relu {relu}"),
+            &[
+                In::Var(uniform(&mut rng, &[n, c, h, wd], -1.0, 1.0)),
+                In::Var(uniform(&mut rng, &[o, c / groups, k, k], -0.5, 0.5)),
+                In::Var(uniform(&mut rng, &[o], -0.5, 0.5)),
+            ],
+            move |x| fused::conv2d_bias_relu(&x[0], &x[1], &x[2], p, relu),
+            move |x, _| {
+                let y = r::conv2d(&x[0], &x[1], rp);
+                let b = x[2].reshape(&[1, o, 1, 1]);
+                let y = y.add(&b);
+                if relu {
+                    y.map(r::relu)
+                } else {
+                    y
+                }
+            },
+        );
+    }
+    expect_err(
+        fused::conv2d_bias_relu(
+            &t.zeros(&[1, 2, 4, 4], t.dtype),
+            &t.zeros(&[3, 2, 3, 3], t.dtype),
+            &t.zeros(&[2], t.dtype),
+            Conv2dParams::default(),
+            true,
+        ),
+        "conv2d_bias_relu",
     );
 }
 

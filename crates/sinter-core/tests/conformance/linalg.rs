@@ -193,6 +193,12 @@ const CONV_CASES: &[[usize; 11]] = &[
     [1, 2, 4, 4, 2, 4, 4, 1, 0, 1, 1],
     [4, 8, 5, 5, 16, 1, 1, 1, 0, 1, 1],
     [2, 16, 12, 12, 32, 3, 3, 2, 1, 1, 1],
+    // Several CPU blocks of about 256 output pixels, the last one partial.
+    [37, 2, 8, 8, 3, 3, 3, 1, 1, 1, 1],
+    [66, 4, 4, 4, 6, 3, 3, 1, 1, 1, 2],
+    // "Same" stride-1 convolutions of planes above 64 pixels (the CPU's flat im2col path).
+    [3, 2, 10, 10, 4, 3, 3, 1, 1, 1, 1],
+    [12, 2, 9, 12, 3, 5, 5, 1, 2, 1, 1],
 ];
 
 fn params(c: &[usize; 11]) -> (Conv2dParams, Conv) {
