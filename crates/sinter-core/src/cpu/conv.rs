@@ -739,7 +739,14 @@ pub fn max_pool2d(
         .for_each(|(pi, (o, a))| {
             let plane = &x[pi * h * w..(pi + 1) * h * w];
             if inside {
-                return max_pool_plane_inside(plane, w, oh, ow, k, s, o, a);
+                // The NaN rule in the inner loop costs 1.7x on the digits CNN's inference
+                // (137k vs 237k samples/s at batch 256): one vectorised scan for NaN picks the
+                // plain comparison for planes without any, which gives the same result there.
+                return if plane.iter().any(|v| v.is_nan()) {
+                    max_pool_plane_inside::<true>(plane, w, oh, ow, k, s, o, a)
+                } else {
+                    max_pool_plane_inside::<false>(plane, w, oh, ow, k, s, o, a)
+                };
             }
             for oy in 0..oh {
                 for ox in 0..ow {
@@ -771,9 +778,10 @@ pub fn max_pool2d(
 }
 
 /// One plane of [`max_pool2d`] when every window is inside it (the same scan order and
-/// comparison as the general loop: the first element, then any strictly greater one or NaN).
+/// comparison as the general loop: the first element, then any strictly greater one or NaN;
+/// `NAN` false: the plane holds no NaN, so a plain `>` decides the same).
 #[allow(clippy::too_many_arguments)]
-fn max_pool_plane_inside(
+fn max_pool_plane_inside<const NAN: bool>(
     plane: &[f32],
     w: usize,
     oh: usize,
@@ -790,7 +798,7 @@ fn max_pool_plane_inside(
             for ky in 0..k {
                 let row = first + ky * w;
                 for (kx, &v) in plane[row..row + k].iter().enumerate() {
-                    if pool_max_replaces(best, v) {
+                    if (NAN && pool_max_replaces(best, v)) || (!NAN && v > best) {
                         best = v;
                         bi = row + kx;
                     }
