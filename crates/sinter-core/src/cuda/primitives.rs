@@ -5,8 +5,8 @@
 use super::storage::CudaStorage;
 use super::{attention, conv, creation, elementwise, matmul, nn, optim, random, reduce};
 use crate::backend::{
-    AdamWParams, AttnGeom, BackendStorage, ConvGeom, CrossEntropyOut, DecodeSeq, DropoutMask,
-    IndexGeom, Indices, PoolGeom, RowStats, ScalerCfg, SgdParams, Wants,
+    AdamWParams, AttnGeom, BackendStorage, ConvGeom, CrossEntropyOut, DropoutMask, IndexGeom,
+    Indices, PoolGeom, RowStats, ScalerCfg, SgdParams, Wants,
 };
 use crate::cpu::CpuStorage;
 use crate::op::{BinaryOp, ReduceOp, UnaryOp};
@@ -239,21 +239,6 @@ impl BackendStorage for CudaStorage {
         g: &AttnGeom,
     ) -> Result<Option<(Self, Self)>> {
         attention::attention((self, l), (k, kl), (v, vl), g)
-    }
-    /// No decoding kernel on CUDA: the op runs its composite (device assigns into the caches
-    /// and flash attention per sequence).
-    fn decode_attention(
-        &self,
-        _l: &Layout,
-        _k: &Self,
-        _kl: &Layout,
-        _v: &Self,
-        _vl: &Layout,
-        _caches: &mut [&mut Self],
-        _seqs: &[DecodeSeq<'_>],
-        _scale: f32,
-    ) -> Result<Option<Self>> {
-        Ok(None)
     }
     fn attention_backward(
         &self,

@@ -69,49 +69,14 @@ pub(crate) unsafe fn run_rows<S: Simd, const MV: usize>(p: &Problem, rows: Range
                 }
             }
         } else {
-            let mut out = [0f32; 64];
-            dots::<S>(p, i0, valid, &mut out);
+            let mut out = [[0f32; 64]; 1];
+            dots::<S, 1>(p, i0, valid, 0, 1, &mut out);
             for (v, a) in acc[0].iter_mut().enumerate() {
-                *a = S::load(out.as_ptr().add(v * l));
+                *a = S::load(out[0].as_ptr().add(v * l));
             }
         }
         p.store::<S, MV, 1>(&acc, i0, 0, valid, 1, p.beta, true);
         i0 += mr;
-    }
-}
-
-/// out[r] = Σ_q A[i0 + r, q]·b[q] for r < rows, A with unit stride along k: four rows per
-/// pass over b.
-#[inline(always)]
-unsafe fn dots<S: Simd>(p: &Problem, i0: usize, rows: usize, out: &mut [f32; 64]) {
-    let (l, k) = (S::LANES, p.k);
-    let b_at = |q: usize| p.b.offset(q as isize * p.rsb);
-    let mut r = 0;
-    while r < rows {
-        let group = 4.min(rows - r);
-        let row = |g: usize| p.a.offset((i0 + r + g.min(group - 1)) as isize * p.rsa);
-        let mut acc = [S::zero(); 4];
-        let mut q = 0;
-        while q < k {
-            let lanes = l.min(k - q);
-            let bv = if p.rsb == 1 {
-                load_lanes::<S>(b_at(0), q, lanes)
-            } else {
-                let mut tmp = [0f32; 16];
-                for (j, t) in tmp.iter_mut().enumerate().take(lanes) {
-                    *t = *b_at(q + j);
-                }
-                S::load(tmp.as_ptr())
-            };
-            for (g, a) in acc.iter_mut().enumerate() {
-                *a = S::fma(load_lanes::<S>(row(g), q, lanes), bv, *a);
-            }
-            q += l;
-        }
-        for g in 0..group {
-            out[r + g] = S::reduce_add(acc[g]);
-        }
-        r += group;
     }
 }
 
@@ -127,7 +92,7 @@ unsafe fn run_rows_few<S: Simd, const MV: usize>(p: &Problem, rows: Range<usize>
         let mut j0 = 0;
         while j0 < p.n {
             let cols = 4.min(p.n - j0);
-            dots_4x4::<S>(p, i0, valid, j0, cols, &mut out);
+            dots::<S, 4>(p, i0, valid, j0, cols, &mut out);
             for (c, col) in out.iter().enumerate().take(cols) {
                 let mut acc: Acc<S, MV, 1> = [[S::zero(); MV]];
                 for (v, a) in acc[0].iter_mut().enumerate() {
@@ -141,16 +106,16 @@ unsafe fn run_rows_few<S: Simd, const MV: usize>(p: &Problem, rows: Range<usize>
     }
 }
 
-/// out[c][r] = Σ_q A[i0 + r, q]·B[q, j0 + c] for r < rows, c < cols (≤ 4), A with unit
-/// stride along k: four rows by four columns share each load of both.
+/// out[c][r] = Σ_q A[i0 + r, q]·B[q, j0 + c] for r < rows, c < cols (≤ C), A with unit
+/// stride along k: four rows by C columns share each load of both (C = 1: one column).
 #[inline(always)]
-unsafe fn dots_4x4<S: Simd>(
+unsafe fn dots<S: Simd, const C: usize>(
     p: &Problem,
     i0: usize,
     rows: usize,
     j0: usize,
     cols: usize,
-    out: &mut [[f32; 64]; 4],
+    out: &mut [[f32; 64]; C],
 ) {
     let (l, k) = (S::LANES, p.k);
     let col = |c: usize| p.b.offset((j0 + c.min(cols - 1)) as isize * p.csb);
@@ -158,11 +123,11 @@ unsafe fn dots_4x4<S: Simd>(
     while r < rows {
         let group = 4.min(rows - r);
         let row = |g: usize| p.a.offset((i0 + r + g.min(group - 1)) as isize * p.rsa);
-        let mut acc = [[S::zero(); 4]; 4];
+        let mut acc = [[S::zero(); C]; 4];
         let mut q = 0;
         while q < k {
             let lanes = l.min(k - q);
-            let mut bv = [S::zero(); 4];
+            let mut bv = [S::zero(); C];
             for (c, b) in bv.iter_mut().enumerate() {
                 *b = if p.rsb == 1 {
                     load_lanes::<S>(col(c), q, lanes)
