@@ -2,7 +2,9 @@
 //! node that made it. Cloning a tensor is cheap (an `Arc`).
 
 mod cuda_buffers;
+mod host_view;
 pub mod step_ctl;
+pub use host_view::{HostF32, HostF32Mut};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 

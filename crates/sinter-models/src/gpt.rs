@@ -8,10 +8,13 @@
 //! position and attends over the cached keys and values of the earlier ones. The generation
 //! code lives in the submodules: `decode` (one step for many sequences at once, each with its
 //! own cache: continuous batching), `sequence` (one sequence's tokens, window and cache, and
-//! what happens past the context), `sampling` (logits → token) and `generate` (the loops).
+//! what happens past the context), `sampling` (logits → token) and `generate` (the loops);
+//! on the CPU, decode steps and prefills run as one pass over preallocated buffers
+//! (`host_step`), the tensor path (`forward_step`) being the reference and the path elsewhere.
 
 mod decode;
 mod generate;
+mod host_step;
 mod sampling;
 mod sequence;
 
@@ -19,7 +22,7 @@ pub use generate::GenerateOptions;
 pub use sampling::{sample_token, SamplingParams};
 pub use sequence::{ContextPolicy, GptSequence};
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use crate::model::{sequence_loss, BatchLoss, Model};
 use crate::Task;
@@ -75,6 +78,8 @@ pub struct Gpt {
     drop_rng: SharedRng,
     recompute: Recompute,
     fast_path: bool,
+    /// The host decode step's buffers, kept between steps (`host_step`).
+    scratch: Mutex<host_step::Scratch>,
 }
 
 /// The keys and values of every layer for the positions generated so far (batch as given
@@ -118,6 +123,7 @@ impl Gpt {
             drop_rng: drop_rng.clone(),
             recompute: Recompute::None,
             fast_path: true,
+            scratch: Mutex::default(),
             config,
         })
     }
@@ -202,12 +208,8 @@ impl Gpt {
         self.head(&self.hidden_step(ids, cache)?)
     }
 
-    /// `forward_step` without the head: the last block's output [b, s, c] (a prefill needs
-    /// the head on its last position only).
-    pub fn hidden_step(&self, ids: &Tensor, cache: &mut KvCache) -> Result<Tensor> {
-        let _g = no_grad();
-        self.check_ids(ids)?;
-        let (start, s) = (cache.len(), ids.shape()[1]);
+    /// An error unless `s` new positions after `start` cached ones fit `cache` and the context.
+    pub(crate) fn check_step(&self, start: usize, s: usize, cache: &KvCache) -> Result<()> {
         if start + s > cache.capacity().min(self.config.block_size) {
             bail!(
                 "gpt: {start} cached + {s} new positions exceed the KV cache's {} (context {})",
@@ -222,6 +224,16 @@ impl Gpt {
                 self.blocks.len()
             );
         }
+        Ok(())
+    }
+
+    /// `forward_step` without the head: the last block's output [b, s, c] (a prefill needs
+    /// the head on its last position only).
+    pub fn hidden_step(&self, ids: &Tensor, cache: &mut KvCache) -> Result<Tensor> {
+        let _g = no_grad();
+        self.check_ids(ids)?;
+        let (start, s) = (cache.len(), ids.shape()[1]);
+        self.check_step(start, s, cache)?;
         // Positions are made where the model lives (no upload inside a step).
         let pos = Tensor::arange(
             start as f64,

@@ -268,3 +268,102 @@ fn a_prompt_fed_through_decode_steps_gives_its_prefill_logits() {
     assert!(!b.can_feed());
     assert!(m.decode(&mut [&mut b]).is_err());
 }
+
+/// gpt-tiny's shapes (width 128, 4 heads of 32: whole AVX-512 vectors), trained-scale weights.
+fn tiny_model(block_size: usize, seed: u64) -> Gpt {
+    let cfg = GptConfig {
+        block_size,
+        vocab_size: 64,
+        ..GptConfig::preset("gpt-tiny").unwrap()
+    };
+    let m = Gpt::new(cfg, &mut Rng::new(seed), &shared_rng(seed)).unwrap();
+    m.set_training(false);
+    m
+}
+
+/// On the CPU, prefills and decode steps run the host step (`gpt/host_step.rs`); the tensor
+/// path (`forward_step`) is the reference: same logits within f32 rounding, and the same keys
+/// and values in the caches.
+#[test]
+fn the_host_step_equals_the_tensor_path() {
+    let m = tiny_model(40, 8);
+    let v = 64;
+    // Nine sequences (a step of 8 rows or more is split across two threads: between
+    // sequences here, inside the 20-token prompt's prefill).
+    let lens = [7usize, 1, 4, 20, 2, 3, 5, 9, 1];
+    let prompts: Vec<Vec<i64>> = (lens.iter().enumerate())
+        .map(|(i, &n)| (0..n).map(|j| ((i * 13 + j * 7) % v) as i64).collect())
+        .collect();
+    let mut seqs: Vec<GptSequence> = prompts
+        .iter()
+        .map(|p| m.sequence(p, 30, 40, ContextPolicy::Shift, true).unwrap())
+        .collect();
+    let mut refs: Vec<sinter_models::gpt::KvCache> =
+        prompts.iter().map(|_| m.kv_cache(1).unwrap()).collect();
+    let step = |cache: &mut sinter_models::gpt::KvCache, ids: &[i64]| -> Vec<f32> {
+        let x = Tensor::from_slice(ids, &[1, ids.len()], Device::Cpu).unwrap();
+        let y = m.forward_step(&x, cache).unwrap();
+        y.narrow(1, ids.len() - 1, 1).unwrap().to_vec_f32().unwrap()
+    };
+    for (i, s) in seqs.iter_mut().enumerate() {
+        let got = m.prefill(s, usize::MAX).unwrap().unwrap();
+        let want = step(&mut refs[i], &prompts[i]);
+        let e = max_err(&got, &want);
+        assert!(e < 1e-4, "prefill {i}: {e}");
+        s.push(argmax(&got) as i64);
+    }
+    for t in 0..12 {
+        let mut batch: Vec<&mut GptSequence> = seqs.iter_mut().collect();
+        let logits = m.decode(&mut batch).unwrap();
+        for (i, s) in batch.into_iter().enumerate() {
+            let want = step(&mut refs[i], &s.tokens()[s.tokens().len() - 1..]);
+            let row = &logits[i * v..(i + 1) * v];
+            let e = max_err(row, &want);
+            assert!(e < 1e-4, "step {t}, sequence {i}: {e}");
+            assert_eq!(argmax(row), argmax(&want), "step {t}, sequence {i}");
+            s.push(argmax(row) as i64);
+        }
+    }
+    for (i, (s, r)) in seqs.iter().zip(&refs).enumerate() {
+        let c = s.cache().unwrap();
+        assert_eq!(c.len(), r.len());
+        for (l, (a, b)) in c.layers.iter().zip(&r.layers).enumerate() {
+            let n = c.len();
+            for (x, y) in [(&a.k, &b.k), (&a.v, &b.v)] {
+                let (x, y) = (x.narrow(2, 0, n).unwrap(), y.narrow(2, 0, n).unwrap());
+                let e = max_err(&x.to_vec_f32().unwrap(), &y.to_vec_f32().unwrap());
+                assert!(
+                    e < 1e-4,
+                    "sequence {i}, layer {l}: cached keys/values differ by {e}"
+                );
+            }
+        }
+    }
+}
+
+/// Greedy and sampled generation on the host step give the tokens of the uncached reference
+/// (a full forward over the window per token), past the context too.
+#[test]
+fn host_generation_gives_the_reference_tokens() {
+    let m = tiny_model(24, 9);
+    let prompt = [3i64, 1, 4, 1, 5, 9, 2, 6];
+    for policy in [ContextPolicy::Slide, ContextPolicy::Shift] {
+        for temperature in [0.0, 0.8] {
+            let run = |use_cache| {
+                let o = GenerateOptions {
+                    max_new: 40,
+                    sampling: SamplingParams {
+                        temperature,
+                        ..Default::default()
+                    },
+                    context: 24,
+                    policy,
+                    use_cache,
+                };
+                m.generate_streaming(&prompt, &o, &mut Rng::new(11), |_| true)
+                    .unwrap()
+            };
+            assert_eq!(run(true), run(false), "{policy}, temperature {temperature}");
+        }
+    }
+}

@@ -22,11 +22,13 @@
 //! | derivatives | ≤ 5e-6 relative (absolute ≤ 5e-8 near their zero crossings) |
 //!
 //! - [`elementwise`]: y = f(x) and dx = g·f'(x) over slices ([`Unary`]).
+//! - [`cached_attention`]: one query row against a KV cache (decode and prefill).
 //! - [`softmax`], [`cross_entropy`], [`layer_norm`], [`bias_act`], [`adamw`]: fused row and
 //!   optimizer kernels (see each module for what it reads and writes).
 pub mod activation;
 pub mod adamw;
 pub mod bias_act;
+pub mod cached_attention;
 pub mod cross_entropy;
 pub mod elementwise;
 mod erf;

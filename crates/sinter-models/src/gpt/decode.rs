@@ -10,6 +10,7 @@
 use sinter_core::{bail, fused, no_grad, Device, Result, Tensor};
 use sinter_nn::Module;
 
+use super::host_step::{host_cache, StepRow};
 use super::{Gpt, GptSequence, KvCache};
 
 impl Gpt {
@@ -48,6 +49,13 @@ impl Gpt {
                 "gpt: token {t} is outside the vocabulary of {}",
                 c.vocab_size
             );
+        }
+        let rows: Vec<StepRow> = (ids.iter().zip(&lens).enumerate())
+            .map(|(seq, (&token, &pos))| StepRow { token, pos, seq })
+            .collect();
+        let every: Vec<usize> = (0..n).collect();
+        if let Some(logits) = self.host_rows(&rows, caches, &every)? {
+            return Tensor::from_vec(logits, &[n, c.vocab_size], Device::Cpu);
         }
         let device = self.wte.weight.device();
         let pos: Vec<i64> = lens.iter().map(|&l| l as i64).collect();
@@ -122,9 +130,22 @@ impl Gpt {
         }
         let take = pending.len().min(max_chunk.max(1));
         let done = take == pending.len();
-        let x = ids(&pending[..take])?;
+        let tokens = pending[..take].to_vec();
         let cache = seq.cache_mut().expect("checked above");
-        let hidden = self.hidden_step(&x, cache)?;
+        let start = cache.len();
+        self.check_step(start, take, cache)?;
+        let rows: Vec<StepRow> = (tokens.iter().enumerate())
+            .map(|(i, &token)| StepRow {
+                token,
+                pos: start + i,
+                seq: 0,
+            })
+            .collect();
+        let last = if done { vec![take - 1] } else { vec![] };
+        if let Some(logits) = self.host_rows(&rows, &mut [cache], &last)? {
+            return Ok(done.then_some(logits));
+        }
+        let hidden = self.hidden_step(&ids(&tokens)?, cache)?;
         if !done {
             return Ok(None);
         }
@@ -132,6 +153,35 @@ impl Gpt {
             .narrow(1, take - 1, 1)?
             .reshape(&[1, self.config.n_embd])?;
         Ok(Some(self.head_rows(&last)?.to_vec_f32()?))
+    }
+
+    /// Runs `rows` through the host step (`host_step`): their keys and values are appended
+    /// to `caches[row.seq]`, whose lengths then count them; returns the logits of the rows
+    /// listed in `logit_rows`. None (nothing done) when the tensor path must run.
+    fn host_rows(
+        &self,
+        rows: &[StepRow],
+        caches: &mut [&mut KvCache],
+        logit_rows: &[usize],
+    ) -> Result<Option<Vec<f32>>> {
+        let c = &self.config;
+        let (h, d) = (c.n_head, c.n_embd / c.n_head);
+        let Some(model) = self.host_model() else {
+            return Ok(None);
+        };
+        if !caches.iter().all(|k| host_cache(k, h, d)) {
+            return Ok(None);
+        }
+        let logits = {
+            let mut scratch = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
+            model.step(rows, caches, logit_rows, &mut scratch)?
+        };
+        let mut added = vec![0; caches.len()];
+        rows.iter().for_each(|w| added[w.seq] += 1);
+        for (cache, n) in caches.iter_mut().zip(added) {
+            cache.layers.iter_mut().for_each(|l| l.len += n);
+        }
+        Ok(Some(logits))
     }
 
     /// The next-token logits of one sequence: a decode step when one token is pending, else

@@ -154,7 +154,8 @@ impl GptSequence {
             .as_ref()
             .is_some_and(|c| window <= c.capacity() && c.len() < window)
     }
-    pub(crate) fn cache(&self) -> Option<&KvCache> {
+    /// The window's KV cache (None on the uncached reference path).
+    pub fn cache(&self) -> Option<&KvCache> {
         self.cache.as_ref()
     }
     pub(crate) fn cache_mut(&mut self) -> Option<&mut KvCache> {

@@ -1,0 +1,170 @@
+//! One query row of one attention head against a KV cache: the attention of a decode step
+//! (one new position per sequence) and of a prefill (each position against the cache up to
+//! itself).
+//!
+//! Reads: q [d]; keys and values of n cached positions, position t's row at `t·stride` of
+//! `k` and `v` (one head of a [heads, capacity, d] cache: stride d; rows may be further
+//! apart). Writes: o [d] = softmax(scale·q·Kᵀ)·V, and the n probabilities into `p` (scratch).
+//! Why here: one pass per cached row (a dot product for its key, an axpy for its value, both
+//! in registers: d is a head width, 32–128), with the vectorised exp; decode is where a
+//! Transformer reads its whole cache per token.
+
+use super::exp_log::exp;
+use super::reduce::{dot, for_vectors, load_lanes, store_lanes};
+use crate::simd::Simd;
+use crate::{with_isa, Isa};
+
+/// o = softmax(scale · q · K[0..n]ᵀ) · V[0..n] (see the module comment); `p` holds ≥ n
+/// values of scratch.
+///
+/// # Panics
+/// If n is 0 or a slice is too short for n rows of `q.len()` values at `stride` (a caller
+/// bug).
+#[allow(clippy::too_many_arguments)]
+pub fn attend_row(
+    isa: Isa,
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    n: usize,
+    stride: usize,
+    scale: f32,
+    p: &mut [f32],
+    o: &mut [f32],
+) {
+    let d = q.len();
+    let need = (n.max(1) - 1) * stride + d;
+    assert!(
+        n > 0 && d > 0 && stride >= d && k.len() >= need && v.len() >= need,
+        "attend_row: {n} rows of {d} at stride {stride} do not fit keys of {} and values of {}",
+        k.len(),
+        v.len()
+    );
+    assert!(
+        p.len() >= n && o.len() == d,
+        "attend_row: scratch {} < {n} or output {} != {d}",
+        p.len(),
+        o.len()
+    );
+    with_isa!(isa, S => attend::<S>(q, k, v, n, stride, scale, &mut p[..n], o))
+}
+
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+unsafe fn attend<S: Simd>(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    n: usize,
+    stride: usize,
+    scale: f32,
+    p: &mut [f32],
+    o: &mut [f32],
+) {
+    let d = q.len();
+    let mut m = f32::NEG_INFINITY;
+    for (t, pt) in p.iter_mut().enumerate() {
+        *pt = scale * dot::<S>(q.as_ptr(), k.as_ptr().add(t * stride), d);
+        m = m.max(*pt);
+    }
+    let (mv, mut acc) = (S::splat(m), S::zero());
+    let pp = p.as_mut_ptr();
+    for_vectors::<S>(
+        pp,
+        n,
+        #[inline(always)]
+        |i, x, lanes| {
+            let e = exp::<S>(S::sub(x, mv));
+            // Lanes past the tail are exp(0 − m): keep them out of the sum.
+            let e = if lanes == S::LANES {
+                e
+            } else {
+                S::keep_first(e, lanes)
+            };
+            acc = S::add(acc, e);
+            store_lanes::<S>(pp.add(i), e, lanes);
+        },
+    );
+    let inv = 1.0 / S::reduce_add(acc);
+    // o in registers, CHUNK vectors at a time, over every cached row (one store per chunk).
+    const CHUNK: usize = 4;
+    let (l, op) = (S::LANES, o.as_mut_ptr());
+    let mut j = 0;
+    while j < d {
+        let width = (CHUNK * l).min(d - j);
+        let vecs = width.div_ceil(l);
+        let mut acc = [S::zero(); CHUNK];
+        for (t, &pt) in p.iter().enumerate() {
+            let (w, vt) = (S::splat(pt * inv), v.as_ptr().add(t * stride + j));
+            for (u, a) in acc.iter_mut().enumerate().take(vecs) {
+                let lanes = l.min(width - u * l);
+                *a = S::fma(w, load_lanes::<S>(vt, u * l, lanes), *a);
+            }
+        }
+        for (u, a) in acc.iter().enumerate().take(vecs) {
+            store_lanes::<S>(op.add(j + u * l), *a, l.min(width - u * l));
+        }
+        j += width;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The f64 definition.
+    fn reference(q: &[f32], k: &[f32], v: &[f32], n: usize, stride: usize, scale: f32) -> Vec<f64> {
+        let d = q.len();
+        let s: Vec<f64> = (0..n)
+            .map(|t| {
+                let kt = &k[t * stride..t * stride + d];
+                scale as f64
+                    * q.iter()
+                        .zip(kt)
+                        .map(|(a, b)| *a as f64 * *b as f64)
+                        .sum::<f64>()
+            })
+            .collect();
+        let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+        let e: Vec<f64> = s.iter().map(|x| (x - m).exp()).collect();
+        let z: f64 = e.iter().sum();
+        (0..d)
+            .map(|j| (0..n).map(|t| e[t] / z * v[t * stride + j] as f64).sum())
+            .collect()
+    }
+
+    #[test]
+    fn matches_the_definition_on_every_isa() {
+        // A small LCG: values in [-1, 1).
+        let mut state = 7u64;
+        let mut rng = move || {
+            state = state
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (state >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+        };
+        for isa in Isa::available() {
+            for &(d, n, stride) in &[
+                (32, 1, 32),
+                (32, 37, 32),
+                (20, 5, 24),
+                (64, 130, 64),
+                (3, 17, 3),
+            ] {
+                let q: Vec<f32> = (0..d).map(|_| rng()).collect();
+                let k: Vec<f32> = (0..n * stride).map(|_| 2.0 * rng()).collect();
+                let v: Vec<f32> = (0..n * stride).map(|_| rng()).collect();
+                let (mut p, mut o) = (vec![0f32; n + 3], vec![f32::NAN; d]);
+                attend_row(isa, &q, &k, &v, n, stride, 0.3, &mut p, &mut o);
+                let want = reference(&q, &k, &v, n, stride, 0.3);
+                for (j, (&got, &w)) in o.iter().zip(&want).enumerate() {
+                    assert!(
+                        (got as f64 - w).abs() <= 1e-5 * (1.0 + w.abs()),
+                        "{} d {d} n {n} stride {stride} [{j}]: {got} vs {w}",
+                        isa.name()
+                    );
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,540 @@
+//! The decode step and the prefill of a GPT on the CPU, run as one pass over preallocated
+//! buffers instead of ~25 tensor ops per layer.
+//!
+//! A step takes rows — each one token at one absolute position of one sequence — and runs
+//! every block on all of them at once: the weights are read in place (`Tensor::host_f32`),
+//! each projection is one GEMM with its bias (and GELU) in the GEMM's epilogue, the
+//! residual adds are the GEMMs' β = 1 accumulation into the residual stream, LayerNorm
+//! writes into a scratch buffer kept between steps, and attention appends each row's keys
+//! and values into its sequence's KV cache in place and attends over the cache up to the
+//! row's position (`sinter_cpu::math::cached_attention`). Nothing is allocated per op and
+//! no autograd graph is built; small products stay on the calling thread (the GEMM forks
+//! only above its measured threshold).
+//!
+//! It is the same model as the tensor path (`Gpt::forward_step`, the reference it is tested
+//! against): the same weights, the same kernels' arithmetic up to the order of a few f32
+//! additions. It applies when every weight is a contiguous f32 tensor on the CPU, the caches
+//! are f32 CPU buffers, and no layer is being calibrated; a Linear with an int8 form runs
+//! that form on the step's rows (the rest of the step stays here). Elsewhere (CUDA,
+//! half precision) the callers run the tensor path.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use sinter_core::{bail, DType, Device, HostF32, Result, Tensor};
+use sinter_cpu::gemm::{Gemm, MatMut, MatRef};
+use sinter_cpu::math::cached_attention::attend_row;
+use sinter_cpu::math::layer_norm::layer_norm_rows;
+use sinter_cpu::math::Activation;
+use sinter_cpu::Isa;
+use sinter_nn::quant::slot::Int8Layer;
+use sinter_nn::quant::{QuantSlot, QuantState};
+use sinter_nn::{LayerNorm, Linear};
+
+use super::{Gpt, KvCache};
+
+/// One row of a step: `token` at position `pos` of the sequence whose cache is
+/// `caches[seq]`. Rows of one sequence are consecutive, in position order, and start at
+/// its cache's length.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct StepRow {
+    pub token: i64,
+    pub pos: usize,
+    pub seq: usize,
+}
+
+/// The buffers of a step, kept between steps (they grow to the largest step seen): one set
+/// per part of a step that is split across two threads.
+#[derive(Default)]
+pub(crate) struct Scratch {
+    parts: [Buffers; 2],
+}
+
+#[derive(Default)]
+struct Buffers {
+    x: Vec<f32>,
+    h: Vec<f32>,
+    qkv: Vec<f32>,
+    y: Vec<f32>,
+    f: Vec<f32>,
+    p: Vec<f32>,
+    mean: Vec<f32>,
+    rstd: Vec<f32>,
+}
+
+impl Buffers {
+    fn size(&mut self, rows: usize, c: usize, max_len: usize) {
+        let fit = |v: &mut Vec<f32>, n: usize| v.resize(n, 0.0);
+        fit(&mut self.x, rows * c);
+        fit(&mut self.h, rows * c);
+        fit(&mut self.qkv, rows * 3 * c);
+        fit(&mut self.y, rows * c);
+        fit(&mut self.f, rows * 4 * c);
+        fit(&mut self.p, max_len);
+        fit(&mut self.mean, rows);
+        fit(&mut self.rstd, rows);
+    }
+}
+
+/// Steps with at least this many rows run as two parts on two threads (measured: ...).
+const SPLIT_ROWS: usize = 8;
+
+/// How the second part of a split step waits for the first: the number of layers whose
+/// keys and values the first part has appended (`usize::MAX` once it has stopped, however).
+struct Progress(AtomicUsize);
+
+impl Progress {
+    /// Waits until the first part has appended layer `l` (or stopped).
+    fn wait_for(&self, l: usize) {
+        let mut spins = 0u32;
+        while self.0.load(Ordering::Acquire) <= l {
+            if spins < 64 {
+                std::hint::spin_loop();
+                spins += 1;
+            } else {
+                std::thread::yield_now();
+            }
+        }
+    }
+}
+
+/// Marks the first part as stopped when dropped (on success, error or panic), so the second
+/// never waits for it in vain.
+struct Stopped<'a>(&'a Progress);
+
+impl Drop for Stopped<'_> {
+    fn drop(&mut self) {
+        self.0 .0.store(usize::MAX, Ordering::Release);
+    }
+}
+
+/// A part's place in a split step.
+#[derive(Clone, Copy)]
+enum Role<'a> {
+    /// The step is not split.
+    Whole,
+    /// The first part: publishes each layer's appended keys and values.
+    First(&'a Progress),
+    /// The second part: its first sequence's earlier rows are the first part's, so its
+    /// attention of layer l waits for them.
+    Second(&'a Progress),
+}
+
+/// A Linear as the step runs it.
+enum Proj<'a> {
+    /// Its f32 weight [out, in] and bias, read in place.
+    F32 {
+        w: HostF32<'a>,
+        b: Option<HostF32<'a>>,
+        inp: usize,
+        out: usize,
+    },
+    /// Its int8 form (bias included).
+    Int8(Arc<dyn Int8Layer>),
+}
+
+/// Host views of a tensor that must have one; None sends the step to the tensor path.
+fn host(t: &Tensor) -> Option<HostF32<'_>> {
+    t.host_f32()
+}
+
+/// Whether a layer runs its f32 weights (Some(None)), an int8 form (Some(Some)), or is being
+/// calibrated (None: its observer must see the inputs, so the tensor path runs).
+fn int8_form(slot: &QuantSlot) -> Option<Option<Arc<dyn Int8Layer>>> {
+    match slot.state() {
+        QuantState::F32 => Some(None),
+        QuantState::Int8(q) => Some(Some(q)),
+        QuantState::Calibrating(_) => None,
+    }
+}
+
+impl<'a> Proj<'a> {
+    fn of(l: &'a Linear) -> Option<Proj<'a>> {
+        if let Some(q) = int8_form(&l.quant)? {
+            return Some(Proj::Int8(q));
+        }
+        let (out, inp) = (l.weight.shape()[0], l.weight.shape()[1]);
+        let b = match &l.bias {
+            Some(b) => Some(host(b)?),
+            None => None,
+        };
+        Some(Proj::F32 {
+            w: host(&l.weight)?,
+            b,
+            inp,
+            out,
+        })
+    }
+
+    /// y = act(x Wᵀ + b) for `rows` rows of x, or y += x Wᵀ + b with `accumulate` (the
+    /// residual add).
+    fn apply(
+        &self,
+        isa: Isa,
+        x: &[f32],
+        rows: usize,
+        y: &mut [f32],
+        act: Activation,
+        accumulate: bool,
+    ) -> Result<()> {
+        match self {
+            Proj::F32 { w, b, inp, out } => {
+                // One thread: forking each product of a step costs more than it saves
+                // (a 64-position prefill of gpt-tiny: 1,695 vs 1,575 tokens/s threaded).
+                let mut g = (Gemm::new(rows, *out, *inp).isa(isa))
+                    .activation(act)
+                    .threads(1);
+                if accumulate {
+                    g = g.beta(1.0);
+                }
+                if let Some(b) = b {
+                    g = g.bias(b);
+                }
+                let wt = MatRef {
+                    data: w,
+                    offset: 0,
+                    rs: 1,
+                    cs: *inp as isize,
+                };
+                let x = MatRef::row_major(&x[..rows * inp], *inp);
+                g.run(x, wt, MatMut::row_major(&mut y[..rows * out], *out))
+                    .map_err(|e| sinter_core::Error::Msg(format!("gpt decode: {e}")))
+            }
+            Proj::Int8(q) => {
+                let inp = x.len() / rows.max(1);
+                let xt = Tensor::from_slice(&x[..rows * inp], &[rows, inp], Device::Cpu)?;
+                let r = q.forward(&xt, act)?;
+                let r = r
+                    .host_f32()
+                    .map_or_else(|| r.to_vec_f32(), |v| Ok(v.to_vec()))?;
+                let y = &mut y[..r.len()];
+                if accumulate {
+                    y.iter_mut().zip(&r).for_each(|(y, r)| *y += r);
+                } else {
+                    y.copy_from_slice(&r);
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+/// A LayerNorm's weight and bias, read in place.
+struct Norm<'a> {
+    g: HostF32<'a>,
+    b: HostF32<'a>,
+    eps: f32,
+}
+
+impl<'a> Norm<'a> {
+    fn of(n: &'a LayerNorm) -> Option<Norm<'a>> {
+        Some(Norm {
+            g: host(&n.weight)?,
+            b: host(&n.bias)?,
+            eps: n.eps,
+        })
+    }
+    /// y = LayerNorm(x) over `rows` rows.
+    fn apply(&self, isa: Isa, x: &[f32], rows: usize, y: &mut [f32], s: &mut Stats) {
+        let c = self.g.len();
+        let (mean, rstd) = (&mut s.mean[..rows], &mut s.rstd[..rows]);
+        layer_norm_rows(
+            isa,
+            &x[..rows * c],
+            &self.g,
+            &self.b,
+            self.eps,
+            &mut y[..rows * c],
+            mean,
+            rstd,
+        );
+    }
+}
+
+/// The per-row statistics LayerNorm writes (not needed after the step).
+struct Stats<'s> {
+    mean: &'s mut [f32],
+    rstd: &'s mut [f32],
+}
+
+struct Block<'a> {
+    ln1: Norm<'a>,
+    qkv: Proj<'a>,
+    proj: Proj<'a>,
+    ln2: Norm<'a>,
+    fc: Proj<'a>,
+    fc2: Proj<'a>,
+}
+
+/// A GPT's weights as the step reads them (the storages' read locks held for one step).
+pub(crate) struct HostModel<'a> {
+    wte: HostF32<'a>,
+    wpe: HostF32<'a>,
+    blocks: Vec<Block<'a>>,
+    ln_f: Norm<'a>,
+    c: usize,
+    heads: usize,
+    vocab: usize,
+    isa: Isa,
+}
+
+impl Gpt {
+    /// The host step's view of this model, or None when the tensor path must run (see the
+    /// module comment).
+    pub(crate) fn host_model(&self) -> Option<HostModel<'_>> {
+        // Embedding tables with an int8 form (lookups and the tied head) stay on the tensor path.
+        if int8_form(&self.wte.quant)?.is_some() || int8_form(&self.wpe.quant)?.is_some() {
+            return None;
+        }
+        let blocks = self
+            .blocks
+            .iter()
+            .map(|b| {
+                Some(Block {
+                    ln1: Norm::of(&b.ln1)?,
+                    qkv: Proj::of(&b.attn.qkv)?,
+                    proj: Proj::of(&b.attn.proj)?,
+                    ln2: Norm::of(&b.ln2)?,
+                    fc: Proj::of(&b.mlp.fc)?,
+                    fc2: Proj::of(&b.mlp.proj)?,
+                })
+            })
+            .collect::<Option<Vec<_>>>()?;
+        let c = &self.config;
+        Some(HostModel {
+            wte: host(&self.wte.weight)?,
+            wpe: host(&self.wpe.weight)?,
+            blocks,
+            ln_f: Norm::of(&self.ln_f)?,
+            c: c.n_embd,
+            heads: c.n_head,
+            vocab: c.vocab_size,
+            isa: Isa::get(),
+        })
+    }
+}
+
+/// Whether a cache's buffers can be written by the host step: f32 on the CPU, contiguous,
+/// [1, heads, capacity, head_dim], keys and values in different storages.
+pub(crate) fn host_cache(cache: &KvCache, heads: usize, head_dim: usize) -> bool {
+    cache.layers.iter().all(|l| {
+        let s = l.k.shape();
+        [&l.k, &l.v]
+            .iter()
+            .all(|t| t.device() == Device::Cpu && t.dtype() == DType::F32 && t.is_contiguous())
+            && s.len() == 4
+            && s[0] == 1
+            && s[1] == heads
+            && s[3] == head_dim
+            && l.v.shape() == s
+            && !l.k.shares_storage_with(&l.v)
+    })
+}
+
+impl HostModel<'_> {
+    /// Runs the rows through every block, appending their keys and values to their caches
+    /// (the caller then counts the positions as cached), and returns the logits of the rows
+    /// listed in `logit_rows` (ascending), [logit_rows.len(), vocab] row-major.
+    ///
+    /// A step of `SPLIT_ROWS` rows or more runs as two parts, one per thread: the rows before
+    /// and after the middle. Rows of different sequences are independent; where one sequence
+    /// spans both parts, the second part's attention in layer l waits until the first part
+    /// has appended its keys and values of layer l (the first never waits for the second,
+    /// so the parts cannot deadlock, and run one after the other when no second thread is
+    /// free).
+    pub(crate) fn step(
+        &self,
+        rows: &[StepRow],
+        caches: &[&mut KvCache],
+        logit_rows: &[usize],
+        s: &mut Scratch,
+    ) -> Result<Vec<f32>> {
+        debug_assert!(logit_rows.windows(2).all(|w| w[0] < w[1]));
+        let mid = rows.len() / 2;
+        let [a, b] = &mut s.parts;
+        if rows.len() < SPLIT_ROWS || rayon::current_num_threads() < 2 {
+            return self.part(rows, caches, logit_rows, a, Role::Whole);
+        }
+        let (ra, rb) = rows.split_at(mid);
+        let split = logit_rows.partition_point(|&r| r < mid);
+        let la = &logit_rows[..split];
+        let lb: Vec<usize> = logit_rows[split..].iter().map(|r| r - mid).collect();
+        let progress = Progress(AtomicUsize::new(0));
+        let (first, second) = rayon::join(
+            || {
+                let _stopped = Stopped(&progress);
+                self.part(ra, caches, la, a, Role::First(&progress))
+            },
+            || {
+                let role = if ra.last().map(|w| w.seq) == rb.first().map(|w| w.seq) {
+                    Role::Second(&progress)
+                } else {
+                    Role::Whole
+                };
+                self.part(rb, caches, &lb, b, role)
+            },
+        );
+        let mut logits = first?;
+        logits.extend(second?);
+        Ok(logits)
+    }
+
+    /// One part of a step (see `step`) with its own buffers.
+    fn part(
+        &self,
+        rows: &[StepRow],
+        caches: &[&mut KvCache],
+        logit_rows: &[usize],
+        s: &mut Buffers,
+        role: Role,
+    ) -> Result<Vec<f32>> {
+        let (r, c, isa) = (rows.len(), self.c, self.isa);
+        let max_len = rows.iter().map(|w| w.pos + 1).max().unwrap_or(1);
+        s.size(r, c, max_len);
+        self.embed(rows, &mut s.x)?;
+        let Buffers {
+            x,
+            h,
+            qkv,
+            y,
+            f,
+            p,
+            mean,
+            rstd,
+        } = s;
+        let mut st = Stats { mean, rstd };
+        for (l, b) in self.blocks.iter().enumerate() {
+            b.ln1.apply(isa, x, r, h, &mut st);
+            b.qkv.apply(isa, h, r, qkv, Activation::None, false)?;
+            if let Role::Second(progress) = role {
+                progress.wait_for(l);
+            }
+            self.attention(l, rows, caches, qkv, y, p)?;
+            if let Role::First(progress) = role {
+                progress.0.store(l + 1, Ordering::Release);
+            }
+            b.proj.apply(isa, y, r, x, Activation::None, true)?;
+            b.ln2.apply(isa, x, r, h, &mut st);
+            b.fc.apply(isa, h, r, f, Activation::GeluTanh, false)?;
+            b.fc2.apply(isa, f, r, x, Activation::None, true)?;
+        }
+        self.head(x, logit_rows, h, &mut st)
+    }
+
+    /// x[i] = wte[token] + wpe[pos] per row.
+    fn embed(&self, rows: &[StepRow], x: &mut [f32]) -> Result<()> {
+        let c = self.c;
+        let n_pos = self.wpe.len() / c;
+        for (w, xr) in rows.iter().zip(x.chunks_exact_mut(c)) {
+            let t = usize::try_from(w.token).ok().filter(|&t| t < self.vocab);
+            let Some(t) = t else {
+                bail!(
+                    "gpt: token {} is outside the vocabulary of {}",
+                    w.token,
+                    self.vocab
+                );
+            };
+            if w.pos >= n_pos {
+                bail!("gpt: position {} is beyond the context of {n_pos}", w.pos);
+            }
+            let (te, pe) = (
+                &self.wte[t * c..(t + 1) * c],
+                &self.wpe[w.pos * c..(w.pos + 1) * c],
+            );
+            xr.iter_mut()
+                .zip(te.iter().zip(pe))
+                .for_each(|(x, (a, b))| *x = a + b);
+        }
+        Ok(())
+    }
+
+    /// Layer `l`'s attention: each row's keys and values into its cache at its position,
+    /// then each row's heads against its cache up to that position; y [rows, c].
+    fn attention(
+        &self,
+        l: usize,
+        rows: &[StepRow],
+        caches: &[&mut KvCache],
+        qkv: &[f32],
+        y: &mut [f32],
+        p: &mut [f32],
+    ) -> Result<()> {
+        let (c, h) = (self.c, self.heads);
+        let d = c / h;
+        let scale = 1.0 / (d as f32).sqrt();
+        let mut i = 0;
+        while i < rows.len() {
+            let seq = rows[i].seq;
+            let j = i + rows[i..].iter().take_while(|w| w.seq == seq).count();
+            let layer = &caches[seq].layers[l];
+            let cap = layer.capacity();
+            let (Some(mut kc), Some(mut vc)) = (layer.k.host_f32_mut(), layer.v.host_f32_mut())
+            else {
+                bail!("gpt: sequence {seq}'s KV cache is not an f32 buffer on the CPU");
+            };
+            for (r, w) in rows.iter().enumerate().take(j).skip(i) {
+                if w.pos >= cap {
+                    bail!(
+                        "gpt: sequence {seq}: position {} is beyond its KV cache of {cap}",
+                        w.pos
+                    );
+                }
+                let row = &qkv[r * 3 * c..(r + 1) * 3 * c];
+                for head in 0..h {
+                    let at = (head * cap + w.pos) * d;
+                    kc[at..at + d].copy_from_slice(&row[c + head * d..c + (head + 1) * d]);
+                    vc[at..at + d].copy_from_slice(&row[2 * c + head * d..2 * c + (head + 1) * d]);
+                }
+            }
+            for (r, w) in rows.iter().enumerate().take(j).skip(i) {
+                let q = &qkv[r * 3 * c..r * 3 * c + c];
+                for head in 0..h {
+                    let base = head * cap * d;
+                    attend_row(
+                        self.isa,
+                        &q[head * d..(head + 1) * d],
+                        &kc[base..base + cap * d],
+                        &vc[base..base + cap * d],
+                        w.pos + 1,
+                        d,
+                        scale,
+                        p,
+                        &mut y[r * c + head * d..r * c + (head + 1) * d],
+                    );
+                }
+            }
+            i = j;
+        }
+        Ok(())
+    }
+
+    /// The final LayerNorm and the tied head on the listed rows of x.
+    fn head(&self, x: &[f32], rows: &[usize], h: &mut [f32], st: &mut Stats) -> Result<Vec<f32>> {
+        let (c, n) = (self.c, rows.len());
+        let mut picked = Vec::with_capacity(n * c);
+        for &r in rows {
+            picked.extend_from_slice(&x[r * c..(r + 1) * c]);
+        }
+        self.ln_f.apply(self.isa, &picked, n, h, st);
+        let mut logits = vec![0f32; n * self.vocab];
+        if n == 0 {
+            return Ok(logits);
+        }
+        let table = MatRef {
+            data: &self.wte,
+            offset: 0,
+            rs: 1,
+            cs: c as isize,
+        };
+        Gemm::new(n, self.vocab, c)
+            .isa(self.isa)
+            .threads(1)
+            .run(
+                MatRef::row_major(&h[..n * c], c),
+                table,
+                MatMut::row_major(&mut logits, self.vocab),
+            )
+            .map_err(|e| sinter_core::Error::Msg(format!("gpt head: {e}")))?;
+        Ok(logits)
+    }
+}
