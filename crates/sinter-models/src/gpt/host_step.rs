@@ -8,8 +8,8 @@
 //! writes into a scratch buffer kept between steps, and attention appends each row's keys
 //! and values into its sequence's KV cache in place and attends over the cache up to the
 //! row's position (`sinter_cpu::math::cached_attention`). Nothing is allocated per op and
-//! no autograd graph is built; small products stay on the calling thread (the GEMM forks
-//! only above its measured threshold).
+//! no autograd graph is built. Each GEMM runs on one thread (forking per product cost more
+//! than it saved); instead a step of many rows is split in two parts, one per core (`step`).
 //!
 //! It is the same model as the tensor path (`Gpt::forward_step`, the reference it is tested
 //! against): the same weights, the same kernels' arithmetic up to the order of a few f32
