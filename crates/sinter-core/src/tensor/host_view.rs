@@ -28,23 +28,25 @@ pub struct HostF32Mut<'a> {
     range: Range<usize>,
 }
 
+/// The f32 elements `range` of a storage checked to hold CPU f32 data.
+fn elements(s: &Storage, range: Range<usize>) -> &[f32] {
+    match s {
+        Storage::Cpu(CpuStorage::F32(v)) => &v[range],
+        _ => unreachable!("checked when the view was made"),
+    }
+}
+
 impl Deref for HostF32<'_> {
     type Target = [f32];
     fn deref(&self) -> &[f32] {
-        match &*self.guard {
-            Storage::Cpu(CpuStorage::F32(v)) => &v[self.range.clone()],
-            _ => unreachable!("checked when the view was made"),
-        }
+        elements(&self.guard, self.range.clone())
     }
 }
 
 impl Deref for HostF32Mut<'_> {
     type Target = [f32];
     fn deref(&self) -> &[f32] {
-        match &*self.guard {
-            Storage::Cpu(CpuStorage::F32(v)) => &v[self.range.clone()],
-            _ => unreachable!("checked when the view was made"),
-        }
+        elements(&self.guard, self.range.clone())
     }
 }
 

@@ -9,10 +9,20 @@
 //! in registers: d is a head width, 32–128), with the vectorised exp; decode is where a
 //! Transformer reads its whole cache per token.
 
-use super::exp_log::exp;
-use super::reduce::{dot, for_vectors, load_lanes, store_lanes};
+use super::reduce::{dot, load_lanes, store_lanes};
+use super::softmax::softmax_row;
 use crate::simd::Simd;
 use crate::{with_isa, Isa};
+
+/// One head's cached keys and values: position t's key at `k[t·stride..][..d]`, its value
+/// at `v[t·stride..][..d]`, for the first `n` positions.
+#[derive(Clone, Copy, Debug)]
+pub struct CachedHead<'a> {
+    pub k: &'a [f32],
+    pub v: &'a [f32],
+    pub n: usize,
+    pub stride: usize,
+}
 
 /// o = softmax(scale · q · K[0..n]ᵀ) · V[0..n] (see the module comment); `p` holds ≥ n
 /// values of scratch.
@@ -20,19 +30,15 @@ use crate::{with_isa, Isa};
 /// # Panics
 /// If n is 0 or a slice is too short for n rows of `q.len()` values at `stride` (a caller
 /// bug).
-#[allow(clippy::too_many_arguments)]
 pub fn attend_row(
     isa: Isa,
     q: &[f32],
-    k: &[f32],
-    v: &[f32],
-    n: usize,
-    stride: usize,
+    cache: CachedHead,
     scale: f32,
     p: &mut [f32],
     o: &mut [f32],
 ) {
-    let d = q.len();
+    let (d, CachedHead { k, v, n, stride }) = (q.len(), cache);
     let need = (n.max(1) - 1) * stride + d;
     assert!(
         n > 0 && d > 0 && stride >= d && k.len() >= need && v.len() >= need,
@@ -46,46 +52,17 @@ pub fn attend_row(
         p.len(),
         o.len()
     );
-    with_isa!(isa, S => attend::<S>(q, k, v, n, stride, scale, &mut p[..n], o))
+    with_isa!(isa, S => attend::<S>(q, cache, scale, &mut p[..n], o))
 }
 
-#[allow(clippy::too_many_arguments)]
 #[inline(always)]
-unsafe fn attend<S: Simd>(
-    q: &[f32],
-    k: &[f32],
-    v: &[f32],
-    n: usize,
-    stride: usize,
-    scale: f32,
-    p: &mut [f32],
-    o: &mut [f32],
-) {
+unsafe fn attend<S: Simd>(q: &[f32], c: CachedHead, scale: f32, p: &mut [f32], o: &mut [f32]) {
     let d = q.len();
-    let mut m = f32::NEG_INFINITY;
     for (t, pt) in p.iter_mut().enumerate() {
-        *pt = scale * dot::<S>(q.as_ptr(), k.as_ptr().add(t * stride), d);
-        m = m.max(*pt);
+        *pt = scale * dot::<S>(q.as_ptr(), c.k.as_ptr().add(t * c.stride), d);
     }
-    let (mv, mut acc) = (S::splat(m), S::zero());
     let pp = p.as_mut_ptr();
-    for_vectors::<S>(
-        pp,
-        n,
-        #[inline(always)]
-        |i, x, lanes| {
-            let e = exp::<S>(S::sub(x, mv));
-            // Lanes past the tail are exp(0 − m): keep them out of the sum.
-            let e = if lanes == S::LANES {
-                e
-            } else {
-                S::keep_first(e, lanes)
-            };
-            acc = S::add(acc, e);
-            store_lanes::<S>(pp.add(i), e, lanes);
-        },
-    );
-    let inv = 1.0 / S::reduce_add(acc);
+    softmax_row::<S>(pp, pp, c.n, false);
     // o in registers, CHUNK vectors at a time, over every cached row (one store per chunk).
     const CHUNK: usize = 4;
     let (l, op) = (S::LANES, o.as_mut_ptr());
@@ -95,7 +72,7 @@ unsafe fn attend<S: Simd>(
         let vecs = width.div_ceil(l);
         let mut acc = [S::zero(); CHUNK];
         for (t, &pt) in p.iter().enumerate() {
-            let (w, vt) = (S::splat(pt * inv), v.as_ptr().add(t * stride + j));
+            let (w, vt) = (S::splat(pt), c.v.as_ptr().add(t * c.stride + j));
             for (u, a) in acc.iter_mut().enumerate().take(vecs) {
                 let lanes = l.min(width - u * l);
                 *a = S::fma(w, load_lanes::<S>(vt, u * l, lanes), *a);
@@ -155,7 +132,13 @@ mod tests {
                 let k: Vec<f32> = (0..n * stride).map(|_| 2.0 * rng()).collect();
                 let v: Vec<f32> = (0..n * stride).map(|_| rng()).collect();
                 let (mut p, mut o) = (vec![0f32; n + 3], vec![f32::NAN; d]);
-                attend_row(isa, &q, &k, &v, n, stride, 0.3, &mut p, &mut o);
+                let cache = CachedHead {
+                    k: &k,
+                    v: &v,
+                    n,
+                    stride,
+                };
+                attend_row(isa, &q, cache, 0.3, &mut p, &mut o);
                 let want = reference(&q, &k, &v, n, stride, 0.3);
                 for (j, (&got, &w)) in o.iter().zip(&want).enumerate() {
                     assert!(

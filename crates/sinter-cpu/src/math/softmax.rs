@@ -31,7 +31,7 @@ pub fn softmax_rows(isa: Isa, x: &[f32], y: &mut [f32], n: usize, log: bool) {
 }
 
 #[inline(always)]
-unsafe fn softmax_row<S: Simd>(x: *const f32, y: *mut f32, n: usize, log: bool) {
+pub(super) unsafe fn softmax_row<S: Simd>(x: *const f32, y: *mut f32, n: usize, log: bool) {
     let m = max::<S>(x, n);
     let mv = S::splat(m);
     let mut acc = S::zero();

@@ -23,7 +23,7 @@ use std::sync::Arc;
 
 use sinter_core::{bail, DType, Device, HostF32, Result, Tensor};
 use sinter_cpu::gemm::{Gemm, MatMut, MatRef};
-use sinter_cpu::math::cached_attention::attend_row;
+use sinter_cpu::math::cached_attention::{attend_row, CachedHead};
 use sinter_cpu::math::layer_norm::layer_norm_rows;
 use sinter_cpu::math::Activation;
 use sinter_cpu::Isa;
@@ -490,17 +490,14 @@ impl HostModel<'_> {
                 let q = &qkv[r * 3 * c..r * 3 * c + c];
                 for head in 0..h {
                     let base = head * cap * d;
-                    attend_row(
-                        self.isa,
-                        &q[head * d..(head + 1) * d],
-                        &kc[base..base + cap * d],
-                        &vc[base..base + cap * d],
-                        w.pos + 1,
-                        d,
-                        scale,
-                        p,
-                        &mut y[r * c + head * d..r * c + (head + 1) * d],
-                    );
+                    let cache = CachedHead {
+                        k: &kc[base..base + cap * d],
+                        v: &vc[base..base + cap * d],
+                        n: w.pos + 1,
+                        stride: d,
+                    };
+                    let o = &mut y[r * c + head * d..r * c + (head + 1) * d];
+                    attend_row(self.isa, &q[head * d..(head + 1) * d], cache, scale, p, o);
                 }
             }
             i = j;
