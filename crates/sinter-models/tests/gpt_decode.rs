@@ -286,7 +286,21 @@ fn tiny_model(block_size: usize, seed: u64) -> Gpt {
 /// and values in the caches.
 #[test]
 fn the_host_step_equals_the_tensor_path() {
-    let m = tiny_model(40, 8);
+    host_step_against_tensor_path(&tiny_model(40, 8), 1e-4);
+}
+
+/// The same with every Linear and Embedding int8 (`quant::quantize`): the host step runs the
+/// int8 forms on its rows, the tensor path through the layers; the same int8 kernels, so
+/// the logits agree up to the rare activation whose int8 rounding flips.
+#[test]
+fn the_int8_host_step_equals_the_int8_tensor_path() {
+    let m = tiny_model(40, 10);
+    let report = sinter_nn::quant::quantize(&m, &mut |_| Ok(())).unwrap();
+    assert!(report.int8.len() >= 4 * 4 + 2, "{:?}", report.int8);
+    host_step_against_tensor_path(&m, 2e-2);
+}
+
+fn host_step_against_tensor_path(m: &Gpt, tol: f32) {
     let v = 64;
     // Nine sequences (a step of 8 rows or more is split across two threads: between
     // sequences here, inside the 20-token prompt's prefill).
@@ -309,8 +323,8 @@ fn the_host_step_equals_the_tensor_path() {
         let got = m.prefill(s, usize::MAX).unwrap().unwrap();
         let want = step(&mut refs[i], &prompts[i]);
         let e = max_err(&got, &want);
-        assert!(e < 1e-4, "prefill {i}: {e}");
-        s.push(argmax(&got) as i64);
+        assert!(e < tol, "prefill {i}: {e}");
+        s.push(argmax(&want) as i64);
     }
     for t in 0..12 {
         let mut batch: Vec<&mut GptSequence> = seqs.iter_mut().collect();
@@ -319,9 +333,9 @@ fn the_host_step_equals_the_tensor_path() {
             let want = step(&mut refs[i], &s.tokens()[s.tokens().len() - 1..]);
             let row = &logits[i * v..(i + 1) * v];
             let e = max_err(row, &want);
-            assert!(e < 1e-4, "step {t}, sequence {i}: {e}");
-            assert_eq!(argmax(row), argmax(&want), "step {t}, sequence {i}");
-            s.push(argmax(row) as i64);
+            assert!(e < tol, "step {t}, sequence {i}: {e}");
+            // Both continue with the reference's token.
+            s.push(argmax(&want) as i64);
         }
     }
     for (i, (s, r)) in seqs.iter().zip(&refs).enumerate() {

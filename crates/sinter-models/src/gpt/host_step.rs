@@ -29,7 +29,7 @@ use sinter_cpu::math::Activation;
 use sinter_cpu::Isa;
 use sinter_nn::quant::slot::Int8Layer;
 use sinter_nn::quant::{QuantSlot, QuantState};
-use sinter_nn::{LayerNorm, Linear};
+use sinter_nn::{Embedding, LayerNorm, Linear};
 
 use super::{Gpt, KvCache};
 
@@ -179,43 +179,127 @@ impl<'a> Proj<'a> {
     ) -> Result<()> {
         match self {
             Proj::F32 { w, b, inp, out } => {
-                // One thread: forking each product of a step costs more than it saves
-                // (a 64-position prefill of gpt-tiny: 1,695 vs 1,575 tokens/s threaded).
-                let mut g = (Gemm::new(rows, *out, *inp).isa(isa))
-                    .activation(act)
-                    .threads(1);
-                if accumulate {
-                    g = g.beta(1.0);
-                }
-                if let Some(b) = b {
-                    g = g.bias(b);
-                }
-                let wt = MatRef {
-                    data: w,
-                    offset: 0,
-                    rs: 1,
-                    cs: *inp as isize,
-                };
-                let x = MatRef::row_major(&x[..rows * inp], *inp);
-                g.run(x, wt, MatMut::row_major(&mut y[..rows * out], *out))
-                    .map_err(|e| sinter_core::Error::Msg(format!("gpt decode: {e}")))
+                let geom = (rows, *inp, *out);
+                xwt(isa, x, w, b.as_deref(), geom, act, accumulate, y)
             }
-            Proj::Int8(q) => {
-                let inp = x.len() / rows.max(1);
-                let xt = Tensor::from_slice(&x[..rows * inp], &[rows, inp], Device::Cpu)?;
-                let r = q.forward(&xt, act)?;
-                let r = r
-                    .host_f32()
-                    .map_or_else(|| r.to_vec_f32(), |v| Ok(v.to_vec()))?;
-                let y = &mut y[..r.len()];
-                if accumulate {
-                    y.iter_mut().zip(&r).for_each(|(y, r)| *y += r);
-                } else {
-                    y.copy_from_slice(&r);
+            Proj::Int8(q) => int8_apply(q.as_ref(), x, rows, act, accumulate, y),
+        }
+    }
+}
+
+/// y = act(x Wᵀ + b) (or y += x Wᵀ + b with `accumulate`) for x [rows, inp] and W
+/// [out, inp] row-major, on this thread.
+#[allow(clippy::too_many_arguments)]
+fn xwt(
+    isa: Isa,
+    x: &[f32],
+    w: &[f32],
+    b: Option<&[f32]>,
+    (rows, inp, out): (usize, usize, usize),
+    act: Activation,
+    accumulate: bool,
+    y: &mut [f32],
+) -> Result<()> {
+    // One thread: forking each product of a step costs more than it saves (a 64-position
+    // prefill of gpt-tiny: 1,695 vs 1,575 tokens/s threaded); `step` splits rows instead.
+    let mut g = (Gemm::new(rows, out, inp).isa(isa))
+        .activation(act)
+        .threads(1);
+    if accumulate {
+        g = g.beta(1.0);
+    }
+    if let Some(b) = b {
+        g = g.bias(b);
+    }
+    let wt = MatRef {
+        data: w,
+        offset: 0,
+        rs: 1,
+        cs: inp as isize,
+    };
+    let x = MatRef::row_major(&x[..rows * inp], inp);
+    g.run(x, wt, MatMut::row_major(&mut y[..rows * out], out))
+        .map_err(|e| sinter_core::Error::Msg(format!("gpt step: {e}")))
+}
+
+/// An int8 layer's act(x Wᵀ + b) on `rows` rows of x, stored into (or added to) y.
+fn int8_apply(
+    q: &dyn Int8Layer,
+    x: &[f32],
+    rows: usize,
+    act: Activation,
+    accumulate: bool,
+    y: &mut [f32],
+) -> Result<()> {
+    let inp = x.len() / rows.max(1);
+    let xt = Tensor::from_slice(&x[..rows * inp], &[rows, inp], Device::Cpu)?;
+    store(&q.forward(&xt, act)?, accumulate, y)
+}
+
+/// A tensor's elements stored into (or added to) the front of y.
+fn store(t: &Tensor, accumulate: bool, y: &mut [f32]) -> Result<()> {
+    let v = t.to_vec_f32()?;
+    let y = &mut y[..v.len()];
+    if accumulate {
+        y.iter_mut().zip(&v).for_each(|(y, v)| *y += v);
+    } else {
+        y.copy_from_slice(&v);
+    }
+    Ok(())
+}
+
+/// An embedding table as the step reads it: its f32 rows in place, or its int8 form (which
+/// also serves the tied head).
+enum Table<'a> {
+    F32(HostF32<'a>),
+    Int8(Arc<dyn Int8Layer>),
+}
+
+impl<'a> Table<'a> {
+    fn of(e: &'a Embedding) -> Option<Table<'a>> {
+        Some(match int8_form(&e.quant)? {
+            Some(q) => Table::Int8(q),
+            None => Table::F32(host(&e.weight)?),
+        })
+    }
+
+    /// x[i] (+)= the table's row ids[i], c values each.
+    fn rows(&self, ids: &[usize], c: usize, accumulate: bool, x: &mut [f32]) -> Result<()> {
+        match self {
+            Table::F32(w) => {
+                for (&id, xr) in ids.iter().zip(x.chunks_exact_mut(c)) {
+                    let row = &w[id * c..(id + 1) * c];
+                    if accumulate {
+                        xr.iter_mut().zip(row).for_each(|(x, r)| *x += r);
+                    } else {
+                        xr.copy_from_slice(row);
+                    }
                 }
                 Ok(())
             }
+            Table::Int8(q) => {
+                let ids: Vec<i64> = ids.iter().map(|&i| i as i64).collect();
+                let t = Tensor::from_vec(ids, &[x.len() / c], Device::Cpu)?;
+                store(&q.lookup(&t)?, accumulate, x)
+            }
         }
+    }
+
+    /// The tied head: logits [rows, vocab] = h Tᵀ.
+    fn head(&self, isa: Isa, h: &[f32], geom: (usize, usize, usize)) -> Result<Vec<f32>> {
+        let (rows, c, vocab) = geom;
+        let mut logits = vec![0f32; rows * vocab];
+        if rows == 0 {
+            return Ok(logits);
+        }
+        let h = &h[..rows * c];
+        match self {
+            Table::F32(w) => xwt(isa, h, w, None, geom, Activation::None, false, &mut logits)?,
+            Table::Int8(q) => {
+                int8_apply(q.as_ref(), h, rows, Activation::None, false, &mut logits)?
+            }
+        }
+        Ok(logits)
     }
 }
 
@@ -268,13 +352,14 @@ struct Block<'a> {
 
 /// A GPT's weights as the step reads them (the storages' read locks held for one step).
 pub(crate) struct HostModel<'a> {
-    wte: HostF32<'a>,
-    wpe: HostF32<'a>,
+    wte: Table<'a>,
+    wpe: Table<'a>,
     blocks: Vec<Block<'a>>,
     ln_f: Norm<'a>,
     c: usize,
     heads: usize,
     vocab: usize,
+    n_pos: usize,
     isa: Isa,
 }
 
@@ -282,10 +367,6 @@ impl Gpt {
     /// The host step's view of this model, or None when the tensor path must run (see the
     /// module comment).
     pub(crate) fn host_model(&self) -> Option<HostModel<'_>> {
-        // Embedding tables with an int8 form (lookups and the tied head) stay on the tensor path.
-        if int8_form(&self.wte.quant)?.is_some() || int8_form(&self.wpe.quant)?.is_some() {
-            return None;
-        }
         let blocks = self
             .blocks
             .iter()
@@ -302,13 +383,14 @@ impl Gpt {
             .collect::<Option<Vec<_>>>()?;
         let c = &self.config;
         Some(HostModel {
-            wte: host(&self.wte.weight)?,
-            wpe: host(&self.wpe.weight)?,
+            wte: Table::of(&self.wte)?,
+            wpe: Table::of(&self.wpe)?,
             blocks,
             ln_f: Norm::of(&self.ln_f)?,
             c: c.n_embd,
             heads: c.n_head,
             vocab: c.vocab_size,
+            n_pos: c.block_size,
             isa: Isa::get(),
         })
     }
@@ -423,29 +505,25 @@ impl HostModel<'_> {
 
     /// x[i] = wte[token] + wpe[pos] per row.
     fn embed(&self, rows: &[StepRow], x: &mut [f32]) -> Result<()> {
-        let c = self.c;
-        let n_pos = self.wpe.len() / c;
-        for (w, xr) in rows.iter().zip(x.chunks_exact_mut(c)) {
-            let t = usize::try_from(w.token).ok().filter(|&t| t < self.vocab);
-            let Some(t) = t else {
-                bail!(
+        let (c, n_pos) = (self.c, self.n_pos);
+        let mut tokens = Vec::with_capacity(rows.len());
+        for w in rows {
+            match usize::try_from(w.token).ok().filter(|&t| t < self.vocab) {
+                Some(t) => tokens.push(t),
+                None => bail!(
                     "gpt: token {} is outside the vocabulary of {}",
                     w.token,
                     self.vocab
-                );
-            };
+                ),
+            }
             if w.pos >= n_pos {
                 bail!("gpt: position {} is beyond the context of {n_pos}", w.pos);
             }
-            let (te, pe) = (
-                &self.wte[t * c..(t + 1) * c],
-                &self.wpe[w.pos * c..(w.pos + 1) * c],
-            );
-            xr.iter_mut()
-                .zip(te.iter().zip(pe))
-                .for_each(|(x, (a, b))| *x = a + b);
         }
-        Ok(())
+        let positions: Vec<usize> = rows.iter().map(|w| w.pos).collect();
+        let x = &mut x[..rows.len() * c];
+        self.wte.rows(&tokens, c, false, x)?;
+        self.wpe.rows(&positions, c, true, x)
     }
 
     /// Layer `l`'s attention: each row's keys and values into its cache at its position,
@@ -513,25 +591,7 @@ impl HostModel<'_> {
             picked.extend_from_slice(&x[r * c..(r + 1) * c]);
         }
         self.ln_f.apply(self.isa, &picked, n, h, st);
-        let mut logits = vec![0f32; n * self.vocab];
-        if n == 0 {
-            return Ok(logits);
-        }
-        let table = MatRef {
-            data: &self.wte,
-            offset: 0,
-            rs: 1,
-            cs: c as isize,
-        };
-        Gemm::new(n, self.vocab, c)
-            .isa(self.isa)
-            .threads(1)
-            .run(
-                MatRef::row_major(&h[..n * c], c),
-                table,
-                MatMut::row_major(&mut logits, self.vocab),
-            )
-            .map_err(|e| sinter_core::Error::Msg(format!("gpt head: {e}")))?;
+        let logits = self.wte.head(self.isa, h, (n, c, self.vocab))?;
         Ok(logits)
     }
 }
