@@ -645,6 +645,31 @@ pub trait BackendStorage: Sized + Clone + Send + Sync + std::fmt::Debug {
         g: &AttnGeom,
     ) -> Result<(Self, Self, Self)>;
 
+    /// Self-attention over a packed projection: `self` is qkv [b, t, 3·h·d] (q, k and v side
+    /// by side, each h heads of d; tq = tk = t in `g`). Some((y [b, t, h·d] with the heads
+    /// merged, lse [b, h, t])) read and written in those layouts (no head split or merge
+    /// copies), or None where the backend has no such kernel (the op then runs `attention`
+    /// on views of qkv and merges the heads).
+    fn attention_packed(&self, _l: &Layout, _g: &AttnGeom) -> Result<Option<(Self, Self)>> {
+        Ok(None)
+    }
+    /// `self` is qkv, (y, lse) the outputs of `attention_packed`, grad dy [b, t, h·d]:
+    /// dqkv [b, t, 3·h·d]. Only called after `attention_packed` returned Some, so a backend
+    /// implements both or neither.
+    fn attention_packed_backward(
+        &self,
+        _l: &Layout,
+        _y: (&Self, &Layout),
+        _grad: (&Self, &Layout),
+        _lse: &Self,
+        _g: &AttnGeom,
+    ) -> Result<Self> {
+        Err(Error::Msg(
+            "internal error: attention_packed_backward on a backend without attention_packed"
+                .into(),
+        ))
+    }
+
     /// One decoding step of attention: `self` is q and k, v are [n, h, d] (one new position per
     /// sequence). Writes sequence i's keys and values into its caches at `seqs[i].len` (in
     /// place; `caches` holds every cache storage once) and returns o [n, h, d] = each query's

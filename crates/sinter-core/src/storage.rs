@@ -745,6 +745,28 @@ impl Storage {
         })
     }
 
+    /// `self` is a packed qkv [b, t, 3·h·d]: Some((y [b, t, h·d], lse)) or None.
+    pub fn attention_packed(&self, l: &Layout, g: &AttnGeom) -> Result<Option<(Storage, Storage)>> {
+        let qkv = self;
+        on_device!("attention", [qkv], |w| Ok(qkv
+            .attention_packed(l, g)?
+            .map(|(y, lse)| (w(y), w(lse)))))
+    }
+    /// `self` is qkv: dqkv.
+    pub fn attention_packed_backward(
+        &self,
+        l: &Layout,
+        (y, yl): (&Storage, &Layout),
+        (grad, gradl): (&Storage, &Layout),
+        lse: &Storage,
+        g: &AttnGeom,
+    ) -> Result<Storage> {
+        let qkv = self;
+        on_device!("attention", [qkv, y, grad, lse], |w| Ok(w(
+            qkv.attention_packed_backward(l, (y, yl), (grad, gradl), lse, g)?
+        )))
+    }
+
     // ---- optimizer (in place) ------------------------------------------------------------
 
     /// AdamW of the parameter `self` with moments `m`, `v` (see `BackendStorage::adamw_step`).

@@ -636,6 +636,32 @@ impl BackendStorage for CpuStorage {
             CpuStorage::F32(lse),
         )))
     }
+    fn attention_packed(&self, l: &Layout, g: &AttnGeom) -> Result<Option<(Self, Self)>> {
+        float_only("attention", CpuStorage::dtype(self))?;
+        let (y, lse) = attention::forward_packed(g, &Src::of(self, l));
+        Ok(Some((
+            CpuStorage::from_f32(y, CpuStorage::dtype(self)),
+            CpuStorage::F32(lse),
+        )))
+    }
+    fn attention_packed_backward(
+        &self,
+        l: &Layout,
+        (y, yl): (&Self, &Layout),
+        (grad, gradl): (&Self, &Layout),
+        lse: &Self,
+        g: &AttnGeom,
+    ) -> Result<Self> {
+        let lse = lse.f32_contiguous(&Layout::contiguous(&[lse.len()]));
+        let dqkv = attention::backward_packed(
+            g,
+            &Src::of(self, l),
+            &Src::of(y, yl),
+            &lse,
+            &Src::of(grad, gradl),
+        );
+        Ok(CpuStorage::from_f32(dqkv, CpuStorage::dtype(self)))
+    }
     fn decode_attention(
         &self,
         l: &Layout,
@@ -666,12 +692,10 @@ impl BackendStorage for CpuStorage {
         let lse = lse.f32_contiguous(&Layout::contiguous(&[lse.len()]));
         let (dq, dk, dv) = attention::backward(
             g,
-            &Src::of(self, l),
-            &Src::of(k, kl),
-            &Src::of(v, vl),
-            &o.f32_contiguous(ol),
+            (&Src::of(self, l), &Src::of(k, kl), &Src::of(v, vl)),
+            &Src::of(o, ol),
             &lse,
-            &grad.f32_contiguous(gradl),
+            &Src::of(grad, gradl),
         );
         Ok((
             CpuStorage::from_f32(dq, CpuStorage::dtype(self)),

@@ -25,6 +25,7 @@ pub fn cases() -> Vec<Case> {
             attention_causal_ignores_future,
         ),
         case("attention_errors", F32, attention_errors),
+        case("attention_packed", FLOATS, attention_packed),
         case("residual_layer_norm", FLOATS, residual_layer_norm),
         case("bias_gelu", FLOATS, bias_gelu),
         case("linear_bias_gelu", FLOATS, linear_bias_gelu),
@@ -140,6 +141,7 @@ fn check_attention(
         ),
         Layout::Packed => {
             assert_eq!(tq, tk);
+            let (rview, back) = packed_reference(b, tq, h, d);
             (
                 vec![In::Var(uniform(&mut rng, &[b, tq, 3 * c], -1.0, 1.0))],
                 Box::new(move |x| {
@@ -150,21 +152,8 @@ fn check_attention(
                     };
                     Ok([part(0)?, part(1)?, part(2)?])
                 }),
-                Box::new(move |x| {
-                    let part = |i: usize| {
-                        x[0].narrow(2, i * c, c)
-                            .reshape(&[b, tq, h, d])
-                            .transpose(1, 2)
-                    };
-                    [part(0), part(1), part(2)]
-                }),
-                Box::new(move |g| {
-                    let parts: Vec<Arr> = g
-                        .iter()
-                        .map(|a| a.transpose(1, 2).reshape(&[b, tq, c]))
-                        .collect();
-                    vec![r::cat(&parts, 2)]
-                }),
+                Box::new(rview),
+                Box::new(back),
             )
         }
     };
@@ -184,6 +173,115 @@ fn check_attention(
             let [q, k, v] = rview(x);
             back(r::attention_vjp(&q, &k, &v, causal, s64, w))
         },
+    );
+}
+
+/// The reference's view of a packed qkv [b, t, 3·h·d] as [b, h, t, d] q, k and v, and the
+/// map from their gradients back to the packed gradient.
+fn packed_reference(
+    b: usize,
+    t: usize,
+    h: usize,
+    d: usize,
+) -> (impl Fn(&[Arr]) -> [Arr; 3], impl Fn([Arr; 3]) -> Vec<Arr>) {
+    let c = h * d;
+    let rview = move |x: &[Arr]| {
+        let part = |i: usize| {
+            x[0].narrow(2, i * c, c)
+                .reshape(&[b, t, h, d])
+                .transpose(1, 2)
+        };
+        [part(0), part(1), part(2)]
+    };
+    let back = move |g: [Arr; 3]| {
+        let parts: Vec<Arr> = g
+            .iter()
+            .map(|a| a.transpose(1, 2).reshape(&[b, t, c]))
+            .collect();
+        vec![r::cat(&parts, 2)]
+    };
+    (rview, back)
+}
+
+/// `fused::attention_packed`: qkv [b, t, 3·h·d] in, the heads merged [b, t, h·d] out (the
+/// packed kernel on the CPU, the composite over `attention` elsewhere), against the reference
+/// on the split views; `transposed` feeds qkv as a non-contiguous view.
+fn check_attention_packed(t: &Target, b: usize, h: usize, n: usize, d: usize, causal: bool) {
+    for transposed in [false, true] {
+        let what = format!("packed op b{b} h{h} t{n} d{d} causal {causal} transposed {transposed}");
+        let mut rng = t.rng(seed_of(&what));
+        let (scale, c) = (1.0 / (d as f32).sqrt(), h * d);
+        let (rview, back) = packed_reference(b, n, h, d);
+        let shape = if transposed {
+            [b, 3 * c, n]
+        } else {
+            [b, n, 3 * c]
+        };
+        let view = move |x: &Tensor| {
+            if transposed {
+                x.transpose(1, 2)
+            } else {
+                Ok(x.clone())
+            }
+        };
+        let rv = move |x: &Arr| {
+            if transposed {
+                x.transpose(1, 2)
+            } else {
+                x.clone()
+            }
+        };
+        let merge = |y: Arr| y.transpose(1, 2).reshape(&[b, n, c]);
+        t.check_vjp(
+            &what,
+            ATTENTION,
+            &[In::Var(uniform(&mut rng, &shape, -1.0, 1.0))],
+            |x| fused::attention_packed(&view(&x[0])?, h, causal, scale),
+            |x, _| {
+                let [q, k, v] = rview(&[rv(&x[0])]);
+                merge(r::attention(&q, &k, &v, causal, scale as f64))
+            },
+            |x, w| {
+                let [q, k, v] = rview(&[rv(&x[0])]);
+                let w = w.reshape(&[b, n, h, d]).transpose(1, 2);
+                let g = back(r::attention_vjp(&q, &k, &v, causal, scale as f64, &w));
+                vec![rv(&g[0])]
+            },
+        );
+    }
+}
+
+/// The packed op over lengths below, at and across the 64-row tiles, the flash kernels' head
+/// dims, and its shape errors.
+fn attention_packed(t: &Target) {
+    let shapes: &[(usize, usize, usize, usize)] = if t.emulated {
+        &[(2, 3, 5, 4), (1, 2, 24, 64)]
+    } else {
+        &[
+            (1, 1, 1, 1),
+            (2, 3, 5, 4),
+            (2, 2, 64, 8),
+            (1, 2, 77, 16),
+            (1, 2, 24, 64),
+        ]
+    };
+    for &(b, h, n, d) in shapes {
+        for causal in [true, false] {
+            check_attention_packed(t, b, h, n, d, causal);
+        }
+    }
+    let z = |s: &[usize]| t.zeros(s, DType::F32);
+    expect_err(
+        fused::attention_packed(&z(&[2, 5, 12]), 0, true, 1.0),
+        "attention",
+    );
+    expect_err(
+        fused::attention_packed(&z(&[2, 5, 12]), 3, true, 1.0),
+        "attention",
+    );
+    expect_err(
+        fused::attention_packed(&z(&[5, 12]), 2, true, 1.0),
+        "attention",
     );
 }
 
