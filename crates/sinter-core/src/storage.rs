@@ -367,6 +367,33 @@ impl Storage {
         let a = self;
         on_device!("matmul", [a, rhs], |w| Ok(w(a.matmul(l, rhs, rl)?)))
     }
+    /// x Wᵀ (+ b) in one GEMM, or None where the backend has no epilogue for it.
+    #[allow(clippy::too_many_arguments)]
+    pub fn linear(
+        &self,
+        l: &Layout,
+        wt: &Storage,
+        wl: &Layout,
+        bias: Option<(&Storage, &Layout)>,
+        rows: usize,
+        inp: usize,
+        out: usize,
+    ) -> Result<Option<Storage>> {
+        let op = "linear";
+        same_device(op, self, &[wt])?;
+        let dev = self.device();
+        match (self, wt) {
+            (Storage::Cpu(x), Storage::Cpu(w)) => {
+                let b = opt_on!(op, dev, bias, Storage::Cpu);
+                Ok(x.linear(l, w, wl, b, rows, inp, out)?.map(Storage::Cpu))
+            }
+            (Storage::Cuda(x), Storage::Cuda(w)) => {
+                let b = opt_on!(op, dev, bias, Storage::Cuda);
+                Ok(x.linear(l, w, wl, b, rows, inp, out)?.map(Storage::Cuda))
+            }
+            _ => unreachable!("devices checked"),
+        }
+    }
     /// gelu(x Wᵀ + b) in one GEMM, or None where the backend has no epilogue for it.
     #[allow(clippy::too_many_arguments)]
     pub fn linear_bias_gelu(

@@ -28,6 +28,7 @@ pub fn cases() -> Vec<Case> {
         case("attention_packed", FLOATS, attention_packed),
         case("residual_layer_norm", FLOATS, residual_layer_norm),
         case("bias_gelu", FLOATS, bias_gelu),
+        case("linear", FLOATS, linear),
         case("linear_bias_gelu", FLOATS, linear_bias_gelu),
         case("conv2d_bias_relu", FLOATS, conv2d_bias_relu),
         case("global_grad_norm", FLOATS, global_grad_norm),
@@ -583,6 +584,71 @@ fn linear_bias_gelu(t: &Target) {
         fused::linear_bias_gelu(&z(&[4, 6]), &z(&[8]), &z(&[8])),
         "linear_bias_gelu",
     );
+}
+
+/// x Wᵀ (+ b): leading dims folded into rows, with and without a bias, x and W as strided
+/// views (a transposed x, a transposed weight), widths across the GEMM tiles; shape errors.
+fn linear(t: &Target) {
+    let mut rng = t.rng(76);
+    for (lead, inp, out, bias, strided) in [
+        (&[1usize][..], 1usize, 1usize, true, false),
+        (&[2, 5], 7, 16, true, true),
+        (&[3, 4, 2], 32, 24, false, false),
+        (&[64], 48, 96, true, false),
+        (&[70], 40, 33, false, true),
+        (&[3, 10], 130, 12, true, false),
+    ] {
+        let mut xs = lead.to_vec();
+        xs.push(inp);
+        // Strided: x stored [inp, rows] and W stored [inp, out], each used transposed.
+        let rows: usize = lead.iter().product();
+        let (x_shape, w_shape) = if strided {
+            (vec![inp, rows], vec![inp, out])
+        } else {
+            (xs.clone(), vec![out, inp])
+        };
+        let mut inputs = vec![
+            In::Var(uniform(&mut rng, &x_shape, -1.0, 1.0)),
+            In::Var(uniform(&mut rng, &w_shape, -0.5, 0.5)),
+        ];
+        if bias {
+            inputs.push(In::Var(uniform(&mut rng, &[out], -0.5, 0.5)));
+        }
+        let xs2 = xs.clone();
+        t.check_with(
+            &format!("{lead:?} in {inp} out {out} bias {bias} strided {strided}"),
+            rounds(2.0),
+            &inputs,
+            |x| {
+                let (xv, wv) = if strided {
+                    (x[0].t()?.reshape(&xs2)?, x[1].t()?)
+                } else {
+                    (x[0].clone(), x[1].clone())
+                };
+                fused::linear(&xv, &wv, x.get(2))
+            },
+            |x, _| {
+                let (xv, wv) = if strided {
+                    (x[0].t().reshape(&xs), x[1].t())
+                } else {
+                    (x[0].clone(), x[1].clone())
+                };
+                let y = r::matmul(&xv, &wv.t());
+                match x.get(2) {
+                    Some(b) => y.add(b),
+                    None => y,
+                }
+            },
+        );
+    }
+    let z = |s: &[usize]| t.zeros(s, t.dtype);
+    let e = fused::linear(&z(&[4, 6]), &z(&[6, 8]), None).unwrap_err();
+    assert!(e.to_string().contains("last dimension"), "{e}");
+    expect_err(
+        fused::linear(&z(&[4, 6]), &z(&[8, 6]), Some(&z(&[6]))),
+        "linear",
+    );
+    expect_err(fused::linear(&z(&[4, 6]), &z(&[8]), None), "linear");
 }
 
 /// One pass over many tensors (non-contiguous, mixed dtypes, empty): the f64 norm, and the
