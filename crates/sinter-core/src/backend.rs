@@ -28,7 +28,7 @@
 //! | data movement | `to_cpu`, `copy_strided`, `cast`, `assign` (strided write, casting), `promote_to_permanent` |
 //! | elementwise | `unary`, `unary_backward`, `binary`, `where_cond` |
 //! | reductions | `reduce` (sum, max, min, argmax over one dim), `sum_squares` (the global gradient norm) |
-//! | products | `matmul` (batched, strided, broadcast batch), `linear_bias_gelu` (GEMM with bias + GELU epilogue) |
+//! | products | `matmul` (batched, strided, broadcast batch), `linear` (GEMM with a bias epilogue), `linear_bias_gelu` (GEMM with bias + GELU epilogue) |
 //! | convolution | `conv2d`, `conv2d_backward_data`, `conv2d_backward_filter`, `conv2d_bias_relu` and `bias_relu_backward` (fused epilogue), max / avg pool forward and backward |
 //! | rows | `softmax` / log-softmax and backward, `layer_norm` and backward, `residual_layer_norm`, `cross_entropy` and backward, `bias_gelu` and backward |
 //! | indexing | `index_select`, `index_select_backward` (scatter-add into zeros), `index_add` |
@@ -38,11 +38,12 @@
 //! | custom ops | `custom_forward` (`custom_op::seam`: a user's CPU closure or NVRTC kernel; None = no forward for this device) |
 //!
 //! Some primitives are fast paths a backend may decline by returning `Ok(None)`
-//! (`linear_bias_gelu`, `bias_gelu`, `attention`, `decode_attention`, `conv2d_bias_relu`,
+//! (`linear`, `linear_bias_gelu`, `bias_gelu`, `attention`, `attention_packed`, `decode_attention`, `conv2d_bias_relu`,
 //! `bias_relu_backward`): the op above the seam then runs its composite of other ops, with the
-//! same values and gradients. The CPU declines the GEMM epilogue and decoding attention outside
-//! f32; CUDA declines fused bias + GELU without a GEMM, flash attention outside f16/bf16 with
-//! head dim 64 or 128, decoding attention, and the conv epilogue.
+//! same values and gradients. The CPU declines the GEMM epilogues and decoding attention outside
+//! f32; CUDA declines fused bias + GELU without a GEMM, the plain `linear` epilogue, flash
+//! attention outside f16/bf16 with head dim 64 or 128, packed attention, decoding attention,
+//! and the conv epilogue.
 //!
 //! Adding a backend: implement both traits for its storage and device, add a variant to
 //! `Storage` and `Device`, and a match arm to each `Storage` method. Adding an op: if it is a
@@ -501,6 +502,22 @@ pub trait BackendStorage: Sized + Clone + Send + Sync + std::fmt::Debug {
     /// [batch.., m, k] · [batch.., k, n] → [batch.., m, n] (float; layouts already broadcast
     /// over the batch dimensions).
     fn matmul(&self, l: &Layout, rhs: &Self, rl: &Layout) -> Result<Self>;
+    /// x Wᵀ (+ b) for x [rows, in] (a view), W [out, in], b [out], as one GEMM that adds the
+    /// bias as it stores its output: Some(y [rows, out]), or None where the backend has no
+    /// such epilogue for these operands (the op then runs matmul and add).
+    #[allow(clippy::too_many_arguments)]
+    fn linear(
+        &self,
+        _l: &Layout,
+        _w: &Self,
+        _wl: &Layout,
+        _bias: Option<(&Self, &Layout)>,
+        _rows: usize,
+        _inp: usize,
+        _out: usize,
+    ) -> Result<Option<Self>> {
+        Ok(None)
+    }
     /// gelu_tanh(x Wᵀ + b) for x [rows, in] (contiguous view), W [out, in], b [out], as one
     /// GEMM with an epilogue: Some((y, pre-activation)), or None where the backend has no such
     /// epilogue for this dtype and width.
@@ -701,6 +718,31 @@ pub trait BackendStorage: Sized + Clone + Send + Sync + std::fmt::Debug {
         lse: &Self,
         g: &AttnGeom,
     ) -> Result<(Self, Self, Self)>;
+
+    /// Self-attention over a packed projection: `self` is qkv [b, t, 3·h·d] (q, k and v side
+    /// by side, each h heads of d; tq = tk = t in `g`). Some((y [b, t, h·d] with the heads
+    /// merged, lse [b, h, t])) read and written in those layouts (no head split or merge
+    /// copies), or None where the backend has no such kernel (the op then runs `attention`
+    /// on views of qkv and merges the heads).
+    fn attention_packed(&self, _l: &Layout, _g: &AttnGeom) -> Result<Option<(Self, Self)>> {
+        Ok(None)
+    }
+    /// `self` is qkv, (y, lse) the outputs of `attention_packed`, grad dy [b, t, h·d]:
+    /// dqkv [b, t, 3·h·d]. Only called after `attention_packed` returned Some, so a backend
+    /// implements both or neither.
+    fn attention_packed_backward(
+        &self,
+        _l: &Layout,
+        _y: (&Self, &Layout),
+        _grad: (&Self, &Layout),
+        _lse: &Self,
+        _g: &AttnGeom,
+    ) -> Result<Self> {
+        Err(Error::Msg(
+            "internal error: attention_packed_backward on a backend without attention_packed"
+                .into(),
+        ))
+    }
 
     /// One decoding step of attention: `self` is q and k, v are [n, h, d] (one new position per
     /// sequence). Writes sequence i's keys and values into its caches at `seqs[i].len` (in

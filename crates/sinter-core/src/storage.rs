@@ -367,6 +367,33 @@ impl Storage {
         let a = self;
         on_device!("matmul", [a, rhs], |w| Ok(w(a.matmul(l, rhs, rl)?)))
     }
+    /// x Wᵀ (+ b) in one GEMM, or None where the backend has no epilogue for it.
+    #[allow(clippy::too_many_arguments)]
+    pub fn linear(
+        &self,
+        l: &Layout,
+        wt: &Storage,
+        wl: &Layout,
+        bias: Option<(&Storage, &Layout)>,
+        rows: usize,
+        inp: usize,
+        out: usize,
+    ) -> Result<Option<Storage>> {
+        let op = "linear";
+        same_device(op, self, &[wt])?;
+        let dev = self.device();
+        match (self, wt) {
+            (Storage::Cpu(x), Storage::Cpu(w)) => {
+                let b = opt_on!(op, dev, bias, Storage::Cpu);
+                Ok(x.linear(l, w, wl, b, rows, inp, out)?.map(Storage::Cpu))
+            }
+            (Storage::Cuda(x), Storage::Cuda(w)) => {
+                let b = opt_on!(op, dev, bias, Storage::Cuda);
+                Ok(x.linear(l, w, wl, b, rows, inp, out)?.map(Storage::Cuda))
+            }
+            _ => unreachable!("devices checked"),
+        }
+    }
     /// gelu(x Wᵀ + b) in one GEMM, or None where the backend has no epilogue for it.
     #[allow(clippy::too_many_arguments)]
     pub fn linear_bias_gelu(
@@ -743,6 +770,28 @@ impl Storage {
             let (dq, dk, dv) = q.attention_backward(l, k, kl, v, vl, o, ol, grad, gradl, lse, g)?;
             Ok((w(dq), w(dk), w(dv)))
         })
+    }
+
+    /// `self` is a packed qkv [b, t, 3·h·d]: Some((y [b, t, h·d], lse)) or None.
+    pub fn attention_packed(&self, l: &Layout, g: &AttnGeom) -> Result<Option<(Storage, Storage)>> {
+        let qkv = self;
+        on_device!("attention", [qkv], |w| Ok(qkv
+            .attention_packed(l, g)?
+            .map(|(y, lse)| (w(y), w(lse)))))
+    }
+    /// `self` is qkv: dqkv.
+    pub fn attention_packed_backward(
+        &self,
+        l: &Layout,
+        (y, yl): (&Storage, &Layout),
+        (grad, gradl): (&Storage, &Layout),
+        lse: &Storage,
+        g: &AttnGeom,
+    ) -> Result<Storage> {
+        let qkv = self;
+        on_device!("attention", [qkv, y, grad, lse], |w| Ok(w(
+            qkv.attention_packed_backward(l, (y, yl), (grad, gradl), lse, g)?
+        )))
     }
 
     // ---- optimizer (in place) ------------------------------------------------------------

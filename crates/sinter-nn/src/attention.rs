@@ -117,14 +117,15 @@ impl CausalSelfAttention {
         self.resid_dropout.forward(&self.proj.forward(&y)?)
     }
 
-    /// Flash attention (causal); the t×t scores are never materialised. Dropout on the
+    /// Flash attention (causal) straight from the packed qkv projection: the t×t scores are
+    /// never materialised and the heads are split and merged in place. Dropout on the
     /// attention probabilities is not supported here (`forward` falls back to the composite
     /// when it is configured).
     pub fn forward_fused(&self, x: &Tensor) -> Result<Tensor> {
-        let (q, k, v) = self.qkv_heads(x)?;
-        let hd = q.shape()[3];
-        let y = fused::attention(&q, &k, &v, true, 1.0 / (hd as f32).sqrt())?;
-        self.merge_and_project(&y)
+        let (_, _, _, hd) = self.check_input(x)?;
+        let qkv = self.qkv.forward(x)?;
+        let y = fused::attention_packed(&qkv, self.n_head, true, 1.0 / (hd as f32).sqrt())?;
+        self.resid_dropout.forward(&self.proj.forward(&y)?)
     }
 
     /// The unfused reference: explicit [t, t] scores, masked softmax, dropout, product.

@@ -79,17 +79,9 @@ impl Module for Linear {
                 x.shape()
             );
         }
-        // Fold leading dims into rows: one large GEMM, and the weight gradient is one product.
-        let lead = &x.shape()[..x.rank() - 1];
-        let rows: usize = lead.iter().product();
-        let y = x.reshape(&[rows, inp])?.matmul(&self.weight.t()?)?;
-        let y = match &self.bias {
-            Some(b) => y.add(b)?,
-            None => y,
-        };
-        let mut shape = lead.to_vec();
-        shape.push(self.weight.shape()[0]);
-        y.reshape(&shape)
+        // One op: leading dims folded into rows (one GEMM, and the weight gradient is one
+        // product), the bias added in the GEMM's epilogue where the backend has one.
+        sinter_core::fused::linear(x, &self.weight, self.bias.as_ref())
     }
     fn collect(&self, prefix: &str, out: &mut Vec<NamedTensor>) {
         layer_weight(prefix, self.handle(), out);
@@ -339,7 +331,7 @@ impl Embedding {
         if let Some(y) = self.quant.forward(x, Activation::None)? {
             return Ok(y);
         }
-        x.matmul(&self.weight.t()?)
+        sinter_core::fused::linear(x, &self.weight, None)
     }
     /// A table of given weights, without a padding row.
     pub fn from_weights(weight: Tensor) -> Self {

@@ -35,6 +35,58 @@ impl View<'_> {
     }
 }
 
+/// Writable rows of a [b, h, t, d] result inside one buffer, addressed like [`View`]. Tasks
+/// write disjoint rows through the raw pointer (each (batch, head, row) belongs to one task).
+#[derive(Clone, Copy)]
+struct OutView {
+    ptr: *mut f32,
+    off: usize,
+    sb: usize,
+    sh: usize,
+    st: usize,
+}
+
+// SAFETY: the tasks sharing an OutView write disjoint rows (see each use).
+unsafe impl Send for OutView {}
+unsafe impl Sync for OutView {}
+
+impl OutView {
+    /// Rows of `buf` for geometry (b, h, t, d) at the given strides.
+    ///
+    /// # Panics
+    /// If the last row would end past `buf` (a caller bug).
+    fn of(buf: &mut [f32], (b, h, t, d): (usize, usize, usize, usize), at: [usize; 4]) -> Self {
+        let [off, sb, sh, st] = at;
+        if b * h * t * d > 0 {
+            let last = off + (b - 1) * sb + (h - 1) * sh + (t - 1) * st + d;
+            assert!(last <= buf.len(), "attention: output view past its buffer");
+        }
+        OutView {
+            ptr: buf.as_mut_ptr(),
+            off,
+            sb,
+            sh,
+            st,
+        }
+    }
+    /// # Safety
+    /// (b, h, i) must be a row of the geometry the view was made for.
+    #[inline]
+    unsafe fn row(&self, b: usize, h: usize, i: usize) -> *mut f32 {
+        self.ptr
+            .add(self.off + b * self.sb + h * self.sh + i * self.st)
+    }
+    /// Sets rows i0..i0 + n of head (b, h) (d values each) to 0.
+    ///
+    /// # Safety
+    /// As for [`OutView::row`], and no other task may touch these rows meanwhile.
+    unsafe fn zero_rows(&self, b: usize, h: usize, i0: usize, n: usize, d: usize) {
+        for i in i0..i0 + n {
+            std::slice::from_raw_parts_mut(self.row(b, h, i), d).fill(0.0);
+        }
+    }
+}
+
 /// An operand's values: the storage itself when it can be read in place (f32 with a unit
 /// last stride), else an f32 row-major copy.
 pub enum Src<'a> {
@@ -44,7 +96,8 @@ pub enum Src<'a> {
 
 impl<'a> Src<'a> {
     pub fn of(s: &'a CpuStorage, l: &'a Layout) -> Src<'a> {
-        let last_unit = l.shape()[3] <= 1 || l.strides()[3] == 1;
+        let last = l.rank() - 1;
+        let last_unit = l.shape()[last] <= 1 || l.strides()[last] == 1;
         match s {
             CpuStorage::F32(v) if last_unit => Src::InPlace(v, l),
             _ => Src::Copied(
@@ -53,11 +106,15 @@ impl<'a> Src<'a> {
             ),
         }
     }
-    fn view(&self) -> View<'_> {
-        let (data, l): (&[f32], &Layout) = match self {
+    fn parts(&self) -> (&[f32], &Layout) {
+        match self {
             Src::InPlace(v, l) => (v, l),
             Src::Copied(v, l) => (v.as_slice(), l),
-        };
+        }
+    }
+    /// The rows of a [b, h, t, d] operand.
+    fn view(&self) -> View<'_> {
+        let (data, l) = self.parts();
         let s = l.strides();
         View {
             data,
@@ -65,6 +122,19 @@ impl<'a> Src<'a> {
             sb: s[0],
             sh: s[1],
             st: s[2],
+        }
+    }
+    /// Head rows of a [b, t, n] operand whose columns col0..col0 + h·d hold h heads of d
+    /// values (one third of a packed qkv projection, or a merged attention output).
+    fn heads(&self, col0: usize, d: usize) -> View<'_> {
+        let (data, l) = self.parts();
+        let s = l.strides();
+        View {
+            data,
+            off: l.offset() + col0 * s[2],
+            sb: s[0],
+            sh: d * s[2],
+            st: s[1],
         }
     }
 }
@@ -133,43 +203,37 @@ unsafe fn mm(
         .expect("internal error: attention tile views out of bounds")
 }
 
-/// Forward over every (batch, head, query block); returns (o [b, h, tq, d], lse [b, h, tq]).
-fn forward_views(g: &AttnGeom, q: View, k: View, v: View) -> (Vec<f32>, Vec<f32>) {
-    let (tq, d) = (g.tq, g.d);
-    let mut o = vec![0f32; g.b * g.h * tq * d];
-    let mut lse = vec![f32::NEG_INFINITY; g.b * g.h * tq];
-    if o.is_empty() {
-        return (o, lse);
-    }
-    o.par_chunks_mut(tq * d)
-        .zip(lse.par_chunks_mut(tq))
-        .enumerate()
-        .for_each(|(bh, (o, lse))| {
-            let (bi, hi) = (bh / g.h, bh % g.h);
-            o.par_chunks_mut(BR * d)
-                .zip(lse.par_chunks_mut(BR))
-                .enumerate()
-                .for_each(|(qb, (o, lse))| {
-                    forward_tile(g, q, k, v, bi, hi, qb * BR, o, lse);
-                });
+/// Forward over every (batch, head, query block): writes o's rows and lse [b, h, tq]
+/// (contiguous).
+fn forward_views(g: &AttnGeom, q: View, k: View, v: View, o: OutView, lse: &mut [f32]) {
+    lse.par_chunks_mut(g.tq).enumerate().for_each(|(bh, lse)| {
+        let (bi, hi) = (bh / g.h, bh % g.h);
+        lse.par_chunks_mut(BR).enumerate().for_each(|(qb, lse)| {
+            // SAFETY: this task alone writes rows qb·BR.. (lse.len() of them) of head (bi, hi).
+            unsafe { forward_tile(g, q, k, v, o, bi, hi, qb * BR, lse) };
         });
-    (o, lse)
+    });
 }
 
-/// One query block: rows i0..i0+nr of head (bi, hi); `o` (zeroed) doubles as the accumulator.
+/// One query block: rows i0..i0+nr of head (bi, hi); o's rows double as the accumulator.
+///
+/// # Safety
+/// The rows i0..i0 + lse.len() of head (bi, hi) exist in `o` and no other task touches them.
 #[allow(clippy::too_many_arguments)]
-fn forward_tile(
+unsafe fn forward_tile(
     g: &AttnGeom,
     q: View,
     k: View,
     v: View,
+    o: OutView,
     bi: usize,
     hi: usize,
     i0: usize,
-    o: &mut [f32],
     lse: &mut [f32],
 ) {
     let (d, nr) = (g.d, lse.len());
+    o.zero_rows(bi, hi, i0, nr, d);
+    let orow = |r: usize| std::slice::from_raw_parts_mut(o.row(bi, hi, i0 + r), d);
     let kend = g.limit(i0 + nr - 1);
     let mut m = vec![f32::NEG_INFINITY; nr];
     let mut l = vec![0f32; nr];
@@ -179,23 +243,21 @@ fn forward_tile(
         let nc = BC.min(kend - j0);
         // S = scale · Q_i K_jᵀ
         // SAFETY: rows i0..i0+nr of q and j0..j0+nc of k exist (shapes checked); s holds nr×nc.
-        unsafe {
-            mm(
-                nr,
-                nc,
-                d,
-                s.as_mut_ptr(),
-                nc,
-                false,
-                q.ptr(bi, hi, i0),
-                q.st,
-                1,
-                k.ptr(bi, hi, j0),
-                1,
-                k.st,
-                g.scale,
-            )
-        };
+        mm(
+            nr,
+            nc,
+            d,
+            s.as_mut_ptr(),
+            nc,
+            false,
+            q.ptr(bi, hi, i0),
+            q.st,
+            1,
+            k.ptr(bi, hi, j0),
+            1,
+            k.st,
+            g.scale,
+        );
         for r in 0..nr {
             let row = &mut s[r * nc..(r + 1) * nc];
             let lim = g.limit(i0 + r).saturating_sub(j0).min(nc);
@@ -214,33 +276,31 @@ fn forward_tile(
             row[lim..].fill(0.0);
             l[r] = l[r] * alpha + sum;
             if alpha != 1.0 {
-                o[r * d..(r + 1) * d].iter_mut().for_each(|x| *x *= alpha);
+                orow(r).iter_mut().for_each(|x| *x *= alpha);
             }
             m[r] = m_new;
         }
         // O_i += P V_j
-        // SAFETY: s is nr×nc, rows j0..j0+nc of v exist, o holds nr×d.
-        unsafe {
-            mm(
-                nr,
-                d,
-                nc,
-                o.as_mut_ptr(),
-                d,
-                true,
-                s.as_ptr(),
-                nc,
-                1,
-                v.ptr(bi, hi, j0),
-                v.st,
-                1,
-                1.0,
-            )
-        };
+        // SAFETY: s is nr×nc, rows j0..j0+nc of v exist, o's rows i0..i0+nr are this task's.
+        mm(
+            nr,
+            d,
+            nc,
+            o.row(bi, hi, i0),
+            o.st,
+            true,
+            s.as_ptr(),
+            nc,
+            1,
+            v.ptr(bi, hi, j0),
+            v.st,
+            1,
+            1.0,
+        );
         j0 += BC;
     }
     for r in 0..nr {
-        let row = &mut o[r * d..(r + 1) * d];
+        let row = orow(r);
         if l[r] > 0.0 {
             let inv = 1.0 / l[r];
             row.iter_mut().for_each(|x| *x *= inv);
@@ -253,63 +313,59 @@ fn forward_tile(
     }
 }
 
-/// Backward over every (batch, head); o, lse and dout are contiguous. Returns (dq, dk, dv),
-/// contiguous [b, h, t, d].
+/// The gradients' destinations: rows of dq [b, h, tq, d], dk and dv [b, h, tk, d].
+#[derive(Clone, Copy)]
+struct Grads {
+    dq: OutView,
+    dk: OutView,
+    dv: OutView,
+}
+
+/// Backward over every (batch, head): writes every row of dq, dk and dv; lse is contiguous.
 #[allow(clippy::too_many_arguments)]
 fn backward_views(
     g: &AttnGeom,
     q: View,
     k: View,
     v: View,
-    o: &[f32],
+    o: View,
     lse: &[f32],
-    dout: &[f32],
-) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
-    let (tq, tk, d) = (g.tq, g.tk, g.d);
-    let mut dq = vec![0f32; g.b * g.h * tq * d];
-    let mut dk = vec![0f32; g.b * g.h * tk * d];
-    let mut dv = vec![0f32; g.b * g.h * tk * d];
-    if dq.is_empty() || dk.is_empty() {
-        return (dq, dk, dv);
-    }
-    dq.par_chunks_mut(tq * d)
-        .zip(dk.par_chunks_mut(tk * d))
-        .zip(dv.par_chunks_mut(tk * d))
-        .enumerate()
-        .for_each(|(bh, ((dq, dk), dv))| {
-            let rows = bh * tq..(bh + 1) * tq;
-            let (o, lse, dout) = (
-                &o[rows.start * d..rows.end * d],
-                &lse[rows.clone()],
-                &dout[rows.start * d..rows.end * d],
-            );
-            backward_head(g, q, k, v, bh / g.h, bh % g.h, o, lse, dout, dq, dk, dv);
-        });
-    (dq, dk, dv)
+    dout: View,
+    grads: Grads,
+) {
+    (0..g.b * g.h).into_par_iter().for_each(|bh| {
+        let lse = &lse[bh * g.tq..(bh + 1) * g.tq];
+        // SAFETY: this task alone writes head bh's rows of dq, dk and dv.
+        unsafe { backward_head(g, q, k, v, bh / g.h, bh % g.h, o, lse, dout, grads) };
+    });
 }
 
+/// # Safety
+/// Head (bi, hi)'s rows of dq, dk and dv exist and no other task touches them.
 #[allow(clippy::too_many_arguments)]
-fn backward_head(
+unsafe fn backward_head(
     g: &AttnGeom,
     q: View,
     k: View,
     v: View,
     bi: usize,
     hi: usize,
-    o: &[f32],
+    o: View,
     lse: &[f32],
-    dout: &[f32],
-    dq: &mut [f32],
-    dk: &mut [f32],
-    dv: &mut [f32],
+    dout: View,
+    Grads { dq, dk, dv }: Grads,
 ) {
     let (tq, tk, d) = (g.tq, g.tk, g.d);
+    dq.zero_rows(bi, hi, 0, tq, d);
+    dk.zero_rows(bi, hi, 0, tk, d);
+    dv.zero_rows(bi, hi, 0, tk, d);
+    let row = |x: &View, i: usize| std::slice::from_raw_parts(x.ptr(bi, hi, i), d);
     // D_i = rowsum(dO_i ∘ O_i)
     let dsum: Vec<f32> = (0..tq)
         .map(|i| {
-            o[i * d..(i + 1) * d]
+            row(&o, i)
                 .iter()
-                .zip(&dout[i * d..(i + 1) * d])
+                .zip(row(&dout, i))
                 .map(|(a, b)| a * b)
                 .sum()
         })
@@ -324,24 +380,22 @@ fn backward_head(
             let nr = BR.min(tq - i0);
             // P = exp(scale · Q_i K_jᵀ − lse_i), zero where masked.
             // SAFETY (all mm calls below): the addressed rows exist by the shape checks, the
-            // tile buffers hold nr×nc, and dq/dk/dv rows i0..i0+nr / j0..j0+nc are in range.
-            unsafe {
-                mm(
-                    nr,
-                    nc,
-                    d,
-                    p.as_mut_ptr(),
-                    nc,
-                    false,
-                    q.ptr(bi, hi, i0),
-                    q.st,
-                    1,
-                    k.ptr(bi, hi, j0),
-                    1,
-                    k.st,
-                    g.scale,
-                )
-            };
+            // tile buffers hold nr×nc, and dq/dk/dv rows i0..i0+nr / j0..j0+nc are this task's.
+            mm(
+                nr,
+                nc,
+                d,
+                p.as_mut_ptr(),
+                nc,
+                false,
+                q.ptr(bi, hi, i0),
+                q.st,
+                1,
+                k.ptr(bi, hi, j0),
+                1,
+                k.st,
+                g.scale,
+            );
             for r in 0..nr {
                 let row = &mut p[r * nc..(r + 1) * nc];
                 let lim = g.limit(i0 + r).saturating_sub(j0).min(nc);
@@ -354,41 +408,37 @@ fn backward_head(
                 row[lim..].fill(0.0);
             }
             // dV_j += Pᵀ dO_i
-            unsafe {
-                mm(
-                    nc,
-                    d,
-                    nr,
-                    dv[j0 * d..].as_mut_ptr(),
-                    d,
-                    true,
-                    p.as_ptr(),
-                    1,
-                    nc,
-                    dout[i0 * d..].as_ptr(),
-                    d,
-                    1,
-                    1.0,
-                )
-            };
+            mm(
+                nc,
+                d,
+                nr,
+                dv.row(bi, hi, j0),
+                dv.st,
+                true,
+                p.as_ptr(),
+                1,
+                nc,
+                dout.ptr(bi, hi, i0),
+                dout.st,
+                1,
+                1.0,
+            );
             // dP = dO_i V_jᵀ
-            unsafe {
-                mm(
-                    nr,
-                    nc,
-                    d,
-                    ds.as_mut_ptr(),
-                    nc,
-                    false,
-                    dout[i0 * d..].as_ptr(),
-                    d,
-                    1,
-                    v.ptr(bi, hi, j0),
-                    1,
-                    v.st,
-                    1.0,
-                )
-            };
+            mm(
+                nr,
+                nc,
+                d,
+                ds.as_mut_ptr(),
+                nc,
+                false,
+                dout.ptr(bi, hi, i0),
+                dout.st,
+                1,
+                v.ptr(bi, hi, j0),
+                1,
+                v.st,
+                1.0,
+            );
             // dS = P ∘ (dP − D_i)
             for r in 0..nr {
                 let di = dsum[i0 + r];
@@ -400,62 +450,117 @@ fn backward_head(
                 }
             }
             // dQ_i += scale · dS K_j
-            unsafe {
-                mm(
-                    nr,
-                    d,
-                    nc,
-                    dq[i0 * d..].as_mut_ptr(),
-                    d,
-                    true,
-                    ds.as_ptr(),
-                    nc,
-                    1,
-                    k.ptr(bi, hi, j0),
-                    k.st,
-                    1,
-                    g.scale,
-                )
-            };
+            mm(
+                nr,
+                d,
+                nc,
+                dq.row(bi, hi, i0),
+                dq.st,
+                true,
+                ds.as_ptr(),
+                nc,
+                1,
+                k.ptr(bi, hi, j0),
+                k.st,
+                1,
+                g.scale,
+            );
             // dK_j += scale · dSᵀ Q_i
-            unsafe {
-                mm(
-                    nc,
-                    d,
-                    nr,
-                    dk[j0 * d..].as_mut_ptr(),
-                    d,
-                    true,
-                    ds.as_ptr(),
-                    1,
-                    nc,
-                    q.ptr(bi, hi, i0),
-                    q.st,
-                    1,
-                    g.scale,
-                )
-            };
+            mm(
+                nc,
+                d,
+                nr,
+                dk.row(bi, hi, j0),
+                dk.st,
+                true,
+                ds.as_ptr(),
+                1,
+                nc,
+                q.ptr(bi, hi, i0),
+                q.st,
+                1,
+                g.scale,
+            );
             i0 += BR;
         }
         j0 += BC;
     }
 }
 
-/// Forward over every (batch, head, query block): (o [b, h, tq, d], lse [b, h, tq]).
-pub fn forward(g: &AttnGeom, q: &Src, k: &Src, v: &Src) -> (Vec<f32>, Vec<f32>) {
-    forward_views(g, q.view(), k.view(), v.view())
+/// Contiguous [b, h, t, d] rows in a buffer of that size.
+fn contiguous_out(buf: &mut [f32], g: &AttnGeom, t: usize) -> OutView {
+    let (h, d) = (g.h, g.d);
+    OutView::of(buf, (g.b, h, t, d), [0, h * t * d, t * d, d])
 }
 
-/// (dq, dk, dv), contiguous [b, h, t, d], from the operands, the forward's output `o` and
-/// log-sum-exp `lse` (contiguous), and the output gradient `dout` (contiguous).
+/// Forward over every (batch, head, query block): (o [b, h, tq, d], lse [b, h, tq]).
+pub fn forward(g: &AttnGeom, q: &Src, k: &Src, v: &Src) -> (Vec<f32>, Vec<f32>) {
+    let mut o = vec![0f32; g.b * g.h * g.tq * g.d];
+    let mut lse = vec![f32::NEG_INFINITY; g.b * g.h * g.tq];
+    if !o.is_empty() {
+        let ov = contiguous_out(&mut o, g, g.tq);
+        forward_views(g, q.view(), k.view(), v.view(), ov, &mut lse);
+    }
+    (o, lse)
+}
+
+/// (dq, dk, dv), contiguous [b, h, t, d], from the operands, the forward's output `o`, its
+/// log-sum-exp `lse` (contiguous) and the output gradient `dout`.
 pub fn backward(
     g: &AttnGeom,
-    q: &Src,
-    k: &Src,
-    v: &Src,
-    o: &[f32],
+    (q, k, v): (&Src, &Src, &Src),
+    o: &Src,
     lse: &[f32],
-    dout: &[f32],
+    dout: &Src,
 ) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
-    backward_views(g, q.view(), k.view(), v.view(), o, lse, dout)
+    let mut dq = vec![0f32; g.b * g.h * g.tq * g.d];
+    let mut dk = vec![0f32; g.b * g.h * g.tk * g.d];
+    let mut dv = vec![0f32; g.b * g.h * g.tk * g.d];
+    if !dq.is_empty() && !dk.is_empty() {
+        let grads = Grads {
+            dq: contiguous_out(&mut dq, g, g.tq),
+            dk: contiguous_out(&mut dk, g, g.tk),
+            dv: contiguous_out(&mut dv, g, g.tk),
+        };
+        let (q, k, v) = (q.view(), k.view(), v.view());
+        backward_views(g, q, k, v, o.view(), lse, dout.view(), grads);
+    }
+    (dq, dk, dv)
+}
+
+/// Self-attention over a packed projection qkv [b, t, 3·h·d] (q, k and v side by side, each
+/// h heads of d): (y [b, t, h·d] with the heads merged, lse [b, h, t]). tq = tk = t.
+pub fn forward_packed(g: &AttnGeom, qkv: &Src) -> (Vec<f32>, Vec<f32>) {
+    let (t, c) = (g.tq, g.h * g.d);
+    let mut y = vec![0f32; g.b * t * c];
+    let mut lse = vec![f32::NEG_INFINITY; g.b * g.h * t];
+    if !y.is_empty() {
+        let yv = OutView::of(&mut y, (g.b, g.h, t, g.d), [0, t * c, g.d, c]);
+        let [q, k, v] = [0, c, 2 * c].map(|col| qkv.heads(col, g.d));
+        forward_views(g, q, k, v, yv, &mut lse);
+    }
+    (y, lse)
+}
+
+/// dqkv [b, t, 3·h·d] of [`forward_packed`] from qkv, its output y [b, t, h·d] and lse, and
+/// the output gradient dy [b, t, h·d].
+pub fn backward_packed(g: &AttnGeom, qkv: &Src, y: &Src, lse: &[f32], dy: &Src) -> Vec<f32> {
+    let (t, c) = (g.tq, g.h * g.d);
+    let mut dqkv = vec![0f32; g.b * t * 3 * c];
+    if !dqkv.is_empty() {
+        // One pointer for the three: dv's view (the furthest columns) is bounds-checked.
+        let dv = OutView::of(
+            &mut dqkv,
+            (g.b, g.h, t, g.d),
+            [2 * c, t * 3 * c, g.d, 3 * c],
+        );
+        let grads = Grads {
+            dq: OutView { off: 0, ..dv },
+            dk: OutView { off: c, ..dv },
+            dv,
+        };
+        let [q, k, v] = [0, c, 2 * c].map(|col| qkv.heads(col, g.d));
+        backward_views(g, q, k, v, y.heads(0, g.d), lse, dy.heads(0, g.d), grads);
+    }
+    dqkv
 }

@@ -2,7 +2,7 @@
 //! transposed operands are multiplied in place, never copied.
 
 use rayon::prelude::*;
-use sinter_cpu::gemm::{Batch, Gemm, MatMut, MatRef};
+use sinter_cpu::gemm::{Activation, Batch, Gemm, MatMut, MatRef};
 
 /// One strided matrix operand: element (i, j) is at `offset + i * rs + j * cs`.
 #[derive(Clone, Copy, Debug)]
@@ -97,6 +97,44 @@ pub fn batched_gemm_f32(
             .for_each(|(b, dst)| one(b, dst, gemm.threads(1)));
     }
     out
+}
+
+/// act(x Wᵀ + bias) for x [rows, inp] and W [out, inp] (strided views), as one GEMM whose
+/// epilogue adds the bias and applies the activation while the tile is in registers: (y
+/// [rows, out], and with an activation the pre-activation x Wᵀ + bias, which its backward needs).
+#[allow(clippy::too_many_arguments)]
+pub fn linear_f32(
+    (x, xv): (&[f32], MatView),
+    (w, wv): (&[f32], MatView),
+    bias: Option<&[f32]>,
+    act: Activation,
+    rows: usize,
+    inp: usize,
+    out: usize,
+) -> (Vec<f32>, Option<Vec<f32>>) {
+    let mut y = vec![0f32; rows * out];
+    let mut pre = (act != Activation::None).then(|| vec![0f32; rows * out]);
+    if rows == 0 || out == 0 {
+        return (y, pre);
+    }
+    let mut gemm = Gemm::new(rows, out, inp).activation(act);
+    if let Some(b) = bias {
+        gemm = gemm.bias(b);
+    }
+    // B = Wᵀ: the weight read in place with its strides swapped.
+    let wt = MatView {
+        rs: wv.cs,
+        cs: wv.rs,
+        ..wv
+    };
+    let c = MatMut::row_major(&mut y, out);
+    let done = match pre.as_mut() {
+        Some(p) => gemm.run_pre(xv.of(x), wt.of(w), c, p),
+        None => gemm.run(xv.of(x), wt.of(w), c),
+    };
+    // The views were built from checked layouts and shapes.
+    done.expect("internal error: linear operand views out of bounds");
+    (y, pre)
 }
 
 /// out[b] = lhs[b] · rhs[b] for i64 operands (views as in [`batched_gemm_f32`]): exact, wrapping

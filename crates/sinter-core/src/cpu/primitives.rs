@@ -13,6 +13,7 @@ use crate::backend::{
 };
 use crate::op::{BinaryOp, ReduceOp, UnaryOp};
 use crate::{DType, Device, Error, Layout, Result, Rng};
+use sinter_cpu::gemm::Activation;
 
 /// The host as a backend device.
 #[derive(Clone, Copy, Debug, Default)]
@@ -52,6 +53,53 @@ fn split_at_dim(shape: &[usize], dim: usize) -> (usize, usize, usize) {
         shape[dim],
         shape[dim + 1..].iter().product(),
     )
+}
+
+/// act(x Wᵀ + bias) as one GEMM with an epilogue (see `matmul::linear_f32`): (y, the
+/// pre-activation when there is an activation), or None unless every operand is f32 (half
+/// precision runs the composite, which widens per op).
+fn linear_epilogue(
+    (x, xl): (&CpuStorage, &Layout),
+    (w, wl): (&CpuStorage, &Layout),
+    bias: Option<(&CpuStorage, &Layout)>,
+    act: Activation,
+    rows: usize,
+    inp: usize,
+    out: usize,
+) -> Option<(CpuStorage, Option<CpuStorage>)> {
+    let (CpuStorage::F32(xd), CpuStorage::F32(wd)) = (x, w) else {
+        return None;
+    };
+    let b = match bias {
+        Some((b @ CpuStorage::F32(_), bl)) => Some(b.f32_contiguous(bl)),
+        Some(_) => return None,
+        None => None,
+    };
+    // x as [rows, inp]: its own strides when it is 2-D, else a contiguous copy.
+    let xs = if xl.rank() == 2 {
+        std::borrow::Cow::Borrowed(&xd[..])
+    } else {
+        x.f32_contiguous(xl)
+    };
+    let xv = if xl.rank() == 2 {
+        batch_view(xl, 0)(0)
+    } else {
+        MatView {
+            offset: 0,
+            rs: inp as isize,
+            cs: 1,
+        }
+    };
+    let (y, pre) = matmul::linear_f32(
+        (&xs, xv),
+        (wd, batch_view(wl, 0)(0)),
+        b.as_deref(),
+        act,
+        rows,
+        inp,
+        out,
+    );
+    Some((CpuStorage::F32(y), pre.map(CpuStorage::F32)))
 }
 
 /// An error unless `dtype` is a float (the kernels of `op` compute on f32 values).
@@ -259,17 +307,39 @@ impl BackendStorage for CpuStorage {
     }
     fn linear_bias_gelu(
         &self,
-        _: &Layout,
-        _: &Self,
-        _: &Layout,
-        _: &Self,
-        _: &Layout,
-        _: usize,
-        _: usize,
-        _: usize,
+        l: &Layout,
+        w: &Self,
+        wl: &Layout,
+        b: &Self,
+        bl: &Layout,
+        rows: usize,
+        inp: usize,
+        out: usize,
     ) -> Result<Option<(Self, Self)>> {
-        // No GEMM epilogue here: the op runs as matmul + the fused bias_gelu.
-        Ok(None)
+        let bias = Some((b, bl));
+        Ok(linear_epilogue(
+            (self, l),
+            (w, wl),
+            bias,
+            Activation::GeluTanh,
+            rows,
+            inp,
+            out,
+        )
+        .map(|(y, pre)| (y, pre.expect("an activation keeps its pre-activation"))))
+    }
+    fn linear(
+        &self,
+        l: &Layout,
+        w: &Self,
+        wl: &Layout,
+        bias: Option<(&Self, &Layout)>,
+        rows: usize,
+        inp: usize,
+        out: usize,
+    ) -> Result<Option<Self>> {
+        let y = linear_epilogue((self, l), (w, wl), bias, Activation::None, rows, inp, out);
+        Ok(y.map(|(y, _)| y))
     }
 
     fn conv2d(&self, l: &Layout, w: &Self, wl: &Layout, g: &ConvGeom) -> Result<Self> {
@@ -636,6 +706,32 @@ impl BackendStorage for CpuStorage {
             CpuStorage::F32(lse),
         )))
     }
+    fn attention_packed(&self, l: &Layout, g: &AttnGeom) -> Result<Option<(Self, Self)>> {
+        float_only("attention", CpuStorage::dtype(self))?;
+        let (y, lse) = attention::forward_packed(g, &Src::of(self, l));
+        Ok(Some((
+            CpuStorage::from_f32(y, CpuStorage::dtype(self)),
+            CpuStorage::F32(lse),
+        )))
+    }
+    fn attention_packed_backward(
+        &self,
+        l: &Layout,
+        (y, yl): (&Self, &Layout),
+        (grad, gradl): (&Self, &Layout),
+        lse: &Self,
+        g: &AttnGeom,
+    ) -> Result<Self> {
+        let lse = lse.f32_contiguous(&Layout::contiguous(&[lse.len()]));
+        let dqkv = attention::backward_packed(
+            g,
+            &Src::of(self, l),
+            &Src::of(y, yl),
+            &lse,
+            &Src::of(grad, gradl),
+        );
+        Ok(CpuStorage::from_f32(dqkv, CpuStorage::dtype(self)))
+    }
     fn decode_attention(
         &self,
         l: &Layout,
@@ -666,12 +762,10 @@ impl BackendStorage for CpuStorage {
         let lse = lse.f32_contiguous(&Layout::contiguous(&[lse.len()]));
         let (dq, dk, dv) = attention::backward(
             g,
-            &Src::of(self, l),
-            &Src::of(k, kl),
-            &Src::of(v, vl),
-            &o.f32_contiguous(ol),
+            (&Src::of(self, l), &Src::of(k, kl), &Src::of(v, vl)),
+            &Src::of(o, ol),
             &lse,
-            &grad.f32_contiguous(gradl),
+            &Src::of(grad, gradl),
         );
         Ok((
             CpuStorage::from_f32(dq, CpuStorage::dtype(self)),

@@ -11,10 +11,11 @@
 //! single store. Elsewhere (CPU, f32, other widths) it is the composite: the matmul and then
 //! the fused `bias_gelu` (which itself avoids storing the pre-activation).
 
-use super::{bias_gelu, float_input};
+use super::bias_gelu;
+use super::linear::check;
 use crate::op::UnaryOp;
 use crate::tensor::output;
-use crate::{bail, Error, Result, Tensor};
+use crate::{Result, Tensor};
 
 /// gelu(x Wᵀ + b) over the last dimension of x, differentiable in x, w and b.
 pub fn linear_bias_gelu(x: &Tensor, w: &Tensor, b: &Tensor) -> Result<Tensor> {
@@ -27,7 +28,7 @@ pub fn linear_bias_gelu(x: &Tensor, w: &Tensor, b: &Tensor) -> Result<Tensor> {
             return linear_bias_gelu(&x.to_dtype(dt)?, &w.to_dtype(dt)?, &b.to_dtype(dt)?);
         }
     }
-    let (rows, inp, out) = check("linear_bias_gelu", x, w, b)?;
+    let (rows, inp, out) = check("linear_bias_gelu", x, w, Some(b))?;
     let mut shape = x.shape().to_vec();
     *shape.last_mut().expect("rank checked") = out;
     let fused = x.storage().linear_bias_gelu(
@@ -74,7 +75,7 @@ pub fn linear_bias_gelu(x: &Tensor, w: &Tensor, b: &Tensor) -> Result<Tensor> {
 
 /// The composite reference: `(x Wᵀ).add(b).gelu()` from unfused ops.
 pub fn linear_bias_gelu_reference(x: &Tensor, w: &Tensor, b: &Tensor) -> Result<Tensor> {
-    let (rows, inp, out) = check("linear_bias_gelu", x, w, b)?;
+    let (rows, inp, out) = check("linear_bias_gelu", x, w, Some(b))?;
     let mut shape = x.shape().to_vec();
     *shape.last_mut().expect("rank checked") = out;
     x.reshape(&[rows, inp])?
@@ -82,47 +83,4 @@ pub fn linear_bias_gelu_reference(x: &Tensor, w: &Tensor, b: &Tensor) -> Result<
         .add(b)?
         .gelu()?
         .reshape(&shape)
-}
-
-/// (rows, in, out) after checking ranks, shapes, dtypes and devices.
-fn check(op: &'static str, x: &Tensor, w: &Tensor, b: &Tensor) -> Result<(usize, usize, usize)> {
-    float_input(op, x)?;
-    if w.rank() != 2 {
-        bail!(
-            "{op}: the weight must be [out, in], got shape {:?}",
-            w.shape()
-        );
-    }
-    let (out, inp) = (w.shape()[0], w.shape()[1]);
-    if x.rank() == 0 || x.shape().last() != Some(&inp) {
-        bail!(
-            "{op}: expected inputs with last dimension {inp} (the weight is {:?}), got shape {:?}",
-            w.shape(),
-            x.shape()
-        );
-    }
-    if b.shape() != [out] {
-        return Err(Error::ShapeMismatch {
-            op,
-            lhs: w.shape().to_vec(),
-            rhs: b.shape().to_vec(),
-        });
-    }
-    for t in [w, b] {
-        if t.dtype() != x.dtype() {
-            return Err(Error::DTypeMismatch {
-                op,
-                expected: x.dtype(),
-                got: t.dtype(),
-            });
-        }
-        if t.device() != x.device() {
-            return Err(Error::DeviceMismatch {
-                op,
-                lhs: x.device(),
-                rhs: t.device(),
-            });
-        }
-    }
-    Ok((x.numel() / inp.max(1), inp, out))
 }

@@ -25,8 +25,10 @@ pub fn cases() -> Vec<Case> {
             attention_causal_ignores_future,
         ),
         case("attention_errors", F32, attention_errors),
+        case("attention_packed", FLOATS, attention_packed),
         case("residual_layer_norm", FLOATS, residual_layer_norm),
         case("bias_gelu", FLOATS, bias_gelu),
+        case("linear", FLOATS, linear),
         case("linear_bias_gelu", FLOATS, linear_bias_gelu),
         case("conv2d_bias_relu", FLOATS, conv2d_bias_relu),
         case("global_grad_norm", FLOATS, global_grad_norm),
@@ -140,6 +142,7 @@ fn check_attention(
         ),
         Layout::Packed => {
             assert_eq!(tq, tk);
+            let (rview, back) = packed_reference(b, tq, h, d);
             (
                 vec![In::Var(uniform(&mut rng, &[b, tq, 3 * c], -1.0, 1.0))],
                 Box::new(move |x| {
@@ -150,21 +153,8 @@ fn check_attention(
                     };
                     Ok([part(0)?, part(1)?, part(2)?])
                 }),
-                Box::new(move |x| {
-                    let part = |i: usize| {
-                        x[0].narrow(2, i * c, c)
-                            .reshape(&[b, tq, h, d])
-                            .transpose(1, 2)
-                    };
-                    [part(0), part(1), part(2)]
-                }),
-                Box::new(move |g| {
-                    let parts: Vec<Arr> = g
-                        .iter()
-                        .map(|a| a.transpose(1, 2).reshape(&[b, tq, c]))
-                        .collect();
-                    vec![r::cat(&parts, 2)]
-                }),
+                Box::new(rview),
+                Box::new(back),
             )
         }
     };
@@ -184,6 +174,115 @@ fn check_attention(
             let [q, k, v] = rview(x);
             back(r::attention_vjp(&q, &k, &v, causal, s64, w))
         },
+    );
+}
+
+/// The reference's view of a packed qkv [b, t, 3·h·d] as [b, h, t, d] q, k and v, and the
+/// map from their gradients back to the packed gradient.
+fn packed_reference(
+    b: usize,
+    t: usize,
+    h: usize,
+    d: usize,
+) -> (impl Fn(&[Arr]) -> [Arr; 3], impl Fn([Arr; 3]) -> Vec<Arr>) {
+    let c = h * d;
+    let rview = move |x: &[Arr]| {
+        let part = |i: usize| {
+            x[0].narrow(2, i * c, c)
+                .reshape(&[b, t, h, d])
+                .transpose(1, 2)
+        };
+        [part(0), part(1), part(2)]
+    };
+    let back = move |g: [Arr; 3]| {
+        let parts: Vec<Arr> = g
+            .iter()
+            .map(|a| a.transpose(1, 2).reshape(&[b, t, c]))
+            .collect();
+        vec![r::cat(&parts, 2)]
+    };
+    (rview, back)
+}
+
+/// `fused::attention_packed`: qkv [b, t, 3·h·d] in, the heads merged [b, t, h·d] out (the
+/// packed kernel on the CPU, the composite over `attention` elsewhere), against the reference
+/// on the split views; `transposed` feeds qkv as a non-contiguous view.
+fn check_attention_packed(t: &Target, b: usize, h: usize, n: usize, d: usize, causal: bool) {
+    for transposed in [false, true] {
+        let what = format!("packed op b{b} h{h} t{n} d{d} causal {causal} transposed {transposed}");
+        let mut rng = t.rng(seed_of(&what));
+        let (scale, c) = (1.0 / (d as f32).sqrt(), h * d);
+        let (rview, back) = packed_reference(b, n, h, d);
+        let shape = if transposed {
+            [b, 3 * c, n]
+        } else {
+            [b, n, 3 * c]
+        };
+        let view = move |x: &Tensor| {
+            if transposed {
+                x.transpose(1, 2)
+            } else {
+                Ok(x.clone())
+            }
+        };
+        let rv = move |x: &Arr| {
+            if transposed {
+                x.transpose(1, 2)
+            } else {
+                x.clone()
+            }
+        };
+        let merge = |y: Arr| y.transpose(1, 2).reshape(&[b, n, c]);
+        t.check_vjp(
+            &what,
+            ATTENTION,
+            &[In::Var(uniform(&mut rng, &shape, -1.0, 1.0))],
+            |x| fused::attention_packed(&view(&x[0])?, h, causal, scale),
+            |x, _| {
+                let [q, k, v] = rview(&[rv(&x[0])]);
+                merge(r::attention(&q, &k, &v, causal, scale as f64))
+            },
+            |x, w| {
+                let [q, k, v] = rview(&[rv(&x[0])]);
+                let w = w.reshape(&[b, n, h, d]).transpose(1, 2);
+                let g = back(r::attention_vjp(&q, &k, &v, causal, scale as f64, &w));
+                vec![rv(&g[0])]
+            },
+        );
+    }
+}
+
+/// The packed op over lengths below, at and across the 64-row tiles, the flash kernels' head
+/// dims, and its shape errors.
+fn attention_packed(t: &Target) {
+    let shapes: &[(usize, usize, usize, usize)] = if t.emulated {
+        &[(2, 3, 5, 4), (1, 2, 24, 64)]
+    } else {
+        &[
+            (1, 1, 1, 1),
+            (2, 3, 5, 4),
+            (2, 2, 64, 8),
+            (1, 2, 77, 16),
+            (1, 2, 24, 64),
+        ]
+    };
+    for &(b, h, n, d) in shapes {
+        for causal in [true, false] {
+            check_attention_packed(t, b, h, n, d, causal);
+        }
+    }
+    let z = |s: &[usize]| t.zeros(s, DType::F32);
+    expect_err(
+        fused::attention_packed(&z(&[2, 5, 12]), 0, true, 1.0),
+        "attention",
+    );
+    expect_err(
+        fused::attention_packed(&z(&[2, 5, 12]), 3, true, 1.0),
+        "attention",
+    );
+    expect_err(
+        fused::attention_packed(&z(&[5, 12]), 2, true, 1.0),
+        "attention",
     );
 }
 
@@ -475,6 +574,71 @@ fn linear_bias_gelu(t: &Target) {
         fused::linear_bias_gelu(&z(&[4, 6]), &z(&[8]), &z(&[8])),
         "linear_bias_gelu",
     );
+}
+
+/// x Wᵀ (+ b): leading dims folded into rows, with and without a bias, x and W as strided
+/// views (a transposed x, a transposed weight), widths across the GEMM tiles; shape errors.
+fn linear(t: &Target) {
+    let mut rng = t.rng(76);
+    for (lead, inp, out, bias, strided) in [
+        (&[1usize][..], 1usize, 1usize, true, false),
+        (&[2, 5], 7, 16, true, true),
+        (&[3, 4, 2], 32, 24, false, false),
+        (&[64], 48, 96, true, false),
+        (&[70], 40, 33, false, true),
+        (&[3, 10], 130, 12, true, false),
+    ] {
+        let mut xs = lead.to_vec();
+        xs.push(inp);
+        // Strided: x stored [inp, rows] and W stored [inp, out], each used transposed.
+        let rows: usize = lead.iter().product();
+        let (x_shape, w_shape) = if strided {
+            (vec![inp, rows], vec![inp, out])
+        } else {
+            (xs.clone(), vec![out, inp])
+        };
+        let mut inputs = vec![
+            In::Var(uniform(&mut rng, &x_shape, -1.0, 1.0)),
+            In::Var(uniform(&mut rng, &w_shape, -0.5, 0.5)),
+        ];
+        if bias {
+            inputs.push(In::Var(uniform(&mut rng, &[out], -0.5, 0.5)));
+        }
+        let xs2 = xs.clone();
+        t.check_with(
+            &format!("{lead:?} in {inp} out {out} bias {bias} strided {strided}"),
+            rounds(2.0),
+            &inputs,
+            |x| {
+                let (xv, wv) = if strided {
+                    (x[0].t()?.reshape(&xs2)?, x[1].t()?)
+                } else {
+                    (x[0].clone(), x[1].clone())
+                };
+                fused::linear(&xv, &wv, x.get(2))
+            },
+            |x, _| {
+                let (xv, wv) = if strided {
+                    (x[0].t().reshape(&xs), x[1].t())
+                } else {
+                    (x[0].clone(), x[1].clone())
+                };
+                let y = r::matmul(&xv, &wv.t());
+                match x.get(2) {
+                    Some(b) => y.add(b),
+                    None => y,
+                }
+            },
+        );
+    }
+    let z = |s: &[usize]| t.zeros(s, t.dtype);
+    let e = fused::linear(&z(&[4, 6]), &z(&[6, 8]), None).unwrap_err();
+    assert!(e.to_string().contains("last dimension"), "{e}");
+    expect_err(
+        fused::linear(&z(&[4, 6]), &z(&[8, 6]), Some(&z(&[6]))),
+        "linear",
+    );
+    expect_err(fused::linear(&z(&[4, 6]), &z(&[8]), None), "linear");
 }
 
 /// One pass over many tensors (non-contiguous, mixed dtypes, empty): the f64 norm, and the
