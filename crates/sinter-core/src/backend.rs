@@ -478,11 +478,11 @@ pub trait BackendStorage: Sized + Clone + Send + Sync + std::fmt::Debug {
         y: &Self,
         yl: &Layout,
     ) -> Result<Self>;
-    /// a op b, both of one dtype, layouts broadcast to the output shape. Comparisons give 1/0
-    /// in that dtype; i64 arithmetic wraps.
+    /// a op b, both of one dtype, layouts broadcast to the output shape. Comparisons give
+    /// `DType::Bool`; i64 arithmetic wraps; two bools combine as `BinaryOp::apply_bool` says.
     fn binary(&self, l: &Layout, rhs: &Self, rl: &Layout, op: BinaryOp) -> Result<Self>;
-    /// `self` is the condition: cond != 0 ? a : b, all layouts broadcast to the output shape,
-    /// a and b of one dtype (the condition of any).
+    /// `self` is the (bool) condition: cond ? a : b, all layouts broadcast to the output shape,
+    /// a and b of one dtype (any tensor dtype), whose elements are moved unconverted.
     fn where_cond(&self, l: &Layout, a: &Self, al: &Layout, b: &Self, bl: &Layout) -> Result<Self>;
 
     // -- reductions ------------------------------------------------------------------------

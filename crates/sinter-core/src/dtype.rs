@@ -12,7 +12,7 @@ pub(crate) fn check_tensor_dtype(op: &'static str, dtype: DType) -> crate::Resul
         Err(crate::Error::UnsupportedDType {
             op,
             dtype,
-            supported: "tensors hold f32, f16, bf16 or i64",
+            supported: "tensors hold f32, f16, bf16, i64 or bool",
         })
     }
 }

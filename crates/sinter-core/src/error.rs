@@ -42,6 +42,17 @@ pub enum Error {
 
 pub type Result<T> = std::result::Result<T, Error>;
 
+impl Error {
+    /// `op` on two bool tensors where PyTorch refuses it (`-`, `floor_divide`): the same words
+    /// from the tensor op and from every backend.
+    pub fn bool_operands(op: crate::op::BinaryOp) -> Error {
+        Error::Msg(format!(
+            "{}: not defined for two bool tensors (as in PyTorch); use logical_xor / logical_not for masks, or convert with to_dtype first",
+            op.name()
+        ))
+    }
+}
+
 /// Builds an `Error::Msg` from a format string and returns it.
 #[macro_export]
 macro_rules! bail {

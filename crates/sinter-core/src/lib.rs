@@ -14,6 +14,7 @@ pub mod error;
 pub mod fused;
 mod graph;
 pub mod layout;
+mod logical;
 pub mod loss;
 mod nn_ops;
 pub mod op;

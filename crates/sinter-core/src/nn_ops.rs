@@ -510,8 +510,15 @@ impl Tensor {
         self.split(&vec![self.shape()[d] / n; n], dim)
     }
 
-    /// Elementwise `cond != 0 ? a : b`, all three broadcast together.
+    /// `torch.where(cond, a, b)`: a where the bool `cond` is true, else b, all three broadcast
+    /// together; a and b promote to their common dtype (`DType::promote`). The condition must
+    /// be a bool tensor, as in PyTorch: compare first (`x.gt(&y)`) or convert with
+    /// `to_dtype(DType::Bool)` (non-zero is true). Differentiable in a and b.
     pub fn where_cond(cond: &Tensor, a: &Tensor, b: &Tensor) -> Result<Tensor> {
+        cond.bool_condition("where")?;
+        if let Some((a, b)) = crate::amp::promote_operands(a, b)? {
+            return Tensor::where_cond(cond, &a, &b);
+        }
         if a.dtype() != b.dtype() {
             return Err(Error::DTypeMismatch {
                 op: "where",
@@ -538,17 +545,30 @@ impl Tensor {
         let (c, ash, bsh) = (cond.clone(), a.shape().to_vec(), b.shape().to_vec());
         Ok(output(s, &shape, "where", &[a, b], move |g, _| {
             let z = g.zeros_like()?;
-            let c = c.to_dtype(g.dtype())?;
             Ok(vec![
                 Some(Tensor::where_cond(&c, g, &z)?.sum_to_shape(&ash)?),
                 Some(Tensor::where_cond(&c, &z, g)?.sum_to_shape(&bsh)?),
             ])
         }))
     }
-    /// Replaces elements where `mask` is non-zero by `value` (e.g. -inf above a causal diagonal).
+    /// `Tensor.masked_fill(mask, value)`: `value` where the bool `mask` (broadcast to this
+    /// tensor's shape) is true, e.g. -inf above a causal diagonal. The mask must be a bool
+    /// tensor, as in PyTorch.
     pub fn masked_fill(&self, mask: &Tensor, value: f32) -> Result<Tensor> {
+        mask.bool_condition("masked_fill")?;
         let fill = Tensor::full(value as f64, &[], self.dtype(), self.device())?;
         Tensor::where_cond(mask, &fill, self)
+    }
+    /// An error unless this tensor is a bool condition (for `where` / `masked_fill`).
+    fn bool_condition(&self, op: &'static str) -> Result<()> {
+        if self.dtype() == DType::Bool {
+            return Ok(());
+        }
+        bail!(
+            "{op}: the condition must be a bool tensor, got {} of shape {:?}; compare first (e.g. x.gt(&y) or mask.ne(&zero)) or convert with to_dtype(DType::Bool) (non-zero is true)",
+            self.dtype(),
+            self.shape()
+        )
     }
 
     /// Inverted dropout: zeroes each element with probability p and scales the rest by 1/(1-p).

@@ -126,6 +126,9 @@ impl Tensor {
             });
         }
         let shape = broadcast_shape(op.name(), self.shape(), rhs.shape())?;
+        if self.dtype() == DType::Bool && op.apply_bool(false, false).is_none() {
+            return Err(Error::bool_operands(op));
+        }
         if op == BinaryOp::FloorDiv && !rhs.dtype().is_float() {
             rhs.no_zero_divisor()?;
         }
@@ -134,7 +137,8 @@ impl Tensor {
             rhs.layout().broadcast_as(&shape)?,
         );
         let s = self.storage().binary(&la, &rhs.storage(), &lb, op)?;
-        // Comparisons and floor division are piecewise constant: no gradient (PyTorch's is 0).
+        // Comparisons (bool) and floor division are piecewise constant: no gradient (PyTorch's
+        // is 0).
         if op.is_comparison() || op == BinaryOp::FloorDiv || !self.dtype().is_float() {
             return Ok(Tensor::from_storage(s, &shape));
         }
@@ -208,7 +212,10 @@ impl Tensor {
     pub fn minimum(&self, rhs: &Tensor) -> Result<Tensor> {
         self.binary(rhs, BinaryOp::Minimum)
     }
-    /// 1 where equal, else 0 (same dtype as the inputs).
+    /// `torch.eq`: a bool tensor, true where the (promoted, broadcast) operands are equal.
+    /// NaN equals nothing, itself included. The comparisons `eq`, `ne`, `lt`, `le`, `gt`, `ge`
+    /// all return `DType::Bool` (as PyTorch's do), have no gradient, and follow IEEE for NaN:
+    /// `ne` is true and every other comparison false when either side is NaN.
     pub fn eq(&self, rhs: &Tensor) -> Result<Tensor> {
         self.binary(rhs, BinaryOp::Eq)
     }
@@ -248,7 +255,7 @@ impl Tensor {
         Ok(t)
     }
 
-    fn resolve_dims(&self, op: &'static str, dims: &[isize]) -> Result<Vec<usize>> {
+    pub(crate) fn resolve_dims(&self, op: &'static str, dims: &[isize]) -> Result<Vec<usize>> {
         let mut out = dims
             .iter()
             .map(|&d| resolve_dim(op, d, self.rank()))
@@ -265,8 +272,12 @@ impl Tensor {
         Ok(out)
     }
 
-    /// Sum over `dims`; keeps them as size 1 when `keepdim`.
+    /// Sum over `dims`; keeps them as size 1 when `keepdim`. A bool tensor sums as i64 (the
+    /// count of true values), as in PyTorch.
     pub fn sum(&self, dims: &[isize], keepdim: bool) -> Result<Tensor> {
+        if self.dtype() == DType::Bool {
+            return self.to_dtype(DType::I64)?.sum(dims, keepdim);
+        }
         let ds = self.resolve_dims("sum", dims)?;
         let mut t = self.clone();
         for &d in &ds {
@@ -289,12 +300,15 @@ impl Tensor {
     /// Mean over `dims`; over an empty dimension it is NaN (0 / 0), as in PyTorch.
     pub fn mean(&self, dims: &[isize], keepdim: bool) -> Result<Tensor> {
         let ds = self.resolve_dims("mean", dims)?;
+        // PyTorch refuses the mean of integers and bools too (it cannot infer an output dtype).
+        self.float_op("mean")?;
         let count: usize = ds.iter().map(|&d| self.shape()[d]).product();
         // 1 / 0 = inf, and the empty sum's 0 · inf is NaN.
         self.sum(dims, keepdim)?.mul_scalar(1.0 / count as f32)
     }
     /// Mean of every element; NaN for an empty tensor.
     pub fn mean_all(&self) -> Result<Tensor> {
+        self.float_op("mean")?;
         self.sum_all()?.mul_scalar(1.0 / self.numel() as f32)
     }
     /// `torch.var`: Σ (x − mean)² / max(0, N − correction) over `dims` (N elements each), so
@@ -330,11 +344,18 @@ impl Tensor {
         self.extremum(dim, keepdim, ReduceOp::Min)
     }
     fn extremum(&self, dim: isize, keepdim: bool, op: ReduceOp) -> Result<Tensor> {
+        if self.dtype() == DType::Bool {
+            // Through i64 (false < true); backends reduce numbers, not bools.
+            return self
+                .to_dtype(DType::I64)?
+                .extremum(dim, keepdim, op)?
+                .to_dtype(DType::Bool);
+        }
         let d = resolve_dim("max", dim, self.rank())?;
         let (s, shape) = self.reduce_dim(d, op)?;
         let x = self.clone();
         let t = output(s, &shape, "max", &[self], move |g, y| {
-            let hit = x.eq(&y.broadcast_as(x.shape())?)?;
+            let hit = x.eq(&y.broadcast_as(x.shape())?)?.to_dtype(x.dtype())?;
             let share = hit.div(&hit.sum(&[d as isize], true)?)?;
             Ok(vec![Some(g.broadcast_as(x.shape())?.mul(&share)?)])
         });
@@ -346,6 +367,9 @@ impl Tensor {
     }
     /// Index of the maximum along `dim` (i64).
     pub fn argmax(&self, dim: isize, keepdim: bool) -> Result<Tensor> {
+        if self.dtype() == DType::Bool {
+            return self.to_dtype(DType::I64)?.argmax(dim, keepdim);
+        }
         let d = resolve_dim("argmax", dim, self.rank())?;
         let (s, shape) = self.reduce_dim(d, ReduceOp::ArgMax)?;
         let t = Tensor::from_storage(s, &shape);
@@ -434,7 +458,7 @@ impl Tensor {
                 got: rhs.dtype(),
             });
         }
-        if !self.dtype().is_tensor_dtype() {
+        if !self.dtype().is_tensor_dtype() || self.dtype() == DType::Bool {
             return Err(Error::UnsupportedDType {
                 op: "matmul",
                 dtype: self.dtype(),

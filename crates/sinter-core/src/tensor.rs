@@ -166,6 +166,7 @@ impl Tensor {
             DType::F16 => CpuStorage::F16(*any.downcast().expect("dtype tag matches type")),
             DType::BF16 => CpuStorage::BF16(*any.downcast().expect("dtype tag matches type")),
             DType::I64 => CpuStorage::I64(*any.downcast().expect("dtype tag matches type")),
+            DType::Bool => CpuStorage::Bool(*any.downcast().expect("dtype tag matches type")),
             DType::I32 | DType::U8 => unreachable!("checked above"),
         };
         Tensor::from_host(s, shape, device)
@@ -327,6 +328,12 @@ impl Tensor {
         self.storage()
             .with_host(self.layout(), |h, l| h.i64_contiguous(l).into_owned())
     }
+    /// The values as bools: a bool tensor's own, or non-zero (NaN included) for other dtypes,
+    /// as `to_dtype(DType::Bool)` converts.
+    pub fn to_vec_bool(&self) -> Result<Vec<bool>> {
+        self.storage()
+            .with_host(self.layout(), |h, l| h.bool_contiguous(l).into_owned())
+    }
     pub fn to_vec_f64(&self) -> Result<Vec<f64>> {
         self.storage().with_host(self.layout(), |h, l| {
             crate::with_cpu_vec!(h, v => crate::cpu::gather_strided(v, l).iter().map(|x| x.to_f64()).collect())
@@ -366,7 +373,7 @@ impl Tensor {
                 bytes.len()
             );
         }
-        fn read<T: Element>(b: &[u8]) -> Vec<T> {
+        fn read<T: Element + bytemuck::AnyBitPattern>(b: &[u8]) -> Vec<T> {
             // Copy element by element: the byte buffer may be unaligned.
             b.chunks_exact(std::mem::size_of::<T>())
                 .map(bytemuck::pod_read_unaligned)
@@ -377,6 +384,16 @@ impl Tensor {
             DType::F16 => Tensor::from_vec(read::<half::f16>(bytes), shape, device),
             DType::BF16 => Tensor::from_vec(read::<half::bf16>(bytes), shape, device),
             DType::I64 => Tensor::from_vec(read::<i64>(bytes), shape, device),
+            DType::Bool => {
+                // torch.bool is one byte holding 0 or 1; any other byte is not a bool.
+                if let Some(at) = bytes.iter().position(|&b| b > 1) {
+                    bail!(
+                        "from_bytes: byte {at} of a bool tensor of shape {shape:?} is {}, not 0 or 1 (corrupt data, or not a bool tensor)",
+                        bytes[at]
+                    );
+                }
+                Tensor::from_vec(bytes.iter().map(|&b| b == 1).collect(), shape, device)
+            }
             DType::I32 | DType::U8 => unreachable!("checked above"),
         }
     }

@@ -1,6 +1,6 @@
 //! PyTorch's semantics at the edges (issue 14): NaN propagation, exact i64 arithmetic, integer
-//! division, empty tensors, cross-entropy precision, AdamW's scalars, 1-D matmul and dtype
-//! promotion. Every expected value here was produced by PyTorch 2.15 (CPU, float64 unless the
+//! division, empty tensors, cross-entropy precision, AdamW's scalars, 1-D matmul, dtype
+//! promotion and the bool dtype. Every expected value here was produced by PyTorch 2.15 (CPU, float64 unless the
 //! test says otherwise) with `semantics_torch.py` beside this file, and is written in as PyTorch
 //! printed it; where sinter refuses instead of matching, the test asserts a clear error.
 //!
@@ -454,7 +454,121 @@ fn integer_operands_promote_to_the_float_dtype() {
             assert_close("i64 * half", &y.to_vec_f32()?, &[1.5], 0.0);
         }
         let y = i.lt(&t(&[1.5f32, 1.5], &[2], d)?)?;
-        assert_eq!(y.to_vec_f32()?, [1.0, 0.0]);
+        assert_eq!(y.dtype(), DType::Bool);
+        assert_eq!(y.to_vec_bool()?, [true, false]);
+        Ok(())
+    })
+}
+
+// ---- the bool dtype ------------------------------------------------------------------------------
+
+/// Comparisons give torch.bool with IEEE NaN rules; casts to bool take non-zero (NaN, inf) as
+/// true. PyTorch 2.15's values (`semantics_torch.py`, "# bool dtype").
+#[test]
+fn comparisons_return_bool_with_pytorchs_nan_rules() {
+    on_each_device(|d| {
+        let nan = f32::NAN;
+        let x = t(&[nan, 1.0, 2.0, nan], &[4], d)?;
+        let y = t(&[nan, 1.0, nan, 0.0], &[4], d)?;
+        type Cmp = fn(&Tensor, &Tensor) -> Result<Tensor>;
+        let cases: [(&str, Cmp, [bool; 4]); 6] = [
+            ("eq", Tensor::eq, [false, true, false, false]),
+            ("ne", Tensor::ne, [true, false, true, true]),
+            ("lt", Tensor::lt, [false, false, false, false]),
+            ("le", Tensor::le, [false, true, false, false]),
+            ("gt", Tensor::gt, [false, false, false, false]),
+            ("ge", Tensor::ge, [false, true, false, false]),
+        ];
+        for (name, f, want) in cases {
+            let got = f(&x, &y)?;
+            assert_eq!(got.dtype(), DType::Bool, "{name}");
+            assert_eq!(got.to_vec_bool()?, want, "{name}");
+        }
+        let v = t(&[0.0f32, -0.0, 0.5, -2.0, nan, f32::INFINITY], &[6], d)?;
+        assert_eq!(
+            v.to_dtype(DType::Bool)?.to_vec_bool()?,
+            [false, false, true, true, true, true]
+        );
+        let b = t(&[true, false], &[2], d)?;
+        assert_eq!(b.to_dtype(DType::F32)?.to_vec_f32()?, [1.0, 0.0]);
+        Ok(())
+    })
+}
+
+/// bool + bool is or, bool * bool and, bool - bool refused; bool promotes to the other
+/// operand's dtype; the sum of bools is i64; the mean of bools refused.
+#[test]
+fn bool_arithmetic_and_promotion_follow_pytorch() {
+    on_each_device(|d| {
+        let m = t(&[true, false, true, true], &[4], d)?;
+        let n = t(&[true, true, false, false], &[4], d)?;
+        assert_eq!(m.add(&n)?.to_vec_bool()?, [true, true, true, true]);
+        assert_eq!(m.mul(&n)?.to_vec_bool()?, [true, false, false, false]);
+        let e = err_text(m.sub(&n));
+        assert!(e.contains("sub") && e.contains("logical_xor"), "{e}");
+        assert_eq!(m.div(&n)?.dtype(), DType::F32);
+        let y = m.add(&t(&[1i64, 2, 3, 4], &[4], d)?)?;
+        assert_eq!((y.dtype(), y.to_vec_i64()?), (DType::I64, vec![2, 2, 4, 5]));
+        let h = Tensor::full(0.5, &[1], DType::F16, d)?;
+        assert_eq!(m.add(&h)?.dtype(), DType::F16);
+        let s = m.sum_all()?;
+        assert_eq!((s.dtype(), s.to_vec_i64()?), (DType::I64, vec![3]));
+        let e = err_text(m.mean_all());
+        assert!(e.contains("mean") && e.contains("bool"), "{e}");
+        Ok(())
+    })
+}
+
+/// Logical ops read any dtype as non-zero = true (NaN true); any([]) is false, all([]) true.
+#[test]
+fn logical_ops_and_any_all_follow_pytorch() {
+    on_each_device(|d| {
+        let a = t(&[0.0f32, f32::NAN, 2.0, 0.0], &[4], d)?;
+        let b = t(&[1i64, 1, 0, 0], &[4], d)?;
+        assert_eq!(
+            a.logical_and(&b)?.to_vec_bool()?,
+            [false, true, false, false]
+        );
+        assert_eq!(a.logical_or(&b)?.to_vec_bool()?, [true, true, true, false]);
+        assert_eq!(
+            a.logical_xor(&b)?.to_vec_bool()?,
+            [true, false, true, false]
+        );
+        let c = t(&[0.0f32, f32::NAN, -0.0, 3.0], &[4], d)?;
+        assert_eq!(c.logical_not()?.to_vec_bool()?, [true, false, true, false]);
+        let empty = Tensor::zeros(&[0], DType::Bool, d)?;
+        assert_eq!(empty.any_all()?.to_vec_bool()?, [false]);
+        assert_eq!(empty.all_all()?.to_vec_bool()?, [true]);
+        let z = Tensor::zeros(&[2, 0], DType::F32, d)?;
+        assert_eq!(z.any(&[1], false)?.to_vec_bool()?, [false, false]);
+        assert_eq!(z.all(&[1], false)?.to_vec_bool()?, [true, true]);
+        Ok(())
+    })
+}
+
+/// where / masked_fill take a bool condition (PyTorch refuses a float one), and where promotes
+/// its two value operands.
+#[test]
+fn where_and_masked_fill_need_a_bool_condition() {
+    on_each_device(|d| {
+        let m = t(&[true, false, true, true], &[4], d)?;
+        let a = t(&[1.0f32, 2.0, 3.0, 4.0], &[4], d)?;
+        let y = Tensor::where_cond(&m, &a, &t(&[-1.0f32], &[], d)?)?;
+        assert_eq!(y.to_vec_f32()?, [1.0, -1.0, 3.0, 4.0]);
+        let y = Tensor::where_cond(
+            &m,
+            &t(&[1i64, 2, 3, 4], &[4], d)?,
+            &t(&[0.5f32; 4], &[4], d)?,
+        )?;
+        assert_eq!(y.dtype(), DType::F32);
+        let f = t(&[1.0f32, 0.0], &[2], d)?;
+        let e = err_text(Tensor::where_cond(&f, &f, &f));
+        assert!(e.contains("where") && e.contains("must be a bool"), "{e}");
+        let e = err_text(f.masked_fill(&f, 0.0));
+        assert!(
+            e.contains("masked_fill") && e.contains("must be a bool"),
+            "{e}"
+        );
         Ok(())
     })
 }

@@ -36,11 +36,12 @@ pub enum KernelFile {
     FlashAttention,
     ResidualLayerNorm,
     Int8Gemm,
+    Bool,
 }
 
 impl KernelFile {
     /// Every kernel file.
-    pub const ALL: [KernelFile; 15] = [
+    pub const ALL: [KernelFile; 16] = [
         KernelFile::Unary,
         KernelFile::Binary,
         KernelFile::Copy,
@@ -56,6 +57,7 @@ impl KernelFile {
         KernelFile::FlashAttention,
         KernelFile::ResidualLayerNorm,
         KernelFile::Int8Gemm,
+        KernelFile::Bool,
     ];
 
     /// File name under `kernels/`.
@@ -76,6 +78,7 @@ impl KernelFile {
             KernelFile::FlashAttention => "flash_attention.cu",
             KernelFile::ResidualLayerNorm => "residual_layernorm.cu",
             KernelFile::Int8Gemm => "int8_gemm.cu",
+            KernelFile::Bool => "bool.cu",
         }
     }
 
@@ -97,6 +100,7 @@ impl KernelFile {
             KernelFile::FlashAttention => include_str!("../kernels/flash_attention.cu"),
             KernelFile::ResidualLayerNorm => include_str!("../kernels/residual_layernorm.cu"),
             KernelFile::Int8Gemm => include_str!("../kernels/int8_gemm.cu"),
+            KernelFile::Bool => include_str!("../kernels/bool.cu"),
         }
     }
 

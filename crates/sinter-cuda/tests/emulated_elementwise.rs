@@ -382,6 +382,7 @@ fn casts_between_every_pair() {
         DType::I64,
         DType::I32,
         DType::U8,
+        DType::Bool,
     ];
     for from in all {
         for to in all {
@@ -394,6 +395,8 @@ fn casts_between_every_pair() {
                 .map(|i| {
                     let base = (i % 200) as f64;
                     match from {
+                        // torch.bool holds 0 or 1.
+                        DType::Bool => (i % 3 == 0) as u8 as f64,
                         DType::F32 | DType::F16 | DType::BF16 if to != DType::U8 => {
                             q(from, (base - 100.0) * 0.75)
                         }
@@ -412,6 +415,8 @@ fn casts_between_every_pair() {
                 .iter()
                 .map(|&a| match to {
                     DType::F32 | DType::F16 | DType::BF16 => q(to, a),
+                    // Non-zero is true (a zero, -0.0 included, false).
+                    DType::Bool => (a != 0.0) as u8 as f64,
                     _ => a.trunc(),
                 })
                 .collect();

@@ -434,14 +434,11 @@ impl Bert {
     ) -> Result<Tensor> {
         self.check_inputs(ids, token_types, attention_mask)?;
         let pad = match attention_mask {
+            // True at padding: built where the mask lives (no host round trip), any dtype.
             Some(m) => {
                 let (b, t) = (ids.shape()[0], ids.shape()[1]);
-                let v: Vec<f32> = m
-                    .to_vec_f64()?
-                    .iter()
-                    .map(|&x| (x == 0.0) as u8 as f32)
-                    .collect();
-                Some(Tensor::from_vec(v, &[b, 1, 1, t], Device::Cpu)?.to_device(ids.device())?)
+                let m = m.to_device(ids.device())?;
+                Some(m.logical_not()?.reshape(&[b, 1, 1, t])?)
             }
             None => None,
         };

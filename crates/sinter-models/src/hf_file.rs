@@ -53,7 +53,7 @@ pub(crate) fn serialize(
             DType::F32 => Dtype::F32,
             DType::F16 => Dtype::F16,
             DType::BF16 => Dtype::BF16,
-            d @ (DType::I64 | DType::I32 | DType::U8) => {
+            d @ (DType::I64 | DType::I32 | DType::U8 | DType::Bool) => {
                 bail!("{what} weights are floating point, not {d} (tensor {name})")
             }
         };

@@ -141,7 +141,7 @@ impl CausalSelfAttention {
         let scores = q.matmul(&k.t()?)?.mul_scalar(1.0 / (hd as f32).sqrt())?; // [b, h, t, t]
                                                                                // 1 above the diagonal: the positions a token may not attend to, built on the scores'
                                                                                // device (no host tensor in the step).
-        let mask = fused::causal_mask(t, t, scores.device())?.to_dtype(scores.dtype())?;
+        let mask = fused::causal_mask(t, t, scores.device())?;
         let att = scores.masked_fill(&mask, f32::NEG_INFINITY)?.softmax(-1)?;
         let att = self.attn_dropout.forward(&att)?;
         let y = att.matmul(&v)?.transpose(1, 2)?.reshape(&[b, t, c])?;

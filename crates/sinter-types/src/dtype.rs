@@ -1,9 +1,11 @@
 //! Element types. One enum names the element type of a tensor and of a device buffer.
 //!
-//! Tensors hold [`DType::TENSOR`] (f32, f16, bf16, i64): floats compute in f32 on the CPU, and
-//! f16/bf16 are storage formats whose values are widened to f32 for arithmetic and rounded back,
-//! as tensor cores do. i32 and u8 exist only as device-buffer types of kernels (e.g. packed
-//! masks, int8 data); a tensor op asked for one answers with an error that says so.
+//! Tensors hold [`DType::TENSOR`] (f32, f16, bf16, i64, bool): floats compute in f32 on the CPU,
+//! and f16/bf16 are storage formats whose values are widened to f32 for arithmetic and rounded
+//! back, as tensor cores do. `Bool` is PyTorch's `torch.bool`: one byte per element holding 0 or
+//! 1, what comparisons return and what `where` / `masked_fill` take as their condition. i32 and
+//! u8 exist only as device-buffer types of kernels (e.g. int8 data); a tensor op asked for one
+//! answers with an error that says so.
 
 use half::{bf16, f16};
 
@@ -19,22 +21,26 @@ pub enum DType {
     I32,
     /// Device buffers only (kernel operands); no tensor holds it.
     U8,
+    /// `torch.bool`: one byte, 0 (false) or 1 (true). Comparisons return it; `where` and
+    /// `masked_fill` take it as their condition.
+    Bool,
 }
 
 impl DType {
     /// Every dtype, tensor or buffer.
-    pub const ALL: [DType; 6] = [
+    pub const ALL: [DType; 7] = [
         DType::F32,
         DType::F16,
         DType::BF16,
         DType::I64,
         DType::I32,
         DType::U8,
+        DType::Bool,
     ];
     /// The floating-point dtypes (every math kernel is instantiated for these).
     pub const FLOATS: [DType; 3] = [DType::F32, DType::F16, DType::BF16];
     /// The dtypes a tensor can hold.
-    pub const TENSOR: [DType; 4] = [DType::F32, DType::F16, DType::BF16, DType::I64];
+    pub const TENSOR: [DType; 5] = [DType::F32, DType::F16, DType::BF16, DType::I64, DType::Bool];
 
     /// Bytes per element.
     pub const fn size(self) -> usize {
@@ -42,7 +48,7 @@ impl DType {
             DType::F32 | DType::I32 => 4,
             DType::F16 | DType::BF16 => 2,
             DType::I64 => 8,
-            DType::U8 => 1,
+            DType::U8 | DType::Bool => 1,
         }
     }
     /// Bytes per element (the same as [`DType::size`]).
@@ -54,14 +60,17 @@ impl DType {
         matches!(self, DType::F32 | DType::F16 | DType::BF16)
     }
     /// The dtype two tensor operands of an elementwise op compute in (PyTorch's type
-    /// promotion for the dtypes here): equal dtypes stay; two different floats give f32 (f32
-    /// holds f16 and bf16, and neither half holds the other); an integer with a float gives that
-    /// float (i64 + f16 is f16, as in PyTorch). None where they cannot be mixed (a buffer-only
-    /// dtype, or two different integers).
+    /// promotion lattice for the dtypes here, bool < i64 < floats): equal dtypes stay; bool
+    /// with any other gives the other (bool + i64 is i64, bool + f16 is f16); two different
+    /// floats give f32 (f32 holds f16 and bf16, and neither half holds the other); an integer
+    /// with a float gives that float (i64 + f16 is f16, as in PyTorch). None where they cannot
+    /// be mixed (a buffer-only dtype, or two different integers).
     pub const fn promote(a: DType, b: DType) -> Option<DType> {
         match (a, b) {
             (DType::I32 | DType::U8, _) | (_, DType::I32 | DType::U8) => None,
             _ if a as u8 == b as u8 => Some(a),
+            (DType::Bool, _) => Some(b),
+            (_, DType::Bool) => Some(a),
             _ if a.is_float() && b.is_float() => Some(DType::F32),
             _ if a.is_float() => Some(a),
             _ if b.is_float() => Some(b),
@@ -72,7 +81,7 @@ impl DType {
     pub const fn is_tensor_dtype(self) -> bool {
         !matches!(self, DType::I32 | DType::U8)
     }
-    /// The short name: `f32`, `f16`, `bf16`, `i64`, `i32`, `u8` (also the suffix of kernel
+    /// The short name: `f32`, `f16`, `bf16`, `i64`, `i32`, `u8`, `bool` (also the suffix of kernel
     /// names instantiated for this dtype, `add_f32`, `cast_bf16_i64`, ...).
     pub const fn as_str(self) -> &'static str {
         match self {
@@ -82,6 +91,7 @@ impl DType {
             DType::I64 => "i64",
             DType::I32 => "i32",
             DType::U8 => "u8",
+            DType::Bool => "bool",
         }
     }
     /// The kernel-name suffix (the same as [`DType::as_str`]).
@@ -97,6 +107,7 @@ impl DType {
             "i64" | "int64" => Some(DType::I64),
             "i32" | "int32" => Some(DType::I32),
             "u8" | "uint8" => Some(DType::U8),
+            "bool" => Some(DType::Bool),
             _ => None,
         }
     }
@@ -108,8 +119,10 @@ impl std::fmt::Display for DType {
     }
 }
 
-/// A Rust element type that a tensor can hold.
-pub trait Element: Copy + Send + Sync + 'static + bytemuck::Pod + std::fmt::Debug {
+/// A Rust element type that a tensor can hold. `NoUninit` (not `Pod`): a tensor's values are
+/// written out as bytes (checkpoints), but bytes are not read back as any `Element` blindly
+/// (a `bool` byte must be 0 or 1).
+pub trait Element: Copy + Send + Sync + 'static + bytemuck::NoUninit + std::fmt::Debug {
     const DTYPE: DType;
     fn to_f64(self) -> f64;
     fn from_f64(v: f64) -> Self;
@@ -180,6 +193,24 @@ impl Element for i64 {
     }
 }
 
+/// `torch.bool`: a value converts to true when it is non-zero (NaN included, as in PyTorch);
+/// true converts to 1 and false to 0.
+impl Element for bool {
+    const DTYPE: DType = DType::Bool;
+    fn to_f64(self) -> f64 {
+        self as u8 as f64
+    }
+    fn from_f64(v: f64) -> Self {
+        v != 0.0
+    }
+    fn to_f32(self) -> f32 {
+        self as u8 as f32
+    }
+    fn from_f32(v: f32) -> Self {
+        v != 0.0
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -199,6 +230,28 @@ mod tests {
         assert_eq!(DType::promote(I64, BF16), Some(BF16));
         assert_eq!(DType::promote(I32, F32), None);
         assert_eq!(DType::promote(U8, U8), None);
+        // torch.promote_types: bool with anything else -> the other; bool with bool -> bool.
+        assert_eq!(DType::promote(Bool, Bool), Some(Bool));
+        assert_eq!(DType::promote(Bool, I64), Some(I64));
+        assert_eq!(DType::promote(F16, Bool), Some(F16));
+        assert_eq!(DType::promote(Bool, F32), Some(F32));
+        assert_eq!(DType::promote(Bool, BF16), Some(BF16));
+        assert_eq!(DType::promote(Bool, U8), None);
+    }
+
+    #[test]
+    fn bool_converts_like_torch_bool() {
+        // Non-zero is true (NaN and -0.0 behave as in PyTorch: NaN true, -0.0 false).
+        for (v, want) in [(0.0, false), (-0.0, false), (0.5, true), (-2.0, true)] {
+            assert_eq!(<bool as Element>::from_f64(v), want, "{v}");
+            assert_eq!(<bool as Element>::from_f32(v as f32), want, "{v}");
+        }
+        assert!(<bool as Element>::from_f64(f64::NAN));
+        assert!(<bool as Element>::from_f32(f32::INFINITY));
+        assert_eq!(true.to_f64(), 1.0);
+        assert_eq!(false.to_f32(), 0.0);
+        assert_eq!(DType::Bool.size(), 1);
+        assert!(!DType::Bool.is_float());
     }
 
     #[test]
@@ -225,7 +278,7 @@ mod tests {
             assert_eq!(d.is_float(), DType::FLOATS.contains(&d), "{d}");
         }
         assert_eq!(
-            [f32::DTYPE, f16::DTYPE, bf16::DTYPE, i64::DTYPE],
+            [f32::DTYPE, f16::DTYPE, bf16::DTYPE, i64::DTYPE, bool::DTYPE],
             DType::TENSOR
         );
         assert_eq!(std::mem::size_of::<bf16>(), DType::BF16.size());

@@ -17,7 +17,9 @@
 //!   integer division by zero is an error (PyTorch raises `ZeroDivisionError`; the tensor op
 //!   checks the divisor before it runs).
 //! - Type promotion: [`DType::promote`](crate::DType::promote) (an integer meets a float as that
-//!   float, as in PyTorch).
+//!   float, as in PyTorch; bool meets anything as that other dtype).
+//! - Comparisons give `torch.bool` ([`BinaryOp::compare`]: NaN != NaN, every other comparison
+//!   with NaN false); two bools combine as PyTorch combines them ([`BinaryOp::apply_bool`]).
 
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum UnaryOp {
@@ -424,6 +426,34 @@ impl BinaryOp {
             BinaryOp::Eq | BinaryOp::Ne | BinaryOp::Lt | BinaryOp::Le | BinaryOp::Gt | BinaryOp::Ge
         )
     }
+    /// A comparison's result (what `torch.eq` … `torch.ge` give as `torch.bool`): IEEE rules,
+    /// so NaN is unequal to everything (itself included) and every ordering with NaN is false.
+    /// False for an op that is not a comparison ([`BinaryOp::is_comparison`]).
+    #[inline]
+    pub fn compare<T: PartialOrd>(self, a: T, b: T) -> bool {
+        match self {
+            BinaryOp::Eq => a == b,
+            BinaryOp::Ne => a != b,
+            BinaryOp::Lt => a < b,
+            BinaryOp::Le => a <= b,
+            BinaryOp::Gt => a > b,
+            BinaryOp::Ge => a >= b,
+            _ => false,
+        }
+    }
+    /// The op on two `torch.bool` operands, as PyTorch computes it: `+` and `maximum` are
+    /// logical or, `*` and `minimum` logical and, comparisons order false < true. None where
+    /// PyTorch refuses two bools (`-`, `floor_divide`) or computes in another dtype (`/` is
+    /// true division in f32).
+    #[inline]
+    pub fn apply_bool(self, a: bool, b: bool) -> Option<bool> {
+        match self {
+            BinaryOp::Add | BinaryOp::Maximum => Some(a | b),
+            BinaryOp::Mul | BinaryOp::Minimum => Some(a & b),
+            BinaryOp::Sub | BinaryOp::Div | BinaryOp::FloorDiv => None,
+            cmp => Some(cmp.compare(a, b)),
+        }
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -719,5 +749,29 @@ mod tests {
         }
         assert_eq!(floor_div_i64(1, 0), None);
         assert_eq!(floor_div_i64(0, 0), None);
+    }
+
+    #[test]
+    fn comparisons_and_bool_ops_follow_pytorch() {
+        use BinaryOp::*;
+        let nan = f32::NAN;
+        // torch: nan == nan False, nan != nan True, every ordering with nan False.
+        assert!(!Eq.compare(nan, nan));
+        assert!(Ne.compare(nan, nan));
+        assert!(Ne.compare(nan, 1.0));
+        for op in [Lt, Le, Gt, Ge] {
+            assert!(!op.compare(nan, 1.0) && !op.compare(1.0, nan), "{op:?}");
+        }
+        assert!(Le.compare(2i64, 2) && !Lt.compare(2i64, 2) && Gt.compare(3i64, 2));
+        assert!(!Add.compare(1, 1), "not a comparison");
+        // torch: True + True = True, True * False = False, False < True, bool - bool refused.
+        assert_eq!(Add.apply_bool(true, true), Some(true));
+        assert_eq!(Maximum.apply_bool(false, true), Some(true));
+        assert_eq!(Mul.apply_bool(true, false), Some(false));
+        assert_eq!(Minimum.apply_bool(true, true), Some(true));
+        assert_eq!(Lt.apply_bool(false, true), Some(true));
+        assert_eq!(Ge.apply_bool(false, true), Some(false));
+        assert_eq!(Sub.apply_bool(true, false), None);
+        assert_eq!(FloorDiv.apply_bool(true, true), None);
     }
 }

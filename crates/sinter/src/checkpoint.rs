@@ -110,6 +110,7 @@ pub(crate) fn st_dtype(d: DType) -> Dtype {
         DType::I64 => Dtype::I64,
         DType::I32 => Dtype::I32,
         DType::U8 => Dtype::U8,
+        DType::Bool => Dtype::BOOL,
     }
 }
 
@@ -121,6 +122,7 @@ pub(crate) fn our_dtype(d: Dtype, name: &str) -> Result<DType> {
         Dtype::I64 => DType::I64,
         Dtype::I32 => DType::I32,
         Dtype::U8 => DType::U8,
+        Dtype::BOOL => DType::Bool,
         other => bail!("tensor {name} has dtype {other:?}, which sinter does not load"),
     })
 }
@@ -599,10 +601,9 @@ mod tests {
         use super::*;
         use proptest::prelude::*;
 
-        /// The bytes of a small valid checkpoint.
-        fn valid() -> Vec<u8> {
+        fn meta() -> Meta {
             let config = crate::config::TrainConfig::resolve(&Default::default()).unwrap();
-            let meta = Meta {
+            Meta {
                 step: 3,
                 optimizer_steps: 3,
                 rng: [1, 2, 3, 4],
@@ -612,14 +613,39 @@ mod tests {
                 precision: None,
                 trainer: None,
                 inference: None,
-            };
+            }
+        }
+
+        /// The bytes of a small valid checkpoint.
+        fn valid() -> Vec<u8> {
             let w = Tensor::from_vec(vec![0.5f32; 6], &[2, 3], Device::Cpu).unwrap();
             to_bytes(
                 &[("fc.weight".into(), w.clone())],
                 &[("fc.weight.exp_avg".into(), w)],
-                &meta,
+                &meta(),
             )
             .unwrap()
+        }
+
+        #[test]
+        fn bool_tensors_are_saved_as_safetensors_bool_and_load_back() {
+            let v = vec![true, false, false, true, true, false];
+            let mask = Tensor::from_vec(v.clone(), &[2, 3], Device::Cpu).unwrap();
+            let b = to_bytes(&[("mask".into(), mask)], &[], &meta()).unwrap();
+            let (_, header) = SafeTensors::read_metadata(&b).unwrap();
+            assert_eq!(header.tensors()["model.mask"].dtype, Dtype::BOOL);
+            let t = &parse(&b).unwrap().tensors["model.mask"];
+            assert_eq!((t.dtype(), t.shape()), (DType::Bool, &[2usize, 3][..]));
+            assert_eq!(t.to_vec_bool().unwrap(), v);
+            // A bool byte other than 0 or 1 is corrupt data, named as such.
+            let mut bad = b.clone();
+            let last = bad.len() - 1;
+            bad[last] = 7;
+            let Err(e) = parse(&bad) else {
+                panic!("a bool byte of 7 loaded");
+            };
+            let e = format!("{e:#}");
+            assert!(e.contains("model.mask") && e.contains("not 0 or 1"), "{e}");
         }
 
         proptest! {

@@ -130,13 +130,13 @@ fn coalesce(la: &Layout, lb: &Layout) -> (Layout, Layout) {
 }
 
 /// out[i] = f(a[i], b[i]) where both layouts already have the output's shape (broadcast views).
-fn zip_strided<T: Copy + Send + Sync + Default>(
+fn zip_strided<T: Copy + Send + Sync, U: Copy + Send + Sync + Default>(
     a: &[T],
     la: &Layout,
     b: &[T],
     lb: &Layout,
-    f: impl Fn(T, T) -> T + Sync,
-) -> Vec<T> {
+    f: impl Fn(T, T) -> U + Sync,
+) -> Vec<U> {
     let n = la.numel();
     if let (Some(ra), Some(rb)) = (la.contiguous_range(), lb.contiguous_range()) {
         let (a, b) = (&a[ra], &b[rb]);
@@ -150,7 +150,7 @@ fn zip_strided<T: Copy + Send + Sync + Default>(
             a.iter().zip(b).map(|(&x, &y)| f(x, y)).collect()
         };
     }
-    let mut out = vec![T::default(); n];
+    let mut out = vec![U::default(); n];
     if n == 0 {
         return out;
     }
@@ -158,7 +158,7 @@ fn zip_strided<T: Copy + Send + Sync + Default>(
     let (last, sa) = la.last_dim();
     let (_, sb) = lb.last_dim();
     // The common stride pairs get loops over slices (no index arithmetic: vectorised).
-    let row = |(r, o): (usize, &mut [T])| {
+    let row = |(r, o): (usize, &mut [U])| {
         let (oa, ob) = (la.row_offset(r), lb.row_offset(r));
         match (sa, sb) {
             (1, 1) => {
@@ -197,14 +197,48 @@ fn zip_strided<T: Copy + Send + Sync + Default>(
     out
 }
 
+/// a op b for a comparison, as `torch.bool` (each op a constant closure, so the loops
+/// vectorise).
+fn compare_strided<T: PartialOrd + Copy + Send + Sync>(
+    a: &[T],
+    la: &Layout,
+    b: &[T],
+    lb: &Layout,
+    op: BinaryOp,
+) -> Vec<bool> {
+    match op {
+        BinaryOp::Eq => zip_strided(a, la, b, lb, |p, q| p == q),
+        BinaryOp::Ne => zip_strided(a, la, b, lb, |p, q| p != q),
+        BinaryOp::Lt => zip_strided(a, la, b, lb, |p, q| p < q),
+        BinaryOp::Le => zip_strided(a, la, b, lb, |p, q| p <= q),
+        BinaryOp::Gt => zip_strided(a, la, b, lb, |p, q| p > q),
+        _ => zip_strided(a, la, b, lb, |p, q| op.compare(p, q)),
+    }
+}
+
+/// a op b, both of one dtype, layouts broadcast to the output shape. Comparisons give
+/// `Bool`; two bools combine as `BinaryOp::apply_bool` says (an error where PyTorch refuses).
 pub fn binary(
     a: &CpuStorage,
     la: &Layout,
     b: &CpuStorage,
     lb: &Layout,
     op: BinaryOp,
-) -> CpuStorage {
-    match (a, b) {
+) -> crate::Result<CpuStorage> {
+    if op.is_comparison() {
+        return Ok(CpuStorage::Bool(match (a, b) {
+            (CpuStorage::F32(x), CpuStorage::F32(y)) => compare_strided(x, la, y, lb, op),
+            (CpuStorage::I64(x), CpuStorage::I64(y)) => compare_strided(x, la, y, lb, op),
+            (CpuStorage::Bool(x), CpuStorage::Bool(y)) => compare_strided(x, la, y, lb, op),
+            _ => {
+                // Half types compare exactly as f32 (widening is exact).
+                let (x, y) = (a.f32_contiguous(la), b.f32_contiguous(lb));
+                let lc = Layout::contiguous(la.shape());
+                compare_strided(&x, &lc, &y, &lc, op)
+            }
+        }));
+    }
+    Ok(match (a, b) {
         (CpuStorage::F32(x), CpuStorage::F32(y)) => CpuStorage::F32(match op {
             // A constant op lets the compiler inline apply() and vectorise the loops.
             BinaryOp::Add => zip_strided(x, la, y, lb, |p, q| BinaryOp::Add.apply(p, q)),
@@ -216,6 +250,14 @@ pub fn binary(
         (CpuStorage::I64(x), CpuStorage::I64(y)) => {
             CpuStorage::I64(zip_strided(x, la, y, lb, |p, q| op.apply_i64(p, q)))
         }
+        (CpuStorage::Bool(x), CpuStorage::Bool(y)) => {
+            if op.apply_bool(false, false).is_none() {
+                return Err(crate::Error::bool_operands(op));
+            }
+            CpuStorage::Bool(zip_strided(x, la, y, lb, |p, q| {
+                op.apply_bool(p, q).unwrap_or(false)
+            }))
+        }
         _ => {
             // Half types: widen both operands once, compute in f32, round back.
             let dtype = a.dtype();
@@ -224,10 +266,11 @@ pub fn binary(
             let lc = Layout::contiguous(la.shape());
             CpuStorage::from_f32(zip_strided(&x, &lc, &y, &lc, |p, q| op.apply(p, q)), dtype)
         }
-    }
+    })
 }
 
-/// out = cond != 0 ? a : b, every layout already broadcast to the output's shape.
+/// out = cond ? a : b, every layout already broadcast to the output's shape (cond is Bool; a and
+/// b of one dtype). Elements are moved, never converted.
 pub fn where_cond(
     c: &CpuStorage,
     lc: &Layout,
@@ -236,30 +279,40 @@ pub fn where_cond(
     b: &CpuStorage,
     lb: &Layout,
 ) -> CpuStorage {
-    let cond = c.f32_contiguous(lc);
-    let dtype = a.dtype();
-    if dtype == DType::I64 {
-        let x = a.i64_contiguous(la);
-        let y = b.i64_contiguous(lb);
-        let out = cond
-            .iter()
-            .zip(x.iter().zip(y.iter()))
-            .map(|(&c, (&p, &q))| if c != 0.0 { p } else { q })
-            .collect();
-        return CpuStorage::I64(out);
+    let cond = c.bool_contiguous(lc);
+    fn select<T: Copy + Send + Sync>(
+        cond: &[bool],
+        x: &[T],
+        lx: &Layout,
+        y: &[T],
+        ly: &Layout,
+    ) -> Vec<T> {
+        let (x, y) = (super::gather_strided(x, lx), super::gather_strided(y, ly));
+        let pick = |((&c, &p), &q): ((&bool, &T), &T)| if c { p } else { q };
+        if cond.len() >= PAR_THRESHOLD {
+            cond.par_iter()
+                .zip(x.par_iter())
+                .zip(y.par_iter())
+                .with_min_len(4096)
+                .map(pick)
+                .collect()
+        } else {
+            cond.iter().zip(&x).zip(&y).map(pick).collect()
+        }
     }
-    let x = a.f32_contiguous(la);
-    let y = b.f32_contiguous(lb);
-    let n = cond.len();
-    let mut out = vec![0f32; n];
-    let body = |(i, o): (usize, &mut f32)| *o = if cond[i] != 0.0 { x[i] } else { y[i] };
-    if n >= PAR_THRESHOLD {
-        out.par_iter_mut()
-            .with_min_len(4096)
-            .enumerate()
-            .for_each(body);
-    } else {
-        out.iter_mut().enumerate().for_each(body);
+    match (a, b) {
+        (CpuStorage::F32(x), CpuStorage::F32(y)) => CpuStorage::F32(select(&cond, x, la, y, lb)),
+        (CpuStorage::F16(x), CpuStorage::F16(y)) => CpuStorage::F16(select(&cond, x, la, y, lb)),
+        (CpuStorage::BF16(x), CpuStorage::BF16(y)) => CpuStorage::BF16(select(&cond, x, la, y, lb)),
+        (CpuStorage::I64(x), CpuStorage::I64(y)) => CpuStorage::I64(select(&cond, x, la, y, lb)),
+        (CpuStorage::Bool(x), CpuStorage::Bool(y)) => CpuStorage::Bool(select(&cond, x, la, y, lb)),
+        // Different dtypes never reach here (the tensor op promotes them first).
+        _ => CpuStorage::from_f32(
+            cond.iter()
+                .zip(a.f32_contiguous(la).iter().zip(b.f32_contiguous(lb).iter()))
+                .map(|(&c, (&p, &q))| if c { p } else { q })
+                .collect(),
+            a.dtype(),
+        ),
     }
-    CpuStorage::from_f32(out, dtype)
 }

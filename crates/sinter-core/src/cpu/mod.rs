@@ -29,6 +29,8 @@ pub enum CpuStorage {
     F16(Vec<f16>),
     BF16(Vec<bf16>),
     I64(Vec<i64>),
+    /// `DType::Bool`: one byte per element, as PyTorch stores `torch.bool`.
+    Bool(Vec<bool>),
 }
 
 /// Runs `$body` with `$v` bound to the typed vector of any variant.
@@ -40,6 +42,7 @@ macro_rules! with_cpu_vec {
             $crate::cpu::CpuStorage::F16($v) => $body,
             $crate::cpu::CpuStorage::BF16($v) => $body,
             $crate::cpu::CpuStorage::I64($v) => $body,
+            $crate::cpu::CpuStorage::Bool($v) => $body,
         }
     };
 }
@@ -103,7 +106,7 @@ pub fn scatter_strided<T: Copy>(dst: &mut [T], layout: &Layout, src: &[T]) {
 /// CPU storage holds only the tensor dtypes; the others are refused where tensors are made
 /// (`dtype::check_tensor_dtype`), so reaching this is a bug in that check.
 fn not_a_tensor_dtype(d: DType) -> ! {
-    unreachable!("internal error: CPU storage of {d} (tensors hold f32, f16, bf16 or i64)")
+    unreachable!("internal error: CPU storage of {d} (tensors hold f32, f16, bf16, i64 or bool)")
 }
 
 fn convert<A: Element, B: Element>(v: &[A]) -> Vec<B> {
@@ -140,6 +143,7 @@ impl CpuStorage {
             CpuStorage::F16(_) => DType::F16,
             CpuStorage::BF16(_) => DType::BF16,
             CpuStorage::I64(_) => DType::I64,
+            CpuStorage::Bool(_) => DType::Bool,
         }
     }
     pub fn len(&self) -> usize {
@@ -155,6 +159,7 @@ impl CpuStorage {
             DType::F16 => CpuStorage::F16(vec![f16::ZERO; n]),
             DType::BF16 => CpuStorage::BF16(vec![bf16::ZERO; n]),
             DType::I64 => CpuStorage::I64(vec![0; n]),
+            DType::Bool => CpuStorage::Bool(vec![false; n]),
             d => not_a_tensor_dtype(d),
         }
     }
@@ -165,6 +170,7 @@ impl CpuStorage {
             DType::F16 => CpuStorage::F16(vec![<f16 as Element>::from_f64(value); n]),
             DType::BF16 => CpuStorage::BF16(vec![<bf16 as Element>::from_f64(value); n]),
             DType::I64 => CpuStorage::I64(vec![value as i64; n]),
+            DType::Bool => CpuStorage::Bool(vec![<bool as Element>::from_f64(value); n]),
             d => not_a_tensor_dtype(d),
         }
     }
@@ -176,6 +182,7 @@ impl CpuStorage {
             DType::F16 => CpuStorage::F16(f32_to(&v)),
             DType::BF16 => CpuStorage::BF16(f32_to(&v)),
             DType::I64 => CpuStorage::I64(v.iter().map(|&x| x as i64).collect()),
+            DType::Bool => CpuStorage::Bool(f32_to(&v)),
             d => not_a_tensor_dtype(d),
         }
     }
@@ -189,6 +196,7 @@ impl CpuStorage {
             CpuStorage::F16(v) => Cow::Owned(to_f32(&gather_strided(v, layout))),
             CpuStorage::BF16(v) => Cow::Owned(to_f32(&gather_strided(v, layout))),
             CpuStorage::I64(v) => Cow::Owned(to_f32(&gather_strided(v, layout))),
+            CpuStorage::Bool(v) => Cow::Owned(to_f32(&gather_strided(v, layout))),
         }
     }
     /// The addressed elements as row-major i64 (indices).
@@ -198,11 +206,33 @@ impl CpuStorage {
                 Some(r) => Cow::Borrowed(&v[r]),
                 None => Cow::Owned(gather_strided(v, layout)),
             },
+            CpuStorage::Bool(v) => Cow::Owned(
+                gather_strided(v, layout)
+                    .iter()
+                    .map(|&b| b as i64)
+                    .collect(),
+            ),
             other => Cow::Owned(
                 other
                     .f32_contiguous(layout)
                     .iter()
                     .map(|&x| x as i64)
+                    .collect(),
+            ),
+        }
+    }
+    /// The addressed elements as row-major bools (a condition): non-zero is true, NaN included.
+    pub fn bool_contiguous(&self, layout: &Layout) -> Cow<'_, [bool]> {
+        match self {
+            CpuStorage::Bool(v) => match layout.contiguous_range() {
+                Some(r) => Cow::Borrowed(&v[r]),
+                None => Cow::Owned(gather_strided(v, layout)),
+            },
+            other => Cow::Owned(
+                other
+                    .f32_contiguous(layout)
+                    .iter()
+                    .map(|&x| x != 0.0)
                     .collect(),
             ),
         }
@@ -214,6 +244,7 @@ impl CpuStorage {
             CpuStorage::F16(v) => CpuStorage::F16(gather_strided(v, layout)),
             CpuStorage::BF16(v) => CpuStorage::BF16(gather_strided(v, layout)),
             CpuStorage::I64(v) => CpuStorage::I64(gather_strided(v, layout)),
+            CpuStorage::Bool(v) => CpuStorage::Bool(gather_strided(v, layout)),
         }
     }
     /// A row-major copy of the elements `layout` addresses, converted to `dtype`.
@@ -229,6 +260,7 @@ impl CpuStorage {
                     DType::F16 => CpuStorage::F16(convert($v)),
                     DType::BF16 => CpuStorage::BF16(convert($v)),
                     DType::I64 => CpuStorage::I64(convert($v)),
+                    DType::Bool => CpuStorage::Bool(convert($v)),
                     d => not_a_tensor_dtype(d),
                 }
             };
@@ -242,6 +274,7 @@ impl CpuStorage {
             (CpuStorage::F16(d), CpuStorage::F16(s)) => scatter_strided(d, dst_layout, s),
             (CpuStorage::BF16(d), CpuStorage::BF16(s)) => scatter_strided(d, dst_layout, s),
             (CpuStorage::I64(d), CpuStorage::I64(s)) => scatter_strided(d, dst_layout, s),
+            (CpuStorage::Bool(d), CpuStorage::Bool(s)) => scatter_strided(d, dst_layout, s),
             (d, s) => {
                 return Err(crate::Error::DTypeMismatch {
                     op: "copy",
@@ -279,5 +312,10 @@ impl From<Vec<half::bf16>> for CpuStorage {
 impl From<Vec<i64>> for CpuStorage {
     fn from(v: Vec<i64>) -> Self {
         CpuStorage::I64(v)
+    }
+}
+impl From<Vec<bool>> for CpuStorage {
+    fn from(v: Vec<bool>) -> Self {
+        CpuStorage::Bool(v)
     }
 }

@@ -225,7 +225,7 @@ impl BackendStorage for CpuStorage {
         ))
     }
     fn binary(&self, l: &Layout, rhs: &Self, rl: &Layout, op: BinaryOp) -> Result<Self> {
-        Ok(elementwise::binary(self, l, rhs, rl, op))
+        elementwise::binary(self, l, rhs, rl, op)
     }
     fn where_cond(&self, l: &Layout, a: &Self, al: &Layout, b: &Self, bl: &Layout) -> Result<Self> {
         Ok(elementwise::where_cond(self, l, a, al, b, bl))
@@ -673,7 +673,7 @@ impl BackendStorage for CpuStorage {
             .collect();
         let mask = CpuStorage::from_f32(mask, CpuStorage::dtype(self));
         let ml = Layout::contiguous(l.shape());
-        let y = elementwise::binary(self, l, &mask, &ml, crate::op::BinaryOp::Mul);
+        let y = elementwise::binary(self, l, &mask, &ml, crate::op::BinaryOp::Mul)?;
         Ok((y, DropoutMask::Stored(mask)))
     }
     fn dropout_backward(&self, l: &Layout, _p: f32, mask: DropoutMask<&Self>) -> Result<Self> {
@@ -681,13 +681,7 @@ impl BackendStorage for CpuStorage {
             crate::bail!("dropout: internal error: a CPU dropout stores its mask, not a seed");
         };
         let ml = Layout::contiguous(l.shape());
-        Ok(elementwise::binary(
-            self,
-            l,
-            mask,
-            &ml,
-            crate::op::BinaryOp::Mul,
-        ))
+        elementwise::binary(self, l, mask, &ml, crate::op::BinaryOp::Mul)
     }
 
     fn attention(

@@ -39,6 +39,9 @@ impl BackendDevice for Arc<CudaDevice> {
         let b = alloc(self, n, dtype)?;
         if dtype.is_float() {
             sinter_cuda::ops::unary::fill(self, b.as_slice(), value as f32).on("full")?;
+        } else if dtype == DType::Bool {
+            let v = <bool as crate::Element>::from_f64(value);
+            sinter_cuda::ops::boolean::fill_bool(self, b.as_slice(), v).on("full")?;
         } else {
             sinter_cuda::ops::int::fill_i64(self, b.as_slice(), value as i64).on("full")?;
         }
@@ -51,7 +54,21 @@ impl BackendDevice for Arc<CudaDevice> {
         Ok(CudaStorage::new(self.clone(), b, dtype))
     }
     fn upload(&self, host: &CpuStorage) -> Result<CudaStorage> {
-        let b = crate::with_cpu_vec!(host, v => self.htod(v, Pool::Temporary).on("to_device")?);
+        let b = match host {
+            CpuStorage::F32(v) => self.htod(v, Pool::Temporary),
+            CpuStorage::F16(v) => self.htod(v, Pool::Temporary),
+            CpuStorage::BF16(v) => self.htod(v, Pool::Temporary),
+            CpuStorage::I64(v) => self.htod(v, Pool::Temporary),
+            CpuStorage::Bool(v) => {
+                // A bool buffer holds the bytes 0 and 1 (what the kernels write and read).
+                let bytes: Vec<u8> = v.iter().map(|&b| b as u8).collect();
+                let b = alloc(self, v.len(), DType::Bool)?;
+                let slice = b.as_slice().reinterpret(DType::U8).on("to_device")?;
+                self.copy_htod(&bytes, slice).on("to_device")?;
+                return Ok(CudaStorage::new(self.clone(), b, DType::Bool));
+            }
+        }
+        .on("to_device")?;
         Ok(CudaStorage::new(self.clone(), Arc::new(b), host.dtype()))
     }
 }
@@ -68,11 +85,17 @@ pub(crate) fn download(x: &CudaStorage, l: &Layout) -> Result<CpuStorage> {
         DType::F16 => CpuStorage::F16(dev.dtoh(s).on("to_device")?),
         DType::BF16 => CpuStorage::BF16(dev.dtoh(s).on("to_device")?),
         DType::I64 => CpuStorage::I64(dev.dtoh(s).on("to_device")?),
+        DType::Bool => {
+            let bytes: Vec<u8> = dev
+                .dtoh(s.reinterpret(DType::U8).on("to_device")?)
+                .on("to_device")?;
+            CpuStorage::Bool(bytes.iter().map(|&b| b != 0).collect())
+        }
         d @ (DType::I32 | DType::U8) => {
             return Err(crate::Error::UnsupportedDType {
                 op: "to_device",
                 dtype: d,
-                supported: "tensors hold f32, f16, bf16 or i64",
+                supported: "tensors hold f32, f16, bf16, i64 or bool",
             })
         }
     })

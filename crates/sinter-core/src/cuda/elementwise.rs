@@ -2,17 +2,19 @@
 //! strided/broadcast operands, where, dtype casts, strided copies (contiguous, assign).
 //!
 //! Float math runs in f32 in the kernels and rounds once to f16/bf16, like the CPU backend.
-//! Integer (i64) arithmetic, comparisons and where run in the i64 kernels of `int.cu`, exact
-//! and wrapping like the CPU.
+//! Integer (i64) arithmetic runs in the i64 kernels of `int.cu`, exact and wrapping like the
+//! CPU. Comparisons (bool outputs), two-bool ops and `where` (bool condition, any tensor dtype)
+//! run in `bool.cu`.
 
 use sinter_cuda::ops::binary::{self as kb, StridedIn};
+use sinter_cuda::ops::boolean as kbool;
 use sinter_cuda::ops::int as ki;
 use sinter_cuda::ops::unary::{self as ku, Saved};
 
 use super::storage::{CudaStorage, DevView};
 use super::{alloc, strides_i64, OnOp};
 use crate::op::{BinaryOp, UnaryOp};
-use crate::{DType, Layout, Result};
+use crate::{DType, Error, Layout, Result};
 
 fn kernel_unary(op: UnaryOp) -> Option<ku::UnaryOp> {
     Some(match op {
@@ -113,12 +115,21 @@ pub(crate) fn binary(
 ) -> Result<CudaStorage> {
     let dev = a.device();
     let shape = la.shape();
-    let out = alloc(dev, la.numel(), a.dtype())?;
     let (sa, sb) = (strides_i64(la), strides_i64(lb));
     let (ia, ib) = (
         strided(a, la, &sa, op.name())?,
         strided(b, lb, &sb, op.name())?,
     );
+    if op.is_comparison() || a.dtype() == DType::Bool {
+        // Comparisons write bools; two bools combine as PyTorch combines them (or / and).
+        if a.dtype() == DType::Bool && op.apply_bool(false, false).is_none() {
+            return Err(Error::bool_operands(op));
+        }
+        let out = alloc(dev, la.numel(), DType::Bool)?;
+        kbool::bool_binary(dev, kernel_binary(op), ia, ib, out.as_slice(), shape).on(op.name())?;
+        return Ok(a.sibling(out, DType::Bool));
+    }
+    let out = alloc(dev, la.numel(), a.dtype())?;
     if !a.dtype().is_float() {
         // i64 arithmetic (wrapping, like the CPU) and comparisons (1/0).
         ki::int_binary(dev, kernel_binary(op), ia, ib, out.as_slice(), shape).on(op.name())?;
@@ -140,7 +151,8 @@ fn unbroadcast(l: &Layout) -> Layout {
     Layout::new(shape, l.strides().to_vec(), l.offset())
 }
 
-/// out = cond != 0 ? a : b, all three broadcast to one shape (a and b of one dtype, checked).
+/// out = cond ? a : b, all three broadcast to one shape (a and b of one dtype, checked; cond
+/// bool, as the tensor op requires: another dtype is read as non-zero = true).
 pub(crate) fn where_cond(
     cond: &CudaStorage,
     lc: &Layout,
@@ -154,27 +166,19 @@ pub(crate) fn where_cond(
     let out = alloc(dev, la.numel(), a.dtype())?;
     let (sa, sb) = (strides_i64(la), strides_i64(lb));
     let (ia, ib) = (strided(a, la, &sa, "where")?, strided(b, lb, &sb, "where")?);
-    if !a.dtype().is_float() {
-        // i64 operands: the kernel reads the condition in its own dtype.
-        let sc = strides_i64(lc);
-        let ic = strided(cond, lc, &sc, "where")?;
-        ki::int_where(dev, ic, ia, ib, out.as_slice(), shape).on("where")?;
-        return Ok(a.sibling(out, a.dtype()));
-    }
-    // The float kernel wants the condition in the operands' dtype: cast the elements the
-    // condition holds (not its broadcast), then broadcast the cast copy.
+    // Cast the elements a non-bool condition holds (not its broadcast), then broadcast them.
     let cast;
-    let (cs, lc) = if cond.dtype() == a.dtype() {
+    let (cs, lc) = if cond.dtype() == DType::Bool {
         (cond, lc.clone())
     } else {
         let compact = unbroadcast(lc);
-        cast = self::cast(cond, &compact, a.dtype())?;
+        cast = self::cast(cond, &compact, DType::Bool)?;
         let l = Layout::contiguous(compact.shape()).broadcast_as(shape)?;
         (&cast, l)
     };
     let sc = strides_i64(&lc);
     let ic = strided(cs, &lc, &sc, "where")?;
-    kb::where_strided(dev, ic, ia, ib, out.as_slice(), shape).on("where")?;
+    kbool::where_bool(dev, ic, ia, ib, out.as_slice(), shape).on("where")?;
     Ok(a.sibling(out, a.dtype()))
 }
 

@@ -97,7 +97,7 @@ pub(crate) fn gemm_dtype(op: &'static str, d: DType) -> Result<GemmDType> {
         DType::F32 => GemmDType::F32,
         DType::BF16 => GemmDType::BF16,
         DType::F16 => GemmDType::F16,
-        DType::I64 | DType::I32 | DType::U8 => {
+        DType::I64 | DType::I32 | DType::U8 | DType::Bool => {
             return Err(Error::UnsupportedDType {
                 op,
                 dtype: d,

@@ -19,6 +19,7 @@ pub enum HostSlice<'a> {
     F16(&'a [f16]),
     BF16(&'a [bf16]),
     I64(&'a [i64]),
+    Bool(&'a [bool]),
 }
 
 /// One input of a CPU forward: its elements, contiguous and row-major, and its shape.
@@ -52,6 +53,7 @@ impl<'a> HostInput<'a> {
             HostSlice::F16(_) => DType::F16,
             HostSlice::BF16(_) => DType::BF16,
             HostSlice::I64(_) => DType::I64,
+            HostSlice::Bool(_) => DType::Bool,
         }
     }
     pub fn data(&self) -> HostSlice<'a> {
@@ -64,6 +66,7 @@ impl<'a> HostInput<'a> {
     typed_getter!(f16, F16, f16);
     typed_getter!(bf16, BF16, bf16);
     typed_getter!(i64, I64, i64);
+    typed_getter!(bool, Bool, bool);
 
     fn wrong_dtype(&self, want: DType) -> Error {
         Error::Msg(format!(
@@ -105,6 +108,7 @@ fn host_slice<'a>(s: &'a CpuStorage, l: &Layout, copy: Option<&'a CpuStorage>) -
         CpuStorage::F16(v) => HostSlice::F16(&v[r]),
         CpuStorage::BF16(v) => HostSlice::BF16(&v[r]),
         CpuStorage::I64(v) => HostSlice::I64(&v[r]),
+        CpuStorage::Bool(v) => HostSlice::Bool(&v[r]),
     }
 }
 

@@ -118,7 +118,7 @@ pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, causal: bool, scale: f32) -
     ))
 }
 
-/// [tq, tk] i64, 1 where query row i may not see key j under the bottom-right causal
+/// [tq, tk] bool, true where query row i may not see key j under the bottom-right causal
 /// alignment (j ≥ i + tk + 1 − tq), built from two aranges on `device`: no host upload, so a
 /// step using it can be captured in a CUDA graph.
 pub fn causal_mask(tq: usize, tk: usize, device: Device) -> Result<Tensor> {
@@ -155,8 +155,7 @@ pub fn attention_reference(
         return s.matmul(v);
     }
     let s = if causal {
-        let mask = causal_mask(g.tq, g.tk, q.device())?.to_dtype(s.dtype())?;
-        s.masked_fill(&mask, f32::NEG_INFINITY)?
+        s.masked_fill(&causal_mask(g.tq, g.tk, q.device())?, f32::NEG_INFINITY)?
     } else {
         s
     };
@@ -179,12 +178,11 @@ mod tests {
                 causal: true,
                 scale: 1.0,
             };
-            let want: Vec<i64> = (0..tq * tk)
-                .map(|x| ((x % tk) >= g.limit(x / tk)) as i64)
-                .collect();
+            let want: Vec<bool> = (0..tq * tk).map(|x| (x % tk) >= g.limit(x / tk)).collect();
             let got = causal_mask(tq, tk, Device::Cpu).unwrap();
             assert_eq!(got.shape(), &[tq, tk]);
-            assert_eq!(got.to_vec_i64().unwrap(), want, "tq {tq}, tk {tk}");
+            assert_eq!(got.dtype(), DType::Bool);
+            assert_eq!(got.to_vec_bool().unwrap(), want, "tq {tq}, tk {tk}");
         }
     }
 

@@ -133,7 +133,8 @@ fn promotion(t: &Target) {
         "bf16 with f16: neither holds the other"
     );
     assert_eq!(h.add(&h).unwrap().dtype(), DType::F16);
-    assert_eq!(h.lt(&a).unwrap().dtype(), DType::F32);
+    // A comparison of mixed floats compares the promoted values and gives bools.
+    assert_eq!(h.lt(&a).unwrap().dtype(), DType::Bool);
     // The exact f32 sum of the half values.
     let sum = h.add(&h.to_dtype(DType::F32).unwrap()).unwrap();
     assert_eq!(arr(&sum), arr(&h).map(|x| 2.0 * x));
@@ -173,16 +174,20 @@ fn promotion(t: &Target) {
                 x.mul(&i).unwrap(),
                 arr(&x).zip(&iv, |p, q| p * q),
             ),
-            (
-                "i64 < float",
-                i.lt(&x).unwrap(),
-                iv.zip(&arr(&x), |p, q| (p < q) as u8 as f64),
-            ),
         ] {
             assert_eq!(y.dtype(), d, "{name} in {d}");
             let want = r::rounded(&want, d);
             assert_close(name, &arr(&y).data, &want.data, tol(d, 1.0));
         }
+        let y = i.lt(&x).unwrap();
+        assert_eq!(y.dtype(), DType::Bool, "i64 < {d}");
+        let want = iv.zip(&arr(&x), |p, q| (p < q) as u8 as f64);
+        assert_close(
+            "i64 < float",
+            &arr(&y).data,
+            &want.data,
+            tol(DType::I64, 1.0),
+        );
     }
     assert!(Tensor::where_cond(&a2, &a2.to_dtype(DType::F16).unwrap(), &a2).is_err());
 }

@@ -443,9 +443,7 @@ fn transformer_block(t: &Target) {
             let a = if fused_attention {
                 sinter_core::fused::attention(&q, &k, &v, true, scale)?
             } else {
-                let mask: Vec<f32> = (0..n * n)
-                    .map(|i| ((i % n) > (i / n)) as u8 as f32)
-                    .collect();
+                let mask: Vec<bool> = (0..n * n).map(|i| (i % n) > (i / n)).collect();
                 let mask = Tensor::from_vec(mask, &[n, n], x.device())?;
                 q.matmul(&k.t()?)?
                     .mul_scalar(scale)?

@@ -202,7 +202,7 @@ fn comparisons(t: &Target) {
         for (name, f, rf) in &cmps {
             t.check_with(
                 &format!("{name} {sa:?} {sb:?}"),
-                EXACT,
+                BOOL_OUT,
                 &[In::Fixed(a.clone()), In::Fixed(b.clone())],
                 |x| f(&x[0], &x[1]),
                 |x, _| x[0].zip(&x[1], |p, q| rf(p, q) as u8 as f64),
@@ -214,7 +214,7 @@ fn comparisons(t: &Target) {
     for (name, f, rf) in &cmps {
         t.check_with(
             &format!("{name} transposed"),
-            EXACT,
+            BOOL_OUT,
             &[In::Fixed(a.clone()), In::Fixed(b.clone())],
             |x| f(&x[0].t()?, &x[1]),
             |x, _| x[0].t().zip(&x[1], |p, q| rf(p, q) as u8 as f64),
@@ -293,16 +293,18 @@ fn integer_binary(t: &Target) {
         ("ge", Tensor::ge, |x, y| (x >= y) as u8 as f64),
     ];
     for (name, f, rf) in ops {
+        // Comparisons of i64 are exact (beyond 2^24 too) and give bools.
+        let o = if name.len() == 2 { BOOL_OUT } else { EXACT };
         t.check_with(
             name,
-            EXACT,
+            o,
             &[In::Fixed(a.clone()), In::Fixed(b.clone())],
             |x| f(&x[0], &x[1]),
             |x, _| x[0].zip(&x[1], rf),
         );
         t.check_with(
             &format!("{name} of a transpose"),
-            EXACT,
+            o,
             &[
                 In::Fixed(a.clone()),
                 In::Fixed(Arr::ints(&[3, 1], &[1, -5, 2])),
@@ -452,78 +454,67 @@ fn where_cond(t: &Target) {
     let rf = |x: &[Arr], _: &Rd| r::where_cond(&x[0], &x[1], &x[2]);
     let f = |x: &[Tensor]| Tensor::where_cond(&x[0], &x[1], &x[2]);
     t.check(
-        "f32 condition",
+        "bool condition, all three broadcast",
         &[
-            In::F32(cond.clone()),
+            In::Bool(cond.clone()),
             In::Var(a.clone()),
             In::Var(b.clone()),
         ],
         f,
         rf,
     );
-    t.check(
-        "i64 condition",
-        &[
-            In::Ids(cond.clone()),
-            In::Var(a.clone()),
-            In::Var(b.clone()),
-        ],
-        f,
-        rf,
-    );
-    // A condition in the operands' dtype, and any non-zero value (negative, fractional) is true.
-    let odd = Arr::new(&[6], vec![-1.0, 0.0, 0.5, 2.0, -0.25, 0.0]);
-    t.check_with(
-        "non-zero is true",
-        EXACT,
-        &[
-            In::Fixed(odd),
-            In::Fixed(uniform(&mut rng, &[6], -1.0, 1.0)),
-            In::Fixed(uniform(&mut rng, &[6], 2.0, 3.0)),
-        ],
-        f,
-        rf,
-    );
-    // Strided operands.
+    // Strided operands and a strided condition.
     t.check(
         "transposed operands",
         &[
-            In::F32(cond.reshape(&[4, 3])),
+            In::Bool(cond.reshape(&[4, 3])),
             In::Var(uniform(&mut rng, &[3, 4], -1.0, 1.0)),
-            In::Var(b),
+            In::Var(b.clone()),
         ],
         |x| Tensor::where_cond(&x[0], &x[1].t()?, &x[2]),
         |x, _| r::where_cond(&x[0], &x[1].t(), &x[2]),
     );
+    t.check(
+        "transposed condition",
+        &[
+            In::Bool(cond.reshape(&[3, 4])),
+            In::Var(uniform(&mut rng, &[4, 3], -1.0, 1.0)),
+            In::Var(b),
+        ],
+        |x| Tensor::where_cond(&x[0].t()?, &x[1], &x[2]),
+        |x, _| r::where_cond(&x[0].t(), &x[1], &x[2]),
+    );
+    // As in PyTorch, the condition must be bool: a float or i64 one is refused, saying how.
+    for c in [t.tensor(&cond), t.tensor_as(&cond, DType::I64)] {
+        let e = err_msg(Tensor::where_cond(&c, &t.tensor(&a), &t.tensor(&a)));
+        assert!(
+            e.contains("where") && e.contains("must be a bool") && e.contains("to_dtype"),
+            "{e}"
+        );
+    }
 }
 
 fn where_integer(t: &Target) {
-    let cond = Arr::new(&[4], vec![0.5, 0.0, -1.0, 0.0]);
+    let cond = Arr::new(&[4], vec![1.0, 0.0, 1.0, 0.0]);
     let a = Arr::ints(&[3, 4], &[7, -7, 0, 5, 1 << 40, -3, 12, 1, -9, 4, 4, 6]);
     let b = Arr::ints(&[4], &[2, -2, 0, 4]);
-    let rf = |x: &[Arr], _: &Rd| r::where_cond(&x[0], &x[1], &x[2]);
-    let f = |x: &[Tensor]| Tensor::where_cond(&x[0], &x[1], &x[2]);
     t.check_with(
-        "float condition",
+        "bool condition",
         EXACT,
-        &[
-            In::F32(cond.clone()),
-            In::Fixed(a.clone()),
-            In::Fixed(b.clone()),
-        ],
-        f,
-        rf,
+        &[In::Bool(cond), In::Fixed(a.clone()), In::Fixed(b.clone())],
+        |x| Tensor::where_cond(&x[0], &x[1], &x[2]),
+        |x, _| r::where_cond(&x[0], &x[1], &x[2]),
     );
     t.check_with(
-        "i64 condition",
+        "transposed bool condition",
         EXACT,
         &[
-            In::Ids(Arr::ints(&[4], &[0, 3, 0, -1])),
+            In::Bool(Arr::ints(&[4, 3], &[1, 0, 0, 1, 1, 0, 0, 0, 1, 1, 1, 0])),
             In::Fixed(a),
             In::Fixed(b),
         ],
-        f,
-        rf,
+        |x| Tensor::where_cond(&x[0].t()?, &x[1], &x[2]),
+        |x, _| r::where_cond(&x[0].t(), &x[1], &x[2]),
     );
 }
 
@@ -539,14 +530,14 @@ fn masked_fill(t: &Target) {
     let scores = uniform(&mut rng, &[2, 3, n, n], -2.0, 2.0);
     t.check(
         "causal mask",
-        &[In::Var(scores.clone()), In::F32(mask.clone())],
+        &[In::Var(scores.clone()), In::Bool(mask.clone())],
         |x| x[0].masked_fill(&x[1], -1e4),
         |x, rd| rd.r(fill(&x[0], &x[1], -1e4)),
     );
     // -inf above the diagonal: softmax gives exactly zero weight there.
     t.check(
         "causal -inf + softmax",
-        &[In::Var(scores), In::F32(mask.clone())],
+        &[In::Var(scores), In::Bool(mask.clone())],
         |x| x[0].masked_fill(&x[1], f32::NEG_INFINITY)?.softmax(-1),
         |x, _| r::softmax(&fill(&x[0], &x[1], f64::NEG_INFINITY), -1),
     );
@@ -554,20 +545,35 @@ fn masked_fill(t: &Target) {
         "transposed input",
         &[
             In::Var(uniform(&mut rng, &[n, n], -1.0, 1.0)),
-            In::F32(mask),
+            In::Bool(mask.clone()),
         ],
         |x| x[0].t()?.masked_fill(&x[1], 7.0),
         |x, _| fill(&x[0].t(), &x[1], 7.0),
     );
-    // A mask in the operand's dtype.
+    // A mask broadcast over the leading dimension, and one made by a comparison on the device.
     let m = Arr::from_fn(&[3, 5], |i| ((i[0] * 5 + i[1]) % 4 == 0) as u8 as f64);
     t.check(
-        "mask of the input dtype",
+        "broadcast mask",
         &[
             In::Var(uniform(&mut rng, &[4, 3, 5], -1.0, 1.0)),
-            In::Fixed(m),
+            In::Bool(m.clone()),
         ],
         |x| x[0].masked_fill(&x[1], -2.0),
         |x, _| fill(&x[0], &x[1], -2.0),
+    );
+    t.check(
+        "mask from a comparison",
+        &[
+            In::Var(uniform(&mut rng, &[4, 3, 5], -1.0, 1.0)),
+            In::Fixed(m.clone()),
+        ],
+        |x| x[0].masked_fill(&x[1].gt(&x[1].zeros_like()?)?, -2.0),
+        |x, _| fill(&x[0], &x[1], -2.0),
+    );
+    // A mask in another dtype is refused (PyTorch: "expected a mask of dtype bool").
+    let e = err_msg(t.tensor(&m).masked_fill(&t.tensor(&m), 1.0));
+    assert!(
+        e.contains("masked_fill") && e.contains("must be a bool"),
+        "{e}"
     );
 }

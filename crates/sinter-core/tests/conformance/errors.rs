@@ -392,7 +392,9 @@ fn buffer_only_dtypes_are_refused_by_tensor_ops(t: &Target) {
     for d in [DType::I32, DType::U8] {
         let check = |m: String, op: &str| {
             assert!(
-                m.contains(op) && m.contains(d.as_str()) && m.contains("f32, f16, bf16 or i64"),
+                m.contains(op)
+                    && m.contains(d.as_str())
+                    && m.contains("f32, f16, bf16, i64 or bool"),
                 "{m}"
             );
         };

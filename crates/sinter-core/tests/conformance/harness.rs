@@ -15,6 +15,9 @@ pub const F32: &[DType] = &[DType::F32];
 pub const HALVES: &[DType] = &[DType::BF16, DType::F16];
 pub const I64: &[DType] = &[DType::I64];
 pub const ALL: &[DType] = &[DType::F32, DType::BF16, DType::F16, DType::I64];
+pub const BOOL: &[DType] = &[DType::Bool];
+/// Every dtype a tensor holds.
+pub const TENSOR: &[DType] = &[DType::F32, DType::BF16, DType::F16, DType::I64, DType::Bool];
 
 // ---- tolerances, stated once -----------------------------------------------------------------------
 
@@ -263,8 +266,10 @@ pub enum In {
     Ids(Arr),
     /// Integer ids (i64) left on the host.
     HostIds(Arr),
-    /// An f32 input whatever the target dtype (masks, conditions).
+    /// An f32 input whatever the target dtype.
     F32(Arr),
+    /// A bool input whatever the target dtype (masks, conditions): non-zero is true.
+    Bool(Arr),
     /// An f32 variable whatever the target dtype (master weights under autocast).
     VarF32(Arr),
 }
@@ -319,6 +324,12 @@ pub const EXACT: Opts = Opts {
     roundings: 1.0,
     out: None,
     f32_tol: None,
+};
+
+/// An op that returns bools (comparisons, logical ops, any / all): compared exactly.
+pub const BOOL_OUT: Opts = Opts {
+    out: Some(DType::Bool),
+    ..EXACT
 };
 
 pub fn rounds(n: f64) -> Opts {
@@ -566,6 +577,10 @@ impl Target {
                 In::F32(a) => {
                     let a = rounded(a, DType::F32);
                     (make(&a, DType::F32, self.dev), a)
+                }
+                In::Bool(a) => {
+                    let a = rounded(a, DType::Bool);
+                    (make(&a, DType::Bool, self.dev), a)
                 }
                 In::VarF32(a) => {
                     let a = rounded(a, DType::F32);

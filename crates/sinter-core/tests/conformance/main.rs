@@ -21,6 +21,7 @@ mod elementwise;
 mod errors;
 mod fused;
 mod linalg;
+mod logical;
 mod nn;
 mod optim;
 mod reduce;
@@ -34,6 +35,7 @@ fn all_cases() -> Vec<Case> {
         ("elementwise", elementwise::cases()),
         ("reduce", reduce::cases()),
         ("linalg", linalg::cases()),
+        ("logical", logical::cases()),
         ("nn", nn::cases()),
         ("views", views::cases()),
         ("fused", fused::cases()),

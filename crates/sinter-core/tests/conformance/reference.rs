@@ -189,6 +189,8 @@ pub fn round_to(dtype: DType, x: f64) -> f64 {
         DType::F16 => f16::from_f64(x).to_f64(),
         DType::BF16 => bf16::from_f64(x).to_f64(),
         DType::I64 => x.trunc(),
+        // torch.bool: non-zero (NaN included) is true.
+        DType::Bool => (x != 0.0) as u8 as f64,
         other => panic!("test bug: {other} is not a tensor dtype"),
     }
 }

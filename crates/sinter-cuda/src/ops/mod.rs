@@ -4,6 +4,7 @@
 
 pub mod adamw;
 pub mod binary;
+pub mod boolean;
 pub mod conv;
 pub mod copy;
 pub mod cross_entropy;
@@ -127,6 +128,7 @@ pub fn sample_plans(t: &LaunchTarget) -> Vec<Launch> {
     v.extend(flash_attention::samples(t));
     v.extend(residual_layernorm::samples(t));
     v.extend(int8::samples(t));
+    v.extend(boolean::samples(t));
     v
 }
 

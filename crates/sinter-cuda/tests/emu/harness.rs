@@ -110,6 +110,7 @@ impl Buf {
                 DType::I64 => b[i * 8..i * 8 + 8].copy_from_slice(&(x as i64).to_le_bytes()),
                 DType::I32 => b[i * 4..i * 4 + 4].copy_from_slice(&(x as i32).to_le_bytes()),
                 DType::U8 => b[i] = x as u8,
+                DType::Bool => b[i] = (x != 0.0) as u8,
             }
         }
     }
@@ -124,7 +125,7 @@ impl Buf {
                 }
                 DType::I64 => i64::from_le_bytes(b[i * 8..i * 8 + 8].try_into().unwrap()) as f64,
                 DType::I32 => i32::from_le_bytes(b[i * 4..i * 4 + 4].try_into().unwrap()) as f64,
-                DType::U8 => b[i] as f64,
+                DType::U8 | DType::Bool => b[i] as f64,
             })
             .collect()
     }

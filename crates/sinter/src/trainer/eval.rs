@@ -52,12 +52,12 @@ fn thousands(n: usize) -> String {
 
 /// Number of correct predictions in a batch of classifier logits.
 fn count_correct(logits: &sinter_core::Tensor, targets: &sinter_core::Tensor) -> Result<usize> {
+    // eq gives bools; their sum is the i64 count, reduced where the logits live.
     Ok(logits
         .argmax(-1, false)?
         .eq(targets)?
-        .to_vec_i64()?
-        .iter()
-        .sum::<i64>() as usize)
+        .sum_all()?
+        .to_vec_i64()?[0] as usize)
 }
 
 /// Validation loss (and accuracy) over up to `max_batches` batches (0 = all), in order.
