@@ -97,8 +97,11 @@ pub(super) fn check(
             });
         }
     }
+    // Under autocast the operands may differ (f32 master weights, half activations): the
+    // region casts them, as it does for the composite's matmul and add.
+    let autocast = crate::amp::autocast_dtype().is_some();
     for t in [Some(w), b].into_iter().flatten() {
-        if t.dtype() != x.dtype() {
+        if !autocast && t.dtype() != x.dtype() {
             return Err(Error::DTypeMismatch {
                 op,
                 expected: x.dtype(),
