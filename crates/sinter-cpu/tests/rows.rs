@@ -10,7 +10,7 @@ use sinter_cpu::math::cross_entropy::{cross_entropy_rows, cross_entropy_rows_bac
 use sinter_cpu::math::layer_norm::{
     layer_norm_backward_rows, layer_norm_rows, residual_layer_norm_rows,
 };
-use sinter_cpu::math::softmax::{softmax_rows, softmax_rows_backward};
+use sinter_cpu::math::softmax::{exp_shifted, row_max, softmax_rows, softmax_rows_backward};
 use sinter_cpu::Isa;
 
 fn vals(n: usize, seed: u64, scale: f32) -> Vec<f32> {
@@ -86,6 +86,37 @@ fn softmax_and_log_softmax_rows_match_f64_forward_and_backward() {
                     1e-5,
                     1e-6,
                 );
+            }
+        }
+    }
+}
+
+#[test]
+fn online_softmax_steps_match_f64() {
+    for isa in Isa::available() {
+        assert_eq!(row_max(isa, &[]), f32::NEG_INFINITY);
+        assert!(row_max(isa, &[1.0, f32::NAN, 3.0]).is_nan(), "{isa:?}");
+        for n in LENS {
+            let x = vals(n, 3 + n as u64, 30.0);
+            let m = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            assert_eq!(row_max(isa, &x), m, "{isa:?} n={n}");
+            for live in [0, n / 2, n] {
+                let mut y = x.clone();
+                let s = exp_shifted(isa, &mut y, live, m);
+                let want: Vec<f64> = (0..n)
+                    .map(|i| {
+                        if i < live {
+                            // The kernel's argument is the f32 difference.
+                            ((x[i] - m) as f64).exp()
+                        } else {
+                            0.0
+                        }
+                    })
+                    .collect();
+                let what = format!("{isa:?} exp_shifted n={n} live={live}");
+                close(&what, &y, &want, 2e-7, 0.0);
+                let ws: f64 = want.iter().sum();
+                close(&what, &[s], &[ws], 1e-6, 0.0);
             }
         }
     }

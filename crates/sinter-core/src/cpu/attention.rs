@@ -6,6 +6,8 @@
 
 use rayon::prelude::*;
 use sinter_cpu::gemm::{Gemm, MatMut, MatRef};
+use sinter_cpu::math::softmax;
+use sinter_cpu::Isa;
 
 use super::CpuStorage;
 use crate::backend::AttnGeom;
@@ -231,7 +233,7 @@ unsafe fn forward_tile(
     i0: usize,
     lse: &mut [f32],
 ) {
-    let (d, nr) = (g.d, lse.len());
+    let (d, nr, isa) = (g.d, lse.len(), Isa::get());
     o.zero_rows(bi, hi, i0, nr, d);
     let orow = |r: usize| std::slice::from_raw_parts_mut(o.row(bi, hi, i0 + r), d);
     let kend = g.limit(i0 + nr - 1);
@@ -265,15 +267,9 @@ unsafe fn forward_tile(
                 row.fill(0.0);
                 continue;
             }
-            let mx = row[..lim].iter().copied().fold(f32::NEG_INFINITY, f32::max);
-            let m_new = m[r].max(mx);
+            let m_new = m[r].max(softmax::row_max(isa, &row[..lim]));
             let alpha = (m[r] - m_new).exp();
-            let mut sum = 0f32;
-            for x in &mut row[..lim] {
-                *x = (*x - m_new).exp();
-                sum += *x;
-            }
-            row[lim..].fill(0.0);
+            let sum = softmax::exp_shifted(isa, row, lim, m_new);
             l[r] = l[r] * alpha + sum;
             if alpha != 1.0 {
                 orow(r).iter_mut().for_each(|x| *x *= alpha);
@@ -355,7 +351,7 @@ unsafe fn backward_head(
     dout: View,
     Grads { dq, dk, dv }: Grads,
 ) {
-    let (tq, tk, d) = (g.tq, g.tk, g.d);
+    let (tq, tk, d, isa) = (g.tq, g.tk, g.d, Isa::get());
     dq.zero_rows(bi, hi, 0, tq, d);
     dk.zero_rows(bi, hi, 0, tk, d);
     dv.zero_rows(bi, hi, 0, tk, d);
@@ -404,8 +400,7 @@ unsafe fn backward_head(
                     row.fill(0.0);
                     continue;
                 }
-                row[..lim].iter_mut().for_each(|x| *x = (*x - m).exp());
-                row[lim..].fill(0.0);
+                softmax::exp_shifted(isa, row, lim, m);
             }
             // dV_j += Pᵀ dO_i
             mm(

@@ -76,19 +76,15 @@ fn linear_epilogue(
         None => None,
     };
     // x as [rows, inp]: its own strides when it is 2-D, else a contiguous copy.
-    let xs = if xl.rank() == 2 {
-        std::borrow::Cow::Borrowed(&xd[..])
+    let (xs, xv) = if xl.rank() == 2 {
+        (std::borrow::Cow::Borrowed(&xd[..]), batch_view(xl, 0)(0))
     } else {
-        x.f32_contiguous(xl)
-    };
-    let xv = if xl.rank() == 2 {
-        batch_view(xl, 0)(0)
-    } else {
-        MatView {
+        let row_major = MatView {
             offset: 0,
             rs: inp as isize,
             cs: 1,
-        }
+        };
+        (x.f32_contiguous(xl), row_major)
     };
     let (y, pre) = matmul::linear_f32(
         (&xs, xv),

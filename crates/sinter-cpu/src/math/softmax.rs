@@ -4,6 +4,10 @@
 //! while writing) and its output scaled in place: three vector passes over data in L1,
 //! one exp per element. Backward reads y and g, writes dx: softmax dx = y·(g − Σ y·g),
 //! log-softmax dx = g − e^y·Σ g.
+//!
+//! The pieces of an online softmax (flash attention's tiles, which rescale a running max and
+//! sum instead of normalising a whole row): [`row_max`] and [`exp_shifted`], one vector pass
+//! each.
 
 use super::exp_log::exp;
 use super::reduce::{dot, for_vectors, load_lanes, max, store_lanes, sum};
@@ -94,4 +98,51 @@ pub fn softmax_rows_backward(isa: Isa, y: &[f32], g: &[f32], dx: &mut [f32], n: 
             }
         }
     })
+}
+
+/// max of the values: −inf for none, NaN if any is NaN.
+pub fn row_max(isa: Isa, x: &[f32]) -> f32 {
+    if x.is_empty() {
+        return f32::NEG_INFINITY;
+    }
+    with_isa!(isa, S => max::<S>(x.as_ptr(), x.len()))
+}
+
+/// x[i] = e^(x[i] − shift) for the first `live` values and 0 for the rest; returns the sum
+/// of the live exponentials.
+///
+/// # Panics
+/// If `live` exceeds the row (a caller bug).
+pub fn exp_shifted(isa: Isa, x: &mut [f32], live: usize, shift: f32) -> f32 {
+    assert!(
+        live <= x.len(),
+        "exp_shifted: {live} live values in a row of {}",
+        x.len()
+    );
+    let (head, tail) = x.split_at_mut(live);
+    tail.fill(0.0);
+    with_isa!(isa, S => exp_shifted_row::<S>(head.as_mut_ptr(), head.len(), shift))
+}
+
+#[inline(always)]
+unsafe fn exp_shifted_row<S: Simd>(x: *mut f32, n: usize, shift: f32) -> f32 {
+    let sv = S::splat(shift);
+    let mut acc = S::zero();
+    for_vectors::<S>(
+        x,
+        n,
+        #[inline(always)]
+        |i, v, lanes| {
+            let e = exp::<S>(S::sub(v, sv));
+            // Lanes past the row are exp(0 − shift): keep them out of the sum.
+            let e = if lanes == S::LANES {
+                e
+            } else {
+                S::keep_first(e, lanes)
+            };
+            acc = S::add(acc, e);
+            store_lanes::<S>(x.add(i), e, lanes);
+        },
+    );
+    S::reduce_add(acc)
 }
