@@ -162,7 +162,8 @@ mod tests {
         for n in [
             "add_f32",
             "add_bf16",
-            "where_strided_f16",
+            "where_cond_f16",
+            "cmp_lt_bool",
             "gelu_tanh_bwd_bf16",
             "cast_bf16_i64",
             "sum_mid_partial_f16",
