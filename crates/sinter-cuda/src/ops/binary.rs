@@ -2,11 +2,11 @@
 //! dtype), contiguous or strided/broadcast. Tensor comparisons (bool outputs) and where run in
 //! `ops::boolean`.
 
-use super::{fake_slice, kname, need, need_dtype, need_float};
+use super::{fake_slice, kname, need, need_dtype, need_float, numel};
 use crate::alloc::DevSlice;
 use crate::device::CudaDevice;
 use crate::dtype::DType;
-use crate::error::{CudaError, Result};
+use crate::error::Result;
 use crate::launch::{
     check_strided_bounds, coalesce, is_contiguous_coalesced, Arg, Launch, LaunchTarget,
     StridedMeta, ELEMWISE_BLOCK,
@@ -134,13 +134,6 @@ pub fn plan_binary(
             Arg::I64(a.len() as i64),
         ],
     )))
-}
-
-fn numel(op: &'static str, shape: &[usize]) -> Result<usize> {
-    shape
-        .iter()
-        .try_fold(1usize, |acc, &s| acc.checked_mul(s))
-        .ok_or_else(|| CudaError::invalid(op, "shape overflows"))
 }
 
 /// Plan out (contiguous, `shape`) = a op b with strided/broadcast operands. Falls back to the

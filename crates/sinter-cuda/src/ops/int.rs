@@ -3,14 +3,12 @@
 //! device-side index check that records the first bad index in a small slot buffer.
 
 use super::binary::{BinaryOp, StridedIn};
-use super::{fake_slice, need, need_dtype};
+use super::{fake_slice, need, need_dtype, numel, strided_meta};
 use crate::alloc::DevSlice;
 use crate::device::CudaDevice;
 use crate::dtype::DType;
 use crate::error::{CudaError, Result};
-use crate::launch::{
-    check_strided_bounds, coalesce, Arg, Launch, LaunchTarget, StridedMeta, ELEMWISE_BLOCK,
-};
+use crate::launch::{Arg, Launch, LaunchTarget, ELEMWISE_BLOCK};
 use crate::nvrtc::KernelFile;
 
 /// Elements of the error slot [`plan_index_check`] writes: {position + 1, value, bound, tag},
@@ -19,29 +17,6 @@ pub const SLOT_LEN: usize = 4;
 
 /// Threads of the one-block index check (a power of two: the block reduction halves it).
 pub const CHECK_BLOCK: u32 = 1024;
-
-fn numel(op: &'static str, shape: &[usize]) -> Result<usize> {
-    shape
-        .iter()
-        .try_fold(1usize, |acc, &s| acc.checked_mul(s))
-        .ok_or_else(|| CudaError::invalid(op, "shape overflows"))
-}
-
-/// Merged shape and strides of `ins` over `shape` as the strided kernels take them.
-fn strided_meta(op: &'static str, ins: &[&StridedIn<'_>], shape: &[usize]) -> Result<StridedMeta> {
-    for (k, s) in ins.iter().enumerate() {
-        check_strided_bounds(
-            op,
-            ["first operand", "second operand", "third operand"][k],
-            s.data.len(),
-            shape,
-            s.strides,
-        )?;
-    }
-    let strides: Vec<&[i64]> = ins.iter().map(|s| s.strides).collect();
-    let (cs, cst) = coalesce(shape, &strides);
-    StridedMeta::new(&cs, &cst)
-}
 
 /// Plan out (contiguous i64, `shape`) = a op b for i64 operands through strides.
 pub fn plan_int_binary(
