@@ -68,7 +68,7 @@ fn main() {
     println!("|---|---|---:|---:|---:|---:|---:|");
     for c in CASES {
         let p = Conv2dParams {
-            padding: c.padding,
+            padding: c.padding.into(),
             ..Default::default()
         };
         let [n, ch, h, w] = c.x;

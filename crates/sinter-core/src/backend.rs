@@ -58,24 +58,39 @@ use crate::{DType, Device, Error, Layout, Result, Rng};
 /// The step control block's slots and the loss-scaler settings (one layout for the CPU and the
 /// kernels; see `tensor::step_ctl`).
 pub use sinter_cuda::ops::adamw::{ctl, ScalerCfg};
+use sinter_types::{conv_out_size, Hw};
 
 // ---- the parameters of the primitives ----------------------------------------------------------
 
+/// A convolution's stride, zero padding and dilation (per axis, PyTorch's `(h, w)` order;
+/// `Hw::from(2)` is the square 2) and its number of channel groups.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Conv2dParams {
-    pub stride: usize,
-    pub padding: usize,
-    pub dilation: usize,
+    pub stride: Hw,
+    pub padding: Hw,
+    pub dilation: Hw,
     pub groups: usize,
 }
 
 impl Default for Conv2dParams {
     fn default() -> Self {
         Conv2dParams {
-            stride: 1,
-            padding: 0,
-            dilation: 1,
+            stride: Hw::square(1),
+            padding: Hw::square(0),
+            dilation: Hw::square(1),
             groups: 1,
+        }
+    }
+}
+
+impl Conv2dParams {
+    /// The square geometry of the common case.
+    pub const fn square(stride: usize, padding: usize, dilation: usize, groups: usize) -> Self {
+        Conv2dParams {
+            stride: Hw::square(stride),
+            padding: Hw::square(padding),
+            dilation: Hw::square(dilation),
+            groups,
         }
     }
 }
@@ -97,12 +112,20 @@ pub struct ConvGeom {
 }
 
 impl ConvGeom {
-    /// The output size along one axis, if the (dilated) kernel fits the padded input.
-    pub fn out_size(input: usize, k: usize, p: &Conv2dParams) -> Option<usize> {
-        let span = p.dilation * k.checked_sub(1)? + 1;
-        (input + 2 * p.padding)
-            .checked_sub(span)
-            .map(|v| v / p.stride + 1)
+    /// The output (height, width) of a kh×kw kernel over an h×w input, if the (dilated)
+    /// kernel fits the padded input along both axes.
+    pub fn out_hw(
+        h: usize,
+        w: usize,
+        kh: usize,
+        kw: usize,
+        p: &Conv2dParams,
+    ) -> Option<(usize, usize)> {
+        let (s, pd, d) = (p.stride, p.padding, p.dilation);
+        Some((
+            conv_out_size(h, kh, s.h, pd.h, d.h)?,
+            conv_out_size(w, kw, s.w, pd.w, d.w)?,
+        ))
     }
     /// Input channels per group.
     pub fn cg(&self) -> usize {
@@ -122,11 +145,45 @@ impl ConvGeom {
     }
 }
 
+/// A 2-D pooling's window (PyTorch's `MaxPool2d` / `AvgPool2d` arguments, per axis).
+/// `ceil_mode`: round the output size up, keeping a last partial window that starts inside the
+/// input or its left padding. `count_include_pad` (average pooling only): padding counts in
+/// the divisor. Max pooling's padding is −∞ (never wins); average pooling takes no dilation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Pool2dParams {
-    pub kernel: usize,
-    pub stride: usize,
-    pub padding: usize,
+    pub kernel: Hw,
+    pub stride: Hw,
+    pub padding: Hw,
+    pub dilation: Hw,
+    pub ceil_mode: bool,
+    pub count_include_pad: bool,
+}
+
+impl Pool2dParams {
+    /// PyTorch's defaults for a kernel: stride = kernel, no padding, dilation 1, floor mode,
+    /// padding counted in averages.
+    pub fn new(kernel: impl Into<Hw>) -> Self {
+        let kernel = kernel.into();
+        Pool2dParams {
+            kernel,
+            stride: kernel,
+            padding: Hw::square(0),
+            dilation: Hw::square(1),
+            ceil_mode: false,
+            count_include_pad: true,
+        }
+    }
+    /// A square kernel, stride and padding (floor mode, dilation 1).
+    pub const fn square(kernel: usize, stride: usize, padding: usize) -> Self {
+        Pool2dParams {
+            kernel: Hw::square(kernel),
+            stride: Hw::square(stride),
+            padding: Hw::square(padding),
+            dilation: Hw::square(1),
+            ceil_mode: false,
+            count_include_pad: true,
+        }
+    }
 }
 
 /// Geometry of one 2-D pooling: input [n, c, h, w], output [n, c, oh, ow].

@@ -32,6 +32,7 @@ pub use error::{Error, Result};
 pub use layout::Layout;
 pub use loss::{CrossEntropyOptions, Reduction};
 pub use rng::Rng;
+pub use sinter_types::Hw;
 pub use tensor::{step_ctl, Tensor, TensorId};
 
 pub use half::{bf16, f16};

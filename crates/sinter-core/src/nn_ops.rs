@@ -9,6 +9,7 @@ use crate::layout::{broadcast_shape, resolve_dim};
 use crate::storage::Storage;
 use crate::tensor::output;
 use crate::{bail, DType, Error, Result, Rng, Tensor};
+use sinter_types::{pool_out_size, Hw};
 
 /// The layer norm backward rule (shared by `layer_norm` and `fused::residual_layer_norm`):
 /// gradients of x (when `want_x`), gamma and beta from the output gradient `g` and the forward's
@@ -142,7 +143,7 @@ impl Tensor {
         self.expect_rank("conv2d", 4, "input [n, c, h, w]")?;
         weight.expect_rank("conv2d", 4, "weight [o, c/groups, kh, kw]")?;
         let (xs, ws) = (self.shape(), weight.shape());
-        if p.groups == 0 || p.stride == 0 || p.dilation == 0 {
+        if p.groups == 0 || p.stride.any_zero() || p.dilation.any_zero() {
             bail!("conv2d: stride, dilation and groups must be at least 1, got {p:?}");
         }
         if xs[1] % p.groups != 0 || ws[0] % p.groups != 0 || ws[1] * p.groups != xs[1] {
@@ -152,17 +153,17 @@ impl Tensor {
                 rhs: ws.to_vec(),
             });
         }
-        let (oh, ow) = match (
-            ConvGeom::out_size(xs[2], ws[2], &p),
-            ConvGeom::out_size(xs[3], ws[3], &p),
-        ) {
-            (Some(a), Some(b)) if a > 0 && b > 0 => (a, b),
+        let (oh, ow) = match ConvGeom::out_hw(xs[2], xs[3], ws[2], ws[3], &p) {
+            Some((a, b)) if a > 0 && b > 0 => (a, b),
             _ => bail!(
-                "conv2d: a {}x{} kernel does not fit a {}x{} input with {p:?}",
+                "conv2d: a {}x{} kernel with dilation {} does not fit a {}x{} input with padding {} \
+                 (the padded input must be at least dilation·(k−1)+1 along each axis)",
                 ws[2],
                 ws[3],
+                p.dilation,
                 xs[2],
-                xs[3]
+                xs[3],
+                p.padding
             ),
         };
         Ok(ConvGeom {
@@ -179,19 +180,36 @@ impl Tensor {
         })
     }
 
+    /// The geometry of a 2-D pooling, after PyTorch's checks (`pool2d_shape_check`): kernel,
+    /// stride and dilation ≥ 1, padding at most half the kernel, at least one output pixel.
     fn pool_geom(&self, op: &'static str, p: Pool2dParams) -> Result<PoolGeom> {
         self.expect_rank(op, 4, "input [n, c, h, w]")?;
         self.float_op(op)?;
         let s = self.shape();
-        if p.kernel == 0 || p.stride == 0 || p.padding * 2 > p.kernel {
-            bail!("{op}: kernel and stride must be ≥ 1 and padding at most half the kernel, got {p:?}");
+        let (k, st, pd, d) = (p.kernel, p.stride, p.padding, p.dilation);
+        if k.any_zero() || st.any_zero() || d.any_zero() {
+            bail!("{op}: kernel, stride and dilation must be at least 1, got {p:?}");
         }
-        let out = |d: usize| {
-            (d + 2 * p.padding)
-                .checked_sub(p.kernel)
-                .map(|v| v / p.stride + 1)
+        if 2 * pd.h > k.h || 2 * pd.w > k.w {
+            bail!(
+                "{op}: padding {} must be at most half the kernel {} (as PyTorch requires: every \
+                 window must hold an input pixel)",
+                pd,
+                k
+            );
+        }
+        if op == "avg_pool2d" && d != Hw::square(1) {
+            bail!(
+                "{op}: average pooling takes no dilation (PyTorch's AvgPool2d has none), got {d}"
+            );
+        }
+        let out = |i: usize, k: usize, s: usize, pd: usize, d: usize| {
+            pool_out_size(i, k, s, pd, d, p.ceil_mode).filter(|&o| o > 0)
         };
-        match (out(s[2]), out(s[3])) {
+        match (
+            out(s[2], k.h, st.h, pd.h, d.h),
+            out(s[3], k.w, st.w, pd.w, d.w),
+        ) {
             (Some(oh), Some(ow)) => Ok(PoolGeom {
                 n: s[0],
                 c: s[1],
@@ -202,8 +220,11 @@ impl Tensor {
                 p,
             }),
             _ => bail!(
-                "{op}: kernel {} does not fit a {}x{} input",
-                p.kernel,
+                "{op}: a {} kernel with dilation {} and padding {} does not fit a {}x{} input \
+                 (output size would be below 1)",
+                k,
+                d,
+                pd,
                 s[2],
                 s[3]
             ),

@@ -179,11 +179,7 @@ fn argmax_picks_the_first_nan() {
 fn max_pool_propagates_nan() {
     on_each_device(|d| {
         let x = t(&[1.0f32, 2.0, f32::NAN, 0.0], &[1, 1, 2, 2], d)?.to_var()?;
-        let p = Pool2dParams {
-            kernel: 2,
-            stride: 2,
-            padding: 0,
-        };
+        let p = Pool2dParams::square(2, 2, 0);
         let y = x.max_pool2d(p)?;
         assert_close("max_pool2d", &y.to_vec_f32()?, &[f64::NAN], 0.0);
         y.sum_all()?.backward()?;

@@ -119,7 +119,7 @@ __device__ __forceinline__ void maxpool_fwd(const T* x, T* y, i64* argmax, const
             }
         }
         y[i] = from_f32<T>(best);
-        if (argmax) argmax[i] = bi < 0 ? 0 : bi;
+        if (argmax) argmax[i] = bi;  // -1: a window of padding only (no gradient), as on the CPU
     }
 }
 

@@ -25,12 +25,13 @@ use crate::alloc::{DevSlice, Pool};
 use crate::device::CudaDevice;
 use crate::dtype::DType;
 use crate::error::{guard, CudaError, Result};
+use sinter_types::{conv_out_size, Hw};
 
 /// The largest workspace an algorithm may ask for; bigger ones are skipped for the next
 /// candidate (the activations of a training step must still fit).
 pub const MAX_WORKSPACE: usize = 1 << 30;
 
-/// One convolution: input [n, c, h, w], weight [o, c/groups, kh, kw], square stride, padding
+/// One convolution: input [n, c, h, w], weight [o, c/groups, kh, kw], per-axis stride, padding
 /// and dilation (as `Tensor::conv2d` takes them), in `dtype` with f32 accumulation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct ConvProblem {
@@ -41,9 +42,9 @@ pub struct ConvProblem {
     pub o: usize,
     pub kh: usize,
     pub kw: usize,
-    pub stride: usize,
-    pub padding: usize,
-    pub dilation: usize,
+    pub stride: Hw,
+    pub padding: Hw,
+    pub dilation: Hw,
     pub groups: usize,
     pub dtype: DType,
     /// f32 only: let cuDNN use TF32 tensor cores (the precision mode allows it).
@@ -66,23 +67,21 @@ impl ConvProblem {
     /// Output height and width, or an error when the kernel does not fit.
     pub fn out_hw(&self) -> Result<(usize, usize)> {
         let op = "cudnn conv2d";
-        let one = |input: usize, k: usize, what: &str| -> Result<usize> {
-            let span = self.dilation * (k.max(1) - 1) + 1;
-            let padded = input + 2 * self.padding;
-            if k == 0 || padded < span || self.stride == 0 {
-                return Err(CudaError::invalid(
+        let one = |input: usize, k: usize, s: usize, pd: usize, d: usize, what: &str| {
+            conv_out_size(input, k, s, pd, d).ok_or_else(|| {
+                CudaError::invalid(
                     op,
                     format!(
-                        "a {what} kernel of {k} does not fit {input} (+2x{} padding)",
-                        self.padding
+                        "a {what} kernel of {k} (dilation {d}, stride {s}) does not fit {input} \
+                         (+2x{pd} padding)"
                     ),
-                ));
-            }
-            Ok((padded - span) / self.stride + 1)
+                )
+            })
         };
+        let (s, pd, d) = (self.stride, self.padding, self.dilation);
         Ok((
-            one(self.h, self.kh, "height")?,
-            one(self.w, self.kw, "width")?,
+            one(self.h, self.kh, s.h, pd.h, d.h, "height")?,
+            one(self.w, self.kw, s.w, pd.w, d.w, "width")?,
         ))
     }
 
@@ -96,7 +95,7 @@ impl ConvProblem {
                 format!("needs f32, f16 or bf16, got {}", self.dtype),
             ));
         }
-        if self.groups == 0 || self.stride == 0 || self.dilation == 0 {
+        if self.groups == 0 || self.stride.any_zero() || self.dilation.any_zero() {
             return Err(CudaError::invalid(
                 op,
                 "stride, dilation and groups must be at least 1",
@@ -119,9 +118,12 @@ impl ConvProblem {
             ("o", self.o),
             ("kh", self.kh),
             ("kw", self.kw),
-            ("stride", self.stride),
-            ("padding", self.padding),
-            ("dilation", self.dilation),
+            ("stride h", self.stride.h),
+            ("stride w", self.stride.w),
+            ("padding h", self.padding.h),
+            ("padding w", self.padding.w),
+            ("dilation h", self.dilation.h),
+            ("dilation w", self.dilation.w),
             ("groups", self.groups),
         ] {
             to_i32(op, what, v)?;
@@ -303,7 +305,7 @@ impl ConvPlan {
         let y = TensorDesc(cr::create_tensor_descriptor()?);
         let w = FilterDesc(cr::create_filter_descriptor()?);
         let conv = ConvDesc(cr::create_convolution_descriptor()?);
-        let (s, pd, d) = (p.stride as i32, p.padding as i32, p.dilation as i32);
+        let (s, pd, d) = (p.stride, p.padding, p.dilation);
         // SAFETY: freshly created descriptors, plain integer arguments validated to fit.
         unsafe {
             cr::set_tensor4d_descriptor(x.0, fmt, dt, p.x_dims())?;
@@ -311,12 +313,12 @@ impl ConvPlan {
             // Cross-correlation (what deep-learning "convolution" means) accumulated in f32.
             cr::set_convolution2d_descriptor(
                 conv.0,
-                pd,
-                pd,
-                s,
-                s,
-                d,
-                d,
+                pd.h as i32,
+                pd.w as i32,
+                s.h as i32,
+                s.w as i32,
+                d.h as i32,
+                d.w as i32,
                 cs::cudnnConvolutionMode_t::CUDNN_CROSS_CORRELATION,
                 cs::cudnnDataType_t::CUDNN_DATA_FLOAT,
             )?;
@@ -862,9 +864,9 @@ mod tests {
             o: 6,
             kh: 3,
             kw: 2,
-            stride: 2,
-            padding: 1,
-            dilation: 1,
+            stride: Hw::square(2),
+            padding: Hw::square(1),
+            dilation: Hw::square(1),
             groups: 2,
             dtype,
             allow_tf32: tf32,
@@ -884,10 +886,16 @@ mod tests {
             (3 * 4 * 9 * 7, 6 * 2 * 3 * 2, 3 * 6 * 5 * 4)
         );
         let mut d = p;
-        d.dilation = 2;
-        d.padding = 2;
+        d.dilation = Hw::square(2);
+        d.padding = Hw::square(2);
         // span 5: (9 + 4 - 5) / 2 + 1 = 5; span 3: (7 + 4 - 3) / 2 + 1 = 5.
         assert_eq!(d.out_hw().unwrap(), (5, 5));
+        // Per axis: stride (1, 2), padding (0, 1), dilation (2, 1): rows (9 - 5) / 1 + 1 = 5,
+        // columns (7 + 2 - 2) / 2 + 1 = 4.
+        d.stride = Hw::new(1, 2);
+        d.padding = Hw::new(0, 1);
+        d.dilation = Hw::new(2, 1);
+        assert_eq!(d.out_hw().unwrap(), (5, 4));
         assert_eq!(p.data_type(), cs::cudnnDataType_t::CUDNN_DATA_FLOAT);
         assert_eq!(
             prob(DType::F16, false).data_type(),

@@ -129,6 +129,7 @@ fn windows() -> Vec<Window2d> {
             stride: (1, 1),
             padding: (1, 1),
             dilation: (1, 1),
+            ceil_mode: false,
         },
         Window2d {
             n: 1,
@@ -139,6 +140,7 @@ fn windows() -> Vec<Window2d> {
             stride: (2, 3),
             padding: (1, 0),
             dilation: (2, 1),
+            ceil_mode: false,
         },
         Window2d {
             n: 3,
@@ -149,6 +151,7 @@ fn windows() -> Vec<Window2d> {
             stride: (2, 2),
             padding: (0, 0),
             dilation: (1, 1),
+            ceil_mode: false,
         },
     ]
 }

@@ -81,6 +81,7 @@ fn max_pool_propagates_nan_to_the_last_nan() {
         stride: (2, 2),
         padding: (0, 0),
         dilation: (1, 1),
+        ceil_mode: false,
     };
     let xv = [nan, 1.0, nan, 0.0, 1.0, 2.0, nan, 0.0, nan, 5.0, 1.0, 0.0];
     for d in FLOATS {

@@ -693,6 +693,7 @@ fn conv_helpers() {
         stride: (2, 1),
         padding: (1, 1),
         dilation: (1, 2),
+        ceil_mode: false,
     };
     let nin = g.n * g.c * g.h * g.w;
     let (oh, ow) = g.out_hw().unwrap();
@@ -764,6 +765,7 @@ fn conv_helpers() {
         stride: (2, 2),
         padding: (0, 0),
         dilation: (1, 1),
+        ceil_mode: false,
     };
     let pv = data(32, 20, -1.0, 1.0);
     let px = up(&d, &pv, DType::F32);

@@ -39,7 +39,7 @@ impl LeNet {
             bail!("cnn: fusing conv and BatchNorm needs the BatchNorm variant (cnn-bn)");
         }
         let same = Conv2dParams {
-            padding: 1,
+            padding: 1.into(),
             ..Default::default()
         };
         let (c1, c2) = (32, 64);

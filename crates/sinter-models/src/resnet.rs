@@ -13,8 +13,8 @@ fn conv3(cin: usize, cout: usize, stride: usize, rng: &mut Rng) -> Result<Conv2d
         cout,
         3,
         Conv2dParams {
-            stride,
-            padding: 1,
+            stride: stride.into(),
+            padding: 1.into(),
             ..Default::default()
         },
         false,
@@ -45,7 +45,7 @@ impl BasicBlock {
                 cout,
                 1,
                 Conv2dParams {
-                    stride,
+                    stride: stride.into(),
                     ..Default::default()
                 },
                 false,

@@ -2,7 +2,7 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use sinter_core::{bail, no_grad, Conv2dParams, Pool2dParams, Result, Rng, Tensor};
+use sinter_core::{bail, no_grad, Conv2dParams, Hw, Pool2dParams, Result, Rng, Tensor};
 
 use crate::init;
 use crate::module::{buffer, join, layer_weight, param, Module, NamedTensor, SharedRng};
@@ -109,10 +109,11 @@ pub struct Conv2d {
 
 impl Conv2d {
     /// Kaiming-normal weights (fan-in, for ReLU networks) and PyTorch-style uniform bias.
+    /// `kernel`: `3` for 3×3, `(3, 1)` for 3 rows × 1 column (PyTorch's `kernel_size`).
     pub fn new(
         cin: usize,
         cout: usize,
-        kernel: usize,
+        kernel: impl Into<Hw>,
         params: Conv2dParams,
         bias: bool,
         rng: &mut Rng,
@@ -126,7 +127,11 @@ impl Conv2d {
                 params.groups
             );
         }
-        let shape = [cout, cin / params.groups, kernel, kernel];
+        let kernel = kernel.into();
+        if kernel.any_zero() {
+            bail!("Conv2d: the kernel must be at least 1x1, got {kernel}");
+        }
+        let shape = [cout, cin / params.groups, kernel.h, kernel.w];
         let weight = init::kaiming_normal(&shape, rng)?;
         let bias = if bias {
             Some(init::bias_uniform(cout, init::fans(&shape).0, rng)?)
@@ -426,21 +431,47 @@ impl Module for Dropout {
     }
 }
 
+/// A pooling window of this kernel and stride, PyTorch's other defaults.
+fn window(kernel: Hw, stride: Hw) -> Pool2dParams {
+    Pool2dParams {
+        stride,
+        ..Pool2dParams::new(kernel)
+    }
+}
+
+/// 2-D max pooling (`torch.nn.MaxPool2d`); the full set of arguments (per-axis padding,
+/// dilation, ceil mode) through `MaxPool2d(Pool2dParams { .. })`.
 pub struct MaxPool2d(pub Pool2dParams);
 
 impl MaxPool2d {
-    pub fn new(kernel: usize, stride: usize) -> Self {
-        MaxPool2d(Pool2dParams {
-            kernel,
-            stride,
-            padding: 0,
-        })
+    /// `kernel` and `stride`: `2` for 2×2, `(2, 1)` per axis; no padding, floor mode.
+    pub fn new(kernel: impl Into<Hw>, stride: impl Into<Hw>) -> Self {
+        MaxPool2d(window(kernel.into(), stride.into()))
     }
 }
 
 impl Module for MaxPool2d {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         x.max_pool2d(self.0)
+    }
+    fn collect(&self, _prefix: &str, _out: &mut Vec<NamedTensor>) {}
+}
+
+/// 2-D average pooling (`torch.nn.AvgPool2d`; padding counted in the divisor unless
+/// `count_include_pad` is false); the full set of arguments through
+/// `AvgPool2d(Pool2dParams { .. })`.
+pub struct AvgPool2d(pub Pool2dParams);
+
+impl AvgPool2d {
+    /// `kernel` and `stride`: `2` for 2×2, `(2, 1)` per axis; no padding, floor mode.
+    pub fn new(kernel: impl Into<Hw>, stride: impl Into<Hw>) -> Self {
+        AvgPool2d(window(kernel.into(), stride.into()))
+    }
+}
+
+impl Module for AvgPool2d {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        x.avg_pool2d(self.0)
     }
     fn collect(&self, _prefix: &str, _out: &mut Vec<NamedTensor>) {}
 }

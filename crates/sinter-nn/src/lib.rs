@@ -20,8 +20,8 @@ pub use attention::{CausalSelfAttention, LayerKvCache, Mlp, TransformerBlock};
 pub use conv_bn::ConvBn;
 pub use device::{module_device, move_module};
 pub use layers::{
-    BatchNorm2d, Conv2d, Dropout, Embedding, Flatten, Gelu, GeluApproximate, LayerNorm, Linear,
-    MaxPool2d, Relu, Sequential,
+    AvgPool2d, BatchNorm2d, Conv2d, Dropout, Embedding, Flatten, Gelu, GeluApproximate, LayerNorm,
+    Linear, MaxPool2d, Relu, Sequential,
 };
 pub use loss::{CrossEntropyLoss, MseLoss};
 pub use mixed_precision::{

@@ -3,7 +3,7 @@
 //! fused op's outputs, gradients (input, conv weight and bias, γ, β) and running statistics
 //! equal the unfused layers' within f32 rounding.
 
-use sinter_core::{no_grad, Conv2dParams, DType, Device, Rng, Tensor};
+use sinter_core::{no_grad, Conv2dParams, DType, Device, Hw, Rng, Tensor};
 use sinter_nn::conv_bn::conv_bn_training;
 use sinter_nn::fold::{fold_conv_bn, fold_for_inference, fold_linear_bn};
 use sinter_nn::{BatchNorm2d, Conv2d, ConvBn, Linear, Module, Sequential};
@@ -42,19 +42,25 @@ fn max_abs(t: &Tensor) -> f64 {
         .fold(0.0, f64::max)
 }
 
-fn conv_cases() -> Vec<(usize, usize, usize, Conv2dParams)> {
-    let p = |stride, padding, dilation, groups| Conv2dParams {
-        stride,
-        padding,
-        dilation,
-        groups,
-    };
+fn conv_cases() -> Vec<(usize, usize, Hw, Conv2dParams)> {
+    let p = Conv2dParams::square;
     // (input channels, output channels, kernel, params)
     vec![
-        (3, 8, 3, p(1, 1, 1, 1)),
-        (4, 6, 3, p(2, 0, 1, 1)),
-        (4, 8, 3, p(1, 2, 2, 2)),
-        (5, 7, 1, p(2, 0, 1, 1)),
+        (3, 8, 3.into(), p(1, 1, 1, 1)),
+        (4, 6, 3.into(), p(2, 0, 1, 1)),
+        (4, 8, 3.into(), p(1, 2, 2, 2)),
+        (5, 7, 1.into(), p(2, 0, 1, 1)),
+        (
+            3,
+            4,
+            (3, 1).into(),
+            Conv2dParams {
+                stride: (1, 2).into(),
+                padding: (1, 0).into(),
+                dilation: (2, 1).into(),
+                groups: 1,
+            },
+        ),
     ]
 }
 

@@ -1,10 +1,10 @@
 //! Layers that behave like their PyTorch namesakes at the edges (issue 14): `Embedding`'s
 //! `padding_idx`, `GELU`'s default (exact) form, and `BatchNorm2d` refusing a batch with one
-//! value per channel in training. Expected values were printed by PyTorch 2.15 (CPU) with
+//! value per channel in training, per-axis pooling with ceil mode. Expected values were printed by PyTorch 2.15 (CPU) with
 //! crates/sinter-core/tests/semantics_torch.py.
 
-use sinter_core::{Conv2dParams, DType, Device, Result, Rng, Tensor};
-use sinter_nn::{BatchNorm2d, Conv2d, ConvBn, Embedding, Gelu, Module};
+use sinter_core::{Conv2dParams, DType, Device, Hw, Pool2dParams, Result, Rng, Tensor};
+use sinter_nn::{AvgPool2d, BatchNorm2d, Conv2d, ConvBn, Embedding, Gelu, MaxPool2d, Module};
 
 fn close(what: &str, got: &[f32], want: &[f64], tol: f64) {
     assert_eq!(got.len(), want.len(), "{what}");
@@ -127,5 +127,79 @@ fn batch_norm_refuses_one_value_per_channel_in_training() -> Result<()> {
     assert_eq!(bn.forward(&two)?.shape(), [2, 3, 1, 1]);
     bn.set_training(false);
     assert_eq!(bn.forward(&one)?.shape(), [1, 3, 1, 1]);
+    Ok(())
+}
+
+/// Per-axis pooling with `ceil_mode` (issue 14): `nn.MaxPool2d((3, 2), (2, 1), (1, 0),
+/// ceil_mode=True)` and `nn.AvgPool2d((2, 3), (2, 2), (1, 1), ceil_mode=True,
+/// count_include_pad=False / True)` on a 5×5 input (0.5·i − 3, one value −7), values printed
+/// by PyTorch 2.15; and a Conv2d with a 3×1 kernel.
+#[test]
+fn per_axis_pooling_and_ceil_mode_match_pytorch() -> Result<()> {
+    let mut v: Vec<f32> = (0..25).map(|i| i as f32 * 0.5 - 3.0).collect();
+    v[2 * 5 + 3] = -7.0;
+    let x = Tensor::from_slice(&v, &[1, 1, 5, 5], Device::Cpu)?;
+    let max = MaxPool2d(Pool2dParams {
+        stride: (2, 1).into(),
+        padding: (1, 0).into(),
+        ceil_mode: true,
+        ..Pool2dParams::new((3, 2))
+    });
+    let y = max.forward(&x)?;
+    assert_eq!(y.shape(), [1, 1, 3, 4]);
+    let want = [0.0, 0.5, 1.0, 1.5, 5.0, 5.5, 6.0, 6.5, 7.5, 8.0, 8.5, 9.0];
+    close("max_pool2d", &y.to_vec_f32()?, &want, 0.0);
+    let avg = |count_include_pad| {
+        AvgPool2d(Pool2dParams {
+            stride: 2.into(),
+            padding: 1.into(),
+            ceil_mode: true,
+            count_include_pad,
+            ..Pool2dParams::new((2, 3))
+        })
+    };
+    let y = avg(false).forward(&x)?;
+    assert_eq!(y.shape(), [1, 1, 3, 3]);
+    let want = [-2.75, -2.0, -1.25, 1.0, 0.0, -0.125, 6.0, 6.75, 7.5];
+    close("avg_pool2d", &y.to_vec_f32()?, &want, 1e-6);
+    let want = [
+        -0.9166666666666666,
+        -1.0,
+        -0.4166666666666667,
+        0.6666666666666666,
+        0.0,
+        -0.08333333333333333,
+        4.0,
+        6.75,
+        5.0,
+    ];
+    close(
+        "avg_pool2d count_include_pad",
+        &avg(true).forward(&x)?.to_vec_f32()?,
+        &want,
+        1e-6,
+    );
+    // The square shorthand is the square window.
+    assert_eq!(MaxPool2d::new(2, 2).0, Pool2dParams::square(2, 2, 0));
+    assert_eq!(AvgPool2d::new((2, 1), 1).0.kernel, Hw::new(2, 1));
+    let conv = Conv2d::new(
+        1,
+        2,
+        (3, 1),
+        Conv2dParams::default(),
+        true,
+        &mut Rng::new(1),
+    )?;
+    assert_eq!(conv.weight.shape(), [2, 1, 3, 1]);
+    assert_eq!(conv.forward(&x)?.shape(), [1, 2, 3, 5]);
+    assert!(Conv2d::new(
+        1,
+        2,
+        (3, 0),
+        Conv2dParams::default(),
+        true,
+        &mut Rng::new(1)
+    )
+    .is_err());
     Ok(())
 }

@@ -81,58 +81,69 @@ fn quantized_linear_is_within_its_quantization_error() {
     assert!(got.iter().zip(&want).any(|(a, b)| a != b));
 }
 
+/// Square and per-axis geometries (kernel, stride, padding, dilation as (rows, columns)): each
+/// output within the bound of its own patch's quantization error.
 #[test]
 fn quantized_conv_is_within_its_quantization_error() {
-    let mut rng = Rng::new(2);
-    let p = Conv2dParams {
-        stride: 2,
-        padding: 1,
-        dilation: 1,
-        groups: 1,
-    };
-    let conv = Conv2d::new(3, 5, 3, p, true, &mut rng).unwrap();
-    let x = randn(&[2, 3, 7, 6], 1.0, &mut rng);
-    let xv = vals(&x);
-    let (lo, hi) = xv
-        .iter()
-        .fold((0f32, 0f32), |(a, b), &v| (a.min(v), b.max(v)));
-    let input = sinter_cpu::int8::QParams::from_range(lo, hi).unwrap();
-    let q = QuantizedConv2d::from_f32(&conv.weight, conv.bias.as_ref(), p, input).unwrap();
-    let _g = no_grad();
-    let want = vals(&conv.forward(&x).unwrap());
-    let got_t = q.forward(&x).unwrap();
-    assert_eq!(got_t.shape(), &[2, 5, 4, 3]);
-    let got = vals(&got_t);
-    let (w, ws) = (
-        vals(&conv.weight),
-        Int8Weight::from_f32(&conv.weight).unwrap(),
-    );
-    let dx = input.scale as f64 / 2.0;
-    for n in 0..2 {
-        for o in 0..5 {
-            for oy in 0..4 {
-                for ox in 0..3 {
-                    // The patch inside the image (padding is an exact 0 on both sides).
-                    let (mut xs, mut wsl) = (Vec::new(), Vec::new());
-                    for c in 0..3 {
-                        for ky in 0..3 {
-                            for kx in 0..3 {
-                                let (iy, ix) =
-                                    ((oy * 2 + ky) as isize - 1, (ox * 2 + kx) as isize - 1);
-                                if (0..7).contains(&iy) && (0..6).contains(&ix) {
-                                    xs.push(xv[((n * 3 + c) * 7 + iy as usize) * 6 + ix as usize]);
-                                    wsl.push(w[((o * 3 + c) * 3 + ky) * 3 + kx]);
+    let cases = [
+        ((3, 3), (2, 2), (1, 1), (1, 1), (4, 3)),
+        ((3, 2), (2, 1), (1, 0), (1, 2), (4, 4)),
+        ((1, 3), (1, 3), (0, 1), (1, 1), (7, 2)),
+    ];
+    for (k, s, pd, d, (oh, ow)) in cases {
+        let mut rng = Rng::new(2);
+        let p = Conv2dParams {
+            stride: s.into(),
+            padding: pd.into(),
+            dilation: d.into(),
+            groups: 1,
+        };
+        let conv = Conv2d::new(3, 5, k, p, true, &mut rng).unwrap();
+        let x = randn(&[2, 3, 7, 6], 1.0, &mut rng);
+        let xv = vals(&x);
+        let (lo, hi) = xv
+            .iter()
+            .fold((0f32, 0f32), |(a, b), &v| (a.min(v), b.max(v)));
+        let input = sinter_cpu::int8::QParams::from_range(lo, hi).unwrap();
+        let q = QuantizedConv2d::from_f32(&conv.weight, conv.bias.as_ref(), p, input).unwrap();
+        let _g = no_grad();
+        let want = vals(&conv.forward(&x).unwrap());
+        let got_t = q.forward(&x).unwrap();
+        assert_eq!(got_t.shape(), &[2, 5, oh, ow], "{p:?}");
+        let got = vals(&got_t);
+        let (w, ws) = (
+            vals(&conv.weight),
+            Int8Weight::from_f32(&conv.weight).unwrap(),
+        );
+        let dx = input.scale as f64 / 2.0;
+        for n in 0..2 {
+            for o in 0..5 {
+                for oy in 0..oh {
+                    for ox in 0..ow {
+                        // The patch inside the image (padding is an exact 0 on both sides).
+                        let (mut xs, mut wsl) = (Vec::new(), Vec::new());
+                        for c in 0..3 {
+                            for ky in 0..k.0 {
+                                for kx in 0..k.1 {
+                                    let iy = (oy * s.0 + ky * d.0) as isize - pd.0 as isize;
+                                    let ix = (ox * s.1 + kx * d.1) as isize - pd.1 as isize;
+                                    if (0..7).contains(&iy) && (0..6).contains(&ix) {
+                                        xs.push(
+                                            xv[((n * 3 + c) * 7 + iy as usize) * 6 + ix as usize],
+                                        );
+                                        wsl.push(w[((o * 3 + c) * k.0 + ky) * k.1 + kx]);
+                                    }
                                 }
                             }
                         }
+                        let b = dot_bound(&xs, &wsl, dx, ws.scales()[o] as f64 / 2.0);
+                        let i = ((n * 5 + o) * oh + oy) * ow + ox;
+                        let e = (got[i] - want[i]).abs() as f64;
+                        assert!(
+                            e <= b,
+                            "{p:?} ({n}, {o}, {oy}, {ox}): error {e} above the bound {b}"
+                        );
                     }
-                    let b = dot_bound(&xs, &wsl, dx, ws.scales()[o] as f64 / 2.0);
-                    let i = ((n * 5 + o) * 4 + oy) * 3 + ox;
-                    let e = (got[i] - want[i]).abs() as f64;
-                    assert!(
-                        e <= b,
-                        "({n}, {o}, {oy}, {ox}): error {e} above the bound {b}"
-                    );
                 }
             }
         }
@@ -151,7 +162,7 @@ impl Tiny {
     fn new(seed: u64) -> Tiny {
         let mut rng = Rng::new(seed);
         let p = Conv2dParams {
-            padding: 1,
+            padding: 1.into(),
             ..Default::default()
         };
         Tiny {
@@ -338,12 +349,7 @@ fn misuse_gets_clear_errors() {
 #[test]
 fn batch_norm_folds_into_an_int8_convolution() {
     let mut rng = Rng::new(5);
-    let p = Conv2dParams {
-        stride: 1,
-        padding: 1,
-        dilation: 1,
-        groups: 1,
-    };
+    let p = Conv2dParams::square(1, 1, 1, 1);
     let conv = Conv2d::new(3, 6, 3, p, false, &mut rng).unwrap();
     let bn = sinter_nn::BatchNorm2d::new(6).unwrap();
     let set = |t: &Tensor, v: &[f32]| t.assign(&Tensor::from_slice(v, &[6], Device::Cpu).unwrap());

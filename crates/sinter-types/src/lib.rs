@@ -6,6 +6,8 @@
 //!   their f64 reference semantics and the f32 arithmetic the CPU kernels use.
 //! - [`erf`]: the error function of GELU's exact form.
 //! - [`AdamW`]: the optimizer's hyper-parameters and per-step factors (PyTorch's arithmetic).
+//! - [`Hw`], [`conv_out_size`], [`pool_out_size`]: per-axis window sizes and PyTorch's
+//!   output-size rules of convolution and pooling.
 //! - [`Rng`] and [`SplitMix64`]: the seeded generators whose state checkpoints save.
 //!
 //! This crate depends on no other sinter crate; everything else depends on it.
@@ -14,6 +16,7 @@ pub mod adamw;
 pub mod dtype;
 pub mod op;
 pub mod rng;
+pub mod window;
 
 pub use adamw::{AdamW, AdamWFactors};
 pub use dtype::{DType, Element};
@@ -22,5 +25,6 @@ pub use op::{
     UnaryOp,
 };
 pub use rng::{Rng, SplitMix64};
+pub use window::{conv_out_size, pool_out_size, Hw};
 
 pub use half::{bf16, f16};

@@ -384,7 +384,7 @@ fn gemm(n: usize, budget: Duration) -> Result<Figure> {
 fn conv(budget: Duration) -> Result<Vec<Figure>> {
     let (x_shape, w_shape) = ([64, 32, 16, 16], [64, 32, 3, 3]);
     let p = Conv2dParams {
-        padding: 1,
+        padding: 1.into(),
         ..Default::default()
     };
     let mut rng = Rng::new(7);

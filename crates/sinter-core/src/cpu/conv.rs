@@ -18,8 +18,9 @@ use rayon::prelude::*;
 use sinter_cpu::gemm::{Gemm, MatMut};
 
 use super::matmul::MatView;
-use crate::backend::{ConvGeom, Pool2dParams};
+use crate::backend::{ConvGeom, PoolGeom};
 use crate::op::pool_max_replaces;
+use sinter_types::Hw;
 
 /// Output pixels (images × oh·ow) per block GEMM: wide enough for the GEMM's register tiles
 /// and to pack the weight once for several images, small enough that a batch makes several
@@ -90,13 +91,10 @@ fn for_chunks(data: &mut [f32], len: usize, par: bool, f: impl Fn(usize, &mut [f
 /// For output row `oy` and kernel offset (ky, kx): the input row (None: padding) and the
 /// range of output columns whose input column is inside the image (any stride and dilation).
 fn tap(g: &ConvGeom, oy: usize, ky: usize, kx: usize) -> (Option<usize>, isize, usize, usize) {
-    let (s, pd, d) = (
-        g.p.stride as isize,
-        g.p.padding as isize,
-        g.p.dilation as isize,
-    );
-    let iy = oy as isize * s - pd + ky as isize * d;
-    let shift = kx as isize * d - pd; // ix = ox·s + shift
+    let (s, pd, d) = (g.p.stride, g.p.padding, g.p.dilation);
+    let iy = (oy * s.h + ky * d.h) as isize - pd.h as isize;
+    let shift = (kx * d.w) as isize - pd.w as isize; // ix = ox·s.w + shift
+    let s = s.w as isize;
     let row = (iy >= 0 && iy < g.h as isize).then_some(iy as usize);
     // First and one-past-last ox with 0 <= ox·s + shift < w.
     let lo = if shift >= 0 {
@@ -129,7 +127,7 @@ struct Flat {
 }
 
 fn flat_window(g: &ConvGeom, ky: usize, kx: usize) -> Option<Flat> {
-    if g.p.stride != 1 || g.ow != g.w {
+    if g.p.stride != Hw::square(1) || g.ow != g.w {
         return None;
     }
     let inside = |oy: usize| tap(g, oy, ky, kx).0;
@@ -215,7 +213,7 @@ fn zero_short(dst: &mut [f32]) {
 /// of the block (`imgs` images starting at `x`), 0 over padding.
 fn im2col_row(x: &[f32], g: &ConvGeom, c0: usize, r: usize, dst: &mut [f32]) {
     let (kx, ky, ci) = (r % g.kw, (r / g.kw) % g.kh, r / (g.kw * g.kh));
-    let (l, img_len, s) = (g.l(), g.c * g.h * g.w, g.p.stride);
+    let (l, img_len, s) = (g.l(), g.c * g.h * g.w, g.p.stride.w);
     let (_, shift, lo, hi) = tap(g, 0, ky, kx);
     let inside = |oy: usize| tap(g, oy, ky, kx).0;
     let flat = flat_window(g, ky, kx);
@@ -266,7 +264,7 @@ fn col2im_image(
     flat: Option<&[(Flat, Vec<bool>)]>,
     img: &mut [f32],
 ) {
-    let s = g.p.stride;
+    let s = g.p.stride.w;
     for r in 0..g.ckk() {
         let (kx, ky, ci) = (r % g.kw, (r / g.kw) % g.kh, r / (g.kw * g.kh));
         let plane = &mut img[(c0 + ci) * g.h * g.w..][..g.h * g.w];
@@ -317,7 +315,7 @@ fn tap_table(g: &ConvGeom) -> Option<Vec<u32>> {
             let (row, shift, lo, hi) = tap(g, oy, t / g.kw, t % g.kw);
             let Some(iy) = row else { continue };
             for ox in lo..hi {
-                let ix = ((ox * g.p.stride) as isize + shift) as usize;
+                let ix = ((ox * g.p.stride.w) as isize + shift) as usize;
                 table[t * l + oy * g.ow + ox] = (iy * g.w + ix) as u32;
             }
         }
@@ -713,25 +711,23 @@ pub fn bias_relu_backward(
     (dpre, db.into_iter().map(|v| v as f32).collect())
 }
 
-/// Max pooling over [planes, h, w]; returns the output and each output's argmax (flat index
-/// within its plane) for the backward pass.
-pub fn max_pool2d(
-    x: &[f32],
-    planes: usize,
-    h: usize,
-    w: usize,
-    oh: usize,
-    ow: usize,
-    p: Pool2dParams,
-) -> (Vec<f32>, Vec<i64>) {
-    let mut out = vec![0f32; planes * oh * ow];
-    let mut arg = vec![0i64; planes * oh * ow];
+/// Max pooling over [planes, h, w] (padding is −∞: it never wins); returns the output and
+/// each output's argmax (flat index within its plane, −1 for a window of padding only) for
+/// the backward pass.
+pub fn max_pool2d(x: &[f32], g: &PoolGeom) -> (Vec<f32>, Vec<i64>) {
+    let (h, w, oh, ow) = (g.h, g.w, g.oh, g.ow);
+    let (k, s, pd, d) = (g.p.kernel, g.p.stride, g.p.padding, g.p.dilation);
+    let mut out = vec![0f32; g.planes() * oh * ow];
+    let mut arg = vec![0i64; g.planes() * oh * ow];
     if out.is_empty() {
         return (out, arg);
     }
-    // Without padding every window lies inside its plane: no bounds checks per element.
-    let (k, s) = (p.kernel, p.stride);
-    let inside = p.padding == 0 && k > 0 && (oh - 1) * s + k <= h && (ow - 1) * s + k <= w;
+    // Without padding, dilation or a ceil-mode window past the edge, every window lies inside
+    // its plane: no bounds checks per element.
+    let inside = pd == Hw::square(0)
+        && d == Hw::square(1)
+        && (oh - 1) * s.h + k.h <= h
+        && (ow - 1) * s.w + k.w <= w;
     out.par_chunks_mut(oh * ow)
         .zip(arg.par_chunks_mut(oh * ow))
         .with_min_len((4096 / (h * w).max(1)).max(1))
@@ -743,22 +739,22 @@ pub fn max_pool2d(
                 // (137k vs 237k samples/s at batch 256): one vectorised scan for NaN picks the
                 // plain comparison for planes without any, which gives the same result there.
                 return if plane.iter().any(|v| v.is_nan()) {
-                    max_pool_plane_inside::<true>(plane, w, oh, ow, k, s, o, a)
+                    max_pool_plane_inside::<true>(plane, g, o, a)
                 } else {
-                    max_pool_plane_inside::<false>(plane, w, oh, ow, k, s, o, a)
+                    max_pool_plane_inside::<false>(plane, g, o, a)
                 };
             }
             for oy in 0..oh {
                 for ox in 0..ow {
                     let mut best = f32::NEG_INFINITY;
                     let mut bi = -1i64;
-                    for ky in 0..p.kernel {
-                        let iy = (oy * p.stride + ky) as isize - p.padding as isize;
+                    for ky in 0..k.h {
+                        let iy = (oy * s.h + ky * d.h) as isize - pd.h as isize;
                         if iy < 0 || iy >= h as isize {
                             continue;
                         }
-                        for kx in 0..p.kernel {
-                            let ix = (ox * p.stride + kx) as isize - p.padding as isize;
+                        for kx in 0..k.w {
+                            let ix = (ox * s.w + kx * d.w) as isize - pd.w as isize;
                             if ix < 0 || ix >= w as isize {
                                 continue;
                             }
@@ -780,32 +776,28 @@ pub fn max_pool2d(
 /// One plane of [`max_pool2d`] when every window is inside it (the same scan order and
 /// comparison as the general loop: the first element, then any strictly greater one or NaN;
 /// `NAN` false: the plane holds no NaN, so a plain `>` decides the same).
-#[allow(clippy::too_many_arguments)]
 fn max_pool_plane_inside<const NAN: bool>(
     plane: &[f32],
-    w: usize,
-    oh: usize,
-    ow: usize,
-    k: usize,
-    s: usize,
+    g: &PoolGeom,
     o: &mut [f32],
     a: &mut [i64],
 ) {
-    for oy in 0..oh {
-        for ox in 0..ow {
-            let first = oy * s * w + ox * s;
+    let (w, k, s) = (g.w, g.p.kernel, g.p.stride);
+    for oy in 0..g.oh {
+        for ox in 0..g.ow {
+            let first = oy * s.h * w + ox * s.w;
             let (mut best, mut bi) = (plane[first], first);
-            for ky in 0..k {
+            for ky in 0..k.h {
                 let row = first + ky * w;
-                for (kx, &v) in plane[row..row + k].iter().enumerate() {
+                for (kx, &v) in plane[row..row + k.w].iter().enumerate() {
                     if (NAN && pool_max_replaces(best, v)) || (!NAN && v > best) {
                         best = v;
                         bi = row + kx;
                     }
                 }
             }
-            o[oy * ow + ox] = best;
-            a[oy * ow + ox] = bi as i64;
+            o[oy * g.ow + ox] = best;
+            a[oy * g.ow + ox] = bi as i64;
         }
     }
 }
@@ -832,65 +824,80 @@ pub fn max_pool2d_backward(
     dx
 }
 
-/// Average pooling; padding counts as zeros in the average (PyTorch's default).
-pub fn avg_pool2d(
-    x: &[f32],
-    planes: usize,
-    h: usize,
-    w: usize,
-    oh: usize,
-    ow: usize,
-    p: Pool2dParams,
-) -> Vec<f32> {
-    let inv = 1.0 / (p.kernel * p.kernel) as f32;
-    let mut out = vec![0f32; planes * oh * ow];
-    out.par_chunks_mut(oh * ow).enumerate().for_each(|(pi, o)| {
-        let plane = &x[pi * h * w..(pi + 1) * h * w];
-        for oy in 0..oh {
-            for ox in 0..ow {
-                let mut s = 0f32;
-                for ky in 0..p.kernel {
-                    let iy = (oy * p.stride + ky) as isize - p.padding as isize;
-                    for kx in 0..p.kernel {
-                        let ix = (ox * p.stride + kx) as isize - p.padding as isize;
-                        if iy >= 0 && iy < h as isize && ix >= 0 && ix < w as isize {
-                            s += plane[iy as usize * w + ix as usize];
+/// Average pooling's window (oy, ox), PyTorch's rule: the input rows y0..y1 and columns
+/// x0..x1 it covers, and its divisor — the window clipped to the padded input (kh·kw except
+/// for a ceil-mode window hanging past the padding) with `count_include_pad`, else the input
+/// pixels it covers. None: a window over padding only (output 0).
+fn avg_window(g: &PoolGeom, oy: usize, ox: usize) -> Option<([usize; 4], f32)> {
+    let (k, s, pd) = (g.p.kernel, g.p.stride, g.p.padding);
+    let axis = |o: usize, k: usize, s: usize, pd: usize, len: usize| {
+        let start = (o * s) as isize - pd as isize;
+        let end = (start + k as isize).min((len + pd) as isize);
+        let padded = end - start;
+        let (a, b) = (
+            start.max(0) as usize,
+            (end.min(len as isize)).max(0) as usize,
+        );
+        (a, b, padded as usize)
+    };
+    let (y0, y1, ph) = axis(oy, k.h, s.h, pd.h, g.h);
+    let (x0, x1, pw) = axis(ox, k.w, s.w, pd.w, g.w);
+    if y0 >= y1 || x0 >= x1 {
+        return None;
+    }
+    let div = if g.p.count_include_pad {
+        ph * pw
+    } else {
+        (y1 - y0) * (x1 - x0)
+    };
+    Some(([y0, y1, x0, x1], div as f32))
+}
+
+/// Average pooling ([`avg_window`]'s divisor).
+pub fn avg_pool2d(x: &[f32], g: &PoolGeom) -> Vec<f32> {
+    let (h, w, oh, ow) = (g.h, g.w, g.oh, g.ow);
+    let mut out = vec![0f32; g.planes() * oh * ow];
+    out.par_chunks_mut((oh * ow).max(1))
+        .enumerate()
+        .for_each(|(pi, o)| {
+            let plane = &x[pi * h * w..(pi + 1) * h * w];
+            for oy in 0..oh {
+                for ox in 0..ow {
+                    let Some(([y0, y1, x0, x1], div)) = avg_window(g, oy, ox) else {
+                        continue;
+                    };
+                    let mut s = 0f32;
+                    for iy in y0..y1 {
+                        for &v in &plane[iy * w + x0..iy * w + x1] {
+                            s += v;
                         }
                     }
+                    o[oy * ow + ox] = s / div;
                 }
-                o[oy * ow + ox] = s * inv;
             }
-        }
-    });
+        });
     out
 }
 
-pub fn avg_pool2d_backward(
-    dy: &[f32],
-    planes: usize,
-    h: usize,
-    w: usize,
-    oh: usize,
-    ow: usize,
-    p: Pool2dParams,
-) -> Vec<f32> {
-    let inv = 1.0 / (p.kernel * p.kernel) as f32;
-    let mut dx = vec![0f32; planes * h * w];
-    dx.par_chunks_mut(h * w).enumerate().for_each(|(pi, d)| {
-        for oy in 0..oh {
-            for ox in 0..ow {
-                let gv = dy[pi * oh * ow + oy * ow + ox] * inv;
-                for ky in 0..p.kernel {
-                    let iy = (oy * p.stride + ky) as isize - p.padding as isize;
-                    for kx in 0..p.kernel {
-                        let ix = (ox * p.stride + kx) as isize - p.padding as isize;
-                        if iy >= 0 && iy < h as isize && ix >= 0 && ix < w as isize {
-                            d[iy as usize * w + ix as usize] += gv;
+pub fn avg_pool2d_backward(dy: &[f32], g: &PoolGeom) -> Vec<f32> {
+    let (h, w, oh, ow) = (g.h, g.w, g.oh, g.ow);
+    let mut dx = vec![0f32; g.planes() * h * w];
+    dx.par_chunks_mut((h * w).max(1))
+        .enumerate()
+        .for_each(|(pi, d)| {
+            for oy in 0..oh {
+                for ox in 0..ow {
+                    let Some(([y0, y1, x0, x1], div)) = avg_window(g, oy, ox) else {
+                        continue;
+                    };
+                    let gv = dy[pi * oh * ow + oy * ow + ox] / div;
+                    for iy in y0..y1 {
+                        for v in &mut d[iy * w + x0..iy * w + x1] {
+                            *v += gv;
                         }
                     }
                 }
             }
-        }
-    });
+        });
     dx
 }

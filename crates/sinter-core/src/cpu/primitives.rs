@@ -342,7 +342,7 @@ impl BackendStorage for CpuStorage {
     fn max_pool2d(&self, l: &Layout, g: &PoolGeom) -> Result<(Self, Self)> {
         float_only("max_pool2d", CpuStorage::dtype(self))?;
         let x = self.f32_contiguous(l);
-        let (y, arg) = conv::max_pool2d(&x, g.planes(), g.h, g.w, g.oh, g.ow, g.p);
+        let (y, arg) = conv::max_pool2d(&x, g);
         Ok((
             CpuStorage::from_f32(y, CpuStorage::dtype(self)),
             CpuStorage::I64(arg),
@@ -362,12 +362,12 @@ impl BackendStorage for CpuStorage {
     fn avg_pool2d(&self, l: &Layout, g: &PoolGeom) -> Result<Self> {
         float_only("avg_pool2d", CpuStorage::dtype(self))?;
         let x = self.f32_contiguous(l);
-        let y = conv::avg_pool2d(&x, g.planes(), g.h, g.w, g.oh, g.ow, g.p);
+        let y = conv::avg_pool2d(&x, g);
         Ok(CpuStorage::from_f32(y, CpuStorage::dtype(self)))
     }
     fn avg_pool2d_backward(&self, l: &Layout, g: &PoolGeom) -> Result<Self> {
         let dy = self.f32_contiguous(l);
-        let dx = conv::avg_pool2d_backward(&dy, g.planes(), g.h, g.w, g.oh, g.ow, g.p);
+        let dx = conv::avg_pool2d_backward(&dy, g);
         Ok(CpuStorage::from_f32(dx, CpuStorage::dtype(self)))
     }
 

@@ -68,9 +68,10 @@ impl Plan {
             h: self.g.h,
             w: self.g.w,
             kernel: (self.g.kh, self.g.kw),
-            stride: (p.stride, p.stride),
-            padding: (p.padding, p.padding),
-            dilation: (p.dilation, p.dilation),
+            stride: (p.stride.h, p.stride.w),
+            padding: (p.padding.h, p.padding.w),
+            dilation: (p.dilation.h, p.dilation.w),
+            ceil_mode: false,
         }
     }
     /// (first image, images) of each chunk.
@@ -443,10 +444,11 @@ fn pool_window(g: &PoolGeom) -> Window2d {
         c: g.c,
         h: g.h,
         w: g.w,
-        kernel: (g.p.kernel, g.p.kernel),
-        stride: (g.p.stride, g.p.stride),
-        padding: (g.p.padding, g.p.padding),
-        dilation: (1, 1),
+        kernel: (g.p.kernel.h, g.p.kernel.w),
+        stride: (g.p.stride.h, g.p.stride.w),
+        padding: (g.p.padding.h, g.p.padding.w),
+        dilation: (g.p.dilation.h, g.p.dilation.w),
+        ceil_mode: g.p.ceil_mode,
     }
 }
 
@@ -490,13 +492,20 @@ pub(crate) fn max_pool2d_backward(
     Ok(gy.sibling(gx, dtype))
 }
 
-/// 2-D average pooling; padding counts as zeros in the average (as on the CPU).
+/// 2-D average pooling (PyTorch's divisor rule, `count_include_pad` as asked; as on the CPU).
 pub(crate) fn avg_pool2d(x: &CudaStorage, l: &Layout, g: &PoolGeom) -> Result<CudaStorage> {
     let dev = x.device();
     let dtype = x.dtype();
     let xv = x.window(l)?;
     let y = alloc(dev, g.planes() * g.oh * g.ow, dtype)?;
-    kc::avgpool2d_forward(dev, xv.slice(), y.as_slice(), &pool_window(g), true).on("avg_pool2d")?;
+    kc::avgpool2d_forward(
+        dev,
+        xv.slice(),
+        y.as_slice(),
+        &pool_window(g),
+        g.p.count_include_pad,
+    )
+    .on("avg_pool2d")?;
     Ok(x.sibling(y, dtype))
 }
 
@@ -509,8 +518,14 @@ pub(crate) fn avg_pool2d_backward(
     let dtype = gy.dtype();
     let gv = gy.window(l)?;
     let gx = alloc(dev, g.planes() * g.h * g.w, dtype)?;
-    kc::avgpool2d_backward(dev, gv.slice(), gx.as_slice(), &pool_window(g), true)
-        .on("avg_pool2d")?;
+    kc::avgpool2d_backward(
+        dev,
+        gv.slice(),
+        gx.as_slice(),
+        &pool_window(g),
+        g.p.count_include_pad,
+    )
+    .on("avg_pool2d")?;
     Ok(gy.sibling(gx, dtype))
 }
 
@@ -521,24 +536,26 @@ mod tests {
 
     #[test]
     fn cudnn_problems_agree_with_the_tensor_geometry() {
+        let sq = Conv2dParams::square;
         let cases = [
-            ([2, 3, 8, 8], [4, 3, 3, 3], (1, 1, 1, 1)),
-            ([3, 4, 9, 7], [6, 2, 3, 2], (2, 1, 1, 2)),
-            ([2, 2, 11, 11], [3, 2, 3, 3], (1, 2, 2, 1)),
-            ([2, 4, 6, 6], [4, 1, 3, 3], (1, 1, 1, 4)),
-            ([1, 8, 5, 4], [16, 8, 5, 4], (3, 0, 1, 1)),
+            ([2, 3, 8, 8], [4, 3, 3, 3], sq(1, 1, 1, 1)),
+            ([3, 4, 9, 7], [6, 2, 3, 2], sq(2, 1, 1, 2)),
+            ([2, 2, 11, 11], [3, 2, 3, 3], sq(1, 2, 2, 1)),
+            ([2, 4, 6, 6], [4, 1, 3, 3], sq(1, 1, 1, 4)),
+            ([1, 8, 5, 4], [16, 8, 5, 4], sq(3, 0, 1, 1)),
+            (
+                [2, 2, 9, 10],
+                [2, 2, 3, 2],
+                Conv2dParams {
+                    stride: (2, 1).into(),
+                    padding: (0, 2).into(),
+                    dilation: (1, 3).into(),
+                    groups: 1,
+                },
+            ),
         ];
-        for (xs, ws, (stride, padding, dilation, groups)) in cases {
-            let p = Conv2dParams {
-                stride,
-                padding,
-                dilation,
-                groups,
-            };
-            let (oh, ow) = (
-                ConvGeom::out_size(xs[2], ws[2], &p).unwrap(),
-                ConvGeom::out_size(xs[3], ws[3], &p).unwrap(),
-            );
+        for (xs, ws, p) in cases {
+            let (oh, ow) = ConvGeom::out_hw(xs[2], xs[3], ws[2], ws[3], &p).unwrap();
             let g = ConvGeom {
                 n: xs[0],
                 c: xs[1],

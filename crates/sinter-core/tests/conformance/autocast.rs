@@ -42,18 +42,8 @@ fn matmul(t: &Target) {
 fn conv2d(t: &Target) {
     let mut rng = t.rng(91);
     let dt = t.dtype;
-    let p = Conv2dParams {
-        stride: 1,
-        padding: 1,
-        dilation: 1,
-        groups: 1,
-    };
-    let rp = Conv {
-        stride: 1,
-        padding: 1,
-        dilation: 1,
-        groups: 1,
-    };
+    let p = Conv2dParams::square(1, 1, 1, 1);
+    let rp = Conv::square(1, 1, 1, 1);
     t.check_with(
         "conv2d",
         rounds(2.0),

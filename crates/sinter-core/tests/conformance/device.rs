@@ -4,7 +4,7 @@
 //! reference.
 
 use crate::harness::*;
-use crate::reference::{self as r, Arr, Conv};
+use crate::reference::{self as r, Arr, Conv, Pool};
 use sinter_core::{cuda, AdamWParams, Conv2dParams, DType, Device, Pool2dParams, Rng, Tensor};
 
 pub fn cases() -> Vec<Case> {
@@ -271,22 +271,16 @@ fn bad_device_indices(t: &Target) {
 
 // ---- whole graphs ------------------------------------------------------------------------------
 
-const CONV: Conv2dParams = Conv2dParams {
-    stride: 1,
-    padding: 1,
-    dilation: 1,
-    groups: 1,
-};
-const RCONV: Conv = Conv {
-    stride: 1,
-    padding: 1,
-    dilation: 1,
-    groups: 1,
-};
-const POOL: Pool2dParams = Pool2dParams {
-    kernel: 2,
-    stride: 2,
-    padding: 0,
+const CONV: Conv2dParams = Conv2dParams::square(1, 1, 1, 1);
+const RCONV: Conv = Conv::square(1, 1, 1, 1);
+const POOL: Pool2dParams = Pool2dParams::square(2, 2, 0);
+const RPOOL: Pool = Pool {
+    kernel: [2, 2],
+    stride: [2, 2],
+    padding: [0, 0],
+    dilation: [1, 1],
+    ceil_mode: false,
+    count_include_pad: true,
 };
 
 /// conv → bias → relu → max-pool → linear → cross-entropy; params [w, b, W, B].
@@ -303,7 +297,7 @@ fn cnn(x: &Tensor, labels: &Tensor, p: &[Tensor]) -> sinter_core::Result<Tensor>
 fn cnn_ref(x: &Arr, labels: &Arr, p: &[Arr], rd: &Rd) -> Arr {
     let h = rd.r(r::conv2d(x, &p[0], RCONV));
     let h = rd.r(h.add(&p[1])).map(r::relu);
-    let h = r::pool2d(&h, 2, 2, 0, true);
+    let h = r::pool2d(&h, RPOOL, true);
     let n = h.shape[0];
     let h = h.reshape(&[n, h.numel() / n]);
     let y = rd.r(rd.r(r::matmul(&h, &p[2])).add(&p[3]));

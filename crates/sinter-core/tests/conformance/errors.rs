@@ -2,7 +2,7 @@
 
 use crate::harness::*;
 use crate::reference::Arr;
-use sinter_core::{Conv2dParams, DType, Pool2dParams, Rng, Tensor};
+use sinter_core::{Conv2dParams, DType, Hw, Pool2dParams, Rng, Tensor};
 
 pub fn cases() -> Vec<Case> {
     vec![
@@ -197,16 +197,50 @@ fn convolution_and_pooling_misuse(t: &Target) {
     expect_err(
         x.conv2d(
             &u(&mut rng, &[3, 2, 3, 3], -1.0, 1.0),
-            Conv2dParams { dilation: 2, ..p },
+            Conv2dParams {
+                dilation: 2.into(),
+                ..p
+            },
         ),
         "conv2d",
     );
     assert!(x
         .conv2d(
             &u(&mut rng, &[3, 2, 5, 5], -1.0, 1.0),
-            Conv2dParams { padding: 1, ..p }
+            Conv2dParams {
+                padding: 1.into(),
+                ..p
+            }
         )
         .is_ok());
+    // Per axis: the kernel fits along the rows only (3x5 kernel over 4x4, padding (0, 0)); a
+    // dilation along the columns only; padding along the columns makes it fit.
+    expect_conv_err(
+        x.conv2d(&u(&mut rng, &[3, 2, 3, 5], -1.0, 1.0), p),
+        "does not fit a 4x4 input",
+    );
+    expect_conv_err(
+        x.conv2d(
+            &u(&mut rng, &[3, 2, 1, 3], -1.0, 1.0),
+            Conv2dParams {
+                dilation: (1, 2).into(),
+                ..p
+            },
+        ),
+        "dilation 1x2",
+    );
+    assert_eq!(
+        x.conv2d(
+            &u(&mut rng, &[3, 2, 3, 5], -1.0, 1.0),
+            Conv2dParams {
+                padding: (0, 1).into(),
+                ..p
+            }
+        )
+        .unwrap()
+        .shape(),
+        [1, 3, 2, 2]
+    );
     // An empty kernel.
     expect_err(
         x.conv2d(&Tensor::zeros(&[3, 2, 0, 0], DType::F32, t.dev).unwrap(), p),
@@ -234,9 +268,23 @@ fn convolution_and_pooling_misuse(t: &Target) {
     expect_err(
         x.conv2d(
             &u(&mut rng, &[4, 2, 3, 3], -1.0, 1.0),
-            Conv2dParams { stride: 0, ..p },
+            Conv2dParams {
+                stride: 0.into(),
+                ..p
+            },
         ),
         "conv2d",
+    );
+    // A zero stride along one axis only.
+    expect_conv_err(
+        x.conv2d(
+            &u(&mut rng, &[4, 2, 3, 3], -1.0, 1.0),
+            Conv2dParams {
+                stride: (1, 0).into(),
+                ..p
+            },
+        ),
+        "at least 1",
     );
     expect_err(
         x.reshape(&[2, 4, 4])
@@ -245,47 +293,76 @@ fn convolution_and_pooling_misuse(t: &Target) {
         "conv2d",
     );
     expect_err(x.conv2d(&u(&mut rng, &[3, 2, 3], -1.0, 1.0), p), "conv2d");
-    // Pooling.
-    expect_err(
-        x.max_pool2d(Pool2dParams {
-            kernel: 5,
-            stride: 1,
-            padding: 0,
-        }),
-        "max_pool2d",
+    // Pooling: a window larger than the input, zero stride, padding above half the kernel (as
+    // PyTorch refuses), each per axis too; dilation for average pooling; rank.
+    let pool = |k: (usize, usize), s: (usize, usize), pd: (usize, usize)| Pool2dParams {
+        stride: s.into(),
+        padding: pd.into(),
+        ..Pool2dParams::new(k)
+    };
+    let bad = [
+        (pool((5, 5), (1, 1), (0, 0)), "does not fit a 4x4 input"),
+        (pool((2, 5), (1, 1), (0, 0)), "does not fit a 4x4 input"),
+        (pool((2, 2), (0, 0), (0, 0)), "at least 1"),
+        (pool((2, 2), (1, 0), (0, 0)), "at least 1"),
+        (pool((0, 2), (1, 1), (0, 0)), "at least 1"),
+        (pool((2, 2), (1, 1), (2, 2)), "at most half the kernel"),
+        (pool((3, 2), (1, 1), (1, 2)), "at most half the kernel"),
+        (
+            Pool2dParams {
+                dilation: (1, 0).into(),
+                ..pool((2, 2), (1, 1), (0, 0))
+            },
+            "at least 1",
+        ),
+        // A dilated window (span 7) that does not fit even in ceil mode.
+        (
+            Pool2dParams {
+                dilation: (3, 1).into(),
+                ceil_mode: true,
+                ..pool((3, 2), (1, 1), (1, 0))
+            },
+            "does not fit",
+        ),
+    ];
+    for (p, want) in bad {
+        for (op, r) in [
+            ("max_pool2d", x.max_pool2d(p)),
+            ("avg_pool2d", x.avg_pool2d(p)),
+        ] {
+            // Average pooling refuses a (valid) dilation before fitting the window.
+            let dilated = !p.dilation.any_zero() && p.dilation != Hw::square(1);
+            let want = if op == "avg_pool2d" && dilated {
+                "no dilation"
+            } else {
+                want
+            };
+            let m = err_msg(r);
+            assert!(m.contains(op) && m.contains(want), "{op} {p:?}: {m:?}");
+        }
+    }
+    let dilated = Pool2dParams {
+        dilation: (2, 1).into(),
+        ..pool((2, 2), (1, 1), (0, 0))
+    };
+    assert_eq!(x.max_pool2d(dilated).unwrap().shape(), [1, 2, 2, 3]);
+    let m = err_msg(x.avg_pool2d(dilated));
+    assert!(
+        m.contains("avg_pool2d") && m.contains("no dilation"),
+        "{m:?}"
     );
     expect_err(
-        x.avg_pool2d(Pool2dParams {
-            kernel: 5,
-            stride: 1,
-            padding: 0,
-        }),
+        x.reshape(&[2, 4, 4])
+            .unwrap()
+            .avg_pool2d(Pool2dParams::square(2, 2, 0)),
         "avg_pool2d",
     );
-    expect_err(
-        x.max_pool2d(Pool2dParams {
-            kernel: 2,
-            stride: 0,
-            padding: 0,
-        }),
-        "max_pool2d",
-    );
-    expect_err(
-        x.max_pool2d(Pool2dParams {
-            kernel: 2,
-            stride: 1,
-            padding: 2,
-        }),
-        "max_pool2d",
-    );
-    expect_err(
-        x.reshape(&[2, 4, 4]).unwrap().avg_pool2d(Pool2dParams {
-            kernel: 2,
-            stride: 2,
-            padding: 0,
-        }),
-        "avg_pool2d",
-    );
+}
+
+/// An error from conv2d whose message holds `want`.
+fn expect_conv_err<T: std::fmt::Debug>(r: sinter_core::Result<T>, want: &str) {
+    let m = err_msg(r);
+    assert!(m.contains("conv2d") && m.contains(want), "{m:?}");
 }
 
 fn dtype_misuse(t: &Target) {

@@ -404,18 +404,8 @@ fn conv2d_bias_relu(t: &Target) {
         (3, 2, 10, 10, 4, 3, 1, 1, 1, 1, true),
         (12, 2, 12, 11, 5, 3, 1, 1, 1, 1, true),
     ] {
-        let p = Conv2dParams {
-            stride,
-            padding,
-            dilation,
-            groups,
-        };
-        let rp = Conv {
-            stride,
-            padding,
-            dilation,
-            groups,
-        };
+        let p = Conv2dParams::square(stride, padding, dilation, groups);
+        let rp = Conv::square(stride, padding, dilation, groups);
         t.check(
             &format!("n {n} c {c} {h}x{wd} o {o} k {k} {p:?} relu {relu}"),
             &[

@@ -2,9 +2,9 @@
 //! (every geometry; cuDNN and im2col on CUDA) and 2-D pooling.
 
 use crate::harness::*;
-use crate::reference::{self as r, Arr, Conv};
+use crate::reference::{self as r, Arr, Conv, Pool};
 use sinter_core::cuda;
-use sinter_core::{Conv2dParams, Pool2dParams, Result, Rng, Tensor};
+use sinter_core::{Conv2dParams, Hw, Pool2dParams, Result, Rng, Tensor};
 
 pub fn cases() -> Vec<Case> {
     vec![
@@ -181,33 +181,54 @@ fn matmul_tf32(t: &Target) {
 
 // ---- conv2d -----------------------------------------------------------------------------------
 
-/// (n, c, h, w, o, kh, kw, stride, padding, dilation, groups)
-const CONV_CASES: &[[usize; 11]] = &[
-    [2, 3, 7, 6, 4, 3, 3, 1, 0, 1, 1],
-    [2, 3, 8, 8, 5, 3, 3, 2, 1, 1, 1],
-    [1, 2, 9, 7, 3, 3, 2, 1, 2, 2, 1],
-    [2, 4, 7, 7, 6, 3, 3, 2, 1, 1, 2],
-    [3, 4, 6, 5, 8, 3, 3, 1, 1, 1, 4],
-    [2, 6, 10, 9, 4, 2, 3, 3, 0, 2, 2],
-    [1, 2, 5, 5, 3, 1, 1, 1, 0, 1, 1],
-    [1, 2, 4, 4, 2, 4, 4, 1, 0, 1, 1],
-    [4, 8, 5, 5, 16, 1, 1, 1, 0, 1, 1],
-    [2, 16, 12, 12, 32, 3, 3, 2, 1, 1, 1],
+/// (n, c, h, w, o, kh, kw, stride h, stride w, padding h, padding w, dilation h, dilation w,
+/// groups)
+type ConvCase = [usize; 14];
+
+/// A square geometry: (n, c, h, w, o, kh, kw, stride, padding, dilation, groups).
+const fn sq(c: [usize; 11]) -> ConvCase {
+    [
+        c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7], c[7], c[8], c[8], c[9], c[9], c[10],
+    ]
+}
+
+const CONV_CASES: &[ConvCase] = &[
+    sq([2, 3, 7, 6, 4, 3, 3, 1, 0, 1, 1]),
+    sq([2, 3, 8, 8, 5, 3, 3, 2, 1, 1, 1]),
+    sq([1, 2, 9, 7, 3, 3, 2, 1, 2, 2, 1]),
+    sq([2, 4, 7, 7, 6, 3, 3, 2, 1, 1, 2]),
+    sq([3, 4, 6, 5, 8, 3, 3, 1, 1, 1, 4]),
+    sq([2, 6, 10, 9, 4, 2, 3, 3, 0, 2, 2]),
+    sq([1, 2, 5, 5, 3, 1, 1, 1, 0, 1, 1]),
+    sq([1, 2, 4, 4, 2, 4, 4, 1, 0, 1, 1]),
+    sq([4, 8, 5, 5, 16, 1, 1, 1, 0, 1, 1]),
+    sq([2, 16, 12, 12, 32, 3, 3, 2, 1, 1, 1]),
     // Several CPU blocks of about 256 output pixels, the last one partial.
-    [37, 2, 8, 8, 3, 3, 3, 1, 1, 1, 1],
-    [66, 4, 4, 4, 6, 3, 3, 1, 1, 1, 2],
+    sq([37, 2, 8, 8, 3, 3, 3, 1, 1, 1, 1]),
+    sq([66, 4, 4, 4, 6, 3, 3, 1, 1, 1, 2]),
     // "Same" stride-1 convolutions of planes above 64 pixels (the CPU's flat im2col path).
-    [3, 2, 10, 10, 4, 3, 3, 1, 1, 1, 1],
-    [12, 2, 9, 12, 3, 5, 5, 1, 2, 1, 1],
+    sq([3, 2, 10, 10, 4, 3, 3, 1, 1, 1, 1]),
+    sq([12, 2, 9, 12, 3, 5, 5, 1, 2, 1, 1]),
+    // Per-axis geometry (issue 14): non-square kernels with unequal strides, paddings and
+    // dilations, through the CPU's tap table (small planes), its row path (large planes, and
+    // stride 1 along one axis only, where the flat path must not apply) and groups.
+    [2, 3, 7, 9, 4, 3, 1, 2, 1, 1, 0, 1, 1, 1],
+    [2, 2, 6, 11, 3, 1, 5, 1, 2, 0, 2, 1, 1, 1],
+    [1, 2, 9, 8, 2, 3, 2, 1, 2, 2, 0, 1, 3, 1],
+    [3, 4, 12, 10, 4, 3, 3, 1, 2, 1, 1, 2, 1, 2],
+    [2, 2, 16, 14, 3, 2, 3, 1, 1, 0, 1, 1, 1, 1],
+    [2, 2, 14, 13, 3, 5, 3, 1, 1, 2, 1, 1, 1, 1],
+    [40, 1, 5, 6, 2, 3, 2, 2, 1, 1, 1, 1, 2, 1],
 ];
 
-fn params(c: &[usize; 11]) -> (Conv2dParams, Conv) {
-    let (stride, padding, dilation, groups) = (c[7], c[8], c[9], c[10]);
+fn params(c: &ConvCase) -> (Conv2dParams, Conv) {
+    let (stride, padding, dilation, groups) = ([c[7], c[8]], [c[9], c[10]], [c[11], c[12]], c[13]);
+    let hw = |v: [usize; 2]| Hw::new(v[0], v[1]);
     (
         Conv2dParams {
-            stride,
-            padding,
-            dilation,
+            stride: hw(stride),
+            padding: hw(padding),
+            dilation: hw(dilation),
             groups,
         },
         Conv {
@@ -219,21 +240,18 @@ fn params(c: &[usize; 11]) -> (Conv2dParams, Conv) {
     )
 }
 
-/// A random geometry whose input is always large enough.
-fn random_conv_case(rng: &mut Rng) -> [usize; 11] {
+/// A random geometry (independent per axis) whose input is always large enough.
+fn random_conv_case(rng: &mut Rng) -> ConvCase {
     let r = |rng: &mut Rng, lo: usize, hi: usize| lo + rng.below((hi - lo + 1) as u64) as usize;
     let (groups, cg, og) = (r(rng, 1, 3), r(rng, 1, 3), r(rng, 1, 3));
-    let (kh, kw, stride, padding, dilation) = (
-        r(rng, 1, 3),
-        r(rng, 1, 3),
-        r(rng, 1, 3),
-        r(rng, 0, 2),
-        r(rng, 1, 2),
-    );
-    let size = |rng: &mut Rng, k: usize| {
-        (dilation * (k - 1) + 1).saturating_sub(2 * padding).max(1) + r(rng, 0, 4)
+    let axis = |rng: &mut Rng| {
+        let (k, stride, padding, dilation) =
+            (r(rng, 1, 3), r(rng, 1, 3), r(rng, 0, 2), r(rng, 1, 2));
+        let size = (dilation * (k - 1) + 1).saturating_sub(2 * padding).max(1) + r(rng, 0, 4);
+        (size, k, stride, padding, dilation)
     };
-    let (h, w) = (size(rng, kh), size(rng, kw));
+    let (h, kh, sh, ph, dh) = axis(rng);
+    let (w, kw, sw, pw, dw) = axis(rng);
     [
         r(rng, 1, 3),
         groups * cg,
@@ -242,14 +260,17 @@ fn random_conv_case(rng: &mut Rng) -> [usize; 11] {
         groups * og,
         kh,
         kw,
-        stride,
-        padding,
-        dilation,
+        sh,
+        sw,
+        ph,
+        pw,
+        dh,
+        dw,
         groups,
     ]
 }
 
-fn conv_inputs(rng: &mut Rng, c: &[usize; 11]) -> (Arr, Arr) {
+fn conv_inputs(rng: &mut Rng, c: &ConvCase) -> (Arr, Arr) {
     let &[n, ch, h, w, o, kh, kw, .., groups] = c;
     (
         uniform(rng, &[n, ch, h, w], -1.0, 1.0),
@@ -257,7 +278,7 @@ fn conv_inputs(rng: &mut Rng, c: &[usize; 11]) -> (Arr, Arr) {
     )
 }
 
-fn check_conv(t: &Target, what: &str, c: &[usize; 11], x: Arr, w: Arr) {
+fn check_conv(t: &Target, what: &str, c: &ConvCase, x: Arr, w: Arr) {
     let (p, rp) = params(c);
     t.check(
         what,
@@ -304,7 +325,7 @@ fn conv2d_random(t: &Target) {
         check_conv(t, &format!("conv2d random {c:?}"), &c, x, w);
     }
     // A batch larger than the CPU backward's sample chunk (8): the weight gradient sums chunks.
-    let c = [19, 2, 5, 5, 3, 3, 3, 2, 1, 1, 1];
+    let c = sq([19, 2, 5, 5, 3, 3, 3, 2, 1, 1, 1]);
     let (x, w) = conv_inputs(&mut rng, &c);
     check_conv(t, "conv2d batch 19", &c, x, w);
 }
@@ -312,7 +333,7 @@ fn conv2d_random(t: &Target) {
 /// Only the weight, or only the input, tracks gradients.
 fn conv2d_one_side(t: &Target) {
     let mut rng = t.rng(35);
-    let c = [2, 3, 6, 6, 2, 3, 3, 1, 1, 1, 1];
+    let c = sq([2, 3, 6, 6, 2, 3, 3, 1, 1, 1, 1]);
     let (p, rp) = params(&c);
     let (x, w) = conv_inputs(&mut rng, &c);
     let f = move |v: &[Tensor]| v[0].conv2d(&v[1], p);
@@ -355,7 +376,7 @@ fn conv2d_cudnn_and_im2col(t: &Target) {
 fn conv2d_chunked(t: &Target) {
     cuda::set_conv_backend(cuda::ConvBackend::Im2col);
     let mut rng = t.rng(37);
-    let c = [96, 64, 32, 32, 8, 3, 3, 1, 1, 1, 1];
+    let c = sq([96, 64, 32, 32, 8, 3, 3, 1, 1, 1, 1]);
     let (x, w) = conv_inputs(&mut rng, &c);
     let (p, rp) = params(&c);
     t.check(
@@ -369,22 +390,55 @@ fn conv2d_chunked(t: &Target) {
 
 // ---- pooling ----------------------------------------------------------------------------------
 
-const POOL_CASES: &[(usize, usize, usize)] = &[
-    (2, 2, 0),
-    (3, 2, 1),
-    (3, 1, 1),
-    (2, 1, 1),
-    (4, 3, 2),
-    (3, 3, 0),
+/// kernel, stride, padding, dilation ([rows, columns]), ceil mode, count_include_pad.
+type PoolCase = ([usize; 2], [usize; 2], [usize; 2], [usize; 2], bool, bool);
+
+const POOL_CASES: &[PoolCase] = &[
+    ([2, 2], [2, 2], [0, 0], [1, 1], false, true),
+    ([3, 3], [2, 2], [1, 1], [1, 1], false, true),
+    ([3, 3], [1, 1], [1, 1], [1, 1], false, true),
+    ([2, 2], [1, 1], [1, 1], [1, 1], false, true),
+    ([4, 4], [3, 3], [2, 2], [1, 1], false, true),
+    ([3, 3], [3, 3], [0, 0], [1, 1], false, true),
+    // Per axis (issue 14), floor and ceil.
+    ([3, 2], [2, 1], [1, 0], [1, 1], false, true),
+    ([3, 2], [2, 1], [1, 0], [1, 1], true, true),
+    // Ceil mode: a last window hanging past the input (6 and 8 wide: windows at 0, 2, 4 of
+    // 3 taps), whose average divides by the taps inside the padded input only.
+    ([3, 3], [2, 2], [0, 0], [1, 1], true, true),
+    // Ceil mode where the extra window would start in the right padding: 7 rows, kernel 2,
+    // stride 2, padding 1 give 4 windows either way (PyTorch drops the fifth).
+    ([2, 2], [2, 2], [1, 1], [1, 1], true, true),
+    // And along 8 columns with kernel 3, stride 3, padding 1 (a fourth window would start at
+    // column 8, in the padding: dropped).
+    ([3, 3], [3, 3], [1, 1], [1, 1], true, false),
+    // count_include_pad off: the divisor counts input pixels only.
+    ([2, 3], [1, 2], [1, 1], [1, 1], true, false),
+    ([3, 3], [2, 2], [1, 1], [1, 1], false, false),
+    // Dilation (max pooling only), with padding and ceil mode.
+    ([2, 2], [1, 2], [0, 1], [2, 1], true, true),
+    ([3, 2], [2, 1], [1, 1], [2, 3], false, true),
 ];
 
 fn pool2d(t: &Target) {
     let mut rng = t.rng(38);
-    for &(kernel, stride, padding) in POOL_CASES {
+    for &(kernel, stride, padding, dilation, ceil_mode, count_include_pad) in POOL_CASES {
+        let hw = |v: [usize; 2]| Hw::new(v[0], v[1]);
         let p = Pool2dParams {
+            kernel: hw(kernel),
+            stride: hw(stride),
+            padding: hw(padding),
+            dilation: hw(dilation),
+            ceil_mode,
+            count_include_pad,
+        };
+        let rp = Pool {
             kernel,
             stride,
             padding,
+            dilation,
+            ceil_mode,
+            count_include_pad,
         };
         for shape in [[2, 3, 7, 6], [1, 2, 8, 8]] {
             let [n, c, h, w] = shape;
@@ -419,13 +473,16 @@ fn pool2d(t: &Target) {
                     EXACT,
                     &[In::Var(x.clone())],
                     |v| view(&v[0])?.max_pool2d(p),
-                    |v, _| r::pool2d(&rview(&v[0]), kernel, stride, padding, true),
+                    |v, _| r::pool2d(&rview(&v[0]), rp, true),
                 );
+                if dilation != [1, 1] {
+                    continue; // average pooling takes no dilation (tests/errors)
+                }
                 t.check(
                     &format!("avg_pool2d {tag}"),
                     &[In::Var(x)],
                     |v| view(&v[0])?.avg_pool2d(p),
-                    |v, _| r::pool2d(&rview(&v[0]), kernel, stride, padding, false),
+                    |v, _| r::pool2d(&rview(&v[0]), rp, false),
                 );
             }
         }

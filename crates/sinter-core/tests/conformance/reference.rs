@@ -374,24 +374,41 @@ fn bcast_offset(a: &Arr, idx: &[usize]) -> usize {
     off
 }
 
-/// Convolution geometry: (stride, padding, dilation, groups).
+/// Convolution geometry: stride, padding and dilation as [rows, columns], and groups.
 #[derive(Clone, Copy, Debug)]
 pub struct Conv {
-    pub stride: usize,
-    pub padding: usize,
-    pub dilation: usize,
+    pub stride: [usize; 2],
+    pub padding: [usize; 2],
+    pub dilation: [usize; 2],
     pub groups: usize,
 }
 
-/// Direct convolution: out[n,o,y,x] = Σ_c Σ_ky Σ_kx in[n, g·cg + c, y·s − p + ky·d, x·s − p + kx·d] · w[o,c,ky,kx].
+impl Conv {
+    pub const fn square(stride: usize, padding: usize, dilation: usize, groups: usize) -> Conv {
+        Conv {
+            stride: [stride; 2],
+            padding: [padding; 2],
+            dilation: [dilation; 2],
+            groups,
+        }
+    }
+}
+
+/// Direct convolution: out[n,o,y,x] = Σ_c Σ_ky Σ_kx in[n, g·cg + c, y·sh − ph + ky·dh, x·sw − pw + kx·dw] · w[o,c,ky,kx].
 pub fn conv2d(x: &Arr, w: &Arr, p: Conv) -> Arr {
     let (n, c, h, wd) = (x.shape[0], x.shape[1], x.shape[2], x.shape[3]);
     let (o, cg, kh, kw) = (w.shape[0], w.shape[1], w.shape[2], w.shape[3]);
     assert_eq!(cg * p.groups, c, "test bug: conv channels");
     let og = o / p.groups;
-    let out =
-        |len: usize, k: usize| (len + 2 * p.padding - p.dilation * (k - 1) - 1) / p.stride + 1;
-    let (oh, ow) = (out(h, kh), out(wd, kw));
+    let out = |a: usize, len: usize, k: usize| {
+        (len + 2 * p.padding[a] - p.dilation[a] * (k - 1) - 1) / p.stride[a] + 1
+    };
+    let (oh, ow) = (out(0, h, kh), out(1, wd, kw));
+    // Input coordinate along axis a under output o at tap k (None: padding).
+    let at = |a: usize, o: usize, k: usize, len: usize| {
+        let v = (o * p.stride[a] + k * p.dilation[a]) as isize - p.padding[a] as isize;
+        (v >= 0 && v < len as isize).then_some(v as usize)
+    };
     Arr::from_fn(&[n, o, oh, ow], |i| {
         let (ni, oi, oy, ox) = (i[0], i[1], i[2], i[3]);
         let g = oi / og;
@@ -399,12 +416,10 @@ pub fn conv2d(x: &Arr, w: &Arr, p: Conv) -> Arr {
         for ci in 0..cg {
             for ky in 0..kh {
                 for kx in 0..kw {
-                    let iy = (oy * p.stride + ky * p.dilation) as isize - p.padding as isize;
-                    let ix = (ox * p.stride + kx * p.dilation) as isize - p.padding as isize;
-                    if iy < 0 || ix < 0 || iy >= h as isize || ix >= wd as isize {
+                    let (Some(iy), Some(ix)) = (at(0, oy, ky, h), at(1, ox, kx, wd)) else {
                         continue;
-                    }
-                    s += x.data[((ni * c + g * cg + ci) * h + iy as usize) * wd + ix as usize]
+                    };
+                    s += x.data[((ni * c + g * cg + ci) * h + iy) * wd + ix]
                         * w.data[((oi * cg + ci) * kh + ky) * kw + kx];
                 }
             }
@@ -413,17 +428,50 @@ pub fn conv2d(x: &Arr, w: &Arr, p: Conv) -> Arr {
     })
 }
 
-/// Max pooling (padding never wins) or average pooling (padding counts as zeros).
-pub fn pool2d(x: &Arr, kernel: usize, stride: usize, padding: usize, is_max: bool) -> Arr {
+/// A 2-D pooling's window, PyTorch's arguments: kernel, stride, padding, dilation as [rows,
+/// columns], ceil mode and (average pooling) whether padding counts in the divisor.
+#[derive(Clone, Copy, Debug)]
+pub struct Pool {
+    pub kernel: [usize; 2],
+    pub stride: [usize; 2],
+    pub padding: [usize; 2],
+    pub dilation: [usize; 2],
+    pub ceil_mode: bool,
+    pub count_include_pad: bool,
+}
+
+impl Pool {
+    /// PyTorch's `pooling_output_shape` along axis a, written out as its source reads
+    /// (signed arithmetic, the ceil-mode window dropped when it starts past the left-padded
+    /// input).
+    pub fn out(&self, a: usize, len: usize) -> usize {
+        let (k, s, p, d) = (
+            self.kernel[a] as i64,
+            self.stride[a] as i64,
+            self.padding[a] as i64,
+            self.dilation[a] as i64,
+        );
+        let num = len as i64 + 2 * p - d * (k - 1) - 1 + if self.ceil_mode { s - 1 } else { 0 };
+        let mut out = num.div_euclid(s) + 1;
+        if self.ceil_mode && (out - 1) * s >= len as i64 + p {
+            out -= 1;
+        }
+        assert!(out > 0, "test bug: empty pooling output");
+        out as usize
+    }
+}
+
+/// Max pooling (padding is −∞: it never wins) or average pooling (PyTorch's divisor: the
+/// window clipped to the padded input when padding counts, else its input pixels).
+pub fn pool2d(x: &Arr, p: Pool, is_max: bool) -> Arr {
     let (n, c, h, w) = (x.shape[0], x.shape[1], x.shape[2], x.shape[3]);
-    let oh = (h + 2 * padding - kernel) / stride + 1;
-    let ow = (w + 2 * padding - kernel) / stride + 1;
+    let (oh, ow) = (p.out(0, h), p.out(1, w));
     Arr::from_fn(&[n, c, oh, ow], |i| {
-        let (mut best, mut total) = (f64::NEG_INFINITY, 0.0);
-        for ky in 0..kernel {
-            for kx in 0..kernel {
-                let iy = (i[2] * stride + ky) as isize - padding as isize;
-                let ix = (i[3] * stride + kx) as isize - padding as isize;
+        let (mut best, mut total, mut inside) = (f64::NEG_INFINITY, 0.0, 0usize);
+        for ky in 0..p.kernel[0] {
+            for kx in 0..p.kernel[1] {
+                let iy = (i[2] * p.stride[0] + ky * p.dilation[0]) as isize - p.padding[0] as isize;
+                let ix = (i[3] * p.stride[1] + kx * p.dilation[1]) as isize - p.padding[1] as isize;
                 if iy < 0 || ix < 0 || iy >= h as isize || ix >= w as isize {
                     continue;
                 }
@@ -432,12 +480,27 @@ pub fn pool2d(x: &Arr, kernel: usize, stride: usize, padding: usize, is_max: boo
                     best = v;
                 }
                 total += v;
+                inside += 1;
             }
         }
         if is_max {
-            best
+            return best;
+        }
+        // Window positions inside the padded input along each axis.
+        let padded = |a: usize, o: usize, len: usize| {
+            let start = (o * p.stride[a]) as isize - p.padding[a] as isize;
+            let end = (start + p.kernel[a] as isize).min((len + p.padding[a]) as isize);
+            (end - start) as usize
+        };
+        let div = if p.count_include_pad {
+            padded(0, i[2], h) * padded(1, i[3], w)
         } else {
-            total / (kernel * kernel) as f64
+            inside
+        };
+        if inside == 0 {
+            0.0
+        } else {
+            total / div as f64
         }
     })
 }

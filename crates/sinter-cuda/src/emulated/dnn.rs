@@ -14,6 +14,7 @@
 use super::blas::{load, store};
 use crate::cudnn::{ConvProblem, Pass};
 use crate::error::Result;
+use sinter_types::Hw;
 
 /// A validated convolution pass with raw addresses, as the emulated device queues it.
 #[derive(Clone, Copy, Debug)]
@@ -54,9 +55,13 @@ impl Geometry {
     fn y_at(&self, n: usize, o: usize, p: usize, q: usize) -> usize {
         ((n * self.p.o + o) * self.oh + p) * self.ow + q
     }
-    /// Input coordinate read by output coordinate `out` at kernel tap `tap`, if inside.
-    fn input(&self, out: usize, tap: usize, size: usize) -> Option<usize> {
-        let v = (out * self.p.stride + tap * self.p.dilation) as isize - self.p.padding as isize;
+    /// Input row (`rows`) or column read by output coordinate `out` at kernel tap `tap`, if
+    /// inside.
+    fn input(&self, out: usize, tap: usize, rows: bool) -> Option<usize> {
+        let p = &self.p;
+        let pick = |v: Hw| if rows { v.h } else { v.w };
+        let size = if rows { p.h } else { p.w };
+        let v = (out * pick(p.stride) + tap * pick(p.dilation)) as isize - pick(p.padding) as isize;
         (v >= 0 && (v as usize) < size).then_some(v as usize)
     }
     /// Calls `f(x index, w index, y index)` for every product term x · w that feeds y.
@@ -70,11 +75,11 @@ impl Geometry {
                     for r in 0..p.kh {
                         for s in 0..p.kw {
                             for op in 0..self.oh {
-                                let Some(h) = self.input(op, r, p.h) else {
+                                let Some(h) = self.input(op, r, true) else {
                                     continue;
                                 };
                                 for oq in 0..self.ow {
-                                    let Some(w) = self.input(oq, s, p.w) else {
+                                    let Some(w) = self.input(oq, s, false) else {
                                         continue;
                                     };
                                     f(
@@ -191,16 +196,22 @@ mod tests {
         let xi = |n: usize, c: usize, h: usize, ww: usize| ((n * p.c + c) * p.h + h) * p.w + ww;
         let wi = |o: usize, c: usize, r: usize, s: usize| ((o * cg + c) * p.kh + r) * p.kw + s;
         let yi = |n: usize, o: usize, a: usize, b: usize| ((n * p.o + o) * oh + a) * ow + b;
+        // (stride, padding, dilation) of the rows (true) or the columns.
+        let axis = |rows: bool| {
+            let pick = |v: Hw| (if rows { v.h } else { v.w }) as i64;
+            (pick(p.stride), pick(p.padding), pick(p.dilation))
+        };
         // Input row/column read by output position `out` at tap `tap`.
-        let at = |out: usize, tap: usize, size: usize| -> Option<usize> {
-            let v = (out * p.stride + tap * p.dilation) as i64 - p.padding as i64;
+        let at = |out: usize, tap: usize, size: usize, rows: bool| -> Option<usize> {
+            let (s, pd, d) = axis(rows);
+            let v = out as i64 * s + tap as i64 * d - pd;
             (0..size as i64).contains(&v).then_some(v as usize)
         };
         // Output position whose tap `tap` reads input `inp`.
-        let from = |inp: usize, tap: usize, size: usize| -> Option<usize> {
-            let v = inp as i64 + p.padding as i64 - (tap * p.dilation) as i64;
-            (v >= 0 && v % p.stride as i64 == 0 && ((v / p.stride as i64) as usize) < size)
-                .then_some((v / p.stride as i64) as usize)
+        let from = |inp: usize, tap: usize, size: usize, rows: bool| -> Option<usize> {
+            let (s, pd, d) = axis(rows);
+            let v = inp as i64 + pd - tap as i64 * d;
+            (v >= 0 && v % s == 0 && ((v / s) as usize) < size).then_some((v / s) as usize)
         };
         let mut y = (
             vec![0.0; p.n * p.o * oh * ow],
@@ -216,7 +227,9 @@ mod tests {
                         for cl in 0..cg {
                             for r in 0..p.kh {
                                 for s in 0..p.kw {
-                                    let (Some(h), Some(ww)) = (at(a, r, p.h), at(b, s, p.w)) else {
+                                    let (Some(h), Some(ww)) =
+                                        (at(a, r, p.h, true), at(b, s, p.w, false))
+                                    else {
                                         continue;
                                     };
                                     let t = x[xi(n, g * cg + cl, h, ww)] * w[wi(o, cl, r, s)];
@@ -236,7 +249,8 @@ mod tests {
                             let o = g * og + ol;
                             for r in 0..p.kh {
                                 for s in 0..p.kw {
-                                    let (Some(a), Some(b)) = (from(h, r, oh), from(ww, s, ow))
+                                    let (Some(a), Some(b)) =
+                                        (from(h, r, oh, true), from(ww, s, ow, false))
                                     else {
                                         continue;
                                     };
@@ -258,7 +272,9 @@ mod tests {
                         for n in 0..p.n {
                             for a in 0..oh {
                                 for b in 0..ow {
-                                    let (Some(h), Some(ww)) = (at(a, r, p.h), at(b, s, p.w)) else {
+                                    let (Some(h), Some(ww)) =
+                                        (at(a, r, p.h, true), at(b, s, p.w, false))
+                                    else {
                                         continue;
                                     };
                                     let t = x[xi(n, g * cg + cl, h, ww)] * dy[yi(n, o, a, b)];
@@ -284,32 +300,35 @@ mod tests {
             o: 6,
             kh: 3,
             kw: 3,
-            stride: 1,
-            padding: 1,
-            dilation: 1,
+            stride: Hw::square(1),
+            padding: Hw::square(1),
+            dilation: Hw::square(1),
             groups: 1,
             dtype: DType::F32,
             allow_tf32: false,
         };
         let variants = [
             base,
-            ConvProblem { stride: 2, ..base },
             ConvProblem {
-                padding: 0,
+                stride: Hw::square(2),
+                ..base
+            },
+            ConvProblem {
+                padding: Hw::square(0),
                 kw: 2,
                 ..base
             },
             ConvProblem {
-                dilation: 2,
-                padding: 2,
+                dilation: Hw::square(2),
+                padding: Hw::square(2),
                 ..base
             },
             ConvProblem { groups: 2, ..base },
             ConvProblem {
                 groups: 2,
-                stride: 2,
-                dilation: 2,
-                padding: 0,
+                stride: Hw::square(2),
+                dilation: Hw::square(2),
+                padding: Hw::square(0),
                 h: 9,
                 w: 8,
                 ..base
@@ -319,15 +338,25 @@ mod tests {
                 o: 1,
                 kh: 1,
                 kw: 1,
-                padding: 0,
+                padding: Hw::square(0),
                 ..base
             },
             ConvProblem {
                 kh: 5,
                 kw: 1,
-                stride: 3,
-                padding: 2,
+                stride: Hw::square(3),
+                padding: Hw::square(2),
                 n: 1,
+                ..base
+            },
+            ConvProblem {
+                kh: 3,
+                kw: 2,
+                stride: Hw::new(2, 1),
+                padding: Hw::new(0, 1),
+                dilation: Hw::new(1, 2),
+                h: 8,
+                w: 7,
                 ..base
             },
         ];

@@ -8,6 +8,7 @@ use crate::dtype::DType;
 use crate::error::{CudaError, Result};
 use crate::launch::{Arg, Launch, LaunchTarget, ELEMWISE_BLOCK};
 use crate::nvrtc::KernelFile;
+use sinter_types::pool_out_size;
 
 /// Matches `struct ConvMeta` in conv.cu.
 #[repr(C)]
@@ -54,24 +55,6 @@ pub struct PoolMeta {
 // SAFETY: repr(C) plain data matching the CUDA struct.
 unsafe impl cudarc::driver::DeviceRepr for PoolMeta {}
 
-/// Output size of a convolution/pooling window along one axis (floor mode).
-pub fn out_size(
-    input: usize,
-    kernel: usize,
-    stride: usize,
-    pad: usize,
-    dilation: usize,
-) -> Option<usize> {
-    let span = dilation
-        .checked_mul(kernel.checked_sub(1)?)?
-        .checked_add(1)?;
-    let padded = input.checked_add(2 * pad)?;
-    if stride == 0 || padded < span {
-        return None;
-    }
-    Some((padded - span) / stride + 1)
-}
-
 /// Geometry of a 2-D window op over NCHW input (one channel group: `c` channels).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Window2d {
@@ -83,19 +66,22 @@ pub struct Window2d {
     pub stride: (usize, usize),
     pub padding: (usize, usize),
     pub dilation: (usize, usize),
+    /// Pooling only: PyTorch's ceil mode (`sinter_types::pool_out_size`); false for conv.
+    pub ceil_mode: bool,
 }
 
 impl Window2d {
     /// (out_h, out_w), or an error for an empty output / zero stride.
     pub fn out_hw(&self) -> Result<(usize, usize)> {
-        let oh = out_size(
+        let axis = |i, k, s, p, d| pool_out_size(i, k, s, p, d, self.ceil_mode);
+        let oh = axis(
             self.h,
             self.kernel.0,
             self.stride.0,
             self.padding.0,
             self.dilation.0,
         );
-        let ow = out_size(
+        let ow = axis(
             self.w,
             self.kernel.1,
             self.stride.1,
@@ -774,6 +760,7 @@ pub(crate) fn samples(t: &LaunchTarget) -> Vec<Launch> {
         stride: (1, 1),
         padding: (1, 1),
         dilation: (1, 1),
+        ceil_mode: false,
     };
     let bn = BnShape { n: 2, c: 3, hw: 64 };
     let nin = 2 * 3 * 64;
@@ -804,11 +791,6 @@ mod tests {
 
     #[test]
     fn geometry() {
-        assert_eq!(out_size(32, 3, 1, 1, 1), Some(32));
-        assert_eq!(out_size(32, 3, 2, 1, 1), Some(16));
-        assert_eq!(out_size(7, 3, 1, 0, 2), Some(3));
-        assert_eq!(out_size(2, 5, 1, 0, 1), None);
-        assert_eq!(out_size(5, 1, 0, 0, 1), None);
         let g = Window2d {
             n: 2,
             c: 4,
@@ -818,6 +800,7 @@ mod tests {
             stride: (2, 1),
             padding: (1, 0),
             dilation: (1, 1),
+            ceil_mode: false,
         };
         assert_eq!(g.out_hw().unwrap(), (3, 5));
         assert_eq!(g.col_len().unwrap(), 2 * 4 * 3 * 2 * 3 * 5);
@@ -832,6 +815,29 @@ mod tests {
         };
         assert!(bad.pool_meta(false).is_err(), "a window of pure padding");
         assert!(g.pool_meta(false).is_ok());
+        // Ceil mode (pooling): 5 rows, kernel 2, stride 2 → 3 windows (floor 2); 3 columns,
+        // kernel 2, stride 2, padding 1 → 2 (ceil's third would start in the padding).
+        let ceil = Window2d {
+            h: 5,
+            w: 3,
+            kernel: (2, 2),
+            stride: (2, 2),
+            padding: (0, 1),
+            ceil_mode: true,
+            ..g
+        };
+        assert_eq!(ceil.out_hw().unwrap(), (3, 2));
+        let m = ceil.pool_meta(true).unwrap();
+        assert_eq!((m.oh, m.ow), (3, 2));
+        assert_eq!(
+            Window2d {
+                ceil_mode: false,
+                ..ceil
+            }
+            .out_hw()
+            .unwrap(),
+            (2, 2)
+        );
     }
 
     #[test]
@@ -848,6 +854,7 @@ mod tests {
             stride: (1, 1),
             padding: (1, 1),
             dilation: (1, 1),
+            ceil_mode: false,
         };
         let full = fake_slice(DType::F32, 2 * 4 * 30);
         let group = full.slice(2 * 30, 2 * 4 * 30 - 2 * 30).unwrap();

@@ -7,6 +7,7 @@
 use std::any::Any;
 
 use rayon::prelude::*;
+use sinter_core::backend::ConvGeom;
 use sinter_core::{bail, Conv2dParams, Device, Result, Tensor};
 use sinter_cpu::int8::{
     gemm, quantize_rows_static, ActQuant, Activation, Activations, Epilogue, Int8Path, Output,
@@ -68,7 +69,7 @@ impl QuantizedConv2d {
                 params.groups
             );
         }
-        if params.stride == 0 || params.dilation == 0 {
+        if params.stride.any_zero() || params.dilation.any_zero() {
             bail!("QuantizedConv2d: stride and dilation must be at least 1");
         }
         if !(input.scale.is_finite() && input.scale > 0.0 && (0..=255).contains(&input.zero_point))
@@ -148,14 +149,8 @@ impl QuantizedConv2d {
             );
         }
         let p = self.params;
-        let out = |size: usize, k: usize| {
-            let span = p.dilation * (k - 1) + 1;
-            (size + 2 * p.padding)
-                .checked_sub(span)
-                .map(|v| v / p.stride + 1)
-        };
-        match (out(*h, kh), out(*w, kw)) {
-            (Some(oh), Some(ow)) => Ok((
+        match ConvGeom::out_hw(*h, *w, kh, kw, &p) {
+            Some((oh, ow)) => Ok((
                 *n,
                 Geom {
                     c,
@@ -167,8 +162,10 @@ impl QuantizedConv2d {
                     ow,
                 },
             )),
-            _ => bail!(
-                "QuantizedConv2d: a {kh}×{kw} kernel does not fit a {h}×{w} input with padding {}",
+            None => bail!(
+                "QuantizedConv2d: a {kh}×{kw} kernel with dilation {} does not fit a {h}×{w} \
+                 input with padding {}",
+                p.dilation,
                 p.padding
             ),
         }
@@ -221,7 +218,7 @@ impl QuantizedConv2d {
 /// Row (oy·ow + ox) of `col` = the input patch under output position (oy, ox), in the weight's
 /// (c, ky, kx) order; positions in the padding keep the zero point `col` was filled with.
 fn im2col(img: &[u8], g: &Geom, p: Conv2dParams, kp: usize, col: &mut [u8]) {
-    let (s, pad, d) = (p.stride as isize, p.padding as isize, p.dilation as isize);
+    let (s, pad, d) = (p.stride, p.padding, p.dilation);
     for oy in 0..g.oh {
         for ox in 0..g.ow {
             let row = &mut col[(oy * g.ow + ox) * kp..][..g.c * g.kh * g.kw];
@@ -229,10 +226,10 @@ fn im2col(img: &[u8], g: &Geom, p: Conv2dParams, kp: usize, col: &mut [u8]) {
             for c in 0..g.c {
                 let plane = &img[c * g.h * g.w..(c + 1) * g.h * g.w];
                 for ky in 0..g.kh {
-                    let iy = oy as isize * s - pad + ky as isize * d;
+                    let iy = (oy * s.h + ky * d.h) as isize - pad.h as isize;
                     let inside_y = iy >= 0 && (iy as usize) < g.h;
                     for kx in 0..g.kw {
-                        let ix = ox as isize * s - pad + kx as isize * d;
+                        let ix = (ox * s.w + kx * d.w) as isize - pad.w as isize;
                         if inside_y && ix >= 0 && (ix as usize) < g.w {
                             row[t] = plane[iy as usize * g.w + ix as usize];
                         }
