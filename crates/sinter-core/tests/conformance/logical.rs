@@ -400,4 +400,6 @@ fn refusals(t: &Target) {
     assert!(e.contains("exp") && e.contains("bool"), "{e}");
     let e = err_msg(x.softmax(-1));
     assert!(e.contains("softmax") && e.contains("bool"), "{e}");
+    let e = err_msg(Tensor::arange(0.0, 3.0, 1.0, DType::Bool, t.dev));
+    assert!(e.contains("arange") && e.contains("bool"), "{e}");
 }
