@@ -27,8 +27,9 @@
 //!
 //! Promotion rules (`promote_types`, the rule of `DType::promote`): equal dtypes stay; f32 with
 //! bf16 or f16 gives f32; bf16 with f16 gives f32 (neither holds the other); i64 with a float
-//! gives that float (as in PyTorch). A dtype mix in ops that do not promote (`where_cond`,
-//! `cat`, and `matmul` outside an autocast region) stays an error.
+//! gives that float, bool with anything that other dtype (as in PyTorch). Elementwise ops and
+//! `where_cond`'s value operands promote; a dtype mix in ops that do not (`cat`, and `matmul`
+//! outside an autocast region) stays an error.
 
 use std::cell::Cell;
 

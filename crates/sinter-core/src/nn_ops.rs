@@ -353,6 +353,13 @@ impl Tensor {
 
     /// Rows along `dim` picked by the 1-D i64 tensor `idx`. Backward is a scatter-add.
     pub fn index_select(&self, dim: isize, idx: &Tensor) -> Result<Tensor> {
+        if self.dtype() == DType::Bool {
+            // Rows of bools move as i64 rows (the backends gather numbers).
+            return self
+                .to_dtype(DType::I64)?
+                .index_select(dim, idx)?
+                .to_dtype(DType::Bool);
+        }
         let d = resolve_dim("index_select", dim, self.rank())?;
         idx.expect_rank("index_select", 1, "indices")?;
         let g = IndexGeom::around(self.shape(), d);

@@ -182,6 +182,14 @@ impl Tensor {
         }
         let n = ((end - start) / step).ceil() as usize;
         check_tensor_dtype("arange", dtype)?;
+        if dtype == DType::Bool {
+            // As PyTorch: a range of bools is not a range (use `full` or a comparison).
+            return Err(Error::UnsupportedDType {
+                op: "arange",
+                dtype,
+                supported: "f32, f16, bf16 or i64",
+            });
+        }
         Ok(Tensor::from_storage(
             Storage::arange(device, start, step, n, dtype)?,
             &[n],

@@ -1,7 +1,8 @@
-// binary.cu — elementwise out = a (op) b, comparisons (0/1 in the input dtype) and where(c, a, b),
-// on contiguous inputs and on strided/broadcast inputs (up to 6 dims, stride 0 = broadcast).
+// binary.cu — elementwise out = a (op) b and comparisons (0/1 in the input dtype), on contiguous
+// inputs and on strided/broadcast inputs (up to 6 dims, stride 0 = broadcast). Tensor comparisons
+// (bool outputs) and where (bool condition) are bool.cu's.
 //
-// Reads:  a[n], b[n] (and c[n] for where), through strides on the *_strided variants.
+// Reads:  a[n], b[n], through strides on the *_strided variants.
 // Writes: out[n], always contiguous (row-major over the broadcast shape).
 // Why it is fast: the contiguous path moves 128 bits per load/store per operand with grid-stride
 // loops; the strided path decodes the index with 32-bit division when n < 2^31 and the host first
@@ -11,8 +12,6 @@
 //   <op>_<t>(const T* a, const T* b, T* out, i64 n)     op: add sub mul div floor_div maximum minimum
 //        eq ne lt le gt ge
 //   <op>_strided_<t>(const T* a, const T* b, T* out, i64 n, StridedMeta m)   strides[0]=a, [1]=b
-//   where_<t>(const T* c, const T* a, const T* b, T* out, i64 n)             out = c != 0 ? a : b
-//   where_strided_<t>(const T* c, const T* a, const T* b, T* out, i64 n, StridedMeta m)
 
 struct OpAdd { static __device__ __forceinline__ float f(float a, float b) { return a + b; } };
 struct OpSub { static __device__ __forceinline__ float f(float a, float b) { return a - b; } };
@@ -93,45 +92,3 @@ BINARY(lt, OpLt)
 BINARY(le, OpLe)
 BINARY(gt, OpGt)
 BINARY(ge, OpGe)
-
-template <typename T>
-__device__ __forceinline__ void where_contig(const T* c, const T* a, const T* b, T* out, i64 n) {
-    constexpr int N = Pack128<T>::N;
-    const i64 tid = global_tid(), stride = global_stride();
-    i64 i0 = 0;
-    if (aligned16(c) && aligned16(a) && aligned16(b) && aligned16(out)) {
-        const i64 nv = n / N;
-        for (i64 v = tid; v < nv; v += stride) {
-            const Pack128<T> pc = load128(c + v * N);
-            const Pack128<T> pa = load128(a + v * N);
-            const Pack128<T> pb = load128(b + v * N);
-            Pack128<T> r;
-#pragma unroll
-            for (int k = 0; k < N; ++k) r.v[k] = to_f32(pc.v[k]) != 0.f ? pa.v[k] : pb.v[k];
-            store128(out + v * N, r);
-        }
-        i0 = nv * N;
-    }
-    for (i64 i = i0 + tid; i < n; i += stride) out[i] = to_f32(c[i]) != 0.f ? a[i] : b[i];
-}
-
-template <typename T>
-__device__ __forceinline__ void where_strided(const T* c, const T* a, const T* b, T* out, i64 n, const StridedMeta& m) {
-    for (i64 i = global_tid(); i < n; i += global_stride()) {
-        i64 off[3];
-        strided_offsets<3>(m, i, n, off);
-        out[i] = to_f32(c[off[0]]) != 0.f ? a[off[1]] : b[off[2]];
-    }
-}
-
-#define WHERE_T(sfx, T)                                                                              \
-    extern "C" __global__ void where_##sfx(const T* c, const T* a, const T* b, T* out, i64 n) {      \
-        where_contig<T>(c, a, b, out, n);                                                            \
-    }                                                                                                \
-    extern "C" __global__ void where_strided_##sfx(const T* c, const T* a, const T* b, T* out, i64 n, \
-                                                   StridedMeta m) {                                  \
-        where_strided<T>(c, a, b, out, n, m);                                                        \
-    }
-WHERE_T(f32, float)
-WHERE_T(f16, __half)
-WHERE_T(bf16, bf16)

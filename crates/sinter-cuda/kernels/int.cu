@@ -1,4 +1,4 @@
-// int.cu — i64 tensors on the device: integer arithmetic and comparisons, where, fill, arange,
+// int.cu — i64 tensors on the device: integer arithmetic and comparisons, fill, arange,
 // reductions, row gathers, and the device-side index checks (cross-entropy targets, index_select
 // ids) that record the first bad index without a host round trip.
 //
@@ -12,8 +12,6 @@
 //   int_<op>_i64(const i64* a, const i64* b, i64* out, i64 n, StridedMeta m)  op: add sub mul div
 //        floor_div maximum minimum eq ne lt le gt ge (comparisons give 1/0; floor_div
 //        rounds toward -inf, torch.floor_divide)
-//   int_where_<c>(const C* cond, const i64* a, const i64* b, i64* out, i64 n, StridedMeta m)
-//        out = cond != 0 ? a : b, cond of any dtype (f32/f16/bf16/i64)
 //   int_fill_i64(i64* y, i64 n, i64 value)
 //   arange_<t>(T* y, i64 n, u64 start_bits, u64 step_bits)   y[i] = start + i * step (f64 math,
 //        then cast like the CPU: to f32 then T for floats, truncation for i64; the product and
@@ -87,23 +85,6 @@ INT_BINARY(lt, ILt)
 INT_BINARY(le, ILe)
 INT_BINARY(gt, IGt)
 INT_BINARY(ge, IGe)
-
-template <typename C> __device__ __forceinline__ bool is_true(C c) { return to_f32(c) != 0.f; }
-template <> __device__ __forceinline__ bool is_true<i64>(i64 c) { return c != 0; }
-
-#define INT_WHERE(sfx, C)                                                                            \
-    extern "C" __global__ void int_where_##sfx(const C* c, const i64* a, const i64* b, i64* out,     \
-                                               i64 n, StridedMeta m) {                               \
-        for (i64 i = global_tid(); i < n; i += global_stride()) {                                    \
-            i64 off[3];                                                                              \
-            strided_offsets<3>(m, i, n, off);                                                        \
-            out[i] = is_true(c[off[0]]) ? a[off[1]] : b[off[2]];                                     \
-        }                                                                                            \
-    }
-INT_WHERE(f32, float)
-INT_WHERE(f16, __half)
-INT_WHERE(bf16, bf16)
-INT_WHERE(i64, i64)
 
 extern "C" __global__ void int_fill_i64(i64* y, i64 n, i64 value) {
     for (i64 i = global_tid(); i < n; i += global_stride()) y[i] = value;

@@ -271,56 +271,6 @@ fn binary_strided_broadcast_and_transposed() {
                 .collect();
             assert_close(&format!("{op:?} strided {d}"), &out.get(), &want, tol(d));
         }
-        // where: cond broadcast over rows, a transposed, b contiguous.
-        let cv: Vec<f64> = (0..33).map(|i| (i % 3 == 0) as i32 as f64).collect();
-        let c = Buf::from_f64(d, &cv, 0);
-        let bfull: Vec<f64> = rng.vec(n, -1.0, 1.0).into_iter().map(|v| q(d, v)).collect();
-        let b2 = Buf::from_f64(d, &bfull, 0);
-        let c_strides = [0i64, 0, 1];
-        let b2_strides = contiguous_strides(&shape);
-        let out = Buf::zeros(d, n, 0);
-        let l = binary::plan_where_strided(
-            &T1,
-            StridedIn {
-                data: c.slice(),
-                strides: &c_strides,
-            },
-            StridedIn {
-                data: a.slice(),
-                strides: &a_strides,
-            },
-            StridedIn {
-                data: b2.slice(),
-                strides: &b2_strides,
-            },
-            out.slice(),
-            &shape,
-        )
-        .unwrap()
-        .unwrap();
-        exec1(e, l, &[&a, &b2, &c, &out]);
-        let want: Vec<f64> = (0..n)
-            .map(|i| {
-                if cv[i % 33] != 0.0 {
-                    av[offset(&shape, &a_strides, i)]
-                } else {
-                    bfull[i]
-                }
-            })
-            .collect();
-        assert_close(&format!("where strided {d}"), &out.get(), &want, (0.0, 0.0));
-        // Contiguous where.
-        let cv: Vec<f64> = (0..n).map(|i| (i % 5 < 2) as i32 as f64).collect();
-        let c = Buf::from_f64(d, &cv, 0);
-        let out = Buf::zeros(d, n, 0);
-        let l = binary::plan_where(&T1, c.slice(), a.slice(), b2.slice(), out.slice())
-            .unwrap()
-            .unwrap();
-        exec1(e, l, &[&a, &b2, &c, &out]);
-        let want: Vec<f64> = (0..n)
-            .map(|i| if cv[i] != 0.0 { av[i] } else { bfull[i] })
-            .collect();
-        assert_close(&format!("where {d}"), &out.get(), &want, (0.0, 0.0));
     }
 }
 

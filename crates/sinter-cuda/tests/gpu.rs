@@ -245,10 +245,13 @@ fn binary_contiguous_and_broadcast() {
                 tol(dt),
             );
         }
-        // where with a column-broadcast condition.
+        // where with a column-broadcast bool condition (bytes 0/1).
         let cv: Vec<f32> = (0..rows).map(|r| (r % 2) as f32).collect();
-        let c = up(&d, &cv, dt);
-        binary::where_strided(
+        let c = d.alloc(rows, DType::Bool, Pool::Temporary).unwrap();
+        let bytes: Vec<u8> = cv.iter().map(|&x| x as u8).collect();
+        d.copy_htod(&bytes, c.as_slice().reinterpret(DType::U8).unwrap())
+            .unwrap();
+        sinter_cuda::ops::boolean::where_bool(
             &d,
             binary::StridedIn {
                 data: c.as_slice(),

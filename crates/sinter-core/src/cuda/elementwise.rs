@@ -131,7 +131,7 @@ pub(crate) fn binary(
     }
     let out = alloc(dev, la.numel(), a.dtype())?;
     if !a.dtype().is_float() {
-        // i64 arithmetic (wrapping, like the CPU) and comparisons (1/0).
+        // i64 arithmetic (wrapping, like the CPU).
         ki::int_binary(dev, kernel_binary(op), ia, ib, out.as_slice(), shape).on(op.name())?;
     } else {
         kb::binary_strided(dev, kernel_binary(op), ia, ib, out.as_slice(), shape).on(op.name())?;

@@ -189,7 +189,10 @@ fn promotion(t: &Target) {
             tol(DType::I64, 1.0),
         );
     }
-    assert!(Tensor::where_cond(&a2, &a2.to_dtype(DType::F16).unwrap(), &a2).is_err());
+    // where promotes its value operands (f16 with f32 is f32), as torch.where does.
+    let c = a2.gt(&a2.zeros_like().unwrap()).unwrap();
+    let y = Tensor::where_cond(&c, &a2.to_dtype(DType::F16).unwrap(), &a2).unwrap();
+    assert_eq!(y.dtype(), DType::F32);
 }
 
 fn per_thread(t: &Target) {

@@ -113,7 +113,7 @@ fn shape_mismatches(t: &Target) {
     expect_err(a.chunk(2, 1), "chunk");
     expect_err(a.squeeze(0), "squeeze");
     expect_err(
-        Tensor::where_cond(&tensor(&[1.0; 4], &[4]), &a, &a),
+        Tensor::where_cond(&tensor(&[1.0; 4], &[4]).to_bool().unwrap(), &a, &a),
         "where",
     );
     expect_err(Tensor::from_vec(vec![1f32; 5], &[2, 3], t.dev), "from_vec");
@@ -373,12 +373,15 @@ fn dtype_misuse(t: &Target) {
     assert_eq!(a.add(&i).unwrap().dtype(), a.dtype());
     expect_err(i.exp(), "exp");
     expect_err(a.matmul(&i.t().unwrap()), "matmul");
+    // `where` promotes its value operands (as torch.where) but needs a bool condition.
+    let c = a.gt(&a.zeros_like().unwrap()).unwrap();
+    assert_eq!(Tensor::where_cond(&c, &a, &i).unwrap().dtype(), a.dtype());
     expect_err(Tensor::where_cond(&a, &a, &i), "where");
-    // Float dtypes promote in elementwise ops (see `sinter_core::amp`), but not where the op
-    // cannot promote: `where` between f16 and f32, and matmul outside an autocast region.
+    // Float dtypes promote in elementwise ops (see `sinter_core::amp`) and in `where`, but not
+    // in matmul outside an autocast region.
     let h = a.to_dtype(DType::F16).unwrap();
     assert_eq!(h.add(&a).unwrap().dtype(), DType::F32);
-    expect_err(Tensor::where_cond(&a, &h, &a), "where");
+    assert_eq!(Tensor::where_cond(&c, &h, &a).unwrap().dtype(), DType::F32);
     expect_err(h.matmul(&a.t().unwrap()), "matmul");
     expect_err(i.to_var(), "to_var");
 }

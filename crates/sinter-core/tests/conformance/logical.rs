@@ -334,8 +334,8 @@ fn promotion(t: &Target) {
     }
 }
 
-/// Bools move like any dtype: contiguous copies of views, cat, narrow, device round trips,
-/// little-endian bytes (one byte each), full / zeros / ones.
+/// Bools move like any dtype: contiguous copies of views, cat, narrow, index_select, device
+/// round trips, little-endian bytes (one byte each), full / zeros / ones.
 fn views_and_copies(t: &Target) {
     let a = Arr::ints(&[3, 4], &[1, 0, 1, 0, 0, 0, 1, 1, 1, 1, 0, 0]);
     t.check_with(
@@ -351,6 +351,16 @@ fn views_and_copies(t: &Target) {
         &[In::Fixed(a.clone()), In::Fixed(a.t())],
         |x| Tensor::cat(&[x[0].narrow(0, 1, 2)?.t()?, x[1].clone()], 1),
         |x, _| r::cat(&[x[0].narrow(0, 1, 2).t(), x[1].clone()], 1),
+    );
+    t.check_with(
+        "index_select of rows",
+        EXACT,
+        &[
+            In::Fixed(a.clone()),
+            In::Ids(Arr::ints(&[4], &[2, 0, 2, 1])),
+        ],
+        |x| x[0].index_select(0, &x[1]),
+        |x, _| r::index_select(&x[0], 0, &x[1]),
     );
     let x = t.tensor(&a);
     let v: Vec<bool> = a.data.iter().map(|&p| p != 0.0).collect();
@@ -390,4 +400,6 @@ fn refusals(t: &Target) {
     assert!(e.contains("exp") && e.contains("bool"), "{e}");
     let e = err_msg(x.softmax(-1));
     assert!(e.contains("softmax") && e.contains("bool"), "{e}");
+    let e = err_msg(Tensor::arange(0.0, 3.0, 1.0, DType::Bool, t.dev));
+    assert!(e.contains("arange") && e.contains("bool"), "{e}");
 }

@@ -1,11 +1,12 @@
-//! Wrappers for `kernels/binary.cu`: elementwise binary ops, comparisons and where, contiguous
-//! or strided/broadcast.
+//! Wrappers for `kernels/binary.cu`: elementwise binary ops and comparisons (0/1 in the input
+//! dtype), contiguous or strided/broadcast. Tensor comparisons (bool outputs) and where run in
+//! `ops::boolean`.
 
-use super::{fake_slice, kname, need, need_dtype, need_float};
+use super::{fake_slice, kname, need, need_dtype, need_float, numel};
 use crate::alloc::DevSlice;
 use crate::device::CudaDevice;
 use crate::dtype::DType;
-use crate::error::{CudaError, Result};
+use crate::error::Result;
 use crate::launch::{
     check_strided_bounds, coalesce, is_contiguous_coalesced, Arg, Launch, LaunchTarget,
     StridedMeta, ELEMWISE_BLOCK,
@@ -135,13 +136,6 @@ pub fn plan_binary(
     )))
 }
 
-fn numel(op: &'static str, shape: &[usize]) -> Result<usize> {
-    shape
-        .iter()
-        .try_fold(1usize, |acc, &s| acc.checked_mul(s))
-        .ok_or_else(|| CudaError::invalid(op, "shape overflows"))
-}
-
 /// Plan out (contiguous, `shape`) = a op b with strided/broadcast operands. Falls back to the
 /// contiguous kernel when both operands turn out contiguous after merging dims.
 pub fn plan_binary_strided(
@@ -184,85 +178,6 @@ pub fn plan_binary_strided(
     )))
 }
 
-/// Plan out = cond != 0 ? a : b (all contiguous, same dtype).
-pub fn plan_where(
-    t: &LaunchTarget,
-    cond: DevSlice<'_>,
-    a: DevSlice<'_>,
-    b: DevSlice<'_>,
-    out: DevSlice<'_>,
-) -> Result<Option<Launch>> {
-    let d = a.dtype();
-    need_float("where", d)?;
-    need("where", "cond", &cond, d, a.len())?;
-    need("where", "b", &b, d, a.len())?;
-    need("where", "out", &out, d, a.len())?;
-    if a.is_empty() {
-        return Ok(None);
-    }
-    Ok(Some(Launch::new(
-        KernelFile::Binary,
-        kname("where", d),
-        t.elementwise_grid(a.len(), d.size()),
-        ELEMWISE_BLOCK,
-        vec![
-            Arg::Ptr(cond.ptr()),
-            Arg::Ptr(a.ptr()),
-            Arg::Ptr(b.ptr()),
-            Arg::Ptr(out.ptr()),
-            Arg::I64(a.len() as i64),
-        ],
-    )))
-}
-
-/// Plan where with strided/broadcast operands (`cond` has the same dtype as a and b).
-pub fn plan_where_strided(
-    t: &LaunchTarget,
-    cond: StridedIn<'_>,
-    a: StridedIn<'_>,
-    b: StridedIn<'_>,
-    out: DevSlice<'_>,
-    shape: &[usize],
-) -> Result<Option<Launch>> {
-    let d = a.data.dtype();
-    need_float("where_strided", d)?;
-    need_dtype("where_strided", "cond", &cond.data, d)?;
-    need_dtype("where_strided", "b", &b.data, d)?;
-    let n = numel("where_strided", shape)?;
-    need("where_strided", "out", &out, d, n)?;
-    for (what, s) in [("cond", &cond), ("a", &a), ("b", &b)] {
-        check_strided_bounds("where_strided", what, s.data.len(), shape, s.strides)?;
-    }
-    if n == 0 {
-        return Ok(None);
-    }
-    let (cs, cst) = coalesce(shape, &[cond.strides, a.strides, b.strides]);
-    if cst.iter().all(|s| is_contiguous_coalesced(&cs, s)) {
-        return plan_where(
-            t,
-            cond.data.slice(0, n)?,
-            a.data.slice(0, n)?,
-            b.data.slice(0, n)?,
-            out,
-        );
-    }
-    let meta = StridedMeta::new(&cs, &cst)?;
-    Ok(Some(Launch::new(
-        KernelFile::Binary,
-        kname("where_strided", d),
-        t.grid_for(n, ELEMWISE_BLOCK),
-        ELEMWISE_BLOCK,
-        vec![
-            Arg::Ptr(cond.data.ptr()),
-            Arg::Ptr(a.data.ptr()),
-            Arg::Ptr(b.data.ptr()),
-            Arg::Ptr(out.ptr()),
-            Arg::I64(n as i64),
-            Arg::Strided(meta),
-        ],
-    )))
-}
-
 /// out = a op b (contiguous; out may alias a or b).
 pub fn binary(
     dev: &CudaDevice,
@@ -286,29 +201,6 @@ pub fn binary_strided(
     dev.run_opt(plan_binary_strided(&dev.target(), op, a, b, out, shape)?)
 }
 
-/// out = cond != 0 ? a : b.
-pub fn where_cond(
-    dev: &CudaDevice,
-    cond: DevSlice<'_>,
-    a: DevSlice<'_>,
-    b: DevSlice<'_>,
-    out: DevSlice<'_>,
-) -> Result<()> {
-    dev.run_opt(plan_where(&dev.target(), cond, a, b, out)?)
-}
-
-/// where, strided/broadcast.
-pub fn where_strided(
-    dev: &CudaDevice,
-    cond: StridedIn<'_>,
-    a: StridedIn<'_>,
-    b: StridedIn<'_>,
-    out: DevSlice<'_>,
-    shape: &[usize],
-) -> Result<()> {
-    dev.run_opt(plan_where_strided(&dev.target(), cond, a, b, out, shape)?)
-}
-
 pub(crate) fn samples(t: &LaunchTarget) -> Vec<Launch> {
     let mut v = Vec::new();
     for d in DType::FLOATS {
@@ -325,16 +217,6 @@ pub(crate) fn samples(t: &LaunchTarget) -> Vec<Launch> {
             };
             v.extend(plan_binary_strided(t, op, sa, sb, o, &[4, 8]).unwrap());
         }
-        v.extend(plan_where(t, a, a, a, o).unwrap());
-        let sa = StridedIn {
-            data: a,
-            strides: &[8, 1],
-        };
-        let sb = StridedIn {
-            data: b,
-            strides: &[0, 1],
-        };
-        v.extend(plan_where_strided(t, sb, sa, sb, o, &[4, 8]).unwrap());
     }
     v
 }

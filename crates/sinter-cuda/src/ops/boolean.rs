@@ -4,14 +4,12 @@
 //! (`DType::Bool`) holds one byte per element, 0 or 1.
 
 use super::binary::{BinaryOp, StridedIn};
-use super::{fake_slice, need, need_dtype};
+use super::{fake_slice, need, need_dtype, numel, strided_meta};
 use crate::alloc::DevSlice;
 use crate::device::CudaDevice;
 use crate::dtype::DType;
 use crate::error::{CudaError, Result};
-use crate::launch::{
-    check_strided_bounds, coalesce, Arg, Launch, LaunchTarget, StridedMeta, ELEMWISE_BLOCK,
-};
+use crate::launch::{Arg, Launch, LaunchTarget, ELEMWISE_BLOCK};
 use crate::nvrtc::KernelFile;
 
 /// The tensor dtypes the comparison and where kernels are instantiated for.
@@ -30,13 +28,6 @@ fn kernel_name(op: BinaryOp, d: DType) -> Option<String> {
         BinaryOp::Mul | BinaryOp::Minimum => Some("bool_and".into()),
         BinaryOp::Sub | BinaryOp::Div | BinaryOp::FloorDiv => None,
     }
-}
-
-fn numel(op: &'static str, shape: &[usize]) -> Result<usize> {
-    shape
-        .iter()
-        .try_fold(1usize, |acc, &s| acc.checked_mul(s))
-        .ok_or_else(|| CudaError::invalid(op, "shape overflows"))
 }
 
 /// Plan out (bool, contiguous, `shape`) = a op b, for a comparison of two operands of one dtype
@@ -69,12 +60,10 @@ pub fn plan_bool_binary(
     need_dtype(OP, "b", &b.data, d)?;
     let n = numel(OP, shape)?;
     need(OP, "out", &out, DType::Bool, n)?;
-    check_strided_bounds(OP, "a", a.data.len(), shape, a.strides)?;
-    check_strided_bounds(OP, "b", b.data.len(), shape, b.strides)?;
     if n == 0 {
         return Ok(None);
     }
-    let (cs, cst) = coalesce(shape, &[a.strides, b.strides]);
+    let meta = strided_meta(OP, &[&a, &b], shape)?;
     Ok(Some(Launch::new(
         KernelFile::Bool,
         name,
@@ -85,7 +74,7 @@ pub fn plan_bool_binary(
             Arg::Ptr(b.data.ptr()),
             Arg::Ptr(out.ptr()),
             Arg::I64(n as i64),
-            Arg::Strided(StridedMeta::new(&cs, &cst)?),
+            Arg::Strided(meta),
         ],
     )))
 }
@@ -112,13 +101,10 @@ pub fn plan_where_bool(
     need_dtype(OP, "b", &b.data, d)?;
     let n = numel(OP, shape)?;
     need(OP, "out", &out, d, n)?;
-    for (what, s) in [("cond", &cond), ("a", &a), ("b", &b)] {
-        check_strided_bounds(OP, what, s.data.len(), shape, s.strides)?;
-    }
     if n == 0 {
         return Ok(None);
     }
-    let (cs, cst) = coalesce(shape, &[cond.strides, a.strides, b.strides]);
+    let meta = strided_meta(OP, &[&cond, &a, &b], shape)?;
     Ok(Some(Launch::new(
         KernelFile::Bool,
         format!("where_cond_{}", d.suffix()),
@@ -130,7 +116,7 @@ pub fn plan_where_bool(
             Arg::Ptr(b.data.ptr()),
             Arg::Ptr(out.ptr()),
             Arg::I64(n as i64),
-            Arg::Strided(StridedMeta::new(&cs, &cst)?),
+            Arg::Strided(meta),
         ],
     )))
 }

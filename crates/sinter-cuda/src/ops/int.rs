@@ -1,16 +1,14 @@
-//! Wrappers for `kernels/int.cu`: i64 arithmetic / comparisons / where over strided operands,
+//! Wrappers for `kernels/int.cu`: i64 arithmetic / comparisons over strided operands,
 //! fill, arange (every dtype), i64 reductions, row gathers through device ids, and the
 //! device-side index check that records the first bad index in a small slot buffer.
 
 use super::binary::{BinaryOp, StridedIn};
-use super::{fake_slice, need, need_dtype};
+use super::{fake_slice, need, need_dtype, numel, strided_meta};
 use crate::alloc::DevSlice;
 use crate::device::CudaDevice;
 use crate::dtype::DType;
 use crate::error::{CudaError, Result};
-use crate::launch::{
-    check_strided_bounds, coalesce, Arg, Launch, LaunchTarget, StridedMeta, ELEMWISE_BLOCK,
-};
+use crate::launch::{Arg, Launch, LaunchTarget, ELEMWISE_BLOCK};
 use crate::nvrtc::KernelFile;
 
 /// Elements of the error slot [`plan_index_check`] writes: {position + 1, value, bound, tag},
@@ -19,29 +17,6 @@ pub const SLOT_LEN: usize = 4;
 
 /// Threads of the one-block index check (a power of two: the block reduction halves it).
 pub const CHECK_BLOCK: u32 = 1024;
-
-fn numel(op: &'static str, shape: &[usize]) -> Result<usize> {
-    shape
-        .iter()
-        .try_fold(1usize, |acc, &s| acc.checked_mul(s))
-        .ok_or_else(|| CudaError::invalid(op, "shape overflows"))
-}
-
-/// Merged shape and strides of `ins` over `shape` as the strided kernels take them.
-fn strided_meta(op: &'static str, ins: &[&StridedIn<'_>], shape: &[usize]) -> Result<StridedMeta> {
-    for (k, s) in ins.iter().enumerate() {
-        check_strided_bounds(
-            op,
-            ["first operand", "second operand", "third operand"][k],
-            s.data.len(),
-            shape,
-            s.strides,
-        )?;
-    }
-    let strides: Vec<&[i64]> = ins.iter().map(|s| s.strides).collect();
-    let (cs, cst) = coalesce(shape, &strides);
-    StridedMeta::new(&cs, &cst)
-}
 
 /// Plan out (contiguous i64, `shape`) = a op b for i64 operands through strides.
 pub fn plan_int_binary(
@@ -67,49 +42,6 @@ pub fn plan_int_binary(
         t.grid_for(n, ELEMWISE_BLOCK),
         ELEMWISE_BLOCK,
         vec![
-            Arg::Ptr(a.data.ptr()),
-            Arg::Ptr(b.data.ptr()),
-            Arg::Ptr(out.ptr()),
-            Arg::I64(n as i64),
-            Arg::Strided(meta),
-        ],
-    )))
-}
-
-/// Plan out = cond != 0 ? a : b with i64 a, b and a condition of any dtype, through strides.
-pub fn plan_int_where(
-    t: &LaunchTarget,
-    cond: StridedIn<'_>,
-    a: StridedIn<'_>,
-    b: StridedIn<'_>,
-    out: DevSlice<'_>,
-    shape: &[usize],
-) -> Result<Option<Launch>> {
-    let name = "int_where";
-    if !matches!(
-        cond.data.dtype(),
-        DType::F32 | DType::F16 | DType::BF16 | DType::I64
-    ) {
-        return Err(CudaError::invalid(
-            name,
-            format!("condition of dtype {} has no kernel", cond.data.dtype()),
-        ));
-    }
-    need_dtype(name, "a", &a.data, DType::I64)?;
-    need_dtype(name, "b", &b.data, DType::I64)?;
-    let n = numel(name, shape)?;
-    need(name, "out", &out, DType::I64, n)?;
-    if n == 0 {
-        return Ok(None);
-    }
-    let meta = strided_meta(name, &[&cond, &a, &b], shape)?;
-    Ok(Some(Launch::new(
-        KernelFile::Int,
-        format!("int_where_{}", cond.data.dtype().suffix()),
-        t.grid_for(n, ELEMWISE_BLOCK),
-        ELEMWISE_BLOCK,
-        vec![
-            Arg::Ptr(cond.data.ptr()),
             Arg::Ptr(a.data.ptr()),
             Arg::Ptr(b.data.ptr()),
             Arg::Ptr(out.ptr()),
@@ -388,16 +320,6 @@ pub fn int_binary(
 ) -> Result<()> {
     dev.run_opt(plan_int_binary(&dev.target(), op, a, b, out, shape)?)
 }
-pub fn int_where(
-    dev: &CudaDevice,
-    cond: StridedIn<'_>,
-    a: StridedIn<'_>,
-    b: StridedIn<'_>,
-    out: DevSlice<'_>,
-    shape: &[usize],
-) -> Result<()> {
-    dev.run_opt(plan_int_where(&dev.target(), cond, a, b, out, shape)?)
-}
 pub fn fill_i64(dev: &CudaDevice, y: DevSlice<'_>, value: i64) -> Result<()> {
     dev.run_opt(plan_fill_i64(&dev.target(), y, value)?)
 }
@@ -480,11 +402,6 @@ pub(crate) fn samples(t: &LaunchTarget) -> Vec<Launch> {
         v.extend(plan_int_binary(t, op, sa(), sb(), o, &[4, 8]).unwrap());
     }
     for d in [DType::F32, DType::F16, DType::BF16, DType::I64] {
-        let c = StridedIn {
-            data: fake_slice(d, 8),
-            strides: &[0, 1],
-        };
-        v.extend(plan_int_where(t, c, sa(), sb(), o, &[4, 8]).unwrap());
         v.extend(plan_arange(t, fake_slice(d, 10), 1.0, 0.5).unwrap());
     }
     v.extend(plan_fill_i64(t, o, 7).unwrap());
@@ -586,53 +503,6 @@ mod tests {
         )
         .unwrap()
         .is_none());
-    }
-
-    #[test]
-    fn where_takes_any_condition_dtype() {
-        let (a, o) = (fake_slice(DType::I64, 6), fake_slice(DType::I64, 6));
-        for d in [DType::F32, DType::BF16, DType::I64] {
-            let c = StridedIn {
-                data: fake_slice(d, 6),
-                strides: &[1],
-            };
-            let l = plan_int_where(
-                &t(),
-                c,
-                StridedIn {
-                    data: a,
-                    strides: &[1],
-                },
-                StridedIn {
-                    data: a,
-                    strides: &[1],
-                },
-                o,
-                &[6],
-            )
-            .unwrap()
-            .unwrap();
-            assert_eq!(l.name, format!("int_where_{}", d.suffix()));
-        }
-        let c = StridedIn {
-            data: fake_slice(DType::U8, 6),
-            strides: &[1],
-        };
-        assert!(plan_int_where(
-            &t(),
-            c,
-            StridedIn {
-                data: a,
-                strides: &[1]
-            },
-            StridedIn {
-                data: a,
-                strides: &[1]
-            },
-            o,
-            &[6]
-        )
-        .is_err());
     }
 
     #[test]

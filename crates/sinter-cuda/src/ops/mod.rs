@@ -22,7 +22,8 @@ pub mod unary;
 use crate::alloc::DevSlice;
 use crate::dtype::DType;
 use crate::error::{CudaError, Result};
-use crate::launch::{Launch, LaunchTarget, Step};
+use crate::launch::{check_strided_bounds, coalesce, Launch, LaunchTarget, Step, StridedMeta};
+use binary::StridedIn;
 
 pub(crate) fn need_float(op: &'static str, d: DType) -> Result<()> {
     if d.is_float() {
@@ -80,6 +81,35 @@ pub(crate) fn opt_need(
 
 pub(crate) fn ptr_of(s: &Option<DevSlice<'_>>) -> u64 {
     s.as_ref().map_or(0, |s| s.ptr())
+}
+
+/// The elements of `shape` (an error naming `op` when the product overflows).
+pub(crate) fn numel(op: &'static str, shape: &[usize]) -> Result<usize> {
+    shape
+        .iter()
+        .try_fold(1usize, |acc, &s| acc.checked_mul(s))
+        .ok_or_else(|| CudaError::invalid(op, "shape overflows"))
+}
+
+/// Merged shape and strides of `ins` over `shape` as the strided kernels take them, after
+/// checking that each operand's strides stay inside its slice.
+pub(crate) fn strided_meta(
+    op: &'static str,
+    ins: &[&StridedIn<'_>],
+    shape: &[usize],
+) -> Result<StridedMeta> {
+    for (k, s) in ins.iter().enumerate() {
+        check_strided_bounds(
+            op,
+            ["first operand", "second operand", "third operand"][k],
+            s.data.len(),
+            shape,
+            s.strides,
+        )?;
+    }
+    let strides: Vec<&[i64]> = ins.iter().map(|s| s.strides).collect();
+    let (cs, cst) = coalesce(shape, &strides);
+    StridedMeta::new(&cs, &cst)
 }
 
 pub(crate) fn kname(base: &str, d: DType) -> String {
@@ -162,7 +192,8 @@ mod tests {
         for n in [
             "add_f32",
             "add_bf16",
-            "where_strided_f16",
+            "where_cond_f16",
+            "cmp_lt_bool",
             "gelu_tanh_bwd_bf16",
             "cast_bf16_i64",
             "sum_mid_partial_f16",
