@@ -401,6 +401,7 @@ def render(meta, bench, rows, summary):
            f"{m['nproc']} CPUs, {m.get('mem_gib', '?')} GiB",
            f"- sinter: {meta['sinter']} (git {meta['git']}); PyTorch: {meta['torch']}",
            f"- {meta['threads']} threads per side (RAYON_NUM_THREADS, torch.set_num_threads); scheduling: {meta['policy']}",
+           f"- instruction sets: {'capped to AVX2/FMA on both sides (--isa avx2)' if meta.get('isa') == 'avx2' else 'each engine picks the widest this CPU has'}",
            f"- {meta['rounds']} round(s), interleaved, {meta['secs']} s of repetitions per figure; medians of the rounds' medians "
            "(round spread: how far the rounds' medians lie apart, max / min − 1; a large one means other load got in)",
            f"- load average before: {meta['loadavg_before']}; after: {meta['loadavg_after']}",
@@ -486,6 +487,8 @@ def main():
     ap.add_argument("--rounds", type=int, help="rounds of every row (default 5; --quick 1)")
     ap.add_argument("--secs", type=float)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--isa", choices=["native", "avx2"], default="native",
+                    help="avx2: cap both engines to AVX2/FMA (SINTER_CPU_ISA, ATEN_CPU_CAPABILITY, MKL_ENABLE_INSTRUCTIONS, ONEDNN_MAX_CPU_ISA)")
     ap.add_argument("--gpt-steps", type=int, help="training steps of the gpt-tiny checkpoint (default 2000; --quick 60)")
     ap.add_argument("--gpt256-steps", type=int, help="training steps of the context-256 checkpoint (default 100; --quick 10)")
     ap.add_argument("--rows", nargs="*", help="regular expressions: only rows whose id matches one")
@@ -504,13 +507,18 @@ def main():
     args.sinter = os.path.abspath(args.sinter)
     os.makedirs(args.out, exist_ok=True)
 
+    if args.isa == "avx2":
+        # Both engines capped to AVX2/FMA (and AVX2 int8, no VNNI) for every process started from
+        # here: the machine of issue 10's "≥ 0.9× on a machine with only AVX2", emulated.
+        os.environ.update(SINTER_CPU_ISA="avx2", SINTER_CPU_INT8="avx2", ATEN_CPU_CAPABILITY="avx2",
+                          MKL_ENABLE_INSTRUCTIONS="AVX2", ONEDNN_MAX_CPU_ISA="AVX2")
     torch_version = cmd_out([args.python, "-c", "import torch; print(torch.__version__, '(' + torch.backends.cpu.get_cpu_capability() + ')')"]) or "not importable"
     git = cmd_out(["git", "rev-parse", "--short", "HEAD"]) + (" + uncommitted changes" if cmd_out(["git", "status", "--porcelain", "--untracked-files=no"]) else "")
     meta = {
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "command": " ".join(["bench/vs-torch/run", *user_args(sys.argv[1:])]),
         "machine": machine(), "git": git or "?", "sinter": cmd_out([args.sinter, "--version"]) or "?", "torch": torch_version,
-        "threads": args.threads, "rounds": args.rounds, "secs": args.secs, "gpt_steps": args.gpt_steps, "loadavg_before": loadavg(),
+        "threads": args.threads, "isa": args.isa, "rounds": args.rounds, "secs": args.secs, "gpt_steps": args.gpt_steps, "loadavg_before": loadavg(),
     }
     bench = Bench(args)
     meta["policy"] = bench.runner.policy

@@ -459,7 +459,7 @@ unsafe fn block_with<K: Kernel>(job: &Job<'_>, b: Block) {
     let mut acc: Tile = [0; TILE_MR * TILE_NR];
     let mut p = b.panels.0;
     while p < b.panels.1 {
-        let np = if b.panels.1 - p >= K::NP { K::NP } else { 1 };
+        let np = (b.panels.1 - p).min(K::NP);
         let (j0, cols) = (p * PANEL, (n - p * PANEL).min(np * PANEL));
         let mut i = b.rows.0;
         while i < b.rows.1 {

@@ -33,7 +33,7 @@ pub trait Kernel {
     const MR: usize;
     /// Panels per full tile.
     const NP: usize;
-    /// Fills acc[r·TILE_NR + c] for r < rows and c < np·16, np ∈ {NP, 1}.
+    /// Fills acc[r·TILE_NR + c] for r < rows and c < np·16, 1 ≤ np ≤ NP.
     ///
     /// # Safety
     /// The CPU supports the kernel's instructions; `t.a` addresses `rows` rows of k_padded

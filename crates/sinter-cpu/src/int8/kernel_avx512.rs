@@ -6,7 +6,8 @@
 //! 24 accumulator registers, 4 for the weight blocks and 1 for the broadcast activations, out
 //! of 32. Per block of four k values the kernel does 4 weight loads, `rows` broadcasts and
 //! 4·rows `vpdpbusd`; the weights stream from memory once per row tile, the activation rows
-//! stay in L1.
+//! stay in L1. At the edge of a thread's block the tile narrows to 3, 2 or 1 panels (one
+//! panel alone would do a broadcast per `vpdpbusd` and be load-bound).
 
 #[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::*;
@@ -23,10 +24,11 @@ impl Kernel for Avx512Vnni {
     unsafe fn tile(t: TileArgs<'_>, np: usize, acc: &mut Tile) {
         // SAFETY: forwarded from the caller's contract.
         unsafe {
-            if np == 4 {
-                by_rows::<4>(t, acc)
-            } else {
-                by_rows::<1>(t, acc)
+            match np {
+                4 => by_rows::<4>(t, acc),
+                3 => by_rows::<3>(t, acc),
+                2 => by_rows::<2>(t, acc),
+                _ => by_rows::<1>(t, acc),
             }
         }
     }

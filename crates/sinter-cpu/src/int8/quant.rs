@@ -12,6 +12,8 @@
 //! path of the GEMM and the epilogue's requantization agree.
 
 use super::Int8Error;
+use crate::simd::{load_lanes, store_lanes, Simd};
+use crate::{with_isa, Isa};
 
 /// How u8 values map to reals: x ≈ scale · (q − zero_point).
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -74,12 +76,10 @@ pub fn quantize_rows_static(
     out_stride: usize,
 ) {
     check_rows(x.len(), m, k, x_stride, out.len(), out_stride);
-    let (inv, zp) = (1.0 / q.scale, q.zero_point as f32);
+    let isa = Isa::get();
     for i in 0..m {
         let row = &x[i * x_stride..i * x_stride + k];
-        for (o, &v) in out[i * out_stride..i * out_stride + k].iter_mut().zip(row) {
-            *o = quantize_one(v, inv, zp);
-        }
+        quantize_row(isa, row, q, &mut out[i * out_stride..i * out_stride + k]);
     }
 }
 
@@ -94,43 +94,110 @@ pub fn quantize_rows_dynamic(
     out_stride: usize,
 ) -> Result<Vec<QParams>, Int8Error> {
     check_rows(x.len(), m, k, x_stride, out.len(), out_stride);
+    let isa = Isa::get();
     let mut params = Vec::with_capacity(m);
     for i in 0..m {
         let row = &x[i * x_stride..i * x_stride + k];
-        let (lo, hi) = min_max(row);
+        let (lo, hi) = min_max_with(isa, row);
         let q = QParams::from_range(lo, hi).map_err(|e| Int8Error(format!("row {i}: {}", e.0)))?;
-        let (inv, zp) = (1.0 / q.scale, q.zero_point as f32);
-        for (o, &v) in out[i * out_stride..i * out_stride + k].iter_mut().zip(row) {
-            *o = quantize_one(v, inv, zp);
-        }
+        quantize_row(isa, row, q, &mut out[i * out_stride..i * out_stride + k]);
         params.push(q);
     }
     Ok(params)
 }
 
-/// (min, max) of a slice; NaN if any value is NaN (so the caller's range check catches it).
-pub fn min_max(v: &[f32]) -> (f32, f32) {
-    // Eight lanes of partial extrema vectorise; a NaN is tracked apart because min/max drop it.
-    let (mut lo, mut hi, mut nan) = ([f32::INFINITY; 8], [f32::NEG_INFINITY; 8], false);
-    let mut chunks = v.chunks_exact(8);
-    for c in &mut chunks {
-        for t in 0..8 {
-            lo[t] = lo[t].min(c[t]);
-            hi[t] = hi[t].max(c[t]);
-            nan |= c[t].is_nan();
+/// One row through [`QParams::quantize`]'s arithmetic, `S::LANES` values at a time: the same
+/// two roundings (x·(1/s), then + z) and ties-to-even, so every ISA gives the same bytes.
+/// (Scalar `round_ties_even` is a libm call on baseline x86-64; this was 40 % of a
+/// few-row int8 Linear.)
+fn quantize_row(isa: Isa, x: &[f32], q: QParams, out: &mut [u8]) {
+    debug_assert_eq!(x.len(), out.len());
+    let (inv, zp) = (1.0 / q.scale, q.zero_point as f32);
+    with_isa!(isa, S => quantize_row_with::<S>(x, inv, zp, out))
+}
+
+#[inline(always)]
+unsafe fn quantize_row_with<S: Simd>(x: &[f32], inv: f32, zp: f32, out: &mut [u8]) {
+    // SAFETY (whole body): the dispatch guarantees S's ISA; loads/stores stay inside `x`,
+    // `out` and `lanes` (at most 16 lanes, checked below).
+    unsafe {
+        let (vinv, vzp, lo, hi) = (S::splat(inv), S::splat(zp), S::zero(), S::splat(255.0));
+        // q + 2²³ is exact and holds q in its low mantissa byte: the byte is then a plain
+        // truncating u32 → u8 per lane, which vectorises (an `f32 as u8` cast would not).
+        let magic = S::splat(8_388_608.0);
+        let mut lanes = [0f32; 16];
+        debug_assert!(S::LANES <= lanes.len());
+        let mut i = 0;
+        while i < x.len() {
+            let n = (x.len() - i).min(S::LANES);
+            let v = load_lanes::<S>(x.as_ptr(), i, n);
+            let v = S::round(S::add(S::mul(v, vinv), vzp));
+            // max then min: a NaN (which the callers refuse earlier) would become 0 here.
+            let v = S::add(S::min(S::max(v, lo), hi), magic);
+            store_lanes::<S>(lanes.as_mut_ptr(), v, n);
+            // One bounds check per vector, so the byte loop vectorises.
+            let (dst, src) = if n == S::LANES {
+                (&mut out[i..i + S::LANES], &lanes[..S::LANES])
+            } else {
+                (&mut out[i..i + n], &lanes[..n])
+            };
+            for (o, l) in dst.iter_mut().zip(src) {
+                *o = l.to_bits() as u8;
+            }
+            i += n;
         }
     }
-    for &x in chunks.remainder() {
-        lo[0] = lo[0].min(x);
-        hi[0] = hi[0].max(x);
-        nan |= x.is_nan();
+}
+
+/// (min, max) of a slice; NaN if any value is NaN (so the caller's range check catches it).
+pub fn min_max(v: &[f32]) -> (f32, f32) {
+    min_max_with(Isa::get(), v)
+}
+
+fn min_max_with(isa: Isa, v: &[f32]) -> (f32, f32) {
+    with_isa!(isa, S => min_max_simd::<S>(v))
+}
+
+#[inline(always)]
+unsafe fn min_max_simd<S: Simd>(v: &[f32]) -> (f32, f32) {
+    // SAFETY (whole body): S's ISA is present; every load stays inside `v`. The lane-wise
+    // min/max propagate NaN, so a NaN anywhere makes both results NaN. The zero-padded tail
+    // is masked back to the first value so that padding never widens the range.
+    unsafe {
+        if v.is_empty() {
+            return (f32::INFINITY, f32::NEG_INFINITY);
+        }
+        let first = S::splat(v[0]);
+        let (mut lo, mut hi) = (first, first);
+        // Four vectors per step into four accumulator pairs: one pair would wait on its own
+        // min/max latency every vector.
+        let (mut lo4, mut hi4) = ([first; 4], [first; 4]);
+        let mut i = 0;
+        while i + 4 * S::LANES <= v.len() {
+            for u in 0..4 {
+                let x = S::load(v.as_ptr().add(i + u * S::LANES));
+                lo4[u] = S::min(lo4[u], x);
+                hi4[u] = S::max(hi4[u], x);
+            }
+            i += 4 * S::LANES;
+        }
+        for u in 0..4 {
+            lo = S::min(lo, lo4[u]);
+            hi = S::max(hi, hi4[u]);
+        }
+        while i < v.len() {
+            let n = (v.len() - i).min(S::LANES);
+            let mut x = load_lanes::<S>(v.as_ptr(), i, n);
+            if n < S::LANES {
+                let zeros = S::keep_first(S::splat(1.0), n);
+                x = S::select(S::eq(zeros, S::zero()), first, x);
+            }
+            lo = S::min(lo, x);
+            hi = S::max(hi, x);
+            i += n;
+        }
+        (-S::reduce_max(S::sub(S::zero(), lo)), S::reduce_max(hi))
     }
-    if nan {
-        return (f32::NAN, f32::NAN);
-    }
-    let lo = lo.iter().copied().fold(f32::INFINITY, f32::min);
-    let hi = hi.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    (lo, hi)
 }
 
 fn check_rows(x_len: usize, m: usize, k: usize, xs: usize, out_len: usize, os: usize) {
@@ -225,6 +292,44 @@ mod tests {
             }
         }
         assert!(quantize_weights(&[f32::NAN], 1, 1).is_err());
+    }
+
+    #[test]
+    fn every_isa_quantizes_rows_to_the_same_bytes_as_the_scalar_rule() {
+        // Lengths cover full vectors and every tail; values include exact ties (k + 0.5
+        // steps), values past both ends, and the zero point itself.
+        let q = QParams::from_range(-3.0, 5.0).unwrap();
+        for len in 0..50 {
+            let x: Vec<f32> = (0..len)
+                .map(|i| match i % 5 {
+                    0 => (i as f32 - 20.0) * 0.37,
+                    1 => q.scale * (i as f32 + 0.5 - q.zero_point as f32),
+                    2 => 1e6 * if i % 2 == 0 { 1.0 } else { -1.0 },
+                    3 => 0.0,
+                    _ => (i as f32).sin() * 4.0,
+                })
+                .collect();
+            let want: Vec<u8> = x.iter().map(|&v| q.quantize(v)).collect();
+            let mut seen_range = None;
+            for isa in Isa::available() {
+                let mut out = vec![9u8; len];
+                quantize_row(isa, &x, q, &mut out);
+                assert_eq!(out, want, "{isa:?}, {len} values");
+                let range = min_max_with(isa, &x);
+                if len > 0 {
+                    let lo = x.iter().copied().fold(f32::INFINITY, f32::min);
+                    let hi = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                    assert_eq!(range, (lo, hi), "{isa:?}, {len} values");
+                }
+                assert_eq!(*seen_range.get_or_insert(range), range, "{isa:?}");
+                if len > 0 {
+                    let mut bad = x.clone();
+                    bad[len - 1] = f32::NAN;
+                    let (lo, hi) = min_max_with(isa, &bad);
+                    assert!(lo.is_nan() && hi.is_nan(), "{isa:?}, NaN last of {len}");
+                }
+            }
+        }
     }
 
     #[test]
