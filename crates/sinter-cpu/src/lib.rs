@@ -6,12 +6,15 @@
 //!   capped by `SINTER_CPU_ISA` (so every path can be tested on any machine).
 //! - [`gemm`]: f32 C = α·A·B + β·C over strided slices, batched, with a fused bias +
 //!   activation epilogue and prepacked B.
+//! - [`im2col`]: a convolution's gather rule (which input pixel each tap of each output pixel
+//!   reads) and the int8 column rows.
 //! - [`math`]: vectorised exp/ln/tanh/sigmoid/SiLU/erf/GELU and derivatives over slices, and
 //!   fused row kernels (softmax, cross-entropy, layer norm, bias + activation, AdamW).
 pub mod int8;
 pub mod isa;
 pub use isa::Isa;
 pub mod gemm;
+pub mod im2col;
 pub mod math;
 #[doc(hidden)]
 pub mod simd;

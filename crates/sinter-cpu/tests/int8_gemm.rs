@@ -250,6 +250,27 @@ fn fused_epilogue_is_the_same_on_every_path_and_matches_f64() {
                     );
                 }
             }
+            // NCHW planes of 3 images of 3 positions each (m = 9).
+            let mut yp = vec![f32::NAN; m * n];
+            gemm(
+                p,
+                &acts,
+                &packed,
+                &epi,
+                Output::F32Planes {
+                    data: &mut yp,
+                    plane: 3,
+                },
+            );
+            for i in 0..m {
+                for j in 0..n {
+                    assert_eq!(
+                        yp[((i / 3) * n + j) * 3 + i % 3].to_bits(),
+                        y[i * n + j].to_bits(),
+                        "{p}: planes ({i}, {j})"
+                    );
+                }
+            }
             let mut q = vec![0u8; m * n];
             gemm(
                 p,

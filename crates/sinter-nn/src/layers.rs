@@ -136,8 +136,9 @@ impl Conv2d {
     /// relu(self.forward(x)); with a bias, one fused conv + bias + ReLU op (the bias add and
     /// the ReLU happen as the convolution stores its output; see `fused::conv2d_bias_relu`).
     pub fn forward_relu(&self, x: &Tensor) -> Result<Tensor> {
-        if let Some(y) = self.quant.forward(x, Activation::None)? {
-            return y.relu();
+        // An int8 form applies the ReLU in its GEMM epilogue, as it stores the output.
+        if let Some(y) = self.quant.forward(x, Activation::Relu)? {
+            return Ok(y);
         }
         match &self.bias {
             Some(b) => sinter_core::fused::conv2d_bias_relu(x, &self.weight, b, self.params, true),

@@ -7,7 +7,8 @@ use std::collections::HashMap;
 use sinter_core::{no_grad, Conv2dParams, DType, Device, Rng, Tensor};
 use sinter_nn::module::{join, NamedTensor};
 use sinter_nn::quant::{
-    self, export, import, Int8Weight, LayerKind, QuantizedConv2d, QuantizedLinear, StateTensor,
+    self, export, import, Activation, Int8Weight, LayerKind, QuantizedConv2d, QuantizedLinear,
+    StateTensor,
 };
 use sinter_nn::{Conv2d, Embedding, Linear, Module};
 
@@ -111,6 +112,10 @@ fn quantized_conv_is_within_its_quantization_error() {
         let got_t = q.forward(&x).unwrap();
         assert_eq!(got_t.shape(), &[2, 5, oh, ow], "{p:?}");
         let got = vals(&got_t);
+        // The ReLU of the fused epilogue is the ReLU of the output.
+        let relu = vals(&q.forward_with(&x, Activation::Relu).unwrap());
+        let want_relu: Vec<f32> = got.iter().map(|v| v.max(0.0)).collect();
+        assert_eq!(relu, want_relu, "{p:?} relu");
         let (w, ws) = (
             vals(&conv.weight),
             Int8Weight::from_f32(&conv.weight).unwrap(),

@@ -20,6 +20,7 @@ use sinter_cpu::gemm::{Gemm, MatMut};
 use super::matmul::MatView;
 use crate::backend::{ConvGeom, PoolGeom};
 use crate::op::pool_max_replaces;
+use sinter_cpu::im2col::{copy_short, Window};
 use sinter_types::Hw;
 
 /// Output pixels (images × oh·ow) per block GEMM: wide enough for the GEMM's register tiles
@@ -88,27 +89,28 @@ fn for_chunks(data: &mut [f32], len: usize, par: bool, f: impl Fn(usize, &mut [f
     }
 }
 
-/// For output row `oy` and kernel offset (ky, kx): the input row (None: padding) and the
-/// range of output columns whose input column is inside the image (any stride and dilation).
+/// One plane's window of the convolution (sinter-cpu's im2col rule, shared with the int8
+/// convolution).
+fn window(g: &ConvGeom) -> Window {
+    let p = &g.p;
+    Window {
+        h: g.h,
+        w: g.w,
+        kh: g.kh,
+        kw: g.kw,
+        oh: g.oh,
+        ow: g.ow,
+        stride: (p.stride.h, p.stride.w),
+        padding: (p.padding.h, p.padding.w),
+        dilation: (p.dilation.h, p.dilation.w),
+    }
+}
+
+/// For output row `oy` and kernel offset (ky, kx): the input row (None: padding), the column
+/// shift and the range of output columns whose input column is inside the image.
 fn tap(g: &ConvGeom, oy: usize, ky: usize, kx: usize) -> (Option<usize>, isize, usize, usize) {
-    let (s, pd, d) = (g.p.stride, g.p.padding, g.p.dilation);
-    let iy = (oy * s.h + ky * d.h) as isize - pd.h as isize;
-    let shift = (kx * d.w) as isize - pd.w as isize; // ix = ox·s.w + shift
-    let s = s.w as isize;
-    let row = (iy >= 0 && iy < g.h as isize).then_some(iy as usize);
-    // First and one-past-last ox with 0 <= ox·s + shift < w.
-    let lo = if shift >= 0 {
-        0
-    } else {
-        ((-shift) as usize).div_ceil(s as usize)
-    };
-    let hi = if (g.w as isize) <= shift {
-        0
-    } else {
-        ((g.w as isize - shift) as usize).div_ceil(s as usize)
-    };
-    let (lo, hi) = (lo.min(g.ow), hi.min(g.ow).max(lo.min(g.ow)));
-    (row, shift, lo, hi)
+    let t = window(g).tap(oy, ky, kx);
+    (t.row, t.shift, t.lo, t.hi)
 }
 
 /// Where tap (ky, kx) reads when the output rows are as wide as the input rows at stride 1
@@ -163,33 +165,6 @@ fn flat_masks(g: &ConvGeom) -> Option<Vec<(Flat, Vec<bool>)>> {
             Some((f, keep))
         })
         .collect()
-}
-
-/// dst = src for short runs: fixed-size pieces compile to plain vector moves, where a libc
-/// `memmove` call per run (the 4- or 8-wide rows of a small image) costs more than the copy.
-#[inline(always)]
-fn copy_short(dst: &mut [f32], src: &[f32]) {
-    let n = dst.len();
-    let src = &src[..n];
-    if n > 32 {
-        return dst.copy_from_slice(src);
-    }
-    let mut i = 0;
-    while i + 8 <= n {
-        dst[i..i + 8].copy_from_slice(&src[i..i + 8]);
-        i += 8;
-    }
-    if i + 4 <= n {
-        dst[i..i + 4].copy_from_slice(&src[i..i + 4]);
-        i += 4;
-    }
-    if i + 2 <= n {
-        dst[i..i + 2].copy_from_slice(&src[i..i + 2]);
-        i += 2;
-    }
-    if i < n {
-        dst[i] = src[i];
-    }
 }
 
 /// dst = 0, short runs without a `memset` call (see [`copy_short`]).
@@ -305,22 +280,10 @@ const SMALL_PLANE: usize = 64;
 /// For tap t and output pixel q, `table[t·l + q]`: the input pixel (in its plane) that q
 /// reads, or h·w (a zero slot after the plane) over padding. Only for small planes.
 fn tap_table(g: &ConvGeom) -> Option<Vec<u32>> {
-    let (l, hw, kk) = (g.l(), g.h * g.w, g.kh * g.kw);
-    if l > SMALL_PLANE || hw >= u32::MAX as usize {
+    if g.l() > SMALL_PLANE || g.h * g.w >= u32::MAX as usize {
         return None;
     }
-    let mut table = vec![hw as u32; kk * l];
-    for t in 0..kk {
-        for oy in 0..g.oh {
-            let (row, shift, lo, hi) = tap(g, oy, t / g.kw, t % g.kw);
-            let Some(iy) = row else { continue };
-            for ox in lo..hi {
-                let ix = ((ox * g.p.stride.w) as isize + shift) as usize;
-                table[t * l + oy * g.ow + ox] = (iy * g.w + ix) as u32;
-            }
-        }
-    }
-    Some(table)
+    Some(window(g).tap_table())
 }
 
 /// The block's column matrix for group input channels from `c0`: [ckk, imgs·l], row stride
@@ -738,7 +701,7 @@ pub fn max_pool2d(x: &[f32], g: &PoolGeom) -> (Vec<f32>, Vec<i64>) {
                 // The NaN rule in the inner loop costs 1.7x on the digits CNN's inference
                 // (137k vs 237k samples/s at batch 256): one vectorised scan for NaN picks the
                 // plain comparison for planes without any, which gives the same result there.
-                return if plane.iter().any(|v| v.is_nan()) {
+                return if has_nan(plane) {
                     max_pool_plane_inside::<true>(plane, g, o, a)
                 } else {
                     max_pool_plane_inside::<false>(plane, g, o, a)
@@ -771,6 +734,17 @@ pub fn max_pool2d(x: &[f32], g: &PoolGeom) -> (Vec<f32>, Vec<i64>) {
             }
         });
     (out, arg)
+}
+
+/// Whether `v` holds a NaN: 16 lanes at a time without an early exit, so it vectorises (an
+/// `any` with its early exit compares one value per step).
+fn has_nan(v: &[f32]) -> bool {
+    let mut chunks = v.chunks_exact(16);
+    let mut nan = false;
+    for c in &mut chunks {
+        nan |= c.iter().fold(false, |a, x| a | x.is_nan());
+    }
+    nan || chunks.remainder().iter().any(|x| x.is_nan())
 }
 
 /// One plane of [`max_pool2d`] when every window is inside it (the same scan order and

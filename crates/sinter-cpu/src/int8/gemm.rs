@@ -33,6 +33,10 @@ pub enum Output<'a> {
     /// f32 transposed: element (i, j) at `data[j·stride + i]` (a convolution's NCHW planes,
     /// where the GEMM's rows are an image's output positions).
     F32ChannelMajor { data: &'a mut [f32], stride: usize },
+    /// f32 NCHW planes of several images: the rows are `plane` output positions of each image
+    /// in turn, element (i, j) at `data[((i / plane)·n + j)·plane + i % plane]` (a batch of
+    /// images' convolution in one GEMM).
+    F32Planes { data: &'a mut [f32], plane: usize },
     /// u8 rows `stride` apart, requantized with `quant` (the next layer's input mapping).
     U8 {
         data: &'a mut [u8],
@@ -116,9 +120,29 @@ pub fn gemm(
         }
         Output::F32ChannelMajor { data, stride } => {
             check_out(data.len(), n, stride, m);
-            Sink::F32ChannelMajor {
+            Sink::F32Transposed {
                 ptr: data.as_mut_ptr(),
-                ld: stride,
+                plane: m.max(1),
+                image: 0,
+                channel: stride,
+                dq,
+            }
+        }
+        Output::F32Planes { data, plane } => {
+            assert!(
+                plane > 0 && m.is_multiple_of(plane),
+                "{m} rows are not whole planes of {plane}"
+            );
+            assert!(
+                data.len() >= m * n,
+                "output too short: {} for {m}×{n}",
+                data.len()
+            );
+            Sink::F32Transposed {
+                ptr: data.as_mut_ptr(),
+                plane,
+                image: n * plane,
+                channel: plane,
                 dq,
             }
         }
@@ -180,9 +204,12 @@ enum Sink<'a> {
         ld: usize,
         dq: Dequant<'a>,
     },
-    F32ChannelMajor {
+    /// Element (i, j) at `(i / plane)·image + j·channel + i % plane`.
+    F32Transposed {
         ptr: *mut f32,
-        ld: usize,
+        plane: usize,
+        image: usize,
+        channel: usize,
         dq: Dequant<'a>,
     },
     U8 {
@@ -221,6 +248,29 @@ impl<'a> Job<'a> {
     #[inline(always)]
     unsafe fn write(&self, i0: usize, rows: usize, j0: usize, cols: usize, acc: &Tile) {
         let sums = &self.w.sums()[j0..];
+        if let Sink::F32Transposed {
+            ptr,
+            plane,
+            image,
+            channel,
+            dq,
+        } = &self.sink
+        {
+            // SAFETY: forwarded (the same elements as the row-wise sinks).
+            return unsafe {
+                write_transposed(
+                    *ptr,
+                    (*plane, *image, *channel),
+                    dq,
+                    sums,
+                    i0,
+                    rows,
+                    j0,
+                    cols,
+                    acc,
+                )
+            };
+        }
         for r in 0..rows {
             let acc_r = &acc[r * TILE_NR..r * TILE_NR + cols];
             let i = i0 + r;
@@ -243,22 +293,7 @@ impl<'a> Job<'a> {
                             out,
                         );
                     }
-                    Sink::F32ChannelMajor { ptr, ld, dq } => {
-                        let mut y = [0f32; TILE_NR];
-                        let y = &mut y[..cols];
-                        dequantize_row(
-                            acc_r,
-                            dq.act.row(i),
-                            sums,
-                            &dq.scales[j0..],
-                            &dq.bias[j0..],
-                            dq.activation,
-                            y,
-                        );
-                        for (c, &v) in y.iter().enumerate() {
-                            *ptr.add((j0 + c) * ld + i) = v;
-                        }
-                    }
+                    Sink::F32Transposed { .. } => unreachable!("written by write_transposed"),
                     Sink::U8 { ptr, ld, dq, quant } => {
                         let mut y = [0f32; TILE_NR];
                         let y = &mut y[..cols];
@@ -277,6 +312,53 @@ impl<'a> Job<'a> {
                 }
             }
         }
+    }
+}
+
+/// [`Job::write`] for the transposed f32 sink: the tile's rows dequantized into a local tile,
+/// then each channel's run of consecutive rows (positions of one image) stored contiguously —
+/// one element at a time per row would be a scatter, which is slow.
+///
+/// # Safety
+/// Rows i0..i0+rows × channels j0..j0+cols lie in the output checked at entry.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn write_transposed(
+    ptr: *mut f32,
+    (plane, image, channel): (usize, usize, usize),
+    dq: &Dequant<'_>,
+    sums: &[i32],
+    i0: usize,
+    rows: usize,
+    j0: usize,
+    cols: usize,
+    acc: &Tile,
+) {
+    let mut y = [0f32; TILE_MR * TILE_NR];
+    for r in 0..rows {
+        dequantize_row(
+            &acc[r * TILE_NR..r * TILE_NR + cols],
+            dq.act.row(i0 + r),
+            sums,
+            &dq.scales[j0..],
+            &dq.bias[j0..],
+            dq.activation,
+            &mut y[r * TILE_NR..r * TILE_NR + cols],
+        );
+    }
+    let mut r = 0;
+    while r < rows {
+        let i = i0 + r;
+        let run = (plane - i % plane).min(rows - r);
+        let at = (i / plane) * image + i % plane + j0 * channel;
+        for c in 0..cols {
+            // SAFETY: (i..i+run, j0+c) is in the checked output.
+            let dst = unsafe { std::slice::from_raw_parts_mut(ptr.add(at + c * channel), run) };
+            for (k, d) in dst.iter_mut().enumerate() {
+                *d = y[(r + k) * TILE_NR + c];
+            }
+        }
+        r += run;
     }
 }
 

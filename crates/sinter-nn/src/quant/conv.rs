@@ -1,43 +1,52 @@
 //! `QuantizedConv2d`: a convolution with int8 weights (symmetric, per output channel) and a
 //! static, calibrated u8 mapping of its input (one scale and zero point for the whole tensor —
-//! the CNN case, where calibration fixes the range once). Runs as im2col on the u8 input (the
-//! padding is the zero point, i.e. the real value 0) + the int8 GEMM, whose epilogue writes the
-//! NCHW output planes directly; images are spread over the cores.
+//! the CNN case, where calibration fixes the range once). Runs as im2col + the int8 GEMM: the
+//! f32 input is quantized while it is gathered into u8 columns (sinter-cpu's im2col rule, the
+//! f32 convolution's; the padding is the zero point, i.e. the real value 0), images side by
+//! side, and one GEMM per chunk of images covers them all, its epilogue adding the bias,
+//! applying the activation and writing the NCHW output planes.
 
 use std::any::Any;
+use std::sync::{Arc, Mutex};
 
 use rayon::prelude::*;
 use sinter_core::backend::ConvGeom;
 use sinter_core::{bail, Conv2dParams, Device, Result, Tensor};
+use sinter_cpu::im2col::{gather_u8_rows, Window};
 use sinter_cpu::int8::{
     gemm, quantize_rows_static, ActQuant, Activation, Activations, Epilogue, Int8Path, Output,
-    QParams,
+    PackedWeights, QParams,
 };
 
 use super::slot::Int8Layer;
-use super::weight::Int8Weight;
+use super::weight::{int8_err, Int8Weight};
 use super::{cpu_input, host_vec};
 use crate::module::{param, Module, NamedTensor};
 
 pub struct QuantizedConv2d {
     weight: Int8Weight,
+    /// The weight packed with k in (ky, kx, c) order, the order of the channels-last columns
+    /// (`sinter_cpu::im2col::gather_u8_rows`); `weight` keeps PyTorch's (c, ky, kx).
+    taps_major: PackedWeights,
+    /// The last input size's tap table ([`Window::tap_table_by_pixel`]): a model sees one
+    /// size, so it is built once instead of per forward.
+    table: Mutex<Option<(Window, Arc<Vec<u32>>)>>,
     bias: Option<Vec<f32>>,
     bias_tensor: Option<Tensor>,
     params: Conv2dParams,
     input: QParams,
 }
 
-/// One convolution's sizes.
+/// One convolution's sizes: input channels and each plane's window.
 #[derive(Clone, Copy)]
 struct Geom {
     c: usize,
-    h: usize,
-    w: usize,
-    kh: usize,
-    kw: usize,
-    oh: usize,
-    ow: usize,
+    win: Window,
 }
+
+/// Bytes of column matrix per GEMM: the images of a batch are cut into chunks about this
+/// large (one chunk for a digits CNN's batch of 256), so memory does not grow with the batch.
+const COL_BUDGET: usize = 4 << 20;
 
 impl QuantizedConv2d {
     /// Quantizes a Conv2d's f32 weight [out, in, kh, kw]; `input` is its calibrated input
@@ -89,8 +98,11 @@ impl QuantizedConv2d {
             }
             None => None,
         };
+        let taps_major = pack_taps_major(&weight)?;
         Ok(QuantizedConv2d {
             weight,
+            taps_major,
+            table: Mutex::new(None),
             bias: bias_values,
             bias_tensor: bias.cloned(),
             params,
@@ -154,12 +166,17 @@ impl QuantizedConv2d {
                 *n,
                 Geom {
                     c,
-                    h: *h,
-                    w: *w,
-                    kh,
-                    kw,
-                    oh,
-                    ow,
+                    win: Window {
+                        h: *h,
+                        w: *w,
+                        kh,
+                        kw,
+                        oh,
+                        ow,
+                        stride: (p.stride.h, p.stride.w),
+                        padding: (p.padding.h, p.padding.w),
+                        dilation: (p.dilation.h, p.dilation.w),
+                    },
                 },
             )),
             None => bail!(
@@ -171,74 +188,78 @@ impl QuantizedConv2d {
         }
     }
 
+    fn tap_table(&self, win: &Window) -> Arc<Vec<u32>> {
+        let mut cached = self.table.lock().unwrap_or_else(|e| e.into_inner());
+        match &*cached {
+            Some((w, t)) if w == win => t.clone(),
+            _ => {
+                let t = Arc::new(win.tap_table_by_pixel());
+                *cached = Some((*win, t.clone()));
+                t
+            }
+        }
+    }
+
     /// activation(conv(x) + b), x [n, c, h, w] on the CPU, no gradient.
     pub fn forward_with(&self, x: &Tensor, activation: Activation) -> Result<Tensor> {
         let (n, g) = self.geometry(x)?;
         let xs = cpu_input(x, "QuantizedConv2d")?;
-        let img = g.c * g.h * g.w;
-        let mut xq = vec![0u8; xs.len()];
-        xs.par_chunks(img.max(1))
-            .zip(xq.par_chunks_mut(img.max(1)))
-            .for_each(|(src, dst)| {
-                quantize_rows_static(src, 1, src.len(), src.len(), self.input, dst, dst.len())
-            });
-        let (o, l) = (self.weight.n(), g.oh * g.ow);
-        let kp = self.weight.packed.k_padded();
+        let win = g.win;
+        let (img, l, o) = (g.c * win.h * win.w, win.l(), self.weight.n());
+        let kp = self.taps_major.k_padded();
+        let table = self.tap_table(&win);
         let epilogue = Epilogue {
             weight_scales: &self.weight.scales,
             bias: self.bias.as_deref(),
             activation,
         };
+        let quantize = |src: &[f32], dst: &mut [u8]| {
+            quantize_rows_static(src, 1, src.len(), src.len(), self.input, dst, dst.len())
+        };
         let mut y = vec![0f32; n * o * l];
-        y.par_chunks_mut((o * l).max(1))
-            .zip(xq.par_chunks(img.max(1)))
-            .for_each(|(out, src)| {
-                let mut col = vec![self.input.zero_point as u8; l * kp];
-                im2col(src, &g, self.params, kp, &mut col);
-                gemm(
-                    Int8Path::get(),
-                    &Activations {
-                        data: &col,
-                        rows: l,
-                        stride: kp,
-                        quant: ActQuant::PerTensor(self.input),
-                    },
-                    &self.weight.packed,
-                    &epilogue,
-                    Output::F32ChannelMajor {
-                        data: out,
-                        stride: l,
-                    },
-                );
-            });
-        Tensor::from_vec(y, &[n, o, g.oh, g.ow], Device::Cpu)
+        let per = (COL_BUDGET / (l * kp).max(1)).clamp(1, n.max(1));
+        let mut col = vec![0u8; per.min(n) * l * kp];
+        for (xc, yc) in xs.chunks(per * img.max(1)).zip(y.chunks_mut(per * o * l)) {
+            let imgs = yc.len() / (o * l).max(1);
+            let col = &mut col[..imgs * l * kp];
+            // A few images per task: each task quantizes into its own small buffers.
+            let task = imgs.div_ceil(4 * rayon::current_num_threads()).max(1);
+            col.par_chunks_mut((task * l * kp).max(1))
+                .zip(xc.par_chunks((task * img).max(1)))
+                .for_each(|(rows, images)| {
+                    gather_u8_rows(images, &win, g.c, &table, quantize, rows, kp)
+                });
+            gemm(
+                Int8Path::get(),
+                &Activations {
+                    data: col,
+                    rows: imgs * l,
+                    stride: kp,
+                    quant: ActQuant::PerTensor(self.input),
+                },
+                &self.taps_major,
+                &epilogue,
+                Output::F32Planes { data: yc, plane: l },
+            );
+        }
+        Tensor::from_vec(y, &[n, o, win.oh, win.ow], Device::Cpu)
     }
 }
 
-/// Row (oy·ow + ox) of `col` = the input patch under output position (oy, ox), in the weight's
-/// (c, ky, kx) order; positions in the padding keep the zero point `col` was filled with.
-fn im2col(img: &[u8], g: &Geom, p: Conv2dParams, kp: usize, col: &mut [u8]) {
-    let (s, pad, d) = (p.stride, p.padding, p.dilation);
-    for oy in 0..g.oh {
-        for ox in 0..g.ow {
-            let row = &mut col[(oy * g.ow + ox) * kp..][..g.c * g.kh * g.kw];
-            let mut t = 0;
-            for c in 0..g.c {
-                let plane = &img[c * g.h * g.w..(c + 1) * g.h * g.w];
-                for ky in 0..g.kh {
-                    let iy = (oy * s.h + ky * d.h) as isize - pad.h as isize;
-                    let inside_y = iy >= 0 && (iy as usize) < g.h;
-                    for kx in 0..g.kw {
-                        let ix = (ox * s.w + kx * d.w) as isize - pad.w as isize;
-                        if inside_y && ix >= 0 && (ix as usize) < g.w {
-                            row[t] = plane[iy as usize * g.w + ix as usize];
-                        }
-                        t += 1;
-                    }
-                }
+/// The [out, c, kh, kw] int8 weight packed as [out, kh, kw, c].
+fn pack_taps_major(weight: &Int8Weight) -> Result<PackedWeights> {
+    let s = weight.shape();
+    let (o, c, kk) = (s[0], s[1], s[2] * s[3]);
+    let v = weight.values();
+    let mut r = vec![0i8; v.len()];
+    for j in 0..o {
+        for ch in 0..c {
+            for t in 0..kk {
+                r[(j * kk + t) * c + ch] = v[(j * c + ch) * kk + t];
             }
         }
     }
+    PackedWeights::pack(&r, o, c * kk).map_err(int8_err)
 }
 
 impl Int8Layer for QuantizedConv2d {

@@ -30,7 +30,7 @@ use std::sync::Arc;
 
 pub use conv::QuantizedConv2d;
 pub use linear::QuantizedLinear;
-pub use slot::{LayerHandle, LayerKind, QuantSlot, QuantState};
+pub use slot::{Activation, LayerHandle, LayerKind, QuantSlot, QuantState};
 pub use state::{export, import, StateTensor};
 pub use weight::Int8Weight;
 
