@@ -3,9 +3,10 @@
 //! A decode step takes n sequences, each with one new token and its own KV cache of its own
 //! length. The embeddings, every projection, the MLPs and the head run on the n rows together
 //! (one GEMM each: that is where batching pays, the weights are read once per step instead
-//! of once per sequence); attention runs per sequence against its own cache
-//! (`fused::decode_attention`, one call per layer for all n). Sequences may join or leave
-//! between steps: nothing ties one step's batch to the next.
+//! of once per sequence); attention runs per sequence against its own cache. Sequences may
+//! join or leave between steps: nothing ties one step's batch to the next. On the CPU both
+//! the step and the prefill run as the host step (`host_step.rs`); elsewhere as tensor ops
+//! (`fused::decode_attention`, one call per layer for all n).
 
 use sinter_core::{bail, fused, no_grad, Device, Result, Tensor};
 use sinter_nn::Module;
