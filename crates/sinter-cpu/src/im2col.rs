@@ -37,15 +37,21 @@ pub struct Tap {
 
 impl Window {
     /// Output pixels per plane: oh · ow.
+    #[inline]
     pub fn l(&self) -> usize {
         self.oh * self.ow
     }
     /// Kernel taps: kh · kw.
+    #[inline]
     pub fn taps(&self) -> usize {
         self.kh * self.kw
     }
 
     /// The rule for output row `oy` and kernel offset (ky, kx) (any stride and dilation).
+    /// Inlined into the callers' loops (another crate's): the conv's gather calls it per
+    /// (channel, tap, output row), and a call that recomputes its two divisions each time
+    /// cost the 16×16 bench conv a quarter of its forward speed.
+    #[inline]
     pub fn tap(&self, oy: usize, ky: usize, kx: usize) -> Tap {
         let (s, pd, d) = (self.stride, self.padding, self.dilation);
         let iy = (oy * s.0 + ky * d.0) as isize - pd.0 as isize;
