@@ -2,15 +2,12 @@
 //! dtype), contiguous or strided/broadcast. Tensor comparisons (bool outputs) and where run in
 //! `ops::boolean`.
 
-use super::{fake_slice, kname, need, need_dtype, need_float, numel};
+use super::{all_contiguous, fake_slice, kname, need, need_dtype, need_float, numel, plan_strided};
 use crate::alloc::DevSlice;
 use crate::device::CudaDevice;
 use crate::dtype::DType;
 use crate::error::Result;
-use crate::launch::{
-    check_strided_bounds, coalesce, is_contiguous_coalesced, Arg, Launch, LaunchTarget,
-    StridedMeta, ELEMWISE_BLOCK,
-};
+use crate::launch::{Arg, Launch, LaunchTarget, ELEMWISE_BLOCK};
 use crate::nvrtc::KernelFile;
 
 /// out = a (op) b. Comparisons give 1 or 0 in the input dtype.
@@ -146,36 +143,17 @@ pub fn plan_binary_strided(
     out: DevSlice<'_>,
     shape: &[usize],
 ) -> Result<Option<Launch>> {
+    const OP: &str = "binary_strided";
     let d = a.data.dtype();
-    need_float("binary_strided", d)?;
-    need_dtype("binary_strided", "b", &b.data, d)?;
-    let n = numel("binary_strided", shape)?;
-    need("binary_strided", "out", &out, d, n)?;
-    check_strided_bounds("binary_strided", "a", a.data.len(), shape, a.strides)?;
-    check_strided_bounds("binary_strided", "b", b.data.len(), shape, b.strides)?;
-    if n == 0 {
-        return Ok(None);
+    need_float(OP, d)?;
+    need_dtype(OP, "b", &b.data, d)?;
+    need_dtype(OP, "out", &out, d)?;
+    let n = numel(OP, shape)?;
+    if n > 0 && all_contiguous(OP, &[&a, &b], shape)? {
+        return plan_binary(t, op, a.data.slice(0, n)?, b.data.slice(0, n)?, out);
     }
-    let (cs, cst) = coalesce(shape, &[a.strides, b.strides]);
-    if cst.iter().all(|s| is_contiguous_coalesced(&cs, s)) {
-        let a1 = a.data.slice(0, n)?;
-        let b1 = b.data.slice(0, n)?;
-        return plan_binary(t, op, a1, b1, out);
-    }
-    let meta = StridedMeta::new(&cs, &cst)?;
-    Ok(Some(Launch::new(
-        KernelFile::Binary,
-        format!("{}_strided_{}", op.kernel_base(), d.suffix()),
-        t.grid_for(n, ELEMWISE_BLOCK),
-        ELEMWISE_BLOCK,
-        vec![
-            Arg::Ptr(a.data.ptr()),
-            Arg::Ptr(b.data.ptr()),
-            Arg::Ptr(out.ptr()),
-            Arg::I64(n as i64),
-            Arg::Strided(meta),
-        ],
-    )))
+    let kernel = format!("{}_strided_{}", op.kernel_base(), d.suffix());
+    plan_strided(t, OP, (KernelFile::Binary, kernel), &[&a, &b], out, shape)
 }
 
 /// out = a op b (contiguous; out may alias a or b).

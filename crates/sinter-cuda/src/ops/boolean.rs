@@ -4,7 +4,7 @@
 //! (`DType::Bool`) holds one byte per element, 0 or 1.
 
 use super::binary::{BinaryOp, StridedIn};
-use super::{fake_slice, need, need_dtype, numel, strided_meta};
+use super::{fake_slice, need_dtype, plan_strided};
 use crate::alloc::DevSlice;
 use crate::device::CudaDevice;
 use crate::dtype::DType;
@@ -58,25 +58,8 @@ pub fn plan_bool_binary(
         )
     })?;
     need_dtype(OP, "b", &b.data, d)?;
-    let n = numel(OP, shape)?;
-    need(OP, "out", &out, DType::Bool, n)?;
-    if n == 0 {
-        return Ok(None);
-    }
-    let meta = strided_meta(OP, &[&a, &b], shape)?;
-    Ok(Some(Launch::new(
-        KernelFile::Bool,
-        name,
-        t.grid_for(n, ELEMWISE_BLOCK),
-        ELEMWISE_BLOCK,
-        vec![
-            Arg::Ptr(a.data.ptr()),
-            Arg::Ptr(b.data.ptr()),
-            Arg::Ptr(out.ptr()),
-            Arg::I64(n as i64),
-            Arg::Strided(meta),
-        ],
-    )))
+    need_dtype(OP, "out", &out, DType::Bool)?;
+    plan_strided(t, OP, (KernelFile::Bool, name), &[&a, &b], out, shape)
 }
 
 /// Plan out (contiguous, `shape`) = cond ? a : b with a bool condition; a, b and out of one
@@ -99,26 +82,9 @@ pub fn plan_where_bool(
     }
     need_dtype(OP, "cond", &cond.data, DType::Bool)?;
     need_dtype(OP, "b", &b.data, d)?;
-    let n = numel(OP, shape)?;
-    need(OP, "out", &out, d, n)?;
-    if n == 0 {
-        return Ok(None);
-    }
-    let meta = strided_meta(OP, &[&cond, &a, &b], shape)?;
-    Ok(Some(Launch::new(
-        KernelFile::Bool,
-        format!("where_cond_{}", d.suffix()),
-        t.grid_for(n, ELEMWISE_BLOCK),
-        ELEMWISE_BLOCK,
-        vec![
-            Arg::Ptr(cond.data.ptr()),
-            Arg::Ptr(a.data.ptr()),
-            Arg::Ptr(b.data.ptr()),
-            Arg::Ptr(out.ptr()),
-            Arg::I64(n as i64),
-            Arg::Strided(meta),
-        ],
-    )))
+    need_dtype(OP, "out", &out, d)?;
+    let kernel = (KernelFile::Bool, format!("where_cond_{}", d.suffix()));
+    plan_strided(t, OP, kernel, &[&cond, &a, &b], out, shape)
 }
 
 /// Plan out[:] = value (a bool buffer).

@@ -3,7 +3,7 @@
 //! device-side index check that records the first bad index in a small slot buffer.
 
 use super::binary::{BinaryOp, StridedIn};
-use super::{fake_slice, need, need_dtype, numel, strided_meta};
+use super::{fake_slice, need, need_dtype, numel, plan_strided};
 use crate::alloc::DevSlice;
 use crate::device::CudaDevice;
 use crate::dtype::DType;
@@ -27,28 +27,12 @@ pub fn plan_int_binary(
     out: DevSlice<'_>,
     shape: &[usize],
 ) -> Result<Option<Launch>> {
-    let name = "int_binary";
-    need_dtype(name, "a", &a.data, DType::I64)?;
-    need_dtype(name, "b", &b.data, DType::I64)?;
-    let n = numel(name, shape)?;
-    need(name, "out", &out, DType::I64, n)?;
-    if n == 0 {
-        return Ok(None);
-    }
-    let meta = strided_meta(name, &[&a, &b], shape)?;
-    Ok(Some(Launch::new(
-        KernelFile::Int,
-        format!("int_{}_i64", op.kernel_base()),
-        t.grid_for(n, ELEMWISE_BLOCK),
-        ELEMWISE_BLOCK,
-        vec![
-            Arg::Ptr(a.data.ptr()),
-            Arg::Ptr(b.data.ptr()),
-            Arg::Ptr(out.ptr()),
-            Arg::I64(n as i64),
-            Arg::Strided(meta),
-        ],
-    )))
+    const OP: &str = "int_binary";
+    need_dtype(OP, "a", &a.data, DType::I64)?;
+    need_dtype(OP, "b", &b.data, DType::I64)?;
+    need_dtype(OP, "out", &out, DType::I64)?;
+    let kernel = (KernelFile::Int, format!("int_{}_i64", op.kernel_base()));
+    plan_strided(t, OP, kernel, &[&a, &b], out, shape)
 }
 
 /// Plan y[:] = value (i64).
