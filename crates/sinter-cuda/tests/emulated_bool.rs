@@ -8,8 +8,8 @@ mod harness;
 
 use harness::*;
 use sinter_cuda::launch::contiguous_strides;
-use sinter_cuda::ops::binary::{BinaryOp, StridedIn};
-use sinter_cuda::ops::boolean;
+use sinter_cuda::ops::binary::StridedIn;
+use sinter_cuda::ops::boolean::{self, BoolOp};
 use sinter_cuda::DType;
 
 /// [40, 7, 33] = 9240 elements: more than the 32 × 256 threads of one sweep.
@@ -60,14 +60,14 @@ fn values(rng: &mut Rng, d: DType, len: usize) -> Vec<f64> {
 fn comparisons_write_bools_for_every_dtype() {
     let Some(e) = emu() else { return };
     let mut rng = Rng::new(11);
-    type Cmp = (BinaryOp, fn(f64, f64) -> bool);
+    type Cmp = (BoolOp, fn(f64, f64) -> bool);
     let cmps: [Cmp; 6] = [
-        (BinaryOp::Eq, |a, b| a == b),
-        (BinaryOp::Ne, |a, b| a != b),
-        (BinaryOp::Lt, |a, b| a < b),
-        (BinaryOp::Le, |a, b| a <= b),
-        (BinaryOp::Gt, |a, b| a > b),
-        (BinaryOp::Ge, |a, b| a >= b),
+        (BoolOp::Eq, |a, b| a == b),
+        (BoolOp::Ne, |a, b| a != b),
+        (BoolOp::Lt, |a, b| a < b),
+        (BoolOp::Le, |a, b| a <= b),
+        (BoolOp::Gt, |a, b| a > b),
+        (BoolOp::Ge, |a, b| a >= b),
     ];
     for d in boolean::DTYPES {
         let (av, bv) = (values(&mut rng, d, n()), values(&mut rng, d, 7));
@@ -99,13 +99,8 @@ fn two_bools_combine_with_or_and_and() {
         Buf::from_f64(DType::Bool, &av, 0),
         Buf::from_f64(DType::Bool, &bv, 0),
     );
-    type Logic = (BinaryOp, fn(bool, bool) -> bool);
-    let ops: [Logic; 4] = [
-        (BinaryOp::Add, |p, q| p | q),
-        (BinaryOp::Maximum, |p, q| p | q),
-        (BinaryOp::Mul, |p, q| p & q),
-        (BinaryOp::Minimum, |p, q| p & q),
-    ];
+    type Logic = (BoolOp, fn(bool, bool) -> bool);
+    let ops: [Logic; 2] = [(BoolOp::Or, |p, q| p | q), (BoolOp::And, |p, q| p & q)];
     for (op, rf) in ops {
         let out = Buf::zeros(DType::Bool, n(), 0);
         let (sa, sb) = (strided(&a, &A_STRIDES), strided(&b, &B_STRIDES));

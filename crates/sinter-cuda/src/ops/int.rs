@@ -1,4 +1,4 @@
-//! Wrappers for `kernels/int.cu`: i64 arithmetic / comparisons over strided operands,
+//! Wrappers for `kernels/int.cu`: i64 arithmetic over strided operands,
 //! fill, arange (every dtype), i64 reductions, row gathers through device ids, and the
 //! device-side index check that records the first bad index in a small slot buffer.
 
