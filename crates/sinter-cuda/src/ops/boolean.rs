@@ -1,9 +1,10 @@
 //! Wrappers for `kernels/bool.cu`: `torch.bool` on the device. Comparisons of f32, f16, bf16,
 //! i64 or bool operands write bools; two bools combine with or / and; `where` takes a bool
-//! condition and moves elements of any tensor dtype; a bool fill. A bool buffer
-//! (`DType::Bool`) holds one byte per element, 0 or 1.
+//! condition and moves elements of any tensor dtype; a bool fill; reductions of bools (count,
+//! any, all, first true). A bool buffer (`DType::Bool`) holds one byte per element, 0 or 1.
 
 use super::binary::StridedIn;
+use super::int::{plan_mid_reduce, IntReduce};
 use super::{fake_slice, need_dtype, plan_strided};
 use crate::alloc::DevSlice;
 use crate::device::CudaDevice;
@@ -134,6 +135,44 @@ pub fn plan_fill_bool(t: &LaunchTarget, out: DevSlice<'_>, value: bool) -> Resul
     )))
 }
 
+/// Plan out[o, i] = reduce_k x[o, k, i] of a contiguous bool [outer, n, inner] (n >= 1), read
+/// as bytes: `Sum` counts the true values and `ArgMax` finds the first (0 when none is), both
+/// into i64; `Max` (any) and `Min` (all) into bools.
+pub fn plan_bool_reduce(
+    t: &LaunchTarget,
+    op: IntReduce,
+    x: DevSlice<'_>,
+    out: DevSlice<'_>,
+    outer: usize,
+    n: usize,
+    inner: usize,
+) -> Result<Option<Launch>> {
+    need_dtype("bool_reduce", "x", &x, DType::Bool)?;
+    let out_dtype = bool_reduce_dtype(op);
+    let kernel = (
+        KernelFile::Bool,
+        format!("bool_reduce_{}", out_dtype.suffix()),
+    );
+    plan_mid_reduce(
+        t,
+        "bool_reduce",
+        kernel,
+        op,
+        x,
+        (out, out_dtype),
+        [outer, n, inner],
+    )
+}
+
+/// The dtype a reduction of bools gives (PyTorch's): i64 for the count and the index, bool for
+/// any / all.
+pub fn bool_reduce_dtype(op: IntReduce) -> DType {
+    match op {
+        IntReduce::Sum | IntReduce::ArgMax => DType::I64,
+        IntReduce::Max | IntReduce::Min => DType::Bool,
+    }
+}
+
 /// out (bool) = a op b through strides (see [`plan_bool_binary`]).
 pub fn bool_binary(
     dev: &CudaDevice,
@@ -156,6 +195,27 @@ pub fn where_bool(
     shape: &[usize],
 ) -> Result<()> {
     dev.run_opt(plan_where_bool(&dev.target(), cond, a, b, out, shape)?)
+}
+
+/// Reduce a contiguous bool [outer, n, inner] over n (see [`plan_bool_reduce`]).
+pub fn bool_reduce(
+    dev: &CudaDevice,
+    op: IntReduce,
+    x: DevSlice<'_>,
+    out: DevSlice<'_>,
+    outer: usize,
+    n: usize,
+    inner: usize,
+) -> Result<()> {
+    dev.run_opt(plan_bool_reduce(
+        &dev.target(),
+        op,
+        x,
+        out,
+        outer,
+        n,
+        inner,
+    )?)
 }
 
 /// out[:] = value.
@@ -192,6 +252,10 @@ pub(crate) fn samples(t: &LaunchTarget) -> Vec<Launch> {
         v.extend(plan_where_bool(t, c, sa, sb, fake_slice(d, 32), &shape).unwrap());
     }
     v.extend(plan_fill_bool(t, fake_slice(DType::Bool, 5), true).unwrap());
+    for op in [IntReduce::Sum, IntReduce::Max] {
+        let out = fake_slice(bool_reduce_dtype(op), 8);
+        v.extend(plan_bool_reduce(t, op, fake_slice(DType::Bool, 32), out, 2, 4, 4).unwrap());
+    }
     v
 }
 
@@ -232,5 +296,15 @@ mod tests {
             .unwrap();
         assert_eq!(l.name, "where_cond_f16");
         assert!(plan_where_bool(&t, sa, sa, sa, fake_slice(DType::F16, 32), &[4, 8]).is_err());
+        // Reductions: a count into i64, any into bools; the other pairings are refused.
+        let x = fake_slice(DType::Bool, 32);
+        let (i64_out, bool_out) = (fake_slice(DType::I64, 8), fake_slice(DType::Bool, 8));
+        let r = |op, out| plan_bool_reduce(&t, op, x, out, 2, 4, 4).map(|l| l.unwrap().name);
+        assert_eq!(r(IntReduce::Sum, i64_out).unwrap(), "bool_reduce_i64");
+        assert_eq!(r(IntReduce::Max, bool_out).unwrap(), "bool_reduce_bool");
+        assert!(r(IntReduce::Sum, bool_out).is_err());
+        assert!(r(IntReduce::Min, i64_out).is_err());
+        let empty = fake_slice(DType::Bool, 0);
+        assert!(plan_bool_reduce(&t, IntReduce::Sum, empty, i64_out, 2, 0, 4).is_err());
     }
 }
