@@ -264,6 +264,15 @@ impl IndexUse {
     }
 }
 
+/// The dtype [`BackendStorage::reduce`] gives for `op` over `dtype`: i64 for an index and for
+/// the count of bools (PyTorch's `sum` of `torch.bool`), else the input's.
+pub fn reduced_dtype(op: ReduceOp, dtype: DType) -> DType {
+    match (op, dtype) {
+        (ReduceOp::ArgMax, _) | (ReduceOp::Sum, DType::Bool) => DType::I64,
+        _ => dtype,
+    }
+}
+
 /// Ok when every index is in 0..bound (or equals `ignore`), else an error naming the op, the
 /// first bad value and its position (the same words on every backend).
 pub fn check_indices(ids: &[i64], bound: usize, ignore: Option<i64>, what: IndexUse) -> Result<()> {
@@ -487,8 +496,10 @@ pub trait BackendStorage: Sized + Clone + Send + Sync + std::fmt::Debug {
 
     // -- reductions ------------------------------------------------------------------------
 
-    /// Reduces dimension `dim` of `l` (kept as size 1). ArgMax gives i64; the others keep the
-    /// dtype. Only `Sum` accepts an empty dimension (giving zeros).
+    /// Reduces dimension `dim` of `l` (kept as size 1), into [`reduced_dtype`]: ArgMax gives
+    /// i64; bools reduce as PyTorch's do, read directly (`Sum` counts the true values into i64,
+    /// `Max` is any, `Min` all, `ArgMax` the first true); the others keep the dtype. Only `Sum`
+    /// accepts an empty dimension (giving zeros).
     fn reduce(&self, l: &Layout, dim: usize, op: ReduceOp) -> Result<Self>;
     /// Σ g² over every element of every part, accumulated as the backend accumulates (the CPU
     /// in f64), returned to the host.

@@ -266,27 +266,64 @@ fn sum_max_argmax_of_bool(t: &Target) {
         |x| x[0].sum_all(),
         |x, _| Arr::scalar(r::sum(&x[0].data)),
     );
+    // Over dim 1 (inner 1): rows all false, all true and mixed; over dim 0 (inner 4): mixed.
+    for dim in [0isize, 1] {
+        t.check_with(
+            &format!("max over {dim}"),
+            EXACT,
+            &[In::Fixed(a.clone())],
+            |x| x[0].max(dim, false),
+            |x, _| r::reduce(&x[0], &[dim], false, r::max),
+        );
+        t.check_with(
+            &format!("min over {dim}, keepdim"),
+            EXACT,
+            &[In::Fixed(a.clone())],
+            |x| x[0].min(dim, true),
+            |x, _| r::reduce(&x[0], &[dim], true, r::min),
+        );
+        t.check_with(
+            &format!("argmax over {dim}"),
+            i64_out,
+            &[In::Fixed(a.clone())],
+            |x| x[0].argmax(dim, false),
+            |x, _| r::reduce(&x[0], &[dim], false, r::argmax),
+        );
+    }
+    // A strided view (the transpose) and a longer row (the reductions read the bools directly).
     t.check_with(
-        "max over 1",
-        EXACT,
+        "sum over 1 of the transpose",
+        i64_out,
         &[In::Fixed(a.clone())],
-        |x| x[0].max(1, false),
-        |x, _| r::reduce(&x[0], &[1], false, r::max),
+        |x| x[0].t()?.sum(&[1], false),
+        |x, _| r::reduce(&x[0].t(), &[1], false, r::sum),
     );
     t.check_with(
-        "min over 0, keepdim",
-        EXACT,
-        &[In::Fixed(a.clone())],
-        |x| x[0].min(0, true),
-        |x, _| r::reduce(&x[0], &[0], true, r::min),
-    );
-    t.check_with(
-        "argmax over 1",
+        "argmax over 0 of the transpose",
         i64_out,
         &[In::Fixed(a)],
-        |x| x[0].argmax(1, false),
-        |x, _| r::reduce(&x[0], &[1], false, r::argmax),
+        |x| x[0].t()?.argmax(0, true),
+        |x, _| r::reduce(&x[0].t(), &[0], true, r::argmax),
     );
+    let long = Arr::from_fn(&[2, 300], |i| ((i[1] * 7 + i[0]) % 5 == 0) as u8 as f64);
+    type Reduction = (
+        &'static str,
+        fn(&Tensor) -> Result<Tensor>,
+        fn(&[f64]) -> f64,
+    );
+    let reductions: [Reduction; 2] = [
+        ("sum", |x| x.sum(&[1], false), r::sum),
+        ("argmax", |x| x.argmax(1, false), r::argmax),
+    ];
+    for (name, op, f) in reductions {
+        t.check_with(
+            &format!("{name} over a row of 300"),
+            i64_out,
+            &[In::Fixed(long.clone())],
+            |x| op(&x[0]),
+            |x, _| r::reduce(&x[0], &[1], false, f),
+        );
+    }
 }
 
 /// PyTorch's lattice: bool with any dtype gives that dtype (bool + i64 → i64, bool + f16 →

@@ -1,6 +1,6 @@
-//! Wrappers for `kernels/binary.cu`: elementwise binary ops and comparisons (0/1 in the input
-//! dtype), contiguous or strided/broadcast. Tensor comparisons (bool outputs) and where run in
-//! `ops::boolean`.
+//! Wrappers for `kernels/binary.cu`: elementwise float arithmetic, contiguous or
+//! strided/broadcast. Comparisons (bool outputs), the two-bool ops and where are
+//! `ops::boolean`'s; i64 arithmetic is `ops::int`'s (both take [`StridedIn`] operands).
 
 use super::{all_contiguous, fake_slice, kname, need, need_dtype, need_float, numel, plan_strided};
 use crate::alloc::DevSlice;
@@ -10,7 +10,7 @@ use crate::error::Result;
 use crate::launch::{Arg, Launch, LaunchTarget, ELEMWISE_BLOCK};
 use crate::nvrtc::KernelFile;
 
-/// out = a (op) b. Comparisons give 1 or 0 in the input dtype.
+/// out = a (op) b: the arithmetic ops (comparisons are [`super::boolean::BoolOp`]s).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum BinaryOp {
     Add,
@@ -21,16 +21,10 @@ pub enum BinaryOp {
     FloorDiv,
     Maximum,
     Minimum,
-    Eq,
-    Ne,
-    Lt,
-    Le,
-    Gt,
-    Ge,
 }
 
 impl BinaryOp {
-    pub const ALL: [BinaryOp; 13] = [
+    pub const ALL: [BinaryOp; 7] = [
         BinaryOp::Add,
         BinaryOp::Sub,
         BinaryOp::Mul,
@@ -38,12 +32,6 @@ impl BinaryOp {
         BinaryOp::FloorDiv,
         BinaryOp::Maximum,
         BinaryOp::Minimum,
-        BinaryOp::Eq,
-        BinaryOp::Ne,
-        BinaryOp::Lt,
-        BinaryOp::Le,
-        BinaryOp::Gt,
-        BinaryOp::Ge,
     ];
 
     pub fn kernel_base(&self) -> &'static str {
@@ -55,18 +43,11 @@ impl BinaryOp {
             BinaryOp::FloorDiv => "floor_div",
             BinaryOp::Maximum => "maximum",
             BinaryOp::Minimum => "minimum",
-            BinaryOp::Eq => "eq",
-            BinaryOp::Ne => "ne",
-            BinaryOp::Lt => "lt",
-            BinaryOp::Le => "le",
-            BinaryOp::Gt => "gt",
-            BinaryOp::Ge => "ge",
         }
     }
 
     /// f32 reference (same NaN rules as the kernel).
     pub fn reference(&self, a: f32, b: f32) -> f32 {
-        let t = |c: bool| if c { 1.0 } else { 0.0 };
         match self {
             BinaryOp::Add => a + b,
             BinaryOp::Sub => a - b,
@@ -87,12 +68,6 @@ impl BinaryOp {
                     b
                 }
             }
-            BinaryOp::Eq => t(a == b),
-            BinaryOp::Ne => t(a != b),
-            BinaryOp::Lt => t(a < b),
-            BinaryOp::Le => t(a <= b),
-            BinaryOp::Gt => t(a > b),
-            BinaryOp::Ge => t(a >= b),
         }
     }
 }
@@ -274,6 +249,6 @@ mod tests {
     fn reference_nan_rules() {
         assert!(BinaryOp::Maximum.reference(f32::NAN, 1.0).is_nan());
         assert!(BinaryOp::Maximum.reference(1.0, f32::NAN).is_nan());
-        assert_eq!(BinaryOp::Ge.reference(1.0, 1.0), 1.0);
+        assert_eq!(BinaryOp::Minimum.reference(1.0, 2.0), 1.0);
     }
 }
