@@ -8,7 +8,8 @@
 //! 3072→768) for 1, 8 and 64 rows; for classifiers, validation accuracy and loss and forward
 //! throughput at batch 1 and 256; for language models, validation loss, greedy generation speed
 //! with the KV cache, the share of greedy tokens the two models agree on (free running, and
-//! teacher-forced on the f32 model's text) and how close the logits are; and the bytes of the
+//! teacher-forced on the f32 model's text; averaged over `--prompts` prompts, as one prompt's
+//! figure is only where its first near-tie fell) and how close the logits are; and the bytes of the
 //! weights. The int8 model is quantized in memory from the same weights (as `sinter quantize`
 //! would write it). Each timing is the median of `--rounds` rounds of about `--secs` seconds,
 //! f32 and int8 alternating; `--json FILE` writes the numbers for scripts (bench/vs-torch).

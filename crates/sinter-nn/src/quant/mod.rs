@@ -14,6 +14,9 @@
 //!   would cap both the file's shrink (about 2× instead of 4×) and generation's speed-up.
 //!   Per-row scales keep each token's vector within half a step (1/254 of its largest entry).
 //!
+//! - Layers named in [`quantize_keeping`]'s list stay f32 (for GPT, the accuracy rule
+//!   `wte,blocks.0`: README "Int8 quantization" says why).
+//!
 //! [`quantize`] rewrites a model in place: every Linear, Conv2d and Embedding lists a
 //! [`slot::LayerHandle`] beside its weight in `Module::collect`, and its forward runs the int8
 //! form installed in that slot. [`state::export`] / [`state::import`] turn a quantized model
