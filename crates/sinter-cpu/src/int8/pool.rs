@@ -23,53 +23,63 @@ const TASK_BYTES: usize = 16 << 10;
 /// `out[(i·l + q)·c + ch]` = the max of image i's channel ch over output pixel q's window.
 pub fn max_pool_u8(x: &[u8], win: &Window, channels: usize, out: &mut [u8]) {
     let c = channels;
-    let (image, table) = check(x.len(), win, c, out.len());
-    let (l, kk, hw) = (win.l(), win.taps(), win.h * win.w);
-    out[..x.len() / image.max(1) * l * c]
-        .par_chunks_mut((l * c).max(1))
-        .zip(x.par_chunks_exact(image.max(1)))
-        .with_min_len((TASK_BYTES / image.max(1)).max(1))
-        .for_each(|(o, img)| {
-            for (px, taps) in o.chunks_exact_mut(c).zip(table.chunks_exact(kk)) {
-                px.fill(0);
-                for &j in taps.iter().filter(|&&j| (j as usize) < hw) {
-                    let src = &img[j as usize * c..][..c];
-                    px.iter_mut().zip(src).for_each(|(d, &s)| *d = (*d).max(s));
-                }
+    let table = check(x.len(), win, c, out.len());
+    let (kk, hw) = (win.taps(), win.h * win.w);
+    each_image(x, out, hw * c, win.l() * c, |img, o| {
+        for (px, taps) in o.chunks_exact_mut(c).zip(table.chunks_exact(kk)) {
+            px.fill(0);
+            for &j in taps.iter().filter(|&&j| (j as usize) < hw) {
+                let src = &img[j as usize * c..][..c];
+                px.iter_mut().zip(src).for_each(|(d, &s)| *d = (*d).max(s));
             }
-        });
+        }
+    });
 }
 
 /// `out[(i·c + ch)·l + q]` (NCHW planes) = the max of image i's channel ch over output
 /// pixel q's window, f32 channels-last in.
 pub fn max_pool_f32_to_planes(x: &[f32], win: &Window, channels: usize, out: &mut [f32]) {
     let c = channels;
-    let (image, table) = check(x.len(), win, c, out.len());
+    let table = check(x.len(), win, c, out.len());
     let (l, kk, hw) = (win.l(), win.taps(), win.h * win.w);
-    out[..x.len() / image.max(1) * l * c]
-        .par_chunks_mut((l * c).max(1))
-        .zip(x.par_chunks_exact(image.max(1)))
-        .with_min_len((TASK_BYTES / (4 * image).max(1)).max(1))
-        .for_each(|(o, img)| {
-            let mut best = vec![0f32; c];
-            for (q, taps) in table.chunks_exact(kk).enumerate() {
-                best.fill(f32::NEG_INFINITY);
-                for &j in taps.iter().filter(|&&j| (j as usize) < hw) {
-                    let src = &img[j as usize * c..][..c];
-                    for (b, &v) in best.iter_mut().zip(src) {
-                        // sinter's pool rule (`pool_max_replaces`): greater, or NaN.
-                        *b = if v > *b || v.is_nan() { v } else { *b };
-                    }
-                }
-                for (ch, &b) in best.iter().enumerate() {
-                    o[ch * l + q] = b;
+    each_image(x, out, hw * c, l * c, |img, o| {
+        let mut best = vec![0f32; c];
+        for (q, taps) in table.chunks_exact(kk).enumerate() {
+            best.fill(f32::NEG_INFINITY);
+            for &j in taps.iter().filter(|&&j| (j as usize) < hw) {
+                let src = &img[j as usize * c..][..c];
+                for (b, &v) in best.iter_mut().zip(src) {
+                    // sinter's pool rule (`pool_max_replaces`): greater, or NaN.
+                    *b = if v > *b || v.is_nan() { v } else { *b };
                 }
             }
-        });
+            for (ch, &b) in best.iter().enumerate() {
+                o[ch * l + q] = b;
+            }
+        }
+    });
 }
 
-/// (values per input image, the by-pixel tap table), after checking the sizes.
-fn check(x_len: usize, win: &Window, c: usize, out_len: usize) -> (usize, Vec<u32>) {
+/// `pool(image, its output)` for each image of `x` (`image` values each; `out_image` output
+/// values each), in parallel, small images grouped into tasks.
+fn each_image<T: Send + Sync>(
+    x: &[T],
+    out: &mut [T],
+    image: usize,
+    out_image: usize,
+    pool: impl Fn(&[T], &mut [T]) + Send + Sync,
+) {
+    let (image, out_image) = (image.max(1), out_image.max(1));
+    let bytes = image * std::mem::size_of::<T>();
+    out[..x.len() / image * out_image]
+        .par_chunks_mut(out_image)
+        .zip(x.par_chunks_exact(image))
+        .with_min_len((TASK_BYTES / bytes).max(1))
+        .for_each(|(o, img)| pool(img, o));
+}
+
+/// The by-pixel tap table, after checking the sizes.
+fn check(x_len: usize, win: &Window, c: usize, out_len: usize) -> Vec<u32> {
     let image = win.h * win.w * c;
     assert!(
         image == 0 || x_len.is_multiple_of(image),
@@ -83,7 +93,7 @@ fn check(x_len: usize, win: &Window, c: usize, out_len: usize) -> (usize, Vec<u3
         "max pool: output of {out_len} for {images} images of {}×{c}",
         win.l()
     );
-    (image, win.tap_table_by_pixel())
+    win.tap_table_by_pixel()
 }
 
 #[cfg(test)]
