@@ -590,6 +590,11 @@ pub trait BackendStorage: Sized + Clone + Send + Sync + std::fmt::Debug {
     }
     /// Max pooling: (output, each output's argmax as the backend records it, i64).
     fn max_pool2d(&self, l: &Layout, g: &PoolGeom) -> Result<(Self, Self)>;
+    /// Max pooling's output alone, for inference (no argmax kept for a backward pass); a
+    /// backend without a cheaper form drops the argmax of [`Backend::max_pool2d`].
+    fn max_pool2d_values(&self, l: &Layout, g: &PoolGeom) -> Result<Self> {
+        Ok(self.max_pool2d(l, g)?.0)
+    }
     /// `self` is grad_out: routes each output's gradient to its recorded argmax.
     fn max_pool2d_backward(&self, l: &Layout, argmax: &Self, g: &PoolGeom) -> Result<Self>;
     /// Average pooling; padding counts as zeros in the average.

@@ -421,6 +421,11 @@ impl BackendStorage for CpuStorage {
             CpuStorage::I64(arg),
         ))
     }
+    fn max_pool2d_values(&self, l: &Layout, g: &PoolGeom) -> Result<Self> {
+        float_only("max_pool2d", CpuStorage::dtype(self))?;
+        let y = conv::max_pool2d_values(&self.f32_contiguous(l), g);
+        Ok(CpuStorage::from_f32(y, CpuStorage::dtype(self)))
+    }
     fn max_pool2d_backward(&self, l: &Layout, argmax: &Self, g: &PoolGeom) -> Result<Self> {
         let arg = argmax.i64_contiguous(&Layout::contiguous(&[argmax.len()]));
         let dx = conv::max_pool2d_backward(

@@ -23,6 +23,7 @@
 //! into named tensors (int8 weights + f32 scales) and back. Int8 layers run on the CPU only and
 //! carry no gradient; a CUDA input or one that needs a gradient gets an error.
 
+pub mod chain;
 pub mod conv;
 pub mod linear;
 pub mod slot;
@@ -233,8 +234,9 @@ fn at(name: &str, e: sinter_core::Error) -> sinter_core::Error {
 }
 
 /// The f32 values of a CPU float input of an int8 layer, refusing what the int8 path cannot
-/// honour: a CUDA tensor, a non-float one, or one whose gradient is being tracked.
-pub(crate) fn cpu_input(x: &Tensor, layer: &str) -> Result<Vec<f32>> {
+/// honour: a CUDA tensor, a non-float one, or one whose gradient is being tracked. A
+/// contiguous f32 tensor is read in place (no copy).
+pub(crate) fn cpu_input<'a>(x: &'a Tensor, layer: &str) -> Result<HostInput<'a>> {
     if x.device() != Device::Cpu {
         bail!("{layer}: int8 layers run on the CPU only, and this input is on {}; run the quantized model with --device cpu (or use the f32 checkpoint on the GPU)", x.device());
     }
@@ -244,7 +246,26 @@ pub(crate) fn cpu_input(x: &Tensor, layer: &str) -> Result<Vec<f32>> {
     if is_grad_enabled() && x.tracks_grad() {
         bail!("{layer}: int8 layers are for inference and pass no gradient; run the model under no_grad (eval, predict and generate do)");
     }
-    x.to_vec_f32()
+    Ok(match x.host_f32() {
+        Some(v) => HostInput::InPlace(v),
+        None => HostInput::Copied(x.to_vec_f32()?),
+    })
+}
+
+/// An int8 layer's input values: the tensor's own elements, or a contiguous f32 copy.
+pub(crate) enum HostInput<'a> {
+    InPlace(sinter_core::HostF32<'a>),
+    Copied(Vec<f32>),
+}
+
+impl std::ops::Deref for HostInput<'_> {
+    type Target = [f32];
+    fn deref(&self) -> &[f32] {
+        match self {
+            HostInput::InPlace(v) => v,
+            HostInput::Copied(v) => v,
+        }
+    }
 }
 
 /// A small CPU tensor's values (biases).
