@@ -224,7 +224,7 @@ impl BackendStorage for CpuStorage {
         elementwise::binary(self, l, rhs, rl, op)
     }
     fn where_cond(&self, l: &Layout, a: &Self, al: &Layout, b: &Self, bl: &Layout) -> Result<Self> {
-        Ok(elementwise::where_cond(self, l, a, al, b, bl))
+        elementwise::where_cond(self, l, a, al, b, bl)
     }
 
     fn sum_squares_host(parts: &[(&Self, &Layout)]) -> Result<f64> {

@@ -13,6 +13,7 @@ use sinter_cuda::ops::unary::{self as ku, Saved};
 
 use super::storage::{CudaStorage, DevView};
 use super::{alloc, strides_i64, OnOp};
+use crate::backend::check_where;
 use crate::op::{BinaryOp, UnaryOp};
 use crate::{DType, Error, Layout, Result};
 
@@ -150,20 +151,8 @@ pub(crate) fn binary(
     Ok(a.sibling(out, a.dtype()))
 }
 
-/// `l` without its broadcast dimensions (stride 0, size > 1, become size 1): the elements it
-/// actually reads, so a cast of them costs what the tensor holds, not the broadcast shape.
-fn unbroadcast(l: &Layout) -> Layout {
-    let shape = l
-        .shape()
-        .iter()
-        .zip(l.strides())
-        .map(|(&n, &s)| if s == 0 { 1 } else { n })
-        .collect();
-    Layout::new(shape, l.strides().to_vec(), l.offset())
-}
-
-/// out = cond ? a : b, all three broadcast to one shape (a and b of one dtype, checked; cond
-/// bool, as the tensor op requires: another dtype is read as non-zero = true).
+/// out = cond ? a : b, all three broadcast to one shape; a non-bool condition, or a and b of
+/// two dtypes, is refused (`backend::check_where`).
 pub(crate) fn where_cond(
     cond: &CudaStorage,
     lc: &Layout,
@@ -172,23 +161,16 @@ pub(crate) fn where_cond(
     b: &CudaStorage,
     lb: &Layout,
 ) -> Result<CudaStorage> {
+    check_where(cond.dtype(), a.dtype(), b.dtype())?;
     let dev = a.device();
     let shape = la.shape();
     let out = alloc(dev, la.numel(), a.dtype())?;
-    let (sa, sb) = (strides_i64(la), strides_i64(lb));
-    let (ia, ib) = (strided(a, la, &sa, "where")?, strided(b, lb, &sb, "where")?);
-    // Cast the elements a non-bool condition holds (not its broadcast), then broadcast them.
-    let cast;
-    let (cs, lc) = if cond.dtype() == DType::Bool {
-        (cond, lc.clone())
-    } else {
-        let compact = unbroadcast(lc);
-        cast = self::cast(cond, &compact, DType::Bool)?;
-        let l = Layout::contiguous(compact.shape()).broadcast_as(shape)?;
-        (&cast, l)
-    };
-    let sc = strides_i64(&lc);
-    let ic = strided(cs, &lc, &sc, "where")?;
+    let (sc, sa, sb) = (strides_i64(lc), strides_i64(la), strides_i64(lb));
+    let (ic, ia, ib) = (
+        strided(cond, lc, &sc, "where")?,
+        strided(a, la, &sa, "where")?,
+        strided(b, lb, &sb, "where")?,
+    );
     kbool::where_bool(dev, ic, ia, ib, out.as_slice(), shape).on("where")?;
     Ok(a.sibling(out, a.dtype()))
 }

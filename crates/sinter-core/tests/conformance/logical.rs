@@ -6,7 +6,8 @@
 
 use crate::harness::*;
 use crate::reference::{self as r, Arr};
-use sinter_core::{DType, Result, Tensor};
+use sinter_core::storage::Storage;
+use sinter_core::{DType, Layout, Result, Tensor};
 
 pub fn cases() -> Vec<Case> {
     vec![
@@ -19,6 +20,7 @@ pub fn cases() -> Vec<Case> {
         case("promotion", ALL, promotion),
         case("views_and_copies", BOOL, views_and_copies),
         case("refusals", BOOL, refusals),
+        case("storage_where_refusals", BOOL, storage_where_refusals),
     ]
 }
 
@@ -439,4 +441,30 @@ fn refusals(t: &Target) {
     assert!(e.contains("softmax") && e.contains("bool"), "{e}");
     let e = err_msg(Tensor::arange(0.0, 3.0, 1.0, DType::Bool, t.dev));
     assert!(e.contains("arange") && e.contains("bool"), "{e}");
+}
+
+/// The backend seam's `where` (below the tensor op, which refuses first) refuses a non-bool
+/// condition instead of reading it as non-zero, and a and b of two dtypes, on every backend.
+fn storage_where_refusals(t: &Target) {
+    let l = Layout::contiguous(&[4]);
+    let full = |v: f64, d| Storage::full(t.dev, 4, v, d).unwrap();
+    let (a, b) = (full(2.0, DType::F32), full(3.0, DType::F32));
+    let run = |c: &Storage, b: &Storage| c.where_cond(&l, &a, &l, b, &l).map(|_| ());
+    for d in [DType::F32, DType::F16, DType::BF16, DType::I64] {
+        let e = err_msg(run(&full(1.0, d), &b));
+        assert!(
+            e.contains("where") && e.contains("must be bool") && e.contains(&d.to_string()),
+            "{e}"
+        );
+    }
+    let e = err_msg(run(&full(1.0, DType::Bool), &full(3.0, DType::I64)));
+    assert!(e.contains("where") && e.contains("f32 and i64"), "{e}");
+    // A bool condition still selects.
+    for (c, want) in [(true, 2.0), (false, 3.0)] {
+        let out = full(c as u8 as f64, DType::Bool)
+            .where_cond(&l, &a, &l, &b, &l)
+            .unwrap();
+        let host = out.to_cpu(&l).unwrap();
+        assert_eq!(host.f32_contiguous(&l).as_ref(), [want; 4], "cond {c}");
+    }
 }
