@@ -486,7 +486,11 @@ fn top2(v: &[f32]) -> (usize, usize) {
     (a, b)
 }
 
+/// NaN when empty (`--tokens 0`).
 fn median_f32(v: &[f32]) -> f64 {
+    if v.is_empty() {
+        return f64::NAN;
+    }
     median(v.iter().map(|&x| x as f64).collect())
 }
 
