@@ -39,8 +39,9 @@ fn topological_order(root: &Tensor) -> Vec<Tensor> {
 
 /// Wraps an already computed `value` as the output of a custom differentiable op over
 /// `inputs` (e.g. a collective: tensor parallelism's all-reduce, pipeline send/recv).
-/// `backward(grad_of_output, output)` returns one gradient per input.
-pub fn custom_op(
+/// `backward(grad_of_output, output)` returns one gradient per input. (A whole op defined once,
+/// with device kernels and a saved-tensor backward, is [`crate::custom_op`].)
+pub fn with_custom_backward(
     value: &Tensor,
     name: &'static str,
     inputs: &[&Tensor],

@@ -24,7 +24,7 @@ pub mod storage;
 pub mod tensor;
 
 pub use amp::{autocast, AutocastGuard};
-pub use autograd::{custom_op, is_grad_enabled, no_grad, NoGradGuard};
+pub use autograd::{is_grad_enabled, no_grad, with_custom_backward, NoGradGuard};
 pub use backend::{AdamWParams, Conv2dParams, Pool2dParams, SgdParams};
 pub use device::Device;
 pub use dtype::{DType, Element};

@@ -12,10 +12,10 @@
 //! Layer norms, position embeddings and the biases of row-parallel layers are replicated;
 //! their gradients come out identical on every rank, so replicas never drift apart.
 //!
-//! Communication goes through Megatron's two conjugate operators, built as differentiable
-//! [`custom_op`]s: `f` ([`copy_to_tp_region`]: identity forward, all-reduce of the gradient
-//! backward) before each column-parallel layer and `g` ([`reduce_from_tp_region`]: all-reduce
-//! forward, identity backward) after each row-parallel layer. That is one all-reduce per
+//! Communication goes through Megatron's two conjugate operators, differentiable through
+//! [`with_custom_backward`]: `f` ([`copy_to_tp_region`]: identity forward, all-reduce of the
+//! gradient backward) before each column-parallel layer and `g` ([`reduce_from_tp_region`]:
+//! all-reduce forward, identity backward) after each row-parallel layer. That is one all-reduce per
 //! sub-layer in forward and one in backward.
 //!
 //! [`TpGpt`] is built by slicing a full [`Gpt`] (or its named weights), and
@@ -26,7 +26,7 @@ use std::collections::HashMap;
 use std::ops::Range;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use sinter_core::{bail, custom_op, DType, Device, Error, Result, Tensor};
+use sinter_core::{bail, with_custom_backward, DType, Device, Error, Result, Tensor};
 use sinter_models::{Gpt, GptConfig};
 use sinter_nn::module::{join, NamedTensor, TensorKind};
 use sinter_nn::{Embedding, LayerNorm, Linear, Module};
@@ -275,9 +275,12 @@ pub fn copy_to_tp_region(x: &Tensor, comm: &SharedComm) -> Result<Tensor> {
         return Ok(x.clone());
     }
     let c = comm.clone();
-    Ok(custom_op(x, "tp_copy_to_region", &[x], move |g, _| {
-        Ok(vec![Some(all_reduce_tensor(g, &c)?)])
-    }))
+    Ok(with_custom_backward(
+        x,
+        "tp_copy_to_region",
+        &[x],
+        move |g, _| Ok(vec![Some(all_reduce_tensor(g, &c)?)]),
+    ))
 }
 
 /// Megatron's `g`: all-reduce (sum) in forward, identity in backward. Put it after a
@@ -287,9 +290,12 @@ pub fn reduce_from_tp_region(x: &Tensor, comm: &SharedComm) -> Result<Tensor> {
         return Ok(x.clone());
     }
     let y = all_reduce_tensor(x, comm)?;
-    Ok(custom_op(&y, "tp_reduce_from_region", &[x], |g, _| {
-        Ok(vec![Some(g.clone())])
-    }))
+    Ok(with_custom_backward(
+        &y,
+        "tp_reduce_from_region",
+        &[x],
+        |g, _| Ok(vec![Some(g.clone())]),
+    ))
 }
 
 /// Looks up `ids` (i64, any shape, values in `0..vocab_size`) in a vocabulary-parallel table:
@@ -419,7 +425,7 @@ pub fn vocab_parallel_cross_entropy(
     };
     let dtype = logits.dtype();
     let shape = logits.shape().to_vec();
-    Ok(custom_op(
+    Ok(with_custom_backward(
         &Tensor::scalar(loss),
         "vocab_parallel_cross_entropy",
         &[logits],

@@ -40,9 +40,9 @@ pub fn cases() -> Vec<Case> {
             backward_seeded_with_a_given_gradient,
         ),
         case(
-            "custom_op",
+            "with_custom_backward",
             F32,
-            custom_op_routes_gradients_through_its_closure,
+            custom_backward_routes_gradients_through_its_closure,
         ),
         case("to_var_makes_a_leaf", F32, to_var_makes_a_contiguous_leaf),
         case("small_network", F32, small_network),
@@ -370,14 +370,14 @@ fn backward_seeded_with_a_given_gradient(t: &Target) {
     );
 }
 
-fn custom_op_routes_gradients_through_its_closure(t: &Target) {
+fn custom_backward_routes_gradients_through_its_closure(t: &Target) {
     DEV.set(t.dev);
     let x = var(&[1.0, -2.0, 0.5], &[3]);
     let value = {
         let _g = no_grad();
         x.mul_scalar(3.0).unwrap()
     };
-    let y = sinter_core::custom_op(&value, "triple", &[&x], |g, _| {
+    let y = sinter_core::with_custom_backward(&value, "triple", &[&x], |g, _| {
         Ok(vec![Some(g.mul_scalar(3.0)?)])
     });
     assert!(y.tracks_grad());
