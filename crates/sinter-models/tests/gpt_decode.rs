@@ -289,6 +289,21 @@ fn the_host_step_equals_the_tensor_path() {
     host_step_against_tensor_path(&tiny_model(40, 8), 1e-4);
 }
 
+/// With its weights packed for the GEMMs (`Gpt::pack_weights`, as the server does) the host
+/// step still equals the tensor path; after every weight moves in place (as in a training
+/// step) the step notices and reads the new weights, not the stale packs.
+#[test]
+fn the_host_step_with_packed_weights_equals_the_tensor_path() {
+    let m = tiny_model(40, 8);
+    assert!(m.pack_weights().unwrap());
+    host_step_against_tensor_path(&m, 1e-4);
+    let _g = no_grad();
+    for (_, p) in m.parameters() {
+        p.assign(&p.add_scalar(0.01).unwrap()).unwrap();
+    }
+    host_step_against_tensor_path(&m, 1e-4);
+}
+
 /// The same with every Linear and Embedding int8 (`quant::quantize`): the host step runs the
 /// int8 forms on its rows, the tensor path through the layers; the same int8 kernels, so
 /// the logits agree up to the rare activation whose int8 rounding flips.
