@@ -23,7 +23,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use sinter_core::{bail, DType, Device, HostF32, Result, Tensor};
-use sinter_cpu::gemm::{Gemm, MatMut, MatRef, PackedB};
+use sinter_cpu::gemm::{kernel_shape, Gemm, MatMut, MatRef, PackedB};
 use sinter_cpu::math::cached_attention::{attend_row, CachedHead};
 use sinter_cpu::math::layer_norm::layer_norm_rows;
 use sinter_cpu::math::Activation;
@@ -167,6 +167,32 @@ impl Buffers {
 /// step, 4.9× the tokens/s of one sequence's 48 µs).
 const SPLIT_ROWS: usize = 8;
 
+/// Where the first part of a split step of `rows` rows ends: the middle, or with packed
+/// weights the point where the slower part's products cost least (`rows_cost`): 16 rows
+/// split 4 + 12, one tile each and the 4 in place, not 8 + 8, two tiles.
+fn split_point(isa: Isa, rows: usize, packed: bool) -> usize {
+    let half = rows / 2;
+    if !packed {
+        return half;
+    }
+    (1..rows)
+        .min_by_key(|&m| {
+            let (a, b) = (rows_cost(isa, m), rows_cost(isa, rows - m));
+            (a.max(b), a + b, m.abs_diff(half))
+        })
+        .unwrap_or(half)
+}
+
+/// The cost of a product over `rows` rows with a packed weight, in rough units from the
+/// timings at `packed_rows`: a packed tile 3, four rows in place 2, one row 1.
+fn rows_cost(isa: Isa, rows: usize) -> usize {
+    if rows <= 1 {
+        return rows;
+    }
+    let p = packed_rows(isa, rows);
+    p.div_ceil(kernel_shape(isa).1) * 3 + (rows - p).div_ceil(DOT_ROWS) * 2
+}
+
 /// How the second part of a split step waits for the first: the number of layers whose
 /// keys and values the first part has appended (`usize::MAX` once it has stopped, however).
 struct Progress(AtomicUsize);
@@ -279,7 +305,7 @@ impl<'a> Proj<'a> {
             Proj::F32 { w, b, inp, out } => {
                 let geom = (rows, *inp, *out);
                 let w = match packed {
-                    Some(p) => Weight::Packed(p),
+                    Some(p) => Weight::Packed(p, w),
                     None => Weight::InPlace(w),
                 };
                 xwt(isa, x, w, b.as_deref(), geom, act, accumulate, y)
@@ -292,11 +318,32 @@ impl<'a> Proj<'a> {
 /// A weight up to this size stays in the core's cache between chunks of a step (`xwt`).
 const CACHED_WEIGHT_BYTES: usize = 1 << 20;
 
-/// The W of a product x Wᵀ: [out, inp] row-major read in place, or packed ahead.
+/// The W of a product x Wᵀ: [out, inp] row-major read in place, or also packed ahead.
 #[derive(Clone, Copy)]
 enum Weight<'w> {
     InPlace(&'w [f32]),
-    Packed(&'w PackedB),
+    Packed(&'w PackedB, &'w [f32]),
+}
+
+/// Rows that the dot form over a weight in place takes four at a time (sinter-cpu's gemv).
+const DOT_ROWS: usize = 4;
+
+/// How many of a product's rows go through the packed weight (the rest read it in place):
+/// the packed kernel's tile of rows costs the same for 2 or 12 rows, so a tail of up to
+/// `DOT_ROWS` rows beyond whole tiles takes the dot form instead; one row takes the packed
+/// matrix × vector form. gpt-tiny 128×384 on AVX-512, one thread, µs in place / packed:
+/// 1 row 1.68 / 1.22, 4 rows 3.24 / 4.42, 8 rows 6.08 / 4.50, 16 rows 11.7 / 8.8 (12 packed
+/// + 4 in place: 7.7).
+fn packed_rows(isa: Isa, rows: usize) -> usize {
+    if rows == 1 {
+        return 1;
+    }
+    let tail = rows % kernel_shape(isa).1;
+    if (1..=DOT_ROWS).contains(&tail) {
+        rows - tail
+    } else {
+        rows
+    }
 }
 
 /// y = act(x Wᵀ + b) (or y += x Wᵀ + b with `accumulate`) for x [rows, inp], on this
@@ -324,13 +371,19 @@ fn xwt(
         g = g.bias(b);
     }
     let failed = |e| sinter_core::Error::Msg(format!("gpt step: {e}"));
-    let w = match w {
-        Weight::Packed(p) => {
-            let xs = MatRef::row_major(&x[..rows * inp], inp);
-            let ys = MatMut::row_major(&mut y[..rows * out], out);
-            return g.run_packed(xs, p, ys, None).map_err(failed);
+    let (w, mut r0) = match w {
+        Weight::Packed(p, w) => {
+            let n = packed_rows(isa, rows);
+            if n > 0 {
+                let xs = MatRef::row_major(&x[..n * inp], inp);
+                let ys = MatMut::row_major(&mut y[..n * out], out);
+                Gemm { m: n, ..g }
+                    .run_packed(xs, p, ys, None)
+                    .map_err(failed)?;
+            }
+            (w, n)
         }
-        Weight::InPlace(w) => w,
+        Weight::InPlace(w) => (w, 0),
     };
     let wt = MatRef {
         data: w,
@@ -348,7 +401,6 @@ fn xwt(
     } else {
         rows
     };
-    let mut r0 = 0;
     while r0 < rows {
         let n = chunk.min(rows - r0);
         let xs = MatRef::row_major(&x[r0 * inp..(r0 + n) * inp], inp);
@@ -443,7 +495,7 @@ impl<'a> Table<'a> {
         let h = &h[..rows * c];
         match self {
             Table::F32(w) => {
-                let w = packed.map_or(Weight::InPlace(w), Weight::Packed);
+                let w = packed.map_or(Weight::InPlace(w), |p| Weight::Packed(p, w));
                 xwt(isa, h, w, None, geom, Activation::None, false, &mut logits)?
             }
             Table::Int8(q) => {
@@ -618,7 +670,6 @@ impl HostModel<'_> {
         s: &mut Scratch,
     ) -> Result<Vec<f32>> {
         debug_assert!(logit_rows.windows(2).all(|w| w[0] < w[1]));
-        let mid = rows.len() / 2;
         let Scratch {
             parts: [a, b],
             packed,
@@ -630,6 +681,7 @@ impl HostModel<'_> {
         if rows.len() < SPLIT_ROWS || rayon::current_num_threads() < 2 {
             return self.part(rows, caches, logit_rows, a, packed, Role::Whole);
         }
+        let mid = split_point(self.isa, rows.len(), packed.is_some());
         let (ra, rb) = rows.split_at(mid);
         let split = logit_rows.partition_point(|&r| r < mid);
         let la = &logit_rows[..split];
