@@ -177,6 +177,16 @@ mod tests {
         }
     }
 
+    /// A stream and the sender of its events.
+    fn stream(chat: bool, include_usage: bool) -> (mpsc::UnboundedSender<Event>, EventStream) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let d = Delivery {
+            stream: true,
+            include_usage,
+        };
+        (tx, EventStream::new(rx, meta(chat), d))
+    }
+
     /// The events of `frames`, split and parsed as a client does (`[DONE]` as a string).
     fn events(frames: &[Bytes]) -> Vec<Value> {
         let mut buf = SseBuffer::default();
@@ -204,12 +214,7 @@ mod tests {
 
     #[tokio::test]
     async fn events_waiting_together_go_out_in_one_frame_as_separate_events_in_order() {
-        let (tx, rx) = mpsc::unbounded_channel();
-        let d = Delivery {
-            stream: true,
-            include_usage: true,
-        };
-        let mut s = EventStream::new(rx, meta(true), d);
+        let (tx, mut s) = stream(true, true);
         let pieces = ["Hi", " \"there\"", "\n", "é😀"];
         for p in pieces {
             tx.send(Event::Text(p.into())).unwrap();
@@ -242,12 +247,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_failure_or_a_lost_scheduler_ends_the_stream_with_an_error_event() {
-        let d = Delivery {
-            stream: true,
-            include_usage: false,
-        };
-        let (tx, rx) = mpsc::unbounded_channel();
-        let mut s = EventStream::new(rx, meta(false), d);
+        let (tx, mut s) = stream(false, false);
         tx.send(Event::Text("a".into())).unwrap();
         tx.send(Event::Failed("the model broke".into())).unwrap();
         tx.send(Event::Text("never sent".into())).unwrap();
@@ -257,8 +257,7 @@ mod tests {
         assert_eq!(all[1]["error"]["message"], "the model broke");
         assert_eq!((all[2].clone(), all.len()), (Value::from("[DONE]"), 3));
 
-        let (tx, rx) = mpsc::unbounded_channel();
-        let mut s = EventStream::new(rx, meta(false), d);
+        let (tx, mut s) = stream(false, false);
         drop(tx);
         let all = events(&[s.next().await.unwrap().unwrap()]);
         assert_eq!(all[0]["error"]["message"], "the scheduler stopped");
@@ -267,12 +266,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_silent_stream_gets_keep_alive_comments_and_a_busy_one_does_not() {
-        let (tx, rx) = mpsc::unbounded_channel();
-        let d = Delivery {
-            stream: true,
-            include_usage: false,
-        };
-        let mut s = EventStream::new(rx, meta(false), d);
+        let (tx, mut s) = stream(false, false);
         let t0 = Instant::now();
         assert_eq!(&s.next().await.unwrap().unwrap()[..], b":\n\n");
         assert_eq!(t0.elapsed(), KEEP_ALIVE);
