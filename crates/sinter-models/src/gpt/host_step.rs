@@ -169,7 +169,9 @@ const SPLIT_ROWS: usize = 8;
 
 /// Where the first part of a split step of `rows` rows ends: the middle, or with packed
 /// weights the point where the slower part's products cost least (`rows_cost`): 16 rows
-/// split 4 + 12, one tile each and the 4 in place, not 8 + 8, two tiles.
+/// split 12 + 4, one tile each and the 4 in place, not 8 + 8, two tiles. On a tie the first
+/// part (this thread's) is the larger: if the other thread is late to take the second,
+/// less is left to wait for.
 fn split_point(isa: Isa, rows: usize, packed: bool) -> usize {
     let half = rows / 2;
     if !packed {
@@ -178,7 +180,7 @@ fn split_point(isa: Isa, rows: usize, packed: bool) -> usize {
     (1..rows)
         .min_by_key(|&m| {
             let (a, b) = (rows_cost(isa, m), rows_cost(isa, rows - m));
-            (a.max(b), a + b, m.abs_diff(half))
+            (a.max(b), a + b, m.abs_diff(half), std::cmp::Reverse(m))
         })
         .unwrap_or(half)
 }
