@@ -507,6 +507,32 @@ pub fn chat_request(
     ))
 }
 
+/// One response's text chunk as a server-sent event, split around its text: the event for
+/// a piece of text is `prefix`, the text as a JSON string, `suffix`. Made once per response
+/// from [`ResponseMeta::delta`] (the one place that shapes a chunk), it writes each token's
+/// event without building a JSON value.
+#[derive(Clone, Debug)]
+pub struct DeltaTemplate {
+    prefix: Vec<u8>,
+    suffix: Vec<u8>,
+}
+
+impl DeltaTemplate {
+    /// Appends the event that carries `text` to `out`.
+    pub fn write(&self, text: &str, out: &mut Vec<u8>) {
+        out.extend_from_slice(&self.prefix);
+        serde_json::to_writer(&mut *out, text).expect("writing JSON to a Vec cannot fail");
+        out.extend_from_slice(&self.suffix);
+    }
+}
+
+/// Appends one server-sent event whose data is `v` (compact JSON: one line).
+pub fn write_event(v: &Value, out: &mut Vec<u8>) {
+    out.extend_from_slice(b"data: ");
+    serde_json::to_writer(&mut *out, v).expect("writing JSON to a Vec cannot fail");
+    out.extend_from_slice(b"\n\n");
+}
+
 /// Identity of one response: id, creation time, model.
 #[derive(Clone, Debug)]
 pub struct ResponseMeta {
@@ -570,6 +596,23 @@ impl ResponseMeta {
             json!({"index": 0, "text": text.unwrap_or(""), "logprobs": null, "finish_reason": reason})
         };
         self.chunk(json!([choice]))
+    }
+
+    /// The template of this response's text chunks (see [`DeltaTemplate`]).
+    pub fn delta_template(&self) -> DeltaTemplate {
+        // A string no text chunk is built from: its JSON form marks where the text goes.
+        // `choices` is the first key serialized, so a model name holding the mark cannot
+        // move the split.
+        const MARK: &str = "\u{1}sinter-delta-text\u{1}";
+        let whole = self.delta(Some(MARK), None).to_string();
+        let quoted = Value::from(MARK).to_string();
+        let (prefix, suffix) = whole
+            .split_once(&quoted)
+            .expect("a text chunk holds its text");
+        DeltaTemplate {
+            prefix: format!("data: {prefix}").into_bytes(),
+            suffix: format!("{suffix}\n\n").into_bytes(),
+        }
     }
 
     /// The first chat chunk, which names the role.
@@ -658,6 +701,38 @@ mod tests {
         );
         assert!(err("{not json").message.contains("not valid JSON"));
         assert!(err("[1]").message.contains("JSON object"));
+    }
+
+    #[test]
+    fn text_chunks_from_the_template_are_the_chunks_as_json() {
+        for chat in [false, true] {
+            let meta = ResponseMeta {
+                id: "cmpl-1".into(),
+                created: 7,
+                model: "m \"q\" \u{1}sinter-delta-text\u{1}".into(),
+                chat,
+            };
+            let template = meta.delta_template();
+            for text in [
+                "a",
+                " ",
+                "\"",
+                "\\n",
+                "\n\r\t",
+                "\u{1}\u{7f}",
+                "é€😀",
+                "</script>",
+            ] {
+                let mut out = Vec::new();
+                template.write(text, &mut out);
+                let want = format!("data: {}\n\n", meta.delta(Some(text), None));
+                assert_eq!(
+                    String::from_utf8(out).unwrap(),
+                    want,
+                    "chat {chat}: {text:?}"
+                );
+            }
+        }
     }
 
     #[test]

@@ -4,6 +4,7 @@
 //! sees them, and checking that every request finished exactly once (unique response ids,
 //! `[DONE]` received, and the server's completed-request counter moved by the same count).
 
+use std::borrow::Cow;
 use std::collections::HashSet;
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -12,6 +13,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
 use futures_util::StreamExt;
+use serde::Deserialize;
 use serde_json::{json, Value};
 
 #[derive(Clone, Debug)]
@@ -27,6 +29,8 @@ pub struct LoadOptions {
     pub temperature: f64,
     /// The whole run stops after this long (the requests not done count as errors).
     pub time_limit: Duration,
+    /// Threads of the clients' runtime (`run_load_blocking`).
+    pub client_threads: usize,
 }
 
 /// What one run at one concurrency measured.
@@ -130,6 +134,78 @@ async fn completed_count(client: &reqwest::Client, base: &str) -> Option<u64> {
         .and_then(|v| v.trim().parse().ok())
 }
 
+/// What the load generator reads from a stream chunk (the other fields are skipped; the
+/// strings are borrowed from the event unless they hold escapes).
+#[derive(Deserialize)]
+struct ChunkView<'a> {
+    #[serde(borrow)]
+    id: Option<Cow<'a, str>>,
+    #[serde(default, borrow)]
+    choices: Vec<ChoiceView<'a>>,
+    usage: Option<UsageView>,
+    error: Option<Value>,
+}
+
+#[derive(Deserialize)]
+struct ChoiceView<'a> {
+    #[serde(default, borrow)]
+    text: Cow<'a, str>,
+}
+
+#[derive(Deserialize)]
+struct UsageView {
+    completion_tokens: u64,
+}
+
+/// Splits a byte stream into server-sent events (each ends with a blank line) in place:
+/// `push` appends what arrived, `next_event` hands out each complete event once, in order.
+#[derive(Default)]
+pub struct SseBuffer {
+    buf: Vec<u8>,
+    /// Where the next event begins.
+    start: usize,
+    /// Where the search for its end goes on (the bytes before hold no "\n\n").
+    scanned: usize,
+}
+
+impl SseBuffer {
+    pub fn push(&mut self, bytes: &[u8]) {
+        if self.start > 0 {
+            self.buf.drain(..self.start);
+            self.scanned -= self.start;
+            self.start = 0;
+        }
+        self.buf.extend_from_slice(bytes);
+    }
+
+    /// The next complete event, without its closing blank line.
+    pub fn next_event(&mut self) -> Option<&[u8]> {
+        match self.buf[self.scanned..]
+            .windows(2)
+            .position(|w| w == b"\n\n")
+        {
+            Some(i) => {
+                let (begin, end) = (self.start, self.scanned + i);
+                self.start = end + 2;
+                self.scanned = self.start;
+                Some(&self.buf[begin..end])
+            }
+            None => {
+                // The last byte may be the first half of the separator.
+                self.scanned = self.buf.len().saturating_sub(1).max(self.start);
+                None
+            }
+        }
+    }
+}
+
+/// The data of an event (its `data: ` line; comments and other fields have none).
+pub fn sse_data(event: &[u8]) -> Option<&[u8]> {
+    event
+        .split(|&b| b == b'\n')
+        .find_map(|line| line.strip_prefix(b"data: "))
+}
+
 /// One streamed request's measurements.
 struct Streamed {
     id: String,
@@ -169,47 +245,55 @@ async fn one_request(client: &reqwest::Client, o: &LoadOptions, seed: usize) -> 
         gaps: Vec::new(),
     };
     let mut last = sent;
-    let mut buf = Vec::new();
+    let mut events = SseBuffer::default();
     let mut body = resp.bytes_stream();
     let mut done = false;
+    let mut text_events = 0u64;
+    let mut usage = None;
     while let Some(chunk) = body.next().await {
-        buf.extend_from_slice(&chunk.context("stream broken")?);
-        // Server-sent events end with a blank line.
-        while let Some(end) = buf.windows(2).position(|w| w == b"\n\n") {
-            let event: Vec<u8> = buf.drain(..end + 2).collect();
-            let event = String::from_utf8_lossy(&event);
-            for line in event.lines() {
-                let Some(data) = line.strip_prefix("data: ") else {
-                    continue;
-                };
-                if data == "[DONE]" {
-                    done = true;
-                    continue;
+        events.push(&chunk.context("stream broken")?);
+        while let Some(event) = events.next_event() {
+            let Some(data) = sse_data(event) else {
+                continue;
+            };
+            if data == b"[DONE]" {
+                done = true;
+                continue;
+            }
+            let c: ChunkView = serde_json::from_slice(data).context("a chunk is not JSON")?;
+            if let Some(e) = c.error {
+                bail!("error event: {e}");
+            }
+            match c.id {
+                Some(id) if out.id.is_empty() => out.id = id.into_owned(),
+                Some(id) if id != out.id => bail!("the chunks' id changed from {} to {id}", out.id),
+                _ => {}
+            }
+            if let Some(u) = c.usage {
+                usage = Some(u.completion_tokens);
+            }
+            if c.choices.first().is_some_and(|c| !c.text.is_empty()) {
+                text_events += 1;
+                let now = Instant::now();
+                match out.ttft {
+                    None => out.ttft = Some((now - sent).as_secs_f64()),
+                    Some(_) => out.gaps.push((now - last).as_secs_f64()),
                 }
-                let v: Value = serde_json::from_str(data).context("a chunk is not JSON")?;
-                if let Some(e) = v.get("error") {
-                    bail!("error event: {e}");
-                }
-                if let Some(id) = v["id"].as_str() {
-                    out.id = id.to_string();
-                }
-                if let Some(n) = v["usage"]["completion_tokens"].as_u64() {
-                    out.tokens = n;
-                }
-                let text = v["choices"][0]["text"].as_str().unwrap_or("");
-                if !text.is_empty() {
-                    let now = Instant::now();
-                    match out.ttft {
-                        None => out.ttft = Some((now - sent).as_secs_f64()),
-                        Some(_) => out.gaps.push((now - last).as_secs_f64()),
-                    }
-                    last = now;
-                }
+                last = now;
             }
         }
     }
     if !done {
         bail!("the stream ended without [DONE]");
+    }
+    // Every token makes at most one text event (a character split across tokens waits for
+    // its last byte; the end-of-text token makes none).
+    out.tokens = usage.ok_or_else(|| anyhow!("the stream had no usage chunk"))?;
+    if text_events > out.tokens {
+        bail!(
+            "{text_events} text events for {} completion tokens",
+            out.tokens
+        );
     }
     Ok(out)
 }
@@ -286,7 +370,8 @@ pub async fn run_load(o: &LoadOptions) -> Result<LoadReport> {
 /// `run_load` on a runtime of its own (for callers without one, like the CLI).
 pub fn run_load_blocking(o: &LoadOptions) -> Result<LoadReport> {
     tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
+        .worker_threads(o.client_threads.max(1))
+        .thread_name("sinter-bench-client")
         .enable_all()
         .build()
         .context("cannot start the async runtime")?

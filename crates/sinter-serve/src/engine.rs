@@ -214,7 +214,19 @@ pub fn start<M: ServeModel>(
     };
     let thread = std::thread::Builder::new()
         .name("sinter-scheduler".into())
-        .spawn(move || sched.run())?;
+        .spawn(move || {
+            // The loop runs on a worker of the model's thread pool (sized like rayon's global
+            // one), so that a step split in two hands its second part to the other worker
+            // directly; from outside the pool, both parts would be injected and this thread
+            // put to sleep until they are done, two more hand-offs per step.
+            let pool = rayon::ThreadPoolBuilder::new()
+                .thread_name(|i| format!("sinter-model-{i}"))
+                .build();
+            match pool {
+                Ok(pool) => pool.install(|| sched.run()),
+                Err(_) => sched.run(),
+            }
+        })?;
     Ok((EngineHandle { tx, shared }, thread))
 }
 

@@ -6,7 +6,6 @@
 //! for a non-streamed request, hyper drops the handler. Either way the scheduler sees the
 //! closed channel at its next step and frees the slot.
 
-use std::convert::Infallible;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -16,19 +15,18 @@ use axum::extract::rejection::BytesRejection;
 use axum::extract::{DefaultBodyLimit, Path, Request, State};
 use axum::http::{header, StatusCode};
 use axum::middleware::{self, Next};
-use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
-use futures_util::{stream, StreamExt};
 use serde_json::{json, Value};
 use subtle::ConstantTimeEq;
 use tokio::sync::mpsc::UnboundedReceiver;
 
-use crate::api::{self, Delivery, Limits, ResponseMeta};
+use crate::api::{self, Limits, ResponseMeta};
 use crate::engine::{EngineHandle, Event, SubmitError};
 use crate::error::ApiError;
 use crate::metrics::Metrics;
+use crate::sse;
 use crate::text::Tokenizer;
 
 /// What every handler sees.
@@ -149,7 +147,7 @@ async fn generate(app: App, body: Result<Bytes, BytesRejection>, chat: bool) -> 
     };
     let meta = app.response_meta(chat);
     if delivery.stream {
-        stream_response(rx, meta, delivery)
+        sse::response(rx, meta, delivery)
     } else {
         full_response(rx, meta).await
     }
@@ -192,52 +190,6 @@ fn json_response(status: StatusCode, body: &Value) -> Response {
         [(header::CONTENT_TYPE, "application/json")],
         body.to_string(),
     )
-        .into_response()
-}
-
-fn data(v: &Value) -> SseEvent {
-    SseEvent::default().data(v.to_string())
-}
-
-/// Server-sent events: (chat: a first chunk naming the role,) one chunk per piece of text
-/// as it is made, a closing chunk with `finish_reason`, the usage chunk when asked for, and
-/// `data: [DONE]`. A failure after the stream began is an `{"error": …}` event.
-fn stream_response(rx: UnboundedReceiver<Event>, meta: ResponseMeta, d: Delivery) -> Response {
-    let head = meta.chat.then(|| data(&meta.role_chunk()));
-    let body = stream::unfold((rx, meta, false), move |(mut rx, meta, over)| async move {
-        if over {
-            return None;
-        }
-        let done = || SseEvent::default().data("[DONE]");
-        let (events, over) = match rx.recv().await {
-            Some(Event::Text(t)) => (vec![data(&meta.delta(Some(&t), None))], false),
-            Some(Event::Done {
-                finish,
-                prompt_tokens,
-                completion_tokens,
-            }) => {
-                let mut v = vec![data(&meta.delta(None, Some(finish)))];
-                if d.include_usage {
-                    v.push(data(&meta.usage_chunk(prompt_tokens, completion_tokens)));
-                }
-                v.push(done());
-                (v, true)
-            }
-            Some(Event::Failed(msg)) => (vec![data(&ApiError::internal(msg).body()), done()], true),
-            None => (
-                vec![
-                    data(&ApiError::internal("the scheduler stopped").body()),
-                    done(),
-                ],
-                true,
-            ),
-        };
-        Some((stream::iter(events), (rx, meta, over)))
-    })
-    .flatten();
-    let all = stream::iter(head).chain(body).map(Ok::<_, Infallible>);
-    Sse::new(all)
-        .keep_alive(KeepAlive::default())
         .into_response()
 }
 

@@ -3,6 +3,7 @@
 //! - [`server`]: start, listen, graceful shutdown on signals.
 //! - [`http`]: routes (`/v1/completions`, `/v1/chat/completions`, `/v1/models`, `/health`,
 //!   `/metrics`), API key, body limit, JSON responses and server-sent event streams.
+//! - [`sse`]: a streamed response's body (server-sent events, coalesced per write).
 //! - [`api`]: OpenAI's request and response shapes, their checks, the chat template.
 //! - [`engine`]: the scheduler thread: a bounded queue and continuous batching (requests join
 //!   the running batch at the next step and leave when done, each with its own KV cache).
@@ -19,6 +20,7 @@ pub mod http;
 pub mod metrics;
 pub mod model;
 pub mod server;
+pub mod sse;
 pub mod text;
 
 pub use api::{chat_prompt, Limits};

@@ -38,6 +38,8 @@ pub struct ServeOptions {
     pub shutdown_timeout: Duration,
     /// Prompt tokens fed per sequence per scheduler step.
     pub prefill_chunk: usize,
+    /// Threads of the HTTP runtime (the model's step runs on threads of its own).
+    pub http_threads: usize,
     /// Shut down on SIGINT/SIGTERM (the CLI); tests stop the server themselves.
     pub handle_signals: bool,
 }
@@ -55,6 +57,7 @@ impl Default for ServeOptions {
             api_key: None,
             shutdown_timeout: Duration::from_secs(10),
             prefill_chunk: 256,
+            http_threads: 2,
             handle_signals: false,
         }
     }
@@ -122,7 +125,8 @@ impl Server {
             .name("sinter-http".into())
             .spawn(move || {
                 let rt = tokio::runtime::Builder::new_multi_thread()
-                    .worker_threads(2)
+                    .worker_threads(o.http_threads.max(1))
+                    .thread_name("sinter-http-worker")
                     .enable_all()
                     .build()
                     .context("cannot start the async runtime")?;

@@ -125,6 +125,8 @@ pub fn generate(g: &GenerateArgs) -> Result<()> {
     let sampling = inference::check_sampling(g.temperature, g.top_k, g.top_p)?;
     let device = device(&g.device)?;
     let lm = load_lm(&g.checkpoint, device)?;
+    // Packed once for the CPU decode step (nothing happens on other devices).
+    lm.gpt.pack_weights()?;
     let prompt = lm.tokenizer.encode(&g.prompt);
     if prompt.is_empty() {
         bail!("--prompt must not be empty");
@@ -220,10 +222,14 @@ pub struct ServeArgs {
     /// between the other requests' decode steps).
     #[arg(long, default_value_t = 256)]
     prefill_chunk: usize,
+    /// Threads that run the HTTP side (the model's step has threads of its own:
+    /// RAYON_NUM_THREADS, default one per core).
+    #[arg(long, default_value_t = 2)]
+    http_threads: usize,
 }
 
 fn gpt_model(lm: LoadedLm, policy: &str) -> Result<(GptModel, Tokenizer)> {
-    let mut model = GptModel::new(lm.gpt, lm.context);
+    let mut model = GptModel::new(lm.gpt, lm.context)?;
     model.policy = policy
         .parse()
         .map_err(|e| anyhow!("--context-policy: {e}"))?;
@@ -256,6 +262,7 @@ pub fn serve(a: &ServeArgs) -> Result<()> {
         api_key: api_key.clone(),
         shutdown_timeout: Duration::from_secs_f64(a.shutdown_timeout),
         prefill_chunk: a.prefill_chunk,
+        http_threads: a.http_threads,
         handle_signals: true,
     };
     let server = Server::start(model, tokenizer, opts)?;
@@ -317,6 +324,12 @@ pub struct BenchServeArgs {
     context: Option<usize>,
     #[arg(long, default_value = "cpu")]
     device: String,
+    /// Threads of the server's HTTP side (see `serve --http-threads`).
+    #[arg(long, default_value_t = 2)]
+    http_threads: usize,
+    /// Threads of the load generator's clients.
+    #[arg(long, default_value_t = 2)]
+    client_threads: usize,
 }
 
 /// A random GPT of a preset, for load tests without a checkpoint.
@@ -378,6 +391,7 @@ pub fn bench_serve(a: &BenchServeArgs) -> Result<()> {
                     max_batch: max_c,
                     max_queue: max_requests,
                     shutdown_timeout: Duration::from_secs(5),
+                    http_threads: a.http_threads,
                     ..Default::default()
                 },
             )?;
@@ -403,6 +417,7 @@ pub fn bench_serve(a: &BenchServeArgs) -> Result<()> {
             max_tokens: a.max_tokens,
             temperature: a.temperature,
             time_limit: Duration::from_secs_f64(a.time_limit.max(1.0)),
+            client_threads: a.client_threads,
         };
         // One untimed request first (pages, caches, connections).
         if reports.is_empty() {
