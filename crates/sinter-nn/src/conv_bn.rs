@@ -157,44 +157,40 @@ pub fn conv_bn_training(x: &Tensor, conv: &Conv2d, bn: &BatchNorm2d) -> Result<T
     let mut inputs = vec![x, &conv.weight];
     inputs.extend(&conv.bias);
     inputs.extend([&bn.weight, &bn.bias]);
-    Ok(with_custom_backward(
-        &out,
-        "conv_bn",
-        &inputs,
-        move |g, _| {
-            with_grad(|| {
-                let _ac = autocast.map(amp::autocast);
-                let xv = if want_dx { xd.to_var()? } else { xd.clone() };
-                let wv = w.detach().to_var()?;
-                let bv = b.as_ref().map(|b| b.detach().to_var()).transpose()?;
-                let recomputed = Conv2d::from_weights(wv.clone(), bv.clone(), params);
-                let y = recomputed.forward(&xv)?;
-                let (dy, dgamma, dbeta) = {
-                    let _g = no_grad();
-                    let c = gamma.numel();
-                    let inv_n = 1.0 / per_channel as f32;
-                    let scale = inv_std.mul(&gamma.reshape(&[1, c, 1, 1])?)?;
-                    // One statement per full-size tensor, so each temporary is freed as soon as
-                    // it is used: at most three live beside `y` and `g`.
-                    let xhat = y.detach().sub(&mean)?;
-                    let xhat = xhat.mul(&inv_std)?;
-                    let dbeta = g.sum(&[0, 2, 3], true)?;
-                    let dgamma = g.mul(&xhat)?.sum(&[0, 2, 3], true)?;
-                    let t = xhat.mul(&dgamma.mul_scalar(inv_n)?)?;
-                    drop(xhat);
-                    let t = g.sub(&t)?;
-                    let t = t.mul(&scale)?;
-                    let dy = t.sub(&dbeta.mul(&scale)?.mul_scalar(inv_n)?)?;
-                    (dy, dgamma.reshape(&[c])?, dbeta.reshape(&[c])?)
-                };
-                y.backward_with_grad(&dy, |_, _| Ok(()))?;
-                let mut grads = vec![want_dx.then(|| xv.grad()).flatten(), wv.grad()];
-                if let Some(bv) = &bv {
-                    grads.push(bv.grad());
-                }
-                grads.extend([Some(dgamma), Some(dbeta)]);
-                Ok(grads)
-            })
-        },
-    ))
+    let backward = move |g: &Tensor, _: &Tensor| {
+        with_grad(|| {
+            let _ac = autocast.map(amp::autocast);
+            let xv = if want_dx { xd.to_var()? } else { xd.clone() };
+            let wv = w.detach().to_var()?;
+            let bv = b.as_ref().map(|b| b.detach().to_var()).transpose()?;
+            let recomputed = Conv2d::from_weights(wv.clone(), bv.clone(), params);
+            let y = recomputed.forward(&xv)?;
+            let (dy, dgamma, dbeta) = {
+                let _g = no_grad();
+                let c = gamma.numel();
+                let inv_n = 1.0 / per_channel as f32;
+                let scale = inv_std.mul(&gamma.reshape(&[1, c, 1, 1])?)?;
+                // One statement per full-size tensor, so each temporary is freed as soon as
+                // it is used: at most three live beside `y` and `g`.
+                let xhat = y.detach().sub(&mean)?;
+                let xhat = xhat.mul(&inv_std)?;
+                let dbeta = g.sum(&[0, 2, 3], true)?;
+                let dgamma = g.mul(&xhat)?.sum(&[0, 2, 3], true)?;
+                let t = xhat.mul(&dgamma.mul_scalar(inv_n)?)?;
+                drop(xhat);
+                let t = g.sub(&t)?;
+                let t = t.mul(&scale)?;
+                let dy = t.sub(&dbeta.mul(&scale)?.mul_scalar(inv_n)?)?;
+                (dy, dgamma.reshape(&[c])?, dbeta.reshape(&[c])?)
+            };
+            y.backward_with_grad(&dy, |_, _| Ok(()))?;
+            let mut grads = vec![want_dx.then(|| xv.grad()).flatten(), wv.grad()];
+            if let Some(bv) = &bv {
+                grads.push(bv.grad());
+            }
+            grads.extend([Some(dgamma), Some(dbeta)]);
+            Ok(grads)
+        })
+    };
+    Ok(with_custom_backward(&out, "conv_bn", &inputs, backward))
 }

@@ -104,35 +104,31 @@ where
         xd.to_var()?
     };
     let rng = rng.cloned();
-    Ok(with_custom_backward(
-        &y,
-        "checkpoint",
-        &[&input],
-        move |g, _| {
-            let run = || -> Result<Tensor> {
-                let xv = xd.to_var()?;
-                // Replay the generator from where the forward pass found it, then put it back.
-                let now = rng
-                    .as_ref()
-                    .zip(rng_state)
-                    .map(|(r, s)| std::mem::replace(&mut *lock(r), Rng::from_state(s)));
-                let y = f(&xv);
-                if let (Some(r), Some(now)) = (&rng, now) {
-                    *lock(r) = now;
-                }
-                let y = y?;
-                if !y.tracks_grad() {
-                    return xv.zeros_like();
-                }
-                y.backward_with_grad(g, |_, _| Ok(()))?;
-                match xv.grad() {
-                    Some(dx) => Ok(dx),
-                    None => xv.zeros_like(),
-                }
-            };
-            Ok(vec![Some(with_grad(run)?)])
-        },
-    ))
+    let backward = move |g: &Tensor, _: &Tensor| -> Result<Vec<Option<Tensor>>> {
+        let run = || -> Result<Tensor> {
+            let xv = xd.to_var()?;
+            // Replay the generator from where the forward pass found it, then put it back.
+            let now = rng
+                .as_ref()
+                .zip(rng_state)
+                .map(|(r, s)| std::mem::replace(&mut *lock(r), Rng::from_state(s)));
+            let y = f(&xv);
+            if let (Some(r), Some(now)) = (&rng, now) {
+                *lock(r) = now;
+            }
+            let y = y?;
+            if !y.tracks_grad() {
+                return xv.zeros_like();
+            }
+            y.backward_with_grad(g, |_, _| Ok(()))?;
+            match xv.grad() {
+                Some(dx) => Ok(dx),
+                None => xv.zeros_like(),
+            }
+        };
+        Ok(vec![Some(with_grad(run)?)])
+    };
+    Ok(with_custom_backward(&y, "checkpoint", &[&input], backward))
 }
 
 /// One Transformer block's forward pass with the given recompute mode. `rng` is the dropout
