@@ -233,6 +233,11 @@ impl Tensor {
 
     pub fn max_pool2d(&self, p: Pool2dParams) -> Result<Tensor> {
         let g = self.pool_geom("max_pool2d", p)?;
+        if !(crate::is_grad_enabled() && self.tracks_grad()) {
+            // No backward will route a gradient: the values only, without each argmax.
+            let y = self.storage().max_pool2d_values(self.layout(), &g)?;
+            return Ok(Tensor::from_storage(y, &[g.n, g.c, g.oh, g.ow]));
+        }
         let (y, arg) = self.storage().max_pool2d(self.layout(), &g)?;
         let xshape = self.shape().to_vec();
         Ok(output(

@@ -484,6 +484,11 @@ impl Storage {
             Ok((w(y), w(arg)))
         })
     }
+    /// The output of [`Storage::max_pool2d`] without the argmax (no backward to follow).
+    pub fn max_pool2d_values(&self, l: &Layout, g: &PoolGeom) -> Result<Storage> {
+        let x = self;
+        on_device!("max_pool2d", [x], |w| Ok(w(x.max_pool2d_values(l, g)?)))
+    }
     pub fn max_pool2d_backward(
         &self,
         l: &Layout,

@@ -7,7 +7,9 @@
 //! row copies of large planes); [`Window::tap_table`] tabulates it per (tap, output pixel) for
 //! small planes, where a run is a handful of pixels and a lookup per value is cheaper than the
 //! bookkeeping of runs. [`gather_u8_rows`] is the int8 layout: one row of `k_padded` bytes per
-//! output pixel (the int8 GEMM's activation rows), quantized on the way from f32.
+//! output pixel (the int8 GEMM's activation rows), quantized on the way from f32;
+//! [`gather_u8_pixels`] makes the same rows from u8 images already channels last (the output
+//! of a previous int8 layer).
 
 /// One image plane's convolution window: input h×w, kernel kh×kw, output oh×ow, stride,
 /// padding and dilation as (rows, columns).
@@ -126,18 +128,9 @@ pub fn gather_u8_rows(
     col: &mut [u8],
     k_padded: usize,
 ) {
-    let (l, kk, hw, c) = (win.l(), win.taps(), win.h * win.w, channels);
-    assert!(
-        table.len() == l * kk,
-        "tap table of {} for {l}×{kk}",
-        table.len()
-    );
-    assert!(k_padded >= c * kk, "k_padded {k_padded} below {c}×{kk}");
+    let (hw, c) = (win.h * win.w, channels);
     let images = x.len().checked_div(c * hw).unwrap_or(0);
-    assert!(
-        col.len() >= images * l * k_padded,
-        "column matrix too short"
-    );
+    check_gather(win, c, table, images, col, k_padded);
     // One image quantized plane by plane, then channels last: pixel p's c bytes at p·c, and
     // the padding pixel (the zero point in every channel) at hw·c.
     let mut planes = vec![0u8; c * hw];
@@ -152,11 +145,63 @@ pub fn gather_u8_rows(
                 pixels[p * c + ch] = v;
             }
         }
-        let rows = &mut col[i * l * k_padded..(i + 1) * l * k_padded];
-        for (row, taps) in rows.chunks_exact_mut(k_padded).zip(table.chunks_exact(kk)) {
-            for (dst, &j) in row.chunks_exact_mut(c).zip(taps) {
-                copy_short(dst, &pixels[j as usize * c..][..c]);
-            }
+        gather_image(&pixels, win, c, table, col, i, k_padded);
+    }
+}
+
+/// [`gather_u8_rows`] from images already quantized and channels last: `x` holds
+/// [images, h, w, channels] bytes (pixel p of image i at `(i·h·w + p)·channels`, the layout of
+/// an int8 GEMM's output rows), `pad` is the byte of the real value 0 (the zero point).
+pub fn gather_u8_pixels(
+    x: &[u8],
+    win: &Window,
+    channels: usize,
+    table: &[u32],
+    pad: u8,
+    col: &mut [u8],
+    k_padded: usize,
+) {
+    let (hw, c) = (win.h * win.w, channels);
+    let images = x.len().checked_div(c * hw).unwrap_or(0);
+    check_gather(win, c, table, images, col, k_padded);
+    // Each image copied beside a padding pixel, so the table's index h·w needs no branch.
+    let mut pixels = vec![pad; (hw + 1) * c];
+    for (i, img) in x.chunks_exact(c * hw).enumerate() {
+        pixels[..hw * c].copy_from_slice(img);
+        gather_image(&pixels, win, c, table, col, i, k_padded);
+    }
+}
+
+fn check_gather(win: &Window, c: usize, table: &[u32], images: usize, col: &[u8], k_padded: usize) {
+    let (l, kk) = (win.l(), win.taps());
+    assert!(
+        table.len() == l * kk,
+        "tap table of {} for {l}×{kk}",
+        table.len()
+    );
+    assert!(k_padded >= c * kk, "k_padded {k_padded} below {c}×{kk}");
+    assert!(
+        col.len() >= images * l * k_padded,
+        "column matrix too short"
+    );
+}
+
+/// Image i's column rows from its channels-last pixels (the padding pixel last).
+#[inline(always)]
+fn gather_image(
+    pixels: &[u8],
+    win: &Window,
+    c: usize,
+    table: &[u32],
+    col: &mut [u8],
+    i: usize,
+    k_padded: usize,
+) {
+    let (l, kk) = (win.l(), win.taps());
+    let rows = &mut col[i * l * k_padded..(i + 1) * l * k_padded];
+    for (row, taps) in rows.chunks_exact_mut(k_padded).zip(table.chunks_exact(kk)) {
+        for (dst, &j) in row.chunks_exact_mut(c).zip(taps) {
+            copy_short(dst, &pixels[j as usize * c..][..c]);
         }
     }
 }
@@ -277,5 +322,15 @@ mod tests {
             .collect();
         assert_eq!(row[..12], want[..]);
         assert_eq!(row[12..], [7; 4], "the padding bytes past k stay");
+
+        // The same images already quantized and channels last give the same rows.
+        let mut pixels = vec![0u8; x.len()];
+        for (i, &v) in x.iter().enumerate() {
+            let (img, ch, p) = (i / 27, i / 9 % 3, i % 9);
+            pixels[(img * 9 + p) * 3 + ch] = (v + 100.0) as u8;
+        }
+        let mut col2 = vec![7u8; 2 * 4 * kp];
+        gather_u8_pixels(&pixels, &win, 3, &table, 100, &mut col2, kp);
+        assert_eq!(col2, col);
     }
 }

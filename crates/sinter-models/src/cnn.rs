@@ -1,11 +1,15 @@
 //! A LeNet-style CNN: two conv(3×3) + ReLU + max-pool(2) stages, then two linear layers.
 //! Sized from the input, so it fits 8×8 digits and 28×28 MNIST alike. The `cnn-bn` variant
-//! puts a BatchNorm after each convolution (whose bias it makes redundant).
+//! puts a BatchNorm after each convolution (whose bias it makes redundant). Quantized, the two
+//! conv stages run as one int8 chain (`sinter_nn::quant::chain`).
+
+use std::sync::Arc;
 
 use crate::model::{classifier_loss, BatchLoss, Model};
 use crate::Task;
 use sinter_core::{bail, Conv2dParams, Result, Rng, Tensor};
 use sinter_nn::module::{join, NamedTensor};
+use sinter_nn::quant::{chain, slot::Int8Layer, Activation};
 use sinter_nn::{BatchNorm2d, Conv2d, ConvBn, Linear, MaxPool2d, Module};
 
 pub struct LeNet {
@@ -61,10 +65,41 @@ impl LeNet {
     }
 }
 
+impl LeNet {
+    /// Both conv stages as one int8 chain (u8 activations between them, pooled in u8) when
+    /// both convolutions are int8 (`sinter quantize`); None otherwise.
+    fn int8_features(&self, x: &Tensor) -> Result<Option<Tensor>> {
+        let (Some(c1), Some(c2)) = (int8_conv(&self.conv1), int8_conv(&self.conv2)) else {
+            return Ok(None);
+        };
+        let stage = |conv| chain::Stage {
+            conv,
+            activation: Activation::Relu,
+            pool: Some(self.pool.0),
+        };
+        chain::run(x, &[stage(c1), stage(c2)]).map(Some)
+    }
+}
+
+/// The int8 convolution a stage runs in inference: its own, or the folded one's; None when
+/// it runs in f32 or an unfolded BatchNorm sits between the convolution and the ReLU.
+fn int8_conv(stage: &ConvBn) -> Option<Arc<dyn Int8Layer>> {
+    match (stage.folded(), &stage.bn) {
+        (Some(folded), _) => chain::int8_conv(&folded),
+        (None, None) => chain::int8_conv(&stage.conv),
+        (None, Some(_)) => None,
+    }
+}
+
 impl Module for LeNet {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let h = self.pool.forward(&self.conv1.forward_relu(x)?)?;
-        let h = self.pool.forward(&self.conv2.forward_relu(&h)?)?;
+        let h = match self.int8_features(x)? {
+            Some(h) => h,
+            None => {
+                let h = self.pool.forward(&self.conv1.forward_relu(x)?)?;
+                self.pool.forward(&self.conv2.forward_relu(&h)?)?
+            }
+        };
         let h = self.fc1.forward(&h.flatten_from(1)?)?.relu()?;
         self.fc2.forward(&h)
     }

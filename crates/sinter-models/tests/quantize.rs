@@ -10,7 +10,7 @@ use sinter_core::{no_grad, DType, Device, Rng, Tensor};
 use sinter_models::{Bert, BertConfig, Gpt, GptConfig, LeNet, ResNet18};
 use sinter_nn::module::shared_rng;
 use sinter_nn::quant::{self, StateTensor};
-use sinter_nn::Module;
+use sinter_nn::{MaxPool2d, Module};
 
 fn kinds(report: &quant::QuantizeReport, kind: &str) -> usize {
     report.int8.iter().filter(|(_, k)| *k == kind).count()
@@ -122,6 +122,49 @@ fn cnns_calibrate_each_convolution_and_round_trip() {
         m.forward(&x).unwrap().to_vec_f32().unwrap(),
         b.forward(&x).unwrap().to_vec_f32().unwrap()
     );
+}
+
+/// Quantized, LeNet runs its two conv stages as one u8 chain (`quant::chain`): the same logits,
+/// bit for bit, as its layers run one after the other, with and without a BatchNorm folded
+/// into each int8 convolution.
+#[test]
+fn quantized_lenet_equals_its_layers_run_one_by_one() {
+    for batch_norm in [false, true] {
+        let m = LeNet::with_options(1, 8, 8, 10, batch_norm, false, &mut Rng::new(4)).unwrap();
+        if batch_norm {
+            m.set_training(true);
+            for seed in 0..3 {
+                m.forward(&images(&[16, 1, 8, 8], 20 + seed)).unwrap();
+            }
+            m.set_training(false);
+        }
+        quant::quantize(&m, &mut |model: &dyn Module| {
+            let _g = no_grad();
+            model.forward(&images(&[16, 1, 8, 8], 5)).map(|_| ())
+        })
+        .unwrap();
+        let folds = sinter_nn::fold::fold_for_inference(&m).unwrap();
+        assert_eq!(folds, if batch_norm { 2 } else { 0 });
+        let _g = no_grad();
+        let x = images(&[5, 1, 8, 8], 7);
+        let pool = MaxPool2d::new(2, 2);
+        let h = pool.forward(&m.conv1.forward_relu(&x).unwrap()).unwrap();
+        let h = pool.forward(&m.conv2.forward_relu(&h).unwrap()).unwrap();
+        let h = m.fc1.forward(&h.flatten_from(1).unwrap()).unwrap();
+        let want = m.fc2.forward(&h.relu().unwrap()).unwrap();
+        let bits = |t: &Tensor| -> Vec<u32> {
+            t.to_vec_f32()
+                .unwrap()
+                .iter()
+                .map(|v| v.to_bits())
+                .collect()
+        };
+        assert_eq!(
+            bits(&m.forward(&x).unwrap()),
+            bits(&want),
+            "batch norm {batch_norm}"
+        );
+    }
 }
 
 /// max |a − b| / max |b|.

@@ -678,12 +678,23 @@ pub fn bias_relu_backward(
 /// each output's argmax (flat index within its plane, −1 for a window of padding only) for
 /// the backward pass.
 pub fn max_pool2d(x: &[f32], g: &PoolGeom) -> (Vec<f32>, Vec<i64>) {
+    let mut arg = vec![0i64; g.planes() * g.oh * g.ow];
+    let out = max_pool::<true>(x, g, &mut arg);
+    (out, arg)
+}
+
+/// [`max_pool2d`]'s output alone (inference: no backward, so no argmax to keep).
+pub fn max_pool2d_values(x: &[f32], g: &PoolGeom) -> Vec<f32> {
+    max_pool::<false>(x, g, &mut [])
+}
+
+/// The output, and with `ARG` each output's argmax in `arg` (unused without).
+fn max_pool<const ARG: bool>(x: &[f32], g: &PoolGeom, arg: &mut [i64]) -> Vec<f32> {
     let (h, w, oh, ow) = (g.h, g.w, g.oh, g.ow);
     let (k, s, pd, d) = (g.p.kernel, g.p.stride, g.p.padding, g.p.dilation);
     let mut out = vec![0f32; g.planes() * oh * ow];
-    let mut arg = vec![0i64; g.planes() * oh * ow];
     if out.is_empty() {
-        return (out, arg);
+        return out;
     }
     // Without padding, dilation or a ceil-mode window past the edge, every window lies inside
     // its plane: no bounds checks per element.
@@ -691,49 +702,61 @@ pub fn max_pool2d(x: &[f32], g: &PoolGeom) -> (Vec<f32>, Vec<i64>) {
         && d == Hw::square(1)
         && (oh - 1) * s.h + k.h <= h
         && (ow - 1) * s.w + k.w <= w;
-    out.par_chunks_mut(oh * ow)
-        .zip(arg.par_chunks_mut(oh * ow))
-        .with_min_len((4096 / (h * w).max(1)).max(1))
-        .enumerate()
-        .for_each(|(pi, (o, a))| {
-            let plane = &x[pi * h * w..(pi + 1) * h * w];
-            if inside {
-                // The NaN rule in the inner loop costs 1.7x on the digits CNN's inference
-                // (137k vs 237k samples/s at batch 256): one vectorised scan for NaN picks the
-                // plain comparison for planes without any, which gives the same result there.
-                return if has_nan(plane) {
-                    max_pool_plane_inside::<true>(plane, g, o, a)
-                } else {
-                    max_pool_plane_inside::<false>(plane, g, o, a)
-                };
-            }
-            for oy in 0..oh {
-                for ox in 0..ow {
-                    let mut best = f32::NEG_INFINITY;
-                    let mut bi = -1i64;
-                    for ky in 0..k.h {
-                        let iy = (oy * s.h + ky * d.h) as isize - pd.h as isize;
-                        if iy < 0 || iy >= h as isize {
+    let plane_task = |pi: usize, o: &mut [f32], a: &mut [i64]| {
+        let plane = &x[pi * h * w..(pi + 1) * h * w];
+        if inside {
+            // The NaN rule in the inner loop costs 1.7x on the digits CNN's inference
+            // (137k vs 237k samples/s at batch 256): one vectorised scan for NaN picks the
+            // plain comparison for planes without any, which gives the same result there.
+            return if has_nan(plane) {
+                max_pool_plane_inside::<true, ARG>(plane, g, o, a)
+            } else {
+                max_pool_plane_inside::<false, ARG>(plane, g, o, a)
+            };
+        }
+        for oy in 0..oh {
+            for ox in 0..ow {
+                let mut best = f32::NEG_INFINITY;
+                let mut bi = -1i64;
+                for ky in 0..k.h {
+                    let iy = (oy * s.h + ky * d.h) as isize - pd.h as isize;
+                    if iy < 0 || iy >= h as isize {
+                        continue;
+                    }
+                    for kx in 0..k.w {
+                        let ix = (ox * s.w + kx * d.w) as isize - pd.w as isize;
+                        if ix < 0 || ix >= w as isize {
                             continue;
                         }
-                        for kx in 0..k.w {
-                            let ix = (ox * s.w + kx * d.w) as isize - pd.w as isize;
-                            if ix < 0 || ix >= w as isize {
-                                continue;
-                            }
-                            let idx = iy as usize * w + ix as usize;
-                            if bi < 0 || pool_max_replaces(best, plane[idx]) {
-                                best = plane[idx];
-                                bi = idx as i64;
-                            }
+                        let idx = iy as usize * w + ix as usize;
+                        if bi < 0 || pool_max_replaces(best, plane[idx]) {
+                            best = plane[idx];
+                            bi = idx as i64;
                         }
                     }
-                    o[oy * ow + ox] = best;
+                }
+                o[oy * ow + ox] = best;
+                if ARG {
                     a[oy * ow + ox] = bi;
                 }
             }
-        });
-    (out, arg)
+        }
+    };
+    let min_len = (4096 / (h * w).max(1)).max(1);
+    let planes = out.par_chunks_mut(oh * ow);
+    if ARG {
+        planes
+            .zip(arg.par_chunks_mut(oh * ow))
+            .with_min_len(min_len)
+            .enumerate()
+            .for_each(|(pi, (o, a))| plane_task(pi, o, a));
+    } else {
+        planes
+            .with_min_len(min_len)
+            .enumerate()
+            .for_each(|(pi, o)| plane_task(pi, o, &mut []));
+    }
+    out
 }
 
 /// Whether `v` holds a NaN: 16 lanes at a time without an early exit, so it vectorises (an
@@ -749,8 +772,9 @@ fn has_nan(v: &[f32]) -> bool {
 
 /// One plane of [`max_pool2d`] when every window is inside it (the same scan order and
 /// comparison as the general loop: the first element, then any strictly greater one or NaN;
-/// `NAN` false: the plane holds no NaN, so a plain `>` decides the same).
-fn max_pool_plane_inside<const NAN: bool>(
+/// `NAN` false: the plane holds no NaN, so a plain `>` decides the same). `ARG`: record each
+/// output's argmax in `a`.
+fn max_pool_plane_inside<const NAN: bool, const ARG: bool>(
     plane: &[f32],
     g: &PoolGeom,
     o: &mut [f32],
@@ -771,7 +795,9 @@ fn max_pool_plane_inside<const NAN: bool>(
                 }
             }
             o[oy * g.ow + ox] = best;
-            a[oy * g.ow + ox] = bi as i64;
+            if ARG {
+                a[oy * g.ow + ox] = bi as i64;
+            }
         }
     }
 }
@@ -874,4 +900,52 @@ pub fn avg_pool2d_backward(dy: &[f32], g: &PoolGeom) -> Vec<f32> {
             }
         });
     dx
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::Pool2dParams;
+    use sinter_types::pool_out_size;
+
+    /// The inference form gives the training form's values on every route: windows inside
+    /// the plane (planes with and without NaN) and the general loop (padding, dilation, ceil
+    /// mode).
+    #[test]
+    fn values_only_max_pool_equals_the_one_with_argmax() {
+        let params = [
+            Pool2dParams::square(2, 2, 0),
+            Pool2dParams {
+                ceil_mode: true,
+                dilation: Hw::new(1, 2),
+                ..Pool2dParams::square(3, 2, 1)
+            },
+        ];
+        let (h, w) = (7, 9);
+        let mut x: Vec<f32> = (0..3 * h * w)
+            .map(|i| ((i * 37 % 101) as f32 - 50.0) * 0.1)
+            .collect();
+        x[h * w + 10] = f32::NAN;
+        for p in params {
+            let out = |i, k: usize, s, pd, d| pool_out_size(i, k, s, pd, d, p.ceil_mode).unwrap();
+            let (k, s, pd, d) = (p.kernel, p.stride, p.padding, p.dilation);
+            let g = PoolGeom {
+                n: 1,
+                c: 3,
+                h,
+                w,
+                oh: out(h, k.h, s.h, pd.h, d.h),
+                ow: out(w, k.w, s.w, pd.w, d.w),
+                p,
+            };
+            let (want, _) = max_pool2d(&x, &g);
+            let got = max_pool2d_values(&x, &g);
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&got), bits(&want), "{p:?}");
+            assert!(
+                got.iter().any(|v| v.is_nan()),
+                "the NaN plane reaches the output"
+            );
+        }
+    }
 }

@@ -63,12 +63,18 @@ pub(crate) fn dequantize_row(
     activate(activation, out);
 }
 
-/// Requantizes y (in place in `y`) into `out` with `q`.
+/// Requantizes y into `out` with `q`: the arithmetic of `quant::quantize_rows_static` (so a
+/// chain that requantizes here gives the bytes the next layer's quantizer would), NaN → 0.
 #[inline(always)]
 pub(crate) fn requantize_row(y: &[f32], q: QParams, out: &mut [u8]) {
     let (inv, zp) = (1.0 / q.scale, q.zero_point as f32);
     for (o, &v) in out.iter_mut().zip(y) {
-        *o = (v * inv + zp).round_ties_even().clamp(0.0, 255.0) as u8;
+        // q + 2²³ holds q in its low mantissa byte: a truncating u32 → u8 per lane, which
+        // vectorises (a saturating `f32 as u8` does not). max then min, not clamp: NaN
+        // becomes 0, where clamp would keep it and its payload's low byte would leak through.
+        #[allow(clippy::manual_clamp)]
+        let r = (v * inv + zp).round_ties_even().max(0.0).min(255.0) + 8_388_608.0;
+        *o = r.to_bits() as u8;
     }
 }
 
@@ -78,7 +84,10 @@ pub(crate) fn requantize_row(y: &[f32], q: QParams, out: &mut [u8]) {
 pub(crate) fn activate(activation: Activation, v: &mut [f32]) {
     match activation {
         Activation::None => {}
-        Activation::Relu => v.iter_mut().for_each(|x| *x = x.max(0.0)),
+        // PyTorch's relu (and the f32 path's): negatives to 0, NaN and -0.0 kept.
+        Activation::Relu => v
+            .iter_mut()
+            .for_each(|x| *x = if *x < 0.0 { 0.0 } else { *x }),
         Activation::GeluTanh => unary_in_place(Unary::GeluTanh, v),
         Activation::GeluErf => unary_in_place(Unary::GeluErf, v),
     }
@@ -116,5 +125,45 @@ mod tests {
             &mut q,
         );
         assert_eq!(q, [14, 2]);
+    }
+
+    #[test]
+    fn relu_keeps_nan_and_negative_zero_like_the_f32_path() {
+        let mut v = [f32::NAN, -1.5, -0.0, 2.0, f32::NEG_INFINITY];
+        activate(Activation::Relu, &mut v);
+        assert!(
+            v[0].is_nan(),
+            "NaN must propagate through ReLU, got {}",
+            v[0]
+        );
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&v[1..]), bits(&[0.0, -0.0, 2.0, 0.0]));
+    }
+
+    /// The epilogue's requantization is the static quantizer's, byte for byte (a u8 chain of
+    /// layers relies on it), including ties, clamping at both ends and NaN.
+    #[test]
+    fn requantize_equals_the_static_quantizer() {
+        let q = QParams {
+            scale: 0.037,
+            zero_point: 17,
+        };
+        let mut y: Vec<f32> = (-4000..4000).map(|i| i as f32 * 0.00371).collect();
+        // Exact ties of v·(1/s) + z, huge values, infinities and NaN.
+        y.extend((0..40).map(|i| (i as f32 + 0.5 - 17.0) * q.scale));
+        y.extend([
+            1e30,
+            -1e30,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            f32::NAN,
+            -0.0,
+        ]);
+        let mut got = vec![0u8; y.len()];
+        requantize_row(&y, q, &mut got);
+        let mut want = vec![0u8; y.len()];
+        super::super::quantize_rows_static(&y, 1, y.len(), y.len(), q, &mut want, y.len());
+        assert_eq!(got, want);
+        assert_eq!(got[got.len() - 2], 0, "NaN requantizes to 0");
     }
 }

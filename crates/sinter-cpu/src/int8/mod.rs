@@ -9,6 +9,7 @@
 //! - [`pack`]: the weight layout the kernels stream.
 //! - `kernel*`: the micro-kernels; every one returns the same exact i32 accumulators.
 //! - [`gemm`]: blocks, threads and tiles; [`epilogue`]: what becomes of the accumulators.
+//! - [`pool`]: max pooling of channels-last u8 (and f32) images between chained int8 layers.
 
 pub mod epilogue;
 pub mod gemm;
@@ -19,6 +20,7 @@ mod kernel_avx256;
 mod kernel_avx512;
 pub mod pack;
 pub mod path;
+pub mod pool;
 pub mod quant;
 
 pub use epilogue::{ActQuant, Activation, Epilogue};

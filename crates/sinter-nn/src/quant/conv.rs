@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex};
 use rayon::prelude::*;
 use sinter_core::backend::ConvGeom;
 use sinter_core::{bail, Conv2dParams, Device, Result, Tensor};
-use sinter_cpu::im2col::{gather_u8_rows, Window};
+use sinter_cpu::im2col::{gather_u8_pixels, gather_u8_rows, Window};
 use sinter_cpu::int8::{
     gemm, quantize_rows_static, ActQuant, Activation, Activations, Epilogue, Int8Path, Output,
     PackedWeights, QParams,
@@ -39,9 +39,9 @@ pub struct QuantizedConv2d {
 
 /// One convolution's sizes: input channels and each plane's window.
 #[derive(Clone, Copy)]
-struct Geom {
-    c: usize,
-    win: Window,
+pub(crate) struct Geom {
+    pub c: usize,
+    pub win: Window,
 }
 
 /// Bytes of column matrix per GEMM: the images of a batch are cut into chunks about this
@@ -94,7 +94,14 @@ impl QuantizedConv2d {
                         weight.n()
                     );
                 }
-                Some(host_vec(b)?)
+                let v = host_vec(b)?;
+                if let Some(j) = v.iter().position(|b| !b.is_finite()) {
+                    bail!(
+                        "QuantizedConv2d: bias[{j}] is {}; a bias must be finite",
+                        v[j]
+                    );
+                }
+                Some(v)
             }
             None => None,
         };
@@ -146,8 +153,7 @@ impl QuantizedConv2d {
     }
 
     fn geometry(&self, x: &Tensor) -> Result<(usize, Geom)> {
-        let s = self.weight.shape();
-        let (c, kh, kw) = (s[1], s[2], s[3]);
+        let c = self.weight.shape()[1];
         let [n, xc, h, w] = x.shape() else {
             bail!(
                 "QuantizedConv2d: expected input [n, {c}, h, w], got {:?}",
@@ -160,25 +166,29 @@ impl QuantizedConv2d {
                 x.shape()
             );
         }
+        Ok((*n, self.geometry_of(*h, *w)?))
+    }
+
+    /// The window of an h×w input.
+    pub(crate) fn geometry_of(&self, h: usize, w: usize) -> Result<Geom> {
+        let s = self.weight.shape();
+        let (c, kh, kw) = (s[1], s[2], s[3]);
         let p = self.params;
-        match ConvGeom::out_hw(*h, *w, kh, kw, &p) {
-            Some((oh, ow)) => Ok((
-                *n,
-                Geom {
-                    c,
-                    win: Window {
-                        h: *h,
-                        w: *w,
-                        kh,
-                        kw,
-                        oh,
-                        ow,
-                        stride: (p.stride.h, p.stride.w),
-                        padding: (p.padding.h, p.padding.w),
-                        dilation: (p.dilation.h, p.dilation.w),
-                    },
+        match ConvGeom::out_hw(h, w, kh, kw, &p) {
+            Some((oh, ow)) => Ok(Geom {
+                c,
+                win: Window {
+                    h,
+                    w,
+                    kh,
+                    kw,
+                    oh,
+                    ow,
+                    stride: (p.stride.h, p.stride.w),
+                    padding: (p.padding.h, p.padding.w),
+                    dilation: (p.dilation.h, p.dilation.w),
                 },
-            )),
+            }),
             None => bail!(
                 "QuantizedConv2d: a {kh}×{kw} kernel with dilation {} does not fit a {h}×{w} \
                  input with padding {}",
@@ -204,6 +214,29 @@ impl QuantizedConv2d {
     pub fn forward_with(&self, x: &Tensor, activation: Activation) -> Result<Tensor> {
         let (n, g) = self.geometry(x)?;
         let xs = cpu_input(x, "QuantizedConv2d")?;
+        refuse_nan(&xs, "QuantizedConv2d")?;
+        let (o, win) = (self.weight.n(), g.win);
+        let mut y = vec![0f32; n * o * win.l()];
+        self.run(
+            n,
+            g,
+            ConvIn::F32Planes(&xs),
+            activation,
+            ConvOut::F32Planes(&mut y),
+        );
+        Tensor::from_vec(y, &[n, o, win.oh, win.ow], Device::Cpu)
+    }
+
+    /// activation(conv(x) + b) for `n` images of geometry `g`, from `input` into `out` (sized by
+    /// the caller): im2col into u8 rows, images side by side, one GEMM per chunk of images.
+    pub(crate) fn run(
+        &self,
+        n: usize,
+        g: Geom,
+        input: ConvIn<'_>,
+        activation: Activation,
+        mut out: ConvOut<'_>,
+    ) {
         let win = g.win;
         let (img, l, o) = (g.c * win.h * win.w, win.l(), self.weight.n());
         let kp = self.taps_major.k_padded();
@@ -216,19 +249,48 @@ impl QuantizedConv2d {
         let quantize = |src: &[f32], dst: &mut [u8]| {
             quantize_rows_static(src, 1, src.len(), src.len(), self.input, dst, dst.len())
         };
-        let mut y = vec![0f32; n * o * l];
+        let pad = self.input.quantize(0.0);
         let per = (COL_BUDGET / (l * kp).max(1)).clamp(1, n.max(1));
         let mut col = vec![0u8; per.min(n) * l * kp];
-        for (xc, yc) in xs.chunks(per * img.max(1)).zip(y.chunks_mut(per * o * l)) {
-            let imgs = yc.len() / (o * l).max(1);
+        // A few images per task: each task gathers into its own small buffers.
+        let task = per.min(n).div_ceil(4 * rayon::current_num_threads()).max(1);
+        for first in (0..n).step_by(per) {
+            let imgs = per.min(n - first);
             let col = &mut col[..imgs * l * kp];
-            // A few images per task: each task quantizes into its own small buffers.
-            let task = imgs.div_ceil(4 * rayon::current_num_threads()).max(1);
-            col.par_chunks_mut((task * l * kp).max(1))
-                .zip(xc.par_chunks((task * img).max(1)))
-                .for_each(|(rows, images)| {
-                    gather_u8_rows(images, &win, g.c, &table, quantize, rows, kp)
-                });
+            let (rows, x) = (
+                col.par_chunks_mut((task * l * kp).max(1)),
+                first * img..(first + imgs) * img,
+            );
+            match input {
+                ConvIn::F32Planes(xs) => {
+                    rows.zip(xs[x].par_chunks((task * img).max(1)))
+                        .for_each(|(rows, images)| {
+                            gather_u8_rows(images, &win, g.c, &table, quantize, rows, kp)
+                        })
+                }
+                ConvIn::U8Pixels(xs) => {
+                    rows.zip(xs[x].par_chunks((task * img).max(1)))
+                        .for_each(|(rows, images)| {
+                            gather_u8_pixels(images, &win, g.c, &table, pad, rows, kp)
+                        })
+                }
+            }
+            let y = first * o * l..(first + imgs) * o * l;
+            let sink = match &mut out {
+                ConvOut::F32Planes(d) => Output::F32Planes {
+                    data: &mut d[y],
+                    plane: l,
+                },
+                ConvOut::F32Pixels(d) => Output::F32 {
+                    data: &mut d[y],
+                    stride: o,
+                },
+                ConvOut::U8Pixels(d, quant) => Output::U8 {
+                    data: &mut d[y],
+                    stride: o,
+                    quant: *quant,
+                },
+            };
             gemm(
                 Int8Path::get(),
                 &Activations {
@@ -239,11 +301,38 @@ impl QuantizedConv2d {
                 },
                 &self.taps_major,
                 &epilogue,
-                Output::F32Planes { data: yc, plane: l },
+                sink,
             );
         }
-        Tensor::from_vec(y, &[n, o, win.oh, win.ow], Device::Cpu)
     }
+}
+
+/// A convolution's input: f32 NCHW planes (quantized with the layer's input mapping on the
+/// way), or u8 channels-last pixels already in that mapping (a previous int8 layer's output).
+#[derive(Clone, Copy)]
+pub(crate) enum ConvIn<'a> {
+    F32Planes(&'a [f32]),
+    U8Pixels(&'a [u8]),
+}
+
+/// Where a convolution writes: f32 NCHW planes, f32 channels-last pixels, or u8 channels-last
+/// pixels requantized with the given mapping (the next layer's input mapping).
+pub(crate) enum ConvOut<'a> {
+    F32Planes(&'a mut [f32]),
+    F32Pixels(&'a mut [f32]),
+    U8Pixels(&'a mut [u8], QParams),
+}
+
+/// An int8 layer cannot carry NaN (its u8 activations have none, and a static mapping would
+/// turn it into an ordinary number): refused, where the f32 layer would propagate it.
+/// Infinities saturate like any value outside the calibrated range.
+pub(crate) fn refuse_nan(x: &[f32], layer: &str) -> Result<()> {
+    let (lo, hi) = sinter_cpu::int8::quant::min_max(x);
+    if lo.is_nan() || hi.is_nan() {
+        let at = x.iter().position(|v| v.is_nan()).unwrap_or(0);
+        bail!("{layer}: the input holds NaN (first at flat index {at}); int8 activations cannot represent NaN, so the quantized model refuses it. Check the input, or run the f32 model to see where NaN arises");
+    }
+    Ok(())
 }
 
 /// The [out, c, kh, kw] int8 weight packed as [out, kh, kw, c].
