@@ -39,16 +39,13 @@ pub struct GptModel {
 }
 
 impl GptModel {
-    /// Serves `gpt` with up to `context` tokens per sequence. Its weights are packed for the
-    /// CPU decode step once here (`Gpt::pack_weights`): a server never trains them.
-    pub fn new(gpt: Gpt, context: usize) -> Result<GptModel> {
+    pub fn new(gpt: Gpt, context: usize) -> GptModel {
         let context = context.clamp(1, gpt.config.block_size);
-        gpt.pack_weights()?;
-        Ok(GptModel {
+        GptModel {
             gpt,
             context,
             policy: ContextPolicy::Shift,
-        })
+        }
     }
 }
 

@@ -2,9 +2,8 @@
 //! buffers instead of ~25 tensor ops per layer.
 //!
 //! A step takes rows — each one token at one absolute position of one sequence — and runs
-//! every block on all of them at once: the weights are read in place (`Tensor::host_f32`)
-//! or, after `Gpt::pack_weights` (the server), from copies packed once for the GEMM's
-//! micro-kernels; each projection is one GEMM with its bias (and GELU) in its epilogue, the
+//! every block on all of them at once: the weights are read in place (`Tensor::host_f32`),
+//! each projection is one GEMM with its bias (and GELU) in the GEMM's epilogue, the
 //! residual adds are the GEMMs' β = 1 accumulation into the residual stream, LayerNorm
 //! writes into a scratch buffer kept between steps, and attention appends each row's keys
 //! and values into its sequence's KV cache in place and attends over the cache up to the
@@ -23,7 +22,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use sinter_core::{bail, DType, Device, HostF32, Result, Tensor};
-use sinter_cpu::gemm::{kernel_shape, Gemm, MatMut, MatRef, PackedB};
+use sinter_cpu::gemm::{Gemm, MatMut, MatRef};
 use sinter_cpu::math::cached_attention::{attend_row, CachedHead};
 use sinter_cpu::math::layer_norm::layer_norm_rows;
 use sinter_cpu::math::Activation;
@@ -49,91 +48,6 @@ pub(crate) struct StepRow {
 #[derive(Default)]
 pub(crate) struct Scratch {
     parts: [Buffers; 2],
-    /// The weights packed for the GEMMs (`Gpt::pack_weights`), while they match the model.
-    packed: Option<PackedWeights>,
-}
-
-/// The f32 weights of the projections and of the tied head, packed once for the GEMM's
-/// micro-kernels, so that a product packs only the step's rows. Read in place, a weight goes
-/// through the dot form, which is slower from a few rows on (one thread, Zen 5, gpt-tiny's
-/// 128×384 projection: 1 row 1.67 → 1.22 µs, 8 rows 5.99 → 4.50, 12 rows 8.81 → 4.58,
-/// 32 rows 19.2 → 13.3).
-pub(crate) struct PackedWeights {
-    /// Per block: qkv, proj, fc, fc2 (None: an int8 layer).
-    blocks: Vec<[Option<PackedB>; 4]>,
-    head: Option<PackedB>,
-    isa: Isa,
-    /// The packed weights as they were (`Fingerprint`), in `HostModel::f32_weights` order.
-    prints: Vec<Fingerprint>,
-}
-
-/// A weight's address, length and a few of its values: when one differs at a step, the
-/// weights were replaced or trained (an optimizer step moves every value) since they were
-/// packed, and the packs are dropped.
-#[derive(Clone, Copy, PartialEq, Eq)]
-struct Fingerprint {
-    at: usize,
-    len: usize,
-    sample: [u32; 8],
-}
-
-impl Fingerprint {
-    fn of(w: &[f32]) -> Fingerprint {
-        let mut sample = [0; 8];
-        if !w.is_empty() {
-            for (i, v) in sample.iter_mut().enumerate() {
-                *v = w[(2 * i + 1) * w.len() / 16].to_bits();
-            }
-        }
-        Fingerprint {
-            at: w.as_ptr() as usize,
-            len: w.len(),
-            sample,
-        }
-    }
-}
-
-impl PackedWeights {
-    fn of(m: &HostModel) -> Result<PackedWeights> {
-        let isa = m.isa;
-        let blocks = (m.blocks.iter())
-            .map(|b| {
-                let [q, p, f, f2] = [&b.qkv, &b.proj, &b.fc, &b.fc2].map(|l| l.pack(isa));
-                Ok([q?, p?, f?, f2?])
-            })
-            .collect::<Result<Vec<_>>>()?;
-        let head = match &m.wte {
-            Table::F32(w) => Some(pack(isa, w, m.c, m.vocab)?),
-            Table::Int8(_) => None,
-        };
-        Ok(PackedWeights {
-            blocks,
-            head,
-            isa,
-            prints: m.f32_weights().map(Fingerprint::of).collect(),
-        })
-    }
-
-    /// Whether these packs are `m`'s weights as they are now.
-    fn matches(&self, m: &HostModel) -> bool {
-        self.isa == m.isa
-            && self.blocks.len() == m.blocks.len()
-            && m.f32_weights()
-                .map(Fingerprint::of)
-                .eq(self.prints.iter().copied())
-    }
-}
-
-/// W [out, inp] row-major packed as the B operand (Wᵀ, inp × out) of x Wᵀ.
-fn pack(isa: Isa, w: &[f32], inp: usize, out: usize) -> Result<PackedB> {
-    let wt = MatRef {
-        data: w,
-        offset: 0,
-        rs: 1,
-        cs: inp as isize,
-    };
-    PackedB::new_isa(isa, wt, inp, out)
-        .map_err(|e| sinter_core::Error::Msg(format!("gpt: packing a weight: {e}")))
 }
 
 #[derive(Default)]
@@ -166,34 +80,6 @@ impl Buffers {
 /// with fewer, a part is too small to pay for the fork; gpt-tiny, 16 sequences: 157 µs per
 /// step, 4.9× the tokens/s of one sequence's 48 µs).
 const SPLIT_ROWS: usize = 8;
-
-/// Where the first part of a split step of `rows` rows ends: the middle, or with packed
-/// weights the point where the slower part's products cost least (`rows_cost`): 16 rows
-/// split 12 + 4, one tile each and the 4 in place, not 8 + 8, two tiles. On a tie the first
-/// part (this thread's) is the larger: if the other thread is late to take the second,
-/// less is left to wait for.
-fn split_point(isa: Isa, rows: usize, packed: bool) -> usize {
-    let half = rows / 2;
-    if !packed {
-        return half;
-    }
-    (1..rows)
-        .min_by_key(|&m| {
-            let (a, b) = (rows_cost(isa, m), rows_cost(isa, rows - m));
-            (a.max(b), a + b, m.abs_diff(half), std::cmp::Reverse(m))
-        })
-        .unwrap_or(half)
-}
-
-/// The cost of a product over `rows` rows with a packed weight, in rough units from the
-/// timings at `packed_rows`: a packed tile 3, four rows in place 2, one row 1.
-fn rows_cost(isa: Isa, rows: usize) -> usize {
-    if rows <= 1 {
-        return rows;
-    }
-    let p = packed_rows(isa, rows);
-    p.div_ceil(kernel_shape(isa).1) * 3 + (rows - p).div_ceil(DOT_ROWS) * 2
-}
 
 /// How the second part of a split step waits for the first: the number of layers whose
 /// keys and values the first part has appended (`usize::MAX` once it has stopped, however).
@@ -282,17 +168,8 @@ impl<'a> Proj<'a> {
         })
     }
 
-    /// Its f32 weight packed (None for an int8 layer).
-    fn pack(&self, isa: Isa) -> Result<Option<PackedB>> {
-        match self {
-            Proj::F32 { w, inp, out, .. } => Ok(Some(pack(isa, w, *inp, *out)?)),
-            Proj::Int8(_) => Ok(None),
-        }
-    }
-
     /// y = act(x Wᵀ + b) for `rows` rows of x, or y += x Wᵀ + b with `accumulate` (the
-    /// residual add); with W's packed form when given.
-    #[allow(clippy::too_many_arguments)]
+    /// residual add).
     fn apply(
         &self,
         isa: Isa,
@@ -301,15 +178,10 @@ impl<'a> Proj<'a> {
         y: &mut [f32],
         act: Activation,
         accumulate: bool,
-        packed: Option<&PackedB>,
     ) -> Result<()> {
         match self {
             Proj::F32 { w, b, inp, out } => {
                 let geom = (rows, *inp, *out);
-                let w = match packed {
-                    Some(p) => Weight::Packed(p, w),
-                    None => Weight::InPlace(w),
-                };
                 xwt(isa, x, w, b.as_deref(), geom, act, accumulate, y)
             }
             Proj::Int8(q) => int8_apply(q.as_ref(), x, rows, act, accumulate, y),
@@ -320,41 +192,13 @@ impl<'a> Proj<'a> {
 /// A weight up to this size stays in the core's cache between chunks of a step (`xwt`).
 const CACHED_WEIGHT_BYTES: usize = 1 << 20;
 
-/// The W of a product x Wᵀ: [out, inp] row-major read in place, or also packed ahead.
-#[derive(Clone, Copy)]
-enum Weight<'w> {
-    InPlace(&'w [f32]),
-    Packed(&'w PackedB, &'w [f32]),
-}
-
-/// Rows that the dot form over a weight in place takes four at a time (sinter-cpu's gemv).
-const DOT_ROWS: usize = 4;
-
-/// How many of a product's rows go through the packed weight (the rest read it in place):
-/// the packed kernel's tile of rows costs the same for 2 or 12 rows, so a tail of up to
-/// `DOT_ROWS` rows beyond whole tiles takes the dot form instead; one row takes the packed
-/// matrix × vector form. gpt-tiny 128×384 on AVX-512, one thread, µs in place / packed:
-/// 1 row 1.68 / 1.22, 4 rows 3.24 / 4.42, 8 rows 6.08 / 4.50, 16 rows 11.7 / 8.8 (12 packed
-/// + 4 in place: 7.7).
-fn packed_rows(isa: Isa, rows: usize) -> usize {
-    if rows == 1 {
-        return 1;
-    }
-    let tail = rows % kernel_shape(isa).1;
-    if (1..=DOT_ROWS).contains(&tail) {
-        rows - tail
-    } else {
-        rows
-    }
-}
-
-/// y = act(x Wᵀ + b) (or y += x Wᵀ + b with `accumulate`) for x [rows, inp], on this
-/// thread.
+/// y = act(x Wᵀ + b) (or y += x Wᵀ + b with `accumulate`) for x [rows, inp] and W
+/// [out, inp] row-major, on this thread.
 #[allow(clippy::too_many_arguments)]
 fn xwt(
     isa: Isa,
     x: &[f32],
-    w: Weight,
+    w: &[f32],
     b: Option<&[f32]>,
     (rows, inp, out): (usize, usize, usize),
     act: Activation,
@@ -372,21 +216,6 @@ fn xwt(
     if let Some(b) = b {
         g = g.bias(b);
     }
-    let failed = |e| sinter_core::Error::Msg(format!("gpt step: {e}"));
-    let (w, mut r0) = match w {
-        Weight::Packed(p, w) => {
-            let n = packed_rows(isa, rows);
-            if n > 0 {
-                let xs = MatRef::row_major(&x[..n * inp], inp);
-                let ys = MatMut::row_major(&mut y[..n * out], out);
-                Gemm { m: n, ..g }
-                    .run_packed(xs, p, ys, None)
-                    .map_err(failed)?;
-            }
-            (w, n)
-        }
-        Weight::InPlace(w) => (w, 0),
-    };
     let wt = MatRef {
         data: w,
         offset: 0,
@@ -403,6 +232,7 @@ fn xwt(
     } else {
         rows
     };
+    let mut r0 = 0;
     while r0 < rows {
         let n = chunk.min(rows - r0);
         let xs = MatRef::row_major(&x[r0 * inp..(r0 + n) * inp], inp);
@@ -412,7 +242,7 @@ fn xwt(
             wt,
             MatMut::row_major(&mut y[r0 * out..(r0 + n) * out], out),
         )
-        .map_err(failed)?;
+        .map_err(|e| sinter_core::Error::Msg(format!("gpt step: {e}")))?;
         r0 += n;
     }
     Ok(())
@@ -481,14 +311,8 @@ impl<'a> Table<'a> {
         }
     }
 
-    /// The tied head: logits [rows, vocab] = h Tᵀ (with T's packed form when given).
-    fn head(
-        &self,
-        isa: Isa,
-        h: &[f32],
-        geom: (usize, usize, usize),
-        packed: Option<&PackedB>,
-    ) -> Result<Vec<f32>> {
+    /// The tied head: logits [rows, vocab] = h Tᵀ.
+    fn head(&self, isa: Isa, h: &[f32], geom: (usize, usize, usize)) -> Result<Vec<f32>> {
         let (rows, c, vocab) = geom;
         let mut logits = vec![0f32; rows * vocab];
         if rows == 0 {
@@ -496,10 +320,7 @@ impl<'a> Table<'a> {
         }
         let h = &h[..rows * c];
         match self {
-            Table::F32(w) => {
-                let w = packed.map_or(Weight::InPlace(w), |p| Weight::Packed(p, w));
-                xwt(isa, h, w, None, geom, Activation::None, false, &mut logits)?
-            }
+            Table::F32(w) => xwt(isa, h, w, None, geom, Activation::None, false, &mut logits)?,
             Table::Int8(q) => {
                 int8_apply(q.as_ref(), h, rows, Activation::None, false, &mut logits)?
             }
@@ -599,24 +420,6 @@ impl Gpt {
             isa: Isa::get(),
         })
     }
-
-    /// Packs the f32 weights of the projections and of the tied head for the host step's
-    /// GEMMs (see `PackedWeights`); later steps and prefills use the packs. For inference:
-    /// a step that finds the weights replaced or trained since drops the packs and reads the
-    /// weights in place again, but an edit of a few values in place goes unseen, so call this
-    /// again after one. The packs take as much memory as the weights. Returns false (nothing
-    /// packed) where the host step does not run (CUDA, half precision, calibration).
-    pub fn pack_weights(&self) -> Result<bool> {
-        let Some(m) = self.host_model() else {
-            return Ok(false);
-        };
-        let packed = PackedWeights::of(&m)?;
-        self.scratch
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .packed = Some(packed);
-        Ok(true)
-    }
 }
 
 /// Whether a cache's buffers can be written by the host step: f32 on the CPU, contiguous,
@@ -637,23 +440,6 @@ pub(crate) fn host_cache(cache: &KvCache, heads: usize, head_dim: usize) -> bool
 }
 
 impl HostModel<'_> {
-    /// The f32 weights that `PackedWeights` packs, in a fixed order.
-    fn f32_weights(&self) -> impl Iterator<Item = &[f32]> {
-        let projs = self
-            .blocks
-            .iter()
-            .flat_map(|b| [&b.qkv, &b.proj, &b.fc, &b.fc2]);
-        let head = match &self.wte {
-            Table::F32(w) => Some(&w[..]),
-            Table::Int8(_) => None,
-        };
-        (projs.filter_map(|p| match p {
-            Proj::F32 { w, .. } => Some(&w[..]),
-            Proj::Int8(_) => None,
-        }))
-        .chain(head)
-    }
-
     /// Runs the rows through every block, appending their keys and values to their caches
     /// (the caller then counts the positions as cached), and returns the logits of the rows
     /// listed in `logit_rows` (ascending), [logit_rows.len(), vocab] row-major.
@@ -672,18 +458,11 @@ impl HostModel<'_> {
         s: &mut Scratch,
     ) -> Result<Vec<f32>> {
         debug_assert!(logit_rows.windows(2).all(|w| w[0] < w[1]));
-        let Scratch {
-            parts: [a, b],
-            packed,
-        } = s;
-        if packed.as_ref().is_some_and(|p| !p.matches(self)) {
-            *packed = None;
-        }
-        let packed = packed.as_ref();
+        let mid = rows.len() / 2;
+        let [a, b] = &mut s.parts;
         if rows.len() < SPLIT_ROWS || rayon::current_num_threads() < 2 {
-            return self.part(rows, caches, logit_rows, a, packed, Role::Whole);
+            return self.part(rows, caches, logit_rows, a, Role::Whole);
         }
-        let mid = split_point(self.isa, rows.len(), packed.is_some());
         let (ra, rb) = rows.split_at(mid);
         let split = logit_rows.partition_point(|&r| r < mid);
         let la = &logit_rows[..split];
@@ -692,7 +471,7 @@ impl HostModel<'_> {
         let (first, second) = rayon::join(
             || {
                 let _stopped = Stopped(&progress);
-                self.part(ra, caches, la, a, packed, Role::First(&progress))
+                self.part(ra, caches, la, a, Role::First(&progress))
             },
             || {
                 let role = if ra.last().map(|w| w.seq) == rb.first().map(|w| w.seq) {
@@ -700,7 +479,7 @@ impl HostModel<'_> {
                 } else {
                     Role::Whole
                 };
-                self.part(rb, caches, &lb, b, packed, role)
+                self.part(rb, caches, &lb, b, role)
             },
         );
         let mut logits = first?;
@@ -715,7 +494,6 @@ impl HostModel<'_> {
         caches: &[&mut KvCache],
         logit_rows: &[usize],
         s: &mut Buffers,
-        packed: Option<&PackedWeights>,
         role: Role,
     ) -> Result<Vec<f32>> {
         let (r, c, isa) = (rows.len(), self.c, self.isa);
@@ -734,12 +512,8 @@ impl HostModel<'_> {
         } = s;
         let mut st = Stats { mean, rstd };
         for (l, b) in self.blocks.iter().enumerate() {
-            let [pq, pp, pf, pf2] = match packed {
-                Some(p) => p.blocks[l].each_ref().map(Option::as_ref),
-                None => [None; 4],
-            };
             b.ln1.apply(isa, x, r, h, &mut st);
-            b.qkv.apply(isa, h, r, qkv, Activation::None, false, pq)?;
+            b.qkv.apply(isa, h, r, qkv, Activation::None, false)?;
             if let Role::Second(progress) = role {
                 progress.wait_for(l);
             }
@@ -747,18 +521,12 @@ impl HostModel<'_> {
             if let Role::First(progress) = role {
                 progress.0.store(l + 1, Ordering::Release);
             }
-            b.proj.apply(isa, y, r, x, Activation::None, true, pp)?;
+            b.proj.apply(isa, y, r, x, Activation::None, true)?;
             b.ln2.apply(isa, x, r, h, &mut st);
-            b.fc.apply(isa, h, r, f, Activation::GeluTanh, false, pf)?;
-            b.fc2.apply(isa, f, r, x, Activation::None, true, pf2)?;
+            b.fc.apply(isa, h, r, f, Activation::GeluTanh, false)?;
+            b.fc2.apply(isa, f, r, x, Activation::None, true)?;
         }
-        self.head(
-            x,
-            logit_rows,
-            h,
-            &mut st,
-            packed.and_then(|p| p.head.as_ref()),
-        )
+        self.head(x, logit_rows, h, &mut st)
     }
 
     /// x[i] = wte[token] + wpe[pos] per row.
@@ -842,21 +610,14 @@ impl HostModel<'_> {
     }
 
     /// The final LayerNorm and the tied head on the listed rows of x.
-    fn head(
-        &self,
-        x: &[f32],
-        rows: &[usize],
-        h: &mut [f32],
-        st: &mut Stats,
-        packed: Option<&PackedB>,
-    ) -> Result<Vec<f32>> {
+    fn head(&self, x: &[f32], rows: &[usize], h: &mut [f32], st: &mut Stats) -> Result<Vec<f32>> {
         let (c, n) = (self.c, rows.len());
         let mut picked = Vec::with_capacity(n * c);
         for &r in rows {
             picked.extend_from_slice(&x[r * c..(r + 1) * c]);
         }
         self.ln_f.apply(self.isa, &picked, n, h, st);
-        let logits = self.wte.head(self.isa, h, (n, c, self.vocab), packed)?;
+        let logits = self.wte.head(self.isa, h, (n, c, self.vocab))?;
         Ok(logits)
     }
 }
