@@ -18,6 +18,7 @@ import os
 import platform
 import re
 import shlex
+import shutil
 import signal
 import statistics
 import subprocess
@@ -143,7 +144,12 @@ class Bench:
         self.args = args
         self.runner = Runner(args)
         self.work = os.path.join(args.out, "work")
-        os.makedirs(self.work, exist_ok=True)
+        # The prepared runs belong to one build of sinter: a second run into the same --out
+        # prepares them afresh (sinter train refuses an --out that already holds a run).
+        if os.path.isdir(self.work):
+            print(f"vs-torch: removing the previous run's prepared checkpoints in {shown(self.work)}", file=sys.stderr)
+            shutil.rmtree(self.work)
+        os.makedirs(self.work)
         self.prepared = {}  # name → directory
         self.prep_log = []  # {step, ok, seconds, error}
         self.facts = {}  # eval results etc.

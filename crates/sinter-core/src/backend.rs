@@ -264,6 +264,32 @@ impl IndexUse {
     }
 }
 
+/// The refusals of [`BackendStorage::where_cond`], the same words on every backend: the
+/// condition must be bool (a number is not read as non-zero here: the caller converts, as
+/// `Tensor::where_cond` makes its callers do) and a, b of one dtype (the caller promotes).
+pub fn check_where(cond: DType, a: DType, b: DType) -> Result<()> {
+    if cond != DType::Bool {
+        return Err(Error::Msg(format!(
+            "where: the condition must be bool, got {cond}; compare it first or convert it with to_dtype(DType::Bool) (non-zero is true)"
+        )));
+    }
+    if a != b {
+        return Err(Error::Msg(format!(
+            "where: the two value operands must have one dtype, got {a} and {b}; convert one first (Tensor::where_cond promotes them)"
+        )));
+    }
+    Ok(())
+}
+
+/// The dtype [`BackendStorage::reduce`] gives for `op` over `dtype`: i64 for an index and for
+/// the count of bools (PyTorch's `sum` of `torch.bool`), else the input's.
+pub fn reduced_dtype(op: ReduceOp, dtype: DType) -> DType {
+    match (op, dtype) {
+        (ReduceOp::ArgMax, _) | (ReduceOp::Sum, DType::Bool) => DType::I64,
+        _ => dtype,
+    }
+}
+
 /// Ok when every index is in 0..bound (or equals `ignore`), else an error naming the op, the
 /// first bad value and its position (the same words on every backend).
 pub fn check_indices(ids: &[i64], bound: usize, ignore: Option<i64>, what: IndexUse) -> Result<()> {
@@ -482,13 +508,16 @@ pub trait BackendStorage: Sized + Clone + Send + Sync + std::fmt::Debug {
     /// `DType::Bool`; i64 arithmetic wraps; two bools combine as `BinaryOp::apply_bool` says.
     fn binary(&self, l: &Layout, rhs: &Self, rl: &Layout, op: BinaryOp) -> Result<Self>;
     /// `self` is the (bool) condition: cond ? a : b, all layouts broadcast to the output shape,
-    /// a and b of one dtype (any tensor dtype), whose elements are moved unconverted.
+    /// a and b of one dtype (any tensor dtype), whose elements are moved unconverted. Another
+    /// condition dtype, or a and b of two dtypes, is an error ([`check_where`]).
     fn where_cond(&self, l: &Layout, a: &Self, al: &Layout, b: &Self, bl: &Layout) -> Result<Self>;
 
     // -- reductions ------------------------------------------------------------------------
 
-    /// Reduces dimension `dim` of `l` (kept as size 1). ArgMax gives i64; the others keep the
-    /// dtype. Only `Sum` accepts an empty dimension (giving zeros).
+    /// Reduces dimension `dim` of `l` (kept as size 1), into [`reduced_dtype`]: ArgMax gives
+    /// i64; bools reduce as PyTorch's do, read directly (`Sum` counts the true values into i64,
+    /// `Max` is any, `Min` all, `ArgMax` the first true); the others keep the dtype. Only `Sum`
+    /// accepts an empty dimension (giving zeros).
     fn reduce(&self, l: &Layout, dim: usize, op: ReduceOp) -> Result<Self>;
     /// Σ g² over every element of every part, accumulated as the backend accumulates (the CPU
     /// in f64), returned to the host.

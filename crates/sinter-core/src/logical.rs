@@ -60,7 +60,7 @@ impl Tensor {
     fn all_dims(&self) -> Vec<isize> {
         (0..self.rank() as isize).collect()
     }
-    /// The number of true values over `dims` (i64, exact).
+    /// The number of true values over `dims` (i64, exact; counted from the bools themselves).
     fn count_true(&self, dims: &[isize], keepdim: bool) -> Result<Tensor> {
         self.to_bool()?.sum(dims, keepdim)
     }

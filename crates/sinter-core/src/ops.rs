@@ -275,9 +275,6 @@ impl Tensor {
     /// Sum over `dims`; keeps them as size 1 when `keepdim`. A bool tensor sums as i64 (the
     /// count of true values), as in PyTorch.
     pub fn sum(&self, dims: &[isize], keepdim: bool) -> Result<Tensor> {
-        if self.dtype() == DType::Bool {
-            return self.to_dtype(DType::I64)?.sum(dims, keepdim);
-        }
         let ds = self.resolve_dims("sum", dims)?;
         let mut t = self.clone();
         for &d in &ds {
@@ -344,13 +341,6 @@ impl Tensor {
         self.extremum(dim, keepdim, ReduceOp::Min)
     }
     fn extremum(&self, dim: isize, keepdim: bool, op: ReduceOp) -> Result<Tensor> {
-        if self.dtype() == DType::Bool {
-            // Through i64 (false < true); backends reduce numbers, not bools.
-            return self
-                .to_dtype(DType::I64)?
-                .extremum(dim, keepdim, op)?
-                .to_dtype(DType::Bool);
-        }
         let d = resolve_dim("max", dim, self.rank())?;
         let (s, shape) = self.reduce_dim(d, op)?;
         let x = self.clone();
@@ -367,9 +357,6 @@ impl Tensor {
     }
     /// Index of the maximum along `dim` (i64).
     pub fn argmax(&self, dim: isize, keepdim: bool) -> Result<Tensor> {
-        if self.dtype() == DType::Bool {
-            return self.to_dtype(DType::I64)?.argmax(dim, keepdim);
-        }
         let d = resolve_dim("argmax", dim, self.rank())?;
         let (s, shape) = self.reduce_dim(d, ReduceOp::ArgMax)?;
         let t = Tensor::from_storage(s, &shape);

@@ -1,6 +1,6 @@
-// binary.cu — elementwise out = a (op) b and comparisons (0/1 in the input dtype), on contiguous
-// inputs and on strided/broadcast inputs (up to 6 dims, stride 0 = broadcast). Tensor comparisons
-// (bool outputs) and where (bool condition) are bool.cu's.
+// binary.cu — elementwise float arithmetic out = a (op) b, on contiguous inputs and on
+// strided/broadcast inputs (up to 6 dims, stride 0 = broadcast). Comparisons (bool outputs) and
+// where (bool condition) are bool.cu's.
 //
 // Reads:  a[n], b[n], through strides on the *_strided variants.
 // Writes: out[n], always contiguous (row-major over the broadcast shape).
@@ -10,7 +10,6 @@
 // "bias over rows" broadcast becomes a 2-dim problem.
 //
 //   <op>_<t>(const T* a, const T* b, T* out, i64 n)     op: add sub mul div floor_div maximum minimum
-//        eq ne lt le gt ge
 //   <op>_strided_<t>(const T* a, const T* b, T* out, i64 n, StridedMeta m)   strides[0]=a, [1]=b
 
 struct OpAdd { static __device__ __forceinline__ float f(float a, float b) { return a + b; } };
@@ -33,12 +32,6 @@ struct OpFloorDiv {
 // maximum/minimum propagate NaN (like torch.maximum), unlike fmaxf.
 struct OpMaximum { static __device__ __forceinline__ float f(float a, float b) { return (a > b || a != a) ? a : b; } };
 struct OpMinimum { static __device__ __forceinline__ float f(float a, float b) { return (a < b || a != a) ? a : b; } };
-struct OpEq { static __device__ __forceinline__ float f(float a, float b) { return a == b ? 1.f : 0.f; } };
-struct OpNe { static __device__ __forceinline__ float f(float a, float b) { return a != b ? 1.f : 0.f; } };
-struct OpLt { static __device__ __forceinline__ float f(float a, float b) { return a < b ? 1.f : 0.f; } };
-struct OpLe { static __device__ __forceinline__ float f(float a, float b) { return a <= b ? 1.f : 0.f; } };
-struct OpGt { static __device__ __forceinline__ float f(float a, float b) { return a > b ? 1.f : 0.f; } };
-struct OpGe { static __device__ __forceinline__ float f(float a, float b) { return a >= b ? 1.f : 0.f; } };
 
 template <typename T, typename Op>
 __device__ __forceinline__ void binary_contig(const T* a, const T* b, T* out, i64 n) {
@@ -86,9 +79,3 @@ BINARY(div, OpDiv)
 BINARY(floor_div, OpFloorDiv)
 BINARY(maximum, OpMaximum)
 BINARY(minimum, OpMinimum)
-BINARY(eq, OpEq)
-BINARY(ne, OpNe)
-BINARY(lt, OpLt)
-BINARY(le, OpLe)
-BINARY(gt, OpGt)
-BINARY(ge, OpGe)

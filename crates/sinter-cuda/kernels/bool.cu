@@ -1,5 +1,6 @@
 // bool.cu — torch.bool on the device: comparisons that write bools, where/masked_fill with a bool
-// condition, the two-bool ops (or, and), and a bool fill. A bool is one byte holding 0 or 1.
+// condition, the two-bool ops (or, and), a bool fill, and the reductions of bools (count, any,
+// all, first true) read straight from the bytes. A bool is one byte holding 0 or 1.
 //
 // Reads:  a[n], b[n] (and the condition c[n] for where) through strides (stride 0 = broadcast).
 // Writes: out[n], contiguous (row-major over the broadcast shape), bytes 0/1 for bool outputs.
@@ -16,6 +17,12 @@
 //   where_cond_<t>(const u8* c, const T* a, const T* b, T* out, i64 n, StridedMeta m)
 //        out = c ? a : b, elements moved (never converted); t: f32 f16 bf16 i64 bool.
 //   fill_bool(u8* out, i64 n, int v)                                    out = v != 0
+//   bool_reduce_i64(const u8* x, i64* out, i64 outer, i64 n, i64 inner, int op)
+//   bool_reduce_bool(const u8* x, u8* out, i64 outer, i64 n, i64 inner, int op)
+//        over the middle dim of a contiguous [outer, n, inner] (n >= 1), one thread per output
+//        (as int.cu's int_reduce_i64, whose op codes these share): op 0 sum = the count of true
+//        values, 1 max = any, 2 min = all, 3 argmax = the index of the first true (0 when none
+//        is: the first of equal maxima). Sums and argmax write i64, max and min bools.
 
 // What a comparison compares: f32 for floats (f16/bf16 widen exactly), the integer itself else.
 __device__ __forceinline__ float cmp_key(float x) { return x; }
@@ -95,4 +102,28 @@ WHERE_COND_T(bool, u8)
 extern "C" __global__ void fill_bool(u8* out, i64 n, int v) {
     const u8 b = v != 0 ? 1 : 0;
     for (i64 i = global_tid(); i < n; i += global_stride()) out[i] = b;
+}
+
+template <typename Out>
+__device__ __forceinline__ void bool_reduce(const u8* x, Out* out, i64 outer, i64 n, i64 inner, int op) {
+    const i64 m = outer * inner;
+    for (i64 t = global_tid(); t < m; t += global_stride()) {
+        const i64 o = t / inner, in = t - o * inner;
+        const u8* p = x + o * n * inner + in;
+        i64 count = 0, first = -1;
+        for (i64 k = 0; k < n; ++k) {
+            if (p[k * inner]) {
+                ++count;
+                if (first < 0) first = k;
+            }
+        }
+        const i64 r = op == 0 ? count : op == 1 ? count > 0 : op == 2 ? count == n : (first < 0 ? 0 : first);
+        out[t] = (Out)r;
+    }
+}
+extern "C" __global__ void bool_reduce_i64(const u8* x, i64* out, i64 outer, i64 n, i64 inner, int op) {
+    bool_reduce<i64>(x, out, outer, n, inner, op);
+}
+extern "C" __global__ void bool_reduce_bool(const u8* x, u8* out, i64 outer, i64 n, i64 inner, int op) {
+    bool_reduce<u8>(x, out, outer, n, inner, op);
 }

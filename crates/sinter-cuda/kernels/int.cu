@@ -1,4 +1,4 @@
-// int.cu — i64 tensors on the device: integer arithmetic and comparisons, fill, arange,
+// int.cu — i64 tensors on the device: integer arithmetic, fill, arange,
 // reductions, row gathers, and the device-side index checks (cross-entropy targets, index_select
 // ids) that record the first bad index without a host round trip.
 //
@@ -10,8 +10,8 @@
 // host. The index check is one block and never synchronises the host.
 //
 //   int_<op>_i64(const i64* a, const i64* b, i64* out, i64 n, StridedMeta m)  op: add sub mul div
-//        floor_div maximum minimum eq ne lt le gt ge (comparisons give 1/0; floor_div
-//        rounds toward -inf, torch.floor_divide)
+//        floor_div maximum minimum (floor_div rounds toward -inf, torch.floor_divide); i64
+//        comparisons (bool outputs) are bool.cu's cmp_<op>_i64
 //   int_fill_i64(i64* y, i64 n, i64 value)
 //   arange_<t>(T* y, i64 n, u64 start_bits, u64 step_bits)   y[i] = start + i * step (f64 math,
 //        then cast like the CPU: to f32 then T for floats, truncation for i64; the product and
@@ -56,12 +56,6 @@ struct IFloorDiv {
 };
 struct IMax { static __device__ __forceinline__ i64 f(i64 a, i64 b) { return a > b ? a : b; } };
 struct IMin { static __device__ __forceinline__ i64 f(i64 a, i64 b) { return a < b ? a : b; } };
-struct IEq { static __device__ __forceinline__ i64 f(i64 a, i64 b) { return a == b; } };
-struct INe { static __device__ __forceinline__ i64 f(i64 a, i64 b) { return a != b; } };
-struct ILt { static __device__ __forceinline__ i64 f(i64 a, i64 b) { return a < b; } };
-struct ILe { static __device__ __forceinline__ i64 f(i64 a, i64 b) { return a <= b; } };
-struct IGt { static __device__ __forceinline__ i64 f(i64 a, i64 b) { return a > b; } };
-struct IGe { static __device__ __forceinline__ i64 f(i64 a, i64 b) { return a >= b; } };
 
 #define INT_BINARY(name, Op)                                                                         \
     extern "C" __global__ void int_##name##_i64(const i64* a, const i64* b, i64* out, i64 n,         \
@@ -79,12 +73,6 @@ INT_BINARY(div, IDiv)
 INT_BINARY(floor_div, IFloorDiv)
 INT_BINARY(maximum, IMax)
 INT_BINARY(minimum, IMin)
-INT_BINARY(eq, IEq)
-INT_BINARY(ne, INe)
-INT_BINARY(lt, ILt)
-INT_BINARY(le, ILe)
-INT_BINARY(gt, IGt)
-INT_BINARY(ge, IGe)
 
 extern "C" __global__ void int_fill_i64(i64* y, i64 n, i64 value) {
     for (i64 i = global_tid(); i < n; i += global_stride()) y[i] = value;

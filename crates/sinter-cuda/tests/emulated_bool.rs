@@ -8,8 +8,9 @@ mod harness;
 
 use harness::*;
 use sinter_cuda::launch::contiguous_strides;
-use sinter_cuda::ops::binary::{BinaryOp, StridedIn};
-use sinter_cuda::ops::boolean;
+use sinter_cuda::ops::binary::StridedIn;
+use sinter_cuda::ops::boolean::{self, BoolOp};
+use sinter_cuda::ops::int::IntReduce;
 use sinter_cuda::DType;
 
 /// [40, 7, 33] = 9240 elements: more than the 32 × 256 threads of one sweep.
@@ -60,14 +61,14 @@ fn values(rng: &mut Rng, d: DType, len: usize) -> Vec<f64> {
 fn comparisons_write_bools_for_every_dtype() {
     let Some(e) = emu() else { return };
     let mut rng = Rng::new(11);
-    type Cmp = (BinaryOp, fn(f64, f64) -> bool);
+    type Cmp = (BoolOp, fn(f64, f64) -> bool);
     let cmps: [Cmp; 6] = [
-        (BinaryOp::Eq, |a, b| a == b),
-        (BinaryOp::Ne, |a, b| a != b),
-        (BinaryOp::Lt, |a, b| a < b),
-        (BinaryOp::Le, |a, b| a <= b),
-        (BinaryOp::Gt, |a, b| a > b),
-        (BinaryOp::Ge, |a, b| a >= b),
+        (BoolOp::Eq, |a, b| a == b),
+        (BoolOp::Ne, |a, b| a != b),
+        (BoolOp::Lt, |a, b| a < b),
+        (BoolOp::Le, |a, b| a <= b),
+        (BoolOp::Gt, |a, b| a > b),
+        (BoolOp::Ge, |a, b| a >= b),
     ];
     for d in boolean::DTYPES {
         let (av, bv) = (values(&mut rng, d, n()), values(&mut rng, d, 7));
@@ -99,13 +100,8 @@ fn two_bools_combine_with_or_and_and() {
         Buf::from_f64(DType::Bool, &av, 0),
         Buf::from_f64(DType::Bool, &bv, 0),
     );
-    type Logic = (BinaryOp, fn(bool, bool) -> bool);
-    let ops: [Logic; 4] = [
-        (BinaryOp::Add, |p, q| p | q),
-        (BinaryOp::Maximum, |p, q| p | q),
-        (BinaryOp::Mul, |p, q| p & q),
-        (BinaryOp::Minimum, |p, q| p & q),
-    ];
+    type Logic = (BoolOp, fn(bool, bool) -> bool);
+    let ops: [Logic; 2] = [(BoolOp::Or, |p, q| p | q), (BoolOp::And, |p, q| p & q)];
     for (op, rf) in ops {
         let out = Buf::zeros(DType::Bool, n(), 0);
         let (sa, sb) = (strided(&a, &A_STRIDES), strided(&b, &B_STRIDES));
@@ -173,5 +169,52 @@ fn fill_bool_writes_ones_or_zeros() {
             &[&out],
         );
         assert!(out.get().iter().all(|&x| x == want), "fill {v}");
+    }
+}
+
+#[test]
+fn reductions_count_any_all_and_find_the_first_true() {
+    let Some(e) = emu() else { return };
+    let mut rng = Rng::new(14);
+    // [outer, n, inner]: over a middle dim; over the last dim with more outputs than one sweep
+    // of a 1-SM grid; over a dim of one.
+    for [outer, n, inner] in [[5usize, 37, 66], [9000, 3, 1], [2, 1, 3]] {
+        let at = |o: usize, k: usize, i: usize| (o * n + k) * inner + i;
+        let mut xv = values(&mut rng, DType::Bool, outer * n * inner);
+        // Output 0 sees only false, output 1 only true.
+        for t in [0, 1] {
+            for k in 0..n {
+                xv[at(t / inner, k, t % inner)] = t as f64;
+            }
+        }
+        let x = Buf::from_f64(DType::Bool, &xv, 0);
+        for op in [
+            IntReduce::Sum,
+            IntReduce::Max,
+            IntReduce::Min,
+            IntReduce::ArgMax,
+        ] {
+            let out = Buf::zeros(boolean::bool_reduce_dtype(op), outer * inner, 0);
+            let l = boolean::plan_bool_reduce(&T1, op, x.slice(), out.slice(), outer, n, inner)
+                .unwrap()
+                .unwrap();
+            exec1(e, l, &[&x, &out]);
+            let want: Vec<f64> = (0..outer * inner)
+                .map(|t| {
+                    let col: Vec<bool> = (0..n)
+                        .map(|k| xv[at(t / inner, k, t % inner)] != 0.0)
+                        .collect();
+                    let r = match op {
+                        IntReduce::Sum => col.iter().filter(|&&b| b).count(),
+                        IntReduce::Max => col.iter().any(|&b| b) as usize,
+                        IntReduce::Min => col.iter().all(|&b| b) as usize,
+                        IntReduce::ArgMax => col.iter().position(|&b| b).unwrap_or(0),
+                    };
+                    r as f64
+                })
+                .collect();
+            let what = format!("{op:?} over [{outer}, {n}, {inner}]");
+            assert_close(&what, &out.get(), &want, (0.0, 0.0));
+        }
     }
 }

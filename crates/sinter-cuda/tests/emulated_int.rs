@@ -34,7 +34,6 @@ fn ints(rng: &mut Rng, n: usize) -> Vec<i64> {
 }
 
 fn cpu_op(op: BinaryOp, a: i64, b: i64) -> i64 {
-    let t = |c: bool| c as i64;
     match op {
         BinaryOp::Add => a.wrapping_add(b),
         BinaryOp::Sub => a.wrapping_sub(b),
@@ -49,12 +48,6 @@ fn cpu_op(op: BinaryOp, a: i64, b: i64) -> i64 {
         BinaryOp::FloorDiv => sinter_types::floor_div_i64(a, b).unwrap_or(0),
         BinaryOp::Maximum => a.max(b),
         BinaryOp::Minimum => a.min(b),
-        BinaryOp::Eq => t(a == b),
-        BinaryOp::Ne => t(a != b),
-        BinaryOp::Lt => t(a < b),
-        BinaryOp::Le => t(a <= b),
-        BinaryOp::Gt => t(a > b),
-        BinaryOp::Ge => t(a >= b),
     }
 }
 

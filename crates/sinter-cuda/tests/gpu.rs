@@ -195,7 +195,7 @@ fn binary_contiguous_and_broadcast() {
     for dt in DType::FLOATS {
         let av = q(&data(rows * cols, 3, -2.0, 2.0), dt);
         let mut bv = q(&data(rows * cols, 4, -2.0, 2.0), dt);
-        bv[5] = av[5]; // an equal pair for the comparisons
+        bv[5] = av[5]; // an equal pair for maximum / minimum
         let bias = q(&data(cols, 5, -1.0, 1.0), dt);
         let (a, b, bb) = (up(&d, &av, dt), up(&d, &bv, dt), up(&d, &bias, dt));
         let out = zeros(&d, rows * cols, dt);

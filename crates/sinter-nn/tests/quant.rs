@@ -397,3 +397,42 @@ fn batch_norm_folds_into_an_int8_convolution() {
     layer.set_training(true);
     assert!(layer.folded().is_none());
 }
+
+#[test]
+fn layers_named_to_keep_stay_f32_and_round_trip_as_f32() {
+    let (x, ids, calib) = inputs();
+    let (a, f) = (Tiny::new(8), Tiny::new(8));
+    let _g = no_grad();
+    let (f32_logits, f32_rows) = f.run(&x, &ids);
+    let keep = ["emb".to_string()];
+    let report = quant::quantize_keeping(&a, &keep, &mut |model: &dyn Module| {
+        calib.iter().try_for_each(|b| model.forward(b).map(|_| ()))
+    })
+    .unwrap();
+    let int8: Vec<&str> = report.int8.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(int8, ["conv", "fc"]);
+    assert_eq!(report.kept_f32.len(), 1);
+    assert_eq!(report.kept_f32[0].0, "emb");
+    // The kept table serves lookups exactly; the head's input still comes from int8 layers.
+    let (q_logits, q_rows) = a.run(&x, &ids);
+    assert_eq!(q_rows, f32_rows);
+    assert_ne!(q_logits, f32_logits);
+    // Its weight is exported as the f32 tensor and imported back as f32.
+    let state = export(&a).unwrap();
+    let names: Vec<&str> = state.iter().map(|(n, _)| n.as_str()).collect();
+    assert!(names.contains(&"emb.weight") && !names.contains(&"emb.weight.q"));
+    let b = Tiny::new(5);
+    import(&b, &state.into_iter().collect()).unwrap();
+    assert_eq!(b.run(&x, &ids), (q_logits, q_rows));
+    assert!(b.emb.quant.int8().is_none() && b.fc.quant.int8().is_some());
+    // A prefix keeps the layers below it only at a dot; a name matching nothing is an error
+    // that lists the layers, and nothing was quantized.
+    let c = Tiny::new(8);
+    let e = quant::quantize_keeping(&c, &["em".into()], &mut |_m: &dyn Module| Ok(()))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("'em'") && e.contains("conv, fc, emb"), "{e}");
+    assert!(quant::layers(&c)
+        .iter()
+        .all(|(_, h)| h.slot.int8().is_none()));
+}

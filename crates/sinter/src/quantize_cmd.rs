@@ -44,6 +44,10 @@ pub struct QuantizeArgs {
     /// (CNNs only; Transformers quantize their activations per row at run time).
     #[arg(long, default_value_t = 16)]
     pub calibration_batches: usize,
+    /// Layers to leave in f32, comma-separated: a layer's name (`wte`: for GPT the tied
+    /// embedding and output head) or a prefix ending at a dot (`blocks.0`: all of block 0).
+    #[arg(long, value_delimiter = ',')]
+    pub keep_f32: Vec<String>,
 }
 
 pub fn run(a: &QuantizeArgs) -> Result<()> {
@@ -54,7 +58,7 @@ pub fn run(a: &QuantizeArgs) -> Result<()> {
         );
     }
     let (s, step) = inference::load_for_eval(&a.checkpoint)?;
-    let (report, folded) = quantize_setup(&s, a.calibration_batches)?;
+    let (report, folded) = quantize_setup(&s, a.calibration_batches, &a.keep_f32)?;
     let path = save(&a.out, &s, step, &report, &a.checkpoint)?;
     let size = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
     println!(
@@ -111,7 +115,11 @@ pub fn weight_bytes(model: &dyn Module) -> usize {
 /// `batches` training batches (in order, so the result is reproducible). Then folds each
 /// BatchNorm into the int8 convolution before it, as `eval` and `predict` do after loading;
 /// returns how many were folded.
-pub fn quantize_setup(s: &Setup, batches: usize) -> Result<(QuantizeReport, usize)> {
+pub fn quantize_setup(
+    s: &Setup,
+    batches: usize,
+    keep_f32: &[String],
+) -> Result<(QuantizeReport, usize)> {
     let mut calibrate = |model: &dyn Module| -> sinter_core::Result<()> {
         if s.task != Task::Classification {
             return Err(sinter_core::Error::Msg(format!(
@@ -139,7 +147,7 @@ pub fn quantize_setup(s: &Setup, batches: usize) -> Result<(QuantizeReport, usiz
         }
         Ok(())
     };
-    let report = quant::quantize(s.model.as_ref(), &mut calibrate)?;
+    let report = quant::quantize_keeping(s.model.as_ref(), keep_f32, &mut calibrate)?;
     let folded = sinter_nn::fold::fold_for_inference(s.model.as_ref())?;
     Ok((report, folded))
 }

@@ -151,6 +151,51 @@ fn gpt_tiny_validation_loss_within_one_percent_and_generation_runs() {
         "{cached}"
     );
     assert_eq!(cached, gen(&["--no-kv-cache"]));
+
+    // The accuracy rule for Transformers: the tied embedding/head and the first block stay
+    // f32 (README "Int8 quantization"). The report names them, the file holds their f32
+    // weights (bigger), and the loss is still within 1 %.
+    let kept_dir = tmp.path().join("kept");
+    let k = kept_dir.to_str().unwrap();
+    let report = ok(&sinter(&[
+        "quantize",
+        "--checkpoint",
+        f,
+        "--out",
+        k,
+        "--keep-f32",
+        "wte,blocks.0",
+    ]));
+    assert!(
+        report.contains("12 linear")
+            && report.contains("1 embedding")
+            && report.contains("kept in f32: wte")
+            && report.contains("blocks.0.mlp.proj"),
+        "{report}"
+    );
+    assert!(file_size(&kept_dir) > file_size(&int8_dir) + 4 * 128 * 256);
+    let loss_kept = number_after(
+        &ok(&sinter(&["eval", "--checkpoint", k])),
+        "validation loss",
+    );
+    assert!(
+        (loss_kept - loss_f32).abs() / loss_f32 <= 0.01,
+        "{loss_kept}"
+    );
+    // A name that is no layer is refused, naming it and the layers there are.
+    fails_with(
+        &sinter(&[
+            "quantize",
+            "--checkpoint",
+            f,
+            "--out",
+            k,
+            "--keep-f32",
+            "blocks.9",
+        ]),
+        &["'blocks.9' names no layer", "blocks.0.attn.qkv"],
+    );
+    ok(&sinter(&["eval", "--checkpoint", k]));
 }
 
 /// The top class and its probability in `predict --json`'s answer for one file.

@@ -6,8 +6,9 @@ use rayon::prelude::*;
 use sinter_cpu::math::{self, Unary};
 
 use super::{CpuStorage, PAR_THRESHOLD};
+use crate::backend::check_where;
 use crate::op::{BinaryOp, UnaryOp};
-use crate::{DType, Layout};
+use crate::{DType, Layout, Result};
 
 fn map_flat(x: &[f32], f: impl Fn(f32) -> f32 + Sync) -> Vec<f32> {
     if x.len() >= PAR_THRESHOLD {
@@ -269,8 +270,9 @@ pub fn binary(
     })
 }
 
-/// out = cond ? a : b, every layout already broadcast to the output's shape (cond is Bool; a and
-/// b of one dtype). Elements are moved, never converted.
+/// out = cond ? a : b, every layout already broadcast to the output's shape. Elements are moved,
+/// never converted; a non-bool condition, or a and b of two dtypes, is refused
+/// (`backend::check_where`).
 pub fn where_cond(
     c: &CpuStorage,
     lc: &Layout,
@@ -278,7 +280,8 @@ pub fn where_cond(
     la: &Layout,
     b: &CpuStorage,
     lb: &Layout,
-) -> CpuStorage {
+) -> Result<CpuStorage> {
+    check_where(c.dtype(), a.dtype(), b.dtype())?;
     let cond = c.bool_contiguous(lc);
     fn select<T: Copy + Send + Sync>(
         cond: &[bool],
@@ -300,19 +303,12 @@ pub fn where_cond(
             cond.iter().zip(&x).zip(&y).map(pick).collect()
         }
     }
-    match (a, b) {
+    Ok(match (a, b) {
         (CpuStorage::F32(x), CpuStorage::F32(y)) => CpuStorage::F32(select(&cond, x, la, y, lb)),
         (CpuStorage::F16(x), CpuStorage::F16(y)) => CpuStorage::F16(select(&cond, x, la, y, lb)),
         (CpuStorage::BF16(x), CpuStorage::BF16(y)) => CpuStorage::BF16(select(&cond, x, la, y, lb)),
         (CpuStorage::I64(x), CpuStorage::I64(y)) => CpuStorage::I64(select(&cond, x, la, y, lb)),
         (CpuStorage::Bool(x), CpuStorage::Bool(y)) => CpuStorage::Bool(select(&cond, x, la, y, lb)),
-        // Different dtypes never reach here (the tensor op promotes them first).
-        _ => CpuStorage::from_f32(
-            cond.iter()
-                .zip(a.f32_contiguous(la).iter().zip(b.f32_contiguous(lb).iter()))
-                .map(|(&c, (&p, &q))| if c { p } else { q })
-                .collect(),
-            a.dtype(),
-        ),
-    }
+        _ => unreachable!("check_where refuses a and b of two dtypes"),
+    })
 }

@@ -7,9 +7,9 @@ use super::attention::{self, Src};
 use super::matmul::MatView;
 use super::{conv, elementwise, fused, matmul, nn, reduce, CpuStorage};
 use crate::backend::{
-    check_indices, ctl, AdamWParams, AttnGeom, BackendDevice, BackendStorage, ConvGeom,
-    CrossEntropyOut, DecodeSeq, DropoutMask, IndexGeom, IndexUse, Indices, PoolGeom, RowStats,
-    ScalerCfg, SgdParams, Wants,
+    check_indices, ctl, reduced_dtype, AdamWParams, AttnGeom, BackendDevice, BackendStorage,
+    ConvGeom, CrossEntropyOut, DecodeSeq, DropoutMask, IndexGeom, IndexUse, Indices, PoolGeom,
+    RowStats, ScalerCfg, SgdParams, Wants,
 };
 use crate::op::{BinaryOp, ReduceOp, UnaryOp};
 use crate::{DType, Device, Error, Layout, Result, Rng};
@@ -224,7 +224,7 @@ impl BackendStorage for CpuStorage {
         elementwise::binary(self, l, rhs, rl, op)
     }
     fn where_cond(&self, l: &Layout, a: &Self, al: &Layout, b: &Self, bl: &Layout) -> Result<Self> {
-        Ok(elementwise::where_cond(self, l, a, al, b, bl))
+        elementwise::where_cond(self, l, a, al, b, bl)
     }
 
     fn sum_squares_host(parts: &[(&Self, &Layout)]) -> Result<f64> {
@@ -244,6 +244,13 @@ impl BackendStorage for CpuStorage {
     }
     fn reduce(&self, l: &Layout, dim: usize, op: ReduceOp) -> Result<Self> {
         let (outer, n, inner) = split_at_dim(l.shape(), dim);
+        if let CpuStorage::Bool(_) = self {
+            let v = reduce::reduce_bool(&self.bool_contiguous(l), outer, n, inner, op);
+            return Ok(match reduced_dtype(op, DType::Bool) {
+                DType::Bool => CpuStorage::Bool(v.iter().map(|&c| c != 0).collect()),
+                _ => CpuStorage::I64(v),
+            });
+        }
         if let CpuStorage::I64(_) = self {
             let x = self.i64_contiguous(l);
             return Ok(CpuStorage::I64(reduce::reduce_i64(&x, outer, n, inner, op)));

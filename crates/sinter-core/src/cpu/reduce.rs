@@ -78,6 +78,25 @@ pub fn reduce_i64(x: &[i64], outer: usize, n: usize, inner: usize, op: ReduceOp)
     out
 }
 
+/// Reduces bools viewed as [outer, n, inner] over the middle dimension, straight from the
+/// bools: `Sum` counts the true values, `Max` is any and `Min` all (as 0/1), `ArgMax` the index
+/// of the first true (0 when none is: the first of equal maxima). Only `Sum` may have n = 0.
+pub fn reduce_bool(x: &[bool], outer: usize, n: usize, inner: usize, op: ReduceOp) -> Vec<i64> {
+    let mut out = vec![0i64; outer * inner];
+    for o in 0..outer {
+        for i in 0..inner {
+            let mut column = (0..n).map(|k| x[(o * n + k) * inner + i]);
+            out[o * inner + i] = match op {
+                ReduceOp::Sum => column.filter(|&b| b).count() as i64,
+                ReduceOp::Max => column.any(|b| b) as i64,
+                ReduceOp::Min => column.all(|b| b) as i64,
+                ReduceOp::ArgMax => column.position(|b| b).unwrap_or(0) as i64,
+            };
+        }
+    }
+    out
+}
+
 /// The max / min (and its index) of the n values at `at`, `at + inner`, …: the scan rule of
 /// `ReduceOp::replaces` (PyTorch's: the first NaN wins, ties keep the earlier element).
 #[inline]

@@ -13,6 +13,7 @@ use sinter_cuda::ops::unary::{self as ku, Saved};
 
 use super::storage::{CudaStorage, DevView};
 use super::{alloc, strides_i64, OnOp};
+use crate::backend::check_where;
 use crate::op::{BinaryOp, UnaryOp};
 use crate::{DType, Error, Layout, Result};
 
@@ -73,8 +74,9 @@ pub(crate) fn unary_backward(
     Ok(g.sibling(gx, d))
 }
 
-fn kernel_binary(op: BinaryOp) -> kb::BinaryOp {
-    match op {
+/// The arithmetic kernel of `op`; None for a comparison (a bool kernel, [`kernel_bool`]).
+fn kernel_binary(op: BinaryOp) -> Option<kb::BinaryOp> {
+    Some(match op {
         BinaryOp::Add => kb::BinaryOp::Add,
         BinaryOp::Sub => kb::BinaryOp::Sub,
         BinaryOp::Mul => kb::BinaryOp::Mul,
@@ -82,13 +84,25 @@ fn kernel_binary(op: BinaryOp) -> kb::BinaryOp {
         BinaryOp::FloorDiv => kb::BinaryOp::FloorDiv,
         BinaryOp::Maximum => kb::BinaryOp::Maximum,
         BinaryOp::Minimum => kb::BinaryOp::Minimum,
-        BinaryOp::Eq => kb::BinaryOp::Eq,
-        BinaryOp::Ne => kb::BinaryOp::Ne,
-        BinaryOp::Lt => kb::BinaryOp::Lt,
-        BinaryOp::Le => kb::BinaryOp::Le,
-        BinaryOp::Gt => kb::BinaryOp::Gt,
-        BinaryOp::Ge => kb::BinaryOp::Ge,
-    }
+        _ => return None,
+    })
+}
+
+/// The bool-writing kernel of `op` for a comparison, or for two bool operands (`+` and maximum
+/// are or, `*` and minimum and, as `BinaryOp::apply_bool`); None where PyTorch refuses two
+/// bools.
+fn kernel_bool(op: BinaryOp) -> Option<kbool::BoolOp> {
+    Some(match op {
+        BinaryOp::Eq => kbool::BoolOp::Eq,
+        BinaryOp::Ne => kbool::BoolOp::Ne,
+        BinaryOp::Lt => kbool::BoolOp::Lt,
+        BinaryOp::Le => kbool::BoolOp::Le,
+        BinaryOp::Gt => kbool::BoolOp::Gt,
+        BinaryOp::Ge => kbool::BoolOp::Ge,
+        BinaryOp::Add | BinaryOp::Maximum => kbool::BoolOp::Or,
+        BinaryOp::Mul | BinaryOp::Minimum => kbool::BoolOp::And,
+        BinaryOp::Sub | BinaryOp::Div | BinaryOp::FloorDiv => return None,
+    })
 }
 
 /// A strided kernel operand: the buffer from the layout's offset, with its strides.
@@ -120,39 +134,25 @@ pub(crate) fn binary(
         strided(a, la, &sa, op.name())?,
         strided(b, lb, &sb, op.name())?,
     );
-    if op.is_comparison() || a.dtype() == DType::Bool {
+    let Some(k) = kernel_binary(op).filter(|_| a.dtype() != DType::Bool) else {
         // Comparisons write bools; two bools combine as PyTorch combines them (or / and).
-        if a.dtype() == DType::Bool && op.apply_bool(false, false).is_none() {
-            return Err(Error::bool_operands(op));
-        }
+        let k = kernel_bool(op).ok_or_else(|| Error::bool_operands(op))?;
         let out = alloc(dev, la.numel(), DType::Bool)?;
-        kbool::bool_binary(dev, kernel_binary(op), ia, ib, out.as_slice(), shape).on(op.name())?;
+        kbool::bool_binary(dev, k, ia, ib, out.as_slice(), shape).on(op.name())?;
         return Ok(a.sibling(out, DType::Bool));
-    }
+    };
     let out = alloc(dev, la.numel(), a.dtype())?;
     if !a.dtype().is_float() {
         // i64 arithmetic (wrapping, like the CPU).
-        ki::int_binary(dev, kernel_binary(op), ia, ib, out.as_slice(), shape).on(op.name())?;
+        ki::int_binary(dev, k, ia, ib, out.as_slice(), shape).on(op.name())?;
     } else {
-        kb::binary_strided(dev, kernel_binary(op), ia, ib, out.as_slice(), shape).on(op.name())?;
+        kb::binary_strided(dev, k, ia, ib, out.as_slice(), shape).on(op.name())?;
     }
     Ok(a.sibling(out, a.dtype()))
 }
 
-/// `l` without its broadcast dimensions (stride 0, size > 1, become size 1): the elements it
-/// actually reads, so a cast of them costs what the tensor holds, not the broadcast shape.
-fn unbroadcast(l: &Layout) -> Layout {
-    let shape = l
-        .shape()
-        .iter()
-        .zip(l.strides())
-        .map(|(&n, &s)| if s == 0 { 1 } else { n })
-        .collect();
-    Layout::new(shape, l.strides().to_vec(), l.offset())
-}
-
-/// out = cond ? a : b, all three broadcast to one shape (a and b of one dtype, checked; cond
-/// bool, as the tensor op requires: another dtype is read as non-zero = true).
+/// out = cond ? a : b, all three broadcast to one shape; a non-bool condition, or a and b of
+/// two dtypes, is refused (`backend::check_where`).
 pub(crate) fn where_cond(
     cond: &CudaStorage,
     lc: &Layout,
@@ -161,23 +161,16 @@ pub(crate) fn where_cond(
     b: &CudaStorage,
     lb: &Layout,
 ) -> Result<CudaStorage> {
+    check_where(cond.dtype(), a.dtype(), b.dtype())?;
     let dev = a.device();
     let shape = la.shape();
     let out = alloc(dev, la.numel(), a.dtype())?;
-    let (sa, sb) = (strides_i64(la), strides_i64(lb));
-    let (ia, ib) = (strided(a, la, &sa, "where")?, strided(b, lb, &sb, "where")?);
-    // Cast the elements a non-bool condition holds (not its broadcast), then broadcast them.
-    let cast;
-    let (cs, lc) = if cond.dtype() == DType::Bool {
-        (cond, lc.clone())
-    } else {
-        let compact = unbroadcast(lc);
-        cast = self::cast(cond, &compact, DType::Bool)?;
-        let l = Layout::contiguous(compact.shape()).broadcast_as(shape)?;
-        (&cast, l)
-    };
-    let sc = strides_i64(&lc);
-    let ic = strided(cs, &lc, &sc, "where")?;
+    let (sc, sa, sb) = (strides_i64(lc), strides_i64(la), strides_i64(lb));
+    let (ic, ia, ib) = (
+        strided(cond, lc, &sc, "where")?,
+        strided(a, la, &sa, "where")?,
+        strided(b, lb, &sb, "where")?,
+    );
     kbool::where_bool(dev, ic, ia, ib, out.as_slice(), shape).on("where")?;
     Ok(a.sibling(out, a.dtype()))
 }

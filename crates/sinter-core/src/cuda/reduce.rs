@@ -1,13 +1,16 @@
 //! Reductions over one dimension on the device: sum, max, min and argmax of a tensor viewed as
 //! [outer, n, inner] — the last-dim kernels when inner = 1, the middle-dim ones otherwise. Float
-//! sums accumulate in f32 in a fixed order (deterministic); i64 reductions are exact (int.cu).
+//! sums accumulate in f32 in a fixed order (deterministic); i64 reductions are exact (int.cu);
+//! bools reduce from their bytes (bool.cu).
 
 use sinter_cuda::ops::reduce::{self as kr, ArgReduce};
 
+use sinter_cuda::ops::boolean as kbool;
 use sinter_cuda::ops::int as ki;
 
 use super::storage::CudaStorage;
 use super::{alloc, OnOp};
+use crate::backend::reduced_dtype;
 use crate::op::ReduceOp;
 use crate::{DType, Layout, Result};
 
@@ -26,22 +29,27 @@ pub(crate) fn reduce_dim(
     );
     let dev = x.device();
     if !x.dtype().is_float() {
-        // i64: exact integer sums (wrapping), max/min, first-max argmax, one thread per output.
+        // i64: exact integer sums (wrapping), max/min, first-max argmax; bool: read as bytes
+        // (count, any, all, first true). One thread per output.
         let xv = x.window(l)?;
-        let out = alloc(dev, outer * inner, DType::I64)?;
+        let out_dtype = reduced_dtype(op, x.dtype());
+        let out = alloc(dev, outer * inner, out_dtype)?;
         let k = match op {
             ReduceOp::Sum => ki::IntReduce::Sum,
             ReduceOp::Max => ki::IntReduce::Max,
             ReduceOp::Min => ki::IntReduce::Min,
             ReduceOp::ArgMax => ki::IntReduce::ArgMax,
         };
+        let (xs, os) = (xv.slice(), out.as_slice());
         if n == 0 {
             // Only a sum reaches here with an empty dimension.
-            dev.zero(out.as_slice()).on("sum")?;
+            dev.zero(os).on("sum")?;
+        } else if x.dtype() == DType::Bool {
+            kbool::bool_reduce(dev, k, xs, os, outer, n, inner).on("reduce")?;
         } else {
-            ki::int_reduce(dev, k, xv.slice(), out.as_slice(), outer, n, inner).on("reduce")?;
+            ki::int_reduce(dev, k, xs, os, outer, n, inner).on("reduce")?;
         }
-        return Ok(x.sibling(out, DType::I64));
+        return Ok(x.sibling(out, out_dtype));
     }
     let d = x.dtype();
     let m = outer * inner;

@@ -6,7 +6,8 @@
 
 use crate::harness::*;
 use crate::reference::{self as r, Arr};
-use sinter_core::{DType, Result, Tensor};
+use sinter_core::storage::Storage;
+use sinter_core::{DType, Layout, Result, Tensor};
 
 pub fn cases() -> Vec<Case> {
     vec![
@@ -19,6 +20,7 @@ pub fn cases() -> Vec<Case> {
         case("promotion", ALL, promotion),
         case("views_and_copies", BOOL, views_and_copies),
         case("refusals", BOOL, refusals),
+        case("storage_where_refusals", BOOL, storage_where_refusals),
     ]
 }
 
@@ -266,27 +268,64 @@ fn sum_max_argmax_of_bool(t: &Target) {
         |x| x[0].sum_all(),
         |x, _| Arr::scalar(r::sum(&x[0].data)),
     );
+    // Over dim 1 (inner 1): rows all false, all true and mixed; over dim 0 (inner 4): mixed.
+    for dim in [0isize, 1] {
+        t.check_with(
+            &format!("max over {dim}"),
+            EXACT,
+            &[In::Fixed(a.clone())],
+            |x| x[0].max(dim, false),
+            |x, _| r::reduce(&x[0], &[dim], false, r::max),
+        );
+        t.check_with(
+            &format!("min over {dim}, keepdim"),
+            EXACT,
+            &[In::Fixed(a.clone())],
+            |x| x[0].min(dim, true),
+            |x, _| r::reduce(&x[0], &[dim], true, r::min),
+        );
+        t.check_with(
+            &format!("argmax over {dim}"),
+            i64_out,
+            &[In::Fixed(a.clone())],
+            |x| x[0].argmax(dim, false),
+            |x, _| r::reduce(&x[0], &[dim], false, r::argmax),
+        );
+    }
+    // A strided view (the transpose) and a longer row (the reductions read the bools directly).
     t.check_with(
-        "max over 1",
-        EXACT,
+        "sum over 1 of the transpose",
+        i64_out,
         &[In::Fixed(a.clone())],
-        |x| x[0].max(1, false),
-        |x, _| r::reduce(&x[0], &[1], false, r::max),
+        |x| x[0].t()?.sum(&[1], false),
+        |x, _| r::reduce(&x[0].t(), &[1], false, r::sum),
     );
     t.check_with(
-        "min over 0, keepdim",
-        EXACT,
-        &[In::Fixed(a.clone())],
-        |x| x[0].min(0, true),
-        |x, _| r::reduce(&x[0], &[0], true, r::min),
-    );
-    t.check_with(
-        "argmax over 1",
+        "argmax over 0 of the transpose",
         i64_out,
         &[In::Fixed(a)],
-        |x| x[0].argmax(1, false),
-        |x, _| r::reduce(&x[0], &[1], false, r::argmax),
+        |x| x[0].t()?.argmax(0, true),
+        |x, _| r::reduce(&x[0].t(), &[0], true, r::argmax),
     );
+    let long = Arr::from_fn(&[2, 300], |i| ((i[1] * 7 + i[0]) % 5 == 0) as u8 as f64);
+    type Reduction = (
+        &'static str,
+        fn(&Tensor) -> Result<Tensor>,
+        fn(&[f64]) -> f64,
+    );
+    let reductions: [Reduction; 2] = [
+        ("sum", |x| x.sum(&[1], false), r::sum),
+        ("argmax", |x| x.argmax(1, false), r::argmax),
+    ];
+    for (name, op, f) in reductions {
+        t.check_with(
+            &format!("{name} over a row of 300"),
+            i64_out,
+            &[In::Fixed(long.clone())],
+            |x| op(&x[0]),
+            |x, _| r::reduce(&x[0], &[1], false, f),
+        );
+    }
 }
 
 /// PyTorch's lattice: bool with any dtype gives that dtype (bool + i64 → i64, bool + f16 →
@@ -402,4 +441,30 @@ fn refusals(t: &Target) {
     assert!(e.contains("softmax") && e.contains("bool"), "{e}");
     let e = err_msg(Tensor::arange(0.0, 3.0, 1.0, DType::Bool, t.dev));
     assert!(e.contains("arange") && e.contains("bool"), "{e}");
+}
+
+/// The backend seam's `where` (below the tensor op, which refuses first) refuses a non-bool
+/// condition instead of reading it as non-zero, and a and b of two dtypes, on every backend.
+fn storage_where_refusals(t: &Target) {
+    let l = Layout::contiguous(&[4]);
+    let full = |v: f64, d| Storage::full(t.dev, 4, v, d).unwrap();
+    let (a, b) = (full(2.0, DType::F32), full(3.0, DType::F32));
+    let run = |c: &Storage, b: &Storage| c.where_cond(&l, &a, &l, b, &l).map(|_| ());
+    for d in [DType::F32, DType::F16, DType::BF16, DType::I64] {
+        let e = err_msg(run(&full(1.0, d), &b));
+        assert!(
+            e.contains("where") && e.contains("must be bool") && e.contains(&d.to_string()),
+            "{e}"
+        );
+    }
+    let e = err_msg(run(&full(1.0, DType::Bool), &full(3.0, DType::I64)));
+    assert!(e.contains("where") && e.contains("f32 and i64"), "{e}");
+    // A bool condition still selects.
+    for (c, want) in [(true, 2.0), (false, 3.0)] {
+        let out = full(c as u8 as f64, DType::Bool)
+            .where_cond(&l, &a, &l, &b, &l)
+            .unwrap();
+        let host = out.to_cpu(&l).unwrap();
+        assert_eq!(host.f32_contiguous(&l).as_ref(), [want; 4], "cond {c}");
+    }
 }

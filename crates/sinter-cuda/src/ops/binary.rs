@@ -1,19 +1,16 @@
-//! Wrappers for `kernels/binary.cu`: elementwise binary ops and comparisons (0/1 in the input
-//! dtype), contiguous or strided/broadcast. Tensor comparisons (bool outputs) and where run in
-//! `ops::boolean`.
+//! Wrappers for `kernels/binary.cu`: elementwise float arithmetic, contiguous or
+//! strided/broadcast. Comparisons (bool outputs), the two-bool ops and where are
+//! `ops::boolean`'s; i64 arithmetic is `ops::int`'s (both take [`StridedIn`] operands).
 
-use super::{fake_slice, kname, need, need_dtype, need_float, numel};
+use super::{all_contiguous, fake_slice, kname, need, need_dtype, need_float, numel, plan_strided};
 use crate::alloc::DevSlice;
 use crate::device::CudaDevice;
 use crate::dtype::DType;
 use crate::error::Result;
-use crate::launch::{
-    check_strided_bounds, coalesce, is_contiguous_coalesced, Arg, Launch, LaunchTarget,
-    StridedMeta, ELEMWISE_BLOCK,
-};
+use crate::launch::{Arg, Launch, LaunchTarget, ELEMWISE_BLOCK};
 use crate::nvrtc::KernelFile;
 
-/// out = a (op) b. Comparisons give 1 or 0 in the input dtype.
+/// out = a (op) b: the arithmetic ops (comparisons are [`super::boolean::BoolOp`]s).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum BinaryOp {
     Add,
@@ -24,16 +21,10 @@ pub enum BinaryOp {
     FloorDiv,
     Maximum,
     Minimum,
-    Eq,
-    Ne,
-    Lt,
-    Le,
-    Gt,
-    Ge,
 }
 
 impl BinaryOp {
-    pub const ALL: [BinaryOp; 13] = [
+    pub const ALL: [BinaryOp; 7] = [
         BinaryOp::Add,
         BinaryOp::Sub,
         BinaryOp::Mul,
@@ -41,12 +32,6 @@ impl BinaryOp {
         BinaryOp::FloorDiv,
         BinaryOp::Maximum,
         BinaryOp::Minimum,
-        BinaryOp::Eq,
-        BinaryOp::Ne,
-        BinaryOp::Lt,
-        BinaryOp::Le,
-        BinaryOp::Gt,
-        BinaryOp::Ge,
     ];
 
     pub fn kernel_base(&self) -> &'static str {
@@ -58,18 +43,11 @@ impl BinaryOp {
             BinaryOp::FloorDiv => "floor_div",
             BinaryOp::Maximum => "maximum",
             BinaryOp::Minimum => "minimum",
-            BinaryOp::Eq => "eq",
-            BinaryOp::Ne => "ne",
-            BinaryOp::Lt => "lt",
-            BinaryOp::Le => "le",
-            BinaryOp::Gt => "gt",
-            BinaryOp::Ge => "ge",
         }
     }
 
     /// f32 reference (same NaN rules as the kernel).
     pub fn reference(&self, a: f32, b: f32) -> f32 {
-        let t = |c: bool| if c { 1.0 } else { 0.0 };
         match self {
             BinaryOp::Add => a + b,
             BinaryOp::Sub => a - b,
@@ -90,12 +68,6 @@ impl BinaryOp {
                     b
                 }
             }
-            BinaryOp::Eq => t(a == b),
-            BinaryOp::Ne => t(a != b),
-            BinaryOp::Lt => t(a < b),
-            BinaryOp::Le => t(a <= b),
-            BinaryOp::Gt => t(a > b),
-            BinaryOp::Ge => t(a >= b),
         }
     }
 }
@@ -146,36 +118,17 @@ pub fn plan_binary_strided(
     out: DevSlice<'_>,
     shape: &[usize],
 ) -> Result<Option<Launch>> {
+    const OP: &str = "binary_strided";
     let d = a.data.dtype();
-    need_float("binary_strided", d)?;
-    need_dtype("binary_strided", "b", &b.data, d)?;
-    let n = numel("binary_strided", shape)?;
-    need("binary_strided", "out", &out, d, n)?;
-    check_strided_bounds("binary_strided", "a", a.data.len(), shape, a.strides)?;
-    check_strided_bounds("binary_strided", "b", b.data.len(), shape, b.strides)?;
-    if n == 0 {
-        return Ok(None);
+    need_float(OP, d)?;
+    need_dtype(OP, "b", &b.data, d)?;
+    need_dtype(OP, "out", &out, d)?;
+    let n = numel(OP, shape)?;
+    if n > 0 && all_contiguous(OP, &[&a, &b], shape)? {
+        return plan_binary(t, op, a.data.slice(0, n)?, b.data.slice(0, n)?, out);
     }
-    let (cs, cst) = coalesce(shape, &[a.strides, b.strides]);
-    if cst.iter().all(|s| is_contiguous_coalesced(&cs, s)) {
-        let a1 = a.data.slice(0, n)?;
-        let b1 = b.data.slice(0, n)?;
-        return plan_binary(t, op, a1, b1, out);
-    }
-    let meta = StridedMeta::new(&cs, &cst)?;
-    Ok(Some(Launch::new(
-        KernelFile::Binary,
-        format!("{}_strided_{}", op.kernel_base(), d.suffix()),
-        t.grid_for(n, ELEMWISE_BLOCK),
-        ELEMWISE_BLOCK,
-        vec![
-            Arg::Ptr(a.data.ptr()),
-            Arg::Ptr(b.data.ptr()),
-            Arg::Ptr(out.ptr()),
-            Arg::I64(n as i64),
-            Arg::Strided(meta),
-        ],
-    )))
+    let kernel = format!("{}_strided_{}", op.kernel_base(), d.suffix());
+    plan_strided(t, OP, (KernelFile::Binary, kernel), &[&a, &b], out, shape)
 }
 
 /// out = a op b (contiguous; out may alias a or b).
@@ -296,6 +249,6 @@ mod tests {
     fn reference_nan_rules() {
         assert!(BinaryOp::Maximum.reference(f32::NAN, 1.0).is_nan());
         assert!(BinaryOp::Maximum.reference(1.0, f32::NAN).is_nan());
-        assert_eq!(BinaryOp::Ge.reference(1.0, 1.0), 1.0);
+        assert_eq!(BinaryOp::Minimum.reference(1.0, 2.0), 1.0);
     }
 }

@@ -1,10 +1,11 @@
 //! Wrappers for `kernels/bool.cu`: `torch.bool` on the device. Comparisons of f32, f16, bf16,
 //! i64 or bool operands write bools; two bools combine with or / and; `where` takes a bool
-//! condition and moves elements of any tensor dtype; a bool fill. A bool buffer
-//! (`DType::Bool`) holds one byte per element, 0 or 1.
+//! condition and moves elements of any tensor dtype; a bool fill; reductions of bools (count,
+//! any, all, first true). A bool buffer (`DType::Bool`) holds one byte per element, 0 or 1.
 
-use super::binary::{BinaryOp, StridedIn};
-use super::{fake_slice, need, need_dtype, numel, strided_meta};
+use super::binary::StridedIn;
+use super::int::{plan_mid_reduce, IntReduce};
+use super::{fake_slice, need_dtype, plan_strided};
 use crate::alloc::DevSlice;
 use crate::device::CudaDevice;
 use crate::dtype::DType;
@@ -15,26 +16,60 @@ use crate::nvrtc::KernelFile;
 /// The tensor dtypes the comparison and where kernels are instantiated for.
 pub const DTYPES: [DType; 5] = [DType::F32, DType::F16, DType::BF16, DType::I64, DType::Bool];
 
-/// The kernel of `op` on two bools: `or` for `+` and maximum, `and` for `*` and minimum, the
-/// comparison kernel for comparisons; None where PyTorch refuses two bools or computes in
-/// another dtype (`-`, `/`, `floor_divide`).
-fn kernel_name(op: BinaryOp, d: DType) -> Option<String> {
-    match op {
-        BinaryOp::Eq | BinaryOp::Ne | BinaryOp::Lt | BinaryOp::Le | BinaryOp::Gt | BinaryOp::Ge => {
-            Some(format!("cmp_{}_{}", op.kernel_base(), d.suffix()))
+/// What a bool-writing kernel computes: a comparison (operands of any dtype in [`DTYPES`]) or
+/// or / and of two bools (PyTorch's `+` / `maximum` and `*` / `minimum` on bools).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum BoolOp {
+    Eq,
+    Ne,
+    Lt,
+    Le,
+    Gt,
+    Ge,
+    Or,
+    And,
+}
+
+impl BoolOp {
+    pub const ALL: [BoolOp; 8] = [
+        BoolOp::Eq,
+        BoolOp::Ne,
+        BoolOp::Lt,
+        BoolOp::Le,
+        BoolOp::Gt,
+        BoolOp::Ge,
+        BoolOp::Or,
+        BoolOp::And,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            BoolOp::Eq => "eq",
+            BoolOp::Ne => "ne",
+            BoolOp::Lt => "lt",
+            BoolOp::Le => "le",
+            BoolOp::Gt => "gt",
+            BoolOp::Ge => "ge",
+            BoolOp::Or => "or",
+            BoolOp::And => "and",
         }
-        _ if d != DType::Bool => None,
-        BinaryOp::Add | BinaryOp::Maximum => Some("bool_or".into()),
-        BinaryOp::Mul | BinaryOp::Minimum => Some("bool_and".into()),
-        BinaryOp::Sub | BinaryOp::Div | BinaryOp::FloorDiv => None,
+    }
+
+    /// The kernel of this op on two `d` operands: None for or / and of non-bools.
+    fn kernel_name(self, d: DType) -> Option<String> {
+        match self {
+            BoolOp::Or | BoolOp::And if d != DType::Bool => None,
+            BoolOp::Or | BoolOp::And => Some(format!("bool_{}", self.name())),
+            _ => Some(format!("cmp_{}_{}", self.name(), d.suffix())),
+        }
     }
 }
 
 /// Plan out (bool, contiguous, `shape`) = a op b, for a comparison of two operands of one dtype
-/// in [`DTYPES`], or or / and of two bools (see [`kernel_name`]); strided/broadcast operands.
+/// in [`DTYPES`], or or / and of two bools; strided/broadcast operands.
 pub fn plan_bool_binary(
     t: &LaunchTarget,
-    op: BinaryOp,
+    op: BoolOp,
     a: StridedIn<'_>,
     b: StridedIn<'_>,
     out: DevSlice<'_>,
@@ -48,35 +83,12 @@ pub fn plan_bool_binary(
             format!("no kernel for {d} operands"),
         ));
     }
-    let name = kernel_name(op, d).ok_or_else(|| {
-        CudaError::invalid(
-            OP,
-            format!(
-                "{} of two {d} operands has no bool kernel",
-                op.kernel_base()
-            ),
-        )
+    let name = op.kernel_name(d).ok_or_else(|| {
+        CudaError::invalid(OP, format!("{} needs bool operands, got {d}", op.name()))
     })?;
     need_dtype(OP, "b", &b.data, d)?;
-    let n = numel(OP, shape)?;
-    need(OP, "out", &out, DType::Bool, n)?;
-    if n == 0 {
-        return Ok(None);
-    }
-    let meta = strided_meta(OP, &[&a, &b], shape)?;
-    Ok(Some(Launch::new(
-        KernelFile::Bool,
-        name,
-        t.grid_for(n, ELEMWISE_BLOCK),
-        ELEMWISE_BLOCK,
-        vec![
-            Arg::Ptr(a.data.ptr()),
-            Arg::Ptr(b.data.ptr()),
-            Arg::Ptr(out.ptr()),
-            Arg::I64(n as i64),
-            Arg::Strided(meta),
-        ],
-    )))
+    need_dtype(OP, "out", &out, DType::Bool)?;
+    plan_strided(t, OP, (KernelFile::Bool, name), &[&a, &b], out, shape)
 }
 
 /// Plan out (contiguous, `shape`) = cond ? a : b with a bool condition; a, b and out of one
@@ -99,26 +111,9 @@ pub fn plan_where_bool(
     }
     need_dtype(OP, "cond", &cond.data, DType::Bool)?;
     need_dtype(OP, "b", &b.data, d)?;
-    let n = numel(OP, shape)?;
-    need(OP, "out", &out, d, n)?;
-    if n == 0 {
-        return Ok(None);
-    }
-    let meta = strided_meta(OP, &[&cond, &a, &b], shape)?;
-    Ok(Some(Launch::new(
-        KernelFile::Bool,
-        format!("where_cond_{}", d.suffix()),
-        t.grid_for(n, ELEMWISE_BLOCK),
-        ELEMWISE_BLOCK,
-        vec![
-            Arg::Ptr(cond.data.ptr()),
-            Arg::Ptr(a.data.ptr()),
-            Arg::Ptr(b.data.ptr()),
-            Arg::Ptr(out.ptr()),
-            Arg::I64(n as i64),
-            Arg::Strided(meta),
-        ],
-    )))
+    need_dtype(OP, "out", &out, d)?;
+    let kernel = (KernelFile::Bool, format!("where_cond_{}", d.suffix()));
+    plan_strided(t, OP, kernel, &[&cond, &a, &b], out, shape)
 }
 
 /// Plan out[:] = value (a bool buffer).
@@ -140,10 +135,48 @@ pub fn plan_fill_bool(t: &LaunchTarget, out: DevSlice<'_>, value: bool) -> Resul
     )))
 }
 
+/// Plan out[o, i] = reduce_k x[o, k, i] of a contiguous bool [outer, n, inner] (n >= 1), read
+/// as bytes: `Sum` counts the true values and `ArgMax` finds the first (0 when none is), both
+/// into i64; `Max` (any) and `Min` (all) into bools.
+pub fn plan_bool_reduce(
+    t: &LaunchTarget,
+    op: IntReduce,
+    x: DevSlice<'_>,
+    out: DevSlice<'_>,
+    outer: usize,
+    n: usize,
+    inner: usize,
+) -> Result<Option<Launch>> {
+    need_dtype("bool_reduce", "x", &x, DType::Bool)?;
+    let out_dtype = bool_reduce_dtype(op);
+    let kernel = (
+        KernelFile::Bool,
+        format!("bool_reduce_{}", out_dtype.suffix()),
+    );
+    plan_mid_reduce(
+        t,
+        "bool_reduce",
+        kernel,
+        op,
+        x,
+        (out, out_dtype),
+        [outer, n, inner],
+    )
+}
+
+/// The dtype a reduction of bools gives (PyTorch's): i64 for the count and the index, bool for
+/// any / all.
+pub fn bool_reduce_dtype(op: IntReduce) -> DType {
+    match op {
+        IntReduce::Sum | IntReduce::ArgMax => DType::I64,
+        IntReduce::Max | IntReduce::Min => DType::Bool,
+    }
+}
+
 /// out (bool) = a op b through strides (see [`plan_bool_binary`]).
 pub fn bool_binary(
     dev: &CudaDevice,
-    op: BinaryOp,
+    op: BoolOp,
     a: StridedIn<'_>,
     b: StridedIn<'_>,
     out: DevSlice<'_>,
@@ -162,6 +195,27 @@ pub fn where_bool(
     shape: &[usize],
 ) -> Result<()> {
     dev.run_opt(plan_where_bool(&dev.target(), cond, a, b, out, shape)?)
+}
+
+/// Reduce a contiguous bool [outer, n, inner] over n (see [`plan_bool_reduce`]).
+pub fn bool_reduce(
+    dev: &CudaDevice,
+    op: IntReduce,
+    x: DevSlice<'_>,
+    out: DevSlice<'_>,
+    outer: usize,
+    n: usize,
+    inner: usize,
+) -> Result<()> {
+    dev.run_opt(plan_bool_reduce(
+        &dev.target(),
+        op,
+        x,
+        out,
+        outer,
+        n,
+        inner,
+    )?)
 }
 
 /// out[:] = value.
@@ -186,8 +240,8 @@ pub(crate) fn samples(t: &LaunchTarget) -> Vec<Launch> {
             },
         );
         let out = fake_slice(DType::Bool, 32);
-        for op in BinaryOp::ALL {
-            if kernel_name(op, d).is_some() {
+        for op in BoolOp::ALL {
+            if op.kernel_name(d).is_some() {
                 v.extend(plan_bool_binary(t, op, sa, sb, out, &shape).unwrap());
             }
         }
@@ -198,10 +252,10 @@ pub(crate) fn samples(t: &LaunchTarget) -> Vec<Launch> {
         v.extend(plan_where_bool(t, c, sa, sb, fake_slice(d, 32), &shape).unwrap());
     }
     v.extend(plan_fill_bool(t, fake_slice(DType::Bool, 5), true).unwrap());
-    // Two bools: or and and are planned above under add/maximum and mul/minimum; the names
-    // appear once each in the compiled module.
-    v.sort_by(|x, y| x.name.cmp(&y.name));
-    v.dedup_by(|x, y| x.name == y.name);
+    for op in [IntReduce::Sum, IntReduce::Max] {
+        let out = fake_slice(bool_reduce_dtype(op), 8);
+        v.extend(plan_bool_reduce(t, op, fake_slice(DType::Bool, 32), out, 2, 4, 4).unwrap());
+    }
     v
 }
 
@@ -218,35 +272,39 @@ mod tests {
             strides: &[8, 1],
         };
         let out = fake_slice(DType::Bool, 32);
-        let l = plan_bool_binary(&t, BinaryOp::Ne, sa, sa, out, &[4, 8])
+        let l = plan_bool_binary(&t, BoolOp::Ne, sa, sa, out, &[4, 8])
             .unwrap()
             .unwrap();
         assert_eq!(l.name, "cmp_ne_f16");
         // A comparison writes bools: an f16 output is refused.
-        assert!(plan_bool_binary(
-            &t,
-            BinaryOp::Ne,
-            sa,
-            sa,
-            fake_slice(DType::F16, 32),
-            &[4, 8]
-        )
-        .is_err());
-        // or / and only for two bools; `-` of two bools has no kernel (PyTorch refuses it).
+        assert!(
+            plan_bool_binary(&t, BoolOp::Ne, sa, sa, fake_slice(DType::F16, 32), &[4, 8]).is_err()
+        );
+        // or / and only for two bools.
         let b = StridedIn {
             data: fake_slice(DType::Bool, 32),
             strides: &[8, 1],
         };
         let name = |op| plan_bool_binary(&t, op, b, b, out, &[4, 8]).map(|l| l.unwrap().name);
-        assert_eq!(name(BinaryOp::Add).unwrap(), "bool_or");
-        assert_eq!(name(BinaryOp::Minimum).unwrap(), "bool_and");
-        assert!(name(BinaryOp::Sub).is_err());
-        assert!(plan_bool_binary(&t, BinaryOp::Add, sa, sa, out, &[4, 8]).is_err());
+        assert_eq!(name(BoolOp::Or).unwrap(), "bool_or");
+        assert_eq!(name(BoolOp::And).unwrap(), "bool_and");
+        assert_eq!(name(BoolOp::Ge).unwrap(), "cmp_ge_bool");
+        assert!(plan_bool_binary(&t, BoolOp::Or, sa, sa, out, &[4, 8]).is_err());
         // where needs a bool condition.
         let l = plan_where_bool(&t, b, sa, sa, fake_slice(DType::F16, 32), &[4, 8])
             .unwrap()
             .unwrap();
         assert_eq!(l.name, "where_cond_f16");
         assert!(plan_where_bool(&t, sa, sa, sa, fake_slice(DType::F16, 32), &[4, 8]).is_err());
+        // Reductions: a count into i64, any into bools; the other pairings are refused.
+        let x = fake_slice(DType::Bool, 32);
+        let (i64_out, bool_out) = (fake_slice(DType::I64, 8), fake_slice(DType::Bool, 8));
+        let r = |op, out| plan_bool_reduce(&t, op, x, out, 2, 4, 4).map(|l| l.unwrap().name);
+        assert_eq!(r(IntReduce::Sum, i64_out).unwrap(), "bool_reduce_i64");
+        assert_eq!(r(IntReduce::Max, bool_out).unwrap(), "bool_reduce_bool");
+        assert!(r(IntReduce::Sum, bool_out).is_err());
+        assert!(r(IntReduce::Min, i64_out).is_err());
+        let empty = fake_slice(DType::Bool, 0);
+        assert!(plan_bool_reduce(&t, IntReduce::Sum, empty, i64_out, 2, 0, 4).is_err());
     }
 }

@@ -1,9 +1,9 @@
-//! Wrappers for `kernels/int.cu`: i64 arithmetic / comparisons over strided operands,
+//! Wrappers for `kernels/int.cu`: i64 arithmetic over strided operands,
 //! fill, arange (every dtype), i64 reductions, row gathers through device ids, and the
 //! device-side index check that records the first bad index in a small slot buffer.
 
 use super::binary::{BinaryOp, StridedIn};
-use super::{fake_slice, need, need_dtype, numel, strided_meta};
+use super::{fake_slice, need, need_dtype, need_len, numel, plan_strided};
 use crate::alloc::DevSlice;
 use crate::device::CudaDevice;
 use crate::dtype::DType;
@@ -27,28 +27,12 @@ pub fn plan_int_binary(
     out: DevSlice<'_>,
     shape: &[usize],
 ) -> Result<Option<Launch>> {
-    let name = "int_binary";
-    need_dtype(name, "a", &a.data, DType::I64)?;
-    need_dtype(name, "b", &b.data, DType::I64)?;
-    let n = numel(name, shape)?;
-    need(name, "out", &out, DType::I64, n)?;
-    if n == 0 {
-        return Ok(None);
-    }
-    let meta = strided_meta(name, &[&a, &b], shape)?;
-    Ok(Some(Launch::new(
-        KernelFile::Int,
-        format!("int_{}_i64", op.kernel_base()),
-        t.grid_for(n, ELEMWISE_BLOCK),
-        ELEMWISE_BLOCK,
-        vec![
-            Arg::Ptr(a.data.ptr()),
-            Arg::Ptr(b.data.ptr()),
-            Arg::Ptr(out.ptr()),
-            Arg::I64(n as i64),
-            Arg::Strided(meta),
-        ],
-    )))
+    const OP: &str = "int_binary";
+    need_dtype(OP, "a", &a.data, DType::I64)?;
+    need_dtype(OP, "b", &b.data, DType::I64)?;
+    need_dtype(OP, "out", &out, DType::I64)?;
+    let kernel = (KernelFile::Int, format!("int_{}_i64", op.kernel_base()));
+    plan_strided(t, OP, kernel, &[&a, &b], out, shape)
 }
 
 /// Plan y[:] = value (i64).
@@ -101,7 +85,8 @@ pub fn plan_arange(
     )))
 }
 
-/// Which i64 reduction (the kernel's `op` code).
+/// Which reduction of int.cu's `int_reduce_i64` and bool.cu's `bool_reduce_*` (the kernels'
+/// `op` code).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum IntReduce {
     Sum = 0,
@@ -121,15 +106,39 @@ pub fn plan_int_reduce(
     n: usize,
     inner: usize,
 ) -> Result<Option<Launch>> {
-    let name = "int_reduce";
+    need_dtype("int_reduce", "x", &x, DType::I64)?;
+    let kernel = (KernelFile::Int, "int_reduce_i64".to_string());
+    plan_mid_reduce(
+        t,
+        "int_reduce",
+        kernel,
+        op,
+        x,
+        (out, DType::I64),
+        [outer, n, inner],
+    )
+}
+
+/// Plan `kernel(x, out, outer, n, inner, op)`: a reduction of a contiguous [outer, n, inner]
+/// over its middle dim (n >= 1), one thread per output, into `out` (`outer * inner` elements
+/// of the given dtype). x's dtype is the caller's to check.
+pub(crate) fn plan_mid_reduce(
+    t: &LaunchTarget,
+    name: &'static str,
+    (file, kernel): (KernelFile, String),
+    op: IntReduce,
+    x: DevSlice<'_>,
+    (out, out_dtype): (DevSlice<'_>, DType),
+    [outer, n, inner]: [usize; 3],
+) -> Result<Option<Launch>> {
     let m = outer
         .checked_mul(inner)
         .ok_or_else(|| CudaError::invalid(name, "outer * inner overflows"))?;
     let total = m
         .checked_mul(n)
         .ok_or_else(|| CudaError::invalid(name, "shape overflows"))?;
-    need(name, "x", &x, DType::I64, total)?;
-    need(name, "out", &out, DType::I64, m)?;
+    need_len(name, "x", &x, total)?;
+    need(name, "out", &out, out_dtype, m)?;
     if n == 0 {
         return Err(CudaError::invalid(name, "cannot reduce an empty dimension"));
     }
@@ -137,8 +146,8 @@ pub fn plan_int_reduce(
         return Ok(None);
     }
     Ok(Some(Launch::new(
-        KernelFile::Int,
-        "int_reduce_i64",
+        file,
+        kernel,
         t.grid_for(m, ELEMWISE_BLOCK),
         ELEMWISE_BLOCK,
         vec![

@@ -22,7 +22,11 @@ pub mod unary;
 use crate::alloc::DevSlice;
 use crate::dtype::DType;
 use crate::error::{CudaError, Result};
-use crate::launch::{check_strided_bounds, coalesce, Launch, LaunchTarget, Step, StridedMeta};
+use crate::launch::{
+    check_strided_bounds, coalesce, is_contiguous_coalesced, Arg, Launch, LaunchTarget, Step,
+    StridedMeta, ELEMWISE_BLOCK,
+};
+use crate::nvrtc::KernelFile;
 use binary::StridedIn;
 
 pub(crate) fn need_float(op: &'static str, d: DType) -> Result<()> {
@@ -91,13 +95,13 @@ pub(crate) fn numel(op: &'static str, shape: &[usize]) -> Result<usize> {
         .ok_or_else(|| CudaError::invalid(op, "shape overflows"))
 }
 
-/// Merged shape and strides of `ins` over `shape` as the strided kernels take them, after
-/// checking that each operand's strides stay inside its slice.
-pub(crate) fn strided_meta(
+/// Check that each operand's strides stay inside its slice, then merge the dims that are
+/// contiguous in all of them: the coalesced shape and per-operand strides.
+fn coalesce_operands(
     op: &'static str,
     ins: &[&StridedIn<'_>],
     shape: &[usize],
-) -> Result<StridedMeta> {
+) -> Result<(Vec<usize>, Vec<Vec<i64>>)> {
     for (k, s) in ins.iter().enumerate() {
         check_strided_bounds(
             op,
@@ -108,8 +112,47 @@ pub(crate) fn strided_meta(
         )?;
     }
     let strides: Vec<&[i64]> = ins.iter().map(|s| s.strides).collect();
-    let (cs, cst) = coalesce(shape, &strides);
-    StridedMeta::new(&cs, &cst)
+    Ok(coalesce(shape, &strides))
+}
+
+/// Whether every operand of `ins` reads `shape` contiguously once dims are merged (so a
+/// contiguous kernel can take them), after the bounds check of [`coalesce_operands`].
+pub(crate) fn all_contiguous(
+    op: &'static str,
+    ins: &[&StridedIn<'_>],
+    shape: &[usize],
+) -> Result<bool> {
+    let (cs, cst) = coalesce_operands(op, ins, shape)?;
+    Ok(cst.iter().all(|s| is_contiguous_coalesced(&cs, s)))
+}
+
+/// Plan one strided elementwise kernel, `kernel(in_0, .., out, n, StridedMeta)` with `n` the
+/// elements of `shape`: every operand read through its strides (0 = broadcast), `out`
+/// contiguous over `shape` (its dtype is the caller's to check). None for an empty shape.
+pub(crate) fn plan_strided(
+    t: &LaunchTarget,
+    op: &'static str,
+    (file, kernel): (KernelFile, String),
+    ins: &[&StridedIn<'_>],
+    out: DevSlice<'_>,
+    shape: &[usize],
+) -> Result<Option<Launch>> {
+    let n = numel(op, shape)?;
+    need_len(op, "out", &out, n)?;
+    if n == 0 {
+        return Ok(None);
+    }
+    let (cs, cst) = coalesce_operands(op, ins, shape)?;
+    let meta = StridedMeta::new(&cs, &cst)?;
+    let mut args: Vec<Arg> = ins.iter().map(|s| Arg::Ptr(s.data.ptr())).collect();
+    args.extend([Arg::Ptr(out.ptr()), Arg::I64(n as i64), Arg::Strided(meta)]);
+    Ok(Some(Launch::new(
+        file,
+        kernel,
+        t.grid_for(n, ELEMWISE_BLOCK),
+        ELEMWISE_BLOCK,
+        args,
+    )))
 }
 
 pub(crate) fn kname(base: &str, d: DType) -> String {

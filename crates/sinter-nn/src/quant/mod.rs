@@ -14,6 +14,9 @@
 //!   would cap both the file's shrink (about 2× instead of 4×) and generation's speed-up.
 //!   Per-row scales keep each token's vector within half a step (1/254 of its largest entry).
 //!
+//! - Layers named in [`quantize_keeping`]'s list stay f32 (for GPT, the accuracy rule
+//!   `wte,blocks.0`: README "Int8 quantization" says why).
+//!
 //! [`quantize`] rewrites a model in place: every Linear, Conv2d and Embedding lists a
 //! [`slot::LayerHandle`] beside its weight in `Module::collect`, and its forward runs the int8
 //! form installed in that slot. [`state::export`] / [`state::import`] turn a quantized model
@@ -79,11 +82,33 @@ pub fn quantize(
     model: &dyn Module,
     calibrate: &mut dyn FnMut(&dyn Module) -> Result<()>,
 ) -> Result<QuantizeReport> {
+    quantize_keeping(model, &[], calibrate)
+}
+
+/// [`quantize`], leaving in f32 every layer that `keep_f32` names: a layer's name (`wte`,
+/// `blocks.0.mlp.fc`) or a prefix of names ending at a dot (`blocks.0`: every layer of block 0).
+/// A name that matches no layer is an error that lists the layers.
+pub fn quantize_keeping(
+    model: &dyn Module,
+    keep_f32: &[String],
+    calibrate: &mut dyn FnMut(&dyn Module) -> Result<()>,
+) -> Result<QuantizeReport> {
     // BatchNorm folded before now made f32 copies of the convolutions that would shadow their
     // int8 forms: unfold (fold again after quantizing, `fold::fold_for_inference`).
     model.set_training(true);
     model.set_training(false);
     let all = layers(model);
+    let kept = |name: &str| keep_f32.iter().any(|k| names_layer(k, name));
+    if let Some(k) = keep_f32
+        .iter()
+        .find(|k| !all.iter().any(|(n, _)| names_layer(k, n)))
+    {
+        let names: Vec<&str> = all.iter().map(|(n, _)| n.as_str()).collect();
+        bail!(
+            "quantize: keep in f32: '{k}' names no layer of this model; its layers are {}",
+            names.join(", ")
+        );
+    }
     for (name, h) in &all {
         if h.weight.device() != Device::Cpu {
             bail!(
@@ -97,6 +122,7 @@ pub fn quantize(
     let mut todo = Vec::new();
     for (name, h) in all {
         match h.kind {
+            _ if kept(&name) => report.kept_f32.push((name, "asked to keep f32".into())),
             slot::LayerKind::Conv2d(p) if p.groups != 1 => report
                 .kept_f32
                 .push((name, format!("grouped convolution ({} groups)", p.groups))),
@@ -138,6 +164,12 @@ pub fn quantize(
         h.slot.set(QuantState::Int8(form));
     }
     Ok(report)
+}
+
+/// Whether `pattern` names the layer `name`: the name itself, or a prefix ending at a dot.
+fn names_layer(pattern: &str, name: &str) -> bool {
+    let p = pattern.trim_end_matches('.');
+    name == p || (name.starts_with(p) && name.as_bytes().get(p.len()) == Some(&b'.'))
 }
 
 /// The input range of each conv in `todo` (None for other layers), from one `calibrate` run.
