@@ -199,6 +199,15 @@ fn gather_image(
 ) {
     let (l, kk) = (win.l(), win.taps());
     let rows = &mut col[i * l * k_padded..(i + 1) * l * k_padded];
+    if c == 1 {
+        // One byte per tap (a first layer on grayscale images): a lookup, not a copy call.
+        for (row, taps) in rows.chunks_exact_mut(k_padded).zip(table.chunks_exact(kk)) {
+            for (dst, &j) in row.iter_mut().zip(taps) {
+                *dst = pixels[j as usize];
+            }
+        }
+        return;
+    }
     for (row, taps) in rows.chunks_exact_mut(k_padded).zip(table.chunks_exact(kk)) {
         for (dst, &j) in row.chunks_exact_mut(c).zip(taps) {
             copy_short(dst, &pixels[j as usize * c..][..c]);
@@ -332,5 +341,19 @@ mod tests {
         let mut col2 = vec![7u8; 2 * 4 * kp];
         gather_u8_pixels(&pixels, &win, 3, &table, 100, &mut col2, kp);
         assert_eq!(col2, col);
+
+        // One channel (its own route): row q holds the taps' pixels, the padding byte for
+        // the taps outside.
+        let mut col1 = vec![7u8; 6 * 4 * 8];
+        gather_u8_pixels(&pixels, &win, 1, &table, 100, &mut col1, 8);
+        for (r, row) in col1.chunks_exact(8).enumerate() {
+            let (img, q) = (r / 4, r % 4);
+            for t in 0..4 {
+                let j = table[q * 4 + t] as usize;
+                let want = if j == 9 { 100 } else { pixels[img * 9 + j] };
+                assert_eq!(row[t], want, "row {r} tap {t}");
+            }
+            assert_eq!(row[4..], [7; 4]);
+        }
     }
 }

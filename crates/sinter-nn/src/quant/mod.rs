@@ -21,7 +21,9 @@
 //! [`slot::LayerHandle`] beside its weight in `Module::collect`, and its forward runs the int8
 //! form installed in that slot. [`state::export`] / [`state::import`] turn a quantized model
 //! into named tensors (int8 weights + f32 scales) and back. Int8 layers run on the CPU only and
-//! carry no gradient; a CUDA input or one that needs a gradient gets an error.
+//! carry no gradient; a CUDA input or one that needs a gradient gets an error. A model whose
+//! int8 convolutions follow one another (conv → activation → max pool → conv) runs them as a
+//! [`chain`], u8 activations passed from one to the next.
 
 pub mod chain;
 pub mod conv;
