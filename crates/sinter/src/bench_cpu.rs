@@ -15,6 +15,8 @@
 //! - `generate[:T]`: greedy generation of `--tokens` tokens after "\n" with the KV cache at
 //!   context T (default 64 and 256), tokens/s;
 //! - `linear[:R]`: a 768→3072 Linear (GPT-2's MLP) forward on R rows (default 1 and 64), µs;
+//! - `linear-int8[:R]`: the same Linear (same weights) quantized as `sinter quantize` does
+//!   (int8 per-channel weights, each input row quantized at run time), µs;
 //! - `train`: the whole default `sinter train` (the digits CNN, 30 epochs, an evaluation after
 //!   each) in this process, seconds.
 //!
@@ -37,6 +39,7 @@ use serde_json::{json, Map, Value};
 use sinter_core::{no_grad, Conv2dParams, DType, Device, Rng, Tensor};
 use sinter_data::DataLoader;
 use sinter_models::Task;
+use sinter_nn::quant::QuantizedLinear;
 use sinter_nn::{clip_grad_norm, AdamW, Module, Optimizer};
 
 use crate::config::{ConfigFile, TrainConfig};
@@ -49,7 +52,7 @@ use timing::{time_it, Stats};
 
 /// Every case name, for `--help` and error messages.
 pub const CASES: &str =
-    "gemm[:N], conv, cnn-step, gpt-step, gpt-forward, cnn-infer[:B], generate[:T], linear[:R], train";
+    "gemm[:N], conv, cnn-step, gpt-step, gpt-forward, cnn-infer[:B], generate[:T], linear[:R], linear-int8[:R], train";
 
 #[derive(Args)]
 pub struct CpuBenchArgs {
@@ -207,7 +210,10 @@ fn run_case(case: &str, a: &CpuBenchArgs) -> Result<Vec<Figure>> {
             .map(|t| generate(ckpt, Some(t), a.tokens, budget))
             .collect::<Result<_>>()?,
         ("linear", _) => (sizes(&[1, 64]).into_iter())
-            .map(|r| linear(r, budget))
+            .map(|r| linear(r, false, budget))
+            .collect::<Result<_>>()?,
+        ("linear-int8", _) => (sizes(&[1, 64]).into_iter())
+            .map(|r| linear(r, true, budget))
             .collect::<Result<_>>()?,
         ("train", None) => vec![whole_train(init)?],
         _ => bail!("unknown CPU benchmark case '{case}'; valid: {CASES}"),
@@ -581,18 +587,36 @@ fn generate(
     .with("tokens", json!(&tokens[prompt.len()..])))
 }
 
-fn linear(rows: usize, budget: Duration) -> Result<Figure> {
+/// A 768→3072 Linear on `rows` rows, f32 or (`int8`) the same weights quantized.
+fn linear(rows: usize, int8: bool, budget: Duration) -> Result<Figure> {
     let mut rng = Rng::new(rows as u64);
     let layer = sinter_nn::Linear::new(768, 3072, true, &mut rng)?;
     let x = Tensor::randn(&[rows, 768], 0.0, 1.0, &mut rng, DType::F32, Device::Cpu)?;
     let _g = no_grad();
+    let quantized = if int8 {
+        Some(QuantizedLinear::from_f32(
+            &layer.weight,
+            layer.bias.as_ref(),
+        )?)
+    } else {
+        None
+    };
     let stats = time_checked(5, budget, 5, || {
-        std::hint::black_box(layer.forward(&x)?);
+        let y = match &quantized {
+            Some(q) => q.forward(&x)?,
+            None => layer.forward(&x)?,
+        };
+        std::hint::black_box(y);
         Ok(())
     })?;
+    let (id, kind) = if int8 {
+        ("linear-int8", "int8 dynamic")
+    } else {
+        ("linear", "f32")
+    };
     Ok(Figure::new(
-        &format!("linear:{rows}"),
-        format!("Linear 768→3072 (f32), {rows} row(s)"),
+        &format!("{id}:{rows}"),
+        format!("Linear 768→3072 ({kind}), {rows} row(s)"),
         stats.median() * 1e6,
         "µs",
         stats,
