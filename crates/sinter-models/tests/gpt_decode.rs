@@ -300,6 +300,10 @@ fn the_int8_host_step_equals_the_int8_tensor_path() {
     host_step_against_tensor_path(&m, 2e-2);
 }
 
+/// `tol` bounds the logits' and the cached keys/values' differences: f32 rounding for an f32
+/// model; for an int8 one, a rounding-order difference upstream can flip an activation's u8
+/// rounding, which moves a key or value by about one quantization step (seen with the
+/// scalar f32 GEMM: 0.003).
 fn host_step_against_tensor_path(m: &Gpt, tol: f32) {
     let v = 64;
     // Nine sequences (a step of 8 rows or more is split across two threads: between
@@ -347,7 +351,7 @@ fn host_step_against_tensor_path(m: &Gpt, tol: f32) {
                 let (x, y) = (x.narrow(2, 0, n).unwrap(), y.narrow(2, 0, n).unwrap());
                 let e = max_err(&x.to_vec_f32().unwrap(), &y.to_vec_f32().unwrap());
                 assert!(
-                    e < 1e-4,
+                    e < tol,
                     "sequence {i}, layer {l}: cached keys/values differ by {e}"
                 );
             }
