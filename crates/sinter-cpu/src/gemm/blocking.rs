@@ -65,6 +65,16 @@ fn parse_size(s: &str) -> Option<usize> {
     num.parse::<usize>().ok().map(|n| n * mult)
 }
 
+/// SINTER_GEMM_MC / _KC / _NC (for tuning), read once: `for_kernel` runs on every GEMM call,
+/// dozens per decode step, and an environment lookup each time showed in serving profiles.
+fn overrides() -> &'static [Option<usize>; 3] {
+    static ONCE: std::sync::OnceLock<[Option<usize>; 3]> = std::sync::OnceLock::new();
+    ONCE.get_or_init(|| {
+        ["SINTER_GEMM_MC", "SINTER_GEMM_KC", "SINTER_GEMM_NC"]
+            .map(|k| std::env::var(k).ok().and_then(|v| v.parse().ok()))
+    })
+}
+
 /// Block sizes of one GEMM: kc (the shared dimension), mc (rows of A per packed block, a
 /// multiple of mr) and nc (columns of B per packed block, a multiple of nr).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -83,16 +93,17 @@ impl Blocking {
         let mc = (c.l2 / 2 / (kc * F32)).clamp(mr, 1024) / mr * mr;
         // One quarter of L3 (it is shared by the cores).
         let nc = (c.l3 / 4 / (kc * F32)).clamp(nr, 4096) / nr * nr;
-        let env = |k: &str, d: usize| {
-            std::env::var(k)
-                .ok()
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(d)
-        };
+        Blocking { mc, kc, nc }.overridden(overrides(), mr, nr)
+    }
+
+    /// These blocks with the set overrides [mc, kc, nc] in their place, rounded to the block
+    /// rules: mc and nc whole micro-tiles, kc a multiple of 8 (never 0).
+    fn overridden(self, [m, k, n]: &[Option<usize>; 3], mr: usize, nr: usize) -> Blocking {
+        let round = |v: usize, unit: usize| (v / unit).max(1) * unit;
         Blocking {
-            mc: env("SINTER_GEMM_MC", mc),
-            kc: env("SINTER_GEMM_KC", kc),
-            nc: env("SINTER_GEMM_NC", nc),
+            mc: m.map_or(self.mc, |v| round(v, mr)),
+            kc: k.map_or(self.kc, |v| round(v, 8)),
+            nc: n.map_or(self.nc, |v| round(v, nr)),
         }
     }
 }
@@ -114,5 +125,19 @@ mod tests {
             // The A block fits in L2.
             assert!(b.mc * b.kc * 4 <= c.l2, "{b:?} {c:?}");
         }
+    }
+
+    #[test]
+    fn overrides_take_the_place_of_the_blocks_rounded_to_their_rules() {
+        let b = Blocking {
+            mc: 256,
+            kc: 384,
+            nc: 1536,
+        };
+        assert_eq!(b.overridden(&[None; 3], 32, 12), b);
+        let o = b.overridden(&[Some(100), Some(130), Some(50)], 32, 12);
+        assert_eq!((o.mc, o.kc, o.nc), (96, 128, 48));
+        let tiny = b.overridden(&[Some(1), Some(0), Some(5)], 32, 12);
+        assert_eq!((tiny.mc, tiny.kc, tiny.nc), (32, 8, 12));
     }
 }
