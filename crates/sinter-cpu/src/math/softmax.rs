@@ -37,27 +37,11 @@ pub fn softmax_rows(isa: Isa, x: &[f32], y: &mut [f32], n: usize, log: bool) {
 #[inline(always)]
 pub(super) unsafe fn softmax_row<S: Simd>(x: *const f32, y: *mut f32, n: usize, log: bool) {
     let m = max::<S>(x, n);
-    let mv = S::splat(m);
-    let mut acc = S::zero();
-    for_vectors::<S>(
-        x,
-        n,
-        #[inline(always)]
-        |i, v, lanes| {
-            let e = exp::<S>(S::sub(v, mv));
-            // Masked-off lanes are exp(0 − m): keep them out of the sum.
-            let e = if lanes == S::LANES {
-                e
-            } else {
-                S::keep_first(e, lanes)
-            };
-            acc = S::add(acc, e);
-            if !log {
-                store_lanes::<S>(y.add(i), e, lanes);
-            }
-        },
-    );
-    let total = S::reduce_add(acc);
+    let total = if log {
+        exp_sum_row::<S, false>(x, y, n, m)
+    } else {
+        exp_sum_row::<S, true>(x, y, n, m)
+    };
     if log {
         let shift = S::splat(m + total.ln());
         for_vectors::<S>(
@@ -121,11 +105,18 @@ pub fn exp_shifted(isa: Isa, x: &mut [f32], live: usize, shift: f32) -> f32 {
     );
     let (head, tail) = x.split_at_mut(live);
     tail.fill(0.0);
-    with_isa!(isa, S => exp_shifted_row::<S>(head.as_mut_ptr(), head.len(), shift))
+    let p = head.as_mut_ptr();
+    with_isa!(isa, S => exp_sum_row::<S, true>(p, p, head.len(), shift))
 }
 
+/// Σ e^(x[i] − shift) over the row, also stored into y when `STORE` (y may be x).
 #[inline(always)]
-unsafe fn exp_shifted_row<S: Simd>(x: *mut f32, n: usize, shift: f32) -> f32 {
+unsafe fn exp_sum_row<S: Simd, const STORE: bool>(
+    x: *const f32,
+    y: *mut f32,
+    n: usize,
+    shift: f32,
+) -> f32 {
     let sv = S::splat(shift);
     let mut acc = S::zero();
     for_vectors::<S>(
@@ -141,7 +132,9 @@ unsafe fn exp_shifted_row<S: Simd>(x: *mut f32, n: usize, shift: f32) -> f32 {
                 S::keep_first(e, lanes)
             };
             acc = S::add(acc, e);
-            store_lanes::<S>(x.add(i), e, lanes);
+            if STORE {
+                store_lanes::<S>(y.add(i), e, lanes);
+            }
         },
     );
     S::reduce_add(acc)
