@@ -26,7 +26,8 @@ cuda_env() {
     local joined
     joined="$(IFS=:; echo "${dirs[*]}")"
     export LD_LIBRARY_PATH="${joined}${LD_LIBRARY_PATH:+:${LD_LIBRARY_PATH}}"
-    # Kernels compiled by NVRTC are cached here (a fresh machine compiles them once).
-    export SINTER_CACHE_DIR="${SINTER_CACHE_DIR:-$(cd "${OUT_DIR}" && pwd)/.cache}"
+    # Kernels compiled by NVRTC are cached here (a fresh machine compiles them once); outside
+    # OUT_DIR, since the device tool brings back only 8 files from $OUT.
+    export SINTER_CACHE_DIR="${SINTER_CACHE_DIR:-${TMPDIR:-/tmp}/sinter-kernel-cache}"
 }
 

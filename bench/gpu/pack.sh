@@ -26,7 +26,7 @@ TESTS=(
 "${CARGO}" build --release -p sinter
 rm -rf "${DEST}"
 mkdir -p "${DEST}"
-strip -o "${DEST}/sinter" target/release/sinter
+strip -o "${DEST}/sinter" "${CARGO_TARGET_DIR:-target}/release/sinter"
 for t in "${TESTS[@]}"; do
     crate="${t%%:*}" name="${t##*:}"
     # The path of the test executable, from cargo's JSON messages.

@@ -56,6 +56,6 @@ bench)
     exit 2
     ;;
 esac
-tar czf "${OUT_DIR}/${PART}.tgz" -C "${OUT_DIR}" --exclude '*.tgz' --exclude '.cache' --exclude '.lib' --exclude 'tokens' . 2>/dev/null
+tar czf "${OUT_DIR}/${PART}.tgz" -C "${OUT_DIR}" --exclude '*.tgz' --exclude '.cache' --exclude '.lib' --exclude 'tokens' --exclude '*.safetensors' . 2>/dev/null
 echo "prove ${PART}: exit ${rc}; everything is in ${OUT_DIR}/${PART}.tgz"
 exit ${rc}

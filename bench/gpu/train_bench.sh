@@ -56,6 +56,7 @@ echo "== GPT-2 tokens of tiny Shakespeare"
 sinter_run() {
     local name="$1" model="$2" precision="$3" batch="$4" context="$5" dir="${OUT_DIR}/runs/$1"
     rm -rf "${dir}"
+    mkdir -p "${OUT_DIR}/runs"
     echo "== sinter ${name}: ${model} ${precision} batch ${batch} × ${context}"
     # shellcheck disable=SC2086
     if ! "${SINTER}" train --quiet --model "${model}" --data "tokens:${OUT_DIR}/tokens" \
