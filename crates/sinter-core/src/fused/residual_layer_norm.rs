@@ -28,6 +28,11 @@ pub fn residual_layer_norm(
 ) -> Result<(Tensor, Tensor)> {
     same_shape("residual_layer_norm", x, residual)?;
     float_input("residual_layer_norm", x)?;
+    // Mixed floats (an f32 residual stream and a half-precision sub-layer output under
+    // autocast) promote as the reference's `x + residual` does.
+    if let Some((x, r)) = crate::amp::promote_operands(x, residual)? {
+        return residual_layer_norm(&x, &r, gamma, beta, eps);
+    }
     if x.dtype() != residual.dtype() {
         return Err(Error::DTypeMismatch {
             op: "residual_layer_norm",

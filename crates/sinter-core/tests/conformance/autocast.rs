@@ -3,7 +3,7 @@
 
 use crate::harness::*;
 use crate::reference::{self as r, Arr, Conv};
-use sinter_core::{amp, Conv2dParams, DType, Tensor};
+use sinter_core::{amp, fused, Conv2dParams, DType, Tensor};
 
 pub fn cases() -> Vec<Case> {
     vec![
@@ -11,6 +11,9 @@ pub fn cases() -> Vec<Case> {
         case("conv2d", HALVES, conv2d),
         case("mlp", HALVES, mlp),
         case("mixed_matmul", HALVES, mixed_matmul),
+        case("linear", HALVES, linear),
+        case("attention", HALVES, attention),
+        case("residual_layer_norm", HALVES, residual_layer_norm),
         case("promotion", F32, promotion),
         case("per_thread", HALVES, per_thread).cpu_only(),
     ]
@@ -84,6 +87,95 @@ fn mlp(t: &Target) {
             let h = rd.r(r::matmul(&rd.r(x[0].clone()), &rd.r(x[1].clone())));
             let h = h.add(&x[2]).map(f64::tanh);
             r::matmul(&rd.r(h), &rd.r(x[3].clone()))
+        },
+    );
+}
+
+/// Fails unless `y` came out in `dt`.
+fn in_dtype(y: Tensor, dt: DType, what: &str) -> sinter_core::Result<Tensor> {
+    if y.dtype() != dt {
+        sinter_core::bail!("{what} under autocast({dt}) gave {}", y.dtype());
+    }
+    Ok(y)
+}
+
+/// A Linear runs wholly in the autocast dtype, bias included (PyTorch's rule): the output stays
+/// in that dtype and equals the product of rounded operands plus the rounded bias, rounded.
+fn linear(t: &Target) {
+    let mut rng = t.rng(94);
+    let dt = t.dtype;
+    t.check_with(
+        "linear",
+        rounds(4.0),
+        &[
+            In::F32(uniform(&mut rng, &[6, 16], -1.0, 1.0)),
+            In::VarF32(uniform(&mut rng, &[8, 16], -0.5, 0.5)),
+            In::VarF32(uniform(&mut rng, &[8], -0.5, 0.5)),
+        ],
+        |x| {
+            let _ac = amp::autocast(dt);
+            in_dtype(fused::linear(&x[0], &x[1], Some(&x[2]))?, dt, "linear")
+        },
+        |x, rd| {
+            let y = rd.r(r::matmul(&rd.r(x[0].clone()), &rd.r(x[1].t())));
+            rd.r(y.add(&rd.r(x[2].clone())))
+        },
+    );
+}
+
+/// Attention casts q, k and v to the autocast dtype (so CUDA's half-precision flash kernel
+/// applies to an f32 model's activations) and answers in that dtype.
+fn attention(t: &Target) {
+    let mut rng = t.rng(95);
+    let dt = t.dtype;
+    let shape = [1, 2, 9, 64];
+    t.check_with(
+        "attention",
+        rounds(8.0),
+        &[
+            In::VarF32(uniform(&mut rng, &shape, -1.0, 1.0)),
+            In::VarF32(uniform(&mut rng, &shape, -1.0, 1.0)),
+            In::VarF32(uniform(&mut rng, &shape, -1.0, 1.0)),
+        ],
+        |x| {
+            let _ac = amp::autocast(dt);
+            in_dtype(
+                fused::attention(&x[0], &x[1], &x[2], true, 0.125)?,
+                dt,
+                "attention",
+            )
+        },
+        |x, rd| {
+            let [q, k, v] = [0, 1, 2].map(|i| rd.r(x[i].clone()));
+            rd.r(r::attention(&q, &k, &v, true, 0.125))
+        },
+    );
+}
+
+/// An f32 residual stream plus a half-precision sub-layer output promotes to f32, as
+/// `x + residual` does, before the fused LayerNorm.
+fn residual_layer_norm(t: &Target) {
+    let mut rng = t.rng(96);
+    t.check_with(
+        "f32 stream + half residual",
+        Opts {
+            out: Some(DType::F32),
+            ..rounds(4.0)
+        },
+        &[
+            In::VarF32(uniform(&mut rng, &[5, 24], -2.0, 2.0)),
+            In::Var(uniform(&mut rng, &[5, 24], -2.0, 2.0)),
+            In::VarF32(uniform(&mut rng, &[24], 0.5, 1.5)),
+            In::VarF32(uniform(&mut rng, &[24], -1.0, 1.0)),
+        ],
+        |x| {
+            let (s, y) = fused::residual_layer_norm(&x[0], &x[1], &x[2], &x[3], 1e-5)?;
+            Tensor::cat(&[s.reshape(&[120])?, y.reshape(&[120])?], 0)
+        },
+        |x, rd| {
+            let s = x[0].add(&rd.r(x[1].clone()));
+            let y = r::layer_norm(&s, &x[2], &x[3], 1e-5f32 as f64);
+            r::cat(&[s.reshape(&[120]), y.reshape(&[120])], 0)
         },
     );
 }
