@@ -156,7 +156,7 @@ impl Indexing {
 
 impl GemmShape {
     /// Row-major storage shapes (rows, cols) of A, B and C.
-    fn stored(&self) -> [(usize, usize); 3] {
+    pub fn stored(&self) -> [(usize, usize); 3] {
         let a = if self.trans_a {
             (self.k, self.m)
         } else {
