@@ -220,7 +220,7 @@ mod tests {
             for ld in 1..100 {
                 let r = aligned_ld(esize, ld);
                 assert!(
-                    r >= ld && (r * esize) % ALIGN_BYTES == 0,
+                    r >= ld && (r * esize).is_multiple_of(ALIGN_BYTES),
                     "{esize} {ld} -> {r}"
                 );
                 assert!(

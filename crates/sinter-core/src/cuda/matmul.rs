@@ -233,7 +233,7 @@ pub(crate) fn linear_bias_gelu(
             bias: bv.slice(),
             aux: pre.as_slice(),
         };
-        dev.gemm(&desc).on(op)?;
+        super::gemm_align::gemm(dev, &desc, op)?;
     }
     Ok(Some((x.sibling(y, dtype), x.sibling(pre, dtype))))
 }

@@ -206,7 +206,8 @@ pub fn gemm_padding() -> GemmPadding {
 
 pub(crate) static PADDED_GEMMS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
-/// Matmuls that ran on padded, 16-byte aligned copies in this process (see [`GemmPadding`]).
+/// GEMMs (matmul, linear, conv2d's im2col) that ran on padded, 16-byte aligned copies in this
+/// process (see [`GemmPadding`]).
 pub fn padded_gemms() -> u64 {
     PADDED_GEMMS.load(Ordering::Relaxed)
 }
