@@ -110,15 +110,19 @@ pub(crate) fn plan(
 }
 
 /// A copy of `batch` row-major rows x cols matrices (leading dimension `ld`, `stride` apart; 0 =
-/// one shared matrix) with leading dimension `new_ld`; returns it and its batch stride.
+/// one shared matrix) with leading dimension `new_ld`: the copy, its leading dimension and its
+/// batch stride (None when the plan leaves the operand as it is).
 fn repack(
     dev: &CudaDevice,
     src: DevSlice<'_>,
     batch: usize,
     (rows, cols): (usize, usize),
     (ld, stride): (usize, usize),
-    new_ld: usize,
-) -> Result<(Arc<DeviceBuffer>, usize)> {
+    new_ld: Option<usize>,
+) -> Result<Option<(Arc<DeviceBuffer>, usize, usize)>> {
+    let Some(new_ld) = new_ld else {
+        return Ok(None);
+    };
     let (copies, new_stride) = if batch > 1 && stride == 0 {
         (1, 0)
     } else {
@@ -133,8 +137,8 @@ fn repack(
         &[(rows * new_ld) as i64, new_ld as i64, 1],
         &[copies, rows, cols],
     )
-    .on("matmul")?;
-    Ok((out, new_stride))
+    .on("padded gemm")?;
+    Ok(Some((out, new_ld, new_stride)))
 }
 
 /// Run `desc` through cuBLASLt, on padded copies where [`plan`] says so under the process's
@@ -157,23 +161,14 @@ pub(crate) fn gemm(dev: &CudaDevice, desc: &GemmDesc<'_>, op: &'static str) -> R
     let [da, db, _] = s.stored();
     let mut padded = s;
     let mut g = *desc;
-    let a_copy = match p.a {
-        Some(ld) => Some(repack(dev, desc.a, s.batch, da, (ix.lda, ix.stride_a), ld)?),
-        None => None,
-    };
-    if let (Some((buf, stride)), Some(ld)) = (&a_copy, p.a) {
-        padded.lda = Some(ld);
-        padded.stride_a = (s.batch > 1).then_some(*stride);
-        g.a = buf.as_slice();
+    let batched = |stride: usize| (s.batch > 1).then_some(stride);
+    let a_copy = repack(dev, desc.a, s.batch, da, (ix.lda, ix.stride_a), p.a)?;
+    if let Some((buf, ld, stride)) = &a_copy {
+        (padded.lda, padded.stride_a, g.a) = (Some(*ld), batched(*stride), buf.as_slice());
     }
-    let b_copy = match p.b {
-        Some(ld) => Some(repack(dev, desc.b, s.batch, db, (ix.ldb, ix.stride_b), ld)?),
-        None => None,
-    };
-    if let (Some((buf, stride)), Some(ld)) = (&b_copy, p.b) {
-        padded.ldb = Some(ld);
-        padded.stride_b = (s.batch > 1).then_some(*stride);
-        g.b = buf.as_slice();
+    let b_copy = repack(dev, desc.b, s.batch, db, (ix.ldb, ix.stride_b), p.b)?;
+    if let Some((buf, ld, stride)) = &b_copy {
+        (padded.ldb, padded.stride_b, g.b) = (Some(*ld), batched(*stride), buf.as_slice());
     }
     let Some(ldc) = p.c else {
         g.shape = padded;
@@ -181,7 +176,7 @@ pub(crate) fn gemm(dev: &CudaDevice, desc: &GemmDesc<'_>, op: &'static str) -> R
     };
     let c_pad = alloc(dev, s.batch * s.m * ldc, desc.c.dtype())?;
     padded.ldc = Some(ldc);
-    padded.stride_c = (s.batch > 1).then_some(s.m * ldc);
+    padded.stride_c = batched(s.m * ldc);
     g.shape = padded;
     g.c = c_pad.as_slice();
     dev.gemm(&g).on(op)?;
