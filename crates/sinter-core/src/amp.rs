@@ -108,6 +108,23 @@ pub(crate) fn autocast_operands(a: &Tensor, b: &Tensor) -> Result<Option<(Tensor
     Ok(Some((cast_float(a, dt)?, cast_float(b, dt)?)))
 }
 
+/// For an op that runs wholly in the autocast dtype (a Linear with its bias, attention: as in
+/// PyTorch, whose autocast casts every float input of these): the inputs cast to the region's
+/// dtype, or None when there is nothing to do (no region, all already in it, or a non-float
+/// input, which the op then rejects as usual).
+pub(crate) fn autocast_inputs(ts: &[&Tensor]) -> Result<Option<Vec<Tensor>>> {
+    let Some(dt) = autocast_dtype() else {
+        return Ok(None);
+    };
+    if ts.iter().any(|t| !t.dtype().is_float()) || ts.iter().all(|t| t.dtype() == dt) {
+        return Ok(None);
+    }
+    ts.iter()
+        .map(|t| cast_float(t, dt))
+        .collect::<Result<Vec<_>>>()
+        .map(Some)
+}
+
 /// For an elementwise op: both operands in their promoted dtype, or None when they already
 /// agree or cannot be promoted (the op then reports the mismatch). Float casts are
 /// differentiable; an integer operand is converted (it has no gradient).

@@ -67,7 +67,11 @@ __device__ __forceinline__ void ln_bwd_dx(const T* x, const T* gamma, const T* g
         float a = 0.f, b = 0.f;  // Σ g, Σ g * xhat
         if (live)
             row_visit2(xr, gr, n, [&](i64 j, float xv, float gv) {
-                const float g = gamma ? gv * to_f32(gamma[j]) : gv;
+                // __fmul_rn: never fused into a later add (NVRTC's --fmad=true would turn
+                // `g - a` below into fma(gv, gamma, -a), keeping the product's rounding error, so
+                // a one-element row's dx came out 1e-6, not 0: g must be the same rounded value
+                // in both passes).
+                const float g = gamma ? __fmul_rn(gv, to_f32(gamma[j])) : gv;
                 a += g;
                 b += g * (xv - mu) * rs;
             });
@@ -77,7 +81,7 @@ __device__ __forceinline__ void ln_bwd_dx(const T* x, const T* gamma, const T* g
             T* dr = dx + r * n;
             row_write(dr, n, [&](i64 j) {
                 const float gv = to_f32(gr[j]);
-                const float g = gamma ? gv * to_f32(gamma[j]) : gv;
+                const float g = gamma ? __fmul_rn(gv, to_f32(gamma[j])) : gv;
                 const float xhat = (to_f32(xr[j]) - mu) * rs;
                 float d = rs * (g - a - xhat * b);
                 if (accumulate) d += to_f32(dr[j]);

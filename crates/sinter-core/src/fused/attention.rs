@@ -78,7 +78,12 @@ fn geom(q: &Tensor, k: &Tensor, v: &Tensor, causal: bool, scale: f32) -> Result<
 /// softmax(scale · q kᵀ [+ causal mask]) v for q [b, h, tq, d], k and v [b, h, tk, d], as one
 /// fused, differentiable op that never builds the [tq, tk] matrices (see the module docs).
 /// `causal` masks future keys, aligned bottom-right (query i is position tk − tq + i).
+/// Under autocast q, k and v are cast to the region's dtype first (PyTorch's rule for
+/// scaled_dot_product_attention), which is also what lets CUDA's f16/bf16 kernel run.
 pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, causal: bool, scale: f32) -> Result<Tensor> {
+    if let Some(c) = crate::amp::autocast_inputs(&[q, k, v])? {
+        return attention(&c[0], &c[1], &c[2], causal, scale);
+    }
     let g = geom(q, k, v, causal, scale)?;
     let fused = q.storage().attention(
         q.layout(),

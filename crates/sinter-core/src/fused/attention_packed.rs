@@ -42,7 +42,11 @@ fn geom(qkv: &Tensor, n_head: usize, causal: bool, scale: f32) -> Result<AttnGeo
 
 /// Self-attention of a packed projection qkv [b, t, 3·c] with `n_head` heads: [b, t, c]
 /// (heads merged), differentiable in qkv. Equal to [`attention_packed_reference`].
+/// Under autocast qkv is cast to the region's dtype first, as in [`attention`].
 pub fn attention_packed(qkv: &Tensor, n_head: usize, causal: bool, scale: f32) -> Result<Tensor> {
+    if let Some(c) = crate::amp::autocast_inputs(&[qkv])? {
+        return attention_packed(&c[0], n_head, causal, scale);
+    }
     let g = geom(qkv, n_head, causal, scale)?;
     let Some((y, lse)) = qkv.storage().attention_packed(qkv.layout(), &g)? else {
         return attention_packed_reference(qkv, n_head, causal, scale);

@@ -16,11 +16,13 @@ use crate::{bail, Error, Result, Tensor};
 
 /// x Wᵀ + b over the last dimension of x (b optional), differentiable in x, W and b.
 pub fn linear(x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> Result<Tensor> {
-    let (rows, inp, out) = check("linear", x, w, b)?;
-    if crate::amp::autocast_dtype().is_some() {
-        // Autocast casts the product's operands and promotes the add: the composite's rules.
-        return linear_reference(x, w, b);
+    // Under autocast the whole layer runs in the region's dtype, bias included (PyTorch's
+    // rule): the output stays in that dtype instead of promoting back to f32 at the bias add.
+    let inputs: Vec<&Tensor> = [Some(x), Some(w), b].into_iter().flatten().collect();
+    if let Some(c) = crate::amp::autocast_inputs(&inputs)? {
+        return linear(&c[0], &c[1], c.get(2));
     }
+    let (rows, inp, out) = check("linear", x, w, b)?;
     let x2 = x.reshape(&[rows, inp])?;
     let (bs, bl) = match b {
         Some(b) => (Some(b.storage()), Some(b.layout())),

@@ -19,14 +19,10 @@ use crate::{Result, Tensor};
 
 /// gelu(x Wᵀ + b) over the last dimension of x, differentiable in x, w and b.
 pub fn linear_bias_gelu(x: &Tensor, w: &Tensor, b: &Tensor) -> Result<Tensor> {
-    if let Some(dt) = crate::amp::autocast_dtype() {
-        // Under autocast the whole layer runs in the region's dtype (PyTorch casts a Linear's
-        // input, weight and bias alike), so the fused half-precision kernel applies.
-        let all_float = [x, w, b].iter().all(|t| t.dtype().is_float());
-        if all_float && [x, w, b].iter().any(|t| t.dtype() != dt) {
-            let _off = crate::amp::autocast_disabled();
-            return linear_bias_gelu(&x.to_dtype(dt)?, &w.to_dtype(dt)?, &b.to_dtype(dt)?);
-        }
+    // Under autocast the whole layer runs in the region's dtype (PyTorch casts a Linear's
+    // input, weight and bias alike), so the fused half-precision kernel applies.
+    if let Some(c) = crate::amp::autocast_inputs(&[x, w, b])? {
+        return linear_bias_gelu(&c[0], &c[1], &c[2]);
     }
     let (rows, inp, out) = check("linear_bias_gelu", x, w, Some(b))?;
     let mut shape = x.shape().to_vec();
