@@ -156,7 +156,7 @@ impl Indexing {
 
 impl GemmShape {
     /// Row-major storage shapes (rows, cols) of A, B and C.
-    fn stored(&self) -> [(usize, usize); 3] {
+    pub fn stored(&self) -> [(usize, usize); 3] {
         let a = if self.trans_a {
             (self.k, self.m)
         } else {
@@ -801,6 +801,23 @@ mod tests {
         })
         .is_err());
         assert!(lt_params(&GemmShape::new(2, 2, 2).batched(0)).is_err());
+        // An output narrower than its rows is refused; a padded one (ldc > n) is accepted and
+        // needs (m - 1) * ldc + n elements.
+        assert!(lt_params(&GemmShape {
+            ldc: Some(4),
+            ..GemmShape::new(3, 5, 2)
+        })
+        .is_err());
+        let p = lt_params(&GemmShape {
+            ldc: Some(8),
+            lda: Some(8),
+            ..GemmShape::new(3, 5, 2)
+        })
+        .unwrap();
+        assert_eq!(
+            (p.c.ld, p.need_c, p.b.ld, p.need_a),
+            (8, 2 * 8 + 5, 8, 2 * 8 + 2)
+        );
     }
 
     #[test]

@@ -97,7 +97,7 @@ fn gemm(
 ) -> Result<()> {
     let mut desc = GemmDesc::new(p.gemm, s, a, b, c);
     desc.beta = beta;
-    dev.gemm(&desc).on("conv2d")
+    super::gemm_align::gemm(dev, &desc, "conv2d")
 }
 
 /// im2col of images n0..n0+nc, group gi, into `col` ([nc, ckk, l]).

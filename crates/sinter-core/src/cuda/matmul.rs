@@ -173,14 +173,14 @@ pub(crate) fn matmul(
             s.stride_b = Some(ob.batch_stride);
             s.stride_c = Some(m * n);
         }
-        dev.gemm(&GemmDesc::new(
+        let desc = GemmDesc::new(
             gemm_type,
             s,
             oa.data.slice(),
             ob.data.slice(),
             out.as_slice(),
-        ))
-        .on("matmul")?;
+        );
+        super::gemm_align::gemm(dev, &desc, "matmul")?;
         out
     };
     Ok(a.sibling(out, dtype))
@@ -233,7 +233,7 @@ pub(crate) fn linear_bias_gelu(
             bias: bv.slice(),
             aux: pre.as_slice(),
         };
-        dev.gemm(&desc).on(op)?;
+        super::gemm_align::gemm(dev, &desc, op)?;
     }
     Ok(Some((x.sibling(y, dtype), x.sibling(pre, dtype))))
 }

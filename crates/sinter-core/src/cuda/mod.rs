@@ -22,6 +22,7 @@ pub(crate) mod checks;
 pub(crate) mod conv;
 pub(crate) mod creation;
 pub(crate) mod elementwise;
+mod gemm_align;
 pub(crate) mod matmul;
 pub(crate) mod nn;
 pub(crate) mod optim;
@@ -30,7 +31,7 @@ pub(crate) mod random;
 pub(crate) mod reduce;
 pub mod storage;
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use sinter_cuda::{CudaDevice, CudaError, DevSlice, DeviceBuffer};
@@ -163,6 +164,52 @@ pub fn conv_backend() -> ConvBackend {
     } else {
         ConvBackend::Auto
     }
+}
+
+/// When a matmul whose rows are not 16-byte aligned runs on padded copies of its operands (see
+/// `gemm_align`: cuBLASLt's fast Hopper kernels need 16-byte aligned leading dimensions).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GemmPadding {
+    /// When the GEMM is large enough for the faster kernel to repay the copies (the default).
+    Auto,
+    /// Whenever an operand is misaligned (for tests and comparisons; `SINTER_GEMM_PAD=always`).
+    Always,
+    /// Never: cuBLASLt reads the operands as they are (`SINTER_GEMM_PAD=never`).
+    Never,
+}
+
+fn gemm_padding_flag() -> &'static AtomicU8 {
+    static FLAG: OnceLock<AtomicU8> = OnceLock::new();
+    FLAG.get_or_init(|| {
+        let mode = match std::env::var("SINTER_GEMM_PAD").as_deref() {
+            Ok("always") => GemmPadding::Always,
+            Ok("never") => GemmPadding::Never,
+            _ => GemmPadding::Auto,
+        };
+        AtomicU8::new(mode as u8)
+    })
+}
+
+/// Chooses when matmuls pad misaligned operands, for the following calls (process-wide).
+pub fn set_gemm_padding(mode: GemmPadding) {
+    gemm_padding_flag().store(mode as u8, Ordering::Relaxed);
+}
+
+/// The padding rule in use (see [`set_gemm_padding`]).
+pub fn gemm_padding() -> GemmPadding {
+    match gemm_padding_flag().load(Ordering::Relaxed) {
+        x if x == GemmPadding::Always as u8 => GemmPadding::Always,
+        x if x == GemmPadding::Never as u8 => GemmPadding::Never,
+        _ => GemmPadding::Auto,
+    }
+}
+
+pub(crate) static PADDED_GEMMS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// GEMMs (matmul, linear, conv2d's im2col) that ran on padded, 16-byte aligned copies in this
+/// process (see [`GemmPadding`]).
+pub fn padded_gemms() -> u64 {
+    PADDED_GEMMS.load(Ordering::Relaxed)
 }
 
 /// True when `libcudnn` loads here (conv2d then runs through it unless told otherwise).

@@ -12,6 +12,7 @@ pub fn cases() -> Vec<Case> {
         case("matmul_integer", I64, matmul_integer),
         case("matmul_large", FLOATS, matmul_large),
         case("matmul_tf32", F32, matmul_tf32).cuda_only().exclusive(),
+        case("matmul_padded", FLOATS, matmul_padded).cuda_only().exclusive(),
         case("conv2d", FLOATS, conv2d),
         case("conv2d_random", FLOATS, conv2d_random),
         case("conv2d_one_side", FLOATS, conv2d_one_side),
@@ -177,6 +178,109 @@ fn matmul_tf32(t: &Target) {
         t.check_with(&format!("tf32 {name}"), tf32, &inputs, f, |x, _| rf(x));
     }
     cuda::set_allow_tf32(false);
+}
+
+/// Products whose rows are not 16-byte aligned, forced onto padded aligned copies
+/// (`GemmPadding::Always`): odd m, n and k, transposed, batched, shared, broadcast and offset
+/// operands, each checked to have taken the padded path; then one product large enough for the
+/// default rule to pad, and a small one it leaves alone.
+fn matmul_padded(t: &Target) {
+    let mut rng = t.rng(34);
+    let odd: Vec<(&str, [&[usize]; 2], Graph, RefGraph)> = vec![
+        (
+            "odd m, n, k",
+            [&[5, 7], &[7, 9]],
+            |t| t[0].matmul(&t[1]),
+            |x| r::matmul(&x[0], &x[1]),
+        ),
+        (
+            "aᵀ · bᵀ odd",
+            [&[7, 5], &[9, 7]],
+            |t| t[0].t()?.matmul(&t[1].t()?),
+            |x| r::matmul(&x[0].t(), &x[1].t()),
+        ),
+        (
+            "batched odd",
+            [&[3, 5, 7], &[3, 7, 9]],
+            |t| t[0].matmul(&t[1]),
+            |x| r::matmul(&x[0], &x[1]),
+        ),
+        (
+            "batched · shared odd (one tall GEMM)",
+            [&[2, 5, 7], &[7, 9]],
+            |t| t[0].matmul(&t[1]),
+            |x| r::matmul(&x[0], &x[1]),
+        ),
+        (
+            "shared · batched odd",
+            [&[5, 7], &[3, 7, 9]],
+            |t| t[0].matmul(&t[1]),
+            |x| r::matmul(&x[0], &x[1]),
+        ),
+        (
+            "x · Wᵀ odd (LM head)",
+            [&[2, 3, 7], &[11, 7]],
+            |t| t[0].matmul(&t[1].t()?),
+            |x| r::matmul(&x[0], &x[1].t()),
+        ),
+        (
+            "batched aᵀ odd",
+            [&[3, 7, 5], &[3, 7, 9]],
+            |t| t[0].transpose(1, 2)?.matmul(&t[1]),
+            |x| r::matmul(&x[0].transpose(1, 2), &x[1]),
+        ),
+        (
+            "offset views",
+            [&[5, 10], &[9, 8]],
+            |t| t[0].narrow(1, 1, 7)?.matmul(&t[1].narrow(0, 1, 7)?),
+            |x| r::matmul(&x[0].narrow(1, 1, 7), &x[1].narrow(0, 1, 7)),
+        ),
+    ];
+    cuda::set_gemm_padding(cuda::GemmPadding::Always);
+    for (name, [sa, sb], f, rf) in odd {
+        let before = cuda::padded_gemms();
+        let inputs = [
+            In::Var(uniform(&mut rng, sa, -1.0, 1.0)),
+            In::Var(uniform(&mut rng, sb, -1.0, 1.0)),
+        ];
+        t.check(&format!("padded {name}"), &inputs, f, |x, _| rf(x));
+        assert!(
+            cuda::padded_gemms() > before,
+            "{name}: no GEMM took the padded path"
+        );
+    }
+    // The whole table too (its aligned products take the plain path).
+    matmul(t);
+    cuda::set_gemm_padding(cuda::GemmPadding::Auto);
+    // x · Wᵀ with 1025 outputs: 256 x 1025 x 1024 is just over the default threshold (2^28
+    // multiply-adds), and only the output is misaligned.
+    let (x, w) = (
+        uniform(&mut rng, &[256, 1024], -1.0, 1.0),
+        uniform(&mut rng, &[1025, 1024], -1.0, 1.0),
+    );
+    let before = cuda::padded_gemms();
+    t.check(
+        "auto-padded x · Wᵀ 256×1024×1025",
+        &[In::Fixed(x), In::Fixed(w)],
+        |x| x[0].matmul(&x[1].t()?),
+        |x, _| r::matmul(&x[0], &x[1].t()),
+    );
+    assert_eq!(cuda::padded_gemms(), before + 1, "the large GEMM is padded");
+    let (a, b) = (
+        uniform(&mut rng, &[64, 63], -1.0, 1.0),
+        uniform(&mut rng, &[63, 65], -1.0, 1.0),
+    );
+    t.check(
+        "auto small odd 64×63×65",
+        &[In::Fixed(a), In::Fixed(b)],
+        |x| x[0].matmul(&x[1]),
+        |x, _| r::matmul(&x[0], &x[1]),
+    );
+    assert_eq!(
+        cuda::padded_gemms(),
+        before + 1,
+        "a small GEMM is not padded"
+    );
 }
 
 // ---- conv2d -----------------------------------------------------------------------------------
