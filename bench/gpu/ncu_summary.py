@@ -19,6 +19,7 @@ UNIT = {"nsecond": 1e-9, "usecond": 1e-6, "msecond": 1e-3, "second": 1.0}
 
 def short(name):
     name = re.sub(r"\(.*$", "", name)  # parameter list
+    name = re.sub(r"^void ", "", name)
     depth, out = 0, []
     for ch in name:  # drop template arguments
         if ch == "<":
