@@ -1,22 +1,25 @@
 // flash_attention.cu — FlashAttention-2 forward and backward on tensor cores (WMMA 16x16x16,
 // f16/bf16 inputs, f32 accumulation), head dims 64 and 128.
 //
-// Layouts: q [b, h, tq, D], k and v [b, h, tk, D] are strided views (batch, head and row strides
-// in elements; the last dim contiguous), read in place. o, dout, dq, dk, dv are contiguous
-// [b, h, t, D]; lse and dvec are f32 [b, h, tq]. The causal mask is aligned bottom-right: query i
+// Layouts: q, o, dout, dq [b, h, tq, D] and k, v, dk, dv [b, h, tk, D] are strided views (batch,
+// head and row strides in elements; the last dim contiguous), read and written in place: e.g. q,
+// k, v and dq, dk, dv as the three thirds of one packed projection [b, t, 3, h, D] and its
+// gradient, o and dout with the heads merged, [b, t, h, D]. dk and dv share one set of strides.
+// lse and dvec are contiguous f32 [b, h, tq]. The causal mask is aligned bottom-right: query i
 // sees keys 0 .. tk - tq + i (tq <= tk is decoding against a KV cache). A query row that sees no
 // key (causal with tq > tk) gets o = 0 and lse = -inf, as on the CPU.
 //
-// fa_fwd_<t>_d<D>(q, k, v, o, lse, h, tq, tk, q strides[3], k strides[3], v strides[3], scale,
-//                 causal)                                grid (b*h, ceil(tq/64)), block 128
+// fa_fwd_<t>_d<D>(q, k, v, o, lse, h, tq, tk, q strides[3], k strides[3], v strides[3],
+//                 o strides[3], scale, causal)           grid (b*h, ceil(tq/64)), block 128
 //     Reads q, k, v; writes o and lse = log Σ_j exp(scale q·k_j) per query row.
-// fa_bwd_dot_<t>(o, dout, dvec, rows, D)                 one warp per row
+// fa_bwd_dot_<t>(o, dout, dvec, rows, D, h, tq, o strides[3], dout strides[3])  one warp per row
 //     dvec = rowsum(dout ∘ o), the D_i of FlashAttention-2's backward.
-// fa_bwd_dkdv_<t>_d<D>(q, k, v, dout, lse, dvec, dk, dv, h, tq, tk, strides, scale, causal)
-//                                                        grid (b*h, ceil(tk/32)), block 64
+// fa_bwd_dkdv_<t>_d<D>(q, k, v, dout, lse, dvec, dk, dv, h, tq, tk, q/k/v strides, dout strides[3],
+//                      dk/dv strides[3], scale, causal)  grid (b*h, ceil(tk/32)), block 64
 //     Per block of 32 keys, loops over the query blocks that see them: recomputes
 //     P = exp(scale q kᵀ - lse), dV += Pᵀ dO, dS = P ∘ (dO vᵀ - D), dK += scale dSᵀ Q.
-// fa_bwd_dq_<t>_d<D>(q, k, v, dout, lse, dvec, dq, h, tq, tk, strides, scale, causal)
+// fa_bwd_dq_<t>_d<D>(q, k, v, dout, lse, dvec, dq, h, tq, tk, q/k/v strides, dout strides[3],
+//                    dq strides[3], scale, causal)
 //                                                        grid (b*h, ceil(tq/32)), block 64
 //     Per block of 32 queries, loops over the visible key blocks: dQ += scale dS K.
 //
@@ -80,11 +83,11 @@ __device__ __forceinline__ void fa_fill_rowids(float* srow) {
     for (int e = threadIdx.x; e < 256; e += blockDim.x) srow[e] = (float)(e / 16);
 }
 
-// Write a warp's 16 x D accumulators, times scale(row), to rows row0.. of out (row pitch D),
+// Write a warp's 16 x D accumulators, times scale(row), to rows row0.. of out (row stride st),
 // skipping rows >= limit; `scratch` is the warp's 16 x LS floats of shared memory.
 template <typename T, int D, int LS>
-__device__ __forceinline__ void fa_store_rows(FaFragC* acc, float* scratch, T* out, i64 row0, i64 limit,
-                                              float mul) {
+__device__ __forceinline__ void fa_store_rows(FaFragC* acc, float* scratch, T* out, i64 st, i64 row0,
+                                              i64 limit, float mul) {
     const int lane = threadIdx.x & 31;
     __syncwarp();
 #pragma unroll
@@ -93,7 +96,7 @@ __device__ __forceinline__ void fa_store_rows(FaFragC* acc, float* scratch, T* o
         __syncwarp();
         for (int e = lane; e < 256; e += 32) {
             const int r = e / 16, c = e % 16;
-            if (row0 + r < limit) out[(row0 + r) * D + f * 16 + c] = from_f32<T>(scratch[r * LS + c] * mul);
+            if (row0 + r < limit) out[(row0 + r) * st + f * 16 + c] = from_f32<T>(scratch[r * LS + c] * mul);
         }
         __syncwarp();
     }
@@ -104,7 +107,8 @@ __device__ __forceinline__ void fa_store_rows(FaFragC* acc, float* scratch, T* o
 template <typename T, int D>
 __device__ __forceinline__ void fa_fwd(const T* q, const T* k, const T* v, T* o, float* lse, i64 H, i64 tq,
                                        i64 tk, i64 qsb, i64 qsh, i64 qst, i64 ksb, i64 ksh, i64 kst, i64 vsb,
-                                       i64 vsh, i64 vst, float scale, int causal) {
+                                       i64 vsh, i64 vst, i64 osb, i64 osh, i64 ost, float scale,
+                                       int causal) {
     constexpr int BR = 64, BC = 32, LD = D + 8, LS = BC + 4, LP = BC + 8, HALF = BC / 2;
     __shared__ __align__(128) T sq[BR * LD];
     __shared__ __align__(128) T sk[BC * LD];
@@ -209,18 +213,22 @@ __device__ __forceinline__ void fa_fwd(const T* q, const T* k, const T* v, T* o,
 #pragma unroll
     for (int f = 0; f < D / 16; ++f)
         for (int e = 0; e < acc[f].num_elements; ++e) acc[f].x[e] *= salpha[warp][(int)rowid.x[e]];
-    fa_store_rows<T, D, LS>(acc, sw, o + bh * tq * D, i0 + warp * FA_WARP, tq, 1.f);
+    fa_store_rows<T, D, LS>(acc, sw, o + b * osb + hh * osh, ost, i0 + warp * FA_WARP, tq, 1.f);
 }
 
 // ---------------------------------------------------------------------------------------------
 // D = rowsum(dout ∘ o): one warp per row, 8 rows per block.
 template <typename T>
-__device__ __forceinline__ void fa_bwd_dot(const T* o, const T* dout, float* dvec, i64 rows, i64 d) {
+__device__ __forceinline__ void fa_bwd_dot(const T* o, const T* dout, float* dvec, i64 rows, i64 d, i64 H,
+                                           i64 tq, i64 osb, i64 osh, i64 ost, i64 gsb, i64 gsh, i64 gst) {
     const i64 r = (i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     if (r >= rows) return;
     const int lane = threadIdx.x & 31;
+    const i64 bh = r / tq, i = r % tq, b = bh / H, hh = bh % H;
+    const T* orow = o + b * osb + hh * osh + i * ost;
+    const T* grow = dout + b * gsb + hh * gsh + i * gst;
     float acc = 0.f;
-    for (i64 j = lane; j < d; j += 32) acc += to_f32(o[r * d + j]) * to_f32(dout[r * d + j]);
+    for (i64 j = lane; j < d; j += 32) acc += to_f32(orow[j]) * to_f32(grow[j]);
     acc = warp_sum(acc);
     if (lane == 0) dvec[r] = acc;
 }
@@ -231,7 +239,8 @@ template <typename T, int D>
 __device__ __forceinline__ void fa_bwd_dkdv(const T* q, const T* k, const T* v, const T* dout, const float* lse,
                                             const float* dvec, T* dk, T* dv, i64 H, i64 tq, i64 tk, i64 qsb,
                                             i64 qsh, i64 qst, i64 ksb, i64 ksh, i64 kst, i64 vsb, i64 vsh,
-                                            i64 vst, float scale, int causal) {
+                                            i64 vst, i64 gsb, i64 gsh, i64 gst, i64 dsb, i64 dsh, i64 dst,
+                                            float scale, int causal) {
     constexpr int BK = 32, BQ = 32, LD = D + 8, LS = BQ + 4, LP = BQ + 8, HALF = BQ / 2;
     __shared__ __align__(128) T sk[BK * LD];
     __shared__ __align__(128) T sv[BK * LD];
@@ -247,7 +256,7 @@ __device__ __forceinline__ void fa_bwd_dkdv(const T* q, const T* k, const T* v, 
     fa_load_tile<T, D, LD>(sk, k + b * ksb + hh * ksh + j0 * kst, kst, BK, nk);
     fa_load_tile<T, D, LD>(sv, v + b * vsb + hh * vsh + j0 * vst, vst, BK, nk);
     const T* qb = q + b * qsb + hh * qsh;
-    const T* dob = dout + bh * tq * D;
+    const T* dob = dout + b * gsb + hh * gsh;
     FaFragC adk[D / 16], adv[D / 16];
 #pragma unroll
     for (int f = 0; f < D / 16; ++f) {
@@ -267,7 +276,7 @@ __device__ __forceinline__ void fa_bwd_dkdv(const T* q, const T* k, const T* v, 
         const int nq = (int)min((i64)BQ, tq - q0);
         __syncthreads();
         fa_load_tile<T, D, LD>(sq, qb + q0 * qst, qst, BQ, nq);
-        fa_load_tile<T, D, LD>(sdo, dob + q0 * D, D, BQ, nq);
+        fa_load_tile<T, D, LD>(sdo, dob + q0 * gst, gst, BQ, nq);
         for (int t = threadIdx.x; t < BQ; t += blockDim.x) {
             slse[t] = t < nq ? lse[bh * tq + q0 + t] : -SINTER_INF;
             sdv[t] = t < nq ? dvec[bh * tq + q0 + t] : 0.f;
@@ -329,8 +338,8 @@ __device__ __forceinline__ void fa_bwd_dkdv(const T* q, const T* k, const T* v, 
         __syncwarp();
     }
     const i64 row0 = j0 + warp * FA_WARP;
-    fa_store_rows<T, D, LS>(adk, sw, dk + bh * tk * D, row0, tk, scale);
-    fa_store_rows<T, D, LS>(adv, sw, dv + bh * tk * D, row0, tk, 1.f);
+    fa_store_rows<T, D, LS>(adk, sw, dk + b * dsb + hh * dsh, dst, row0, tk, scale);
+    fa_store_rows<T, D, LS>(adv, sw, dv + b * dsb + hh * dsh, dst, row0, tk, 1.f);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -339,7 +348,8 @@ template <typename T, int D>
 __device__ __forceinline__ void fa_bwd_dq(const T* q, const T* k, const T* v, const T* dout, const float* lse,
                                           const float* dvec, T* dq, i64 H, i64 tq, i64 tk, i64 qsb, i64 qsh,
                                           i64 qst, i64 ksb, i64 ksh, i64 kst, i64 vsb, i64 vsh, i64 vst,
-                                          float scale, int causal) {
+                                          i64 gsb, i64 gsh, i64 gst, i64 dsb, i64 dsh, i64 dst, float scale,
+                                          int causal) {
     constexpr int BQ = 32, BK = 32, LD = D + 8, LS = BK + 4, LP = BK + 8, HALF = BK / 2;
     __shared__ __align__(128) T sq[BQ * LD];
     __shared__ __align__(128) T sdo[BQ * LD];
@@ -352,7 +362,7 @@ __device__ __forceinline__ void fa_bwd_dq(const T* q, const T* k, const T* v, co
     const i64 i0 = (i64)blockIdx.y * BQ;
     const int nq = (int)min((i64)BQ, tq - i0);
     fa_load_tile<T, D, LD>(sq, q + b * qsb + hh * qsh + i0 * qst, qst, BQ, nq);
-    fa_load_tile<T, D, LD>(sdo, dout + (bh * tq + i0) * D, D, BQ, nq);
+    fa_load_tile<T, D, LD>(sdo, dout + b * gsb + hh * gsh + i0 * gst, gst, BQ, nq);
     const T* kb = k + b * ksb + hh * ksh;
     const T* vb = v + b * vsb + hh * vsh;
     FaFragC adq[D / 16];
@@ -419,31 +429,36 @@ __device__ __forceinline__ void fa_bwd_dq(const T* q, const T* k, const T* v, co
         }
         __syncwarp();
     }
-    fa_store_rows<T, D, LS>(adq, sw, dq + bh * tq * D, i0 + warp * FA_WARP, tq, scale);
+    fa_store_rows<T, D, LS>(adq, sw, dq + b * dsb + hh * dsh, dst, i0 + warp * FA_WARP, tq, scale);
 }
 
 #define FA_STRIDES i64 qsb, i64 qsh, i64 qst, i64 ksb, i64 ksh, i64 kst, i64 vsb, i64 vsh, i64 vst
 #define FA_STRIDE_ARGS qsb, qsh, qst, ksb, ksh, kst, vsb, vsh, vst
+// (x)sb, (x)sh, (x)st: one more view's batch, head and row strides.
+#define FA_VIEW(x) i64 x##sb, i64 x##sh, i64 x##st
+#define FA_VIEW_ARGS(x) x##sb, x##sh, x##st
 #define FA_T_D(sfx, T, D)                                                                              \
     extern "C" __global__ void __launch_bounds__(128) fa_fwd_##sfx##_d##D(                            \
         const T* q, const T* k, const T* v, T* o, float* lse, i64 h, i64 tq, i64 tk, FA_STRIDES,      \
-        float scale, int causal) {                                                                     \
-        fa_fwd<T, D>(q, k, v, o, lse, h, tq, tk, FA_STRIDE_ARGS, scale, causal);                       \
+        FA_VIEW(o), float scale, int causal) {                                                         \
+        fa_fwd<T, D>(q, k, v, o, lse, h, tq, tk, FA_STRIDE_ARGS, FA_VIEW_ARGS(o), scale, causal);      \
     }                                                                                                  \
     extern "C" __global__ void __launch_bounds__(64) fa_bwd_dkdv_##sfx##_d##D(                        \
         const T* q, const T* k, const T* v, const T* dout, const float* lse, const float* dvec, T* dk, \
-        T* dv, i64 h, i64 tq, i64 tk, FA_STRIDES, float scale, int causal) {                           \
-        fa_bwd_dkdv<T, D>(q, k, v, dout, lse, dvec, dk, dv, h, tq, tk, FA_STRIDE_ARGS, scale, causal); \
+        T* dv, i64 h, i64 tq, i64 tk, FA_STRIDES, FA_VIEW(g), FA_VIEW(d), float scale, int causal) {   \
+        fa_bwd_dkdv<T, D>(q, k, v, dout, lse, dvec, dk, dv, h, tq, tk, FA_STRIDE_ARGS, FA_VIEW_ARGS(g), \
+                          FA_VIEW_ARGS(d), scale, causal);                                             \
     }                                                                                                  \
     extern "C" __global__ void __launch_bounds__(64) fa_bwd_dq_##sfx##_d##D(                          \
         const T* q, const T* k, const T* v, const T* dout, const float* lse, const float* dvec, T* dq, \
-        i64 h, i64 tq, i64 tk, FA_STRIDES, float scale, int causal) {                                  \
-        fa_bwd_dq<T, D>(q, k, v, dout, lse, dvec, dq, h, tq, tk, FA_STRIDE_ARGS, scale, causal);       \
+        i64 h, i64 tq, i64 tk, FA_STRIDES, FA_VIEW(g), FA_VIEW(d), float scale, int causal) {          \
+        fa_bwd_dq<T, D>(q, k, v, dout, lse, dvec, dq, h, tq, tk, FA_STRIDE_ARGS, FA_VIEW_ARGS(g),       \
+                        FA_VIEW_ARGS(d), scale, causal);                                               \
     }
 #define FA_T(sfx, T)                                                                                  \
     extern "C" __global__ void fa_bwd_dot_##sfx(const T* o, const T* dout, float* dvec, i64 rows,     \
-                                                i64 d) {                                              \
-        fa_bwd_dot<T>(o, dout, dvec, rows, d);                                                        \
+                                                i64 d, i64 h, i64 tq, FA_VIEW(o), FA_VIEW(g)) {       \
+        fa_bwd_dot<T>(o, dout, dvec, rows, d, h, tq, FA_VIEW_ARGS(o), FA_VIEW_ARGS(g));               \
     }                                                                                                 \
     FA_T_D(sfx, T, 64)                                                                                \
     FA_T_D(sfx, T, 128)

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use sinter_cuda::ops::flash_attention::{self as kfa, AttnShape, AttnView};
-use sinter_cuda::{CudaError, DeviceBuffer};
+use sinter_cuda::{CudaDevice, CudaError, DeviceBuffer};
 
 use super::storage::CudaStorage;
 use super::{alloc, OnOp};
@@ -74,6 +74,39 @@ impl Operand {
     }
 }
 
+/// A view of `len` elements of `buf` from `off` with these [batch, head, row] strides.
+fn view_of(buf: &DeviceBuffer, off: usize, strides: [usize; 3]) -> Result<AttnView<'_>> {
+    Ok(AttnView {
+        data: buf
+            .slice(off, buf.len().saturating_sub(off))
+            .on("flash_attention")?,
+        strides,
+    })
+}
+
+/// Contiguous [b, h, t, d] strides.
+fn dense(g: &AttnGeom, t: usize) -> [usize; 3] {
+    [g.h * t * g.d, t * g.d, g.d]
+}
+
+/// Runs the forward kernel; None (and the composite from then on) when NVRTC cannot compile it.
+fn forward_or_decline(
+    dev: &CudaDevice,
+    s: &AttnShape,
+    views: [AttnView<'_>; 4],
+    lse: &DeviceBuffer,
+) -> Result<bool> {
+    let [q, k, v, o] = views;
+    match kfa::flash_forward(dev, s, q, k, v, o, lse.as_slice()) {
+        Ok(()) => Ok(true),
+        Err(CudaError::Compile { .. }) => {
+            FLASH_UNCOMPILABLE.store(true, Ordering::Relaxed);
+            Ok(false)
+        }
+        Err(e) => Err(e).on("flash_attention"),
+    }
+}
+
 /// Forward: Some((o, lse)) from the flash kernel, or None where it does not apply (or cannot
 /// be compiled here).
 pub(crate) fn attention(
@@ -86,7 +119,6 @@ pub(crate) fn attention(
     if !flash_applies(dtype, g.d) {
         return Ok(None);
     }
-    let op = "flash_attention";
     let s = shape_of(g);
     let dev = q.0.device();
     let (qo, ko, vo) = (
@@ -97,26 +129,21 @@ pub(crate) fn attention(
     let rows = s.b * s.h * s.tq;
     let o = alloc(dev, rows * s.d, dtype)?;
     let lse = alloc(dev, rows, DType::F32)?;
-    match kfa::flash_forward(
-        dev,
-        &s,
+    let views = [
         qo.view()?,
         ko.view()?,
         vo.view()?,
-        o.as_slice(),
-        lse.as_slice(),
-    ) {
-        Ok(()) => Ok(Some((q.0.sibling(o, dtype), q.0.sibling(lse, DType::F32)))),
-        Err(CudaError::Compile { .. }) => {
-            FLASH_UNCOMPILABLE.store(true, Ordering::Relaxed);
-            Ok(None)
-        }
-        Err(e) => Err(e).on(op),
+        view_of(&o, 0, dense(g, g.tq))?,
+    ];
+    if !forward_or_decline(dev, &s, views, &lse)? {
+        return Ok(None);
     }
+    Ok(Some((q.0.sibling(o, dtype), q.0.sibling(lse, DType::F32))))
 }
 
 /// Backward: (dq, dk, dv) from the operands, the forward's output `o` and log-sum-exp, and the
-/// output gradient.
+/// output gradient (read in place when its last dim is contiguous, e.g. the transposed view
+/// a head merge hands back).
 pub(crate) fn attention_backward(
     q: (&CudaStorage, &Layout),
     k: (&CudaStorage, &Layout),
@@ -126,18 +153,17 @@ pub(crate) fn attention_backward(
     lse: &CudaStorage,
     g: &AttnGeom,
 ) -> Result<(CudaStorage, CudaStorage, CudaStorage)> {
-    let op = "flash_attention";
     let s = shape_of(g);
     let dev = q.0.device();
     let dtype = q.0.dtype();
-    let (qo, ko, vo) = (
+    let (qo, ko, vo, oo) = (
         Operand::of(q.0, q.1)?,
         Operand::of(k.0, k.1)?,
         Operand::of(v.0, v.1)?,
+        Operand::of(o.0, o.1)?,
     );
-    let (yv, gv) = (o.0.window(o.1)?, grad.0.window_as(grad.1, dtype)?);
-    let rows = s.b * s.h * s.tq;
-    let dq = alloc(dev, rows * s.d, dtype)?;
+    let go = gradient_operand(grad, dtype)?;
+    let dq = alloc(dev, s.b * s.h * s.tq * s.d, dtype)?;
     let dk = alloc(dev, s.b * s.h * s.tk * s.d, dtype)?;
     let dv = alloc(dev, s.b * s.h * s.tk * s.d, dtype)?;
     kfa::flash_backward(
@@ -146,16 +172,109 @@ pub(crate) fn attention_backward(
         qo.view()?,
         ko.view()?,
         vo.view()?,
-        yv.slice(),
-        gv.slice(),
+        oo.view()?,
+        go.view()?,
         lse.buffer().as_slice(),
-        dq.as_slice(),
-        dk.as_slice(),
-        dv.as_slice(),
+        view_of(&dq, 0, dense(g, g.tq))?,
+        view_of(&dk, 0, dense(g, g.tk))?,
+        view_of(&dv, 0, dense(g, g.tk))?,
     )
-    .on(op)?;
+    .on("flash_attention")?;
     let w = |b| q.0.sibling(b, dtype);
     Ok((w(dq), w(dk), w(dv)))
+}
+
+/// The output gradient [b, h, tq, d] as the kernels read it: in place when it has the operands'
+/// dtype, else a contiguous cast.
+fn gradient_operand(grad: (&CudaStorage, &Layout), dtype: DType) -> Result<Operand> {
+    if grad.0.dtype() == dtype {
+        return Operand::of(grad.0, grad.1);
+    }
+    let c = grad.0.window_as(grad.1, dtype)?;
+    let sh = grad.1.shape();
+    Ok(Operand {
+        buf: c.buf,
+        off: c.off,
+        strides: [sh[1] * sh[2] * sh[3], sh[2] * sh[3], sh[3]],
+    })
+}
+
+/// The [b, h, t, d] views of q, k and v inside a packed [b, t, 3·h·d] projection (and of dq, dk
+/// and dv inside its gradient): the thirds at element offsets 0, c and 2c, row stride 3c.
+fn thirds<'a>(buf: &'a DeviceBuffer, off: usize, g: &AttnGeom) -> Result<[AttnView<'a>; 3]> {
+    let c = g.h * g.d;
+    let strides = [g.tq * 3 * c, g.d, 3 * c];
+    Ok([
+        view_of(buf, off, strides)?,
+        view_of(buf, off + c, strides)?,
+        view_of(buf, off + 2 * c, strides)?,
+    ])
+}
+
+/// Self-attention straight from a packed qkv [b, t, 3·h·d] (GPT-2's layout): Some((y, lse)) with
+/// y [b, t, h·d], the heads merged by the kernel's own stores (no split or merge copies), or
+/// None where the flash kernels do not apply.
+pub(crate) fn attention_packed(
+    qkv: (&CudaStorage, &Layout),
+    g: &AttnGeom,
+) -> Result<Option<(CudaStorage, CudaStorage)>> {
+    let dtype = qkv.0.dtype();
+    if !flash_applies(dtype, g.d) {
+        return Ok(None);
+    }
+    let s = shape_of(g);
+    let dev = qkv.0.device();
+    let x = qkv.0.window(qkv.1)?;
+    let c = g.h * g.d;
+    let rows = g.b * g.h * g.tq;
+    let y = alloc(dev, rows * g.d, dtype)?;
+    let lse = alloc(dev, rows, DType::F32)?;
+    let [q, k, v] = thirds(&x.buf, x.off, g)?;
+    let merged = view_of(&y, 0, [g.tq * c, g.d, c])?;
+    if !forward_or_decline(dev, &s, [q, k, v, merged], &lse)? {
+        return Ok(None);
+    }
+    Ok(Some((
+        qkv.0.sibling(y, dtype),
+        qkv.0.sibling(lse, DType::F32),
+    )))
+}
+
+/// dqkv [b, t, 3·h·d] of [`attention_packed`]: the backward kernels write dq, dk and dv straight
+/// into its thirds (every element once: no zero fill, no sum of three partial gradients).
+pub(crate) fn attention_packed_backward(
+    qkv: (&CudaStorage, &Layout),
+    y: (&CudaStorage, &Layout),
+    grad: (&CudaStorage, &Layout),
+    lse: &CudaStorage,
+    g: &AttnGeom,
+) -> Result<CudaStorage> {
+    let s = shape_of(g);
+    let dev = qkv.0.device();
+    let dtype = qkv.0.dtype();
+    let c = g.h * g.d;
+    let merged = [g.tq * c, g.d, c];
+    let x = qkv.0.window(qkv.1)?;
+    let yv = y.0.window(y.1)?;
+    let gv = grad.0.window_as(grad.1, dtype)?;
+    let dqkv = alloc(dev, g.b * g.tq * 3 * c, dtype)?;
+    let [q, k, v] = thirds(&x.buf, x.off, g)?;
+    let [dq, dk, dv] = thirds(&dqkv, 0, g)?;
+    kfa::flash_backward(
+        dev,
+        &s,
+        q,
+        k,
+        v,
+        view_of(&yv.buf, yv.off, merged)?,
+        view_of(&gv.buf, gv.off, merged)?,
+        lse.buffer().as_slice(),
+        dq,
+        dk,
+        dv,
+    )
+    .on("flash_attention")?;
+    Ok(qkv.0.sibling(dqkv, dtype))
 }
 
 #[cfg(test)]

@@ -257,6 +257,20 @@ impl BackendStorage for CudaStorage {
         attention::attention_backward((self, l), (k, kl), (v, vl), (o, ol), (grad, gradl), lse, g)
     }
 
+    fn attention_packed(&self, l: &Layout, g: &AttnGeom) -> Result<Option<(Self, Self)>> {
+        attention::attention_packed((self, l), g)
+    }
+    fn attention_packed_backward(
+        &self,
+        l: &Layout,
+        y: (&Self, &Layout),
+        grad: (&Self, &Layout),
+        lse: &Self,
+        g: &AttnGeom,
+    ) -> Result<Self> {
+        attention::attention_packed_backward((self, l), y, grad, lse, g)
+    }
+
     fn adamw_step(
         &mut self,
         l: &Layout,

@@ -10,9 +10,11 @@
 //! and v gets its own gradient: three zero-filled [b, t, 3·c] tensors with one third
 //! written, summed into dqkv (three fills, three strided copies, two adds over the whole
 //! projection). Here the kernel reads every operand and writes every result in these packed
-//! layouts: none of those passes. The attention itself is [`super::attention`]'s (same tiles,
-//! same values). Where the backend has no packed kernel (`attention_packed` declines: CUDA)
-//! the op is [`attention_packed_reference`], the composite over `attention`.
+//! layouts: none of those passes (CPU: its own packed kernel; CUDA: the flash kernels reading
+//! q, k, v as strided thirds of qkv and writing y and dq, dk, dv in place). The attention
+//! itself is [`super::attention`]'s (same tiles, same values). Where the backend declines
+//! (CUDA: f32, head dims other than 64 and 128) the op is [`attention_packed_reference`], the
+//! composite over `attention`.
 
 use super::{attention, float_input};
 use crate::backend::AttnGeom;

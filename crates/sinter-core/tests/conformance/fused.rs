@@ -256,7 +256,7 @@ fn check_attention_packed(t: &Target, b: usize, h: usize, n: usize, d: usize, ca
 /// dims, and its shape errors.
 fn attention_packed(t: &Target) {
     let shapes: &[(usize, usize, usize, usize)] = if t.emulated {
-        &[(2, 3, 5, 4), (1, 2, 24, 64)]
+        &[(2, 3, 5, 4), (1, 2, 24, 64), (2, 1, 33, 128)]
     } else {
         &[
             (1, 1, 1, 1),
@@ -264,6 +264,8 @@ fn attention_packed(t: &Target) {
             (2, 2, 64, 8),
             (1, 2, 77, 16),
             (1, 2, 24, 64),
+            (2, 3, 130, 64),
+            (2, 2, 70, 128),
         ]
     };
     for &(b, h, n, d) in shapes {
