@@ -180,13 +180,45 @@ fn matmul_tf32(t: &Target) {
     cuda::set_allow_tf32(false);
 }
 
-/// Products whose rows are not 16-byte aligned, forced onto padded aligned copies
-/// (`GemmPadding::Always`): odd m, n and k, transposed, batched, shared, broadcast and offset
-/// operands, each checked to have taken the padded path; then one product large enough for the
-/// default rule to pad, and a small one it leaves alone.
+/// Products whose sizes or rows are not 16-byte aligned, forced onto zero-padded aligned copies
+/// (`GemmPadding::Always`), values and gradients: odd m, n and k alone and together, transposed,
+/// batched, shared, broadcast and offset operands, each checked to have taken the padded path;
+/// then one product large enough for the default rule to pad, and a small one it leaves alone.
+/// A padded k must be zero in A and B: the emulated device fills fresh memory with NaN, so
+/// padding left as allocated fails every odd-k case here.
 fn matmul_padded(t: &Target) {
     let mut rng = t.rng(34);
     let odd: Vec<(&str, [&[usize]; 2], Graph, RefGraph)> = vec![
+        (
+            "odd m only",
+            [&[5, 8], &[8, 8]],
+            |t| t[0].matmul(&t[1]),
+            |x| r::matmul(&x[0], &x[1]),
+        ),
+        (
+            "odd n only",
+            [&[8, 8], &[8, 5]],
+            |t| t[0].matmul(&t[1]),
+            |x| r::matmul(&x[0], &x[1]),
+        ),
+        (
+            "odd k only",
+            [&[8, 7], &[7, 8]],
+            |t| t[0].matmul(&t[1]),
+            |x| r::matmul(&x[0], &x[1]),
+        ),
+        (
+            "aᵀ · bᵀ odd k only",
+            [&[7, 8], &[8, 7]],
+            |t| t[0].t()?.matmul(&t[1].t()?),
+            |x| r::matmul(&x[0].t(), &x[1].t()),
+        ),
+        (
+            "batched odd k only",
+            [&[3, 8, 7], &[3, 7, 8]],
+            |t| t[0].matmul(&t[1]),
+            |x| r::matmul(&x[0], &x[1]),
+        ),
         (
             "odd m, n, k",
             [&[5, 7], &[7, 9]],
@@ -252,15 +284,16 @@ fn matmul_padded(t: &Target) {
     // The whole table too (its aligned products take the plain path).
     matmul(t);
     cuda::set_gemm_padding(cuda::GemmPadding::Auto);
-    // x · Wᵀ with 1025 outputs: 256 x 1025 x 1024 is just over the default threshold (2^28
-    // multiply-adds), and only the output is misaligned.
+    // x · Wᵀ with 257 inputs: 1152 x 1152 x 257 is just over the default threshold (2^28
+    // multiply-adds, 144 per copied f32 byte), and only k is misaligned: x and W are copied
+    // with zero-filled columns.
     let (x, w) = (
-        uniform(&mut rng, &[256, 1024], -1.0, 1.0),
-        uniform(&mut rng, &[1025, 1024], -1.0, 1.0),
+        uniform(&mut rng, &[1152, 257], -1.0, 1.0),
+        uniform(&mut rng, &[1152, 257], -1.0, 1.0),
     );
     let before = cuda::padded_gemms();
     t.check(
-        "auto-padded x · Wᵀ 256×1024×1025",
+        "auto-padded x · Wᵀ 1152×257×1152",
         &[In::Fixed(x), In::Fixed(w)],
         |x| x[0].matmul(&x[1].t()?),
         |x, _| r::matmul(&x[0], &x[1].t()),
