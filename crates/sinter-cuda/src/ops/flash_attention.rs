@@ -102,7 +102,7 @@ impl AttnView<'_> {
                     ),
                 ));
             }
-            span = stride * (n - 1) + span;
+            span += stride * (n - 1);
         }
         Ok(())
     }
