@@ -5,6 +5,7 @@
 #   bench/gpu/prove.sh tests   # every GPU test binary on the GPU; none may skip (about 3-5 min)
 #   bench/gpu/prove.sh check   # bench/gpu-check: conformance + CPU-vs-GPU loss curves
 #   bench/gpu/prove.sh bench   # sinter_gpu_bench.sh all, then train_bench.sh all
+#   bench/gpu/prove.sh profile # GPU time per kernel of 3 GPT-2 bf16 training steps (ncu)
 #
 # Each part writes under $OUT (else bench/gpu/out/prove) and packs everything it wrote into
 # $OUT/<part>.tgz, since the device tool returns only files at most two folders down.
@@ -59,8 +60,21 @@ bench)
     SINTER="${CARRY}/sinter" OUT="${OUT_DIR}/kernels" timeout 280 bench/gpu/sinter_gpu_bench.sh all || rc=$?
     SINTER="${CARRY}/sinter" OUT="${OUT_DIR}/train" timeout 280 bench/gpu/train_bench.sh all || rc=$?
     ;;
+profile)
+    # Where a GPT-2 124M bf16 step (batch 16, T 1024) spends its GPU time: ncu times every kernel
+    # (serialised, so the sum is pure kernel time), bench/gpu/ncu_summary.py groups them by name.
+    NCU="$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -n1)"
+    [[ -n "${NCU}" ]] || { echo "prove: ncu not found" >&2; exit 2; }
+    "${CARRY}/sinter" tokenize text:data/tinyshakespeare.txt --out "${OUT_DIR}/tokens" --quiet || rc=$?
+    timeout 400 "${NCU}" --metrics gpu__time_duration.sum --csv --log-file "${OUT_DIR}/ncu.csv" \
+        "${CARRY}/sinter" train --quiet --model gpt2 --data "tokens:${OUT_DIR}/tokens" --device cuda \
+        --precision bf16 --batch-size 16 --context 1024 --steps 3 --log-interval 1 --eval-interval 4 \
+        --checkpoint-interval 4 --eval-batches 1 --out "${OUT_DIR}/profile-run" --overwrite > "${OUT_DIR}/ncu-run.log" 2>&1 || rc=$?
+    "${PYTHON}" bench/gpu/ncu_summary.py "${OUT_DIR}/ncu.csv" --divide 3 --top 40 | tee "${OUT_DIR}/profile.txt" || rc=$?
+    gzip -f "${OUT_DIR}/ncu.csv"
+    ;;
 *)
-    echo "prove: unknown part '${PART}'; valid: tests, check, bench" >&2
+    echo "prove: unknown part '${PART}'; valid: tests, check, bench, profile" >&2
     exit 2
     ;;
 esac

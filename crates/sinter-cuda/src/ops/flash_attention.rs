@@ -278,28 +278,24 @@ pub fn plan_flash_backward(
         a.push(Arg::I32(s.causal as i32));
         a
     };
-    let bh = (s.b * s.h) as u32;
     // With no queries dk and dv are 0, with no keys dq is 0: the kernels write those zeros
-    // (their loops run no tile), so a strided view is never cleared as a whole range.
-    if s.tk > 0 {
-        steps.push(Step::Kernel(Launch {
-            file: KernelFile::FlashAttention,
-            name: kernel_name("fa_bwd_dkdv", d, s.d),
-            grid: (bh, s.tk.div_ceil(BWD_ROWS) as u32, 1),
-            block: (BWD_THREADS, 1, 1),
-            shared_mem: 0,
-            args: common(&[dk.data.ptr(), dv.data.ptr()], &dk),
-        }));
-    }
-    if s.tq > 0 {
-        steps.push(Step::Kernel(Launch {
-            file: KernelFile::FlashAttention,
-            name: kernel_name("fa_bwd_dq", d, s.d),
-            grid: (bh, s.tq.div_ceil(BWD_ROWS) as u32, 1),
-            block: (BWD_THREADS, 1, 1),
-            shared_mem: 0,
-            args: common(&[dq.data.ptr()], &dq),
-        }));
+    // (their loops run no tile), so a strided view is never cleared as a whole range. Each
+    // kernel's grid: (b·h, blocks of BWD_ROWS rows of its output).
+    let launches = [
+        ("fa_bwd_dkdv", s.tk, vec![dk.data.ptr(), dv.data.ptr()], &dk),
+        ("fa_bwd_dq", s.tq, vec![dq.data.ptr()], &dq),
+    ];
+    for (base, rows, outs, view) in launches {
+        if rows > 0 {
+            steps.push(Step::Kernel(Launch {
+                file: KernelFile::FlashAttention,
+                name: kernel_name(base, d, s.d),
+                grid: ((s.b * s.h) as u32, rows.div_ceil(BWD_ROWS) as u32, 1),
+                block: (BWD_THREADS, 1, 1),
+                shared_mem: 0,
+                args: common(&outs, view),
+            }));
+        }
     }
     Ok(steps)
 }
