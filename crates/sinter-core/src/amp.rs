@@ -96,16 +96,12 @@ fn cast_float(t: &Tensor, dtype: DType) -> Result<Tensor> {
 }
 
 /// For a matrix product under autocast: the operands cast to the autocast dtype, or None when
-/// there is nothing to do (no region, already in that dtype, or a non-float operand, which the
-/// op then rejects as usual).
+/// there is nothing to do ([`autocast_inputs`]'s rule for two inputs).
 pub(crate) fn autocast_operands(a: &Tensor, b: &Tensor) -> Result<Option<(Tensor, Tensor)>> {
-    let Some(dt) = autocast_dtype() else {
-        return Ok(None);
-    };
-    if !a.dtype().is_float() || !b.dtype().is_float() || (a.dtype() == dt && b.dtype() == dt) {
-        return Ok(None);
-    }
-    Ok(Some((cast_float(a, dt)?, cast_float(b, dt)?)))
+    Ok(autocast_inputs(&[a, b])?.map(|c| {
+        let [x, y]: [Tensor; 2] = c.try_into().expect("two inputs, two casts");
+        (x, y)
+    }))
 }
 
 /// For an op that runs wholly in the autocast dtype (a Linear with its bias, attention: as in

@@ -56,21 +56,14 @@ impl Operand {
             });
         }
         let c = s.window(l)?;
-        let sh = l.shape();
         Ok(Operand {
             buf: c.buf,
             off: c.off,
-            strides: [sh[1] * sh[2] * sh[3], sh[2] * sh[3], sh[3]],
+            strides: dense(l.shape()),
         })
     }
     fn view(&self) -> Result<AttnView<'_>> {
-        Ok(AttnView {
-            data: self
-                .buf
-                .slice(self.off, self.buf.len().saturating_sub(self.off))
-                .on("flash_attention")?,
-            strides: self.strides,
-        })
+        view_of(&self.buf, self.off, self.strides)
     }
 }
 
@@ -84,9 +77,10 @@ fn view_of(buf: &DeviceBuffer, off: usize, strides: [usize; 3]) -> Result<AttnVi
     })
 }
 
-/// Contiguous [b, h, t, d] strides.
-fn dense(g: &AttnGeom, t: usize) -> [usize; 3] {
-    [g.h * t * g.d, t * g.d, g.d]
+/// The [batch, head, row] strides of a contiguous [b, h, t, d] tensor.
+fn dense(shape: &[usize]) -> [usize; 3] {
+    let [_, h, t, d] = [shape[0], shape[1], shape[2], shape[3]];
+    [h * t * d, t * d, d]
 }
 
 /// Runs the forward kernel; None (and the composite from then on) when NVRTC cannot compile it.
@@ -133,7 +127,7 @@ pub(crate) fn attention(
         qo.view()?,
         ko.view()?,
         vo.view()?,
-        view_of(&o, 0, dense(g, g.tq))?,
+        view_of(&o, 0, dense(&[g.b, g.h, g.tq, g.d]))?,
     ];
     if !forward_or_decline(dev, &s, views, &lse)? {
         return Ok(None);
@@ -175,9 +169,9 @@ pub(crate) fn attention_backward(
         oo.view()?,
         go.view()?,
         lse.buffer().as_slice(),
-        view_of(&dq, 0, dense(g, g.tq))?,
-        view_of(&dk, 0, dense(g, g.tk))?,
-        view_of(&dv, 0, dense(g, g.tk))?,
+        view_of(&dq, 0, dense(&[g.b, g.h, g.tq, g.d]))?,
+        view_of(&dk, 0, dense(&[g.b, g.h, g.tk, g.d]))?,
+        view_of(&dv, 0, dense(&[g.b, g.h, g.tk, g.d]))?,
     )
     .on("flash_attention")?;
     let w = |b| q.0.sibling(b, dtype);
@@ -191,11 +185,10 @@ fn gradient_operand(grad: (&CudaStorage, &Layout), dtype: DType) -> Result<Opera
         return Operand::of(grad.0, grad.1);
     }
     let c = grad.0.window_as(grad.1, dtype)?;
-    let sh = grad.1.shape();
     Ok(Operand {
         buf: c.buf,
         off: c.off,
-        strides: [sh[1] * sh[2] * sh[3], sh[2] * sh[3], sh[3]],
+        strides: dense(grad.1.shape()),
     })
 }
 

@@ -166,8 +166,8 @@ pub fn conv_backend() -> ConvBackend {
     }
 }
 
-/// When a matmul whose rows are not 16-byte aligned runs on padded copies of its operands (see
-/// `gemm_align`: cuBLASLt's fast Hopper kernels need 16-byte aligned leading dimensions).
+/// When a GEMM whose sizes or rows are not 16-byte aligned runs on zero-padded copies of its
+/// operands (see `gemm_align`: cuBLASLt's fast Hopper kernels need aligned m, n, k and rows).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum GemmPadding {
     /// When the GEMM is large enough for the faster kernel to repay the copies (the default).
