@@ -9,8 +9,10 @@
 //! - [`pack`]: the weight layout the kernels stream.
 //! - `kernel*`: the micro-kernels; every one returns the same exact i32 accumulators.
 //! - [`gemm`]: blocks, threads and tiles; [`epilogue`]: what becomes of the accumulators.
+//! - [`dynamic`]: a Linear on f32 rows, each quantized at run time in one or two u8 terms.
 //! - [`pool`]: max pooling of channels-last u8 (and f32) images between chained int8 layers.
 
+pub mod dynamic;
 pub mod epilogue;
 pub mod gemm;
 mod kernel;
@@ -23,6 +25,7 @@ pub mod path;
 pub mod pool;
 pub mod quant;
 
+pub use dynamic::{linear_dynamic, quantize_rows_terms, ActTerms};
 pub use epilogue::{ActQuant, Activation, Epilogue};
 pub use gemm::{gemm, gemm_i32, Activations, Output};
 pub use pack::PackedWeights;

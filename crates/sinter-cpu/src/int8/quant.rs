@@ -94,16 +94,23 @@ pub fn quantize_rows_dynamic(
     out_stride: usize,
 ) -> Result<Vec<QParams>, Int8Error> {
     check_rows(x.len(), m, k, x_stride, out.len(), out_stride);
-    let isa = Isa::get();
     let mut params = Vec::with_capacity(m);
     for i in 0..m {
         let row = &x[i * x_stride..i * x_stride + k];
-        let (lo, hi) = min_max_with(isa, row);
-        let q = QParams::from_range(lo, hi).map_err(|e| Int8Error(format!("row {i}: {}", e.0)))?;
-        quantize_row(isa, row, q, &mut out[i * out_stride..i * out_stride + k]);
+        let q = quantize_row_with_range(row, &mut out[i * out_stride..i * out_stride + k])
+            .map_err(|e| Int8Error(format!("row {i}: {}", e.0)))?;
         params.push(q);
     }
     Ok(params)
+}
+
+/// One row quantized with its own range (x.len() values into `out`); returns the mapping.
+pub(crate) fn quantize_row_with_range(x: &[f32], out: &mut [u8]) -> Result<QParams, Int8Error> {
+    let isa = Isa::get();
+    let (lo, hi) = min_max_with(isa, x);
+    let q = QParams::from_range(lo, hi)?;
+    quantize_row(isa, x, q, out);
+    Ok(q)
 }
 
 /// One row through [`QParams::quantize`]'s arithmetic, `S::LANES` values at a time: the same

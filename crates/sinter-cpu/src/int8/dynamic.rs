@@ -1,0 +1,240 @@
+//! A Linear on f32 rows with dynamically quantized activations: each row gets its own u8
+//! range at run time, in one or two terms, then the int8 GEMM and its epilogue; f32 rows out.
+//!
+//! Two terms: x ≈ s₁(q₁ − z₁) + s₂(q₂ − z₂), where q₂ quantizes the residual
+//! x − s₁(q₁ − z₁) with its own range. The residual spans about one step of the first term,
+//! so the second term's step is about s₁/255 and the activation's rounding error falls by
+//! about 255× (to below the weights' int8 error, which then dominates). Both terms go through
+//! one GEMM as 2m rows: the weights are read once, and at decode (a few rows) the GEMM is
+//! bound by reading them, so the second term costs little there. The two f32 results are
+//! added before the bias and the activation.
+
+use super::epilogue::{activate, Epilogue};
+use super::gemm::{gemm, Activations, Output};
+use super::pack::PackedWeights;
+use super::quant::{quantize_row_with_range, quantize_rows_dynamic, QParams};
+use super::{ActQuant, Activation, Int8Error, Int8Path};
+
+/// How many u8 terms carry each activation row.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum ActTerms {
+    /// x ≈ s(q − z): one byte per value (u8's rounding error, ≈ range/510 at worst).
+    One,
+    /// x ≈ s₁(q₁ − z₁) + s₂(q₂ − z₂): the second term carries the first one's rounding error.
+    #[default]
+    Two,
+}
+
+impl ActTerms {
+    pub fn count(self) -> usize {
+        match self {
+            ActTerms::One => 1,
+            ActTerms::Two => 2,
+        }
+    }
+}
+
+/// Quantizes m rows of k values (`x` row-major, `x_stride` apart) as `terms` u8 terms: term t
+/// of row i goes to row t·m + i of `out` (rows `out_stride` apart), and its mapping to entry
+/// t·m + i of the returned list. A non-finite value is an error naming its row.
+pub fn quantize_rows_terms(
+    x: &[f32],
+    m: usize,
+    k: usize,
+    x_stride: usize,
+    terms: ActTerms,
+    out: &mut [u8],
+    out_stride: usize,
+) -> Result<Vec<QParams>, Int8Error> {
+    let mut params = quantize_rows_dynamic(x, m, k, x_stride, out, out_stride)?;
+    if terms == ActTerms::One {
+        return Ok(params);
+    }
+    let (first, second) = out.split_at_mut(m * out_stride);
+    let mut residual = vec![0f32; k];
+    for i in 0..m {
+        let (row, q1, p1) = (
+            &x[i * x_stride..i * x_stride + k],
+            &first[i * out_stride..i * out_stride + k],
+            params[i],
+        );
+        // x − s₁(q₁ − z₁), with `QParams::dequantize`'s arithmetic.
+        for ((r, &v), &q) in residual.iter_mut().zip(row).zip(q1) {
+            *r = v - p1.scale * (q as i32 - p1.zero_point) as f32;
+        }
+        let q2 = &mut second[i * out_stride..i * out_stride + k];
+        params.push(
+            quantize_row_with_range(&residual, q2)
+                .map_err(|e| Int8Error(format!("row {i}: {}", e.0)))?,
+        );
+    }
+    Ok(params)
+}
+
+/// y = act(x Wᵀ + b) for m rows of k f32 values (`x` row-major), with each row dynamically
+/// quantized in `terms` u8 terms; y is m rows of n = `w.n()` values. Every path gives the same
+/// y bit for bit.
+///
+/// Panics when `path` is not supported by this CPU or a slice is too short for its shape.
+pub fn linear_dynamic(
+    path: Int8Path,
+    x: &[f32],
+    m: usize,
+    w: &PackedWeights,
+    epilogue: &Epilogue<'_>,
+    terms: ActTerms,
+    y: &mut [f32],
+) -> Result<(), Int8Error> {
+    let (k, n, kp, t) = (w.k(), w.n(), w.k_padded(), terms.count());
+    assert!(x.len() >= m * k, "input too short: {} for {m}×{k}", x.len());
+    assert!(
+        y.len() >= m * n,
+        "output too short: {} for {m}×{n}",
+        y.len()
+    );
+    let mut xq = vec![0u8; t * m * kp];
+    let params = quantize_rows_terms(x, m, k, k, terms, &mut xq, kp)?;
+    let a = Activations {
+        data: &xq,
+        rows: t * m,
+        stride: kp,
+        quant: ActQuant::PerRow(&params),
+    };
+    if terms == ActTerms::One {
+        let out = Output::F32 { data: y, stride: n };
+        gemm(path, &a, w, epilogue, out);
+        return Ok(());
+    }
+    // The terms' products alone (no bias, no activation), then summed, biased, activated.
+    let mut parts = vec![0f32; t * m * n];
+    let bare = Epilogue {
+        bias: None,
+        activation: Activation::None,
+        ..*epilogue
+    };
+    let out = Output::F32 {
+        data: &mut parts,
+        stride: n,
+    };
+    gemm(path, &a, w, &bare, out);
+    let (first, second) = parts.split_at(m * n);
+    for (i, yr) in y[..m * n].chunks_exact_mut(n.max(1)).enumerate() {
+        let (p1, p2) = (&first[i * n..(i + 1) * n], &second[i * n..(i + 1) * n]);
+        match epilogue.bias {
+            Some(b) => {
+                for (((o, a), c), b) in yr.iter_mut().zip(p1).zip(p2).zip(b) {
+                    *o = a + c + b;
+                }
+            }
+            None => {
+                for ((o, a), c) in yr.iter_mut().zip(p1).zip(p2) {
+                    *o = a + c;
+                }
+            }
+        }
+        activate(epilogue.activation, yr);
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::int8::quantize_weights;
+
+    fn rows(m: usize, k: usize, seed: u32) -> Vec<f32> {
+        // A deterministic spread of magnitudes and signs, some rows shifted (non-zero mean).
+        (0..m * k)
+            .map(|i| {
+                let h = (i as u32 ^ seed).wrapping_mul(2_654_435_761) >> 8;
+                let u = h as f32 / (1u32 << 24) as f32 - 0.5;
+                3.0 * u + if (i / k).is_multiple_of(3) { 0.7 } else { 0.0 }
+            })
+            .collect()
+    }
+
+    /// The two-term rows reproduce x to within half a step of the second term, far inside
+    /// the first term's half step.
+    #[test]
+    fn two_terms_carry_the_first_terms_rounding_error() {
+        let (m, k) = (5, 37);
+        let x = rows(m, k, 1);
+        let mut q = vec![0u8; 2 * m * k];
+        let p = quantize_rows_terms(&x, m, k, k, ActTerms::Two, &mut q, k).unwrap();
+        assert_eq!(p.len(), 2 * m);
+        for i in 0..m {
+            let (p1, p2) = (p[i], p[m + i]);
+            assert!(p2.scale < p1.scale / 100.0, "row {i}: {p1:?} {p2:?}");
+            for c in 0..k {
+                let v = p1.dequantize(q[i * k + c]) + p2.dequantize(q[(m + i) * k + c]);
+                let e = (v - x[i * k + c]).abs();
+                assert!(e <= 0.5 * p2.scale + 1e-6, "row {i} col {c}: error {e}");
+            }
+        }
+        let mut bad = x.clone();
+        bad[k + 3] = f32::NAN;
+        let e = quantize_rows_terms(&bad, m, k, k, ActTerms::Two, &mut q, k).unwrap_err();
+        assert!(e.0.contains("row 1"), "{}", e.0);
+    }
+
+    /// Against an f64 reference on the dequantized weights: two terms leave only the f32
+    /// rounding (the weights are exact here), one term the activations' u8 error; every path
+    /// gives the same bits, with bias and GELU applied once.
+    #[test]
+    fn every_path_matches_the_reference_and_two_terms_are_far_closer() {
+        let (m, k, n) = (3, 70, 21);
+        let x = rows(m, k, 2);
+        let wf = rows(n, k, 3);
+        let (q, s) = quantize_weights(&wf, n, k).unwrap();
+        let w = PackedWeights::pack(&q, n, k).unwrap();
+        let bias: Vec<f32> = (0..n).map(|j| j as f32 * 0.1 - 1.0).collect();
+        let reference: Vec<f64> = (0..m * n)
+            .map(|e| {
+                let (i, j) = (e / n, e % n);
+                let dot: f64 = (0..k)
+                    .map(|c| x[i * k + c] as f64 * (s[j] * q[j * k + c] as f32) as f64)
+                    .sum();
+                dot + bias[j] as f64
+            })
+            .collect();
+        let scale = reference.iter().fold(0f64, |a, v| a.max(v.abs()));
+        for (terms, limit) in [(ActTerms::One, 2e-2), (ActTerms::Two, 2e-4)] {
+            let ep = Epilogue {
+                weight_scales: &s,
+                bias: Some(&bias),
+                activation: Activation::None,
+            };
+            let mut seen: Option<Vec<u32>> = None;
+            for path in Int8Path::available() {
+                let mut y = vec![0f32; m * n];
+                linear_dynamic(path, &x, m, &w, &ep, terms, &mut y).unwrap();
+                let worst = y
+                    .iter()
+                    .zip(&reference)
+                    .fold(0f64, |a, (y, r)| a.max((*y as f64 - r).abs()));
+                assert!(
+                    worst <= limit * scale,
+                    "{path:?} {terms:?}: error {worst} vs {scale}"
+                );
+                if terms == ActTerms::One {
+                    assert!(worst > 2e-4 * scale, "one term should show u8 error");
+                }
+                let bits: Vec<u32> = y.iter().map(|v| v.to_bits()).collect();
+                assert_eq!(
+                    seen.get_or_insert(bits.clone()),
+                    &bits,
+                    "{path:?} {terms:?}"
+                );
+                let gelu = Epilogue {
+                    activation: Activation::GeluTanh,
+                    ..ep
+                };
+                let mut g = vec![0f32; m * n];
+                linear_dynamic(path, &x, m, &w, &gelu, terms, &mut g).unwrap();
+                let mut want = y.clone();
+                activate(Activation::GeluTanh, &mut want);
+                assert_eq!(g, want, "{path:?} {terms:?}: GELU after the sum");
+            }
+        }
+    }
+}
