@@ -436,3 +436,146 @@ fn layers_named_to_keep_stay_f32_and_round_trip_as_f32() {
         .iter()
         .all(|(_, h)| h.slot.int8().is_none()));
 }
+
+/// Two u8 terms per activation row (the default) leave only the weights' error: each output
+/// within the bound of activations off by the second term's half step (about 1/255 of the
+/// first's), where one term (`set_act_terms`) needs the first term's whole half step and
+/// shows it.
+#[test]
+fn two_activation_terms_leave_only_the_weights_error() {
+    let mut rng = Rng::new(4);
+    let (rows, k, n) = (6, 70, 19);
+    let lin = Linear::new(k, n, true, &mut rng).unwrap();
+    let x = randn(&[rows, k], 1.5, &mut rng);
+    let _g = no_grad();
+    let want = vals(&lin.forward(&x).unwrap());
+    quant::quantize(&lin, &mut |_| Ok(())).unwrap();
+    let two = vals(&lin.forward(&x).unwrap());
+    assert_eq!(quant::set_act_terms(&lin, quant::ActTerms::One), 1);
+    let one = vals(&lin.forward(&x).unwrap());
+    let (xv, wv) = (vals(&x), vals(&lin.weight));
+    let wq = Int8Weight::from_f32(&lin.weight).unwrap();
+    let dxs = row_half_steps(&xv, k);
+    let (mut e1, mut e2) = (0f64, 0f64);
+    for i in 0..rows {
+        for j in 0..n {
+            let (xr, wr, dw) = (
+                &xv[i * k..(i + 1) * k],
+                &wv[j * k..(j + 1) * k],
+                wq.scales()[j] as f64 / 2.0,
+            );
+            let (a, b) = (
+                (two[i * n + j] - want[i * n + j]).abs() as f64,
+                (one[i * n + j] - want[i * n + j]).abs() as f64,
+            );
+            let tight = dot_bound(xr, wr, dxs[i] / 250.0, dw);
+            assert!(a <= tight, "({i}, {j}): two terms' error {a} above {tight}");
+            assert!(
+                b <= dot_bound(xr, wr, dxs[i], dw),
+                "({i}, {j}): one term {b}"
+            );
+            // The exact-weights part of the error: what the terms change.
+            let exact = dot_q(xr, &wq, j, lin.bias.as_ref());
+            e2 += (two[i * n + j] as f64 - exact).powi(2);
+            e1 += (one[i * n + j] as f64 - exact).powi(2);
+        }
+    }
+    assert!(
+        e2 < e1 / 1000.0,
+        "activation error: two terms {e2}, one term {e1}"
+    );
+}
+
+/// Σ x·ŵ_j + b_j in f64 with the int8 weight's values (the exact-activation result).
+fn dot_q(x: &[f32], wq: &Int8Weight, j: usize, bias: Option<&Tensor>) -> f64 {
+    let k = wq.k();
+    let mut row = vec![0f32; k];
+    wq.dequantize_row(j, &mut row);
+    let b = bias.map_or(0.0, |b| vals(b)[j] as f64);
+    x.iter()
+        .zip(&row)
+        .map(|(a, w)| *a as f64 * *w as f64)
+        .sum::<f64>()
+        + b
+}
+
+/// Inputs with a shared component (as LayerNorm and GELU outputs have): x = c·v + noise.
+fn correlated(rows: usize, k: usize, rng: &mut Rng) -> Tensor {
+    let v: Vec<f32> = (0..k).map(|i| 1.0 + (i % 4) as f32 * 0.4).collect();
+    let data: Vec<f32> = (0..rows)
+        .flat_map(|_| {
+            let c = rng.normal() as f32;
+            v.iter()
+                .map(|&vi| c * vi + 0.3 * rng.normal() as f32)
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    Tensor::from_vec(data, &[rows, k], Device::Cpu).unwrap()
+}
+
+/// GPTQ rounding (`Rounding::ErrorFeedback`) from calibration batches: on fresh inputs from
+/// the calibration batches' distribution the output error is well below rounding to nearest,
+/// with the same scales; the file round-trips it exactly; a layer no batch reached is rounded
+/// to nearest (and not listed).
+#[test]
+fn error_feedback_rounding_lowers_the_output_error_on_calibrated_inputs() {
+    let mut rng = Rng::new(6);
+    let (k, n) = (64, 24);
+    let make = || {
+        let mut r = Rng::new(7);
+        (
+            Linear::new(k, n, true, &mut r).unwrap(),
+            Embedding::new(10, k, 0.02, &mut r).unwrap(),
+        )
+    };
+    let calib: Vec<Tensor> = (0..4).map(|_| correlated(64, k, &mut rng)).collect();
+    let test = correlated(200, k, &mut rng);
+    let _g = no_grad();
+    let (f32_lin, _) = make();
+    let want = vals(&f32_lin.forward(&test).unwrap());
+    let mut errors = Vec::new();
+    for rounding in [quant::Rounding::Nearest, quant::Rounding::ErrorFeedback] {
+        let (lin, emb) = make();
+        let options = quant::QuantizeOptions {
+            keep_f32: vec![],
+            rounding,
+        };
+        let mut runs = 0;
+        let report = quant::quantize_with(&lin, &options, &mut |m| {
+            runs += 1;
+            calib.iter().try_for_each(|x| m.forward(x).map(|_| ()))
+        })
+        .unwrap();
+        let emb_report = quant::quantize_with(&emb, &options, &mut |_| Ok(())).unwrap();
+        assert!(
+            emb_report.error_feedback.is_empty(),
+            "no batch reached the table"
+        );
+        let feedback = rounding == quant::Rounding::ErrorFeedback;
+        assert_eq!(runs, usize::from(feedback), "calibrated only for GPTQ");
+        assert_eq!(report.error_feedback.len(), usize::from(feedback));
+        let got = vals(&lin.forward(&test).unwrap());
+        let err: f64 = got
+            .iter()
+            .zip(&want)
+            .map(|(a, b)| ((a - b) as f64).powi(2))
+            .sum();
+        errors.push(err);
+        // Same scales as rounding to nearest; the exported values load back exactly.
+        let form = lin.quant.int8().unwrap();
+        let q = form.as_any().downcast_ref::<QuantizedLinear>().unwrap();
+        let nearest = Int8Weight::from_f32(&lin.weight).unwrap();
+        assert_eq!(q.weight().scales(), nearest.scales());
+        assert_eq!(feedback, q.weight().values() != nearest.values());
+        let state: HashMap<String, StateTensor> = export(&lin).unwrap().into_iter().collect();
+        let (back, _) = make();
+        import(&back, &state).unwrap();
+        assert_eq!(vals(&back.forward(&test).unwrap()), got);
+    }
+    assert!(
+        errors[1] < 0.5 * errors[0],
+        "output error: GPTQ {} vs nearest {}",
+        errors[1],
+        errors[0]
+    );
+}

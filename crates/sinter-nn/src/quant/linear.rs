@@ -1,26 +1,30 @@
 //! `QuantizedLinear`: y = act(x Wᵀ + b) with int8 weights (symmetric, per output channel) and
 //! activations quantized per row at run time (dynamic quantization: each token or example gets
-//! its own u8 range, so no calibration is needed — the Transformer case). Also serves an int8
+//! its own u8 range, so no calibration is needed — the Transformer case), by default in two u8
+//! terms (the second carries the first's rounding error: `sinter_cpu::int8::dynamic`). Also serves an int8
 //! embedding table: its rows are the output channels of a tied head, and lookups dequantize
 //! the rows they read.
 
 use std::any::Any;
+use std::sync::Arc;
 
 use sinter_core::{bail, DType, Device, Result, Tensor};
-use sinter_cpu::int8::{
-    gemm, quantize_rows_dynamic, ActQuant, Activation, Activations, Epilogue, Int8Path, Output,
-};
+use sinter_cpu::int8::{linear_dynamic, ActTerms, Activation, Epilogue, Int8Path};
 
 use super::slot::Int8Layer;
 use super::weight::{int8_err, Int8Weight};
 use super::{cpu_input, host_vec};
 use crate::module::{param, Module, NamedTensor};
 
+#[derive(Clone)]
 pub struct QuantizedLinear {
-    weight: Int8Weight,
+    /// Shared by the copies that differ only in `act_terms`.
+    weight: Arc<Int8Weight>,
     bias: Option<Vec<f32>>,
     /// The f32 bias as given (listed by `collect`, like Linear's).
     bias_tensor: Option<Tensor>,
+    /// u8 terms per activation row (`ActTerms::Two` unless set otherwise).
+    act_terms: ActTerms,
 }
 
 impl QuantizedLinear {
@@ -50,10 +54,20 @@ impl QuantizedLinear {
             None => None,
         };
         Ok(QuantizedLinear {
-            weight,
+            weight: Arc::new(weight),
             bias: bias_values,
             bias_tensor: bias.cloned(),
+            act_terms: ActTerms::default(),
         })
+    }
+
+    /// The same layer with each activation row quantized in `terms` u8 terms.
+    pub fn with_act_terms(mut self, terms: ActTerms) -> QuantizedLinear {
+        self.act_terms = terms;
+        self
+    }
+    pub fn act_terms(&self) -> ActTerms {
+        self.act_terms
     }
 
     pub fn weight(&self) -> &Int8Weight {
@@ -77,29 +91,21 @@ impl QuantizedLinear {
         }
         let xs = cpu_input(x, "QuantizedLinear")?;
         let rows = xs.len() / k.max(1);
-        let kp = self.weight.packed.k_padded();
-        let mut xq = vec![0u8; rows * kp];
-        let qp = quantize_rows_dynamic(&xs, rows, k, k, &mut xq, kp).map_err(int8_err)?;
         let mut y = vec![0f32; rows * n];
-        gemm(
+        linear_dynamic(
             Int8Path::get(),
-            &Activations {
-                data: &xq,
-                rows,
-                stride: kp,
-                quant: ActQuant::PerRow(&qp),
-            },
+            &xs,
+            rows,
             &self.weight.packed,
             &Epilogue {
                 weight_scales: &self.weight.scales,
                 bias: self.bias.as_deref(),
                 activation,
             },
-            Output::F32 {
-                data: &mut y,
-                stride: n,
-            },
-        );
+            self.act_terms,
+            &mut y,
+        )
+        .map_err(int8_err)?;
         let mut shape = x.shape().to_vec();
         *shape.last_mut().expect("rank ≥ 1") = n;
         Tensor::from_vec(y, &shape, Device::Cpu)

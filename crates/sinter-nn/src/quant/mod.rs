@@ -14,6 +14,8 @@
 //!   would cap both the file's shrink (about 2× instead of 4×) and generation's speed-up.
 //!   Per-row scales keep each token's vector within half a step (1/254 of its largest entry).
 //!
+//! - Weight rounding ([`Rounding`]): to nearest, or GPTQ's error feedback from calibration
+//!   inputs ([`gptq`]; same scales and file format, values chosen for the layer's output).
 //! - Layers named in [`quantize_keeping`]'s list stay f32 (for GPT, the accuracy rule
 //!   `wte,blocks.0`: README "Int8 quantization" says why).
 //!
@@ -27,6 +29,7 @@
 
 pub mod chain;
 pub mod conv;
+pub mod gptq;
 pub mod linear;
 pub mod slot;
 pub mod state;
@@ -41,10 +44,12 @@ pub use state::{export, import, StateTensor};
 pub use weight::Int8Weight;
 
 use sinter_core::{bail, is_grad_enabled, Device, Result, Tensor};
+pub use sinter_cpu::int8::ActTerms;
 use sinter_cpu::int8::QParams;
 
 use crate::module::Module;
-use slot::{Int8Layer, RangeObserver};
+use gptq::Gram;
+use slot::{InputObserver, Int8Layer};
 
 /// What [`quantize`] did.
 #[derive(Clone, Debug, Default)]
@@ -53,6 +58,9 @@ pub struct QuantizeReport {
     pub int8: Vec<(String, &'static str)>,
     /// Layers left in f32, with the reason.
     pub kept_f32: Vec<(String, String)>,
+    /// Layers whose int8 values were rounded with error feedback from calibration inputs
+    /// ([`Rounding::ErrorFeedback`]); the other int8 layers were rounded to nearest.
+    pub error_feedback: Vec<String>,
     /// Bytes of the f32 weights that got int8 forms, and of those forms.
     pub f32_bytes: usize,
     pub int8_bytes: usize,
@@ -74,10 +82,11 @@ pub fn layers(model: &dyn Module) -> Vec<(String, LayerHandle)> {
         .collect()
 }
 
-/// Rewrites every Linear, Conv2d and Embedding of `model` to int8, in place (all or nothing).
-/// `calibrate` is called once, with the model in f32, when there are Conv2d layers: it should
-/// run representative batches through `model.forward` (under `no_grad`); each conv records the
-/// range of its input. A model quantized before is re-quantized from its f32 weights.
+/// Rewrites every Linear, Conv2d and Embedding of `model` to int8, in place (all or nothing),
+/// rounding weights to nearest. `calibrate` is called once, with the model in f32, when there
+/// are Conv2d layers: it should run representative batches through `model.forward` (under
+/// `no_grad`); each conv records the range of its input. A model quantized before is
+/// re-quantized from its f32 weights.
 pub fn quantize(
     model: &dyn Module,
     calibrate: &mut dyn FnMut(&dyn Module) -> Result<()>,
@@ -85,14 +94,51 @@ pub fn quantize(
     quantize_keeping(model, &[], calibrate)
 }
 
-/// [`quantize`], leaving in f32 every layer that `keep_f32` names: a layer's name (`wte`,
-/// `blocks.0.mlp.fc`) or a prefix of names ending at a dot (`blocks.0`: every layer of block 0).
-/// A name that matches no layer is an error that lists the layers.
+/// How the int8 values of Linear and Embedding weights are chosen (their per-channel scales
+/// are max|w|/127 either way; Conv2d weights are always rounded to nearest).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Rounding {
+    /// Each weight to its nearest int8 value.
+    #[default]
+    Nearest,
+    /// GPTQ's error feedback ([`gptq`]) from the Gram matrix of each layer's inputs over the
+    /// calibration batches: the output error on those inputs is minimised, not each weight's.
+    /// A layer no calibration batch reached (an embedding used only for lookups) is rounded
+    /// to nearest.
+    ErrorFeedback,
+}
+
+/// What [`quantize_with`] does besides rewriting every layer to int8.
+#[derive(Clone, Debug, Default)]
+pub struct QuantizeOptions {
+    /// Layers to leave in f32: a layer's name (`wte`, `blocks.0.mlp.fc`) or a prefix of names
+    /// ending at a dot (`blocks.0`: every layer of block 0).
+    pub keep_f32: Vec<String>,
+    pub rounding: Rounding,
+}
+
+/// [`quantize`], leaving in f32 every layer that `keep_f32` names (see [`QuantizeOptions`]).
 pub fn quantize_keeping(
     model: &dyn Module,
     keep_f32: &[String],
     calibrate: &mut dyn FnMut(&dyn Module) -> Result<()>,
 ) -> Result<QuantizeReport> {
+    let options = QuantizeOptions {
+        keep_f32: keep_f32.to_vec(),
+        rounding: Rounding::Nearest,
+    };
+    quantize_with(model, &options, calibrate)
+}
+
+/// [`quantize`] with options. A name in `keep_f32` that matches no layer is an error that
+/// lists the layers. `calibrate` is called when there are Conv2d layers or when the rounding
+/// is [`Rounding::ErrorFeedback`].
+pub fn quantize_with(
+    model: &dyn Module,
+    options: &QuantizeOptions,
+    calibrate: &mut dyn FnMut(&dyn Module) -> Result<()>,
+) -> Result<QuantizeReport> {
+    let keep_f32 = &options.keep_f32;
     // BatchNorm folded before now made f32 copies of the convolutions that would shadow their
     // int8 forms: unfold (fold again after quantizing, `fold::fold_for_inference`).
     model.set_training(true);
@@ -129,18 +175,30 @@ pub fn quantize_keeping(
             _ => todo.push((name, h)),
         }
     }
-    let ranges = calibrate_convs(model, &todo, calibrate)?;
+    let feedback = options.rounding == Rounding::ErrorFeedback;
+    let mut seen = calibrate_inputs(model, &todo, feedback, calibrate)?;
     let mut forms: Vec<(usize, Arc<dyn Int8Layer>, usize)> = Vec::new();
     for (i, (name, h)) in todo.iter().enumerate() {
         let bias = h.bias.as_ref();
         let (form, bytes): (Arc<dyn Int8Layer>, usize) = match h.kind {
             LayerKind::Linear | LayerKind::Embedding => {
-                let q = QuantizedLinear::from_f32(&h.weight, bias).map_err(|e| at(name, e))?;
+                let weight = match seen[i].take().and_then(|s| s.gram) {
+                    Some(g) => {
+                        report.error_feedback.push(name.clone());
+                        Int8Weight::from_f32_with_feedback(&h.weight, &g)
+                    }
+                    None => Int8Weight::from_f32(&h.weight),
+                };
+                let q = QuantizedLinear::new(weight.map_err(|e| at(name, e))?, bias)
+                    .map_err(|e| at(name, e))?;
                 let b = q.weight().bytes();
                 (Arc::new(q), b)
             }
             LayerKind::Conv2d(p) => {
-                let (lo, hi) = ranges[i].expect("every conv was calibrated");
+                let (lo, hi) = seen[i]
+                    .as_ref()
+                    .and_then(|s| s.range)
+                    .expect("every conv was calibrated");
                 let input =
                     QParams::from_range(lo, hi).map_err(|e| at(name, weight::int8_err(e)))?;
                 let q = QuantizedConv2d::from_f32(&h.weight, bias, p, input)
@@ -166,24 +224,54 @@ pub fn quantize_keeping(
     Ok(report)
 }
 
+/// Sets how many u8 terms carry each activation row of every int8 Linear (and tied head) of
+/// `model` (`ActTerms::Two` is what quantizing installs); returns how many layers it set.
+pub fn set_act_terms(model: &dyn Module, terms: ActTerms) -> usize {
+    let mut set = 0;
+    for (_, h) in layers(model) {
+        let Some(form) = h.slot.int8() else { continue };
+        if let Some(q) = form.as_any().downcast_ref::<QuantizedLinear>() {
+            h.slot
+                .set(QuantState::Int8(Arc::new(q.clone().with_act_terms(terms))));
+            set += 1;
+        }
+    }
+    set
+}
+
 /// Whether `pattern` names the layer `name`: the name itself, or a prefix ending at a dot.
 fn names_layer(pattern: &str, name: &str) -> bool {
     let p = pattern.trim_end_matches('.');
     name == p || (name.starts_with(p) && name.as_bytes().get(p.len()) == Some(&b'.'))
 }
 
-/// The input range of each conv in `todo` (None for other layers), from one `calibrate` run.
-fn calibrate_convs(
+/// What calibration saw of one layer's inputs.
+struct Seen {
+    range: Option<(f32, f32)>,
+    gram: Option<Gram>,
+}
+
+/// From one `calibrate` run: the input range of each conv in `todo`, and with `gram` the
+/// inputs' Gram matrix of each Linear and Embedding (None for a layer not observed). No run
+/// when nothing needs observing.
+fn calibrate_inputs(
     model: &dyn Module,
     todo: &[(String, LayerHandle)],
+    gram: bool,
     calibrate: &mut dyn FnMut(&dyn Module) -> Result<()>,
-) -> Result<Vec<Option<(f32, f32)>>> {
-    let observers: Vec<Option<Arc<RangeObserver>>> = todo
+) -> Result<Vec<Option<Seen>>> {
+    let observers: Vec<Option<Arc<InputObserver>>> = todo
         .iter()
-        .map(|(_, h)| matches!(h.kind, LayerKind::Conv2d(_)).then(Default::default))
+        .map(|(_, h)| match h.kind {
+            LayerKind::Conv2d(_) => Some(Default::default()),
+            LayerKind::Linear | LayerKind::Embedding if gram => {
+                Some(Arc::new(InputObserver::with_gram()))
+            }
+            _ => None,
+        })
         .collect();
     if observers.iter().all(Option::is_none) {
-        return Ok(vec![None; todo.len()]);
+        return Ok(todo.iter().map(|_| None).collect());
     }
     for ((_, h), o) in todo.iter().zip(&observers) {
         if let Some(o) = o {
@@ -195,17 +283,23 @@ fn calibrate_convs(
         h.slot.set(QuantState::F32);
     }
     run.map_err(|e| sinter_core::Error::Msg(format!("calibration: {e}")))?;
-    let mut ranges = Vec::with_capacity(todo.len());
-    for ((name, _), o) in todo.iter().zip(&observers) {
-        ranges.push(match o {
+    let mut seen = Vec::with_capacity(todo.len());
+    for ((name, h), o) in todo.iter().zip(&observers) {
+        seen.push(match o {
             None => None,
-            Some(o) => match o.range() {
-                Some(r) => Some(r),
-                None => bail!("calibration: no batch reached {name}; give calibration batches that run the whole model"),
-            },
+            Some(o) => {
+                let range = o.range();
+                if range.is_none() && matches!(h.kind, LayerKind::Conv2d(_)) {
+                    bail!("calibration: no batch reached {name}; give calibration batches that run the whole model");
+                }
+                Some(Seen {
+                    range,
+                    gram: o.take_gram(),
+                })
+            }
         });
     }
-    Ok(ranges)
+    Ok(seen)
 }
 
 /// BatchNorm folding of an int8 convolution: when `conv` runs an int8 form, installs in

@@ -6,13 +6,15 @@
 //! slot holds no int8 form. So `quant::quantize` reaches every such layer of any model through
 //! the one walk every module already implements, without knowing the model's structure.
 //!
-//! This file depends on nothing else in `quant` (the int8 forms are behind [`Int8Layer`]), so
-//! the layers can use it without an import circle.
+//! This file depends on nothing else in `quant` but the plain [`Gram`] accumulator (the int8
+//! forms are behind [`Int8Layer`]), so the layers can use it without an import circle.
 
 use std::any::Any;
 use std::sync::{Arc, Mutex, RwLock};
 
-use sinter_core::{bail, Conv2dParams, Result, Tensor};
+use sinter_core::{bail, Conv2dParams, DType, Result, Tensor};
+
+use super::gptq::Gram;
 pub use sinter_cpu::int8::Activation;
 
 /// An int8 replacement of a layer's forward.
@@ -28,13 +30,24 @@ pub trait Int8Layer: Send + Sync {
     fn as_any(&self) -> &dyn Any;
 }
 
-/// The running min and max of a layer's inputs over calibration batches.
+/// What calibration records of a layer's inputs: their running min and max (a Conv2d's
+/// static input range) and, when asked, their Gram matrix XᵀX (for error-feedback rounding of
+/// the layer's weights, `quant::gptq`).
 #[derive(Default, Debug)]
-pub struct RangeObserver {
+pub struct InputObserver {
     range: Mutex<Option<(f32, f32)>>,
+    gram: Option<Mutex<Option<Gram>>>,
 }
 
-impl RangeObserver {
+impl InputObserver {
+    /// An observer that also accumulates XᵀX over the inputs' rows (the last dimension).
+    pub fn with_gram() -> InputObserver {
+        InputObserver {
+            range: Mutex::new(None),
+            gram: Some(Mutex::new(None)),
+        }
+    }
+
     pub fn observe(&self, x: &Tensor) -> Result<()> {
         let (lo, hi) = sinter_cpu::int8::quant::min_max(&x.to_vec_f32()?);
         if !(lo.is_finite() && hi.is_finite()) {
@@ -43,16 +56,38 @@ impl RangeObserver {
             }
             bail!("calibration: a layer input holds NaN or infinite values ({lo}, {hi})");
         }
-        let mut r = self.range.lock().unwrap_or_else(|e| e.into_inner());
-        *r = Some(match *r {
-            Some((a, b)) => (a.min(lo), b.max(hi)),
-            None => (lo, hi),
-        });
+        {
+            let mut r = self.range.lock().unwrap_or_else(|e| e.into_inner());
+            *r = Some(match *r {
+                Some((a, b)) => (a.min(lo), b.max(hi)),
+                None => (lo, hi),
+            });
+        }
+        if let Some(gram) = &self.gram {
+            let k = *x.shape().last().unwrap_or(&1);
+            let rows = x.numel() / k.max(1);
+            let x2 = x.to_dtype(DType::F32)?.reshape(&[rows, k])?;
+            let xtx = x2.t()?.matmul(&x2)?.to_vec_f32()?;
+            let mut g = gram.lock().unwrap_or_else(|e| e.into_inner());
+            let g = g.get_or_insert_with(|| Gram::new(k));
+            if g.k != k {
+                bail!("calibration: a layer saw inputs of width {} and {k}", g.k);
+            }
+            g.add(&xtx, rows);
+        }
         Ok(())
     }
     /// (min, max) seen, or None when no batch reached the layer.
     pub fn range(&self) -> Option<(f32, f32)> {
         *self.range.lock().unwrap_or_else(|e| e.into_inner())
+    }
+    /// XᵀX over every input row seen (None when not asked for or no batch reached the layer).
+    pub fn take_gram(&self) -> Option<Gram> {
+        self.gram
+            .as_ref()?
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
     }
 }
 
@@ -63,7 +98,7 @@ pub enum QuantState {
     #[default]
     F32,
     /// Its f32 weights, recording the range of its inputs.
-    Calibrating(Arc<RangeObserver>),
+    Calibrating(Arc<InputObserver>),
     /// An int8 form.
     Int8(Arc<dyn Int8Layer>),
 }

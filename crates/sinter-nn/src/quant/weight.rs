@@ -5,6 +5,8 @@
 use sinter_core::{bail, Device, Result, Tensor};
 use sinter_cpu::int8::{quantize_weights, PackedWeights};
 
+use super::gptq::{quantize_weights_gptq, Gram};
+
 /// w[j, …] ≈ scales[j] · q[j, …], q ∈ [-127, 127].
 pub struct Int8Weight {
     pub(crate) packed: PackedWeights,
@@ -17,13 +19,26 @@ impl Int8Weight {
     /// Quantizes an f32 weight (on the CPU).
     pub fn from_f32(w: &Tensor) -> Result<Int8Weight> {
         let (n, k) = rows_cols(w.shape())?;
-        if w.device() != Device::Cpu {
+        let (q, scales) = quantize_weights(&host_weight(w)?, n, k).map_err(int8_err)?;
+        Int8Weight::from_int8(&q, w.shape(), scales)
+    }
+
+    /// Quantizes an f32 weight (on the CPU) with GPTQ's error feedback from the Gram matrix of
+    /// the layer's calibration inputs (`gptq`): the scales of [`Int8Weight::from_f32`], the
+    /// values chosen to minimise the output error on those inputs.
+    pub fn from_f32_with_feedback(w: &Tensor, gram: &Gram) -> Result<Int8Weight> {
+        let (n, k) = rows_cols(w.shape())?;
+        if gram.k != k {
             bail!(
-                "int8 quantization reads weights on the CPU; this one is on {}",
-                w.device()
+                "calibration inputs have {} values per row; the weight {:?} takes {k}",
+                gram.k,
+                w.shape()
             );
         }
-        let (q, scales) = quantize_weights(&w.to_vec_f32()?, n, k).map_err(int8_err)?;
+        let values = host_weight(w)?;
+        // Round to nearest first: it checks the values (NaN, infinities) and names the row.
+        quantize_weights(&values, n, k).map_err(int8_err)?;
+        let (q, scales) = quantize_weights_gptq(&values, n, k, &gram.inverse_factor());
         Int8Weight::from_int8(&q, w.shape(), scales)
     }
 
@@ -87,6 +102,16 @@ impl Int8Weight {
     pub fn bytes(&self) -> usize {
         self.n() * self.k() + 4 * self.scales.len()
     }
+}
+
+fn host_weight(w: &Tensor) -> Result<Vec<f32>> {
+    if w.device() != Device::Cpu {
+        bail!(
+            "int8 quantization reads weights on the CPU; this one is on {}",
+            w.device()
+        );
+    }
+    w.to_vec_f32()
 }
 
 fn rows_cols(shape: &[usize]) -> Result<(usize, usize)> {
