@@ -24,10 +24,10 @@ use serde_json::{json, Value};
 use sinter_core::{no_grad, DType, Device, Rng, Tensor};
 use sinter_models::{DataShape, Gpt, Task};
 use sinter_nn::module::shared_rng;
-use sinter_nn::quant::{self, QuantizedLinear};
+use sinter_nn::quant::{self, ActTerms, QuantizeOptions, QuantizedLinear};
 use sinter_nn::{Linear, Module};
 
-use crate::quantize_cmd;
+use crate::quantize_cmd::{self, WeightRounding};
 use crate::trainer;
 
 #[derive(Args)]
@@ -54,6 +54,13 @@ pub struct Int8BenchArgs {
     /// Layers the int8 model keeps in f32 (as `sinter quantize --keep-f32`).
     #[arg(long, value_delimiter = ',')]
     pub keep_f32: Vec<String>,
+    /// Weight rounding (as `sinter quantize --rounding`). A random model (`--model`) is
+    /// calibrated on random inputs drawn apart from the measured ones.
+    #[arg(long, value_enum, default_value_t = WeightRounding::Gptq)]
+    pub rounding: WeightRounding,
+    /// u8 terms per activation row of the int8 Linear layers (1 or 2).
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u8).range(1..=2))]
+    pub act_terms: u8,
     #[arg(long, default_value_t = 3)]
     pub rounds: usize,
     /// Seconds per measurement.
@@ -66,6 +73,19 @@ pub struct Int8BenchArgs {
     /// Also write the numbers here as JSON.
     #[arg(long)]
     pub json: Option<PathBuf>,
+}
+
+impl Int8BenchArgs {
+    fn options(&self) -> QuantizeOptions {
+        self.rounding.options(&self.keep_f32)
+    }
+    fn terms(&self) -> ActTerms {
+        if self.act_terms == 1 {
+            ActTerms::One
+        } else {
+            ActTerms::Two
+        }
+    }
 }
 
 /// Seconds per call of `f`: the median over rounds of (time / calls) with ≥ `secs` each.
@@ -81,16 +101,23 @@ impl Timer {
         mut a: impl FnMut() -> Result<()>,
         mut b: impl FnMut() -> Result<()>,
     ) -> Result<(f64, f64)> {
-        a()?;
-        b()?;
-        let (mut ta, mut tb) = (Vec::new(), Vec::new());
-        for _ in 0..self.rounds.max(1) {
-            ta.push(self.once(&mut a)?);
-            tb.push(self.once(&mut b)?);
-        }
-        Ok((median(ta), median(tb)))
+        let t = self.interleaved(&mut [&mut a, &mut b])?;
+        Ok((t[0], t[1]))
     }
-    fn once(&self, f: &mut impl FnMut() -> Result<()>) -> Result<f64> {
+    /// Times each of `fs` in turn, round after round; the median seconds per call of each.
+    fn interleaved(&self, fs: &mut [&mut dyn FnMut() -> Result<()>]) -> Result<Vec<f64>> {
+        for f in fs.iter_mut() {
+            f()?;
+        }
+        let mut times = vec![Vec::new(); fs.len()];
+        for _ in 0..self.rounds.max(1) {
+            for (f, t) in fs.iter_mut().zip(&mut times) {
+                t.push(self.once(f)?);
+            }
+        }
+        Ok(times.into_iter().map(median).collect())
+    }
+    fn once(&self, f: &mut dyn FnMut() -> Result<()>) -> Result<f64> {
         let start = Instant::now();
         let mut n = 0u64;
         while n == 0 || start.elapsed().as_secs_f64() < self.secs {
@@ -149,7 +176,8 @@ pub fn run(a: &Int8BenchArgs) -> Result<()> {
         (Some(dir), _) => {
             let (f, _) = crate::inference::load_for_eval(dir)?;
             let (q, _) = crate::inference::load_for_eval(dir)?;
-            quantize_cmd::quantize_setup(&q, a.calibration_batches, &a.keep_f32)?;
+            quantize_cmd::quantize_setup(&q, a.calibration_batches, &a.options())?;
+            quant::set_act_terms(q.model.as_ref(), a.terms());
             // Both as `eval` runs them: BatchNorm folded into the convolutions.
             sinter_nn::fold::fold_for_inference(f.model.as_ref())?;
             accuracy_rows(a, &mut rep, &f, &q)?;
@@ -191,27 +219,32 @@ fn randn(shape: &[usize], rng: &mut Rng) -> Result<Tensor> {
     )?)
 }
 
-/// nn::Linear in f32 against QuantizedLinear (dynamic rows) at GPT-2 124M's shapes.
+/// nn::Linear in f32 against QuantizedLinear (dynamic rows, one and two u8 terms per row,
+/// all three interleaved) at GPT-2 124M's shapes.
 fn linear_rows(timer: &Timer, rep: &mut Report) -> Result<()> {
     let mut rng = Rng::new(1);
     let _g = no_grad();
     for (k, n, name) in [(768, 2304, "qkv"), (768, 3072, "fc"), (3072, 768, "proj")] {
         let lin = Linear::new(k, n, true, &mut rng)?;
-        let q = QuantizedLinear::from_f32(&lin.weight, lin.bias.as_ref())?;
+        let two = QuantizedLinear::from_f32(&lin.weight, lin.bias.as_ref())?;
+        let one = two.clone().with_act_terms(ActTerms::One);
         for rows in [1, 8, 64] {
             let x = randn(&[rows, k], &mut rng)?;
-            let (tf, tq) = timer.pair(
-                || lin.forward(&x).map(|_| ()).map_err(Into::into),
-                || q.forward(&x).map(|_| ()).map_err(Into::into),
-            )?;
+            let t = timer.interleaved(&mut [
+                &mut || lin.forward(&x).map(|_| ()).map_err(Into::into),
+                &mut || one.forward(&x).map(|_| ()).map_err(Into::into),
+                &mut || two.forward(&x).map(|_| ()).map_err(Into::into),
+            ])?;
             let gops = |t: f64| 2.0 * (rows * n * k) as f64 / t / 1e9;
-            rep.row(
-                &format!("Linear {name} {k}→{n}, {rows} rows"),
-                format!("{:.1} µs ({:.0} GOP/s)", tf * 1e6, gops(tf)),
-                format!("{:.1} µs ({:.0} GOP/s)", tq * 1e6, gops(tq)),
-                Some(tf / tq),
-                json!({ "f32_s": tf, "int8_s": tq }),
-            );
+            for (terms, tq) in [("1 term", t[1]), ("2 terms", t[2])] {
+                rep.row(
+                    &format!("Linear {name} {k}→{n}, {rows} rows, {terms}"),
+                    format!("{:.1} µs ({:.0} GOP/s)", t[0] * 1e6, gops(t[0])),
+                    format!("{:.1} µs ({:.0} GOP/s)", tq * 1e6, gops(tq)),
+                    Some(t[0] / tq),
+                    json!({ "f32_s": t[0], "int8_s": tq, "act_terms": terms }),
+                );
+            }
         }
     }
     Ok(())
@@ -260,23 +293,31 @@ fn random_pair(name: &str, a: &Int8BenchArgs) -> Result<Pair> {
     f.set_training(false);
     q.set_training(false);
     let input = data.input.clone();
-    quant::quantize_keeping(q.as_ref(), &a.keep_f32, &mut |m: &dyn Module| {
+    // Calibration inputs from their own generator: random examples (token ids for
+    // language models), never the prompts or inputs that the rows below measure.
+    quant::quantize_with(q.as_ref(), &a.options(), &mut |m: &dyn Module| {
         let _g = no_grad();
         let mut rng = Rng::new(seed ^ 7);
         for _ in 0..calibration_batches.max(1) {
-            let mut shape = vec![16];
-            shape.extend(&input);
-            m.forward(&Tensor::randn(
-                &shape,
-                0.0,
-                1.0,
-                &mut rng,
-                DType::F32,
-                Device::Cpu,
-            )?)?;
+            let x = match task {
+                Task::Classification => {
+                    let mut shape = vec![16];
+                    shape.extend(&input);
+                    Tensor::randn(&shape, 0.0, 1.0, &mut rng, DType::F32, Device::Cpu)?
+                }
+                Task::LanguageModel | Task::MaskedLm => {
+                    let len = input[0].min(128);
+                    let ids: Vec<i64> = (0..len)
+                        .map(|_| rng.below(data.classes as u64) as i64)
+                        .collect();
+                    Tensor::from_vec(ids, &[1, len], Device::Cpu)?
+                }
+            };
+            m.forward(&x)?;
         }
         Ok(())
     })?;
+    quant::set_act_terms(q.as_ref(), a.terms());
     for m in [&f, &q] {
         sinter_nn::fold::fold_for_inference(m.as_ref())?;
     }

@@ -20,8 +20,7 @@ use clap::Args;
 use safetensors::tensor::{Dtype, SafeTensors};
 use sinter_core::{no_grad, Tensor};
 use sinter_data::DataLoader;
-use sinter_models::Task;
-use sinter_nn::quant::{self, QuantizeReport, StateTensor};
+use sinter_nn::quant::{self, QuantizeOptions, QuantizeReport, Rounding, StateTensor};
 use sinter_nn::Module;
 
 use crate::checkpoint::InferenceInfo;
@@ -41,13 +40,36 @@ pub struct QuantizeArgs {
     #[arg(long)]
     pub out: PathBuf,
     /// Training batches run through the f32 model to calibrate each convolution's input range
-    /// (CNNs only; Transformers quantize their activations per row at run time).
+    /// and, with `--rounding gptq`, the Gram matrix of each Linear's inputs.
     #[arg(long, default_value_t = 16)]
     pub calibration_batches: usize,
+    /// How Linear and embedding weights get their int8 values: `gptq` (error feedback from
+    /// the calibration batches' inputs, minimising each layer's output error) or `nearest`.
+    #[arg(long, value_enum, default_value_t = WeightRounding::Gptq)]
+    pub rounding: WeightRounding,
     /// Layers to leave in f32, comma-separated: a layer's name (`wte`: for GPT the tied
     /// embedding and output head) or a prefix ending at a dot (`blocks.0`: all of block 0).
     #[arg(long, value_delimiter = ',')]
     pub keep_f32: Vec<String>,
+}
+
+/// `--rounding`: `sinter_nn::quant::Rounding` on the command line.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum WeightRounding {
+    Nearest,
+    Gptq,
+}
+
+impl WeightRounding {
+    pub fn options(self, keep_f32: &[String]) -> QuantizeOptions {
+        QuantizeOptions {
+            keep_f32: keep_f32.to_vec(),
+            rounding: match self {
+                WeightRounding::Nearest => Rounding::Nearest,
+                WeightRounding::Gptq => Rounding::ErrorFeedback,
+            },
+        }
+    }
 }
 
 pub fn run(a: &QuantizeArgs) -> Result<()> {
@@ -58,11 +80,12 @@ pub fn run(a: &QuantizeArgs) -> Result<()> {
         );
     }
     let (s, step) = inference::load_for_eval(&a.checkpoint)?;
-    let (report, folded) = quantize_setup(&s, a.calibration_batches, &a.keep_f32)?;
+    let options = a.rounding.options(&a.keep_f32);
+    let (report, folded) = quantize_setup(&s, a.calibration_batches, &options)?;
     let path = save(&a.out, &s, step, &report, &a.checkpoint)?;
     let size = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
     println!(
-        "{}: {} layers int8 ({} linear, {} conv2d, {} embedding{}){}",
+        "{}: {} layers int8 ({} linear, {} conv2d, {} embedding{}{}){}",
         s.config.model,
         report.int8.len(),
         count(&report, "linear"),
@@ -72,6 +95,15 @@ pub fn run(a: &QuantizeArgs) -> Result<()> {
             format!("; {folded} BatchNorm to fold into their int8 convolutions at load")
         } else {
             String::new()
+        },
+        if report.error_feedback.is_empty() {
+            String::new()
+        } else {
+            format!(
+                "; {} rounded with GPTQ from {} calibration batches",
+                report.error_feedback.len(),
+                a.calibration_batches
+            )
         },
         if report.kept_f32.is_empty() {
             String::new()
@@ -111,25 +143,19 @@ pub fn weight_bytes(model: &dyn Module) -> usize {
         .sum()
 }
 
-/// Quantizes the setup's model in place; convolutions are calibrated on the first
-/// `batches` training batches (in order, so the result is reproducible). Then folds each
-/// BatchNorm into the int8 convolution before it, as `eval` and `predict` do after loading;
-/// returns how many were folded.
+/// Quantizes the setup's model in place; convolutions (and, for GPTQ rounding, Linear and
+/// embedding layers) are calibrated on the first `batches` training batches (in order, so the
+/// result is reproducible). Then folds each BatchNorm into the int8 convolution before it, as
+/// `eval` and `predict` do after loading; returns how many were folded.
 pub fn quantize_setup(
     s: &Setup,
     batches: usize,
-    keep_f32: &[String],
+    options: &QuantizeOptions,
 ) -> Result<(QuantizeReport, usize)> {
     let mut calibrate = |model: &dyn Module| -> sinter_core::Result<()> {
-        if s.task != Task::Classification {
-            return Err(sinter_core::Error::Msg(format!(
-                "{} has convolutions but no image data to calibrate them with",
-                s.config.model
-            )));
-        }
         if batches == 0 {
             return Err(sinter_core::Error::Msg(
-                "the model has convolutions: --calibration-batches must be at least 1".into(),
+                "the model has convolutions or is rounded with GPTQ: --calibration-batches must be at least 1 (or use --rounding nearest for a model without convolutions)".into(),
             ));
         }
         let _g = no_grad();
@@ -147,7 +173,7 @@ pub fn quantize_setup(
         }
         Ok(())
     };
-    let report = quant::quantize_keeping(s.model.as_ref(), keep_f32, &mut calibrate)?;
+    let report = quant::quantize_with(s.model.as_ref(), options, &mut calibrate)?;
     let folded = sinter_nn::fold::fold_for_inference(s.model.as_ref())?;
     Ok((report, folded))
 }
@@ -187,8 +213,12 @@ pub fn save(
     }
     let summary = serde_json::json!({
         "weights": "int8, symmetric, one scale per output channel (per row for embedding tables)",
+        "rounding": {
+            "error_feedback": report.error_feedback,
+            "method": "GPTQ error feedback from calibration inputs for the layers listed, to nearest for the others",
+        },
         "activations": {
-            "linear": "u8, dynamic, one scale and zero point per row",
+            "linear": "u8, dynamic, one scale and zero point per row (at run time, in two terms: the second carries the first's rounding error)",
             "conv2d": "u8, static, one scale and zero point per layer from calibration (min/max)",
         },
         "layers": report.int8.iter().map(|(n, k)| (n.clone(), *k)).collect::<BTreeMap<_, _>>(),

@@ -112,10 +112,44 @@ fn gpt_tiny_validation_loss_within_one_percent_and_generation_runs() {
         f,
     ]));
     let report = ok(&sinter(&["quantize", "--checkpoint", f, "--out", q]));
+    // GPTQ (the default rounding) from training batches: every Linear and the tied head
+    // (the position table is only looked up, so it is rounded to nearest).
     assert!(
-        report.contains("16 linear") && report.contains("2 embedding"),
+        report.contains("16 linear")
+            && report.contains("2 embedding")
+            && report.contains("17 rounded with GPTQ"),
         "{report}"
     );
+    fails_with(
+        &sinter(&[
+            "quantize",
+            "--checkpoint",
+            f,
+            "--out",
+            q,
+            "--calibration-batches",
+            "0",
+        ]),
+        &[
+            "--calibration-batches must be at least 1",
+            "--rounding nearest",
+        ],
+    );
+    let nearest_dir = tmp.path().join("nearest");
+    let report = ok(&sinter(&[
+        "quantize",
+        "--checkpoint",
+        f,
+        "--out",
+        nearest_dir.to_str().unwrap(),
+        "--rounding",
+        "nearest",
+        "--calibration-batches",
+        "0",
+    ]));
+    assert!(!report.contains("GPTQ"), "{report}");
+    // The same format and weight bytes (the metadata lists the GPTQ layers).
+    assert!(file_size(&nearest_dir).abs_diff(file_size(&int8_dir)) < 4096);
     let loss_f32 = number_after(
         &ok(&sinter(&["eval", "--checkpoint", f])),
         "validation loss",
