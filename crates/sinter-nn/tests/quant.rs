@@ -437,7 +437,7 @@ fn layers_named_to_keep_stay_f32_and_round_trip_as_f32() {
         .all(|(_, h)| h.slot.int8().is_none()));
 }
 
-/// Two u8 terms per activation row (the default) leave only the weights' error: each output
+/// Two u8 terms per activation row (the default for calls of a few rows) leave only the weights' error: each output
 /// within the bound of activations off by the second term's half step (about 1/255 of the
 /// first's), where one term (`set_act_terms`) needs the first term's whole half step and
 /// shows it.
@@ -450,9 +450,17 @@ fn two_activation_terms_leave_only_the_weights_error() {
     let _g = no_grad();
     let want = vals(&lin.forward(&x).unwrap());
     quant::quantize(&lin, &mut |_| Ok(())).unwrap();
+    // The default (Auto): two terms for a call of a few rows, one above.
+    let few = x.narrow(0, 0, 2).unwrap();
+    let auto_few = vals(&lin.forward(&few).unwrap());
+    let auto_all = vals(&lin.forward(&x).unwrap());
+    assert_eq!(quant::set_act_terms(&lin, quant::ActTerms::Two), 1);
     let two = vals(&lin.forward(&x).unwrap());
+    assert_eq!(auto_few, vals(&lin.forward(&few).unwrap()));
     assert_eq!(quant::set_act_terms(&lin, quant::ActTerms::One), 1);
     let one = vals(&lin.forward(&x).unwrap());
+    assert_eq!(auto_all, one);
+    assert_ne!(auto_few, vals(&lin.forward(&few).unwrap()));
     let (xv, wv) = (vals(&x), vals(&lin.weight));
     let wq = Int8Weight::from_f32(&lin.weight).unwrap();
     let dxs = row_half_steps(&xv, k);

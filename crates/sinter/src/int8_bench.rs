@@ -58,9 +58,10 @@ pub struct Int8BenchArgs {
     /// calibrated on random inputs drawn apart from the measured ones.
     #[arg(long, value_enum, default_value_t = WeightRounding::Gptq)]
     pub rounding: WeightRounding,
-    /// u8 terms per activation row of the int8 Linear layers (1 or 2).
-    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u8).range(1..=2))]
-    pub act_terms: u8,
+    /// u8 terms per activation row of the int8 Linear layers: one, two, or auto (two for
+    /// calls of a few rows, i.e. generation steps).
+    #[arg(long, value_enum, default_value_t = Terms::Auto)]
+    pub act_terms: Terms,
     #[arg(long, default_value_t = 3)]
     pub rounds: usize,
     /// Seconds per measurement.
@@ -80,12 +81,20 @@ impl Int8BenchArgs {
         self.rounding.options(&self.keep_f32)
     }
     fn terms(&self) -> ActTerms {
-        if self.act_terms == 1 {
-            ActTerms::One
-        } else {
-            ActTerms::Two
+        match self.act_terms {
+            Terms::One => ActTerms::One,
+            Terms::Two => ActTerms::Two,
+            Terms::Auto => ActTerms::Auto,
         }
     }
+}
+
+/// `--act-terms`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Terms {
+    One,
+    Two,
+    Auto,
 }
 
 /// Seconds per call of `f`: the median over rounds of (time / calls) with ≥ `secs` each.
@@ -220,14 +229,16 @@ fn randn(shape: &[usize], rng: &mut Rng) -> Result<Tensor> {
 }
 
 /// nn::Linear in f32 against QuantizedLinear (dynamic rows, one and two u8 terms per row,
-/// all three interleaved) at GPT-2 124M's shapes.
+/// all three interleaved) at GPT-2 124M's shapes. (The default, `auto`, is two terms for up
+/// to 4 rows and one above.)
 fn linear_rows(timer: &Timer, rep: &mut Report) -> Result<()> {
     let mut rng = Rng::new(1);
     let _g = no_grad();
     for (k, n, name) in [(768, 2304, "qkv"), (768, 3072, "fc"), (3072, 768, "proj")] {
         let lin = Linear::new(k, n, true, &mut rng)?;
-        let two = QuantizedLinear::from_f32(&lin.weight, lin.bias.as_ref())?;
-        let one = two.clone().with_act_terms(ActTerms::One);
+        let one = QuantizedLinear::from_f32(&lin.weight, lin.bias.as_ref())?
+            .with_act_terms(ActTerms::One);
+        let two = one.clone().with_act_terms(ActTerms::Two);
         for rows in [1, 8, 64] {
             let x = randn(&[rows, k], &mut rng)?;
             let t = timer.interleaved(&mut [

@@ -21,20 +21,33 @@ pub enum ActTerms {
     /// x ≈ s(q − z): one byte per value (u8's rounding error, ≈ range/510 at worst).
     One,
     /// x ≈ s₁(q₁ − z₁) + s₂(q₂ − z₂): the second term carries the first one's rounding error.
-    #[default]
     Two,
+    /// Two terms for a call of at most [`TWO_TERMS_MAX_ROWS`] rows (a generation step), one
+    /// above. The 2m GEMM rows of a few-row call cost about what m rows do (the GEMM streams
+    /// the weights once per tile of up to 6 rows, which bounds it there), while for more rows
+    /// they double its work: measured with `sinter bench int8 --linear`, 8 rows of GPT-2's
+    /// mlp.fc take 2.3× as long with two terms.
+    #[default]
+    Auto,
 }
 
+/// The most rows for which [`ActTerms::Auto`] uses two terms.
+pub const TWO_TERMS_MAX_ROWS: usize = 4;
+
 impl ActTerms {
-    pub fn count(self) -> usize {
+    /// Terms for a call of m rows.
+    pub fn count(self, m: usize) -> usize {
         match self {
             ActTerms::One => 1,
             ActTerms::Two => 2,
+            ActTerms::Auto if m <= TWO_TERMS_MAX_ROWS => 2,
+            ActTerms::Auto => 1,
         }
     }
 }
 
-/// Quantizes m rows of k values (`x` row-major, `x_stride` apart) as `terms` u8 terms: term t
+/// Quantizes m rows of k values (`x` row-major, `x_stride` apart) as `terms.count(m)` u8
+/// terms: term t
 /// of row i goes to row t·m + i of `out` (rows `out_stride` apart), and its mapping to entry
 /// t·m + i of the returned list. A non-finite value is an error naming its row.
 pub fn quantize_rows_terms(
@@ -47,7 +60,7 @@ pub fn quantize_rows_terms(
     out_stride: usize,
 ) -> Result<Vec<QParams>, Int8Error> {
     let mut params = quantize_rows_dynamic(x, m, k, x_stride, out, out_stride)?;
-    if terms == ActTerms::One {
+    if terms.count(m) == 1 {
         return Ok(params);
     }
     let (first, second) = out.split_at_mut(m * out_stride);
@@ -72,7 +85,7 @@ pub fn quantize_rows_terms(
 }
 
 /// y = act(x Wᵀ + b) for m rows of k f32 values (`x` row-major), with each row dynamically
-/// quantized in `terms` u8 terms; y is m rows of n = `w.n()` values. Every path gives the same
+/// quantized in `terms.count(m)` u8 terms; y is m rows of n = `w.n()` values. Every path gives the same
 /// y bit for bit.
 ///
 /// Panics when `path` is not supported by this CPU or a slice is too short for its shape.
@@ -85,7 +98,7 @@ pub fn linear_dynamic(
     terms: ActTerms,
     y: &mut [f32],
 ) -> Result<(), Int8Error> {
-    let (k, n, kp, t) = (w.k(), w.n(), w.k_padded(), terms.count());
+    let (k, n, kp, t) = (w.k(), w.n(), w.k_padded(), terms.count(m));
     assert!(x.len() >= m * k, "input too short: {} for {m}×{k}", x.len());
     assert!(
         y.len() >= m * n,
@@ -100,7 +113,7 @@ pub fn linear_dynamic(
         stride: kp,
         quant: ActQuant::PerRow(&params),
     };
-    if terms == ActTerms::One {
+    if t == 1 {
         let out = Output::F32 { data: y, stride: n };
         gemm(path, &a, w, epilogue, out);
         return Ok(());
@@ -171,6 +184,22 @@ mod tests {
                 assert!(e <= 0.5 * p2.scale + 1e-6, "row {i} col {c}: error {e}");
             }
         }
+        // Auto: two terms up to TWO_TERMS_MAX_ROWS rows, then one.
+        let big = rows(TWO_TERMS_MAX_ROWS + 1, k, 4);
+        let mut qb = vec![0u8; 2 * big.len()];
+        let n1 = quantize_rows_terms(
+            &big,
+            TWO_TERMS_MAX_ROWS + 1,
+            k,
+            k,
+            ActTerms::Auto,
+            &mut qb,
+            k,
+        );
+        assert_eq!(n1.unwrap().len(), TWO_TERMS_MAX_ROWS + 1);
+        let mut q3 = vec![0u8; 6 * k];
+        let n2 = quantize_rows_terms(&x[..3 * k], 3, k, k, ActTerms::Auto, &mut q3, k).unwrap();
+        assert_eq!(n2.len(), 6);
         let mut bad = x.clone();
         bad[k + 3] = f32::NAN;
         let e = quantize_rows_terms(&bad, m, k, k, ActTerms::Two, &mut q, k).unwrap_err();
@@ -198,7 +227,12 @@ mod tests {
             })
             .collect();
         let scale = reference.iter().fold(0f64, |a, v| a.max(v.abs()));
-        for (terms, limit) in [(ActTerms::One, 2e-2), (ActTerms::Two, 2e-4)] {
+        // m = 3 rows: Auto is two terms.
+        for (terms, limit) in [
+            (ActTerms::One, 2e-2),
+            (ActTerms::Two, 2e-4),
+            (ActTerms::Auto, 2e-4),
+        ] {
             let ep = Epilogue {
                 weight_scales: &s,
                 bias: Some(&bias),

@@ -1,7 +1,8 @@
 //! `QuantizedLinear`: y = act(x Wᵀ + b) with int8 weights (symmetric, per output channel) and
 //! activations quantized per row at run time (dynamic quantization: each token or example gets
-//! its own u8 range, so no calibration is needed — the Transformer case), by default in two u8
-//! terms (the second carries the first's rounding error: `sinter_cpu::int8::dynamic`). Also serves an int8
+//! its own u8 range, so no calibration is needed — the Transformer case). A call of a few rows
+//! (a generation step) quantizes each row in two u8 terms, the second carrying the first's
+//! rounding error, at little cost (`sinter_cpu::int8::ActTerms::Auto`). Also serves an int8
 //! embedding table: its rows are the output channels of a tied head, and lookups dequantize
 //! the rows they read.
 
@@ -23,7 +24,7 @@ pub struct QuantizedLinear {
     bias: Option<Vec<f32>>,
     /// The f32 bias as given (listed by `collect`, like Linear's).
     bias_tensor: Option<Tensor>,
-    /// u8 terms per activation row (`ActTerms::Two` unless set otherwise).
+    /// u8 terms per activation row (`ActTerms::Auto` unless set otherwise).
     act_terms: ActTerms,
 }
 

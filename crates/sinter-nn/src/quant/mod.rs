@@ -225,7 +225,7 @@ pub fn quantize_with(
 }
 
 /// Sets how many u8 terms carry each activation row of every int8 Linear (and tied head) of
-/// `model` (`ActTerms::Two` is what quantizing installs); returns how many layers it set.
+/// `model` (`ActTerms::Auto` is what quantizing installs); returns how many layers it set.
 pub fn set_act_terms(model: &dyn Module, terms: ActTerms) -> usize {
     let mut set = 0;
     for (_, h) in layers(model) {
