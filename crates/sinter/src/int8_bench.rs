@@ -316,12 +316,14 @@ fn random_pair(name: &str, a: &Int8BenchArgs) -> Result<Pair> {
                     shape.extend(&input);
                     Tensor::randn(&shape, 0.0, 1.0, &mut rng, DType::F32, Device::Cpu)?
                 }
+                // 4 sequences of up to 128 tokens: 16 batches give 8192 input rows per
+                // layer, more than the widest Linear's 3072 inputs (GPTQ's Gram matrix).
                 Task::LanguageModel | Task::MaskedLm => {
-                    let len = input[0].min(128);
-                    let ids: Vec<i64> = (0..len)
+                    let (seqs, len) = (4, input[0].min(128));
+                    let ids: Vec<i64> = (0..seqs * len)
                         .map(|_| rng.below(data.classes as u64) as i64)
                         .collect();
-                    Tensor::from_vec(ids, &[1, len], Device::Cpu)?
+                    Tensor::from_vec(ids, &[seqs, len], Device::Cpu)?
                 }
             };
             m.forward(&x)?;
