@@ -55,9 +55,9 @@ pub(crate) struct Scratch {
 
 /// The f32 weights of the projections and of the tied head, packed once for the GEMM's
 /// micro-kernels, so that a product packs only the step's rows. Read in place, a weight goes
-/// through the dot form, which is slower from a few rows on (one thread, Zen 5, gpt-tiny's
-/// 128×384 projection: 1 row 1.67 → 1.22 µs, 8 rows 5.99 → 4.50, 12 rows 8.81 → 4.58,
-/// 32 rows 19.2 → 13.3).
+/// through the dot form, which is slower (gpt-tiny's decode step on 2 Zen 5 cores, in place
+/// → packed: 1 sequence 0.050 → 0.041 ms, 12 sequences 0.144 → 0.107, 16 sequences 0.166
+/// → 0.120; `benches/generate.rs -- batch`).
 pub(crate) struct PackedWeights {
     /// Per block: qkv, proj, fc, fc2 (None: an int8 layer).
     blocks: Vec<[Option<PackedB>; 4]>,
@@ -553,8 +553,8 @@ impl Gpt {
     /// a step that finds any packed weight written since (trained, loaded, edited in place,
     /// moved or replaced: its `storage_stamp` changed) drops the packs and reads the weights
     /// in place again; call this again to re-pack. The packs take as much memory as the
-    /// weights. Returns false (nothing
-    /// packed) where the host step does not run (CUDA, half precision, calibration).
+    /// weights. Returns false (nothing packed) where the host step does not run (CUDA, half
+    /// precision, calibration).
     pub fn pack_weights(&self) -> Result<bool> {
         let Some(m) = self.host_model() else {
             return Ok(false);
