@@ -445,7 +445,7 @@ impl<'a> Table<'a> {
         let h = &h[..rows * c];
         match self {
             Table::F32(w, _) => {
-                let w = packed.map_or(Weight::InPlace(w), |p| Weight::Packed(p));
+                let w = packed.map_or(Weight::InPlace(w), Weight::Packed);
                 xwt(isa, h, w, None, geom, Activation::None, false, &mut logits)?
             }
             Table::Int8(q) => {
