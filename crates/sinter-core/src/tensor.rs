@@ -4,9 +4,12 @@
 mod cuda_buffers;
 mod host_view;
 pub mod step_ctl;
+mod storage_cell;
 pub use host_view::{HostF32, HostF32Mut};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::{Arc, Mutex, RwLockReadGuard, RwLockWriteGuard};
+pub(crate) use storage_cell::StorageCell;
+pub use storage_cell::StorageStamp;
 
 use crate::backend::{AdamWParams, SgdParams};
 use crate::cpu::CpuStorage;
@@ -31,7 +34,7 @@ pub(crate) type Node = graph::Node<Tensor>;
 
 pub(crate) struct Inner {
     pub(crate) id: TensorId,
-    pub(crate) storage: Arc<RwLock<Storage>>,
+    pub(crate) storage: Arc<StorageCell>,
     pub(crate) layout: Layout,
     // The dtype and device are read from `storage` (not cached here), so that replacing the
     // storage in place (`move_to_device_`) moves every holder of this tensor with it.
@@ -76,7 +79,7 @@ pub(crate) fn output(
 ) -> Tensor {
     let node = graph::record(name, inputs, backward);
     Tensor::from_parts(
-        Arc::new(RwLock::new(storage)),
+        Arc::new(StorageCell::new(storage)),
         Layout::contiguous(shape),
         node,
     )
@@ -87,7 +90,7 @@ impl Tensor {
 
     /// A tensor viewing `storage` through `layout` (its dtype and device are the storage's).
     pub(crate) fn from_parts(
-        storage: Arc<RwLock<Storage>>,
+        storage: Arc<StorageCell>,
         layout: Layout,
         node: Option<Node>,
     ) -> Tensor {
@@ -105,7 +108,7 @@ impl Tensor {
     pub(crate) fn from_storage(storage: Storage, shape: &[usize]) -> Tensor {
         debug_assert_eq!(storage.len(), numel(shape));
         Tensor::from_parts(
-            Arc::new(RwLock::new(storage)),
+            Arc::new(StorageCell::new(storage)),
             Layout::contiguous(shape),
             None,
         )
@@ -277,6 +280,11 @@ impl Tensor {
     }
     pub(crate) fn write_storage(&self) -> RwLockWriteGuard<'_, Storage> {
         self.0.storage.write().unwrap_or_else(|e| e.into_inner())
+    }
+    /// Which storage this tensor views and how many times it has been opened for writing:
+    /// unchanged as long as the values are (see `StorageStamp`).
+    pub fn storage_stamp(&self) -> StorageStamp {
+        self.0.storage.stamp()
     }
     /// True when both tensors view the same storage (a view copies nothing).
     pub fn shares_storage_with(&self, other: &Tensor) -> bool {

@@ -633,6 +633,53 @@ fn auto_kernels_match_the_reference_nan_and_beta_rules_included() {
     }
 }
 
+/// Every row count from 1 to 33 against a prepacked weight: AVX-512 takes its 8-row tile
+/// for 2–8 and 13–16 rows and its 12-row tile elsewhere, so both tiles, their partial fills
+/// and their mixes run.
+#[test]
+fn every_row_count_against_a_prepacked_weight_matches_the_reference() {
+    let (n, k) = (45, 37);
+    let mut rng = Lcg(21);
+    let (w, bias) = (rng.vec(n * k), rng.vec(n));
+    let b = MatRef::row_major(&w, k).t();
+    for isa in Isa::available() {
+        let packed = PackedB::new_isa(isa, b, k, n).unwrap();
+        for m in 1..=33 {
+            let a = rng.vec(m * k);
+            let old = rng.vec(m * n);
+            let mut c = old.clone();
+            own(m, n, k)
+                .isa(isa)
+                .beta(0.5)
+                .bias(&bias)
+                .activation(Activation::Relu)
+                .threads(1 + m % 2)
+                .run_packed(
+                    MatRef::row_major(&a, k),
+                    &packed,
+                    MatMut::row_major(&mut c, n),
+                    None,
+                )
+                .unwrap();
+            let (want, _) = reference(
+                m,
+                n,
+                k,
+                1.0,
+                &MatRef::row_major(&a, k),
+                &b,
+                0.5,
+                &MatRef::row_major(&old, n),
+                Some(&bias),
+                Activation::Relu,
+            );
+            for i in 0..m * n {
+                assert_close(&format!("{isa:?} {m} rows"), c[i], want[i], k);
+            }
+        }
+    }
+}
+
 #[test]
 fn thin_products_x_times_w_transposed_match_the_reference() {
     // A decode step of 2..16 sequences: x [m, k] · Wᵀ with W [n, k] read in place, the shape

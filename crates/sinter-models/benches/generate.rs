@@ -115,11 +115,20 @@ fn batch() {
         "| model | n | step median ms | tokens/s (median) | tokens/s (best) | vs n = 1 | steps |"
     );
     println!("|---|---:|---:|---:|---:|---:|---:|");
-    for (preset, sizes) in [
-        ("gpt-tiny", &[1usize, 4, 16, 64][..]),
-        ("gpt2", &[1, 4, 16][..]),
+    // "packed": the weights packed once for the GEMMs (`Gpt::pack_weights`, as the server).
+    for (preset, packed, sizes) in [
+        ("gpt-tiny", false, &[1usize, 4, 16, 64][..]),
+        ("gpt-tiny", true, &[1usize, 4, 16, 64][..]),
+        ("gpt2", false, &[1, 4, 16][..]),
+        ("gpt2", true, &[1, 4, 16][..]),
     ] {
         let m = model(preset, 128);
+        let preset = if packed {
+            assert!(m.pack_weights().unwrap());
+            format!("{preset} packed")
+        } else {
+            preset.to_string()
+        };
         let mut base = 0.0;
         for &n in sizes {
             // A step appends to the caches: start each timed step from a fresh copy.

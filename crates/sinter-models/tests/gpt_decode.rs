@@ -289,6 +289,57 @@ fn the_host_step_equals_the_tensor_path() {
     host_step_against_tensor_path(&tiny_model(40, 8), 1e-4);
 }
 
+/// With its weights packed for the GEMMs (`Gpt::pack_weights`, as the server does) the host
+/// step still equals the tensor path; after every weight moves in place (as in a training
+/// step) the step notices and reads the new weights, not the stale packs.
+#[test]
+fn the_host_step_with_packed_weights_equals_the_tensor_path() {
+    let m = tiny_model(40, 8);
+    assert!(m.pack_weights().unwrap());
+    host_step_against_tensor_path(&m, 1e-4);
+    let _g = no_grad();
+    for (_, p) in m.parameters() {
+        p.assign(&p.add_scalar(0.01).unwrap()).unwrap();
+    }
+    host_step_against_tensor_path(&m, 1e-4);
+}
+
+/// One value of one packed weight edited in place (a change no sample of the values would
+/// see) is enough: the step reads the edited weight, not the stale packs.
+#[test]
+fn one_edited_value_invalidates_the_packed_weights() {
+    let m = tiny_model(40, 8);
+    assert!(m.pack_weights().unwrap());
+    let _g = no_grad();
+    let (_, w) = (m.parameters().into_iter())
+        .find(|(n, _)| n == "blocks.0.mlp.proj.weight")
+        .expect("the first block's output projection");
+    let mut v = w.to_vec_f32().unwrap();
+    v[0] += 3.0;
+    let edited = Tensor::from_vec(v, w.shape(), Device::Cpu).unwrap();
+    w.assign(&edited).unwrap();
+    host_step_against_tensor_path(&m, 1e-4);
+}
+
+/// A 32-token prefill with packed weights splits into two parts of 16 rows, each one packed
+/// tile of 12 rows and 4 rows over the weights in place: still the tensor path's logits.
+#[test]
+fn a_packed_prefill_of_tiles_and_a_tail_equals_the_tensor_path() {
+    let m = tiny_model(40, 12);
+    assert!(m.pack_weights().unwrap());
+    let prompt: Vec<i64> = (0..32).map(|j| (j * 5 % 64) as i64).collect();
+    let mut s = m
+        .sequence(&prompt, 4, 40, ContextPolicy::Shift, true)
+        .unwrap();
+    let got = m.prefill(&mut s, usize::MAX).unwrap().unwrap();
+    let mut cache = m.kv_cache(1).unwrap();
+    let x = Tensor::from_slice(&prompt, &[1, 32], Device::Cpu).unwrap();
+    let y = m.forward_step(&x, &mut cache).unwrap();
+    let want = y.narrow(1, 31, 1).unwrap().to_vec_f32().unwrap();
+    let e = max_err(&got, &want);
+    assert!(e < 1e-4, "{e}");
+}
+
 /// The same with every Linear and Embedding int8 (`quant::quantize`): the host step runs the
 /// int8 forms on its rows, the tensor path through the layers; the same int8 kernels, so
 /// the logits agree up to the rare activation whose int8 rounding flips.

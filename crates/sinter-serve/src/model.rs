@@ -39,13 +39,17 @@ pub struct GptModel {
 }
 
 impl GptModel {
-    pub fn new(gpt: Gpt, context: usize) -> GptModel {
+    /// Serves `gpt` with up to `context` tokens per sequence. Its weights are packed for the
+    /// CPU decode step once here (`Gpt::pack_weights`; a step that finds a weight written
+    /// since reads it in place again).
+    pub fn new(gpt: Gpt, context: usize) -> Result<GptModel> {
         let context = context.clamp(1, gpt.config.block_size);
-        GptModel {
+        gpt.pack_weights()?;
+        Ok(GptModel {
             gpt,
             context,
             policy: ContextPolicy::Shift,
-        }
+        })
     }
 }
 

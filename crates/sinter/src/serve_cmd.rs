@@ -125,6 +125,8 @@ pub fn generate(g: &GenerateArgs) -> Result<()> {
     let sampling = inference::check_sampling(g.temperature, g.top_k, g.top_p)?;
     let device = device(&g.device)?;
     let lm = load_lm(&g.checkpoint, device)?;
+    // Packed once for the CPU decode step (nothing happens on other devices).
+    lm.gpt.pack_weights()?;
     let prompt = lm.tokenizer.encode(&g.prompt);
     if prompt.is_empty() {
         bail!("--prompt must not be empty");
@@ -227,7 +229,7 @@ pub struct ServeArgs {
 }
 
 fn gpt_model(lm: LoadedLm, policy: &str) -> Result<(GptModel, Tokenizer)> {
-    let mut model = GptModel::new(lm.gpt, lm.context);
+    let mut model = GptModel::new(lm.gpt, lm.context)?;
     model.policy = policy
         .parse()
         .map_err(|e| anyhow!("--context-policy: {e}"))?;

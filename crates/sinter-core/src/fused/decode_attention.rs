@@ -17,7 +17,7 @@
 //! where a backend declines it (CUDA, f16/bf16) the op runs the composite of device ops
 //! (`decode_attention_reference`), which is also the reference it is tested against.
 
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 
 use crate::backend::DecodeSeq;
 use crate::storage::Storage;
@@ -109,7 +109,7 @@ pub fn decode_attention(
     }
     // Every cache storage once (sequences may hold views of one pool), locked for writing in
     // address order, so that two steps over the same caches cannot deadlock.
-    let mut storages: Vec<&Arc<RwLock<Storage>>> = k_caches
+    let mut storages: Vec<&Arc<crate::tensor::StorageCell>> = k_caches
         .iter()
         .chain(v_caches)
         .map(|t| &t.0.storage)

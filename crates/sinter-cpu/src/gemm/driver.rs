@@ -252,12 +252,20 @@ pub(crate) unsafe fn run_range<S: Simd, const MV: usize, const NR: usize>(
 /// # Safety
 /// As [`run_range`].
 #[inline(always)]
-pub(crate) unsafe fn run<S: Simd, const MV: usize, const NR: usize>(p: &Problem, threads: usize) {
+pub(crate) unsafe fn run<S: Simd, const MV: usize, const NR: usize>(
+    p: &Problem,
+    threads: usize,
+    base_nr: usize,
+) {
     let mr = MV * S::LANES;
     let mut blk = Blocking::for_kernel(mr, NR, CacheSizes::get());
-    if !p.packed_a.is_null() {
-        blk.kc = p.packed_kc;
-    }
+    // k is blocked as for the ISA's usual tile (`base_nr` columns, as `PackedB` packs), so a
+    // product sums in the same order whichever tile width runs it.
+    blk.kc = if p.packed_a.is_null() {
+        Blocking::for_kernel(mr, base_nr, CacheSizes::get()).kc
+    } else {
+        p.packed_kc
+    };
     if super::gemv::applies(p) {
         let parts = threads.min(p.m.div_ceil(mr)).max(1);
         if parts == 1 {

@@ -2,8 +2,9 @@
 //! buffers instead of ~25 tensor ops per layer.
 //!
 //! A step takes rows — each one token at one absolute position of one sequence — and runs
-//! every block on all of them at once: the weights are read in place (`Tensor::host_f32`),
-//! each projection is one GEMM with its bias (and GELU) in the GEMM's epilogue, the
+//! every block on all of them at once: the weights are read in place (`Tensor::host_f32`)
+//! or, after `Gpt::pack_weights` (the server), from copies packed once for the GEMM's
+//! micro-kernels; each projection is one GEMM with its bias (and GELU) in its epilogue, the
 //! residual adds are the GEMMs' β = 1 accumulation into the residual stream, LayerNorm
 //! writes into a scratch buffer kept between steps, and attention appends each row's keys
 //! and values into its sequence's KV cache in place and attends over the cache up to the
@@ -21,8 +22,8 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use sinter_core::{bail, DType, Device, HostF32, Result, Tensor};
-use sinter_cpu::gemm::{Gemm, MatMut, MatRef};
+use sinter_core::{bail, DType, Device, HostF32, Result, StorageStamp, Tensor};
+use sinter_cpu::gemm::{Gemm, MatMut, MatRef, PackedB};
 use sinter_cpu::math::cached_attention::{attend_row, CachedHead};
 use sinter_cpu::math::layer_norm::layer_norm_rows;
 use sinter_cpu::math::Activation;
@@ -48,6 +49,84 @@ pub(crate) struct StepRow {
 #[derive(Default)]
 pub(crate) struct Scratch {
     parts: [Buffers; 2],
+    /// The weights packed for the GEMMs (`Gpt::pack_weights`), while they match the model.
+    packed: Option<PackedWeights>,
+}
+
+/// The f32 weights of the projections and of the tied head, packed once for the GEMM's
+/// micro-kernels, so that a product packs only the step's rows. Read in place, a weight goes
+/// through the dot form, which is slower (gpt-tiny's decode step on 2 Zen 5 cores, in place
+/// → packed: 1 sequence 0.050 → 0.041 ms, 12 sequences 0.144 → 0.107, 16 sequences 0.166
+/// → 0.120; `benches/generate.rs -- batch`).
+pub(crate) struct PackedWeights {
+    /// Per block: qkv, proj, fc, fc2 (None: an int8 layer).
+    blocks: Vec<[Option<PackedB>; 4]>,
+    head: Option<PackedB>,
+    isa: Isa,
+    /// The packed weights as they were (`Fingerprint`), in `HostModel::f32_weights` order.
+    prints: Vec<Fingerprint>,
+}
+
+/// Which storage a packed weight was read from, how many times that storage had been
+/// written then (`Tensor::storage_stamp`: every in-place change counts, so an optimizer step,
+/// a loaded checkpoint or one edited value all show), and where in it the weight lies. When
+/// one differs at a step, the packs are dropped.
+#[derive(Clone, Copy, PartialEq, Eq)]
+struct Fingerprint {
+    stamp: StorageStamp,
+    at: usize,
+    len: usize,
+}
+
+impl Fingerprint {
+    fn of(w: &[f32], stamp: StorageStamp) -> Fingerprint {
+        Fingerprint {
+            stamp,
+            at: w.as_ptr() as usize,
+            len: w.len(),
+        }
+    }
+}
+
+impl PackedWeights {
+    fn of(m: &HostModel) -> Result<PackedWeights> {
+        let isa = m.isa;
+        let blocks = (m.blocks.iter())
+            .map(|b| {
+                let [q, p, f, f2] = [&b.qkv, &b.proj, &b.fc, &b.fc2].map(|l| l.pack(isa));
+                Ok([q?, p?, f?, f2?])
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let head = match &m.wte {
+            Table::F32(w, _) => Some(pack(isa, w, m.c, m.vocab)?),
+            Table::Int8(_) => None,
+        };
+        Ok(PackedWeights {
+            blocks,
+            head,
+            isa,
+            prints: m.f32_weights().collect(),
+        })
+    }
+
+    /// Whether these packs are `m`'s weights as they are now.
+    fn matches(&self, m: &HostModel) -> bool {
+        self.isa == m.isa
+            && self.blocks.len() == m.blocks.len()
+            && m.f32_weights().eq(self.prints.iter().copied())
+    }
+}
+
+/// W [out, inp] row-major packed as the B operand (Wᵀ, inp × out) of x Wᵀ.
+fn pack(isa: Isa, w: &[f32], inp: usize, out: usize) -> Result<PackedB> {
+    let wt = MatRef {
+        data: w,
+        offset: 0,
+        rs: 1,
+        cs: inp as isize,
+    };
+    PackedB::new_isa(isa, wt, inp, out)
+        .map_err(|e| sinter_core::Error::Msg(format!("gpt: packing a weight: {e}")))
 }
 
 #[derive(Default)]
@@ -124,12 +203,14 @@ enum Role<'a> {
 
 /// A Linear as the step runs it.
 enum Proj<'a> {
-    /// Its f32 weight [out, in] and bias, read in place.
+    /// Its f32 weight [out, in] and bias, read in place; the weight's stamp taken with its
+    /// read lock held (packs made from it stay valid while it is unchanged).
     F32 {
         w: HostF32<'a>,
         b: Option<HostF32<'a>>,
         inp: usize,
         out: usize,
+        stamp: StorageStamp,
     },
     /// Its int8 form (bias included).
     Int8(Arc<dyn Int8Layer>),
@@ -160,16 +241,27 @@ impl<'a> Proj<'a> {
             Some(b) => Some(host(b)?),
             None => None,
         };
+        let w = host(&l.weight)?;
         Some(Proj::F32 {
-            w: host(&l.weight)?,
+            stamp: l.weight.storage_stamp(),
+            w,
             b,
             inp,
             out,
         })
     }
 
+    /// Its f32 weight packed (None for an int8 layer).
+    fn pack(&self, isa: Isa) -> Result<Option<PackedB>> {
+        match self {
+            Proj::F32 { w, inp, out, .. } => Ok(Some(pack(isa, w, *inp, *out)?)),
+            Proj::Int8(_) => Ok(None),
+        }
+    }
+
     /// y = act(x Wᵀ + b) for `rows` rows of x, or y += x Wᵀ + b with `accumulate` (the
-    /// residual add).
+    /// residual add); with W's packed form when given.
+    #[allow(clippy::too_many_arguments)]
     fn apply(
         &self,
         isa: Isa,
@@ -178,10 +270,15 @@ impl<'a> Proj<'a> {
         y: &mut [f32],
         act: Activation,
         accumulate: bool,
+        packed: Option<&PackedB>,
     ) -> Result<()> {
         match self {
-            Proj::F32 { w, b, inp, out } => {
+            Proj::F32 { w, b, inp, out, .. } => {
                 let geom = (rows, *inp, *out);
+                let w = match packed {
+                    Some(p) => Weight::Packed(p),
+                    None => Weight::InPlace(w),
+                };
                 xwt(isa, x, w, b.as_deref(), geom, act, accumulate, y)
             }
             Proj::Int8(q) => int8_apply(q.as_ref(), x, rows, act, accumulate, y),
@@ -192,13 +289,21 @@ impl<'a> Proj<'a> {
 /// A weight up to this size stays in the core's cache between chunks of a step (`xwt`).
 const CACHED_WEIGHT_BYTES: usize = 1 << 20;
 
-/// y = act(x Wᵀ + b) (or y += x Wᵀ + b with `accumulate`) for x [rows, inp] and W
-/// [out, inp] row-major, on this thread.
+/// The W of a product x Wᵀ: [out, inp] row-major read in place, or packed ahead (any number
+/// of rows: the micro-kernels' 8- or 12-row tiles, one row the matrix × vector form).
+#[derive(Clone, Copy)]
+enum Weight<'w> {
+    InPlace(&'w [f32]),
+    Packed(&'w PackedB),
+}
+
+/// y = act(x Wᵀ + b) (or y += x Wᵀ + b with `accumulate`) for x [rows, inp], on this
+/// thread.
 #[allow(clippy::too_many_arguments)]
 fn xwt(
     isa: Isa,
     x: &[f32],
-    w: &[f32],
+    w: Weight,
     b: Option<&[f32]>,
     (rows, inp, out): (usize, usize, usize),
     act: Activation,
@@ -216,6 +321,15 @@ fn xwt(
     if let Some(b) = b {
         g = g.bias(b);
     }
+    let failed = |e| sinter_core::Error::Msg(format!("gpt step: {e}"));
+    let w = match w {
+        Weight::Packed(p) => {
+            let xs = MatRef::row_major(&x[..rows * inp], inp);
+            let ys = MatMut::row_major(&mut y[..rows * out], out);
+            return g.run_packed(xs, p, ys, None).map_err(failed);
+        }
+        Weight::InPlace(w) => w,
+    };
     let wt = MatRef {
         data: w,
         offset: 0,
@@ -242,7 +356,7 @@ fn xwt(
             wt,
             MatMut::row_major(&mut y[r0 * out..(r0 + n) * out], out),
         )
-        .map_err(|e| sinter_core::Error::Msg(format!("gpt step: {e}")))?;
+        .map_err(failed)?;
         r0 += n;
     }
     Ok(())
@@ -277,7 +391,8 @@ fn store(t: &Tensor, accumulate: bool, y: &mut [f32]) -> Result<()> {
 /// An embedding table as the step reads it: its f32 rows in place, or its int8 form (which
 /// also serves the tied head).
 enum Table<'a> {
-    F32(HostF32<'a>),
+    /// The rows in place and their stamp (as `Proj::F32`'s).
+    F32(HostF32<'a>, StorageStamp),
     Int8(Arc<dyn Int8Layer>),
 }
 
@@ -285,14 +400,17 @@ impl<'a> Table<'a> {
     fn of(e: &'a Embedding) -> Option<Table<'a>> {
         Some(match int8_form(&e.quant)? {
             Some(q) => Table::Int8(q),
-            None => Table::F32(host(&e.weight)?),
+            None => {
+                let w = host(&e.weight)?;
+                Table::F32(w, e.weight.storage_stamp())
+            }
         })
     }
 
     /// x[i] (+)= the table's row ids[i], c values each.
     fn rows(&self, ids: &[usize], c: usize, accumulate: bool, x: &mut [f32]) -> Result<()> {
         match self {
-            Table::F32(w) => {
+            Table::F32(w, _) => {
                 for (&id, xr) in ids.iter().zip(x.chunks_exact_mut(c)) {
                     let row = &w[id * c..(id + 1) * c];
                     if accumulate {
@@ -311,8 +429,14 @@ impl<'a> Table<'a> {
         }
     }
 
-    /// The tied head: logits [rows, vocab] = h Tᵀ.
-    fn head(&self, isa: Isa, h: &[f32], geom: (usize, usize, usize)) -> Result<Vec<f32>> {
+    /// The tied head: logits [rows, vocab] = h Tᵀ (with T's packed form when given).
+    fn head(
+        &self,
+        isa: Isa,
+        h: &[f32],
+        geom: (usize, usize, usize),
+        packed: Option<&PackedB>,
+    ) -> Result<Vec<f32>> {
         let (rows, c, vocab) = geom;
         let mut logits = vec![0f32; rows * vocab];
         if rows == 0 {
@@ -320,7 +444,10 @@ impl<'a> Table<'a> {
         }
         let h = &h[..rows * c];
         match self {
-            Table::F32(w) => xwt(isa, h, w, None, geom, Activation::None, false, &mut logits)?,
+            Table::F32(w, _) => {
+                let w = packed.map_or(Weight::InPlace(w), Weight::Packed);
+                xwt(isa, h, w, None, geom, Activation::None, false, &mut logits)?
+            }
             Table::Int8(q) => {
                 int8_apply(q.as_ref(), h, rows, Activation::None, false, &mut logits)?
             }
@@ -420,6 +547,25 @@ impl Gpt {
             isa: Isa::get(),
         })
     }
+
+    /// Packs the f32 weights of the projections and of the tied head for the host step's
+    /// GEMMs (see `PackedWeights`); later steps and prefills use the packs. For inference:
+    /// a step that finds any packed weight written since (trained, loaded, edited in place,
+    /// moved or replaced: its `storage_stamp` changed) drops the packs and reads the weights
+    /// in place again; call this again to re-pack. The packs take as much memory as the
+    /// weights. Returns false (nothing packed) where the host step does not run (CUDA, half
+    /// precision, calibration).
+    pub fn pack_weights(&self) -> Result<bool> {
+        let Some(m) = self.host_model() else {
+            return Ok(false);
+        };
+        let packed = PackedWeights::of(&m)?;
+        self.scratch
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .packed = Some(packed);
+        Ok(true)
+    }
 }
 
 /// Whether a cache's buffers can be written by the host step: f32 on the CPU, contiguous,
@@ -440,6 +586,23 @@ pub(crate) fn host_cache(cache: &KvCache, heads: usize, head_dim: usize) -> bool
 }
 
 impl HostModel<'_> {
+    /// The f32 weights that `PackedWeights` packs, in a fixed order.
+    fn f32_weights(&self) -> impl Iterator<Item = Fingerprint> + '_ {
+        let projs = self
+            .blocks
+            .iter()
+            .flat_map(|b| [&b.qkv, &b.proj, &b.fc, &b.fc2]);
+        let head = match &self.wte {
+            Table::F32(w, stamp) => Some(Fingerprint::of(w, *stamp)),
+            Table::Int8(_) => None,
+        };
+        (projs.filter_map(|p| match p {
+            Proj::F32 { w, stamp, .. } => Some(Fingerprint::of(w, *stamp)),
+            Proj::Int8(_) => None,
+        }))
+        .chain(head)
+    }
+
     /// Runs the rows through every block, appending their keys and values to their caches
     /// (the caller then counts the positions as cached), and returns the logits of the rows
     /// listed in `logit_rows` (ascending), [logit_rows.len(), vocab] row-major.
@@ -458,11 +621,18 @@ impl HostModel<'_> {
         s: &mut Scratch,
     ) -> Result<Vec<f32>> {
         debug_assert!(logit_rows.windows(2).all(|w| w[0] < w[1]));
-        let mid = rows.len() / 2;
-        let [a, b] = &mut s.parts;
-        if rows.len() < SPLIT_ROWS || rayon::current_num_threads() < 2 {
-            return self.part(rows, caches, logit_rows, a, Role::Whole);
+        let Scratch {
+            parts: [a, b],
+            packed,
+        } = s;
+        if packed.as_ref().is_some_and(|p| !p.matches(self)) {
+            *packed = None;
         }
+        let packed = packed.as_ref();
+        if rows.len() < SPLIT_ROWS || rayon::current_num_threads() < 2 {
+            return self.part(rows, caches, logit_rows, a, packed, Role::Whole);
+        }
+        let mid = rows.len() / 2;
         let (ra, rb) = rows.split_at(mid);
         let split = logit_rows.partition_point(|&r| r < mid);
         let la = &logit_rows[..split];
@@ -471,7 +641,7 @@ impl HostModel<'_> {
         let (first, second) = rayon::join(
             || {
                 let _stopped = Stopped(&progress);
-                self.part(ra, caches, la, a, Role::First(&progress))
+                self.part(ra, caches, la, a, packed, Role::First(&progress))
             },
             || {
                 let role = if ra.last().map(|w| w.seq) == rb.first().map(|w| w.seq) {
@@ -479,7 +649,7 @@ impl HostModel<'_> {
                 } else {
                     Role::Whole
                 };
-                self.part(rb, caches, &lb, b, role)
+                self.part(rb, caches, &lb, b, packed, role)
             },
         );
         let mut logits = first?;
@@ -494,6 +664,7 @@ impl HostModel<'_> {
         caches: &[&mut KvCache],
         logit_rows: &[usize],
         s: &mut Buffers,
+        packed: Option<&PackedWeights>,
         role: Role,
     ) -> Result<Vec<f32>> {
         let (r, c, isa) = (rows.len(), self.c, self.isa);
@@ -512,8 +683,12 @@ impl HostModel<'_> {
         } = s;
         let mut st = Stats { mean, rstd };
         for (l, b) in self.blocks.iter().enumerate() {
+            let [pq, pp, pf, pf2] = match packed {
+                Some(p) => p.blocks[l].each_ref().map(Option::as_ref),
+                None => [None; 4],
+            };
             b.ln1.apply(isa, x, r, h, &mut st);
-            b.qkv.apply(isa, h, r, qkv, Activation::None, false)?;
+            b.qkv.apply(isa, h, r, qkv, Activation::None, false, pq)?;
             if let Role::Second(progress) = role {
                 progress.wait_for(l);
             }
@@ -521,12 +696,18 @@ impl HostModel<'_> {
             if let Role::First(progress) = role {
                 progress.0.store(l + 1, Ordering::Release);
             }
-            b.proj.apply(isa, y, r, x, Activation::None, true)?;
+            b.proj.apply(isa, y, r, x, Activation::None, true, pp)?;
             b.ln2.apply(isa, x, r, h, &mut st);
-            b.fc.apply(isa, h, r, f, Activation::GeluTanh, false)?;
-            b.fc2.apply(isa, f, r, x, Activation::None, true)?;
+            b.fc.apply(isa, h, r, f, Activation::GeluTanh, false, pf)?;
+            b.fc2.apply(isa, f, r, x, Activation::None, true, pf2)?;
         }
-        self.head(x, logit_rows, h, &mut st)
+        self.head(
+            x,
+            logit_rows,
+            h,
+            &mut st,
+            packed.and_then(|p| p.head.as_ref()),
+        )
     }
 
     /// x[i] = wte[token] + wpe[pos] per row.
@@ -610,14 +791,21 @@ impl HostModel<'_> {
     }
 
     /// The final LayerNorm and the tied head on the listed rows of x.
-    fn head(&self, x: &[f32], rows: &[usize], h: &mut [f32], st: &mut Stats) -> Result<Vec<f32>> {
+    fn head(
+        &self,
+        x: &[f32],
+        rows: &[usize],
+        h: &mut [f32],
+        st: &mut Stats,
+        packed: Option<&PackedB>,
+    ) -> Result<Vec<f32>> {
         let (c, n) = (self.c, rows.len());
         let mut picked = Vec::with_capacity(n * c);
         for &r in rows {
             picked.extend_from_slice(&x[r * c..(r + 1) * c]);
         }
         self.ln_f.apply(self.isa, &picked, n, h, st);
-        let logits = self.wte.head(self.isa, h, (n, c, self.vocab))?;
+        let logits = self.wte.head(self.isa, h, (n, c, self.vocab), packed)?;
         Ok(logits)
     }
 }

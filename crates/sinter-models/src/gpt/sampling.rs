@@ -8,6 +8,7 @@
 //! by (logit descending, id ascending), so a seed always gives the same token.
 
 use sinter_core::Rng;
+use sinter_cpu::math::Unary;
 
 /// How to pick tokens. `temperature` ≤ 0 is greedy (then `top_k` and `top_p` don't matter);
 /// `top_k` 0 keeps every token; `top_p` 1 keeps every token.
@@ -114,7 +115,11 @@ impl SamplingParams {
         if self.is_greedy() || v <= 1 || !top.is_finite() {
             return argmax(logits);
         }
-        let weight = |i: usize| ((logits[i] as f64 - top as f64) / self.temperature).exp();
+        let w = Weights {
+            logits,
+            top,
+            inv_t: (1.0 / self.temperature) as f32,
+        };
         let k = if self.top_k == 0 {
             v
         } else {
@@ -122,53 +127,82 @@ impl SamplingParams {
         };
         let mut cand: Option<Vec<usize>> = (k < v).then(|| best(logits, k));
         if self.top_p < 1.0 {
-            let (ids, total) = match cand.take() {
+            let (ids, ws, total) = match cand.take() {
                 Some(ids) => {
-                    let total = ids.iter().map(|&i| weight(i)).sum::<f64>();
-                    (ids, total)
+                    let ws = w.of(&ids);
+                    let total = ws.iter().sum::<f64>();
+                    (ids, ws, total)
                 }
                 None => {
-                    let total = (0..v).map(weight).sum::<f64>();
-                    (best(logits, NUCLEUS_HEAD.min(v)), total)
+                    let total = w.all().iter().sum::<f64>();
+                    let ids = best(logits, NUCLEUS_HEAD.min(v));
+                    let ws = w.of(&ids);
+                    (ids, ws, total)
                 }
             };
-            let ws: Vec<f64> = ids.iter().map(|&i| weight(i)).collect();
             cand = Some(match nucleus_len(&ws, self.top_p, total) {
                 Some(n) => ids[..n].to_vec(),
                 None => {
                     // The head holds less than top_p: rank the whole vocabulary.
                     let all = best(logits, v);
-                    let ws: Vec<f64> = all.iter().map(|&i| weight(i)).collect();
+                    let ws = w.of(&all);
                     let n = nucleus_len(&ws, self.top_p, total).unwrap_or(v);
                     all[..n].to_vec()
                 }
             });
         }
         match cand {
-            Some(ids) => draw(ids.iter().copied(), weight, rng),
-            None => draw(0..v, weight, rng),
+            Some(ids) => ids[draw(&w.of(&ids), rng)],
+            None => draw(&w.all(), rng),
         }
     }
 }
 
-/// A draw from the candidates in proportion to their weights.
-fn draw(
-    ids: impl Iterator<Item = usize> + Clone,
-    weight: impl Fn(usize) -> f64,
-    rng: &mut Rng,
-) -> usize {
-    let total: f64 = ids.clone().map(&weight).sum();
+/// The unnormalised probabilities e^((logit − top) / temperature), computed a candidate set
+/// at a time with sinter-cpu's vectorised exp (one polynomial for every ISA and lane, so a
+/// seed gives the same token everywhere; a scalar libm exp per token and per pass was most
+/// of a serving step's sampling).
+struct Weights<'l> {
+    logits: &'l [f32],
+    top: f32,
+    inv_t: f32,
+}
+
+impl Weights<'_> {
+    fn exp(&self, mut x: Vec<f32>) -> Vec<f64> {
+        sinter_cpu::math::unary_in_place(Unary::Exp, &mut x);
+        x.into_iter().map(f64::from).collect()
+    }
+    /// The weights of the listed tokens, in order.
+    fn of(&self, ids: &[usize]) -> Vec<f64> {
+        self.exp(
+            ids.iter()
+                .map(|&i| (self.logits[i] - self.top) * self.inv_t)
+                .collect(),
+        )
+    }
+    /// Every token's weight.
+    fn all(&self) -> Vec<f64> {
+        self.exp(
+            self.logits
+                .iter()
+                .map(|&l| (l - self.top) * self.inv_t)
+                .collect(),
+        )
+    }
+}
+
+/// A draw in proportion to `weights`: the index of the one picked.
+fn draw(weights: &[f64], rng: &mut Rng) -> usize {
+    let total: f64 = weights.iter().sum();
     let mut u = rng.next_f64() * total;
-    let mut last = 0;
-    for i in ids {
-        let w = weight(i);
+    for (i, &w) in weights.iter().enumerate() {
         if u < w {
             return i;
         }
         u -= w;
-        last = i;
     }
-    last
+    weights.len().saturating_sub(1)
 }
 
 #[cfg(test)]

@@ -18,5 +18,5 @@ pub fn tiny_gpt(seed: u64) -> GptModel {
     };
     let gpt = Gpt::new(cfg, &mut Rng::new(seed), &shared_rng(seed)).unwrap();
     gpt.set_training(false);
-    GptModel::new(gpt, 64)
+    GptModel::new(gpt, 64).unwrap()
 }
