@@ -16,8 +16,8 @@
 //!
 //! - Weight rounding ([`Rounding`]): to nearest, or GPTQ's error feedback from calibration
 //!   inputs ([`gptq`]; same scales and file format, values chosen for the layer's output).
-//! - Layers named in [`quantize_keeping`]'s list stay f32 (for GPT, the accuracy rule
-//!   `wte,blocks.0`: README "Int8 quantization" says why).
+//! - Layers named in [`QuantizeOptions::keep_f32`] stay f32 (for GPT, the accuracy rule
+//!   `wte`: README "Int8 quantization" says why).
 //!
 //! [`quantize`] rewrites a model in place: every Linear, Conv2d and Embedding lists a
 //! [`slot::LayerHandle`] beside its weight in `Module::collect`, and its forward runs the int8
