@@ -437,7 +437,31 @@ fn layers_named_to_keep_stay_f32_and_round_trip_as_f32() {
         .all(|(_, h)| h.slot.int8().is_none()));
 }
 
-/// Two u8 terms per activation row (the default for calls of a few rows) leave only the weights' error: each output
+/// The default (Auto) on a weight too large to stay in cache (512 × 512 int8 values): two
+/// terms for a call of a few rows (a generation step), one for more.
+#[test]
+fn auto_activation_terms_take_two_for_few_rows_of_a_large_weight() {
+    let mut rng = Rng::new(6);
+    let (k, n) = (512, 512);
+    let lin = Linear::new(k, n, true, &mut rng).unwrap();
+    let x = randn(&[6, k], 1.0, &mut rng);
+    let few = x.narrow(0, 0, 2).unwrap();
+    let _g = no_grad();
+    quant::quantize(&lin, &mut |_| Ok(())).unwrap();
+    let (auto_few, auto_all) = (
+        vals(&lin.forward(&few).unwrap()),
+        vals(&lin.forward(&x).unwrap()),
+    );
+    assert_eq!(quant::set_act_terms(&lin, quant::ActTerms::Two), 1);
+    assert_eq!(auto_few, vals(&lin.forward(&few).unwrap()));
+    assert_ne!(auto_all, vals(&lin.forward(&x).unwrap()));
+    assert_eq!(quant::set_act_terms(&lin, quant::ActTerms::One), 1);
+    assert_eq!(auto_all, vals(&lin.forward(&x).unwrap()));
+    assert_ne!(auto_few, vals(&lin.forward(&few).unwrap()));
+}
+
+/// Two u8 terms per activation row (the default for calls of a few rows against a large
+/// weight) leave only the weights' error: each output
 /// within the bound of activations off by the second term's half step (about 1/255 of the
 /// first's), where one term (`set_act_terms`) needs the first term's whole half step and
 /// shows it.
@@ -450,17 +474,17 @@ fn two_activation_terms_leave_only_the_weights_error() {
     let _g = no_grad();
     let want = vals(&lin.forward(&x).unwrap());
     quant::quantize(&lin, &mut |_| Ok(())).unwrap();
-    // The default (Auto): two terms for a call of a few rows, one above.
+    // The default (Auto) on a weight this small (it stays in cache): one term for any rows.
     let few = x.narrow(0, 0, 2).unwrap();
     let auto_few = vals(&lin.forward(&few).unwrap());
     let auto_all = vals(&lin.forward(&x).unwrap());
     assert_eq!(quant::set_act_terms(&lin, quant::ActTerms::Two), 1);
     let two = vals(&lin.forward(&x).unwrap());
-    assert_eq!(auto_few, vals(&lin.forward(&few).unwrap()));
+    assert_ne!(auto_few, vals(&lin.forward(&few).unwrap()));
     assert_eq!(quant::set_act_terms(&lin, quant::ActTerms::One), 1);
     let one = vals(&lin.forward(&x).unwrap());
     assert_eq!(auto_all, one);
-    assert_ne!(auto_few, vals(&lin.forward(&few).unwrap()));
+    assert_eq!(auto_few, vals(&lin.forward(&few).unwrap()));
     let (xv, wv) = (vals(&x), vals(&lin.weight));
     let wq = Int8Weight::from_f32(&lin.weight).unwrap();
     let dxs = row_half_steps(&xv, k);

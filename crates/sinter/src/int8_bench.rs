@@ -408,6 +408,8 @@ fn speed_rows(a: &Int8BenchArgs, timer: &Timer, rep: &mut Report, p: &Pair) -> R
         }
         Task::LanguageModel => {
             let (gf, gq) = (as_gpt(f)?, as_gpt(q)?);
+            // f32 at its best, as `sinter generate` runs it: weights packed for the GEMMs.
+            gf.pack_weights()?;
             let vocab = gf.config.vocab_size as u64;
             let ctx = input
                 .first()

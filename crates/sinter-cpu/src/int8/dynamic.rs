@@ -22,11 +22,13 @@ pub enum ActTerms {
     One,
     /// x ≈ s₁(q₁ − z₁) + s₂(q₂ − z₂): the second term carries the first one's rounding error.
     Two,
-    /// Two terms for a call of at most [`TWO_TERMS_MAX_ROWS`] rows (a generation step), one
-    /// above. The 2m GEMM rows of a few-row call cost about what m rows do (the GEMM streams
-    /// the weights once per tile of up to 6 rows, which bounds it there), while for more rows
-    /// they double its work: measured with `sinter bench int8 --linear`, 8 rows of GPT-2's
-    /// mlp.fc take 2.3× as long with two terms.
+    /// Two terms for a call of at most [`TWO_TERMS_MAX_ROWS`] rows (a generation step) against
+    /// a weight of at least [`TWO_TERMS_MIN_WEIGHT`] bytes, one otherwise. The 2m GEMM rows of
+    /// a few-row call cost about what m rows do when reading the weight bounds the GEMM (the
+    /// model's weights do not stay in cache between steps: GPT-2's, generation 5.42× → 5.60×
+    /// of f32), while for more rows they double its work (8 rows of GPT-2's mlp.fc: 2.3× as
+    /// long), and so do they for small weights that stay in cache (gpt-tiny's, ≤ 64 KiB each:
+    /// generation 1.95× → 1.52× of f32 with two terms).
     #[default]
     Auto,
 }
@@ -34,8 +36,24 @@ pub enum ActTerms {
 /// The most rows for which [`ActTerms::Auto`] uses two terms.
 pub const TWO_TERMS_MAX_ROWS: usize = 4;
 
+/// The smallest weight (int8 values, padded) for which [`ActTerms::Auto`] uses two terms: a
+/// quarter of a Zen 5 core's L2, between gpt-tiny's largest (64 KiB) and GPT-2's smallest
+/// (attn.proj, 576 KiB).
+pub const TWO_TERMS_MIN_WEIGHT: usize = 256 << 10;
+
 impl ActTerms {
-    /// Terms for a call of m rows.
+    /// `Auto` decided for a call of m rows against a weight of `weight_bytes` int8 values
+    /// (`One` and `Two` as they are).
+    pub fn for_weight(self, m: usize, weight_bytes: usize) -> ActTerms {
+        match self {
+            ActTerms::Auto if weight_bytes < TWO_TERMS_MIN_WEIGHT => ActTerms::One,
+            ActTerms::Auto if m <= TWO_TERMS_MAX_ROWS => ActTerms::Two,
+            ActTerms::Auto => ActTerms::One,
+            t => t,
+        }
+    }
+
+    /// Terms for a call of m rows (`Auto` by rows alone; see [`ActTerms::for_weight`]).
     pub fn count(self, m: usize) -> usize {
         match self {
             ActTerms::One => 1,
@@ -85,7 +103,7 @@ pub fn quantize_rows_terms(
 }
 
 /// y = act(x Wᵀ + b) for m rows of k f32 values (`x` row-major), with each row dynamically
-/// quantized in `terms.count(m)` u8 terms; y is m rows of n = `w.n()` values. Every path gives the same
+/// quantized in `terms.for_weight(m, ..).count(m)` u8 terms; y is m rows of n = `w.n()` values. Every path gives the same
 /// y bit for bit.
 ///
 /// Panics when `path` is not supported by this CPU or a slice is too short for its shape.
@@ -98,6 +116,7 @@ pub fn linear_dynamic(
     terms: ActTerms,
     y: &mut [f32],
 ) -> Result<(), Int8Error> {
+    let terms = terms.for_weight(m, w.k_padded() * w.n());
     let (k, n, kp, t) = (w.k(), w.n(), w.k_padded(), terms.count(m));
     assert!(x.len() >= m * k, "input too short: {} for {m}×{k}", x.len());
     assert!(
@@ -206,6 +225,24 @@ mod tests {
         assert!(e.0.contains("row 1"), "{}", e.0);
     }
 
+    /// Auto takes two terms only for a few rows against a weight too large to stay in cache.
+    #[test]
+    fn auto_takes_two_terms_for_few_rows_of_a_large_weight() {
+        let (big, small) = (TWO_TERMS_MIN_WEIGHT, TWO_TERMS_MIN_WEIGHT - 1);
+        assert_eq!(ActTerms::Auto.for_weight(1, big), ActTerms::Two);
+        assert_eq!(
+            ActTerms::Auto.for_weight(TWO_TERMS_MAX_ROWS, big),
+            ActTerms::Two
+        );
+        assert_eq!(
+            ActTerms::Auto.for_weight(TWO_TERMS_MAX_ROWS + 1, big),
+            ActTerms::One
+        );
+        assert_eq!(ActTerms::Auto.for_weight(1, small), ActTerms::One);
+        assert_eq!(ActTerms::Two.for_weight(64, small), ActTerms::Two);
+        assert_eq!(ActTerms::One.for_weight(1, big), ActTerms::One);
+    }
+
     /// Against an f64 reference on the dequantized weights: two terms leave only the f32
     /// rounding (the weights are exact here), one term the activations' u8 error; every path
     /// gives the same bits, with bias and GELU applied once.
@@ -227,11 +264,11 @@ mod tests {
             })
             .collect();
         let scale = reference.iter().fold(0f64, |a, v| a.max(v.abs()));
-        // m = 3 rows: Auto is two terms.
+        // A weight this small stays in cache: Auto is one term even for 3 rows.
         for (terms, limit) in [
             (ActTerms::One, 2e-2),
             (ActTerms::Two, 2e-4),
-            (ActTerms::Auto, 2e-4),
+            (ActTerms::Auto, 2e-2),
         ] {
             let ep = Epilogue {
                 weight_scales: &s,
@@ -250,7 +287,7 @@ mod tests {
                     worst <= limit * scale,
                     "{path:?} {terms:?}: error {worst} vs {scale}"
                 );
-                if terms == ActTerms::One {
+                if terms != ActTerms::Two {
                     assert!(worst > 2e-4 * scale, "one term should show u8 error");
                 }
                 let bits: Vec<u32> = y.iter().map(|v| v.to_bits()).collect();
