@@ -1,8 +1,9 @@
 //! `QuantizedLinear`: y = act(x Wᵀ + b) with int8 weights (symmetric, per output channel) and
 //! activations quantized per row at run time (dynamic quantization: each token or example gets
 //! its own u8 range, so no calibration is needed — the Transformer case). A call of a few rows
-//! (a generation step) quantizes each row in two u8 terms, the second carrying the first's
-//! rounding error, at little cost (`sinter_cpu::int8::ActTerms::Auto`). Also serves an int8
+//! (a generation step) against a weight too large to stay in cache quantizes each row in two
+//! u8 terms, the second carrying the first's rounding error, at little cost
+//! (`sinter_cpu::int8::ActTerms::Auto`). Also serves an int8
 //! embedding table: its rows are the output channels of a tied head, and lookups dequantize
 //! the rows they read.
 
