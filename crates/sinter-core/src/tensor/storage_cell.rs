@@ -1,10 +1,12 @@
 //! A tensor's shared storage behind its lock, with a stamp that changes on every write.
 //!
 //! Caches derived from a tensor's values (the host step's packed weights) keep the stamp they
-//! were made from and are valid while it is unchanged: every way of changing a storage's
+//! were made from and are valid while it is unchanged: every way of changing a CPU storage's
 //! values — an in-place op, an optimizer step, a host view for writing, a move to another
-//! device — goes through [`StorageCell::write`], which counts. The id tells storages apart
-//! for the life of the process (an address could be reused after a free).
+//! device — goes through [`StorageCell::write`], which counts (its vectors are reachable for
+//! writing only through that lock). A CUDA kernel may write an output view under a read
+//! guard, so stamps vouch for CPU data only. The id tells storages apart for the life of the
+//! process (an address could be reused after a free).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{LockResult, RwLock, RwLockReadGuard, RwLockWriteGuard};
