@@ -30,7 +30,9 @@ pub use epilogue::{ActQuant, Activation, Epilogue};
 pub use gemm::{gemm, gemm_i32, Activations, Output};
 pub use pack::PackedWeights;
 pub use path::Int8Path;
-pub use quant::{quantize_rows_dynamic, quantize_rows_static, quantize_weights, QParams};
+pub use quant::{
+    quantize_rows_dynamic, quantize_rows_static, quantize_weights, QParams, WeightChannel,
+};
 
 /// A value the int8 code cannot work with (a -128 weight, a NaN activation, a shape mismatch),
 /// with the reason.

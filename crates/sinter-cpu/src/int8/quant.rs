@@ -235,17 +235,41 @@ pub fn quantize_weights(w: &[f32], n: usize, k: usize) -> Result<(Vec<i8>, Vec<f
                 "weight row {j} holds a NaN or infinite value; it cannot be quantized"
             )));
         }
-        if amax == 0.0 {
+        let Some(c) = WeightChannel::of(row) else {
             continue;
-        }
-        let s = amax / 127.0;
-        let inv = 127.0 / amax;
+        };
         for (o, &v) in q[j * k..(j + 1) * k].iter_mut().zip(row) {
-            *o = (v * inv).round_ties_even().clamp(-127.0, 127.0) as i8;
+            *o = c.quantize(v);
         }
-        scales[j] = s;
+        scales[j] = c.scale;
     }
     Ok((q, scales))
+}
+
+/// One weight channel's symmetric mapping: w ≈ scale · q with scale = max|w| / 127 (the one
+/// rule for every way of choosing the int8 values: to nearest here, with error feedback in
+/// sinter-nn's GPTQ).
+#[derive(Clone, Copy, Debug)]
+pub struct WeightChannel {
+    pub scale: f32,
+    inv: f32,
+}
+
+impl WeightChannel {
+    /// The mapping of a channel's values; None for an all-zero channel (scale 0, q 0).
+    pub fn of(row: &[f32]) -> Option<WeightChannel> {
+        let amax = row.iter().fold(0f32, |m, &v| m.max(v.abs()));
+        (amax != 0.0).then(|| WeightChannel {
+            scale: amax / 127.0,
+            inv: 127.0 / amax,
+        })
+    }
+
+    /// v's nearest q (ties to even), clamped to [-127, 127].
+    #[inline(always)]
+    pub fn quantize(self, v: f32) -> i8 {
+        (v * self.inv).round_ties_even().clamp(-127.0, 127.0) as i8
+    }
 }
 
 #[cfg(test)]

@@ -15,6 +15,7 @@
 //! calibration row touched (a zero diagonal) is treated as uncorrelated.
 
 use rayon::prelude::*;
+use sinter_cpu::int8::WeightChannel;
 
 /// Relative damping of H (added to the diagonal, times its mean).
 pub const DAMPING: f64 = 0.01;
@@ -129,17 +130,14 @@ pub fn quantize_weights_gptq(w: &[f32], n: usize, k: usize, u: &[f32]) -> (Vec<i
         .zip(scales.par_iter_mut())
         .zip(w.par_chunks(k.max(1)))
         .for_each(|((q, scale), row)| {
-            let amax = row.iter().fold(0f32, |m, &v| m.max(v.abs()));
-            if amax == 0.0 {
+            let Some(c) = WeightChannel::of(row) else {
                 return;
-            }
-            *scale = amax / 127.0;
-            let inv = 127.0 / amax;
+            };
+            *scale = c.scale;
             let mut w = row.to_vec();
             for i in 0..k {
-                let qi = (w[i] * inv).round_ties_even().clamp(-127.0, 127.0);
-                q[i] = qi as i8;
-                let e = (w[i] - qi * *scale) / u[i * k + i];
+                q[i] = c.quantize(w[i]);
+                let e = (w[i] - q[i] as f32 * c.scale) / u[i * k + i];
                 let ui = &u[i * k + i + 1..(i + 1) * k];
                 for (wj, uj) in w[i + 1..].iter_mut().zip(ui) {
                     *wj -= e * uj;
