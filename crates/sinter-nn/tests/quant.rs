@@ -267,6 +267,8 @@ fn export_then_import_reproduces_the_quantized_model_exactly() {
         "fc.bias",
         "emb.weight.q",
         "emb.weight.scale",
+        "emb.weight.q2",
+        "emb.weight.scale2",
     ] {
         assert!(names.contains(&want), "{want} missing from {names:?}");
     }
@@ -293,6 +295,18 @@ fn export_then_import_reproduces_the_quantized_model_exactly() {
         e.contains("fc.weight.q") && e.contains("[6, 2]") && e.contains("[6, 100]"),
         "{e}"
     );
+    // A second plane belongs to a table only, and needs its scales.
+    let mut stray2 = map.clone();
+    stray2.insert("fc.weight.q2".into(), map["fc.weight.q"].clone());
+    let e = import(&Tiny::new(6), &stray2).unwrap_err().to_string();
+    assert!(
+        e.contains("fc.weight.q2") && e.contains("embedding table"),
+        "{e}"
+    );
+    let mut no_scale2 = map.clone();
+    no_scale2.remove("emb.weight.scale2");
+    let e = import(&Tiny::new(6), &no_scale2).unwrap_err().to_string();
+    assert!(e.contains("emb.weight.scale2"), "{e}");
     let mut missing = map.clone();
     missing.remove("conv.input.zero_point");
     let e = import(&Tiny::new(6), &missing).unwrap_err().to_string();
@@ -571,6 +585,7 @@ fn error_feedback_rounding_lowers_the_output_error_on_calibrated_inputs() {
         let options = quant::QuantizeOptions {
             keep_f32: vec![],
             rounding,
+            table_planes: quant::TablePlanes::One,
         };
         let mut runs = 0;
         let report = quant::quantize_with(&lin, &options, &mut |m| {
@@ -609,5 +624,91 @@ fn error_feedback_rounding_lowers_the_output_error_on_calibrated_inputs() {
         "output error: GPTQ {} vs nearest {}",
         errors[1],
         errors[0]
+    );
+}
+
+/// argmax of a row (first of equals).
+fn argmax(v: &[f64]) -> usize {
+    (0..v.len()).fold(0, |b, j| if v[j] > v[b] { j } else { b })
+}
+
+/// An embedding table with a second int8 plane (`quant::residual`): lookups are within a
+/// plane-2 step of the f32 rows (≥ 100× closer than one plane), and a tied head over rows that
+/// are near-ties (v + 10⁻³·u: one plane cannot tell them apart) picks, for every input row, the
+/// argmax of the two-plane weights, with that output equal to the f64 two-plane value. One
+/// plane alone picks differently on some rows here, so the test shows what rescoring adds.
+#[test]
+fn a_second_table_plane_gives_near_exact_rows_and_the_two_plane_argmax() {
+    let mut rng = Rng::new(21);
+    let (n, k, rows) = (400, 48, 64);
+    let v: Vec<f32> = (0..k).map(|_| rng.normal() as f32).collect();
+    let w: Vec<f32> = (0..n * k)
+        .map(|i| v[i % k] + 1e-3 * rng.normal() as f32)
+        .collect();
+    let w = Tensor::from_vec(w, &[n, k], Device::Cpu).unwrap();
+    let one = Int8Weight::from_f32(&w).unwrap();
+    let two = Int8Weight::from_f32(&w)
+        .unwrap()
+        .with_residual_of(&w)
+        .unwrap();
+    assert!(one.residual().is_none() && two.residual().is_some());
+    assert_eq!(two.bytes(), 2 * one.bytes());
+    let wv = vals(&w);
+    let (mut e1, mut e2, mut row) = (0f32, 0f32, vec![0f32; k]);
+    for j in 0..n {
+        let want = &wv[j * k..(j + 1) * k];
+        let amax = want.iter().fold(0f32, |m, x| m.max(x.abs()));
+        one.dequantize_row(j, &mut row);
+        e1 = e1.max(
+            row.iter()
+                .zip(want)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0.0, f32::max),
+        );
+        two.dequantize_row(j, &mut row);
+        let e = row
+            .iter()
+            .zip(want)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0, f32::max);
+        // Half a step of plane 2, whose range is half a step of plane 1.
+        assert!(e <= amax / 127.0 / 254.0 * 1.01 + 1e-9, "row {j}: {e}");
+        e2 = e2.max(e);
+    }
+    assert!(e2 * 100.0 < e1, "two planes {e2}, one {e1}");
+
+    let x = randn(&[rows, k], 1.0, &mut rng);
+    let xv = vals(&x);
+    let _g = no_grad();
+    let head = QuantizedLinear::new(two, None).unwrap();
+    let got = vals(&head.forward(&x).unwrap());
+    let plane1 = vals(
+        &QuantizedLinear::new(one, None)
+            .unwrap()
+            .forward(&x)
+            .unwrap(),
+    );
+    let mut plane1_differs = 0;
+    for i in 0..rows {
+        let xr = &xv[i * k..(i + 1) * k];
+        let exact: Vec<f64> = (0..n).map(|j| dot_q(xr, head.weight(), j, None)).collect();
+        let g: Vec<f64> = got[i * n..(i + 1) * n].iter().map(|&v| v as f64).collect();
+        let best = argmax(&exact);
+        assert_eq!(argmax(&g), best, "row {i}");
+        assert!(
+            (g[best] - exact[best]).abs() <= 1e-5 * exact[best].abs().max(1.0),
+            "row {i}: {} vs {}",
+            g[best],
+            exact[best]
+        );
+        let p1: Vec<f64> = plane1[i * n..(i + 1) * n]
+            .iter()
+            .map(|&v| v as f64)
+            .collect();
+        plane1_differs += usize::from(argmax(&p1) != best);
+    }
+    assert!(
+        plane1_differs > 0,
+        "the rows are not near-ties for one plane"
     );
 }

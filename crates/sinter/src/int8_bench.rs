@@ -54,6 +54,9 @@ pub struct Int8BenchArgs {
     /// Layers the int8 model keeps in f32 (as `sinter quantize --keep-f32`).
     #[arg(long, value_delimiter = ',')]
     pub keep_f32: Vec<String>,
+    /// Int8 planes per embedding table (as `sinter quantize --table-planes`).
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u8).range(1..=2))]
+    pub table_planes: u8,
     /// Weight rounding (as `sinter quantize --rounding`). A random model (`--model`) is
     /// calibrated on random inputs drawn apart from the measured ones.
     #[arg(long, value_enum, default_value_t = WeightRounding::Gptq)]
@@ -78,7 +81,7 @@ pub struct Int8BenchArgs {
 
 impl Int8BenchArgs {
     fn options(&self) -> QuantizeOptions {
-        self.rounding.options(&self.keep_f32)
+        self.rounding.options(&self.keep_f32, self.table_planes)
     }
     fn terms(&self) -> ActTerms {
         match self.act_terms {

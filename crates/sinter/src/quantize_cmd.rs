@@ -8,7 +8,9 @@
 //! (`model.<name>`), except that the weight of each int8 layer becomes `model.<layer>.weight.q`
 //! (i8, the weight's shape) and `model.<layer>.weight.scale` (f32 [out]), plus, for a Conv2d,
 //! its calibrated input mapping `model.<layer>.input.scale` (f32 [1]) and
-//! `model.<layer>.input.zero_point` (i32 [1]) — see `sinter_nn::quant::state`. There is no
+//! `model.<layer>.input.zero_point` (i32 [1]), and, for an embedding table with a second
+//! plane, `model.<layer>.weight.q2` and `model.<layer>.weight.scale2` — see
+//! `sinter_nn::quant::state`. There is no
 //! optimizer state: the file is for inference only.
 
 use std::collections::{BTreeMap, HashMap};
@@ -20,7 +22,7 @@ use clap::Args;
 use safetensors::tensor::{Dtype, SafeTensors};
 use sinter_core::{no_grad, Tensor};
 use sinter_data::DataLoader;
-use sinter_nn::quant::{self, QuantizeOptions, QuantizeReport, Rounding, StateTensor};
+use sinter_nn::quant::{self, QuantizeOptions, QuantizeReport, Rounding, StateTensor, TablePlanes};
 use sinter_nn::Module;
 
 use crate::checkpoint::InferenceInfo;
@@ -51,6 +53,10 @@ pub struct QuantizeArgs {
     /// embedding and output head) or a prefix ending at a dot (`blocks.0`: all of block 0).
     #[arg(long, value_delimiter = ',')]
     pub keep_f32: Vec<String>,
+    /// Int8 planes per embedding table: 2 (a second plane with the first's rounding error;
+    /// a tied output head rescores its top outputs from both) or 1 (the smallest file).
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u8).range(1..=2))]
+    pub table_planes: u8,
 }
 
 /// `--rounding`: `sinter_nn::quant::Rounding` on the command line.
@@ -61,12 +67,19 @@ pub enum WeightRounding {
 }
 
 impl WeightRounding {
-    pub fn options(self, keep_f32: &[String]) -> QuantizeOptions {
+    /// The options of `sinter quantize` (and `bench int8`): this rounding, the layers kept
+    /// in f32 and the planes per embedding table (1 or 2).
+    pub fn options(self, keep_f32: &[String], table_planes: u8) -> QuantizeOptions {
         QuantizeOptions {
             keep_f32: keep_f32.to_vec(),
             rounding: match self {
                 WeightRounding::Nearest => Rounding::Nearest,
                 WeightRounding::Gptq => Rounding::ErrorFeedback,
+            },
+            table_planes: if table_planes == 1 {
+                TablePlanes::One
+            } else {
+                TablePlanes::Two
             },
         }
     }
@@ -80,7 +93,7 @@ pub fn run(a: &QuantizeArgs) -> Result<()> {
         );
     }
     let (s, step) = inference::load_for_eval(&a.checkpoint)?;
-    let options = a.rounding.options(&a.keep_f32);
+    let options = a.rounding.options(&a.keep_f32, a.table_planes);
     let (report, folded) = quantize_setup(&s, a.calibration_batches, &options)?;
     let path = save(&a.out, &s, step, &report, &a.checkpoint)?;
     let size = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);

@@ -150,6 +150,26 @@ fn gpt_tiny_validation_loss_within_one_percent_and_generation_runs() {
     assert!(!report.contains("GPTQ"), "{report}");
     // The same format and weight bytes (the metadata lists the GPTQ layers).
     assert!(file_size(&nearest_dir).abs_diff(file_size(&int8_dir)) < 4096);
+    // One plane per embedding table: the file lacks the second planes of wte [256, 128] and
+    // wpe [64, 128] (a byte per entry, four per row scale), and still evaluates.
+    let one_dir = tmp.path().join("one-plane");
+    ok(&sinter(&[
+        "quantize",
+        "--checkpoint",
+        f,
+        "--out",
+        one_dir.to_str().unwrap(),
+        "--table-planes",
+        "1",
+    ]));
+    let second_planes = (256 + 64) * (128 + 4);
+    let saved = file_size(&int8_dir) - file_size(&one_dir);
+    assert!(saved.abs_diff(second_planes) < 4096, "{saved} bytes");
+    ok(&sinter(&[
+        "eval",
+        "--checkpoint",
+        one_dir.to_str().unwrap(),
+    ]));
     let loss_f32 = number_after(
         &ok(&sinter(&["eval", "--checkpoint", f])),
         "validation loss",

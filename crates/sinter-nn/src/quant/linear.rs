@@ -108,6 +108,22 @@ impl QuantizedLinear {
             &mut y,
         )
         .map_err(int8_err)?;
+        if let Some(plane) = self.weight.residual() {
+            if activation != Activation::None {
+                bail!(
+                    "QuantizedLinear: a second int8 plane serves a head, which has no activation"
+                );
+            }
+            for (xr, yr) in xs.chunks_exact(k.max(1)).zip(y.chunks_exact_mut(n.max(1))) {
+                plane.rescore_row(
+                    &self.weight.packed,
+                    &self.weight.scales,
+                    self.bias.as_deref(),
+                    xr,
+                    yr,
+                )?;
+            }
+        }
         let mut shape = x.shape().to_vec();
         *shape.last_mut().expect("rank ≥ 1") = n;
         Tensor::from_vec(y, &shape, Device::Cpu)

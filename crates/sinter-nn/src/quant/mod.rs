@@ -13,6 +13,10 @@
 //!   the 124M parameters and about a third of the per-token work at batch 1: left in f32 it
 //!   would cap both the file's shrink (about 2× instead of 4×) and generation's speed-up.
 //!   Per-row scales keep each token's vector within half a step (1/254 of its largest entry).
+//!   By default a table also gets a second int8 plane with the first's rounding error
+//!   ([`residual`], [`TablePlanes`]): lookups read both, and the head rescores the outputs
+//!   that could be its largest from both, so greedy decoding picks what a head ~16 bits
+//!   precise would, for one more byte per entry in the file and a few dot products per row.
 //!
 //! - Weight rounding ([`Rounding`]): to nearest, or GPTQ's error feedback from calibration
 //!   inputs ([`gptq`]; same scales and file format, values chosen for the layer's output).
@@ -31,6 +35,7 @@ pub mod chain;
 pub mod conv;
 pub mod gptq;
 pub mod linear;
+pub mod residual;
 pub mod slot;
 pub mod state;
 pub mod weight;
@@ -39,6 +44,7 @@ use std::sync::Arc;
 
 pub use conv::QuantizedConv2d;
 pub use linear::QuantizedLinear;
+pub use residual::ResidualPlane;
 pub use slot::{Activation, LayerHandle, LayerKind, QuantSlot, QuantState};
 pub use state::{export, import, StateTensor};
 pub use weight::Int8Weight;
@@ -115,6 +121,17 @@ pub struct QuantizeOptions {
     /// ending at a dot (`blocks.0`: every layer of block 0).
     pub keep_f32: Vec<String>,
     pub rounding: Rounding,
+    pub table_planes: TablePlanes,
+}
+
+/// Int8 planes per embedding table ([`residual`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum TablePlanes {
+    /// One: the smallest file (each entry within 1/254 of its row's largest).
+    One,
+    /// Two: the second carries the first's rounding error; the tied head rescores its top.
+    #[default]
+    Two,
 }
 
 /// [`quantize`], leaving in f32 every layer that `keep_f32` names (see [`QuantizeOptions`]).
@@ -126,6 +143,7 @@ pub fn quantize_keeping(
     let options = QuantizeOptions {
         keep_f32: keep_f32.to_vec(),
         rounding: Rounding::Nearest,
+        table_planes: TablePlanes::default(),
     };
     quantize_with(model, &options, calibrate)
 }
@@ -189,8 +207,13 @@ pub fn quantize_with(
                     }
                     None => Int8Weight::from_f32(&h.weight),
                 };
-                let q = QuantizedLinear::new(weight.map_err(|e| at(name, e))?, bias)
-                    .map_err(|e| at(name, e))?;
+                let mut weight = weight.map_err(|e| at(name, e))?;
+                if h.kind == LayerKind::Embedding && options.table_planes == TablePlanes::Two {
+                    weight = weight
+                        .with_residual_of(&h.weight)
+                        .map_err(|e| at(name, e))?;
+                }
+                let q = QuantizedLinear::new(weight, bias).map_err(|e| at(name, e))?;
                 let b = q.weight().bytes();
                 (Arc::new(q), b)
             }

@@ -4,6 +4,9 @@
 //! - `<layer>.weight.q`: i8, the weight's shape (Linear [out, in], Conv2d [out, in, kh, kw],
 //!   Embedding [rows, dim]);
 //! - `<layer>.weight.scale`: f32 [out], so that weight[j, …] ≈ scale[j] · q[j, …];
+//! - for an embedding table with a second plane (`residual`), also `<layer>.weight.q2` (i8,
+//!   the table's shape) and `<layer>.weight.scale2` (f32 [rows]): weight[j, …] ≈
+//!   scale[j] · q[j, …] + scale2[j] · q2[j, …];
 //! - for a Conv2d, its calibrated input mapping `<layer>.input.scale` (f32 [1]) and
 //!   `<layer>.input.zero_point` (i32 [1]): x ≈ scale · (u8 − zero_point).
 //!
@@ -71,6 +74,17 @@ pub fn export(model: &dyn Module) -> Result<Vec<(String, StateTensor)>> {
         ));
         let scales = Tensor::from_vec(w.scales().to_vec(), &[w.n()], Device::Cpu)?;
         out.push((format!("{}.scale", t.name), StateTensor::Float(scales)));
+        if let Some(r) = w.residual() {
+            out.push((
+                format!("{}.q2", t.name),
+                StateTensor::I8 {
+                    values: r.values().to_vec(),
+                    shape: w.shape().to_vec(),
+                },
+            ));
+            let scales = Tensor::from_vec(r.scales().to_vec(), &[w.n()], Device::Cpu)?;
+            out.push((format!("{}.scale2", t.name), StateTensor::Float(scales)));
+        }
         if let Some(q) = input {
             let s = Tensor::from_vec(vec![q.scale], &[1], Device::Cpu)?;
             out.push((format!("{layer}.input.scale"), StateTensor::Float(s)));
@@ -103,7 +117,7 @@ pub fn import(model: &dyn Module, tensors: &HashMap<String, StateTensor>) -> Res
     let named = model.named_tensors();
     let known: std::collections::HashSet<&str> = named.iter().map(|t| t.name.as_str()).collect();
     for k in tensors.keys() {
-        if let Some(base) = k.strip_suffix(".q") {
+        if let Some(base) = k.strip_suffix(".q").or_else(|| k.strip_suffix(".q2")) {
             if !known.contains(base) {
                 bail!("the checkpoint's int8 tensor {k} matches no weight of this model (was it quantized from a different model?)");
             }
@@ -151,8 +165,30 @@ pub fn import(model: &dyn Module, tensors: &HashMap<String, StateTensor>) -> Res
             );
         }
         let scales = float_values(tensors, &format!("{}.scale", t.name), &[shape[0]])?;
-        let w = Int8Weight::from_int8(values, shape, scales)
+        let mut w = Int8Weight::from_int8(values, shape, scales)
             .map_err(|e| sinter_core::Error::Msg(format!("checkpoint tensor {}.q: {e}", t.name)))?;
+        if let Some(q2) = tensors.get(&format!("{}.q2", t.name)) {
+            if h.kind != LayerKind::Embedding {
+                bail!(
+                    "checkpoint tensor {}.q2: only an embedding table has a second int8 plane",
+                    t.name
+                );
+            }
+            let StateTensor::I8 {
+                values,
+                shape: shape2,
+            } = q2
+            else {
+                bail!("checkpoint tensor {}.q2 should be i8", t.name);
+            };
+            if shape2 != shape {
+                bail!("checkpoint tensor {}.q2 has shape {shape2:?} but its first plane has {shape:?}", t.name);
+            }
+            let scales2 = float_values(tensors, &format!("{}.scale2", t.name), &[shape[0]])?;
+            w = w.with_residual_int8(values.clone(), scales2).map_err(|e| {
+                sinter_core::Error::Msg(format!("checkpoint tensor {}.q2: {e}", t.name))
+            })?;
+        }
         let dequantized = w.dequantized()?;
         let form: Arc<dyn Int8Layer> = match h.kind {
             LayerKind::Linear | LayerKind::Embedding => {

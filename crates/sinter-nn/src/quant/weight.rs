@@ -1,11 +1,13 @@
 //! A layer's int8 weight: symmetric per-output-channel quantization of an f32 weight whose
 //! first dimension is the output channel (Linear [out, in], Conv2d [out, in, kh, kw],
-//! Embedding [rows, dim]), packed once for the kernels.
+//! Embedding [rows, dim]), packed once for the kernels; an embedding table may carry a second
+//! plane with the first's rounding error ([`ResidualPlane`]).
 
 use sinter_core::{bail, Device, Result, Tensor};
 use sinter_cpu::int8::{quantize_weights, PackedWeights};
 
 use super::gptq::{quantize_weights_gptq, Gram};
+use super::residual::ResidualPlane;
 
 /// w[j, …] ≈ scales[j] · q[j, …], q ∈ [-127, 127].
 pub struct Int8Weight {
@@ -13,6 +15,8 @@ pub struct Int8Weight {
     pub(crate) scales: Vec<f32>,
     /// The f32 weight's shape (the file keeps it).
     pub(crate) shape: Vec<usize>,
+    /// w ≈ s₁·q₁ + s₂·q₂ with this second plane (embedding tables only).
+    pub(crate) residual: Option<ResidualPlane>,
 }
 
 impl Int8Weight {
@@ -59,7 +63,39 @@ impl Int8Weight {
             packed,
             scales,
             shape: shape.to_vec(),
+            residual: None,
         })
+    }
+
+    /// This weight with a second plane carrying what the first leaves of the f32 weight `w`
+    /// (the one it was quantized from).
+    pub fn with_residual_of(self, w: &Tensor) -> Result<Int8Weight> {
+        if w.shape() != self.shape.as_slice() {
+            bail!(
+                "second int8 plane: f32 weight {:?} for an int8 weight {:?}",
+                w.shape(),
+                self.shape
+            );
+        }
+        let plane =
+            ResidualPlane::from_error(&host_weight(w)?, &self.values(), &self.scales, self.k())?;
+        Ok(self.with_residual(plane))
+    }
+
+    /// This weight with a second plane read from a checkpoint ([n, k] values, n scales).
+    pub fn with_residual_int8(self, values: Vec<i8>, scales: Vec<f32>) -> Result<Int8Weight> {
+        let plane = ResidualPlane::from_int8(values, scales, &self.values(), &self.scales)?;
+        Ok(self.with_residual(plane))
+    }
+
+    fn with_residual(mut self, plane: ResidualPlane) -> Int8Weight {
+        self.residual = Some(plane);
+        self
+    }
+
+    /// The second plane, if the weight has one.
+    pub fn residual(&self) -> Option<&ResidualPlane> {
+        self.residual.as_ref()
     }
 
     /// Output channels and inputs per channel.
@@ -79,13 +115,16 @@ impl Int8Weight {
     pub fn values(&self) -> Vec<i8> {
         self.packed.unpack()
     }
-    /// Channel j dequantized into `out` (k values).
+    /// Channel j dequantized into `out` (k values; both planes when there are two).
     pub fn dequantize_row(&self, j: usize, out: &mut [f32]) {
         let mut q = vec![0i8; self.k()];
         self.packed.row_into(j, &mut q);
         let s = self.scales[j];
         for (o, &v) in out.iter_mut().zip(&q) {
             *o = s * v as f32;
+        }
+        if let Some(r) = &self.residual {
+            r.add_row(j, out);
         }
     }
     /// The whole weight dequantized, as a CPU tensor of the weight's shape.
@@ -97,10 +136,12 @@ impl Int8Weight {
         }
         Tensor::from_vec(w, &self.shape, Device::Cpu)
     }
-    /// Bytes the weight takes in a checkpoint: one per value and four per channel scale (in
-    /// memory the packed copy also pads k to a multiple of 4 and n to one of 16).
+    /// Bytes the weight takes in a checkpoint: one per value and four per channel scale, for
+    /// each plane (in memory the packed copy also pads k to a multiple of 4 and n to one of 16).
     pub fn bytes(&self) -> usize {
-        self.n() * self.k() + 4 * self.scales.len()
+        self.n() * self.k()
+            + 4 * self.scales.len()
+            + self.residual.as_ref().map_or(0, |r| r.bytes())
     }
 }
 

@@ -1,0 +1,187 @@
+//! A second int8 plane for embedding tables, and how a tied output head uses it.
+//!
+//! An int8 table row is w ≈ s₁·q₁. The second plane quantizes what that leaves,
+//! w − s₁·q₁ ≈ s₂·q₂ (again per row, max/127), so s₁·q₁ + s₂·q₂ is within about 1/64,000 of
+//! the row's largest entry: lookups read both planes and are all but exact.
+//!
+//! The head keeps its int8 GEMM over plane 1 alone (the cost of a 50k-row head does not
+//! double) and then *rescores* the rows that could be the largest output: for an input row x,
+//! each output's plane-1 value is off from the two-plane value by at most
+//! `M = max_j ‖s₂q₂ⱼ‖₂·‖x‖₂ + max_j ‖s₁q₁ⱼ‖₂·‖x̂ − x‖₂` (Cauchy–Schwarz, the first term for
+//! the weights' plane 2, the second for quantizing x to u8, each element within one step of the
+//! row's u8 mapping). So only outputs within 2M of the plane-1 maximum can be the two-plane
+//! maximum; those are recomputed in f32 from both planes and x. Greedy decoding then picks the
+//! argmax of the two-plane head exactly, at the cost of a few dot products per row where the
+//! distribution is peaked (more where the top is a near-tie, which is where it matters);
+//! sampling sees exact values at the top of the distribution. The other outputs keep their
+//! plane-1 values.
+
+use sinter_core::{bail, Result};
+use sinter_cpu::int8::{quantize_weights, PackedWeights, QParams};
+
+use super::weight::int8_err;
+
+/// The second plane of an [n, k] int8 table: row-major values and per-row scales.
+pub struct ResidualPlane {
+    values: Vec<i8>,
+    scales: Vec<f32>,
+    k: usize,
+    /// max_j ‖s₂ⱼ·q₂ⱼ‖₂: how far plane 2 moves any output per unit of ‖x‖₂.
+    max_norm: f32,
+    /// max_j ‖s₁ⱼ·q₁ⱼ‖₂ of the first plane: how far an input error moves any plane-1 output.
+    plane1_max_norm: f32,
+}
+
+impl ResidualPlane {
+    /// The plane carrying `w − s₁·q₁` for the f32 table `w` ([n, k], row-major) and its first
+    /// plane (`q1` row-major, `s1` per row).
+    pub fn from_error(w: &[f32], q1: &[i8], s1: &[f32], k: usize) -> Result<ResidualPlane> {
+        let n = s1.len();
+        if w.len() != n * k || q1.len() != n * k {
+            bail!(
+                "second int8 plane: {} f32 and {} int8 values for [{n}, {k}]",
+                w.len(),
+                q1.len()
+            );
+        }
+        let error: Vec<f32> = w
+            .chunks_exact(k.max(1))
+            .zip(q1.chunks_exact(k.max(1)))
+            .zip(s1)
+            .flat_map(|((wr, qr), &s)| wr.iter().zip(qr).map(move |(&v, &q)| v - s * q as f32))
+            .collect();
+        let (values, scales) = quantize_weights(&error, n, k).map_err(int8_err)?;
+        ResidualPlane::from_int8(values, scales, q1, s1)
+    }
+
+    /// From stored values ([n, k] row-major, as the first plane `q1`) and per-row scales.
+    pub fn from_int8(
+        values: Vec<i8>,
+        scales: Vec<f32>,
+        q1: &[i8],
+        s1: &[f32],
+    ) -> Result<ResidualPlane> {
+        if scales.len() != s1.len() || values.len() != q1.len() {
+            bail!(
+                "second int8 plane: {} values and {} scales for a first plane of {} values in {} rows",
+                values.len(),
+                scales.len(),
+                q1.len(),
+                s1.len()
+            );
+        }
+        let k = q1.len() / s1.len().max(1);
+        if let Some(j) = scales.iter().position(|s| !s.is_finite() || *s < 0.0) {
+            bail!(
+                "second int8 plane: scale {} of row {j} is not a finite non-negative number",
+                scales[j]
+            );
+        }
+        if let Some(i) = values.iter().position(|&v| v == i8::MIN) {
+            bail!(
+                "second int8 plane: value -128 at row {}, column {} (symmetric int8 lies in [-127, 127])",
+                i / k.max(1),
+                i % k.max(1)
+            );
+        }
+        Ok(ResidualPlane {
+            max_norm: max_row_norm(&values, &scales, k),
+            plane1_max_norm: max_row_norm(q1, s1, k),
+            values,
+            scales,
+            k,
+        })
+    }
+
+    pub fn values(&self) -> &[i8] {
+        &self.values
+    }
+    pub fn scales(&self) -> &[f32] {
+        &self.scales
+    }
+    /// Bytes in a checkpoint: one per value, four per row scale.
+    pub fn bytes(&self) -> usize {
+        self.values.len() + 4 * self.scales.len()
+    }
+
+    /// out += s₂ⱼ·q₂ⱼ (row j's share of plane 2).
+    pub fn add_row(&self, j: usize, out: &mut [f32]) {
+        let s = self.scales[j];
+        for (o, &q) in out.iter_mut().zip(self.row(j)) {
+            *o += s * q as f32;
+        }
+    }
+
+    fn row(&self, j: usize) -> &[i8] {
+        &self.values[j * self.k..(j + 1) * self.k]
+    }
+
+    /// Rescoring of one output row (see the module comment): `y` holds the plane-1 outputs
+    /// (bias added) for the input row `x`; the outputs that could be the two-plane maximum
+    /// are recomputed from both planes. Returns how many were.
+    pub(crate) fn rescore_row(
+        &self,
+        plane1: &PackedWeights,
+        s1: &[f32],
+        bias: Option<&[f32]>,
+        x: &[f32],
+        y: &mut [f32],
+    ) -> Result<usize> {
+        let Some(top) = y.iter().copied().filter(|v| !v.is_nan()).reduce(f32::max) else {
+            return Ok(0);
+        };
+        let (lo, hi) = sinter_cpu::int8::quant::min_max(x);
+        let step = QParams::from_range(lo, hi).map_err(int8_err)?.scale;
+        let x_norm = x.iter().map(|v| v * v).sum::<f32>().sqrt();
+        // ‖x̂ − x‖₂ ≤ √k · step (each element within one step: twice the rounding bound).
+        let act_error = (x.len() as f32).sqrt() * step;
+        let bound = self.max_norm * x_norm + self.plane1_max_norm * act_error;
+        // With a slack for the f32 rounding of the GEMM epilogue and of the sums here.
+        let threshold = top - 2.0 * bound * 1.01 - 1e-5 * top.abs().max(1.0);
+        let mut q = vec![0i8; x.len()];
+        let mut rescored = 0;
+        // (NaN outputs are never candidates.)
+        for j in 0..y.len() {
+            if y[j] >= threshold {
+                plane1.row_into(j, &mut q);
+                let (d1, d2) = (dot(&q, x), dot(self.row(j), x));
+                y[j] = s1[j] * d1 + self.scales[j] * d2 + bias.map_or(0.0, |b| b[j]);
+                rescored += 1;
+            }
+        }
+        Ok(rescored)
+    }
+}
+
+/// Σ q·x in eight running sums (so it vectorises; an in-order f32 sum does not).
+fn dot(q: &[i8], x: &[f32]) -> f32 {
+    let mut acc = [0f32; 8];
+    let (qc, xc) = (q.chunks_exact(8), x.chunks_exact(8));
+    let tail: f32 = qc
+        .remainder()
+        .iter()
+        .zip(xc.remainder())
+        .map(|(&a, &b)| a as f32 * b)
+        .sum();
+    for (qs, xs) in qc.zip(xc) {
+        for ((a, &qv), &xv) in acc.iter_mut().zip(qs).zip(xs) {
+            *a += qv as f32 * xv;
+        }
+    }
+    acc.iter().sum::<f32>() + tail
+}
+
+/// max over rows of ‖s·q‖₂.
+fn max_row_norm(values: &[i8], scales: &[f32], k: usize) -> f32 {
+    values
+        .chunks_exact(k.max(1))
+        .zip(scales)
+        .map(|(r, &s)| {
+            s * r
+                .iter()
+                .map(|&q| (q as f32) * (q as f32))
+                .sum::<f32>()
+                .sqrt()
+        })
+        .fold(0f32, f32::max)
+}
