@@ -295,12 +295,12 @@ fn export_then_import_reproduces_the_quantized_model_exactly() {
         e.contains("fc.weight.q") && e.contains("[6, 2]") && e.contains("[6, 100]"),
         "{e}"
     );
-    // A second plane belongs to a table only, and needs its scales.
+    // A Conv2d has no second plane, and a second plane needs its scales.
     let mut stray2 = map.clone();
-    stray2.insert("fc.weight.q2".into(), map["fc.weight.q"].clone());
+    stray2.insert("conv.weight.q2".into(), map["conv.weight.q"].clone());
     let e = import(&Tiny::new(6), &stray2).unwrap_err().to_string();
     assert!(
-        e.contains("fc.weight.q2") && e.contains("embedding table"),
+        e.contains("conv.weight.q2") && e.contains("Conv2d has no second"),
         "{e}"
     );
     let mut no_scale2 = map.clone();
@@ -586,6 +586,7 @@ fn error_feedback_rounding_lowers_the_output_error_on_calibrated_inputs() {
             keep_f32: vec![],
             rounding,
             table_planes: quant::TablePlanes::One,
+            two_planes: vec![],
         };
         let mut runs = 0;
         let report = quant::quantize_with(&lin, &options, &mut |m| {
@@ -680,7 +681,7 @@ fn a_second_table_plane_gives_near_exact_rows_and_the_two_plane_argmax() {
     let x = randn(&[rows, k], 1.0, &mut rng);
     let xv = vals(&x);
     let _g = no_grad();
-    let head = QuantizedLinear::new(two, None).unwrap();
+    let head = QuantizedLinear::table(two).unwrap();
     let got = vals(&head.forward(&x).unwrap());
     let plane1 = vals(
         &QuantizedLinear::new(one, None)
@@ -711,4 +712,96 @@ fn a_second_table_plane_gives_near_exact_rows_and_the_two_plane_argmax() {
         plane1_differs > 0,
         "the rows are not near-ties for one plane"
     );
+}
+
+/// A Linear named in `two_planes` gets a second int8 plane and runs a GEMM per plane: with
+/// two activation terms (input error ~1/255 of one term's) its output error against f32 is
+/// ≥ 20× below the one-plane layer's, within the bound its two planes and terms imply; it
+/// round-trips through export/import bit for bit, with a GELU epilogue applied after the sum.
+#[test]
+fn a_linear_with_two_planes_runs_near_f32_weights() {
+    let mut rng = Rng::new(12);
+    let (rows, k, n) = (5, 96, 40);
+    let make = || Linear::new(k, n, true, &mut Rng::new(13)).unwrap();
+    let x = randn(&[rows, k], 1.0, &mut rng);
+    let _g = no_grad();
+    let f32_lin = make();
+    let want = vals(&f32_lin.forward(&x).unwrap());
+    let want_gelu = vals(&f32_lin.forward(&x).unwrap().gelu().unwrap());
+    let run = |planes: Vec<String>| {
+        let lin = make();
+        let options = quant::QuantizeOptions {
+            two_planes: planes,
+            ..Default::default()
+        };
+        let report = quant::quantize_with(&lin, &options, &mut |_| Ok(())).unwrap();
+        quant::set_act_terms(&lin, quant::ActTerms::Two);
+        (lin, report)
+    };
+    let (one, r1) = run(vec![]);
+    let (two, r2) = run(vec!["weight".into()]);
+    assert!(
+        r1.two_planes.is_empty() && r2.two_planes == ["weight"],
+        "{r2:?}"
+    );
+    assert_eq!(r2.int8_bytes, 2 * r1.int8_bytes);
+    let err = |got: &[f32], want: &[f32]| -> f64 {
+        got.iter()
+            .zip(want)
+            .map(|(a, b)| (*a as f64 - *b as f64).powi(2))
+            .sum()
+    };
+    let (g1, g2) = (
+        vals(&one.forward(&x).unwrap()),
+        vals(&two.forward(&x).unwrap()),
+    );
+    let (e1, e2) = (err(&g1, &want), err(&g2, &want));
+    assert!(e2 * 400.0 < e1, "two planes {e2}, one {e1}");
+    let (xv, wv) = (vals(&x), vals(&f32_lin.weight));
+    let dxs = row_half_steps(&xv, k);
+    let wq = Int8Weight::from_f32(&f32_lin.weight).unwrap();
+    for i in 0..rows {
+        for j in 0..n {
+            let (xr, wr) = (&xv[i * k..(i + 1) * k], &wv[j * k..(j + 1) * k]);
+            let bound = dot_bound(xr, wr, dxs[i] / 250.0, wq.scales()[j] as f64 / 2.0 / 250.0);
+            let e = (g2[i * n + j] - want[i * n + j]).abs() as f64;
+            assert!(e <= bound, "({i}, {j}): {e} above {bound}");
+        }
+    }
+    // The epilogue's activation comes after both planes' sum.
+    let q: &QuantizedLinear = &QuantizedLinear::clone(
+        quant::layers(&two)[0]
+            .1
+            .slot
+            .int8()
+            .unwrap()
+            .as_any()
+            .downcast_ref()
+            .unwrap(),
+    );
+    let gelu = vals(&q.forward_with(&x, Activation::GeluTanh).unwrap());
+    let gelu_of_sum = vals(
+        &Tensor::from_vec(g2.clone(), &[rows, n], Device::Cpu)
+            .unwrap()
+            .gelu()
+            .unwrap(),
+    );
+    for (a, b) in gelu.iter().zip(&gelu_of_sum) {
+        assert!(
+            (a - b).abs() <= 1e-6 * (1.0 + b.abs()),
+            "GELU after the sum: {a} vs {b}"
+        );
+    }
+    assert!(err(&gelu, &want_gelu) < e1);
+    // Export/import: `.q2` and `.scale2`, the same outputs.
+    let state: HashMap<String, StateTensor> = export(&two).unwrap().into_iter().collect();
+    assert!(
+        state.contains_key("weight.q2") && state.contains_key("weight.scale2"),
+        "{:?}",
+        state.keys()
+    );
+    let back = make();
+    import(&back, &state).unwrap();
+    quant::set_act_terms(&back, quant::ActTerms::Two);
+    assert_eq!(vals(&back.forward(&x).unwrap()), g2);
 }

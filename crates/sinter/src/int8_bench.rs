@@ -27,7 +27,7 @@ use sinter_nn::module::shared_rng;
 use sinter_nn::quant::{self, ActTerms, QuantizeOptions, QuantizedLinear};
 use sinter_nn::{Linear, Module};
 
-use crate::quantize_cmd::{self, WeightRounding};
+use crate::quantize_cmd::{self, QuantizeChoices};
 use crate::trainer;
 
 #[derive(Args)]
@@ -51,16 +51,10 @@ pub struct Int8BenchArgs {
     /// models; the speed rows use the first).
     #[arg(long, default_value_t = 16)]
     pub prompts: usize,
-    /// Layers the int8 model keeps in f32 (as `sinter quantize --keep-f32`).
-    #[arg(long, value_delimiter = ',')]
-    pub keep_f32: Vec<String>,
-    /// Int8 planes per embedding table (as `sinter quantize --table-planes`).
-    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u8).range(1..=2))]
-    pub table_planes: u8,
-    /// Weight rounding (as `sinter quantize --rounding`). A random model (`--model`) is
-    /// calibrated on random inputs drawn apart from the measured ones.
-    #[arg(long, value_enum, default_value_t = WeightRounding::Gptq)]
-    pub rounding: WeightRounding,
+    /// How layers are quantized, as `sinter quantize` does (a random model, `--model`, is
+    /// calibrated for GPTQ on random inputs drawn apart from the measured ones).
+    #[command(flatten)]
+    pub choices: QuantizeChoices,
     /// u8 terms per activation row of the int8 Linear layers: one, two, or auto (two for
     /// calls of a few rows, i.e. generation steps).
     #[arg(long, value_enum, default_value_t = Terms::Auto)]
@@ -81,7 +75,7 @@ pub struct Int8BenchArgs {
 
 impl Int8BenchArgs {
     fn options(&self) -> QuantizeOptions {
-        self.rounding.options(&self.keep_f32, self.table_planes)
+        self.choices.options()
     }
     fn terms(&self) -> ActTerms {
         match self.act_terms {

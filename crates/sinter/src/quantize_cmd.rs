@@ -45,6 +45,13 @@ pub struct QuantizeArgs {
     /// and, with `--rounding gptq`, the Gram matrix of each Linear's inputs.
     #[arg(long, default_value_t = 16)]
     pub calibration_batches: usize,
+    #[command(flatten)]
+    pub choices: QuantizeChoices,
+}
+
+/// How layers are quantized: the options `sinter quantize` and `sinter bench int8` share.
+#[derive(Args, Clone)]
+pub struct QuantizeChoices {
     /// How Linear and embedding weights get their int8 values: `gptq` (error feedback from
     /// the calibration batches' inputs, minimising each layer's output error) or `nearest`.
     #[arg(long, value_enum, default_value_t = WeightRounding::Gptq)]
@@ -57,6 +64,10 @@ pub struct QuantizeArgs {
     /// a tied output head rescores its top outputs from both) or 1 (the smallest file).
     #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u8).range(1..=2))]
     pub table_planes: u8,
+    /// Linear layers to give a second int8 plane with the first's rounding error (names or
+    /// prefixes, as --keep-f32): ~16-bit weights for a second int8 GEMM, half of f32's bytes.
+    #[arg(long, value_delimiter = ',')]
+    pub two_planes: Vec<String>,
 }
 
 /// `--rounding`: `sinter_nn::quant::Rounding` on the command line.
@@ -66,21 +77,20 @@ pub enum WeightRounding {
     Gptq,
 }
 
-impl WeightRounding {
-    /// The options of `sinter quantize` (and `bench int8`): this rounding, the layers kept
-    /// in f32 and the planes per embedding table (1 or 2).
-    pub fn options(self, keep_f32: &[String], table_planes: u8) -> QuantizeOptions {
+impl QuantizeChoices {
+    pub fn options(&self) -> QuantizeOptions {
         QuantizeOptions {
-            keep_f32: keep_f32.to_vec(),
-            rounding: match self {
+            keep_f32: self.keep_f32.clone(),
+            rounding: match self.rounding {
                 WeightRounding::Nearest => Rounding::Nearest,
                 WeightRounding::Gptq => Rounding::ErrorFeedback,
             },
-            table_planes: if table_planes == 1 {
+            table_planes: if self.table_planes == 1 {
                 TablePlanes::One
             } else {
                 TablePlanes::Two
             },
+            two_planes: self.two_planes.clone(),
         }
     }
 }
@@ -93,12 +103,12 @@ pub fn run(a: &QuantizeArgs) -> Result<()> {
         );
     }
     let (s, step) = inference::load_for_eval(&a.checkpoint)?;
-    let options = a.rounding.options(&a.keep_f32, a.table_planes);
+    let options = a.choices.options();
     let (report, folded) = quantize_setup(&s, a.calibration_batches, &options)?;
     let path = save(&a.out, &s, step, &report, &a.checkpoint)?;
     let size = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
     println!(
-        "{}: {} layers int8 ({} linear, {} conv2d, {} embedding{}{}){}",
+        "{}: {} layers int8 ({} linear, {} conv2d, {} embedding{}{}){}{}",
         s.config.model,
         report.int8.len(),
         count(&report, "linear"),
@@ -130,6 +140,11 @@ pub fn run(a: &QuantizeArgs) -> Result<()> {
                     .collect::<Vec<_>>()
                     .join(", ")
             )
+        },
+        if report.two_planes.is_empty() {
+            String::new()
+        } else {
+            format!("; two int8 planes: {}", report.two_planes.join(", "))
         }
     );
     let f32_weights = weight_bytes(s.model.as_ref());
@@ -225,7 +240,7 @@ pub fn save(
         });
     }
     let summary = serde_json::json!({
-        "weights": "int8, symmetric, one scale per output channel (per row for embedding tables)",
+        "weights": "int8, symmetric, one scale per output channel (per row for embedding tables); the layers under two_planes add a second int8 plane with the first's rounding error",
         "rounding": {
             "error_feedback": report.error_feedback,
             "method": "GPTQ error feedback from calibration inputs for the layers listed, to nearest for the others",
@@ -236,6 +251,7 @@ pub fn save(
         },
         "layers": report.int8.iter().map(|(n, k)| (n.clone(), *k)).collect::<BTreeMap<_, _>>(),
         "kept_f32": report.kept_f32.iter().cloned().collect::<BTreeMap<_, _>>(),
+        "two_planes": report.two_planes,
     });
     let mut md = BTreeMap::new();
     md.insert("format".to_string(), FORMAT.to_string());

@@ -103,8 +103,8 @@ pub fn quantize_rows_terms(
 }
 
 /// y = act(x Wᵀ + b) for m rows of k f32 values (`x` row-major), with each row dynamically
-/// quantized in `terms.for_weight(m, ..).count(m)` u8 terms; y is m rows of n = `w.n()` values. Every path gives the same
-/// y bit for bit.
+/// quantized in `terms.for_weight(m, ..).count(m)` u8 terms; y is m rows of n = `w.n()`
+/// values. Every path gives the same y bit for bit.
 ///
 /// Panics when `path` is not supported by this CPU or a slice is too short for its shape.
 pub fn linear_dynamic(
@@ -116,6 +116,24 @@ pub fn linear_dynamic(
     terms: ActTerms,
     y: &mut [f32],
 ) -> Result<(), Int8Error> {
+    linear_dynamic_planes(path, x, m, w, epilogue, None, terms, y)
+}
+
+/// [`linear_dynamic`] for a weight in one or two int8 planes: W = s₁·Q₁ (`w` with
+/// `epilogue.weight_scales`) + s₂·Q₂ (`second`: values of the same shape, their scales). Each
+/// plane is one GEMM over the same u8 input; the products are summed before bias and
+/// activation.
+#[allow(clippy::too_many_arguments)]
+pub fn linear_dynamic_planes(
+    path: Int8Path,
+    x: &[f32],
+    m: usize,
+    w: &PackedWeights,
+    epilogue: &Epilogue<'_>,
+    second: Option<(&PackedWeights, &[f32])>,
+    terms: ActTerms,
+    y: &mut [f32],
+) -> Result<(), Int8Error> {
     let terms = terms.for_weight(m, w.k_padded() * w.n());
     let (k, n, kp, t) = (w.k(), w.n(), w.k_padded(), terms.count(m));
     assert!(x.len() >= m * k, "input too short: {} for {m}×{k}", x.len());
@@ -124,6 +142,15 @@ pub fn linear_dynamic(
         "output too short: {} for {m}×{n}",
         y.len()
     );
+    if let Some((w2, s2)) = second {
+        assert!(
+            w2.n() == n && w2.k() == k && s2.len() == n,
+            "second plane [{}, {}] with {} scales for [{n}, {k}]",
+            w2.n(),
+            w2.k(),
+            s2.len()
+        );
+    }
     let mut xq = vec![0u8; t * m * kp];
     let params = quantize_rows_terms(x, m, k, k, terms, &mut xq, kp)?;
     let a = Activations {
@@ -132,36 +159,46 @@ pub fn linear_dynamic(
         stride: kp,
         quant: ActQuant::PerRow(&params),
     };
-    if t == 1 {
+    if t == 1 && second.is_none() {
         let out = Output::F32 { data: y, stride: n };
         gemm(path, &a, w, epilogue, out);
         return Ok(());
     }
-    // The terms' products alone (no bias, no activation), then summed, biased, activated.
-    let mut parts = vec![0f32; t * m * n];
-    let bare = Epilogue {
-        bias: None,
-        activation: Activation::None,
-        ..*epilogue
-    };
-    let out = Output::F32 {
-        data: &mut parts,
-        stride: n,
-    };
-    gemm(path, &a, w, &bare, out);
-    let (first, second) = parts.split_at(m * n);
+    // Each plane's products for each term alone (no bias, no activation), then summed,
+    // biased, activated.
+    let planes = [Some((w, epilogue.weight_scales)), second];
+    let mut parts = Vec::new();
+    for (wp, scales) in planes.into_iter().flatten() {
+        let mut p = vec![0f32; t * m * n];
+        let bare = Epilogue {
+            weight_scales: scales,
+            bias: None,
+            activation: Activation::None,
+        };
+        gemm(
+            path,
+            &a,
+            wp,
+            &bare,
+            Output::F32 {
+                data: &mut p,
+                stride: n,
+            },
+        );
+        parts.push(p);
+    }
     for (i, yr) in y[..m * n].chunks_exact_mut(n.max(1)).enumerate() {
-        let (p1, p2) = (&first[i * n..(i + 1) * n], &second[i * n..(i + 1) * n]);
-        match epilogue.bias {
-            Some(b) => {
-                for (((o, a), c), b) in yr.iter_mut().zip(p1).zip(p2).zip(b) {
-                    *o = a + c + b;
-                }
+        yr.fill(0.0);
+        // Plane by plane, term by term: for one plane and two terms, (p₁ + p₂) + bias as
+        // before planes existed.
+        for term in parts.iter().flat_map(|p| p.chunks_exact(m * n)) {
+            for (o, v) in yr.iter_mut().zip(&term[i * n..(i + 1) * n]) {
+                *o += v;
             }
-            None => {
-                for ((o, a), c) in yr.iter_mut().zip(p1).zip(p2) {
-                    *o = a + c;
-                }
+        }
+        if let Some(b) = epilogue.bias {
+            for (o, b) in yr.iter_mut().zip(b) {
+                *o += b;
             }
         }
         activate(epilogue.activation, yr);

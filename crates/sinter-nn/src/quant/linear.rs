@@ -11,7 +11,7 @@ use std::any::Any;
 use std::sync::Arc;
 
 use sinter_core::{bail, DType, Device, Result, Tensor};
-use sinter_cpu::int8::{linear_dynamic, ActTerms, Activation, Epilogue, Int8Path};
+use sinter_cpu::int8::{linear_dynamic_planes, ActTerms, Activation, Epilogue, Int8Path};
 
 use super::slot::Int8Layer;
 use super::weight::{int8_err, Int8Weight};
@@ -27,6 +27,8 @@ pub struct QuantizedLinear {
     bias_tensor: Option<Tensor>,
     /// u8 terms per activation row (`ActTerms::Auto` unless set otherwise).
     act_terms: ActTerms,
+    /// An embedding table (lookups; as a head, a second plane rescores the top outputs).
+    table: bool,
 }
 
 impl QuantizedLinear {
@@ -60,7 +62,15 @@ impl QuantizedLinear {
             bias: bias_values,
             bias_tensor: bias.cloned(),
             act_terms: ActTerms::default(),
+            table: false,
         })
+    }
+
+    /// An int8 embedding table [rows, dim] (also a tied head: `forward` gives x·Wᵀ).
+    pub fn table(weight: Int8Weight) -> Result<QuantizedLinear> {
+        let mut t = QuantizedLinear::new(weight, None)?;
+        t.table = true;
+        Ok(t)
     }
 
     /// The same layer with each activation row quantized in `terms` u8 terms.
@@ -94,34 +104,42 @@ impl QuantizedLinear {
         let xs = cpu_input(x, "QuantizedLinear")?;
         let rows = xs.len() / k.max(1);
         let mut y = vec![0f32; rows * n];
-        linear_dynamic(
+        let w = &*self.weight;
+        // A Linear's second plane is a second GEMM; a table's rescores after one.
+        let second = match w.residual() {
+            Some(r) if !self.table => Some((r.packed(), r.scales())),
+            _ => None,
+        };
+        linear_dynamic_planes(
             Int8Path::get(),
             &xs,
             rows,
-            &self.weight.packed,
+            &w.packed,
             &Epilogue {
-                weight_scales: &self.weight.scales,
+                weight_scales: &w.scales,
                 bias: self.bias.as_deref(),
                 activation,
             },
+            second,
             self.act_terms,
             &mut y,
         )
         .map_err(int8_err)?;
-        if let Some(plane) = self.weight.residual() {
+        if let Some(plane) = w.residual().filter(|_| self.table) {
             if activation != Activation::None {
-                bail!(
-                    "QuantizedLinear: a second int8 plane serves a head, which has no activation"
-                );
+                bail!("QuantizedLinear: an int8 table's head has no activation");
             }
+            let terms = self
+                .act_terms
+                .for_weight(rows, w.packed.k_padded() * w.packed.n())
+                .count(rows);
+            let terms = if terms == 2 {
+                ActTerms::Two
+            } else {
+                ActTerms::One
+            };
             for (xr, yr) in xs.chunks_exact(k.max(1)).zip(y.chunks_exact_mut(n.max(1))) {
-                plane.rescore_row(
-                    &self.weight.packed,
-                    &self.weight.scales,
-                    self.bias.as_deref(),
-                    xr,
-                    yr,
-                )?;
+                plane.rescore_row(&w.packed, &w.scales, self.bias.as_deref(), xr, terms, yr)?;
             }
         }
         let mut shape = x.shape().to_vec();

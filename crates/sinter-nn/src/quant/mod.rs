@@ -64,6 +64,8 @@ pub struct QuantizeReport {
     pub int8: Vec<(String, &'static str)>,
     /// Layers left in f32, with the reason.
     pub kept_f32: Vec<(String, String)>,
+    /// Layers with a second int8 plane (embedding tables by default, Linears asked for).
+    pub two_planes: Vec<String>,
     /// Layers whose int8 values were rounded with error feedback from calibration inputs
     /// ([`Rounding::ErrorFeedback`]); the other int8 layers were rounded to nearest.
     pub error_feedback: Vec<String>,
@@ -122,6 +124,9 @@ pub struct QuantizeOptions {
     pub keep_f32: Vec<String>,
     pub rounding: Rounding,
     pub table_planes: TablePlanes,
+    /// Linear layers (names or prefixes, as `keep_f32`) whose weights get a second int8 plane
+    /// with the first's rounding error ([`residual`]): ~16-bit weights for a second GEMM.
+    pub two_planes: Vec<String>,
 }
 
 /// Int8 planes per embedding table ([`residual`]).
@@ -144,6 +149,7 @@ pub fn quantize_keeping(
         keep_f32: keep_f32.to_vec(),
         rounding: Rounding::Nearest,
         table_planes: TablePlanes::default(),
+        two_planes: Vec::new(),
     };
     quantize_with(model, &options, calibrate)
 }
@@ -163,15 +169,21 @@ pub fn quantize_with(
     model.set_training(false);
     let all = layers(model);
     let kept = |name: &str| keep_f32.iter().any(|k| names_layer(k, name));
-    if let Some(k) = keep_f32
-        .iter()
-        .find(|k| !all.iter().any(|(n, _)| names_layer(k, n)))
-    {
-        let names: Vec<&str> = all.iter().map(|(n, _)| n.as_str()).collect();
-        bail!(
-            "quantize: keep in f32: '{k}' names no layer of this model; its layers are {}",
-            names.join(", ")
-        );
+    let two_planes = |name: &str| options.two_planes.iter().any(|k| names_layer(k, name));
+    for (what, list) in [
+        ("keep in f32", keep_f32),
+        ("two planes", &options.two_planes),
+    ] {
+        if let Some(k) = list
+            .iter()
+            .find(|k| !all.iter().any(|(n, _)| names_layer(k, n)))
+        {
+            let names: Vec<&str> = all.iter().map(|(n, _)| n.as_str()).collect();
+            bail!(
+                "quantize: {what}: '{k}' names no layer of this model; its layers are {}",
+                names.join(", ")
+            );
+        }
     }
     for (name, h) in &all {
         if h.weight.device() != Device::Cpu {
@@ -208,12 +220,19 @@ pub fn quantize_with(
                     None => Int8Weight::from_f32(&h.weight),
                 };
                 let mut weight = weight.map_err(|e| at(name, e))?;
-                if h.kind == LayerKind::Embedding && options.table_planes == TablePlanes::Two {
+                let table = h.kind == LayerKind::Embedding;
+                if (table && options.table_planes == TablePlanes::Two) || two_planes(name) {
+                    report.two_planes.push(name.clone());
                     weight = weight
                         .with_residual_of(&h.weight)
                         .map_err(|e| at(name, e))?;
                 }
-                let q = QuantizedLinear::new(weight, bias).map_err(|e| at(name, e))?;
+                let q = if table {
+                    QuantizedLinear::table(weight)
+                } else {
+                    QuantizedLinear::new(weight, bias)
+                }
+                .map_err(|e| at(name, e))?;
                 let b = q.weight().bytes();
                 (Arc::new(q), b)
             }

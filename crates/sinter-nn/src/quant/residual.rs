@@ -1,15 +1,18 @@
-//! A second int8 plane for embedding tables, and how a tied output head uses it.
+//! A second int8 plane: for embedding tables (and how a tied output head uses it) and for the
+//! Linear layers asked to have one.
 //!
-//! An int8 table row is w ≈ s₁·q₁. The second plane quantizes what that leaves,
+//! An int8 row (output channel) is w ≈ s₁·q₁. The second plane quantizes what that leaves,
 //! w − s₁·q₁ ≈ s₂·q₂ (again per row, max/127), so s₁·q₁ + s₂·q₂ is within about 1/64,000 of
-//! the row's largest entry: lookups read both planes and are all but exact.
+//! the row's largest entry: table lookups read both planes and are all but exact, and a Linear
+//! with two planes runs the int8 GEMM once per plane over the same u8 input and sums them
+//! (weights ~16 bits precise for twice the int8 work, still well below an f32 GEMM's).
 //!
-//! The head keeps its int8 GEMM over plane 1 alone (the cost of a 50k-row head does not
+//! A tied head keeps its int8 GEMM over plane 1 alone (the cost of a 50k-row head does not
 //! double) and then *rescores* the rows that could be the largest output: for an input row x,
 //! each output's plane-1 value is off from the two-plane value by at most
 //! `M = max_j ‖s₂q₂ⱼ‖₂·‖x‖₂ + max_j ‖s₁q₁ⱼ‖₂·‖x̂ − x‖₂` (Cauchy–Schwarz, the first term for
-//! the weights' plane 2, the second for quantizing x to u8, each element within one step of the
-//! row's u8 mapping). So only outputs within 2M of the plane-1 maximum can be the two-plane
+//! the weights' plane 2, the second for the GEMM's u8 input x̂, whose error is computed
+//! exactly by quantizing the row the same way, in one or two terms). So only outputs within 2M of the plane-1 maximum can be the two-plane
 //! maximum; those are recomputed in f32 from both planes and x. Greedy decoding then picks the
 //! argmax of the two-plane head exactly, at the cost of a few dot products per row where the
 //! distribution is peaked (more where the top is a near-tie, which is where it matters);
@@ -17,15 +20,15 @@
 //! plane-1 values.
 
 use sinter_core::{bail, Result};
-use sinter_cpu::int8::{quantize_weights, PackedWeights, QParams};
+use sinter_cpu::int8::{quantize_rows_terms, quantize_weights, ActTerms, PackedWeights};
 
 use super::weight::int8_err;
 
-/// The second plane of an [n, k] int8 table: row-major values and per-row scales.
+/// The second plane of an [n, k] int8 weight: values packed for the GEMM kernels, per-row
+/// scales.
 pub struct ResidualPlane {
-    values: Vec<i8>,
+    packed: PackedWeights,
     scales: Vec<f32>,
-    k: usize,
     /// max_j ‖s₂ⱼ·q₂ⱼ‖₂: how far plane 2 moves any output per unit of ‖x‖₂.
     max_norm: f32,
     /// max_j ‖s₁ⱼ·q₁ⱼ‖₂ of the first plane: how far an input error moves any plane-1 output.
@@ -87,70 +90,88 @@ impl ResidualPlane {
         Ok(ResidualPlane {
             max_norm: max_row_norm(&values, &scales, k),
             plane1_max_norm: max_row_norm(q1, s1, k),
-            values,
+            packed: PackedWeights::pack(&values, scales.len(), k).map_err(int8_err)?,
             scales,
-            k,
         })
     }
 
-    pub fn values(&self) -> &[i8] {
-        &self.values
+    /// The values, row-major.
+    pub fn values(&self) -> Vec<i8> {
+        self.packed.unpack()
     }
     pub fn scales(&self) -> &[f32] {
         &self.scales
     }
+    pub(crate) fn packed(&self) -> &PackedWeights {
+        &self.packed
+    }
     /// Bytes in a checkpoint: one per value, four per row scale.
     pub fn bytes(&self) -> usize {
-        self.values.len() + 4 * self.scales.len()
+        self.packed.n() * self.packed.k() + 4 * self.scales.len()
     }
 
     /// out += s₂ⱼ·q₂ⱼ (row j's share of plane 2).
     pub fn add_row(&self, j: usize, out: &mut [f32]) {
+        let mut q = vec![0i8; out.len()];
+        self.packed.row_into(j, &mut q);
         let s = self.scales[j];
-        for (o, &q) in out.iter_mut().zip(self.row(j)) {
+        for (o, &q) in out.iter_mut().zip(&q) {
             *o += s * q as f32;
         }
     }
 
-    fn row(&self, j: usize) -> &[i8] {
-        &self.values[j * self.k..(j + 1) * self.k]
-    }
-
     /// Rescoring of one output row (see the module comment): `y` holds the plane-1 outputs
-    /// (bias added) for the input row `x`; the outputs that could be the two-plane maximum
-    /// are recomputed from both planes. Returns how many were.
+    /// (bias added) for the input row `x`, which the GEMM quantized in `terms` (decided, not
+    /// `Auto`); the outputs that could be the two-plane maximum are recomputed from both
+    /// planes. Returns how many were.
     pub(crate) fn rescore_row(
         &self,
         plane1: &PackedWeights,
         s1: &[f32],
         bias: Option<&[f32]>,
         x: &[f32],
+        terms: ActTerms,
         y: &mut [f32],
     ) -> Result<usize> {
         let Some(top) = y.iter().copied().filter(|v| !v.is_nan()).reduce(f32::max) else {
             return Ok(0);
         };
-        let (lo, hi) = sinter_cpu::int8::quant::min_max(x);
-        let step = QParams::from_range(lo, hi).map_err(int8_err)?.scale;
         let x_norm = x.iter().map(|v| v * v).sum::<f32>().sqrt();
-        // ‖x̂ − x‖₂ ≤ √k · step (each element within one step: twice the rounding bound).
-        let act_error = (x.len() as f32).sqrt() * step;
-        let bound = self.max_norm * x_norm + self.plane1_max_norm * act_error;
+        let bound = self.max_norm * x_norm + self.plane1_max_norm * input_error(x, terms)?;
         // With a slack for the f32 rounding of the GEMM epilogue and of the sums here.
         let threshold = top - 2.0 * bound * 1.01 - 1e-5 * top.abs().max(1.0);
-        let mut q = vec![0i8; x.len()];
+        let (mut q, mut q2) = (vec![0i8; x.len()], vec![0i8; x.len()]);
         let mut rescored = 0;
         // (NaN outputs are never candidates.)
         for j in 0..y.len() {
             if y[j] >= threshold {
                 plane1.row_into(j, &mut q);
-                let (d1, d2) = (dot(&q, x), dot(self.row(j), x));
+                self.packed.row_into(j, &mut q2);
+                let (d1, d2) = (dot(&q, x), dot(&q2, x));
                 y[j] = s1[j] * d1 + self.scales[j] * d2 + bias.map_or(0.0, |b| b[j]);
                 rescored += 1;
             }
         }
         Ok(rescored)
     }
+}
+
+/// ‖x̂ − x‖₂ for the u8 terms the GEMM made of the row x (the same quantizer, so the same
+/// bytes), in f64.
+fn input_error(x: &[f32], terms: ActTerms) -> Result<f32> {
+    let k = x.len();
+    let mut bytes = vec![0u8; 2 * k];
+    let params = quantize_rows_terms(x, 1, k, k, terms, &mut bytes, k).map_err(int8_err)?;
+    let mut sum = 0f64;
+    for (i, &v) in x.iter().enumerate() {
+        let approx: f64 = params
+            .iter()
+            .zip(bytes.chunks_exact(k.max(1)))
+            .map(|(p, b)| p.dequantize(b[i]) as f64)
+            .sum();
+        sum += (approx - v as f64).powi(2);
+    }
+    Ok(sum.sqrt() as f32)
 }
 
 /// Σ q·x in eight running sums (so it vectorises; an in-order f32 sum does not).

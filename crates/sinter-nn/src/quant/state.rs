@@ -4,9 +4,9 @@
 //! - `<layer>.weight.q`: i8, the weight's shape (Linear [out, in], Conv2d [out, in, kh, kw],
 //!   Embedding [rows, dim]);
 //! - `<layer>.weight.scale`: f32 [out], so that weight[j, …] ≈ scale[j] · q[j, …];
-//! - for an embedding table with a second plane (`residual`), also `<layer>.weight.q2` (i8,
-//!   the table's shape) and `<layer>.weight.scale2` (f32 [rows]): weight[j, …] ≈
-//!   scale[j] · q[j, …] + scale2[j] · q2[j, …];
+//! - for an embedding table or Linear with a second plane (`residual`), also
+//!   `<layer>.weight.q2` (i8, the weight's shape) and `<layer>.weight.scale2` (f32 [out]):
+//!   weight[j, …] ≈ scale[j] · q[j, …] + scale2[j] · q2[j, …];
 //! - for a Conv2d, its calibrated input mapping `<layer>.input.scale` (f32 [1]) and
 //!   `<layer>.input.zero_point` (i32 [1]): x ≈ scale · (u8 − zero_point).
 //!
@@ -78,7 +78,7 @@ pub fn export(model: &dyn Module) -> Result<Vec<(String, StateTensor)>> {
             out.push((
                 format!("{}.q2", t.name),
                 StateTensor::I8 {
-                    values: r.values().to_vec(),
+                    values: r.values(),
                     shape: w.shape().to_vec(),
                 },
             ));
@@ -168,9 +168,9 @@ pub fn import(model: &dyn Module, tensors: &HashMap<String, StateTensor>) -> Res
         let mut w = Int8Weight::from_int8(values, shape, scales)
             .map_err(|e| sinter_core::Error::Msg(format!("checkpoint tensor {}.q: {e}", t.name)))?;
         if let Some(q2) = tensors.get(&format!("{}.q2", t.name)) {
-            if h.kind != LayerKind::Embedding {
+            if matches!(h.kind, LayerKind::Conv2d(_)) {
                 bail!(
-                    "checkpoint tensor {}.q2: only an embedding table has a second int8 plane",
+                    "checkpoint tensor {}.q2: a Conv2d has no second int8 plane (only Linear layers and embedding tables do)",
                     t.name
                 );
             }
@@ -191,9 +191,8 @@ pub fn import(model: &dyn Module, tensors: &HashMap<String, StateTensor>) -> Res
         }
         let dequantized = w.dequantized()?;
         let form: Arc<dyn Int8Layer> = match h.kind {
-            LayerKind::Linear | LayerKind::Embedding => {
-                Arc::new(QuantizedLinear::new(w, h.bias.as_ref())?)
-            }
+            LayerKind::Linear => Arc::new(QuantizedLinear::new(w, h.bias.as_ref())?),
+            LayerKind::Embedding => Arc::new(QuantizedLinear::table(w)?),
             LayerKind::Conv2d(p) => {
                 let scale = float_values(tensors, &format!("{layer}.input.scale"), &[1])?[0];
                 let zp = match tensors.get(&format!("{layer}.input.zero_point")) {
