@@ -208,8 +208,14 @@ fn inputs() -> (Tensor, Tensor, Vec<Tensor>) {
     (x, ids, calib)
 }
 
+/// Quantized with defaults, except that its small table gets a second plane (`auto` gives
+/// one), so the walk and the file carry both kinds of weight.
 fn quantize_tiny(m: &Tiny, calib: &[Tensor]) -> quant::QuantizeReport {
-    quant::quantize(m, &mut |model: &dyn Module| {
+    let options = quant::QuantizeOptions {
+        table_planes: quant::TablePlanes::Two,
+        ..Default::default()
+    };
+    quant::quantize_with(m, &options, &mut |model: &dyn Module| {
         let _g = no_grad();
         for b in calib {
             model.forward(b)?;
@@ -653,6 +659,10 @@ fn a_second_table_plane_gives_near_exact_rows_and_the_two_plane_argmax() {
         .with_residual_of(&w)
         .unwrap();
     assert!(one.residual().is_none() && two.residual().is_some());
+    // `auto`: GPT-2's tables get two planes, gpt-tiny's (32 Ki entries) one.
+    use quant::TablePlanes::{Auto, One, Two};
+    assert!(Auto.two_for(50257 * 768) && Auto.two_for(1024 * 768) && !Auto.two_for(256 * 128));
+    assert!(Two.two_for(1) && !One.two_for(1 << 30));
     assert_eq!(two.bytes(), 2 * one.bytes());
     let wv = vals(&w);
     let (mut e1, mut e2, mut row) = (0f32, 0f32, vec![0f32; k]);

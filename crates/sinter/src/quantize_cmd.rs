@@ -60,14 +60,25 @@ pub struct QuantizeChoices {
     /// embedding and output head) or a prefix ending at a dot (`blocks.0`: all of block 0).
     #[arg(long, value_delimiter = ',')]
     pub keep_f32: Vec<String>,
-    /// Int8 planes per embedding table: 2 (a second plane with the first's rounding error;
-    /// a tied output head rescores its top outputs from both) or 1 (the smallest file).
-    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u8).range(1..=2))]
-    pub table_planes: u8,
+    /// Int8 planes per embedding table: `2` (a second plane with the first's rounding error;
+    /// a tied output head rescores its top outputs from both), `1` (the smallest file), or
+    /// `auto` (two for tables of at least 256 Ki entries, such as GPT-2's; one for smaller).
+    #[arg(long, value_enum, default_value_t = Planes::Auto)]
+    pub table_planes: Planes,
     /// Linear layers to give a second int8 plane with the first's rounding error (names or
     /// prefixes, as --keep-f32): ~16-bit weights for a second int8 GEMM, half of f32's bytes.
     #[arg(long, value_delimiter = ',')]
     pub two_planes: Vec<String>,
+}
+
+/// `--table-planes`: `sinter_nn::quant::TablePlanes` on the command line.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Planes {
+    #[value(name = "1")]
+    One,
+    #[value(name = "2")]
+    Two,
+    Auto,
 }
 
 /// `--rounding`: `sinter_nn::quant::Rounding` on the command line.
@@ -85,10 +96,10 @@ impl QuantizeChoices {
                 WeightRounding::Nearest => Rounding::Nearest,
                 WeightRounding::Gptq => Rounding::ErrorFeedback,
             },
-            table_planes: if self.table_planes == 1 {
-                TablePlanes::One
-            } else {
-                TablePlanes::Two
+            table_planes: match self.table_planes {
+                Planes::One => TablePlanes::One,
+                Planes::Two => TablePlanes::Two,
+                Planes::Auto => TablePlanes::Auto,
             },
             two_planes: self.two_planes.clone(),
         }

@@ -25,7 +25,9 @@ pub mod path;
 pub mod pool;
 pub mod quant;
 
-pub use dynamic::{linear_dynamic, linear_dynamic_planes, quantize_rows_terms, ActTerms};
+pub use dynamic::{
+    linear_dynamic, linear_dynamic_planes, quantize_rows_terms, ActTerms, TWO_TERMS_MIN_WEIGHT,
+};
 pub use epilogue::{ActQuant, Activation, Epilogue};
 pub use gemm::{gemm, gemm_i32, Activations, Output};
 pub use pack::PackedWeights;

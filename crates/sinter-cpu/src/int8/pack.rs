@@ -104,8 +104,15 @@ impl PackedWeights {
             self.k
         );
         let (blocks, c) = (&self.blocks[(j / PANEL) * self.groups..], j % PANEL);
-        for (g, chunk) in out.chunks_mut(KGROUP).enumerate() {
-            chunk.copy_from_slice(&blocks[g].0[c * KGROUP..c * KGROUP + chunk.len()]);
+        let mut groups = out.chunks_exact_mut(KGROUP);
+        // Fixed-size copies (a copy of a run-time length is a memcpy call per group).
+        for (chunk, block) in (&mut groups).zip(blocks) {
+            let src: &[i8; KGROUP] = block.0[c * KGROUP..][..KGROUP].try_into().expect("4");
+            chunk.copy_from_slice(src);
+        }
+        let tail = groups.into_remainder();
+        if !tail.is_empty() {
+            tail.copy_from_slice(&blocks[self.k / KGROUP].0[c * KGROUP..][..tail.len()]);
         }
     }
 

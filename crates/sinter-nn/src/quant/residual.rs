@@ -136,7 +136,7 @@ impl ResidualPlane {
         let Some(top) = y.iter().copied().filter(|v| !v.is_nan()).reduce(f32::max) else {
             return Ok(0);
         };
-        let x_norm = x.iter().map(|v| v * v).sum::<f32>().sqrt();
+        let x_norm = dot_f32(x, x).sqrt() * 1.001;
         let bound = self.max_norm * x_norm + self.plane1_max_norm * input_error(x, terms)?;
         // With a slack for the f32 rounding of the GEMM epilogue and of the sums here.
         let threshold = top - 2.0 * bound * 1.01 - 1e-5 * top.abs().max(1.0);
@@ -157,21 +157,41 @@ impl ResidualPlane {
 }
 
 /// ‖x̂ − x‖₂ for the u8 terms the GEMM made of the row x (the same quantizer, so the same
-/// bytes), in f64.
+/// bytes), with a margin for the f32 arithmetic here.
 fn input_error(x: &[f32], terms: ActTerms) -> Result<f32> {
     let k = x.len();
     let mut bytes = vec![0u8; 2 * k];
     let params = quantize_rows_terms(x, 1, k, k, terms, &mut bytes, k).map_err(int8_err)?;
-    let mut sum = 0f64;
-    for (i, &v) in x.iter().enumerate() {
-        let approx: f64 = params
-            .iter()
-            .zip(bytes.chunks_exact(k.max(1)))
-            .map(|(p, b)| p.dequantize(b[i]) as f64)
-            .sum();
-        sum += (approx - v as f64).powi(2);
+    let mut err = x.to_vec();
+    for (p, b) in params.iter().zip(bytes.chunks_exact(k.max(1))) {
+        for (e, &q) in err.iter_mut().zip(b) {
+            *e -= p.dequantize(q);
+        }
     }
-    Ok(sum.sqrt() as f32)
+    let (norm, x_max) = (
+        dot_f32(&err, &err).sqrt(),
+        x.iter().fold(0f32, |m, v| m.max(v.abs())),
+    );
+    // Each subtraction rounds by at most 2⁻²⁴ of |x|'s largest: a slack of 10⁻⁶·√k·max|x|.
+    Ok(norm * 1.001 + 1e-6 * (k as f32).sqrt() * x_max)
+}
+
+/// Σ a·b in eight running sums.
+fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
+    let mut acc = [0f32; 8];
+    let (ac, bc) = (a.chunks_exact(8), b.chunks_exact(8));
+    let tail: f32 = ac
+        .remainder()
+        .iter()
+        .zip(bc.remainder())
+        .map(|(x, y)| x * y)
+        .sum();
+    for (xs, ys) in ac.zip(bc) {
+        for ((s, x), y) in acc.iter_mut().zip(xs).zip(ys) {
+            *s += x * y;
+        }
+    }
+    acc.iter().sum::<f32>() + tail
 }
 
 /// Σ q·x in eight running sums (so it vectorises; an in-order f32 sum does not).
