@@ -338,6 +338,22 @@ fn misuse_gets_clear_errors() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("no batch reached conv"), "{e}");
+    // A second plane for a convolution, or for a name that is no layer.
+    for (planes, want) in [
+        ("conv", "conv is a Conv2d"),
+        ("head", "'head' names no layer"),
+    ] {
+        let options = quant::QuantizeOptions {
+            two_planes: vec![planes.into()],
+            ..Default::default()
+        };
+        let e = quant::quantize_with(&m, &options, &mut |model: &dyn Module| {
+            calib.iter().try_for_each(|b| model.forward(b).map(|_| ()))
+        })
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains(want), "{e}");
+    }
     assert!(
         quant::layers(&m)
             .iter()

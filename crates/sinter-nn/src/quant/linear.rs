@@ -101,10 +101,14 @@ impl QuantizedLinear {
                 x.shape()
             );
         }
+        let w = &*self.weight;
+        let rescore = w.residual().filter(|_| self.table);
+        if rescore.is_some() && activation != Activation::None {
+            bail!("QuantizedLinear: an int8 table's head takes no activation");
+        }
         let xs = cpu_input(x, "QuantizedLinear")?;
         let rows = xs.len() / k.max(1);
         let mut y = vec![0f32; rows * n];
-        let w = &*self.weight;
         // A Linear's second plane is a second GEMM; a table's rescores after one.
         let second = match w.residual() {
             Some(r) if !self.table => Some((r.packed(), r.scales())),
@@ -125,19 +129,11 @@ impl QuantizedLinear {
             &mut y,
         )
         .map_err(int8_err)?;
-        if let Some(plane) = w.residual().filter(|_| self.table) {
-            if activation != Activation::None {
-                bail!("QuantizedLinear: an int8 table's head has no activation");
-            }
+        if let Some(plane) = rescore {
+            // The terms the GEMM used (decided as it decided them).
             let terms = self
                 .act_terms
-                .for_weight(rows, w.packed.k_padded() * w.packed.n())
-                .count(rows);
-            let terms = if terms == 2 {
-                ActTerms::Two
-            } else {
-                ActTerms::One
-            };
+                .for_weight(rows, w.packed.k_padded() * w.packed.n());
             for (xr, yr) in xs.chunks_exact(k.max(1)).zip(y.chunks_exact_mut(n.max(1))) {
                 plane.rescore_row(&w.packed, &w.scales, self.bias.as_deref(), xr, terms, yr)?;
             }

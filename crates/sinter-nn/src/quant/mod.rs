@@ -254,6 +254,9 @@ pub fn quantize_with(
                 let b = q.weight().bytes();
                 (Arc::new(q), b)
             }
+            LayerKind::Conv2d(_) if two_planes(name) => bail!(
+                "quantize: two planes: {name} is a Conv2d; only Linear layers (and embedding tables) take a second int8 plane"
+            ),
             LayerKind::Conv2d(p) => {
                 let (lo, hi) = seen[i]
                     .as_ref()

@@ -10,14 +10,14 @@
 //! A tied head keeps its int8 GEMM over plane 1 alone (the cost of a 50k-row head does not
 //! double) and then *rescores* the rows that could be the largest output: for an input row x,
 //! each output's plane-1 value is off from the two-plane value by at most
-//! `M = max_j ‖s₂q₂ⱼ‖₂·‖x‖₂ + max_j ‖s₁q₁ⱼ‖₂·‖x̂ − x‖₂` (Cauchy–Schwarz, the first term for
+//! `M = max_j ‖s₂q₂ⱼ‖₂·‖x‖₂ + max_j ‖s₁q₁ⱼ‖₂·‖x̂ − x‖₂` (Cauchy–Schwarz: the first term for
 //! the weights' plane 2, the second for the GEMM's u8 input x̂, whose error is computed
-//! exactly by quantizing the row the same way, in one or two terms). So only outputs within 2M of the plane-1 maximum can be the two-plane
-//! maximum; those are recomputed in f32 from both planes and x. Greedy decoding then picks the
-//! argmax of the two-plane head exactly, at the cost of a few dot products per row where the
-//! distribution is peaked (more where the top is a near-tie, which is where it matters);
-//! sampling sees exact values at the top of the distribution. The other outputs keep their
-//! plane-1 values.
+//! exactly by quantizing the row again the same way, in one or two terms). So only outputs
+//! within 2M of the plane-1 maximum can be the two-plane maximum; those are recomputed in f32
+//! from both planes and x. Greedy decoding then picks the argmax of the two-plane head
+//! exactly, at the cost of a few dot products per row where the distribution is peaked (more
+//! where the top is a near-tie, which is where it matters); sampling sees exact values at the
+//! top of the distribution. The other outputs keep their plane-1 values.
 
 use sinter_core::{bail, Result};
 use sinter_cpu::int8::{quantize_rows_terms, quantize_weights, ActTerms, PackedWeights};
@@ -36,7 +36,7 @@ pub struct ResidualPlane {
 }
 
 impl ResidualPlane {
-    /// The plane carrying `w − s₁·q₁` for the f32 table `w` ([n, k], row-major) and its first
+    /// The plane carrying `w − s₁·q₁` for the f32 weight `w` ([n, k], row-major) and its first
     /// plane (`q1` row-major, `s1` per row).
     pub fn from_error(w: &[f32], q1: &[i8], s1: &[f32], k: usize) -> Result<ResidualPlane> {
         let n = s1.len();
@@ -136,7 +136,7 @@ impl ResidualPlane {
         let Some(top) = y.iter().copied().filter(|v| !v.is_nan()).reduce(f32::max) else {
             return Ok(0);
         };
-        let x_norm = dot_f32(x, x).sqrt() * 1.001;
+        let x_norm = dot(x, x).sqrt() * 1.001;
         let bound = self.max_norm * x_norm + self.plane1_max_norm * input_error(x, terms)?;
         // With a slack for the f32 rounding of the GEMM epilogue and of the sums here.
         let threshold = top - 2.0 * bound * 1.01 - 1e-5 * top.abs().max(1.0);
@@ -169,44 +169,27 @@ fn input_error(x: &[f32], terms: ActTerms) -> Result<f32> {
         }
     }
     let (norm, x_max) = (
-        dot_f32(&err, &err).sqrt(),
+        dot(&err, &err).sqrt(),
         x.iter().fold(0f32, |m, v| m.max(v.abs())),
     );
     // Each subtraction rounds by at most 2⁻²⁴ of |x|'s largest: a slack of 10⁻⁶·√k·max|x|.
     Ok(norm * 1.001 + 1e-6 * (k as f32).sqrt() * x_max)
 }
 
-/// Σ a·b in eight running sums.
-fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
+/// Σ a·x in eight running sums (so it vectorises; an in-order f32 sum does not), for int8 or
+/// f32 values a.
+fn dot<T: Copy + Into<f32>>(a: &[T], x: &[f32]) -> f32 {
     let mut acc = [0f32; 8];
-    let (ac, bc) = (a.chunks_exact(8), b.chunks_exact(8));
+    let (ac, xc) = (a.chunks_exact(8), x.chunks_exact(8));
     let tail: f32 = ac
         .remainder()
         .iter()
-        .zip(bc.remainder())
-        .map(|(x, y)| x * y)
-        .sum();
-    for (xs, ys) in ac.zip(bc) {
-        for ((s, x), y) in acc.iter_mut().zip(xs).zip(ys) {
-            *s += x * y;
-        }
-    }
-    acc.iter().sum::<f32>() + tail
-}
-
-/// Σ q·x in eight running sums (so it vectorises; an in-order f32 sum does not).
-fn dot(q: &[i8], x: &[f32]) -> f32 {
-    let mut acc = [0f32; 8];
-    let (qc, xc) = (q.chunks_exact(8), x.chunks_exact(8));
-    let tail: f32 = qc
-        .remainder()
-        .iter()
         .zip(xc.remainder())
-        .map(|(&a, &b)| a as f32 * b)
+        .map(|(&v, &w)| v.into() * w)
         .sum();
-    for (qs, xs) in qc.zip(xc) {
-        for ((a, &qv), &xv) in acc.iter_mut().zip(qs).zip(xs) {
-            *a += qv as f32 * xv;
+    for (avs, xs) in ac.zip(xc) {
+        for ((s, &v), &w) in acc.iter_mut().zip(avs).zip(xs) {
+            *s += v.into() * w;
         }
     }
     acc.iter().sum::<f32>() + tail

@@ -1,7 +1,7 @@
 //! A layer's int8 weight: symmetric per-output-channel quantization of an f32 weight whose
 //! first dimension is the output channel (Linear [out, in], Conv2d [out, in, kh, kw],
-//! Embedding [rows, dim]), packed once for the kernels; an embedding table may carry a second
-//! plane with the first's rounding error ([`ResidualPlane`]).
+//! Embedding [rows, dim]), packed once for the kernels; a table or Linear weight may carry a
+//! second plane with the first's rounding error ([`ResidualPlane`]).
 
 use sinter_core::{bail, Device, Result, Tensor};
 use sinter_cpu::int8::{quantize_weights, PackedWeights};
@@ -15,7 +15,7 @@ pub struct Int8Weight {
     pub(crate) scales: Vec<f32>,
     /// The f32 weight's shape (the file keeps it).
     pub(crate) shape: Vec<usize>,
-    /// w ≈ s₁·q₁ + s₂·q₂ with this second plane (embedding tables only).
+    /// w ≈ s₁·q₁ + s₂·q₂ with this second plane (tables and Linears, never a Conv2d).
     pub(crate) residual: Option<ResidualPlane>,
 }
 
