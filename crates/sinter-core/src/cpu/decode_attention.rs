@@ -5,6 +5,7 @@
 //! parallel when the step has enough work and no two of them share a cache storage.
 
 use rayon::prelude::*;
+use sinter_cpu::math::dot_lanes;
 
 use super::CpuStorage;
 use crate::backend::{BackendStorage, DecodeSeq};
@@ -143,7 +144,7 @@ impl CacheGeom {
             let mut max = f32::NEG_INFINITY;
             for (t, pt) in p.iter_mut().enumerate() {
                 let ka = self.row(self.k, j, t);
-                *pt = scale * dot(qj, &kc[ka..ka + d]);
+                *pt = scale * dot_lanes(qj, &kc[ka..ka + d]);
                 max = max.max(*pt);
             }
             let mut sum = 0f32;
@@ -158,26 +159,6 @@ impl CacheGeom {
             }
         }
     }
-}
-
-/// Σ a·b in 8 independent partial sums (vectorisable; the order is fixed, so results are
-/// deterministic).
-#[inline]
-fn dot(a: &[f32], b: &[f32]) -> f32 {
-    let mut acc = [0f32; 8];
-    let (ac, bc) = (a.chunks_exact(8), b.chunks_exact(8));
-    let tail: f32 = ac
-        .remainder()
-        .iter()
-        .zip(bc.remainder())
-        .map(|(x, y)| x * y)
-        .sum();
-    for (x, y) in ac.zip(bc) {
-        for l in 0..8 {
-            acc[l] += x[l] * y[l];
-        }
-    }
-    acc.iter().sum::<f32>() + tail
 }
 
 /// y += alpha · x.

@@ -116,13 +116,13 @@ pub fn linear_dynamic(
     terms: ActTerms,
     y: &mut [f32],
 ) -> Result<(), Int8Error> {
-    linear_dynamic_planes(path, x, m, w, epilogue, None, terms, y)
+    linear_dynamic_planes(path, x, m, w, epilogue, None, terms, y).map(|_| ())
 }
 
 /// [`linear_dynamic`] for a weight in one or two int8 planes: W = s₁·Q₁ (`w` with
 /// `epilogue.weight_scales`) + s₂·Q₂ (`second`: values of the same shape, their scales). Each
 /// plane is one GEMM over the same u8 input; the products are summed before bias and
-/// activation.
+/// activation. Returns the activation terms used (`terms` decided: `One` or `Two`).
 #[allow(clippy::too_many_arguments)]
 pub fn linear_dynamic_planes(
     path: Int8Path,
@@ -133,7 +133,7 @@ pub fn linear_dynamic_planes(
     second: Option<(&PackedWeights, &[f32])>,
     terms: ActTerms,
     y: &mut [f32],
-) -> Result<(), Int8Error> {
+) -> Result<ActTerms, Int8Error> {
     let terms = terms.for_weight(m, w.k_padded() * w.n());
     let (k, n, kp, t) = (w.k(), w.n(), w.k_padded(), terms.count(m));
     assert!(x.len() >= m * k, "input too short: {} for {m}×{k}", x.len());
@@ -162,7 +162,7 @@ pub fn linear_dynamic_planes(
     if t == 1 && second.is_none() {
         let out = Output::F32 { data: y, stride: n };
         gemm(path, &a, w, epilogue, out);
-        return Ok(());
+        return Ok(terms);
     }
     // Each plane's products for each term alone (no bias, no activation), then summed,
     // biased, activated.
@@ -203,7 +203,7 @@ pub fn linear_dynamic_planes(
         }
         activate(epilogue.activation, yr);
     }
-    Ok(())
+    Ok(terms)
 }
 
 #[cfg(test)]

@@ -42,3 +42,4 @@ pub use activation::Activation;
 pub use elementwise::{
     unary, unary_backward, unary_backward_isa, unary_in_place, unary_isa, Unary,
 };
+pub use reduce::dot_lanes;

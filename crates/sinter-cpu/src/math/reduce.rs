@@ -71,3 +71,24 @@ pub(crate) unsafe fn dot<S: Simd>(a: *const f32, b: *const f32, n: usize) -> f32
     );
     S::reduce_add(s)
 }
+
+/// Σ a·b over slices in eight running sums: portable code the compiler vectorises at the
+/// build's baseline ISA (an in-order f32 sum does not vectorise), with a fixed summation
+/// order, so results are deterministic. For f32 or int8 values a (as f32).
+#[inline]
+pub fn dot_lanes<T: Copy + Into<f32>>(a: &[T], b: &[f32]) -> f32 {
+    let mut acc = [0f32; 8];
+    let (ac, bc) = (a.chunks_exact(8), b.chunks_exact(8));
+    let tail: f32 = ac
+        .remainder()
+        .iter()
+        .zip(bc.remainder())
+        .map(|(&x, &y)| x.into() * y)
+        .sum();
+    for (xs, ys) in ac.zip(bc) {
+        for ((s, &x), &y) in acc.iter_mut().zip(xs).zip(ys) {
+            *s += x.into() * y;
+        }
+    }
+    acc.iter().sum::<f32>() + tail
+}

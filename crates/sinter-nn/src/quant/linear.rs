@@ -114,7 +114,7 @@ impl QuantizedLinear {
             Some(r) if !self.table => Some((r.packed(), r.scales())),
             _ => None,
         };
-        linear_dynamic_planes(
+        let terms = linear_dynamic_planes(
             Int8Path::get(),
             &xs,
             rows,
@@ -130,10 +130,6 @@ impl QuantizedLinear {
         )
         .map_err(int8_err)?;
         if let Some(plane) = rescore {
-            // The terms the GEMM used (decided as it decided them).
-            let terms = self
-                .act_terms
-                .for_weight(rows, w.packed.k_padded() * w.packed.n());
             for (xr, yr) in xs.chunks_exact(k.max(1)).zip(y.chunks_exact_mut(n.max(1))) {
                 plane.rescore_row(&w.packed, &w.scales, self.bias.as_deref(), xr, terms, yr)?;
             }

@@ -21,6 +21,7 @@
 
 use sinter_core::{bail, Result};
 use sinter_cpu::int8::{quantize_rows_terms, quantize_weights, ActTerms, PackedWeights};
+use sinter_cpu::math::dot_lanes;
 
 use super::weight::int8_err;
 
@@ -136,7 +137,7 @@ impl ResidualPlane {
         let Some(top) = y.iter().copied().filter(|v| !v.is_nan()).reduce(f32::max) else {
             return Ok(0);
         };
-        let x_norm = dot(x, x).sqrt() * 1.001;
+        let x_norm = dot_lanes(x, x).sqrt() * 1.001;
         let bound = self.max_norm * x_norm + self.plane1_max_norm * input_error(x, terms)?;
         // With a slack for the f32 rounding of the GEMM epilogue and of the sums here.
         let threshold = top - 2.0 * bound * 1.01 - 1e-5 * top.abs().max(1.0);
@@ -147,7 +148,7 @@ impl ResidualPlane {
             if y[j] >= threshold {
                 plane1.row_into(j, &mut q);
                 self.packed.row_into(j, &mut q2);
-                let (d1, d2) = (dot(&q, x), dot(&q2, x));
+                let (d1, d2) = (dot_lanes(&q, x), dot_lanes(&q2, x));
                 y[j] = s1[j] * d1 + self.scales[j] * d2 + bias.map_or(0.0, |b| b[j]);
                 rescored += 1;
             }
@@ -169,30 +170,11 @@ fn input_error(x: &[f32], terms: ActTerms) -> Result<f32> {
         }
     }
     let (norm, x_max) = (
-        dot(&err, &err).sqrt(),
+        dot_lanes(&err, &err).sqrt(),
         x.iter().fold(0f32, |m, v| m.max(v.abs())),
     );
     // Each subtraction rounds by at most 2⁻²⁴ of |x|'s largest: a slack of 10⁻⁶·√k·max|x|.
     Ok(norm * 1.001 + 1e-6 * (k as f32).sqrt() * x_max)
-}
-
-/// Σ a·x in eight running sums (so it vectorises; an in-order f32 sum does not), for int8 or
-/// f32 values a.
-fn dot<T: Copy + Into<f32>>(a: &[T], x: &[f32]) -> f32 {
-    let mut acc = [0f32; 8];
-    let (ac, xc) = (a.chunks_exact(8), x.chunks_exact(8));
-    let tail: f32 = ac
-        .remainder()
-        .iter()
-        .zip(xc.remainder())
-        .map(|(&v, &w)| v.into() * w)
-        .sum();
-    for (avs, xs) in ac.zip(xc) {
-        for ((s, &v), &w) in acc.iter_mut().zip(avs).zip(xs) {
-            *s += v.into() * w;
-        }
-    }
-    acc.iter().sum::<f32>() + tail
 }
 
 /// max over rows of ‖s·q‖₂.

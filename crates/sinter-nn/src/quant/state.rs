@@ -65,25 +65,20 @@ pub fn export(model: &dyn Module) -> Result<Vec<(String, StateTensor)>> {
             Some(parts) => parts,
             None => bail!("export: {layer} holds an int8 form this format does not know"),
         };
-        out.push((
-            format!("{}.q", t.name),
-            StateTensor::I8 {
-                values: w.values(),
-                shape: w.shape().to_vec(),
-            },
-        ));
-        let scales = Tensor::from_vec(w.scales().to_vec(), &[w.n()], Device::Cpu)?;
-        out.push((format!("{}.scale", t.name), StateTensor::Float(scales)));
-        if let Some(r) = w.residual() {
+        // Each plane as `<weight>.q{suffix}` (i8) and `<weight>.scale{suffix}` (f32 [out]).
+        let planes = std::iter::once((w.values(), w.scales(), ""))
+            .chain(w.residual().map(|r| (r.values(), r.scales(), "2")));
+        for (values, scales, suffix) in planes {
+            let shape = w.shape().to_vec();
             out.push((
-                format!("{}.q2", t.name),
-                StateTensor::I8 {
-                    values: r.values(),
-                    shape: w.shape().to_vec(),
-                },
+                format!("{}.q{suffix}", t.name),
+                StateTensor::I8 { values, shape },
             ));
-            let scales = Tensor::from_vec(r.scales().to_vec(), &[w.n()], Device::Cpu)?;
-            out.push((format!("{}.scale2", t.name), StateTensor::Float(scales)));
+            let scales = Tensor::from_vec(scales.to_vec(), &[w.n()], Device::Cpu)?;
+            out.push((
+                format!("{}.scale{suffix}", t.name),
+                StateTensor::Float(scales),
+            ));
         }
         if let Some(q) = input {
             let s = Tensor::from_vec(vec![q.scale], &[1], Device::Cpu)?;
