@@ -223,6 +223,57 @@ fn windows_follow_the_policy() {
     }
 }
 
+/// A sequence started on another's used cache (`sequence_reusing`, as the server does)
+/// decodes exactly as on a fresh one: the stale keys and values beyond its length are never
+/// read. The pool gives the smallest cache that holds the window, and keeps its caches when
+/// the prompt is refused.
+#[test]
+fn a_reused_cache_decodes_as_a_fresh_one() {
+    let m = model(24, 6);
+    let run = |s: &mut GptSequence, n: usize| -> Vec<Vec<f32>> {
+        (0..n)
+            .map(|_| {
+                let logits = m.next_logits(s).unwrap();
+                s.push(argmax(&logits) as i64);
+                logits
+            })
+            .collect()
+    };
+    // Fill a cache with another sequence's keys and values, past the context once.
+    let mut other = m
+        .sequence(&[5, 4, 3, 2, 1, 0, 9], 40, 24, ContextPolicy::Shift, true)
+        .unwrap();
+    run(&mut other, 30);
+    let small = m.kv_cache_with_capacity(1, 6).unwrap();
+    let mut spare = vec![other.into_cache().unwrap(), small];
+    assert_eq!(spare[0].capacity(), 24);
+    // Window of 3 + 10 tokens: the 6-position cache is too small, the used 24 one fits.
+    let mut reused = m
+        .sequence_reusing(&[11, 12, 13], 10, 24, ContextPolicy::Shift, &mut spare)
+        .unwrap();
+    assert_eq!(spare.len(), 1);
+    assert_eq!(spare[0].capacity(), 6);
+    assert_eq!(reused.cached(), 0);
+    let mut fresh = m
+        .sequence(&[11, 12, 13], 10, 24, ContextPolicy::Shift, true)
+        .unwrap();
+    assert_eq!(run(&mut reused, 10), run(&mut fresh, 10));
+    // A 2 + 3 token window takes the small one; a refused prompt takes nothing.
+    assert!(m
+        .sequence_reusing(&[99], 3, 24, ContextPolicy::Shift, &mut vec![])
+        .is_err());
+    let mut bad = vec![m.kv_cache_with_capacity(1, 6).unwrap()];
+    assert!(m
+        .sequence_reusing(&[1, 99], 3, 24, ContextPolicy::Shift, &mut bad)
+        .is_err());
+    assert_eq!(bad.len(), 1);
+    let s = m
+        .sequence_reusing(&[1, 2], 3, 24, ContextPolicy::Shift, &mut spare)
+        .unwrap();
+    assert!(spare.is_empty());
+    assert_eq!(s.cache().unwrap().capacity(), 6);
+}
+
 #[test]
 fn a_short_cache_grows_when_the_sequence_runs_longer_than_announced() {
     let m = model(16, 5);

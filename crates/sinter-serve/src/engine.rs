@@ -504,14 +504,23 @@ impl<M: ServeModel> Scheduler<M> {
         self.leave(Outcome::Failed);
     }
 
-    /// Removes the requests that are over from the batch.
+    /// Removes the requests that are over from the batch (their sequences go back to the
+    /// model for reuse).
     fn retire(&mut self) {
-        let before = self.running.len();
-        self.running.retain(|r| !r.over);
-        let gone = before - self.running.len();
+        if !self.running.iter().any(|r| r.over) {
+            return;
+        }
+        // In order: the batch's row order stays that of arrival.
+        let (over, running): (Vec<_>, Vec<_>) = std::mem::take(&mut self.running)
+            .into_iter()
+            .partition(|r| r.over);
+        self.running = running;
         self.metrics()
             .active
-            .fetch_sub(gone as u64, Ordering::Relaxed);
+            .fetch_sub(over.len() as u64, Ordering::Relaxed);
+        for r in over {
+            self.model.recycle(r.seq);
+        }
     }
 
     /// A request that leaves without having run (or after `cut_off`).

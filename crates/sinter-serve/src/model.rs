@@ -4,8 +4,10 @@
 //! quantize`) implements the same five calls over its own weights, and everything above —
 //! batching, streaming, HTTP — stays as it is.
 
+use std::sync::Mutex;
+
 use anyhow::Result;
-use sinter_models::gpt::{ContextPolicy, GptSequence};
+use sinter_models::gpt::{ContextPolicy, GptSequence, KvCache};
 use sinter_models::Gpt;
 
 /// A language model that decodes many sequences at once, each with its own cache.
@@ -28,6 +30,11 @@ pub trait ServeModel: Send + 'static {
     fn decode(&self, seqs: &mut [&mut Self::Seq]) -> Result<Vec<f32>>;
     /// Appends a picked token (the window moves on past the context).
     fn push(&self, seq: &mut Self::Seq, token: i64);
+    /// A sequence that left the batch (finished, failed or cancelled): its buffers may serve
+    /// a later `start`.
+    fn recycle(&self, seq: Self::Seq) {
+        drop(seq);
+    }
 }
 
 /// A GPT with f32 weights, and how its sequences outgrow the context.
@@ -36,6 +43,11 @@ pub struct GptModel {
     /// Tokens a sequence is conditioned on (≤ block_size).
     pub context: usize,
     pub policy: ContextPolicy,
+    /// KV caches of sequences that left, for the next ones (`Gpt::sequence_reusing`: no
+    /// allocation, zeroing or page faults per request). Never more than the most sequences
+    /// that ran at once: each came from a running sequence, and `start` takes from here
+    /// before it allocates.
+    spare: Mutex<Vec<KvCache>>,
 }
 
 impl GptModel {
@@ -49,6 +61,7 @@ impl GptModel {
             gpt,
             context,
             policy: ContextPolicy::Shift,
+            spare: Mutex::default(),
         })
     }
 }
@@ -62,9 +75,10 @@ impl ServeModel for GptModel {
         self.context
     }
     fn start(&self, prompt: &[i64], max_new: usize) -> Result<GptSequence> {
+        let mut spare = self.spare.lock().unwrap_or_else(|e| e.into_inner());
         Ok(self
             .gpt
-            .sequence(prompt, max_new, self.context, self.policy, true)?)
+            .sequence_reusing(prompt, max_new, self.context, self.policy, &mut spare)?)
     }
     fn pending(&self, seq: &GptSequence) -> usize {
         seq.pending().len()
@@ -80,5 +94,11 @@ impl ServeModel for GptModel {
     }
     fn push(&self, seq: &mut GptSequence, token: i64) {
         seq.push(token)
+    }
+    fn recycle(&self, seq: GptSequence) {
+        if let Some(cache) = seq.into_cache() {
+            let mut spare = self.spare.lock().unwrap_or_else(|e| e.into_inner());
+            spare.push(cache);
+        }
     }
 }

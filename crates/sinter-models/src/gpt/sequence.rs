@@ -109,7 +109,44 @@ impl Gpt {
     }
 }
 
+impl Gpt {
+    /// `sequence` with a KV cache taken from `spare` when one holds the window: the smallest
+    /// such, cleared. A server hands finished sequences' caches back (`into_cache`) and
+    /// starts new ones from them, instead of allocating and zeroing a cache per request; a
+    /// cache's stale positions are never read (a step writes a position before attending
+    /// to it). Without a fitting spare, a new cache as `sequence` makes.
+    pub fn sequence_reusing(
+        &self,
+        prompt: &[i64],
+        max_new: usize,
+        context: usize,
+        policy: ContextPolicy,
+        spare: &mut Vec<KvCache>,
+    ) -> Result<GptSequence> {
+        let context = context.clamp(1, self.config.block_size);
+        let need = prompt.len().saturating_add(max_new).min(context);
+        let fits = spare
+            .iter()
+            .enumerate()
+            .filter(|(_, c)| c.capacity() >= need)
+            .min_by_key(|(_, c)| c.capacity())
+            .map(|(i, _)| i);
+        // The prompt is checked before a spare cache leaves the pool.
+        let mut seq = self.sequence(prompt, max_new, context, policy, fits.is_none())?;
+        if let Some(i) = fits {
+            let mut cache = spare.swap_remove(i);
+            cache.clear();
+            seq.cache = Some(cache);
+        }
+        Ok(seq)
+    }
+}
+
 impl GptSequence {
+    /// The sequence's KV cache, for another sequence (`Gpt::sequence_reusing`).
+    pub fn into_cache(self) -> Option<KvCache> {
+        self.cache
+    }
     /// Prompt and generated tokens.
     pub fn tokens(&self) -> &[i64] {
         &self.tokens
