@@ -16,6 +16,8 @@ use futures_util::StreamExt;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
+use crate::thread_cpu::{CpuSplit, Role, Snapshot};
+
 #[derive(Clone, Debug)]
 pub struct LoadOptions {
     /// `http://127.0.0.1:PORT` (loopback only).
@@ -52,6 +54,9 @@ pub struct LoadReport {
     pub duplicate_ids: usize,
     /// How much the server's `sinter_requests_completed_total` moved (None: not readable).
     pub server_completed: Option<u64>,
+    /// CPU time of this process's threads over the run, by role (None: not Linux). The
+    /// engine and HTTP roles are empty when the server runs in another process.
+    pub cpu: Option<CpuSplit>,
 }
 
 /// The p-quantile (0..=1) of `v` by nearest rank; NaN when empty.
@@ -80,11 +85,36 @@ impl LoadReport {
             && self.server_completed.is_none_or(|n| n == self.ok as u64)
     }
     pub fn table_header() -> &'static str {
-        "| concurrency | requests | errors | wall s | requests/s | tokens/s | TTFT p50 ms | TTFT p99 ms | inter-token p50 ms | inter-token p99 ms | server completed |\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+        "| concurrency | requests | errors | wall s | requests/s | tokens/s | TTFT p50 ms | TTFT p99 ms | inter-token p50 ms | inter-token p99 ms | server completed | CPU µs per token: engine / HTTP / clients / other | cores busy |\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+    }
+
+    /// CPU microseconds per completion token spent by `role`'s threads.
+    pub fn cpu_us_per_token(&self, role: Role) -> Option<f64> {
+        let cpu = self.cpu?;
+        (self.completion_tokens > 0)
+            .then(|| cpu.get(role).as_secs_f64() * 1e6 / self.completion_tokens as f64)
+    }
+
+    /// This process's CPU time over the run ÷ wall time: how many cores it kept busy.
+    pub fn cores_busy(&self) -> Option<f64> {
+        let cpu = self.cpu?;
+        (self.wall_s > 0.0).then(|| cpu.total().as_secs_f64() / self.wall_s)
+    }
+
+    fn cpu_cells(&self) -> (String, String) {
+        let per_token: Option<Vec<String>> = Role::ALL
+            .iter()
+            .map(|&r| self.cpu_us_per_token(r).map(|us| format!("{us:.1}")))
+            .collect();
+        (
+            per_token.map_or("?".into(), |v| v.join(" / ")),
+            self.cores_busy().map_or("?".into(), |c| format!("{c:.2}")),
+        )
     }
     pub fn table_row(&self) -> String {
+        let (per_token, busy) = self.cpu_cells();
         format!(
-            "| {} | {} | {} | {:.2} | {:.2} | {:.0} | {:.1} | {:.1} | {:.2} | {:.2} | {} |",
+            "| {} | {} | {} | {:.2} | {:.2} | {:.0} | {:.1} | {:.1} | {:.2} | {:.2} | {} | {per_token} | {busy} |",
             self.concurrency,
             self.ok,
             self.errors,
@@ -313,6 +343,7 @@ pub async fn run_load(o: &LoadOptions) -> Result<LoadReport> {
         ..Default::default()
     }));
     let ids = Arc::new(Mutex::new(HashSet::new()));
+    let cpu_before = Snapshot::take();
     let start = Instant::now();
     let deadline = start + o.time_limit;
     let workers: Vec<_> = (0..o.concurrency.max(1))
@@ -360,9 +391,11 @@ pub async fn run_load(o: &LoadOptions) -> Result<LoadReport> {
         w.await?;
     }
     let wall = start.elapsed().as_secs_f64();
+    let cpu = cpu_before.zip(Snapshot::take()).map(|(b, a)| a.since(&b));
     let after = completed_count(&client, &o.base_url).await;
     let mut rep = report.lock().unwrap().clone();
     rep.wall_s = wall;
+    rep.cpu = cpu;
     rep.server_completed = before.zip(after).map(|(b, a)| a - b);
     Ok(rep)
 }

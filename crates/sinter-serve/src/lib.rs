@@ -11,6 +11,7 @@
 //! - [`text`]: tokenizers, whole-character UTF-8 streaming, stop sequences.
 //! - [`metrics`]: counters and latency histograms in Prometheus' text format.
 //! - [`bench`]: the load generator behind `sinter bench serve`.
+//! - [`thread_cpu`]: a load test's CPU time per role (engine, HTTP, clients), from `/proc`.
 
 pub mod api;
 pub mod bench;
@@ -22,6 +23,7 @@ pub mod model;
 pub mod server;
 pub mod sse;
 pub mod text;
+pub mod thread_cpu;
 
 pub use api::{chat_prompt, Limits};
 pub use engine::{Finish, GenRequest};

@@ -356,6 +356,29 @@ fn random_lm(preset: &str, context: Option<usize>) -> Result<LoadedLm> {
     })
 }
 
+/// What the CPU columns say: this process's CPU time per token, and the tokens/s that it
+/// allows at most when every core of the machine is busy (server, kernel TCP work and
+/// clients share them).
+fn print_cpu_bounds(reports: &[LoadReport]) {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    for r in reports {
+        let Some(cpu) = r.cpu else { continue };
+        if r.completion_tokens == 0 {
+            continue;
+        }
+        let per_token = cpu.total().as_secs_f64() / r.completion_tokens as f64;
+        let bound = cores as f64 / per_token;
+        println!(
+            "concurrency {}: {:.1} µs of CPU per token in this process; {cores} cores allow at most {bound:.0} tokens/s at these costs (measured {:.0}, {:.0} % of it)",
+            r.concurrency,
+            per_token * 1e6,
+            r.tokens_per_s(),
+            100.0 * r.tokens_per_s() / bound
+        );
+    }
+    println!();
+}
+
 /// `sinter bench serve`: the load generator at each concurrency, as a markdown table.
 pub fn bench_serve(a: &BenchServeArgs) -> Result<()> {
     let max_c = a.concurrency.iter().copied().max().unwrap_or(1).max(1);
@@ -432,6 +455,7 @@ pub fn bench_serve(a: &BenchServeArgs) -> Result<()> {
         reports.push(r);
     }
     println!();
+    print_cpu_bounds(&reports);
     if let (Some(one), Some(sixteen)) = (
         reports.iter().find(|r| r.concurrency == 1),
         reports.iter().find(|r| r.concurrency == 16),
