@@ -633,9 +633,9 @@ fn auto_kernels_match_the_reference_nan_and_beta_rules_included() {
     }
 }
 
-/// Every row count from 1 to 33 against a prepacked weight: AVX-512 takes its 8-row tile
-/// for 2–8 and 13–16 rows and its 12-row tile elsewhere, so both tiles, their partial fills
-/// and their mixes run.
+/// Every row count from 1 to 33 against a prepacked weight: AVX-512 takes its 4-row tile
+/// for 2–4 rows, its 8-row tile for 5–8 and 13–16 and its 12-row tile elsewhere, so every
+/// tile, their partial fills and their mixes run.
 #[test]
 fn every_row_count_against_a_prepacked_weight_matches_the_reference() {
     let (n, k) = (45, 37);

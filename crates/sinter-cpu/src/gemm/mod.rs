@@ -521,15 +521,23 @@ impl<'b> Gemm<'b> {
     }
 }
 
-/// Whether AVX-512's 8-column tile runs a product instead of its 12-column one: when the
-/// kernel's n columns (after `orient`: the rows of x in x·Wᵀ, a decode step's sequences) are
-/// at most 16 and fit fewer 8-wide slots than 12-wide ones (1–8 and 13–16). A tile costs
-/// the same for any number of valid columns, so 8 rows take one 8-wide tile instead of two
-/// thirds of a 12-wide one, and 16 rows two 8-wide tiles instead of two 12-wide ones
-/// (gpt-tiny's 16-sequence decode step with packed weights 0.165 → 0.120 ms). Wider
-/// products keep the 12-wide tile (more FMAs per load of A).
-fn narrow_tile_fits(n: usize) -> bool {
-    n <= 16 && n.div_ceil(8) * 8 < n.div_ceil(12) * 12
+/// The width of AVX-512's register tile for a product whose kernel has n columns (after
+/// `orient`: the rows of x in x·Wᵀ, a decode step's sequences). A tile costs the same for
+/// any number of valid columns, so thin products take the narrowest tile that wastes least:
+/// up to 4 columns a 4-wide tile (2 × 4 accumulators: still the 8 independent FMA chains
+/// that two pipes of 4-cycle FMAs need), up to 16 an 8-wide one where it fits fewer slots
+/// than the 12-wide one (5–8 and 13–16: 8 rows take one 8-wide tile instead of two thirds
+/// of a 12-wide one, 16 rows two 8-wide tiles instead of two 12-wide ones; gpt-tiny's
+/// 16-sequence decode step with packed weights 0.165 → 0.120 ms). Wider products keep the
+/// 12-wide tile (more FMAs per load of A).
+fn avx512_tile_width(n: usize) -> usize {
+    if n <= 4 {
+        4
+    } else if n <= 16 && n.div_ceil(8) * 8 < n.div_ceil(12) * 12 {
+        8
+    } else {
+        12
+    }
 }
 
 /// Runs one internal problem on `isa`'s kernels (or the gemm crate's, see [`Kernels`]).
@@ -546,20 +554,22 @@ unsafe fn dispatch(isa: Isa, kernels: Kernels, p: &Problem, threads: usize) {
     let base_nr = kernel_shape(isa).1;
     match isa {
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx512 if narrow_tile_fits(p.n) => {
-            use crate::simd::Avx512;
-            Avx512::vectorize(
-                #[inline(always)]
-                || driver::run::<Avx512, 2, 8>(p, threads, base_nr),
-            )
-        }
-        #[cfg(target_arch = "x86_64")]
         Isa::Avx512 => {
             use crate::simd::Avx512;
-            Avx512::vectorize(
-                #[inline(always)]
-                || driver::run::<Avx512, 2, 12>(p, threads, base_nr),
-            )
+            match avx512_tile_width(p.n) {
+                4 => Avx512::vectorize(
+                    #[inline(always)]
+                    || driver::run::<Avx512, 2, 4>(p, threads, base_nr),
+                ),
+                8 => Avx512::vectorize(
+                    #[inline(always)]
+                    || driver::run::<Avx512, 2, 8>(p, threads, base_nr),
+                ),
+                _ => Avx512::vectorize(
+                    #[inline(always)]
+                    || driver::run::<Avx512, 2, 12>(p, threads, base_nr),
+                ),
+            }
         }
         #[cfg(target_arch = "x86_64")]
         Isa::Avx2 => {
