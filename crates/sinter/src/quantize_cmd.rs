@@ -3,7 +3,8 @@
 //! `inference::load_model` / `load_for_eval`).
 //!
 //! The file is safetensors with metadata `format = "sinter-quantized-1"` (the marker the loader
-//! looks for), the training `config`, `inference` (the `InferenceInfo` that rebuilds the model
+//! looks for; `-2` when a layer has a second int8 plane, so that binaries from before planes
+//! refuse the file rather than read half of it), the training `config`, `inference` (the `InferenceInfo` that rebuilds the model
 //! from the checkpoint alone), `step`, `source` and a `quantization` summary. Tensors are named as in a training checkpoint
 //! (`model.<name>`), except that the weight of each int8 layer becomes `model.<layer>.weight.q`
 //! (i8, the weight's shape) and `model.<layer>.weight.scale` (f32 [out]), plus, for a Conv2d,
@@ -31,7 +32,13 @@ use crate::config::TrainConfig;
 use crate::inference::{self, Inference};
 use crate::trainer::{self, setup, Setup};
 
+/// The format marker of an int8 checkpoint whose weights have one int8 plane each.
 pub const FORMAT: &str = "sinter-quantized-1";
+/// The marker of one with second planes (`.q2`, `.scale2`). A binary from before second
+/// planes looks for `FORMAT` only, so it refuses such a file instead of silently reading
+/// its first planes alone. This binary reads both.
+pub const FORMAT_PLANES: &str = "sinter-quantized-2";
+const FORMAT_FAMILY: &str = "sinter-quantized-";
 
 #[derive(Args)]
 pub struct QuantizeArgs {
@@ -264,8 +271,10 @@ pub fn save(
         "kept_f32": report.kept_f32.iter().cloned().collect::<BTreeMap<_, _>>(),
         "two_planes": report.two_planes,
     });
+    let planes = owned.iter().any(|(name, ..)| name.ends_with(".q2"));
     let mut md = BTreeMap::new();
-    md.insert("format".to_string(), FORMAT.to_string());
+    let format = if planes { FORMAT_PLANES } else { FORMAT };
+    md.insert("format".to_string(), format.to_string());
     md.insert("config".into(), serde_json::to_string(&s.config)?);
     md.insert("step".into(), step.to_string());
     md.insert("source".into(), source.display().to_string());
@@ -304,7 +313,14 @@ fn is_quantized(path: &Path) -> Result<bool> {
     let Ok(h) = serde_json::from_slice::<serde_json::Value>(&header) else {
         return Ok(false);
     };
-    Ok(h["__metadata__"]["format"].as_str() == Some(FORMAT))
+    match h["__metadata__"]["format"].as_str() {
+        Some(FORMAT | FORMAT_PLANES) => Ok(true),
+        Some(f) if f.starts_with(FORMAT_FAMILY) => bail!(
+            "{} is an int8 checkpoint of format '{f}', newer than this sinter reads ({FORMAT}, {FORMAT_PLANES}): run it with a newer sinter, or quantize the f32 checkpoint again with this one",
+            path.display()
+        ),
+        _ => Ok(false),
+    }
 }
 
 /// An int8 checkpoint read back: its config, step, inference information (None in files
