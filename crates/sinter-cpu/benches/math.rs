@@ -1,6 +1,7 @@
 //! Throughput of the vectorised math (elements per ns, one thread) beside scalar libm loops
 //! (what sinter-core's elementwise kernels run today), on gpt-tiny's MLP activation
-//! (768 × 512 values), plus the fused bias + GELU forward and backward.
+//! (768 × 512 values), plus the fused bias + GELU forward and backward, and one decode row
+//! of cached attention (`attend_row`, gpt-tiny's head width 32) in ns per call.
 //!
 //!     chrt -f 1 cargo bench -p sinter-cpu --bench math
 //!
@@ -11,6 +12,7 @@ mod common;
 use common::{budget, machine_line, median, rounds, selected, time};
 use sinter_cpu::math::activation::Activation;
 use sinter_cpu::math::bias_act::{bias_act_backward_rows, bias_act_rows};
+use sinter_cpu::math::cached_attention::{attend_row, CachedHead};
 use sinter_cpu::math::{unary_backward_isa, unary_isa, Unary};
 use sinter_cpu::Isa;
 
@@ -165,4 +167,51 @@ fn main() {
         rounds(),
         budget().as_secs_f64()
     );
+    if selected("attention") {
+        attention(isa);
+    }
+}
+
+/// One query row of one head of width 32 against n cached positions (a decode step calls
+/// this heads × layers times per sequence): ns per call.
+fn attention(isa: Isa) {
+    const D: usize = 32;
+    println!();
+    println!("## Cached attention, one row of one head (d = {D}), ns per call");
+    println!();
+    println!("| cached positions | {} | scalar path |", isa.name());
+    println!("|---:|---:|---:|");
+    let cap = 64;
+    let k: Vec<f32> = (0..cap * D)
+        .map(|i| ((i * 37 % 101) as f32 - 50.0) / 50.0)
+        .collect();
+    let v: Vec<f32> = (0..cap * D)
+        .map(|i| ((i * 53 % 97) as f32 - 48.0) / 48.0)
+        .collect();
+    let q: Vec<f32> = (0..D).map(|i| (i as f32 - 16.0) / 16.0).collect();
+    let (mut p, mut o) = (vec![0f32; cap], vec![0f32; D]);
+    const CALLS: usize = 1000;
+    for n in [8, 36, 64] {
+        let cache = CachedHead {
+            k: &k,
+            v: &v,
+            n,
+            stride: D,
+        };
+        let mut run = |isa: Isa| {
+            time(budget(), || {
+                for _ in 0..CALLS {
+                    attend_row(isa, &q, cache, 0.17, &mut p, &mut o);
+                }
+                std::hint::black_box(&o);
+            })
+        };
+        let (mut ours, mut scalar) = (Vec::new(), Vec::new());
+        for _ in 0..rounds() {
+            ours.extend(run(isa));
+            scalar.extend(run(Isa::Scalar));
+        }
+        let ns = |t: &[f64]| median(t) * 1e9 / CALLS as f64;
+        println!("| {n} | {:.1} | {:.1} |", ns(&ours), ns(&scalar));
+    }
 }

@@ -4,13 +4,13 @@
 //!
 //! Reads: q [d]; keys and values of n cached positions, position t's row at `t·stride` of
 //! `k` and `v` (one head of a [heads, capacity, d] cache: stride d; rows may be further
-//! apart). Writes: o [d] = softmax(scale·q·Kᵀ)·V, and the n probabilities into `p` (scratch).
+//! apart). Writes: o [d] = softmax(scale·q·Kᵀ)·V, with `p` (n values) as scratch.
 //! Why here: one pass per cached row (a dot product for its key, an axpy for its value, both
 //! in registers: d is a head width, 32–128), with the vectorised exp; decode is where a
 //! Transformer reads its whole cache per token.
 
-use super::reduce::{dot, load_lanes, store_lanes};
-use super::softmax::softmax_row;
+use super::reduce::{dot, for_vectors, load_lanes, max, store_lanes};
+use super::softmax::exp_sum_row;
 use crate::simd::Simd;
 use crate::{with_isa, Isa};
 
@@ -58,11 +58,34 @@ pub fn attend_row(
 #[inline(always)]
 unsafe fn attend<S: Simd>(q: &[f32], c: CachedHead, scale: f32, p: &mut [f32], o: &mut [f32]) {
     let d = q.len();
-    for (t, pt) in p.iter_mut().enumerate() {
-        *pt = scale * dot::<S>(q.as_ptr(), c.k.as_ptr().add(t * c.stride), d);
+    // Scores four rows at a time: four independent sums and reductions in flight (one row's
+    // horizontal reduction is a chain of shuffles that a lone dot product waits out).
+    let key = |t: usize| c.k.as_ptr().add(t * c.stride);
+    for (i, pq) in p.chunks_exact_mut(4).enumerate() {
+        let mut sums = [S::zero(); 4];
+        for_vectors::<S>(
+            q.as_ptr(),
+            d,
+            #[inline(always)]
+            |at, qv, lanes| {
+                for (h, s) in sums.iter_mut().enumerate() {
+                    *s = S::fma(qv, load_lanes::<S>(key(4 * i + h), at, lanes), *s);
+                }
+            },
+        );
+        for (pt, s) in pq.iter_mut().zip(sums) {
+            *pt = scale * S::reduce_add(s);
+        }
     }
+    let done = p.len() / 4 * 4;
+    for (t, pt) in p.iter_mut().enumerate().skip(done) {
+        *pt = scale * dot::<S>(q.as_ptr(), key(t), d);
+    }
+    // The weights e^(s − max) stay unnormalised: o is scaled by 1/Σ once, d values instead
+    // of n.
     let pp = p.as_mut_ptr();
-    softmax_row::<S>(pp, pp, c.n, false);
+    let total = exp_sum_row::<S, true>(pp, pp, c.n, max::<S>(pp, c.n));
+    let inv = S::splat(1.0 / total);
     // o in registers, CHUNK vectors at a time, over every cached row (one store per chunk).
     const CHUNK: usize = 4;
     let (l, op) = (S::LANES, o.as_mut_ptr());
@@ -79,7 +102,7 @@ unsafe fn attend<S: Simd>(q: &[f32], c: CachedHead, scale: f32, p: &mut [f32], o
             }
         }
         for (u, a) in acc.iter().enumerate().take(vecs) {
-            store_lanes::<S>(op.add(j + u * l), *a, l.min(width - u * l));
+            store_lanes::<S>(op.add(j + u * l), S::mul(*a, inv), l.min(width - u * l));
         }
         j += width;
     }

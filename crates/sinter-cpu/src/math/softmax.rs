@@ -111,7 +111,7 @@ pub fn exp_shifted(isa: Isa, x: &mut [f32], live: usize, shift: f32) -> f32 {
 
 /// Σ e^(x[i] − shift) over the row, also stored into y when `STORE` (y may be x).
 #[inline(always)]
-unsafe fn exp_sum_row<S: Simd, const STORE: bool>(
+pub(super) unsafe fn exp_sum_row<S: Simd, const STORE: bool>(
     x: *const f32,
     y: *mut f32,
     n: usize,
