@@ -358,8 +358,13 @@ fn random_lm(preset: &str, context: Option<usize>) -> Result<LoadedLm> {
 
 /// What the CPU columns say: this process's CPU time per token, and the tokens/s that it
 /// allows at most when every core of the machine is busy (server, kernel TCP work and
-/// clients share them).
-fn print_cpu_bounds(reports: &[LoadReport]) {
+/// clients share them). Against `--url` the server's CPU is another process's: not counted.
+fn print_cpu_bounds(reports: &[LoadReport], server_here: bool) {
+    if !server_here {
+        println!("(the server runs in another process: the CPU columns count the clients only)");
+        println!();
+        return;
+    }
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     for r in reports {
         let Some(cpu) = r.cpu else { continue };
@@ -455,7 +460,7 @@ pub fn bench_serve(a: &BenchServeArgs) -> Result<()> {
         reports.push(r);
     }
     println!();
-    print_cpu_bounds(&reports);
+    print_cpu_bounds(&reports, server.is_some());
     if let (Some(one), Some(sixteen)) = (
         reports.iter().find(|r| r.concurrency == 1),
         reports.iter().find(|r| r.concurrency == 16),

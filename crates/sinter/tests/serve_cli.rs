@@ -217,6 +217,33 @@ fn generate_streams_and_serve_answers_then_stops_cleanly() {
     assert_eq!(status, 200);
     assert!(body.contains(r#""id":"tiny""#), "{body}");
 
+    // The load generator against this server: every request done once; the server's CPU is
+    // another process's, so the CPU columns are said to count the clients only.
+    let url = format!("http://{addr}");
+    let load = sinter(&[
+        "bench",
+        "serve",
+        "--url",
+        &url,
+        "--model-name",
+        "tiny",
+        "--concurrency",
+        "2",
+        "--requests",
+        "4",
+        "--max-tokens",
+        "4",
+        "--time-limit",
+        "60",
+    ]);
+    let report = text(&load.stdout);
+    assert!(load.status.success(), "{report}{}", text(&load.stderr));
+    assert!(report.contains("| 2 | 4 | 0 | "), "{report}");
+    assert!(
+        report.contains("the CPU columns count the clients only"),
+        "{report}"
+    );
+
     // SIGTERM: a graceful stop and exit status 0.
     let t0 = Instant::now();
     assert!(Command::new("kill")
@@ -269,4 +296,50 @@ fn serve_refuses_what_it_cannot_serve() {
     ]);
     assert!(!missing.status.success());
     assert!(text(&missing.stderr).contains("/nonexistent/run"));
+}
+
+/// `sinter bench serve` with its own server: a row per concurrency with no errors and the
+/// server's count of completed requests, and the CPU per token of the engine, HTTP and client
+/// threads (Linux), from which it states the tokens/s that the machine's cores allow.
+#[test]
+fn bench_serve_reports_throughput_and_where_the_cpu_went() {
+    let out = sinter(&[
+        "bench",
+        "serve",
+        "--model",
+        "gpt-tiny",
+        "--concurrency",
+        "1,2",
+        "--requests",
+        "48",
+        "--max-tokens",
+        "32",
+        "--time-limit",
+        "60",
+    ]);
+    let report = text(&out.stdout);
+    assert!(out.status.success(), "{report}{}", text(&out.stderr));
+    for c in [1, 2] {
+        let row = report
+            .lines()
+            .find(|l| l.starts_with(&format!("| {c} | 48 | 0 | ")))
+            .unwrap_or_else(|| panic!("no clean row for concurrency {c}: {report}"));
+        let cells: Vec<&str> = row.split('|').map(str::trim).collect();
+        // … | server completed | CPU µs per token: engine / HTTP / clients / other | cores busy |
+        assert_eq!(cells[11], "48", "{row}");
+        if cfg!(target_os = "linux") {
+            // CPU times come in clock ticks (10 ms): the engine's ~0.1 s shows, the clients'
+            // few ms may not.
+            let cpu: Vec<f64> = cells[12].split(" / ").map(|v| v.parse().unwrap()).collect();
+            assert_eq!(cpu.len(), 4, "{row}");
+            assert!(cpu[0] > 0.0 && cpu.iter().all(|&us| us >= 0.0), "{row}");
+            let busy: f64 = cells[13].parse().unwrap();
+            assert!(busy > 0.0 && busy <= 64.0, "{row}");
+            let bound = report
+                .lines()
+                .find(|l| l.starts_with(&format!("concurrency {c}: ")))
+                .unwrap_or_else(|| panic!("no CPU line for concurrency {c}: {report}"));
+            assert!(bound.contains("cores allow at most"), "{bound}");
+        }
+    }
 }
