@@ -1,7 +1,7 @@
 //! What the scheduler needs from a model, and the f32 GPT that provides it.
 //!
 //! `ServeModel` is the extension point for other kinds of model: an int8 GPT (from `sinter
-//! quantize`) implements the same five calls over its own weights, and everything above —
+//! quantize`) implements the same calls over its own weights, and everything above —
 //! batching, streaming, HTTP — stays as it is.
 
 use std::sync::Mutex;

@@ -107,9 +107,7 @@ impl Gpt {
             policy,
         })
     }
-}
 
-impl Gpt {
     /// `sequence` with a KV cache taken from `spare` when one holds the window: the smallest
     /// such, cleared. A server hands finished sequences' caches back (`into_cache`) and
     /// starts new ones from them, instead of allocating and zeroing a cache per request; a
