@@ -9,8 +9,9 @@
 //! (`model.<name>`), except that the weight of each int8 layer becomes `model.<layer>.weight.q`
 //! (i8, the weight's shape) and `model.<layer>.weight.scale` (f32 [out]), plus, for a Conv2d,
 //! its calibrated input mapping `model.<layer>.input.scale` (f32 [1]) and
-//! `model.<layer>.input.zero_point` (i32 [1]), and, for an embedding table with a second
-//! plane, `model.<layer>.weight.q2` and `model.<layer>.weight.scale2` — see
+//! `model.<layer>.input.zero_point` (i32 [1]), and, for a weight with a second plane (an
+//! embedding table, a Linear under `--two-planes`), `model.<layer>.weight.q2` and
+//! `model.<layer>.weight.scale2` — see
 //! `sinter_nn::quant::state`. There is no
 //! optimizer state: the file is for inference only.
 

@@ -51,8 +51,7 @@ pub use weight::Int8Weight;
 
 use sinter_core::{bail, is_grad_enabled, Device, Result, Tensor};
 pub use sinter_cpu::int8::ActTerms;
-use sinter_cpu::int8::QParams;
-use sinter_cpu::int8::TWO_TERMS_MIN_WEIGHT;
+use sinter_cpu::int8::{QParams, TWO_TERMS_MIN_WEIGHT};
 
 use crate::module::Module;
 use gptq::Gram;

@@ -111,12 +111,11 @@ impl ResidualPlane {
         self.packed.n() * self.packed.k() + 4 * self.scales.len()
     }
 
-    /// out += s₂ⱼ·q₂ⱼ (row j's share of plane 2).
-    pub fn add_row(&self, j: usize, out: &mut [f32]) {
-        let mut q = vec![0i8; out.len()];
-        self.packed.row_into(j, &mut q);
+    /// out += s₂ⱼ·q₂ⱼ (row j's share of plane 2), with `q` (k values) as scratch.
+    pub fn add_row(&self, j: usize, q: &mut [i8], out: &mut [f32]) {
+        self.packed.row_into(j, q);
         let s = self.scales[j];
-        for (o, &q) in out.iter_mut().zip(&q) {
+        for (o, &q) in out.iter_mut().zip(q.iter()) {
             *o += s * q as f32;
         }
     }

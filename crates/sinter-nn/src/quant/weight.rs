@@ -117,22 +117,25 @@ impl Int8Weight {
     }
     /// Channel j dequantized into `out` (k values; both planes when there are two).
     pub fn dequantize_row(&self, j: usize, out: &mut [f32]) {
-        let mut q = vec![0i8; self.k()];
-        self.packed.row_into(j, &mut q);
+        self.dequantize_row_in(j, &mut vec![0i8; self.k()], out);
+    }
+    /// `dequantize_row` with `q` (k values) as scratch for each plane's int8 row.
+    fn dequantize_row_in(&self, j: usize, q: &mut [i8], out: &mut [f32]) {
+        self.packed.row_into(j, q);
         let s = self.scales[j];
-        for (o, &v) in out.iter_mut().zip(&q) {
+        for (o, &v) in out.iter_mut().zip(q.iter()) {
             *o = s * v as f32;
         }
         if let Some(r) = &self.residual {
-            r.add_row(j, out);
+            r.add_row(j, q, out);
         }
     }
     /// The whole weight dequantized, as a CPU tensor of the weight's shape.
     pub fn dequantized(&self) -> Result<Tensor> {
         let k = self.k();
-        let mut w = vec![0f32; self.n() * k];
+        let (mut w, mut q) = (vec![0f32; self.n() * k], vec![0i8; k]);
         for (j, row) in w.chunks_exact_mut(k.max(1)).enumerate().take(self.n()) {
-            self.dequantize_row(j, row);
+            self.dequantize_row_in(j, &mut q, row);
         }
         Tensor::from_vec(w, &self.shape, Device::Cpu)
     }
