@@ -9,6 +9,7 @@ use sinter_cpu::math::{bias_act, layer_norm, Activation};
 use sinter_cpu::Isa;
 
 use super::nn::{fixed_chunks, rows_per_task, sum_partials, CHUNK_ROWS};
+use super::output_vec;
 
 /// Returns (sum, normed) for rows of length n: sum = x + r, normed = LN(sum), and the
 /// per-row (mean, rstd).
@@ -21,12 +22,13 @@ pub fn residual_layer_norm(
     eps: f32,
 ) -> (Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>) {
     let rows = x.len() / n.max(1);
-    let mut sum = vec![0f32; x.len()];
-    let mut y = vec![0f32; x.len()];
-    let (mut mean, mut rstd) = (vec![0f32; rows], vec![0f32; rows]);
     if n == 0 || rows == 0 {
-        return (sum, y, mean, rstd);
+        let zeros = |len: usize| vec![0f32; len];
+        return (zeros(x.len()), zeros(x.len()), zeros(rows), zeros(rows));
     }
+    // Every row's sum, output and statistics are written below: no zero fill.
+    let (mut sum, mut y) = (output_vec(x.len()), output_vec(x.len()));
+    let (mut mean, mut rstd) = (output_vec(rows), output_vec(rows));
     let isa = Isa::get();
     let per = rows_per_task(x.len(), n);
     sum.par_chunks_mut(per * n)
@@ -43,10 +45,10 @@ pub fn residual_layer_norm(
 
 /// y = gelu_tanh(x + bias) for rows of length n (bias [n]).
 pub fn bias_gelu(x: &[f32], bias: &[f32], n: usize) -> Vec<f32> {
-    let mut y = vec![0f32; x.len()];
     if n == 0 || x.is_empty() {
-        return y;
+        return vec![0f32; x.len()];
     }
+    let mut y = output_vec(x.len());
     let isa = Isa::get();
     let block = rows_per_task(x.len(), n) * n;
     y.par_chunks_mut(block).enumerate().for_each(|(i, o)| {
@@ -59,10 +61,10 @@ pub fn bias_gelu(x: &[f32], bias: &[f32], n: usize) -> Vec<f32> {
 /// (dx, dbias) of [`bias_gelu`] from the output gradient `g`; the pre-activation x + bias is
 /// re-derived (one add per element) instead of stored.
 pub fn bias_gelu_backward(x: &[f32], bias: &[f32], g: &[f32], n: usize) -> (Vec<f32>, Vec<f32>) {
-    let mut dx = vec![0f32; x.len()];
     if n == 0 || x.is_empty() {
-        return (dx, vec![0f32; n]);
+        return (vec![0f32; x.len()], vec![0f32; n]);
     }
+    let mut dx = output_vec(x.len());
     let isa = Isa::get();
     let partials = fixed_chunks(&mut dx, n, |c, d| {
         let start = c * CHUNK_ROWS * n;

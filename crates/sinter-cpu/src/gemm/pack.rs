@@ -7,6 +7,8 @@
 //! zeros, so the micro-kernel never branches on edges. A prepacked operand ([`super::PackedB`])
 //! is the same layout, block after block.
 
+use crate::im2col::copy_short;
+
 /// A strided source block: element (f, k) at `ptr + f·fs + k·ks` (f along the free dimension).
 #[derive(Clone, Copy)]
 pub(crate) struct Src {
@@ -29,11 +31,13 @@ pub(crate) unsafe fn pack_panels(src: Src, free: usize, kc: usize, width: usize,
         let out = &mut dst[p * width * kc..(p + 1) * width * kc];
         let base = src.ptr.offset(f0 as isize * src.fs);
         if src.fs == 1 {
-            // The free dimension is contiguous: one short copy per k.
+            // The free dimension is contiguous: one short copy per k, in fixed-size pieces
+            // (a `memcpy` call per 16–32 values cost more than the copy: ~3 % of a gpt-tiny
+            // step).
             for k in 0..kc {
                 let from = std::slice::from_raw_parts(base.offset(k as isize * src.ks), w);
                 let to = &mut out[k * width..k * width + width];
-                to[..w].copy_from_slice(from);
+                copy_short(&mut to[..w], from);
                 to[w..].fill(0.0);
             }
         } else if src.ks == 1 && width <= 32 {
