@@ -433,14 +433,16 @@ pub struct RowStats<S> {
     pub rstd: S,
 }
 
-/// The outputs of a fused cross-entropy forward, f32, one per row of the logits: each row's
-/// loss, computed as ln Σ e^(x − max) − (x_t − max) (0 where the target is the ignore index),
-/// and its log-sum-exp (what the backward needs besides the logits). Reductions, class weights
-/// and label smoothing are tensor ops above the seam (`loss.rs`).
+/// The outputs of a fused cross-entropy forward, f32: each row's loss, computed as
+/// ln Σ e^(x − max) − (x_t − max) (0 where the target is the ignore index), and two statistics
+/// per row, its max and ln Σ e^(x − max) (what the backward needs besides the logits; kept
+/// apart because their sum, the log-sum-exp, rounds at the max's scale). Reductions, class
+/// weights and label smoothing are tensor ops above the seam (`loss.rs`).
 #[derive(Clone, Debug)]
 pub struct CrossEntropyOut<S> {
     pub loss: S,
-    pub lse: S,
+    /// [rows, 2]: (max, ln Σ e^(x − max)) per row.
+    pub stats: S,
 }
 
 // ---- the traits ----------------------------------------------------------------------------------
@@ -670,13 +672,13 @@ pub trait BackendStorage: Sized + Clone + Send + Sync + std::fmt::Debug {
         ignore_index: i64,
     ) -> Result<CrossEntropyOut<Self>>;
     /// d Σ_r grad_r · loss_r / d logits = (softmax(x_r) − onehot(t_r)) · grad_r (0 for ignored
-    /// rows), from the forward's `lse` and the per-row loss gradient `grad` (f32 [rows], any
+    /// rows), from the forward's `stats` and the per-row loss gradient `grad` (f32 [rows], any
     /// layout), in the logits' dtype.
     fn cross_entropy_backward(
         &self,
         l: &Layout,
         targets: Indices<'_, Self>,
-        lse: &Self,
+        stats: &Self,
         grad: &Self,
         gradl: &Layout,
         ignore_index: i64,

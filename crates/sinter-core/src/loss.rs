@@ -125,7 +125,11 @@ impl Tensor {
                 None => lp,
                 Some(w) => lp.mul(w)?,
             };
-            let smooth = lp.sum(&[-1], false)?.neg()?.mul(&counted)?;
+            // Ignored rows are selected out, not multiplied by 0: a mean over no counted row
+            // sends them an infinite gradient, and inf · 0 would make every gradient NaN
+            // (PyTorch's are 0 there).
+            let row_sum = lp.sum(&[-1], false)?.neg()?;
+            let smooth = Tensor::where_cond(&counted, &row_sum, &row_sum.zeros_like()?)?;
             nll.mul_scalar((1.0 - eps) as f32)?
                 .add(&smooth.mul_scalar((eps / c as f64) as f32)?)?
         };
@@ -194,7 +198,7 @@ impl Tensor {
         let out = targets.as_indices(what, checked, |ids| {
             self.storage().cross_entropy(self.layout(), ids, ignore)
         })?;
-        let (logits, lse, t) = (self.clone(), out.lse, targets.clone());
+        let (logits, stats, t) = (self.clone(), out.stats, targets.clone());
         Ok(output(
             out.loss,
             targets.shape(),
@@ -205,7 +209,7 @@ impl Tensor {
                     logits.storage().cross_entropy_backward(
                         logits.layout(),
                         ids,
-                        &lse,
+                        &stats,
                         &g.storage(),
                         g.layout(),
                         ignore,

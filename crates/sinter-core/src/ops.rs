@@ -324,14 +324,20 @@ impl Tensor {
             .mul_scalar((1.0 / denominator) as f32)?
             .to_dtype(self.dtype())
     }
-    /// `torch.std`: the square root of [`Tensor::var`].
+    /// `torch.std`: the square root of [`Tensor::var`]. Where the std is 0 (a constant row)
+    /// the gradient is 0, as in PyTorch: sqrt's g / (2·std) is infinite there, and the
+    /// variance's backward would turn it into inf · 0 = NaN.
     pub fn std(&self, dims: &[isize], correction: f64, keepdim: bool) -> Result<Tensor> {
         self.float_op("std")?;
         let dtype = self.dtype();
-        self.to_dtype(DType::F32)?
-            .var(dims, correction, keepdim)?
-            .sqrt()?
-            .to_dtype(dtype)
+        let var = self.to_dtype(DType::F32)?.var(dims, correction, keepdim)?;
+        let s = var.storage().unary(var.layout(), UnaryOp::Sqrt)?;
+        let std = output(s, var.shape(), "std", &[&var], |g, y| {
+            let zero = y.zeros_like()?;
+            let dvar = g.div(&y.mul_scalar(2.0)?)?;
+            Ok(vec![Some(Tensor::where_cond(&y.eq(&zero)?, &zero, &dvar)?)])
+        });
+        std.to_dtype(dtype)
     }
     /// Maximum over one dimension. Gradient goes to the maximal elements (split among ties).
     pub fn max(&self, dim: isize, keepdim: bool) -> Result<Tensor> {

@@ -604,7 +604,7 @@ impl Storage {
             let o = x.cross_entropy(l, targets.with(t), ignore_index)?;
             Ok(CrossEntropyOut {
                 loss: w(o.loss),
-                lse: w(o.lse),
+                stats: w(o.stats),
             })
         })
     }
@@ -613,17 +613,17 @@ impl Storage {
         &self,
         l: &Layout,
         targets: Indices<'_, Storage>,
-        lse: &Storage,
+        stats: &Storage,
         grad: &Storage,
         gradl: &Layout,
         ignore_index: i64,
     ) -> Result<Storage> {
         let (x, t) = (self, targets.ids);
-        on_device!("cross_entropy", [x, t, lse, grad], |w| {
+        on_device!("cross_entropy", [x, t, stats, grad], |w| {
             Ok(w(x.cross_entropy_backward(
                 l,
                 targets.with(t),
-                lse,
+                stats,
                 grad,
                 gradl,
                 ignore_index,

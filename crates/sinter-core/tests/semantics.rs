@@ -2,7 +2,10 @@
 //! division, empty tensors, cross-entropy precision, AdamW's scalars, 1-D matmul, dtype
 //! promotion and the bool dtype. Every expected value here was produced by PyTorch 2.15 (CPU, float64 unless the
 //! test says otherwise) with `semantics_torch.py` beside this file, and is written in as PyTorch
-//! printed it; where sinter refuses instead of matching, the test asserts a clear error.
+//! printed it, except issue 30's cases (gradients at large logits, label smoothing with every
+//! target ignored, std of a constant row, log_softmax of a confident row), whose references
+//! the tests compute in f64 (the script prints PyTorch's for them too); where sinter refuses
+//! instead of matching, the test asserts a clear error.
 //!
 //! Each case runs on the CPU and on the CUDA device of `sinter_cuda::testing` (a real GPU, else
 //! the emulated CUDA device; skipped without a C++ compiler unless `SINTER_REQUIRE_EMU=1`).
@@ -107,6 +110,179 @@ fn cross_entropy_per_row_losses_keep_their_digits() {
         o.reduction = Reduction::Sum;
         let sum = x.cross_entropy_with(&targets, &o)?.to_vec_f32()?;
         assert_close("sum", &sum, &[want.iter().sum()], 1e-6);
+        Ok(())
+    })
+}
+
+/// ln Σ_j e^(x_j − max) of a row, in f64, as ln_1p of the terms but one maximum's (so that a
+/// tiny sum keeps its digits in the reference too).
+fn shifted_log_sum(row: &[f64]) -> (f64, f64) {
+    let m = row.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+    let top = row.iter().position(|&v| v == m).unwrap();
+    let rest: f64 = (0..row.len())
+        .filter(|&j| j != top)
+        .map(|j| (row[j] - m).exp())
+        .sum();
+    (m, rest.ln_1p())
+}
+
+/// The gradient of the mean cross-entropy over rows, in f64: (softmax − onehot) / rows, the
+/// target's p − 1 as expm1 (no cancellation in the reference).
+fn cross_entropy_grad_f64(x: &[f32], c: usize, targets: &[usize]) -> Vec<f64> {
+    let rows = targets.len();
+    let mut out = Vec::with_capacity(x.len());
+    for (r, &t) in targets.iter().enumerate() {
+        let row: Vec<f64> = x[r * c..(r + 1) * c].iter().map(|&v| v as f64).collect();
+        let (m, ls) = shifted_log_sum(&row);
+        for (j, &v) in row.iter().enumerate() {
+            let z = v - m - ls;
+            out.push(if j == t { z.exp_m1() } else { z.exp() } / rows as f64);
+        }
+    }
+    out
+}
+
+/// Issue 30: the backward formed e^(x − lse) with lse rounded to f32 at the logits' scale. For
+/// [1000, 990, 990, 990] (target 0) the target's gradient is softmax₀ − 1 =
+/// −3e^−10 / (1 + 3e^−10) = −1.3618e-4; it came out −1.2207e-4. Every element of the gradient
+/// must keep f32's relative precision, at large logits too.
+#[test]
+fn cross_entropy_gradient_keeps_its_digits_at_large_logits() {
+    on_each_device(|d| {
+        let x = t(&[1000f32, 990.0, 990.0, 990.0], &[1, 4], d)?.to_var()?;
+        x.cross_entropy(&t(&[0i64], &[1], d)?, -100)?.backward()?;
+        let g = x.grad().expect("gradient").to_vec_f32()?;
+        let e = (-10f64).exp();
+        let want = [
+            -3.0 * e / (1.0 + 3.0 * e),
+            e / (1.0 + 3.0 * e),
+            e / (1.0 + 3.0 * e),
+            e / (1.0 + 3.0 * e),
+        ];
+        assert_close("grad [1000, 990, 990, 990]", &g, &want, 1e-5);
+
+        // A batch of rows at logits around ±1000 and 50, mean reduction.
+        let c = 7;
+        let mut vals = Vec::new();
+        for r in 0..4 {
+            let base = [1000f32, -1000.0, 50.0, 999.5][r];
+            vals.extend((0..c).map(|j| base + ((j * 37 + r * 11) % 13) as f32 * 0.75));
+        }
+        let targets = [2usize, 0, 6, 3];
+        let x = t(&vals, &[4, c], d)?.to_var()?;
+        let ti: Vec<i64> = targets.iter().map(|&v| v as i64).collect();
+        x.cross_entropy(&t(&ti, &[4], d)?, -100)?.backward()?;
+        let g = x.grad().expect("gradient").to_vec_f32()?;
+        assert_close(
+            "batch grad",
+            &g,
+            &cross_entropy_grad_f64(&vals, c, &targets),
+            1e-5,
+        );
+        Ok(())
+    })
+}
+
+/// Issue 30: with label smoothing and every target ignored the mean is 0 / 0 (NaN, as in
+/// PyTorch), but the gradients are 0, not NaN: one fully padded batch must not poison the
+/// weights.
+#[test]
+fn label_smoothing_with_every_target_ignored_has_zero_gradients() {
+    on_each_device(|d| {
+        let x = t(&[1f32, 2.0, 3.0, -1.0, 0.5, 4.0], &[2, 3], d)?.to_var()?;
+        let o = CrossEntropyOptions {
+            label_smoothing: 0.1,
+            ..Default::default()
+        };
+        let loss = x.cross_entropy_with(&t(&[-100i64, -100], &[2], d)?, &o)?;
+        assert_close("loss", &loss.to_vec_f32()?, &[f64::NAN], 0.0);
+        loss.backward()?;
+        let g = x.grad().expect("gradient").to_vec_f32()?;
+        assert_close("gradient", &g, &[0.0; 6], 0.0);
+        // One counted row: its gradient is the smoothed one, the ignored row's 0.
+        let x = t(&[1f32, 2.0, 3.0, -1.0, 0.5, 4.0], &[2, 3], d)?.to_var()?;
+        x.cross_entropy_with(&t(&[2i64, -100], &[2], d)?, &o)?
+            .backward()?;
+        let g = x.grad().expect("gradient").to_vec_f32()?;
+        let (m, ls) = shifted_log_sum(&[1.0, 2.0, 3.0]);
+        let want: Vec<f64> = (0..6)
+            .map(|j| match j {
+                0..=2 => {
+                    let target = if j == 2 { 0.9 } else { 0.0 };
+                    ([1.0, 2.0, 3.0][j] - m - ls).exp() - target - 0.1 / 3.0
+                }
+                _ => 0.0,
+            })
+            .collect();
+        assert_close("one counted row", &g, &want, 1e-5);
+        Ok(())
+    })
+}
+
+/// Issue 30: `std` of a constant row has gradient 0 (PyTorch's std_backward masks where the
+/// std is 0); sqrt's 1 / (2·0) made it NaN. The other row's gradient is
+/// (x − mean) / ((n − 1)·std).
+#[test]
+fn std_of_a_constant_row_has_zero_gradient() {
+    on_each_device(|d| {
+        let x = t(&[2f32, 2.0, 2.0, 1.0, 2.0, 4.0], &[2, 3], d)?.to_var()?;
+        let s = x.std(&[1], 1.0, false)?;
+        let sd = (((1.0f64 - 7.0 / 3.0).powi(2)
+            + (2.0f64 - 7.0 / 3.0).powi(2)
+            + (4.0f64 - 7.0 / 3.0).powi(2))
+            / 2.0)
+            .sqrt();
+        assert_close("std", &s.to_vec_f32()?, &[0.0, sd], 1e-6);
+        s.sum_all()?.backward()?;
+        let g = x.grad().expect("gradient").to_vec_f32()?;
+        let row1: Vec<f64> = [1.0, 2.0, 4.0]
+            .iter()
+            .map(|v| (v - 7.0 / 3.0) / (2.0 * sd))
+            .collect();
+        assert_close(
+            "gradient",
+            &g,
+            &[0.0, 0.0, 0.0, row1[0], row1[1], row1[2]],
+            1e-5,
+        );
+        Ok(())
+    })
+}
+
+/// Issue 30: log_softmax is (x − max) − ln Σ e^(x − max), not x − (max + ln Σ): for
+/// [88, 80×9] the sum rounded at 88's scale moved the confident class's −3.0e-3 by 3.3e-4 of
+/// itself. Reference in f64.
+#[test]
+fn log_softmax_keeps_the_digits_of_a_confident_class() {
+    on_each_device(|d| {
+        let mut row = vec![80f32; 10];
+        row[0] = 88.0;
+        let y = t(&row, &[1, 10], d)?.log_softmax(-1)?.to_vec_f32()?;
+        let r64: Vec<f64> = row.iter().map(|&v| v as f64).collect();
+        let (m, ls) = shifted_log_sum(&r64);
+        let want: Vec<f64> = r64.iter().map(|v| (v - m) - ls).collect();
+        assert_close("log_softmax [88, 80 x 9]", &y, &want, 1e-6);
+        // The same on a row long enough for several CUDA warps, and one with ties at the max.
+        let long: Vec<f32> = (0..300)
+            .map(|j| {
+                if j == 123 {
+                    95.0
+                } else {
+                    80.0 + (j % 7) as f32 * 0.5
+                }
+            })
+            .collect();
+        let ties: Vec<f32> = (0..40)
+            .map(|j| if j % 13 == 0 { 60.0 } else { 45.0 })
+            .collect();
+        for row in [long, ties] {
+            let n = row.len();
+            let y = t(&row, &[1, n], d)?.log_softmax(-1)?.to_vec_f32()?;
+            let r64: Vec<f64> = row.iter().map(|&v| v as f64).collect();
+            let (m, ls) = shifted_log_sum(&r64);
+            let want: Vec<f64> = r64.iter().map(|v| (v - m) - ls).collect();
+            assert_close(&format!("log_softmax of {n}"), &y, &want, 2e-6);
+        }
         Ok(())
     })
 }

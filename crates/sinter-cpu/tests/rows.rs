@@ -6,7 +6,9 @@ mod reference;
 use sinter_cpu::math::activation::Activation;
 use sinter_cpu::math::adamw::{adamw, AdamW};
 use sinter_cpu::math::bias_act::{bias_act_backward_rows, bias_act_rows};
-use sinter_cpu::math::cross_entropy::{cross_entropy_rows, cross_entropy_rows_backward};
+use sinter_cpu::math::cross_entropy::{
+    cross_entropy_rows, cross_entropy_rows_backward, STATS_PER_ROW,
+};
 use sinter_cpu::math::layer_norm::{
     layer_norm_backward_rows, layer_norm_rows, residual_layer_norm_rows,
 };
@@ -136,10 +138,11 @@ fn cross_entropy_keeps_precision_for_confident_predictions_and_checks_targets() 
             let targets: Vec<i64> = (0..rows as i64)
                 .map(|r| if r == 2 { -100 } else { r % n as i64 })
                 .collect();
-            let (mut loss, mut lse) = (vec![0f32; rows], vec![0f32; rows]);
-            cross_entropy_rows(isa, &x, n, &targets, -100, &mut loss, &mut lse).unwrap();
+            let (mut loss, mut stats) = (vec![0f32; rows], vec![0f32; rows * STATS_PER_ROW]);
+            cross_entropy_rows(isa, &x, n, &targets, -100, &mut loss, &mut stats).unwrap();
             let mut want_loss = vec![0f64; rows];
-            let mut want_lse = vec![0f64; rows];
+            let mut want_stats = vec![0f64; rows * STATS_PER_ROW];
+            let mut want_dx = vec![0f64; x.len()];
             for r in 0..rows {
                 let row: Vec<f64> = x[r * n..(r + 1) * n].iter().map(|&v| v as f64).collect();
                 let m = row.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
@@ -152,10 +155,18 @@ fn cross_entropy_keeps_precision_for_confident_predictions_and_checks_targets() 
                     .map(|(_, v)| (v - m).exp())
                     .sum();
                 let ls = rest.ln_1p();
-                want_lse[r] = m + ls;
-                if targets[r] != -100 {
-                    want_loss[r] = ls - (row[targets[r] as usize] - m);
+                want_stats[r * STATS_PER_ROW] = m;
+                want_stats[r * STATS_PER_ROW + 1] = ls;
+                if targets[r] == -100 {
+                    continue;
                 }
+                let t = targets[r] as usize;
+                want_loss[r] = ls - (row[t] - m);
+                for j in 0..n {
+                    want_dx[r * n + j] = 0.25 * (row[j] - m - ls).exp();
+                }
+                // p_t − 1 without cancellation: row 0's is ~(n − 1)e^-30.
+                want_dx[r * n + t] = 0.25 * (row[t] - m - ls).exp_m1();
             }
             // Relative precision of the loss itself, even where it is tiny (row 0: ~(n−1)e^-30).
             close(
@@ -165,30 +176,27 @@ fn cross_entropy_keeps_precision_for_confident_predictions_and_checks_targets() 
                 1e-5,
                 1e-30,
             );
-            close(&format!("{isa:?} ce lse n={n}"), &lse, &want_lse, 1e-6, 0.0);
+            close(
+                &format!("{isa:?} ce stats n={n}"),
+                &stats,
+                &want_stats,
+                1e-5,
+                1e-30,
+            );
             let mut dx = vec![0f32; x.len()];
-            cross_entropy_rows_backward(isa, &x, n, &targets, -100, &lse, 0.25, &mut dx).unwrap();
-            let mut want_dx = vec![0f64; x.len()];
-            for r in 0..rows {
-                if targets[r] == -100 {
-                    continue;
-                }
-                for j in 0..n {
-                    want_dx[r * n + j] = 0.25 * ((x[r * n + j] as f64) - want_lse[r]).exp();
-                }
-                want_dx[r * n + targets[r] as usize] -= 0.25;
-            }
+            cross_entropy_rows_backward(isa, &x, n, &targets, -100, &stats, 0.25, &mut dx).unwrap();
+            // Every probability to its own relative precision, the target's p − 1 included.
             close(
                 &format!("{isa:?} ce backward n={n}"),
                 &dx,
                 &want_dx,
-                1e-4,
-                1e-7,
+                1e-5,
+                1e-30,
             );
         }
         let x = vals(6, 1, 1.0);
-        let (mut loss, mut lse) = (vec![0f32; 2], vec![0f32; 2]);
-        let e = cross_entropy_rows(isa, &x, 3, &[0, 3], -100, &mut loss, &mut lse).unwrap_err();
+        let (mut loss, mut stats) = (vec![0f32; 2], vec![0f32; 2 * STATS_PER_ROW]);
+        let e = cross_entropy_rows(isa, &x, 3, &[0, 3], -100, &mut loss, &mut stats).unwrap_err();
         assert!(e.to_string().contains("target 3 at row 1"), "{e}");
     }
 }

@@ -130,6 +130,29 @@ __device__ __forceinline__ void ms_merge(float& m, float& s, float m2, float s2)
     s = (m == -SINTER_INF ? 0.f : s * expf(m - mx)) + (m2 == -SINTER_INF ? 0.f : s2 * expf(m2 - mx));
     m = mx;
 }
+// Online (max, rest) of a row: rest = Σ exp(x - max) over every element but one maximum, so that
+// ln Σ exp(x - max) = log1pf(rest) keeps rest's digits when the max dominates (cross-entropy,
+// log-softmax).
+__device__ __forceinline__ void mr_push(float& m, float& rest, float x) {
+    if (x > m) {
+        // The old maximum becomes one of the rest.
+        rest = m == -SINTER_INF ? 0.f : (rest + 1.f) * expf(m - x);
+        m = x;
+    } else if (x == x) {
+        if (x != -SINTER_INF) rest += expf(x - m);  // exp(-inf) = 0; avoids (-inf) - (-inf)
+    } else {  // NaN poisons the row, as in PyTorch
+        m = x;
+    }
+}
+__device__ __forceinline__ void mr_merge(float& m, float& rest, float m2, float rest2) {
+    if (m != m || m2 != m2) { m = SINTER_NAN; rest = SINTER_NAN; return; }
+    if (m2 == -SINTER_INF) return;  // nothing on the other side (or only -inf)
+    if (m == -SINTER_INF) { m = m2; rest = rest2; return; }
+    // The larger maximum stays the max; the other side's maximum joins the rest.
+    if (m >= m2) rest += (rest2 + 1.f) * expf(m2 - m);
+    else { rest = rest2 + (rest + 1.f) * expf(m - m2); m = m2; }
+}
+
 // Row-group reduction of a pair of statistics (a, b) with `merge(a, b, a2, b2)`: a warp's
 // butterfly, then across the warps of the row group; lanes past the warps start from (a0, b0),
 // merge's identity. `scratch` is 64 floats of shared memory.
@@ -157,6 +180,11 @@ __device__ __forceinline__ void row_pair(float& a, float& b, float a0, float b0,
         const float b2 = __shfl_xor_sync(0xffffffffu, b, o);
         merge(a, b, a2, b2);
     }
+}
+// Row-group reduction of (m, rest) (see mr_push); `scratch` is 64 floats of shared memory.
+__device__ __forceinline__ void row_mr(float& m, float& rest, float* scratch) {
+    row_pair(m, rest, -SINTER_INF, 0.f, scratch,
+             [](float& m1, float& r1, float m2, float r2) { mr_merge(m1, r1, m2, r2); });
 }
 // Row-group reduction of (m, s); `scratch` is 64 floats of shared memory.
 __device__ __forceinline__ void row_ms(float& m, float& s, float* scratch) {

@@ -1,50 +1,32 @@
 // cross_entropy.cu — fused log-softmax + negative log-likelihood over class indices, with
 // ignore_index, forward and backward; the probabilities are never materialised in memory.
 //
-// cross_entropy_fwd_<t>(const T* logits, const i64* target, float* loss, float* lse,
+// cross_entropy_fwd_<t>(const T* logits, const i64* target, float* loss, float* stats,
 //                       i64 rows, i64 n, i64 ignore_index)
-//     lse[r] = logsumexp(logits[r, :]); loss[r] = ln Σ exp(x - max) - (x_t - max), or 0 when
+//     stats[2r] = max, stats[2r + 1] = ln Σ exp(x - max) of logits[r, :] (kept apart, not summed
+//     into a log-sum-exp: that sum rounds at the max's scale, and at logits ~1000 moved every
+//     probability of the backward by up to 6e-5 of itself, issue 30);
+//     loss[r] = ln Σ exp(x - max) - (x_t - max), or 0 when
 //     target[r] == ignore_index; NaN when the target is out of [0, n) (the host cannot see it).
 //     Never lse - x_t: for a confident prediction both are large and nearly equal, and their
 //     difference after rounding keeps few of the loss's digits (issue 14: logits [88, 80 x 9]
 //     gave 3.3e-4 relative error). The sum is kept as 1 + rest, the max's own term apart, and
 //     its log taken as log1p(rest), so a loss of 1e-9 keeps its digits too.
-// cross_entropy_bwd_<t>(const T* logits, const i64* target, const float* lse, const float* dloss,
+// cross_entropy_bwd_<t>(const T* logits, const i64* target, const float* stats, const float* dloss,
 //                       T* dlogits, i64 rows, i64 n, i64 ignore_index, i64 dloss_stride, float scale)
-//     dlogits[r, j] = (exp(logits[r, j] - lse[r]) - [j == target[r]]) * dloss[r * dloss_stride] * scale
-//     (0 for ignored rows). dloss may be null (treated as 1); dloss_stride 0 = one scalar upstream
+//     dlogits[r, j] = (exp((x_j - max) - ln Σ) - [j == target[r]]) * dloss[r * dloss_stride] * scale
+//     (0 for ignored rows), the target's p - 1 as expm1 (p is within an ulp of 1 when confident). dloss may be null (treated as 1); dloss_stride 0 = one scalar upstream
 //     gradient (mean/sum reduction), 1 = per-row (reduction "none"). For a mean over valid rows pass
 //     scale = 1 / count (see ce_count_valid).
 // ce_count_valid(const i64* target, float* count, i64 rows, i64 ignore_index)
 //     count[0] = number of rows whose target != ignore_index (one block, exact integer count).
 //
 // Why it is fast: one read of the logits for the forward (online max/sum), one read + one write for
-// the backward; the saved logsumexp (4 bytes per row) replaces a saved [rows, n] probability
+// the backward; the saved statistics (8 bytes per row) replace a saved [rows, n] probability
 // tensor. Row groups sized by the host (warp per row for small vocabularies), 128-bit accesses.
 
-// Online (max, rest) of a row: rest = Σ exp(x - max) over every element but one maximum.
-__device__ __forceinline__ void mr_push(float& m, float& rest, float x) {
-    if (x > m) {
-        // The old maximum becomes one of the rest.
-        rest = m == -SINTER_INF ? 0.f : (rest + 1.f) * expf(m - x);
-        m = x;
-    } else if (x == x) {
-        if (x != -SINTER_INF) rest += expf(x - m);  // exp(-inf) = 0; avoids (-inf) - (-inf)
-    } else {  // NaN poisons the row, as in PyTorch
-        m = x;
-    }
-}
-__device__ __forceinline__ void mr_merge(float& m, float& rest, float m2, float rest2) {
-    if (m != m || m2 != m2) { m = SINTER_NAN; rest = SINTER_NAN; return; }
-    if (m2 == -SINTER_INF) return;  // nothing on the other side (or only -inf)
-    if (m == -SINTER_INF) { m = m2; rest = rest2; return; }
-    // The larger maximum stays the max; the other side's maximum joins the rest.
-    if (m >= m2) rest += (rest2 + 1.f) * expf(m2 - m);
-    else { rest = rest2 + (rest + 1.f) * expf(m - m2); m = m2; }
-}
-
 template <typename T>
-__device__ __forceinline__ void ce_fwd(const T* logits, const i64* target, float* loss, float* lse, i64 rows,
+__device__ __forceinline__ void ce_fwd(const T* logits, const i64* target, float* loss, float* stats, i64 rows,
                                        i64 n, i64 ignore_index) {
     __shared__ float scratch[64];
     for (i64 r0 = (i64)blockIdx.x * blockDim.y; r0 < rows; r0 += (i64)gridDim.x * blockDim.y) {
@@ -52,8 +34,7 @@ __device__ __forceinline__ void ce_fwd(const T* logits, const i64* target, float
         const bool live = r < rows;
         float m = -SINTER_INF, rest = 0.f;
         if (live) row_visit(logits + r * n, n, [&](i64, float v) { mr_push(m, rest, v); });
-        row_pair(m, rest, -SINTER_INF, 0.f, scratch,
-                 [](float& m1, float& r1, float m2, float r2) { mr_merge(m1, r1, m2, r2); });
+        row_mr(m, rest, scratch);
         if (live && threadIdx.x == 0) {
             const float log_sum = log1pf(rest);  // ln Σ exp(x - m)
             const i64 t = target[r];
@@ -62,13 +43,16 @@ __device__ __forceinline__ void ce_fwd(const T* logits, const i64* target, float
             else if (t < 0 || t >= n) out = SINTER_NAN;
             else out = log_sum - (to_f32(logits[r * n + t]) - m);
             loss[r] = out;
-            if (lse) lse[r] = m + log_sum;
+            if (stats) {
+                stats[2 * r] = m;
+                stats[2 * r + 1] = log_sum;
+            }
         }
     }
 }
 
 template <typename T>
-__device__ __forceinline__ void ce_bwd(const T* logits, const i64* target, const float* lse, const float* dloss,
+__device__ __forceinline__ void ce_bwd(const T* logits, const i64* target, const float* stats, const float* dloss,
                                        T* dlogits, i64 rows, i64 n, i64 ignore_index, i64 dloss_stride,
                                        float scale) {
     for (i64 r0 = (i64)blockIdx.x * blockDim.y; r0 < rows; r0 += (i64)gridDim.x * blockDim.y) {
@@ -80,11 +64,11 @@ __device__ __forceinline__ void ce_bwd(const T* logits, const i64* target, const
             row_write(dlogits + r * n, n, [&](i64) { return 0.f; });
             continue;
         }
-        const float l = lse[r];
+        const float m = stats[2 * r], log_sum = stats[2 * r + 1];
         const float g = (dloss ? dloss[r * dloss_stride] : 1.f) * scale;
         row_write(dlogits + r * n, n, [&](i64 j) {
-            const float p = expf(to_f32(xr[j]) - l);
-            return (p - (j == t ? 1.f : 0.f)) * g;
+            const float z = (to_f32(xr[j]) - m) - log_sum;
+            return (j == t ? expm1f(z) : expf(z)) * g;
         });
     }
 }
@@ -105,16 +89,16 @@ extern "C" __global__ void ce_count_valid(const i64* target, float* count, i64 r
 
 #define CE_T(sfx, T)                                                                                 \
     extern "C" __global__ void cross_entropy_fwd_##sfx(const T* logits, const i64* target,           \
-                                                       float* loss, float* lse, i64 rows, i64 n,     \
+                                                       float* loss, float* stats, i64 rows, i64 n,   \
                                                        i64 ignore_index) {                           \
-        ce_fwd<T>(logits, target, loss, lse, rows, n, ignore_index);                                 \
+        ce_fwd<T>(logits, target, loss, stats, rows, n, ignore_index);                                 \
     }                                                                                                \
     extern "C" __global__ void cross_entropy_bwd_##sfx(const T* logits, const i64* target,           \
-                                                       const float* lse, const float* dloss,         \
+                                                       const float* stats, const float* dloss,       \
                                                        T* dlogits, i64 rows, i64 n,                  \
                                                        i64 ignore_index, i64 dloss_stride,           \
                                                        float scale) {                                \
-        ce_bwd<T>(logits, target, lse, dloss, dlogits, rows, n, ignore_index, dloss_stride, scale);  \
+        ce_bwd<T>(logits, target, stats, dloss, dlogits, rows, n, ignore_index, dloss_stride, scale); \
     }
 CE_T(f32, float)
 CE_T(f16, __half)

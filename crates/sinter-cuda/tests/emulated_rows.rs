@@ -12,7 +12,7 @@ mod harness;
 
 use harness::*;
 use sinter_cuda::launch::Step;
-use sinter_cuda::ops::cross_entropy::{self, LossGrad};
+use sinter_cuda::ops::cross_entropy::{self, LossGrad, STATS_PER_ROW as STATS};
 use sinter_cuda::ops::layernorm;
 use sinter_cuda::ops::reduce::{self, ArgReduce};
 use sinter_cuda::ops::residual_layernorm;
@@ -443,31 +443,38 @@ fn cross_entropy_forward_backward() {
             let mut x = Buf::from_f64(d, &xv, 0);
             let mut t = Buf::from_i64(&tv);
             let mut loss = Buf::zeros(DType::F32, rows, 0);
-            let mut lse = Buf::zeros(DType::F32, rows, 0);
+            let mut stats = Buf::zeros(DType::F32, rows * STATS, 0);
             let steps = k(cross_entropy::plan_cross_entropy_forward(
                 &T1,
                 x.slice(),
                 t.slice(),
                 loss.slice(),
-                Some(lse.slice()),
+                Some(stats.slice()),
                 rows,
                 n,
                 ignore,
             )
             .unwrap());
-            exec_both(e, &steps, &mut [&mut x, &mut t, &mut loss, &mut lse]);
-            let mut want_lse = vec![0.0; rows];
+            exec_both(e, &steps, &mut [&mut x, &mut t, &mut loss, &mut stats]);
+            let mut want_stats = vec![0.0; rows * STATS];
             let mut want_loss = vec![0.0; rows];
             for r in 0..rows {
                 let row = &xv[r * n..(r + 1) * n];
                 let m = row.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-                want_lse[r] = m + row.iter().map(|v| (v - m).exp()).sum::<f64>().ln();
+                let log_sum = row.iter().map(|v| (v - m).exp()).sum::<f64>().ln();
+                want_stats[r * STATS] = m;
+                want_stats[r * STATS + 1] = log_sum;
                 if tv[r] != ignore {
-                    want_loss[r] = want_lse[r] - row[tv[r] as usize];
+                    want_loss[r] = log_sum - (row[tv[r] as usize] - m);
                 }
             }
             let what = format!("cross_entropy {d} {rows}x{n}");
-            assert_close(&format!("{what} lse"), &lse.get(), &want_lse, (1e-5, 1e-5));
+            assert_close(
+                &format!("{what} stats"),
+                &stats.get(),
+                &want_stats,
+                (1e-5, 1e-5),
+            );
             assert_close(
                 &format!("{what} loss"),
                 &loss.get(),
@@ -484,7 +491,7 @@ fn cross_entropy_forward_backward() {
                 &T1,
                 x.slice(),
                 t.slice(),
-                lse.slice(),
+                stats.slice(),
                 LossGrad::PerRow(dloss.slice()),
                 dx.slice(),
                 rows,
@@ -496,16 +503,16 @@ fn cross_entropy_forward_backward() {
             exec_both(
                 e,
                 &steps,
-                &mut [&mut x, &mut t, &mut lse, &mut dloss, &mut dx],
+                &mut [&mut x, &mut t, &mut stats, &mut dloss, &mut dx],
             );
-            let lse_v = lse.get();
+            let sv = stats.get();
             let mut want = vec![0.0; rows * n];
             for r in 0..rows {
                 if tv[r] == ignore {
                     continue;
                 }
                 for j in 0..n {
-                    let p = (xv[r * n + j] - lse_v[r]).exp();
+                    let p = (xv[r * n + j] - sv[r * STATS] - sv[r * STATS + 1]).exp();
                     let oh = (j as i64 == tv[r]) as i32 as f64;
                     want[r * n + j] = (p - oh) * dl[r] * scale as f64;
                 }
@@ -576,20 +583,20 @@ fn optional_operands_and_scalar_upstream_gradients() {
             .collect();
         let t = Buf::from_i64(&tv);
         let loss = Buf::zeros(DType::F32, rows, 0);
-        let lse = Buf::zeros(DType::F32, rows, 0);
+        let stats = Buf::zeros(DType::F32, rows * STATS, 0);
         let l = cross_entropy::plan_cross_entropy_forward(
             &T2,
             x.slice(),
             t.slice(),
             loss.slice(),
-            Some(lse.slice()),
+            Some(stats.slice()),
             rows,
             n,
             -1,
         )
         .unwrap()
         .unwrap();
-        exec1(e, l, &[&x, &t, &loss, &lse]);
+        exec1(e, l, &[&x, &t, &loss, &stats]);
         let lv = loss.get();
         assert!(
             lv[5].is_nan(),
@@ -597,7 +604,7 @@ fn optional_operands_and_scalar_upstream_gradients() {
             lv[5]
         );
         assert!(lv.iter().enumerate().all(|(r, v)| r == 5 || v.is_finite()));
-        let lse_v = lse.get();
+        let sv = stats.get();
         let dscalar = Buf::from_f64(DType::F32, &[3.0], 0);
         for (grad, g) in [
             (LossGrad::One, 1.0),
@@ -608,7 +615,7 @@ fn optional_operands_and_scalar_upstream_gradients() {
                 &T2,
                 x.slice(),
                 t.slice(),
-                lse.slice(),
+                stats.slice(),
                 grad,
                 dx.slice(),
                 rows,
@@ -618,11 +625,11 @@ fn optional_operands_and_scalar_upstream_gradients() {
             )
             .unwrap()
             .unwrap();
-            exec1(e, l, &[&x, &t, &lse, &dscalar, &dx]);
+            exec1(e, l, &[&x, &t, &stats, &dscalar, &dx]);
             let dv = dx.get();
             for r in (0..rows).filter(|&r| r != 5) {
                 for j in 0..n {
-                    let p = (xv[r * n + j] - lse_v[r]).exp();
+                    let p = (xv[r * n + j] - sv[r * STATS] - sv[r * STATS + 1]).exp();
                     let w = (p - (j as i64 == tv[r]) as i32 as f64) * g * 0.5;
                     let got = dv[r * n + j];
                     assert!(

@@ -29,7 +29,8 @@ pub use mixed_precision::{
 };
 pub use module::{Module, NamedTensor, SharedRng, TensorKind};
 pub use optim::{
-    clip_grad_norm, decay_groups, AdamW, GroupedParams, Optimizer, ParamGroup, ParamSettings, Sgd,
+    clip_grad_norm, clip_grad_norm_with, decay_groups, AdamW, GroupedParams, Optimizer, ParamGroup,
+    ParamSettings, Sgd,
 };
 pub use recompute::{checkpoint, Recompute};
 pub use schedule::LrSchedule;

@@ -396,12 +396,41 @@ impl Optimizer for AdamW {
 }
 
 /// Scales all gradients so that their global L2 norm is at most `max_norm`; returns the norm
-/// before clipping (a NaN or infinite norm is returned as is and nothing is scaled).
+/// before clipping. A NaN or infinite norm is returned as is and nothing is scaled (PyTorch
+/// would scale by NaN or 0 there); [`clip_grad_norm_with`] can refuse it instead.
+///
+/// The trainer (`sinter train`) clips in its device step control block with the same rule,
+/// not through this function: with fp16 loss scaling a non-finite norm skips the step and
+/// shrinks the scale; in f32 and bf16 the step runs unclipped, the weights and then the loss
+/// turn NaN, and the NaN guard at the next log, eval or checkpoint step stops the run and
+/// keeps the last good checkpoint.
 pub fn clip_grad_norm(params: &[(String, Tensor)], max_norm: f64) -> Result<f64> {
+    clip_grad_norm_with(params, max_norm, false)
+}
+
+/// [`clip_grad_norm`] with PyTorch's `error_if_nonfinite`: when true, a NaN or infinite
+/// global norm is an error naming the first parameter whose gradient is not finite, and no
+/// gradient is changed.
+pub fn clip_grad_norm_with(
+    params: &[(String, Tensor)],
+    max_norm: f64,
+    error_if_nonfinite: bool,
+) -> Result<f64> {
     let _g = no_grad();
     // One deterministic pass over all gradients, on their device (no copy to the host).
     let grads: Vec<Tensor> = params.iter().filter_map(|(_, p)| p.grad()).collect();
     let norm = sinter_core::fused::global_grad_norm(&grads);
+    if !norm.is_finite() && error_if_nonfinite {
+        // Only on the failing path: one norm per parameter, to say where.
+        let first = params.iter().find(|(_, p)| {
+            p.grad()
+                .is_some_and(|g| !sinter_core::fused::global_grad_norm(&[g]).is_finite())
+        });
+        let at = first.map_or(String::new(), |(n, _)| format!(" (first in '{n}')"));
+        bail!(
+            "clip_grad_norm: the total norm of the gradients is {norm}{at}, so they cannot be clipped; a NaN or inf reached the backward pass: lower the learning rate, check the inputs, or use fp16 loss scaling, which skips such steps (error_if_nonfinite = false returns the norm and leaves the gradients as they are)"
+        );
+    }
     if norm.is_finite() && norm > max_norm {
         let scale = (max_norm / (norm + 1e-6)) as f32;
         for (_, p) in params {
@@ -579,6 +608,36 @@ mod tests {
             e.to_string().contains("more than one parameter group"),
             "{e}"
         );
+    }
+
+    /// PyTorch's `error_if_nonfinite`: an error naming the parameter, gradients untouched;
+    /// without it the NaN norm comes back and the gradients stay as they were.
+    #[test]
+    fn clipping_a_nonfinite_norm_errors_only_when_asked() {
+        let a = param(vec![1.0]);
+        let b = param(vec![1.0, 2.0]);
+        a.1.set_grad(Some(
+            Tensor::from_vec(vec![30.0f32], &[1, 1], Device::Cpu).unwrap(),
+        ));
+        b.1.set_grad(Some(
+            Tensor::from_vec(vec![1.0f32, f32::NAN], &[1, 2], Device::Cpu).unwrap(),
+        ));
+        let b = ("h.0.mlp.weight".to_string(), b.1);
+        let ps = vec![a.clone(), b.clone()];
+        let e = clip_grad_norm_with(&ps, 1.0, true).unwrap_err().to_string();
+        assert!(e.contains("NaN") && e.contains("'h.0.mlp.weight'"), "{e}");
+        assert_eq!(a.1.grad().unwrap().to_vec_f32().unwrap(), [30.0]);
+        assert!(clip_grad_norm_with(&ps, 1.0, false).unwrap().is_nan());
+        assert!(clip_grad_norm(&ps, 1.0).unwrap().is_nan());
+        assert_eq!(a.1.grad().unwrap().to_vec_f32().unwrap(), [30.0]);
+        // A finite norm is clipped whatever the flag.
+        b.1.set_grad(Some(
+            Tensor::from_vec(vec![0.0f32, 40.0], &[1, 2], Device::Cpu).unwrap(),
+        ));
+        let n = clip_grad_norm_with(&ps, 5.0, true).unwrap();
+        assert!((n - 50.0).abs() < 1e-9, "{n}");
+        let ga = a.1.grad().unwrap().to_vec_f32().unwrap()[0];
+        assert!((ga - 3.0).abs() < 1e-5, "{ga}");
     }
 
     #[test]

@@ -17,6 +17,8 @@ pub struct ApiError {
     pub code: Option<&'static str>,
     /// Seconds, for 429 and 503.
     pub retry_after: Option<u64>,
+    /// Close the connection after this response (`Connection: close`).
+    pub close: bool,
 }
 
 impl ApiError {
@@ -34,6 +36,7 @@ impl ApiError {
             param,
             code,
             retry_after: None,
+            close: false,
         }
     }
 
@@ -128,6 +131,10 @@ impl IntoResponse for ApiError {
         if let Some(s) = self.retry_after {
             r.headers_mut()
                 .insert(header::RETRY_AFTER, HeaderValue::from(s));
+        }
+        if self.close {
+            r.headers_mut()
+                .insert(header::CONNECTION, HeaderValue::from_static("close"));
         }
         r
     }

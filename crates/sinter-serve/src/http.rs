@@ -1,5 +1,6 @@
-//! The HTTP layer: routes, the API key check, the request body limit, and how a request's
-//! events from the scheduler become a JSON response or a server-sent event stream.
+//! The HTTP layer: routes, the API key check, the request body's size and time limits, 503s
+//! once shutdown has begun, and how a request's events from the scheduler become a JSON
+//! response or a server-sent event stream.
 //!
 //! Cancellation: a request's event channel lives exactly as long as the client does. When a
 //! streaming client disconnects, hyper drops the response stream and with it the receiver;
@@ -8,16 +9,16 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use axum::body::Bytes;
-use axum::extract::rejection::BytesRejection;
-use axum::extract::{DefaultBodyLimit, Path, Request, State};
-use axum::http::{header, StatusCode};
+use axum::body::{Body, Bytes};
+use axum::extract::{Path, Request, State};
+use axum::http::{header, HeaderValue, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
+use http_body_util::{BodyExt, LengthLimitError, Limited};
 use serde_json::{json, Value};
 use subtle::ConstantTimeEq;
 use tokio::sync::mpsc::UnboundedReceiver;
@@ -39,6 +40,10 @@ pub struct App {
     /// When the server started (Unix seconds): the model's `created`.
     pub started: u64,
     pub next_id: Arc<AtomicU64>,
+    /// The largest request body accepted (413 past it).
+    pub max_body_bytes: usize,
+    /// How long a request's body may take to arrive once its head has (408 past it).
+    pub body_timeout: Duration,
 }
 
 impl App {
@@ -67,8 +72,9 @@ pub fn unix_now() -> u64 {
 }
 
 /// The routes: the OpenAI API under `/v1` (behind the API key when one is set), and
-/// `/health` and `/metrics` (open, for probes and scrapers).
-pub fn router(app: App, body_limit: usize) -> Router {
+/// `/health` and `/metrics` (open, for probes and scrapers); once shutdown has begun, 503 for
+/// every new request but `/health` (which says so itself).
+pub fn router(app: App) -> Router {
     let v1 = Router::new()
         .route("/v1/completions", post(completions))
         .route("/v1/chat/completions", post(chat_completions))
@@ -81,8 +87,25 @@ pub fn router(app: App, body_limit: usize) -> Router {
         .route("/metrics", get(metrics))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
-        .layer(DefaultBodyLimit::max(body_limit))
+        .layer(middleware::from_fn_with_state(app.clone(), shutdown_gate))
         .with_state(app)
+}
+
+/// After shutdown begins: 503 for a new request (README: open connections get 503, not a
+/// closed connection), and every response closes its connection, so that clients go
+/// elsewhere instead of reusing it.
+async fn shutdown_gate(State(app): State<App>, req: Request, next: Next) -> Response {
+    let closing = app.engine.is_closing();
+    let mut res = if closing && req.uri().path() != "/health" {
+        ApiError::shutting_down().into_response()
+    } else {
+        next.run(req).await
+    };
+    if closing || app.engine.is_closing() {
+        res.headers_mut()
+            .insert(header::CONNECTION, HeaderValue::from_static("close"));
+    }
+    res
 }
 
 /// Whether `given` is the key, in time that does not depend on where they differ.
@@ -112,18 +135,19 @@ async fn check_api_key(State(app): State<App>, req: Request, next: Next) -> Resp
     next.run(req).await
 }
 
-async fn completions(State(app): State<App>, body: Result<Bytes, BytesRejection>) -> Response {
+async fn completions(State(app): State<App>, body: Body) -> Response {
     generate(app, body, false).await
 }
 
-async fn chat_completions(State(app): State<App>, body: Result<Bytes, BytesRejection>) -> Response {
+async fn chat_completions(State(app): State<App>, body: Body) -> Response {
     generate(app, body, true).await
 }
 
-async fn generate(app: App, body: Result<Bytes, BytesRejection>, chat: bool) -> Response {
+async fn generate(app: App, body: Body, chat: bool) -> Response {
     let m = app.metrics();
     Metrics::add(&m.requests_total, 1);
-    let parsed = body.map_err(body_error).and_then(|b| {
+    let body = read_body(body, app.max_body_bytes, app.body_timeout).await;
+    let parsed = body.and_then(|b| {
         if chat {
             api::chat_request(&b, &app.tokenizer, &app.limits)
         } else {
@@ -153,16 +177,33 @@ async fn generate(app: App, body: Result<Bytes, BytesRejection>, chat: bool) -> 
     }
 }
 
-/// A body the extractor refused: too large (413) or unreadable (400).
-fn body_error(r: BytesRejection) -> ApiError {
-    let status = r.status();
-    let message = if status == StatusCode::PAYLOAD_TOO_LARGE {
-        "the request body is larger than this server accepts (sinter serve --max-body-bytes)"
-            .to_string()
-    } else {
-        format!("cannot read the request body: {}", r.body_text())
+/// The whole request body, at most `limit` bytes (else 413) and within `timeout` (else 408:
+/// a client that stalls mid-body must not hold its connection and slot open). Either error
+/// closes the connection, since the rest of the body may still be on its way.
+async fn read_body(body: Body, limit: usize, timeout: Duration) -> Result<Bytes, ApiError> {
+    let collected = tokio::time::timeout(timeout, Limited::new(body, limit).collect()).await;
+    let (status, message) = match collected {
+        Ok(Ok(c)) => return Ok(c.to_bytes()),
+        Err(_) => (
+            StatusCode::REQUEST_TIMEOUT,
+            format!(
+                "the request body did not arrive within {} s of its head (sinter serve --body-timeout)",
+                timeout.as_secs_f64()
+            ),
+        ),
+        Ok(Err(e)) if e.is::<LengthLimitError>() => (
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!("the request body is larger than this server accepts ({limit} bytes, sinter serve --max-body-bytes)"),
+        ),
+        Ok(Err(e)) => (
+            StatusCode::BAD_REQUEST,
+            format!("cannot read the request body: {e}"),
+        ),
     };
-    ApiError::new(status, "invalid_request_error", message, None, None)
+    Err(ApiError {
+        close: true,
+        ..ApiError::new(status, "invalid_request_error", message, None, None)
+    })
 }
 
 async fn full_response(mut rx: UnboundedReceiver<Event>, meta: ResponseMeta) -> Response {

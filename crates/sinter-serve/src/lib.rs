@@ -1,6 +1,8 @@
 //! sinter-serve: an OpenAI-compatible HTTP server for sinter's GPT models.
 //!
 //! - [`server`]: start, listen, graceful shutdown on signals.
+//! - [`conn`]: one connection over hyper: header, body and idle timeouts, shutdown's 503s,
+//!   JSON errors for requests hyper cannot parse.
 //! - [`http`]: routes (`/v1/completions`, `/v1/chat/completions`, `/v1/models`, `/health`,
 //!   `/metrics`), API key, body limit, JSON responses and server-sent event streams.
 //! - [`sse`]: a streamed response's body (server-sent events, coalesced per write).
@@ -15,6 +17,7 @@
 
 pub mod api;
 pub mod bench;
+pub mod conn;
 pub mod engine;
 pub mod error;
 pub mod http;
@@ -26,6 +29,7 @@ pub mod text;
 pub mod thread_cpu;
 
 pub use api::{chat_prompt, Limits};
+pub use conn::Timeouts;
 pub use engine::{Finish, GenRequest};
 pub use model::{GptModel, ServeModel};
 pub use server::{ServeOptions, Server};

@@ -1,7 +1,8 @@
-//! Starting and stopping the server: bind, the scheduler thread, the HTTP runtime, and the
-//! graceful shutdown (on `Server::shutdown`, on drop, or on SIGINT/SIGTERM): stop accepting,
-//! refuse new requests with 503, let the requests in flight finish until the deadline, cut
-//! off the rest, close the connections, return. A second signal cuts off at once.
+//! Starting and stopping the server: bind, the scheduler thread, the HTTP runtime with its
+//! accept loop (each connection served by `conn.rs`), and the graceful shutdown (on
+//! `Server::shutdown`, on drop, or on SIGINT/SIGTERM): stop accepting, answer new requests
+//! on the open connections with 503, let the requests in flight finish until the deadline,
+//! cut off the rest, close the connections, return. A second signal cuts off at once.
 
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::sync::atomic::AtomicU64;
@@ -9,10 +10,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
-use axum::serve::ListenerExt;
 use tokio::sync::{oneshot, watch};
+use tokio::task::JoinSet;
 
 use crate::api::Limits;
+use crate::conn::{self, Timeouts};
 use crate::engine::{self, EngineOptions};
 use crate::http::{self, unix_now, App};
 use crate::metrics::Metrics;
@@ -36,6 +38,8 @@ pub struct ServeOptions {
     pub api_key: Option<String>,
     /// How long requests in flight may run after shutdown begins.
     pub shutdown_timeout: Duration,
+    /// Header, body and idle timeouts of a connection.
+    pub timeouts: Timeouts,
     /// Prompt tokens fed per sequence per scheduler step.
     pub prefill_chunk: usize,
     /// Threads of the HTTP runtime (the model's step runs on threads of its own).
@@ -56,6 +60,7 @@ impl Default for ServeOptions {
             max_body_bytes: 1 << 20,
             api_key: None,
             shutdown_timeout: Duration::from_secs(10),
+            timeouts: Timeouts::default(),
             prefill_chunk: 256,
             http_threads: 2,
             handle_signals: false,
@@ -84,9 +89,7 @@ impl Server {
                 model.vocab_size()
             );
         }
-        if o.max_batch == 0 {
-            bail!("--max-batch must be at least 1");
-        }
+        o.check()?;
         let addr = (o.host.as_str(), o.port)
             .to_socket_addrs()
             .with_context(|| format!("cannot resolve host '{}'", o.host))?
@@ -100,7 +103,7 @@ impl Server {
         let limits = Limits {
             model_name: o.model_name.clone(),
             context: model.context(),
-            max_tokens: o.max_tokens.max(1),
+            max_tokens: o.max_tokens,
         };
         let (engine, scheduler) = engine::start(
             model,
@@ -119,6 +122,8 @@ impl Server {
             api_key: o.api_key.as_ref().map(|k| Arc::from(k.as_bytes())),
             started: unix_now(),
             next_id: Arc::new(AtomicU64::new(0)),
+            max_body_bytes: o.max_body_bytes,
+            body_timeout: o.timeouts.body,
         };
         let (stop, stopped) = oneshot::channel();
         let thread = std::thread::Builder::new()
@@ -181,6 +186,40 @@ impl Drop for Server {
     }
 }
 
+impl ServeOptions {
+    /// Refuses options that would make a server that refuses everything, in the words of
+    /// the CLI's flags (`Server::start` checks them too).
+    pub fn check(&self) -> Result<()> {
+        if self.max_batch == 0 {
+            bail!("--max-batch must be at least 1");
+        }
+        if self.max_tokens == 0 {
+            bail!(
+                "--max-tokens must be at least 1 (it is the most tokens one request may generate)"
+            );
+        }
+        if self.max_body_bytes == 0 {
+            bail!(
+                "--max-body-bytes must be at least 1 (0 would refuse every request; the default is {})",
+                ServeOptions::default().max_body_bytes
+            );
+        }
+        let t = &self.timeouts;
+        for (flag, d) in [
+            ("--header-timeout", t.header),
+            ("--body-timeout", t.body),
+            ("--idle-timeout", t.idle),
+        ] {
+            if d.is_zero() {
+                bail!(
+                    "{flag} must be more than 0 seconds (0 would close every connection at once)"
+                );
+            }
+        }
+        Ok(())
+    }
+}
+
 /// Resolves on SIGINT or SIGTERM.
 async fn signal() {
     #[cfg(unix)]
@@ -204,21 +243,24 @@ async fn signal() {
     }
 }
 
+/// What the cut-off requests get past the shutdown deadline to send their error event.
+const CUT_OFF_GRACE: Duration = Duration::from_secs(1);
+
+/// Accepts connections until shutdown is asked for (`stopped`, or a signal with
+/// `handle_signals`), then shuts down gracefully (see the module comment).
 async fn serve(
     listener: std::net::TcpListener,
     app: App,
     stopped: oneshot::Receiver<()>,
     o: &ServeOptions,
 ) -> Result<()> {
-    // Each token is a small write: without TCP_NODELAY, Nagle's algorithm would hold it
-    // until the client's delayed ACK (tens of milliseconds).
-    let listener = tokio::net::TcpListener::from_std(listener)?.tap_io(|tcp| {
-        let _ = tcp.set_nodelay(true);
-    });
+    let listener = tokio::net::TcpListener::from_std(listener)?;
     let engine = app.engine.clone();
-    let (began, mut begun) = watch::channel(false);
-    let (timeout, signals) = (o.shutdown_timeout, o.handle_signals);
-    let trigger = async move {
+    let router = http::router(app);
+    let (close, closing) = watch::channel(false);
+    let mut conns = JoinSet::new();
+    let signals = o.handle_signals;
+    let asked = async move {
         if signals {
             tokio::select! {
                 _ = stopped => {}
@@ -227,31 +269,60 @@ async fn serve(
         } else {
             let _ = stopped.await;
         }
-        engine.begin_shutdown(Instant::now() + timeout);
-        eprintln!(
-            "sinter serve: shutting down: {} request(s) in flight get up to {:.1} s to finish",
-            engine.in_flight(),
-            timeout.as_secs_f64()
-        );
-        let _ = began.send(true);
-        if signals {
-            tokio::spawn(async move {
-                signal().await;
-                eprintln!("sinter serve: second signal: cutting off the requests in flight");
-                engine.begin_shutdown(Instant::now());
-            });
+    };
+    tokio::pin!(asked);
+    loop {
+        tokio::select! {
+            _ = &mut asked => break,
+            accepted = listener.accept() => match accepted {
+                Ok((tcp, _)) => {
+                    // Each token is a small write: without TCP_NODELAY, Nagle's algorithm
+                    // would hold it until the client's delayed ACK (tens of milliseconds).
+                    let _ = tcp.set_nodelay(true);
+                    conns.spawn(conn::serve_connection(tcp, router.clone(), o.timeouts, closing.clone()));
+                }
+                // Out of file descriptors or the like: the open connections keep being
+                // served, and accepting resumes in a moment.
+                Err(e) => {
+                    eprintln!("sinter serve: cannot accept a connection: {e}");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            },
+            Some(_) = conns.join_next(), if !conns.is_empty() => {}
         }
-    };
-    let router = http::router(app, o.max_body_bytes);
-    let served = axum::serve(listener, router).with_graceful_shutdown(trigger);
-    // Past the deadline and a grace period, stop waiting for connections that stay open.
-    let give_up = async {
-        let _ = begun.wait_for(|b| *b).await;
-        tokio::time::sleep(timeout + Duration::from_secs(2)).await;
-    };
+    }
+    // Closing first, then no more connections: whoever finds the port closed gets 503s on
+    // the connections already open.
+    let deadline = Instant::now() + o.shutdown_timeout;
+    engine.begin_shutdown(deadline);
+    drop(listener);
+    eprintln!(
+        "sinter serve: shutting down: {} request(s) in flight get up to {:.1} s to finish",
+        engine.in_flight(),
+        o.shutdown_timeout.as_secs_f64()
+    );
+    if signals {
+        let engine = engine.clone();
+        tokio::spawn(async move {
+            signal().await;
+            eprintln!("sinter serve: second signal: cutting off the requests in flight");
+            engine.begin_shutdown(Instant::now());
+        });
+    }
+    // The connections stay open (new requests get 503) while requests are in flight; the
+    // engine cuts those off at the deadline.
+    let hard_stop = deadline + CUT_OFF_GRACE;
+    while engine.in_flight() > 0 && Instant::now() < hard_stop {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let _ = close.send(true);
+    let all_closed = async { while conns.join_next().await.is_some() {} };
     tokio::select! {
-        r = served => r.context("the HTTP server failed")?,
-        _ = give_up => eprintln!("sinter serve: closing the connections still open"),
+        _ = all_closed => {}
+        _ = tokio::time::sleep_until(hard_stop.into()) => {
+            eprintln!("sinter serve: closing the connections still open");
+            conns.abort_all();
+        }
     }
     Ok(())
 }

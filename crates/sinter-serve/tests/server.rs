@@ -1,12 +1,15 @@
 //! The real server on a loopback port, driven over HTTP: every endpoint, streamed and not,
 //! stop sequences, seeds, every bad request, the API key, a full queue (429), clients that
-//! disconnect (their slot is freed), and graceful shutdown. The model is a tiny random
-//! byte-level GPT, so the text is gibberish but fully determined by the seed.
+//! disconnect (their slot is freed), graceful shutdown (503 on open connections), the
+//! connection timeouts, and requests that are not HTTP. The model is a tiny random byte-level
+//! GPT, so the text is gibberish but fully determined by the seed.
 
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
-use sinter_serve::{ServeOptions, Server, Tokenizer};
+use sinter_serve::{ServeOptions, Server, Timeouts, Tokenizer};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
 
 mod common;
 
@@ -664,4 +667,262 @@ async fn shutdown_cuts_off_what_outlives_the_deadline() {
     );
     stopper.await.unwrap().unwrap();
     assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
+}
+
+// ---- raw connections: what reqwest will not send ----------------------------------------------
+
+async fn connect(url: &str) -> TcpStream {
+    TcpStream::connect(url.trim_start_matches("http://"))
+        .await
+        .unwrap()
+}
+
+/// One response (head and Content-Length body) read from `s` within 10 s: (status, head
+/// lowercased, body as JSON).
+async fn read_response(s: &mut TcpStream) -> (u16, String, Value) {
+    let mut buf = Vec::new();
+    let read = async {
+        loop {
+            if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                let head = String::from_utf8_lossy(&buf[..end]).to_ascii_lowercase();
+                let len: usize = head
+                    .lines()
+                    .find_map(|l| l.strip_prefix("content-length: "))
+                    .map_or(0, |v| v.trim().parse().unwrap());
+                if buf.len() >= end + 4 + len {
+                    return (head, buf[end + 4..end + 4 + len].to_vec());
+                }
+            }
+            let mut chunk = [0u8; 4096];
+            let n = s.read(&mut chunk).await.unwrap();
+            assert!(
+                n > 0,
+                "closed mid-response: {:?}",
+                String::from_utf8_lossy(&buf)
+            );
+            buf.extend_from_slice(&chunk[..n]);
+        }
+    };
+    let (head, body) = tokio::time::timeout(Duration::from_secs(10), read)
+        .await
+        .expect("no response within 10 s");
+    let status = head[9..12].parse().unwrap();
+    let body = serde_json::from_slice(&body)
+        .unwrap_or_else(|e| panic!("{e}: {head} {}", String::from_utf8_lossy(&body)));
+    (status, head, body)
+}
+
+/// Whether the server closes `s` within `limit` (whatever it sends first is read and dropped).
+async fn closed_within(s: &mut TcpStream, limit: Duration) -> bool {
+    let eof = async {
+        let mut b = [0u8; 1024];
+        while let Ok(n) = s.read(&mut b).await {
+            if n == 0 {
+                break;
+            }
+        }
+    };
+    tokio::time::timeout(limit, eof).await.is_ok()
+}
+
+const MODELS_KEEP_ALIVE: &[u8] = b"GET /v1/models HTTP/1.1\r\nHost: test\r\n\r\n";
+
+/// Not HTTP, and a Content-Length that is not a number: hyper refuses both, and the client
+/// gets OpenAI's error JSON saying what was wrong (not an empty 400).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_that_are_not_http_get_openai_errors() {
+    let (server, url) = start(options());
+    let cases: [(&[u8], &str); 3] = [
+        (b"hello there\r\n\r\n", "not valid HTTP/1.1"),
+        (b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03", "not valid HTTP/1.1"),
+        (
+            b"POST /v1/completions HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\nContent-Length: abc\r\n\r\n{}",
+            "Content-Length header 'abc'",
+        ),
+    ];
+    for (request, says) in cases {
+        let mut s = connect(&url).await;
+        s.write_all(request).await.unwrap();
+        let (status, head, v) = read_response(&mut s).await;
+        assert_eq!(status, 400, "{head}");
+        assert!(head.contains("content-type: application/json"), "{head}");
+        assert_eq!(v["error"]["type"], "invalid_request_error", "{v}");
+        let message = v["error"]["message"].as_str().unwrap();
+        assert!(message.contains(says), "{message}");
+        assert!(closed_within(&mut s, Duration::from_secs(5)).await);
+    }
+    still_serves(&url, 2).await;
+    server.shutdown().unwrap();
+}
+
+/// Header, body and idle timeouts: a connection that sends nothing, half a head, or half a
+/// body is not kept open, and neither is one kept alive without requests; one that keeps
+/// sending requests more often than the idle timeout stays open.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stalled_and_idle_connections_are_closed() {
+    let timeouts = Timeouts {
+        header: Duration::from_millis(400),
+        body: Duration::from_millis(400),
+        idle: Duration::from_millis(400),
+    };
+    let (server, url) = start(ServeOptions {
+        timeouts,
+        ..options()
+    });
+    let limit = Duration::from_secs(5);
+    let mut silent = connect(&url).await;
+    let mut half_head = connect(&url).await;
+    half_head
+        .write_all(b"POST /v1/completions HTTP/1.1\r\nHost: test\r\n")
+        .await
+        .unwrap();
+    let t0 = Instant::now();
+    assert!(
+        closed_within(&mut silent, limit).await,
+        "a silent connection stays open"
+    );
+    assert!(
+        closed_within(&mut half_head, limit).await,
+        "half a head stays open"
+    );
+    assert!(
+        t0.elapsed() >= Duration::from_millis(300),
+        "{:?}",
+        t0.elapsed()
+    );
+
+    // Half a body: 408 with the error JSON, then the connection closes.
+    let mut half_body = connect(&url).await;
+    half_body
+        .write_all(b"POST /v1/completions HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"model\": ")
+        .await
+        .unwrap();
+    let (status, head, v) = read_response(&mut half_body).await;
+    assert_eq!(status, 408, "{v}");
+    assert!(head.contains("connection: close"), "{head}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("--body-timeout"),
+        "{v}"
+    );
+    assert!(closed_within(&mut half_body, limit).await);
+
+    // Requests every 150 ms keep a connection open past the idle timeout; then it idles out.
+    let mut kept = connect(&url).await;
+    for _ in 0..4 {
+        kept.write_all(MODELS_KEEP_ALIVE).await.unwrap();
+        let (status, _, v) = read_response(&mut kept).await;
+        assert_eq!(status, 200, "{v}");
+        tokio::time::sleep(Duration::from_millis(150)).await;
+    }
+    assert!(
+        closed_within(&mut kept, limit).await,
+        "an idle connection stays open"
+    );
+    still_serves(&url, 2).await;
+    server.shutdown().unwrap();
+}
+
+/// Once shutdown has begun, a request on a connection that was already open gets 503 (and
+/// `Connection: close`) while another request is still in flight, as the README says.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_answers_requests_on_open_connections_with_503() {
+    let (server, url) = start(ServeOptions {
+        shutdown_timeout: Duration::from_secs(2),
+        ..options()
+    });
+    let mut open = connect(&url).await;
+    open.write_all(MODELS_KEEP_ALIVE).await.unwrap();
+    assert_eq!(read_response(&mut open).await.0, 200);
+    let mut running = endless_stream(&url).await;
+    let stopper = tokio::task::spawn_blocking(move || server.shutdown());
+    // Shutdown has begun once new connections are refused.
+    eventually("the listener closed", async || {
+        TcpStream::connect(url.trim_start_matches("http://"))
+            .await
+            .is_err()
+    })
+    .await;
+    open.write_all(
+        b"POST /v1/completions HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}",
+    )
+    .await
+    .unwrap();
+    let (status, head, v) = read_response(&mut open).await;
+    assert_eq!(status, 503, "{v}");
+    assert_eq!(v["error"]["code"], "shutting_down", "{v}");
+    assert!(head.contains("connection: close"), "{head}");
+    while let Ok(Some(_)) = running.chunk().await {}
+    tokio::time::timeout(Duration::from_secs(10), stopper)
+        .await
+        .expect("shutdown took too long")
+        .unwrap()
+        .unwrap();
+}
+
+/// A connection stalled mid-head does not hold up shutdown when nothing is in flight.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_connection_does_not_hold_up_shutdown() {
+    let (server, url) = start(ServeOptions {
+        shutdown_timeout: Duration::from_secs(20),
+        ..options()
+    });
+    let mut stalled = connect(&url).await;
+    stalled
+        .write_all(b"POST /v1/completions HTTP/1.1\r\nHost: te")
+        .await
+        .unwrap();
+    let mut idle = connect(&url).await;
+    idle.write_all(MODELS_KEEP_ALIVE).await.unwrap();
+    assert_eq!(read_response(&mut idle).await.0, 200);
+    let t0 = Instant::now();
+    let stopper = tokio::task::spawn_blocking(move || server.shutdown());
+    tokio::time::timeout(Duration::from_secs(5), stopper)
+        .await
+        .expect("a stalled connection held up shutdown")
+        .unwrap()
+        .unwrap();
+    assert!(t0.elapsed() < Duration::from_secs(5));
+    assert!(closed_within(&mut stalled, Duration::from_secs(1)).await);
+    assert!(closed_within(&mut idle, Duration::from_secs(1)).await);
+}
+
+/// Limits that would refuse every request are refused at start, in the CLI's words.
+#[test]
+fn limits_that_refuse_everything_are_refused_at_start() {
+    let zero_timeout = Timeouts {
+        idle: Duration::ZERO,
+        ..Timeouts::default()
+    };
+    let cases = [
+        (
+            ServeOptions {
+                max_tokens: 0,
+                ..options()
+            },
+            "--max-tokens must be at least 1",
+        ),
+        (
+            ServeOptions {
+                max_body_bytes: 0,
+                ..options()
+            },
+            "--max-body-bytes must be at least 1",
+        ),
+        (
+            ServeOptions {
+                timeouts: zero_timeout,
+                ..options()
+            },
+            "--idle-timeout must be more than 0",
+        ),
+    ];
+    for (o, says) in cases {
+        let e = Server::start(common::tiny_gpt(1), Tokenizer::Bytes, o)
+            .err()
+            .expect("started");
+        assert!(e.to_string().contains(says), "{e}");
+    }
 }

@@ -16,7 +16,7 @@ use sinter_nn::module::shared_rng;
 use sinter_nn::Module;
 use sinter_serve::bench::{self, LoadOptions, LoadReport};
 use sinter_serve::text::Utf8Stream;
-use sinter_serve::{GptModel, ServeOptions, Server, Tokenizer};
+use sinter_serve::{GptModel, ServeOptions, Server, Timeouts, Tokenizer};
 
 use crate::inference;
 
@@ -215,6 +215,16 @@ pub struct ServeArgs {
     /// Seconds that requests in flight get to finish after SIGINT/SIGTERM.
     #[arg(long, default_value_t = 10.0)]
     shutdown_timeout: f64,
+    /// Seconds a connection may take to send a request's head (from connecting, or from its
+    /// first byte after idling); then it is closed.
+    #[arg(long, default_value_t = 10.0)]
+    header_timeout: f64,
+    /// Seconds a request's body may take to arrive after its head; then 408.
+    #[arg(long, default_value_t = 30.0)]
+    body_timeout: f64,
+    /// Seconds a kept-alive connection may stay open without a request.
+    #[arg(long, default_value_t = 60.0)]
+    idle_timeout: f64,
     /// Past the context: shift or slide (see `generate --help`).
     #[arg(long, default_value = "shift")]
     context_policy: String,
@@ -226,6 +236,27 @@ pub struct ServeArgs {
     /// RAYON_NUM_THREADS, default one per core).
     #[arg(long, default_value_t = 2)]
     http_threads: usize,
+}
+
+/// A timeout flag's seconds: more than 0 and finite.
+fn seconds(flag: &str, s: f64) -> Result<Duration> {
+    if !(s.is_finite() && s > 0.0) {
+        bail!("{flag} must be a number of seconds > 0, got {s}");
+    }
+    Ok(Duration::from_secs_f64(s))
+}
+
+/// The URL to give clients: for a wildcard address (0.0.0.0, ::), which is no address to
+/// connect to, also the loopback one that reaches it from this machine.
+fn listen_url(addr: std::net::SocketAddr) -> String {
+    if !addr.ip().is_unspecified() {
+        return format!("http://{addr}");
+    }
+    let local = if addr.is_ipv4() { "127.0.0.1" } else { "[::1]" };
+    format!(
+        "http://{addr} (every interface; from this machine http://{local}:{})",
+        addr.port()
+    )
 }
 
 fn gpt_model(lm: LoadedLm, policy: &str) -> Result<(GptModel, Tokenizer)> {
@@ -241,30 +272,39 @@ pub fn serve(a: &ServeArgs) -> Result<()> {
     if !(a.shutdown_timeout.is_finite() && a.shutdown_timeout >= 0.0) {
         bail!("--shutdown-timeout must be a number of seconds ≥ 0");
     }
-    let device = device(&a.device)?;
-    let lm = load_lm(&a.checkpoint, device)?;
-    let name = a.model_name.clone().unwrap_or_else(|| lm.name.clone());
-    let (context, tok_name) = (lm.context, lm.tokenizer.name());
-    let (model, tokenizer) = gpt_model(lm, &a.context_policy)?;
+    let timeouts = Timeouts {
+        header: seconds("--header-timeout", a.header_timeout)?,
+        body: seconds("--body-timeout", a.body_timeout)?,
+        idle: seconds("--idle-timeout", a.idle_timeout)?,
+    };
     let api_key = a
         .api_key
         .clone()
         .or_else(|| std::env::var("SINTER_API_KEY").ok())
         .filter(|k| !k.is_empty());
-    let opts = ServeOptions {
+    let mut opts = ServeOptions {
         host: a.host.clone(),
         port: a.port,
-        model_name: name.clone(),
         max_batch: a.max_batch,
         max_queue: a.max_queue,
         max_tokens: a.max_tokens,
         max_body_bytes: a.max_body_bytes,
         api_key: api_key.clone(),
         shutdown_timeout: Duration::from_secs_f64(a.shutdown_timeout),
+        timeouts,
         prefill_chunk: a.prefill_chunk,
         http_threads: a.http_threads,
         handle_signals: true,
+        ..Default::default()
     };
+    // Before the (slow) model load: a bad flag is reported at once.
+    opts.check()?;
+    let device = device(&a.device)?;
+    let lm = load_lm(&a.checkpoint, device)?;
+    let name = a.model_name.clone().unwrap_or_else(|| lm.name.clone());
+    opts.model_name = name.clone();
+    let (context, tok_name) = (lm.context, lm.tokenizer.name());
+    let (model, tokenizer) = gpt_model(lm, &a.context_policy)?;
     let server = Server::start(model, tokenizer, opts)?;
     let addr = server.addr();
     if !addr.ip().is_loopback() {
@@ -281,7 +321,7 @@ pub fn serve(a: &ServeArgs) -> Result<()> {
         "sinter serve: model '{name}' ({tok_name} tokens, context {context}) on {device:?}; max batch {}, queue {}",
         a.max_batch, a.max_queue
     );
-    println!("listening on http://{addr} (POST /v1/completions, POST /v1/chat/completions, GET /v1/models, /health, /metrics); Ctrl-C stops");
+    println!("listening on {} (POST /v1/completions, POST /v1/chat/completions, GET /v1/models, /health, /metrics); Ctrl-C stops", listen_url(addr));
     let _ = std::io::stdout().flush();
     server.wait()?;
     eprintln!("sinter serve: stopped");
@@ -496,4 +536,33 @@ pub fn bench_serve(a: &BenchServeArgs) -> Result<()> {
         );
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{listen_url, seconds};
+
+    #[test]
+    fn the_url_printed_is_one_to_connect_to() {
+        assert_eq!(
+            listen_url("127.0.0.1:8080".parse().unwrap()),
+            "http://127.0.0.1:8080"
+        );
+        let any = listen_url("0.0.0.0:9000".parse().unwrap());
+        assert!(any.contains("http://127.0.0.1:9000"), "{any}");
+        let any6 = listen_url("[::]:9000".parse().unwrap());
+        assert!(any6.contains("http://[::1]:9000"), "{any6}");
+    }
+
+    #[test]
+    fn timeouts_must_be_positive_seconds() {
+        assert_eq!(seconds("--idle-timeout", 1.5).unwrap().as_millis(), 1500);
+        for bad in [0.0, -1.0, f64::NAN, f64::INFINITY] {
+            let e = seconds("--idle-timeout", bad).unwrap_err().to_string();
+            assert!(
+                e.contains("--idle-timeout must be a number of seconds > 0"),
+                "{e}"
+            );
+        }
+    }
 }

@@ -149,7 +149,8 @@ pub fn layer_norm_backward(
 }
 
 /// Cross-entropy of logits rows [rows, c] against class indices (checked by the caller).
-/// Returns (each row's loss, 0 where ignored; each row's log-sum-exp).
+/// Returns (each row's loss, 0 where ignored; each row's statistics for the backward, see
+/// `cross_entropy::cross_entropy_rows`).
 pub fn cross_entropy(
     logits: &[f32],
     targets: &[i64],
@@ -157,15 +158,16 @@ pub fn cross_entropy(
     ignore_index: i64,
 ) -> (Vec<f32>, Vec<f32>) {
     let rows = targets.len();
-    let (mut loss, mut lse) = (vec![0f32; rows], vec![0f32; rows]);
+    let per_row = cross_entropy::STATS_PER_ROW;
+    let (mut loss, mut stats) = (vec![0f32; rows], vec![0f32; rows * per_row]);
     if c == 0 {
         // No class exists, so every row is ignored (the caller checked the targets).
-        return (loss, lse);
+        return (loss, stats);
     }
     let isa = Isa::get();
     let per = rows_per_task(logits.len(), c);
     loss.par_chunks_mut(per)
-        .zip(lse.par_chunks_mut(per))
+        .zip(stats.par_chunks_mut(per * per_row))
         .enumerate()
         .for_each(|(i, (l, s))| {
             let r = i * per..i * per + l.len();
@@ -173,14 +175,14 @@ pub fn cross_entropy(
             cross_entropy::cross_entropy_rows(isa, x, c, &targets[r], ignore_index, l, s)
                 .expect("targets checked by backend::check_indices");
         });
-    (loss, lse)
+    (loss, stats)
 }
 
 /// d(Σ_r grad_r · loss_r)/d(logits): each row's (softmax − onehot) times its loss gradient.
 pub fn cross_entropy_backward(
     logits: &[f32],
     targets: &[i64],
-    lse: &[f32],
+    stats: &[f32],
     c: usize,
     ignore_index: i64,
     grad: &[f32],
@@ -203,7 +205,8 @@ pub fn cross_entropy_backward(
                 c,
                 &targets[r.clone()],
                 ignore_index,
-                &lse[r.clone()],
+                &stats
+                    [r.start * cross_entropy::STATS_PER_ROW..r.end * cross_entropy::STATS_PER_ROW],
                 scale,
                 &mut o[(r.start - r0) * c..(r.end - r0) * c],
             )

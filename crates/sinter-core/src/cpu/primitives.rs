@@ -559,28 +559,29 @@ impl BackendStorage for CpuStorage {
         let t = targets.ids.i64_contiguous(targets.layout);
         // A bad target is reported in the words every backend uses.
         check_indices(&t, last_dim(l), Some(ignore_index), IndexUse::CrossEntropy)?;
-        let (loss, lse) = nn::cross_entropy(&self.f32_contiguous(l), &t, last_dim(l), ignore_index);
+        let (loss, stats) =
+            nn::cross_entropy(&self.f32_contiguous(l), &t, last_dim(l), ignore_index);
         Ok(CrossEntropyOut {
             loss: CpuStorage::F32(loss),
-            lse: CpuStorage::F32(lse),
+            stats: CpuStorage::F32(stats),
         })
     }
     fn cross_entropy_backward(
         &self,
         l: &Layout,
         targets: Indices<'_, Self>,
-        lse: &Self,
+        stats: &Self,
         grad: &Self,
         gradl: &Layout,
         ignore_index: i64,
     ) -> Result<Self> {
         let t = targets.ids.i64_contiguous(targets.layout);
         let g = grad.f32_contiguous(gradl);
-        let lse = lse.f32_contiguous(&Layout::contiguous(&[lse.len()]));
+        let stats = stats.f32_contiguous(&Layout::contiguous(&[stats.len()]));
         let d = nn::cross_entropy_backward(
             &self.f32_contiguous(l),
             &t,
-            &lse,
+            &stats,
             last_dim(l),
             ignore_index,
             &g,

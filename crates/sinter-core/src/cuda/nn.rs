@@ -229,7 +229,8 @@ fn device_indices(
 }
 
 /// Cross-entropy of each row of logits [rows, c] against i64 targets (0 for a row whose target
-/// is `ignore_index`), and each row's log-sum-exp; both f32, on the device.
+/// is `ignore_index`), and each row's statistics for the backward (max, ln Σ e^(x − max));
+/// both f32, on the device.
 pub(crate) fn cross_entropy(
     logits: &CudaStorage,
     l: &Layout,
@@ -243,13 +244,13 @@ pub(crate) fn cross_entropy(
     let tv = device_indices(dev, &targets, c, Some(ignore_index))?;
     let xv = logits.window(l)?;
     let loss = alloc(dev, rows, DType::F32)?;
-    let lse = alloc(dev, rows, DType::F32)?;
+    let stats = alloc(dev, rows * kce::STATS_PER_ROW, DType::F32)?;
     kce::cross_entropy_forward(
         dev,
         xv.slice(),
         tv.slice(),
         loss.as_slice(),
-        Some(lse.as_slice()),
+        Some(stats.as_slice()),
         rows,
         c,
         ignore_index,
@@ -258,7 +259,7 @@ pub(crate) fn cross_entropy(
     let f = |b| logits.sibling(b, DType::F32);
     Ok(CrossEntropyOut {
         loss: f(loss),
-        lse: f(lse),
+        stats: f(stats),
     })
 }
 
@@ -267,7 +268,7 @@ pub(crate) fn cross_entropy_backward(
     logits: &CudaStorage,
     l: &Layout,
     targets: Indices<'_, CudaStorage>,
-    lse: &CudaStorage,
+    stats: &CudaStorage,
     grad: (&CudaStorage, &Layout),
     ignore_index: i64,
 ) -> Result<CudaStorage> {
@@ -282,7 +283,7 @@ pub(crate) fn cross_entropy_backward(
         dev,
         xv.slice(),
         tv.slice(),
-        lse.buffer().as_slice(),
+        stats.buffer().as_slice(),
         LossGrad::PerRow(gv.slice()),
         dx.as_slice(),
         rows,

@@ -177,12 +177,12 @@ impl BackendStorage for CudaStorage {
         &self,
         l: &Layout,
         targets: Indices<'_, Self>,
-        lse: &Self,
+        stats: &Self,
         grad: &Self,
         gradl: &Layout,
         ignore_index: i64,
     ) -> Result<Self> {
-        nn::cross_entropy_backward(self, l, targets, lse, (grad, gradl), ignore_index)
+        nn::cross_entropy_backward(self, l, targets, stats, (grad, gradl), ignore_index)
     }
     fn bias_gelu(&self, _: &Layout, _: &Self, _: &Layout) -> Result<Option<Self>> {
         // No fused kernel without a GEMM: the op runs as the composite (add, gelu) on the

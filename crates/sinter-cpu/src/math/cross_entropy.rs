@@ -1,16 +1,21 @@
 //! Cross-entropy rows: softmax + negative log-likelihood of the target class, fused.
 //!
-//! Reads logits [rows, c] and one target per row; writes each row's loss and log-sum-exp
-//! (all the backward pass needs besides the logits). The loss is computed as
-//! ln Σ e^(x − max) − (x_t − max), never as lse − x_t: for a confident prediction lse and
-//! x_t are large and nearly equal, and subtracting them after rounding loses the loss's
-//! leading digits (issue 14). The sum is split as 1 + rest (the max's own term kept out) and
-//! its log taken as ln_1p(rest), so a loss of 1e-13 keeps its digits too. One max pass and
-//! one exp pass per row.
-//! Backward: dx = (e^(x − lse) − onehot(t))·scale for counted rows, 0 for ignored ones.
+//! Reads logits [rows, c] and one target per row; writes each row's loss and its statistics
+//! (max, ln Σ e^(x − max)), all the backward pass needs besides the logits. The loss is
+//! computed as ln Σ e^(x − max) − (x_t − max), never as lse − x_t: for a confident prediction
+//! lse and x_t are large and nearly equal, and subtracting them after rounding loses the
+//! loss's leading digits (issue 14). The log-sum is ln_1p of the sum without the max's own
+//! term ([`shifted_log_sum`]), so a loss of 1e-13 keeps its digits too. One max pass and one
+//! exp pass per row.
+//! Backward: dx = (e^((x − max) − ln Σ) − onehot(t))·scale for counted rows, 0 for ignored
+//! ones; the target's p − 1 is expm1 of its exponent. The max and the log-sum stay apart
+//! because their f32 sum (the log-sum-exp) rounds at the max's scale: at logits ~1000 that
+//! moved every probability by up to 6e-5 of itself and a confident target's gradient by 10 %
+//! (issue 30).
 
 use super::exp_log::exp;
 use super::reduce::{for_vectors, max, store_lanes};
+use super::softmax::shifted_log_sum;
 use crate::simd::Simd;
 use crate::{with_isa, Isa};
 
@@ -30,6 +35,10 @@ impl std::fmt::Display for BadTarget {
 
 impl std::error::Error for BadTarget {}
 
+/// How many f32 statistics [`cross_entropy_rows`] saves per row: its max, then
+/// ln Σ e^(x − max).
+pub const STATS_PER_ROW: usize = 2;
+
 fn target_of(t: i64, row: usize, c: usize, ignore: i64) -> Result<Option<usize>, BadTarget> {
     if t == ignore {
         Ok(None)
@@ -45,7 +54,8 @@ fn target_of(t: i64, row: usize, c: usize, ignore: i64) -> Result<Option<usize>,
 }
 
 /// For each row r of `logits` ([targets.len(), c]): loss[r] (0 for an ignored row) and
-/// lse[r] = ln Σ e^x. Checks every target first; on an error nothing is written.
+/// stats[2r..2r + 2] = (max, ln Σ e^(x − max)). Checks every target first; on an error
+/// nothing is written.
 ///
 /// # Panics
 /// If the slice lengths do not match `targets.len()` rows of `c` (a caller bug).
@@ -57,15 +67,18 @@ pub fn cross_entropy_rows(
     targets: &[i64],
     ignore_index: i64,
     loss: &mut [f32],
-    lse: &mut [f32],
+    stats: &mut [f32],
 ) -> Result<(), BadTarget> {
     let rows = targets.len();
     assert!(
-        c > 0 && logits.len() == rows * c && loss.len() == rows && lse.len() == rows,
-        "cross_entropy_rows: {} logits, {} losses and {} lse for {rows} targets of {c} classes",
+        c > 0
+            && logits.len() == rows * c
+            && loss.len() == rows
+            && stats.len() == rows * STATS_PER_ROW,
+        "cross_entropy_rows: {} logits, {} losses and {} statistics for {rows} targets of {c} classes",
         logits.len(),
         loss.len(),
-        lse.len()
+        stats.len()
     );
     for (r, &t) in targets.iter().enumerate() {
         target_of(t, r, c, ignore_index)?;
@@ -74,21 +87,9 @@ pub fn cross_entropy_rows(
         for r in 0..rows {
             let row = logits.as_ptr().add(r * c);
             let m = max::<S>(row, c);
-            let mv = S::splat(m);
-            // Σ e^(x − max) = 1 + rest, with the max's own 1 kept out of the vector sum (and
-            // ties added back exactly), so ln(1 + rest) keeps rest's digits when it is tiny.
-            let (mut acc, mut ties) = (S::zero(), S::zero());
-            for_vectors::<S>(row, c, #[inline(always)] |_, v, lanes| {
-                let at_max = S::eq(v, mv);
-                let e = S::select(at_max, S::zero(), exp::<S>(S::sub(v, mv)));
-                let t = S::select(at_max, S::splat(1.0), S::zero());
-                let (e, t) = if lanes == S::LANES { (e, t) } else { (S::keep_first(e, lanes), S::keep_first(t, lanes)) };
-                acc = S::add(acc, e);
-                ties = S::add(ties, t);
-            });
-            let rest = S::reduce_add(acc) as f64 + (S::reduce_add(ties) as f64 - 1.0).max(0.0);
-            let log_sum = rest.ln_1p() as f32;
-            lse[r] = m + log_sum;
+            let log_sum = shifted_log_sum::<S>(row, c, m);
+            stats[r * STATS_PER_ROW] = m;
+            stats[r * STATS_PER_ROW + 1] = log_sum;
             loss[r] = match target_of(targets[r], r, c, ignore_index) {
                 Ok(Some(t)) => log_sum - (logits[r * c + t] - m),
                 _ => 0.0,
@@ -99,7 +100,7 @@ pub fn cross_entropy_rows(
 }
 
 /// dx (rows × c) = (softmax(logits) − onehot(target))·scale; rows with the ignore index get 0.
-/// `lse` is [`cross_entropy_rows`]'s output; targets were checked there.
+/// `stats` is [`cross_entropy_rows`]'s output; targets were checked there.
 #[allow(clippy::too_many_arguments)]
 pub fn cross_entropy_rows_backward(
     isa: Isa,
@@ -107,13 +108,16 @@ pub fn cross_entropy_rows_backward(
     c: usize,
     targets: &[i64],
     ignore_index: i64,
-    lse: &[f32],
+    stats: &[f32],
     scale: f32,
     dx: &mut [f32],
 ) -> Result<(), BadTarget> {
     let rows = targets.len();
     assert!(
-        c > 0 && logits.len() == rows * c && dx.len() == rows * c && lse.len() == rows,
+        c > 0
+            && logits.len() == rows * c
+            && dx.len() == rows * c
+            && stats.len() == rows * STATS_PER_ROW,
         "cross_entropy_rows_backward: lengths do not match {rows} rows of {c}"
     );
     for (r, &t) in targets.iter().enumerate() {
@@ -127,12 +131,17 @@ pub fn cross_entropy_rows_backward(
                 d.fill(0.0);
                 continue;
             };
-            let lv = S::splat(lse[r]);
+            let (m, log_sum) = (stats[r * STATS_PER_ROW], stats[r * STATS_PER_ROW + 1]);
+            let (mv, lv) = (S::splat(m), S::splat(log_sum));
             let dp = d.as_mut_ptr();
             for_vectors::<S>(logits.as_ptr().add(r * c), c, #[inline(always)] |i, v, lanes| {
-                store_lanes::<S>(dp.add(i), S::mul(exp::<S>(S::sub(v, lv)), sv), lanes)
+                let p = exp::<S>(S::sub(S::sub(v, mv), lv));
+                store_lanes::<S>(dp.add(i), S::mul(p, sv), lanes)
             });
-            d[t] -= scale;
+            // p − 1 as expm1: a confident target's p is within an ulp of 1, and p − 1 would
+            // keep only the digits above that ulp.
+            let z = (logits[r * c + t] as f64 - m as f64) - log_sum as f64;
+            d[t] = (z.exp_m1() * scale as f64) as f32;
         }
     });
     Ok(())

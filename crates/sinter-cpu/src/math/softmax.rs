@@ -2,7 +2,8 @@
 //!
 //! Reads x [rows, n]; writes y [rows, n]. Each row is read twice (max, then exp and sum
 //! while writing) and its output scaled in place: three vector passes over data in L1,
-//! one exp per element. Backward reads y and g, writes dx: softmax dx = y·(g − Σ y·g),
+//! one exp per element. Log-softmax writes (x − max) − ln Σ e^(x − max), with the log-sum
+//! from [`shifted_log_sum`] (exact-ish for a confident row). Backward reads y and g, writes dx: softmax dx = y·(g − Σ y·g),
 //! log-softmax dx = g − e^y·Σ g.
 //!
 //! The pieces of an online softmax (flash attention's tiles, which rescale a running max and
@@ -37,20 +38,18 @@ pub fn softmax_rows(isa: Isa, x: &[f32], y: &mut [f32], n: usize, log: bool) {
 #[inline(always)]
 pub(super) unsafe fn softmax_row<S: Simd>(x: *const f32, y: *mut f32, n: usize, log: bool) {
     let m = max::<S>(x, n);
-    let total = if log {
-        exp_sum_row::<S, false>(x, y, n, m)
-    } else {
-        exp_sum_row::<S, true>(x, y, n, m)
-    };
     if log {
-        let shift = S::splat(m + total.ln());
+        // (x − max) − ln Σ, never x − (max + ln Σ): max + ln Σ rounds at max's scale, which
+        // for [88, 80×9] moved the confident class's −3.0e-3 by 3.3e-4 of itself (issue 30).
+        let (mv, lv) = (S::splat(m), S::splat(shifted_log_sum::<S>(x, n, m)));
         for_vectors::<S>(
             x,
             n,
             #[inline(always)]
-            |i, v, lanes| store_lanes::<S>(y.add(i), S::sub(v, shift), lanes),
+            |i, v, lanes| store_lanes::<S>(y.add(i), S::sub(S::sub(v, mv), lv), lanes),
         );
     } else {
+        let total = exp_sum_row::<S, true>(x, y, n, m);
         let inv = S::splat(1.0 / total);
         for_vectors::<S>(
             y,
@@ -107,6 +106,35 @@ pub fn exp_shifted(isa: Isa, x: &mut [f32], live: usize, shift: f32) -> f32 {
     tail.fill(0.0);
     let p = head.as_mut_ptr();
     with_isa!(isa, S => exp_sum_row::<S, true>(p, p, head.len(), shift))
+}
+
+/// ln Σ e^(x − m) over a row whose maximum is m, taken as ln_1p of the sum without one
+/// maximum's own 1 (the other maxima added back exactly): when every other term is tiny next
+/// to the max, ln(1 + rest) keeps rest's digits, where ln of the rounded total would keep only
+/// those above the total's last bit. −inf rows give ln n (and NaN downstream, as in PyTorch).
+#[inline(always)]
+pub(super) unsafe fn shifted_log_sum<S: Simd>(x: *const f32, n: usize, m: f32) -> f32 {
+    let mv = S::splat(m);
+    let (mut acc, mut ties) = (S::zero(), S::zero());
+    for_vectors::<S>(
+        x,
+        n,
+        #[inline(always)]
+        |_, v, lanes| {
+            let at_max = S::eq(v, mv);
+            let e = S::select(at_max, S::zero(), exp::<S>(S::sub(v, mv)));
+            let t = S::select(at_max, S::splat(1.0), S::zero());
+            let (e, t) = if lanes == S::LANES {
+                (e, t)
+            } else {
+                (S::keep_first(e, lanes), S::keep_first(t, lanes))
+            };
+            acc = S::add(acc, e);
+            ties = S::add(ties, t);
+        },
+    );
+    let rest = S::reduce_add(acc) as f64 + (S::reduce_add(ties) as f64 - 1.0).max(0.0);
+    rest.ln_1p() as f32
 }
 
 /// Σ e^(x[i] − shift) over the row, also stored into y when `STORE` (y may be x).

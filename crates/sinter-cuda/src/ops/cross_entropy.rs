@@ -19,14 +19,19 @@ pub enum LossGrad<'a> {
     PerRow(DevSlice<'a>),
 }
 
-/// Plan loss[r] = logsumexp(logits[r]) - logits[r, target[r]] (0 if ignored), saving lse[r].
+/// How many f32 statistics the forward saves per row for the backward: the row's max, then
+/// ln Σ exp(x - max) (kept apart: their f32 sum rounds at the max's scale).
+pub const STATS_PER_ROW: usize = 2;
+
+/// Plan loss[r] = logsumexp(logits[r]) - logits[r, target[r]] (0 if ignored), saving the
+/// row's statistics in stats[2r..2r + 2] = (max, ln Σ exp(x - max)).
 #[allow(clippy::too_many_arguments)]
 pub fn plan_cross_entropy_forward(
     t: &LaunchTarget,
     logits: DevSlice<'_>,
     target: DevSlice<'_>,
     loss: DevSlice<'_>,
-    lse: Option<DevSlice<'_>>,
+    stats: Option<DevSlice<'_>>,
     rows: usize,
     n: usize,
     ignore_index: i64,
@@ -37,7 +42,7 @@ pub fn plan_cross_entropy_forward(
     need(op, "logits", &logits, d, rows_times_n(op, rows, n)?)?;
     need(op, "target", &target, DType::I64, rows)?;
     need(op, "loss", &loss, DType::F32, rows)?;
-    opt_need(op, "lse", &lse, DType::F32, rows)?;
+    opt_need(op, "stats", &stats, DType::F32, rows * STATS_PER_ROW)?;
     if rows == 0 {
         return Ok(None);
     }
@@ -52,7 +57,7 @@ pub fn plan_cross_entropy_forward(
             Arg::Ptr(logits.ptr()),
             Arg::Ptr(target.ptr()),
             Arg::Ptr(loss.ptr()),
-            Arg::Ptr(ptr_of(&lse)),
+            Arg::Ptr(ptr_of(&stats)),
             Arg::I64(rows as i64),
             Arg::I64(n as i64),
             Arg::I64(ignore_index),
@@ -66,7 +71,7 @@ pub fn plan_cross_entropy_backward(
     t: &LaunchTarget,
     logits: DevSlice<'_>,
     target: DevSlice<'_>,
-    lse: DevSlice<'_>,
+    stats: DevSlice<'_>,
     dloss: LossGrad<'_>,
     dlogits: DevSlice<'_>,
     rows: usize,
@@ -81,7 +86,7 @@ pub fn plan_cross_entropy_backward(
     need(op, "logits", &logits, d, total)?;
     need(op, "dlogits", &dlogits, d, total)?;
     need(op, "target", &target, DType::I64, rows)?;
-    need(op, "lse", &lse, DType::F32, rows)?;
+    need(op, "stats", &stats, DType::F32, rows * STATS_PER_ROW)?;
     let (dptr, dstride) = match dloss {
         LossGrad::One => (0, 0),
         LossGrad::Scalar(s) => {
@@ -106,7 +111,7 @@ pub fn plan_cross_entropy_backward(
         args: vec![
             Arg::Ptr(logits.ptr()),
             Arg::Ptr(target.ptr()),
-            Arg::Ptr(lse.ptr()),
+            Arg::Ptr(stats.ptr()),
             Arg::Ptr(dptr),
             Arg::Ptr(dlogits.ptr()),
             Arg::I64(rows as i64),
@@ -147,7 +152,7 @@ pub fn cross_entropy_forward(
     logits: DevSlice<'_>,
     target: DevSlice<'_>,
     loss: DevSlice<'_>,
-    lse: Option<DevSlice<'_>>,
+    stats: Option<DevSlice<'_>>,
     rows: usize,
     n: usize,
     ignore_index: i64,
@@ -157,7 +162,7 @@ pub fn cross_entropy_forward(
         logits,
         target,
         loss,
-        lse,
+        stats,
         rows,
         n,
         ignore_index,
@@ -170,7 +175,7 @@ pub fn cross_entropy_backward(
     dev: &CudaDevice,
     logits: DevSlice<'_>,
     target: DevSlice<'_>,
-    lse: DevSlice<'_>,
+    stats: DevSlice<'_>,
     dloss: LossGrad<'_>,
     dlogits: DevSlice<'_>,
     rows: usize,
@@ -182,7 +187,7 @@ pub fn cross_entropy_backward(
         &dev.target(),
         logits,
         target,
-        lse,
+        stats,
         dloss,
         dlogits,
         rows,
@@ -209,16 +214,17 @@ pub(crate) fn samples(t: &LaunchTarget) -> Vec<Launch> {
     let mut v = Vec::new();
     let (rows, n) = (8, 50257);
     let tg = fake_slice(DType::I64, rows);
-    let (loss, lse) = (fake_slice(DType::F32, rows), fake_slice(DType::F32, rows));
+    let loss = fake_slice(DType::F32, rows);
+    let stats = fake_slice(DType::F32, rows * STATS_PER_ROW);
     for d in DType::FLOATS {
         let (x, g) = (fake_slice(d, rows * n), fake_slice(d, rows * n));
-        v.extend(plan_cross_entropy_forward(t, x, tg, loss, Some(lse), rows, n, -100).unwrap());
+        v.extend(plan_cross_entropy_forward(t, x, tg, loss, Some(stats), rows, n, -100).unwrap());
         v.extend(
             plan_cross_entropy_backward(
                 t,
                 x,
                 tg,
-                lse,
+                stats,
                 LossGrad::PerRow(loss),
                 g,
                 rows,
