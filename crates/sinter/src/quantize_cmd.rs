@@ -143,8 +143,9 @@ pub fn run(a: &QuantizeArgs) -> Result<()> {
             a.checkpoint.display()
         );
     }
-    check_out(a)?;
     let (s, step) = inference::load_for_eval(&a.checkpoint)?;
+    // Before the slow part, so that a refused --out costs no quantizing.
+    check_out(a)?;
     let options = a.choices.options();
     let Quantized {
         report,
