@@ -1,5 +1,6 @@
 //! Launcher library behind `sinter launch … -- program args…`: starts this node's ranks as
-//! child processes with the torchrun variables set, prefixes their output with `[rank N] `,
+//! child processes with the torchrun variables set (a line says when each started), prefixes
+//! their output with `[rank N] `,
 //! forwards SIGINT/SIGTERM, and if one rank fails stops the others (SIGTERM, then SIGKILL
 //! after a grace period) and reports which rank failed and how.
 //!
@@ -292,23 +293,28 @@ fn pump(reader: impl Read, prefix: String, is_err: bool, output: Output, done: m
                     line.pop();
                 }
                 let text = format!("{prefix}{}", String::from_utf8_lossy(&line));
-                match &output {
-                    Output::Inherit => {
-                        if is_err {
-                            let mut e = std::io::stderr().lock();
-                            let _ = writeln!(e, "{text}");
-                        } else {
-                            let mut o = std::io::stdout().lock();
-                            let _ = writeln!(o, "{text}");
-                            let _ = o.flush();
-                        }
-                    }
-                    Output::Capture(v) => v.lock().unwrap_or_else(|e| e.into_inner()).push(text),
-                }
+                emit(&output, is_err, text);
             }
         }
     }
     let _ = done.send(());
+}
+
+/// One line to `output`: stderr or stdout, or the captured lines.
+fn emit(output: &Output, is_err: bool, text: String) {
+    match output {
+        Output::Inherit => {
+            if is_err {
+                let mut e = std::io::stderr().lock();
+                let _ = writeln!(e, "{text}");
+            } else {
+                let mut o = std::io::stdout().lock();
+                let _ = writeln!(o, "{text}");
+                let _ = o.flush();
+            }
+        }
+        Output::Capture(v) => v.lock().unwrap_or_else(|e| e.into_inner()).push(text),
+    }
 }
 
 // ----- run ----------------------------------------------------------------------------------
@@ -357,6 +363,18 @@ pub fn run_with(spec: &LaunchSpec, opts: &LaunchOptions) -> Result<LaunchReport>
                 )));
             }
         };
+        // A line per started rank: a launch of many ranks, or of ranks slow to print their
+        // first line, is never silent.
+        emit(
+            &opts.output,
+            true,
+            format!(
+                "launch: started rank {} of {} (pid {})",
+                plan.rank,
+                spec.world_size(),
+                child.id()
+            ),
+        );
         let prefix = format!("[rank {}] ", plan.rank);
         if let Some(o) = child.stdout.take() {
             let (p, out, tx) = (prefix.clone(), opts.output.clone(), done_tx.clone());

@@ -7,11 +7,13 @@
 //! written to a temporary file, fsynced and renamed, so a crash never leaves a half-written
 //! checkpoint in place of a good one; temporaries left by killed runs are removed on start
 //! ([`remove_stale_temporaries`]). Loading checks everything it reads: the header, the
-//! config (like the flags), and every weight for NaN or infinity.
+//! checksum of the tensor bytes (CRC-32C, stored in the metadata when the file is written;
+//! `--no-verify` skips it), the config (like the flags), and every weight for NaN or infinity.
 
 use std::collections::{BTreeMap, HashMap};
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use anyhow::{anyhow, bail, Context, Result};
 use safetensors::tensor::{Dtype, SafeTensorError, SafeTensors};
@@ -24,6 +26,56 @@ pub const FILE_NAME: &str = "checkpoint.safetensors";
 /// The checkpoint of the best validation loss (`--keep-best`).
 pub const BEST_FILE: &str = "best.safetensors";
 const FORMAT: &str = "sinter-checkpoint-1";
+/// The metadata key of the CRC-32C of a file's tensor bytes (everything after the header).
+pub const CHECKSUM_KEY: &str = "tensor_crc32c";
+/// The format family of `sinter quantize`'s int8 files (`sinter-quantized-1`, `-2`, …).
+const QUANTIZED_FAMILY: &str = "sinter-quantized-";
+
+/// Whether loads check the tensor checksum (`--no-verify` turns it off for the process).
+static VERIFY: AtomicBool = AtomicBool::new(true);
+/// Whether a file without a checksum has been reported (once per process is enough).
+static UNVERIFIED_SAID: AtomicBool = AtomicBool::new(false);
+
+/// `--no-verify`: load checkpoints without checking their tensor checksum.
+pub fn set_verify(on: bool) {
+    VERIFY.store(on, Ordering::SeqCst);
+}
+
+/// The CRC-32C of a safetensors file's tensor bytes, as its metadata stores it.
+fn checksum_text(data: &[u8]) -> String {
+    format!("{:08x}", crc32c::crc32c(data))
+}
+
+/// Checks the tensor bytes of the safetensors file `bytes` against the checksum in its
+/// metadata `md`. One pass with the CPU's CRC-32C instruction (the crc32c crate picks it at
+/// run time), lighter than the NaN check every float tensor gets after it. A file written
+/// before checksums were stored loads, and says so once per process.
+pub(crate) fn verify_checksum(bytes: &[u8], md: &HashMap<String, String>) -> Result<()> {
+    if !VERIFY.load(Ordering::SeqCst) {
+        return Ok(());
+    }
+    let Some(stored) = md.get(CHECKSUM_KEY) else {
+        if !UNVERIFIED_SAID.swap(true, Ordering::SeqCst) {
+            crate::say!("note: a checkpoint holds no checksum of its tensors (written by an older sinter): it loads unverified");
+        }
+        return Ok(());
+    };
+    let header = bytes
+        .get(..8)
+        .map_or(0, |b| u64::from_le_bytes(b.try_into().expect("8 bytes")));
+    let data = usize::try_from(header)
+        .ok()
+        .and_then(|h| h.checked_add(8))
+        .and_then(|start| bytes.get(start..))
+        .ok_or_else(|| {
+            anyhow!("is corrupt or truncated: its header runs past the end of the file")
+        })?;
+    let actual = checksum_text(data);
+    if actual != *stored {
+        bail!("is corrupt: its tensor bytes do not match the checksum stored when it was written (CRC-32C {actual}, stored {stored}): a byte changed on disk or in a copy. Use an earlier checkpoint or a fresh copy; --no-verify loads it anyway");
+    }
+    Ok(())
+}
 
 /// What running a checkpoint needs besides its weights, so that `generate`, `eval`, `serve`
 /// and `predict` work from the checkpoint alone (no data set). Saved as JSON under the
@@ -247,16 +299,23 @@ fn metadata(meta: &Meta) -> Result<BTreeMap<String, String>> {
 /// A safetensors file: an 8-byte little-endian header length, the JSON header (metadata
 /// first, then each tensor's dtype, shape and byte range, in data order), padded with spaces
 /// to 8 bytes, then the tensors' bytes. Tensors are ordered by descending dtype size, then
-/// name (as the safetensors crate orders them), so every tensor stays aligned. The same
-/// tensors and metadata always give the same bytes (int8 checkpoints are written here too).
+/// name (as the safetensors crate orders them), so every tensor stays aligned. The metadata
+/// gains the tensor bytes' checksum ([`CHECKSUM_KEY`]). The same tensors and metadata always
+/// give the same bytes (int8 checkpoints are written here too).
 pub(crate) fn serialize(
     tensors: Vec<(String, Dtype, Vec<usize>, Vec<u8>)>,
     md: &BTreeMap<String, String>,
 ) -> Result<Vec<u8>> {
     let mut tensors = tensors;
     tensors.sort_by(|a, b| b.1.size().cmp(&a.1.size()).then(a.0.cmp(&b.0)));
+    // The checksum of the tensor bytes in file order, which loading verifies.
+    let crc = tensors
+        .iter()
+        .fold(0, |crc, t| crc32c::crc32c_append(crc, &t.3));
+    let mut md = md.clone();
+    md.insert(CHECKSUM_KEY.into(), format!("{crc:08x}"));
     let mut header = serde_json::Map::new();
-    header.insert("__metadata__".into(), serde_json::to_value(md)?);
+    header.insert("__metadata__".into(), serde_json::to_value(&md)?);
     let mut offset = 0usize;
     for (name, dtype, shape, bytes) in &tensors {
         if header.contains_key(name) {
@@ -372,13 +431,46 @@ pub(crate) fn file_of(dir: &Path) -> PathBuf {
 /// the file.
 pub fn load(dir: &Path) -> Result<Loaded> {
     let path = file_of(dir);
-    let bytes = std::fs::read(&path).with_context(|| {
-        format!(
-            "cannot read checkpoint {} (does the run directory exist and hold {FILE_NAME}?)",
-            path.display()
-        )
-    })?;
+    let bytes = std::fs::read(&path).map_err(|e| unreadable(dir, &path, e))?;
     parse(&bytes).with_context(|| format!("checkpoint {}", path.display()))
+}
+
+/// Why the checkpoint `path` of `dir` cannot be read, in words: a run directory whose run
+/// never wrote a checkpoint (stopped or killed before or during its first) says so and what
+/// to do.
+fn unreadable(dir: &Path, path: &Path, e: std::io::Error) -> anyhow::Error {
+    if dir.is_dir() && e.kind() == std::io::ErrorKind::NotFound {
+        if let Some(what) = run_without_checkpoint(dir) {
+            return anyhow!("{} holds {what}, but no {FILE_NAME}: the run was stopped or killed before its first checkpoint was written (or while it was being written), so there is nothing to resume. Start it again with `sinter train --out {} --overwrite …` (its flags as before), or choose another --out", dir.display(), dir.display());
+        }
+    }
+    anyhow!(
+        "cannot read checkpoint {} (does the run directory exist and hold {FILE_NAME}?): {e}",
+        path.display()
+    )
+}
+
+/// When `dir` holds the files of a run (history, an unfinished checkpoint's temporary) but
+/// no checkpoint: what it holds, in words.
+pub fn run_without_checkpoint(dir: &Path) -> Option<String> {
+    if path_in(dir).exists() || dir.join(BEST_FILE).exists() {
+        return None;
+    }
+    let mut found: Vec<String> = std::fs::read_dir(dir)
+        .ok()?
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| {
+            n.starts_with("metrics.")
+                || n.starts_with("events.out.tfevents")
+                || n.starts_with(&format!(".{FILE_NAME}.tmp-"))
+        })
+        .collect();
+    found.sort();
+    if found.is_empty() {
+        return None;
+    }
+    Some(format!("the files of a run ({})", found.join(", ")))
 }
 
 /// The metadata of a checkpoint (a run directory or the file itself), read from its header
@@ -386,12 +478,7 @@ pub fn load(dir: &Path) -> Result<Loaded> {
 /// [`load`] checks the whole file later.
 pub fn load_meta(dir: &Path) -> Result<Meta> {
     let path = file_of(dir);
-    let f = std::fs::File::open(&path).with_context(|| {
-        format!(
-            "cannot read checkpoint {} (does the run directory exist and hold {FILE_NAME}?)",
-            path.display()
-        )
-    })?;
+    let f = std::fs::File::open(&path).map_err(|e| unreadable(dir, &path, e))?;
     header_meta(std::io::BufReader::new(f))
         .with_context(|| format!("checkpoint {}", path.display()))
 }
@@ -429,13 +516,18 @@ fn header_meta(mut f: impl std::io::Read) -> Result<Meta> {
 }
 
 fn check_format(md: &HashMap<String, String>) -> Result<()> {
-    if md.get("format").map(String::as_str) != Some(FORMAT) {
-        bail!(
-            "is not a sinter checkpoint (its metadata format is {:?}, not {FORMAT:?})",
-            md.get("format")
-        );
+    match md.get("format").map(String::as_str) {
+        Some(FORMAT) => Ok(()),
+        Some(f) if f.starts_with(QUANTIZED_FAMILY) => {
+            let source = md
+                .get("source")
+                .map(|s| format!(" (this one was made from {s})"))
+                .unwrap_or_default();
+            bail!("is an int8 inference checkpoint (format {f}) made by `sinter quantize`: it holds no optimizer state and cannot be trained further. eval, generate, predict and serve load it; to train, resume from the f32 training checkpoint it was quantized from{source}, which `sinter train --out DIR` writes")
+        }
+        Some(f) => bail!("is not a sinter training checkpoint: its metadata format is '{f}', not '{FORMAT}'"),
+        None => bail!("is not a sinter checkpoint: its metadata has no 'format' (a safetensors file from elsewhere?); sinter loads the checkpoint.safetensors that `sinter train --out DIR` writes"),
     }
-    Ok(())
 }
 
 /// A checkpoint from its bytes (see [`load`]).
@@ -445,6 +537,7 @@ pub fn parse(bytes: &[u8]) -> Result<Loaded> {
     let st = SafeTensors::deserialize(bytes).map_err(corrupt)?;
     let md = header.metadata().clone().unwrap_or_default();
     check_format(&md)?;
+    verify_checksum(bytes, &md)?;
     let meta = parse_meta(&md)?;
     let mut tensors = HashMap::new();
     for (name, view) in st.tensors() {
@@ -637,15 +730,45 @@ mod tests {
             let t = &parse(&b).unwrap().tensors["model.mask"];
             assert_eq!((t.dtype(), t.shape()), (DType::Bool, &[2usize, 3][..]));
             assert_eq!(t.to_vec_bool().unwrap(), v);
-            // A bool byte other than 0 or 1 is corrupt data, named as such.
+            // A bool byte other than 0 or 1 fails the checksum; with the checksum made to
+            // match, it is still corrupt data, named as such.
             let mut bad = b.clone();
             let last = bad.len() - 1;
             bad[last] = 7;
-            let Err(e) = parse(&bad) else {
+            let e = format!("{:#}", parse(&bad).err().expect("a changed byte loaded"));
+            assert!(e.contains("checksum"), "{e}");
+            let Err(e) = parse(&restamped(bad)) else {
                 panic!("a bool byte of 7 loaded");
             };
             let e = format!("{e:#}");
             assert!(e.contains("model.mask") && e.contains("not 0 or 1"), "{e}");
+        }
+
+        /// `bytes` with the checksum in its header replaced by its tensor bytes' (the same
+        /// length of text, so nothing moves).
+        fn restamped(mut bytes: Vec<u8>) -> Vec<u8> {
+            let start = 8 + u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+            let (_, header) = SafeTensors::read_metadata(&bytes).unwrap();
+            let old = header.metadata().as_ref().unwrap()[CHECKSUM_KEY].clone();
+            let new = checksum_text(&bytes[start..]);
+            let text = String::from_utf8(bytes[8..start].to_vec()).unwrap();
+            let text = text.replace(&format!("\"{old}\""), &format!("\"{new}\""));
+            bytes[8..start].copy_from_slice(text.as_bytes());
+            bytes
+        }
+
+        #[test]
+        fn one_changed_tensor_byte_is_refused_by_the_checksum() {
+            let good = valid();
+            let start = 8 + u64::from_le_bytes(good[..8].try_into().unwrap()) as usize;
+            for at in [start, good.len() - 1] {
+                let mut bad = good.clone();
+                bad[at] ^= 0x01;
+                let e = format!("{:#}", parse(&bad).err().expect("a flipped byte loaded"));
+                assert!(e.contains("do not match the checksum"), "{e}");
+                // The same change with its checksum loads: the check is what refused it.
+                assert!(parse(&restamped(bad)).is_ok());
+            }
         }
 
         proptest! {

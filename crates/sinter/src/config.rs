@@ -52,6 +52,21 @@ pub struct ConfigFile {
     pub fuse_conv_bn: Option<bool>,
     /// Optimizer parameter groups: `PATTERN:lr=X,weight_decay=Y` rules (see param_groups.rs).
     pub param_group: Option<Vec<String>>,
+
+    // How this invocation runs (not saved in checkpoints): see `TrainArgs` for each.
+    pub resume: Option<PathBuf>,
+    pub overwrite: Option<bool>,
+    pub stop_at_step: Option<u64>,
+    pub quiet: Option<bool>,
+    pub cuda_graph: Option<bool>,
+    pub dp: Option<bool>,
+    pub dist_backend: Option<String>,
+    pub tp: Option<usize>,
+    pub pp: Option<usize>,
+    pub micro_batches: Option<usize>,
+    /// The pipeline schedule (`--schedule`, alias `--pp-schedule`).
+    #[serde(alias = "pp_schedule")]
+    pub schedule: Option<String>,
 }
 
 impl ConfigFile {
@@ -100,9 +115,25 @@ impl ConfigFile {
             early_stop,
             early_stop_delta,
             fuse_conv_bn,
-            param_group
+            param_group,
+            resume,
+            overwrite,
+            stop_at_step,
+            quiet,
+            cuda_graph,
+            dp,
+            dist_backend,
+            tp,
+            pp,
+            micro_batches,
+            schedule
         );
         self
+    }
+
+    /// Whether an on/off key is on.
+    pub fn on(flag: Option<bool>) -> bool {
+        flag == Some(true)
     }
 }
 
@@ -320,6 +351,7 @@ pub fn defaults_for(model: &str) -> ConfigFile {
         early_stop_delta: Some(0.0),
         fuse_conv_bn: None,
         param_group: None,
+        ..ConfigFile::default()
     }
 }
 

@@ -31,6 +31,10 @@ pub struct LaunchArgs {
     /// Print the rank layout and each rank's environment without starting anything.
     #[arg(long)]
     pub dry_run: bool,
+    /// Start more than four ranks per CPU core (refused without it: each rank is a whole
+    /// sinter process with its own model, so that many would thrash or run out of memory).
+    #[arg(long)]
+    pub oversubscribe: bool,
     /// Seconds between SIGTERM and SIGKILL when stopping the ranks after a failure.
     #[arg(long, default_value_t = 10.0)]
     pub grace_period: f64,
@@ -91,6 +95,7 @@ pub fn launch(a: &LaunchArgs) -> Result<()> {
     if !(a.grace_period.is_finite() && a.grace_period >= 0.0) {
         bail!("--grace-period must be a non-negative number of seconds");
     }
+    check_rank_count(a.nproc_per_node, a.oversubscribe)?;
     let opts = LaunchOptions {
         grace_period: Duration::from_secs_f64(a.grace_period),
         // The ranks die with this process, even if it is killed by SIGKILL.
@@ -106,6 +111,19 @@ pub fn launch(a: &LaunchArgs) -> Result<()> {
         report.ranks.len(),
         a.node_rank
     );
+    Ok(())
+}
+
+/// Ranks per CPU core that `launch` starts without `--oversubscribe`.
+const RANKS_PER_CORE: usize = 4;
+
+/// Refuses more ranks than this machine can run (four per core) unless `--oversubscribe`.
+fn check_rank_count(nproc: usize, oversubscribe: bool) -> Result<()> {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let limit = RANKS_PER_CORE * cores;
+    if nproc > limit && !oversubscribe {
+        bail!("--nproc-per-node {nproc} would start {nproc} processes on a machine with {cores} CPU core(s); the limit is {limit} ({RANKS_PER_CORE} per core): each rank is a whole sinter process with its own model and threads, so that many would thrash or run out of memory. Use at most {limit}, or add --oversubscribe to start them anyway");
+    }
     Ok(())
 }
 

@@ -40,6 +40,10 @@ use config::{ConfigFile, TrainConfig};
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// Load checkpoints without checking the checksum of their tensor bytes (a damaged file
+    /// then loads as it is) [default: verify].
+    #[arg(long, global = true)]
+    no_verify: bool,
 }
 
 #[derive(Subcommand)]
@@ -81,46 +85,53 @@ enum Command {
 
 /// The run's config: defaults, then `--config`, then flags; a resumed run starts from its
 /// checkpoint's config and takes what may change from the flags (the notes say what did).
-fn train_config(a: &TrainArgs) -> Result<(TrainConfig, Option<PathBuf>, Vec<String>)> {
+/// Also returns the layered keys, which say how this invocation runs.
+fn train_config(a: &TrainArgs) -> Result<(TrainConfig, ConfigFile, Vec<String>)> {
     let file = match &a.config {
         Some(p) => ConfigFile::load(p)?,
         None => ConfigFile::default(),
     };
     let layered = file.overlay(&a.flags());
-    a.check_combination(&layered)?;
-    let out = layered.out.clone().or_else(|| a.resume.clone());
-    if let Some(dir) = &a.resume {
+    layered.check_combination()?;
+    if let Some(dir) = &layered.resume {
         // A first look at the header; the trainer reads (and checks) the whole file.
         let meta = checkpoint::load_meta(dir)?;
         let at_epoch_start = meta.loader[1] == 0;
         let (c, notes) = config::resume_config(&meta.config, &layered, at_epoch_start)?;
-        return Ok((c, out, notes));
+        return Ok((c, layered, notes));
     }
-    Ok((TrainConfig::resolve(&layered)?, out, Vec::new()))
+    Ok((TrainConfig::resolve(&layered)?, layered, Vec::new()))
+}
+
+/// How a run goes, from its layered keys (flags over `--config`).
+fn train_options(k: &ConfigFile, notes: Vec<String>) -> Result<trainer::TrainOptions> {
+    let on = ConfigFile::on;
+    Ok(trainer::TrainOptions {
+        out: k.out.clone().or_else(|| k.resume.clone()),
+        resume: k.resume.clone(),
+        overwrite: on(k.overwrite),
+        notes,
+        quiet: on(k.quiet),
+        stop_at_step: k.stop_at_step,
+        dp: on(k.dp),
+        cuda_graph: on(k.cuda_graph),
+        dist_backend: k.dist_backend.as_deref().unwrap_or("auto").parse()?,
+        parallel: k.model_parallel().then(|| trainer::ModelParallel {
+            tp: k.tp_or_1(),
+            pp: k.pp_or_1(),
+            micro_batches: k.micro_batches.unwrap_or(1),
+            schedule: k.schedule.clone().unwrap_or_else(|| "1f1b".into()),
+        }),
+    })
 }
 
 fn run() -> Result<()> {
     let cli = Cli::parse();
+    checkpoint::set_verify(!cli.no_verify);
     match cli.command {
         Command::Train(a) => {
-            let (config, out, notes) = train_config(&a)?;
-            let opts = trainer::TrainOptions {
-                out,
-                resume: a.resume.clone(),
-                overwrite: a.overwrite,
-                notes,
-                quiet: a.quiet,
-                stop_at_step: a.stop_at_step,
-                dp: a.dp,
-                cuda_graph: a.cuda_graph,
-                dist_backend: a.dist_backend.parse()?,
-                parallel: a.model_parallel().then(|| trainer::ModelParallel {
-                    tp: a.tp,
-                    pp: a.pp,
-                    micro_batches: a.micro_batches.unwrap_or(1),
-                    schedule: a.pp_schedule.clone().unwrap_or_else(|| "1f1b".into()),
-                }),
-            };
+            let (config, keys, notes) = train_config(&a)?;
+            let opts = train_options(&keys, notes)?;
             signals::install();
             trainer::run(config, &opts)?;
         }

@@ -46,9 +46,13 @@ pub struct QuantizeArgs {
     /// Run directory (or checkpoint file) of the trained f32 model.
     #[arg(long)]
     pub checkpoint: PathBuf,
-    /// Directory for the int8 checkpoint (written as checkpoint.safetensors).
+    /// Directory for the int8 checkpoint (written as checkpoint.safetensors); never the
+    /// --checkpoint's own directory (the f32 run could no longer resume).
     #[arg(long)]
     pub out: PathBuf,
+    /// Replace a checkpoint already in --out [default: refuse].
+    #[arg(long)]
+    pub overwrite: bool,
     /// Training batches run through the f32 model to calibrate each convolution's input range
     /// and, with `--rounding gptq`, the Gram matrix of each Linear's inputs.
     #[arg(long, default_value_t = 16)]
@@ -114,6 +118,24 @@ impl QuantizeChoices {
     }
 }
 
+/// Refuses an `--out` whose checkpoint would be lost: the source's own file (always), or
+/// another checkpoint unless `--overwrite`.
+fn check_out(a: &QuantizeArgs) -> Result<()> {
+    let target = checkpoint::path_in(&a.out);
+    let source = checkpoint::file_of(&a.checkpoint);
+    let same = |x: &Path, y: &Path| match (x.canonicalize(), y.canonicalize()) {
+        (Ok(x), Ok(y)) => x == y,
+        _ => false,
+    };
+    if same(&target, &source) {
+        bail!("--out {} is where the checkpoint being quantized lives: the int8 file would replace the f32 training checkpoint, and the run could no longer resume. Give another directory, e.g. --out {}-int8", a.out.display(), a.out.display().to_string().trim_end_matches('/'));
+    }
+    if target.exists() && !a.overwrite {
+        bail!("--out {} already holds a checkpoint ({}); quantizing would replace it. Add --overwrite to replace it, or choose another --out", a.out.display(), target.display());
+    }
+    Ok(())
+}
+
 pub fn run(a: &QuantizeArgs) -> Result<()> {
     if is_quantized(&checkpoint::file_of(&a.checkpoint))? {
         bail!(
@@ -122,8 +144,14 @@ pub fn run(a: &QuantizeArgs) -> Result<()> {
         );
     }
     let (s, step) = inference::load_for_eval(&a.checkpoint)?;
+    // Before the slow part, so that a refused --out costs no quantizing.
+    check_out(a)?;
     let options = a.choices.options();
-    let (report, folded) = quantize_setup(&s, a.calibration_batches, &options)?;
+    let Quantized {
+        report,
+        folded,
+        calibration_batches,
+    } = quantize_setup(&s, a.calibration_batches, &options)?;
     let path = save(&a.out, &s, step, &report, &a.checkpoint)?;
     let size = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
     println!(
@@ -142,9 +170,8 @@ pub fn run(a: &QuantizeArgs) -> Result<()> {
             String::new()
         } else {
             format!(
-                "; {} rounded with GPTQ from {} calibration batches",
+                "; {} rounded with GPTQ from {calibration_batches} calibration batches",
                 report.error_feedback.len(),
-                a.calibration_batches
             )
         },
         if report.kept_f32.is_empty() {
@@ -166,6 +193,9 @@ pub fn run(a: &QuantizeArgs) -> Result<()> {
             format!("; two int8 planes: {}", report.two_planes.join(", "))
         }
     );
+    if calibration_batches > 0 && calibration_batches < a.calibration_batches {
+        println!("calibrated on all {calibration_batches} training batches of {} (--calibration-batches {} asked for more than there are)", s.config.data, a.calibration_batches);
+    }
     let f32_weights = weight_bytes(s.model.as_ref());
     println!(
         "wrote {} ({:.2} MB; the f32 weights are {:.2} MB: {:.2}× smaller)",
@@ -190,15 +220,21 @@ pub fn weight_bytes(model: &dyn Module) -> usize {
         .sum()
 }
 
+/// What [`quantize_setup`] did.
+pub struct Quantized {
+    pub report: QuantizeReport,
+    /// BatchNorm layers folded into their int8 convolutions.
+    pub folded: usize,
+    /// Calibration batches run (at most the training data's; 0 when none was needed).
+    pub calibration_batches: usize,
+}
+
 /// Quantizes the setup's model in place; convolutions (and, for GPTQ rounding, Linear and
 /// embedding layers) are calibrated on the first `batches` training batches (in order, so the
-/// result is reproducible). Then folds each BatchNorm into the int8 convolution before it, as
-/// `eval` and `predict` do after loading; returns how many were folded.
-pub fn quantize_setup(
-    s: &Setup,
-    batches: usize,
-    options: &QuantizeOptions,
-) -> Result<(QuantizeReport, usize)> {
+/// result is reproducible; all of them when there are fewer). Then folds each BatchNorm into
+/// the int8 convolution before it, as `eval` and `predict` do after loading.
+pub fn quantize_setup(s: &Setup, batches: usize, options: &QuantizeOptions) -> Result<Quantized> {
+    let mut used = 0;
     let mut calibrate = |model: &dyn Module| -> sinter_core::Result<()> {
         if batches == 0 {
             return Err(sinter_core::Error::Msg(
@@ -210,6 +246,7 @@ pub fn quantize_setup(
         let mut loader =
             DataLoader::new(s.train.clone(), s.config.batch_size.max(1), false, false, 0);
         let n = batches.min(loader.batches_per_epoch() as usize).max(1);
+        used = n;
         for _ in 0..n {
             let b = loader
                 .next_batch()
@@ -222,7 +259,11 @@ pub fn quantize_setup(
     };
     let report = quant::quantize_with(s.model.as_ref(), options, &mut calibrate)?;
     let folded = sinter_nn::fold::fold_for_inference(s.model.as_ref())?;
-    Ok((report, folded))
+    Ok(Quantized {
+        report,
+        folded,
+        calibration_batches: used,
+    })
 }
 
 /// Writes the quantized model of `s` to `dir`/checkpoint.safetensors, atomically.
@@ -406,6 +447,7 @@ fn parse(bytes: &[u8]) -> Result<Parsed> {
     let (_, header) = SafeTensors::read_metadata(bytes).map_err(corrupt)?;
     let st = SafeTensors::deserialize(bytes).map_err(corrupt)?;
     let md = header.metadata().clone().unwrap_or_default();
+    checkpoint::verify_checksum(bytes, &md)?;
     let (step, config, inference) = checkpoint::parse_model_meta(&md)?;
     let mut tensors = HashMap::new();
     for (name, view) in st.tensors() {

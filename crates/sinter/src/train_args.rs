@@ -43,7 +43,8 @@ pub struct TrainArgs {
     /// [default: refuse].
     #[arg(long, help_heading = RUN)]
     pub overwrite: bool,
-    /// TOML file with the same keys as the flags (`batch_size = 64`); flags win
+    /// TOML file whose keys are these flags' long names with '_' for '-' (`batch_size = 64`,
+    /// `quiet = true`, `param_group = ["bias$:lr=0"]`): every flag but --config; flags win
     /// [default: none].
     #[arg(long, help_heading = RUN)]
     pub config: Option<PathBuf>,
@@ -163,14 +164,14 @@ pub struct TrainArgs {
     pub bucket_mb: Option<f64>,
     /// Collective backend of a distributed run: auto (NCCL when every rank's model is on CUDA
     /// and NCCL loads), nccl, or host (TCP ring) [default: auto].
-    #[arg(long, default_value = "auto", hide_default_value = true, help_heading = PARALLEL)]
-    pub dist_backend: String,
+    #[arg(long, help_heading = PARALLEL)]
+    pub dist_backend: Option<String>,
     /// Tensor-parallel ranks per GPT replica (Megatron style) [default: 1].
-    #[arg(long, default_value_t = 1, hide_default_value = true, help_heading = PARALLEL)]
-    pub tp: usize,
+    #[arg(long, help_heading = PARALLEL)]
+    pub tp: Option<usize>,
     /// Pipeline stages per GPT replica [default: 1].
-    #[arg(long, default_value_t = 1, hide_default_value = true, help_heading = PARALLEL)]
-    pub pp: usize,
+    #[arg(long, help_heading = PARALLEL)]
+    pub pp: Option<usize>,
     /// Micro-batches per step for the pipeline (--pp) [default: 1].
     #[arg(long, help_heading = PARALLEL)]
     pub micro_batches: Option<usize>,
@@ -182,8 +183,9 @@ pub struct TrainArgs {
 
 impl TrainArgs {
     /// The flags given, as config keys (unset ones stay unset, so defaults and config files
-    /// fill them).
+    /// fill them). Every flag but --config has its key: one table for both.
     pub fn flags(&self) -> ConfigFile {
+        let on = |b: bool| b.then_some(true);
         ConfigFile {
             model: self.model.clone(),
             data: self.data.clone(),
@@ -210,22 +212,44 @@ impl TrainArgs {
             recompute: self.recompute.clone(),
             precision: self.precision.clone(),
             keep_last: self.keep_last,
-            keep_best: self.keep_best.then_some(true),
+            keep_best: on(self.keep_best),
             early_stop: self.early_stop,
             early_stop_delta: self.early_stop_delta,
-            fuse_conv_bn: self.fuse_conv_bn.then_some(true),
+            fuse_conv_bn: on(self.fuse_conv_bn),
             param_group: (!self.param_group.is_empty()).then(|| self.param_group.clone()),
+            resume: self.resume.clone(),
+            overwrite: on(self.overwrite),
+            stop_at_step: self.stop_at_step,
+            quiet: on(self.quiet),
+            cuda_graph: on(self.cuda_graph),
+            dp: on(self.dp),
+            dist_backend: self.dist_backend.clone(),
+            tp: self.tp,
+            pp: self.pp,
+            micro_batches: self.micro_batches,
+            schedule: self.pp_schedule.clone(),
         }
+    }
+}
+
+/// The run options of a layered config (flags over `--config`): how this invocation runs.
+impl ConfigFile {
+    pub fn tp_or_1(&self) -> usize {
+        self.tp.unwrap_or(1)
+    }
+
+    pub fn pp_or_1(&self) -> usize {
+        self.pp.unwrap_or(1)
     }
 
     pub fn model_parallel(&self) -> bool {
-        self.tp > 1 || self.pp > 1
+        self.tp_or_1() > 1 || self.pp_or_1() > 1
     }
 
     /// The pipeline schedule's name (checked: a learning-rate schedule there is a mistake
     /// worth pointing at the right flag).
     pub fn pipeline_schedule(&self) -> Result<String> {
-        let name = self.pp_schedule.clone().unwrap_or_else(|| "1f1b".into());
+        let name = self.schedule.clone().unwrap_or_else(|| "1f1b".into());
         if name.parse::<sinter_dist::pipeline::Schedule>().is_ok() {
             return Ok(name);
         }
@@ -236,16 +260,20 @@ impl TrainArgs {
     }
 
     /// Flags that mean nothing in this combination are errors, not silently ignored.
-    pub fn check_combination(&self, layered: &ConfigFile) -> Result<()> {
+    pub fn check_combination(&self) -> Result<()> {
         self.pipeline_schedule()?;
-        if self.tp == 0 || self.pp == 0 {
+        if self.stop_at_step == Some(0) {
+            bail!("--stop-at-step 0 would stop before the first step, so nothing would be trained; give the step to stop after (at least 1)");
+        }
+        let (tp, pp) = (self.tp_or_1(), self.pp_or_1());
+        if tp == 0 || pp == 0 {
             bail!("--tp and --pp must be at least 1");
         }
-        if self.pp <= 1 {
+        if pp <= 1 {
             if let Some(m) = self.micro_batches {
                 bail!("--micro-batches {m} splits a pipeline step, but there is no pipeline; add --pp N (N ≥ 2) or drop --micro-batches");
             }
-            if let Some(s) = &self.pp_schedule {
+            if let Some(s) = &self.schedule {
                 bail!("--schedule {s} orders a pipeline's micro-batches, but there is no pipeline; add --pp N (N ≥ 2) or drop --schedule (the learning-rate schedule is --lr-schedule)");
             }
         }
@@ -253,21 +281,18 @@ impl TrainArgs {
             bail!("--micro-batches must be at least 1");
         }
         if self.model_parallel() {
-            if let Some(z) = layered.zero.filter(|&z| z > 0) {
+            if let Some(z) = self.zero.filter(|&z| z > 0) {
                 bail!("--zero {z} shards a data-parallel optimizer, which --tp/--pp do not use (each rank steps its own shard or stage); drop --zero");
             }
-            if let Some(g) = layered.grad_accum.filter(|&g| g > 1) {
+            if let Some(g) = self.grad_accum.filter(|&g| g > 1) {
                 bail!("--grad-accum {g} is not supported with --tp/--pp; use --micro-batches to split a pipeline step, or a larger --batch-size");
             }
         }
-        if layered.out.is_none() && self.resume.is_none() {
+        if self.out.is_none() && self.resume.is_none() {
             for (set, flag) in [
-                (
-                    layered.checkpoint_interval.is_some(),
-                    "--checkpoint-interval",
-                ),
-                (layered.keep_last.is_some_and(|n| n > 0), "--keep-last"),
-                (layered.keep_best == Some(true), "--keep-best"),
+                (self.checkpoint_interval.is_some(), "--checkpoint-interval"),
+                (self.keep_last.is_some_and(|n| n > 0), "--keep-last"),
+                (self.keep_best == Some(true), "--keep-best"),
             ] {
                 if set {
                     bail!("{flag} says which checkpoints to write, but without --out DIR nothing is written; add --out DIR");
@@ -275,5 +300,64 @@ impl TrainArgs {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::{ArgAction, CommandFactory, Parser};
+
+    #[derive(Parser)]
+    struct Train {
+        #[command(flatten)]
+        args: TrainArgs,
+    }
+
+    /// The command line and the TOML line that set the flag `long` to a sample value.
+    fn samples(arg: &clap::Arg, long: &str) -> (Vec<String>, Vec<String>) {
+        let flag = format!("--{long}");
+        let key = long.replace('-', "_");
+        match arg.get_action() {
+            ArgAction::SetTrue => (vec![flag], vec![format!("{key} = true")]),
+            ArgAction::Append => (vec![flag, "1".into()], vec![format!("{key} = [\"1\"]")]),
+            // "1" reads as a number or a name; TOML spells the two differently.
+            _ => (
+                vec![flag, "1".into()],
+                vec![format!("{key} = 1"), format!("{key} = \"1\"")],
+            ),
+        }
+    }
+
+    #[test]
+    fn every_long_flag_of_train_is_a_config_key_with_the_same_meaning() {
+        let command = Train::command();
+        let mut checked = 0;
+        for arg in command.get_arguments() {
+            let Some(long) = arg.get_long() else { continue };
+            if ["config", "help"].contains(&long) {
+                continue;
+            }
+            let (cli, tomls) = samples(arg, long);
+            let parsed = Train::try_parse_from(std::iter::once("train".to_string()).chain(cli))
+                .unwrap_or_else(|e| panic!("--{long}: {e}"));
+            let from_flag = parsed.args.flags();
+            assert_ne!(
+                from_flag,
+                ConfigFile::default(),
+                "--{long} sets no config key"
+            );
+            let from_file: Vec<ConfigFile> = tomls
+                .iter()
+                .filter_map(|t| toml::from_str(t).ok())
+                .collect();
+            assert!(
+                from_file.contains(&from_flag),
+                "--{long}: the config file key '{}' is refused or means something else ({tomls:?})",
+                long.replace('-', "_")
+            );
+            checked += 1;
+        }
+        assert!(checked >= 40, "only {checked} flags seen");
     }
 }

@@ -438,3 +438,47 @@ fn dist_backend_flag() {
         ok(&launch_train(2, &a));
     }
 }
+
+#[test]
+fn launch_bounds_the_rank_count_and_says_when_each_rank_starts() {
+    // Far more ranks than cores: refused at once, with the way to insist.
+    let t = Instant::now();
+    let o = sinter(&[
+        "launch",
+        "--nproc-per-node",
+        "10000",
+        "--master-port",
+        "0",
+        "--",
+        "train",
+        "--steps",
+        "1",
+    ]);
+    fails_with(
+        &o,
+        &["--nproc-per-node 10000", "CPU core", "--oversubscribe"],
+    );
+    assert!(
+        t.elapsed() < Duration::from_secs(10),
+        "took {:?}",
+        t.elapsed()
+    );
+    // A line per started rank, before any rank has printed anything.
+    let o = sinter(&[
+        "launch",
+        "--nproc-per-node",
+        "2",
+        "--master-port",
+        "0",
+        "--",
+        "info",
+    ]);
+    ok(&o);
+    let e = stderr(&o);
+    for r in 0..2 {
+        assert!(
+            e.contains(&format!("launch: started rank {r} of 2 (pid ")),
+            "{e}"
+        );
+    }
+}

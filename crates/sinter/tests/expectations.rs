@@ -352,3 +352,26 @@ fn parameter_groups_give_parts_of_the_model_their_own_rate() {
         &["--param-group 'bias' has no ':'"],
     );
 }
+
+/// The README's first run: it says that the first build takes minutes, and shows how to
+/// make `sinter` callable before the first example that calls it so.
+#[test]
+fn the_readme_prepares_the_first_run() {
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../README.md"))
+        .expect("README.md at the workspace root");
+    let install = readme
+        .find("cargo install --path crates/sinter")
+        .expect("the README shows `cargo install --path crates/sinter`");
+    let first_call = readme
+        .find("\nsinter ")
+        .expect("the README has examples that call `sinter`");
+    assert!(
+        install < first_call,
+        "`sinter …` is called before the README says how to install it"
+    );
+    let build_note = readme[..install].to_lowercase();
+    assert!(
+        build_note.contains("first build") && build_note.contains("minutes"),
+        "the README does not say, before the install line, that the first build takes minutes"
+    );
+}

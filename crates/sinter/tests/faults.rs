@@ -159,7 +159,8 @@ fn checkpoints_are_checked_on_load_like_flags() {
             fails_with(&o, &[want, file.to_str().unwrap()]);
         }
     }
-    // A NaN weight is reported at load, naming the tensor.
+    // A NaN weight fails the checksum; without the check (--no-verify) it is still
+    // reported at load, naming the tensor.
     let nan = root.path().join("nan");
     edit_checkpoint(
         good.path(),
@@ -169,6 +170,10 @@ fn checkpoints_are_checked_on_load_like_flags() {
     );
     fails_with(
         &sinter(&["eval", "--checkpoint", nan.to_str().unwrap()]),
+        &["checksum", "checkpoint.safetensors"],
+    );
+    fails_with(
+        &sinter(&["eval", "--checkpoint", nan.to_str().unwrap(), "--no-verify"]),
         &["NaN or infinite", "model.", "checkpoint.safetensors"],
     );
     // A truncated file is named and explained in words.
@@ -419,4 +424,174 @@ fn generate_needs_only_the_checkpoint() {
     ]);
     ok(&o);
     assert!(String::from_utf8_lossy(&o.stdout).starts_with("hello"));
+}
+
+/// The offset in a safetensors file of its tensor bytes (after the header).
+fn data_start(bytes: &[u8]) -> usize {
+    8 + u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize
+}
+
+#[test]
+fn a_flipped_weight_byte_fails_the_checksum_unless_no_verify() {
+    let good = tempfile::tempdir().unwrap();
+    ok(&mlp_run(good.path(), "2", &[]));
+    let g = good.path().to_str().unwrap();
+    let file = good.path().join("checkpoint.safetensors");
+    let clean = std::fs::read(&file).unwrap();
+    // The checksum is stored in the metadata and checks on a clean file.
+    let (_, meta) = checkpoint_content(good.path());
+    assert!(
+        meta.iter()
+            .any(|(k, v)| k == "tensor_crc32c" && v.len() == 8),
+        "{meta:?}"
+    );
+    ok(&sinter(&["eval", "--checkpoint", g]));
+    // One flipped bit in the lowest byte of the first weight: still a finite number, so only
+    // the checksum can tell.
+    let mut bytes = clean.clone();
+    let at = data_start(&bytes);
+    bytes[at] ^= 1;
+    std::fs::write(&file, &bytes).unwrap();
+    for o in [
+        sinter(&["eval", "--checkpoint", g]),
+        sinter(&["train", "--resume", g, "--steps", "4"]),
+    ] {
+        fails_with(
+            &o,
+            &[
+                "do not match the checksum",
+                "--no-verify",
+                file.to_str().unwrap(),
+            ],
+        );
+    }
+    ok(&sinter(&["eval", "--checkpoint", g, "--no-verify"]));
+    // A checkpoint from before checksums loads, and says once that it was not verified.
+    let old = tempfile::tempdir().unwrap();
+    std::fs::write(&file, &clean).unwrap();
+    edit_checkpoint(
+        good.path(),
+        old.path(),
+        |md| {
+            md.remove("tensor_crc32c");
+        },
+        |_| {},
+    );
+    let o = sinter(&["eval", "--checkpoint", old.path().to_str().unwrap()]);
+    ok(&o);
+    assert_eq!(
+        stderr(&o).matches("no checksum").count(),
+        1,
+        "{}",
+        stderr(&o)
+    );
+}
+
+#[test]
+fn a_run_killed_before_its_first_checkpoint_says_what_happened_and_what_to_do() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().to_str().unwrap();
+    ok(&mlp_run(dir.path(), "2", &[]));
+    // What a run killed while writing its first checkpoint leaves: its history and the
+    // checkpoint's temporary file (of a process that is gone), but no checkpoint.
+    for f in ["checkpoint.safetensors", "summary.json", "loss.svg"] {
+        std::fs::remove_file(dir.path().join(f)).unwrap();
+    }
+    std::fs::write(
+        dir.path().join(".checkpoint.safetensors.tmp-4194305"),
+        [0u8; 64],
+    )
+    .unwrap();
+    fails_with(
+        &sinter(&["train", "--resume", d]),
+        &[
+            "before its first checkpoint",
+            "nothing to resume",
+            "--overwrite",
+        ],
+    );
+    let o = mlp_run(dir.path(), "2", &[]);
+    fails_with(
+        &o,
+        &[
+            "no checkpoint",
+            "before its first checkpoint",
+            "cannot be resumed",
+            "--overwrite",
+        ],
+    );
+    assert!(
+        !stderr(&o).contains("continue it with --resume"),
+        "{}",
+        stderr(&o)
+    );
+    // What it says to do works.
+    ok(&mlp_run(dir.path(), "2", &["--overwrite"]));
+    ok(&sinter(&["train", "--resume", d, "--steps", "3"]));
+}
+
+#[test]
+fn stop_at_step_zero_and_a_run_without_out_say_what_they_mean() {
+    let o = sinter(&[
+        "train",
+        "--model",
+        "mlp",
+        "--steps",
+        "2",
+        "--stop-at-step",
+        "0",
+    ]);
+    fails_with(&o, &["--stop-at-step 0", "before the first step"]);
+    assert!(!stderr(&o).contains("checkpoint's step"), "{}", stderr(&o));
+    // Without --out nothing is saved, and the run says so (unless --quiet).
+    let a = [
+        "train",
+        "--model",
+        "mlp",
+        "--steps",
+        "2",
+        "--eval-batches",
+        "1",
+    ];
+    let o = sinter(&a);
+    ok(&o);
+    assert!(
+        stderr(&o).contains("no --out DIR: this run saves nothing"),
+        "{}",
+        stderr(&o)
+    );
+    let o = sinter(&[&a[..], &["--quiet"]].concat());
+    ok(&o);
+    assert_eq!(stderr(&o), "");
+}
+
+#[test]
+fn a_config_file_takes_the_run_flags_too() {
+    let root = tempfile::tempdir().unwrap();
+    let out = root.path().join("run");
+    let config = root.path().join("run.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "model = \"mlp\"\nsteps = 4\nstop_at_step = 2\neval_batches = 1\nquiet = true\noverwrite = true\ntp = 1\npp = 1\ndp = false\ndist_backend = \"auto\"\ncuda_graph = false\nout = {:?}\n",
+            out.to_str().unwrap()
+        ),
+    )
+    .unwrap();
+    let c = config.to_str().unwrap();
+    // Twice: the second run replaces the first (overwrite), and both are quiet.
+    for _ in 0..2 {
+        let o = sinter(&["train", "--config", c]);
+        ok(&o);
+        assert_eq!(stderr(&o), "", "quiet = true");
+        assert_eq!(summary(&out)["steps"], 2, "stop_at_step = 2");
+    }
+    // `resume` too: the run continues to its 4 steps.
+    std::fs::write(
+        &config,
+        format!("resume = {:?}\nquiet = true\n", out.to_str().unwrap()),
+    )
+    .unwrap();
+    ok(&sinter(&["train", "--config", c]));
+    assert_eq!(summary(&out)["steps"], 4);
 }

@@ -163,3 +163,38 @@ fn tp_checkpoint_resumes_on_one_rank_and_on_pipeline_parallel() {
         "TP=2 checkpoint resumed on PP=2: loss {got} vs uninterrupted {want}"
     );
 }
+
+/// A tensor-parallel launch is never silent between its first line and its end: its ranks'
+/// output is a pipe (no progress bar), so rank 0 prints a plain progress line after the first
+/// step (and every 10 s after).
+#[test]
+fn a_launched_tp_run_reports_its_first_step() {
+    let mut a = vec![
+        "launch",
+        "--nproc-per-node",
+        "2",
+        "--master-port",
+        "0",
+        "--",
+        "train",
+    ];
+    a.extend(RUN);
+    a.extend(["--tp", "2"]);
+    let o = sinter(&a);
+    ok(&o);
+    let e = stderr(&o);
+    let at = |s: &str| e.find(s).unwrap_or_else(|| panic!("no '{s}' in {e}"));
+    assert!(
+        at("launch: started rank 1 of 2") < at("[rank 0] training gpt-tiny"),
+        "{e}"
+    );
+    assert!(
+        at("[rank 0] training gpt-tiny") < at("[rank 0] step 1/4 after "),
+        "{e}"
+    );
+    assert!(
+        at("[rank 0] step 1/4 after ") < at("[rank 0] done: step 4 of 4"),
+        "{e}"
+    );
+    assert!(!e.contains("[rank 1] step"), "only rank 0 talks: {e}");
+}

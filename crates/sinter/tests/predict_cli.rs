@@ -100,6 +100,9 @@ fn predict_on_exported_digits() {
         ]);
         assert_eq!(c[0]["row"], 1);
         assert_eq!(c[0]["top"], p[0]["top"], "CSV and PNG of sample {n} differ");
+        if n == 0 {
+            spreadsheet_csvs_read_the_same(run_s, dir.path(), &row, &c[0]["top"]);
+        }
     }
     assert!(
         correct >= 5,
@@ -124,6 +127,42 @@ fn predict_on_exported_digits() {
     );
 
     bad_inputs(run_s, dir.path());
+}
+
+/// The CSV variants spreadsheets write (a UTF-8 byte-order mark as Excel's, a separator at
+/// the end of each line, `;` separators after a header) read as the plain row does.
+fn spreadsheet_csvs_read_the_same(run: &str, dir: &Path, row: &[String], top: &serde_json::Value) {
+    let header: Vec<String> = (0..row.len()).map(|i| format!("px{i}")).collect();
+    let variants = [
+        ("bom", format!("\u{feff}{}\r\n", row.join(","))),
+        ("trailing", format!("{},\n", row.join(","))),
+        (
+            "semicolons",
+            format!("{}\n{};\n", header.join(";"), row.join(";")),
+        ),
+    ];
+    for (name, content) in variants {
+        let csv = dir.join(format!("{name}.csv"));
+        std::fs::write(&csv, content).unwrap();
+        let o = sinter(&[
+            "predict",
+            "--checkpoint",
+            run,
+            "--json",
+            "--top-k",
+            "10",
+            csv.to_str().unwrap(),
+        ]);
+        let c: serde_json::Value = serde_json::from_str(&ok(&o)).unwrap();
+        assert_eq!(&c[0]["top"], top, "{name}.csv reads differently");
+    }
+    // A file with only a header says so, and what a row is.
+    let only = dir.join("header_only.csv");
+    std::fs::write(&only, format!("{}\n", header.join(","))).unwrap();
+    fails_with(
+        &sinter(&["predict", "--checkpoint", run, only.to_str().unwrap()]),
+        &["no rows of values", "read as a header", "64 numbers"],
+    );
 }
 
 fn bad_inputs(run: &str, dir: &Path) {

@@ -138,6 +138,7 @@ fn gpt_tiny_validation_loss_within_one_percent_and_generation_runs() {
             f,
             "--out",
             q,
+            "--overwrite",
             "--calibration-batches",
             "0",
         ]),
@@ -309,6 +310,7 @@ fn gpt_tiny_validation_loss_within_one_percent_and_generation_runs() {
             f,
             "--out",
             k,
+            "--overwrite",
             "--keep-f32",
             "blocks.9",
         ]),
@@ -370,5 +372,154 @@ fn cnn_with_batch_norm_folds_into_int8_and_predicts() {
         let ((cf, pf), (cq, pq)) = (ask(f), ask(q));
         assert_eq!(cf, cq, "sample {n}: f32 says {cf} ({pf}), int8 {cq} ({pq})");
         assert!((pf - pq).abs() < 0.05, "sample {n}: p {pf} vs {pq}");
+    }
+}
+
+/// Overwrites the f32 values of tensor `name` of a safetensors file in place.
+fn set_f32s(file: &Path, name: &str, value: f32) {
+    let mut bytes = std::fs::read(file).unwrap();
+    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let header: serde_json::Value = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
+    let range = &header[name]["data_offsets"];
+    let (start, end) = (
+        8 + n + range[0].as_u64().unwrap() as usize,
+        8 + n + range[1].as_u64().unwrap() as usize,
+    );
+    for c in bytes[start..end].chunks_exact_mut(4) {
+        c.copy_from_slice(&value.to_le_bytes());
+    }
+    std::fs::write(file, bytes).unwrap();
+}
+
+/// The names of a safetensors file's tensors that end with `suffix`.
+fn tensors_ending(file: &Path, suffix: &str) -> Vec<String> {
+    let bytes = std::fs::read(file).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    st.names()
+        .into_iter()
+        .filter(|n| n.ends_with(suffix))
+        .cloned()
+        .collect()
+}
+
+#[test]
+fn quantize_never_replaces_a_checkpoint_silently_and_says_what_it_did() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (f32_dir, other, int8_dir) = (
+        tmp.path().join("f32"),
+        tmp.path().join("other"),
+        tmp.path().join("int8"),
+    );
+    let (f, o, q) = (
+        f32_dir.to_str().unwrap(),
+        other.to_str().unwrap(),
+        int8_dir.to_str().unwrap(),
+    );
+    let train = |out: &str| {
+        let run = sinter(&[
+            "train",
+            "--model",
+            "mlp",
+            "--epochs",
+            "1",
+            "--eval-batches",
+            "1",
+            "--out",
+            out,
+        ]);
+        ok(&run);
+        stderr(&run)
+    };
+    train(f);
+    let announced = train(o);
+    let before = std::fs::read(f32_dir.join("checkpoint.safetensors")).unwrap();
+    // Into the run's own directory: refused even with --overwrite (the run could no longer
+    // resume); into another run's: refused without --overwrite.
+    for extra in [&[][..], &["--overwrite"]] {
+        let mut a = vec!["quantize", "--checkpoint", f, "--out", f];
+        a.extend_from_slice(extra);
+        fails_with(
+            &sinter(&a),
+            &[
+                "would replace the f32 training checkpoint",
+                "another directory",
+            ],
+        );
+    }
+    fails_with(
+        &sinter(&["quantize", "--checkpoint", f, "--out", o]),
+        &["already holds a checkpoint", "--overwrite"],
+    );
+    assert_eq!(
+        std::fs::read(f32_dir.join("checkpoint.safetensors")).unwrap(),
+        before
+    );
+    assert_eq!(format_marker(&other), "sinter-checkpoint-1");
+    ok(&sinter(&[
+        "train", "--quiet", "--resume", f, "--epochs", "2",
+    ]));
+
+    // More calibration batches than the data has: the report gives the number used (all
+    // the training examples in batches of 64, the last one partial).
+    let examples = number_after(&announced, "on digits (") as u64;
+    let batches = examples.div_ceil(64);
+    let report = ok(&sinter(&[
+        "quantize",
+        "--checkpoint",
+        o,
+        "--out",
+        q,
+        "--calibration-batches",
+        "1000000000",
+    ]));
+    assert!(
+        report.contains(&format!("from {batches} calibration batches"))
+            && report.contains(&format!("all {batches} training batches"))
+            && !report.contains("from 1000000000"),
+        "{report}"
+    );
+    ok(&sinter(&[
+        "quantize",
+        "--checkpoint",
+        o,
+        "--out",
+        q,
+        "--overwrite",
+    ]));
+
+    // Resuming an int8 file says what it is and what to train from.
+    let o8 = sinter(&["train", "--resume", q, "--steps", "100"]);
+    fails_with(
+        &o8,
+        &[
+            "int8 inference checkpoint",
+            "sinter quantize",
+            "f32 training checkpoint",
+            o,
+        ],
+    );
+    assert!(!stderr(&o8).contains("Some("), "{}", stderr(&o8));
+
+    // Tampered int8 scales (0 for rows with values, or so large that q · scale overflows)
+    // fail the checksum, and without it (--no-verify) the file's own checks.
+    let file = int8_dir.join("checkpoint.safetensors");
+    let clean = std::fs::read(&file).unwrap();
+    let scale = tensors_ending(&file, ".weight.scale")[0].clone();
+    for (value, want) in [
+        (0.0, "is 0 while the row's int8 values are not all 0"),
+        (3e38, "finite f32"),
+    ] {
+        std::fs::write(&file, &clean).unwrap();
+        set_f32s(&file, &scale, value);
+        fails_with(&sinter(&["eval", "--checkpoint", q]), &["checksum"]);
+        fails_with(
+            &sinter(&["eval", "--checkpoint", q, "--no-verify"]),
+            &[
+                want,
+                scale
+                    .trim_start_matches("model.")
+                    .trim_end_matches(".scale"),
+            ],
+        );
     }
 }

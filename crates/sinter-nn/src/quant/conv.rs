@@ -81,9 +81,12 @@ impl QuantizedConv2d {
         if params.stride.any_zero() || params.dilation.any_zero() {
             bail!("QuantizedConv2d: stride and dilation must be at least 1");
         }
-        if !(input.scale.is_finite() && input.scale > 0.0 && (0..=255).contains(&input.zero_point))
+        // scale · 255 must stay finite: every u8 input maps back to a finite f32.
+        if !((input.scale * 255.0).is_finite()
+            && input.scale > 0.0
+            && (0..=255).contains(&input.zero_point))
         {
-            bail!("QuantizedConv2d: input mapping {input:?} needs a positive scale and a zero point in 0..=255");
+            bail!("QuantizedConv2d: input mapping {input:?} needs a positive scale (at most f32::MAX / 255) and a zero point in 0..=255");
         }
         let bias_values = match bias {
             Some(b) => {

@@ -75,11 +75,8 @@ impl ResidualPlane {
             );
         }
         let k = q1.len() / s1.len().max(1);
-        if let Some(j) = scales.iter().position(|s| !s.is_finite() || *s < 0.0) {
-            bail!(
-                "second int8 plane: scale {} of row {j} is not a finite non-negative number",
-                scales[j]
-            );
+        if let Err(e) = super::weight::check_scales(&values, k, &scales) {
+            bail!("second int8 plane: {e}");
         }
         if let Some(i) = values.iter().position(|&v| v == i8::MIN) {
             bail!(

@@ -19,6 +19,27 @@ pub struct Int8Weight {
     pub(crate) residual: Option<ResidualPlane>,
 }
 
+/// The largest scale a stored plane may have: any int8 value times it (|q| ≤ 127) stays a
+/// finite f32.
+const MAX_SCALE: f32 = f32::MAX / 127.0;
+
+/// Checks the per-row `scales` of a stored int8 plane `q` (rows of `k` values) as the
+/// quantizer writes them: finite, non-negative and at most [`MAX_SCALE`], and 0 only for a
+/// row whose values are all 0 (an all-zero weight row). A file that breaks this was edited or
+/// damaged; its weights would be silently zero or overflow to infinity.
+pub(crate) fn check_scales(q: &[i8], k: usize, scales: &[f32]) -> std::result::Result<(), String> {
+    for (j, &s) in scales.iter().enumerate() {
+        if !(s.is_finite() && (0.0..=MAX_SCALE).contains(&s)) {
+            return Err(format!("scale {s:e} of row {j} is not a number in 0..={MAX_SCALE:e} (an int8 value times it must stay a finite f32); the file was edited or is damaged"));
+        }
+        let row = q.get(j * k..(j + 1) * k).unwrap_or(&[]);
+        if s == 0.0 && row.iter().any(|&v| v != 0) {
+            return Err(format!("scale of row {j} is 0 while the row's int8 values are not all 0 (the quantizer gives scale 0 only to an all-zero row); the file was edited or is damaged"));
+        }
+    }
+    Ok(())
+}
+
 impl Int8Weight {
     /// Quantizes an f32 weight (on the CPU).
     pub fn from_f32(w: &Tensor) -> Result<Int8Weight> {
@@ -52,11 +73,8 @@ impl Int8Weight {
         if scales.len() != n {
             bail!("{} weight scales for {n} output channels", scales.len());
         }
-        if let Some(j) = scales.iter().position(|s| !s.is_finite() || *s < 0.0) {
-            bail!(
-                "weight scale {} of channel {j} is not a finite non-negative number",
-                scales[j]
-            );
+        if let Err(e) = check_scales(q, k, &scales) {
+            bail!("weight {e}");
         }
         let packed = PackedWeights::pack(q, n, k).map_err(int8_err)?;
         Ok(Int8Weight {

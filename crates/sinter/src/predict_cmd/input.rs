@@ -147,19 +147,26 @@ pub struct CsvRow {
 /// Rows of raw feature values, `c·h·w` per row in channel-plane order (a digits row is the
 /// 64 pixel values 0–16 of the bundled CSV, without its label). Blank lines and lines
 /// starting with `#` are skipped; a first line that is not numbers is taken as a header.
+/// Spreadsheets' variants read too: a UTF-8 byte-order mark, a separator at the end of each
+/// line, and `;` (or tab) separators with `,` as the decimal mark.
 pub fn csv_rows(text: &str, spec: &ImageSpec) -> Result<Vec<CsvRow>, String> {
+    // Excel writes a byte-order mark at the start of a UTF-8 file.
+    let text = text.strip_prefix('\u{feff}').unwrap_or(text);
     let mut rows = Vec::new();
-    let mut first = true;
+    let mut header: Option<(usize, &str)> = None;
+    let mut sep = None;
     for (i, line) in text.lines().enumerate() {
         let line_no = i + 1;
         let line = line.trim();
         if line.is_empty() || line.starts_with('#') {
             continue;
         }
-        let fields: Vec<&str> = line.split(',').map(str::trim).collect();
-        let numeric = fields.iter().all(|f| f.parse::<f32>().is_ok());
-        if std::mem::take(&mut first) && !numeric {
-            continue; // a header
+        let sep = *sep.get_or_insert_with(|| separator(line));
+        let fields = csv_fields(line, sep);
+        let numeric = fields.iter().all(|f| number(f).is_some());
+        if rows.is_empty() && header.is_none() && !numeric {
+            header = Some((line_no, line));
+            continue;
         }
         rows.push(CsvRow {
             line: line_no,
@@ -167,9 +174,49 @@ pub fn csv_rows(text: &str, spec: &ImageSpec) -> Result<Vec<CsvRow>, String> {
         });
     }
     if rows.is_empty() {
-        return Err("has no rows of values".into());
+        return Err(match header {
+            Some((n, line)) => format!("has no rows of values: its only line (line {n}: {:?}) is not all numbers, so it was read as a header; a row is {} numbers separated by ',' or ';'", shorten(line), spec.numel()),
+            None => "has no rows of values (it is empty, or only blank and # lines)".into(),
+        });
     }
     Ok(rows)
+}
+
+/// The separator of a file, from its first line: `;` or tab where they occur (then `,` is
+/// the decimal mark, as in spreadsheets of many locales), else `,`.
+fn separator(line: &str) -> char {
+    if line.contains(';') {
+        ';'
+    } else if line.contains('\t') {
+        '\t'
+    } else {
+        ','
+    }
+}
+
+/// A line's fields, trimmed; one empty field after a final separator is dropped.
+fn csv_fields(line: &str, sep: char) -> Vec<&str> {
+    let mut fields: Vec<&str> = line.split(sep).map(str::trim).collect();
+    if fields.len() > 1 && fields.last() == Some(&"") {
+        fields.pop();
+    }
+    fields
+}
+
+/// A field's number: `1.5`, or `1,5` (a decimal comma, in files not separated by commas).
+fn number(field: &str) -> Option<f32> {
+    field
+        .parse()
+        .ok()
+        .or_else(|| field.replacen(',', ".", 1).parse().ok())
+}
+
+/// The start of a long line, for a message.
+fn shorten(line: &str) -> String {
+    match line.char_indices().nth(60) {
+        Some((at, _)) => format!("{}…", &line[..at]),
+        None => line.to_string(),
+    }
 }
 
 fn csv_row(fields: &[&str], spec: &ImageSpec) -> Result<Vec<f32>, String> {
@@ -193,9 +240,8 @@ fn csv_row(fields: &[&str], spec: &ImageSpec) -> Result<Vec<f32>, String> {
         .iter()
         .enumerate()
         .map(|(col, f)| {
-            let v: f32 = f
-                .parse()
-                .map_err(|_| format!("column {} is {f:?}, not a number", col + 1))?;
+            let v =
+                number(f).ok_or_else(|| format!("column {} is {f:?}, not a number", col + 1))?;
             if !(0.0..=spec.pixel_max).contains(&v) {
                 return Err(format!(
                     "column {} is {v}, outside 0–{}, the range of the training data's values",
@@ -403,6 +449,29 @@ mod tests {
         assert!(csv_rows("# nothing\n\n", &spec)
             .unwrap_err()
             .contains("no rows"));
+    }
+
+    #[test]
+    fn spreadsheet_csv_variants_read_as_plain_rows() {
+        let spec = digits();
+        let row: Vec<String> = (0..64).map(|i| (i % 17).to_string()).collect();
+        let plain = csv_rows(&row.join(","), &spec).unwrap()[0].values.clone();
+        for text in [
+            format!("\u{feff}{}\r\n", row.join(",")),
+            format!("{},", row.join(",")),
+            format!("{};", row.join(";")),
+            format!("{}\t", row.join("\t")),
+        ] {
+            let rows = csv_rows(&text, &spec).unwrap_or_else(|e| panic!("{text:?}: {e}"));
+            assert_eq!(rows[0].values, plain, "{text:?}");
+        }
+        // `;` files of comma-decimal locales: 7,5 is 7.5.
+        let comma: Vec<String> = (0..64).map(|i| format!("{},5", i % 16)).collect();
+        let dot: Vec<String> = (0..64).map(|i| format!("{}.5", i % 16)).collect();
+        assert_eq!(
+            csv_rows(&comma.join(";"), &spec).unwrap()[0].values,
+            csv_rows(&dot.join(","), &spec).unwrap()[0].values
+        );
     }
 
     proptest! {

@@ -134,7 +134,10 @@ pub const RUN_FILES: &[&str] = &[
 /// Before a run writes into its directory: temporaries of killed runs are removed, and a new
 /// run refuses to replace another's files unless `--overwrite` says so (then it removes them).
 fn prepare_out_dir(opts: &TrainOptions, console: &Console) -> Result<()> {
-    let Some(dir) = &opts.out else { return Ok(()) };
+    let Some(dir) = &opts.out else {
+        console.note("no --out DIR: this run saves nothing (no checkpoint, metrics or plot); add --out DIR to keep it");
+        return Ok(());
+    };
     let (removed, bytes) = checkpoint::remove_stale_temporaries(dir)?;
     if !removed.is_empty() {
         console.note(format!(
@@ -163,6 +166,14 @@ fn prepare_out_dir(opts: &TrainOptions, console: &Console) -> Result<()> {
         return Ok(());
     }
     if !opts.overwrite {
+        if let Some(what) = checkpoint::run_without_checkpoint(dir) {
+            let temporaries = if removed.is_empty() {
+                String::new()
+            } else {
+                " (its unfinished checkpoint file was removed above)".into()
+            };
+            bail!("{} holds {what} but no checkpoint: that run was stopped or killed before its first checkpoint was written, or while it was being written{temporaries}, so it cannot be resumed. Start over there with --overwrite (its history files are replaced), or choose another --out", dir.display());
+        }
         bail!("{} already holds a run ({}); continue it with --resume {}, replace it with --overwrite, or choose another --out", dir.display(), existing.join(", "), dir.display());
     }
     for f in &existing {
