@@ -37,14 +37,18 @@ use crate::{with_isa, Isa};
 /// The Winograd points of F(2×2, 3×3): a 4×4 tile.
 const POINTS: usize = 16;
 
-/// Bytes of a block's transformed input and GEMM output (16 points × channels × tiles × 4)
-/// kept below about half of a 512 KiB L2.
-const BLOCK_BYTES: usize = 256 << 10;
+/// Bytes of a block's transformed input and GEMM output (16 points × channels × tiles × 4):
+/// about a 512 KiB L2. Measured on the conv bench's 64×32×16×16 ∗ 64×32×3×3 (2 threads,
+/// Zen 1): 128 KiB to 1 MiB within 10 % of each other, 512 KiB as fast as any for all three
+/// passes.
+const BLOCK_BYTES: usize = 512 << 10;
 
-/// At most this many groups of blocks keep weight-gradient partials (their memory is
-/// 16·o·c values each); a fixed count, so the summation order is the same on any number of
+/// At most this many groups of blocks keep weight-gradient partials (16·o·c values each),
+/// and fewer when they would hold more than [`DW_PARTIAL_VALUES`] in all (but at least 2);
+/// the count depends on the shape only, so the summation order is the same on any number of
 /// threads.
 const DW_GROUPS: usize = 16;
+const DW_PARTIAL_VALUES: usize = 8 << 20;
 
 /// A bad argument: what is wrong.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -200,8 +204,10 @@ pub fn backward_filter(
     let (o, c) = (g.o, g.c);
     let tiling = Tiling::new(g.n, g.oh(), g.ow(), c + o);
     let blocks = tiling.blocks();
-    let groups = blocks.min(DW_GROUPS);
     let plen = POINTS * o * c;
+    let groups = blocks
+        .min(DW_GROUPS)
+        .min((DW_PARTIAL_VALUES / plen.max(1)).max(2));
     let mut partial = vec![0f32; groups * plen];
     let layer = Layer {
         n: g.n,
@@ -388,9 +394,15 @@ struct OutPtr(*mut f32);
 unsafe impl Send for OutPtr {}
 unsafe impl Sync for OutPtr {}
 
-/// Values of one tile row's split input rows: 4 rows × (even, odd) × `stride` (≥ tw + 1).
-fn split_rows_len(tw: usize) -> usize {
-    8 * (tw + 1)
+/// Values of a block's split input rows: the 2·units + 2 input rows of its tile rows, each
+/// as (even, odd) × (tw + 1), then one padded row ([`pad_len`]).
+fn split_rows_len(tiling: &Tiling) -> usize {
+    (2 * tiling.per_block + 2) * 2 * (tiling.tw + 1) + pad_len(tiling.tw)
+}
+
+/// Values of the padded row [`split_rows`] unzips: 2·(tw + 1) rounded up to whole vectors.
+fn pad_len(tw: usize) -> usize {
+    2 * (tw + 1) + 32
 }
 
 /// The forward-type pass over every block: y = relu?(conv + bias), y overwritten.
@@ -404,7 +416,7 @@ fn conv_tiles(isa: Isa, l: &Layer, x: &[f32], u: &[f32], e: Epilogue, y: &mut [f
         let units = tiling.range(b);
         let t = units.len() * tiling.tw;
         let (vlen, mlen) = (POINTS * l.cin * t, POINTS * l.cout * t);
-        with_scratch(vlen + mlen + split_rows_len(tiling.tw), |s| {
+        with_scratch(vlen + mlen + split_rows_len(&tiling), |s| {
             let (v, rest) = s.split_at_mut(vlen);
             let (m, rows) = rest.split_at_mut(mlen);
             with_isa!(isa, S => input_transform::<S>(l, &tiling, units.clone(), x, v, rows));
@@ -428,7 +440,7 @@ fn conv_tiles(isa: Isa, l: &Layer, x: &[f32], u: &[f32], e: Epilogue, y: &mut [f
                     .expect("internal error: Winograd GEMM views out of bounds");
             }
             // SAFETY: the block writes the output rows of its own units only.
-            with_isa!(isa, S => output_transform::<S>(l, &tiling, units.clone(), m, e, out, rows));
+            with_isa!(isa, S => output_transform::<S>(l, &tiling, units.clone(), m, e, out));
         })
     };
     let blocks = tiling.blocks();
@@ -453,7 +465,7 @@ fn filter_grad_block(
     let units = tiling.range(b);
     let t = units.len() * tiling.tw;
     let (vlen, glen) = (POINTS * l.cin * t, POINTS * l.cout * t);
-    with_scratch(vlen + glen + split_rows_len(tiling.tw), |s| {
+    with_scratch(vlen + glen + split_rows_len(&tiling), |s| {
         let (v, rest) = s.split_at_mut(vlen);
         let (gy, rows) = rest.split_at_mut(glen);
         with_isa!(isa, S => {
@@ -479,11 +491,85 @@ fn filter_grad_block(
     })
 }
 
-/// Splits input rows y0..y0+4 of `plane` (h × w, zero outside) into even and odd columns of
+/// Splitting a run of 2·LANES values into its even and odd positions and back, per ISA (the
+/// transforms work on even and odd columns; NCHW rows interleave them).
+trait Interleave: Simd {
+    /// (even, odd) positions of the 2·LANES values a (first) then b.
+    unsafe fn unzip(a: Self::V, b: Self::V) -> (Self::V, Self::V);
+    /// The lanes of even and odd alternating (even first), as two vectors.
+    unsafe fn zip(even: Self::V, odd: Self::V) -> (Self::V, Self::V);
+}
+
+impl Interleave for crate::simd::Scalar {
+    #[inline(always)]
+    unsafe fn unzip(a: f32, b: f32) -> (f32, f32) {
+        (a, b)
+    }
+    #[inline(always)]
+    unsafe fn zip(even: f32, odd: f32) -> (f32, f32) {
+        (even, odd)
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+impl Interleave for crate::simd::Avx2 {
+    #[inline(always)]
+    unsafe fn unzip(a: Self::V, b: Self::V) -> (Self::V, Self::V) {
+        use std::arch::x86_64::*;
+        // Per 128-bit half: [a0 a2 b0 b2 | a4 a6 b4 b6]; then the 64-bit pairs reordered.
+        let even = _mm256_shuffle_ps::<0b10_00_10_00>(a, b);
+        let odd = _mm256_shuffle_ps::<0b11_01_11_01>(a, b);
+        let order = |v: __m256| {
+            _mm256_castpd_ps(_mm256_permute4x64_pd::<0b11_01_10_00>(_mm256_castps_pd(v)))
+        };
+        (order(even), order(odd))
+    }
+    #[inline(always)]
+    unsafe fn zip(even: Self::V, odd: Self::V) -> (Self::V, Self::V) {
+        use std::arch::x86_64::*;
+        let (lo, hi) = (_mm256_unpacklo_ps(even, odd), _mm256_unpackhi_ps(even, odd));
+        (
+            _mm256_permute2f128_ps::<0x20>(lo, hi),
+            _mm256_permute2f128_ps::<0x31>(lo, hi),
+        )
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+impl Interleave for crate::simd::Avx512 {
+    #[inline(always)]
+    unsafe fn unzip(a: Self::V, b: Self::V) -> (Self::V, Self::V) {
+        use std::arch::x86_64::*;
+        // Lane i of the result takes value idx[i] of (a, b): 0..16 from a, 16..32 from b.
+        let idx = |first: i32| -> __m512i {
+            std::mem::transmute::<[i32; 16], __m512i>(std::array::from_fn(|i| first + 2 * i as i32))
+        };
+        (
+            _mm512_permutex2var_ps(a, idx(0), b),
+            _mm512_permutex2var_ps(a, idx(1), b),
+        )
+    }
+    #[inline(always)]
+    unsafe fn zip(even: Self::V, odd: Self::V) -> (Self::V, Self::V) {
+        use std::arch::x86_64::*;
+        let idx = |first: i32| -> __m512i {
+            std::mem::transmute::<[i32; 16], __m512i>(std::array::from_fn(|i| {
+                first + (i / 2) as i32 + if i % 2 == 1 { 16 } else { 0 }
+            }))
+        };
+        (
+            _mm512_permutex2var_ps(even, idx(0), odd),
+            _mm512_permutex2var_ps(even, idx(8), odd),
+        )
+    }
+}
+
+/// Splits rows y0..y0 + nrows of `plane` (h × w, zero outside) into even and odd columns of
 /// the padded row (column X of the padded row is input column X − pw), tw + 1 of each:
 /// `rows[(2r + parity)·(tw + 1) + k]` is padded column 2k + parity of row y0 + r.
+#[allow(clippy::too_many_arguments)]
 #[inline(always)]
-fn split_rows(
+unsafe fn split_rows<S: Interleave>(
     plane: &[f32],
     (h, w): (usize, usize),
     y0: isize,
@@ -491,24 +577,33 @@ fn split_rows(
     tw: usize,
     nrows: usize,
     rows: &mut [f32],
+    pad: &mut [f32],
 ) {
     let stride = tw + 1;
-    let hi = (2 * stride).min(w + pw);
+    // The padded row as the unzip reads it: whole pairs of vectors.
+    let padded = 2 * stride.next_multiple_of(S::LANES);
+    let pad = &mut pad[..padded];
     for r in 0..nrows {
         let (even, odd) = rows[2 * r * stride..(2 * r + 2) * stride].split_at_mut(stride);
-        even.fill(0.0);
-        odd.fill(0.0);
         let y = y0 + r as isize;
         if y < 0 || y >= h as isize {
+            even.fill(0.0);
+            odd.fill(0.0);
             continue;
         }
         let src = &plane[y as usize * w..][..w];
-        for (xp, &v) in (pw..hi).zip(&src[..hi.saturating_sub(pw)]) {
-            if xp % 2 == 0 {
-                even[xp / 2] = v;
-            } else {
-                odd[xp / 2] = v;
-            }
+        let n = w.min(padded - pw);
+        pad[..pw].fill(0.0);
+        pad[pw..pw + n].copy_from_slice(&src[..n]);
+        pad[pw + n..].fill(0.0);
+        let mut k = 0;
+        while k < stride {
+            let lanes = S::LANES.min(stride - k);
+            let p = pad.as_ptr().add(2 * k);
+            let (e, o) = S::unzip(S::load(p), S::load(p.add(S::LANES)));
+            store_lanes::<S>(even.as_mut_ptr().add(k), e, lanes);
+            store_lanes::<S>(odd.as_mut_ptr().add(k), o, lanes);
+            k += lanes;
         }
     }
 }
@@ -519,7 +614,7 @@ fn split_rows(
 /// # Safety
 /// The CPU has `S`'s ISA.
 #[inline(always)]
-unsafe fn input_transform<S: Simd>(
+unsafe fn input_transform<S: Interleave>(
     l: &Layer,
     tiling: &Tiling,
     units: Range<usize>,
@@ -530,19 +625,29 @@ unsafe fn input_transform<S: Simd>(
     let (tw, th) = (tiling.tw, tiling.th);
     let t = units.len() * tw;
     let plane_len = l.h * l.w;
-    for (ui, unit) in units.enumerate() {
-        let (img, ty) = (unit / th, unit % th);
-        let y0 = (2 * ty) as isize - l.pad.0 as isize;
+    let stride = tw + 1;
+    let (rows, pad) = rows.split_at_mut(rows.len() - pad_len(tw));
+    // The block's tile rows of one image at a time: each input row is split once, though
+    // consecutive tile rows share two of their four rows.
+    let mut unit = units.start;
+    while unit < units.end {
+        let (img, ty0) = (unit / th, unit % th);
+        let count = (th - ty0).min(units.end - unit);
+        let ui0 = unit - units.start;
+        let y0 = (2 * ty0) as isize - l.pad.0 as isize;
         for ch in 0..l.cin {
             let plane = &x[(img * l.cin + ch) * plane_len..][..plane_len];
-            split_rows(plane, (l.h, l.w), y0, l.pad.1, tw, 4, rows);
-            input_tile_row::<S>(
-                rows.as_ptr(),
-                tw,
-                v.as_mut_ptr().add(ch * t + ui * tw),
-                l.cin * t,
-            );
+            split_rows::<S>(plane, (l.h, l.w), y0, l.pad.1, tw, 2 * count + 2, rows, pad);
+            for i in 0..count {
+                input_tile_row::<S>(
+                    rows.as_ptr().add(4 * i * stride),
+                    tw,
+                    v.as_mut_ptr().add(ch * t + (ui0 + i) * tw),
+                    l.cin * t,
+                );
+            }
         }
+        unit += count;
     }
 }
 
@@ -594,7 +699,7 @@ unsafe fn input_tile_row<S: Simd>(rows: *const f32, tw: usize, v: *mut f32, xs: 
 /// # Safety
 /// The CPU has `S`'s ISA.
 #[inline(always)]
-unsafe fn grad_transform<S: Simd>(
+unsafe fn grad_transform<S: Interleave>(
     l: &Layer,
     tiling: &Tiling,
     units: Range<usize>,
@@ -605,11 +710,12 @@ unsafe fn grad_transform<S: Simd>(
     let (tw, th) = (tiling.tw, tiling.th);
     let t = units.len() * tw;
     let plane_len = l.oh * l.ow;
+    let (rows, pad) = rows.split_at_mut(rows.len() - pad_len(tw));
     for (ui, unit) in units.enumerate() {
         let (img, ty) = (unit / th, unit % th);
         for oc in 0..l.cout {
             let plane = &dy[(img * l.cout + oc) * plane_len..][..plane_len];
-            split_rows(plane, (l.oh, l.ow), (2 * ty) as isize, 0, tw, 2, rows);
+            split_rows::<S>(plane, (l.oh, l.ow), (2 * ty) as isize, 0, tw, 2, rows, pad);
             grad_tile_row::<S>(
                 rows.as_ptr(),
                 tw,
@@ -658,14 +764,13 @@ unsafe fn grad_tile_row<S: Simd>(rows: *const f32, tw: usize, gy: *mut f32, xs: 
 /// The CPU has `S`'s ISA; `out` is the whole [n, cout, oh, ow] output and no other thread
 /// writes the rows of these units.
 #[inline(always)]
-unsafe fn output_transform<S: Simd>(
+unsafe fn output_transform<S: Interleave>(
     l: &Layer,
     tiling: &Tiling,
     units: Range<usize>,
     m: &[f32],
     e: Epilogue,
     out: OutPtr,
-    buf: &mut [f32],
 ) {
     let (tw, th) = (tiling.tw, tiling.th);
     let t = units.len() * tw;
@@ -673,67 +778,63 @@ unsafe fn output_transform<S: Simd>(
     for (ui, unit) in units.enumerate() {
         let (img, ty) = (unit / th, unit % th);
         for oc in 0..l.cout {
-            output_tile_row::<S>(
-                m.as_ptr().add(oc * t + ui * tw),
-                tw,
-                l.cout * t,
-                buf.as_mut_ptr(),
-            );
-            let plane = out.0.add((img * l.cout + oc) * plane_len);
+            let row0 = out.0.add((img * l.cout + oc) * plane_len + 2 * ty * l.ow);
+            let rows = (row0, (2 * ty + 1 < l.oh).then(|| row0.add(l.ow)));
             let bias = e.bias.map(|b| b[oc]);
-            for dy in 0..2.min(l.oh - 2 * ty) {
-                let row = std::slice::from_raw_parts_mut(plane.add((2 * ty + dy) * l.ow), l.ow);
-                let (even, odd) = (&buf[2 * dy * tw..][..tw], &buf[(2 * dy + 1) * tw..][..tw]);
-                for (xo, d) in row.iter_mut().enumerate() {
-                    let v = if xo % 2 == 0 {
-                        even[xo / 2]
-                    } else {
-                        odd[xo / 2]
-                    };
-                    *d = finish(v, bias, e.relu);
-                }
-            }
+            let m = m.as_ptr().add(oc * t + ui * tw);
+            output_tile_row::<S>(m, l.cout * t, (tw, l.ow), rows, bias, e.relu);
         }
     }
 }
 
-/// relu?(v + bias); PyTorch's ReLU: negative to 0, −0 and NaN kept.
-#[inline(always)]
-fn finish(v: f32, bias: Option<f32>, relu: bool) -> f32 {
-    let v = match bias {
-        Some(b) => v + b,
-        None => v,
-    };
-    if relu && v < 0.0 {
-        0.0
-    } else {
-        v
-    }
-}
-
-/// Aᵀ M A for the tw tiles of one tile row: point ξ of tile k at `m + ξ·xs + k`; writes the
-/// 2×2 outputs as four runs of tw (row 0 even columns, row 0 odd, row 1 even, row 1 odd).
-/// Aᵀ combines the rows into (m0 + m1 + m2, m1 − m2 − m3), and the columns the same way.
+/// relu?(Aᵀ M A + bias) for the tw tiles of one tile row, vectorised across the tiles: point
+/// ξ of tile k at `m + ξ·xs + k`; the two output rows (the second None past the output's
+/// bottom edge) get columns 0..ow. Aᵀ combines the rows into (m0 + m1 + m2, m1 − m2 − m3),
+/// and the columns the same way; PyTorch's ReLU keeps −0 and NaN.
 ///
 /// # Safety
-/// `m + ξ·xs + k` is readable for ξ < 16, k < tw; `buf` holds 4·tw values.
+/// `m + ξ·xs + k` is readable for ξ < 16, k < tw; each row is writable for ow values.
 #[inline(always)]
-unsafe fn output_tile_row<S: Simd>(m: *const f32, tw: usize, xs: usize, buf: *mut f32) {
+unsafe fn output_tile_row<S: Interleave>(
+    m: *const f32,
+    xs: usize,
+    (tw, ow): (usize, usize),
+    rows: (*mut f32, Option<*mut f32>),
+    bias: Option<f32>,
+    relu: bool,
+) {
+    let finish = |v: S::V| {
+        let v = match bias {
+            Some(b) => S::add(v, S::splat(b)),
+            None => v,
+        };
+        if relu {
+            S::select(S::lt(v, S::zero()), S::zero(), v)
+        } else {
+            v
+        }
+    };
     let mut k = 0;
     while k < tw {
         let lanes = S::LANES.min(tw - k);
         let ld = |xi: usize| load_lanes::<S>(m, xi * xs + k, lanes);
-        let mut rows = [[S::zero(); 4]; 2];
+        let mut sums = [[S::zero(); 4]; 2];
         for j in 0..4 {
             let (a, b, c, d) = (ld(j), ld(4 + j), ld(8 + j), ld(12 + j));
-            rows[0][j] = S::add(S::add(a, b), c);
-            rows[1][j] = S::sub(S::sub(b, c), d);
+            sums[0][j] = S::add(S::add(a, b), c);
+            sums[1][j] = S::sub(S::sub(b, c), d);
         }
-        for (i, r) in rows.iter().enumerate() {
-            let even = S::add(S::add(r[0], r[1]), r[2]);
-            let odd = S::sub(S::sub(r[1], r[2]), r[3]);
-            store_lanes::<S>(buf.add(2 * i * tw + k), even, lanes);
-            store_lanes::<S>(buf.add((2 * i + 1) * tw + k), odd, lanes);
+        // Output columns 2k.. of this chunk: 2·lanes, clipped at the right edge.
+        let cols = (ow - 2 * k).min(2 * lanes);
+        for (r, row) in sums.iter().zip([Some(rows.0), rows.1]) {
+            let Some(row) = row else { break };
+            let even = finish(S::add(S::add(r[0], r[1]), r[2]));
+            let odd = finish(S::sub(S::sub(r[1], r[2]), r[3]));
+            let (first, second) = S::zip(even, odd);
+            store_lanes::<S>(row.add(2 * k), first, cols.min(S::LANES));
+            if cols > S::LANES {
+                store_lanes::<S>(row.add(2 * k + S::LANES), second, cols - S::LANES);
+            }
         }
         k += lanes;
     }
