@@ -8,6 +8,8 @@
 //!   activation epilogue and prepacked B.
 //! - [`im2col`]: a convolution's gather rule (which input pixel each tap of each output pixel
 //!   reads) and the int8 column rows.
+//! - [`winograd`]: 3×3 stride-1 convolution (forward, input and weight gradients) by
+//!   Winograd F(2×2, 3×3): 16 GEMMs over transformed tiles, 2.25× fewer multiplies.
 //! - [`math`]: vectorised exp/ln/tanh/sigmoid/SiLU/erf/GELU and derivatives over slices, and
 //!   fused row kernels (softmax, cross-entropy, layer norm, bias + activation, AdamW).
 pub mod int8;
@@ -18,3 +20,4 @@ pub mod im2col;
 pub mod math;
 #[doc(hidden)]
 pub mod simd;
+pub mod winograd;

@@ -11,8 +11,12 @@
 //! cores when there are several; a single block splits its GEMMs and its copies instead.
 //! Weight-gradient partial sums are kept per block and added in block order, so results do
 //! not depend on the thread count.
+//!
+//! 3×3 stride-1 ungrouped convolutions with padding ≤ 2 large enough to pay take sinter-cpu's
+//! Winograd F(2×2, 3×3) path instead ([`winograd_geom`]; `SINTER_CONV` forces either path).
 
 use std::cell::RefCell;
+use std::sync::OnceLock;
 
 use rayon::prelude::*;
 use sinter_cpu::gemm::{Gemm, MatMut};
@@ -21,6 +25,8 @@ use super::matmul::MatView;
 use crate::backend::{ConvGeom, PoolGeom};
 use crate::op::pool_max_replaces;
 use sinter_cpu::im2col::{copy_short, Window};
+use sinter_cpu::winograd::{self, Conv3x3};
+use sinter_cpu::Isa;
 use sinter_types::Hw;
 
 /// Output pixels (images × oh·ow) per block GEMM: wide enough for the GEMM's register tiles
@@ -424,6 +430,62 @@ fn finish_row(dst: &mut [f32], src: &[f32], bias: Option<f32>, relu_on: bool) {
     }
 }
 
+/// Which convolution algorithm runs: `SINTER_CONV=auto|im2col|winograd` (read once; unset or
+/// anything else: auto). `winograd` still falls back to im2col for geometries it cannot do.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum ConvPath {
+    Auto,
+    Im2col,
+    Winograd,
+}
+
+fn conv_path() -> ConvPath {
+    static PATH: OnceLock<ConvPath> = OnceLock::new();
+    *PATH.get_or_init(|| match std::env::var("SINTER_CONV").as_deref() {
+        Ok("im2col") => ConvPath::Im2col,
+        Ok("winograd") => ConvPath::Winograd,
+        _ => ConvPath::Auto,
+    })
+}
+
+/// Output planes at least this large (oh·ow) take Winograd under `auto`. Measured (chrt -f 1,
+/// 2 threads, see the report of branch h28-winograd): the 16×16 planes of the conv bench are
+/// faster by Winograd, the digits CNN's 8×8 and 4×4 planes (4 and 16 tiles per channel
+/// pair: the transforms and 16 small GEMMs cost more than they save) are not.
+const WINOGRAD_MIN_PLANE: usize = 144;
+
+/// Input and output channels at least this many under `auto`: with fewer the GEMMs are
+/// too thin for the transforms to pay.
+const WINOGRAD_MIN_CHANNELS: usize = 8;
+
+/// The Winograd shape of `g` when the Winograd path takes it: a 3×3, stride-1, dilation-1,
+/// ungrouped convolution with padding ≤ 2, large enough under [`ConvPath::Auto`].
+fn winograd_geom(g: &ConvGeom, path: ConvPath) -> Option<Conv3x3> {
+    let p = &g.p;
+    let fits = g.kh == 3
+        && g.kw == 3
+        && p.stride == Hw::square(1)
+        && p.dilation == Hw::square(1)
+        && p.groups == 1
+        && p.padding.h <= 2
+        && p.padding.w <= 2;
+    let pays =
+        g.l() >= WINOGRAD_MIN_PLANE && g.c >= WINOGRAD_MIN_CHANNELS && g.o >= WINOGRAD_MIN_CHANNELS;
+    let take = match path {
+        ConvPath::Im2col => false,
+        ConvPath::Winograd => true,
+        ConvPath::Auto => pays,
+    };
+    (fits && take).then_some(Conv3x3 {
+        n: g.n,
+        c: g.c,
+        o: g.o,
+        h: g.h,
+        w: g.w,
+        padding: (p.padding.h, p.padding.w),
+    })
+}
+
 pub fn conv2d_forward(x: &[f32], w: &[f32], g: &ConvGeom) -> Vec<f32> {
     conv2d_forward_fused(x, w, g, Epilogue::default())
 }
@@ -431,9 +493,19 @@ pub fn conv2d_forward(x: &[f32], w: &[f32], g: &ConvGeom) -> Vec<f32> {
 /// relu?(conv2d(x, w) + bias) with the bias and the ReLU applied while the GEMM's output is
 /// moved to its images (no extra pass).
 pub fn conv2d_forward_fused(x: &[f32], w: &[f32], g: &ConvGeom, e: Epilogue) -> Vec<f32> {
+    forward_on(conv_path(), x, w, g, e)
+}
+
+/// [`conv2d_forward_fused`] with the path chosen as `path` says.
+fn forward_on(path: ConvPath, x: &[f32], w: &[f32], g: &ConvGeom, e: Epilogue) -> Vec<f32> {
     let (l, ckk, og) = (g.l(), g.ckk(), g.og());
     let mut out = output_vec(g.n * g.o * l);
     if out.is_empty() {
+        return out;
+    }
+    if let Some(wg) = winograd_geom(g, path) {
+        winograd::forward(Isa::get(), &wg, x, w, e.bias, e.relu, &mut out)
+            .expect("internal error: the convolution's shapes were checked by its op");
         return out;
     }
     let (per, count) = blocks(g);
@@ -479,12 +551,32 @@ pub fn conv2d_forward_fused(x: &[f32], w: &[f32], g: &ConvGeom, e: Epilogue) -> 
 
 /// The input gradient of conv2d from the weight and the output gradient.
 pub fn conv2d_backward_data(w: &[f32], dy: &[f32], g: &ConvGeom) -> Vec<f32> {
+    backward_data_on(conv_path(), w, dy, g)
+}
+
+fn backward_data_on(path: ConvPath, w: &[f32], dy: &[f32], g: &ConvGeom) -> Vec<f32> {
+    if let Some(wg) = winograd_geom(g, path) {
+        let mut dx = output_vec(wg.input_len());
+        winograd::backward_data(Isa::get(), &wg, w, dy, &mut dx)
+            .expect("internal error: the convolution's shapes were checked by its op");
+        return dx;
+    }
     backward(None, Some(w), dy, g).0
 }
 
 /// The weight gradient of conv2d from the input and the output gradient (summed over fixed
 /// blocks of samples in order: deterministic).
 pub fn conv2d_backward_filter(x: &[f32], dy: &[f32], g: &ConvGeom) -> Vec<f32> {
+    backward_filter_on(conv_path(), x, dy, g)
+}
+
+fn backward_filter_on(path: ConvPath, x: &[f32], dy: &[f32], g: &ConvGeom) -> Vec<f32> {
+    if let Some(wg) = winograd_geom(g, path) {
+        let mut dw = output_vec(wg.weight_len());
+        winograd::backward_filter(Isa::get(), &wg, x, dy, &mut dw)
+            .expect("internal error: the convolution's shapes were checked by its op");
+        return dw;
+    }
     backward(Some(x), None, dy, g).1
 }
 
@@ -905,8 +997,103 @@ pub fn avg_pool2d_backward(dy: &[f32], g: &PoolGeom) -> Vec<f32> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::Pool2dParams;
+    use crate::backend::{Conv2dParams, Pool2dParams};
     use sinter_types::pool_out_size;
+
+    /// The Winograd path gives the im2col path's forward (with bias and ReLU), input gradient
+    /// and weight gradient within f32 rounding, for the geometries it takes (paddings 0..=2,
+    /// odd sizes, per-axis padding), and declines the others.
+    #[test]
+    fn winograd_path_matches_im2col() {
+        let shapes = [
+            (2, 3, 4, 7, 6, (0, 0)),
+            (3, 9, 8, 16, 16, (1, 1)),
+            (1, 5, 3, 5, 9, (2, 1)),
+            (2, 2, 3, 1, 1, (2, 2)),
+        ];
+        let data = |len: usize, seed: usize| -> Vec<f32> {
+            (0..len)
+                .map(|i| ((i * 7919 + seed * 104729) % 2001) as f32 / 1000.0 - 1.0)
+                .collect()
+        };
+        for (n, c, o, h, w, (ph, pw)) in shapes {
+            let p = Conv2dParams {
+                padding: Hw::new(ph, pw),
+                ..Default::default()
+            };
+            let (oh, ow) = ConvGeom::out_hw(h, w, 3, 3, &p).unwrap();
+            let g = ConvGeom {
+                n,
+                c,
+                h,
+                w,
+                o,
+                kh: 3,
+                kw: 3,
+                oh,
+                ow,
+                p,
+            };
+            assert!(winograd_geom(&g, ConvPath::Winograd).is_some());
+            assert!(winograd_geom(&g, ConvPath::Im2col).is_none());
+            let (x, wt, dy, bias) = (
+                data(n * c * h * w, 1),
+                data(o * c * 9, 2),
+                data(n * o * oh * ow, 3),
+                data(o, 4),
+            );
+            let e = Epilogue {
+                bias: Some(&bias),
+                relu: true,
+            };
+            let close = |what: &str, a: &[f32], b: &[f32], scale: f32| {
+                assert_eq!(a.len(), b.len());
+                for (i, (&u, &v)) in a.iter().zip(b).enumerate() {
+                    assert!(
+                        (u - v).abs() <= 1e-5 * scale,
+                        "{what} {g:?}: value {i}: {u} vs {v}"
+                    );
+                }
+            };
+            let k = (c * 9) as f32;
+            close(
+                "forward",
+                &forward_on(ConvPath::Winograd, &x, &wt, &g, e),
+                &forward_on(ConvPath::Im2col, &x, &wt, &g, e),
+                k,
+            );
+            close(
+                "dx",
+                &backward_data_on(ConvPath::Winograd, &wt, &dy, &g),
+                &backward_data_on(ConvPath::Im2col, &wt, &dy, &g),
+                (o * 9) as f32,
+            );
+            close(
+                "dw",
+                &backward_filter_on(ConvPath::Winograd, &x, &dy, &g),
+                &backward_filter_on(ConvPath::Im2col, &x, &dy, &g),
+                (n * oh * ow) as f32,
+            );
+        }
+        // Geometries the Winograd path does not take.
+        let p = Conv2dParams {
+            stride: Hw::square(2),
+            ..Default::default()
+        };
+        let g = ConvGeom {
+            n: 1,
+            c: 1,
+            h: 5,
+            w: 5,
+            o: 1,
+            kh: 3,
+            kw: 3,
+            oh: 2,
+            ow: 2,
+            p,
+        };
+        assert!(winograd_geom(&g, ConvPath::Winograd).is_none());
+    }
 
     /// The inference form gives the training form's values on every route: windows inside
     /// the plane (planes with and without NaN) and the general loop (padding, dilation, ceil
