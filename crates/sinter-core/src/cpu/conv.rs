@@ -22,6 +22,7 @@ use rayon::prelude::*;
 use sinter_cpu::gemm::{Gemm, MatMut};
 
 use super::matmul::MatView;
+use super::output_vec;
 use crate::backend::{ConvGeom, PoolGeom};
 use crate::op::pool_max_replaces;
 use sinter_cpu::im2col::{copy_short, Window};
@@ -69,16 +70,6 @@ fn with_scratch<R>(n: usize, f: impl FnOnce(&mut [f32]) -> R) -> R {
         }
     });
     r
-}
-
-/// A vector of `n` values every one of which the caller writes before anything reads it.
-#[allow(clippy::uninit_vec)]
-fn output_vec(n: usize) -> Vec<f32> {
-    let mut v = Vec::with_capacity(n);
-    // SAFETY: f32 has no invalid bit patterns and every caller overwrites all n values
-    // before the vector is read or returned.
-    unsafe { v.set_len(n) };
-    v
 }
 
 /// Runs `f(i, chunk)` over `data` in chunks of `len`, on all cores when `par`.
