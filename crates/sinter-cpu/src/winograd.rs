@@ -465,7 +465,7 @@ fn filter_grad_block(
     let units = tiling.range(b);
     let t = units.len() * tiling.tw;
     let (vlen, glen) = (POINTS * l.cin * t, POINTS * l.cout * t);
-    with_scratch(vlen + glen + split_rows_len(&tiling), |s| {
+    with_scratch(vlen + glen + split_rows_len(tiling), |s| {
         let (v, rest) = s.split_at_mut(vlen);
         let (gy, rows) = rest.split_at_mut(glen);
         with_isa!(isa, S => {
@@ -677,8 +677,8 @@ unsafe fn input_tile_row<S: Simd>(rows: *const f32, tw: usize, v: *mut f32, xs: 
                 S::sub(r1, r3),
             ];
         }
-        for i in 0..4 {
-            let (x0, x1, x2, x3) = (cols[0][i], cols[1][i], cols[2][i], cols[3][i]);
+        let [c0, c1, c2, c3] = cols;
+        for (i, (((x0, x1), x2), x3)) in c0.into_iter().zip(c1).zip(c2).zip(c3).enumerate() {
             let out = [
                 S::sub(x0, x2),
                 S::add(x1, x2),
@@ -818,12 +818,11 @@ unsafe fn output_tile_row<S: Interleave>(
     while k < tw {
         let lanes = S::LANES.min(tw - k);
         let ld = |xi: usize| load_lanes::<S>(m, xi * xs + k, lanes);
-        let mut sums = [[S::zero(); 4]; 2];
-        for j in 0..4 {
-            let (a, b, c, d) = (ld(j), ld(4 + j), ld(8 + j), ld(12 + j));
-            sums[0][j] = S::add(S::add(a, b), c);
-            sums[1][j] = S::sub(S::sub(b, c), d);
-        }
+        let p: [S::V; POINTS] = std::array::from_fn(ld);
+        let sums: [[S::V; 4]; 2] = [
+            std::array::from_fn(|j| S::add(S::add(p[j], p[4 + j]), p[8 + j])),
+            std::array::from_fn(|j| S::sub(S::sub(p[4 + j], p[8 + j]), p[12 + j])),
+        ];
         // Output columns 2k.. of this chunk: 2·lanes, clipped at the right edge.
         let cols = (ow - 2 * k).min(2 * lanes);
         for (r, row) in sums.iter().zip([Some(rows.0), rows.1]) {
