@@ -439,10 +439,13 @@ fn conv_path() -> ConvPath {
     })
 }
 
-/// Output planes at least this large (oh·ow) take Winograd under `auto`. Measured (chrt -f 1,
-/// 2 threads, see the report of branch h28-winograd): the 16×16 planes of the conv bench are
-/// faster by Winograd, the digits CNN's 8×8 and 4×4 planes (4 and 16 tiles per channel
-/// pair: the transforms and 16 small GEMMs cost more than they save) are not.
+/// Output planes at least this large (oh·ow) take Winograd under `auto`. Measured on a Zen 1
+/// (2026-11-28, `RAYON_NUM_THREADS=2 chrt -f 1 sinter bench cpu conv cnn-step`, SINTER_CONV
+/// alternated twice): the conv bench's 16×16 planes (32 → 64 channels) 37.3–38.5 ms forward +
+/// backward on im2col, 26.3–26.4 ms on Winograd; the digits CNN step (8×8 and 4×4 planes: 4
+/// and 16 tiles per channel pair, where the transforms and 16 small GEMMs cost more than they
+/// save) 4.2–4.6 ms on im2col, 7.6–7.7 ms on Winograd. Sizes between 64 and 256 pixels were
+/// not timed: 144 splits them.
 const WINOGRAD_MIN_PLANE: usize = 144;
 
 /// Input and output channels at least this many under `auto`: with fewer the GEMMs are
