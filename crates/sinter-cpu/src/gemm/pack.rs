@@ -32,8 +32,7 @@ pub(crate) unsafe fn pack_panels(src: Src, free: usize, kc: usize, width: usize,
         let base = src.ptr.offset(f0 as isize * src.fs);
         if src.fs == 1 {
             // The free dimension is contiguous: one short copy per k, in fixed-size pieces
-            // (a `memcpy` call per 16–32 values cost more than the copy: ~3 % of a gpt-tiny
-            // step).
+            // (a `memcpy` call per 16–32 values costs more than the copy).
             for k in 0..kc {
                 let from = std::slice::from_raw_parts(base.offset(k as isize * src.ks), w);
                 let to = &mut out[k * width..k * width + width];
