@@ -29,11 +29,10 @@ use std::collections::{HashMap, VecDeque};
 use std::ops::Range;
 use std::time::{Duration, Instant};
 
-use sinter_core::{bail, DType, Device, Error, Result, Tensor};
+use sinter_core::{bail, DType, Error, Result, Tensor};
 use sinter_models::{Gpt, GptConfig};
-use sinter_nn::attention::{CausalSelfAttention, Mlp as BlockMlp};
 use sinter_nn::module::{join, shared_rng, NamedTensor};
-use sinter_nn::{Dropout, Embedding, LayerNorm, Linear, Module, TransformerBlock};
+use sinter_nn::{Dropout, Embedding, Linear, Module, Norm, TransformerBlock};
 
 use crate::comm::{Communicator, ReduceOp};
 use crate::tensor_parallel::{
@@ -251,10 +250,14 @@ fn owned_specs(cfg: &GptConfig, parts: &[Range<usize>], s: usize) -> Vec<(String
         );
     }
     for i in parts[s].clone() {
-        v.extend(block_param_specs(cfg.n_embd, i));
+        v.extend(block_param_specs(cfg, i));
     }
     if s == last {
-        v.extend(all.iter().filter(|(n, _)| n.starts_with("ln_f.")).cloned());
+        v.extend(
+            all.iter()
+                .filter(|(n, _)| n.starts_with("ln_f.") || n == "lm_head.weight")
+                .cloned(),
+        );
     }
     v
 }
@@ -269,9 +272,12 @@ pub struct GptStage {
     pub layers: Range<usize>,
     /// Token embedding: on the first stage, and on the last as the tied head.
     pub wte: Option<Embedding>,
+    /// The learned position table (GPT-2), on the first stage.
     pub wpe: Option<Embedding>,
     pub blocks: Vec<TransformerBlock>,
-    pub ln_f: Option<LayerNorm>,
+    pub ln_f: Option<Norm>,
+    /// An untied output head, on the last stage.
+    pub lm_head: Option<Linear>,
     drop: Dropout,
 }
 
@@ -288,66 +294,56 @@ impl GptStage {
         if stage >= num_stages {
             bail!("pipeline parallel: stage {stage} out of range for {num_stages} stages");
         }
-        if cfg.n_head == 0 || !cfg.n_embd.is_multiple_of(cfg.n_head) {
-            bail!(
-                "pipeline parallel: width {} does not split into {} heads",
-                cfg.n_embd,
-                cfg.n_head
-            );
-        }
+        cfg.check()?;
         let src = WeightSource::new(cfg, weights)?;
         let rng = shared_rng(0x5EED_0000 + stage as u64);
         let (first, last) = (stage == 0, stage == num_stages - 1);
-        let ln = |p: &str| -> Result<LayerNorm> {
-            Ok(LayerNorm {
-                weight: src.var(&format!("{p}.weight"))?,
-                bias: src.var(&format!("{p}.bias"))?,
-                eps: 1e-5,
-            })
-        };
-        let lin = |p: &str| -> Result<Linear> {
-            Ok(Linear::from_weights(
-                src.var(&format!("{p}.weight"))?,
-                Some(src.var(&format!("{p}.bias"))?),
-            ))
-        };
+        let block = cfg.block_config();
         let mut blocks = Vec::new();
         for i in parts[stage].clone() {
-            let p = |n: &str| format!("blocks.{i}.{n}");
-            blocks.push(TransformerBlock {
-                ln1: ln(&p("ln1"))?,
-                attn: CausalSelfAttention {
-                    qkv: lin(&p("attn.qkv"))?,
-                    proj: lin(&p("attn.proj"))?,
-                    n_head: cfg.n_head,
-                    attn_dropout: Dropout::new(cfg.dropout, rng.clone()),
-                    resid_dropout: Dropout::new(cfg.dropout, rng.clone()),
-                },
-                ln2: ln(&p("ln2"))?,
-                mlp: BlockMlp {
-                    fc: lin(&p("mlp.fc"))?,
-                    proj: lin(&p("mlp.proj"))?,
-                    dropout: Dropout::new(cfg.dropout, rng.clone()),
-                },
-            });
+            blocks.push(TransformerBlock::from_named(
+                &block,
+                &format!("blocks.{i}"),
+                &mut |n| src.var(n),
+                &rng,
+            )?);
         }
+        let tied = cfg.arch.tie_head;
         Ok(GptStage {
             config: cfg.clone(),
             stage,
             num_stages,
             layers: parts[stage].clone(),
-            wte: if first || last {
+            wte: if first || (last && tied) {
                 Some(Embedding::from_weights(src.var("wte.weight")?))
             } else {
                 None
             },
-            wpe: if first {
+            wpe: if first && cfg.arch.rope.is_none() {
                 Some(Embedding::from_weights(src.var("wpe.weight")?))
             } else {
                 None
             },
             blocks,
-            ln_f: if last { Some(ln("ln_f")?) } else { None },
+            ln_f: if last {
+                let bias = match cfg.arch.norm {
+                    sinter_nn::NormKind::LayerNorm => Some(src.var("ln_f.bias")?),
+                    sinter_nn::NormKind::RmsNorm => None,
+                };
+                Some(Norm::from_weights(
+                    cfg.arch.norm,
+                    src.var("ln_f.weight")?,
+                    bias,
+                    cfg.arch.norm_eps,
+                )?)
+            } else {
+                None
+            },
+            lm_head: if last && !tied {
+                Some(Linear::from_weights(src.var("lm_head.weight")?, None))
+            } else {
+                None
+            },
             drop: Dropout::new(cfg.dropout, rng),
         })
     }
@@ -377,13 +373,14 @@ impl GptStage {
                     self.config.block_size
                 );
             }
-            let pos = Tensor::arange(0.0, t as f64, 1.0, DType::I64, Device::Cpu)?;
-            let (wte, wpe) = (
-                self.wte.as_ref().expect("first stage"),
-                self.wpe.as_ref().expect("first stage"),
-            );
-            self.drop
-                .forward(&wte.forward(x)?.add(&wpe.forward(&pos)?)?)?
+            let wte = self.wte.as_ref().expect("first stage");
+            let mut e = wte.forward(x)?;
+            if let Some(wpe) = &self.wpe {
+                // Positions where the table lives (no host tensor in the step).
+                let pos = Tensor::arange(0.0, t as f64, 1.0, DType::I64, wpe.weight.device())?;
+                e = e.add(&wpe.forward(&pos)?)?;
+            }
+            self.drop.forward(&e)?
         } else {
             x.clone()
         };
@@ -400,10 +397,14 @@ impl GptStage {
             .ln_f
             .as_ref()
             .ok_or_else(|| Error::Msg("pipeline: only the last stage has the head".into()))?;
-        let wte = self.wte.as_ref().expect("last stage holds the tied head");
-        ln_f.forward(x)?
-            .reshape(&[b * t, c])?
-            .matmul(&wte.weight.t()?)
+        let h = ln_f.forward(x)?.reshape(&[b * t, c])?;
+        match &self.lm_head {
+            Some(head) => head.forward(&h),
+            None => {
+                let wte = self.wte.as_ref().expect("last stage holds the tied head");
+                h.matmul(&wte.weight.t()?)
+            }
+        }
     }
 
     /// Mean cross-entropy of this (last) stage's output on `x` against `targets` `[b, t]`.
@@ -436,6 +437,9 @@ impl Module for GptStage {
         }
         if let Some(l) = &self.ln_f {
             l.collect(&join(prefix, "ln_f"), out);
+        }
+        if let Some(h) = &self.lm_head {
+            h.collect(&join(prefix, "lm_head"), out);
         }
     }
     fn set_training(&self, t: bool) {
@@ -516,7 +520,8 @@ impl PipelineGpt {
         let (s, p) = (comm.rank(), comm.world_size());
         let parts = partition_layers(cfg.n_layer, p)?;
         let stage = GptStage::from_named(cfg, weights, s, p)?;
-        let tied = if p > 1 && (s == 0 || s == p - 1) {
+        // Only a tied head has a second copy of `wte` on the last stage to keep in step.
+        let tied = if p > 1 && cfg.arch.tie_head && (s == 0 || s == p - 1) {
             Some(comm.new_group(&[0, p - 1]).map_err(comm_err)?)
         } else {
             None

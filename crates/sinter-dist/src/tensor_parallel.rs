@@ -29,7 +29,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use sinter_core::{bail, with_custom_backward, DType, Device, Error, Result, Tensor};
 use sinter_models::{Gpt, GptConfig};
 use sinter_nn::module::{join, NamedTensor, TensorKind};
-use sinter_nn::{Embedding, LayerNorm, Linear, Module};
+use sinter_nn::{Embedding, LayerNorm, Linear, MlpKind, Module, NormKind};
 
 use crate::comm::{Communicator, ReduceOp};
 use crate::error::DistError;
@@ -67,41 +67,55 @@ pub(crate) fn f32_tensor(data: Vec<f32>, shape: &[usize]) -> Result<Tensor> {
 // Parameter layout of the GPT
 // ---------------------------------------------------------------------------------------------
 
-/// Names and shapes of the GPT's parameters, in the order `Gpt::parameters()` lists them.
+/// Names and shapes of the GPT's parameters, in the order `Gpt::parameters()` lists them
+/// (every block shape: GPT-2's and the Llama family's).
 pub fn gpt_param_specs(cfg: &GptConfig) -> Vec<(String, Vec<usize>)> {
     let c = cfg.n_embd;
-    let mut v = vec![
-        ("wte.weight".to_string(), vec![cfg.vocab_size, c]),
-        ("wpe.weight".to_string(), vec![cfg.block_size, c]),
-    ];
+    let mut v = vec![("wte.weight".to_string(), vec![cfg.vocab_size, c])];
+    if cfg.arch.rope.is_none() {
+        v.push(("wpe.weight".to_string(), vec![cfg.block_size, c]));
+    }
     for i in 0..cfg.n_layer {
-        v.extend(block_param_specs(c, i));
+        v.extend(block_param_specs(cfg, i));
     }
     v.push(("ln_f.weight".into(), vec![c]));
-    v.push(("ln_f.bias".into(), vec![c]));
+    if cfg.arch.norm == NormKind::LayerNorm {
+        v.push(("ln_f.bias".into(), vec![c]));
+    }
+    if !cfg.arch.tie_head {
+        v.push(("lm_head.weight".into(), vec![cfg.vocab_size, c]));
+    }
     v
 }
 
-/// Names and shapes of block `i`'s parameters.
-pub(crate) fn block_param_specs(c: usize, i: usize) -> Vec<(String, Vec<usize>)> {
+/// Names and shapes of block `i`'s parameters, in `TransformerBlock::collect`'s order.
+pub(crate) fn block_param_specs(cfg: &GptConfig, i: usize) -> Vec<(String, Vec<usize>)> {
+    let b = cfg.block_config();
+    let (c, q, kv) = (b.width, b.n_head * b.head_dim, b.n_kv_head * b.head_dim);
+    let fc_rows = match b.mlp {
+        MlpKind::Gelu => b.mlp_hidden,
+        MlpKind::SwiGlu => 2 * b.mlp_hidden,
+    };
+    let ln_bias = b.norm == NormKind::LayerNorm;
+    let mut v: Vec<(&str, Vec<usize>, bool)> = vec![
+        ("ln1.weight", vec![c], true),
+        ("ln1.bias", vec![c], ln_bias),
+        ("attn.qkv.weight", vec![q + 2 * kv, c], true),
+        ("attn.qkv.bias", vec![q + 2 * kv], b.qkv_bias),
+        ("attn.q_norm.weight", vec![b.head_dim], b.qk_norm),
+        ("attn.k_norm.weight", vec![b.head_dim], b.qk_norm),
+        ("attn.proj.weight", vec![c, q], true),
+        ("attn.proj.bias", vec![c], b.out_bias),
+        ("ln2.weight", vec![c], true),
+        ("ln2.bias", vec![c], ln_bias),
+        ("mlp.fc.weight", vec![fc_rows, c], true),
+        ("mlp.fc.bias", vec![fc_rows], b.mlp_bias),
+        ("mlp.proj.weight", vec![c, b.mlp_hidden], true),
+        ("mlp.proj.bias", vec![c], b.mlp_bias),
+    ];
+    v.retain(|(_, _, present)| *present);
     let p = format!("blocks.{i}");
-    [
-        ("ln1.weight", vec![c]),
-        ("ln1.bias", vec![c]),
-        ("attn.qkv.weight", vec![3 * c, c]),
-        ("attn.qkv.bias", vec![3 * c]),
-        ("attn.proj.weight", vec![c, c]),
-        ("attn.proj.bias", vec![c]),
-        ("ln2.weight", vec![c]),
-        ("ln2.bias", vec![c]),
-        ("mlp.fc.weight", vec![4 * c, c]),
-        ("mlp.fc.bias", vec![4 * c]),
-        ("mlp.proj.weight", vec![c, 4 * c]),
-        ("mlp.proj.bias", vec![c]),
-    ]
-    .into_iter()
-    .map(|(n, s)| (join(&p, n), s))
-    .collect()
+    v.into_iter().map(|(n, s, _)| (join(&p, n), s)).collect()
 }
 
 /// Looks up named weights, checking that every expected name is present with its shape.
@@ -458,6 +472,9 @@ pub fn vocab_parallel_cross_entropy(
 pub fn check_tp_config(cfg: &GptConfig, tp: usize) -> Result<()> {
     if tp == 0 {
         bail!("tensor parallel: the group size must be at least 1");
+    }
+    if !cfg.arch.is_gpt2() {
+        bail!("tensor parallel: only GPT-2-style blocks are sharded so far (this model has {:?} norms, {:?} MLP, {} kv heads{}); train it with data parallel, ZeRO or pipeline parallel", cfg.arch.norm, cfg.arch.mlp, cfg.n_kv_head(), if cfg.arch.rope.is_some() { ", rotary positions" } else { "" });
     }
     if cfg.n_head == 0 || !cfg.n_embd.is_multiple_of(cfg.n_head) {
         bail!(

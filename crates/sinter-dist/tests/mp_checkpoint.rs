@@ -34,6 +34,7 @@ fn config() -> GptConfig {
         block_size: 8,
         vocab_size: 64,
         dropout: 0.0,
+        ..Default::default()
     }
 }
 

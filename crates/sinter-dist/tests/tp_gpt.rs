@@ -37,6 +37,7 @@ fn config() -> GptConfig {
         block_size: 16,
         vocab_size: 64,
         dropout: 0.0,
+        ..Default::default()
     }
 }
 

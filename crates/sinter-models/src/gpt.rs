@@ -1,5 +1,7 @@
-//! GPT (GPT-2's architecture): token + position embeddings, pre-norm Transformer blocks,
-//! a final LayerNorm, and an output head tied to the token embedding.
+//! The decoder-only Transformer: token embeddings (plus a learned position table for GPT-2),
+//! pre-norm blocks (`sinter_nn::TransformerBlock`, configured by `DecoderArch`: GPT-2's
+//! LayerNorm/GELU/learned positions or the Llama family's RMSNorm/SwiGLU/rotary/grouped-query
+//! attention), a final norm, and an output head tied to the token table or its own.
 //!
 //! Training runs the blocks' fast path (flash attention, fused residual + LayerNorm, fused
 //! bias + GELU) with optional activation checkpointing per block (`set_recompute`); the
@@ -29,16 +31,96 @@ use crate::Task;
 use sinter_core::{bail, no_grad, DType, Result, Rng, Tensor};
 use sinter_nn::module::{join, NamedTensor};
 use sinter_nn::recompute::{block_forward, Recompute};
-use sinter_nn::{Dropout, Embedding, LayerKvCache, LayerNorm, Module, SharedRng, TransformerBlock};
+use sinter_nn::{
+    BlockConfig, Dropout, Embedding, LayerKvCache, Linear, MlpKind, Module, Norm, NormKind,
+    RopeConfig, RopeScaling, SharedRng, TransformerBlock,
+};
 
+/// The decoder's sizes and, in `arch`, the shape of its blocks: GPT-2's by default, the
+/// Llama family's with `DecoderArch::llama`. One model type runs both (`Gpt`).
 #[derive(Clone, Debug, PartialEq)]
 pub struct GptConfig {
     pub n_layer: usize,
     pub n_head: usize,
     pub n_embd: usize,
+    /// The context: the longest sequence the model takes.
     pub block_size: usize,
     pub vocab_size: usize,
     pub dropout: f32,
+    pub arch: DecoderArch,
+}
+
+/// What a decoder block is made of beyond its sizes. `None` sizes follow GPT-2's rules
+/// (n_head kv heads, n_embd / n_head per head, 4·n_embd MLP).
+#[derive(Clone, Debug, PartialEq)]
+pub struct DecoderArch {
+    pub n_kv_head: Option<usize>,
+    pub head_dim: Option<usize>,
+    pub mlp_hidden: Option<usize>,
+    pub mlp: MlpKind,
+    pub norm: NormKind,
+    pub norm_eps: f32,
+    pub qkv_bias: bool,
+    pub out_bias: bool,
+    pub mlp_bias: bool,
+    pub qk_norm: bool,
+    /// Rotary positions; None: a learned position table (`wpe`) added to the embeddings.
+    pub rope: Option<RopeConfig>,
+    /// The output head is the token table (GPT-2, SmolLM2) or its own `lm_head` (Llama).
+    pub tie_head: bool,
+}
+
+impl DecoderArch {
+    /// GPT-2: LayerNorm, GELU, learned positions, biases everywhere, tied head.
+    pub fn gpt2() -> Self {
+        DecoderArch {
+            n_kv_head: None,
+            head_dim: None,
+            mlp_hidden: None,
+            mlp: MlpKind::Gelu,
+            norm: NormKind::LayerNorm,
+            norm_eps: 1e-5,
+            qkv_bias: true,
+            out_bias: true,
+            mlp_bias: true,
+            qk_norm: false,
+            rope: None,
+            tie_head: true,
+        }
+    }
+    /// Llama: RMSNorm, SwiGLU, rotary positions with base `theta`, no biases, untied head.
+    pub fn llama(theta: f64) -> Self {
+        DecoderArch {
+            mlp: MlpKind::SwiGlu,
+            norm: NormKind::RmsNorm,
+            qkv_bias: false,
+            out_bias: false,
+            mlp_bias: false,
+            rope: Some(RopeConfig {
+                theta,
+                scaling: RopeScaling::None,
+            }),
+            tie_head: false,
+            ..DecoderArch::gpt2()
+        }
+    }
+    /// Whether this is GPT-2's block (the executors not yet generalised take only these).
+    pub fn is_gpt2(&self) -> bool {
+        *self == DecoderArch::gpt2()
+    }
+}
+
+impl Default for DecoderArch {
+    fn default() -> Self {
+        DecoderArch::gpt2()
+    }
+}
+
+impl Default for GptConfig {
+    /// The `gpt-tiny` preset.
+    fn default() -> Self {
+        GptConfig::preset("gpt-tiny").expect("gpt-tiny is a preset")
+    }
 }
 
 impl GptConfig {
@@ -52,6 +134,7 @@ impl GptConfig {
                 block_size: 64,
                 vocab_size: 256,
                 dropout: 0.0,
+                arch: DecoderArch::gpt2(),
             }),
             // GPT-2 small: 124M parameters.
             "gpt2" => Some(GptConfig {
@@ -61,19 +144,89 @@ impl GptConfig {
                 block_size: 1024,
                 vocab_size: 50257,
                 dropout: 0.0,
+                arch: DecoderArch::gpt2(),
+            }),
+            // gpt-tiny's size as a Llama: grouped-query attention (2 kv heads), SwiGLU of
+            // 344 (≈ 8/3 · 128, as Llama sizes it), RMSNorm, rotary positions.
+            "llama-tiny" => Some(GptConfig {
+                n_layer: 4,
+                n_head: 4,
+                n_embd: 128,
+                block_size: 64,
+                vocab_size: 256,
+                dropout: 0.0,
+                arch: DecoderArch {
+                    n_kv_head: Some(2),
+                    mlp_hidden: Some(344),
+                    ..DecoderArch::llama(10_000.0)
+                },
             }),
             _ => None,
         }
+    }
+
+    pub fn n_kv_head(&self) -> usize {
+        self.arch.n_kv_head.unwrap_or(self.n_head)
+    }
+    pub fn head_dim(&self) -> usize {
+        self.arch.head_dim.unwrap_or(if self.n_head == 0 {
+            0
+        } else {
+            self.n_embd / self.n_head
+        })
+    }
+
+    /// The configuration each block is built from.
+    pub fn block_config(&self) -> BlockConfig {
+        let a = &self.arch;
+        BlockConfig {
+            width: self.n_embd,
+            n_head: self.n_head,
+            n_kv_head: self.n_kv_head(),
+            head_dim: self.head_dim(),
+            mlp_hidden: a.mlp_hidden.unwrap_or(4 * self.n_embd),
+            mlp: a.mlp,
+            norm: a.norm,
+            norm_eps: a.norm_eps,
+            qkv_bias: a.qkv_bias,
+            out_bias: a.out_bias,
+            mlp_bias: a.mlp_bias,
+            qk_norm: a.qk_norm,
+            rope: a.rope.clone(),
+            dropout: self.dropout,
+            n_layer: self.n_layer,
+        }
+    }
+
+    /// An error naming the first inconsistency.
+    pub fn check(&self) -> Result<()> {
+        if self.n_layer == 0 || self.vocab_size == 0 || self.block_size == 0 {
+            bail!(
+                "gpt: layers, vocabulary and context must be positive, got {} layers, vocabulary {}, context {}",
+                self.n_layer, self.vocab_size, self.block_size
+            );
+        }
+        if self.arch.head_dim.is_none() && (self.n_head == 0 || self.n_embd % self.n_head != 0) {
+            bail!(
+                "gpt: width {} does not split into {} heads",
+                self.n_embd,
+                self.n_head
+            );
+        }
+        self.block_config().check()
     }
 }
 
 pub struct Gpt {
     pub config: GptConfig,
     pub wte: Embedding,
-    pub wpe: Embedding,
+    /// The learned position table (GPT-2); None with rotary positions.
+    pub wpe: Option<Embedding>,
     /// Shared so that a checkpointed block's recomputation can outlive this borrow.
     pub blocks: Vec<Arc<TransformerBlock>>,
-    pub ln_f: LayerNorm,
+    pub ln_f: Norm,
+    /// The output head when it is not tied to `wte` ([vocab, n_embd], no bias).
+    pub lm_head: Option<Linear>,
     drop: Dropout,
     drop_rng: SharedRng,
     recompute: Recompute,
@@ -107,18 +260,33 @@ impl KvCache {
 
 impl Gpt {
     pub fn new(config: GptConfig, rng: &mut Rng, drop_rng: &SharedRng) -> Result<Self> {
+        config.check()?;
         let c = &config;
+        let block = c.block_config();
         let blocks = (0..c.n_layer)
-            .map(|_| {
-                TransformerBlock::new(c.n_embd, c.n_head, c.n_layer, c.dropout, rng, drop_rng)
-                    .map(Arc::new)
-            })
+            .map(|_| TransformerBlock::new(&block, rng, drop_rng).map(Arc::new))
             .collect::<Result<_>>()?;
+        // Drawn in GPT-2's order (blocks, token table, positions; then an untied head) so a
+        // GPT-2 model is the same for a seed as before the block was generalised.
+        let wte = Embedding::new(c.vocab_size, c.n_embd, 0.02, rng)?;
+        let wpe = match c.arch.rope {
+            None => Some(Embedding::new(c.block_size, c.n_embd, 0.01, rng)?),
+            Some(_) => None,
+        };
+        let lm_head = if c.arch.tie_head {
+            None
+        } else {
+            Some(Linear::from_weights(
+                sinter_nn::init::normal(&[c.vocab_size, c.n_embd], 0.02, rng)?,
+                None,
+            ))
+        };
         Ok(Gpt {
-            wte: Embedding::new(c.vocab_size, c.n_embd, 0.02, rng)?,
-            wpe: Embedding::new(c.block_size, c.n_embd, 0.01, rng)?,
+            wte,
+            wpe,
             blocks,
-            ln_f: LayerNorm::new(c.n_embd)?,
+            ln_f: Norm::new(c.arch.norm, c.n_embd, c.arch.norm_eps)?,
+            lm_head,
             drop: Dropout::new(c.dropout, drop_rng.clone()),
             drop_rng: drop_rng.clone(),
             recompute: Recompute::None,
@@ -155,7 +323,27 @@ impl Gpt {
         Ok(())
     }
 
-    /// Final LayerNorm and the tied head: [b, t, c] → [b, t, vocab].
+    /// Token embeddings of ids [b, s] at positions start..start + s, plus the learned
+    /// position table's rows where the model has one (rotary models rotate inside the
+    /// attention instead).
+    fn embed(&self, ids: &Tensor, start: usize) -> Result<Tensor> {
+        let x = self.wte.forward(ids)?;
+        let Some(wpe) = &self.wpe else {
+            return Ok(x);
+        };
+        // Positions are made where the model lives (no upload inside a step).
+        let s = ids.shape()[1];
+        let pos = Tensor::arange(
+            start as f64,
+            (start + s) as f64,
+            1.0,
+            DType::I64,
+            wpe.weight.device(),
+        )?;
+        x.add(&wpe.forward(&pos)?)
+    }
+
+    /// Final norm and the head: [b, t, c] → [b, t, vocab].
     fn head(&self, x: &Tensor) -> Result<Tensor> {
         let (b, t, c) = (x.shape()[0], x.shape()[1], x.shape()[2]);
         // One [b·t, c] × [c, vocab] product: the tied head's gradient is then a single GEMM.
@@ -165,8 +353,12 @@ impl Gpt {
 
     /// The head over rows of hidden states: [n, c] → [n, vocab].
     pub(crate) fn head_rows(&self, x: &Tensor) -> Result<Tensor> {
-        // Through the table's `linear`, so an int8-quantized table serves the head too.
-        self.wte.linear(&self.ln_f.forward(x)?)
+        let h = self.ln_f.forward(x)?;
+        match &self.lm_head {
+            Some(head) => head.forward(&h),
+            // Through the table's `linear`, so an int8-quantized table serves the head too.
+            None => self.wte.linear(&h),
+        }
     }
 
     /// An empty KV cache for `batch` sequences, holding up to `block_size` positions.
@@ -188,9 +380,9 @@ impl Gpt {
             .map(|_| {
                 LayerKvCache::new(
                     batch,
-                    c.n_head,
+                    c.n_kv_head(),
                     capacity,
-                    c.n_embd / c.n_head,
+                    c.head_dim(),
                     self.wte.weight.dtype(),
                     self.wte.weight.device(),
                 )
@@ -234,15 +426,7 @@ impl Gpt {
         self.check_ids(ids)?;
         let (start, s) = (cache.len(), ids.shape()[1]);
         self.check_step(start, s, cache)?;
-        // Positions are made where the model lives (no upload inside a step).
-        let pos = Tensor::arange(
-            start as f64,
-            (start + s) as f64,
-            1.0,
-            DType::I64,
-            self.wpe.weight.device(),
-        )?;
-        let mut x = self.wte.forward(ids)?.add(&self.wpe.forward(&pos)?)?;
+        let mut x = self.embed(ids, start)?;
         for (b, layer) in self.blocks.iter().zip(cache.layers.iter_mut()) {
             x = b.forward_step(&x, layer)?;
         }
@@ -264,10 +448,7 @@ impl Module for Gpt {
                 self.config.block_size
             );
         }
-        let pos = Tensor::arange(0.0, t as f64, 1.0, DType::I64, self.wpe.weight.device())?;
-        let mut x = self
-            .drop
-            .forward(&self.wte.forward(ids)?.add(&self.wpe.forward(&pos)?)?)?;
+        let mut x = self.drop.forward(&self.embed(ids, 0)?)?;
         for b in &self.blocks {
             x = if self.fast_path {
                 block_forward(b, &x, self.recompute, Some(&self.drop_rng))?
@@ -279,11 +460,16 @@ impl Module for Gpt {
     }
     fn collect(&self, prefix: &str, out: &mut Vec<NamedTensor>) {
         self.wte.collect(&join(prefix, "wte"), out);
-        self.wpe.collect(&join(prefix, "wpe"), out);
+        if let Some(wpe) = &self.wpe {
+            wpe.collect(&join(prefix, "wpe"), out);
+        }
         for (i, b) in self.blocks.iter().enumerate() {
             b.collect(&join(prefix, &format!("blocks.{i}")), out);
         }
         self.ln_f.collect(&join(prefix, "ln_f"), out);
+        if let Some(head) = &self.lm_head {
+            head.collect(&join(prefix, "lm_head"), out);
+        }
     }
     fn set_training(&self, t: bool) {
         self.drop.set_training(t);

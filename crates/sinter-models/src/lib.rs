@@ -15,7 +15,7 @@ pub mod resnet;
 
 pub use bert::{mask_batch, mask_tokens, Bert, BertConfig, HiddenAct, MlmMasking};
 pub use cnn::LeNet;
-pub use gpt::{Gpt, GptConfig};
+pub use gpt::{DecoderArch, Gpt, GptConfig};
 pub use hf_bert::{
     bert_config_from_hf_file, bert_config_from_hf_json, from_hf_pretrained, hf_bert_config_json,
     load_hf_bert, save_hf_bert,
@@ -55,6 +55,7 @@ pub const MODEL_NAMES: &[&str] = &[
     "resnet18",
     "gpt-tiny",
     "gpt2",
+    "llama-tiny",
     "bert-tiny",
     "bert-base",
 ];
@@ -62,7 +63,7 @@ pub const MODEL_NAMES: &[&str] = &[
 pub fn task_of(name: &str) -> Option<Task> {
     match name {
         "mlp" | "cnn" | "cnn-bn" | "resnet18" => Some(Task::Classification),
-        "gpt-tiny" | "gpt2" => Some(Task::LanguageModel),
+        "gpt-tiny" | "gpt2" | "llama-tiny" => Some(Task::LanguageModel),
         "bert-tiny" | "bert-base" => Some(Task::MaskedLm),
         _ => None,
     }
@@ -145,7 +146,7 @@ pub fn build_with(
                 rng,
             )?)
         }
-        "gpt-tiny" | "gpt2" => {
+        "gpt-tiny" | "gpt2" | "llama-tiny" => {
             let mut cfg = GptConfig::preset(name).expect("listed preset");
             if data.classes > cfg.vocab_size {
                 cfg.vocab_size = data.classes;

@@ -33,6 +33,7 @@ fn config(dropout: f32) -> GptConfig {
         block_size: 16,
         vocab_size: 29,
         dropout,
+        ..Default::default()
     }
 }
 

@@ -17,6 +17,7 @@ fn model(block_size: usize, seed: u64) -> Gpt {
         block_size,
         vocab_size: 37,
         dropout: 0.0,
+        ..Default::default()
     };
     let m = Gpt::new(cfg, &mut Rng::new(seed), &shared_rng(seed)).unwrap();
     m.set_training(false);

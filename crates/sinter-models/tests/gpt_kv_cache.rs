@@ -18,6 +18,7 @@ fn small() -> GptConfig {
         block_size: 40,
         vocab_size: 37,
         dropout: 0.0,
+        ..Default::default()
     }
 }
 

@@ -23,6 +23,7 @@ fn gpt_names_shapes_and_causality() {
         block_size: 8,
         vocab_size: 11,
         dropout: 0.0,
+        ..Default::default()
     };
     let m = Gpt::new(cfg, &mut Rng::new(0), &shared_rng(1)).unwrap();
     let names: Vec<String> = m.parameters().into_iter().map(|(n, _)| n).collect();

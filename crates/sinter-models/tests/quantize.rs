@@ -46,6 +46,7 @@ fn gpt_quantizes_every_projection_and_the_tied_head_and_still_generates() {
         block_size: 24,
         vocab_size: 40,
         dropout: 0.0,
+        ..Default::default()
     };
     let m = Gpt::new(cfg.clone(), &mut Rng::new(1), &shared_rng(1)).unwrap();
     m.set_training(false);

@@ -2,7 +2,6 @@
 //! layers, losses, initialisers, optimizers, learning-rate schedules, gradient clipping, and BatchNorm
 //! folding / fused Conv+BatchNorm (`fold`, `conv_bn`).
 
-pub mod attention;
 pub mod conv_bn;
 pub mod device;
 pub mod fold;
@@ -15,8 +14,8 @@ pub mod optim;
 pub mod quant;
 pub mod recompute;
 pub mod schedule;
+pub mod transformer;
 
-pub use attention::{CausalSelfAttention, LayerKvCache, Mlp, TransformerBlock};
 pub use conv_bn::ConvBn;
 pub use device::{module_device, move_module};
 pub use layers::{
@@ -34,3 +33,7 @@ pub use optim::{
 };
 pub use recompute::{checkpoint, Recompute};
 pub use schedule::LrSchedule;
+pub use transformer::{
+    BlockConfig, CausalSelfAttention, LayerKvCache, Mlp, MlpKind, Norm, NormKind, RmsNorm, Rope,
+    RopeConfig, RopeScaling, TransformerBlock,
+};

@@ -18,8 +18,8 @@ use std::sync::Arc;
 
 use sinter_core::{is_grad_enabled, no_grad, with_custom_backward, Error, Result, Rng, Tensor};
 
-use crate::attention::TransformerBlock;
 use crate::module::SharedRng;
+use crate::transformer::TransformerBlock;
 
 /// What each Transformer block recomputes in the backward pass instead of keeping.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]

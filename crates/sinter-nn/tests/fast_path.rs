@@ -7,7 +7,7 @@ use std::sync::Arc;
 use sinter_core::{no_grad, DType, Device, Rng, Tensor};
 use sinter_nn::module::shared_rng;
 use sinter_nn::recompute::{block_forward, checkpoint, Recompute};
-use sinter_nn::{LayerKvCache, Module, TransformerBlock};
+use sinter_nn::{BlockConfig, LayerKvCache, Module, TransformerBlock};
 
 fn randn(shape: &[usize], rng: &mut Rng) -> Tensor {
     Tensor::randn(shape, 0.0, 1.0, rng, DType::F32, Device::Cpu).unwrap()
@@ -33,10 +33,7 @@ type Outcome = (Vec<f32>, Vec<f32>, Vec<(String, Vec<f32>)>);
 
 fn block(width: usize, heads: usize, dropout: f32, seed: u64) -> TransformerBlock {
     let b = TransformerBlock::new(
-        width,
-        heads,
-        2,
-        dropout,
+        &BlockConfig::gpt2(width, heads, 2, dropout),
         &mut Rng::new(seed),
         &shared_rng(seed),
     )
@@ -119,7 +116,12 @@ fn recompute_gives_the_same_gradients() {
         // around `drop_rng` so the test controls (and can rewind) it.
         let blk = if dropout > 0.0 {
             let named = blk.parameters();
-            let b = TransformerBlock::new(32, 4, 2, dropout, &mut Rng::new(0), &drop_rng).unwrap();
+            let b = TransformerBlock::new(
+                &BlockConfig::gpt2(32, 4, 2, dropout),
+                &mut Rng::new(0),
+                &drop_rng,
+            )
+            .unwrap();
             for ((_, dst), (_, src)) in b.parameters().iter().zip(&named) {
                 dst.assign(src).unwrap();
             }

@@ -16,7 +16,7 @@ use common::counting_alloc::{live, peak_since, reset_peak};
 use sinter_core::{DType, Device, Rng, Tensor};
 use sinter_nn::module::shared_rng;
 use sinter_nn::recompute::{block_forward, Recompute};
-use sinter_nn::{Embedding, LayerNorm, Module, SharedRng, TransformerBlock};
+use sinter_nn::{BlockConfig, Embedding, LayerNorm, Module, SharedRng, TransformerBlock};
 
 struct TinyGpt {
     wte: Embedding,
@@ -37,7 +37,12 @@ impl TinyGpt {
             blocks: (0..layers)
                 .map(|_| {
                     Arc::new(
-                        TransformerBlock::new(width, heads, layers, 0.0, &mut rng, &drop).unwrap(),
+                        TransformerBlock::new(
+                            &BlockConfig::gpt2(width, heads, layers, 0.0),
+                            &mut rng,
+                            &drop,
+                        )
+                        .unwrap(),
                     )
                 })
                 .collect(),

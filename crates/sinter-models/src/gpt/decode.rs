@@ -59,10 +59,23 @@ impl Gpt {
             return Tensor::from_vec(logits, &[n, c.vocab_size], Device::Cpu);
         }
         let device = self.wte.weight.device();
+        let Some(wpe) = self.wpe.as_ref().filter(|_| c.arch.is_gpt2()) else {
+            // Rotary / grouped-query blocks: each sequence's step through the block's own
+            // KV-cache path (batched decode attention reads GPT-2's packed heads only).
+            let mut rows = Vec::with_capacity(n);
+            for (&id, cache) in ids.iter().zip(caches.iter_mut()) {
+                let one = Tensor::from_slice(&[id], &[1, 1], Device::Cpu)?.to_device(device)?;
+                rows.push(
+                    self.forward_step(&one, cache)?
+                        .reshape(&[1, c.vocab_size])?,
+                );
+            }
+            return Tensor::cat(&rows, 0);
+        };
         let pos: Vec<i64> = lens.iter().map(|&l| l as i64).collect();
         let ids = Tensor::from_slice(ids, &[n], Device::Cpu)?.to_device(device)?;
         let pos = Tensor::from_slice(&pos, &[n], Device::Cpu)?.to_device(device)?;
-        let mut x = self.wte.forward(&ids)?.add(&self.wpe.forward(&pos)?)?; // [n, c]
+        let mut x = self.wte.forward(&ids)?.add(&wpe.forward(&pos)?)?; // [n, c]
         let (h, hd) = (c.n_head, c.n_embd / c.n_head);
         let scale = 1.0 / (hd as f32).sqrt();
         for (l, block) in self.blocks.iter().enumerate() {

@@ -520,15 +520,19 @@ impl Gpt {
     /// The host step's view of this model, or None when the tensor path must run (see the
     /// module comment).
     pub(crate) fn host_model(&self) -> Option<HostModel<'_>> {
+        // GPT-2's block only, so far: the Llama family runs the tensor path.
+        if !self.config.arch.is_gpt2() {
+            return None;
+        }
         let blocks = self
             .blocks
             .iter()
             .map(|b| {
                 Some(Block {
-                    ln1: Norm::of(&b.ln1)?,
+                    ln1: Norm::of(b.ln1.as_layer_norm()?)?,
                     qkv: Proj::of(&b.attn.qkv)?,
                     proj: Proj::of(&b.attn.proj)?,
-                    ln2: Norm::of(&b.ln2)?,
+                    ln2: Norm::of(b.ln2.as_layer_norm()?)?,
                     fc: Proj::of(&b.mlp.fc)?,
                     fc2: Proj::of(&b.mlp.proj)?,
                 })
@@ -537,9 +541,9 @@ impl Gpt {
         let c = &self.config;
         Some(HostModel {
             wte: Table::of(&self.wte)?,
-            wpe: Table::of(&self.wpe)?,
+            wpe: Table::of(self.wpe.as_ref()?)?,
             blocks,
-            ln_f: Norm::of(&self.ln_f)?,
+            ln_f: Norm::of(self.ln_f.as_layer_norm()?)?,
             c: c.n_embd,
             heads: c.n_head,
             vocab: c.vocab_size,

@@ -15,6 +15,7 @@ pub fn tiny_gpt(seed: u64) -> GptModel {
         block_size: 64,
         vocab_size: 256,
         dropout: 0.0,
+        ..Default::default()
     };
     let gpt = Gpt::new(cfg, &mut Rng::new(seed), &shared_rng(seed)).unwrap();
     gpt.set_training(false);

@@ -1,0 +1,226 @@
+//! The pre-norm Transformer decoder block, configured rather than copied: one definition
+//! serves GPT-2 (LayerNorm, GELU, learned positions added outside, biases everywhere) and
+//! the Llama family (RMSNorm, SwiGLU, rotary positions, grouped-query attention, Qwen2's qkv
+//! bias, Qwen3's QK-norm). Every executor runs this block: training (fast path, composite
+//! reference, recompute), generation against a KV cache, pipeline stages (`from_named`).
+//!
+//! x + attn(norm1(x)), then + mlp(norm2(x)).
+
+mod attention;
+mod mlp;
+mod norm;
+mod rope;
+
+pub use attention::{CausalSelfAttention, LayerKvCache};
+pub use mlp::{Mlp, MlpKind};
+pub use norm::{Norm, NormKind, RmsNorm};
+pub use rope::{Rope, RopeConfig, RopeScaling};
+
+use sinter_core::{bail, fused, Result, Rng, Tensor};
+
+use crate::layers::Linear;
+use crate::module::{join, Module, NamedTensor, SharedRng};
+
+/// Everything that shapes one block.
+#[derive(Clone, Debug, PartialEq)]
+pub struct BlockConfig {
+    /// The residual stream's width.
+    pub width: usize,
+    pub n_head: usize,
+    /// Key/value heads: n_head (multi-head), fewer (grouped-query) or 1 (multi-query).
+    pub n_kv_head: usize,
+    pub head_dim: usize,
+    /// The MLP's inner width (per branch for SwiGLU).
+    pub mlp_hidden: usize,
+    pub mlp: MlpKind,
+    pub norm: NormKind,
+    pub norm_eps: f32,
+    /// Bias on the q, k and v projections (GPT-2, Qwen2).
+    pub qkv_bias: bool,
+    /// Bias on the attention's output projection (GPT-2).
+    pub out_bias: bool,
+    /// Biases in the MLP (GPT-2).
+    pub mlp_bias: bool,
+    /// RMSNorm of each query and key head before the rotation (Qwen3).
+    pub qk_norm: bool,
+    /// Rotary positions; None when positions are added to the input (GPT-2's table).
+    pub rope: Option<RopeConfig>,
+    pub dropout: f32,
+    /// The model's depth: GPT-2 initialises the projections into the residual stream with
+    /// std 0.02/√(2·layers).
+    pub n_layer: usize,
+}
+
+impl BlockConfig {
+    /// GPT-2's block: LayerNorm (eps 1e-5), 4× GELU MLP, biases everywhere, no rotation.
+    pub fn gpt2(width: usize, n_head: usize, n_layer: usize, dropout: f32) -> Self {
+        BlockConfig {
+            width,
+            n_head,
+            n_kv_head: n_head,
+            head_dim: if n_head == 0 { 0 } else { width / n_head },
+            mlp_hidden: 4 * width,
+            mlp: MlpKind::Gelu,
+            norm: NormKind::LayerNorm,
+            norm_eps: 1e-5,
+            qkv_bias: true,
+            out_bias: true,
+            mlp_bias: true,
+            qk_norm: false,
+            rope: None,
+            dropout,
+            n_layer,
+        }
+    }
+
+    pub(crate) fn resid_std(&self) -> f64 {
+        0.02 / (2.0 * self.n_layer.max(1) as f64).sqrt()
+    }
+
+    /// An error naming the first inconsistency.
+    pub fn check(&self) -> Result<()> {
+        let (h, kv, d) = (self.n_head, self.n_kv_head, self.head_dim);
+        if self.width == 0 || h == 0 || kv == 0 || d == 0 || self.mlp_hidden == 0 {
+            bail!("transformer block: width, heads, kv heads, head dim and MLP width must be positive, got {self:?}");
+        }
+        if h % kv != 0 {
+            bail!("transformer block: {h} query heads do not share {kv} key/value heads evenly");
+        }
+        if self.rope.is_some() && d % 2 != 0 {
+            bail!("transformer block: rotary positions need an even head dimension, got {d}");
+        }
+        if !(0.0..1.0).contains(&self.dropout) {
+            bail!(
+                "transformer block: dropout must be in [0, 1), got {}",
+                self.dropout
+            );
+        }
+        if !(self.norm_eps.is_finite() && self.norm_eps > 0.0) {
+            bail!(
+                "transformer block: norm eps must be positive, got {}",
+                self.norm_eps
+            );
+        }
+        Ok(())
+    }
+}
+
+pub struct TransformerBlock {
+    pub ln1: Norm,
+    pub attn: CausalSelfAttention,
+    pub ln2: Norm,
+    pub mlp: Mlp,
+}
+
+impl TransformerBlock {
+    /// A freshly initialised block (GPT-2's initialisation: N(0, 0.02), residual projections
+    /// scaled down with depth, zero biases, unit norms).
+    pub fn new(cfg: &BlockConfig, rng: &mut Rng, drop_rng: &SharedRng) -> Result<Self> {
+        cfg.check()?;
+        Ok(TransformerBlock {
+            ln1: Norm::new(cfg.norm, cfg.width, cfg.norm_eps)?,
+            attn: CausalSelfAttention::new(cfg, rng, drop_rng)?,
+            ln2: Norm::new(cfg.norm, cfg.width, cfg.norm_eps)?,
+            mlp: Mlp::new(cfg, rng, drop_rng)?,
+        })
+    }
+
+    /// A block from its weights, named as `collect` names them under `prefix` (e.g.
+    /// `blocks.3.attn.qkv.weight`); `get` returns each by its full name.
+    pub fn from_named(
+        cfg: &BlockConfig,
+        prefix: &str,
+        get: &mut dyn FnMut(&str) -> Result<Tensor>,
+        drop_rng: &SharedRng,
+    ) -> Result<Self> {
+        cfg.check()?;
+        let mut t = |name: &str| get(&join(prefix, name));
+        let norm = |name: &str, t: &mut dyn FnMut(&str) -> Result<Tensor>| -> Result<Norm> {
+            let bias = match cfg.norm {
+                NormKind::LayerNorm => Some(t(&format!("{name}.bias"))?),
+                NormKind::RmsNorm => None,
+            };
+            Norm::from_weights(cfg.norm, t(&format!("{name}.weight"))?, bias, cfg.norm_eps)
+        };
+        let ln1 = norm("ln1", &mut t)?;
+        let ln2 = norm("ln2", &mut t)?;
+        let mut linear = |name: &str, bias: bool| -> Result<Linear> {
+            let b = if bias {
+                Some(t(&format!("{name}.bias"))?)
+            } else {
+                None
+            };
+            Ok(Linear::from_weights(t(&format!("{name}.weight"))?, b))
+        };
+        let qkv = linear("attn.qkv", cfg.qkv_bias)?;
+        let proj = linear("attn.proj", cfg.out_bias)?;
+        let fc = linear("mlp.fc", cfg.mlp_bias)?;
+        let fc2 = linear("mlp.proj", cfg.mlp_bias)?;
+        let qk = if cfg.qk_norm {
+            Some((
+                linear("attn.q_norm", false)?.weight,
+                linear("attn.k_norm", false)?.weight,
+            ))
+        } else {
+            None
+        };
+        Ok(TransformerBlock {
+            ln1,
+            attn: CausalSelfAttention::from_parts(cfg, qkv, proj, qk, drop_rng)?,
+            ln2,
+            mlp: Mlp {
+                fc,
+                proj: fc2,
+                kind: cfg.mlp,
+                dropout: crate::layers::Dropout::new(cfg.dropout, drop_rng.clone()),
+            },
+        })
+    }
+
+    /// The second half of the block given its input `x` and the attention sub-layer's output
+    /// `a` = attn(norm1(x)): x + a and norm2(x + a) (one fused pass for LayerNorm), then
+    /// + mlp.
+    pub fn forward_after_attn(&self, x: &Tensor, a: &Tensor) -> Result<Tensor> {
+        let (x1, h) = match &self.ln2 {
+            Norm::Layer(ln) => fused::residual_layer_norm(x, a, &ln.weight, &ln.bias, ln.eps)?,
+            Norm::Rms(n) => {
+                let x1 = x.add(a)?;
+                let h = n.forward(&x1)?;
+                (x1, h)
+            }
+        };
+        x1.add(&self.mlp.forward_fused(&h)?)
+    }
+    /// The fast path (also `forward`): flash attention, fused residual + norm, fused MLP.
+    pub fn forward_fused(&self, x: &Tensor) -> Result<Tensor> {
+        let a = self.attn.forward(&self.ln1.forward(x)?)?;
+        self.forward_after_attn(x, &a)
+    }
+    /// The unfused reference.
+    pub fn forward_composite(&self, x: &Tensor) -> Result<Tensor> {
+        let x = x.add(&self.attn.forward_composite(&self.ln1.forward(x)?)?)?;
+        x.add(&self.mlp.forward_composite(&self.ln2.forward(&x)?)?)
+    }
+    /// The block for `x` [b, s, c] at positions cache.len.. of a sequence whose earlier keys
+    /// and values are in `cache` (which this appends to). Inference only.
+    pub fn forward_step(&self, x: &Tensor, cache: &mut LayerKvCache) -> Result<Tensor> {
+        let a = self.attn.forward_step(&self.ln1.forward(x)?, cache)?;
+        self.forward_after_attn(x, &a)
+    }
+}
+
+impl Module for TransformerBlock {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        self.forward_fused(x)
+    }
+    fn collect(&self, prefix: &str, out: &mut Vec<NamedTensor>) {
+        self.ln1.collect(&join(prefix, "ln1"), out);
+        self.attn.collect(&join(prefix, "attn"), out);
+        self.ln2.collect(&join(prefix, "ln2"), out);
+        self.mlp.collect(&join(prefix, "mlp"), out);
+    }
+    fn set_training(&self, training: bool) {
+        self.attn.set_training(training);
+        self.mlp.set_training(training);
+    }
+}
