@@ -35,7 +35,7 @@ def load_transformers_model(path):
         model = AutoModelForCausalLM.from_pretrained(
             os.path.dirname(os.path.abspath(path)), gguf_file=os.path.basename(path),
             dtype=torch.float32)
-    return model.float().eval()
+    return model.eval()
 
 
 def transformers_reference(model, prompts, greedy):
@@ -107,6 +107,14 @@ def main():
     args = parser.parse_args()
 
     prompts = llama_ref.read_prompts(args.ids)
+    if not os.path.isdir(args.model):
+        import gguf
+
+        if any(t.name == "rope_freqs.weight" for t in gguf.GGUFReader(args.model).tensors):
+            # Seen with transformers 5.24: its GGUF loader drops the llama3 rope factors and
+            # builds a default rope, so from the first rotated position on its logits differ.
+            print("hf_compare: note: this GGUF has rope_freqs.weight (llama3 rope scaling), "
+                  "which transformers' GGUF loader ignores")
     started = time.time()
     model = load_transformers_model(args.model)
     hf_logits, hf_greedy, hf_gaps = transformers_reference(model, prompts, args.greedy)

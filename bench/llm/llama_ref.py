@@ -3,8 +3,8 @@
 
 Written from the architecture's definition, not from any engine's code, so that sinter's
 implementation and transformers can both be checked against it. Needs only numpy and gguf
-(gguf-py); safetensors is used when installed, else a small built-in reader handles
-f32/f16/bf16 files.
+(gguf-py); safetensors files (f32/f16/bf16) are read by a few lines here, since numpy has no
+bf16 and the safetensors package cannot hand bf16 to numpy.
 
   python3 bench/llm/llama_ref.py --model FILE.gguf|HF_DIR --ids PROMPTS.json --greedy 32 --out DIR
 
