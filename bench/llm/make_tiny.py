@@ -190,11 +190,9 @@ def permute_for_llama_cpp(weight, n_heads):
             .reshape(weight.shape))
 
 
-def llama3_rope_factors(config):
+def llama3_rope_factors(d, params):
     """The per-frequency divisors convert_hf_to_gguf.py stores as rope_freqs.weight for
     rope_type llama3 (llama.cpp divides each rope frequency by its factor)."""
-    params = config.rope_parameters
-    d = config.head_dim
     inv_freq = params["rope_theta"] ** (-np.arange(0, d, 2, dtype=np.float64) / d)
     wavelength = 2 * np.pi / inv_freq
     original = params["original_max_position_embeddings"]
@@ -205,66 +203,98 @@ def llama3_rope_factors(config):
                              1.0 / ((1 - smooth) / factor + smooth))).astype(np.float32)
 
 
+# Hugging Face name after "layers.N." → llama.cpp's name after "blk.N.".
+LLAMA_CPP_LAYER_NAMES = {
+    "input_layernorm": "attn_norm", "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
+    "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
+    "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm",
+    "post_attention_layernorm": "ffn_norm", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
+    "mlp.down_proj": "ffn_down"}
+
+
+def write_llama_cpp_gguf(path, arch, hf_config, weights, quantize=lambda layer, name: False):
+    """A GGUF as llama.cpp's convert_hf_to_gguf.py writes a Llama/Qwen2/Qwen3 checkpoint.
+    weights: HF names without the "model." prefix → float arrays. For arch "llama" the Q/K
+    rows are permuted for llama.cpp's interleaved rope (Qwen uses rotate-half: no permutation),
+    and llama3 rope scaling becomes rope_freqs.weight. quantize(layer, gguf_suffix) picks the
+    2-D tensors stored as Q8_0. Returns HF name → Q8_0-rounded values of those tensors."""
+    import gguf
+
+    heads, hidden = hf_config["num_attention_heads"], hf_config["hidden_size"]
+    kv_heads = hf_config.get("num_key_value_heads") or heads
+    head_dim = hf_config.get("head_dim") or hidden // heads
+    rope = hf_config.get("rope_parameters") or {"rope_theta": hf_config.get("rope_theta", 10000.0)}
+    writer = gguf.GGUFWriter(path, arch)
+    writer.add_name(f"tiny-{arch}")
+    writer.add_custom_alignment(32)
+    writer.add_context_length(hf_config["max_position_embeddings"])
+    writer.add_embedding_length(hidden)
+    writer.add_block_count(hf_config["num_hidden_layers"])
+    writer.add_feed_forward_length(hf_config["intermediate_size"])
+    writer.add_rope_dimension_count(head_dim)
+    writer.add_head_count(heads)
+    writer.add_head_count_kv(kv_heads)
+    if head_dim != hidden // heads:
+        writer.add_key_length(head_dim)
+        writer.add_value_length(head_dim)
+    writer.add_rope_freq_base(rope["rope_theta"])
+    writer.add_layer_norm_rms_eps(hf_config["rms_norm_eps"])
+    writer.add_vocab_size(hf_config["vocab_size"])
+    writer.add_file_type(gguf.LlamaFileType.MOSTLY_Q8_0)
+
+    q8 = gguf.GGMLQuantizationType.Q8_0
+    rounded = {}
+    if arch == "llama" and rope.get("rope_type") == "llama3":
+        writer.add_tensor("rope_freqs.weight", llama3_rope_factors(head_dim, rope))
+    writer.add_tensor("token_embd.weight", np.asarray(weights["embed_tokens.weight"], np.float32))
+    for layer in range(hf_config["num_hidden_layers"]):
+        for hf_suffix, gguf_suffix in LLAMA_CPP_LAYER_NAMES.items():
+            for kind in ("weight", "bias"):
+                hf_name = f"layers.{layer}.{hf_suffix}.{kind}"
+                if hf_name not in weights:
+                    continue
+                values = np.asarray(weights[hf_name], np.float32)
+                if arch == "llama" and gguf_suffix in ("attn_q", "attn_k"):
+                    values = permute_for_llama_cpp(values, heads if gguf_suffix == "attn_q" else kv_heads)
+                name = f"blk.{layer}.{gguf_suffix}.{kind}"
+                if values.ndim == 2 and quantize(layer, gguf_suffix):
+                    writer.add_tensor(name, gguf.quants.quantize(values, q8), raw_dtype=q8)
+                    original = np.asarray(weights[hf_name], np.float32)
+                    rounded[hf_name] = gguf.quants.dequantize(gguf.quants.quantize(original, q8), q8)
+                else:
+                    writer.add_tensor(name, values)
+    writer.add_tensor("output_norm.weight", np.asarray(weights["norm.weight"], np.float32))
+    if "lm_head.weight" in weights:
+        writer.add_tensor("output.weight", np.asarray(weights["lm_head.weight"], np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return rounded
+
+
 def write_gguf_model(out_dir, hf_model):
     """The llama-gqa-tied model as llama.cpp's converter would write it: llama tensor names,
     Q/K rows permuted, tied head (no output.weight), rope_freqs for the llama3 scaling, F32
     norms and embedding, Q8_0 for layer 1's matrices and layer 0's Q and K. Its reference is
     transformers on the HF model carrying the same Q8_0-rounded weights; since Q8_0 blocks run
     along rows and the permutation only moves rows, rounding commutes with the permutation."""
-    import gguf
     import torch
 
-    config = hf_model.config
     model_dir = os.path.join(out_dir, GGUF_NAME)
     shutil.rmtree(model_dir, ignore_errors=True)
     os.makedirs(model_dir)
     path = os.path.join(model_dir, "model.gguf")
-    writer = gguf.GGUFWriter(path, "llama")
-    writer.add_name("tiny-llama-gqa-tied")
-    writer.add_custom_alignment(32)
-    writer.add_context_length(config.max_position_embeddings)
-    writer.add_embedding_length(config.hidden_size)
-    writer.add_block_count(config.num_hidden_layers)
-    writer.add_feed_forward_length(config.intermediate_size)
-    writer.add_rope_dimension_count(config.head_dim)
-    writer.add_head_count(config.num_attention_heads)
-    writer.add_head_count_kv(config.num_key_value_heads)
-    writer.add_rope_freq_base(config.rope_parameters["rope_theta"])
-    writer.add_layer_norm_rms_eps(config.rms_norm_eps)
-    writer.add_vocab_size(config.vocab_size)
-    writer.add_file_type(gguf.LlamaFileType.MOSTLY_Q8_0)
-
-    layer_names = {"input_layernorm": "attn_norm", "self_attn.q_proj": "attn_q",
-                   "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
-                   "self_attn.o_proj": "attn_output", "post_attention_layernorm": "ffn_norm",
-                   "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
-                   "mlp.down_proj": "ffn_down"}
-    state = {k: v.detach().numpy().astype(np.float32) for k, v in hf_model.state_dict().items()}
-    rounded = {}  # HF name → Q8_0-rounded weight, for the reference
-    writer.add_tensor("rope_freqs.weight", llama3_rope_factors(config))
-    writer.add_tensor("token_embd.weight", state["model.embed_tokens.weight"])
-    for layer in range(config.num_hidden_layers):
-        for hf_suffix, gguf_suffix in layer_names.items():
-            hf_name = f"model.layers.{layer}.{hf_suffix}.weight"
-            weight = state[hf_name]
-            if gguf_suffix == "attn_q":
-                weight = permute_for_llama_cpp(weight, config.num_attention_heads)
-            elif gguf_suffix == "attn_k":
-                weight = permute_for_llama_cpp(weight, config.num_key_value_heads)
-            name = f"blk.{layer}.{gguf_suffix}.weight"
-            quantize = weight.ndim == 2 and (layer == 1 or gguf_suffix in ("attn_q", "attn_k"))
-            if quantize:
-                q8 = gguf.quants.quantize(weight, gguf.GGMLQuantizationType.Q8_0)
-                writer.add_tensor(name, q8, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
-                rounded[hf_name] = gguf.quants.quantize(state[hf_name], gguf.GGMLQuantizationType.Q8_0)
-                rounded[hf_name] = gguf.quants.dequantize(rounded[hf_name], gguf.GGMLQuantizationType.Q8_0)
-            else:
-                writer.add_tensor(name, weight)
-    writer.add_tensor("output_norm.weight", state["model.norm.weight"])
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    with open(os.path.join(out_dir, GGUF_SOURCE, "config.json")) as f:
+        hf_config = json.load(f)
+    weights = {k[len("model."):] if k.startswith("model.") else k: v.detach().numpy()
+               for k, v in hf_model.state_dict().items()}
+    if hf_config["tie_word_embeddings"]:
+        weights.pop("lm_head.weight", None)
+    rounded = write_llama_cpp_gguf(
+        path, "llama", hf_config, weights,
+        quantize=lambda layer, name: layer == 1 or name in ("attn_q", "attn_k"))
+    rounded = {"model." + k: v for k, v in rounded.items()}
 
     with torch.no_grad():
         params = dict(hf_model.named_parameters())
@@ -318,6 +348,43 @@ def compare_with_reference(out_dir, name, break_piece=None):
     return errors, greedy == [p["greedy"] for p in doc["prompts"]], doc, prompts, greedy
 
 
+def check_qwen_gguf(out_dir):
+    """llama_ref.py's GGUF path for the qwen2 and qwen3 architectures (no Q/K permutation,
+    attn_*.bias, attn_q_norm/attn_k_norm, key_length): the tiny Qwen models are converted to
+    throwaway GGUFs (layer 1 in Q8_0) and must still match their transformers references,
+    within the Q8_0 rounding (the references hold the unrounded weights)."""
+    import tempfile
+
+    import hf_compare
+
+    ok = True
+    for name, arch in (("qwen2-bias-sharded", "qwen2"), ("qwen3-qknorm", "qwen3")):
+        model_dir = os.path.join(out_dir, name)
+        with open(os.path.join(model_dir, "config.json")) as f:
+            hf_config = json.load(f)
+        _, weights = llama_ref.load_hf_dir(model_dir)
+        doc, ref_logits = llama_ref.read_reference(os.path.join(model_dir, "ref"))
+        prompts = [p["ids"] for p in doc["prompts"]]
+        results = {}
+        for label, quantize in (("F32", lambda layer, n: False), ("Q8_0", lambda layer, n: layer == 1)):
+            with tempfile.TemporaryDirectory() as tmp:
+                path = os.path.join(tmp, "model.gguf")
+                write_llama_cpp_gguf(path, arch, hf_config, weights, quantize)
+                config, gguf_weights = llama_ref.load_gguf(path)
+            logits, greedy, _ = llama_ref.LlamaReference(config, gguf_weights).run(prompts, GREEDY)
+            results[label] = (max(hf_compare.relative_errors(ref_logits, logits)),
+                              greedy == [p["greedy"] for p in doc["prompts"]])
+        # F32 must match like the HF directory does; Q8_0 must be close but measurably off.
+        f32_ok = results["F32"][0] <= TOLERANCE and results["F32"][1]
+        q8_ok = TOLERANCE < results["Q8_0"][0] < 0.05
+        ok &= f32_ok and q8_ok
+        print(f"{name} as a {arch} GGUF: F32 max rel err {results['F32'][0]:.3e}, greedy "
+              + ("identical" if results["F32"][1] else "DIFFERS")
+              + f"; layer 1 Q8_0 max rel err {results['Q8_0'][0]:.3e}"
+              + ("" if f32_ok and q8_ok else " (FAILED)"))
+    return ok
+
+
 # Each breakage must push the error far above TOLERANCE on the model that has the feature.
 BREAKAGES = {"llama-gqa-tied": "rope_scaling", "qwen2-bias-sharded": "bias",
              "qwen3-qknorm": "qk_norm", GGUF_NAME: "gguf_permutation"}
@@ -331,6 +398,7 @@ def check(out_dir):
         errors, same_greedy, doc, prompts, greedy = compare_with_reference(out_dir, name)
         ok &= hf_compare.report(f"{name}: transformers vs llama_ref:", prompts, errors,
                                 [p["greedy"] for p in doc["prompts"]], greedy, TOLERANCE)
+    ok &= check_qwen_gguf(out_dir)
     for name, piece in BREAKAGES.items():
         errors, same_greedy, *_ = compare_with_reference(out_dir, name, break_piece=piece)
         caught = max(errors) > 100 * TOLERANCE
