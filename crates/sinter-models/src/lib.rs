@@ -8,6 +8,7 @@ pub mod gpt;
 pub mod hf_bert;
 mod hf_file;
 pub mod hf_gpt2;
+pub mod hf_llama;
 pub mod lltm;
 pub mod mlp;
 pub mod model;
@@ -21,6 +22,7 @@ pub use hf_bert::{
     load_hf_bert, save_hf_bert,
 };
 pub use hf_gpt2::{hf_gpt2_config, load_hf_gpt2, save_hf_gpt2};
+pub use hf_llama::{llama_config_from_hf_json, load_hf_llama, save_hf_llama};
 pub use mlp::Mlp;
 pub use model::{classifier_loss, sequence_loss, BatchLoss, Model};
 pub use resnet::ResNet18;

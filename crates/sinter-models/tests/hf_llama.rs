@@ -1,0 +1,273 @@
+//! Llama-family models from Hugging Face directories against transformers' own logits.
+//!
+//! The fixtures (tests/fixtures/tiny, written by bench/llm/make_tiny.py with transformers'
+//! classes) are small random models of each family — Llama with grouped-query attention,
+//! tied head and llama3 rope scaling; Qwen2 with qkv bias, untied and sharded; Qwen3 with
+//! QK-norm and one kv head; Mistral stored in bf16 — with transformers' fp32 logits at every
+//! prompt position and its greedy continuation.
+
+use std::path::{Path, PathBuf};
+
+use serde_json::Value;
+use sinter_core::{Device, Tensor};
+use sinter_models::hf_llama::{llama_config_from_hf_json, load_hf_llama, save_hf_llama};
+use sinter_models::Gpt;
+use sinter_nn::Module;
+
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/tiny")
+        .join(name)
+}
+
+struct Reference {
+    ids: Vec<i64>,
+    logits: Vec<f32>,
+    vocab: usize,
+    greedy: Vec<i64>,
+}
+
+/// The prompts and transformers' outputs stored beside a fixture model (ref/ref.json and
+/// the raw little-endian f32 logits it names).
+fn references(dir: &Path) -> Vec<Reference> {
+    let text = std::fs::read_to_string(dir.join("ref/ref.json")).unwrap();
+    let v: Value = serde_json::from_str(&text).unwrap();
+    v["prompts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| {
+            let ints = |k: &str| -> Vec<i64> {
+                p[k].as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|x| x.as_i64().unwrap())
+                    .collect()
+            };
+            let bytes =
+                std::fs::read(dir.join("ref").join(p["logits_file"].as_str().unwrap())).unwrap();
+            let logits: Vec<f32> = bytes
+                .chunks_exact(4)
+                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                .collect();
+            let shape = ints("shape");
+            assert_eq!(logits.len() as i64, shape[0] * shape[1]);
+            Reference {
+                ids: ints("ids"),
+                logits,
+                vocab: shape[1] as usize,
+                greedy: ints("greedy"),
+            }
+        })
+        .collect()
+}
+
+/// max over positions of max|a − b| / max|b| (each position's error relative to its scale).
+fn worst_relative_error(a: &[f32], b: &[f32], vocab: usize) -> f32 {
+    a.chunks(vocab)
+        .zip(b.chunks(vocab))
+        .map(|(x, y)| {
+            let scale = y.iter().fold(0f32, |m, v| m.max(v.abs())).max(1e-6);
+            x.iter().zip(y).fold(0f32, |m, (p, q)| m.max((p - q).abs())) / scale
+        })
+        .fold(0f32, f32::max)
+}
+
+fn argmax(v: &[f32]) -> i64 {
+    v.iter()
+        .enumerate()
+        .fold((0, f32::NEG_INFINITY), |(bi, bv), (i, &x)| {
+            if x > bv {
+                (i, x)
+            } else {
+                (bi, bv)
+            }
+        })
+        .0 as i64
+}
+
+fn ids_tensor(ids: &[i64]) -> Tensor {
+    Tensor::from_slice(ids, &[1, ids.len()], Device::Cpu).unwrap()
+}
+
+/// Greedy continuation through the KV cache: the prompt as one prefill, then a token a step.
+fn greedy(model: &Gpt, prompt: &[i64], n: usize) -> Vec<i64> {
+    let mut cache = model.kv_cache(1).unwrap();
+    let logits = model.forward_step(&ids_tensor(prompt), &mut cache).unwrap();
+    let v = model.config.vocab_size;
+    let all = logits.to_vec_f32().unwrap();
+    let mut next = argmax(&all[all.len() - v..]);
+    let mut out = vec![next];
+    while out.len() < n {
+        let l = model
+            .forward_step(&ids_tensor(&[next]), &mut cache)
+            .unwrap();
+        next = argmax(&l.to_vec_f32().unwrap());
+        out.push(next);
+    }
+    out
+}
+
+fn check_against_transformers(model: &Gpt, dir: &Path, tol: f32) {
+    for (i, r) in references(dir).iter().enumerate() {
+        assert_eq!(r.vocab, model.config.vocab_size);
+        let ours = model
+            .forward(&ids_tensor(&r.ids))
+            .unwrap()
+            .to_vec_f32()
+            .unwrap();
+        let err = worst_relative_error(&ours, &r.logits, r.vocab);
+        assert!(
+            err <= tol,
+            "{}: prompt {i}: logits differ from transformers' by {err:.3e} (relative)",
+            dir.display()
+        );
+        let g = greedy(model, &r.ids, r.greedy.len());
+        assert_eq!(
+            g,
+            r.greedy,
+            "{}: prompt {i}: greedy continuation",
+            dir.display()
+        );
+    }
+}
+
+#[test]
+fn tiny_models_equal_transformers() {
+    for name in [
+        "llama-gqa-tied",
+        "qwen2-bias-sharded",
+        "qwen3-qknorm",
+        "mistral-bf16",
+    ] {
+        let dir = fixture(name);
+        let model = load_hf_llama(&dir).unwrap_or_else(|e| panic!("{name}: {e}"));
+        check_against_transformers(&model, &dir, 1e-4);
+    }
+}
+
+#[test]
+fn the_families_configure_the_block() {
+    let cfg = |name: &str| {
+        let dir = fixture(name);
+        let v: Value =
+            serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap())
+                .unwrap();
+        llama_config_from_hf_json(&v, name).unwrap()
+    };
+    let llama = cfg("llama-gqa-tied");
+    assert_eq!(
+        (llama.n_head, llama.n_kv_head(), llama.head_dim()),
+        (4, 2, 8)
+    );
+    assert!(llama.arch.tie_head && !llama.arch.qkv_bias && !llama.arch.qk_norm);
+    assert!(matches!(
+        llama.arch.rope.as_ref().unwrap().scaling,
+        sinter_nn::RopeScaling::Llama3 { .. }
+    ));
+    let qwen2 = cfg("qwen2-bias-sharded");
+    assert!(qwen2.arch.qkv_bias && !qwen2.arch.out_bias && !qwen2.arch.tie_head);
+    let qwen3 = cfg("qwen3-qknorm");
+    assert!(qwen3.arch.qk_norm && qwen3.n_kv_head() == 1 && qwen3.head_dim() == 16);
+    assert_eq!(qwen3.arch.norm_eps, 1e-6);
+}
+
+#[test]
+fn save_pretrained_round_trips() {
+    let model = load_hf_llama(fixture("qwen2-bias-sharded")).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    save_hf_llama(&model, dir.path()).unwrap();
+    let again = load_hf_llama(dir.path()).unwrap();
+    assert_eq!(again.config, model.config);
+    let ids = ids_tensor(&[3, 1, 4, 1, 5, 9, 2, 6]);
+    assert_eq!(
+        again.forward(&ids).unwrap().to_vec_f32().unwrap(),
+        model.forward(&ids).unwrap().to_vec_f32().unwrap()
+    );
+    // Transformers' names, with q/k/v and gate/up split again.
+    let st = std::fs::read(dir.path().join("model.safetensors")).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&st).unwrap();
+    let names: Vec<String> = st.names().into_iter().cloned().collect();
+    for n in [
+        "model.layers.1.self_attn.k_proj.bias",
+        "model.layers.0.mlp.up_proj.weight",
+        "lm_head.weight",
+    ] {
+        assert!(names.iter().any(|x| x == n), "{n} missing from {names:?}");
+    }
+}
+
+/// A copy of a fixture directory with its config.json edited.
+fn with_config(name: &str, edit: impl Fn(&mut Value)) -> tempfile::TempDir {
+    let src = fixture(name);
+    let dir = tempfile::tempdir().unwrap();
+    for e in std::fs::read_dir(&src).unwrap() {
+        let e = e.unwrap();
+        if e.path().is_file() {
+            std::fs::copy(e.path(), dir.path().join(e.file_name())).unwrap();
+        }
+    }
+    let mut v: Value =
+        serde_json::from_str(&std::fs::read_to_string(src.join("config.json")).unwrap()).unwrap();
+    edit(&mut v);
+    std::fs::write(dir.path().join("config.json"), v.to_string()).unwrap();
+    dir
+}
+
+fn load_err(dir: &Path) -> String {
+    match load_hf_llama(dir) {
+        Ok(_) => panic!("{} loaded", dir.display()),
+        Err(e) => e.to_string(),
+    }
+}
+
+#[test]
+fn bad_configs_and_weights_are_refused_by_name() {
+    let cases: Vec<(Box<dyn Fn(&mut Value)>, &str)> = vec![
+        (
+            Box::new(|v| v["quantization_config"] = serde_json::json!({"bits": 4})),
+            "quantization_config",
+        ),
+        (
+            Box::new(|v| v["hidden_act"] = "gelu".into()),
+            "hidden_act gelu",
+        ),
+        (
+            Box::new(|v| v["architectures"] = serde_json::json!(["FalconForCausalLM"])),
+            "FalconForCausalLM",
+        ),
+        (
+            Box::new(|v| v["num_key_value_heads"] = 3.into()),
+            "key/value heads",
+        ),
+        (
+            Box::new(|v| v["rope_parameters"]["rope_type"] = "yarn".into()),
+            "yarn",
+        ),
+        (
+            Box::new(|v| v["num_hidden_layers"] = 3.into()),
+            "model.layers.2",
+        ),
+        (
+            Box::new(|v| v["intermediate_size"] = 48.into()),
+            "mlp.gate_proj.weight",
+        ),
+        (
+            Box::new(|v| v["tie_word_embeddings"] = false.into()),
+            "lm_head.weight is missing",
+        ),
+    ];
+    for (edit, want) in cases {
+        let dir = with_config("llama-gqa-tied", edit);
+        let e = load_err(dir.path());
+        assert!(e.contains(want), "expected {want:?} in: {e}");
+    }
+    let missing = tempfile::tempdir().unwrap();
+    assert!(load_err(missing.path()).contains("config.json"));
+    // A truncated weights file names the file.
+    let dir = with_config("llama-gqa-tied", |_| {});
+    let st = dir.path().join("model.safetensors");
+    let bytes = std::fs::read(&st).unwrap();
+    std::fs::write(&st, &bytes[..bytes.len() / 2]).unwrap();
+    assert!(load_err(dir.path()).contains("model.safetensors"));
+}
