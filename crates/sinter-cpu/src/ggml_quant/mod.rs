@@ -103,6 +103,8 @@ const KNOWN_TYPE_NAMES: &[(u32, &str)] = &[
     (37, "IQ4_NL_4_8 (removed from ggml)"),
     (38, "IQ4_NL_8_8 (removed from ggml)"),
     (39, "MXFP4"),
+    (40, "NVFP4"),
+    (41, "Q1_0"),
 ];
 
 /// The name ggml gives type id `id`, supported here or not.
