@@ -76,7 +76,7 @@ def write_quant():
     w.add_array("test.i32_array", [1, -2, 3])
     w.add_key_value("test.u8_array", [7, 8, 255], gguf.GGUFValueType.ARRAY, gguf.GGUFValueType.UINT8)
     w.add_key_value("test.nested", [[1, 2], [3], [4, 5, 6]], gguf.GGUFValueType.ARRAY)
-    w.add_uint32("general.alignment", 64)
+    w.add_custom_alignment(64)  # sets the writer's padding as well as general.alignment
 
     for qtype in LEGACY:
         values = rng.standard_normal((4, 64)).astype(np.float32)
