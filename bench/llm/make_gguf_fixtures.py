@@ -117,8 +117,25 @@ def llama_cpp_permute(w, n_head):
     return w.reshape(n_head, 2, half, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
+def llama3_rope_divisors(head_dim, theta, factor, low_freq_factor, high_freq_factor, original):
+    """What llama.cpp's converter stores as rope_freqs.weight for Llama 3.1's rope_scaling:
+    per rotary frequency, the divisor transformers' "llama3" rope applies."""
+    divisors = []
+    for i in range(0, head_dim, 2):
+        wavelength = 2 * np.pi * theta ** (i / head_dim)
+        if wavelength < original / high_freq_factor:
+            divisors.append(1.0)
+        elif wavelength > original / low_freq_factor:
+            divisors.append(factor)
+        else:
+            smooth = (original / wavelength - low_freq_factor) / (high_freq_factor - low_freq_factor)
+            divisors.append(1 / ((1 - smooth) / factor + smooth))
+    return np.array(divisors, dtype=np.float32)
+
+
 def write_tiny(arch, layers, hidden, heads, kv_heads, ffn, vocab, head_dim=None,
-               tied=False, qkv_bias=False, qk_norm=False, rope_scaling=None):
+               tied=False, qkv_bias=False, qk_norm=False, rope_scaling=None,
+               name=None, theta=None, context=256, llama3_rope=None, checkpoint=True):
     hd = head_dim or hidden // heads
     hf, ggml = {}, {}
 
@@ -150,8 +167,9 @@ def write_tiny(arch, layers, hidden, heads, kv_heads, ffn, vocab, head_dim=None,
     if not tied:
         put("lm_head.weight", "output.weight", f16_values(vocab, hidden))
 
-    w = gguf.GGUFWriter(OUT / f"{arch}-tiny.gguf", arch)
-    w.add_context_length(256)
+    name = name or f"{arch}-tiny"
+    w = gguf.GGUFWriter(OUT / f"{name}.gguf", arch)
+    w.add_context_length(context)
     w.add_embedding_length(hidden)
     w.add_block_count(layers)
     w.add_feed_forward_length(ffn)
@@ -161,7 +179,8 @@ def write_tiny(arch, layers, hidden, heads, kv_heads, ffn, vocab, head_dim=None,
         w.add_key_length(head_dim)
         w.add_value_length(head_dim)
     w.add_layer_norm_rms_eps(1e-6)
-    w.add_rope_freq_base(1e6 if arch != "llama" else 100000.0)
+    theta = theta or (1e6 if arch != "llama" else 100000.0)
+    w.add_rope_freq_base(theta)
     if rope_scaling:
         kind, factor, orig = rope_scaling
         w.add_rope_scaling_type(kind)
@@ -171,10 +190,13 @@ def write_tiny(arch, layers, hidden, heads, kv_heads, ffn, vocab, head_dim=None,
     w.add_vocab_size(vocab)
     w.add_bos_token_id(1)
     w.add_eos_token_id(2)
-    for name, value in ggml.items():
-        w.add_tensor(name, value)
+    if llama3_rope:
+        w.add_tensor("rope_freqs.weight", llama3_rope_divisors(hd, theta, **llama3_rope))
+    for tensor_name, value in ggml.items():
+        w.add_tensor(tensor_name, value)
     finish(w)
-    save_file({k: np.ascontiguousarray(v) for k, v in hf.items()}, OUT / f"{arch}-tiny.hf.safetensors")
+    if checkpoint:
+        save_file({k: np.ascontiguousarray(v) for k, v in hf.items()}, OUT / f"{name}.hf.safetensors")
 
 
 def main():
@@ -185,6 +207,11 @@ def main():
                qkv_bias=True, rope_scaling=(gguf.RopeScalingType.LINEAR, 2.0, None))
     write_tiny("qwen3", layers=1, hidden=32, heads=4, kv_heads=2, ffn=48, vocab=40, head_dim=16,
                tied=True, qk_norm=True, rope_scaling=(gguf.RopeScalingType.YARN, 4.0, 64))
+    # Llama 3.1's rope scaling (its real values), as rope_freqs.weight: 32 frequencies of which
+    # 3 fall in the smooth band. Only the config is checked, so no checkpoint is written.
+    write_tiny("llama", layers=1, hidden=64, heads=1, kv_heads=1, ffn=8, vocab=8, tied=True,
+               name="llama3-tiny", theta=500000.0, context=131072, checkpoint=False,
+               llama3_rope=dict(factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0, original=8192))
     for f in sorted(OUT.iterdir()):
         print(f"{f}: {f.stat().st_size} bytes")
 

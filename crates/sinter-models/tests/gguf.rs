@@ -460,6 +460,28 @@ fn qwen3_to_hf_has_qk_norms_and_head_dim() {
 }
 
 #[test]
+fn llama3_rope_scaling_is_recovered_from_rope_freqs() {
+    // llama-tiny's twin with Llama 3.1's rope scaling, which llama.cpp stores as per-frequency
+    // divisors (rope_freqs.weight) rather than as metadata.
+    let f = GgufFile::open(fixture("llama3-tiny.gguf")).unwrap();
+    let (config, tensors) = to_hf(&f).unwrap();
+    assert_eq!(
+        config["rope_scaling"],
+        json!({
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8192,
+        })
+    );
+    assert_eq!(config["max_position_embeddings"], 131072);
+    assert_eq!(config["rope_theta"], 500000.0);
+    assert!(tensors.iter().all(|(n, _)| !n.contains("rope")));
+    assert_eq!(tensors.len(), 2 + 9);
+}
+
+#[test]
 fn to_hf_refuses_other_architectures_and_tensors() {
     let f = GgufFile::open(fixture("quant.gguf")).unwrap();
     let e = to_hf(&f).unwrap_err().to_string();
@@ -632,5 +654,31 @@ fn smollm2_q4_1_gguf() {
         for (i, (g, e)) in got.iter().zip(&expected).enumerate() {
             assert!((g - e).abs() <= 1e-6 * e.abs().max(1.0), "{hf_name}[{i}]: sinter {g}, gguf-py {e}");
         }
+    }
+}
+
+/// The figure in the report: open the SmolLM2 GGUF and dequantize every tensor (run with
+/// `cargo test --release -p sinter-models --test gguf smollm2_load_time -- --ignored --nocapture`).
+#[test]
+#[ignore = "a timing, run by hand in release"]
+fn smollm2_load_time() {
+    let Some(dir) = smollm2_dir() else { return };
+    let path = dir.join("SmolLM2-135M-Instruct.Q4_1.gguf");
+    for run in 0..3 {
+        let start = std::time::Instant::now();
+        let f = GgufFile::open(&path).unwrap();
+        let opened = start.elapsed();
+        let mut n = 0;
+        for t in f.tensor_infos() {
+            n += f.tensor(&t.name).unwrap().shape().iter().product::<usize>();
+        }
+        let all = start.elapsed();
+        let (_, hf) = to_hf(&f).unwrap();
+        let to_hf_time = start.elapsed() - all;
+        println!(
+            "run {run}: open {opened:?}, open + dequantize {} tensors ({n} values) {all:?}; to_hf {to_hf_time:?} ({} tensors)",
+            f.tensor_infos().len(),
+            hf.len()
+        );
     }
 }

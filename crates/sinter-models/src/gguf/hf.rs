@@ -207,15 +207,8 @@ fn rope_scaling(file: &GgufFile, arch: &str) -> Result<Value> {
     let key = |k: &str| format!("{arch}.rope.scaling.{k}");
     let kind = match file.get(&key("type")) {
         Some(_) => file.get_str(&key("type"))?,
-        None => {
-            if file.has_tensor("rope_freqs.weight") {
-                return Err(Error::Msg(format!(
-                    "{}: the model scales its rotary frequencies by a rope_freqs.weight tensor (Llama 3.1 style), which sinter does not convert to a Hugging Face rope_scaling yet",
-                    file.path().display()
-                )));
-            }
-            return Ok(Value::Null);
-        }
+        None if file.has_tensor("rope_freqs.weight") => return llama3_rope_scaling(file, arch),
+        None => return Ok(Value::Null),
     };
     let factor = || file.get_f32(&key("factor")).map(json_f32);
     Ok(match kind {
@@ -233,4 +226,102 @@ fn rope_scaling(file: &GgufFile, arch: &str) -> Result<Value> {
             key("type")
         ),
     })
+}
+
+/// Llama 3.1's `rope_scaling` recovered from the `rope_freqs.weight` tensor llama.cpp writes
+/// instead of it: one divisor per rotary frequency, 1 for short wavelengths (below
+/// original / high_freq_factor), `factor` for long ones (above original / low_freq_factor) and
+/// 1 / ((1 − s)/factor + s) between, with s linear in 1/wavelength. The band's divisors give
+/// that line, hence low and high_freq_factor for a chosen `original_max_position_embeddings`
+/// (any choice gives the same frequencies: the rule only depends on their ratios; this takes
+/// `rope.scaling.original_context_length` if written, else context_length / factor, which is
+/// Llama 3.1's 8192). The result is checked to reproduce every divisor.
+fn llama3_rope_scaling(file: &GgufFile, arch: &str) -> Result<Value> {
+    let fail = |why: String| {
+        Error::Msg(format!(
+            "{}: rope_freqs.weight {why}, so it cannot be read as a Llama 3 rope_scaling",
+            file.path().display()
+        ))
+    };
+    let divisors: Vec<f64> = file
+        .tensor("rope_freqs.weight")?
+        .to_vec_f32()?
+        .into_iter()
+        .map(f64::from)
+        .collect();
+    let factor = divisors.iter().copied().fold(f64::NAN, f64::max);
+    if !(factor >= 1.0) || divisors.iter().any(|r| !(*r >= 1.0 - 1e-6)) {
+        return Err(fail(format!(
+            "holds divisors that are not all finite and at least 1 (largest {factor})"
+        )));
+    }
+    if factor <= 1.0 + 1e-6 {
+        return Ok(Value::Null);
+    }
+    let theta = match file.get(&format!("{arch}.rope.freq_base")) {
+        Some(_) => file.get_f32(&format!("{arch}.rope.freq_base"))? as f64,
+        None => 10000.0,
+    };
+    let n = divisors.len() as f64;
+    let inv_wavelength = |i: usize| theta.powf(-(i as f64) / n) / (2.0 * std::f64::consts::PI);
+    // In the band: s = A·(1/wavelength) + B, from divisor r as s = (factor/r − 1)/(factor − 1).
+    let band: Vec<(f64, f64)> = divisors
+        .iter()
+        .enumerate()
+        .filter(|(_, r)| **r > 1.0 + 1e-4 && **r < factor * (1.0 - 1e-4))
+        .map(|(i, r)| (inv_wavelength(i), (factor / r - 1.0) / (factor - 1.0)))
+        .collect();
+    if band.len() < 2 {
+        return Err(fail(format!(
+            "has {} divisors between 1 and its largest, {factor}; at least 2 fix the smooth band",
+            band.len()
+        )));
+    }
+    let (a, b) = least_squares_line(&band);
+    let original = match file.get(&format!("{arch}.rope.scaling.original_context_length")) {
+        Some(_) => file.get_u32(&format!("{arch}.rope.scaling.original_context_length"))? as f64,
+        None => (file.get_u32(&format!("{arch}.context_length"))? as f64 / factor).round(),
+    };
+    // s = original/(wavelength·(high − low)) − low/(high − low).
+    let round = |x: f64| (x * 1e3).round() / 1e3;
+    let low = round(-b * original / a);
+    let high = round(low + original / a);
+    let factor = round(factor);
+    for (i, r) in divisors.iter().enumerate() {
+        let ratio = original * inv_wavelength(i);
+        let expected = if ratio > high {
+            1.0
+        } else if ratio < low {
+            factor
+        } else {
+            let s = (ratio - low) / (high - low);
+            1.0 / ((1.0 - s) / factor + s)
+        };
+        if (expected - r).abs() > 1e-3 * r {
+            return Err(fail(format!(
+                "divisor {i} is {r}, where the Llama 3 rule fitted to the others (factor {factor}, low_freq_factor {low}, high_freq_factor {high}) gives {expected}"
+            )));
+        }
+    }
+    Ok(json!({
+        "rope_type": "llama3",
+        "factor": factor,
+        "low_freq_factor": low,
+        "high_freq_factor": high,
+        "original_max_position_embeddings": original as u64,
+    }))
+}
+
+/// The line y = a·x + b closest to `points` (x, y) in least squares.
+fn least_squares_line(points: &[(f64, f64)]) -> (f64, f64) {
+    let n = points.len() as f64;
+    let (sx, sy) = points
+        .iter()
+        .fold((0.0, 0.0), |(sx, sy), (x, y)| (sx + x, sy + y));
+    let (mx, my) = (sx / n, sy / n);
+    let (sxy, sxx) = points.iter().fold((0.0, 0.0), |(sxy, sxx), (x, y)| {
+        (sxy + (x - mx) * (y - my), sxx + (x - mx) * (x - mx))
+    });
+    let a = sxy / sxx;
+    (a, my - a * mx)
 }
