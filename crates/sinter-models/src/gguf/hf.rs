@@ -76,9 +76,13 @@ pub fn to_hf(file: &GgufFile) -> Result<(Value, Vec<(String, Tensor)>)> {
         };
         let mut tensor = file.tensor(&info.name)?;
         if arch == "llama" {
-            if hf_name.ends_with("self_attn.q_proj.weight") || hf_name.ends_with("self_attn.q_proj.bias") {
+            if hf_name.ends_with("self_attn.q_proj.weight")
+                || hf_name.ends_with("self_attn.q_proj.bias")
+            {
                 tensor = unpermute_rotary_rows(&tensor, heads, &info.name, file)?;
-            } else if hf_name.ends_with("self_attn.k_proj.weight") || hf_name.ends_with("self_attn.k_proj.bias") {
+            } else if hf_name.ends_with("self_attn.k_proj.weight")
+                || hf_name.ends_with("self_attn.k_proj.bias")
+            {
                 tensor = unpermute_rotary_rows(&tensor, kv_heads, &info.name, file)?;
             }
         }

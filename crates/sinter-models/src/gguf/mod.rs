@@ -81,24 +81,24 @@ impl GgufFile {
     /// Opens and memory-maps `path`, reading its header and checking where its tensors lie.
     pub fn open(path: impl AsRef<Path>) -> Result<GgufFile> {
         let path = path.as_ref();
-        let file = File::open(path).map_err(|e| {
-            Error::Msg(format!("cannot open GGUF file {}: {e}", path.display()))
-        })?;
+        let file = File::open(path)
+            .map_err(|e| Error::Msg(format!("cannot open GGUF file {}: {e}", path.display())))?;
         let len = file
             .metadata()
             .map_err(|e| Error::Msg(format!("cannot read {}: {e}", path.display())))?
             .len();
         // An empty file cannot be mapped; it is reported as truncated by the parser.
-        let mmap = if len == 0 {
-            None
-        } else {
-            // SAFETY: the map is read-only. As with every mapped file, another process
-            // truncating it while it is open would fault; model files are not rewritten in
-            // place (sinter's own writers rename a finished temporary over the old file).
-            Some(unsafe { Mmap::map(&file) }.map_err(|e| {
-                Error::Msg(format!("cannot memory-map {}: {e}", path.display()))
-            })?)
-        };
+        let mmap =
+            if len == 0 {
+                None
+            } else {
+                // SAFETY: the map is read-only. As with every mapped file, another process
+                // truncating it while it is open would fault; model files are not rewritten in
+                // place (sinter's own writers rename a finished temporary over the old file).
+                Some(unsafe { Mmap::map(&file) }.map_err(|e| {
+                    Error::Msg(format!("cannot memory-map {}: {e}", path.display()))
+                })?)
+            };
         Self::from_mmap(path.to_path_buf(), mmap)
     }
 
@@ -191,7 +191,11 @@ impl GgufFile {
                     self.path.display(),
                     self.tensors.len(),
                     some.join(", "),
-                    if self.tensors.len() > some.len() { ", …" } else { "" }
+                    if self.tensors.len() > some.len() {
+                        ", …"
+                    } else {
+                        ""
+                    }
                 )
             }
         }

@@ -146,12 +146,10 @@ impl<'a> Reader<'a> {
                 match self.array::<1>(what)?[0] {
                     0 => GgufValue::Bool(false),
                     1 => GgufValue::Bool(true),
-                    b => {
-                        return Err(self.error(format!(
-                            "{} at byte {at} is a BOOL of value {b}, not 0 or 1; the file is corrupt",
-                            what()
-                        )))
-                    }
+                    b => return Err(self.error(format!(
+                        "{} at byte {at} is a BOOL of value {b}, not 0 or 1; the file is corrupt",
+                        what()
+                    ))),
                 }
             }
             GgufValueType::String => GgufValue::String(self.string(what)?),
@@ -173,9 +171,9 @@ impl<'a> Reader<'a> {
                 let n = self.count(min_bytes, &|| format!("the length of {}", what()))?;
                 let mut items = Vec::with_capacity(n);
                 for i in 0..n {
-                    items.push(self.value(elem, depth + 1, &|| {
-                        format!("element {i} of {}", what())
-                    })?);
+                    items.push(
+                        self.value(elem, depth + 1, &|| format!("element {i} of {}", what()))?,
+                    );
                 }
                 GgufValue::Array(elem, items)
             }
