@@ -240,7 +240,7 @@ const F32: u32 = 0;
 #[test]
 fn hand_built_file_reads() {
     // The builder itself is right: a valid file opens, an empty array keeps its type.
-    let mut empty = GgufValueType::F32.to_le_id();
+    let mut empty = (GgufValueType::F32 as u32).to_le_bytes().to_vec();
     empty.extend(0u64.to_le_bytes());
     let bytes = Builder::default()
         .kv("a.u32", U32, &7u32.to_le_bytes())
@@ -258,15 +258,6 @@ fn hand_built_file_reads() {
         Some(&GgufValue::Array(GgufValueType::F32, vec![]))
     );
     assert_eq!(f.tensor("w").unwrap().shape(), &[3, 2]);
-}
-
-trait LeId {
-    fn to_le_id(self) -> Vec<u8>;
-}
-impl LeId for GgufValueType {
-    fn to_le_id(self) -> Vec<u8> {
-        (self as u32).to_le_bytes().to_vec()
-    }
 }
 
 #[test]

@@ -202,7 +202,7 @@ impl GgmlType {
     /// length, or a whole tensor's) must be whole blocks; an error says so otherwise.
     pub fn bytes_for(self, n: usize) -> Result<usize, GgmlError> {
         let be = self.block_elems();
-        if n % be != 0 {
+        if !n.is_multiple_of(be) {
             return Err(GgmlError(format!(
                 "{n} values are not whole {} blocks of {be}: every row of a {} tensor must be a multiple of {be} long",
                 self.name(),

@@ -121,7 +121,7 @@ pub fn unpermute_rotary_rows(
 ) -> Result<Tensor> {
     let shape = tensor.shape().to_vec();
     let rows = shape.first().copied().unwrap_or(0);
-    if heads == 0 || rows % (2 * heads) != 0 {
+    if heads == 0 || !rows.is_multiple_of(2 * heads) {
         bail!(
             "{}: tensor {name} has {rows} rows, which do not split into {heads} heads of an even size; the head counts in the metadata do not fit the tensor",
             file.path().display()
@@ -238,8 +238,9 @@ fn rope_scaling(file: &GgufFile, arch: &str) -> Result<Value> {
 /// 1 / ((1 − s)/factor + s) between, with s linear in 1/wavelength. The band's divisors give
 /// that line, hence low and high_freq_factor for a chosen `original_max_position_embeddings`
 /// (any choice gives the same frequencies: the rule only depends on their ratios; this takes
-/// `rope.scaling.original_context_length` if written, else context_length / factor, which is
-/// Llama 3.1's 8192). The result is checked to reproduce every divisor.
+/// `rope.scaling.original_context_length` if written, else the one that makes
+/// low_freq_factor 1, as in every Llama 3 release). The result is checked to reproduce every
+/// divisor.
 fn llama3_rope_scaling(file: &GgufFile, arch: &str) -> Result<Value> {
     let fail = |why: String| {
         Error::Msg(format!(
@@ -254,7 +255,8 @@ fn llama3_rope_scaling(file: &GgufFile, arch: &str) -> Result<Value> {
         .map(f64::from)
         .collect();
     let factor = divisors.iter().copied().fold(f64::NAN, f64::max);
-    if !(factor >= 1.0) || divisors.iter().any(|r| !(*r >= 1.0 - 1e-6)) {
+    let valid = |r: &f64| r.is_finite() && *r >= 1.0 - 1e-6;
+    if divisors.is_empty() || !divisors.iter().all(valid) {
         return Err(fail(format!(
             "holds divisors that are not all finite and at least 1 (largest {factor})"
         )));
@@ -282,11 +284,17 @@ fn llama3_rope_scaling(file: &GgufFile, arch: &str) -> Result<Value> {
         )));
     }
     let (a, b) = least_squares_line(&band);
+    // s = original/(wavelength·(high − low)) − low/(high − low), so low = 1 (every Llama 3
+    // release's low_freq_factor) means original = −a/b.
     let original = match file.get(&format!("{arch}.rope.scaling.original_context_length")) {
         Some(_) => file.get_u32(&format!("{arch}.rope.scaling.original_context_length"))? as f64,
-        None => (file.get_u32(&format!("{arch}.context_length"))? as f64 / factor).round(),
+        None => (-a / b).round(),
     };
-    // s = original/(wavelength·(high − low)) − low/(high − low).
+    if !original.is_finite() || original < 1.0 {
+        return Err(fail(format!(
+            "gives no positive original context length (fitted line {a}·x + {b})"
+        )));
+    }
     let round = |x: f64| (x * 1e3).round() / 1e3;
     let low = round(-b * original / a);
     let high = round(low + original / a);

@@ -386,7 +386,7 @@ fn tensor_info(
     let n_bytes = ggml_type
         .bytes_for(numel as usize)
         .map_err(|e| Error::Msg(format!("{file}: tensor {name} of shape {shape:?}: {e}")))?;
-    if t.offset % alignment != 0 {
+    if !t.offset.is_multiple_of(alignment) {
         bail!(
             "{file}: tensor {name}'s data offset {} is not a multiple of the alignment {alignment}; the file is corrupt",
             t.offset

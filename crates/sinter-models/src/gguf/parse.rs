@@ -146,10 +146,12 @@ impl<'a> Reader<'a> {
                 match self.array::<1>(what)?[0] {
                     0 => GgufValue::Bool(false),
                     1 => GgufValue::Bool(true),
-                    b => return Err(self.error(format!(
+                    b => {
+                        return Err(self.error(format!(
                         "{} at byte {at} is a BOOL of value {b}, not 0 or 1; the file is corrupt",
                         what()
-                    ))),
+                    )))
+                    }
                 }
             }
             GgufValueType::String => GgufValue::String(self.string(what)?),
