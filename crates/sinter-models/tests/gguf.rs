@@ -521,6 +521,40 @@ fn llama3_rope_scaling_is_recovered_from_rope_freqs() {
     assert_eq!(config["rope_theta"], 500000.0);
     assert!(tensors.iter().all(|(n, _)| !n.contains("rope")));
     assert_eq!(tensors.len(), 2 + 9);
+
+    // Divisors that no Llama 3 rule gives (the band is not monotonic) are refused.
+    let divisors: Vec<u8> = [1.0f32, 1.0, 2.0, 1.5, 3.0, 8.0, 8.0, 8.0]
+        .iter()
+        .flat_map(|d| d.to_le_bytes())
+        .collect();
+    let bytes = Builder::default()
+        .kv("general.architecture", 8, &gguf_string("llama"))
+        .kv("llama.attention.head_count", U32, &1u32.to_le_bytes())
+        .kv("llama.embedding_length", U32, &2u32.to_le_bytes())
+        .kv("llama.feed_forward_length", U32, &4u32.to_le_bytes())
+        .kv("llama.block_count", U32, &1u32.to_le_bytes())
+        .kv("llama.context_length", U32, &8u32.to_le_bytes())
+        .kv(
+            "llama.attention.layer_norm_rms_epsilon",
+            6,
+            &1e-5f32.to_le_bytes(),
+        )
+        .tensor("token_embd.weight", &[2, 4], F32, 0)
+        .tensor("rope_freqs.weight", &[8], F32, 32)
+        .data(&[0u8; 32])
+        .data(&divisors)
+        .build();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("bad-rope.gguf");
+    std::fs::write(&path, &bytes).unwrap();
+    let e = to_hf(&GgufFile::open(&path).unwrap())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("bad-rope.gguf: rope_freqs.weight")
+            && e.contains("cannot be read as a Llama 3 rope_scaling"),
+        "{e}"
+    );
 }
 
 #[test]
