@@ -16,6 +16,7 @@ pub mod int8;
 pub mod isa;
 pub use isa::Isa;
 pub mod gemm;
+pub mod ggml_quant;
 pub mod im2col;
 pub mod math;
 #[doc(hidden)]

@@ -4,6 +4,7 @@
 
 pub mod bert;
 pub mod cnn;
+pub mod gguf;
 pub mod gpt;
 pub mod hf_bert;
 mod hf_file;
