@@ -1,6 +1,6 @@
 //! [`TextTokenizer`]: a pretrained model's tokenizer over Hugging Face's `tokenizers` crate.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use serde_json::Value;
 use tokenizers::{
@@ -122,33 +122,8 @@ impl TextTokenizer {
             Some((name, id))
         };
         let (bos, eos) = (special("bos_token"), special("eos_token"));
-        let flag = |key: &str| config.as_ref().and_then(|c| c.get(key)?.as_bool());
-        let (add_bos, add_eos) = (flag("add_bos_token"), flag("add_eos_token"));
-        if add_bos.is_some() || add_eos.is_some() {
-            let wanted = |on: Option<bool>, token: &Option<(String, u32)>, key: &str| match (
-                on.unwrap_or(false),
-                token,
-            ) {
-                (false, _) => Ok(None),
-                (true, Some(t)) => Ok(Some(t.clone())),
-                (true, None) => Err(DataError::Malformed {
-                    format: "tokenizer_config.json",
-                    path: config_path.clone(),
-                    detail: format!(
-                        "add_{key}_token is true but {key}_token is missing or not in the \
-                             vocabulary of {source}"
-                    ),
-                }),
-            };
-            let post = gguf_vocab::template_processing(
-                wanted(add_bos, &bos, "bos")?,
-                wanted(add_eos, &eos, "eos")?,
-            )
-            .map_err(|detail| DataError::Tokenizer {
-                source_name: source.clone(),
-                detail,
-            })?;
-            inner.with_post_processor(post);
+        if let Some(config) = &config {
+            apply_bos_eos_flags(&mut inner, config, &config_path, &bos, &eos)?;
         }
 
         let mut stop_ids: Vec<u32> = eos.iter().map(|(_, id)| *id).collect();
@@ -311,21 +286,58 @@ impl TextTokenizer {
     }
 }
 
+/// Where `tokenizer_config.json` sets `add_bos_token` / `add_eos_token`, replaces the
+/// post-processor by one that adds exactly those, as transformers' Llama-family tokenizers
+/// rebuild theirs from the flags (an absent flag counts as false).
+fn apply_bos_eos_flags(
+    inner: &mut Tokenizer,
+    config: &Value,
+    config_path: &Path,
+    bos: &Option<(String, u32)>,
+    eos: &Option<(String, u32)>,
+) -> Result<()> {
+    let flag = |key: &str| config.get(key).and_then(Value::as_bool);
+    let (add_bos, add_eos) = (flag("add_bos_token"), flag("add_eos_token"));
+    if add_bos.is_none() && add_eos.is_none() {
+        return Ok(());
+    }
+    let malformed = |detail: String| DataError::Malformed {
+        format: "tokenizer_config.json",
+        path: config_path.to_path_buf(),
+        detail,
+    };
+    let wanted = |on: Option<bool>, token: &Option<(String, u32)>, key: &str| match (
+        on.unwrap_or(false),
+        token,
+    ) {
+        (false, _) => Ok(None),
+        (true, Some(t)) => Ok(Some(t.clone())),
+        (true, None) => Err(malformed(format!(
+            "add_{key}_token is true but {key}_token is missing or not in the vocabulary"
+        ))),
+    };
+    let post =
+        gguf_vocab::template_processing(wanted(add_bos, bos, "bos")?, wanted(add_eos, eos, "eos")?)
+            .map_err(malformed)?;
+    inner.with_post_processor(post);
+    Ok(())
+}
+
 /// `tokenizer_config.json`, if it exists; an error if it exists but is not a JSON object.
-fn read_config(path: &PathBuf) -> Result<Option<Value>> {
+fn read_config(path: &Path) -> Result<Option<Value>> {
     let bytes = match std::fs::read(path) {
         Ok(b) => b,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(source) => {
             return Err(DataError::Read {
-                path: path.clone(),
+                path: path.to_path_buf(),
                 source,
             })
         }
     };
     let malformed = |detail: String| DataError::Malformed {
         format: "tokenizer_config.json",
-        path: path.clone(),
+        path: path.to_path_buf(),
         detail,
     };
     let value: Value = serde_json::from_slice(&bytes).map_err(|e| {
