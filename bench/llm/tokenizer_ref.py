@@ -15,6 +15,9 @@ Writes, into crates/sinter-data/tests/fixtures/tokenizer/:
                 smollm2_special  ids with add_special_tokens=True, first 50 lines
                 minilm        the MiniLM tokenizer.json through the `tokenizers` package,
                               add_special_tokens=True ([CLS] ... [SEP]), no truncation/padding
+                other_pre     {pre: ids} for the first 100 lines with SmolLM2's vocabulary
+                              under other pre-tokenizer names ("llama-bpe", "qwen2", "gpt2"),
+                              as transformers' GGUF converter splits for them
                 spm           a small SentencePiece ("llama") GGUF vocabulary made here, with
                               tied scores, byte tokens and a user-defined token, and the ids
                               transformers' GGUF converter gives for the first 200 lines
@@ -131,6 +134,21 @@ def smollm2_ids(lines, smol_dir):
     return tok, ids, raw_differs, special
 
 
+def other_pre_ids(lines, smol_dir):
+    """SmolLM2's vocabulary as if the file named another pre-tokenizer: checks the regular
+    expressions of those names against transformers' (Python `tokenizers`, Oniguruma)."""
+    from transformers.integrations.gguf.gguf_tokenizer_mapping import (
+        convert_gguf_tokenizer, get_gguf_tokenizer)
+
+    architecture, tokenizer_dict, _ = get_gguf_tokenizer(os.path.join(smol_dir, GGUF_NAME))
+    out = {}
+    for pre in ("llama-bpe", "qwen2", "gpt2"):
+        backend, _ = convert_gguf_tokenizer(architecture,
+                                            dict(tokenizer_dict, pre_tokenizer_type=pre))
+        out[pre] = [backend.encode(line, add_special_tokens=False).ids for line in lines[:100]]
+    return out
+
+
 def minilm_ids(lines, minilm_dir):
     from tokenizers import Tokenizer
 
@@ -217,7 +235,7 @@ def main():
     tok, smol, smol_raw, smol_special = smollm2_ids(lines, smol_dir)
     cases = {"texts": lines, "smollm2": smol, "smollm2_transformers_raw": smol_raw,
              "smollm2_special": smol_special, "minilm": minilm_ids(lines, minilm_dir),
-             "spm": spm_case(lines)}
+             "other_pre": other_pre_ids(lines, smol_dir), "spm": spm_case(lines)}
     os.makedirs(OUT, exist_ok=True)
     with open(os.path.join(OUT, "cases.json"), "w", encoding="utf-8") as f:
         json.dump(cases, f, ensure_ascii=False, separators=(",", ":"))

@@ -25,6 +25,7 @@ struct Cases {
     smollm2_transformers_raw: std::collections::BTreeMap<String, Vec<u32>>,
     smollm2_special: Vec<Vec<u32>>,
     minilm: Vec<Vec<u32>>,
+    other_pre: std::collections::BTreeMap<String, Vec<Vec<u32>>>,
     spm: SpmCase,
 }
 
@@ -180,6 +181,28 @@ fn smollm2_gguf_ids_match_transformers_on_every_line() {
             c.texts[i]
         );
         assert_ne!(&ids[i], raw);
+    }
+}
+
+#[test]
+fn other_pre_tokenizer_names_split_like_transformers() {
+    // SmolLM2's vocabulary under other names: the regular expressions of "llama-bpe", "qwen2"
+    // and "gpt2" (run by fancy-regex here, Oniguruma in Python) cut text the same way.
+    let Some(vocab) = smollm2_vocab() else { return };
+    let c = cases();
+    assert_eq!(c.other_pre.len(), 3);
+    for (pre, want) in &c.other_pre {
+        let renamed = GgufVocab {
+            pre: Some(pre.clone()),
+            ..vocab.clone()
+        };
+        let tok = TextTokenizer::from_gguf_vocab(&renamed).unwrap();
+        let texts = &c.texts[..want.len()];
+        let ids: Vec<Vec<u32>> = texts
+            .iter()
+            .map(|t| tok.encode(t, false).unwrap())
+            .collect();
+        assert_all_lines_equal(&format!("pre-tokenizer {pre}"), texts, &ids, want);
     }
 }
 

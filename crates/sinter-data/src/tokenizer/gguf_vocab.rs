@@ -13,6 +13,12 @@
 //!   the scores the way transformers' GGUF converter does (every split of a token into two
 //!   tokens, best-scoring token first), with byte fallback (`<0x0A>`) and the `▁` metaspace.
 //!
+//! Where transformers' GGUF converter and llama.cpp disagree, this follows llama.cpp and the
+//! model's own `tokenizer.json`: transformers has no entry for `smollm`/`starcoder`-style names
+//! and so drops their one-digit-per-word split (SmolLM2 differs on text with numerals or
+//! whitespace before digits), and it reads `default` as GPT-2's pattern where llama.cpp has
+//! its own four.
+//!
 //! Control tokens (type 3) become special added tokens, matched whole in text and dropped by
 //! `decode(.., skip_special_tokens = true)`; user-defined ones (type 4) become added tokens that
 //! are matched whole but kept when decoding, as llama.cpp and transformers treat them.
@@ -49,7 +55,8 @@ pub struct GgufVocab {
     /// others are refused by name.
     pub model: String,
     /// `tokenizer.ggml.pre`: the pre-tokenizer's name, e.g. `"smollm"`, `"llama-bpe"`,
-    /// `"qwen2"`, `"gpt2"`, `"default"` (only byte-level vocabularies have one).
+    /// `"qwen2"`, `"gpt2"`, `"default"` (only byte-level vocabularies have one; absent means
+    /// `"default"`, as in llama.cpp). Names this crate does not know are refused.
     pub pre: Option<String>,
     /// `tokenizer.ggml.tokens`: the token strings, by id.
     pub tokens: Vec<String>,
