@@ -379,6 +379,29 @@ fn sentencepiece_gguf_vocab_matches_transformers() {
     }
 }
 
+#[test]
+fn sentencepiece_merges_from_the_file_win_over_scores() {
+    let tokens = ["<unk>", "<s>", "</s>", "▁", "h", "i", "▁h", "▁hi", "hi"];
+    let vocab = GgufVocab {
+        model: "llama".into(),
+        tokens: tokens.map(String::from).to_vec(),
+        // The scores imply "h i", then "▁ hi" → "▁hi"; the file's one merge stops at "hi".
+        scores: vec![0.0, 0.0, 0.0, -9.0, -9.0, -9.0, -5.0, -4.0, 0.0],
+        merges: vec!["h i".into()],
+        bos_token_id: Some(1),
+        add_bos_token: Some(false),
+        ..GgufVocab::default()
+    };
+    let tok = TextTokenizer::from_gguf_vocab(&vocab).unwrap();
+    assert_eq!(tok.encode("hi", true).unwrap(), vec![3, 8]);
+    let by_scores = TextTokenizer::from_gguf_vocab(&GgufVocab {
+        merges: vec![],
+        ..vocab
+    })
+    .unwrap();
+    assert_eq!(by_scores.encode("hi", false).unwrap(), vec![7]);
+}
+
 fn tokenizer_error(vocab: &GgufVocab) -> String {
     let err = TextTokenizer::from_gguf_vocab(vocab).unwrap_err();
     assert!(matches!(err, DataError::Tokenizer { .. }), "{err:?}");

@@ -9,8 +9,8 @@
 //! - `gpt2`: byte-level BPE over the file's merges; the text is split by the pre-tokenizer's
 //!   regular expressions (llama.cpp's table, in the form the models' own `tokenizer.json` use),
 //!   then mapped to GPT-2's byte alphabet.
-//! - `llama`: SentencePiece BPE. The file has scores, not merges; the merges are recovered from
-//!   the scores the way transformers' GGUF converter does (every split of a token into two
+//! - `llama`: SentencePiece BPE. Such files usually have scores, not merges; the merges are
+//!   then recovered from the scores the way transformers' GGUF converter does (every split of a token into two
 //!   tokens, best-scoring token first), with byte fallback (`<0x0A>`) and the `▁` metaspace.
 //!
 //! Where transformers' GGUF converter and llama.cpp disagree, this follows llama.cpp and the
@@ -365,12 +365,13 @@ fn parse_merges(merges: &[String], ids: &BpeVocab) -> Result<Vec<(String, String
         .collect()
 }
 
-/// SentencePiece BPE: merges recovered from the scores, byte fallback, `▁` for spaces.
+/// SentencePiece BPE: merges from the file or recovered from the scores, byte fallback, `▁`
+/// for spaces.
 fn sentencepiece_tokenizer(vocab: &GgufVocab) -> Result<Tokenizer> {
-    if vocab.scores.is_empty() {
+    if vocab.scores.is_empty() && vocab.merges.is_empty() {
         return Err(error(
             "tokenizer.ggml.scores is empty or missing, but a \"llama\" (SentencePiece) \
-             vocabulary needs its scores to order the merges; the file is incomplete",
+             vocabulary without merges needs its scores to order them; the file is incomplete",
         ));
     }
     let ids: BpeVocab = vocab
@@ -379,7 +380,12 @@ fn sentencepiece_tokenizer(vocab: &GgufVocab) -> Result<Tokenizer> {
         .enumerate()
         .map(|(id, t)| (t.clone(), id as u32))
         .collect();
-    let merges = merges_from_scores(&vocab.tokens, &vocab.scores, &ids);
+    // Merges the file lists win over those the scores imply (as in transformers).
+    let merges = if vocab.merges.is_empty() {
+        merges_from_scores(&vocab.tokens, &vocab.scores, &ids)
+    } else {
+        parse_merges(&vocab.merges, &ids)?
+    };
     let mut builder = BPE::builder()
         .vocab_and_merges(ids, merges)
         .fuse_unk(true)
