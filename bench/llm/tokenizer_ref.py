@@ -21,6 +21,7 @@ Writes, into crates/sinter-data/tests/fixtures/tokenizer/:
                 spm           a small SentencePiece ("llama") GGUF vocabulary made here, with
                               tied scores, byte tokens and a user-defined token, and the ids
                               transformers' GGUF converter gives for the first 200 lines
+                spm_flat      the same with all pieces at one score (only tie-breaks rank)
   chat.json   SmolLM2's chat template (and a template exercising Python string methods,
               loop controls, namespace, tojson and raise_exception) rendered by transformers'
               apply_chat_template for a few conversations, with and without a system message
@@ -158,9 +159,10 @@ def minilm_ids(lines, minilm_dir):
     return [tok.encode(line, add_special_tokens=True).ids for line in lines]
 
 
-def spm_case(lines):
+def spm_case(lines, flat=False):
     """A SentencePiece vocabulary in GGUF form: no merges, so the converter must rank the merges
-    it recovers from the scores (several tokens share a score to exercise the tie-breaks)."""
+    it recovers from the scores. Pieces share scores in threes, or with `flat` all share one,
+    so that only the tie-breaks (lengths of the halves, vocabulary order) rank them."""
     from transformers.integrations.gguf.gguf_tokenizer_mapping import convert_gguf_tokenizer
 
     words = ("the quick brown fox jumps over the lazy dog hello world the theory of everything "
@@ -176,7 +178,7 @@ def spm_case(lines):
     tokens = (["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)] + chars + pieces
               + ["<think>"])
     scores = ([0.0] * 259 + [-1000.0 - i for i in range(len(chars))]
-              + [-float(i // 3) for i in range(len(pieces))] + [0.0])
+              + [-1.0 if flat else -float(i // 3) for i in range(len(pieces))] + [0.0])
     token_type = [2, 3, 3] + [6] * 256 + [1] * (len(chars) + len(pieces)) + [4]
     vocab = {"model": "llama", "tokens": tokens, "scores": scores, "token_type": token_type,
              "bos_token_id": 1, "eos_token_id": 2, "unknown_token_id": 0}
@@ -235,7 +237,8 @@ def main():
     tok, smol, smol_raw, smol_special = smollm2_ids(lines, smol_dir)
     cases = {"texts": lines, "smollm2": smol, "smollm2_transformers_raw": smol_raw,
              "smollm2_special": smol_special, "minilm": minilm_ids(lines, minilm_dir),
-             "other_pre": other_pre_ids(lines, smol_dir), "spm": spm_case(lines)}
+             "other_pre": other_pre_ids(lines, smol_dir), "spm": spm_case(lines),
+             "spm_flat": spm_case(lines, flat=True)}
     os.makedirs(OUT, exist_ok=True)
     with open(os.path.join(OUT, "cases.json"), "w", encoding="utf-8") as f:
         json.dump(cases, f, ensure_ascii=False, separators=(",", ":"))

@@ -27,6 +27,7 @@ struct Cases {
     minilm: Vec<Vec<u32>>,
     other_pre: std::collections::BTreeMap<String, Vec<Vec<u32>>>,
     spm: SpmCase,
+    spm_flat: SpmCase,
 }
 
 #[derive(Deserialize)]
@@ -346,6 +347,19 @@ fn tokenizer_config_sets_bos_eos_and_chat_template() {
         .render(&[sinter_data::ChatMessage::new("user", "x")], false)
         .unwrap();
     assert_eq!(text, "[CLS]x[SEP]");
+}
+
+#[test]
+fn sentencepiece_merge_ties_rank_like_transformers() {
+    // Every piece at one score: only the tie-breaks order the merges.
+    let spm = &cases().spm_flat;
+    let tok = TextTokenizer::from_gguf_vocab(&spm.vocab).unwrap();
+    let ids: Vec<Vec<u32>> = spm
+        .texts
+        .iter()
+        .map(|t| tok.encode(t, false).unwrap())
+        .collect();
+    assert_all_lines_equal("SentencePiece, tied scores", &spm.texts, &ids, &spm.ids);
 }
 
 #[test]
