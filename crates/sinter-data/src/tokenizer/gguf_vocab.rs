@@ -10,8 +10,9 @@
 //!   regular expressions (llama.cpp's table, in the form the models' own `tokenizer.json` use),
 //!   then mapped to GPT-2's byte alphabet.
 //! - `llama`: SentencePiece BPE. Such files usually have scores, not merges; the merges are
-//!   then recovered from the scores the way transformers' GGUF converter does (every split of a token into two
-//!   tokens, best-scoring token first), with byte fallback (`<0x0A>`) and the `▁` metaspace.
+//!   then recovered from the scores the way transformers' GGUF converter does (every split of
+//!   a token into two tokens, best-scoring token first), with byte fallback (`<0x0A>`) and the
+//!   `▁` metaspace.
 //!
 //! Where transformers' GGUF converter and llama.cpp disagree, this follows llama.cpp and the
 //! model's own `tokenizer.json`: transformers has no entry for `smollm`/`starcoder`-style names
