@@ -137,6 +137,25 @@ pub enum DataError {
     #[error("invalid data configuration: {0}")]
     Config(String),
 
+    /// A tokenizer that cannot be built or used: a malformed `tokenizer.json` or GGUF
+    /// vocabulary, an unsupported tokenizer kind, an id outside the vocabulary.
+    #[error("tokenizer ({source_name}): {detail}")]
+    Tokenizer {
+        /// Where the tokenizer came from: a file path or "GGUF vocabulary".
+        source_name: String,
+        /// What is wrong and what to do.
+        detail: String,
+    },
+
+    /// A chat template that does not parse or render.
+    #[error("chat template ({template}): {detail}")]
+    ChatTemplate {
+        /// Which template: where it came from.
+        template: String,
+        /// What failed, with the line where the template engine knows it.
+        detail: String,
+    },
+
     /// The DataLoader's background thread stopped unexpectedly.
     #[error("the data loader's background thread stopped: {0}")]
     LoaderStopped(String),

@@ -39,6 +39,10 @@
 //! atomically; [`Gpt2Tokenizer`] (GPT-2's BPE, tiktoken's `r50k_base`, offline) turns text
 //! into the `u16` ids such files hold.
 //!
+//! The [`tokenizer`] module also holds the tokenizers of pretrained models: [`TextTokenizer`]
+//! (Hugging Face `tokenizer.json`, or a GGUF file's vocabulary as a [`GgufVocab`]) with
+//! streaming decoding, and their Jinja chat templates ([`ChatTemplate`]).
+//!
 //! Language-model datasets ([`LmDataset`]) have two window modes ([`Windows`]): `Sliding`
 //! (example `i` is `tokens[i..i+T]` → `tokens[i+1..i+T+1]`, length `n − T`, so shuffled
 //! batches are random windows) and `Strided` (non-overlapping windows with stride `T`, for
@@ -90,7 +94,7 @@ mod mnist;
 pub mod rng;
 mod spec;
 mod text;
-mod tokenizer;
+pub mod tokenizer;
 mod tokens;
 
 pub use cifar::{cifar10, Cifar10Dataset, CIFAR10_CLASSES, CIFAR10_MEAN, CIFAR10_STD};
@@ -100,7 +104,7 @@ pub use loader::{DataLoader, LoaderPosition};
 pub use mnist::{mnist, MnistDataset, MNIST_MEAN, MNIST_STD};
 pub use spec::{open, DataKind, DataSpec, OpenOptions};
 pub use text::{shakespeare, text, LmDataset, Windows, TEXT_VOCAB_SIZE};
-pub use tokenizer::Gpt2Tokenizer;
+pub use tokenizer::{ChatMessage, ChatTemplate, GgufVocab, Gpt2Tokenizer, TextTokenizer};
 pub use tokens::{
     read_tokens, tokens, write_tokens, GPT2_VOCAB_SIZE, TOKENS_MAGIC, TOKENS_VERSION,
 };
