@@ -85,8 +85,15 @@ fn device(name: &str) -> Result<Device> {
 #[derive(Args)]
 pub struct GenerateArgs {
     /// Run directory (or checkpoint file) of a GPT run.
+    #[arg(long, required_unless_present = "model", conflicts_with = "model")]
+    checkpoint: Option<PathBuf>,
+    /// A pretrained Llama-family model: a .gguf file or a Hugging Face directory
+    /// (config.json, safetensors, tokenizer.json), run with its own tokenizer.
     #[arg(long)]
-    checkpoint: PathBuf,
+    model: Option<PathBuf>,
+    /// Send the prompt as a user message through the model's chat template (--model only).
+    #[arg(long, requires = "model")]
+    chat: bool,
     #[arg(long, default_value = "\n")]
     prompt: String,
     #[arg(long, default_value_t = 200)]
@@ -124,7 +131,12 @@ pub fn generate(g: &GenerateArgs) -> Result<()> {
         .map_err(|e| anyhow!("--context-policy: {e}"))?;
     let sampling = inference::check_sampling(g.temperature, g.top_k, g.top_p)?;
     let device = device(&g.device)?;
-    let lm = load_lm(&g.checkpoint, device)?;
+    let checkpoint = match (&g.checkpoint, &g.model) {
+        (_, Some(model)) => return generate_pretrained(g, model, policy, sampling, device),
+        (Some(c), None) => c,
+        (None, None) => bail!("give --checkpoint RUN or --model PATH"),
+    };
+    let lm = load_lm(checkpoint, device)?;
     // Packed once for the CPU decode step (nothing happens on other devices).
     lm.gpt.pack_weights()?;
     let prompt = lm.tokenizer.encode(&g.prompt);
@@ -171,6 +183,90 @@ pub fn generate(g: &GenerateArgs) -> Result<()> {
         let tail = utf8.finish() + "\n";
         emit(&mut out, &tail);
     }
+    finish(write_err)
+}
+
+/// `sinter generate --model PATH`: a pretrained model with its own tokenizer (and chat
+/// template with `--chat`); stops at the tokenizer's end-of-turn/end-of-text tokens.
+fn generate_pretrained(
+    g: &GenerateArgs,
+    path: &Path,
+    policy: ContextPolicy,
+    sampling: sinter_models::gpt::SamplingParams,
+    device: Device,
+) -> Result<()> {
+    let p = sinter_models::load_pretrained_with_tokenizer(path)?;
+    p.model.set_training(false);
+    if device != Device::Cpu {
+        sinter_nn::move_module(&p.model, device)?;
+    }
+    let text = if g.chat {
+        let Some(t) = &p.chat_template else {
+            bail!(
+                "{} has no chat template; drop --chat to continue the prompt as text",
+                path.display()
+            );
+        };
+        t.render(
+            &[sinter_data::ChatMessage::new("user", g.prompt.as_str())],
+            true,
+        )?
+    } else {
+        g.prompt.clone()
+    };
+    let prompt: Vec<i64> = p
+        .tokenizer
+        .encode(&text, true)?
+        .into_iter()
+        .map(i64::from)
+        .collect();
+    if prompt.is_empty() {
+        bail!("--prompt must not be empty");
+    }
+    let mut out = std::io::stdout().lock();
+    let mut write_err: Option<std::io::Error> = None;
+    let mut emit = |out: &mut std::io::StdoutLock, text: &str| -> bool {
+        match out.write_all(text.as_bytes()).and_then(|_| out.flush()) {
+            Ok(()) => true,
+            Err(e) => {
+                if e.kind() != std::io::ErrorKind::BrokenPipe {
+                    write_err = Some(e);
+                }
+                false
+            }
+        }
+    };
+    if !g.chat && !emit(&mut out, &g.prompt) {
+        return finish(write_err);
+    }
+    let o = GenerateOptions {
+        max_new: g.max_new_tokens,
+        sampling,
+        context: p.model.config.block_size,
+        policy,
+        use_cache: !g.no_kv_cache,
+    };
+    let stops = p.tokenizer.stop_ids().to_vec();
+    let mut stream = p.tokenizer.decode_stream(true);
+    let mut decode_err = None;
+    p.model
+        .generate_streaming(&prompt, &o, &mut Rng::new(g.seed), |t| {
+            if stops.contains(&(t as u32)) {
+                return false;
+            }
+            match stream.step(t as u32) {
+                Ok(Some(text)) => emit(&mut out, &text),
+                Ok(None) => true,
+                Err(e) => {
+                    decode_err = Some(e);
+                    false
+                }
+            }
+        })?;
+    if let Some(e) = decode_err {
+        bail!("cannot decode the generated tokens: {e}");
+    }
+    emit(&mut out, "\n");
     finish(write_err)
 }
 
