@@ -169,11 +169,9 @@ impl GptConfig {
         self.arch.n_kv_head.unwrap_or(self.n_head)
     }
     pub fn head_dim(&self) -> usize {
-        self.arch.head_dim.unwrap_or(if self.n_head == 0 {
-            0
-        } else {
-            self.n_embd / self.n_head
-        })
+        self.arch
+            .head_dim
+            .unwrap_or(self.n_embd.checked_div(self.n_head).unwrap_or(0))
     }
 
     /// The configuration each block is built from.
@@ -206,7 +204,9 @@ impl GptConfig {
                 self.n_layer, self.vocab_size, self.block_size
             );
         }
-        if self.arch.head_dim.is_none() && (self.n_head == 0 || self.n_embd % self.n_head != 0) {
+        if self.arch.head_dim.is_none()
+            && (self.n_head == 0 || !self.n_embd.is_multiple_of(self.n_head))
+        {
             bail!(
                 "gpt: width {} does not split into {} heads",
                 self.n_embd,

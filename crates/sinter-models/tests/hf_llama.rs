@@ -197,6 +197,9 @@ fn save_pretrained_round_trips() {
     }
 }
 
+/// An edit of a config.json.
+type ConfigEdit = Box<dyn Fn(&mut Value)>;
+
 /// A copy of a fixture directory with its config.json edited.
 fn with_config(name: &str, edit: impl Fn(&mut Value)) -> tempfile::TempDir {
     let src = fixture(name);
@@ -223,7 +226,7 @@ fn load_err(dir: &Path) -> String {
 
 #[test]
 fn bad_configs_and_weights_are_refused_by_name() {
-    let cases: Vec<(Box<dyn Fn(&mut Value)>, &str)> = vec![
+    let cases: Vec<(ConfigEdit, &str)> = vec![
         (
             Box::new(|v| v["quantization_config"] = serde_json::json!({"bits": 4})),
             "quantization_config",

@@ -150,6 +150,9 @@ fn rope_scaling_follows_llama3_and_linear_rules() {
     assert!(Rope::new(base, 7).is_err(), "odd head dimension refused");
 }
 
+/// (output, input gradient, parameter gradients by name).
+type Outcome = (Vec<f32>, Vec<f32>, Vec<(String, Vec<f32>)>);
+
 fn grads(b: &TransformerBlock) -> Vec<(String, Vec<f32>)> {
     b.parameters()
         .into_iter()
@@ -161,7 +164,7 @@ fn outcome(
     b: &TransformerBlock,
     x0: &Tensor,
     f: impl Fn(&TransformerBlock, &Tensor) -> Tensor,
-) -> (Vec<f32>, Vec<f32>, Vec<(String, Vec<f32>)>) {
+) -> Outcome {
     b.zero_grad();
     let x = x0.to_var().unwrap();
     let y = f(b, &x);

@@ -58,7 +58,7 @@ impl BlockConfig {
             width,
             n_head,
             n_kv_head: n_head,
-            head_dim: if n_head == 0 { 0 } else { width / n_head },
+            head_dim: width.checked_div(n_head).unwrap_or(0),
             mlp_hidden: 4 * width,
             mlp: MlpKind::Gelu,
             norm: NormKind::LayerNorm,

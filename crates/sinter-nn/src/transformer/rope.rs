@@ -125,7 +125,7 @@ pub struct Rope {
 impl Rope {
     pub fn new(config: RopeConfig, head_dim: usize) -> Result<Self> {
         config.check()?;
-        if head_dim == 0 || head_dim % 2 != 0 {
+        if head_dim == 0 || !head_dim.is_multiple_of(2) {
             bail!("rope: the head dimension must be even, got {head_dim}");
         }
         Ok(Rope {
