@@ -324,3 +324,46 @@ fn pp_bad_configs_are_errors_not_hangs() {
         assert!(e.unwrap().contains("2 replicas × 3 micro-batches"));
     }
 }
+
+/// The Llama block (RMSNorm, SwiGLU, rotary positions, grouped-query attention, untied head)
+/// through the same pipeline stages: 2 stages, 1F1B, equal to the unpipelined model over 5
+/// AdamW steps; tensor parallel refuses it by name.
+#[test]
+fn pp_runs_the_llama_block_like_one_rank() {
+    let cfg = GptConfig {
+        arch: sinter_models::DecoderArch {
+            n_kv_head: Some(2),
+            mlp_hidden: Some(48),
+            ..sinter_models::DecoderArch::llama(10_000.0)
+        },
+        ..config()
+    };
+    let (init, batches) = setup(&cfg, BATCH, STEPS);
+    assert!(init.iter().any(|(n, _)| n == "lm_head.weight"));
+    assert!(!init.iter().any(|(n, _)| n == "wpe.weight"));
+    let want = serial(&cfg, &init, &batches);
+    let out = run_on_threads(2, T, |c| {
+        let mut pipe =
+            PipelineGpt::from_named(&cfg, &init, Box::new(c), Schedule::OneFOneB, 4).unwrap();
+        let mut opt = AdamW::new(pipe.parameters(), LR, WD).unwrap();
+        let (mut losses, mut grads0) = (Vec::new(), Vec::new());
+        for (i, (ids, tg)) in batches.iter().enumerate() {
+            opt.zero_grad();
+            let st = pipe.forward_backward(ids, tg).unwrap();
+            if i == 0 {
+                grads0 = pipe.gather_grads().unwrap();
+            }
+            opt.step().unwrap();
+            losses.push(st.loss);
+        }
+        (losses, grads0, pipe.gather_weights().unwrap())
+    });
+    for (s, (losses, grads0, weights)) in out.iter().enumerate() {
+        let w = format!("llama pp=2 stage {s}");
+        assert_losses_close(losses, &want.losses, &w);
+        assert_named_close(grads0, &want.grads0, 1e-5, &format!("{w} grads"));
+        assert_named_close(weights, &want.weights, WEIGHT_TOL, &format!("{w} weights"));
+    }
+    let e = sinter_dist::tensor_parallel::check_tp_config(&cfg, 2).unwrap_err();
+    assert!(e.to_string().contains("GPT-2-style blocks"), "{e}");
+}
