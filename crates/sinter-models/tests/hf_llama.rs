@@ -6,10 +6,12 @@
 //! QK-norm and one kv head; Mistral stored in bf16 — with transformers' fp32 logits at every
 //! prompt position and its greedy continuation.
 
+mod llm_reference;
+use llm_reference::{greedy, ids_tensor, read_references, worst_relative_error};
+
 use std::path::{Path, PathBuf};
 
 use serde_json::Value;
-use sinter_core::{Device, Tensor};
 use sinter_models::hf_llama::{llama_config_from_hf_json, load_hf_llama, save_hf_llama};
 use sinter_models::Gpt;
 use sinter_nn::Module;
@@ -20,96 +22,8 @@ fn fixture(name: &str) -> PathBuf {
         .join(name)
 }
 
-struct Reference {
-    ids: Vec<i64>,
-    logits: Vec<f32>,
-    vocab: usize,
-    greedy: Vec<i64>,
-}
-
-/// The prompts and transformers' outputs stored beside a fixture model (ref/ref.json and
-/// the raw little-endian f32 logits it names).
-fn references(dir: &Path) -> Vec<Reference> {
-    let text = std::fs::read_to_string(dir.join("ref/ref.json")).unwrap();
-    let v: Value = serde_json::from_str(&text).unwrap();
-    v["prompts"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|p| {
-            let ints = |k: &str| -> Vec<i64> {
-                p[k].as_array()
-                    .unwrap()
-                    .iter()
-                    .map(|x| x.as_i64().unwrap())
-                    .collect()
-            };
-            let bytes =
-                std::fs::read(dir.join("ref").join(p["logits_file"].as_str().unwrap())).unwrap();
-            let logits: Vec<f32> = bytes
-                .chunks_exact(4)
-                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-                .collect();
-            let shape = ints("shape");
-            assert_eq!(logits.len() as i64, shape[0] * shape[1]);
-            Reference {
-                ids: ints("ids"),
-                logits,
-                vocab: shape[1] as usize,
-                greedy: ints("greedy"),
-            }
-        })
-        .collect()
-}
-
-/// max over positions of max|a − b| / max|b| (each position's error relative to its scale).
-fn worst_relative_error(a: &[f32], b: &[f32], vocab: usize) -> f32 {
-    a.chunks(vocab)
-        .zip(b.chunks(vocab))
-        .map(|(x, y)| {
-            let scale = y.iter().fold(0f32, |m, v| m.max(v.abs())).max(1e-6);
-            x.iter().zip(y).fold(0f32, |m, (p, q)| m.max((p - q).abs())) / scale
-        })
-        .fold(0f32, f32::max)
-}
-
-fn argmax(v: &[f32]) -> i64 {
-    v.iter()
-        .enumerate()
-        .fold((0, f32::NEG_INFINITY), |(bi, bv), (i, &x)| {
-            if x > bv {
-                (i, x)
-            } else {
-                (bi, bv)
-            }
-        })
-        .0 as i64
-}
-
-fn ids_tensor(ids: &[i64]) -> Tensor {
-    Tensor::from_slice(ids, &[1, ids.len()], Device::Cpu).unwrap()
-}
-
-/// Greedy continuation through the KV cache: the prompt as one prefill, then a token a step.
-fn greedy(model: &Gpt, prompt: &[i64], n: usize) -> Vec<i64> {
-    let mut cache = model.kv_cache(1).unwrap();
-    let logits = model.forward_step(&ids_tensor(prompt), &mut cache).unwrap();
-    let v = model.config.vocab_size;
-    let all = logits.to_vec_f32().unwrap();
-    let mut next = argmax(&all[all.len() - v..]);
-    let mut out = vec![next];
-    while out.len() < n {
-        let l = model
-            .forward_step(&ids_tensor(&[next]), &mut cache)
-            .unwrap();
-        next = argmax(&l.to_vec_f32().unwrap());
-        out.push(next);
-    }
-    out
-}
-
 fn check_against_transformers(model: &Gpt, dir: &Path, tol: f32) {
-    for (i, r) in references(dir).iter().enumerate() {
+    for (i, r) in read_references(&dir.join("ref")).iter().enumerate() {
         assert_eq!(r.vocab, model.config.vocab_size);
         let ours = model
             .forward(&ids_tensor(&r.ids))

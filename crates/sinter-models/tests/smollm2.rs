@@ -8,11 +8,13 @@
 //! Needs the weights (`.ci/fetch-weights smollm2`) and python3 with numpy and gguf. Without
 //! them the test says so and passes, unless SINTER_REQUIRE_WEIGHTS=1 (CI), where it fails.
 
+mod llm_reference;
+use llm_reference::{greedy, ids_tensor, read_references, worst_relative_error, Reference};
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use serde_json::Value;
-use sinter_core::{Device, Tensor};
 use sinter_data::ChatMessage;
 use sinter_models::hf_llama::{load_hf_llama, save_hf_llama};
 use sinter_models::{load_pretrained, load_pretrained_with_tokenizer, Gpt};
@@ -54,13 +56,6 @@ fn smollm2() -> Option<PathBuf> {
     }
 }
 
-struct Reference {
-    ids: Vec<i64>,
-    logits: Vec<f32>,
-    vocab: usize,
-    greedy: Vec<i64>,
-}
-
 /// Runs llama_ref.py on the GGUF and the prompts fixture.
 fn numpy_reference(gguf: &Path, out: &Path) -> Option<Vec<Reference>> {
     let python = std::env::var("SINTER_PYTHON").unwrap_or_else(|_| "python3".into());
@@ -82,80 +77,7 @@ fn numpy_reference(gguf: &Path, out: &Path) -> Option<Vec<Reference>> {
         .status()
         .expect("run llama_ref.py");
     assert!(status.success(), "llama_ref.py failed");
-    let v: Value =
-        serde_json::from_str(&std::fs::read_to_string(out.join("ref.json")).unwrap()).unwrap();
-    Some(
-        v["prompts"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|p| {
-                let ints = |k: &str| -> Vec<i64> {
-                    p[k].as_array()
-                        .unwrap()
-                        .iter()
-                        .map(|x| x.as_i64().unwrap())
-                        .collect()
-                };
-                let bytes = std::fs::read(out.join(p["logits_file"].as_str().unwrap())).unwrap();
-                Reference {
-                    ids: ints("ids"),
-                    logits: bytes
-                        .chunks_exact(4)
-                        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-                        .collect(),
-                    vocab: ints("shape")[1] as usize,
-                    greedy: ints("greedy"),
-                }
-            })
-            .collect(),
-    )
-}
-
-fn ids_tensor(ids: &[i64]) -> Tensor {
-    Tensor::from_slice(ids, &[1, ids.len()], Device::Cpu).unwrap()
-}
-
-fn argmax(v: &[f32]) -> i64 {
-    v.iter()
-        .enumerate()
-        .fold((0, f32::NEG_INFINITY), |(bi, bv), (i, &x)| {
-            if x > bv {
-                (i, x)
-            } else {
-                (bi, bv)
-            }
-        })
-        .0 as i64
-}
-
-/// Max over positions of max|a − b| / max|b|.
-fn worst_relative_error(a: &[f32], b: &[f32], vocab: usize) -> f32 {
-    a.chunks(vocab)
-        .zip(b.chunks(vocab))
-        .map(|(x, y)| {
-            let scale = y.iter().fold(0f32, |m, v| m.max(v.abs())).max(1e-6);
-            x.iter().zip(y).fold(0f32, |m, (p, q)| m.max((p - q).abs())) / scale
-        })
-        .fold(0f32, f32::max)
-}
-
-fn greedy(model: &Gpt, prompt: &[i64], n: usize) -> Vec<i64> {
-    let mut cache = model.kv_cache_with_capacity(1, prompt.len() + n).unwrap();
-    let v = model.config.vocab_size;
-    let all = model
-        .forward_step(&ids_tensor(prompt), &mut cache)
-        .unwrap()
-        .to_vec_f32()
-        .unwrap();
-    let mut out = vec![argmax(&all[all.len() - v..])];
-    while out.len() < n {
-        let l = model
-            .forward_step(&ids_tensor(&out[out.len() - 1..]), &mut cache)
-            .unwrap();
-        out.push(argmax(&l.to_vec_f32().unwrap()));
-    }
-    out
+    Some(read_references(out))
 }
 
 fn check(model: &Gpt, refs: &[Reference], what: &str, with_greedy: bool) {
