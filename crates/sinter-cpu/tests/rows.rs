@@ -384,3 +384,39 @@ fn adamw_follows_pytorchs_formula_on_every_isa() {
         }
     }
 }
+
+#[test]
+fn rms_norm_rows_match_f64_on_every_isa() {
+    for isa in Isa::available() {
+        for n in LENS {
+            let rows = 3;
+            let x = vals(rows * n, n as u64 + 5, 4.0);
+            let w = vals(n, 17, 2.0);
+            let eps = 1e-5f32;
+            let mut y = vec![0f32; x.len()];
+            sinter_cpu::math::rms_norm::rms_norm_rows(isa, &x, &w, eps, &mut y);
+            let mut want = Vec::with_capacity(x.len());
+            for row in x.chunks(n) {
+                let ms: f64 = row.iter().map(|&v| (v as f64).powi(2)).sum::<f64>() / n as f64;
+                let inv = 1.0 / (ms + eps as f64).sqrt();
+                want.extend(row.iter().zip(&w).map(|(&v, &g)| v as f64 * inv * g as f64));
+            }
+            close(&format!("rms_norm {isa:?} n={n}"), &y, &want, 1e-5, 1e-6);
+        }
+    }
+}
+
+#[test]
+fn swiglu_matches_f64_on_every_isa() {
+    for isa in Isa::available() {
+        for n in LENS {
+            let (g, u) = (vals(n, 3, 12.0), vals(n, 4, 3.0));
+            let mut y = vec![0f32; n];
+            sinter_cpu::math::swiglu_isa(isa, &g, &u, &mut y);
+            let want: Vec<f64> = (g.iter().zip(&u))
+                .map(|(&g, &u)| g as f64 / (1.0 + (-g as f64).exp()) * u as f64)
+                .collect();
+            close(&format!("swiglu {isa:?} n={n}"), &y, &want, 1e-5, 1e-7);
+        }
+    }
+}

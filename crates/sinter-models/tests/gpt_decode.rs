@@ -488,3 +488,83 @@ fn host_generation_gives_the_reference_tokens() {
         }
     }
 }
+
+/// A Llama-family model with every option the block takes (RMSNorm, SwiGLU, rotary positions
+/// with Llama 3's scaling, 4 query heads sharing 2 kv heads, qkv bias, QK-norm, an untied
+/// head), its norms' and biases' weights drawn at random so that none is an identity.
+fn llama_model(block_size: usize, seed: u64) -> Gpt {
+    use sinter_nn::transformer::{RopeConfig, RopeScaling};
+    let base = GptConfig::preset("llama-tiny").unwrap();
+    let cfg = GptConfig {
+        block_size,
+        vocab_size: 64,
+        arch: sinter_models::DecoderArch {
+            qkv_bias: true,
+            qk_norm: true,
+            rope: Some(RopeConfig {
+                theta: 500_000.0,
+                scaling: RopeScaling::Llama3 {
+                    factor: 8.0,
+                    low_freq_factor: 1.0,
+                    high_freq_factor: 4.0,
+                    original_max_position: 16.0,
+                },
+            }),
+            ..base.arch.clone()
+        },
+        ..base
+    };
+    let m = Gpt::new(cfg, &mut Rng::new(seed), &shared_rng(seed)).unwrap();
+    m.set_training(false);
+    let _g = no_grad();
+    let mut rng = Rng::new(seed + 100);
+    for (_, p) in m.parameters() {
+        if p.rank() == 1 {
+            let n = p.shape()[0];
+            let f32 = sinter_core::DType::F32;
+            let noise = Tensor::randn(&[n], 0.0, 0.2, &mut rng, f32, Device::Cpu).unwrap();
+            p.assign(&p.add(&noise).unwrap()).unwrap();
+        }
+    }
+    m
+}
+
+/// The host step runs the Llama block too (it is an executor of the one block, not GPT-2's
+/// copy): prefills and decode steps equal the tensor path, with weights in place, packed,
+/// and int8.
+#[test]
+fn the_host_step_runs_the_llama_block_like_the_tensor_path() {
+    let m = llama_model(40, 21);
+    assert!(m.lm_head.is_some() && m.wpe.is_none());
+    host_step_against_tensor_path(&m, 1e-4);
+    assert!(m.pack_weights().unwrap(), "the host step must take this model");
+    host_step_against_tensor_path(&m, 1e-4);
+    let report = sinter_nn::quant::quantize(&m, &mut |_| Ok(())).unwrap();
+    assert!(!report.int8.is_empty());
+    host_step_against_tensor_path(&m, 2e-2);
+}
+
+/// Llama generation on the host step gives the uncached reference's tokens, past the
+/// context (the shifted window re-rotates every key).
+#[test]
+fn llama_host_generation_gives_the_reference_tokens() {
+    let m = llama_model(24, 22);
+    let prompt = [3i64, 1, 4, 1, 5, 9, 2, 6];
+    for policy in [ContextPolicy::Slide, ContextPolicy::Shift] {
+        let run = |use_cache| {
+            let o = GenerateOptions {
+                max_new: 40,
+                sampling: SamplingParams {
+                    temperature: 0.0,
+                    ..Default::default()
+                },
+                context: 24,
+                policy,
+                use_cache,
+            };
+            m.generate_streaming(&prompt, &o, &mut Rng::new(11), |_| true)
+                .unwrap()
+        };
+        assert_eq!(run(true), run(false), "{policy}");
+    }
+}

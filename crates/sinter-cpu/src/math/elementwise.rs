@@ -136,6 +136,23 @@ pub fn unary_isa(isa: Isa, f: Unary, x: &[f32], y: &mut [f32]) {
     with_isa!(isa, S => zip_map::<S, 1>([x], y, n, #[inline(always)] |[v]| value::<S>(f, v)))
 }
 
+/// y = SiLU(gate) · up, elementwise (SwiGLU's gate), on `isa`.
+///
+/// # Panics
+/// If the lengths differ (a caller bug).
+pub fn swiglu_isa(isa: Isa, gate: &[f32], up: &[f32], y: &mut [f32]) {
+    assert!(
+        gate.len() == y.len() && up.len() == y.len(),
+        "swiglu: gate {}, up {} and output {} lengths differ",
+        gate.len(),
+        up.len(),
+        y.len()
+    );
+    let (n, g, u, y) = (y.len(), gate.as_ptr(), up.as_ptr(), y.as_mut_ptr());
+    // SAFETY: the three slices hold n values.
+    with_isa!(isa, S => zip_map::<S, 2>([g, u], y, n, #[inline(always)] |[gv, uv]| S::mul(silu::<S>(gv), uv)))
+}
+
 /// y = f(x) on [`Isa::get`]'s instruction set.
 pub fn unary(f: Unary, x: &[f32], y: &mut [f32]) {
     unary_isa(Isa::get(), f, x, y)

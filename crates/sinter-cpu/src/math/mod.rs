@@ -23,7 +23,7 @@
 //!
 //! - [`elementwise`]: y = f(x) and dx = g·f'(x) over slices ([`Unary`]).
 //! - [`cached_attention`]: one query row against a KV cache (decode and prefill).
-//! - [`softmax`], [`cross_entropy`], [`layer_norm`], [`bias_act`], [`adamw`]: fused row and
+//! - [`softmax`], [`cross_entropy`], [`layer_norm`], [`rms_norm`], [`bias_act`], [`adamw`]: fused row and
 //!   optimizer kernels (see each module for what it reads and writes).
 pub mod activation;
 pub mod adamw;
@@ -35,11 +35,12 @@ mod erf;
 mod exp_log;
 pub mod layer_norm;
 mod reduce;
+pub mod rms_norm;
 mod sigmoid_tanh;
 pub mod softmax;
 
 pub use activation::Activation;
 pub use elementwise::{
-    unary, unary_backward, unary_backward_isa, unary_in_place, unary_isa, Unary,
+    swiglu_isa, unary, unary_backward, unary_backward_isa, unary_in_place, unary_isa, Unary,
 };
 pub use reduce::dot_lanes;

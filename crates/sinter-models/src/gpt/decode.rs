@@ -179,11 +179,11 @@ impl Gpt {
         logit_rows: &[usize],
     ) -> Result<Option<Vec<f32>>> {
         let c = &self.config;
-        let (h, d) = (c.n_head, c.n_embd / c.n_head);
+        let (kv, d) = (c.n_kv_head(), c.head_dim());
         let Some(model) = self.host_model() else {
             return Ok(None);
         };
-        if !caches.iter().all(|k| host_cache(k, h, d)) {
+        if !caches.iter().all(|k| host_cache(k, kv, d)) {
             return Ok(None);
         }
         let logits = {
