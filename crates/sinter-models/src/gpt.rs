@@ -215,6 +215,57 @@ impl GptConfig {
         }
         self.block_config().check()
     }
+
+    /// Names and shapes of the parameters, in the order `Gpt::parameters()` lists them
+    /// (every block shape: GPT-2's and the Llama family's).
+    pub fn param_specs(&self) -> Vec<(String, Vec<usize>)> {
+        let c = self.n_embd;
+        let mut v = vec![("wte.weight".to_string(), vec![self.vocab_size, c])];
+        if self.arch.rope.is_none() {
+            v.push(("wpe.weight".to_string(), vec![self.block_size, c]));
+        }
+        for i in 0..self.n_layer {
+            v.extend(self.block_param_specs(i));
+        }
+        v.push(("ln_f.weight".into(), vec![c]));
+        if self.arch.norm == NormKind::LayerNorm {
+            v.push(("ln_f.bias".into(), vec![c]));
+        }
+        if !self.arch.tie_head {
+            v.push(("lm_head.weight".into(), vec![self.vocab_size, c]));
+        }
+        v
+    }
+
+    /// Names and shapes of block `i`'s parameters, in `TransformerBlock::collect`'s order.
+    pub fn block_param_specs(&self, i: usize) -> Vec<(String, Vec<usize>)> {
+        let b = self.block_config();
+        let (c, q, kv) = (b.width, b.n_head * b.head_dim, b.n_kv_head * b.head_dim);
+        let fc_rows = match b.mlp {
+            MlpKind::Gelu => b.mlp_hidden,
+            MlpKind::SwiGlu => 2 * b.mlp_hidden,
+        };
+        let ln_bias = b.norm == NormKind::LayerNorm;
+        let mut v: Vec<(&str, Vec<usize>, bool)> = vec![
+            ("ln1.weight", vec![c], true),
+            ("ln1.bias", vec![c], ln_bias),
+            ("attn.qkv.weight", vec![q + 2 * kv, c], true),
+            ("attn.qkv.bias", vec![q + 2 * kv], b.qkv_bias),
+            ("attn.q_norm.weight", vec![b.head_dim], b.qk_norm),
+            ("attn.k_norm.weight", vec![b.head_dim], b.qk_norm),
+            ("attn.proj.weight", vec![c, q], true),
+            ("attn.proj.bias", vec![c], b.out_bias),
+            ("ln2.weight", vec![c], true),
+            ("ln2.bias", vec![c], ln_bias),
+            ("mlp.fc.weight", vec![fc_rows, c], true),
+            ("mlp.fc.bias", vec![fc_rows], b.mlp_bias),
+            ("mlp.proj.weight", vec![c, b.mlp_hidden], true),
+            ("mlp.proj.bias", vec![c], b.mlp_bias),
+        ];
+        v.retain(|(_, _, present)| *present);
+        let p = format!("blocks.{i}");
+        v.into_iter().map(|(n, s, _)| (join(&p, n), s)).collect()
+    }
 }
 
 pub struct Gpt {
@@ -286,6 +337,52 @@ impl Gpt {
             wpe,
             blocks,
             ln_f: Norm::new(c.arch.norm, c.n_embd, c.arch.norm_eps)?,
+            lm_head,
+            drop: Dropout::new(c.dropout, drop_rng.clone()),
+            drop_rng: drop_rng.clone(),
+            recompute: Recompute::None,
+            fast_path: true,
+            scratch: Mutex::default(),
+            config,
+        })
+    }
+
+    /// The model from named weights (`GptConfig::param_specs`' names; `get` checks them),
+    /// drawing nothing at random: loading a pretrained model costs its copy, not an
+    /// initialisation it would overwrite.
+    pub fn from_named(
+        config: GptConfig,
+        get: &mut dyn FnMut(&str) -> Result<Tensor>,
+        drop_rng: &SharedRng,
+    ) -> Result<Self> {
+        config.check()?;
+        let c = &config;
+        let block = c.block_config();
+        let blocks = (0..c.n_layer)
+            .map(|i| {
+                TransformerBlock::from_named(&block, &format!("blocks.{i}"), get, drop_rng)
+                    .map(Arc::new)
+            })
+            .collect::<Result<_>>()?;
+        let wte = Embedding::from_weights(get("wte.weight")?);
+        let wpe = match c.arch.rope {
+            None => Some(Embedding::from_weights(get("wpe.weight")?)),
+            Some(_) => None,
+        };
+        let bias = match c.arch.norm {
+            NormKind::LayerNorm => Some(get("ln_f.bias")?),
+            NormKind::RmsNorm => None,
+        };
+        let ln_f = Norm::from_weights(c.arch.norm, get("ln_f.weight")?, bias, c.arch.norm_eps)?;
+        let lm_head = match c.arch.tie_head {
+            true => None,
+            false => Some(Linear::from_weights(get("lm_head.weight")?, None)),
+        };
+        Ok(Gpt {
+            wte,
+            wpe,
+            blocks,
+            ln_f,
             lm_head,
             drop: Dropout::new(c.dropout, drop_rng.clone()),
             drop_rng: drop_rng.clone(),

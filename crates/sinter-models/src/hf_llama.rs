@@ -20,7 +20,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 
 use serde_json::{json, Value};
-use sinter_core::{bail, no_grad, DType, Error, Result, Rng, Tensor};
+use sinter_core::{bail, no_grad, DType, Error, Result, Tensor};
 use sinter_nn::module::shared_rng;
 use sinter_nn::{MlpKind, Module, NormKind, RopeConfig, RopeScaling};
 
@@ -398,14 +398,10 @@ pub fn gpt_from_hf_tensors(
 ) -> Result<Gpt> {
     let _g = no_grad();
     let mut file: HashMap<String, Tensor> = tensors.into_iter().collect();
-    // The parameters are overwritten below: draw them from a fixed stream.
-    let model = Gpt::new(config.clone(), &mut Rng::new(0), &shared_rng(0))?;
-    let ours: BTreeMap<String, Tensor> = model.parameters().into_iter().collect();
+    let shapes: HashMap<String, Vec<usize>> = config.param_specs().into_iter().collect();
+    let mut ours: HashMap<String, Tensor> = HashMap::new();
     let mut problems = Vec::new();
     for (name, parts) in name_map(&config) {
-        let dst = ours
-            .get(&name)
-            .ok_or_else(|| Error::Msg(format!("model has no {name}")))?;
         let mut got = Vec::new();
         for p in &parts {
             match file.remove(p) {
@@ -421,20 +417,21 @@ pub fn gpt_from_hf_tensors(
         } else {
             Tensor::cat(&got, 0)?
         };
-        if t.shape() != dst.shape() {
+        let Some(want) = shapes.get(&name) else {
+            bail!("{src}: the model has no {name} (an inconsistent name table)");
+        };
+        if t.shape() != want.as_slice() {
             problems.push(format!(
-                "{} give shape {:?}, the config needs {:?} for {name}",
+                "{} give shape {:?}, the config needs {want:?} for {name}",
                 parts.join(" + "),
                 t.shape(),
-                dst.shape()
             ));
             continue;
         }
-        dst.assign(&t)?;
+        ours.insert(name, t);
     }
     if config.arch.tie_head {
-        if let Some(head) = file.remove("lm_head.weight") {
-            let wte = &ours["wte.weight"];
+        if let (Some(head), Some(wte)) = (file.remove("lm_head.weight"), ours.get("wte.weight")) {
             if head.shape() != wte.shape()
                 || head.to_dtype(DType::F32)?.to_vec_f32()? != wte.to_vec_f32()?
             {
@@ -469,7 +466,13 @@ pub fn gpt_from_hf_tensors(
             problems.join("; ")
         );
     }
-    Ok(model)
+    let mut get = |name: &str| -> Result<Tensor> {
+        // A parameter taken twice would be shared: each is taken once, by its own name.
+        let t = ours.remove(name);
+        t.ok_or_else(|| Error::Msg(format!("{src}: no weight for {name}")))?
+            .to_var()
+    };
+    Gpt::from_named(config, &mut get, &shared_rng(0))
 }
 
 /// The safetensors files of a Hugging Face directory: `model.safetensors`, or the shards

@@ -155,6 +155,9 @@ pub enum BenchCmd {
     /// Load test of `sinter serve`: concurrent streaming clients (requests/s, tokens/s, time to
     /// first token, inter-token latency) at several concurrencies.
     Serve(crate::serve_cmd::BenchServeArgs),
+    /// Prompt processing and greedy generation tokens/s of a pretrained GGUF or Hugging Face
+    /// model (one JSON line per round; bench/llm/vs-transformers sets PyTorch beside it).
+    Llm(crate::llm_bench::LlmBenchArgs),
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -217,6 +220,7 @@ pub fn bench(which: &BenchCmd) -> Result<()> {
             Ok(())
         }
         BenchCmd::Serve(a) => crate::serve_cmd::bench_serve(a),
+        BenchCmd::Llm(a) => crate::llm_bench::run(a),
     }
 }
 

@@ -7,6 +7,7 @@ mod dist_cmd;
 mod gpu_bench;
 mod inference;
 mod int8_bench;
+mod llm_bench;
 mod metrics;
 mod param_groups;
 mod plot;
@@ -70,7 +71,8 @@ enum Command {
     Launch(dist_cmd::LaunchArgs),
     /// Benchmarks: `bench cpu` (GEMM, conv, training, inference), `bench scaling` (analytic
     /// scaling model), `bench allreduce` (host all-reduce bandwidth), `bench gpu
-    /// gemm|tc|linear|bandwidth|attention|all` (CUDA).
+    /// gemm|tc|linear|bandwidth|attention|all` (CUDA), `bench llm --model PATH` (prompt
+    /// processing and generation speed of a pretrained model).
     Bench {
         #[command(subcommand)]
         which: dist_cmd::BenchCmd,
