@@ -68,7 +68,9 @@ impl Tokenizer {
         match self {
             Tokenizer::Bytes => false,
             Tokenizer::Gpt2(_) => id == Gpt2Tokenizer::EOT as i64,
-            Tokenizer::Text(t) => u32::try_from(id).is_ok_and(|i| t.tokenizer.stop_ids().contains(&i)),
+            Tokenizer::Text(t) => {
+                u32::try_from(id).is_ok_and(|i| t.tokenizer.stop_ids().contains(&i))
+            }
         }
     }
     /// The bytes of one token of a byte-level tokenizer (an id it does not know, and every
@@ -367,6 +369,9 @@ mod tests {
         let mut t = TokenText::default();
         let got: Vec<String> = "é€".bytes().map(|x| t.push(&b, i64::from(x))).collect();
         assert_eq!(got, ["", "é", "", "", "€"]);
-        assert_eq!((t.push(&b, 0xe2), t.finish(&b)), (String::new(), "\u{FFFD}".into()));
+        assert_eq!(
+            (t.push(&b, 0xe2), t.finish(&b)),
+            (String::new(), "\u{FFFD}".into())
+        );
     }
 }

@@ -274,7 +274,10 @@ async fn chat_prompts_are_the_templates_and_answers_are_gpt_greedy() {
             true,
         )
         .unwrap();
-    assert!(rendered.ends_with("<|im_start|>assistant\n"), "{rendered:?}");
+    assert!(
+        rendered.ends_with("<|im_start|>assistant\n"),
+        "{rendered:?}"
+    );
     let prompt: Vec<i64> = tok
         .encode(&rendered, false)
         .unwrap()
@@ -291,7 +294,13 @@ async fn chat_prompts_are_the_templates_and_answers_are_gpt_greedy() {
     let eos = tok.id_to_token(greedy[k] as u32).unwrap();
     write_config(dir.path(), &eos, Some(CHATML));
 
-    let name = dir.path().file_name().unwrap().to_str().unwrap().to_string();
+    let name = dir
+        .path()
+        .file_name()
+        .unwrap()
+        .to_str()
+        .unwrap()
+        .to_string();
     let (server, url) = serve(dir.path(), &name);
     let body = json!({"model": name, "messages": messages(), "max_tokens": 20, "temperature": 0});
     let v = post_ok(&url, "/v1/chat/completions", &body).await;
@@ -304,7 +313,10 @@ async fn chat_prompts_are_the_templates_and_answers_are_gpt_greedy() {
     assert_eq!(answer, decode(&tok, &greedy[..k]));
 
     let (deltas, finish) = chat_stream(&url, &body).await;
-    assert_eq!((deltas.concat().as_str(), finish.as_str()), (answer, "stop"));
+    assert_eq!(
+        (deltas.concat().as_str(), finish.as_str()),
+        (answer, "stop")
+    );
 
     // Cut by max_tokens before the stop token: "length", the first tokens' text.
     let short = json!({"model": name, "messages": messages(), "max_tokens": 2, "temperature": 0});
@@ -359,7 +371,8 @@ async fn bad_chat_requests_are_clear_4xx_and_the_server_keeps_serving() {
     let dir = tempfile::tempdir().unwrap();
     write_model(dir.path(), Some(CHATML));
     let (server, url) = serve(dir.path(), "tiny-llama");
-    let chat = |messages: Value| json!({"model": "tiny-llama", "messages": messages, "max_tokens": 2});
+    let chat =
+        |messages: Value| json!({"model": "tiny-llama", "messages": messages, "max_tokens": 2});
     let long = "word ".repeat(CONTEXT);
     for (messages, status, says) in [
         (
@@ -427,6 +440,9 @@ async fn a_model_without_a_chat_template_refuses_chat_by_name() {
     .await;
     let n = v["usage"]["completion_tokens"].as_u64().unwrap();
     let finish = v["choices"][0]["finish_reason"].as_str().unwrap();
-    assert!((n, finish) == (3, "length") || (n <= 3 && finish == "stop"), "{v}");
+    assert!(
+        (n, finish) == (3, "length") || (n <= 3 && finish == "stop"),
+        "{v}"
+    );
     server.shutdown().unwrap();
 }

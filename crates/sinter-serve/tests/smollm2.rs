@@ -82,7 +82,10 @@ fn the_openai_client_hears_paris_from_smollm2() {
     if !has_openai {
         unavailable::<()>(
             "SINTER_REQUIRE_OPENAI",
-            format!("`{} -c 'import openai'` fails: pip install openai", python()),
+            format!(
+                "`{} -c 'import openai'` fails: pip install openai",
+                python()
+            ),
         );
         return;
     }
