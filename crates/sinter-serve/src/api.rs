@@ -9,7 +9,8 @@ use sinter_models::gpt::SamplingParams;
 
 use crate::engine::{Finish, GenRequest};
 use crate::error::ApiError;
-use crate::text::Tokenizer;
+use crate::text::{encode_text, Tokenizer};
+use sinter_data::ChatMessage;
 
 /// A prompt in any of the shapes OpenAI accepts (one prompt: `n` = 1 and no batches).
 #[derive(Deserialize)]
@@ -136,7 +137,7 @@ pub fn fields<T: serde::de::DeserializeOwned>(body: &Value) -> Result<T, ApiErro
 /// serde's message for untagged enums says nothing useful; say what is expected instead.
 fn describe_type_error(path: &str, msg: &str) -> String {
     if msg.contains("did not match any variant") {
-        let want = match path.split('.').next().unwrap_or("") {
+        let want = match path.split(['.', '[']).next().unwrap_or("") {
             "prompt" => "a string, an array with one string, or an array of token ids",
             "stop" => "a string or an array of strings",
             "messages" => "an array of {role, content} objects whose content is a string or an array of text parts",
@@ -346,6 +347,12 @@ fn check_prompt(tokens: Vec<i64>, tok: &Tokenizer, limits: &Limits) -> Result<Ve
     Ok(tokens)
 }
 
+/// `text`'s ids; a tokenizer that fails on it is a 400 naming `param`.
+fn encode_prompt(tok: &Tokenizer, text: &str, param: &str) -> Result<Vec<i64>, ApiError> {
+    tok.encode(text)
+        .map_err(|e| ApiError::invalid(format!("{e:#}"), Some(param.into())))
+}
+
 pub fn completion_request(
     body: &[u8],
     tok: &Tokenizer,
@@ -378,8 +385,8 @@ pub fn completion_request(
                 Some("prompt".into()),
             ))
         }
-        Some(Prompt::Text(s)) => tok.encode(&s),
-        Some(Prompt::Texts(v)) if v.len() == 1 => tok.encode(&v[0]),
+        Some(Prompt::Text(s)) => encode_prompt(tok, &s, "prompt")?,
+        Some(Prompt::Texts(v)) if v.len() == 1 => encode_prompt(tok, &v[0], "prompt")?,
         Some(Prompt::Tokens(t)) => t,
         Some(Prompt::TokenLists(mut v)) if v.len() == 1 => v.remove(0),
         Some(_) => return Err(one()),
@@ -433,6 +440,40 @@ pub fn chat_prompt(messages: &[(String, String)]) -> String {
     out
 }
 
+/// The prompt ids of a conversation: through the model's own chat template (with the
+/// assistant's turn begun) for a pretrained tokenizer, else through the plain one [`chat_prompt`]
+/// (true in the result).
+fn chat_tokens(turns: &[(String, String)], tok: &Tokenizer) -> Result<(Vec<i64>, bool), ApiError> {
+    let Tokenizer::Text(t) = tok else {
+        return Ok((encode_prompt(tok, &chat_prompt(turns), "messages")?, true));
+    };
+    let Some(template) = &t.chat_template else {
+        return Err(ApiError::invalid(
+            "this model has no chat template (no tokenizer.chat_template in its GGUF, no chat_template in its tokenizer_config.json); send the text to /v1/completions instead",
+            Some("messages".into()),
+        ));
+    };
+    // Templates know "system"; "developer" is OpenAI's newer name for it.
+    let messages: Vec<ChatMessage> = turns
+        .iter()
+        .map(|(role, text)| {
+            let role = if role == "developer" { "system" } else { role };
+            ChatMessage::new(role, text.as_str())
+        })
+        .collect();
+    // A template refuses conversations it cannot render (roles out of order and the like).
+    let text = template.render(&messages, true).map_err(|e| {
+        ApiError::invalid(
+            format!("the model's chat template cannot render these messages: {e}"),
+            Some("messages".into()),
+        )
+    })?;
+    // The template writes the special tokens it wants (BOS included): none are added.
+    let ids = encode_text(&t.tokenizer, &text, false)
+        .map_err(|e| ApiError::invalid(format!("{e:#}"), Some("messages".into())))?;
+    Ok((ids, false))
+}
+
 pub fn chat_request(
     body: &[u8],
     tok: &Tokenizer,
@@ -484,7 +525,8 @@ pub fn chat_request(
         };
         turns.push((m.role, text));
     }
-    let prompt = check_prompt(tok.encode(&chat_prompt(&turns)), tok, limits)?;
+    let (tokens, plain) = chat_tokens(&turns, tok)?;
+    let prompt = check_prompt(tokens, tok, limits)?;
     let given = match (r.max_completion_tokens, c.max_tokens) {
         (Some(m), _) => positive(Some(m), "max_completion_tokens", limits.max_tokens)?,
         (None, m) => positive(m, "max_tokens", limits.max_tokens)?,
@@ -493,7 +535,11 @@ pub fn chat_request(
     let max_tokens = given
         .unwrap_or_else(|| (limits.context - prompt.len()).max(16))
         .min(limits.max_tokens);
-    c.stop.push(CHAT_TURN_STOP.to_string());
+    // The plain template's turns end where the model starts the next; a model's own
+    // template ends them with its end-of-turn token (the tokenizer's stop ids).
+    if plain {
+        c.stop.push(CHAT_TURN_STOP.to_string());
+    }
     Ok((
         GenRequest {
             prompt,
@@ -501,7 +547,7 @@ pub fn chat_request(
             sampling: c.sampling,
             seed: c.seed,
             stop: c.stop,
-            trim_start: true,
+            trim_start: plain,
         },
         c.delivery,
     ))

@@ -32,7 +32,7 @@ use tokio::sync::mpsc;
 
 use crate::metrics::Metrics;
 use crate::model::ServeModel;
-use crate::text::{StopText, Tokenizer, Utf8Stream};
+use crate::text::{StopText, TokenText, Tokenizer};
 
 /// A validated generation request.
 #[derive(Clone, Debug)]
@@ -42,7 +42,8 @@ pub struct GenRequest {
     pub sampling: SamplingParams,
     pub seed: u64,
     pub stop: Vec<String>,
-    /// Drop leading spaces of the answer (chat: the template ends with "Assistant:").
+    /// Drop leading spaces of the answer (chat in the plain template, which ends with
+    /// "Assistant:").
     pub trim_start: bool,
 }
 
@@ -235,7 +236,7 @@ struct Running<S> {
     job: Job,
     seq: S,
     rng: Rng,
-    utf8: Utf8Stream,
+    detok: TokenText,
     text: StopText,
     generated: usize,
     last_token: Instant,
@@ -305,7 +306,7 @@ impl<M: ServeModel> Scheduler<M> {
                     self.running.push(Running {
                         rng: Rng::new(job.req.seed),
                         text: StopText::new(job.req.stop.clone(), job.req.trim_start),
-                        utf8: Utf8Stream::default(),
+                        detok: TokenText::default(),
                         generated: 0,
                         last_token: job.arrived,
                         over: false,
@@ -435,7 +436,7 @@ impl<M: ServeModel> Scheduler<M> {
     /// Samples running request i's next token, streams its text and finishes it when done.
     fn next_token(&mut self, i: usize, logits: &[f32]) {
         let now = Instant::now();
-        let eos = self.tokenizer.eos();
+        let tok = &self.tokenizer;
         let r = &mut self.running[i];
         let token = r.job.req.sampling.sample(logits, &mut r.rng) as i64;
         self.model.push(&mut r.seq, token);
@@ -452,20 +453,22 @@ impl<M: ServeModel> Scheduler<M> {
         r.last_token = now;
         let mut out = String::new();
         let mut finish = None;
-        if Some(token) == eos {
+        if tok.is_stop(token) {
             finish = Some(Finish::Stop);
         } else {
-            let mut bytes = Vec::new();
-            self.tokenizer.token_bytes(token, &mut bytes);
-            out = r.text.push(&r.utf8.push(&bytes));
+            out = r.text.push(&r.detok.push(tok, token));
             if r.text.stopped() {
                 finish = Some(Finish::Stop);
             }
         }
         if finish.is_none() && r.generated >= r.job.req.max_tokens {
-            out.push_str(&r.text.push(&r.utf8.finish()));
-            out.push_str(&r.text.finish());
             finish = Some(Finish::Length);
+        }
+        // Ended by a stop token or the length: what is still held goes out (a stop sequence
+        // already cut the text, and `text` then gives nothing more).
+        if finish.is_some() {
+            out.push_str(&r.text.push(&r.detok.finish(tok)));
+            out.push_str(&r.text.finish());
         }
         let gone = !out.is_empty() && r.job.events.send(Event::Text(out)).is_err();
         if let Some(finish) = finish {

@@ -1,9 +1,19 @@
-//! Text in and out of a model: the tokenizer (bytes or GPT-2's BPE), the streaming decoder
-//! that releases only whole UTF-8 characters, and stop sequences (text that ends a
-//! completion and is not part of it; while a stop sequence might still be forming, the
-//! characters that could begin it are held back from the stream).
+//! Text in and out of a model: the tokenizer (bytes, GPT-2's BPE, or a pretrained model's
+//! own), the streaming decoder that releases only whole UTF-8 characters, and stop sequences
+//! (text that ends a completion and is not part of it; while a stop sequence might still be
+//! forming, the characters that could begin it are held back from the stream).
 
-use sinter_data::Gpt2Tokenizer;
+use std::sync::Arc;
+
+use anyhow::{anyhow, Result};
+use sinter_data::{ChatTemplate, Gpt2Tokenizer, TextTokenizer};
+
+/// A pretrained model's tokenizer and its chat template (if it ships one).
+#[derive(Debug)]
+pub struct ModelText {
+    pub tokenizer: TextTokenizer,
+    pub chat_template: Option<ChatTemplate>,
+}
 
 /// How text becomes token ids and back.
 #[derive(Clone, Debug)]
@@ -12,16 +22,27 @@ pub enum Tokenizer {
     Bytes,
     /// GPT-2's BPE (vocabulary 50,257, `<|endoftext|>` = 50256).
     Gpt2(Gpt2Tokenizer),
+    /// A pretrained (GGUF or Hugging Face) model's own tokenizer: its end-of-turn and
+    /// end-of-text tokens end a completion, and chat goes through its chat template.
+    Text(Arc<ModelText>),
 }
 
 impl Tokenizer {
     pub fn gpt2() -> Tokenizer {
         Tokenizer::Gpt2(Gpt2Tokenizer::new())
     }
+    /// A pretrained model's tokenizer and chat template.
+    pub fn text(tokenizer: TextTokenizer, chat_template: Option<ChatTemplate>) -> Tokenizer {
+        Tokenizer::Text(Arc::new(ModelText {
+            tokenizer,
+            chat_template,
+        }))
+    }
     pub fn name(&self) -> &'static str {
         match self {
             Tokenizer::Bytes => "bytes",
             Tokenizer::Gpt2(_) => "gpt2",
+            Tokenizer::Text(_) => "pretrained",
         }
     }
     /// The ids this tokenizer produces are below this.
@@ -29,22 +50,31 @@ impl Tokenizer {
         match self {
             Tokenizer::Bytes => 256,
             Tokenizer::Gpt2(_) => Gpt2Tokenizer::VOCAB_SIZE,
+            Tokenizer::Text(t) => t.tokenizer.vocab_size(),
         }
     }
-    pub fn encode(&self, text: &str) -> Vec<i64> {
+    /// The ids of a prompt text. A pretrained tokenizer adds the tokens it puts before a
+    /// text (BOS for most Llama-family models), as Hugging Face's tokenizers do.
+    pub fn encode(&self, text: &str) -> Result<Vec<i64>> {
         match self {
-            Tokenizer::Bytes => text.bytes().map(i64::from).collect(),
-            Tokenizer::Gpt2(t) => t.encode(text).into_iter().map(i64::from).collect(),
+            Tokenizer::Bytes => Ok(text.bytes().map(i64::from).collect()),
+            Tokenizer::Gpt2(t) => Ok(t.encode(text).into_iter().map(i64::from).collect()),
+            Tokenizer::Text(t) => encode_text(&t.tokenizer, text, true),
         }
     }
-    /// The end-of-text token, after which a model's document is over.
-    pub fn eos(&self) -> Option<i64> {
+    /// Whether `id` ends a completion: GPT-2's end-of-text, or a pretrained tokenizer's
+    /// end-of-sequence and end-of-turn tokens.
+    pub fn is_stop(&self, id: i64) -> bool {
         match self {
-            Tokenizer::Bytes => None,
-            Tokenizer::Gpt2(_) => Some(Gpt2Tokenizer::EOT as i64),
+            Tokenizer::Bytes => false,
+            Tokenizer::Gpt2(_) => id == Gpt2Tokenizer::EOT as i64,
+            Tokenizer::Text(t) => {
+                u32::try_from(id).is_ok_and(|i| t.tokenizer.stop_ids().contains(&i))
+            }
         }
     }
-    /// The bytes of one token (an id this tokenizer does not know gives none).
+    /// The bytes of one token of a byte-level tokenizer (an id it does not know, and every
+    /// id of a pretrained tokenizer, whose tokens have no bytes of their own, give none).
     pub fn token_bytes(&self, id: i64, out: &mut Vec<u8>) {
         match self {
             Tokenizer::Bytes => {
@@ -57,6 +87,86 @@ impl Tokenizer {
                     out.extend_from_slice(&b.unwrap_or_default())
                 }
             }
+            Tokenizer::Text(_) => {}
+        }
+    }
+}
+
+/// `text`'s ids from a pretrained tokenizer (`special`: with the tokens it adds around a
+/// text; a chat template writes its own).
+pub fn encode_text(t: &TextTokenizer, text: &str, special: bool) -> Result<Vec<i64>> {
+    let ids = t
+        .encode(text, special)
+        .map_err(|e| anyhow!("cannot tokenize the prompt: {e}"))?;
+    Ok(ids.into_iter().map(i64::from).collect())
+}
+
+/// A completion's token ids in, its text out as it grows: whole UTF-8 characters only, and
+/// (pretrained tokenizers) pieces whose concatenation is the decode of all the ids.
+#[derive(Default)]
+pub struct TokenText {
+    /// Byte-level tokenizers: the bytes of an unfinished character.
+    utf8: Utf8Stream,
+    /// Pretrained tokenizers: the ids so far (those the tokenizer knows).
+    ids: Vec<u32>,
+    /// The first id whose text has not gone out yet.
+    sent: usize,
+}
+
+impl TokenText {
+    /// Appends token `id`; returns the text it completes (empty while a character is
+    /// unfinished).
+    pub fn push(&mut self, tok: &Tokenizer, id: i64) -> String {
+        let Tokenizer::Text(t) = tok else {
+            let mut bytes = Vec::new();
+            tok.token_bytes(id, &mut bytes);
+            return self.utf8.push(&bytes);
+        };
+        let Ok(id) = u32::try_from(id) else {
+            return String::new();
+        };
+        self.ids.push(id);
+        match self.new_text(&t.tokenizer) {
+            // Decoding stops at an unfinished character: U+FFFD until its last byte arrives.
+            Some(text) if !text.ends_with(char::REPLACEMENT_CHARACTER) => {
+                self.sent = self.ids.len();
+                text
+            }
+            Some(_) => String::new(),
+            // An id the tokenizer does not know (a model row past its vocabulary): no text.
+            None => {
+                self.ids.pop();
+                String::new()
+            }
+        }
+    }
+
+    /// The end of the completion: what is still held (an unfinished character as U+FFFD).
+    pub fn finish(&mut self, tok: &Tokenizer) -> String {
+        let Tokenizer::Text(t) = tok else {
+            return self.utf8.finish();
+        };
+        let text = self.new_text(&t.tokenizer).unwrap_or_default();
+        self.sent = self.ids.len();
+        text
+    }
+
+    /// The text of the ids not sent yet. Decoded after the one sent id before them (their
+    /// context: decoders such as SentencePiece's drop the space of a text's first token, which
+    /// a token in mid-completion must keep), less that id's own text.
+    fn new_text(&self, t: &TextTokenizer) -> Option<String> {
+        let from = self.sent.saturating_sub(1);
+        let before = t.decode(&self.ids[from..self.sent], true).ok()?;
+        let all = t.decode(&self.ids[from..], true).ok()?;
+        match all.strip_prefix(before.as_str()) {
+            Some(new) => Some(new.to_string()),
+            // The context's text changed with what follows it (no decoder in use does this):
+            // what is past its length, at a character boundary.
+            None => Some(
+                all.char_indices()
+                    .find(|&(i, _)| i >= before.len())
+                    .map_or(String::new(), |(i, _)| all[i..].to_string()),
+            ),
         }
     }
 }
@@ -241,19 +351,27 @@ mod tests {
     #[test]
     fn tokenizers_round_trip() {
         let b = Tokenizer::Bytes;
-        assert_eq!(b.encode("hé"), vec![104, 195, 169]);
+        assert_eq!(b.encode("hé").unwrap(), vec![104, 195, 169]);
         let mut out = Vec::new();
-        for id in b.encode("hé") {
+        for id in b.encode("hé").unwrap() {
             b.token_bytes(id, &mut out);
         }
         assert_eq!(out, "hé".as_bytes());
         let g = Tokenizer::gpt2();
-        let ids = g.encode("Hello world");
+        let ids = g.encode("Hello world").unwrap();
         assert_eq!(ids, vec![15496, 995]);
         let mut out = Vec::new();
         ids.iter().for_each(|&i| g.token_bytes(i, &mut out));
         assert_eq!(out, b"Hello world");
-        assert_eq!(g.eos(), Some(50256));
-        assert_eq!(b.eos(), None);
+        assert!(g.is_stop(50256) && !g.is_stop(50255));
+        assert!((0..256).all(|i| !b.is_stop(i)));
+        // Byte-level tokens through TokenText: whole characters, the rest at the end.
+        let mut t = TokenText::default();
+        let got: Vec<String> = "é€".bytes().map(|x| t.push(&b, i64::from(x))).collect();
+        assert_eq!(got, ["", "é", "", "", "€"]);
+        assert_eq!(
+            (t.push(&b, 0xe2), t.finish(&b)),
+            (String::new(), "\u{FFFD}".into())
+        );
     }
 }

@@ -81,7 +81,7 @@ enum Command {
     Quantize(quantize_cmd::QuantizeArgs),
     /// Turn a text file into GPT-2 token files (<name>_train.bin, <name>_val.bin) for tokens:DIR.
     Tokenize(tokenize_cmd::TokenizeArgs),
-    /// Serve a GPT checkpoint over an OpenAI-compatible HTTP API (completions, chat, streaming).
+    /// Serve a GPT checkpoint or a pretrained GGUF / Hugging Face model over an OpenAI-compatible HTTP API.
     Serve(serve_cmd::ServeArgs),
 }
 

@@ -72,6 +72,27 @@ pub fn load_lm(path: &Path, device: Device) -> Result<LoadedLm> {
     })
 }
 
+/// A pretrained Llama-family model (a .gguf file or a Hugging Face directory) with its own
+/// tokenizer and chat template, named after its file or directory.
+pub fn load_pretrained_lm(path: &Path, device: Device) -> Result<LoadedLm> {
+    let p = sinter_models::load_pretrained_with_tokenizer(path)?;
+    p.model.set_training(false);
+    if device != Device::Cpu {
+        sinter_nn::move_module(&p.model, device)?;
+    }
+    let name = path
+        .canonicalize()
+        .ok()
+        .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
+        .unwrap_or_else(|| path.display().to_string());
+    Ok(LoadedLm {
+        context: p.model.config.block_size,
+        gpt: p.model,
+        tokenizer: Tokenizer::text(p.tokenizer, p.chat_template),
+        name,
+    })
+}
+
 /// `--device` (auto, cpu, cuda[:N] or cuda-emu), saying on stderr what auto picked.
 fn device(name: &str) -> Result<Device> {
     crate::precision::enable_emulation(name, 1)?;
@@ -139,7 +160,7 @@ pub fn generate(g: &GenerateArgs) -> Result<()> {
     let lm = load_lm(checkpoint, device)?;
     // Packed once for the CPU decode step (nothing happens on other devices).
     lm.gpt.pack_weights()?;
-    let prompt = lm.tokenizer.encode(&g.prompt);
+    let prompt = lm.tokenizer.encode(&g.prompt)?;
     if prompt.is_empty() {
         bail!("--prompt must not be empty");
     }
@@ -280,8 +301,13 @@ fn finish(err: Option<std::io::Error>) -> Result<()> {
 #[derive(Args)]
 pub struct ServeArgs {
     /// Run directory (or checkpoint file) of a GPT run.
+    #[arg(long, required_unless_present = "model", conflicts_with = "model")]
+    checkpoint: Option<PathBuf>,
+    /// A pretrained Llama-family model: a .gguf file or a Hugging Face directory
+    /// (config.json, safetensors, tokenizer.json), served with its own tokenizer and chat
+    /// template; its name is the file's or directory's.
     #[arg(long)]
-    checkpoint: PathBuf,
+    model: Option<PathBuf>,
     /// Address to listen on; 127.0.0.1 keeps the server to this machine.
     #[arg(long, default_value = "127.0.0.1")]
     host: String,
@@ -296,7 +322,8 @@ pub struct ServeArgs {
     /// Requests that may wait for a slot; past that, 429 with Retry-After.
     #[arg(long, default_value_t = 64)]
     max_queue: usize,
-    /// The model's name in requests and /v1/models (default: the run directory's name).
+    /// The model's name in requests and /v1/models (default: the run directory's name, or
+    /// the --model file's or directory's).
     #[arg(long)]
     model_name: Option<String>,
     /// Require `Authorization: Bearer KEY` on /v1/* (also read from SINTER_API_KEY).
@@ -396,7 +423,11 @@ pub fn serve(a: &ServeArgs) -> Result<()> {
     // Before the (slow) model load: a bad flag is reported at once.
     opts.check()?;
     let device = device(&a.device)?;
-    let lm = load_lm(&a.checkpoint, device)?;
+    let lm = match (&a.checkpoint, &a.model) {
+        (_, Some(model)) => load_pretrained_lm(model, device)?,
+        (Some(c), None) => load_lm(c, device)?,
+        (None, None) => bail!("give --checkpoint RUN or --model PATH"),
+    };
     let name = a.model_name.clone().unwrap_or_else(|| lm.name.clone());
     opts.model_name = name.clone();
     let (context, tok_name) = (lm.context, lm.tokenizer.name());

