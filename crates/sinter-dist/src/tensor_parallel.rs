@@ -1,16 +1,22 @@
-//! Tensor parallelism (Megatron-LM style) for the GPT.
+//! Tensor parallelism (Megatron-LM style) for the GPT: GPT-2's block and the Llama family's.
 //!
-//! Each rank of a tensor-parallel group holds a slice of every large matrix:
+//! Each rank of a tensor-parallel group runs the one [`TransformerBlock`], built with its
+//! share of the heads and MLP columns ([`TpBlock`]), and holds a slice of every large matrix:
 //!
-//! * attention: `qkv` is column-parallel by heads (rank `r` holds the q, k and v rows of heads
-//!   `r·h/tp .. (r+1)·h/tp`), `proj` is row-parallel (the matching input columns);
-//! * MLP: `fc` is column-parallel (output rows), `proj` row-parallel (input columns);
-//! * the token embedding `wte` and the tied output head are vocabulary-parallel (rank `r`
-//!   holds rows `r·V/tp .. (r+1)·V/tp`), and the cross-entropy is computed without ever
-//!   gathering the full logits ([`vocab_parallel_cross_entropy`]).
+//! * attention: `qkv` is column-parallel by heads (rank `r` holds the q rows of query heads
+//!   `r·h/tp .. (r+1)·h/tp` and the k and v rows of kv heads `r·kv/tp ..`, which are exactly
+//!   the kv heads its query heads share under grouped-query attention); rotary positions and
+//!   QK-norm act per head, so each rank applies them to its own; `proj` is row-parallel (the
+//!   matching input columns);
+//! * MLP: `fc` is column-parallel (output rows; SwiGLU's gate and up halves split alike, so a
+//!   rank's gate and up columns pair up), `proj` row-parallel (input columns);
+//! * the token embedding `wte` and the output head (tied: `wte`; untied: `lm_head`) are
+//!   vocabulary-parallel (rank `r` holds rows `r·V/tp .. (r+1)·V/tp`), and the cross-entropy
+//!   is computed without ever gathering the full logits ([`vocab_parallel_cross_entropy`]).
 //!
-//! Layer norms, position embeddings and the biases of row-parallel layers are replicated;
-//! their gradients come out identical on every rank, so replicas never drift apart.
+//! Norms, position embeddings and the biases of row-parallel layers are replicated; their
+//! gradients come out identical on every rank, so replicas never drift apart. (QK-norm's
+//! weights are replicated but each rank sees only its heads: the group sums their gradient.)
 //!
 //! Communication goes through Megatron's two conjugate operators, differentiable through
 //! [`with_custom_backward`]: `f` ([`copy_to_tp_region`]: identity forward, all-reduce of the
@@ -28,8 +34,10 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use sinter_core::{bail, with_custom_backward, DType, Device, Error, Result, Tensor};
 use sinter_models::{Gpt, GptConfig};
-use sinter_nn::module::{join, NamedTensor, TensorKind};
-use sinter_nn::{Embedding, LayerNorm, Linear, MlpKind, Module, NormKind};
+use sinter_nn::module::{join, shared_rng, NamedTensor, TensorKind};
+use sinter_nn::{
+    BlockConfig, Embedding, Linear, MlpKind, Module, Norm, NormKind, TransformerBlock,
+};
 
 use crate::comm::{Communicator, ReduceOp};
 use crate::error::DistError;
@@ -153,6 +161,12 @@ impl<'a> WeightSource<'a> {
         let (d, s) = self.data(name)?;
         new_var(d, &s)
     }
+    /// Rank `r`'s shard (of `tp`) of `name`, laid out as [`Shard::of`] says, as a new variable.
+    pub(crate) fn shard(&self, cfg: &GptConfig, name: &str, tp: usize, r: usize) -> Result<Tensor> {
+        let (full, shape) = self.data(name)?;
+        let s = Shard::of(cfg, name);
+        new_var(s.slice(&full, &shape, tp, r)?, &s.local_shape(&shape, tp))
+    }
 }
 
 /// The parameters (name, tensor) of a full model, copied into fresh storage: a snapshot that
@@ -172,62 +186,75 @@ pub fn snapshot_parameters(model: &dyn Module) -> Result<Vec<(String, Tensor)>> 
 /// How a parameter is laid out across the tensor-parallel group.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Shard {
-    /// Every rank holds the whole tensor (layer norms, `wpe`, row-parallel biases).
+    /// Every rank holds the whole tensor (norms, `wpe`, row-parallel biases, QK-norm weights).
     Replicated,
-    /// Split along dimension 0 (column-parallel weights and biases, the vocabulary of `wte`).
+    /// Split along dimension 0 (column-parallel weights and biases, the vocabulary of `wte`
+    /// and of an untied `lm_head`).
     Rows,
     /// Split along dimension 1 (row-parallel weights: their input features).
     Cols,
-    /// The fused q/k/v rows: each third is split along dimension 0 (heads stay whole).
-    QkvRows,
+    /// Rows packed from segments of these many rows (q | k | v, or SwiGLU's gate | up; 0:
+    /// unused), each split along dimension 0 on its own: a rank holds whole q heads, their
+    /// k and v heads (grouped-query: n_kv_head/tp of them), or matching gate and up columns.
+    PackedRows([usize; 3]),
 }
 
 impl Shard {
     /// The layout of the GPT parameter `name` under tensor parallelism.
-    pub fn of(name: &str) -> Shard {
+    pub fn of(cfg: &GptConfig, name: &str) -> Shard {
         let leaf = name
             .rsplit_once("blocks.")
             .map(|(_, r)| r.split_once('.').map_or(r, |(_, l)| l))
             .unwrap_or(name);
+        let b = cfg.block_config();
+        let (q, kv) = (b.n_head * b.head_dim, b.n_kv_head * b.head_dim);
         match leaf {
-            "wte.weight" => Shard::Rows,
-            "attn.qkv.weight" | "attn.qkv.bias" => Shard::QkvRows,
+            "wte.weight" | "lm_head.weight" => Shard::Rows,
+            "attn.qkv.weight" | "attn.qkv.bias" => Shard::PackedRows([q, kv, kv]),
             "attn.proj.weight" | "mlp.proj.weight" => Shard::Cols,
-            "mlp.fc.weight" | "mlp.fc.bias" => Shard::Rows,
+            "mlp.fc.weight" | "mlp.fc.bias" => match b.mlp {
+                MlpKind::Gelu => Shard::Rows,
+                MlpKind::SwiGlu => Shard::PackedRows([b.mlp_hidden, b.mlp_hidden, 0]),
+            },
             _ => Shard::Replicated,
         }
     }
 
-    /// The full tensor seen as `[a, tp, b]` (rank `r` holds `[a, r, b]`), or an error when the
-    /// shape does not split.
-    fn view(self, shape: &[usize], tp: usize) -> Result<(usize, usize)> {
+    /// The full tensor (row-major) as consecutive segments, in elements, each of which every
+    /// rank holds one `tp`-th of (rank `r` the `r`-th part of each); an error when the shape
+    /// does not split.
+    fn segments(self, shape: &[usize], tp: usize) -> Result<Vec<usize>> {
         let n: usize = shape.iter().product();
         let bad = || {
             Error::Msg(format!(
                 "tensor parallel: shape {shape:?} does not split into {tp} parts ({self:?})"
             ))
         };
-        match self {
-            Shard::Replicated => Ok((1, n)),
-            Shard::Rows => {
-                if shape.is_empty() || !shape[0].is_multiple_of(tp) {
+        let rows = shape.first().copied().unwrap_or(0);
+        let segs = match self {
+            // Nothing to split (slice and unslice answer it themselves).
+            Shard::Replicated => return Ok(vec![n]),
+            Shard::Rows => vec![n],
+            Shard::Cols if shape.len() == 2 => vec![shape[1]; shape[0]],
+            Shard::Cols => return Err(bad()),
+            Shard::PackedRows(parts) => {
+                if parts.iter().sum::<usize>() != rows {
                     return Err(bad());
                 }
-                Ok((1, n / tp))
+                let width = n.checked_div(rows).unwrap_or(0);
+                parts
+                    .iter()
+                    .filter(|&&p| p > 0)
+                    .map(|p| p * width)
+                    .collect()
             }
-            Shard::Cols => {
-                if shape.len() != 2 || !shape[1].is_multiple_of(tp) {
-                    return Err(bad());
-                }
-                Ok((shape[0], shape[1] / tp))
-            }
-            Shard::QkvRows => {
-                if shape.is_empty() || !shape[0].is_multiple_of(3 * tp) {
-                    return Err(bad());
-                }
-                Ok((3, n / (3 * tp)))
-            }
+        };
+        if segs.iter().any(|s| !s.is_multiple_of(tp))
+            || (self == Shard::Rows && !rows.is_multiple_of(tp))
+        {
+            return Err(bad());
         }
+        Ok(segs)
     }
 
     /// The shape of one rank's shard.
@@ -235,7 +262,7 @@ impl Shard {
         let mut s = shape.to_vec();
         match self {
             Shard::Replicated => {}
-            Shard::Rows | Shard::QkvRows => s[0] /= tp,
+            Shard::Rows | Shard::PackedRows(_) => s[0] /= tp,
             Shard::Cols => s[1] /= tp,
         }
         s
@@ -246,24 +273,32 @@ impl Shard {
         if self == Shard::Replicated {
             return Ok(full.to_vec());
         }
-        let (a, b) = self.view(shape, tp)?;
-        let mut out = Vec::with_capacity(a * b);
-        for i in 0..a {
-            let o = (i * tp + r) * b;
-            out.extend_from_slice(&full[o..o + b]);
+        let mut out = Vec::with_capacity(full.len() / tp);
+        let mut off = 0;
+        for len in self.segments(shape, tp)? {
+            let part = len / tp;
+            out.extend_from_slice(&full[off + r * part..off + (r + 1) * part]);
+            off += len;
         }
         Ok(out)
     }
 
     /// The full values from the rank-major concatenation of all shards (an all-gather).
     pub fn unslice(self, gathered: &[f32], shape: &[usize], tp: usize) -> Result<Vec<f32>> {
-        let (a, b) = self.view(shape, tp)?;
-        let mut out = vec![0f32; a * tp * b];
+        let local = gathered.len() / tp;
+        if self == Shard::Replicated {
+            return Ok(gathered[..local].to_vec());
+        }
+        let segs = self.segments(shape, tp)?;
+        let mut out = vec![0f32; gathered.len()];
         for r in 0..tp {
-            for i in 0..a {
-                let src = (r * a + i) * b;
-                let dst = (i * tp + r) * b;
-                out[dst..dst + b].copy_from_slice(&gathered[src..src + b]);
+            let (mut off, mut loff) = (0, r * local);
+            for len in &segs {
+                let part = len / tp;
+                out[off + r * part..off + (r + 1) * part]
+                    .copy_from_slice(&gathered[loff..loff + part]);
+                off += len;
+                loff += part;
             }
         }
         Ok(out)
@@ -468,23 +503,23 @@ pub fn vocab_parallel_cross_entropy(
 // The tensor-parallel GPT
 // ---------------------------------------------------------------------------------------------
 
-/// Checks that `cfg` can be split over `tp` ranks (heads, vocabulary; dropout must be 0).
+/// Checks that `cfg` can be split over `tp` ranks: whole query and key/value heads, MLP
+/// columns and vocabulary rows per rank, no dropout. Every block shape (GPT-2's and the
+/// Llama family's) is sharded.
 pub fn check_tp_config(cfg: &GptConfig, tp: usize) -> Result<()> {
     if tp == 0 {
         bail!("tensor parallel: the group size must be at least 1");
     }
-    if !cfg.arch.is_gpt2() {
-        bail!("tensor parallel: only GPT-2-style blocks are sharded so far (this model has {:?} norms, {:?} MLP, {} kv heads{}); train it with data parallel, ZeRO or pipeline parallel", cfg.arch.norm, cfg.arch.mlp, cfg.n_kv_head(), if cfg.arch.rope.is_some() { ", rotary positions" } else { "" });
+    cfg.check()?;
+    let b = cfg.block_config();
+    if !b.n_head.is_multiple_of(tp) {
+        bail!("tensor parallel: {} attention heads do not split over {tp} ranks (n_head must be a multiple of tp)", b.n_head);
     }
-    if cfg.n_head == 0 || !cfg.n_embd.is_multiple_of(cfg.n_head) {
-        bail!(
-            "tensor parallel: width {} does not split into {} heads",
-            cfg.n_embd,
-            cfg.n_head
-        );
+    if !b.n_kv_head.is_multiple_of(tp) {
+        bail!("tensor parallel: {} key/value heads do not split over {tp} ranks (each rank needs whole kv heads: n_kv_head must be a multiple of tp; use a tp that divides {}, or data, ZeRO or pipeline parallel)", b.n_kv_head, b.n_kv_head);
     }
-    if !cfg.n_head.is_multiple_of(tp) {
-        bail!("tensor parallel: {} attention heads do not split over {tp} ranks (n_head must be a multiple of tp)", cfg.n_head);
+    if !b.mlp_hidden.is_multiple_of(tp) {
+        bail!("tensor parallel: the MLP's {} hidden units do not split over {tp} ranks (mlp_hidden must be a multiple of tp)", b.mlp_hidden);
     }
     if !cfg.vocab_size.is_multiple_of(tp) {
         bail!("tensor parallel: vocabulary of {} tokens does not split over {tp} ranks (pad vocab_size to a multiple of tp)", cfg.vocab_size);
@@ -495,53 +530,81 @@ pub fn check_tp_config(cfg: &GptConfig, tp: usize) -> Result<()> {
     Ok(())
 }
 
-/// One Transformer block with its attention heads and MLP columns split across the group.
+/// The block configuration of one rank's shard: its share of the query heads, key/value heads
+/// and MLP columns; everything else as in the full block.
+fn local_block_config(cfg: &GptConfig, tp: usize) -> BlockConfig {
+    let mut b = cfg.block_config();
+    b.n_head /= tp;
+    b.n_kv_head /= tp;
+    b.mlp_hidden /= tp;
+    b
+}
+
+/// One rank's share of a decoder block: the one [`TransformerBlock`], built with this rank's
+/// heads and MLP columns, with Megatron's `f` before each sub-layer and `g` after it (so each
+/// rank runs its own heads: rotary positions, QK-norm and grouped kv heads stay local).
+/// The row-parallel projections' biases are taken out of the block and added once, after the
+/// all-reduce.
 pub struct TpBlock {
-    pub ln1: LayerNorm,
-    /// Column-parallel by heads: `[3·c/tp, c]`, this rank's q, then k, then v rows.
-    pub qkv: Linear,
-    /// Row-parallel `[c, c/tp]` (no bias: it is added once after the all-reduce).
-    pub attn_proj: Linear,
-    pub attn_proj_bias: Tensor,
-    pub ln2: LayerNorm,
-    /// Column-parallel `[4c/tp, c]`.
-    pub fc: Linear,
-    /// Row-parallel `[c, 4c/tp]`.
-    pub mlp_proj: Linear,
-    pub mlp_proj_bias: Tensor,
-    /// Heads on this rank.
-    pub local_heads: usize,
+    pub block: TransformerBlock,
+    /// `attn.proj.bias` (replicated), where the block has one.
+    pub attn_proj_bias: Option<Tensor>,
+    /// `mlp.proj.bias` (replicated), where the block has one.
+    pub mlp_proj_bias: Option<Tensor>,
+    /// The QK-norm weights (replicated variables). The block holds them behind `f`: each rank
+    /// sees only its heads, so the group sums their gradient.
+    qk_norm: Option<(Tensor, Tensor)>,
     comm: SharedComm,
 }
 
 impl TpBlock {
-    fn attention(&self, x: &Tensor) -> Result<Tensor> {
-        let (b, t, c) = (x.shape()[0], x.shape()[1], x.shape()[2]);
-        let cl = self.qkv.weight.shape()[0] / 3;
-        let h = self.local_heads;
-        let hd = cl / h;
-        let x = copy_to_tp_region(x, &self.comm)?;
-        let qkv = self.qkv.forward(&x)?; // [b, t, 3·cl]
-        let heads = |i: usize| -> Result<Tensor> {
-            qkv.narrow(2, i * cl, cl)?
-                .reshape(&[b, t, h, hd])?
-                .transpose(1, 2)
+    /// Block `i` of `cfg` for this rank, from the full weights in `src`.
+    fn from_source(
+        cfg: &GptConfig,
+        i: usize,
+        src: &WeightSource,
+        comm: &SharedComm,
+    ) -> Result<Self> {
+        let (rank, tp) = {
+            let c = lock(comm);
+            (c.rank(), c.world_size())
         };
-        let (q, k, v) = (heads(0)?, heads(1)?, heads(2)?);
-        // The same fused (flash) attention as the serial GPT, so both round alike.
-        let y = sinter_core::fused::attention(&q, &k, &v, true, 1.0 / (hd as f32).sqrt())?
-            .transpose(1, 2)?
-            .reshape(&[b, t, cl])?;
-        let part = self.attn_proj.forward(&y)?; // [b, t, c] partial sums
-        reduce_from_tp_region(&part, &self.comm)?
-            .add(&self.attn_proj_bias)?
-            .reshape(&[b, t, c])
+        let mut get = |name: &str| src.shard(cfg, name, tp, rank);
+        let local = local_block_config(cfg, tp);
+        let mut block =
+            TransformerBlock::from_named(&local, &format!("blocks.{i}"), &mut get, &shared_rng(0))?;
+        let attn_proj_bias = block.attn.proj.bias.take();
+        let mlp_proj_bias = block.mlp.proj.bias.take();
+        let qk_norm = match (&mut block.attn.q_norm, &mut block.attn.k_norm) {
+            (Some(q), Some(k)) => {
+                // A recorded node only exists while gradients are on; built without it, the
+                // norms would silently stop training.
+                if !sinter_core::is_grad_enabled() {
+                    bail!("tensor parallel: build a QK-norm model outside no_grad (its norm weights' gradient is summed over the group through the recorded graph)");
+                }
+                let leaves = (q.weight.clone(), k.weight.clone());
+                q.weight = copy_to_tp_region(&leaves.0, comm)?;
+                k.weight = copy_to_tp_region(&leaves.1, comm)?;
+                Some(leaves)
+            }
+            _ => None,
+        };
+        Ok(TpBlock {
+            block,
+            attn_proj_bias,
+            mlp_proj_bias,
+            qk_norm,
+            comm: comm.clone(),
+        })
     }
 
-    fn mlp(&self, x: &Tensor) -> Result<Tensor> {
-        let x = copy_to_tp_region(x, &self.comm)?;
-        let part = self.mlp_proj.forward(&self.fc.forward(&x)?.gelu()?)?;
-        reduce_from_tp_region(&part, &self.comm)?.add(&self.mlp_proj_bias)
+    /// `g` after a row-parallel projection, then its replicated bias.
+    fn reduce(&self, part: &Tensor, bias: &Option<Tensor>) -> Result<Tensor> {
+        let y = reduce_from_tp_region(part, &self.comm)?;
+        match bias {
+            Some(b) => y.add(b),
+            None => Ok(y),
+        }
     }
 }
 
@@ -553,33 +616,42 @@ impl Module for TpBlock {
                 x.shape()
             );
         }
-        let x = x.add(&self.attention(&self.ln1.forward(x)?)?)?;
-        x.add(&self.mlp(&self.ln2.forward(&x)?)?)
+        let b = &self.block;
+        let h = copy_to_tp_region(&b.ln1.forward(x)?, &self.comm)?;
+        let x = x.add(&self.reduce(&b.attn.forward(&h)?, &self.attn_proj_bias)?)?;
+        let h = copy_to_tp_region(&b.ln2.forward(&x)?, &self.comm)?;
+        x.add(&self.reduce(&b.mlp.forward(&h)?, &self.mlp_proj_bias)?)
     }
+    /// The block's parameters under the standard names: the QK-norm variables in place of
+    /// their wrapped form, each row-parallel bias right after its weight.
     fn collect(&self, prefix: &str, out: &mut Vec<NamedTensor>) {
-        let mut p = |n: &str, t: &Tensor| {
-            out.push(NamedTensor {
-                name: join(prefix, n),
-                tensor: t.clone(),
-                kind: TensorKind::Parameter,
-                layer: None,
-            })
+        let mut inner = Vec::new();
+        self.block.collect(prefix, &mut inner);
+        let param = |name: String, tensor: &Tensor| NamedTensor {
+            name,
+            tensor: tensor.clone(),
+            kind: TensorKind::Parameter,
+            layer: None,
         };
-        p("ln1.weight", &self.ln1.weight);
-        p("ln1.bias", &self.ln1.bias);
-        p("attn.qkv.weight", &self.qkv.weight);
-        p(
-            "attn.qkv.bias",
-            self.qkv.bias.as_ref().expect("qkv has a bias"),
-        );
-        p("attn.proj.weight", &self.attn_proj.weight);
-        p("attn.proj.bias", &self.attn_proj_bias);
-        p("ln2.weight", &self.ln2.weight);
-        p("ln2.bias", &self.ln2.bias);
-        p("mlp.fc.weight", &self.fc.weight);
-        p("mlp.fc.bias", self.fc.bias.as_ref().expect("fc has a bias"));
-        p("mlp.proj.weight", &self.mlp_proj.weight);
-        p("mlp.proj.bias", &self.mlp_proj_bias);
+        for mut nt in inner {
+            let leaf = nt.name[prefix.len()..].trim_start_matches('.').to_string();
+            if let Some((q, k)) = &self.qk_norm {
+                match leaf.as_str() {
+                    "attn.q_norm.weight" => nt.tensor = q.clone(),
+                    "attn.k_norm.weight" => nt.tensor = k.clone(),
+                    _ => {}
+                }
+            }
+            out.push(nt);
+            let bias = match leaf.as_str() {
+                "attn.proj.weight" => &self.attn_proj_bias,
+                "mlp.proj.weight" => &self.mlp_proj_bias,
+                _ => &None,
+            };
+            if let Some(b) = bias {
+                out.push(param(join(prefix, &leaf.replace("weight", "bias")), b));
+            }
+        }
     }
 }
 
@@ -590,9 +662,12 @@ pub struct TpGpt {
     pub config: GptConfig,
     /// This rank's token-embedding rows (also the tied output head's rows).
     pub wte: Embedding,
-    pub wpe: Embedding,
+    /// The learned position table (replicated); None with rotary positions.
+    pub wpe: Option<Embedding>,
     pub blocks: Vec<TpBlock>,
-    pub ln_f: LayerNorm,
+    pub ln_f: Norm,
+    /// This rank's rows of an untied output head (vocabulary-parallel, like `wte`).
+    pub lm_head: Option<Linear>,
     tp_rank: usize,
     tp_size: usize,
     comm: SharedComm,
@@ -615,50 +690,33 @@ impl TpGpt {
         let (tp_rank, tp_size) = (comm.rank(), comm.world_size());
         check_tp_config(cfg, tp_size)?;
         let src = WeightSource::new(cfg, weights)?;
-        let shard = |name: &str| -> Result<Tensor> {
-            let (full, shape) = src.data(name)?;
-            let s = Shard::of(name);
-            new_var(
-                s.slice(&full, &shape, tp_size, tp_rank)?,
-                &s.local_shape(&shape, tp_size),
-            )
-        };
+        let shard = |name: &str| src.shard(cfg, name, tp_size, tp_rank);
         let comm = shared_comm(comm);
-        let ln = |p: &str| -> Result<LayerNorm> {
-            Ok(LayerNorm {
-                weight: src.var(&format!("{p}.weight"))?,
-                bias: src.var(&format!("{p}.bias"))?,
-                eps: 1e-5,
-            })
+        let blocks = (0..cfg.n_layer)
+            .map(|i| TpBlock::from_source(cfg, i, &src, &comm))
+            .collect::<Result<_>>()?;
+        let ln_f_bias = match cfg.arch.norm {
+            NormKind::LayerNorm => Some(src.var("ln_f.bias")?),
+            NormKind::RmsNorm => None,
         };
-        let mut blocks = Vec::with_capacity(cfg.n_layer);
-        for i in 0..cfg.n_layer {
-            let p = |n: &str| format!("blocks.{i}.{n}");
-            blocks.push(TpBlock {
-                ln1: ln(&p("ln1"))?,
-                qkv: Linear::from_weights(
-                    shard(&p("attn.qkv.weight"))?,
-                    Some(shard(&p("attn.qkv.bias"))?),
-                ),
-                attn_proj: Linear::from_weights(shard(&p("attn.proj.weight"))?, None),
-                attn_proj_bias: src.var(&p("attn.proj.bias"))?,
-                ln2: ln(&p("ln2"))?,
-                fc: Linear::from_weights(
-                    shard(&p("mlp.fc.weight"))?,
-                    Some(shard(&p("mlp.fc.bias"))?),
-                ),
-                mlp_proj: Linear::from_weights(shard(&p("mlp.proj.weight"))?, None),
-                mlp_proj_bias: src.var(&p("mlp.proj.bias"))?,
-                local_heads: cfg.n_head / tp_size,
-                comm: comm.clone(),
-            });
-        }
         Ok(TpGpt {
             config: cfg.clone(),
             wte: Embedding::from_weights(shard("wte.weight")?),
-            wpe: Embedding::from_weights(src.var("wpe.weight")?),
+            wpe: match cfg.arch.rope {
+                None => Some(Embedding::from_weights(src.var("wpe.weight")?)),
+                Some(_) => None,
+            },
             blocks,
-            ln_f: ln("ln_f")?,
+            ln_f: Norm::from_weights(
+                cfg.arch.norm,
+                src.var("ln_f.weight")?,
+                ln_f_bias,
+                cfg.arch.norm_eps,
+            )?,
+            lm_head: match cfg.arch.tie_head {
+                true => None,
+                false => Some(Linear::from_weights(shard("lm_head.weight")?, None)),
+            },
             tp_rank,
             tp_size,
             comm,
@@ -707,7 +765,10 @@ impl TpGpt {
             ids,
             &self.comm,
         )?;
-        let mut x = tok.add(&self.wpe.forward(&pos)?)?;
+        let mut x = match &self.wpe {
+            Some(wpe) => tok.add(&wpe.forward(&pos)?)?,
+            None => tok,
+        };
         for b in &self.blocks {
             x = b.forward(&x)?;
         }
@@ -719,7 +780,11 @@ impl TpGpt {
         let h = self.hidden(ids)?;
         let (b, t, c) = (h.shape()[0], h.shape()[1], h.shape()[2]);
         let h = copy_to_tp_region(&h.reshape(&[b * t, c])?, &self.comm)?;
-        h.matmul(&self.wte.weight.t()?)
+        let head = self
+            .lm_head
+            .as_ref()
+            .map_or(&self.wte.weight, |l| &l.weight);
+        h.matmul(&head.t()?)
     }
 
     /// This rank's vocabulary slice of the logits: `[b, t, V/tp]` (columns [`Self::vocab_range`]).
@@ -793,7 +858,7 @@ impl TpGpt {
         for (name, t) in self.parameters() {
             let local = local(&name, &t)?;
             let shape = &specs[&name];
-            let s = Shard::of(&name);
+            let s = Shard::of(&self.config, &name);
             let full = if s == Shard::Replicated || tp == 1 {
                 local
             } else {
@@ -822,7 +887,7 @@ impl TpGpt {
                 full.len()
             )));
         }
-        Shard::of(name).slice(full, shape, self.tp_size, self.tp_rank)
+        Shard::of(&self.config, name).slice(full, shape, self.tp_size, self.tp_rank)
     }
 
     /// The full weights under the standard names, in `Gpt::parameters()` order (collective:
@@ -844,11 +909,16 @@ impl Module for TpGpt {
     }
     fn collect(&self, prefix: &str, out: &mut Vec<NamedTensor>) {
         self.wte.collect(&join(prefix, "wte"), out);
-        self.wpe.collect(&join(prefix, "wpe"), out);
+        if let Some(wpe) = &self.wpe {
+            wpe.collect(&join(prefix, "wpe"), out);
+        }
         for (i, b) in self.blocks.iter().enumerate() {
             b.collect(&join(prefix, &format!("blocks.{i}")), out);
         }
         self.ln_f.collect(&join(prefix, "ln_f"), out);
+        if let Some(head) = &self.lm_head {
+            head.collect(&join(prefix, "lm_head"), out);
+        }
     }
 }
 
@@ -861,8 +931,10 @@ mod tests {
         for (shard, shape) in [
             (Shard::Rows, vec![8, 3]),
             (Shard::Cols, vec![3, 8]),
-            (Shard::QkvRows, vec![12, 2]),
-            (Shard::QkvRows, vec![12]),
+            (Shard::PackedRows([4, 4, 4]), vec![12, 2]),
+            (Shard::PackedRows([4, 4, 4]), vec![12]),
+            (Shard::PackedRows([8, 2, 2]), vec![12, 3]),
+            (Shard::PackedRows([6, 6, 0]), vec![12, 2]),
         ] {
             let n: usize = shape.iter().product();
             let full: Vec<f32> = (0..n).map(|i| i as f32).collect();
@@ -880,17 +952,51 @@ mod tests {
         // q rows 0..4, k 4..8, v 8..12: rank 1 of 2 holds rows 2,3 / 6,7 / 10,11.
         let full: Vec<f32> = (0..12).map(|i| i as f32).collect();
         assert_eq!(
-            Shard::QkvRows.slice(&full, &[12], 2, 1).unwrap(),
+            Shard::PackedRows([4, 4, 4])
+                .slice(&full, &[12], 2, 1)
+                .unwrap(),
             vec![2.0, 3.0, 6.0, 7.0, 10.0, 11.0]
         );
+        // Grouped-query: 8 q rows, 2 k, 2 v; rank 1 holds q 4..8, k 9, v 11.
+        assert_eq!(
+            Shard::PackedRows([8, 2, 2])
+                .slice(&full, &[12], 2, 1)
+                .unwrap(),
+            vec![4.0, 5.0, 6.0, 7.0, 9.0, 11.0]
+        );
+        // kv rows that do not split are an error, not a misaligned slice.
+        assert!(Shard::PackedRows([8, 1, 1])
+            .slice(&full[..10], &[10], 2, 0)
+            .is_err());
         assert_eq!(
             Shard::Cols.slice(&full, &[3, 4], 2, 1).unwrap(),
             vec![2.0, 3.0, 6.0, 7.0, 10.0, 11.0]
         );
-        assert_eq!(Shard::of("blocks.3.attn.qkv.bias"), Shard::QkvRows);
-        assert_eq!(Shard::of("blocks.0.attn.proj.bias"), Shard::Replicated);
-        assert_eq!(Shard::of("blocks.10.mlp.proj.weight"), Shard::Cols);
-        assert_eq!(Shard::of("wte.weight"), Shard::Rows);
-        assert_eq!(Shard::of("wpe.weight"), Shard::Replicated);
+        let gpt2 = GptConfig::default();
+        let c = gpt2.n_embd;
+        assert_eq!(
+            Shard::of(&gpt2, "blocks.3.attn.qkv.bias"),
+            Shard::PackedRows([c, c, c])
+        );
+        assert_eq!(
+            Shard::of(&gpt2, "blocks.0.attn.proj.bias"),
+            Shard::Replicated
+        );
+        assert_eq!(Shard::of(&gpt2, "blocks.10.mlp.proj.weight"), Shard::Cols);
+        assert_eq!(Shard::of(&gpt2, "blocks.1.mlp.fc.weight"), Shard::Rows);
+        assert_eq!(Shard::of(&gpt2, "wte.weight"), Shard::Rows);
+        assert_eq!(Shard::of(&gpt2, "wpe.weight"), Shard::Replicated);
+        let llama = GptConfig::preset("llama-tiny").unwrap();
+        // 4 heads of 32, 2 kv heads; SwiGLU's gate and up of 344 each.
+        assert_eq!(
+            Shard::of(&llama, "blocks.0.attn.qkv.weight"),
+            Shard::PackedRows([128, 64, 64])
+        );
+        assert_eq!(
+            Shard::of(&llama, "blocks.2.mlp.fc.weight"),
+            Shard::PackedRows([344, 344, 0])
+        );
+        assert_eq!(Shard::of(&llama, "lm_head.weight"), Shard::Rows);
+        assert_eq!(Shard::of(&llama, "blocks.0.ln1.weight"), Shard::Replicated);
     }
 }

@@ -272,7 +272,7 @@ impl ParallelTrainer {
             Engine::Tp(m) => {
                 let first = m.tp_rank() == 0;
                 for (n, t) in &params {
-                    if first || Shard::of(n) != Shard::Replicated {
+                    if first || Shard::of(&m.config, n) != Shard::Replicated {
                         local += sumsq(t)?;
                     }
                 }
