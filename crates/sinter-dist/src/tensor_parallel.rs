@@ -76,54 +76,14 @@ pub(crate) fn f32_tensor(data: Vec<f32>, shape: &[usize]) -> Result<Tensor> {
 // ---------------------------------------------------------------------------------------------
 
 /// Names and shapes of the GPT's parameters, in the order `Gpt::parameters()` lists them
-/// (every block shape: GPT-2's and the Llama family's).
+/// (`GptConfig::param_specs`, the model's own list).
 pub fn gpt_param_specs(cfg: &GptConfig) -> Vec<(String, Vec<usize>)> {
-    let c = cfg.n_embd;
-    let mut v = vec![("wte.weight".to_string(), vec![cfg.vocab_size, c])];
-    if cfg.arch.rope.is_none() {
-        v.push(("wpe.weight".to_string(), vec![cfg.block_size, c]));
-    }
-    for i in 0..cfg.n_layer {
-        v.extend(block_param_specs(cfg, i));
-    }
-    v.push(("ln_f.weight".into(), vec![c]));
-    if cfg.arch.norm == NormKind::LayerNorm {
-        v.push(("ln_f.bias".into(), vec![c]));
-    }
-    if !cfg.arch.tie_head {
-        v.push(("lm_head.weight".into(), vec![cfg.vocab_size, c]));
-    }
-    v
+    cfg.param_specs()
 }
 
 /// Names and shapes of block `i`'s parameters, in `TransformerBlock::collect`'s order.
 pub(crate) fn block_param_specs(cfg: &GptConfig, i: usize) -> Vec<(String, Vec<usize>)> {
-    let b = cfg.block_config();
-    let (c, q, kv) = (b.width, b.n_head * b.head_dim, b.n_kv_head * b.head_dim);
-    let fc_rows = match b.mlp {
-        MlpKind::Gelu => b.mlp_hidden,
-        MlpKind::SwiGlu => 2 * b.mlp_hidden,
-    };
-    let ln_bias = b.norm == NormKind::LayerNorm;
-    let mut v: Vec<(&str, Vec<usize>, bool)> = vec![
-        ("ln1.weight", vec![c], true),
-        ("ln1.bias", vec![c], ln_bias),
-        ("attn.qkv.weight", vec![q + 2 * kv, c], true),
-        ("attn.qkv.bias", vec![q + 2 * kv], b.qkv_bias),
-        ("attn.q_norm.weight", vec![b.head_dim], b.qk_norm),
-        ("attn.k_norm.weight", vec![b.head_dim], b.qk_norm),
-        ("attn.proj.weight", vec![c, q], true),
-        ("attn.proj.bias", vec![c], b.out_bias),
-        ("ln2.weight", vec![c], true),
-        ("ln2.bias", vec![c], ln_bias),
-        ("mlp.fc.weight", vec![fc_rows, c], true),
-        ("mlp.fc.bias", vec![fc_rows], b.mlp_bias),
-        ("mlp.proj.weight", vec![c, b.mlp_hidden], true),
-        ("mlp.proj.bias", vec![c], b.mlp_bias),
-    ];
-    v.retain(|(_, _, present)| *present);
-    let p = format!("blocks.{i}");
-    v.into_iter().map(|(n, s, _)| (join(&p, n), s)).collect()
+    cfg.block_param_specs(i)
 }
 
 /// Looks up named weights, checking that every expected name is present with its shape.

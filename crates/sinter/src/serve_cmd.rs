@@ -235,9 +235,10 @@ fn generate_pretrained(
     } else {
         g.prompt.clone()
     };
+    // A chat template writes its own BOS; plain text gets the tokenizer's (as serve does).
     let prompt: Vec<i64> = p
         .tokenizer
-        .encode(&text, true)?
+        .encode(&text, !g.chat)?
         .into_iter()
         .map(i64::from)
         .collect();
