@@ -537,7 +537,10 @@ fn the_host_step_runs_the_llama_block_like_the_tensor_path() {
     let m = llama_model(40, 21);
     assert!(m.lm_head.is_some() && m.wpe.is_none());
     host_step_against_tensor_path(&m, 1e-4);
-    assert!(m.pack_weights().unwrap(), "the host step must take this model");
+    assert!(
+        m.pack_weights().unwrap(),
+        "the host step must take this model"
+    );
     host_step_against_tensor_path(&m, 1e-4);
     let report = sinter_nn::quant::quantize(&m, &mut |_| Ok(())).unwrap();
     assert!(!report.int8.is_empty());

@@ -28,7 +28,9 @@ pub struct LlmBenchArgs {
 /// The benchmark's prompt: the same ids `bench/llm/vs_transformers.py` feeds transformers,
 /// spread over the vocabulary (their values do not change the work).
 pub fn bench_ids(n: usize, vocab: usize) -> Vec<i64> {
-    (0..n).map(|i| ((i * 7919 + 13) % (vocab - 100) + 100) as i64).collect()
+    (0..n)
+        .map(|i| ((i * 7919 + 13) % (vocab - 100) + 100) as i64)
+        .collect()
 }
 
 fn argmax(v: &[f32]) -> i64 {

@@ -138,7 +138,10 @@ impl Buffers {
         fit(&mut self.qkv, rows * d.qkv());
         fit(&mut self.y, rows * d.q());
         fit(&mut self.f, rows * d.fc_out());
-        fit(&mut self.g, rows * d.hidden * usize::from(d.mlp == MlpKind::SwiGlu));
+        fit(
+            &mut self.g,
+            rows * d.hidden * usize::from(d.mlp == MlpKind::SwiGlu),
+        );
         fit(&mut self.p, max_len);
         fit(&mut self.mean, rows);
         fit(&mut self.rstd, rows);
@@ -445,7 +448,16 @@ impl HostModel<'_> {
                 None => [None; 4],
             };
             b.ln1.apply(isa, &s.x, r, &mut s.h, &mut stats!(s));
-            b.qkv.apply(isa, &s.h, r, &mut s.qkv, Activation::None, false, pq, threads)?;
+            b.qkv.apply(
+                isa,
+                &s.h,
+                r,
+                &mut s.qkv,
+                Activation::None,
+                false,
+                pq,
+                threads,
+            )?;
             self.position_heads(b, r, s);
             if let Role::Second(progress) = role {
                 progress.wait_for(l);
@@ -454,13 +466,15 @@ impl HostModel<'_> {
             if let Role::First(progress) = role {
                 progress.0.store(l + 1, Ordering::Release);
             }
-            b.proj.apply(isa, &s.y, r, &mut s.x, Activation::None, true, pp, threads)?;
+            b.proj
+                .apply(isa, &s.y, r, &mut s.x, Activation::None, true, pp, threads)?;
             b.ln2.apply(isa, &s.x, r, &mut s.h, &mut stats!(s));
             match d.mlp {
                 MlpKind::Gelu => {
                     let act = Activation::GeluTanh;
                     b.fc.apply(isa, &s.h, r, &mut s.f, act, false, pf, threads)?;
-                    b.fc2.apply(isa, &s.f, r, &mut s.x, Activation::None, true, pf2, threads)?;
+                    b.fc2
+                        .apply(isa, &s.f, r, &mut s.x, Activation::None, true, pf2, threads)?;
                 }
                 MlpKind::SwiGlu => {
                     let act = Activation::None;
@@ -469,7 +483,8 @@ impl HostModel<'_> {
                     for (gu, g) in s.f.chunks_exact(2 * n).zip(s.g.chunks_exact_mut(n)).take(r) {
                         swiglu_isa(isa, &gu[..n], &gu[n..], g);
                     }
-                    b.fc2.apply(isa, &s.g, r, &mut s.x, act, true, pf2, threads)?;
+                    b.fc2
+                        .apply(isa, &s.g, r, &mut s.x, act, true, pf2, threads)?;
                 }
             }
         }
@@ -593,7 +608,14 @@ impl HostModel<'_> {
                         stride: hd,
                     };
                     let o = &mut y[r * q + head * hd..r * q + (head + 1) * hd];
-                    attend_row(self.isa, &qr[head * hd..(head + 1) * hd], cache, scale, p, o);
+                    attend_row(
+                        self.isa,
+                        &qr[head * hd..(head + 1) * hd],
+                        cache,
+                        scale,
+                        p,
+                        o,
+                    );
                 }
             }
             i = j;
@@ -618,7 +640,8 @@ impl HostModel<'_> {
         for &r in rows {
             picked.extend_from_slice(&s.x[r * c..(r + 1) * c]);
         }
-        self.ln_f.apply(self.isa, &picked, n, &mut s.h, &mut stats!(s));
+        self.ln_f
+            .apply(self.isa, &picked, n, &mut s.h, &mut stats!(s));
         let (isa, h) = (self.isa, &s.h[..n * c]);
         match &self.head {
             Head::Tied => (self.wte).head(isa, h, (n, c, vocab), packed, threads, &mut logits)?,

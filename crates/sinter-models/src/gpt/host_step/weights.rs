@@ -134,7 +134,11 @@ impl<'a> Proj<'a> {
                     Some(p) => Weight::Packed(p),
                     None => Weight::InPlace(w),
                 };
-                let run = Run { act, accumulate, threads };
+                let run = Run {
+                    act,
+                    accumulate,
+                    threads,
+                };
                 xwt(isa, x, w, b.as_deref(), geom, run, y)
             }
             Proj::Int8(q) => int8_apply(q.as_ref(), x, rows, act, accumulate, y),
