@@ -212,6 +212,11 @@ fn an_exported_fine_tune_loads_with_the_checkpoints_logits_and_tokenizer() {
     let f = fixture();
     let run = f.path("run");
     f.train(&run, "10", &[]);
+    // The checkpoint has no tokenizer to generate with: the refusal points at export.
+    fails_with(
+        &sinter(&["generate", "--checkpoint", &run, "--prompt", "the"]),
+        &["fine-tuned from", "sinter export"],
+    );
     let out = f.path("exported");
     let said = run_ok(&["export", &run, "--out", &out]);
     assert!(said.contains("step 10"), "{said}");
