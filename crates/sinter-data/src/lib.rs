@@ -103,7 +103,7 @@ pub use error::{DataError, Result};
 pub use loader::{DataLoader, LoaderPosition};
 pub use mnist::{mnist, MnistDataset, MNIST_MEAN, MNIST_STD};
 pub use spec::{open, DataKind, DataSpec, OpenOptions};
-pub use text::{shakespeare, text, LmDataset, Windows, TEXT_VOCAB_SIZE};
+pub use text::{shakespeare, split_dataset, text, LmDataset, Windows, TEXT_VOCAB_SIZE};
 pub use tokenizer::{ChatMessage, ChatTemplate, GgufVocab, Gpt2Tokenizer, TextTokenizer};
 pub use tokens::{
     read_tokens, tokens, write_tokens, GPT2_VOCAB_SIZE, TOKENS_MAGIC, TOKENS_VERSION,

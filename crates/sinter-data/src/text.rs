@@ -184,8 +184,9 @@ pub(crate) fn split_point(n: usize) -> usize {
 }
 
 /// The `split` part of `tokens` (first 90% / last 10%) as sliding windows; `source` names
-/// the data in error messages.
-pub(crate) fn split_dataset(
+/// the data in error messages. Public for token sequences made outside this crate (text
+/// encoded with a pretrained model's tokenizer), which split by the same rule.
+pub fn split_dataset(
     mut tokens: Vec<u16>,
     split: Split,
     context_len: usize,

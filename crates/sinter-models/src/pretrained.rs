@@ -127,24 +127,38 @@ fn data_err(path: &Path, e: sinter_data::DataError) -> Error {
     Error::Msg(format!("{}: {e}", path.display()))
 }
 
+fn tokenizer_of_gguf(file: &GgufFile) -> Result<TextTokenizer> {
+    let vocab = gguf_vocab(file)?;
+    TextTokenizer::from_gguf_vocab(&vocab).map_err(|e| data_err(file.path(), e))
+}
+
+/// The tokenizer of the model at `path` (a `.gguf` file's vocabulary, or a Hugging Face
+/// directory's `tokenizer.json`), without loading its weights.
+pub fn load_tokenizer(path: impl AsRef<Path>) -> Result<TextTokenizer> {
+    let path = path.as_ref();
+    if is_gguf(path) {
+        return tokenizer_of_gguf(&GgufFile::open(path)?);
+    }
+    let json = path.join("tokenizer.json");
+    if !json.is_file() {
+        return Err(Error::Msg(format!(
+            "{}: no tokenizer.json beside the model; text needs the model's tokenizer (give the model's tokenizer.json, or token ids as tokens:FILE)",
+            path.display()
+        )));
+    }
+    TextTokenizer::from_file(&json).map_err(|e| data_err(path, e))
+}
+
 /// The model at `path` with its tokenizer and chat template.
 pub fn load_pretrained_with_tokenizer(path: impl AsRef<Path>) -> Result<Pretrained> {
     let path = path.as_ref();
     let (model, tokenizer) = if is_gguf(path) {
         let file = GgufFile::open(path)?;
-        let vocab = gguf_vocab(&file)?;
-        let tokenizer = TextTokenizer::from_gguf_vocab(&vocab).map_err(|e| data_err(path, e))?;
-        (model_of_gguf(&file)?, tokenizer)
+        (model_of_gguf(&file)?, tokenizer_of_gguf(&file)?)
     } else {
-        let json = path.join("tokenizer.json");
-        if !json.is_file() {
-            return Err(Error::Msg(format!(
-                "{}: no tokenizer.json beside the model; generation needs the model's tokenizer",
-                path.display()
-            )));
-        }
-        let tokenizer = TextTokenizer::from_file(&json).map_err(|e| data_err(path, e))?;
-        (load_pretrained(path)?, tokenizer)
+        // The model first: a directory that holds none is named as such.
+        let model = load_pretrained(path)?;
+        (model, load_tokenizer(path)?)
     };
     if tokenizer.vocab_size() > model.config.vocab_size {
         return Err(Error::Msg(format!(

@@ -242,7 +242,7 @@ impl TrainConfig {
     /// Checks every setting: the flags of a new run and the config a checkpoint holds go
     /// through this same test, so neither can start a run the other would refuse.
     pub fn validate(&self) -> Result<()> {
-        check_name("model", &self.model, sinter_models::MODEL_NAMES)?;
+        check_model(&self.model)?;
         check_name("optimizer", &self.optimizer, OPTIMIZERS)?;
         check_name("lr-schedule", &self.lr_schedule, SCHEDULES)?;
         check_name("recompute mode", &self.recompute, RECOMPUTE)?;
@@ -303,10 +303,55 @@ pub const OPTIMIZERS: &[&str] = &["adamw", "sgd"];
 pub const SCHEDULES: &[&str] = &["constant", "cosine", "step"];
 pub const RECOMPUTE: &[&str] = &["none", "attn", "block"];
 
+/// The path of a pretrained model (a .gguf file or a Hugging Face directory) when `model`
+/// names one: every `--model` that is not a preset is a path.
+pub fn pretrained_path(model: &str) -> Option<&Path> {
+    (!sinter_models::MODEL_NAMES.contains(&model)).then(|| Path::new(model))
+}
+
+/// What a `--model` trains for: a preset's task; a pretrained model is a language model.
+pub fn task_of_model(model: &str) -> Option<sinter_models::Task> {
+    match pretrained_path(model) {
+        Some(_) => Some(sinter_models::Task::LanguageModel),
+        None => sinter_models::task_of(model),
+    }
+}
+
+/// A preset name, or a pretrained model's path that exists.
+fn check_model(model: &str) -> Result<()> {
+    let Some(path) = pretrained_path(model) else {
+        return Ok(());
+    };
+    if !path.exists() {
+        bail!(
+            "unknown model '{model}': not a preset ({}) and no file or directory of that name exists; give a preset, or the path of a .gguf file or a Hugging Face model directory (config.json + safetensors + tokenizer.json)",
+            sinter_models::MODEL_NAMES.join(", ")
+        );
+    }
+    Ok(())
+}
+
+/// `--model` as a run records it: a preset's name, or a pretrained model's absolute path (so
+/// that `--resume` and `eval` find it again from any directory).
+pub fn model_source(model: &str) -> Result<String> {
+    check_model(model)?;
+    let Some(path) = pretrained_path(model) else {
+        return Ok(model.to_string());
+    };
+    let abs = std::fs::canonicalize(path)
+        .with_context(|| format!("--model {model}: cannot resolve the path"))?;
+    abs.to_str().map(String::from).with_context(|| {
+        format!("--model {model}: the path is not valid UTF-8; move the model to a UTF-8 path")
+    })
+}
+
 /// Defaults chosen so that the model learns its default data on a 2-core CPU.
 pub fn defaults_for(model: &str) -> ConfigFile {
+    // A pretrained model fine-tunes: GPT's defaults with a small learning rate and a longer
+    // context (its tokenizer packs more text into a token than bytes do).
+    let pretrained = pretrained_path(model).is_some();
     // Sequence models (GPT, BERT) share their defaults; BERT-base trains at length 128.
-    let gpt = model.starts_with("gpt") || model.starts_with("bert");
+    let gpt = model.starts_with("gpt") || model.starts_with("bert") || pretrained;
     ConfigFile {
         model: Some(model.into()),
         data: Some(if gpt { "shakespeare" } else { "digits" }.into()),
@@ -318,7 +363,9 @@ pub fn defaults_for(model: &str) -> ConfigFile {
         steps: if gpt { Some(2000) } else { None },
         batch_size: Some(if gpt { 12 } else { 64 }),
         // Post-LayerNorm BERT diverges at GPT's 2e-3.
-        lr: Some(if model.starts_with("bert") {
+        lr: Some(if pretrained {
+            1e-4
+        } else if model.starts_with("bert") {
             1e-3
         } else {
             2e-3
@@ -331,6 +378,7 @@ pub fn defaults_for(model: &str) -> ConfigFile {
         context: Some(match model {
             "gpt2" => 1024,
             "bert-base" => 128,
+            _ if pretrained => 256,
             _ => 64,
         }),
         seed: Some(1337),
@@ -369,8 +417,7 @@ impl TrainConfig {
     /// Resolves a layered config. `batches_per_epoch` turns epochs into steps once the data
     /// is open, so it is applied later by `set_epochs`.
     pub fn resolve(layers: &ConfigFile) -> Result<TrainConfig> {
-        let model = layers.model.clone().unwrap_or_else(|| "cnn".into());
-        check_name("model", &model, sinter_models::MODEL_NAMES)?;
+        let model = model_source(layers.model.as_deref().unwrap_or("cnn"))?;
         let c = defaults_for(&model).overlay(layers);
         // An explicit --steps wins over the model's default epochs, and vice versa.
         let (steps, epochs) = match (layers.steps, layers.epochs) {
@@ -427,6 +474,12 @@ pub fn resume_config(
 ) -> Result<(TrainConfig, Vec<String>)> {
     let mut c = saved.clone();
     let mut notes = Vec::new();
+    // A model path given again names the checkpoint's model however it is spelled.
+    let mut given = given.clone();
+    if let Some(m) = &given.model {
+        given.model = Some(model_source(m)?);
+    }
+    let given = &given;
     // Fixed for the whole run: (flag, given, saved, why).
     macro_rules! fixed {
         ($($f:ident, $flag:literal, $why:expr);* $(;)?) => { $(

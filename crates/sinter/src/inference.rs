@@ -78,8 +78,14 @@ pub fn load_model(path: &Path) -> Result<Inference> {
     })
 }
 
-/// The architecture `info` describes, with fresh weights, for inference.
+/// The architecture `info` describes, with fresh weights, for inference (a model fine-tuned
+/// from a pretrained path is that model, whose weights the checkpoint's then replace).
 pub fn build_model(info: &InferenceInfo) -> Result<Box<dyn Model>> {
+    if let Some(path) = crate::config::pretrained_path(&info.model) {
+        return Ok(Box::new(crate::trainer::pretrained::load_architecture(
+            path,
+        )?));
+    }
     let shape = DataShape {
         input: info.input_shape.clone(),
         classes: info.classes,
@@ -117,6 +123,9 @@ pub fn load_for_eval(path: &Path) -> Result<(Setup, u64)> {
 
 /// The tokenizer a language-model checkpoint was trained with (`generate` and `serve`).
 pub fn tokenizer_of(info: &InferenceInfo) -> Result<Tokenizer> {
+    if crate::config::pretrained_path(&info.model).is_some() {
+        bail!("this checkpoint was fine-tuned from {}, whose tokenizer generate and serve do not read from a checkpoint; write it as a Hugging Face directory with `sinter export RUN --out DIR` and use `generate --model DIR`", info.model);
+    }
     if sinter_models::task_of(&info.model) != Some(Task::LanguageModel) {
         bail!(
             "text generation needs a language-model checkpoint; {} is a {} model",
@@ -182,4 +191,34 @@ pub fn generate(
         how.use_cache,
         &mut rng,
     )?)
+}
+
+/// `sinter export RUN --out DIR`: a Llama-family checkpoint as a Hugging Face directory
+/// (`config.json`, `model.safetensors`, and the tokenizer of the pretrained model it was
+/// fine-tuned from), which `--model DIR` and transformers load. Returns the checkpoint's step.
+pub fn export_hf(checkpoint: &Path, out: &Path) -> Result<u64> {
+    let step = checkpoint::load_meta(checkpoint)?.step;
+    let inf = load_model(checkpoint)?;
+    let gpt = inf
+        .model
+        .as_any()
+        .and_then(|m| m.downcast_ref::<sinter_models::Gpt>())
+        .ok_or_else(|| {
+            anyhow!(
+                "{} holds a '{}' model; export writes Llama-family GPT checkpoints (llama-tiny or one fine-tuned from a pretrained model), not int8 or other models",
+                checkpoint.display(),
+                inf.info.model
+            )
+        })?;
+    sinter_models::hf_llama::save_hf_llama(gpt, out).map_err(|e| {
+        anyhow!(
+            "export of {} to {}: {e}",
+            checkpoint.display(),
+            out.display()
+        )
+    })?;
+    if let Some(src) = crate::config::pretrained_path(&inf.config.model) {
+        sinter_models::load_tokenizer(src)?.save_hf(out)?;
+    }
+    Ok(step)
 }

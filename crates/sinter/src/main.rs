@@ -51,15 +51,17 @@ struct Cli {
 enum Command {
     /// Train a model (with no flags: the CNN on the bundled handwritten digits).
     Train(Box<TrainArgs>),
-    /// Evaluate a checkpoint on its validation data.
-    Eval {
+    /// Evaluate a checkpoint, or a pretrained model, on validation data.
+    Eval(Box<EvalArgs>),
+    /// Write a Llama-family checkpoint as a Hugging Face directory (config.json,
+    /// model.safetensors and, for a fine-tuned pretrained model, its tokenizer) that
+    /// `--model DIR` and transformers load.
+    Export {
         /// Run directory (or checkpoint file) written by `train --out`.
-        #[arg(long)]
         checkpoint: PathBuf,
-        /// Validation batches to evaluate; 0: all. Give the run's --eval-batches to reproduce
-        /// its last validation loss [default: 0].
-        #[arg(long, default_value_t = 0, hide_default_value = true)]
-        eval_batches: usize,
+        /// The directory to write (created if missing; its model files are replaced).
+        #[arg(long)]
+        out: PathBuf,
     },
     /// Sample text from a GPT checkpoint, printing each token as it is made.
     Generate(serve_cmd::GenerateArgs),
@@ -83,6 +85,68 @@ enum Command {
     Tokenize(tokenize_cmd::TokenizeArgs),
     /// Serve a GPT checkpoint or a pretrained GGUF / Hugging Face model over an OpenAI-compatible HTTP API.
     Serve(serve_cmd::ServeArgs),
+}
+
+#[derive(clap::Args)]
+#[command(group(clap::ArgGroup::new("what").required(true).args(["checkpoint", "model"])))]
+struct EvalArgs {
+    /// Run directory (or checkpoint file) written by `train --out`.
+    #[arg(long, conflicts_with_all = ["model", "data", "context", "batch_size"])]
+    checkpoint: Option<PathBuf>,
+    /// A pretrained model (a .gguf file or a Hugging Face directory) or a preset, evaluated
+    /// as `train --model` would start (with --data, --context and --batch-size as there).
+    #[arg(long)]
+    model: Option<String>,
+    /// The data whose validation part (the last 10 % of a text) is evaluated, as `train
+    /// --data` [default: as train].
+    #[arg(long, requires = "model")]
+    data: Option<String>,
+    /// Context length, as `train --context` [default: as train].
+    #[arg(long, requires = "model")]
+    context: Option<usize>,
+    /// Examples per batch, as `train --batch-size` [default: as train].
+    #[arg(long, requires = "model")]
+    batch_size: Option<usize>,
+    /// Validation batches to evaluate; 0: all. Give the run's --eval-batches to reproduce
+    /// its last validation loss [default: 0].
+    #[arg(long, default_value_t = 0, hide_default_value = true)]
+    eval_batches: usize,
+}
+
+/// `sinter eval`: a checkpoint's model and data, or a model as `train --model` starts it.
+fn eval(a: &EvalArgs) -> Result<()> {
+    let (s, step) = match (&a.checkpoint, &a.model) {
+        (Some(c), _) => inference::load_for_eval(c)?,
+        (None, Some(m)) => {
+            let flags = ConfigFile {
+                model: Some(m.clone()),
+                data: a.data.clone(),
+                context: a.context,
+                batch_size: a.batch_size,
+                ..ConfigFile::default()
+            };
+            (trainer::setup(TrainConfig::resolve(&flags)?)?, 0)
+        }
+        (None, None) => anyhow::bail!("give --checkpoint RUN or --model PATH"),
+    };
+    s.model.set_training(false);
+    // BatchNorm folded into the convolutions: the same outputs, fewer passes.
+    sinter_nn::fold::fold_for_inference(s.model.as_ref())?;
+    let e = trainer::evaluate(&s, a.eval_batches)?;
+    let extra = match (e.accuracy, s.task) {
+        (Some(acc), _) => format!(", accuracy {:.2}%", acc * 100.0),
+        (None, sinter_models::Task::LanguageModel) => format!(", perplexity {:.3}", e.loss.exp()),
+        _ => String::new(),
+    };
+    out!(
+        "{} on {} (step {step}): validation loss {:.4}{extra} over {} examples ({})",
+        s.config.model,
+        s.config.data,
+        e.loss,
+        e.examples,
+        e.coverage()
+    );
+    Ok(())
 }
 
 /// The run's config: defaults, then `--config`, then flags; a resumed run starts from its
@@ -137,25 +201,13 @@ fn run() -> Result<()> {
             signals::install();
             trainer::run(config, &opts)?;
         }
-        Command::Eval {
-            checkpoint,
-            eval_batches,
-        } => {
-            let (s, step) = inference::load_for_eval(&checkpoint)?;
-            // BatchNorm folded into the convolutions: the same outputs, fewer passes.
-            sinter_nn::fold::fold_for_inference(s.model.as_ref())?;
-            let e = trainer::evaluate(&s, eval_batches)?;
-            let acc = e
-                .accuracy
-                .map(|a| format!(", accuracy {:.2}%", a * 100.0))
-                .unwrap_or_default();
+        Command::Eval(a) => eval(&a)?,
+        Command::Export { checkpoint, out } => {
+            let step = inference::export_hf(&checkpoint, &out)?;
             out!(
-                "{} on {} (step {step}): validation loss {:.4}{acc} over {} examples ({})",
-                s.config.model,
-                s.config.data,
-                e.loss,
-                e.examples,
-                e.coverage()
+                "wrote {} (step {step}) as a Hugging Face model to {}",
+                checkpoint.display(),
+                out.display()
             );
         }
         Command::Generate(g) => serve_cmd::generate(&g)?,

@@ -16,7 +16,9 @@ const PARALLEL: &str = "Parallel training (run under `sinter launch`)";
 
 #[derive(Args, Default)]
 pub struct TrainArgs {
-    /// Model: mlp, cnn, cnn-bn, resnet18, gpt-tiny, gpt2, bert-tiny or bert-base [default: cnn].
+    /// Model: mlp, cnn, cnn-bn, resnet18, gpt-tiny, gpt2, llama-tiny, bert-tiny or bert-base;
+    /// or a pretrained Llama-family model to fine-tune, a .gguf file or a Hugging Face
+    /// directory, whose tokenizer encodes text: data [default: cnn].
     #[arg(long, help_heading = RUN)]
     pub model: Option<String>,
     /// Data: digits, shakespeare, mnist:DIR, cifar10:DIR, text:FILE or tokens:FILE_OR_DIR
@@ -59,7 +61,7 @@ pub struct TrainArgs {
     /// Examples per batch (per rank and micro-step) [default: 64; 12 for GPT and BERT].
     #[arg(long, help_heading = OPTIM)]
     pub batch_size: Option<usize>,
-    /// Peak learning rate [default: 2e-3; 1e-3 for BERT].
+    /// Peak learning rate [default: 2e-3; 1e-3 for BERT, 1e-4 for a pretrained model].
     #[arg(long, help_heading = OPTIM)]
     pub lr: Option<f64>,
     /// Optimizer: adamw or sgd [default: adamw].
@@ -92,7 +94,7 @@ pub struct TrainArgs {
     #[arg(long, help_heading = OPTIM)]
     pub grad_accum: Option<u64>,
     /// Context length of language models, in tokens [default: 64; 1024 for gpt2, 128 for
-    /// bert-base].
+    /// bert-base, 256 for a pretrained model (at most its own)].
     #[arg(long, help_heading = OPTIM)]
     pub context: Option<usize>,
     /// Seed of the initial weights, data order, dropout and masks [default: 1337].

@@ -286,6 +286,42 @@ impl TextTokenizer {
     }
 }
 
+impl TextTokenizer {
+    /// Writes this tokenizer into `dir` as Hugging Face files: `tokenizer.json` (what it
+    /// does, post-processor included) and `tokenizer_config.json` (its BOS / EOS names and chat
+    /// template), which [`from_file`](Self::from_file) and transformers'
+    /// `PreTrainedTokenizerFast` read back to the same ids. Lets a model loaded from GGUF be
+    /// saved as a Hugging Face directory.
+    pub fn save_hf(&self, dir: impl AsRef<Path>) -> Result<()> {
+        let dir = dir.as_ref();
+        let json = self
+            .inner
+            .to_string(true)
+            .map_err(|e| self.error(format!("cannot serialise the tokenizer: {e}")))?;
+        let mut config = serde_json::json!({
+            // Not a model-specific class: those rebuild the post-processor from their own
+            // defaults; the generic one keeps tokenizer.json's.
+            "tokenizer_class": "PreTrainedTokenizerFast",
+        });
+        for (key, token) in [("bos_token", &self.bos), ("eos_token", &self.eos)] {
+            if let Some((name, _)) = token {
+                config[key] = Value::String(name.clone());
+            }
+        }
+        if let Some(t) = &self.chat_template {
+            config["chat_template"] = Value::String(t.clone());
+        }
+        let config = serde_json::to_string_pretty(&config)
+            .map_err(|e| self.error(format!("cannot serialise tokenizer_config.json: {e}")))?;
+        for (name, text) in [("tokenizer.json", json), ("tokenizer_config.json", config)] {
+            let path = dir.join(name);
+            std::fs::write(&path, text)
+                .map_err(|e| self.error(format!("cannot write {}: {e}", path.display())))?;
+        }
+        Ok(())
+    }
+}
+
 /// Where `tokenizer_config.json` sets `add_bos_token` / `add_eos_token`, replaces the
 /// post-processor by one that adds exactly those, as transformers' Llama-family tokenizers
 /// rebuild theirs from the flags (an absent flag counts as false).

@@ -9,6 +9,7 @@ mod batch;
 mod console;
 pub mod engine;
 mod eval;
+pub mod pretrained;
 mod setup;
 mod trainer_loop;
 

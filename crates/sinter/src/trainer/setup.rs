@@ -92,7 +92,14 @@ pub fn build_model(
     Ok((model, rng, dropout_rng))
 }
 
+/// The model and data of `config`: a preset built from its seed, or a pretrained model loaded
+/// from its path. Every strategy (one process, data parallel, ZeRO, tensor and pipeline
+/// parallel), `eval` and `--resume` build their model here.
 pub fn setup(config: TrainConfig) -> Result<Setup> {
+    if let Some(path) = crate::config::pretrained_path(&config.model) {
+        let path = path.to_path_buf();
+        return super::pretrained::setup_pretrained(config, &path);
+    }
     let task = sinter_models::task_of(&config.model)
         .ok_or_else(|| anyhow!("unknown model '{}'", config.model))?;
     let (train, val) = open_data(&config, task)?;

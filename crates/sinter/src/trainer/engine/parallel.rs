@@ -29,7 +29,7 @@ pub struct ModelParallel {
 
 /// Refuses what the model-parallel step cannot do, before anything starts.
 pub fn check(config: &TrainConfig, cuda_graph: bool) -> Result<()> {
-    if sinter_models::task_of(&config.model) != Some(Task::LanguageModel) {
+    if crate::config::task_of_model(&config.model) != Some(Task::LanguageModel) {
         bail!(
             "--tp/--pp split a GPT; model {} is not one (use --dp for other models)",
             config.model
