@@ -350,8 +350,8 @@ pub fn defaults_for(model: &str) -> ConfigFile {
     // A pretrained model fine-tunes: GPT's defaults with a small learning rate and a longer
     // context (its tokenizer packs more text into a token than bytes do).
     let pretrained = pretrained_path(model).is_some();
-    // Sequence models (GPT, BERT) share their defaults; BERT-base trains at length 128.
-    let gpt = model.starts_with("gpt") || model.starts_with("bert") || pretrained;
+    // Sequence models (GPT, Llama, BERT) share their defaults; BERT-base trains at length 128.
+    let gpt = ["gpt", "llama", "bert"].iter().any(|p| model.starts_with(p)) || pretrained;
     ConfigFile {
         model: Some(model.into()),
         data: Some(if gpt { "shakespeare" } else { "digits" }.into()),
@@ -590,6 +590,19 @@ pub fn resume_config(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// llama-tiny is a language model: it trains on text by steps, as gpt-tiny does, not
+    /// on digits by epochs.
+    #[test]
+    fn decoders_get_the_language_model_defaults() {
+        for m in ["gpt-tiny", "llama-tiny"] {
+            let d = defaults_for(m);
+            assert_eq!(d.data.as_deref(), Some("shakespeare"), "{m}");
+            assert_eq!((d.steps, d.epochs, d.batch_size), (Some(2000), None, Some(12)), "{m}");
+        }
+        assert_eq!(defaults_for("cnn").data.as_deref(), Some("digits"));
+    }
+
     #[test]
     fn flags_win_over_file_and_file_over_defaults() {
         let file = ConfigFile {
