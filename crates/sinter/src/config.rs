@@ -351,7 +351,10 @@ pub fn defaults_for(model: &str) -> ConfigFile {
     // context (its tokenizer packs more text into a token than bytes do).
     let pretrained = pretrained_path(model).is_some();
     // Sequence models (GPT, Llama, BERT) share their defaults; BERT-base trains at length 128.
-    let gpt = ["gpt", "llama", "bert"].iter().any(|p| model.starts_with(p)) || pretrained;
+    let gpt = ["gpt", "llama", "bert"]
+        .iter()
+        .any(|p| model.starts_with(p))
+        || pretrained;
     ConfigFile {
         model: Some(model.into()),
         data: Some(if gpt { "shakespeare" } else { "digits" }.into()),
@@ -598,7 +601,11 @@ mod tests {
         for m in ["gpt-tiny", "llama-tiny"] {
             let d = defaults_for(m);
             assert_eq!(d.data.as_deref(), Some("shakespeare"), "{m}");
-            assert_eq!((d.steps, d.epochs, d.batch_size), (Some(2000), None, Some(12)), "{m}");
+            assert_eq!(
+                (d.steps, d.epochs, d.batch_size),
+                (Some(2000), None, Some(12)),
+                "{m}"
+            );
         }
         assert_eq!(defaults_for("cnn").data.as_deref(), Some("digits"));
     }
