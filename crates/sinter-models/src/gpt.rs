@@ -104,7 +104,8 @@ impl DecoderArch {
             ..DecoderArch::gpt2()
         }
     }
-    /// Whether this is GPT-2's block (the executors not yet generalised take only these).
+    /// Whether this is GPT-2's block (the batched tensor-path decode step, which reads GPT-2's
+    /// packed heads, takes only these; the host step and every other executor take any).
     pub fn is_gpt2(&self) -> bool {
         *self == DecoderArch::gpt2()
     }
