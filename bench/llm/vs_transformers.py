@@ -26,7 +26,8 @@ import time
 
 
 def bench_ids(n, vocab):
-    return [(i * 7919 + 13) % (vocab - 100) + 100 for i in range(n)]
+    skip, span = (100, vocab - 100) if vocab > 200 else (0, vocab)
+    return [(i * 7919 + 13) % span + skip for i in range(n)]
 
 
 def transformers_side(a):

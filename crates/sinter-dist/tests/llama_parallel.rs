@@ -5,14 +5,13 @@
 //! and refuses key/value heads that do not split.
 
 mod gpt_common;
-use gpt_common::{assert_losses_close, setup, worst_elem, Named};
+use gpt_common::{assert_all_close, assert_losses_close, setup, train_pipeline, worst_elem, Named};
 
 use std::sync::OnceLock;
 use std::time::Duration;
 
 use sinter_core::{Rng, Tensor};
 use sinter_dist::data_parallel::shared;
-use sinter_dist::pipeline::{PipelineGpt, Schedule};
 use sinter_dist::tensor_parallel::{check_tp_config, snapshot_parameters, TpGpt, IGNORE_INDEX};
 use sinter_dist::{
     run_on_threads, Communicator, DataParallel, ShardedAlgo, ThreadGroup, ZeroOptimizer,
@@ -109,27 +108,10 @@ fn fixture() -> &'static Fixture {
     F.get_or_init(|| fixture_for(&llama_tiny()))
 }
 
-/// Every tensor within `tol` of `want` relative to its scale (names and order equal too).
-fn assert_named_close(got: &Named, want: &Named, tol: f64, what: &str) -> f64 {
-    assert_eq!(got.len(), want.len(), "{what}: number of tensors");
-    let mut worst = 0f64;
-    for ((gn, g), (wn, w)) in got.iter().zip(want) {
-        assert_eq!(gn, wn, "{what}: names/order");
-        let (e, i) = worst_elem(g, w, None);
-        assert!(
-            e <= tol,
-            "{what}: {gn} {:?} differs by {e:e} relative to its scale, worst at flat index {i}",
-            g.shape()
-        );
-        worst = worst.max(e);
-    }
-    worst
-}
-
-/// `assert_named_close(.., WEIGHT_TOL, ..)` and each tensor's ‖got − want‖ / ‖want‖ within
+/// `assert_all_close(.., WEIGHT_TOL, ..)` and each tensor's ‖got − want‖ / ‖want‖ within
 /// [`WEIGHT_L2_TOL`]; returns the worst relative L2 error.
 fn assert_weights_close(got: &Named, want: &Named, what: &str) -> f64 {
-    assert_named_close(got, want, WEIGHT_TOL, what);
+    assert_all_close(got, want, WEIGHT_TOL, what);
     let mut worst = 0f64;
     for ((n, g), (_, w)) in got.iter().zip(want) {
         let (g, w) = (g.to_vec_f64().unwrap(), w.to_vec_f64().unwrap());
@@ -187,7 +169,7 @@ fn llama_tiny_data_parallel_2_equals_one_rank() {
     assert_losses_close(&mean_losses(&losses), &f.losses, "llama dp=2");
     for (r, (_, grads0, weights)) in out.iter().enumerate() {
         let what = format!("llama dp=2 rank {r}");
-        assert_named_close(grads0, &f.grads0, GRAD_TOL, &format!("{what} grads"));
+        assert_all_close(grads0, &f.grads0, GRAD_TOL, &format!("{what} grads"));
         let e = assert_weights_close(weights, &f.weights, &format!("{what} weights"));
         println!("{what}: weights after {STEPS} AdamW steps rel L2 err {e:e}");
     }
@@ -268,7 +250,7 @@ fn assert_tp_matches(out: &[(Tensor, Vec<f32>, Named, Named)], f: &Fixture, what
         let (e, _) = worst_elem(logits, &f.logits0, None);
         assert!(e <= 1e-5, "{what}: logits differ by {e:e}");
         assert_losses_close(losses, &f.losses, &what);
-        let eg = assert_named_close(grads0, &f.grads0, GRAD_TOL, &format!("{what} grads"));
+        let eg = assert_all_close(grads0, &f.grads0, GRAD_TOL, &format!("{what} grads"));
         let ew = assert_weights_close(weights, &f.weights, &format!("{what} weights"));
         println!("{what}: logits rel err {e:e}, grads {eg:e}, weights after {STEPS} AdamW steps rel L2 {ew:e}");
     }
@@ -323,26 +305,11 @@ fn tensor_parallel_shards_qk_norm_and_qkv_bias() {
 fn llama_tiny_pipeline_parallel_2_equals_one_rank() {
     let f = fixture();
     let cfg = llama_tiny();
-    let out = run_on_threads(2, T, |c| {
-        let mut pipe =
-            PipelineGpt::from_named(&cfg, &f.init, Box::new(c), Schedule::OneFOneB, 2).unwrap();
-        let mut opt = AdamW::new(pipe.parameters(), LR, WD).unwrap();
-        let (mut losses, mut grads0) = (Vec::new(), Vec::new());
-        for (i, (ids, tg)) in f.batches.iter().enumerate() {
-            opt.zero_grad();
-            let st = pipe.forward_backward(ids, tg).unwrap();
-            if i == 0 {
-                grads0 = pipe.gather_grads().unwrap();
-            }
-            opt.step().unwrap();
-            losses.push(st.loss);
-        }
-        (losses, grads0, pipe.gather_weights().unwrap())
-    });
+    let out = train_pipeline(&cfg, &f.init, &f.batches, (2, 2), (LR, WD), T);
     for (s, (losses, grads0, weights)) in out.iter().enumerate() {
         let what = format!("llama pp=2 stage {s}");
         assert_losses_close(losses, &f.losses, &what);
-        assert_named_close(grads0, &f.grads0, GRAD_TOL, &format!("{what} grads"));
+        assert_all_close(grads0, &f.grads0, GRAD_TOL, &format!("{what} grads"));
         let e = assert_weights_close(weights, &f.weights, &format!("{what} weights"));
         println!("{what}: weights after {STEPS} AdamW steps rel L2 err {e:e}");
     }

@@ -342,22 +342,7 @@ fn pp_runs_the_llama_block_like_one_rank() {
     assert!(init.iter().any(|(n, _)| n == "lm_head.weight"));
     assert!(!init.iter().any(|(n, _)| n == "wpe.weight"));
     let want = serial(&cfg, &init, &batches);
-    let out = run_on_threads(2, T, |c| {
-        let mut pipe =
-            PipelineGpt::from_named(&cfg, &init, Box::new(c), Schedule::OneFOneB, 4).unwrap();
-        let mut opt = AdamW::new(pipe.parameters(), LR, WD).unwrap();
-        let (mut losses, mut grads0) = (Vec::new(), Vec::new());
-        for (i, (ids, tg)) in batches.iter().enumerate() {
-            opt.zero_grad();
-            let st = pipe.forward_backward(ids, tg).unwrap();
-            if i == 0 {
-                grads0 = pipe.gather_grads().unwrap();
-            }
-            opt.step().unwrap();
-            losses.push(st.loss);
-        }
-        (losses, grads0, pipe.gather_weights().unwrap())
-    });
+    let out = gpt_common::train_pipeline(&cfg, &init, &batches, (2, 4), (LR, WD), T);
     for (s, (losses, grads0, weights)) in out.iter().enumerate() {
         let w = format!("llama pp=2 stage {s}");
         assert_losses_close(losses, &want.losses, &w);

@@ -467,26 +467,32 @@ fn host_step_against_tensor_path(m: &Gpt, tol: f32) {
 #[test]
 fn host_generation_gives_the_reference_tokens() {
     let m = tiny_model(24, 9);
-    let prompt = [3i64, 1, 4, 1, 5, 9, 2, 6];
     for policy in [ContextPolicy::Slide, ContextPolicy::Shift] {
         for temperature in [0.0, 0.8] {
-            let run = |use_cache| {
-                let o = GenerateOptions {
-                    max_new: 40,
-                    sampling: SamplingParams {
-                        temperature,
-                        ..Default::default()
-                    },
-                    context: 24,
-                    policy,
-                    use_cache,
-                };
-                m.generate_streaming(&prompt, &o, &mut Rng::new(11), |_| true)
-                    .unwrap()
-            };
-            assert_eq!(run(true), run(false), "{policy}, temperature {temperature}");
+            let [cached, uncached] = generate_both_ways(&m, policy, temperature);
+            assert_eq!(cached, uncached, "{policy}, temperature {temperature}");
         }
     }
+}
+
+/// 40 tokens after a fixed prompt at context 24, with the KV cache (the host step) and
+/// without (a full forward over the window per token).
+fn generate_both_ways(m: &Gpt, policy: ContextPolicy, temperature: f64) -> [Vec<i64>; 2] {
+    let prompt = [3i64, 1, 4, 1, 5, 9, 2, 6];
+    [true, false].map(|use_cache| {
+        let o = GenerateOptions {
+            max_new: 40,
+            sampling: SamplingParams {
+                temperature,
+                ..Default::default()
+            },
+            context: 24,
+            policy,
+            use_cache,
+        };
+        m.generate_streaming(&prompt, &o, &mut Rng::new(11), |_| true)
+            .unwrap()
+    })
 }
 
 /// A Llama-family model with every option the block takes (RMSNorm, SwiGLU, rotary positions
@@ -552,22 +558,8 @@ fn the_host_step_runs_the_llama_block_like_the_tensor_path() {
 #[test]
 fn llama_host_generation_gives_the_reference_tokens() {
     let m = llama_model(24, 22);
-    let prompt = [3i64, 1, 4, 1, 5, 9, 2, 6];
     for policy in [ContextPolicy::Slide, ContextPolicy::Shift] {
-        let run = |use_cache| {
-            let o = GenerateOptions {
-                max_new: 40,
-                sampling: SamplingParams {
-                    temperature: 0.0,
-                    ..Default::default()
-                },
-                context: 24,
-                policy,
-                use_cache,
-            };
-            m.generate_streaming(&prompt, &o, &mut Rng::new(11), |_| true)
-                .unwrap()
-        };
-        assert_eq!(run(true), run(false), "{policy}");
+        let [cached, uncached] = generate_both_ways(&m, policy, 0.0);
+        assert_eq!(cached, uncached, "{policy}");
     }
 }

@@ -3,23 +3,12 @@
 //! a note, when Python or the `openai` package is missing, unless SINTER_REQUIRE_OPENAI=1
 //! (CI installs it).
 
-use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use sinter_serve::{ServeOptions, Server, Tokenizer};
 
 mod common;
-
-fn python() -> String {
-    std::env::var("PYTHON").unwrap_or_else(|_| "python3".into())
-}
-
-fn openai_available() -> bool {
-    Command::new(python())
-        .args(["-c", "import openai"])
-        .output()
-        .is_ok_and(|o| o.status.success())
-}
+use common::{openai_available, python};
 
 #[test]
 fn the_official_openai_client_works_against_the_server() {
@@ -43,33 +32,14 @@ fn the_official_openai_client_works_against_the_server() {
         },
     )
     .unwrap();
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/python/openai_client.py");
-    let mut child = Command::new(python())
-        .args([
-            script,
-            &format!("http://{}", server.addr()),
-            "tiny",
-            "test-key",
-        ])
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
+    let url = format!("http://{}", server.addr());
     // The script's own requests time out after 60 s; never wait much longer than that.
-    let t0 = Instant::now();
-    while child.try_wait().unwrap().is_none() {
-        if t0.elapsed() > Duration::from_secs(120) {
-            let _ = child.kill();
-            panic!("the openai client script did not finish in 120 s");
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    let out = child.wait_with_output().unwrap();
-    let (stdout, stderr) = (
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr),
+    let (ok, stdout, stderr) = common::run_script(
+        "openai_client.py",
+        &[&url, "tiny", "test-key"],
+        Duration::from_secs(120),
     );
-    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(ok, "{stdout}\n{stderr}");
     assert!(stdout.contains("5 passed, 0 failed"), "{stdout}");
     server.shutdown().unwrap();
 }

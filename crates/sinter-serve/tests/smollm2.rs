@@ -14,14 +14,13 @@ use std::time::{Duration, Instant};
 use sinter_nn::Module;
 use sinter_serve::{GptModel, ServeOptions, Server, Tokenizer};
 
+mod common;
+use common::{openai_available, python};
+
 const GGUF: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
 
 fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
-fn python() -> String {
-    std::env::var("PYTHON").unwrap_or_else(|_| "python3".into())
 }
 
 /// Skips (returns None) with a message, or fails when `require` is set to 1.
@@ -75,11 +74,7 @@ fn serve(gguf: &Path) -> Server {
 #[test]
 fn the_openai_client_hears_paris_from_smollm2() {
     let Some(gguf) = smollm2() else { return };
-    let has_openai = Command::new(python())
-        .args(["-c", "import openai"])
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if !has_openai {
+    if !openai_available() {
         unavailable::<()>(
             "SINTER_REQUIRE_OPENAI",
             format!(
@@ -90,28 +85,11 @@ fn the_openai_client_hears_paris_from_smollm2() {
         return;
     }
     let server = serve(&gguf);
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/python/smollm2_chat.py");
-    let mut child = Command::new(python())
-        .args([script, &format!("http://{}", server.addr()), GGUF])
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let t0 = Instant::now();
-    while child.try_wait().unwrap().is_none() {
-        if t0.elapsed() > Duration::from_secs(300) {
-            let _ = child.kill();
-            panic!("the SmolLM2 chat script did not finish in 300 s");
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    let out = child.wait_with_output().unwrap();
-    let (stdout, stderr) = (
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr),
-    );
+    let url = format!("http://{}", server.addr());
+    let (ok, stdout, stderr) =
+        common::run_script("smollm2_chat.py", &[&url, GGUF], Duration::from_secs(300));
     println!("{stdout}");
-    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(ok, "{stdout}\n{stderr}");
     assert!(stdout.contains("smollm2 chat: ok"), "{stdout}");
     server.shutdown().unwrap();
 }

@@ -1,4 +1,9 @@
-//! What the server test files share: a tiny random byte-level GPT to serve.
+//! What the server test files share: a tiny random byte-level GPT to serve, and running the
+//! Python client scripts under tests/python with a time bound.
+#![allow(dead_code)]
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
 
 use sinter_core::Rng;
 use sinter_models::{Gpt, GptConfig};
@@ -20,4 +25,41 @@ pub fn tiny_gpt(seed: u64) -> GptModel {
     let gpt = Gpt::new(cfg, &mut Rng::new(seed), &shared_rng(seed)).unwrap();
     gpt.set_training(false);
     GptModel::new(gpt, 64).unwrap()
+}
+
+/// The Python to run client scripts with ($PYTHON, else python3).
+pub fn python() -> String {
+    std::env::var("PYTHON").unwrap_or_else(|_| "python3".into())
+}
+
+/// Whether that Python imports the `openai` package.
+pub fn openai_available() -> bool {
+    Command::new(python())
+        .args(["-c", "import openai"])
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
+
+/// Runs tests/python/`script` with `args`, killed (and the test failed) after `limit`;
+/// returns (success, stdout, stderr).
+pub fn run_script(script: &str, args: &[&str], limit: Duration) -> (bool, String, String) {
+    let path = format!("{}/tests/python/{script}", env!("CARGO_MANIFEST_DIR"));
+    let mut child = Command::new(python())
+        .arg(&path)
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let t0 = Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if t0.elapsed() > limit {
+            let _ = child.kill();
+            panic!("{script} did not finish in {} s", limit.as_secs());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let out = child.wait_with_output().unwrap();
+    let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+    (out.status.success(), text(&out.stdout), text(&out.stderr))
 }
