@@ -35,9 +35,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use sinter_core::{bail, with_custom_backward, DType, Device, Error, Result, Tensor};
 use sinter_models::{Gpt, GptConfig};
 use sinter_nn::module::{join, shared_rng, NamedTensor, TensorKind};
-use sinter_nn::{
-    BlockConfig, Embedding, Linear, MlpKind, Module, Norm, NormKind, TransformerBlock,
-};
+use sinter_nn::{BlockConfig, Embedding, Linear, Module, Norm, NormKind, TransformerBlock};
 
 use crate::comm::{Communicator, ReduceOp};
 use crate::error::DistError;
@@ -172,10 +170,10 @@ impl Shard {
             "wte.weight" | "lm_head.weight" => Shard::Rows,
             "attn.qkv.weight" | "attn.qkv.bias" => Shard::PackedRows([q, kv, kv]),
             "attn.proj.weight" | "mlp.proj.weight" => Shard::Cols,
-            "mlp.fc.weight" | "mlp.fc.bias" => match b.mlp {
-                MlpKind::Gelu => Shard::Rows,
-                MlpKind::SwiGlu => Shard::PackedRows([b.mlp_hidden, b.mlp_hidden, 0]),
-            },
+            "mlp.fc.weight" | "mlp.fc.bias" if b.mlp.gated() => {
+                Shard::PackedRows([b.mlp_hidden, b.mlp_hidden, 0])
+            }
+            "mlp.fc.weight" | "mlp.fc.bias" => Shard::Rows,
             _ => Shard::Replicated,
         }
     }

@@ -68,6 +68,8 @@ pub struct DecoderArch {
     pub rope: Option<RopeConfig>,
     /// The output head is the token table (GPT-2, SmolLM2) or its own `lm_head` (Llama).
     pub tie_head: bool,
+    /// Each query sees only the last `w` positions (Mistral's `sliding_window`).
+    pub sliding_window: Option<usize>,
 }
 
 impl DecoderArch {
@@ -86,6 +88,7 @@ impl DecoderArch {
             qk_norm: false,
             rope: None,
             tie_head: true,
+            sliding_window: None,
         }
     }
     /// Llama: RMSNorm, SwiGLU, rotary positions with base `theta`, no biases, untied head.
@@ -192,7 +195,11 @@ impl GptConfig {
             mlp_bias: a.mlp_bias,
             qk_norm: a.qk_norm,
             rope: a.rope.clone(),
+            causal: true,
+            post_norm: false,
+            sliding_window: a.sliding_window,
             dropout: self.dropout,
+            attention_dropout: self.dropout,
             n_layer: self.n_layer,
         }
     }
@@ -242,10 +249,7 @@ impl GptConfig {
     pub fn block_param_specs(&self, i: usize) -> Vec<(String, Vec<usize>)> {
         let b = self.block_config();
         let (c, q, kv) = (b.width, b.n_head * b.head_dim, b.n_kv_head * b.head_dim);
-        let fc_rows = match b.mlp {
-            MlpKind::Gelu => b.mlp_hidden,
-            MlpKind::SwiGlu => 2 * b.mlp_hidden,
-        };
+        let fc_rows = b.mlp.fc_rows(b.mlp_hidden);
         let ln_bias = b.norm == NormKind::LayerNorm;
         let mut v: Vec<(&str, Vec<usize>, bool)> = vec![
             ("ln1.weight", vec![c], true),

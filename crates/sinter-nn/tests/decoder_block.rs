@@ -1,5 +1,6 @@
-//! The Llama-family shapes of the one Transformer block: RMSNorm, rotary positions, SwiGLU,
-//! grouped-query attention, qkv bias, QK-norm. Each is checked against an independent
+//! The shapes of the one Transformer block: RMSNorm, rotary positions, SwiGLU and GeGLU,
+//! grouped-query attention, qkv bias, QK-norm, sliding windows, and BERT's encoder
+//! configuration (post-norm, bidirectional, padding mask). Each is checked against an independent
 //! definition: f64 references written here, the composite (unfused) path, and the
 //! equivalence of grouped-query attention with multi-head attention whose key/value heads
 //! are repeated.
@@ -306,4 +307,231 @@ fn named_weights_rebuild_the_same_block() {
     };
     let e = TransformerBlock::from_named(&cfg, "blocks.3", &mut missing, &shared_rng(0));
     assert!(e.err().unwrap().to_string().contains("blocks.3.ln1.weight"));
+}
+
+/// A Mistral-style block whose window holds `w` positions.
+fn windowed(w: usize) -> BlockConfig {
+    BlockConfig {
+        sliding_window: Some(w),
+        ..llama(2, false, false)
+    }
+}
+
+#[test]
+fn a_sliding_window_sees_only_the_last_positions() {
+    let (w, t) = (3, 8);
+    let b = block(&windowed(w), 13);
+    let x = randn(&[1, t, 24], &mut Rng::new(14));
+    let full = vals(&b.forward(&x).unwrap());
+    // Rotary scores depend only on relative positions, so position p of the windowed block
+    // equals the last position of the block run on the window's positions alone.
+    for p in 0..t {
+        let from = (p + 1).saturating_sub(w);
+        let alone = vals(
+            &b.forward(&x.narrow(1, from, p + 1 - from).unwrap())
+                .unwrap(),
+        );
+        assert_close(
+            &format!("position {p}"),
+            &full[p * 24..(p + 1) * 24],
+            &alone[alone.len() - 24..],
+            1e-5,
+        );
+    }
+    // And the window matters: without it the later positions differ.
+    let unwindowed = block(&llama(2, false, false), 13);
+    let all = vals(&unwindowed.forward(&x).unwrap());
+    let late = |v: &[f32]| v[w * 24..].to_vec();
+    let diff = late(&all)
+        .iter()
+        .zip(late(&full))
+        .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+    assert!(diff > 1e-2, "the window changed nothing ({diff})");
+    // KV-cache steps past the window equal the full forward.
+    let mut cache = LayerKvCache::new(1, 2, t, 8, sinter_core::DType::F32, Device::Cpu).unwrap();
+    let mut steps = vals(
+        &b.forward_step(&x.narrow(1, 0, 2).unwrap(), &mut cache)
+            .unwrap(),
+    );
+    for p in 2..t {
+        steps.extend(vals(
+            &b.forward_step(&x.narrow(1, p, 1).unwrap(), &mut cache)
+                .unwrap(),
+        ));
+    }
+    assert_close("windowed steps vs full", &steps, &full, 1e-5);
+}
+
+/// y = W x + b for row-major W [out, inp], in f64.
+fn affine(w: &[f32], b: Option<&[f32]>, x: &[f64], out: usize) -> Vec<f64> {
+    let inp = x.len();
+    (0..out)
+        .map(|o| {
+            let dot: f64 = (0..inp).map(|i| w[o * inp + i] as f64 * x[i]).sum();
+            dot + b.map_or(0.0, |b| b[o] as f64)
+        })
+        .collect()
+}
+
+fn gelu_tanh(v: f64) -> f64 {
+    0.5 * v * (1.0 + ((2.0 / std::f64::consts::PI).sqrt() * (v + 0.044715 * v.powi(3))).tanh())
+}
+
+fn gelu_erf_f64(v: f64) -> f64 {
+    // erf(z) = 2/√π · e^(−z²) · Σ (2z²)ⁿ z / (2n+1)!!: every term positive, so no
+    // cancellation at any |z|; terms peak near n = z² and fall fast after it.
+    let z = (v / std::f64::consts::SQRT_2).abs();
+    let (mut term, mut sum) = (z, z);
+    for n in 1..400 {
+        term *= 2.0 * z * z / (2 * n + 1) as f64;
+        sum += term;
+    }
+    let erf = (2.0 / std::f64::consts::PI.sqrt() * (-z * z).exp() * sum).copysign(v);
+    0.5 * v * (1.0 + erf)
+}
+
+#[test]
+fn a_geglu_mlp_is_gelu_of_the_gate_times_the_up_projection() {
+    let cfg = BlockConfig {
+        mlp: MlpKind::GeGlu,
+        ..llama(4, false, false)
+    };
+    let b = block(&cfg, 15);
+    let x = randn(&[1, 2, 24], &mut Rng::new(16));
+    let y = vals(&b.mlp.forward(&x).unwrap());
+    let (fc, proj) = (vals(&b.mlp.fc.weight), vals(&b.mlp.proj.weight));
+    let n = cfg.mlp_hidden;
+    for (r, row) in vals(&x).chunks(24).enumerate() {
+        let row: Vec<f64> = row.iter().map(|&v| v as f64).collect();
+        let h = affine(&fc, None, &row, 2 * n);
+        let g: Vec<f64> = (0..n).map(|j| gelu_tanh(h[j]) * h[n + j]).collect();
+        let want: Vec<f32> = affine(&proj, None, &g, 24)
+            .iter()
+            .map(|&v| v as f32)
+            .collect();
+        assert_close(&format!("row {r}"), &y[r * 24..(r + 1) * 24], &want, 1e-5);
+    }
+}
+
+fn layer_norm_f64(x: &[f64], w: &[f32], b: &[f32], eps: f64) -> Vec<f64> {
+    let n = x.len() as f64;
+    let mean = x.iter().sum::<f64>() / n;
+    let var = x.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / n;
+    let r = 1.0 / (var + eps).sqrt();
+    (x.iter().enumerate())
+        .map(|(i, v)| (v - mean) * r * w[i] as f64 + b[i] as f64)
+        .collect()
+}
+
+/// BERT's encoder layer in f64: LN(x + attn(x)) with bidirectional attention over the keys
+/// `visible` marks, then LN(x1 + W2·GELU_erf(W1·x1)).
+fn encoder_reference(b: &TransformerBlock, x: &[f32], t: usize, visible: &[bool]) -> Vec<f32> {
+    let (c, h) = (24, 4);
+    let d = c / h;
+    let p = |t: &Tensor| vals(t);
+    let (qkv_w, qkv_b) = (p(&b.attn.qkv.weight), p(b.attn.qkv.bias.as_ref().unwrap()));
+    let rows: Vec<Vec<f64>> = (0..t)
+        .map(|i| {
+            let row: Vec<f64> = x[i * c..(i + 1) * c].iter().map(|&v| v as f64).collect();
+            affine(&qkv_w, Some(&qkv_b), &row, 3 * c)
+        })
+        .collect();
+    let ln = |n: &sinter_nn::Norm, v: &[f64]| {
+        let l = n.as_layer_norm().unwrap();
+        layer_norm_f64(v, &p(&l.weight), &p(&l.bias), l.eps as f64)
+    };
+    let mut out = Vec::new();
+    for i in 0..t {
+        let mut y = vec![0.0; c];
+        for head in 0..h {
+            let q = &rows[i][head * d..(head + 1) * d];
+            let scores: Vec<f64> = (0..t)
+                .map(|j| {
+                    let k = &rows[j][c + head * d..c + (head + 1) * d];
+                    let s = q.iter().zip(k).map(|(a, b)| a * b).sum::<f64>();
+                    if visible[j] {
+                        s / (d as f64).sqrt()
+                    } else {
+                        f64::NEG_INFINITY
+                    }
+                })
+                .collect();
+            let max = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+            let e: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
+            let z: f64 = e.iter().sum();
+            for (j, ej) in e.iter().enumerate() {
+                for k in 0..d {
+                    y[head * d + k] += ej / z * rows[j][2 * c + head * d + k];
+                }
+            }
+        }
+        let a = affine(
+            &p(&b.attn.proj.weight),
+            b.attn.proj.bias.as_ref().map(p).as_deref(),
+            &y,
+            c,
+        );
+        let sum: Vec<f64> = (0..c).map(|k| x[i * c + k] as f64 + a[k]).collect();
+        let x1 = ln(&b.ln1, &sum);
+        let hidden = b.mlp.fc.weight.shape()[0];
+        let f = affine(
+            &p(&b.mlp.fc.weight),
+            b.mlp.fc.bias.as_ref().map(p).as_deref(),
+            &x1,
+            hidden,
+        );
+        let g: Vec<f64> = f.iter().map(|&v| gelu_erf_f64(v)).collect();
+        let m = affine(
+            &p(&b.mlp.proj.weight),
+            b.mlp.proj.bias.as_ref().map(p).as_deref(),
+            &g,
+            c,
+        );
+        let sum2: Vec<f64> = (0..c).map(|k| x1[k] + m[k]).collect();
+        out.extend(ln(&b.ln2, &sum2).iter().map(|&v| v as f32));
+    }
+    out
+}
+
+#[test]
+fn the_encoder_configuration_is_bert_s_post_norm_bidirectional_layer() {
+    let cfg = BlockConfig {
+        mlp: MlpKind::GeluErf,
+        norm_eps: 1e-12,
+        causal: false,
+        post_norm: true,
+        ..BlockConfig::gpt2(24, 4, 2, 0.0)
+    };
+    let b = block(&cfg, 17);
+    let t = 5;
+    let x = randn(&[1, t, 24], &mut Rng::new(18));
+    let want = encoder_reference(&b, &vals(&x), t, &[true; 5]);
+    // The fast path (flash attention, not causal; fused residual + LayerNorm) and the
+    // composite both.
+    assert_close("fast", &vals(&b.forward(&x).unwrap()), &want, 1e-5);
+    assert_close(
+        "composite",
+        &vals(&b.forward_composite(&x).unwrap()),
+        &want,
+        1e-5,
+    );
+    // Keys 3 and 4 are padding: no position sees them.
+    let pad = Tensor::from_vec(vec![1i64, 1, 1, 0, 0], &[1, 1, 1, t], Device::Cpu)
+        .unwrap()
+        .logical_not()
+        .unwrap();
+    let masked = vals(&b.forward_masked(&x, Some(&pad)).unwrap());
+    let want = encoder_reference(&b, &vals(&x), t, &[true, true, true, false, false]);
+    assert_close("padded", &masked, &want, 1e-5);
+    // Backward: the fast path's gradients equal the composite's, for every parameter.
+    let fast = outcome(&b, &x, |b, x| b.forward(x).unwrap());
+    let slow = outcome(&b, &x, |b, x| b.forward_composite(x).unwrap());
+    assert_close("input grad", &fast.1, &slow.1, 1e-4);
+    for ((n, g), (_, h)) in fast.2.iter().zip(&slow.2) {
+        assert!(!g.is_empty(), "{n} got no gradient");
+        assert_close(&format!("grad {n}"), g, h, 1e-4);
+    }
+    // An encoder has no KV-cache step.
+    let mut cache = LayerKvCache::new(1, 4, 8, 6, sinter_core::DType::F32, Device::Cpu).unwrap();
+    assert!(b.forward_step(&x, &mut cache).is_err());
 }

@@ -1,6 +1,8 @@
-//! Causal self-attention, configured: multi-head, grouped-query or multi-query (n_kv_head ≤
-//! n_head), optional qkv bias, optional per-head RMSNorm of queries and keys (Qwen3), and
-//! rotary or no positions (learned positions are added outside, GPT-2).
+//! Self-attention, configured: causal (decoders) or bidirectional with an optional padding
+//! mask (encoders: BERT), optionally limited to a sliding window of recent keys (Mistral),
+//! multi-head, grouped-query or multi-query (n_kv_head ≤ n_head), optional qkv bias, optional
+//! per-head RMSNorm of queries and keys (Qwen3), and rotary or no positions (learned positions
+//! are added outside: GPT-2, BERT).
 //!
 //! q, k and v come from one packed projection [q (h·d) | k (kv·d) | v (kv·d)], one GEMM.
 //! `forward` takes the fast path: flash attention (`sinter_core::fused`, never building the
@@ -46,6 +48,10 @@ pub struct CausalSelfAttention {
     pub q_norm: Option<RmsNorm>,
     pub k_norm: Option<RmsNorm>,
     pub rope: Option<Rope>,
+    /// Each position attends to itself and earlier ones only.
+    pub causal: bool,
+    /// Each query sees only the last `window` positions, itself included.
+    pub window: Option<usize>,
     pub attn_dropout: Dropout,
     pub resid_dropout: Dropout,
 }
@@ -101,7 +107,9 @@ impl CausalSelfAttention {
             q_norm,
             k_norm,
             rope,
-            attn_dropout: Dropout::new(cfg.dropout, drop_rng.clone()),
+            causal: cfg.causal,
+            window: cfg.sliding_window,
+            attn_dropout: Dropout::new(cfg.attention_dropout, drop_rng.clone()),
             resid_dropout: Dropout::new(cfg.dropout, drop_rng.clone()),
         })
     }
@@ -114,6 +122,53 @@ impl CausalSelfAttention {
 
     fn scale(&self) -> f32 {
         1.0 / (self.head_dim as f32).sqrt()
+    }
+
+    /// Whether the window hides some key from a query when `tk` keys are visible (flash
+    /// attention has no window: such calls take the composite).
+    fn window_bites(&self, tk: usize) -> bool {
+        self.window.is_some_and(|w| w < tk)
+    }
+
+    /// True where query row r (position tk − tq + r: queries are the last tq of tk positions)
+    /// must not see key c: later keys when causal, keys `window` or more positions back.
+    /// None when nothing is hidden. Built on `device` (no host tensor in the step).
+    fn key_mask(&self, tq: usize, tk: usize, device: Device) -> Result<Option<Tensor>> {
+        let mut mask = if self.causal {
+            Some(fused::causal_mask(tq, tk, device)?)
+        } else {
+            None
+        };
+        if let Some(w) = self.window.filter(|&w| w < tk) {
+            let cols =
+                Tensor::arange(0.0, tk as f64, 1.0, DType::I64, device)?.reshape(&[1, tk])?;
+            // Key c is too old for the query at position p when c ≤ p − w.
+            let last_hidden = (tk - tq) as f64 - w as f64;
+            let rows = Tensor::arange(
+                last_hidden,
+                last_hidden + tq as f64,
+                1.0,
+                DType::I64,
+                device,
+            )?
+            .reshape(&[tq, 1])?;
+            let old = cols.le(&rows)?;
+            mask = Some(match mask {
+                Some(m) => m.logical_or(&old)?,
+                None => old,
+            });
+        }
+        Ok(mask)
+    }
+}
+
+/// The fill for hidden scores: the most negative finite value, so a row with every key hidden
+/// (a fully padded sequence) softmaxes to uniform rather than NaN.
+fn hidden_score(dtype: DType) -> f32 {
+    if dtype == DType::F32 {
+        f32::MIN
+    } else {
+        -65504.0
     }
 }
 
@@ -201,14 +256,17 @@ impl CausalSelfAttention {
         self.resid_dropout.forward(&self.proj.forward(&y)?)
     }
 
-    /// Flash attention (causal): the t×t scores are never materialised. Dropout on the
-    /// attention probabilities is not supported here (`forward` falls back to the composite
-    /// when it is configured).
+    /// Flash attention: the t×t scores are never materialised. Dropout on the attention
+    /// probabilities is not supported here (`forward` falls back to the composite when it is
+    /// configured), nor a window shorter than the sequence (the composite runs).
     pub fn forward_fused(&self, x: &Tensor) -> Result<Tensor> {
-        self.check_input(x)?;
+        let (_, t) = self.check_input(x)?;
+        if self.window_bites(t) {
+            return self.forward_composite(x);
+        }
         if self.packed_mha() {
             let qkv = self.qkv.forward(x)?;
-            let y = fused::attention_packed(&qkv, self.n_head, true, self.scale())?;
+            let y = fused::attention_packed(&qkv, self.n_head, self.causal, self.scale())?;
             return self.resid_dropout.forward(&self.proj.forward(&y)?);
         }
         let (q, k, v) = self.heads(x, 0)?;
@@ -217,7 +275,7 @@ impl CausalSelfAttention {
             &q,
             &repeat_kv(&k, g)?,
             &repeat_kv(&v, g)?,
-            true,
+            self.causal,
             self.scale(),
         )?;
         self.merge_and_project(&y)
@@ -225,17 +283,40 @@ impl CausalSelfAttention {
 
     /// The unfused reference: explicit [t, t] scores, masked softmax, dropout, product.
     pub fn forward_composite(&self, x: &Tensor) -> Result<Tensor> {
+        self.forward_masked(x, None)
+    }
+
+    /// The composite with `pad` [b, 1, 1, t] (non-zero at keys no query may see: padding),
+    /// on top of the causal and window masks.
+    pub fn forward_masked(&self, x: &Tensor, pad: Option<&Tensor>) -> Result<Tensor> {
         let (q, k, v) = self.heads(x, 0)?;
-        let g = self.n_head / self.n_kv_head;
-        let (k, v) = (repeat_kv(&k, g)?, repeat_kv(&v, g)?);
         let t = q.shape()[2];
-        let scores = q.matmul(&k.t()?)?.mul_scalar(self.scale())?; // [b, h, t, t]
-                                                                   // 1 above the diagonal: the positions a token may not attend to, built on the
-                                                                   // scores' device (no host tensor in the step).
-        let mask = fused::causal_mask(t, t, scores.device())?;
-        let att = scores.masked_fill(&mask, f32::NEG_INFINITY)?.softmax(-1)?;
-        let att = self.attn_dropout.forward(&att)?;
-        self.merge_and_project(&att.matmul(&v)?)
+        let y = self.attend_composite(&q, &k, &v, t, pad)?;
+        self.merge_and_project(&y)
+    }
+
+    /// Explicit scores of q [b, h, tq, d] against k, v [b, kv, tk, d], masked, softmaxed,
+    /// dropped out, times v.
+    fn attend_composite(
+        &self,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        tk: usize,
+        pad: Option<&Tensor>,
+    ) -> Result<Tensor> {
+        let g = self.n_head / self.n_kv_head;
+        let (k, v) = (repeat_kv(k, g)?, repeat_kv(v, g)?);
+        let mut scores = q.matmul(&k.t()?)?.mul_scalar(self.scale())?; // [b, h, tq, tk]
+        let fill = hidden_score(scores.dtype());
+        if let Some(mask) = self.key_mask(q.shape()[2], tk, scores.device())? {
+            scores = scores.masked_fill(&mask, fill)?;
+        }
+        if let Some(pad) = pad {
+            scores = scores.masked_fill(pad, fill)?;
+        }
+        let att = self.attn_dropout.forward(&scores.softmax(-1)?)?;
+        att.matmul(&v)
     }
 
     /// Attention for `x` [b, s, c] at positions cache.len..cache.len + s: appends this
@@ -243,6 +324,9 @@ impl CausalSelfAttention {
     /// Equal to rows cache.len.. of a full forward over all positions. Inference only: no
     /// attention dropout.
     pub fn forward_step(&self, x: &Tensor, cache: &mut LayerKvCache) -> Result<Tensor> {
+        if !self.causal {
+            bail!("attention: a bidirectional (encoder) layer has no KV-cache step");
+        }
         let (start, s) = (cache.len, x.shape().get(1).copied().unwrap_or(0));
         let end = start + s;
         if end > cache.capacity() {
@@ -262,6 +346,11 @@ impl CausalSelfAttention {
         cache.k.narrow(2, start, s)?.assign(&k)?;
         cache.v.narrow(2, start, s)?.assign(&v)?;
         cache.len = end;
+        if self.window_bites(end) {
+            let (ks, vs) = (cache.k.narrow(2, 0, end)?, cache.v.narrow(2, 0, end)?);
+            let y = self.attend_composite(&q, &ks, &vs, end, None)?;
+            return self.merge_and_project(&y);
+        }
         let g = self.n_head / self.n_kv_head;
         let ks = repeat_kv(&cache.k.narrow(2, 0, end)?, g)?;
         let vs = repeat_kv(&cache.v.narrow(2, 0, end)?, g)?;

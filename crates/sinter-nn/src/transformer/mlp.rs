@@ -1,4 +1,5 @@
-//! The block's feed-forward network: GELU (GPT-2, BERT) or SwiGLU (Llama, Mistral, Qwen).
+//! The block's feed-forward network: one activation (GPT-2's tanh GELU, BERT's exact GELU,
+//! ReLU, SiLU) or a gated pair (SwiGLU: Llama, Mistral, Qwen; GeGLU: Gemma, T5 v1.1).
 
 use sinter_core::{Result, Rng, Tensor};
 
@@ -13,9 +14,56 @@ pub enum MlpKind {
     /// proj(GELU_tanh(fc(x))), fc [hidden, width].
     #[default]
     Gelu,
+    /// proj(GELU_erf(fc(x))): the exact GELU (BERT's `"gelu"`).
+    GeluErf,
+    /// proj(ReLU(fc(x))).
+    Relu,
+    /// proj(SiLU(fc(x))).
+    Silu,
     /// proj(SiLU(gate(x)) · up(x)); gate and up are packed in `fc` as [gate; up]
     /// [2·hidden, width] so both come from one GEMM.
     SwiGlu,
+    /// proj(GELU_tanh(gate(x)) · up(x)), packed like SwiGLU.
+    GeGlu,
+}
+
+impl MlpKind {
+    /// Whether `fc` holds a gate and an up projection.
+    pub fn gated(self) -> bool {
+        matches!(self, MlpKind::SwiGlu | MlpKind::GeGlu)
+    }
+    /// Rows of `fc`'s weight for an inner width of `hidden`.
+    pub fn fc_rows(self, hidden: usize) -> usize {
+        if self.gated() {
+            2 * hidden
+        } else {
+            hidden
+        }
+    }
+    /// The activation of `fc`'s output h: [.., fc_rows] → [.., hidden].
+    pub fn activate(self, h: &Tensor) -> Result<Tensor> {
+        match self {
+            MlpKind::Gelu => h.gelu(),
+            MlpKind::GeluErf => h.gelu_erf(),
+            MlpKind::Relu => h.relu(),
+            MlpKind::Silu => h.silu(),
+            MlpKind::SwiGlu => {
+                let (gate, up) = halves(h)?;
+                gate.silu()?.mul(&up)
+            }
+            MlpKind::GeGlu => {
+                let (gate, up) = halves(h)?;
+                gate.gelu()?.mul(&up)
+            }
+        }
+    }
+}
+
+/// [..., 2n] = [gate | up] → (gate, up).
+fn halves(h: &Tensor) -> Result<(Tensor, Tensor)> {
+    let n = h.shape().last().copied().unwrap_or(0) / 2;
+    let last = h.rank() as isize - 1;
+    Ok((h.narrow(last, 0, n)?, h.narrow(last, n, n)?))
 }
 
 pub struct Mlp {
@@ -27,12 +75,14 @@ pub struct Mlp {
 
 impl Mlp {
     pub fn new(cfg: &BlockConfig, rng: &mut Rng, drop_rng: &SharedRng) -> Result<Self> {
-        let rows = match cfg.mlp {
-            MlpKind::Gelu => cfg.mlp_hidden,
-            MlpKind::SwiGlu => 2 * cfg.mlp_hidden,
-        };
         Ok(Mlp {
-            fc: init_linear(cfg.width, rows, 0.02, cfg.mlp_bias, rng)?,
+            fc: init_linear(
+                cfg.width,
+                cfg.mlp.fc_rows(cfg.mlp_hidden),
+                0.02,
+                cfg.mlp_bias,
+                rng,
+            )?,
             proj: init_linear(
                 cfg.mlp_hidden,
                 cfg.width,
@@ -50,25 +100,14 @@ impl Mlp {
     pub fn forward_fused(&self, x: &Tensor) -> Result<Tensor> {
         let h = match self.kind {
             MlpKind::Gelu => self.fc.forward_gelu(x)?,
-            MlpKind::SwiGlu => swiglu(&self.fc.forward(x)?)?,
+            kind => kind.activate(&self.fc.forward(x)?)?,
         };
         self.dropout.forward(&self.proj.forward(&h)?)
     }
     pub fn forward_composite(&self, x: &Tensor) -> Result<Tensor> {
-        let h = self.fc.forward(x)?;
-        let h = match self.kind {
-            MlpKind::Gelu => h.gelu()?,
-            MlpKind::SwiGlu => swiglu(&h)?,
-        };
+        let h = self.kind.activate(&self.fc.forward(x)?)?;
         self.dropout.forward(&self.proj.forward(&h)?)
     }
-}
-
-/// [..., 2n] = [gate | up] → SiLU(gate) · up [..., n].
-fn swiglu(h: &Tensor) -> Result<Tensor> {
-    let n = h.shape().last().copied().unwrap_or(0) / 2;
-    let last = h.rank() as isize - 1;
-    h.narrow(last, 0, n)?.silu()?.mul(&h.narrow(last, n, n)?)
 }
 
 impl Module for Mlp {

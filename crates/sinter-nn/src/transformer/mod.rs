@@ -1,10 +1,13 @@
-//! The pre-norm Transformer decoder block, configured rather than copied: one definition
-//! serves GPT-2 (LayerNorm, GELU, learned positions added outside, biases everywhere) and
-//! the Llama family (RMSNorm, SwiGLU, rotary positions, grouped-query attention, Qwen2's qkv
-//! bias, Qwen3's QK-norm). Every executor runs this block: training (fast path, composite
-//! reference, recompute), generation against a KV cache, pipeline stages (`from_named`).
+//! The Transformer block, configured rather than copied: one definition serves the decoders —
+//! GPT-2 (LayerNorm, GELU, learned positions added outside, biases everywhere) and the Llama
+//! family (RMSNorm, SwiGLU or GeGLU, rotary positions, grouped-query attention, Qwen2's qkv
+//! bias, Qwen3's QK-norm, Mistral's sliding window) — and the encoders (BERT: bidirectional
+//! attention with a padding mask, post-norm, exact GELU). Every executor runs this block:
+//! training (fast path, composite reference, recompute), generation against a KV cache,
+//! pipeline stages and tensor-parallel shards (`from_named`).
 //!
-//! x + attn(norm1(x)), then + mlp(norm2(x)).
+//! Pre-norm (decoders): x + attn(norm1(x)), then + mlp(norm2(x)).
+//! Post-norm (BERT): norm1(x + attn(x)), then norm2(x + mlp(x)).
 
 mod attention;
 mod mlp;
@@ -16,7 +19,7 @@ pub use mlp::{Mlp, MlpKind};
 pub use norm::{Norm, NormKind, RmsNorm};
 pub use rope::{Rope, RopeConfig, RopeScaling};
 
-use sinter_core::{bail, fused, Result, Rng, Tensor};
+use sinter_core::{bail, Result, Rng, Tensor};
 
 use crate::layers::Linear;
 use crate::module::{join, Module, NamedTensor, SharedRng};
@@ -45,7 +48,16 @@ pub struct BlockConfig {
     pub qk_norm: bool,
     /// Rotary positions; None when positions are added to the input (GPT-2's table).
     pub rope: Option<RopeConfig>,
+    /// Each position attends to earlier ones only (decoders) or to every position (encoders).
+    pub causal: bool,
+    /// Norm after each residual sum (BERT) instead of before each sub-layer.
+    pub post_norm: bool,
+    /// Each query sees only the last `w` positions, itself included (Mistral).
+    pub sliding_window: Option<usize>,
+    /// Dropout on the sub-layers' outputs.
     pub dropout: f32,
+    /// Dropout on the attention probabilities (GPT-2: `dropout`; BERT: its own setting).
+    pub attention_dropout: f32,
     /// The model's depth: GPT-2 initialises the projections into the residual stream with
     /// std 0.02/√(2·layers).
     pub n_layer: usize,
@@ -68,7 +80,11 @@ impl BlockConfig {
             mlp_bias: true,
             qk_norm: false,
             rope: None,
+            causal: true,
+            post_norm: false,
+            sliding_window: None,
             dropout,
+            attention_dropout: dropout,
             n_layer,
         }
     }
@@ -89,11 +105,19 @@ impl BlockConfig {
         if self.rope.is_some() && d % 2 != 0 {
             bail!("transformer block: rotary positions need an even head dimension, got {d}");
         }
-        if !(0.0..1.0).contains(&self.dropout) {
-            bail!(
-                "transformer block: dropout must be in [0, 1), got {}",
-                self.dropout
-            );
+        for (what, p) in [
+            ("dropout", self.dropout),
+            ("attention dropout", self.attention_dropout),
+        ] {
+            if !(0.0..1.0).contains(&p) {
+                bail!("transformer block: {what} must be in [0, 1), got {p}");
+            }
+        }
+        if self.sliding_window == Some(0) {
+            bail!("transformer block: a sliding window must hold at least one position");
+        }
+        if self.sliding_window.is_some() && !self.causal {
+            bail!("transformer block: a sliding window needs causal attention");
         }
         if !(self.norm_eps.is_finite() && self.norm_eps > 0.0) {
             bail!(
@@ -110,6 +134,8 @@ pub struct TransformerBlock {
     pub attn: CausalSelfAttention,
     pub ln2: Norm,
     pub mlp: Mlp,
+    /// ln1 and ln2 follow the residual sums instead of preceding the sub-layers.
+    pub post_norm: bool,
 }
 
 impl TransformerBlock {
@@ -122,6 +148,7 @@ impl TransformerBlock {
             attn: CausalSelfAttention::new(cfg, rng, drop_rng)?,
             ln2: Norm::new(cfg.norm, cfg.width, cfg.norm_eps)?,
             mlp: Mlp::new(cfg, rng, drop_rng)?,
+            post_norm: cfg.post_norm,
         })
     }
 
@@ -174,37 +201,69 @@ impl TransformerBlock {
                 kind: cfg.mlp,
                 dropout: crate::layers::Dropout::new(cfg.dropout, drop_rng.clone()),
             },
+            post_norm: cfg.post_norm,
         })
     }
 
-    /// The second half of the block given its input `x` and the attention sub-layer's output
-    /// `a` = attn(norm1(x)): x + a and norm2(x + a) (one fused pass for LayerNorm), then
-    /// + mlp.
+    /// The attention sub-layer's input: norm1(x), or x itself after a post-norm block's
+    /// previous sum.
+    fn attn_input(&self, x: &Tensor) -> Result<Tensor> {
+        if self.post_norm {
+            Ok(x.clone())
+        } else {
+            self.ln1.forward(x)
+        }
+    }
+    /// The rest of the block given its input `x` and the attention sub-layer's output `a`:
+    /// the residual sums, norms (one fused pass with each sum for LayerNorm) and MLP.
     pub fn forward_after_attn(&self, x: &Tensor, a: &Tensor) -> Result<Tensor> {
-        let (x1, h) = match &self.ln2 {
-            Norm::Layer(ln) => fused::residual_layer_norm(x, a, &ln.weight, &ln.bias, ln.eps)?,
-            Norm::Rms(n) => {
-                let x1 = x.add(a)?;
-                let h = n.forward(&x1)?;
-                (x1, h)
+        self.after_attn(x, a, true)
+    }
+    /// `forward_after_attn`, or with `fused` false the unfused reference of it (separate sums
+    /// and norms, the MLP's composite).
+    fn after_attn(&self, x: &Tensor, a: &Tensor, fused: bool) -> Result<Tensor> {
+        let sum_norm = |norm: &Norm, x: &Tensor, a: &Tensor| -> Result<(Tensor, Tensor)> {
+            if fused {
+                norm.residual(x, a)
+            } else {
+                let sum = x.add(a)?;
+                let y = norm.forward(&sum)?;
+                Ok((sum, y))
             }
         };
-        x1.add(&self.mlp.forward_fused(&h)?)
+        let mlp = |h: &Tensor| {
+            if fused {
+                self.mlp.forward_fused(h)
+            } else {
+                self.mlp.forward_composite(h)
+            }
+        };
+        if self.post_norm {
+            let (_, x1) = sum_norm(&self.ln1, x, a)?;
+            return Ok(sum_norm(&self.ln2, &x1, &mlp(&x1)?)?.1);
+        }
+        let (x1, h) = sum_norm(&self.ln2, x, a)?;
+        x1.add(&mlp(&h)?)
     }
     /// The fast path (also `forward`): flash attention, fused residual + norm, fused MLP.
     pub fn forward_fused(&self, x: &Tensor) -> Result<Tensor> {
-        let a = self.attn.forward(&self.ln1.forward(x)?)?;
+        let a = self.attn.forward(&self.attn_input(x)?)?;
         self.forward_after_attn(x, &a)
     }
     /// The unfused reference.
     pub fn forward_composite(&self, x: &Tensor) -> Result<Tensor> {
-        let x = x.add(&self.attn.forward_composite(&self.ln1.forward(x)?)?)?;
-        x.add(&self.mlp.forward_composite(&self.ln2.forward(&x)?)?)
+        self.forward_masked(x, None)
+    }
+    /// The unfused block with `pad` [b, 1, 1, t] non-zero at keys no query may see (an
+    /// encoder's padding).
+    pub fn forward_masked(&self, x: &Tensor, pad: Option<&Tensor>) -> Result<Tensor> {
+        let a = self.attn.forward_masked(&self.attn_input(x)?, pad)?;
+        self.after_attn(x, &a, false)
     }
     /// The block for `x` [b, s, c] at positions cache.len.. of a sequence whose earlier keys
-    /// and values are in `cache` (which this appends to). Inference only.
+    /// and values are in `cache` (which this appends to). Inference only; decoders only.
     pub fn forward_step(&self, x: &Tensor, cache: &mut LayerKvCache) -> Result<Tensor> {
-        let a = self.attn.forward_step(&self.ln1.forward(x)?, cache)?;
+        let a = self.attn.forward_step(&self.attn_input(x)?, cache)?;
         self.forward_after_attn(x, &a)
     }
 }

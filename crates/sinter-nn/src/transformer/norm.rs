@@ -119,6 +119,19 @@ impl Norm {
             Norm::Rms(n) => n.eps,
         }
     }
+    /// x + a and its normalisation: one fused pass for LayerNorm, two ops for RMSNorm.
+    pub fn residual(&self, x: &Tensor, a: &Tensor) -> Result<(Tensor, Tensor)> {
+        match self {
+            Norm::Layer(ln) => {
+                sinter_core::fused::residual_layer_norm(x, a, &ln.weight, &ln.bias, ln.eps)
+            }
+            Norm::Rms(n) => {
+                let sum = x.add(a)?;
+                let y = n.forward(&sum)?;
+                Ok((sum, y))
+            }
+        }
+    }
 }
 
 impl Module for Norm {

@@ -138,10 +138,7 @@ impl Buffers {
         fit(&mut self.qkv, rows * d.qkv());
         fit(&mut self.y, rows * d.q());
         fit(&mut self.f, rows * d.fc_out());
-        fit(
-            &mut self.g,
-            rows * d.hidden * usize::from(d.mlp == MlpKind::SwiGlu),
-        );
+        fit(&mut self.g, rows * d.hidden * usize::from(d.mlp.gated()));
         fit(&mut self.p, max_len);
         fit(&mut self.mean, rows);
         fit(&mut self.rstd, rows);
@@ -241,10 +238,7 @@ impl Dims {
         self.q() + 2 * self.kv()
     }
     fn fc_out(&self) -> usize {
-        match self.mlp {
-            MlpKind::Gelu => self.hidden,
-            MlpKind::SwiGlu => 2 * self.hidden,
-        }
+        self.mlp.fc_rows(self.hidden)
     }
 }
 
@@ -267,6 +261,11 @@ impl Gpt {
     /// The host step's view of this model, or None when the tensor path must run (see the
     /// module comment).
     pub(crate) fn host_model(&self) -> Option<HostModel<'_>> {
+        // Kernels exist for these MLPs; a sliding window is the tensor path's.
+        let arch = &self.config.arch;
+        if !matches!(arch.mlp, MlpKind::Gelu | MlpKind::SwiGlu) || arch.sliding_window.is_some() {
+            return None;
+        }
         let blocks = (self.blocks.iter())
             .map(|b| {
                 let qk_norm = match (&b.attn.q_norm, &b.attn.k_norm) {
@@ -486,6 +485,7 @@ impl HostModel<'_> {
                     b.fc2
                         .apply(isa, &s.g, r, &mut s.x, act, true, pf2, threads)?;
                 }
+                kind => bail!("host step: no kernel for the {kind:?} MLP (host_model refuses it)"),
             }
         }
         let head = packed.and_then(|p| p.head.as_ref());
