@@ -3,10 +3,12 @@
 //! attention with an optional padding mask, exact-GELU feed-forward) → MLM head (dense, GELU,
 //! LayerNorm, a decoder tied to the word embeddings, and a bias).
 //!
-//! Tensors are named like Hugging Face's (`bert.embeddings.word_embeddings.weight`,
-//! `bert.encoder.layer.0.attention.self.query.weight`, `cls.predictions.bias`, …), so weights
-//! can be exchanged by name; the tied decoder weight is not listed separately (it *is*
-//! `bert.embeddings.word_embeddings.weight`). Linear weights are `[out, in]` as in PyTorch.
+//! Tensors outside the encoder are named like Hugging Face's
+//! (`bert.embeddings.word_embeddings.weight`, `cls.predictions.bias`, …); an encoder layer's
+//! are the block's (`bert.encoder.layer.0.attn.qkv.weight`: query, key and value packed),
+//! which [`crate::hf_bert`] maps to and from Hugging Face's names. The tied decoder weight is
+//! not listed separately (it *is* `bert.embeddings.word_embeddings.weight`). Linear weights
+//! are `[out, in]` as in PyTorch.
 //!
 //! The feed-forward layer and the head use `config.hidden_act`: the exact (erf) GELU of the
 //! published BERT models unless a Hugging Face `config.json` says otherwise (see
@@ -22,6 +24,7 @@ use crate::Task;
 use sinter_core::{bail, DType, Device, Result, Rng, Tensor};
 use sinter_nn::init;
 use sinter_nn::module::{join, NamedTensor, TensorKind};
+use sinter_nn::transformer::{BlockConfig, MlpKind, TransformerBlock};
 use sinter_nn::{Dropout, Embedding, LayerNorm, Linear, Module, SharedRng};
 
 /// Label of positions the MLM loss ignores (PyTorch's and Hugging Face's convention).
@@ -67,6 +70,15 @@ impl HiddenAct {
             HiddenAct::GeluTanh => "gelu_pytorch_tanh",
             HiddenAct::Relu => "relu",
             HiddenAct::Silu => "silu",
+        }
+    }
+    /// The encoder MLP with this activation.
+    pub fn mlp_kind(self) -> MlpKind {
+        match self {
+            HiddenAct::Gelu => MlpKind::GeluErf,
+            HiddenAct::GeluTanh => MlpKind::Gelu,
+            HiddenAct::Relu => MlpKind::Relu,
+            HiddenAct::Silu => MlpKind::Silu,
         }
     }
     pub fn apply(self, x: &Tensor) -> Result<Tensor> {
@@ -130,6 +142,20 @@ impl BertConfig {
             }),
             "bert-base" => Some(base),
             _ => None,
+        }
+    }
+
+    /// The encoder layer as a configuration of the one Transformer block: bidirectional,
+    /// post-norm LayerNorm, biases everywhere, learned positions added outside.
+    pub fn block_config(&self) -> BlockConfig {
+        BlockConfig {
+            mlp_hidden: self.intermediate,
+            mlp: self.hidden_act.mlp_kind(),
+            norm_eps: self.layer_norm_eps,
+            causal: false,
+            post_norm: true,
+            attention_dropout: self.attention_dropout,
+            ..BlockConfig::gpt2(self.hidden, self.n_head, self.n_layer, self.dropout)
         }
     }
 
@@ -216,120 +242,41 @@ impl Module for BertEmbeddings {
     }
 }
 
-/// Multi-head self-attention over the whole sequence (no causal mask).
-pub struct BertSelfAttention {
-    pub query: Linear,
-    pub key: Linear,
-    pub value: Linear,
-    pub n_head: usize,
-    pub dropout: Dropout,
-}
-
-impl BertSelfAttention {
-    /// x [b, t, c]; `pad` [b, 1, 1, t] is non-zero at keys that must not be attended to.
-    pub fn forward(&self, x: &Tensor, pad: Option<&Tensor>) -> Result<Tensor> {
-        let (b, t, c) = (x.shape()[0], x.shape()[1], x.shape()[2]);
-        let hd = c / self.n_head;
-        let heads = |l: &Linear| -> Result<Tensor> {
-            l.forward(x)?
-                .reshape(&[b, t, self.n_head, hd])?
-                .transpose(1, 2)
-        };
-        // Scale q rather than the [t, t] scores: fewer multiplications, same result.
-        let q = heads(&self.query)?.mul_scalar(1.0 / (hd as f32).sqrt())?;
-        let (k, v) = (heads(&self.key)?, heads(&self.value)?);
-        let mut scores = q.matmul(&k.t()?)?; // [b, h, t, t]
-        if let Some(m) = pad {
-            // The most negative finite value: a fully padded row softmaxes to uniform, not NaN.
-            let fill = if scores.dtype() == DType::F32 {
-                f32::MIN
-            } else {
-                -65504.0
-            };
-            scores = scores.masked_fill(m, fill)?;
-        }
-        let att = self.dropout.forward(&scores.softmax(-1)?)?;
-        att.matmul(&v)?.transpose(1, 2)?.reshape(&[b, t, c])
-    }
-}
-
-/// One post-norm encoder layer: LN(x + attn(x)), then LN(x + FFN(x)).
-pub struct BertLayer {
-    pub attention: BertSelfAttention,
-    pub attention_output: Linear,
-    pub attention_norm: LayerNorm,
-    pub intermediate: Linear,
-    pub output: Linear,
-    pub output_norm: LayerNorm,
-    pub dropout: Dropout,
-    pub act: HiddenAct,
-}
-
-impl BertLayer {
-    fn new(c: &BertConfig, rng: &mut Rng, drop_rng: &SharedRng) -> Result<Self> {
-        let (h, f) = (c.hidden, c.intermediate);
-        Ok(BertLayer {
-            attention: BertSelfAttention {
-                query: linear(h, h, rng)?,
-                key: linear(h, h, rng)?,
-                value: linear(h, h, rng)?,
-                n_head: c.n_head,
-                dropout: Dropout::new(c.attention_dropout, drop_rng.clone()),
-            },
-            attention_output: linear(h, h, rng)?,
-            attention_norm: layer_norm(h, c.layer_norm_eps)?,
-            intermediate: linear(h, f, rng)?,
-            output: linear(f, h, rng)?,
-            output_norm: layer_norm(h, c.layer_norm_eps)?,
-            dropout: Dropout::new(c.dropout, drop_rng.clone()),
-            act: c.hidden_act,
-        })
-    }
-
-    pub fn forward(&self, x: &Tensor, pad: Option<&Tensor>) -> Result<Tensor> {
-        let a = self.attention.forward(x, pad)?;
-        let x = self.attention_norm.forward(
-            &self
-                .dropout
-                .forward(&self.attention_output.forward(&a)?)?
-                .add(x)?,
-        )?;
-        let h = self.act.apply(&self.intermediate.forward(&x)?)?;
-        self.output_norm
-            .forward(&self.dropout.forward(&self.output.forward(&h)?)?.add(&x)?)
-    }
-}
-
-impl Module for BertLayer {
-    fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        BertLayer::forward(self, x, None)
-    }
-    fn collect(&self, prefix: &str, out: &mut Vec<NamedTensor>) {
-        let a = join(prefix, "attention");
-        self.attention.query.collect(&join(&a, "self.query"), out);
-        self.attention.key.collect(&join(&a, "self.key"), out);
-        self.attention.value.collect(&join(&a, "self.value"), out);
-        self.attention_output
-            .collect(&join(&a, "output.dense"), out);
-        self.attention_norm
-            .collect(&join(&a, "output.LayerNorm"), out);
-        self.intermediate
-            .collect(&join(prefix, "intermediate.dense"), out);
-        self.output.collect(&join(prefix, "output.dense"), out);
-        self.output_norm
-            .collect(&join(prefix, "output.LayerNorm"), out);
-    }
-    fn set_training(&self, training: bool) {
-        self.attention.dropout.set_training(training);
-        self.dropout.set_training(training);
-    }
+/// One encoder layer's weights drawn as BERT initialises them (N(0, 0.02²) weights, zero
+/// biases, unit norms), in its order (query, key, value, attention output, intermediate,
+/// output), named as the block's `from_named` reads them (q, k and v packed in `attn.qkv`).
+fn init_layer(c: &BertConfig, rng: &mut Rng) -> Result<Vec<(String, Tensor)>> {
+    let (h, f) = (c.hidden, c.intermediate);
+    let mut lin = |inp: usize, out: usize| -> Result<(Tensor, Tensor)> {
+        Ok((init::normal(&[out, inp], 0.02, rng)?, init::zeros(&[out])?))
+    };
+    // Query, key and value drawn as one [3h, h] leaf: the same draws, in the same order, as
+    // three [h, h] ones (a concatenation of three leaves would not be a parameter).
+    let qkv = lin(h, 3 * h)?;
+    let (out, inter, output) = (lin(h, h)?, lin(h, f)?, lin(f, h)?);
+    let named = vec![
+        ("attn.qkv.weight", qkv.0),
+        ("attn.qkv.bias", qkv.1),
+        ("attn.proj.weight", out.0),
+        ("attn.proj.bias", out.1),
+        ("mlp.fc.weight", inter.0),
+        ("mlp.fc.bias", inter.1),
+        ("mlp.proj.weight", output.0),
+        ("mlp.proj.bias", output.1),
+        ("ln1.weight", init::ones(&[h])?),
+        ("ln1.bias", init::zeros(&[h])?),
+        ("ln2.weight", init::ones(&[h])?),
+        ("ln2.bias", init::zeros(&[h])?),
+    ];
+    Ok(named.into_iter().map(|(n, t)| (n.to_string(), t)).collect())
 }
 
 /// `BertForMaskedLM`: the encoder and the MLM head.
 pub struct Bert {
     pub config: BertConfig,
     pub embeddings: BertEmbeddings,
-    pub layers: Vec<BertLayer>,
+    /// The encoder: the one Transformer block, bidirectional and post-norm.
+    pub layers: Vec<TransformerBlock>,
     /// `cls.predictions.transform.dense`.
     pub head_dense: Linear,
     /// `cls.predictions.transform.LayerNorm`.
@@ -368,8 +315,22 @@ impl Bert {
             layer_norm: layer_norm(c.hidden, c.layer_norm_eps)?,
             dropout: Dropout::new(c.dropout, drop_rng.clone()),
         };
+        let block = c.block_config();
         let layers = (0..c.n_layer)
-            .map(|_| BertLayer::new(c, rng, drop_rng))
+            .map(|_| {
+                let mut weights: std::collections::HashMap<String, Tensor> =
+                    init_layer(c, rng)?.into_iter().collect();
+                TransformerBlock::from_named(
+                    &block,
+                    "",
+                    &mut |name| {
+                        weights
+                            .remove(name)
+                            .ok_or_else(|| sinter_core::Error::Msg(format!("bert: no {name}")))
+                    },
+                    drop_rng,
+                )
+            })
             .collect::<Result<_>>()?;
         Ok(Bert {
             embeddings,
@@ -444,7 +405,10 @@ impl Bert {
         };
         let mut x = self.embeddings.forward(ids, token_types)?;
         for l in &self.layers {
-            x = l.forward(&x, pad.as_ref())?;
+            x = match &pad {
+                Some(pad) => l.forward_masked(&x, Some(pad))?,
+                None => l.forward(&x)?,
+            };
         }
         Ok(x)
     }

@@ -210,8 +210,51 @@ fn from_hf_bert_name(name: &str) -> Option<String> {
     Some(n.unwrap_or_else(|| name.to_string()))
 }
 
+/// An encoder layer's block tensors and their Hugging Face names (q, k and v apart).
+const LAYER_NAMES: &[(&str, &str)] = &[
+    ("attn.proj.", "attention.output.dense."),
+    ("ln1.", "attention.output.LayerNorm."),
+    ("mlp.fc.", "intermediate.dense."),
+    ("mlp.proj.", "output.dense."),
+    ("ln2.", "output.LayerNorm."),
+];
+
+/// The model's tensors under Hugging Face's `BertForMaskedLM` names: an encoder layer's
+/// block tensors renamed, its packed query/key/value split into row views. The views share
+/// the parameters' storage, so assigning to them loads the model.
+pub fn hf_bert_tensors(model: &Bert) -> Result<Vec<(String, Tensor)>> {
+    let h = model.config.hidden;
+    let mut out = Vec::new();
+    for nt in model.named_tensors() {
+        let Some((layer, leaf)) = nt
+            .name
+            .strip_prefix("bert.encoder.layer.")
+            .and_then(|rest| rest.split_once('.'))
+        else {
+            out.push((nt.name, nt.tensor));
+            continue;
+        };
+        let hf = |name: &str| format!("bert.encoder.layer.{layer}.{name}");
+        if let Some(kind) = leaf.strip_prefix("attn.qkv.") {
+            for (i, part) in ["query", "key", "value"].into_iter().enumerate() {
+                let view = nt.tensor.narrow(0, i * h, h)?;
+                out.push((hf(&format!("attention.self.{part}.{kind}")), view));
+            }
+            continue;
+        }
+        let Some(renamed) = LAYER_NAMES
+            .iter()
+            .find_map(|(ours, theirs)| leaf.strip_prefix(ours).map(|k| format!("{theirs}{k}")))
+        else {
+            bail!("bert: {} has no Hugging Face name", nt.name);
+        };
+        out.push((hf(&renamed), nt.tensor));
+    }
+    Ok(out)
+}
+
 /// Loads a Hugging Face `BertForMaskedLM` / `BertForPreTraining` safetensors file into
-/// `model`. Names match one to one; every tensor's shape is checked (errors name the tensor
+/// `model`. Names are those of [`hf_bert_tensors`]; every tensor's shape is checked (errors name the tensor
 /// and both shapes), nothing may be missing, a decoder weight must equal the word embedding
 /// (the head is tied), and the model changes only if everything fits.
 pub fn load_hf_bert(path: impl AsRef<std::path::Path>, model: &Bert) -> Result<()> {
@@ -232,23 +275,23 @@ pub fn load_hf_bert(path: impl AsRef<std::path::Path>, model: &Bert) -> Result<(
     }
     let mut problems = Vec::new();
     let mut plan = Vec::new();
-    for nt in model.named_tensors() {
-        let Some(hf) = file.remove(&nt.name) else {
-            problems.push(format!("{} is missing", nt.name));
+    for (name, tensor) in hf_bert_tensors(model)? {
+        let Some(hf) = file.remove(&name) else {
+            problems.push(format!("{name} is missing"));
             continue;
         };
         let shape = st
             .tensor(&hf)
             .map(|v| v.shape().to_vec())
             .unwrap_or_default();
-        if shape != nt.tensor.shape() {
+        if shape != tensor.shape() {
             problems.push(format!(
                 "{hf} has shape {shape:?} in the file but the model needs {:?}",
-                nt.tensor.shape()
+                tensor.shape()
             ));
             continue;
         }
-        plan.push((nt.tensor.clone(), read(&hf)?));
+        plan.push((tensor, read(&hf)?));
     }
     if st
         .names()
@@ -294,11 +337,7 @@ pub fn load_hf_bert(path: impl AsRef<std::path::Path>, model: &Bert) -> Result<(
 /// Saves `model` under Hugging Face's `BertForMaskedLM` names (the tied decoder omitted, as
 /// `save_pretrained` does) with the metadata `format = pt`, atomically.
 pub fn save_hf_bert(model: &Bert, path: impl AsRef<std::path::Path>) -> Result<()> {
-    let tensors: Vec<(String, Tensor)> = model
-        .named_tensors()
-        .into_iter()
-        .map(|nt| (nt.name, nt.tensor))
-        .collect();
+    let tensors = hf_bert_tensors(model)?;
     let md = std::collections::HashMap::from([("format".to_string(), "pt".to_string())]);
     hf_file::write_atomic(path.as_ref(), &hf_file::serialize(&tensors, md, WHAT)?)
 }

@@ -21,7 +21,7 @@ pub use cnn::LeNet;
 pub use gpt::{DecoderArch, Gpt, GptConfig};
 pub use hf_bert::{
     bert_config_from_hf_file, bert_config_from_hf_json, from_hf_pretrained, hf_bert_config_json,
-    load_hf_bert, save_hf_bert,
+    hf_bert_tensors, load_hf_bert, save_hf_bert,
 };
 pub use hf_gpt2::{hf_gpt2_config, load_hf_gpt2, save_hf_gpt2};
 pub use hf_llama::{llama_config_from_hf_json, load_hf_llama, save_hf_llama};

@@ -45,8 +45,11 @@ fn bert_base_has_bert_for_masked_lm_parameters() {
     assert_eq!(cfg.num_parameters(), 109_514_298);
     let m = Bert::new(cfg, &mut Rng::new(0), &shared_rng(0)).unwrap();
     assert_eq!(m.num_parameters(), 109_514_298);
-    let named: std::collections::HashMap<String, Vec<usize>> = m
-        .parameters()
+    // Each encoder layer is the one Transformer block: 12 tensors, q, k and v packed.
+    assert_eq!(m.parameters().len(), 5 + 12 * 12 + 5);
+    // Under Hugging Face's names (what save_hf_bert writes and load_hf_bert reads), 16.
+    let named: std::collections::HashMap<String, Vec<usize>> = sinter_models::hf_bert_tensors(&m)
+        .unwrap()
         .into_iter()
         .map(|(n, t)| (n, t.shape().to_vec()))
         .collect();
