@@ -54,6 +54,8 @@ class Config:
         self.rope_freq_divisors = kw.get("rope_freq_divisors")
         self.sliding_window = kw.get("sliding_window")
         self.model_type = kw.get("model_type", "llama")
+        # The gate's activation: "silu" (SwiGLU) or "gelu_pytorch_tanh" (GeGLU).
+        self.hidden_act = kw.get("hidden_act", "silu")
 
     def __repr__(self):
         return "Config(" + ", ".join(f"{k}={v!r}" for k, v in vars(self).items()
@@ -99,6 +101,7 @@ def config_from_hf(config):
         rope_scaling=rope_scaling_from_hf(config),
         sliding_window=sliding_window,
         model_type=model_type,
+        hidden_act=config.get("hidden_act", "silu"),
     )
 
 
@@ -329,6 +332,13 @@ def silu(x):
     return x / (1.0 + np.exp(-x))
 
 
+def gelu_tanh(x):
+    return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x ** 3)))
+
+
+GATE_ACTIVATIONS = {"silu": silu, "gelu_pytorch_tanh": gelu_tanh, "gelu_new": gelu_tanh}
+
+
 class KVCache:
     def __init__(self, config):
         self.keys = [None] * config.num_layers  # [T, kv_heads, d] per layer
@@ -373,13 +383,15 @@ class LlamaReference:
             values = v[rows] if past == 0 else np.concatenate([cache.values[layer], v[rows]])
             cache.keys[layer], cache.values[layer] = keys, values
             total = past + count
-            if c.sliding_window is not None and total > c.sliding_window:
-                raise NotImplementedError("sequence longer than the sliding window")
             # Query head h reads key/value head h // group.
             q_g = q_s.reshape(count, c.num_kv_heads, group, c.head_dim)
             scores = np.einsum("tkgd,skd->kgts", q_g, keys) / math.sqrt(c.head_dim)
-            causal = np.arange(total)[None, :] > (past + np.arange(count))[:, None]
-            scores = np.where(causal, -np.inf, scores)
+            key_pos = np.arange(total)[None, :]
+            query_pos = (past + np.arange(count))[:, None]
+            hidden = key_pos > query_pos
+            if c.sliding_window is not None:  # Mistral: the last sliding_window positions
+                hidden |= key_pos <= query_pos - c.sliding_window
+            scores = np.where(hidden, -np.inf, scores)
             scores -= scores.max(axis=-1, keepdims=True)
             probs = np.exp(scores)
             probs /= probs.sum(axis=-1, keepdims=True)
@@ -405,7 +417,8 @@ class LlamaReference:
             h = rms_norm(x, self.w[p + "post_attention_layernorm.weight"], c.rms_norm_eps)
             gate = self.linear(h, p + "mlp.gate_proj")
             up = self.linear(h, p + "mlp.up_proj")
-            x = x + self.linear(silu(gate) * up, p + "mlp.down_proj")
+            act = GATE_ACTIVATIONS[c.hidden_act]
+            x = x + self.linear(act(gate) * up, p + "mlp.down_proj")
         for (_, count), cache in zip(spans, caches):
             cache.length += count
         if not all_positions:

@@ -72,6 +72,18 @@ TINY_MODELS = {
         num_key_value_heads=2, tie_word_embeddings=False, rms_norm_eps=1e-5, sliding_window=None,
         rope_parameters={"rope_type": "default", "rope_theta": 10000.0}),
         "bfloat16", None, 4),
+    # Mistral's sliding window, 5 positions: the 7- and 20-token prompts and the greedy
+    # continuation all reach past it.
+    "mistral-window": ("mistral", dict(
+        num_key_value_heads=2, tie_word_embeddings=False, rms_norm_eps=1e-5, sliding_window=5,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0}),
+        "float32", None, 5),
+    # A GeGLU MLP (hidden_act gelu_pytorch_tanh on the gate), multi-head, untied.
+    "llama-geglu": ("llama", dict(
+        num_key_value_heads=4, tie_word_embeddings=False, rms_norm_eps=1e-5,
+        hidden_act="gelu_pytorch_tanh",
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0}),
+        "float32", None, 6),
 }
 GGUF_NAME = "llama-gqa-tied-gguf"
 GGUF_SOURCE = "llama-gqa-tied"
@@ -334,6 +346,10 @@ def compare_with_reference(out_dir, name, break_piece=None):
         config.rope_scaling, config.rope_freq_divisors = None, None
     elif break_piece == "qk_norm":
         weights = {k: v for k, v in weights.items() if not k.endswith(("q_norm.weight", "k_norm.weight"))}
+    elif break_piece == "sliding_window":
+        config.sliding_window = None
+    elif break_piece == "hidden_act":
+        config.hidden_act = "silu"
     elif break_piece == "bias":
         weights = {k: v for k, v in weights.items() if not k.endswith(".bias")}
     elif break_piece == "gguf_permutation":
@@ -387,7 +403,8 @@ def check_qwen_gguf(out_dir):
 
 # Each breakage must push the error far above TOLERANCE on the model that has the feature.
 BREAKAGES = {"llama-gqa-tied": "rope_scaling", "qwen2-bias-sharded": "bias",
-             "qwen3-qknorm": "qk_norm", GGUF_NAME: "gguf_permutation"}
+             "qwen3-qknorm": "qk_norm", GGUF_NAME: "gguf_permutation",
+             "mistral-window": "sliding_window", "llama-geglu": "hidden_act"}
 
 
 def check(out_dir):
@@ -505,11 +522,15 @@ def main():
     parser.add_argument("command", choices=["tiny", "check", "smollm2-prompts"])
     parser.add_argument("--out", default=TINY_DIR, help="tiny models' directory")
     parser.add_argument("--gguf-dir", help="directory holding " + SMOLLM2_GGUF)
+    parser.add_argument("--only", nargs="+", choices=list(TINY_MODELS),
+                        help="tiny: write only these models (the others stay as they are)")
     args = parser.parse_args()
     if args.command == "tiny":
         os.makedirs(args.out, exist_ok=True)
-        hf_models = {name: write_hf_model(args.out, name, spec) for name, spec in TINY_MODELS.items()}
-        write_gguf_model(args.out, hf_models[GGUF_SOURCE])
+        chosen = {n: s for n, s in TINY_MODELS.items() if not args.only or n in args.only}
+        hf_models = {name: write_hf_model(args.out, name, spec) for name, spec in chosen.items()}
+        if GGUF_SOURCE in hf_models:
+            write_gguf_model(args.out, hf_models[GGUF_SOURCE])
         linear_ok = check_linear_rope()
         sys.exit(0 if check(args.out) and linear_ok else 1)
     elif args.command == "check":

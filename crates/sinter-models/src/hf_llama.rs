@@ -223,19 +223,28 @@ pub fn llama_config_from_hf_json(cfg: &Value, src: &str) -> Result<GptConfig> {
     if !unknown.is_empty() {
         bail!("{src}: field{} {} not known to sinter's {fam} loader; they may change the model, so it is refused rather than run differently", if unknown.len() == 1 { " is" } else { "s are" }, unknown.join(", "));
     }
-    if let Some(act) = field(cfg, "hidden_act").and_then(Value::as_str) {
-        if act != "silu" {
-            bail!("{src}: hidden_act {act} is not supported (Llama-family MLPs use silu)");
-        }
-    }
+    // The gated MLP: act(gate(x)) · up(x).
+    let mlp = match field(cfg, "hidden_act").and_then(Value::as_str) {
+        None | Some("silu") => MlpKind::SwiGlu,
+        Some("gelu_pytorch_tanh" | "gelu_new") => MlpKind::GeGlu,
+        Some(act) => bail!(
+            "{src}: hidden_act {act} is not supported (sinter's gated MLPs: silu, gelu_pytorch_tanh)"
+        ),
+    };
     let width = need_usize(cfg, "hidden_size", src)?;
     let heads = need_usize(cfg, "num_attention_heads", src)?;
     let kv = usize_field(cfg, "num_key_value_heads", src)?.unwrap_or(heads);
     let head_dim = usize_field(cfg, "head_dim", src)?.unwrap_or(width / heads);
     let mut context = usize_field(cfg, "max_position_embeddings", src)?.unwrap_or(2048);
-    // Sliding-window attention equals full attention within the window: limit the context.
-    let windowed = bool_field(cfg, "use_sliding_window", fam == "mistral", src)?;
-    if let (true, Some(w)) = (windowed, usize_field(cfg, "sliding_window", src)?) {
+    let window = usize_field(cfg, "sliding_window", src)?;
+    let mut sliding_window = None;
+    if fam == "mistral" {
+        // Mistral windows every layer.
+        sliding_window = window.filter(|&w| w < context);
+    } else if let (true, Some(w)) = (bool_field(cfg, "use_sliding_window", false, src)?, window) {
+        // Qwen windows only some layers (max_window_layers, layer_types), which the one block
+        // configuration does not express; within the window every layer attends fully, so
+        // the context is limited to it instead.
         context = context.min(w);
     }
     let attention_bias = bool_field(cfg, "attention_bias", false, src)?;
@@ -250,7 +259,7 @@ pub fn llama_config_from_hf_json(cfg: &Value, src: &str) -> Result<GptConfig> {
             n_kv_head: Some(kv),
             head_dim: Some(head_dim),
             mlp_hidden: Some(need_usize(cfg, "intermediate_size", src)?),
-            mlp: MlpKind::SwiGlu,
+            mlp,
             norm: NormKind::RmsNorm,
             norm_eps: f64_field(cfg, "rms_norm_eps", src)?.unwrap_or(1e-6) as f32,
             // Qwen2 always biases q, k and v (and never o); Llama's attention_bias covers all four.
@@ -260,6 +269,7 @@ pub fn llama_config_from_hf_json(cfg: &Value, src: &str) -> Result<GptConfig> {
             qk_norm: fam == "qwen3",
             rope: Some(rope_of(cfg, src)?),
             tie_head: bool_field(cfg, "tie_word_embeddings", false, src)?,
+            sliding_window,
         },
     };
     config
@@ -273,14 +283,27 @@ fn family_of(c: &GptConfig) -> (&'static str, &'static str) {
     match (c.arch.qk_norm, c.arch.qkv_bias && !c.arch.out_bias) {
         (true, _) => FAMILIES[3],
         (false, true) => FAMILIES[2],
+        _ if c.arch.sliding_window.is_some() => FAMILIES[1],
         _ => FAMILIES[0],
     }
 }
 
 /// `config.json` for `c` as transformers writes it.
 pub fn hf_llama_config_json(c: &GptConfig) -> Result<Value> {
-    if c.arch.mlp != MlpKind::SwiGlu || c.arch.norm != NormKind::RmsNorm {
-        bail!("only Llama-family models (RMSNorm, SwiGLU) are written as Llama configs");
+    let act = match c.arch.mlp {
+        MlpKind::SwiGlu => "silu",
+        MlpKind::GeGlu => "gelu_pytorch_tanh",
+        _ => bail!(
+            "only Llama-family models (RMSNorm, SwiGLU or GeGLU) are written as Llama configs"
+        ),
+    };
+    if c.arch.norm != NormKind::RmsNorm {
+        bail!("only Llama-family models (RMSNorm, SwiGLU or GeGLU) are written as Llama configs");
+    }
+    if c.arch.sliding_window.is_some() && (c.arch.qk_norm || c.arch.qkv_bias) {
+        bail!(
+            "a sliding window is written only for Mistral-style models (no QK-norm, no qkv bias)"
+        );
     }
     let Some(rope) = &c.arch.rope else {
         bail!("only rotary models are written as Llama configs");
@@ -295,7 +318,7 @@ pub fn hf_llama_config_json(c: &GptConfig) -> Result<Value> {
         "num_attention_heads": c.n_head,
         "num_key_value_heads": c.n_kv_head(),
         "head_dim": c.head_dim(),
-        "hidden_act": "silu",
+        "hidden_act": act,
         "rms_norm_eps": c.arch.norm_eps,
         "max_position_embeddings": c.block_size,
         "vocab_size": c.vocab_size,
@@ -303,6 +326,9 @@ pub fn hf_llama_config_json(c: &GptConfig) -> Result<Value> {
         "rope_theta": rope.theta,
         "torch_dtype": "float32",
     });
+    if let Some(w) = c.arch.sliding_window {
+        v["sliding_window"] = json!(w);
+    }
     if model_type == "llama" {
         v["attention_bias"] = json!(c.arch.qkv_bias);
         v["mlp_bias"] = json!(c.arch.mlp_bias);

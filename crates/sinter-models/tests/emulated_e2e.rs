@@ -1,4 +1,4 @@
-//! GPT and BERT end to end on the CUDA device — the real GPU when present, else the emulated
+//! GPT, a Llama-family decoder and BERT end to end on the CUDA device — the real GPU when present, else the emulated
 //! CUDA device (sinter's CUDA kernels on the CPU; required in CI by SINTER_REQUIRE_EMU=1) —
 //! against the same model on the CPU: GPT training steps on the fast path and on the composite
 //! path (whose causal mask must live on the device), with block recompute, with dropout, and
@@ -81,7 +81,11 @@ fn train_steps<M: Module>(m: &M, dev: Device, loss: impl Fn(&M, u64, Device) -> 
 
 /// GPT's next-token loss over three steps on `dev`.
 fn train(dev: Device, dropout: f32, fast_path: bool, recompute: Recompute) -> Steps {
-    let mut m = Gpt::new(config(dropout), &mut Rng::new(5), &shared_rng(6)).unwrap();
+    train_config(dev, config(dropout), fast_path, recompute)
+}
+
+fn train_config(dev: Device, cfg: GptConfig, fast_path: bool, recompute: Recompute) -> Steps {
+    let mut m = Gpt::new(cfg, &mut Rng::new(5), &shared_rng(6)).unwrap();
     m.set_fast_path(fast_path);
     m.set_recompute(recompute);
     train_steps(&m, dev, |m, s, dev| {
@@ -123,6 +127,37 @@ fn same_training(dropout: f32, fast_path: bool, recompute: Recompute) {
         &on_dev,
         &train(Device::Cpu, dropout, fast_path, recompute),
     );
+}
+
+/// A Llama-family block with every option the CPU tests cover: grouped (here one) kv head,
+/// qkv bias, QK-norm, rotary positions, a sliding window shorter than the sequence, an
+/// untied head.
+fn llama_config() -> GptConfig {
+    GptConfig {
+        n_head: 4,
+        arch: sinter_models::DecoderArch {
+            n_kv_head: Some(1),
+            mlp_hidden: Some(48),
+            qkv_bias: true,
+            qk_norm: true,
+            sliding_window: Some(8),
+            ..sinter_models::DecoderArch::llama(10_000.0)
+        },
+        ..config(0.0)
+    }
+}
+
+#[test]
+fn a_llama_block_trains_like_the_cpu() {
+    let Some(dev) = cuda() else { return };
+    for fast_path in [true, false] {
+        let run = |d| train_config(d, llama_config(), fast_path, Recompute::None);
+        assert_same_steps(
+            &format!("llama, fast path {fast_path}"),
+            &run(dev),
+            &run(Device::Cpu),
+        );
+    }
 }
 
 #[test]

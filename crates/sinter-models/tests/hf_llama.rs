@@ -53,6 +53,8 @@ fn tiny_models_equal_transformers() {
         "qwen2-bias-sharded",
         "qwen3-qknorm",
         "mistral-bf16",
+        "mistral-window",
+        "llama-geglu",
     ] {
         let dir = fixture(name);
         let model = load_hf_llama(&dir).unwrap_or_else(|e| panic!("{name}: {e}"));
@@ -84,10 +86,29 @@ fn the_families_configure_the_block() {
     let qwen3 = cfg("qwen3-qknorm");
     assert!(qwen3.arch.qk_norm && qwen3.n_kv_head() == 1 && qwen3.head_dim() == 16);
     assert_eq!(qwen3.arch.norm_eps, 1e-6);
+    // Mistral's window is attention's, not the context's (which stays the config's 128).
+    let mistral = cfg("mistral-window");
+    assert_eq!(
+        (mistral.arch.sliding_window, mistral.block_size),
+        (Some(5), 128)
+    );
+    assert_eq!(cfg("mistral-bf16").arch.sliding_window, None);
+    assert_eq!(cfg("llama-geglu").arch.mlp, sinter_nn::MlpKind::GeGlu);
 }
 
 #[test]
 fn save_pretrained_round_trips() {
+    // The window and the GeGLU activation are written back too.
+    for name in ["mistral-window", "llama-geglu"] {
+        let model = load_hf_llama(fixture(name)).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        save_hf_llama(&model, dir.path()).unwrap();
+        assert_eq!(
+            load_hf_llama(dir.path()).unwrap().config,
+            model.config,
+            "{name}"
+        );
+    }
     let model = load_hf_llama(fixture("qwen2-bias-sharded")).unwrap();
     let dir = tempfile::tempdir().unwrap();
     save_hf_llama(&model, dir.path()).unwrap();
