@@ -31,7 +31,8 @@ pub enum Windows {
 /// [`num_classes`](Dataset::num_classes) is the vocabulary size.
 #[derive(Clone, Debug)]
 pub struct LmDataset {
-    tokens: Vec<u16>,
+    /// u32: the vocabularies of today's LLMs (Llama 3, Qwen) exceed 16 bits.
+    tokens: Vec<u32>,
     vocab_size: usize,
     context_len: usize,
     windows: Windows,
@@ -42,7 +43,7 @@ impl LmDataset {
     /// Windows of `context_len` tokens over `tokens`, all of which must be below
     /// `vocab_size`. Needs at least `context_len + 1` tokens.
     pub fn new(
-        tokens: Vec<u16>,
+        tokens: Vec<u32>,
         vocab_size: usize,
         context_len: usize,
         windows: Windows,
@@ -112,7 +113,7 @@ impl LmDataset {
     }
 
     /// The whole token sequence of this split.
-    pub fn tokens(&self) -> &[u16] {
+    pub fn tokens(&self) -> &[u32] {
         &self.tokens
     }
 
@@ -129,7 +130,7 @@ impl LmDataset {
         }
     }
 
-    fn window(&self, index: usize) -> (&[u16], &[u16]) {
+    fn window(&self, index: usize) -> (&[u32], &[u32]) {
         let s = self.window_start(index);
         let t = self.context_len;
         (&self.tokens[s..s + t], &self.tokens[s + 1..s + t + 1])
@@ -187,7 +188,7 @@ pub(crate) fn split_point(n: usize) -> usize {
 /// the data in error messages. Public for token sequences made outside this crate (text
 /// encoded with a pretrained model's tokenizer), which split by the same rule.
 pub fn split_dataset(
-    mut tokens: Vec<u16>,
+    mut tokens: Vec<u32>,
     split: Split,
     context_len: usize,
     vocab_size: usize,
@@ -220,7 +221,7 @@ pub fn split_dataset(
 /// Bundled tiny Shakespeare as bytes (vocab 256): first 90% train, last 10% validation,
 /// sliding windows of `context_len`.
 pub fn shakespeare(split: Split, context_len: usize) -> Result<LmDataset> {
-    let tokens = SHAKESPEARE.iter().map(|&b| b as u16).collect();
+    let tokens = SHAKESPEARE.iter().map(|&b| u32::from(b)).collect();
     Ok(split_dataset(
         tokens,
         split,
@@ -236,7 +237,7 @@ pub fn shakespeare(split: Split, context_len: usize) -> Result<LmDataset> {
 pub fn text(path: impl AsRef<Path>, split: Split, context_len: usize) -> Result<LmDataset> {
     let path = path.as_ref();
     let (bytes, _) = read_file(path, "text file")?;
-    let tokens = bytes.iter().map(|&b| b as u16).collect();
+    let tokens = bytes.iter().map(|&b| u32::from(b)).collect();
     Ok(
         split_dataset(tokens, split, context_len, TEXT_VOCAB_SIZE, path)?
             .with_encoding(InputEncoding::Bytes),

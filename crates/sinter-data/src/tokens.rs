@@ -230,7 +230,7 @@ fn read_split(
         for f in &files {
             let t = read_tokens(f)?;
             check_vocab(&t, vocab_size, f)?;
-            all.extend_from_slice(&t);
+            all.extend(t.iter().map(|&v| u32::from(v)));
         }
         if all.len() <= context_len {
             return Err(DataError::Config(format!(
@@ -244,6 +244,7 @@ fn read_split(
     } else {
         let t = read_tokens(path)?;
         check_vocab(&t, vocab_size, path)?;
+        let t = t.into_iter().map(u32::from).collect();
         split_dataset(t, split, context_len, vocab_size, path)
     }
 }

@@ -473,7 +473,10 @@ fn text_file_and_too_short() {
     let val = text(&path, Split::Validation, 4).unwrap();
     assert_eq!(
         train.tokens(),
-        &content[..90].iter().map(|&b| b as u16).collect::<Vec<_>>()[..]
+        &content[..90]
+            .iter()
+            .map(|&b| u32::from(b))
+            .collect::<Vec<_>>()[..]
     );
     assert_eq!(val.tokens().len(), 10);
     assert_eq!(val.len(), 6);
@@ -514,8 +517,9 @@ fn token_file_round_trip_and_split() {
 
     let train = tokens(&path, Split::Train, 8, 50257).unwrap();
     let val = tokens(&path, Split::Validation, 8, 50257).unwrap();
-    assert_eq!(train.tokens(), &toks[..900]);
-    assert_eq!(val.tokens(), &toks[900..]);
+    let wide: Vec<u32> = toks.iter().map(|&t| u32::from(t)).collect();
+    assert_eq!(train.tokens(), &wide[..900]);
+    assert_eq!(val.tokens(), &wide[900..]);
     assert_eq!(train.len(), 892);
     assert_eq!(train.num_classes(), Some(50257));
     let (x, y) = val.get(3);
@@ -663,4 +667,27 @@ fn specs_open_datasets() {
     ] {
         assert!(msg.contains(form), "{msg}");
     }
+}
+
+#[test]
+fn token_ids_past_16_bits_are_kept() {
+    // Llama 3 and Qwen vocabularies (128k, 152k) exceed u16: ids pass through unchanged.
+    let vocab = 151_936;
+    let toks: Vec<u32> = (0..200u32)
+        .map(|i| (i * 7_919 + 65_000) % 151_936)
+        .collect();
+    let train =
+        sinter_data::split_dataset(toks.clone(), Split::Train, 4, vocab, Path::new("<test>"))
+            .unwrap();
+    assert_eq!(train.num_classes(), Some(vocab));
+    let (x, y) = train.get(7);
+    let want =
+        |from: usize| -> Vec<i64> { toks[from..from + 4].iter().map(|&t| t as i64).collect() };
+    assert_eq!(x.data.as_i64().unwrap(), &want(7)[..]);
+    assert_eq!(y.data.as_i64().unwrap(), &want(8)[..]);
+    assert!(toks[7..12].iter().any(|&t| t > 65_535));
+    // An id at or past the vocabulary is refused.
+    let mut bad = toks;
+    bad[3] = vocab as u32;
+    assert!(sinter_data::split_dataset(bad, Split::Train, 4, vocab, Path::new("<test>")).is_err());
 }

@@ -14,9 +14,6 @@ use sinter_nn::module::shared_rng;
 use super::Setup;
 use crate::config::TrainConfig;
 
-/// Token ids are stored as u16 (as in llm.c's token files).
-const MAX_VOCAB: usize = 1 << 16;
-
 /// The model at `path` with its tokenizer, and the run's data encoded with it.
 pub fn setup_pretrained(config: TrainConfig, path: &Path) -> Result<Setup> {
     let spec = DataSpec::parse(&config.data)?;
@@ -138,13 +135,7 @@ fn bundled_shakespeare() -> Result<String> {
 
 /// The file as one document, as transformers' tokenizer encodes it (with the BOS it adds,
 /// if it adds one), ended by the end-of-sequence token when the tokenizer has one.
-fn encode(tokenizer: &TextTokenizer, text: &str, source: &Path) -> Result<Vec<u16>> {
-    if tokenizer.vocab_size() > MAX_VOCAB {
-        bail!(
-            "the tokenizer of this model has {} tokens, more than the {MAX_VOCAB} that sinter's 16-bit token store holds; models with larger vocabularies (Qwen2/3, Llama 3) cannot be fine-tuned on text yet",
-            tokenizer.vocab_size()
-        );
-    }
+fn encode(tokenizer: &TextTokenizer, text: &str, source: &Path) -> Result<Vec<u32>> {
     let mut ids = tokenizer
         .encode(text, true)
         .with_context(|| format!("encoding {}", source.display()))?;
@@ -153,5 +144,5 @@ fn encode(tokenizer: &TextTokenizer, text: &str, source: &Path) -> Result<Vec<u1
             ids.push(eos);
         }
     }
-    Ok(ids.into_iter().map(|i| i as u16).collect())
+    Ok(ids)
 }
