@@ -4,7 +4,7 @@
 use half::{bf16, f16};
 
 use crate::cpu::CpuStorage;
-use crate::{bail, DType, Error, Layout, Result};
+use crate::{DType, Error, Result};
 
 /// The closure of a CPU forward.
 pub(crate) type CpuForwardFn = dyn Fn(&[HostInput<'_>]) -> Result<Vec<HostOutput>> + Send + Sync;

@@ -10,7 +10,7 @@
 use std::sync::Arc;
 
 use sinter_cuda::launch::Arg;
-use sinter_cuda::user_kernel::{KernelSource, UserLaunch};
+use sinter_cuda::user_kernel::KernelSource;
 
 use super::spec::TensorMeta;
 use crate::{Error, Result};
