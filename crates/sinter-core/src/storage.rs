@@ -346,7 +346,7 @@ impl Storage {
         call: &ForwardCall<'_>,
         inputs: &[(&Storage, &Layout)],
     ) -> Result<Option<Vec<Storage>>> {
-        let name = call.def.name;
+        let name = call.name;
         Ok(match inputs.first() {
             None => bail!("custom op `{name}`: no inputs"),
             Some((Storage::Cpu(_), _)) => {

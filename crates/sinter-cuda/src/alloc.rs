@@ -30,24 +30,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::dtype::DType;
 use crate::error::{CudaError, Result};
-
-/// Which pool a buffer belongs to.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Pool {
-    /// Weights, gradients, optimizer state: lives for the whole run.
-    Permanent,
-    /// Activations and workspaces: freed within a step.
-    Temporary,
-}
-
-impl Pool {
-    fn index(self) -> usize {
-        match self {
-            Pool::Permanent => 0,
-            Pool::Temporary => 1,
-        }
-    }
-}
+pub use crate::pool::Pool;
 
 /// Smallest bucket; also the alignment of every buffer (cuMemAlloc gives 256-byte alignment).
 pub const MIN_BUCKET: usize = 512;

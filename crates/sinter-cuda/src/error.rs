@@ -1,7 +1,7 @@
 //! The one error type of this crate. Nothing here panics on a driver, NVRTC or cuBLAS failure:
 //! every such failure becomes a [`CudaError`].
 
-use crate::alloc::Pool;
+use crate::pool::Pool;
 
 /// Everything that can go wrong in sinter-cuda.
 #[derive(Debug, thiserror::Error)]

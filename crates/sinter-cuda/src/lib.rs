@@ -60,6 +60,7 @@ pub mod graph;
 pub mod launch;
 pub mod nvrtc;
 pub mod ops;
+mod pool;
 pub mod runtime;
 pub mod testing;
 pub mod user_kernel;

@@ -8,6 +8,11 @@ use std::path::PathBuf;
 /// Shorthand for `Result<T, DataError>`.
 pub type Result<T, E = DataError> = std::result::Result<T, E>;
 
+/// The forms [`DataSpec::parse`](crate::DataSpec::parse) accepts, named in
+/// [`DataError::UnknownSpec`] (here so that the error type needs nothing above it).
+pub(crate) const VALID_FORMS: &str = "digits, shakespeare, mnist:DIR, cifar10:DIR, text:FILE, \
+                               tokens:FILE_OR_DIR";
+
 /// Everything that can go wrong while finding, reading, parsing or batching data.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -124,7 +129,7 @@ pub enum DataError {
     /// A data spec string that is none of the known forms.
     #[error(
         "unknown data set \"{spec}\": {reason}; valid forms are {}",
-        crate::spec::VALID_FORMS
+        VALID_FORMS
     )]
     UnknownSpec {
         /// The string as given.

@@ -8,11 +8,36 @@ use std::thread::JoinHandle;
 
 use crate::error::{DataError, Result};
 use crate::rng::EpochOrder;
-use crate::{Batch, Dataset, HostArray};
+use crate::{Dataset, HostArray};
 
 /// How many prepared batches may wait in the channel between the loader thread and the
 /// trainer.
 const PREFETCH_DEPTH: usize = 2;
+
+/// One mini-batch: inputs stacked along a new leading batch dimension, and targets likewise.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Batch {
+    /// Shape `[b] + dataset.input_shape()`.
+    pub inputs: HostArray,
+    /// Shape `[b] + dataset.target_shape()`.
+    pub targets: HostArray,
+    /// The dataset indices of the `b` examples, in batch order.
+    pub indices: Vec<usize>,
+    /// Where this batch sits in the loader's stream (epoch, batch within the epoch).
+    pub position: LoaderPosition,
+}
+
+impl Batch {
+    /// The number of examples in the batch.
+    pub fn len(&self) -> usize {
+        self.indices.len()
+    }
+
+    /// Whether the batch has no examples (never true for batches from a [`DataLoader`]).
+    pub fn is_empty(&self) -> bool {
+        self.indices.is_empty()
+    }
+}
 
 /// Where a [`DataLoader`] is in its endless stream of batches: batch `batch` (0-based,
 /// counted per rank) of epoch `epoch`. Stored in checkpoints as two u64s

@@ -11,10 +11,6 @@ use crate::text::Windows;
 use crate::tokens::GPT2_VOCAB_SIZE;
 use crate::{Dataset, Split};
 
-/// The forms [`DataSpec::parse`] accepts, for error messages.
-pub const VALID_FORMS: &str = "digits, shakespeare, mnist:DIR, cifar10:DIR, text:FILE, \
-                               tokens:FILE_OR_DIR";
-
 /// Whether a data set is for classification or language modelling.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum DataKind {
@@ -176,6 +172,7 @@ impl fmt::Display for DataSpec {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::error::VALID_FORMS;
 
     #[test]
     fn parses_every_form_and_round_trips() {

@@ -26,32 +26,12 @@ pub use hf_bert::{
 pub use hf_gpt2::{hf_gpt2_config, load_hf_gpt2, save_hf_gpt2};
 pub use hf_llama::{llama_config_from_hf_json, load_hf_llama, save_hf_llama};
 pub use mlp::Mlp;
-pub use model::{classifier_loss, sequence_loss, BatchLoss, Model};
+pub use model::{classifier_loss, sequence_loss, BatchLoss, Model, Task};
 pub use pretrained::{load_pretrained, load_pretrained_with_tokenizer, load_tokenizer, Pretrained};
 pub use resnet::ResNet18;
 
 use sinter_core::{bail, Result, Rng};
 use sinter_nn::SharedRng;
-
-/// What a model consumes and produces, so the trainer knows how to feed and score it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Task {
-    /// f32 images [n, c, h, w] → logits [n, classes].
-    Classification,
-    /// i64 tokens [n, t] → logits [n, t, vocab].
-    LanguageModel,
-    /// i64 tokens [n, t] with some replaced by a mask token → logits [n, t, vocab + 1],
-    /// scored at the masked positions only (BERT's pre-training). It reads the same token
-    /// data as `LanguageModel`; the mask token is the id one past the data's vocabulary.
-    MaskedLm,
-}
-
-impl Task {
-    /// Whether examples are token sequences (throughput is then counted in tokens).
-    pub fn is_sequence(self) -> bool {
-        matches!(self, Task::LanguageModel | Task::MaskedLm)
-    }
-}
 
 pub const MODEL_NAMES: &[&str] = &[
     "mlp",

@@ -6,7 +6,26 @@ use sinter_core::{Device, Result, Tensor};
 use sinter_nn::Module;
 
 use crate::bert::IGNORE_INDEX;
-use crate::Task;
+
+/// What a model consumes and produces, so the trainer knows how to feed and score it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Task {
+    /// f32 images [n, c, h, w] → logits [n, classes].
+    Classification,
+    /// i64 tokens [n, t] → logits [n, t, vocab].
+    LanguageModel,
+    /// i64 tokens [n, t] with some replaced by a mask token → logits [n, t, vocab + 1],
+    /// scored at the masked positions only (BERT's pre-training). It reads the same token
+    /// data as `LanguageModel`; the mask token is the id one past the data's vocabulary.
+    MaskedLm,
+}
+
+impl Task {
+    /// Whether examples are token sequences (throughput is then counted in tokens).
+    pub fn is_sequence(self) -> bool {
+        matches!(self, Task::LanguageModel | Task::MaskedLm)
+    }
+}
 
 /// The loss of one batch.
 pub struct BatchLoss {

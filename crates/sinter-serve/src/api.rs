@@ -187,7 +187,9 @@ impl Common {
                     Some("model".into()),
                 ))
             }
-            Some(m) if *m != limits.model_name => return Err(ApiError::model_not_found(m, limits)),
+            Some(m) if *m != limits.model_name => {
+                return Err(ApiError::model_not_found(m, &limits.model_name))
+            }
             Some(_) => {}
         }
         neutral(&self.n, &[1], "n")?;

@@ -6,8 +6,6 @@ use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde_json::json;
 
-use crate::api::Limits;
-
 #[derive(Debug)]
 pub struct ApiError {
     pub status: StatusCode,
@@ -51,14 +49,11 @@ impl ApiError {
         )
     }
 
-    pub fn model_not_found(name: &str, limits: &Limits) -> ApiError {
+    pub fn model_not_found(name: &str, served: &str) -> ApiError {
         ApiError::new(
             StatusCode::NOT_FOUND,
             "invalid_request_error",
-            format!(
-                "the model '{name}' does not exist; this server runs '{}'",
-                limits.model_name
-            ),
+            format!("the model '{name}' does not exist; this server runs '{served}'"),
             Some("model".into()),
             Some("model_not_found"),
         )

@@ -254,7 +254,7 @@ async fn models(State(app): State<App>) -> Response {
 
 async fn model(State(app): State<App>, Path(id): Path<String>) -> Response {
     if id != app.limits.model_name {
-        return ApiError::model_not_found(&id, &app.limits).into_response();
+        return ApiError::model_not_found(&id, &app.limits.model_name).into_response();
     }
     json_response(StatusCode::OK, &model_card(&app))
 }

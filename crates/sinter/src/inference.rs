@@ -12,27 +12,8 @@ use sinter_serve::Tokenizer;
 
 use crate::checkpoint::{self, InferenceInfo, InputSpec};
 use crate::config::TrainConfig;
-use crate::trainer::{setup, Setup};
-
-/// What inference needs to know about a run's data and model (saved in its checkpoints).
-pub fn info_of(s: &Setup) -> InferenceInfo {
-    InferenceInfo {
-        model: s.config.model.clone(),
-        task: task_name(s.task).into(),
-        input_shape: s.train.input_shape(),
-        classes: s.train.num_classes().unwrap_or(0),
-        class_names: s.train.class_names(),
-        input: InputSpec::from_data(&s.train.input_encoding()),
-    }
-}
-
-fn task_name(t: Task) -> &'static str {
-    match t {
-        Task::Classification => "classification",
-        Task::LanguageModel => "language_model",
-        Task::MaskedLm => "masked_lm",
-    }
-}
+use crate::int8_checkpoint;
+use crate::trainer::{info_of, setup, Setup};
 
 /// A checkpoint's model with its weights, built from the checkpoint alone.
 pub struct Inference {
@@ -60,8 +41,18 @@ pub fn check_temperature(t: f64) -> Result<()> {
 /// Loads a checkpoint (a run directory or the file) as a model to run. Checkpoints written
 /// before they held [`InferenceInfo`] open their data once to learn it.
 pub fn load_model(path: &Path) -> Result<Inference> {
-    if let Some(q) = crate::quantize_cmd::load_model_if_quantized(path)? {
-        return Ok(q);
+    if let Some(q) = int8_checkpoint::read_if_quantized(path)? {
+        let info = match &q.inference {
+            Some(i) => i.clone(),
+            None => info_of(&setup(q.config.clone())?),
+        };
+        let model = build_model(&info)?;
+        q.install(model.as_ref())?;
+        return Ok(Inference {
+            config: q.config,
+            info,
+            model,
+        });
     }
     let l = checkpoint::load(path)?;
     let info = match &l.meta.inference {
@@ -111,8 +102,10 @@ fn named(m: &dyn Model) -> Vec<(String, sinter_core::Tensor)> {
 
 /// The model and validation data of a checkpoint, with its weights loaded; and its step.
 pub fn load_for_eval(path: &Path) -> Result<(Setup, u64)> {
-    if let Some(q) = crate::quantize_cmd::load_for_eval_if_quantized(path)? {
-        return Ok(q);
+    if let Some(q) = int8_checkpoint::read_if_quantized(path)? {
+        let s = setup(q.config.clone())?;
+        q.install(s.model.as_ref())?;
+        return Ok((s, q.step));
     }
     let l = checkpoint::load(path)?;
     let s = setup(l.meta.config.clone())?;

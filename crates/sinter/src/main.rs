@@ -7,6 +7,7 @@ mod dist_cmd;
 mod gpu_bench;
 mod inference;
 mod int8_bench;
+mod int8_checkpoint;
 mod llm_bench;
 mod metrics;
 mod param_groups;

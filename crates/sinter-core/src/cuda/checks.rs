@@ -22,9 +22,17 @@ use std::sync::{Arc, Mutex, OnceLock};
 use sinter_cuda::ops::int::{self as ki, SLOT_LEN};
 use sinter_cuda::{CudaDevice, DevSlice, DeviceBuffer, Pool};
 
-use super::OnOp;
+use super::{device, op_err, OnOp};
 use crate::backend::IndexUse;
 use crate::{DType, Error, Result};
+
+/// Wait until all queued work on device `ordinal` has finished (for timings).
+/// Also returns the error of a bad device-resident index found since the last read (below).
+pub fn synchronize(ordinal: usize) -> Result<()> {
+    let dev = device(ordinal)?;
+    dev.synchronize().map_err(op_err("synchronize"))?;
+    take_error(&dev)
+}
 
 /// The error message for a recorded bad index.
 pub(crate) fn describe(pos: usize, value: i64, bound: usize, tag: i64, ordinal: usize) -> String {

@@ -36,6 +36,7 @@ use std::sync::{Arc, OnceLock};
 
 use sinter_cuda::{CudaDevice, CudaError, DevSlice, DeviceBuffer};
 
+pub use checks::synchronize;
 pub use sinter_cuda::Pool;
 pub use storage::CudaStorage;
 
@@ -99,15 +100,6 @@ pub fn empty_cache(ordinal: usize) -> Result<()> {
     device(ordinal)?
         .empty_cache()
         .map_err(op_err("empty_cache"))
-}
-
-/// Wait until all queued work on device `ordinal` has finished (for timings).
-/// Also returns the error of a bad device-resident index found since the last read (see
-/// `checks`).
-pub fn synchronize(ordinal: usize) -> Result<()> {
-    let dev = device(ordinal)?;
-    dev.synchronize().map_err(op_err("synchronize"))?;
-    checks::take_error(&dev)
 }
 
 fn tf32_flag() -> &'static AtomicBool {

@@ -9,7 +9,6 @@
 
 use std::sync::{Arc, Mutex};
 
-use super::op::OpDef;
 use crate::graph;
 use crate::storage::Storage;
 use crate::tensor::output;
@@ -61,7 +60,8 @@ impl BackwardCtx<'_> {
 /// The returned outputs of a forward whose every output is in `outputs`, with the op's node
 /// recorded when an input tracks gradients.
 pub(crate) fn record(
-    def: &Arc<OpDef>,
+    name: &'static str,
+    backward: Option<Arc<BackwardFn>>,
     inputs: &[&Tensor],
     outputs: Vec<Tensor>,
     returned: usize,
@@ -70,23 +70,22 @@ pub(crate) fn record(
     let (Some(first), true) = (tracked, graph::is_grad_enabled()) else {
         return Ok(outputs.into_iter().take(returned).collect());
     };
-    if def.backward.is_none() {
+    let Some(backward) = backward else {
         bail!(
-            "custom op `{}` has no backward, but its input {first} needs a gradient: define one with CustomOpBuilder::backward, or call the op under no_grad or on detached inputs",
-            def.name
+            "custom op `{name}` has no backward, but its input {first} needs a gradient: define one with CustomOpBuilder::backward, or call the op under no_grad or on detached inputs"
         );
-    }
+    };
     let device = outputs[0].device();
     let slot: Arc<Mutex<Vec<Option<Tensor>>>> = Arc::new(Mutex::new(vec![None; returned]));
     let anchor = {
-        let (def, slot) = (def.clone(), slot.clone());
+        let slot = slot.clone();
         let ins: Vec<Tensor> = inputs.iter().map(|t| t.detach()).collect();
         let needs: Vec<bool> = inputs.iter().map(|t| t.tracks_grad()).collect();
         let outs = outputs.clone();
         output(
             Storage::alloc(device, 0, DType::F32)?,
             &[0],
-            def.name,
+            name,
             inputs,
             move |_, _| {
                 // Emptied (not shrunk) for the next backward pass over the same graph.
@@ -107,8 +106,7 @@ pub(crate) fn record(
                     outputs: &outs,
                     grads: &grads,
                 };
-                let backward = def.backward.as_deref().expect("checked when recorded");
-                checked_grads(def.name, &ins, &needs, backward(&ctx)?)
+                checked_grads(name, &ins, &needs, backward(&ctx)?)
             },
         )
     };
@@ -118,7 +116,7 @@ pub(crate) fn record(
         .enumerate()
         .map(|(k, o)| {
             let slot = slot.clone();
-            let node = graph::record(def.name, &[&anchor], move |g, _| {
+            let node = graph::record(name, &[&anchor], move |g, _| {
                 slot.lock().unwrap_or_else(|p| p.into_inner())[k] = Some(g.clone());
                 Ok(vec![Some(Tensor::zeros(&[0], DType::F32, device)?)])
             });

@@ -10,12 +10,10 @@
 use std::sync::Arc;
 
 use sinter_cuda::launch::Arg;
-use sinter_cuda::user_kernel::{KernelSource, UserLaunch};
+use sinter_cuda::user_kernel::KernelSource;
 
-use super::seam::{CustomForward, ForwardCall};
 use super::spec::TensorMeta;
-use crate::cuda::{alloc, CudaStorage};
-use crate::{Device, Error, Layout, Result};
+use crate::{Error, Result};
 
 /// Computes a launch's geometry and scalars from the inputs' shapes.
 pub(crate) type LaunchFn = dyn Fn(&[TensorMeta]) -> Result<KernelLaunch> + Send + Sync;
@@ -23,9 +21,9 @@ pub(crate) type LaunchFn = dyn Fn(&[TensorMeta]) -> Result<KernelLaunch> + Send 
 /// A kernel of CUDA C++ source and how to launch it.
 #[derive(Clone)]
 pub struct CudaKernel {
-    source: Arc<KernelSource>,
-    kernel: String,
-    launch: Arc<LaunchFn>,
+    pub(super) source: Arc<KernelSource>,
+    pub(super) kernel: String,
+    pub(super) launch: Arc<LaunchFn>,
 }
 
 impl std::fmt::Debug for CudaKernel {
@@ -91,7 +89,7 @@ impl From<f32> for Scalar {
 }
 
 impl Scalar {
-    fn arg(self) -> Arg {
+    pub(super) fn arg(self) -> Arg {
         match self {
             Scalar::I32(v) => Arg::I32(v),
             Scalar::I64(v) => Arg::I64(v),
@@ -133,55 +131,5 @@ impl KernelLaunch {
     pub fn arg(mut self, s: impl Into<Scalar>) -> KernelLaunch {
         self.scalars.push(s.into());
         self
-    }
-}
-
-impl CustomForward for CudaStorage {
-    fn custom_forward(
-        call: &ForwardCall<'_>,
-        inputs: &[(&Self, &Layout)],
-    ) -> Result<Option<Vec<Self>>> {
-        let Some(k) = call.def.cuda.as_ref() else {
-            return Ok(None);
-        };
-        let first = inputs[0].0;
-        let dev = first.device();
-        let on_device = |e: sinter_cuda::CudaError| {
-            Error::Msg(format!(
-                "custom op `{}` on {}: {e}",
-                call.def.name,
-                Device::Cuda(first.ordinal())
-            ))
-        };
-        let views = inputs
-            .iter()
-            .map(|(s, l)| s.window(l))
-            .collect::<Result<Vec<_>>>()?;
-        let outs = call
-            .specs
-            .iter()
-            .map(|s| alloc(dev, s.numel(), s.dtype))
-            .collect::<Result<Vec<_>>>()?;
-        let plan = (k.launch)(call.metas)?;
-        let args = views
-            .iter()
-            .map(|v| Arg::Ptr(v.slice().ptr()))
-            .chain(outs.iter().map(|b| Arg::Ptr(b.ptr())))
-            .chain(plan.scalars.iter().map(|s| s.arg()))
-            .collect();
-        let launch = UserLaunch {
-            kernel: k.kernel.clone(),
-            grid: plan.grid,
-            block: plan.block,
-            shared_mem: plan.shared_mem,
-            args,
-        };
-        dev.launch_user(&k.source, &launch).map_err(on_device)?;
-        Ok(Some(
-            outs.into_iter()
-                .zip(call.specs)
-                .map(|(b, s)| first.sibling(b, s.dtype))
-                .collect(),
-        ))
     }
 }

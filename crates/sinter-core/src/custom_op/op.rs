@@ -22,7 +22,7 @@ pub(crate) struct OpDef {
     pub outputs: Box<OutputsFn>,
     pub cpu: Option<Box<CpuForwardFn>>,
     pub cuda: Option<CudaKernel>,
-    pub backward: Option<Box<BackwardFn>>,
+    pub backward: Option<Arc<BackwardFn>>,
 }
 
 impl OpDef {
@@ -63,7 +63,7 @@ pub struct CustomOpBuilder {
     outputs: Option<Box<OutputsFn>>,
     cpu: Option<Box<CpuForwardFn>>,
     cuda: Option<CudaKernel>,
-    backward: Option<Box<BackwardFn>>,
+    backward: Option<Arc<BackwardFn>>,
 }
 
 impl CustomOpBuilder {
@@ -104,7 +104,7 @@ impl CustomOpBuilder {
         mut self,
         f: impl Fn(&BackwardCtx<'_>) -> Result<Vec<Option<Tensor>>> + Send + Sync + 'static,
     ) -> Self {
-        self.backward = Some(Box::new(f));
+        self.backward = Some(Arc::new(f));
         self
     }
     pub fn build(self) -> Result<CustomOp> {
@@ -173,7 +173,14 @@ impl CustomOp {
                 );
             }
         }
-        let metas: Vec<TensorMeta> = inputs.iter().map(|t| TensorMeta::of(t)).collect();
+        let metas: Vec<TensorMeta> = inputs
+            .iter()
+            .map(|t| TensorMeta {
+                shape: t.shape().to_vec(),
+                dtype: t.dtype(),
+                device: t.device(),
+            })
+            .collect();
         let specs =
             (def.outputs)(&metas).map_err(|e| Error::Msg(format!("custom op `{name}`: {e}")))?;
         let returned = specs.iter().take_while(|s| !s.saved_only).count();
@@ -189,7 +196,9 @@ impl CustomOp {
             .map(|(g, t)| (&**g, t.layout()))
             .collect();
         let call = ForwardCall {
-            def,
+            name,
+            cpu: def.cpu.as_deref(),
+            cuda: def.cuda.as_ref(),
             metas: &metas,
             specs: &specs,
         };
@@ -208,6 +217,6 @@ impl CustomOp {
             .zip(&specs)
             .map(|(s, spec)| Tensor::from_storage(s, &spec.shape))
             .collect();
-        record(&self.0, inputs, outputs, returned)
+        record(name, def.backward.clone(), inputs, outputs, returned)
     }
 }

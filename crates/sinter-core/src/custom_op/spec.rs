@@ -3,7 +3,7 @@
 //! on CUDA, allocated from) the same shapes and dtypes.
 
 use crate::layout::numel;
-use crate::{DType, Device, Tensor};
+use crate::{DType, Device};
 
 /// An input's shape, dtype and device, as the op's output and launch functions see it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -14,13 +14,6 @@ pub struct TensorMeta {
 }
 
 impl TensorMeta {
-    pub(crate) fn of(t: &Tensor) -> TensorMeta {
-        TensorMeta {
-            shape: t.shape().to_vec(),
-            dtype: t.dtype(),
-            device: t.device(),
-        }
-    }
     /// Elements.
     pub fn numel(&self) -> usize {
         numel(&self.shape)

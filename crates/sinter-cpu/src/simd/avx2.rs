@@ -2,7 +2,7 @@
 
 use std::arch::x86_64::*;
 
-use super::Simd;
+use super::ops::Simd;
 
 #[derive(Clone, Copy, Debug)]
 pub struct Avx2;

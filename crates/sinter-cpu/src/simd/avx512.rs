@@ -3,7 +3,7 @@
 
 use std::arch::x86_64::*;
 
-use super::Simd;
+use super::ops::Simd;
 
 #[derive(Clone, Copy, Debug)]
 pub struct Avx512;

@@ -1,7 +1,7 @@
 //! The portable one-lane implementation: plain f32 arithmetic (with `mul_add` for FMA, so the
 //! polynomials round exactly as the vector paths do).
 
-use super::Simd;
+use super::ops::Simd;
 
 #[derive(Clone, Copy, Debug)]
 pub struct Scalar;

@@ -13,6 +13,18 @@ use serde::Serialize;
 
 use crate::error::{DataError, Result};
 
+/// Special tokens that end a turn in the chat formats in use; where a tokenizer has one as a
+/// special token, generation stops there as it does at end of sequence (llama.cpp's list).
+pub(crate) const END_OF_TURN_TOKENS: &[&str] = &[
+    "<|eot_id|>",
+    "<|im_end|>",
+    "<|end|>",
+    "<end_of_turn>",
+    "<|endoftext|>",
+    "<|end_of_text|>",
+    "<EOT>",
+];
+
 /// One message of a conversation.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct ChatMessage {

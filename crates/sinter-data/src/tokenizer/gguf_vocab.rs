@@ -238,7 +238,7 @@ impl GgufVocab {
             .collect();
         for (id, token) in self.tokens.iter().enumerate() {
             if self.token_type_of(id) == Some(TOKEN_TYPE_CONTROL)
-                && super::hf::END_OF_TURN_TOKENS.contains(&token.as_str())
+                && super::chat::END_OF_TURN_TOKENS.contains(&token.as_str())
             {
                 ids.push(id as u32);
             }

@@ -8,21 +8,9 @@ use tokenizers::{
     Tokenizer,
 };
 
-use super::chat::ChatTemplate;
+use super::chat::{ChatTemplate, END_OF_TURN_TOKENS};
 use super::gguf_vocab::{self, GgufVocab};
 use crate::error::{DataError, Result};
-
-/// Special tokens that end a turn in the chat formats in use; where a tokenizer has one as a
-/// special token, generation stops there as it does at end of sequence (llama.cpp's list).
-pub(crate) const END_OF_TURN_TOKENS: &[&str] = &[
-    "<|eot_id|>",
-    "<|im_end|>",
-    "<|end|>",
-    "<end_of_turn>",
-    "<|endoftext|>",
-    "<|end_of_text|>",
-    "<EOT>",
-];
 
 /// A pretrained model's tokenizer: text to token ids and back, its special tokens, the ids that
 /// end a generation, and its chat template.

@@ -9,11 +9,11 @@ mod batch;
 mod console;
 pub mod engine;
 mod eval;
+mod options;
 pub mod pretrained;
+mod run_dir;
 mod setup;
 mod trainer_loop;
-
-use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
 use sinter_core::{Device, Rng};
@@ -23,7 +23,9 @@ pub use batch::to_tensor;
 pub use console::Console;
 pub use engine::parallel::ModelParallel;
 pub use eval::evaluate;
-pub use setup::{setup, Setup};
+pub use options::TrainOptions;
+pub use run_dir::{checkpoint_meta, save_checkpoint, RUN_FILES};
+pub use setup::{info_of, Setup};
 
 use crate::checkpoint::{self, Loaded};
 use crate::config::TrainConfig;
@@ -31,29 +33,6 @@ use engine::local::{Dist, LocalEngine};
 use engine::parallel::{self, ParallelEngine};
 use engine::StepEngine;
 use trainer_loop::Trainer;
-
-pub struct TrainOptions {
-    pub out: Option<PathBuf>,
-    pub resume: Option<PathBuf>,
-    /// `--overwrite`: a new run may replace the run in `out`.
-    pub overwrite: bool,
-    /// What a resumed run changed from its checkpoint's config, to print.
-    pub notes: Vec<String>,
-    pub quiet: bool,
-    /// Stop (evaluating and checkpointing) after this step, for time-boxed jobs; `--resume`
-    /// continues the same run later.
-    pub stop_at_step: Option<u64>,
-    /// Data parallel even in a single process (it is on by itself when the launcher's
-    /// environment says WORLD_SIZE > 1, and with `--zero`).
-    pub dp: bool,
-    /// `--cuda-graph`: capture the whole training step as a CUDA graph after warm-up steps and
-    /// replay it (CUDA, single process, no dropout; ignored on the CPU).
-    pub cuda_graph: bool,
-    /// `--dist-backend`: NCCL or the host ring for data parallel / ZeRO.
-    pub dist_backend: sinter_dist::BackendChoice,
-    /// `--tp` / `--pp`: tensor or pipeline parallel GPT replicas.
-    pub parallel: Option<ModelParallel>,
-}
 
 /// True for errors that another rank's failure causes here (a lost connection or a
 /// collective that timed out), as opposed to a failure of this rank.
@@ -101,7 +80,7 @@ fn run_inner(config: TrainConfig, opts: &TrainOptions) -> Result<serde_json::Val
     // Only rank 0 writes files and talks.
     let console = Console::new(opts.quiet || env.rank != 0);
     if env.rank == 0 {
-        prepare_out_dir(opts, &console)?;
+        run_dir::prepare_out_dir(opts, &console)?;
     }
     for n in &opts.notes {
         console.note(format!("resume: {n}"));
@@ -118,108 +97,6 @@ fn run_inner(config: TrainConfig, opts: &TrainOptions) -> Result<serde_json::Val
         )?;
     }
     Trainer::new(s, engine, resumed.as_ref(), opts, env.rank == 0, console)?.run()
-}
-
-/// Files a run writes in its `--out` directory (besides temporaries and `--keep-last`
-/// copies).
-pub const RUN_FILES: &[&str] = &[
-    checkpoint::FILE_NAME,
-    checkpoint::BEST_FILE,
-    "metrics.jsonl",
-    "metrics.csv",
-    crate::metrics::EVENTS_FILE,
-    "summary.json",
-    "loss.svg",
-];
-
-/// Before a run writes into its directory: temporaries of killed runs are removed, and a new
-/// run refuses to replace another's files unless `--overwrite` says so (then it removes them).
-fn prepare_out_dir(opts: &TrainOptions, console: &Console) -> Result<()> {
-    let Some(dir) = &opts.out else {
-        console.note("no --out DIR: this run saves nothing (no checkpoint, metrics or plot); add --out DIR to keep it");
-        return Ok(());
-    };
-    let (removed, bytes) = checkpoint::remove_stale_temporaries(dir)?;
-    if !removed.is_empty() {
-        console.note(format!(
-            "removed {} temporary file(s) ({:.1} MB) that killed runs left in {}",
-            removed.len(),
-            bytes as f64 / 1e6,
-            dir.display()
-        ));
-    }
-    if opts.resume.is_some() {
-        return Ok(());
-    }
-    let kept = std::fs::read_dir(dir)
-        .into_iter()
-        .flatten()
-        .flatten()
-        .map(|e| e.file_name().to_string_lossy().into_owned())
-        .filter(|n| checkpoint::kept_step(n).is_some());
-    let existing: Vec<String> = RUN_FILES
-        .iter()
-        .map(|f| f.to_string())
-        .filter(|f| dir.join(f).exists())
-        .chain(kept)
-        .collect();
-    if existing.is_empty() {
-        return Ok(());
-    }
-    if !opts.overwrite {
-        if let Some(what) = checkpoint::run_without_checkpoint(dir) {
-            let temporaries = if removed.is_empty() {
-                String::new()
-            } else {
-                " (its unfinished checkpoint file was removed above)".into()
-            };
-            bail!("{} holds {what} but no checkpoint: that run was stopped or killed before its first checkpoint was written, or while it was being written{temporaries}, so it cannot be resumed. Start over there with --overwrite (its history files are replaced), or choose another --out", dir.display());
-        }
-        bail!("{} already holds a run ({}); continue it with --resume {}, replace it with --overwrite, or choose another --out", dir.display(), existing.join(", "), dir.display());
-    }
-    for f in &existing {
-        std::fs::remove_file(dir.join(f))
-            .with_context(|| format!("--overwrite: cannot remove {}", dir.join(f).display()))?;
-    }
-    Ok(())
-}
-
-/// A checkpoint of `s` at `step` (its weights, `optim_state` with `optimizer_steps` updates
-/// taken, the generators, the loader's position, the config and what inference needs).
-pub fn save_checkpoint(
-    dir: &std::path::Path,
-    s: &Setup,
-    optim_state: &[(String, sinter_core::Tensor)],
-    optimizer_steps: u64,
-    step: u64,
-    loader: &sinter_data::DataLoader,
-    precision: String,
-) -> Result<()> {
-    let meta = checkpoint_meta(s, step, optimizer_steps, loader, Some(precision), None);
-    let bytes = checkpoint::to_bytes(&s.named_tensors(), optim_state, &meta)?;
-    checkpoint::write_atomic(&checkpoint::path_in(dir), &bytes)
-}
-
-/// The metadata of a checkpoint of `s` at `step`.
-pub fn checkpoint_meta(
-    s: &Setup,
-    step: u64,
-    optimizer_steps: u64,
-    loader: &sinter_data::DataLoader,
-    precision: Option<String>,
-    trainer: Option<String>,
-) -> checkpoint::Meta {
-    checkpoint::Meta {
-        step,
-        optimizer_steps,
-        rng: s.rng.state(),
-        dropout_rng: s.dropout_state(),
-        loader: loader.position().to_u64s(),
-        config: s.config.clone(),
-        precision,
-        trainer,
-        inference: Some(crate::inference::info_of(s)),
-    }
 }
 
 type Started = (Setup, Box<dyn StepEngine>, Option<Loaded>);
@@ -319,4 +196,17 @@ fn restore(s: &mut Setup, resumed: Option<&Loaded>) -> Result<()> {
     s.rng = Rng::from_state(l.meta.rng);
     s.set_dropout_state(l.meta.dropout_rng);
     Ok(())
+}
+
+/// The model and data of `config`: a preset built from its seed, or a pretrained model loaded
+/// from its path. Every strategy (one process, data parallel, ZeRO, tensor and pipeline
+/// parallel), `eval` and `--resume` build their model here.
+pub fn setup(config: TrainConfig) -> Result<Setup> {
+    match crate::config::pretrained_path(&config.model) {
+        Some(path) => {
+            let path = path.to_path_buf();
+            pretrained::setup_pretrained(config, &path)
+        }
+        None => setup::setup_preset(config),
+    }
 }

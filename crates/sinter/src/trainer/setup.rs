@@ -9,6 +9,7 @@ use sinter_models::{DataShape, Model, Task};
 use sinter_nn::module::shared_rng;
 use sinter_nn::SharedRng;
 
+use crate::checkpoint::{InferenceInfo, InputSpec};
 use crate::config::TrainConfig;
 
 /// Model, data and random generators of one run.
@@ -44,6 +45,26 @@ impl Setup {
 
     pub fn set_dropout_state(&self, state: [u64; 4]) {
         *self.dropout_rng.lock().unwrap_or_else(|e| e.into_inner()) = Rng::from_state(state);
+    }
+}
+
+/// What inference needs to know about a run's data and model (saved in its checkpoints).
+pub fn info_of(s: &Setup) -> InferenceInfo {
+    InferenceInfo {
+        model: s.config.model.clone(),
+        task: task_name(s.task).into(),
+        input_shape: s.train.input_shape(),
+        classes: s.train.num_classes().unwrap_or(0),
+        class_names: s.train.class_names(),
+        input: InputSpec::from_data(&s.train.input_encoding()),
+    }
+}
+
+fn task_name(t: Task) -> &'static str {
+    match t {
+        Task::Classification => "classification",
+        Task::LanguageModel => "language_model",
+        Task::MaskedLm => "masked_lm",
     }
 }
 
@@ -92,14 +113,8 @@ pub fn build_model(
     Ok((model, rng, dropout_rng))
 }
 
-/// The model and data of `config`: a preset built from its seed, or a pretrained model loaded
-/// from its path. Every strategy (one process, data parallel, ZeRO, tensor and pipeline
-/// parallel), `eval` and `--resume` build their model here.
-pub fn setup(config: TrainConfig) -> Result<Setup> {
-    if let Some(path) = crate::config::pretrained_path(&config.model) {
-        let path = path.to_path_buf();
-        return super::pretrained::setup_pretrained(config, &path);
-    }
+/// The model and data of a preset `config`, built from its seed (see [`super::setup`]).
+pub fn setup_preset(config: TrainConfig) -> Result<Setup> {
     let task = sinter_models::task_of(&config.model)
         .ok_or_else(|| anyhow!("unknown model '{}'", config.model))?;
     let (train, val) = open_data(&config, task)?;

@@ -49,7 +49,7 @@ impl Dist {
             )
         })?;
         let (comm, nccl_grads, _host) =
-            crate::dist_cmd::pick_backend(env, shared(comm), backend, device, talk)?;
+            super::backend::pick_backend(env, shared(comm), backend, device, talk)?;
         Ok(Dist {
             rank: env.rank,
             world: env.world_size,
