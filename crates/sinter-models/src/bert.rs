@@ -27,8 +27,7 @@ use sinter_nn::module::{join, NamedTensor, TensorKind};
 use sinter_nn::transformer::{BlockConfig, MlpKind, TransformerBlock};
 use sinter_nn::{Dropout, Embedding, LayerNorm, Linear, Module, SharedRng};
 
-/// Label of positions the MLM loss ignores (PyTorch's and Hugging Face's convention).
-pub const IGNORE_INDEX: i64 = -100;
+pub use crate::model::IGNORE_INDEX;
 
 /// Special-token ids of the `bert-base-uncased` WordPiece vocabulary.
 pub mod special {

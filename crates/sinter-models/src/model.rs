@@ -5,7 +5,8 @@
 use sinter_core::{Device, Result, Tensor};
 use sinter_nn::Module;
 
-use crate::bert::IGNORE_INDEX;
+/// Label of positions a loss ignores (PyTorch's and Hugging Face's convention).
+pub const IGNORE_INDEX: i64 = -100;
 
 /// What a model consumes and produces, so the trainer knows how to feed and score it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
