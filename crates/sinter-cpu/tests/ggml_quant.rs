@@ -179,3 +179,231 @@ fn wrong_lengths_are_errors() {
     assert!(as_blocks::<BlockQ4_0>(&[0u8; 17]).is_none());
     assert_eq!(as_blocks::<BlockQ4_0>(&[0u8; 36]).unwrap().len(), 2);
 }
+
+// ---- Dot products and the quantized GEMV/GEMM (ggml_quant::dot) ----
+
+use sinter_cpu::ggml_quant::dot::{DotPath, DOT_TYPES};
+use sinter_cpu::ggml_quant::QuantMatrix;
+use sinter_cpu::Isa;
+
+/// xorshift64: deterministic pseudo-random bytes and floats.
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    fn byte(&mut self) -> u8 {
+        self.next() as u8
+    }
+    /// Uniform in [lo, hi).
+    fn uniform(&mut self, lo: f32, hi: f32) -> f32 {
+        lo + (hi - lo) * ((self.next() >> 40) as f32 / (1u64 << 24) as f32)
+    }
+}
+
+/// Random blocks of `ty` for `rows` × `k` with finite scales of realistic size, and for each
+/// block the largest offset its values carry besides d·q (the minimum of Q4_1/Q4_K, 8d of
+/// Q4_0, 32·d·scale of Q6_K), which bounds the f32 rounding of the kernels' partial sums.
+fn random_weight(ty: GgmlType, rows: usize, k: usize, rng: &mut Rng) -> (Vec<u8>, Vec<f32>) {
+    let mut bytes: Vec<u8> = (0..ty.bytes_for(rows * k).unwrap())
+        .map(|_| rng.byte())
+        .collect();
+    let mut offsets = Vec::new();
+    for b in bytes.chunks_exact_mut(ty.block_bytes()) {
+        let d = rng.uniform(0.002, 0.03);
+        let off = match ty {
+            GgmlType::Q8_0 => {
+                b[..2].copy_from_slice(&f16_bytes(d));
+                0.0
+            }
+            GgmlType::Q4_0 => {
+                b[..2].copy_from_slice(&f16_bytes(d));
+                8.0 * d
+            }
+            GgmlType::Q4_1 | GgmlType::Q4_K => {
+                let m = rng.uniform(-0.3, 0.0);
+                b[..2].copy_from_slice(&f16_bytes(d));
+                if ty == GgmlType::Q4_1 {
+                    b[2..4].copy_from_slice(&f16_bytes(m));
+                    m.abs()
+                } else {
+                    // dmin·(6-bit minimum) is subtracted: dmin ≥ 0.
+                    b[2..4].copy_from_slice(&f16_bytes(-m / 63.0));
+                    m.abs()
+                }
+            }
+            GgmlType::Q6_K => {
+                let d = d / 64.0;
+                let n = b.len();
+                b[n - 2..].copy_from_slice(&f16_bytes(d));
+                let sc = b[n - 2 - 16..n - 2].iter().map(|&s| (s as i8 as f32).abs());
+                32.0 * d * sc.fold(0.0, f32::max)
+            }
+            _ => unreachable!(),
+        };
+        offsets.push(off * 1.001); // the f16 rounding of d and m
+    }
+    (bytes, offsets)
+}
+
+/// Activations ~ uniform(-1, 1) with an outlier every 397 values and one all-zero row stretch.
+fn random_x(m: usize, k: usize, rng: &mut Rng) -> Vec<f32> {
+    (0..m * k)
+        .map(|i| match i {
+            _ if i % 397 == 5 => rng.uniform(-20.0, 20.0),
+            _ if (k..k + 256.min(k)).contains(&i) => 0.0,
+            _ => rng.uniform(-1.0, 1.0),
+        })
+        .collect()
+}
+
+/// Checks W·x on every path against f64 dequantize(W)·x within the bound of `dot`'s docs:
+/// per activation block b of size B (32, or 256 for k-quants) with step d_b = max|x|/127,
+/// |x − d_b·q| ≤ d_b/2, so |error| ≤ Σ_b (d_b/2)·Σ_{i∈b}|w_i|; plus f32 rounding of the
+/// kernels' partial sums, at most (blocks + 8)·2⁻²⁴ of Σ|x_i|·(|w_i| + offset of its block).
+fn check_product(ty: GgmlType, n: usize, k: usize, m: usize, seed: u64) {
+    let mut rng = Rng(seed);
+    let (bytes, offsets) = random_weight(ty, n, k, &mut rng);
+    let w = QuantMatrix::new(ty, n, k, bytes).unwrap();
+    let wf = w.dequantize();
+    let x = random_x(m, k, &mut rng);
+    let ab = if ty.block_elems() == 256 { 256 } else { 32 };
+    let wb = ty.block_elems();
+    let paths = DotPath::available();
+    if !paths.contains(&DotPath::Avx512Vnni) {
+        eprintln!("{ty}: this CPU has no AVX512-VNNI; its path is not run here");
+    }
+    for path in paths {
+        let mut y = vec![f32::NAN; m * n];
+        w.matmul_with(path, &x, m, &mut y).unwrap();
+        for i in 0..m {
+            let xr = &x[i * k..(i + 1) * k];
+            for j in 0..n {
+                let wr = &wf[j * k..(j + 1) * k];
+                let exact: f64 = wr.iter().zip(xr).map(|(&a, &b)| a as f64 * b as f64).sum();
+                let mut bound = 0f64;
+                for (xb, wbk) in xr.chunks(ab).zip(wr.chunks(ab)) {
+                    let step = xb.iter().fold(0f32, |a, v| a.max(v.abs())) as f64 / 127.0;
+                    let wsum: f64 = wbk.iter().map(|v| v.abs() as f64).sum();
+                    bound += step / 2.0 * (1.0 + 1e-6) * wsum;
+                }
+                let mag: f64 = (0..k)
+                    .map(|l| {
+                        let off = offsets[(j * k + l) / wb] as f64;
+                        xr[l].abs() as f64 * (wr[l].abs() as f64 + off)
+                    })
+                    .sum();
+                bound += ((k / ab) as f64 + 8.0) * 2f64.powi(-24) * mag;
+                let got = y[i * n + j] as f64;
+                assert!(
+                    (got - exact).abs() <= bound,
+                    "{ty} {} [{m}x{k}]·[{n}x{k}]ᵀ at ({i}, {j}): {got} vs {exact}, bound {bound}",
+                    path.name()
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn quantized_gemv_and_gemm_match_dequantized_f64_on_every_path() {
+    for (t, ty) in DOT_TYPES.into_iter().enumerate() {
+        let kb = ty.block_elems().max(32);
+        // k of one block and of several; n odd; m = 1 (GEMV) and m > 1 (GEMM: rows go
+        // through the kernels four at a time, then the rest).
+        for (n, k, m) in [(1, kb, 1), (7, 3 * kb, 1), (5, 2 * kb, 3), (13, kb * 4, 6)] {
+            check_product(ty, n, k, m, 0x9e37_79b9 + t as u64);
+        }
+    }
+}
+
+#[test]
+fn large_quantized_products_split_rows_over_threads() {
+    // 2 MiB-ish weights take the parallel split; rows cover several tasks and a ragged end.
+    check_product(GgmlType::Q4_K, 203, 1024, 2, 7);
+    check_product(GgmlType::Q8_0, 150, 1024, 1, 8);
+}
+
+#[test]
+fn mixed_type_parts_stack_by_rows() {
+    let mut rng = Rng(3);
+    let k = 512;
+    let (a, _) = random_weight(GgmlType::Q4_K, 4, k, &mut rng);
+    let (b, _) = random_weight(GgmlType::Q6_K, 3, k, &mut rng);
+    let (c, _) = random_weight(GgmlType::Q8_0, 2, k, &mut rng);
+    let parts = vec![
+        QuantMatrix::new(GgmlType::Q4_K, 4, k, a).unwrap(),
+        QuantMatrix::new(GgmlType::Q6_K, 3, k, b).unwrap(),
+        QuantMatrix::new(GgmlType::Q8_0, 2, k, c).unwrap(),
+    ];
+    let single: Vec<QuantMatrix> = parts.clone();
+    let w = QuantMatrix::stack(parts).unwrap();
+    assert_eq!((w.n(), w.k()), (9, k));
+    let x = random_x(2, k, &mut rng);
+    let mut y = vec![0f32; 2 * 9];
+    w.matmul(&x, 2, &mut y).unwrap();
+    // Each part's columns equal that part alone.
+    let mut col = 0;
+    for p in &single {
+        let mut yp = vec![0f32; 2 * p.n()];
+        p.matmul(&x, 2, &mut yp).unwrap();
+        for i in 0..2 {
+            assert_eq!(
+                &y[i * 9 + col..i * 9 + col + p.n()],
+                &yp[i * p.n()..(i + 1) * p.n()]
+            );
+        }
+        col += p.n();
+    }
+}
+
+#[test]
+fn quantized_products_refuse_bad_shapes_and_types() {
+    let e = QuantMatrix::new(GgmlType::Q4_K, 2, 100, vec![0; 10]).unwrap_err();
+    assert!(e.to_string().contains("multiple of 256"), "{e}");
+    let e = QuantMatrix::new(GgmlType::Q8_0, 2, 64, vec![0; 10]).unwrap_err();
+    assert!(e.to_string().contains("take 136 bytes, but 10"), "{e}");
+    let e = QuantMatrix::new(GgmlType::Q5_K, 1, 256, vec![0; 176]).unwrap_err();
+    assert!(e.to_string().contains("no dot-product kernels"), "{e}");
+    let w = QuantMatrix::new(GgmlType::Q8_0, 2, 32, vec![0; 68]).unwrap();
+    let e = w.matmul(&[0.0; 33], 1, &mut [0.0; 2]).unwrap_err();
+    assert!(e.to_string().contains("needs 32 and 2"), "{e}");
+}
+
+#[test]
+fn dot_path_follows_the_isa_cap() {
+    assert_eq!(DotPath::for_isa(Isa::Scalar), DotPath::Scalar);
+    assert_eq!(DotPath::for_isa(Isa::Avx2), DotPath::Avx2);
+    assert_eq!(DotPath::get(), DotPath::for_isa(Isa::get()));
+    assert!(DotPath::available().contains(&DotPath::Scalar));
+}
+
+#[test]
+fn rows_taken_together_equal_rows_one_at_a_time() {
+    // The multi-row kernels do each row's arithmetic exactly as the one-row call does.
+    for (t, ty) in DOT_TYPES.into_iter().enumerate() {
+        let mut rng = Rng(100 + t as u64);
+        let k = 2 * ty.block_elems().max(32);
+        let (bytes, _) = random_weight(ty, 3, k, &mut rng);
+        let w = QuantMatrix::new(ty, 3, k, bytes).unwrap();
+        let x = random_x(7, k, &mut rng);
+        for path in DotPath::available() {
+            let mut all = vec![0f32; 7 * 3];
+            w.matmul_with(path, &x, 7, &mut all).unwrap();
+            for i in 0..7 {
+                let mut one = vec![0f32; 3];
+                w.matmul_with(path, &x[i * k..(i + 1) * k], 1, &mut one)
+                    .unwrap();
+                assert_eq!(
+                    &all[i * 3..i * 3 + 3],
+                    &one[..],
+                    "{ty} {} row {i}",
+                    path.name()
+                );
+            }
+        }
+    }
+}

@@ -10,8 +10,13 @@
 //!
 //! - [`GgmlType`]: the supported types, their ids, block sizes and names.
 //! - [`dequantize`]: a tensor's bytes to f32, blocks in parallel when large.
+//! - [`dot`]: dot products of weight blocks with per-block quantized activations, and
+//!   [`QuantMatrix`], a weight kept quantized with its GEMV/GEMM.
 
 pub mod blocks;
+pub mod dot;
+#[cfg(target_arch = "x86_64")]
+mod dot_x86;
 
 use std::fmt;
 
@@ -22,6 +27,7 @@ use blocks::{
     BlockQ2K, BlockQ3K, BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5K, BlockQ5_0, BlockQ5_1, BlockQ6K,
     BlockQ8K, BlockQ8_0,
 };
+pub use dot::{DotPath, QuantMatrix};
 
 /// Elements in one block of the k-quants (`QK_K` in llama.cpp).
 pub const QK_K: usize = 256;

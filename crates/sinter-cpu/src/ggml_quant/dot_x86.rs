@@ -1,0 +1,359 @@
+//! The x86 dot-product kernels of `dot`: AVX2 and AVX512-VNNI, one generic body per format.
+//!
+//! Every format reduces to products of unsigned bytes (4-bit or 6-bit weights, or |w| with
+//! the activation's sign moved onto it for signed Q8_0) and signed i8 activations, summed in
+//! groups of four into i32 lanes: `vpmaddubsw` + `vpmaddwd` on AVX2, one `vpdpbusd` with
+//! VNNI ([`Madd`]). Sums stay in range: a `vpmaddubsw` pair is at most 2·128·127 = 32,512
+//! (activations are within ±127), below i16's 32,767. The k-quants multiply each sub-block's
+//! i32 sums by its integer scale before one f32 conversion per block of 256.
+
+use std::arch::x86_64::*;
+
+use super::blocks::{scale_min_k4, BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ6K, BlockQ8_0};
+use super::dot::scalar::{f16v, q4_k_mins, q6_k_offset};
+use super::dot::{ActQ8, ActQ8K, DotPath};
+use super::{as_blocks, GgmlBlock, GgmlType};
+
+/// The multiply-add both paths build on.
+trait Madd {
+    /// acc + (Σ of each four consecutive u8·i8 products of a and b, as 8 i32 lanes).
+    unsafe fn dot4(acc: __m256i, a: __m256i, b: __m256i) -> __m256i;
+    /// The same sums (from zero) with lanes 0..4 (bytes 0..16) times s0 and 4..8 times s1.
+    unsafe fn dot4_scaled(a: __m256i, b: __m256i, s0: i32, s1: i32) -> __m256i;
+}
+
+struct Avx2;
+struct Vnni;
+
+impl Madd for Avx2 {
+    #[inline(always)]
+    unsafe fn dot4(acc: __m256i, a: __m256i, b: __m256i) -> __m256i {
+        unsafe {
+            let pairs = _mm256_maddubs_epi16(a, b);
+            _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)))
+        }
+    }
+    #[inline(always)]
+    unsafe fn dot4_scaled(a: __m256i, b: __m256i, s0: i32, s1: i32) -> __m256i {
+        unsafe {
+            let pairs = _mm256_maddubs_epi16(a, b);
+            let s = _mm256_set_m128i(_mm_set1_epi16(s1 as i16), _mm_set1_epi16(s0 as i16));
+            _mm256_madd_epi16(pairs, s)
+        }
+    }
+}
+
+impl Madd for Vnni {
+    #[inline(always)]
+    unsafe fn dot4(acc: __m256i, a: __m256i, b: __m256i) -> __m256i {
+        unsafe { _mm256_dpbusd_epi32(acc, a, b) }
+    }
+    #[inline(always)]
+    unsafe fn dot4_scaled(a: __m256i, b: __m256i, s0: i32, s1: i32) -> __m256i {
+        unsafe {
+            let sums = _mm256_dpbusd_epi32(_mm256_setzero_si256(), a, b);
+            let s = _mm256_set_m128i(_mm_set1_epi32(s1), _mm_set1_epi32(s0));
+            _mm256_mullo_epi32(sums, s)
+        }
+    }
+}
+
+fn blocks<B: GgmlBlock>(w: &[u8]) -> &[B] {
+    as_blocks::<B>(w).expect("a weight row is whole blocks")
+}
+
+/// Weight row `w` (type Q8_0, Q4_0 or Q4_1) · each of up to four activation rows `xs`,
+/// into `out` (one per row): the weight's blocks are unpacked once for all of them.
+///
+/// # Safety
+/// The CPU must support `path` (not `Scalar`).
+pub(super) unsafe fn dot_q8(
+    path: DotPath,
+    ty: GgmlType,
+    w: &[u8],
+    xs: &[&[ActQ8]],
+    out: &mut [f32],
+) {
+    unsafe {
+        let vnni = path == DotPath::Avx512Vnni;
+        match xs.len() {
+            1 => out.copy_from_slice(&legacy_on(vnni, ty, w, [xs[0]])),
+            2 => out.copy_from_slice(&legacy_on(vnni, ty, w, [xs[0], xs[1]])),
+            3 => out.copy_from_slice(&legacy_on(vnni, ty, w, [xs[0], xs[1], xs[2]])),
+            _ => out.copy_from_slice(&legacy_on(vnni, ty, w, [xs[0], xs[1], xs[2], xs[3]])),
+        }
+    }
+}
+
+/// As [`dot_q8`] for Q4_K and Q6_K weights.
+///
+/// # Safety
+/// As [`dot_q8`].
+pub(super) unsafe fn dot_q8k(
+    path: DotPath,
+    ty: GgmlType,
+    w: &[u8],
+    xs: &[&[ActQ8K]],
+    out: &mut [f32],
+) {
+    unsafe {
+        let vnni = path == DotPath::Avx512Vnni;
+        match xs.len() {
+            1 => out.copy_from_slice(&kquant_on(vnni, ty, w, [xs[0]])),
+            2 => out.copy_from_slice(&kquant_on(vnni, ty, w, [xs[0], xs[1]])),
+            3 => out.copy_from_slice(&kquant_on(vnni, ty, w, [xs[0], xs[1], xs[2]])),
+            _ => out.copy_from_slice(&kquant_on(vnni, ty, w, [xs[0], xs[1], xs[2], xs[3]])),
+        }
+    }
+}
+
+#[inline(always)]
+unsafe fn legacy_on<const R: usize>(
+    vnni: bool,
+    ty: GgmlType,
+    w: &[u8],
+    x: [&[ActQ8]; R],
+) -> [f32; R] {
+    unsafe {
+        if vnni {
+            vnni_q8(ty, w, x)
+        } else {
+            avx2_q8(ty, w, x)
+        }
+    }
+}
+
+#[inline(always)]
+unsafe fn kquant_on<const R: usize>(
+    vnni: bool,
+    ty: GgmlType,
+    w: &[u8],
+    x: [&[ActQ8K]; R],
+) -> [f32; R] {
+    unsafe {
+        if vnni {
+            vnni_q8k(ty, w, x)
+        } else {
+            avx2_q8k(ty, w, x)
+        }
+    }
+}
+
+#[target_feature(enable = "avx2,fma")]
+unsafe fn avx2_q8<const R: usize>(ty: GgmlType, w: &[u8], x: [&[ActQ8]; R]) -> [f32; R] {
+    unsafe { legacy::<Avx2, R>(ty, w, x) }
+}
+
+#[target_feature(enable = "avx2,fma,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn vnni_q8<const R: usize>(ty: GgmlType, w: &[u8], x: [&[ActQ8]; R]) -> [f32; R] {
+    unsafe { legacy::<Vnni, R>(ty, w, x) }
+}
+
+#[target_feature(enable = "avx2,fma")]
+unsafe fn avx2_q8k<const R: usize>(ty: GgmlType, w: &[u8], x: [&[ActQ8K]; R]) -> [f32; R] {
+    unsafe { kquant::<Avx2, R>(ty, w, x) }
+}
+
+#[target_feature(enable = "avx2,fma,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn vnni_q8k<const R: usize>(ty: GgmlType, w: &[u8], x: [&[ActQ8K]; R]) -> [f32; R] {
+    unsafe { kquant::<Vnni, R>(ty, w, x) }
+}
+
+#[inline(always)]
+unsafe fn legacy<M: Madd, const R: usize>(ty: GgmlType, w: &[u8], x: [&[ActQ8]; R]) -> [f32; R] {
+    unsafe {
+        match ty {
+            GgmlType::Q8_0 => q8_0::<M, R>(blocks(w), x),
+            GgmlType::Q4_0 => q4_0::<M, R>(blocks(w), x),
+            GgmlType::Q4_1 => q4_1::<M, R>(blocks(w), x),
+            _ => unreachable!("only Q8_0/Q4_0/Q4_1 take blocks of 32"),
+        }
+    }
+}
+
+#[inline(always)]
+unsafe fn kquant<M: Madd, const R: usize>(ty: GgmlType, w: &[u8], x: [&[ActQ8K]; R]) -> [f32; R] {
+    unsafe {
+        match ty {
+            GgmlType::Q4_K => q4_k::<M, R>(blocks(w), x),
+            GgmlType::Q6_K => q6_k::<M, R>(blocks(w), x),
+            _ => unreachable!("only Q4_K/Q6_K take blocks of 256"),
+        }
+    }
+}
+
+#[inline(always)]
+unsafe fn load(p: &[i8]) -> __m256i {
+    debug_assert!(p.len() >= 32);
+    // SAFETY: 32 bytes are in bounds (checked above in debug, by the callers' slices always).
+    unsafe { _mm256_loadu_si256(p.as_ptr() as *const __m256i) }
+}
+
+#[inline(always)]
+unsafe fn load_u8(p: &[u8]) -> __m256i {
+    debug_assert!(p.len() >= 32);
+    unsafe { _mm256_loadu_si256(p.as_ptr() as *const __m256i) }
+}
+
+/// Sum of the 8 lanes.
+#[inline(always)]
+unsafe fn hsum(v: __m256) -> f32 {
+    unsafe {
+        let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+        let s = _mm_add_ss(s, _mm_movehdup_ps(s));
+        _mm_cvtss_f32(s)
+    }
+}
+
+/// The 32 nibbles of a 4-bit block as bytes: low nibbles (values 0..16) then high ones.
+#[inline(always)]
+unsafe fn nibbles(qs: &[u8; 16]) -> __m256i {
+    unsafe {
+        let b = _mm_loadu_si128(qs.as_ptr() as *const __m128i);
+        let m = _mm_set1_epi8(0x0F);
+        let lo = _mm_and_si128(b, m);
+        let hi = _mm_and_si128(_mm_srli_epi16(b, 4), m);
+        _mm256_set_m128i(hi, lo)
+    }
+}
+
+#[inline(always)]
+unsafe fn q8_0<M: Madd, const R: usize>(w: &[BlockQ8_0], x: [&[ActQ8]; R]) -> [f32; R] {
+    unsafe {
+        let mut acc = [_mm256_setzero_ps(); R];
+        for (b, w) in w.iter().enumerate() {
+            let wq = load_u8(&w.qs);
+            // w·x = |w|·(x with w's sign): an unsigned × signed product.
+            let a = _mm256_sign_epi8(wq, wq);
+            let dw = f16v(w.d);
+            for r in 0..R {
+                let x = &x[r][b];
+                let s = M::dot4(_mm256_setzero_si256(), a, _mm256_sign_epi8(load(&x.qs), wq));
+                let d = _mm256_set1_ps(dw * x.d);
+                acc[r] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(s), acc[r]);
+            }
+        }
+        std::array::from_fn(|r| hsum(acc[r]))
+    }
+}
+
+#[inline(always)]
+unsafe fn q4_0<M: Madd, const R: usize>(w: &[BlockQ4_0], x: [&[ActQ8]; R]) -> [f32; R] {
+    unsafe {
+        // d_w·Σ(q − 8)·d_x·p = d_w·(d_x·Σ q·p − 8·s_x), with s_x = d_x·Σp.
+        let mut acc = [_mm256_setzero_ps(); R];
+        let mut offset = [0f32; R];
+        for (b, w) in w.iter().enumerate() {
+            let q = nibbles(&w.qs);
+            let dw = f16v(w.d);
+            for r in 0..R {
+                let x = &x[r][b];
+                let s = M::dot4(_mm256_setzero_si256(), q, load(&x.qs));
+                acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(dw * x.d), _mm256_cvtepi32_ps(s), acc[r]);
+                offset[r] += dw * x.s;
+            }
+        }
+        std::array::from_fn(|r| hsum(acc[r]) - 8.0 * offset[r])
+    }
+}
+
+#[inline(always)]
+unsafe fn q4_1<M: Madd, const R: usize>(w: &[BlockQ4_1], x: [&[ActQ8]; R]) -> [f32; R] {
+    unsafe {
+        let mut acc = [_mm256_setzero_ps(); R];
+        let mut mins = [0f32; R];
+        for (b, w) in w.iter().enumerate() {
+            let q = nibbles(&w.qs);
+            let (dw, m) = (f16v(w.d), f16v(w.m));
+            for r in 0..R {
+                let x = &x[r][b];
+                let s = M::dot4(_mm256_setzero_si256(), q, load(&x.qs));
+                acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(dw * x.d), _mm256_cvtepi32_ps(s), acc[r]);
+                mins[r] += m * x.s;
+            }
+        }
+        std::array::from_fn(|r| hsum(acc[r]) + mins[r])
+    }
+}
+
+#[inline(always)]
+unsafe fn q4_k<M: Madd, const R: usize>(w: &[BlockQ4K], x: [&[ActQ8K]; R]) -> [f32; R] {
+    unsafe {
+        let m4 = _mm256_set1_epi8(0x0F);
+        let mut acc = [_mm256_setzero_ps(); R];
+        let mut mins = [0f32; R];
+        for (b, w) in w.iter().enumerate() {
+            let mut sumi = [_mm256_setzero_si256(); R];
+            // 32 bytes of qs per pair of sub-blocks: low nibbles are sub-block 2p, high 2p + 1.
+            for pair in 0..4 {
+                let (sc0, _) = scale_min_k4(2 * pair, &w.scales);
+                let (sc1, _) = scale_min_k4(2 * pair + 1, &w.scales);
+                let (sc0, sc1) = (sc0 as i32, sc1 as i32);
+                let q = load_u8(&w.qs[32 * pair..]);
+                let lo = _mm256_and_si256(q, m4);
+                let hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+                for r in 0..R {
+                    let xs = &x[r][b].qs[64 * pair..];
+                    let s = _mm256_add_epi32(
+                        M::dot4_scaled(lo, load(xs), sc0, sc0),
+                        M::dot4_scaled(hi, load(&xs[32..]), sc1, sc1),
+                    );
+                    sumi[r] = _mm256_add_epi32(sumi[r], s);
+                }
+            }
+            let (d, dmin) = (f16v(w.d), f16v(w.dmin));
+            for r in 0..R {
+                let x = &x[r][b];
+                let dd = _mm256_set1_ps(d * x.d);
+                acc[r] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(sumi[r]), acc[r]);
+                mins[r] += dmin * x.d * q4_k_mins(w, x) as f32;
+            }
+        }
+        std::array::from_fn(|r| hsum(acc[r]) - mins[r])
+    }
+}
+
+#[inline(always)]
+unsafe fn q6_k<M: Madd, const R: usize>(w: &[BlockQ6K], x: [&[ActQ8K]; R]) -> [f32; R] {
+    unsafe {
+        let (m4, m2) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(3));
+        let mut acc = [_mm256_setzero_ps(); R];
+        let mut offset = [0f32; R];
+        for (b, w) in w.iter().enumerate() {
+            let mut sumi = [_mm256_setzero_si256(); R];
+            // As `BlockQ6K::dequantize`: value 128h + 32k + l has its low 4 bits in
+            // ql[64h + 32(k % 2) + l] (low nibble for k < 2), its high 2 in qh[32h + l] at bit
+            // 2k, and scale index (128h + 32k + l) / 16.
+            for h in 0..2 {
+                let ql = [load_u8(&w.ql[64 * h..]), load_u8(&w.ql[64 * h + 32..])];
+                let qh = load_u8(&w.qh[32 * h..]);
+                for k in 0..4 {
+                    let src = ql[k % 2];
+                    let low = if k < 2 {
+                        _mm256_and_si256(src, m4)
+                    } else {
+                        _mm256_and_si256(_mm256_srli_epi16(src, 4), m4)
+                    };
+                    let shift = _mm_cvtsi32_si128(2 * k as i32);
+                    let high = _mm256_and_si256(_mm256_srl_epi16(qh, shift), m2);
+                    let q = _mm256_or_si256(low, _mm256_slli_epi16(high, 4));
+                    let s = 8 * h + 2 * k;
+                    let (s0, s1) = (w.scales[s] as i32, w.scales[s + 1] as i32);
+                    for r in 0..R {
+                        let xs = load(&x[r][b].qs[128 * h + 32 * k..]);
+                        sumi[r] = _mm256_add_epi32(sumi[r], M::dot4_scaled(q, xs, s0, s1));
+                    }
+                }
+            }
+            let d = f16v(w.d);
+            for r in 0..R {
+                let x = &x[r][b];
+                let dd = d * x.d;
+                acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(dd), _mm256_cvtepi32_ps(sumi[r]), acc[r]);
+                offset[r] += dd * q6_k_offset(w, x) as f32;
+            }
+        }
+        std::array::from_fn(|r| hsum(acc[r]) - offset[r])
+    }
+}
