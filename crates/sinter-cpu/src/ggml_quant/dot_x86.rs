@@ -9,9 +9,9 @@
 
 use std::arch::x86_64::*;
 
+use super::act::{ActQ8, ActQ8K, DotPath};
 use super::blocks::{scale_min_k4, BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ6K, BlockQ8_0};
-use super::dot::scalar::{f16v, q4_k_mins, q6_k_offset};
-use super::dot::{ActQ8, ActQ8K, DotPath};
+use super::dot_scalar::{f16v, q4_k_mins, q6_k_offset};
 use super::{as_blocks, GgmlBlock, GgmlType};
 
 /// The multiply-add both paths build on.

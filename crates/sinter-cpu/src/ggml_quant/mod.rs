@@ -13,8 +13,10 @@
 //! - [`dot`]: dot products of weight blocks with per-block quantized activations, and
 //!   [`QuantMatrix`], a weight kept quantized with its GEMV/GEMM.
 
+mod act;
 pub mod blocks;
 pub mod dot;
+mod dot_scalar;
 #[cfg(target_arch = "x86_64")]
 mod dot_x86;
 
