@@ -249,8 +249,8 @@ fn init_layer(c: &BertConfig, rng: &mut Rng) -> Result<Vec<(String, Tensor)>> {
     let mut lin = |inp: usize, out: usize| -> Result<(Tensor, Tensor)> {
         Ok((init::normal(&[out, inp], 0.02, rng)?, init::zeros(&[out])?))
     };
-    // Query, key and value drawn as one [3h, h] leaf: the same draws, in the same order, as
-    // three [h, h] ones (a concatenation of three leaves would not be a parameter).
+    // Query, key and value drawn as one [3h, h] leaf, rows in that order (a concatenation of
+    // three leaves would not be a parameter: its gradient would go to the leaves).
     let qkv = lin(h, 3 * h)?;
     let (out, inter, output) = (lin(h, h)?, lin(h, f)?, lin(f, h)?);
     let named = vec![
