@@ -248,7 +248,7 @@ fn an_encoder_only_bert_saves_loads_and_refuses_mlm() {
             .unwrap(),
     );
     assert_eq!(a, b);
-    let e = loaded.forward(&ids).err().expect("no MLM head").to_string();
+    let e = loaded.forward(&ids).expect_err("no MLM head").to_string();
     assert!(e.contains("masked-LM head"), "{e}");
     // The same file under a config that declares the MLM model: the head is missing.
     std::fs::write(dir.path().join("config.json"), hf_bert_config_json(&cfg)).unwrap();

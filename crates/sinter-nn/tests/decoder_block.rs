@@ -606,8 +606,7 @@ fn fused_kernels_refuse_wrong_shapes() {
     let odd = randn(&[2, 7], &mut rng);
     let e = MlpKind::SwiGlu
         .activate(&odd)
-        .err()
-        .expect("odd width")
+        .expect_err("odd width")
         .to_string();
     assert!(e.contains("swiglu"), "{e}");
     let n = RmsNorm {
@@ -616,8 +615,7 @@ fn fused_kernels_refuse_wrong_shapes() {
     };
     let e = n
         .forward(&randn(&[2, 6], &mut rng))
-        .err()
-        .expect("width")
+        .expect_err("width")
         .to_string();
     assert!(e.contains("rms_norm"), "{e}");
 }
