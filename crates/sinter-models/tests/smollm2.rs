@@ -17,7 +17,9 @@ use std::process::Command;
 use serde_json::Value;
 use sinter_data::ChatMessage;
 use sinter_models::hf_llama::{load_hf_llama, save_hf_llama};
-use sinter_models::{load_pretrained, load_pretrained_with_tokenizer, Gpt};
+use sinter_models::{
+    load_pretrained, load_pretrained_as, load_pretrained_with_tokenizer, GgufWeights, Gpt,
+};
 use sinter_nn::Module;
 
 fn root() -> PathBuf {
@@ -180,4 +182,67 @@ fn smollm2_tokenizer_and_chat_template_from_the_gguf() {
         p.tokenizer.stop_ids().contains(&2),
         "<|im_end|> (2) stops generation"
     );
+}
+
+/// The fixture's prompts as token ids.
+fn prompt_ids() -> Vec<Vec<i64>> {
+    let path = root().join("crates/sinter-models/tests/fixtures/smollm2_prompts.json");
+    let fixture: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    fixture["prompts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| {
+            p["ids"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|x| x.as_i64().unwrap())
+                .collect()
+        })
+        .collect()
+}
+
+/// The GGUF's Q4_1 projections kept in their blocks (activations quantized per block of 32,
+/// `sinter_cpu::ggml_quant::dot`) against the same file dequantized to f32: logits within
+/// LOGIT_BOUND relative at every position of the fixture's prompts, through the tensor path
+/// and the host step (greedy decoding through the KV cache), and the same greedy tokens.
+#[test]
+fn smollm2_kept_quantized_matches_dequantized() {
+    let Some(gguf) = smollm2() else { return };
+    let f32_model = load_pretrained(&gguf).unwrap();
+    let q_model = load_pretrained_as(&gguf, GgufWeights::Quantized).unwrap();
+    // Every projection (fused qkv, out, fused gate/up, down) of the 30 blocks runs its Q4_1
+    // blocks, and the token table (also the tied head) its Q8_0 ones.
+    let quantized = sinter_nn::quant::layers(&q_model)
+        .into_iter()
+        .filter(|(_, h)| h.slot.int8().is_some())
+        .count();
+    assert_eq!(quantized, 30 * 4 + 1);
+    // Measured: worst 1.7e-2 (see the report); each value of each projection's input is
+    // off by up to 1/254 of its block's largest, through 30 layers.
+    const LOGIT_BOUND: f32 = 4e-2;
+    for (i, ids) in prompt_ids().iter().enumerate() {
+        let a = f32_model
+            .forward(&ids_tensor(ids))
+            .unwrap()
+            .to_vec_f32()
+            .unwrap();
+        let b = q_model
+            .forward(&ids_tensor(ids))
+            .unwrap()
+            .to_vec_f32()
+            .unwrap();
+        let v = f32_model.config.vocab_size;
+        let err = worst_relative_error(&b, &a, v);
+        eprintln!(
+            "prompt {i} ({} tokens): kept-quantized logits within {err:.2e} relative",
+            ids.len()
+        );
+        assert!(err <= LOGIT_BOUND, "prompt {i}: {err:.3e}");
+        let (ga, gb) = (greedy(&f32_model, ids, 16), greedy(&q_model, ids, 16));
+        let same = ga.iter().zip(&gb).take_while(|(x, y)| x == y).count();
+        eprintln!("prompt {i}: {same} of 16 greedy tokens agree");
+        assert_eq!(ga, gb, "prompt {i}: greedy tokens");
+    }
 }

@@ -23,6 +23,10 @@ pub struct LlmBenchArgs {
     /// Rounds of each (one JSON line per round).
     #[arg(long, default_value_t = 3)]
     pub rounds: usize,
+    /// A GGUF file's projection weights kept in their quantized blocks (CPU), instead of
+    /// dequantized to f32.
+    #[arg(long)]
+    pub keep_quantized: bool,
 }
 
 /// The benchmark's prompt: the same ids `bench/llm/vs_transformers.py` feeds transformers,
@@ -45,7 +49,11 @@ fn argmax(v: &[f32]) -> i64 {
 
 pub fn run(a: &LlmBenchArgs) -> Result<()> {
     let t = Instant::now();
-    let m = sinter_models::load_pretrained(&a.model)?;
+    let weights = match a.keep_quantized {
+        true => sinter_models::GgufWeights::Quantized,
+        false => sinter_models::GgufWeights::F32,
+    };
+    let m = sinter_models::load_pretrained_as(&a.model, weights)?;
     let load_s = t.elapsed().as_secs_f64();
     let packed = m.pack_weights()?;
     let c = &m.config;
