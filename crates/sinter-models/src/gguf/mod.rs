@@ -12,7 +12,9 @@
 
 pub mod hf;
 mod parse;
+mod requant;
 mod value;
+mod write;
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -24,6 +26,8 @@ pub use sinter_cpu::ggml_quant::GgmlType;
 
 pub use hf::{to_hf, to_hf_keeping};
 pub use value::{GgufValue, GgufValueType};
+pub use requant::{quantize_gguf, RequantReport};
+pub use write::{write_gguf, OutTensor};
 
 /// The data section's alignment when `general.alignment` is absent.
 pub const DEFAULT_ALIGNMENT: u64 = 32;
