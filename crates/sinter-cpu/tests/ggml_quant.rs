@@ -447,7 +447,10 @@ fn quantize_stays_within_half_a_step_of_each_value() {
         if ty == GgmlType::F16 {
             // Half of f16's relative step, or of its subnormal step (2⁻²⁴) below 2⁻¹⁴.
             for (a, b) in x.iter().zip(&back) {
-                assert!((a - b).abs() <= a.abs() / 2048.0 + 2f32.powi(-25), "{ty}: {a} → {b}");
+                assert!(
+                    (a - b).abs() <= a.abs() / 2048.0 + 2f32.powi(-25),
+                    "{ty}: {a} → {b}"
+                );
             }
             continue;
         }

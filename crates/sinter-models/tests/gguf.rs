@@ -954,7 +954,8 @@ fn requant_source(dir: &Path) -> (PathBuf, Vec<(String, GgufValue)>) {
             name: "blk.0.ffn_gate.weight".into(),
             shape: vec![4, 64],
             ggml_type: GgmlType::F16,
-            bytes: sinter_cpu::ggml_quant::quantize(GgmlType::F16, &f16_vals, 64).unwrap(),
+            bytes: sinter_cpu::ggml_quant::quantize::quantize(GgmlType::F16, &f16_vals, 64)
+                .unwrap(),
         },
     ];
     let path = dir.join("src.gguf");

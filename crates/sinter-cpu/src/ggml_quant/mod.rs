@@ -10,7 +10,7 @@
 //!
 //! - [`GgmlType`]: the supported types, their ids, block sizes and names.
 //! - [`dequantize`]: a tensor's bytes to f32, blocks in parallel when large.
-//! - [`quantize()`]: f32 values to a type's bytes (for writing GGUF files).
+//! - [`quantize`]: f32 values to a type's bytes (for writing GGUF files).
 //! - [`dot`]: dot products of weight blocks with per-block quantized activations, and
 //!   [`QuantMatrix`], a weight kept quantized with its GEMV/GEMM.
 
@@ -18,9 +18,9 @@ mod act;
 pub mod blocks;
 pub mod dot;
 mod dot_scalar;
-pub mod quantize;
 #[cfg(target_arch = "x86_64")]
 mod dot_x86;
+pub mod quantize;
 
 use std::fmt;
 
@@ -32,7 +32,6 @@ use blocks::{
     BlockQ8K, BlockQ8_0,
 };
 pub use dot::{DotPath, QuantMatrix};
-pub use quantize::quantize;
 
 /// Elements in one block of the k-quants (`QK_K` in llama.cpp).
 pub const QK_K: usize = 256;

@@ -25,8 +25,8 @@ use sinter_core::{bail, DType, Device, Error, Result, Tensor};
 pub use sinter_cpu::ggml_quant::GgmlType;
 
 pub use hf::{to_hf, to_hf_keeping};
-pub use value::{GgufValue, GgufValueType};
 pub use requant::{quantize_gguf, RequantReport};
+pub use value::{GgufValue, GgufValueType};
 pub use write::{write_gguf, OutTensor};
 
 /// The data section's alignment when `general.alignment` is absent.
