@@ -6,6 +6,9 @@
 //! A), then NR column panels (jr) and MR row panels (ir) running the micro-kernel. Every
 //! operand here is in "internal" orientation: C's rows are its unit-stride dimension (the
 //! caller transposes the problem when C is row-major) so tiles are stored as whole vectors.
+//!
+//! Threads: a large product ([`run_shared`]) parallelises the ic loop, taking row blocks from
+//! a counter, with B's block packed once for all; others split C statically ([`run`]).
 
 use std::cell::RefCell;
 use std::ops::Range;
@@ -340,12 +343,7 @@ const SHARED_MIN: usize = 512;
 fn on_threads<S: Simd>(threads: usize, f: impl Fn() + Sync) {
     (0..threads).into_par_iter().for_each(|_| {
         // SAFETY: S's ISA is the product's, which the caller checked the CPU has.
-        unsafe {
-            S::vectorize(
-                #[inline(always)]
-                || f(),
-            )
-        }
+        unsafe { S::vectorize(&f) }
     });
 }
 
