@@ -339,11 +339,23 @@ const SHARED_MIN: usize = 512;
 
 /// Runs `f` once on each of `threads` rayon tasks, inside S's ISA (a closure does not
 /// inherit its creator's target features; `f` must be `#[inline(always)]`).
+///
+/// Keep the wrapping closure: `S::vectorize(&f)` (clippy's `redundant_closure` suggestion)
+/// calls `f` through `<&F as FnOnce>::call_once`, which is not inlined into the ISA function,
+/// so `f`'s body — the whole macro-kernel — is compiled without AVX2/FMA and every intrinsic
+/// becomes a call: that ran GEMM 1024³ at 3.9 instead of 67 GFLOP/s (reverted 4ec0e42).
+/// `threaded_products_keep_their_simd_speed` in tests/gemm.rs catches it coming back.
 #[inline(always)]
+#[allow(clippy::redundant_closure)]
 fn on_threads<S: Simd>(threads: usize, f: impl Fn() + Sync) {
     (0..threads).into_par_iter().for_each(|_| {
         // SAFETY: S's ISA is the product's, which the caller checked the CPU has.
-        unsafe { S::vectorize(&f) }
+        unsafe {
+            S::vectorize(
+                #[inline(always)]
+                || f(),
+            )
+        }
     });
 }
 
