@@ -451,11 +451,16 @@ fn shared_threaded_products_match_one_thread_bit_for_bit_and_the_reference() {
 /// A threaded product runs its kernels inside rayon tasks, which must re-enter the ISA
 /// (`Simd::vectorize`) with the macro-kernel inlined: when a task called it through a
 /// reference instead, the whole macro-kernel compiled without AVX2/FMA (each intrinsic a
-/// call) and 2 threads ran ~15× slower than 1 (driver.rs `on_threads`). On any machine,
-/// loaded or with a 1-thread pool, 2 threads take at most about one thread's time; that
-/// regression made it ~8×. Covers the shared-B split (every side ≥ 512) and the static one.
+/// call) and 2 threads took ~13× one thread's time (driver.rs `on_threads`). A clean build
+/// takes at most about one thread's time, so one run of the pair under 3× passes: a loaded
+/// machine (or the other tests, kept off by a private pool) can slow some runs, never make a
+/// de-vectorised one fast. Covers the shared-B split (every side ≥ 512) and the static one.
 #[test]
 fn threaded_products_keep_their_simd_speed() {
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(2)
+        .build()
+        .unwrap();
     let mut rng = Lcg(17);
     for isa in Isa::available().into_iter().filter(|&i| i != Isa::Scalar) {
         for (m, n, k) in [(512, 512, 512), (384, 256, 384)] {
@@ -474,15 +479,17 @@ fn threaded_products_keep_their_simd_speed() {
                     .unwrap();
                 t0.elapsed().as_secs_f64()
             };
-            // Best of 5, interleaved: the least disturbed run of each.
             let (mut one, mut two) = (f64::MAX, f64::MAX);
-            for _ in 0..5 {
+            for _ in 0..20 {
                 one = one.min(time(1));
-                two = two.min(time(2));
+                two = two.min(pool.install(|| time(2)));
+                if two < 3.0 * one {
+                    break;
+                }
             }
             assert!(
                 two < 3.0 * one,
-                "{isa:?} {m}x{n}x{k}: 2 threads took {:.1} ms, 1 thread {:.1} ms",
+                "{isa:?} {m}x{n}x{k}: 2 threads took {:.1} ms at best, 1 thread {:.1} ms",
                 two * 1e3,
                 one * 1e3
             );
