@@ -3,7 +3,8 @@
 # private addresses of their own (10.254.32.1 and .2). One `sinter launch --nnodes 2` runs in
 # each and trains the MLP a few steps; the final weights must equal a one-process run with
 # the doubled batch (within f32 rounding) and, bit for bit, the same two-node run over a
-# link with `tc netem delay 20ms loss 1%`, whose slowdown is reported.
+# link with `tc netem delay 20ms loss 1%`, whose slowdown is reported (where the kernel has
+# sch_netem; elsewhere that part is skipped, saying so). About 2 s with a debug build.
 #
 #   deploy/testbed/netns-two-nodes.sh [path/to/sinter]     (as root; default target/debug/sinter)
 #
