@@ -27,7 +27,6 @@
 use std::collections::HashMap;
 
 use crate::error::{DistError, Result};
-use crate::rendezvous::{get, num};
 
 /// The job system that described this pod.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -225,4 +224,31 @@ pub fn parse_node_env(vars: &HashMap<String, String>) -> Result<Option<NodeEnv>>
         }
     }
     Ok(Some(env))
+}
+
+pub(crate) fn get<'a>(vars: &'a HashMap<String, String>, k: &str) -> Option<&'a str> {
+    vars.get(k).map(|s| s.trim()).filter(|s| !s.is_empty())
+}
+
+pub(crate) fn num(vars: &HashMap<String, String>, k: &str) -> Result<Option<usize>> {
+    match get(vars, k) {
+        None => Ok(None),
+        Some(v) => v
+            .parse::<usize>()
+            .map(Some)
+            .map_err(|_| DistError::Env(format!("{k}=`{v}` is not a non-negative integer"))),
+    }
+}
+
+/// This machine's host name (`?` if unknown), for messages.
+pub(crate) fn host_name() -> String {
+    let mut buf = [0u8; 256];
+    // SAFETY: gethostname writes at most buf.len() bytes into buf.
+    let ok = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) } == 0;
+    let end = buf.iter().position(|&c| c == 0).unwrap_or(buf.len());
+    if ok && end > 0 {
+        String::from_utf8_lossy(&buf[..end]).into_owned()
+    } else {
+        "?".into()
+    }
 }

@@ -22,6 +22,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::cluster_env::host_name;
 use crate::error::{fmt_secs, DistError, Result};
 use crate::launch::{run_with, LaunchOptions, LaunchReport, LaunchSpec};
 use crate::store::{StoreClient, StoreServer};
@@ -51,19 +52,6 @@ pub struct ElasticOptions {
 pub fn needs_agent(spec: &LaunchSpec, el: &ElasticOptions) -> bool {
     let _ = spec;
     el.max_nodes > 1 && (el.max_restarts > 0 || el.min_nodes < el.max_nodes)
-}
-
-/// This machine's host name (`?` if unknown), for messages.
-pub(crate) fn host_name() -> String {
-    let mut buf = [0u8; 256];
-    // SAFETY: gethostname writes at most buf.len() bytes into buf.
-    let ok = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) } == 0;
-    let end = buf.iter().position(|&c| c == 0).unwrap_or(buf.len());
-    if ok && end > 0 {
-        String::from_utf8_lossy(&buf[..end]).into_owned()
-    } else {
-        "?".into()
-    }
 }
 
 /// The launchers' rendezvous, seen from one node.

@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 
-use crate::cluster_env::{parse_node_env, NodeEnv, NodeSource};
+use crate::cluster_env::{get, host_name, num, parse_node_env, NodeEnv, NodeSource};
 use crate::error::{DistError, Result};
 use crate::host::tcp::{self, TcpOptions};
 use crate::host::HostCommunicator;
@@ -70,20 +70,6 @@ impl DistEnv {
                 format!("{a}:{}", self.master_port)
             }
         })
-    }
-}
-
-pub(crate) fn get<'a>(vars: &'a HashMap<String, String>, k: &str) -> Option<&'a str> {
-    vars.get(k).map(|s| s.trim()).filter(|s| !s.is_empty())
-}
-
-pub(crate) fn num(vars: &HashMap<String, String>, k: &str) -> Result<Option<usize>> {
-    match get(vars, k) {
-        None => Ok(None),
-        Some(v) => v
-            .parse::<usize>()
-            .map(Some)
-            .map_err(|_| DistError::Env(format!("{k}=`{v}` is not a non-negative integer"))),
     }
 }
 
@@ -379,7 +365,7 @@ pub fn init(env: &DistEnv, opts: &TcpOptions) -> Result<HostCommunicator> {
             "rank {} of {} (host {}) could not reach rank 0's rendezvous: {e}",
             env.rank,
             env.world_size,
-            crate::elastic::host_name()
+            host_name()
         ))
     })?;
     tcp::connect_with(env.rank, env.world_size, store, server, opts)
