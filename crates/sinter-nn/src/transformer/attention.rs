@@ -239,11 +239,11 @@ impl CausalSelfAttention {
         };
         let (mut q, mut k, v) = (part(0, h)?, part(h, kv)?, part(h + kv, kv)?);
         if let (Some(qn), Some(kn)) = (&self.q_norm, &self.k_norm) {
-            (q, k) = if composite {
-                (qn.forward_composite(&q)?, kn.forward_composite(&k)?)
-            } else {
-                (qn.forward(&q)?, kn.forward(&k)?)
-            };
+            // The composite always: tensor parallel wraps these norms' weights in a recorded
+            // identity whose backward all-reduces, and with the fused kernel there a TP run
+            // stopped matching one rank (tests/llama_parallel.rs, 2026-11-29); undiagnosed.
+            q = qn.forward_composite(&q)?;
+            k = kn.forward_composite(&k)?;
         }
         let (mut q, mut k, v) = (q.transpose(1, 2)?, k.transpose(1, 2)?, v.transpose(1, 2)?);
         if let Some(rope) = &self.rope {
