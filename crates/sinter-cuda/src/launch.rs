@@ -232,6 +232,45 @@ impl ParamKind {
     }
 }
 
+/// The memory traffic and arithmetic of one launch, as its plan knows them from its shapes:
+/// what the GPU cost model ([`crate::emulated::cost`]) turns into a predicted time. Declared
+/// once per op, where the plan is built (a future table of plans carries it as a column);
+/// a plan that declares nothing gets the cost model's estimate from its arguments.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Traffic {
+    /// Bytes read from device memory (each operand once: caches are not modelled).
+    pub read: u64,
+    /// Bytes written to device memory.
+    pub written: u64,
+    /// Floating-point operations on CUDA cores (a multiply-add counts 2).
+    pub flops: u64,
+    /// Floating-point operations on tensor cores (a multiply-add counts 2).
+    pub tensor_flops: u64,
+}
+
+impl Traffic {
+    /// `read` and `written` bytes, no arithmetic worth counting.
+    pub fn bytes(read: usize, written: usize) -> Self {
+        Traffic {
+            read: read as u64,
+            written: written as u64,
+            ..Traffic::default()
+        }
+    }
+
+    /// The same traffic with `flops` CUDA-core operations.
+    pub fn with_flops(mut self, flops: usize) -> Self {
+        self.flops = flops as u64;
+        self
+    }
+
+    /// The same traffic with `flops` tensor-core operations.
+    pub fn with_tensor_flops(mut self, flops: usize) -> Self {
+        self.tensor_flops = flops as u64;
+        self
+    }
+}
+
 /// A planned kernel launch.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Launch {
@@ -241,6 +280,8 @@ pub struct Launch {
     pub block: (u32, u32, u32),
     pub shared_mem: u32,
     pub args: Vec<Arg>,
+    /// What the launch moves and computes (None: the cost model estimates it).
+    pub traffic: Option<Traffic>,
 }
 
 impl Launch {
@@ -259,8 +300,16 @@ impl Launch {
             block: (block, 1, 1),
             shared_mem: 0,
             args,
+            traffic: None,
         }
     }
+
+    /// The same launch with its memory traffic and arithmetic declared.
+    pub fn with_traffic(mut self, t: Traffic) -> Self {
+        self.traffic = Some(t);
+        self
+    }
+
     pub fn threads_per_block(&self) -> u32 {
         self.block.0 * self.block.1 * self.block.2
     }
