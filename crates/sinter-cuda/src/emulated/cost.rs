@@ -3,21 +3,55 @@
 //! asked ([`start_recording`]) and turned into a predicted GPU time by [`super::gpu_model`].
 //!
 //! Where the numbers come from, one place per kind of work:
-//! - **kernels**: the [`Traffic`] the op's plan declares from its shapes ([`Launch::traffic`]);
-//!   a plan that declares nothing gets [`estimate`]'s guess from its argument list (the
-//!   table's `declared` column says which);
-//! - **cuBLASLt GEMMs**: [`gemm_cost`], from the descriptor (2·m·n·k tensor-core FLOPs per
-//!   matrix; A, B, C read once, C read again when β ≠ 0, bias and aux);
-//! - **cuDNN convolutions**: [`conv_cost`], from the problem;
-//! - **memsets, device copies, host↔device copies**: their byte counts.
+//! - **kernels**: the [`Traffic`] the op's plan declares from its shapes
+//!   (`Launch::traffic`); a plan that declares nothing gets `Launch::estimate`'s guess from its
+//!   argument list (the table marks those rows "estimated");
+//! - **cuBLASLt GEMMs**: `GemmDesc::cost`, from the descriptor (2·m·n·k FLOPs per matrix;
+//!   A, B, C once each, C read too when β ≠ 0, bias and aux);
+//! - **cuDNN convolutions**: `emulated::dnn::conv_cost`, from the problem;
+//! - **memsets, device copies, host↔device copies**: their byte counts (here).
+//!
+//! This module names nothing else of the crate (a leaf), so the driver, plans and library
+//! wrappers can all build its [`Call`]s.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 
-use crate::cudnn::{ConvProblem, Pass};
-use crate::gemm::{Epilogue, GemmDType, GemmDesc};
-use crate::launch::{Arg, Launch, Traffic};
-use crate::nvrtc::KernelFile;
+/// The memory traffic and arithmetic of one launch or library call.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Traffic {
+    /// Bytes read from device memory (each operand once: caches are not modelled).
+    pub read: u64,
+    /// Bytes written to device memory.
+    pub written: u64,
+    /// Floating-point operations on CUDA cores (a multiply-add counts 2).
+    pub flops: u64,
+    /// Floating-point operations on tensor cores (a multiply-add counts 2).
+    pub tensor_flops: u64,
+}
+
+impl Traffic {
+    /// `read` and `written` bytes, no arithmetic worth counting.
+    pub fn bytes(read: usize, written: usize) -> Self {
+        Traffic {
+            read: read as u64,
+            written: written as u64,
+            ..Traffic::default()
+        }
+    }
+
+    /// The same traffic with `flops` CUDA-core operations.
+    pub fn with_flops(mut self, flops: usize) -> Self {
+        self.flops = flops as u64;
+        self
+    }
+
+    /// The same traffic with `flops` tensor-core operations.
+    pub fn with_tensor_flops(mut self, flops: usize) -> Self {
+        self.tensor_flops = flops as u64;
+        self
+    }
+}
 
 /// The kind of work, which decides the efficiency the GPU model applies.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -53,28 +87,6 @@ impl OpClass {
             OpClass::HostCopy => "host copy",
         }
     }
-
-    /// The class of a kernel of `file` (one rule for every launch plan).
-    pub fn of_kernel(file: KernelFile) -> OpClass {
-        match file {
-            KernelFile::FlashAttention => OpClass::Attention,
-            KernelFile::Copy => OpClass::Copy,
-            KernelFile::Reduce
-            | KernelFile::Softmax
-            | KernelFile::LayerNorm
-            | KernelFile::CrossEntropy
-            | KernelFile::Embedding
-            | KernelFile::ResidualLayerNorm => OpClass::Row,
-            KernelFile::Int8Gemm => OpClass::Gemm,
-            KernelFile::Unary
-            | KernelFile::Binary
-            | KernelFile::Conv
-            | KernelFile::Dropout
-            | KernelFile::AdamW
-            | KernelFile::Int
-            | KernelFile::Bool => OpClass::Elementwise,
-        }
-    }
 }
 
 /// The shape facts of a GEMM the GPU model's efficiency depends on.
@@ -87,7 +99,18 @@ pub struct GemmDims {
     /// True when cuBLASLt can use its 16-byte-aligned kernels: m, n and k multiples of
     /// 16 bytes' worth of elements (see RESULTS.md: vocab 50257 ran 6.8x slower than 50264).
     pub aligned: bool,
-    pub dtype: GemmDType,
+    pub math: GemmMath,
+}
+
+/// Which units a GEMM's products run on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GemmMath {
+    /// FP32 on CUDA cores.
+    Fp32,
+    /// TF32 tensor cores.
+    Tf32,
+    /// bf16/fp16 tensor cores.
+    Half,
 }
 
 /// One recorded piece of device work.
@@ -106,7 +129,7 @@ pub struct Call {
 }
 
 impl Call {
-    fn new(key: String, class: OpClass, traffic: Traffic) -> Call {
+    pub fn new(key: String, class: OpClass, traffic: Traffic) -> Call {
         Call {
             key,
             class,
@@ -116,149 +139,6 @@ impl Call {
             gemm: None,
         }
     }
-}
-
-/// The cost of a kernel launch: what its plan declares, else [`estimate`].
-pub fn launch_cost(l: &Launch) -> Call {
-    let (traffic, declared) = match l.traffic {
-        Some(t) => (t, true),
-        None => (estimate(l), false),
-    };
-    Call {
-        declared,
-        ..Call::new(l.name.clone(), OpClass::of_kernel(l.file), traffic)
-    }
-}
-
-/// Element size implied by a kernel name's dtype suffix (4 when it names none).
-fn elem_size_of_name(name: &str) -> u64 {
-    let last = name.rsplit('_').next().unwrap_or("");
-    match last {
-        "f16" | "bf16" => 2,
-        "i64" | "f64" => 8,
-        "u8" | "bool" | "i8" => 1,
-        _ => 4,
-    }
-}
-
-/// The fall-back for a plan that declares no traffic: `n` elements (the plan's first i64
-/// argument, else one per launched thread) of the name's dtype, read through every pointer
-/// argument but the last and written through the last. Right for plain elementwise kernels,
-/// rough for anything else: declare the traffic in the plan instead.
-pub fn estimate(l: &Launch) -> Traffic {
-    let ptrs = l
-        .args
-        .iter()
-        .filter(|a| matches!(a, Arg::Ptr(p) if *p != 0))
-        .count() as u64;
-    let threads =
-        l.grid.0 as u64 * l.grid.1 as u64 * l.grid.2 as u64 * l.threads_per_block() as u64;
-    let n = l
-        .args
-        .iter()
-        .find_map(|a| match a {
-            Arg::I64(v) if *v > 0 => Some(*v as u64),
-            _ => None,
-        })
-        .unwrap_or(threads);
-    let bytes = n * elem_size_of_name(&l.name);
-    Traffic {
-        read: bytes * ptrs.saturating_sub(1),
-        written: bytes * ptrs.min(1),
-        flops: n,
-        tensor_flops: 0,
-    }
-}
-
-/// A 16-byte-aligned dimension for cuBLASLt's fast kernels.
-fn gemm_dim_aligned(v: usize, elem: usize) -> bool {
-    (v * elem).is_multiple_of(16)
-}
-
-/// The cost of a cuBLASLt call: 2·m·n·k FLOPs per matrix (tensor cores unless FP32 math);
-/// A, B and C once each, C read too when β ≠ 0, the bias read, the aux written.
-pub fn gemm_cost(g: &GemmDesc<'_>) -> Call {
-    let s = &g.shape;
-    let elem = g.dtype.storage().size();
-    let b = s.batch.max(1);
-    let mn = s.m * s.n * b;
-    let read = (s.m * s.k + s.k * s.n) * b + if g.beta != 0.0 { mn } else { 0 };
-    let (bias, aux) = match g.epilogue {
-        Epilogue::None | Epilogue::Gelu => (0, 0),
-        Epilogue::Bias(_) | Epilogue::BiasGelu(_) => (s.n, 0),
-        Epilogue::BiasGeluAux { .. } => (s.n, mn),
-    };
-    let flops = 2 * s.m * s.n * s.k * b;
-    let traffic = Traffic::bytes((read + bias) * elem, (mn + aux) * elem);
-    let traffic = if g.dtype == GemmDType::F32 {
-        traffic.with_flops(flops)
-    } else {
-        traffic.with_tensor_flops(flops)
-    };
-    let epi = match g.epilogue {
-        Epilogue::None => "",
-        Epilogue::Bias(_) => " +bias",
-        Epilogue::BiasGelu(_) => " +bias+gelu",
-        Epilogue::Gelu => " +gelu",
-        Epilogue::BiasGeluAux { .. } => " +bias+gelu+aux",
-    };
-    let batch = if b > 1 {
-        format!(" x{b}")
-    } else {
-        String::new()
-    };
-    let key = format!(
-        "gemm {} {}x{}x{}{batch}{}{epi}",
-        g.dtype.storage(),
-        s.m,
-        s.n,
-        s.k,
-        match (s.trans_a, s.trans_b) {
-            (false, false) => "",
-            (true, false) => " Aᵀ",
-            (false, true) => " Bᵀ",
-            (true, true) => " AᵀBᵀ",
-        }
-    );
-    Call {
-        gemm: Some(GemmDims {
-            m: s.m,
-            n: s.n,
-            k: s.k,
-            batch: b,
-            aligned: [s.m, s.n, s.k].iter().all(|&v| gemm_dim_aligned(v, elem)),
-            dtype: g.dtype,
-        }),
-        ..Call::new(key, OpClass::Gemm, traffic)
-    }
-}
-
-/// The cost of a cuDNN convolution pass: 2·N·O·(C/groups)·kh·kw·oh·ow FLOPs (tensor cores for
-/// half types and TF32), every operand once.
-pub(crate) fn conv_cost(p: &ConvProblem, pass: Pass) -> Call {
-    let (oh, ow) = p.out_hw().unwrap_or((0, 0));
-    let elem = p.dtype.size();
-    let x = p.n * p.c * p.h * p.w;
-    let w = p.o * (p.c / p.groups.max(1)) * p.kh * p.kw;
-    let y = p.n * p.o * oh * ow;
-    let flops = 2 * y * (p.c / p.groups.max(1)) * p.kh * p.kw;
-    let (read, written, name) = match pass {
-        Pass::Forward => (x + w, y, "fwd"),
-        Pass::BackwardData => (y + w, x, "bwd-data"),
-        Pass::BackwardFilter => (y + x, w, "bwd-filter"),
-    };
-    let t = Traffic::bytes(read * elem, written * elem);
-    let tensor = p.dtype != crate::dtype::DType::F32 || p.allow_tf32;
-    let t = if tensor {
-        t.with_tensor_flops(flops)
-    } else {
-        t.with_flops(flops)
-    };
-    let key = format!(
-        "conv {name} {} {}x{}x{}x{} k{}x{} o{}",
-        p.dtype, p.n, p.c, p.h, p.w, p.kh, p.kw, p.o
-    );
-    Call::new(key, OpClass::Conv, t)
 }
 
 /// A memset of `bytes`.
@@ -332,95 +212,20 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_estimate_reads_every_pointer_but_the_last_and_writes_the_last() {
-        let l = Launch::new(
-            KernelFile::Binary,
-            "add_bf16",
-            4,
-            256,
-            vec![Arg::Ptr(256), Arg::Ptr(512), Arg::Ptr(768), Arg::I64(1000)],
-        );
-        let t = estimate(&l);
-        assert_eq!((t.read, t.written), (2 * 2 * 1000, 2 * 1000));
-        // Null pointers (absent optional operands) move nothing.
-        let l = Launch::new(
-            KernelFile::Unary,
-            "neg_f32",
-            2,
-            128,
-            vec![Arg::Ptr(256), Arg::Ptr(0), Arg::Ptr(512)],
-        );
-        let t = estimate(&l);
-        assert_eq!((t.read, t.written), (4 * 256, 4 * 256), "n = threads");
-        assert!(!launch_cost(&l).declared);
-        let d = l.with_traffic(Traffic::bytes(7, 9));
-        let c = launch_cost(&d);
-        assert!(c.declared);
-        assert_eq!((c.traffic.read, c.traffic.written), (7, 9));
-        assert_eq!(c.class, OpClass::Elementwise);
-    }
-
-    #[test]
-    fn plans_declare_the_traffic_their_shapes_imply() {
-        use crate::dtype::DType;
-        use crate::launch::LaunchTarget;
-        use crate::ops::binary::{plan_binary_strided, BinaryOp, StridedIn};
-        use crate::ops::fake_slice;
-        use crate::ops::flash_attention::{plan_flash_forward, AttnShape, AttnView};
-        let t = LaunchTarget { sm_count: 132 };
-        // A bias broadcast over rows: x [64, 48] + b [48], bf16. The bias is read once.
-        let (x, bias, out) = (
-            fake_slice(DType::BF16, 64 * 48),
-            fake_slice(DType::BF16, 48),
-            fake_slice(DType::BF16, 64 * 48),
-        );
-        let l = plan_binary_strided(
-            &t,
-            BinaryOp::Add,
-            StridedIn {
-                data: x,
-                strides: &[48, 1],
-            },
-            StridedIn {
-                data: bias,
-                strides: &[0, 1],
-            },
-            out,
-            &[64, 48],
-        )
-        .unwrap()
-        .unwrap();
-        let c = launch_cost(&l);
-        assert!(c.declared);
-        assert_eq!(c.traffic.read, (64 * 48 + 48) * 2);
-        assert_eq!(c.traffic.written, 64 * 48 * 2);
-        // Causal flash attention forward, b 2, h 3, T 128, d 64: 4·b·h·T²·d / 2 tensor FLOPs;
-        // q, k, v read and o written once (bf16), plus the f32 log-sum-exp.
-        let s = AttnShape {
-            b: 2,
-            h: 3,
-            tq: 128,
-            tk: 128,
-            d: 64,
-            causal: true,
-            scale: 0.125,
-        };
-        let elems = 2 * 3 * 128 * 64;
-        let view = || AttnView {
-            data: fake_slice(DType::BF16, elems),
-            strides: [3 * 128 * 64, 128 * 64, 64],
-        };
-        let lse = fake_slice(DType::F32, 2 * 3 * 128);
-        let l = plan_flash_forward(&t, &s, view(), view(), view(), view(), lse)
-            .unwrap()
-            .unwrap();
-        let c = launch_cost(&l);
-        assert_eq!(c.class, OpClass::Attention);
+    fn copies_and_memsets_cost_their_bytes_and_recording_is_opt_in() {
+        let c = copy_cost(1000);
         assert_eq!(
-            c.traffic.tensor_flops,
-            (4 * 2 * 3 * 128 * 128 * 64 / 2) as u64
+            (c.traffic.read, c.traffic.written, c.class),
+            (1000, 1000, OpClass::Copy)
         );
-        assert_eq!(c.traffic.read, (3 * elems * 2) as u64);
-        assert_eq!(c.traffic.written, (elems * 2 + 2 * 3 * 128 * 4) as u64);
+        let m = memset_cost(64);
+        assert_eq!((m.traffic.read, m.traffic.written), (0, 64));
+        let h = host_copy_cost(8, true);
+        assert_eq!(
+            (h.key.as_str(), h.class),
+            ("memcpy HtoD", OpClass::HostCopy)
+        );
+        let t = Traffic::bytes(3, 4).with_flops(5).with_tensor_flops(6);
+        assert_eq!((t.read, t.written, t.flops, t.tensor_flops), (3, 4, 5, 6));
     }
 }

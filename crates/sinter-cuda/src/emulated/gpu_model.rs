@@ -24,8 +24,7 @@
 
 use std::collections::BTreeMap;
 
-use super::cost::{Call, GemmDims, OpClass};
-use crate::gemm::GemmDType;
+use super::cost::{Call, GemmDims, GemmMath, OpClass};
 
 /// The datasheet figures of a GPU (dense, no sparsity).
 #[derive(Clone, Debug, PartialEq)]
@@ -139,7 +138,7 @@ impl Efficiency {
         let waves = tiles.div_ceil(sms).max(1);
         let quant = tiles as f64 / (waves * sms) as f64;
         let fill = g.k as f64 / (g.k + GEMM_K_FILL) as f64;
-        let ceiling = if g.dtype == GemmDType::F32 {
+        let ceiling = if g.math == GemmMath::Fp32 {
             self.gemm_fp32
         } else {
             self.gemm_ceiling
@@ -186,8 +185,8 @@ pub fn call_time(c: &Call, gpu: &GpuSpec, e: &Efficiency) -> f64 {
         (OpClass::Conv, _) => e.conv,
         _ => e.gemm_ceiling,
     };
-    let tensor_peak = match c.gemm.map(|g| g.dtype) {
-        Some(GemmDType::Tf32) => gpu.tf32_flops,
+    let tensor_peak = match c.gemm.map(|g| g.math) {
+        Some(GemmMath::Tf32) => gpu.tf32_flops,
         _ => gpu.tensor_flops,
     };
     let fp32_eff = match (c.class, &c.gemm) {
@@ -257,7 +256,7 @@ pub fn predict(calls: &[Call], gpu: &GpuSpec, e: &Efficiency) -> Prediction {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::launch::Traffic;
+    use crate::emulated::cost::Traffic;
 
     fn gemm(m: usize, n: usize, k: usize, aligned: bool) -> Call {
         Call {
@@ -273,7 +272,7 @@ mod tests {
                 k,
                 batch: 1,
                 aligned,
-                dtype: GemmDType::BF16,
+                math: GemmMath::Half,
             }),
         }
     }

@@ -53,7 +53,15 @@ use blas::GemmJob;
 use cost::Call;
 use dnn::ConvJob;
 use queue::{Job, Queue};
-pub use trace::{enable_trace, trace_gpu};
+pub use trace::trace_gpu;
+
+/// Make every emulated device of this process a trace-only device shaped like `gpu` (its
+/// name, memory, SM count and compute capability; see [`trace`]), and select emulated
+/// devices. Must come before the first use of CUDA; asking again for the same GPU is fine.
+pub fn enable_trace(gpu: gpu_model::GpuSpec) -> Result<()> {
+    trace::set_gpu(gpu)?;
+    crate::runtime::enable_emulation(1)
+}
 
 /// Whether emulated devices can be served here: always in trace-only mode (nothing runs),
 /// else when the kernel emulator can run (a C++ compiler is present).
@@ -555,7 +563,7 @@ impl EmuDriver {
 
     pub(crate) fn launch(&self, l: &Launch) -> Result<()> {
         check_shared_mem(l)?;
-        let cost = || cost::launch_cost(l);
+        let cost = || l.cost();
         if self.shared.trace {
             return self.shared.enqueue(Recorded::Traced, cost);
         }
@@ -567,7 +575,7 @@ impl EmuDriver {
     /// Launch `l`'s kernel from a custom source (built for the emulator once per text).
     pub(crate) fn launch_user(&self, src: &KernelSource, l: &Launch) -> Result<()> {
         check_shared_mem(l)?;
-        let cost = || cost::launch_cost(l);
+        let cost = || l.cost();
         if self.shared.trace {
             return self.shared.enqueue(Recorded::Traced, cost);
         }
@@ -592,15 +600,14 @@ impl EmuDriver {
     /// cuBLASLt's matmul, served on the host.
     pub(crate) fn gemm(&self, g: &GemmDesc<'_>) -> Result<()> {
         let job = GemmJob::new(g)?;
-        self.shared
-            .enqueue(Recorded::Gemm(job), || cost::gemm_cost(g))
+        self.shared.enqueue(Recorded::Gemm(job), || g.cost())
     }
 
     /// A cuDNN convolution pass, served on the host (operands checked by the caller).
     pub(crate) fn conv(&self, p: &ConvProblem, pass: Pass, a: u64, b: u64, out: u64) -> Result<()> {
         self.shared
             .enqueue(Recorded::Conv(ConvJob::new(p, pass, a, b, out)), || {
-                cost::conv_cost(p, pass)
+                dnn::conv_cost(p, pass)
             })
     }
 

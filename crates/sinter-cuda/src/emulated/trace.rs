@@ -18,10 +18,9 @@ use crate::error::{CudaError, Result};
 
 static TRACE: OnceLock<GpuSpec> = OnceLock::new();
 
-/// Make every emulated device of this process a trace-only device shaped like `gpu` (its
-/// name, memory, SM count and compute capability), and select emulated devices. Must come
-/// before the first use of CUDA in the process; asking again for the same GPU is fine.
-pub fn enable_trace(gpu: GpuSpec) -> Result<()> {
+/// Trace for `gpu` from now on (see [`super::enable_trace`]); an error when this process
+/// already traces for another GPU.
+pub(crate) fn set_gpu(gpu: GpuSpec) -> Result<()> {
     let name = gpu.name;
     let _ = TRACE.set(gpu);
     match TRACE.get() {
@@ -37,7 +36,7 @@ pub fn enable_trace(gpu: GpuSpec) -> Result<()> {
         }
         None => unreachable!("set above"),
     }
-    crate::runtime::enable_emulation(1)
+    Ok(())
 }
 
 /// The GPU the emulated devices trace for, when trace-only mode is on.
