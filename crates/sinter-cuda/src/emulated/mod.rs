@@ -428,12 +428,13 @@ pub(crate) struct EmuGraph {
 impl EmuGraph {
     pub(crate) fn launch(&self) -> Result<()> {
         let s = &self.shared;
-        let cap = lock(&s.capture);
-        if cap.is_some() {
-            return Err(CudaError::invalid(
-                "cuGraphLaunch",
-                "a graph launched while its stream is being captured",
-            ));
+        let mut cap = lock(&s.capture);
+        if let Some((list, costs)) = cap.as_mut() {
+            // Launched inside another capture: the outer graph replays this one, and records
+            // its work each time.
+            list.push(Recorded::Graph(self.ops.clone()));
+            costs.extend(self.costs.iter().cloned());
+            return Ok(());
         }
         for c in self.costs.iter() {
             cost::record(s.ordinal, || Call {
