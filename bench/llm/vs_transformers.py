@@ -94,8 +94,9 @@ def cpu_facts():
 def driver(a):
     env = dict(os.environ, RAYON_NUM_THREADS=str(a.threads), OMP_NUM_THREADS=str(a.threads))
     rt = rt_prefix()
+    # f32 on both sides (transformers dequantizes a GGUF): the engines, not the formats.
     sinter = rt + [a.sinter, "bench", "llm", "--model", a.model, "--prompt", str(a.prompt),
-                   "--gen", str(a.gen), "--rounds", "1"]
+                   "--gen", str(a.gen), "--rounds", "1", "--dequantize"]
     torch = rt + [a.python, os.path.abspath(__file__), "--side", "transformers", "--model",
                   a.model, "--prompt", str(a.prompt), "--gen", str(a.gen), "--threads",
                   str(a.threads)]

@@ -316,14 +316,117 @@ class Gpt(nn.Module):
         return tokens[len(prompt):]
 
 
+class _RmsNorm(nn.Module):
+    def __init__(self, c, eps=1e-5):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(c))
+
+    def forward(self, x):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+
+
+def _rotate_half(x):
+    a, b = x.chunk(2, dim=-1)
+    return torch.cat((-b, a), dim=-1)
+
+
+class _LlamaAttention(nn.Module):
+    """Grouped-query attention with rotary positions (Hugging Face's rotate-half convention);
+    sinter packs q, k and v in one weight, rows q (n_head·d), k, v (n_kv_head·d each)."""
+
+    def __init__(self, c, n_head, n_kv_head):
+        super().__init__()
+        self.h, self.kvh, self.d = n_head, n_kv_head, c // n_head
+        self.qkv = nn.Linear(c, (n_head + 2 * n_kv_head) * self.d, bias=False)
+        self.proj = nn.Linear(c, c, bias=False)
+
+    def forward(self, x, cos, sin):
+        b, t, c = x.shape
+        q, k, v = self.qkv(x).split([self.h * self.d, self.kvh * self.d, self.kvh * self.d], dim=2)
+        q = q.view(b, t, self.h, self.d).transpose(1, 2)
+        k = k.view(b, t, self.kvh, self.d).transpose(1, 2)
+        v = v.view(b, t, self.kvh, self.d).transpose(1, 2)
+        q, k = q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.kvh != self.h)
+        return self.proj(y.transpose(1, 2).reshape(b, t, c))
+
+
+class _SwiGlu(nn.Module):
+    """sinter's gated MLP: one fc producing [gate | up], silu(gate)·up, then proj."""
+
+    def __init__(self, c, hidden):
+        super().__init__()
+        self.fc = nn.Linear(c, 2 * hidden, bias=False)
+        self.proj = nn.Linear(hidden, c, bias=False)
+
+    def forward(self, x):
+        gate, up = self.fc(x).chunk(2, dim=-1)
+        return self.proj(F.silu(gate) * up)
+
+
+class _LlamaBlock(nn.Module):
+    def __init__(self, c, n_head, n_kv_head, hidden):
+        super().__init__()
+        self.ln1 = _RmsNorm(c)
+        self.attn = _LlamaAttention(c, n_head, n_kv_head)
+        self.ln2 = _RmsNorm(c)
+        self.mlp = _SwiGlu(c, hidden)
+
+    def forward(self, x, cos, sin):
+        x = x + self.attn(self.ln1(x), cos, sin)
+        return x + self.mlp(self.ln2(x))
+
+
+# sinter's Llama presets (crates/sinter-models/src/gpt.rs).
+LLAMA_PRESETS = {
+    "llama-tiny": dict(n_layer=4, n_head=4, n_kv_head=2, n_embd=128, hidden=344, block_size=64, vocab_size=256, theta=10000.0),
+}
+
+
+class Llama(nn.Module):
+    """sinter's llama-tiny (RMSNorm, rotary positions, grouped-query attention, SwiGLU, untied
+    head), parameter names as sinter's."""
+
+    def __init__(self, n_layer, n_head, n_kv_head, n_embd, hidden, block_size, vocab_size, theta):
+        super().__init__()
+        self.block_size = block_size
+        self.wte = nn.Embedding(vocab_size, n_embd)
+        self.blocks = nn.ModuleList([_LlamaBlock(n_embd, n_head, n_kv_head, hidden) for _ in range(n_layer)])
+        self.ln_f = _RmsNorm(n_embd)
+        self.lm_head = nn.Linear(n_embd, vocab_size, bias=False)
+        d = n_embd // n_head
+        inv_freq = 1.0 / theta ** (torch.arange(0, d, 2, dtype=torch.float64) / d)
+        angles = torch.outer(torch.arange(block_size, dtype=torch.float64), inv_freq)
+        angles = torch.cat((angles, angles), dim=-1)
+        self.register_buffer("cos", angles.cos().float(), persistent=False)
+        self.register_buffer("sin", angles.sin().float(), persistent=False)
+
+    @staticmethod
+    def for_config(config):
+        p = dict(LLAMA_PRESETS[config["model"]])
+        p["block_size"] = max(p["block_size"], int(config["context"]))
+        return Llama(**p)
+
+    def forward(self, ids):
+        t = ids.shape[1]
+        cos, sin = self.cos[:t], self.sin[:t]
+        x = self.wte(ids)
+        for blk in self.blocks:
+            x = blk(x, cos, sin)
+        return self.lm_head(self.ln_f(x))
+
+
 def build(config):
-    """The twin of the model a sinter run config names (cnn on digits, gpt-tiny/gpt2)."""
+    """The twin of the model a sinter run config names (cnn on digits, gpt-tiny/gpt2, llama-tiny)."""
     if config["model"] == "cnn":
         if config["data"] != "digits":
             raise ValueError(f"the twin of cnn is built for digits, not {config['data']}")
         return LeNet()
     if config["model"] in GPT_PRESETS:
         return Gpt.for_config(config)
+    if config["model"] in LLAMA_PRESETS:
+        return Llama.for_config(config)
     raise ValueError(f"no PyTorch twin of sinter's {config['model']} model here")
 
 

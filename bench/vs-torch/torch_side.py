@@ -4,15 +4,15 @@
 Usage: torch_side.py CASE [CASE ...] [--json] [--secs S] [--threads N] [--checkpoint DIR]
                      [--init DIR] [--tokens N] [--compile] [--int8] [--cache DIR]
 
-Cases (as in crates/sinter/src/bench_cpu.rs): gemm:N, conv, cnn-step, gpt-step, gpt-forward,
+Cases (as in crates/sinter/src/bench_cpu.rs): gemm:N, conv, cnn-step, gpt-step, llama-step, gpt-forward,
 cnn-infer:B, generate[:T], train, plus eval (validation loss and accuracy of --checkpoint, as
 `sinter eval` computes them) and linear:R (a 768→3072 Linear, GPT-2's MLP shape, on R rows).
 
---init DIR: a step-0 checkpoint from `sinter bench cpu … --save-init DIR`; cnn-step, gpt-step
-and train start from its weights with its run config (learning rate, weight decay, clipping,
+--init DIR: a step-0 checkpoint from `sinter bench cpu … --save-init DIR`; cnn-step, gpt-step,
+llama-step and train start from its weights with its run config (learning rate, weight decay, clipping,
 batch, context, seed, schedule), on batches in sinter's order. --checkpoint DIR: the trained
 sinter checkpoint that gpt-forward, cnn-infer, generate and eval load. --compile: the model
-under torch.compile (gpt-step, gpt-forward). --int8: torch.ao.quantization.quantize_dynamic
+under torch.compile (gpt-step, llama-step, gpt-forward). --int8: torch.ao.quantization.quantize_dynamic
 (qint8 Linear layers) on the model (cnn-infer, generate, eval, linear).
 """
 
@@ -181,9 +181,9 @@ def train_step(case, args):
                  parameters=sum(p.numel() for p in params), compiled=bool(args.compile))
     if lm:
         what = f"{config['model']} training step, {batch}×{config['context']}"
-        return [figure("gpt-step", what, rate, "tokens/s", times, **extra)]
+        return [figure(case, what, rate, "tokens/s", times, **extra)]
     what = f"{config['model']} training step on {config['data']}, batch {batch}"
-    return [figure("cnn-step", what, statistics.median(times) * 1e3, "ms", times, **extra)]
+    return [figure(case, what, statistics.median(times) * 1e3, "ms", times, **extra)]
 
 
 def gpt_forward(args):
@@ -323,7 +323,7 @@ def main():
             results += [r for n in ([param] if param else [256, 1024, 2048]) for r in gemm(n, args)]
         elif name == "conv":
             results += conv(args)
-        elif name in ("cnn-step", "gpt-step"):
+        elif name in ("cnn-step", "gpt-step", "llama-step"):
             results += train_step(name, args)
         elif name == "gpt-forward":
             results += gpt_forward(args)

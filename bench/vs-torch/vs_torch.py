@@ -43,6 +43,7 @@ ROWS = [
     ("cnn-step", "main", ("cnn-step", {}), ("cnn-step", {"init": "init-cnn"}), None),
     ("train", "main", ("train", {}), ("train", {"init": "init-cnn"}), None),
     ("gpt-step", "main", ("gpt-step", {}), ("gpt-step", {"init": "init-gpt"}), ("gpt-step", {"init": "init-gpt", "compile": True})),
+    ("llama-step", "main", ("llama-step", {}), ("llama-step", {"init": "init-llama"}), ("llama-step", {"init": "init-llama", "compile": True})),
     ("gpt-forward", "main", ("gpt-forward", {"checkpoint": "gpt"}), ("gpt-forward", {"checkpoint": "gpt"}), None),
     ("generate:64", "main", ("generate", {"checkpoint": "gpt"}), ("generate:64", {"checkpoint": "gpt"}), None),
     ("generate:256", "main", ("generate", {"checkpoint": "gpt256"}), ("generate:256", {"checkpoint": "gpt256"}), None),
@@ -185,6 +186,9 @@ class Bench:
                                          "--eval-interval", str(a.gpt256_steps), "--out", d("gpt256")), "gpt256")
         self.step("init-cnn", self.sinter("bench", "cpu", "cnn-step", "--secs", "0.01", "--json", "--save-init", d("init-cnn")), "init-cnn")
         self.step("init-gpt", self.sinter("bench", "cpu", "gpt-step", "--secs", "0.01", "--json", "--save-init", d("init-gpt")), "init-gpt")
+        self.step("llama", self.sinter("train", "--quiet", "--device", "cpu", "--model", "llama-tiny", "--steps", str(a.gpt256_steps * 6),
+                                        "--eval-interval", str(a.gpt256_steps * 6), "--out", d("llama")), "llama")
+        self.step("init-llama", self.sinter("bench", "cpu", "llama-step", "--secs", "0.01", "--json", "--save-init", d("init-llama")), "init-llama")
         rc, *_ = self.runner.run(self.sinter("quantize", "--help"), "probe-quantize", rt=False)
         self.quantize = rc == 0
         if self.quantize:
@@ -193,7 +197,7 @@ class Bench:
                     self.step(f"{m}-int8", self.sinter("quantize", "--checkpoint", d(m), "--out", d(f"{m}-int8")), f"{m}-int8")
         # What each side says of each checkpoint: sinter's own and quantized ones; PyTorch's
         # twin of the f32 ones and its quantize_dynamic of them.
-        for m in ("cnn", "gpt", "gpt256", "cnn-int8", "gpt-int8"):
+        for m in ("cnn", "gpt", "gpt256", "llama", "cnn-int8", "gpt-int8"):
             src = m.replace("-int8", "")
             if m in self.prepared:
                 out = self.step(f"sinter-eval-{m}", self.sinter("eval", "--checkpoint", d(m)))
@@ -338,7 +342,7 @@ def equivalence(bench, table):
     """PyTorch's twins against sinter: same checkpoint → same loss; same initial weights and
     first batch → same first training loss; greedy generation → same tokens."""
     f = bench.facts
-    for m in ("cnn", "gpt", "gpt256"):
+    for m in ("cnn", "gpt", "gpt256", "llama"):
         s, t = f.get(f"sinter eval {m}"), f.get(f"torch eval {m}")
         # `sinter eval` prints 4 decimals.
         check(bench, f"{m} checkpoint: validation loss (sinter eval vs PyTorch)", s and s["val_loss"], t and t["val_loss"], 2e-4)
@@ -352,7 +356,7 @@ def equivalence(bench, table):
                 return r["result"][key]
         return None
 
-    for rid in ("cnn-step", "gpt-step"):
+    for rid in ("cnn-step", "gpt-step", "llama-step"):
         check(bench, f"{rid}: first step's loss from the same initial weights and batch", first_round(rid, "sinter", "loss_first"),
               first_round(rid, "torch", "loss_first"), 1e-4, relative=True)
     check(bench, "train: mean loss of the first logged steps (same weights, batches, optimizer, schedule)",
@@ -443,7 +447,7 @@ def render(meta, bench, rows, summary):
         md.append(f"| {name} (each round) | {cells[0]} | {cells[1]} |")
     f = bench.facts
     for m, label in (("cnn", "digits CNN checkpoint"), ("gpt", "gpt-tiny checkpoint, context 64"), ("gpt256", "gpt-tiny checkpoint, context 256"),
-                     ("cnn-int8", "digits CNN, int8"), ("gpt-int8", "gpt-tiny, int8")):
+                     ("llama", "llama-tiny checkpoint, context 64"), ("cnn-int8", "digits CNN, int8"), ("gpt-int8", "gpt-tiny, int8")):
         s = f.get(f"sinter eval {m}")
         t = f.get(f"torch eval {m}")
         if not s and not t:

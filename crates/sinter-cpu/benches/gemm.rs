@@ -26,15 +26,45 @@ fn values(n: usize, seed: u32) -> Vec<f32> {
         .collect()
 }
 
-/// One case: C (m × n) = A (m × k) · B, with A and B row-major unless `bt` (B given as Wᵀ of
-/// a row-major W [n, k], as nn.Linear multiplies).
+/// One case: C (m × n) = A (m × k) · B, with A and B row-major unless `at` (A given as Xᵀ of
+/// a row-major X [k, m], as a weight gradient dYᵀ·X reads it) or `bt` (B given as Wᵀ of a
+/// row-major W [n, k], as nn.Linear multiplies).
 #[derive(Clone, Copy)]
 struct Case {
     name: &'static str,
     m: usize,
     n: usize,
     k: usize,
+    at: bool,
     bt: bool,
+}
+
+/// `SINTER_BENCH_SHAPES=MxNxK[:nn|nt|tn|tt],…`: cases instead of the built-in list (the
+/// letters say which of A and B are transposed, as in [`Case`]).
+fn shapes_from_env() -> Option<Vec<Case>> {
+    let spec = std::env::var("SINTER_BENCH_SHAPES").ok()?;
+    let parse = |s: &str| -> Case {
+        let (dims, t) = s.split_once(':').unwrap_or((s, "nn"));
+        let d: Vec<usize> = dims
+            .split('x')
+            .map(|v| v.parse().expect("SINTER_BENCH_SHAPES: MxNxK[:nn|nt|tn|tt]"))
+            .collect();
+        assert!(d.len() == 3, "SINTER_BENCH_SHAPES: '{s}' is not MxNxK");
+        Case {
+            name: Box::leak(s.to_string().into_boxed_str()),
+            m: d[0],
+            n: d[1],
+            k: d[2],
+            at: t.starts_with('t'),
+            bt: t.ends_with('t'),
+        }
+    };
+    Some(spec.split(',').map(parse).collect())
+}
+
+/// `SINTER_BENCH_ENGINES=a,b`: only these engines (default: all).
+fn engine_wanted(name: &str) -> bool {
+    std::env::var("SINTER_BENCH_ENGINES").map_or(true, |e| e.split(',').any(|x| x == name))
 }
 
 /// One thread, or sinter's own choice (single-threaded below `PAR_MIN_FLOPS`) with the pool.
@@ -59,6 +89,19 @@ fn engines(c: Case, threads: usize) -> Vec<Engine> {
     } else {
         (n as isize, 1)
     };
+    let (ars, acs) = if c.at {
+        (1, m as isize)
+    } else {
+        (k as isize, 1)
+    };
+    fn strided(data: &[f32], rs: isize, cs: isize) -> MatRef<'_> {
+        MatRef {
+            data,
+            offset: 0,
+            rs,
+            cs,
+        }
+    }
     let mut out: Vec<Engine> = Vec::new();
     for (name, kernels) in [("sinter", Kernels::Auto), ("sinter-own", Kernels::Own)] {
         let (a, b) = (a.clone(), b.clone());
@@ -74,11 +117,7 @@ fn engines(c: Case, threads: usize) -> Vec<Engine> {
                 };
                 gemm_for(m, n, k, threads)
                     .kernels(kernels)
-                    .run(
-                        MatRef::row_major(&a, k),
-                        bm,
-                        MatMut::row_major(&mut cbuf, n),
-                    )
+                    .run(strided(&a, ars, acs), bm, MatMut::row_major(&mut cbuf, n))
                     .unwrap();
             }),
         ));
@@ -102,7 +141,7 @@ fn engines(c: Case, threads: usize) -> Vec<Engine> {
             Box::new(move || {
                 gemm_for(m, n, k, threads)
                     .run_packed(
-                        MatRef::row_major(&a, k),
+                        strided(&a, ars, acs),
                         &packed,
                         MatMut::row_major(&mut cbuf, n),
                         None,
@@ -132,8 +171,8 @@ fn engines(c: Case, threads: usize) -> Vec<Engine> {
                         n as isize,
                         false,
                         a.as_ptr(),
-                        1,
-                        k as isize,
+                        acs,
+                        ars,
                         b.as_ptr(),
                         bcs,
                         brs,
@@ -238,6 +277,7 @@ fn main() {
             m: 256,
             n: 256,
             k: 256,
+            at: false,
             bt: false,
         },
         Case {
@@ -245,6 +285,7 @@ fn main() {
             m: 1024,
             n: 1024,
             k: 1024,
+            at: false,
             bt: false,
         },
         Case {
@@ -252,6 +293,7 @@ fn main() {
             m: 2048,
             n: 2048,
             k: 2048,
+            at: false,
             bt: false,
         },
         // gpt-tiny, batch 12 × context 64 = 768 rows, width 128, MLP 512, 3·128 qkv.
@@ -260,6 +302,7 @@ fn main() {
             m: 768,
             n: 512,
             k: 128,
+            at: false,
             bt: true,
         },
         Case {
@@ -267,6 +310,7 @@ fn main() {
             m: 768,
             n: 128,
             k: 512,
+            at: false,
             bt: true,
         },
         Case {
@@ -274,6 +318,7 @@ fn main() {
             m: 768,
             n: 384,
             k: 128,
+            at: false,
             bt: true,
         },
         Case {
@@ -281,6 +326,7 @@ fn main() {
             m: 768,
             n: 256,
             k: 128,
+            at: false,
             bt: true,
         },
         Case {
@@ -288,6 +334,7 @@ fn main() {
             m: 512,
             n: 128,
             k: 768,
+            at: false,
             bt: false,
         },
         Case {
@@ -295,9 +342,11 @@ fn main() {
             m: 1,
             n: 512,
             k: 128,
+            at: false,
             bt: true,
         },
     ];
+    let cases = shapes_from_env().unwrap_or(cases.to_vec());
     if selected("threshold") {
         threshold();
     }
@@ -309,6 +358,7 @@ fn main() {
         }
         for threads in [1, pool.max(2).min(pool)] {
             let mut eng = engines(c, threads);
+            eng.retain(|(name, _)| engine_wanted(name));
             let mut times: Vec<Vec<f64>> = vec![Vec::new(); eng.len()];
             for _ in 0..rounds() {
                 for (i, (_, f)) in eng.iter_mut().enumerate() {

@@ -387,6 +387,116 @@ fn threaded_products_match_the_single_threaded_ones_bit_for_bit() {
     }
 }
 
+/// Products with every side ≥ 512 run on threads that share B's packed blocks and take row
+/// blocks as they go (driver.rs `run_shared`); B is read in place (row-major A) or packed
+/// (transposed A), k crosses several k blocks and no side is a multiple of a tile.
+#[test]
+fn shared_threaded_products_match_one_thread_bit_for_bit_and_the_reference() {
+    use Layout::*;
+    let (m, n, k) = (515, 513, 600);
+    let mut rng = Lcg(11);
+    let (a, b, c0) = (rng.vec(m * k), rng.vec(k * n), rng.vec(m * n));
+    let bias = rng.vec(n);
+    for isa in Isa::available() {
+        for a_transposed in [false, true] {
+            let at: Vec<f32>;
+            let am = if a_transposed {
+                at = (0..m * k).map(|i| a[(i % m) * k + i / m]).collect();
+                MatRef::row_major(&at, m).t()
+            } else {
+                MatRef::row_major(&a, k)
+            };
+            let run = |threads| {
+                let mut c = c0.clone();
+                own(m, n, k)
+                    .isa(isa)
+                    .threads(threads)
+                    .beta(1.0)
+                    .bias(&bias)
+                    .activation(Activation::Relu)
+                    .run(am, MatRef::row_major(&b, n), MatMut::row_major(&mut c, n))
+                    .unwrap();
+                c
+            };
+            let one = run(1);
+            let many: &[usize] = if isa == Isa::Scalar { &[2] } else { &[2, 3] };
+            for &threads in many {
+                assert!(
+                    one == run(threads),
+                    "{isa:?} A transposed {a_transposed}: {threads} threads differ from 1"
+                );
+            }
+        }
+        if isa != Isa::Scalar {
+            // A transposed: B's blocks are packed and shared.
+            check_case(
+                isa,
+                m,
+                n,
+                k,
+                ColMajor,
+                RowMajor,
+                RowMajor,
+                1.0,
+                1.0,
+                true,
+                Activation::None,
+                2,
+                13,
+            );
+        }
+    }
+}
+
+/// A threaded product runs its kernels inside rayon tasks, which must re-enter the ISA
+/// (`Simd::vectorize`) with the macro-kernel inlined: when a task called it through a
+/// reference instead, the whole macro-kernel compiled without AVX2/FMA (each intrinsic a
+/// call) and 2 threads took ~13× one thread's time (driver.rs `on_threads`). A clean build
+/// takes at most about one thread's time, so one run of the pair under 3× passes: a loaded
+/// machine (or the other tests, kept off by a private pool) can slow some runs, never make a
+/// de-vectorised one fast. Covers the shared-B split (every side ≥ 512) and the static one.
+#[test]
+fn threaded_products_keep_their_simd_speed() {
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(2)
+        .build()
+        .unwrap();
+    let mut rng = Lcg(17);
+    for isa in Isa::available().into_iter().filter(|&i| i != Isa::Scalar) {
+        for (m, n, k) in [(512, 512, 512), (384, 256, 384)] {
+            let (a, b) = (rng.vec(m * k), rng.vec(k * n));
+            let mut c = vec![0f32; m * n];
+            let mut time = |threads: usize| {
+                let t0 = std::time::Instant::now();
+                own(m, n, k)
+                    .isa(isa)
+                    .threads(threads)
+                    .run(
+                        MatRef::row_major(&a, k),
+                        MatRef::row_major(&b, n),
+                        MatMut::row_major(&mut c, n),
+                    )
+                    .unwrap();
+                t0.elapsed().as_secs_f64()
+            };
+            let (mut one, mut two) = (f64::MAX, f64::MAX);
+            for _ in 0..20 {
+                one = one.min(time(1));
+                two = two.min(pool.install(|| time(2)));
+                if two < 3.0 * one {
+                    break;
+                }
+            }
+            assert!(
+                two < 3.0 * one,
+                "{isa:?} {m}x{n}x{k}: 2 threads took {:.1} ms at best, 1 thread {:.1} ms",
+                two * 1e3,
+                one * 1e3
+            );
+        }
+    }
+}
+
 #[test]
 fn batches_with_broadcast_operands_match_separate_products() {
     let (m, n, k, count) = (9, 11, 13, 4);

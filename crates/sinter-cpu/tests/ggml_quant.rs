@@ -142,6 +142,7 @@ fn parallel_dequantization_matches_block_by_block() {
         let n = 1 << 18;
         let mut bytes: Vec<u8> = (0..ty.bytes_for(n).unwrap()).map(|_| next()).collect();
         if ty == GgmlType::F16 {
+            // Half of f16's relative step, or of its subnormal step (2⁻²⁴) below 2⁻¹⁴.
             for c in bytes.chunks_exact_mut(2) {
                 c.copy_from_slice(&f16_bytes(c[0] as f32 - 128.0));
             }
@@ -406,4 +407,105 @@ fn rows_taken_together_equal_rows_one_at_a_time() {
             }
         }
     }
+}
+
+use sinter_cpu::ggml_quant::quantize::{quantize, step_bound, QUANTIZE_TYPES};
+
+/// Rows that test the quantizer's corners: uniform values, an outlier, an all-zero block, a
+/// constant positive block (a minimum above zero), all-negative values and tiny ones.
+fn quantizer_rows(k: usize, rows: usize, rng: &mut Rng) -> Vec<f32> {
+    (0..rows * k)
+        .map(|i| match (i / k, i % k) {
+            (0, j) if j % 257 == 3 => rng.uniform(-9.0, 9.0),
+            (1, j) if j < 256 => 0.0,
+            (1, _) => 0.37,
+            (2, _) => rng.uniform(-2.0, -0.5),
+            (3, _) => rng.uniform(-1e-3, 1e-3),
+            _ => rng.uniform(-1.0, 1.0),
+        })
+        .collect()
+}
+
+/// Every written block format puts each value within half a step of its block (or
+/// sub-block) of the original, one step for the formats with one level more below zero
+/// (Q4_0, Q6_K): `quantize`'s documented bound, with the steps read back from the bytes.
+/// Plus f16's rounding of the scale (2⁻¹¹ of the block's largest value) for the bytes read.
+#[test]
+fn quantize_stays_within_half_a_step_of_each_value() {
+    let mut rng = Rng(0x9e3779b97f4a7c15);
+    let (k, rows) = (512, 6);
+    let x = quantizer_rows(k, rows, &mut rng);
+    for ty in QUANTIZE_TYPES {
+        let bytes = quantize(ty, &x, k).unwrap();
+        assert_eq!(bytes.len(), ty.bytes_for(rows * k).unwrap(), "{ty}");
+        let mut back = vec![0f32; x.len()];
+        dequantize(ty, &bytes, &mut back).unwrap();
+        if ty == GgmlType::F32 {
+            assert_eq!(back, x);
+            continue;
+        }
+        if ty == GgmlType::F16 {
+            // Half of f16's relative step, or of its subnormal step (2⁻²⁴) below 2⁻¹⁴.
+            for (a, b) in x.iter().zip(&back) {
+                assert!(
+                    (a - b).abs() <= a.abs() / 2048.0 + 2f32.powi(-25),
+                    "{ty}: {a} → {b}"
+                );
+            }
+            continue;
+        }
+        let steps = step_bound(ty, &bytes).unwrap();
+        let share = match ty {
+            GgmlType::Q4_0 | GgmlType::Q6_K => 1.0,
+            _ => 0.5,
+        };
+        let mut worst = 0f32;
+        for (i, ((a, b), s)) in x.iter().zip(&back).zip(&steps).enumerate() {
+            let bound = share * s * 1.0001 + a.abs() * 1e-6;
+            assert!(
+                (a - b).abs() <= bound,
+                "{ty}: value {i} (row {}) {a} → {b}, step {s}",
+                i / k
+            );
+            worst = worst.max((a - b).abs() / s.max(f32::MIN_POSITIVE));
+        }
+        // A format whose steps were all huge would pass the above: the step must be the
+        // block's range over its levels, give or take the rounding of the scales.
+        let levels = match ty {
+            GgmlType::Q8_0 => 254.0,
+            GgmlType::Q6_K => 63.0,
+            _ => 15.0,
+        };
+        let block = if ty == GgmlType::Q6_K { 16 } else { 32 }; // the (sub-)block of a step
+        for (i, chunk) in x.chunks(block).enumerate() {
+            let range = chunk.iter().fold(0f32, |m, v| m.max(v.abs())) * 2.0;
+            let step = steps[i * block];
+            assert!(
+                step <= range / levels * 2.5 + 1e-7 || range == 0.0,
+                "{ty}: block {i} step {step} for range {range}"
+            );
+        }
+        eprintln!("{ty}: worst error {worst:.3} of a step");
+    }
+}
+
+/// Rows that are not whole blocks, lengths that are not whole rows and types sinter does not
+/// write are refused, each error naming the numbers and types.
+#[test]
+fn quantize_refuses_partial_blocks_and_unwritable_types() {
+    let x = vec![0.5f32; 2 * 576];
+    let e = quantize(GgmlType::Q4_K, &x, 576).unwrap_err().to_string();
+    assert!(
+        e.contains("576") && e.contains("Q4_K") && e.contains("256"),
+        "{e}"
+    );
+    assert!(quantize(GgmlType::Q8_0, &x, 576).is_ok());
+    let e = quantize(GgmlType::Q5_K, &x[..512], 256)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("Q5_K") && e.contains("Q8_0"), "{e}");
+    let e = quantize(GgmlType::Q8_0, &x[..100], 64)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("100") && e.contains("64"), "{e}");
 }

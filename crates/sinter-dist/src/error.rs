@@ -144,6 +144,10 @@ pub enum DistError {
     /// The launcher received a signal, forwarded it and stopped the ranks.
     #[error("launcher interrupted by {} ({}); ranks were stopped", signal_name(*.signal), .signal)]
     Interrupted { signal: i32 },
+    /// The launcher stopped its ranks on request (another node's rank failed: the group
+    /// restarts).
+    #[error("ranks stopped: {0}")]
+    Stopped(String),
     /// The launcher could not start a rank.
     #[error("launch: {0}")]
     Launch(String),

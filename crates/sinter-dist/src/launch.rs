@@ -7,6 +7,7 @@
 //! Each child runs in its own process group so that signals also reach whatever it spawned
 //! (a `sh -c` wrapper, data-loader workers).
 
+use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicI32, AtomicUsize, Ordering};
@@ -14,7 +15,9 @@ use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::cluster_env::{parse_node_env, NodeSource};
 use crate::error::{DistError, ExitKind, Result};
+use crate::rendezvous::DEFAULT_MASTER_PORT;
 
 /// What to launch on this node.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -97,6 +100,77 @@ impl LaunchSpec {
     }
 }
 
+/// The layout flags of `sinter launch` (`None`: not given).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct NodeFlags {
+    pub nproc_per_node: Option<usize>,
+    pub nnodes: Option<usize>,
+    pub node_rank: Option<usize>,
+    pub master_addr: Option<String>,
+    pub master_port: Option<u16>,
+}
+
+/// This node's layout: each field from its flag, else from the pod's job variables
+/// ([`crate::cluster_env`]), else the single-node default.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeLayout {
+    pub nproc_per_node: usize,
+    pub nnodes: usize,
+    pub node_rank: usize,
+    pub master_addr: String,
+    pub master_port: u16,
+    /// The job system whose variables were read, if any.
+    pub source: Option<NodeSource>,
+}
+
+/// Resolves [`NodeLayout`] from the flags and an environment map (a pure function).
+pub fn resolve_layout(flags: &NodeFlags, vars: &HashMap<String, String>) -> Result<NodeLayout> {
+    let env = parse_node_env(vars)?;
+    let from_env = |f: fn(&crate::cluster_env::NodeEnv) -> Option<usize>| env.as_ref().and_then(f);
+    let nproc = flags
+        .nproc_per_node
+        .or_else(|| from_env(|e| e.nproc_per_node))
+        .ok_or_else(|| {
+            DistError::InvalidArgument(match &env {
+                Some(e) => format!(
+                    "{} gives no ranks per node: pass --nproc-per-node",
+                    e.source.describe()
+                ),
+                None => {
+                    "--nproc-per-node is required (no PET_NPROC_PER_NODE in the environment)".into()
+                }
+            })
+        })?;
+    let nnodes = match flags.nnodes.or_else(|| from_env(|e| e.nnodes)) {
+        Some(n) => n,
+        None if env.is_some() => {
+            return Err(DistError::InvalidArgument(format!(
+                "{} gives no node count: pass --nnodes",
+                env.as_ref().map_or("", |e| e.source.describe())
+            )))
+        }
+        None => 1,
+    };
+    Ok(NodeLayout {
+        nproc_per_node: nproc,
+        nnodes,
+        node_rank: flags
+            .node_rank
+            .or_else(|| from_env(|e| Some(e.node_rank)))
+            .unwrap_or(0),
+        master_addr: flags
+            .master_addr
+            .clone()
+            .or_else(|| env.as_ref().and_then(|e| e.master_addr.clone()))
+            .unwrap_or_else(|| "127.0.0.1".into()),
+        master_port: flags
+            .master_port
+            .or_else(|| env.as_ref().and_then(|e| e.master_port))
+            .unwrap_or(DEFAULT_MASTER_PORT),
+        source: env.map(|e| e.source),
+    })
+}
+
 fn shell_quote(s: &str) -> String {
     if !s.is_empty()
         && s.bytes()
@@ -177,6 +251,10 @@ pub struct LaunchOptions {
     pub output: Output,
     /// Extra variables for every rank.
     pub extra_env: Vec<(String, String)>,
+    /// When it turns true (with its reason), the ranks are stopped like after a failure
+    /// and [`run_with`] returns [`DistError::Stopped`] (elastic restarts: another node
+    /// failed).
+    pub cancel: Option<Arc<Mutex<Option<String>>>>,
 }
 
 impl Default for LaunchOptions {
@@ -186,6 +264,7 @@ impl Default for LaunchOptions {
             forward_signals: true,
             output: Output::Inherit,
             extra_env: Vec::new(),
+            cancel: None,
         }
     }
 }
@@ -300,6 +379,11 @@ fn pump(reader: impl Read, prefix: String, is_err: bool, output: Output, done: m
     let _ = done.send(());
 }
 
+/// A launcher line (stderr) to `output`.
+pub(crate) fn note(output: &Output, text: String) {
+    emit(output, true, text);
+}
+
 /// One line to `output`: stderr or stdout, or the captured lines.
 fn emit(output: &Output, is_err: bool, text: String) {
     match output {
@@ -399,7 +483,20 @@ pub fn run_with(spec: &LaunchSpec, opts: &LaunchOptions) -> Result<LaunchReport>
     let mut signals_seen = signals_at_start;
     let mut kill_at: Option<Instant> = None;
     let mut killed = false;
+    let mut stopped: Option<String> = None;
     loop {
+        if stopped.is_none() && kill_at.is_none() {
+            stopped = opts
+                .cancel
+                .as_ref()
+                .and_then(|c| c.lock().unwrap_or_else(|e| e.into_inner()).clone());
+            if stopped.is_some() {
+                for r in ranks.iter().filter(|r| r.exit.is_none()) {
+                    signal_group(r.child.id(), libc::SIGTERM);
+                }
+                kill_at = Some(Instant::now() + opts.grace_period);
+            }
+        }
         // Forward signals the launcher received.
         if opts.forward_signals {
             let c = SIGNAL_COUNT.load(Ordering::SeqCst);
@@ -446,7 +543,7 @@ pub fn run_with(spec: &LaunchSpec, opts: &LaunchOptions) -> Result<LaunchReport>
         std::thread::sleep(Duration::from_millis(10));
     }
     // Leftovers of failed ranks' groups (e.g. a shell's children) would keep pipes open.
-    if failure.is_some() || interrupted.is_some() {
+    if failure.is_some() || interrupted.is_some() || stopped.is_some() {
         for r in &ranks {
             signal_group(r.child.id(), libc::SIGKILL);
         }
@@ -470,6 +567,9 @@ pub fn run_with(spec: &LaunchSpec, opts: &LaunchOptions) -> Result<LaunchReport>
     }
     if let Some(signal) = interrupted {
         return Err(DistError::Interrupted { signal });
+    }
+    if let Some(reason) = stopped {
+        return Err(DistError::Stopped(reason));
     }
     Ok(LaunchReport {
         ranks: ranks

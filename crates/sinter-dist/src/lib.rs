@@ -21,8 +21,10 @@
 
 pub mod bench;
 pub mod checkpoint_layout;
+pub mod cluster_env;
 pub mod comm;
 pub mod data_parallel;
+pub mod elastic;
 pub mod error;
 pub mod host;
 pub mod launch;

@@ -4,6 +4,7 @@
 
 use std::collections::HashMap;
 
+use crate::cluster_env::{get, host_name, num, parse_node_env, NodeEnv, NodeSource};
 use crate::error::{DistError, Result};
 use crate::host::tcp::{self, TcpOptions};
 use crate::host::HostCommunicator;
@@ -21,6 +22,9 @@ pub enum EnvSource {
     Slurm,
     /// `OMPI_COMM_WORLD_RANK`, …
     OpenMpi,
+    /// A Kubernetes job system's node-level variables, one rank per pod
+    /// ([`crate::cluster_env`]).
+    Cluster(NodeSource),
     /// Nothing set: a single process.
     Single,
 }
@@ -69,20 +73,6 @@ impl DistEnv {
     }
 }
 
-fn get<'a>(vars: &'a HashMap<String, String>, k: &str) -> Option<&'a str> {
-    vars.get(k).map(|s| s.trim()).filter(|s| !s.is_empty())
-}
-
-fn num(vars: &HashMap<String, String>, k: &str) -> Result<Option<usize>> {
-    match get(vars, k) {
-        None => Ok(None),
-        Some(v) => v
-            .parse::<usize>()
-            .map(Some)
-            .map_err(|_| DistError::Env(format!("{k}=`{v}` is not a non-negative integer"))),
-    }
-}
-
 fn port(vars: &HashMap<String, String>) -> Result<u16> {
     match get(vars, "MASTER_PORT") {
         None => Ok(DEFAULT_MASTER_PORT),
@@ -99,9 +89,13 @@ fn leading_count(v: &str) -> Option<usize> {
 }
 
 /// Parses the job's place from an environment map. Precedence: torchrun variables
-/// (`RANK` + `WORLD_SIZE`), then Slurm (`SLURM_PROCID` + `SLURM_NTASKS`), then Open MPI
-/// (`OMPI_COMM_WORLD_RANK` + `OMPI_COMM_WORLD_SIZE`), else a single process.
-/// `MASTER_ADDR`/`MASTER_PORT` override the derived master for Slurm and Open MPI.
+/// (`RANK` + `WORLD_SIZE`, as a launcher, a v1 PyTorchJob or Volcano set them), then a
+/// Kubernetes job system's node-level variables with one rank per pod
+/// ([`crate::cluster_env`]: Kubeflow Trainer `PET_*`, LeaderWorkerSet, JobSet), then Slurm
+/// (`SLURM_PROCID` + `SLURM_NTASKS`), then Open MPI (`OMPI_COMM_WORLD_RANK` +
+/// `OMPI_COMM_WORLD_SIZE`), else a single process. A rank started by a launcher ignores the
+/// node-level variables it inherits: the launcher resolved them (flags may have overridden
+/// them). `MASTER_ADDR`/`MASTER_PORT` override the derived master for Slurm and Open MPI.
 pub fn parse_env(vars: &HashMap<String, String>) -> Result<DistEnv> {
     let env = if let (Some(rank), Some(world)) = (num(vars, "RANK")?, num(vars, "WORLD_SIZE")?) {
         let local_rank = num(vars, "LOCAL_RANK")?.unwrap_or(rank);
@@ -122,6 +116,8 @@ pub fn parse_env(vars: &HashMap<String, String>) -> Result<DistEnv> {
             master_port: port(vars)?,
             source: EnvSource::Torchrun,
         }
+    } else if let Some(node) = parse_node_env(vars)? {
+        one_rank_per_pod(&node)?
     } else if let (Some(rank), Some(world)) =
         (num(vars, "SLURM_PROCID")?, num(vars, "SLURM_NTASKS")?)
     {
@@ -198,6 +194,34 @@ pub fn parse_env(vars: &HashMap<String, String>) -> Result<DistEnv> {
         )));
     }
     Ok(env)
+}
+
+/// A rank started straight in a pod (no `sinter launch`): rank = node rank.
+fn one_rank_per_pod(node: &NodeEnv) -> Result<DistEnv> {
+    let what = node.source.describe();
+    if let Some(n) = node.nproc_per_node.filter(|&n| n != 1) {
+        return Err(DistError::Env(format!("{what} asks for {n} ranks per node: start them with `sinter launch -- <command>`, which reads these variables")));
+    }
+    let world = node.nnodes.ok_or_else(|| {
+        DistError::Env(format!(
+            "{what} gives no node count: set PET_NNODES, or start with `sinter launch --nnodes N`"
+        ))
+    })?;
+    let master = node.master_addr.clone();
+    if world > 1 && master.is_none() {
+        return Err(DistError::Env(format!(
+            "{what} gives no master address: set MASTER_ADDR"
+        )));
+    }
+    Ok(DistEnv {
+        rank: node.node_rank,
+        world_size: world,
+        local_rank: 0,
+        local_world_size: 1,
+        master_addr: master,
+        master_port: node.master_port.unwrap_or(DEFAULT_MASTER_PORT),
+        source: EnvSource::Cluster(node.source),
+    })
 }
 
 /// [`parse_env`] over the process environment.
@@ -336,7 +360,14 @@ pub fn init(env: &DistEnv, opts: &TcpOptions) -> Result<HostCommunicator> {
     } else {
         None
     };
-    let store = StoreClient::connect(&endpoint, opts.connect_timeout)?;
+    let store = StoreClient::connect(&endpoint, opts.connect_timeout).map_err(|e| {
+        DistError::Store(format!(
+            "rank {} of {} (host {}) could not reach rank 0's rendezvous: {e}",
+            env.rank,
+            env.world_size,
+            host_name()
+        ))
+    })?;
     tcp::connect_with(env.rank, env.world_size, store, server, opts)
 }
 

@@ -28,6 +28,7 @@ fn capture(grace_ms: u64) -> (LaunchOptions, Arc<Mutex<Vec<String>>>) {
         forward_signals: false,
         output: Output::Capture(lines.clone()),
         extra_env: Vec::new(),
+        cancel: None,
     };
     (opts, lines)
 }
@@ -332,5 +333,66 @@ fn sigterm_is_forwarded_to_ranks() {
         lines.iter().any(|l| l
             .contains("launcher error: launcher interrupted by SIGTERM (15); ranks were stopped")),
         "{lines:?}"
+    );
+}
+
+#[test]
+fn a_cancelled_launch_stops_its_ranks_and_says_why() {
+    let (mut opts, _lines) = capture(500);
+    let cancel = Arc::new(Mutex::new(None));
+    opts.cancel = Some(cancel.clone());
+    let c = cancel.clone();
+    let t = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(300));
+        *c.lock().unwrap() = Some("node 1 failed".to_string());
+    });
+    let started = Instant::now();
+    let e = launch::run_with(&sh_spec(2, "sleep 30"), &opts).unwrap_err();
+    t.join().unwrap();
+    assert!(
+        matches!(&e, DistError::Stopped(why) if why == "node 1 failed"),
+        "{e}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        started.elapsed()
+    );
+}
+
+#[test]
+fn elastic_restarts_rerun_the_group_until_it_succeeds_or_restarts_run_out() {
+    use sinter_dist::elastic::{run_elastic, ElasticOptions};
+    let el = |max_restarts| ElasticOptions {
+        max_restarts,
+        min_nodes: 1,
+        max_nodes: 1,
+        rdzv_timeout: Duration::from_secs(5),
+        last_call: Duration::from_secs(1),
+    };
+    // Rank 1 fails in the first two rounds; the round number reaches the ranks, and round
+    // `g` runs the arguments built for it.
+    let script = r#"echo "round $SINTER_RESTART_ROUND arg $0"; [ "$RANK" = 1 ] && [ "$SINTER_RESTART_ROUND" -lt 2 ] && exit 3; exit 0"#;
+    let spec = sh_spec(2, script);
+    let args = |g: usize| vec!["-c".to_string(), script.to_string(), format!("a{g}")];
+    let (opts, lines) = capture(500);
+    let rep = run_elastic(&spec, &opts, &el(2), &args).unwrap();
+    assert_eq!(rep.ranks.len(), 2);
+    let out = lines.lock().unwrap().join("\n");
+    for want in [
+        "[rank 1] round 0 arg a0",
+        "[rank 1] round 2 arg a2",
+        "failed with exit code 3; restarting the group from the last checkpoint (restart 2 of 2)",
+    ] {
+        assert!(out.contains(want), "want `{want}` in:\n{out}");
+    }
+    // One restart is not enough: the last failure, and that no restarts are left.
+    let (opts, _) = capture(500);
+    let e = run_elastic(&spec, &opts, &el(1), &args)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("rank 1 (local rank 1 on node 0) failed with exit code 3; no restarts left (--max-restarts 1 used)"),
+        "{e}"
     );
 }

@@ -3,6 +3,8 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
+use sinter_dist::cluster_env::{parse_node_env, NodeSource};
+use sinter_dist::launch::{resolve_layout, NodeFlags};
 use sinter_dist::rendezvous::{
     expand_nodelist, first_host, parse_env, EnvSource, DEFAULT_MASTER_PORT,
 };
@@ -184,6 +186,272 @@ fn nothing_set_is_single_process() {
     let e = parse_env(&HashMap::new()).unwrap();
     assert_eq!((e.rank, e.world_size, e.source), (0, 1, EnvSource::Single));
     assert_eq!(e.master_addr, None);
+}
+
+/// The variables a Kubeflow Trainer v2 TrainJob gives node 1 of 2 (on JobSet, so the Job's
+/// completion index is there too).
+fn trainer_pod() -> Vec<(&'static str, &'static str)> {
+    vec![
+        ("PET_NNODES", "2"),
+        ("PET_NPROC_PER_NODE", "4"),
+        ("PET_NODE_RANK", "1"),
+        ("PET_MASTER_ADDR", "job-node-0-0.job"),
+        ("PET_MASTER_PORT", "29400"),
+        ("JOB_COMPLETION_INDEX", "1"),
+    ]
+}
+
+#[test]
+fn kubernetes_node_variables_of_each_system() {
+    let e = parse_node_env(&env(&trainer_pod())).unwrap().unwrap();
+    assert_eq!(e.source, NodeSource::KubeflowTrainer);
+    assert_eq!(
+        (e.node_rank, e.nnodes, e.nproc_per_node),
+        (1, Some(2), Some(4))
+    );
+    assert_eq!(
+        (e.master_addr.as_deref(), e.master_port),
+        (Some("job-node-0-0.job"), Some(29400))
+    );
+
+    let e = parse_node_env(&env(&[
+        ("LWS_LEADER_ADDRESS", "lws-0.lws.ns"),
+        ("LWS_GROUP_SIZE", "4"),
+        ("LWS_WORKER_INDEX", "3"),
+    ]))
+    .unwrap()
+    .unwrap();
+    assert_eq!(e.source, NodeSource::LeaderWorkerSet);
+    assert_eq!((e.node_rank, e.nnodes), (3, Some(4)));
+    assert_eq!(e.master_addr.as_deref(), Some("lws-0.lws.ns"));
+
+    // JobSet: the master is pod 0 of job 0; the subdomain defaults to the JobSet's name.
+    let js = [
+        ("JOB_COMPLETION_INDEX", "2"),
+        ("JOBSET_NAME", "train"),
+        ("REPLICATED_JOB_NAME", "workers"),
+    ];
+    let e = parse_node_env(&env(&js)).unwrap().unwrap();
+    assert_eq!(e.source, NodeSource::JobSet);
+    assert_eq!((e.node_rank, e.nnodes), (2, None));
+    assert_eq!(e.master_addr.as_deref(), Some("train-workers-0-0.train"));
+    let mut sub = js.to_vec();
+    sub.push(("JOBSET_SUBDOMAIN", "net"));
+    let e = parse_node_env(&env(&sub)).unwrap().unwrap();
+    assert_eq!(e.master_addr.as_deref(), Some("train-workers-0-0.net"));
+    // A plain Indexed Job (no JobSet name) is no JobSet.
+    assert!(parse_node_env(&env(&[("JOB_COMPLETION_INDEX", "2")]))
+        .unwrap()
+        .is_none());
+
+    // v1 PyTorchJob and Volcano: pod-level RANK/WORLD_SIZE count pods.
+    let pj = [
+        ("RANK", "1"),
+        ("WORLD_SIZE", "3"),
+        ("MASTER_ADDR", "pj-master-0"),
+        ("MASTER_PORT", "23456"),
+    ];
+    let e = parse_node_env(&env(&pj)).unwrap().unwrap();
+    assert_eq!(e.source, NodeSource::PyTorchJob);
+    assert_eq!(
+        (e.node_rank, e.nnodes, e.master_port),
+        (1, Some(3), Some(23456))
+    );
+    let mut vc = pj.to_vec();
+    vc.push(("VC_TASK_INDEX", "0"));
+    assert_eq!(
+        parse_node_env(&env(&vc)).unwrap().unwrap().source,
+        NodeSource::Volcano
+    );
+    // With LOCAL_RANK the same RANK is a launched process's: no node-level set.
+    let mut launched = pj.to_vec();
+    launched.push(("LOCAL_RANK", "0"));
+    assert!(parse_node_env(&env(&launched)).unwrap().is_none());
+}
+
+#[test]
+fn kubernetes_sets_precedence_conflicts_and_errors() {
+    // Trainer wins over LWS; fields it lacks come from the next set.
+    let mut v = trainer_pod();
+    v.retain(|(k, _)| *k != "PET_MASTER_ADDR");
+    v.extend([
+        ("LWS_WORKER_INDEX", "1"),
+        ("LWS_GROUP_SIZE", "2"),
+        ("LWS_LEADER_ADDRESS", "leader"),
+    ]);
+    let e = parse_node_env(&env(&v)).unwrap().unwrap();
+    assert_eq!(e.source, NodeSource::KubeflowTrainer);
+    assert_eq!(e.master_addr.as_deref(), Some("leader"));
+
+    // Two sets that disagree are refused, both named.
+    let mut v = trainer_pod();
+    v.extend([("LWS_WORKER_INDEX", "0"), ("LWS_GROUP_SIZE", "2")]);
+    let msg = parse_node_env(&env(&v)).unwrap_err().to_string();
+    assert!(
+        msg.contains("node rank")
+            && msg.contains("PET_NODE_RANK")
+            && msg.contains("LWS_WORKER_INDEX"),
+        "{msg}"
+    );
+    let mut v = trainer_pod();
+    v.extend([("JOBSET_NAME", "other"), ("REPLICATED_JOB_NAME", "node")]);
+    let msg = parse_node_env(&env(&v)).unwrap_err().to_string();
+    assert!(
+        msg.contains("master")
+            && msg.contains("job-node-0-0.job")
+            && msg.contains("other-node-0-0.other"),
+        "{msg}"
+    );
+
+    for (bad, needle) in [
+        (vec![("PET_NODE_RANK", "x")], "PET_NODE_RANK"),
+        (
+            vec![("PET_NODE_RANK", "0"), ("PET_NPROC_PER_NODE", "auto")],
+            "numProcPerNode",
+        ),
+        (
+            vec![("PET_NODE_RANK", "2"), ("PET_NNODES", "2")],
+            "not below",
+        ),
+        (
+            vec![("PET_NODE_RANK", "0"), ("PET_MASTER_PORT", "70000")],
+            "PET_MASTER_PORT",
+        ),
+        (
+            vec![("JOB_COMPLETION_INDEX", "0"), ("JOBSET_NAME", "j")],
+            "REPLICATED_JOB_NAME",
+        ),
+        (
+            vec![
+                ("JOB_COMPLETION_INDEX", "0"),
+                ("JOBSET_NAME", "j"),
+                ("REPLICATED_JOB_NAME", "w"),
+                ("JOB_INDEX", "1"),
+            ],
+            "JOB_INDEX=1",
+        ),
+    ] {
+        let msg = parse_node_env(&env(&bad)).unwrap_err().to_string();
+        assert!(msg.contains(needle), "{bad:?}: {msg}");
+    }
+}
+
+#[test]
+fn a_rank_started_straight_in_a_pod_reads_the_node_variables() {
+    // One process per pod: rank = node rank.
+    let e = parse_env(&env(&[
+        ("PET_NNODES", "3"),
+        ("PET_NPROC_PER_NODE", "1"),
+        ("PET_NODE_RANK", "2"),
+        ("PET_MASTER_ADDR", "m"),
+    ]))
+    .unwrap();
+    assert_eq!(e.source, EnvSource::Cluster(NodeSource::KubeflowTrainer));
+    assert_eq!(
+        (e.rank, e.world_size, e.local_rank, e.local_world_size),
+        (2, 3, 0, 1)
+    );
+    assert_eq!(
+        e.master_endpoint().unwrap(),
+        format!("m:{DEFAULT_MASTER_PORT}")
+    );
+    // Several ranks per pod need the launcher.
+    let msg = parse_env(&env(&trainer_pod())).unwrap_err().to_string();
+    assert!(msg.contains("sinter launch"), "{msg}");
+    // A launched rank ignores the pod's variables: the launcher resolved them.
+    let mut v = trainer_pod();
+    v.extend([
+        ("RANK", "5"),
+        ("WORLD_SIZE", "8"),
+        ("LOCAL_RANK", "1"),
+        ("LOCAL_WORLD_SIZE", "4"),
+        ("MASTER_ADDR", "m"),
+    ]);
+    let e = parse_env(&env(&v)).unwrap();
+    assert_eq!(
+        (e.source, e.rank, e.world_size),
+        (EnvSource::Torchrun, 5, 8)
+    );
+    // JobSet alone says nothing of the node count.
+    let msg = parse_env(&env(&[
+        ("JOB_COMPLETION_INDEX", "0"),
+        ("JOBSET_NAME", "j"),
+        ("REPLICATED_JOB_NAME", "w"),
+    ]))
+    .unwrap_err()
+    .to_string();
+    assert!(msg.contains("node count"), "{msg}");
+}
+
+#[test]
+fn launch_layout_flags_override_the_job_variables() {
+    let vars = env(&trainer_pod());
+    let l = resolve_layout(&NodeFlags::default(), &vars).unwrap();
+    assert_eq!(
+        (
+            l.nproc_per_node,
+            l.nnodes,
+            l.node_rank,
+            l.master_addr.as_str(),
+            l.master_port
+        ),
+        (4, 2, 1, "job-node-0-0.job", 29400)
+    );
+    assert_eq!(l.source, Some(NodeSource::KubeflowTrainer));
+    let flags = NodeFlags {
+        nproc_per_node: Some(2),
+        node_rank: Some(0),
+        master_addr: Some("x".into()),
+        ..NodeFlags::default()
+    };
+    let l = resolve_layout(&flags, &vars).unwrap();
+    assert_eq!(
+        (
+            l.nproc_per_node,
+            l.nnodes,
+            l.node_rank,
+            l.master_addr.as_str()
+        ),
+        (2, 2, 0, "x")
+    );
+    // No variables: defaults, but the rank count must be given.
+    let none = HashMap::new();
+    assert!(resolve_layout(&NodeFlags::default(), &none)
+        .unwrap_err()
+        .to_string()
+        .contains("--nproc-per-node"));
+    let l = resolve_layout(
+        &NodeFlags {
+            nproc_per_node: Some(3),
+            ..NodeFlags::default()
+        },
+        &none,
+    )
+    .unwrap();
+    assert_eq!(
+        (
+            l.nnodes,
+            l.node_rank,
+            l.master_addr.as_str(),
+            l.master_port,
+            l.source
+        ),
+        (1, 0, "127.0.0.1", DEFAULT_MASTER_PORT, None)
+    );
+    // JobSet alone: --nnodes is needed.
+    let js = env(&[
+        ("JOB_COMPLETION_INDEX", "1"),
+        ("JOBSET_NAME", "j"),
+        ("REPLICATED_JOB_NAME", "w"),
+    ]);
+    let f = NodeFlags {
+        nproc_per_node: Some(1),
+        ..NodeFlags::default()
+    };
+    assert!(resolve_layout(&f, &js)
+        .unwrap_err()
+        .to_string()
+        .contains("--nnodes"));
 }
 
 #[test]

@@ -326,6 +326,7 @@ fn launcher_starts_tcp_ranks_as_processes() {
             ("SINTER_DIST_TEST_CHILD".into(), "tcp".into()),
             ("SINTER_COLLECTIVE_TIMEOUT_S".into(), "20".into()),
         ],
+        cancel: None,
     };
     let report = launch::run_with(&spec, &opts);
     let lines = lines.lock().unwrap().clone();

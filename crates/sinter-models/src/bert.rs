@@ -270,22 +270,43 @@ fn init_layer(c: &BertConfig, rng: &mut Rng) -> Result<Vec<(String, Tensor)>> {
     Ok(named.into_iter().map(|(n, t)| (n.to_string(), t)).collect())
 }
 
-/// `BertForMaskedLM`: the encoder and the MLM head.
+/// BERT's masked-language-model head (`cls.predictions`).
+pub struct MlmHead {
+    /// `cls.predictions.transform.dense`.
+    pub dense: Linear,
+    /// `cls.predictions.transform.LayerNorm`.
+    pub norm: LayerNorm,
+    /// `cls.predictions.bias` (the decoder's bias; its weight is the word embedding).
+    pub bias: Tensor,
+}
+
+/// `BertForMaskedLM` (the encoder and the MLM head), or `BertModel` (the encoder alone, as
+/// sentence-embedding models such as all-MiniLM-L6-v2 ship it: `head` is `None`).
 pub struct Bert {
     pub config: BertConfig,
     pub embeddings: BertEmbeddings,
     /// The encoder: the one Transformer block, bidirectional and post-norm.
     pub layers: Vec<TransformerBlock>,
-    /// `cls.predictions.transform.dense`.
-    pub head_dense: Linear,
-    /// `cls.predictions.transform.LayerNorm`.
-    pub head_norm: LayerNorm,
-    /// `cls.predictions.bias` (the decoder's bias; its weight is the word embedding).
-    pub head_bias: Tensor,
+    /// The MLM head; `None` for an encoder-only model, which encodes and embeds but cannot
+    /// predict tokens.
+    pub head: Option<MlmHead>,
 }
 
 impl Bert {
+    /// `BertForMaskedLM` with random weights.
     pub fn new(config: BertConfig, rng: &mut Rng, drop_rng: &SharedRng) -> Result<Self> {
+        let mut m = Bert::encoder_only(config, rng, drop_rng)?;
+        let c = &m.config;
+        m.head = Some(MlmHead {
+            dense: linear(c.hidden, c.hidden, rng)?,
+            norm: layer_norm(c.hidden, c.layer_norm_eps)?,
+            bias: init::zeros(&[c.vocab_size])?,
+        });
+        Ok(m)
+    }
+
+    /// `BertModel` (no MLM head) with random weights.
+    pub fn encoder_only(config: BertConfig, rng: &mut Rng, drop_rng: &SharedRng) -> Result<Self> {
         let c = &config;
         if c.n_head == 0 || !c.hidden.is_multiple_of(c.n_head) {
             bail!(
@@ -334,9 +355,7 @@ impl Bert {
         Ok(Bert {
             embeddings,
             layers,
-            head_dense: linear(c.hidden, c.hidden, rng)?,
-            head_norm: layer_norm(c.hidden, c.layer_norm_eps)?,
-            head_bias: init::zeros(&[c.vocab_size])?,
+            head: None,
             config,
         })
     }
@@ -412,14 +431,47 @@ impl Bert {
         Ok(x)
     }
 
+    /// Sentence embeddings [b, hidden]: the last hidden states averaged over each row's real
+    /// tokens (`attention_mask` [b, t], 1 at real tokens and 0 at padding; all real without
+    /// it), then scaled to unit length when `normalize` — sentence-transformers' Pooling
+    /// (`pooling_mode_mean_tokens`) and Normalize modules.
+    pub fn embed(
+        &self,
+        ids: &Tensor,
+        attention_mask: Option<&Tensor>,
+        normalize: bool,
+    ) -> Result<Tensor> {
+        let hidden = self.encode(ids, None, attention_mask)?;
+        let (b, t) = (ids.shape()[0], ids.shape()[1]);
+        let weights = match attention_mask {
+            Some(m) => m.to_device(hidden.device())?.to_dtype(hidden.dtype())?,
+            None => Tensor::ones(&[b, t], hidden.dtype(), hidden.device())?,
+        };
+        let counts = weights.sum(&[1], true)?;
+        if counts.to_vec_f32()?.iter().any(|&c| c <= 0.0) {
+            bail!("bert: a row of the attention mask has no real token; nothing to average");
+        }
+        let summed = hidden
+            .mul(&weights.reshape(&[b, t, 1])?)?
+            .sum(&[1], false)?;
+        let mean = summed.div(&counts)?;
+        if !normalize {
+            return Ok(mean);
+        }
+        // F.normalize's floor of 1e-12 on the norm: a zero vector stays zero.
+        let floor = Tensor::full(1e-12, &[1], mean.dtype(), mean.device())?;
+        let norm = mean.sqr()?.sum(&[1], true)?.sqrt()?.maximum(&floor)?;
+        mean.div(&norm)
+    }
+
     /// MLM logits [.., vocab] of hidden states [.., hidden].
     pub fn mlm_logits(&self, hidden: &Tensor) -> Result<Tensor> {
-        let h = self.head_norm.forward(
-            &self
-                .config
-                .hidden_act
-                .apply(&self.head_dense.forward(hidden)?)?,
-        )?;
+        let Some(head) = &self.head else {
+            bail!("bert: this model was loaded without its masked-LM head (a BertModel, e.g. a sentence-embedding encoder): it encodes and embeds, but cannot predict tokens; load a BertForMaskedLM checkpoint to predict or train with masked LM");
+        };
+        let h = head
+            .norm
+            .forward(&self.config.hidden_act.apply(&head.dense.forward(hidden)?)?)?;
         let c = self.config.hidden;
         let lead = &h.shape()[..h.rank() - 1];
         let rows: usize = lead.iter().product();
@@ -427,7 +479,7 @@ impl Bert {
             .embeddings
             .word_embeddings
             .linear(&h.reshape(&[rows, c])?)?
-            .add(&self.head_bias)?;
+            .add(&head.bias)?;
         let mut shape = lead.to_vec();
         shape.push(self.config.vocab_size);
         logits.reshape(&shape)
@@ -510,11 +562,13 @@ impl Module for Bert {
         for (i, l) in self.layers.iter().enumerate() {
             l.collect(&join(prefix, &format!("bert.encoder.layer.{i}")), out);
         }
-        self.head_dense
-            .collect(&join(prefix, "cls.predictions.transform.dense"), out);
-        self.head_norm
-            .collect(&join(prefix, "cls.predictions.transform.LayerNorm"), out);
-        param(prefix, "cls.predictions.bias", &self.head_bias, out);
+        if let Some(head) = &self.head {
+            head.dense
+                .collect(&join(prefix, "cls.predictions.transform.dense"), out);
+            head.norm
+                .collect(&join(prefix, "cls.predictions.transform.LayerNorm"), out);
+            param(prefix, "cls.predictions.bias", &head.bias, out);
+        }
     }
     fn set_training(&self, training: bool) {
         self.embeddings.set_training(training);

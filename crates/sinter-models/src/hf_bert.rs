@@ -1,8 +1,9 @@
 //! BERT in Hugging Face's formats: `config.json` to and from [`BertConfig`], and
-//! `BertForMaskedLM` safetensors weights to and from [`Bert`].
+//! `BertForMaskedLM` or `BertModel` safetensors weights to and from [`Bert`].
 //!
-//! [`from_hf_pretrained`] is `BertForMaskedLM.from_pretrained` for a local directory: the
-//! config from `config.json` (the activation, dropout, layer-norm epsilon and padding token
+//! [`from_hf_pretrained`] is `BertForMaskedLM.from_pretrained` (or `BertModel`'s, for an
+//! encoder without the MLM head, as sentence-embedding models ship it) for a local directory:
+//! the config from `config.json` (the activation, dropout, layer-norm epsilon and padding token
 //! included: a BERT built from shapes alone would silently differ), then the weights.
 
 use std::path::Path;
@@ -183,10 +184,47 @@ pub fn from_hf_pretrained(path: impl AsRef<Path>, drop_rng: &SharedRng) -> Resul
         );
     }
     let config = bert_config_from_hf_file(&config_path)?;
+    let encoder_only = match declared_encoder_only(&config_path)? {
+        Some(e) => e,
+        // No `architectures`: the file says whether the MLM head is there.
+        None => !hf_file::parse(&hf_file::read(&weights, WHAT)?, &weights)?
+            .names()
+            .iter()
+            .any(|n| n.starts_with("cls.predictions.")),
+    };
     // The initial values are overwritten by the weights.
-    let model = Bert::new(config, &mut Rng::new(0), drop_rng)?;
+    let model = if encoder_only {
+        Bert::encoder_only(config, &mut Rng::new(0), drop_rng)?
+    } else {
+        Bert::new(config, &mut Rng::new(0), drop_rng)?
+    };
     load_hf_bert(&weights, &model)?;
     Ok(model)
+}
+
+/// Whether `config.json`'s `architectures` names the encoder alone (`BertModel`: true) or the
+/// MLM model (`BertForMaskedLM` / `BertForPreTraining`: false); `None` when it names none.
+/// Other BERT heads (sequence classification, …) are refused by name.
+fn declared_encoder_only(config_path: &Path) -> Result<Option<bool>> {
+    let text = std::fs::read_to_string(config_path)
+        .map_err(|e| Error::Msg(format!("cannot read {}: {e}", config_path.display())))?;
+    let v: Value = serde_json::from_str(&text)
+        .map_err(|e| Error::Msg(format!("{} is not valid JSON: {e}", config_path.display())))?;
+    let Some(list) = v.get("architectures").and_then(Value::as_array) else {
+        return Ok(None);
+    };
+    for a in list.iter().filter_map(Value::as_str) {
+        match a {
+            "BertModel" => return Ok(Some(true)),
+            "BertForMaskedLM" | "BertForPreTraining" => return Ok(Some(false)),
+            _ => {}
+        }
+    }
+    bail!(
+        "{}: architectures {} names no BERT sinter loads (BertModel, BertForMaskedLM, BertForPreTraining)",
+        config_path.display(),
+        Value::Array(list.clone())
+    )
 }
 
 /// The sinter name of a tensor in a Hugging Face BERT checkpoint (TF-era `LayerNorm.gamma` /
@@ -194,6 +232,17 @@ pub fn from_hf_pretrained(path: impl AsRef<Path>, drop_rng: &SharedRng) -> Resul
 /// the `position_ids` buffer, the pooler, the next-sentence head, and the tied decoder
 /// (`cls.predictions.decoder.*`, which must then equal the word embedding / the bias).
 fn from_hf_bert_name(name: &str) -> Option<String> {
+    // `BertModel` files name the encoder without the `bert.` prefix.
+    let prefixed;
+    let name = if name.starts_with("embeddings.")
+        || name.starts_with("encoder.")
+        || name.starts_with("pooler.")
+    {
+        prefixed = format!("bert.{name}");
+        &prefixed
+    } else {
+        name
+    };
     let skip = [
         "bert.embeddings.position_ids",
         "bert.pooler.",
@@ -335,9 +384,17 @@ pub fn load_hf_bert(path: impl AsRef<std::path::Path>, model: &Bert) -> Result<(
 }
 
 /// Saves `model` under Hugging Face's `BertForMaskedLM` names (the tied decoder omitted, as
-/// `save_pretrained` does) with the metadata `format = pt`, atomically.
+/// `save_pretrained` does), or `BertModel`'s (no `bert.` prefix) for an encoder-only model,
+/// with the metadata `format = pt`, atomically.
 pub fn save_hf_bert(model: &Bert, path: impl AsRef<std::path::Path>) -> Result<()> {
-    let tensors = hf_bert_tensors(model)?;
+    let mut tensors = hf_bert_tensors(model)?;
+    if model.head.is_none() {
+        for (name, _) in &mut tensors {
+            if let Some(rest) = name.strip_prefix("bert.") {
+                *name = rest.to_string();
+            }
+        }
+    }
     let md = std::collections::HashMap::from([("format".to_string(), "pt".to_string())]);
     hf_file::write_atomic(path.as_ref(), &hf_file::serialize(&tensors, md, WHAT)?)
 }

@@ -24,6 +24,7 @@ use sinter_core::{bail, no_grad, DType, Error, Result, Tensor};
 use sinter_nn::module::shared_rng;
 use sinter_nn::{MlpKind, Module, NormKind, RopeConfig, RopeScaling};
 
+use crate::gguf;
 use crate::gpt::{DecoderArch, Gpt, GptConfig};
 use crate::hf_file;
 
@@ -353,7 +354,7 @@ pub fn hf_llama_config_json(c: &GptConfig) -> Result<Value> {
 }
 
 /// For each of the model's tensors, the Hugging Face tensors stacked (by rows) to make it.
-fn name_map(c: &GptConfig) -> Vec<(String, Vec<String>)> {
+pub(crate) fn name_map(c: &GptConfig) -> Vec<(String, Vec<String>)> {
     let a = &c.arch;
     let mut m: Vec<(String, Vec<String>)> = vec![(
         "wte.weight".into(),
@@ -440,6 +441,10 @@ pub fn gpt_from_hf_tensors(
         }
         let t = if got.len() == 1 {
             got.remove(0)
+        } else if got.iter().all(gguf::is_placeholder) {
+            // Parts kept quantized (`gguf::to_hf_keeping`) stay placeholders when fused.
+            let rows = got.iter().map(|t| t.shape()[0]).sum::<usize>();
+            gguf::placeholder(&[rows, got[0].shape()[1]])?
         } else {
             Tensor::cat(&got, 0)?
         };
@@ -495,8 +500,11 @@ pub fn gpt_from_hf_tensors(
     let mut get = |name: &str| -> Result<Tensor> {
         // A parameter taken twice would be shared: each is taken once, by its own name.
         let t = ours.remove(name);
-        t.ok_or_else(|| Error::Msg(format!("{src}: no weight for {name}")))?
-            .to_var()
+        let t = t.ok_or_else(|| Error::Msg(format!("{src}: no weight for {name}")))?;
+        if gguf::is_placeholder(&t) {
+            return Ok(t); // its layer gets a quantized form after the build
+        }
+        t.to_var()
     };
     Gpt::from_named(config, &mut get, &shared_rng(0))
 }

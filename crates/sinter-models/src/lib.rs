@@ -27,7 +27,10 @@ pub use hf_gpt2::{hf_gpt2_config, load_hf_gpt2, save_hf_gpt2};
 pub use hf_llama::{llama_config_from_hf_json, load_hf_llama, save_hf_llama};
 pub use mlp::Mlp;
 pub use model::{classifier_loss, sequence_loss, BatchLoss, Model, Task};
-pub use pretrained::{load_pretrained, load_pretrained_with_tokenizer, load_tokenizer, Pretrained};
+pub use pretrained::{
+    load_pretrained, load_pretrained_as, load_pretrained_with_tokenizer,
+    load_pretrained_with_tokenizer_as, load_tokenizer, GgufWeights, Pretrained,
+};
 pub use resnet::ResNet18;
 
 use sinter_core::{bail, Result, Rng};

@@ -1,17 +1,27 @@
 //! A pretrained Llama-family model from a path, with its tokenizer and chat template: a
-//! GGUF file (weights dequantized to f32, tokenizer from its `tokenizer.ggml.*` metadata)
-//! or a Hugging Face directory (`config.json`, safetensors, `tokenizer.json` and
-//! `tokenizer_config.json`). Both go through one loader (`hf_llama`): a GGUF file is first
-//! turned into its Hugging Face equivalent (`gguf::to_hf`).
+//! GGUF file (tokenizer from its `tokenizer.ggml.*` metadata) or a Hugging Face directory
+//! (`config.json`, safetensors, `tokenizer.json` and `tokenizer_config.json`). Both go through
+//! one loader (`hf_llama`): a GGUF file is first turned into its Hugging Face equivalent
+//! (`gguf::to_hf`).
+//!
+//! A GGUF file's weights are dequantized to f32 ([`GgufWeights::F32`], what training needs),
+//! or, for inference ([`GgufWeights::Quantized`]), its projection weights in a format with dot
+//! kernels (Q8_0, Q4_0, Q4_1, Q4_K, Q6_K) stay in their blocks: each such Linear runs a
+//! `sinter_nn::quant::GgmlLinear` installed in its quant slot and holds only a placeholder
+//! f32 weight (no copy). Such a model runs on the CPU, without gradients.
 
+use std::collections::{HashMap, HashSet};
 use std::path::Path;
+use std::sync::Arc;
 
-use sinter_core::{Error, Result};
+use sinter_core::{bail, Error, Result};
+use sinter_cpu::ggml_quant::{dot, QuantMatrix};
 use sinter_data::tokenizer::{ChatTemplate, GgufVocab, TextTokenizer};
+use sinter_nn::quant::{self, GgmlLinear, LayerHandle, LayerKind, QuantState};
 
 use crate::gguf::{self, GgufFile};
-use crate::hf_llama::{gpt_from_hf_tensors, llama_config_from_hf_json, load_hf_llama};
-use crate::Gpt;
+use crate::hf_llama::{gpt_from_hf_tensors, llama_config_from_hf_json, load_hf_llama, name_map};
+use crate::{Gpt, GptConfig};
 
 /// A model ready to generate: weights, tokenizer, and the chat template if it has one.
 pub struct Pretrained {
@@ -27,12 +37,28 @@ fn is_gguf(path: &Path) -> bool {
             .is_some_and(|e| e.eq_ignore_ascii_case("gguf"))
 }
 
-/// The model at `path`: a `.gguf` file or a Hugging Face directory.
+/// How a GGUF file's quantized weights are loaded.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum GgufWeights {
+    /// Everything dequantized to f32 (trainable; runs on any device).
+    #[default]
+    F32,
+    /// Projection weights with dot kernels kept in their blocks (CPU inference only).
+    Quantized,
+}
+
+/// The model at `path`: a `.gguf` file or a Hugging Face directory (GGUF weights in f32).
 pub fn load_pretrained(path: impl AsRef<Path>) -> Result<Gpt> {
+    load_pretrained_as(path, GgufWeights::F32)
+}
+
+/// [`load_pretrained`], with a GGUF file's weights loaded as `weights` says (a Hugging
+/// Face directory is f32 either way).
+pub fn load_pretrained_as(path: impl AsRef<Path>, weights: GgufWeights) -> Result<Gpt> {
     let path = path.as_ref();
     if is_gguf(path) {
         let file = GgufFile::open(path)?;
-        return model_of_gguf(&file);
+        return model_of_gguf(&file, weights);
     }
     if path.is_dir() {
         return load_hf_llama(path);
@@ -49,11 +75,106 @@ pub fn load_pretrained(path: impl AsRef<Path>) -> Result<Gpt> {
     )))
 }
 
-fn model_of_gguf(file: &GgufFile) -> Result<Gpt> {
+fn model_of_gguf(file: &GgufFile, weights: GgufWeights) -> Result<Gpt> {
     let src = file.path().display().to_string();
-    let (config, tensors) = gguf::to_hf(file)?;
+    if weights == GgufWeights::F32 {
+        let (config, tensors) = gguf::to_hf(file)?;
+        let config = llama_config_from_hf_json(&config, &src)?;
+        return gpt_from_hf_tensors(config, tensors, &src);
+    }
+    // The config first (no tensor is read for it), to know which weights fuse into which
+    // Linear; then every Linear whose parts all have dot kernels is left out of the f32
+    // conversion and gets its quantized form.
+    let (config, _) = gguf::to_hf_keeping(file, &all_tensor_names(file))?;
     let config = llama_config_from_hf_json(&config, &src)?;
-    gpt_from_hf_tensors(config, tensors, &src)
+    let plan = quantized_linears(file, &config)?;
+    let keep: HashSet<String> = plan.iter().flat_map(|(_, parts)| parts.clone()).collect();
+    let (_, tensors) = gguf::to_hf_keeping(file, &keep)?;
+    let model = gpt_from_hf_tensors(config, tensors, &src)?;
+    install_quantized(file, &model, plan)?;
+    Ok(model)
+}
+
+fn all_tensor_names(file: &GgufFile) -> HashSet<String> {
+    file.tensor_infos().iter().map(|t| t.name.clone()).collect()
+}
+
+/// The weights (our names) to keep quantized, each with its GGUF parts in fusing order:
+/// Linear weights and the token table (lookups dequantize its rows; as the tied head it is
+/// a Linear), every part 2-D of a dot-kernel type. A tied table whose file also holds an
+/// `output.weight` stays f32: the loader checks the two are equal.
+fn quantized_linears(file: &GgufFile, config: &GptConfig) -> Result<Vec<(String, Vec<String>)>> {
+    let gguf_of: HashMap<String, String> = file
+        .tensor_infos()
+        .iter()
+        .filter_map(|t| gguf::hf::hf_tensor_name(&t.name).map(|hf| (hf, t.name.clone())))
+        .collect();
+    let mut plan = Vec::new();
+    for (ours, hf_parts) in name_map(config) {
+        let checked_head = config.arch.tie_head && file.has_tensor("output.weight");
+        if !ours.ends_with(".weight") || (ours == "wte.weight" && checked_head) {
+            continue;
+        }
+        let parts: Option<Vec<String>> = hf_parts.iter().map(|p| gguf_of.get(p).cloned()).collect();
+        let Some(parts) = parts else { continue };
+        let quantizable = parts.iter().all(|p| {
+            file.tensor_info(p)
+                .is_ok_and(|i| i.shape.len() == 2 && dot::has_dot(i.ggml_type))
+        });
+        if quantizable {
+            plan.push((ours, parts));
+        }
+    }
+    Ok(plan)
+}
+
+/// Gives each planned Linear of `model` its quantized weight (Q and K rows unpermuted as
+/// `gguf::to_hf` does for the llama architecture).
+fn install_quantized(file: &GgufFile, model: &Gpt, plan: Vec<(String, Vec<String>)>) -> Result<()> {
+    let src = file.path().display();
+    let arch = file.get_str("general.architecture")?;
+    let (heads, kv_heads) = (model.config.n_head, model.config.n_kv_head());
+    let handles: HashMap<String, LayerHandle> = quant::layers(model).into_iter().collect();
+    for (ours, parts) in plan {
+        let layer = ours.strip_suffix(".weight").unwrap_or(&ours);
+        let kinds = [LayerKind::Linear, LayerKind::Embedding];
+        let Some(h) = handles.get(layer).filter(|h| kinds.contains(&h.kind)) else {
+            bail!("{src}: {ours} was kept quantized but is not the weight of a Linear or Embedding of the model");
+        };
+        let mut mats = Vec::with_capacity(parts.len());
+        for p in &parts {
+            let raw = file.raw(p)?;
+            let (rows, k) = (raw.shape[0], raw.shape[1]);
+            let mut bytes = raw.bytes.to_vec();
+            let rope_heads = match p.rsplit('.').nth(1) {
+                Some("attn_q") if arch == "llama" => Some(heads),
+                Some("attn_k") if arch == "llama" => Some(kv_heads),
+                _ => None,
+            };
+            if let Some(hd) = rope_heads {
+                if hd == 0 || !rows.is_multiple_of(2 * hd) {
+                    bail!("{src}: tensor {p} has {rows} rows, which do not split into {hd} heads of an even size; the head counts in the metadata do not fit the tensor");
+                }
+                bytes = gguf::hf::unpermute_rows(&bytes, rows, bytes.len() / rows, hd);
+            }
+            let m = QuantMatrix::new(raw.ggml_type, rows, k, bytes)
+                .map_err(|e| Error::Msg(format!("{src}: tensor {p}: {e}")))?;
+            mats.push(m);
+        }
+        let w = QuantMatrix::stack(mats).map_err(|e| Error::Msg(format!("{src}: {ours}: {e}")))?;
+        if [w.n(), w.k()] != h.weight.shape() {
+            bail!(
+                "{src}: {} give a [{}, {}] weight, the model needs {:?} for {ours}",
+                parts.join(" + "),
+                w.n(),
+                w.k(),
+                h.weight.shape()
+            );
+        }
+        let form = GgmlLinear::new(w, h.bias.as_ref())?;
+        h.slot.set(QuantState::Int8(Arc::new(form)));
+    }
+    Ok(())
 }
 
 /// The `tokenizer.ggml.*` metadata of a GGUF file.
@@ -149,12 +270,20 @@ pub fn load_tokenizer(path: impl AsRef<Path>) -> Result<TextTokenizer> {
     TextTokenizer::from_file(&json).map_err(|e| data_err(path, e))
 }
 
-/// The model at `path` with its tokenizer and chat template.
+/// The model at `path` with its tokenizer and chat template (GGUF weights in f32).
 pub fn load_pretrained_with_tokenizer(path: impl AsRef<Path>) -> Result<Pretrained> {
+    load_pretrained_with_tokenizer_as(path, GgufWeights::F32)
+}
+
+/// [`load_pretrained_with_tokenizer`] with a GGUF file's weights loaded as `weights` says.
+pub fn load_pretrained_with_tokenizer_as(
+    path: impl AsRef<Path>,
+    weights: GgufWeights,
+) -> Result<Pretrained> {
     let path = path.as_ref();
     let (model, tokenizer) = if is_gguf(path) {
         let file = GgufFile::open(path)?;
-        (model_of_gguf(&file)?, tokenizer_of_gguf(&file)?)
+        (model_of_gguf(&file, weights)?, tokenizer_of_gguf(&file)?)
     } else {
         // The model first: a directory that holds none is named as such.
         let model = load_pretrained(path)?;

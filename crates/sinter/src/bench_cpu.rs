@@ -6,10 +6,11 @@
 //! - `gemm[:N]`: C = A·B with N×N f32 operands (default N = 256, 1024, 2048), GFLOP/s;
 //! - `conv`: conv2d 64×32×16×16 ∗ 64×32×3×3, pad 1, forward and forward + backward (dx and dw
 //!   from a random output gradient), GFLOP/s;
-//! - `cnn-step`, `gpt-step`: one training step (forward, cross-entropy, backward, gradient
-//!   clipping where the model's defaults clip, AdamW, zero_grad) of the digits CNN at batch 64
-//!   and of gpt-tiny at 12×64, with the hyper-parameters of `sinter train`'s defaults, on the
-//!   first 32 batches of the training loader (seeded as `train` seeds it), cycled;
+//! - `cnn-step`, `gpt-step`, `llama-step`: one training step (forward, cross-entropy, backward,
+//!   gradient clipping where the model's defaults clip, AdamW, zero_grad) of the digits CNN at
+//!   batch 64, of gpt-tiny and of llama-tiny at 12×64, with the hyper-parameters of `sinter
+//!   train`'s defaults, on the first 32 batches of the training loader (seeded as `train` seeds
+//!   it), cycled;
 //! - `gpt-forward`: gpt-tiny's forward pass at 12×64 in eval mode without gradients;
 //! - `cnn-infer[:B]`: the digits CNN on the first B validation images (default B = 1, 256);
 //! - `generate[:T]`: greedy generation of `--tokens` tokens after "\n" with the KV cache at
@@ -20,7 +21,7 @@
 //! - `train`: the whole default `sinter train` (the digits CNN, 30 epochs, an evaluation after
 //!   each) in this process, seconds.
 //!
-//! `--save-init DIR` with `cnn-step`, `gpt-step` or `train` writes the weights that case starts
+//! `--save-init DIR` with `cnn-step`, `gpt-step`, `llama-step` or `train` writes the weights that case starts
 //! from as a step-0 checkpoint (with the run config), so that another framework can start from
 //! the same point (bench/vs-torch does).
 //!
@@ -52,11 +53,11 @@ use timing::{time_it, Stats};
 
 /// Every case name, for `--help` and error messages.
 pub const CASES: &str =
-    "gemm[:N], conv, cnn-step, gpt-step, gpt-forward, cnn-infer[:B], generate[:T], linear[:R], linear-int8[:R], train";
+    "gemm[:N], conv, cnn-step, gpt-step, llama-step, gpt-forward, cnn-infer[:B], generate[:T], linear[:R], linear-int8[:R], train";
 
 #[derive(Args)]
 pub struct CpuBenchArgs {
-    /// Cases to run: gemm[:N], conv, cnn-step, gpt-step, gpt-forward, cnn-infer[:B],
+    /// Cases to run: gemm[:N], conv, cnn-step, gpt-step, llama-step, gpt-forward, cnn-infer[:B],
     /// generate[:T], linear[:R], train (default: all but train).
     pub cases: Vec<String>,
     /// Print JSON (one object: machine, threads, peak memory, results) instead of a table.
@@ -134,9 +135,9 @@ pub fn run(a: &CpuBenchArgs) -> Result<()> {
     if a.tokens == 0 {
         bail!("--tokens must be at least 1");
     }
-    let starts = ["cnn-step", "gpt-step", "train"];
+    let starts = ["cnn-step", "gpt-step", "llama-step", "train"];
     if a.save_init.is_some() && (a.cases.len() != 1 || !starts.contains(&a.cases[0].as_str())) {
-        bail!("--save-init goes with exactly one of the cases cnn-step, gpt-step or train (it writes the weights that case starts from)");
+        bail!("--save-init goes with exactly one of the cases cnn-step, gpt-step, llama-step or train (it writes the weights that case starts from)");
     }
     let cases: Vec<String> = if a.cases.is_empty() {
         DEFAULT_CASES.map(String::from).to_vec()
@@ -198,8 +199,9 @@ fn run_case(case: &str, a: &CpuBenchArgs) -> Result<Vec<Figure>> {
             .map(|n| gemm(n, budget))
             .collect::<Result<_>>()?,
         ("conv", None) => conv(budget)?,
-        ("cnn-step", None) => vec![train_step("cnn", init, budget)?],
-        ("gpt-step", None) => vec![train_step("gpt-tiny", init, budget)?],
+        ("cnn-step", None) => vec![train_step("cnn-step", "cnn", init, budget)?],
+        ("gpt-step", None) => vec![train_step("gpt-step", "gpt-tiny", init, budget)?],
+        ("llama-step", None) => vec![train_step("llama-step", "llama-tiny", init, budget)?],
         ("gpt-forward", None) => vec![gpt_forward(ckpt, budget)?],
         ("cnn-infer", _) => (sizes(&[1, 256]).into_iter())
             .map(|b| cnn_infer(ckpt, b, budget))
@@ -442,7 +444,13 @@ fn conv(budget: Duration) -> Result<Vec<Figure>> {
     ])
 }
 
-fn train_step(model: &str, save_init: Option<&Path>, budget: Duration) -> Result<Figure> {
+/// One training step of `model`, reported as the figure `case`.
+fn train_step(
+    case: &'static str,
+    model: &str,
+    save_init: Option<&Path>,
+    budget: Duration,
+) -> Result<Figure> {
     let s = default_setup(model, None)?;
     if let Some(dir) = save_init {
         save_initial_weights(dir, &s)?;
@@ -474,13 +482,13 @@ fn train_step(model: &str, save_init: Option<&Path>, budget: Duration) -> Result
     let items_per_s = items as f64 / stats.median();
     let fig = if lm {
         let what = format!("{model} training step, {}×{}", c.batch_size, c.context);
-        Figure::new("gpt-step", what, items_per_s, "tokens/s", stats)
+        Figure::new(case, what, items_per_s, "tokens/s", stats)
     } else {
         let what = format!(
             "{model} training step on {}, batch {}",
             c.data, c.batch_size
         );
-        Figure::new("cnn-step", what, stats.median() * 1e3, "ms", stats)
+        Figure::new(case, what, stats.median() * 1e3, "ms", stats)
     };
     Ok(fig
         .with("loss_first", json!(first))
@@ -736,7 +744,7 @@ mod tests {
     #[test]
     fn save_init_writes_the_weights_the_training_step_starts_from() {
         let dir = tempfile::tempdir().unwrap();
-        let f = train_step("cnn", Some(dir.path()), TINY).unwrap();
+        let f = train_step("cnn-step", "cnn", Some(dir.path()), TINY).unwrap();
         assert_eq!((f.case.as_str(), f.unit), ("cnn-step", "ms"));
         let first = f.extra["loss_first"].as_f64().unwrap();
         // Ten classes from random weights: about ln 10 at the first step.
@@ -762,6 +770,20 @@ mod tests {
             e.contains("Classification") && e.contains("LanguageModel"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn llama_step_reports_tokens_per_second_from_a_byte_level_start() {
+        let f = train_step("llama-step", "llama-tiny", None, TINY).unwrap();
+        assert_eq!((f.case.as_str(), f.unit), ("llama-step", "tokens/s"));
+        assert!(
+            f.what.contains("llama-tiny") && f.what.contains("12×64"),
+            "{}",
+            f.what
+        );
+        // 256 byte classes from random weights: about ln 256 at the first step.
+        let first = f.extra["loss_first"].as_f64().unwrap();
+        assert!((first - 256f64.ln()).abs() < 0.5, "first loss {first}");
     }
 
     #[test]

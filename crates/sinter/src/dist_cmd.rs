@@ -7,27 +7,34 @@ use std::time::{Duration, Instant};
 use anyhow::{anyhow, bail, Context, Result};
 use clap::{Args, Subcommand, ValueEnum};
 use sinter_dist::bench::{bench_host_all_reduce, memcpy_gbs, AllReduceBench, BenchTransport};
-use sinter_dist::launch::{self, LaunchOptions, LaunchSpec, Output};
+use sinter_dist::elastic::ElasticOptions;
+use sinter_dist::launch::{self, LaunchOptions, LaunchSpec, NodeFlags, Output};
 use sinter_dist::scaling::{scaling_table, Assumptions, Interconnect, Workload};
 use sinter_dist::{Communicator, ReduceOp};
 
 #[derive(Args)]
 pub struct LaunchArgs {
-    /// Ranks (processes) to start on this node.
+    // Each layout flag, when absent, comes from the pod's job variables (Kubeflow Trainer
+    // PET_*, LeaderWorkerSet, JobSet, PyTorchJob/Volcano; see deploy/README.md), else the
+    // single-node default.
+    /// Ranks (processes) to start on this node [default: PET_NPROC_PER_NODE].
     #[arg(long)]
-    pub nproc_per_node: usize,
-    /// Nodes in the job (run `sinter launch` once per node).
-    #[arg(long, default_value_t = 1)]
-    pub nnodes: usize,
-    /// This node's index, 0..nnodes.
-    #[arg(long, default_value_t = 0)]
-    pub node_rank: usize,
-    /// Host of global rank 0, which serves the rendezvous store.
-    #[arg(long, default_value = "127.0.0.1")]
-    pub master_addr: String,
-    /// Port of the rendezvous store; 0 picks a free one (single node only).
-    #[arg(long, default_value_t = 29500)]
-    pub master_port: u16,
+    pub nproc_per_node: Option<usize>,
+    /// Nodes in the job (run `sinter launch` once per node) [default: from the job's
+    /// variables, else 1].
+    #[arg(long)]
+    pub nnodes: Option<usize>,
+    /// This node's index, 0..nnodes [default: from the job's variables, else 0].
+    #[arg(long)]
+    pub node_rank: Option<usize>,
+    /// Host of global rank 0, which serves the rendezvous store [default: from the job's
+    /// variables, else 127.0.0.1].
+    #[arg(long)]
+    pub master_addr: Option<String>,
+    /// Port of the rendezvous store; 0 picks a free one (single node only) [default: from
+    /// the job's variables, else 29500].
+    #[arg(long)]
+    pub master_port: Option<u16>,
     /// Print the rank layout and each rank's environment without starting anything.
     #[arg(long)]
     pub dry_run: bool,
@@ -38,6 +45,26 @@ pub struct LaunchArgs {
     /// Seconds between SIGTERM and SIGKILL when stopping the ranks after a failure.
     #[arg(long, default_value_t = 10.0)]
     pub grace_period: f64,
+    /// Restart the whole group up to N times when a rank fails (torchrun's elastic mode):
+    /// `train … --out DIR` resumes from DIR's last checkpoint. Across nodes the launchers
+    /// agree on each restart through node 0's launcher at --master-port (the ranks then use
+    /// --master-port + 1).
+    #[arg(long, default_value_t = 0)]
+    pub max_restarts: usize,
+    /// Fewest nodes a restart may continue with (the checkpoint reshards to the smaller
+    /// world) [default: --nnodes].
+    #[arg(long)]
+    pub min_nodes: Option<usize>,
+    /// Most nodes of the job; node ranks are 0..max-nodes [default: --nnodes].
+    #[arg(long)]
+    pub max_nodes: Option<usize>,
+    /// Seconds to wait for the launchers' rendezvous (connecting, the other nodes joining a
+    /// round) before ending with an error naming who is missing.
+    #[arg(long, default_value_t = 300.0)]
+    pub rdzv_timeout: f64,
+    /// Seconds node 0 waits for more nodes once --min-nodes joined a round.
+    #[arg(long, default_value_t = 10.0)]
+    pub rdzv_last_call: f64,
     /// The sinter command every rank runs, after `--` (e.g. `-- train --model mlp`).
     #[arg(last = true, required = true)]
     pub command: Vec<String>,
@@ -77,25 +104,46 @@ fn spec(
 /// `sinter launch`: re-runs this binary with the arguments after `--` in `nproc_per_node`
 /// processes carrying RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT, ….
 pub fn launch(a: &LaunchArgs) -> Result<()> {
-    if a.command.first().is_some_and(|c| c == "launch") {
+    // `-- sinter train …` (as in deploy/ and torchrun habits) means `-- train …`: the ranks
+    // re-run this binary.
+    let skip = usize::from(
+        a.command
+            .first()
+            .is_some_and(|c| c == "sinter" || c.ends_with("/sinter")),
+    );
+    let command = a.command[skip..].to_vec();
+    if command.first().is_some_and(|c| c == "launch") {
         bail!("the command after `--` is itself `launch`; give the command each rank runs, e.g. `-- train …`");
     }
+    let flags = NodeFlags {
+        nproc_per_node: a.nproc_per_node,
+        nnodes: a.nnodes,
+        node_rank: a.node_rank,
+        master_addr: a.master_addr.clone(),
+        master_port: a.master_port,
+    };
+    let layout =
+        launch::resolve_layout(&flags, &std::env::vars().collect()).map_err(anyhow::Error::new)?;
     let spec = spec(
-        a.nproc_per_node,
-        a.nnodes,
-        a.node_rank,
-        &a.master_addr,
-        a.master_port,
-        a.command.clone(),
+        layout.nproc_per_node,
+        layout.nnodes,
+        layout.node_rank,
+        &layout.master_addr,
+        layout.master_port,
+        command.clone(),
     )?;
     if a.dry_run {
+        match layout.source {
+            Some(s) => println!("job variables: {} (flags override them)", s.describe()),
+            None => println!("job variables: none (flags and defaults)"),
+        }
         print!("{}", launch::dry_run(&spec));
         return Ok(());
     }
     if !(a.grace_period.is_finite() && a.grace_period >= 0.0) {
         bail!("--grace-period must be a non-negative number of seconds");
     }
-    check_rank_count(a.nproc_per_node, a.oversubscribe)?;
+    check_rank_count(layout.nproc_per_node, a.oversubscribe)?;
     let opts = LaunchOptions {
         grace_period: Duration::from_secs_f64(a.grace_period),
         // The ranks die with this process, even if it is killed by SIGKILL.
@@ -105,13 +153,96 @@ pub fn launch(a: &LaunchArgs) -> Result<()> {
         )],
         ..LaunchOptions::default()
     };
-    let report = launch::run_with(&spec, &opts).map_err(anyhow::Error::new)?;
+    let el = elastic_options(a, layout.nnodes)?;
+    let report = if el.max_restarts == 0 && !sinter_dist::elastic::needs_agent(&spec, &el) {
+        launch::run_with(&spec, &opts)
+    } else {
+        sinter_dist::elastic::run_elastic(&spec, &opts, &el, &|round| round_args(&command, round))
+    }
+    .map_err(anyhow::Error::new)?;
     eprintln!(
         "launch: all {} rank(s) on node {} exited 0",
         report.ranks.len(),
-        a.node_rank
+        layout.node_rank
     );
     Ok(())
+}
+
+fn secs(v: f64, flag: &str) -> Result<Duration> {
+    if !(v.is_finite() && v >= 0.0) {
+        bail!("{flag} must be a non-negative number of seconds");
+    }
+    Ok(Duration::from_secs_f64(v))
+}
+
+fn elastic_options(a: &LaunchArgs, nnodes: usize) -> Result<ElasticOptions> {
+    let max_nodes = a.max_nodes.unwrap_or(nnodes);
+    let min_nodes = a.min_nodes.unwrap_or(nnodes.min(max_nodes));
+    if min_nodes == 0 || min_nodes > max_nodes || !(min_nodes..=max_nodes).contains(&nnodes) {
+        bail!("need 1 <= --min-nodes ({min_nodes}) <= --nnodes ({nnodes}) <= --max-nodes ({max_nodes})");
+    }
+    Ok(ElasticOptions {
+        max_restarts: a.max_restarts,
+        min_nodes,
+        max_nodes,
+        rdzv_timeout: secs(a.rdzv_timeout, "--rdzv-timeout")?,
+        last_call: secs(a.rdzv_last_call, "--rdzv-last-call")?,
+    })
+}
+
+/// The value of `--flag X` or `--flag=X` in `args`.
+fn flag_value<'a>(args: &'a [String], flag: &str) -> Option<&'a str> {
+    let eq = format!("{flag}=");
+    args.iter().enumerate().find_map(|(i, a)| {
+        if a == flag {
+            args.get(i + 1).map(String::as_str)
+        } else {
+            a.strip_prefix(&eq)
+        }
+    })
+}
+
+/// The command of restart round `round`. `train … --out DIR` continues from DIR's last
+/// checkpoint (`--resume DIR`, any `--overwrite` or earlier `--resume` dropped), or, with
+/// no checkpoint yet, starts over (`--overwrite`, unless it was itself a resume); other
+/// commands run again unchanged.
+fn round_args(cmd: &[String], round: usize) -> Vec<String> {
+    if round == 0 || cmd.first().map(String::as_str) != Some("train") {
+        return cmd.to_vec();
+    }
+    let Some(out) = flag_value(cmd, "--out").or_else(|| flag_value(cmd, "--resume")) else {
+        return cmd.to_vec();
+    };
+    let out = out.to_string();
+    if !std::path::Path::new(&out)
+        .join(crate::checkpoint::FILE_NAME)
+        .is_file()
+    {
+        if flag_value(cmd, "--resume").is_some() {
+            return cmd.to_vec();
+        }
+        let mut v: Vec<String> = cmd
+            .iter()
+            .filter(|a| *a != "--overwrite")
+            .cloned()
+            .collect();
+        v.push("--overwrite".into());
+        return v;
+    }
+    let mut v = Vec::with_capacity(cmd.len() + 2);
+    let mut it = cmd.iter();
+    while let Some(a) = it.next() {
+        if a == "--overwrite" || a.starts_with("--resume=") {
+            continue;
+        }
+        if a == "--resume" {
+            it.next();
+            continue;
+        }
+        v.push(a.clone());
+    }
+    v.extend(["--resume".to_string(), out]);
+    v
 }
 
 /// Ranks per CPU core that `launch` starts without `--oversubscribe`.

@@ -23,6 +23,10 @@ pub struct LlmBenchArgs {
     /// Rounds of each (one JSON line per round).
     #[arg(long, default_value_t = 3)]
     pub rounds: usize,
+    /// Dequantize a GGUF file's weights to f32 (by default its Q8_0/Q4_0/Q4_1/Q4_K/Q6_K
+    /// matrices stay in their blocks, as generate and serve run them).
+    #[arg(long)]
+    pub dequantize: bool,
 }
 
 /// The benchmark's prompt: the same ids `bench/llm/vs_transformers.py` feeds transformers,
@@ -45,7 +49,8 @@ fn argmax(v: &[f32]) -> i64 {
 
 pub fn run(a: &LlmBenchArgs) -> Result<()> {
     let t = Instant::now();
-    let m = sinter_models::load_pretrained(&a.model)?;
+    let weights = crate::serve_cmd::gguf_weights(a.dequantize, sinter_core::Device::Cpu);
+    let m = sinter_models::load_pretrained_as(&a.model, weights)?;
     let load_s = t.elapsed().as_secs_f64();
     let packed = m.pack_weights()?;
     let c = &m.config;
@@ -82,7 +87,7 @@ pub fn run(a: &LlmBenchArgs) -> Result<()> {
         }
         let tg_s = t.elapsed().as_secs_f64();
         println!(
-            "{{\"engine\":\"sinter\",\"round\":{round},\"prompt_tokens\":{},\"prompt_s\":{pp_s:.4},\"prompt_tok_s\":{:.2},\"gen_tokens\":{},\"gen_s\":{tg_s:.4},\"gen_tok_s\":{:.2}}}",
+            "{{\"engine\":\"sinter\",\"weights\":\"{weights:?}\",\"round\":{round},\"prompt_tokens\":{},\"prompt_s\":{pp_s:.4},\"prompt_tok_s\":{:.2},\"gen_tokens\":{},\"gen_s\":{tg_s:.4},\"gen_tok_s\":{:.2}}}",
             a.prompt,
             a.prompt as f64 / pp_s,
             a.gen,

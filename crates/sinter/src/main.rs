@@ -81,7 +81,8 @@ enum Command {
         #[command(subcommand)]
         which: dist_cmd::BenchCmd,
     },
-    /// Write an int8 copy of a checkpoint for CPU inference (eval and generate load it as is).
+    /// Write an int8 copy of a checkpoint for CPU inference (eval and generate load it as is),
+    /// or a GGUF file re-quantized with `--model FILE.gguf --format q8_0|q4_0|q4_1|q4_k|q6_k`.
     Quantize(quantize_cmd::QuantizeArgs),
     /// Turn a text file into GPT-2 token files (<name>_train.bin, <name>_val.bin) for tokens:DIR.
     Tokenize(tokenize_cmd::TokenizeArgs),

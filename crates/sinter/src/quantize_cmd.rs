@@ -1,6 +1,7 @@
 //! `sinter quantize`: a trained checkpoint → an int8 inference checkpoint (the file format and
 //! its reader are in `int8_checkpoint`, so that `eval`, `generate`, `predict` and the server
-//! open one like any checkpoint through `inference::load_model` / `load_for_eval`).
+//! open one like any checkpoint through `inference::load_model` / `load_for_eval`); or, with
+//! `--format`, a GGUF file re-quantized to one GGML block format (`gguf::quantize_gguf`).
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
@@ -9,6 +10,7 @@ use clap::Args;
 use safetensors::tensor::Dtype;
 use sinter_core::no_grad;
 use sinter_data::DataLoader;
+use sinter_models::gguf::{self, GgmlType, GgufFile};
 use sinter_nn::quant::{self, QuantizeOptions, QuantizeReport, Rounding, StateTensor, TablePlanes};
 use sinter_nn::Module;
 
@@ -20,10 +22,20 @@ use crate::trainer::{self, Setup};
 #[derive(Args)]
 pub struct QuantizeArgs {
     /// Run directory (or checkpoint file) of the trained f32 model.
-    #[arg(long)]
-    pub checkpoint: PathBuf,
+    #[arg(long, required_unless_present = "model", conflicts_with = "model")]
+    pub checkpoint: Option<PathBuf>,
+    /// A GGUF file to write again with its matrices in --format (llama.cpp and the `gguf`
+    /// Python package read the result; generate, serve and bench llm run it kept quantized).
+    #[arg(long, requires = "format")]
+    pub model: Option<PathBuf>,
+    /// The GGML format of --model's matrices in the written GGUF. Norms, and matrices whose
+    /// rows are not whole blocks (256 values for q4_k and q6_k, 32 for the others), stay in
+    /// their float type (F32 when they were quantized); the command lists them.
+    #[arg(long, value_enum, requires = "model")]
+    pub format: Option<GgufFormat>,
     /// Directory for the int8 checkpoint (written as checkpoint.safetensors); never the
-    /// --checkpoint's own directory (the f32 run could no longer resume).
+    /// --checkpoint's own directory (the f32 run could no longer resume). With --format: the
+    /// GGUF file to write.
     #[arg(long)]
     pub out: PathBuf,
     /// Replace a checkpoint already in --out [default: refuse].
@@ -69,6 +81,95 @@ pub enum Planes {
     Auto,
 }
 
+/// `--format`: the GGML block formats `sinter quantize` writes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum GgufFormat {
+    #[value(name = "q8_0")]
+    Q8_0,
+    #[value(name = "q4_0")]
+    Q4_0,
+    #[value(name = "q4_1")]
+    Q4_1,
+    #[value(name = "q4_k")]
+    Q4K,
+    #[value(name = "q6_k")]
+    Q6K,
+}
+
+impl GgufFormat {
+    fn ggml_type(self) -> GgmlType {
+        match self {
+            GgufFormat::Q8_0 => GgmlType::Q8_0,
+            GgufFormat::Q4_0 => GgmlType::Q4_0,
+            GgufFormat::Q4_1 => GgmlType::Q4_1,
+            GgufFormat::Q4K => GgmlType::Q4_K,
+            GgufFormat::Q6K => GgmlType::Q6_K,
+        }
+    }
+}
+
+/// `sinter quantize --model FILE.gguf --format F --out OUT.gguf`.
+fn run_gguf(model: &Path, format: GgufFormat, a: &QuantizeArgs) -> Result<()> {
+    let ext = |p: &Path| {
+        p.extension()
+            .is_some_and(|e| e.eq_ignore_ascii_case("gguf"))
+    };
+    if model.is_dir() {
+        bail!("--model {} is a directory: sinter quantize --format re-quantizes a GGUF file. Convert the Hugging Face model to GGUF first (llama.cpp's convert_hf_to_gguf.py), then quantize that file", model.display());
+    }
+    if !ext(model) {
+        bail!(
+            "--model {} is not a .gguf file; sinter quantize --format re-quantizes a GGUF file",
+            model.display()
+        );
+    }
+    if !ext(&a.out) {
+        bail!(
+            "--out {} must be a .gguf file name (the GGUF file to write)",
+            a.out.display()
+        );
+    }
+    if let (Ok(x), Ok(y)) = (model.canonicalize(), a.out.canonicalize()) {
+        if x == y {
+            bail!(
+                "--out {} is --model itself; write the quantized file elsewhere",
+                a.out.display()
+            );
+        }
+    }
+    if a.out.exists() && !a.overwrite {
+        bail!(
+            "--out {} already exists; add --overwrite to replace it, or choose another --out",
+            a.out.display()
+        );
+    }
+    let src = GgufFile::open(model)?;
+    let ty = format.ggml_type();
+    // Written beside --out and renamed: a failed run leaves no half-written GGUF there.
+    let tmp = a.out.with_extension("gguf.partial");
+    let report = gguf::quantize_gguf(&src, ty, &tmp);
+    let report = match report {
+        Ok(r) => r,
+        Err(e) => {
+            let _ = std::fs::remove_file(&tmp);
+            return Err(e.into());
+        }
+    };
+    std::fs::rename(&tmp, &a.out)
+        .map_err(|e| anyhow!("cannot move {} to {}: {e}", tmp.display(), a.out.display()))?;
+    println!(
+        "{}: {} tensors {ty}, {} kept ({:.1} MiB of tensors)",
+        a.out.display(),
+        report.quantized.len(),
+        report.kept.len(),
+        report.bytes_written as f64 / (1 << 20) as f64
+    );
+    for (name, kept_ty, why) in &report.kept {
+        println!("  {name}: {kept_ty} ({why})");
+    }
+    Ok(())
+}
+
 /// `--rounding`: `sinter_nn::quant::Rounding` on the command line.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum WeightRounding {
@@ -96,9 +197,9 @@ impl QuantizeChoices {
 
 /// Refuses an `--out` whose checkpoint would be lost: the source's own file (always), or
 /// another checkpoint unless `--overwrite`.
-fn check_out(a: &QuantizeArgs) -> Result<()> {
+fn check_out(a: &QuantizeArgs, checkpoint: &Path) -> Result<()> {
     let target = checkpoint::path_in(&a.out);
-    let source = checkpoint::file_of(&a.checkpoint);
+    let source = checkpoint::file_of(checkpoint);
     let same = |x: &Path, y: &Path| match (x.canonicalize(), y.canonicalize()) {
         (Ok(x), Ok(y)) => x == y,
         _ => false,
@@ -113,22 +214,28 @@ fn check_out(a: &QuantizeArgs) -> Result<()> {
 }
 
 pub fn run(a: &QuantizeArgs) -> Result<()> {
-    if is_quantized(&checkpoint::file_of(&a.checkpoint))? {
+    let checkpoint = match (&a.model, a.format) {
+        (Some(model), Some(format)) => return run_gguf(model, format, a),
+        _ => a.checkpoint.as_ref().ok_or_else(|| {
+            anyhow!("give --checkpoint RUN (an int8 checkpoint) or --model FILE.gguf --format F (a GGUF file)")
+        })?,
+    };
+    if is_quantized(&checkpoint::file_of(checkpoint))? {
         bail!(
             "{} is already an int8 checkpoint; quantize the f32 checkpoint it came from",
-            a.checkpoint.display()
+            checkpoint.display()
         );
     }
-    let (s, step) = inference::load_for_eval(&a.checkpoint)?;
+    let (s, step) = inference::load_for_eval(checkpoint)?;
     // Before the slow part, so that a refused --out costs no quantizing.
-    check_out(a)?;
+    check_out(a, checkpoint)?;
     let options = a.choices.options();
     let Quantized {
         report,
         folded,
         calibration_batches,
     } = quantize_setup(&s, a.calibration_batches, &options)?;
-    let path = save(&a.out, &s, step, &report, &a.checkpoint)?;
+    let path = save(&a.out, &s, step, &report, checkpoint)?;
     let size = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
     println!(
         "{}: {} layers int8 ({} linear, {} conv2d, {} embedding{}{}){}{}",

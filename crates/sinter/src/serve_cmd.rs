@@ -11,7 +11,7 @@ use anyhow::{anyhow, bail, Context, Result};
 use clap::Args;
 use sinter_core::{Device, Rng};
 use sinter_models::gpt::{ContextPolicy, GenerateOptions};
-use sinter_models::{Gpt, GptConfig};
+use sinter_models::{GgufWeights, Gpt, GptConfig};
 use sinter_nn::module::shared_rng;
 use sinter_nn::Module;
 use sinter_serve::bench::{self, LoadOptions, LoadReport};
@@ -72,10 +72,22 @@ pub fn load_lm(path: &Path, device: Device) -> Result<LoadedLm> {
     })
 }
 
+/// How a GGUF file's weights load to run: kept in their blocks on the CPU (the quantized
+/// dot kernels: a fraction of f32's memory traffic per token), in f32 with `--dequantize`
+/// or on a GPU (no quantized kernels there).
+pub fn gguf_weights(dequantize: bool, device: Device) -> GgufWeights {
+    if dequantize || device != Device::Cpu {
+        GgufWeights::F32
+    } else {
+        GgufWeights::Quantized
+    }
+}
+
 /// A pretrained Llama-family model (a .gguf file or a Hugging Face directory) with its own
 /// tokenizer and chat template, named after its file or directory.
-pub fn load_pretrained_lm(path: &Path, device: Device) -> Result<LoadedLm> {
-    let p = sinter_models::load_pretrained_with_tokenizer(path)?;
+pub fn load_pretrained_lm(path: &Path, device: Device, dequantize: bool) -> Result<LoadedLm> {
+    let weights = gguf_weights(dequantize, device);
+    let p = sinter_models::load_pretrained_with_tokenizer_as(path, weights)?;
     p.model.set_training(false);
     if device != Device::Cpu {
         sinter_nn::move_module(&p.model, device)?;
@@ -112,6 +124,10 @@ pub struct GenerateArgs {
     /// (config.json, safetensors, tokenizer.json), run with its own tokenizer.
     #[arg(long)]
     model: Option<PathBuf>,
+    /// Dequantize a GGUF file's weights to f32 (on the CPU its Q8_0/Q4_0/Q4_1/Q4_K/Q6_K
+    /// matrices otherwise stay in their blocks and run on the quantized dot kernels).
+    #[arg(long, requires = "model")]
+    dequantize: bool,
     /// Send the prompt as a user message through the model's chat template (--model only).
     #[arg(long, requires = "model")]
     chat: bool,
@@ -216,7 +232,8 @@ fn generate_pretrained(
     sampling: sinter_models::gpt::SamplingParams,
     device: Device,
 ) -> Result<()> {
-    let p = sinter_models::load_pretrained_with_tokenizer(path)?;
+    let weights = gguf_weights(g.dequantize, device);
+    let p = sinter_models::load_pretrained_with_tokenizer_as(path, weights)?;
     p.model.set_training(false);
     if device != Device::Cpu {
         sinter_nn::move_module(&p.model, device)?;
@@ -309,6 +326,10 @@ pub struct ServeArgs {
     /// template; its name is the file's or directory's.
     #[arg(long)]
     model: Option<PathBuf>,
+    /// Dequantize a GGUF file's weights to f32 (on the CPU its Q8_0/Q4_0/Q4_1/Q4_K/Q6_K
+    /// matrices otherwise stay in their blocks and run on the quantized dot kernels).
+    #[arg(long, requires = "model")]
+    dequantize: bool,
     /// Address to listen on; 127.0.0.1 keeps the server to this machine.
     #[arg(long, default_value = "127.0.0.1")]
     host: String,
@@ -425,7 +446,7 @@ pub fn serve(a: &ServeArgs) -> Result<()> {
     opts.check()?;
     let device = device(&a.device)?;
     let lm = match (&a.checkpoint, &a.model) {
-        (_, Some(model)) => load_pretrained_lm(model, device)?,
+        (_, Some(model)) => load_pretrained_lm(model, device, a.dequantize)?,
         (Some(c), None) => load_lm(c, device)?,
         (None, None) => bail!("give --checkpoint RUN or --model PATH"),
     };

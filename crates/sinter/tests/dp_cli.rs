@@ -482,3 +482,528 @@ fn launch_bounds_the_rank_count_and_says_when_each_rank_starts() {
         );
     }
 }
+
+/// Variables of the job systems `sinter launch` reads, removed from a test's child so that
+/// the machine's own environment cannot leak in.
+const JOB_VARS: [&str; 22] = [
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "PET_NNODES",
+    "PET_NPROC_PER_NODE",
+    "PET_NODE_RANK",
+    "PET_MASTER_ADDR",
+    "PET_MASTER_PORT",
+    "LWS_LEADER_ADDRESS",
+    "LWS_GROUP_SIZE",
+    "LWS_WORKER_INDEX",
+    "JOB_COMPLETION_INDEX",
+    "JOBSET_NAME",
+    "REPLICATED_JOB_NAME",
+    "JOBSET_SUBDOMAIN",
+    "JOB_INDEX",
+    "VC_TASK_INDEX",
+    "SINTER_TEST_EXIT_AFTER_STEP",
+    "SINTER_RESTART_ROUND",
+];
+
+fn clean_cmd() -> Command {
+    let mut c = sinter_cmd();
+    for v in JOB_VARS {
+        c.env_remove(v);
+    }
+    c
+}
+
+/// (variables, extra flags, expected source, nodes × ranks, this node, master)
+type DryRunCase = (
+    &'static [(&'static str, &'static str)],
+    &'static [&'static str],
+    &'static str,
+    &'static str,
+    usize,
+    &'static str,
+);
+
+#[test]
+fn launch_dry_run_under_each_kubernetes_environment() {
+    let cases: [DryRunCase; 6] = [
+        (
+            &[
+                ("PET_NNODES", "2"),
+                ("PET_NPROC_PER_NODE", "3"),
+                ("PET_NODE_RANK", "1"),
+                ("PET_MASTER_ADDR", "tj-node-0-0.tj"),
+                ("PET_MASTER_PORT", "29400"),
+            ],
+            &[],
+            "Kubeflow Trainer",
+            "world size 6 = 2 node(s) × 3 rank(s)",
+            1,
+            "master tj-node-0-0.tj:29400",
+        ),
+        (
+            &[
+                ("LWS_LEADER_ADDRESS", "lws-0.lws"),
+                ("LWS_GROUP_SIZE", "3"),
+                ("LWS_WORKER_INDEX", "2"),
+            ],
+            &["--nproc-per-node", "2"],
+            "LeaderWorkerSet",
+            "world size 6 = 3 node(s) × 2 rank(s)",
+            2,
+            "master lws-0.lws:29500",
+        ),
+        (
+            &[
+                ("JOB_COMPLETION_INDEX", "1"),
+                ("JOBSET_NAME", "js"),
+                ("REPLICATED_JOB_NAME", "node"),
+            ],
+            &["--nproc-per-node", "2", "--nnodes", "2"],
+            "JobSet",
+            "world size 4 = 2 node(s) × 2 rank(s)",
+            1,
+            "master js-node-0-0.js:29500",
+        ),
+        (
+            &[
+                ("RANK", "1"),
+                ("WORLD_SIZE", "2"),
+                ("MASTER_ADDR", "pj-master-0"),
+                ("MASTER_PORT", "23456"),
+            ],
+            &["--nproc-per-node", "1"],
+            "PyTorchJob v1",
+            "world size 2 = 2 node(s) × 1 rank(s)",
+            1,
+            "master pj-master-0:23456",
+        ),
+        (
+            &[
+                ("RANK", "0"),
+                ("WORLD_SIZE", "2"),
+                ("MASTER_ADDR", "vc-master-0.vc"),
+                ("VC_TASK_INDEX", "0"),
+            ],
+            &["--nproc-per-node", "2"],
+            "Volcano",
+            "world size 4 = 2 node(s) × 2 rank(s)",
+            0,
+            "master vc-master-0.vc:29500",
+        ),
+        // Flags override the variables.
+        (
+            &[
+                ("PET_NNODES", "2"),
+                ("PET_NPROC_PER_NODE", "3"),
+                ("PET_NODE_RANK", "1"),
+                ("PET_MASTER_ADDR", "tj-node-0-0.tj"),
+            ],
+            &[
+                "--nproc-per-node",
+                "1",
+                "--node-rank",
+                "0",
+                "--master-addr",
+                "h",
+            ],
+            "Kubeflow Trainer",
+            "world size 2 = 2 node(s) × 1 rank(s)",
+            0,
+            "master h:29500",
+        ),
+    ];
+    for (vars, flags, source, layout, node, master) in cases {
+        let mut c = clean_cmd();
+        c.arg("launch")
+            .args(flags)
+            .args(["--dry-run", "--", "train"]);
+        c.envs(vars.iter().copied());
+        let o = c.output().unwrap();
+        let out = ok(&o);
+        assert!(
+            out.contains(&format!("job variables: {source}")),
+            "{vars:?}\n{out}"
+        );
+        assert!(out.contains(layout), "{vars:?}: want `{layout}`\n{out}");
+        assert!(
+            out.contains(&format!("this is node {node}; {master}")),
+            "{vars:?}: want node {node}, {master}\n{out}"
+        );
+        // The ranks it would start are exactly this node's.
+        let nproc: usize = layout.split(" × ").nth(1).unwrap()[..1].parse().unwrap();
+        let mine: Vec<usize> = out
+            .lines()
+            .filter(|l| l.ends_with("(this node)"))
+            .map(|l| l.split_whitespace().next().unwrap().parse().unwrap())
+            .collect();
+        assert_eq!(
+            mine,
+            (node * nproc..(node + 1) * nproc).collect::<Vec<_>>(),
+            "{out}"
+        );
+    }
+    // Two systems that disagree are refused, both named.
+    let o = clean_cmd()
+        .args(["launch", "--dry-run", "--", "train"])
+        .envs([
+            ("PET_NNODES", "2"),
+            ("PET_NPROC_PER_NODE", "1"),
+            ("PET_NODE_RANK", "1"),
+            ("LWS_WORKER_INDEX", "0"),
+            ("LWS_GROUP_SIZE", "2"),
+        ])
+        .output()
+        .unwrap();
+    fails_with(
+        &o,
+        &[
+            "conflicting job variables",
+            "PET_NODE_RANK",
+            "LWS_WORKER_INDEX",
+        ],
+    );
+    // `-- sinter train` (the deploy/ manifests' form) runs `train`, not `sinter sinter train`.
+    let plain = clean_cmd()
+        .args([
+            "launch",
+            "--nproc-per-node",
+            "1",
+            "--dry-run",
+            "--",
+            "sinter",
+            "train",
+        ])
+        .output()
+        .unwrap();
+    let out = ok(&plain);
+    let cmd = out.lines().find(|l| l.starts_with("command: ")).unwrap();
+    assert!(
+        cmd.ends_with("/sinter train") && !cmd.contains("sinter sinter"),
+        "{out}"
+    );
+}
+
+/// The train flags of the restart tests: an MLP, a checkpoint every step.
+fn restart_train_args(out: &Path) -> Vec<String> {
+    [
+        "train",
+        "--quiet",
+        "--model",
+        "mlp",
+        "--steps",
+        "6",
+        "--batch-size",
+        "8",
+        "--seed",
+        "5",
+        "--checkpoint-interval",
+        "1",
+        "--eval-batches",
+        "1",
+        "--eval-interval",
+        "1000",
+        "--out",
+        out.to_str().unwrap(),
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect()
+}
+
+/// A unique `KEY=value` for finding this test's ranks in /proc.
+fn test_tag(name: &str) -> (String, String) {
+    (
+        "SINTER_DP_TEST_TAG".into(),
+        format!("{name}-{}-{:?}", std::process::id(), Instant::now()),
+    )
+}
+
+fn assert_no_rank_left(tag: &(String, String), ranks: usize) {
+    let t = format!("{}={}", tag.0, tag.1);
+    for r in 0..ranks {
+        assert!(find_rank(&t, r).is_none(), "rank {r} was left running");
+    }
+}
+
+#[test]
+fn a_rank_that_dies_restarts_the_group_to_the_same_final_weights() {
+    let dir = tempfile::tempdir().unwrap();
+    let (whole, restarted) = (dir.path().join("whole"), dir.path().join("restarted"));
+    let launch = |out: &Path, more: &[&str], fault: Option<&str>, tag: &(String, String)| {
+        let mut c = clean_cmd();
+        c.args(["launch", "--nproc-per-node", "2", "--master-port", "0"])
+            .args(more)
+            .arg("--")
+            .args(restart_train_args(out))
+            .env(&tag.0, &tag.1);
+        if let Some(f) = fault {
+            c.env("SINTER_TEST_EXIT_AFTER_STEP", f);
+        }
+        c.output().unwrap()
+    };
+    let tag = test_tag("restart");
+    ok(&launch(&whole, &[], None, &tag));
+    // Rank 1 exits after step 3 (its checkpoint written): the group restarts from it.
+    let o = launch(
+        &restarted,
+        &["--max-restarts", "1", "--grace-period", "2"],
+        Some("1:3"),
+        &tag,
+    );
+    let err = ok(&o) + &stderr(&o);
+    assert!(err.contains("rank 1 exits after step 3"), "{err}");
+    assert!(
+        err.contains("rank 1 (local rank 1 on node 0) failed with exit code 17; restarting the group from the last checkpoint (restart 1 of 1)"),
+        "{err}"
+    );
+    // Rank 0 wrote step 3's checkpoint before step 4's all-reduce found rank 1 gone.
+    assert_eq!(summary(&restarted)["resumed_from_step"], 3, "{err}");
+    assert_eq!(
+        std::fs::read(whole.join("checkpoint.safetensors")).unwrap(),
+        std::fs::read(restarted.join("checkpoint.safetensors")).unwrap(),
+        "the restarted run's final checkpoint differs from the undisturbed run's"
+    );
+    assert_no_rank_left(&tag, 2);
+
+    // A rank that fails in every round uses up the restarts: a clear error, non-zero.
+    let o = clean_cmd()
+        .args([
+            "launch",
+            "--nproc-per-node",
+            "2",
+            "--master-port",
+            "0",
+            "--max-restarts",
+            "1",
+            "--",
+            "train",
+            "--model",
+            "no-such-model",
+        ])
+        .env(&tag.0, &tag.1)
+        .output()
+        .unwrap();
+    fails_with(
+        &o,
+        &["restart 1 of 1", "no restarts left (--max-restarts 1 used)"],
+    );
+    assert_no_rank_left(&tag, 2);
+}
+
+/// A port `p` with `p` and `p + 1` free now (the elastic launchers' and the ranks' stores).
+fn two_free_ports() -> u16 {
+    for _ in 0..50 {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let p = l.local_addr().unwrap().port();
+        if p < u16::MAX && std::net::TcpListener::bind(("127.0.0.1", p + 1)).is_ok() {
+            return p;
+        }
+    }
+    panic!("no two consecutive free ports");
+}
+
+/// `sinter launch` of node `node` of 2, one rank each, with restarts, in the background.
+fn node_launcher(
+    node: usize,
+    port: u16,
+    more: &[&str],
+    train: &[String],
+    env: &[(&str, &str)],
+    err: &Path,
+) -> std::process::Child {
+    clean_cmd()
+        .args(["launch", "--nproc-per-node", "1", "--nnodes", "2"])
+        .args([
+            "--node-rank",
+            &node.to_string(),
+            "--master-port",
+            &port.to_string(),
+        ])
+        .args(["--grace-period", "2", "--rdzv-timeout", "30"])
+        .args(more)
+        .arg("--")
+        .args(train)
+        .envs(env.iter().copied())
+        .stdout(Stdio::null())
+        .stderr(Stdio::from(std::fs::File::create(err).unwrap()))
+        .spawn()
+        .unwrap()
+}
+
+/// Waits for `c` (at most `limit`), killing it on timeout.
+fn wait_for(c: &mut std::process::Child, limit: Duration, what: &str) -> std::process::ExitStatus {
+    let t = Instant::now();
+    loop {
+        if let Some(s) = c.try_wait().unwrap() {
+            return s;
+        }
+        if t.elapsed() > limit {
+            let _ = c.kill();
+            let _ = c.wait();
+            panic!("{what} did not end within {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn two_nodes_agree_on_a_restart_and_end_with_the_same_weights() {
+    let dir = tempfile::tempdir().unwrap();
+    let (whole, restarted) = (dir.path().join("whole"), dir.path().join("restarted"));
+    let tag = test_tag("two-nodes");
+    let run = |out: &Path, fault: Option<&str>| -> (String, String) {
+        let port = two_free_ports();
+        let train = restart_train_args(out);
+        let mut env = vec![(tag.0.as_str(), tag.1.as_str())];
+        if let Some(f) = fault {
+            env.push(("SINTER_TEST_EXIT_AFTER_STEP", f));
+        }
+        let (e0, e1) = (dir.path().join("n0.err"), dir.path().join("n1.err"));
+        let more = ["--max-restarts", "1"];
+        let mut n0 = node_launcher(0, port, &more, &train, &env, &e0);
+        let mut n1 = node_launcher(1, port, &more, &train, &env, &e1);
+        let s1 = wait_for(&mut n1, Duration::from_secs(120), "node 1");
+        let s0 = wait_for(&mut n0, Duration::from_secs(30), "node 0");
+        let (t0, t1) = (
+            std::fs::read_to_string(&e0).unwrap(),
+            std::fs::read_to_string(&e1).unwrap(),
+        );
+        assert!(s0.success() && s1.success(), "node 0:\n{t0}\nnode 1:\n{t1}");
+        (t0, t1)
+    };
+    run(&whole, None);
+    // Rank 1 (node 1) dies after step 2: node 1 records it, node 0 stops its rank, and both
+    // start round 1 from the checkpoint.
+    let (t0, t1) = run(&restarted, Some("1:2"));
+    assert!(
+        t1.contains("failed with exit code 17; restarting the group"),
+        "{t1}"
+    );
+    assert!(
+        t0.contains("restarting the group from the last checkpoint (restart 1 of 1)"),
+        "{t0}"
+    );
+    assert_eq!(
+        std::fs::read(whole.join("checkpoint.safetensors")).unwrap(),
+        std::fs::read(restarted.join("checkpoint.safetensors")).unwrap(),
+        "the restarted two-node run's final checkpoint differs from the undisturbed run's"
+    );
+    assert_no_rank_left(&tag, 2);
+}
+
+#[test]
+fn a_node_that_cannot_reach_the_rendezvous_is_named_and_the_launch_fails() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = two_free_ports();
+    let p = port.to_string();
+    let common: [&str; 11] = [
+        "launch",
+        "--nproc-per-node",
+        "1",
+        "--nnodes",
+        "2",
+        "--master-port",
+        &p,
+        "--max-restarts",
+        "1",
+        "--rdzv-timeout",
+        "2",
+    ];
+    // Node 1 with no node 0 serving the rendezvous.
+    let t = Instant::now();
+    let o = clean_cmd()
+        .args(common)
+        .args(["--node-rank", "1", "--", "train", "--model", "mlp"])
+        .output()
+        .unwrap();
+    fails_with(
+        &o,
+        &[
+            "node 1 (host ",
+            &format!("could not reach the launchers' rendezvous at 127.0.0.1:{port}"),
+            "within 2 s",
+        ],
+    );
+    assert!(
+        t.elapsed() < Duration::from_secs(20),
+        "took {:?}",
+        t.elapsed()
+    );
+    // Node 0 alone: node 1 never joins.
+    let out = dir.path().join("run");
+    let t = Instant::now();
+    let o = clean_cmd()
+        .args(common)
+        .args(["--node-rank", "0", "--", "train", "--model", "mlp", "--out"])
+        .arg(&out)
+        .output()
+        .unwrap();
+    fails_with(
+        &o,
+        &[
+            &format!("round 0 of the rendezvous at 127.0.0.1:{port}"),
+            "only 1 of the 2 node(s)",
+            "within 2 s",
+            "node rank(s) [1] never reached it",
+        ],
+    );
+    assert!(
+        t.elapsed() < Duration::from_secs(20),
+        "took {:?}",
+        t.elapsed()
+    );
+}
+
+#[test]
+fn a_killed_node_launcher_lets_the_other_node_continue_alone_with_min_nodes_1() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("run");
+    let tag = test_tag("min-nodes");
+    let port = two_free_ports();
+    let mut train = restart_train_args(&out);
+    // Long enough to be killed mid-run.
+    train[5] = "400".into();
+    let env = [(tag.0.as_str(), tag.1.as_str())];
+    let more = [
+        "--max-restarts",
+        "1",
+        "--min-nodes",
+        "1",
+        "--max-nodes",
+        "2",
+        "--rdzv-last-call",
+        "1",
+    ];
+    let (e0, e1) = (dir.path().join("n0.err"), dir.path().join("n1.err"));
+    let mut n0 = node_launcher(0, port, &more, &train, &env, &e0);
+    let mut n1 = node_launcher(1, port, &more, &train, &env, &e1);
+    let t = Instant::now();
+    while !out.join("checkpoint.safetensors").exists() {
+        if t.elapsed() > Duration::from_secs(60) {
+            let _ = (n0.kill(), n1.kill(), n0.wait(), n1.wait());
+            panic!("no checkpoint: {}", std::fs::read_to_string(&e0).unwrap());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // Node 1's launcher dies (its rank dies with it): node 0 restarts alone, world size 1,
+    // from the two-rank checkpoint.
+    n1.kill().unwrap();
+    n1.wait().unwrap();
+    let s0 = wait_for(&mut n0, Duration::from_secs(120), "node 0");
+    let t0 = std::fs::read_to_string(&e0).unwrap();
+    assert!(s0.success(), "{t0}");
+    assert!(t0.contains("restart 1 of 1"), "{t0}");
+    assert!(t0.contains("started rank 0 of 1"), "{t0}");
+    assert_eq!(summary(&out)["world_size"], 1, "{t0}");
+    assert_eq!(summary(&out)["steps"], 400, "{t0}");
+    assert!(
+        summary(&out)["resumed_from_step"].as_u64().is_some(),
+        "{t0}"
+    );
+    assert_no_rank_left(&tag, 2);
+}

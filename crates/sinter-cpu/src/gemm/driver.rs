@@ -6,6 +6,9 @@
 //! A), then NR column panels (jr) and MR row panels (ir) running the micro-kernel. Every
 //! operand here is in "internal" orientation: C's rows are its unit-stride dimension (the
 //! caller transposes the problem when C is row-major) so tiles are stored as whole vectors.
+//!
+//! Threads: a large product ([`run_shared`]) parallelises the ic loop, taking row blocks from
+//! a counter, with B's block packed once for all; others split C statically ([`run`]).
 
 use std::cell::RefCell;
 use std::ops::Range;
@@ -162,6 +165,108 @@ pub(crate) fn block_offset(pc: usize, padded: usize) -> usize {
     pc * padded
 }
 
+/// One k block of one column block of B: columns jc..jc + ncb, k in pc..pc + kcb, packed
+/// at `panels` or (`in_place`) read from `src`.
+#[derive(Clone, Copy)]
+struct BBlock {
+    jc: usize,
+    ncb: usize,
+    pc: usize,
+    kcb: usize,
+    src: Src,
+    in_place: bool,
+    panels: *const f32,
+}
+
+impl BBlock {
+    /// The block of `p` at (jc, pc), to be packed into `panels` unless read in place.
+    ///
+    /// # Safety
+    /// The block is inside B.
+    #[inline(always)]
+    unsafe fn new(
+        p: &Problem,
+        jc: usize,
+        ncb: usize,
+        pc: usize,
+        kcb: usize,
+        panels: *const f32,
+    ) -> Self {
+        BBlock {
+            jc,
+            ncb,
+            pc,
+            kcb,
+            src: Src {
+                ptr: p.b.offset(pc as isize * p.rsb + jc as isize * p.csb),
+                fs: p.csb,
+                ks: p.rsb,
+            },
+            // B with contiguous k is read in place (see microkernel_kcontig_b).
+            in_place: p.rsb == 1 && p.csb != 1,
+            panels,
+        }
+    }
+}
+
+/// The tiles of C's rows ic..ic + mcb against the B block `b`: packs A's block into `abuf`
+/// (or points into a prepacked A) and runs the micro-kernel over every tile.
+///
+/// # Safety
+/// As [`run_range`]; `b`'s panels are packed; `abuf` holds mcb (rounded up to MR) · kcb.
+#[inline(always)]
+unsafe fn run_block<S: Simd, const MV: usize, const NR: usize>(
+    p: &Problem,
+    b: &BBlock,
+    ic: usize,
+    mcb: usize,
+    abuf: &mut [f32],
+) {
+    let mr = MV * S::LANES;
+    let (ncb, kcb) = (b.ncb, b.kcb);
+    let (first, last) = (b.pc == 0, b.pc + kcb >= p.k);
+    let apanels: *const f32 = if p.packed_a.is_null() {
+        let asrc = Src {
+            ptr: p.a.offset(ic as isize * p.rsa + b.pc as isize * p.csa),
+            fs: p.rsa,
+            ks: p.csa,
+        };
+        pack_panels(asrc, mcb, kcb, mr, abuf);
+        abuf.as_ptr()
+    } else {
+        // ic is a multiple of MR (threads and mc split on panel bounds).
+        let padded_m = p.m.div_ceil(mr) * mr;
+        p.packed_a.add(block_offset(b.pc, padded_m) + ic * kcb)
+    };
+    for jr in (0..ncb).step_by(NR) {
+        let bp = b.panels.add(jr * kcb);
+        for ir in (0..mcb).step_by(mr) {
+            let acc = if b.in_place {
+                let last_col = ncb - 1;
+                let cols: [*const f32; NR] = std::array::from_fn(
+                    #[inline(always)]
+                    |j| b.src.ptr.offset((jr + j).min(last_col) as isize * p.csb),
+                );
+                microkernel_kcontig_b::<S, MV, NR>(kcb, apanels.add(ir * kcb), &cols)
+            } else {
+                microkernel::<S, MV, NR>(kcb, apanels.add(ir * kcb), bp)
+            };
+            let beta = if first { p.beta } else { 1.0 };
+            let (rows, cols) = (mr.min(mcb - ir), NR.min(ncb - jr));
+            p.store::<S, MV, NR>(&acc, ic + ir, b.jc + jr, rows, cols, beta, last);
+        }
+    }
+}
+
+/// The k-block size of `p` under `blk` (a prepacked A fixes it).
+fn kc_of(p: &Problem, blk: Blocking) -> usize {
+    if p.packed_a.is_null() {
+        blk.kc
+    } else {
+        p.packed_kc
+    }
+}
+
 /// C[rows, cols] of `p` on this thread.
 ///
 /// # Safety
@@ -174,74 +279,181 @@ pub(crate) unsafe fn run_range<S: Simd, const MV: usize, const NR: usize>(
     cols: Range<usize>,
 ) {
     let mr = MV * S::LANES;
-    let kc_max = if p.packed_a.is_null() {
-        blk.kc
-    } else {
-        p.packed_kc
-    };
+    let kc_max = kc_of(p, blk);
     let (mc, nc) = (blk.mc, blk.nc);
-    let padded_m = p.m.div_ceil(mr) * mr;
     let mut bscratch = Scratch::take(&PACK_B, kc_max * nc.min(cols.len().div_ceil(NR) * NR));
     let mut ascratch = Scratch::take(&PACK_A, kc_max * mc.min(rows.len().div_ceil(mr) * mr));
     let (bbuf, abuf) = (bscratch.slice(), ascratch.slice());
-    let mut jc = cols.start;
-    while jc < cols.end {
+    for jc in (cols.start..cols.end).step_by(nc) {
         let ncb = nc.min(cols.end - jc);
-        let mut pc = 0;
-        loop {
-            let kcb = kc_max.min(p.k - pc);
-            let (first, last) = (pc == 0, pc + kcb >= p.k);
-            let bsrc = Src {
-                ptr: p.b.offset(pc as isize * p.rsb + jc as isize * p.csb),
-                fs: p.csb,
-                ks: p.rsb,
-            };
-            // B with contiguous k is read in place (see microkernel_kcontig_b).
-            let b_in_place = p.rsb == 1 && p.csb != 1;
-            if !b_in_place {
-                pack_panels(bsrc, ncb, kcb, NR, bbuf);
+        for (pc, kcb) in k_blocks(p.k, kc_max) {
+            let b = BBlock::new(p, jc, ncb, pc, kcb, bbuf.as_ptr());
+            if !b.in_place {
+                pack_panels(b.src, ncb, b.kcb, NR, bbuf);
             }
-            let mut ic = rows.start;
-            while ic < rows.end {
-                let mcb = mc.min(rows.end - ic);
-                let apanels: *const f32 = if p.packed_a.is_null() {
-                    let asrc = Src {
-                        ptr: p.a.offset(ic as isize * p.rsa + pc as isize * p.csa),
-                        fs: p.rsa,
-                        ks: p.csa,
-                    };
-                    pack_panels(asrc, mcb, kcb, mr, abuf);
-                    abuf.as_ptr()
-                } else {
-                    // ic is a multiple of MR (threads and mc split on panel bounds).
-                    p.packed_a.add(block_offset(pc, padded_m) + ic * kcb)
-                };
-                for jr in (0..ncb).step_by(NR) {
-                    let bp = bbuf.as_ptr().add(jr * kcb);
-                    for ir in (0..mcb).step_by(mr) {
-                        let acc = if b_in_place {
-                            let last_col = ncb - 1;
-                            let cols: [*const f32; NR] = std::array::from_fn(
-                                #[inline(always)]
-                                |j| bsrc.ptr.offset((jr + j).min(last_col) as isize * p.csb),
-                            );
-                            microkernel_kcontig_b::<S, MV, NR>(kcb, apanels.add(ir * kcb), &cols)
-                        } else {
-                            microkernel::<S, MV, NR>(kcb, apanels.add(ir * kcb), bp)
-                        };
-                        let beta = if first { p.beta } else { 1.0 };
-                        let (rows, cols) = (mr.min(mcb - ir), NR.min(ncb - jr));
-                        p.store::<S, MV, NR>(&acc, ic + ir, jc + jr, rows, cols, beta, last);
-                    }
-                }
-                ic += mcb;
-            }
-            pc += kcb;
-            if pc >= p.k {
-                break;
+            for ic in (rows.start..rows.end).step_by(mc) {
+                run_block::<S, MV, NR>(p, &b, ic, mc.min(rows.end - ic), abuf);
             }
         }
-        jc += ncb;
+    }
+}
+
+/// A raw pointer shared by the tasks of one threaded product.
+#[derive(Clone, Copy)]
+struct Shared<T>(T);
+// SAFETY: the tasks write disjoint parts of what it points to (see the uses).
+unsafe impl<T> Send for Shared<T> {}
+unsafe impl<T> Sync for Shared<T> {}
+
+impl<T: Copy> Shared<T> {
+    /// The value (a method, so that closures capture the whole wrapper, not its field).
+    fn get(self) -> T {
+        self.0
+    }
+}
+
+/// The k blocks (start, length) of a product with shared dimension `k` in blocks of `kc`;
+/// one empty block when k = 0 (C = β·C and the epilogue still run).
+fn k_blocks(k: usize, kc: usize) -> impl Iterator<Item = (usize, usize)> {
+    (0..k.max(1))
+        .step_by(kc)
+        .map(move |pc| (pc, kc.min(k - pc)))
+}
+
+/// How many row blocks (of whole MR panels) `threads` threads share: the cache blocks of
+/// `mc` rows, at least two per thread where there are panels for them (a thread held up by
+/// another process then leaves its later blocks to the others), and a multiple of `threads`
+/// so that equal threads finish together. Returns (blocks, rows per block).
+pub(crate) fn row_blocks(m: usize, mr: usize, mc: usize, threads: usize) -> (usize, usize) {
+    let panels = m.div_ceil(mr);
+    let want = m.div_ceil(mc).max(2 * threads).div_ceil(threads) * threads;
+    let per = panels.div_ceil(want.min(panels)) * mr;
+    (m.div_ceil(per), per)
+}
+
+/// The smallest m, n and k that [`run_shared`] runs (others split C statically): there it
+/// measured 1.0–1.2× the static split on 2 loaded Zen 1 cores (1024³, 2048³), while the
+/// skinny products of training (k or a side of 128) measured no better and up to 10 % worse
+/// (more synchronisation per flop: 2026-11-28, `gemm_timing`).
+const SHARED_MIN: usize = 512;
+
+/// Runs `f` once on each of `threads` rayon tasks, inside S's ISA (a closure does not
+/// inherit its creator's target features; `f` must be `#[inline(always)]`).
+///
+/// Keep the wrapping closure: `S::vectorize(&f)` (clippy's `redundant_closure` suggestion)
+/// calls `f` through `<&F as FnOnce>::call_once`, which is not inlined into the ISA function,
+/// so `f`'s body — the whole macro-kernel — is compiled without AVX2/FMA and every intrinsic
+/// becomes a call: that ran GEMM 1024³ at 3.9 instead of 67 GFLOP/s (reverted 4ec0e42).
+/// `threaded_products_keep_their_simd_speed` in tests/gemm.rs catches it coming back.
+#[inline(always)]
+#[allow(clippy::redundant_closure)]
+fn on_threads<S: Simd>(threads: usize, f: impl Fn() + Sync) {
+    (0..threads).into_par_iter().for_each(|_| {
+        // SAFETY: S's ISA is the product's, which the caller checked the CPU has.
+        unsafe {
+            S::vectorize(
+                #[inline(always)]
+                || f(),
+            )
+        }
+    });
+}
+
+/// The whole product on `threads` threads that share each packed block of B (packed by all
+/// of them, once) and take C's row blocks from a common counter: no operand is packed twice,
+/// and a slow thread's blocks go to the others.
+///
+/// # Safety
+/// As [`run_range`]; `p` has no prepacked A.
+#[inline(always)]
+unsafe fn run_shared<S: Simd, const MV: usize, const NR: usize>(
+    p: &Problem,
+    blk: Blocking,
+    threads: usize,
+) {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let mr = MV * S::LANES;
+    let kc = blk.kc;
+    let (blocks, mcb) = row_blocks(p.m, mr, blk.mc, threads);
+    let nc = blk.nc.min(p.n.div_ceil(NR) * NR);
+    if p.rsb == 1 && p.csb != 1 {
+        // B is read in place: nothing is shared, so each row block runs all of its k and
+        // column blocks without waiting for the others.
+        let next = AtomicUsize::new(0);
+        return on_threads::<S>(
+            threads,
+            #[inline(always)]
+            || loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                if i >= blocks {
+                    break;
+                }
+                let ic = i * mcb;
+                // SAFETY: each row block is one task's alone.
+                unsafe { run_range::<S, MV, NR>(p, blk, ic..(ic + mcb).min(p.m), 0..p.n) };
+            },
+        );
+    }
+    let mut bscratch = Scratch::take(&PACK_B, kc * nc);
+    let bbuf = Shared(bscratch.slice().as_mut_ptr());
+    for jc in (0..p.n).step_by(nc) {
+        let ncb = nc.min(p.n - jc);
+        for (pc, kcb) in k_blocks(p.k, kc) {
+            let b = Shared(BBlock::new(p, jc, ncb, pc, kcb, bbuf.get()));
+            if !b.get().in_place {
+                let panels = ncb.div_ceil(NR);
+                let next = AtomicUsize::new(0);
+                let group = panels.div_ceil(threads * 4).max(1);
+                on_threads::<S>(
+                    threads,
+                    #[inline(always)]
+                    || loop {
+                        let g0 = next.fetch_add(group, Ordering::Relaxed);
+                        if g0 >= panels {
+                            break;
+                        }
+                        let (f0, f1) = (g0 * NR, ((g0 + group) * NR).min(ncb));
+                        let b = b.get();
+                        // SAFETY: each group packs its own panels of the buffer.
+                        unsafe {
+                            let src = Src {
+                                ptr: b.src.ptr.offset(f0 as isize * b.src.fs),
+                                ..b.src
+                            };
+                            let len = (f1 - f0).div_ceil(NR) * NR * b.kcb;
+                            let dst =
+                                std::slice::from_raw_parts_mut(bbuf.get().add(f0 * b.kcb), len);
+                            pack_panels(src, f1 - f0, b.kcb, NR, dst);
+                        }
+                    },
+                );
+            }
+            let next = AtomicUsize::new(0);
+            on_threads::<S>(
+                threads,
+                #[inline(always)]
+                || {
+                    let mut ascratch = Scratch::take(&PACK_A, kc * mcb);
+                    loop {
+                        let i = next.fetch_add(1, Ordering::Relaxed);
+                        if i >= blocks {
+                            break;
+                        }
+                        let ic = i * mcb;
+                        // SAFETY: each row block is one task's alone.
+                        unsafe {
+                            run_block::<S, MV, NR>(
+                                p,
+                                &b.get(),
+                                ic,
+                                mcb.min(p.m - ic),
+                                ascratch.slice(),
+                            )
+                        };
+                    }
+                },
+            );
+        }
     }
 }
 
@@ -284,6 +496,9 @@ pub(crate) unsafe fn run<S: Simd, const MV: usize, const NR: usize>(
         });
         return;
     }
+    if threads > 1 && p.packed_a.is_null() && p.m.min(p.n).min(p.k) >= SHARED_MIN {
+        return run_shared::<S, MV, NR>(p, blk, threads);
+    }
     let split_cols = !p.packed_a.is_null() || 2 * p.n >= p.m;
     let (len, unit) = if split_cols { (p.n, NR) } else { (p.m, mr) };
     let parts = threads.min(len.div_ceil(unit)).max(1);
@@ -306,4 +521,43 @@ pub(crate) unsafe fn run<S: Simd, const MV: usize, const NR: usize>(
             )
         }
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn row_blocks_cover_every_row_in_whole_panels_shared_evenly() {
+        for (m, mr, mc, threads) in [
+            (2048, 16, 176, 2),
+            (1024, 16, 176, 2),
+            (520, 16, 176, 3),
+            (512, 32, 256, 2),
+            (17, 16, 176, 2),
+            (16, 16, 176, 4),
+        ] {
+            let (blocks, per) = row_blocks(m, mr, mc, threads);
+            assert_eq!(per % mr, 0, "{m} {mr} {mc} {threads}");
+            assert!(per <= mc.max(mr), "a block of {per} rows exceeds mc = {mc}");
+            assert!(
+                blocks * per >= m && (blocks - 1) * per < m,
+                "{blocks} × {per} for {m} rows"
+            );
+            let panels = m.div_ceil(mr);
+            // Two or more blocks per thread where the panels allow it.
+            assert!(
+                blocks >= (2 * threads).min(panels),
+                "{blocks} blocks for {threads} threads, {panels} panels"
+            );
+        }
+    }
+
+    #[test]
+    fn k_blocks_cover_k_and_an_empty_k_is_one_empty_block() {
+        let blocks: Vec<_> = k_blocks(1000, 368).collect();
+        assert_eq!(blocks, [(0, 368), (368, 368), (736, 264)]);
+        assert_eq!(k_blocks(0, 368).collect::<Vec<_>>(), [(0, 0)]);
+        assert_eq!(k_blocks(368, 368).collect::<Vec<_>>(), [(0, 368)]);
+    }
 }

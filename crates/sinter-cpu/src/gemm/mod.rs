@@ -18,8 +18,9 @@
 //! FMAs per k step (AVX-512: 32 × 12, AVX2: 16 × 6, scalar: 4 × 4). The epilogue runs on the
 //! tile while it is in registers, so bias and activation cost no extra pass over C. A
 //! row-major C is handled by computing Cᵀ = Bᵀ·Aᵀ (C's unit-stride dimension is always the
-//! vector dimension). Products above [`PAR_MIN_FLOPS`] split C into one block per rayon
-//! thread; smaller ones run on the calling thread, and a batch of small products runs one
+//! vector dimension). Products above [`PAR_MIN_FLOPS`] run on the rayon threads: with every
+//! side ≥ 512 they share B's packed blocks and take C's row blocks as they go, otherwise C is
+//! split into one block per thread (`driver.rs`); smaller ones run on the calling thread, and a batch of small products runs one
 //! product per thread. One-column products take a matrix-vector path (`gemv.rs`).
 //!
 //! **Which kernels.** With [`Kernels::Auto`] (the default), plain products (no epilogue, B not

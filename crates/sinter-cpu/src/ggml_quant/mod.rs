@@ -10,6 +10,7 @@
 //!
 //! - [`GgmlType`]: the supported types, their ids, block sizes and names.
 //! - [`dequantize`]: a tensor's bytes to f32, blocks in parallel when large.
+//! - [`quantize`]: f32 values to a type's bytes (for writing GGUF files).
 //! - [`dot`]: dot products of weight blocks with per-block quantized activations, and
 //!   [`QuantMatrix`], a weight kept quantized with its GEMV/GEMM.
 
@@ -19,6 +20,7 @@ pub mod dot;
 mod dot_scalar;
 #[cfg(target_arch = "x86_64")]
 mod dot_x86;
+pub mod quantize;
 
 use std::fmt;
 

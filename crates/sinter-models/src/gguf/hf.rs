@@ -10,6 +10,8 @@
 //! rotary mode is NEOX, the half-split layout of transformers), so their tensors only get
 //! new names.
 
+use std::collections::HashSet;
+
 use serde_json::{json, Map, Value};
 use sinter_core::{bail, Device, Error, Result, Tensor};
 
@@ -44,6 +46,16 @@ const BLOCK_TENSORS: &[(&str, &str)] = &[
 /// Mistral), qwen2 or qwen3. Other architectures, and tensors that a dense Llama-family
 /// model does not have, are refused by name.
 pub fn to_hf(file: &GgufFile) -> Result<(Value, Vec<(String, Tensor)>)> {
+    to_hf_keeping(file, &HashSet::new())
+}
+
+/// [`to_hf`] with the GGUF tensors named in `keep` left out of the conversion: each comes as
+/// a [`super::placeholder`] of its shape (no data read), for a layer that will run the
+/// file's quantized blocks instead.
+pub fn to_hf_keeping(
+    file: &GgufFile,
+    keep: &HashSet<String>,
+) -> Result<(Value, Vec<(String, Tensor)>)> {
     let arch = file.get_str("general.architecture")?;
     let Some(&(_, class, model_type)) = ARCHITECTURES.iter().find(|(a, _, _)| *a == arch) else {
         bail!(
@@ -74,6 +86,10 @@ pub fn to_hf(file: &GgufFile) -> Result<(Value, Vec<(String, Tensor)>)> {
                 info.name
             )
         };
+        if keep.contains(&info.name) {
+            tensors.push((hf_name, super::placeholder(&info.shape)?));
+            continue;
+        }
         let mut tensor = file.tensor(&info.name)?;
         if arch == "llama" {
             if hf_name.ends_with("self_attn.q_proj.weight")
@@ -128,9 +144,21 @@ pub fn unpermute_rotary_rows(
         );
     }
     let row_len = shape.iter().skip(1).product::<usize>();
+    let hf = unpermute_rows(&tensor.to_vec_f32()?, rows, row_len, heads);
+    Tensor::from_vec(hf, &shape, Device::Cpu)
+}
+
+/// `unpermute_rotary_rows` over `rows` rows of `row_len` items (f32 values, or the bytes of
+/// quantized rows): GGUF row `2i + p` of each head goes to HF row `p·(d/2) + i`. The caller
+/// has checked that `rows` splits into `heads` heads of an even size.
+pub fn unpermute_rows<T: Copy + Default>(
+    gguf: &[T],
+    rows: usize,
+    row_len: usize,
+    heads: usize,
+) -> Vec<T> {
     let half = rows / heads / 2;
-    let gguf = tensor.to_vec_f32()?;
-    let mut hf = vec![0f32; gguf.len()];
+    let mut hf = vec![T::default(); gguf.len()];
     for h in 0..heads {
         for i in 0..half {
             for p in 0..2 {
@@ -140,7 +168,7 @@ pub fn unpermute_rotary_rows(
             }
         }
     }
-    Tensor::from_vec(hf, &shape, Device::Cpu)
+    hf
 }
 
 /// An f32 from the file as the decimal it was written from (1e-5, not 9.99999974738e-6).

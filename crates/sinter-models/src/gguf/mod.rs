@@ -12,7 +12,9 @@
 
 pub mod hf;
 mod parse;
+mod requant;
 mod value;
+mod write;
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -22,8 +24,10 @@ use memmap2::Mmap;
 use sinter_core::{bail, DType, Device, Error, Result, Tensor};
 pub use sinter_cpu::ggml_quant::GgmlType;
 
-pub use hf::to_hf;
+pub use hf::{to_hf, to_hf_keeping};
+pub use requant::{quantize_gguf, RequantReport};
 pub use value::{GgufValue, GgufValueType};
+pub use write::{write_gguf, OutTensor};
 
 /// The data section's alignment when `general.alignment` is absent.
 pub const DEFAULT_ALIGNMENT: u64 = 32;
@@ -44,6 +48,18 @@ impl GgufTensorInfo {
     pub fn numel(&self) -> usize {
         self.shape.iter().product()
     }
+}
+
+/// The stand-in for a weight kept quantized: its shape, no data (one zero broadcast), so a
+/// model can be built around it without the f32 copy. Its layer must get a quantized form
+/// before it runs (see `pretrained`).
+pub fn placeholder(shape: &[usize]) -> Result<Tensor> {
+    Tensor::zeros(&vec![1; shape.len()], DType::F32, Device::Cpu)?.broadcast_as(shape)
+}
+
+/// Whether `t` is a [`placeholder`] (a tensor of several values, all one broadcast value).
+pub fn is_placeholder(t: &Tensor) -> bool {
+    t.numel() > 1 && t.layout().strides().iter().all(|&s| s == 0)
 }
 
 /// A tensor's stored bytes, for kernels that work on GGML blocks directly.

@@ -30,9 +30,13 @@
 //! carry no gradient; a CUDA input or one that needs a gradient gets an error. A model whose
 //! int8 convolutions follow one another (conv → activation → max pool → conv) runs them as a
 //! [`chain`], u8 activations passed from one to the next.
+//!
+//! The same slot also holds a Linear whose weight stays in a GGML block format from a GGUF
+//! file ([`ggml::GgmlLinear`]): one quantized-layer trait ([`slot::Int8Layer`]) for both.
 
 pub mod chain;
 pub mod conv;
+pub mod ggml;
 pub mod gptq;
 pub mod linear;
 pub mod residual;
@@ -43,6 +47,7 @@ pub mod weight;
 use std::sync::Arc;
 
 pub use conv::QuantizedConv2d;
+pub use ggml::GgmlLinear;
 pub use linear::QuantizedLinear;
 pub use residual::ResidualPlane;
 pub use slot::{Activation, LayerHandle, LayerKind, QuantSlot, QuantState};

@@ -17,7 +17,8 @@ use sinter_core::{bail, Conv2dParams, DType, Result, Tensor};
 use super::gptq::Gram;
 pub use sinter_cpu::int8::Activation;
 
-/// An int8 replacement of a layer's forward.
+/// A quantized replacement of a layer's forward: int8 (`QuantizedLinear`,
+/// `QuantizedConv2d`) or GGML blocks (`GgmlLinear`).
 pub trait Int8Layer: Send + Sync {
     /// activation(layer(x)): `x Wᵀ + b` for a Linear or a tied output head, the convolution
     /// for a Conv2d.

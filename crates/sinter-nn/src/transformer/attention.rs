@@ -228,7 +228,8 @@ impl CausalSelfAttention {
 
     /// q [b, h, t, d], k and v [b, kv, t, d] for positions start..start + t: views of the
     /// packed projection, then QK-norm and rotation where configured.
-    fn heads(&self, x: &Tensor, start: usize) -> Result<(Tensor, Tensor, Tensor)> {
+    /// With `composite`, QK-norm and the rotation in tensor ops (the reference path).
+    fn heads(&self, x: &Tensor, start: usize, composite: bool) -> Result<(Tensor, Tensor, Tensor)> {
         let (b, t) = self.check_input(x)?;
         let (h, kv, d) = (self.n_head, self.n_kv_head, self.head_dim);
         let qkv = self.qkv.forward(x)?;
@@ -238,13 +239,16 @@ impl CausalSelfAttention {
         };
         let (mut q, mut k, v) = (part(0, h)?, part(h, kv)?, part(h + kv, kv)?);
         if let (Some(qn), Some(kn)) = (&self.q_norm, &self.k_norm) {
-            q = qn.forward(&q)?;
-            k = kn.forward(&k)?;
+            (q, k) = if composite {
+                (qn.forward_composite(&q)?, kn.forward_composite(&k)?)
+            } else {
+                (qn.forward(&q)?, kn.forward(&k)?)
+            };
         }
         let (mut q, mut k, v) = (q.transpose(1, 2)?, k.transpose(1, 2)?, v.transpose(1, 2)?);
         if let Some(rope) = &self.rope {
-            q = rope.apply(&q, start)?;
-            k = rope.apply(&k, start)?;
+            q = rope.apply_with(&q, start, composite)?;
+            k = rope.apply_with(&k, start, composite)?;
         }
         Ok((q, k, v))
     }
@@ -269,7 +273,7 @@ impl CausalSelfAttention {
             let y = fused::attention_packed(&qkv, self.n_head, self.causal, self.scale())?;
             return self.resid_dropout.forward(&self.proj.forward(&y)?);
         }
-        let (q, k, v) = self.heads(x, 0)?;
+        let (q, k, v) = self.heads(x, 0, false)?;
         let g = self.n_head / self.n_kv_head;
         let y = fused::attention(
             &q,
@@ -289,7 +293,7 @@ impl CausalSelfAttention {
     /// The composite with `pad` [b, 1, 1, t] (non-zero at keys no query may see: padding),
     /// on top of the causal and window masks.
     pub fn forward_masked(&self, x: &Tensor, pad: Option<&Tensor>) -> Result<Tensor> {
-        let (q, k, v) = self.heads(x, 0)?;
+        let (q, k, v) = self.heads(x, 0, true)?;
         let t = q.shape()[2];
         let y = self.attend_composite(&q, &k, &v, t, pad)?;
         self.merge_and_project(&y)
@@ -335,7 +339,7 @@ impl CausalSelfAttention {
                 cache.capacity()
             );
         }
-        let (q, k, v) = self.heads(x, start)?;
+        let (q, k, v) = self.heads(x, start, false)?;
         if cache.k.shape()[..2] != k.shape()[..2] || cache.k.shape()[3] != self.head_dim {
             bail!(
                 "attention: KV cache {:?} does not fit heads {:?}",

@@ -40,8 +40,16 @@ impl MlpKind {
             hidden
         }
     }
-    /// The activation of `fc`'s output h: [.., fc_rows] → [.., hidden].
+    /// The activation of `fc`'s output h: [.., fc_rows] → [.., hidden] (SwiGLU's fused
+    /// kernel for f32 on the CPU).
     pub fn activate(self, h: &Tensor) -> Result<Tensor> {
+        match self {
+            MlpKind::SwiGlu if super::fused::applies(h) => super::fused::swiglu::swiglu(h),
+            kind => kind.activate_composite(h),
+        }
+    }
+    /// [`MlpKind::activate`] in tensor ops (the fused kernel's reference).
+    pub fn activate_composite(self, h: &Tensor) -> Result<Tensor> {
         match self {
             MlpKind::Gelu => h.gelu(),
             MlpKind::GeluErf => h.gelu_erf(),
@@ -105,7 +113,7 @@ impl Mlp {
         self.dropout.forward(&self.proj.forward(&h)?)
     }
     pub fn forward_composite(&self, x: &Tensor) -> Result<Tensor> {
-        let h = self.kind.activate(&self.fc.forward(x)?)?;
+        let h = self.kind.activate_composite(&self.fc.forward(x)?)?;
         self.dropout.forward(&self.proj.forward(&h)?)
     }
 }

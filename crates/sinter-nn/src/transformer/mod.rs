@@ -10,6 +10,7 @@
 //! Post-norm (BERT): norm1(x + attn(x)), then norm2(x + mlp(x)).
 
 mod attention;
+mod fused;
 mod mlp;
 mod norm;
 mod rope;
@@ -207,9 +208,11 @@ impl TransformerBlock {
 
     /// The attention sub-layer's input: norm1(x), or x itself after a post-norm block's
     /// previous sum.
-    fn attn_input(&self, x: &Tensor) -> Result<Tensor> {
+    fn attn_input(&self, x: &Tensor, composite: bool) -> Result<Tensor> {
         if self.post_norm {
             Ok(x.clone())
+        } else if composite {
+            self.ln1.forward_composite(x)
         } else {
             self.ln1.forward(x)
         }
@@ -227,7 +230,7 @@ impl TransformerBlock {
                 norm.residual(x, a)
             } else {
                 let sum = x.add(a)?;
-                let y = norm.forward(&sum)?;
+                let y = norm.forward_composite(&sum)?;
                 Ok((sum, y))
             }
         };
@@ -247,23 +250,23 @@ impl TransformerBlock {
     }
     /// The fast path (also `forward`): flash attention, fused residual + norm, fused MLP.
     pub fn forward_fused(&self, x: &Tensor) -> Result<Tensor> {
-        let a = self.attn.forward(&self.attn_input(x)?)?;
+        let a = self.attn.forward(&self.attn_input(x, false)?)?;
         self.forward_after_attn(x, &a)
     }
     /// The unfused reference.
     pub fn forward_composite(&self, x: &Tensor) -> Result<Tensor> {
         self.forward_masked(x, None)
     }
-    /// The unfused block with `pad` [b, 1, 1, t] non-zero at keys no query may see (an
-    /// encoder's padding).
+    /// The unfused block (every op in tensor ops) with `pad` [b, 1, 1, t] non-zero at keys no
+    /// query may see (an encoder's padding).
     pub fn forward_masked(&self, x: &Tensor, pad: Option<&Tensor>) -> Result<Tensor> {
-        let a = self.attn.forward_masked(&self.attn_input(x)?, pad)?;
+        let a = self.attn.forward_masked(&self.attn_input(x, true)?, pad)?;
         self.after_attn(x, &a, false)
     }
     /// The block for `x` [b, s, c] at positions cache.len.. of a sequence whose earlier keys
     /// and values are in `cache` (which this appends to). Inference only; decoders only.
     pub fn forward_step(&self, x: &Tensor, cache: &mut LayerKvCache) -> Result<Tensor> {
-        let a = self.attn.forward_step(&self.attn_input(x)?, cache)?;
+        let a = self.attn.forward_step(&self.attn_input(x, false)?, cache)?;
         self.forward_after_attn(x, &a)
     }
 }

@@ -33,8 +33,10 @@ impl RmsNorm {
     }
 }
 
-impl Module for RmsNorm {
-    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+impl RmsNorm {
+    /// The normalisation in tensor ops: the reference of the fused kernel, and the path of
+    /// every dtype and device the kernel does not take.
+    pub fn forward_composite(&self, x: &Tensor) -> Result<Tensor> {
         let dtype = x.dtype();
         let xf = if dtype == DType::F32 {
             x.clone()
@@ -57,6 +59,17 @@ impl Module for RmsNorm {
             Ok(y)
         } else {
             y.to_dtype(dtype)
+        }
+    }
+}
+
+impl Module for RmsNorm {
+    /// The fused kernel for f32 on the CPU, else the composite.
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        if super::fused::applies(x) && self.weight.dtype() == DType::F32 {
+            super::fused::rms_norm::rms_norm(x, &self.weight, self.eps)
+        } else {
+            self.forward_composite(x)
         }
     }
     fn collect(&self, prefix: &str, out: &mut Vec<NamedTensor>) {
@@ -117,6 +130,14 @@ impl Norm {
         match self {
             Norm::Layer(ln) => ln.eps,
             Norm::Rms(n) => n.eps,
+        }
+    }
+    /// The normalisation in tensor ops where it has a fused kernel (RMSNorm), the reference of
+    /// the block's composite path.
+    pub fn forward_composite(&self, x: &Tensor) -> Result<Tensor> {
+        match self {
+            Norm::Layer(ln) => ln.forward(x),
+            Norm::Rms(n) => n.forward_composite(x),
         }
     }
     /// x + a and its normalisation: one fused pass for LayerNorm, two ops for RMSNorm.

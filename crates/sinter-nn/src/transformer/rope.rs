@@ -177,8 +177,14 @@ impl Rope {
         Ok((cos, sin))
     }
 
-    /// Rotates heads `x` [b, h, t, head_dim] holding positions start..start + t.
+    /// Rotates heads `x` [b, h, t, head_dim] holding positions start..start + t (the fused
+    /// kernel for f32 on the CPU, else the composite).
     pub fn apply(&self, x: &Tensor, start: usize) -> Result<Tensor> {
+        self.apply_with(x, start, false)
+    }
+
+    /// [`Rope::apply`], in tensor ops when `composite`.
+    pub fn apply_with(&self, x: &Tensor, start: usize, composite: bool) -> Result<Tensor> {
         let s = x.shape();
         if s.len() != 4 || s[3] != self.head_dim {
             bail!(
@@ -186,13 +192,23 @@ impl Rope {
                 self.head_dim
             );
         }
-        let (t, half) = (s[2], self.head_dim / 2);
+        let t = s[2];
         let (cos, sin) = self.tables(start + t, x.device(), x.dtype())?;
         let (cos, sin) = (cos.narrow(0, start, t)?, sin.narrow(0, start, t)?);
+        if !composite && super::fused::applies(x) {
+            return super::fused::rope::rope(x, &cos, &sin);
+        }
+        Self::rotate_composite(x, &cos, &sin)
+    }
+
+    /// The rotation in tensor ops (the fused kernel's reference; every other dtype and
+    /// device): x [b, h, t, d] by tables cos, sin [t, d].
+    pub fn rotate_composite(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
+        let half = x.shape()[3] / 2;
         let rotated = Tensor::cat(
             &[x.narrow(3, half, half)?.neg()?, x.narrow(3, 0, half)?],
             -1,
         )?;
-        x.mul(&cos)?.add(&rotated.mul(&sin)?)
+        x.mul(cos)?.add(&rotated.mul(sin)?)
     }
 }

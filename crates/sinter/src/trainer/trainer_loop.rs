@@ -204,6 +204,7 @@ impl<'a> Trainer<'a> {
         while step < self.span.end {
             self.train_step(step)?;
             step += 1;
+            injected_fault(self.rank, step);
         }
         self.engine.end();
         self.finish()
@@ -665,4 +666,20 @@ fn span(
         total,
         per_epoch,
     })
+}
+
+/// Test-only fault for `sinter launch --max-restarts`: with
+/// `SINTER_TEST_EXIT_AFTER_STEP=<rank>:<step>`, that rank exits with code 17 once it has
+/// finished the step, in the first start only (`SINTER_RESTART_ROUND` unset or 0), so the
+/// restarted group runs through.
+fn injected_fault(rank: usize, done_steps: u64) {
+    let Ok(spec) = std::env::var("SINTER_TEST_EXIT_AFTER_STEP") else {
+        return;
+    };
+    let first_start =
+        std::env::var(sinter_dist::elastic::RESTART_ROUND_VAR).map_or(true, |r| r.trim() == "0");
+    if first_start && spec.trim() == format!("{rank}:{done_steps}") {
+        eprintln!("SINTER_TEST_EXIT_AFTER_STEP: rank {rank} exits after step {done_steps}");
+        std::process::exit(17);
+    }
 }

@@ -10,7 +10,7 @@ use sinter_cpu::math::rms_norm::rms_norm_rows;
 use sinter_cpu::math::Activation;
 use sinter_cpu::Isa;
 use sinter_nn::quant::slot::Int8Layer;
-use sinter_nn::quant::{QuantSlot, QuantState};
+use sinter_nn::quant::{GgmlLinear, QuantSlot, QuantState};
 use sinter_nn::transformer::Norm;
 use sinter_nn::{Embedding, Linear};
 
@@ -248,6 +248,18 @@ fn int8_apply(
     accumulate: bool,
     y: &mut [f32],
 ) -> Result<()> {
+    // A GGUF weight kept in its blocks runs on the slices directly (no tensor round trip).
+    if let Some(g) = q.as_any().downcast_ref::<GgmlLinear>() {
+        let (k, n) = (g.weight().k(), g.weight().n());
+        let x = &x[..rows * k];
+        if !accumulate {
+            return g.apply(x, rows, act, &mut y[..rows * n]);
+        }
+        let mut t = vec![0f32; rows * n];
+        g.apply(x, rows, act, &mut t)?;
+        y.iter_mut().zip(&t).for_each(|(y, t)| *y += t);
+        return Ok(());
+    }
     let inp = x.len() / rows.max(1);
     let xt = Tensor::from_slice(&x[..rows * inp], &[rows, inp], Device::Cpu)?;
     store(&q.forward(&xt, act)?, accumulate, y)

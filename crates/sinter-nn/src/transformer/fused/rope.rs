@@ -1,0 +1,65 @@
+//! Rotary positions as one custom op: y = x·cos + rotate_half(x)·sin per head vector, with
+//! rotate_half(x) = (−x₂, x₁) (Hugging Face's layout; see `../rope.rs`). The rotation is
+//! orthogonal, so its backward is the inverse rotation, the same op with −sin:
+//! dx = dy·cos + rotate_halfᵀ(dy·sin), rotate_halfᵀ(z) = (z₂, −z₁).
+
+use std::sync::OnceLock;
+
+use sinter_core::custom_op::{CustomOp, HostOutput, OutputSpec};
+use sinter_core::{bail, DType, Result, Tensor};
+
+use super::for_rows;
+
+/// Rotates heads x [b, h, t, d] by the angle tables cos, sin [t, d] of their positions.
+pub(crate) fn rope(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
+    Ok(op()?.apply(&[x, cos, sin])?.remove(0))
+}
+
+fn op() -> Result<&'static CustomOp> {
+    static OP: OnceLock<CustomOp> = OnceLock::new();
+    if let Some(op) = OP.get() {
+        return Ok(op);
+    }
+    let op = CustomOp::builder("rope")
+        .inputs(3)
+        .outputs(|m| {
+            let (x, c, s) = (&m[0].shape, &m[1].shape, &m[2].shape);
+            match &x[..] {
+                &[_, _, t, d] if d % 2 == 0 && c[..] == [t, d] && s[..] == [t, d] => {}
+                _ => bail!(
+                    "rope: heads must be [batch, heads, time, even head_dim] and the tables [time, head_dim]; got {x:?}, {c:?} and {s:?}"
+                ),
+            }
+            Ok(vec![OutputSpec::new(x, DType::F32)])
+        })
+        .cpu(|x| {
+            let (xs, cos, sin) = (x[0].f32()?, x[1].f32()?, x[2].f32()?);
+            let shape = x[0].shape();
+            let (t, d) = (shape[2], shape[3]);
+            let mut y = vec![0f32; xs.len()];
+            for_rows(xs, d, &mut y, d, |r, xr, yr| {
+                let p = r % t;
+                rotate(xr, &cos[p * d..][..d], &sin[p * d..][..d], yr)
+            });
+            Ok(vec![HostOutput::f32(y, shape)])
+        })
+        .backward(|ctx| {
+            let back = rope(ctx.grad(0), ctx.input(1), &ctx.input(2).neg()?)?;
+            Ok(vec![Some(back), None, None])
+        })
+        .build()?;
+    Ok(OP.get_or_init(|| op))
+}
+
+/// One head vector: y₁ = x₁·cos₁ − x₂·sin₁, y₂ = x₂·cos₂ + x₁·sin₂.
+fn rotate(x: &[f32], cos: &[f32], sin: &[f32], y: &mut [f32]) {
+    let half = x.len() / 2;
+    let (x1, x2) = x.split_at(half);
+    let (y1, y2) = y.split_at_mut(half);
+    let (c1, c2) = cos.split_at(half);
+    let (s1, s2) = sin.split_at(half);
+    for i in 0..half {
+        y1[i] = x1[i] * c1[i] - x2[i] * s1[i];
+        y2[i] = x2[i] * c2[i] + x1[i] * s2[i];
+    }
+}
