@@ -23,6 +23,7 @@ use crate::alloc::{DevSlice, DeviceBuffer, Pool};
 use crate::device::CudaDevice;
 use crate::driver::real::RealDriver;
 use crate::dtype::DType;
+use crate::emulated::cost::{Call, GemmDims, GemmMath, OpClass, Traffic};
 use crate::error::{guard, CudaError, DriverResultExt, Result};
 
 /// cuBLASLt workspace per device.
@@ -338,6 +339,76 @@ pub struct GemmDesc<'a> {
     pub alpha: f32,
     pub beta: f32,
     pub epilogue: Epilogue<'a>,
+}
+
+/// A 16-byte-aligned dimension for cuBLASLt's fast kernels.
+fn gemm_dim_aligned(v: usize, elem: usize) -> bool {
+    (v * elem).is_multiple_of(16)
+}
+
+impl GemmDesc<'_> {
+    /// The cost of a cuBLASLt call: 2·m·n·k FLOPs per matrix (tensor cores unless FP32 math);
+    /// A, B and C once each, C read too when β ≠ 0, the bias read, the aux written.
+    pub fn cost(&self) -> Call {
+        let g = self;
+        let s = &g.shape;
+        let elem = g.dtype.storage().size();
+        let b = s.batch.max(1);
+        let mn = s.m * s.n * b;
+        let read = (s.m * s.k + s.k * s.n) * b + if g.beta != 0.0 { mn } else { 0 };
+        let (bias, aux) = match g.epilogue {
+            Epilogue::None | Epilogue::Gelu => (0, 0),
+            Epilogue::Bias(_) | Epilogue::BiasGelu(_) => (s.n, 0),
+            Epilogue::BiasGeluAux { .. } => (s.n, mn),
+        };
+        let flops = 2 * s.m * s.n * s.k * b;
+        let traffic = Traffic::bytes((read + bias) * elem, (mn + aux) * elem);
+        let traffic = if g.dtype == GemmDType::F32 {
+            traffic.with_flops(flops)
+        } else {
+            traffic.with_tensor_flops(flops)
+        };
+        let epi = match g.epilogue {
+            Epilogue::None => "",
+            Epilogue::Bias(_) => " +bias",
+            Epilogue::BiasGelu(_) => " +bias+gelu",
+            Epilogue::Gelu => " +gelu",
+            Epilogue::BiasGeluAux { .. } => " +bias+gelu+aux",
+        };
+        let batch = if b > 1 {
+            format!(" x{b}")
+        } else {
+            String::new()
+        };
+        let key = format!(
+            "gemm {} {}x{}x{}{batch}{}{epi}",
+            g.dtype.storage(),
+            s.m,
+            s.n,
+            s.k,
+            match (s.trans_a, s.trans_b) {
+                (false, false) => "",
+                (true, false) => " Aᵀ",
+                (false, true) => " Bᵀ",
+                (true, true) => " AᵀBᵀ",
+            }
+        );
+        Call {
+            gemm: Some(GemmDims {
+                m: s.m,
+                n: s.n,
+                k: s.k,
+                batch: b,
+                aligned: [s.m, s.n, s.k].iter().all(|&v| gemm_dim_aligned(v, elem)),
+                math: match g.dtype {
+                    GemmDType::F32 => GemmMath::Fp32,
+                    GemmDType::Tf32 => GemmMath::Tf32,
+                    GemmDType::BF16 | GemmDType::F16 => GemmMath::Half,
+                },
+            }),
+            ..Call::new(key, OpClass::Gemm, traffic)
+        }
+    }
 }
 
 impl<'a> GemmDesc<'a> {

@@ -6,6 +6,8 @@
 //! kernel's name and argument types against the compiled PTX — the closest thing to running the
 //! kernels that a machine without a GPU can do.
 
+pub use crate::emulated::cost::Traffic;
+use crate::emulated::cost::{Call, OpClass};
 use crate::error::{CudaError, Result};
 use crate::nvrtc::{KernelFile, PtxParam};
 use crate::ops::adamw::{AdamArgs, SgdArgs};
@@ -241,6 +243,10 @@ pub struct Launch {
     pub block: (u32, u32, u32),
     pub shared_mem: u32,
     pub args: Vec<Arg>,
+    /// What the launch moves and computes, as the plan knows it from its shapes: declared
+    /// once per op where the plan is built (a future table of plans carries it as a column).
+    /// None: [`Launch::estimate`] guesses it.
+    pub traffic: Option<Traffic>,
 }
 
 impl Launch {
@@ -259,8 +265,88 @@ impl Launch {
             block: (block, 1, 1),
             shared_mem: 0,
             args,
+            traffic: None,
         }
     }
+
+    /// The same launch with its memory traffic and arithmetic declared.
+    pub fn with_traffic(mut self, t: Traffic) -> Self {
+        self.traffic = Some(t);
+        self
+    }
+
+    /// The class of work a kernel of `file` does, for the GPU cost model (one rule for every
+    /// launch plan).
+    pub fn class(&self) -> OpClass {
+        match self.file {
+            KernelFile::FlashAttention => OpClass::Attention,
+            KernelFile::Copy => OpClass::Copy,
+            KernelFile::Reduce
+            | KernelFile::Softmax
+            | KernelFile::LayerNorm
+            | KernelFile::CrossEntropy
+            | KernelFile::Embedding
+            | KernelFile::ResidualLayerNorm => OpClass::Row,
+            KernelFile::Int8Gemm => OpClass::Gemm,
+            KernelFile::Unary
+            | KernelFile::Binary
+            | KernelFile::Conv
+            | KernelFile::Dropout
+            | KernelFile::AdamW
+            | KernelFile::Int
+            | KernelFile::Bool => OpClass::Elementwise,
+        }
+    }
+
+    /// The fall-back for a plan that declares no traffic: `n` elements (the plan's first i64
+    /// argument, else one per launched thread) of the name's dtype, read through every
+    /// pointer argument but the last and written through the last. Right for plain
+    /// elementwise kernels, rough for anything else: declare the traffic in the plan instead.
+    pub fn estimate(&self) -> Traffic {
+        let ptrs = self
+            .args
+            .iter()
+            .filter(|a| matches!(a, Arg::Ptr(p) if *p != 0))
+            .count() as u64;
+        let threads = self.grid.0 as u64
+            * self.grid.1 as u64
+            * self.grid.2 as u64
+            * self.threads_per_block() as u64;
+        let n = self
+            .args
+            .iter()
+            .find_map(|a| match a {
+                Arg::I64(v) if *v > 0 => Some(*v as u64),
+                _ => None,
+            })
+            .unwrap_or(threads);
+        let elem = match self.name.rsplit('_').next().unwrap_or("") {
+            "f16" | "bf16" => 2,
+            "i64" | "f64" => 8,
+            "u8" | "bool" | "i8" => 1,
+            _ => 4,
+        };
+        let bytes = n * elem;
+        Traffic {
+            read: bytes * ptrs.saturating_sub(1),
+            written: bytes * ptrs.min(1),
+            flops: n,
+            tensor_flops: 0,
+        }
+    }
+
+    /// What the cost model records for this launch: the declared traffic, else the estimate.
+    pub fn cost(&self) -> Call {
+        let (traffic, declared) = match self.traffic {
+            Some(t) => (t, true),
+            None => (self.estimate(), false),
+        };
+        Call {
+            declared,
+            ..Call::new(self.name.clone(), self.class(), traffic)
+        }
+    }
+
     pub fn threads_per_block(&self) -> u32 {
         self.block.0 * self.block.1 * self.block.2
     }
@@ -402,5 +488,98 @@ mod tests {
         assert!(!Arg::Strided(StridedMeta::default())
             .kind()
             .matches(&PtxParam::Bytes(192)));
+    }
+
+    #[test]
+    fn the_estimate_reads_every_pointer_but_the_last_and_writes_the_last() {
+        let l = Launch::new(
+            KernelFile::Binary,
+            "add_bf16",
+            4,
+            256,
+            vec![Arg::Ptr(256), Arg::Ptr(512), Arg::Ptr(768), Arg::I64(1000)],
+        );
+        let t = l.estimate();
+        assert_eq!((t.read, t.written), (2 * 2 * 1000, 2 * 1000));
+        // Null pointers (absent optional operands) move nothing.
+        let l = Launch::new(
+            KernelFile::Unary,
+            "neg_f32",
+            2,
+            128,
+            vec![Arg::Ptr(256), Arg::Ptr(0), Arg::Ptr(512)],
+        );
+        let t = l.estimate();
+        assert_eq!((t.read, t.written), (4 * 256, 4 * 256), "n = threads");
+        assert!(!l.cost().declared);
+        let d = l.with_traffic(Traffic::bytes(7, 9));
+        let c = d.cost();
+        assert!(c.declared);
+        assert_eq!((c.traffic.read, c.traffic.written), (7, 9));
+        assert_eq!(c.class, crate::emulated::cost::OpClass::Elementwise);
+    }
+
+    #[test]
+    fn plans_declare_the_traffic_their_shapes_imply() {
+        use crate::dtype::DType;
+        use crate::emulated::cost::OpClass;
+        use crate::ops::binary::{plan_binary_strided, BinaryOp, StridedIn};
+        use crate::ops::fake_slice;
+        use crate::ops::flash_attention::{plan_flash_forward, AttnShape, AttnView};
+        let t = LaunchTarget { sm_count: 132 };
+        // A bias broadcast over rows: x [64, 48] + b [48], bf16. The bias is read once.
+        let (x, bias, out) = (
+            fake_slice(DType::BF16, 64 * 48),
+            fake_slice(DType::BF16, 48),
+            fake_slice(DType::BF16, 64 * 48),
+        );
+        let l = plan_binary_strided(
+            &t,
+            BinaryOp::Add,
+            StridedIn {
+                data: x,
+                strides: &[48, 1],
+            },
+            StridedIn {
+                data: bias,
+                strides: &[0, 1],
+            },
+            out,
+            &[64, 48],
+        )
+        .unwrap()
+        .unwrap();
+        let c = l.cost();
+        assert!(c.declared);
+        assert_eq!(c.traffic.read, (64 * 48 + 48) * 2);
+        assert_eq!(c.traffic.written, 64 * 48 * 2);
+        // Causal flash attention forward, b 2, h 3, T 128, d 64: 4·b·h·T²·d / 2 tensor FLOPs;
+        // q, k, v read and o written once (bf16), plus the f32 log-sum-exp.
+        let s = AttnShape {
+            b: 2,
+            h: 3,
+            tq: 128,
+            tk: 128,
+            d: 64,
+            causal: true,
+            scale: 0.125,
+        };
+        let elems = 2 * 3 * 128 * 64;
+        let view = || AttnView {
+            data: fake_slice(DType::BF16, elems),
+            strides: [3 * 128 * 64, 128 * 64, 64],
+        };
+        let lse = fake_slice(DType::F32, 2 * 3 * 128);
+        let l = plan_flash_forward(&t, &s, view(), view(), view(), view(), lse)
+            .unwrap()
+            .unwrap();
+        let c = l.cost();
+        assert_eq!(c.class, OpClass::Attention);
+        assert_eq!(
+            c.traffic.tensor_flops,
+            (4 * 2 * 3 * 128 * 128 * 64 / 2) as u64
+        );
+        assert_eq!(c.traffic.read, (3 * elems * 2) as u64);
+        assert_eq!(c.traffic.written, (elems * 2 + 2 * 3 * 128 * 4) as u64);
     }
 }

@@ -106,7 +106,7 @@ pub fn enable_emulation(devices: usize) -> Result<()> {
     let _ = mode_cell().set(Ok(Mode::Emulated { devices }));
     match mode() {
         Ok(Mode::Emulated { devices: n }) if n >= devices => {
-            crate::emulated::emulator().map(|_| ())
+            crate::emulated::ready()
         }
         Ok(Mode::Emulated { devices: n }) => Err(CudaError::invalid(
             "enable_emulation",
@@ -132,7 +132,7 @@ pub fn is_available() -> bool {
     static AVAILABLE: OnceLock<bool> = OnceLock::new();
     *AVAILABLE.get_or_init(|| match mode() {
         Ok(Mode::Real) => real_gpu_usable(),
-        Ok(Mode::Emulated { .. }) => crate::emulated::emulator().is_ok(),
+        Ok(Mode::Emulated { .. }) => crate::emulated::ready().is_ok(),
         Err(_) => false,
     })
 }
@@ -170,7 +170,7 @@ pub fn device_count() -> Result<usize> {
     match mode() {
         Ok(Mode::Real) => {}
         Ok(Mode::Emulated { devices }) => {
-            crate::emulated::emulator()?;
+            crate::emulated::ready()?;
             return Ok(devices);
         }
         Err(m) => return Err(CudaError::invalid(EMU_VAR, m)),

@@ -168,6 +168,7 @@ impl UserLaunch {
             block: self.block,
             shared_mem: self.shared_mem,
             args: self.args.clone(),
+            traffic: None,
         }
     }
 }

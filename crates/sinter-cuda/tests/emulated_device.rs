@@ -452,3 +452,71 @@ fn ranks_issuing_different_collectives_break_the_communicator() {
         assert!(why.contains("same collectives in the same order"), "{why}");
     });
 }
+
+#[test]
+fn recording_counts_gemm_flops_kernel_bytes_and_graph_replays() {
+    use sinter_cuda::emulated::cost::{self, OpClass};
+    let Some(d) = own_device(1) else { return };
+    // Shapes no other test uses: other tests' work on device 1 may be recorded too.
+    let (m, n, k) = (37, 41, 43);
+    let a = d.alloc(m * k, DType::F32, Pool::Temporary).unwrap();
+    let b = d.alloc(k * n, DType::F32, Pool::Temporary).unwrap();
+    let c = d.alloc(m * n, DType::F32, Pool::Temporary).unwrap();
+    let x = d.alloc(1237, DType::F32, Pool::Temporary).unwrap();
+    let y = d.alloc(1237, DType::F32, Pool::Temporary).unwrap();
+    let step = |d: &CudaDevice, dtype: GemmDType| {
+        let g = GemmDesc::new(
+            dtype,
+            GemmShape::new(m, n, k),
+            a.as_slice(),
+            b.as_slice(),
+            c.as_slice(),
+        );
+        d.gemm(&g).unwrap();
+        unary::unary(d, UnaryOp::Neg, x.as_slice(), y.as_slice()).unwrap();
+    };
+    step(&d, GemmDType::F32);
+    cost::start_recording();
+    step(&d, GemmDType::F32);
+    step(&d, GemmDType::Tf32);
+    let cap = graph::begin_capture(&d).unwrap();
+    step(&d, GemmDType::F32);
+    let g = cap.finish().unwrap();
+    g.replay().unwrap();
+    g.replay().unwrap();
+    d.synchronize().unwrap();
+    let calls = cost::stop_recording(1);
+    let gemms: Vec<_> = calls
+        .iter()
+        .filter(|c| c.key == format!("gemm f32 {m}x{n}x{k}"))
+        .collect();
+    // Eager F32 and TF32, then two replays; the capture itself runs (and records) nothing.
+    assert_eq!(gemms.len(), 4, "{calls:#?}");
+    for (i, g) in gemms.iter().enumerate() {
+        let flops = (2 * m * n * k) as u64;
+        let tf32 = i == 1;
+        assert_eq!(g.class, OpClass::Gemm);
+        assert_eq!(
+            (g.traffic.flops, g.traffic.tensor_flops),
+            if tf32 { (0, flops) } else { (flops, 0) }
+        );
+        assert_eq!(g.traffic.read, ((m * k + k * n) * 4) as u64);
+        assert_eq!(g.traffic.written, (m * n * 4) as u64);
+        assert_eq!(g.in_graph, i >= 2);
+        let dims = g.gemm.unwrap();
+        assert_eq!((dims.m, dims.n, dims.k, dims.aligned), (m, n, k, false));
+    }
+    // neg_f32 over 1237 elements: one read and one write of 1237 f32, as its plan declares.
+    let negs: Vec<_> = calls
+        .iter()
+        .filter(|c| c.key == "neg_f32" && c.traffic.read == 1237 * 4)
+        .collect();
+    assert_eq!(negs.len(), 4);
+    assert!(negs
+        .iter()
+        .all(|c| c.declared && c.traffic.written == 1237 * 4 && c.class == OpClass::Elementwise));
+    // Off again: nothing more is kept.
+    step(&d, GemmDType::F32);
+    d.synchronize().unwrap();
+    assert!(cost::take(1).is_empty());
+}

@@ -289,6 +289,10 @@ pub enum BenchCmd {
     /// Prompt processing and greedy generation tokens/s of a pretrained GGUF or Hugging Face
     /// model (one JSON line per round; bench/llm/vs-transformers sets PyTorch beside it).
     Llm(crate::llm_bench::LlmBenchArgs),
+    /// PREDICTED training step time, tokens/s and MFU on a named GPU (h100, h200) without a
+    /// GPU: the step traced on the emulated device (nothing runs), a per-kernel table of bytes,
+    /// FLOPs and predicted µs, and the launch/byte budget check (`--budget`).
+    GpuModel(crate::gpu_model_cmd::GpuModelArgs),
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -352,6 +356,7 @@ pub fn bench(which: &BenchCmd) -> Result<()> {
         }
         BenchCmd::Serve(a) => crate::serve_cmd::bench_serve(a),
         BenchCmd::Llm(a) => crate::llm_bench::run(a),
+        BenchCmd::GpuModel(a) => crate::gpu_model_cmd::run(a),
     }
 }
 

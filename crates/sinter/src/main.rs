@@ -5,6 +5,7 @@ mod checkpoint;
 mod config;
 mod dist_cmd;
 mod gpu_bench;
+mod gpu_model_cmd;
 mod inference;
 mod int8_bench;
 mod int8_checkpoint;

@@ -185,3 +185,67 @@ fn data_parallel_two_ranks_over_nccl() {
         1e-4,
     );
 }
+
+/// The GPU cost model's budget: a traced GPT-2 124M step at the config of the one real GPU run
+/// (batch 16, T 1024, bf16; trace-only, nothing runs, no compiler needed) may record no more
+/// launches or bytes than bench/gpu/budget.toml holds; a budget below the trace (gpt-tiny's
+/// entry, lowered by one layer-norm call) fails naming the kernel that grew.
+#[test]
+fn gpt2_step_stays_within_the_gpu_launch_and_byte_budget() {
+    let budget = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../bench/gpu/budget.toml");
+    let run = |model: &str, batch: &str, context: &str, b: &Path| {
+        let b = b.display().to_string();
+        sinter(&[
+            "bench",
+            "gpu-model",
+            "--model",
+            model,
+            "--batch-size",
+            batch,
+            "--context",
+            context,
+            "--precision",
+            "bf16",
+            "--rows",
+            "5",
+            "--budget",
+            &b,
+        ])
+    };
+    let out = ok(&run("gpt2", "16", "1024", &budget));
+    assert!(
+        out.contains("within the budget [gpt2-b16-t1024-bf16]") && out.contains("PREDICTED"),
+        "{out}"
+    );
+    // gpt-tiny's entry with one kernel allowed one call fewer (and the total one launch fewer).
+    let mut all: toml::Table = toml::from_str(&std::fs::read_to_string(&budget).unwrap()).unwrap();
+    let entry = all
+        .get_mut("gpt-tiny-b4-t64-bf16")
+        .and_then(|v| v.as_table_mut())
+        .unwrap();
+    let launches = entry["launches"].as_integer().unwrap();
+    entry.insert("launches".into(), (launches - 1).into());
+    let kernels = entry["kernels"].as_table_mut().unwrap();
+    let key = kernels
+        .keys()
+        .find(|k| k.starts_with("layernorm_fwd"))
+        .cloned()
+        .expect("the budget lists the layer norm forward");
+    let pair = kernels[&key].as_array().unwrap().clone();
+    let calls = pair[0].as_integer().unwrap();
+    kernels.insert(
+        key.clone(),
+        toml::Value::Array(vec![(calls - 1).into(), pair[1].clone()]),
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let lowered = dir.path().join("budget.toml");
+    std::fs::write(&lowered, toml::to_string(&all).unwrap()).unwrap();
+    ok(&run("gpt-tiny", "4", "64", &budget));
+    fails_with(
+        &run("gpt-tiny", "4", "64", &lowered),
+        &[
+            "exceeds the budget [gpt-tiny-b4-t64-bf16]",
+            &format!("{key}: {} → {calls} calls", calls - 1),
+        ],
+    );
+}

@@ -12,6 +12,7 @@
 //! (padding reads zeros). A reference, written for clarity, not speed.
 
 use super::blas::{load, store};
+use super::cost::{Call, OpClass, Traffic};
 use crate::cudnn::{ConvProblem, Pass};
 use crate::error::Result;
 use sinter_types::Hw;
@@ -149,6 +150,34 @@ impl ConvJob {
         }
         Ok(())
     }
+}
+
+/// The cost of a cuDNN convolution pass: 2·N·O·(C/groups)·kh·kw·oh·ow FLOPs (tensor cores for
+/// half types and TF32), every operand once.
+pub(crate) fn conv_cost(p: &ConvProblem, pass: Pass) -> Call {
+    let (oh, ow) = p.out_hw().unwrap_or((0, 0));
+    let elem = p.dtype.size();
+    let x = p.n * p.c * p.h * p.w;
+    let w = p.o * (p.c / p.groups.max(1)) * p.kh * p.kw;
+    let y = p.n * p.o * oh * ow;
+    let flops = 2 * y * (p.c / p.groups.max(1)) * p.kh * p.kw;
+    let (read, written, name) = match pass {
+        Pass::Forward => (x + w, y, "fwd"),
+        Pass::BackwardData => (y + w, x, "bwd-data"),
+        Pass::BackwardFilter => (y + x, w, "bwd-filter"),
+    };
+    let t = Traffic::bytes(read * elem, written * elem);
+    let tensor = p.dtype != crate::dtype::DType::F32 || p.allow_tf32;
+    let t = if tensor {
+        t.with_tensor_flops(flops)
+    } else {
+        t.with_flops(flops)
+    };
+    let key = format!(
+        "conv {name} {} {}x{}x{}x{} k{}x{} o{}",
+        p.dtype, p.n, p.c, p.h, p.w, p.kh, p.kw, p.o
+    );
+    Call::new(key, OpClass::Conv, t)
 }
 
 #[cfg(test)]

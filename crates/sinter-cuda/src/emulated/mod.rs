@@ -21,12 +21,19 @@
 //! - **CUDA graphs**: capturing records the compute stream's work instead of running it (the
 //!   allocator's capture mode is unchanged); a replay runs the recorded work again, reading the
 //!   buffers' current contents.
+//! - **Cost** ([`cost`], [`gpu_model`]): when recording, every launch and library call is
+//!   recorded with its bytes and FLOPs, which a named GPU's model turns into a predicted
+//!   time; in **trace-only mode** ([`trace`]) nothing runs and memory is virtual, so a full
+//!   GPT-2 step is recorded in seconds (`sinter bench gpu-model`).
 
 pub(crate) mod blas;
 pub(crate) mod collective;
+pub mod cost;
 pub(crate) mod dnn;
+pub mod gpu_model;
 mod memory;
 mod queue;
+pub mod trace;
 
 use std::fmt::Write as _;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
@@ -43,8 +50,27 @@ use crate::runtime::DeviceInfo;
 use crate::user_kernel::KernelSource;
 
 use blas::GemmJob;
+use cost::Call;
 use dnn::ConvJob;
 use queue::{Job, Queue};
+pub use trace::trace_gpu;
+
+/// Make every emulated device of this process a trace-only device shaped like `gpu` (its
+/// name, memory, SM count and compute capability; see [`trace`]), and select emulated
+/// devices. Must come before the first use of CUDA; asking again for the same GPU is fine.
+pub fn enable_trace(gpu: gpu_model::GpuSpec) -> Result<()> {
+    trace::set_gpu(gpu)?;
+    crate::runtime::enable_emulation(1)
+}
+
+/// Whether emulated devices can be served here: always in trace-only mode (nothing runs),
+/// else when the kernel emulator can run (a C++ compiler is present).
+pub(crate) fn ready() -> Result<()> {
+    if trace_gpu().is_some() {
+        return Ok(());
+    }
+    emulator().map(|_| ())
+}
 
 /// SMs of an emulated device: few, so grid-stride loops run more than one sweep.
 pub const SM_COUNT: u32 = 2;
@@ -88,8 +114,11 @@ fn selection() -> String {
     }
 }
 
-/// Bytes of device memory per emulated device.
+/// Bytes of device memory per emulated device (the traced GPU's in trace-only mode).
 pub fn memory_capacity() -> usize {
+    if let Some(g) = trace_gpu() {
+        return g.memory;
+    }
     let gib = std::env::var("SINTER_CUDA_EMU_MEMORY_GIB")
         .ok()
         .and_then(|v| v.trim().parse::<usize>().ok())
@@ -100,12 +129,20 @@ pub fn memory_capacity() -> usize {
 
 /// What an emulated device reports about itself.
 pub(crate) fn device_info(ordinal: usize) -> DeviceInfo {
+    let (name, cc, sms) = match trace_gpu() {
+        Some(g) => (
+            format!("trace-only emulated {} (nothing runs; not a GPU)", g.name),
+            g.compute_capability,
+            g.sm_count,
+        ),
+        None => (DEVICE_NAME.into(), COMPUTE_CAPABILITY, SM_COUNT),
+    };
     DeviceInfo {
         ordinal,
-        name: DEVICE_NAME.into(),
+        name,
         total_memory: memory_capacity(),
-        compute_capability: COMPUTE_CAPABILITY,
-        multiprocessors: SM_COUNT,
+        compute_capability: cc,
+        multiprocessors: sms,
         driver_version: None,
         cuda_runtime_version: None,
         nvrtc_version: None,
@@ -188,8 +225,17 @@ fn check_shared_mem(l: &Launch) -> Result<()> {
 #[derive(Clone)]
 pub(crate) enum Recorded {
     Kernel(Arc<(Launch, ResolvedKernel)>),
-    Zero { ptr: u64, bytes: usize },
-    Copy { src: u64, dst: u64, bytes: usize },
+    /// A launch of a trace-only device (never run).
+    Traced,
+    Zero {
+        ptr: u64,
+        bytes: usize,
+    },
+    Copy {
+        src: u64,
+        dst: u64,
+        bytes: usize,
+    },
     Gemm(GemmJob),
     Conv(ConvJob),
     Graph(Arc<[Recorded]>),
@@ -206,6 +252,7 @@ impl Recorded {
         unsafe {
             match self {
                 Recorded::Kernel(k) => k.1.run(&k.0, order).map_err(|e| e.to_string()),
+                Recorded::Traced => Ok(()),
                 Recorded::Zero { ptr, bytes } => {
                     std::ptr::write_bytes(*ptr as *mut u8, 0, *bytes);
                     Ok(())
@@ -229,10 +276,12 @@ impl Recorded {
 struct Shared {
     ordinal: usize,
     queue: Arc<Queue>,
-    /// The compute stream's recording while a graph is being captured.
-    capture: Mutex<Option<Vec<Recorded>>>,
+    /// The compute stream's recording while a graph is being captured, with each piece's cost.
+    capture: Mutex<Option<(Vec<Recorded>, Vec<Call>)>>,
     order: Order,
     blocking: bool,
+    /// Trace-only: record, run nothing.
+    trace: bool,
 }
 
 impl Shared {
@@ -240,14 +289,30 @@ impl Shared {
         lock(&self.capture).is_some()
     }
 
-    /// Queue `r` on the compute stream, or record it when a capture is in progress.
-    fn enqueue(&self, r: Recorded) -> Result<()> {
+    /// Queue `r` on the compute stream, or record it when a capture is in progress; `cost`
+    /// says what it moves and computes (see [`cost`]).
+    fn enqueue(&self, r: Recorded, cost: impl FnOnce() -> Call) -> Result<()> {
+        let mut cap = lock(&self.capture);
+        if let Some((list, costs)) = cap.as_mut() {
+            list.push(r);
+            costs.push(cost());
+            return Ok(());
+        }
+        cost::record(self.ordinal, cost);
+        self.submit_unrecorded(r, cap)
+    }
+
+    /// Queue `r` (already recorded) unless trace-only.
+    fn submit_unrecorded(
+        &self,
+        r: Recorded,
+        cap: MutexGuard<'_, Option<(Vec<Recorded>, Vec<Call>)>>,
+    ) -> Result<()> {
+        if self.trace {
+            return Ok(());
+        }
         {
-            let mut cap = lock(&self.capture);
-            if let Some(list) = cap.as_mut() {
-                list.push(r);
-                return Ok(());
-            }
+            let _held = cap;
             let order = self.order;
             // SAFETY: the work was valid when queued; stream order keeps its memory live.
             self.queue
@@ -328,6 +393,13 @@ impl EmuStream {
         if self.compute {
             self.shared.not_in_capture("a collective")?;
         }
+        if self.shared.trace {
+            return Err(CudaError::Emulator {
+                op: "trace",
+                msg: "collectives are not traced: a trace-only device records one device's work"
+                    .into(),
+            });
+        }
         self.shared.queue.submit(job)?;
         self.shared.after_submit()
     }
@@ -350,11 +422,27 @@ impl EmuEvent {
 pub(crate) struct EmuGraph {
     shared: Arc<Shared>,
     ops: Arc<[Recorded]>,
+    costs: Arc<[Call]>,
 }
 
 impl EmuGraph {
     pub(crate) fn launch(&self) -> Result<()> {
-        self.shared.enqueue(Recorded::Graph(self.ops.clone()))
+        let s = &self.shared;
+        let mut cap = lock(&s.capture);
+        if let Some((list, costs)) = cap.as_mut() {
+            // Launched inside another capture: the outer graph replays this one, and records
+            // its work each time.
+            list.push(Recorded::Graph(self.ops.clone()));
+            costs.extend(self.costs.iter().cloned());
+            return Ok(());
+        }
+        for c in self.costs.iter() {
+            cost::record(s.ordinal, || Call {
+                in_graph: true,
+                ..c.clone()
+            });
+        }
+        s.submit_unrecorded(Recorded::Graph(self.ops.clone()), cap)
     }
 }
 
@@ -362,7 +450,8 @@ impl EmuGraph {
 pub(crate) struct EmuDriver {
     shared: Arc<Shared>,
     stream: Stream,
-    emulator: Arc<Emulator>,
+    /// None in trace-only mode (no kernel runs, no compiler needed).
+    emulator: Option<Arc<Emulator>>,
 }
 
 impl Drop for EmuDriver {
@@ -374,7 +463,8 @@ impl Drop for EmuDriver {
 impl EmuDriver {
     /// Emulated device `ordinal` and its raw allocator.
     pub(crate) fn new(ordinal: usize) -> Result<(EmuDriver, Box<dyn RawAlloc>)> {
-        let emulator = emulator()?;
+        let trace = trace_gpu().is_some();
+        let emulator = if trace { None } else { Some(emulator()?) };
         let queue = Queue::start(ordinal)?;
         let order = match std::env::var("SINTER_CUDA_EMU_ORDER").as_deref() {
             Ok("reverse") => Order::Reverse,
@@ -386,8 +476,13 @@ impl EmuDriver {
             capture: Mutex::default(),
             order,
             blocking: std::env::var("CUDA_LAUNCH_BLOCKING").as_deref() == Ok("1"),
+            trace,
         });
-        let raw = memory::HostMemory::new(ordinal, memory_capacity(), queue);
+        let raw: Box<dyn RawAlloc> = if trace {
+            Box::new(trace::VirtualMemory::new(ordinal, memory_capacity()))
+        } else {
+            Box::new(memory::HostMemory::new(ordinal, memory_capacity(), queue))
+        };
         let stream = Stream(StreamImpl::Emulated(EmuStream {
             shared: shared.clone(),
             compute: true,
@@ -398,7 +493,7 @@ impl EmuDriver {
                 stream,
                 emulator,
             },
-            Box::new(raw),
+            raw,
         ))
     }
 
@@ -414,16 +509,33 @@ impl EmuDriver {
     }
 
     pub(crate) fn memset_zero(&self, ptr: u64, bytes: usize) -> Result<()> {
-        self.shared.enqueue(Recorded::Zero { ptr, bytes })
+        self.shared
+            .enqueue(Recorded::Zero { ptr, bytes }, || cost::memset_cost(bytes))
     }
 
     pub(crate) fn copy_dtod(&self, src: u64, dst: u64, bytes: usize) -> Result<()> {
-        self.shared.enqueue(Recorded::Copy { src, dst, bytes })
+        self.shared.enqueue(Recorded::Copy { src, dst, bytes }, || {
+            cost::copy_cost(bytes)
+        })
+    }
+
+    /// The kernel emulator, or an error in trace-only mode (which runs nothing).
+    fn emulator(&self) -> Result<&Arc<Emulator>> {
+        self.emulator.as_ref().ok_or_else(|| CudaError::Emulator {
+            op: "trace",
+            msg: "a trace-only emulated device runs no kernels".into(),
+        })
     }
 
     /// Like a copy from pageable memory: the bytes are staged now, written in stream order.
     pub(crate) fn copy_htod(&self, src: &[u8], dst: u64) -> Result<()> {
         self.shared.not_in_capture("a host-to-device copy")?;
+        cost::record(self.shared.ordinal, || {
+            cost::host_copy_cost(src.len(), true)
+        });
+        if self.shared.trace {
+            return Ok(());
+        }
         let staged = src.to_vec();
         self.shared.queue.submit(Box::new(move || {
             // SAFETY: `dst` addresses `staged.len()` bytes of a live buffer (checked by the
@@ -435,6 +547,14 @@ impl EmuDriver {
     }
 
     pub(crate) fn copy_dtoh(&self, src: u64, dst: &mut [u8]) -> Result<()> {
+        cost::record(self.shared.ordinal, || {
+            cost::host_copy_cost(dst.len(), false)
+        });
+        if self.shared.trace {
+            // Nothing ran: the value is meaningless, zeros say so least surprisingly.
+            dst.fill(0);
+            return Ok(());
+        }
         self.shared.queue.synchronize()?;
         // SAFETY: `src` addresses `dst.len()` bytes of a live buffer (checked by the caller),
         // and every queued write to it has run.
@@ -444,25 +564,36 @@ impl EmuDriver {
 
     pub(crate) fn launch(&self, l: &Launch) -> Result<()> {
         check_shared_mem(l)?;
-        let k = self.emulator.resolve(l)?;
+        let cost = || l.cost();
+        if self.shared.trace {
+            return self.shared.enqueue(Recorded::Traced, cost);
+        }
+        let k = self.emulator()?.resolve(l)?;
         self.shared
-            .enqueue(Recorded::Kernel(Arc::new((l.clone(), k))))
+            .enqueue(Recorded::Kernel(Arc::new((l.clone(), k))), cost)
     }
 
     /// Launch `l`'s kernel from a custom source (built for the emulator once per text).
     pub(crate) fn launch_user(&self, src: &KernelSource, l: &Launch) -> Result<()> {
         check_shared_mem(l)?;
+        let cost = || l.cost();
+        if self.shared.trace {
+            return self.shared.enqueue(Recorded::Traced, cost);
+        }
         let lib = self
-            .emulator
+            .emulator()?
             .library_from_source(&src.emu_stem(), src.program_source())?;
         let k = Emulator::resolve_in(&lib, l)?;
         self.shared
-            .enqueue(Recorded::Kernel(Arc::new((l.clone(), k))))
+            .enqueue(Recorded::Kernel(Arc::new((l.clone(), k))), cost)
     }
 
     pub(crate) fn preload_kernels(&self) -> Result<()> {
+        let Some(e) = &self.emulator else {
+            return Ok(());
+        };
         for f in KernelFile::ALL {
-            self.emulator.library(f)?;
+            e.library(f)?;
         }
         Ok(())
     }
@@ -470,13 +601,15 @@ impl EmuDriver {
     /// cuBLASLt's matmul, served on the host.
     pub(crate) fn gemm(&self, g: &GemmDesc<'_>) -> Result<()> {
         let job = GemmJob::new(g)?;
-        self.shared.enqueue(Recorded::Gemm(job))
+        self.shared.enqueue(Recorded::Gemm(job), || g.cost())
     }
 
     /// A cuDNN convolution pass, served on the host (operands checked by the caller).
     pub(crate) fn conv(&self, p: &ConvProblem, pass: Pass, a: u64, b: u64, out: u64) -> Result<()> {
         self.shared
-            .enqueue(Recorded::Conv(ConvJob::new(p, pass, a, b, out)))
+            .enqueue(Recorded::Conv(ConvJob::new(p, pass, a, b, out)), || {
+                dnn::conv_cost(p, pass)
+            })
     }
 
     pub(crate) fn begin_capture(&self) -> Result<()> {
@@ -487,16 +620,17 @@ impl EmuDriver {
                 "the stream is already being captured",
             ));
         }
-        *cap = Some(Vec::new());
+        *cap = Some((Vec::new(), Vec::new()));
         Ok(())
     }
 
     /// The recorded graph, or None when nothing was recorded (or no capture was running).
     pub(crate) fn end_capture(&self) -> Option<EmuGraph> {
-        let ops = lock(&self.shared.capture).take()?;
+        let (ops, costs) = lock(&self.shared.capture).take()?;
         (!ops.is_empty()).then(|| EmuGraph {
             shared: self.shared.clone(),
             ops: ops.into(),
+            costs: costs.into(),
         })
     }
 }

@@ -7,7 +7,7 @@ use crate::alloc::{DevSlice, Pool};
 use crate::device::CudaDevice;
 use crate::dtype::DType;
 use crate::error::{CudaError, Result};
-use crate::launch::{Arg, Launch, LaunchTarget, ELEMWISE_BLOCK};
+use crate::launch::{Arg, Launch, LaunchTarget, Traffic, ELEMWISE_BLOCK};
 use crate::nvrtc::KernelFile;
 
 /// Slots of the step control block: a small f32 buffer on the device that the optimizer and
@@ -241,13 +241,19 @@ fn plan_adamw_impl(
         }
     };
     args.extend([Arg::I64(n as i64), Arg::Adam(a)]);
-    Ok(Some(Launch::new(
-        KernelFile::AdamW,
-        name,
-        t.elementwise_grid(n, 4),
-        ELEMWISE_BLOCK,
-        args,
-    )))
+    // param, grad, m, v read; param, m, v (and the half copy) written.
+    let copy_bytes = copy.map_or(0, |c| c.num_bytes());
+    let traffic = Traffic::bytes(4 * n * 4, 3 * n * 4 + copy_bytes).with_flops(12 * n);
+    Ok(Some(
+        Launch::new(
+            KernelFile::AdamW,
+            name,
+            t.elementwise_grid(n, 4),
+            ELEMWISE_BLOCK,
+            args,
+        )
+        .with_traffic(traffic),
+    ))
 }
 
 /// Plan one SGD step; `buf` (momentum buffer, f32) is required when momentum != 0.
@@ -408,31 +414,37 @@ pub fn plan_sumsq(
     for x in xs {
         need_float("grad_norm", x.dtype())?;
         let b = sumsq_blocks(x.len());
-        v.push(Launch::new(
-            KernelFile::AdamW,
-            kname("sumsq_partial", x.dtype()),
-            b as u32,
-            ELEMWISE_BLOCK,
-            vec![
-                Arg::Ptr(x.ptr()),
-                Arg::Ptr(partial.slice(at, b)?.ptr()),
-                Arg::I64(x.len() as i64),
-            ],
-        ));
+        v.push(
+            Launch::new(
+                KernelFile::AdamW,
+                kname("sumsq_partial", x.dtype()),
+                b as u32,
+                ELEMWISE_BLOCK,
+                vec![
+                    Arg::Ptr(x.ptr()),
+                    Arg::Ptr(partial.slice(at, b)?.ptr()),
+                    Arg::I64(x.len() as i64),
+                ],
+            )
+            .with_traffic(Traffic::bytes(x.num_bytes(), b * 4).with_flops(2 * x.len())),
+        );
         at += b;
     }
-    v.push(Launch::new(
-        KernelFile::AdamW,
-        "sumsq_finish",
-        1,
-        1024,
-        vec![
-            Arg::Ptr(partial.ptr()),
-            Arg::I64(total as i64),
-            Arg::Ptr(out.ptr()),
-            Arg::I32(accumulate as i32),
-        ],
-    ));
+    v.push(
+        Launch::new(
+            KernelFile::AdamW,
+            "sumsq_finish",
+            1,
+            1024,
+            vec![
+                Arg::Ptr(partial.ptr()),
+                Arg::I64(total as i64),
+                Arg::Ptr(out.ptr()),
+                Arg::I32(accumulate as i32),
+            ],
+        )
+        .with_traffic(Traffic::bytes(total * 4, 4).with_flops(total)),
+    );
     Ok(v)
 }
 

@@ -7,7 +7,7 @@ use crate::alloc::DevSlice;
 use crate::device::CudaDevice;
 use crate::dtype::DType;
 use crate::error::Result;
-use crate::launch::{Arg, Launch, LaunchTarget, ELEMWISE_BLOCK};
+use crate::launch::{Arg, Launch, LaunchTarget, Traffic, ELEMWISE_BLOCK};
 use crate::nvrtc::KernelFile;
 
 /// out = a (op) b: the arithmetic ops (comparisons are [`super::boolean::BoolOp`]s).
@@ -94,18 +94,23 @@ pub fn plan_binary(
     if a.is_empty() {
         return Ok(None);
     }
-    Ok(Some(Launch::new(
-        KernelFile::Binary,
-        kname(op.kernel_base(), d),
-        t.elementwise_grid(a.len(), d.size()),
-        ELEMWISE_BLOCK,
-        vec![
-            Arg::Ptr(a.ptr()),
-            Arg::Ptr(b.ptr()),
-            Arg::Ptr(out.ptr()),
-            Arg::I64(a.len() as i64),
-        ],
-    )))
+    Ok(Some(
+        Launch::new(
+            KernelFile::Binary,
+            kname(op.kernel_base(), d),
+            t.elementwise_grid(a.len(), d.size()),
+            ELEMWISE_BLOCK,
+            vec![
+                Arg::Ptr(a.ptr()),
+                Arg::Ptr(b.ptr()),
+                Arg::Ptr(out.ptr()),
+                Arg::I64(a.len() as i64),
+            ],
+        )
+        .with_traffic(
+            Traffic::bytes(a.num_bytes() + b.num_bytes(), out.num_bytes()).with_flops(a.len()),
+        ),
+    ))
 }
 
 /// Plan out (contiguous, `shape`) = a op b with strided/broadcast operands. Falls back to the

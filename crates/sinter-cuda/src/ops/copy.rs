@@ -8,7 +8,7 @@ use crate::dtype::DType;
 use crate::error::{CudaError, Result};
 use crate::launch::{
     check_strided_bounds, coalesce, is_contiguous_coalesced, Arg, Launch, LaunchTarget, Step,
-    StridedMeta, ELEMWISE_BLOCK,
+    StridedMeta, Traffic, ELEMWISE_BLOCK,
 };
 use crate::nvrtc::KernelFile;
 
@@ -56,18 +56,21 @@ pub fn plan_strided_copy(
         }));
     }
     let meta = StridedMeta::new(&cs, &cst)?;
-    Ok(Some(Step::Kernel(Launch::new(
-        KernelFile::Copy,
-        format!("strided_copy_{}", word_name(d)),
-        t.grid_for(n, ELEMWISE_BLOCK),
-        ELEMWISE_BLOCK,
-        vec![
-            Arg::Ptr(src.ptr()),
-            Arg::Ptr(dst.ptr()),
-            Arg::I64(n as i64),
-            Arg::Strided(meta),
-        ],
-    ))))
+    Ok(Some(Step::Kernel(
+        Launch::new(
+            KernelFile::Copy,
+            format!("strided_copy_{}", word_name(d)),
+            t.grid_for(n, ELEMWISE_BLOCK),
+            ELEMWISE_BLOCK,
+            vec![
+                Arg::Ptr(src.ptr()),
+                Arg::Ptr(dst.ptr()),
+                Arg::I64(n as i64),
+                Arg::Strided(meta),
+            ],
+        )
+        .with_traffic(Traffic::bytes(n * d.size(), n * d.size())),
+    )))
 }
 
 /// Plan y = cast(x), both contiguous with the same length. Same dtype = memcpy.
@@ -83,17 +86,20 @@ pub fn plan_cast(t: &LaunchTarget, x: DevSlice<'_>, y: DevSlice<'_>) -> Result<O
             bytes: x.num_bytes(),
         }));
     }
-    Ok(Some(Step::Kernel(Launch::new(
-        KernelFile::Copy,
-        format!("cast_{}_{}", x.dtype().suffix(), y.dtype().suffix()),
-        t.elementwise_grid(x.len(), x.dtype().size()),
-        ELEMWISE_BLOCK,
-        vec![
-            Arg::Ptr(x.ptr()),
-            Arg::Ptr(y.ptr()),
-            Arg::I64(x.len() as i64),
-        ],
-    ))))
+    Ok(Some(Step::Kernel(
+        Launch::new(
+            KernelFile::Copy,
+            format!("cast_{}_{}", x.dtype().suffix(), y.dtype().suffix()),
+            t.elementwise_grid(x.len(), x.dtype().size()),
+            ELEMWISE_BLOCK,
+            vec![
+                Arg::Ptr(x.ptr()),
+                Arg::Ptr(y.ptr()),
+                Arg::I64(x.len() as i64),
+            ],
+        )
+        .with_traffic(Traffic::bytes(x.num_bytes(), y.num_bytes())),
+    )))
 }
 
 /// dst[dst_strides] = src[src_strides] over `shape`.

@@ -5,7 +5,7 @@ use crate::alloc::DevSlice;
 use crate::device::CudaDevice;
 use crate::dtype::DType;
 use crate::error::Result;
-use crate::launch::{row_block, rows_grid, Arg, Launch, LaunchTarget};
+use crate::launch::{row_block, rows_grid, Arg, Launch, LaunchTarget, Traffic};
 use crate::nvrtc::KernelFile;
 
 /// How the upstream gradient of the per-row losses is given to the backward.
@@ -53,6 +53,13 @@ pub fn plan_cross_entropy_forward(
         grid: (rows_grid(t, rows, by, bx * by), 1, 1),
         block: (bx, by, 1),
         shared_mem: 0,
+        traffic: Some(
+            Traffic::bytes(
+                logits.num_bytes() + target.num_bytes(),
+                loss.num_bytes() + stats.as_ref().map_or(0, |s| s.num_bytes()),
+            )
+            .with_flops(4 * rows * n),
+        ),
         args: vec![
             Arg::Ptr(logits.ptr()),
             Arg::Ptr(target.ptr()),
@@ -108,6 +115,13 @@ pub fn plan_cross_entropy_backward(
         grid: (rows_grid(t, rows, by, bx * by), 1, 1),
         block: (bx, by, 1),
         shared_mem: 0,
+        traffic: Some(
+            Traffic::bytes(
+                logits.num_bytes() + target.num_bytes() + stats.num_bytes(),
+                dlogits.num_bytes(),
+            )
+            .with_flops(4 * total),
+        ),
         args: vec![
             Arg::Ptr(logits.ptr()),
             Arg::Ptr(target.ptr()),

@@ -5,7 +5,7 @@ use crate::alloc::{DevSlice, Pool};
 use crate::device::CudaDevice;
 use crate::dtype::DType;
 use crate::error::{CudaError, Result};
-use crate::launch::{Arg, Launch, LaunchTarget, Step, ELEMWISE_BLOCK};
+use crate::launch::{Arg, Launch, LaunchTarget, Step, Traffic, ELEMWISE_BLOCK};
 use crate::nvrtc::KernelFile;
 
 /// Plan out[i, :] = weight[idx[i], :] (zero row for an out-of-range index).
@@ -30,20 +30,27 @@ pub fn plan_embedding_forward(
         .div_ceil(16 / d.size())
         .next_power_of_two()
         .clamp(32, 256) as u32;
-    Ok(Some(Launch::new(
-        KernelFile::Embedding,
-        kname("embedding_fwd", d),
-        idx.len().min(t.max_blocks(block) as usize) as u32,
-        block,
-        vec![
-            Arg::Ptr(weight.ptr()),
-            Arg::Ptr(idx.ptr()),
-            Arg::Ptr(out.ptr()),
-            Arg::I64(idx.len() as i64),
-            Arg::I64(vocab as i64),
-            Arg::I64(dim as i64),
-        ],
-    )))
+    Ok(Some(
+        Launch::new(
+            KernelFile::Embedding,
+            kname("embedding_fwd", d),
+            idx.len().min(t.max_blocks(block) as usize) as u32,
+            block,
+            vec![
+                Arg::Ptr(weight.ptr()),
+                Arg::Ptr(idx.ptr()),
+                Arg::Ptr(out.ptr()),
+                Arg::I64(idx.len() as i64),
+                Arg::I64(vocab as i64),
+                Arg::I64(dim as i64),
+            ],
+        )
+        // The indices, and one weight row per index, gathered.
+        .with_traffic(Traffic::bytes(
+            idx.num_bytes() + out.num_bytes(),
+            out.num_bytes(),
+        )),
+    ))
 }
 
 /// i32 scratch elements the backward needs: counts and cursor ([vocab] each), offsets
@@ -123,23 +130,34 @@ pub fn plan_embedding_backward(
             v,
         ],
     )));
-    steps.push(Step::Kernel(Launch::new(
-        KernelFile::Embedding,
-        kname("embedding_bwd", d),
-        vocab.min(t.max_blocks(256) as usize) as u32,
-        256,
-        vec![
-            Arg::Ptr(gy.ptr()),
-            Arg::Ptr(idx.ptr()),
-            Arg::Ptr(offsets.ptr()),
-            Arg::Ptr(pos.ptr()),
-            Arg::Ptr(gw.ptr()),
-            ni,
-            v,
-            Arg::I64(dim as i64),
-            Arg::I32(accumulate as i32),
-        ],
-    )));
+    steps.push(Step::Kernel(
+        Launch::new(
+            KernelFile::Embedding,
+            kname("embedding_bwd", d),
+            vocab.min(t.max_blocks(256) as usize) as u32,
+            256,
+            vec![
+                Arg::Ptr(gy.ptr()),
+                Arg::Ptr(idx.ptr()),
+                Arg::Ptr(offsets.ptr()),
+                Arg::Ptr(pos.ptr()),
+                Arg::Ptr(gw.ptr()),
+                ni,
+                v,
+                Arg::I64(dim as i64),
+                Arg::I32(accumulate as i32),
+            ],
+        )
+        // Every gradient row is written (zero where no index points); gy, idx and the position
+        // lists are read once.
+        .with_traffic(Traffic::bytes(
+            gy.num_bytes()
+                + idx.num_bytes()
+                + (vocab + 1 + num_idx) * 4
+                + if accumulate { gw.num_bytes() } else { 0 },
+            gw.num_bytes(),
+        )),
+    ));
     Ok(steps)
 }
 

@@ -8,7 +8,7 @@ use crate::alloc::{DevSlice, Pool};
 use crate::device::CudaDevice;
 use crate::dtype::DType;
 use crate::error::{CudaError, Result};
-use crate::launch::{Arg, Launch, LaunchTarget, Step};
+use crate::launch::{Arg, Launch, LaunchTarget, Step, Traffic};
 use crate::nvrtc::KernelFile;
 
 /// Query rows per forward block (4 warps × 16).
@@ -146,6 +146,22 @@ fn geometry_args(s: &AttnShape, q: &AttnView, k: &AttnView, v: &AttnView) -> Vec
     a
 }
 
+/// The tensor-core FLOPs of one pass of the two attention products (Q·Kᵀ and P·V, 2 FLOPs per
+/// multiply-add each): 4·b·h·tq·tk·d, about half of it under a causal mask.
+fn attention_flops(s: &AttnShape) -> usize {
+    let full = 4 * s.b * s.h * s.tq * s.tk * s.d;
+    if s.causal {
+        full / 2
+    } else {
+        full
+    }
+}
+
+/// Bytes of one [b, h, t, d] operand.
+fn view_bytes(s: &AttnShape, t: usize, d: DType) -> usize {
+    s.b * s.h * t * s.d * d.size()
+}
+
 fn kernel_name(base: &str, d: DType, head_dim: usize) -> String {
     format!("{base}_{}_d{head_dim}", d.suffix())
 }
@@ -190,6 +206,14 @@ pub fn plan_flash_forward(
         grid: ((s.b * s.h) as u32, s.tq.div_ceil(FWD_ROWS) as u32, 1),
         block: (FWD_THREADS, 1, 1),
         shared_mem: 0,
+        // q, k, v in; o and the f32 log-sum-exp out.
+        traffic: Some(
+            Traffic::bytes(
+                view_bytes(s, s.tq, d) + 2 * view_bytes(s, s.tk, d),
+                view_bytes(s, s.tq, d) + rows * 4,
+            )
+            .with_tensor_flops(attention_flops(s)),
+        ),
         args,
     }))
 }
@@ -253,13 +277,16 @@ pub fn plan_flash_backward(
         ];
         args.extend(o.args());
         args.extend(dout.args());
-        steps.push(Step::Kernel(Launch::new(
-            KernelFile::FlashAttention,
-            format!("fa_bwd_dot_{}", d.suffix()),
-            qrows.div_ceil(rows_per_block) as u32,
-            DOT_THREADS,
-            args,
-        )));
+        steps.push(Step::Kernel(
+            Launch::new(
+                KernelFile::FlashAttention,
+                format!("fa_bwd_dot_{}", d.suffix()),
+                qrows.div_ceil(rows_per_block) as u32,
+                DOT_THREADS,
+                args,
+            )
+            .with_traffic(Traffic::bytes(2 * view_bytes(s, s.tq, d), qrows * 4)),
+        ));
     }
     let common = |outs: &[u64], out_view: &AttnView| {
         let mut a = vec![
@@ -281,11 +308,27 @@ pub fn plan_flash_backward(
     // With no queries dk and dv are 0, with no keys dq is 0: the kernels write those zeros
     // (their loops run no tile), so a strided view is never cleared as a whole range. Each
     // kernel's grid: (b·h, blocks of BWD_ROWS rows of its output).
+    // Both kernels read q, k, v, dout and the two f32 row vectors. dK/dV recomputes S and P
+    // and forms dP, dV and dK (4 products); dQ recomputes S and P, forms dP and dQ (3).
+    let read = 2 * view_bytes(s, s.tq, d) + 2 * view_bytes(s, s.tk, d) + 2 * qrows * 4;
+    let pass = attention_flops(s) / 2;
     let launches = [
-        ("fa_bwd_dkdv", s.tk, vec![dk.data.ptr(), dv.data.ptr()], &dk),
-        ("fa_bwd_dq", s.tq, vec![dq.data.ptr()], &dq),
+        (
+            "fa_bwd_dkdv",
+            s.tk,
+            vec![dk.data.ptr(), dv.data.ptr()],
+            &dk,
+            Traffic::bytes(read, 2 * view_bytes(s, s.tk, d)).with_tensor_flops(4 * pass),
+        ),
+        (
+            "fa_bwd_dq",
+            s.tq,
+            vec![dq.data.ptr()],
+            &dq,
+            Traffic::bytes(read, view_bytes(s, s.tq, d)).with_tensor_flops(3 * pass),
+        ),
     ];
-    for (base, rows, outs, view) in launches {
+    for (base, rows, outs, view, traffic) in launches {
         if rows > 0 {
             steps.push(Step::Kernel(Launch {
                 file: KernelFile::FlashAttention,
@@ -293,6 +336,7 @@ pub fn plan_flash_backward(
                 grid: ((s.b * s.h) as u32, rows.div_ceil(BWD_ROWS) as u32, 1),
                 block: (BWD_THREADS, 1, 1),
                 shared_mem: 0,
+                traffic: Some(traffic),
                 args: common(&outs, view),
             }));
         }

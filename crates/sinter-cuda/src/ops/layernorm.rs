@@ -6,7 +6,9 @@ use crate::alloc::{DevSlice, Pool};
 use crate::device::CudaDevice;
 use crate::dtype::DType;
 use crate::error::{CudaError, Result};
-use crate::launch::{row_block, rows_grid, Arg, Launch, LaunchTarget, Step, ELEMWISE_BLOCK};
+use crate::launch::{
+    row_block, rows_grid, Arg, Launch, LaunchTarget, Step, Traffic, ELEMWISE_BLOCK,
+};
 use crate::nvrtc::KernelFile;
 
 /// Plan y = layernorm(x) * gamma + beta over rows of length n; writes mean/rstd (f32, [rows]) if
@@ -38,12 +40,20 @@ pub fn plan_layernorm_forward(
         return Ok(None);
     }
     let (bx, by) = row_block(n);
+    let params = opt_bytes(&gamma) + opt_bytes(&beta);
     Ok(Some(Launch {
         file: KernelFile::LayerNorm,
         name: kname("layernorm_fwd", d),
         grid: (rows_grid(t, rows, by, bx * by), 1, 1),
         block: (bx, by, 1),
         shared_mem: 0,
+        traffic: Some(
+            Traffic::bytes(
+                x.num_bytes() + params,
+                y.num_bytes() + opt_bytes(&mean) + opt_bytes(&rstd),
+            )
+            .with_flops(8 * total),
+        ),
         args: vec![
             Arg::Ptr(x.ptr()),
             Arg::Ptr(ptr_of(&gamma)),
@@ -56,6 +66,11 @@ pub fn plan_layernorm_forward(
             Arg::F32(eps),
         ],
     }))
+}
+
+/// Bytes of an optional operand.
+fn opt_bytes(s: &Option<DevSlice<'_>>) -> usize {
+    s.as_ref().map_or(0, |s| s.num_bytes())
 }
 
 /// Row chunks for the dgamma/dbeta partial sums: (chunks, rows per chunk); enough column-block x
@@ -112,14 +127,22 @@ pub fn plan_layernorm_backward(
         return Ok(steps);
     }
     let acc = Arg::I32(accumulate as i32);
+    // Accumulating reads each output before adding to it.
+    let reread = |b: usize| if accumulate { b } else { 0 };
+    let stats = mean.num_bytes() + rstd.num_bytes();
     if let Some(dx) = dx {
         let (bx, by) = row_block(n);
+        let read = x.num_bytes() + gy.num_bytes() + stats + opt_bytes(&gamma);
         steps.push(Step::Kernel(Launch {
             file: KernelFile::LayerNorm,
             name: kname("layernorm_bwd_dx", d),
             grid: (rows_grid(t, rows, by, bx * by), 1, 1),
             block: (bx, by, 1),
             shared_mem: 0,
+            traffic: Some(
+                Traffic::bytes(read + reread(dx.num_bytes()), dx.num_bytes())
+                    .with_flops(10 * total),
+            ),
             args: vec![
                 Arg::Ptr(x.ptr()),
                 Arg::Ptr(ptr_of(&gamma)),
@@ -149,6 +172,10 @@ pub fn plan_layernorm_backward(
             grid: (n.div_ceil(32) as u32, chunks as u32, 1),
             block: (32, 8, 1),
             shared_mem: 0,
+            traffic: Some(
+                Traffic::bytes(x.num_bytes() + gy.num_bytes() + stats, 2 * chunks * n * 4)
+                    .with_flops(5 * total),
+            ),
             args: vec![
                 Arg::Ptr(x.ptr()),
                 Arg::Ptr(gy.ptr()),
@@ -161,21 +188,25 @@ pub fn plan_layernorm_backward(
                 Arg::I64(len as i64),
             ],
         }));
-        steps.push(Step::Kernel(Launch::new(
-            KernelFile::LayerNorm,
-            kname("layernorm_bwd_finish", d),
-            t.grid_for(n, ELEMWISE_BLOCK),
-            ELEMWISE_BLOCK,
-            vec![
-                Arg::Ptr(part_g.ptr()),
-                Arg::Ptr(part_b.ptr()),
-                Arg::Ptr(ptr_of(&dgamma)),
-                Arg::Ptr(ptr_of(&dbeta)),
-                Arg::I64(chunks as i64),
-                Arg::I64(n as i64),
-                acc,
-            ],
-        )));
+        let outs = opt_bytes(&dgamma) + opt_bytes(&dbeta);
+        steps.push(Step::Kernel(
+            Launch::new(
+                KernelFile::LayerNorm,
+                kname("layernorm_bwd_finish", d),
+                t.grid_for(n, ELEMWISE_BLOCK),
+                ELEMWISE_BLOCK,
+                vec![
+                    Arg::Ptr(part_g.ptr()),
+                    Arg::Ptr(part_b.ptr()),
+                    Arg::Ptr(ptr_of(&dgamma)),
+                    Arg::Ptr(ptr_of(&dbeta)),
+                    Arg::I64(chunks as i64),
+                    Arg::I64(n as i64),
+                    acc,
+                ],
+            )
+            .with_traffic(Traffic::bytes(2 * chunks * n * 4 + reread(outs), outs)),
+        ));
     }
     Ok(steps)
 }

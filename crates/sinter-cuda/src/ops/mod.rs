@@ -24,7 +24,7 @@ use crate::dtype::DType;
 use crate::error::{CudaError, Result};
 use crate::launch::{
     check_strided_bounds, coalesce, is_contiguous_coalesced, Arg, Launch, LaunchTarget, Step,
-    StridedMeta, ELEMWISE_BLOCK,
+    StridedMeta, Traffic, ELEMWISE_BLOCK,
 };
 use crate::nvrtc::KernelFile;
 use binary::StridedIn;
@@ -146,13 +146,30 @@ pub(crate) fn plan_strided(
     let meta = StridedMeta::new(&cs, &cst)?;
     let mut args: Vec<Arg> = ins.iter().map(|s| Arg::Ptr(s.data.ptr())).collect();
     args.extend([Arg::Ptr(out.ptr()), Arg::I64(n as i64), Arg::Strided(meta)]);
-    Ok(Some(Launch::new(
-        file,
-        kernel,
-        t.grid_for(n, ELEMWISE_BLOCK),
-        ELEMWISE_BLOCK,
-        args,
-    )))
+    // A broadcast operand (stride 0) is read once per distinct element.
+    let read: usize = ins
+        .iter()
+        .zip(&cst)
+        .map(|(s, st)| {
+            let distinct: usize = cs
+                .iter()
+                .zip(st)
+                .filter(|(_, &x)| x != 0)
+                .map(|(&d, _)| d)
+                .product();
+            distinct * s.data.dtype().size()
+        })
+        .sum();
+    Ok(Some(
+        Launch::new(
+            file,
+            kernel,
+            t.grid_for(n, ELEMWISE_BLOCK),
+            ELEMWISE_BLOCK,
+            args,
+        )
+        .with_traffic(Traffic::bytes(read, n * out.dtype().size()).with_flops(n)),
+    ))
 }
 
 pub(crate) fn kname(base: &str, d: DType) -> String {

@@ -6,7 +6,9 @@ use crate::alloc::{DevSlice, Pool};
 use crate::device::CudaDevice;
 use crate::dtype::DType;
 use crate::error::{CudaError, Result};
-use crate::launch::{row_block, rows_grid, Arg, Launch, LaunchTarget, Step, ELEMWISE_BLOCK};
+use crate::launch::{
+    row_block, rows_grid, Arg, Launch, LaunchTarget, Step, Traffic, ELEMWISE_BLOCK,
+};
 use crate::nvrtc::KernelFile;
 
 /// Max or min.
@@ -40,6 +42,7 @@ fn row_launch(
         grid: (rows_grid(t, rows, by, bx * by), 1, 1),
         block: (bx, by, 1),
         shared_mem: 0,
+        traffic: None,
         args,
     }
 }
@@ -60,20 +63,23 @@ pub fn plan_sum_last(
     if rows == 0 {
         return Ok(None);
     }
-    Ok(Some(row_launch(
-        t,
-        KernelFile::Reduce,
-        kname("sum_last", d),
-        rows,
-        n,
-        vec![
-            Arg::Ptr(x.ptr()),
-            Arg::Ptr(out.ptr()),
-            Arg::I64(rows as i64),
-            Arg::I64(n as i64),
-            Arg::F32(scale),
-        ],
-    )))
+    Ok(Some(
+        row_launch(
+            t,
+            KernelFile::Reduce,
+            kname("sum_last", d),
+            rows,
+            n,
+            vec![
+                Arg::Ptr(x.ptr()),
+                Arg::Ptr(out.ptr()),
+                Arg::I64(rows as i64),
+                Arg::I64(n as i64),
+                Arg::F32(scale),
+            ],
+        )
+        .with_traffic(Traffic::bytes(x.num_bytes(), out.num_bytes()).with_flops(rows * n)),
+    ))
 }
 
 /// Plan out[r] = max_j (or min_j) x[r, j], idx[r] = its first index (idx optional, i64).
@@ -185,6 +191,7 @@ pub fn plan_sum_mid(
             grid: (gx, gy, 1),
             block,
             shared_mem: 0,
+            traffic: Some(Traffic::bytes(x.num_bytes(), out.num_bytes()).with_flops(oi * n)),
             args: common(x.ptr(), out.ptr(), outer, n, inner, n, scale),
         })]);
     }
@@ -197,6 +204,7 @@ pub fn plan_sum_mid(
             grid: (gx, gy, chunks as u32),
             block,
             shared_mem: 0,
+            traffic: Some(Traffic::bytes(x.num_bytes(), chunks * oi * 4).with_flops(oi * n)),
             args: common(x.ptr(), part.ptr(), outer, n, inner, len, 1.0),
         }),
         Step::Kernel(Launch {
@@ -205,6 +213,7 @@ pub fn plan_sum_mid(
             grid: (oi.div_ceil(32) as u32, 1, 1),
             block,
             shared_mem: 0,
+            traffic: Some(Traffic::bytes(chunks * oi * 4, out.num_bytes()).with_flops(oi * chunks)),
             args: common(part.ptr(), out.ptr(), 1, chunks, oi, chunks, scale),
         }),
     ])

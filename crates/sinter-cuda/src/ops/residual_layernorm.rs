@@ -8,7 +8,7 @@ use crate::alloc::DevSlice;
 use crate::device::CudaDevice;
 use crate::dtype::DType;
 use crate::error::Result;
-use crate::launch::{row_block, rows_grid, Arg, Launch, LaunchTarget, Step};
+use crate::launch::{row_block, rows_grid, Arg, Launch, LaunchTarget, Step, Traffic};
 use crate::nvrtc::KernelFile;
 
 /// Plan h = x + r, y = LayerNorm(h)·gamma + beta over rows of length n, with mean and rstd (f32,
@@ -49,6 +49,13 @@ pub fn plan_residual_layernorm_forward(
         grid: (rows_grid(t, rows, by, bx * by), 1, 1),
         block: (bx, by, 1),
         shared_mem: 0,
+        traffic: Some(
+            Traffic::bytes(
+                x.num_bytes() + r.num_bytes() + gamma.num_bytes() + beta.num_bytes(),
+                h.num_bytes() + y.num_bytes() + mean.num_bytes() + rstd.num_bytes(),
+            )
+            .with_flops(9 * total),
+        ),
         args: vec![
             Arg::Ptr(x.ptr()),
             Arg::Ptr(r.ptr()),

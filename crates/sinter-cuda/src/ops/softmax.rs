@@ -5,7 +5,7 @@ use crate::alloc::DevSlice;
 use crate::device::CudaDevice;
 use crate::dtype::DType;
 use crate::error::Result;
-use crate::launch::{row_block, rows_grid, Arg, Launch, LaunchTarget};
+use crate::launch::{row_block, rows_grid, Arg, Launch, LaunchTarget, Traffic};
 use crate::nvrtc::KernelFile;
 
 fn plan(
@@ -41,6 +41,10 @@ fn plan(
         grid: (rows_grid(t, rows, by, bx * by), 1, 1),
         block: (bx, by, 1),
         shared_mem: 0,
+        traffic: Some(
+            Traffic::bytes(ins.iter().map(|s| s.num_bytes()).sum(), out.num_bytes())
+                .with_flops(5 * total),
+        ),
         args,
     }))
 }

@@ -5,7 +5,7 @@ use crate::alloc::DevSlice;
 use crate::device::CudaDevice;
 use crate::dtype::DType;
 use crate::error::Result;
-use crate::launch::{Arg, Launch, LaunchTarget, ELEMWISE_BLOCK};
+use crate::launch::{Arg, Launch, LaunchTarget, Traffic, ELEMWISE_BLOCK};
 use crate::nvrtc::KernelFile;
 
 /// An elementwise map y = f(x).
@@ -167,19 +167,22 @@ pub fn plan_unary(
         return Ok(None);
     }
     let (p0, p1) = op.params();
-    Ok(Some(Launch::new(
-        KernelFile::Unary,
-        kname(op.kernel_base(), d),
-        grid(t, x.len(), d),
-        ELEMWISE_BLOCK,
-        vec![
-            Arg::Ptr(x.ptr()),
-            Arg::Ptr(y.ptr()),
-            Arg::I64(x.len() as i64),
-            Arg::F32(p0),
-            Arg::F32(p1),
-        ],
-    )))
+    Ok(Some(
+        Launch::new(
+            KernelFile::Unary,
+            kname(op.kernel_base(), d),
+            grid(t, x.len(), d),
+            ELEMWISE_BLOCK,
+            vec![
+                Arg::Ptr(x.ptr()),
+                Arg::Ptr(y.ptr()),
+                Arg::I64(x.len() as i64),
+                Arg::F32(p0),
+                Arg::F32(p1),
+            ],
+        )
+        .with_traffic(Traffic::bytes(x.num_bytes(), y.num_bytes()).with_flops(x.len())),
+    ))
 }
 
 /// Plan gx = op'(saved) * gy, where `saved` is x or y per [`UnaryOp::saves`] (ignored — may be
@@ -199,20 +202,25 @@ pub fn plan_unary_backward(
         return Ok(None);
     }
     let (p0, p1) = op.params();
-    Ok(Some(Launch::new(
-        KernelFile::Unary,
-        format!("{}_bwd_{}", op.kernel_base(), d.suffix()),
-        grid(t, gy.len(), d),
-        ELEMWISE_BLOCK,
-        vec![
-            Arg::Ptr(saved.ptr()),
-            Arg::Ptr(gy.ptr()),
-            Arg::Ptr(gx.ptr()),
-            Arg::I64(gy.len() as i64),
-            Arg::F32(p0),
-            Arg::F32(p1),
-        ],
-    )))
+    Ok(Some(
+        Launch::new(
+            KernelFile::Unary,
+            format!("{}_bwd_{}", op.kernel_base(), d.suffix()),
+            grid(t, gy.len(), d),
+            ELEMWISE_BLOCK,
+            vec![
+                Arg::Ptr(saved.ptr()),
+                Arg::Ptr(gy.ptr()),
+                Arg::Ptr(gx.ptr()),
+                Arg::I64(gy.len() as i64),
+                Arg::F32(p0),
+                Arg::F32(p1),
+            ],
+        )
+        .with_traffic(
+            Traffic::bytes(saved.num_bytes() + gy.num_bytes(), gx.num_bytes()).with_flops(gy.len()),
+        ),
+    ))
 }
 
 /// Plan y[..] = value.
@@ -222,13 +230,16 @@ pub fn plan_fill(t: &LaunchTarget, y: DevSlice<'_>, value: f32) -> Result<Option
     if y.is_empty() {
         return Ok(None);
     }
-    Ok(Some(Launch::new(
-        KernelFile::Unary,
-        kname("fill", d),
-        grid(t, y.len(), d),
-        ELEMWISE_BLOCK,
-        vec![Arg::Ptr(y.ptr()), Arg::I64(y.len() as i64), Arg::F32(value)],
-    )))
+    Ok(Some(
+        Launch::new(
+            KernelFile::Unary,
+            kname("fill", d),
+            grid(t, y.len(), d),
+            ELEMWISE_BLOCK,
+            vec![Arg::Ptr(y.ptr()), Arg::I64(y.len() as i64), Arg::F32(value)],
+        )
+        .with_traffic(Traffic::bytes(0, y.num_bytes())),
+    ))
 }
 
 /// y = op(x) on the device (y may be x: in place).
