@@ -1,7 +1,8 @@
 //! Rotary positions as one custom op: y = x·cos + rotate_half(x)·sin per head vector, with
 //! rotate_half(x) = (−x₂, x₁) (Hugging Face's layout; see `../rope.rs`). The rotation is
-//! orthogonal, so its backward is the inverse rotation, the same op with −sin:
-//! dx = dy·cos + rotate_halfᵀ(dy·sin), rotate_halfᵀ(z) = (z₂, −z₁).
+//! orthogonal, so its backward is the inverse rotation, the same kernel with sin's sign flipped
+//! (in the kernel, not by negating the table each step): dx = dy·cos + rotate_halfᵀ(dy·sin),
+//! rotate_halfᵀ(z) = (z₂, −z₁). The inverse's backward is the forward rotation again.
 
 use std::sync::OnceLock;
 
@@ -12,15 +13,18 @@ use super::for_rows;
 
 /// Rotates heads x [b, h, t, d] by the angle tables cos, sin [t, d] of their positions.
 pub(crate) fn rope(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
-    Ok(op()?.apply(&[x, cos, sin])?.remove(0))
+    Ok(op(false)?.apply(&[x, cos, sin])?.remove(0))
 }
 
-fn op() -> Result<&'static CustomOp> {
-    static OP: OnceLock<CustomOp> = OnceLock::new();
-    if let Some(op) = OP.get() {
+/// The rotation (`inverse` false) or its inverse, each built once.
+fn op(inverse: bool) -> Result<&'static CustomOp> {
+    static OPS: [OnceLock<CustomOp>; 2] = [OnceLock::new(), OnceLock::new()];
+    let slot = &OPS[inverse as usize];
+    if let Some(op) = slot.get() {
         return Ok(op);
     }
-    let op = CustomOp::builder("rope")
+    let sign = if inverse { -1.0 } else { 1.0 };
+    let op = CustomOp::builder(if inverse { "rope_inverse" } else { "rope" })
         .inputs(3)
         .outputs(|m| {
             let (x, c, s) = (&m[0].shape, &m[1].shape, &m[2].shape);
@@ -32,34 +36,35 @@ fn op() -> Result<&'static CustomOp> {
             }
             Ok(vec![OutputSpec::new(x, DType::F32)])
         })
-        .cpu(|x| {
+        .cpu(move |x| {
             let (xs, cos, sin) = (x[0].f32()?, x[1].f32()?, x[2].f32()?);
             let shape = x[0].shape();
             let (t, d) = (shape[2], shape[3]);
             let mut y = vec![0f32; xs.len()];
             for_rows(xs, d, &mut y, d, |r, xr, yr| {
                 let p = r % t;
-                rotate(xr, &cos[p * d..][..d], &sin[p * d..][..d], yr)
+                rotate(xr, &cos[p * d..][..d], &sin[p * d..][..d], sign, yr)
             });
             Ok(vec![HostOutput::f32(y, shape)])
         })
-        .backward(|ctx| {
-            let back = rope(ctx.grad(0), ctx.input(1), &ctx.input(2).neg()?)?;
-            Ok(vec![Some(back), None, None])
+        .backward(move |ctx| {
+            let back = op(!inverse)?.apply(&[ctx.grad(0), ctx.input(1), ctx.input(2)])?;
+            Ok(vec![back.into_iter().next(), None, None])
         })
         .build()?;
-    Ok(OP.get_or_init(|| op))
+    Ok(slot.get_or_init(|| op))
 }
 
-/// One head vector: y₁ = x₁·cos₁ − x₂·sin₁, y₂ = x₂·cos₂ + x₁·sin₂.
-fn rotate(x: &[f32], cos: &[f32], sin: &[f32], y: &mut [f32]) {
+/// One head vector: y₁ = x₁·cos₁ − x₂·s₁, y₂ = x₂·cos₂ + x₁·s₂ with s = sign·sin.
+fn rotate(x: &[f32], cos: &[f32], sin: &[f32], sign: f32, y: &mut [f32]) {
     let half = x.len() / 2;
     let (x1, x2) = x.split_at(half);
     let (y1, y2) = y.split_at_mut(half);
     let (c1, c2) = cos.split_at(half);
     let (s1, s2) = sin.split_at(half);
     for i in 0..half {
-        y1[i] = x1[i] * c1[i] - x2[i] * s1[i];
-        y2[i] = x2[i] * c2[i] + x1[i] * s2[i];
+        let (s1, s2) = (sign * s1[i], sign * s2[i]);
+        y1[i] = x1[i] * c1[i] - x2[i] * s1;
+        y2[i] = x2[i] * c2[i] + x1[i] * s2;
     }
 }
