@@ -40,7 +40,7 @@ pub fn run(which: &str, out: Option<&Path>) -> Result<String> {
         other => bail!("unknown GPU benchmark '{other}'; valid: {WHICH}"),
     };
     crate::precision::check_cuda(ORDINAL).context("the GPU benchmarks need a CUDA device")?;
-    let info = sinter_cuda::runtime::device_info(ORDINAL).context("querying cuda:0")?;
+    let info = sinter_core::cuda::runtime::device_info(ORDINAL).context("querying cuda:0")?;
     let mut md = String::new();
     let _ = writeln!(md, "# sinter GPU benchmarks\n");
     let _ = writeln!(
@@ -267,16 +267,10 @@ fn linear() -> Result<(String, Value)> {
 
 /// GB/s of a device-to-device copy of `n` f32 (read + write), the practical ceiling.
 fn copy_gbs(n: usize) -> Result<f64> {
-    use sinter_cuda::{CudaDevice, Pool};
-    let dev = CudaDevice::get(ORDINAL).context("cuda:0")?;
-    let a = dev
-        .alloc(n, sinter_cuda::DType::F32, Pool::Temporary)
-        .context("allocating")?;
-    let b = dev
-        .alloc(n, sinter_cuda::DType::F32, Pool::Temporary)
-        .context("allocating")?;
+    let a = Tensor::zeros(&[n], DType::F32, GPU).context("allocating")?;
+    let b = Tensor::zeros(&[n], DType::F32, GPU).context("allocating")?;
     let s = time_gpu(3, 0.5, || {
-        dev.copy(a.as_slice(), b.as_slice()).context("copy")
+        sinter_core::cuda::runtime::driver_copy(&b, &a).context("copy")
     })?;
     Ok(2.0 * 4.0 * n as f64 / s / 1e9)
 }
@@ -397,7 +391,7 @@ fn attention() -> Result<(String, Value)> {
 mod tests {
     #[test]
     fn needs_a_gpu_or_says_why() {
-        if sinter_cuda::runtime::is_available() {
+        if sinter_core::cuda::is_available() {
             eprintln!("skipped: a CUDA device is present (the benchmarks run on the GPU machine)");
             return;
         }

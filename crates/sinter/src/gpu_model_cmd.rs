@@ -1,9 +1,9 @@
 //! `sinter bench gpu-model`: a training step's predicted time on a named GPU, without a GPU.
 //!
-//! The emulated CUDA device runs in trace-only mode ([`sinter_cuda::emulated::trace`]): the
+//! The emulated CUDA device runs in trace-only mode: the
 //! trainer's own step engine runs (forward, backward, clipping, AdamW, autocast), every kernel
 //! launch and library call is recorded with its bytes and FLOPs and none is executed, and the
-//! GPU model ([`sinter_cuda::emulated::gpu_model`]) turns the record into a time. The loss the
+//! GPU model (`sinter_core::cuda::runtime::gpu_model`) turns the record into a time. The loss the
 //! step computes is meaningless (nothing ran). `--budget FILE` holds the record to the launch
 //! and byte budget in FILE (bench/gpu/budget.toml), naming every kernel that grew.
 
@@ -15,8 +15,9 @@ use anyhow::{anyhow, bail, Context, Result};
 use clap::Args;
 use serde::{Deserialize, Serialize};
 use sinter_core::Device;
-use sinter_cuda::emulated::cost::{self, Call};
-use sinter_cuda::emulated::gpu_model::{predict, Efficiency, GpuSpec, Prediction};
+use sinter_core::cuda::runtime::gpu_model::{
+    cost, enable_trace, predict, Call, Efficiency, GpuSpec, Prediction, Row,
+};
 use sinter_data::DataLoader;
 use sinter_nn::LrSchedule;
 
@@ -76,7 +77,7 @@ pub fn run(a: &GpuModelArgs) -> Result<()> {
     }
     let gpu = GpuSpec::named(&a.gpu)
         .ok_or_else(|| anyhow!("--gpu {}: valid GPUs: {}", a.gpu, GpuSpec::NAMES))?;
-    sinter_cuda::emulated::enable_trace(gpu.clone())
+    enable_trace(gpu.clone())
         .map_err(|e| anyhow!("starting the trace-only device: {e}"))?;
     let traced = trace_step(a)?;
     let p = predict(&traced.calls, &gpu, &Efficiency::default());
@@ -240,7 +241,7 @@ fn report(a: &GpuModelArgs, t: &Traced, p: &Prediction) -> String {
     }
     let rest = &p.rows[p.rows.len().min(a.rows)..];
     if !rest.is_empty() {
-        let sum = |f: fn(&sinter_cuda::emulated::gpu_model::Row) -> u64| rest.iter().map(f).sum();
+        let sum = |f: fn(&Row) -> u64| rest.iter().map(f).sum();
         row(
             &mut s,
             &format!("{} others", rest.len()),
@@ -406,7 +407,6 @@ fn check_budget(path: &Path, key: &str, p: &Prediction) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use sinter_cuda::emulated::gpu_model::Row;
 
     fn pred(rows: &[(&str, u64, u64)]) -> Prediction {
         let rows: Vec<Row> = rows

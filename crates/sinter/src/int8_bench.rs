@@ -166,7 +166,7 @@ pub fn run(a: &Int8BenchArgs) -> Result<()> {
     let _ = writeln!(
         rep.md,
         "## int8 vs f32 (CPU; int8 path {}, {} threads; {} rounds × {:.1} s, medians)\n",
-        sinter_cpu::int8::Int8Path::get(),
+        sinter_nn::quant::Int8Path::get(),
         rayon::current_num_threads(),
         a.rounds,
         a.secs
@@ -207,7 +207,7 @@ pub fn run(a: &Int8BenchArgs) -> Result<()> {
     }
     println!("{}", rep.md);
     if let Some(p) = &a.json {
-        let v = json!({ "int8_path": sinter_cpu::int8::Int8Path::get().name(), "threads": rayon::current_num_threads(), "rows": rep.rows });
+        let v = json!({ "int8_path": sinter_nn::quant::Int8Path::get().name(), "threads": rayon::current_num_threads(), "rows": rep.rows });
         std::fs::write(p, serde_json::to_string_pretty(&v)?)
             .with_context(|| format!("cannot write {}", p.display()))?;
     }

@@ -165,7 +165,7 @@ pub const EMULATED: &str = "cuda-emu";
 /// CUDA use; other devices are left alone.
 pub fn enable_emulation(device: &str, local_ranks: usize) -> Result<()> {
     if device == EMULATED {
-        sinter_cuda::runtime::enable_emulation(local_ranks.max(1))
+        sinter_core::cuda::runtime::enable_emulation(local_ranks.max(1))
             .map_err(|e| anyhow!("--device cuda-emu: {e}"))?;
     }
     Ok(())
@@ -176,10 +176,10 @@ pub fn enable_emulation(device: &str, local_ranks: usize) -> Result<()> {
 /// quotes the CUDA report (what loads, what is missing, how to fix it).
 pub fn resolve_device_noted(name: &str) -> Result<(Device, Option<String>)> {
     if name == "auto" {
-        if sinter_cuda::runtime::is_available()
-            && sinter_cuda::runtime::device_count().unwrap_or(0) > 0
+        if sinter_core::cuda::is_available()
+            && sinter_core::cuda::device_count() > 0
         {
-            let label = sinter_cuda::runtime::device_info(0)
+            let label = sinter_core::cuda::runtime::device_info(0)
                 .map(|i| format!(" ({})", i.name))
                 .unwrap_or_default();
             return Ok((
@@ -213,14 +213,14 @@ pub fn resolve_device_noted(name: &str) -> Result<(Device, Option<String>)> {
 
 /// Ok when CUDA device `n` can be used here; else an error quoting the CUDA report.
 pub fn check_cuda(n: usize) -> Result<()> {
-    if !sinter_cuda::runtime::is_available() {
+    if !sinter_core::cuda::is_available() {
         bail!(
             "device cuda:{n} is not available: {}\n{}\nuse --device cpu (or auto)",
             cuda_unavailable_reason(),
-            sinter_cuda::runtime::report().trim_end()
+            sinter_core::cuda::report().trim_end()
         );
     }
-    let count = sinter_cuda::runtime::device_count().unwrap_or(0);
+    let count = sinter_core::cuda::device_count();
     if n >= count {
         bail!(
             "device cuda:{n} does not exist: {count} CUDA device(s) visible (cuda:0 .. cuda:{}); check CUDA_VISIBLE_DEVICES",
@@ -230,9 +230,9 @@ pub fn check_cuda(n: usize) -> Result<()> {
     Ok(())
 }
 
-/// One phrase on why CUDA cannot be used (the full story is `sinter_cuda::runtime::report()`).
+/// One phrase on why CUDA cannot be used (the full story is `sinter_core::cuda::report()`).
 fn cuda_unavailable_reason() -> String {
-    let l = sinter_cuda::runtime::libraries();
+    let l = sinter_core::cuda::runtime::libraries();
     if !l.driver {
         return "no CUDA driver (libcuda.so.1) was found".into();
     }
@@ -250,7 +250,7 @@ fn cuda_unavailable_reason() -> String {
             missing.join(", ")
         );
     }
-    match sinter_cuda::runtime::device_count() {
+    match sinter_core::cuda::runtime::visible_devices() {
         Ok(0) => "the CUDA driver loads but sees no GPU".into(),
         Ok(_) => "CUDA is available".into(),
         Err(e) => format!("the CUDA driver failed to start: {e}"),
@@ -290,16 +290,16 @@ pub fn info_report() -> String {
         "  cpu: {} threads (rayon; set RAYON_NUM_THREADS to change)",
         rayon::current_num_threads()
     );
-    let libs = sinter_cuda::runtime::libraries();
+    let libs = sinter_core::cuda::runtime::libraries();
     let count = if libs.driver {
-        sinter_cuda::runtime::device_count().ok()
+        sinter_core::cuda::runtime::visible_devices().ok()
     } else {
         None
     };
     match count {
         Some(n) if n > 0 => {
             for i in 0..n {
-                match sinter_cuda::runtime::device_info(i) {
+                match sinter_core::cuda::runtime::device_info(i) {
                     Ok(d) => {
                         let _ = writeln!(
                             o,
@@ -327,20 +327,20 @@ pub fn info_report() -> String {
                     }
                 }
             }
-            if !sinter_cuda::runtime::is_available() {
+            if !sinter_core::cuda::is_available() {
                 let _ = writeln!(
                     o,
                     "  cuda: GPUs are visible but sinter cannot use them: {}",
                     cuda_unavailable_reason()
                 );
-                for l in sinter_cuda::runtime::report().lines() {
+                for l in sinter_core::cuda::report().lines() {
                     let _ = writeln!(o, "    {l}");
                 }
             }
         }
         _ => {
             let _ = writeln!(o, "  cuda: not available ({})", cuda_unavailable_reason());
-            for l in sinter_cuda::runtime::report().lines() {
+            for l in sinter_core::cuda::report().lines() {
                 let _ = writeln!(o, "    {l}");
             }
         }
@@ -381,7 +381,7 @@ mod tests {
         assert!(e.contains("auto, cpu, cuda, cuda:N"), "{e}");
         let (auto, note) = resolve_device_noted("auto").unwrap();
         assert!(note.is_some());
-        if sinter_cuda::runtime::is_available() {
+        if sinter_core::cuda::is_available() {
             assert_eq!(auto, Device::Cuda(0));
             assert!(resolve_device_noted("cuda:999").is_err());
         } else {

@@ -29,6 +29,7 @@ pub(crate) mod optim;
 mod primitives;
 pub(crate) mod random;
 pub(crate) mod reduce;
+pub mod runtime;
 pub mod storage;
 
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};

@@ -55,7 +55,7 @@ pub use state::{export, import, StateTensor};
 pub use weight::Int8Weight;
 
 use sinter_core::{bail, is_grad_enabled, Device, Result, Tensor};
-pub use sinter_cpu::int8::ActTerms;
+pub use sinter_cpu::int8::{ActTerms, Int8Path};
 use sinter_cpu::int8::{QParams, TWO_TERMS_MIN_WEIGHT};
 
 use crate::module::Module;

@@ -113,7 +113,7 @@ fn start_local(
     let precision = crate::precision::parse_precision(&config.precision)?;
     config.check_parallel()?;
     let device = if device.is_cuda() && env.world_size > 1 {
-        let gpus = sinter_cuda::runtime::device_count().unwrap_or(1);
+        let gpus = sinter_core::cuda::runtime::visible_devices().unwrap_or(1);
         rank_device(&config.device, device, env.local_rank, gpus)
     } else {
         device

@@ -3,6 +3,7 @@
 //! replayed with each step's inputs copied into the captured buffers.
 
 use anyhow::{bail, Context, Result};
+use sinter_core::cuda::runtime::{capture_step, StepGraph};
 use sinter_core::{Device, Tensor};
 use sinter_models::Task;
 
@@ -94,7 +95,7 @@ fn batch_shapes(b: &[(Tensor, Tensor)]) -> Vec<(Vec<usize>, Vec<usize>)> {
 
 /// The captured step: the graph and the fixed device buffers its inputs are copied into.
 struct Captured {
-    graph: sinter_cuda::graph::Graph,
+    graph: StepGraph,
     inputs: Vec<(Tensor, Tensor)>,
     shapes: Vec<(Vec<usize>, Vec<usize>)>,
 }
@@ -145,21 +146,15 @@ impl GraphRun {
                 .context("replaying the captured training step")?;
             return Ok(true);
         }
-        let Device::Cuda(ordinal) = device else {
+        if !device.is_cuda() {
             return Ok(false);
-        };
+        }
         // Fixed input buffers, allocated before the capture (they outlive it).
         let inputs = batches
             .iter()
             .map(|(x, y)| Ok((x.to_device(device)?, y.to_device(device)?)))
             .collect::<Result<Vec<_>>>()?;
-        let dev = sinter_cuda::CudaDevice::get(ordinal)?;
-        let captured = sinter_cuda::graph::begin_capture(&dev)
-            .map_err(anyhow::Error::from)
-            .and_then(|cap| {
-                body(&inputs)?;
-                Ok(cap.finish()?)
-            });
+        let captured = capture_step(device, || body(&inputs));
         match captured {
             Ok(graph) => {
                 // Capturing records the step without running it: run it now.
