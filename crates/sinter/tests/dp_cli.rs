@@ -835,22 +835,6 @@ fn node_launcher(
         .unwrap()
 }
 
-/// Waits for `c` (at most `limit`), killing it on timeout.
-fn wait_for(c: &mut std::process::Child, limit: Duration, what: &str) -> std::process::ExitStatus {
-    let t = Instant::now();
-    loop {
-        if let Some(s) = c.try_wait().unwrap() {
-            return s;
-        }
-        if t.elapsed() > limit {
-            let _ = c.kill();
-            let _ = c.wait();
-            panic!("{what} did not end within {limit:?}");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
 #[test]
 fn two_nodes_agree_on_a_restart_and_end_with_the_same_weights() {
     let dir = tempfile::tempdir().unwrap();
@@ -867,8 +851,8 @@ fn two_nodes_agree_on_a_restart_and_end_with_the_same_weights() {
         let more = ["--max-restarts", "1"];
         let mut n0 = node_launcher(0, port, &more, &train, &env, &e0);
         let mut n1 = node_launcher(1, port, &more, &train, &env, &e1);
-        let s1 = wait_for(&mut n1, Duration::from_secs(120), "node 1");
-        let s0 = wait_for(&mut n0, Duration::from_secs(30), "node 0");
+        let s1 = wait_child(&mut n1, Duration::from_secs(120), "node 1");
+        let s0 = wait_child(&mut n0, Duration::from_secs(30), "node 0");
         let (t0, t1) = (
             std::fs::read_to_string(&e0).unwrap(),
             std::fs::read_to_string(&e1).unwrap(),
@@ -994,7 +978,7 @@ fn a_killed_node_launcher_lets_the_other_node_continue_alone_with_min_nodes_1() 
     // from the two-rank checkpoint.
     n1.kill().unwrap();
     n1.wait().unwrap();
-    let s0 = wait_for(&mut n0, Duration::from_secs(120), "node 0");
+    let s0 = wait_child(&mut n0, Duration::from_secs(120), "node 0");
     let t0 = std::fs::read_to_string(&e0).unwrap();
     assert!(s0.success(), "{t0}");
     assert!(t0.contains("restart 1 of 1"), "{t0}");

@@ -33,17 +33,8 @@ fn wait_for(path: &Path, child: &mut Child, secs: u64) {
 /// Waits up to `secs` for the child to exit; its exit code (or the signal as 128 + n).
 fn wait_exit(child: &mut Child, secs: u64) -> i32 {
     use std::os::unix::process::ExitStatusExt;
-    let t = Instant::now();
-    loop {
-        if let Some(s) = child.try_wait().unwrap() {
-            return s.code().unwrap_or_else(|| 128 + s.signal().unwrap_or(0));
-        }
-        if t.elapsed() > Duration::from_secs(secs) {
-            let _ = child.kill();
-            panic!("still running after {secs} s");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let s = wait_child(child, Duration::from_secs(secs), "the run");
+    s.code().unwrap_or_else(|| 128 + s.signal().unwrap_or(0))
 }
 
 fn long_run(out: &Path, model: &str, extra: &[&str]) -> Command {

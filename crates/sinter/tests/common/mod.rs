@@ -3,7 +3,8 @@
 #![allow(dead_code)]
 
 use std::path::Path;
-use std::process::{Command, Output};
+use std::process::{Child, Command, ExitStatus, Output};
+use std::time::{Duration, Instant};
 
 /// The binary under test, to configure.
 pub fn sinter_cmd() -> Command {
@@ -99,4 +100,20 @@ pub fn find_rank(tag: &str, rank: usize) -> Option<u32> {
         }
     }
     None
+}
+
+/// Waits for `child` to exit (at most `limit`, then kills it and fails naming `what`).
+pub fn wait_child(child: &mut Child, limit: Duration, what: &str) -> ExitStatus {
+    let t = Instant::now();
+    loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            return s;
+        }
+        if t.elapsed() > limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("{what} still running after {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
