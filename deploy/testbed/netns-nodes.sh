@@ -116,6 +116,25 @@ nodes() {
     echo $(($(ms) - t0))
 }
 
+# busbw N MIB TAG: the host all-reduce's bus bandwidth between N nodes (GB/s, as nccl-tests
+# count it), MIB MiB per rank, from rank 0's result line (`sinter bench allreduce --worker`
+# is one rank of the benchmark, joining through the launcher's variables).
+busbw() {
+    local n=$1 mib=$2 tag=$3 i pids=()
+    for i in $(seq 0 $((n - 1))); do
+        in_ns "$i" timeout -s KILL "$LIMIT_S" "$BIN" launch --nproc-per-node 1 --nnodes "$n" \
+            --node-rank "$i" --master-addr "${ADDR[0]}" --master-port "$PORT" --grace-period 2 \
+            -- bench allreduce --worker --ranks "$n" --mb "$mib" --iters 5 \
+            >"$TMP/$tag.node$i.log" 2>&1 &
+        pids+=($!)
+    done
+    for i in $(seq 0 $((n - 1))); do
+        wait "${pids[$i]}" || { cat "$TMP/$tag.node$i.log" >&2; die "all-reduce bench node $i failed ($tag)"; }
+    done
+    sed -n 's/.*SINTER_ALLREDUCE_RESULT //p' "$TMP/$tag.node0.log" \
+        | python3 -c 'import json, sys; print("%.2f" % json.load(sys.stdin)["busbw_gbs"])'
+}
+
 # check A B [exact]: B's model weights equal A's (relative L2 per tensor below 1e-5, or bit
 # for bit with `exact`).
 check() {
@@ -153,6 +172,9 @@ for n in 2 4; do
     echo "$n nodes, $STEPS MLP steps over the bridge: $t ms"
 done
 
+echo "host all-reduce over the bridge, 16 MiB per rank: 2 nodes $(busbw 2 16 ar2) GB/s," \
+    "4 nodes $(busbw 4 16 ar4) GB/s bus bandwidth"
+
 # 2. A lossy (and, with netem, slow) link.
 L_STEPS=${L_STEPS:-100}
 lossy() {
@@ -175,6 +197,7 @@ if [ "$iptables" = 1 ]; then
     check "$TMP/clean2b" "$TMP/lossy" exact
     echo "2 nodes, $L_STEPS MLP steps, 1 % packet loss$delay: $t_lossy ms vs $t_clean ms without" \
         "($(python3 -c "print(f'{$t_lossy / max($t_clean, 1):.1f}')")x), same weights bit for bit"
+    echo "host all-reduce with 1 % loss$delay, 16 MiB per rank: 2 nodes $(busbw 2 16 arl) GB/s"
     for i in 0 1; do in_ns "$i" iptables -F INPUT; done
     for i in 0 1; do in_ns "$i" tc qdisc del dev "${VB[$i]}" root 2>/dev/null || true; done
     [ -n "$delay" ] || echo "SKIP (part): tc netem is unavailable here (no sch_netem in this kernel); delay not tested"
