@@ -313,6 +313,14 @@ pub struct ScalingArgs {
     /// Directory for scaling.svg and scaling.json.
     #[arg(long, default_value = ".")]
     pub out: PathBuf,
+    /// Measured bus bandwidth between nodes in GB/s (e.g. `bench allreduce --worker` between
+    /// two nodes, as deploy/testbed/netns-nodes.sh measures it) in place of the workload's
+    /// assumed network.
+    #[arg(long)]
+    pub link_gbs: Option<f64>,
+    /// Latency between nodes in microseconds, with --link-gbs [default: the assumed network's].
+    #[arg(long, requires = "link_gbs")]
+    pub link_latency_us: Option<f64>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -361,13 +369,28 @@ pub fn bench(which: &BenchCmd) -> Result<()> {
 }
 
 fn bench_scaling(a: &ScalingArgs) -> Result<()> {
-    let (w, net) = match a.workload {
+    let (w, mut net) = match a.workload {
         WorkloadName::Gpt2 => (
             Workload::gpt2_124m_h100(0.4),
             Interconnect::h100_nvlink_ib(),
         ),
         WorkloadName::Resnet50 => (Workload::resnet50_v100(), Interconnect::default()),
     };
+    if let Some(gbs) = a.link_gbs {
+        if !(gbs.is_finite() && gbs > 0.0) {
+            bail!("--link-gbs must be a positive number of GB/s, not {gbs}");
+        }
+        // The measured figure is a bus bandwidth of the whole link: one adapter of that rate.
+        net.nic_bw = gbs * 1e9;
+        net.nics_per_node = 1;
+        println!("network between nodes: measured {gbs} GB/s bus bandwidth (--link-gbs)");
+    }
+    if let Some(us) = a.link_latency_us {
+        if !(us.is_finite() && us >= 0.0) {
+            bail!("--link-latency-us must be a number of microseconds ≥ 0, not {us}");
+        }
+        net.inter_node_latency = us * 1e-6;
+    }
     let table = scaling_table(&w, &net, &Assumptions::default(), a.max_gpus.max(1));
     print!("{}", table.to_text());
     std::fs::create_dir_all(&a.out)

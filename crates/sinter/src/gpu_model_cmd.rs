@@ -14,10 +14,10 @@ use std::path::{Path, PathBuf};
 use anyhow::{anyhow, bail, Context, Result};
 use clap::Args;
 use serde::{Deserialize, Serialize};
-use sinter_core::Device;
 use sinter_core::cuda::runtime::gpu_model::{
     cost, enable_trace, predict, Call, Efficiency, GpuSpec, Prediction, Row,
 };
+use sinter_core::Device;
 use sinter_data::DataLoader;
 use sinter_nn::LrSchedule;
 
@@ -77,8 +77,7 @@ pub fn run(a: &GpuModelArgs) -> Result<()> {
     }
     let gpu = GpuSpec::named(&a.gpu)
         .ok_or_else(|| anyhow!("--gpu {}: valid GPUs: {}", a.gpu, GpuSpec::NAMES))?;
-    enable_trace(gpu.clone())
-        .map_err(|e| anyhow!("starting the trace-only device: {e}"))?;
+    enable_trace(gpu.clone()).map_err(|e| anyhow!("starting the trace-only device: {e}"))?;
     let traced = trace_step(a)?;
     let p = predict(&traced.calls, &gpu, &Efficiency::default());
     let text = report(a, &traced, &p);

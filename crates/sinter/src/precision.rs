@@ -176,9 +176,7 @@ pub fn enable_emulation(device: &str, local_ranks: usize) -> Result<()> {
 /// quotes the CUDA report (what loads, what is missing, how to fix it).
 pub fn resolve_device_noted(name: &str) -> Result<(Device, Option<String>)> {
     if name == "auto" {
-        if sinter_core::cuda::is_available()
-            && sinter_core::cuda::device_count() > 0
-        {
+        if sinter_core::cuda::is_available() && sinter_core::cuda::device_count() > 0 {
             let label = sinter_core::cuda::runtime::device_info(0)
                 .map(|i| format!(" ({})", i.name))
                 .unwrap_or_default();

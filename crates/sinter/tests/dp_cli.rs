@@ -383,6 +383,33 @@ fn launch_dry_run_and_bench_commands() {
     assert!(std::fs::read_to_string(dir.path().join("scaling.svg"))
         .unwrap()
         .contains("<svg"));
+    // A measured link (--link-gbs) replaces the assumed network, and a slower one scales worse.
+    let efficiency_at_64 = |link: &[&str]| -> f64 {
+        let d = tempfile::tempdir().unwrap();
+        let mut args = vec!["bench", "scaling", "--max-gpus", "64", "--out"];
+        args.push(d.path().to_str().unwrap());
+        args.extend_from_slice(link);
+        let text = ok(&sinter(&args));
+        let row = text
+            .lines()
+            .find(|l| l.trim_start().starts_with("64 "))
+            .unwrap_or_else(|| panic!("no 64-GPU row: {text}"));
+        let dp_eff = row
+            .split('|')
+            .nth(1)
+            .unwrap()
+            .split_whitespace()
+            .last()
+            .unwrap();
+        dp_eff.trim_end_matches('%').parse().unwrap()
+    };
+    let assumed = efficiency_at_64(&[]);
+    let measured = efficiency_at_64(&["--link-gbs", "0.92", "--link-latency-us", "50"]);
+    assert!(measured < assumed / 2.0, "{measured} % vs {assumed} %");
+    fails_with(
+        &sinter(&["bench", "scaling", "--link-gbs", "0"]),
+        &["--link-gbs"],
+    );
     let o = sinter(&[
         "bench",
         "allreduce",
