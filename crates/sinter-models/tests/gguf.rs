@@ -634,7 +634,9 @@ for t in reader.tensors:
 
 #[test]
 fn smollm2_q4_1_gguf() {
-    let Some(dir) = real_weights::weights_dir("smollm2") else { return };
+    let Some(dir) = real_weights::weights_dir("smollm2") else {
+        return;
+    };
     let path = dir.join("SmolLM2-135M-Instruct.Q4_1.gguf");
     let f = GgufFile::open(&path).unwrap();
     assert_eq!(f.get_str("general.architecture").unwrap(), "llama");
@@ -760,7 +762,9 @@ fn smollm2_q4_1_gguf() {
 #[test]
 #[ignore = "a timing, run by hand in release"]
 fn smollm2_load_time() {
-    let Some(dir) = real_weights::weights_dir("smollm2") else { return };
+    let Some(dir) = real_weights::weights_dir("smollm2") else {
+        return;
+    };
     let path = dir.join("SmolLM2-135M-Instruct.Q4_1.gguf");
     for run in 0..3 {
         let start = std::time::Instant::now();

@@ -282,7 +282,9 @@ fn an_encoder_only_bert_saves_loads_and_refuses_mlm() {
 /// equal to the tokenizers library's.
 #[test]
 fn minilm_sentence_embeddings_equal_transformers() {
-    let Some(dir) = real_weights::weights_dir("minilm") else { return };
+    let Some(dir) = real_weights::weights_dir("minilm") else {
+        return;
+    };
     let fixture: serde_json::Value = serde_json::from_str(
         &std::fs::read_to_string(
             std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/minilm_ref.json"),

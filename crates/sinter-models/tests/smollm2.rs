@@ -8,9 +8,9 @@
 //! Needs the weights (`.ci/fetch-weights smollm2`) and python3 with numpy and gguf. Without
 //! them the test says so and passes, unless SINTER_REQUIRE_WEIGHTS=1 (CI), where it fails.
 
+mod llm_reference;
 #[path = "../../../tests/support/real_weights.rs"]
 mod real_weights;
-mod llm_reference;
 use llm_reference::{greedy, ids_tensor, read_references, worst_relative_error, Reference};
 
 use std::path::Path;
@@ -26,7 +26,10 @@ use sinter_nn::Module;
 
 /// Skips (returns None) with a message, or fails when the weights are required.
 fn unavailable<T>(why: String) -> Option<T> {
-    assert!(!real_weights::required(), "SINTER_REQUIRE_WEIGHTS=1 but {why}");
+    assert!(
+        !real_weights::required(),
+        "SINTER_REQUIRE_WEIGHTS=1 but {why}"
+    );
     eprintln!("skipped: {why}");
     None
 }
@@ -42,7 +45,8 @@ fn numpy_reference(gguf: &Path, out: &Path) -> Option<Vec<Reference>> {
             "{python} lacks numpy or gguf (pip install numpy gguf)"
         ));
     }
-    let prompts = real_weights::repo_root().join("crates/sinter-models/tests/fixtures/smollm2_prompts.json");
+    let prompts =
+        real_weights::repo_root().join("crates/sinter-models/tests/fixtures/smollm2_prompts.json");
     let status = Command::new(&python)
         .arg(real_weights::repo_root().join("bench/llm/llama_ref.py"))
         .args(["--model".as_ref(), gguf.as_os_str()])
@@ -83,7 +87,9 @@ fn check(model: &Gpt, refs: &[Reference], what: &str, with_greedy: bool) {
 
 #[test]
 fn smollm2_gguf_and_its_safetensors_export_equal_the_reference() {
-    let Some(gguf) = real_weights::smollm2_gguf() else { return };
+    let Some(gguf) = real_weights::smollm2_gguf() else {
+        return;
+    };
     let dir = tempfile::tempdir().unwrap();
     let Some(refs) = numpy_reference(&gguf, &dir.path().join("ref")) else {
         return;
@@ -111,11 +117,14 @@ fn smollm2_gguf_and_its_safetensors_export_equal_the_reference() {
 /// drops that split, so it is left out here; crates/sinter-data/tests/tokenizer_hf.rs covers it.)
 #[test]
 fn smollm2_tokenizer_and_chat_template_from_the_gguf() {
-    let Some(gguf) = real_weights::smollm2_gguf() else { return };
+    let Some(gguf) = real_weights::smollm2_gguf() else {
+        return;
+    };
     let p = load_pretrained_with_tokenizer(&gguf).unwrap();
     let fixture: Value = serde_json::from_str(
         &std::fs::read_to_string(
-            real_weights::repo_root().join("crates/sinter-models/tests/fixtures/smollm2_prompts.json"),
+            real_weights::repo_root()
+                .join("crates/sinter-models/tests/fixtures/smollm2_prompts.json"),
         )
         .unwrap(),
     )
@@ -159,7 +168,8 @@ fn smollm2_tokenizer_and_chat_template_from_the_gguf() {
 
 /// The fixture's prompts as token ids.
 fn prompt_ids() -> Vec<Vec<i64>> {
-    let path = real_weights::repo_root().join("crates/sinter-models/tests/fixtures/smollm2_prompts.json");
+    let path =
+        real_weights::repo_root().join("crates/sinter-models/tests/fixtures/smollm2_prompts.json");
     let fixture: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
     fixture["prompts"]
         .as_array()
@@ -221,7 +231,9 @@ fn greedy_logits(model: &Gpt, prompt: &[i64], n: usize) -> (Vec<i64>, Vec<f32>) 
 /// ~1 and agrees on almost none.
 #[test]
 fn smollm2_kept_quantized_matches_dequantized() {
-    let Some(gguf) = real_weights::smollm2_gguf() else { return };
+    let Some(gguf) = real_weights::smollm2_gguf() else {
+        return;
+    };
     // A model with quantized layers runs without gradients, as generate does.
     let _no_grad = sinter_core::no_grad();
     let f32_model = load_pretrained(&gguf).unwrap();

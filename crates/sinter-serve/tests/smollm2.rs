@@ -13,9 +13,9 @@ use std::time::{Duration, Instant};
 use sinter_nn::Module;
 use sinter_serve::{GptModel, ServeOptions, Server, Tokenizer};
 
+mod common;
 #[path = "../../../tests/support/real_weights.rs"]
 mod real_weights;
-mod common;
 use common::{openai_available, python};
 
 const GGUF: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
@@ -46,7 +46,9 @@ fn serve(gguf: &Path) -> Server {
 
 #[test]
 fn the_openai_client_hears_paris_from_smollm2() {
-    let Some(gguf) = real_weights::smollm2_gguf() else { return };
+    let Some(gguf) = real_weights::smollm2_gguf() else {
+        return;
+    };
     if !openai_available() {
         unavailable::<()>(
             "SINTER_REQUIRE_OPENAI",
@@ -72,7 +74,9 @@ fn the_openai_client_hears_paris_from_smollm2() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "timing; run with --ignored --nocapture"]
 async fn time_of_a_32_token_chat_completion() {
-    let Some(gguf) = real_weights::smollm2_gguf() else { return };
+    let Some(gguf) = real_weights::smollm2_gguf() else {
+        return;
+    };
     let server = serve(&gguf);
     let body = serde_json::json!({
         "model": GGUF,

@@ -71,9 +71,7 @@ pub fn capture_step<E: From<Error>>(
     let dev: Arc<CudaDevice> = device(ordinal)?;
     let capture = sinter_cuda::graph::begin_capture(&dev).map_err(op_err("begin_capture"))?;
     body()?;
-    Ok(StepGraph(
-        capture.finish().map_err(op_err("end_capture"))?,
-    ))
+    Ok(StepGraph(capture.finish().map_err(op_err("end_capture"))?))
 }
 
 /// dst = src through the driver's device-to-device copy (no kernel): the practical bandwidth
@@ -90,15 +88,25 @@ pub fn driver_copy(dst: &crate::Tensor, src: &crate::Tensor) -> Result<()> {
             src.dtype()
         )));
     }
-    let (Some(dr), Some(sr)) = (dst.layout().contiguous_range(), src.layout().contiguous_range())
-    else {
-        return Err(Error::Msg("driver_copy: both tensors must be contiguous".into()));
+    let (Some(dr), Some(sr)) = (
+        dst.layout().contiguous_range(),
+        src.layout().contiguous_range(),
+    ) else {
+        return Err(Error::Msg(
+            "driver_copy: both tensors must be contiguous".into(),
+        ));
     };
     let (s, d) = (src.storage(), dst.write_storage());
     match (&*s, &*d) {
         (Storage::Cuda(s), Storage::Cuda(d)) if Arc::ptr_eq(s.device(), d.device()) => {
-            let from = s.buffer().slice(sr.start, sr.len()).map_err(op_err("driver_copy"))?;
-            let to = d.buffer().slice(dr.start, dr.len()).map_err(op_err("driver_copy"))?;
+            let from = s
+                .buffer()
+                .slice(sr.start, sr.len())
+                .map_err(op_err("driver_copy"))?;
+            let to = d
+                .buffer()
+                .slice(dr.start, dr.len())
+                .map_err(op_err("driver_copy"))?;
             d.device().copy(from, to).map_err(op_err("driver_copy"))
         }
         _ => Err(Error::Msg(format!(
