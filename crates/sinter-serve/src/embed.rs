@@ -154,7 +154,7 @@ pub fn base64(bytes: &[u8]) -> String {
             | u32::from(*c.get(2).unwrap_or(&0));
         for k in 0..4 {
             if k <= c.len() {
-                out.push(ABC[(n >> (18 - 6 * k) & 63) as usize] as char);
+                out.push(ABC[((n >> (18 - 6 * k)) & 63) as usize] as char);
             } else {
                 out.push('=');
             }
