@@ -7,6 +7,10 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 use sinter_models::gpt::SamplingParams;
 
+use std::sync::Arc;
+
+use crate::constrain::Schema;
+use crate::embed::{Embedder, MAX_INPUTS};
 use crate::engine::{Finish, GenRequest};
 use crate::error::ApiError;
 use crate::text::{encode_text, Tokenizer};
@@ -56,6 +60,7 @@ pub struct Common {
     pub logprobs: Option<Value>,
     pub top_logprobs: Option<Value>,
     pub user: Option<String>,
+    pub response_format: Option<Value>,
 }
 
 #[derive(Deserialize)]
@@ -275,7 +280,12 @@ impl Common {
             top_k,
             top_p,
         };
+        let format = match &self.response_format {
+            None | Some(Value::Null) => None,
+            Some(v) => response_format(v)?,
+        };
         Ok(Checked {
+            format,
             sampling,
             stop,
             seed,
@@ -288,8 +298,46 @@ impl Common {
     }
 }
 
+/// `response_format`: `{"type": "text"}` (no constraint), `{"type": "json_object"}` (any
+/// object) or `{"type": "json_schema", "json_schema": {"schema": {...}}}`.
+fn response_format(v: &Value) -> Result<Option<Arc<Schema>>, ApiError> {
+    let param = || Some("response_format".to_string());
+    let bad = |msg: String| ApiError::invalid(format!("'response_format': {msg}"), param());
+    let kind = v.get("type").and_then(Value::as_str);
+    match kind {
+        Some("text") => Ok(None),
+        Some("json_object") => Ok(Some(Arc::new(Schema::any_object()))),
+        Some("json_schema") => {
+            let Some(js) = v.get("json_schema").filter(|j| j.is_object()) else {
+                return Err(bad("type json_schema needs 'json_schema': {\"name\": ..., \"schema\": {...}}".into()));
+            };
+            let Some(schema) = js.get("schema") else {
+                return Err(bad("'json_schema' needs 'schema', the JSON Schema of the answer".into()));
+            };
+            let s = Schema::compile(schema).map_err(|e| bad(format!("json_schema.schema: {e}")))?;
+            Ok(Some(Arc::new(s)))
+        }
+        _ => Err(bad(format!(
+            "expected an object whose 'type' is \"text\", \"json_object\" or \"json_schema\", got {v}"
+        ))),
+    }
+}
+
+/// A constrained answer must be able to end as a whole document within `max_tokens` (a token
+/// per byte at worst).
+fn check_room(format: &Option<Arc<Schema>>, max_tokens: usize) -> Result<(), ApiError> {
+    match format {
+        Some(s) if s.min_doc_len() > max_tokens => Err(ApiError::invalid(
+            format!("'max_tokens' is {max_tokens}, but the shortest JSON document of 'response_format' takes {} tokens; allow more", s.min_doc_len()),
+            Some("max_tokens".into()),
+        )),
+        _ => Ok(()),
+    }
+}
+
 /// The shared parameters, checked.
 struct Checked {
+    format: Option<Arc<Schema>>,
     sampling: SamplingParams,
     stop: Vec<String>,
     seed: u64,
@@ -396,17 +444,179 @@ pub fn completion_request(
     let prompt = check_prompt(tokens, tok, limits)?;
     // OpenAI's default for completions.
     let max_tokens = positive(c.max_tokens, "max_tokens", limits.max_tokens)?.unwrap_or(16);
+    let max_tokens = max_tokens.min(limits.max_tokens);
+    check_room(&c.format, max_tokens)?;
     Ok((
         GenRequest {
             prompt,
-            max_tokens: max_tokens.min(limits.max_tokens),
+            max_tokens,
             sampling: c.sampling,
             seed: c.seed,
             stop: c.stop,
             trim_start: false,
+            format: c.format,
         },
         c.delivery,
     ))
+}
+
+/// The inputs of `/v1/embeddings` (any of OpenAI's shapes).
+#[derive(Deserialize)]
+#[serde(untagged)]
+pub enum EmbedInput {
+    Text(String),
+    Texts(Vec<String>),
+    Tokens(Vec<i64>),
+    TokenLists(Vec<Vec<i64>>),
+}
+
+#[derive(Deserialize)]
+pub struct EmbeddingRequest {
+    pub input: Option<EmbedInput>,
+    pub model: Option<String>,
+    pub encoding_format: Option<String>,
+    pub dimensions: Option<i64>,
+    pub user: Option<String>,
+}
+
+/// A checked `/v1/embeddings` request: each input's token ids, and whether the vectors go
+/// out as base64.
+pub struct EmbedJob {
+    pub inputs: Vec<Vec<i64>>,
+    pub base64: bool,
+}
+
+/// Checks a `/v1/embeddings` body against the embedding model: every input non-empty, within
+/// the model's positions and vocabulary; at most `MAX_INPUTS` of them.
+pub fn embedding_request(body: &[u8], emb: &Embedder) -> Result<EmbedJob, ApiError> {
+    let body = parse_body(body)?;
+    let r: EmbeddingRequest = fields(&body).map_err(|mut e| {
+        if e.param.as_deref() == Some("input") {
+            e.message = "'input': expected a string, an array of strings, an array of token ids or an array of such arrays".into();
+        }
+        e
+    })?;
+    match &r.model {
+        None => {
+            return Err(ApiError::invalid(
+                "'model' is required; GET /v1/models lists the models this server runs",
+                Some("model".into()),
+            ))
+        }
+        Some(m) if *m != emb.name => return Err(ApiError::model_not_found(m, &emb.name)),
+        Some(_) => {}
+    }
+    let base64 = match r.encoding_format.as_deref() {
+        None | Some("float") => false,
+        Some("base64") => true,
+        Some(other) => {
+            return Err(ApiError::invalid(
+                format!("'encoding_format' must be \"float\" or \"base64\", got {other:?}"),
+                Some("encoding_format".into()),
+            ))
+        }
+    };
+    if let Some(d) = r.dimensions {
+        return Err(ApiError::invalid(
+            format!("'dimensions' = {d} is not supported: this model's vectors have a fixed size; leave it out"),
+            Some("dimensions".into()),
+        ));
+    }
+    let param = Some("input".to_string());
+    let inputs = match r.input {
+        None => return Err(ApiError::invalid("'input' is required", param)),
+        Some(EmbedInput::Text(s)) => vec![encode_input(emb, &s, 0)?],
+        Some(EmbedInput::Texts(v)) => {
+            check_count(v.len())?;
+            let mut out = Vec::with_capacity(v.len());
+            for (i, s) in v.iter().enumerate() {
+                out.push(encode_input(emb, s, i)?);
+            }
+            out
+        }
+        Some(EmbedInput::Tokens(t)) => vec![t],
+        Some(EmbedInput::TokenLists(v)) => {
+            check_count(v.len())?;
+            v
+        }
+    };
+    let (max, vocab) = (emb.max_tokens(), emb.vocab_size() as i64);
+    for (i, ids) in inputs.iter().enumerate() {
+        if ids.is_empty() {
+            return Err(empty_input(i));
+        }
+        if ids.len() > max {
+            return Err(ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "invalid_request_error",
+                format!("input[{i}] has {} tokens, more than the {max} this model takes; shorten it or split it", ids.len()),
+                param,
+                Some("context_length_exceeded"),
+            ));
+        }
+        if let Some(t) = ids.iter().find(|&&t| !(0..vocab).contains(&t)) {
+            return Err(ApiError::invalid(
+                format!("input[{i}]: token {t} is outside the model's vocabulary of {vocab}"),
+                param,
+            ));
+        }
+    }
+    Ok(EmbedJob { inputs, base64 })
+}
+
+fn empty_input(i: usize) -> ApiError {
+    ApiError::invalid(
+        format!("input[{i}] is empty; every input needs some text or tokens"),
+        Some("input".into()),
+    )
+}
+
+/// Input `i`'s ids. An empty text is refused before tokenizing: a tokenizer that adds
+/// [CLS] and [SEP] would make it two tokens.
+fn encode_input(emb: &Embedder, text: &str, i: usize) -> Result<Vec<i64>, ApiError> {
+    if text.is_empty() {
+        return Err(empty_input(i));
+    }
+    encode_prompt(&emb.tokenizer, text, "input")
+}
+
+fn check_count(n: usize) -> Result<(), ApiError> {
+    if n == 0 {
+        return Err(ApiError::invalid(
+            "'input' is an empty array; send at least one input",
+            Some("input".into()),
+        ));
+    }
+    if n > MAX_INPUTS {
+        return Err(ApiError::invalid(
+            format!("'input' holds {n} inputs, more than the {MAX_INPUTS} one request may have; split the request"),
+            Some("input".into()),
+        ));
+    }
+    Ok(())
+}
+
+/// The `/v1/embeddings` response.
+pub fn embedding_response(model: &str, vectors: &[Vec<f32>], base64: bool, tokens: usize) -> Value {
+    let data: Vec<Value> = vectors
+        .iter()
+        .enumerate()
+        .map(|(i, v)| {
+            let embedding = if base64 {
+                let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+                Value::from(crate::embed::base64(&bytes))
+            } else {
+                json!(v)
+            };
+            json!({"object": "embedding", "index": i, "embedding": embedding})
+        })
+        .collect();
+    json!({
+        "object": "list",
+        "data": data,
+        "model": model,
+        "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+    })
 }
 
 /// The stop sequence that ends an answer in the chat template.
@@ -542,6 +752,7 @@ pub fn chat_request(
     if plain {
         c.stop.push(CHAT_TURN_STOP.to_string());
     }
+    check_room(&c.format, max_tokens)?;
     Ok((
         GenRequest {
             prompt,
@@ -550,6 +761,7 @@ pub fn chat_request(
             seed: c.seed,
             stop: c.stop,
             trim_start: plain,
+            format: c.format,
         },
         c.delivery,
     ))

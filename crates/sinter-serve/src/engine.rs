@@ -30,6 +30,7 @@ use sinter_core::Rng;
 use sinter_models::gpt::SamplingParams;
 use tokio::sync::mpsc;
 
+use crate::constrain::{self, JsonState, Schema, TokenBytes};
 use crate::metrics::Metrics;
 use crate::model::ServeModel;
 use crate::text::{StopText, TokenText, Tokenizer};
@@ -45,6 +46,9 @@ pub struct GenRequest {
     /// Drop leading spaces of the answer (chat in the plain template, which ends with
     /// "Assistant:").
     pub trim_start: bool,
+    /// `response_format`: the answer is a JSON document of this schema (constrained
+    /// sampling; it ends when the document is whole).
+    pub format: Option<Arc<Schema>>,
 }
 
 /// Why a completion ended (OpenAI's `finish_reason`).
@@ -212,6 +216,7 @@ pub fn start<M: ServeModel>(
         shared: shared.clone(),
         rx,
         running: Vec::new(),
+        token_bytes: None,
     };
     let thread = std::thread::Builder::new()
         .name("sinter-scheduler".into())
@@ -242,6 +247,8 @@ struct Running<S> {
     last_token: Instant,
     /// Set when the request has left (finished, failed or cancelled).
     over: bool,
+    /// The JSON document so far (`response_format`).
+    json: Option<JsonState>,
 }
 
 struct Scheduler<M: ServeModel> {
@@ -251,6 +258,8 @@ struct Scheduler<M: ServeModel> {
     shared: Arc<Shared>,
     rx: mpsc::UnboundedReceiver<Job>,
     running: Vec<Running<M::Seq>>,
+    /// Each token's text for constrained sampling, made at the first request that needs it.
+    token_bytes: Option<Arc<TokenBytes>>,
 }
 
 impl<M: ServeModel> Scheduler<M> {
@@ -300,6 +309,10 @@ impl<M: ServeModel> Scheduler<M> {
                 Ok(Ok(seq)) => {
                     Metrics::add(&self.metrics().active, 1);
                     Metrics::add(
+                        &self.metrics().prefix_reused_tokens_total,
+                        self.model.reused(&seq) as u64,
+                    );
+                    Metrics::add(
                         &self.metrics().prompt_tokens_total,
                         job.req.prompt.len() as u64,
                     );
@@ -310,6 +323,7 @@ impl<M: ServeModel> Scheduler<M> {
                         generated: 0,
                         last_token: job.arrived,
                         over: false,
+                        json: job.req.format.clone().map(JsonState::new),
                         seq,
                         job,
                     });
@@ -385,6 +399,7 @@ impl<M: ServeModel> Scheduler<M> {
     }
 
     fn prefill(&mut self, i: usize) {
+        Metrics::add(&self.metrics().prefill_steps_total, 1);
         let chunk = self.opts.prefill_chunk.max(1);
         let r = &mut self.running[i];
         let out = catch_unwind(AssertUnwindSafe(|| self.model.prefill(&mut r.seq, chunk)));
@@ -433,12 +448,42 @@ impl<M: ServeModel> Scheduler<M> {
         }
     }
 
+    /// The next token of running request i: sampled, or under its `response_format`. None:
+    /// the request has failed.
+    fn pick(&mut self, i: usize, logits: &[f32]) -> Option<i64> {
+        if self.running[i].json.is_none() {
+            let r = &mut self.running[i];
+            return Some(r.job.req.sampling.sample(logits, &mut r.rng) as i64);
+        }
+        let table = self
+            .token_bytes
+            .get_or_insert_with(|| Arc::new(TokenBytes::new(&self.tokenizer, logits.len())))
+            .clone();
+        let r = &mut self.running[i];
+        let left = r.job.req.max_tokens.saturating_sub(r.generated + 1);
+        let json = r.json.as_mut().expect("checked above");
+        let picked = constrain::pick(json, logits, &table, left, &r.job.req.sampling, &mut r.rng);
+        if picked.is_none() {
+            self.fail_running(
+                i,
+                "no token of the vocabulary continues the JSON document of 'response_format' here",
+            );
+        }
+        picked
+    }
+
     /// Samples running request i's next token, streams its text and finishes it when done.
     fn next_token(&mut self, i: usize, logits: &[f32]) {
         let now = Instant::now();
+        let Some(token) = self.pick(i, logits) else {
+            return;
+        };
         let tok = &self.tokenizer;
         let r = &mut self.running[i];
-        let token = r.job.req.sampling.sample(logits, &mut r.rng) as i64;
+        if r.generated == 0 {
+            // The prompt is all in the cache now (and not yet moved past by a shift).
+            self.model.prompt_done(&r.seq);
+        }
         self.model.push(&mut r.seq, token);
         r.generated += 1;
         let m = &self.shared.metrics;
@@ -457,7 +502,8 @@ impl<M: ServeModel> Scheduler<M> {
             finish = Some(Finish::Stop);
         } else {
             out = r.text.push(&r.detok.push(tok, token));
-            if r.text.stopped() {
+            let whole = r.json.as_ref().is_some_and(JsonState::is_complete);
+            if r.text.stopped() || whole {
                 finish = Some(Finish::Stop);
             }
         }

@@ -24,6 +24,7 @@ use subtle::ConstantTimeEq;
 use tokio::sync::mpsc::UnboundedReceiver;
 
 use crate::api::{self, Limits, ResponseMeta};
+use crate::embed::Embedder;
 use crate::engine::{EngineHandle, Event, SubmitError};
 use crate::error::ApiError;
 use crate::metrics::Metrics;
@@ -44,6 +45,10 @@ pub struct App {
     pub max_body_bytes: usize,
     /// How long a request's body may take to arrive once its head has (408 past it).
     pub body_timeout: Duration,
+    /// Whether the engine runs a generation model (an embeddings-only server does not).
+    pub generates: bool,
+    /// The model behind `/v1/embeddings`, if any.
+    pub embedder: Option<Arc<Embedder>>,
 }
 
 impl App {
@@ -78,6 +83,7 @@ pub fn router(app: App) -> Router {
     let v1 = Router::new()
         .route("/v1/completions", post(completions))
         .route("/v1/chat/completions", post(chat_completions))
+        .route("/v1/embeddings", post(embeddings))
         .route("/v1/models", get(models))
         .route("/v1/models/{id}", get(model))
         .route_layer(middleware::from_fn_with_state(app.clone(), check_api_key));
@@ -147,6 +153,15 @@ async fn generate(app: App, body: Body, chat: bool) -> Response {
     let m = app.metrics();
     Metrics::add(&m.requests_total, 1);
     let body = read_body(body, app.max_body_bytes, app.body_timeout).await;
+    if body.is_ok() && !app.generates {
+        Metrics::add(&m.requests_invalid_total, 1);
+        let name = app.embedder.as_ref().map_or("", |e| e.name.as_str());
+        return ApiError::invalid(
+            format!("'{name}' is an embedding model: this server answers POST /v1/embeddings only, not {}; serve a generation model (sinter serve --model GGUF_OR_LLAMA_DIR) for completions", if chat { "/v1/chat/completions" } else { "/v1/completions" }),
+            Some("model".into()),
+        )
+        .into_response();
+    }
     let parsed = body.and_then(|b| {
         if chat {
             api::chat_request(&b, &app.tokenizer, &app.limits)
@@ -174,6 +189,47 @@ async fn generate(app: App, body: Body, chat: bool) -> Response {
         sse::response(rx, meta, delivery)
     } else {
         full_response(rx, meta).await
+    }
+}
+
+/// `/v1/embeddings`: the inputs run on a blocking thread (one batch at a time, see
+/// `embed.rs`), off the HTTP workers.
+async fn embeddings(State(app): State<App>, body: Body) -> Response {
+    let m = app.metrics();
+    Metrics::add(&m.embedding_requests_total, 1);
+    let body = match read_body(body, app.max_body_bytes, app.body_timeout).await {
+        Ok(b) => b,
+        Err(e) => return e.into_response(),
+    };
+    let Some(emb) = app.embedder.clone() else {
+        Metrics::add(&m.requests_invalid_total, 1);
+        return ApiError::invalid(
+            format!("'{}' is a generation model and this server has no embedding model: serve one for POST /v1/embeddings (sinter serve --model MINILM_DIR, or --embedding-model DIR beside a generation model)", app.limits.model_name),
+            Some("model".into()),
+        )
+        .into_response();
+    };
+    let job = match api::embedding_request(&body, &emb) {
+        Ok(j) => j,
+        Err(e) => {
+            Metrics::add(&m.requests_invalid_total, 1);
+            return e.into_response();
+        }
+    };
+    let tokens: usize = job.inputs.iter().map(Vec::len).sum();
+    let run = tokio::task::spawn_blocking(move || {
+        let out = emb.embed_all(&job.inputs);
+        (out, emb, job.base64)
+    })
+    .await;
+    match run {
+        Ok((Ok(vectors), emb, base64)) => {
+            Metrics::add(&m.embedding_tokens_total, tokens as u64);
+            let body = api::embedding_response(&emb.name, &vectors, base64, tokens);
+            json_response(StatusCode::OK, &body)
+        }
+        Ok((Err(e), _, _)) => ApiError::internal(format!("{e:#}")).into_response(),
+        Err(e) => ApiError::internal(format!("the embedding model failed: {e}")).into_response(),
     }
 }
 
@@ -245,18 +301,41 @@ fn model_card(app: &App) -> Value {
     })
 }
 
+fn embedder_card(app: &App, e: &Embedder) -> Value {
+    json!({
+        "id": e.name,
+        "object": "model",
+        "created": app.started,
+        "owned_by": "sinter",
+        "context_length": e.max_tokens(),
+        "tokenizer": e.tokenizer.name(),
+    })
+}
+
+/// The models this server runs: the generation model, the embedding model, or both.
+fn cards(app: &App) -> Vec<Value> {
+    let mut out = Vec::new();
+    if app.generates {
+        out.push(model_card(app));
+    }
+    if let Some(e) = &app.embedder {
+        out.push(embedder_card(app, e));
+    }
+    out
+}
+
 async fn models(State(app): State<App>) -> Response {
     json_response(
         StatusCode::OK,
-        &json!({"object": "list", "data": [model_card(&app)]}),
+        &json!({"object": "list", "data": cards(&app)}),
     )
 }
 
 async fn model(State(app): State<App>, Path(id): Path<String>) -> Response {
-    if id != app.limits.model_name {
-        return ApiError::model_not_found(&id, &app.limits.model_name).into_response();
+    match cards(&app).into_iter().find(|c| c["id"] == id.as_str()) {
+        Some(card) => json_response(StatusCode::OK, &card),
+        None => ApiError::model_not_found(&id, &app.limits.model_name).into_response(),
     }
-    json_response(StatusCode::OK, &model_card(&app))
 }
 
 async fn health(State(app): State<App>) -> Response {
@@ -285,7 +364,7 @@ async fn not_found(req: Request) -> Response {
         StatusCode::NOT_FOUND,
         "invalid_request_error",
         format!(
-            "no route {} {}; this server has POST /v1/completions, POST /v1/chat/completions, GET /v1/models, GET /health, GET /metrics",
+            "no route {} {}; this server has POST /v1/completions, POST /v1/chat/completions, POST /v1/embeddings, GET /v1/models, GET /health, GET /metrics",
             req.method(),
             req.uri().path()
         ),

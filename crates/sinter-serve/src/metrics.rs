@@ -111,6 +111,10 @@ counters! {
     prompt_tokens_total: "Prompt tokens of admitted requests.",
     generation_tokens_total: "Tokens generated.",
     decode_steps_total: "Batched decode steps run.",
+    prefill_steps_total: "Prompt prefill calls (chunks of a prompt computed apart from the decode steps).",
+    prefix_reused_tokens_total: "Prompt tokens whose keys and values were copied from a cached shared prefix instead of computed.",
+    embedding_requests_total: "Requests to /v1/embeddings.",
+    embedding_tokens_total: "Tokens of the inputs embedded.",
 }
 
 impl Metrics {

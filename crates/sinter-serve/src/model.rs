@@ -10,6 +10,8 @@ use anyhow::Result;
 use sinter_models::gpt::{ContextPolicy, GptSequence, KvCache};
 use sinter_models::Gpt;
 
+use crate::prefix::PrefixCache;
+
 /// A language model that decodes many sequences at once, each with its own cache.
 pub trait ServeModel: Send + 'static {
     /// One sequence's state (its tokens, window and KV cache).
@@ -30,6 +32,16 @@ pub trait ServeModel: Send + 'static {
     fn decode(&self, seqs: &mut [&mut Self::Seq]) -> Result<Vec<f32>>;
     /// Appends a picked token (the window moves on past the context).
     fn push(&self, seq: &mut Self::Seq, token: i64);
+    /// Positions of `seq` already in its cache when it starts (a shared prefix reused).
+    fn reused(&self, seq: &Self::Seq) -> usize {
+        let _ = seq;
+        0
+    }
+    /// `seq`'s prompt has been fed in full (its first token is next): its prefix may be kept
+    /// for later prompts.
+    fn prompt_done(&self, seq: &Self::Seq) {
+        let _ = seq;
+    }
     /// A sequence that left the batch (finished, failed or cancelled): its buffers may serve
     /// a later `start`.
     fn recycle(&self, seq: Self::Seq) {
@@ -48,7 +60,12 @@ pub struct GptModel {
     /// that ran at once: each came from a running sequence, and `start` takes from here
     /// before it allocates.
     spare: Mutex<Vec<KvCache>>,
+    /// Shared-prompt-prefix KV reuse (`prefix.rs`); None: off.
+    pub prefix: Option<Mutex<PrefixCache>>,
 }
+
+/// Prefixes are multiples of this many tokens.
+pub const PREFIX_BLOCK: usize = 16;
 
 impl GptModel {
     /// Serves `gpt` with up to `context` tokens per sequence. Its weights are packed for the
@@ -62,7 +79,21 @@ impl GptModel {
             context,
             policy: ContextPolicy::Shift,
             spare: Mutex::default(),
+            prefix: Some(Mutex::new(PrefixCache::new(PREFIX_BLOCK, 64 << 20))),
         })
+    }
+
+    /// Keeps at most `max_bytes` of shared prompt prefixes' keys and values (0: no reuse).
+    pub fn with_prefix_cache(mut self, max_bytes: usize) -> GptModel {
+        self.prefix =
+            (max_bytes > 0).then(|| Mutex::new(PrefixCache::new(PREFIX_BLOCK, max_bytes)));
+        self
+    }
+
+    fn prefix_cache(&self) -> Option<std::sync::MutexGuard<'_, PrefixCache>> {
+        self.prefix
+            .as_ref()
+            .map(|p| p.lock().unwrap_or_else(|e| e.into_inner()))
     }
 }
 
@@ -76,9 +107,22 @@ impl ServeModel for GptModel {
     }
     fn start(&self, prompt: &[i64], max_new: usize) -> Result<GptSequence> {
         let mut spare = self.spare.lock().unwrap_or_else(|e| e.into_inner());
-        Ok(self
-            .gpt
-            .sequence_reusing(prompt, max_new, self.context, self.policy, &mut spare)?)
+        let mut seq =
+            self.gpt
+                .sequence_reusing(prompt, max_new, self.context, self.policy, &mut spare)?;
+        drop(spare);
+        if let (Some(mut p), Some(cache)) = (self.prefix_cache(), seq.cache_mut()) {
+            p.restore(prompt, cache);
+        }
+        Ok(seq)
+    }
+    fn reused(&self, seq: &GptSequence) -> usize {
+        seq.cached()
+    }
+    fn prompt_done(&self, seq: &GptSequence) {
+        if let (Some(mut p), Some(cache)) = (self.prefix_cache(), seq.cache()) {
+            p.store(&seq.tokens()[..seq.prompt_len()], cache);
+        }
     }
     fn pending(&self, seq: &GptSequence) -> usize {
         seq.pending().len()
@@ -101,4 +145,34 @@ impl ServeModel for GptModel {
             spare.push(cache);
         }
     }
+}
+
+/// The engine's model in a server without a generation model (embeddings only): the HTTP
+/// layer refuses completions before they reach it, so none of its calls run.
+pub struct NoGeneration;
+
+impl ServeModel for NoGeneration {
+    type Seq = ();
+    fn vocab_size(&self) -> usize {
+        usize::MAX
+    }
+    fn context(&self) -> usize {
+        0
+    }
+    fn start(&self, _: &[i64], _: usize) -> Result<()> {
+        anyhow::bail!("this server has no generation model")
+    }
+    fn pending(&self, _: &()) -> usize {
+        0
+    }
+    fn can_feed(&self, _: &()) -> bool {
+        false
+    }
+    fn prefill(&self, _: &mut (), _: usize) -> Result<Option<Vec<f32>>> {
+        anyhow::bail!("this server has no generation model")
+    }
+    fn decode(&self, _: &mut [&mut ()]) -> Result<Vec<f32>> {
+        anyhow::bail!("this server has no generation model")
+    }
+    fn push(&self, _: &mut (), _: i64) {}
 }

@@ -15,10 +15,11 @@ use tokio::task::JoinSet;
 
 use crate::api::Limits;
 use crate::conn::{self, Timeouts};
+use crate::embed::Embedder;
 use crate::engine::{self, EngineOptions};
 use crate::http::{self, unix_now, App};
 use crate::metrics::Metrics;
-use crate::model::ServeModel;
+use crate::model::{NoGeneration, ServeModel};
 use crate::text::Tokenizer;
 
 #[derive(Clone, Debug)]
@@ -81,6 +82,41 @@ impl Server {
     /// Binds `host:port` (the error says when the address is taken) and serves `model` from
     /// background threads until `shutdown`, drop, or (with `handle_signals`) a signal.
     pub fn start<M: ServeModel>(model: M, tokenizer: Tokenizer, o: ServeOptions) -> Result<Server> {
+        Server::start_with(model, tokenizer, None, o)
+    }
+
+    /// An embeddings-only server: `/v1/embeddings` answers, the completion routes say 400
+    /// (the model is named by `embedder.name`).
+    pub fn start_embeddings(embedder: Embedder, o: ServeOptions) -> Result<Server> {
+        let o = ServeOptions {
+            model_name: embedder.name.clone(),
+            ..o
+        };
+        Server::start_inner(NoGeneration, Tokenizer::Bytes, Some(embedder), false, o)
+    }
+
+    /// `start`, with `embedder` (if any) behind `/v1/embeddings` beside the generation model.
+    pub fn start_with<M: ServeModel>(
+        model: M,
+        tokenizer: Tokenizer,
+        embedder: Option<Embedder>,
+        o: ServeOptions,
+    ) -> Result<Server> {
+        if let Some(e) = &embedder {
+            if e.name == o.model_name {
+                bail!("the embedding model and the generation model are both named '{}'; give them different names", e.name);
+            }
+        }
+        Server::start_inner(model, tokenizer, embedder, true, o)
+    }
+
+    fn start_inner<M: ServeModel>(
+        model: M,
+        tokenizer: Tokenizer,
+        embedder: Option<Embedder>,
+        generates: bool,
+        o: ServeOptions,
+    ) -> Result<Server> {
         if tokenizer.vocab_size() > model.vocab_size() {
             bail!(
                 "the {} tokenizer makes ids up to {}, but the model's vocabulary has {} tokens",
@@ -124,6 +160,8 @@ impl Server {
             next_id: Arc::new(AtomicU64::new(0)),
             max_body_bytes: o.max_body_bytes,
             body_timeout: o.timeouts.body,
+            generates,
+            embedder: embedder.map(Arc::new),
         };
         let (stop, stopped) = oneshot::channel();
         let thread = std::thread::Builder::new()

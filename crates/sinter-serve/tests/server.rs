@@ -456,10 +456,59 @@ async fn bad_requests_get_openai_errors_and_the_server_keeps_serving() {
             413,
             None,
         ),
+        (
+            "/v1/chat/completions",
+            json!({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "response_format": "json"}).to_string(),
+            400,
+            Some("response_format"),
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_schema"}}).to_string(),
+            400,
+            Some("response_format"),
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "response_format": {"type": "yaml"}}).to_string(),
+            400,
+            Some("response_format"),
+        ),
+        (
+            "/v1/completions",
+            json!({"model": MODEL, "prompt": "a", "response_format": {"type": "json_schema", "json_schema": {"schema": {"type": "object", "properties": {"a": {"type": "string", "pattern": "x+"}}}}}}).to_string(),
+            400,
+            Some("response_format"),
+        ),
+        (
+            "/v1/completions",
+            json!({"model": MODEL, "prompt": "a", "response_format": {"type": "json_schema", "json_schema": {"schema": {"type": "object", "properties": {"a": {"type": "datetime"}}}}}}).to_string(),
+            400,
+            Some("response_format"),
+        ),
+        (
+            "/v1/completions",
+            json!({"model": MODEL, "prompt": "a", "max_tokens": 1, "response_format": {"type": "json_object"}}).to_string(),
+            400,
+            Some("max_tokens"),
+        ),
+        (
+            "/v1/embeddings",
+            json!({"model": MODEL, "input": "a"}).to_string(),
+            400,
+            Some("model"),
+        ),
     ];
     for (path, body, status, param) in &cases {
         let (got, _, v) = post(&url, path, body).await;
         assert_eq!(got, *status, "{body:.80}: {v}");
+        if body.contains("pattern") {
+            let m = v["error"]["message"].as_str().unwrap();
+            assert!(
+                m.contains("'pattern'") && m.contains("/properties/a"),
+                "{m}"
+            );
+        }
         let e = &v["error"];
         assert!(e["message"].as_str().is_some_and(|m| !m.is_empty()), "{v}");
         assert!(e["type"].is_string(), "{v}");
@@ -925,4 +974,300 @@ fn limits_that_refuse_everything_are_refused_at_start() {
             .expect("started");
         assert!(e.to_string().contains(says), "{e}");
     }
+}
+
+/// A schema of every supported kind; the answers below must match it.
+fn person_schema() -> Value {
+    json!({
+        "type": "object",
+        "properties": {
+            "name": {"type": "string"},
+            "age": {"type": "integer"},
+            "score": {"type": "number"},
+            "ok": {"type": "boolean"},
+            "tags": {"type": "array", "items": {"type": "string"}},
+            "color": {"enum": ["red", "green", 7]},
+            "none": {"type": "null"}
+        },
+        "required": ["name", "age", "color"]
+    })
+}
+
+fn matches_person(v: &Value) -> bool {
+    let o = v.as_object().unwrap();
+    let known = ["name", "age", "score", "ok", "tags", "color", "none"];
+    o.keys().all(|k| known.contains(&k.as_str()))
+        && v["name"].is_string()
+        && v["age"].is_i64()
+        && (v["score"].is_null() || v["score"].is_number())
+        && (v["ok"].is_null() || v["ok"].is_boolean())
+        && (v["tags"].is_null() || v["tags"].as_array().unwrap().iter().all(Value::is_string))
+        && [json!("red"), json!("green"), json!(7)].contains(&v["color"])
+        && (!o.contains_key("none") || v["none"].is_null())
+}
+
+/// `response_format` on the random byte model: whatever its logits, every answer parses as
+/// JSON and matches the schema (json_object: is an object), ends with finish_reason "stop"
+/// once the document is whole, streamed or not, greedy or sampled, even with a budget just
+/// above the shortest document. Without the mask the gibberish would not parse.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn response_format_answers_are_json_of_the_schema() {
+    let (server, url) = start(options());
+    let schema = json!({"type": "json_schema", "json_schema": {"name": "person", "schema": person_schema()}});
+    for seed in 0..6 {
+        for (format, max_tokens) in [
+            (&schema, 200),
+            (&schema, 40),
+            (&json!({"type": "json_object"}), 60),
+        ] {
+            let body = json!({
+                "model": MODEL,
+                "messages": [{"role": "user", "content": "Give me a person as JSON"}],
+                "max_tokens": max_tokens,
+                "temperature": if seed % 2 == 0 { 1.0 } else { 0.0 },
+                "seed": seed,
+                "response_format": format,
+            });
+            let (status, _, v) = post(&url, "/v1/chat/completions", &body.to_string()).await;
+            assert_eq!(status, 200, "{v}");
+            let text = v["choices"][0]["message"]["content"].as_str().unwrap();
+            assert_eq!(v["choices"][0]["finish_reason"], "stop", "{text}");
+            let doc: Value = serde_json::from_str(text)
+                .unwrap_or_else(|e| panic!("seed {seed}: not JSON ({e}): {text:?}"));
+            assert!(doc.is_object(), "{text}");
+            if format == &schema {
+                assert!(matches_person(&doc), "seed {seed}: {text}");
+            }
+            // Streamed: the same text.
+            let mut sbody = body.clone();
+            sbody["stream"] = json!(true);
+            let events = stream(&url, "/v1/chat/completions", sbody).await;
+            let streamed: String = events
+                .iter()
+                .filter_map(|e| e["choices"][0]["delta"]["content"].as_str())
+                .collect();
+            assert_eq!(streamed, text, "seed {seed}");
+        }
+    }
+    // A completion (not chat) is constrained too.
+    let v = complete(
+        &url,
+        json!({"model": MODEL, "prompt": "{", "max_tokens": 50, "seed": 3, "response_format": {"type": "json_object"}}),
+    )
+    .await;
+    let text = v["choices"][0]["text"].as_str().unwrap();
+    assert!(
+        serde_json::from_str::<Value>(text).unwrap().is_object(),
+        "{text}"
+    );
+    server.shutdown().unwrap();
+}
+
+/// `/v1/embeddings` on a tiny random BERT: each input's vector equals `Bert::embed` of its
+/// ids alone (padding in the server's batches masked out), in input order, float or base64;
+/// usage counts the tokens; bad inputs are 400s naming `input`; completions are refused
+/// with 400 on an embeddings-only server, which keeps serving.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn embeddings_equal_bert_embed_of_each_input_alone() {
+    use sinter_core::{Device, Tensor};
+    let server = Server::start_embeddings(
+        common::tiny_embedder(4, "tiny-embed"),
+        ServeOptions {
+            port: 0,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let url = format!("http://{}", server.addr());
+    let bert = common::tiny_bert(4);
+    let alone = |ids: &[i64]| -> Vec<f32> {
+        let t = Tensor::from_vec(ids.to_vec(), &[1, ids.len()], Device::Cpu).unwrap();
+        bert.embed(&t, None, true).unwrap().to_vec_f32().unwrap()
+    };
+    let texts = ["a long input: 16", "hi", "middle one", "x"];
+    let (status, _, v) = post(
+        &url,
+        "/v1/embeddings",
+        &json!({"model": "tiny-embed", "input": texts}).to_string(),
+    )
+    .await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["object"], "list");
+    let tokens: usize = texts.iter().map(|t| t.len()).sum();
+    assert_eq!(v["usage"]["prompt_tokens"], tokens);
+    for (i, t) in texts.iter().enumerate() {
+        let d = &v["data"][i];
+        assert_eq!(
+            (d["index"].as_u64(), d["object"].as_str()),
+            (Some(i as u64), Some("embedding"))
+        );
+        let got: Vec<f32> = d["embedding"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_f64().unwrap() as f32)
+            .collect();
+        let want = alone(&t.bytes().map(i64::from).collect::<Vec<_>>());
+        assert_eq!(got.len(), 32);
+        let worst = got
+            .iter()
+            .zip(&want)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0, f32::max);
+        assert!(worst <= 1e-5, "input {i}: worst difference {worst:e}");
+    }
+    // Token ids and base64: the same vector's little-endian bytes.
+    let (status, _, b) = post(
+        &url,
+        "/v1/embeddings",
+        &json!({"model": "tiny-embed", "input": [104, 105], "encoding_format": "base64"})
+            .to_string(),
+    )
+    .await;
+    assert_eq!(status, 200, "{b}");
+    let want: Vec<u8> = alone(&[104, 105])
+        .iter()
+        .flat_map(|x| x.to_le_bytes())
+        .collect();
+    assert_eq!(
+        b["data"][0]["embedding"],
+        sinter_serve::embed::base64(&want)
+    );
+    for (body, status, param) in [
+        (json!({"model": "tiny-embed", "input": ""}), 400, "input"),
+        (
+            json!({"model": "tiny-embed", "input": ["ok", ""]}),
+            400,
+            "input",
+        ),
+        (json!({"model": "tiny-embed", "input": []}), 400, "input"),
+        (json!({"model": "tiny-embed", "input": [[]]}), 400, "input"),
+        (
+            json!({"model": "tiny-embed", "input": "seventeen bytes!!"}),
+            400,
+            "input",
+        ),
+        (json!({"model": "tiny-embed", "input": [300]}), 400, "input"),
+        (
+            json!({"model": "tiny-embed", "input": {"a": 1}}),
+            400,
+            "input",
+        ),
+        (
+            json!({"model": "tiny-embed", "input": "a", "encoding_format": "hex"}),
+            400,
+            "encoding_format",
+        ),
+        (
+            json!({"model": "tiny-embed", "input": "a", "dimensions": 8}),
+            400,
+            "dimensions",
+        ),
+        (json!({"model": "other", "input": "a"}), 404, "model"),
+        (json!({"input": "a"}), 400, "model"),
+    ] {
+        let (got, _, v) = post(&url, "/v1/embeddings", &body.to_string()).await;
+        assert_eq!(
+            (got, v["error"]["param"].as_str()),
+            (status, Some(param)),
+            "{body}: {v}"
+        );
+    }
+    let (got, _, v) = post(
+        &url,
+        "/v1/embeddings",
+        &json!({"model": "tiny-embed", "input": "a".repeat(17)}).to_string(),
+    )
+    .await;
+    assert_eq!(
+        (got, v["error"]["code"].as_str()),
+        (400, Some("context_length_exceeded")),
+        "{v}"
+    );
+    let (got, _, v) = post(
+        &url,
+        "/v1/completions",
+        &json!({"model": "tiny-embed", "prompt": "a"}).to_string(),
+    )
+    .await;
+    assert_eq!(got, 400, "{v}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("embedding model"),
+        "{v}"
+    );
+    let (_, models) = get(&url, "/v1/models").await;
+    let models: Value = serde_json::from_str(&models).unwrap();
+    assert_eq!(models["data"].as_array().unwrap().len(), 1);
+    assert_eq!(models["data"][0]["id"], "tiny-embed");
+    assert_eq!(
+        metric(&url, "sinter_embedding_tokens_total").await,
+        (tokens + 2) as u64
+    );
+    server.shutdown().unwrap();
+}
+
+/// Shared-prefix KV reuse: two prompts that share a 40-byte "system prompt" give the same
+/// text (greedy and seeded) from a server with the prefix cache as from one without; with
+/// it, the second prompt's first 32 tokens (two 16-token blocks) are copied, not computed:
+/// `sinter_prefix_reused_tokens_total` counts them and its prefill steps drop.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shared_prompt_prefix_is_reused_with_the_same_output() {
+    let serve = |cache: bool| {
+        let model = common::tiny_gpt(1);
+        let model = if cache {
+            model
+        } else {
+            model.with_prefix_cache(0)
+        };
+        let o = ServeOptions {
+            prefill_chunk: 4,
+            ..options()
+        };
+        let server = Server::start(model, Tokenizer::Bytes, o).unwrap();
+        let url = format!("http://{}", server.addr());
+        (server, url)
+    };
+    let system = "You are a terse assistant. Answer in JSON";
+    assert_eq!(system.len(), 41);
+    // Both 49 bytes, the same first 45.
+    let prompts = [format!("{system}\nQ: one?"), format!("{system}\nQ: two!")];
+    let mut texts = Vec::new();
+    let mut steps = Vec::new();
+    for cache in [false, true] {
+        let (server, url) = serve(cache);
+        let mut out = Vec::new();
+        let mut per_request = Vec::new();
+        for p in &prompts {
+            for (temperature, seed) in [(0.0, 0), (1.0, 9)] {
+                let before = metric(&url, "sinter_prefill_steps_total").await;
+                let v = complete(
+                    &url,
+                    json!({"model": MODEL, "prompt": p, "max_tokens": 12, "temperature": temperature, "seed": seed}),
+                )
+                .await;
+                out.push(v["choices"][0]["text"].as_str().unwrap().to_string());
+                per_request.push(metric(&url, "sinter_prefill_steps_total").await - before);
+            }
+        }
+        let reused = metric(&url, "sinter_prefix_reused_tokens_total").await;
+        if cache {
+            // First prompt: computed, then kept (its 48 aligned tokens); the same prompt
+            // again reuses 48; the second shares 45 bytes with it: 32 aligned, then is
+            // kept itself and reused whole (48) when it comes again.
+            assert_eq!(reused, 48 + 32 + 48, "{per_request:?}");
+        } else {
+            assert_eq!(reused, 0);
+        }
+        texts.push(out);
+        steps.push(per_request);
+        server.shutdown().unwrap();
+    }
+    assert_eq!(texts[0], texts[1], "the prefix cache changed the output");
+    // 49-byte prompts in chunks of 4: 12 prefill steps, and the last byte rides in a decode
+    // step; from 48 cached: no prefill; from 32: 4.
+    assert_eq!(steps[0], vec![12, 12, 12, 12]);
+    assert_eq!(steps[1], vec![12, 0, 4, 0]);
 }

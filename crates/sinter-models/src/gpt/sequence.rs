@@ -193,7 +193,9 @@ impl GptSequence {
     pub fn cache(&self) -> Option<&KvCache> {
         self.cache.as_ref()
     }
-    pub(crate) fn cache_mut(&mut self) -> Option<&mut KvCache> {
+    /// The cache, to fill from outside (a server copies a shared prompt prefix's keys and
+    /// values in, and sets the layers' `len`: those positions are then not pending).
+    pub fn cache_mut(&mut self) -> Option<&mut KvCache> {
         self.cache.as_mut()
     }
 

@@ -63,3 +63,37 @@ pub fn run_script(script: &str, args: &[&str], limit: Duration) -> (bool, String
     let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
     (out.status.success(), text(&out.stdout), text(&out.stderr))
 }
+
+/// A tiny random BERT encoder (2 layers, width 32, 16 positions, 256 byte tokens) and the
+/// embedder that serves it as `name`.
+pub fn tiny_bert(seed: u64) -> sinter_models::Bert {
+    let cfg = sinter_models::BertConfig {
+        vocab_size: 256,
+        hidden: 32,
+        n_layer: 2,
+        n_head: 2,
+        intermediate: 64,
+        max_position: 16,
+        type_vocab_size: 2,
+        dropout: 0.0,
+        attention_dropout: 0.0,
+        layer_norm_eps: 1e-12,
+        hidden_act: sinter_models::HiddenAct::Gelu,
+        pad_token_id: Some(0),
+    };
+    let bert =
+        sinter_models::Bert::encoder_only(cfg, &mut Rng::new(seed), &shared_rng(seed)).unwrap();
+    bert.set_training(false);
+    bert
+}
+
+pub fn tiny_embedder(seed: u64, name: &str) -> sinter_serve::Embedder {
+    let mut e = sinter_serve::Embedder::new(
+        sinter_serve::BertEmbedder::new(tiny_bert(seed)),
+        sinter_serve::Tokenizer::Bytes,
+        name,
+    );
+    // Small batches: a request of a few inputs runs in more than one.
+    e.max_batch = 2;
+    e
+}
