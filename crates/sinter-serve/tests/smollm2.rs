@@ -131,7 +131,9 @@ async fn post_json(url: &str, body: serde_json::Value) -> (u16, serde_json::Valu
 /// and has exactly the schema's shape (its own tokenizer's token texts drive the mask).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn smollm2_answers_in_the_json_schema() {
-    let Some(gguf) = smollm2() else { return };
+    let Some(gguf) = real_weights::smollm2_gguf() else {
+        return;
+    };
     let server = serve(&gguf);
     let url = format!("http://{}/v1/chat/completions", server.addr());
     let schema = serde_json::json!({
@@ -178,7 +180,9 @@ async fn smollm2_answers_in_the_json_schema() {
 async fn minilm_embeddings_equal_bert_embed() {
     use sinter_core::{Device, Tensor};
     use sinter_serve::{BertEmbedder, Embedder};
-    let Some(dir) = real_weights::weights_dir("minilm") else { return };
+    let Some(dir) = real_weights::weights_dir("minilm") else {
+        return;
+    };
     let load = || {
         let b = sinter_models::from_hf_pretrained(&dir, &sinter_nn::module::shared_rng(0)).unwrap();
         b.set_training(false);

@@ -423,7 +423,7 @@ fn serve_runs_an_embedding_model_directory() {
         "--checkpoint",
         "/nonexistent/run",
         "--embedding-model",
-        root.join("crates").to_str().unwrap(),
+        real_weights::repo_root().join("crates").to_str().unwrap(),
         "--device",
         "cpu",
     ]);
