@@ -12,6 +12,7 @@ pub mod device;
 pub mod dtype;
 pub mod error;
 pub mod fused;
+pub mod kernels;
 mod graph;
 pub mod layout;
 mod logical;
