@@ -469,8 +469,12 @@ impl Gpt {
     }
 
     /// The head's weight [vocab, c] when training may run the fused classifier on it: on a
-    /// CUDA device, on the fast path, unquantized (an int8 head keeps its own `linear`).
+    /// CUDA device, on the fast path, unquantized (an int8 head keeps its own `linear`), and
+    /// unless `SINTER_CLASSIFIER=composite` asks for the unfused head and cross-entropy.
     fn fused_head_weight(&self, device: sinter_core::Device) -> Option<&Tensor> {
+        if std::env::var("SINTER_CLASSIFIER").as_deref() == Ok("composite") {
+            return None;
+        }
         let (w, slot) = match &self.lm_head {
             Some(h) if h.bias.is_none() => (&h.weight, &h.quant),
             Some(_) => return None,

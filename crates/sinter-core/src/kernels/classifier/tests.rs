@@ -159,3 +159,29 @@ fn a_batch_of_ignored_rows_has_a_nan_mean_and_no_gradient() {
         assert!(x.grad().unwrap().to_vec_f32().unwrap().iter().all(|&g| g == 0.0));
     }
 }
+
+/// NVRTC compiles `classifier.cu` for sm_80 and sm_90 with every kernel's parameter list as
+/// the launches pass it (skipped without NVRTC unless SINTER_REQUIRE_NVRTC=1, as
+/// sinter-cuda's `nvrtc_compile` test).
+#[test]
+fn nvrtc_compiles_the_kernels_for_sm80_and_sm90() {
+    use sinter_cuda::nvrtc;
+    let required = std::env::var("SINTER_REQUIRE_NVRTC").is_ok_and(|v| v == "1");
+    if !nvrtc::nvrtc_present() || nvrtc::find_cuda_include().is_err() {
+        assert!(!required, "SINTER_REQUIRE_NVRTC=1 but NVRTC or the CUDA headers are missing");
+        eprintln!("skipped: NVRTC not found (run .ci/nvrtc-setup)");
+        return;
+    }
+    let src = sinter_cuda::user_kernel::KernelSource::new("classifier.cu", CLASSIFIER_CU).unwrap();
+    for arch in ["sm_80", "sm_90"] {
+        let ptx = src.ptx(arch).unwrap_or_else(|e| panic!("{arch}: {e}"));
+        for sfx in ["f32", "f16", "bf16"] {
+            for (kernel, params) in [("fused_classifier", 9), ("classifier_grad_scale", 4)] {
+                let name = format!("{kernel}_{sfx}");
+                let e = ptx.entries.iter().find(|e| e.name == name);
+                let e = e.unwrap_or_else(|| panic!("{arch}: no entry {name}"));
+                assert_eq!(e.params.len(), params, "{arch}: {name}'s parameters");
+            }
+        }
+    }
+}
