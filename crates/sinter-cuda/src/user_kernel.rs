@@ -17,8 +17,8 @@ use std::sync::{Arc, Mutex};
 
 use crate::device::CudaDevice;
 use crate::driver::Driver;
-use crate::error::{CudaError, Result};
 use crate::emulated::cost::OpClass;
+use crate::error::{CudaError, Result};
 use crate::launch::{Arg, Launch, Traffic};
 use crate::nvrtc::{self, KernelCache, KernelFile, Output, PtxEntry};
 

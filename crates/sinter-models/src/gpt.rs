@@ -27,8 +27,8 @@ pub use sequence::{ContextPolicy, GptSequence};
 use std::sync::{Arc, Mutex};
 
 use crate::model::{sequence_loss, BatchLoss, Model, IGNORE_INDEX};
-use sinter_core::kernels::classifier::{fused_classifier, padded_vocab};
 use crate::Task;
+use sinter_core::kernels::classifier::{fused_classifier, padded_vocab};
 use sinter_core::{bail, no_grad, DType, Result, Rng, Tensor};
 use sinter_nn::module::{join, NamedTensor};
 use sinter_nn::recompute::{block_forward, Recompute};

@@ -4,8 +4,8 @@
 use half::{bf16, f16};
 use rayon::prelude::*;
 
-use crate::custom_op::{HostInput, HostOutput, HostSlice};
 use crate::cpu::CpuStorage;
+use crate::custom_op::{HostInput, HostOutput, HostSlice};
 use crate::{bail, Result};
 
 /// Rows per parallel task: enough work to pay for the task (vocabularies are large).
@@ -108,16 +108,12 @@ pub(super) fn grad_scale(x: &[HostInput<'_>]) -> Result<Vec<HostOutput>> {
     let k = x[1].f32()?[0];
     let d = match x[0].data() {
         HostSlice::F32(v) => CpuStorage::F32(v.iter().map(|a| a * k).collect()),
-        HostSlice::BF16(v) => CpuStorage::BF16(
-            v.iter()
-                .map(|a| bf16::from_f32(a.to_f32() * k))
-                .collect(),
-        ),
-        HostSlice::F16(v) => CpuStorage::F16(
-            v.iter()
-                .map(|a| f16::from_f32(a.to_f32() * k))
-                .collect(),
-        ),
+        HostSlice::BF16(v) => {
+            CpuStorage::BF16(v.iter().map(|a| bf16::from_f32(a.to_f32() * k)).collect())
+        }
+        HostSlice::F16(v) => {
+            CpuStorage::F16(v.iter().map(|a| f16::from_f32(a.to_f32() * k)).collect())
+        }
         _ => bail!("fused_classifier: its gradient must be f32, bf16 or f16"),
     };
     Ok(vec![HostOutput::new(d, x[0].shape())])

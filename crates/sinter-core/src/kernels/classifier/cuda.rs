@@ -56,13 +56,18 @@ pub(super) fn forward_kernel(dtype: DType, valid: usize, ignore: i64) -> Result<
 /// cannot see (nothing runs there).
 pub(super) fn grad_scale_kernel(dtype: DType) -> Result<CudaKernel> {
     let name = format!("classifier_grad_scale_{}", suffix(dtype));
-    CudaKernel::new("classifier.cu", CLASSIFIER_CU, &name, move |m: &[TensorMeta]| {
-        let count = m[0].numel();
-        let blocks = count.div_ceil(256).clamp(1, MAX_BLOCKS);
-        Ok(KernelLaunch::linear(blocks * 256, 256)?
-            .arg(count as i64)
-            .with_cost(OpClass::Elementwise, Traffic::bytes(4, 0)))
-    })
+    CudaKernel::new(
+        "classifier.cu",
+        CLASSIFIER_CU,
+        &name,
+        move |m: &[TensorMeta]| {
+            let count = m[0].numel();
+            let blocks = count.div_ceil(256).clamp(1, MAX_BLOCKS);
+            Ok(KernelLaunch::linear(blocks * 256, 256)?
+                .arg(count as i64)
+                .with_cost(OpClass::Elementwise, Traffic::bytes(4, 0)))
+        },
+    )
 }
 
 /// Queues the device check of `targets` (on `logits`' CUDA device) against [0, valid), the

@@ -25,8 +25,8 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use crate::backend::{check_indices, IndexUse};
 use crate::custom_op::{CustomOp, OutputSpec};
-pub use cuda::CLASSIFIER_CU;
 use crate::{bail, no_grad, with_custom_backward, DType, Device, Result, Tensor};
+pub use cuda::CLASSIFIER_CU;
 
 /// The vocabulary rounded up to the next multiple of 128 (llm.c's padded vocabulary).
 pub fn padded_vocab(v: usize) -> usize {
@@ -47,7 +47,10 @@ const DTYPES: [DType; 4] = [DType::F32, DType::BF16, DType::F16, DType::I64];
 /// rows f32, dlogits in place of the logits). Built once per pair and cached.
 fn forward_op(dtype: DType, valid: usize, ignore: i64) -> Result<CustomOp> {
     static OPS: OnceLock<Mutex<HashMap<(DType, usize, i64), CustomOp>>> = OnceLock::new();
-    let mut ops = OPS.get_or_init(Default::default).lock().unwrap_or_else(|p| p.into_inner());
+    let mut ops = OPS
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|p| p.into_inner());
     if let Some(op) = ops.get(&(dtype, valid, ignore)) {
         return Ok(op.clone());
     }
@@ -70,7 +73,10 @@ fn forward_op(dtype: DType, valid: usize, ignore: i64) -> Result<CustomOp> {
 /// The backward's op: d · g[0] (in place of d on CUDA; nothing runs when g[0] == 1).
 fn grad_scale_op(dtype: DType) -> Result<CustomOp> {
     static OPS: OnceLock<Mutex<HashMap<DType, CustomOp>>> = OnceLock::new();
-    let mut ops = OPS.get_or_init(Default::default).lock().unwrap_or_else(|p| p.into_inner());
+    let mut ops = OPS
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|p| p.into_inner());
     if let Some(op) = ops.get(&dtype) {
         return Ok(op.clone());
     }

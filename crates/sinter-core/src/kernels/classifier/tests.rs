@@ -22,7 +22,9 @@ fn values(rows: usize, n: usize) -> Vec<f32> {
     let mut s = 0x9e37_79b9_7f4a_7c15u64;
     (0..rows * n)
         .map(|i| {
-            s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            s = s
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
             let u = (s >> 40) as f32 / (1u64 << 24) as f32;
             let spike = if i % 97 == 0 { 8.0 } else { 0.0 };
             (u - 0.5) * 12.0 + spike
@@ -54,7 +56,13 @@ fn assert_close(what: &str, got: &[f32], want: &[f32], rel: f32, abs: f32) {
 fn case(dev: Device, d: DType, rows: usize, n: usize, valid: usize, scale: f32) {
     let ignore = -100;
     let targets: Vec<i64> = (0..rows)
-        .map(|r| if r % 3 == 1 { ignore } else { ((r * 7919) % valid) as i64 })
+        .map(|r| {
+            if r % 3 == 1 {
+                ignore
+            } else {
+                ((r * 7919) % valid) as i64
+            }
+        })
         .collect();
     let host = Tensor::from_vec(values(rows, n), &[rows, n], Device::Cpu).unwrap();
     let t = Tensor::from_vec(targets, &[rows], dev).unwrap();
@@ -81,7 +89,11 @@ fn case(dev: Device, d: DType, rows: usize, n: usize, valid: usize, scale: f32) 
     fused.loss.mul_scalar(scale).unwrap().backward().unwrap();
     want.mul_scalar(scale).unwrap().backward().unwrap();
     let gf = xf.grad().unwrap();
-    assert_eq!(gf.dtype(), d, "{what}: the gradient is in the logits' dtype");
+    assert_eq!(
+        gf.dtype(),
+        d,
+        "{what}: the gradient is in the logits' dtype"
+    );
     let gf = gf.to_vec_f32().unwrap();
     let gw = xr.grad().unwrap().to_vec_f32().unwrap();
     assert_close(&what, &gf, &gw, tol(d), 1e-7);
@@ -127,11 +139,22 @@ fn pads_the_vocabulary_to_a_multiple_of_128() {
 
 #[test]
 fn refuses_bad_targets_shapes_and_a_second_backward() {
-    let x = || Tensor::from_vec(values(2, 8), &[2, 8], Device::Cpu).unwrap().to_var().unwrap();
+    let x = || {
+        Tensor::from_vec(values(2, 8), &[2, 8], Device::Cpu)
+            .unwrap()
+            .to_var()
+            .unwrap()
+    };
     let t = Tensor::from_vec(vec![1i64, 7], &[2], Device::Cpu).unwrap();
-    let e = fused_classifier(&x(), &t, 6, -100).err().unwrap().to_string();
+    let e = fused_classifier(&x(), &t, 6, -100)
+        .err()
+        .unwrap()
+        .to_string();
     assert!(e.contains("target 7 at position 1"), "{e}");
-    let e = fused_classifier(&x(), &t, 9, -100).err().unwrap().to_string();
+    let e = fused_classifier(&x(), &t, 9, -100)
+        .err()
+        .unwrap()
+        .to_string();
     assert!(e.contains("9 valid classes"), "{e}");
     let e = fused_classifier(&x().reshape(&[16]).unwrap(), &t, 8, -100)
         .err()
@@ -151,12 +174,21 @@ fn refuses_bad_targets_shapes_and_a_second_backward() {
 #[test]
 fn a_batch_of_ignored_rows_has_a_nan_mean_and_no_gradient() {
     for dev in devices() {
-        let x = Tensor::from_vec(values(3, 40), &[3, 40], dev).unwrap().to_var().unwrap();
+        let x = Tensor::from_vec(values(3, 40), &[3, 40], dev)
+            .unwrap()
+            .to_var()
+            .unwrap();
         let t = Tensor::from_vec(vec![-1i64; 3], &[3], dev).unwrap();
         let l = fused_classifier(&x, &t, 40, -1).unwrap().loss;
         assert!(l.to_scalar_f32().unwrap().is_nan());
         l.backward().unwrap();
-        assert!(x.grad().unwrap().to_vec_f32().unwrap().iter().all(|&g| g == 0.0));
+        assert!(x
+            .grad()
+            .unwrap()
+            .to_vec_f32()
+            .unwrap()
+            .iter()
+            .all(|&g| g == 0.0));
     }
 }
 
@@ -168,7 +200,10 @@ fn nvrtc_compiles_the_kernels_for_sm80_and_sm90() {
     use sinter_cuda::nvrtc;
     let required = std::env::var("SINTER_REQUIRE_NVRTC").is_ok_and(|v| v == "1");
     if !nvrtc::nvrtc_present() || nvrtc::find_cuda_include().is_err() {
-        assert!(!required, "SINTER_REQUIRE_NVRTC=1 but NVRTC or the CUDA headers are missing");
+        assert!(
+            !required,
+            "SINTER_REQUIRE_NVRTC=1 but NVRTC or the CUDA headers are missing"
+        );
         eprintln!("skipped: NVRTC not found (run .ci/nvrtc-setup)");
         return;
     }
