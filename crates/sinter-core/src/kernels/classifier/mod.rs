@@ -41,12 +41,15 @@ pub struct ClassifierLoss {
     pub rows: Tensor,
 }
 
+/// The forward ops built so far, by (logits dtype, valid classes, ignore index).
+type OpCache = HashMap<(DType, usize, i64), CustomOp>;
+
 const DTYPES: [DType; 4] = [DType::F32, DType::BF16, DType::F16, DType::I64];
 
 /// The forward op for (valid, ignore): inputs (logits, targets, scale [1] f32), outputs (loss
 /// rows f32, dlogits in place of the logits). Built once per pair and cached.
 fn forward_op(dtype: DType, valid: usize, ignore: i64) -> Result<CustomOp> {
-    static OPS: OnceLock<Mutex<HashMap<(DType, usize, i64), CustomOp>>> = OnceLock::new();
+    static OPS: OnceLock<Mutex<OpCache>> = OnceLock::new();
     let mut ops = OPS
         .get_or_init(Default::default)
         .lock()
