@@ -13,6 +13,7 @@ pub mod dtype;
 pub mod error;
 pub mod fused;
 mod graph;
+pub mod kernels;
 pub mod layout;
 mod logical;
 pub mod loss;

@@ -96,6 +96,7 @@ fn prod_sum() -> CustomOp {
             block: (32, 1, 1),
             shared_mem: 0,
             scalars: vec![(n as i64).into()],
+            cost: None,
         })
     })
     .unwrap();

@@ -17,8 +17,9 @@ use std::sync::{Arc, Mutex};
 
 use crate::device::CudaDevice;
 use crate::driver::Driver;
+use crate::emulated::cost::OpClass;
 use crate::error::{CudaError, Result};
-use crate::launch::{Arg, Launch};
+use crate::launch::{Arg, Launch, Traffic};
 use crate::nvrtc::{self, KernelCache, KernelFile, Output, PtxEntry};
 
 /// CUDA C++ source of one or more `extern "C" __global__` kernels.
@@ -156,19 +157,36 @@ pub struct UserLaunch {
     /// Bytes of dynamic shared memory (`extern __shared__`); at most 48 KiB.
     pub shared_mem: u32,
     pub args: Vec<Arg>,
+    /// The launch's traffic and kind of work for the cost model, as the op declares it from
+    /// its shapes (None: `Launch::estimate`'s guess, an elementwise kernel).
+    pub declared: Option<(OpClass, Traffic)>,
 }
 
 impl UserLaunch {
     /// The launch as the drivers take it (its kernel file is not used: the source is given).
     fn plan(&self) -> Launch {
+        // The file only decides the cost model's class here (the source is given).
+        let (file, traffic) = match self.declared {
+            None => (KernelFile::Unary, None),
+            Some((class, t)) => (
+                match class {
+                    OpClass::Row => KernelFile::Reduce,
+                    OpClass::Attention => KernelFile::FlashAttention,
+                    OpClass::Copy => KernelFile::Copy,
+                    OpClass::Gemm => KernelFile::Int8Gemm,
+                    _ => KernelFile::Unary,
+                },
+                Some(t),
+            ),
+        };
         Launch {
-            file: KernelFile::Unary,
+            file,
             name: self.kernel.clone(),
             grid: self.grid,
             block: self.block,
             shared_mem: self.shared_mem,
             args: self.args.clone(),
-            traffic: None,
+            traffic,
         }
     }
 }

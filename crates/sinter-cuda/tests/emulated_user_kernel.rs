@@ -30,6 +30,7 @@ fn launch(kernel: &str, grid: u32, block: u32, args: Vec<Arg>) -> UserLaunch {
         block: (block, 1, 1),
         shared_mem: 0,
         args,
+        declared: None,
     }
 }
 

@@ -26,8 +26,9 @@ pub use sequence::{ContextPolicy, GptSequence};
 
 use std::sync::{Arc, Mutex};
 
-use crate::model::{sequence_loss, BatchLoss, Model};
+use crate::model::{sequence_loss, BatchLoss, Model, IGNORE_INDEX};
 use crate::Task;
+use sinter_core::kernels::classifier::{fused_classifier, padded_vocab};
 use sinter_core::{bail, no_grad, DType, Result, Rng, Tensor};
 use sinter_nn::module::{join, NamedTensor};
 use sinter_nn::recompute::{block_forward, Recompute};
@@ -445,6 +446,73 @@ impl Gpt {
         x.add(&wpe.forward(&pos)?)
     }
 
+    /// The embeddings and every block: ids [b, t] (i64) → hidden states [b, t, c] (before
+    /// the final norm and the head).
+    fn trunk(&self, ids: &Tensor) -> Result<Tensor> {
+        self.check_ids(ids)?;
+        let t = ids.shape()[1];
+        if t > self.config.block_size {
+            bail!(
+                "gpt: sequence of {t} tokens is longer than the context of {}",
+                self.config.block_size
+            );
+        }
+        let mut x = self.drop.forward(&self.embed(ids, 0)?)?;
+        for b in &self.blocks {
+            x = if self.fast_path {
+                block_forward(b, &x, self.recompute, Some(&self.drop_rng))?
+            } else {
+                b.forward_composite(&x)?
+            };
+        }
+        Ok(x)
+    }
+
+    /// The head's weight [vocab, c] when training may run the fused classifier on it: on a
+    /// CUDA device, on the fast path, unquantized (an int8 head keeps its own `linear`), and
+    /// unless `SINTER_CLASSIFIER=composite` asks for the unfused head and cross-entropy.
+    fn fused_head_weight(&self, device: sinter_core::Device) -> Option<&Tensor> {
+        if std::env::var("SINTER_CLASSIFIER").as_deref() == Ok("composite") {
+            return None;
+        }
+        let (w, slot) = match &self.lm_head {
+            Some(h) if h.bias.is_none() => (&h.weight, &h.quant),
+            Some(_) => return None,
+            None => (&self.wte.weight, &self.wte.quant),
+        };
+        let plain = matches!(slot.state(), sinter_nn::quant::QuantState::F32);
+        (device.is_cuda() && self.fast_path && plain).then_some(w)
+    }
+
+    /// Training's loss through the fused classifier (`sinter_core::kernels::classifier`): the
+    /// head over the vocabulary padded to a multiple of 128 (zero rows appended to its weight
+    /// in the compute dtype, so cuBLASLt's aligned kernels run without padding copies), then
+    /// loss and dlogits in one pass over the logits, whose memory holds the gradient after.
+    fn fused_loss(&self, ids: &Tensor, targets: &Tensor, w: &Tensor) -> Result<BatchLoss> {
+        let x = self.trunk(ids)?;
+        let (b, t, c) = (x.shape()[0], x.shape()[1], x.shape()[2]);
+        let h = self.ln_f.forward(&x.reshape(&[b * t, c])?)?;
+        let w = match sinter_core::amp::autocast_dtype() {
+            Some(d) if d != w.dtype() => w.to_dtype(d)?,
+            _ => w.clone(),
+        };
+        let v = self.config.vocab_size;
+        let vp = padded_vocab(v);
+        let w = if vp > v {
+            let pad = Tensor::zeros(&[vp - v, c], w.dtype(), w.device())?;
+            Tensor::cat(&[w, pad], 0)?
+        } else {
+            w
+        };
+        let logits = sinter_core::fused::linear(&h, &w, None)?;
+        let targets = targets.reshape(&[b * t])?.to_device(logits.device())?;
+        let out = fused_classifier(&logits, &targets, v, IGNORE_INDEX)?;
+        Ok(BatchLoss {
+            loss: out.loss,
+            logits: None,
+        })
+    }
+
     /// Final norm and the head: [b, t, c] → [b, t, vocab].
     fn head(&self, x: &Tensor) -> Result<Tensor> {
         let (b, t, c) = (x.shape()[0], x.shape()[1], x.shape()[2]);
@@ -542,23 +610,7 @@ impl Module for Gpt {
     }
     /// ids [b, t] (i64) → logits [b, t, vocab].
     fn forward(&self, ids: &Tensor) -> Result<Tensor> {
-        self.check_ids(ids)?;
-        let t = ids.shape()[1];
-        if t > self.config.block_size {
-            bail!(
-                "gpt: sequence of {t} tokens is longer than the context of {}",
-                self.config.block_size
-            );
-        }
-        let mut x = self.drop.forward(&self.embed(ids, 0)?)?;
-        for b in &self.blocks {
-            x = if self.fast_path {
-                block_forward(b, &x, self.recompute, Some(&self.drop_rng))?
-            } else {
-                b.forward_composite(&x)?
-            };
-        }
-        self.head(&x)
+        self.head(&self.trunk(ids)?)
     }
     fn collect(&self, prefix: &str, out: &mut Vec<NamedTensor>) {
         self.wte.collect(&join(prefix, "wte"), out);
@@ -584,6 +636,9 @@ impl Model for Gpt {
         Task::LanguageModel
     }
     fn loss(&self, inputs: &Tensor, targets: &Tensor) -> Result<BatchLoss> {
-        sequence_loss(&self.forward(inputs)?, targets)
+        match self.fused_head_weight(inputs.device()) {
+            Some(w) => self.fused_loss(inputs, targets, w),
+            None => sequence_loss(&self.forward(inputs)?, targets),
+        }
     }
 }

@@ -273,3 +273,23 @@ fn bert_masked_lm_trains_like_the_cpu() {
     };
     assert_same_steps("bert masked LM", &run(dev), &run(Device::Cpu));
 }
+
+/// The trainer's loss (`Model::loss`): on the CUDA device the head runs over the vocabulary
+/// padded to a multiple of 128 (29 → 128 here) into the fused classifier, on the CPU into the
+/// unfused cross-entropy; GPT (tied head) and the Llama block (untied head) train alike.
+#[test]
+fn the_fused_classifier_loss_trains_like_the_cpu() {
+    use sinter_models::Model;
+    let Some(dev) = cuda() else { return };
+    for (name, cfg) in [("gpt", config(0.0)), ("llama", llama_config())] {
+        let run = |d| {
+            let m = Gpt::new(cfg.clone(), &mut Rng::new(5), &shared_rng(6)).unwrap();
+            train_steps(&m, d, |m, s, dev| {
+                let (x, y) = batch(s);
+                let (x, y) = (x.to_device(dev).unwrap(), y.to_device(dev).unwrap());
+                m.loss(&x, &y).unwrap().loss
+            })
+        };
+        assert_same_steps(&format!("{name} Model::loss"), &run(dev), &run(Device::Cpu));
+    }
+}

@@ -9,6 +9,7 @@
 
 use std::sync::Arc;
 
+pub use sinter_cuda::emulated::cost::{OpClass, Traffic};
 use sinter_cuda::launch::Arg;
 use sinter_cuda::user_kernel::KernelSource;
 
@@ -106,6 +107,9 @@ pub struct KernelLaunch {
     /// Bytes of dynamic shared memory (`extern __shared__`), at most 48 KiB.
     pub shared_mem: u32,
     pub scalars: Vec<Scalar>,
+    /// Bytes and FLOPs of the launch, and its kind, for the GPU cost model (`sinter bench
+    /// gpu-model`); None: the model guesses from the arguments as for an elementwise kernel.
+    pub cost: Option<(OpClass, Traffic)>,
 }
 
 impl KernelLaunch {
@@ -125,7 +129,13 @@ impl KernelLaunch {
             block: (block, 1, 1),
             shared_mem: 0,
             scalars: Vec::new(),
+            cost: None,
         })
+    }
+    /// The same launch with its traffic declared for the cost model.
+    pub fn with_cost(mut self, class: OpClass, t: Traffic) -> KernelLaunch {
+        self.cost = Some((class, t));
+        self
     }
     /// The same launch with one more scalar argument.
     pub fn arg(mut self, s: impl Into<Scalar>) -> KernelLaunch {

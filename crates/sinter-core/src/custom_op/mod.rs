@@ -66,6 +66,6 @@ mod spec;
 
 pub use backward::BackwardCtx;
 pub use cpu::{HostInput, HostOutput, HostSlice};
-pub use cuda::{CudaKernel, KernelLaunch, Scalar};
+pub use cuda::{CudaKernel, KernelLaunch, OpClass, Scalar, Traffic};
 pub use op::{CustomOp, CustomOpBuilder};
 pub use spec::{OutputSpec, TensorMeta};

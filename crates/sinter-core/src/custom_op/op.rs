@@ -189,6 +189,19 @@ impl CustomOp {
                 "custom op `{name}`: declare at least one returned output, and the saved-only ones after every returned one"
             );
         }
+        for (k, s) in specs.iter().enumerate() {
+            let Some(i) = s.in_place_of else { continue };
+            let fits = metas
+                .get(i)
+                .is_some_and(|m| m.shape == s.shape && m.dtype == s.dtype);
+            if !fits {
+                bail!(
+                    "custom op `{name}`: output {k} is declared in place of input {i}, which must exist and have its shape {:?} and dtype {}",
+                    s.shape,
+                    s.dtype
+                );
+            }
+        }
         let guards: Vec<_> = inputs.iter().map(|t| t.storage()).collect();
         let parts: Vec<_> = guards
             .iter()

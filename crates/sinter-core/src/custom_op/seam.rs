@@ -118,6 +118,21 @@ impl CustomForward for CpuStorage {
     }
 }
 
+/// The buffer an in-place output is written to: the input's own when its view is the whole
+/// buffer, else a fresh copy of the view's values.
+fn in_place_buffer(
+    dev: &sinter_cuda::CudaDevice,
+    v: &crate::cuda::storage::DevView,
+) -> Result<std::sync::Arc<sinter_cuda::DeviceBuffer>> {
+    if v.off == 0 && v.len == v.buf.len() {
+        return Ok(v.buf.clone());
+    }
+    let out = alloc(dev, v.len, v.buf.dtype())?;
+    sinter_cuda::ops::copy::cast(dev, v.slice(), out.as_slice())
+        .map_err(|e| Error::Msg(format!("in-place output: {e}")))?;
+    Ok(out)
+}
+
 impl CustomForward for CudaStorage {
     fn custom_forward(
         call: &ForwardCall<'_>,
@@ -142,7 +157,10 @@ impl CustomForward for CudaStorage {
         let outs = call
             .specs
             .iter()
-            .map(|s| alloc(dev, s.numel(), s.dtype))
+            .map(|s| match s.in_place_of {
+                Some(i) => in_place_buffer(dev, &views[i]),
+                None => alloc(dev, s.numel(), s.dtype),
+            })
             .collect::<Result<Vec<_>>>()?;
         let plan = (k.launch)(call.metas)?;
         let args = views
@@ -157,6 +175,7 @@ impl CustomForward for CudaStorage {
             block: plan.block,
             shared_mem: plan.shared_mem,
             args,
+            declared: plan.cost,
         };
         dev.launch_user(&k.source, &launch).map_err(on_device)?;
         Ok(Some(
