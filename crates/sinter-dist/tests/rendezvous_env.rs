@@ -565,7 +565,9 @@ fn mpi_world_must_match_a_torchrun_style_launcher() {
     .unwrap();
     check_world(Some(&slurm), 0, 2).unwrap();
     if !sinter_dist::mpi::built_in() {
-        let e = sinter_dist::mpi::world(Duration::from_secs(1)).err().unwrap();
+        let e = sinter_dist::mpi::world(Duration::from_secs(1))
+            .err()
+            .unwrap();
         assert!(e.to_string().contains("--features sinter/mpi"), "{e}");
     }
 }
