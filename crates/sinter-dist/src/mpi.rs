@@ -16,7 +16,7 @@
 use std::time::Duration;
 
 use crate::comm::Communicator;
-use crate::error::{DistError, Result};
+use crate::error::Result;
 use crate::rendezvous::DistEnv;
 
 /// What to do when MPI is asked for in a build without it.
@@ -29,6 +29,8 @@ pub fn built_in() -> bool {
 
 #[cfg(feature = "mpi")]
 mod imp;
+mod world;
+pub use world::check_world;
 #[cfg(feature = "mpi")]
 mod watchdog;
 
@@ -44,7 +46,7 @@ pub fn world(timeout: Duration) -> Result<Box<dyn Communicator>> {
     #[cfg(not(feature = "mpi"))]
     {
         let _ = timeout;
-        Err(DistError::Backend(format!(
+        Err(crate::error::DistError::Backend(format!(
             "--dist-backend mpi: {BUILD_HINT}"
         )))
     }
@@ -61,26 +63,10 @@ pub fn world_env() -> Result<DistEnv> {
     }
     #[cfg(not(feature = "mpi"))]
     {
-        Err(DistError::Backend(format!(
+        Err(crate::error::DistError::Backend(format!(
             "--dist-backend mpi: {BUILD_HINT}"
         )))
     }
-}
-
-/// The check behind [`world_env`]: `launcher` is what the launcher's variables say (if any
-/// launcher set them), `rank`/`size` what MPI says.
-pub fn check_world(launcher: Option<&DistEnv>, rank: usize, size: usize) -> Result<()> {
-    use crate::rendezvous::EnvSource;
-    let Some(l) = launcher else { return Ok(()) };
-    // Only launchers that start separate processes themselves: an `mpirun` inside a Slurm
-    // allocation may well start fewer ranks than the allocation's tasks.
-    if !matches!(l.source, EnvSource::Torchrun | EnvSource::Cluster(_)) || l.world_size == size {
-        return Ok(());
-    }
-    Err(DistError::Env(format!(
-        "--dist-backend mpi: the launcher's variables ({:?}) count {} ranks but MPI sees rank {rank} of a world of {size}; start the ranks with `mpirun -n {} sinter …` rather than `sinter launch`/torchrun, or pass --dist-backend host",
-        l.source, l.world_size, l.world_size
-    )))
 }
 
 /// Ends MPI at the end of the process: `ok` finalises (every rank must get here), otherwise

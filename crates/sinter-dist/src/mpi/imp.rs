@@ -85,7 +85,7 @@ pub(super) fn world_env() -> Result<DistEnv> {
     start()?;
     let (rank, size) = comm_rank_size(unsafe { ffi::RSMPI_COMM_WORLD });
     let launcher = crate::rendezvous::from_env().ok();
-    super::check_world(launcher.as_ref(), rank, size)?;
+    super::world::check_world(launcher.as_ref(), rank, size)?;
     // Ranks sharing this node's memory: MPI's own notion of "local".
     let mut node: ffi::MPI_Comm = unsafe { ffi::RSMPI_COMM_NULL };
     // SAFETY: MPI is initialised; `node` receives a new communicator that is freed below.
