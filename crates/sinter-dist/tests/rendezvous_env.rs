@@ -553,6 +553,7 @@ fn mpi_world_must_match_a_torchrun_style_launcher() {
     let ompi = parse_env(&env(&[
         ("OMPI_COMM_WORLD_RANK", "0"),
         ("OMPI_COMM_WORLD_SIZE", "4"),
+        ("MASTER_ADDR", "127.0.0.1"),
     ]))
     .unwrap();
     check_world(Some(&ompi), 0, 2).unwrap();
