@@ -10,6 +10,8 @@
 //!   [`init_from_env`].
 //! * [`nccl`]: the NCCL backend (device collectives, host-slice staging, device gradient
 //!   buckets) and the choice between it and the host ring.
+//! * [`mod@mpi`]: MPI's collectives as a third backend (`--dist-backend mpi`, cargo feature
+//!   `mpi`), rank and world size from MPI itself.
 //! * [`launch`]: the library behind `sinter launch`.
 //! * [`scaling`]: analytic scaling model and ZeRO memory accounting.
 //! * [`mod@bench`]: host all-reduce bandwidth.
@@ -28,6 +30,7 @@ pub mod elastic;
 pub mod error;
 pub mod host;
 pub mod launch;
+pub mod mpi;
 pub mod nccl;
 pub mod pipeline;
 pub mod rendezvous;

@@ -45,6 +45,8 @@ pub enum BackendChoice {
     Nccl,
     /// The host ring over TCP (or threads).
     Host,
+    /// MPI's collectives ([`crate::mpi`]); ranks from MPI itself (started by `mpirun`).
+    Mpi,
 }
 
 impl std::str::FromStr for BackendChoice {
@@ -54,8 +56,9 @@ impl std::str::FromStr for BackendChoice {
             "auto" => Ok(BackendChoice::Auto),
             "nccl" => Ok(BackendChoice::Nccl),
             "host" | "tcp" | "gloo" => Ok(BackendChoice::Host),
+            "mpi" => Ok(BackendChoice::Mpi),
             other => Err(DistError::InvalidArgument(format!(
-                "unknown distributed backend '{other}': use auto, nccl or host"
+                "unknown distributed backend '{other}': use auto, nccl, host or mpi"
             ))),
         }
     }
@@ -130,6 +133,10 @@ pub fn select_backend(
     };
     match choice {
         BackendChoice::Host => Ok((Backend::Host, None)),
+        // MPI is chosen before any host ring exists (ranks come from MPI); nothing to agree.
+        BackendChoice::Mpi => Err(DistError::Backend(
+            "--dist-backend mpi does not go through the host ring's backend agreement".into(),
+        )),
         BackendChoice::Nccl => {
             if let Some(why) = local_why() {
                 return Err(DistError::Backend(format!(

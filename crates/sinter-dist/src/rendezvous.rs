@@ -22,6 +22,8 @@ pub enum EnvSource {
     Slurm,
     /// `OMPI_COMM_WORLD_RANK`, …
     OpenMpi,
+    /// MPI itself (`--dist-backend mpi`): `MPI_Comm_rank`/`MPI_Comm_size`.
+    Mpi,
     /// A Kubernetes job system's node-level variables, one rank per pod
     /// ([`crate::cluster_env`]).
     Cluster(NodeSource),

@@ -39,8 +39,12 @@ fn backend_choice_parses_and_rejects_unknown_names() {
         "host".parse::<BackendChoice>().unwrap(),
         BackendChoice::Host
     );
-    let e = "mpi".parse::<BackendChoice>().unwrap_err().to_string();
-    assert!(e.contains("mpi") && e.contains("auto, nccl or host"), "{e}");
+    assert_eq!("mpi".parse::<BackendChoice>().unwrap(), BackendChoice::Mpi);
+    let e = "ucc".parse::<BackendChoice>().unwrap_err().to_string();
+    assert!(
+        e.contains("ucc") && e.contains("auto, nccl, host or mpi"),
+        "{e}"
+    );
 }
 
 #[test]

@@ -530,3 +530,45 @@ fn store_client_errors_when_server_goes_away() {
     drop(server);
     assert!(a.get("x").is_err());
 }
+
+/// `--dist-backend mpi` takes rank and world from MPI; a launcher that started the processes
+/// itself (torchrun's variables, e.g. `sinter launch`) while MPI sees a different world is
+/// refused naming both counts and the fix, whatever MPI library is built in.
+#[test]
+fn mpi_world_must_match_a_torchrun_style_launcher() {
+    use sinter_dist::mpi::check_world;
+    let launched = parse_env(&env(&[
+        ("RANK", "1"),
+        ("WORLD_SIZE", "2"),
+        ("MASTER_ADDR", "127.0.0.1"),
+    ]))
+    .unwrap();
+    let e = check_world(Some(&launched), 0, 1).unwrap_err().to_string();
+    assert!(
+        e.contains("count 2 ranks") && e.contains("world of 1") && e.contains("mpirun -n 2"),
+        "{e}"
+    );
+    check_world(Some(&launched), 1, 2).unwrap();
+    // mpirun's own variables, no launcher, or a Slurm allocation larger than mpirun's -n.
+    let ompi = parse_env(&env(&[
+        ("OMPI_COMM_WORLD_RANK", "0"),
+        ("OMPI_COMM_WORLD_SIZE", "4"),
+        ("MASTER_ADDR", "127.0.0.1"),
+    ]))
+    .unwrap();
+    check_world(Some(&ompi), 0, 2).unwrap();
+    check_world(None, 0, 3).unwrap();
+    let slurm = parse_env(&env(&[
+        ("SLURM_PROCID", "0"),
+        ("SLURM_NTASKS", "8"),
+        ("SLURM_NODELIST", "n1"),
+    ]))
+    .unwrap();
+    check_world(Some(&slurm), 0, 2).unwrap();
+    if !sinter_dist::mpi::built_in() {
+        let e = sinter_dist::mpi::world(Duration::from_secs(1))
+            .err()
+            .unwrap();
+        assert!(e.to_string().contains("--features sinter/mpi"), "{e}");
+    }
+}

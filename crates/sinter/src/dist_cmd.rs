@@ -329,9 +329,14 @@ pub enum Transport {
     Threads,
     /// Threads connected over TCP on 127.0.0.1.
     Tcp,
-    /// Processes (started like `sinter launch`) connected over TCP on 127.0.0.1.
+    /// Processes (started like `sinter launch`) connected over TCP on 127.0.0.1: the host
+    /// backend as training uses it.
+    #[value(alias = "host")]
     Procs,
-    /// All three.
+    /// Processes started by `mpirun`, reducing with MPI (a build with `--features
+    /// sinter/mpi`).
+    Mpi,
+    /// Threads, tcp and procs, and mpi when built in.
     All,
 }
 
@@ -441,12 +446,18 @@ fn bench_allreduce(a: &AllReduceArgs) -> Result<()> {
     let floats = ((a.mb * 1024.0 * 1024.0) as usize / 4).max(1);
     let bytes = floats * 4;
     if a.worker {
-        let mut c = sinter_dist::init_from_env().context("joining the benchmark group")?;
-        let secs = timed_loop(&mut c, floats, a.iters)?;
+        let (mut c, label): (Box<dyn Communicator>, _) = if a.transport == Transport::Mpi {
+            let c = sinter_dist::mpi::world(sinter_dist::default_timeout())?;
+            (c, "mpi processes")
+        } else {
+            let c = sinter_dist::init_from_env().context("joining the benchmark group")?;
+            (Box::new(c), "tcp processes")
+        };
+        let secs = timed_loop(&mut *c, floats, a.iters)?;
         if c.rank() == 0 {
             println!(
                 "{RESULT_TAG}{}",
-                result("tcp processes", c.world_size(), bytes, a.iters, secs)
+                result(label, c.world_size(), bytes, a.iters, secs)
             );
         }
         return Ok(());
@@ -506,6 +517,11 @@ fn bench_allreduce(a: &AllReduceArgs) -> Result<()> {
             .ok_or_else(|| anyhow!("rank 0 printed no result:\n{}", lines.join("\n")))?;
         rows.push(serde_json::from_str(&r).context("reading rank 0's result")?);
     }
+    if a.transport == Transport::Mpi
+        || (a.transport == Transport::All && sinter_dist::mpi::built_in())
+    {
+        rows.push(mpi_row(a)?);
+    }
     println!(
         "{:<15} {:>11} {:>13} {:>13} {:>12}",
         "transport", "time", "algbw GB/s", "busbw GB/s", "of memcpy"
@@ -522,4 +538,41 @@ fn bench_allreduce(a: &AllReduceArgs) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// Starts `mpirun -n RANKS` on this binary as benchmark workers and reads rank 0's result.
+fn mpi_row(a: &AllReduceArgs) -> Result<serde_json::Value> {
+    if !sinter_dist::mpi::built_in() {
+        bail!("--transport mpi: {}", sinter_dist::mpi::BUILD_HINT);
+    }
+    let exe = std::env::current_exe().context("finding this sinter binary for mpirun")?;
+    let mut cmd = std::process::Command::new("mpirun");
+    // Open MPI refuses root and more ranks than cores unless told; MPICH ignores these.
+    cmd.env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        .env("OMPI_MCA_rmaps_base_oversubscribe", "1")
+        .args(["-n", &a.ranks.to_string()])
+        .arg(exe)
+        .args(["bench", "allreduce", "--worker", "--transport", "mpi"])
+        .args(["--mb", &a.mb.to_string(), "--iters", &a.iters.to_string()]);
+    let out = cmd.output().map_err(|e| {
+        if e.kind() == std::io::ErrorKind::NotFound {
+            anyhow!("--transport mpi: mpirun is not on PATH: install Open MPI (`apt-get install openmpi-bin`)")
+        } else {
+            anyhow!("--transport mpi: cannot start mpirun: {e}")
+        }
+    })?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let r = stdout
+        .lines()
+        .find_map(|l| l.split_once(RESULT_TAG).map(|(_, j)| j.to_string()));
+    match (out.status.success(), r) {
+        (true, Some(r)) => Ok(serde_json::from_str(&r).context("reading rank 0's result")?),
+        _ => bail!(
+            "mpirun -n {} failed ({}):\n{stdout}{}",
+            a.ranks,
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    }
 }

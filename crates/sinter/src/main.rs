@@ -227,7 +227,9 @@ fn run() -> Result<()> {
 
 fn main() -> ExitCode {
     signals::die_with_launcher();
-    match run().context("sinter") {
+    let result = run().context("sinter");
+    let ok = result.is_ok();
+    let code = match result {
         // A run stopped by a signal saved its state; its status still says it was stopped.
         Ok(()) => match (signals::requested(), term::output_closed()) {
             (Some(sig), _) => ExitCode::from((128 + sig) as u8),
@@ -245,5 +247,8 @@ fn main() -> ExitCode {
             }
             ExitCode::FAILURE
         }
-    }
+    };
+    // With MPI started (`--dist-backend mpi`): finalise, or abort so no rank waits on this one.
+    sinter_dist::mpi::finish(ok);
+    code
 }

@@ -29,6 +29,46 @@ const RUN: [&str; 18] = [
     "1",
 ];
 
+/// The two-rank run in `dir` reached the serial run's loss `want` on two ranks.
+fn follows_serial(dir: &Path, want: f64, extra: &[&str]) {
+    let s = summary(dir);
+    let got = s["train_loss"].as_f64().unwrap();
+    assert!(
+        (got - want).abs() <= 1e-4 * want.abs(),
+        "{extra:?}: loss {got} vs serial {want}"
+    );
+    assert_eq!(s["world_size"], 2);
+}
+
+/// The same splits with `mpirun -n 2 … --dist-backend mpi`: point-to-point for the pipeline,
+/// sub-communicators and collectives over MPI.
+#[test]
+fn tensor_and_pipeline_parallel_over_mpi_follow_the_serial_run() {
+    let mut runs = Vec::new();
+    for extra in [
+        vec!["--tp", "2"],
+        vec!["--pp", "2", "--micro-batches", "2", "--schedule", "1f1b"],
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let mut a = vec!["train", "--quiet", "--dist-backend", "mpi"];
+        a.extend(RUN);
+        a.extend(extra.iter().copied());
+        a.extend(["--out", dir.path().to_str().unwrap()]);
+        let Some(o) = mpirun(2, &a) else { return };
+        ok(&o);
+        runs.push((dir, extra));
+    }
+    let serial = tempfile::tempdir().unwrap();
+    let mut a = vec!["train", "--quiet"];
+    a.extend(RUN);
+    a.extend(["--out", serial.path().to_str().unwrap()]);
+    ok(&sinter(&a));
+    let want = summary(serial.path())["train_loss"].as_f64().unwrap();
+    for (dir, extra) in &runs {
+        follows_serial(dir.path(), want, extra);
+    }
+}
+
 #[test]
 fn tensor_and_pipeline_parallel_follow_the_serial_run() {
     let serial = tempfile::tempdir().unwrap();
@@ -57,16 +97,13 @@ fn tensor_and_pipeline_parallel_follow_the_serial_run() {
         a.extend(extra.iter().copied());
         a.extend(["--out", dir.path().to_str().unwrap()]);
         ok(&sinter(&a));
-        let s = summary(dir.path());
-        let got = s["train_loss"].as_f64().unwrap();
-        assert!(
-            (got - want).abs() <= 1e-4 * want.abs(),
-            "{extra:?}: loss {got} vs serial {want}"
-        );
-        assert_eq!(s["world_size"], 2);
+        follows_serial(dir.path(), want, &extra);
         // The gathered checkpoint is an ordinary one.
-        let o = sinter(&["eval", "--checkpoint", dir.path().to_str().unwrap()]);
-        ok(&o);
+        ok(&sinter(&[
+            "eval",
+            "--checkpoint",
+            dir.path().to_str().unwrap(),
+        ]));
     }
     // A split that does not fit the ranks is a clear error, not a hang.
     let o = sinter(&[

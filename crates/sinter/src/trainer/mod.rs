@@ -15,7 +15,7 @@ mod run_dir;
 mod setup;
 mod trainer_loop;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 use sinter_core::{Device, Rng};
 use sinter_dist::DistEnv;
 
@@ -75,8 +75,7 @@ pub fn rank_device(requested: &str, resolved: Device, local_rank: usize, gpus: u
 }
 
 fn run_inner(config: TrainConfig, opts: &TrainOptions) -> Result<serde_json::Value> {
-    let env = sinter_dist::rendezvous::from_env()
-        .context("reading the distributed environment (RANK, WORLD_SIZE, …)")?;
+    let env = engine::backend::job_env(opts.dist_backend)?;
     // Only rank 0 writes files and talks.
     let console = Console::new(opts.quiet || env.rank != 0);
     if env.rank == 0 {
@@ -155,7 +154,7 @@ fn start_parallel(
     console: &Console,
 ) -> Result<Started> {
     parallel::check(&config, opts.cuda_graph)?;
-    let (spec, world) = parallel::join(env, mp)?;
+    let (spec, world) = parallel::join(env, mp, opts.dist_backend)?;
     let resumed = load_resume(opts)?;
     let config = keep_global_batch(config, resumed.as_ref(), spec.dp, console)?;
     let mut s = setup(config)?;

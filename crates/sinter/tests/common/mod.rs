@@ -2,6 +2,7 @@
 //! a clear failure, and finding a launched rank. Each test file uses some of it.
 #![allow(dead_code)]
 
+use std::collections::HashMap;
 use std::path::Path;
 use std::process::{Child, Command, ExitStatus, Output};
 use std::time::{Duration, Instant};
@@ -116,4 +117,94 @@ pub fn wait_child(child: &mut Child, limit: Duration, what: &str) -> ExitStatus 
         }
         std::thread::sleep(Duration::from_millis(20));
     }
+
+/// A checkpoint's tensors by name (f32).
+pub fn tensors(dir: &Path) -> HashMap<String, Vec<f32>> {
+    let bytes = std::fs::read(dir.join("checkpoint.safetensors")).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    st.tensors()
+        .into_iter()
+        .map(|(n, v)| {
+            (
+                n,
+                v.data()
+                    .chunks_exact(4)
+                    .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+                    .collect(),
+            )
+        })
+        .collect()
+}
+
+/// Every tensor whose name starts with `prefix` agrees within `tol`, relative:
+/// ‖a − b‖₂ / ‖b‖₂ per tensor (Adam divides by √v, so single elements whose gradient is
+/// nearly zero may move by more than f32 rounding suggests; the tensor norm does not).
+pub fn assert_close(a: &Path, b: &Path, prefix: &str, tol: f64) {
+    let (ta, tb) = (tensors(a), tensors(b));
+    let mut names: Vec<&String> = ta.keys().filter(|n| n.starts_with(prefix)).collect();
+    names.sort();
+    assert!(!names.is_empty(), "no {prefix} tensors");
+    let mut worst = (0f64, String::new());
+    for n in names {
+        let (x, y) = (
+            &ta[n],
+            tb.get(n)
+                .unwrap_or_else(|| panic!("{n} missing from {}", b.display())),
+        );
+        assert_eq!(x.len(), y.len(), "{n}");
+        let diff: f64 = x
+            .iter()
+            .zip(y)
+            .map(|(p, q)| (*p as f64 - *q as f64).powi(2))
+            .sum::<f64>()
+            .sqrt();
+        let norm: f64 = y.iter().map(|q| (*q as f64).powi(2)).sum::<f64>().sqrt();
+        let rel = diff / norm.max(1e-12);
+        if rel > worst.0 {
+            worst = (rel, n.clone());
+        }
+    }
+    assert!(
+        worst.0 <= tol,
+        "{} vs {}: {} differs by {:e} (relative L2)",
+        a.display(),
+        b.display(),
+        worst.1,
+        worst.0
+    );
+}
+
+/// `mpirun -n N sinter ARGS…` (allowed as root, collectives bounded to 60 s), or `None` after
+/// saying why when this build has no MPI backend or `mpirun` is missing; with
+/// `SINTER_REQUIRE_MPI=1` (set by `.ci/run`) those are failures instead.
+pub fn mpirun(n: usize, args: &[&str]) -> Option<Output> {
+    let required = std::env::var("SINTER_REQUIRE_MPI").is_ok_and(|v| v == "1");
+    let why = if !cfg!(feature = "mpi") {
+        Some("this test build has no MPI backend (cargo test --features sinter/mpi)".to_string())
+    } else {
+        match Command::new("mpirun").arg("--version").output() {
+            Ok(o) if o.status.success() => None,
+            Ok(o) => Some(format!("mpirun --version failed: {}", stderr(&o))),
+            Err(e) => Some(format!(
+                "mpirun not found ({e}): apt-get install openmpi-bin"
+            )),
+        }
+    };
+    if let Some(why) = why {
+        assert!(!required, "SINTER_REQUIRE_MPI=1 but {why}");
+        eprintln!("skipped: {why}");
+        return None;
+    }
+    let o = Command::new("mpirun")
+        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        .env("OMPI_MCA_rmaps_base_oversubscribe", "1")
+        // Waiting ranks yield the core instead of spinning (2 shared cores in CI).
+        .env("OMPI_MCA_mpi_yield_when_idle", "1")
+        .env("SINTER_COLLECTIVE_TIMEOUT_S", "60")
+        .args(["-n", &n.to_string(), env!("CARGO_BIN_EXE_sinter")])
+        .args(args)
+        .output()
+        .expect("mpirun runs");
+    Some(o)
 }

@@ -3,6 +3,30 @@
 
 use anyhow::{Context, Result};
 
+/// The world group of a launched job: MPI's world for `--dist-backend mpi`, else the host
+/// ring reached through the launcher's rendezvous store.
+pub fn join_world(
+    env: &sinter_dist::DistEnv,
+    choice: sinter_dist::BackendChoice,
+) -> Result<Box<dyn sinter_dist::Communicator>> {
+    let comm: Box<dyn sinter_dist::Communicator> = if choice == sinter_dist::BackendChoice::Mpi {
+        sinter_dist::mpi::world(sinter_dist::default_timeout())?
+    } else {
+        Box::new(sinter_dist::init(env, &sinter_dist::TcpOptions::default())?)
+    };
+    Ok(comm)
+}
+
+/// Where this process stands in the job: from MPI itself for `--dist-backend mpi` (no
+/// rendezvous variables needed), else from the launcher's variables.
+pub fn job_env(choice: sinter_dist::BackendChoice) -> Result<sinter_dist::DistEnv> {
+    if choice == sinter_dist::BackendChoice::Mpi {
+        return Ok(sinter_dist::mpi::world_env()?);
+    }
+    sinter_dist::rendezvous::from_env()
+        .context("reading the distributed environment (RANK, WORLD_SIZE, …)")
+}
+
 /// What [`pick_backend`] hands back: the shared communicator of the run, the NCCL
 /// communicator for device gradient buckets, and the host ring to keep alive beside NCCL.
 pub type BackendParts = (
@@ -24,6 +48,12 @@ pub fn pick_backend(
 ) -> Result<BackendParts> {
     use sinter_dist::nccl::{agree_backend, LocalSupport};
     use sinter_dist::{Backend, BackendChoice, NcclCommunicator};
+    if choice == BackendChoice::Mpi {
+        if talk {
+            crate::say!("distributed backend: MPI");
+        }
+        return Ok((host, None, None));
+    }
     let ordinal = match device {
         sinter_core::Device::Cuda(o) => Some(o),
         sinter_core::Device::Cpu => None,

@@ -12,8 +12,7 @@ use serde_json::{json, Value};
 use sinter_core::{no_grad, DType, Device, Tensor};
 use sinter_dist::data_parallel::{average_tensors, broadcast_tensors, bucket_bytes, shared};
 use sinter_dist::{
-    DataParallel, DistEnv, ReduceOp, ShardedAlgo, SharedComm, TcpOptions, ZeroOptimizer,
-    ZeroOptions,
+    DataParallel, DistEnv, ReduceOp, ShardedAlgo, SharedComm, ZeroOptimizer, ZeroOptions,
 };
 use sinter_nn::{Optimizer, StepControl, TensorKind};
 
@@ -42,7 +41,7 @@ impl Dist {
         device: Device,
         talk: bool,
     ) -> Result<Dist> {
-        let comm = sinter_dist::init(env, &TcpOptions::default()).with_context(|| {
+        let comm = super::backend::join_world(env, backend).with_context(|| {
             format!(
                 "rank {} of {} could not join the data-parallel group",
                 env.rank, env.world_size

@@ -9,7 +9,7 @@
 //! - [`parallel::ParallelEngine`]: tensor or pipeline parallel GPT replicas (with data
 //!   parallel across them).
 
-mod backend;
+pub(crate) mod backend;
 pub mod graph;
 pub mod local;
 pub mod parallel;

@@ -11,7 +11,7 @@ use anyhow::{anyhow, bail, Context, Result};
 use serde_json::{json, Value};
 use sinter_core::{Device, Tensor};
 use sinter_dist::pipeline::{ParallelSpec, ParallelTrainer, Schedule};
-use sinter_dist::{Communicator, DistEnv, ReduceOp, TcpOptions};
+use sinter_dist::{Communicator, DistEnv, ReduceOp};
 use sinter_models::{Gpt, Task};
 
 use super::{make_optimizer, LoaderShard, LrPlan, Readout, StepEngine};
@@ -45,7 +45,11 @@ pub fn check(config: &TrainConfig, cuda_graph: bool) -> Result<()> {
 }
 
 /// The job's mesh and the world communicator (every rank calls it).
-pub fn join(env: &DistEnv, mp: &ModelParallel) -> Result<(ParallelSpec, Box<dyn Communicator>)> {
+pub fn join(
+    env: &DistEnv,
+    mp: &ModelParallel,
+    backend: sinter_dist::BackendChoice,
+) -> Result<(ParallelSpec, Box<dyn Communicator>)> {
     let schedule: Schedule = mp
         .schedule
         .parse()
@@ -61,13 +65,13 @@ pub fn join(env: &DistEnv, mp: &ModelParallel) -> Result<(ParallelSpec, Box<dyn 
         micro_batches: mp.micro_batches,
         schedule,
     };
-    let comm = sinter_dist::init(env, &TcpOptions::default()).with_context(|| {
+    let comm = super::backend::join_world(env, backend).with_context(|| {
         format!(
             "rank {} of {} could not join the group",
             env.rank, env.world_size
         )
     })?;
-    Ok((spec, Box::new(comm)))
+    Ok((spec, comm))
 }
 
 pub struct ParallelEngine {
