@@ -4,9 +4,11 @@
 //! base.
 
 pub mod adapter;
+pub mod qbase;
 pub mod targets;
 
 pub use adapter::{LoraAdapter, LoraConfig, LoraSlot, Segment};
+pub use qbase::FrozenInt8;
 pub use targets::{
     freeze_base, install, is_adapter_name, module_name, projections, Projection, DEFAULT_TARGETS,
 };
