@@ -6,7 +6,6 @@ use sinter_core::{bail, no_grad, Conv2dParams, Hw, Pool2dParams, Result, Rng, Te
 
 use crate::init;
 use crate::lora::adapter::LoraSlot;
-use crate::lora::qbase::FrozenInt8;
 use crate::module::{
     buffer, join, layer_weight, param, Module, NamedTensor, SharedRng, TensorKind,
 };
@@ -87,7 +86,7 @@ impl Module for Linear {
         layer_weight(prefix, self.handle(), out);
         // A QLoRA base runs its int8 form; the f32 weight left here is released.
         let int8_base = self.quant.int8();
-        if int8_base.is_some_and(|q| q.as_any().is::<FrozenInt8>()) {
+        if int8_base.is_some_and(|q| q.frozen_base()) {
             if let Some(w) = out.last_mut() {
                 w.kind = TensorKind::Frozen;
             }

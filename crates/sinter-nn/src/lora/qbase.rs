@@ -84,4 +84,7 @@ impl Int8Layer for FrozenInt8 {
     fn as_any(&self) -> &dyn Any {
         self
     }
+    fn frozen_base(&self) -> bool {
+        true
+    }
 }
