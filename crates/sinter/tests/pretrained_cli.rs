@@ -424,8 +424,6 @@ fn a_lora_fine_tune_learns_exports_peft_merges_and_generates() {
             "8",
             "--lora-targets",
             ALL_PROJ,
-            "--lr",
-            "1e-2",
             "--export-adapter",
             &extra,
         ],
@@ -657,14 +655,7 @@ fn malformed_adapters_get_clear_errors() {
 fn two_launched_lora_ranks_equal_one_process_with_the_doubled_batch() {
     let f = fixture();
     let (one, two) = (f.path("one"), f.path("two"));
-    let lora = [
-        "--lora-rank",
-        "8",
-        "--lora-targets",
-        ALL_PROJ,
-        "--eval-interval",
-        "100",
-    ];
+    let lora = ["--lora-rank", "8", "--lora-targets", ALL_PROJ];
     f.train(&one, "6", &lora);
     let mut a = vec![
         "launch",
@@ -762,8 +753,6 @@ fn a_qlora_fine_tune_learns_on_an_int8_base() {
             "4",
             "--lora-targets",
             ALL_PROJ,
-            "--lr",
-            "1e-2",
             "--lora-base",
             "int8",
         ],
