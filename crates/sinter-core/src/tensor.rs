@@ -40,6 +40,8 @@ pub(crate) struct Inner {
     // storage in place (`move_to_device_`) moves every holder of this tensor with it.
     pub(crate) node: Option<Node>,
     pub(crate) is_variable: bool,
+    /// Set by `freeze`: a variable that no longer collects gradients (a frozen base weight).
+    pub(crate) frozen: std::sync::atomic::AtomicBool,
     pub(crate) grad: Mutex<Option<Tensor>>,
 }
 
@@ -100,6 +102,7 @@ impl Tensor {
             layout,
             node,
             is_variable: false,
+            frozen: Default::default(),
             grad: Mutex::new(None),
         }))
     }
@@ -269,11 +272,27 @@ impl Tensor {
     }
     /// True for a leaf whose gradient is collected (a parameter).
     pub fn is_variable(&self) -> bool {
-        self.0.is_variable
+        self.0.is_variable && !self.is_frozen()
+    }
+    /// True for a variable that `freeze` stopped from collecting gradients.
+    pub fn is_frozen(&self) -> bool {
+        self.0.frozen.load(std::sync::atomic::Ordering::Relaxed)
+    }
+    /// Stops this variable (and every clone of it) from collecting gradients, in place, as
+    /// PyTorch's `requires_grad_(False)`: ops that read it record nothing for it from now on,
+    /// and its gradient is dropped. A model holding it sees the change without being rebuilt
+    /// (how a LoRA run freezes its base). A no-op on a tensor that is not a variable.
+    pub fn freeze(&self) {
+        if self.0.is_variable {
+            self.0
+                .frozen
+                .store(true, std::sync::atomic::Ordering::Relaxed);
+            self.set_grad(None);
+        }
     }
     /// True when a backward pass through this tensor reaches some variable.
     pub fn tracks_grad(&self) -> bool {
-        self.0.is_variable || self.0.node.is_some()
+        self.is_variable() || self.0.node.is_some()
     }
     pub(crate) fn storage(&self) -> RwLockReadGuard<'_, Storage> {
         self.0.storage.read().unwrap_or_else(|e| e.into_inner())
@@ -321,6 +340,7 @@ impl Tensor {
             layout: arc.layout.clone(),
             node: None,
             is_variable: false,
+            frozen: Default::default(),
             grad: Mutex::new(None),
         });
         Ok(Tensor(Arc::new(Inner {

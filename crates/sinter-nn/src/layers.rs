@@ -5,7 +5,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use sinter_core::{bail, no_grad, Conv2dParams, Hw, Pool2dParams, Result, Rng, Tensor};
 
 use crate::init;
-use crate::module::{buffer, join, layer_weight, param, Module, NamedTensor, SharedRng};
+use crate::lora::adapter::LoraSlot;
+use crate::module::{
+    buffer, join, layer_weight, param, Module, NamedTensor, SharedRng, TensorKind,
+};
 use crate::quant::slot::{Activation, LayerHandle, LayerKind, QuantSlot};
 
 /// y = x Wᵀ + b over the last dimension; weight [out, in].
@@ -14,6 +17,8 @@ pub struct Linear {
     pub bias: Option<Tensor>,
     /// An int8 form installed by `quant::quantize` runs instead of the f32 weights.
     pub quant: QuantSlot,
+    /// A LoRA adapter (`crate::lora`) whose product is added to the output.
+    pub lora: LoraSlot,
 }
 
 impl Linear {
@@ -41,6 +46,7 @@ impl Linear {
             weight,
             bias,
             quant: QuantSlot::default(),
+            lora: LoraSlot::default(),
         }
     }
     pub fn in_features(&self) -> usize {
@@ -49,6 +55,10 @@ impl Linear {
     /// GELU(x Wᵀ + b) with the bias and GELU fused (one GEMM with a GELU epilogue where the
     /// backend has one; the int8 epilogue when quantized).
     pub fn forward_gelu(&self, x: &Tensor) -> Result<Tensor> {
+        if self.lora.get().is_some() {
+            // The adapter's delta goes in before the activation.
+            return self.forward(x)?.gelu();
+        }
         if let Some(y) = self.quant.forward(x, Activation::GeluTanh)? {
             return Ok(y);
         }
@@ -69,6 +79,31 @@ impl Linear {
 
 impl Module for Linear {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let y = self.forward_base(x)?;
+        self.lora.apply(x, y)
+    }
+    fn collect(&self, prefix: &str, out: &mut Vec<NamedTensor>) {
+        layer_weight(prefix, self.handle(), out);
+        // A QLoRA base runs its int8 form; the f32 weight left here is released.
+        let int8_base = self.quant.int8();
+        if int8_base.is_some_and(|q| q.frozen_base()) {
+            if let Some(w) = out.last_mut() {
+                w.kind = TensorKind::Frozen;
+            }
+        }
+        if let Some(b) = &self.bias {
+            param(prefix, "bias", b, out);
+        }
+        self.lora.collect(prefix, out);
+    }
+    fn set_training(&self, training: bool) {
+        self.lora.set_training(training);
+    }
+}
+
+impl Linear {
+    /// The layer without its LoRA adapter: x Wᵀ + b (or the quantized form's product).
+    pub fn forward_base(&self, x: &Tensor) -> Result<Tensor> {
         if let Some(y) = self.quant.forward(x, Activation::None)? {
             return Ok(y);
         }
@@ -82,12 +117,6 @@ impl Module for Linear {
         // One op: leading dims folded into rows (one GEMM, and the weight gradient is one
         // product), the bias added in the GEMM's epilogue where the backend has one.
         sinter_core::fused::linear(x, &self.weight, self.bias.as_ref())
-    }
-    fn collect(&self, prefix: &str, out: &mut Vec<NamedTensor>) {
-        layer_weight(prefix, self.handle(), out);
-        if let Some(b) = &self.bias {
-            param(prefix, "bias", b, out);
-        }
     }
 }
 

@@ -7,6 +7,7 @@ pub mod device;
 pub mod fold;
 pub mod init;
 pub mod layers;
+pub mod lora;
 pub mod loss;
 pub mod mixed_precision;
 pub mod module;

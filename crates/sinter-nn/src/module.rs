@@ -13,6 +13,18 @@ pub enum TensorKind {
     Parameter,
     /// State that is saved but not trained (BatchNorm running statistics).
     Buffer,
+    /// A parameter frozen in place (`Tensor::freeze`: a LoRA run's base weights): part of the
+    /// model, not trained, and not in a LoRA run's checkpoints.
+    Frozen,
+}
+
+/// A parameter's kind: frozen-ness is a property of the tensor, so every walk agrees.
+fn parameter_kind(t: &Tensor) -> TensorKind {
+    if t.is_frozen() {
+        TensorKind::Frozen
+    } else {
+        TensorKind::Parameter
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -64,7 +76,7 @@ pub trait Module: Send + Sync {
     fn parameters(&self) -> Vec<(String, Tensor)> {
         self.named_tensors()
             .into_iter()
-            .filter(|t| t.kind == TensorKind::Parameter)
+            .filter(|t| t.kind == TensorKind::Parameter && !t.tensor.is_frozen())
             .map(|t| (t.name, t.tensor))
             .collect()
     }
@@ -105,7 +117,7 @@ pub(crate) fn param(prefix: &str, name: &str, t: &Tensor, out: &mut Vec<NamedTen
     out.push(NamedTensor {
         name: join(prefix, name),
         tensor: t.clone(),
-        kind: TensorKind::Parameter,
+        kind: parameter_kind(t),
         layer: None,
     });
 }
@@ -113,8 +125,8 @@ pub(crate) fn param(prefix: &str, name: &str, t: &Tensor, out: &mut Vec<NamedTen
 pub(crate) fn layer_weight(prefix: &str, layer: LayerHandle, out: &mut Vec<NamedTensor>) {
     out.push(NamedTensor {
         name: join(prefix, "weight"),
+        kind: parameter_kind(&layer.weight),
         tensor: layer.weight.clone(),
-        kind: TensorKind::Parameter,
         layer: Some(layer),
     });
 }

@@ -652,6 +652,7 @@ fn whole_train(save_init: Option<&Path>) -> Result<Figure> {
         dp: false,
         cuda_graph: false,
         dist_backend: "auto".parse()?,
+        export_adapter: None,
     };
     let summary = trainer::run(config, &opts)?;
     let field = |k: &str| summary.get(k).cloned().unwrap_or(Value::Null);

@@ -52,6 +52,14 @@ pub struct ConfigFile {
     pub fuse_conv_bn: Option<bool>,
     /// Optimizer parameter groups: `PATTERN:lr=X,weight_decay=Y` rules (see param_groups.rs).
     pub param_group: Option<Vec<String>>,
+    /// LoRA: adapters of this rank on a frozen pretrained model.
+    pub lora_rank: Option<usize>,
+    pub lora_alpha: Option<f64>,
+    pub lora_dropout: Option<f32>,
+    pub lora_targets: Option<String>,
+    pub lora_base: Option<String>,
+    /// Where a LoRA run also writes its adapter in PEFT's format.
+    pub export_adapter: Option<PathBuf>,
 
     // How this invocation runs (not saved in checkpoints): see `TrainArgs` for each.
     pub resume: Option<PathBuf>,
@@ -116,6 +124,12 @@ impl ConfigFile {
             early_stop_delta,
             fuse_conv_bn,
             param_group,
+            lora_rank,
+            lora_alpha,
+            lora_dropout,
+            lora_targets,
+            lora_base,
+            export_adapter,
             resume,
             overwrite,
             stop_at_step,
@@ -198,6 +212,81 @@ pub struct TrainConfig {
     /// Optimizer parameter group rules (`--param-group`), in order.
     #[serde(default)]
     pub param_groups: Vec<String>,
+    /// LoRA adapters on a frozen pretrained model (`--lora-rank`); None: full fine-tuning.
+    #[serde(default)]
+    pub lora: Option<LoraSettings>,
+}
+
+/// A run's LoRA settings (saved in its checkpoints, so a resumed run rebuilds its adapters).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct LoraSettings {
+    pub rank: usize,
+    pub alpha: f64,
+    pub dropout: f32,
+    /// A regular expression searched in each projection's Hugging Face module name
+    /// (`model.layers.3.self_attn.q_proj`).
+    pub targets: String,
+    /// How the frozen base is kept: f32, or int8 per output channel (QLoRA).
+    #[serde(default = "f32_base")]
+    pub base: String,
+}
+
+fn f32_base() -> String {
+    "f32".into()
+}
+
+impl LoraSettings {
+    pub fn config(&self) -> sinter_nn::lora::LoraConfig {
+        sinter_nn::lora::LoraConfig {
+            rank: self.rank,
+            alpha: self.alpha,
+            dropout: self.dropout,
+        }
+    }
+    pub fn check(&self) -> Result<()> {
+        self.config()
+            .check()
+            .map_err(|e| anyhow::anyhow!("--lora-rank/--lora-alpha/--lora-dropout: {e}"))?;
+        if !["f32", "int8"].contains(&self.base.as_str()) {
+            bail!("--lora-base must be f32 or int8, got '{}'", self.base);
+        }
+        regex::Regex::new(&self.targets).map_err(|e| {
+            anyhow::anyhow!(
+                "--lora-targets '{}' is not a regular expression: {e}",
+                self.targets
+            )
+        })?;
+        Ok(())
+    }
+}
+
+/// The LoRA settings of a layered config: on when `lora_rank` is given.
+fn lora_settings(c: &ConfigFile) -> Result<Option<LoraSettings>> {
+    let Some(rank) = c.lora_rank else {
+        for (set, flag) in [
+            (c.lora_alpha.is_some(), "--lora-alpha"),
+            (c.lora_dropout.is_some(), "--lora-dropout"),
+            (c.lora_targets.is_some(), "--lora-targets"),
+            (c.lora_base.is_some(), "--lora-base"),
+            (c.export_adapter.is_some(), "--export-adapter"),
+        ] {
+            if set {
+                bail!("{flag} configures LoRA adapters, but there are none; add --lora-rank R");
+            }
+        }
+        return Ok(None);
+    };
+    Ok(Some(LoraSettings {
+        rank,
+        // α = r: the adapter's product at scale 1.
+        alpha: c.lora_alpha.unwrap_or(rank as f64),
+        dropout: c.lora_dropout.unwrap_or(0.0),
+        targets: c
+            .lora_targets
+            .clone()
+            .unwrap_or_else(|| sinter_nn::lora::DEFAULT_TARGETS.into()),
+        base: c.lora_base.clone().unwrap_or_else(f32_base),
+    }))
 }
 
 fn fp32() -> String {
@@ -269,6 +358,12 @@ impl TrainConfig {
         }
         non_negative("--early-stop-delta", self.early_stop_delta)?;
         crate::param_groups::check(&self.param_groups)?;
+        if let Some(l) = &self.lora {
+            l.check()?;
+            if pretrained_path(&self.model).is_none() {
+                bail!("--lora-rank trains adapters on a pretrained model; give --model PATH (a .gguf file or a Hugging Face directory), not {}", self.model);
+            }
+        }
         self.check_parallel()
     }
 }
@@ -460,6 +555,7 @@ impl TrainConfig {
             early_stop_delta: c.early_stop_delta.expect("default"),
             fuse_conv_bn: c.fuse_conv_bn.unwrap_or(false),
             param_groups: c.param_group.clone().unwrap_or_default(),
+            lora: lora_settings(layers)?,
         };
         c.validate()?;
         Ok(c)
@@ -501,6 +597,14 @@ pub fn resume_config(
         optimizer, "--optimizer", format!("the checkpoint holds {}'s state", saved.optimizer);
         grad_accum, "--grad-accum", "a resumed run keeps its global batch";
     );
+    let lora_given = given.lora_rank.is_some()
+        || given.lora_alpha.is_some()
+        || given.lora_dropout.is_some()
+        || given.lora_targets.is_some()
+        || given.lora_base.is_some();
+    if lora_given && lora_settings(given)? != saved.lora {
+        bail!("the --lora-* flags differ from the checkpoint's LoRA settings ({:?}); a resumed run keeps its adapters. Drop them or start a new run", saved.lora);
+    }
     if let Some(b) = given.batch_size.filter(|&b| b != saved.batch_size) {
         if !at_epoch_start {
             bail!("--batch-size {b} differs from the checkpoint's {} (per rank); a resumed run keeps its batch size within an epoch, since the checkpoint's data position counts batches of that size. Drop --batch-size (another number of ranks reshards the batch by itself), or resume from a checkpoint at the start of an epoch", saved.batch_size);

@@ -10,6 +10,7 @@ mod inference;
 mod int8_bench;
 mod int8_checkpoint;
 mod llm_bench;
+mod merge_cmd;
 mod metrics;
 mod param_groups;
 mod plot;
@@ -65,6 +66,8 @@ enum Command {
         #[arg(long)]
         out: PathBuf,
     },
+    /// Fold a LoRA adapter (PEFT format) into its base model and write a Hugging Face model.
+    Merge(merge_cmd::MergeArgs),
     /// Sample text from a GPT checkpoint, printing each token as it is made.
     Generate(serve_cmd::GenerateArgs),
     /// Classify your own PNG/JPEG images or CSV rows with a classifier checkpoint.
@@ -191,6 +194,7 @@ fn train_options(k: &ConfigFile, notes: Vec<String>) -> Result<trainer::TrainOpt
             micro_batches: k.micro_batches.unwrap_or(1),
             schedule: k.schedule.clone().unwrap_or_else(|| "1f1b".into()),
         }),
+        export_adapter: k.export_adapter.clone(),
     })
 }
 
@@ -205,6 +209,15 @@ fn run() -> Result<()> {
             trainer::run(config, &opts)?;
         }
         Command::Eval(a) => eval(&a)?,
+        Command::Merge(a) => {
+            let n = merge_cmd::merge(&a)?;
+            out!(
+                "merged {} ({n} layers) into {} and wrote {}",
+                a.adapter.display(),
+                a.model.display(),
+                a.out.display()
+            );
+        }
         Command::Export { checkpoint, out } => {
             let step = inference::export_hf(&checkpoint, &out)?;
             out!(

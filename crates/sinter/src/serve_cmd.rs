@@ -128,6 +128,10 @@ pub struct GenerateArgs {
     /// matrices otherwise stay in their blocks and run on the quantized dot kernels).
     #[arg(long, requires = "model")]
     dequantize: bool,
+    /// A LoRA adapter in PEFT's format (adapter_config.json, adapter_model.safetensors) to
+    /// apply to --model (merged into its f32 weights).
+    #[arg(long, requires = "model")]
+    adapter: Option<PathBuf>,
     /// Send the prompt as a user message through the model's chat template (--model only).
     #[arg(long, requires = "model")]
     chat: bool,
@@ -235,6 +239,7 @@ fn generate_pretrained(
     let weights = gguf_weights(g.dequantize, device);
     let p = sinter_models::load_pretrained_with_tokenizer_as(path, weights)?;
     p.model.set_training(false);
+    crate::trainer::lora::apply_adapter_opt(&p.model, g.adapter.as_deref())?;
     if device != Device::Cpu {
         sinter_nn::move_module(&p.model, device)?;
     }
@@ -330,6 +335,10 @@ pub struct ServeArgs {
     /// matrices otherwise stay in their blocks and run on the quantized dot kernels).
     #[arg(long, requires = "model")]
     dequantize: bool,
+    /// A LoRA adapter in PEFT's format (adapter_config.json, adapter_model.safetensors) to
+    /// apply to --model (merged into its f32 weights).
+    #[arg(long, requires = "model")]
+    adapter: Option<PathBuf>,
     /// Address to listen on; 127.0.0.1 keeps the server to this machine.
     #[arg(long, default_value = "127.0.0.1")]
     host: String,
@@ -518,6 +527,7 @@ pub fn serve(a: &ServeArgs) -> Result<()> {
         (Some(c), None) => load_lm(c, device)?,
         (None, None) => bail!("give --checkpoint RUN or --model PATH"),
     };
+    crate::trainer::lora::apply_adapter_opt(&lm.gpt, a.adapter.as_deref())?;
     let name = a.model_name.clone().unwrap_or_else(|| lm.name.clone());
     opts.model_name = name.clone();
     let (context, tok_name) = (lm.context, lm.tokenizer.name());

@@ -12,6 +12,7 @@ const RUN: &str = "Run";
 const OPTIM: &str = "Optimization";
 const OUTPUT: &str = "Evaluation, logging and checkpoints";
 const DEVICE: &str = "Device and precision";
+const LORA: &str = "LoRA (adapters on a frozen pretrained model)";
 const PARALLEL: &str = "Parallel training (run under `sinter launch`)";
 
 #[derive(Args, Default)]
@@ -140,6 +141,31 @@ pub struct TrainArgs {
     /// [default: fp32].
     #[arg(long, help_heading = DEVICE)]
     pub precision: Option<String>,
+    /// Train LoRA adapters of this rank on the frozen pretrained --model instead of all its
+    /// weights; checkpoints hold only the adapters, and the run ends by writing them in
+    /// PEFT's format to OUT/adapter [default: off: full fine-tuning].
+    #[arg(long, help_heading = LORA)]
+    pub lora_rank: Option<usize>,
+    /// LoRA's alpha: the adapters' product is scaled by alpha / rank [default: the rank].
+    #[arg(long, help_heading = LORA)]
+    pub lora_alpha: Option<f64>,
+    /// Dropout on the adapters' inputs while training [default: 0].
+    #[arg(long, help_heading = LORA)]
+    pub lora_dropout: Option<f32>,
+    /// Regular expression over the Hugging Face module names of the projections to adapt
+    /// (model.layers.N.self_attn.q_proj, k_proj, v_proj, o_proj, mlp.gate_proj, up_proj,
+    /// down_proj) [default: q_proj|v_proj, PEFT's for Llama].
+    #[arg(long, help_heading = LORA)]
+    pub lora_targets: Option<String>,
+    /// How the frozen base is kept: f32, or int8 (QLoRA: each projection int8 per output
+    /// channel, its f32 weights released; gradients reach the input through the
+    /// dequantized rows) [default: f32].
+    #[arg(long, help_heading = LORA)]
+    pub lora_base: Option<String>,
+    /// Also write the adapters in PEFT's format to this directory at the end [default: only
+    /// OUT/adapter].
+    #[arg(long, help_heading = LORA)]
+    pub export_adapter: Option<PathBuf>,
     /// Activation checkpointing of GPT blocks: none, attn or block (recompute in backward)
     /// [default: none].
     #[arg(long, help_heading = DEVICE)]
@@ -219,6 +245,12 @@ impl TrainArgs {
             early_stop_delta: self.early_stop_delta,
             fuse_conv_bn: on(self.fuse_conv_bn),
             param_group: (!self.param_group.is_empty()).then(|| self.param_group.clone()),
+            lora_rank: self.lora_rank,
+            lora_alpha: self.lora_alpha,
+            lora_dropout: self.lora_dropout,
+            lora_targets: self.lora_targets.clone(),
+            lora_base: self.lora_base.clone(),
+            export_adapter: self.export_adapter.clone(),
             resume: self.resume.clone(),
             overwrite: on(self.overwrite),
             stop_at_step: self.stop_at_step,

@@ -297,3 +297,479 @@ fn bad_pretrained_models_and_data_get_clear_errors() {
         &["config.json"],
     );
 }
+
+/// Every projection of the Llama block, as `--lora-targets`.
+const ALL_PROJ: &str = "q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj";
+
+/// (name, f32 values, shape) of a safetensors file.
+fn read_st(path: &Path) -> Vec<(String, Vec<f32>, Vec<usize>)> {
+    let bytes = std::fs::read(path).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let mut v: Vec<_> = st
+        .tensors()
+        .into_iter()
+        .map(|(n, t)| {
+            let vals = t
+                .data()
+                .chunks_exact(4)
+                .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+                .collect();
+            (n, vals, t.shape().to_vec())
+        })
+        .collect();
+    v.sort_by(|a, b| a.0.cmp(&b.0));
+    v
+}
+
+fn write_st(path: &Path, tensors: &[(String, Vec<f32>, Vec<usize>)]) {
+    let bytes: Vec<Vec<u8>> = tensors
+        .iter()
+        .map(|(_, v, _)| v.iter().flat_map(|x| x.to_le_bytes()).collect())
+        .collect();
+    let views: Vec<(String, safetensors::tensor::TensorView)> = tensors
+        .iter()
+        .zip(&bytes)
+        .map(|((n, _, s), b)| {
+            let v = safetensors::tensor::TensorView::new(safetensors::Dtype::F32, s.clone(), b);
+            (n.clone(), v.unwrap())
+        })
+        .collect();
+    std::fs::write(path, safetensors::serialize(views, &None).unwrap()).unwrap();
+}
+
+/// The base model with the PEFT adapter in `dir` installed by hand through sinter-nn (not
+/// through the CLI's loader): an independent reading of PEFT's names.
+fn base_with_adapter(base: &str, dir: &Path) -> Gpt {
+    let model = load_pretrained(base).unwrap();
+    let tensors = read_st(&dir.join("adapter_model.safetensors"));
+    let cfg: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("adapter_config.json")).unwrap())
+            .unwrap();
+    let (r, alpha) = (
+        cfg["r"].as_u64().unwrap() as usize,
+        cfg["lora_alpha"].as_f64().unwrap(),
+    );
+    let get = |n: &str| {
+        let (_, v, s) = tensors.iter().find(|(m, _, _)| m == n)?;
+        Some(Tensor::from_vec(v.clone(), s, Device::Cpu).unwrap())
+    };
+    let mut used = 0;
+    for (i, b) in model.blocks.iter().enumerate() {
+        let mut on: Vec<(*const sinter_nn::Linear, Vec<sinter_nn::lora::Segment>)> = Vec::new();
+        for p in sinter_nn::lora::projections(b) {
+            let n = format!("base_model.model.model.layers.{i}.{}", p.name);
+            let Some(a) = get(&format!("{n}.lora_A.weight")) else {
+                continue;
+            };
+            let bt = get(&format!("{n}.lora_B.weight")).unwrap();
+            used += 2;
+            let seg = sinter_nn::lora::Segment::new(p.short(), p.rows.clone(), a, bt).unwrap();
+            match on.iter_mut().find(|(l, _)| std::ptr::eq(*l, p.layer)) {
+                Some((_, s)) => s.push(seg),
+                None => on.push((p.layer, vec![seg])),
+            }
+        }
+        let lora_cfg = sinter_nn::lora::LoraConfig {
+            rank: r,
+            alpha,
+            dropout: 0.0,
+        };
+        for (l, segs) in on {
+            let layer = [&b.attn.qkv, &b.attn.proj, &b.mlp.fc, &b.mlp.proj]
+                .into_iter()
+                .find(|x| std::ptr::eq(*x, l))
+                .unwrap();
+            sinter_nn::lora::targets::attach(
+                layer,
+                segs,
+                &lora_cfg,
+                &sinter_nn::module::shared_rng(0),
+            )
+            .unwrap();
+        }
+    }
+    assert_eq!(used, tensors.len(), "tensors the hand loader did not place");
+    model
+}
+
+fn max_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs()))
+}
+
+#[test]
+fn a_lora_fine_tune_learns_exports_peft_merges_and_generates() {
+    let f = fixture();
+    let loss0 = eval_loss(&run_ok(&[
+        "eval",
+        "--model",
+        &f.model,
+        "--data",
+        &f.data,
+        "--context",
+        "32",
+        "--batch-size",
+        "8",
+    ]));
+    let base_bytes = std::fs::read(f.root.join("tiny/model.safetensors")).unwrap();
+    let run = f.path("lora");
+    let extra = f.path("extra-adapter");
+    f.train(
+        &run,
+        "40",
+        &[
+            "--lora-rank",
+            "4",
+            "--lora-alpha",
+            "8",
+            "--lora-targets",
+            ALL_PROJ,
+            "--export-adapter",
+            &extra,
+        ],
+    );
+    let loss = summary(Path::new(&run))["val_loss"].as_f64().unwrap();
+    assert!(loss < loss0 - 0.5, "LoRA validation loss {loss0} → {loss}");
+    // The checkpoint holds only adapters (and their optimizer state); the base is unchanged.
+    let (tensors, _) = checkpoint_content(Path::new(&run));
+    let model_tensors: Vec<&String> = tensors
+        .iter()
+        .map(|(n, _)| n)
+        .filter(|n| n.starts_with("model."))
+        .collect();
+    assert_eq!(model_tensors.len(), 2 * 2 * 7, "{model_tensors:?}");
+    assert!(
+        model_tensors.iter().all(|n| n.contains(".lora.")),
+        "{model_tensors:?}"
+    );
+    assert_eq!(
+        std::fs::read(f.root.join("tiny/model.safetensors")).unwrap(),
+        base_bytes
+    );
+
+    // PEFT's files: names, config, and the checkpoint's adapter values exactly.
+    let adapter = Path::new(&run).join("adapter");
+    let cfg: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(adapter.join("adapter_config.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(cfg["peft_type"], "LORA");
+    assert_eq!(cfg["r"], 4);
+    assert_eq!(cfg["lora_alpha"], 8.0);
+    assert_eq!(cfg["task_type"], "CAUSAL_LM");
+    assert_eq!(cfg["target_modules"].as_array().unwrap().len(), 7);
+    let peft = read_st(&adapter.join("adapter_model.safetensors"));
+    assert_eq!(peft.len(), 28);
+    let (_, q_a, shape) = peft
+        .iter()
+        .find(|(n, _, _)| n == "base_model.model.model.layers.1.self_attn.q_proj.lora_A.weight")
+        .expect("PEFT's name for layer 1's q_proj A");
+    assert_eq!(shape, &[4, 64]);
+    let (_, ck) = tensors
+        .iter()
+        .find(|(n, _)| n == "model.blocks.1.attn.qkv.lora.q_proj.A")
+        .unwrap();
+    let ck: Vec<f32> = ck
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+        .collect();
+    assert_eq!(&ck, q_a);
+    assert_eq!(
+        read_st(&Path::new(&extra).join("adapter_model.safetensors")),
+        peft
+    );
+
+    // Adapter on (loaded by hand) vs merged by `sinter merge`, vs the base.
+    let on = base_with_adapter(&f.model, &adapter);
+    let merged_dir = f.path("merged");
+    run_ok(&[
+        "merge",
+        "--model",
+        &f.model,
+        "--adapter",
+        &adapter.to_string_lossy(),
+        "--out",
+        &merged_dir,
+    ]);
+    let merged = load_pretrained_with_tokenizer(&merged_dir).unwrap();
+    let (l_on, l_merged) = (logits(&on), logits(&merged.model));
+    let d = max_diff(&l_on, &l_merged);
+    assert!(
+        d < 1e-5,
+        "merged logits differ from adapter-on logits by {d}"
+    );
+    assert!(max_diff(&l_on, &logits(&load_pretrained(&f.model).unwrap())) > 1e-2);
+
+    // generate --adapter equals generating with the merged model (greedy).
+    let gen = |model: &str, adapter: Option<&Path>| {
+        let mut a = vec![
+            "generate",
+            "--model",
+            model,
+            "--prompt",
+            "the cat",
+            "--temperature",
+            "0",
+            "--max-new-tokens",
+            "12",
+            "--device",
+            "cpu",
+        ];
+        let s;
+        if let Some(d) = adapter {
+            s = d.to_string_lossy().into_owned();
+            a.extend(["--adapter", s.as_str()]);
+        }
+        run_ok(&a)
+    };
+    let with_adapter = gen(&f.model, Some(&adapter));
+    assert_eq!(with_adapter, gen(&merged_dir, None));
+    assert_ne!(
+        with_adapter,
+        gen(&f.model, None),
+        "the adapter changed nothing"
+    );
+}
+
+#[test]
+fn a_resumed_lora_fine_tune_equals_an_uninterrupted_one() {
+    let f = fixture();
+    let (whole, parts) = (f.path("whole"), f.path("parts"));
+    let lora = ["--lora-rank", "2", "--lora-dropout", "0.1"];
+    f.train(&whole, "20", &lora);
+    f.train(
+        &parts,
+        "20",
+        &[&lora[..], &["--stop-at-step", "10"]].concat(),
+    );
+    run_ok(&["train", "--quiet", "--resume", &parts]);
+    let (a, b) = (
+        checkpoint_content(Path::new(&whole)).0,
+        checkpoint_content(Path::new(&parts)).0,
+    );
+    assert!(a
+        .iter()
+        .any(|(n, _)| n == "model.blocks.0.attn.qkv.lora.v_proj.B"));
+    assert_eq!(
+        a, b,
+        "a resumed LoRA fine-tune differs from an uninterrupted one"
+    );
+    fails_with(
+        &sinter(&["train", "--quiet", "--resume", &parts, "--lora-rank", "3"]),
+        &["--lora-", "checkpoint's LoRA settings"],
+    );
+}
+
+#[test]
+fn malformed_adapters_get_clear_errors() {
+    let f = fixture();
+    let run = f.path("lora");
+    f.train(&run, "2", &["--lora-rank", "2"]);
+    let good = Path::new(&run).join("adapter");
+    let merge = |dir: &Path| {
+        sinter(&[
+            "merge",
+            "--model",
+            &f.model,
+            "--adapter",
+            &dir.to_string_lossy(),
+            "--out",
+            &f.path("m"),
+        ])
+    };
+    let copy = |name: &str| {
+        let d = f.root.join(name);
+        std::fs::create_dir_all(&d).unwrap();
+        for file in ["adapter_config.json", "adapter_model.safetensors"] {
+            std::fs::copy(good.join(file), d.join(file)).unwrap();
+        }
+        d
+    };
+    let set_config = |d: &Path, key: &str, v: serde_json::Value| {
+        let p = d.join("adapter_config.json");
+        let mut c: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap();
+        c[key] = v;
+        std::fs::write(&p, c.to_string()).unwrap();
+    };
+    fails_with(
+        &merge(&f.root.join("nowhere")),
+        &["adapter_config.json", "cannot read"],
+    );
+    let d = copy("ia3");
+    set_config(&d, "peft_type", "IA3".into());
+    fails_with(&merge(&d), &["peft_type", "IA3", "not LORA"]);
+    let d = copy("rank");
+    set_config(&d, "r", 8.into());
+    fails_with(
+        &merge(&d),
+        &[
+            "q_proj.lora_A.weight",
+            "r = 8",
+            "another base model or rank",
+        ],
+    );
+    let d = copy("targets");
+    set_config(&d, "target_modules", serde_json::json!(["q_proj"]));
+    fails_with(&merge(&d), &["v_proj", "target_modules"]);
+    let d = copy("unknown");
+    let mut t = read_st(&d.join("adapter_model.safetensors"));
+    t.push((
+        "base_model.model.model.layers.0.self_attn.rotary.lora_A.weight".into(),
+        vec![0.0; 4],
+        vec![2, 2],
+    ));
+    write_st(&d.join("adapter_model.safetensors"), &t);
+    fails_with(&merge(&d), &["self_attn.rotary", "not a LoRA factor"]);
+    let d = copy("half");
+    let t: Vec<_> = read_st(&d.join("adapter_model.safetensors"))
+        .into_iter()
+        .filter(|(n, _, _)| !n.ends_with("layers.1.self_attn.v_proj.lora_B.weight"))
+        .collect();
+    write_st(&d.join("adapter_model.safetensors"), &t);
+    fails_with(
+        &merge(&d),
+        &["layers.1.self_attn.v_proj.lora_A.weight", "incomplete"],
+    );
+    fails_with(
+        &sinter(&["train", "--model", "llama-tiny", "--lora-rank", "4"]),
+        &["--lora-rank", "pretrained model"],
+    );
+    fails_with(
+        &sinter(&[
+            "train",
+            "--model",
+            &f.model,
+            "--data",
+            &f.data,
+            "--lora-rank",
+            "4",
+            "--lora-targets",
+            "nothing_here",
+        ]),
+        &["no projection matches", "nothing_here"],
+    );
+}
+
+#[test]
+fn two_launched_lora_ranks_equal_one_process_with_the_doubled_batch() {
+    let f = fixture();
+    let (one, two) = (f.path("one"), f.path("two"));
+    let lora = ["--lora-rank", "8", "--lora-targets", ALL_PROJ];
+    f.train(&one, "6", &lora);
+    let mut a = vec![
+        "launch",
+        "--nproc-per-node",
+        "2",
+        "--master-port",
+        "0",
+        "--",
+        "train",
+        "--quiet",
+        "--model",
+        &f.model,
+        "--data",
+        &f.data,
+        "--context",
+        "32",
+        "--batch-size",
+        "4",
+        "--lr",
+        "3e-3",
+        "--steps",
+        "6",
+        "--eval-batches",
+        "0",
+        "--checkpoint-interval",
+        "10",
+        "--device",
+        "cpu",
+        "--out",
+        &two,
+    ];
+    a.extend_from_slice(&lora);
+    ok(&sinter(&a));
+    assert_eq!(summary(Path::new(&two))["world_size"], 2);
+    let floats = |b: &[u8]| -> Vec<f64> {
+        b.chunks_exact(4)
+            .map(|c| f32::from_le_bytes(c.try_into().unwrap()) as f64)
+            .collect()
+    };
+    let (ta, tb) = (
+        checkpoint_content(Path::new(&one)).0,
+        checkpoint_content(Path::new(&two)).0,
+    );
+    assert_eq!(
+        ta.iter().map(|(n, _)| n).collect::<Vec<_>>(),
+        tb.iter().map(|(n, _)| n).collect::<Vec<_>>()
+    );
+    let mut n_model = 0;
+    for ((n, x), (_, y)) in ta.iter().zip(&tb) {
+        if !n.starts_with("model.") {
+            continue;
+        }
+        n_model += 1;
+        let (x, y) = (floats(x), floats(y));
+        let diff = x
+            .iter()
+            .zip(&y)
+            .map(|(p, q)| (p - q).powi(2))
+            .sum::<f64>()
+            .sqrt();
+        let norm = y.iter().map(|q| q * q).sum::<f64>().sqrt().max(1e-12);
+        assert!(
+            diff / norm <= 1e-5,
+            "{n}: 2 ranks differ from 1 by {:e}",
+            diff / norm
+        );
+    }
+    assert_eq!(
+        n_model,
+        2 * 2 * 7,
+        "only the adapters are trained and saved"
+    );
+}
+
+#[test]
+fn a_qlora_fine_tune_learns_on_an_int8_base() {
+    let f = fixture();
+    let loss0 = eval_loss(&run_ok(&[
+        "eval",
+        "--model",
+        &f.model,
+        "--data",
+        &f.data,
+        "--context",
+        "32",
+        "--batch-size",
+        "8",
+    ]));
+    let run = f.path("qlora");
+    f.train(
+        &run,
+        "40",
+        &[
+            "--lora-rank",
+            "4",
+            "--lora-targets",
+            ALL_PROJ,
+            "--lora-base",
+            "int8",
+        ],
+    );
+    let loss = summary(Path::new(&run))["val_loss"].as_f64().unwrap();
+    assert!(loss < loss0 - 0.5, "QLoRA validation loss {loss0} → {loss}");
+    let (tensors, _) = checkpoint_content(Path::new(&run));
+    let model: Vec<&String> = tensors
+        .iter()
+        .map(|(n, _)| n)
+        .filter(|n| n.starts_with("model."))
+        .collect();
+    assert!(
+        model.iter().all(|n| n.contains(".lora.")) && model.len() == 28,
+        "{model:?}"
+    );
+    assert!(Path::new(&run)
+        .join("adapter/adapter_model.safetensors")
+        .exists());
+}

@@ -29,6 +29,11 @@ pub trait Int8Layer: Send + Sync {
         bail!("this int8 layer is not an embedding table")
     }
     fn as_any(&self) -> &dyn Any;
+    /// True for a trainable model's frozen base kept quantized (QLoRA, `lora::FrozenInt8`):
+    /// the layer's f32 weight is released, so it lists as frozen.
+    fn frozen_base(&self) -> bool {
+        false
+    }
 }
 
 /// What calibration records of a layer's inputs: their running min and max (a Conv2d's

@@ -383,6 +383,8 @@ impl Module for CausalSelfAttention {
         self.proj.collect(&join(prefix, "proj"), out);
     }
     fn set_training(&self, training: bool) {
+        self.qkv.set_training(training);
+        self.proj.set_training(training);
         self.attn_dropout.set_training(training);
         self.resid_dropout.set_training(training);
     }

@@ -127,6 +127,8 @@ impl Module for Mlp {
         self.proj.collect(&join(prefix, "proj"), out);
     }
     fn set_training(&self, training: bool) {
+        self.fc.set_training(training);
+        self.proj.set_training(training);
         self.dropout.set_training(training);
     }
 }

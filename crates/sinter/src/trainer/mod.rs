@@ -9,6 +9,7 @@ mod batch;
 mod console;
 pub mod engine;
 mod eval;
+pub mod lora;
 mod options;
 pub mod pretrained;
 mod run_dir;

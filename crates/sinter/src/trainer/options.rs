@@ -26,4 +26,6 @@ pub struct TrainOptions {
     pub dist_backend: sinter_dist::BackendChoice,
     /// `--tp` / `--pp`: tensor or pipeline parallel GPT replicas.
     pub parallel: Option<ModelParallel>,
+    /// `--export-adapter`: where a LoRA run also writes its adapters (PEFT's format).
+    pub export_adapter: Option<PathBuf>,
 }

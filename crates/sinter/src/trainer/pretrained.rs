@@ -29,6 +29,13 @@ pub fn setup_pretrained(config: TrainConfig, path: &Path) -> Result<Setup> {
         (p.model, Some(p.tokenizer))
     };
     check_context(&config, &model, path)?;
+    let dropout_rng = shared_rng(config.seed ^ 0x5eed);
+    if let Some(l) = &config.lora {
+        super::lora::install(&model, l, config.seed, &dropout_rng)?;
+        if l.base == "int8" {
+            super::lora::quantize_base(&mut model)?;
+        }
+    }
     let recompute = config
         .recompute
         .parse()
@@ -46,7 +53,7 @@ pub fn setup_pretrained(config: TrainConfig, path: &Path) -> Result<Setup> {
         val,
         // Nothing is initialised at random; the generators still seed data order and dropout.
         rng: Rng::new(config.seed),
-        dropout_rng: shared_rng(config.seed ^ 0x5eed),
+        dropout_rng,
         config,
     })
 }

@@ -26,11 +26,13 @@ pub struct Setup {
 }
 
 impl Setup {
-    /// The model's tensors (parameters and buffers) by checkpoint name.
+    /// The model's tensors (parameters and buffers) by checkpoint name; a LoRA run's frozen
+    /// base is not among them (its checkpoints hold the adapters, the base is its --model).
     pub fn named_tensors(&self) -> Vec<(String, Tensor)> {
         self.model
             .named_tensors()
             .into_iter()
+            .filter(|t| t.kind != sinter_nn::TensorKind::Frozen)
             .map(|t| (t.name, t.tensor))
             .collect()
     }

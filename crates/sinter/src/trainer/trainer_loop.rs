@@ -510,6 +510,17 @@ impl<'a> Trainer<'a> {
         if let Some(d) = &self.out {
             write_outputs(d, &summary, self.log.as_ref(), &self.s)?;
         }
+        for dir in super::lora::export_dirs(
+            &self.s,
+            self.out.as_deref(),
+            self.opts.export_adapter.as_deref(),
+        ) {
+            super::lora::export_run(&self.s, &dir)?;
+            self.console.note(format!(
+                "adapter written to {} (PEFT format)",
+                dir.display()
+            ));
+        }
         self.final_line(&summary, wall);
         Ok(summary)
     }

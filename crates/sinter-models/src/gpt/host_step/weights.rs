@@ -79,6 +79,10 @@ pub(super) enum Proj<'a> {
 
 impl<'a> Proj<'a> {
     pub(super) fn of(l: &'a Linear) -> Option<Proj<'a>> {
+        // A LoRA adapter left on the layer runs in the tensor path (Linear::forward).
+        if l.lora.get().is_some() {
+            return None;
+        }
         if let Some(q) = int8_form(&l.quant)? {
             return Some(Proj::Int8(q));
         }
