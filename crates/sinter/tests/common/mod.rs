@@ -117,6 +117,7 @@ pub fn wait_child(child: &mut Child, limit: Duration, what: &str) -> ExitStatus 
         }
         std::thread::sleep(Duration::from_millis(20));
     }
+}
 
 /// A checkpoint's tensors by name (f32).
 pub fn tensors(dir: &Path) -> HashMap<String, Vec<f32>> {
