@@ -27,6 +27,49 @@ pub fn built_in() -> bool {
     cfg!(feature = "mpi")
 }
 
+/// True when this process was started by an MPI launcher (Open MPI's `mpirun`, or a PMI/PMIx
+/// launcher such as MPICH's Hydra or Slurm's `srun --mpi=pmix`) rather than by `sinter launch`
+/// or torchrun, whose `RANK`/`WORLD_SIZE` take precedence.
+pub fn started_by_mpirun(vars: &std::collections::HashMap<String, String>) -> bool {
+    let set = |k: &str| vars.get(k).is_some_and(|v| !v.trim().is_empty());
+    !set("RANK")
+        && !set("WORLD_SIZE")
+        && ["OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK"]
+            .iter()
+            .any(|k| set(k))
+}
+
+/// What `--dist-backend auto` means for this process: MPI's own collectives when MPI started
+/// it and this build has MPI (an MPI job then needs no rendezvous address), otherwise `auto` as
+/// before (NCCL on GPUs, else the host ring). Any explicit choice is kept.
+pub fn resolve_auto(
+    choice: crate::BackendChoice,
+    vars: &std::collections::HashMap<String, String>,
+) -> crate::BackendChoice {
+    match choice {
+        crate::BackendChoice::Auto if built_in() && started_by_mpirun(vars) => {
+            crate::BackendChoice::Mpi
+        }
+        c => c,
+    }
+}
+
+/// One line for `sinter info`: whether this build has the MPI backend, and which library.
+pub fn describe() -> String {
+    #[cfg(feature = "mpi")]
+    {
+        format!(
+            "mpi (built in: {}; `--dist-backend auto` uses it under mpirun)",
+            // "Open MPI v4.1.4, package: …": the name and version are enough here.
+            imp::mpi_library().split(',').next().unwrap_or_default()
+        )
+    }
+    #[cfg(not(feature = "mpi"))]
+    {
+        "mpi not built in (rebuild with `--features sinter/mpi`)".into()
+    }
+}
+
 #[cfg(feature = "mpi")]
 mod imp;
 mod world;

@@ -167,7 +167,7 @@ pub fn parse_env(vars: &HashMap<String, String>) -> Result<DistEnv> {
             None if world == 1 => None,
             None => {
                 return Err(DistError::Env(
-                    "Open MPI job spanning several hosts: set MASTER_ADDR (e.g. `mpirun -x MASTER_ADDR=<host of rank 0>`)".into(),
+                    "Open MPI job spanning several hosts: set MASTER_ADDR (e.g. `mpirun -x MASTER_ADDR=<host of rank 0>`) for the host ring, or use MPI's own collectives with `--dist-backend mpi` (a build with `--features sinter/mpi`)".into(),
                 ))
             }
         };

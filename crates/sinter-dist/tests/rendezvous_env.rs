@@ -181,6 +181,36 @@ fn openmpi_variables() {
     assert_eq!(e.master_addr.as_deref(), Some("host0"));
 }
 
+/// `--dist-backend auto` becomes MPI only for a process an MPI launcher started (and only in
+/// a build with MPI); torchrun-style variables, or an explicit choice, win.
+#[test]
+fn auto_under_mpirun_means_mpi_in_a_build_with_mpi() {
+    use sinter_dist::mpi::{built_in, resolve_auto, started_by_mpirun};
+    use sinter_dist::BackendChoice::{Auto, Host, Mpi, Nccl};
+    let ompi = env(&[("OMPI_COMM_WORLD_RANK", "1"), ("OMPI_COMM_WORLD_SIZE", "2")]);
+    let hydra = env(&[("PMI_RANK", "0"), ("PMI_SIZE", "2")]);
+    let pmix = env(&[("PMIX_RANK", "0")]);
+    let launched = env(&[
+        ("OMPI_COMM_WORLD_SIZE", "2"),
+        ("RANK", "0"),
+        ("WORLD_SIZE", "2"),
+    ]);
+    for (vars, by_mpi) in [
+        (&ompi, true),
+        (&hydra, true),
+        (&pmix, true),
+        (&launched, false),
+        (&HashMap::new(), false),
+    ] {
+        assert_eq!(started_by_mpirun(vars), by_mpi, "{vars:?}");
+        let want = if by_mpi && built_in() { Mpi } else { Auto };
+        assert_eq!(resolve_auto(Auto, vars), want, "{vars:?}");
+        for explicit in [Host, Nccl, Mpi] {
+            assert_eq!(resolve_auto(explicit, vars), explicit);
+        }
+    }
+}
+
 #[test]
 fn nothing_set_is_single_process() {
     let e = parse_env(&HashMap::new()).unwrap();

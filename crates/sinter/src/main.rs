@@ -187,7 +187,10 @@ fn train_options(k: &ConfigFile, notes: Vec<String>) -> Result<trainer::TrainOpt
         stop_at_step: k.stop_at_step,
         dp: on(k.dp),
         cuda_graph: on(k.cuda_graph),
-        dist_backend: k.dist_backend.as_deref().unwrap_or("auto").parse()?,
+        dist_backend: sinter_dist::mpi::resolve_auto(
+            k.dist_backend.as_deref().unwrap_or("auto").parse()?,
+            &std::env::vars().collect(),
+        ),
         parallel: k.model_parallel().then(|| trainer::ModelParallel {
             tp: k.tp_or_1(),
             pp: k.pp_or_1(),

@@ -348,6 +348,11 @@ pub fn info_report() -> String {
         o,
         "precisions (--precision): fp32, tf32 (CUDA tensor cores; fp32 on the CPU), bf16, fp16 (f32 master weights; fp16 with loss scaling)"
     );
+    let _ = writeln!(
+        o,
+        "distributed backends (--dist-backend): host, nccl (CUDA), {}",
+        sinter_dist::mpi::describe()
+    );
     let _ = writeln!(o, "models: {}", sinter_models::MODEL_NAMES.join(", "));
     let _ = writeln!(
         o,

@@ -109,8 +109,8 @@ fn two_launched_processes_equal_one_process_with_the_doubled_batch() {
     assert_close(zero1.path(), one.path(), "optim.", 1e-4);
 }
 
-/// `mpirun -n 2 sinter train --dist-backend mpi`: data parallel and ZeRO 1/2 over MPI's
-/// collectives (rank and world from MPI, no rendezvous) end with the weights and optimizer
+/// `mpirun -n 2 sinter train --dist-backend mpi` (or `auto`): data parallel and ZeRO 1/2 over
+/// MPI's collectives (rank and world from MPI, no rendezvous) end with the weights and optimizer
 /// state of one process with the doubled batch; ranks started by `sinter launch` instead are
 /// refused, naming the fix.
 #[test]
@@ -120,13 +120,19 @@ fn mpi_ranks_equal_one_process() {
     a.push(one.path().to_str().unwrap());
     a.extend_from_slice(&MLP);
     let mut runs = Vec::new();
-    for zero in ["0", "1", "2"] {
+    // ZeRO 0 through `--dist-backend auto`, which under mpirun means MPI (no rendezvous).
+    for (zero, backend) in [("0", "auto"), ("1", "mpi"), ("2", "mpi")] {
         let dir = tempfile::tempdir().unwrap();
-        let mut b: Vec<&str> = vec!["train", "--quiet", "--dist-backend", "mpi", "--zero", zero];
+        let mut b: Vec<&str> = vec!["train", "--dist-backend", backend, "--zero", zero];
         b.extend(["--batch-size", "16", "--out", dir.path().to_str().unwrap()]);
         b.extend_from_slice(&MLP);
         let Some(o) = mpirun(2, &b) else { return };
         ok(&o);
+        assert!(
+            stderr(&o).contains("distributed backend: MPI"),
+            "--dist-backend {backend}: {}",
+            stderr(&o)
+        );
         runs.push(dir);
     }
     ok(&sinter(&a));
