@@ -4,14 +4,21 @@
 # rank each, training the MLP on digits. What it checks:
 #
 #   1. 2 and 4 nodes end with the weights of one process with the N-fold batch (f32 rounding);
-#   2. a lossy link (1 % of packets dropped at every node by iptables' statistic match, and
+#   2. MPI across the nodes: `mpirun` in node 0 with `ip netns exec` as its rsh agent, DP under
+#      `--dist-backend auto` (= MPI under mpirun) ends with one process's weights; MPI's
+#      all-reduce bus bandwidth over the bridge (skipped, saying so, without mpirun or a binary
+#      built with MPI);
+#   3. a lossy link (1 % of packets dropped at every node by iptables' statistic match, and
 #      `tc netem delay 20ms` where the kernel has sch_netem) gives the same weights bit for bit,
 #      slower (the slowdown is printed);
-#   3. a partition: one node of 4 cut off (iptables DROP on its link) after the run's first
+#   4. a partition: one node of 4 cut off (iptables DROP on its link) after the run's first
 #      checkpoint ends the round within the collective timeout, the ranks' errors naming the
 #      operation, its sequence number and the rank waited for (node = rank here); with
 #      `--max-restarts 1` and the link healed, the launchers restart the group from the last
-#      checkpoint and it ends with the undisturbed 4-node run's weights, bit for bit.
+#      checkpoint and it ends with the undisturbed 4-node run's weights, bit for bit;
+#   5. a node's launcher killed (SIGKILL): its rank dies with it, its namespace empties, and
+#      with `--min-nodes 3` the other three restart the group at world size 3 from the
+#      checkpoint and finish.
 #
 #   deploy/testbed/netns-nodes.sh [path/to/sinter]     (as root; default target/debug/sinter)
 #
@@ -90,7 +97,7 @@ start() {
     for i in $(seq 0 $((n - 1))); do
         in_ns "$i" timeout -s KILL "$LIMIT_S" "$BIN" launch --nproc-per-node 1 \
             --nnodes "$n" --node-rank "$i" --master-addr "${ADDR[0]}" --master-port "$PORT" \
-            --grace-period 2 "${launch_flags[@]}" -- "${train[@]}" --batch-size 16 \
+            --grace-period 2 "${launch_flags[@]}" -- "${train[@]}" --batch-size "${BATCH:-16}" \
             --out "$out" "${extra[@]}" >"$out.node$i.log" 2>&1 &
         PIDS+=($!)
     done
@@ -175,7 +182,50 @@ done
 echo "host all-reduce over the bridge, 16 MiB per rank: 2 nodes $(busbw 2 16 ar2) GB/s," \
     "4 nodes $(busbw 4 16 ar4) GB/s bus bandwidth"
 
-# 2. A lossy (and, with netem, slow) link.
+# 2. MPI across the namespaces: `mpirun` in node 0 starts one rank per node through an rsh
+# agent that is `ip netns exec` (as ssh would reach a real machine), MPI's TCP transport on
+# the bridge; DP under `--dist-backend auto` (MPI, since mpirun started it) must end with one
+# process's weights, and MPI's all-reduce gets its bus bandwidth over the same link.
+cat >"$TMP/netns-rsh" <<'AGENT'
+#!/bin/sh
+# Open MPI's rsh agent: "netns-rsh HOST COMMAND…" runs COMMAND in the namespace owning HOST.
+host=$1; shift
+exec ip netns exec "$(cat "$(dirname "$0")/ns.$host")" sh -c "$*"
+AGENT
+chmod +x "$TMP/netns-rsh"
+for i in $(seq 0 $((NODES - 1))); do echo "${NS[$i]}" >"$TMP/ns.${ADDR[$i]}"; done
+# mpi_run N ARGS…: `mpirun -n N sinter ARGS…` over nodes 0..N-1, bounded in time.
+mpi_run() {
+    local n=$1 hosts
+    shift
+    hosts=$(IFS=,; echo "${ADDR[*]:0:$n}")
+    in_ns 0 env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
+        OMPI_MCA_mpi_yield_when_idle=1 SINTER_COLLECTIVE_TIMEOUT_S=60 \
+        timeout -s KILL "$LIMIT_S" mpirun -n "$n" --host "$hosts" \
+        --mca plm_rsh_agent "$TMP/netns-rsh" --mca oob_tcp_if_include 10.254.32.0/24 \
+        --mca btl tcp,self --mca btl_tcp_if_include 10.254.32.0/24 "$BIN" "$@"
+}
+if ! command -v mpirun >/dev/null; then
+    echo "SKIP (part): no mpirun (apt-get install openmpi-bin); MPI across nodes not tested"
+elif ! "$BIN" info | grep -aq "mpi (built in"; then
+    echo "SKIP (part): $BIN has no MPI backend (build with --features sinter/mpi); MPI across nodes not tested"
+else
+    t0=$(ms)
+    # Not --quiet: rank 0 names the backend it chose.
+    mpi_run 2 train "${train[@]:2}" --steps "$STEPS" --checkpoint-interval "$STEPS" --batch-size 16 \
+        --out "$TMP/mpi2" >"$TMP/mpi2.log" 2>&1 || { cat "$TMP/mpi2.log" >&2; die "mpirun over 2 nodes failed"; }
+    t=$(($(ms) - t0))
+    grep -q "distributed backend: MPI" "$TMP/mpi2.log" || { cat "$TMP/mpi2.log" >&2; die "--dist-backend auto under mpirun did not use MPI"; }
+    check "$TMP/one2" "$TMP/mpi2"
+    echo "MPI across 2 nodes (mpirun, rsh agent = ip netns exec), $STEPS MLP steps: $t ms"
+    bw=$(mpi_run 2 bench allreduce --worker --transport mpi --ranks 2 --mb 16 --iters 5 2>"$TMP/mpibw.log" \
+        | sed -n 's/.*SINTER_ALLREDUCE_RESULT //p' \
+        | python3 -c 'import json, sys; print("%.2f" % json.load(sys.stdin)["busbw_gbs"])') \
+        || { cat "$TMP/mpibw.log" >&2; die "MPI all-reduce bench over 2 nodes failed"; }
+    echo "MPI all-reduce over the bridge, 16 MiB per rank: 2 nodes $bw GB/s bus bandwidth"
+fi
+
+# 3. A lossy (and, with netem, slow) link.
 L_STEPS=${L_STEPS:-100}
 lossy() {
     for i in 0 1; do
@@ -207,8 +257,8 @@ else
     exit 0
 fi
 
-# 3. A partition of node 3 after the first checkpoint, healed once the round has failed.
-P_STEPS=${P_STEPS:-300}
+# 4. A partition of node 3 after the first checkpoint, healed once the round has failed.
+export P_STEPS=${P_STEPS:-300}
 P_EVERY=20
 cut() { in_ns 3 iptables -A INPUT -i "${VB[3]}" -j DROP; in_ns 3 iptables -A OUTPUT -o "${VB[3]}" -j DROP; }
 heal() { in_ns 3 iptables -F INPUT; in_ns 3 iptables -F OUTPUT; }
@@ -236,4 +286,46 @@ echo "partition of node 3 after step $P_EVERY: node 0's launcher restarted the g
 grep -h "timed out after" "$TMP"/part.node*.log | sed 's/^/    /' | head -4
 check "$TMP/ref4" "$TMP/part" exact
 echo "healed and restarted from the last checkpoint: the weights equal the undisturbed 4-node run's (${t_ref} ms) bit for bit"
+
+# 5. A node's launcher killed (SIGKILL, as when its machine dies) after the first checkpoint:
+# its rank dies with it, nothing is left in its namespace, and with `--min-nodes 3` the other
+# three launchers restart the group without it, from the checkpoint, at world size 3 (the
+# global batch of 48 then splits 16 per rank instead of 12).
+BATCH=12 start 4 "$TMP/kill" --max-restarts 1 --min-nodes 3 --max-nodes 4 --rdzv-last-call 1 \
+    --rdzv-timeout 60 -- --steps "$P_STEPS" --checkpoint-interval "$P_EVERY"
+t0=$(ms)
+until [ -e "$TMP/kill/checkpoint.safetensors" ]; do
+    [ $(($(ms) - t0)) -lt $((LIMIT_S * 1000)) ] || die "no checkpoint within $LIMIT_S s"
+    sleep 0.05
+done
+# in_ns_cmds I: "PID ARGS" of every process in node I's namespace.
+in_ns_cmds() {
+    local p
+    for p in $(ip netns pids "${NS[$1]}"); do
+        echo "$p $(tr '\0' ' ' <"/proc/$p/cmdline" 2>/dev/null)"
+    done
+}
+launcher=$(in_ns_cmds 3 | awk -v b="$BIN" '$2 == b && $3 == "launch" { print $1 }')
+[ -n "$launcher" ] || { in_ns_cmds 3 >&2; die "node 3's launcher is not running"; }
+kill -KILL $launcher
+t_kill=$(ms)
+until [ -z "$(ip netns pids "${NS[3]}")" ]; do
+    [ $(($(ms) - t_kill)) -lt 10000 ] || { in_ns_cmds 3 >&2; die "processes left in node 3's namespace 10 s after its launcher was killed"; }
+    sleep 0.05
+done
+t_gone=$(ms)
+wait "${PIDS[3]}" 2>/dev/null || true
+PIDS=("${PIDS[@]:0:3}")
+finish "$TMP/kill"
+python3 - "$TMP/kill/summary.json" <<'PY'
+import json, sys
+s = json.load(open(sys.argv[1]))
+assert s["world_size"] == 3, f"world size {s['world_size']} after the restart, want 3"
+assert s["steps"] == int(__import__("os").environ.get("P_STEPS", "300")), s["steps"]
+assert s.get("resumed_from_step") is not None, "the restart did not resume from the checkpoint"
+print(f"    resumed from step {s['resumed_from_step']} at world size 3, ran to step {s['steps']}")
+PY
+grep -q "restart 1 of 1" "$TMP/kill.node0.log" || { cat "$TMP/kill.node0.log" >&2; die "node 0's launcher did not restart the group"; }
+echo "node 3's launcher killed after step $P_EVERY: its namespace empty $((t_gone - t_kill)) ms later;" \
+    "nodes 0-2 restarted the group at world size 3 and finished"
 echo "PASS"
