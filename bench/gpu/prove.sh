@@ -6,6 +6,10 @@
 #   bench/gpu/prove.sh check   # bench/gpu-check: conformance + CPU-vs-GPU loss curves
 #   bench/gpu/prove.sh bench   # sinter_gpu_bench.sh all, then train_bench.sh all
 #   bench/gpu/prove.sh profile # GPU time per kernel of 3 GPT-2 bf16 training steps (ncu)
+#   bench/gpu/prove.sh speed   # issue 24's measured goals in one call of under 8 minutes:
+#                              # attention beside SDPA's cudnn and flash backends, GPT-2 at
+#                              # batch 16 and 64 beside eager and torch.compile, BERT, and the
+#                              # cost model's prediction of the same steps (calibration)
 #
 # Each part writes under $OUT (else bench/gpu/out/prove) and packs everything it wrote into
 # $OUT/<part>.tgz, since the device tool returns only files at most two folders down.
@@ -73,8 +77,25 @@ profile)
     "${PYTHON}" bench/gpu/ncu_summary.py "${OUT_DIR}/ncu.csv" --divide 3 --top 40 | tee "${OUT_DIR}/profile.txt" || rc=$?
     gzip -f "${OUT_DIR}/ncu.csv"
     ;;
+speed)
+    D="${OUT_DIR}/speed"
+    mkdir -p "${D}"
+    timeout 45 "${CARRY}/sinter" bench gpu attention --out "${D}/sinter_attention.md" > "${D}/sinter_attention.log" 2>&1 || rc=$?
+    for b in cudnn flash; do
+        timeout 45 "${PYTHON}" bench/gpu/torch_sdpa.py --backend "${b}" > "${D}/sdpa_${b}.jsonl" 2> "${D}/sdpa_${b}.log" || rc=$?
+    done
+    "${PYTHON}" bench/gpu/attention_table.py "${D}" | tee "${D}/attention.md" || rc=$?
+    for batch in 16 64; do
+        SINTER="${CARRY}/sinter" OUT="${D}/gpt2_b${batch}" GPT2_BATCH="${batch}" STEPS=30 LOG=10 \
+            timeout 150 bench/gpu/train_bench.sh gpt2 || rc=$?
+        # The cost model's prediction of the same step, for the calibration table in RESULTS.md.
+        timeout 60 "${CARRY}/sinter" bench gpu-model --model gpt2 --batch-size "${batch}" --context 1024 \
+            --precision bf16 > "${D}/predicted_b${batch}.md" 2>&1 || rc=$?
+    done
+    SINTER="${CARRY}/sinter" OUT="${D}/bert" STEPS=30 LOG=10 timeout 60 bench/gpu/train_bench.sh bert || rc=$?
+    ;;
 *)
-    echo "prove: unknown part '${PART}'; valid: tests, check, bench, profile" >&2
+    echo "prove: unknown part '${PART}'; valid: tests, check, bench, profile, speed" >&2
     exit 2
     ;;
 esac
