@@ -126,3 +126,54 @@ pub(super) fn step_finish_storage(
     let (cv, tv) = (ctl.0.window(ctl.1)?, lr_table.0.window(lr_table.1)?);
     ka::step_finish(ctl.0.device(), cv.slice(), tv.slice(), scaler).on("step_finish")
 }
+
+/// One parameter of [`adamw_many_storage`]: (param, grad, m, v) and (weight decay, lr,
+/// lr_scale).
+pub(super) type CudaSlot<'a> = (
+    (&'a mut CudaStorage, &'a Layout),
+    (&'a CudaStorage, &'a Layout),
+    (&'a mut CudaStorage, &'a Layout),
+    (&'a mut CudaStorage, &'a Layout),
+    (f64, f64, f32),
+);
+
+/// AdamW of many parameters of one device: one launch per `ka::ADAMW_SLOTS` of them.
+pub(super) fn adamw_many_storage(
+    slots: Vec<CudaSlot<'_>>,
+    h: AdamWParams,
+    ctl: Option<(&CudaStorage, &Layout)>,
+) -> Result<()> {
+    let op = "adamw_step";
+    let Some(dev) = slots.first().map(|s| s.1 .0.device().clone()) else {
+        return Ok(());
+    };
+    // The windows (a cast copy for a non-f32 gradient) live until the launches are queued.
+    let mut views = Vec::with_capacity(slots.len());
+    for (p, g, m, v, k) in slots {
+        let st = (state(op, p.0, p.1)?, g.0.window_as(g.1, DType::F32)?);
+        views.push((st.0, st.1, state(op, m.0, m.1)?, state(op, v.0, v.1)?, k));
+    }
+    let list: Vec<ka::AdamSlot<'_>> = views
+        .iter()
+        .map(|(p, g, m, v, (wd, lr, lr_scale))| ka::AdamSlot {
+            param: p.slice(),
+            grad: g.slice(),
+            m: m.slice(),
+            v: v.slice(),
+            weight_decay: *wd,
+            lr: *lr,
+            lr_scale: *lr_scale,
+        })
+        .collect();
+    let cfg = ka::AdamW {
+        hyper: h,
+        grad_scale: 1.0,
+    };
+    let cv = ctl.map(|(c, l)| c.window(l)).transpose()?;
+    match &cv {
+        // The step number is read on the device; the plan only checks it is 1-based.
+        Some(c) => ka::adamw_multi(&dev, &list, &cfg.at_step(1), Some(c.slice())),
+        None => ka::adamw_multi(&dev, &list, &cfg, None),
+    }
+    .on(op)
+}

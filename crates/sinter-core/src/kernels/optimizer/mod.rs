@@ -18,6 +18,8 @@ mod cuda;
 pub mod step_ctl;
 
 use crate::backend::{AdamWParams, ScalerCfg, SgdParams};
+use std::collections::HashSet;
+
 use crate::storage::Storage;
 use crate::{bail, DType, Device, Error, Layout, Result, Tensor};
 
@@ -64,6 +66,108 @@ fn adamw_storage(
         }
         _ => Err(apart(op, dev, grad.0)),
     }
+}
+
+/// One parameter of [`adamw_step_many`]: the f32 parameter, its gradient (any float dtype) and
+/// moments, and its parameter group's settings.
+#[derive(Clone, Copy, Debug)]
+pub struct AdamWSlot<'a> {
+    pub param: &'a Tensor,
+    pub grad: &'a Tensor,
+    pub m: &'a Tensor,
+    pub v: &'a Tensor,
+    /// Replaces `h.weight_decay` for this parameter.
+    pub weight_decay: f64,
+    /// This parameter's learning rate over `h.lr` (its group's factor); with a step control
+    /// block, the block's rate times it (in f32).
+    pub lr_scale: f64,
+}
+
+/// AdamW of many parameters at once (the multi-tensor step, issue 24 item 3), driven by the
+/// step control block `ctl` when given (see [`Tensor::adamw_step_ctl`]): on CUDA one launch per
+/// 32 parameters instead of one per parameter; on the CPU the same loop per parameter. Each
+/// parameter gets exactly [`Tensor::adamw_step`]'s values with its slot's weight decay and
+/// `h.lr · lr_scale`. All operands on one device; no two may share storage.
+pub fn adamw_step_many(
+    slots: &[AdamWSlot<'_>],
+    h: AdamWParams,
+    ctl: Option<&Tensor>,
+) -> Result<()> {
+    let op = "adamw_step";
+    let Some(first) = slots.first() else {
+        return Ok(());
+    };
+    let mut written = HashSet::new();
+    for s in slots {
+        for t in [s.grad, s.m, s.v] {
+            s.param.check_in_place(op, t)?;
+        }
+        if s.param.device() != first.param.device() {
+            return Err(Error::DeviceMismatch {
+                op,
+                lhs: first.param.device(),
+                rhs: s.param.device(),
+            });
+        }
+        for t in [s.param, s.m, s.v] {
+            t.check_state(op)?;
+            if !written.insert(t.storage_stamp().id) {
+                bail!("{op}: parameter and optimizer state must not share storage");
+            }
+        }
+    }
+    let read: Vec<&Tensor> = slots.iter().map(|s| s.grad).chain(ctl).collect();
+    if read.iter().any(|r| written.contains(&r.storage_stamp().id)) {
+        bail!(
+            "{op}: the gradient (and the step control block) must not share storage with the parameter or optimizer state"
+        );
+    }
+    if let Some(c) = ctl {
+        first.param.ctl_on(op, c)?;
+    }
+    let grads: Vec<_> = slots.iter().map(|s| s.grad.storage()).collect();
+    let cs = ctl.map(|c| c.storage());
+    let mut ps: Vec<_> = slots.iter().map(|s| s.param.write_storage()).collect();
+    let mut ms: Vec<_> = slots.iter().map(|s| s.m.write_storage()).collect();
+    let mut vs: Vec<_> = slots.iter().map(|s| s.v.write_storage()).collect();
+    let c = cs.as_deref().zip(ctl.map(|c| c.layout()));
+    let mut cuda_slots = Vec::new();
+    let parts = ps
+        .iter_mut()
+        .zip(ms.iter_mut())
+        .zip(vs.iter_mut())
+        .zip(&grads);
+    for (i, (((p, m), v), g)) in parts.enumerate() {
+        let s = &slots[i];
+        let hs = AdamWParams {
+            lr: h.lr * s.lr_scale,
+            weight_decay: s.weight_decay,
+            ..h
+        };
+        let (pl, gl, ml, vl) = (
+            s.param.layout(),
+            s.grad.layout(),
+            s.m.layout(),
+            s.v.layout(),
+        );
+        match (&mut **p, &**g, &mut **m, &mut **v) {
+            (Storage::Cpu(p), Storage::Cpu(g), Storage::Cpu(m), Storage::Cpu(v)) => {
+                let c = ctl_on!(op, Device::Cpu, c, Storage::Cpu);
+                let k = (hs, s.lr_scale as f32);
+                cpu::adamw_storage((p, pl), (g, gl), (m, ml), (v, vl), k, c)?;
+            }
+            (Storage::Cuda(p), Storage::Cuda(g), Storage::Cuda(m), Storage::Cuda(v)) => {
+                let k = (hs.weight_decay, hs.lr, s.lr_scale as f32);
+                cuda_slots.push(((p, pl), (g, gl), (m, ml), (v, vl), k));
+            }
+            _ => return Err(apart(op, s.param.device(), g)),
+        }
+    }
+    if cuda_slots.is_empty() {
+        return Ok(());
+    }
+    let c = ctl_on!(op, first.param.device(), c, Storage::Cuda);
+    cuda::adamw_many_storage(cuda_slots, h, c)
 }
 
 /// SGD of the parameter `p` with an optional momentum buffer.
