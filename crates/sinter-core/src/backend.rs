@@ -8,7 +8,7 @@
 //!   (storage, [`Layout`]) pairs, the layout giving shape, strides and offset (views are
 //!   layouts; broadcast operands arrive with their layouts already broadcast to the output
 //!   shape, stride 0 on the repeated dimensions), and returns a fresh contiguous storage (or
-//!   updates one in place, for the optimizer and step-control primitives).
+//!   updates one in place, for `assign` and `index_add`).
 //!
 //! Implementations: `cpu::CpuStorage` (host vectors; each primitive is a thin call into the
 //! slice kernels of `cpu/`) and `cuda::CudaStorage` (device buffers; each primitive launches
@@ -34,7 +34,6 @@
 //! | indexing | `index_select`, `index_select_backward` (scatter-add into zeros), `index_add` |
 //! | random | `dropout`, `dropout_backward` |
 //! | attention | `attention` (flash, forward), `attention_backward`, `decode_attention` (one decoding step against KV caches, in place) |
-//! | optimizer | `adamw_step`, `sgd_step`, `step_prepare`, `step_finish` (the step control block) |
 //! | custom ops | `custom_forward` (`custom_op::seam`: a user's CPU closure or NVRTC kernel; None = no forward for this device) |
 //!
 //! Some primitives are fast paths a backend may decline by returning `Ok(None)`
@@ -800,44 +799,4 @@ pub trait BackendStorage: Sized + Clone + Send + Sync + std::fmt::Debug {
     ) -> Result<Option<Self>> {
         Ok(None)
     }
-
-    // -- optimizer (in place) ----------------------------------------------------------------
-
-    /// Fused AdamW of the f32 parameter `self` (contiguous `l`) with moments `m`, `v` (f32,
-    /// contiguous); the gradient may be of any float dtype and layout. With a step control
-    /// block, driven by it (see `tensor::step_ctl`).
-    fn adamw_step(
-        &mut self,
-        l: &Layout,
-        grad: (&Self, &Layout),
-        m: (&mut Self, &Layout),
-        v: (&mut Self, &Layout),
-        h: AdamWParams,
-        ctl: Option<(&Self, &Layout)>,
-    ) -> Result<()>;
-    /// SGD (PyTorch's formulation) of the f32 parameter `self`, with an optional momentum
-    /// buffer.
-    fn sgd_step(
-        &mut self,
-        l: &Layout,
-        grad: (&Self, &Layout),
-        buf: Option<(&mut Self, &Layout)>,
-        h: SgdParams,
-        ctl: Option<(&Self, &Layout)>,
-    ) -> Result<()>;
-    /// On a step control block `self`: found_inf, the gradient norm and factor from `sumsq`.
-    fn step_prepare(
-        &mut self,
-        l: &Layout,
-        sumsq: (&Self, &Layout),
-        max_norm: f32,
-        dynamic: bool,
-    ) -> Result<()>;
-    /// On a step control block `self`: loss-scale update, counters, next learning rate.
-    fn step_finish(
-        &mut self,
-        l: &Layout,
-        lr_table: (&Self, &Layout),
-        scaler: Option<ScalerCfg>,
-    ) -> Result<()>;
 }

@@ -30,10 +30,11 @@ pub use backend::{AdamWParams, Conv2dParams, Pool2dParams, SgdParams};
 pub use device::Device;
 pub use dtype::{DType, Element};
 pub use error::{Error, Result};
+pub use kernels::optimizer::step_ctl;
 pub use layout::Layout;
 pub use loss::{CrossEntropyOptions, Reduction};
 pub use rng::Rng;
 pub use sinter_types::Hw;
-pub use tensor::{step_ctl, HostF32, HostF32Mut, StorageStamp, Tensor, TensorId};
+pub use tensor::{HostF32, HostF32Mut, StorageStamp, Tensor, TensorId};
 
 pub use half::{bf16, f16};

@@ -3,8 +3,8 @@
 //! device, then calls that backend's implementation, once.
 
 use crate::backend::{
-    AdamWParams, AttnGeom, BackendDevice, BackendStorage, ConvGeom, CrossEntropyOut, DecodeSeq,
-    DropoutMask, IndexGeom, Indices, PoolGeom, RowStats, ScalerCfg, SgdParams, Wants,
+    AttnGeom, BackendDevice, BackendStorage, ConvGeom, CrossEntropyOut, DecodeSeq, DropoutMask,
+    IndexGeom, Indices, PoolGeom, RowStats, Wants,
 };
 use crate::cpu::{CpuDevice, CpuStorage};
 use crate::cuda::CudaStorage;
@@ -797,103 +797,5 @@ impl Storage {
         on_device!("attention", [qkv, y, grad, lse], |w| Ok(w(
             qkv.attention_packed_backward(l, (y, yl), (grad, gradl), lse, g)?
         )))
-    }
-
-    // ---- optimizer (in place) ------------------------------------------------------------
-
-    /// AdamW of the parameter `self` with moments `m`, `v` (see `BackendStorage::adamw_step`).
-    pub fn adamw_step(
-        &mut self,
-        l: &Layout,
-        grad: (&Storage, &Layout),
-        m: (&mut Storage, &Layout),
-        v: (&mut Storage, &Layout),
-        h: AdamWParams,
-        ctl: Option<(&Storage, &Layout)>,
-    ) -> Result<()> {
-        let op = "adamw_step";
-        same_device(op, self, &[grad.0, &*m.0, &*v.0])?;
-        let dev = self.device();
-        match (self, grad.0, m.0, v.0) {
-            (Storage::Cpu(p), Storage::Cpu(g), Storage::Cpu(ms), Storage::Cpu(vs)) => {
-                let c = opt_on!(op, dev, ctl, Storage::Cpu);
-                p.adamw_step(l, (g, grad.1), (ms, m.1), (vs, v.1), h, c)
-            }
-            (Storage::Cuda(p), Storage::Cuda(g), Storage::Cuda(ms), Storage::Cuda(vs)) => {
-                let c = opt_on!(op, dev, ctl, Storage::Cuda);
-                p.adamw_step(l, (g, grad.1), (ms, m.1), (vs, v.1), h, c)
-            }
-            _ => unreachable!("devices checked"),
-        }
-    }
-    /// SGD of the parameter `self` with an optional momentum buffer.
-    pub fn sgd_step(
-        &mut self,
-        l: &Layout,
-        grad: (&Storage, &Layout),
-        buf: Option<(&mut Storage, &Layout)>,
-        h: SgdParams,
-        ctl: Option<(&Storage, &Layout)>,
-    ) -> Result<()> {
-        let op = "sgd_step";
-        same_device(op, self, &[grad.0])?;
-        if let Some((b, _)) = &buf {
-            same_device(op, self, &[&**b])?;
-        }
-        let dev = self.device();
-        match (self, grad.0) {
-            (Storage::Cpu(p), Storage::Cpu(g)) => {
-                let b = match buf {
-                    None => None,
-                    Some((Storage::Cpu(b), bl)) => Some((b, bl)),
-                    Some(_) => unreachable!("devices checked"),
-                };
-                let c = opt_on!(op, dev, ctl, Storage::Cpu);
-                p.sgd_step(l, (g, grad.1), b, h, c)
-            }
-            (Storage::Cuda(p), Storage::Cuda(g)) => {
-                let b = match buf {
-                    None => None,
-                    Some((Storage::Cuda(b), bl)) => Some((b, bl)),
-                    Some(_) => unreachable!("devices checked"),
-                };
-                let c = opt_on!(op, dev, ctl, Storage::Cuda);
-                p.sgd_step(l, (g, grad.1), b, h, c)
-            }
-            _ => unreachable!("devices checked"),
-        }
-    }
-    /// On a step control block `self` (see `tensor::step_ctl`).
-    pub fn step_prepare(
-        &mut self,
-        l: &Layout,
-        sumsq: (&Storage, &Layout),
-        max_norm: f32,
-        dynamic: bool,
-    ) -> Result<()> {
-        same_device("step_prepare", self, &[sumsq.0])?;
-        match (self, sumsq.0) {
-            (Storage::Cpu(c), Storage::Cpu(s)) => {
-                c.step_prepare(l, (s, sumsq.1), max_norm, dynamic)
-            }
-            (Storage::Cuda(c), Storage::Cuda(s)) => {
-                c.step_prepare(l, (s, sumsq.1), max_norm, dynamic)
-            }
-            _ => unreachable!("devices checked"),
-        }
-    }
-    /// On a step control block `self` (see `tensor::step_ctl`).
-    pub fn step_finish(
-        &mut self,
-        l: &Layout,
-        lr_table: (&Storage, &Layout),
-        scaler: Option<ScalerCfg>,
-    ) -> Result<()> {
-        same_device("step_finish", self, &[lr_table.0])?;
-        match (self, lr_table.0) {
-            (Storage::Cpu(c), Storage::Cpu(t)) => c.step_finish(l, (t, lr_table.1), scaler),
-            (Storage::Cuda(c), Storage::Cuda(t)) => c.step_finish(l, (t, lr_table.1), scaler),
-            _ => unreachable!("devices checked"),
-        }
     }
 }

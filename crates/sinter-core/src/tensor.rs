@@ -3,7 +3,6 @@
 
 mod cuda_buffers;
 mod host_view;
-pub mod step_ctl;
 mod storage_cell;
 pub use host_view::{HostF32, HostF32Mut};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -11,7 +10,6 @@ use std::sync::{Arc, Mutex, RwLockReadGuard, RwLockWriteGuard};
 pub(crate) use storage_cell::StorageCell;
 pub use storage_cell::StorageStamp;
 
-use crate::backend::{AdamWParams, SgdParams};
 use crate::cpu::CpuStorage;
 use crate::dtype::check_tensor_dtype;
 use crate::graph::{self, Tracked};
@@ -653,7 +651,7 @@ impl Tensor {
 
     // ---- in-place updates (outside autograd: optimizers, running statistics) -----------------
 
-    fn check_in_place(&self, op: &'static str, src: &Tensor) -> Result<()> {
+    pub(crate) fn check_in_place(&self, op: &'static str, src: &Tensor) -> Result<()> {
         if self.shape() != src.shape() {
             return Err(Error::ShapeMismatch {
                 op,
@@ -682,108 +680,5 @@ impl Tensor {
         }
         let s = src.storage();
         self.write_storage().assign(self.layout(), &s, src.layout())
-    }
-
-    /// An error unless this tensor can be updated in place by an optimizer: f32, contiguous.
-    fn check_state(&self, op: &'static str) -> Result<()> {
-        if self.dtype() != DType::F32 {
-            return Err(Error::DTypeMismatch {
-                op,
-                expected: DType::F32,
-                got: self.dtype(),
-            });
-        }
-        if self.layout().contiguous_range().is_none() {
-            bail!("{op}: optimizer state must be contiguous");
-        }
-        Ok(())
-    }
-
-    /// The tensors an update writes must not share storage with each other or with what it
-    /// reads: each is locked on its own (sharing would deadlock).
-    fn check_apart(op: &'static str, written: &[&Tensor], read: &[&Tensor]) -> Result<()> {
-        for (i, a) in written.iter().enumerate() {
-            if written[i + 1..].iter().any(|b| a.shares_storage_with(b)) {
-                bail!("{op}: parameter and optimizer state must not share storage");
-            }
-            if read.iter().any(|r| a.shares_storage_with(r)) {
-                bail!(
-                    "{op}: the gradient (and the step control block) must not share storage with the parameter or optimizer state"
-                );
-            }
-        }
-        Ok(())
-    }
-
-    /// Fused AdamW update of this f32 parameter with its moment buffers, in place.
-    pub fn adamw_step(&self, grad: &Tensor, m: &Tensor, v: &Tensor, h: AdamWParams) -> Result<()> {
-        self.adamw_update(grad, m, v, h, None)
-    }
-
-    /// AdamW, optionally driven by a step control block (see `step_ctl`): every check here,
-    /// then one primitive.
-    pub(crate) fn adamw_update(
-        &self,
-        grad: &Tensor,
-        m: &Tensor,
-        v: &Tensor,
-        h: AdamWParams,
-        ctl: Option<&Tensor>,
-    ) -> Result<()> {
-        let op = "adamw_step";
-        for t in [grad, m, v] {
-            self.check_in_place(op, t)?;
-        }
-        for t in [self, m, v] {
-            t.check_state(op)?;
-        }
-        let read: Vec<&Tensor> = std::iter::once(grad).chain(ctl).collect();
-        Tensor::check_apart(op, &[self, m, v], &read)?;
-        let (gs, cs) = (grad.storage(), ctl.map(|c| c.storage()));
-        let (mut ps, mut ms, mut vs) = (self.write_storage(), m.write_storage(), v.write_storage());
-        ps.adamw_step(
-            self.layout(),
-            (&gs, grad.layout()),
-            (&mut ms, m.layout()),
-            (&mut vs, v.layout()),
-            h,
-            cs.as_deref().zip(ctl.map(|c| c.layout())),
-        )
-    }
-
-    /// SGD update of this f32 parameter, with an optional momentum buffer, in place.
-    pub fn sgd_step(&self, grad: &Tensor, buf: Option<&Tensor>, h: SgdParams) -> Result<()> {
-        self.sgd_update(grad, buf, h, None)
-    }
-
-    /// SGD, optionally driven by a step control block (see `step_ctl`).
-    pub(crate) fn sgd_update(
-        &self,
-        grad: &Tensor,
-        buf: Option<&Tensor>,
-        h: SgdParams,
-        ctl: Option<&Tensor>,
-    ) -> Result<()> {
-        let op = "sgd_step";
-        self.check_in_place(op, grad)?;
-        if let Some(b) = buf {
-            self.check_in_place(op, b)?;
-        }
-        let written: Vec<&Tensor> = std::iter::once(self).chain(buf).collect();
-        for t in &written {
-            t.check_state(op)?;
-        }
-        let read: Vec<&Tensor> = std::iter::once(grad).chain(ctl).collect();
-        Tensor::check_apart(op, &written, &read)?;
-        let (gs, cs) = (grad.storage(), ctl.map(|c| c.storage()));
-        let mut ps = self.write_storage();
-        let mut bs = buf.map(|b| b.write_storage());
-        ps.sgd_step(
-            self.layout(),
-            (&gs, grad.layout()),
-            bs.as_deref_mut().zip(buf.map(|b| b.layout())),
-            h,
-            cs.as_deref().zip(ctl.map(|c| c.layout())),
-        )
     }
 }

@@ -15,6 +15,14 @@
 //     loss scaling without a host round trip). If a.ctl is non-null it points at the step control
 //     block (below): lr = ctl[LR], t = ctl[STEPS] + 1 (bias corrections computed here, so a skipped
 //     step does not advance them), and the gradient is also multiplied by ctl[GRAD_FACTOR].
+// adamw_multi_f32(AdamArgs a, i64 count, <ADAMW_SLOTS slots: float* p, const float* g, float* m,
+//                 float* v, i64 n, u64 wd, u64 lr, float lr_scale>)
+//     The same update for up to ADAMW_SLOTS parameters in one launch (PyTorch's multi_tensor_apply
+//     shape: the tensors travel in the kernel's parameters, so nothing is uploaded and a captured
+//     CUDA graph replays it as is). Slot i has its own weight decay and learning rate (f64 bits,
+//     replacing a.weight_decay and a.lr) and, with a control block, its learning rate is
+//     ctl[LR] * lr_scale in f32 (a parameter group's factor). The first `count` slots are used;
+//     blocks walk fixed chunks of all of them, so each element gets exactly adamw_f32's arithmetic.
 // sgd_f32(float* p, const float* g, float* buf, i64 n, SgdArgs a)
 //     PyTorch SGD: g' = g*grad_scale + wd p; buf = first ? g' : momentum buf + (1 - dampening) g';
 //     step = nesterov ? g' + momentum buf : buf; p -= lr step. buf may be null when momentum == 0.
@@ -155,6 +163,113 @@ extern "C" __global__ void adamw_copy_bf16(float* p, const float* g, float* m, f
 extern "C" __global__ void adamw_copy_f16(float* p, const float* g, float* m, float* v, __half* copy, i64 n,
                                           AdamArgs a) {
     adamw_impl<__half, true>(p, g, m, v, copy, n, a);
+}
+
+// ---- multi-tensor AdamW ----
+#define ADAMW_SLOTS 32
+#define ADAMW_CHUNK 4096  // elements per block task (a multiple of 4: chunks stay 16-byte aligned)
+
+struct AdamSlot {
+    float* p;
+    const float* g;
+    float* m;
+    float* v;
+    i64 n;
+    double wd, lr;
+    float lr_scale;
+};
+
+__device__ __forceinline__ double f64_from_bits(u64 b) {
+    union { u64 u; double d; } x;
+    x.u = b;
+    return x.d;
+}
+
+// One chunk [c0, c1) of one slot, with the factors of that slot.
+__device__ __forceinline__ void adamw_chunk(const AdamSlot& s, i64 c0, i64 c1, const AdamFactors& a) {
+    const bool vec = aligned16(s.p) && aligned16(s.g) && aligned16(s.m) && aligned16(s.v);
+    i64 i0 = c0;
+    if (vec) {
+        const i64 q0 = c0 / 4, q1 = c1 / 4;
+        for (i64 q = q0 + threadIdx.x; q < q1; q += blockDim.x) {
+            float4 pp = reinterpret_cast<float4*>(s.p)[q];
+            const float4 gg = reinterpret_cast<const float4*>(s.g)[q];
+            float4 mm = reinterpret_cast<float4*>(s.m)[q];
+            float4 vv = reinterpret_cast<float4*>(s.v)[q];
+            adam_one(pp.x, gg.x, mm.x, vv.x, a);
+            adam_one(pp.y, gg.y, mm.y, vv.y, a);
+            adam_one(pp.z, gg.z, mm.z, vv.z, a);
+            adam_one(pp.w, gg.w, mm.w, vv.w, a);
+            reinterpret_cast<float4*>(s.p)[q] = pp;
+            reinterpret_cast<float4*>(s.m)[q] = mm;
+            reinterpret_cast<float4*>(s.v)[q] = vv;
+        }
+        i0 = q1 * 4;
+    }
+    for (i64 i = i0 + threadIdx.x; i < c1; i += blockDim.x) {
+        float pp = s.p[i], mm = s.m[i], vv = s.v[i];
+        adam_one(pp, s.g[i], mm, vv, a);
+        s.p[i] = pp;
+        s.m[i] = mm;
+        s.v[i] = vv;
+    }
+}
+
+__device__ void adamw_multi_impl(const AdamArgs& a0, i64 count, const AdamSlot* slots) {
+    if (a0.found_inf && *a0.found_inf != 0.f) return;
+    i64 slot = 0, first = 0;  // the slot of the current chunk and its first chunk number
+    i64 have = -1;            // the slot whose factors `f` hold
+    AdamFactors f;
+    for (i64 c = blockIdx.x;; c += gridDim.x) {
+        while (slot < count && c >= first + (slots[slot].n + ADAMW_CHUNK - 1) / ADAMW_CHUNK) {
+            first += (slots[slot].n + ADAMW_CHUNK - 1) / ADAMW_CHUNK;
+            ++slot;
+        }
+        if (slot >= count) return;  // uniform in the block: every thread sees the same c
+        const AdamSlot& s = slots[slot];
+        if (have != slot) {
+            AdamArgs a = a0;
+            a.lr = s.lr;
+            a.weight_decay = s.wd;
+            AdamFactors g = adam_factors(a);
+            if (a0.ctl) {
+                // A group's rate: the block's rate times its factor, rounded in f32.
+                const double lr = (double)(a0.ctl[CTL_LR] * s.lr_scale);
+                g.decay = (float)(1.0 - lr * s.wd);
+                g.step_size = (float)(lr / (1.0 - pow(a0.beta1, (double)a0.ctl[CTL_STEPS] + 1.0)));
+            }
+            f = g;
+            have = slot;
+        }
+        const i64 c0 = (c - first) * ADAMW_CHUNK;
+        const i64 c1 = c0 + ADAMW_CHUNK < s.n ? c0 + ADAMW_CHUNK : s.n;
+        adamw_chunk(s, c0, c1, f);
+    }
+}
+
+#define ADAMW_SLOT_PARAMS(b, k) \
+    float *p##b##k, const float *g##b##k, float *m##b##k, float *v##b##k, i64 n##b##k, u64 wd##b##k, u64 lr##b##k, \
+        float ls##b##k
+#define ADAMW_SLOT_STORE(b, k)                                                                                  \
+    slots[b * 8 + k] = AdamSlot{p##b##k, g##b##k, m##b##k, v##b##k, n##b##k, f64_from_bits(wd##b##k),             \
+                                f64_from_bits(lr##b##k), ls##b##k}
+#define ADAMW_8(M, b) M(b, 0), M(b, 1), M(b, 2), M(b, 3), M(b, 4), M(b, 5), M(b, 6), M(b, 7)
+#define ADAMW_8S(M, b) M(b, 0); M(b, 1); M(b, 2); M(b, 3); M(b, 4); M(b, 5); M(b, 6); M(b, 7)
+
+// The slots go to shared memory once per block (one thread's 32 stores), so the chunk walk can
+// index them; kernel parameters cannot be indexed at run time without a copy per thread.
+extern "C" __global__ void adamw_multi_f32(AdamArgs a, i64 count, ADAMW_8(ADAMW_SLOT_PARAMS, 0),
+                                           ADAMW_8(ADAMW_SLOT_PARAMS, 1), ADAMW_8(ADAMW_SLOT_PARAMS, 2),
+                                           ADAMW_8(ADAMW_SLOT_PARAMS, 3)) {
+    __shared__ AdamSlot slots[ADAMW_SLOTS];
+    if (threadIdx.x == 0) {
+        ADAMW_8S(ADAMW_SLOT_STORE, 0);
+        ADAMW_8S(ADAMW_SLOT_STORE, 1);
+        ADAMW_8S(ADAMW_SLOT_STORE, 2);
+        ADAMW_8S(ADAMW_SLOT_STORE, 3);
+    }
+    __syncthreads();
+    adamw_multi_impl(a, count < ADAMW_SLOTS ? count : ADAMW_SLOTS, slots);
 }
 
 extern "C" __global__ void sgd_f32(float* p, const float* g, float* buf, i64 n, SgdArgs a) {

@@ -10,7 +10,7 @@
 //!    complete), otherwise from the parameters' `grad()` at the start of [`Optimizer::step`];
 //! 2. optionally the global gradient norm is clipped (one all-reduce of a scalar);
 //! 3. this rank runs the ordinary AdamW / SGD kernels
-//!    ([`sinter_core::cpu::nn::adamw_step`], [`sinter_core::cpu::nn::sgd_step`]) on the slices of
+//!    ([`adamw_step`], [`sgd_step`] of `sinter_core::kernels::optimizer::cpu`) on the slices of
 //!    its shard, parameter by parameter, each with its parameter group's learning rate and
 //!    weight decay ([`sinter_nn::ParamGroup`]; `new` uses the default grouping
 //!    [`sinter_nn::decay_groups`], as [`sinter_nn::AdamW::new`] and [`sinter_nn::Sgd::new`] do);
@@ -29,7 +29,7 @@
 
 use std::collections::HashMap;
 
-use sinter_core::cpu::nn::{adamw_step, sgd_step};
+use sinter_core::kernels::optimizer::cpu::{adamw_step, sgd_step};
 use sinter_core::{bail, no_grad, AdamWParams, Device, Result, SgdParams, Tensor, TensorId};
 use sinter_nn::{decay_groups, Optimizer, ParamGroup, ParamSettings};
 

@@ -4,6 +4,7 @@
 
 use std::collections::HashMap;
 
+use sinter_core::kernels::optimizer::{adamw_step_many, AdamWSlot};
 use sinter_core::{bail, no_grad, AdamWParams, Result, SgdParams, Tensor};
 
 pub trait Optimizer: Send {
@@ -326,41 +327,48 @@ impl AdamW {
     }
 }
 
+impl AdamW {
+    /// One step of every parameter with a gradient, in one multi-tensor update (on CUDA one
+    /// launch per 32 parameters), driven by `ctl` when given.
+    fn step_all(&self, ctl: Option<&Tensor>) -> Result<()> {
+        let _g = no_grad();
+        let grads: Vec<(usize, Tensor)> = self
+            .params
+            .iter()
+            .enumerate()
+            .filter_map(|(i, (_, p))| p.grad().map(|g| (i, g)))
+            .collect();
+        let slots: Vec<AdamWSlot<'_>> = grads
+            .iter()
+            .map(|(i, g)| AdamWSlot {
+                param: &self.params[*i].1,
+                grad: g,
+                m: &self.m[*i],
+                v: &self.v[*i],
+                weight_decay: self.settings[*i].weight_decay,
+                lr_scale: self.settings[*i].lr_scale,
+            })
+            .collect();
+        // With a control block, lr and the step number come from it; these are placeholders.
+        let h = AdamWParams {
+            lr: self.lr,
+            beta1: self.beta1,
+            beta2: self.beta2,
+            eps: self.eps,
+            weight_decay: 0.0,
+            step: if ctl.is_some() { 1 } else { self.steps },
+        };
+        adamw_step_many(&slots, h, ctl)
+    }
+}
+
 impl Optimizer for AdamW {
     fn step(&mut self) -> Result<()> {
-        let _g = no_grad();
         self.steps += 1;
-        for (i, (_, p)) in self.params.iter().enumerate() {
-            let Some(g) = p.grad() else { continue };
-            let h = AdamWParams {
-                lr: self.lr * self.settings[i].lr_scale,
-                beta1: self.beta1,
-                beta2: self.beta2,
-                eps: self.eps,
-                weight_decay: self.settings[i].weight_decay,
-                step: self.steps,
-            };
-            p.adamw_step(&g, &self.m[i], &self.v[i], h)?;
-        }
-        Ok(())
+        self.step_all(None)
     }
     fn step_ctl(&mut self, ctl: &Tensor) -> Result<()> {
-        let _g = no_grad();
-        for (i, (_, p)) in self.params.iter().enumerate() {
-            let Some(g) = p.grad() else { continue };
-            // lr and the step number come from the block; these two are placeholders.
-            let h = AdamWParams {
-                lr: self.lr,
-                beta1: self.beta1,
-                beta2: self.beta2,
-                eps: self.eps,
-                weight_decay: self.settings[i].weight_decay,
-                step: 1,
-            };
-            let c = scaled_ctl(ctl, self.settings[i].lr_scale)?;
-            p.adamw_step_ctl(&g, &self.m[i], &self.v[i], h, &c)?;
-        }
-        Ok(())
+        self.step_all(Some(ctl))
     }
     fn set_steps(&mut self, steps: u64) {
         self.steps = steps;

@@ -1,9 +1,9 @@
 //! Fused row kernels (softmax, log-softmax, layer norm, cross-entropy), index gather and
-//! scatter-add, and the in-place optimizer updates. Rows are independent, so they are split
-//! across cores; parameter-gradient sums use fixed row chunks so they are deterministic.
+//! scatter-add (the optimizer updates live in `kernels/optimizer/`). Rows are independent, so
+//! they are split across cores; parameter-gradient sums use fixed row chunks so they are
+//! deterministic.
 
 use rayon::prelude::*;
-use sinter_cpu::math::adamw::adamw;
 use sinter_cpu::math::cross_entropy;
 use sinter_cpu::math::{layer_norm, softmax};
 use sinter_cpu::Isa;
@@ -274,125 +274,5 @@ pub fn index_add(
                 }
             }
         }
-    }
-}
-
-pub use crate::backend::{AdamWParams, SgdParams};
-
-/// One fused AdamW update (decoupled weight decay) over a flat parameter buffer.
-pub fn adamw_step(p: &mut [f32], g: &[f32], m: &mut [f32], v: &mut [f32], h: AdamWParams) {
-    adamw_step_scaled(p, g, m, v, h, 1.0)
-}
-
-/// [`adamw_step`] of the gradient times `grad_scale` (unscaling and clipping folded into the
-/// update's single pass; a factor of 1 leaves the gradient bit for bit as it is).
-pub fn adamw_step_scaled(
-    p: &mut [f32],
-    g: &[f32],
-    m: &mut [f32],
-    v: &mut [f32],
-    h: AdamWParams,
-    grad_scale: f32,
-) {
-    // sinter-cpu's vectorised kernel: the shared rule's arithmetic, bit for bit, on every ISA
-    // (sinter-cpu tests/rows.rs), without a libm fmaf call per element.
-    let isa = Isa::get();
-    if p.len() >= super::PAR_THRESHOLD {
-        const CHUNK: usize = 4096;
-        p.par_chunks_mut(CHUNK)
-            .zip(g.par_chunks(CHUNK))
-            .zip(m.par_chunks_mut(CHUNK).zip(v.par_chunks_mut(CHUNK)))
-            .for_each(|((p, g), (m, v))| adamw(isa, p, g, m, v, h, grad_scale));
-    } else {
-        adamw(isa, p, g, m, v, h, grad_scale);
-    }
-}
-
-/// One SGD update (PyTorch's formulation: decay added to the gradient, buffer = μ·buf + g).
-pub fn sgd_step(p: &mut [f32], g: &[f32], buf: Option<&mut [f32]>, h: SgdParams) {
-    sgd_step_scaled(p, g, buf, h, 1.0)
-}
-
-/// [`sgd_step`] of the gradient times `grad_scale`.
-pub fn sgd_step_scaled(
-    p: &mut [f32],
-    g: &[f32],
-    buf: Option<&mut [f32]>,
-    h: SgdParams,
-    grad_scale: f32,
-) {
-    match buf {
-        None => p
-            .iter_mut()
-            .zip(g)
-            .for_each(|(pi, &gi)| *pi -= h.lr * (gi * grad_scale + h.weight_decay * *pi)),
-        Some(b) => p
-            .iter_mut()
-            .zip(g)
-            .zip(b.iter_mut())
-            .for_each(|((pi, &gi), bi)| {
-                let d = gi * grad_scale + h.weight_decay * *pi;
-                *bi = h.momentum * *bi + d;
-                let step = if h.nesterov {
-                    d + h.momentum * *bi
-                } else {
-                    *bi
-                };
-                *pi -= h.lr * step;
-            }),
-    }
-}
-
-/// The step control block's slots (shared with the CUDA kernels).
-pub use crate::backend::{ctl, ScalerCfg};
-
-/// CPU `step_prepare` (same arithmetic as the kernel in adamw.cu): from the squared global norm
-/// of the loss-scaled gradients, set found_inf (with dynamic scaling), the unscaled norm and the
-/// gradient factor min(1, max_norm / (norm + 1e-6)) / scale; `max_norm` ≤ 0: no clipping.
-pub fn step_prepare(c: &mut [f32], sumsq: f32, max_norm: f32, dynamic: bool) {
-    let scale = c[ctl::SCALE];
-    let bad = !sumsq.is_finite();
-    c[ctl::FOUND_INF] = if dynamic && bad { 1.0 } else { 0.0 };
-    let norm = sumsq.sqrt() / scale;
-    c[ctl::GRAD_NORM] = norm;
-    let clip = if !bad && max_norm > 0.0 && norm > max_norm {
-        max_norm / (norm + 1e-6)
-    } else {
-        1.0
-    };
-    c[ctl::GRAD_FACTOR] = clip / scale;
-}
-
-/// CPU `step_finish` (same arithmetic as the kernel): a skipped step shrinks the scale, a good
-/// one counts (growing the scale after `interval` in a row) and advances the optimizer's step
-/// count; then the schedule advances and the next learning rate is loaded from `lr_table`.
-pub fn step_finish(c: &mut [f32], lr_table: &[f32], scaler: Option<ScalerCfg>) {
-    match scaler {
-        Some(s) if c[ctl::FOUND_INF] != 0.0 => {
-            c[ctl::SCALE] = (c[ctl::SCALE] * s.backoff).max(f32::MIN_POSITIVE);
-            c[ctl::GOOD_STEPS] = 0.0;
-            c[ctl::SKIPPED] += 1.0;
-        }
-        _ => {
-            c[ctl::STEPS] += 1.0;
-            if let Some(s) = scaler {
-                let good = c[ctl::GOOD_STEPS] + 1.0;
-                if good >= s.interval as f32 {
-                    let grown = c[ctl::SCALE] * s.growth;
-                    if grown < f32::MAX {
-                        c[ctl::SCALE] = grown;
-                    }
-                    c[ctl::GOOD_STEPS] = 0.0;
-                } else {
-                    c[ctl::GOOD_STEPS] = good;
-                }
-            }
-        }
-    }
-    c[ctl::FOUND_INF] = 0.0;
-    let it = c[ctl::ITER] + 1.0;
-    c[ctl::ITER] = it;
-    if let Some(last) = lr_table.len().checked_sub(1) {
-        c[ctl::LR] = lr_table[(it as usize).min(last)];
     }
 }

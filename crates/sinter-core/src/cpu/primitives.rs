@@ -7,9 +7,9 @@ use super::attention::{self, Src};
 use super::matmul::MatView;
 use super::{conv, elementwise, fused, matmul, nn, reduce, CpuStorage};
 use crate::backend::{
-    check_indices, ctl, reduced_dtype, AdamWParams, AttnGeom, BackendDevice, BackendStorage,
-    ConvGeom, CrossEntropyOut, DecodeSeq, DropoutMask, IndexGeom, IndexUse, Indices, PoolGeom,
-    RowStats, ScalerCfg, SgdParams, Wants,
+    check_indices, reduced_dtype, AttnGeom, BackendDevice, BackendStorage, ConvGeom,
+    CrossEntropyOut, DecodeSeq, DropoutMask, IndexGeom, IndexUse, Indices, PoolGeom, RowStats,
+    Wants,
 };
 use crate::op::{BinaryOp, ReduceOp, UnaryOp};
 use crate::{DType, Device, Error, Layout, Result, Rng};
@@ -128,26 +128,6 @@ fn row_ids(ids: &Indices<'_, CpuStorage>, bound: usize) -> Result<Vec<usize>> {
     let v = ids.ids.i64_contiguous(ids.layout);
     check_indices(&v, bound, None, ids.what)?;
     Ok(v.iter().map(|&i| i as usize).collect())
-}
-
-/// The f32 elements an optimizer updates in place: f32 and contiguous, else an error.
-fn f32_mut<'a>(s: &'a mut CpuStorage, l: &Layout, op: &'static str) -> Result<&'a mut [f32]> {
-    let r = l
-        .contiguous_range()
-        .ok_or_else(|| Error::Msg(format!("{op}: optimizer state must be contiguous")))?;
-    match s {
-        CpuStorage::F32(v) => Ok(&mut v[r]),
-        other => Err(Error::DTypeMismatch {
-            op,
-            expected: DType::F32,
-            got: other.dtype(),
-        }),
-    }
-}
-
-/// The values of a step control block (read before the update, as the kernels do).
-fn ctl_values(c: Option<(&CpuStorage, &Layout)>) -> Option<Vec<f32>> {
-    c.map(|(c, l)| c.f32_contiguous(l).into_owned())
 }
 
 /// The matrix of batch `b` of a layout broadcast to [batch.., rows, cols] (`nb` batch dims).
@@ -775,82 +755,5 @@ impl BackendStorage for CpuStorage {
             CpuStorage::from_f32(dk, CpuStorage::dtype(k)),
             CpuStorage::from_f32(dv, CpuStorage::dtype(v)),
         ))
-    }
-
-    fn adamw_step(
-        &mut self,
-        l: &Layout,
-        grad: (&Self, &Layout),
-        m: (&mut Self, &Layout),
-        v: (&mut Self, &Layout),
-        h: AdamWParams,
-        ctl: Option<(&Self, &Layout)>,
-    ) -> Result<()> {
-        let op = "adamw_step";
-        let (h, scale) = match ctl_values(ctl) {
-            None => (h, 1.0),
-            // A skipped step (found_inf) leaves the moments and the step count alone.
-            Some(c) if c[ctl::FOUND_INF] != 0.0 => return Ok(()),
-            Some(c) => (
-                AdamWParams {
-                    lr: c[ctl::LR] as f64,
-                    step: c[ctl::STEPS] as u64 + 1,
-                    ..h
-                },
-                c[ctl::GRAD_FACTOR],
-            ),
-        };
-        let g = grad.0.f32_contiguous(grad.1);
-        let p = f32_mut(self, l, op)?;
-        let (m, v) = (f32_mut(m.0, m.1, op)?, f32_mut(v.0, v.1, op)?);
-        nn::adamw_step_scaled(p, &g, m, v, h, scale);
-        Ok(())
-    }
-    fn sgd_step(
-        &mut self,
-        l: &Layout,
-        grad: (&Self, &Layout),
-        buf: Option<(&mut Self, &Layout)>,
-        h: SgdParams,
-        ctl: Option<(&Self, &Layout)>,
-    ) -> Result<()> {
-        let op = "sgd_step";
-        let (h, scale) = match ctl_values(ctl) {
-            None => (h, 1.0),
-            Some(c) if c[ctl::FOUND_INF] != 0.0 => return Ok(()),
-            Some(c) => (
-                SgdParams {
-                    lr: c[ctl::LR],
-                    ..h
-                },
-                c[ctl::GRAD_FACTOR],
-            ),
-        };
-        let g = grad.0.f32_contiguous(grad.1);
-        let p = f32_mut(self, l, op)?;
-        let b = buf.map(|(b, bl)| f32_mut(b, bl, op)).transpose()?;
-        nn::sgd_step_scaled(p, &g, b, h, scale);
-        Ok(())
-    }
-    fn step_prepare(
-        &mut self,
-        l: &Layout,
-        sumsq: (&Self, &Layout),
-        max_norm: f32,
-        dynamic: bool,
-    ) -> Result<()> {
-        let s = sumsq.0.f32_contiguous(sumsq.1)[0];
-        nn::step_prepare(f32_mut(self, l, "step_prepare")?, s, max_norm, dynamic);
-        Ok(())
-    }
-    fn step_finish(
-        &mut self,
-        l: &Layout,
-        lr_table: (&Self, &Layout),
-        scaler: Option<ScalerCfg>,
-    ) -> Result<()> {
-        let table = lr_table.0.f32_contiguous(lr_table.1);
-        nn::step_finish(f32_mut(self, l, "step_finish")?, &table, scaler);
-        Ok(())
     }
 }

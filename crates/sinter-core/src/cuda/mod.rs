@@ -6,9 +6,9 @@
 //!
 //! One file per primitive family: `elementwise`, `reduce`, `matmul` (with the GELU epilogue),
 //! `conv` (cuDNN when it loads, else im2col + cuBLASLt), `nn` (row kernels and index gathers /
-//! scatter-adds), `random` (Philox dropout), `attention` (flash attention), `optim` (AdamW, SGD,
-//! the step control block, the gradient sum of squares), `creation` (fills, uploads, downloads,
-//! the permanent pool). i64 tensors live on the device too (`kernels/int.cu`); device-resident
+//! scatter-adds), `random` (Philox dropout), `attention` (flash attention), `creation` (fills,
+//! uploads, downloads, the permanent pool); the optimizer steps live in
+//! `kernels/optimizer/` (issue 26 item 1). i64 tensors live on the device too (`kernels/int.cu`); device-resident
 //! indices are validated on the device and a bad one is reported at the next read (`checks`).
 //!
 //! Memory: everything is allocated from the allocator's `Temporary` pool; the first
@@ -25,7 +25,6 @@ pub(crate) mod elementwise;
 mod gemm_align;
 pub(crate) mod matmul;
 pub(crate) mod nn;
-pub(crate) mod optim;
 mod primitives;
 pub(crate) mod random;
 pub(crate) mod reduce;

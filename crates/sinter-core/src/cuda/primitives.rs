@@ -3,10 +3,10 @@
 //! family modules beside this one. Nothing here sees a tensor or records a gradient.
 
 use super::storage::CudaStorage;
-use super::{attention, conv, creation, elementwise, matmul, nn, optim, random, reduce};
+use super::{attention, conv, creation, elementwise, matmul, nn, random, reduce};
 use crate::backend::{
-    AdamWParams, AttnGeom, BackendStorage, ConvGeom, CrossEntropyOut, DropoutMask, IndexGeom,
-    Indices, PoolGeom, RowStats, ScalerCfg, SgdParams, Wants,
+    AttnGeom, BackendStorage, ConvGeom, CrossEntropyOut, DropoutMask, IndexGeom, Indices, PoolGeom,
+    RowStats, Wants,
 };
 use crate::cpu::CpuStorage;
 use crate::op::{BinaryOp, ReduceOp, UnaryOp};
@@ -64,12 +64,12 @@ impl BackendStorage for CudaStorage {
         reduce::reduce_dim(self, l, dim, op)
     }
     fn sum_squares_host(parts: &[(&Self, &Layout)]) -> Result<f64> {
-        let s = optim::sum_squares(parts)?;
+        let s = reduce::sum_squares(parts)?;
         let v = creation::download(&s, &Layout::contiguous(&[1]))?;
         Ok(v.f32_contiguous(&Layout::contiguous(&[1]))[0] as f64)
     }
     fn sum_squares(parts: &[(&Self, &Layout)]) -> Result<Self> {
-        optim::sum_squares(parts)
+        reduce::sum_squares(parts)
     }
 
     fn matmul(&self, l: &Layout, rhs: &Self, rl: &Layout) -> Result<Self> {
@@ -269,44 +269,5 @@ impl BackendStorage for CudaStorage {
         g: &AttnGeom,
     ) -> Result<Self> {
         attention::attention_packed_backward((self, l), y, grad, lse, g)
-    }
-
-    fn adamw_step(
-        &mut self,
-        l: &Layout,
-        grad: (&Self, &Layout),
-        m: (&mut Self, &Layout),
-        v: (&mut Self, &Layout),
-        h: AdamWParams,
-        ctl: Option<(&Self, &Layout)>,
-    ) -> Result<()> {
-        optim::adamw_step((self, l), grad, m, v, h, ctl)
-    }
-    fn sgd_step(
-        &mut self,
-        l: &Layout,
-        grad: (&Self, &Layout),
-        buf: Option<(&mut Self, &Layout)>,
-        h: SgdParams,
-        ctl: Option<(&Self, &Layout)>,
-    ) -> Result<()> {
-        optim::sgd_step((self, l), grad, buf, h, ctl)
-    }
-    fn step_prepare(
-        &mut self,
-        l: &Layout,
-        sumsq: (&Self, &Layout),
-        max_norm: f32,
-        dynamic: bool,
-    ) -> Result<()> {
-        optim::step_prepare((self, l), sumsq, max_norm, dynamic)
-    }
-    fn step_finish(
-        &mut self,
-        l: &Layout,
-        lr_table: (&Self, &Layout),
-        scaler: Option<ScalerCfg>,
-    ) -> Result<()> {
-        optim::step_finish((self, l), lr_table, scaler)
     }
 }

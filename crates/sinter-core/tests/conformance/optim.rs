@@ -4,12 +4,14 @@
 
 use crate::harness::*;
 use crate::reference::{self as r, Arr, StepControl};
+use sinter_core::kernels::optimizer::{adamw_step_many, AdamWSlot};
 use sinter_core::step_ctl::{ctl, grad_sum_squares, ScalerCfg};
 use sinter_core::{cuda, AdamWParams, DType, Error, SgdParams, Tensor};
 
 pub fn cases() -> Vec<Case> {
     vec![
         case("adamw", FLOATS, adamw),
+        case("adamw_many", F32, adamw_many),
         case("sgd", F32, sgd),
         case("misuse", F32, misuse),
         case("step_control", F32, step_control),
@@ -74,6 +76,112 @@ fn adamw(t: &Target) {
             F32_TOL(),
         );
     }
+}
+
+/// The multi-tensor step equals `adamw_step` per parameter bit for bit: 37 parameters (two
+/// launches of 32 slots on CUDA; sizes off the vector width, one spanning several 4096-element
+/// chunks, one without a gradient left alone), each with its own weight decay and learning-rate
+/// factor; plain, then driven by a step control block (whose rate the factor scales in f32, as
+/// the per-parameter path with a scaled block).
+fn adamw_many(t: &Target) {
+    let mut rng = t.rng(83);
+    let sizes: Vec<usize> = (0..37).map(|i| [1, 3, 4, 17, 64, 130][i % 6] + i).collect();
+    let sizes = [sizes, vec![9000]].concat();
+    let h = |lr, step| AdamWParams {
+        lr,
+        beta1: 0.9,
+        beta2: 0.999,
+        eps: 1e-8,
+        weight_decay: 0.0,
+        step,
+    };
+    let settings = |i: usize| (0.01 * (i % 3) as f64, [1.0, 0.5, 2.5][i % 3]);
+    let p0: Vec<Arr> = sizes
+        .iter()
+        .map(|&n| uniform(&mut rng, &[n], -1.0, 1.0))
+        .collect();
+    let state = |ps: &[Arr]| -> Vec<[Tensor; 3]> {
+        ps.iter()
+            .map(|a| {
+                let p = param(t, a);
+                let (m, v) = (p.zeros_like().unwrap(), p.zeros_like().unwrap());
+                [p, m, v]
+            })
+            .collect()
+    };
+    let (many, one) = (state(&p0), state(&p0));
+    let mut c0 = vec![0f32; ctl::LEN];
+    (c0[ctl::LR], c0[ctl::GRAD_FACTOR], c0[ctl::STEPS]) = (0.03, 0.5, 2.0);
+    let c = Tensor::from_vec(c0.clone(), &[ctl::LEN], t.dev).unwrap();
+    for step in 1..=3u64 {
+        let grads: Vec<Tensor> = sizes
+            .iter()
+            .map(|&n| t.tensor(&uniform(&mut rng, &[n], -1.0, 1.0)))
+            .collect();
+        let with_ctl = step == 3;
+        // Parameter 5 has no gradient this step: neither path touches it.
+        let live: Vec<usize> = (0..sizes.len()).filter(|&i| i != 5).collect();
+        let slots: Vec<AdamWSlot> = live
+            .iter()
+            .map(|&i| AdamWSlot {
+                param: &many[i][0],
+                grad: &grads[i],
+                m: &many[i][1],
+                v: &many[i][2],
+                weight_decay: settings(i).0,
+                lr_scale: settings(i).1,
+            })
+            .collect();
+        adamw_step_many(&slots, h(1e-2, step), with_ctl.then_some(&c)).unwrap();
+        for &i in &live {
+            let (wd, scale) = settings(i);
+            let [p, m, v] = &one[i];
+            if with_ctl {
+                let mut f = vec![1f32; ctl::LEN];
+                f[ctl::LR] = scale as f32;
+                let f = Tensor::from_vec(f, &[ctl::LEN], t.dev).unwrap();
+                let hs = AdamWParams {
+                    weight_decay: wd,
+                    ..h(0.0, 1)
+                };
+                p.adamw_step_ctl(&grads[i], m, v, hs, &c.mul(&f).unwrap())
+                    .unwrap();
+            } else {
+                let hs = AdamWParams {
+                    weight_decay: wd,
+                    ..h(1e-2 * scale, step)
+                };
+                p.adamw_step(&grads[i], m, v, hs).unwrap();
+            }
+        }
+    }
+    for (i, (a, b)) in many.iter().zip(&one).enumerate() {
+        for k in 0..3 {
+            let (x, y) = (a[k].to_vec_f32().unwrap(), b[k].to_vec_f32().unwrap());
+            let same = x.iter().zip(&y).all(|(x, y)| x.to_bits() == y.to_bits());
+            assert!(
+                same,
+                "adamw_many: parameter {i} tensor {k} differs from adamw_step"
+            );
+        }
+    }
+    assert_eq!(
+        many[5][0].to_vec_f32().unwrap(),
+        p0[5].data.iter().map(|&x| x as f32).collect::<Vec<_>>(),
+        "a parameter without a slot is left alone"
+    );
+    // Misuse: a moment shared by two slots is refused before anything runs.
+    let g = t.zeros(&[sizes[0]], DType::F32);
+    let twice = [0, 1].map(|_| AdamWSlot {
+        param: &many[0][0],
+        grad: &g,
+        m: &many[0][1],
+        v: &many[0][2],
+        weight_decay: 0.0,
+        lr_scale: 1.0,
+    });
+    let e = adamw_step_many(&twice, h(1e-2, 1), None).unwrap_err();
+    assert!(e.to_string().contains("share"), "{e}");
 }
 
 fn sgd(t: &Target) {

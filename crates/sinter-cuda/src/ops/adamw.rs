@@ -256,6 +256,92 @@ fn plan_adamw_impl(
     ))
 }
 
+/// Parameters one multi-tensor AdamW launch steps (`ADAMW_SLOTS` in adamw.cu).
+pub const ADAMW_SLOTS: usize = 32;
+/// Elements of one block task of the multi-tensor kernel (`ADAMW_CHUNK` in adamw.cu).
+pub const ADAMW_CHUNK: usize = 4096;
+
+/// One parameter of a multi-tensor AdamW step: flat f32 (param, grad, m, v) and its group's
+/// settings.
+#[derive(Clone, Copy, Debug)]
+pub struct AdamSlot<'a> {
+    pub param: DevSlice<'a>,
+    pub grad: DevSlice<'a>,
+    pub m: DevSlice<'a>,
+    pub v: DevSlice<'a>,
+    /// Replaces `cfg.hyper.weight_decay` for this parameter.
+    pub weight_decay: f64,
+    /// Replaces `cfg.hyper.lr` for this parameter (without a control block).
+    pub lr: f64,
+    /// With a control block: this parameter's rate is `ctl[LR] * lr_scale` (in f32).
+    pub lr_scale: f32,
+}
+
+/// Plan AdamW over many parameters: one launch per [`ADAMW_SLOTS`] of them (PyTorch's
+/// multi_tensor_apply: the tensors travel in the kernel's parameters, nothing is uploaded, so
+/// a captured CUDA graph replays the launches as they are). Each element gets exactly
+/// [`plan_adamw`]'s arithmetic with its slot's weight decay and learning rate; with the step
+/// control block `ctl`, as [`plan_adamw_ctl`] (skipped on found_inf).
+pub fn plan_adamw_multi(
+    t: &LaunchTarget,
+    slots: &[AdamSlot<'_>],
+    cfg: &AdamW,
+    ctl: Option<DevSlice<'_>>,
+) -> Result<Vec<Launch>> {
+    let op = "adamw_multi";
+    opt_need(op, "step control", &ctl, DType::F32, ctl::LEN)?;
+    let flag = ctl.map(|c| c.slice(ctl::FOUND_INF, 1)).transpose()?;
+    let mut a = cfg.args(flag.map_or(0, |s| s.ptr()))?;
+    a.ctl = ctl.map_or(0, |s| s.ptr());
+    let mut out = Vec::new();
+    for group in slots.chunks(ADAMW_SLOTS) {
+        let mut args = vec![Arg::Adam(a), Arg::I64(group.len() as i64)];
+        let (mut chunks, mut elems) = (0, 0);
+        for k in 0..ADAMW_SLOTS {
+            let Some(s) = group.get(k) else {
+                args.extend([Arg::Ptr(0); 4]);
+                args.extend([Arg::I64(0), Arg::U64(0), Arg::U64(0), Arg::F32(0.0)]);
+                continue;
+            };
+            let n = s.param.len();
+            for (w, x) in [
+                ("param", &s.param),
+                ("grad", &s.grad),
+                ("m", &s.m),
+                ("v", &s.v),
+            ] {
+                need(op, w, x, DType::F32, n)?;
+            }
+            chunks += n.div_ceil(ADAMW_CHUNK);
+            elems += n;
+            args.extend([s.param, s.grad, s.m, s.v].map(|x| Arg::Ptr(x.ptr())));
+            args.extend([
+                Arg::I64(n as i64),
+                Arg::U64(s.weight_decay.to_bits()),
+                Arg::U64(s.lr.to_bits()),
+                Arg::F32(s.lr_scale),
+            ]);
+        }
+        if elems == 0 {
+            continue;
+        }
+        let grid = chunks.min(t.max_blocks(ELEMWISE_BLOCK) as usize) as u32;
+        // As plan_adamw per element: param, grad, m, v read; param, m, v written.
+        let traffic = Traffic::bytes(4 * elems * 4, 3 * elems * 4).with_flops(12 * elems);
+        out.push(
+            Launch::new(
+                KernelFile::AdamW,
+                "adamw_multi_f32",
+                grid,
+                ELEMWISE_BLOCK,
+                args,
+            )
+            .with_traffic(traffic),
+        );
+    }
+    Ok(out)
+}
+
 /// Plan one SGD step; `buf` (momentum buffer, f32) is required when momentum != 0.
 pub fn plan_sgd(
     t: &LaunchTarget,
@@ -472,6 +558,19 @@ pub fn adamw(
     )?)
 }
 
+/// AdamW over many parameters on the device (see [`plan_adamw_multi`]).
+pub fn adamw_multi(
+    dev: &CudaDevice,
+    slots: &[AdamSlot<'_>],
+    cfg: &AdamW,
+    ctl: Option<DevSlice<'_>>,
+) -> Result<()> {
+    for l in plan_adamw_multi(&dev.target(), slots, cfg, ctl)? {
+        dev.launch(&l)?;
+    }
+    Ok(())
+}
+
 /// One fused AdamW step driven by the step control block (see [`plan_adamw_ctl`]).
 #[allow(clippy::too_many_arguments)]
 pub fn adamw_ctl(
@@ -597,6 +696,17 @@ pub(crate) fn samples(t: &LaunchTarget) -> Vec<Launch> {
         )
         .unwrap(),
     );
+    let slot = |k: usize| AdamSlot {
+        param: f(),
+        grad: f(),
+        m: f(),
+        v: f(),
+        weight_decay: 0.01 * k as f64,
+        lr: 1e-3,
+        lr_scale: 1.0,
+    };
+    let slots: Vec<AdamSlot> = (0..3).map(slot).collect();
+    v.extend(plan_adamw_multi(t, &slots, &cfg, None).unwrap());
     let sgd = Sgd {
         lr: 0.1,
         momentum: 0.9,
@@ -712,6 +822,49 @@ mod tests {
         let (p, _, _) = cfg.reference(1.0, 0.5, 0.0, 0.0);
         assert!((p - 0.99).abs() < 1e-6, "{p}");
         assert!(cfg.at_step(0).args(0).is_err());
+    }
+
+    #[test]
+    fn multi_plans_take_32_slots_a_launch_within_the_parameter_limit() {
+        use crate::launch::ParamKind;
+        let t = LaunchTarget { sm_count: 4 };
+        let cfg = AdamW {
+            hyper: sinter_types::AdamW {
+                lr: 1e-3,
+                beta1: 0.9,
+                beta2: 0.999,
+                eps: 1e-8,
+                weight_decay: 0.0,
+                step: 1,
+            },
+            grad_scale: 1.0,
+        };
+        let slot = |n: usize| AdamSlot {
+            param: fake_slice(DType::F32, n),
+            grad: fake_slice(DType::F32, n),
+            m: fake_slice(DType::F32, n),
+            v: fake_slice(DType::F32, n),
+            weight_decay: 0.1,
+            lr: 1e-3,
+            lr_scale: 1.0,
+        };
+        let mut slots: Vec<AdamSlot> = (0..33).map(|k| slot(10 + k)).collect();
+        slots[32] = slot(3 * ADAMW_CHUNK + 1);
+        let ls = plan_adamw_multi(&t, &slots, &cfg, None).unwrap();
+        assert_eq!(ls.len(), 2);
+        assert_eq!((ls[0].args[1], ls[1].args[1]), (Arg::I64(32), Arg::I64(1)));
+        assert_eq!(ls[1].grid.0, 4, "one block per chunk of the last slot");
+        // CUDA takes at most 4 KiB of kernel parameters (each 8-byte one 8-aligned).
+        let bytes = ls[0].args.iter().fold(0usize, |at, a| match a.kind() {
+            ParamKind::B64 => at.next_multiple_of(8) + 8,
+            ParamKind::B32 | ParamKind::F32 => at + 4,
+            ParamKind::Bytes(n) => at.next_multiple_of(8) + n,
+        });
+        assert!(bytes <= 4096, "{bytes} bytes of parameters");
+        assert_eq!(ls[0].args.len(), 2 + 8 * ADAMW_SLOTS);
+        // A gradient of another length is refused.
+        slots[1].grad = fake_slice(DType::F32, 5);
+        assert!(plan_adamw_multi(&t, &slots, &cfg, None).is_err());
     }
 
     #[test]

@@ -260,6 +260,7 @@ mod tests {
             "embedding_bwd_bf16",
             "emb_bwd_scan",
             "adamw_copy_bf16",
+            "adamw_multi_f32",
             "sumsq_finish",
             "rand_normal_f16",
             "col2im_f32",

@@ -1,15 +1,15 @@
-//! The optimizer steps on the device: one fused kernel per parameter, in place. Parameter,
-//! moments and momentum buffer are f32 and contiguous (as on the CPU); the gradient may be of
-//! any float dtype or layout (it is made contiguous f32 first). On the first step the
-//! parameter and its state are moved into the allocator's permanent pool. Also the step
-//! control block's kernels and the deterministic sum of squares of the gradient norm.
+//! The optimizer steps on the device: one fused kernel per parameter, in place (sinter-cuda's
+//! `kernels/adamw.cu` through its launch plans `ops/adamw.rs`). Parameter, moments and
+//! momentum buffer are f32 and contiguous (as on the CPU); the gradient may be of any float
+//! dtype or layout (it is made contiguous f32 first). On the first step the parameter and its
+//! state are moved into the allocator's permanent pool. Also the step control block's kernels.
 
 use sinter_cuda::ops::adamw as ka;
 
-use super::creation::promote_in_place;
-use super::storage::{CudaStorage, DevView};
-use super::{alloc, OnOp};
 use crate::backend::{AdamWParams, ScalerCfg, SgdParams};
+use crate::cuda::creation::promote_in_place;
+use crate::cuda::storage::{CudaStorage, DevView};
+use crate::cuda::OnOp;
 use crate::{DType, Error, Layout, Result};
 
 /// The storage's contiguous f32 window (what the kernels update in place), after moving the
@@ -34,8 +34,8 @@ fn state(op: &'static str, s: &mut CudaStorage, l: &Layout) -> Result<DevView> {
 }
 
 /// Fused AdamW (decoupled weight decay) of `p` with moments `m`, `v`; with a step control
-/// block, driven by it (see `tensor::step_ctl`).
-pub(crate) fn adamw_step(
+/// block, driven by it (see `step_ctl`).
+pub(super) fn adamw_storage(
     p: (&mut CudaStorage, &Layout),
     grad: (&CudaStorage, &Layout),
     m: (&mut CudaStorage, &Layout),
@@ -55,38 +55,20 @@ pub(crate) fn adamw_step(
         hyper: h,
         grad_scale: 1.0,
     };
+    let (ps, gs, ms, vs) = (pv.slice(), g.slice(), mv.slice(), vv.slice());
     match ctl {
-        None => ka::adamw(
-            dev,
-            pv.slice(),
-            g.slice(),
-            mv.slice(),
-            vv.slice(),
-            None,
-            &cfg,
-            None,
-        ),
+        None => ka::adamw(dev, ps, gs, ms, vs, None, &cfg, None),
         Some((c, cl)) => {
             let cv = c.window(cl)?;
             // The step number is read on the device; the plan only checks it is 1-based.
-            let cfg = cfg.at_step(1);
-            ka::adamw_ctl(
-                dev,
-                pv.slice(),
-                g.slice(),
-                mv.slice(),
-                vv.slice(),
-                None,
-                &cfg,
-                cv.slice(),
-            )
+            ka::adamw_ctl(dev, ps, gs, ms, vs, None, &cfg.at_step(1), cv.slice())
         }
     }
     .on(op)
 }
 
 /// SGD (PyTorch's formulation) of `p`, with an optional momentum buffer.
-pub(crate) fn sgd_step(
+pub(super) fn sgd_storage(
     p: (&mut CudaStorage, &Layout),
     grad: (&CudaStorage, &Layout),
     buf: Option<(&mut CudaStorage, &Layout)>,
@@ -125,8 +107,8 @@ pub(crate) fn sgd_step(
 }
 
 /// The `step_prepare` kernel on the control block.
-pub(crate) fn step_prepare(
-    ctl: (&CudaStorage, &Layout),
+pub(super) fn step_prepare_storage(
+    ctl: (&mut CudaStorage, &Layout),
     sumsq: (&CudaStorage, &Layout),
     max_norm: f32,
     dynamic: bool,
@@ -136,8 +118,8 @@ pub(crate) fn step_prepare(
 }
 
 /// The `step_finish` kernel on the control block.
-pub(crate) fn step_finish(
-    ctl: (&CudaStorage, &Layout),
+pub(super) fn step_finish_storage(
+    ctl: (&mut CudaStorage, &Layout),
     lr_table: (&CudaStorage, &Layout),
     scaler: Option<ScalerCfg>,
 ) -> Result<()> {
@@ -145,16 +127,53 @@ pub(crate) fn step_finish(
     ka::step_finish(ctl.0.device(), cv.slice(), tv.slice(), scaler).on("step_finish")
 }
 
-/// Σ g² over the parts (one device) as a one-element f32 storage there: one deterministic
-/// kernel pass.
-pub(crate) fn sum_squares(parts: &[(&CudaStorage, &Layout)]) -> Result<CudaStorage> {
-    let first = parts[0].0;
-    let views = parts
+/// One parameter of [`adamw_many_storage`]: (param, grad, m, v) and (weight decay, lr,
+/// lr_scale).
+pub(super) type CudaSlot<'a> = (
+    (&'a mut CudaStorage, &'a Layout),
+    (&'a CudaStorage, &'a Layout),
+    (&'a mut CudaStorage, &'a Layout),
+    (&'a mut CudaStorage, &'a Layout),
+    (f64, f64, f32),
+);
+
+/// AdamW of many parameters of one device: one launch per `ka::ADAMW_SLOTS` of them.
+pub(super) fn adamw_many_storage(
+    slots: Vec<CudaSlot<'_>>,
+    h: AdamWParams,
+    ctl: Option<(&CudaStorage, &Layout)>,
+) -> Result<()> {
+    let op = "adamw_step";
+    let Some(dev) = slots.first().map(|s| s.1 .0.device().clone()) else {
+        return Ok(());
+    };
+    // The windows (a cast copy for a non-f32 gradient) live until the launches are queued.
+    let mut views = Vec::with_capacity(slots.len());
+    for (p, g, m, v, k) in slots {
+        let st = (state(op, p.0, p.1)?, g.0.window_as(g.1, DType::F32)?);
+        views.push((st.0, st.1, state(op, m.0, m.1)?, state(op, v.0, v.1)?, k));
+    }
+    let list: Vec<ka::AdamSlot<'_>> = views
         .iter()
-        .map(|(s, l)| s.window(l))
-        .collect::<Result<Vec<_>>>()?;
-    let slices: Vec<_> = views.iter().map(|v| v.slice()).collect();
-    let out = alloc(first.device(), 1, DType::F32)?;
-    ka::sum_squares(first.device(), &slices, out.as_slice()).on("grad_sum_squares")?;
-    Ok(first.sibling(out, DType::F32))
+        .map(|(p, g, m, v, (wd, lr, lr_scale))| ka::AdamSlot {
+            param: p.slice(),
+            grad: g.slice(),
+            m: m.slice(),
+            v: v.slice(),
+            weight_decay: *wd,
+            lr: *lr,
+            lr_scale: *lr_scale,
+        })
+        .collect();
+    let cfg = ka::AdamW {
+        hyper: h,
+        grad_scale: 1.0,
+    };
+    let cv = ctl.map(|(c, l)| c.window(l)).transpose()?;
+    match &cv {
+        // The step number is read on the device; the plan only checks it is 1-based.
+        Some(c) => ka::adamw_multi(&dev, &list, &cfg.at_step(1), Some(c.slice())),
+        None => ka::adamw_multi(&dev, &list, &cfg, None),
+    }
+    .on(op)
 }

@@ -1,7 +1,7 @@
 //! The training step's decisions on the tensors' device: a small f32 "step control block"
 //! (slots in [`ctl`]) holds the loss scale, the found-inf flag, the clip factor, the learning
 //! rate and the step counters, and is read and updated by the backend (kernels on CUDA, the
-//! same arithmetic on host memory on the CPU: `crate::cpu::nn::{step_prepare, step_finish}`),
+//! same arithmetic on host memory on the CPU: `super::cpu::{step_prepare, step_finish}`),
 //! so a step never waits on the host (and a captured CUDA graph replays with current values).
 //!
 //! Per step: `backward(loss · ctl[SCALE])`; `ctl.step_prepare(&grad_sum_squares(grads)?, ..)`;
@@ -46,7 +46,7 @@ impl Tensor {
         Ok(())
     }
 
-    fn ctl_on(&self, op: &'static str, other: &Tensor) -> Result<()> {
+    pub(super) fn ctl_on(&self, op: &'static str, other: &Tensor) -> Result<()> {
         other.check_ctl(op)?;
         if other.device() != self.device() {
             return Err(Error::DeviceMismatch {
@@ -105,8 +105,12 @@ impl Tensor {
             bail!("step_prepare: sumsq must not share storage with the step control block");
         }
         let s = sumsq.storage();
-        self.write_storage()
-            .step_prepare(self.layout(), (&s, sumsq.layout()), max_norm, dynamic)
+        super::step_prepare_storage(
+            (&mut self.write_storage(), self.layout()),
+            (&s, sumsq.layout()),
+            max_norm,
+            dynamic,
+        )
     }
 
     /// On a step control block, after the optimizer: loss-scale update (with `scaler`), step
@@ -132,7 +136,10 @@ impl Tensor {
             bail!("step_finish: the learning-rate table must not share storage with the step control block");
         }
         let t = lr_table.storage();
-        self.write_storage()
-            .step_finish(self.layout(), (&t, lr_table.layout()), scaler)
+        super::step_finish_storage(
+            (&mut self.write_storage(), self.layout()),
+            (&t, lr_table.layout()),
+            scaler,
+        )
     }
 }
