@@ -4,3 +4,4 @@
 //! `.cu` source). Nothing below this module imports it.
 
 pub mod classifier;
+pub mod layer_norm;
