@@ -30,7 +30,7 @@
 //! | reductions | `reduce` (sum, max, min, argmax over one dim), `sum_squares` (the global gradient norm) |
 //! | products | `matmul` (batched, strided, broadcast batch), `linear` (GEMM with a bias epilogue), `linear_bias_gelu` (GEMM with bias + GELU epilogue) |
 //! | convolution | `conv2d`, `conv2d_backward_data`, `conv2d_backward_filter`, `conv2d_bias_relu` and `bias_relu_backward` (fused epilogue), max / avg pool forward and backward |
-//! | rows | `softmax` / log-softmax and backward, `layer_norm` and backward, `residual_layer_norm`, `cross_entropy` and backward, `bias_gelu` and backward |
+//! | rows | `softmax` / log-softmax and backward, `cross_entropy` and backward, `bias_gelu` and backward (LayerNorm and residual add + LayerNorm are kernels: `kernels/layer_norm/`) |
 //! | indexing | `index_select`, `index_select_backward` (scatter-add into zeros), `index_add` |
 //! | random | `dropout`, `dropout_backward` |
 //! | attention | `attention` (flash, forward), `attention_backward`, `decode_attention` (one decoding step against KV caches, in place) |
@@ -311,15 +311,6 @@ pub fn check_indices(ids: &[i64], bound: usize, ignore: Option<i64>, what: Index
     }))
 }
 
-impl<S> RowStats<S> {
-    pub fn as_ref(&self) -> RowStats<&S> {
-        RowStats {
-            mean: &self.mean,
-            rstd: &self.rstd,
-        }
-    }
-}
-
 /// Indices handed to a primitive, and whether it must still check them. Indices that came
 /// from another device were read and checked on the host before they were moved (an immediate
 /// error); indices that live where the data does are checked by the backend (the CPU at once,
@@ -415,21 +406,6 @@ impl<S> DropoutMask<S> {
             DropoutMask::Seed(s) => DropoutMask::Seed(*s),
         }
     }
-}
-
-/// Which gradients a backward primitive should produce.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Wants {
-    pub input: bool,
-    pub gamma: bool,
-    pub beta: bool,
-}
-
-/// Saved layer-norm statistics, one per row: the mean and 1/std (f32).
-#[derive(Clone, Debug)]
-pub struct RowStats<S> {
-    pub mean: S,
-    pub rstd: S,
 }
 
 /// The outputs of a fused cross-entropy forward, f32: each row's loss, computed as
@@ -626,42 +602,6 @@ pub trait BackendStorage: Sized + Clone + Send + Sync + std::fmt::Debug {
     fn softmax(&self, l: &Layout, log: bool) -> Result<Self>;
     /// `self` is grad_out; y the forward's output.
     fn softmax_backward(&self, l: &Layout, y: &Self, yl: &Layout, log: bool) -> Result<Self>;
-    /// Layer norm over the last dimension (size n) with gamma and beta [n]: (y, row stats).
-    fn layer_norm(
-        &self,
-        l: &Layout,
-        gamma: &Self,
-        gl: &Layout,
-        beta: &Self,
-        bl: &Layout,
-        eps: f32,
-    ) -> Result<(Self, RowStats<Self>)>;
-    /// `self` is grad_out; x the forward's input. Returns (dx in x's dtype, dgamma, dbeta),
-    /// each when wanted; the parameter gradients come in the backend's compute dtype (the
-    /// caller casts them to the parameters').
-    fn layer_norm_backward(
-        &self,
-        l: &Layout,
-        x: &Self,
-        xl: &Layout,
-        gamma: &Self,
-        gl: &Layout,
-        stats: RowStats<&Self>,
-        wants: Wants,
-    ) -> Result<(Option<Self>, Option<Self>, Option<Self>)>;
-    /// (x + residual, layer_norm(x + residual), row stats) in one pass; the backward is
-    /// `layer_norm_backward` on the sum.
-    fn residual_layer_norm(
-        &self,
-        l: &Layout,
-        residual: &Self,
-        rl: &Layout,
-        gamma: &Self,
-        gl: &Layout,
-        beta: &Self,
-        bl: &Layout,
-        eps: f32,
-    ) -> Result<(Self, Self, RowStats<Self>)>;
     /// Cross-entropy of each row of logits [rows, c] (`self`) against i64 targets [rows]; a row
     /// whose target is `ignore_index` has loss 0.
     fn cross_entropy(

@@ -3,49 +3,12 @@
 
 use crate::backend::{
     check_indices, Conv2dParams, ConvGeom, IndexGeom, IndexUse, Indices, Pool2dParams, PoolGeom,
-    RowStats, Wants,
 };
 use crate::layout::{broadcast_shape, resolve_dim};
 use crate::storage::Storage;
 use crate::tensor::output;
 use crate::{bail, DType, Error, Result, Rng, Tensor};
 use sinter_types::{pool_out_size, Hw};
-
-/// The layer norm backward rule (shared by `layer_norm` and `fused::residual_layer_norm`):
-/// gradients of x (when `want_x`), gamma and beta from the output gradient `g` and the forward's
-/// row statistics; the parameter gradients come back in the parameters' dtypes.
-pub(crate) fn layer_norm_grads(
-    x: &Tensor,
-    gamma: &Tensor,
-    beta: &Tensor,
-    stats: &RowStats<Storage>,
-    g: &Tensor,
-    want_x: bool,
-) -> Result<Vec<Option<Tensor>>> {
-    let wants = Wants {
-        input: want_x,
-        gamma: gamma.tracks_grad(),
-        beta: beta.tracks_grad(),
-    };
-    let (dx, dg, db) = g.storage().layer_norm_backward(
-        g.layout(),
-        &x.storage(),
-        x.layout(),
-        &gamma.storage(),
-        gamma.layout(),
-        stats,
-        wants,
-    )?;
-    let param = |s: Option<Storage>, like: &Tensor| {
-        s.map(|s| Tensor::from_storage(s, like.shape()).to_dtype(like.dtype()))
-            .transpose()
-    };
-    Ok(vec![
-        dx.map(|s| Tensor::from_storage(s, x.shape())),
-        param(dg, gamma)?,
-        param(db, beta)?,
-    ])
-}
 
 impl Tensor {
     /// An error naming `op` unless this tensor holds floats.
@@ -268,44 +231,10 @@ impl Tensor {
         ))
     }
 
-    /// Layer norm over the last dimension with affine gamma and beta of that size.
+    /// Layer norm over the last dimension with affine gamma and beta of that size (the op
+    /// lives in `kernels/layer_norm/`).
     pub fn layer_norm(&self, gamma: &Tensor, beta: &Tensor, eps: f32) -> Result<Tensor> {
-        let n = *self
-            .shape()
-            .last()
-            .ok_or_else(|| Error::Msg("layer_norm: input is a scalar".into()))?;
-        if n == 0 {
-            bail!(
-                "layer_norm: the normalised dimension of {:?} is empty",
-                self.shape()
-            );
-        }
-        for p in [gamma, beta] {
-            if p.shape() != [n] {
-                return Err(Error::ShapeMismatch {
-                    op: "layer_norm",
-                    lhs: self.shape().to_vec(),
-                    rhs: p.shape().to_vec(),
-                });
-            }
-        }
-        self.float_op("layer_norm")?;
-        let (y, stats) = self.storage().layer_norm(
-            self.layout(),
-            &gamma.storage(),
-            gamma.layout(),
-            &beta.storage(),
-            beta.layout(),
-            eps,
-        )?;
-        let (xt, gt, bt) = (self.clone(), gamma.clone(), beta.clone());
-        Ok(output(
-            y,
-            self.shape(),
-            "layer_norm",
-            &[self, gamma, beta],
-            move |g, _| layer_norm_grads(&xt, &gt, &bt, &stats, g, xt.tracks_grad()),
-        ))
+        crate::kernels::layer_norm::layer_norm(self, gamma, beta, eps)
     }
 
     fn index_dtype(idx: &Tensor, op: &'static str) -> Result<()> {

@@ -4,7 +4,7 @@
 
 use crate::backend::{
     AttnGeom, BackendDevice, BackendStorage, ConvGeom, CrossEntropyOut, DecodeSeq, DropoutMask,
-    IndexGeom, Indices, PoolGeom, RowStats, Wants,
+    IndexGeom, Indices, PoolGeom,
 };
 use crate::cpu::{CpuDevice, CpuStorage};
 use crate::cuda::CudaStorage;
@@ -527,71 +527,6 @@ impl Storage {
         on_device!("softmax", [g, y], |w| Ok(w(
             g.softmax_backward(l, y, yl, log)?
         )))
-    }
-    pub fn layer_norm(
-        &self,
-        l: &Layout,
-        gamma: &Storage,
-        gl: &Layout,
-        beta: &Storage,
-        bl: &Layout,
-        eps: f32,
-    ) -> Result<(Storage, RowStats<Storage>)> {
-        let x = self;
-        on_device!("layer_norm", [x, gamma, beta], |w| {
-            let (y, s) = x.layer_norm(l, gamma, gl, beta, bl, eps)?;
-            Ok((
-                w(y),
-                RowStats {
-                    mean: w(s.mean),
-                    rstd: w(s.rstd),
-                },
-            ))
-        })
-    }
-    /// `self` is grad_out (see `BackendStorage::layer_norm_backward`).
-    #[allow(clippy::too_many_arguments)]
-    pub fn layer_norm_backward(
-        &self,
-        l: &Layout,
-        x: &Storage,
-        xl: &Layout,
-        gamma: &Storage,
-        gl: &Layout,
-        stats: &RowStats<Storage>,
-        wants: Wants,
-    ) -> Result<(Option<Storage>, Option<Storage>, Option<Storage>)> {
-        let (g, mean, rstd) = (self, &stats.mean, &stats.rstd);
-        on_device!("layer_norm", [g, x, gamma, mean, rstd], |w| {
-            let (dx, dg, db) =
-                g.layer_norm_backward(l, x, xl, gamma, gl, RowStats { mean, rstd }, wants)?;
-            Ok((dx.map(w), dg.map(w), db.map(w)))
-        })
-    }
-    #[allow(clippy::too_many_arguments)]
-    pub fn residual_layer_norm(
-        &self,
-        l: &Layout,
-        residual: &Storage,
-        rl: &Layout,
-        gamma: &Storage,
-        gl: &Layout,
-        beta: &Storage,
-        bl: &Layout,
-        eps: f32,
-    ) -> Result<(Storage, Storage, RowStats<Storage>)> {
-        let x = self;
-        on_device!("residual_layer_norm", [x, residual, gamma, beta], |w| {
-            let (h, y, s) = x.residual_layer_norm(l, residual, rl, gamma, gl, beta, bl, eps)?;
-            Ok((
-                w(h),
-                w(y),
-                RowStats {
-                    mean: w(s.mean),
-                    rstd: w(s.rstd),
-                },
-            ))
-        })
     }
     pub fn cross_entropy(
         &self,

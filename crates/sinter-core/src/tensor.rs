@@ -85,6 +85,18 @@ pub(crate) fn output(
     )
 }
 
+/// [`output`] for a result already in a tensor (a custom op's, computed untracked): the same
+/// memory, with the node when gradients are tracked.
+pub(crate) fn output_of(
+    result: &Tensor,
+    name: &'static str,
+    inputs: &[&Tensor],
+    backward: impl Fn(&Tensor, &Tensor) -> Result<Vec<Option<Tensor>>> + Send + Sync + 'static,
+) -> Tensor {
+    let node = graph::record(name, inputs, backward);
+    Tensor::from_parts(result.0.storage.clone(), result.layout().clone(), node)
+}
+
 impl Tensor {
     // ---- construction -------------------------------------------------------------------
 

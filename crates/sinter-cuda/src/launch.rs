@@ -283,10 +283,8 @@ impl Launch {
             KernelFile::Copy => OpClass::Copy,
             KernelFile::Reduce
             | KernelFile::Softmax
-            | KernelFile::LayerNorm
             | KernelFile::CrossEntropy
-            | KernelFile::Embedding
-            | KernelFile::ResidualLayerNorm => OpClass::Row,
+            | KernelFile::Embedding => OpClass::Row,
             KernelFile::Int8Gemm => OpClass::Gemm,
             KernelFile::Unary
             | KernelFile::Binary

@@ -26,7 +26,6 @@ pub enum KernelFile {
     Copy,
     Reduce,
     Softmax,
-    LayerNorm,
     CrossEntropy,
     Embedding,
     Conv,
@@ -34,20 +33,18 @@ pub enum KernelFile {
     AdamW,
     Int,
     FlashAttention,
-    ResidualLayerNorm,
     Int8Gemm,
     Bool,
 }
 
 impl KernelFile {
     /// Every kernel file.
-    pub const ALL: [KernelFile; 16] = [
+    pub const ALL: [KernelFile; 14] = [
         KernelFile::Unary,
         KernelFile::Binary,
         KernelFile::Copy,
         KernelFile::Reduce,
         KernelFile::Softmax,
-        KernelFile::LayerNorm,
         KernelFile::CrossEntropy,
         KernelFile::Embedding,
         KernelFile::Conv,
@@ -55,7 +52,6 @@ impl KernelFile {
         KernelFile::AdamW,
         KernelFile::Int,
         KernelFile::FlashAttention,
-        KernelFile::ResidualLayerNorm,
         KernelFile::Int8Gemm,
         KernelFile::Bool,
     ];
@@ -68,7 +64,6 @@ impl KernelFile {
             KernelFile::Copy => "copy.cu",
             KernelFile::Reduce => "reduce.cu",
             KernelFile::Softmax => "softmax.cu",
-            KernelFile::LayerNorm => "layernorm.cu",
             KernelFile::CrossEntropy => "cross_entropy.cu",
             KernelFile::Embedding => "embedding.cu",
             KernelFile::Conv => "conv.cu",
@@ -76,7 +71,6 @@ impl KernelFile {
             KernelFile::AdamW => "adamw.cu",
             KernelFile::Int => "int.cu",
             KernelFile::FlashAttention => "flash_attention.cu",
-            KernelFile::ResidualLayerNorm => "residual_layernorm.cu",
             KernelFile::Int8Gemm => "int8_gemm.cu",
             KernelFile::Bool => "bool.cu",
         }
@@ -90,7 +84,6 @@ impl KernelFile {
             KernelFile::Copy => include_str!("../kernels/copy.cu"),
             KernelFile::Reduce => include_str!("../kernels/reduce.cu"),
             KernelFile::Softmax => include_str!("../kernels/softmax.cu"),
-            KernelFile::LayerNorm => include_str!("../kernels/layernorm.cu"),
             KernelFile::CrossEntropy => include_str!("../kernels/cross_entropy.cu"),
             KernelFile::Embedding => include_str!("../kernels/embedding.cu"),
             KernelFile::Conv => include_str!("../kernels/conv.cu"),
@@ -98,7 +91,6 @@ impl KernelFile {
             KernelFile::AdamW => include_str!("../kernels/adamw.cu"),
             KernelFile::Int => include_str!("../kernels/int.cu"),
             KernelFile::FlashAttention => include_str!("../kernels/flash_attention.cu"),
-            KernelFile::ResidualLayerNorm => include_str!("../kernels/residual_layernorm.cu"),
             KernelFile::Int8Gemm => include_str!("../kernels/int8_gemm.cu"),
             KernelFile::Bool => include_str!("../kernels/bool.cu"),
         }

@@ -413,14 +413,11 @@ fn a_geglu_mlp_is_gelu_of_the_gate_times_the_up_projection() {
     }
 }
 
+/// One row's LayerNorm in f64 (the op's one reference).
 fn layer_norm_f64(x: &[f64], w: &[f32], b: &[f32], eps: f64) -> Vec<f64> {
-    let n = x.len() as f64;
-    let mean = x.iter().sum::<f64>() / n;
-    let var = x.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / n;
-    let r = 1.0 / (var + eps).sqrt();
-    (x.iter().enumerate())
-        .map(|(i, v)| (v - mean) * r * w[i] as f64 + b[i] as f64)
-        .collect()
+    let wide = |v: &[f32]| v.iter().map(|&a| a as f64).collect::<Vec<_>>();
+    let (w, b) = (wide(w), wide(b));
+    sinter_core::kernels::layer_norm::reference::forward(x, &w, &b, x.len(), eps).0
 }
 
 /// BERT's encoder layer in f64: LN(x + attn(x)) with bidirectional attention over the keys

@@ -5,7 +5,7 @@
 
 use rayon::prelude::*;
 use sinter_cpu::math::cross_entropy;
-use sinter_cpu::math::{layer_norm, softmax};
+use sinter_cpu::math::softmax;
 use sinter_cpu::Isa;
 
 /// Rows per task of the parallel row kernels: fixed, so that the parameter-gradient sums are
@@ -84,68 +84,6 @@ pub fn softmax_rows_backward(y: &[f32], g: &[f32], n: usize, log: bool) -> Vec<f
         softmax::softmax_rows_backward(isa, &y[at.clone()], &g[at], o, n, log)
     });
     out
-}
-
-/// Layer norm over rows of length n; returns (y, mean, rstd).
-pub fn layer_norm(
-    x: &[f32],
-    gamma: &[f32],
-    beta: &[f32],
-    n: usize,
-    eps: f32,
-) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
-    let rows = x.len() / n.max(1);
-    let mut y = vec![0f32; x.len()];
-    let (mut mean, mut rstd) = (vec![0f32; rows], vec![0f32; rows]);
-    if n == 0 || rows == 0 {
-        return (y, mean, rstd);
-    }
-    let isa = Isa::get();
-    let per = rows_per_task(x.len(), n);
-    y.par_chunks_mut(per * n)
-        .zip(mean.par_chunks_mut(per))
-        .zip(rstd.par_chunks_mut(per))
-        .enumerate()
-        .for_each(|(i, ((o, m), rs))| {
-            let xs = &x[i * per * n..i * per * n + o.len()];
-            layer_norm::layer_norm_rows(isa, xs, gamma, beta, eps, o, m, rs);
-        });
-    (y, mean, rstd)
-}
-
-/// Returns (dx, dgamma, dbeta).
-pub fn layer_norm_backward(
-    x: &[f32],
-    gamma: &[f32],
-    mean: &[f32],
-    rstd: &[f32],
-    g: &[f32],
-    n: usize,
-) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
-    let mut dx = vec![0f32; x.len()];
-    if n == 0 || x.is_empty() {
-        return (dx, vec![0f32; n], vec![0f32; n]);
-    }
-    let isa = Isa::get();
-    let partials = fixed_chunks(&mut dx, n, |c, d| {
-        let (r0, rows) = (c * CHUNK_ROWS, d.len() / n);
-        let at = r0 * n..r0 * n + d.len();
-        let (mut dg, mut db) = (vec![0f32; n], vec![0f32; n]);
-        layer_norm::layer_norm_backward_rows(
-            isa,
-            &x[at.clone()],
-            gamma,
-            &mean[r0..r0 + rows],
-            &rstd[r0..r0 + rows],
-            &g[at],
-            d,
-            &mut dg,
-            &mut db,
-        );
-        (dg, db)
-    });
-    let (dg, db): (Vec<_>, Vec<_>) = partials.into_iter().unzip();
-    (dx, sum_partials(dg, n), sum_partials(db, n))
 }
 
 /// Cross-entropy of logits rows [rows, c] against class indices (checked by the caller).

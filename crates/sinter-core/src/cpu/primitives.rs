@@ -8,8 +8,7 @@ use super::matmul::MatView;
 use super::{conv, elementwise, fused, matmul, nn, reduce, CpuStorage};
 use crate::backend::{
     check_indices, reduced_dtype, AttnGeom, BackendDevice, BackendStorage, ConvGeom,
-    CrossEntropyOut, DecodeSeq, DropoutMask, IndexGeom, IndexUse, Indices, PoolGeom, RowStats,
-    Wants,
+    CrossEntropyOut, DecodeSeq, DropoutMask, IndexGeom, IndexUse, Indices, PoolGeom,
 };
 use crate::op::{BinaryOp, ReduceOp, UnaryOp};
 use crate::{DType, Device, Error, Layout, Result, Rng};
@@ -441,93 +440,6 @@ impl BackendStorage for CpuStorage {
         let (yv, gv) = (y.f32_contiguous(yl), self.f32_contiguous(l));
         let dx = nn::softmax_rows_backward(&yv, &gv, last_dim(l), log);
         Ok(CpuStorage::from_f32(dx, CpuStorage::dtype(y)))
-    }
-    fn layer_norm(
-        &self,
-        l: &Layout,
-        gamma: &Self,
-        gl: &Layout,
-        beta: &Self,
-        bl: &Layout,
-        eps: f32,
-    ) -> Result<(Self, RowStats<Self>)> {
-        float_only("layer_norm", CpuStorage::dtype(self))?;
-        let (y, mean, rstd) = nn::layer_norm(
-            &self.f32_contiguous(l),
-            &gamma.f32_contiguous(gl),
-            &beta.f32_contiguous(bl),
-            last_dim(l),
-            eps,
-        );
-        let stats = RowStats {
-            mean: CpuStorage::F32(mean),
-            rstd: CpuStorage::F32(rstd),
-        };
-        Ok((CpuStorage::from_f32(y, CpuStorage::dtype(self)), stats))
-    }
-    fn layer_norm_backward(
-        &self,
-        l: &Layout,
-        x: &Self,
-        xl: &Layout,
-        gamma: &Self,
-        gl: &Layout,
-        stats: RowStats<&Self>,
-        wants: Wants,
-    ) -> Result<(Option<Self>, Option<Self>, Option<Self>)> {
-        let RowStats {
-            mean: CpuStorage::F32(mean),
-            rstd: CpuStorage::F32(rstd),
-        } = stats
-        else {
-            crate::bail!("layer_norm: row statistics must be f32");
-        };
-        let (dx, dg, db) = nn::layer_norm_backward(
-            &x.f32_contiguous(xl),
-            &gamma.f32_contiguous(gl),
-            mean,
-            rstd,
-            &self.f32_contiguous(l),
-            last_dim(l),
-        );
-        Ok((
-            wants
-                .input
-                .then(|| CpuStorage::from_f32(dx, CpuStorage::dtype(x))),
-            wants.gamma.then_some(CpuStorage::F32(dg)),
-            wants.beta.then_some(CpuStorage::F32(db)),
-        ))
-    }
-    fn residual_layer_norm(
-        &self,
-        l: &Layout,
-        residual: &Self,
-        rl: &Layout,
-        gamma: &Self,
-        gl: &Layout,
-        beta: &Self,
-        bl: &Layout,
-        eps: f32,
-    ) -> Result<(Self, Self, RowStats<Self>)> {
-        float_only("residual_layer_norm", CpuStorage::dtype(self))?;
-        let (s, y, mean, rstd) = fused::residual_layer_norm(
-            &self.f32_contiguous(l),
-            &residual.f32_contiguous(rl),
-            &gamma.f32_contiguous(gl),
-            &beta.f32_contiguous(bl),
-            last_dim(l),
-            eps,
-        );
-        let dtype = CpuStorage::dtype(self);
-        let stats = RowStats {
-            mean: CpuStorage::F32(mean),
-            rstd: CpuStorage::F32(rstd),
-        };
-        Ok((
-            CpuStorage::from_f32(s, dtype),
-            CpuStorage::from_f32(y, dtype),
-            stats,
-        ))
     }
     fn cross_entropy(
         &self,

@@ -34,7 +34,7 @@ pub mod storage;
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::{Arc, OnceLock};
 
-use sinter_cuda::{CudaDevice, CudaError, DevSlice, DeviceBuffer};
+use sinter_cuda::{CudaDevice, CudaError, DeviceBuffer};
 
 pub use checks::synchronize;
 pub use sinter_cuda::Pool;
@@ -247,11 +247,6 @@ impl<T> OnOp<T> for sinter_cuda::Result<T> {
     fn on(self, op: &'static str) -> Result<T> {
         self.map_err(op_err(op))
     }
-}
-
-/// The whole of an optional buffer.
-pub(crate) fn opt_slice(b: &Option<Arc<DeviceBuffer>>) -> Option<DevSlice<'_>> {
-    b.as_ref().map(|b| b.as_slice())
 }
 
 /// A new uninitialised buffer from the temporary pool.

@@ -10,15 +10,13 @@
 use std::sync::Arc;
 
 use sinter_cuda::ops::cross_entropy::{self as kce, LossGrad};
-use sinter_cuda::ops::{
-    embedding as ke, layernorm as kl, residual_layernorm as krl, softmax as ks,
-};
+use sinter_cuda::ops::{embedding as ke, softmax as ks};
 use sinter_cuda::{CudaDevice, DeviceBuffer};
 
 use super::checks::check_indices;
 use super::storage::{CudaStorage, DevView};
-use super::{alloc, opt_slice, OnOp};
-use crate::backend::{CrossEntropyOut, IndexGeom, Indices, RowStats, Wants};
+use super::{alloc, OnOp};
+use crate::backend::{CrossEntropyOut, IndexGeom, Indices};
 use crate::{DType, Error, Layout, Result};
 
 fn rows_of(l: &Layout) -> (usize, usize) {
@@ -74,137 +72,6 @@ pub(crate) fn softmax_backward(
     )
     .on(name)?;
     Ok(g.sibling(gx, dtype))
-}
-
-/// Layer norm over the last dimension with gamma and beta (used in x's dtype).
-pub(crate) fn layer_norm(
-    x: &CudaStorage,
-    l: &Layout,
-    gamma: (&CudaStorage, &Layout),
-    beta: (&CudaStorage, &Layout),
-    eps: f32,
-) -> Result<(CudaStorage, RowStats<CudaStorage>)> {
-    float_only("layer_norm", x.dtype())?;
-    let (dev, dtype) = (x.device(), x.dtype());
-    let (rows, n) = rows_of(l);
-    let (xv, gv, bv) = (
-        x.window(l)?,
-        gamma.0.window_as(gamma.1, dtype)?,
-        beta.0.window_as(beta.1, dtype)?,
-    );
-    let y = alloc(dev, xv.len, dtype)?;
-    let mean = alloc(dev, rows, DType::F32)?;
-    let rstd = alloc(dev, rows, DType::F32)?;
-    kl::layernorm_forward(
-        dev,
-        xv.slice(),
-        Some(gv.slice()),
-        Some(bv.slice()),
-        y.as_slice(),
-        Some(mean.as_slice()),
-        Some(rstd.as_slice()),
-        rows,
-        n,
-        eps,
-    )
-    .on("layer_norm")?;
-    let stats = RowStats {
-        mean: x.sibling(mean, DType::F32),
-        rstd: x.sibling(rstd, DType::F32),
-    };
-    Ok((x.sibling(y, dtype), stats))
-}
-
-/// (dx, dgamma, dbeta), each when wanted, all in x's dtype (the tensor layer casts the
-/// parameter gradients to the parameters' dtypes).
-pub(crate) fn layer_norm_backward(
-    g: &CudaStorage,
-    gl: &Layout,
-    x: (&CudaStorage, &Layout),
-    gamma: (&CudaStorage, &Layout),
-    stats: RowStats<&CudaStorage>,
-    wants: Wants,
-) -> Result<(
-    Option<CudaStorage>,
-    Option<CudaStorage>,
-    Option<CudaStorage>,
-)> {
-    let (dev, dtype) = (g.device(), x.0.dtype());
-    let (rows, n) = rows_of(x.1);
-    let (xv, gav, gyv) = (
-        x.0.window(x.1)?,
-        gamma.0.window_as(gamma.1, dtype)?,
-        g.window_as(gl, dtype)?,
-    );
-    let buf = |want: bool, len: usize| want.then(|| alloc(dev, len, dtype)).transpose();
-    let (dx, dg, db) = (
-        buf(wants.input, xv.len)?,
-        buf(wants.gamma, n)?,
-        buf(wants.beta, n)?,
-    );
-    kl::layernorm_backward(
-        dev,
-        xv.slice(),
-        Some(gav.slice()),
-        gyv.slice(),
-        stats.mean.buffer().as_slice(),
-        stats.rstd.buffer().as_slice(),
-        opt_slice(&dx),
-        opt_slice(&dg),
-        opt_slice(&db),
-        rows,
-        n,
-        false,
-    )
-    .on("layer_norm")?;
-    let wrap = |b: Option<Arc<DeviceBuffer>>| b.map(|b| g.sibling(b, dtype));
-    Ok((wrap(dx), wrap(dg), wrap(db)))
-}
-
-/// (x + residual, LayerNorm(x + residual)·gamma + beta, row stats) over rows of the last
-/// dimension, in one kernel. gamma and beta are used in x's dtype.
-pub(crate) fn residual_layer_norm(
-    x: &CudaStorage,
-    l: &Layout,
-    residual: (&CudaStorage, &Layout),
-    gamma: (&CudaStorage, &Layout),
-    beta: (&CudaStorage, &Layout),
-    eps: f32,
-) -> Result<(CudaStorage, CudaStorage, RowStats<CudaStorage>)> {
-    let op = "residual_layer_norm";
-    float_only(op, x.dtype())?;
-    let (dev, dtype) = (x.device(), x.dtype());
-    let (rows, n) = rows_of(l);
-    let (xv, rv, gv, bv) = (
-        x.window(l)?,
-        residual.0.window(residual.1)?,
-        gamma.0.window_as(gamma.1, dtype)?,
-        beta.0.window_as(beta.1, dtype)?,
-    );
-    let h = alloc(dev, xv.len, dtype)?;
-    let y = alloc(dev, xv.len, dtype)?;
-    let mean = alloc(dev, rows, DType::F32)?;
-    let rstd = alloc(dev, rows, DType::F32)?;
-    krl::residual_layernorm_forward(
-        dev,
-        xv.slice(),
-        rv.slice(),
-        gv.slice(),
-        bv.slice(),
-        h.as_slice(),
-        y.as_slice(),
-        mean.as_slice(),
-        rstd.as_slice(),
-        rows,
-        n,
-        eps,
-    )
-    .on(op)?;
-    let stats = RowStats {
-        mean: x.sibling(mean, DType::F32),
-        rstd: x.sibling(rstd, DType::F32),
-    };
-    Ok((x.sibling(h, dtype), x.sibling(y, dtype), stats))
 }
 
 /// The indices as a contiguous device window, checked on the device unless already checked.

@@ -6,7 +6,6 @@ use super::storage::CudaStorage;
 use super::{attention, conv, creation, elementwise, matmul, nn, random, reduce};
 use crate::backend::{
     AttnGeom, BackendStorage, ConvGeom, CrossEntropyOut, DropoutMask, IndexGeom, Indices, PoolGeom,
-    RowStats, Wants,
 };
 use crate::cpu::CpuStorage;
 use crate::op::{BinaryOp, ReduceOp, UnaryOp};
@@ -128,42 +127,6 @@ impl BackendStorage for CudaStorage {
     }
     fn softmax_backward(&self, l: &Layout, y: &Self, yl: &Layout, log: bool) -> Result<Self> {
         nn::softmax_backward(self, l, y, yl, log)
-    }
-    fn layer_norm(
-        &self,
-        l: &Layout,
-        gamma: &Self,
-        gl: &Layout,
-        beta: &Self,
-        bl: &Layout,
-        eps: f32,
-    ) -> Result<(Self, RowStats<Self>)> {
-        nn::layer_norm(self, l, (gamma, gl), (beta, bl), eps)
-    }
-    fn layer_norm_backward(
-        &self,
-        l: &Layout,
-        x: &Self,
-        xl: &Layout,
-        gamma: &Self,
-        gl: &Layout,
-        stats: RowStats<&Self>,
-        wants: Wants,
-    ) -> Result<(Option<Self>, Option<Self>, Option<Self>)> {
-        nn::layer_norm_backward(self, l, (x, xl), (gamma, gl), stats, wants)
-    }
-    fn residual_layer_norm(
-        &self,
-        l: &Layout,
-        residual: &Self,
-        rl: &Layout,
-        gamma: &Self,
-        gl: &Layout,
-        beta: &Self,
-        bl: &Layout,
-        eps: f32,
-    ) -> Result<(Self, Self, RowStats<Self>)> {
-        nn::residual_layer_norm(self, l, (residual, rl), (gamma, gl), (beta, bl), eps)
     }
     fn cross_entropy(
         &self,

@@ -1,6 +1,8 @@
 //! A custom op's CPU forward: a Rust closure over contiguous host slices ([`HostInput`]) that
 //! returns its outputs ([`HostOutput`]), checked against the op's declared outputs.
 
+use std::borrow::Cow;
+
 use half::{bf16, f16};
 
 use crate::cpu::CpuStorage;
@@ -61,6 +63,16 @@ impl<'a> HostInput<'a> {
         f32, F32, f32
     );
     typed_getter!(f16, F16, f16);
+    /// The elements as f32: borrowed when they are f32, else widened into a new vector (how a
+    /// kernel that computes in f32 reads half-precision inputs).
+    pub fn f32_values(&self) -> Result<Cow<'a, [f32]>> {
+        Ok(match self.data {
+            HostSlice::F32(v) => Cow::Borrowed(v),
+            HostSlice::F16(v) => Cow::Owned(v.iter().map(|a| a.to_f32()).collect()),
+            HostSlice::BF16(v) => Cow::Owned(v.iter().map(|a| a.to_f32()).collect()),
+            _ => return Err(self.wrong_dtype(DType::F32)),
+        })
+    }
     typed_getter!(bf16, BF16, bf16);
     typed_getter!(i64, I64, i64);
     typed_getter!(bool, Bool, bool);

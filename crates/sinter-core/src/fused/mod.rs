@@ -13,8 +13,8 @@ pub mod decode_attention;
 pub mod grad_norm;
 pub mod linear;
 pub mod linear_bias_gelu;
-pub mod residual_layer_norm;
 
+pub use crate::kernels::layer_norm::{residual_layer_norm, residual_layer_norm_reference};
 pub use attention::{attention, attention_reference, causal_mask};
 pub use attention_packed::{attention_packed, attention_packed_reference};
 pub use bias_gelu::{bias_gelu, bias_gelu_reference};
@@ -23,20 +23,8 @@ pub use decode_attention::{decode_attention, decode_attention_reference};
 pub use grad_norm::global_grad_norm;
 pub use linear::{linear, linear_reference};
 pub use linear_bias_gelu::{linear_bias_gelu, linear_bias_gelu_reference};
-pub use residual_layer_norm::{residual_layer_norm, residual_layer_norm_reference};
 
-use crate::{Error, Result, Tensor};
-
-pub(crate) fn same_shape(op: &'static str, a: &Tensor, b: &Tensor) -> Result<()> {
-    if a.shape() != b.shape() {
-        return Err(Error::ShapeMismatch {
-            op,
-            lhs: a.shape().to_vec(),
-            rhs: b.shape().to_vec(),
-        });
-    }
-    Ok(())
-}
+use crate::{Result, Tensor};
 
 pub(crate) fn float_input(op: &'static str, t: &Tensor) -> Result<()> {
     if !t.dtype().is_float() {

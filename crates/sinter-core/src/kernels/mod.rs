@@ -4,4 +4,5 @@
 //! `.cu` source). Nothing below this module imports it.
 
 pub mod classifier;
+pub mod layer_norm;
 pub mod optimizer;

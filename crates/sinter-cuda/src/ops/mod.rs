@@ -13,9 +13,7 @@ pub mod embedding;
 pub mod flash_attention;
 pub mod int;
 pub mod int8;
-pub mod layernorm;
 pub mod reduce;
-pub mod residual_layernorm;
 pub mod softmax;
 pub mod unary;
 
@@ -208,7 +206,6 @@ pub fn sample_plans(t: &LaunchTarget) -> Vec<Launch> {
     v.extend(copy::samples(t));
     v.extend(reduce::samples(t));
     v.extend(softmax::samples(t));
-    v.extend(layernorm::samples(t));
     v.extend(cross_entropy::samples(t));
     v.extend(embedding::samples(t));
     v.extend(conv::samples(t));
@@ -216,7 +213,6 @@ pub fn sample_plans(t: &LaunchTarget) -> Vec<Launch> {
     v.extend(adamw::samples(t));
     v.extend(int::samples(t));
     v.extend(flash_attention::samples(t));
-    v.extend(residual_layernorm::samples(t));
     v.extend(int8::samples(t));
     v.extend(boolean::samples(t));
     v

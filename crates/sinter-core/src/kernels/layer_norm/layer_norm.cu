@@ -1,17 +1,18 @@
-// layernorm.cu — LayerNorm over the last dim of a [rows, n] view, forward and backward.
+// layer_norm.cu — LayerNorm over the last dim of a [rows, n] view, forward and backward, and the
+// residual add + LayerNorm forward (below).
 //
 // layernorm_fwd_<t>(const T* x, const T* gamma, const T* beta, T* y, float* mean, float* rstd,
 //                   i64 rows, i64 n, float eps)
 //     y = (x - mean) * rstd * gamma + beta. gamma/beta may be null (no affine); mean/rstd (f32,
 //     [rows]) may be null (inference) — the backward needs them.
 // layernorm_bwd_dx_<t>(const T* x, const T* gamma, const T* gy, const float* mean, const float* rstd,
-//                      T* dx, i64 rows, i64 n, int accumulate)
-//     dx = rstd * (g - mean_j(g) - xhat * mean_j(g * xhat)), g = gy * gamma; dx += ... if accumulate.
+//                      T* dx, i64 rows, i64 n)
+//     dx = rstd * (g - mean_j(g) - xhat * mean_j(g * xhat)), g = gy * gamma.
 // layernorm_bwd_params_<t>(const T* x, const T* gy, const float* mean, const float* rstd,
 //                          float* part_dgamma, float* part_dbeta, i64 rows, i64 n, i64 chunk)
 //     partial column sums over row chunk z = blockIdx.y: part[z][j] = Σ_{rows in chunk} gy*xhat | gy
 // layernorm_bwd_finish_<t>(const float* part_dgamma, const float* part_dbeta, T* dgamma, T* dbeta,
-//                          i64 chunks, i64 n, int accumulate)
+//                          i64 chunks, i64 n)
 //     dgamma[j] = Σ_z part_dgamma[z][j] (in order), same for dbeta; either output may be null.
 //
 // Why it is fast: forward and dx use one row group per row (warp-sized groups for short rows) with
@@ -53,7 +54,7 @@ __device__ __forceinline__ void ln_fwd(const T* x, const T* gamma, const T* beta
 
 template <typename T>
 __device__ __forceinline__ void ln_bwd_dx(const T* x, const T* gamma, const T* gy, const float* mean,
-                                          const float* rstd, T* dx, i64 rows, i64 n, int accumulate) {
+                                          const float* rstd, T* dx, i64 rows, i64 n) {
     __shared__ float scratch[32];
     const float inv_n = 1.f / (float)n;
     for (i64 r0 = (i64)blockIdx.x * blockDim.y; r0 < rows; r0 += (i64)gridDim.x * blockDim.y) {
@@ -83,9 +84,7 @@ __device__ __forceinline__ void ln_bwd_dx(const T* x, const T* gamma, const T* g
                 const float gv = to_f32(gr[j]);
                 const float g = gamma ? __fmul_rn(gv, to_f32(gamma[j])) : gv;
                 const float xhat = (to_f32(xr[j]) - mu) * rs;
-                float d = rs * (g - a - xhat * b);
-                if (accumulate) d += to_f32(dr[j]);
-                return d;
+                return rs * (g - a - xhat * b);
             });
         }
     }
@@ -122,18 +121,16 @@ __device__ __forceinline__ void ln_bwd_params(const T* x, const T* gy, const flo
 
 template <typename T>
 __device__ __forceinline__ void ln_bwd_finish(const float* part_g, const float* part_b, T* dgamma, T* dbeta,
-                                              i64 chunks, i64 n, int accumulate) {
+                                              i64 chunks, i64 n) {
     for (i64 j = global_tid(); j < n; j += global_stride()) {
         if (dgamma) {
             float s = 0.f;
             for (i64 z = 0; z < chunks; ++z) s += part_g[z * n + j];
-            if (accumulate) s += to_f32(dgamma[j]);
             dgamma[j] = from_f32<T>(s);
         }
         if (dbeta) {
             float s = 0.f;
             for (i64 z = 0; z < chunks; ++z) s += part_b[z * n + j];
-            if (accumulate) s += to_f32(dbeta[j]);
             dbeta[j] = from_f32<T>(s);
         }
     }
@@ -147,8 +144,8 @@ __device__ __forceinline__ void ln_bwd_finish(const float* part_g, const float* 
     }                                                                                                \
     extern "C" __global__ void layernorm_bwd_dx_##sfx(const T* x, const T* gamma, const T* gy,       \
                                                       const float* mean, const float* rstd, T* dx,   \
-                                                      i64 rows, i64 n, int accumulate) {             \
-        ln_bwd_dx<T>(x, gamma, gy, mean, rstd, dx, rows, n, accumulate);                             \
+                                                      i64 rows, i64 n) {                             \
+        ln_bwd_dx<T>(x, gamma, gy, mean, rstd, dx, rows, n);                                         \
     }                                                                                                \
     extern "C" __global__ void layernorm_bwd_params_##sfx(const T* x, const T* gy, const float* mean, \
                                                           const float* rstd, float* part_g,          \
@@ -157,10 +154,77 @@ __device__ __forceinline__ void ln_bwd_finish(const float* part_g, const float* 
         ln_bwd_params<T>(x, gy, mean, rstd, part_g, part_b, rows, n, chunk);                         \
     }                                                                                                \
     extern "C" __global__ void layernorm_bwd_finish_##sfx(const float* part_g, const float* part_b,  \
-                                                          T* dgamma, T* dbeta, i64 chunks, i64 n,    \
-                                                          int accumulate) {                          \
-        ln_bwd_finish<T>(part_g, part_b, dgamma, dbeta, chunks, n, accumulate);                      \
+                                                          T* dgamma, T* dbeta, i64 chunks, i64 n) {  \
+        ln_bwd_finish<T>(part_g, part_b, dgamma, dbeta, chunks, n);                                  \
     }
 LN_T(f32, float)
 LN_T(f16, __half)
 LN_T(bf16, bf16)
+
+// Residual add + LayerNorm — the pre-LN Transformer's "h = x + r; y = LayerNorm(h)·γ + β" in one pass.
+//
+// resln_fwd_<t>(const T* x, const T* r, const T* gamma, const T* beta, T* h, T* y, float* mean,
+//               float* rstd, i64 rows, i64 n, float eps)
+//     Reads x, r [rows, n] and gamma, beta [n]; writes h = x + r (rounded to T: the new residual
+//     stream), y = (h - mean)·rstd·γ + β, and mean/rstd (f32, [rows]) for the backward pass.
+//     The statistics are taken over the rounded h, so y equals LayerNorm applied to the stored h
+//     (the composite's value).
+//
+// The backward pass needs no kernel of its own: dh = LayerNorm-backward(h, dy) + d(h) reaches x
+// and r unchanged (dx = dr = dh), and dγ/dβ are LayerNorm's column sums over h: the kernels
+// above (deterministic dx and two-pass dγ/dβ, no atomics) run on the saved h.
+//
+// Why it is fast: the composite reads x and r and writes h (one kernel), then LayerNorm reads h
+// from HBM twice more (statistics, normalisation). Here one row group adds, reduces and
+// normalises each row while it sits in L1/L2: x and r are read once from HBM, h and y written
+// once. Row groups sized to the row (warp-sized for short rows), 128-bit stores on aligned rows,
+// two-pass mean/variance in f32.
+
+template <typename T>
+__device__ __forceinline__ void resln_fwd(const T* x, const T* r, const T* gamma, const T* beta, T* h, T* y,
+                                          float* mean, float* rstd, i64 rows, i64 n, float eps) {
+    __shared__ float scratch[32];
+    const float inv_n = 1.f / (float)n;
+    for (i64 r0 = (i64)blockIdx.x * blockDim.y; r0 < rows; r0 += (i64)gridDim.x * blockDim.y) {
+        const i64 row = r0 + threadIdx.y;
+        const bool live = row < rows;
+        const i64 at = (live ? row : 0) * n;
+        const T* xr = x + at;
+        const T* rr = r + at;
+        T* hr = h + at;
+        float acc = 0.f;
+        if (live)
+            row_write(hr, n, [&](i64 j) {
+                const float s = to_f32(from_f32<T>(to_f32(xr[j]) + to_f32(rr[j])));
+                acc += s;
+                return s;
+            });
+        const float mu = row_sum(acc, scratch) * inv_n;
+        // The re-reads of h below may split the row differently from the writes above (when y's
+        // alignment differs from h's): make the block's writes visible first.
+        __syncthreads();
+        acc = 0.f;
+        if (live) row_visit(hr, n, [&](i64, float v) { const float d = v - mu; acc += d * d; });
+        const float var = row_sum(acc, scratch) * inv_n;
+        const float rs = rsqrtf(var + eps);
+        if (live) {
+            row_write(y + at, n, [&](i64 j) {
+                return (to_f32(hr[j]) - mu) * rs * to_f32(gamma[j]) + to_f32(beta[j]);
+            });
+            if (threadIdx.x == 0) {
+                mean[row] = mu;
+                rstd[row] = rs;
+            }
+        }
+    }
+}
+
+#define RESLN_T(sfx, T)                                                                              \
+    extern "C" __global__ void resln_fwd_##sfx(const T* x, const T* r, const T* gamma, const T* beta, \
+                                               T* h, T* y, float* mean, float* rstd, i64 rows, i64 n, \
+                                               float eps) {                                           \
+        resln_fwd<T>(x, r, gamma, beta, h, y, mean, rstd, rows, n, eps);                              \
+    }
+RESLN_T(f32, float)
+RESLN_T(f16, __half)
+RESLN_T(bf16, bf16)

@@ -1,0 +1,162 @@
+//! LayerNorm's CUDA side: the kernels of `layer_norm.cu` with their launches and declared
+//! traffic (for `sinter bench gpu-model`). The forward and the residual forward are one kernel
+//! each; the backward is three: dx, then dgamma/dbeta as per-chunk column sums (no atomics)
+//! summed in a fixed order by a finishing kernel, so it is deterministic.
+
+use std::sync::OnceLock;
+
+use sinter_cuda::launch::{row_block, rows_grid, LaunchTarget, ELEMWISE_BLOCK};
+
+use crate::custom_op::{CudaKernel, KernelLaunch, OpClass, TensorMeta, Traffic};
+use crate::{bail, DType, Device, Result};
+
+/// The CUDA C++ of the kernels (compiled by NVRTC at the first CUDA call).
+pub const LAYER_NORM_CU: &str = include_str!("layer_norm.cu");
+
+fn kernel(
+    base: &str,
+    dtype: DType,
+    launch: impl Fn(&[TensorMeta]) -> Result<KernelLaunch> + Send + Sync + 'static,
+) -> Result<CudaKernel> {
+    let sfx = match dtype {
+        DType::F16 => "f16",
+        DType::BF16 => "bf16",
+        _ => "f32",
+    };
+    let name = format!("{base}_{sfx}");
+    // One source for every kernel of the file, so it is compiled once.
+    static SOURCE: OnceLock<CudaKernel> = OnceLock::new();
+    if let Some(k) = SOURCE.get() {
+        return Ok(k.sibling(&name, launch));
+    }
+    let k = CudaKernel::new("layer_norm.cu", LAYER_NORM_CU, &name, launch)?;
+    let _ = SOURCE.set(k.clone());
+    Ok(k)
+}
+
+/// The launch target (SM count) of the device `m` lives on.
+fn target(m: &TensorMeta) -> Result<LaunchTarget> {
+    match m.device {
+        Device::Cuda(o) => Ok(crate::cuda::device(o)?.target()),
+        d => bail!("layer_norm: a CUDA kernel launched for a tensor on {d}"),
+    }
+}
+
+/// (rows, n) of a [.., n] operand.
+fn rows_n(m: &TensorMeta) -> (usize, usize) {
+    let n = m.shape.last().copied().unwrap_or(1).max(1);
+    (m.numel() / n, n)
+}
+
+/// A row-group launch over the rows of `m` (one group of threads per row).
+fn row_launch(m: &TensorMeta) -> Result<KernelLaunch> {
+    let (rows, n) = rows_n(m);
+    let (bx, by) = row_block(n);
+    Ok(KernelLaunch {
+        grid: (rows_grid(&target(m)?, rows, by, bx * by), 1, 1),
+        block: (bx, by, 1),
+        shared_mem: 0,
+        scalars: Vec::new(),
+        cost: None,
+    })
+}
+
+fn bytes(m: &TensorMeta) -> usize {
+    m.numel() * m.dtype.size_in_bytes()
+}
+
+/// Inputs (x, gamma, beta) in one dtype; outputs (y, mean, rstd).
+pub(super) fn forward_kernel(dtype: DType, eps: f32) -> Result<CudaKernel> {
+    kernel("layernorm_fwd", dtype, move |m| {
+        let (rows, n) = rows_n(&m[0]);
+        let read = bytes(&m[0]) + bytes(&m[1]) + bytes(&m[2]);
+        let t = Traffic::bytes(read, bytes(&m[0]) + 2 * rows * 4).with_flops(8 * rows * n);
+        Ok(row_launch(&m[0])?
+            .arg(rows as i64)
+            .arg(n as i64)
+            .arg(eps)
+            .with_cost(OpClass::Row, t))
+    })
+}
+
+/// Inputs (x, residual, gamma, beta) in one dtype; outputs (h, y, mean, rstd).
+pub(super) fn residual_forward_kernel(dtype: DType, eps: f32) -> Result<CudaKernel> {
+    kernel("resln_fwd", dtype, move |m| {
+        let (rows, n) = rows_n(&m[0]);
+        let read = 2 * bytes(&m[0]) + bytes(&m[2]) + bytes(&m[3]);
+        let t = Traffic::bytes(read, 2 * bytes(&m[0]) + 2 * rows * 4).with_flops(9 * rows * n);
+        Ok(row_launch(&m[0])?
+            .arg(rows as i64)
+            .arg(n as i64)
+            .arg(eps)
+            .with_cost(OpClass::Row, t))
+    })
+}
+
+/// Inputs (x, gamma, gy, mean, rstd); output dx.
+pub(super) fn dx_kernel(dtype: DType) -> Result<CudaKernel> {
+    kernel("layernorm_bwd_dx", dtype, |m| {
+        let (rows, n) = rows_n(&m[0]);
+        let read = bytes(&m[0]) + bytes(&m[1]) + bytes(&m[2]) + 2 * rows * 4;
+        let t = Traffic::bytes(read, bytes(&m[0])).with_flops(10 * rows * n);
+        Ok(row_launch(&m[0])?
+            .arg(rows as i64)
+            .arg(n as i64)
+            .with_cost(OpClass::Row, t))
+    })
+}
+
+/// Row chunks of the dgamma/dbeta partial sums for `rows` rows of n on device `m`: (chunks,
+/// rows per chunk); enough 32-column × chunk blocks to fill the GPU, at least 32 rows a chunk,
+/// at most 1024 chunks.
+pub(super) fn param_chunks(m: &TensorMeta) -> Result<(usize, usize)> {
+    let (rows, n) = rows_n(m);
+    let col_blocks = n.div_ceil(32).max(1);
+    let want = (target(m)?.sm_count as usize * 8)
+        .div_ceil(col_blocks)
+        .min(rows.div_ceil(32))
+        .clamp(1, 1024);
+    let len = rows.div_ceil(want).max(1);
+    Ok((rows.div_ceil(len).max(1), len))
+}
+
+/// Inputs (x, gy, mean, rstd); outputs the partial column sums (f32 [chunks, n] each) of
+/// gy·xhat and gy.
+pub(super) fn params_kernel(dtype: DType) -> Result<CudaKernel> {
+    kernel("layernorm_bwd_params", dtype, |m| {
+        let (rows, n) = rows_n(&m[0]);
+        let (chunks, len) = param_chunks(&m[0])?;
+        let read = bytes(&m[0]) + bytes(&m[1]) + 2 * rows * 4;
+        let t = Traffic::bytes(read, 2 * chunks * n * 4).with_flops(5 * rows * n);
+        Ok(KernelLaunch {
+            grid: (n.div_ceil(32) as u32, chunks as u32, 1),
+            block: (32, 8, 1),
+            shared_mem: 0,
+            scalars: Vec::new(),
+            cost: None,
+        }
+        .arg(rows as i64)
+        .arg(n as i64)
+        .arg(len as i64)
+        .with_cost(OpClass::Row, t))
+    })
+}
+
+/// Inputs the two partial sums [chunks, n]; outputs dgamma and dbeta [n] (in `dtype`).
+pub(super) fn finish_kernel(dtype: DType) -> Result<CudaKernel> {
+    kernel("layernorm_bwd_finish", dtype, move |m| {
+        let (chunks, n) = (m[0].shape[0], m[0].shape[1]);
+        let grid = target(&m[0])?.grid_for(n, ELEMWISE_BLOCK);
+        let t = Traffic::bytes(2 * chunks * n * 4, 2 * n * dtype.size_in_bytes());
+        Ok(KernelLaunch {
+            grid: (grid, 1, 1),
+            block: (ELEMWISE_BLOCK, 1, 1),
+            shared_mem: 0,
+            scalars: Vec::new(),
+            cost: None,
+        }
+        .arg(chunks as i64)
+        .arg(n as i64)
+        .with_cost(OpClass::Row, t))
+    })
+}

@@ -1,0 +1,394 @@
+//! LayerNorm over the last dimension, and the pre-LN Transformer's residual add + LayerNorm in
+//! one pass: everything about the op in this folder.
+//!
+//! - `mod.rs` (here): the typed ops on the custom-op mechanism (no `BackendStorage` method),
+//!   the one backward rule (for both ops: the residual op's backward is LayerNorm's on the saved
+//!   sum), the composite [`residual_layer_norm_reference`], and [`reference`], the f64 values
+//!   every kernel test of every crate checks against.
+//! - `cpu.rs`: the CPU forwards over sinter-cpu's vectorised row kernels.
+//! - `cuda.rs` and `layer_norm.cu`: the CUDA kernels, their launches and declared traffic.
+//! - `tests.rs`: both devices (the emulated one in CI) against [`reference`].
+//!
+//! Statistics are f32 (mean and 1/std per row, saved for the backward) whatever the dtype. On
+//! the CPU the arithmetic is f32 throughout and the parameter gradients come out in f32; on
+//! CUDA gamma and beta are used in x's dtype and their gradients come out in it. Both are cast
+//! to the parameters' dtypes.
+
+mod cpu;
+mod cuda;
+
+use std::collections::HashMap;
+use std::hash::Hash;
+use std::sync::{Mutex, OnceLock};
+
+use crate::custom_op::{CustomOp, OutputSpec, TensorMeta};
+use crate::tensor::output_of;
+use crate::{no_grad, DType, Device, Error, Result, Tensor};
+pub use cuda::LAYER_NORM_CU;
+
+const FLOATS: [DType; 3] = [DType::F32, DType::BF16, DType::F16];
+
+/// The ops built so far under `key` (one per dtype and eps: eps is a kernel scalar).
+type Cache<K> = OnceLock<Mutex<HashMap<K, CustomOp>>>;
+
+fn cached<K: Hash + Eq>(
+    cache: &'static Cache<K>,
+    key: K,
+    build: impl FnOnce() -> Result<CustomOp>,
+) -> Result<CustomOp> {
+    let mut ops = cache
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|p| p.into_inner());
+    if let Some(op) = ops.get(&key) {
+        return Ok(op.clone());
+    }
+    let op = build()?;
+    ops.insert(key, op.clone());
+    Ok(op)
+}
+
+/// The per-row statistics output of x (`[rows]` f32).
+fn stats_spec(x: &TensorMeta) -> OutputSpec {
+    let n = x.shape.last().copied().unwrap_or(1).max(1);
+    OutputSpec::new(&[x.numel() / n], DType::F32)
+}
+
+/// (x, gamma, beta) → (y, mean, rstd).
+fn forward_op(dtype: DType, eps: f32) -> Result<CustomOp> {
+    static OPS: Cache<(DType, u32)> = OnceLock::new();
+    cached(&OPS, (dtype, eps.to_bits()), || {
+        CustomOp::builder("layer_norm")
+            .inputs(3)
+            .dtypes(&FLOATS)
+            .outputs(|m| {
+                let s = stats_spec(&m[0]);
+                Ok(vec![OutputSpec::new(&m[0].shape, m[0].dtype), s.clone(), s])
+            })
+            .cpu(move |x| cpu::forward(x, eps))
+            .cuda(cuda::forward_kernel(dtype, eps)?)
+            .build()
+    })
+}
+
+/// (x, residual, gamma, beta) → (x + residual, LayerNorm of it, mean, rstd).
+fn residual_op(dtype: DType, eps: f32) -> Result<CustomOp> {
+    static OPS: Cache<(DType, u32)> = OnceLock::new();
+    cached(&OPS, (dtype, eps.to_bits()), || {
+        CustomOp::builder("residual_layer_norm")
+            .inputs(4)
+            .dtypes(&FLOATS)
+            .outputs(|m| {
+                let (y, s) = (OutputSpec::new(&m[0].shape, m[0].dtype), stats_spec(&m[0]));
+                Ok(vec![y.clone(), y, s.clone(), s])
+            })
+            .cpu(move |x| cpu::residual_forward(x, eps))
+            .cuda(cuda::residual_forward_kernel(dtype, eps)?)
+            .build()
+    })
+}
+
+/// The CPU backward, one pass: (gy, x, gamma, mean, rstd) → (dx, dgamma f32, dbeta f32).
+fn cpu_backward_op() -> Result<CustomOp> {
+    static OPS: Cache<()> = OnceLock::new();
+    cached(&OPS, (), || {
+        let n = |m: &TensorMeta| m.shape.last().copied().unwrap_or(1);
+        CustomOp::builder("layer_norm_backward")
+            .inputs(5)
+            .dtypes(&FLOATS)
+            .outputs(move |m| {
+                let p = OutputSpec::new(&[n(&m[1])], DType::F32);
+                Ok(vec![OutputSpec::new(&m[1].shape, m[1].dtype), p.clone(), p])
+            })
+            .cpu(cpu::backward)
+            .build()
+    })
+}
+
+/// The CUDA backward's kernels for `dtype`: dx from (x, gamma, gy, mean, rstd); the partial
+/// column sums from (x, gy, mean, rstd); (dgamma, dbeta) from the partial sums.
+fn cuda_backward_ops(dtype: DType) -> Result<[CustomOp; 3]> {
+    static OPS: OnceLock<Mutex<HashMap<DType, [CustomOp; 3]>>> = OnceLock::new();
+    let mut ops = OPS
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|p| p.into_inner());
+    if let Some(o) = ops.get(&dtype) {
+        return Ok(o.clone());
+    }
+    let like_x = |m: &[TensorMeta]| Ok(vec![OutputSpec::new(&m[0].shape, m[0].dtype)]);
+    let dx = CustomOp::builder("layer_norm_backward_dx")
+        .inputs(5)
+        .dtypes(&FLOATS)
+        .outputs(like_x)
+        .cuda(cuda::dx_kernel(dtype)?)
+        .build()?;
+    let params = CustomOp::builder("layer_norm_backward_params")
+        .inputs(4)
+        .dtypes(&FLOATS)
+        .outputs(|m| {
+            let (chunks, _) = cuda::param_chunks(&m[0])?;
+            let n = m[0].shape.last().copied().unwrap_or(1);
+            let part = OutputSpec::new(&[chunks, n], DType::F32);
+            Ok(vec![part.clone(), part])
+        })
+        .cuda(cuda::params_kernel(dtype)?)
+        .build()?;
+    let finish = CustomOp::builder("layer_norm_backward_finish")
+        .inputs(2)
+        .dtypes(&FLOATS)
+        .outputs(move |m| {
+            let p = OutputSpec::new(&m[0].shape[1..], dtype);
+            Ok(vec![p.clone(), p])
+        })
+        .cuda(cuda::finish_kernel(dtype)?)
+        .build()?;
+    let o = [dx, params, finish];
+    ops.insert(dtype, o.clone());
+    Ok(o)
+}
+
+/// `t` in `dtype` (itself when it already is).
+fn as_dtype(t: &Tensor, dtype: DType) -> Result<Tensor> {
+    if t.dtype() == dtype {
+        Ok(t.clone())
+    } else {
+        t.to_dtype(dtype)
+    }
+}
+
+/// An operand as the op's kernels take it: detached, and on CUDA in x's dtype (the CPU reads
+/// every float dtype as f32 itself).
+fn operand(t: &Tensor, x: &Tensor) -> Result<Tensor> {
+    match x.device() {
+        Device::Cpu => Ok(t.detach()),
+        _ => as_dtype(&t.detach(), x.dtype()),
+    }
+}
+
+/// The forward's row statistics, kept for the backward.
+struct Stats {
+    mean: Tensor,
+    rstd: Tensor,
+}
+
+/// The one backward rule (LayerNorm's and the residual op's): the gradients of x (when
+/// `want_x`), gamma and beta from the output gradient `g`, the parameters' in their dtypes.
+fn grads(
+    (x, gamma, beta): (&Tensor, &Tensor, &Tensor),
+    stats: &Stats,
+    g: &Tensor,
+    want_x: bool,
+) -> Result<Vec<Option<Tensor>>> {
+    let (want_g, want_b) = (gamma.tracks_grad(), beta.tracks_grad());
+    let (xd, gam, gy) = (x.detach(), operand(gamma, x)?, operand(g, x)?);
+    let (mean, rstd) = (&stats.mean, &stats.rstd);
+    let (dx, dg, db) = if x.device() == Device::Cpu {
+        let [dx, dg, db]: [Tensor; 3] = cpu_backward_op()?
+            .apply(&[&gy, &xd, &gam, mean, rstd])?
+            .try_into()
+            .map_err(|_| Error::Msg("layer_norm_backward: three outputs".into()))?;
+        (Some(dx), Some(dg), Some(db))
+    } else {
+        let [dx_op, params, finish] = cuda_backward_ops(x.dtype())?;
+        let dx = want_x
+            .then(|| dx_op.apply(&[&xd, &gam, &gy, mean, rstd]))
+            .transpose()?
+            .map(|mut v| v.remove(0));
+        let (dg, db) = if want_g || want_b {
+            let p = params.apply(&[&xd, &gy, mean, rstd])?;
+            let mut f = finish.apply(&[&p[0], &p[1]])?.into_iter();
+            (f.next(), f.next())
+        } else {
+            (None, None)
+        };
+        (dx, dg, db)
+    };
+    let param = |d: Option<Tensor>, want: bool, like: &Tensor| {
+        d.filter(|_| want)
+            .map(|d| as_dtype(&d, like.dtype()))
+            .transpose()
+    };
+    Ok(vec![
+        dx.filter(|_| want_x),
+        param(dg, want_g, gamma)?,
+        param(db, want_b, beta)?,
+    ])
+}
+
+/// An error unless gamma and beta are `[n]`, n being x's (non-empty) last dimension.
+fn check_params(op: &'static str, x: &Tensor, gamma: &Tensor, beta: &Tensor) -> Result<()> {
+    let n = *x
+        .shape()
+        .last()
+        .ok_or_else(|| Error::Msg(format!("{op}: input is a scalar")))?;
+    if n == 0 {
+        crate::bail!("{op}: the normalised dimension of {:?} is empty", x.shape());
+    }
+    for p in [gamma, beta] {
+        if p.shape() != [n] {
+            return Err(Error::ShapeMismatch {
+                op,
+                lhs: x.shape().to_vec(),
+                rhs: p.shape().to_vec(),
+            });
+        }
+    }
+    for t in [x, gamma, beta] {
+        t.float_op(op)?;
+    }
+    Ok(())
+}
+
+/// LayerNorm over the last dimension with affine gamma and beta of that size
+/// (`Tensor::layer_norm`).
+pub fn layer_norm(x: &Tensor, gamma: &Tensor, beta: &Tensor, eps: f32) -> Result<Tensor> {
+    check_params("layer_norm", x, gamma, beta)?;
+    let mut out = {
+        let _g = no_grad();
+        let (gam, bet) = (operand(gamma, x)?, operand(beta, x)?);
+        forward_op(x.dtype(), eps)?.apply(&[&x.detach(), &gam, &bet])?
+    };
+    let stats = Stats {
+        rstd: out.pop().expect("three outputs"),
+        mean: out.pop().expect("three outputs"),
+    };
+    let y = out.pop().expect("three outputs");
+    let (xt, gt, bt) = (x.clone(), gamma.clone(), beta.clone());
+    Ok(output_of(
+        &y,
+        "layer_norm",
+        &[x, gamma, beta],
+        move |g, _| grads((&xt, &gt, &bt), &stats, g, xt.tracks_grad()),
+    ))
+}
+
+/// (x + residual, LayerNorm(x + residual)) over the last dimension, in one pass. Both outputs
+/// are differentiable; gradients reaching either flow to x, residual, gamma and beta. The
+/// values are bit-identical to [`residual_layer_norm_reference`]'s.
+pub fn residual_layer_norm(
+    x: &Tensor,
+    residual: &Tensor,
+    gamma: &Tensor,
+    beta: &Tensor,
+    eps: f32,
+) -> Result<(Tensor, Tensor)> {
+    let op = "residual_layer_norm";
+    if x.shape() != residual.shape() {
+        return Err(Error::ShapeMismatch {
+            op,
+            lhs: x.shape().to_vec(),
+            rhs: residual.shape().to_vec(),
+        });
+    }
+    // Mixed floats (an f32 residual stream and a half-precision sub-layer output under
+    // autocast) promote as the reference's `x + residual` does.
+    if let Some((x, r)) = crate::amp::promote_operands(x, residual)? {
+        return residual_layer_norm(&x, &r, gamma, beta, eps);
+    }
+    if x.dtype() != residual.dtype() {
+        return Err(Error::DTypeMismatch {
+            op,
+            expected: x.dtype(),
+            got: residual.dtype(),
+        });
+    }
+    check_params(op, x, gamma, beta)?;
+    let mut out = {
+        let _g = no_grad();
+        let (gam, bet) = (operand(gamma, x)?, operand(beta, x)?);
+        residual_op(x.dtype(), eps)?.apply(&[&x.detach(), &residual.detach(), &gam, &bet])?
+    };
+    let stats = Stats {
+        rstd: out.pop().expect("four outputs"),
+        mean: out.pop().expect("four outputs"),
+    };
+    let (y, s) = (
+        out.pop().expect("four outputs"),
+        out.pop().expect("four outputs"),
+    );
+    // The add passes the sum's gradient through to both inputs without a copy.
+    let sum = output_of(&s, "residual_add", &[x, residual], |g, _| {
+        Ok(vec![Some(g.clone()), Some(g.clone())])
+    });
+    let (st, gt, bt) = (sum.clone(), gamma.clone(), beta.clone());
+    let normed = output_of(&y, op, &[&sum, gamma, beta], move |g, _| {
+        grads((&st, &gt, &bt), &stats, g, true)
+    });
+    Ok((sum, normed))
+}
+
+/// The composite [`residual_layer_norm`] must match: `(x + residual, (x + residual).layer_norm(
+/// gamma, beta, eps))`.
+pub fn residual_layer_norm_reference(
+    x: &Tensor,
+    residual: &Tensor,
+    gamma: &Tensor,
+    beta: &Tensor,
+    eps: f32,
+) -> Result<(Tensor, Tensor)> {
+    let sum = x.add(residual)?;
+    let normed = sum.layer_norm(gamma, beta, eps)?;
+    Ok((sum, normed))
+}
+
+/// LayerNorm in f64 over row-major rows of n (biased variance), written from its definition:
+/// the one reference of the op's kernel tests in every crate.
+pub mod reference {
+    /// (y, mean, rstd) with y = (x − mean)·rstd·gamma + beta, rstd = 1/√(var + eps).
+    pub fn forward(
+        x: &[f64],
+        gamma: &[f64],
+        beta: &[f64],
+        n: usize,
+        eps: f64,
+    ) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
+        let (mut y, mut mean, mut rstd) = (Vec::with_capacity(x.len()), vec![], vec![]);
+        for row in x.chunks(n) {
+            let mu = row.iter().sum::<f64>() / n as f64;
+            let var = row.iter().map(|v| (v - mu) * (v - mu)).sum::<f64>() / n as f64;
+            let rs = 1.0 / (var + eps).sqrt();
+            y.extend(
+                row.iter()
+                    .enumerate()
+                    .map(|(j, v)| (v - mu) * rs * gamma[j] + beta[j]),
+            );
+            mean.push(mu);
+            rstd.push(rs);
+        }
+        (y, mean, rstd)
+    }
+
+    /// (dx, dgamma, dbeta) of Σ gy·y: dx = rstd·(g − mean(g) − xhat·mean(g·xhat)) with
+    /// g = gy·gamma; dgamma = Σ_rows gy·xhat; dbeta = Σ_rows gy.
+    pub fn backward(
+        x: &[f64],
+        gamma: &[f64],
+        gy: &[f64],
+        n: usize,
+        eps: f64,
+    ) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
+        let (_, mean, rstd) = forward(x, gamma, &vec![0.0; n], n, eps);
+        let (mut dx, mut dg, mut db) = (vec![0.0; x.len()], vec![0.0; n], vec![0.0; n]);
+        for (r, (mu, rs)) in mean.into_iter().zip(rstd).enumerate() {
+            let at = r * n..(r + 1) * n;
+            let xh: Vec<f64> = x[at.clone()].iter().map(|v| (v - mu) * rs).collect();
+            let g: Vec<f64> = gy[at.clone()]
+                .iter()
+                .zip(gamma)
+                .map(|(a, b)| a * b)
+                .collect();
+            let a = g.iter().sum::<f64>() / n as f64;
+            let b = g.iter().zip(&xh).map(|(p, q)| p * q).sum::<f64>() / n as f64;
+            for (j, d) in dx[at.clone()].iter_mut().enumerate() {
+                *d = rs * (g[j] - a - xh[j] * b);
+                dg[j] += gy[r * n + j] * xh[j];
+                db[j] += gy[r * n + j];
+            }
+        }
+        (dx, dg, db)
+    }
+}
+
+#[cfg(test)]
+mod tests;
