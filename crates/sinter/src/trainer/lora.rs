@@ -325,6 +325,26 @@ pub fn merge(model: &Gpt) -> Result<usize> {
     Ok(n)
 }
 
+/// A LoRA run's checkpoint as a plain model: adapters installed on `model` (its pretrained
+/// base) as the run installed them, their values read from the checkpoint's `loaded`
+/// tensors, then folded into the base weights (`export` writes what a user runs; a QLoRA
+/// run's adapters go onto the f32 base, as PEFT merges them).
+pub fn restore_merged(
+    model: &Gpt,
+    s: &LoraSettings,
+    seed: u64,
+    loaded: &HashMap<String, Tensor>,
+) -> Result<usize> {
+    install(model, s, seed, &sinter_nn::module::shared_rng(0))?;
+    let adapters: Vec<(String, Tensor)> = sinter_nn::Module::named_tensors(model)
+        .into_iter()
+        .filter(|t| t.kind != sinter_nn::TensorKind::Frozen)
+        .map(|t| (t.name, t.tensor))
+        .collect();
+    crate::checkpoint::restore_model(loaded, &adapters)?;
+    merge(model)
+}
+
 /// `--adapter DIR` of generate and serve: the adapter (if given) read and merged into
 /// `model` (wherever its weights live; a quantized layer keeps it unmerged).
 pub fn apply_adapter_opt(model: &Gpt, dir: Option<&Path>) -> Result<()> {
