@@ -12,6 +12,10 @@ scale (lora_alpha / r) as sinter meant them.
         --merged MERGED_DIR [--json OUT.json]
 
 Prints one JSON object; exits 1 when the logits differ by more than --tol.
+
+BASE_DIR must hold the very weights sinter trained on. For a .gguf base (dequantized by
+sinter), write it as Hugging Face with `sinter merge` of the adapter with every lora_B zeroed
+(bench/RESULTS.md, 2026-11-29, has the commands; 4.96e-5 on SmolLM2-135M).
 """
 
 import argparse

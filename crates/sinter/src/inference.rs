@@ -60,7 +60,14 @@ pub fn load_model(path: &Path) -> Result<Inference> {
         None => info_of(&setup(l.meta.config.clone())?),
     };
     let model = build_model(&info)?;
-    checkpoint::restore_model(&l.tensors, &named(model.as_ref()))?;
+    match &l.meta.config.lora {
+        // Only the adapters are in the checkpoint; the base is the pretrained model.
+        Some(s) => {
+            let gpt = crate::trainer::lora::gpt_of(model.as_ref())?;
+            crate::trainer::lora::restore_merged(gpt, s, l.meta.config.seed, &l.tensors)?;
+        }
+        None => checkpoint::restore_model(&l.tensors, &named(model.as_ref()))?,
+    }
     model.set_training(false);
     Ok(Inference {
         config: l.meta.config,

@@ -392,6 +392,48 @@ fn base_with_adapter(base: &str, dir: &Path) -> Gpt {
     model
 }
 
+/// PEFT's meaning of an adapter, computed on the Hugging Face files alone (what numpy would
+/// do, without sinter's model or layer layout): every `<module>.weight` of the merged model
+/// equals the base's plus lora_alpha / r · B·A of the factors named after that module, and
+/// every other tensor is the base's.
+fn assert_peft_merge(base: &Path, adapter: &Path, merged: &Path) {
+    let cfg: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(adapter.join("adapter_config.json")).unwrap(),
+    )
+    .unwrap();
+    let scale = (cfg["lora_alpha"].as_f64().unwrap() / cfg["r"].as_f64().unwrap()) as f32;
+    let factors = read_st(&adapter.join("adapter_model.safetensors"));
+    let merged = read_st(merged);
+    let base = read_st(base);
+    assert_eq!(
+        base.iter().map(|t| &t.0).collect::<Vec<_>>(),
+        merged.iter().map(|t| &t.0).collect::<Vec<_>>()
+    );
+    let mut adapted = 0;
+    for ((name, w, shape), (_, m, _)) in base.iter().zip(&merged) {
+        let module = name.strip_suffix(".weight").unwrap_or(name);
+        let get = |f: &str| {
+            let n = format!("base_model.model.{module}.lora_{f}.weight");
+            factors.iter().find(|t| t.0 == n)
+        };
+        let mut want = w.clone();
+        if let (Some((_, a, sa)), Some((_, b, sb))) = (get("A"), get("B")) {
+            let (out, r, inp) = (sb[0], sa[0], sa[1]);
+            assert_eq!((shape.as_slice(), sb[1]), (&[out, inp][..], r), "{name}");
+            for i in 0..out {
+                for j in 0..inp {
+                    let d: f32 = (0..r).map(|k| b[i * r + k] * a[k * inp + j]).sum();
+                    want[i * inp + j] += scale * d;
+                }
+            }
+            adapted += 1;
+        }
+        let d = max_diff(&want, m);
+        assert!(d < 1e-6, "{name}: merged differs from W + α/r·B·A by {d}");
+    }
+    assert_eq!(2 * adapted, factors.len(), "factors naming no base module");
+}
+
 fn max_diff(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len());
     a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs()))
@@ -499,6 +541,18 @@ fn a_lora_fine_tune_learns_exports_peft_merges_and_generates() {
         "merged logits differ from adapter-on logits by {d}"
     );
     assert!(max_diff(&l_on, &logits(&load_pretrained(&f.model).unwrap())) > 1e-2);
+    assert_peft_merge(
+        &f.root.join("tiny/model.safetensors"),
+        &adapter,
+        &Path::new(&merged_dir).join("model.safetensors"),
+    );
+
+    // `export` of the run's checkpoint writes the merged model, as `merge` does.
+    let exported = f.path("exported");
+    run_ok(&["export", &run, "--out", &exported]);
+    let exported = load_pretrained_with_tokenizer(&exported).unwrap();
+    let d = max_diff(&logits(&exported.model), &l_merged);
+    assert!(d < 1e-6, "exported LoRA run differs from its merge by {d}");
 
     // generate --adapter equals generating with the merged model (greedy).
     let gen = |model: &str, adapter: Option<&Path>| {

@@ -18,9 +18,9 @@ use sinter_nn::SharedRng;
 pub const WEIGHTS_FILE: &str = "adapter_model.safetensors";
 pub const CONFIG_FILE: &str = "adapter_config.json";
 
-/// Installs fresh adapters on `model` (A drawn from `seed`) and freezes everything else.
-/// Returns the adapted projections' short names.
-pub fn install(
+/// Installs fresh adapters on `model` (A drawn from `seed`). Returns the adapted
+/// projections' short names.
+pub fn install_adapters(
     model: &Gpt,
     s: &LoraSettings,
     seed: u64,
@@ -33,6 +33,17 @@ pub fn install(
     let mut rng = Rng::new(seed ^ 0x10_7a);
     let short = lora::install(&blocks, &wanted, &s.config(), &mut rng, drop_rng)
         .map_err(|e| anyhow!("--lora-targets '{}': {e}", s.targets))?;
+    Ok(short)
+}
+
+/// [`install_adapters`], and everything else frozen (a run that trains them).
+pub fn install(
+    model: &Gpt,
+    s: &LoraSettings,
+    seed: u64,
+    drop_rng: &SharedRng,
+) -> Result<Vec<String>> {
+    let short = install_adapters(model, s, seed, drop_rng)?;
     lora::freeze_base(model);
     Ok(short)
 }
@@ -323,6 +334,27 @@ pub fn merge(model: &Gpt) -> Result<usize> {
         }
     }
     Ok(n)
+}
+
+/// A LoRA run's checkpoint as a plain model: adapters installed on `model` (its pretrained
+/// base) as the run installed them, their values read from the checkpoint's `loaded`
+/// tensors, then folded into the base weights (`export` writes what a user runs; a QLoRA
+/// run's adapters go onto the f32 base, as PEFT merges them).
+pub fn restore_merged(
+    model: &Gpt,
+    s: &LoraSettings,
+    seed: u64,
+    loaded: &HashMap<String, Tensor>,
+) -> Result<usize> {
+    // Not frozen: the base stays a parameter, which is what the HF writer saves.
+    install_adapters(model, s, seed, &sinter_nn::module::shared_rng(0))?;
+    let adapters: Vec<(String, Tensor)> = sinter_nn::Module::named_tensors(model)
+        .into_iter()
+        .filter(|t| lora::is_adapter_name(&t.name))
+        .map(|t| (t.name, t.tensor))
+        .collect();
+    crate::checkpoint::restore_model(loaded, &adapters)?;
+    merge(model)
 }
 
 /// `--adapter DIR` of generate and serve: the adapter (if given) read and merged into
