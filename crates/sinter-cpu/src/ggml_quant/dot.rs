@@ -59,11 +59,7 @@ pub fn dot_matrix(
     xs: &[&ActRow],
     out: &mut [f32],
 ) {
-    let rows = if row_bytes == 0 {
-        0
-    } else {
-        w.len() / row_bytes
-    };
+    let rows = w.len().checked_div(row_bytes).unwrap_or(0);
     assert!(
         row_bytes > 0 && w.len() == rows * row_bytes && out.len() == rows * xs.len(),
         "dot_matrix: whole weight rows and one output per weight row and activation row"
@@ -381,7 +377,7 @@ impl QuantPart {
                 w.zip(out.chunks_mut(task_rows * m)).for_each(&task);
             } else {
                 let w = self.bytes.par_chunks(task_rows * row_bytes);
-                w.zip(out.par_chunks_mut(task_rows * m)).for_each(&task);
+                w.zip(out.par_chunks_mut(task_rows * m)).for_each(task);
             }
         };
         // One activation row (a decode step): the part's outputs are contiguous in y.
