@@ -183,7 +183,7 @@ fn wrong_lengths_are_errors() {
 
 // ---- Dot products and the quantized GEMV/GEMM (ggml_quant::dot) ----
 
-use sinter_cpu::ggml_quant::dot::{DotPath, DOT_TYPES};
+use sinter_cpu::ggml_quant::dot::{DotPath, DOT_TYPES, F32_MIN_ROWS};
 use sinter_cpu::ggml_quant::QuantMatrix;
 use sinter_cpu::Isa;
 
@@ -322,6 +322,17 @@ fn quantized_gemv_and_gemm_match_dequantized_f64_on_every_path() {
 }
 
 #[test]
+fn prompt_sized_products_run_through_f32_within_the_bound() {
+    // From F32_MIN_ROWS rows the parts are dequantized and run by the f32 GEMM: the result
+    // stays within the same bound of the exact product (tighter in fact: no activation
+    // rounding), on every path, for every format.
+    for (t, ty) in DOT_TYPES.into_iter().enumerate() {
+        let kb = ty.block_elems().max(32);
+        check_product(ty, 9, 2 * kb, F32_MIN_ROWS + 3, 0x51ed + t as u64);
+    }
+}
+
+#[test]
 fn large_quantized_products_split_rows_over_threads() {
     // 2 MiB-ish weights take the parallel split; rows cover several tasks and a ragged end.
     check_product(GgmlType::Q4_K, 203, 1024, 2, 7);
@@ -343,21 +354,25 @@ fn mixed_type_parts_stack_by_rows() {
     let single: Vec<QuantMatrix> = parts.clone();
     let w = QuantMatrix::stack(parts).unwrap();
     assert_eq!((w.n(), w.k()), (9, k));
-    let x = random_x(2, k, &mut rng);
-    let mut y = vec![0f32; 2 * 9];
-    w.matmul(&x, 2, &mut y).unwrap();
-    // Each part's columns equal that part alone.
-    let mut col = 0;
-    for p in &single {
-        let mut yp = vec![0f32; 2 * p.n()];
-        p.matmul(&x, 2, &mut yp).unwrap();
-        for i in 0..2 {
-            assert_eq!(
-                &y[i * 9 + col..i * 9 + col + p.n()],
-                &yp[i * p.n()..(i + 1) * p.n()]
-            );
+    // Both ways of a product: integer dot products (few rows) and through f32 (many).
+    for m in [2, F32_MIN_ROWS] {
+        let x = random_x(m, k, &mut rng);
+        let mut y = vec![0f32; m * 9];
+        w.matmul(&x, m, &mut y).unwrap();
+        // Each part's columns equal that part alone.
+        let mut col = 0;
+        for p in &single {
+            let mut yp = vec![0f32; m * p.n()];
+            p.matmul(&x, m, &mut yp).unwrap();
+            for i in 0..m {
+                assert_eq!(
+                    &y[i * 9 + col..i * 9 + col + p.n()],
+                    &yp[i * p.n()..(i + 1) * p.n()],
+                    "{m} rows, row {i}"
+                );
+            }
+            col += p.n();
         }
-        col += p.n();
     }
 }
 

@@ -218,7 +218,9 @@ fn greedy_logits(model: &Gpt, prompt: &[i64], n: usize) -> (Vec<i64>, Vec<f32>) 
 
 /// The GGUF's Q4_1 projections and Q8_0 token table kept in their blocks (activations
 /// quantized per block of 32, `sinter_cpu::ggml_quant::dot`) against the same file
-/// dequantized to f32, at every position of the fixture's prompts (tensor path); and the
+/// dequantized to f32, at every position of the fixture's prompts (tensor path; the prompts
+/// of 32 tokens or more run their products through f32, `ggml_quant::dot::F32_MIN_ROWS`, the
+/// shorter ones through the integer kernels); and the
 /// kept-quantized greedy steps (host step, KV cache) against its own tensor path.
 ///
 /// The bounds come from the arithmetic, not from this code: llama_ref.py's float64 SmolLM2

@@ -120,6 +120,8 @@ impl DotPath {
     /// The path for ISA level `isa` on this CPU (`Isa::Avx512` without VNNI runs AVX2).
     pub fn for_isa(isa: Isa) -> DotPath {
         match isa {
+            // The SIMD kernels convert the blocks' f16 scales with F16C (every AVX2 CPU has it).
+            _ if !f16c_detected() => DotPath::Scalar,
             Isa::Scalar => DotPath::Scalar,
             Isa::Avx2 => DotPath::Avx2,
             Isa::Avx512 if vnni_detected() => DotPath::Avx512Vnni,
@@ -145,6 +147,17 @@ impl DotPath {
             DotPath::Avx2 => "avx2",
             DotPath::Avx512Vnni => "avx512vnni",
         }
+    }
+}
+
+fn f16c_detected() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        is_x86_feature_detected!("f16c")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
     }
 }
 

@@ -9,6 +9,9 @@
 //! rounding is the activation's: |x − d·q| ≤ d/2 for each value, so a row's result is off by
 //! at most Σ_blocks (d_b/2)·Σ_{i∈b} |w_i| (the bound the tests assert).
 //!
+//! A product of [`F32_MIN_ROWS`] rows or more (a prompt's prefill) instead dequantizes each
+//! part to f32 for the f32 GEMM (no activation rounding there, so within the same bound).
+//!
 //! Paths ([`DotPath`]): portable Rust; AVX2 (`vpmaddubsw` + `vpmaddwd`); AVX512-VNNI
 //! (`vpdpbusd` on 256-bit registers, which also drops the i16 step). A CPU with AVX-512 but
 //! no VNNI runs the AVX2 kernels: one block of 32 fills a 256-bit register, and a 512-bit one
@@ -19,6 +22,7 @@ use rayon::prelude::*;
 use super::act::act_kind;
 use super::dot_scalar as scalar;
 use super::{as_blocks, GgmlBlock, GgmlError, GgmlType};
+use crate::gemm::{Gemm, MatMut, MatRef};
 
 pub use super::act::{has_dot, quantize_activations, ActQ8, ActQ8K, ActRow, DotPath, DOT_TYPES};
 
@@ -40,27 +44,47 @@ pub fn dot_rows(path: DotPath, ty: GgmlType, w: &[u8], xs: &[&ActRow], out: &mut
         (1..=MAX_ROWS).contains(&xs.len()) && out.len() == xs.len(),
         "dot_rows: 1 to {MAX_ROWS} rows, one output each"
     );
-    let n = xs.len();
+    dot_matrix(path, ty, w, w.len(), xs, out)
+}
+
+/// Each weight row of `w` (rows of `row_bytes`, whole blocks of `ty`) · each activation row
+/// of `xs` (any number, all of `ty`'s kind and length), into `out` [w rows, xs.len()]
+/// (weight-row major). One call per slice of rows: the kernel is chosen once, and each
+/// weight block is unpacked once per group of [`MAX_ROWS`] activation rows.
+pub fn dot_matrix(
+    path: DotPath,
+    ty: GgmlType,
+    w: &[u8],
+    row_bytes: usize,
+    xs: &[&ActRow],
+    out: &mut [f32],
+) {
+    let rows = w.len().checked_div(row_bytes).unwrap_or(0);
+    assert!(
+        row_bytes > 0 && w.len() == rows * row_bytes && out.len() == rows * xs.len(),
+        "dot_matrix: whole weight rows and one output per weight row and activation row"
+    );
+    if xs.is_empty() {
+        return;
+    }
     match xs[0] {
         ActRow::Q8(_) => {
-            let mut rows: [&[ActQ8]; MAX_ROWS] = [&[]; MAX_ROWS];
-            for (r, x) in rows.iter_mut().zip(xs) {
-                let ActRow::Q8(x) = x else {
-                    panic!("dot_rows: mixed activation kinds")
-                };
-                *r = x;
-            }
-            dot_rows_q8(path, ty, w, &rows[..n], out)
+            let rows: Vec<&[ActQ8]> = (xs.iter())
+                .map(|x| match x {
+                    ActRow::Q8(x) => x.as_slice(),
+                    ActRow::Q8K(_) => panic!("dot_matrix: mixed activation kinds"),
+                })
+                .collect();
+            matrix_q8(path, ty, w, row_bytes, &rows, out)
         }
         ActRow::Q8K(_) => {
-            let mut rows: [&[ActQ8K]; MAX_ROWS] = [&[]; MAX_ROWS];
-            for (r, x) in rows.iter_mut().zip(xs) {
-                let ActRow::Q8K(x) = x else {
-                    panic!("dot_rows: mixed activation kinds")
-                };
-                *r = x;
-            }
-            dot_rows_q8k(path, ty, w, &rows[..n], out)
+            let rows: Vec<&[ActQ8K]> = (xs.iter())
+                .map(|x| match x {
+                    ActRow::Q8K(x) => x.as_slice(),
+                    ActRow::Q8(_) => panic!("dot_matrix: mixed activation kinds"),
+                })
+                .collect();
+            matrix_q8k(path, ty, w, row_bytes, &rows, out)
         }
     }
 }
@@ -69,35 +93,55 @@ fn blocks<B: GgmlBlock>(w: &[u8]) -> &[B] {
     as_blocks::<B>(w).expect("a weight row is whole blocks")
 }
 
-fn dot_rows_q8(path: DotPath, ty: GgmlType, w: &[u8], xs: &[&[ActQ8]], out: &mut [f32]) {
+fn matrix_q8(
+    path: DotPath,
+    ty: GgmlType,
+    w: &[u8],
+    row_bytes: usize,
+    xs: &[&[ActQ8]],
+    out: &mut [f32],
+) {
     #[cfg(target_arch = "x86_64")]
     if path != DotPath::Scalar {
         // SAFETY: `DotPath::for_isa` gives a SIMD path only where the CPU has it.
-        return unsafe { super::dot_x86::dot_q8(path, ty, w, xs, out) };
+        return unsafe { super::dot_x86::matrix_q8(path, ty, w, row_bytes, xs, out) };
     }
     let _ = path;
-    for (o, x) in out.iter_mut().zip(xs) {
-        *o = match ty {
-            GgmlType::Q8_0 => scalar::q8_0(blocks(w), x),
-            GgmlType::Q4_0 => scalar::q4_0(blocks(w), x),
-            GgmlType::Q4_1 => scalar::q4_1(blocks(w), x),
-            _ => unreachable!("act_kind sends only Q8_0/Q4_0/Q4_1 here"),
+    let m = xs.len();
+    for (wr, o) in w.chunks_exact(row_bytes).zip(out.chunks_exact_mut(m)) {
+        for (o, x) in o.iter_mut().zip(xs) {
+            *o = match ty {
+                GgmlType::Q8_0 => scalar::q8_0(blocks(wr), x),
+                GgmlType::Q4_0 => scalar::q4_0(blocks(wr), x),
+                GgmlType::Q4_1 => scalar::q4_1(blocks(wr), x),
+                _ => unreachable!("act_kind sends only Q8_0/Q4_0/Q4_1 here"),
+            }
         }
     }
 }
 
-fn dot_rows_q8k(path: DotPath, ty: GgmlType, w: &[u8], xs: &[&[ActQ8K]], out: &mut [f32]) {
+fn matrix_q8k(
+    path: DotPath,
+    ty: GgmlType,
+    w: &[u8],
+    row_bytes: usize,
+    xs: &[&[ActQ8K]],
+    out: &mut [f32],
+) {
     #[cfg(target_arch = "x86_64")]
     if path != DotPath::Scalar {
-        // SAFETY: as in `dot_rows_q8`.
-        return unsafe { super::dot_x86::dot_q8k(path, ty, w, xs, out) };
+        // SAFETY: as in `matrix_q8`.
+        return unsafe { super::dot_x86::matrix_q8k(path, ty, w, row_bytes, xs, out) };
     }
     let _ = path;
-    for (o, x) in out.iter_mut().zip(xs) {
-        *o = match ty {
-            GgmlType::Q4_K => scalar::q4_k(blocks(w), x),
-            GgmlType::Q6_K => scalar::q6_k(blocks(w), x),
-            _ => unreachable!("act_kind sends only Q4_K/Q6_K here"),
+    let m = xs.len();
+    for (wr, o) in w.chunks_exact(row_bytes).zip(out.chunks_exact_mut(m)) {
+        for (o, x) in o.iter_mut().zip(xs) {
+            *o = match ty {
+                GgmlType::Q4_K => scalar::q4_k(blocks(wr), x),
+                GgmlType::Q6_K => scalar::q6_k(blocks(wr), x),
+                _ => unreachable!("act_kind sends only Q4_K/Q6_K here"),
+            }
         }
     }
 }
@@ -222,6 +266,9 @@ impl QuantMatrix {
                 m * n
             )));
         }
+        if m >= F32_MIN_ROWS {
+            return self.matmul_f32(x, m, y);
+        }
         // The activations quantized once per kind of block the parts need (32 or 256).
         let mut acts: [Option<Vec<ActRow>>; 2] = [None, None];
         let mut col = 0;
@@ -239,10 +286,47 @@ impl QuantMatrix {
     }
 }
 
+/// From this many activation rows (a prompt's prefill), a product dequantizes each part to
+/// f32 and runs the f32 GEMM: its register tiles reuse every weight value across many rows,
+/// which beats the integer dot products' per-block scale work on CPUs without VNNI
+/// (SmolLM2 Q4_1, a 512-token prefill on 2 Zen 1 cores: ~2× the tokens/s), and dequantizing
+/// a part costs a small fraction of its product at this many rows. The weights stay
+/// quantized in memory; the buffer lives for one product.
+pub const F32_MIN_ROWS: usize = 32;
+
 /// Below this many weight bytes a product runs on the calling thread.
 const PARALLEL_MIN_BYTES: usize = 1 << 16;
-/// Weight rows per parallel task.
-const ROWS_PER_TASK: usize = 16;
+/// Parallel tasks per thread of a product: a few, so a thread slowed by other load is
+/// helped by the rest, but not one per handful of rows (each task costs a steal and a join).
+const TASKS_PER_THREAD: usize = 4;
+impl QuantMatrix {
+    /// y = x · Wᵀ through f32: each part dequantized, then the f32 GEMM (`F32_MIN_ROWS`).
+    fn matmul_f32(&self, x: &[f32], m: usize, y: &mut [f32]) -> Result<(), GgmlError> {
+        let (k, n) = (self.k, self.n());
+        let mut w = Vec::new();
+        let mut col = 0;
+        for p in &self.parts {
+            w.resize(p.rows * k, 0.0);
+            super::dequantize(p.ty, &p.bytes, &mut w)?;
+            let wt = MatRef {
+                data: &w,
+                offset: 0,
+                rs: 1,
+                cs: k as isize,
+            };
+            let ys = MatMut {
+                data: &mut *y,
+                offset: col,
+                rs: n as isize,
+                cs: 1,
+            };
+            (Gemm::new(m, p.rows, k).run(MatRef::row_major(x, k), wt, ys))
+                .map_err(|e| GgmlError(format!("quantized matmul through f32: {e}")))?;
+            col += p.rows;
+        }
+        Ok(())
+    }
+}
 
 impl QuantPart {
     fn new(ty: GgmlType, rows: usize, k: usize, bytes: Vec<u8>) -> Result<QuantPart, GgmlError> {
@@ -276,33 +360,35 @@ impl QuantPart {
     ) {
         let row_bytes = self.ty.bytes_for(k).expect("checked at construction");
         let m = acts.len();
-        // Each task computes its weight rows against every activation row (a weight row stays
-        // in cache while the activations stream), column-major into its own buffer.
-        let task = |(t, w): (usize, &[u8])| -> (usize, Vec<f32>) {
-            let mut out = Vec::with_capacity(w.len() / row_bytes * m);
-            let mut vals = [0f32; MAX_ROWS];
-            for wr in w.chunks_exact(row_bytes) {
-                for group in acts.chunks(MAX_ROWS) {
-                    let xs: [&ActRow; MAX_ROWS] =
-                        std::array::from_fn(|r| &group[r.min(group.len() - 1)]);
-                    let vals = &mut vals[..group.len()];
-                    dot_rows(path, self.ty, wr, &xs[..group.len()], vals);
-                    out.extend_from_slice(vals);
-                }
-            }
-            (t * ROWS_PER_TASK, out)
-        };
-        let chunk = ROWS_PER_TASK * row_bytes;
-        let results: Vec<(usize, Vec<f32>)> = if self.bytes.len() < PARALLEL_MIN_BYTES {
-            self.bytes.chunks(chunk).enumerate().map(task).collect()
+        let xs: Vec<&ActRow> = acts.iter().collect();
+        let tasks = if self.bytes.len() < PARALLEL_MIN_BYTES {
+            1
         } else {
-            self.bytes.par_chunks(chunk).enumerate().map(task).collect()
+            rayon::current_num_threads() * TASKS_PER_THREAD
         };
-        for (r0, out) in results {
-            for (r, vals) in out.chunks_exact(m).enumerate() {
-                for (i, v) in vals.iter().enumerate() {
-                    y[i * n + col + r0 + r] = *v;
-                }
+        let task_rows = self.rows.div_ceil(tasks).max(1);
+        // A task's weight rows against every activation row (fewer than `F32_MIN_ROWS`, so
+        // their quantized blocks stay in the core's cache), into `out` [its weight rows, m].
+        let task =
+            |(w, out): (&[u8], &mut [f32])| dot_matrix(path, self.ty, w, row_bytes, &xs, out);
+        let run = |out: &mut [f32]| {
+            let w = self.bytes.chunks(task_rows * row_bytes);
+            if tasks == 1 {
+                w.zip(out.chunks_mut(task_rows * m)).for_each(&task);
+            } else {
+                let w = self.bytes.par_chunks(task_rows * row_bytes);
+                w.zip(out.par_chunks_mut(task_rows * m)).for_each(task);
+            }
+        };
+        // One activation row (a decode step): the part's outputs are contiguous in y.
+        if m == 1 {
+            return run(&mut y[col..col + self.rows]);
+        }
+        let mut out = vec![0f32; self.rows * m];
+        run(&mut out);
+        for (r, vals) in out.chunks_exact(m).enumerate() {
+            for (i, v) in vals.iter().enumerate() {
+                y[i * n + col + r] = *v;
             }
         }
     }

@@ -11,7 +11,7 @@ use std::arch::x86_64::*;
 
 use super::act::{ActQ8, ActQ8K, DotPath};
 use super::blocks::{scale_min_k4, BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ6K, BlockQ8_0};
-use super::dot_scalar::{f16v, q4_k_mins, q6_k_offset};
+use super::dot_scalar::{q4_k_mins, q6_k_offset};
 use super::{as_blocks, GgmlBlock, GgmlType};
 
 /// The multiply-add both paths build on.
@@ -62,101 +62,87 @@ fn blocks<B: GgmlBlock>(w: &[u8]) -> &[B] {
     as_blocks::<B>(w).expect("a weight row is whole blocks")
 }
 
-/// Weight row `w` (type Q8_0, Q4_0 or Q4_1) · each of up to four activation rows `xs`,
-/// into `out` (one per row): the weight's blocks are unpacked once for all of them.
+/// Each weight row of `w` (rows of `row_bytes`, type Q8_0, Q4_0 or Q4_1) · each activation
+/// row of `xs`, into `out` [w rows, xs.len()] (weight-row major): one call runs a whole
+/// slice of rows, so the path and type are dispatched once per slice, not per row, and each
+/// weight block is unpacked once for up to four activation rows.
 ///
 /// # Safety
 /// The CPU must support `path` (not `Scalar`).
-pub(super) unsafe fn dot_q8(
+pub(super) unsafe fn matrix_q8(
     path: DotPath,
     ty: GgmlType,
     w: &[u8],
+    row_bytes: usize,
     xs: &[&[ActQ8]],
     out: &mut [f32],
 ) {
     unsafe {
-        let vnni = path == DotPath::Avx512Vnni;
-        match xs.len() {
-            1 => out.copy_from_slice(&legacy_on(vnni, ty, w, [xs[0]])),
-            2 => out.copy_from_slice(&legacy_on(vnni, ty, w, [xs[0], xs[1]])),
-            3 => out.copy_from_slice(&legacy_on(vnni, ty, w, [xs[0], xs[1], xs[2]])),
-            _ => out.copy_from_slice(&legacy_on(vnni, ty, w, [xs[0], xs[1], xs[2], xs[3]])),
+        if path == DotPath::Avx512Vnni {
+            vnni_q8(ty, w, row_bytes, xs, out)
+        } else {
+            avx2_q8(ty, w, row_bytes, xs, out)
         }
     }
 }
 
-/// As [`dot_q8`] for Q4_K and Q6_K weights.
+/// As [`matrix_q8`] for Q4_K and Q6_K weights.
 ///
 /// # Safety
-/// As [`dot_q8`].
-pub(super) unsafe fn dot_q8k(
+/// As [`matrix_q8`].
+pub(super) unsafe fn matrix_q8k(
     path: DotPath,
     ty: GgmlType,
     w: &[u8],
+    row_bytes: usize,
     xs: &[&[ActQ8K]],
     out: &mut [f32],
 ) {
     unsafe {
-        let vnni = path == DotPath::Avx512Vnni;
-        match xs.len() {
-            1 => out.copy_from_slice(&kquant_on(vnni, ty, w, [xs[0]])),
-            2 => out.copy_from_slice(&kquant_on(vnni, ty, w, [xs[0], xs[1]])),
-            3 => out.copy_from_slice(&kquant_on(vnni, ty, w, [xs[0], xs[1], xs[2]])),
-            _ => out.copy_from_slice(&kquant_on(vnni, ty, w, [xs[0], xs[1], xs[2], xs[3]])),
-        }
-    }
-}
-
-#[inline(always)]
-unsafe fn legacy_on<const R: usize>(
-    vnni: bool,
-    ty: GgmlType,
-    w: &[u8],
-    x: [&[ActQ8]; R],
-) -> [f32; R] {
-    unsafe {
-        if vnni {
-            vnni_q8(ty, w, x)
+        if path == DotPath::Avx512Vnni {
+            vnni_q8k(ty, w, row_bytes, xs, out)
         } else {
-            avx2_q8(ty, w, x)
+            avx2_q8k(ty, w, row_bytes, xs, out)
         }
     }
 }
 
-#[inline(always)]
-unsafe fn kquant_on<const R: usize>(
-    vnni: bool,
-    ty: GgmlType,
-    w: &[u8],
-    x: [&[ActQ8K]; R],
-) -> [f32; R] {
-    unsafe {
-        if vnni {
-            vnni_q8k(ty, w, x)
-        } else {
-            avx2_q8k(ty, w, x)
+/// The loop of [`matrix_q8`]/[`matrix_q8k`] over weight rows and groups of up to four
+/// activation rows: `$f::<$m, R>(ty, weight row, R activation rows)` per group.
+macro_rules! rows_loop {
+    ($f:ident, $m:ty, $ty:expr, $w:expr, $row_bytes:expr, $xs:expr, $out:expr) => {{
+        let m = $xs.len();
+        for (wr, o) in $w.chunks_exact($row_bytes).zip($out.chunks_exact_mut(m)) {
+            for (g, og) in $xs.chunks(4).zip(o.chunks_mut(4)) {
+                match g.len() {
+                    1 => og.copy_from_slice(&$f::<$m, 1>($ty, wr, [g[0]])),
+                    2 => og.copy_from_slice(&$f::<$m, 2>($ty, wr, [g[0], g[1]])),
+                    3 => og.copy_from_slice(&$f::<$m, 3>($ty, wr, [g[0], g[1], g[2]])),
+                    _ => og.copy_from_slice(&$f::<$m, 4>($ty, wr, [g[0], g[1], g[2], g[3]])),
+                }
+            }
         }
-    }
+    }};
 }
 
-#[target_feature(enable = "avx2,fma")]
-unsafe fn avx2_q8<const R: usize>(ty: GgmlType, w: &[u8], x: [&[ActQ8]; R]) -> [f32; R] {
-    unsafe { legacy::<Avx2, R>(ty, w, x) }
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn avx2_q8(ty: GgmlType, w: &[u8], row_bytes: usize, xs: &[&[ActQ8]], out: &mut [f32]) {
+    unsafe { rows_loop!(legacy, Avx2, ty, w, row_bytes, xs, out) }
 }
 
-#[target_feature(enable = "avx2,fma,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn vnni_q8<const R: usize>(ty: GgmlType, w: &[u8], x: [&[ActQ8]; R]) -> [f32; R] {
-    unsafe { legacy::<Vnni, R>(ty, w, x) }
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn vnni_q8(ty: GgmlType, w: &[u8], row_bytes: usize, xs: &[&[ActQ8]], out: &mut [f32]) {
+    unsafe { rows_loop!(legacy, Vnni, ty, w, row_bytes, xs, out) }
 }
 
-#[target_feature(enable = "avx2,fma")]
-unsafe fn avx2_q8k<const R: usize>(ty: GgmlType, w: &[u8], x: [&[ActQ8K]; R]) -> [f32; R] {
-    unsafe { kquant::<Avx2, R>(ty, w, x) }
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn avx2_q8k(ty: GgmlType, w: &[u8], row_bytes: usize, xs: &[&[ActQ8K]], out: &mut [f32]) {
+    unsafe { rows_loop!(kquant, Avx2, ty, w, row_bytes, xs, out) }
 }
 
-#[target_feature(enable = "avx2,fma,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn vnni_q8k<const R: usize>(ty: GgmlType, w: &[u8], x: [&[ActQ8K]; R]) -> [f32; R] {
-    unsafe { kquant::<Vnni, R>(ty, w, x) }
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn vnni_q8k(ty: GgmlType, w: &[u8], row_bytes: usize, xs: &[&[ActQ8K]], out: &mut [f32]) {
+    unsafe { rows_loop!(kquant, Vnni, ty, w, row_bytes, xs, out) }
 }
 
 #[inline(always)]
@@ -195,6 +181,17 @@ unsafe fn load_u8(p: &[u8]) -> __m256i {
     unsafe { _mm256_loadu_si256(p.as_ptr() as *const __m256i) }
 }
 
+/// An f16 scale (little-endian bytes) to f32 by F16C, inline (a call per block to a
+/// runtime-dispatched conversion cost a third of the decode step's time).
+#[inline(always)]
+unsafe fn f16v(b: [u8; 2]) -> f32 {
+    unsafe {
+        _mm_cvtss_f32(_mm_cvtph_ps(
+            _mm_cvtsi32_si128(u16::from_le_bytes(b) as i32),
+        ))
+    }
+}
+
 /// Sum of the 8 lanes.
 #[inline(always)]
 unsafe fn hsum(v: __m256) -> f32 {
@@ -218,11 +215,43 @@ unsafe fn nibbles(qs: &[u8; 16]) -> __m256i {
     }
 }
 
+/// Runs `$body` (with `$b` the block's index, `$blk` the block, `$acc` its `[__m256; R]`
+/// accumulators) over the blocks of a weight row, even blocks into one set of accumulators
+/// and odd ones into another, so that consecutive blocks' FMAs do not wait on each other (a
+/// row of a few dozen blocks was latency-bound on one chain); returns the two sets' sum.
+macro_rules! two_chains {
+    ($w:expr, $r:expr, |$b:ident, $blk:ident, $acc:ident| $body:block) => {{
+        let w = $w;
+        let mut even = [_mm256_setzero_ps(); $r];
+        let mut odd = [_mm256_setzero_ps(); $r];
+        let mut $b = 0;
+        while $b + 1 < w.len() {
+            {
+                let ($blk, $acc) = (&w[$b], &mut even);
+                $body
+            }
+            $b += 1;
+            {
+                let ($blk, $acc) = (&w[$b], &mut odd);
+                $body
+            }
+            $b += 1;
+        }
+        if $b < w.len() {
+            let ($blk, $acc) = (&w[$b], &mut even);
+            $body
+        }
+        for r in 0..$r {
+            even[r] = _mm256_add_ps(even[r], odd[r]);
+        }
+        even
+    }};
+}
+
 #[inline(always)]
 unsafe fn q8_0<M: Madd, const R: usize>(w: &[BlockQ8_0], x: [&[ActQ8]; R]) -> [f32; R] {
     unsafe {
-        let mut acc = [_mm256_setzero_ps(); R];
-        for (b, w) in w.iter().enumerate() {
+        let acc = two_chains!(w, R, |b, w, acc| {
             let wq = load_u8(&w.qs);
             // w·x = |w|·(x with w's sign): an unsigned × signed product.
             let a = _mm256_sign_epi8(wq, wq);
@@ -233,8 +262,12 @@ unsafe fn q8_0<M: Madd, const R: usize>(w: &[BlockQ8_0], x: [&[ActQ8]; R]) -> [f
                 let d = _mm256_set1_ps(dw * x.d);
                 acc[r] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(s), acc[r]);
             }
+        });
+        let mut out = [0f32; R];
+        for r in 0..R {
+            out[r] = hsum(acc[r]);
         }
-        std::array::from_fn(|r| hsum(acc[r]))
+        out
     }
 }
 
@@ -242,9 +275,8 @@ unsafe fn q8_0<M: Madd, const R: usize>(w: &[BlockQ8_0], x: [&[ActQ8]; R]) -> [f
 unsafe fn q4_0<M: Madd, const R: usize>(w: &[BlockQ4_0], x: [&[ActQ8]; R]) -> [f32; R] {
     unsafe {
         // d_w·Σ(q − 8)·d_x·p = d_w·(d_x·Σ q·p − 8·s_x), with s_x = d_x·Σp.
-        let mut acc = [_mm256_setzero_ps(); R];
         let mut offset = [0f32; R];
-        for (b, w) in w.iter().enumerate() {
+        let acc = two_chains!(w, R, |b, w, acc| {
             let q = nibbles(&w.qs);
             let dw = f16v(w.d);
             for r in 0..R {
@@ -253,17 +285,20 @@ unsafe fn q4_0<M: Madd, const R: usize>(w: &[BlockQ4_0], x: [&[ActQ8]; R]) -> [f
                 acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(dw * x.d), _mm256_cvtepi32_ps(s), acc[r]);
                 offset[r] += dw * x.s;
             }
+        });
+        let mut out = [0f32; R];
+        for r in 0..R {
+            out[r] = hsum(acc[r]) - 8.0 * offset[r];
         }
-        std::array::from_fn(|r| hsum(acc[r]) - 8.0 * offset[r])
+        out
     }
 }
 
 #[inline(always)]
 unsafe fn q4_1<M: Madd, const R: usize>(w: &[BlockQ4_1], x: [&[ActQ8]; R]) -> [f32; R] {
     unsafe {
-        let mut acc = [_mm256_setzero_ps(); R];
         let mut mins = [0f32; R];
-        for (b, w) in w.iter().enumerate() {
+        let acc = two_chains!(w, R, |b, w, acc| {
             let q = nibbles(&w.qs);
             let (dw, m) = (f16v(w.d), f16v(w.m));
             for r in 0..R {
@@ -272,8 +307,12 @@ unsafe fn q4_1<M: Madd, const R: usize>(w: &[BlockQ4_1], x: [&[ActQ8]; R]) -> [f
                 acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(dw * x.d), _mm256_cvtepi32_ps(s), acc[r]);
                 mins[r] += m * x.s;
             }
+        });
+        let mut out = [0f32; R];
+        for r in 0..R {
+            out[r] = hsum(acc[r]) + mins[r];
         }
-        std::array::from_fn(|r| hsum(acc[r]) + mins[r])
+        out
     }
 }
 
@@ -310,7 +349,13 @@ unsafe fn q4_k<M: Madd, const R: usize>(w: &[BlockQ4K], x: [&[ActQ8K]; R]) -> [f
                 mins[r] += dmin * x.d * q4_k_mins(w, x) as f32;
             }
         }
-        std::array::from_fn(|r| hsum(acc[r]) - mins[r])
+        // A loop, not array::from_fn: a closure would not inherit the target features, and
+        // its call of `hsum` would not inline.
+        let mut out = [0f32; R];
+        for r in 0..R {
+            out[r] = hsum(acc[r]) - mins[r];
+        }
+        out
     }
 }
 
@@ -354,6 +399,12 @@ unsafe fn q6_k<M: Madd, const R: usize>(w: &[BlockQ6K], x: [&[ActQ8K]; R]) -> [f
                 offset[r] += dd * q6_k_offset(w, x) as f32;
             }
         }
-        std::array::from_fn(|r| hsum(acc[r]) - offset[r])
+        // A loop, not array::from_fn: a closure would not inherit the target features, and
+        // its call of `hsum` would not inline.
+        let mut out = [0f32; R];
+        for r in 0..R {
+            out[r] = hsum(acc[r]) - offset[r];
+        }
+        out
     }
 }
