@@ -326,6 +326,6 @@ assert s.get("resumed_from_step") is not None, "the restart did not resume from 
 print(f"    resumed from step {s['resumed_from_step']} at world size 3, ran to step {s['steps']}")
 PY
 grep -q "restart 1 of 1" "$TMP/kill.node0.log" || { cat "$TMP/kill.node0.log" >&2; die "node 0's launcher did not restart the group"; }
-echo "node 3's launcher killed after step $P_EVERY: its namespace empty $((t_gone - t_kill)) ms later;" \
+echo "node 3's launcher killed after the first checkpoint: its namespace empty $((t_gone - t_kill)) ms later;" \
     "nodes 0-2 restarted the group at world size 3 and finished"
 echo "PASS"
