@@ -23,9 +23,9 @@
 #   deploy/testbed/netns-nodes.sh [path/to/sinter]     (as root; default target/debug/sinter)
 #
 # Skips (exit 0, saying why) when not root or when network namespaces, veth or bridges are
-# unavailable; skips a part (saying so) when iptables or netem is (the killed launcher needs
-# neither). Everything is bounded in
-# time, and a trap removes the namespaces, links, processes and files it made, whatever happens.
+# unavailable; skips a part (saying so) when iptables, netem or MPI is (the killed launcher
+# needs none of them). Everything is bounded in time, and a trap removes the namespaces,
+# links, processes and files it made, whatever happens.
 set -euo pipefail
 
 BIN=$(readlink -f "${1:-${CARGO_TARGET_DIR:-target}/debug/sinter}")
