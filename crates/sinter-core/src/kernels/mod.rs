@@ -6,3 +6,31 @@
 pub mod classifier;
 pub mod layer_norm;
 pub mod optimizer;
+
+use std::collections::HashMap;
+use std::hash::Hash;
+use std::sync::{Mutex, OnceLock};
+
+use crate::Result;
+
+/// A folder's typed ops built so far, by what their kernels are compiled for (dtype, scalars).
+pub(crate) type OpCache<K, V = crate::custom_op::CustomOp> = OnceLock<Mutex<HashMap<K, V>>>;
+
+/// The value under `key` in `cache`, built by `build` on first use: each op is built (and its
+/// CUDA source registered) once per process.
+pub(crate) fn cached<K: Hash + Eq, V: Clone>(
+    cache: &'static OpCache<K, V>,
+    key: K,
+    build: impl FnOnce() -> Result<V>,
+) -> Result<V> {
+    let mut ops = cache
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|p| p.into_inner());
+    if let Some(op) = ops.get(&key) {
+        return Ok(op.clone());
+    }
+    let op = build()?;
+    ops.insert(key, op.clone());
+    Ok(op)
+}

@@ -19,10 +19,10 @@
 mod cpu;
 mod cuda;
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, OnceLock};
 
+use super::{cached, OpCache};
 use crate::backend::{check_indices, IndexUse};
 use crate::custom_op::{CustomOp, OutputSpec};
 use crate::{bail, no_grad, with_custom_backward, DType, Device, Result, Tensor};
@@ -41,57 +41,40 @@ pub struct ClassifierLoss {
     pub rows: Tensor,
 }
 
-/// The forward ops built so far, by (logits dtype, valid classes, ignore index).
-type OpCache = HashMap<(DType, usize, i64), CustomOp>;
-
 const DTYPES: [DType; 4] = [DType::F32, DType::BF16, DType::F16, DType::I64];
 
 /// The forward op for (valid, ignore): inputs (logits, targets, scale [1] f32), outputs (loss
 /// rows f32, dlogits in place of the logits). Built once per pair and cached.
 fn forward_op(dtype: DType, valid: usize, ignore: i64) -> Result<CustomOp> {
-    static OPS: OnceLock<Mutex<OpCache>> = OnceLock::new();
-    let mut ops = OPS
-        .get_or_init(Default::default)
-        .lock()
-        .unwrap_or_else(|p| p.into_inner());
-    if let Some(op) = ops.get(&(dtype, valid, ignore)) {
-        return Ok(op.clone());
-    }
-    let op = CustomOp::builder("fused_classifier")
-        .inputs(3)
-        .dtypes(&DTYPES)
-        .outputs(|m| {
-            Ok(vec![
-                OutputSpec::new(&m[0].shape[..1], DType::F32),
-                OutputSpec::new(&m[0].shape, m[0].dtype).in_place(0),
-            ])
-        })
-        .cpu(move |x| cpu::forward(x, valid, ignore))
-        .cuda(cuda::forward_kernel(dtype, valid, ignore)?)
-        .build()?;
-    ops.insert((dtype, valid, ignore), op.clone());
-    Ok(op)
+    static OPS: OpCache<(DType, usize, i64)> = OnceLock::new();
+    cached(&OPS, (dtype, valid, ignore), || {
+        CustomOp::builder("fused_classifier")
+            .inputs(3)
+            .dtypes(&DTYPES)
+            .outputs(|m| {
+                Ok(vec![
+                    OutputSpec::new(&m[0].shape[..1], DType::F32),
+                    OutputSpec::new(&m[0].shape, m[0].dtype).in_place(0),
+                ])
+            })
+            .cpu(move |x| cpu::forward(x, valid, ignore))
+            .cuda(cuda::forward_kernel(dtype, valid, ignore)?)
+            .build()
+    })
 }
 
 /// The backward's op: d · g[0] (in place of d on CUDA; nothing runs when g[0] == 1).
 fn grad_scale_op(dtype: DType) -> Result<CustomOp> {
-    static OPS: OnceLock<Mutex<HashMap<DType, CustomOp>>> = OnceLock::new();
-    let mut ops = OPS
-        .get_or_init(Default::default)
-        .lock()
-        .unwrap_or_else(|p| p.into_inner());
-    if let Some(op) = ops.get(&dtype) {
-        return Ok(op.clone());
-    }
-    let op = CustomOp::builder("fused_classifier_grad_scale")
-        .inputs(2)
-        .dtypes(&DTYPES)
-        .outputs(|m| Ok(vec![OutputSpec::new(&m[0].shape, m[0].dtype).in_place(0)]))
-        .cpu(cpu::grad_scale)
-        .cuda(cuda::grad_scale_kernel(dtype)?)
-        .build()?;
-    ops.insert(dtype, op.clone());
-    Ok(op)
+    static OPS: OpCache<DType> = OnceLock::new();
+    cached(&OPS, dtype, || {
+        CustomOp::builder("fused_classifier_grad_scale")
+            .inputs(2)
+            .dtypes(&DTYPES)
+            .outputs(|m| Ok(vec![OutputSpec::new(&m[0].shape, m[0].dtype).in_place(0)]))
+            .cpu(cpu::grad_scale)
+            .cuda(cuda::grad_scale_kernel(dtype)?)
+            .build()
+    })
 }
 
 /// Checks the operands; returns (rows, n).

@@ -17,36 +17,15 @@
 mod cpu;
 mod cuda;
 
-use std::collections::HashMap;
-use std::hash::Hash;
-use std::sync::{Mutex, OnceLock};
+use std::sync::OnceLock;
 
+use super::{cached, OpCache};
 use crate::custom_op::{CustomOp, OutputSpec, TensorMeta};
 use crate::tensor::output_of;
 use crate::{no_grad, DType, Device, Error, Result, Tensor};
 pub use cuda::LAYER_NORM_CU;
 
 const FLOATS: [DType; 3] = [DType::F32, DType::BF16, DType::F16];
-
-/// The ops built so far under `key` (one per dtype and eps: eps is a kernel scalar).
-type Cache<K> = OnceLock<Mutex<HashMap<K, CustomOp>>>;
-
-fn cached<K: Hash + Eq>(
-    cache: &'static Cache<K>,
-    key: K,
-    build: impl FnOnce() -> Result<CustomOp>,
-) -> Result<CustomOp> {
-    let mut ops = cache
-        .get_or_init(Default::default)
-        .lock()
-        .unwrap_or_else(|p| p.into_inner());
-    if let Some(op) = ops.get(&key) {
-        return Ok(op.clone());
-    }
-    let op = build()?;
-    ops.insert(key, op.clone());
-    Ok(op)
-}
 
 /// The per-row statistics output of x (`[rows]` f32).
 fn stats_spec(x: &TensorMeta) -> OutputSpec {
@@ -56,7 +35,7 @@ fn stats_spec(x: &TensorMeta) -> OutputSpec {
 
 /// (x, gamma, beta) → (y, mean, rstd).
 fn forward_op(dtype: DType, eps: f32) -> Result<CustomOp> {
-    static OPS: Cache<(DType, u32)> = OnceLock::new();
+    static OPS: OpCache<(DType, u32)> = OnceLock::new();
     cached(&OPS, (dtype, eps.to_bits()), || {
         CustomOp::builder("layer_norm")
             .inputs(3)
@@ -73,7 +52,7 @@ fn forward_op(dtype: DType, eps: f32) -> Result<CustomOp> {
 
 /// (x, residual, gamma, beta) → (x + residual, LayerNorm of it, mean, rstd).
 fn residual_op(dtype: DType, eps: f32) -> Result<CustomOp> {
-    static OPS: Cache<(DType, u32)> = OnceLock::new();
+    static OPS: OpCache<(DType, u32)> = OnceLock::new();
     cached(&OPS, (dtype, eps.to_bits()), || {
         CustomOp::builder("residual_layer_norm")
             .inputs(4)
@@ -90,7 +69,7 @@ fn residual_op(dtype: DType, eps: f32) -> Result<CustomOp> {
 
 /// The CPU backward, one pass: (gy, x, gamma, mean, rstd) → (dx, dgamma f32, dbeta f32).
 fn cpu_backward_op() -> Result<CustomOp> {
-    static OPS: Cache<()> = OnceLock::new();
+    static OPS: OpCache<()> = OnceLock::new();
     cached(&OPS, (), || {
         let n = |m: &TensorMeta| m.shape.last().copied().unwrap_or(1);
         CustomOp::builder("layer_norm_backward")
@@ -108,44 +87,37 @@ fn cpu_backward_op() -> Result<CustomOp> {
 /// The CUDA backward's kernels for `dtype`: dx from (x, gamma, gy, mean, rstd); the partial
 /// column sums from (x, gy, mean, rstd); (dgamma, dbeta) from the partial sums.
 fn cuda_backward_ops(dtype: DType) -> Result<[CustomOp; 3]> {
-    static OPS: OnceLock<Mutex<HashMap<DType, [CustomOp; 3]>>> = OnceLock::new();
-    let mut ops = OPS
-        .get_or_init(Default::default)
-        .lock()
-        .unwrap_or_else(|p| p.into_inner());
-    if let Some(o) = ops.get(&dtype) {
-        return Ok(o.clone());
-    }
-    let like_x = |m: &[TensorMeta]| Ok(vec![OutputSpec::new(&m[0].shape, m[0].dtype)]);
-    let dx = CustomOp::builder("layer_norm_backward_dx")
-        .inputs(5)
-        .dtypes(&FLOATS)
-        .outputs(like_x)
-        .cuda(cuda::dx_kernel(dtype)?)
-        .build()?;
-    let params = CustomOp::builder("layer_norm_backward_params")
-        .inputs(4)
-        .dtypes(&FLOATS)
-        .outputs(|m| {
-            let (chunks, _) = cuda::param_chunks(&m[0])?;
-            let n = m[0].shape.last().copied().unwrap_or(1);
-            let part = OutputSpec::new(&[chunks, n], DType::F32);
-            Ok(vec![part.clone(), part])
-        })
-        .cuda(cuda::params_kernel(dtype)?)
-        .build()?;
-    let finish = CustomOp::builder("layer_norm_backward_finish")
-        .inputs(2)
-        .dtypes(&FLOATS)
-        .outputs(move |m| {
-            let p = OutputSpec::new(&m[0].shape[1..], dtype);
-            Ok(vec![p.clone(), p])
-        })
-        .cuda(cuda::finish_kernel(dtype)?)
-        .build()?;
-    let o = [dx, params, finish];
-    ops.insert(dtype, o.clone());
-    Ok(o)
+    static OPS: OpCache<DType, [CustomOp; 3]> = OnceLock::new();
+    cached(&OPS, dtype, || {
+        let like_x = |m: &[TensorMeta]| Ok(vec![OutputSpec::new(&m[0].shape, m[0].dtype)]);
+        let dx = CustomOp::builder("layer_norm_backward_dx")
+            .inputs(5)
+            .dtypes(&FLOATS)
+            .outputs(like_x)
+            .cuda(cuda::dx_kernel(dtype)?)
+            .build()?;
+        let params = CustomOp::builder("layer_norm_backward_params")
+            .inputs(4)
+            .dtypes(&FLOATS)
+            .outputs(|m| {
+                let (chunks, _) = cuda::param_chunks(&m[0])?;
+                let n = m[0].shape.last().copied().unwrap_or(1);
+                let part = OutputSpec::new(&[chunks, n], DType::F32);
+                Ok(vec![part.clone(), part])
+            })
+            .cuda(cuda::params_kernel(dtype)?)
+            .build()?;
+        let finish = CustomOp::builder("layer_norm_backward_finish")
+            .inputs(2)
+            .dtypes(&FLOATS)
+            .outputs(move |m| {
+                let p = OutputSpec::new(&m[0].shape[1..], dtype);
+                Ok(vec![p.clone(), p])
+            })
+            .cuda(cuda::finish_kernel(dtype)?)
+            .build()?;
+        Ok([dx, params, finish])
+    })
 }
 
 /// `t` in `dtype` (itself when it already is).
