@@ -21,7 +21,7 @@ use rayon::prelude::*;
 
 use super::act::act_kind;
 use super::dot_scalar as scalar;
-use super::{as_blocks, GgmlBlock, GgmlError, GgmlType};
+use super::{row_blocks as blocks, GgmlError, GgmlType};
 use crate::gemm::{Gemm, MatMut, MatRef};
 
 pub use super::act::{has_dot, quantize_activations, ActQ8, ActQ8K, ActRow, DotPath, DOT_TYPES};
@@ -87,10 +87,6 @@ pub fn dot_matrix(
             matrix_q8k(path, ty, w, row_bytes, &rows, out)
         }
     }
-}
-
-fn blocks<B: GgmlBlock>(w: &[u8]) -> &[B] {
-    as_blocks::<B>(w).expect("a weight row is whole blocks")
 }
 
 fn matrix_q8(

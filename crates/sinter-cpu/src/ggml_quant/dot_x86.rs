@@ -12,7 +12,7 @@ use std::arch::x86_64::*;
 use super::act::{ActQ8, ActQ8K, DotPath};
 use super::blocks::{scale_min_k4, BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ6K, BlockQ8_0};
 use super::dot_scalar::{q4_k_mins, q6_k_offset};
-use super::{as_blocks, GgmlBlock, GgmlType};
+use super::{row_blocks as blocks, GgmlType};
 
 /// The multiply-add both paths build on.
 trait Madd {
@@ -56,10 +56,6 @@ impl Madd for Vnni {
             _mm256_mullo_epi32(sums, s)
         }
     }
-}
-
-fn blocks<B: GgmlBlock>(w: &[u8]) -> &[B] {
-    as_blocks::<B>(w).expect("a weight row is whole blocks")
 }
 
 /// Each weight row of `w` (rows of `row_bytes`, type Q8_0, Q4_0 or Q4_1) · each activation

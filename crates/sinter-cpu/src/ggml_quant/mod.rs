@@ -292,6 +292,11 @@ pub fn as_blocks<B: GgmlBlock>(bytes: &[u8]) -> Option<&[B]> {
     bytemuck::try_cast_slice(bytes).ok()
 }
 
+/// A weight row (or slice of rows) as its blocks: the dot kernels' callers pass whole blocks.
+fn row_blocks<B: GgmlBlock>(w: &[u8]) -> &[B] {
+    as_blocks::<B>(w).expect("a weight row is whole blocks")
+}
+
 /// Dequantizes whole blocks of `B`: `bytes` is `out.len() / B::ELEMS` blocks.
 fn dequantize_blocks<B: GgmlBlock>(bytes: &[u8], out: &mut [f32]) {
     let blocks = as_blocks::<B>(bytes).expect("callers pass whole blocks");
