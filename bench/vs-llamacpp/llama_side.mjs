@@ -35,7 +35,9 @@ const pp = (performance.now() - t) / 1000;
 await seq.clearHistory();
 t = performance.now();
 let n = 0;
-for await (const _ of seq.evaluate(benchIds(16, V), { temperature: 0 })) {
+// yieldEogToken: an end-of-text token is evaluated and generation goes on, as in
+// `sinter bench llm`, so both sides time exactly G tokens whatever the weights predict.
+for await (const _ of seq.evaluate(benchIds(16, V), { temperature: 0, yieldEogToken: true })) {
   if (++n === G) break;
 }
 const tg = (performance.now() - t) / 1000;

@@ -4,8 +4,13 @@
 //! A request's inputs run in batches of at most `max_batch` rows, each padded to its longest
 //! input with the padding masked out (so a row's vector is the one it has alone). One batch
 //! runs at a time (the model sits behind a mutex) on a blocking thread, off the HTTP workers.
+//!
+//! Admission: one request runs and at most `max_waiting` wait for the model (the server's
+//! `--max-queue`); past that a request gets 429, as a generation request does, instead of
+//! piling up blocking threads. Graceful shutdown waits for the admitted ones (`in_flight`).
 
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 
 use anyhow::{bail, Result};
 use sinter_core::{Device, Tensor};
@@ -80,8 +85,23 @@ pub struct Embedder {
     pub name: String,
     /// Inputs run together at most.
     pub max_batch: usize,
+    /// Requests that may wait while one runs (the server sets its `max_queue`).
+    pub max_waiting: usize,
+    /// Requests admitted and not yet answered (running or waiting for the model).
+    in_flight: Arc<AtomicUsize>,
     max_tokens: usize,
     vocab_size: usize,
+}
+
+/// An admitted embedding request's place; dropping it (when the request's work ends,
+/// answered or not) frees the place.
+#[derive(Debug)]
+pub struct Admission(Arc<AtomicUsize>);
+
+impl Drop for Admission {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 impl std::fmt::Debug for Embedder {
@@ -105,7 +125,23 @@ impl Embedder {
             tokenizer,
             name: name.into(),
             max_batch: 32,
+            max_waiting: 64,
+            in_flight: Arc::new(AtomicUsize::new(0)),
         }
+    }
+    /// A place for one more request: `None` when one runs and `max_waiting` already wait.
+    pub fn admit(&self) -> Option<Admission> {
+        let limit = self.max_waiting.saturating_add(1);
+        self.in_flight
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
+                (n < limit).then_some(n + 1)
+            })
+            .ok()
+            .map(|_| Admission(self.in_flight.clone()))
+    }
+    /// Requests admitted and not yet answered.
+    pub fn in_flight(&self) -> usize {
+        self.in_flight.load(Ordering::SeqCst)
     }
     /// The most tokens one input may have.
     pub fn max_tokens(&self) -> usize {

@@ -216,9 +216,16 @@ async fn embeddings(State(app): State<App>, body: Body) -> Response {
             return e.into_response();
         }
     };
+    let Some(admission) = emb.admit() else {
+        Metrics::add(&m.requests_rejected_total, 1);
+        return ApiError::queue_full().into_response();
+    };
     let tokens: usize = job.inputs.iter().map(Vec::len).sum();
+    // The admission moves with the work: a client that goes away does not free its place
+    // before the model is done with its inputs.
     let run = tokio::task::spawn_blocking(move || {
         let out = emb.embed_all(&job.inputs);
+        drop(admission);
         (out, emb, job.base64)
     })
     .await;
@@ -349,12 +356,20 @@ async fn health(State(app): State<App>) -> Response {
 }
 
 async fn metrics(State(app): State<App>) -> Response {
+    let mut text = app.metrics().render();
+    if let Some(e) = &app.embedder {
+        let name = "sinter_embedding_requests_in_flight";
+        text.push_str(&format!(
+            "# HELP {name} Embedding requests admitted and not yet answered (running or waiting for the model).\n# TYPE {name} gauge\n{name} {}\n",
+            e.in_flight()
+        ));
+    }
     (
         [(
             header::CONTENT_TYPE,
             "text/plain; version=0.0.4; charset=utf-8",
         )],
-        app.metrics().render(),
+        text,
     )
         .into_response()
 }

@@ -161,7 +161,10 @@ impl Server {
             max_body_bytes: o.max_body_bytes,
             body_timeout: o.timeouts.body,
             generates,
-            embedder: embedder.map(Arc::new),
+            embedder: embedder.map(|mut e| {
+                e.max_waiting = o.max_queue;
+                Arc::new(e)
+            }),
         };
         let (stop, stopped) = oneshot::channel();
         let thread = std::thread::Builder::new()
@@ -294,6 +297,11 @@ async fn serve(
 ) -> Result<()> {
     let listener = tokio::net::TcpListener::from_std(listener)?;
     let engine = app.engine.clone();
+    // Generation requests queued or running, and embedding requests admitted.
+    let in_flight = {
+        let (engine, embedder) = (engine.clone(), app.embedder.clone());
+        move || engine.in_flight() + embedder.as_ref().map_or(0, |e| e.in_flight())
+    };
     let router = http::router(app);
     let (close, closing) = watch::channel(false);
     let mut conns = JoinSet::new();
@@ -336,7 +344,7 @@ async fn serve(
     drop(listener);
     eprintln!(
         "sinter serve: shutting down: {} request(s) in flight get up to {:.1} s to finish",
-        engine.in_flight(),
+        in_flight(),
         o.shutdown_timeout.as_secs_f64()
     );
     if signals {
@@ -350,7 +358,7 @@ async fn serve(
     // The connections stay open (new requests get 503) while requests are in flight; the
     // engine cuts those off at the deadline.
     let hard_stop = deadline + CUT_OFF_GRACE;
-    while engine.in_flight() > 0 && Instant::now() < hard_stop {
+    while in_flight() > 0 && Instant::now() < hard_stop {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     let _ = close.send(true);

@@ -1209,6 +1209,123 @@ async fn embeddings_equal_bert_embed_of_each_input_alone() {
     server.shutdown().unwrap();
 }
 
+/// An embedding model that holds each batch until the test opens its gate: requests stay
+/// in flight as long as the test needs.
+struct GatedEmbedder {
+    inner: sinter_serve::BertEmbedder,
+    open: std::sync::Arc<(std::sync::Mutex<bool>, std::sync::Condvar)>,
+}
+
+impl sinter_serve::EmbedModel for GatedEmbedder {
+    fn max_tokens(&self) -> usize {
+        self.inner.max_tokens()
+    }
+    fn vocab_size(&self) -> usize {
+        self.inner.vocab_size()
+    }
+    fn embed(&self, batch: &[Vec<i64>]) -> anyhow::Result<Vec<Vec<f32>>> {
+        let (lock, cv) = &*self.open;
+        let mut open = lock.lock().unwrap();
+        while !*open {
+            open = cv.wait(open).unwrap();
+        }
+        drop(open);
+        self.inner.embed(batch)
+    }
+}
+
+fn open_gate(gate: &(std::sync::Mutex<bool>, std::sync::Condvar)) {
+    *gate.0.lock().unwrap() = true;
+    gate.1.notify_all();
+}
+
+/// `/v1/embeddings` has a bounded queue: with `max_queue` 1, one request runs, one waits and
+/// the third gets 429 (counted as rejected); the gauge counts the admitted ones, both answer
+/// once the model is free, and shutdown waits for an embedding in flight (new requests get
+/// 503 meanwhile) instead of cutting it off.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn embeddings_past_the_queue_get_429_and_shutdown_waits_for_them() {
+    let gate = std::sync::Arc::new((std::sync::Mutex::new(false), std::sync::Condvar::new()));
+    let embedder = || {
+        sinter_serve::Embedder::new(
+            GatedEmbedder {
+                inner: sinter_serve::BertEmbedder::new(common::tiny_bert(4)),
+                open: gate.clone(),
+            },
+            Tokenizer::Bytes,
+            "gated",
+        )
+    };
+    let o = ServeOptions {
+        port: 0,
+        max_queue: 1,
+        shutdown_timeout: Duration::from_secs(20),
+        ..Default::default()
+    };
+    let server = Server::start_embeddings(embedder(), o.clone()).unwrap();
+    let url = format!("http://{}", server.addr());
+    let body = json!({"model": "gated", "input": ["abc", "de"]}).to_string();
+    let send = |body: String| {
+        let url = url.clone();
+        tokio::spawn(async move { post(&url, "/v1/embeddings", &body).await })
+    };
+    let first = send(body.clone());
+    let second = send(body.clone());
+    eventually("two embedding requests admitted", async || {
+        metric(&url, "sinter_embedding_requests_in_flight").await == 2
+    })
+    .await;
+    let (status, headers, v) = post(&url, "/v1/embeddings", &body).await;
+    assert_eq!(status, 429, "{v}");
+    assert_eq!(headers["retry-after"], "1");
+    assert_eq!(v["error"]["code"], "queue_full");
+    assert_eq!(metric(&url, "sinter_requests_rejected_total").await, 1);
+    open_gate(&gate);
+    for r in [first, second] {
+        let (status, _, v) = r.await.unwrap();
+        assert_eq!(status, 200, "{v}");
+        assert_eq!(v["data"].as_array().unwrap().len(), 2);
+    }
+    assert_eq!(metric(&url, "sinter_embedding_requests_in_flight").await, 0);
+    server.shutdown().unwrap();
+
+    // Shutdown with one embedding in flight: it is answered, a new request meanwhile is not.
+    *gate.0.lock().unwrap() = false;
+    let server = Server::start_embeddings(embedder(), o).unwrap();
+    let url = format!("http://{}", server.addr());
+    let held = {
+        let (url, body) = (url.clone(), body.clone());
+        tokio::spawn(async move { post(&url, "/v1/embeddings", &body).await })
+    };
+    // A second connection, open before shutdown begins, for the request shutdown refuses.
+    let mut other = connect(&url).await;
+    eventually("the embedding request admitted", async || {
+        metric(&url, "sinter_embedding_requests_in_flight").await == 1
+    })
+    .await;
+    let stopper = tokio::task::spawn_blocking(move || server.shutdown());
+    // The listener closes right after shutdown begins.
+    eventually("shutdown begun", async || {
+        TcpStream::connect(url.trim_start_matches("http://"))
+            .await
+            .is_err()
+    })
+    .await;
+    let raw = format!(
+        "POST /v1/embeddings HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    other.write_all(raw.as_bytes()).await.unwrap();
+    let (status, _, _) = read_response(&mut other).await;
+    assert_eq!(status, 503);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!stopper.is_finished(), "shutdown did not wait for the embedding in flight");
+    open_gate(&gate);
+    let (status, _, v) = held.await.unwrap();
+    assert_eq!(status, 200, "{v}");
+    stopper.await.unwrap().unwrap();
+}
+
 /// Shared-prefix KV reuse: two prompts that share a 40-byte "system prompt" give the same
 /// text (greedy and seeded) from a server with the prefix cache as from one without; with
 /// it, the second prompt's first 32 tokens (two 16-token blocks) are copied, not computed:
