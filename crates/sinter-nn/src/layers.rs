@@ -6,9 +6,7 @@ use sinter_core::{bail, no_grad, Conv2dParams, Hw, Pool2dParams, Result, Rng, Te
 
 use crate::init;
 use crate::lora::adapter::LoraSlot;
-use crate::module::{
-    buffer, join, layer_weight, param, Module, NamedTensor, SharedRng, TensorKind,
-};
+use crate::module::{buffer, join, layer_weight, param, Module, NamedTensor, SharedRng};
 use crate::quant::slot::{Activation, LayerHandle, LayerKind, QuantSlot};
 
 /// y = x Wᵀ + b over the last dimension; weight [out, in].
@@ -84,13 +82,6 @@ impl Module for Linear {
     }
     fn collect(&self, prefix: &str, out: &mut Vec<NamedTensor>) {
         layer_weight(prefix, self.handle(), out);
-        // A QLoRA base runs its int8 form; the f32 weight left here is released.
-        let int8_base = self.quant.int8();
-        if int8_base.is_some_and(|q| q.frozen_base()) {
-            if let Some(w) = out.last_mut() {
-                w.kind = TensorKind::Frozen;
-            }
-        }
         if let Some(b) = &self.bias {
             param(prefix, "bias", b, out);
         }

@@ -123,9 +123,15 @@ pub(crate) fn param(prefix: &str, name: &str, t: &Tensor, out: &mut Vec<NamedTen
 }
 /// A layer's weight, with the handle that lets `crate::quant` rewrite the layer.
 pub(crate) fn layer_weight(prefix: &str, layer: LayerHandle, out: &mut Vec<NamedTensor>) {
+    // A QLoRA base runs its quantized form; the f32 weight left in the layer is released.
+    let frozen_base = layer.slot.int8().is_some_and(|q| q.frozen_base());
     out.push(NamedTensor {
         name: join(prefix, "weight"),
-        kind: parameter_kind(&layer.weight),
+        kind: if frozen_base {
+            TensorKind::Frozen
+        } else {
+            parameter_kind(&layer.weight)
+        },
         tensor: layer.weight.clone(),
         layer: Some(layer),
     });

@@ -264,3 +264,79 @@ fn qlora_base_input_gradient_equals_the_dequantized_f32_path() {
         "no gradient reached the block's input through the int8 base"
     );
 }
+
+/// The GGML-block base (4-bit QLoRA): for each format, dX equals dY · W of the dequantized
+/// weight, the forward is close to the f32 product, a slot holding an inference-only
+/// `GgmlLinear` (as a GGUF file loads) becomes one that passes gradients, and a width that
+/// is not whole blocks is refused by name.
+#[test]
+fn qlora_ggml_base_input_gradient_equals_the_dequantized_f32_path() {
+    use sinter_cpu::ggml_quant::GgmlType;
+    use sinter_nn::lora::FrozenGgml;
+    use sinter_nn::quant::slot::Int8Layer;
+    use sinter_nn::quant::{Activation, GgmlLinear, QuantSlot, QuantState};
+    let mut rng = Rng::new(31);
+    let w = randn(&[300, 256], &mut rng).mul_scalar(0.1).unwrap();
+    let x0 = randn(&[2, 3, 256], &mut rng);
+    let g = randn(&[2, 3, 300], &mut rng);
+    for (ty, bound) in [
+        (GgmlType::Q8_0, 0.02),
+        (GgmlType::Q4_0, 0.1),
+        (GgmlType::Q4_1, 0.1),
+        (GgmlType::Q4_K, 0.1),
+    ] {
+        let form = FrozenGgml::from_f32(&w, None, ty).unwrap();
+        assert!(form.frozen_base());
+        let mut deq = vec![0f32; 300 * 256];
+        for (r, row) in deq.chunks_exact_mut(256).enumerate() {
+            form.weight().dequantize_row(r, row).unwrap();
+        }
+        let deq = Tensor::from_vec(deq, &[300, 256], Device::Cpu).unwrap();
+        let x = x0.to_var().unwrap();
+        let y = form.forward(&x, Activation::None).unwrap();
+        y.mul(&g).unwrap().sum_all().unwrap().backward().unwrap();
+        let x2 = x0.to_var().unwrap();
+        let y2 = x2.matmul(&deq.t().unwrap()).unwrap();
+        y2.mul(&g).unwrap().sum_all().unwrap().backward().unwrap();
+        let d = max_diff(&x.grad().unwrap(), &x2.grad().unwrap());
+        assert!(
+            d < 1e-4,
+            "{ty}: dX differs from the dequantized path by {d}"
+        );
+        let peak = y2
+            .to_vec_f32()
+            .unwrap()
+            .iter()
+            .fold(0f32, |m, v| m.max(v.abs()));
+        let rel = max_diff(&y, &y2) / peak;
+        assert!(rel < bound, "{ty}: forward off by {rel}");
+    }
+    // A GGUF-loaded slot (inference form) turned into the trainable base.
+    let slot = QuantSlot::default();
+    let m = FrozenGgml::from_f32(&w, None, GgmlType::Q4_0)
+        .unwrap()
+        .weight()
+        .clone();
+    slot.set(QuantState::Int8(std::sync::Arc::new(
+        GgmlLinear::new(m, None).unwrap(),
+    )));
+    assert!(!slot.int8().unwrap().frozen_base());
+    assert!(lora::freeze_ggml_slot(&slot));
+    let layer = slot.int8().unwrap();
+    assert!(layer.frozen_base());
+    let x = x0.to_var().unwrap();
+    let y = layer.forward(&x, Activation::None).unwrap();
+    y.sum_all().unwrap().backward().unwrap();
+    assert!(
+        x.grad().is_some(),
+        "no gradient through the frozen GGML base"
+    );
+    assert!(!lora::freeze_ggml_slot(&QuantSlot::default()));
+    // 48 columns are not whole Q4_K blocks of 256.
+    let narrow = randn(&[8, 48], &mut rng);
+    let e = FrozenGgml::from_f32(&narrow, None, GgmlType::Q4_K)
+        .err()
+        .expect("48 columns as Q4_K")
+        .to_string();
+    assert!(e.contains("Q4_K") && e.contains("[8, 48]"), "{e}");
+}

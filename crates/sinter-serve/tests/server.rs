@@ -1319,7 +1319,10 @@ async fn embeddings_past_the_queue_get_429_and_shutdown_waits_for_them() {
     let (status, _, _) = read_response(&mut other).await;
     assert_eq!(status, 503);
     tokio::time::sleep(Duration::from_millis(300)).await;
-    assert!(!stopper.is_finished(), "shutdown did not wait for the embedding in flight");
+    assert!(
+        !stopper.is_finished(),
+        "shutdown did not wait for the embedding in flight"
+    );
     open_gate(&gate);
     let (status, _, v) = held.await.unwrap();
     assert_eq!(status, 200, "{v}");

@@ -226,7 +226,8 @@ pub struct LoraSettings {
     /// A regular expression searched in each projection's Hugging Face module name
     /// (`model.layers.3.self_attn.q_proj`).
     pub targets: String,
-    /// How the frozen base is kept: f32, or int8 per output channel (QLoRA).
+    /// How the frozen base is kept (`LORA_BASES`): f32, int8 per output channel, GGML blocks
+    /// quantized at load, or a GGUF file's own blocks (QLoRA).
     #[serde(default = "f32_base")]
     pub base: String,
 }
@@ -234,6 +235,11 @@ pub struct LoraSettings {
 fn f32_base() -> String {
     "f32".into()
 }
+
+/// How `--lora-base` keeps the frozen base: f32; int8 per output channel; GGML blocks
+/// quantized at load (q8_0, q4_0, q4_1, q4_k); or `gguf`, a GGUF file's own blocks as stored
+/// (never dequantized: the 4-bit QLoRA of a Q4 file in the least memory).
+pub const LORA_BASES: [&str; 7] = ["f32", "int8", "q8_0", "q4_0", "q4_1", "q4_k", "gguf"];
 
 impl LoraSettings {
     pub fn config(&self) -> sinter_nn::lora::LoraConfig {
@@ -247,8 +253,12 @@ impl LoraSettings {
         self.config()
             .check()
             .map_err(|e| anyhow::anyhow!("--lora-rank/--lora-alpha/--lora-dropout: {e}"))?;
-        if !["f32", "int8"].contains(&self.base.as_str()) {
-            bail!("--lora-base must be f32 or int8, got '{}'", self.base);
+        if !LORA_BASES.contains(&self.base.as_str()) {
+            bail!(
+                "--lora-base must be one of {}, got '{}'",
+                LORA_BASES.join(", "),
+                self.base
+            );
         }
         regex::Regex::new(&self.targets).map_err(|e| {
             anyhow::anyhow!(

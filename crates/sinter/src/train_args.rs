@@ -157,9 +157,11 @@ pub struct TrainArgs {
     /// down_proj) [default: q_proj|v_proj, PEFT's for Llama].
     #[arg(long, help_heading = LORA)]
     pub lora_targets: Option<String>,
-    /// How the frozen base is kept: f32, or int8 (QLoRA: each projection int8 per output
-    /// channel, its f32 weights released; gradients reach the input through the
-    /// dequantized rows) [default: f32].
+    /// How the frozen base is kept: f32; int8 (QLoRA: each projection int8 per output
+    /// channel); q8_0, q4_0, q4_1 or q4_k (QLoRA in GGML blocks, quantized at load); or gguf
+    /// (a .gguf --model's own blocks as stored, never dequantized). The quantized forms
+    /// release the f32 weights; gradients reach the input through dequantized rows
+    /// [default: f32].
     #[arg(long, help_heading = LORA)]
     pub lora_base: Option<String>,
     /// Also write the adapters in PEFT's format to this directory at the end [default: only

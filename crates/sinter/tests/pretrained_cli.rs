@@ -833,3 +833,137 @@ fn a_qlora_fine_tune_learns_on_an_int8_base() {
         .join("adapter/adapter_model.safetensors")
         .exists());
 }
+
+/// 4-bit QLoRA: the base quantized at load to Q4_0 learns as the int8 base does; Q4_K on
+/// widths that are not whole 256-blocks, and `gguf` on a directory, are refused by name; and
+/// `--lora-base gguf` fine-tunes on a GGUF file's own Q4_0 blocks (written by `sinter
+/// quantize`, never dequantized) with only the adapters saved.
+#[test]
+fn a_4bit_qlora_learns_on_blocks_quantized_at_load_and_on_a_ggufs_own() {
+    let f = fixture();
+    let loss0 = eval_loss(&run_ok(&[
+        "eval",
+        "--model",
+        &f.model,
+        "--data",
+        &f.data,
+        "--context",
+        "32",
+        "--batch-size",
+        "8",
+    ]));
+    let run = f.path("q4");
+    let extra = [
+        "--lora-rank",
+        "4",
+        "--lora-targets",
+        ALL_PROJ,
+        "--lora-base",
+    ];
+    f.train(&run, "40", &[&extra[..], &["q4_0"]].concat());
+    let loss = summary(Path::new(&run))["val_loss"].as_f64().unwrap();
+    assert!(
+        loss < loss0 - 0.25,
+        "Q4_0 QLoRA validation loss {loss0} → {loss}"
+    );
+    let (tensors, _) = checkpoint_content(Path::new(&run));
+    assert!(tensors
+        .iter()
+        .filter(|(n, _)| n.starts_with("model."))
+        .all(|(n, _)| n.contains(".lora.")));
+    let train = |model: &str, data: &str, base: &str, out: &str| {
+        sinter(&[
+            "train",
+            "--quiet",
+            "--model",
+            model,
+            "--data",
+            data,
+            "--context",
+            "16",
+            "--batch-size",
+            "8",
+            "--lr",
+            "1e-2",
+            "--steps",
+            "60",
+            "--eval-interval",
+            "60",
+            "--eval-batches",
+            "2",
+            "--device",
+            "cpu",
+            "--out",
+            out,
+            "--lora-rank",
+            "4",
+            "--lora-targets",
+            ALL_PROJ,
+            "--lora-base",
+            base,
+        ])
+    };
+    // Q4_K needs rows of whole 256-value blocks; the tiny model's are 64 wide.
+    fails_with(
+        &train(&f.model, &f.data, "q4_k", &f.path("q4k")),
+        &["--lora-base q4_k", "block 0 attn.qkv", "Q4_K"],
+    );
+    fails_with(
+        &train(&f.model, &f.data, "gguf", &f.path("gg-dir")),
+        &["--lora-base gguf", "not a .gguf file", "--lora-base q4_0"],
+    );
+    fails_with(
+        &train(&f.model, &f.data, "q3", &f.path("q3")),
+        &["--lora-base must be one of", "q4_k", "gguf", "'q3'"],
+    );
+    // A GGUF file whose matrices are Q4_0 blocks (the 48-wide down projections stay F16).
+    let src = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../sinter-models/tests/fixtures/gguf/llama-tiny.gguf");
+    let q4 = f.path("llama-tiny-q4_0.gguf");
+    run_ok(&[
+        "quantize",
+        "--model",
+        src.to_str().unwrap(),
+        "--format",
+        "q4_0",
+        "--out",
+        &q4,
+    ]);
+    let tokens = f.root.join("ids.bin");
+    let ids: Vec<u16> = (0..4000).map(|i| ((i * 7) % 40) as u16).collect();
+    sinter_data::write_tokens(&tokens, &ids).unwrap();
+    let data = format!("tokens:{}", tokens.display());
+    let before = eval_loss(&run_ok(&[
+        "eval",
+        "--model",
+        &q4,
+        "--data",
+        &data,
+        "--context",
+        "16",
+        "--batch-size",
+        "8",
+    ]));
+    let run = f.path("gguf-base");
+    let out = train(&q4, &data, "gguf", &run);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let after = summary(Path::new(&run))["val_loss"].as_f64().unwrap();
+    assert!(
+        after < before - 0.2,
+        "QLoRA on the GGUF's Q4_0 blocks: validation loss {before} → {after}"
+    );
+    let (tensors, _) = checkpoint_content(Path::new(&run));
+    let model: Vec<&String> = tensors
+        .iter()
+        .map(|(n, _)| n)
+        .filter(|n| n.starts_with("model."))
+        .collect();
+    assert!(
+        !model.is_empty() && model.iter().all(|n| n.contains(".lora.")),
+        "{model:?}"
+    );
+}

@@ -8,7 +8,7 @@ pub mod qbase;
 pub mod targets;
 
 pub use adapter::{LoraAdapter, LoraConfig, LoraSlot, Segment};
-pub use qbase::FrozenInt8;
+pub use qbase::{freeze_ggml_slot, FrozenGgml, FrozenInt8};
 pub use targets::{
     freeze_base, install, is_adapter_name, module_name, projections, Projection, DEFAULT_TARGETS,
 };

@@ -50,6 +50,7 @@ pub use conv::QuantizedConv2d;
 pub use ggml::GgmlLinear;
 pub use linear::QuantizedLinear;
 pub use residual::ResidualPlane;
+pub use sinter_cpu::ggml_quant::GgmlType;
 pub use slot::{Activation, LayerHandle, LayerKind, QuantSlot, QuantState};
 pub use state::{export, import, StateTensor};
 pub use weight::Int8Weight;

@@ -48,30 +48,68 @@ pub fn install(
     Ok(short)
 }
 
-/// QLoRA: every projection of every block kept int8 per output channel (a frozen form that
-/// passes gradients to its input, `lora::FrozenInt8`) and its f32 weight released.
+/// QLoRA: every projection of every block kept quantized as `base` says — int8 per output
+/// channel (`lora::FrozenInt8`) or GGML blocks (`lora::FrozenGgml`: q8_0, q4_0, q4_1, q4_k)
+/// — a frozen form that passes gradients to its input, and its f32 weight released.
 /// Returns how many layers were quantized.
-pub fn quantize_base(model: &mut Gpt) -> Result<usize> {
+pub fn quantize_base(model: &mut Gpt, base: &str) -> Result<usize> {
+    let ggml = match base {
+        "int8" => None,
+        name => Some(ggml_type_of(name)?),
+    };
     let mut n = 0;
-    for b in model.blocks.iter_mut() {
+    for (i, b) in model.blocks.iter_mut().enumerate() {
         let blk = std::sync::Arc::get_mut(b)
             .context("QLoRA: the model's blocks are shared; quantize its base before using it")?;
-        for l in [
-            &mut blk.attn.qkv,
-            &mut blk.attn.proj,
-            &mut blk.mlp.fc,
-            &mut blk.mlp.proj,
+        for (what, l) in [
+            ("attn.qkv", &mut blk.attn.qkv),
+            ("attn.proj", &mut blk.attn.proj),
+            ("mlp.fc", &mut blk.mlp.fc),
+            ("mlp.proj", &mut blk.mlp.proj),
         ] {
-            let form = lora::FrozenInt8::from_f32(&l.weight, l.bias.as_ref())?;
-            l.quant
-                .set(sinter_nn::quant::QuantState::Int8(std::sync::Arc::new(
-                    form,
-                )));
+            let form: std::sync::Arc<dyn sinter_nn::quant::slot::Int8Layer> = match ggml {
+                None => {
+                    std::sync::Arc::new(lora::FrozenInt8::from_f32(&l.weight, l.bias.as_ref())?)
+                }
+                Some(ty) => std::sync::Arc::new(
+                    lora::FrozenGgml::from_f32(&l.weight, l.bias.as_ref(), ty)
+                        .with_context(|| format!("--lora-base {base}: block {i} {what}"))?,
+                ),
+            };
+            l.quant.set(sinter_nn::quant::QuantState::Int8(form));
             l.weight = sinter_models::gguf::placeholder(l.weight.shape())?;
             n += 1;
         }
     }
     Ok(n)
+}
+
+/// `--lora-base gguf`: the blocks a GGUF file was loaded with (`GgufWeights::Quantized`)
+/// become the frozen base that passes gradients. Returns how many layers hold them; none is
+/// an error (the file keeps its matrices in f32/f16: nothing to save).
+pub fn keep_gguf_base(model: &Gpt, path: &std::path::Path) -> Result<usize> {
+    let n = sinter_nn::quant::layers(model)
+        .iter()
+        .filter(|(_, h)| lora::freeze_ggml_slot(&h.slot))
+        .count();
+    if n == 0 {
+        anyhow::bail!(
+            "--lora-base gguf: {} keeps no matrix in a quantized format sinter runs (Q8_0, Q4_0, Q4_1, Q4_K, Q6_K); quantize the base at load instead (--lora-base q4_0, q4_k, ...)",
+            path.display()
+        );
+    }
+    Ok(n)
+}
+
+fn ggml_type_of(name: &str) -> Result<sinter_nn::quant::GgmlType> {
+    use sinter_nn::quant::GgmlType;
+    Ok(match name {
+        "q8_0" => GgmlType::Q8_0,
+        "q4_0" => GgmlType::Q4_0,
+        "q4_1" => GgmlType::Q4_1,
+        "q4_k" => GgmlType::Q4_K,
+        other => anyhow::bail!("--lora-base {other}: not a GGML format sinter quantizes a base to"),
+    })
 }
 
 /// PEFT's name of a projection's factor: `base_model.model.model.layers.N.<proj>.lora_A.weight`.

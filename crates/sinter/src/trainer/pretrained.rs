@@ -8,7 +8,7 @@ use std::sync::Arc;
 use anyhow::{bail, Context, Result};
 use sinter_core::Rng;
 use sinter_data::{DataSpec, Dataset, OpenOptions, Split, TextTokenizer, Windows};
-use sinter_models::{Gpt, Task};
+use sinter_models::{GgufWeights, Gpt, Task};
 use sinter_nn::module::shared_rng;
 
 use super::Setup;
@@ -18,22 +18,41 @@ use crate::config::TrainConfig;
 pub fn setup_pretrained(config: TrainConfig, path: &Path) -> Result<Setup> {
     let spec = DataSpec::parse(&config.data)?;
     let what = || format!("loading the pretrained model {}", path.display());
+    let base = config.lora.as_ref().map_or("f32", |l| l.base.as_str());
+    let weights = if base == "gguf" {
+        let is_gguf = path
+            .extension()
+            .is_some_and(|e| e.eq_ignore_ascii_case("gguf"));
+        if !is_gguf {
+            bail!("--lora-base gguf keeps a GGUF file's own blocks, but --model {} is not a .gguf file; quantize the base at load instead (--lora-base q4_0, q4_k, int8, ...)", path.display());
+        }
+        GgufWeights::Quantized
+    } else {
+        GgufWeights::F32
+    };
     // Token files are already the model's ids: no tokenizer needed.
     let (mut model, tokenizer) = if matches!(spec, DataSpec::Tokens(_)) {
         (
-            sinter_models::load_pretrained(path).with_context(what)?,
+            sinter_models::load_pretrained_as(path, weights).with_context(what)?,
             None,
         )
     } else {
-        let p = sinter_models::load_pretrained_with_tokenizer(path).with_context(what)?;
+        let p =
+            sinter_models::load_pretrained_with_tokenizer_as(path, weights).with_context(what)?;
         (p.model, Some(p.tokenizer))
     };
     check_context(&config, &model, path)?;
     let dropout_rng = shared_rng(config.seed ^ 0x5eed);
     if let Some(l) = &config.lora {
         super::lora::install(&model, l, config.seed, &dropout_rng)?;
-        if l.base == "int8" {
-            super::lora::quantize_base(&mut model)?;
+        match l.base.as_str() {
+            "f32" => {}
+            "gguf" => {
+                super::lora::keep_gguf_base(&model, path)?;
+            }
+            quantized => {
+                super::lora::quantize_base(&mut model, quantized)?;
+            }
         }
     }
     let recompute = config
