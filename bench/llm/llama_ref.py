@@ -53,6 +53,8 @@ class Config:
         # GGUF files from llama.cpp carry llama3 scaling as per-frequency divisors instead.
         self.rope_freq_divisors = kw.get("rope_freq_divisors")
         self.sliding_window = kw.get("sliding_window")
+        # The first layers attend fully even with a sliding window (Qwen's max_window_layers).
+        self.full_attention_layers = kw.get("full_attention_layers", 0)
         self.model_type = kw.get("model_type", "llama")
         # The gate's activation: "silu" (SwiGLU) or "gelu_pytorch_tanh" (GeGLU).
         self.hidden_act = kw.get("hidden_act", "silu")
@@ -86,8 +88,18 @@ def config_from_hf(config):
     head_dim = config.get("head_dim") or config["hidden_size"] // heads
     sliding_window = config.get("sliding_window")
     # Qwen2/Qwen3 carry a sliding_window that only applies with use_sliding_window.
-    if model_type in ("qwen2", "qwen3") and not config.get("use_sliding_window", False):
-        sliding_window = None
+    full_attention_layers = 0
+    if model_type in ("qwen2", "qwen3"):
+        if not config.get("use_sliding_window", False):
+            sliding_window = None
+        elif config.get("layer_types"):
+            types = config["layer_types"]
+            full_attention_layers = next(
+                (i for i, t in enumerate(types) if t == "sliding_attention"), len(types))
+            if any(t != "sliding_attention" for t in types[full_attention_layers:]):
+                raise NotImplementedError("layer_types other than full, then sliding")
+        else:
+            full_attention_layers = config.get("max_window_layers", 28)
     return Config(
         vocab_size=config["vocab_size"],
         hidden_size=config["hidden_size"],
@@ -100,6 +112,7 @@ def config_from_hf(config):
         rope_theta=float(theta),
         rope_scaling=rope_scaling_from_hf(config),
         sliding_window=sliding_window,
+        full_attention_layers=full_attention_layers,
         model_type=model_type,
         hidden_act=config.get("hidden_act", "silu"),
     )
@@ -389,7 +402,8 @@ class LlamaReference:
             key_pos = np.arange(total)[None, :]
             query_pos = (past + np.arange(count))[:, None]
             hidden = key_pos > query_pos
-            if c.sliding_window is not None:  # Mistral: the last sliding_window positions
+            # Mistral: the last sliding_window positions; Qwen: so from its window layers on.
+            if c.sliding_window is not None and layer >= c.full_attention_layers:
                 hidden |= key_pos <= query_pos - c.sliding_window
             scores = np.where(hidden, -np.inf, scores)
             scores -= scores.max(axis=-1, keepdims=True)

@@ -78,6 +78,13 @@ TINY_MODELS = {
         num_key_value_heads=2, tie_word_embeddings=False, rms_norm_eps=1e-5, sliding_window=5,
         rope_parameters={"rope_type": "default", "rope_theta": 10000.0}),
         "float32", None, 5),
+    # Qwen2's per-layer window: layer 0 attends fully, layer 1 to the last 5 positions
+    # (use_sliding_window, max_window_layers 1; transformers writes layer_types).
+    "qwen2-window": ("qwen2", dict(
+        num_key_value_heads=2, tie_word_embeddings=False, rms_norm_eps=1e-6,
+        use_sliding_window=True, sliding_window=5, max_window_layers=1,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0}),
+        "float32", None, 7),
     # A GeGLU MLP (hidden_act gelu_pytorch_tanh on the gate), multi-head, untied.
     "llama-geglu": ("llama", dict(
         num_key_value_heads=4, tie_word_embeddings=False, rms_norm_eps=1e-5,
@@ -348,6 +355,8 @@ def compare_with_reference(out_dir, name, break_piece=None):
         weights = {k: v for k, v in weights.items() if not k.endswith(("q_norm.weight", "k_norm.weight"))}
     elif break_piece == "sliding_window":
         config.sliding_window = None
+    elif break_piece == "window_layers":  # every layer windowed, as Mistral's
+        config.full_attention_layers = 0
     elif break_piece == "hidden_act":
         config.hidden_act = "silu"
     elif break_piece == "bias":
@@ -402,9 +411,10 @@ def check_qwen_gguf(out_dir):
 
 
 # Each breakage must push the error far above TOLERANCE on the model that has the feature.
-BREAKAGES = {"llama-gqa-tied": "rope_scaling", "qwen2-bias-sharded": "bias",
-             "qwen3-qknorm": "qk_norm", GGUF_NAME: "gguf_permutation",
-             "mistral-window": "sliding_window", "llama-geglu": "hidden_act"}
+BREAKAGES = [("llama-gqa-tied", "rope_scaling"), ("qwen2-bias-sharded", "bias"),
+             ("qwen3-qknorm", "qk_norm"), (GGUF_NAME, "gguf_permutation"),
+             ("mistral-window", "sliding_window"), ("llama-geglu", "hidden_act"),
+             ("qwen2-window", "sliding_window"), ("qwen2-window", "window_layers")]
 
 
 def check(out_dir):
@@ -416,7 +426,7 @@ def check(out_dir):
         ok &= hf_compare.report(f"{name}: transformers vs llama_ref:", prompts, errors,
                                 [p["greedy"] for p in doc["prompts"]], greedy, TOLERANCE)
     ok &= check_qwen_gguf(out_dir)
-    for name, piece in BREAKAGES.items():
+    for name, piece in BREAKAGES:
         errors, same_greedy, *_ = compare_with_reference(out_dir, name, break_piece=piece)
         caught = max(errors) > 100 * TOLERANCE
         ok &= caught

@@ -298,11 +298,10 @@ impl GptStage {
         let src = WeightSource::new(cfg, weights)?;
         let rng = shared_rng(0x5EED_0000 + stage as u64);
         let (first, last) = (stage == 0, stage == num_stages - 1);
-        let block = cfg.block_config();
         let mut blocks = Vec::new();
         for i in parts[stage].clone() {
             blocks.push(TransformerBlock::from_named(
-                &block,
+                &cfg.layer_config(i),
                 &format!("blocks.{i}"),
                 &mut |n| src.var(n),
                 &rng,

@@ -488,10 +488,10 @@ pub fn check_tp_config(cfg: &GptConfig, tp: usize) -> Result<()> {
     Ok(())
 }
 
-/// The block configuration of one rank's shard: its share of the query heads, key/value heads
-/// and MLP columns; everything else as in the full block.
-fn local_block_config(cfg: &GptConfig, tp: usize) -> BlockConfig {
-    let mut b = cfg.block_config();
+/// The configuration of one rank's shard of block `layer`: its share of the query heads,
+/// key/value heads and MLP columns; everything else as in the full block.
+fn local_block_config(cfg: &GptConfig, layer: usize, tp: usize) -> BlockConfig {
+    let mut b = cfg.layer_config(layer);
     b.n_head /= tp;
     b.n_kv_head /= tp;
     b.mlp_hidden /= tp;
@@ -528,7 +528,7 @@ impl TpBlock {
             (c.rank(), c.world_size())
         };
         let mut get = |name: &str| src.shard(cfg, name, tp, rank);
-        let local = local_block_config(cfg, tp);
+        let local = local_block_config(cfg, i, tp);
         let mut block =
             TransformerBlock::from_named(&local, &format!("blocks.{i}"), &mut get, &shared_rng(0))?;
         let attn_proj_bias = block.attn.proj.bias.take();

@@ -69,8 +69,11 @@ pub struct DecoderArch {
     pub rope: Option<RopeConfig>,
     /// The output head is the token table (GPT-2, SmolLM2) or its own `lm_head` (Llama).
     pub tie_head: bool,
-    /// Each query sees only the last `w` positions (Mistral's `sliding_window`).
+    /// Each query sees only the last `w` positions (Mistral's `sliding_window`)...
     pub sliding_window: Option<usize>,
+    /// ... except in the first this many layers, which attend to every position (Qwen's
+    /// `max_window_layers`; 0: every layer windows, as Mistral's do).
+    pub full_attention_layers: usize,
 }
 
 impl DecoderArch {
@@ -90,6 +93,7 @@ impl DecoderArch {
             rope: None,
             tie_head: true,
             sliding_window: None,
+            full_attention_layers: 0,
         }
     }
     /// Llama: RMSNorm, SwiGLU, rotary positions with base `theta`, no biases, untied head.
@@ -179,7 +183,18 @@ impl GptConfig {
             .unwrap_or(self.n_embd.checked_div(self.n_head).unwrap_or(0))
     }
 
-    /// The configuration each block is built from.
+    /// Block `layer`'s configuration: [`block_config`](Self::block_config), with the sliding
+    /// window only where that layer has one (`DecoderArch::full_attention_layers`).
+    pub fn layer_config(&self, layer: usize) -> BlockConfig {
+        let mut b = self.block_config();
+        if layer < self.arch.full_attention_layers {
+            b.sliding_window = None;
+        }
+        b
+    }
+
+    /// What every block shares (sizes, norms, MLP, positions); the sliding window is that
+    /// of the windowed layers (build a block from [`layer_config`](Self::layer_config)).
     pub fn block_config(&self) -> BlockConfig {
         let a = &self.arch;
         BlockConfig {
@@ -220,6 +235,12 @@ impl GptConfig {
                 "gpt: width {} does not split into {} heads",
                 self.n_embd,
                 self.n_head
+            );
+        }
+        if self.arch.full_attention_layers > 0 && self.arch.sliding_window.is_none() {
+            bail!(
+                "gpt: {} layers attend fully instead of through a sliding window, but the model has no sliding window",
+                self.arch.full_attention_layers
             );
         }
         self.block_config().check()
@@ -319,9 +340,8 @@ impl Gpt {
     pub fn new(config: GptConfig, rng: &mut Rng, drop_rng: &SharedRng) -> Result<Self> {
         config.check()?;
         let c = &config;
-        let block = c.block_config();
         let blocks = (0..c.n_layer)
-            .map(|_| TransformerBlock::new(&block, rng, drop_rng).map(Arc::new))
+            .map(|i| TransformerBlock::new(&c.layer_config(i), rng, drop_rng).map(Arc::new))
             .collect::<Result<_>>()?;
         // Drawn in GPT-2's order (blocks, token table, positions; then an untied head) so a
         // GPT-2 model is the same for a seed as before the block was generalised.
@@ -363,11 +383,15 @@ impl Gpt {
     ) -> Result<Self> {
         config.check()?;
         let c = &config;
-        let block = c.block_config();
         let blocks = (0..c.n_layer)
             .map(|i| {
-                TransformerBlock::from_named(&block, &format!("blocks.{i}"), get, drop_rng)
-                    .map(Arc::new)
+                TransformerBlock::from_named(
+                    &c.layer_config(i),
+                    &format!("blocks.{i}"),
+                    get,
+                    drop_rng,
+                )
+                .map(Arc::new)
             })
             .collect::<Result<_>>()?;
         let wte = Embedding::from_weights(get("wte.weight")?);

@@ -54,10 +54,6 @@ const BENIGN_FIELDS: &[&str] = &[
     "bos_token_id",
     "eos_token_id",
     "pretraining_tp",
-    "layer_types",
-    "max_window_layers",
-    "use_sliding_window",
-    "sliding_window",
     "output_attentions",
     "output_hidden_states",
     "return_dict",
@@ -72,6 +68,10 @@ const BENIGN_FIELDS: &[&str] = &[
 
 /// config.json fields this loader reads.
 const USED_FIELDS: &[&str] = &[
+    "sliding_window",
+    "use_sliding_window",
+    "max_window_layers",
+    "layer_types",
     "hidden_size",
     "intermediate_size",
     "num_hidden_layers",
@@ -236,21 +236,23 @@ pub fn llama_config_from_hf_json(cfg: &Value, src: &str) -> Result<GptConfig> {
     let heads = need_usize(cfg, "num_attention_heads", src)?;
     let kv = usize_field(cfg, "num_key_value_heads", src)?.unwrap_or(heads);
     let head_dim = usize_field(cfg, "head_dim", src)?.unwrap_or(width / heads);
-    let mut context = usize_field(cfg, "max_position_embeddings", src)?.unwrap_or(2048);
+    let context = usize_field(cfg, "max_position_embeddings", src)?.unwrap_or(2048);
+    let n_layer = need_usize(cfg, "num_hidden_layers", src)?;
     let window = usize_field(cfg, "sliding_window", src)?;
-    let mut sliding_window = None;
+    let (mut sliding_window, mut full_attention_layers) = (None, 0);
     if fam == "mistral" {
         // Mistral windows every layer.
         sliding_window = window.filter(|&w| w < context);
     } else if let (true, Some(w)) = (bool_field(cfg, "use_sliding_window", false, src)?, window) {
-        // Qwen windows only some layers (max_window_layers, layer_types), which the one block
-        // configuration does not express; within the window every layer attends fully, so
-        // the context is limited to it instead.
-        context = context.min(w);
+        // Qwen windows the layers from max_window_layers on; the first ones attend fully.
+        let full = qwen_full_attention_layers(cfg, n_layer, src)?;
+        if w < context && full < n_layer {
+            (sliding_window, full_attention_layers) = (Some(w), full);
+        }
     }
     let attention_bias = bool_field(cfg, "attention_bias", false, src)?;
     let config = GptConfig {
-        n_layer: need_usize(cfg, "num_hidden_layers", src)?,
+        n_layer,
         n_head: heads,
         n_embd: width,
         block_size: context,
@@ -271,12 +273,41 @@ pub fn llama_config_from_hf_json(cfg: &Value, src: &str) -> Result<GptConfig> {
             rope: Some(rope_of(cfg, src)?),
             tie_head: bool_field(cfg, "tie_word_embeddings", false, src)?,
             sliding_window,
+            full_attention_layers,
         },
     };
     config
         .check()
         .map_err(|e| Error::Msg(format!("{src}: {e}")))?;
     Ok(config)
+}
+
+/// How many leading layers of a Qwen model with `use_sliding_window` attend fully: from
+/// `layer_types` (full_attention layers, then sliding_attention ones) when given, else
+/// `max_window_layers` (transformers' default 28), at most every layer.
+fn qwen_full_attention_layers(cfg: &Value, n_layer: usize, src: &str) -> Result<usize> {
+    let Some(types) = field(cfg, "layer_types") else {
+        return Ok(usize_field(cfg, "max_window_layers", src)?
+            .unwrap_or(28)
+            .min(n_layer));
+    };
+    let types: Vec<&str> = types
+        .as_array()
+        .map(|a| a.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default();
+    if types.len() != n_layer {
+        bail!("{src}: layer_types must list \"full_attention\" or \"sliding_attention\" for each of the {n_layer} layers");
+    }
+    let full = types.iter().take_while(|t| **t == "full_attention").count();
+    if let Some((i, t)) = types
+        .iter()
+        .enumerate()
+        .skip(full)
+        .find(|(_, t)| **t != "sliding_attention")
+    {
+        bail!("{src}: layer_types[{i}] is \"{t}\"; sinter runs full-attention layers first, then sliding-window ones (transformers' max_window_layers)");
+    }
+    Ok(full)
 }
 
 /// The family name a config is written back under.
@@ -301,10 +332,12 @@ pub fn hf_llama_config_json(c: &GptConfig) -> Result<Value> {
     if c.arch.norm != NormKind::RmsNorm {
         bail!("only Llama-family models (RMSNorm, SwiGLU or GeGLU) are written as Llama configs");
     }
-    if c.arch.sliding_window.is_some() && (c.arch.qk_norm || c.arch.qkv_bias) {
-        bail!(
-            "a sliding window is written only for Mistral-style models (no QK-norm, no qkv bias)"
-        );
+    let qwen = c.arch.qk_norm || (c.arch.qkv_bias && !c.arch.out_bias);
+    if c.arch.sliding_window.is_some() && !qwen && c.arch.qkv_bias {
+        bail!("a sliding window is written only for Mistral-style (no attention bias) and Qwen models");
+    }
+    if c.arch.full_attention_layers > 0 && !qwen {
+        bail!("layers without the sliding window (max_window_layers) are written only for Qwen models");
     }
     let Some(rope) = &c.arch.rope else {
         bail!("only rotary models are written as Llama configs");
@@ -329,6 +362,10 @@ pub fn hf_llama_config_json(c: &GptConfig) -> Result<Value> {
     });
     if let Some(w) = c.arch.sliding_window {
         v["sliding_window"] = json!(w);
+        if qwen {
+            v["use_sliding_window"] = json!(true);
+            v["max_window_layers"] = json!(c.arch.full_attention_layers);
+        }
     }
     if model_type == "llama" {
         v["attention_bias"] = json!(c.arch.qkv_bias);

@@ -977,6 +977,34 @@ fn quantize_gguf_writes_each_format_and_reads_back() {
             want_quantized.extend(["blk.0.attn_q.weight", "blk.0.ffn_gate.weight"]);
         }
         assert_eq!(report.quantized, want_quantized, "{ty}");
+        // A k-quant's rows of 96 and 64 are whole 32-blocks: the fallback format (the F16
+        // matrix too), quantized from the source's values.
+        let fallback: Vec<&str> = report.fallback.iter().map(|(n, _, _)| n.as_str()).collect();
+        let want_fallback = if k_quant {
+            vec!["blk.0.attn_q.weight", "blk.0.ffn_gate.weight"]
+        } else {
+            vec![]
+        };
+        assert_eq!(fallback, want_fallback, "{ty}");
+        for (name, f_ty, why) in &report.fallback {
+            let want_ty = if ty == GgmlType::Q4_K {
+                GgmlType::Q4_1
+            } else {
+                GgmlType::Q8_0
+            };
+            assert_eq!(*f_ty, want_ty, "{ty}: {name}");
+            assert_eq!(f.tensor_info(name).unwrap().ggml_type, want_ty);
+            let x = src.tensor(name).unwrap().to_vec_f32().unwrap();
+            let row = *src.tensor_info(name).unwrap().shape.last().unwrap();
+            assert_eq!(
+                f.raw(name).unwrap().bytes,
+                &quantize(want_ty, &x, row).unwrap()[..]
+            );
+            assert!(
+                why.contains("not whole") && why.contains("instead"),
+                "{why}"
+            );
+        }
         for (name, kept_ty, why) in &report.kept {
             let info = f.tensor_info(name).unwrap();
             assert_eq!(info.ggml_type, *kept_ty, "{ty}: {name}");

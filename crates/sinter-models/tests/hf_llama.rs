@@ -54,6 +54,7 @@ fn tiny_models_equal_transformers() {
         "qwen3-qknorm",
         "mistral-bf16",
         "mistral-window",
+        "qwen2-window",
         "llama-geglu",
     ] {
         let dir = fixture(name);
@@ -93,13 +94,26 @@ fn the_families_configure_the_block() {
         (Some(5), 128)
     );
     assert_eq!(cfg("mistral-bf16").arch.sliding_window, None);
+    // Qwen's window from max_window_layers on: layer 0 attends fully, layer 1 to 5 positions.
+    let qwen = cfg("qwen2-window");
+    assert_eq!(
+        (
+            qwen.arch.sliding_window,
+            qwen.arch.full_attention_layers,
+            qwen.block_size
+        ),
+        (Some(5), 1, 128)
+    );
+    assert_eq!(qwen.layer_config(0).sliding_window, None);
+    assert_eq!(qwen.layer_config(1).sliding_window, Some(5));
     assert_eq!(cfg("llama-geglu").arch.mlp, sinter_nn::MlpKind::GeGlu);
 }
 
 #[test]
 fn save_pretrained_round_trips() {
-    // The window and the GeGLU activation are written back too.
-    for name in ["mistral-window", "llama-geglu"] {
+    // The windows (Mistral's, and Qwen's per layer) and the GeGLU activation are written
+    // back too.
+    for name in ["mistral-window", "qwen2-window", "llama-geglu"] {
         let model = load_hf_llama(fixture(name)).unwrap();
         let dir = tempfile::tempdir().unwrap();
         save_hf_llama(&model, dir.path()).unwrap();
@@ -200,6 +214,19 @@ fn bad_configs_and_weights_are_refused_by_name() {
         let e = load_err(dir.path());
         assert!(e.contains(want), "expected {want:?} in: {e}");
     }
+    // Windowed layers before full ones, and a list of the wrong length.
+    let dir = with_config("qwen2-window", |v| {
+        v["layer_types"] = serde_json::json!(["sliding_attention", "full_attention"])
+    });
+    let e = load_err(dir.path());
+    assert!(
+        e.contains("layer_types[1]") && e.contains("full_attention"),
+        "{e}"
+    );
+    let dir = with_config("qwen2-window", |v| {
+        v["layer_types"] = serde_json::json!(["full_attention"])
+    });
+    assert!(load_err(dir.path()).contains("each of the 2 layers"));
     let missing = tempfile::tempdir().unwrap();
     assert!(load_err(missing.path()).contains("config.json"));
     // A truncated weights file names the file.

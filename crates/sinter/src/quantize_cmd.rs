@@ -158,13 +158,14 @@ fn run_gguf(model: &Path, format: GgufFormat, a: &QuantizeArgs) -> Result<()> {
     std::fs::rename(&tmp, &a.out)
         .map_err(|e| anyhow!("cannot move {} to {}: {e}", tmp.display(), a.out.display()))?;
     println!(
-        "{}: {} tensors {ty}, {} kept ({:.1} MiB of tensors)",
+        "{}: {} tensors {ty}, {} in a fallback format, {} kept ({:.1} MiB of tensors)",
         a.out.display(),
         report.quantized.len(),
+        report.fallback.len(),
         report.kept.len(),
         report.bytes_written as f64 / (1 << 20) as f64
     );
-    for (name, kept_ty, why) in &report.kept {
+    for (name, kept_ty, why) in report.fallback.iter().chain(&report.kept) {
         println!("  {name}: {kept_ty} ({why})");
     }
     Ok(())

@@ -1,7 +1,10 @@
 //! A GGUF file re-quantized to one block format (`sinter quantize --format`): every 2-D
-//! tensor whose rows are whole blocks of the format gets it; the others (norms and biases,
-//! and matrices whose rows are not whole blocks, e.g. rows of 576 for the k-quants' 256)
-//! keep their type when it is a float type, or become F32, each named in the report. The
+//! tensor whose rows are whole blocks of the format gets it. A k-quant's matrices whose rows
+//! are not whole 256-value blocks (SmolLM2's 576) get a 32-block format instead, as
+//! llama.cpp's quantizer falls back (it picks Q5_0 / Q8_0; sinter, which has no Q5_0
+//! kernels, Q4_1 for Q4_K and Q8_0 for Q6_K). The others (norms and biases, rows that are
+//! not whole blocks of either) keep their type when it is a float type, or become F32. Each
+//! is named in the report. The
 //! metadata (architecture, hyperparameters, tokenizer, chat template) is copied, with
 //! `general.file_type` and `general.quantization_version` set for the new types.
 
@@ -17,6 +20,8 @@ use super::{GgmlType, GgufFile, GgufValue};
 pub struct RequantReport {
     /// Tensors written in the requested format.
     pub quantized: Vec<String>,
+    /// Matrices written in the fallback format of a k-quant: name, the type written, why.
+    pub fallback: Vec<(String, GgmlType, String)>,
     /// Tensors left in a float type: name, the type written, and why.
     pub kept: Vec<(String, GgmlType, String)>,
     pub bytes_written: u64,
@@ -43,6 +48,7 @@ pub fn quantize_gguf(src: &GgufFile, ty: GgmlType, out: &Path) -> Result<Requant
     }
     let mut report = RequantReport {
         quantized: Vec::new(),
+        fallback: Vec::new(),
         kept: Vec::new(),
         bytes_written: 0,
     };
@@ -59,15 +65,22 @@ pub fn quantize_gguf(src: &GgufFile, ty: GgmlType, out: &Path) -> Result<Requant
         } else {
             None
         };
-        let (out_ty, bytes) = match why {
-            None => {
-                let values = src.tensor(&info.name)?.to_vec_f32()?;
-                let bytes = quantize(ty, &values, row)
-                    .map_err(|e| Error::Msg(format!("tensor {}: {e}", info.name)))?;
+        let fallback = fallback_of(ty)
+            .filter(|f| info.shape.len() == 2 && row.is_multiple_of(f.block_elems()));
+        let (out_ty, bytes) = match (why, fallback) {
+            (None, _) => {
+                let bytes = quantized(src, &info.name, ty, row)?;
                 report.quantized.push(info.name.clone());
                 (ty, bytes)
             }
-            Some(why) => {
+            (Some(why), Some(f)) => {
+                let bytes = quantized(src, &info.name, f, row)?;
+                report
+                    .fallback
+                    .push((info.name.clone(), f, format!("{why}: {f} instead")));
+                (f, bytes)
+            }
+            (Some(why), None) => {
                 let raw = src.raw(&info.name)?;
                 let (out_ty, bytes) = match raw.ggml_type {
                     GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => {
@@ -96,6 +109,22 @@ pub fn quantize_gguf(src: &GgufFile, ty: GgmlType, out: &Path) -> Result<Requant
     }
     write_gguf(out, &metadata_for(src, ty), &tensors)?;
     Ok(report)
+}
+
+/// The 32-value-block format a k-quant's matrices fall back to when their rows are not whole
+/// 256-value blocks (llama.cpp: Q4_K → Q5_0, Q6_K → Q8_0; Q5_0 has no kernels here).
+fn fallback_of(ty: GgmlType) -> Option<GgmlType> {
+    match ty {
+        GgmlType::Q4_K => Some(GgmlType::Q4_1),
+        GgmlType::Q6_K => Some(GgmlType::Q8_0),
+        _ => None,
+    }
+}
+
+/// Tensor `name` of `src` (rows of `row` values) as `ty`'s bytes.
+fn quantized(src: &GgufFile, name: &str, ty: GgmlType, row: usize) -> Result<Vec<u8>> {
+    let values = src.tensor(name)?.to_vec_f32()?;
+    quantize(ty, &values, row).map_err(|e| Error::Msg(format!("tensor {name}: {e}")))
 }
 
 /// `src`'s metadata with the file type and quantization version of a `ty` file.
