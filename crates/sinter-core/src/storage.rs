@@ -3,8 +3,8 @@
 //! device, then calls that backend's implementation, once.
 
 use crate::backend::{
-    AttnGeom, BackendDevice, BackendStorage, ConvGeom, CrossEntropyOut, DecodeSeq, DropoutMask,
-    IndexGeom, Indices, PoolGeom,
+    BackendDevice, BackendStorage, ConvGeom, CrossEntropyOut, DropoutMask, IndexGeom, Indices,
+    PoolGeom,
 };
 use crate::cpu::{CpuDevice, CpuStorage};
 use crate::cuda::CudaStorage;
@@ -295,46 +295,6 @@ impl Storage {
                 parts,
                 Storage::Cuda
             ))?)),
-        }
-    }
-
-    /// `self` is q (see `BackendStorage::decode_attention`); `caches` are written in place.
-    #[allow(clippy::too_many_arguments)]
-    pub fn decode_attention(
-        &self,
-        l: &Layout,
-        k: &Storage,
-        kl: &Layout,
-        v: &Storage,
-        vl: &Layout,
-        caches: &mut [&mut Storage],
-        seqs: &[DecodeSeq<'_>],
-        scale: f32,
-    ) -> Result<Option<Storage>> {
-        const OP: &str = "decode_attention";
-        same_device(OP, self, &[k, v])?;
-        for c in caches.iter() {
-            same_device(OP, self, &[&**c])?;
-        }
-        macro_rules! run {
-            ($variant:path) => {{
-                let ($variant(q), $variant(k), $variant(v)) = (self, k, v) else {
-                    unreachable!("devices checked")
-                };
-                let mut cs: Vec<_> = caches
-                    .iter_mut()
-                    .map(|c| match &mut **c {
-                        $variant(c) => c,
-                        _ => unreachable!("devices checked"),
-                    })
-                    .collect();
-                Ok(q.decode_attention(l, k, kl, v, vl, &mut cs, seqs, scale)?
-                    .map($variant))
-            }};
-        }
-        match self {
-            Storage::Cpu(_) => run!(Storage::Cpu),
-            Storage::Cuda(_) => run!(Storage::Cuda),
         }
     }
 
@@ -670,67 +630,5 @@ impl Storage {
                 )?)))
             }
         }
-    }
-
-    // ---- attention -----------------------------------------------------------------------
-
-    /// Flash attention forward: Some((o, lse)), or None where the backend has no kernel.
-    pub fn attention(
-        &self,
-        l: &Layout,
-        k: &Storage,
-        kl: &Layout,
-        v: &Storage,
-        vl: &Layout,
-        g: &AttnGeom,
-    ) -> Result<Option<(Storage, Storage)>> {
-        let q = self;
-        on_device!("attention", [q, k, v], |w| Ok(q
-            .attention(l, k, kl, v, vl, g)?
-            .map(|(o, lse)| (w(o), w(lse)))))
-    }
-    /// `self` is q: (dq, dk, dv).
-    #[allow(clippy::too_many_arguments)]
-    pub fn attention_backward(
-        &self,
-        l: &Layout,
-        k: &Storage,
-        kl: &Layout,
-        v: &Storage,
-        vl: &Layout,
-        o: &Storage,
-        ol: &Layout,
-        grad: &Storage,
-        gradl: &Layout,
-        lse: &Storage,
-        g: &AttnGeom,
-    ) -> Result<(Storage, Storage, Storage)> {
-        let q = self;
-        on_device!("attention", [q, k, v, o, grad, lse], |w| {
-            let (dq, dk, dv) = q.attention_backward(l, k, kl, v, vl, o, ol, grad, gradl, lse, g)?;
-            Ok((w(dq), w(dk), w(dv)))
-        })
-    }
-
-    /// `self` is a packed qkv [b, t, 3·h·d]: Some((y [b, t, h·d], lse)) or None.
-    pub fn attention_packed(&self, l: &Layout, g: &AttnGeom) -> Result<Option<(Storage, Storage)>> {
-        let qkv = self;
-        on_device!("attention", [qkv], |w| Ok(qkv
-            .attention_packed(l, g)?
-            .map(|(y, lse)| (w(y), w(lse)))))
-    }
-    /// `self` is qkv: dqkv.
-    pub fn attention_packed_backward(
-        &self,
-        l: &Layout,
-        (y, yl): (&Storage, &Layout),
-        (grad, gradl): (&Storage, &Layout),
-        lse: &Storage,
-        g: &AttnGeom,
-    ) -> Result<Storage> {
-        let qkv = self;
-        on_device!("attention", [qkv, y, grad, lse], |w| Ok(w(
-            qkv.attention_packed_backward(l, (y, yl), (grad, gradl), lse, g)?
-        )))
     }
 }

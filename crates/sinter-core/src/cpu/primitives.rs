@@ -3,12 +3,11 @@
 //! never see a storage enum, a layout or a tensor beyond what they are handed), so moving a
 //! kernel family to sinter-cpu changes one call here.
 
-use super::attention::{self, Src};
 use super::matmul::MatView;
 use super::{conv, elementwise, fused, matmul, nn, reduce, CpuStorage};
 use crate::backend::{
-    check_indices, reduced_dtype, AttnGeom, BackendDevice, BackendStorage, ConvGeom,
-    CrossEntropyOut, DecodeSeq, DropoutMask, IndexGeom, IndexUse, Indices, PoolGeom,
+    check_indices, reduced_dtype, BackendDevice, BackendStorage, ConvGeom, CrossEntropyOut,
+    DropoutMask, IndexGeom, IndexUse, Indices, PoolGeom,
 };
 use crate::op::{BinaryOp, ReduceOp, UnaryOp};
 use crate::{DType, Device, Error, Layout, Result, Rng};
@@ -583,89 +582,5 @@ impl BackendStorage for CpuStorage {
         };
         let ml = Layout::contiguous(l.shape());
         elementwise::binary(self, l, mask, &ml, crate::op::BinaryOp::Mul)
-    }
-
-    fn attention(
-        &self,
-        l: &Layout,
-        k: &Self,
-        kl: &Layout,
-        v: &Self,
-        vl: &Layout,
-        g: &AttnGeom,
-    ) -> Result<Option<(Self, Self)>> {
-        float_only("attention", CpuStorage::dtype(self))?;
-        let (o, lse) = attention::forward(g, &Src::of(self, l), &Src::of(k, kl), &Src::of(v, vl));
-        Ok(Some((
-            CpuStorage::from_f32(o, CpuStorage::dtype(self)),
-            CpuStorage::F32(lse),
-        )))
-    }
-    fn attention_packed(&self, l: &Layout, g: &AttnGeom) -> Result<Option<(Self, Self)>> {
-        float_only("attention", CpuStorage::dtype(self))?;
-        let (y, lse) = attention::forward_packed(g, &Src::of(self, l));
-        Ok(Some((
-            CpuStorage::from_f32(y, CpuStorage::dtype(self)),
-            CpuStorage::F32(lse),
-        )))
-    }
-    fn attention_packed_backward(
-        &self,
-        l: &Layout,
-        (y, yl): (&Self, &Layout),
-        (grad, gradl): (&Self, &Layout),
-        lse: &Self,
-        g: &AttnGeom,
-    ) -> Result<Self> {
-        let lse = lse.f32_contiguous(&Layout::contiguous(&[lse.len()]));
-        let dqkv = attention::backward_packed(
-            g,
-            &Src::of(self, l),
-            &Src::of(y, yl),
-            &lse,
-            &Src::of(grad, gradl),
-        );
-        Ok(CpuStorage::from_f32(dqkv, CpuStorage::dtype(self)))
-    }
-    fn decode_attention(
-        &self,
-        l: &Layout,
-        k: &Self,
-        kl: &Layout,
-        v: &Self,
-        vl: &Layout,
-        caches: &mut [&mut Self],
-        seqs: &[DecodeSeq<'_>],
-        scale: f32,
-    ) -> Result<Option<Self>> {
-        super::decode_attention::decode_attention((self, l), (k, kl), (v, vl), caches, seqs, scale)
-    }
-    fn attention_backward(
-        &self,
-        l: &Layout,
-        k: &Self,
-        kl: &Layout,
-        v: &Self,
-        vl: &Layout,
-        o: &Self,
-        ol: &Layout,
-        grad: &Self,
-        gradl: &Layout,
-        lse: &Self,
-        g: &AttnGeom,
-    ) -> Result<(Self, Self, Self)> {
-        let lse = lse.f32_contiguous(&Layout::contiguous(&[lse.len()]));
-        let (dq, dk, dv) = attention::backward(
-            g,
-            (&Src::of(self, l), &Src::of(k, kl), &Src::of(v, vl)),
-            &Src::of(o, ol),
-            &lse,
-            &Src::of(grad, gradl),
-        );
-        Ok((
-            CpuStorage::from_f32(dq, CpuStorage::dtype(self)),
-            CpuStorage::from_f32(dk, CpuStorage::dtype(k)),
-            CpuStorage::from_f32(dv, CpuStorage::dtype(v)),
-        ))
     }
 }
