@@ -29,18 +29,18 @@
 //! | elementwise | `unary`, `unary_backward`, `binary`, `where_cond` |
 //! | reductions | `reduce` (sum, max, min, argmax over one dim), `sum_squares` (the global gradient norm) |
 //! | products | `matmul` (batched, strided, broadcast batch), `linear` (GEMM with a bias epilogue), `linear_bias_gelu` (GEMM with bias + GELU epilogue) |
-//! | convolution | `conv2d`, `conv2d_backward_data`, `conv2d_backward_filter`, `conv2d_bias_relu` and `bias_relu_backward` (fused epilogue), max / avg pool forward and backward |
+//! | convolution | `conv2d`, `conv2d_backward_data`, `conv2d_backward_filter`, max / avg pool forward and backward |
 //! | rows | `softmax` / log-softmax and backward, `cross_entropy` and backward, `bias_gelu` and backward (LayerNorm and residual add + LayerNorm are kernels: `kernels/layer_norm/`) |
 //! | indexing | `index_select`, `index_select_backward` (scatter-add into zeros), `index_add` |
 //! | random | `dropout`, `dropout_backward` |
 //! | custom ops | `custom_forward` (`custom_op::seam`: a user's CPU closure or NVRTC kernel; None = no forward for this device) |
 //!
 //! Some primitives are fast paths a backend may decline by returning `Ok(None)`
-//! (`linear`, `linear_bias_gelu`, `bias_gelu`, `conv2d_bias_relu`,
-//! `bias_relu_backward`): the op above the seam then runs its composite of other ops, with the
+//! (`linear`, `linear_bias_gelu`, `bias_gelu`): the op above the seam then runs its composite of other ops, with the
 //! same values and gradients. The CPU declines the GEMM epilogues outside f32; CUDA declines
-//! fused bias + GELU without a GEMM, the plain `linear` epilogue and the conv epilogue.
-//! Attention is no primitive: `kernels/attention/` (flash, packed and decoding attention).
+//! fused bias + GELU without a GEMM, and the plain `linear` epilogue.
+//! Attention and conv2d + bias + ReLU are no primitives: `kernels/attention/`,
+//! `kernels/conv_bias_relu/`.
 //!
 //! Adding a backend: implement both traits for its storage and device, add a variant to
 //! `Storage` and `Device`, and a match arm to each `Storage` method. Adding an op: if it is a
@@ -506,35 +506,6 @@ pub trait BackendStorage: Sized + Clone + Send + Sync + std::fmt::Debug {
         xl: &Layout,
         g: &ConvGeom,
     ) -> Result<Self>;
-    /// relu?(conv2d(x, w) + bias[o]) as one kernel, the bias and the ReLU applied as the
-    /// convolution's output is stored: Some(y), or None where the backend has no such
-    /// epilogue (the op then runs conv2d, add and relu).
-    #[allow(clippy::too_many_arguments)]
-    fn conv2d_bias_relu(
-        &self,
-        _l: &Layout,
-        _w: &Self,
-        _wl: &Layout,
-        _bias: &Self,
-        _bl: &Layout,
-        _relu: bool,
-        _g: &ConvGeom,
-    ) -> Result<Option<Self>> {
-        Ok(None)
-    }
-    /// `self` is grad_out of y = relu?(pre) with pre = conv + bias[c], both [n, c, h, w]:
-    /// Some((dpre, dbias)) in one pass (dpre in grad_out's dtype, dbias [c]), or None (the
-    /// op then runs the ReLU backward and a sum).
-    fn bias_relu_backward(
-        &self,
-        _l: &Layout,
-        _y: &Self,
-        _yl: &Layout,
-        _relu: bool,
-        _channels: usize,
-    ) -> Result<Option<(Self, Self)>> {
-        Ok(None)
-    }
     /// Max pooling: (output, each output's argmax as the backend records it, i64).
     fn max_pool2d(&self, l: &Layout, g: &PoolGeom) -> Result<(Self, Self)>;
     /// Max pooling's output alone, for inference (no argmax kept for a backward pass); a

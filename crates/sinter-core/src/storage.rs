@@ -379,37 +379,6 @@ impl Storage {
         let x = self;
         on_device!("conv2d", [x, wt], |w| Ok(w(x.conv2d(l, wt, wl, g)?)))
     }
-    /// relu?(conv2d + bias) in one kernel, or None where the backend has no such epilogue.
-    #[allow(clippy::too_many_arguments)]
-    pub fn conv2d_bias_relu(
-        &self,
-        l: &Layout,
-        wt: &Storage,
-        wl: &Layout,
-        b: &Storage,
-        bl: &Layout,
-        relu: bool,
-        g: &ConvGeom,
-    ) -> Result<Option<Storage>> {
-        let x = self;
-        on_device!("conv2d_bias_relu", [x, wt, b], |w| Ok(x
-            .conv2d_bias_relu(l, wt, wl, b, bl, relu, g)?
-            .map(w)))
-    }
-    /// `self` is grad_out: (dpre, dbias) of `conv2d_bias_relu`'s epilogue, or None.
-    pub fn bias_relu_backward(
-        &self,
-        l: &Layout,
-        y: &Storage,
-        yl: &Layout,
-        relu: bool,
-        channels: usize,
-    ) -> Result<Option<(Storage, Storage)>> {
-        let gy = self;
-        on_device!("conv2d_bias_relu", [gy, y], |w| Ok(gy
-            .bias_relu_backward(l, y, yl, relu, channels)?
-            .map(|(d, b)| (w(d), w(b)))))
-    }
     /// `self` is grad_out: the input gradient.
     pub fn conv2d_backward_data(
         &self,

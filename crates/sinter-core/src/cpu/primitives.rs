@@ -348,48 +348,6 @@ impl BackendStorage for CpuStorage {
         let dw = conv::conv2d_backward_filter(&x.f32_contiguous(xl), &self.f32_contiguous(l), g);
         Ok(CpuStorage::from_f32(dw, CpuStorage::dtype(self)))
     }
-    fn conv2d_bias_relu(
-        &self,
-        l: &Layout,
-        w: &Self,
-        wl: &Layout,
-        bias: &Self,
-        bl: &Layout,
-        relu: bool,
-        g: &ConvGeom,
-    ) -> Result<Option<Self>> {
-        float_only("conv2d", CpuStorage::dtype(self))?;
-        let b = bias.f32_contiguous(bl);
-        let e = conv::Epilogue {
-            bias: Some(&b),
-            relu,
-        };
-        let y = conv::conv2d_forward_fused(&self.f32_contiguous(l), &w.f32_contiguous(wl), g, e);
-        Ok(Some(CpuStorage::from_f32(y, CpuStorage::dtype(self))))
-    }
-    fn bias_relu_backward(
-        &self,
-        l: &Layout,
-        y: &Self,
-        yl: &Layout,
-        relu: bool,
-        channels: usize,
-    ) -> Result<Option<(Self, Self)>> {
-        let shape = l.shape();
-        let hw: usize = shape.get(2..).map_or(1, |s| s.iter().product());
-        let (dpre, db) = conv::bias_relu_backward(
-            &self.f32_contiguous(l),
-            &y.f32_contiguous(yl),
-            channels,
-            hw,
-            relu,
-        );
-        let dtype = CpuStorage::dtype(self);
-        Ok(Some((
-            CpuStorage::from_f32(dpre, dtype),
-            CpuStorage::from_f32(db, dtype),
-        )))
-    }
     fn max_pool2d(&self, l: &Layout, g: &PoolGeom) -> Result<(Self, Self)> {
         float_only("max_pool2d", CpuStorage::dtype(self))?;
         let x = self.f32_contiguous(l);

@@ -6,7 +6,6 @@
 //! `Tensor::adamw_step`.)
 
 pub mod bias_gelu;
-pub mod conv_bias_relu;
 pub mod grad_norm;
 pub mod linear;
 pub mod linear_bias_gelu;
@@ -15,9 +14,9 @@ pub use crate::kernels::attention::{
     attention, attention_packed, attention_packed_reference, attention_reference, causal_mask,
     decode_attention, decode_attention_reference,
 };
+pub use crate::kernels::conv_bias_relu::{conv2d_bias_relu, conv2d_bias_relu_reference};
 pub use crate::kernels::layer_norm::{residual_layer_norm, residual_layer_norm_reference};
 pub use bias_gelu::{bias_gelu, bias_gelu_reference};
-pub use conv_bias_relu::{conv2d_bias_relu, conv2d_bias_relu_reference};
 pub use grad_norm::global_grad_norm;
 pub use linear::{linear, linear_reference};
 pub use linear_bias_gelu::{linear_bias_gelu, linear_bias_gelu_reference};

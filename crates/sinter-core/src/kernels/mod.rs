@@ -5,6 +5,7 @@
 
 pub mod attention;
 pub mod classifier;
+pub mod conv_bias_relu;
 pub mod layer_norm;
 pub mod optimizer;
 
