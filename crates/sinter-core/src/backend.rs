@@ -29,20 +29,18 @@
 //! | elementwise | `unary`, `unary_backward`, `binary`, `where_cond` |
 //! | reductions | `reduce` (sum, max, min, argmax over one dim), `sum_squares` (the global gradient norm) |
 //! | products | `matmul` (batched, strided, broadcast batch), `linear` (GEMM with a bias epilogue), `linear_bias_gelu` (GEMM with bias + GELU epilogue) |
-//! | convolution | `conv2d`, `conv2d_backward_data`, `conv2d_backward_filter`, `conv2d_bias_relu` and `bias_relu_backward` (fused epilogue), max / avg pool forward and backward |
+//! | convolution | `conv2d`, `conv2d_backward_data`, `conv2d_backward_filter`, max / avg pool forward and backward |
 //! | rows | `softmax` / log-softmax and backward, `cross_entropy` and backward, `bias_gelu` and backward (LayerNorm and residual add + LayerNorm are kernels: `kernels/layer_norm/`) |
 //! | indexing | `index_select`, `index_select_backward` (scatter-add into zeros), `index_add` |
 //! | random | `dropout`, `dropout_backward` |
-//! | attention | `attention` (flash, forward), `attention_backward`, `decode_attention` (one decoding step against KV caches, in place) |
 //! | custom ops | `custom_forward` (`custom_op::seam`: a user's CPU closure or NVRTC kernel; None = no forward for this device) |
 //!
 //! Some primitives are fast paths a backend may decline by returning `Ok(None)`
-//! (`linear`, `linear_bias_gelu`, `bias_gelu`, `attention`, `attention_packed`, `decode_attention`, `conv2d_bias_relu`,
-//! `bias_relu_backward`): the op above the seam then runs its composite of other ops, with the
-//! same values and gradients. The CPU declines the GEMM epilogues and decoding attention outside
-//! f32; CUDA declines fused bias + GELU without a GEMM, the plain `linear` epilogue, flash
-//! attention outside f16/bf16 with head dim 64 or 128, packed attention, decoding attention,
-//! and the conv epilogue.
+//! (`linear`, `linear_bias_gelu`, `bias_gelu`): the op above the seam then runs its composite of other ops, with the
+//! same values and gradients. The CPU declines the GEMM epilogues outside f32; CUDA declines
+//! fused bias + GELU without a GEMM, and the plain `linear` epilogue.
+//! Attention and conv2d + bias + ReLU are no primitives: `kernels/attention/`,
+//! `kernels/conv_bias_relu/`.
 //!
 //! Adding a backend: implement both traits for its storage and device, add a variant to
 //! `Storage` and `Device`, and a match arm to each `Storage` method. Adding an op: if it is a
@@ -338,52 +336,6 @@ impl<'a, S> Indices<'a, S> {
     }
 }
 
-/// Attention over q [b, h, tq, d] and k, v [b, h, tk, d]: softmax(scale · q kᵀ) v, with
-/// `causal` masking aligned bottom-right (query i sits at position tk − tq + i and sees keys
-/// 0..=tk − tq + i).
-#[derive(Clone, Copy, Debug)]
-pub struct AttnGeom {
-    pub b: usize,
-    pub h: usize,
-    pub tq: usize,
-    pub tk: usize,
-    pub d: usize,
-    pub causal: bool,
-    pub scale: f32,
-}
-
-impl AttnGeom {
-    /// Query row `i` sees keys 0..limit(i).
-    #[inline]
-    pub fn limit(&self, i: usize) -> usize {
-        if self.causal {
-            (i + self.tk + 1).saturating_sub(self.tq).min(self.tk)
-        } else {
-            self.tk
-        }
-    }
-    /// The first query row that sees key `j`.
-    pub fn first_row_seeing(&self, j: usize) -> usize {
-        if self.causal {
-            (j + self.tq).saturating_sub(self.tk)
-        } else {
-            0
-        }
-    }
-}
-
-/// One sequence of a decoding step (`fused::decode_attention`): its key and value caches
-/// [1, h, capacity, d] as indices into the step's list of cache storages, their layouts, and
-/// how many positions are filled before this step's.
-#[derive(Clone, Copy, Debug)]
-pub struct DecodeSeq<'a> {
-    pub k: usize,
-    pub kl: &'a Layout,
-    pub v: usize,
-    pub vl: &'a Layout,
-    pub len: usize,
-}
-
 /// What a dropout forward leaves for its backward: the scaled keep-mask itself (0 or 1/(1 − p)
 /// per element, drawn element by element from the caller's `Rng`), or the seed of a
 /// counter-based generator from which the backward regenerates the same mask.
@@ -554,35 +506,6 @@ pub trait BackendStorage: Sized + Clone + Send + Sync + std::fmt::Debug {
         xl: &Layout,
         g: &ConvGeom,
     ) -> Result<Self>;
-    /// relu?(conv2d(x, w) + bias[o]) as one kernel, the bias and the ReLU applied as the
-    /// convolution's output is stored: Some(y), or None where the backend has no such
-    /// epilogue (the op then runs conv2d, add and relu).
-    #[allow(clippy::too_many_arguments)]
-    fn conv2d_bias_relu(
-        &self,
-        _l: &Layout,
-        _w: &Self,
-        _wl: &Layout,
-        _bias: &Self,
-        _bl: &Layout,
-        _relu: bool,
-        _g: &ConvGeom,
-    ) -> Result<Option<Self>> {
-        Ok(None)
-    }
-    /// `self` is grad_out of y = relu?(pre) with pre = conv + bias[c], both [n, c, h, w]:
-    /// Some((dpre, dbias)) in one pass (dpre in grad_out's dtype, dbias [c]), or None (the
-    /// op then runs the ReLU backward and a sum).
-    fn bias_relu_backward(
-        &self,
-        _l: &Layout,
-        _y: &Self,
-        _yl: &Layout,
-        _relu: bool,
-        _channels: usize,
-    ) -> Result<Option<(Self, Self)>> {
-        Ok(None)
-    }
     /// Max pooling: (output, each output's argmax as the backend records it, i64).
     fn max_pool2d(&self, l: &Layout, g: &PoolGeom) -> Result<(Self, Self)>;
     /// Max pooling's output alone, for inference (no argmax kept for a backward pass); a
@@ -664,79 +587,4 @@ pub trait BackendStorage: Sized + Clone + Send + Sync + std::fmt::Debug {
     fn dropout(&self, l: &Layout, p: f32, rng: &mut Rng) -> Result<(Self, DropoutMask<Self>)>;
     /// `self` is grad_out: grad_out times the forward's scaled mask.
     fn dropout_backward(&self, l: &Layout, p: f32, mask: DropoutMask<&Self>) -> Result<Self>;
-
-    // -- attention -------------------------------------------------------------------------
-
-    /// Flash attention forward: Some((o [b, h, tq, d], one log-sum-exp per query row, f32)),
-    /// or None where the backend has no kernel for these operands (then the composite runs).
-    fn attention(
-        &self,
-        l: &Layout,
-        k: &Self,
-        kl: &Layout,
-        v: &Self,
-        vl: &Layout,
-        g: &AttnGeom,
-    ) -> Result<Option<(Self, Self)>>;
-    /// `self` is q; `o` and `lse` the forward's outputs, `grad` dO: (dq, dk, dv).
-    fn attention_backward(
-        &self,
-        l: &Layout,
-        k: &Self,
-        kl: &Layout,
-        v: &Self,
-        vl: &Layout,
-        o: &Self,
-        ol: &Layout,
-        grad: &Self,
-        gradl: &Layout,
-        lse: &Self,
-        g: &AttnGeom,
-    ) -> Result<(Self, Self, Self)>;
-
-    /// Self-attention over a packed projection: `self` is qkv [b, t, 3·h·d] (q, k and v side
-    /// by side, each h heads of d; tq = tk = t in `g`). Some((y [b, t, h·d] with the heads
-    /// merged, lse [b, h, t])) read and written in those layouts (no head split or merge
-    /// copies), or None where the backend has no such kernel (the op then runs `attention`
-    /// on views of qkv and merges the heads).
-    fn attention_packed(&self, _l: &Layout, _g: &AttnGeom) -> Result<Option<(Self, Self)>> {
-        Ok(None)
-    }
-    /// `self` is qkv, (y, lse) the outputs of `attention_packed`, grad dy [b, t, h·d]:
-    /// dqkv [b, t, 3·h·d]. Only called after `attention_packed` returned Some, so a backend
-    /// implements both or neither.
-    fn attention_packed_backward(
-        &self,
-        _l: &Layout,
-        _y: (&Self, &Layout),
-        _grad: (&Self, &Layout),
-        _lse: &Self,
-        _g: &AttnGeom,
-    ) -> Result<Self> {
-        Err(Error::Msg(
-            "internal error: attention_packed_backward on a backend without attention_packed"
-                .into(),
-        ))
-    }
-
-    /// One decoding step of attention: `self` is q and k, v are [n, h, d] (one new position per
-    /// sequence). Writes sequence i's keys and values into its caches at `seqs[i].len` (in
-    /// place; `caches` holds every cache storage once) and returns o [n, h, d] = each query's
-    /// softmax attention over its filled positions; None where the backend has no kernel for
-    /// these operands (nothing is written then, and the op runs its composite: device assigns
-    /// into the caches and flash attention per sequence; CUDA's case).
-    #[allow(clippy::too_many_arguments)]
-    fn decode_attention(
-        &self,
-        _l: &Layout,
-        _k: &Self,
-        _kl: &Layout,
-        _v: &Self,
-        _vl: &Layout,
-        _caches: &mut [&mut Self],
-        _seqs: &[DecodeSeq<'_>],
-        _scale: f32,
-    ) -> Result<Option<Self>> {
-        Ok(None)
-    }
 }

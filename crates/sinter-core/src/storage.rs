@@ -3,8 +3,8 @@
 //! device, then calls that backend's implementation, once.
 
 use crate::backend::{
-    AttnGeom, BackendDevice, BackendStorage, ConvGeom, CrossEntropyOut, DecodeSeq, DropoutMask,
-    IndexGeom, Indices, PoolGeom,
+    BackendDevice, BackendStorage, ConvGeom, CrossEntropyOut, DropoutMask, IndexGeom, Indices,
+    PoolGeom,
 };
 use crate::cpu::{CpuDevice, CpuStorage};
 use crate::cuda::CudaStorage;
@@ -298,46 +298,6 @@ impl Storage {
         }
     }
 
-    /// `self` is q (see `BackendStorage::decode_attention`); `caches` are written in place.
-    #[allow(clippy::too_many_arguments)]
-    pub fn decode_attention(
-        &self,
-        l: &Layout,
-        k: &Storage,
-        kl: &Layout,
-        v: &Storage,
-        vl: &Layout,
-        caches: &mut [&mut Storage],
-        seqs: &[DecodeSeq<'_>],
-        scale: f32,
-    ) -> Result<Option<Storage>> {
-        const OP: &str = "decode_attention";
-        same_device(OP, self, &[k, v])?;
-        for c in caches.iter() {
-            same_device(OP, self, &[&**c])?;
-        }
-        macro_rules! run {
-            ($variant:path) => {{
-                let ($variant(q), $variant(k), $variant(v)) = (self, k, v) else {
-                    unreachable!("devices checked")
-                };
-                let mut cs: Vec<_> = caches
-                    .iter_mut()
-                    .map(|c| match &mut **c {
-                        $variant(c) => c,
-                        _ => unreachable!("devices checked"),
-                    })
-                    .collect();
-                Ok(q.decode_attention(l, k, kl, v, vl, &mut cs, seqs, scale)?
-                    .map($variant))
-            }};
-        }
-        match self {
-            Storage::Cpu(_) => run!(Storage::Cpu),
-            Storage::Cuda(_) => run!(Storage::Cuda),
-        }
-    }
-
     // ---- custom ops (crate::custom_op) -----------------------------------------------------
 
     /// A custom op's forward on its inputs' device (`inputs` not empty), or None when the op
@@ -418,37 +378,6 @@ impl Storage {
     pub fn conv2d(&self, l: &Layout, wt: &Storage, wl: &Layout, g: &ConvGeom) -> Result<Storage> {
         let x = self;
         on_device!("conv2d", [x, wt], |w| Ok(w(x.conv2d(l, wt, wl, g)?)))
-    }
-    /// relu?(conv2d + bias) in one kernel, or None where the backend has no such epilogue.
-    #[allow(clippy::too_many_arguments)]
-    pub fn conv2d_bias_relu(
-        &self,
-        l: &Layout,
-        wt: &Storage,
-        wl: &Layout,
-        b: &Storage,
-        bl: &Layout,
-        relu: bool,
-        g: &ConvGeom,
-    ) -> Result<Option<Storage>> {
-        let x = self;
-        on_device!("conv2d_bias_relu", [x, wt, b], |w| Ok(x
-            .conv2d_bias_relu(l, wt, wl, b, bl, relu, g)?
-            .map(w)))
-    }
-    /// `self` is grad_out: (dpre, dbias) of `conv2d_bias_relu`'s epilogue, or None.
-    pub fn bias_relu_backward(
-        &self,
-        l: &Layout,
-        y: &Storage,
-        yl: &Layout,
-        relu: bool,
-        channels: usize,
-    ) -> Result<Option<(Storage, Storage)>> {
-        let gy = self;
-        on_device!("conv2d_bias_relu", [gy, y], |w| Ok(gy
-            .bias_relu_backward(l, y, yl, relu, channels)?
-            .map(|(d, b)| (w(d), w(b)))))
     }
     /// `self` is grad_out: the input gradient.
     pub fn conv2d_backward_data(
@@ -670,67 +599,5 @@ impl Storage {
                 )?)))
             }
         }
-    }
-
-    // ---- attention -----------------------------------------------------------------------
-
-    /// Flash attention forward: Some((o, lse)), or None where the backend has no kernel.
-    pub fn attention(
-        &self,
-        l: &Layout,
-        k: &Storage,
-        kl: &Layout,
-        v: &Storage,
-        vl: &Layout,
-        g: &AttnGeom,
-    ) -> Result<Option<(Storage, Storage)>> {
-        let q = self;
-        on_device!("attention", [q, k, v], |w| Ok(q
-            .attention(l, k, kl, v, vl, g)?
-            .map(|(o, lse)| (w(o), w(lse)))))
-    }
-    /// `self` is q: (dq, dk, dv).
-    #[allow(clippy::too_many_arguments)]
-    pub fn attention_backward(
-        &self,
-        l: &Layout,
-        k: &Storage,
-        kl: &Layout,
-        v: &Storage,
-        vl: &Layout,
-        o: &Storage,
-        ol: &Layout,
-        grad: &Storage,
-        gradl: &Layout,
-        lse: &Storage,
-        g: &AttnGeom,
-    ) -> Result<(Storage, Storage, Storage)> {
-        let q = self;
-        on_device!("attention", [q, k, v, o, grad, lse], |w| {
-            let (dq, dk, dv) = q.attention_backward(l, k, kl, v, vl, o, ol, grad, gradl, lse, g)?;
-            Ok((w(dq), w(dk), w(dv)))
-        })
-    }
-
-    /// `self` is a packed qkv [b, t, 3·h·d]: Some((y [b, t, h·d], lse)) or None.
-    pub fn attention_packed(&self, l: &Layout, g: &AttnGeom) -> Result<Option<(Storage, Storage)>> {
-        let qkv = self;
-        on_device!("attention", [qkv], |w| Ok(qkv
-            .attention_packed(l, g)?
-            .map(|(y, lse)| (w(y), w(lse)))))
-    }
-    /// `self` is qkv: dqkv.
-    pub fn attention_packed_backward(
-        &self,
-        l: &Layout,
-        (y, yl): (&Storage, &Layout),
-        (grad, gradl): (&Storage, &Layout),
-        lse: &Storage,
-        g: &AttnGeom,
-    ) -> Result<Storage> {
-        let qkv = self;
-        on_device!("attention", [qkv, y, grad, lse], |w| Ok(w(
-            qkv.attention_packed_backward(l, (y, yl), (grad, gradl), lse, g)?
-        )))
     }
 }

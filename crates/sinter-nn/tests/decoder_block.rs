@@ -5,6 +5,7 @@
 //! equivalence of grouped-query attention with multi-head attention whose key/value heads
 //! are repeated.
 
+use sinter_core::kernels::attention::reference as attn_ref;
 use sinter_core::{Device, Rng, Tensor};
 use sinter_nn::module::shared_rng;
 use sinter_nn::{
@@ -437,31 +438,38 @@ fn encoder_reference(b: &TransformerBlock, x: &[f32], t: usize, visible: &[bool]
         let l = n.as_layer_norm().unwrap();
         layer_norm_f64(v, &p(&l.weight), &p(&l.bias), l.eps as f64)
     };
-    let mut out = Vec::new();
-    for i in 0..t {
-        let mut y = vec![0.0; c];
+    // Attention over the visible keys only (a masked key is one no query sees), in the
+    // op's one f64 reference: [1, h, t, d] heads of the packed rows.
+    let keys: Vec<usize> = (0..t).filter(|&j| visible[j]).collect();
+    let heads = |which: usize, at: &[usize]| -> Vec<f64> {
+        let mut v = Vec::with_capacity(h * at.len() * d);
         for head in 0..h {
-            let q = &rows[i][head * d..(head + 1) * d];
-            let scores: Vec<f64> = (0..t)
-                .map(|j| {
-                    let k = &rows[j][c + head * d..c + (head + 1) * d];
-                    let s = q.iter().zip(k).map(|(a, b)| a * b).sum::<f64>();
-                    if visible[j] {
-                        s / (d as f64).sqrt()
-                    } else {
-                        f64::NEG_INFINITY
-                    }
-                })
-                .collect();
-            let max = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-            let e: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
-            let z: f64 = e.iter().sum();
-            for (j, ej) in e.iter().enumerate() {
-                for k in 0..d {
-                    y[head * d + k] += ej / z * rows[j][2 * c + head * d + k];
-                }
+            for &j in at {
+                let col = which * c + head * d;
+                v.extend_from_slice(&rows[j][col..col + d]);
             }
         }
+        v
+    };
+    let all: Vec<usize> = (0..t).collect();
+    let dims = attn_ref::Dims {
+        bh: h,
+        tq: t,
+        tk: keys.len(),
+        d,
+    };
+    let scale = 1.0 / (d as f64).sqrt();
+    let (o, _) = attn_ref::forward(
+        &heads(0, &all),
+        &heads(1, &keys),
+        &heads(2, &keys),
+        dims,
+        false,
+        scale,
+    );
+    let mut out = Vec::new();
+    for i in 0..t {
+        let y: Vec<f64> = (0..c).map(|k| o[((k / d) * t + i) * d + k % d]).collect();
         let a = affine(
             &p(&b.attn.proj.weight),
             b.attn.proj.bias.as_ref().map(p).as_deref(),

@@ -2,9 +2,7 @@
 //! round back), rayon across cores for large tensors, the `gemm` crate for matrix products.
 
 pub mod alloc;
-pub mod attention;
 pub mod conv;
-mod decode_attention;
 pub mod elementwise;
 pub mod fused;
 pub mod matmul;

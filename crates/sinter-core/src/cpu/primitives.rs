@@ -3,12 +3,11 @@
 //! never see a storage enum, a layout or a tensor beyond what they are handed), so moving a
 //! kernel family to sinter-cpu changes one call here.
 
-use super::attention::{self, Src};
 use super::matmul::MatView;
 use super::{conv, elementwise, fused, matmul, nn, reduce, CpuStorage};
 use crate::backend::{
-    check_indices, reduced_dtype, AttnGeom, BackendDevice, BackendStorage, ConvGeom,
-    CrossEntropyOut, DecodeSeq, DropoutMask, IndexGeom, IndexUse, Indices, PoolGeom,
+    check_indices, reduced_dtype, BackendDevice, BackendStorage, ConvGeom, CrossEntropyOut,
+    DropoutMask, IndexGeom, IndexUse, Indices, PoolGeom,
 };
 use crate::op::{BinaryOp, ReduceOp, UnaryOp};
 use crate::{DType, Device, Error, Layout, Result, Rng};
@@ -349,48 +348,6 @@ impl BackendStorage for CpuStorage {
         let dw = conv::conv2d_backward_filter(&x.f32_contiguous(xl), &self.f32_contiguous(l), g);
         Ok(CpuStorage::from_f32(dw, CpuStorage::dtype(self)))
     }
-    fn conv2d_bias_relu(
-        &self,
-        l: &Layout,
-        w: &Self,
-        wl: &Layout,
-        bias: &Self,
-        bl: &Layout,
-        relu: bool,
-        g: &ConvGeom,
-    ) -> Result<Option<Self>> {
-        float_only("conv2d", CpuStorage::dtype(self))?;
-        let b = bias.f32_contiguous(bl);
-        let e = conv::Epilogue {
-            bias: Some(&b),
-            relu,
-        };
-        let y = conv::conv2d_forward_fused(&self.f32_contiguous(l), &w.f32_contiguous(wl), g, e);
-        Ok(Some(CpuStorage::from_f32(y, CpuStorage::dtype(self))))
-    }
-    fn bias_relu_backward(
-        &self,
-        l: &Layout,
-        y: &Self,
-        yl: &Layout,
-        relu: bool,
-        channels: usize,
-    ) -> Result<Option<(Self, Self)>> {
-        let shape = l.shape();
-        let hw: usize = shape.get(2..).map_or(1, |s| s.iter().product());
-        let (dpre, db) = conv::bias_relu_backward(
-            &self.f32_contiguous(l),
-            &y.f32_contiguous(yl),
-            channels,
-            hw,
-            relu,
-        );
-        let dtype = CpuStorage::dtype(self);
-        Ok(Some((
-            CpuStorage::from_f32(dpre, dtype),
-            CpuStorage::from_f32(db, dtype),
-        )))
-    }
     fn max_pool2d(&self, l: &Layout, g: &PoolGeom) -> Result<(Self, Self)> {
         float_only("max_pool2d", CpuStorage::dtype(self))?;
         let x = self.f32_contiguous(l);
@@ -583,89 +540,5 @@ impl BackendStorage for CpuStorage {
         };
         let ml = Layout::contiguous(l.shape());
         elementwise::binary(self, l, mask, &ml, crate::op::BinaryOp::Mul)
-    }
-
-    fn attention(
-        &self,
-        l: &Layout,
-        k: &Self,
-        kl: &Layout,
-        v: &Self,
-        vl: &Layout,
-        g: &AttnGeom,
-    ) -> Result<Option<(Self, Self)>> {
-        float_only("attention", CpuStorage::dtype(self))?;
-        let (o, lse) = attention::forward(g, &Src::of(self, l), &Src::of(k, kl), &Src::of(v, vl));
-        Ok(Some((
-            CpuStorage::from_f32(o, CpuStorage::dtype(self)),
-            CpuStorage::F32(lse),
-        )))
-    }
-    fn attention_packed(&self, l: &Layout, g: &AttnGeom) -> Result<Option<(Self, Self)>> {
-        float_only("attention", CpuStorage::dtype(self))?;
-        let (y, lse) = attention::forward_packed(g, &Src::of(self, l));
-        Ok(Some((
-            CpuStorage::from_f32(y, CpuStorage::dtype(self)),
-            CpuStorage::F32(lse),
-        )))
-    }
-    fn attention_packed_backward(
-        &self,
-        l: &Layout,
-        (y, yl): (&Self, &Layout),
-        (grad, gradl): (&Self, &Layout),
-        lse: &Self,
-        g: &AttnGeom,
-    ) -> Result<Self> {
-        let lse = lse.f32_contiguous(&Layout::contiguous(&[lse.len()]));
-        let dqkv = attention::backward_packed(
-            g,
-            &Src::of(self, l),
-            &Src::of(y, yl),
-            &lse,
-            &Src::of(grad, gradl),
-        );
-        Ok(CpuStorage::from_f32(dqkv, CpuStorage::dtype(self)))
-    }
-    fn decode_attention(
-        &self,
-        l: &Layout,
-        k: &Self,
-        kl: &Layout,
-        v: &Self,
-        vl: &Layout,
-        caches: &mut [&mut Self],
-        seqs: &[DecodeSeq<'_>],
-        scale: f32,
-    ) -> Result<Option<Self>> {
-        super::decode_attention::decode_attention((self, l), (k, kl), (v, vl), caches, seqs, scale)
-    }
-    fn attention_backward(
-        &self,
-        l: &Layout,
-        k: &Self,
-        kl: &Layout,
-        v: &Self,
-        vl: &Layout,
-        o: &Self,
-        ol: &Layout,
-        grad: &Self,
-        gradl: &Layout,
-        lse: &Self,
-        g: &AttnGeom,
-    ) -> Result<(Self, Self, Self)> {
-        let lse = lse.f32_contiguous(&Layout::contiguous(&[lse.len()]));
-        let (dq, dk, dv) = attention::backward(
-            g,
-            (&Src::of(self, l), &Src::of(k, kl), &Src::of(v, vl)),
-            &Src::of(o, ol),
-            &lse,
-            &Src::of(grad, gradl),
-        );
-        Ok((
-            CpuStorage::from_f32(dq, CpuStorage::dtype(self)),
-            CpuStorage::from_f32(dk, CpuStorage::dtype(k)),
-            CpuStorage::from_f32(dv, CpuStorage::dtype(v)),
-        ))
     }
 }

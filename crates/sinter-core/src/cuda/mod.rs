@@ -6,7 +6,7 @@
 //!
 //! One file per primitive family: `elementwise`, `reduce`, `matmul` (with the GELU epilogue),
 //! `conv` (cuDNN when it loads, else im2col + cuBLASLt), `nn` (row kernels and index gathers /
-//! scatter-adds), `random` (Philox dropout), `attention` (flash attention), `creation` (fills,
+//! scatter-adds), `random` (Philox dropout), `creation` (fills,
 //! uploads, downloads, the permanent pool); the optimizer steps live in
 //! `kernels/optimizer/` (issue 26 item 1). i64 tensors live on the device too (`kernels/int.cu`); device-resident
 //! indices are validated on the device and a bad one is reported at the next read (`checks`).
@@ -17,7 +17,6 @@
 //! All work of a device is ordered on its one stream; only reading values back
 //! (`to_vec_*`, `to_device(Cpu)`) waits for it.
 
-mod attention;
 pub(crate) mod checks;
 pub(crate) mod conv;
 pub(crate) mod creation;

@@ -3,9 +3,9 @@
 //! family modules beside this one. Nothing here sees a tensor or records a gradient.
 
 use super::storage::CudaStorage;
-use super::{attention, conv, creation, elementwise, matmul, nn, random, reduce};
+use super::{conv, creation, elementwise, matmul, nn, random, reduce};
 use crate::backend::{
-    AttnGeom, BackendStorage, ConvGeom, CrossEntropyOut, DropoutMask, IndexGeom, Indices, PoolGeom,
+    BackendStorage, ConvGeom, CrossEntropyOut, DropoutMask, IndexGeom, Indices, PoolGeom,
 };
 use crate::cpu::CpuStorage;
 use crate::op::{BinaryOp, ReduceOp, UnaryOp};
@@ -190,47 +190,5 @@ impl BackendStorage for CudaStorage {
     }
     fn dropout_backward(&self, l: &Layout, p: f32, mask: DropoutMask<&Self>) -> Result<Self> {
         random::dropout_backward(self, l, p, mask)
-    }
-
-    fn attention(
-        &self,
-        l: &Layout,
-        k: &Self,
-        kl: &Layout,
-        v: &Self,
-        vl: &Layout,
-        g: &AttnGeom,
-    ) -> Result<Option<(Self, Self)>> {
-        attention::attention((self, l), (k, kl), (v, vl), g)
-    }
-    fn attention_backward(
-        &self,
-        l: &Layout,
-        k: &Self,
-        kl: &Layout,
-        v: &Self,
-        vl: &Layout,
-        o: &Self,
-        ol: &Layout,
-        grad: &Self,
-        gradl: &Layout,
-        lse: &Self,
-        g: &AttnGeom,
-    ) -> Result<(Self, Self, Self)> {
-        attention::attention_backward((self, l), (k, kl), (v, vl), (o, ol), (grad, gradl), lse, g)
-    }
-
-    fn attention_packed(&self, l: &Layout, g: &AttnGeom) -> Result<Option<(Self, Self)>> {
-        attention::attention_packed((self, l), g)
-    }
-    fn attention_packed_backward(
-        &self,
-        l: &Layout,
-        y: (&Self, &Layout),
-        grad: (&Self, &Layout),
-        lse: &Self,
-        g: &AttnGeom,
-    ) -> Result<Self> {
-        attention::attention_packed_backward((self, l), y, grad, lse, g)
     }
 }

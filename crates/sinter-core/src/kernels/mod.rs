@@ -3,7 +3,9 @@
 //! reference, its one backward, its CPU loops (`cpu.rs`) and its CUDA kernel (`cuda.rs` and the
 //! `.cu` source). Nothing below this module imports it.
 
+pub mod attention;
 pub mod classifier;
+pub mod conv_bias_relu;
 pub mod layer_norm;
 pub mod optimizer;
 

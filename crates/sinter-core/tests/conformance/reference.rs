@@ -4,6 +4,7 @@
 //! Gradients are not written here: the harness differentiates these functions by central
 //! differences in f64 (see `harness::check`), so each op has exactly one reference.
 
+use sinter_core::kernels::attention::reference as attn_ref;
 use sinter_core::op::{pool_max_replaces, ReduceOp};
 use sinter_core::{bf16, f16, DType};
 
@@ -638,43 +639,20 @@ pub fn where_cond(cond: &Arr, a: &Arr, b: &Arr) -> Arr {
 
 /// softmax(scale · q kᵀ [+ causal mask]) v for q [b, h, tq, d], k and v [b, h, tk, d]; causal
 /// aligns bottom-right (query i sees keys 0..=tk − tq + i); a row that sees no key gives 0.
+/// The one f64 reference, `sinter_core::kernels::attention::reference`.
 pub fn attention(q: &Arr, k: &Arr, v: &Arr, causal: bool, scale: f64) -> Arr {
-    let (b, h, tq, d) = (q.shape[0], q.shape[1], q.shape[2], q.shape[3]);
-    let tk = k.shape[2];
-    let mut out = vec![0.0; b * h * tq * d];
-    for bh in 0..b * h {
-        for r in 0..tq {
-            let p = attention_probs(q, k, bh, r, causal, scale);
-            for (j, pj) in p.iter().enumerate() {
-                for e in 0..d {
-                    out[(bh * tq + r) * d + e] += pj * v.data[(bh * tk + j) * d + e];
-                }
-            }
-        }
-    }
-    Arr::new(&[b, h, tq, d], out)
+    let z = attention_dims(q, k);
+    let (o, _) = attn_ref::forward(&q.data, &k.data, &v.data, z, causal, scale);
+    Arr::new(&q.shape, o)
 }
 
-/// softmax(scale · q kᵀ) of query `r` of head `bh` (batch × heads flattened) over the keys it
-/// sees; empty when it sees none.
-fn attention_probs(q: &Arr, k: &Arr, bh: usize, r: usize, causal: bool, scale: f64) -> Vec<f64> {
-    let (tq, d, tk) = (q.shape[2], q.shape[3], k.shape[2]);
-    let seen = if causal {
-        (r + tk + 1).saturating_sub(tq).min(tk)
-    } else {
-        tk
-    };
-    let (qr, kb) = ((bh * tq + r) * d, bh * tk * d);
-    let s: Vec<f64> = (0..seen)
-        .map(|j| {
-            scale
-                * (0..d)
-                    .map(|e| q.data[qr + e] * k.data[kb + j * d + e])
-                    .sum::<f64>()
-        })
-        .collect();
-    let l = logsumexp(&s);
-    s.iter().map(|x| (x - l).exp()).collect()
+fn attention_dims(q: &Arr, k: &Arr) -> attn_ref::Dims {
+    attn_ref::Dims {
+        bh: q.shape[0] * q.shape[1],
+        tq: q.shape[2],
+        tk: k.shape[2],
+        d: q.shape[3],
+    }
 }
 
 /// gelu_tanh(x Wᵀ + b) over the last dimension.
@@ -782,28 +760,11 @@ impl StepControl {
 /// evaluations; the suite checks it against central differences on small shapes
 /// (`reference::attention_vjp`).
 pub fn attention_vjp(q: &Arr, k: &Arr, v: &Arr, causal: bool, scale: f64, w: &Arr) -> [Arr; 3] {
-    let (b, h, tq, d) = (q.shape[0], q.shape[1], q.shape[2], q.shape[3]);
-    let tk = k.shape[2];
-    let (mut dq, mut dk, mut dv) = (q.map(|_| 0.0), k.map(|_| 0.0), v.map(|_| 0.0));
-    for bh in 0..b * h {
-        let kb = bh * tk * d;
-        for r in 0..tq {
-            let p = attention_probs(q, k, bh, r, causal, scale);
-            let qr = (bh * tq + r) * d;
-            let dy = &w.data[qr..qr + d];
-            let dp: Vec<f64> = (0..p.len())
-                .map(|j| (0..d).map(|e| dy[e] * v.data[kb + j * d + e]).sum())
-                .collect();
-            let pdp: f64 = p.iter().zip(&dp).map(|(a, b)| a * b).sum();
-            for (j, (pj, dpj)) in p.iter().zip(&dp).enumerate() {
-                let ds = pj * (dpj - pdp);
-                for (e, &dye) in dy.iter().enumerate() {
-                    dq.data[qr + e] += scale * ds * k.data[kb + j * d + e];
-                    dk.data[kb + j * d + e] += scale * ds * q.data[qr + e];
-                    dv.data[kb + j * d + e] += pj * dye;
-                }
-            }
-        }
-    }
-    [dq, dk, dv]
+    let z = attention_dims(q, k);
+    let (dq, dk, dv) = attn_ref::backward(&q.data, &k.data, &v.data, &w.data, z, causal, scale);
+    [
+        Arr::new(&q.shape, dq),
+        Arr::new(&k.shape, dk),
+        Arr::new(&v.shape, dv),
+    ]
 }

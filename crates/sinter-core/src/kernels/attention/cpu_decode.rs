@@ -1,4 +1,4 @@
-//! One decoding step of attention on the CPU (the kernel of `fused::decode_attention`; see it
+//! One decoding step of attention on the CPU (the kernel of `decode_attention`; see `mod.rs`
 //! for what it computes): per sequence, this step's keys and values are written into its f32
 //! caches at its length, then each head's query attends over the filled positions — a dot
 //! product per cached key and an axpy per cached value, each row read once. Sequences run in
@@ -7,8 +7,9 @@
 use rayon::prelude::*;
 use sinter_cpu::math::dot_lanes;
 
-use super::CpuStorage;
-use crate::backend::{BackendStorage, DecodeSeq};
+use super::geom::DecodeSeq;
+use crate::backend::BackendStorage;
+use crate::cpu::CpuStorage;
 use crate::{Layout, Result};
 
 /// Below this many multiply-adds a step runs on the calling thread (rayon's fork/join costs
@@ -17,7 +18,7 @@ const PAR_WORK: usize = 1 << 20;
 
 /// o [n, h, d] of the step, or None when an operand is not f32 or a cache row is not
 /// contiguous (the op then runs its composite). `caches` holds every cache storage once.
-pub(crate) fn decode_attention(
+pub(super) fn decode_attention(
     (q, ql): (&CpuStorage, &Layout),
     (k, kl): (&CpuStorage, &Layout),
     (v, vl): (&CpuStorage, &Layout),

@@ -1,5 +1,6 @@
 //! Flash attention on the CPU (FlashAttention-2's algorithm): the kernels behind
-//! `fused::attention` (see its module docs for what it reads, writes and why it is fast).
+//! `attention` and `attention_packed` (see `mod.rs` for what they read, write and why they are
+//! fast).
 //! Scores are produced one 64 × 64 tile at a time and folded into the output with an online
 //! softmax; the backward recomputes each tile's probabilities from the saved log-sum-exp.
 //! Causal masking is aligned bottom-right (`AttnGeom::limit`).
@@ -9,8 +10,8 @@ use sinter_cpu::gemm::{Gemm, MatMut, MatRef};
 use sinter_cpu::math::softmax;
 use sinter_cpu::Isa;
 
-use super::CpuStorage;
-use crate::backend::AttnGeom;
+use super::geom::AttnGeom;
+use crate::cpu::CpuStorage;
 use crate::Layout;
 
 /// Query rows per tile.
@@ -91,13 +92,13 @@ impl OutView {
 
 /// An operand's values: the storage itself when it can be read in place (f32 with a unit
 /// last stride), else an f32 row-major copy.
-pub enum Src<'a> {
+enum Src<'a> {
     InPlace(&'a [f32], &'a Layout),
     Copied(Vec<f32>, Layout),
 }
 
 impl<'a> Src<'a> {
-    pub fn of(s: &'a CpuStorage, l: &'a Layout) -> Src<'a> {
+    fn of(s: &'a CpuStorage, l: &'a Layout) -> Src<'a> {
         let last = l.rank() - 1;
         let last_unit = l.shape()[last] <= 1 || l.strides()[last] == 1;
         match s {
@@ -489,7 +490,7 @@ fn contiguous_out(buf: &mut [f32], g: &AttnGeom, t: usize) -> OutView {
 }
 
 /// Forward over every (batch, head, query block): (o [b, h, tq, d], lse [b, h, tq]).
-pub fn forward(g: &AttnGeom, q: &Src, k: &Src, v: &Src) -> (Vec<f32>, Vec<f32>) {
+fn forward(g: &AttnGeom, q: &Src, k: &Src, v: &Src) -> (Vec<f32>, Vec<f32>) {
     let mut o = vec![0f32; g.b * g.h * g.tq * g.d];
     let mut lse = vec![f32::NEG_INFINITY; g.b * g.h * g.tq];
     if !o.is_empty() {
@@ -501,7 +502,7 @@ pub fn forward(g: &AttnGeom, q: &Src, k: &Src, v: &Src) -> (Vec<f32>, Vec<f32>) 
 
 /// (dq, dk, dv), contiguous [b, h, t, d], from the operands, the forward's output `o`, its
 /// log-sum-exp `lse` (contiguous) and the output gradient `dout`.
-pub fn backward(
+fn backward(
     g: &AttnGeom,
     (q, k, v): (&Src, &Src, &Src),
     o: &Src,
@@ -525,7 +526,7 @@ pub fn backward(
 
 /// Self-attention over a packed projection qkv [b, t, 3·h·d] (q, k and v side by side, each
 /// h heads of d): (y [b, t, h·d] with the heads merged, lse [b, h, t]). tq = tk = t.
-pub fn forward_packed(g: &AttnGeom, qkv: &Src) -> (Vec<f32>, Vec<f32>) {
+fn forward_packed(g: &AttnGeom, qkv: &Src) -> (Vec<f32>, Vec<f32>) {
     let (t, c) = (g.tq, g.h * g.d);
     let mut y = vec![0f32; g.b * t * c];
     let mut lse = vec![f32::NEG_INFINITY; g.b * g.h * t];
@@ -539,7 +540,7 @@ pub fn forward_packed(g: &AttnGeom, qkv: &Src) -> (Vec<f32>, Vec<f32>) {
 
 /// dqkv [b, t, 3·h·d] of [`forward_packed`] from qkv, its output y [b, t, h·d] and lse, and
 /// the output gradient dy [b, t, h·d].
-pub fn backward_packed(g: &AttnGeom, qkv: &Src, y: &Src, lse: &[f32], dy: &Src) -> Vec<f32> {
+fn backward_packed(g: &AttnGeom, qkv: &Src, y: &Src, lse: &[f32], dy: &Src) -> Vec<f32> {
     let (t, c) = (g.tq, g.h * g.d);
     let mut dqkv = vec![0f32; g.b * t * 3 * c];
     if !dqkv.is_empty() {
@@ -558,4 +559,64 @@ pub fn backward_packed(g: &AttnGeom, qkv: &Src, y: &Src, lse: &[f32], dy: &Src) 
         backward_views(g, q, k, v, y.heads(0, g.d), lse, dy.heads(0, g.d), grads);
     }
     dqkv
+}
+
+/// The forward on CPU storages: (o [b, h, tq, d] in q's dtype, lse f32).
+pub(super) fn attention(
+    q: (&CpuStorage, &Layout),
+    k: (&CpuStorage, &Layout),
+    v: (&CpuStorage, &Layout),
+    g: &AttnGeom,
+) -> (CpuStorage, CpuStorage) {
+    let (o, lse) = forward(
+        g,
+        &Src::of(q.0, q.1),
+        &Src::of(k.0, k.1),
+        &Src::of(v.0, v.1),
+    );
+    (CpuStorage::from_f32(o, q.0.dtype()), CpuStorage::F32(lse))
+}
+
+/// (dq, dk, dv) on CPU storages, each in its operand's dtype.
+pub(super) fn attention_backward(
+    [q, k, v]: [(&CpuStorage, &Layout); 3],
+    o: (&CpuStorage, &Layout),
+    grad: (&CpuStorage, &Layout),
+    lse: &CpuStorage,
+    g: &AttnGeom,
+) -> [CpuStorage; 3] {
+    let lse = lse.f32_contiguous(&Layout::contiguous(&[lse.len()]));
+    let (dq, dk, dv) = backward(
+        g,
+        (&Src::of(q.0, q.1), &Src::of(k.0, k.1), &Src::of(v.0, v.1)),
+        &Src::of(o.0, o.1),
+        &lse,
+        &Src::of(grad.0, grad.1),
+    );
+    [(dq, q.0), (dk, k.0), (dv, v.0)].map(|(d, like)| CpuStorage::from_f32(d, like.dtype()))
+}
+
+/// The packed forward on a CPU qkv: (y [b, t, h·d] in qkv's dtype, lse f32).
+pub(super) fn packed(qkv: (&CpuStorage, &Layout), g: &AttnGeom) -> (CpuStorage, CpuStorage) {
+    let (y, lse) = forward_packed(g, &Src::of(qkv.0, qkv.1));
+    (CpuStorage::from_f32(y, qkv.0.dtype()), CpuStorage::F32(lse))
+}
+
+/// dqkv of [`packed`] on CPU storages, in qkv's dtype.
+pub(super) fn packed_backward(
+    qkv: (&CpuStorage, &Layout),
+    y: (&CpuStorage, &Layout),
+    grad: (&CpuStorage, &Layout),
+    lse: &CpuStorage,
+    g: &AttnGeom,
+) -> CpuStorage {
+    let lse = lse.f32_contiguous(&Layout::contiguous(&[lse.len()]));
+    let dqkv = backward_packed(
+        g,
+        &Src::of(qkv.0, qkv.1),
+        &Src::of(y.0, y.1),
+        &lse,
+        &Src::of(grad.0, grad.1),
+    );
+    CpuStorage::from_f32(dqkv, qkv.0.dtype())
 }

@@ -1,7 +1,7 @@
 //! Flash attention on the device: sinter-cuda's kernels (f16/bf16, head dims 64 and 128, views
 //! read in place when their last dimension is contiguous). Other dtypes and head dims are
-//! declined (`None`), and `fused::attention` runs its composite of device ops instead (same
-//! values and gradients).
+//! declined (`None`), and the op runs its composite of device ops instead (same values and
+//! gradients).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -9,14 +9,14 @@ use std::sync::Arc;
 use sinter_cuda::ops::flash_attention::{self as kfa, AttnShape, AttnView};
 use sinter_cuda::{CudaDevice, CudaError, DeviceBuffer};
 
-use super::storage::CudaStorage;
-use super::{alloc, OnOp};
-use crate::backend::AttnGeom;
+use super::geom::AttnGeom;
+use crate::cuda::storage::CudaStorage;
+use crate::cuda::{alloc, OnOp};
 use crate::{DType, Layout, Result};
 
 /// True when the flash attention kernels cover these operands: f16/bf16, head dim 64 or 128.
 /// Layouts never disqualify: a view whose last dim is not contiguous is gathered first.
-pub(crate) fn flash_applies(dtype: DType, head_dim: usize) -> bool {
+pub(super) fn flash_applies(dtype: DType, head_dim: usize) -> bool {
     kfa::supported(dtype, head_dim) && !FLASH_UNCOMPILABLE.load(Ordering::Relaxed)
 }
 
@@ -103,7 +103,7 @@ fn forward_or_decline(
 
 /// Forward: Some((o, lse)) from the flash kernel, or None where it does not apply (or cannot
 /// be compiled here).
-pub(crate) fn attention(
+pub(super) fn attention(
     q: (&CudaStorage, &Layout),
     k: (&CudaStorage, &Layout),
     v: (&CudaStorage, &Layout),
@@ -138,7 +138,7 @@ pub(crate) fn attention(
 /// Backward: (dq, dk, dv) from the operands, the forward's output `o` and log-sum-exp, and the
 /// output gradient (read in place when its last dim is contiguous, e.g. the transposed view
 /// a head merge hands back).
-pub(crate) fn attention_backward(
+pub(super) fn attention_backward(
     q: (&CudaStorage, &Layout),
     k: (&CudaStorage, &Layout),
     v: (&CudaStorage, &Layout),
@@ -207,7 +207,7 @@ fn thirds<'a>(buf: &'a DeviceBuffer, off: usize, g: &AttnGeom) -> Result<[AttnVi
 /// Self-attention straight from a packed qkv [b, t, 3·h·d] (GPT-2's layout): Some((y, lse)) with
 /// y [b, t, h·d], the heads merged by the kernel's own stores (no split or merge copies), or
 /// None where the flash kernels do not apply.
-pub(crate) fn attention_packed(
+pub(super) fn attention_packed(
     qkv: (&CudaStorage, &Layout),
     g: &AttnGeom,
 ) -> Result<Option<(CudaStorage, CudaStorage)>> {
@@ -235,7 +235,7 @@ pub(crate) fn attention_packed(
 
 /// dqkv [b, t, 3·h·d] of [`attention_packed`]: the backward kernels write dq, dk and dv straight
 /// into its thirds (every element once: no zero fill, no sum of three partial gradients).
-pub(crate) fn attention_packed_backward(
+pub(super) fn attention_packed_backward(
     qkv: (&CudaStorage, &Layout),
     y: (&CudaStorage, &Layout),
     grad: (&CudaStorage, &Layout),
@@ -268,17 +268,4 @@ pub(crate) fn attention_packed_backward(
     )
     .on("flash_attention")?;
     Ok(qkv.0.sibling(dqkv, dtype))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn kernel_or_composite() {
-        assert!(flash_applies(DType::BF16, 64));
-        assert!(flash_applies(DType::F16, 128));
-        assert!(!flash_applies(DType::F32, 64), "f32: composite");
-        assert!(!flash_applies(DType::BF16, 80), "head dim 80: composite");
-    }
 }
