@@ -30,7 +30,7 @@
 //! | reductions | `reduce` (sum, max, min, argmax over one dim), `sum_squares` (the global gradient norm) |
 //! | products | `matmul` (batched, strided, broadcast batch), `linear` (GEMM with a bias epilogue), `linear_bias_gelu` (GEMM with bias + GELU epilogue) |
 //! | convolution | `conv2d`, `conv2d_backward_data`, `conv2d_backward_filter`, `conv2d_bias_relu` and `bias_relu_backward` (fused epilogue), max / avg pool forward and backward |
-//! | rows | `softmax` / log-softmax and backward, `cross_entropy` and backward, `bias_gelu` and backward (LayerNorm and residual add + LayerNorm are kernels: `kernels/layer_norm/`) |
+//! | rows | `cross_entropy` and backward, `bias_gelu` and backward (softmax, LayerNorm and residual add + LayerNorm are kernels: `kernels/softmax/`, `kernels/layer_norm/`) |
 //! | indexing | `index_select`, `index_select_backward` (scatter-add into zeros), `index_add` |
 //! | random | `dropout`, `dropout_backward` |
 //! | attention | `attention` (flash, forward), `attention_backward`, `decode_attention` (one decoding step against KV caches, in place) |
@@ -598,10 +598,6 @@ pub trait BackendStorage: Sized + Clone + Send + Sync + std::fmt::Debug {
 
     // -- row kernels -----------------------------------------------------------------------
 
-    /// Softmax (or log-softmax) over the last dimension.
-    fn softmax(&self, l: &Layout, log: bool) -> Result<Self>;
-    /// `self` is grad_out; y the forward's output.
-    fn softmax_backward(&self, l: &Layout, y: &Self, yl: &Layout, log: bool) -> Result<Self>;
     /// Cross-entropy of each row of logits [rows, c] (`self`) against i64 targets [rows]; a row
     /// whose target is `ignore_index` has loss 0.
     fn cross_entropy(

@@ -511,23 +511,6 @@ impl Storage {
 
     // ---- row kernels ---------------------------------------------------------------------
 
-    pub fn softmax(&self, l: &Layout, log: bool) -> Result<Storage> {
-        let x = self;
-        on_device!("softmax", [x], |w| Ok(w(x.softmax(l, log)?)))
-    }
-    /// `self` is grad_out; `y` the forward's output.
-    pub fn softmax_backward(
-        &self,
-        l: &Layout,
-        y: &Storage,
-        yl: &Layout,
-        log: bool,
-    ) -> Result<Storage> {
-        let g = self;
-        on_device!("softmax", [g, y], |w| Ok(w(
-            g.softmax_backward(l, y, yl, log)?
-        )))
-    }
     pub fn cross_entropy(
         &self,
         l: &Layout,

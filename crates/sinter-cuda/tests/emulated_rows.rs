@@ -1,4 +1,4 @@
-//! Row kernels (reduce.cu, softmax.cu, cross_entropy.cu; LayerNorm's are sinter-core's kernels/layer_norm/) run
+//! Row kernels (reduce.cu, cross_entropy.cu; softmax's and LayerNorm's are sinter-core's kernels/softmax/ and kernels/layer_norm/) run
 //! through the CPU emulator from their launch plans, against f64 references, for f32/f16/bf16. Row
 //! lengths cover a
 //! warp per row (several rows per block), rows longer than one block's first sweep, unaligned rows
@@ -14,7 +14,6 @@ use harness::*;
 use sinter_cuda::launch::Step;
 use sinter_cuda::ops::cross_entropy::{self, LossGrad, STATS_PER_ROW as STATS};
 use sinter_cuda::ops::reduce::{self, ArgReduce};
-use sinter_cuda::ops::softmax;
 use sinter_cuda::DType;
 
 /// (rows, n): warp-per-row with a grid-stride over rows, odd lengths (unaligned rows), rows
@@ -179,95 +178,6 @@ fn sum_mid_and_arg_mid() {
                     assert_eq!(gi[t], bi as i64, "{which:?}_mid {d} output {t}");
                     assert_eq!(gv[t], at(o, bi, i), "{which:?}_mid {d} output {t}");
                 }
-            }
-        }
-    }
-}
-
-#[test]
-fn softmax_and_log_softmax_forward_backward() {
-    let Some(e) = emu() else { return };
-    let mut rng = Rng::new(12);
-    for d in FLOATS {
-        for (rows, n) in SHAPES {
-            let xv = inputs(&mut rng, d, rows * n, -4.0, 4.0);
-            let gv = inputs(&mut rng, d, rows * n, -1.0, 1.0);
-            let scale = 0.75f32;
-            for log in [false, true] {
-                let mut x = Buf::from_f64(d, &xv, 0);
-                let mut y = Buf::zeros(d, rows * n, 0);
-                let steps =
-                    k(
-                        softmax::plan_softmax(&T1, log, x.slice(), y.slice(), rows, n, scale)
-                            .unwrap(),
-                    );
-                exec_both(e, &steps, &mut [&mut x, &mut y]);
-                let mut want = vec![0.0; rows * n];
-                for r in 0..rows {
-                    let row: Vec<f64> = xv[r * n..(r + 1) * n]
-                        .iter()
-                        .map(|v| v * scale as f64)
-                        .collect();
-                    let m = row.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-                    let s: f64 = row.iter().map(|v| (v - m).exp()).sum();
-                    for j in 0..n {
-                        want[r * n + j] = if log {
-                            row[j] - m - s.ln()
-                        } else {
-                            (row[j] - m).exp() / s
-                        };
-                    }
-                }
-                let (rt, at) = tol(d);
-                let what = format!(
-                    "{} {d} {rows}x{n}",
-                    if log { "log_softmax" } else { "softmax" }
-                );
-                assert_close(
-                    &what,
-                    &y.get(),
-                    &want,
-                    (rt * 2.0, at * if log { 20.0 } else { 1.0 }),
-                );
-
-                // Backward from the stored y.
-                let yv = y.get();
-                let mut g = Buf::from_f64(d, &gv, 0);
-                let mut gx = Buf::zeros(d, rows * n, 0);
-                let steps = k(softmax::plan_softmax_backward(
-                    &T1,
-                    log,
-                    y.slice(),
-                    g.slice(),
-                    gx.slice(),
-                    rows,
-                    n,
-                    scale,
-                )
-                .unwrap());
-                exec_both(e, &steps, &mut [&mut y, &mut g, &mut gx]);
-                let mut want = vec![0.0; rows * n];
-                for r in 0..rows {
-                    let yr = &yv[r * n..(r + 1) * n];
-                    let gr = &gv[r * n..(r + 1) * n];
-                    if log {
-                        let sg: f64 = gr.iter().sum();
-                        for j in 0..n {
-                            want[r * n + j] = scale as f64 * (gr[j] - yr[j].exp() * sg);
-                        }
-                    } else {
-                        let dot: f64 = yr.iter().zip(gr).map(|(a, b)| a * b).sum();
-                        for j in 0..n {
-                            want[r * n + j] = scale as f64 * yr[j] * (gr[j] - dot);
-                        }
-                    }
-                }
-                assert_close(
-                    &format!("{what} backward"),
-                    &gx.get(),
-                    &want,
-                    (rt * 4.0, at * 20.0),
-                );
             }
         }
     }

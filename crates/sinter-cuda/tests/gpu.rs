@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use half::{bf16, f16};
 use sinter_cuda::ops::{
-    adamw, binary, conv, copy, cross_entropy, dropout, embedding, reduce, softmax, unary,
+    adamw, binary, conv, copy, cross_entropy, dropout, embedding, reduce, unary,
 };
 use sinter_cuda::{
     testing, CudaDevice, DType, DevSlice, DeviceBuffer, Epilogue, GemmDType, GemmDesc, GemmShape,
@@ -392,62 +392,6 @@ fn softmax_ref(x: &[f32], log: bool) -> Vec<f32> {
             }
         })
         .collect()
-}
-
-#[test]
-fn softmax_forward_backward() {
-    let Some(d) = dev() else { return };
-    for dt in DType::FLOATS {
-        for (rows, n) in [(7usize, 10usize), (16, 777), (2, 50257)] {
-            let v = q(&data(rows * n, 9, -5.0, 5.0), dt);
-            let gv = q(&data(rows * n, 10, -1.0, 1.0), dt);
-            let (x, gy) = (up(&d, &v, dt), up(&d, &gv, dt));
-            let (y, gx) = (zeros(&d, rows * n, dt), zeros(&d, rows * n, dt));
-            for log in [false, true] {
-                softmax::softmax(&d, log, x.as_slice(), y.as_slice(), rows, n, 1.0).unwrap();
-                let want: Vec<f32> = v.chunks(n).flat_map(|r| softmax_ref(r, log)).collect();
-                close(
-                    &format!("softmax log={log} {dt}"),
-                    &down(&d, y.as_slice()),
-                    &want,
-                    tol(dt) * 4.0,
-                );
-                softmax::softmax_backward(
-                    &d,
-                    log,
-                    y.as_slice(),
-                    gy.as_slice(),
-                    gx.as_slice(),
-                    rows,
-                    n,
-                    1.0,
-                )
-                .unwrap();
-                let yv = down(&d, y.as_slice());
-                let mut want = vec![0f32; rows * n];
-                for r in 0..rows {
-                    let (ys, gs) = (&yv[r * n..(r + 1) * n], &gv[r * n..(r + 1) * n]);
-                    if log {
-                        let sg: f64 = gs.iter().map(|&g| g as f64).sum();
-                        for j in 0..n {
-                            want[r * n + j] = (gs[j] as f64 - (ys[j] as f64).exp() * sg) as f32;
-                        }
-                    } else {
-                        let dot: f64 = ys.iter().zip(gs).map(|(&a, &b)| a as f64 * b as f64).sum();
-                        for j in 0..n {
-                            want[r * n + j] = (ys[j] as f64 * (gs[j] as f64 - dot)) as f32;
-                        }
-                    }
-                }
-                close(
-                    &format!("softmax bwd log={log} {dt}"),
-                    &down(&d, gx.as_slice()),
-                    &want,
-                    tol(dt) * 4.0,
-                );
-            }
-        }
-    }
 }
 
 #[test]

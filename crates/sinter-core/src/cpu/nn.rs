@@ -1,11 +1,10 @@
-//! Fused row kernels (softmax, log-softmax, layer norm, cross-entropy), index gather and
+//! Fused row kernels (cross-entropy; softmax and LayerNorm are in `kernels/`), index gather and
 //! scatter-add (the optimizer updates live in `kernels/optimizer/`). Rows are independent, so
 //! they are split across cores; parameter-gradient sums use fixed row chunks so they are
 //! deterministic.
 
 use rayon::prelude::*;
 use sinter_cpu::math::cross_entropy;
-use sinter_cpu::math::softmax;
 use sinter_cpu::Isa;
 
 /// Rows per task of the parallel row kernels: fixed, so that the parameter-gradient sums are
@@ -26,7 +25,7 @@ pub(crate) fn rows_per_task(len: usize, n: usize) -> usize {
 }
 
 /// `f(first_row, rows)` over blocks of whole rows of `out` (rows of n), on all cores when long.
-fn row_tasks(out: &mut [f32], n: usize, f: impl Fn(usize, &mut [f32]) + Sync + Send) {
+pub(crate) fn row_tasks(out: &mut [f32], n: usize, f: impl Fn(usize, &mut [f32]) + Sync + Send) {
     if n == 0 || out.is_empty() {
         return;
     }
@@ -64,26 +63,6 @@ pub(crate) fn sum_partials(partials: impl IntoIterator<Item = Vec<f32>>, n: usiz
         total.iter_mut().zip(p).for_each(|(a, b)| *a += b);
     }
     total
-}
-
-pub fn softmax_rows(x: &[f32], n: usize, log: bool) -> Vec<f32> {
-    let mut out = vec![0f32; x.len()];
-    let isa = Isa::get();
-    row_tasks(&mut out, n, |r, o| {
-        softmax::softmax_rows(isa, &x[r * n..r * n + o.len()], o, n, log)
-    });
-    out
-}
-
-/// Backward of softmax (y = softmax) or log-softmax (y = log_softmax) over rows of length n.
-pub fn softmax_rows_backward(y: &[f32], g: &[f32], n: usize, log: bool) -> Vec<f32> {
-    let mut out = vec![0f32; y.len()];
-    let isa = Isa::get();
-    row_tasks(&mut out, n, |r, o| {
-        let at = r * n..r * n + o.len();
-        softmax::softmax_rows_backward(isa, &y[at.clone()], &g[at], o, n, log)
-    });
-    out
 }
 
 /// Cross-entropy of logits rows [rows, c] against class indices (checked by the caller).

@@ -428,19 +428,6 @@ impl BackendStorage for CpuStorage {
         Ok(CpuStorage::from_f32(dx, CpuStorage::dtype(self)))
     }
 
-    fn softmax(&self, l: &Layout, log: bool) -> Result<Self> {
-        float_only(
-            if log { "log_softmax" } else { "softmax" },
-            CpuStorage::dtype(self),
-        )?;
-        let y = nn::softmax_rows(&self.f32_contiguous(l), last_dim(l), log);
-        Ok(CpuStorage::from_f32(y, CpuStorage::dtype(self)))
-    }
-    fn softmax_backward(&self, l: &Layout, y: &Self, yl: &Layout, log: bool) -> Result<Self> {
-        let (yv, gv) = (y.f32_contiguous(yl), self.f32_contiguous(l));
-        let dx = nn::softmax_rows_backward(&yv, &gv, last_dim(l), log);
-        Ok(CpuStorage::from_f32(dx, CpuStorage::dtype(y)))
-    }
     fn cross_entropy(
         &self,
         l: &Layout,

@@ -1,5 +1,5 @@
-//! Row and index primitives on the device, each with its own backward kernel: softmax /
-//! log-softmax, layer norm (and residual add + layer norm), cross-entropy, and the row gathers
+//! Row and index primitives on the device, each with its own backward kernel: cross-entropy
+//! (softmax and LayerNorm are kernels: `kernels/softmax/`, `kernels/layer_norm/`), and the row gathers
 //! and deterministic scatter-adds of index_select / embedding / index_add.
 //!
 //! Indices that live on the device are checked there (`checks`: a bad one is reported, with
@@ -10,7 +10,7 @@
 use std::sync::Arc;
 
 use sinter_cuda::ops::cross_entropy::{self as kce, LossGrad};
-use sinter_cuda::ops::{embedding as ke, softmax as ks};
+use sinter_cuda::ops::embedding as ke;
 use sinter_cuda::{CudaDevice, DeviceBuffer};
 
 use super::checks::check_indices;
@@ -33,45 +33,6 @@ fn float_only(op: &'static str, dtype: DType) -> Result<()> {
         dtype,
         supported: "f32, f16 or bf16",
     })
-}
-
-/// Softmax (or log-softmax) over the last dimension.
-pub(crate) fn softmax(x: &CudaStorage, l: &Layout, log: bool) -> Result<CudaStorage> {
-    let name = if log { "log_softmax" } else { "softmax" };
-    float_only(name, x.dtype())?;
-    let (dev, dtype) = (x.device(), x.dtype());
-    let (rows, n) = rows_of(l);
-    let xv = x.window(l)?;
-    let y = alloc(dev, xv.len, dtype)?;
-    ks::softmax(dev, log, xv.slice(), y.as_slice(), rows, n, 1.0).on(name)?;
-    Ok(x.sibling(y, dtype))
-}
-
-/// The input gradient of softmax from its output `y` and the output gradient `g`.
-pub(crate) fn softmax_backward(
-    g: &CudaStorage,
-    gl: &Layout,
-    y: &CudaStorage,
-    yl: &Layout,
-    log: bool,
-) -> Result<CudaStorage> {
-    let name = if log { "log_softmax" } else { "softmax" };
-    let (dev, dtype) = (g.device(), y.dtype());
-    let (rows, n) = rows_of(yl);
-    let (yv, gv) = (y.window(yl)?, g.window_as(gl, dtype)?);
-    let gx = alloc(dev, gv.len, dtype)?;
-    ks::softmax_backward(
-        dev,
-        log,
-        yv.slice(),
-        gv.slice(),
-        gx.as_slice(),
-        rows,
-        n,
-        1.0,
-    )
-    .on(name)?;
-    Ok(g.sibling(gx, dtype))
 }
 
 /// The indices as a contiguous device window, checked on the device unless already checked.

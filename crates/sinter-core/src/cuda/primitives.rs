@@ -122,12 +122,6 @@ impl BackendStorage for CudaStorage {
         conv::avg_pool2d_backward(self, l, g)
     }
 
-    fn softmax(&self, l: &Layout, log: bool) -> Result<Self> {
-        nn::softmax(self, l, log)
-    }
-    fn softmax_backward(&self, l: &Layout, y: &Self, yl: &Layout, log: bool) -> Result<Self> {
-        nn::softmax_backward(self, l, y, yl, log)
-    }
     fn cross_entropy(
         &self,
         l: &Layout,

@@ -4,8 +4,10 @@
 //! `.cu` source). Nothing below this module imports it.
 
 pub mod classifier;
+mod launch;
 pub mod layer_norm;
 pub mod optimizer;
+pub mod softmax;
 
 use std::collections::HashMap;
 use std::hash::Hash;

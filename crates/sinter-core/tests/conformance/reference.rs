@@ -312,25 +312,16 @@ pub fn along(a: &Arr, dim: isize, f: impl Fn(&[f64]) -> Vec<f64>) -> Arr {
     out
 }
 
-fn logsumexp(row: &[f64]) -> f64 {
-    let m = max(row);
-    if m == f64::NEG_INFINITY {
-        return m;
-    }
-    m + row.iter().map(|v| (v - m).exp()).sum::<f64>().ln()
-}
+use sinter_core::kernels::softmax::reference::log_sum_exp as logsumexp;
 
+/// Softmax along `dim`: the op's one f64 reference, row by row.
 pub fn softmax(a: &Arr, dim: isize) -> Arr {
-    along(a, dim, |row| {
-        let l = logsumexp(row);
-        row.iter().map(|v| (v - l).exp()).collect()
-    })
+    use sinter_core::kernels::softmax::reference::forward;
+    along(a, dim, |row| forward(row, row.len(), false))
 }
 pub fn log_softmax(a: &Arr, dim: isize) -> Arr {
-    along(a, dim, |row| {
-        let l = logsumexp(row);
-        row.iter().map(|v| v - l).collect()
-    })
+    use sinter_core::kernels::softmax::reference::forward;
+    along(a, dim, |row| forward(row, row.len(), true))
 }
 
 // ---- linear algebra ------------------------------------------------------------------------------

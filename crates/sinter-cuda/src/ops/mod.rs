@@ -14,7 +14,6 @@ pub mod flash_attention;
 pub mod int;
 pub mod int8;
 pub mod reduce;
-pub mod softmax;
 pub mod unary;
 
 use crate::alloc::DevSlice;
@@ -205,7 +204,6 @@ pub fn sample_plans(t: &LaunchTarget) -> Vec<Launch> {
     v.extend(binary::samples(t));
     v.extend(copy::samples(t));
     v.extend(reduce::samples(t));
-    v.extend(softmax::samples(t));
     v.extend(cross_entropy::samples(t));
     v.extend(embedding::samples(t));
     v.extend(conv::samples(t));

@@ -5,6 +5,7 @@ use sinter_cuda::launch::row_block;
 
 use crate::backend::IndexUse;
 use crate::custom_op::{CudaKernel, KernelLaunch, OpClass, TensorMeta, Traffic};
+use crate::kernels::launch::suffix;
 use crate::storage::Storage;
 use crate::{DType, Error, Result, Tensor};
 
@@ -13,14 +14,6 @@ pub const CLASSIFIER_CU: &str = include_str!("classifier.cu");
 
 /// Blocks of a grid-stride launch at most (rows or elements beyond are strided over).
 const MAX_BLOCKS: usize = 65_535;
-
-fn suffix(d: DType) -> &'static str {
-    match d {
-        DType::F16 => "f16",
-        DType::BF16 => "bf16",
-        _ => "f32",
-    }
-}
 
 /// The forward kernel for `dtype`: a row group per block row (as the cross-entropy kernels),
 /// its scalars rows, n, valid and the ignore index.
