@@ -30,7 +30,7 @@
 //! | reductions | `reduce` (sum, max, min, argmax over one dim), `sum_squares` (the global gradient norm) |
 //! | products | `matmul` (batched, strided, broadcast batch), `linear` (GEMM with a bias epilogue), `linear_bias_gelu` (GEMM with bias + GELU epilogue) |
 //! | convolution | `conv2d`, `conv2d_backward_data`, `conv2d_backward_filter`, `conv2d_bias_relu` and `bias_relu_backward` (fused epilogue), max / avg pool forward and backward |
-//! | rows | `cross_entropy` and backward, `bias_gelu` and backward (softmax, LayerNorm and residual add + LayerNorm are kernels: `kernels/softmax/`, `kernels/layer_norm/`) |
+//! | rows | `bias_gelu` and backward (softmax, cross-entropy, LayerNorm and residual add + LayerNorm are kernels: `kernels/softmax/`, `kernels/cross_entropy/`, `kernels/layer_norm/`) |
 //! | indexing | `index_select`, `index_select_backward` (scatter-add into zeros), `index_add` |
 //! | random | `dropout`, `dropout_backward` |
 //! | attention | `attention` (flash, forward), `attention_backward`, `decode_attention` (one decoding step against KV caches, in place) |
@@ -408,18 +408,6 @@ impl<S> DropoutMask<S> {
     }
 }
 
-/// The outputs of a fused cross-entropy forward, f32: each row's loss, computed as
-/// ln Σ e^(x − max) − (x_t − max) (0 where the target is the ignore index), and two statistics
-/// per row, its max and ln Σ e^(x − max) (what the backward needs besides the logits; kept
-/// apart because their sum, the log-sum-exp, rounds at the max's scale). Reductions, class
-/// weights and label smoothing are tensor ops above the seam (`loss.rs`).
-#[derive(Clone, Debug)]
-pub struct CrossEntropyOut<S> {
-    pub loss: S,
-    /// [rows, 2]: (max, ln Σ e^(x − max)) per row.
-    pub stats: S,
-}
-
 // ---- the traits ----------------------------------------------------------------------------------
 
 /// Where a backend's storages are made.
@@ -598,26 +586,6 @@ pub trait BackendStorage: Sized + Clone + Send + Sync + std::fmt::Debug {
 
     // -- row kernels -----------------------------------------------------------------------
 
-    /// Cross-entropy of each row of logits [rows, c] (`self`) against i64 targets [rows]; a row
-    /// whose target is `ignore_index` has loss 0.
-    fn cross_entropy(
-        &self,
-        l: &Layout,
-        targets: Indices<'_, Self>,
-        ignore_index: i64,
-    ) -> Result<CrossEntropyOut<Self>>;
-    /// d Σ_r grad_r · loss_r / d logits = (softmax(x_r) − onehot(t_r)) · grad_r (0 for ignored
-    /// rows), from the forward's `stats` and the per-row loss gradient `grad` (f32 [rows], any
-    /// layout), in the logits' dtype.
-    fn cross_entropy_backward(
-        &self,
-        l: &Layout,
-        targets: Indices<'_, Self>,
-        stats: &Self,
-        grad: &Self,
-        gradl: &Layout,
-        ignore_index: i64,
-    ) -> Result<Self>;
     /// gelu_tanh(x + bias) with bias [n] over the last dimension: Some(y), or None where the
     /// backend runs it as the composite.
     fn bias_gelu(&self, l: &Layout, bias: &Self, bl: &Layout) -> Result<Option<Self>>;

@@ -3,8 +3,8 @@
 //! device, then calls that backend's implementation, once.
 
 use crate::backend::{
-    AttnGeom, BackendDevice, BackendStorage, ConvGeom, CrossEntropyOut, DecodeSeq, DropoutMask,
-    IndexGeom, Indices, PoolGeom,
+    AttnGeom, BackendDevice, BackendStorage, ConvGeom, DecodeSeq, DropoutMask, IndexGeom, Indices,
+    PoolGeom,
 };
 use crate::cpu::{CpuDevice, CpuStorage};
 use crate::cuda::CudaStorage;
@@ -511,43 +511,6 @@ impl Storage {
 
     // ---- row kernels ---------------------------------------------------------------------
 
-    pub fn cross_entropy(
-        &self,
-        l: &Layout,
-        targets: Indices<'_, Storage>,
-        ignore_index: i64,
-    ) -> Result<CrossEntropyOut<Storage>> {
-        let (x, t) = (self, targets.ids);
-        on_device!("cross_entropy", [x, t], |w| {
-            let o = x.cross_entropy(l, targets.with(t), ignore_index)?;
-            Ok(CrossEntropyOut {
-                loss: w(o.loss),
-                stats: w(o.stats),
-            })
-        })
-    }
-    /// `self` is the logits; `grad` the per-row losses' gradient.
-    pub fn cross_entropy_backward(
-        &self,
-        l: &Layout,
-        targets: Indices<'_, Storage>,
-        stats: &Storage,
-        grad: &Storage,
-        gradl: &Layout,
-        ignore_index: i64,
-    ) -> Result<Storage> {
-        let (x, t) = (self, targets.ids);
-        on_device!("cross_entropy", [x, t, stats, grad], |w| {
-            Ok(w(x.cross_entropy_backward(
-                l,
-                targets.with(t),
-                stats,
-                grad,
-                gradl,
-                ignore_index,
-            )?))
-        })
-    }
     pub fn bias_gelu(&self, l: &Layout, bias: &Storage, bl: &Layout) -> Result<Option<Storage>> {
         let x = self;
         on_device!("bias_gelu", [x, bias], |w| Ok(x

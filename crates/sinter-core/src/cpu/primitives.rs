@@ -7,8 +7,8 @@ use super::attention::{self, Src};
 use super::matmul::MatView;
 use super::{conv, elementwise, fused, matmul, nn, reduce, CpuStorage};
 use crate::backend::{
-    check_indices, reduced_dtype, AttnGeom, BackendDevice, BackendStorage, ConvGeom,
-    CrossEntropyOut, DecodeSeq, DropoutMask, IndexGeom, IndexUse, Indices, PoolGeom,
+    check_indices, reduced_dtype, AttnGeom, BackendDevice, BackendStorage, ConvGeom, DecodeSeq,
+    DropoutMask, IndexGeom, Indices, PoolGeom,
 };
 use crate::op::{BinaryOp, ReduceOp, UnaryOp};
 use crate::{DType, Device, Error, Layout, Result, Rng};
@@ -428,45 +428,6 @@ impl BackendStorage for CpuStorage {
         Ok(CpuStorage::from_f32(dx, CpuStorage::dtype(self)))
     }
 
-    fn cross_entropy(
-        &self,
-        l: &Layout,
-        targets: Indices<'_, Self>,
-        ignore_index: i64,
-    ) -> Result<CrossEntropyOut<Self>> {
-        float_only("cross_entropy", CpuStorage::dtype(self))?;
-        let t = targets.ids.i64_contiguous(targets.layout);
-        // A bad target is reported in the words every backend uses.
-        check_indices(&t, last_dim(l), Some(ignore_index), IndexUse::CrossEntropy)?;
-        let (loss, stats) =
-            nn::cross_entropy(&self.f32_contiguous(l), &t, last_dim(l), ignore_index);
-        Ok(CrossEntropyOut {
-            loss: CpuStorage::F32(loss),
-            stats: CpuStorage::F32(stats),
-        })
-    }
-    fn cross_entropy_backward(
-        &self,
-        l: &Layout,
-        targets: Indices<'_, Self>,
-        stats: &Self,
-        grad: &Self,
-        gradl: &Layout,
-        ignore_index: i64,
-    ) -> Result<Self> {
-        let t = targets.ids.i64_contiguous(targets.layout);
-        let g = grad.f32_contiguous(gradl);
-        let stats = stats.f32_contiguous(&Layout::contiguous(&[stats.len()]));
-        let d = nn::cross_entropy_backward(
-            &self.f32_contiguous(l),
-            &t,
-            &stats,
-            last_dim(l),
-            ignore_index,
-            &g,
-        );
-        Ok(CpuStorage::from_f32(d, CpuStorage::dtype(self)))
-    }
     fn bias_gelu(&self, l: &Layout, bias: &Self, bl: &Layout) -> Result<Option<Self>> {
         float_only("bias_gelu", CpuStorage::dtype(self))?;
         let y = fused::bias_gelu(

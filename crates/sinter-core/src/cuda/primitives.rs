@@ -5,7 +5,7 @@
 use super::storage::CudaStorage;
 use super::{attention, conv, creation, elementwise, matmul, nn, random, reduce};
 use crate::backend::{
-    AttnGeom, BackendStorage, ConvGeom, CrossEntropyOut, DropoutMask, IndexGeom, Indices, PoolGeom,
+    AttnGeom, BackendStorage, ConvGeom, DropoutMask, IndexGeom, Indices, PoolGeom,
 };
 use crate::cpu::CpuStorage;
 use crate::op::{BinaryOp, ReduceOp, UnaryOp};
@@ -122,25 +122,6 @@ impl BackendStorage for CudaStorage {
         conv::avg_pool2d_backward(self, l, g)
     }
 
-    fn cross_entropy(
-        &self,
-        l: &Layout,
-        targets: Indices<'_, Self>,
-        ignore_index: i64,
-    ) -> Result<CrossEntropyOut<Self>> {
-        nn::cross_entropy(self, l, targets, ignore_index)
-    }
-    fn cross_entropy_backward(
-        &self,
-        l: &Layout,
-        targets: Indices<'_, Self>,
-        stats: &Self,
-        grad: &Self,
-        gradl: &Layout,
-        ignore_index: i64,
-    ) -> Result<Self> {
-        nn::cross_entropy_backward(self, l, targets, stats, (grad, gradl), ignore_index)
-    }
     fn bias_gelu(&self, _: &Layout, _: &Self, _: &Layout) -> Result<Option<Self>> {
         // No fused kernel without a GEMM: the op runs as the composite (add, gelu) on the
         // device; `linear_bias_gelu` fuses it into the matmul's epilogue instead.

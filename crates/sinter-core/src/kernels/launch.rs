@@ -66,3 +66,27 @@ pub(super) fn row_launch(op: &str, m: &TensorMeta) -> Result<KernelLaunch> {
         cost: None,
     })
 }
+
+/// Queues the device check of `targets` (class indices on a CUDA device) against [0, bound),
+/// `ignore` passing: a bad one is reported, naming `op`, by the next call that waits for the
+/// device. Nothing to do for targets on the CPU (their op checks them on the host).
+pub(super) fn check_device_targets(
+    op: &str,
+    targets: &crate::Tensor,
+    bound: usize,
+    ignore: i64,
+) -> Result<()> {
+    let s = targets.storage();
+    let crate::storage::Storage::Cuda(c) = &*s else {
+        return Ok(());
+    };
+    let v = c.window(targets.layout())?;
+    crate::cuda::checks::check_indices(
+        c.device(),
+        v.slice(),
+        bound,
+        Some(ignore),
+        crate::backend::IndexUse::CrossEntropy,
+    )
+    .map_err(|e| crate::Error::Msg(format!("{op}: {e}")))
+}

@@ -16,15 +16,13 @@ mod cuda;
 
 use std::sync::OnceLock;
 
-use super::{cached, OpCache};
+use super::{cached, OpCache, FLOATS};
 use crate::custom_op::{CustomOp, OutputSpec, TensorMeta};
 use crate::layout::resolve_dim;
 use crate::storage::Storage;
 use crate::tensor::{output, output_of};
 use crate::{no_grad, DType, Device, Result, Tensor};
 pub use cuda::SOFTMAX_CU;
-
-const FLOATS: [DType; 3] = [DType::F32, DType::BF16, DType::F16];
 
 fn like_first(m: &[TensorMeta]) -> Result<Vec<OutputSpec>> {
     Ok(vec![OutputSpec::new(&m[0].shape, m[0].dtype)])
