@@ -5,12 +5,12 @@ use rayon::prelude::*;
 use sinter_cpu::math::cross_entropy as rows_k;
 use sinter_cpu::Isa;
 
-use super::STATS;
 use crate::backend::{check_indices, IndexUse};
 use crate::cpu::nn::{row_tasks, rows_per_task};
 use crate::cpu::CpuStorage;
 use crate::custom_op::{HostInput, HostOutput};
 use crate::Result;
+use sinter_cpu::math::cross_entropy::STATS_PER_ROW as STATS;
 
 /// Inputs (logits [.., c], targets); outputs (each row's loss in the targets' shape, 0 where
 /// ignored; each row's statistics [rows, 2], see `rows_k::cross_entropy_rows`). A target that

@@ -3,6 +3,8 @@
 
 use std::sync::OnceLock;
 
+use sinter_cpu::math::cross_entropy::STATS_PER_ROW as STATS;
+
 use crate::custom_op::{CudaKernel, KernelLaunch, OpClass, TensorMeta, Traffic};
 use crate::kernels::launch::{bytes, kernel, row_launch, rows_n, suffix};
 use crate::{DType, Result};
@@ -29,7 +31,7 @@ fn ce_kernel(
 pub(super) fn forward_kernel(dtype: DType, ignore: i64) -> Result<CudaKernel> {
     ce_kernel("cross_entropy_fwd", dtype, move |m| {
         let (rows, n) = rows_n(&m[0]);
-        let t = Traffic::bytes(bytes(&m[0]) + bytes(&m[1]), rows * 4 * (1 + super::STATS))
+        let t = Traffic::bytes(bytes(&m[0]) + bytes(&m[1]), rows * 4 * (1 + STATS))
             .with_flops(4 * rows * n);
         Ok(row_launch("cross_entropy", &m[0])?
             .arg(rows as i64)
