@@ -30,8 +30,7 @@
 //! | reductions | `reduce` (sum, max, min, argmax over one dim), `sum_squares` (the global gradient norm) |
 //! | products | `matmul` (batched, strided, broadcast batch), `linear` (GEMM with a bias epilogue), `linear_bias_gelu` (GEMM with bias + GELU epilogue) |
 //! | convolution | `conv2d`, `conv2d_backward_data`, `conv2d_backward_filter`, `conv2d_bias_relu` and `bias_relu_backward` (fused epilogue), max / avg pool forward and backward |
-//! | rows | `bias_gelu` and backward (softmax, cross-entropy, LayerNorm and residual add + LayerNorm are kernels: `kernels/softmax/`, `kernels/cross_entropy/`, `kernels/layer_norm/`) |
-//! | indexing | `index_select`, `index_select_backward` (scatter-add into zeros), `index_add` |
+//! //! | indexing | `index_select`, `index_select_backward` (scatter-add into zeros), `index_add` |
 //! | random | `dropout`, `dropout_backward` |
 //! | attention | `attention` (flash, forward), `attention_backward`, `decode_attention` (one decoding step against KV caches, in place) |
 //! | custom ops | `custom_forward` (`custom_op::seam`: a user's CPU closure or NVRTC kernel; None = no forward for this device) |
@@ -512,21 +511,6 @@ pub trait BackendStorage: Sized + Clone + Send + Sync + std::fmt::Debug {
     ) -> Result<Option<Self>> {
         Ok(None)
     }
-    /// gelu_tanh(x Wᵀ + b) for x [rows, in] (contiguous view), W [out, in], b [out], as one
-    /// GEMM with an epilogue: Some((y, pre-activation)), or None where the backend has no such
-    /// epilogue for this dtype and width.
-    fn linear_bias_gelu(
-        &self,
-        l: &Layout,
-        w: &Self,
-        wl: &Layout,
-        b: &Self,
-        bl: &Layout,
-        rows: usize,
-        inp: usize,
-        out: usize,
-    ) -> Result<Option<(Self, Self)>>;
-
     // -- convolution and pooling ---------------------------------------------------------------
 
     /// conv2d of x with weight w (used in x's dtype); output [n, o, oh, ow] in x's dtype.
@@ -583,21 +567,6 @@ pub trait BackendStorage: Sized + Clone + Send + Sync + std::fmt::Debug {
     /// Average pooling; padding counts as zeros in the average.
     fn avg_pool2d(&self, l: &Layout, g: &PoolGeom) -> Result<Self>;
     fn avg_pool2d_backward(&self, l: &Layout, g: &PoolGeom) -> Result<Self>;
-
-    // -- row kernels -----------------------------------------------------------------------
-
-    /// gelu_tanh(x + bias) with bias [n] over the last dimension: Some(y), or None where the
-    /// backend runs it as the composite.
-    fn bias_gelu(&self, l: &Layout, bias: &Self, bl: &Layout) -> Result<Option<Self>>;
-    /// `self` is grad_out: (dx, dbias) of `bias_gelu`.
-    fn bias_gelu_backward(
-        &self,
-        l: &Layout,
-        x: &Self,
-        xl: &Layout,
-        bias: &Self,
-        bl: &Layout,
-    ) -> Result<(Self, Self)>;
 
     // -- indexing --------------------------------------------------------------------------
 

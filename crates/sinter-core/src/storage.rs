@@ -394,25 +394,6 @@ impl Storage {
             _ => unreachable!("devices checked"),
         }
     }
-    /// gelu(x Wᵀ + b) in one GEMM, or None where the backend has no epilogue for it.
-    #[allow(clippy::too_many_arguments)]
-    pub fn linear_bias_gelu(
-        &self,
-        l: &Layout,
-        wt: &Storage,
-        wl: &Layout,
-        b: &Storage,
-        bl: &Layout,
-        rows: usize,
-        inp: usize,
-        out: usize,
-    ) -> Result<Option<(Storage, Storage)>> {
-        let x = self;
-        on_device!("linear_bias_gelu", [x, wt, b], |w| Ok(x
-            .linear_bias_gelu(l, wt, wl, b, bl, rows, inp, out)?
-            .map(|(y, pre)| (w(y), w(pre)))))
-    }
-
     // ---- convolution and pooling ---------------------------------------------------------
 
     pub fn conv2d(&self, l: &Layout, wt: &Storage, wl: &Layout, g: &ConvGeom) -> Result<Storage> {
@@ -507,30 +488,6 @@ impl Storage {
     pub fn avg_pool2d_backward(&self, l: &Layout, g: &PoolGeom) -> Result<Storage> {
         let gy = self;
         on_device!("avg_pool2d", [gy], |w| Ok(w(gy.avg_pool2d_backward(l, g)?)))
-    }
-
-    // ---- row kernels ---------------------------------------------------------------------
-
-    pub fn bias_gelu(&self, l: &Layout, bias: &Storage, bl: &Layout) -> Result<Option<Storage>> {
-        let x = self;
-        on_device!("bias_gelu", [x, bias], |w| Ok(x
-            .bias_gelu(l, bias, bl)?
-            .map(w)))
-    }
-    /// `self` is grad_out: (dx, dbias).
-    pub fn bias_gelu_backward(
-        &self,
-        l: &Layout,
-        x: &Storage,
-        xl: &Layout,
-        bias: &Storage,
-        bl: &Layout,
-    ) -> Result<(Storage, Storage)> {
-        let g = self;
-        on_device!("bias_gelu", [g, x, bias], |w| {
-            let (dx, db) = g.bias_gelu_backward(l, x, xl, bias, bl)?;
-            Ok((w(dx), w(db)))
-        })
     }
 
     // ---- indexing ------------------------------------------------------------------------

@@ -6,12 +6,12 @@ pub mod attention;
 pub mod conv;
 mod decode_attention;
 pub mod elementwise;
-pub mod fused;
 pub mod matmul;
 pub mod nn;
 mod primitives;
 pub mod reduce;
 
+pub(crate) use primitives::linear_epilogue;
 pub use primitives::CpuDevice;
 
 use std::borrow::Cow;

@@ -5,7 +5,7 @@
 
 use super::attention::{self, Src};
 use super::matmul::MatView;
-use super::{conv, elementwise, fused, matmul, nn, reduce, CpuStorage};
+use super::{conv, elementwise, matmul, nn, reduce, CpuStorage};
 use crate::backend::{
     check_indices, reduced_dtype, AttnGeom, BackendDevice, BackendStorage, ConvGeom, DecodeSeq,
     DropoutMask, IndexGeom, Indices, PoolGeom,
@@ -57,7 +57,7 @@ fn split_at_dim(shape: &[usize], dim: usize) -> (usize, usize, usize) {
 /// act(x Wᵀ + bias) as one GEMM with an epilogue (see `matmul::linear_f32`): (y, the
 /// pre-activation when there is an activation), or None unless every operand is f32 (half
 /// precision runs the composite, which widens per op).
-fn linear_epilogue(
+pub(crate) fn linear_epilogue(
     (x, xl): (&CpuStorage, &Layout),
     (w, wl): (&CpuStorage, &Layout),
     bias: Option<(&CpuStorage, &Layout)>,
@@ -108,11 +108,6 @@ fn float_only(op: &'static str, dtype: DType) -> Result<()> {
             supported: "f32, f16 or bf16",
         })
     }
-}
-
-/// The last dimension's size (rows of that length are what the row kernels work on).
-fn last_dim(l: &Layout) -> usize {
-    l.shape().last().copied().unwrap_or(1)
 }
 
 /// The ids as checked row numbers (the CPU checks every time: it is one pass over the ids).
@@ -287,29 +282,6 @@ impl BackendStorage for CpuStorage {
         };
         Ok(CpuStorage::from_f32(out, CpuStorage::dtype(self)))
     }
-    fn linear_bias_gelu(
-        &self,
-        l: &Layout,
-        w: &Self,
-        wl: &Layout,
-        b: &Self,
-        bl: &Layout,
-        rows: usize,
-        inp: usize,
-        out: usize,
-    ) -> Result<Option<(Self, Self)>> {
-        let bias = Some((b, bl));
-        Ok(linear_epilogue(
-            (self, l),
-            (w, wl),
-            bias,
-            Activation::GeluTanh,
-            rows,
-            inp,
-            out,
-        )
-        .map(|(y, pre)| (y, pre.expect("an activation keeps its pre-activation"))))
-    }
     fn linear(
         &self,
         l: &Layout,
@@ -426,35 +398,6 @@ impl BackendStorage for CpuStorage {
         let dy = self.f32_contiguous(l);
         let dx = conv::avg_pool2d_backward(&dy, g);
         Ok(CpuStorage::from_f32(dx, CpuStorage::dtype(self)))
-    }
-
-    fn bias_gelu(&self, l: &Layout, bias: &Self, bl: &Layout) -> Result<Option<Self>> {
-        float_only("bias_gelu", CpuStorage::dtype(self))?;
-        let y = fused::bias_gelu(
-            &self.f32_contiguous(l),
-            &bias.f32_contiguous(bl),
-            last_dim(l),
-        );
-        Ok(Some(CpuStorage::from_f32(y, CpuStorage::dtype(self))))
-    }
-    fn bias_gelu_backward(
-        &self,
-        l: &Layout,
-        x: &Self,
-        xl: &Layout,
-        bias: &Self,
-        bl: &Layout,
-    ) -> Result<(Self, Self)> {
-        let (dx, db) = fused::bias_gelu_backward(
-            &x.f32_contiguous(xl),
-            &bias.f32_contiguous(bl),
-            &self.f32_contiguous(l),
-            last_dim(xl),
-        );
-        Ok((
-            CpuStorage::from_f32(dx, CpuStorage::dtype(x)),
-            CpuStorage::from_f32(db, CpuStorage::dtype(bias)),
-        ))
     }
 
     fn index_select(&self, l: &Layout, ids: Indices<'_, Self>, g: IndexGeom) -> Result<Self> {

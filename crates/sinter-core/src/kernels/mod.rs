@@ -3,6 +3,7 @@
 //! reference, its one backward, its CPU loops (`cpu.rs`) and its CUDA kernel (`cuda.rs` and the
 //! `.cu` source). Nothing below this module imports it.
 
+pub mod bias_gelu;
 pub mod classifier;
 pub mod cross_entropy;
 mod launch;

@@ -213,9 +213,8 @@ pub fn unit_roundoff(dtype: DType) -> f64 {
 
 pub use sinter_core::op::erf;
 
-pub fn gelu_tanh(x: f64) -> f64 {
-    0.5 * x * (1.0 + ((2.0 / std::f64::consts::PI).sqrt() * (x + 0.044715 * x * x * x)).tanh())
-}
+/// GELU's tanh form: the op's one f64 reference.
+pub use sinter_core::kernels::bias_gelu::reference::gelu_tanh;
 pub fn gelu_erf(x: f64) -> f64 {
     0.5 * x * (1.0 + erf(x / 2f64.sqrt()))
 }

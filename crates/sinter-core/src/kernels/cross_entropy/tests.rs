@@ -180,3 +180,30 @@ fn bad_targets_are_errors_naming_them() {
         assert_eq!(l.to_vec_f32().unwrap(), [0.0, 0.0], "{dev}");
     }
 }
+
+#[test]
+fn nvrtc_compiles_the_kernels_for_sm80_and_sm90() {
+    use sinter_cuda::nvrtc;
+    let required = std::env::var("SINTER_REQUIRE_NVRTC").is_ok_and(|v| v == "1");
+    if !nvrtc::nvrtc_present() || nvrtc::find_cuda_include().is_err() {
+        assert!(
+            !required,
+            "SINTER_REQUIRE_NVRTC=1 but NVRTC or the CUDA headers are missing"
+        );
+        eprintln!("skipped: NVRTC not found (run .ci/nvrtc-setup)");
+        return;
+    }
+    let src =
+        sinter_cuda::user_kernel::KernelSource::new("cross_entropy.cu", CROSS_ENTROPY_CU).unwrap();
+    for arch in ["sm_80", "sm_90"] {
+        let ptx = src.ptx(arch).unwrap_or_else(|e| panic!("{arch}: {e}"));
+        for sfx in ["f32", "f16", "bf16"] {
+            for (kernel, params) in [("cross_entropy_fwd", 7), ("cross_entropy_bwd", 8)] {
+                let name = format!("{kernel}_{sfx}");
+                let e = ptx.entries.iter().find(|e| e.name == name);
+                let e = e.unwrap_or_else(|| panic!("{arch}: no entry {name}"));
+                assert_eq!(e.params.len(), params, "{arch}: {name}'s parameters");
+            }
+        }
+    }
+}
