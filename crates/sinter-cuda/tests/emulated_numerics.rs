@@ -7,7 +7,6 @@
 mod harness;
 
 use harness::*;
-use sinter_cuda::launch::Step;
 use sinter_cuda::ops::adamw::{self, ctl, AdamW};
 use sinter_cuda::ops::binary::{self, BinaryOp};
 use sinter_cuda::ops::conv::{self, Window2d};
