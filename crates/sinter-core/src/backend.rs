@@ -30,7 +30,6 @@
 //! | reductions | `reduce` (sum, max, min, argmax over one dim), `sum_squares` (the global gradient norm) |
 //! | products | `matmul` (batched, strided, broadcast batch), `linear` (GEMM with a bias epilogue), `linear_bias_gelu` (GEMM with bias + GELU epilogue) |
 //! | convolution | `conv2d`, `conv2d_backward_data`, `conv2d_backward_filter`, max / avg pool forward and backward |
-//! | rows | `softmax` / log-softmax and backward, `cross_entropy` and backward, `bias_gelu` and backward (LayerNorm and residual add + LayerNorm are kernels: `kernels/layer_norm/`) |
 //! | indexing | `index_select`, `index_select_backward` (scatter-add into zeros), `index_add` |
 //! | random | `dropout`, `dropout_backward` |
 //! | custom ops | `custom_forward` (`custom_op::seam`: a user's CPU closure or NVRTC kernel; None = no forward for this device) |
@@ -360,18 +359,6 @@ impl<S> DropoutMask<S> {
     }
 }
 
-/// The outputs of a fused cross-entropy forward, f32: each row's loss, computed as
-/// ln Σ e^(x − max) − (x_t − max) (0 where the target is the ignore index), and two statistics
-/// per row, its max and ln Σ e^(x − max) (what the backward needs besides the logits; kept
-/// apart because their sum, the log-sum-exp, rounds at the max's scale). Reductions, class
-/// weights and label smoothing are tensor ops above the seam (`loss.rs`).
-#[derive(Clone, Debug)]
-pub struct CrossEntropyOut<S> {
-    pub loss: S,
-    /// [rows, 2]: (max, ln Σ e^(x − max)) per row.
-    pub stats: S,
-}
-
 // ---- the traits ----------------------------------------------------------------------------------
 
 /// Where a backend's storages are made.
@@ -476,21 +463,6 @@ pub trait BackendStorage: Sized + Clone + Send + Sync + std::fmt::Debug {
     ) -> Result<Option<Self>> {
         Ok(None)
     }
-    /// gelu_tanh(x Wᵀ + b) for x [rows, in] (contiguous view), W [out, in], b [out], as one
-    /// GEMM with an epilogue: Some((y, pre-activation)), or None where the backend has no such
-    /// epilogue for this dtype and width.
-    fn linear_bias_gelu(
-        &self,
-        l: &Layout,
-        w: &Self,
-        wl: &Layout,
-        b: &Self,
-        bl: &Layout,
-        rows: usize,
-        inp: usize,
-        out: usize,
-    ) -> Result<Option<(Self, Self)>>;
-
     // -- convolution and pooling ---------------------------------------------------------------
 
     /// conv2d of x with weight w (used in x's dtype); output [n, o, oh, ow] in x's dtype.
@@ -518,45 +490,6 @@ pub trait BackendStorage: Sized + Clone + Send + Sync + std::fmt::Debug {
     /// Average pooling; padding counts as zeros in the average.
     fn avg_pool2d(&self, l: &Layout, g: &PoolGeom) -> Result<Self>;
     fn avg_pool2d_backward(&self, l: &Layout, g: &PoolGeom) -> Result<Self>;
-
-    // -- row kernels -----------------------------------------------------------------------
-
-    /// Softmax (or log-softmax) over the last dimension.
-    fn softmax(&self, l: &Layout, log: bool) -> Result<Self>;
-    /// `self` is grad_out; y the forward's output.
-    fn softmax_backward(&self, l: &Layout, y: &Self, yl: &Layout, log: bool) -> Result<Self>;
-    /// Cross-entropy of each row of logits [rows, c] (`self`) against i64 targets [rows]; a row
-    /// whose target is `ignore_index` has loss 0.
-    fn cross_entropy(
-        &self,
-        l: &Layout,
-        targets: Indices<'_, Self>,
-        ignore_index: i64,
-    ) -> Result<CrossEntropyOut<Self>>;
-    /// d Σ_r grad_r · loss_r / d logits = (softmax(x_r) − onehot(t_r)) · grad_r (0 for ignored
-    /// rows), from the forward's `stats` and the per-row loss gradient `grad` (f32 [rows], any
-    /// layout), in the logits' dtype.
-    fn cross_entropy_backward(
-        &self,
-        l: &Layout,
-        targets: Indices<'_, Self>,
-        stats: &Self,
-        grad: &Self,
-        gradl: &Layout,
-        ignore_index: i64,
-    ) -> Result<Self>;
-    /// gelu_tanh(x + bias) with bias [n] over the last dimension: Some(y), or None where the
-    /// backend runs it as the composite.
-    fn bias_gelu(&self, l: &Layout, bias: &Self, bl: &Layout) -> Result<Option<Self>>;
-    /// `self` is grad_out: (dx, dbias) of `bias_gelu`.
-    fn bias_gelu_backward(
-        &self,
-        l: &Layout,
-        x: &Self,
-        xl: &Layout,
-        bias: &Self,
-        bl: &Layout,
-    ) -> Result<(Self, Self)>;
 
     // -- indexing --------------------------------------------------------------------------
 

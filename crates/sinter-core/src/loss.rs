@@ -16,7 +16,6 @@
 //! The loss is f32 whatever the logits' dtype.
 
 use crate::backend::IndexUse;
-use crate::tensor::output;
 use crate::{bail, DType, Error, Result, Tensor};
 
 /// How a loss reduces its per-element values (PyTorch's `reduction`).
@@ -95,7 +94,8 @@ impl Tensor {
         let c = self.check_cross_entropy(targets, o)?;
         let what = IndexUse::CrossEntropy;
         let (targets, checked) = self.indices_here(targets, c, Some(o.ignore_index), what)?;
-        let rows = self.cross_entropy_rows(&targets, checked, o.ignore_index)?;
+        let rows =
+            crate::kernels::cross_entropy::row_losses(self, &targets, checked, o.ignore_index)?;
         let dev = self.device();
         let counted = targets.ne(&scalar_i64(o.ignore_index, dev)?)?;
         let weight = o
@@ -190,34 +190,6 @@ impl Tensor {
             }
         }
         Ok(c)
-    }
-
-    /// The fused primitive: each row's loss (f32, in the targets' shape; 0 where ignored).
-    fn cross_entropy_rows(&self, targets: &Tensor, checked: bool, ignore: i64) -> Result<Tensor> {
-        let what = IndexUse::CrossEntropy;
-        let out = targets.as_indices(what, checked, |ids| {
-            self.storage().cross_entropy(self.layout(), ids, ignore)
-        })?;
-        let (logits, stats, t) = (self.clone(), out.stats, targets.clone());
-        Ok(output(
-            out.loss,
-            targets.shape(),
-            "cross_entropy",
-            &[self],
-            move |g, _| {
-                let d = t.as_indices(what, true, |ids| {
-                    logits.storage().cross_entropy_backward(
-                        logits.layout(),
-                        ids,
-                        &stats,
-                        &g.storage(),
-                        g.layout(),
-                        ignore,
-                    )
-                })?;
-                Ok(vec![Some(Tensor::from_storage(d, logits.shape()))])
-            },
-        ))
     }
 
     /// Mean squared error against a target of the same shape.

@@ -389,37 +389,13 @@ impl Tensor {
 
     // ---- softmax --------------------------------------------------------------------------------
 
-    fn softmax_impl(&self, dim: isize, log: bool) -> Result<Tensor> {
-        let d = resolve_dim("softmax", dim, self.rank())?;
-        let last = self.rank() - 1;
-        if d != last {
-            return self
-                .transpose(d as isize, last as isize)?
-                .softmax_impl(-1, log)?
-                .transpose(d as isize, last as isize);
-        }
-        let name = if log { "log_softmax" } else { "softmax" };
-        self.float_op(name)?;
-        if self.numel() == 0 {
-            // Nothing to normalise: an empty result of the same shape, as in PyTorch.
-            let s = Storage::alloc(self.device(), 0, self.dtype())?;
-            return Ok(output(s, self.shape(), name, &[self], |g, _| {
-                Ok(vec![Some(g.clone())])
-            }));
-        }
-        let s = self.storage().softmax(self.layout(), log)?;
-        Ok(output(s, self.shape(), name, &[self], move |g, y| {
-            let dx = g
-                .storage()
-                .softmax_backward(g.layout(), &y.storage(), y.layout(), log)?;
-            Ok(vec![Some(Tensor::from_storage(dx, g.shape()))])
-        }))
-    }
+    /// Softmax over `dim` (the op lives in `kernels/softmax/`).
     pub fn softmax(&self, dim: isize) -> Result<Tensor> {
-        self.softmax_impl(dim, false)
+        crate::kernels::softmax::softmax(self, dim, false)
     }
+    /// Log-softmax over `dim` (the op lives in `kernels/softmax/`).
     pub fn log_softmax(&self, dim: isize) -> Result<Tensor> {
-        self.softmax_impl(dim, true)
+        crate::kernels::softmax::softmax(self, dim, true)
     }
 
     // ---- matmul -----------------------------------------------------------------------------------

@@ -3,7 +3,7 @@
 //! device, then calls that backend's implementation, once.
 
 use crate::backend::{
-    BackendDevice, BackendStorage, ConvGeom, CrossEntropyOut, DropoutMask, IndexGeom, Indices,
+    BackendDevice, BackendStorage, ConvGeom, DropoutMask, IndexGeom, Indices,
     PoolGeom,
 };
 use crate::cpu::{CpuDevice, CpuStorage};
@@ -354,25 +354,6 @@ impl Storage {
             _ => unreachable!("devices checked"),
         }
     }
-    /// gelu(x Wᵀ + b) in one GEMM, or None where the backend has no epilogue for it.
-    #[allow(clippy::too_many_arguments)]
-    pub fn linear_bias_gelu(
-        &self,
-        l: &Layout,
-        wt: &Storage,
-        wl: &Layout,
-        b: &Storage,
-        bl: &Layout,
-        rows: usize,
-        inp: usize,
-        out: usize,
-    ) -> Result<Option<(Storage, Storage)>> {
-        let x = self;
-        on_device!("linear_bias_gelu", [x, wt, b], |w| Ok(x
-            .linear_bias_gelu(l, wt, wl, b, bl, rows, inp, out)?
-            .map(|(y, pre)| (w(y), w(pre)))))
-    }
-
     // ---- convolution and pooling ---------------------------------------------------------
 
     pub fn conv2d(&self, l: &Layout, wt: &Storage, wl: &Layout, g: &ConvGeom) -> Result<Storage> {
@@ -436,84 +417,6 @@ impl Storage {
     pub fn avg_pool2d_backward(&self, l: &Layout, g: &PoolGeom) -> Result<Storage> {
         let gy = self;
         on_device!("avg_pool2d", [gy], |w| Ok(w(gy.avg_pool2d_backward(l, g)?)))
-    }
-
-    // ---- row kernels ---------------------------------------------------------------------
-
-    pub fn softmax(&self, l: &Layout, log: bool) -> Result<Storage> {
-        let x = self;
-        on_device!("softmax", [x], |w| Ok(w(x.softmax(l, log)?)))
-    }
-    /// `self` is grad_out; `y` the forward's output.
-    pub fn softmax_backward(
-        &self,
-        l: &Layout,
-        y: &Storage,
-        yl: &Layout,
-        log: bool,
-    ) -> Result<Storage> {
-        let g = self;
-        on_device!("softmax", [g, y], |w| Ok(w(
-            g.softmax_backward(l, y, yl, log)?
-        )))
-    }
-    pub fn cross_entropy(
-        &self,
-        l: &Layout,
-        targets: Indices<'_, Storage>,
-        ignore_index: i64,
-    ) -> Result<CrossEntropyOut<Storage>> {
-        let (x, t) = (self, targets.ids);
-        on_device!("cross_entropy", [x, t], |w| {
-            let o = x.cross_entropy(l, targets.with(t), ignore_index)?;
-            Ok(CrossEntropyOut {
-                loss: w(o.loss),
-                stats: w(o.stats),
-            })
-        })
-    }
-    /// `self` is the logits; `grad` the per-row losses' gradient.
-    pub fn cross_entropy_backward(
-        &self,
-        l: &Layout,
-        targets: Indices<'_, Storage>,
-        stats: &Storage,
-        grad: &Storage,
-        gradl: &Layout,
-        ignore_index: i64,
-    ) -> Result<Storage> {
-        let (x, t) = (self, targets.ids);
-        on_device!("cross_entropy", [x, t, stats, grad], |w| {
-            Ok(w(x.cross_entropy_backward(
-                l,
-                targets.with(t),
-                stats,
-                grad,
-                gradl,
-                ignore_index,
-            )?))
-        })
-    }
-    pub fn bias_gelu(&self, l: &Layout, bias: &Storage, bl: &Layout) -> Result<Option<Storage>> {
-        let x = self;
-        on_device!("bias_gelu", [x, bias], |w| Ok(x
-            .bias_gelu(l, bias, bl)?
-            .map(w)))
-    }
-    /// `self` is grad_out: (dx, dbias).
-    pub fn bias_gelu_backward(
-        &self,
-        l: &Layout,
-        x: &Storage,
-        xl: &Layout,
-        bias: &Storage,
-        bl: &Layout,
-    ) -> Result<(Storage, Storage)> {
-        let g = self;
-        on_device!("bias_gelu", [g, x, bias], |w| {
-            let (dx, db) = g.bias_gelu_backward(l, x, xl, bias, bl)?;
-            Ok((w(dx), w(db)))
-        })
     }
 
     // ---- indexing ------------------------------------------------------------------------

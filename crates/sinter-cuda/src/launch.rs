@@ -281,10 +281,7 @@ impl Launch {
         match self.file {
             KernelFile::FlashAttention => OpClass::Attention,
             KernelFile::Copy => OpClass::Copy,
-            KernelFile::Reduce
-            | KernelFile::Softmax
-            | KernelFile::CrossEntropy
-            | KernelFile::Embedding => OpClass::Row,
+            KernelFile::Reduce | KernelFile::Embedding => OpClass::Row,
             KernelFile::Int8Gemm => OpClass::Gemm,
             KernelFile::Unary
             | KernelFile::Binary

@@ -25,8 +25,6 @@ pub enum KernelFile {
     Binary,
     Copy,
     Reduce,
-    Softmax,
-    CrossEntropy,
     Embedding,
     Conv,
     Dropout,
@@ -39,13 +37,11 @@ pub enum KernelFile {
 
 impl KernelFile {
     /// Every kernel file.
-    pub const ALL: [KernelFile; 14] = [
+    pub const ALL: [KernelFile; 12] = [
         KernelFile::Unary,
         KernelFile::Binary,
         KernelFile::Copy,
         KernelFile::Reduce,
-        KernelFile::Softmax,
-        KernelFile::CrossEntropy,
         KernelFile::Embedding,
         KernelFile::Conv,
         KernelFile::Dropout,
@@ -63,8 +59,6 @@ impl KernelFile {
             KernelFile::Binary => "binary.cu",
             KernelFile::Copy => "copy.cu",
             KernelFile::Reduce => "reduce.cu",
-            KernelFile::Softmax => "softmax.cu",
-            KernelFile::CrossEntropy => "cross_entropy.cu",
             KernelFile::Embedding => "embedding.cu",
             KernelFile::Conv => "conv.cu",
             KernelFile::Dropout => "dropout.cu",
@@ -83,8 +77,6 @@ impl KernelFile {
             KernelFile::Binary => include_str!("../kernels/binary.cu"),
             KernelFile::Copy => include_str!("../kernels/copy.cu"),
             KernelFile::Reduce => include_str!("../kernels/reduce.cu"),
-            KernelFile::Softmax => include_str!("../kernels/softmax.cu"),
-            KernelFile::CrossEntropy => include_str!("../kernels/cross_entropy.cu"),
             KernelFile::Embedding => include_str!("../kernels/embedding.cu"),
             KernelFile::Conv => include_str!("../kernels/conv.cu"),
             KernelFile::Dropout => include_str!("../kernels/dropout.cu"),

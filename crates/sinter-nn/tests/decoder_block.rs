@@ -374,9 +374,7 @@ fn affine(w: &[f32], b: Option<&[f32]>, x: &[f64], out: usize) -> Vec<f64> {
         .collect()
 }
 
-fn gelu_tanh(v: f64) -> f64 {
-    0.5 * v * (1.0 + ((2.0 / std::f64::consts::PI).sqrt() * (v + 0.044715 * v.powi(3))).tanh())
-}
+use sinter_core::kernels::bias_gelu::reference::gelu_tanh;
 
 fn gelu_erf_f64(v: f64) -> f64 {
     // erf(z) = 2/√π · e^(−z²) · Σ (2z²)ⁿ z / (2n+1)!!: every term positive, so no

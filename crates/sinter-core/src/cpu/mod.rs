@@ -4,12 +4,12 @@
 pub mod alloc;
 pub mod conv;
 pub mod elementwise;
-pub mod fused;
 pub mod matmul;
 pub mod nn;
 mod primitives;
 pub mod reduce;
 
+pub(crate) use primitives::linear_epilogue;
 pub use primitives::CpuDevice;
 
 use std::borrow::Cow;

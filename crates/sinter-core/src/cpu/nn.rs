@@ -1,12 +1,9 @@
-//! Fused row kernels (softmax, log-softmax, layer norm, cross-entropy), index gather and
+//! The row-task helpers of the row kernels in `kernels/` (softmax, cross-entropy, LayerNorm, ...), index gather and
 //! scatter-add (the optimizer updates live in `kernels/optimizer/`). Rows are independent, so
 //! they are split across cores; parameter-gradient sums use fixed row chunks so they are
 //! deterministic.
 
 use rayon::prelude::*;
-use sinter_cpu::math::cross_entropy;
-use sinter_cpu::math::softmax;
-use sinter_cpu::Isa;
 
 /// Rows per task of the parallel row kernels: fixed, so that the parameter-gradient sums are
 /// grouped the same way whatever the thread count.
@@ -26,7 +23,7 @@ pub(crate) fn rows_per_task(len: usize, n: usize) -> usize {
 }
 
 /// `f(first_row, rows)` over blocks of whole rows of `out` (rows of n), on all cores when long.
-fn row_tasks(out: &mut [f32], n: usize, f: impl Fn(usize, &mut [f32]) + Sync + Send) {
+pub(crate) fn row_tasks(out: &mut [f32], n: usize, f: impl Fn(usize, &mut [f32]) + Sync + Send) {
     if n == 0 || out.is_empty() {
         return;
     }
@@ -64,95 +61,6 @@ pub(crate) fn sum_partials(partials: impl IntoIterator<Item = Vec<f32>>, n: usiz
         total.iter_mut().zip(p).for_each(|(a, b)| *a += b);
     }
     total
-}
-
-pub fn softmax_rows(x: &[f32], n: usize, log: bool) -> Vec<f32> {
-    let mut out = vec![0f32; x.len()];
-    let isa = Isa::get();
-    row_tasks(&mut out, n, |r, o| {
-        softmax::softmax_rows(isa, &x[r * n..r * n + o.len()], o, n, log)
-    });
-    out
-}
-
-/// Backward of softmax (y = softmax) or log-softmax (y = log_softmax) over rows of length n.
-pub fn softmax_rows_backward(y: &[f32], g: &[f32], n: usize, log: bool) -> Vec<f32> {
-    let mut out = vec![0f32; y.len()];
-    let isa = Isa::get();
-    row_tasks(&mut out, n, |r, o| {
-        let at = r * n..r * n + o.len();
-        softmax::softmax_rows_backward(isa, &y[at.clone()], &g[at], o, n, log)
-    });
-    out
-}
-
-/// Cross-entropy of logits rows [rows, c] against class indices (checked by the caller).
-/// Returns (each row's loss, 0 where ignored; each row's statistics for the backward, see
-/// `cross_entropy::cross_entropy_rows`).
-pub fn cross_entropy(
-    logits: &[f32],
-    targets: &[i64],
-    c: usize,
-    ignore_index: i64,
-) -> (Vec<f32>, Vec<f32>) {
-    let rows = targets.len();
-    let per_row = cross_entropy::STATS_PER_ROW;
-    let (mut loss, mut stats) = (vec![0f32; rows], vec![0f32; rows * per_row]);
-    if c == 0 {
-        // No class exists, so every row is ignored (the caller checked the targets).
-        return (loss, stats);
-    }
-    let isa = Isa::get();
-    let per = rows_per_task(logits.len(), c);
-    loss.par_chunks_mut(per)
-        .zip(stats.par_chunks_mut(per * per_row))
-        .enumerate()
-        .for_each(|(i, (l, s))| {
-            let r = i * per..i * per + l.len();
-            let x = &logits[r.start * c..r.end * c];
-            cross_entropy::cross_entropy_rows(isa, x, c, &targets[r], ignore_index, l, s)
-                .expect("targets checked by backend::check_indices");
-        });
-    (loss, stats)
-}
-
-/// d(Σ_r grad_r · loss_r)/d(logits): each row's (softmax − onehot) times its loss gradient.
-pub fn cross_entropy_backward(
-    logits: &[f32],
-    targets: &[i64],
-    stats: &[f32],
-    c: usize,
-    ignore_index: i64,
-    grad: &[f32],
-) -> Vec<f32> {
-    let mut out = vec![0f32; logits.len()];
-    let isa = Isa::get();
-    row_tasks(&mut out, c, |r0, o| {
-        let rows = r0..r0 + o.len() / c;
-        // Runs of rows sharing one gradient (all of them for a mean or a sum) in one call.
-        let mut start = rows.start;
-        while start < rows.end {
-            let scale = grad[start];
-            let end = (start..rows.end)
-                .find(|&r| grad[r].to_bits() != scale.to_bits())
-                .unwrap_or(rows.end);
-            let r = start..end;
-            cross_entropy::cross_entropy_rows_backward(
-                isa,
-                &logits[r.start * c..r.end * c],
-                c,
-                &targets[r.clone()],
-                ignore_index,
-                &stats
-                    [r.start * cross_entropy::STATS_PER_ROW..r.end * cross_entropy::STATS_PER_ROW],
-                scale,
-                &mut o[(r.start - r0) * c..(r.end - r0) * c],
-            )
-            .expect("targets were checked by the forward pass");
-            start = end;
-        }
-    });
-    out
 }
 
 /// out[o, j, i] = x[o, idx[j], i] for x viewed as [outer, n, inner].

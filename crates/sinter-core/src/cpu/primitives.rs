@@ -4,10 +4,10 @@
 //! kernel family to sinter-cpu changes one call here.
 
 use super::matmul::MatView;
-use super::{conv, elementwise, fused, matmul, nn, reduce, CpuStorage};
+use super::{conv, elementwise, matmul, nn, reduce, CpuStorage};
 use crate::backend::{
-    check_indices, reduced_dtype, BackendDevice, BackendStorage, ConvGeom, CrossEntropyOut,
-    DropoutMask, IndexGeom, IndexUse, Indices, PoolGeom,
+    check_indices, reduced_dtype, BackendDevice, BackendStorage, ConvGeom, DropoutMask, IndexGeom,
+    Indices, PoolGeom,
 };
 use crate::op::{BinaryOp, ReduceOp, UnaryOp};
 use crate::{DType, Device, Error, Layout, Result, Rng};
@@ -56,7 +56,7 @@ fn split_at_dim(shape: &[usize], dim: usize) -> (usize, usize, usize) {
 /// act(x Wᵀ + bias) as one GEMM with an epilogue (see `matmul::linear_f32`): (y, the
 /// pre-activation when there is an activation), or None unless every operand is f32 (half
 /// precision runs the composite, which widens per op).
-fn linear_epilogue(
+pub(crate) fn linear_epilogue(
     (x, xl): (&CpuStorage, &Layout),
     (w, wl): (&CpuStorage, &Layout),
     bias: Option<(&CpuStorage, &Layout)>,
@@ -107,11 +107,6 @@ fn float_only(op: &'static str, dtype: DType) -> Result<()> {
             supported: "f32, f16 or bf16",
         })
     }
-}
-
-/// The last dimension's size (rows of that length are what the row kernels work on).
-fn last_dim(l: &Layout) -> usize {
-    l.shape().last().copied().unwrap_or(1)
 }
 
 /// The ids as checked row numbers (the CPU checks every time: it is one pass over the ids).
@@ -286,29 +281,6 @@ impl BackendStorage for CpuStorage {
         };
         Ok(CpuStorage::from_f32(out, CpuStorage::dtype(self)))
     }
-    fn linear_bias_gelu(
-        &self,
-        l: &Layout,
-        w: &Self,
-        wl: &Layout,
-        b: &Self,
-        bl: &Layout,
-        rows: usize,
-        inp: usize,
-        out: usize,
-    ) -> Result<Option<(Self, Self)>> {
-        let bias = Some((b, bl));
-        Ok(linear_epilogue(
-            (self, l),
-            (w, wl),
-            bias,
-            Activation::GeluTanh,
-            rows,
-            inp,
-            out,
-        )
-        .map(|(y, pre)| (y, pre.expect("an activation keeps its pre-activation"))))
-    }
     fn linear(
         &self,
         l: &Layout,
@@ -383,87 +355,6 @@ impl BackendStorage for CpuStorage {
         let dy = self.f32_contiguous(l);
         let dx = conv::avg_pool2d_backward(&dy, g);
         Ok(CpuStorage::from_f32(dx, CpuStorage::dtype(self)))
-    }
-
-    fn softmax(&self, l: &Layout, log: bool) -> Result<Self> {
-        float_only(
-            if log { "log_softmax" } else { "softmax" },
-            CpuStorage::dtype(self),
-        )?;
-        let y = nn::softmax_rows(&self.f32_contiguous(l), last_dim(l), log);
-        Ok(CpuStorage::from_f32(y, CpuStorage::dtype(self)))
-    }
-    fn softmax_backward(&self, l: &Layout, y: &Self, yl: &Layout, log: bool) -> Result<Self> {
-        let (yv, gv) = (y.f32_contiguous(yl), self.f32_contiguous(l));
-        let dx = nn::softmax_rows_backward(&yv, &gv, last_dim(l), log);
-        Ok(CpuStorage::from_f32(dx, CpuStorage::dtype(y)))
-    }
-    fn cross_entropy(
-        &self,
-        l: &Layout,
-        targets: Indices<'_, Self>,
-        ignore_index: i64,
-    ) -> Result<CrossEntropyOut<Self>> {
-        float_only("cross_entropy", CpuStorage::dtype(self))?;
-        let t = targets.ids.i64_contiguous(targets.layout);
-        // A bad target is reported in the words every backend uses.
-        check_indices(&t, last_dim(l), Some(ignore_index), IndexUse::CrossEntropy)?;
-        let (loss, stats) =
-            nn::cross_entropy(&self.f32_contiguous(l), &t, last_dim(l), ignore_index);
-        Ok(CrossEntropyOut {
-            loss: CpuStorage::F32(loss),
-            stats: CpuStorage::F32(stats),
-        })
-    }
-    fn cross_entropy_backward(
-        &self,
-        l: &Layout,
-        targets: Indices<'_, Self>,
-        stats: &Self,
-        grad: &Self,
-        gradl: &Layout,
-        ignore_index: i64,
-    ) -> Result<Self> {
-        let t = targets.ids.i64_contiguous(targets.layout);
-        let g = grad.f32_contiguous(gradl);
-        let stats = stats.f32_contiguous(&Layout::contiguous(&[stats.len()]));
-        let d = nn::cross_entropy_backward(
-            &self.f32_contiguous(l),
-            &t,
-            &stats,
-            last_dim(l),
-            ignore_index,
-            &g,
-        );
-        Ok(CpuStorage::from_f32(d, CpuStorage::dtype(self)))
-    }
-    fn bias_gelu(&self, l: &Layout, bias: &Self, bl: &Layout) -> Result<Option<Self>> {
-        float_only("bias_gelu", CpuStorage::dtype(self))?;
-        let y = fused::bias_gelu(
-            &self.f32_contiguous(l),
-            &bias.f32_contiguous(bl),
-            last_dim(l),
-        );
-        Ok(Some(CpuStorage::from_f32(y, CpuStorage::dtype(self))))
-    }
-    fn bias_gelu_backward(
-        &self,
-        l: &Layout,
-        x: &Self,
-        xl: &Layout,
-        bias: &Self,
-        bl: &Layout,
-    ) -> Result<(Self, Self)> {
-        let (dx, db) = fused::bias_gelu_backward(
-            &x.f32_contiguous(xl),
-            &bias.f32_contiguous(bl),
-            &self.f32_contiguous(l),
-            last_dim(xl),
-        );
-        Ok((
-            CpuStorage::from_f32(dx, CpuStorage::dtype(x)),
-            CpuStorage::from_f32(db, CpuStorage::dtype(bias)),
-        ))
     }
 
     fn index_select(&self, l: &Layout, ids: Indices<'_, Self>, g: IndexGeom) -> Result<Self> {

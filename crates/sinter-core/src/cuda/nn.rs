@@ -1,5 +1,5 @@
-//! Row and index primitives on the device, each with its own backward kernel: softmax /
-//! log-softmax, layer norm (and residual add + layer norm), cross-entropy, and the row gathers
+//! Index primitives on the device, each with its own backward kernel (the row kernels are in
+//! `kernels/`: softmax, cross-entropy, LayerNorm): the row gathers
 //! and deterministic scatter-adds of index_select / embedding / index_add.
 //!
 //! Indices that live on the device are checked there (`checks`: a bad one is reported, with
@@ -9,20 +9,14 @@
 
 use std::sync::Arc;
 
-use sinter_cuda::ops::cross_entropy::{self as kce, LossGrad};
-use sinter_cuda::ops::{embedding as ke, softmax as ks};
+use sinter_cuda::ops::embedding as ke;
 use sinter_cuda::{CudaDevice, DeviceBuffer};
 
 use super::checks::check_indices;
 use super::storage::{CudaStorage, DevView};
 use super::{alloc, OnOp};
-use crate::backend::{CrossEntropyOut, IndexGeom, Indices};
+use crate::backend::{IndexGeom, Indices};
 use crate::{DType, Error, Layout, Result};
-
-fn rows_of(l: &Layout) -> (usize, usize) {
-    let n = l.shape().last().copied().unwrap_or(1);
-    (l.numel().checked_div(n).unwrap_or(0), n)
-}
 
 fn float_only(op: &'static str, dtype: DType) -> Result<()> {
     if dtype.is_float() {
@@ -33,45 +27,6 @@ fn float_only(op: &'static str, dtype: DType) -> Result<()> {
         dtype,
         supported: "f32, f16 or bf16",
     })
-}
-
-/// Softmax (or log-softmax) over the last dimension.
-pub(crate) fn softmax(x: &CudaStorage, l: &Layout, log: bool) -> Result<CudaStorage> {
-    let name = if log { "log_softmax" } else { "softmax" };
-    float_only(name, x.dtype())?;
-    let (dev, dtype) = (x.device(), x.dtype());
-    let (rows, n) = rows_of(l);
-    let xv = x.window(l)?;
-    let y = alloc(dev, xv.len, dtype)?;
-    ks::softmax(dev, log, xv.slice(), y.as_slice(), rows, n, 1.0).on(name)?;
-    Ok(x.sibling(y, dtype))
-}
-
-/// The input gradient of softmax from its output `y` and the output gradient `g`.
-pub(crate) fn softmax_backward(
-    g: &CudaStorage,
-    gl: &Layout,
-    y: &CudaStorage,
-    yl: &Layout,
-    log: bool,
-) -> Result<CudaStorage> {
-    let name = if log { "log_softmax" } else { "softmax" };
-    let (dev, dtype) = (g.device(), y.dtype());
-    let (rows, n) = rows_of(yl);
-    let (yv, gv) = (y.window(yl)?, g.window_as(gl, dtype)?);
-    let gx = alloc(dev, gv.len, dtype)?;
-    ks::softmax_backward(
-        dev,
-        log,
-        yv.slice(),
-        gv.slice(),
-        gx.as_slice(),
-        rows,
-        n,
-        1.0,
-    )
-    .on(name)?;
-    Ok(g.sibling(gx, dtype))
 }
 
 /// The indices as a contiguous device window, checked on the device unless already checked.
@@ -93,73 +48,6 @@ fn device_indices(
         check_indices(dev, v.slice(), bound, ignore, ids.what)?;
     }
     Ok(v)
-}
-
-/// Cross-entropy of each row of logits [rows, c] against i64 targets (0 for a row whose target
-/// is `ignore_index`), and each row's statistics for the backward (max, ln Σ e^(x − max));
-/// both f32, on the device.
-pub(crate) fn cross_entropy(
-    logits: &CudaStorage,
-    l: &Layout,
-    targets: Indices<'_, CudaStorage>,
-    ignore_index: i64,
-) -> Result<CrossEntropyOut<CudaStorage>> {
-    let op = "cross_entropy";
-    float_only(op, logits.dtype())?;
-    let dev = logits.device();
-    let (rows, c) = rows_of(l);
-    let tv = device_indices(dev, &targets, c, Some(ignore_index))?;
-    let xv = logits.window(l)?;
-    let loss = alloc(dev, rows, DType::F32)?;
-    let stats = alloc(dev, rows * kce::STATS_PER_ROW, DType::F32)?;
-    kce::cross_entropy_forward(
-        dev,
-        xv.slice(),
-        tv.slice(),
-        loss.as_slice(),
-        Some(stats.as_slice()),
-        rows,
-        c,
-        ignore_index,
-    )
-    .on(op)?;
-    let f = |b| logits.sibling(b, DType::F32);
-    Ok(CrossEntropyOut {
-        loss: f(loss),
-        stats: f(stats),
-    })
-}
-
-/// d Σ_r g_r loss_r / d logits = (softmax − onehot) · g_r per row, in the logits' dtype.
-pub(crate) fn cross_entropy_backward(
-    logits: &CudaStorage,
-    l: &Layout,
-    targets: Indices<'_, CudaStorage>,
-    stats: &CudaStorage,
-    grad: (&CudaStorage, &Layout),
-    ignore_index: i64,
-) -> Result<CudaStorage> {
-    let op = "cross_entropy";
-    let (dev, dtype) = (logits.device(), logits.dtype());
-    let (rows, c) = rows_of(l);
-    let tv = device_indices(dev, &targets, c, Some(ignore_index))?;
-    let gv = grad.0.window_as(grad.1, DType::F32)?;
-    let xv = logits.window(l)?;
-    let dx = alloc(dev, xv.len, dtype)?;
-    kce::cross_entropy_backward(
-        dev,
-        xv.slice(),
-        tv.slice(),
-        stats.buffer().as_slice(),
-        LossGrad::PerRow(gv.slice()),
-        dx.as_slice(),
-        rows,
-        c,
-        ignore_index,
-        1.0,
-    )
-    .on(op)?;
-    Ok(logits.sibling(dx, dtype))
 }
 
 /// Checked (unless already) and flattened ids: [outer · k] rows of x viewed as

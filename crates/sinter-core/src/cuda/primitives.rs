@@ -5,7 +5,7 @@
 use super::storage::CudaStorage;
 use super::{conv, creation, elementwise, matmul, nn, random, reduce};
 use crate::backend::{
-    BackendStorage, ConvGeom, CrossEntropyOut, DropoutMask, IndexGeom, Indices, PoolGeom,
+    BackendStorage, ConvGeom, DropoutMask, IndexGeom, Indices, PoolGeom,
 };
 use crate::cpu::CpuStorage;
 use crate::op::{BinaryOp, ReduceOp, UnaryOp};
@@ -74,20 +74,6 @@ impl BackendStorage for CudaStorage {
     fn matmul(&self, l: &Layout, rhs: &Self, rl: &Layout) -> Result<Self> {
         matmul::matmul(self, l, rhs, rl)
     }
-    fn linear_bias_gelu(
-        &self,
-        l: &Layout,
-        w: &Self,
-        wl: &Layout,
-        b: &Self,
-        bl: &Layout,
-        rows: usize,
-        inp: usize,
-        out: usize,
-    ) -> Result<Option<(Self, Self)>> {
-        matmul::linear_bias_gelu(self, l, w, wl, b, bl, rows, inp, out)
-    }
-
     fn conv2d(&self, l: &Layout, w: &Self, wl: &Layout, g: &ConvGeom) -> Result<Self> {
         conv::conv2d(self, l, w, wl, g)
     }
@@ -120,47 +106,6 @@ impl BackendStorage for CudaStorage {
     }
     fn avg_pool2d_backward(&self, l: &Layout, g: &PoolGeom) -> Result<Self> {
         conv::avg_pool2d_backward(self, l, g)
-    }
-
-    fn softmax(&self, l: &Layout, log: bool) -> Result<Self> {
-        nn::softmax(self, l, log)
-    }
-    fn softmax_backward(&self, l: &Layout, y: &Self, yl: &Layout, log: bool) -> Result<Self> {
-        nn::softmax_backward(self, l, y, yl, log)
-    }
-    fn cross_entropy(
-        &self,
-        l: &Layout,
-        targets: Indices<'_, Self>,
-        ignore_index: i64,
-    ) -> Result<CrossEntropyOut<Self>> {
-        nn::cross_entropy(self, l, targets, ignore_index)
-    }
-    fn cross_entropy_backward(
-        &self,
-        l: &Layout,
-        targets: Indices<'_, Self>,
-        stats: &Self,
-        grad: &Self,
-        gradl: &Layout,
-        ignore_index: i64,
-    ) -> Result<Self> {
-        nn::cross_entropy_backward(self, l, targets, stats, (grad, gradl), ignore_index)
-    }
-    fn bias_gelu(&self, _: &Layout, _: &Self, _: &Layout) -> Result<Option<Self>> {
-        // No fused kernel without a GEMM: the op runs as the composite (add, gelu) on the
-        // device; `linear_bias_gelu` fuses it into the matmul's epilogue instead.
-        Ok(None)
-    }
-    fn bias_gelu_backward(
-        &self,
-        _: &Layout,
-        _: &Self,
-        _: &Layout,
-        _: &Self,
-        _: &Layout,
-    ) -> Result<(Self, Self)> {
-        crate::bail!("bias_gelu: internal error: CUDA runs bias + GELU as its composite, whose backward is the composite's")
     }
 
     fn index_select(&self, l: &Layout, ids: Indices<'_, Self>, g: IndexGeom) -> Result<Self> {

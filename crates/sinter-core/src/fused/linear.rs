@@ -69,7 +69,7 @@ pub fn linear_reference(x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> Result<Te
 }
 
 /// (rows, in, out) of a Linear after checking ranks, shapes, dtypes and devices.
-pub(super) fn check(
+pub(crate) fn check(
     op: &'static str,
     x: &Tensor,
     w: &Tensor,

@@ -5,21 +5,20 @@
 //! preceding Linear's GEMM: `linear_bias_gelu`), and the global gradient norm. (Softmax + cross-entropy and AdamW are already fused: `Tensor::cross_entropy`,
 //! `Tensor::adamw_step`.)
 
-pub mod bias_gelu;
 pub mod grad_norm;
 pub mod linear;
-pub mod linear_bias_gelu;
 
 pub use crate::kernels::attention::{
     attention, attention_packed, attention_packed_reference, attention_reference, causal_mask,
     decode_attention, decode_attention_reference,
 };
+pub use crate::kernels::bias_gelu::{
+    bias_gelu, bias_gelu_reference, linear_bias_gelu, linear_bias_gelu_reference,
+};
 pub use crate::kernels::conv_bias_relu::{conv2d_bias_relu, conv2d_bias_relu_reference};
 pub use crate::kernels::layer_norm::{residual_layer_norm, residual_layer_norm_reference};
-pub use bias_gelu::{bias_gelu, bias_gelu_reference};
 pub use grad_norm::global_grad_norm;
 pub use linear::{linear, linear_reference};
-pub use linear_bias_gelu::{linear_bias_gelu, linear_bias_gelu_reference};
 
 use crate::{Result, Tensor};
 

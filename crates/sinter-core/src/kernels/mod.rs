@@ -4,16 +4,23 @@
 //! `.cu` source). Nothing below this module imports it.
 
 pub mod attention;
+pub mod bias_gelu;
 pub mod classifier;
 pub mod conv_bias_relu;
+pub mod cross_entropy;
+mod launch;
 pub mod layer_norm;
 pub mod optimizer;
+pub mod softmax;
 
 use std::collections::HashMap;
 use std::hash::Hash;
 use std::sync::{Mutex, OnceLock};
 
-use crate::Result;
+use crate::{DType, Result};
+
+/// The float dtypes the folders' kernels are built for.
+const FLOATS: [DType; 3] = [DType::F32, DType::BF16, DType::F16];
 
 /// A folder's typed ops built so far, by what their kernels are compiled for (dtype, scalars).
 pub(crate) type OpCache<K, V = crate::custom_op::CustomOp> = OnceLock<Mutex<HashMap<K, V>>>;

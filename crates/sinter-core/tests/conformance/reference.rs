@@ -214,9 +214,8 @@ pub fn unit_roundoff(dtype: DType) -> f64 {
 
 pub use sinter_core::op::erf;
 
-pub fn gelu_tanh(x: f64) -> f64 {
-    0.5 * x * (1.0 + ((2.0 / std::f64::consts::PI).sqrt() * (x + 0.044715 * x * x * x)).tanh())
-}
+/// GELU's tanh form: the op's one f64 reference.
+pub use sinter_core::kernels::bias_gelu::reference::gelu_tanh;
 pub fn gelu_erf(x: f64) -> f64 {
     0.5 * x * (1.0 + erf(x / 2f64.sqrt()))
 }
@@ -313,25 +312,16 @@ pub fn along(a: &Arr, dim: isize, f: impl Fn(&[f64]) -> Vec<f64>) -> Arr {
     out
 }
 
-fn logsumexp(row: &[f64]) -> f64 {
-    let m = max(row);
-    if m == f64::NEG_INFINITY {
-        return m;
-    }
-    m + row.iter().map(|v| (v - m).exp()).sum::<f64>().ln()
-}
+use sinter_core::kernels::softmax::reference::log_sum_exp as logsumexp;
 
+/// Softmax along `dim`: the op's one f64 reference, row by row.
 pub fn softmax(a: &Arr, dim: isize) -> Arr {
-    along(a, dim, |row| {
-        let l = logsumexp(row);
-        row.iter().map(|v| (v - l).exp()).collect()
-    })
+    use sinter_core::kernels::softmax::reference::forward;
+    along(a, dim, |row| forward(row, row.len(), false))
 }
 pub fn log_softmax(a: &Arr, dim: isize) -> Arr {
-    along(a, dim, |row| {
-        let l = logsumexp(row);
-        row.iter().map(|v| v - l).collect()
-    })
+    use sinter_core::kernels::softmax::reference::forward;
+    along(a, dim, |row| forward(row, row.len(), true))
 }
 
 // ---- linear algebra ------------------------------------------------------------------------------

@@ -7,14 +7,12 @@ pub mod binary;
 pub mod boolean;
 pub mod conv;
 pub mod copy;
-pub mod cross_entropy;
 pub mod dropout;
 pub mod embedding;
 pub mod flash_attention;
 pub mod int;
 pub mod int8;
 pub mod reduce;
-pub mod softmax;
 pub mod unary;
 
 use crate::alloc::DevSlice;
@@ -205,8 +203,6 @@ pub fn sample_plans(t: &LaunchTarget) -> Vec<Launch> {
     v.extend(binary::samples(t));
     v.extend(copy::samples(t));
     v.extend(reduce::samples(t));
-    v.extend(softmax::samples(t));
-    v.extend(cross_entropy::samples(t));
     v.extend(embedding::samples(t));
     v.extend(conv::samples(t));
     v.extend(dropout::samples(t));

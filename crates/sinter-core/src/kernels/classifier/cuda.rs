@@ -1,26 +1,17 @@
 //! The fused classifier's CUDA side: the kernels of `classifier.cu` with their launches and
-//! declared traffic (for `sinter bench gpu-model`), and the check of device targets.
+//! declared traffic (for `sinter bench gpu-model`).
 
 use sinter_cuda::launch::row_block;
 
-use crate::backend::IndexUse;
 use crate::custom_op::{CudaKernel, KernelLaunch, OpClass, TensorMeta, Traffic};
-use crate::storage::Storage;
-use crate::{DType, Error, Result, Tensor};
+use crate::kernels::launch::suffix;
+use crate::{DType, Result};
 
 /// The CUDA C++ of both kernels (compiled by NVRTC at the first CUDA call).
 pub const CLASSIFIER_CU: &str = include_str!("classifier.cu");
 
 /// Blocks of a grid-stride launch at most (rows or elements beyond are strided over).
 const MAX_BLOCKS: usize = 65_535;
-
-fn suffix(d: DType) -> &'static str {
-    match d {
-        DType::F16 => "f16",
-        DType::BF16 => "bf16",
-        _ => "f32",
-    }
-}
 
 /// The forward kernel for `dtype`: a row group per block row (as the cross-entropy kernels),
 /// its scalars rows, n, valid and the ignore index.
@@ -68,23 +59,4 @@ pub(super) fn grad_scale_kernel(dtype: DType) -> Result<CudaKernel> {
                 .with_cost(OpClass::Elementwise, Traffic::bytes(4, 0)))
         },
     )
-}
-
-/// Queues the device check of `targets` (on `logits`' CUDA device) against [0, valid), the
-/// ignore index passing: a bad one is reported by the next call that waits for the device,
-/// as for the built-in cross-entropy.
-pub(super) fn check_targets(targets: &Tensor, valid: usize, ignore: i64) -> Result<()> {
-    let s = targets.storage();
-    let Storage::Cuda(c) = &*s else {
-        return Ok(());
-    };
-    let v = c.window(targets.layout())?;
-    crate::cuda::checks::check_indices(
-        c.device(),
-        v.slice(),
-        valid,
-        Some(ignore),
-        IndexUse::CrossEntropy,
-    )
-    .map_err(|e| Error::Msg(format!("fused_classifier: {e}")))
 }

@@ -122,7 +122,7 @@ pub fn fused_classifier(
     let what = IndexUse::CrossEntropy;
     match targets.device() {
         Device::Cpu => check_indices(&targets.to_vec_i64()?, valid, Some(ignore_index), what)?,
-        _ => cuda::check_targets(targets, valid, ignore_index)?,
+        _ => super::launch::check_device_targets("fused_classifier", targets, valid, ignore_index)?,
     }
     let dev = logits.device();
     let (out, count) = {

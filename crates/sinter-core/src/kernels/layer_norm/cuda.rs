@@ -5,10 +5,11 @@
 
 use std::sync::OnceLock;
 
-use sinter_cuda::launch::{row_block, rows_grid, LaunchTarget, ELEMWISE_BLOCK};
+use sinter_cuda::launch::ELEMWISE_BLOCK;
 
 use crate::custom_op::{CudaKernel, KernelLaunch, OpClass, TensorMeta, Traffic};
-use crate::{bail, DType, Device, Result};
+use crate::kernels::launch::{bytes, rows_n, suffix};
+use crate::{DType, Result};
 
 /// The CUDA C++ of the kernels (compiled by NVRTC at the first CUDA call).
 pub const LAYER_NORM_CU: &str = include_str!("layer_norm.cu");
@@ -18,51 +19,17 @@ fn kernel(
     dtype: DType,
     launch: impl Fn(&[TensorMeta]) -> Result<KernelLaunch> + Send + Sync + 'static,
 ) -> Result<CudaKernel> {
-    let sfx = match dtype {
-        DType::F16 => "f16",
-        DType::BF16 => "bf16",
-        _ => "f32",
-    };
-    let name = format!("{base}_{sfx}");
-    // One source for every kernel of the file, so it is compiled once.
     static SOURCE: OnceLock<CudaKernel> = OnceLock::new();
-    if let Some(k) = SOURCE.get() {
-        return Ok(k.sibling(&name, launch));
-    }
-    let k = CudaKernel::new("layer_norm.cu", LAYER_NORM_CU, &name, launch)?;
-    let _ = SOURCE.set(k.clone());
-    Ok(k)
+    let name = format!("{base}_{}", suffix(dtype));
+    crate::kernels::launch::kernel(&SOURCE, ("layer_norm.cu", LAYER_NORM_CU), &name, launch)
 }
 
-/// The launch target (SM count) of the device `m` lives on.
-fn target(m: &TensorMeta) -> Result<LaunchTarget> {
-    match m.device {
-        Device::Cuda(o) => Ok(crate::cuda::device(o)?.target()),
-        d => bail!("layer_norm: a CUDA kernel launched for a tensor on {d}"),
-    }
+fn target(m: &TensorMeta) -> Result<sinter_cuda::launch::LaunchTarget> {
+    crate::kernels::launch::target("layer_norm", m)
 }
 
-/// (rows, n) of a [.., n] operand.
-fn rows_n(m: &TensorMeta) -> (usize, usize) {
-    let n = m.shape.last().copied().unwrap_or(1).max(1);
-    (m.numel() / n, n)
-}
-
-/// A row-group launch over the rows of `m` (one group of threads per row).
 fn row_launch(m: &TensorMeta) -> Result<KernelLaunch> {
-    let (rows, n) = rows_n(m);
-    let (bx, by) = row_block(n);
-    Ok(KernelLaunch {
-        grid: (rows_grid(&target(m)?, rows, by, bx * by), 1, 1),
-        block: (bx, by, 1),
-        shared_mem: 0,
-        scalars: Vec::new(),
-        cost: None,
-    })
-}
-
-fn bytes(m: &TensorMeta) -> usize {
-    m.numel() * m.dtype.size_in_bytes()
+    crate::kernels::launch::row_launch("layer_norm", m)
 }
 
 /// Inputs (x, gamma, beta) in one dtype; outputs (y, mean, rstd).

@@ -19,13 +19,11 @@ mod cuda;
 
 use std::sync::OnceLock;
 
-use super::{cached, OpCache};
+use super::{cached, OpCache, FLOATS};
 use crate::custom_op::{CustomOp, OutputSpec, TensorMeta};
 use crate::tensor::output_of;
 use crate::{no_grad, DType, Device, Error, Result, Tensor};
 pub use cuda::LAYER_NORM_CU;
-
-const FLOATS: [DType; 3] = [DType::F32, DType::BF16, DType::F16];
 
 /// The per-row statistics output of x (`[rows]` f32).
 fn stats_spec(x: &TensorMeta) -> OutputSpec {

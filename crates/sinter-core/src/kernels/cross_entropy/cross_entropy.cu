@@ -1,5 +1,6 @@
 // cross_entropy.cu — fused log-softmax + negative log-likelihood over class indices, with
-// ignore_index, forward and backward; the probabilities are never materialised in memory.
+// ignore_index, forward and backward; the probabilities are never materialised in memory
+// (sinter-core's kernels/cross_entropy/; launched by its cuda.rs).
 //
 // cross_entropy_fwd_<t>(const T* logits, const i64* target, float* loss, float* stats,
 //                       i64 rows, i64 n, i64 ignore_index)
@@ -13,13 +14,9 @@
 //     gave 3.3e-4 relative error). The sum is kept as 1 + rest, the max's own term apart, and
 //     its log taken as log1p(rest), so a loss of 1e-9 keeps its digits too.
 // cross_entropy_bwd_<t>(const T* logits, const i64* target, const float* stats, const float* dloss,
-//                       T* dlogits, i64 rows, i64 n, i64 ignore_index, i64 dloss_stride, float scale)
-//     dlogits[r, j] = (exp((x_j - max) - ln Σ) - [j == target[r]]) * dloss[r * dloss_stride] * scale
-//     (0 for ignored rows), the target's p - 1 as expm1 (p is within an ulp of 1 when confident). dloss may be null (treated as 1); dloss_stride 0 = one scalar upstream
-//     gradient (mean/sum reduction), 1 = per-row (reduction "none"). For a mean over valid rows pass
-//     scale = 1 / count (see ce_count_valid).
-// ce_count_valid(const i64* target, float* count, i64 rows, i64 ignore_index)
-//     count[0] = number of rows whose target != ignore_index (one block, exact integer count).
+//                       T* dlogits, i64 rows, i64 n, i64 ignore_index)
+//     dlogits[r, j] = (exp((x_j - max) - ln Σ) - [j == target[r]]) * dloss[r] (0 for ignored
+//     rows), the target's p - 1 as expm1 (p is within an ulp of 1 when confident).
 //
 // Why it is fast: one read of the logits for the forward (online max/sum), one read + one write for
 // the backward; the saved statistics (8 bytes per row) replace a saved [rows, n] probability
@@ -43,18 +40,15 @@ __device__ __forceinline__ void ce_fwd(const T* logits, const i64* target, float
             else if (t < 0 || t >= n) out = SINTER_NAN;
             else out = log_sum - (to_f32(logits[r * n + t]) - m);
             loss[r] = out;
-            if (stats) {
-                stats[2 * r] = m;
-                stats[2 * r + 1] = log_sum;
-            }
+            stats[2 * r] = m;
+            stats[2 * r + 1] = log_sum;
         }
     }
 }
 
 template <typename T>
 __device__ __forceinline__ void ce_bwd(const T* logits, const i64* target, const float* stats, const float* dloss,
-                                       T* dlogits, i64 rows, i64 n, i64 ignore_index, i64 dloss_stride,
-                                       float scale) {
+                                       T* dlogits, i64 rows, i64 n, i64 ignore_index) {
     for (i64 r0 = (i64)blockIdx.x * blockDim.y; r0 < rows; r0 += (i64)gridDim.x * blockDim.y) {
         const i64 r = r0 + threadIdx.y;
         if (r >= rows) continue;  // no block-level sync below: safe to skip
@@ -65,7 +59,7 @@ __device__ __forceinline__ void ce_bwd(const T* logits, const i64* target, const
             continue;
         }
         const float m = stats[2 * r], log_sum = stats[2 * r + 1];
-        const float g = (dloss ? dloss[r * dloss_stride] : 1.f) * scale;
+        const float g = dloss[r];
         row_write(dlogits + r * n, n, [&](i64 j) {
             const float z = (to_f32(xr[j]) - m) - log_sum;
             return (j == t ? expm1f(z) : expf(z)) * g;
@@ -73,32 +67,17 @@ __device__ __forceinline__ void ce_bwd(const T* logits, const i64* target, const
     }
 }
 
-extern "C" __global__ void ce_count_valid(const i64* target, float* count, i64 rows, i64 ignore_index) {
-    // Exact integer count per thread, summed in thread order by thread 0 (blockDim.x <= 1024).
-    i64 c = 0;
-    for (i64 r = threadIdx.x; r < rows; r += blockDim.x) c += target[r] != ignore_index ? 1 : 0;
-    __shared__ i64 partial[1024];
-    partial[threadIdx.x] = c;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        i64 total = 0;
-        for (int k = 0; k < (int)blockDim.x; ++k) total += partial[k];
-        count[0] = (float)total;
-    }
-}
-
 #define CE_T(sfx, T)                                                                                 \
     extern "C" __global__ void cross_entropy_fwd_##sfx(const T* logits, const i64* target,           \
                                                        float* loss, float* stats, i64 rows, i64 n,   \
                                                        i64 ignore_index) {                           \
-        ce_fwd<T>(logits, target, loss, stats, rows, n, ignore_index);                                 \
+        ce_fwd<T>(logits, target, loss, stats, rows, n, ignore_index);                               \
     }                                                                                                \
     extern "C" __global__ void cross_entropy_bwd_##sfx(const T* logits, const i64* target,           \
                                                        const float* stats, const float* dloss,       \
                                                        T* dlogits, i64 rows, i64 n,                  \
-                                                       i64 ignore_index, i64 dloss_stride,           \
-                                                       float scale) {                                \
-        ce_bwd<T>(logits, target, stats, dloss, dlogits, rows, n, ignore_index, dloss_stride, scale); \
+                                                       i64 ignore_index) {                           \
+        ce_bwd<T>(logits, target, stats, dloss, dlogits, rows, n, ignore_index);                     \
     }
 CE_T(f32, float)
 CE_T(f16, __half)

@@ -1,0 +1,178 @@
+//! Softmax and log-softmax against the f64 [`reference`], values and input gradients, in f32,
+//! bf16 and f16, on the CPU and the CUDA device (the real GPU when present, else the emulated
+//! one: the kernel emulator runs `softmax.cu`): one-element rows, short rows (several rows a
+//! block), rows longer than a block's first sweep, a dimension other than the last, an empty
+//! input and a non-float one.
+
+use super::*;
+
+fn devices() -> Vec<Device> {
+    let mut v = vec![Device::Cpu];
+    v.extend(sinter_cuda::testing::gpu_tests(1).map(|_| Device::Cuda(0)));
+    v
+}
+
+/// Deterministic values in [lo, hi).
+fn values(seed: u64, len: usize, lo: f32, hi: f32) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    (0..len)
+        .map(|_| {
+            s = s
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            lo + (hi - lo) * ((s >> 40) as f32 / (1u64 << 24) as f32)
+        })
+        .collect()
+}
+
+/// (relative, absolute) tolerance of a value stored in `d`.
+fn tol(d: DType) -> (f64, f64) {
+    match d {
+        DType::F32 => (2e-5, 2e-6),
+        DType::F16 => (2e-3, 2e-4),
+        _ => (1.6e-2, 2e-3),
+    }
+}
+
+fn f64s(t: &Tensor) -> Vec<f64> {
+    t.to_vec_f32().unwrap().iter().map(|&v| v as f64).collect()
+}
+
+fn assert_close(what: &str, got: &[f64], want: &[f64], (rel, abs): (f64, f64)) {
+    assert_eq!(got.len(), want.len(), "{what}: lengths");
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        assert!(
+            (g - w).abs() <= rel * w.abs() + abs,
+            "{what}[{i}]: got {g}, want {w}"
+        );
+    }
+}
+
+/// A variable of `d` on `dev` holding `v` rounded to `d`, and the rounded values.
+fn var(v: Vec<f32>, shape: &[usize], d: DType, dev: Device) -> (Tensor, Vec<f64>) {
+    let t = Tensor::from_vec(v, shape, Device::Cpu)
+        .unwrap()
+        .to_dtype(d)
+        .unwrap();
+    let f = f64s(&t);
+    (t.to_device(dev).unwrap().to_var().unwrap(), f)
+}
+
+const SHAPES: [(usize, usize); 7] = [
+    (1, 1),
+    (33, 2),
+    (300, 5),
+    (19, 100),
+    (7, 1000),
+    (3, 3001),
+    (2, 9000),
+];
+
+#[test]
+fn softmax_and_log_softmax_and_their_gradients_match_f64() {
+    for dev in devices() {
+        for d in FLOATS {
+            for (k, &(rows, n)) in SHAPES.iter().enumerate() {
+                for log in [false, true] {
+                    let s = 10 * k as u64 + log as u64;
+                    let (x, xv) = var(values(s, rows * n, -4.0, 4.0), &[rows, n], d, dev);
+                    let (gy, gyv) = var(values(s + 5, rows * n, -1.0, 1.0), &[rows, n], d, dev);
+                    let y = if log {
+                        x.log_softmax(-1)
+                    } else {
+                        x.softmax(-1)
+                    }
+                    .unwrap();
+                    let what = format!("{} {dev} {d} {rows}x{n}", name(log));
+                    let (rt, at) = tol(d);
+                    assert_eq!(y.dtype(), d, "{what}: y in x's dtype");
+                    let yv = f64s(&y);
+                    let want = reference::forward(&xv, n, log);
+                    let fwd_abs = at * if log { 20.0 } else { 1.0 };
+                    assert_close(&what, &yv, &want, (rt * 2.0, fwd_abs));
+                    y.mul(&gy.detach())
+                        .unwrap()
+                        .sum_all()
+                        .unwrap()
+                        .backward()
+                        .unwrap();
+                    // The backward reads the stored y, so the reference starts from it too.
+                    let dx = reference::backward(&yv, &gyv, n, log);
+                    let got = x.grad().unwrap();
+                    assert_eq!(got.dtype(), d, "{what}: dx in x's dtype");
+                    assert_close(
+                        &format!("{what} dx"),
+                        &f64s(&got),
+                        &dx,
+                        (rt * 4.0, at * 20.0),
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn softmax_over_a_leading_dimension_normalises_its_columns() {
+    let (m, n) = (5usize, 7usize);
+    for dev in devices() {
+        let (x, xv) = var(values(3, m * n, -3.0, 3.0), &[m, n], DType::F32, dev);
+        let y = f64s(&x.softmax(0).unwrap());
+        // Column j of x is row j of its transpose.
+        let cols: Vec<f64> = (0..n * m).map(|i| xv[(i % m) * n + i / m]).collect();
+        let want = reference::forward(&cols, m, false);
+        let want: Vec<f64> = (0..m * n).map(|i| want[(i % n) * m + i / n]).collect();
+        assert_close(&format!("softmax(0) {dev}"), &y, &want, (2e-6, 1e-7));
+    }
+}
+
+#[test]
+fn empty_and_integer_inputs() {
+    for dev in devices() {
+        let x = Tensor::zeros(&[0, 4], DType::F32, dev)
+            .unwrap()
+            .to_var()
+            .unwrap();
+        let y = x.log_softmax(-1).unwrap();
+        assert_eq!(y.shape(), [0, 4]);
+        y.sum_all().unwrap().backward().unwrap();
+        assert_eq!(x.grad().unwrap().shape(), [0, 4]);
+        let ints = Tensor::zeros(&[2, 3], DType::I64, dev).unwrap();
+        let e = ints.softmax(-1).unwrap_err().to_string();
+        assert!(e.contains("softmax"), "{e}");
+        let e = ints.softmax(2).unwrap_err().to_string();
+        assert!(e.contains("softmax"), "{e}");
+    }
+}
+
+#[test]
+fn nvrtc_compiles_the_kernels_for_sm80_and_sm90() {
+    use sinter_cuda::nvrtc;
+    let required = std::env::var("SINTER_REQUIRE_NVRTC").is_ok_and(|v| v == "1");
+    if !nvrtc::nvrtc_present() || nvrtc::find_cuda_include().is_err() {
+        assert!(
+            !required,
+            "SINTER_REQUIRE_NVRTC=1 but NVRTC or the CUDA headers are missing"
+        );
+        eprintln!("skipped: NVRTC not found (run .ci/nvrtc-setup)");
+        return;
+    }
+    let src = sinter_cuda::user_kernel::KernelSource::new("softmax.cu", SOFTMAX_CU).unwrap();
+    let kernels = [
+        ("softmax", 4),
+        ("log_softmax", 4),
+        ("softmax_bwd", 5),
+        ("log_softmax_bwd", 5),
+    ];
+    for arch in ["sm_80", "sm_90"] {
+        let ptx = src.ptx(arch).unwrap_or_else(|e| panic!("{arch}: {e}"));
+        for sfx in ["f32", "f16", "bf16"] {
+            for (kernel, params) in kernels {
+                let name = format!("{kernel}_{sfx}");
+                let e = ptx.entries.iter().find(|e| e.name == name);
+                let e = e.unwrap_or_else(|| panic!("{arch}: no entry {name}"));
+                assert_eq!(e.params.len(), params, "{arch}: {name}'s parameters");
+            }
+        }
+    }
+}
