@@ -10,17 +10,16 @@ pub mod attention_packed;
 pub mod bias_gelu;
 pub mod conv_bias_relu;
 pub mod decode_attention;
-pub mod grad_norm;
 pub mod linear;
 pub mod linear_bias_gelu;
 
 pub use crate::kernels::layer_norm::{residual_layer_norm, residual_layer_norm_reference};
+pub use crate::kernels::optimizer::grad_norm::global_grad_norm;
 pub use attention::{attention, attention_reference, causal_mask};
 pub use attention_packed::{attention_packed, attention_packed_reference};
 pub use bias_gelu::{bias_gelu, bias_gelu_reference};
 pub use conv_bias_relu::{conv2d_bias_relu, conv2d_bias_relu_reference};
 pub use decode_attention::{decode_attention, decode_attention_reference};
-pub use grad_norm::global_grad_norm;
 pub use linear::{linear, linear_reference};
 pub use linear_bias_gelu::{linear_bias_gelu, linear_bias_gelu_reference};
 
