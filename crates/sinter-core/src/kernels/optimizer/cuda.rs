@@ -193,6 +193,8 @@ const OPTIMIZER_CU: &str = include_str!("optimizer.cu");
 /// Tensors one `sumsq_multi` launch reads (`SUMSQ_SLOTS` in optimizer.cu: 192 (pointer, length)
 /// pairs are 3 KiB of the 4 KiB of kernel parameters).
 pub(super) const SUMSQ_SLOTS: usize = 192;
+// A full launch's parameters fit CUDA's 4 KiB: (partial, count) and 8-byte (x, n) pairs.
+const _: () = assert!((2 + 2 * SUMSQ_SLOTS) * 8 <= 4096);
 
 /// Threads per block of the grad-norm kernels.
 const SUMSQ_BLOCK: u32 = ELEMWISE_BLOCK;
@@ -321,7 +323,5 @@ mod tests {
         assert!(OPTIMIZER_CU.contains(&format!("#define SUMSQ_SLOTS {SUMSQ_SLOTS}\n")));
         assert_eq!(SUMSQ_BLOCK, 256);
         assert!(OPTIMIZER_CU.contains("#define SUMSQ_PER_THREAD 16\n"));
-        // A full launch's parameters fit CUDA's 4 KiB: (partial, count) and 8-byte (x, n) pairs.
-        assert!((2 + 2 * SUMSQ_SLOTS) * 8 <= 4096);
     }
 }
