@@ -27,7 +27,7 @@
 //! | --- | --- |
 //! | data movement | `to_cpu`, `copy_strided`, `cast`, `assign` (strided write, casting), `promote_to_permanent` |
 //! | elementwise | `unary`, `unary_backward`, `binary`, `where_cond` |
-//! | reductions | `reduce` (sum, max, min, argmax over one dim), `sum_squares` (the global gradient norm) |
+//! | reductions | `reduce` (sum, max, min, argmax over one dim; the global gradient norm is a kernel: `kernels/optimizer/grad_norm.rs`) |
 //! | products | `matmul` (batched, strided, broadcast batch), `linear` (GEMM with a bias epilogue), `linear_bias_gelu` (GEMM with bias + GELU epilogue) |
 //! | convolution | `conv2d`, `conv2d_backward_data`, `conv2d_backward_filter`, max / avg pool forward and backward |
 //! | indexing | `index_select`, `index_select_backward` (scatter-add into zeros), `index_add` |
@@ -435,12 +435,6 @@ pub trait BackendStorage: Sized + Clone + Send + Sync + std::fmt::Debug {
     /// `Max` is any, `Min` all, `ArgMax` the first true); the others keep the dtype. Only `Sum`
     /// accepts an empty dimension (giving zeros).
     fn reduce(&self, l: &Layout, dim: usize, op: ReduceOp) -> Result<Self>;
-    /// Σ g² over every element of every part, accumulated as the backend accumulates (the CPU
-    /// in f64), returned to the host.
-    fn sum_squares_host(parts: &[(&Self, &Layout)]) -> Result<f64>;
-    /// Σ g² as a one-element f32 storage on the parts' device (no host read where the data is
-    /// not on the host). `parts` is not empty.
-    fn sum_squares(parts: &[(&Self, &Layout)]) -> Result<Self>;
 
     // -- products --------------------------------------------------------------------------
 

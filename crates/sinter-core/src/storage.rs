@@ -269,34 +269,6 @@ impl Storage {
         let this = self;
         on_device!("reduce", [this], |w| Ok(w(this.reduce(l, dim, op)?)))
     }
-    /// Σ g² over every element of every part (all on one device), on the host.
-    pub fn sum_squares_host(parts: &[(&Storage, &Layout)]) -> Result<f64> {
-        match parts.first() {
-            None => Ok(0.0),
-            Some((Storage::Cpu(_), _)) => {
-                CpuStorage::sum_squares_host(&all_on!("grad_sum_squares", parts, Storage::Cpu))
-            }
-            Some((Storage::Cuda(_), _)) => {
-                CudaStorage::sum_squares_host(&all_on!("grad_sum_squares", parts, Storage::Cuda))
-            }
-        }
-    }
-    /// Σ g² as a one-element f32 storage on the parts' device (`parts` not empty).
-    pub fn sum_squares(parts: &[(&Storage, &Layout)]) -> Result<Storage> {
-        match parts.first() {
-            None => bail!("grad_sum_squares: no tensors"),
-            Some((Storage::Cpu(_), _)) => Ok(Storage::Cpu(CpuStorage::sum_squares(&all_on!(
-                "grad_sum_squares",
-                parts,
-                Storage::Cpu
-            ))?)),
-            Some((Storage::Cuda(_), _)) => Ok(Storage::Cuda(CudaStorage::sum_squares(&all_on!(
-                "grad_sum_squares",
-                parts,
-                Storage::Cuda
-            ))?)),
-        }
-    }
 
     // ---- custom ops (crate::custom_op) -----------------------------------------------------
 

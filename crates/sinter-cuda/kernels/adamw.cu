@@ -1,4 +1,5 @@
-// adamw.cu — fused optimizer updates over flat fp32 buffers, and the grad-norm reduction.
+// adamw.cu — fused optimizer updates over flat fp32 buffers (the grad-norm kernels are in
+// sinter-core's kernels/optimizer/optimizer.cu).
 //
 // adamw_f32(float* p, const float* g, float* m, float* v, i64 n, AdamArgs a)
 // adamw_copy_bf16(float* p, const float* g, float* m, float* v, bf16* copy, i64 n, AdamArgs a)
@@ -37,17 +38,10 @@
 //     else steps += 1 and, after `interval` good steps, scale *= growth. Then iter += 1 and
 //     lr = lr_table[min(iter, n_lr - 1)] (the schedule lives on the device, so a replayed CUDA
 //     graph sees the right learning rate). One thread.
-// sumsq_partial_<t>(const T* x, float* partial, i64 n)
-//     partial[blockIdx.x] = Σ x^2 over this block's grid-stride share (f32 accumulation).
-// sumsq_finish(const float* partial, i64 count, float* out, int accumulate)
-//     out[0] (+)= Σ partial, one block, fixed order. Partials of several tensors can share one
-//     buffer, so the global grad norm of a whole model is one finish launch; sqrt on the host (or
-//     as out^0.5 in the clip coefficient). A non-finite result doubles as the "found inf" flag.
 //
 // Why it is fast: each optimizer reads p, g, m, v and writes p, m, v (+ the copy) exactly once, with
 // 128-bit accesses when aligned — the minimum traffic for the update — instead of the ~10 passes of
-// an unfused implementation. The norm is deterministic: a fixed grid (chosen by the host from n
-// only) and fixed-order trees, no atomics.
+// an unfused implementation.
 
 // Must match AdamArgs / SgdArgs in src/ops/adamw.rs.
 struct AdamArgs {
@@ -288,38 +282,6 @@ extern "C" __global__ void sgd_f32(float* p, const float* g, float* buf, i64 n, 
         }
         p[i] = pv - a.lr * d;
     }
-}
-
-template <typename T>
-__device__ __forceinline__ void sumsq_partial_impl(const T* x, float* partial, i64 n) {
-    __shared__ float scratch[32];
-    constexpr int N = Pack128<T>::N;
-    const i64 tid = global_tid(), stride = global_stride();
-    float acc = 0.f;
-    i64 i0 = 0;
-    if (aligned16(x)) {
-        const i64 nv = n / N;
-        for (i64 q = tid; q < nv; q += stride) {
-            const Pack128<T> pk = load128(x + q * N);
-#pragma unroll
-            for (int k = 0; k < N; ++k) { const float f = to_f32(pk.v[k]); acc += f * f; }
-        }
-        i0 = nv * N;
-    }
-    for (i64 i = i0 + tid; i < n; i += stride) { const float f = to_f32(x[i]); acc += f * f; }
-    acc = row_sum(acc, scratch);  // 1-D block: one row group = the block
-    if (threadIdx.x == 0) partial[blockIdx.x] = acc;
-}
-extern "C" __global__ void sumsq_partial_f32(const float* x, float* partial, i64 n) { sumsq_partial_impl<float>(x, partial, n); }
-extern "C" __global__ void sumsq_partial_f16(const __half* x, float* partial, i64 n) { sumsq_partial_impl<__half>(x, partial, n); }
-extern "C" __global__ void sumsq_partial_bf16(const bf16* x, float* partial, i64 n) { sumsq_partial_impl<bf16>(x, partial, n); }
-
-extern "C" __global__ void sumsq_finish(const float* partial, i64 count, float* out, int accumulate) {
-    __shared__ float scratch[32];
-    float acc = 0.f;
-    for (i64 i = threadIdx.x; i < count; i += blockDim.x) acc += partial[i];
-    acc = row_sum(acc, scratch);
-    if (threadIdx.x == 0) out[0] = accumulate ? out[0] + acc : acc;
 }
 
 extern "C" __global__ void step_prepare(float* ctl, const float* sumsq, float max_norm, int dynamic) {

@@ -736,40 +736,6 @@ fn adamw_sgd_and_grad_norm() {
             assert_close(&format!("{what} buf"), &b.get(), &wb, (1e-5, 1e-6));
         }
     }
-
-    // Global squared norm over tensors of every dtype, some unaligned, one spanning many blocks.
-    let tensors: Vec<(DType, usize, usize)> = vec![
-        (DType::F32, 300_001, 0),
-        (DType::F16, 1003, 1),
-        (DType::BF16, 70_000, 0),
-        (DType::F32, 5, 3),
-    ];
-    let bufs: Vec<(Buf, Vec<f64>)> = tensors
-        .iter()
-        .map(|&(d, n, s)| {
-            let v = inputs(&mut rng, d, n, -1.0, 1.0);
-            (Buf::from_f64(d, &v, s), v)
-        })
-        .collect();
-    let total: usize = tensors.iter().map(|t| adamw::sumsq_blocks(t.1)).sum();
-    let want: f64 = bufs.iter().flat_map(|(_, v)| v.iter().map(|x| x * x)).sum();
-    for accumulate in [false, true] {
-        let partial = Buf::zeros(DType::F32, total, 0);
-        let out = Buf::from_f64(DType::F32, &[1.5], 0);
-        let xs: Vec<_> = bufs.iter().map(|(b, _)| b.slice()).collect();
-        let ls = adamw::plan_sumsq(&xs, partial.slice(), out.slice(), accumulate).unwrap();
-        let steps: Vec<Step> = ls.into_iter().map(Step::Kernel).collect();
-        let mut all: Vec<&Buf> = bufs.iter().map(|(b, _)| b).collect();
-        all.extend([&partial, &out]);
-        exec(e, &steps, &all);
-        let w = want + if accumulate { 1.5 } else { 0.0 };
-        assert_close(
-            &format!("sumsq accumulate {accumulate}"),
-            &out.get(),
-            &[w],
-            (1e-5, 0.0),
-        );
-    }
 }
 
 /// The step control block's slots, named for the references below.

@@ -9,17 +9,23 @@
 //!    [`ZeroOptimizer::backward`] (buckets are submitted from the backward hook as they
 //!    complete), otherwise from the parameters' `grad()` at the start of [`Optimizer::step`];
 //! 2. optionally the global gradient norm is clipped (one all-reduce of a scalar);
-//! 3. this rank runs the ordinary AdamW / SGD kernels
-//!    ([`adamw_step`], [`sgd_step`] of `sinter_core::kernels::optimizer::cpu`) on the slices of
-//!    its shard, parameter by parameter, each with its parameter group's learning rate and
-//!    weight decay ([`sinter_nn::ParamGroup`]; `new` uses the default grouping
-//!    [`sinter_nn::decay_groups`], as [`sinter_nn::AdamW::new`] and [`sinter_nn::Sgd::new`] do);
+//! 3. this rank steps its shard with the optimizer kernels every optimizer uses
+//!    (`sinter_core::kernels::optimizer`: [`adamw_step_many`], the multi-tensor AdamW — on CUDA
+//!    one launch per 32 pieces —, and `Tensor::sgd_step`), on the parameters' own device, each
+//!    piece with its parameter group's learning rate and weight decay
+//!    ([`sinter_nn::ParamGroup`]; `new` uses the default grouping [`sinter_nn::decay_groups`],
+//!    as [`sinter_nn::AdamW::new`] and [`sinter_nn::Sgd::new`] do);
 //! 4. the updated chunks are all-gathered and written back into every rank's parameters.
 //!
+//! The shard lives on the parameters' device (issue 26 item 3: ZeRO through the seam): the
+//! reduced gradients, the optimizer state (one tensor per piece of a parameter in this rank's
+//! shard) and the update. The parameters are fp32, so they double as the master weights: a
+//! piece is stepped in place as a view of its parameter. The communicators exchange host
+//! buffers, so each bucket's chunk crosses to the host and back once per collective.
+//!
 //! Stage 1 keeps an unpartitioned (full, local) gradient buffer, into which the reduced chunk
-//! is written in place; stage 2 keeps only the reduced shard, and the per-parameter
-//! gradients are released inside the backward hook as soon as they are copied into their
-//! bucket.
+//! is written; stage 2 keeps only the reduced shard, and the per-parameter gradients are
+//! released inside the backward hook as soon as they are copied into their bucket.
 //!
 //! [`ZeroOptimizer`] implements [`Optimizer`]: `state()` all-gathers the shards and returns
 //! the *full* state under the names `AdamW`/`Sgd` use (`<param>.exp_avg`, `.exp_avg_sq`,
@@ -29,8 +35,9 @@
 
 use std::collections::HashMap;
 
-use sinter_core::kernels::optimizer::cpu::{adamw_step, sgd_step};
-use sinter_core::{bail, no_grad, AdamWParams, Device, Result, SgdParams, Tensor, TensorId};
+use sinter_core::fused::global_grad_norm;
+use sinter_core::kernels::optimizer::{adamw_step_many, AdamWSlot};
+use sinter_core::{bail, no_grad, AdamWParams, DType, Device, Result, SgdParams, Tensor, TensorId};
 use sinter_nn::{decay_groups, Optimizer, ParamGroup, ParamSettings};
 
 use crate::checkpoint_layout::{to_tensors, FlatLayout, Piece};
@@ -132,17 +139,19 @@ pub struct ZeroOptimizer {
     lr: f64,
     steps: u64,
     rank: usize,
-    /// This rank's pieces, grouped by bucket.
-    pieces: Vec<Vec<Piece>>,
-    /// AdamW exp_avg or SGD momentum buffer (shard length; empty for plain SGD).
-    state_a: Vec<f32>,
-    /// AdamW exp_avg_sq (shard length; empty for SGD).
-    state_b: Vec<f32>,
+    /// The parameters' device, where the shard lives.
+    device: Device,
+    /// This rank's pieces in shard order, each with its bucket.
+    pieces: Vec<(usize, Piece)>,
+    /// Per piece: AdamW exp_avg or SGD momentum buffer (empty for plain SGD).
+    state_a: Vec<Tensor>,
+    /// Per piece: AdamW exp_avg_sq (empty for SGD).
+    state_b: Vec<Tensor>,
     /// Stage 1: the local flat gradient buffer, per bucket (padded); the owned chunk holds
     /// the reduced gradient once `ready`.
-    grad_full: Vec<Vec<f32>>,
+    grad_full: Vec<Tensor>,
     /// Stage 2: the reduced gradient shard.
-    grad_shard: Vec<f32>,
+    grad_shard: Option<Tensor>,
     /// Set when gradients have been reduced: which parameters have one.
     ready: Option<Vec<bool>>,
     pub grad_clip: Option<f64>,
@@ -189,9 +198,22 @@ impl ZeroOptimizer {
             }
         }
         let grouped = ParamGroup::flatten(groups, lr, algo.weight_decay())?;
+        let device = grouped
+            .params
+            .first()
+            .map_or(Device::Cpu, |(_, t)| t.device());
         for (n, t) in &grouped.params {
-            if t.dtype() != sinter_core::DType::F32 {
+            if t.dtype() != DType::F32 {
                 bail!("ZeRO keeps f32 parameters; {n} is {}", t.dtype());
+            }
+            if t.device() != device {
+                bail!(
+                    "ZeRO steps one device's parameters; {n} is on {} but the first is on {device}: move the model to one device first",
+                    t.device()
+                );
+            }
+            if !t.is_contiguous() {
+                bail!("ZeRO updates parameters in place; {n} is not contiguous");
             }
         }
         // `flatten` lists each parameter once, so the index keeps their order and settings.
@@ -203,29 +225,36 @@ impl ZeroOptimizer {
             FlatLayout::from_params(&params, opts.bucket_bytes, world).map_err(dist_err)?;
         let tensors: Vec<Tensor> = params.iter().map(|(_, t)| t.clone()).collect();
         broadcast_tensors(&comm, &tensors, 0)?;
-        let shard = layout.shard_len();
-        let mut pieces: Vec<Vec<Piece>> = vec![Vec::new(); layout.buckets.len()];
+        let mut pieces = Vec::new();
         let mut b = 0;
         for piece in layout.shard_pieces(rank) {
             while piece.in_shard.start >= layout.shard_offset(b) + layout.chunk_len(b) {
                 b += 1;
             }
-            pieces[b].push(piece);
+            pieces.push((b, piece));
         }
+        let zeros = |n: usize| Tensor::zeros(&[n], DType::F32, device);
+        let per_piece = || -> Result<Vec<Tensor>> {
+            pieces
+                .iter()
+                .map(|(_, p)| zeros(p.in_shard.len()))
+                .collect()
+        };
         let (state_a, state_b) = match algo {
-            ShardedAlgo::AdamW { .. } => (vec![0.0; shard], vec![0.0; shard]),
-            ShardedAlgo::Sgd { momentum, .. } if momentum > 0.0 => (vec![0.0; shard], Vec::new()),
+            ShardedAlgo::AdamW { .. } => (per_piece()?, per_piece()?),
+            ShardedAlgo::Sgd { momentum, .. } if momentum > 0.0 => (per_piece()?, Vec::new()),
             ShardedAlgo::Sgd { .. } => (Vec::new(), Vec::new()),
         };
         let grad_full = if opts.stage == 1 {
-            layout.buckets.iter().map(|b| vec![0.0; b.padded]).collect()
+            let padded = layout.buckets.iter().map(|b| zeros(b.padded));
+            padded.collect::<Result<Vec<_>>>()?
         } else {
             Vec::new()
         };
         let grad_shard = if opts.stage == 2 {
-            vec![0.0; shard]
+            Some(zeros(layout.shard_len())?)
         } else {
-            Vec::new()
+            None
         };
         Ok(ZeroOptimizer {
             collectives: u64::from(world > 1),
@@ -239,6 +268,7 @@ impl ZeroOptimizer {
             lr,
             steps: 0,
             rank,
+            device,
             pieces,
             state_a,
             state_b,
@@ -331,54 +361,72 @@ impl ZeroOptimizer {
             collectives: n,
         } = r;
         self.collectives += n;
-        for (b, (chunk, local)) in chunks.into_iter().zip(kept).enumerate() {
-            if self.stage == 1 {
+        if self.stage == 1 {
+            for (b, (chunk, local)) in chunks.into_iter().zip(kept).enumerate() {
                 let mut full = local.expect("stage 1 keeps the local buckets");
                 full[self.layout.chunk_range(b, self.rank)].copy_from_slice(&chunk);
-                self.grad_full[b] = full;
-            } else {
-                let off = self.layout.shard_offset(b);
-                self.grad_shard[off..off + chunk.len()].copy_from_slice(&chunk);
+                self.grad_full[b] =
+                    Tensor::from_vec(full, &[self.layout.buckets[b].padded], self.device)?;
             }
+        } else {
+            // The chunks, in bucket order, are the shard.
+            let shard: Vec<f32> = chunks.concat();
+            self.grad_shard = Some(Tensor::from_vec(
+                shard,
+                &[self.layout.shard_len()],
+                self.device,
+            )?);
         }
         self.ready = Some(got);
         self.trace = trace;
         Ok(())
     }
 
-    /// This rank's reduced gradient chunk of bucket `b`.
-    fn grad_chunk(&self, b: usize) -> &[f32] {
-        if self.stage == 1 {
-            &self.grad_full[b][self.layout.chunk_range(b, self.rank)]
-        } else {
-            let off = self.layout.shard_offset(b);
-            &self.grad_shard[off..off + self.layout.chunk_len(b)]
+    /// The reduced gradients this rank owns, on the device: stage 1 its chunk of each bucket,
+    /// stage 2 the shard (padding is zero in both).
+    fn own_grads(&self) -> Result<Vec<Tensor>> {
+        match &self.grad_shard {
+            Some(g) => Ok(vec![g.clone()]),
+            None => (0..self.grad_full.len())
+                .map(|b| {
+                    let r = self.layout.chunk_range(b, self.rank);
+                    self.grad_full[b].narrow(0, r.start, r.len())
+                })
+                .collect(),
         }
     }
 
-    fn grad_chunk_mut(&mut self, b: usize) -> &mut [f32] {
-        if self.stage == 1 {
-            let r = self.layout.chunk_range(b, self.rank);
-            &mut self.grad_full[b][r]
-        } else {
-            let off = self.layout.shard_offset(b);
-            let len = self.layout.chunk_len(b);
-            &mut self.grad_shard[off..off + len]
+    /// The reduced gradient of `piece` (in bucket `b`), a view on the device.
+    fn piece_grad(&self, b: usize, piece: &Piece) -> Result<Tensor> {
+        let len = piece.in_shard.len();
+        match &self.grad_shard {
+            Some(g) => g.narrow(0, piece.in_shard.start, len),
+            None => {
+                let start = self.layout.chunk_range(b, self.rank).start + piece.in_shard.start
+                    - self.layout.shard_offset(b);
+                self.grad_full[b].narrow(0, start, len)
+            }
         }
+    }
+
+    /// Multiplies this rank's reduced gradients by `factor` in place.
+    fn scale_grads(&self, factor: f32) -> Result<()> {
+        for g in self.own_grads()? {
+            g.assign(&g.mul_scalar(factor)?)?;
+        }
+        Ok(())
+    }
+
+    /// The view of `piece` in its parameter (what the update writes in place).
+    fn piece_param(&self, piece: &Piece) -> Result<Tensor> {
+        let t = &self.params[piece.param].1;
+        t.reshape(&[t.numel()])?
+            .narrow(0, piece.in_param.start, piece.in_param.len())
     }
 
     fn clip(&mut self, max_norm: f64) -> Result<()> {
-        let mut local = 0f64;
-        for b in 0..self.pieces.len() {
-            let off = self.layout.shard_offset(b);
-            let g = self.grad_chunk(b);
-            for piece in &self.pieces[b] {
-                local += g[piece.in_shard.start - off..piece.in_shard.end - off]
-                    .iter()
-                    .map(|&x| (x as f64) * (x as f64))
-                    .sum::<f64>();
-            }
-        }
+        // One deterministic pass on the device (f64 accumulation), read back as one value.
+        let local = global_grad_norm(&self.own_grads()?).powi(2);
         // The f64 partial sum travels as two f32 (high and low part).
         let hi = local as f32;
         let lo = (local - hi as f64) as f32;
@@ -387,10 +435,7 @@ impl ZeroOptimizer {
         let norm = (total[0] as f64 + total[1] as f64).max(0.0).sqrt();
         self.last_grad_norm = Some(norm);
         if norm.is_finite() && norm > max_norm {
-            let scale = (max_norm / (norm + 1e-6)) as f32;
-            for b in 0..self.pieces.len() {
-                self.grad_chunk_mut(b).iter_mut().for_each(|x| *x *= scale);
-            }
+            self.scale_grads((max_norm / (norm + 1e-6)) as f32)?;
         }
         Ok(())
     }
@@ -404,13 +449,8 @@ impl ZeroOptimizer {
         if self.ready.is_none() {
             self.reduce_from_grads()?;
         }
-        let inv = (1.0 / scale) as f32;
-        let mut bad = false;
-        for b in 0..self.pieces.len() {
-            let g = self.grad_chunk_mut(b);
-            bad |= g.iter().any(|x| !x.is_finite());
-            g.iter_mut().for_each(|x| *x *= inv);
-        }
+        let bad = !global_grad_norm(&self.own_grads()?).is_finite();
+        self.scale_grads((1.0 / scale) as f32)?;
         self.collectives += 1;
         let flags = wait(
             self.comm
@@ -422,6 +462,83 @@ impl ZeroOptimizer {
             self.ready = None;
         }
         Ok(ok)
+    }
+
+    /// Pieces that get an update this step (their parameter has a gradient), with their
+    /// index, parameter view and reduced gradient.
+    fn stepped(&self, got: &[bool]) -> Result<Vec<(usize, Tensor, Tensor)>> {
+        let mut out = Vec::new();
+        for (i, (b, piece)) in self.pieces.iter().enumerate() {
+            if got[piece.param] {
+                out.push((i, self.piece_param(piece)?, self.piece_grad(*b, piece)?));
+            }
+        }
+        Ok(out)
+    }
+
+    /// AdamW of every piece in one multi-tensor update (as `sinter_nn::AdamW`'s).
+    fn adamw(&self, got: &[bool], h: AdamWParams) -> Result<()> {
+        let stepped = self.stepped(got)?;
+        let slots: Vec<AdamWSlot<'_>> = stepped
+            .iter()
+            .map(|(i, p, g)| {
+                let set = self.settings[self.pieces[*i].1.param];
+                AdamWSlot {
+                    param: p,
+                    grad: g,
+                    m: &self.state_a[*i],
+                    v: &self.state_b[*i],
+                    weight_decay: set.weight_decay,
+                    lr_scale: set.lr_scale,
+                }
+            })
+            .collect();
+        adamw_step_many(&slots, h, None)
+    }
+
+    /// SGD of every piece (as `sinter_nn::Sgd`'s).
+    fn sgd(&self, got: &[bool], momentum: f64, nesterov: bool) -> Result<()> {
+        for (i, p, g) in self.stepped(got)? {
+            let set = self.settings[self.pieces[i].1.param];
+            let h = SgdParams {
+                lr: (self.lr * set.lr_scale) as f32,
+                momentum: momentum as f32,
+                nesterov,
+                weight_decay: set.weight_decay as f32,
+            };
+            p.sgd_step(&g, self.state_a.get(i), h)?;
+        }
+        Ok(())
+    }
+
+    /// All-gathers the updated chunks (one collective per bucket, all submitted before the
+    /// first wait) and writes them into every rank's parameters.
+    fn gather_params(&self, got: &[bool]) -> Result<()> {
+        let mut chunks: Vec<Vec<f32>> = (0..self.layout.buckets.len())
+            .map(|b| vec![0.0; self.layout.chunk_len(b)])
+            .collect();
+        for (b, piece) in &self.pieces {
+            let at = piece.in_shard.start - self.layout.shard_offset(*b);
+            let v = self.piece_param(piece)?.to_vec_f32()?;
+            chunks[*b][at..at + v.len()].copy_from_slice(&v);
+        }
+        let works: Vec<_> = chunks
+            .into_iter()
+            .map(|c| self.comm.all_gather(c))
+            .collect();
+        for (b, w) in works.into_iter().enumerate() {
+            let full = wait(w)?;
+            for &p in &self.layout.buckets[b].params {
+                if !got[p] {
+                    continue;
+                }
+                let s = &self.layout.slots[p];
+                let t = &self.params[p].1;
+                let v = &full[s.offset_in_bucket..s.offset_in_bucket + s.numel];
+                t.assign(&Tensor::from_slice(v, &s.shape, self.device)?)?;
+            }
+        }
+        Ok(())
     }
 
     fn names(&self) -> Vec<&'static str> {
@@ -436,12 +553,12 @@ impl ZeroOptimizer {
     pub fn try_state(&self) -> Result<Vec<(String, Tensor)>> {
         let names = self.names();
         let mut per_kind: Vec<Vec<Tensor>> = Vec::new();
-        for (k, _) in names.iter().enumerate() {
-            let shard = if k == 0 {
-                self.state_a.clone()
-            } else {
-                self.state_b.clone()
-            };
+        for k in 0..names.len() {
+            let state = if k == 0 { &self.state_a } else { &self.state_b };
+            let mut shard = vec![0.0f32; self.layout.shard_len()];
+            for ((_, piece), t) in self.pieces.iter().zip(state) {
+                shard[piece.in_shard.clone()].copy_from_slice(&t.to_vec_f32()?);
+            }
             let gathered = wait(self.comm.all_gather(shard))?;
             let full = self.layout.unshard(&gathered).map_err(dist_err)?;
             per_kind.push(to_tensors(&self.layout, full).map_err(dist_err)?);
@@ -458,12 +575,9 @@ impl ZeroOptimizer {
     /// Bytes per rank of parameters, gradients and optimizer state (see [`ZeroMemory`]).
     pub fn memory(&self) -> ZeroMemory {
         let psi = self.layout.numel();
-        let grad_elems = if self.stage == 1 {
-            self.grad_full.iter().map(Vec::len).sum()
-        } else {
-            self.grad_shard.len()
-        };
-        let state_elems = self.state_a.len() + self.state_b.len();
+        let numel = |ts: &[Tensor]| ts.iter().map(Tensor::numel).sum::<usize>();
+        let grad_elems = numel(&self.grad_full) + self.grad_shard.as_ref().map_or(0, Tensor::numel);
+        let state_elems = numel(&self.state_a) + numel(&self.state_b);
         let shard = self.layout.shard_len();
         let n = self.world_size();
         ZeroMemory {
@@ -492,86 +606,26 @@ impl Optimizer for ZeroOptimizer {
             self.clip(c)?;
         }
         self.steps += 1;
-        let mut works = Vec::with_capacity(self.pieces.len());
-        for b in 0..self.pieces.len() {
-            let off = self.layout.shard_offset(b);
-            let range = self.layout.chunk_range(b, self.rank);
-            // This rank's chunk of the current parameters (they are fp32, so they double as
-            // the master weights).
-            let mut chunk = vec![0.0f32; range.len()];
-            for piece in &self.pieces[b] {
-                let v = self.params[piece.param].1.to_vec_f32()?;
-                chunk[piece.in_shard.start - off..piece.in_shard.end - off]
-                    .copy_from_slice(&v[piece.in_param.clone()]);
+        match self.algo {
+            ShardedAlgo::AdamW {
+                beta1, beta2, eps, ..
+            } => {
+                let h = AdamWParams {
+                    lr: self.lr,
+                    beta1,
+                    beta2,
+                    eps,
+                    weight_decay: 0.0,
+                    step: self.steps,
+                };
+                self.adamw(&got, h)?;
             }
-            let g = self.grad_chunk(b).to_vec();
-            for piece in &self.pieces[b] {
-                if !got[piece.param] {
-                    continue;
-                }
-                let local = piece.in_shard.start - off..piece.in_shard.end - off;
-                let (p, gr) = (&mut chunk[local.clone()], &g[local]);
-                let s = piece.in_shard.clone();
-                let set = self.settings[piece.param];
-                let lr = self.lr * set.lr_scale;
-                match self.algo {
-                    ShardedAlgo::AdamW {
-                        beta1, beta2, eps, ..
-                    } => {
-                        let h = AdamWParams {
-                            lr,
-                            beta1,
-                            beta2,
-                            eps,
-                            weight_decay: set.weight_decay,
-                            step: self.steps,
-                        };
-                        adamw_step(p, gr, &mut self.state_a[s.clone()], &mut self.state_b[s], h);
-                    }
-                    ShardedAlgo::Sgd {
-                        momentum, nesterov, ..
-                    } => {
-                        let h = SgdParams {
-                            lr: lr as f32,
-                            momentum: momentum as f32,
-                            nesterov,
-                            weight_decay: set.weight_decay as f32,
-                        };
-                        let buf = if self.state_a.is_empty() {
-                            None
-                        } else {
-                            Some(&mut self.state_a[s])
-                        };
-                        sgd_step(p, gr, buf, h);
-                    }
-                }
-            }
-            self.collectives += 1;
-            works.push(self.comm.all_gather(chunk));
+            ShardedAlgo::Sgd {
+                momentum, nesterov, ..
+            } => self.sgd(&got, momentum, nesterov)?,
         }
-        for (b, w) in works.into_iter().enumerate() {
-            let full = wait(w)?;
-            for &p in &self.layout.buckets[b].params {
-                if !got[p] {
-                    continue;
-                }
-                let s = &self.layout.slots[p];
-                let t = &self.params[p].1;
-                t.assign(&Tensor::from_slice(
-                    &full[s.offset_in_bucket..s.offset_in_bucket + s.numel],
-                    &s.shape,
-                    Device::Cpu,
-                )?)?;
-            }
-        }
-        if self.stage == 1 {
-            self.grad_full
-                .iter_mut()
-                .for_each(|b| b.iter_mut().for_each(|x| *x = 0.0));
-        } else {
-            self.grad_shard.iter_mut().for_each(|x| *x = 0.0);
-        }
-        Ok(())
+        self.collectives += self.layout.buckets.len() as u64;
+        self.gather_params(&got)
     }
     fn lr(&self) -> f64 {
         self.lr
@@ -609,10 +663,14 @@ impl Optimizer for ZeroOptimizer {
                 .layout
                 .shard_from_full(self.rank, &refs)
                 .map_err(dist_err)?;
+            let pieces = self.pieces.iter().map(|(_, p)| {
+                Tensor::from_slice(&shard[p.in_shard.clone()], &[p.in_shard.len()], self.device)
+            });
+            let pieces = pieces.collect::<Result<Vec<_>>>()?;
             if k == 0 {
-                self.state_a = shard;
+                self.state_a = pieces;
             } else {
-                self.state_b = shard;
+                self.state_b = pieces;
             }
         }
         self.steps = steps;

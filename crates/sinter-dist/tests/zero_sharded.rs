@@ -1,6 +1,7 @@
 //! ZeRO stages 1 and 2 on the thread backend: equal to data parallel (and serial), silent on
 //! accumulating micro-steps, world-size-independent state (save on 4 ranks, resume on 2 and
-//! on 1), and the bytes per rank beside the ZeRO paper's formulas.
+//! on 1), the bytes per rank beside the ZeRO paper's formulas, and the shard on a CUDA device
+//! (emulated without a GPU) equal to the shard on the CPU.
 
 mod dp_common;
 
@@ -9,7 +10,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use dp_common::*;
-use sinter_core::Tensor;
+use sinter_core::{DType, Device, Tensor};
 use sinter_dist::data_parallel::shared;
 use sinter_dist::scaling::zero_bytes_per_rank;
 use sinter_dist::{
@@ -497,4 +498,125 @@ fn zero_bytes_per_rank_follow_the_paper() {
         }
     }
     println!("{}", lines.join("\n"));
+}
+
+/// A two-layer net as raw parameters on `dev` (the test MLP cannot move devices).
+fn device_net(dev: Device) -> Vec<(String, Tensor)> {
+    let mut rng = sinter_core::Rng::new(11);
+    [
+        ("w1", vec![IN, 16]),
+        ("b1", vec![16]),
+        ("w2", vec![16, CLASSES]),
+        ("b2", vec![CLASSES]),
+    ]
+    .into_iter()
+    .map(|(n, shape)| {
+        let t = Tensor::randn(&shape, 0.0, 0.3, &mut rng, DType::F32, Device::Cpu).unwrap();
+        (n.to_string(), t.to_device(dev).unwrap().to_var().unwrap())
+    })
+    .collect()
+}
+
+fn device_loss(p: &[(String, Tensor)], step: usize, rows: std::ops::Range<usize>) -> Tensor {
+    let dev = p[0].1.device();
+    let (x, y) = batch(step, rows);
+    let (x, y) = (x.to_device(dev).unwrap(), y.to_device(dev).unwrap());
+    let h = x
+        .matmul(&p[0].1)
+        .unwrap()
+        .add(&p[1].1)
+        .unwrap()
+        .tanh()
+        .unwrap();
+    let o = h.matmul(&p[2].1).unwrap().add(&p[3].1).unwrap();
+    o.cross_entropy(&y, -100).unwrap()
+}
+
+/// ZeRO on 2 ranks with the shard on `dev(rank)`: weights and full optimizer state after 4
+/// steps, and (rank 0) the kernels one step launched on a CUDA device.
+fn zero_on(
+    dev: fn(usize) -> Device,
+    stage: u8,
+    c: Case,
+) -> (Vec<Vec<f32>>, Vec<Vec<f32>>, Vec<String>) {
+    use sinter_core::cuda::runtime::gpu_model::cost;
+    run_on_threads(2, T, |comm| {
+        let r = comm.rank();
+        let p = device_net(dev(r));
+        let mut z = ZeroOptimizer::new(
+            shared(comm),
+            p.clone(),
+            LR,
+            algo(c),
+            ZeroOptions {
+                stage,
+                bucket_bytes: 256,
+                grad_clip: c.clip,
+            },
+        )
+        .unwrap();
+        let mut kernels = Vec::new();
+        for s in 0..4 {
+            z.backward(&device_loss(&p, s, r * B..(r + 1) * B)).unwrap();
+            let record = r == 0 && s == 3 && dev(0) != Device::Cpu;
+            if record {
+                cost::start_recording();
+            }
+            z.step().unwrap();
+            if record {
+                kernels = cost::stop_recording(0).into_iter().map(|k| k.key).collect();
+            }
+            z.zero_grad();
+        }
+        if let Some(max) = c.clip {
+            assert!(z.last_grad_norm().unwrap() > max, "the clip should bite");
+        }
+        let w = p.iter().map(|(_, t)| t.to_vec_f32().unwrap()).collect();
+        let st = z
+            .state()
+            .iter()
+            .map(|(_, t)| t.to_vec_f32().unwrap())
+            .collect();
+        (w, st, kernels)
+    })
+    .swap_remove(0)
+}
+
+#[test]
+fn zero_on_the_device_equals_zero_on_the_cpu() {
+    use sinter_cuda::testing::{gpu_tests, TestDevice};
+    match gpu_tests(2) {
+        None => return,
+        Some(TestDevice::Real) if sinter_cuda::device_count().unwrap_or(0) < 2 => {
+            println!("skipped: two ranks need two GPUs here (rank r steps on cuda:r)");
+            return;
+        }
+        Some(_) => {}
+    }
+    let cases = [(false, Some(0.05)), (false, None), (true, None)];
+    for (sgd, clip) in cases {
+        let c = Case {
+            sgd,
+            clip,
+            overlapped: true,
+        };
+        for stage in [1u8, 2] {
+            let what = format!("sgd {sgd} clip {clip:?} stage {stage}");
+            let (want_w, want_s, _) = zero_on(|_| Device::Cpu, stage, c);
+            let (got_w, got_s, kernels) = zero_on(Device::Cuda, stage, c);
+            assert_close(&got_w, &want_w, 1e-5, &format!("{what}: weights"));
+            assert_close(&got_s, &want_s, 1e-4, &format!("{what}: optimizer state"));
+            // The update ran on the device: AdamW as one multi-tensor launch for the rank's
+            // pieces (fewer than 32), not on the host.
+            let adamw = kernels.iter().filter(|k| k.starts_with("adamw")).count();
+            if sgd {
+                assert!(
+                    kernels.iter().any(|k| k.starts_with("sgd")),
+                    "{what}: {kernels:?}"
+                );
+            } else {
+                assert_eq!(adamw, 1, "{what}: {kernels:?}");
+            }
+        }
+    }
 }

@@ -6,7 +6,7 @@
 //! `precision.scaler()` (fp16: the scale to start from and the scaler's settings) to a
 //! `sinter_nn::StepControl`, which scales the loss, skips overflowing steps and grows or shrinks
 //! the scale on the device; at checkpoints it hands the scale read back from the device to
-//! `set_scaler_state`, so `state` saves it. ZeRO, which keeps its own host-side step, uses
+//! `set_scaler_state`, so `state` saves it. ZeRO, which keeps its own step, uses
 //! `scale_loss`, `set_should_step` (with the overflow verdict agreed over the ranks) and
 //! `end_step` instead.
 

@@ -186,6 +186,22 @@ fn data_parallel_two_ranks_over_nccl() {
     );
 }
 
+/// ZeRO-2 on two ranks with its shard on the emulated devices (the device's multi-tensor AdamW,
+/// gradient clipping on the device's norm), against ZeRO-2 on two CPU ranks.
+#[test]
+fn zero2_two_ranks_on_the_device() {
+    let launch = ["launch", "--nproc-per-node", "2", "--"];
+    let zero = [
+        "--zero",
+        "2",
+        "--dist-backend",
+        "host",
+        "--grad-clip",
+        "0.5",
+    ];
+    same_run(&launch, &zero, &zero, &gpt(&[]), 1e-4);
+}
+
 /// The GPU cost model's budget: a traced GPT-2 124M step at the config of the one real GPU run
 /// (batch 16, T 1024, bf16; trace-only, nothing runs, no compiler needed) may record no more
 /// launches or bytes than bench/gpu/budget.toml holds; a budget below the trace (gpt-tiny's

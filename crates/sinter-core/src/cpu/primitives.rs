@@ -200,21 +200,6 @@ impl BackendStorage for CpuStorage {
         elementwise::where_cond(self, l, a, al, b, bl)
     }
 
-    fn sum_squares_host(parts: &[(&Self, &Layout)]) -> Result<f64> {
-        Ok(parts
-            .iter()
-            .map(|(s, l)| match (s, l.contiguous_range()) {
-                (CpuStorage::F32(v), Some(r)) => reduce::sum_squares(&v[r]),
-                (other, _) => reduce::sum_squares(&other.f32_contiguous(l)),
-            })
-            .sum())
-    }
-    fn sum_squares(parts: &[(&Self, &Layout)]) -> Result<Self> {
-        // Through the norm and back (sqrt, then square, in f64): the value runs have always
-        // seen, which resumed checkpoints compare bit for bit.
-        let n = Self::sum_squares_host(parts)?.sqrt();
-        Ok(CpuStorage::F32(vec![(n * n) as f32]))
-    }
     fn reduce(&self, l: &Layout, dim: usize, op: ReduceOp) -> Result<Self> {
         let (outer, n, inner) = split_at_dim(l.shape(), dim);
         if let CpuStorage::Bool(_) = self {

@@ -62,14 +62,6 @@ impl BackendStorage for CudaStorage {
     fn reduce(&self, l: &Layout, dim: usize, op: ReduceOp) -> Result<Self> {
         reduce::reduce_dim(self, l, dim, op)
     }
-    fn sum_squares_host(parts: &[(&Self, &Layout)]) -> Result<f64> {
-        let s = reduce::sum_squares(parts)?;
-        let v = creation::download(&s, &Layout::contiguous(&[1]))?;
-        Ok(v.f32_contiguous(&Layout::contiguous(&[1]))[0] as f64)
-    }
-    fn sum_squares(parts: &[(&Self, &Layout)]) -> Result<Self> {
-        reduce::sum_squares(parts)
-    }
 
     fn matmul(&self, l: &Layout, rhs: &Self, rl: &Layout) -> Result<Self> {
         matmul::matmul(self, l, rhs, rl)

@@ -1,12 +1,10 @@
 //! Reductions over one dimension on the device: sum, max, min and argmax of a tensor viewed as
 //! [outer, n, inner] — the last-dim kernels when inner = 1, the middle-dim ones otherwise. Float
 //! sums accumulate in f32 in a fixed order (deterministic); i64 reductions are exact (int.cu);
-//! bools reduce from their bytes (bool.cu). Also the deterministic sum of squares of the
-//! global gradient norm (adamw.cu's `sumsq_*` kernels).
+//! bools reduce from their bytes (bool.cu).
 
 use sinter_cuda::ops::reduce::{self as kr, ArgReduce};
 
-use sinter_cuda::ops::adamw as ka;
 use sinter_cuda::ops::boolean as kbool;
 use sinter_cuda::ops::int as ki;
 
@@ -118,18 +116,4 @@ pub(crate) fn reduce_dim(
         }
     }
     Ok(x.sibling(out, d))
-}
-
-/// Σ g² over the parts (one device) as a one-element f32 storage there: one deterministic
-/// kernel pass.
-pub(crate) fn sum_squares(parts: &[(&CudaStorage, &Layout)]) -> Result<CudaStorage> {
-    let first = parts[0].0;
-    let views = parts
-        .iter()
-        .map(|(s, l)| s.window(l))
-        .collect::<Result<Vec<_>>>()?;
-    let slices: Vec<_> = views.iter().map(|v| v.slice()).collect();
-    let out = alloc(first.device(), 1, DType::F32)?;
-    ka::sum_squares(first.device(), &slices, out.as_slice()).on("grad_sum_squares")?;
-    Ok(first.sibling(out, DType::F32))
 }

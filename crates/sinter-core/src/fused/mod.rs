@@ -1,11 +1,9 @@
-//! Fused kernels for the Transformer fast path. Each op computes in one pass what the
-//! composite Tensor ops would compute in several, keeps only what its backward needs, and is
-//! tested against that composite (same forward values, same input gradients, within f32
-//! rounding): flash attention, residual add + LayerNorm, bias + GELU (also fused into the
-//! preceding Linear's GEMM: `linear_bias_gelu`), and the global gradient norm. (Softmax + cross-entropy and AdamW are already fused: `Tensor::cross_entropy`,
-//! `Tensor::adamw_step`.)
+//! The Transformer fast path's fused ops under one name: each computes in one pass what the
+//! composite Tensor ops would in several and keeps only what its backward needs. They live in
+//! their kernel folders (`crate::kernels`: attention, bias + GELU and Linear + bias + GELU,
+//! conv + bias + ReLU, residual add + LayerNorm, the global gradient norm), re-exported here;
+//! `linear` (x Wᵀ + b with the bias in the GEMM's epilogue) is a backend primitive.
 
-pub mod grad_norm;
 pub mod linear;
 
 pub use crate::kernels::attention::{
@@ -17,7 +15,7 @@ pub use crate::kernels::bias_gelu::{
 };
 pub use crate::kernels::conv_bias_relu::{conv2d_bias_relu, conv2d_bias_relu_reference};
 pub use crate::kernels::layer_norm::{residual_layer_norm, residual_layer_norm_reference};
-pub use grad_norm::global_grad_norm;
+pub use crate::kernels::optimizer::grad_norm::global_grad_norm;
 pub use linear::{linear, linear_reference};
 
 use crate::{Result, Tensor};

@@ -643,17 +643,20 @@ fn linear(t: &Target) {
     expect_err(fused::linear(&z(&[4, 6]), &z(&[8]), None), "linear");
 }
 
-/// One pass over many tensors (non-contiguous, mixed dtypes, empty): the f64 norm, and the
-/// same bits every time.
+/// One pass over many tensors (non-contiguous, mixed dtypes, empty, and more than one CUDA
+/// launch takes: 192): the f64 norm, and the same bits every time.
 fn global_grad_norm(t: &Target) {
     let mut rng = t.rng(75);
-    let parts = [
+    let mut parts = vec![
         (uniform(&mut rng, &[3, 5], -1.0, 1.0), false),
         (uniform(&mut rng, &[10_000], -1.0, 1.0), false),
         (uniform(&mut rng, &[40, 70], -1.0, 1.0), true),
         (uniform(&mut rng, &[7], -1.0, 1.0), false),
         (Arr::new(&[0], vec![]), false),
     ];
+    for i in 0..200 {
+        parts.push((uniform(&mut rng, &[1 + i % 9], -1.0, 1.0), false));
+    }
     let grads: Vec<Tensor> = parts
         .iter()
         .enumerate()

@@ -1,9 +1,9 @@
-//! Wrappers for `kernels/adamw.cu`: fused AdamW and SGD over flat f32 buffers, the
-//! deterministic global grad-norm, and the step control block that keeps a training step's
+//! Wrappers for `kernels/adamw.cu`: fused AdamW and SGD over flat f32 buffers, and the step
+//! control block that keeps a training step's
 //! decisions (skip on inf/NaN, loss scale, clip factor, learning rate, step count) on the device.
 
-use super::{fake_slice, kname, need, need_dtype, need_float, opt_need};
-use crate::alloc::{DevSlice, Pool};
+use super::{fake_slice, kname, need, need_dtype, opt_need};
+use crate::alloc::DevSlice;
 use crate::device::CudaDevice;
 use crate::dtype::DType;
 use crate::error::{CudaError, Result};
@@ -478,62 +478,6 @@ pub fn plan_step_finish(
     ))
 }
 
-/// Blocks (= partial sums) the squared-norm kernel uses for `n` elements; depends on n only, so
-/// the result is the same on every GPU.
-pub fn sumsq_blocks(n: usize) -> usize {
-    n.div_ceil(ELEMWISE_BLOCK as usize * 16).clamp(1, 1024)
-}
-
-/// Plan out[0] = Σ over all `xs` of x^2: one partial kernel per tensor into `partial` (f32, Σ
-/// [`sumsq_blocks`]), then one fixed-order finish. Deterministic.
-pub fn plan_sumsq(
-    xs: &[DevSlice<'_>],
-    partial: DevSlice<'_>,
-    out: DevSlice<'_>,
-    accumulate: bool,
-) -> Result<Vec<Launch>> {
-    let total: usize = xs.iter().map(|x| sumsq_blocks(x.len())).sum();
-    need("grad_norm", "partial", &partial, DType::F32, total)?;
-    need("grad_norm", "out", &out, DType::F32, 1)?;
-    let mut v = Vec::new();
-    let mut at = 0;
-    for x in xs {
-        need_float("grad_norm", x.dtype())?;
-        let b = sumsq_blocks(x.len());
-        v.push(
-            Launch::new(
-                KernelFile::AdamW,
-                kname("sumsq_partial", x.dtype()),
-                b as u32,
-                ELEMWISE_BLOCK,
-                vec![
-                    Arg::Ptr(x.ptr()),
-                    Arg::Ptr(partial.slice(at, b)?.ptr()),
-                    Arg::I64(x.len() as i64),
-                ],
-            )
-            .with_traffic(Traffic::bytes(x.num_bytes(), b * 4).with_flops(2 * x.len())),
-        );
-        at += b;
-    }
-    v.push(
-        Launch::new(
-            KernelFile::AdamW,
-            "sumsq_finish",
-            1,
-            1024,
-            vec![
-                Arg::Ptr(partial.ptr()),
-                Arg::I64(total as i64),
-                Arg::Ptr(out.ptr()),
-                Arg::I32(accumulate as i32),
-            ],
-        )
-        .with_traffic(Traffic::bytes(total * 4, 4).with_flops(total)),
-    );
-    Ok(v)
-}
-
 /// One fused AdamW step on the device.
 #[allow(clippy::too_many_arguments)]
 pub fn adamw(
@@ -640,20 +584,6 @@ pub fn sgd(
     dev.run_opt(plan_sgd(&dev.target(), param, grad, buf, cfg, found_inf)?)
 }
 
-/// out[0] = Σ x^2 over all tensors (the squared global grad norm; non-finite = found inf).
-pub fn sum_squares(dev: &CudaDevice, xs: &[DevSlice<'_>], out: DevSlice<'_>) -> Result<()> {
-    let total: usize = xs.iter().map(|x| sumsq_blocks(x.len())).sum();
-    let partial = dev.alloc(total.max(1), DType::F32, Pool::Temporary)?;
-    let part = partial.slice(0, total)?;
-    if total == 0 {
-        return super::unary::fill(dev, out, 0.0);
-    }
-    for l in plan_sumsq(xs, part, out, false)? {
-        dev.launch(&l)?;
-    }
-    Ok(())
-}
-
 pub(crate) fn samples(t: &LaunchTarget) -> Vec<Launch> {
     let mut v = Vec::new();
     let n = 1000;
@@ -730,21 +660,6 @@ pub(crate) fn samples(t: &LaunchTarget) -> Vec<Launch> {
                 backoff: 0.5,
                 interval: 2000,
             }),
-        )
-        .unwrap(),
-    );
-    let xs = [
-        fake_slice(DType::F32, n),
-        fake_slice(DType::F16, n),
-        fake_slice(DType::BF16, n),
-    ];
-    let total = xs.iter().map(|x| sumsq_blocks(x.len())).sum();
-    v.extend(
-        plan_sumsq(
-            &xs,
-            fake_slice(DType::F32, total),
-            fake_slice(DType::F32, 1),
-            false,
         )
         .unwrap(),
     );
@@ -865,26 +780,5 @@ mod tests {
         // A gradient of another length is refused.
         slots[1].grad = fake_slice(DType::F32, 5);
         assert!(plan_adamw_multi(&t, &slots, &cfg, None).is_err());
-    }
-
-    #[test]
-    fn sumsq_partition() {
-        assert_eq!(sumsq_blocks(0), 1);
-        assert_eq!(sumsq_blocks(4096), 1);
-        assert_eq!(sumsq_blocks(4097), 2);
-        assert_eq!(sumsq_blocks(1 << 30), 1024);
-        let xs = [fake_slice(DType::F32, 10_000), fake_slice(DType::BF16, 5)];
-        let total = sumsq_blocks(10_000) + 1;
-        let p = fake_slice(DType::F32, total);
-        let ls = plan_sumsq(&xs, p, fake_slice(DType::F32, 1), false).unwrap();
-        assert_eq!(ls.len(), 3);
-        assert_eq!(ls[1].args[1], Arg::Ptr(p.ptr() + 4 * 3));
-        assert!(plan_sumsq(
-            &xs,
-            fake_slice(DType::F32, total - 1),
-            fake_slice(DType::F32, 1),
-            false
-        )
-        .is_err());
     }
 }

@@ -253,7 +253,6 @@ mod tests {
             "emb_bwd_scan",
             "adamw_copy_bf16",
             "adamw_multi_f32",
-            "sumsq_finish",
             "rand_normal_f16",
             "col2im_f32",
         ] {

@@ -8,6 +8,7 @@ use sinter_cpu::math::adamw::adamw;
 use sinter_cpu::Isa;
 
 use crate::backend::{ctl, AdamWParams, ScalerCfg, SgdParams};
+use crate::cpu::reduce::sum_squares as sum_squares_f64;
 use crate::cpu::{CpuStorage, PAR_THRESHOLD};
 use crate::{DType, Error, Layout, Result};
 
@@ -122,6 +123,25 @@ pub fn step_finish(c: &mut [f32], lr_table: &[f32], scaler: Option<ScalerCfg>) {
     if let Some(last) = lr_table.len().checked_sub(1) {
         c[ctl::LR] = lr_table[(it as usize).min(last)];
     }
+}
+
+/// Σ x² of the parts in f64 (each over fixed 16 Ki-element chunks added in order, so the result
+/// does not depend on the thread count).
+pub(super) fn sum_squares(parts: &[(&CpuStorage, &Layout)]) -> f64 {
+    parts
+        .iter()
+        .map(|(s, l)| match (s, l.contiguous_range()) {
+            (CpuStorage::F32(v), Some(r)) => sum_squares_f64(&v[r]),
+            (other, _) => sum_squares_f64(&other.f32_contiguous(l)),
+        })
+        .sum()
+}
+
+/// [`sum_squares`] as a one-element f32 storage: through the norm and back (sqrt, then square,
+/// in f64), the value runs have always seen, which resumed checkpoints compare bit for bit.
+pub(super) fn sum_squares_storage(parts: &[(&CpuStorage, &Layout)]) -> CpuStorage {
+    let n = sum_squares(parts).sqrt();
+    CpuStorage::F32(vec![(n * n) as f32])
 }
 
 // ---- on storages (what `mod.rs` dispatches to) ----------------------------------------------

@@ -6,7 +6,9 @@
 //!   [`step_ctl`]), their checks, and the one match on the device.
 //! - [`cpu`]: the host loops (also what ZeRO steps its host shards with), the step control
 //!   block's two updates in host memory.
-//! - `cuda.rs`: the device side, sinter-cuda's `kernels/adamw.cu` through `ops/adamw.rs`.
+//! - `cuda.rs`: the device side: the updates through sinter-cuda's `kernels/adamw.cu` and
+//!   `ops/adamw.rs`; the grad-norm kernels of `optimizer.cu` (this folder), launched here.
+//! - [`grad_norm`]: the global gradient norm in one pass (one multi-tensor launch on CUDA).
 //! - [`step_ctl`]: the step control block (found_inf, clip factor, loss scale, lr, counters).
 //!
 //! The arithmetic of AdamW is written once, `sinter_types::AdamW` (f64 hyper-parameters, each
@@ -15,6 +17,7 @@
 
 pub mod cpu;
 mod cuda;
+pub mod grad_norm;
 pub mod step_ctl;
 
 use crate::backend::{AdamWParams, ScalerCfg, SgdParams};

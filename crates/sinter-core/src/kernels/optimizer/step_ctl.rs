@@ -23,7 +23,7 @@ pub fn grad_sum_squares(grads: &[Tensor], device: Device) -> Result<Tensor> {
             rhs: g.device(),
         });
     }
-    crate::fused::grad_norm::grad_sum_squares_on(grads, device)
+    super::grad_norm::grad_sum_squares_on(grads, device)
 }
 
 impl Tensor {

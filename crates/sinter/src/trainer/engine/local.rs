@@ -2,8 +2,8 @@
 //! backward, over the host ring or NCCL) and of ZeRO-1/2, with gradient accumulation. The
 //! step's decisions (clip factor, fp16 loss scale and skip flag, learning rate, step count)
 //! live on the device in a step control block and the loss accumulates there, so a step reads
-//! nothing back; the host reads at the trainer's read steps only. ZeRO keeps its own
-//! host-side step (it clips inside, over the shards).
+//! nothing back; the host reads at the trainer's read steps only. ZeRO keeps its own step
+//! (its shard on the model's device; it clips inside, over the shards).
 
 use std::collections::HashMap;
 
