@@ -3,8 +3,7 @@
 //! device, then calls that backend's implementation, once.
 
 use crate::backend::{
-    BackendDevice, BackendStorage, ConvGeom, DropoutMask, IndexGeom, Indices,
-    PoolGeom,
+    BackendDevice, BackendStorage, ConvGeom, DropoutMask, IndexGeom, Indices, PoolGeom,
 };
 use crate::cpu::{CpuDevice, CpuStorage};
 use crate::cuda::CudaStorage;

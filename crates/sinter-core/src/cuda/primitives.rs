@@ -4,9 +4,7 @@
 
 use super::storage::CudaStorage;
 use super::{conv, creation, elementwise, matmul, nn, random, reduce};
-use crate::backend::{
-    BackendStorage, ConvGeom, DropoutMask, IndexGeom, Indices, PoolGeom,
-};
+use crate::backend::{BackendStorage, ConvGeom, DropoutMask, IndexGeom, Indices, PoolGeom};
 use crate::cpu::CpuStorage;
 use crate::op::{BinaryOp, ReduceOp, UnaryOp};
 use crate::{DType, Device, Layout, Result, Rng};
