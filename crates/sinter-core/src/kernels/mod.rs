@@ -12,6 +12,8 @@ mod launch;
 pub mod layer_norm;
 pub mod optimizer;
 pub mod softmax;
+#[cfg(test)]
+mod test_support;
 
 use std::collections::HashMap;
 use std::hash::Hash;
