@@ -100,11 +100,19 @@ fn sigterm_writes_a_checkpoint_and_summary_and_the_run_resumes() {
 fn a_second_signal_exits_at_once() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("run");
-    // Every validation batch at the stop: seconds of work the second signal cuts short.
+    // A large batch: the step in flight when the first signal comes takes seconds to finish
+    // (a stop skips the evaluation), and the second signal cuts it short.
     let mut child = long_run(
         &out,
         "gpt-tiny",
-        &["--eval-batches", "0", "--eval-interval", "1000000"],
+        &[
+            "--batch-size",
+            "64",
+            "--eval-batches",
+            "0",
+            "--eval-interval",
+            "1000000",
+        ],
     )
     .spawn()
     .unwrap();
@@ -117,6 +125,43 @@ fn a_second_signal_exits_at_once() {
     assert_eq!(wait_exit(&mut child, 10), 128 + 2);
     assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
     assert!(!out.join("summary.json").exists());
+}
+
+#[test]
+fn a_stop_skips_the_evaluation_and_checkpoints_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("run");
+    // Every validation batch after every step: the signal lands in (or just before) a pass
+    // over the whole validation data, which the stop cuts short instead of finishing.
+    let mut child = long_run(
+        &out,
+        "gpt-tiny",
+        &["--eval-batches", "0", "--eval-interval", "1"],
+    )
+    .stderr(Stdio::piped())
+    .spawn()
+    .unwrap();
+    wait_for(&out.join("metrics.jsonl"), &mut child, 120);
+    std::thread::sleep(Duration::from_millis(500));
+    signal(child.id(), "-TERM");
+    let mut pipe = child.stderr.take().unwrap();
+    let reader = std::thread::spawn(move || {
+        let mut err = String::new();
+        let _ = pipe.read_to_string(&mut err);
+        err
+    });
+    let code = wait_exit(&mut child, 60);
+    let err = reader.join().unwrap();
+    assert_eq!(code, 128 + 15, "{err}");
+    assert!(
+        err.contains("evaluation skipped: SIGTERM received"),
+        "{err}"
+    );
+    assert!(out.join("checkpoint.safetensors").exists(), "{err}");
+    let s: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).unwrap()).unwrap();
+    let step = s["steps"].as_u64().unwrap();
+    assert!(step < 1_000_000, "{s}");
 }
 
 #[test]

@@ -62,6 +62,17 @@ fn count_correct(logits: &sinter_core::Tensor, targets: &sinter_core::Tensor) ->
 
 /// Validation loss (and accuracy) over up to `max_batches` batches (0 = all), in order.
 pub fn evaluate(s: &Setup, max_batches: usize) -> Result<EvalResult> {
+    Ok(evaluate_until(s, max_batches, || false)?.expect("never interrupted"))
+}
+
+/// [`evaluate`], asking `stop` before each batch: `None` when it said yes (a run asked to stop
+/// writes its checkpoint now instead of after a pass over all the validation data, which
+/// can take minutes; a partial loss is not comparable with the others, so none is returned).
+pub fn evaluate_until(
+    s: &Setup,
+    max_batches: usize,
+    stop: impl Fn() -> bool,
+) -> Result<Option<EvalResult>> {
     let device = sinter_nn::module_device(s.model.as_ref())?;
     let _g = no_grad();
     s.model.set_training(false);
@@ -74,6 +85,10 @@ pub fn evaluate(s: &Setup, max_batches: usize) -> Result<EvalResult> {
     };
     let (mut total, mut correct, mut count) = (0f64, 0usize, 0usize);
     for i in 0..n {
+        if stop() {
+            s.model.set_training(true);
+            return Ok(None);
+        }
         let b = loader.next_batch()?;
         let rows = b.inputs.shape[0];
         let host = prepare(s, b, batch_seed(s.config.seed, EVAL_STEP, i as u64, 0))?;
@@ -91,13 +106,13 @@ pub fn evaluate(s: &Setup, max_batches: usize) -> Result<EvalResult> {
     }
     s.model.set_training(true);
     let count_f = count.max(1) as f64;
-    Ok(EvalResult {
+    Ok(Some(EvalResult {
         loss: total / count_f,
         accuracy: (s.task == sinter_models::Task::Classification).then(|| correct as f64 / count_f),
         examples: count,
         batches: n,
         total_batches,
-    })
+    }))
 }
 
 #[cfg(test)]

@@ -12,7 +12,7 @@ use sinter_nn::LrSchedule;
 
 use super::batch::{batch_seed, prepare};
 use super::engine::{LrPlan, Readout, StepEngine};
-use super::eval::{evaluate, EvalResult};
+use super::eval::{evaluate_until, EvalResult};
 use super::{Console, Setup, TrainOptions};
 use crate::checkpoint::{self, Loaded};
 use crate::metrics::MetricsLog;
@@ -311,8 +311,8 @@ impl<'a> Trainer<'a> {
         }
         let mut best = false;
         if due.eval {
-            self.evaluate(step)?;
-            let (improved, stop) = self.judge(done)?;
+            let fresh = self.evaluate(step)?;
+            let (improved, stop) = self.judge(done, fresh)?;
             best = improved && self.s.config.keep_best;
             if stop && done < self.span.end {
                 let b = self.best;
@@ -429,16 +429,22 @@ impl<'a> Trainer<'a> {
         log.log(&rec)
     }
 
-    fn evaluate(&mut self, step: u64) -> Result<()> {
+    /// Evaluates (rank 0) and returns the result, or `None` on the other ranks and when a stop
+    /// was asked during the pass (the run then checkpoints at once; see `evaluate_until`).
+    fn evaluate(&mut self, step: u64) -> Result<Option<EvalResult>> {
         if !self.writer {
-            return Ok(());
+            return Ok(None);
         }
-        let e = evaluate(&self.s, self.s.config.eval_batches)?;
         let done = step + 1;
         let what = if self.s.config.eval_interval == 0 {
             format!("epoch {}", self.span.epoch_of(step))
         } else {
             format!("step {done}")
+        };
+        let Some(e) = evaluate_until(&self.s, self.s.config.eval_batches, stop_requested)? else {
+            self.console
+                .note(format!("{what}: evaluation skipped: {}", stop_reason()));
+            return Ok(None);
         };
         self.console.note(format!(
             "{what}: train loss {:.4}, val loss {:.4}{} ({})",
@@ -451,15 +457,16 @@ impl<'a> Trainer<'a> {
             l.log(&json!({"step": done, "epoch": self.span.epoch_of(step), "val_loss": e.loss, "val_accuracy": e.accuracy}))?;
         }
         self.progress.last_eval = Some(e);
-        Ok(())
+        Ok(Some(e))
     }
 
     /// Whether this evaluation improved the best validation loss, and whether the run should
-    /// stop early; rank 0 judges, every rank follows (collective where it matters).
-    fn judge(&mut self, done: u64) -> Result<(bool, bool)> {
+    /// stop early; rank 0 judges `fresh` (none: a skipped evaluation, which changes nothing),
+    /// every rank follows (collective where it matters).
+    fn judge(&mut self, done: u64, fresh: Option<EvalResult>) -> Result<(bool, bool)> {
         let c = &self.s.config;
         let (mut improved, mut stop) = (false, false);
-        if let (true, Some(e)) = (self.writer, self.progress.last_eval) {
+        if let (true, Some(e)) = (self.writer, fresh) {
             improved = self.best.observe(e.loss, done, c.early_stop_delta);
             stop = c.early_stop > 0 && self.best.stale >= c.early_stop;
         }
@@ -527,17 +534,18 @@ impl<'a> Trainer<'a> {
 
     fn summary(&self, wall: f64) -> Result<Value> {
         let (s, span) = (&self.s, &self.span);
-        let e = self
-            .progress
-            .last_eval
-            .ok_or_else(|| anyhow!("the run ended without an evaluation"))?;
+        // A run stopped from outside before its first evaluation has none to report.
+        let e = self.progress.last_eval;
+        if e.is_none() && self.stopped.is_none() {
+            bail!("the run ended without an evaluation");
+        }
         let trained = (span.end - span.start) as f64;
         let mut summary = json!({
             "model": s.config.model, "data": s.config.data, "device": self.engine.device().to_string(), "steps": span.end, "total_steps": span.total,
             "resumed_from_step": self.resumed_from, "parameters": s.model.num_parameters(),
             "precision": s.config.precision,
-            "wall_time_s": wall, "train_loss": self.progress.last_loss, "val_loss": e.loss, "val_accuracy": e.accuracy,
-            "val_examples": e.examples, "val_batches": e.batches, "val_batches_total": e.total_batches,
+            "wall_time_s": wall, "train_loss": self.progress.last_loss, "val_loss": e.map(|e| e.loss), "val_accuracy": e.and_then(|e| e.accuracy),
+            "val_examples": e.map(|e| e.examples), "val_batches": e.map(|e| e.batches), "val_batches_total": e.map(|e| e.total_batches),
             "batch_size": s.config.batch_size, "lr": s.config.lr, "optimizer": s.config.optimizer,
             "seed": s.config.seed, "threads": rayon::current_num_threads(), "last_logged_rate": self.progress.rate,
             "world_size": self.engine.world_size(), "grad_accum": s.config.grad_accum, "global_batch_size": self.engine.global_batch(s),
@@ -549,8 +557,14 @@ impl<'a> Trainer<'a> {
     }
 
     fn final_line(&self, summary: &Value, wall: f64) {
-        let Some(e) = &self.progress.last_eval else {
-            return;
+        let val = match &self.progress.last_eval {
+            Some(e) => format!(
+                "val loss {:.4}{} over {}",
+                e.loss,
+                e.accuracy_text(),
+                e.coverage()
+            ),
+            None => "not evaluated".into(),
         };
         let unit = if self.s.task.is_sequence() {
             "tok/s"
@@ -559,13 +573,10 @@ impl<'a> Trainer<'a> {
         };
         let rate = summary[self.throughput_key()].as_f64().unwrap_or(0.0);
         self.console.note(format!(
-            "done: step {} of {}; {} steps in {wall:.1} s ({rate:.0} {unit}); val loss {:.4}{} over {}",
+            "done: step {} of {}; {} steps in {wall:.1} s ({rate:.0} {unit}); {val}",
             self.span.end,
             self.span.total,
             self.span.end - self.span.start,
-            e.loss,
-            e.accuracy_text(),
-            e.coverage()
         ));
         if let Some(d) = &self.out {
             self.console.note(format!(
