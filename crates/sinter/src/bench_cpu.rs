@@ -650,7 +650,7 @@ fn whole_train(save_init: Option<&Path>) -> Result<Figure> {
         quiet: true,
         stop_at_step: None,
         dp: false,
-        cuda_graph: false,
+        cuda_graph: trainer::GraphMode::Off,
         dist_backend: "auto".parse()?,
         export_adapter: None,
     };

@@ -24,6 +24,7 @@ use sinter_nn::LrSchedule;
 use crate::config::{ConfigFile, TrainConfig};
 use crate::trainer::engine::local::LocalEngine;
 use crate::trainer::engine::{LrPlan, StepEngine};
+use crate::trainer::GraphMode;
 use crate::trainer::{self, Console};
 
 #[derive(Args, Clone, Debug)]
@@ -126,7 +127,12 @@ fn trace_step(a: &GpuModelArgs) -> Result<Traced> {
     let s = trainer::setup(config)?;
     let params = s.model.parameters().iter().map(|(_, t)| t.numel()).sum();
     let console = Console::new(true);
-    let mut engine = LocalEngine::new(&s, device, precision, None, a.cuda_graph, console)?;
+    let graph = if a.cuda_graph {
+        GraphMode::On
+    } else {
+        GraphMode::Off
+    };
+    let mut engine = LocalEngine::new(&s, device, precision, None, graph, console)?;
     let total = warmup_steps(a.cuda_graph) + 1;
     let lr = LrPlan {
         schedule: LrSchedule::Constant,

@@ -186,7 +186,7 @@ fn train_options(k: &ConfigFile, notes: Vec<String>) -> Result<trainer::TrainOpt
         quiet: on(k.quiet),
         stop_at_step: k.stop_at_step,
         dp: on(k.dp),
-        cuda_graph: on(k.cuda_graph),
+        cuda_graph: trainer::GraphMode::from_key(k.cuda_graph),
         dist_backend: sinter_dist::mpi::resolve_auto(
             k.dist_backend.as_deref().unwrap_or("auto").parse()?,
             &std::env::vars().collect(),

@@ -176,10 +176,14 @@ pub struct TrainArgs {
     /// convolution in backward: the same values with less activation memory [default: off].
     #[arg(long, help_heading = DEVICE)]
     pub fuse_conv_bn: bool,
-    /// Capture the whole training step as a CUDA graph after warm-up steps and replay it
-    /// (CUDA, one process, static shapes, no dropout; ignored on the CPU) [default: off].
-    #[arg(long, help_heading = DEVICE)]
+    /// Capture the whole training step as a CUDA graph after warm-up steps and replay it, and
+    /// refuse a run whose step cannot be captured (data parallel, masked LM, dropout) [default:
+    /// captured wherever it can be: CUDA, one process, static shapes, no dropout].
+    #[arg(long, help_heading = DEVICE, conflicts_with = "no_cuda_graph")]
     pub cuda_graph: bool,
+    /// Run every step eagerly, without capturing a CUDA graph.
+    #[arg(long, help_heading = DEVICE)]
+    pub no_cuda_graph: bool,
 
     /// Data parallel (on by itself when WORLD_SIZE > 1, e.g. under `sinter launch`)
     /// [default: off].
@@ -257,7 +261,11 @@ impl TrainArgs {
             overwrite: on(self.overwrite),
             stop_at_step: self.stop_at_step,
             quiet: on(self.quiet),
-            cuda_graph: on(self.cuda_graph),
+            cuda_graph: match (self.cuda_graph, self.no_cuda_graph) {
+                (true, _) => Some(true),
+                (_, true) => Some(false),
+                _ => None,
+            },
             dp: on(self.dp),
             dist_backend: self.dist_backend.clone(),
             tp: self.tp,

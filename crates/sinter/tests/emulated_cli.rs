@@ -153,14 +153,16 @@ fn gpt_tiny_bf16() {
     same_run(&[], &[], &[], &gpt(&["--precision", "bf16"]), 1.5e-2);
 }
 
-/// Captured after the warm-up steps and replayed (the CPU run ignores the flag); a capture
-/// that fails would fall back to eager steps with a note, so the capture note is required.
+/// Captured after the warm-up steps and replayed by default (no flag; the CPU run has no
+/// graph); a capture that fails would fall back to eager steps with a note, so the capture
+/// note is required. `--no-cuda-graph` is checked by the decision's unit test.
 #[test]
 fn gpt_tiny_cuda_graph() {
     let args = lm("gpt-tiny", "6", &[]);
-    if let Some(notes) = same_run(&[], &["--cuda-graph"], &[], &args, 1e-4) {
+    if let Some(notes) = same_run(&[], &[], &[], &args, 1e-4) {
         assert!(
-            notes.contains("--cuda-graph: captured the training step"),
+            notes.contains("CUDA graph: captured the training step at step 4")
+                && notes.contains("--no-cuda-graph"),
             "{notes}"
         );
     }

@@ -967,3 +967,57 @@ fn a_4bit_qlora_learns_on_blocks_quantized_at_load_and_on_a_ggufs_own() {
         "{model:?}"
     );
 }
+
+/// LoRA dropout draws its masks on the host at each forward pass: by default the CUDA graph
+/// steps aside (a note, eager steps, the run trains), while `--cuda-graph` refuses the run.
+#[test]
+fn dropout_keeps_the_default_cuda_graph_off_and_refuses_an_asked_one() {
+    let f = fixture();
+    let train = |out: &str, extra: &[&str]| {
+        let mut a = vec![
+            "train",
+            "--model",
+            &f.model,
+            "--data",
+            &f.data,
+            "--context",
+            "16",
+            "--batch-size",
+            "2",
+            "--steps",
+            "5",
+            "--eval-batches",
+            "1",
+            "--device",
+            "cuda-emu",
+            "--lora-rank",
+            "2",
+            "--lora-dropout",
+            "0.1",
+            "--out",
+            out,
+        ];
+        a.extend_from_slice(extra);
+        sinter(&a)
+    };
+    let o = train(&f.path("auto"), &[]);
+    let err = stderr(&o);
+    if !o.status.success()
+        && std::env::var("SINTER_REQUIRE_EMU").as_deref() != Ok("1")
+        && err.contains("cuda-emu")
+        && err.contains("compiler")
+    {
+        eprintln!("skipped: the emulated CUDA device is not available: {err}");
+        return;
+    }
+    assert!(o.status.success(), "{err}");
+    assert!(
+        err.contains("CUDA graph off: this model applies dropout") && !err.contains("captured"),
+        "{err}"
+    );
+    assert_eq!(summary(Path::new(&f.path("auto")))["steps"], 5);
+    fails_with(
+        &train(&f.path("asked"), &["--cuda-graph"]),
+        &["--cuda-graph cannot be used", "dropout"],
+    );
+}

@@ -22,6 +22,7 @@ use sinter_dist::DistEnv;
 
 pub use batch::to_tensor;
 pub use console::Console;
+pub use engine::graph::GraphMode;
 pub use engine::parallel::ModelParallel;
 pub use eval::evaluate;
 pub use options::TrainOptions;
@@ -154,7 +155,7 @@ fn start_parallel(
     mp: &ModelParallel,
     console: &Console,
 ) -> Result<Started> {
-    parallel::check(&config, opts.cuda_graph)?;
+    parallel::check(&config, opts.cuda_graph == GraphMode::On)?;
     let (spec, world) = parallel::join(env, mp, opts.dist_backend)?;
     let resumed = load_resume(opts)?;
     let config = keep_global_batch(config, resumed.as_ref(), spec.dp, console)?;

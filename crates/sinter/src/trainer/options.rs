@@ -19,9 +19,10 @@ pub struct TrainOptions {
     /// Data parallel even in a single process (it is on by itself when the launcher's
     /// environment says WORLD_SIZE > 1, and with `--zero`).
     pub dp: bool,
-    /// `--cuda-graph`: capture the whole training step as a CUDA graph after warm-up steps and
-    /// replay it (CUDA, single process, no dropout; ignored on the CPU).
-    pub cuda_graph: bool,
+    /// Capture the whole training step as a CUDA graph after warm-up steps and replay it:
+    /// by default where it can be (CUDA, single process, static shapes, no dropout),
+    /// `--cuda-graph` insists, `--no-cuda-graph` never.
+    pub cuda_graph: super::GraphMode,
     /// `--dist-backend`: NCCL or the host ring for data parallel / ZeRO.
     pub dist_backend: sinter_dist::BackendChoice,
     /// `--tp` / `--pp`: tensor or pipeline parallel GPT replicas.

@@ -1,6 +1,9 @@
-//! `--cuda-graph`: the whole training step (forward, backward, optimizer, loss accumulation,
-//! scaler and schedule updates) captured once as a CUDA graph after warm-up steps, then
-//! replayed with each step's inputs copied into the captured buffers.
+//! CUDA graphs of the whole training step (forward, backward, optimizer, loss accumulation,
+//! scaler and schedule updates): captured once after warm-up steps, then replayed with each
+//! step's inputs copied into the captured buffers. On by default wherever the step can be
+//! captured (a CUDA device, one process, static shapes, no dropout): one replay instead of
+//! hundreds of kernel launches a step. `--cuda-graph` insists (what cannot be captured is
+//! refused with the reason), `--no-cuda-graph` runs every step eagerly.
 
 use anyhow::{bail, Context, Result};
 use sinter_core::cuda::runtime::{capture_step, StepGraph};
@@ -9,10 +12,33 @@ use sinter_models::Task;
 
 use crate::trainer::Console;
 
+/// Whether a run captures its step as a CUDA graph.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum GraphMode {
+    /// Where the step can be captured; elsewhere eager steps, quietly (the default).
+    #[default]
+    Auto,
+    /// `--cuda-graph`: capture, refusing a run whose step cannot be captured.
+    On,
+    /// `--no-cuda-graph`: every step eager.
+    Off,
+}
+
+impl GraphMode {
+    /// From the `cuda_graph` key: unset is [`GraphMode::Auto`].
+    pub fn from_key(key: Option<bool>) -> GraphMode {
+        match key {
+            None => GraphMode::Auto,
+            Some(true) => GraphMode::On,
+            Some(false) => GraphMode::Off,
+        }
+    }
+}
+
 /// The graph runner of a run (None: eager steps), with the note or refusal `--cuda-graph`
 /// gets on this run.
 pub fn plan(
-    requested: bool,
+    mode: GraphMode,
     device: Device,
     task: Task,
     data_parallel: bool,
@@ -20,13 +46,15 @@ pub fn plan(
     start: u64,
     console: &Console,
 ) -> Result<Option<GraphRun>> {
-    match cuda_graph_decision(requested, device, task, data_parallel, grad_accum) {
+    match cuda_graph_decision(mode, device, task, data_parallel, grad_accum) {
         Ok(GraphDecision::Off) => Ok(None),
         Ok(GraphDecision::IgnoredOnCpu) => {
             console.note("--cuda-graph ignored on the CPU: CUDA graphs need a CUDA device (training runs as usual)");
             Ok(None)
         }
-        Ok(GraphDecision::Capture { warmup }) => Ok(Some(GraphRun::new(start + warmup))),
+        Ok(GraphDecision::Capture { warmup }) => {
+            Ok(Some(GraphRun::new(start + warmup, mode == GraphMode::On)))
+        }
         Err(why) => bail!("{why}"),
     }
 }
@@ -34,7 +62,7 @@ pub fn plan(
 /// What `--cuda-graph` does for a run.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum GraphDecision {
-    /// Not asked for.
+    /// Not asked for, or (by default) not possible for this run.
     Off,
     /// Asked for on the CPU: ignored, with a note.
     IgnoredOnCpu,
@@ -46,22 +74,26 @@ pub enum GraphDecision {
 /// Eager steps before the capture.
 pub const GRAPH_WARMUP_STEPS: u64 = 3;
 
-/// Decides `--cuda-graph` from the run's setup: Err (a message for the user) when the step
-/// cannot be captured whole. Data-parallel steps all-reduce their gradients through the host
-/// between backward kernels, so they are refused. Dropout is checked after the first step
+/// Decides the CUDA graph from the run's setup. Asked for (`--cuda-graph`): Err (a message
+/// for the user) when the step cannot be captured whole; by default such a run is simply
+/// eager. Data-parallel steps all-reduce their gradients through the host between backward
+/// kernels, so they are not captured. Dropout is checked after the first step
 /// ([`dropout_refusal`]); a batch of another shape runs eagerly.
 pub fn cuda_graph_decision(
-    requested: bool,
+    mode: GraphMode,
     device: Device,
     task: Task,
     data_parallel: bool,
     grad_accum: u64,
 ) -> std::result::Result<GraphDecision, String> {
-    if !requested {
-        return Ok(GraphDecision::Off);
+    match (mode, device.is_cuda()) {
+        (GraphMode::Off, _) | (GraphMode::Auto, false) => return Ok(GraphDecision::Off),
+        (GraphMode::On, false) => return Ok(GraphDecision::IgnoredOnCpu),
+        _ => {}
     }
-    if !device.is_cuda() {
-        return Ok(GraphDecision::IgnoredOnCpu);
+    let capturable = task != Task::MaskedLm && !data_parallel && grad_accum > 0;
+    if mode == GraphMode::Auto && !capturable {
+        return Ok(GraphDecision::Off);
     }
     if task == Task::MaskedLm {
         return Err("--cuda-graph cannot capture a masked-LM step: each batch masks a different number of tokens, so the MLM head's shapes change every step; drop --cuda-graph".into());
@@ -104,15 +136,18 @@ struct Captured {
 /// backward, optimizer, loss accumulation, scaler and schedule updates), then replays.
 pub struct GraphRun {
     capture_at: u64,
+    /// `--cuda-graph` was given (notes name the flag; dropout is refused, not worked around).
+    pub asked: bool,
     captured: Option<Captured>,
     /// Capture failed: the rest of the run is eager.
     off: bool,
 }
 
 impl GraphRun {
-    pub fn new(capture_at: u64) -> GraphRun {
+    pub fn new(capture_at: u64, asked: bool) -> GraphRun {
         GraphRun {
             capture_at,
+            asked,
             captured: None,
             off: false,
         }
@@ -162,8 +197,14 @@ impl GraphRun {
                     .replay()
                     .context("running the captured training step")?;
                 console.note(format!(
-                    "--cuda-graph: captured the training step at step {}; replaying it from now on",
-                    step + 1
+                    "{}: captured the training step at step {}; replaying it from now on{}",
+                    self.flag(),
+                    step + 1,
+                    if self.asked {
+                        ""
+                    } else {
+                        " (--no-cuda-graph runs every step eagerly)"
+                    }
                 ));
                 self.captured = Some(Captured {
                     graph,
@@ -178,9 +219,18 @@ impl GraphRun {
                     p.zero_grad();
                 }
                 self.off = true;
-                console.note(format!("--cuda-graph: the training step could not be captured ({e:#}); continuing without CUDA graphs"));
+                console.note(format!("{}: the training step could not be captured ({e:#}); continuing without CUDA graphs", self.flag()));
                 Ok(false)
             }
+        }
+    }
+
+    /// How notes name the graph: the flag when it was given.
+    fn flag(&self) -> &'static str {
+        if self.asked {
+            "--cuda-graph"
+        } else {
+            "CUDA graph"
         }
     }
 }
@@ -193,28 +243,53 @@ mod tests {
     #[test]
     fn cuda_graph_decisions() {
         let cuda = Device::Cuda(0);
+        let (on, auto, off) = (GraphMode::On, GraphMode::Auto, GraphMode::Off);
         assert_eq!(
-            cuda_graph_decision(false, cuda, Task::Classification, true, 1),
+            cuda_graph_decision(off, cuda, Task::Classification, false, 1),
             Ok(GraphDecision::Off)
         );
+        // By default: captured where it can be, quietly eager where it cannot.
         assert_eq!(
-            cuda_graph_decision(true, Device::Cpu, Task::Classification, false, 1),
+            cuda_graph_decision(auto, cuda, Task::LanguageModel, false, 1),
+            Ok(GraphDecision::Capture {
+                warmup: GRAPH_WARMUP_STEPS
+            })
+        );
+        for (task, dp, accum) in [
+            (Task::MaskedLm, false, 1),
+            (Task::Classification, true, 1),
+            (Task::Classification, false, 0),
+        ] {
+            assert_eq!(
+                cuda_graph_decision(auto, cuda, task, dp, accum),
+                Ok(GraphDecision::Off)
+            );
+        }
+        assert_eq!(
+            cuda_graph_decision(auto, Device::Cpu, Task::Classification, false, 1),
+            Ok(GraphDecision::Off)
+        );
+        assert_eq!(GraphMode::from_key(None), auto);
+        assert_eq!(GraphMode::from_key(Some(true)), on);
+        assert_eq!(GraphMode::from_key(Some(false)), off);
+        assert_eq!(
+            cuda_graph_decision(on, Device::Cpu, Task::Classification, false, 1),
             Ok(GraphDecision::IgnoredOnCpu)
         );
         // The CPU note wins over what would be refused on CUDA: nothing is captured there.
         assert_eq!(
-            cuda_graph_decision(true, Device::Cpu, Task::Classification, true, 1),
+            cuda_graph_decision(on, Device::Cpu, Task::Classification, true, 1),
             Ok(GraphDecision::IgnoredOnCpu)
         );
-        let e = cuda_graph_decision(true, cuda, Task::MaskedLm, false, 1).unwrap_err();
+        let e = cuda_graph_decision(on, cuda, Task::MaskedLm, false, 1).unwrap_err();
         assert!(e.contains("masked-LM"), "{e}");
-        let e = cuda_graph_decision(true, cuda, Task::Classification, true, 1).unwrap_err();
+        let e = cuda_graph_decision(on, cuda, Task::Classification, true, 1).unwrap_err();
         assert!(
             e.contains("--cuda-graph") && e.contains("data-parallel"),
             "{e}"
         );
         assert_eq!(
-            cuda_graph_decision(true, cuda, Task::Classification, false, 4),
+            cuda_graph_decision(on, cuda, Task::Classification, false, 4),
             Ok(GraphDecision::Capture {
                 warmup: GRAPH_WARMUP_STEPS
             })
@@ -244,7 +319,7 @@ mod tests {
 
     #[test]
     fn graph_run_waits_for_warm_up_and_stays_eager_on_the_cpu() {
-        let mut g = GraphRun::new(3);
+        let mut g = GraphRun::new(3, true);
         let t = |s: &[usize]| Tensor::zeros(s, DType::F32, Device::Cpu).unwrap();
         let b = vec![(t(&[2, 2]), t(&[2]))];
         let console = Console::new(true);

@@ -16,7 +16,7 @@ use sinter_dist::{
 };
 use sinter_nn::{Optimizer, StepControl, TensorKind};
 
-use super::graph::{self, GraphRun};
+use super::graph::{self, GraphMode, GraphRun};
 use super::{make_optimizer, param_groups, LoaderShard, LrPlan, Readout, StepEngine};
 use crate::config::TrainConfig;
 use crate::precision::Precision;
@@ -136,7 +136,7 @@ pub struct LocalEngine {
     /// The device step control block (plain optimizer only); made by `begin`.
     control: Option<StepControl>,
     graph: Option<GraphRun>,
-    cuda_graph: bool,
+    cuda_graph: GraphMode,
     /// Float buffers (BatchNorm running statistics): each rank updates them from its data.
     buffers: Vec<Tensor>,
     params: Vec<(String, Tensor)>,
@@ -160,7 +160,7 @@ impl LocalEngine {
         device: Device,
         precision: Precision,
         mut dist: Option<Dist>,
-        cuda_graph: bool,
+        cuda_graph: GraphMode,
         console: Console,
     ) -> Result<LocalEngine> {
         sinter_nn::move_module(s.model.as_ref(), device)
@@ -428,9 +428,15 @@ impl StepEngine for LocalEngine {
                 .collect::<sinter_core::Result<Vec<_>>>()?;
             self.device_step(s, &inputs)?;
         }
-        if self.graph.is_some() {
+        if let Some(g) = &self.graph {
             if let Some(why) = graph::dropout_refusal(dropout_before, s.dropout_state()) {
-                anyhow::bail!("{why}");
+                if g.asked {
+                    anyhow::bail!("{why}");
+                }
+                // By default a model with dropout simply runs eagerly (checked on the first
+                // step, before any capture).
+                self.console.note("CUDA graph off: this model applies dropout, whose masks are drawn on the host at each forward pass");
+                self.graph = None;
             }
         }
         Ok(())

@@ -28,6 +28,7 @@ pub struct ModelParallel {
 }
 
 /// Refuses what the model-parallel step cannot do, before anything starts.
+/// `cuda_graph`: `--cuda-graph` was given (by default model-parallel steps run eagerly).
 pub fn check(config: &TrainConfig, cuda_graph: bool) -> Result<()> {
     if crate::config::task_of_model(&config.model) != Some(Task::LanguageModel) {
         bail!(
