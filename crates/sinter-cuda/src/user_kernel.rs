@@ -17,7 +17,7 @@ use std::sync::{Arc, Mutex};
 
 use crate::device::CudaDevice;
 use crate::driver::Driver;
-use crate::emulated::cost::OpClass;
+use crate::emulated::cost::{Call, OpClass};
 use crate::error::{CudaError, Result};
 use crate::launch::{Arg, Launch, Traffic};
 use crate::nvrtc::{self, KernelCache, KernelFile, Output, PtxEntry};
@@ -165,28 +165,26 @@ pub struct UserLaunch {
 impl UserLaunch {
     /// The launch as the drivers take it (its kernel file is not used: the source is given).
     fn plan(&self) -> Launch {
-        // The file only decides the cost model's class here (the source is given).
-        let (file, traffic) = match self.declared {
-            None => (KernelFile::Unary, None),
-            Some((class, t)) => (
-                match class {
-                    OpClass::Row => KernelFile::Reduce,
-                    OpClass::Attention => KernelFile::FlashAttention,
-                    OpClass::Copy => KernelFile::Copy,
-                    OpClass::Gemm => KernelFile::Int8Gemm,
-                    _ => KernelFile::Unary,
-                },
-                Some(t),
-            ),
-        };
         Launch {
-            file,
+            file: KernelFile::Unary,
             name: self.kernel.clone(),
             grid: self.grid,
             block: self.block,
             shared_mem: self.shared_mem,
             args: self.args.clone(),
-            traffic,
+            traffic: self.declared.map(|(_, t)| t),
+        }
+    }
+
+    /// What the cost model records: the declared class and traffic, else the plan's estimate
+    /// (an elementwise kernel).
+    pub fn cost(&self) -> Call {
+        match self.declared {
+            None => self.plan().cost(),
+            Some((class, t)) => Call {
+                declared: true,
+                ..Call::new(self.kernel.clone(), class, t)
+            },
         }
     }
 }
@@ -212,7 +210,7 @@ impl CudaDevice {
                     let compiled = src.ptx(self.arch())?;
                     src.check_launch(&compiled, l)?;
                 }
-                e.launch_user(src, &plan)
+                e.launch_user(src, &plan, l.cost())
             }
         }
     }

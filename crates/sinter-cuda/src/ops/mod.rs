@@ -9,7 +9,6 @@ pub mod conv;
 pub mod copy;
 pub mod dropout;
 pub mod embedding;
-pub mod flash_attention;
 pub mod int;
 pub mod int8;
 pub mod reduce;
@@ -208,7 +207,6 @@ pub fn sample_plans(t: &LaunchTarget) -> Vec<Launch> {
     v.extend(dropout::samples(t));
     v.extend(adamw::samples(t));
     v.extend(int::samples(t));
-    v.extend(flash_attention::samples(t));
     v.extend(int8::samples(t));
     v.extend(boolean::samples(t));
     v
