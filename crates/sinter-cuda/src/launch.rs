@@ -10,8 +10,6 @@ pub use crate::emulated::cost::Traffic;
 use crate::emulated::cost::{Call, OpClass};
 use crate::error::{CudaError, Result};
 use crate::nvrtc::{KernelFile, PtxParam};
-use crate::ops::adamw::{AdamArgs, SgdArgs};
-use crate::ops::conv::{ConvMeta, PoolMeta};
 
 /// Threads per block for elementwise kernels.
 pub const ELEMWISE_BLOCK: u32 = 256;
@@ -192,11 +190,69 @@ pub enum Arg {
     I32(i32),
     F32(f32),
     Strided(StridedMeta),
-    Conv(ConvMeta),
-    Pool(PoolMeta),
-    Adam(AdamArgs),
-    Sgd(SgdArgs),
+    /// A C struct passed by value (`struct ConvMeta` of conv.cu, …): see [`ArgBytes`].
+    Bytes(ArgBytes),
 }
+
+impl Arg {
+    /// The argument that passes `v` by value, as the kernel's C struct of the same layout.
+    pub fn bytes<T: KernelStruct>(v: &T) -> Arg {
+        Arg::Bytes(ArgBytes::of(v))
+    }
+}
+
+/// A `#[repr(C)]` struct a kernel takes by value, laid out as its C counterpart.
+///
+/// # Safety
+/// The type must be plain data without padding bytes (every byte of a value initialised: fill
+/// gaps with explicit `pad` fields) and at most [`ARG_BYTES_MAX`] bytes.
+pub unsafe trait KernelStruct: Copy + 'static {}
+
+/// Largest by-value struct argument (CUDA takes 4 KiB of parameters in all).
+pub const ARG_BYTES_MAX: usize = 256;
+
+/// The bytes of a by-value struct argument: what the drivers pass and the emulator reads, so
+/// the launch layer needs no type of the ops that define the structs.
+#[derive(Clone, Copy, PartialEq, Eq)]
+#[repr(C, align(16))]
+pub struct ArgBytes {
+    bytes: [u8; ARG_BYTES_MAX],
+    len: usize,
+}
+
+impl ArgBytes {
+    /// The bytes of `v`.
+    pub fn of<T: KernelStruct>(v: &T) -> ArgBytes {
+        let len = std::mem::size_of::<T>();
+        assert!(
+            len <= ARG_BYTES_MAX,
+            "a kernel struct argument of {len} bytes exceeds {ARG_BYTES_MAX}"
+        );
+        let mut bytes = [0u8; ARG_BYTES_MAX];
+        // SAFETY: `T: KernelStruct` is plain data without padding, so its `len` bytes are
+        // initialised; `bytes` holds at least `len`.
+        unsafe {
+            std::ptr::copy_nonoverlapping(v as *const T as *const u8, bytes.as_mut_ptr(), len)
+        };
+        ArgBytes { bytes, len }
+    }
+
+    /// The struct's bytes.
+    pub fn as_slice(&self) -> &[u8] {
+        &self.bytes[..self.len]
+    }
+}
+
+impl std::fmt::Debug for ArgBytes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "struct of {} bytes", self.len)
+    }
+}
+
+// SAFETY: repr(C) with the bytes first: the parameter pointer cudarc passes is the struct's.
+unsafe impl cudarc::driver::DeviceRepr for ArgBytes {}
+// SAFETY: repr(C), 200 bytes of i64/i32 fields without gaps (see its definition).
+unsafe impl KernelStruct for StridedMeta {}
 
 /// The ABI class of an argument, comparable with a parsed PTX parameter.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -214,10 +270,7 @@ impl Arg {
             Arg::I32(_) => ParamKind::B32,
             Arg::F32(_) => ParamKind::F32,
             Arg::Strided(_) => ParamKind::Bytes(std::mem::size_of::<StridedMeta>()),
-            Arg::Conv(_) => ParamKind::Bytes(std::mem::size_of::<ConvMeta>()),
-            Arg::Pool(_) => ParamKind::Bytes(std::mem::size_of::<PoolMeta>()),
-            Arg::Adam(_) => ParamKind::Bytes(std::mem::size_of::<AdamArgs>()),
-            Arg::Sgd(_) => ParamKind::Bytes(std::mem::size_of::<SgdArgs>()),
+            Arg::Bytes(b) => ParamKind::Bytes(b.len),
         }
     }
 }

@@ -114,7 +114,7 @@ impl Output {
 
 /// True when `libnvrtc` can be loaded (checked without risking cudarc's loader panic).
 pub fn nvrtc_present() -> bool {
-    crate::runtime::libraries().nvrtc
+    crate::libs::libraries().nvrtc
 }
 
 /// Check an architecture name: `sm_XY` or `sm_XYZ` with an optional `a`/`f` suffix.
@@ -586,7 +586,7 @@ pub fn load_or_compile_source(
     validate_arch(arch)?;
     let inc = find_cuda_include()?;
     let opts = compile_options(arch, &inc);
-    let nvrtc_version = crate::runtime::nvrtc_version()?;
+    let nvrtc_version = crate::libs::nvrtc_version()?;
     let key = CacheKey {
         source: src,
         arch,
