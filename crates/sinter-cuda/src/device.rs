@@ -11,9 +11,10 @@ use crate::driver::{Driver, Stream};
 use crate::dtype::{DType, DeviceScalar};
 use crate::emulated::EmuDriver;
 use crate::error::{CudaError, Result};
-use crate::gemm::{GemmDesc, GemmEngine};
+use crate::gemm::{GemmDesc, GemmEngine, WORKSPACE_BYTES};
 use crate::launch::{Launch, LaunchTarget, Step};
 use crate::runtime::{self, DeviceInfo};
+use crate::user_kernel::{KernelSource, UserLaunch};
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
@@ -276,15 +277,43 @@ impl CudaDevice {
         Ok(())
     }
 
+    // ----------------------------------------------------------------------- custom kernels
+
+    /// Queue one launch of a kernel of `src` on the device stream (compiling `src` for this
+    /// device on first use). The launch is checked against the compiled kernel first (see
+    /// [`KernelSource::check_launch`]); errors while it runs are reported by the next call that
+    /// waits for the device, as for every kernel.
+    pub fn launch_user(&self, src: &KernelSource, l: &UserLaunch) -> Result<()> {
+        let plan = l.plan();
+        plan.validate()?;
+        match self.driver() {
+            Driver::Real(r) => {
+                let compiled = src.ptx(self.arch())?;
+                src.check_launch(&compiled, l)?;
+                r.launch_user(src, &compiled, &plan)
+            }
+            Driver::Emulated(e) => {
+                // The NVRTC check keeps the emulated device honest about what a GPU would
+                // accept; without NVRTC the emulator still checks names and argument sizes.
+                if crate::nvrtc::nvrtc_present() {
+                    let compiled = src.ptx(self.arch())?;
+                    src.check_launch(&compiled, l)?;
+                }
+                e.launch_user(src, &plan, l.cost())
+            }
+        }
+    }
+
     // ----------------------------------------------------------------------------- GEMM
 
     /// Row-major GEMM through cuBLASLt (see [`crate::gemm`]), or the emulated device's host GEMM.
     pub fn gemm(&self, desc: &GemmDesc<'_>) -> Result<()> {
         let mut g = lock(&self.gemm);
         if g.is_none() {
-            *g = Some(GemmEngine::new(self)?);
+            let workspace = self.alloc(WORKSPACE_BYTES, DType::U8, Pool::Permanent)?;
+            *g = Some(GemmEngine::new(self.driver(), workspace)?);
         }
-        g.as_ref().expect("initialised").run(self, desc)
+        g.as_ref().expect("initialised").run(self.driver(), desc)
     }
 }
 

@@ -373,10 +373,7 @@ fn arg_size(a: &Arg) -> usize {
         Arg::Ptr(_) | Arg::I64(_) | Arg::U64(_) => 8,
         Arg::I32(_) | Arg::F32(_) => 4,
         Arg::Strided(m) => std::mem::size_of_val(m),
-        Arg::Conv(m) => std::mem::size_of_val(m),
-        Arg::Pool(m) => std::mem::size_of_val(m),
-        Arg::Adam(m) => std::mem::size_of_val(m),
-        Arg::Sgd(m) => std::mem::size_of_val(m),
+        Arg::Bytes(b) => b.as_slice().len(),
     }
 }
 
@@ -388,10 +385,7 @@ fn arg_ptr(a: &Arg) -> *mut c_void {
         Arg::I32(v) => v as *const i32 as *mut c_void,
         Arg::F32(v) => v as *const f32 as *mut c_void,
         Arg::Strided(m) => m as *const _ as *mut c_void,
-        Arg::Conv(m) => m as *const _ as *mut c_void,
-        Arg::Pool(m) => m as *const _ as *mut c_void,
-        Arg::Adam(m) => m as *const _ as *mut c_void,
-        Arg::Sgd(m) => m as *const _ as *mut c_void,
+        Arg::Bytes(b) => b.as_slice().as_ptr() as *mut c_void,
     }
 }
 

@@ -72,7 +72,8 @@ pub enum CudaError {
 pub type Result<T> = std::result::Result<T, CudaError>;
 
 impl CudaError {
-    pub(crate) fn invalid(op: &'static str, msg: impl Into<String>) -> Self {
+    /// An invalid argument of `op` (what is wrong and what to do, in `msg`).
+    pub fn invalid(op: &'static str, msg: impl Into<String>) -> Self {
         CudaError::InvalidArgument {
             op,
             msg: msg.into(),

@@ -10,8 +10,6 @@ pub use crate::emulated::cost::Traffic;
 use crate::emulated::cost::{Call, OpClass};
 use crate::error::{CudaError, Result};
 use crate::nvrtc::{KernelFile, PtxParam};
-use crate::ops::adamw::{AdamArgs, SgdArgs};
-use crate::ops::conv::{ConvMeta, PoolMeta};
 
 /// Threads per block for elementwise kernels.
 pub const ELEMWISE_BLOCK: u32 = 256;
@@ -192,11 +190,69 @@ pub enum Arg {
     I32(i32),
     F32(f32),
     Strided(StridedMeta),
-    Conv(ConvMeta),
-    Pool(PoolMeta),
-    Adam(AdamArgs),
-    Sgd(SgdArgs),
+    /// A C struct passed by value (`struct ConvMeta` of conv.cu, …): see [`ArgBytes`].
+    Bytes(ArgBytes),
 }
+
+impl Arg {
+    /// The argument that passes `v` by value, as the kernel's C struct of the same layout.
+    pub fn bytes<T: KernelStruct>(v: &T) -> Arg {
+        Arg::Bytes(ArgBytes::of(v))
+    }
+}
+
+/// A `#[repr(C)]` struct a kernel takes by value, laid out as its C counterpart.
+///
+/// # Safety
+/// The type must be plain data without padding bytes (every byte of a value initialised: fill
+/// gaps with explicit `pad` fields) and at most [`ARG_BYTES_MAX`] bytes.
+pub unsafe trait KernelStruct: Copy + 'static {}
+
+/// Largest by-value struct argument (CUDA takes 4 KiB of parameters in all).
+pub const ARG_BYTES_MAX: usize = 256;
+
+/// The bytes of a by-value struct argument: what the drivers pass and the emulator reads, so
+/// the launch layer needs no type of the ops that define the structs.
+#[derive(Clone, Copy, PartialEq, Eq)]
+#[repr(C, align(16))]
+pub struct ArgBytes {
+    bytes: [u8; ARG_BYTES_MAX],
+    len: usize,
+}
+
+impl ArgBytes {
+    /// The bytes of `v`.
+    pub fn of<T: KernelStruct>(v: &T) -> ArgBytes {
+        let len = std::mem::size_of::<T>();
+        assert!(
+            len <= ARG_BYTES_MAX,
+            "a kernel struct argument of {len} bytes exceeds {ARG_BYTES_MAX}"
+        );
+        let mut bytes = [0u8; ARG_BYTES_MAX];
+        // SAFETY: `T: KernelStruct` is plain data without padding, so its `len` bytes are
+        // initialised; `bytes` holds at least `len`.
+        unsafe {
+            std::ptr::copy_nonoverlapping(v as *const T as *const u8, bytes.as_mut_ptr(), len)
+        };
+        ArgBytes { bytes, len }
+    }
+
+    /// The struct's bytes.
+    pub fn as_slice(&self) -> &[u8] {
+        &self.bytes[..self.len]
+    }
+}
+
+impl std::fmt::Debug for ArgBytes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "struct of {} bytes", self.len)
+    }
+}
+
+// SAFETY: repr(C) with the bytes first: the parameter pointer cudarc passes is the struct's.
+unsafe impl cudarc::driver::DeviceRepr for ArgBytes {}
+// SAFETY: repr(C), 200 bytes of i64/i32 fields without gaps (see its definition).
+unsafe impl KernelStruct for StridedMeta {}
 
 /// The ABI class of an argument, comparable with a parsed PTX parameter.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -214,10 +270,7 @@ impl Arg {
             Arg::I32(_) => ParamKind::B32,
             Arg::F32(_) => ParamKind::F32,
             Arg::Strided(_) => ParamKind::Bytes(std::mem::size_of::<StridedMeta>()),
-            Arg::Conv(_) => ParamKind::Bytes(std::mem::size_of::<ConvMeta>()),
-            Arg::Pool(_) => ParamKind::Bytes(std::mem::size_of::<PoolMeta>()),
-            Arg::Adam(_) => ParamKind::Bytes(std::mem::size_of::<AdamArgs>()),
-            Arg::Sgd(_) => ParamKind::Bytes(std::mem::size_of::<SgdArgs>()),
+            Arg::Bytes(b) => ParamKind::Bytes(b.len),
         }
     }
 }
@@ -279,7 +332,6 @@ impl Launch {
     /// launch plan).
     pub fn class(&self) -> OpClass {
         match self.file {
-            KernelFile::FlashAttention => OpClass::Attention,
             KernelFile::Copy => OpClass::Copy,
             KernelFile::Reduce | KernelFile::Embedding => OpClass::Row,
             KernelFile::Int8Gemm => OpClass::Gemm,
@@ -517,10 +569,8 @@ mod tests {
     #[test]
     fn plans_declare_the_traffic_their_shapes_imply() {
         use crate::dtype::DType;
-        use crate::emulated::cost::OpClass;
         use crate::ops::binary::{plan_binary_strided, BinaryOp, StridedIn};
         use crate::ops::fake_slice;
-        use crate::ops::flash_attention::{plan_flash_forward, AttnShape, AttnView};
         let t = LaunchTarget { sm_count: 132 };
         // A bias broadcast over rows: x [64, 48] + b [48], bf16. The bias is read once.
         let (x, bias, out) = (
@@ -548,33 +598,5 @@ mod tests {
         assert!(c.declared);
         assert_eq!(c.traffic.read, (64 * 48 + 48) * 2);
         assert_eq!(c.traffic.written, 64 * 48 * 2);
-        // Causal flash attention forward, b 2, h 3, T 128, d 64: 4·b·h·T²·d / 2 tensor FLOPs;
-        // q, k, v read and o written once (bf16), plus the f32 log-sum-exp.
-        let s = AttnShape {
-            b: 2,
-            h: 3,
-            tq: 128,
-            tk: 128,
-            d: 64,
-            causal: true,
-            scale: 0.125,
-        };
-        let elems = 2 * 3 * 128 * 64;
-        let view = || AttnView {
-            data: fake_slice(DType::BF16, elems),
-            strides: [3 * 128 * 64, 128 * 64, 64],
-        };
-        let lse = fake_slice(DType::F32, 2 * 3 * 128);
-        let l = plan_flash_forward(&t, &s, view(), view(), view(), view(), lse)
-            .unwrap()
-            .unwrap();
-        let c = l.cost();
-        assert_eq!(c.class, OpClass::Attention);
-        assert_eq!(
-            c.traffic.tensor_flops,
-            (4 * 2 * 3 * 128 * 128 * 64 / 2) as u64
-        );
-        assert_eq!(c.traffic.read, (3 * elems * 2) as u64);
-        assert_eq!(c.traffic.written, (elems * 2 + 2 * 3 * 128 * 4) as u64);
     }
 }

@@ -18,6 +18,16 @@
 //! - [`user_kernel`]: custom ops' CUDA C++ kernels, compiled by NVRTC at run time and launched
 //!   on the device stream ([`CudaDevice::launch_user`]).
 //!
+//! # Layers
+//!
+//! Bottom up, each importing only from below (`.ci/check-cycles`): errors, dtypes, library
+//! probing (`libs.rs`) and operand checks; the descriptors (launch plans and their by-value
+//! struct arguments in [`launch`], GEMM and convolution descriptors in `gemm/desc.rs` and
+//! `cudnn/desc.rs`, custom kernel sources in [`user_kernel`]) and NVRTC; the kernel emulator;
+//! the drivers (the real one and the emulated device, with [`runtime`] choosing between them:
+//! still one knot, listed in `.ci/cycles-allowed`); the device; then the libraries (cuBLASLt,
+//! cuDNN, NCCL) and the kernel wrappers ([`ops`]).
+//!
 //! # The emulated CUDA device
 //!
 //! `SINTER_CUDA_EMU=1` (or `=N` for N devices), or [`enable_emulation`] before the first use of
@@ -47,6 +57,7 @@
 //! loaded with `dlopen` at run time, so it builds and runs where CUDA is absent.
 
 pub mod alloc;
+mod check;
 pub mod comm;
 pub mod cudnn;
 pub mod device;
@@ -58,6 +69,7 @@ pub mod error;
 pub mod gemm;
 pub mod graph;
 pub mod launch;
+mod libs;
 pub mod nvrtc;
 pub mod ops;
 mod pool;

@@ -30,14 +30,13 @@ pub enum KernelFile {
     Dropout,
     AdamW,
     Int,
-    FlashAttention,
     Int8Gemm,
     Bool,
 }
 
 impl KernelFile {
     /// Every kernel file.
-    pub const ALL: [KernelFile; 12] = [
+    pub const ALL: [KernelFile; 11] = [
         KernelFile::Unary,
         KernelFile::Binary,
         KernelFile::Copy,
@@ -47,7 +46,6 @@ impl KernelFile {
         KernelFile::Dropout,
         KernelFile::AdamW,
         KernelFile::Int,
-        KernelFile::FlashAttention,
         KernelFile::Int8Gemm,
         KernelFile::Bool,
     ];
@@ -64,7 +62,6 @@ impl KernelFile {
             KernelFile::Dropout => "dropout.cu",
             KernelFile::AdamW => "adamw.cu",
             KernelFile::Int => "int.cu",
-            KernelFile::FlashAttention => "flash_attention.cu",
             KernelFile::Int8Gemm => "int8_gemm.cu",
             KernelFile::Bool => "bool.cu",
         }
@@ -82,7 +79,6 @@ impl KernelFile {
             KernelFile::Dropout => include_str!("../kernels/dropout.cu"),
             KernelFile::AdamW => include_str!("../kernels/adamw.cu"),
             KernelFile::Int => include_str!("../kernels/int.cu"),
-            KernelFile::FlashAttention => include_str!("../kernels/flash_attention.cu"),
             KernelFile::Int8Gemm => include_str!("../kernels/int8_gemm.cu"),
             KernelFile::Bool => include_str!("../kernels/bool.cu"),
         }
@@ -118,7 +114,7 @@ impl Output {
 
 /// True when `libnvrtc` can be loaded (checked without risking cudarc's loader panic).
 pub fn nvrtc_present() -> bool {
-    crate::runtime::libraries().nvrtc
+    crate::libs::libraries().nvrtc
 }
 
 /// Check an architecture name: `sm_XY` or `sm_XYZ` with an optional `a`/`f` suffix.
@@ -590,7 +586,7 @@ pub fn load_or_compile_source(
     validate_arch(arch)?;
     let inc = find_cuda_include()?;
     let opts = compile_options(arch, &inc);
-    let nvrtc_version = crate::runtime::nvrtc_version()?;
+    let nvrtc_version = crate::libs::nvrtc_version()?;
     let key = CacheKey {
         source: src,
         arch,

@@ -5,7 +5,7 @@
 //! A [`KernelSource`] is compiled by NVRTC to PTX once per process and architecture (and cached
 //! on disk like the kernel files, keyed by its text); [`kernels/common.cuh`](crate::nvrtc::COMMON)
 //! is prepended, so the typedefs and helpers of sinter's own kernels are there. Before a launch
-//! runs, [`CudaDevice::launch_user`] checks it against the compiled PTX: the kernel must be an
+//! runs, [`CudaDevice::launch_user`](crate::CudaDevice::launch_user) checks it against the compiled PTX: the kernel must be an
 //! `extern "C" __global__` entry of the source, and the launch's arguments must match its
 //! parameters in number and kind (pointer or 64-bit integer, 32-bit integer, f32). On a real
 //! GPU the PTX is loaded (the driver finishes it for the device); on the emulated device the
@@ -15,9 +15,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use crate::device::CudaDevice;
-use crate::driver::Driver;
-use crate::emulated::cost::OpClass;
+use crate::emulated::cost::{Call, OpClass};
 use crate::error::{CudaError, Result};
 use crate::launch::{Arg, Launch, Traffic};
 use crate::nvrtc::{self, KernelCache, KernelFile, Output, PtxEntry};
@@ -164,56 +162,27 @@ pub struct UserLaunch {
 
 impl UserLaunch {
     /// The launch as the drivers take it (its kernel file is not used: the source is given).
-    fn plan(&self) -> Launch {
-        // The file only decides the cost model's class here (the source is given).
-        let (file, traffic) = match self.declared {
-            None => (KernelFile::Unary, None),
-            Some((class, t)) => (
-                match class {
-                    OpClass::Row => KernelFile::Reduce,
-                    OpClass::Attention => KernelFile::FlashAttention,
-                    OpClass::Copy => KernelFile::Copy,
-                    OpClass::Gemm => KernelFile::Int8Gemm,
-                    _ => KernelFile::Unary,
-                },
-                Some(t),
-            ),
-        };
+    pub(crate) fn plan(&self) -> Launch {
         Launch {
-            file,
+            file: KernelFile::Unary,
             name: self.kernel.clone(),
             grid: self.grid,
             block: self.block,
             shared_mem: self.shared_mem,
             args: self.args.clone(),
-            traffic,
+            traffic: self.declared.map(|(_, t)| t),
         }
     }
-}
 
-impl CudaDevice {
-    /// Queue one launch of a kernel of `src` on the device stream (compiling `src` for this
-    /// device on first use). The launch is checked against the compiled kernel first (see
-    /// [`KernelSource::check_launch`]); errors while it runs are reported by the next call that
-    /// waits for the device, as for every kernel.
-    pub fn launch_user(&self, src: &KernelSource, l: &UserLaunch) -> Result<()> {
-        let plan = l.plan();
-        plan.validate()?;
-        match self.driver() {
-            Driver::Real(r) => {
-                let compiled = src.ptx(self.arch())?;
-                src.check_launch(&compiled, l)?;
-                r.launch_user(src, &compiled, &plan)
-            }
-            Driver::Emulated(e) => {
-                // The NVRTC check keeps the emulated device honest about what a GPU would
-                // accept; without NVRTC the emulator still checks names and argument sizes.
-                if nvrtc::nvrtc_present() {
-                    let compiled = src.ptx(self.arch())?;
-                    src.check_launch(&compiled, l)?;
-                }
-                e.launch_user(src, &plan)
-            }
+    /// What the cost model records: the declared class and traffic, else the plan's estimate
+    /// (an elementwise kernel).
+    pub fn cost(&self) -> Call {
+        match self.declared {
+            None => self.plan().cost(),
+            Some((class, t)) => Call {
+                declared: true,
+                ..Call::new(self.kernel.clone(), class, t)
+            },
         }
     }
 }

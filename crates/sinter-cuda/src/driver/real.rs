@@ -292,10 +292,7 @@ impl RealDriver {
                 Arg::I32(v) => b.arg(v),
                 Arg::F32(v) => b.arg(v),
                 Arg::Strided(m) => b.arg(m),
-                Arg::Conv(m) => b.arg(m),
-                Arg::Pool(m) => b.arg(m),
-                Arg::Adam(m) => b.arg(m),
-                Arg::Sgd(m) => b.arg(m),
+                Arg::Bytes(m) => b.arg(m),
             };
         }
         // SAFETY: the argument list was built by the op's plan and checked (by the NVRTC test)

@@ -574,9 +574,9 @@ impl EmuDriver {
     }
 
     /// Launch `l`'s kernel from a custom source (built for the emulator once per text).
-    pub(crate) fn launch_user(&self, src: &KernelSource, l: &Launch) -> Result<()> {
+    pub(crate) fn launch_user(&self, src: &KernelSource, l: &Launch, cost: Call) -> Result<()> {
         check_shared_mem(l)?;
-        let cost = || l.cost();
+        let cost = || cost;
         if self.shared.trace {
             return self.shared.enqueue(Recorded::Traced, cost);
         }

@@ -7,7 +7,7 @@ use crate::alloc::DevSlice;
 use crate::device::CudaDevice;
 use crate::dtype::DType;
 use crate::error::{CudaError, Result};
-use crate::launch::{Arg, Launch, LaunchTarget, Traffic, ELEMWISE_BLOCK};
+use crate::launch::{Arg, KernelStruct, Launch, LaunchTarget, Traffic, ELEMWISE_BLOCK};
 use crate::nvrtc::KernelFile;
 
 /// Slots of the step control block: a small f32 buffer on the device that the optimizer and
@@ -63,8 +63,8 @@ pub struct AdamArgs {
     /// Step control block (0: none).
     pub ctl: u64,
 }
-// SAFETY: repr(C) plain data matching the CUDA struct.
-unsafe impl cudarc::driver::DeviceRepr for AdamArgs {}
+// SAFETY: repr(C), six f64, f32 + i32, two u64: no padding.
+unsafe impl KernelStruct for AdamArgs {}
 
 /// Matches `struct SgdArgs` in adamw.cu (48 bytes).
 #[repr(C)]
@@ -82,8 +82,8 @@ pub struct SgdArgs {
     /// Step control block (0: none).
     pub ctl: u64,
 }
-// SAFETY: repr(C) plain data matching the CUDA struct.
-unsafe impl cudarc::driver::DeviceRepr for SgdArgs {}
+// SAFETY: repr(C), eight 4-byte fields, two u64: no padding.
+unsafe impl KernelStruct for SgdArgs {}
 
 /// One AdamW step as the kernel takes it: the shared hyper-parameters (`sinter_types::AdamW`,
 /// f64 like PyTorch's Python floats) and the factor the gradient is multiplied by first.
@@ -240,7 +240,7 @@ fn plan_adamw_impl(
             kname("adamw_copy", c.dtype())
         }
     };
-    args.extend([Arg::I64(n as i64), Arg::Adam(a)]);
+    args.extend([Arg::I64(n as i64), Arg::bytes(&a)]);
     // param, grad, m, v read; param, m, v (and the half copy) written.
     let copy_bytes = copy.map_or(0, |c| c.num_bytes());
     let traffic = Traffic::bytes(4 * n * 4, 3 * n * 4 + copy_bytes).with_flops(12 * n);
@@ -295,7 +295,7 @@ pub fn plan_adamw_multi(
     a.ctl = ctl.map_or(0, |s| s.ptr());
     let mut out = Vec::new();
     for group in slots.chunks(ADAMW_SLOTS) {
-        let mut args = vec![Arg::Adam(a), Arg::I64(group.len() as i64)];
+        let mut args = vec![Arg::bytes(&a), Arg::I64(group.len() as i64)];
         let (mut chunks, mut elems) = (0, 0);
         for k in 0..ADAMW_SLOTS {
             let Some(s) = group.get(k) else {
@@ -398,7 +398,7 @@ fn plan_sgd_impl(
             Arg::Ptr(grad.ptr()),
             Arg::Ptr(buf.map_or(0, |b| b.ptr())),
             Arg::I64(n as i64),
-            Arg::Sgd(SgdArgs {
+            Arg::bytes(&SgdArgs {
                 ctl: ctl.map_or(0, |s| s.ptr()),
                 ..cfg.args(found_inf.map_or(0, |s| s.ptr()))
             }),
@@ -695,13 +695,12 @@ mod tests {
         let l = plan_adamw_ctl(&t, f(), f(), f(), f(), None, &cfg, c)
             .unwrap()
             .unwrap();
-        match l.args.last() {
-            Some(Arg::Adam(a)) => {
-                assert_eq!(a.ctl, c.ptr());
-                assert_eq!(a.found_inf, c.ptr() + 4 * ctl::FOUND_INF as u64);
-            }
-            other => panic!("{other:?}"),
-        }
+        let want = AdamArgs {
+            found_inf: c.ptr() + 4 * ctl::FOUND_INF as u64,
+            ctl: c.ptr(),
+            ..cfg.args(0).unwrap()
+        };
+        assert_eq!(l.args.last(), Some(&Arg::bytes(&want)));
         // A block of the wrong size is refused.
         let short = fake_slice(DType::F32, ctl::LEN - 1);
         assert!(plan_adamw_ctl(&t, f(), f(), f(), f(), None, &cfg, short).is_err());

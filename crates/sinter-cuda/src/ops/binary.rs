@@ -2,6 +2,7 @@
 //! strided/broadcast. Comparisons (bool outputs), the two-bool ops and where are
 //! `ops::boolean`'s; i64 arithmetic is `ops::int`'s (both take [`StridedIn`] operands).
 
+pub use super::common::StridedIn;
 use super::{all_contiguous, fake_slice, kname, need, need_dtype, need_float, numel, plan_strided};
 use crate::alloc::DevSlice;
 use crate::device::CudaDevice;
@@ -70,13 +71,6 @@ impl BinaryOp {
             }
         }
     }
-}
-
-/// An operand viewed through element strides (relative to the slice start; 0 = broadcast).
-#[derive(Clone, Copy, Debug)]
-pub struct StridedIn<'a> {
-    pub data: DevSlice<'a>,
-    pub strides: &'a [i64],
 }
 
 /// Plan out = a op b on contiguous operands of equal length.

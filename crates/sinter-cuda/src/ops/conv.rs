@@ -6,7 +6,7 @@ use crate::alloc::DevSlice;
 use crate::device::CudaDevice;
 use crate::dtype::DType;
 use crate::error::{CudaError, Result};
-use crate::launch::{Arg, Launch, LaunchTarget, ELEMWISE_BLOCK};
+use crate::launch::{Arg, KernelStruct, Launch, LaunchTarget, ELEMWISE_BLOCK};
 use crate::nvrtc::KernelFile;
 use sinter_types::pool_out_size;
 
@@ -30,8 +30,8 @@ pub struct ConvMeta {
     pub oh: i64,
     pub ow: i64,
 }
-// SAFETY: repr(C) plain data matching the CUDA struct.
-unsafe impl cudarc::driver::DeviceRepr for ConvMeta {}
+// SAFETY: repr(C), i64 fields only (no padding).
+unsafe impl KernelStruct for ConvMeta {}
 
 /// Matches `struct PoolMeta` in conv.cu.
 #[repr(C)]
@@ -52,8 +52,8 @@ pub struct PoolMeta {
     pub ow: i64,
     pub count_include_pad: i64,
 }
-// SAFETY: repr(C) plain data matching the CUDA struct.
-unsafe impl cudarc::driver::DeviceRepr for PoolMeta {}
+// SAFETY: repr(C), i64 fields only (no padding).
+unsafe impl KernelStruct for PoolMeta {}
 
 /// Geometry of a 2-D window op over NCHW input (one channel group: `c` channels).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -209,7 +209,7 @@ pub fn plan_im2col(
         vec![
             Arg::Ptr(x.ptr()),
             Arg::Ptr(col.ptr()),
-            Arg::Conv(g.conv_meta(img_stride)?),
+            Arg::bytes(&g.conv_meta(img_stride)?),
         ],
     )))
 }
@@ -242,7 +242,7 @@ pub fn plan_col2im(
         vec![
             Arg::Ptr(col.ptr()),
             Arg::Ptr(x.ptr()),
-            Arg::Conv(g.conv_meta(img_stride)?),
+            Arg::bytes(&g.conv_meta(img_stride)?),
             Arg::I32(accumulate as i32),
         ],
     )))
@@ -275,7 +275,7 @@ pub fn plan_maxpool2d_forward(
             Arg::Ptr(x.ptr()),
             Arg::Ptr(y.ptr()),
             Arg::Ptr(ptr_of(&argmax)),
-            Arg::Pool(g.pool_meta(false)?),
+            Arg::bytes(&g.pool_meta(false)?),
         ],
     )))
 }
@@ -307,7 +307,7 @@ pub fn plan_maxpool2d_backward(
             Arg::Ptr(gy.ptr()),
             Arg::Ptr(argmax.ptr()),
             Arg::Ptr(gx.ptr()),
-            Arg::Pool(g.pool_meta(false)?),
+            Arg::bytes(&g.pool_meta(false)?),
         ],
     )))
 }
@@ -348,7 +348,7 @@ pub fn plan_avgpool2d_forward(
         vec![
             Arg::Ptr(x.ptr()),
             Arg::Ptr(y.ptr()),
-            Arg::Pool(g.pool_meta(count_include_pad)?),
+            Arg::bytes(&g.pool_meta(count_include_pad)?),
         ],
     )))
 }
@@ -379,7 +379,7 @@ pub fn plan_avgpool2d_backward(
         vec![
             Arg::Ptr(gy.ptr()),
             Arg::Ptr(gx.ptr()),
-            Arg::Pool(g.pool_meta(count_include_pad)?),
+            Arg::bytes(&g.pool_meta(count_include_pad)?),
         ],
     )))
 }

@@ -1,14 +1,15 @@
-//! Flash attention on the device: sinter-cuda's kernels (f16/bf16, head dims 64 and 128, views
-//! read in place when their last dimension is contiguous). Other dtypes and head dims are
+//! Flash attention on the device: the kernels of `flash_attention.cu` through the plans of
+//! `cuda_flash.rs` (f16/bf16, head dims 64 and 128, views read in place when their last
+//! dimension is contiguous). Other dtypes and head dims are
 //! declined (`None`), and the op runs its composite of device ops instead (same values and
 //! gradients).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use sinter_cuda::ops::flash_attention::{self as kfa, AttnShape, AttnView};
 use sinter_cuda::{CudaDevice, CudaError, DeviceBuffer};
 
+use super::cuda_flash::{self as kfa, AttnShape, AttnView};
 use super::geom::AttnGeom;
 use crate::cuda::storage::CudaStorage;
 use crate::cuda::{alloc, OnOp};

@@ -11,9 +11,10 @@
 //! - `cpu.rs`: FlashAttention-2 on the CPU (64 × 64 tiles through sinter-cpu's GEMM, an online
 //!   softmax, causal key blocks above the diagonal skipped); `cpu_decode.rs`: the decoding step
 //!   (a dot product per cached key and an axpy per cached value).
-//! - `cuda.rs`: the tensor-core flash kernels (f16/bf16, head dims 64 and 128) through
-//!   sinter-cuda's launch plans; more CUDA implementations (cuDNN's fused SDPA, issue 24) join
-//!   as siblings of it, chosen in [`flash`] / [`flash_backward`].
+//! - `cuda.rs`: the tensor-core flash kernels (f16/bf16, head dims 64 and 128) on CUDA storages;
+//!   `flash_attention.cu` holds the kernels and `cuda_flash.rs` their launch plans (pure,
+//!   checked without a device) and declared traffic. More CUDA implementations (cuDNN's fused
+//!   SDPA, issue 24) join as siblings of it, chosen in [`flash`] / [`flash_backward`].
 //! - `tests.rs`: the kernels against [`reference`] and the composites.
 //!
 //! Reads: q [b, h, tq, d], k and v [b, h, tk, d] (views whose last dimension is contiguous are
@@ -32,6 +33,7 @@
 mod cpu;
 mod cpu_decode;
 mod cuda;
+mod cuda_flash;
 mod geom;
 
 use std::sync::Arc;

@@ -2,6 +2,7 @@
 //! conformance suite runs them on the emulated CUDA device too).
 
 use super::*;
+use crate::kernels::test_support::values;
 
 #[test]
 fn causal_mask_from_aranges_matches_the_bottom_right_rule() {
@@ -136,4 +137,280 @@ fn cpu_kernels_match_the_f64_reference() {
             }
         }
     }
+}
+
+// ---- the CUDA flash kernels (flash_attention.cu) against the f64 reference -----------------
+// On the real GPU when present, else on the emulated device (the kernel emulator runs the
+// kernels); skipped without either. f16 and bf16, head dims 64 and 128, causal (with tq = tk,
+// tq < tk and tq > tk, where early query rows see no key) and not, sequence lengths that are
+// not multiples of the 64/32-row tiles, batch·heads > 1, and q, k, v read in place as views of
+// packed buffers or as unaligned tensors.
+
+/// Where q, k and v live.
+#[derive(Clone, Copy, Debug)]
+enum Packing {
+    /// One projection [b, t, 3·h·d] through [`attention_packed`] (the kernels read its thirds
+    /// and write y with the heads merged); needs tq = tk.
+    Qkv,
+    /// q: the heads of [b, tq, h, d + 8] (the padding holds junk the kernels must not read);
+    /// k and v: the two halves of one [b, tk, 2·h, d] buffer.
+    Kv,
+    /// Three [b, h, t, d] tensors, each one element into its buffer (unaligned rows).
+    Unaligned,
+}
+
+/// Whether element i of a base (head dim hd) is padding.
+type Pad = fn(usize, usize) -> bool;
+fn no_pad(_: usize, _: usize) -> bool {
+    false
+}
+fn row_tail(i: usize, hd: usize) -> bool {
+    i % (hd + 8) >= hd
+}
+fn first(i: usize, _: usize) -> bool {
+    i == 0
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Case {
+    dtype: DType,
+    hd: usize,
+    b: usize,
+    h: usize,
+    tq: usize,
+    tk: usize,
+    causal: bool,
+    packing: Packing,
+}
+
+impl Case {
+    /// The buffers q, k and v are views of: (shape, whether element i is padding).
+    fn bases(&self) -> Vec<(Vec<usize>, Pad)> {
+        let (b, h, hd) = (self.b, self.h, self.hd);
+        match self.packing {
+            Packing::Qkv => vec![(vec![b, self.tq, 3 * h, hd], no_pad as Pad)],
+            Packing::Kv => vec![
+                (vec![b, self.tq, h, hd + 8], row_tail as Pad),
+                (vec![b, self.tk, 2 * h, hd], no_pad as Pad),
+            ],
+            Packing::Unaligned => [self.tq, self.tk, self.tk]
+                .map(|t| (vec![b * h * t * hd + 1], first as Pad))
+                .to_vec(),
+        }
+    }
+
+    /// q, k and v ([b, h, t, d]) as views of the bases (or of their gradients).
+    fn views(&self, bases: &[Tensor]) -> [Tensor; 3] {
+        let (b, h, hd) = (self.b, self.h, self.hd);
+        let heads = |x: &Tensor, at: usize| x.narrow(2, at, h).unwrap().transpose(1, 2).unwrap();
+        match self.packing {
+            Packing::Qkv => [0, h, 2 * h].map(|at| heads(&bases[0], at)),
+            Packing::Kv => [
+                bases[0].narrow(3, 0, hd).unwrap().transpose(1, 2).unwrap(),
+                heads(&bases[1], 0),
+                heads(&bases[1], h),
+            ],
+            Packing::Unaligned => {
+                let ts = [self.tq, self.tk, self.tk];
+                std::array::from_fn(|i| {
+                    let n = b * h * ts[i] * hd;
+                    bases[i]
+                        .narrow(0, 1, n)
+                        .unwrap()
+                        .reshape(&[b, h, ts[i], hd])
+                        .unwrap()
+                })
+            }
+        }
+    }
+}
+
+/// Element-wise check with an absolute floor relative to the largest magnitude: the kernels
+/// round P and dS to the input type before the second product, so errors scale with the
+/// operands, not with each (possibly cancelling) result. -inf (a row without keys) must match.
+fn check_flash(what: &str, d: DType, got: &[f64], want: &[f64]) {
+    let (rtol, afrac) = if d == DType::F16 {
+        (5e-3, 2e-3)
+    } else {
+        (2e-2, 1.2e-2)
+    };
+    let big = want
+        .iter()
+        .filter(|x| x.is_finite())
+        .fold(1e-3f64, |a, &x| a.max(x.abs()));
+    check_values(what, got, want, (rtol, afrac * big));
+}
+
+fn check_values(what: &str, got: &[f64], want: &[f64], (rtol, atol): (f64, f64)) {
+    assert_eq!(got.len(), want.len(), "{what}: lengths");
+    for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
+        let ok = if w.is_infinite() {
+            g == w
+        } else {
+            (g - w).abs() <= atol + rtol * w.abs()
+        };
+        assert!(ok, "{what}[{i}]: got {g}, want {w}");
+    }
+}
+
+fn f64s(t: &Tensor) -> Vec<f64> {
+    t.to_vec_f32().unwrap().into_iter().map(f64::from).collect()
+}
+
+fn run_flash_case(c: &Case, seed: u64, dev: Device) {
+    let (b, h, tq, tk, hd, d) = (c.b, c.h, c.tq, c.tk, c.hd, c.dtype);
+    // A scale above 1/sqrt(d) makes the softmax peaked, so a misplaced mask or a wrong row
+    // rescaling moves the results well beyond the tolerances.
+    let scale = 2.0 / (hd as f32).sqrt();
+    let bases: Vec<Tensor> = c
+        .bases()
+        .into_iter()
+        .enumerate()
+        .map(|(i, (shape, pad))| {
+            let n: usize = shape.iter().product();
+            let v: Vec<f32> = values(seed * 8 + i as u64, n, -1.5, 1.5)
+                .into_iter()
+                .enumerate()
+                .map(|(j, x)| if pad(j, hd) { 50.0 + x } else { x })
+                .collect();
+            let t = Tensor::from_vec(v, &shape, Device::Cpu).unwrap();
+            t.to_dtype(d)
+                .unwrap()
+                .to_device(dev)
+                .unwrap()
+                .to_var()
+                .unwrap()
+        })
+        .collect();
+    let [q, k, v] = c.views(&bases);
+    let w = Tensor::from_vec(
+        values(seed * 8 + 7, b * h * tq * hd, -1.5, 1.5),
+        &[b, h, tq, hd],
+        Device::Cpu,
+    )
+    .unwrap()
+    .to_dtype(d)
+    .unwrap()
+    .to_device(dev)
+    .unwrap();
+    let z = reference::Dims {
+        bh: b * h,
+        tq,
+        tk,
+        d: hd,
+    };
+    let (qv, kv, vv, wv) = (f64s(&q), f64s(&k), f64s(&v), f64s(&w));
+    let (o_ref, lse_ref) = reference::forward(&qv, &kv, &vv, z, c.causal, scale as f64);
+    let (dq_ref, dk_ref, dv_ref) =
+        reference::backward(&qv, &kv, &vv, &wv, z, c.causal, scale as f64);
+
+    let (o, lse) = match c.packing {
+        Packing::Qkv => {
+            let qkv = bases[0].reshape(&[b, tq, 3 * h * hd]).unwrap();
+            let g = geom::of_packed(&qkv, h, c.causal, scale).unwrap();
+            let (_, lse) = packed(&qkv, &g).unwrap().expect("the kernels apply");
+            let y = attention_packed(&qkv, h, c.causal, scale).unwrap();
+            let o = y.reshape(&[b, tq, h, hd]).unwrap().transpose(1, 2).unwrap();
+            (o, lse)
+        }
+        _ => {
+            let g = geom::of_qkv(&q, &k, &v, c.causal, scale).unwrap();
+            let (_, lse) = flash(&q, &k, &v, &g).unwrap().expect("the kernels apply");
+            (attention(&q, &k, &v, c.causal, scale).unwrap(), lse)
+        }
+    };
+    let what = format!("flash on {dev}: {c:?}");
+    check_flash(&format!("{what}: o"), d, &f64s(&o), &o_ref);
+    let lse = Tensor::from_storage(lse, &[b * h * tq]);
+    check_values(&format!("{what}: lse"), &f64s(&lse), &lse_ref, (1e-4, 1e-4));
+
+    o.mul(&w).unwrap().sum_all().unwrap().backward().unwrap();
+    let grads: Vec<Tensor> = bases
+        .iter()
+        .map(|x| x.grad().expect("a gradient"))
+        .collect();
+    let [dq, dk, dv] = c.views(&grads);
+    check_flash(&format!("{what}: dq"), d, &f64s(&dq), &dq_ref);
+    check_flash(&format!("{what}: dk"), d, &f64s(&dk), &dk_ref);
+    check_flash(&format!("{what}: dv"), d, &f64s(&dv), &dv_ref);
+}
+
+fn run_flash_cases(cases: &[Case], seed: u64) {
+    if sinter_cuda::testing::gpu_tests(1).is_none() {
+        return;
+    }
+    for (i, c) in cases.iter().enumerate() {
+        run_flash_case(c, seed + i as u64, Device::Cuda(0));
+    }
+}
+
+fn case(
+    dtype: DType,
+    hd: usize,
+    (b, h): (usize, usize),
+    (tq, tk): (usize, usize),
+    causal: bool,
+    packing: Packing,
+) -> Case {
+    Case {
+        dtype,
+        hd,
+        b,
+        h,
+        tq,
+        tk,
+        causal,
+        packing,
+    }
+}
+
+#[test]
+fn cuda_flash_kernels_head_dim_64() {
+    let cases = [
+        case(DType::F16, 64, (1, 2), (37, 37), false, Packing::Qkv),
+        case(DType::BF16, 64, (2, 1), (100, 100), true, Packing::Qkv),
+        case(DType::F16, 64, (1, 2), (100, 37), true, Packing::Kv),
+        case(
+            DType::BF16,
+            64,
+            (1, 1),
+            (33, 100),
+            false,
+            Packing::Unaligned,
+        ),
+        case(DType::F16, 64, (2, 1), (20, 70), true, Packing::Unaligned),
+    ];
+    run_flash_cases(&cases, 100);
+}
+
+#[test]
+fn cuda_flash_kernels_head_dim_128() {
+    let cases = [
+        case(DType::BF16, 128, (1, 2), (37, 100), true, Packing::Kv),
+        case(DType::F16, 128, (2, 1), (64, 64), true, Packing::Qkv),
+        case(
+            DType::BF16,
+            128,
+            (1, 1),
+            (70, 33),
+            false,
+            Packing::Unaligned,
+        ),
+        case(DType::F16, 128, (1, 2), (70, 40), true, Packing::Kv),
+    ];
+    run_flash_cases(&cases, 200);
+}
+
+/// One query decoding against a cache (causal: it sees every key), one key, three heads, and
+/// an empty key sequence (o = 0, lse = -inf, dq = 0).
+#[test]
+fn cuda_flash_kernels_single_rows() {
+    let cases = [
+        case(DType::F16, 64, (1, 3), (1, 37), true, Packing::Kv),
+        case(DType::BF16, 128, (2, 1), (1, 1), true, Packing::Qkv),
+        case(DType::BF16, 64, (1, 3), (5, 1), false, Packing::Unaligned),
+        case(DType::F16, 64, (1, 1), (5, 1), true, Packing::Kv),
+        case(DType::F16, 64, (1, 2), (3, 0), false, Packing::Unaligned),
+    ];
+    run_flash_cases(&cases, 300);
 }

@@ -1,48 +1,62 @@
-//! Wrappers for `kernels/flash_attention.cu`: FlashAttention-2 forward (O and the per-row
-//! log-sum-exp) and backward (D = rowsum(dO∘O), then dK/dV per key block and dQ per query block:
-//! two kernels, one writer per output, no atomics). f16/bf16, head dims 64 and 128; callers fall
-//! back to a composite for anything else ([`supported`]).
+//! The launch plans of `flash_attention.cu` (this folder): FlashAttention-2 forward (O and the
+//! per-row log-sum-exp) and backward (D = rowsum(dO∘O), then dK/dV per key block and dQ per query
+//! block: two kernels, one writer per output, no atomics). f16/bf16, head dims 64 and 128;
+//! `cuda.rs` runs the composite for anything else ([`supported`]). Each plan is pure (checked
+//! without a device); [`flash_forward`] and [`flash_backward`] queue them on a device.
 
-use super::{fake_slice, need, need_dtype};
-use crate::alloc::{DevSlice, Pool};
-use crate::device::CudaDevice;
-use crate::dtype::DType;
-use crate::error::{CudaError, Result};
-use crate::launch::{Arg, Launch, LaunchTarget, Step, Traffic};
-use crate::nvrtc::KernelFile;
+use std::sync::OnceLock;
+
+use sinter_cuda::alloc::{DevSlice, Pool};
+use sinter_cuda::emulated::cost::{OpClass, Traffic};
+use sinter_cuda::launch::Arg;
+use sinter_cuda::user_kernel::{KernelSource, UserLaunch};
+use sinter_cuda::{CudaDevice, CudaError, DType, Result};
+
+/// The CUDA C++ of the kernels (compiled by NVRTC at the first launch on a device).
+pub(super) const FLASH_ATTENTION_CU: &str = include_str!("flash_attention.cu");
+
+/// The kernels' source, made once per process.
+pub(super) fn source() -> Result<&'static KernelSource> {
+    static SOURCE: OnceLock<KernelSource> = OnceLock::new();
+    if let Some(s) = SOURCE.get() {
+        return Ok(s);
+    }
+    let s = KernelSource::new("flash_attention.cu", FLASH_ATTENTION_CU)?;
+    Ok(SOURCE.get_or_init(|| s))
+}
 
 /// Query rows per forward block (4 warps × 16).
-pub const FWD_ROWS: usize = 64;
+const FWD_ROWS: usize = 64;
 /// Keys per dK/dV block and query rows per dQ block (2 warps × 16).
-pub const BWD_ROWS: usize = 32;
+const BWD_ROWS: usize = 32;
 /// Threads of the forward, backward and row-dot kernels.
 const FWD_THREADS: u32 = 128;
 const BWD_THREADS: u32 = 64;
 const DOT_THREADS: u32 = 256;
 
 /// True when the kernels cover this dtype and head dimension.
-pub fn supported(dtype: DType, head_dim: usize) -> bool {
+pub(super) fn supported(dtype: DType, head_dim: usize) -> bool {
     matches!(dtype, DType::F16 | DType::BF16) && matches!(head_dim, 64 | 128)
 }
 
 /// The problem: q [b, h, tq, d], k and v [b, h, tk, d]; the causal mask is aligned bottom-right.
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub struct AttnShape {
-    pub b: usize,
-    pub h: usize,
-    pub tq: usize,
-    pub tk: usize,
-    pub d: usize,
-    pub causal: bool,
-    pub scale: f32,
+pub(super) struct AttnShape {
+    pub(super) b: usize,
+    pub(super) h: usize,
+    pub(super) tq: usize,
+    pub(super) tk: usize,
+    pub(super) d: usize,
+    pub(super) causal: bool,
+    pub(super) scale: f32,
 }
 
 /// A [b, h, t, d] operand read in place: `data` starts at element (0, 0, 0, 0); `strides` are the
 /// batch, head and row strides in elements (the last dim is contiguous).
 #[derive(Clone, Copy, Debug)]
-pub struct AttnView<'a> {
-    pub data: DevSlice<'a>,
-    pub strides: [usize; 3],
+pub(super) struct AttnView<'a> {
+    pub(super) data: DevSlice<'a>,
+    pub(super) strides: [usize; 3],
 }
 
 impl AttnView<'_> {
@@ -111,6 +125,47 @@ impl AttnView<'_> {
     }
 }
 
+/// `s` holds `d` elements (an error naming `op` and `what` otherwise).
+fn need_dtype(op: &'static str, what: &str, s: &DevSlice<'_>, d: DType) -> Result<()> {
+    if s.dtype() == d {
+        return Ok(());
+    }
+    Err(CudaError::invalid(
+        op,
+        format!("{what} must be {d}, got {}", s.dtype()),
+    ))
+}
+
+/// `s` holds `n` elements of `d`.
+fn need(op: &'static str, what: &str, s: &DevSlice<'_>, d: DType, n: usize) -> Result<()> {
+    need_dtype(op, what, s, d)?;
+    if s.len() == n {
+        return Ok(());
+    }
+    Err(CudaError::invalid(
+        op,
+        format!("{what} has {} elements, expected {n}", s.len()),
+    ))
+}
+
+/// A launch of one of the kernels, with the traffic and FLOPs the cost model records for it.
+fn launch(
+    kernel: String,
+    grid: (u32, u32, u32),
+    block: u32,
+    args: Vec<Arg>,
+    t: Traffic,
+) -> UserLaunch {
+    UserLaunch {
+        kernel,
+        grid,
+        block: (block, 1, 1),
+        shared_mem: 0,
+        args,
+        declared: Some((OpClass::Attention, t)),
+    }
+}
+
 fn check_shape(op: &'static str, s: &AttnShape, d: DType) -> Result<()> {
     if !supported(d, s.d) {
         return Err(CudaError::invalid(
@@ -168,15 +223,14 @@ fn kernel_name(base: &str, d: DType, head_dim: usize) -> String {
 
 /// Plan the forward: o (a [b, h, tq, d] view, e.g. the heads of a [b, tq, h·d] output) and lse
 /// (contiguous f32 [b, h, tq]). None when empty.
-pub fn plan_flash_forward(
-    _t: &LaunchTarget,
+pub(super) fn plan_flash_forward(
     s: &AttnShape,
     q: AttnView<'_>,
     k: AttnView<'_>,
     v: AttnView<'_>,
     o: AttnView<'_>,
     lse: DevSlice<'_>,
-) -> Result<Option<Launch>> {
+) -> Result<Option<UserLaunch>> {
     let op = "flash_attention_forward";
     let d = q.data.dtype();
     check_shape(op, s, d)?;
@@ -200,22 +254,19 @@ pub fn plan_flash_forward(
     args.extend(o.args());
     args.push(Arg::F32(s.scale));
     args.push(Arg::I32(s.causal as i32));
-    Ok(Some(Launch {
-        file: KernelFile::FlashAttention,
-        name: kernel_name("fa_fwd", d, s.d),
-        grid: ((s.b * s.h) as u32, s.tq.div_ceil(FWD_ROWS) as u32, 1),
-        block: (FWD_THREADS, 1, 1),
-        shared_mem: 0,
-        // q, k, v in; o and the f32 log-sum-exp out.
-        traffic: Some(
-            Traffic::bytes(
-                view_bytes(s, s.tq, d) + 2 * view_bytes(s, s.tk, d),
-                view_bytes(s, s.tq, d) + rows * 4,
-            )
-            .with_tensor_flops(attention_flops(s)),
-        ),
+    // q, k, v in; o and the f32 log-sum-exp out.
+    let t = Traffic::bytes(
+        view_bytes(s, s.tq, d) + 2 * view_bytes(s, s.tk, d),
+        view_bytes(s, s.tq, d) + rows * 4,
+    )
+    .with_tensor_flops(attention_flops(s));
+    Ok(Some(launch(
+        kernel_name("fa_fwd", d, s.d),
+        ((s.b * s.h) as u32, s.tq.div_ceil(FWD_ROWS) as u32, 1),
+        FWD_THREADS,
         args,
-    }))
+        t,
+    )))
 }
 
 /// Plan the backward: dvec (f32 [b, h, tq], scratch) = rowsum(dout∘o), then dk, dv and dq,
@@ -223,8 +274,7 @@ pub fn plan_flash_forward(
 /// [b, h, t, d] views read or written in place (e.g. dq, dk and dv as the thirds of one packed
 /// [b, t, 3, h, d] gradient); dk and dv share one set of strides.
 #[allow(clippy::too_many_arguments)]
-pub fn plan_flash_backward(
-    _t: &LaunchTarget,
+pub(super) fn plan_flash_backward(
     s: &AttnShape,
     q: AttnView<'_>,
     k: AttnView<'_>,
@@ -236,7 +286,7 @@ pub fn plan_flash_backward(
     dq: AttnView<'_>,
     dk: AttnView<'_>,
     dv: AttnView<'_>,
-) -> Result<Vec<Step>> {
+) -> Result<Vec<UserLaunch>> {
     let op = "flash_attention_backward";
     let d = q.data.dtype();
     check_shape(op, s, d)?;
@@ -277,15 +327,12 @@ pub fn plan_flash_backward(
         ];
         args.extend(o.args());
         args.extend(dout.args());
-        steps.push(Step::Kernel(
-            Launch::new(
-                KernelFile::FlashAttention,
-                format!("fa_bwd_dot_{}", d.suffix()),
-                qrows.div_ceil(rows_per_block) as u32,
-                DOT_THREADS,
-                args,
-            )
-            .with_traffic(Traffic::bytes(2 * view_bytes(s, s.tq, d), qrows * 4)),
+        steps.push(launch(
+            format!("fa_bwd_dot_{}", d.suffix()),
+            (qrows.div_ceil(rows_per_block) as u32, 1, 1),
+            DOT_THREADS,
+            args,
+            Traffic::bytes(2 * view_bytes(s, s.tq, d), qrows * 4),
         ));
     }
     let common = |outs: &[u64], out_view: &AttnView| {
@@ -330,22 +377,28 @@ pub fn plan_flash_backward(
     ];
     for (base, rows, outs, view, traffic) in launches {
         if rows > 0 {
-            steps.push(Step::Kernel(Launch {
-                file: KernelFile::FlashAttention,
-                name: kernel_name(base, d, s.d),
-                grid: ((s.b * s.h) as u32, rows.div_ceil(BWD_ROWS) as u32, 1),
-                block: (BWD_THREADS, 1, 1),
-                shared_mem: 0,
-                traffic: Some(traffic),
-                args: common(&outs, view),
-            }));
+            steps.push(launch(
+                kernel_name(base, d, s.d),
+                ((s.b * s.h) as u32, rows.div_ceil(BWD_ROWS) as u32, 1),
+                BWD_THREADS,
+                common(&outs, view),
+                traffic,
+            ));
         }
     }
     Ok(steps)
 }
 
+/// Queues the launches on the device stream.
+fn run(dev: &CudaDevice, launches: impl IntoIterator<Item = UserLaunch>) -> Result<()> {
+    let src = source()?;
+    launches
+        .into_iter()
+        .try_for_each(|l| dev.launch_user(src, &l))
+}
+
 /// Flash attention forward on the device.
-pub fn flash_forward(
+pub(super) fn flash_forward(
     dev: &CudaDevice,
     s: &AttnShape,
     q: AttnView<'_>,
@@ -354,12 +407,12 @@ pub fn flash_forward(
     o: AttnView<'_>,
     lse: DevSlice<'_>,
 ) -> Result<()> {
-    dev.run_opt(plan_flash_forward(&dev.target(), s, q, k, v, o, lse)?)
+    run(dev, plan_flash_forward(s, q, k, v, o, lse)?)
 }
 
 /// Flash attention backward on the device; the row-dot scratch comes from the temporary pool.
 #[allow(clippy::too_many_arguments)]
-pub fn flash_backward(
+pub(super) fn flash_backward(
     dev: &CudaDevice,
     s: &AttnShape,
     q: AttnView<'_>,
@@ -373,24 +426,15 @@ pub fn flash_backward(
     dv: AttnView<'_>,
 ) -> Result<()> {
     let dvec = dev.alloc(s.b * s.h * s.tq, DType::F32, Pool::Temporary)?;
-    let steps = plan_flash_backward(
-        &dev.target(),
-        s,
-        q,
-        k,
-        v,
-        o,
-        dout,
-        lse,
-        dvec.as_slice(),
-        dq,
-        dk,
-        dv,
-    )?;
-    dev.run_steps(steps.into_iter())
+    let steps = plan_flash_backward(s, q, k, v, o, dout, lse, dvec.as_slice(), dq, dk, dv)?;
+    run(dev, steps)
 }
 
-pub(crate) fn samples(t: &LaunchTarget) -> Vec<Launch> {
+/// One launch of each kernel instantiation the plans make (fake pointers): what the NVRTC test
+/// checks against the compiled PTX.
+#[cfg(test)]
+pub(super) fn samples() -> Vec<UserLaunch> {
+    use sinter_cuda::ops::fake_slice;
     let mut out = Vec::new();
     for dt in [DType::F16, DType::BF16] {
         for hd in [64, 128] {
@@ -412,21 +456,20 @@ pub(crate) fn samples(t: &LaunchTarget) -> Vec<Launch> {
             let (o, dout, dq) = (view(s.tq), view(s.tq), view(s.tq));
             let (lse, dvec) = (fake_slice(DType::F32, qn), fake_slice(DType::F32, qn));
             let (dk, dv) = (k, v);
-            out.extend(plan_flash_forward(t, &s, q, k, v, o, lse).unwrap());
-            out.extend(super::kernels_of(
-                plan_flash_backward(t, &s, q, k, v, o, dout, lse, dvec, dq, dk, dv).unwrap(),
-            ));
+            out.extend(plan_flash_forward(&s, q, k, v, o, lse).unwrap());
+            out.extend(plan_flash_backward(&s, q, k, v, o, dout, lse, dvec, dq, dk, dv).unwrap());
         }
     }
     // fa_bwd_dot is planned once per dtype and head dim above; keep one per dtype.
     let mut seen = std::collections::HashSet::new();
-    out.retain(|l| seen.insert(l.name.clone()));
+    out.retain(|l| seen.insert(l.kernel.clone()));
     out
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use sinter_cuda::ops::fake_slice;
 
     fn shape(tq: usize, tk: usize, d: usize) -> AttnShape {
         AttnShape {
@@ -452,16 +495,14 @@ mod tests {
         assert!(supported(DType::BF16, 64) && supported(DType::F16, 128));
         assert!(!supported(DType::F32, 64), "f32 keeps the composite");
         assert!(!supported(DType::BF16, 96) && !supported(DType::F16, 32));
-        let t = LaunchTarget { sm_count: 132 };
         let s = shape(8, 8, 96);
         let v = packed(DType::BF16, 2, 4, 8, 96);
-        let e = plan_flash_forward(&t, &s, v, v, v, v, fake_slice(DType::F32, 64)).unwrap_err();
+        let e = plan_flash_forward(&s, v, v, v, v, fake_slice(DType::F32, 64)).unwrap_err();
         assert!(e.to_string().contains("head dim"), "{e}");
     }
 
     #[test]
     fn forward_grid_and_args() {
-        let t = LaunchTarget { sm_count: 132 };
         let s = shape(100, 130, 128);
         let (q, k, v) = (
             packed(DType::F16, 2, 4, 100, 128),
@@ -474,10 +515,8 @@ mod tests {
             strides: [100 * 4 * 128, 128, 4 * 128],
         };
         let lse = fake_slice(DType::F32, 2 * 4 * 100);
-        let l = plan_flash_forward(&t, &s, q, k, v, o, lse)
-            .unwrap()
-            .unwrap();
-        assert_eq!(l.name, "fa_fwd_f16_d128");
+        let l = plan_flash_forward(&s, q, k, v, o, lse).unwrap().unwrap();
+        assert_eq!(l.kernel, "fa_fwd_f16_d128");
         assert_eq!(
             l.grid,
             (8, 2, 1),
@@ -495,12 +534,10 @@ mod tests {
         assert_eq!(l.args[19], Arg::I64(4 * 128), "o row stride");
         assert_eq!(l.args[20], Arg::F32(0.1));
         assert_eq!(l.args[21], Arg::I32(1));
-        l.validate().unwrap();
     }
 
     #[test]
     fn strided_views_are_bounds_checked() {
-        let t = LaunchTarget { sm_count: 8 };
         let s = AttnShape {
             b: 1,
             h: 2,
@@ -523,15 +560,14 @@ mod tests {
         );
         let o = packed(DType::BF16, 1, 2, 4, 64);
         let lse = fake_slice(DType::F32, 8);
-        assert!(plan_flash_forward(&t, &s, q, k, v, o, lse).is_ok());
+        assert!(plan_flash_forward(&s, q, k, v, o, lse).is_ok());
         let short = view(256, 3 * 384);
-        let e = plan_flash_forward(&t, &s, q, k, short, o, lse).unwrap_err();
+        let e = plan_flash_forward(&s, q, k, short, o, lse).unwrap_err();
         assert!(e.to_string().contains("v view"), "{e}");
     }
 
     #[test]
     fn backward_steps() {
-        let t = LaunchTarget { sm_count: 132 };
         let s = shape(33, 65, 64);
         let dt = DType::BF16;
         let (q, k, v) = (
@@ -547,10 +583,8 @@ mod tests {
         );
         let (lse, dvec) = (fake_slice(DType::F32, qn), fake_slice(DType::F32, qn));
         let (dk, dv) = (packed(dt, 2, 4, 65, 64), packed(dt, 2, 4, 65, 64));
-        let steps = super::super::kernels_of(
-            plan_flash_backward(&t, &s, q, k, v, o, g, lse, dvec, dq, dk, dv).unwrap(),
-        );
-        let names: Vec<&str> = steps.iter().map(|l| l.name.as_str()).collect();
+        let steps = plan_flash_backward(&s, q, k, v, o, g, lse, dvec, dq, dk, dv).unwrap();
+        let names: Vec<&str> = steps.iter().map(|l| l.kernel.as_str()).collect();
         assert_eq!(
             names,
             [
@@ -567,21 +601,20 @@ mod tests {
         assert_eq!(steps[2].args[6], Arg::Ptr(dq.data.ptr()));
         assert_eq!(steps[1].args.len(), steps[2].args.len() + 1);
         // A wrong-sized gradient view is refused, and dk/dv with different strides.
-        let e = plan_flash_backward(&t, &s, q, k, v, o, g, lse, dvec, dq, dq, dv).unwrap_err();
+        let e = plan_flash_backward(&s, q, k, v, o, g, lse, dvec, dq, dq, dv).unwrap_err();
         assert!(e.to_string().contains("dk"), "{e}");
         let dv_t = AttnView {
             strides: [4 * 65 * 64, 64, 4 * 64],
             ..dv
         };
-        let e = plan_flash_backward(&t, &s, q, k, v, o, g, lse, dvec, dq, dk, dv_t).unwrap_err();
+        let e = plan_flash_backward(&s, q, k, v, o, g, lse, dvec, dq, dk, dv_t).unwrap_err();
         assert!(e.to_string().contains("share strides"), "{e}");
         // Rows that overlap (row stride below the head dim) would race.
         let overlapping = AttnView {
             strides: [4 * 33 * 64, 33 * 64, 32],
             ..dq
         };
-        let e =
-            plan_flash_backward(&t, &s, q, k, v, o, g, lse, dvec, overlapping, dk, dv).unwrap_err();
+        let e = plan_flash_backward(&s, q, k, v, o, g, lse, dvec, overlapping, dk, dv).unwrap_err();
         assert!(e.to_string().contains("twice"), "{e}");
         // No keys: only the dq kernel runs (its key loop is empty, so it writes zeros), never a
         // whole-range clear that would reach past a strided view.
@@ -590,10 +623,75 @@ mod tests {
             data: fake_slice(dt, 0),
             strides: [0, 0, 64],
         };
-        let st = super::super::kernels_of(
-            plan_flash_backward(&t, &s0, q, k0, k0, o, g, lse, dvec, dq, k0, k0).unwrap(),
-        );
-        let names: Vec<&str> = st.iter().map(|l| l.name.as_str()).collect();
+        let st = plan_flash_backward(&s0, q, k0, k0, o, g, lse, dvec, dq, k0, k0).unwrap();
+        let names: Vec<&str> = st.iter().map(|l| l.kernel.as_str()).collect();
         assert_eq!(names, ["fa_bwd_dot_bf16", "fa_bwd_dq_bf16_d64"]);
+    }
+
+    /// Causal forward, b 2, h 3, T 128, d 64: 4·b·h·T²·d / 2 tensor FLOPs; q, k, v read and o
+    /// written once (bf16), plus the f32 log-sum-exp.
+    #[test]
+    fn forward_declares_its_traffic() {
+        let s = AttnShape {
+            b: 2,
+            h: 3,
+            tq: 128,
+            tk: 128,
+            d: 64,
+            causal: true,
+            scale: 0.125,
+        };
+        let elems = 2 * 3 * 128 * 64;
+        let view = || AttnView {
+            data: fake_slice(DType::BF16, elems),
+            strides: [3 * 128 * 64, 128 * 64, 64],
+        };
+        let lse = fake_slice(DType::F32, 2 * 3 * 128);
+        let l = plan_flash_forward(&s, view(), view(), view(), view(), lse)
+            .unwrap()
+            .unwrap();
+        let c = l.cost();
+        assert!(c.declared);
+        assert_eq!(c.class, OpClass::Attention);
+        assert_eq!(
+            c.traffic.tensor_flops,
+            (4 * 2 * 3 * 128 * 128 * 64 / 2) as u64
+        );
+        assert_eq!(c.traffic.read, (3 * elems * 2) as u64);
+        assert_eq!(c.traffic.written, (elems * 2 + 2 * 3 * 128 * 4) as u64);
+    }
+
+    /// flash_attention.cu compiles for sm_80 and sm_90, every planned launch matches its
+    /// kernel's parameters in the PTX, and every compiled kernel has a plan.
+    #[test]
+    fn nvrtc_compiles_the_kernels_and_the_plans_match_them() {
+        use sinter_cuda::nvrtc;
+        let required = std::env::var("SINTER_REQUIRE_NVRTC").is_ok_and(|v| v == "1");
+        if !nvrtc::nvrtc_present() || nvrtc::find_cuda_include().is_err() {
+            assert!(
+                !required,
+                "SINTER_REQUIRE_NVRTC=1 but NVRTC or the CUDA headers are missing"
+            );
+            eprintln!("skipped: NVRTC not found (run .ci/nvrtc-setup)");
+            return;
+        }
+        let src = source().unwrap();
+        let plans = samples();
+        // Forward, dK/dV and dQ per dtype and head dim, one row dot per dtype.
+        assert_eq!(plans.len(), 2 * 2 * 3 + 2);
+        for arch in ["sm_80", "sm_90"] {
+            let ptx = src.ptx(arch).unwrap_or_else(|e| panic!("{arch}: {e}"));
+            for l in &plans {
+                src.check_launch(&ptx, l)
+                    .unwrap_or_else(|e| panic!("{arch}: {e}"));
+            }
+            for e in &ptx.entries {
+                assert!(
+                    plans.iter().any(|l| l.kernel == e.name),
+                    "{arch}: kernel {} has no plan",
+                    e.name
+                );
+            }
+        }
     }
 }
