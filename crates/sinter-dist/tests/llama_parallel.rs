@@ -19,13 +19,15 @@ use sinter_dist::{
 };
 use sinter_models::{DecoderArch, Gpt, GptConfig};
 use sinter_nn::module::shared_rng;
-use sinter_nn::{AdamW, Module, Optimizer};
+use sinter_nn::{AdamW, Module, Optimizer, Sgd};
 
 const T: Duration = Duration::from_secs(120);
 const STEPS: usize = 5;
 const BATCH: usize = 4;
 const LR: f64 = 3e-3;
 const WD: f64 = 0.1;
+/// Large enough that 5 plain SGD steps move the weights by far more than rounding.
+const SGD_LR: f64 = 0.3;
 /// Gradients of the first step, relative to each tensor's largest magnitude (the GPT-2 tests'
 /// bound: only the summation order differs).
 const GRAD_TOL: f64 = 1e-5;
@@ -72,10 +74,29 @@ fn model_from(cfg: &GptConfig, init: &Named) -> Gpt {
     gpt
 }
 
-fn fixture_for(cfg: &GptConfig) -> Fixture {
+/// The optimizer the runs of a test step with.
+#[derive(Clone, Copy)]
+enum Opt {
+    AdamW,
+    /// Plain SGD (no momentum, no decay): each update is linear in its gradient, so rounding
+    /// differences stay rounding-sized, where AdamW turns a near-zero gradient's sign into a
+    /// whole step (see [`WEIGHT_TOL`]).
+    Sgd,
+}
+
+impl Opt {
+    fn over(self, params: Vec<(String, Tensor)>) -> Box<dyn Optimizer> {
+        match self {
+            Opt::AdamW => Box::new(AdamW::new(params, LR, WD).unwrap()),
+            Opt::Sgd => Box::new(Sgd::new(params, SGD_LR, 0.0, false, 0.0).unwrap()),
+        }
+    }
+}
+
+fn fixture_for(cfg: &GptConfig, opt: Opt) -> Fixture {
     let (init, batches) = setup(cfg, BATCH, STEPS);
     let gpt = model_from(cfg, &init);
-    let mut opt = AdamW::new(gpt.parameters(), LR, WD).unwrap();
+    let mut opt = opt.over(gpt.parameters());
     let (mut logits0, mut grads0, mut losses) = (None, Vec::new(), Vec::new());
     for (i, (ids, tg)) in batches.iter().enumerate() {
         opt.zero_grad();
@@ -105,7 +126,7 @@ fn fixture_for(cfg: &GptConfig) -> Fixture {
 /// llama-tiny's serial run, shared by the tests of this file.
 fn fixture() -> &'static Fixture {
     static F: OnceLock<Fixture> = OnceLock::new();
-    F.get_or_init(|| fixture_for(&llama_tiny()))
+    F.get_or_init(|| fixture_for(&llama_tiny(), Opt::AdamW))
 }
 
 /// `assert_all_close(.., WEIGHT_TOL, ..)` and each tensor's ‖got − want‖ / ‖want‖ within
@@ -218,7 +239,7 @@ fn llama_tiny_zero_2_stages_1_and_2_equal_one_rank() {
 
 /// Tensor parallel over 2 ranks from `f.init`: (gathered logits of the first batch, losses,
 /// first step's gathered gradients, gathered weights after the steps) per rank.
-fn tp2(cfg: &GptConfig, f: &Fixture) -> Vec<(Tensor, Vec<f32>, Named, Named)> {
+fn tp2(cfg: &GptConfig, f: &Fixture, opt: Opt) -> Vec<(Tensor, Vec<f32>, Named, Named)> {
     run_on_threads(2, T, |c| {
         let model = TpGpt::from_named(cfg, &f.init, Box::new(c)).unwrap();
         // Slicing then gathering gives back the exact full weights.
@@ -228,7 +249,7 @@ fn tp2(cfg: &GptConfig, f: &Fixture) -> Vec<(Tensor, Vec<f32>, Named, Named)> {
         let logits = model
             .gather_logits(&model.logits_shard(&f.batches[0].0).unwrap())
             .unwrap();
-        let mut opt = AdamW::new(model.parameters(), LR, WD).unwrap();
+        let mut opt = opt.over(model.parameters());
         let (mut losses, mut grads0) = (Vec::new(), Vec::new());
         for (i, (ids, tg)) in f.batches.iter().enumerate() {
             opt.zero_grad();
@@ -252,7 +273,9 @@ fn assert_tp_matches(out: &[(Tensor, Vec<f32>, Named, Named)], f: &Fixture, what
         assert_losses_close(losses, &f.losses, &what);
         let eg = assert_all_close(grads0, &f.grads0, GRAD_TOL, &format!("{what} grads"));
         let ew = assert_weights_close(weights, &f.weights, &format!("{what} weights"));
-        println!("{what}: logits rel err {e:e}, grads {eg:e}, weights after {STEPS} AdamW steps rel L2 {ew:e}");
+        println!(
+            "{what}: logits rel err {e:e}, grads {eg:e}, weights after {STEPS} steps rel L2 {ew:e}"
+        );
     }
 }
 
@@ -275,7 +298,7 @@ fn llama_tiny_tensor_parallel_2_equals_one_rank() {
     for s in shapes {
         assert_eq!(s, ((2, 1), vec![128, 128], vec![344, 128], vec![128, 128]));
     }
-    assert_tp_matches(&tp2(&cfg, f), f, "llama tp=2");
+    assert_tp_matches(&tp2(&cfg, f, Opt::AdamW), f, "llama tp=2");
 }
 
 #[test]
@@ -292,13 +315,16 @@ fn tensor_parallel_shards_qk_norm_and_qkv_bias() {
         },
         ..llama_tiny()
     };
-    let f = fixture_for(&cfg);
+    // Plain SGD: the QK-norm's fused kernel rounds otherwise than the composite, and AdamW
+    // after 5 steps turned that into a wte relative L2 of 8.4e-4 (one element 3.6e-2 of its
+    // scale); under SGD the same runs agree to 1.2e-6, as with the composite.
+    let f = fixture_for(&cfg, Opt::Sgd);
     assert!(f
         .init
         .iter()
         .any(|(n, _)| n == "blocks.0.attn.q_norm.weight"));
     assert!(f.init.iter().any(|(n, _)| n == "blocks.0.attn.qkv.bias"));
-    assert_tp_matches(&tp2(&cfg, &f), &f, "qk-norm tp=2");
+    assert_tp_matches(&tp2(&cfg, &f, Opt::Sgd), &f, "qk-norm tp=2");
 }
 
 #[test]
