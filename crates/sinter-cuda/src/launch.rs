@@ -282,7 +282,6 @@ impl Launch {
             KernelFile::FlashAttention => OpClass::Attention,
             KernelFile::Copy => OpClass::Copy,
             KernelFile::Reduce | KernelFile::Embedding => OpClass::Row,
-            KernelFile::Int8Gemm => OpClass::Gemm,
             KernelFile::Unary
             | KernelFile::Binary
             | KernelFile::Conv

@@ -31,13 +31,12 @@ pub enum KernelFile {
     AdamW,
     Int,
     FlashAttention,
-    Int8Gemm,
     Bool,
 }
 
 impl KernelFile {
     /// Every kernel file.
-    pub const ALL: [KernelFile; 12] = [
+    pub const ALL: [KernelFile; 11] = [
         KernelFile::Unary,
         KernelFile::Binary,
         KernelFile::Copy,
@@ -48,7 +47,6 @@ impl KernelFile {
         KernelFile::AdamW,
         KernelFile::Int,
         KernelFile::FlashAttention,
-        KernelFile::Int8Gemm,
         KernelFile::Bool,
     ];
 
@@ -65,7 +63,6 @@ impl KernelFile {
             KernelFile::AdamW => "adamw.cu",
             KernelFile::Int => "int.cu",
             KernelFile::FlashAttention => "flash_attention.cu",
-            KernelFile::Int8Gemm => "int8_gemm.cu",
             KernelFile::Bool => "bool.cu",
         }
     }
@@ -83,7 +80,6 @@ impl KernelFile {
             KernelFile::AdamW => include_str!("../kernels/adamw.cu"),
             KernelFile::Int => include_str!("../kernels/int.cu"),
             KernelFile::FlashAttention => include_str!("../kernels/flash_attention.cu"),
-            KernelFile::Int8Gemm => include_str!("../kernels/int8_gemm.cu"),
             KernelFile::Bool => include_str!("../kernels/bool.cu"),
         }
     }

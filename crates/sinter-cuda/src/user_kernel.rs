@@ -173,7 +173,6 @@ impl UserLaunch {
                     OpClass::Row => KernelFile::Reduce,
                     OpClass::Attention => KernelFile::FlashAttention,
                     OpClass::Copy => KernelFile::Copy,
-                    OpClass::Gemm => KernelFile::Int8Gemm,
                     _ => KernelFile::Unary,
                 },
                 Some(t),

@@ -11,7 +11,6 @@ pub mod dropout;
 pub mod embedding;
 pub mod flash_attention;
 pub mod int;
-pub mod int8;
 pub mod reduce;
 pub mod unary;
 
@@ -209,7 +208,6 @@ pub fn sample_plans(t: &LaunchTarget) -> Vec<Launch> {
     v.extend(adamw::samples(t));
     v.extend(int::samples(t));
     v.extend(flash_attention::samples(t));
-    v.extend(int8::samples(t));
     v.extend(boolean::samples(t));
     v
 }
