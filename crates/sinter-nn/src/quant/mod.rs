@@ -26,8 +26,11 @@
 //! [`quantize`] rewrites a model in place: every Linear, Conv2d and Embedding lists a
 //! [`slot::LayerHandle`] beside its weight in `Module::collect`, and its forward runs the int8
 //! form installed in that slot. [`state::export`] / [`state::import`] turn a quantized model
-//! into named tensors (int8 weights + f32 scales) and back. Int8 layers run on the CPU only and
-//! carry no gradient; a CUDA input or one that needs a gradient gets an error. A model whose
+//! into named tensors (int8 weights + f32 scales) and back. Int8 Linears and embedding tables
+//! (lookups and tied heads) run through the seam's qmatmul kernel
+//! (`sinter_core::kernels::qmatmul`) on the device of their input — the CPU or CUDA, the same
+//! code, the weight uploaded on first use; int8 convolutions, chains and GGML layers run on the
+//! CPU only (a CUDA input gets an error). No int8 layer carries a gradient. A model whose
 //! int8 convolutions follow one another (conv → activation → max pool → conv) runs them as a
 //! [`chain`], u8 activations passed from one to the next.
 //!
@@ -402,7 +405,7 @@ fn at(name: &str, e: sinter_core::Error) -> sinter_core::Error {
 /// contiguous f32 tensor is read in place (no copy).
 pub(crate) fn cpu_input<'a>(x: &'a Tensor, layer: &str) -> Result<HostInput<'a>> {
     if x.device() != Device::Cpu {
-        bail!("{layer}: int8 layers run on the CPU only, and this input is on {}; run the quantized model with --device cpu (or use the f32 checkpoint on the GPU)", x.device());
+        bail!("{layer}: this int8 layer runs on the CPU only (int8 Linears and embeddings run on CUDA too), and this input is on {}; run the quantized model with --device cpu (or use the f32 checkpoint on the GPU)", x.device());
     }
     if !x.dtype().is_float() {
         bail!("{layer}: expected a float input, got {}", x.dtype());

@@ -53,13 +53,10 @@ fn inputs(seed: u64, m: usize, k: usize) -> Vec<f32> {
     x
 }
 
-fn weight(
-    seed: u64,
-    n: usize,
-    k: usize,
-    planes: usize,
-    dev: Device,
-) -> (QWeight, Vec<(Vec<i8>, Vec<f32>)>) {
+/// A plane's values [n, k] and scales on the host.
+type HostPlane = (Vec<i8>, Vec<f32>);
+
+fn weight(seed: u64, n: usize, k: usize, planes: usize, dev: Device) -> (QWeight, Vec<HostPlane>) {
     let host: Vec<_> = (0..planes as u64)
         .map(|p| {
             let s = values(seed + 50 + p, n, 0.001, 0.02);
