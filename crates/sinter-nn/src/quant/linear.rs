@@ -14,9 +14,9 @@ use sinter_core::kernels::qmatmul::qmatmul;
 use sinter_core::{bail, DType, Device, Result, Tensor};
 use sinter_cpu::int8::{ActTerms, Activation};
 
+use super::host::{cpu_input, host_vec};
 use super::slot::Int8Layer;
 use super::weight::Int8Weight;
-use super::{cpu_input, host_vec};
 use crate::module::{param, Module, NamedTensor};
 
 #[derive(Clone)]

@@ -26,7 +26,7 @@ use sinter_core::{bail, Result};
 use sinter_cpu::int8::{quantize_rows_terms, quantize_weights, ActTerms, PackedWeights};
 use sinter_cpu::math::dot_lanes;
 
-use super::weight::int8_err;
+use super::host::{check_scales, int8_err};
 
 /// The second plane of an [n, k] int8 weight: values packed for the GEMM kernels, per-row
 /// scales.
@@ -78,7 +78,7 @@ impl ResidualPlane {
             );
         }
         let k = q1.len() / s1.len().max(1);
-        if let Err(e) = super::weight::check_scales(&values, k, &scales) {
+        if let Err(e) = check_scales(&values, k, &scales) {
             bail!("second int8 plane: {e}");
         }
         if let Some(i) = values.iter().position(|&v| v == i8::MIN) {

@@ -10,6 +10,7 @@ use sinter_core::{bail, Device, Result, Tensor};
 use sinter_cpu::int8::{quantize_weights, PackedWeights};
 
 use super::gptq::{quantize_weights_gptq, Gram};
+use super::host::{check_scales, int8_err};
 use super::residual::ResidualPlane;
 
 /// w[j, …] ≈ scales[j] · q[j, …], q ∈ [-127, 127].
@@ -22,27 +23,6 @@ pub struct Int8Weight {
     pub(crate) residual: Option<ResidualPlane>,
     /// The weight as the qmatmul kernel takes it, by device and planes, made on first use.
     forms: Mutex<Vec<(Device, usize, QWeight)>>,
-}
-
-/// The largest scale a stored plane may have: any int8 value times it (|q| ≤ 127) stays a
-/// finite f32.
-const MAX_SCALE: f32 = f32::MAX / 127.0;
-
-/// Checks the per-row `scales` of a stored int8 plane `q` (rows of `k` values) as the
-/// quantizer writes them: finite, non-negative and at most [`MAX_SCALE`], and 0 only for a
-/// row whose values are all 0 (an all-zero weight row). A file that breaks this was edited or
-/// damaged; its weights would be silently zero or overflow to infinity.
-pub(crate) fn check_scales(q: &[i8], k: usize, scales: &[f32]) -> std::result::Result<(), String> {
-    for (j, &s) in scales.iter().enumerate() {
-        if !(s.is_finite() && (0.0..=MAX_SCALE).contains(&s)) {
-            return Err(format!("scale {s:e} of row {j} is not a number in 0..={MAX_SCALE:e} (an int8 value times it must stay a finite f32); the file was edited or is damaged"));
-        }
-        let row = q.get(j * k..(j + 1) * k).unwrap_or(&[]);
-        if s == 0.0 && row.iter().any(|&v| v != 0) {
-            return Err(format!("scale of row {j} is 0 while the row's int8 values are not all 0 (the quantizer gives scale 0 only to an all-zero row); the file was edited or is damaged"));
-        }
-    }
-    Ok(())
 }
 
 impl Int8Weight {
@@ -212,8 +192,4 @@ fn rows_cols(shape: &[usize]) -> Result<(usize, usize)> {
         [n, rest @ ..] if !rest.is_empty() => Ok((*n, rest.iter().product())),
         _ => bail!("an int8 weight needs [out, in, …] (at least two dimensions), got {shape:?}"),
     }
-}
-
-pub(crate) fn int8_err(e: sinter_cpu::int8::Int8Error) -> sinter_core::Error {
-    sinter_core::Error::Msg(format!("int8: {e}"))
 }
