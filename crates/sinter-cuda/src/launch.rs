@@ -334,7 +334,6 @@ impl Launch {
         match self.file {
             KernelFile::Copy => OpClass::Copy,
             KernelFile::Reduce | KernelFile::Embedding => OpClass::Row,
-            KernelFile::Int8Gemm => OpClass::Gemm,
             KernelFile::Unary
             | KernelFile::Binary
             | KernelFile::Conv

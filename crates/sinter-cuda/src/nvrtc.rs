@@ -30,13 +30,12 @@ pub enum KernelFile {
     Dropout,
     AdamW,
     Int,
-    Int8Gemm,
     Bool,
 }
 
 impl KernelFile {
     /// Every kernel file.
-    pub const ALL: [KernelFile; 11] = [
+    pub const ALL: [KernelFile; 10] = [
         KernelFile::Unary,
         KernelFile::Binary,
         KernelFile::Copy,
@@ -46,7 +45,6 @@ impl KernelFile {
         KernelFile::Dropout,
         KernelFile::AdamW,
         KernelFile::Int,
-        KernelFile::Int8Gemm,
         KernelFile::Bool,
     ];
 
@@ -62,7 +60,6 @@ impl KernelFile {
             KernelFile::Dropout => "dropout.cu",
             KernelFile::AdamW => "adamw.cu",
             KernelFile::Int => "int.cu",
-            KernelFile::Int8Gemm => "int8_gemm.cu",
             KernelFile::Bool => "bool.cu",
         }
     }
@@ -79,7 +76,6 @@ impl KernelFile {
             KernelFile::Dropout => include_str!("../kernels/dropout.cu"),
             KernelFile::AdamW => include_str!("../kernels/adamw.cu"),
             KernelFile::Int => include_str!("../kernels/int.cu"),
-            KernelFile::Int8Gemm => include_str!("../kernels/int8_gemm.cu"),
             KernelFile::Bool => include_str!("../kernels/bool.cu"),
         }
     }

@@ -11,6 +11,7 @@ pub mod cross_entropy;
 mod launch;
 pub mod layer_norm;
 pub mod optimizer;
+pub mod qmatmul;
 pub mod softmax;
 #[cfg(test)]
 mod test_support;

@@ -10,7 +10,6 @@ pub mod copy;
 pub mod dropout;
 pub mod embedding;
 pub mod int;
-pub mod int8;
 pub mod reduce;
 pub mod unary;
 
@@ -36,7 +35,6 @@ pub fn sample_plans(t: &LaunchTarget) -> Vec<Launch> {
     v.extend(dropout::samples(t));
     v.extend(adamw::samples(t));
     v.extend(int::samples(t));
-    v.extend(int8::samples(t));
     v.extend(boolean::samples(t));
     v
 }

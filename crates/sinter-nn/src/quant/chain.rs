@@ -17,7 +17,7 @@ use sinter_cpu::int8::pool::{max_pool_f32_to_planes, max_pool_u8};
 use sinter_cpu::int8::{quantize_rows_static, Activation, QParams};
 
 use super::conv::{refuse_nan, ConvIn, ConvOut, QuantizedConv2d};
-use super::cpu_input;
+use super::host::cpu_input;
 use super::slot::Int8Layer;
 use crate::layers::Conv2d;
 

@@ -18,9 +18,9 @@ use sinter_cpu::int8::{
     PackedWeights, QParams,
 };
 
+use super::host::{cpu_input, host_vec, int8_err};
 use super::slot::Int8Layer;
-use super::weight::{int8_err, Int8Weight};
-use super::{cpu_input, host_vec};
+use super::weight::Int8Weight;
 use crate::module::{param, Module, NamedTensor};
 
 pub struct QuantizedConv2d {

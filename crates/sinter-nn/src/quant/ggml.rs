@@ -15,8 +15,8 @@ use sinter_cpu::int8::Activation;
 use sinter_cpu::math::bias_act::bias_act_rows;
 use sinter_cpu::Isa;
 
+use super::host::{cpu_input, host_vec};
 use super::slot::Int8Layer;
-use super::{cpu_input, host_vec};
 
 #[derive(Clone)]
 pub struct GgmlLinear {

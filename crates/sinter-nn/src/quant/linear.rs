@@ -8,14 +8,15 @@
 //! the rows they read.
 
 use std::any::Any;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
+use sinter_core::kernels::qmatmul::qmatmul;
 use sinter_core::{bail, DType, Device, Result, Tensor};
-use sinter_cpu::int8::{linear_dynamic_planes, ActTerms, Activation, Epilogue, Int8Path};
+use sinter_cpu::int8::{ActTerms, Activation};
 
+use super::host::{cpu_input, host_vec};
 use super::slot::Int8Layer;
-use super::weight::{int8_err, Int8Weight};
-use super::{cpu_input, host_vec};
+use super::weight::Int8Weight;
 use crate::module::{param, Module, NamedTensor};
 
 #[derive(Clone)]
@@ -29,6 +30,8 @@ pub struct QuantizedLinear {
     act_terms: ActTerms,
     /// An embedding table (lookups; as a head, a second plane rescores the top outputs).
     table: bool,
+    /// The bias as an f32 tensor per device it has run on.
+    bias_forms: Arc<Mutex<Vec<Tensor>>>,
 }
 
 impl QuantizedLinear {
@@ -63,6 +66,7 @@ impl QuantizedLinear {
             bias_tensor: bias.cloned(),
             act_terms: ActTerms::default(),
             table: false,
+            bias_forms: Arc::default(),
         })
     }
 
@@ -92,51 +96,59 @@ impl QuantizedLinear {
         self.weight.n()
     }
 
-    /// activation(x Wᵀ + b) over the last dimension of `x` (a CPU float tensor, no gradient).
+    /// activation(x Wᵀ + b) over the last dimension of `x` (a float tensor on any device with
+    /// a qmatmul kernel, no gradient): the qmatmul kernel with the weight on x's device. A
+    /// table's second plane rescores the head's top outputs on the CPU; on another device both
+    /// planes go through the GEMM (every output ~16 bits precise, not only the top ones).
     pub fn forward_with(&self, x: &Tensor, activation: Activation) -> Result<Tensor> {
-        let (k, n) = (self.in_features(), self.out_features());
-        if x.rank() == 0 || x.shape().last() != Some(&k) {
-            bail!(
-                "QuantizedLinear: expected inputs with last dimension {k}, got shape {:?}",
-                x.shape()
-            );
-        }
         let w = &*self.weight;
-        let rescore = w.residual().filter(|_| self.table);
-        if rescore.is_some() && activation != Activation::None {
+        let dev = x.device();
+        let rescore = w.residual().filter(|_| self.table && dev == Device::Cpu);
+        if self.table && w.residual().is_some() && activation != Activation::None {
             bail!("QuantizedLinear: an int8 table's head takes no activation");
         }
-        let xs = cpu_input(x, "QuantizedLinear")?;
-        let rows = xs.len() / k.max(1);
-        let mut y = vec![0f32; rows * n];
-        // A Linear's second plane is a second GEMM; a table's rescores after one.
-        let second = match w.residual() {
-            Some(r) if !self.table => Some((r.packed(), r.scales())),
-            _ => None,
+        let planes = if w.residual().is_some() && rescore.is_none() {
+            2
+        } else {
+            1
         };
-        let terms = linear_dynamic_planes(
-            Int8Path::get(),
-            &xs,
-            rows,
-            &w.packed,
-            &Epilogue {
-                weight_scales: &w.scales,
-                bias: self.bias.as_deref(),
-                activation,
-            },
-            second,
-            self.act_terms,
-            &mut y,
-        )
-        .map_err(int8_err)?;
+        let qw = w.qweight(dev, planes)?;
+        let bias = self.bias_on(dev)?;
+        let out = qmatmul(x, &qw, bias.as_ref(), activation, self.act_terms)
+            .map_err(|e| sinter_core::Error::Msg(format!("QuantizedLinear: {e}")))?;
         if let Some(plane) = rescore {
-            for (xr, yr) in xs.chunks_exact(k.max(1)).zip(y.chunks_exact_mut(n.max(1))) {
-                plane.rescore_row(&w.packed, &w.scales, self.bias.as_deref(), xr, terms, yr)?;
+            let k = self.in_features().max(1);
+            let n = self.out_features().max(1);
+            let xs = cpu_input(x, "QuantizedLinear")?;
+            let Some(mut y) = out.y.host_f32_mut() else {
+                bail!("QuantizedLinear: qmatmul's CPU output is not a contiguous f32 tensor");
+            };
+            for (xr, yr) in xs.chunks_exact(k).zip(y.chunks_exact_mut(n)) {
+                plane.rescore_row(
+                    &w.packed,
+                    &w.scales,
+                    self.bias.as_deref(),
+                    xr,
+                    out.terms,
+                    yr,
+                )?;
             }
         }
-        let mut shape = x.shape().to_vec();
-        *shape.last_mut().expect("rank ≥ 1") = n;
-        Tensor::from_vec(y, &shape, Device::Cpu)
+        Ok(out.y)
+    }
+
+    /// The bias as an f32 tensor on `device` (made there once).
+    fn bias_on(&self, device: Device) -> Result<Option<Tensor>> {
+        let Some(b) = &self.bias else {
+            return Ok(None);
+        };
+        let mut forms = self.bias_forms.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(t) = forms.iter().find(|t| t.device() == device) {
+            return Ok(Some(t.clone()));
+        }
+        let t = Tensor::from_vec(b.clone(), &[b.len()], Device::Cpu)?.to_device(device)?;
+        forms.push(t.clone());
+        Ok(Some(t))
     }
 }
 
@@ -166,7 +178,8 @@ impl Int8Layer for QuantizedLinear {
         }
         let mut shape = ids.shape().to_vec();
         shape.push(dim);
-        Tensor::from_vec(out, &shape, Device::Cpu)
+        // Rows gathered on the host (the table's CPU form), then moved to the ids' device.
+        Tensor::from_vec(out, &shape, Device::Cpu)?.to_device(ids.device())
     }
     fn as_any(&self) -> &dyn Any {
         self

@@ -26,8 +26,11 @@
 //! [`quantize`] rewrites a model in place: every Linear, Conv2d and Embedding lists a
 //! [`slot::LayerHandle`] beside its weight in `Module::collect`, and its forward runs the int8
 //! form installed in that slot. [`state::export`] / [`state::import`] turn a quantized model
-//! into named tensors (int8 weights + f32 scales) and back. Int8 layers run on the CPU only and
-//! carry no gradient; a CUDA input or one that needs a gradient gets an error. A model whose
+//! into named tensors (int8 weights + f32 scales) and back. Int8 Linears and embedding tables
+//! (lookups and tied heads) run through the seam's qmatmul kernel
+//! (`sinter_core::kernels::qmatmul`) on the device of their input — the CPU or CUDA, the same
+//! code, the weight uploaded on first use; int8 convolutions, chains and GGML layers run on the
+//! CPU only (a CUDA input gets an error). No int8 layer carries a gradient. A model whose
 //! int8 convolutions follow one another (conv → activation → max pool → conv) runs them as a
 //! [`chain`], u8 activations passed from one to the next.
 //!
@@ -38,6 +41,7 @@ pub mod chain;
 pub mod conv;
 pub mod ggml;
 pub mod gptq;
+mod host;
 pub mod linear;
 pub mod residual;
 pub mod slot;
@@ -55,7 +59,7 @@ pub use slot::{Activation, LayerHandle, LayerKind, QuantSlot, QuantState};
 pub use state::{export, import, StateTensor};
 pub use weight::Int8Weight;
 
-use sinter_core::{bail, is_grad_enabled, Device, Result, Tensor};
+use sinter_core::{bail, Device, Result};
 pub use sinter_cpu::int8::{ActTerms, Int8Path};
 use sinter_cpu::int8::{QParams, TWO_TERMS_MIN_WEIGHT};
 
@@ -268,7 +272,7 @@ pub fn quantize_with(
                     .and_then(|s| s.range)
                     .expect("every conv was calibrated");
                 let input =
-                    QParams::from_range(lo, hi).map_err(|e| at(name, weight::int8_err(e)))?;
+                    QParams::from_range(lo, hi).map_err(|e| at(name, host::int8_err(e)))?;
                 let q = QuantizedConv2d::from_f32(&h.weight, bias, p, input)
                     .map_err(|e| at(name, e))?;
                 let b = q.weight().bytes();
@@ -395,50 +399,4 @@ pub fn fold_int8_conv(
 
 fn at(name: &str, e: sinter_core::Error) -> sinter_core::Error {
     sinter_core::Error::Msg(format!("quantizing {name}: {e}"))
-}
-
-/// The f32 values of a CPU float input of an int8 layer, refusing what the int8 path cannot
-/// honour: a CUDA tensor, a non-float one, or one whose gradient is being tracked. A
-/// contiguous f32 tensor is read in place (no copy).
-pub(crate) fn cpu_input<'a>(x: &'a Tensor, layer: &str) -> Result<HostInput<'a>> {
-    if x.device() != Device::Cpu {
-        bail!("{layer}: int8 layers run on the CPU only, and this input is on {}; run the quantized model with --device cpu (or use the f32 checkpoint on the GPU)", x.device());
-    }
-    if !x.dtype().is_float() {
-        bail!("{layer}: expected a float input, got {}", x.dtype());
-    }
-    if is_grad_enabled() && x.tracks_grad() {
-        bail!("{layer}: int8 layers are for inference and pass no gradient; run the model under no_grad (eval, predict and generate do)");
-    }
-    Ok(match x.host_f32() {
-        Some(v) => HostInput::InPlace(v),
-        None => HostInput::Copied(x.to_vec_f32()?),
-    })
-}
-
-/// An int8 layer's input values: the tensor's own elements, or a contiguous f32 copy.
-pub(crate) enum HostInput<'a> {
-    InPlace(sinter_core::HostF32<'a>),
-    Copied(Vec<f32>),
-}
-
-impl std::ops::Deref for HostInput<'_> {
-    type Target = [f32];
-    fn deref(&self) -> &[f32] {
-        match self {
-            HostInput::InPlace(v) => v,
-            HostInput::Copied(v) => v,
-        }
-    }
-}
-
-/// A small CPU tensor's values (biases).
-pub(crate) fn host_vec(t: &Tensor) -> Result<Vec<f32>> {
-    if t.device() != Device::Cpu {
-        bail!(
-            "int8 layers keep their bias on the CPU; this one is on {}",
-            t.device()
-        );
-    }
-    t.to_vec_f32()
 }

@@ -19,17 +19,20 @@
 //! where the top is a near-tie, which is where it matters); sampling sees exact values at the
 //! top of the distribution. The other outputs keep their plane-1 values.
 
+use std::sync::Arc;
+
+use sinter_core::kernels::qmatmul::QWeight;
 use sinter_core::{bail, Result};
 use sinter_cpu::int8::{quantize_rows_terms, quantize_weights, ActTerms, PackedWeights};
 use sinter_cpu::math::dot_lanes;
 
-use super::weight::int8_err;
+use super::host::{check_scales, int8_err};
 
 /// The second plane of an [n, k] int8 weight: values packed for the GEMM kernels, per-row
 /// scales.
 pub struct ResidualPlane {
-    packed: PackedWeights,
-    scales: Vec<f32>,
+    packed: Arc<PackedWeights>,
+    scales: Arc<[f32]>,
     /// max_j ‖s₂ⱼ·q₂ⱼ‖₂: how far plane 2 moves any output per unit of ‖x‖₂.
     max_norm: f32,
     /// max_j ‖s₁ⱼ·q₁ⱼ‖₂ of the first plane: how far an input error moves any plane-1 output.
@@ -75,7 +78,7 @@ impl ResidualPlane {
             );
         }
         let k = q1.len() / s1.len().max(1);
-        if let Err(e) = super::weight::check_scales(&values, k, &scales) {
+        if let Err(e) = check_scales(&values, k, &scales) {
             bail!("second int8 plane: {e}");
         }
         if let Some(i) = values.iter().position(|&v| v == i8::MIN) {
@@ -88,8 +91,8 @@ impl ResidualPlane {
         Ok(ResidualPlane {
             max_norm: max_row_norm(&values, &scales, k),
             plane1_max_norm: max_row_norm(q1, s1, k),
-            packed: PackedWeights::pack(&values, scales.len(), k).map_err(int8_err)?,
-            scales,
+            packed: Arc::new(PackedWeights::pack(&values, scales.len(), k).map_err(int8_err)?),
+            scales: scales.into(),
         })
     }
 
@@ -100,8 +103,9 @@ impl ResidualPlane {
     pub fn scales(&self) -> &[f32] {
         &self.scales
     }
-    pub(crate) fn packed(&self) -> &PackedWeights {
-        &self.packed
+    /// The plane as the qmatmul kernel takes it, on the CPU (sharing the packed values).
+    pub(crate) fn qweight(&self) -> Result<QWeight> {
+        QWeight::int8_cpu(self.packed.clone(), self.scales.clone())
     }
     /// Bytes in a checkpoint: one per value, four per row scale.
     pub fn bytes(&self) -> usize {

@@ -3,41 +3,26 @@
 //! Embedding [rows, dim]), packed once for the kernels; a table or Linear weight may carry a
 //! second plane with the first's rounding error ([`ResidualPlane`]).
 
+use std::sync::{Arc, Mutex};
+
+use sinter_core::kernels::qmatmul::QWeight;
 use sinter_core::{bail, Device, Result, Tensor};
 use sinter_cpu::int8::{quantize_weights, PackedWeights};
 
 use super::gptq::{quantize_weights_gptq, Gram};
+use super::host::{check_scales, int8_err};
 use super::residual::ResidualPlane;
 
 /// w[j, …] ≈ scales[j] · q[j, …], q ∈ [-127, 127].
 pub struct Int8Weight {
-    pub(crate) packed: PackedWeights,
-    pub(crate) scales: Vec<f32>,
+    pub(crate) packed: Arc<PackedWeights>,
+    pub(crate) scales: Arc<[f32]>,
     /// The f32 weight's shape (the file keeps it).
     pub(crate) shape: Vec<usize>,
     /// w ≈ s₁·q₁ + s₂·q₂ with this second plane (tables and Linears, never a Conv2d).
     pub(crate) residual: Option<ResidualPlane>,
-}
-
-/// The largest scale a stored plane may have: any int8 value times it (|q| ≤ 127) stays a
-/// finite f32.
-const MAX_SCALE: f32 = f32::MAX / 127.0;
-
-/// Checks the per-row `scales` of a stored int8 plane `q` (rows of `k` values) as the
-/// quantizer writes them: finite, non-negative and at most [`MAX_SCALE`], and 0 only for a
-/// row whose values are all 0 (an all-zero weight row). A file that breaks this was edited or
-/// damaged; its weights would be silently zero or overflow to infinity.
-pub(crate) fn check_scales(q: &[i8], k: usize, scales: &[f32]) -> std::result::Result<(), String> {
-    for (j, &s) in scales.iter().enumerate() {
-        if !(s.is_finite() && (0.0..=MAX_SCALE).contains(&s)) {
-            return Err(format!("scale {s:e} of row {j} is not a number in 0..={MAX_SCALE:e} (an int8 value times it must stay a finite f32); the file was edited or is damaged"));
-        }
-        let row = q.get(j * k..(j + 1) * k).unwrap_or(&[]);
-        if s == 0.0 && row.iter().any(|&v| v != 0) {
-            return Err(format!("scale of row {j} is 0 while the row's int8 values are not all 0 (the quantizer gives scale 0 only to an all-zero row); the file was edited or is damaged"));
-        }
-    }
-    Ok(())
+    /// The weight as the qmatmul kernel takes it, by device and planes, made on first use.
+    forms: Mutex<Vec<(Device, usize, QWeight)>>,
 }
 
 impl Int8Weight {
@@ -78,10 +63,11 @@ impl Int8Weight {
         }
         let packed = PackedWeights::pack(q, n, k).map_err(int8_err)?;
         Ok(Int8Weight {
-            packed,
-            scales,
+            packed: Arc::new(packed),
+            scales: scales.into(),
             shape: shape.to_vec(),
             residual: None,
+            forms: Mutex::default(),
         })
     }
 
@@ -108,7 +94,32 @@ impl Int8Weight {
 
     fn with_residual(mut self, plane: ResidualPlane) -> Int8Weight {
         self.residual = Some(plane);
+        self.forms = Mutex::default();
         self
+    }
+
+    /// The weight as the qmatmul kernel takes it on `device`, with its first plane or both
+    /// (`planes` 2 needs a second plane). The CPU's form shares the packed values; another
+    /// device's is uploaded on first use and kept (a quantized layer follows its input's device,
+    /// as the f32 parameters follow `move_module`).
+    pub fn qweight(&self, device: Device, planes: usize) -> Result<QWeight> {
+        let mut forms = self.forms.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((_, _, w)) = forms.iter().find(|(d, p, _)| (*d, *p) == (device, planes)) {
+            return Ok(w.clone());
+        }
+        let mut w = QWeight::int8_cpu(self.packed.clone(), self.scales.clone())?;
+        match (planes, &self.residual) {
+            (1, _) => {}
+            (2, Some(r)) => w = w.with_second_plane(r.qweight()?)?,
+            _ => bail!(
+                "int8 weight {:?}: no plane set of {planes} (it has {})",
+                self.shape,
+                1 + self.residual.is_some() as usize
+            ),
+        }
+        let w = w.to_device(device)?;
+        forms.push((device, planes, w.clone()));
+        Ok(w)
     }
 
     /// The second plane, if the weight has one.
@@ -181,8 +192,4 @@ fn rows_cols(shape: &[usize]) -> Result<(usize, usize)> {
         [n, rest @ ..] if !rest.is_empty() => Ok((*n, rest.iter().product())),
         _ => bail!("an int8 weight needs [out, in, …] (at least two dimensions), got {shape:?}"),
     }
-}
-
-pub(crate) fn int8_err(e: sinter_cpu::int8::Int8Error) -> sinter_core::Error {
-    sinter_core::Error::Msg(format!("int8: {e}"))
 }
