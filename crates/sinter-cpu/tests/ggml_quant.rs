@@ -315,7 +315,16 @@ fn quantized_gemv_and_gemm_match_dequantized_f64_on_every_path() {
         let kb = ty.block_elems().max(32);
         // k of one block and of several; n odd; m = 1 (GEMV) and m > 1 (GEMM: rows go
         // through the kernels four at a time, then the rest).
-        for (n, k, m) in [(1, kb, 1), (7, 3 * kb, 1), (5, 2 * kb, 3), (13, kb * 4, 6)] {
+        // n of 8, 16 and 21: Q8_0/Q4_0/Q4_1 rows stored in groups of eight, and the rows
+        // after the last whole group stored as they were.
+        let grouped = [
+            (8, kb, 1),
+            (16, 3 * kb, 1),
+            (21, 2 * kb, 1),
+            (21, 2 * kb, 5),
+        ];
+        let ragged = [(1, kb, 1), (7, 3 * kb, 1), (5, 2 * kb, 3), (13, kb * 4, 6)];
+        for (n, k, m) in ragged.into_iter().chain(grouped) {
             check_product(ty, n, k, m, 0x9e37_79b9 + t as u64);
         }
     }
@@ -337,6 +346,25 @@ fn large_quantized_products_split_rows_over_threads() {
     // 2 MiB-ish weights take the parallel split; rows cover several tasks and a ragged end.
     check_product(GgmlType::Q4_K, 203, 1024, 2, 7);
     check_product(GgmlType::Q8_0, 150, 1024, 1, 8);
+}
+
+#[test]
+fn grouped_rows_dequantize_as_the_file_stores_them() {
+    // Rows kept eight together for the GEMV read back as the file's rows: whole and by row.
+    for (t, ty) in DOT_TYPES.into_iter().enumerate() {
+        let mut rng = Rng(40 + t as u64);
+        let (n, k) = (19, 2 * ty.block_elems().max(32));
+        let (bytes, _) = random_weight(ty, n, k, &mut rng);
+        let mut want = vec![0f32; n * k];
+        dequantize(ty, &bytes, &mut want).unwrap();
+        let w = QuantMatrix::new(ty, n, k, bytes).unwrap();
+        assert_eq!(w.dequantize(), want, "{ty}");
+        let mut row = vec![0f32; k];
+        for r in [0, 7, 8, 15, 16, 18] {
+            w.dequantize_row(r, &mut row).unwrap();
+            assert_eq!(row, want[r * k..(r + 1) * k], "{ty} row {r}");
+        }
+    }
 }
 
 #[test]

@@ -12,6 +12,7 @@ use std::arch::x86_64::*;
 use super::act::{ActQ8, ActQ8K, DotPath};
 use super::blocks::{scale_min_k4, BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ6K, BlockQ8_0};
 use super::dot_scalar::{q4_k_mins, q6_k_offset};
+use super::groups::GROUP;
 use super::{row_blocks as blocks, GgmlType};
 
 /// The multiply-add both paths build on.
@@ -20,6 +21,10 @@ trait Madd {
     unsafe fn dot4(acc: __m256i, a: __m256i, b: __m256i) -> __m256i;
     /// The same sums (from zero) with lanes 0..4 (bytes 0..16) times s0 and 4..8 times s1.
     unsafe fn dot4_scaled(a: __m256i, b: __m256i, s0: i32, s1: i32) -> __m256i;
+    /// Σ over eight register pairs of `dot4`'s sums (from zero), where every byte of each
+    /// `a` is below 16: on AVX2 an i16 lane then holds eight `vpmaddubsw` pair sums
+    /// (8·2·15·127 = 30,480 < 32,767), so one `vpmaddwd` widens them all.
+    unsafe fn dot4_u4x8(a: &[__m256i; 8], b: &[__m256i; 8]) -> __m256i;
 }
 
 struct Avx2;
@@ -41,6 +46,18 @@ impl Madd for Avx2 {
             _mm256_madd_epi16(pairs, s)
         }
     }
+    #[inline(always)]
+    unsafe fn dot4_u4x8(a: &[__m256i; 8], b: &[__m256i; 8]) -> __m256i {
+        unsafe {
+            let mut s0 = _mm256_maddubs_epi16(a[0], b[0]);
+            let mut s1 = _mm256_maddubs_epi16(a[1], b[1]);
+            for i in (2..8).step_by(2) {
+                s0 = _mm256_add_epi16(s0, _mm256_maddubs_epi16(a[i], b[i]));
+                s1 = _mm256_add_epi16(s1, _mm256_maddubs_epi16(a[i + 1], b[i + 1]));
+            }
+            _mm256_madd_epi16(_mm256_add_epi16(s0, s1), _mm256_set1_epi16(1))
+        }
+    }
 }
 
 impl Madd for Vnni {
@@ -54,6 +71,17 @@ impl Madd for Vnni {
             let sums = _mm256_dpbusd_epi32(_mm256_setzero_si256(), a, b);
             let s = _mm256_set_m128i(_mm_set1_epi32(s1), _mm_set1_epi32(s0));
             _mm256_mullo_epi32(sums, s)
+        }
+    }
+    #[inline(always)]
+    unsafe fn dot4_u4x8(a: &[__m256i; 8], b: &[__m256i; 8]) -> __m256i {
+        unsafe {
+            // Four chains: `vpdpbusd`'s latency would serialize one.
+            let mut s = [_mm256_setzero_si256(); 4];
+            for i in 0..8 {
+                s[i % 4] = _mm256_dpbusd_epi32(s[i % 4], a[i], b[i]);
+            }
+            _mm256_add_epi32(_mm256_add_epi32(s[0], s[1]), _mm256_add_epi32(s[2], s[3]))
         }
     }
 }
@@ -402,5 +430,168 @@ unsafe fn q6_k<M: Madd, const R: usize>(w: &[BlockQ6K], x: [&[ActQ8K]; R]) -> [f
             out[r] = hsum(acc[r]) - offset[r];
         }
         out
+    }
+}
+
+/// Weight rows stored in groups of eight (`super::groups`; Q8_0, Q4_0 or Q4_1) · each
+/// activation row of `xs`, into `out` [w rows, xs.len()] (weight-row major): per group and
+/// activation row, one pass over the group's blocks leaves the eight rows' products in the
+/// eight lanes of one register.
+///
+/// # Safety
+/// The CPU must support `path` (not `Scalar`); `w` is whole groups of rows of `row_bytes`,
+/// each activation row `row_bytes` worth of blocks, and `out` one value per weight row and
+/// activation row.
+pub(super) unsafe fn groups_q8(
+    path: DotPath,
+    ty: GgmlType,
+    w: &[u8],
+    row_bytes: usize,
+    xs: &[&[ActQ8]],
+    out: &mut [f32],
+) {
+    unsafe {
+        if path == DotPath::Avx512Vnni {
+            vnni_groups(ty, w, row_bytes, xs, out)
+        } else {
+            avx2_groups(ty, w, row_bytes, xs, out)
+        }
+    }
+}
+
+/// The grouped formats, as `group_dot`'s const parameter.
+const G_Q8_0: u8 = 0;
+const G_Q4_0: u8 = 1;
+const G_Q4_1: u8 = 2;
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn avx2_groups(ty: GgmlType, w: &[u8], row_bytes: usize, xs: &[&[ActQ8]], out: &mut [f32]) {
+    unsafe {
+        match ty {
+            GgmlType::Q8_0 => groups_of::<Avx2, G_Q8_0>(w, row_bytes, xs, out),
+            GgmlType::Q4_0 => groups_of::<Avx2, G_Q4_0>(w, row_bytes, xs, out),
+            GgmlType::Q4_1 => groups_of::<Avx2, G_Q4_1>(w, row_bytes, xs, out),
+            _ => unreachable!("only Q8_0/Q4_0/Q4_1 are stored in groups"),
+        }
+    }
+}
+
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn vnni_groups(ty: GgmlType, w: &[u8], row_bytes: usize, xs: &[&[ActQ8]], out: &mut [f32]) {
+    unsafe {
+        match ty {
+            GgmlType::Q8_0 => groups_of::<Vnni, G_Q8_0>(w, row_bytes, xs, out),
+            GgmlType::Q4_0 => groups_of::<Vnni, G_Q4_0>(w, row_bytes, xs, out),
+            GgmlType::Q4_1 => groups_of::<Vnni, G_Q4_1>(w, row_bytes, xs, out),
+            _ => unreachable!("only Q8_0/Q4_0/Q4_1 are stored in groups"),
+        }
+    }
+}
+
+#[inline(always)]
+unsafe fn groups_of<M: Madd, const KIND: u8>(
+    w: &[u8],
+    row_bytes: usize,
+    xs: &[&[ActQ8]],
+    out: &mut [f32],
+) {
+    unsafe {
+        let m = xs.len();
+        for (gi, g) in w.chunks_exact(GROUP * row_bytes).enumerate() {
+            for (r, x) in xs.iter().enumerate() {
+                let v = group_dot::<M, KIND>(g, x);
+                if m == 1 {
+                    let o = &mut out[gi * GROUP..(gi + 1) * GROUP];
+                    _mm256_storeu_ps(o.as_mut_ptr(), v);
+                } else {
+                    let mut vals = [0f32; GROUP];
+                    _mm256_storeu_ps(vals.as_mut_ptr(), v);
+                    for (i, v) in vals.into_iter().enumerate() {
+                        out[(gi * GROUP + i) * m + r] = v;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Four activations (bytes 4t..4t + 4 of a block) in every 32-bit lane.
+#[inline(always)]
+unsafe fn four(x: &ActQ8, t: usize) -> __m256i {
+    let q = &x.qs[4 * t..4 * t + 4];
+    let bytes = [q[0] as u8, q[1] as u8, q[2] as u8, q[3] as u8];
+    unsafe { _mm256_set1_epi32(i32::from_le_bytes(bytes)) }
+}
+
+/// One group (eight rows of whole blocks) · one activation row: lane i is row i's product.
+#[inline(always)]
+unsafe fn group_dot<M: Madd, const KIND: u8>(g: &[u8], x: &[ActQ8]) -> __m256 {
+    unsafe {
+        let (header, quants) = match KIND {
+            G_Q8_0 => (2, 32),
+            G_Q4_0 => (2, 16),
+            _ => (4, 16),
+        };
+        let gbb = GROUP * (header + quants);
+        assert_eq!(
+            g.len(),
+            x.len() * gbb,
+            "group_dot: one block of activations per group block"
+        );
+        // Every read below is within block b's `gbb` bytes of g, so within g (asserted).
+        let gp = g.as_ptr();
+        macro_rules! ld {
+            ($at:expr) => {
+                _mm256_loadu_si256(gp.add($at) as *const __m256i)
+            };
+        }
+        macro_rules! ld_f16x8 {
+            ($at:expr) => {
+                _mm256_cvtph_ps(_mm_loadu_si128(gp.add($at) as *const __m128i))
+            };
+        }
+        let mut acc = _mm256_setzero_ps();
+        let mut off = _mm256_setzero_ps();
+        for (b, x) in x.iter().enumerate() {
+            let base = b * gbb;
+            let d = ld_f16x8!(base);
+            let q = base + GROUP * header;
+            let sumi = if KIND == G_Q8_0 {
+                // w·x = |w|·(x with w's sign), as in `q8_0`; two chains.
+                let mut s = [_mm256_setzero_si256(); 2];
+                for t in 0..8 {
+                    let wq = ld!(q + 32 * t);
+                    let xs = _mm256_sign_epi8(four(x, t), wq);
+                    s[t % 2] = M::dot4(s[t % 2], _mm256_sign_epi8(wq, wq), xs);
+                }
+                _mm256_add_epi32(s[0], s[1])
+            } else {
+                let m4 = _mm256_set1_epi8(0x0F);
+                let mut a = [_mm256_setzero_si256(); 8];
+                let mut xv = [_mm256_setzero_si256(); 8];
+                for c in 0..4 {
+                    // Chunk c's low nibbles are values 4c..4c + 4, its high ones 16 + 4c...
+                    let l = ld!(q + 32 * c);
+                    a[c] = _mm256_and_si256(l, m4);
+                    a[c + 4] = _mm256_and_si256(_mm256_srli_epi16(l, 4), m4);
+                    xv[c] = four(x, c);
+                    xv[c + 4] = four(x, c + 4);
+                }
+                M::dot4_u4x8(&a, &xv)
+            };
+            let dd = _mm256_mul_ps(d, _mm256_set1_ps(x.d));
+            acc = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(sumi), acc);
+            if KIND == G_Q4_1 {
+                off = _mm256_fmadd_ps(ld_f16x8!(base + 16), _mm256_set1_ps(x.s), off);
+            } else if KIND == G_Q4_0 {
+                off = _mm256_fmadd_ps(d, _mm256_set1_ps(x.s), off);
+            }
+        }
+        match KIND {
+            // d·Σ(q − 8)·x = d·Σq·x − 8·d·s_x.
+            G_Q4_0 => _mm256_fnmadd_ps(_mm256_set1_ps(8.0), off, acc),
+            G_Q4_1 => _mm256_add_ps(acc, off),
+            _ => acc,
+        }
     }
 }

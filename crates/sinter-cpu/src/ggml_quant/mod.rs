@@ -12,7 +12,8 @@
 //! - [`dequantize`]: a tensor's bytes to f32, blocks in parallel when large.
 //! - [`quantize`]: f32 values to a type's bytes (for writing GGUF files).
 //! - [`dot`]: dot products of weight blocks with per-block quantized activations, and
-//!   [`QuantMatrix`], a weight kept quantized with its GEMV/GEMM.
+//!   [`QuantMatrix`], a weight kept quantized with its GEMV/GEMM (Q8_0, Q4_0 and Q4_1 rows
+//!   stored eight together for the GEMV, `groups`).
 
 mod act;
 pub mod blocks;
@@ -20,6 +21,7 @@ pub mod dot;
 mod dot_scalar;
 #[cfg(target_arch = "x86_64")]
 mod dot_x86;
+mod groups;
 pub mod quantize;
 
 use std::fmt;
