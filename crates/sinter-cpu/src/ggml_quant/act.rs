@@ -43,11 +43,13 @@ fn quantize_values(x: &[f32], id: f32, out: &mut [i8]) {
 impl ActQ8 {
     pub fn quantize(x: &[f32]) -> ActQ8 {
         debug_assert_eq!(x.len(), QK);
+        const { assert!(QK == 32, "x86::quantize_q8 handles blocks of 32") };
         #[cfg(target_arch = "x86_64")]
         if simd_quantize() {
             // SAFETY: AVX2 is present (`simd_quantize`) and x is one block (checked by the
             // callers' chunks; asserted inside).
-            return unsafe { x86::quantize_q8(x) };
+            let (qs, d, sum) = unsafe { x86::quantize_q8(x) };
+            return ActQ8::of(qs, d, sum);
         }
         ActQ8::quantize_portable(x)
     }
@@ -58,6 +60,11 @@ impl ActQ8 {
         let mut qs = [0i8; QK];
         quantize_values(x, id, &mut qs);
         let sum: i32 = qs.iter().map(|&q| q as i32).sum();
+        ActQ8::of(qs, d, sum)
+    }
+
+    /// The block of these quants, scale and quant sum.
+    fn of(qs: [i8; QK], d: f32, sum: i32) -> ActQ8 {
         ActQ8 {
             qs,
             d,
@@ -90,16 +97,17 @@ fn simd_quantize() -> bool {
 mod x86 {
     use std::arch::x86_64::*;
 
-    use super::{ActQ8, QK};
+    /// Values in a block (`QK`; restated so that this module needs nothing from its parent).
+    const BLOCK: usize = 32;
 
     /// `ActQ8::quantize` of one block on AVX2: the same max, scale, products and rounding
-    /// (to nearest, ties to even) as the portable loop.
+    /// (to nearest, ties to even) as the portable loop; (quants, scale, sum of the quants).
     ///
     /// # Safety
     /// The CPU must have AVX2.
     #[target_feature(enable = "avx2")]
-    pub(super) unsafe fn quantize_q8(x: &[f32]) -> ActQ8 {
-        assert_eq!(x.len(), QK);
+    pub(super) unsafe fn quantize_q8(x: &[f32]) -> ([i8; BLOCK], f32, i32) {
+        assert_eq!(x.len(), BLOCK);
         unsafe {
             let p = x.as_ptr();
             // Loops, not closures: a closure would not inherit the target feature.
@@ -128,12 +136,8 @@ mod x86 {
             let q16b = _mm256_packs_epi32(q[2], q[3]);
             let q8 = _mm256_packs_epi16(q16a, q16b);
             let q8 = _mm256_permutevar8x32_epi32(q8, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
-            let mut out = ActQ8 {
-                qs: [0; QK],
-                d,
-                s: 0.0,
-            };
-            _mm256_storeu_si256(out.qs.as_mut_ptr() as *mut __m256i, q8);
+            let mut qs = [0i8; BLOCK];
+            _mm256_storeu_si256(qs.as_mut_ptr() as *mut __m256i, q8);
             let sum = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
             let sum = _mm_add_epi32(
                 _mm256_castsi256_si128(sum),
@@ -141,8 +145,7 @@ mod x86 {
             );
             let sum = _mm_add_epi32(sum, _mm_shuffle_epi32(sum, 0b01_00_11_10));
             let sum = _mm_add_epi32(sum, _mm_shuffle_epi32(sum, 0b10_11_00_01));
-            out.s = d * _mm_cvtsi128_si32(sum) as f32;
-            out
+            (qs, d, _mm_cvtsi128_si32(sum))
         }
     }
 }
@@ -288,7 +291,8 @@ mod tests {
             blocks.push(vec![0.0; QK]);
             for (n, x) in blocks.iter().enumerate() {
                 // SAFETY: AVX2 is present (checked above).
-                let simd = unsafe { x86::quantize_q8(x) };
+                let (qs, d, sum) = unsafe { x86::quantize_q8(x) };
+                let simd = ActQ8::of(qs, d, sum);
                 let port = ActQ8::quantize_portable(x);
                 assert_eq!(simd.qs, port.qs, "block {n}");
                 assert_eq!(simd.d.to_bits(), port.d.to_bits(), "block {n}");
