@@ -181,7 +181,7 @@ pub struct TrainArgs {
     /// captured wherever it can be: CUDA, one process, static shapes, no dropout].
     #[arg(long, help_heading = DEVICE, conflicts_with = "no_cuda_graph")]
     pub cuda_graph: bool,
-    /// Run every step eagerly, without capturing a CUDA graph.
+    /// Run every step eagerly, without capturing a CUDA graph [default: off].
     #[arg(long, help_heading = DEVICE)]
     pub no_cuda_graph: bool,
 
