@@ -35,6 +35,6 @@ pub use layout::Layout;
 pub use loss::{CrossEntropyOptions, Reduction};
 pub use rng::Rng;
 pub use sinter_types::Hw;
-pub use tensor::{HostF32, HostF32Mut, StorageStamp, Tensor, TensorId};
+pub use tensor::{HostF32, HostF32Mut, HostValues, StorageStamp, Tensor, TensorId};
 
 pub use half::{bf16, f16};

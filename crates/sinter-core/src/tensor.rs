@@ -4,7 +4,7 @@
 mod cuda_buffers;
 mod host_view;
 mod storage_cell;
-pub use host_view::{HostF32, HostF32Mut};
+pub use host_view::{HostF32, HostF32Mut, HostValues};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLockReadGuard, RwLockWriteGuard};
 pub(crate) use storage_cell::StorageCell;

@@ -21,3 +21,19 @@ pub(crate) fn values(seed: u64, len: usize, lo: f32, hi: f32) -> Vec<f32> {
         })
         .collect()
 }
+
+/// Whether NVRTC and the CUDA headers are here for the folders' compile tests: false (with a
+/// note) when they are not, unless SINTER_REQUIRE_NVRTC=1 (CI), where that fails the test.
+pub(crate) fn nvrtc_available() -> bool {
+    use sinter_cuda::nvrtc;
+    if nvrtc::nvrtc_present() && nvrtc::find_cuda_include().is_ok() {
+        return true;
+    }
+    let required = std::env::var("SINTER_REQUIRE_NVRTC").is_ok_and(|v| v == "1");
+    assert!(
+        !required,
+        "SINTER_REQUIRE_NVRTC=1 but NVRTC or the CUDA headers are missing"
+    );
+    eprintln!("skipped: NVRTC not found (run .ci/nvrtc-setup)");
+    false
+}

@@ -59,6 +59,23 @@ impl DerefMut for HostF32Mut<'_> {
     }
 }
 
+/// A tensor's f32 elements on the host: in place when it is a contiguous CPU f32 tensor
+/// ([`HostF32`]), else a contiguous f32 copy ([`Tensor::host_values`]).
+pub enum HostValues<'a> {
+    InPlace(HostF32<'a>),
+    Copied(Vec<f32>),
+}
+
+impl Deref for HostValues<'_> {
+    type Target = [f32];
+    fn deref(&self) -> &[f32] {
+        match self {
+            HostValues::InPlace(v) => v,
+            HostValues::Copied(v) => v,
+        }
+    }
+}
+
 /// The element range a contiguous view of `storage` covers, when it is CPU f32 data.
 fn f32_range(t: &Tensor, storage: &Storage) -> Option<Range<usize>> {
     let l = t.layout();
@@ -73,6 +90,15 @@ impl Tensor {
         let guard = self.storage();
         let range = f32_range(self, &guard)?;
         Some(HostF32 { guard, range })
+    }
+
+    /// This tensor's elements as f32 on the host: read in place when [`Tensor::host_f32`]
+    /// can, else copied (another dtype, layout or device).
+    pub fn host_values(&self) -> crate::Result<HostValues<'_>> {
+        Ok(match self.host_f32() {
+            Some(v) => HostValues::InPlace(v),
+            None => HostValues::Copied(self.to_vec_f32()?),
+        })
     }
 
     /// This tensor's elements for writing in place, row-major, when it is a contiguous f32

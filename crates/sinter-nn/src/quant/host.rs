@@ -3,12 +3,12 @@
 //! the layers, the weights and `quant/mod.rs`, so that each can use it without an import
 //! circle.
 
-use sinter_core::{bail, is_grad_enabled, Device, Result, Tensor};
+use sinter_core::{bail, is_grad_enabled, Device, HostValues, Result, Tensor};
 
 /// The f32 values of a CPU float input of an int8 layer, refusing what the int8 path cannot
 /// honour: a CUDA tensor, a non-float one, or one whose gradient is being tracked. A
 /// contiguous f32 tensor is read in place (no copy).
-pub(crate) fn cpu_input<'a>(x: &'a Tensor, layer: &str) -> Result<HostInput<'a>> {
+pub(crate) fn cpu_input<'a>(x: &'a Tensor, layer: &str) -> Result<HostValues<'a>> {
     if x.device() != Device::Cpu {
         bail!("{layer}: this int8 layer runs on the CPU only (int8 Linears and embeddings run on CUDA too), and this input is on {}; run the quantized model with --device cpu (or use the f32 checkpoint on the GPU)", x.device());
     }
@@ -18,26 +18,7 @@ pub(crate) fn cpu_input<'a>(x: &'a Tensor, layer: &str) -> Result<HostInput<'a>>
     if is_grad_enabled() && x.tracks_grad() {
         bail!("{layer}: int8 layers are for inference and pass no gradient; run the model under no_grad (eval, predict and generate do)");
     }
-    Ok(match x.host_f32() {
-        Some(v) => HostInput::InPlace(v),
-        None => HostInput::Copied(x.to_vec_f32()?),
-    })
-}
-
-/// An int8 layer's input values: the tensor's own elements, or a contiguous f32 copy.
-pub(crate) enum HostInput<'a> {
-    InPlace(sinter_core::HostF32<'a>),
-    Copied(Vec<f32>),
-}
-
-impl std::ops::Deref for HostInput<'_> {
-    type Target = [f32];
-    fn deref(&self) -> &[f32] {
-        match self {
-            HostInput::InPlace(v) => v,
-            HostInput::Copied(v) => v,
-        }
-    }
+    x.host_values()
 }
 
 /// A small CPU tensor's values (biases).

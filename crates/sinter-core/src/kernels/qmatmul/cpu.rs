@@ -18,8 +18,8 @@ pub(super) fn forward(
 ) -> Result<Vec<f32>> {
     let (first, scales) = planes[0];
     let (k, n) = (first.k(), first.n());
-    let xs = Host::of(x)?;
-    let bias = bias.map(Host::of).transpose()?;
+    let xs = x.host_values()?;
+    let bias = bias.map(Tensor::host_values).transpose()?;
     let rows = xs.len() / k.max(1);
     let mut y = vec![0f32; rows * n];
     linear_dynamic_planes(
@@ -38,29 +38,4 @@ pub(super) fn forward(
     )
     .map_err(|e| Error::Msg(format!("qmatmul: {e}")))?;
     Ok(y)
-}
-
-/// A tensor's f32 elements on the host: its own when it is contiguous f32, else a copy.
-enum Host<'a> {
-    InPlace(crate::HostF32<'a>),
-    Copied(Vec<f32>),
-}
-
-impl<'a> Host<'a> {
-    fn of(t: &'a Tensor) -> Result<Host<'a>> {
-        Ok(match t.host_f32() {
-            Some(v) => Host::InPlace(v),
-            None => Host::Copied(t.to_vec_f32()?),
-        })
-    }
-}
-
-impl std::ops::Deref for Host<'_> {
-    type Target = [f32];
-    fn deref(&self) -> &[f32] {
-        match self {
-            Host::InPlace(v) => v,
-            Host::Copied(v) => v,
-        }
-    }
 }
