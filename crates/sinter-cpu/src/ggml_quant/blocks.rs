@@ -14,7 +14,7 @@
 use bytemuck::{Pod, Zeroable};
 use half::f16;
 
-use super::{GgmlType, QK_K};
+use super::types::{GgmlError, GgmlType, QK_K};
 
 /// A GGML quantized block: `ELEMS` values in `size_of::<Self>()` bytes.
 pub trait GgmlBlock: Pod + Send + Sync {
@@ -401,5 +401,65 @@ impl GgmlBlock for BlockQ8K {
         for (o, &q) in out.iter_mut().zip(&self.qs) {
             *o = d * q as f32;
         }
+    }
+}
+
+/// The sizes of each type's blocks: they follow from the layouts above.
+impl GgmlType {
+    /// Values in one block (1 for the plain float types).
+    pub fn block_elems(self) -> usize {
+        match self {
+            GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => 1,
+            GgmlType::Q4_0 => BlockQ4_0::ELEMS,
+            GgmlType::Q4_1 => BlockQ4_1::ELEMS,
+            GgmlType::Q5_0 => BlockQ5_0::ELEMS,
+            GgmlType::Q5_1 => BlockQ5_1::ELEMS,
+            GgmlType::Q8_0 => BlockQ8_0::ELEMS,
+            GgmlType::Q2_K => BlockQ2K::ELEMS,
+            GgmlType::Q3_K => BlockQ3K::ELEMS,
+            GgmlType::Q4_K => BlockQ4K::ELEMS,
+            GgmlType::Q5_K => BlockQ5K::ELEMS,
+            GgmlType::Q6_K => BlockQ6K::ELEMS,
+            GgmlType::Q8_K => BlockQ8K::ELEMS,
+        }
+    }
+
+    /// Bytes of one block.
+    pub fn block_bytes(self) -> usize {
+        use std::mem::size_of;
+        match self {
+            GgmlType::F32 => 4,
+            GgmlType::F16 | GgmlType::BF16 => 2,
+            GgmlType::Q4_0 => size_of::<BlockQ4_0>(),
+            GgmlType::Q4_1 => size_of::<BlockQ4_1>(),
+            GgmlType::Q5_0 => size_of::<BlockQ5_0>(),
+            GgmlType::Q5_1 => size_of::<BlockQ5_1>(),
+            GgmlType::Q8_0 => size_of::<BlockQ8_0>(),
+            GgmlType::Q2_K => size_of::<BlockQ2K>(),
+            GgmlType::Q3_K => size_of::<BlockQ3K>(),
+            GgmlType::Q4_K => size_of::<BlockQ4K>(),
+            GgmlType::Q5_K => size_of::<BlockQ5K>(),
+            GgmlType::Q6_K => size_of::<BlockQ6K>(),
+            GgmlType::Q8_K => size_of::<BlockQ8K>(),
+        }
+    }
+
+    /// Bytes that `n` values of this type take. ggml quantizes along rows, so `n` (a row's
+    /// length, or a whole tensor's) must be whole blocks; an error says so otherwise.
+    pub fn bytes_for(self, n: usize) -> Result<usize, GgmlError> {
+        let be = self.block_elems();
+        if !n.is_multiple_of(be) {
+            return Err(GgmlError(format!(
+                "{n} values are not whole {} blocks of {be}: every row of a {} tensor must be a multiple of {be} long",
+                self.name(),
+                self.name()
+            )));
+        }
+        (n / be).checked_mul(self.block_bytes()).ok_or_else(|| {
+            GgmlError(format!(
+                "{n} {} values take more bytes than fit in memory",
+                self.name()
+            ))
+        })
     }
 }
