@@ -469,9 +469,14 @@ impl QuantPart {
                 .zip(og.chunks_mut(task_rows * m))
                 .map(|(w, o)| (w, o, true))
                 .collect();
-            if !wr.is_empty() {
-                jobs.push((wr, or, false));
-            }
+            // Rows after the groups (all of a k-quant's) are split as evenly: one job would
+            // leave the other threads idle through the whole product.
+            let rest_rows = (self.rows - self.grouped).div_ceil(tasks).max(1);
+            jobs.extend(
+                (wr.chunks(rest_rows * row_bytes))
+                    .zip(or.chunks_mut(rest_rows * m))
+                    .map(|(w, o)| (w, o, false)),
+            );
             if tasks == 1 {
                 jobs.into_iter().for_each(task);
             } else {
