@@ -552,3 +552,21 @@ fn quantize_refuses_partial_blocks_and_unwritable_types() {
         .to_string();
     assert!(e.contains("100") && e.contains("64"), "{e}");
 }
+
+#[test]
+fn q4_k_scales_unpack_at_once_as_one_by_one() {
+    use sinter_cpu::ggml_quant::blocks::{scale_min_k4, scales_mins_k4};
+    let mut rng = Rng(0x5eed);
+    let mut cases: Vec<[u8; 12]> = vec![[0; 12], [0xFF; 12], [0x3F; 12], [0xC0; 12]];
+    cases.extend((0..2000).map(|_| std::array::from_fn(|_| rng.byte())));
+    for q in cases {
+        let (scales, mins) = scales_mins_k4(&q);
+        for j in 0..8 {
+            assert_eq!(
+                (scales[j], mins[j]),
+                scale_min_k4(j, &q),
+                "sub-block {j} of {q:?}"
+            );
+        }
+    }
+}

@@ -312,6 +312,30 @@ pub fn scale_min_k4(j: usize, q: &[u8; 12]) -> (u8, u8) {
     }
 }
 
+/// All eight (scale, minimum) pairs of [`scale_min_k4`] at once, by word arithmetic on the
+/// twelve bytes (for the dot kernels, where unpacking them one by one cost more than the
+/// products): sub-blocks 0–3 are the low six bits of bytes 0–3 (scales) and 4–7
+/// (minimums); sub-blocks 4–7 take their low four bits from the nibbles of bytes 8–11 (low:
+/// scales, high: minimums) and their top two from the high bits of bytes 0–3 (scales) and
+/// 4–7 (minimums).
+#[inline(always)]
+pub fn scales_mins_k4(q: &[u8; 12]) -> ([u8; 8], [u8; 8]) {
+    const LOW6: u32 = 0x3f3f_3f3f;
+    const LOW4: u32 = 0x0f0f_0f0f;
+    const TOP2: u32 = 0x0303_0303;
+    let word = |i: usize| u32::from_le_bytes([q[4 * i], q[4 * i + 1], q[4 * i + 2], q[4 * i + 3]]);
+    let (w0, w1, w2) = (word(0), word(1), word(2));
+    let scales_hi = (w2 & LOW4) | (((w0 >> 6) & TOP2) << 4);
+    let mins_hi = ((w2 >> 4) & LOW4) | (((w1 >> 6) & TOP2) << 4);
+    let join = |lo: u32, hi: u32| {
+        let mut out = [0u8; 8];
+        out[..4].copy_from_slice(&lo.to_le_bytes());
+        out[4..].copy_from_slice(&hi.to_le_bytes());
+        out
+    };
+    (join(w0 & LOW6, scales_hi), join(w1 & LOW6, mins_hi))
+}
+
 impl GgmlBlock for BlockQ4K {
     const TYPE: GgmlType = GgmlType::Q4_K;
     const ELEMS: usize = QK_K;

@@ -10,7 +10,9 @@
 use std::arch::x86_64::*;
 
 use super::act::{ActQ8, ActQ8K, DotPath};
-use super::blocks::{scale_min_k4, BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ6K, BlockQ8_0};
+use super::blocks::{
+    scale_min_k4, scales_mins_k4, BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ6K, BlockQ8_0,
+};
 use super::dot_scalar::{q4_k_mins, q6_k_offset};
 use super::groups::GROUP;
 use super::{row_blocks as blocks, GgmlType};
@@ -364,14 +366,18 @@ unsafe fn q4_k<M: Madd, const R: usize>(w: &[BlockQ4K], x: [&[ActQ8K]; R]) -> [f
     unsafe {
         let m4 = _mm256_set1_epi8(0x0F);
         let mut acc = [_mm256_setzero_ps(); R];
-        let mut mins = [0f32; R];
+        // Σ dmin·d_x·m_j·(sum of sub-block j's activations), subtracted at the end.
+        let mut acc_min = [_mm256_setzero_ps(); R];
         for (b, w) in w.iter().enumerate() {
+            let (sc, mn) = scales_mins_k4(&w.scales);
+            // Each sub-block's minimum twice, as 16 i16 lanes: a `vpmaddwd` with the 16
+            // activation sums of 16 values then gives each sub-block's Σ m_j·x in one lane.
+            let mn = _mm_loadl_epi64(mn.as_ptr() as *const __m128i);
+            let mins = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(mn, mn));
             let mut sumi = [_mm256_setzero_si256(); R];
             // 32 bytes of qs per pair of sub-blocks: low nibbles are sub-block 2p, high 2p + 1.
             for pair in 0..4 {
-                let (sc0, _) = scale_min_k4(2 * pair, &w.scales);
-                let (sc1, _) = scale_min_k4(2 * pair + 1, &w.scales);
-                let (sc0, sc1) = (sc0 as i32, sc1 as i32);
+                let (sc0, sc1) = (sc[2 * pair] as i32, sc[2 * pair + 1] as i32);
                 let q = load_u8(&w.qs[32 * pair..]);
                 let lo = _mm256_and_si256(q, m4);
                 let hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
@@ -389,14 +395,16 @@ unsafe fn q4_k<M: Madd, const R: usize>(w: &[BlockQ4K], x: [&[ActQ8K]; R]) -> [f
                 let x = &x[r][b];
                 let dd = _mm256_set1_ps(d * x.d);
                 acc[r] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(sumi[r]), acc[r]);
-                mins[r] += dmin * x.d * q4_k_mins(w, x) as f32;
+                let bsums = _mm256_loadu_si256(x.bsums.as_ptr() as *const __m256i);
+                let m = _mm256_cvtepi32_ps(_mm256_madd_epi16(bsums, mins));
+                acc_min[r] = _mm256_fmadd_ps(_mm256_set1_ps(dmin * x.d), m, acc_min[r]);
             }
         }
         // A loop, not array::from_fn: a closure would not inherit the target features, and
         // its call of `hsum` would not inline.
         let mut out = [0f32; R];
         for r in 0..R {
-            out[r] = hsum(acc[r]) - mins[r];
+            out[r] = hsum(acc[r]) - hsum(acc_min[r]);
         }
         out
     }
