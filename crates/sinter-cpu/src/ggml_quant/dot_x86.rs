@@ -10,10 +10,7 @@
 use std::arch::x86_64::*;
 
 use super::act::{ActQ8, ActQ8K, DotPath};
-use super::blocks::{
-    scale_min_k4, scales_mins_k4, BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ6K, BlockQ8_0,
-};
-use super::dot_scalar::{q4_k_mins, q6_k_offset};
+use super::blocks::{scales_mins_k4, BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ6K, BlockQ8_0};
 use super::groups::GROUP;
 use super::{row_blocks as blocks, GgmlType};
 
@@ -415,8 +412,9 @@ unsafe fn q6_k<M: Madd, const R: usize>(w: &[BlockQ6K], x: [&[ActQ8K]; R]) -> [f
     unsafe {
         let (m4, m2) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(3));
         let mut acc = [_mm256_setzero_ps(); R];
-        let mut offset = [0f32; R];
         for (b, w) in w.iter().enumerate() {
+            // The sixteen scales as i16 lanes, for the offset (below).
+            let scales = _mm256_cvtepi8_epi16(_mm_loadu_si128(w.scales.as_ptr() as *const __m128i));
             let mut sumi = [_mm256_setzero_si256(); R];
             // As `BlockQ6K::dequantize`: value 128h + 32k + l has its low 4 bits in
             // ql[64h + 32(k % 2) + l] (low nibble for k < 2), its high 2 in qh[32h + l] at bit
@@ -445,16 +443,20 @@ unsafe fn q6_k<M: Madd, const R: usize>(w: &[BlockQ6K], x: [&[ActQ8K]; R]) -> [f
             let d = f16v(w.d);
             for r in 0..R {
                 let x = &x[r][b];
-                let dd = d * x.d;
-                acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(dd), _mm256_cvtepi32_ps(sumi[r]), acc[r]);
-                offset[r] += dd * q6_k_offset(w, x) as f32;
+                // The values are stored + 32: subtract 32·Σ scale·(sum of its 16 activations)
+                // (`q6_k_offset`), in lanes, while still integers (|sum| < 2^31: 256·63·127·127).
+                let bsums = _mm256_loadu_si256(x.bsums.as_ptr() as *const __m256i);
+                let offset = _mm256_slli_epi32(_mm256_madd_epi16(scales, bsums), 5);
+                let sumi = _mm256_sub_epi32(sumi[r], offset);
+                let dd = _mm256_set1_ps(d * x.d);
+                acc[r] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(sumi), acc[r]);
             }
         }
         // A loop, not array::from_fn: a closure would not inherit the target features, and
         // its call of `hsum` would not inline.
         let mut out = [0f32; R];
         for r in 0..R {
-            out[r] = hsum(acc[r]) - offset[r];
+            out[r] = hsum(acc[r]);
         }
         out
     }
