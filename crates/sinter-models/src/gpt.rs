@@ -17,10 +17,12 @@
 mod decode;
 mod generate;
 mod host_step;
+mod kv_cache;
 mod sampling;
 mod sequence;
 
 pub use generate::GenerateOptions;
+pub use kv_cache::KvCache;
 pub use sampling::{sample_token, SamplingParams};
 pub use sequence::{ContextPolicy, GptSequence};
 
@@ -311,29 +313,6 @@ pub struct Gpt {
     fast_path: bool,
     /// The host decode step's buffers, kept between steps (`host_step`).
     scratch: Mutex<host_step::Scratch>,
-}
-
-/// The keys and values of every layer for the positions generated so far (batch as given
-/// to `Gpt::kv_cache`, capacity `block_size`).
-pub struct KvCache {
-    pub layers: Vec<LayerKvCache>,
-}
-
-impl KvCache {
-    /// Positions cached.
-    pub fn len(&self) -> usize {
-        self.layers.first().map_or(0, |l| l.len)
-    }
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-    pub fn capacity(&self) -> usize {
-        self.layers.first().map_or(0, |l| l.capacity())
-    }
-    /// Forgets every position (the buffers are kept).
-    pub fn clear(&mut self) {
-        self.layers.iter_mut().for_each(|l| l.len = 0);
-    }
 }
 
 impl Gpt {

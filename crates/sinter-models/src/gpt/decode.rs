@@ -11,7 +11,7 @@
 use sinter_core::{bail, fused, no_grad, Device, Result, Tensor};
 use sinter_nn::Module;
 
-use super::host_step::{host_cache, StepRow};
+use super::host_step::{host_cache, DecoderParts, HostModel, StepRow};
 use super::{Gpt, GptSequence, KvCache};
 
 impl Gpt {
@@ -207,5 +207,44 @@ impl Gpt {
         Ok(self
             .prefill(seq, usize::MAX)?
             .expect("a whole prefill returns logits"))
+    }
+}
+
+impl Gpt {
+    /// The host step's view of this model, or None when the tensor path must run (see
+    /// `host_step`'s module comment).
+    pub(crate) fn host_model(&self) -> Option<HostModel<'_>> {
+        let c = &self.config;
+        HostModel::of(DecoderParts {
+            wte: &self.wte,
+            wpe: self.wpe.as_ref(),
+            blocks: &self.blocks,
+            ln_f: &self.ln_f,
+            lm_head: self.lm_head.as_ref(),
+            mlp: c.arch.mlp,
+            sliding_window: c.arch.sliding_window.is_some(),
+            c: c.n_embd,
+            heads: c.n_head,
+            kv_heads: c.n_kv_head(),
+            head_dim: c.head_dim(),
+            vocab: c.vocab_size,
+            n_pos: c.block_size,
+            eps: c.arch.norm_eps,
+        })
+    }
+
+    /// Packs the f32 weights of the projections and of the head for the host step's
+    /// GEMMs (see `PackedWeights`); later steps and prefills use the packs. For inference:
+    /// a step that finds any packed weight written since (trained, loaded, edited in place,
+    /// moved or replaced: its `storage_stamp` changed) drops the packs and reads the weights
+    /// in place again; call this again to re-pack. The packs take as much memory as the
+    /// weights. Returns false (nothing packed) where the host step does not run (CUDA, half
+    /// precision, calibration).
+    pub fn pack_weights(&self) -> Result<bool> {
+        let Some(m) = self.host_model() else {
+            return Ok(false);
+        };
+        (self.scratch.lock().unwrap_or_else(|e| e.into_inner())).pack(&m)?;
+        Ok(true)
     }
 }

@@ -27,6 +27,7 @@
 mod weights;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 
 use sinter_core::{bail, DType, Device, HostF32, Result};
 use sinter_cpu::gemm::PackedB;
@@ -34,9 +35,10 @@ use sinter_cpu::math::cached_attention::{attend_row, CachedHead};
 use sinter_cpu::math::rms_norm::rms_norm_rows;
 use sinter_cpu::math::{swiglu_isa, Activation};
 use sinter_cpu::Isa;
-use sinter_nn::transformer::MlpKind;
+use sinter_nn::transformer::{MlpKind, Norm};
+use sinter_nn::{Embedding, Linear, TransformerBlock};
 
-use super::{Gpt, KvCache};
+use super::kv_cache::KvCache;
 use weights::{host, Fingerprint, HostNorm, Proj, Stats, Table};
 
 /// One row of a step: `token` at position `pos` of the sequence whose cache is
@@ -257,16 +259,34 @@ pub(crate) struct HostModel<'a> {
     isa: Isa,
 }
 
-impl Gpt {
-    /// The host step's view of this model, or None when the tensor path must run (see the
+/// What of a decoder the host step reads, borrowed from the model (`Gpt::host_model` fills
+/// it): the modules and the sizes the blocks do not carry.
+pub(crate) struct DecoderParts<'a> {
+    pub wte: &'a Embedding,
+    pub wpe: Option<&'a Embedding>,
+    pub blocks: &'a [Arc<TransformerBlock>],
+    pub ln_f: &'a Norm,
+    pub lm_head: Option<&'a Linear>,
+    pub mlp: MlpKind,
+    pub sliding_window: bool,
+    pub c: usize,
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    pub vocab: usize,
+    pub n_pos: usize,
+    pub eps: f32,
+}
+
+impl<'a> HostModel<'a> {
+    /// The host step's view of a decoder, or None when the tensor path must run (see the
     /// module comment).
-    pub(crate) fn host_model(&self) -> Option<HostModel<'_>> {
+    pub(crate) fn of(p: DecoderParts<'a>) -> Option<HostModel<'a>> {
         // Kernels exist for these MLPs; a sliding window is the tensor path's.
-        let arch = &self.config.arch;
-        if !matches!(arch.mlp, MlpKind::Gelu | MlpKind::SwiGlu) || arch.sliding_window.is_some() {
+        if !matches!(p.mlp, MlpKind::Gelu | MlpKind::SwiGlu) || p.sliding_window {
             return None;
         }
-        let blocks = (self.blocks.iter())
+        let blocks = (p.blocks.iter())
             .map(|b| {
                 let qk_norm = match (&b.attn.q_norm, &b.attn.k_norm) {
                     (Some(q), Some(k)) => Some((host(&q.weight)?, host(&k.weight)?)),
@@ -283,56 +303,45 @@ impl Gpt {
                 })
             })
             .collect::<Option<Vec<_>>>()?;
-        let c = &self.config;
-        let wpe = match &self.wpe {
+        let wpe = match p.wpe {
             Some(e) => Some(Table::of(e)?),
             None => None,
         };
-        let head = match &self.lm_head {
+        let head = match p.lm_head {
             Some(l) => Head::Own(Proj::of(l)?),
             None => Head::Tied,
         };
-        let first = self.blocks.first()?;
-        let inv_freq = (first.attn.rope.as_ref()).map(|r| r.config.inv_freq(c.head_dim()));
+        let first = p.blocks.first()?;
+        let inv_freq = (first.attn.rope.as_ref()).map(|r| r.config.inv_freq(p.head_dim));
         Some(HostModel {
-            wte: Table::of(&self.wte)?,
+            wte: Table::of(p.wte)?,
             wpe,
             blocks,
-            ln_f: HostNorm::of(&self.ln_f)?,
+            ln_f: HostNorm::of(p.ln_f)?,
             head,
             inv_freq,
             dims: Dims {
-                c: c.n_embd,
-                heads: c.n_head,
-                kv_heads: c.n_kv_head(),
-                head_dim: c.head_dim(),
+                c: p.c,
+                heads: p.heads,
+                kv_heads: p.kv_heads,
+                head_dim: p.head_dim,
                 hidden: first.mlp.proj.in_features(),
                 mlp: first.mlp.kind,
-                vocab: c.vocab_size,
-                n_pos: c.block_size,
-                eps: c.arch.norm_eps,
+                vocab: p.vocab,
+                n_pos: p.n_pos,
+                eps: p.eps,
             },
             isa: Isa::get(),
         })
     }
+}
 
-    /// Packs the f32 weights of the projections and of the head for the host step's
-    /// GEMMs (see `PackedWeights`); later steps and prefills use the packs. For inference:
-    /// a step that finds any packed weight written since (trained, loaded, edited in place,
-    /// moved or replaced: its `storage_stamp` changed) drops the packs and reads the weights
-    /// in place again; call this again to re-pack. The packs take as much memory as the
-    /// weights. Returns false (nothing packed) where the host step does not run (CUDA, half
-    /// precision, calibration).
-    pub fn pack_weights(&self) -> Result<bool> {
-        let Some(m) = self.host_model() else {
-            return Ok(false);
-        };
-        let packed = PackedWeights::of(&m)?;
-        self.scratch
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .packed = Some(packed);
-        Ok(true)
+impl Scratch {
+    /// Packs `m`'s f32 projection and head weights for the GEMMs (`PackedWeights`); later
+    /// steps use the packs while they match the model.
+    pub(crate) fn pack(&mut self, m: &HostModel) -> Result<()> {
+        self.packed = Some(PackedWeights::of(m)?);
+        Ok(())
     }
 }
 
