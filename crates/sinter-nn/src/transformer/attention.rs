@@ -13,9 +13,9 @@
 
 use sinter_core::{bail, fused, DType, Device, Result, Rng, Tensor};
 
+use super::config::BlockConfig;
 use super::norm::RmsNorm;
 use super::rope::Rope;
-use super::BlockConfig;
 use crate::init;
 use crate::layers::{Dropout, Linear};
 use crate::module::{join, Module, NamedTensor, SharedRng};

@@ -4,42 +4,12 @@
 use sinter_core::{Result, Rng, Tensor};
 
 use super::attention::init_linear;
-use super::BlockConfig;
+use super::config::{BlockConfig, MlpKind};
 use crate::layers::{Dropout, Linear};
 use crate::module::{join, Module, NamedTensor, SharedRng};
 
-/// Which feed-forward network a block uses.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum MlpKind {
-    /// proj(GELU_tanh(fc(x))), fc [hidden, width].
-    #[default]
-    Gelu,
-    /// proj(GELU_erf(fc(x))): the exact GELU (BERT's `"gelu"`).
-    GeluErf,
-    /// proj(ReLU(fc(x))).
-    Relu,
-    /// proj(SiLU(fc(x))).
-    Silu,
-    /// proj(SiLU(gate(x)) · up(x)); gate and up are packed in `fc` as [gate; up]
-    /// [2·hidden, width] so both come from one GEMM.
-    SwiGlu,
-    /// proj(GELU_tanh(gate(x)) · up(x)), packed like SwiGLU.
-    GeGlu,
-}
-
+/// The activation of an MLP kind, beside the MLP that applies it.
 impl MlpKind {
-    /// Whether `fc` holds a gate and an up projection.
-    pub fn gated(self) -> bool {
-        matches!(self, MlpKind::SwiGlu | MlpKind::GeGlu)
-    }
-    /// Rows of `fc`'s weight for an inner width of `hidden`.
-    pub fn fc_rows(self, hidden: usize) -> usize {
-        if self.gated() {
-            2 * hidden
-        } else {
-            hidden
-        }
-    }
     /// The activation of `fc`'s output h: [.., fc_rows] → [.., hidden] (SwiGLU's fused
     /// kernel for f32 on the CPU).
     pub fn activate(self, h: &Tensor) -> Result<Tensor> {
