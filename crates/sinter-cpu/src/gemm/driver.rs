@@ -602,8 +602,8 @@ mod tests {
 
     #[test]
     fn b_is_read_in_place_for_skinny_products_and_packed_for_large_ones() {
-        // Zen 3's blocks: kc 368, mc 176, L2 512 KiB. Internal rows are C's columns.
-        let pays = |k: usize, rows, cols| in_place_pays(368.min(k), rows, cols, 176, 512 << 10);
+        // Zen 3's AVX2 blocks: kc 512, mc 128, L2 512 KiB. Internal rows are C's columns.
+        let pays = |k: usize, rows, cols| in_place_pays(512.min(k), rows, cols, 128, 512 << 10);
         assert!(!pays(2048, 2048, 2048), "2048³ packs B");
         assert!(!pays(1024, 1024, 1024), "1024³ packs B");
         assert!(pays(256, 256, 256), "256³: B fits in L2");
