@@ -388,8 +388,9 @@ fn threaded_products_match_the_single_threaded_ones_bit_for_bit() {
 }
 
 /// Products with every side ≥ 512 run on threads that share B's packed blocks and take row
-/// blocks as they go (driver.rs `run_shared`); B is read in place (row-major A) or packed
-/// (transposed A), k crosses several k blocks and no side is a multiple of a tile.
+/// blocks as they go (driver.rs `run_shared`); B is read in place or packed by a transposing
+/// copy (row-major A, as the caches decide) or packed (transposed A), k crosses several k
+/// blocks and no side is a multiple of a tile.
 #[test]
 fn shared_threaded_products_match_one_thread_bit_for_bit_and_the_reference() {
     use Layout::*;
@@ -830,6 +831,36 @@ fn thin_products_x_times_w_transposed_match_the_reference() {
                     100 + s as u64,
                 );
             }
+        }
+    }
+}
+
+/// A row-major A (the driver's B with contiguous k) too large for L2 and swept by several
+/// row blocks is packed by a transposing copy instead of read in place (driver.rs
+/// `in_place_pays`; with L2 ≤ 2 MiB this shape's B block does not fit). Both its single-thread
+/// path and the shared threaded one, over several k blocks, with β and an epilogue, against
+/// the reference.
+#[test]
+fn large_row_major_a_packed_by_transposing_copy_matches_the_reference() {
+    use Layout::*;
+    let (m, n, k) = (700, 203, 400);
+    for isa in Isa::available() {
+        for threads in [1, 2] {
+            check_case(
+                isa,
+                m,
+                n,
+                k,
+                RowMajor,
+                RowMajor,
+                RowMajor,
+                0.5,
+                1.0,
+                true,
+                Activation::Relu,
+                threads,
+                17,
+            );
         }
     }
 }

@@ -88,8 +88,19 @@ impl Blocking {
     /// Blocks for a micro-kernel of mr × nr on caches `c`.
     pub fn for_kernel(mr: usize, nr: usize, c: CacheSizes) -> Blocking {
         const F32: usize = 4;
-        // One micro-panel of A (mr × kc) and one of B (kc × nr) fit in L1 together.
-        let kc = (c.l1d / ((mr + nr) * F32)).clamp(128, 512) / 8 * 8;
+        let kc = if mr <= 16 {
+            // Tiles of 16 rows or fewer (AVX2's 16 × 6, scalar): the B micro-panel reused
+            // across the row panels fills 3/8 of L1 and A's panels stream through the rest. kc
+            // 512 instead of the rule below's 368 cuts the passes over C (2048: 6 → 4) and the
+            // tile stores: 1.05–1.1× at 1024³–2048³ and on gpt-tiny's k = 512–768 products on
+            // 2 threads, Zen 3 (2026-11-29, benches/gemm.rs with SINTER_GEMM_KC).
+            c.l1d * 3 / 8 / (nr * F32)
+        } else {
+            // AVX-512's 32-row tiles (not re-measured): one micro-panel of A (mr × kc) and
+            // one of B (kc × nr) fit in L1 together.
+            c.l1d / ((mr + nr) * F32)
+        };
+        let kc = kc.clamp(128, 512) / 8 * 8;
         let mc = (c.l2 / 2 / (kc * F32)).clamp(mr, 1024) / mr * mr;
         // One quarter of L3 (it is shared by the cores).
         let nc = (c.l3 / 4 / (kc * F32)).clamp(nr, 4096) / nr * nr;
@@ -125,6 +136,19 @@ mod tests {
             // The A block fits in L2.
             assert!(b.mc * b.kc * 4 <= c.l2, "{b:?} {c:?}");
         }
+    }
+
+    #[test]
+    fn avx2_tiles_take_kc_512_on_32_kib_l1_and_avx512_tiles_keep_their_rule() {
+        let zen3 = CacheSizes {
+            l1d: 32 << 10,
+            l2: 512 << 10,
+            l3: 32 << 20,
+        };
+        let avx2 = Blocking::for_kernel(16, 6, zen3);
+        assert_eq!((avx2.kc, avx2.mc), (512, 128), "{avx2:?}");
+        // (32 + 12) · 4 bytes per k in 32 KiB: 186, rounded down to 184.
+        assert_eq!(Blocking::for_kernel(32, 12, zen3).kc, 184);
     }
 
     #[test]

@@ -17,7 +17,7 @@ use rayon::prelude::*;
 
 use super::blocking::{Blocking, CacheSizes};
 use super::kernel::{
-    microkernel, microkernel_kcontig_b, store_tile, store_tile_strided, Acc, TileOut,
+    microkernel, microkernel_kcontig_b, prefetch_tile, store_tile, store_tile_strided, Acc, TileOut,
 };
 use super::pack::{pack_panels, Src};
 use crate::math::activation::Activation;
@@ -191,6 +191,7 @@ impl BBlock {
         pc: usize,
         kcb: usize,
         panels: *const f32,
+        in_place: bool,
     ) -> Self {
         BBlock {
             jc,
@@ -202,11 +203,49 @@ impl BBlock {
                 fs: p.csb,
                 ks: p.rsb,
             },
-            // B with contiguous k is read in place (see microkernel_kcontig_b).
-            in_place: p.rsb == 1 && p.csb != 1,
+            in_place,
             panels,
         }
     }
+}
+
+/// Tuning switches read once from the environment (for measuring; unset: the measured
+/// defaults): SINTER_GEMM_B_IN_PLACE = 0 / 1 forces packing / in-place reading of a B whose k
+/// is contiguous (see [`b_in_place`]); SINTER_GEMM_PREFETCH_C = 0 / 1 turns the C-tile
+/// prefetch off / on.
+struct Tuning {
+    b_in_place: Option<bool>,
+    prefetch_c: Option<bool>,
+}
+
+fn tuning() -> &'static Tuning {
+    static ONCE: std::sync::OnceLock<Tuning> = std::sync::OnceLock::new();
+    ONCE.get_or_init(|| {
+        let flag = |k: &str| std::env::var(k).ok().map(|v| v.trim() != "0");
+        Tuning {
+            b_in_place: flag("SINTER_GEMM_B_IN_PLACE"),
+            prefetch_c: flag("SINTER_GEMM_PREFETCH_C"),
+        }
+    })
+}
+
+/// Whether a B whose k is contiguous is read in place by the micro-kernel (packing it is a
+/// transposing copy) for `rows` × `cols` of C in k blocks of `kc` (see [`in_place_pays`]).
+fn b_in_place(p: &Problem, kc: usize, rows: usize, cols: usize, mc: usize) -> bool {
+    let kcontig = p.rsb == 1 && p.csb != 1;
+    kcontig
+        && tuning()
+            .b_in_place
+            .unwrap_or_else(|| in_place_pays(kc.min(p.k), rows, cols, mc, CacheSizes::get().l2))
+}
+
+/// Reading B in place pays while its kc × cols block stays in L2 or is swept once (one row
+/// block of `mc`): the skinny products of training (kc 128, 768 columns) ran 1.05–1.25× faster
+/// in place than packed. A larger block swept once per row block streams from L3 or memory
+/// as NR strided rows that the prefetcher follows badly; packed once and shared by the row
+/// blocks, 2048³ ran ~1.1–1.3× faster on 2 threads (Zen 3, 2026-11-29, `benches/gemm.rs`).
+fn in_place_pays(kc: usize, rows: usize, cols: usize, mc: usize, l2: usize) -> bool {
+    kc * cols * std::mem::size_of::<f32>() <= l2 || rows <= mc
 }
 
 /// The tiles of C's rows ic..ic + mcb against the B block `b`: packs A's block into `abuf`
@@ -241,6 +280,13 @@ unsafe fn run_block<S: Simd, const MV: usize, const NR: usize>(
     for jr in (0..ncb).step_by(NR) {
         let bp = b.panels.add(jr * kcb);
         for ir in (0..mcb).step_by(mr) {
+            let (rows, cols) = (mr.min(mcb - ir), NR.min(ncb - jr));
+            // Prefetching the C tile was measured on AVX2 (Zen 3) only: the AVX-512 path (16
+            // lanes) is left as it was until someone measures it there.
+            if p.rsc == 1 && tuning().prefetch_c.unwrap_or(S::LANES <= 8) {
+                let at = (ic + ir) as isize + (b.jc + jr) as isize * p.csc;
+                prefetch_tile(p.c.offset(at), p.csc, rows, cols);
+            }
             let acc = if b.in_place {
                 let last_col = ncb - 1;
                 let cols: [*const f32; NR] = std::array::from_fn(
@@ -252,7 +298,6 @@ unsafe fn run_block<S: Simd, const MV: usize, const NR: usize>(
                 microkernel::<S, MV, NR>(kcb, apanels.add(ir * kcb), bp)
             };
             let beta = if first { p.beta } else { 1.0 };
-            let (rows, cols) = (mr.min(mcb - ir), NR.min(ncb - jr));
             p.store::<S, MV, NR>(&acc, ic + ir, b.jc + jr, rows, cols, beta, last);
         }
     }
@@ -284,10 +329,11 @@ pub(crate) unsafe fn run_range<S: Simd, const MV: usize, const NR: usize>(
     let mut bscratch = Scratch::take(&PACK_B, kc_max * nc.min(cols.len().div_ceil(NR) * NR));
     let mut ascratch = Scratch::take(&PACK_A, kc_max * mc.min(rows.len().div_ceil(mr) * mr));
     let (bbuf, abuf) = (bscratch.slice(), ascratch.slice());
+    let in_place = b_in_place(p, kc_max, rows.len(), nc.min(cols.len()), mc);
     for jc in (cols.start..cols.end).step_by(nc) {
         let ncb = nc.min(cols.end - jc);
         for (pc, kcb) in k_blocks(p.k, kc_max) {
-            let b = BBlock::new(p, jc, ncb, pc, kcb, bbuf.as_ptr());
+            let b = BBlock::new(p, jc, ncb, pc, kcb, bbuf.as_ptr(), in_place);
             if !b.in_place {
                 pack_panels(b.src, ncb, b.kcb, NR, bbuf);
             }
@@ -376,7 +422,8 @@ unsafe fn run_shared<S: Simd, const MV: usize, const NR: usize>(
     let kc = blk.kc;
     let (blocks, mcb) = row_blocks(p.m, mr, blk.mc, threads);
     let nc = blk.nc.min(p.n.div_ceil(NR) * NR);
-    if p.rsb == 1 && p.csb != 1 {
+    let in_place = b_in_place(p, kc, p.m, nc, blk.mc);
+    if in_place {
         // B is read in place: nothing is shared, so each row block runs all of its k and
         // column blocks without waiting for the others.
         let next = AtomicUsize::new(0);
@@ -399,7 +446,7 @@ unsafe fn run_shared<S: Simd, const MV: usize, const NR: usize>(
     for jc in (0..p.n).step_by(nc) {
         let ncb = nc.min(p.n - jc);
         for (pc, kcb) in k_blocks(p.k, kc) {
-            let b = Shared(BBlock::new(p, jc, ncb, pc, kcb, bbuf.get()));
+            let b = Shared(BBlock::new(p, jc, ncb, pc, kcb, bbuf.get(), in_place));
             if !b.get().in_place {
                 let panels = ncb.div_ceil(NR);
                 let next = AtomicUsize::new(0);
@@ -551,6 +598,18 @@ mod tests {
                 "{blocks} blocks for {threads} threads, {panels} panels"
             );
         }
+    }
+
+    #[test]
+    fn b_is_read_in_place_for_skinny_products_and_packed_for_large_ones() {
+        // Zen 3's AVX2 blocks: kc 512, mc 128, L2 512 KiB. Internal rows are C's columns.
+        let pays = |k: usize, rows, cols| in_place_pays(512.min(k), rows, cols, 128, 512 << 10);
+        assert!(!pays(2048, 2048, 2048), "2048³ packs B");
+        assert!(!pays(1024, 1024, 1024), "1024³ packs B");
+        assert!(pays(256, 256, 256), "256³: B fits in L2");
+        assert!(pays(128, 512, 768), "gpt-tiny fc1 (768×512×128)");
+        assert!(pays(512, 128, 768), "gpt-tiny fc2: one row block");
+        assert!(pays(4096, 100, 4096), "one row block sweeps B once");
     }
 
     #[test]
