@@ -55,7 +55,9 @@ pub(super) fn takes(dev: &CudaDevice, p: &SdpaProblem, pass: SdpaPass) -> bool {
     match ok {
         Ok(()) => true,
         Err(why) => {
-            if chosen == AttentionBackend::Cudnn && !NOTED.swap(true, Ordering::Relaxed) {
+            // A causal backward on flash is the plan (see the version rules), not news.
+            let news = pass == SdpaPass::Forward;
+            if chosen == AttentionBackend::Cudnn && news && !NOTED.swap(true, Ordering::Relaxed) {
                 eprintln!("sinter: SINTER_ATTENTION=cudnn, but cuDNN cannot take this attention ({why}); using sinter's flash kernel where it cannot");
             }
             false
