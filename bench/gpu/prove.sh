@@ -80,7 +80,11 @@ profile)
 speed)
     D="${OUT_DIR}/speed"
     mkdir -p "${D}"
-    timeout 45 "${CARRY}/sinter" bench gpu attention --out "${D}/sinter_attention.md" > "${D}/sinter_attention.log" 2>&1 || rc=$?
+    # sinter's attention through each backend (about 10 s each: 4 shapes, 1 s of timing each).
+    for b in cudnn flash; do
+        SINTER_ATTENTION="${b}" timeout 25 "${CARRY}/sinter" bench gpu attention \
+            --out "${D}/sinter_attention_${b}.md" > "${D}/sinter_attention_${b}.log" 2>&1 || rc=$?
+    done
     for b in cudnn flash; do
         timeout 45 "${PYTHON}" bench/gpu/torch_sdpa.py --backend "${b}" > "${D}/sdpa_${b}.jsonl" 2> "${D}/sdpa_${b}.log" || rc=$?
     done

@@ -293,3 +293,58 @@ fn the_fused_classifier_loss_trains_like_the_cpu() {
         assert_same_steps(&format!("{name} Model::loss"), &run(dev), &run(Device::Cpu));
     }
 }
+
+/// A GPT step under bf16 autocast (head dim 64, so both cuDNN and sinter's flash kernel take
+/// the attention) with cuDNN's fused attention selected equals the same step with the flash
+/// kernel, loss and gradients, within bf16's rounding; and cuDNN did run (on the emulated
+/// device: the host execution of the SDPA graph a GPU would build).
+#[test]
+fn gpt_step_with_cudnn_attention_matches_flash() {
+    use sinter_core::kernels::attention::{with_attention_backend, AttentionBackend};
+    let Some(dev) = cuda() else { return };
+    let cfg = GptConfig {
+        n_layer: 2,
+        n_head: 2,
+        n_embd: 128,
+        block_size: 16,
+        vocab_size: 29,
+        dropout: 0.0,
+        ..Default::default()
+    };
+    let run = |backend| {
+        with_attention_backend(backend, || {
+            let m = Gpt::new(cfg.clone(), &mut Rng::new(5), &shared_rng(6)).unwrap();
+            train_steps(&m, dev, |m, s, dev| {
+                let (x, y) = batch(s);
+                let _amp = sinter_core::amp::autocast(sinter_core::DType::BF16);
+                m.forward(&x.to_device(dev).unwrap())
+                    .unwrap()
+                    .to_dtype(sinter_core::DType::F32)
+                    .unwrap()
+                    .cross_entropy(&y.to_device(dev).unwrap(), -100)
+                    .unwrap()
+            })
+        })
+    };
+    let recorded = sinter_cuda::runtime::is_emulated();
+    if recorded {
+        sinter_cuda::emulated::cost::start_recording();
+    }
+    let with_cudnn = run(AttentionBackend::Cudnn);
+    if recorded {
+        let calls = sinter_cuda::emulated::cost::stop_recording(0);
+        let sdpa = calls
+            .iter()
+            .filter(|c| c.key.starts_with("cudnn sdpa fwd"))
+            .count();
+        // Two layers, three steps: one forward each.
+        assert!(sdpa >= 6, "cuDNN attention forwards: {sdpa}");
+    }
+    let with_flash = run(AttentionBackend::Flash);
+    for (s, ((lc, gc), (lf, gf))) in with_cudnn.iter().zip(&with_flash).enumerate() {
+        assert_close(&format!("step {s} loss"), &[*lc], &[*lf], 2e-2);
+        for ((n, a), (_, b)) in gc.iter().zip(gf) {
+            assert_close(&format!("step {s} gradient of {n}"), a, b, 5e-2);
+        }
+    }
+}

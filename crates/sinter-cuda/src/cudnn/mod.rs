@@ -27,6 +27,7 @@ use crate::dtype::DType;
 use crate::error::{guard, CudaError, Result};
 
 mod desc;
+pub mod sdpa;
 pub use desc::*;
 
 /// True when convolutions can run through cuDNN: `libcudnn` loads (checked once; never panics),

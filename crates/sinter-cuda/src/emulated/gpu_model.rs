@@ -21,6 +21,12 @@
 //!   (B 16, T 1024, bf16) at the measured 177,253 tokens/s (see `sinter bench gpu-model`).
 //!
 //! The H200 has the H100's SMs and clocks with HBM3e: the same efficiencies, its bandwidth.
+//!
+//! cuDNN's fused attention (calls keyed `cudnn sdpa …`) is PREDICTED, not measured here: its
+//! efficiencies come from public figures (bf16, causal, head dim 64): forward 288 TFLOP/s on an
+//! H100 at T 1k (FlashAttention-3 paper, Fig. 5) = 0.29 of 989.4; backward from NVIDIA's H200
+//! figures for cuDNN 9.19 at T 2k, 264 bwd against 310 fwd, applied to that forward: 0.29 ·
+//! 264 / 310 = 0.25 (the same SMs and clocks as the H100).
 
 use std::collections::BTreeMap;
 
@@ -94,6 +100,9 @@ pub struct Efficiency {
     pub gemm_unaligned_slowdown: f64,
     pub attention_fwd: f64,
     pub attention_bwd: f64,
+    /// cuDNN fused attention, forward and backward (PREDICTED from public figures).
+    pub cudnn_sdpa_fwd: f64,
+    pub cudnn_sdpa_bwd: f64,
     /// Tensor-core conv efficiency (cuDNN, not measured: set to the GEMM ceiling's 0.6).
     pub conv: f64,
     /// Host-device copies over PCIe 5 x16, bytes/s.
@@ -116,6 +125,8 @@ impl Default for Efficiency {
             gemm_unaligned_slowdown: 6.8,
             attention_fwd: 0.063,
             attention_bwd: 0.042,
+            cudnn_sdpa_fwd: 0.29,
+            cudnn_sdpa_bwd: 0.25,
             conv: 0.45,
             pcie: 25e9,
             launch: 4.0e-6,
@@ -180,6 +191,13 @@ pub fn call_time(c: &Call, gpu: &GpuSpec, e: &Efficiency) -> f64 {
     let mem = bytes / (gpu.bandwidth * e.memory(c));
     let tensor_eff = match (c.class, &c.gemm) {
         (OpClass::Gemm, Some(g)) => e.gemm(g, gpu.sm_count),
+        (OpClass::Attention, _) if c.key.starts_with(super::sdpa::KEY_PREFIX) => {
+            if c.key.contains("bwd") {
+                e.cudnn_sdpa_bwd
+            } else {
+                e.cudnn_sdpa_fwd
+            }
+        }
         (OpClass::Attention, _) if c.key.contains("bwd") => e.attention_bwd,
         (OpClass::Attention, _) => e.attention_fwd,
         (OpClass::Conv, _) => e.conv,
@@ -290,6 +308,42 @@ mod tests {
         let odd = ms(&gemm(16384, 50257, 768, false));
         assert!((padded - 1.90).abs() / 1.90 < 0.2, "{padded}");
         assert!((odd - 12.96).abs() / 12.96 < 0.2, "{odd}");
+    }
+
+    #[test]
+    fn cudnn_attention_is_priced_at_its_public_figures() {
+        use crate::cudnn::sdpa::graph::{SdpaGraph, SdpaLayout, SdpaPass, SdpaProblem};
+        let (gpu, e) = (GpuSpec::h100(), Efficiency::default());
+        // GPT-2's attention at B 16, T 1024, d 64, causal.
+        let p = SdpaProblem {
+            b: 16,
+            h: 12,
+            tq: 1024,
+            tk: 1024,
+            d: 64,
+            dtype: crate::dtype::DType::BF16,
+            causal: true,
+            scale: 0.125,
+        };
+        let layout = SdpaLayout::packed(1024, 12, 64);
+        let tflops = |pass| {
+            let g = SdpaGraph::build(&p, &layout, pass).unwrap();
+            let c = super::super::sdpa::sdpa_cost(&g);
+            c.traffic.tensor_flops as f64 / (call_time(&c, &gpu, &e) - e.launch) / 1e12
+        };
+        // Forward 288 TFLOP/s (FA3 paper, H100), backward 0.25 of the peak.
+        let fwd = tflops(SdpaPass::Forward);
+        assert!((fwd - 288.0).abs() < 3.0, "{fwd}");
+        let bwd = tflops(SdpaPass::Backward);
+        assert!((bwd - 0.25 * 989.4).abs() < 3.0, "{bwd}");
+        // The flash kernel's calibration is untouched: a call not keyed `cudnn sdpa`.
+        let flash = Call::new(
+            "flash_attention fwd".into(),
+            OpClass::Attention,
+            Traffic::bytes(0, 0).with_tensor_flops(1 << 40),
+        );
+        let t = (1u64 << 40) as f64 / (call_time(&flash, &gpu, &e) - e.launch) / 1e12;
+        assert!((t - 0.063 * 989.4).abs() < 0.5, "{t}");
     }
 
     #[test]

@@ -15,8 +15,8 @@
 //!   warp checks), on a device of [`SM_COUNT`] SMs so grid-stride loops iterate. The plan is
 //!   checked (kernel name, argument sizes, launch limits) when it is queued.
 //!   `SINTER_CUDA_EMU_ORDER=reverse` runs the threads of every block in reverse order.
-//! - **cuBLASLt** ([`blas`]) and **cuDNN** ([`dnn`]): host reference implementations of the same
-//!   descriptors. **NCCL** ([`collective`]): collectives between ranks (threads or processes on
+//! - **cuBLASLt** ([`blas`]) and **cuDNN** ([`dnn`], fused attention in [`sdpa`]): host
+//!   reference implementations of the same descriptors. **NCCL** ([`collective`]): collectives between ranks (threads or processes on
 //!   one machine) over loopback TCP.
 //! - **CUDA graphs**: capturing records the compute stream's work instead of running it (the
 //!   allocator's capture mode is unchanged); a replay runs the recorded work again, reading the
@@ -33,6 +33,7 @@ pub(crate) mod dnn;
 pub mod gpu_model;
 mod memory;
 mod queue;
+pub mod sdpa;
 pub mod trace;
 
 use std::fmt::Write as _;
@@ -53,6 +54,7 @@ use blas::GemmJob;
 use cost::Call;
 use dnn::ConvJob;
 use queue::{Job, Queue};
+use sdpa::SdpaJob;
 pub use trace::trace_gpu;
 
 /// Make every emulated device of this process a trace-only device shaped like `gpu` (its
@@ -171,7 +173,7 @@ pub(crate) fn report(devices: usize) -> String {
             let _ = writeln!(out, "  cuBLASLt served by a host reference GEMM");
             let _ = writeln!(
                 out,
-                "  cuDNN    served by a host reference convolution (SINTER_CONV=im2col runs im2col + GEMM instead)"
+                "  cuDNN    served by a host reference convolution (SINTER_CONV=im2col runs im2col + GEMM instead) and fused attention (SINTER_CUDA_EMU_CUDNN sets the version it reports)"
             );
             let _ = writeln!(
                 out,
@@ -238,6 +240,7 @@ pub(crate) enum Recorded {
     },
     Gemm(GemmJob),
     Conv(ConvJob),
+    Sdpa(SdpaJob),
     Graph(Arc<[Recorded]>),
 }
 
@@ -266,6 +269,10 @@ impl Recorded {
                     Ok(())
                 }
                 Recorded::Conv(c) => c.run().map_err(|e| e.to_string()),
+                Recorded::Sdpa(a) => {
+                    a.run();
+                    Ok(())
+                }
                 Recorded::Graph(ops) => ops.iter().try_for_each(|op| op.run(order)),
             }
         }
@@ -334,7 +341,7 @@ impl Shared {
             return Err(CudaError::Emulator {
                 op: "capture",
                 msg: format!(
-                    "{op} on the compute stream of emulated device {} while it is being captured into a CUDA graph: only kernels, device copies, memsets, GEMMs and convolutions can be captured here",
+                    "{op} on the compute stream of emulated device {} while it is being captured into a CUDA graph: only kernels, device copies, memsets, GEMMs, convolutions and cuDNN attention can be captured here",
                     self.ordinal
                 ),
             });
@@ -610,6 +617,17 @@ impl EmuDriver {
             .enqueue(Recorded::Conv(ConvJob::new(p, pass, a, b, out)), || {
                 dnn::conv_cost(p, pass)
             })
+    }
+
+    /// A cuDNN fused attention call, served on the host (operands checked by the caller).
+    pub(crate) fn sdpa(
+        &self,
+        graph: Arc<crate::cudnn::sdpa::graph::SdpaGraph>,
+        ptrs: Vec<(crate::cudnn::sdpa::graph::Role, u64)>,
+    ) -> Result<()> {
+        let cost = sdpa::sdpa_cost(&graph);
+        self.shared
+            .enqueue(Recorded::Sdpa(SdpaJob::new(graph, ptrs)), || cost)
     }
 
     pub(crate) fn begin_capture(&self) -> Result<()> {

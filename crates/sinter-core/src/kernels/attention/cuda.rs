@@ -40,14 +40,14 @@ fn shape_of(g: &AttnGeom) -> AttnShape {
 /// A [b, h, t, d] attention operand as the kernels read it: the storage's own memory when its
 /// last dim is contiguous (e.g. heads narrowed out of a packed qkv projection), else a
 /// contiguous copy.
-struct Operand {
-    buf: Arc<DeviceBuffer>,
-    off: usize,
-    strides: [usize; 3],
+pub(super) struct Operand {
+    pub(super) buf: Arc<DeviceBuffer>,
+    pub(super) off: usize,
+    pub(super) strides: [usize; 3],
 }
 
 impl Operand {
-    fn of(s: &CudaStorage, l: &Layout) -> Result<Operand> {
+    pub(super) fn of(s: &CudaStorage, l: &Layout) -> Result<Operand> {
         let st = l.strides();
         if l.shape()[3] <= 1 || st[3] == 1 {
             return Ok(Operand {
@@ -79,7 +79,7 @@ fn view_of(buf: &DeviceBuffer, off: usize, strides: [usize; 3]) -> Result<AttnVi
 }
 
 /// The [batch, head, row] strides of a contiguous [b, h, t, d] tensor.
-fn dense(shape: &[usize]) -> [usize; 3] {
+pub(super) fn dense(shape: &[usize]) -> [usize; 3] {
     let [_, h, t, d] = [shape[0], shape[1], shape[2], shape[3]];
     [h * t * d, t * d, d]
 }
@@ -181,7 +181,7 @@ pub(super) fn attention_backward(
 
 /// The output gradient [b, h, tq, d] as the kernels read it: in place when it has the operands'
 /// dtype, else a contiguous cast.
-fn gradient_operand(grad: (&CudaStorage, &Layout), dtype: DType) -> Result<Operand> {
+pub(super) fn gradient_operand(grad: (&CudaStorage, &Layout), dtype: DType) -> Result<Operand> {
     if grad.0.dtype() == dtype {
         return Operand::of(grad.0, grad.1);
     }

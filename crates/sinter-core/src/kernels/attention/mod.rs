@@ -13,8 +13,10 @@
 //!   (a dot product per cached key and an axpy per cached value).
 //! - `cuda.rs`: the tensor-core flash kernels (f16/bf16, head dims 64 and 128) on CUDA storages;
 //!   `flash_attention.cu` holds the kernels and `cuda_flash.rs` their launch plans (pure,
-//!   checked without a device) and declared traffic. More CUDA implementations (cuDNN's fused
-//!   SDPA, issue 24) join as siblings of it, chosen in [`flash`] / [`flash_backward`].
+//!   checked without a device) and declared traffic. `cudnn.rs`: cuDNN's fused SDPA (issue
+//!   24), tried first where the loaded cuDNN takes the case; `select.rs`: the choice
+//!   (`SINTER_ATTENTION=cudnn|flash|composite`), applied in [`flash`] / [`flash_backward`] and
+//!   their packed twins.
 //! - `tests.rs`: the kernels against [`reference`] and the composites.
 //!
 //! Reads: q [b, h, tq, d], k and v [b, h, tk, d] (views whose last dimension is contiguous are
@@ -34,11 +36,16 @@ mod cpu;
 mod cpu_decode;
 mod cuda;
 mod cuda_flash;
+mod cudnn;
 mod geom;
+mod select;
 
 use std::sync::Arc;
 
 pub use geom::{AttnGeom, DecodeSeq};
+pub use select::{
+    attention_backend, set_attention_backend, with_attention_backend, AttentionBackend,
+};
 
 use crate::cpu::CpuStorage;
 use crate::cuda::CudaStorage;
@@ -85,8 +92,11 @@ fn flash(q: &Tensor, k: &Tensor, v: &Tensor, g: &AttnGeom) -> Result<Option<(Sto
             let (o, lse) = cpu::attention((a, ql), (b, kl), (c, vl), g);
             Some((Storage::Cpu(o), Storage::Cpu(lse)))
         }
-        On::Cuda([a, b, c]) => cuda::attention((a, ql), (b, kl), (c, vl), g)?
-            .map(|(o, lse)| (Storage::Cuda(o), Storage::Cuda(lse))),
+        On::Cuda([a, b, c]) => match cudnn::attention((a, ql), (b, kl), (c, vl), g)? {
+            Some(r) => Some(r),
+            None => cuda::attention((a, ql), (b, kl), (c, vl), g)?,
+        }
+        .map(|(o, lse)| (Storage::Cuda(o), Storage::Cuda(lse))),
     })
 }
 
@@ -119,8 +129,13 @@ fn flash_backward(
                 .map(Storage::Cpu)
         }
         On::Cuda([a, b, c, o, gr, lse]) => {
-            let (dq, dk, dv) =
-                cuda::attention_backward((a, ql), (b, kl), (c, vl), (o, ol), (gr, gl), lse, g)?;
+            let ops = [(a, ql), (b, kl), (c, vl), (o, ol), (gr, gl)];
+            let (dq, dk, dv) = match cudnn::attention_backward(ops, lse, g)? {
+                Some(r) => r,
+                None => {
+                    cuda::attention_backward((a, ql), (b, kl), (c, vl), (o, ol), (gr, gl), lse, g)?
+                }
+            };
             [dq, dk, dv].map(Storage::Cuda)
         }
     };
@@ -136,6 +151,9 @@ fn flash_backward(
 pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, causal: bool, scale: f32) -> Result<Tensor> {
     if let Some(c) = crate::amp::autocast_inputs(&[q, k, v])? {
         return attention(&c[0], &c[1], &c[2], causal, scale);
+    }
+    if attention_backend() == AttentionBackend::Composite {
+        return attention_reference(q, k, v, causal, scale);
     }
     let g = geom::of_qkv(q, k, v, causal, scale)?;
     let Some((o, lse)) = flash(q, k, v, &g)? else {
@@ -207,8 +225,11 @@ fn packed(qkv: &Tensor, g: &AttnGeom) -> Result<Option<(Storage, Storage)>> {
             let (y, lse) = cpu::packed((x, l), g);
             Some((Storage::Cpu(y), Storage::Cpu(lse)))
         }
-        On::Cuda([x]) => cuda::attention_packed((x, l), g)?
-            .map(|(y, lse)| (Storage::Cuda(y), Storage::Cuda(lse))),
+        On::Cuda([x]) => match cudnn::attention_packed((x, l), g)? {
+            Some(r) => Some(r),
+            None => cuda::attention_packed((x, l), g)?,
+        }
+        .map(|(y, lse)| (Storage::Cuda(y), Storage::Cuda(lse))),
     })
 }
 
@@ -226,13 +247,12 @@ fn packed_backward(
         On::Cpu([x, y, gr, lse]) => {
             Storage::Cpu(cpu::packed_backward((x, xl), (y, yl), (gr, gl), lse, g))
         }
-        On::Cuda([x, y, gr, lse]) => Storage::Cuda(cuda::attention_packed_backward(
-            (x, xl),
-            (y, yl),
-            (gr, gl),
-            lse,
-            g,
-        )?),
+        On::Cuda([x, y, gr, lse]) => Storage::Cuda(
+            match cudnn::attention_packed_backward((x, xl), (y, yl), (gr, gl), lse, g)? {
+                Some(d) => d,
+                None => cuda::attention_packed_backward((x, xl), (y, yl), (gr, gl), lse, g)?,
+            },
+        ),
     };
     Ok(Tensor::from_storage(d, qkv.shape()))
 }
@@ -249,6 +269,9 @@ fn packed_backward(
 pub fn attention_packed(qkv: &Tensor, n_head: usize, causal: bool, scale: f32) -> Result<Tensor> {
     if let Some(c) = crate::amp::autocast_inputs(&[qkv])? {
         return attention_packed(&c[0], n_head, causal, scale);
+    }
+    if attention_backend() == AttentionBackend::Composite {
+        return attention_packed_reference(qkv, n_head, causal, scale);
     }
     let g = geom::of_packed(qkv, n_head, causal, scale)?;
     let Some((y, lse)) = packed(qkv, &g)? else {

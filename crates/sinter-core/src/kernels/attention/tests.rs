@@ -336,11 +336,18 @@ fn run_flash_case(c: &Case, seed: u64, dev: Device) {
 }
 
 fn run_flash_cases(cases: &[Case], seed: u64) {
+    run_cases(cases, seed, AttentionBackend::Flash);
+}
+
+/// The cases with `backend` selected on this thread (forward and backward).
+fn run_cases(cases: &[Case], seed: u64, backend: AttentionBackend) {
     if sinter_cuda::testing::gpu_tests(1).is_none() {
         return;
     }
     for (i, c) in cases.iter().enumerate() {
-        run_flash_case(c, seed + i as u64, Device::Cuda(0));
+        with_attention_backend(backend, || {
+            run_flash_case(c, seed + i as u64, Device::Cuda(0))
+        });
     }
 }
 
@@ -413,4 +420,77 @@ fn cuda_flash_kernels_single_rows() {
         case(DType::F16, 64, (1, 2), (3, 0), false, Packing::Unaligned),
     ];
     run_flash_cases(&cases, 300);
+}
+
+// ---- cuDNN's fused attention (cudnn.rs) through the same cases ------------------------------
+// On the emulated device cuDNN is the host execution of the SDPA graph the real device would
+// build (emulated::sdpa in sinter-cuda); on a GPU it is cuDNN itself, when the loaded release
+// takes the SDPA operations. The forward must have run through cuDNN wherever it applies; a
+// causal backward runs the flash kernel on cuDNN's stats (no published cuDNN takes a causal
+// SDPA_BWD), a non-causal one runs cuDNN's.
+
+/// Whether cuDNN takes this case's forward here (f16/bf16, 16-byte aligned views, causal rows
+/// that all see a key, a cuDNN that takes the pass).
+fn cudnn_expected(c: &Case) -> bool {
+    let p = sinter_cuda::cudnn::sdpa::SdpaProblem {
+        b: c.b,
+        h: c.h,
+        tq: c.tq,
+        tk: c.tk,
+        d: c.hd,
+        dtype: c.dtype,
+        causal: c.causal,
+        scale: 1.0,
+    };
+    let dev = crate::cuda::device(0).expect("the test device");
+    let pass = sinter_cuda::cudnn::sdpa::SdpaPass::Forward;
+    !matches!(c.packing, Packing::Unaligned)
+        && sinter_cuda::cudnn::sdpa::supports(&dev, &p, pass).is_ok()
+}
+
+fn run_cudnn_cases(cases: &[Case], seed: u64) {
+    if sinter_cuda::testing::gpu_tests(1).is_none() {
+        return;
+    }
+    for (i, c) in cases.iter().enumerate() {
+        let before = cudnn::calls_on_this_thread();
+        run_cases(
+            std::slice::from_ref(c),
+            seed + i as u64,
+            AttentionBackend::Cudnn,
+        );
+        let ran = cudnn::calls_on_this_thread() - before;
+        if cudnn_expected(c) {
+            // The test's own extra forward for the stats, the op's forward, and the backward
+            // unless it is causal (flash's backward then).
+            let want = if c.causal { 2 } else { 3 };
+            assert_eq!(ran, want, "cuDNN calls for {c:?}");
+        } else {
+            assert_eq!(ran, 0, "cuDNN must decline {c:?}");
+        }
+    }
+}
+
+#[test]
+fn cudnn_attention_head_dim_64() {
+    let cases = [
+        case(DType::F16, 64, (1, 2), (37, 37), false, Packing::Qkv),
+        case(DType::BF16, 64, (2, 1), (100, 100), true, Packing::Qkv),
+        case(DType::BF16, 64, (1, 2), (37, 100), true, Packing::Kv),
+        case(DType::F16, 64, (1, 2), (70, 33), false, Packing::Kv),
+        // Declined (rows one element off 16-byte alignment; causal rows without keys): flash.
+        case(DType::F16, 64, (2, 1), (20, 70), true, Packing::Unaligned),
+        case(DType::F16, 64, (1, 2), (100, 37), true, Packing::Kv),
+    ];
+    run_cudnn_cases(&cases, 400);
+}
+
+#[test]
+fn cudnn_attention_head_dim_128() {
+    let cases = [
+        case(DType::F16, 128, (2, 1), (64, 64), true, Packing::Qkv),
+        case(DType::BF16, 128, (1, 2), (33, 33), false, Packing::Qkv),
+        case(DType::BF16, 128, (1, 2), (37, 100), true, Packing::Kv),
+    ];
+    run_cudnn_cases(&cases, 500);
 }

@@ -1,0 +1,207 @@
+//! cuDNN fused attention (scaled dot-product attention, forward and backward) for f16/bf16,
+//! reading q, k and v as strided views (e.g. the thirds of a packed qkv projection) and writing
+//! o in the layout the output projection reads: no permute copies.
+//!
+//! - `graph.rs`: the call as plain data ([`SdpaGraph`]) and the version rules
+//!   ([`version_supports`]); unit-tested without a GPU.
+//! - `backend.rs`: that graph as cuDNN backend descriptors, cached plans, variant packs.
+//! - The emulated device runs the same graph on the host (`emulated::sdpa`) and reports a cuDNN
+//!   version of its own (`SINTER_CUDA_EMU_CUDNN`).
+//!
+//! Every entry point answers [`Ran::Unsupported`] (never an error) when cuDNN is absent, too
+//! old for the pass (cudnnGetVersion, checked at run time), or declines the shape; the caller
+//! then runs sinter's flash kernel. A cuDNN failure past that is an `Err`.
+
+mod backend;
+pub mod graph;
+
+use std::sync::Arc;
+
+pub use graph::*;
+
+use crate::alloc::{DevSlice, Pool};
+use crate::cudnn::Ran;
+use crate::device::CudaDevice;
+use crate::dtype::DType;
+use crate::error::{guard, CudaError, Result};
+
+/// The cuDNN release serving `dev`'s attention: the loaded library's (cudnnGetVersion), or on
+/// an emulated device the one it emulates.
+pub fn loaded_version(dev: &CudaDevice) -> Option<Version> {
+    if dev.is_emulated() {
+        crate::emulated::sdpa::cudnn_version()
+    } else {
+        crate::runtime::cudnn_version()
+    }
+}
+
+/// Ok when cuDNN on `dev` takes `pass` of `p`; Err says why not (the caller falls back).
+pub fn supports(
+    dev: &CudaDevice,
+    p: &SdpaProblem,
+    pass: SdpaPass,
+) -> std::result::Result<(), String> {
+    p.supported()?;
+    version_supports(loaded_version(dev), pass, p.causal)
+}
+
+/// The forward's operands: q, k, v and o start at their element (0, 0, 0, 0); stats is fp32
+/// [b, h, tq] (the natural-log log-sum-exp per query row, as sinter's flash kernel writes it).
+pub struct SdpaForward<'a> {
+    pub q: DevSlice<'a>,
+    pub k: DevSlice<'a>,
+    pub v: DevSlice<'a>,
+    pub o: DevSlice<'a>,
+    pub stats: DevSlice<'a>,
+}
+
+/// The backward's operands (as for [`SdpaForward`], plus the output gradient and the three
+/// input gradients, fully overwritten).
+pub struct SdpaBackward<'a> {
+    pub q: DevSlice<'a>,
+    pub k: DevSlice<'a>,
+    pub v: DevSlice<'a>,
+    pub o: DevSlice<'a>,
+    pub d_o: DevSlice<'a>,
+    pub stats: DevSlice<'a>,
+    pub dq: DevSlice<'a>,
+    pub dk: DevSlice<'a>,
+    pub dv: DevSlice<'a>,
+}
+
+/// o, stats = attention(q, k, v) through cuDNN's SDPA_FWD.
+pub fn sdpa_forward(
+    dev: &CudaDevice,
+    p: &SdpaProblem,
+    layout: &SdpaLayout,
+    ops: SdpaForward<'_>,
+) -> Result<Ran> {
+    let bound = [
+        (Role::Q, ops.q),
+        (Role::K, ops.k),
+        (Role::V, ops.v),
+        (Role::O, ops.o),
+        (Role::Stats, ops.stats),
+    ];
+    run(dev, p, layout, SdpaPass::Forward, &bound)
+}
+
+/// dq, dk, dv of attention through cuDNN's SDPA_BWD.
+pub fn sdpa_backward(
+    dev: &CudaDevice,
+    p: &SdpaProblem,
+    layout: &SdpaLayout,
+    ops: SdpaBackward<'_>,
+) -> Result<Ran> {
+    let bound = [
+        (Role::Q, ops.q),
+        (Role::K, ops.k),
+        (Role::V, ops.v),
+        (Role::O, ops.o),
+        (Role::DO, ops.d_o),
+        (Role::Stats, ops.stats),
+        (Role::DQ, ops.dq),
+        (Role::DK, ops.dk),
+        (Role::DV, ops.dv),
+    ];
+    run(dev, p, layout, SdpaPass::Backward, &bound)
+}
+
+/// Every device tensor of `g` is bound once, with its dtype, and its view stays inside its
+/// buffer.
+fn check_operands(g: &SdpaGraph, bound: &[(Role, DevSlice<'_>)]) -> Result<Vec<(Role, u64)>> {
+    let op = "cudnn sdpa";
+    let mut ptrs = Vec::with_capacity(bound.len());
+    for t in g.device_tensors() {
+        let Some((_, s)) = bound.iter().find(|(r, _)| *r == t.role) else {
+            return Err(CudaError::invalid(op, format!("{:?} is not bound", t.role)));
+        };
+        let dtype = if t.role == Role::Stats {
+            DType::F32
+        } else {
+            g.problem.dtype
+        };
+        crate::check::need_dtype(op, &format!("{:?}", t.role), s, dtype)?;
+        let extent = g.extent(t.role).unwrap_or(0);
+        if extent > s.len() {
+            return Err(CudaError::invalid(
+                op,
+                format!(
+                    "{:?} view {:?} with strides {:?} reaches element {extent} of a buffer of {}",
+                    t.role,
+                    t.dims,
+                    t.strides,
+                    s.len()
+                ),
+            ));
+        }
+        ptrs.push((t.role, s.ptr()));
+    }
+    Ok(ptrs)
+}
+
+fn run(
+    dev: &CudaDevice,
+    p: &SdpaProblem,
+    layout: &SdpaLayout,
+    pass: SdpaPass,
+    bound: &[(Role, DevSlice<'_>)],
+) -> Result<Ran> {
+    if let Err(why) = supports(dev, p, pass) {
+        return Ok(Ran::Unsupported(why));
+    }
+    let g = Arc::new(SdpaGraph::build(p, layout, pass)?);
+    let ptrs = check_operands(&g, bound)?;
+    if let Some(emu) = dev.emulated() {
+        emu.sdpa(g, ptrs)?;
+        return Ok(Ran::Done);
+    }
+    match run_real(dev, &g, &ptrs) {
+        Err(CudaError::Panicked(m)) => Ok(Ran::Unsupported(format!("a cuDNN call panicked: {m}"))),
+        r => r,
+    }
+}
+
+fn run_real(dev: &CudaDevice, g: &SdpaGraph, ptrs: &[(Role, u64)]) -> Result<Ran> {
+    let slot = super::state_of(dev)?;
+    let held = super::lock(&slot);
+    let Some(state) = held.as_ref() else {
+        return Ok(Ran::Unsupported(
+            "cuDNN could not be initialised on this device".into(),
+        ));
+    };
+    let handle = state.handle;
+    if let Some(r) = dev.real() {
+        r.bind()?;
+    }
+    let fail = |f: backend::Fail| CudaError::Cudnn {
+        op: "cudnn sdpa",
+        msg: format!("{}: status {}", f.step, f.status),
+    };
+    let plan = guard(|| {
+        Ok(backend::plan(handle, dev.ordinal(), g, |f| {
+            super::falls_back(f.status)
+        }))
+    })?
+    .map_err(fail)?;
+    let Some(plan) = plan else {
+        return Ok(Ran::Unsupported(format!(
+            "cuDNN declined the SDPA {} graph",
+            g.pass.name()
+        )));
+    };
+    let ws = if plan.workspace() > 0 {
+        Some(dev.alloc(plan.workspace(), DType::U8, Pool::Temporary)?)
+    } else {
+        None
+    };
+    let ws_ptr = ws
+        .as_ref()
+        .map_or(std::ptr::null_mut(), |b| b.ptr() as *mut std::ffi::c_void);
+    // SAFETY: the handle is held under the state's lock; the operands were checked against
+    // the graph's extents; the workspace is a temporary-pool buffer released in stream order
+    // after this call's work.
+    guard(|| Ok(unsafe { plan.execute(handle, g, ptrs, ws_ptr) }))?.map_err(fail)?;
+    drop(held);
+    Ok(Ran::Done)
+}
