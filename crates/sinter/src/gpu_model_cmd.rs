@@ -42,9 +42,13 @@ pub struct GpuModelArgs {
     /// h100 or h200.
     #[arg(long, default_value = "h100")]
     pub gpu: String,
-    /// Trace the step as `--cuda-graph` runs it (replayed from a captured graph).
-    #[arg(long)]
+    /// Trace the step replayed from a captured CUDA graph, as `train` runs it on a GPU
+    /// [default: on; the flag is kept for scripts that name it]
+    #[arg(long, conflicts_with = "no_cuda_graph")]
     pub cuda_graph: bool,
+    /// Trace eager steps instead, as `train --no-cuda-graph` runs them
+    #[arg(long)]
+    pub no_cuda_graph: bool,
     /// Table rows to print (the rest are summed in one row).
     #[arg(long, default_value_t = 30)]
     pub rows: usize,
@@ -57,6 +61,13 @@ pub struct GpuModelArgs {
     /// Write (or replace) this config's entry in the budget file from this trace.
     #[arg(long)]
     pub write_budget: Option<PathBuf>,
+}
+
+impl GpuModelArgs {
+    /// Whether the traced step is a graph replay (the default, as in `train`).
+    fn graphed(&self) -> bool {
+        !self.no_cuda_graph
+    }
 }
 
 /// Eager steps before the traced one: the allocator's cache and every one-time upload warm up
@@ -116,7 +127,7 @@ fn trace_step(a: &GpuModelArgs) -> Result<Traced> {
         context: Some(a.context),
         precision: Some(a.precision.clone()),
         device: Some("cuda".into()),
-        steps: Some(warmup_steps(a.cuda_graph) + 1),
+        steps: Some(warmup_steps(a.graphed()) + 1),
         ..ConfigFile::default()
     };
     let config = TrainConfig::resolve(&flags)?;
@@ -127,13 +138,14 @@ fn trace_step(a: &GpuModelArgs) -> Result<Traced> {
     let s = trainer::setup(config)?;
     let params = s.model.parameters().iter().map(|(_, t)| t.numel()).sum();
     let console = Console::new(true);
-    let graph = if a.cuda_graph {
-        GraphMode::On
-    } else {
-        GraphMode::Off
+    let graph = match (a.cuda_graph, a.no_cuda_graph) {
+        (true, _) => GraphMode::On,
+        (_, true) => GraphMode::Off,
+        // The presets' steps are all capturable, so `train`'s default captures them.
+        _ => GraphMode::Auto,
     };
     let mut engine = LocalEngine::new(&s, device, precision, None, graph, console)?;
-    let total = warmup_steps(a.cuda_graph) + 1;
+    let total = warmup_steps(a.graphed()) + 1;
     let lr = LrPlan {
         schedule: LrSchedule::Constant,
         base: s.config.lr,
@@ -201,8 +213,8 @@ fn report(a: &GpuModelArgs, t: &Traced, p: &Prediction) -> String {
         a.batch_size,
         a.context,
         a.precision,
-        if a.cuda_graph { ", CUDA graph" } else { "" },
-        warmup_steps(a.cuda_graph)
+        if a.graphed() { ", CUDA graph" } else { ", eager" },
+        warmup_steps(a.graphed())
     );
     let _ = writeln!(
         s,
@@ -307,7 +319,7 @@ fn write_out(out: &Path, a: &GpuModelArgs, t: &Traced, p: &Prediction, text: &st
         .collect();
     let j = serde_json::json!({
         "predicted": true, "gpu": p.gpu.name, "model": a.model, "batch_size": a.batch_size,
-        "context": a.context, "precision": a.precision, "cuda_graph": a.cuda_graph,
+        "context": a.context, "precision": a.precision, "cuda_graph": a.graphed(),
         "launches": p.launches, "bytes": p.bytes, "step_seconds": p.seconds,
         "tokens_per_second": tokens / p.seconds,
         "mfu": flops_per_token(t, a.context) * tokens / p.seconds / p.gpu.tensor_flops,
@@ -338,7 +350,7 @@ fn budget_key(a: &GpuModelArgs) -> String {
         a.batch_size,
         a.context,
         a.precision,
-        if a.cuda_graph { "-graph" } else { "" }
+        if a.graphed() { "" } else { "-eager" }
     )
 }
 
