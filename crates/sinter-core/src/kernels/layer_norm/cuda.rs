@@ -14,13 +14,20 @@ use crate::{DType, Result};
 /// The CUDA C++ of the kernels (compiled by NVRTC at the first CUDA call).
 pub const LAYER_NORM_CU: &str = include_str!("layer_norm.cu");
 
+/// The instantiation of kernel `base` for activations in `dtype` and gamma/beta in `param`
+/// (x's dtype, or f32 master parameters: the `_pf32` variants).
 fn kernel(
     base: &str,
-    dtype: DType,
+    (dtype, param): (DType, DType),
     launch: impl Fn(&[TensorMeta]) -> Result<KernelLaunch> + Send + Sync + 'static,
 ) -> Result<CudaKernel> {
     static SOURCE: OnceLock<CudaKernel> = OnceLock::new();
-    let name = format!("{base}_{}", suffix(dtype));
+    let pf32 = if param == DType::F32 && dtype != DType::F32 {
+        "_pf32"
+    } else {
+        ""
+    };
+    let name = format!("{base}_{}{pf32}", suffix(dtype));
     crate::kernels::launch::kernel(&SOURCE, ("layer_norm.cu", LAYER_NORM_CU), &name, launch)
 }
 
@@ -32,9 +39,9 @@ fn row_launch(m: &TensorMeta) -> Result<KernelLaunch> {
     crate::kernels::launch::row_launch("layer_norm", m)
 }
 
-/// Inputs (x, gamma, beta) in one dtype; outputs (y, mean, rstd).
-pub(super) fn forward_kernel(dtype: DType, eps: f32) -> Result<CudaKernel> {
-    kernel("layernorm_fwd", dtype, move |m| {
+/// Inputs (x, gamma, beta), the parameters in `dt.1`; outputs (y, mean, rstd).
+pub(super) fn forward_kernel(dt: (DType, DType), eps: f32) -> Result<CudaKernel> {
+    kernel("layernorm_fwd", dt, move |m| {
         let (rows, n) = rows_n(&m[0]);
         let read = bytes(&m[0]) + bytes(&m[1]) + bytes(&m[2]);
         let t = Traffic::bytes(read, bytes(&m[0]) + 2 * rows * 4).with_flops(8 * rows * n);
@@ -46,9 +53,9 @@ pub(super) fn forward_kernel(dtype: DType, eps: f32) -> Result<CudaKernel> {
     })
 }
 
-/// Inputs (x, residual, gamma, beta) in one dtype; outputs (h, y, mean, rstd).
-pub(super) fn residual_forward_kernel(dtype: DType, eps: f32) -> Result<CudaKernel> {
-    kernel("resln_fwd", dtype, move |m| {
+/// Inputs (x, residual, gamma, beta), the parameters in `dt.1`; outputs (h, y, mean, rstd).
+pub(super) fn residual_forward_kernel(dt: (DType, DType), eps: f32) -> Result<CudaKernel> {
+    kernel("resln_fwd", dt, move |m| {
         let (rows, n) = rows_n(&m[0]);
         let read = 2 * bytes(&m[0]) + bytes(&m[2]) + bytes(&m[3]);
         let t = Traffic::bytes(read, 2 * bytes(&m[0]) + 2 * rows * 4).with_flops(9 * rows * n);
@@ -60,9 +67,9 @@ pub(super) fn residual_forward_kernel(dtype: DType, eps: f32) -> Result<CudaKern
     })
 }
 
-/// Inputs (x, gamma, gy, mean, rstd); output dx.
-pub(super) fn dx_kernel(dtype: DType) -> Result<CudaKernel> {
-    kernel("layernorm_bwd_dx", dtype, |m| {
+/// Inputs (x, gamma, gy, mean, rstd), gamma in `dt.1`; output dx.
+pub(super) fn dx_kernel(dt: (DType, DType)) -> Result<CudaKernel> {
+    kernel("layernorm_bwd_dx", dt, |m| {
         let (rows, n) = rows_n(&m[0]);
         let read = bytes(&m[0]) + bytes(&m[1]) + bytes(&m[2]) + 2 * rows * 4;
         let t = Traffic::bytes(read, bytes(&m[0])).with_flops(10 * rows * n);
@@ -90,7 +97,7 @@ pub(super) fn param_chunks(m: &TensorMeta) -> Result<(usize, usize)> {
 /// Inputs (x, gy, mean, rstd); outputs the partial column sums (f32 [chunks, n] each) of
 /// gy·xhat and gy.
 pub(super) fn params_kernel(dtype: DType) -> Result<CudaKernel> {
-    kernel("layernorm_bwd_params", dtype, |m| {
+    kernel("layernorm_bwd_params", (dtype, dtype), |m| {
         let (rows, n) = rows_n(&m[0]);
         let (chunks, len) = param_chunks(&m[0])?;
         let read = bytes(&m[0]) + bytes(&m[1]) + 2 * rows * 4;
@@ -109,9 +116,10 @@ pub(super) fn params_kernel(dtype: DType) -> Result<CudaKernel> {
     })
 }
 
-/// Inputs the two partial sums [chunks, n]; outputs dgamma and dbeta [n] (in `dtype`).
+/// Inputs the two partial sums [chunks, n]; outputs dgamma and dbeta [n] (in `dtype`, the
+/// parameters').
 pub(super) fn finish_kernel(dtype: DType) -> Result<CudaKernel> {
-    kernel("layernorm_bwd_finish", dtype, move |m| {
+    kernel("layernorm_bwd_finish", (dtype, dtype), move |m| {
         let (chunks, n) = (m[0].shape[0], m[0].shape[1]);
         let grid = target(&m[0])?.grid_for(n, ELEMWISE_BLOCK);
         let t = Traffic::bytes(2 * chunks * n * 4, 2 * n * dtype.size_in_bytes());

@@ -1,17 +1,21 @@
 // layer_norm.cu — LayerNorm over the last dim of a [rows, n] view, forward and backward, and the
 // residual add + LayerNorm forward (below).
 //
-// layernorm_fwd_<t>(const T* x, const T* gamma, const T* beta, T* y, float* mean, float* rstd,
+// <t> is the activations' type T (f32, f16, bf16); the kernels that read gamma take them as T, or
+// as f32 in the `<t>_pf32` variants (autocast: half-precision activations, f32 master parameters,
+// whose gradients then come from the f32 finish kernel).
+//
+// layernorm_fwd_<t>(const T* x, const P* gamma, const P* beta, T* y, float* mean, float* rstd,
 //                   i64 rows, i64 n, float eps)
 //     y = (x - mean) * rstd * gamma + beta. gamma/beta may be null (no affine); mean/rstd (f32,
 //     [rows]) may be null (inference) — the backward needs them.
-// layernorm_bwd_dx_<t>(const T* x, const T* gamma, const T* gy, const float* mean, const float* rstd,
+// layernorm_bwd_dx_<t>(const T* x, const P* gamma, const T* gy, const float* mean, const float* rstd,
 //                      T* dx, i64 rows, i64 n)
 //     dx = rstd * (g - mean_j(g) - xhat * mean_j(g * xhat)), g = gy * gamma.
 // layernorm_bwd_params_<t>(const T* x, const T* gy, const float* mean, const float* rstd,
 //                          float* part_dgamma, float* part_dbeta, i64 rows, i64 n, i64 chunk)
 //     partial column sums over row chunk z = blockIdx.y: part[z][j] = Σ_{rows in chunk} gy*xhat | gy
-// layernorm_bwd_finish_<t>(const float* part_dgamma, const float* part_dbeta, T* dgamma, T* dbeta,
+// layernorm_bwd_finish_<p>(const float* part_dgamma, const float* part_dbeta, P* dgamma, P* dbeta,
 //                          i64 chunks, i64 n)
 //     dgamma[j] = Σ_z part_dgamma[z][j] (in order), same for dbeta; either output may be null.
 //
@@ -21,8 +25,8 @@
 // sums 32 adjacent columns over a chunk of rows (coalesced), the chunks are then summed in a fixed
 // order by the finish kernel — deterministic, and the chunk count is chosen to fill the GPU.
 
-template <typename T>
-__device__ __forceinline__ void ln_fwd(const T* x, const T* gamma, const T* beta, T* y, float* mean, float* rstd,
+template <typename T, typename P>
+__device__ __forceinline__ void ln_fwd(const T* x, const P* gamma, const P* beta, T* y, float* mean, float* rstd,
                                        i64 rows, i64 n, float eps) {
     __shared__ float scratch[32];
     const float inv_n = 1.f / (float)n;
@@ -52,8 +56,8 @@ __device__ __forceinline__ void ln_fwd(const T* x, const T* gamma, const T* beta
     }
 }
 
-template <typename T>
-__device__ __forceinline__ void ln_bwd_dx(const T* x, const T* gamma, const T* gy, const float* mean,
+template <typename T, typename P>
+__device__ __forceinline__ void ln_bwd_dx(const T* x, const P* gamma, const T* gy, const float* mean,
                                           const float* rstd, T* dx, i64 rows, i64 n) {
     __shared__ float scratch[32];
     const float inv_n = 1.f / (float)n;
@@ -136,17 +140,22 @@ __device__ __forceinline__ void ln_bwd_finish(const float* part_g, const float* 
     }
 }
 
-#define LN_T(sfx, T)                                                                                 \
-    extern "C" __global__ void layernorm_fwd_##sfx(const T* x, const T* gamma, const T* beta, T* y,  \
+// LN_TP: the kernels whose parameters gamma/beta are of type P (x's own type, or f32 master
+// parameters read directly under autocast: no cast kernels around the op). LN_T adds the
+// kernels that do not read parameters.
+#define LN_TP(sfx, T, P)                                                                             \
+    extern "C" __global__ void layernorm_fwd_##sfx(const T* x, const P* gamma, const P* beta, T* y,  \
                                                    float* mean, float* rstd, i64 rows, i64 n,        \
                                                    float eps) {                                      \
-        ln_fwd<T>(x, gamma, beta, y, mean, rstd, rows, n, eps);                                      \
+        ln_fwd<T, P>(x, gamma, beta, y, mean, rstd, rows, n, eps);                                   \
     }                                                                                                \
-    extern "C" __global__ void layernorm_bwd_dx_##sfx(const T* x, const T* gamma, const T* gy,       \
+    extern "C" __global__ void layernorm_bwd_dx_##sfx(const T* x, const P* gamma, const T* gy,       \
                                                       const float* mean, const float* rstd, T* dx,   \
                                                       i64 rows, i64 n) {                             \
-        ln_bwd_dx<T>(x, gamma, gy, mean, rstd, dx, rows, n);                                         \
-    }                                                                                                \
+        ln_bwd_dx<T, P>(x, gamma, gy, mean, rstd, dx, rows, n);                                      \
+    }
+#define LN_T(sfx, T)                                                                                 \
+    LN_TP(sfx, T, T)                                                                                 \
     extern "C" __global__ void layernorm_bwd_params_##sfx(const T* x, const T* gy, const float* mean, \
                                                           const float* rstd, float* part_g,          \
                                                           float* part_b, i64 rows, i64 n,            \
@@ -160,10 +169,12 @@ __device__ __forceinline__ void ln_bwd_finish(const float* part_g, const float* 
 LN_T(f32, float)
 LN_T(f16, __half)
 LN_T(bf16, bf16)
+LN_TP(f16_pf32, __half, float)
+LN_TP(bf16_pf32, bf16, float)
 
 // Residual add + LayerNorm — the pre-LN Transformer's "h = x + r; y = LayerNorm(h)·γ + β" in one pass.
 //
-// resln_fwd_<t>(const T* x, const T* r, const T* gamma, const T* beta, T* h, T* y, float* mean,
+// resln_fwd_<t>(const T* x, const T* r, const P* gamma, const P* beta, T* h, T* y, float* mean,
 //               float* rstd, i64 rows, i64 n, float eps)
 //     Reads x, r [rows, n] and gamma, beta [n]; writes h = x + r (rounded to T: the new residual
 //     stream), y = (h - mean)·rstd·γ + β, and mean/rstd (f32, [rows]) for the backward pass.
@@ -180,8 +191,8 @@ LN_T(bf16, bf16)
 // once. Row groups sized to the row (warp-sized for short rows), 128-bit stores on aligned rows,
 // two-pass mean/variance in f32.
 
-template <typename T>
-__device__ __forceinline__ void resln_fwd(const T* x, const T* r, const T* gamma, const T* beta, T* h, T* y,
+template <typename T, typename P>
+__device__ __forceinline__ void resln_fwd(const T* x, const T* r, const P* gamma, const P* beta, T* h, T* y,
                                           float* mean, float* rstd, i64 rows, i64 n, float eps) {
     __shared__ float scratch[32];
     const float inv_n = 1.f / (float)n;
@@ -219,12 +230,14 @@ __device__ __forceinline__ void resln_fwd(const T* x, const T* r, const T* gamma
     }
 }
 
-#define RESLN_T(sfx, T)                                                                              \
-    extern "C" __global__ void resln_fwd_##sfx(const T* x, const T* r, const T* gamma, const T* beta, \
+#define RESLN_TP(sfx, T, P)                                                                          \
+    extern "C" __global__ void resln_fwd_##sfx(const T* x, const T* r, const P* gamma, const P* beta, \
                                                T* h, T* y, float* mean, float* rstd, i64 rows, i64 n, \
                                                float eps) {                                           \
-        resln_fwd<T>(x, r, gamma, beta, h, y, mean, rstd, rows, n, eps);                              \
+        resln_fwd<T, P>(x, r, gamma, beta, h, y, mean, rstd, rows, n, eps);                           \
     }
-RESLN_T(f32, float)
-RESLN_T(f16, __half)
-RESLN_T(bf16, bf16)
+RESLN_TP(f32, float, float)
+RESLN_TP(f16, __half, __half)
+RESLN_TP(bf16, bf16, bf16)
+RESLN_TP(f16_pf32, __half, float)
+RESLN_TP(bf16_pf32, bf16, float)
