@@ -154,9 +154,9 @@ fn gpt_tiny_bf16() {
 }
 
 /// bf16 autocast on cuda-emu (the residual stream and LayerNorms in bf16 with f32 statistics,
-/// f32 master weights) against f32 training on the CPU: the loss of every step within bf16's
-/// rounding (3e-2 relative: the whole step in bf16 against the whole step in f32, not two
-/// backends rounding the same products), and falling.
+/// f32 master weights) against f32 training on the CPU: the loss of every step within 5e-3
+/// relative (about bf16's unit rounding; the runs measured 2e-4 apart over these 6 steps),
+/// and falling.
 #[test]
 fn gpt_tiny_bf16_tracks_f32_and_learns() {
     let args = lm("gpt-tiny", "6", &[]);
@@ -175,7 +175,7 @@ fn gpt_tiny_bf16_tracks_f32_and_learns() {
     assert!(!b.is_empty() && a.len() == b.len(), "steps {a:?} vs {b:?}");
     for ((s, la), (_, lb)) in a.iter().zip(&b) {
         assert!(
-            la.is_finite() && (la - lb).abs() <= 3e-2 * lb.abs(),
+            la.is_finite() && (la - lb).abs() <= 5e-3 * lb.abs(),
             "step {s}: bf16 on cuda-emu {la} vs f32 on the cpu {lb}"
         );
     }
