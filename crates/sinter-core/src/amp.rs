@@ -22,12 +22,12 @@
 //! dtype either way).
 //!
 //! A Transformer's residual stream and its LayerNorms run in the autocast dtype too (llm.c's
-//! bf16 activations; [`to_autocast_dtype`] at the trunk's entry), with f32 statistics and f32
-//! parameters read by the kernels as they are.
+//! bf16 activations; [`to_autocast_dtype`] at each block's entry), with f32 statistics and the
+//! f32 parameters read by the kernels as they are.
 //!
-//! Otherwise only the matrix products are autocast: reductions and losses keep their input's dtype
-//! (`cross_entropy` returns f32 for any logits). Compute a hand-written loss in f32 (cast its
-//! input with `to_dtype`) so that fp16 loss scaling has the range it needs.
+//! Otherwise only the matrix products are autocast: reductions and losses keep their input's
+//! dtype (`cross_entropy` returns f32 for any logits). Compute a hand-written loss in f32 (cast
+//! its input with `to_dtype`) so that fp16 loss scaling has the range it needs.
 //!
 //! Promotion rules (`promote_types`, the rule of `DType::promote`): equal dtypes stay; f32 with
 //! bf16 or f16 gives f32; bf16 with f16 gives f32 (neither holds the other); i64 with a float
