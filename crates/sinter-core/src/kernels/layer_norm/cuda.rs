@@ -80,6 +80,51 @@ pub(super) fn dx_kernel(dt: (DType, DType)) -> Result<CudaKernel> {
     })
 }
 
+/// The one-pass backward's dynamic shared memory for rows like `m`'s (a [2, n] f32 slice per
+/// row group), or None where it exceeds the 48 KiB a launch may ask for (the two-kernel
+/// backward serves those rows).
+fn fused_shared_mem(m: &TensorMeta) -> Option<u32> {
+    let (_, n) = rows_n(m);
+    let (_, by) = sinter_cuda::launch::row_block(n);
+    let bytes = 2 * n * by as usize * 4;
+    (bytes <= 48 * 1024).then_some(bytes as u32)
+}
+
+/// The one-pass backward's partial-sum rows for rows like `m`'s (one per block of its grid),
+/// or None where it does not fit (see [`fused_shared_mem`]).
+pub(super) fn fused_partials(m: &TensorMeta) -> Result<Option<usize>> {
+    if fused_shared_mem(m).is_none() {
+        return Ok(None);
+    }
+    Ok(Some(row_launch(m)?.grid.0 as usize))
+}
+
+/// Inputs (x, gamma, gy, mean, rstd), gamma in `dt.1`; outputs dx and the partial column sums
+/// (f32 [blocks, n] each) of gy·xhat and gy: dx and what the params kernel computes, in one
+/// pass over x and gy.
+pub(super) fn fused_backward_kernel(dt: (DType, DType)) -> Result<CudaKernel> {
+    kernel("layernorm_bwd", dt, |m| {
+        let (rows, n) = rows_n(&m[0]);
+        let shared = fused_shared_mem(&m[0]).ok_or_else(|| {
+            crate::Error::Msg(format!(
+                "layer_norm backward: rows of {n} need more shared memory than a launch has"
+            ))
+        })?;
+        let launch = row_launch(&m[0])?;
+        let blocks = launch.grid.0 as usize;
+        let read = bytes(&m[0]) + bytes(&m[1]) + bytes(&m[2]) + 2 * rows * 4;
+        let write = bytes(&m[0]) + 2 * blocks * n * 4;
+        let t = Traffic::bytes(read, write).with_flops(15 * rows * n);
+        Ok(KernelLaunch {
+            shared_mem: shared,
+            ..launch
+        }
+        .arg(rows as i64)
+        .arg(n as i64)
+        .with_cost(OpClass::Row, t))
+    })
+}
+
 /// Row chunks of the dgamma/dbeta partial sums for `rows` rows of n on device `m`: (chunks,
 /// rows per chunk); enough 32-column × chunk blocks to fill the GPU, at least 32 rows a chunk,
 /// at most 1024 chunks.

@@ -12,6 +12,11 @@
 // layernorm_bwd_dx_<t>(const T* x, const P* gamma, const T* gy, const float* mean, const float* rstd,
 //                      T* dx, i64 rows, i64 n)
 //     dx = rstd * (g - mean_j(g) - xhat * mean_j(g * xhat)), g = gy * gamma.
+// layernorm_bwd_<t>(const T* x, const P* gamma, const T* gy, const float* mean, const float* rstd,
+//                   T* dx, float* part_dgamma, float* part_dbeta, i64 rows, i64 n)
+//     dx and the partial column sums in one pass, one partial row per block (part: [gridDim.x, n]);
+//     dynamic shared memory blockDim.y * 2n floats. The two kernels below serve where that does
+//     not fit, or where dx is not wanted.
 // layernorm_bwd_params_<t>(const T* x, const T* gy, const float* mean, const float* rstd,
 //                          float* part_dgamma, float* part_dbeta, i64 rows, i64 n, i64 chunk)
 //     partial column sums over row chunk z = blockIdx.y: part[z][j] = Σ_{rows in chunk} gy*xhat | gy
@@ -94,6 +99,62 @@ __device__ __forceinline__ void ln_bwd_dx(const T* x, const P* gamma, const T* g
     }
 }
 
+// dx and the partial dgamma/dbeta column sums in one pass over x and gy (the rows are read once
+// from HBM instead of twice): as ln_bwd_dx, and each row group also adds gy*xhat and gy of its
+// rows into its own [2][n] slice of dynamic shared memory (blockDim.y * 2n floats, so the caller
+// launches it only where that fits). Each block then sums its row groups' slices in a fixed order
+// into part[blockIdx.x][j]: ln_bwd_finish sums the gridDim.x partials. Deterministic: a slice
+// element is added to row by row in order, the barrier after each row orders the adds of the
+// threads that own column j (which thread owns it depends on the row's alignment).
+template <typename T, typename P>
+__device__ __forceinline__ void ln_bwd_fused(const T* x, const P* gamma, const T* gy, const float* mean,
+                                             const float* rstd, T* dx, float* part_g, float* part_b,
+                                             i64 rows, i64 n) {
+    extern __shared__ float ln_part[];
+    __shared__ float scratch[32];
+    const int tid = threadIdx.y * blockDim.x + threadIdx.x, threads = blockDim.x * blockDim.y;
+    for (i64 i = tid; i < 2 * n * blockDim.y; i += threads) ln_part[i] = 0.f;
+    __syncthreads();
+    float* sg = ln_part + 2 * n * threadIdx.y;
+    float* sb = sg + n;
+    const float inv_n = 1.f / (float)n;
+    for (i64 r0 = (i64)blockIdx.x * blockDim.y; r0 < rows; r0 += (i64)gridDim.x * blockDim.y) {
+        const i64 r = r0 + threadIdx.y;
+        const bool live = r < rows;
+        const i64 rr = live ? r : 0;
+        const T* xr = x + rr * n;
+        const T* gr = gy + rr * n;
+        const float mu = live ? mean[rr] : 0.f;
+        const float rs = live ? rstd[rr] : 0.f;
+        float a = 0.f, b = 0.f;  // Σ g, Σ g * xhat, as in ln_bwd_dx
+        if (live)
+            row_visit2(xr, gr, n, [&](i64 j, float xv, float gv) {
+                const float g = gamma ? __fmul_rn(gv, to_f32(gamma[j])) : gv;
+                a += g;
+                b += g * (xv - mu) * rs;
+            });
+        a = row_sum(a, scratch) * inv_n;
+        b = row_sum(b, scratch) * inv_n;
+        if (live) {
+            row_write(dx + r * n, n, [&](i64 j) {
+                const float gv = to_f32(gr[j]);
+                const float g = gamma ? __fmul_rn(gv, to_f32(gamma[j])) : gv;
+                const float xhat = (to_f32(xr[j]) - mu) * rs;
+                sg[j] += gv * xhat;
+                sb[j] += gv;
+                return rs * (g - a - xhat * b);
+            });
+        }
+        __syncthreads();
+    }
+    for (i64 j = tid; j < n; j += threads) {
+        float tg = 0.f, tb = 0.f;
+        for (int y = 0; y < (int)blockDim.y; ++y) { tg += ln_part[2 * n * y + j]; tb += ln_part[2 * n * y + n + j]; }
+        part_g[(i64)blockIdx.x * n + j] = tg;
+        part_b[(i64)blockIdx.x * n + j] = tb;
+    }
+}
+
 // Grid: x = ceil(n / 32), y = chunks (rows split into `chunk` rows each); block 32 x 8.
 template <typename T>
 __device__ __forceinline__ void ln_bwd_params(const T* x, const T* gy, const float* mean, const float* rstd,
@@ -153,6 +214,11 @@ __device__ __forceinline__ void ln_bwd_finish(const float* part_g, const float* 
                                                       const float* mean, const float* rstd, T* dx,   \
                                                       i64 rows, i64 n) {                             \
         ln_bwd_dx<T, P>(x, gamma, gy, mean, rstd, dx, rows, n);                                      \
+    }                                                                                                \
+    extern "C" __global__ void layernorm_bwd_##sfx(const T* x, const P* gamma, const T* gy,          \
+                                                   const float* mean, const float* rstd, T* dx,      \
+                                                   float* part_g, float* part_b, i64 rows, i64 n) {  \
+        ln_bwd_fused<T, P>(x, gamma, gy, mean, rstd, dx, part_g, part_b, rows, n);                   \
     }
 #define LN_T(sfx, T)                                                                                 \
     LN_TP(sfx, T, T)                                                                                 \

@@ -87,9 +87,10 @@ fn cpu_backward_op() -> Result<CustomOp> {
 
 /// The CUDA backward's kernels for x in `dt.0` and the parameters in `dt.1`: dx from (x,
 /// gamma, gy, mean, rstd); the partial column sums from (x, gy, mean, rstd); (dgamma, dbeta),
-/// in the parameters' dtype, from the partial sums.
-fn cuda_backward_ops(dt: (DType, DType)) -> Result<[CustomOp; 3]> {
-    static OPS: OpCache<(DType, DType), [CustomOp; 3]> = OnceLock::new();
+/// in the parameters' dtype, from the partial sums; and dx with the partial sums in one pass
+/// (where its shared memory fits), from dx's inputs.
+fn cuda_backward_ops(dt: (DType, DType)) -> Result<[CustomOp; 4]> {
+    static OPS: OpCache<(DType, DType), [CustomOp; 4]> = OnceLock::new();
     let (dtype, param) = dt;
     cached(&OPS, dt, || {
         let like_x = |m: &[TensorMeta]| Ok(vec![OutputSpec::new(&m[0].shape, m[0].dtype)]);
@@ -119,7 +120,24 @@ fn cuda_backward_ops(dt: (DType, DType)) -> Result<[CustomOp; 3]> {
             })
             .cuda(cuda::finish_kernel(param)?)
             .build()?;
-        Ok([dx, params, finish])
+        let fused = CustomOp::builder("layer_norm_backward")
+            .inputs(5)
+            .dtypes(&FLOATS)
+            .outputs(|m| {
+                let n = m[0].shape.last().copied().unwrap_or(1);
+                let blocks = cuda::fused_partials(&m[0])?.ok_or_else(|| {
+                    Error::Msg("layer_norm backward: the one-pass kernel does not fit".into())
+                })?;
+                let part = OutputSpec::new(&[blocks, n], DType::F32);
+                Ok(vec![
+                    OutputSpec::new(&m[0].shape, m[0].dtype),
+                    part.clone(),
+                    part,
+                ])
+            })
+            .cuda(cuda::fused_backward_kernel(dt)?)
+            .build()?;
+        Ok([dx, params, finish, fused])
     })
 }
 
@@ -173,19 +191,7 @@ fn grads(
             .map_err(|_| Error::Msg("layer_norm_backward: three outputs".into()))?;
         (Some(dx), Some(dg), Some(db))
     } else {
-        let [dx_op, params, finish] = cuda_backward_ops(dt)?;
-        let dx = want_x
-            .then(|| dx_op.apply(&[&xd, &gam, &gy, mean, rstd]))
-            .transpose()?
-            .map(|mut v| v.remove(0));
-        let (dg, db) = if want_g || want_b {
-            let p = params.apply(&[&xd, &gy, mean, rstd])?;
-            let mut f = finish.apply(&[&p[0], &p[1]])?.into_iter();
-            (f.next(), f.next())
-        } else {
-            (None, None)
-        };
-        (dx, dg, db)
+        cuda_grads(dt, (&xd, &gam, &gy), stats, want_x, want_g || want_b)?
     };
     let param = |d: Option<Tensor>, want: bool, like: &Tensor| {
         d.filter(|_| want)
@@ -197,6 +203,48 @@ fn grads(
         param(dg, want_g, gamma)?,
         param(db, want_b, beta)?,
     ])
+}
+
+/// The CUDA backward: (dx when `want_x`, dgamma and dbeta when `want_params`), the parameters'
+/// in `dt.1`. One pass over x and gy for all three where the one-pass kernel fits, else dx and
+/// the parameters' partial sums each from their own.
+fn cuda_grads(
+    dt: (DType, DType),
+    (x, gamma, gy): (&Tensor, &Tensor, &Tensor),
+    stats: &Stats,
+    want_x: bool,
+    want_params: bool,
+) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+    let [dx_op, params, finish, fused] = cuda_backward_ops(dt)?;
+    let (mean, rstd) = (&stats.mean, &stats.rstd);
+    let finish = |pg: &Tensor, pb: &Tensor| -> Result<(Option<Tensor>, Option<Tensor>)> {
+        let mut f = finish.apply(&[pg, pb])?.into_iter();
+        Ok((f.next(), f.next()))
+    };
+    let meta = TensorMeta {
+        shape: x.shape().to_vec(),
+        dtype: x.dtype(),
+        device: x.device(),
+    };
+    if want_x && want_params && cuda::fused_partials(&meta)?.is_some() {
+        let [dx, pg, pb]: [Tensor; 3] = fused
+            .apply(&[x, gamma, gy, mean, rstd])?
+            .try_into()
+            .map_err(|_| Error::Msg("layer_norm_backward: three outputs".into()))?;
+        let (dg, db) = finish(&pg, &pb)?;
+        return Ok((Some(dx), dg, db));
+    }
+    let dx = want_x
+        .then(|| dx_op.apply(&[x, gamma, gy, mean, rstd]))
+        .transpose()?
+        .map(|mut v| v.remove(0));
+    let (dg, db) = if want_params {
+        let p = params.apply(&[x, gy, mean, rstd])?;
+        finish(&p[0], &p[1])?
+    } else {
+        (None, None)
+    };
+    Ok((dx, dg, db))
 }
 
 /// An error unless gamma and beta are `[n]`, n being x's (non-empty) last dimension.
