@@ -90,13 +90,23 @@ fn fused_shared_mem(m: &TensorMeta) -> Option<u32> {
     (bytes <= 48 * 1024).then_some(bytes as u32)
 }
 
+/// The one-pass backward's launch: the row launch capped at one wave of full occupancy (not
+/// four), since every block writes a partial row of 2n floats that the finish kernel reads.
+fn fused_launch(m: &TensorMeta) -> Result<KernelLaunch> {
+    let mut launch = row_launch(m)?;
+    let threads = launch.block.0 * launch.block.1;
+    let wave = (target(m)?.max_blocks(threads) / 4).max(1);
+    launch.grid.0 = launch.grid.0.min(wave);
+    Ok(launch)
+}
+
 /// The one-pass backward's partial-sum rows for rows like `m`'s (one per block of its grid),
 /// or None where it does not fit (see [`fused_shared_mem`]).
 pub(super) fn fused_partials(m: &TensorMeta) -> Result<Option<usize>> {
     if fused_shared_mem(m).is_none() {
         return Ok(None);
     }
-    Ok(Some(row_launch(m)?.grid.0 as usize))
+    Ok(Some(fused_launch(m)?.grid.0 as usize))
 }
 
 /// Inputs (x, gamma, gy, mean, rstd), gamma in `dt.1`; outputs dx and the partial column sums
@@ -110,7 +120,7 @@ pub(super) fn fused_backward_kernel(dt: (DType, DType)) -> Result<CudaKernel> {
                 "layer_norm backward: rows of {n} need more shared memory than a launch has"
             ))
         })?;
-        let launch = row_launch(&m[0])?;
+        let launch = fused_launch(&m[0])?;
         let blocks = launch.grid.0 as usize;
         let read = bytes(&m[0]) + bytes(&m[1]) + bytes(&m[2]) + 2 * rows * 4;
         let write = bytes(&m[0]) + 2 * blocks * n * 4;
