@@ -21,9 +21,13 @@
 //! (inside works too: the gradients of the casts bring every gradient back to its input's
 //! dtype either way).
 //!
-//! Only the matrix products are autocast: reductions and losses keep their input's dtype
-//! (`cross_entropy` returns f32 for any logits). Compute a hand-written loss in f32 (cast its
-//! input with `to_dtype`) so that fp16 loss scaling has the range it needs.
+//! A Transformer's residual stream and its LayerNorms run in the autocast dtype too (llm.c's
+//! bf16 activations; [`to_autocast_dtype`] at each block's entry), with f32 statistics and the
+//! f32 parameters read by the kernels as they are.
+//!
+//! Otherwise only the matrix products are autocast: reductions and losses keep their input's
+//! dtype (`cross_entropy` returns f32 for any logits). Compute a hand-written loss in f32 (cast
+//! its input with `to_dtype`) so that fp16 loss scaling has the range it needs.
 //!
 //! Promotion rules (`promote_types`, the rule of `DType::promote`): equal dtypes stay; f32 with
 //! bf16 or f16 gives f32; bf16 with f16 gives f32 (neither holds the other); i64 with a float
@@ -78,6 +82,16 @@ pub fn autocast(dtype: DType) -> AutocastGuard {
 pub fn autocast_disabled() -> AutocastGuard {
     let prev = AUTOCAST.with(|a| a.replace(None));
     AutocastGuard { prev }
+}
+
+/// `t` in the autocast dtype when a region is active and `t` is a float tensor of another
+/// dtype (a differentiable cast), else `t` itself: where activations enter a model whose
+/// activations all run in the region's dtype (a Transformer's residual stream).
+pub fn to_autocast_dtype(t: &Tensor) -> Result<Tensor> {
+    match autocast_dtype() {
+        Some(dt) => cast_float(t, dt),
+        None => Ok(t.clone()),
+    }
 }
 
 /// The common dtype of two operands of an elementwise op, or None when they cannot be mixed

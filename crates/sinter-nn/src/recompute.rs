@@ -91,6 +91,9 @@ where
         return f(x);
     }
     let rng_state = rng.map(|r| lock(r).state());
+    // The recomputation runs in the forward's autocast region (the backward runs outside any,
+    // maybe on another thread), so that it computes the same values in the same dtypes.
+    let autocast = sinter_core::amp::autocast_dtype();
     let xd = x.detach();
     let y = {
         let _g = no_grad();
@@ -106,6 +109,7 @@ where
     let rng = rng.cloned();
     let backward = move |g: &Tensor, _: &Tensor| -> Result<Vec<Option<Tensor>>> {
         let run = || -> Result<Tensor> {
+            let _ac = autocast.map(sinter_core::amp::autocast);
             let xv = xd.to_var()?;
             // Replay the generator from where the forward pass found it, then put it back.
             let now = rng
@@ -147,10 +151,7 @@ pub fn block_forward(
         }
         Recompute::Attn => {
             let blk = block.clone();
-            let a = checkpoint(x, rng, move |x| {
-                use crate::Module;
-                blk.attn.forward(&blk.ln1.forward(x)?)
-            })?;
+            let a = checkpoint(x, rng, move |x| blk.forward_attn(x))?;
             block.forward_after_attn(x, &a)
         }
     }

@@ -9,8 +9,8 @@ use sinter_core::kernels::attention::reference as attn_ref;
 use sinter_core::{Device, Rng, Tensor};
 use sinter_nn::module::shared_rng;
 use sinter_nn::{
-    BlockConfig, LayerKvCache, MlpKind, Module, NormKind, RmsNorm, Rope, RopeConfig, RopeScaling,
-    TransformerBlock,
+    BlockConfig, LayerKvCache, MlpKind, Module, NormKind, Recompute, RmsNorm, Rope, RopeConfig,
+    RopeScaling, TransformerBlock,
 };
 
 fn randn(shape: &[usize], rng: &mut Rng) -> Tensor {
@@ -621,4 +621,52 @@ fn fused_kernels_refuse_wrong_shapes() {
         .expect_err("width")
         .to_string();
     assert!(e.contains("rms_norm"), "{e}");
+}
+
+/// Under bf16 autocast a GPT-2 block carries its residual stream in bf16 (llm.c's activations:
+/// sums and LayerNorms in bf16 with f32 statistics, f32 master parameters), tracks the f32
+/// block within bf16's rounding, gives f32 parameter gradients, and recomputes (a checkpointed
+/// block, whose backward runs outside the autocast region) exactly what it computed.
+#[test]
+fn a_bf16_autocast_block_keeps_a_bf16_residual_stream_and_tracks_f32() {
+    use sinter_core::{amp, DType};
+    use sinter_nn::recompute::block_forward;
+    use std::sync::Arc;
+    let b = Arc::new(block(&BlockConfig::gpt2(32, 4, 2, 0.0), 11));
+    let x = randn(&[2, 8, 32], &mut Rng::new(12));
+    let run = |mode: Recompute, autocast: bool| {
+        outcome(&b, &x, |_, x| {
+            let _ac = autocast.then(|| amp::autocast(DType::BF16));
+            let y = block_forward(&b, x, mode, None).unwrap();
+            assert_eq!(
+                y.dtype(),
+                if autocast { DType::BF16 } else { DType::F32 },
+                "{mode:?}: the block's output (the residual stream)"
+            );
+            y
+        })
+    };
+    let f32_run = run(Recompute::None, false);
+    let bf16 = run(Recompute::None, true);
+    assert_close("output", &bf16.0, &f32_run.0, 2e-2);
+    assert_close("input grad", &bf16.1, &f32_run.1, 5e-2);
+    for ((n, g), (_, h)) in bf16.2.iter().zip(&f32_run.2) {
+        assert_close(&format!("grad {n}"), g, h, 5e-2);
+    }
+    for (n, p) in b.parameters() {
+        assert_eq!(p.grad().unwrap().dtype(), DType::F32, "{n}'s gradient");
+    }
+    assert_eq!(
+        run(Recompute::Block, true),
+        bf16,
+        "a recomputed block: the same values, under the forward's autocast"
+    );
+    // Recomputing the attention half casts the (f32) input twice, once per half, so its
+    // gradient sums two bf16 gradients in f32 instead of in bf16: equal to bf16's rounding.
+    let attn = run(Recompute::Attn, true);
+    assert_eq!(attn.0, bf16.0, "recomputed attention: the output");
+    assert_close("recomputed attention: input grad", &attn.1, &bf16.1, 1e-2);
+    for ((n, g), (_, h)) in attn.2.iter().zip(&bf16.2) {
+        assert_close(&format!("recomputed attention: grad {n}"), g, h, 1e-2);
+    }
 }

@@ -117,7 +117,7 @@ impl TransformerBlock {
     /// The rest of the block given its input `x` and the attention sub-layer's output `a`:
     /// the residual sums, norms (one fused pass with each sum for LayerNorm) and MLP.
     pub fn forward_after_attn(&self, x: &Tensor, a: &Tensor) -> Result<Tensor> {
-        self.after_attn(x, a, true)
+        self.after_attn(&residual_stream(x)?, a, true)
     }
     /// `forward_after_attn`, or with `fused` false the unfused reference of it (separate sums
     /// and norms, the MLP's composite).
@@ -145,10 +145,16 @@ impl TransformerBlock {
         let (x1, h) = sum_norm(&self.ln2, x, a)?;
         x1.add(&mlp(&h)?)
     }
+    /// The attention sub-layer's output on the fast path: what [`Self::forward_after_attn`]
+    /// takes with `x` (recompute checkpoints this half).
+    pub fn forward_attn(&self, x: &Tensor) -> Result<Tensor> {
+        self.attn
+            .forward(&self.attn_input(&residual_stream(x)?, false)?)
+    }
     /// The fast path (also `forward`): flash attention, fused residual + norm, fused MLP.
     pub fn forward_fused(&self, x: &Tensor) -> Result<Tensor> {
-        let a = self.attn.forward(&self.attn_input(x, false)?)?;
-        self.forward_after_attn(x, &a)
+        let x = &residual_stream(x)?;
+        self.forward_after_attn(x, &self.forward_attn(x)?)
     }
     /// The unfused reference.
     pub fn forward_composite(&self, x: &Tensor) -> Result<Tensor> {
@@ -157,15 +163,24 @@ impl TransformerBlock {
     /// The unfused block (every op in tensor ops) with `pad` [b, 1, 1, t] non-zero at keys no
     /// query may see (an encoder's padding).
     pub fn forward_masked(&self, x: &Tensor, pad: Option<&Tensor>) -> Result<Tensor> {
+        let x = &residual_stream(x)?;
         let a = self.attn.forward_masked(&self.attn_input(x, true)?, pad)?;
         self.after_attn(x, &a, false)
     }
     /// The block for `x` [b, s, c] at positions cache.len.. of a sequence whose earlier keys
     /// and values are in `cache` (which this appends to). Inference only; decoders only.
     pub fn forward_step(&self, x: &Tensor, cache: &mut LayerKvCache) -> Result<Tensor> {
+        let x = &residual_stream(x)?;
         let a = self.attn.forward_step(&self.attn_input(x, false)?, cache)?;
         self.forward_after_attn(x, &a)
     }
+}
+
+/// The residual stream as the block carries it: in the autocast dtype inside an autocast
+/// region (llm.c's bf16 activations: the sums, norms and sub-layer inputs without an f32 round
+/// trip or a cast around every GEMM), else as given. A no-op after the first block.
+fn residual_stream(x: &Tensor) -> Result<Tensor> {
+    sinter_core::amp::to_autocast_dtype(x)
 }
 
 impl Module for TransformerBlock {

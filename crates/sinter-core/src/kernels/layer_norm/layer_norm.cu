@@ -1,17 +1,26 @@
 // layer_norm.cu — LayerNorm over the last dim of a [rows, n] view, forward and backward, and the
 // residual add + LayerNorm forward (below).
 //
-// layernorm_fwd_<t>(const T* x, const T* gamma, const T* beta, T* y, float* mean, float* rstd,
+// <t> is the activations' type T (f32, f16, bf16); the kernels that read gamma take them as T, or
+// as f32 in the `<t>_pf32` variants (autocast: half-precision activations, f32 master parameters,
+// whose gradients then come from the f32 finish kernel).
+//
+// layernorm_fwd_<t>(const T* x, const P* gamma, const P* beta, T* y, float* mean, float* rstd,
 //                   i64 rows, i64 n, float eps)
 //     y = (x - mean) * rstd * gamma + beta. gamma/beta may be null (no affine); mean/rstd (f32,
 //     [rows]) may be null (inference) — the backward needs them.
-// layernorm_bwd_dx_<t>(const T* x, const T* gamma, const T* gy, const float* mean, const float* rstd,
+// layernorm_bwd_dx_<t>(const T* x, const P* gamma, const T* gy, const float* mean, const float* rstd,
 //                      T* dx, i64 rows, i64 n)
 //     dx = rstd * (g - mean_j(g) - xhat * mean_j(g * xhat)), g = gy * gamma.
+// layernorm_bwd_<t>(const T* x, const P* gamma, const T* gy, const float* mean, const float* rstd,
+//                   T* dx, float* part_dgamma, float* part_dbeta, i64 rows, i64 n)
+//     dx and the partial column sums in one pass, one partial row per block (part: [gridDim.x, n]);
+//     dynamic shared memory blockDim.y * 2n floats. The two kernels below serve where that does
+//     not fit, or where dx is not wanted.
 // layernorm_bwd_params_<t>(const T* x, const T* gy, const float* mean, const float* rstd,
 //                          float* part_dgamma, float* part_dbeta, i64 rows, i64 n, i64 chunk)
 //     partial column sums over row chunk z = blockIdx.y: part[z][j] = Σ_{rows in chunk} gy*xhat | gy
-// layernorm_bwd_finish_<t>(const float* part_dgamma, const float* part_dbeta, T* dgamma, T* dbeta,
+// layernorm_bwd_finish_<p>(const float* part_dgamma, const float* part_dbeta, P* dgamma, P* dbeta,
 //                          i64 chunks, i64 n)
 //     dgamma[j] = Σ_z part_dgamma[z][j] (in order), same for dbeta; either output may be null.
 //
@@ -21,8 +30,8 @@
 // sums 32 adjacent columns over a chunk of rows (coalesced), the chunks are then summed in a fixed
 // order by the finish kernel — deterministic, and the chunk count is chosen to fill the GPU.
 
-template <typename T>
-__device__ __forceinline__ void ln_fwd(const T* x, const T* gamma, const T* beta, T* y, float* mean, float* rstd,
+template <typename T, typename P>
+__device__ __forceinline__ void ln_fwd(const T* x, const P* gamma, const P* beta, T* y, float* mean, float* rstd,
                                        i64 rows, i64 n, float eps) {
     __shared__ float scratch[32];
     const float inv_n = 1.f / (float)n;
@@ -52,8 +61,8 @@ __device__ __forceinline__ void ln_fwd(const T* x, const T* gamma, const T* beta
     }
 }
 
-template <typename T>
-__device__ __forceinline__ void ln_bwd_dx(const T* x, const T* gamma, const T* gy, const float* mean,
+template <typename T, typename P>
+__device__ __forceinline__ void ln_bwd_dx(const T* x, const P* gamma, const T* gy, const float* mean,
                                           const float* rstd, T* dx, i64 rows, i64 n) {
     __shared__ float scratch[32];
     const float inv_n = 1.f / (float)n;
@@ -87,6 +96,62 @@ __device__ __forceinline__ void ln_bwd_dx(const T* x, const T* gamma, const T* g
                 return rs * (g - a - xhat * b);
             });
         }
+    }
+}
+
+// dx and the partial dgamma/dbeta column sums in one pass over x and gy (the rows are read once
+// from HBM instead of twice): as ln_bwd_dx, and each row group also adds gy*xhat and gy of its
+// rows into its own [2][n] slice of dynamic shared memory (blockDim.y * 2n floats, so the caller
+// launches it only where that fits). Each block then sums its row groups' slices in a fixed order
+// into part[blockIdx.x][j]: ln_bwd_finish sums the gridDim.x partials. Deterministic: a slice
+// element is added to row by row in order, the barrier after each row orders the adds of the
+// threads that own column j (which thread owns it depends on the row's alignment).
+template <typename T, typename P>
+__device__ __forceinline__ void ln_bwd_fused(const T* x, const P* gamma, const T* gy, const float* mean,
+                                             const float* rstd, T* dx, float* part_g, float* part_b,
+                                             i64 rows, i64 n) {
+    extern __shared__ float ln_part[];
+    __shared__ float scratch[32];
+    const int tid = threadIdx.y * blockDim.x + threadIdx.x, threads = blockDim.x * blockDim.y;
+    for (i64 i = tid; i < 2 * n * blockDim.y; i += threads) ln_part[i] = 0.f;
+    __syncthreads();
+    float* sg = ln_part + 2 * n * threadIdx.y;
+    float* sb = sg + n;
+    const float inv_n = 1.f / (float)n;
+    for (i64 r0 = (i64)blockIdx.x * blockDim.y; r0 < rows; r0 += (i64)gridDim.x * blockDim.y) {
+        const i64 r = r0 + threadIdx.y;
+        const bool live = r < rows;
+        const i64 rr = live ? r : 0;
+        const T* xr = x + rr * n;
+        const T* gr = gy + rr * n;
+        const float mu = live ? mean[rr] : 0.f;
+        const float rs = live ? rstd[rr] : 0.f;
+        float a = 0.f, b = 0.f;  // Σ g, Σ g * xhat, as in ln_bwd_dx
+        if (live)
+            row_visit2(xr, gr, n, [&](i64 j, float xv, float gv) {
+                const float g = gamma ? __fmul_rn(gv, to_f32(gamma[j])) : gv;
+                a += g;
+                b += g * (xv - mu) * rs;
+            });
+        a = row_sum(a, scratch) * inv_n;
+        b = row_sum(b, scratch) * inv_n;
+        if (live) {
+            row_write(dx + r * n, n, [&](i64 j) {
+                const float gv = to_f32(gr[j]);
+                const float g = gamma ? __fmul_rn(gv, to_f32(gamma[j])) : gv;
+                const float xhat = (to_f32(xr[j]) - mu) * rs;
+                sg[j] += gv * xhat;
+                sb[j] += gv;
+                return rs * (g - a - xhat * b);
+            });
+        }
+        __syncthreads();
+    }
+    for (i64 j = tid; j < n; j += threads) {
+        float tg = 0.f, tb = 0.f;
+        for (int y = 0; y < (int)blockDim.y; ++y) { tg += ln_part[2 * n * y + j]; tb += ln_part[2 * n * y + n + j]; }
+        part_g[(i64)blockIdx.x * n + j] = tg;
+        part_b[(i64)blockIdx.x * n + j] = tb;
     }
 }
 
@@ -136,17 +201,27 @@ __device__ __forceinline__ void ln_bwd_finish(const float* part_g, const float* 
     }
 }
 
-#define LN_T(sfx, T)                                                                                 \
-    extern "C" __global__ void layernorm_fwd_##sfx(const T* x, const T* gamma, const T* beta, T* y,  \
+// LN_TP: the kernels whose parameters gamma/beta are of type P (x's own type, or f32 master
+// parameters read directly under autocast: no cast kernels around the op). LN_T adds the
+// kernels that do not read parameters.
+#define LN_TP(sfx, T, P)                                                                             \
+    extern "C" __global__ void layernorm_fwd_##sfx(const T* x, const P* gamma, const P* beta, T* y,  \
                                                    float* mean, float* rstd, i64 rows, i64 n,        \
                                                    float eps) {                                      \
-        ln_fwd<T>(x, gamma, beta, y, mean, rstd, rows, n, eps);                                      \
+        ln_fwd<T, P>(x, gamma, beta, y, mean, rstd, rows, n, eps);                                   \
     }                                                                                                \
-    extern "C" __global__ void layernorm_bwd_dx_##sfx(const T* x, const T* gamma, const T* gy,       \
+    extern "C" __global__ void layernorm_bwd_dx_##sfx(const T* x, const P* gamma, const T* gy,       \
                                                       const float* mean, const float* rstd, T* dx,   \
                                                       i64 rows, i64 n) {                             \
-        ln_bwd_dx<T>(x, gamma, gy, mean, rstd, dx, rows, n);                                         \
+        ln_bwd_dx<T, P>(x, gamma, gy, mean, rstd, dx, rows, n);                                      \
     }                                                                                                \
+    extern "C" __global__ void layernorm_bwd_##sfx(const T* x, const P* gamma, const T* gy,          \
+                                                   const float* mean, const float* rstd, T* dx,      \
+                                                   float* part_g, float* part_b, i64 rows, i64 n) {  \
+        ln_bwd_fused<T, P>(x, gamma, gy, mean, rstd, dx, part_g, part_b, rows, n);                   \
+    }
+#define LN_T(sfx, T)                                                                                 \
+    LN_TP(sfx, T, T)                                                                                 \
     extern "C" __global__ void layernorm_bwd_params_##sfx(const T* x, const T* gy, const float* mean, \
                                                           const float* rstd, float* part_g,          \
                                                           float* part_b, i64 rows, i64 n,            \
@@ -160,10 +235,12 @@ __device__ __forceinline__ void ln_bwd_finish(const float* part_g, const float* 
 LN_T(f32, float)
 LN_T(f16, __half)
 LN_T(bf16, bf16)
+LN_TP(f16_pf32, __half, float)
+LN_TP(bf16_pf32, bf16, float)
 
 // Residual add + LayerNorm — the pre-LN Transformer's "h = x + r; y = LayerNorm(h)·γ + β" in one pass.
 //
-// resln_fwd_<t>(const T* x, const T* r, const T* gamma, const T* beta, T* h, T* y, float* mean,
+// resln_fwd_<t>(const T* x, const T* r, const P* gamma, const P* beta, T* h, T* y, float* mean,
 //               float* rstd, i64 rows, i64 n, float eps)
 //     Reads x, r [rows, n] and gamma, beta [n]; writes h = x + r (rounded to T: the new residual
 //     stream), y = (h - mean)·rstd·γ + β, and mean/rstd (f32, [rows]) for the backward pass.
@@ -180,8 +257,8 @@ LN_T(bf16, bf16)
 // once. Row groups sized to the row (warp-sized for short rows), 128-bit stores on aligned rows,
 // two-pass mean/variance in f32.
 
-template <typename T>
-__device__ __forceinline__ void resln_fwd(const T* x, const T* r, const T* gamma, const T* beta, T* h, T* y,
+template <typename T, typename P>
+__device__ __forceinline__ void resln_fwd(const T* x, const T* r, const P* gamma, const P* beta, T* h, T* y,
                                           float* mean, float* rstd, i64 rows, i64 n, float eps) {
     __shared__ float scratch[32];
     const float inv_n = 1.f / (float)n;
@@ -219,12 +296,14 @@ __device__ __forceinline__ void resln_fwd(const T* x, const T* r, const T* gamma
     }
 }
 
-#define RESLN_T(sfx, T)                                                                              \
-    extern "C" __global__ void resln_fwd_##sfx(const T* x, const T* r, const T* gamma, const T* beta, \
+#define RESLN_TP(sfx, T, P)                                                                          \
+    extern "C" __global__ void resln_fwd_##sfx(const T* x, const T* r, const P* gamma, const P* beta, \
                                                T* h, T* y, float* mean, float* rstd, i64 rows, i64 n, \
                                                float eps) {                                           \
-        resln_fwd<T>(x, r, gamma, beta, h, y, mean, rstd, rows, n, eps);                              \
+        resln_fwd<T, P>(x, r, gamma, beta, h, y, mean, rstd, rows, n, eps);                           \
     }
-RESLN_T(f32, float)
-RESLN_T(f16, __half)
-RESLN_T(bf16, bf16)
+RESLN_TP(f32, float, float)
+RESLN_TP(f16, __half, __half)
+RESLN_TP(bf16, bf16, bf16)
+RESLN_TP(f16_pf32, __half, float)
+RESLN_TP(bf16_pf32, bf16, float)

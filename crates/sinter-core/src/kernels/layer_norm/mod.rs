@@ -11,8 +11,10 @@
 //!
 //! Statistics are f32 (mean and 1/std per row, saved for the backward) whatever the dtype. On
 //! the CPU the arithmetic is f32 throughout and the parameter gradients come out in f32; on
-//! CUDA gamma and beta are used in x's dtype and their gradients come out in it. Both are cast
-//! to the parameters' dtypes.
+//! CUDA the kernels read f32 gamma and beta as they are (autocast's half-precision activations
+//! with f32 master parameters: no cast kernels, and dgamma/dbeta summed and stored in f32),
+//! and parameters of any other dtype in x's dtype. Gradients are cast to the parameters'
+//! dtypes where they differ.
 
 mod cpu;
 mod cuda;
@@ -31,10 +33,10 @@ fn stats_spec(x: &TensorMeta) -> OutputSpec {
     OutputSpec::new(&[x.numel() / n], DType::F32)
 }
 
-/// (x, gamma, beta) → (y, mean, rstd).
-fn forward_op(dtype: DType, eps: f32) -> Result<CustomOp> {
-    static OPS: OpCache<(DType, u32)> = OnceLock::new();
-    cached(&OPS, (dtype, eps.to_bits()), || {
+/// (x, gamma, beta) → (y, mean, rstd); `dt`: x's and the parameters' dtypes (on CUDA).
+fn forward_op(dt: (DType, DType), eps: f32) -> Result<CustomOp> {
+    static OPS: OpCache<(DType, DType, u32)> = OnceLock::new();
+    cached(&OPS, (dt.0, dt.1, eps.to_bits()), || {
         CustomOp::builder("layer_norm")
             .inputs(3)
             .dtypes(&FLOATS)
@@ -43,15 +45,16 @@ fn forward_op(dtype: DType, eps: f32) -> Result<CustomOp> {
                 Ok(vec![OutputSpec::new(&m[0].shape, m[0].dtype), s.clone(), s])
             })
             .cpu(move |x| cpu::forward(x, eps))
-            .cuda(cuda::forward_kernel(dtype, eps)?)
+            .cuda(cuda::forward_kernel(dt, eps)?)
             .build()
     })
 }
 
-/// (x, residual, gamma, beta) → (x + residual, LayerNorm of it, mean, rstd).
-fn residual_op(dtype: DType, eps: f32) -> Result<CustomOp> {
-    static OPS: OpCache<(DType, u32)> = OnceLock::new();
-    cached(&OPS, (dtype, eps.to_bits()), || {
+/// (x, residual, gamma, beta) → (x + residual, LayerNorm of it, mean, rstd); `dt` as for
+/// [`forward_op`].
+fn residual_op(dt: (DType, DType), eps: f32) -> Result<CustomOp> {
+    static OPS: OpCache<(DType, DType, u32)> = OnceLock::new();
+    cached(&OPS, (dt.0, dt.1, eps.to_bits()), || {
         CustomOp::builder("residual_layer_norm")
             .inputs(4)
             .dtypes(&FLOATS)
@@ -60,7 +63,7 @@ fn residual_op(dtype: DType, eps: f32) -> Result<CustomOp> {
                 Ok(vec![y.clone(), y, s.clone(), s])
             })
             .cpu(move |x| cpu::residual_forward(x, eps))
-            .cuda(cuda::residual_forward_kernel(dtype, eps)?)
+            .cuda(cuda::residual_forward_kernel(dt, eps)?)
             .build()
     })
 }
@@ -82,17 +85,20 @@ fn cpu_backward_op() -> Result<CustomOp> {
     })
 }
 
-/// The CUDA backward's kernels for `dtype`: dx from (x, gamma, gy, mean, rstd); the partial
-/// column sums from (x, gy, mean, rstd); (dgamma, dbeta) from the partial sums.
-fn cuda_backward_ops(dtype: DType) -> Result<[CustomOp; 3]> {
-    static OPS: OpCache<DType, [CustomOp; 3]> = OnceLock::new();
-    cached(&OPS, dtype, || {
+/// The CUDA backward's kernels for x in `dt.0` and the parameters in `dt.1`: dx from (x,
+/// gamma, gy, mean, rstd); the partial column sums from (x, gy, mean, rstd); (dgamma, dbeta),
+/// in the parameters' dtype, from the partial sums; and dx with the partial sums in one pass
+/// (where its shared memory fits), from dx's inputs.
+fn cuda_backward_ops(dt: (DType, DType)) -> Result<[CustomOp; 4]> {
+    static OPS: OpCache<(DType, DType), [CustomOp; 4]> = OnceLock::new();
+    let (dtype, param) = dt;
+    cached(&OPS, dt, || {
         let like_x = |m: &[TensorMeta]| Ok(vec![OutputSpec::new(&m[0].shape, m[0].dtype)]);
         let dx = CustomOp::builder("layer_norm_backward_dx")
             .inputs(5)
             .dtypes(&FLOATS)
             .outputs(like_x)
-            .cuda(cuda::dx_kernel(dtype)?)
+            .cuda(cuda::dx_kernel(dt)?)
             .build()?;
         let params = CustomOp::builder("layer_norm_backward_params")
             .inputs(4)
@@ -109,12 +115,29 @@ fn cuda_backward_ops(dtype: DType) -> Result<[CustomOp; 3]> {
             .inputs(2)
             .dtypes(&FLOATS)
             .outputs(move |m| {
-                let p = OutputSpec::new(&m[0].shape[1..], dtype);
+                let p = OutputSpec::new(&m[0].shape[1..], param);
                 Ok(vec![p.clone(), p])
             })
-            .cuda(cuda::finish_kernel(dtype)?)
+            .cuda(cuda::finish_kernel(param)?)
             .build()?;
-        Ok([dx, params, finish])
+        let fused = CustomOp::builder("layer_norm_backward")
+            .inputs(5)
+            .dtypes(&FLOATS)
+            .outputs(|m| {
+                let n = m[0].shape.last().copied().unwrap_or(1);
+                let blocks = cuda::fused_partials(&m[0])?.ok_or_else(|| {
+                    Error::Msg("layer_norm backward: the one-pass kernel does not fit".into())
+                })?;
+                let part = OutputSpec::new(&[blocks, n], DType::F32);
+                Ok(vec![
+                    OutputSpec::new(&m[0].shape, m[0].dtype),
+                    part.clone(),
+                    part,
+                ])
+            })
+            .cuda(cuda::fused_backward_kernel(dt)?)
+            .build()?;
+        Ok([dx, params, finish, fused])
     })
 }
 
@@ -127,13 +150,20 @@ fn as_dtype(t: &Tensor, dtype: DType) -> Result<Tensor> {
     }
 }
 
-/// An operand as the op's kernels take it: detached, and on CUDA in x's dtype (the CPU reads
+/// An operand as the op's kernels take it: detached, and on CUDA in `dtype` (the CPU reads
 /// every float dtype as f32 itself).
-fn operand(t: &Tensor, x: &Tensor) -> Result<Tensor> {
+fn operand(t: &Tensor, x: &Tensor, dtype: DType) -> Result<Tensor> {
     match x.device() {
         Device::Cpu => Ok(t.detach()),
-        _ => as_dtype(&t.detach(), x.dtype()),
+        _ => as_dtype(&t.detach(), dtype),
     }
+}
+
+/// The dtypes the kernels run in: x's, and the parameters': f32 when gamma and beta are both
+/// f32 (autocast's master parameters, read without a cast), else x's.
+fn kernel_dtypes(x: &Tensor, gamma: &Tensor, beta: &Tensor) -> (DType, DType) {
+    let f32_params = gamma.dtype() == DType::F32 && beta.dtype() == DType::F32;
+    (x.dtype(), if f32_params { DType::F32 } else { x.dtype() })
 }
 
 /// The forward's row statistics, kept for the backward.
@@ -151,7 +181,8 @@ fn grads(
     want_x: bool,
 ) -> Result<Vec<Option<Tensor>>> {
     let (want_g, want_b) = (gamma.tracks_grad(), beta.tracks_grad());
-    let (xd, gam, gy) = (x.detach(), operand(gamma, x)?, operand(g, x)?);
+    let dt = kernel_dtypes(x, gamma, beta);
+    let (xd, gam, gy) = (x.detach(), operand(gamma, x, dt.1)?, operand(g, x, dt.0)?);
     let (mean, rstd) = (&stats.mean, &stats.rstd);
     let (dx, dg, db) = if x.device() == Device::Cpu {
         let [dx, dg, db]: [Tensor; 3] = cpu_backward_op()?
@@ -160,19 +191,7 @@ fn grads(
             .map_err(|_| Error::Msg("layer_norm_backward: three outputs".into()))?;
         (Some(dx), Some(dg), Some(db))
     } else {
-        let [dx_op, params, finish] = cuda_backward_ops(x.dtype())?;
-        let dx = want_x
-            .then(|| dx_op.apply(&[&xd, &gam, &gy, mean, rstd]))
-            .transpose()?
-            .map(|mut v| v.remove(0));
-        let (dg, db) = if want_g || want_b {
-            let p = params.apply(&[&xd, &gy, mean, rstd])?;
-            let mut f = finish.apply(&[&p[0], &p[1]])?.into_iter();
-            (f.next(), f.next())
-        } else {
-            (None, None)
-        };
-        (dx, dg, db)
+        cuda_grads(dt, (&xd, &gam, &gy), stats, want_x, want_g || want_b)?
     };
     let param = |d: Option<Tensor>, want: bool, like: &Tensor| {
         d.filter(|_| want)
@@ -184,6 +203,48 @@ fn grads(
         param(dg, want_g, gamma)?,
         param(db, want_b, beta)?,
     ])
+}
+
+/// The CUDA backward: (dx when `want_x`, dgamma and dbeta when `want_params`), the parameters'
+/// in `dt.1`. One pass over x and gy for all three where the one-pass kernel fits, else dx and
+/// the parameters' partial sums each from their own.
+fn cuda_grads(
+    dt: (DType, DType),
+    (x, gamma, gy): (&Tensor, &Tensor, &Tensor),
+    stats: &Stats,
+    want_x: bool,
+    want_params: bool,
+) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+    let [dx_op, params, finish, fused] = cuda_backward_ops(dt)?;
+    let (mean, rstd) = (&stats.mean, &stats.rstd);
+    let finish = |pg: &Tensor, pb: &Tensor| -> Result<(Option<Tensor>, Option<Tensor>)> {
+        let mut f = finish.apply(&[pg, pb])?.into_iter();
+        Ok((f.next(), f.next()))
+    };
+    let meta = TensorMeta {
+        shape: x.shape().to_vec(),
+        dtype: x.dtype(),
+        device: x.device(),
+    };
+    if want_x && want_params && cuda::fused_partials(&meta)?.is_some() {
+        let [dx, pg, pb]: [Tensor; 3] = fused
+            .apply(&[x, gamma, gy, mean, rstd])?
+            .try_into()
+            .map_err(|_| Error::Msg("layer_norm_backward: three outputs".into()))?;
+        let (dg, db) = finish(&pg, &pb)?;
+        return Ok((Some(dx), dg, db));
+    }
+    let dx = want_x
+        .then(|| dx_op.apply(&[x, gamma, gy, mean, rstd]))
+        .transpose()?
+        .map(|mut v| v.remove(0));
+    let (dg, db) = if want_params {
+        let p = params.apply(&[x, gy, mean, rstd])?;
+        finish(&p[0], &p[1])?
+    } else {
+        (None, None)
+    };
+    Ok((dx, dg, db))
 }
 
 /// An error unless gamma and beta are `[n]`, n being x's (non-empty) last dimension.
@@ -216,8 +277,9 @@ pub fn layer_norm(x: &Tensor, gamma: &Tensor, beta: &Tensor, eps: f32) -> Result
     check_params("layer_norm", x, gamma, beta)?;
     let mut out = {
         let _g = no_grad();
-        let (gam, bet) = (operand(gamma, x)?, operand(beta, x)?);
-        forward_op(x.dtype(), eps)?.apply(&[&x.detach(), &gam, &bet])?
+        let dt = kernel_dtypes(x, gamma, beta);
+        let (gam, bet) = (operand(gamma, x, dt.1)?, operand(beta, x, dt.1)?);
+        forward_op(dt, eps)?.apply(&[&x.detach(), &gam, &bet])?
     };
     let stats = Stats {
         rstd: out.pop().expect("three outputs"),
@@ -266,8 +328,9 @@ pub fn residual_layer_norm(
     check_params(op, x, gamma, beta)?;
     let mut out = {
         let _g = no_grad();
-        let (gam, bet) = (operand(gamma, x)?, operand(beta, x)?);
-        residual_op(x.dtype(), eps)?.apply(&[&x.detach(), &residual.detach(), &gam, &bet])?
+        let dt = kernel_dtypes(x, gamma, beta);
+        let (gam, bet) = (operand(gamma, x, dt.1)?, operand(beta, x, dt.1)?);
+        residual_op(dt, eps)?.apply(&[&x.detach(), &residual.detach(), &gam, &bet])?
     };
     let stats = Stats {
         rstd: out.pop().expect("four outputs"),
