@@ -341,10 +341,31 @@ fn gpt_step_with_cudnn_attention_matches_flash() {
         assert!(sdpa >= 6, "cuDNN attention forwards: {sdpa}");
     }
     let with_flash = run(AttentionBackend::Flash);
+    // Step 0 (the same weights on both sides): every gradient element within bf16's
+    // rounding. Later steps start from weights already apart by one or two updates, which the
+    // bf16 residual stream carries on, so they are held to the gradients' relative L2 error.
     for (s, ((lc, gc), (lf, gf))) in with_cudnn.iter().zip(&with_flash).enumerate() {
         assert_close(&format!("step {s} loss"), &[*lc], &[*lf], 2e-2);
         for ((n, a), (_, b)) in gc.iter().zip(gf) {
-            assert_close(&format!("step {s} gradient of {n}"), a, b, 5e-2);
+            let what = format!("step {s} gradient of {n}");
+            if s == 0 {
+                assert_close(&what, a, b, 5e-2);
+            } else {
+                assert_close_l2(&what, a, b, 5e-2);
+            }
         }
     }
+}
+
+/// ‖a − b‖₂ ≤ tol · ‖b‖₂ (b's norm at least 1e-6).
+fn assert_close_l2(what: &str, a: &[f32], b: &[f32], tol: f64) {
+    assert_eq!(a.len(), b.len(), "{what}");
+    let norm = |v: &mut dyn Iterator<Item = f64>| v.map(|x| x * x).sum::<f64>().sqrt();
+    let diff = norm(&mut a.iter().zip(b).map(|(x, y)| (x - y) as f64));
+    let base = norm(&mut b.iter().map(|&y| y as f64)).max(1e-6);
+    assert!(
+        diff <= tol * base,
+        "{what}: relative L2 error {} > {tol}",
+        diff / base
+    );
 }
