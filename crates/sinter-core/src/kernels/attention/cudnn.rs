@@ -47,6 +47,13 @@ pub(super) fn takes(dev: &CudaDevice, p: &SdpaProblem, pass: SdpaPass) -> bool {
     if !chosen.tries_cudnn() || FAILED.load(Ordering::Relaxed) {
         return false;
     }
+    // This path has never run on a GPU: on a real device cuDNN is opt-in
+    // (`SINTER_ATTENTION=cudnn`) until a GPU run of `bench/gpu/prove.sh` has checked it against
+    // flash (PyTorch made its cuDNN attention opt-in after correctness reports). The emulated
+    // device takes it by default, so CI exercises it and the cost model prices it.
+    if chosen == AttentionBackend::Auto && !sinter_cuda::runtime::is_emulated() {
+        return false;
+    }
     let mut ok = sdpa::supports(dev, p, pass);
     if ok.is_ok() && pass == SdpaPass::Forward && !flash_applies(p.dtype, p.d) {
         ok = sdpa::supports(dev, p, SdpaPass::Backward)

@@ -11,7 +11,8 @@ use std::sync::OnceLock;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum AttentionBackend {
     /// cuDNN's fused attention where the loaded cuDNN takes the case, else sinter's flash
-    /// kernel, else the composite (the default).
+    /// kernel, else the composite (the default). On a real GPU, cuDNN only once asked for
+    /// (`Cudnn`), until a GPU run has checked it (see `cudnn::takes`).
     Auto,
     /// As `Auto`, asked for by name: a case cuDNN cannot take says so once.
     Cudnn,
