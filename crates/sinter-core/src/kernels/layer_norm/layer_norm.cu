@@ -61,6 +61,36 @@ __device__ __forceinline__ void ln_fwd(const T* x, const P* gamma, const P* beta
     }
 }
 
+// g = gy * gamma (gy where there is no gamma). __fmul_rn: never fused into a later add
+// (NVRTC's --fmad=true would turn `g - a` in the dx formula into fma(gv, gamma, -a), keeping the
+// product's rounding error, so a one-element row's dx came out 1e-6, not 0: g must be the same
+// rounded value in the sums and in dx).
+template <typename P>
+__device__ __forceinline__ float ln_scaled_grad(float gv, const P* gamma, i64 j) {
+    return gamma ? __fmul_rn(gv, to_f32(gamma[j])) : gv;
+}
+
+// The two row means every dx element of a row needs: a = mean of g, b = mean of g * xhat.
+struct LnRowSums {
+    float a, b;
+};
+
+// LnRowSums of one row (all threads of the row group take part in the sums; `live` false for a
+// group past the last row, which adds nothing).
+template <typename T, typename P>
+__device__ __forceinline__ LnRowSums ln_bwd_row_sums(const T* xr, const T* gr, const P* gamma, float mu,
+                                                     float rs, bool live, i64 n, float inv_n,
+                                                     float* scratch) {
+    float a = 0.f, b = 0.f;
+    if (live)
+        row_visit2(xr, gr, n, [&](i64 j, float xv, float gv) {
+            const float g = ln_scaled_grad(gv, gamma, j);
+            a += g;
+            b += g * (xv - mu) * rs;
+        });
+    return LnRowSums{row_sum(a, scratch) * inv_n, row_sum(b, scratch) * inv_n};
+}
+
 template <typename T, typename P>
 __device__ __forceinline__ void ln_bwd_dx(const T* x, const P* gamma, const T* gy, const float* mean,
                                           const float* rstd, T* dx, i64 rows, i64 n) {
@@ -74,26 +104,13 @@ __device__ __forceinline__ void ln_bwd_dx(const T* x, const P* gamma, const T* g
         const T* gr = gy + rr * n;
         const float mu = live ? mean[rr] : 0.f;
         const float rs = live ? rstd[rr] : 0.f;
-        float a = 0.f, b = 0.f;  // Σ g, Σ g * xhat
-        if (live)
-            row_visit2(xr, gr, n, [&](i64 j, float xv, float gv) {
-                // __fmul_rn: never fused into a later add (NVRTC's --fmad=true would turn
-                // `g - a` below into fma(gv, gamma, -a), keeping the product's rounding error, so
-                // a one-element row's dx came out 1e-6, not 0: g must be the same rounded value
-                // in both passes).
-                const float g = gamma ? __fmul_rn(gv, to_f32(gamma[j])) : gv;
-                a += g;
-                b += g * (xv - mu) * rs;
-            });
-        a = row_sum(a, scratch) * inv_n;
-        b = row_sum(b, scratch) * inv_n;
+        const LnRowSums s = ln_bwd_row_sums(xr, gr, gamma, mu, rs, live, n, inv_n, scratch);
         if (live) {
             T* dr = dx + r * n;
             row_write(dr, n, [&](i64 j) {
                 const float gv = to_f32(gr[j]);
-                const float g = gamma ? __fmul_rn(gv, to_f32(gamma[j])) : gv;
                 const float xhat = (to_f32(xr[j]) - mu) * rs;
-                return rs * (g - a - xhat * b);
+                return rs * (ln_scaled_grad(gv, gamma, j) - s.a - xhat * s.b);
             });
         }
     }
@@ -126,23 +143,14 @@ __device__ __forceinline__ void ln_bwd_fused(const T* x, const P* gamma, const T
         const T* gr = gy + rr * n;
         const float mu = live ? mean[rr] : 0.f;
         const float rs = live ? rstd[rr] : 0.f;
-        float a = 0.f, b = 0.f;  // Σ g, Σ g * xhat, as in ln_bwd_dx
-        if (live)
-            row_visit2(xr, gr, n, [&](i64 j, float xv, float gv) {
-                const float g = gamma ? __fmul_rn(gv, to_f32(gamma[j])) : gv;
-                a += g;
-                b += g * (xv - mu) * rs;
-            });
-        a = row_sum(a, scratch) * inv_n;
-        b = row_sum(b, scratch) * inv_n;
+        const LnRowSums s = ln_bwd_row_sums(xr, gr, gamma, mu, rs, live, n, inv_n, scratch);
         if (live) {
             row_write(dx + r * n, n, [&](i64 j) {
                 const float gv = to_f32(gr[j]);
-                const float g = gamma ? __fmul_rn(gv, to_f32(gamma[j])) : gv;
                 const float xhat = (to_f32(xr[j]) - mu) * rs;
                 sg[j] += gv * xhat;
                 sb[j] += gv;
-                return rs * (g - a - xhat * b);
+                return rs * (ln_scaled_grad(gv, gamma, j) - s.a - xhat * s.b);
             });
         }
         __syncthreads();
