@@ -270,7 +270,7 @@ unsafe fn run_block<S: Simd, const MV: usize, const NR: usize>(
             fs: p.rsa,
             ks: p.csa,
         };
-        pack_panels(asrc, mcb, kcb, mr, abuf);
+        pack_panels(asrc, mcb, kcb, mr, abuf, S::LANES >= 8);
         abuf.as_ptr()
     } else {
         // ic is a multiple of MR (threads and mc split on panel bounds).
@@ -335,7 +335,7 @@ pub(crate) unsafe fn run_range<S: Simd, const MV: usize, const NR: usize>(
         for (pc, kcb) in k_blocks(p.k, kc_max) {
             let b = BBlock::new(p, jc, ncb, pc, kcb, bbuf.as_ptr(), in_place);
             if !b.in_place {
-                pack_panels(b.src, ncb, b.kcb, NR, bbuf);
+                pack_panels(b.src, ncb, b.kcb, NR, bbuf, S::LANES >= 8);
             }
             for ic in (rows.start..rows.end).step_by(mc) {
                 run_block::<S, MV, NR>(p, &b, ic, mc.min(rows.end - ic), abuf);
@@ -470,7 +470,7 @@ unsafe fn run_shared<S: Simd, const MV: usize, const NR: usize>(
                             let len = (f1 - f0).div_ceil(NR) * NR * b.kcb;
                             let dst =
                                 std::slice::from_raw_parts_mut(bbuf.get().add(f0 * b.kcb), len);
-                            pack_panels(src, f1 - f0, b.kcb, NR, dst);
+                            pack_panels(src, f1 - f0, b.kcb, NR, dst, S::LANES >= 8);
                         }
                     },
                 );

@@ -39,7 +39,16 @@ impl PackedB {
                 ks: b.rs,
             };
             // SAFETY: as above; the destination block holds padded · kcb values.
-            unsafe { pack_panels(src, n, kcb, mr, &mut data[pc * padded..(pc + kcb) * padded]) };
+            unsafe {
+                pack_panels(
+                    src,
+                    n,
+                    kcb,
+                    mr,
+                    &mut data[pc * padded..(pc + kcb) * padded],
+                    isa != Isa::Scalar,
+                )
+            };
             pc += kcb;
         }
         Ok(PackedB {
