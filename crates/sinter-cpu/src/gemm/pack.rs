@@ -185,8 +185,14 @@ mod tests {
                 let (p, rest) = (i / (width * kc), i % (width * kc));
                 let (k, f) = (rest / width, p * width + rest % width);
                 let want = if f < free { src[f * stride + k] } else { 0.0 };
-                assert_eq!(a, want, "plain pack at row {f}, k {k} ({free}×{kc}, width {width})");
-                assert_eq!(b, want, "AVX pack at row {f}, k {k} ({free}×{kc}, width {width})");
+                assert_eq!(
+                    a, want,
+                    "plain pack at row {f}, k {k} ({free}×{kc}, width {width})"
+                );
+                assert_eq!(
+                    b, want,
+                    "AVX pack at row {f}, k {k} ({free}×{kc}, width {width})"
+                );
             }
         }
     }
