@@ -138,9 +138,12 @@ fn rotate(x: &[f32], cos: &[f32], sin: &[f32], sign: f32, y: &mut [f32]) {
     let (y1, y2) = y.split_at_mut(half);
     let (c1, c2) = cos.split_at(half);
     let (s1, s2) = sin.split_at(half);
-    for i in 0..half {
-        let (s1, s2) = (sign * s1[i], sign * s2[i]);
-        y1[i] = x1[i] * c1[i] - x2[i] * s1;
-        y2[i] = x2[i] * c2[i] + x1[i] * s2;
+    // Zipped (no indexing) so that the loop vectorises without bounds checks.
+    let ys = y1.iter_mut().zip(y2.iter_mut());
+    let xs = x1.iter().zip(x2);
+    let tables = c1.iter().zip(c2).zip(s1.iter().zip(s2));
+    for ((o1, o2), ((&a, &b), ((&c1, &c2), (&s1, &s2)))) in ys.zip(xs.zip(tables)) {
+        *o1 = a * c1 - b * (sign * s1);
+        *o2 = b * c2 + a * (sign * s2);
     }
 }
