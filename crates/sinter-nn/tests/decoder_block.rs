@@ -599,6 +599,23 @@ fn fused_rms_norm_rope_and_swiglu_equal_their_composites() {
         let fused = op_outcome(&q, &[], |q| rope.apply(q, start).unwrap());
         let composite = op_outcome(&q, &[], |q| rope.apply_with(q, start, true).unwrap());
         assert_same_outcome(&format!("rope, {b}×{t} from {start}"), &fused, &composite);
+        // A packed projection [b, t, (4 + 2·2)·32]: q's 4 and k's 2 heads rotated, v's 2
+        // passed through.
+        let qkv = randn(&[b, t, 8 * 32], &mut rng);
+        let fused = op_outcome(&qkv, &[], |x| rope.apply_packed(x, start, 6).unwrap());
+        let composite = op_outcome(&qkv, &[], |x| {
+            rope.apply_packed_with(x, start, 6, true).unwrap()
+        });
+        assert_same_outcome(
+            &format!("packed rope, {b}×{t} from {start}"),
+            &fused,
+            &composite,
+        );
+        assert_eq!(
+            &fused.0[6 * 32..8 * 32],
+            &vals(&qkv)[6 * 32..8 * 32],
+            "v untouched"
+        );
     }
 }
 
@@ -621,6 +638,20 @@ fn fused_kernels_refuse_wrong_shapes() {
         .expect_err("width")
         .to_string();
     assert!(e.contains("rms_norm"), "{e}");
+    let rope = Rope::new(
+        RopeConfig {
+            theta: 10_000.0,
+            scaling: RopeScaling::None,
+        },
+        32,
+    )
+    .unwrap();
+    // 4 heads of 32 do not fit in 100 columns.
+    let e = rope
+        .apply_packed(&randn(&[2, 5, 100], &mut rng), 0, 4)
+        .expect_err("too narrow")
+        .to_string();
+    assert!(e.contains("rope") && e.contains("100"), "{e}");
 }
 
 /// Under bf16 autocast a GPT-2 block carries its residual stream in bf16 (llm.c's activations:

@@ -7,8 +7,9 @@
 pub mod linear;
 
 pub use crate::kernels::attention::{
-    attention, attention_packed, attention_packed_reference, attention_reference, causal_mask,
-    decode_attention, decode_attention_reference,
+    attention, attention_packed, attention_packed_gqa, attention_packed_gqa_reference,
+    attention_packed_reference, attention_reference, causal_mask, decode_attention,
+    decode_attention_reference,
 };
 pub use crate::kernels::bias_gelu::{
     bias_gelu, bias_gelu_reference, linear_bias_gelu, linear_bias_gelu_reference,

@@ -6,8 +6,9 @@
 //!
 //! q, k and v come from one packed projection [q (h·d) | k (kv·d) | v (kv·d)], one GEMM.
 //! `forward` takes the fast path: flash attention (`sinter_core::fused`, never building the
-//! t×t matrix); when the heads need no rotation, norm or key sharing (GPT-2) it reads the
-//! packed projection in place. `forward_composite` is the unfused reference (explicit masked
+//! t×t matrix) reading the packed projection in place, after one rotation pass over it where
+//! positions are rotary (everywhere for GPT-2's heads; for rotary or grouped heads where those
+//! kernels run, f32 on the CPU). `forward_composite` is the unfused reference (explicit masked
 //! softmax). `forward_step` runs against a KV cache (generation), which keeps the kv heads
 //! unshared: a grouped model caches n_head / n_kv_head times less.
 
@@ -114,10 +115,13 @@ impl CausalSelfAttention {
         })
     }
 
-    /// GPT-2's case: the packed projection's thirds are the heads as they are, so flash
-    /// attention reads them in place.
-    fn packed_mha(&self) -> bool {
-        self.rope.is_none() && self.q_norm.is_none() && self.n_kv_head == self.n_head
+    /// Whether flash attention reads the heads from the packed projection in place: always
+    /// for GPT-2's heads (no rotation, norm or sharing); with rotary positions or grouped heads
+    /// where the packed rotation and grouped kernels run (f32 on the CPU; CUDA's packed
+    /// kernels take GPT-2's layout). QK-norm splits the heads.
+    fn reads_packed(&self, x: &Tensor) -> bool {
+        let gpt2 = self.rope.is_none() && self.n_kv_head == self.n_head;
+        self.q_norm.is_none() && (gpt2 || super::fused::applies(x))
     }
 
     fn scale(&self) -> f32 {
@@ -272,9 +276,13 @@ impl CausalSelfAttention {
         if self.window_bites(t) {
             return self.forward_composite(x);
         }
-        if self.packed_mha() {
-            let qkv = self.qkv.forward(x)?;
-            let y = fused::attention_packed(&qkv, self.n_head, self.causal, self.scale())?;
+        if self.reads_packed(x) {
+            let (h, kv) = (self.n_head, self.n_kv_head);
+            let mut qkv = self.qkv.forward(x)?;
+            if let Some(rope) = &self.rope {
+                qkv = rope.apply_packed(&qkv, 0, h + kv)?;
+            }
+            let y = fused::attention_packed_gqa(&qkv, h, kv, self.causal, self.scale())?;
             return self.resid_dropout.forward(&self.proj.forward(&y)?);
         }
         let (q, k, v) = self.heads(x, 0, false)?;

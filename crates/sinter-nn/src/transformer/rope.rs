@@ -201,6 +201,47 @@ impl Rope {
         Self::rotate_composite(x, &cos, &sin)
     }
 
+    /// Rotates the first `rotated` heads of a packed projection qkv [b, t, w] (q's heads then
+    /// k's, head_dim columns each) at positions start..start + t; the other columns (v) pass
+    /// through. The fused kernel for f32 on the CPU, else the composite.
+    pub fn apply_packed(&self, qkv: &Tensor, start: usize, rotated: usize) -> Result<Tensor> {
+        self.apply_packed_with(qkv, start, rotated, false)
+    }
+
+    /// [`Rope::apply_packed`], in tensor ops when `composite`: the heads split out, rotated by
+    /// [`Rope::rotate_composite`] and packed back.
+    pub fn apply_packed_with(
+        &self,
+        qkv: &Tensor,
+        start: usize,
+        rotated: usize,
+        composite: bool,
+    ) -> Result<Tensor> {
+        let (s, d) = (qkv.shape(), self.head_dim);
+        if s.len() != 3 || rotated * d > s[2] {
+            bail!(
+                "rope: expected a packed projection [batch, time, width] holding at least {rotated} heads of {d}, got {s:?}"
+            );
+        }
+        let (b, t, w) = (s[0], s[1], s[2]);
+        let (cos, sin) = self.tables(start + t, qkv.device(), qkv.dtype())?;
+        let (cos, sin) = (cos.narrow(0, start, t)?, sin.narrow(0, start, t)?);
+        if !composite && super::fused::applies(qkv) {
+            return super::fused::rope::rope_packed(qkv, &cos, &sin, rotated);
+        }
+        let heads = qkv
+            .narrow(2, 0, rotated * d)?
+            .reshape(&[b, t, rotated, d])?
+            .transpose(1, 2)?;
+        let turned = Self::rotate_composite(&heads, &cos, &sin)?
+            .transpose(1, 2)?
+            .reshape(&[b, t, rotated * d])?;
+        if rotated * d == w {
+            return Ok(turned);
+        }
+        Tensor::cat(&[turned, qkv.narrow(2, rotated * d, w - rotated * d)?], 2)
+    }
+
     /// The rotation in tensor ops (the fused kernel's reference; every other dtype and
     /// device): x [b, h, t, d] by tables cos, sin [t, d].
     pub fn rotate_composite(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {

@@ -235,6 +235,7 @@ unsafe fn forward_tile(
     lse: &mut [f32],
 ) {
     let (d, nr, isa) = (g.d, lse.len(), Isa::get());
+    let hk = hi / g.group();
     o.zero_rows(bi, hi, i0, nr, d);
     let orow = |r: usize| std::slice::from_raw_parts_mut(o.row(bi, hi, i0 + r), d);
     let kend = g.limit(i0 + nr - 1);
@@ -256,7 +257,7 @@ unsafe fn forward_tile(
             q.ptr(bi, hi, i0),
             q.st,
             1,
-            k.ptr(bi, hi, j0),
+            k.ptr(bi, hk, j0),
             1,
             k.st,
             g.scale,
@@ -289,7 +290,7 @@ unsafe fn forward_tile(
             s.as_ptr(),
             nc,
             1,
-            v.ptr(bi, hi, j0),
+            v.ptr(bi, hk, j0),
             v.st,
             1,
             1.0,
@@ -310,7 +311,8 @@ unsafe fn forward_tile(
     }
 }
 
-/// The gradients' destinations: rows of dq [b, h, tq, d], dk and dv [b, h, tk, d].
+/// The gradients' destinations: rows of dq [b, h, tq, d], dk and dv [b, kv_h, tk, d], all 0
+/// on entry (the kernels accumulate into them).
 #[derive(Clone, Copy)]
 struct Grads {
     dq: OutView,
@@ -318,7 +320,9 @@ struct Grads {
     dv: OutView,
 }
 
-/// Backward over every (batch, head): writes every row of dq, dk and dv; lse is contiguous.
+/// Backward over every (batch, key/value head), the query heads sharing it one after another
+/// (each adds its share of dk and dv): writes every row of dq, dk and dv, which must be 0 on
+/// entry; lse is contiguous.
 #[allow(clippy::too_many_arguments)]
 fn backward_views(
     g: &AttnGeom,
@@ -330,15 +334,22 @@ fn backward_views(
     dout: View,
     grads: Grads,
 ) {
-    (0..g.b * g.h).into_par_iter().for_each(|bh| {
-        let lse = &lse[bh * g.tq..(bh + 1) * g.tq];
-        // SAFETY: this task alone writes head bh's rows of dq, dk and dv.
-        unsafe { backward_head(g, q, k, v, bh / g.h, bh % g.h, o, lse, dout, grads) };
+    (0..g.b * g.kv_h).into_par_iter().for_each(|bk| {
+        let (bi, hk) = (bk / g.kv_h, bk % g.kv_h);
+        for hi in hk * g.group()..(hk + 1) * g.group() {
+            let bh = bi * g.h + hi;
+            let lse = &lse[bh * g.tq..(bh + 1) * g.tq];
+            // SAFETY: this task alone writes kv head (bi, hk)'s rows of dk and dv and the rows
+            // of dq of the query heads that read it.
+            unsafe { backward_head(g, q, k, v, bi, hi, o, lse, dout, grads) };
+        }
     });
 }
 
+/// Adds query head (bi, hi)'s gradients into dq and into dk, dv of the kv head it reads.
+///
 /// # Safety
-/// Head (bi, hi)'s rows of dq, dk and dv exist and no other task touches them.
+/// Those rows exist and no other task touches them meanwhile.
 #[allow(clippy::too_many_arguments)]
 unsafe fn backward_head(
     g: &AttnGeom,
@@ -353,9 +364,7 @@ unsafe fn backward_head(
     Grads { dq, dk, dv }: Grads,
 ) {
     let (tq, tk, d, isa) = (g.tq, g.tk, g.d, Isa::get());
-    dq.zero_rows(bi, hi, 0, tq, d);
-    dk.zero_rows(bi, hi, 0, tk, d);
-    dv.zero_rows(bi, hi, 0, tk, d);
+    let hk = hi / g.group();
     let row = |x: &View, i: usize| std::slice::from_raw_parts(x.ptr(bi, hi, i), d);
     // D_i = rowsum(dO_i ∘ O_i)
     let dsum: Vec<f32> = (0..tq)
@@ -388,7 +397,7 @@ unsafe fn backward_head(
                 q.ptr(bi, hi, i0),
                 q.st,
                 1,
-                k.ptr(bi, hi, j0),
+                k.ptr(bi, hk, j0),
                 1,
                 k.st,
                 g.scale,
@@ -408,7 +417,7 @@ unsafe fn backward_head(
                 nc,
                 d,
                 nr,
-                dv.row(bi, hi, j0),
+                dv.row(bi, hk, j0),
                 dv.st,
                 true,
                 p.as_ptr(),
@@ -430,7 +439,7 @@ unsafe fn backward_head(
                 dout.ptr(bi, hi, i0),
                 dout.st,
                 1,
-                v.ptr(bi, hi, j0),
+                v.ptr(bi, hk, j0),
                 1,
                 v.st,
                 1.0,
@@ -456,7 +465,7 @@ unsafe fn backward_head(
                 ds.as_ptr(),
                 nc,
                 1,
-                k.ptr(bi, hi, j0),
+                k.ptr(bi, hk, j0),
                 k.st,
                 1,
                 g.scale,
@@ -466,7 +475,7 @@ unsafe fn backward_head(
                 nc,
                 d,
                 nr,
-                dk.row(bi, hi, j0),
+                dk.row(bi, hk, j0),
                 dk.st,
                 true,
                 ds.as_ptr(),
@@ -483,10 +492,10 @@ unsafe fn backward_head(
     }
 }
 
-/// Contiguous [b, h, t, d] rows in a buffer of that size.
-fn contiguous_out(buf: &mut [f32], g: &AttnGeom, t: usize) -> OutView {
-    let (h, d) = (g.h, g.d);
-    OutView::of(buf, (g.b, h, t, d), [0, h * t * d, t * d, d])
+/// Contiguous [b, heads, t, d] rows in a buffer of that size.
+fn contiguous_out(buf: &mut [f32], g: &AttnGeom, heads: usize, t: usize) -> OutView {
+    let d = g.d;
+    OutView::of(buf, (g.b, heads, t, d), [0, heads * t * d, t * d, d])
 }
 
 /// Forward over every (batch, head, query block): (o [b, h, tq, d], lse [b, h, tq]).
@@ -494,14 +503,14 @@ fn forward(g: &AttnGeom, q: &Src, k: &Src, v: &Src) -> (Vec<f32>, Vec<f32>) {
     let mut o = vec![0f32; g.b * g.h * g.tq * g.d];
     let mut lse = vec![f32::NEG_INFINITY; g.b * g.h * g.tq];
     if !o.is_empty() {
-        let ov = contiguous_out(&mut o, g, g.tq);
+        let ov = contiguous_out(&mut o, g, g.h, g.tq);
         forward_views(g, q.view(), k.view(), v.view(), ov, &mut lse);
     }
     (o, lse)
 }
 
-/// (dq, dk, dv), contiguous [b, h, t, d], from the operands, the forward's output `o`, its
-/// log-sum-exp `lse` (contiguous) and the output gradient `dout`.
+/// (dq, dk, dv), contiguous [b, h, tq, d] and [b, kv_h, tk, d], from the operands, the
+/// forward's output `o`, its log-sum-exp `lse` (contiguous) and the output gradient `dout`.
 fn backward(
     g: &AttnGeom,
     (q, k, v): (&Src, &Src, &Src),
@@ -510,13 +519,13 @@ fn backward(
     dout: &Src,
 ) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
     let mut dq = vec![0f32; g.b * g.h * g.tq * g.d];
-    let mut dk = vec![0f32; g.b * g.h * g.tk * g.d];
-    let mut dv = vec![0f32; g.b * g.h * g.tk * g.d];
+    let mut dk = vec![0f32; g.b * g.kv_h * g.tk * g.d];
+    let mut dv = vec![0f32; g.b * g.kv_h * g.tk * g.d];
     if !dq.is_empty() && !dk.is_empty() {
         let grads = Grads {
-            dq: contiguous_out(&mut dq, g, g.tq),
-            dk: contiguous_out(&mut dk, g, g.tk),
-            dv: contiguous_out(&mut dv, g, g.tk),
+            dq: contiguous_out(&mut dq, g, g.h, g.tq),
+            dk: contiguous_out(&mut dk, g, g.kv_h, g.tk),
+            dv: contiguous_out(&mut dv, g, g.kv_h, g.tk),
         };
         let (q, k, v) = (q.view(), k.view(), v.view());
         backward_views(g, q, k, v, o.view(), lse, dout.view(), grads);
@@ -524,38 +533,42 @@ fn backward(
     (dq, dk, dv)
 }
 
-/// Self-attention over a packed projection qkv [b, t, 3·h·d] (q, k and v side by side, each
-/// h heads of d): (y [b, t, h·d] with the heads merged, lse [b, h, t]). tq = tk = t.
+/// The first columns of q, k and v in a packed row [q (h·d) | k (kv_h·d) | v (kv_h·d)], and
+/// the row's width.
+fn packed_columns(g: &AttnGeom) -> ([usize; 3], usize) {
+    let (cq, ckv) = (g.h * g.d, g.kv_h * g.d);
+    ([0, cq, cq + ckv], cq + 2 * ckv)
+}
+
+/// Self-attention over a packed projection qkv [b, t, (h + 2·kv_h)·d] (q, k and v side by
+/// side): (y [b, t, h·d] with the heads merged, lse [b, h, t]). tq = tk = t.
 fn forward_packed(g: &AttnGeom, qkv: &Src) -> (Vec<f32>, Vec<f32>) {
     let (t, c) = (g.tq, g.h * g.d);
     let mut y = vec![0f32; g.b * t * c];
     let mut lse = vec![f32::NEG_INFINITY; g.b * g.h * t];
     if !y.is_empty() {
         let yv = OutView::of(&mut y, (g.b, g.h, t, g.d), [0, t * c, g.d, c]);
-        let [q, k, v] = [0, c, 2 * c].map(|col| qkv.heads(col, g.d));
+        let [q, k, v] = packed_columns(g).0.map(|col| qkv.heads(col, g.d));
         forward_views(g, q, k, v, yv, &mut lse);
     }
     (y, lse)
 }
 
-/// dqkv [b, t, 3·h·d] of [`forward_packed`] from qkv, its output y [b, t, h·d] and lse, and
-/// the output gradient dy [b, t, h·d].
+/// dqkv [b, t, (h + 2·kv_h)·d] of [`forward_packed`] from qkv, its output y [b, t, h·d] and
+/// lse, and the output gradient dy [b, t, h·d].
 fn backward_packed(g: &AttnGeom, qkv: &Src, y: &Src, lse: &[f32], dy: &Src) -> Vec<f32> {
-    let (t, c) = (g.tq, g.h * g.d);
-    let mut dqkv = vec![0f32; g.b * t * 3 * c];
+    let t = g.tq;
+    let ([cq, ck, cv], w) = packed_columns(g);
+    let mut dqkv = vec![0f32; g.b * t * w];
     if !dqkv.is_empty() {
         // One pointer for the three: dv's view (the furthest columns) is bounds-checked.
-        let dv = OutView::of(
-            &mut dqkv,
-            (g.b, g.h, t, g.d),
-            [2 * c, t * 3 * c, g.d, 3 * c],
-        );
+        let dv = OutView::of(&mut dqkv, (g.b, g.kv_h, t, g.d), [cv, t * w, g.d, w]);
         let grads = Grads {
-            dq: OutView { off: 0, ..dv },
-            dk: OutView { off: c, ..dv },
+            dq: OutView { off: cq, ..dv },
+            dk: OutView { off: ck, ..dv },
             dv,
         };
-        let [q, k, v] = [0, c, 2 * c].map(|col| qkv.heads(col, g.d));
+        let [q, k, v] = [cq, ck, cv].map(|col| qkv.heads(col, g.d));
         backward_views(g, q, k, v, y.heads(0, g.d), lse, dy.heads(0, g.d), grads);
     }
     dqkv

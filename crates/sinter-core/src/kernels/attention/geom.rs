@@ -4,13 +4,15 @@
 
 use crate::{bail, Error, Layout, Result, Tensor};
 
-/// Attention over q [b, h, tq, d] and k, v [b, h, tk, d]: softmax(scale · q kᵀ) v, with
+/// Attention over q [b, h, tq, d] and k, v [b, kv_h, tk, d]: softmax(scale · q kᵀ) v, with
 /// `causal` masking aligned bottom-right (query i sits at position tk − tq + i and sees keys
-/// 0..=tk − tq + i).
+/// 0..=tk − tq + i). Query head i reads key/value head i / (h / kv_h) (grouped-query
+/// attention; kv_h = h is multi-head).
 #[derive(Clone, Copy, Debug)]
 pub struct AttnGeom {
     pub b: usize,
     pub h: usize,
+    pub kv_h: usize,
     pub tq: usize,
     pub tk: usize,
     pub d: usize,
@@ -19,6 +21,11 @@ pub struct AttnGeom {
 }
 
 impl AttnGeom {
+    /// Query heads per key/value head.
+    #[inline]
+    pub fn group(&self) -> usize {
+        self.h / self.kv_h
+    }
     /// Query row `i` sees keys 0..limit(i).
     #[inline]
     pub fn limit(&self, i: usize) -> usize {
@@ -95,6 +102,7 @@ pub(super) fn of_qkv(
     Ok(AttnGeom {
         b: qs[0],
         h: qs[1],
+        kv_h: qs[1],
         tq: qs[2],
         tk: ks[2],
         d: qs[3],
@@ -103,22 +111,36 @@ pub(super) fn of_qkv(
     })
 }
 
-/// Heads, time and head dimension of a [b, t, 3·c] projection split into `n_head` heads.
-pub(super) fn of_packed(qkv: &Tensor, n_head: usize, causal: bool, scale: f32) -> Result<AttnGeom> {
+/// Heads, time and head dimension of a packed projection [b, t, (h + 2·kv)·d]: `n_head` query
+/// heads, then `n_kv_head` key heads and as many value heads, each of d columns.
+pub(super) fn of_packed(
+    qkv: &Tensor,
+    n_head: usize,
+    n_kv_head: usize,
+    causal: bool,
+    scale: f32,
+) -> Result<AttnGeom> {
     qkv.float_op("attention")?;
     let s = qkv.shape();
-    if qkv.rank() != 3 || n_head == 0 || !s[2].is_multiple_of(3 * n_head) || s[2] == 0 {
+    if n_head == 0 || n_kv_head == 0 || !n_head.is_multiple_of(n_kv_head) {
         bail!(
-            "attention: expected a packed qkv projection [batch, time, 3·heads·head_dim] with {n_head} heads, got {:?}",
+            "attention: {n_head} query heads cannot share {n_kv_head} key/value heads (the query heads must be a whole multiple of them)"
+        );
+    }
+    let heads = n_head + 2 * n_kv_head;
+    if qkv.rank() != 3 || s[2] == 0 || !s[2].is_multiple_of(heads) {
+        bail!(
+            "attention: expected a packed qkv projection [batch, time, (heads + 2·kv_heads)·head_dim] with {n_head} heads and {n_kv_head} kv heads, got {:?}",
             s
         );
     }
     Ok(AttnGeom {
         b: s[0],
         h: n_head,
+        kv_h: n_kv_head,
         tq: s[1],
         tk: s[1],
-        d: s[2] / (3 * n_head),
+        d: s[2] / heads,
         causal,
         scale,
     })

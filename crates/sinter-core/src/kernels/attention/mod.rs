@@ -225,6 +225,8 @@ fn packed(qkv: &Tensor, g: &AttnGeom) -> Result<Option<(Storage, Storage)>> {
             let (y, lse) = cpu::packed((x, l), g);
             Some((Storage::Cpu(y), Storage::Cpu(lse)))
         }
+        // CUDA's packed kernels read GPT-2's thirds: grouped heads take the composite.
+        On::Cuda(_) if g.kv_h != g.h => None,
         On::Cuda([x]) => match cudnn::attention_packed((x, l), g)? {
             Some(r) => Some(r),
             None => cuda::attention_packed((x, l), g)?,
@@ -267,15 +269,30 @@ fn packed_backward(
 /// summed into dqkv). Here the kernels read every operand and write every result in the packed
 /// layouts: none of those passes. Under autocast qkv is cast to the region's dtype first.
 pub fn attention_packed(qkv: &Tensor, n_head: usize, causal: bool, scale: f32) -> Result<Tensor> {
+    attention_packed_gqa(qkv, n_head, n_head, causal, scale)
+}
+
+/// [`attention_packed`] with grouped-query attention: qkv [b, t, (h + 2·kv)·d] holds `n_head`
+/// query heads, then `n_kv_head` key heads and as many value heads (Llama's packed projection);
+/// query head i reads kv head i / (n_head / n_kv_head). [b, t, h·d] out. The CPU kernels read
+/// the shared heads in place (no repeated k and v, forward or backward); CUDA runs the
+/// composite when n_kv_head < n_head. Equal to [`attention_packed_gqa_reference`].
+pub fn attention_packed_gqa(
+    qkv: &Tensor,
+    n_head: usize,
+    n_kv_head: usize,
+    causal: bool,
+    scale: f32,
+) -> Result<Tensor> {
     if let Some(c) = crate::amp::autocast_inputs(&[qkv])? {
-        return attention_packed(&c[0], n_head, causal, scale);
+        return attention_packed_gqa(&c[0], n_head, n_kv_head, causal, scale);
     }
+    let g = geom::of_packed(qkv, n_head, n_kv_head, causal, scale)?;
     if attention_backend() == AttentionBackend::Composite {
-        return attention_packed_reference(qkv, n_head, causal, scale);
+        return packed_reference(qkv, &g);
     }
-    let g = geom::of_packed(qkv, n_head, causal, scale)?;
     let Some((y, lse)) = packed(qkv, &g)? else {
-        return attention_packed_reference(qkv, n_head, causal, scale);
+        return packed_reference(qkv, &g);
     };
     let x = qkv.clone();
     Ok(output(
@@ -295,11 +312,44 @@ pub fn attention_packed_reference(
     causal: bool,
     scale: f32,
 ) -> Result<Tensor> {
-    let g = geom::of_packed(qkv, n_head, causal, scale)?;
-    let (b, t, h, d) = (g.b, g.tq, g.h, g.d);
-    let packed = qkv.reshape(&[b, t, 3, h, d])?;
-    let head = |i: usize| -> Result<Tensor> { packed.narrow(2, i, 1)?.squeeze(2)?.transpose(1, 2) };
-    let y = attention(&head(0)?, &head(1)?, &head(2)?, causal, scale)?;
+    attention_packed_gqa_reference(qkv, n_head, n_head, causal, scale)
+}
+
+/// The composite of [`attention_packed_gqa`]: the heads as views of qkv, each kv head repeated
+/// for the query heads that share it, [`attention`], and the heads merged.
+pub fn attention_packed_gqa_reference(
+    qkv: &Tensor,
+    n_head: usize,
+    n_kv_head: usize,
+    causal: bool,
+    scale: f32,
+) -> Result<Tensor> {
+    packed_reference(
+        qkv,
+        &geom::of_packed(qkv, n_head, n_kv_head, causal, scale)?,
+    )
+}
+
+fn packed_reference(qkv: &Tensor, g: &AttnGeom) -> Result<Tensor> {
+    let (b, t, h, kv, d) = (g.b, g.tq, g.h, g.kv_h, g.d);
+    // [b, t, n, d] heads from column `head0` on, as [b, n, t, d] with each repeated `rep` times.
+    let heads = |head0: usize, n: usize, rep: usize| -> Result<Tensor> {
+        let x = qkv
+            .narrow(2, head0 * d, n * d)?
+            .reshape(&[b, t, n, d])?
+            .transpose(1, 2)?;
+        if rep == 1 {
+            return Ok(x);
+        }
+        x.unsqueeze(2)?
+            .broadcast_as(&[b, n, rep, t, d])?
+            .contiguous()?
+            .reshape(&[b, n * rep, t, d])
+    };
+    let q = heads(0, h, 1)?;
+    let k = heads(h, kv, g.group())?;
+    let v = heads(h + kv, kv, g.group())?;
+    let y = attention(&q, &k, &v, g.causal, g.scale)?;
     y.transpose(1, 2)?.reshape(&[b, t, h * d])
 }
 

@@ -10,6 +10,7 @@ fn causal_mask_from_aranges_matches_the_bottom_right_rule() {
         let g = AttnGeom {
             b: 1,
             h: 1,
+            kv_h: 1,
             tq,
             tk,
             d: 1,
@@ -137,6 +138,108 @@ fn cpu_kernels_match_the_f64_reference() {
             }
         }
     }
+}
+
+/// The packed kernels with grouped heads (qkv [b, t, (h + 2·kv)·d], Llama's projection) against
+/// the f64 reference run on the kv heads repeated for their query heads: y, and dqkv with each
+/// kv head's gradient the sum over the query heads that read it; and the composite against the
+/// kernels. Across a tile edge, one kv head for all (multi-query) and none shared (h = kv).
+#[test]
+fn cpu_packed_gqa_matches_the_f64_reference() {
+    let mut rng = crate::Rng::new(5);
+    let cases = [
+        (2usize, 4usize, 2usize, 70usize, 8usize, true),
+        (1, 6, 1, 9, 4, false),
+        (1, 3, 3, 5, 4, true),
+    ];
+    for (b, h, kv, t, d, causal) in cases {
+        let (w, g, scale) = ((h + 2 * kv) * d, h / kv, 0.3f32);
+        let mut mk = |shape: &[usize]| {
+            Tensor::randn(shape, 0.0, 1.0, &mut rng, DType::F32, Device::Cpu).unwrap()
+        };
+        let (qkv, dy) = (mk(&[b, t, w]).to_var().unwrap(), mk(&[b, t, h * d]));
+        let y = attention_packed_gqa(&qkv, h, kv, causal, scale).unwrap();
+        y.mul(&dy).unwrap().sum_all().unwrap().backward().unwrap();
+        let f64s = |t: &Tensor| -> Vec<f64> {
+            t.to_vec_f32().unwrap().into_iter().map(f64::from).collect()
+        };
+        let (x, dyv) = (f64s(&qkv), f64s(&dy));
+        // Every (batch, query head, time, element) with its index in [b, h, t, d], in qkv's
+        // row for q, k and v, and in y's row.
+        let each = || {
+            (0..b).flat_map(move |bi| {
+                (0..h).flat_map(move |hi| {
+                    (0..t).flat_map(move |ti| {
+                        (0..d).map(move |e| {
+                            let row = (bi * t + ti) * w;
+                            let cols =
+                                [hi * d + e, (h + hi / g) * d + e, (h + kv + hi / g) * d + e];
+                            let i = ((bi * h + hi) * t + ti) * d + e;
+                            (i, cols.map(|c| row + c), (bi * t + ti) * h * d + hi * d + e)
+                        })
+                    })
+                })
+            })
+        };
+        let n = b * h * t * d;
+        let (mut q, mut k, mut v, mut dout) =
+            (vec![0.0; n], vec![0.0; n], vec![0.0; n], vec![0.0; n]);
+        for (i, [cq, ck, cv], yi) in each() {
+            (q[i], k[i], v[i], dout[i]) = (x[cq], x[ck], x[cv], dyv[yi]);
+        }
+        let z = reference::Dims {
+            bh: b * h,
+            tq: t,
+            tk: t,
+            d,
+        };
+        let (o, _) = reference::forward(&q, &k, &v, z, causal, scale as f64);
+        let (dq, dk, dv) = reference::backward(&q, &k, &v, &dout, z, causal, scale as f64);
+        let (mut y_want, mut dx_want) = (vec![0.0; b * t * h * d], vec![0.0; b * t * w]);
+        for (i, [cq, ck, cv], yi) in each() {
+            y_want[yi] = o[i];
+            dx_want[cq] = dq[i];
+            dx_want[ck] += dk[i];
+            dx_want[cv] += dv[i];
+        }
+        let what = format!("b {b} h {h} kv {kv} t {t} d {d} causal {causal}");
+        let close = |name: &str, got: &[f64], want: &[f64], tol: f64| {
+            assert_eq!(got.len(), want.len(), "{what}: {name}");
+            for (j, (a, e)) in got.iter().zip(want).enumerate() {
+                assert!(
+                    (a - e).abs() < tol * (1.0 + e.abs()),
+                    "{what}: {name}[{j}]: {a} vs {e}"
+                );
+            }
+        };
+        let dx = f64s(&qkv.grad().unwrap());
+        close("y", &f64s(&y), &y_want, 1e-4);
+        close("dqkv", &dx, &dx_want, 1e-4);
+        qkv.zero_grad();
+        let yc = attention_packed_gqa_reference(&qkv, h, kv, causal, scale).unwrap();
+        yc.mul(&dy).unwrap().sum_all().unwrap().backward().unwrap();
+        close("composite y", &f64s(&yc), &f64s(&y), 1e-5);
+        close("composite dqkv", &f64s(&qkv.grad().unwrap()), &dx, 1e-5);
+    }
+}
+
+/// Grouped heads that do not divide, or a width that is not whole heads, are refused by name.
+#[test]
+fn packed_gqa_refuses_heads_that_do_not_fit() {
+    let x = Tensor::zeros(&[1, 2, 40], DType::F32, Device::Cpu).unwrap();
+    for (h, kv, says) in [
+        (4, 3, "cannot share"),
+        (3, 0, "cannot share"),
+        (0, 1, "cannot share"),
+        (4, 4, "packed qkv"),
+    ] {
+        let err = attention_packed_gqa(&x, h, kv, true, 1.0)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains(says), "h {h} kv {kv}: {err}");
+    }
+    // 40 columns = (4 + 2·3)·4: fine.
+    assert!(attention_packed_gqa(&x, 6, 2, true, 1.0).is_ok());
 }
 
 // ---- the CUDA flash kernels (flash_attention.cu) against the f64 reference -----------------
@@ -307,7 +410,7 @@ fn run_flash_case(c: &Case, seed: u64, dev: Device) {
     let (o, lse) = match c.packing {
         Packing::Qkv => {
             let qkv = bases[0].reshape(&[b, tq, 3 * h * hd]).unwrap();
-            let g = geom::of_packed(&qkv, h, c.causal, scale).unwrap();
+            let g = geom::of_packed(&qkv, h, h, c.causal, scale).unwrap();
             let (_, lse) = packed(&qkv, &g).unwrap().expect("the kernels apply");
             let y = attention_packed(&qkv, h, c.causal, scale).unwrap();
             let o = y.reshape(&[b, tq, h, hd]).unwrap().transpose(1, 2).unwrap();

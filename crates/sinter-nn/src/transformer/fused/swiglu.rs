@@ -97,10 +97,12 @@ fn backward_op() -> Result<&'static CustomOp> {
                 let (dgate, dup) = dhr.split_at_mut(n);
                 // s = sigmoid(gate), parked in dup until it is used.
                 unary(Unary::Sigmoid, gate, dup);
-                for i in 0..n {
-                    let (g, s, d) = (gate[i], dup[i], dyr[i]);
-                    dgate[i] = d * up[i] * s * (1.0 + g * (1.0 - s));
-                    dup[i] = d * g * s;
+                // Zipped (no indexing) so that the loop vectorises without bounds checks.
+                let pairs = dgate.iter_mut().zip(dup.iter_mut());
+                for ((dg, du), ((&g, &u), &d)) in pairs.zip(gate.iter().zip(up).zip(dyr)) {
+                    let s = *du;
+                    *dg = d * u * s * (1.0 + g * (1.0 - s));
+                    *du = d * g * s;
                 }
             });
             Ok(vec![HostOutput::f32(dh, x[1].shape())])
