@@ -52,7 +52,7 @@ pub(crate) unsafe fn pack_panels(
         } else if src.ks == 1 && width <= 32 {
             // k is contiguous (a transposing copy).
             #[cfg(target_arch = "x86_64")]
-            let done = if avx && w == width && width % 8 == 0 {
+            let done = if avx && w == width && width.is_multiple_of(8) {
                 transpose_rows_x86(base, src.fs, width, kc, out)
             } else {
                 0
