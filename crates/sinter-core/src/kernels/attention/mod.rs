@@ -332,12 +332,11 @@ pub fn attention_packed_gqa_reference(
 
 fn packed_reference(qkv: &Tensor, g: &AttnGeom) -> Result<Tensor> {
     let (b, t, h, kv, d) = (g.b, g.tq, g.h, g.kv_h, g.d);
-    // [b, t, n, d] heads from column `head0` on, as [b, n, t, d] with each repeated `rep` times.
+    // Split into heads before narrowing: a reshape of the narrowed columns would copy them.
+    let all = qkv.reshape(&[b, t, h + 2 * kv, d])?;
+    // [b, t, n, d] heads from head `head0` on, as [b, n, t, d] with each repeated `rep` times.
     let heads = |head0: usize, n: usize, rep: usize| -> Result<Tensor> {
-        let x = qkv
-            .narrow(2, head0 * d, n * d)?
-            .reshape(&[b, t, n, d])?
-            .transpose(1, 2)?;
+        let x = all.narrow(2, head0, n)?.transpose(1, 2)?;
         if rep == 1 {
             return Ok(x);
         }
