@@ -145,7 +145,7 @@ fn main() {
             if selected(&name) {
                 let t = time(budget(), || step_rows(1));
                 match token.iter_mut().find(|s| s.0 == name) {
-                    Some(s) => s.2.extend(t),
+                    Some(s) => s.3.extend(t),
                     None => token.push((name, bytes, 1, t)),
                 }
                 // The same from inside the pool (the caller a rayon worker, as `sinter
@@ -154,7 +154,7 @@ fn main() {
                 let name = format!("{} token, in the pool", ty.name());
                 let t = rayon::join(|| time(budget(), || step_rows(1)), || ()).0;
                 match token.iter_mut().find(|s| s.0 == name) {
-                    Some(s) => s.2.extend(t),
+                    Some(s) => s.3.extend(t),
                     None => token.push((name, bytes, 1, t)),
                 }
             }
@@ -165,7 +165,7 @@ fn main() {
                 }
                 let t = rayon::join(|| time(budget(), || step_rows(m)), || ()).0;
                 match token.iter_mut().find(|s| s.0 == name) {
-                    Some(s) => s.2.extend(t),
+                    Some(s) => s.3.extend(t),
                     None => token.push((name, bytes, m, t)),
                 }
             }
