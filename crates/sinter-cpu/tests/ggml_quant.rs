@@ -351,6 +351,11 @@ fn large_quantized_products_split_rows_over_threads() {
     // 2 MiB-ish weights take the parallel split; rows cover several tasks and a ragged end.
     check_product(GgmlType::Q4_K, 203, 1024, 2, 7);
     check_product(GgmlType::Q8_0, 150, 1024, 1, 8);
+    // Several activation rows over more weight rows than one tile of the move into y
+    // (`transpose_into`), grouped with a ragged end; then a smaller product on the same
+    // thread, which reuses the larger one's buffer.
+    check_product(GgmlType::Q4_1, 139, 1024, 5, 9);
+    check_product(GgmlType::Q4_0, 70, 256, 3, 10);
 }
 
 #[test]
