@@ -330,7 +330,7 @@ async fn requests_of_different_seeds_in_one_batch_each_give_their_own_text() {
     // draw from its own logits with its own generator, greedy ones and sampled ones mixed.
     let (server, url) = start(options());
     let body = |seed: u64| {
-        let temperature = if seed % 3 == 0 { 0.0 } else { 1.0 };
+        let temperature = if seed.is_multiple_of(3) { 0.0 } else { 1.0 };
         json!({"model": MODEL, "prompt": format!("To be {seed}"), "max_tokens": 24, "temperature": temperature, "seed": seed})
     };
     let text = |v: Value| v["choices"][0]["text"].as_str().unwrap().to_string();

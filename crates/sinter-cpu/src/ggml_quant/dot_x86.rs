@@ -679,6 +679,8 @@ unsafe fn group_dot<M: Madd, const KIND: u8>(g: &[u8], x: &[ActQ8]) -> __m256 {
 /// are loaded and unpacked once for all R rows (a decode step of several sequences does R×
 /// the arithmetic of one over the same weights; this shares the part that is the weights').
 #[inline(always)]
+// Block b indexes the group's bytes and every row's activations alike.
+#[allow(clippy::needless_range_loop)]
 unsafe fn group_dot_rows<M: Madd, const KIND: u8, const R: usize>(
     g: &[u8],
     xs: [&[ActQ8]; R],
