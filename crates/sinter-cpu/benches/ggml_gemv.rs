@@ -3,8 +3,12 @@
 //! alone, as weight GB/s, and a whole token's products in sequence (4 per layer and the head),
 //! as products-only tokens/s, which also pays each product's fork and join across threads.
 //!
+//! `SINTER_BENCH_ROWS=4,16` also times a token's products on that many activation rows at
+//! once (a server's decode step of that many sequences), as products-only tokens/s.
+//!
 //!     chrt -f 1 cargo bench -p sinter-cpu --bench ggml_gemv
 //!     RAYON_NUM_THREADS=1 SINTER_BENCH_TYPES=q8_0 chrt -f 1 cargo bench -p sinter-cpu --bench ggml_gemv
+//!     SINTER_BENCH_ROWS=4,16 chrt -f 1 cargo bench -p sinter-cpu --bench ggml_gemv -- rows
 //!
 //! Rounds (`SINTER_BENCH_ROUNDS`) interleave the types; medians over all repetitions.
 
@@ -75,8 +79,19 @@ fn main() {
         .map(|s| s.split(',').map(parse_type).collect())
         .unwrap_or_else(|_| vec![GgmlType::Q8_0, GgmlType::Q4_1, GgmlType::Q4_K]);
     println!("{}", machine_line());
-    let x_h = values(HIDDEN, 7);
-    let x_m = values(MLP, 8);
+    let batch: Vec<usize> = std::env::var("SINTER_BENCH_ROWS")
+        .map(|s| {
+            (s.split(',').map(|r| {
+                (r.trim().parse().ok())
+                    .filter(|&r: &usize| r > 0)
+                    .unwrap_or_else(|| panic!("SINTER_BENCH_ROWS: '{r}' is not a row count ≥ 1"))
+            }))
+            .collect()
+        })
+        .unwrap_or_default();
+    let most = batch.iter().copied().max().unwrap_or(1);
+    let x_h = values(HIDDEN * most, 7);
+    let x_m = values(MLP * most, 8);
     let models: Vec<(GgmlType, Vec<Layer>, QuantMatrix)> = types
         .iter()
         .map(|&ty| {
@@ -87,15 +102,15 @@ fn main() {
 
     // name -> [(matrix bytes, seconds)] pooled over rounds
     let mut single: Vec<(String, usize, Vec<f64>)> = Vec::new();
-    let mut token: Vec<(String, usize, Vec<f64>)> = Vec::new();
+    let mut token: Vec<(String, usize, usize, Vec<f64>)> = Vec::new();
     for _ in 0..rounds() {
         for (ty, layers, head) in &models {
             let l = &layers[0];
             for (what, m, x) in [
-                ("qkv", &l.qkv, &x_h),
-                ("gate_up", &l.gate_up, &x_h),
-                ("down", &l.down, &x_m),
-                ("head", head, &x_h),
+                ("qkv", &l.qkv, &x_h[..HIDDEN]),
+                ("gate_up", &l.gate_up, &x_h[..HIDDEN]),
+                ("down", &l.down, &x_m[..MLP]),
+                ("head", head, &x_h[..HIDDEN]),
             ] {
                 let name = format!("{} {what} {}x{}", ty.name(), m.n(), m.k());
                 if !selected(&name) {
@@ -109,39 +124,50 @@ fn main() {
                 }
             }
             let name = format!("{} token (121 products)", ty.name());
-            if !selected(&name) {
-                continue;
-            }
             let bytes = head.bytes()
                 + layers
                     .iter()
                     .map(|l| l.qkv.bytes() + l.out.bytes() + l.gate_up.bytes() + l.down.bytes())
                     .sum::<usize>();
-            let mut y = vec![0f32; VOCAB.max(2 * MLP)];
-            let mut step = || {
+            let mut y = vec![0f32; VOCAB.max(2 * MLP) * most];
+            let mut step_rows = |m: usize| {
+                let (xh, xm) = (&x_h[..m * HIDDEN], &x_m[..m * MLP]);
                 for l in layers {
-                    l.qkv.matmul(&x_h, 1, &mut y[..l.qkv.n()]).expect("qkv");
-                    l.out.matmul(&x_h, 1, &mut y[..HIDDEN]).expect("out");
-                    l.gate_up
-                        .matmul(&x_h, 1, &mut y[..2 * MLP])
-                        .expect("gate_up");
-                    l.down.matmul(&x_m, 1, &mut y[..HIDDEN]).expect("down");
+                    let qkv = m * l.qkv.n();
+                    l.qkv.matmul(xh, m, &mut y[..qkv]).expect("qkv");
+                    l.out.matmul(xh, m, &mut y[..m * HIDDEN]).expect("out");
+                    let gu = m * 2 * MLP;
+                    l.gate_up.matmul(xh, m, &mut y[..gu]).expect("gate_up");
+                    l.down.matmul(xm, m, &mut y[..m * HIDDEN]).expect("down");
                 }
-                head.matmul(&x_h, 1, &mut y[..VOCAB]).expect("head");
+                head.matmul(xh, m, &mut y[..m * VOCAB]).expect("head");
             };
-            let t = time(budget(), &mut step);
-            match token.iter_mut().find(|s| s.0 == name) {
-                Some(s) => s.2.extend(t),
-                None => token.push((name, bytes, t)),
+            if selected(&name) {
+                let t = time(budget(), || step_rows(1));
+                match token.iter_mut().find(|s| s.0 == name) {
+                    Some(s) => s.3.extend(t),
+                    None => token.push((name, bytes, 1, t)),
+                }
+                // The same from inside the pool (the caller a rayon worker, as `sinter
+                // generate` runs its steps): each product's parallel part is then a local
+                // fork, not a job injected from outside that the caller sleeps on.
+                let name = format!("{} token, in the pool", ty.name());
+                let t = rayon::join(|| time(budget(), || step_rows(1)), || ()).0;
+                match token.iter_mut().find(|s| s.0 == name) {
+                    Some(s) => s.3.extend(t),
+                    None => token.push((name, bytes, 1, t)),
+                }
             }
-            // The same from inside the pool (the caller a rayon worker, as `sinter generate`
-            // runs its steps): each product's parallel part is then a local fork, not a job
-            // injected from outside that the caller sleeps on.
-            let name = format!("{} token, in the pool", ty.name());
-            let t = rayon::join(|| time(budget(), &mut step), || ()).0;
-            match token.iter_mut().find(|s| s.0 == name) {
-                Some(s) => s.2.extend(t),
-                None => token.push((name, bytes, t)),
+            for &m in &batch {
+                let name = format!("{} {m} rows, in the pool", ty.name());
+                if !selected(&name) {
+                    continue;
+                }
+                let t = rayon::join(|| time(budget(), || step_rows(m)), || ()).0;
+                match token.iter_mut().find(|s| s.0 == name) {
+                    Some(s) => s.3.extend(t),
+                    None => token.push((name, bytes, m, t)),
+                }
             }
         }
     }
@@ -157,12 +183,12 @@ fn main() {
     println!(
         "\n| token | weight bytes | ms | products-only tok/s | GB/s |\n|---|---:|---:|---:|---:|"
     );
-    for (name, bytes, t) in &token {
+    for (name, bytes, rows, t) in &token {
         let s = median(t);
         println!(
             "| {name} | {bytes} | {:.2} | {:.1} | {:.2} |",
             s * 1e3,
-            1.0 / s,
+            *rows as f64 / s,
             *bytes as f64 / s / 1e9
         );
     }

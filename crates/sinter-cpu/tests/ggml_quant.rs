@@ -315,13 +315,18 @@ fn quantized_gemv_and_gemm_match_dequantized_f64_on_every_path() {
         let kb = ty.block_elems().max(32);
         // k of one block and of several; n odd; m = 1 (GEMV) and m > 1 (GEMM: rows go
         // through the kernels four at a time, then the rest).
-        // n of 8, 16 and 21: Q8_0/Q4_0/Q4_1 rows stored in groups of eight, and the rows
-        // after the last whole group stored as they were.
+        // n of 8, 16, 21 and 24: Q8_0/Q4_0/Q4_1 rows stored in groups of eight, and the rows
+        // after the last whole group stored as they were; m of 2 to 16 runs the grouped
+        // kernel on two, three and four activation rows at once.
         let grouped = [
             (8, kb, 1),
             (16, 3 * kb, 1),
             (21, 2 * kb, 1),
             (21, 2 * kb, 5),
+            (16, 2 * kb, 2),
+            (24, 3 * kb, 3),
+            (8, kb, 4),
+            (21, 2 * kb, 16),
         ];
         let ragged = [(1, kb, 1), (7, 3 * kb, 1), (5, 2 * kb, 3), (13, kb * 4, 6)];
         for (n, k, m) in ragged.into_iter().chain(grouped) {
@@ -346,6 +351,11 @@ fn large_quantized_products_split_rows_over_threads() {
     // 2 MiB-ish weights take the parallel split; rows cover several tasks and a ragged end.
     check_product(GgmlType::Q4_K, 203, 1024, 2, 7);
     check_product(GgmlType::Q8_0, 150, 1024, 1, 8);
+    // Several activation rows over more weight rows than one tile of the move into y
+    // (`transpose_into`), grouped with a ragged end; then a smaller product on the same
+    // thread, which reuses the larger one's buffer.
+    check_product(GgmlType::Q4_1, 139, 1024, 5, 9);
+    check_product(GgmlType::Q4_0, 70, 256, 3, 10);
 }
 
 #[test]
@@ -427,26 +437,32 @@ fn dot_path_follows_the_isa_cap() {
 
 #[test]
 fn rows_taken_together_equal_rows_one_at_a_time() {
-    // The multi-row kernels do each row's arithmetic exactly as the one-row call does.
+    // The multi-row kernels do each row's arithmetic exactly as the one-row call does: on
+    // rows stored one by one (n = 3) and in groups of eight with a ragged end (n = 19), for
+    // activation rows taken four, three, two and one at a time (m = 2, 5, 6, 7, 16).
     for (t, ty) in DOT_TYPES.into_iter().enumerate() {
-        let mut rng = Rng(100 + t as u64);
-        let k = 2 * ty.block_elems().max(32);
-        let (bytes, _) = random_weight(ty, 3, k, &mut rng);
-        let w = QuantMatrix::new(ty, 3, k, bytes).unwrap();
-        let x = random_x(7, k, &mut rng);
-        for path in DotPath::available() {
-            let mut all = vec![0f32; 7 * 3];
-            w.matmul_with(path, &x, 7, &mut all).unwrap();
-            for i in 0..7 {
-                let mut one = vec![0f32; 3];
-                w.matmul_with(path, &x[i * k..(i + 1) * k], 1, &mut one)
-                    .unwrap();
-                assert_eq!(
-                    &all[i * 3..i * 3 + 3],
-                    &one[..],
-                    "{ty} {} row {i}",
-                    path.name()
-                );
+        for n in [3, 19] {
+            let mut rng = Rng(100 + t as u64);
+            let k = 2 * ty.block_elems().max(32);
+            let (bytes, _) = random_weight(ty, n, k, &mut rng);
+            let w = QuantMatrix::new(ty, n, k, bytes).unwrap();
+            for m in [2, 5, 6, 7, 16] {
+                let x = random_x(m, k, &mut rng);
+                for path in DotPath::available() {
+                    let mut all = vec![0f32; m * n];
+                    w.matmul_with(path, &x, m, &mut all).unwrap();
+                    for i in 0..m {
+                        let mut one = vec![0f32; n];
+                        w.matmul_with(path, &x[i * k..(i + 1) * k], 1, &mut one)
+                            .unwrap();
+                        assert_eq!(
+                            &all[i * n..(i + 1) * n],
+                            &one[..],
+                            "{ty} {} n {n}, m {m}, row {i}",
+                            path.name()
+                        );
+                    }
+                }
             }
         }
     }

@@ -325,6 +325,27 @@ async fn a_seed_gives_the_same_text_alone_or_in_a_batch() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_of_different_seeds_in_one_batch_each_give_their_own_text() {
+    // A batch's next tokens are drawn on several threads at once: each request must still
+    // draw from its own logits with its own generator, greedy ones and sampled ones mixed.
+    let (server, url) = start(options());
+    let body = |seed: u64| {
+        let temperature = if seed.is_multiple_of(3) { 0.0 } else { 1.0 };
+        json!({"model": MODEL, "prompt": format!("To be {seed}"), "max_tokens": 24, "temperature": temperature, "seed": seed})
+    };
+    let text = |v: Value| v["choices"][0]["text"].as_str().unwrap().to_string();
+    let mut alone = Vec::new();
+    for seed in 0..6 {
+        alone.push(text(complete(&url, body(seed)).await));
+    }
+    let together = futures_util::future::join_all((0..6).map(|s| complete(&url, body(s)))).await;
+    for (seed, v) in together.into_iter().enumerate() {
+        assert_eq!(text(v), alone[seed], "seed {seed}");
+    }
+    server.shutdown().unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_requests_get_openai_errors_and_the_server_keeps_serving() {
     let (server, url) = start(ServeOptions {
         max_tokens: 100,

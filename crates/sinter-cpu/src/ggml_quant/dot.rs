@@ -487,11 +487,40 @@ impl QuantPart {
         if m == 1 {
             return run(&mut y[col..col + self.rows]);
         }
-        let mut out = vec![0f32; self.rows * m];
-        run(&mut out);
-        for (r, vals) in out.chunks_exact(m).enumerate() {
-            for (i, v) in vals.iter().enumerate() {
-                y[i * n + col + r] = *v;
+        let mut out = ROWS_OUT.take();
+        out.resize(self.rows * m, 0.0);
+        run(&mut out[..self.rows * m]);
+        transpose_into(&out[..self.rows * m], m, y, n, col);
+        ROWS_OUT.set(out);
+    }
+}
+
+thread_local! {
+    /// The weight-row-major outputs of a product of several activation rows, kept between
+    /// products: a head's are megabytes, whose pages were faulted in again at every product
+    /// when allocated each time. (Taken out while in use: a product that starts on this
+    /// thread meanwhile, stolen by rayon, allocates its own.)
+    static ROWS_OUT: std::cell::Cell<Vec<f32>> = const { std::cell::Cell::new(Vec::new()) };
+}
+
+/// Weight rows moved to y at a time by `transpose_into`.
+const TRANSPOSE_TILE: usize = 64;
+
+/// `out` [rows, m] (weight-row major) into columns `col..col + rows` of y [m, n], a tile of
+/// weight rows at a time, so that each row of y is written in runs of whole cache lines.
+/// Element by element, the m stores of one weight row land n floats apart: when n·4 bytes
+/// is a multiple of 4 KiB (SmolLM2's head of 49,152 rows, its gate and up of 3,072), all
+/// m lines fall in one L1 set, which holds 8 (16 rows of the head: 12 % of a decode step's
+/// product time in this loop, on one thread while the others waited).
+fn transpose_into(out: &[f32], m: usize, y: &mut [f32], n: usize, col: usize) {
+    let rows = out.len() / m;
+    for r0 in (0..rows).step_by(TRANSPOSE_TILE) {
+        let t = TRANSPOSE_TILE.min(rows - r0);
+        let tile = &out[r0 * m..(r0 + t) * m];
+        for i in 0..m {
+            let dst = &mut y[i * n + col + r0..][..t];
+            for (d, src) in dst.iter_mut().zip(tile.chunks_exact(m)) {
+                *d = src[i];
             }
         }
     }

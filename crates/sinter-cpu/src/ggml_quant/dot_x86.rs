@@ -24,6 +24,12 @@ trait Madd {
     /// `a` is below 16: on AVX2 an i16 lane then holds eight `vpmaddubsw` pair sums
     /// (8·2·15·127 = 30,480 < 32,767), so one `vpmaddwd` widens them all.
     unsafe fn dot4_u4x8(a: &[__m256i; 8], b: &[__m256i; 8]) -> __m256i;
+    /// Adds `dot4`'s sums of a (every byte below 16) and b into a running sum that
+    /// `u4_sums` turns into i32 lanes: on AVX2 the sum is kept in i16 lanes (eight such
+    /// additions stay in range, as in `dot4_u4x8`) and widened once.
+    unsafe fn u4_add(acc: __m256i, a: __m256i, b: __m256i) -> __m256i;
+    /// The i32 lanes of a running sum of `u4_add`.
+    unsafe fn u4_sums(acc: __m256i) -> __m256i;
 }
 
 struct Avx2;
@@ -57,6 +63,14 @@ impl Madd for Avx2 {
             _mm256_madd_epi16(_mm256_add_epi16(s0, s1), _mm256_set1_epi16(1))
         }
     }
+    #[inline(always)]
+    unsafe fn u4_add(acc: __m256i, a: __m256i, b: __m256i) -> __m256i {
+        unsafe { _mm256_add_epi16(acc, _mm256_maddubs_epi16(a, b)) }
+    }
+    #[inline(always)]
+    unsafe fn u4_sums(acc: __m256i) -> __m256i {
+        unsafe { _mm256_madd_epi16(acc, _mm256_set1_epi16(1)) }
+    }
 }
 
 impl Madd for Vnni {
@@ -82,6 +96,14 @@ impl Madd for Vnni {
             }
             _mm256_add_epi32(_mm256_add_epi32(s[0], s[1]), _mm256_add_epi32(s[2], s[3]))
         }
+    }
+    #[inline(always)]
+    unsafe fn u4_add(acc: __m256i, a: __m256i, b: __m256i) -> __m256i {
+        unsafe { _mm256_dpbusd_epi32(acc, a, b) }
+    }
+    #[inline(always)]
+    unsafe fn u4_sums(acc: __m256i) -> __m256i {
+        acc
     }
 }
 
@@ -527,18 +549,44 @@ unsafe fn groups_of<M: Madd, const KIND: u8>(
     unsafe {
         let m = xs.len();
         for (gi, g) in w.chunks_exact(GROUP * row_bytes).enumerate() {
-            for (r, x) in xs.iter().enumerate() {
-                let v = group_dot::<M, KIND>(g, x);
-                if m == 1 {
-                    let o = &mut out[gi * GROUP..(gi + 1) * GROUP];
-                    _mm256_storeu_ps(o.as_mut_ptr(), v);
-                } else {
-                    let mut vals = [0f32; GROUP];
-                    _mm256_storeu_ps(vals.as_mut_ptr(), v);
-                    for (i, v) in vals.into_iter().enumerate() {
-                        out[(gi * GROUP + i) * m + r] = v;
+            if m == 1 {
+                let v = group_dot::<M, KIND>(g, xs[0]);
+                _mm256_storeu_ps(out[gi * GROUP..(gi + 1) * GROUP].as_mut_ptr(), v);
+                continue;
+            }
+            // Several activation rows (a decode step of several sequences): up to four at a
+            // time share each block's loads and unpacking.
+            let mut r0 = 0;
+            while r0 < m {
+                let n = (m - r0).min(4);
+                let rows = &xs[r0..r0 + n];
+                let mut vals = [[0f32; GROUP]; 4];
+                let mut put = |vs: &[__m256]| {
+                    for (v, o) in vs.iter().zip(&mut vals) {
+                        _mm256_storeu_ps(o.as_mut_ptr(), *v);
+                    }
+                };
+                match n {
+                    4 => put(&group_dot_rows::<M, KIND, 4>(
+                        g,
+                        std::array::from_fn(|r| rows[r]),
+                    )),
+                    3 => put(&group_dot_rows::<M, KIND, 3>(
+                        g,
+                        std::array::from_fn(|r| rows[r]),
+                    )),
+                    2 => put(&group_dot_rows::<M, KIND, 2>(
+                        g,
+                        std::array::from_fn(|r| rows[r]),
+                    )),
+                    _ => put(&[group_dot::<M, KIND>(g, rows[0])]),
+                }
+                for (r, v) in vals.iter().take(n).enumerate() {
+                    for (i, v) in v.iter().enumerate() {
+                        out[(gi * GROUP + i) * m + r0 + r] = *v;
                     }
                 }
+                r0 += n;
             }
         }
     }
@@ -623,5 +671,97 @@ unsafe fn group_dot<M: Madd, const KIND: u8>(g: &[u8], x: &[ActQ8]) -> __m256 {
             G_Q4_1 => _mm256_add_ps(acc, off),
             _ => acc,
         }
+    }
+}
+
+/// One group (eight rows of whole blocks) · R activation rows: lane i of result r is weight
+/// row i's product with activation row r, as `group_dot` gives it, but each block's weights
+/// are loaded and unpacked once for all R rows (a decode step of several sequences does R×
+/// the arithmetic of one over the same weights; this shares the part that is the weights').
+#[inline(always)]
+// Block b indexes the group's bytes and every row's activations alike.
+#[allow(clippy::needless_range_loop)]
+unsafe fn group_dot_rows<M: Madd, const KIND: u8, const R: usize>(
+    g: &[u8],
+    xs: [&[ActQ8]; R],
+) -> [__m256; R] {
+    unsafe {
+        let (header, quants) = match KIND {
+            G_Q8_0 => (2, 32),
+            G_Q4_0 => (2, 16),
+            _ => (4, 16),
+        };
+        let gbb = GROUP * (header + quants);
+        let nb = g.len() / gbb;
+        assert!(
+            xs.iter().all(|x| x.len() * gbb == g.len()),
+            "group_dot_rows: one block of activations per group block, in every row"
+        );
+        // Every read below is within block b's `gbb` bytes of g, so within g (asserted).
+        let gp = g.as_ptr();
+        macro_rules! ld {
+            ($at:expr) => {
+                _mm256_loadu_si256(gp.add($at) as *const __m256i)
+            };
+        }
+        macro_rules! ld_f16x8 {
+            ($at:expr) => {
+                _mm256_cvtph_ps(_mm_loadu_si128(gp.add($at) as *const __m128i))
+            };
+        }
+        let mut acc = [_mm256_setzero_ps(); R];
+        let mut off = [_mm256_setzero_ps(); R];
+        for b in 0..nb {
+            let base = b * gbb;
+            prefetch_ahead(gp.wrapping_add(base), gbb);
+            let d = ld_f16x8!(base);
+            let q = base + GROUP * header;
+            let mut sums = [_mm256_setzero_si256(); R];
+            if KIND == G_Q8_0 {
+                // w·x = |w|·(x with w's sign), as in `group_dot`.
+                for t in 0..8 {
+                    let wq = ld!(q + 32 * t);
+                    let aw = _mm256_sign_epi8(wq, wq);
+                    for r in 0..R {
+                        let xv = _mm256_sign_epi8(four(&xs[r][b], t), wq);
+                        sums[r] = M::dot4(sums[r], aw, xv);
+                    }
+                }
+            } else {
+                let m4 = _mm256_set1_epi8(0x0F);
+                for c in 0..4 {
+                    // Chunk c's low nibbles are values 4c..4c + 4, its high ones 16 + 4c...
+                    let l = ld!(q + 32 * c);
+                    let lo = _mm256_and_si256(l, m4);
+                    let hi = _mm256_and_si256(_mm256_srli_epi16(l, 4), m4);
+                    for r in 0..R {
+                        sums[r] = M::u4_add(sums[r], lo, four(&xs[r][b], c));
+                        sums[r] = M::u4_add(sums[r], hi, four(&xs[r][b], c + 4));
+                    }
+                }
+                for s in &mut sums {
+                    *s = M::u4_sums(*s);
+                }
+            }
+            let mins = if KIND == G_Q4_1 {
+                ld_f16x8!(base + 16)
+            } else {
+                d
+            };
+            for r in 0..R {
+                let x = &xs[r][b];
+                let dd = _mm256_mul_ps(d, _mm256_set1_ps(x.d));
+                acc[r] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(sums[r]), acc[r]);
+                if KIND != G_Q8_0 {
+                    off[r] = _mm256_fmadd_ps(mins, _mm256_set1_ps(x.s), off[r]);
+                }
+            }
+        }
+        std::array::from_fn(|r| match KIND {
+            // d·Σ(q − 8)·x = d·Σq·x − 8·d·s_x.
+            G_Q4_0 => _mm256_fnmadd_ps(_mm256_set1_ps(8.0), off[r], acc[r]),
+            G_Q4_1 => _mm256_add_ps(acc[r], off[r]),
+            _ => acc[r],
+        })
     }
 }
