@@ -98,6 +98,7 @@ def server_cmd(a, engine, port, name):
 
 
 def driver(a):
+    os.makedirs(a.logs, exist_ok=True)  # a fresh --logs folder is made, not an error
     rt = rt_prefix()
     env = dict(os.environ, RAYON_NUM_THREADS=str(a.threads), OMP_NUM_THREADS=str(a.threads))
     name = "bench-model"
