@@ -5,7 +5,7 @@
 //! of what only ours has (fused epilogue, prepacked B, an ISA cap below the CPU's: the crate
 //! picks its kernels by CPU detection alone).
 
-use super::driver::Problem;
+use super::problem::Problem;
 
 /// Whether the crate runs `p` on `threads`: a plain product (no epilogue, B not prepacked,
 /// k > 0) on one thread, or on several when every dimension is at least 256, unless it has 2 to

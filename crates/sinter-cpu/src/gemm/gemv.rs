@@ -14,8 +14,8 @@
 
 use std::ops::Range;
 
-use super::driver::{block_offset, Problem};
 use super::kernel::Acc;
+use super::problem::{block_offset, Problem};
 use crate::simd::{load_lanes, Simd};
 
 /// The most columns the dot form takes (see the module note; measured on gpt-tiny's decode).

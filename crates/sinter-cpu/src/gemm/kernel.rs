@@ -12,6 +12,16 @@
 
 use crate::math::activation::{apply, Activation};
 use crate::simd::{load_lanes, Simd};
+use crate::Isa;
+
+/// The micro-kernel's register tile (MR, NR) for each instruction set.
+pub fn kernel_shape(isa: Isa) -> (usize, usize) {
+    match isa {
+        Isa::Avx512 => (32, 12),
+        Isa::Avx2 => (16, 6),
+        Isa::Scalar => (4, 4),
+    }
+}
 
 /// Register tile of a micro-kernel: MV vectors down (MR = MV · LANES) by NR columns.
 pub(crate) type Acc<S, const MV: usize, const NR: usize> = [[<S as Simd>::V; MV]; NR];

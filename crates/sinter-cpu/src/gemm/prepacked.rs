@@ -7,8 +7,9 @@
 //! product with it only packs the (usually small) left operand.
 
 use super::blocking::{Blocking, CacheSizes};
+use super::kernel::kernel_shape;
+use super::matrix::{GemmError, MatRef};
 use super::pack::{pack_panels, Src};
-use super::{kernel_shape, GemmError, MatRef};
 use crate::Isa;
 
 /// B (k × n) packed for the micro-kernels of one instruction set.
