@@ -5,11 +5,11 @@
 //! since each layer then gets the same input on both devices. GELU's tanh and erf are each
 //! device's own (a few ulps apart): those outputs are compared to 1e-6 relative.
 
-use sinter_core::{no_grad, DType, Device, Rng, Tensor};
+use sinter_core::{no_grad, Conv2dParams, DType, Device, Pool2dParams, Rng, Tensor};
 use sinter_nn::device::move_module;
 use sinter_nn::module::{join, NamedTensor};
 use sinter_nn::quant::{self, Activation, QuantizedLinear};
-use sinter_nn::{Embedding, Linear, Module};
+use sinter_nn::{Conv2d, Embedding, Linear, Module};
 
 /// The CUDA device: a real GPU when this process uses one, else the emulated one (None, test
 /// skipped, when neither can run here; SINTER_REQUIRE_EMU=1 makes that a failure).
@@ -35,6 +35,70 @@ fn bits(t: &Tensor) -> Vec<u32> {
         .iter()
         .map(|v| v.to_bits())
         .collect()
+}
+
+/// images → conv1 → ReLU → max pool → conv2 (strided) → ReLU → fc: int8 convolutions with
+/// calibrated static input mappings, then an int8 Linear.
+struct Cnn {
+    conv1: Conv2d,
+    conv2: Conv2d,
+    fc: Linear,
+}
+
+impl Cnn {
+    fn new() -> Cnn {
+        let mut rng = Rng::new(11);
+        let same = Conv2dParams {
+            padding: 1.into(),
+            ..Default::default()
+        };
+        let strided = Conv2dParams {
+            stride: 2.into(),
+            ..Default::default()
+        };
+        Cnn {
+            conv1: Conv2d::new(3, 8, 3, same, true, &mut rng).unwrap(),
+            conv2: Conv2d::new(8, 6, 3, strided, false, &mut rng).unwrap(),
+            fc: Linear::new(6 * 2 * 2, 5, true, &mut rng).unwrap(),
+        }
+    }
+}
+
+impl Module for Cnn {
+    fn forward(&self, x: &Tensor) -> sinter_core::Result<Tensor> {
+        let h = self.conv1.forward(x)?.relu()?;
+        let h = h.max_pool2d(Pool2dParams::new(2))?;
+        let h = self.conv2.forward(&h)?.relu()?;
+        self.fc.forward(&h.flatten_from(1)?)
+    }
+    fn collect(&self, prefix: &str, out: &mut Vec<NamedTensor>) {
+        self.conv1.collect(&join(prefix, "conv1"), out);
+        self.conv2.collect(&join(prefix, "conv2"), out);
+        self.fc.collect(&join(prefix, "fc"), out);
+    }
+}
+
+#[test]
+fn a_quantized_cnn_on_cuda_gives_the_cpu_int8_outputs_bit_for_bit() {
+    let Some(dev) = cuda() else { return };
+    let _g = no_grad();
+    let mut rng = Rng::new(12);
+    let model = Cnn::new();
+    let calib = randn(&[6, 3, 10, 10], &mut rng);
+    let report = quant::quantize(&model, &mut |m| m.forward(&calib).map(drop)).unwrap();
+    assert_eq!(report.int8.len(), 3, "{:?}", report.int8);
+    let x = randn(&[4, 3, 10, 10], &mut rng);
+    let on_cpu = model.forward(&x).unwrap();
+    move_module(&model, dev).unwrap();
+    let on_dev = model.forward(&x.to_device(dev).unwrap()).unwrap();
+    assert_eq!((on_dev.device(), on_dev.shape()), (dev, &[4usize, 5][..]));
+    assert_eq!(bits(&on_dev), bits(&on_cpu), "logits on {dev} vs the CPU");
+    // NaN is refused on the device as on the CPU, naming where it is.
+    let mut bad = x.to_vec_f32().unwrap();
+    bad[40] = f32::NAN;
+    let bad = Tensor::from_vec(bad, &[4, 3, 10, 10], dev).unwrap();
+    let e = model.forward(&bad).unwrap_err().to_string();
+    assert!(e.contains("NaN (first at flat index 40)"), "{e}");
 }
 
 /// ids → embedding → fc1 → ReLU → fc2 → ReLU → the tied head (the table's int8 GEMM).

@@ -271,6 +271,24 @@ impl QuantMatrix {
         out
     }
 
+    /// Its parts as stored in a file: (type, rows, the rows' blocks row after row). Another
+    /// device's copy starts from these (the CPU keeps rows in groups of eight for its dot
+    /// kernels).
+    pub fn parts_row_major(&self) -> Vec<(GgmlType, usize, Vec<u8>)> {
+        (self.parts.iter())
+            .map(|p| {
+                let rb = p.ty.bytes_for(self.k).expect("checked at construction");
+                let mut bytes = p.bytes.clone();
+                let mut rows = vec![0u8; GROUP * rb];
+                for g in bytes[..p.grouped * rb].chunks_exact_mut(GROUP * rb) {
+                    groups::ungroup(p.ty, rb, g, &mut rows);
+                    g.copy_from_slice(&rows);
+                }
+                (p.ty, p.rows, bytes)
+            })
+            .collect()
+    }
+
     /// Row `r` (< n) dequantized into `out` (k values).
     pub fn dequantize_row(&self, r: usize, out: &mut [f32]) -> Result<(), GgmlError> {
         let mut first = 0;

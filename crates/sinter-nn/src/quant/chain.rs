@@ -16,7 +16,9 @@ use sinter_cpu::im2col::Window;
 use sinter_cpu::int8::pool::{max_pool_f32_to_planes, max_pool_u8};
 use sinter_cpu::int8::{quantize_rows_static, Activation, QParams};
 
-use super::conv::{refuse_nan, ConvIn, ConvOut, QuantizedConv2d};
+use sinter_core::kernels::qmatmul::{refuse_nan, ConvIn, ConvOut};
+
+use super::conv::QuantizedConv2d;
 use super::host::cpu_input;
 use super::slot::Int8Layer;
 use crate::layers::Conv2d;
@@ -36,10 +38,11 @@ pub fn int8_conv(conv: &Conv2d) -> Option<Arc<dyn Int8Layer>> {
         .filter(|q| q.as_any().is::<QuantizedConv2d>())
 }
 
-/// Runs `stages` on x [n, c, h, w] (a CPU float tensor, no gradient): the last stage's output
+/// Runs `stages` on x [n, c, h, w] (a float tensor, no gradient): the last stage's output
 /// as f32 [n, c', h', w'], equal bit for bit to running each stage's convolution
 /// (`forward_with` and the activation) and `Tensor::max_pool2d` in turn. NaN in `x` is refused
-/// (int8 activations cannot carry it).
+/// (int8 activations cannot carry it). On a CUDA device the stages run in turn (the chained
+/// u8 form is the CPU's).
 pub fn run(x: &Tensor, stages: &[Stage]) -> Result<Tensor> {
     const WHAT: &str = "int8 convolution chain";
     let convs = stages
@@ -59,6 +62,9 @@ pub fn run(x: &Tensor, stages: &[Stage]) -> Result<Tensor> {
     let &[n, c, h, w] = x.shape() else {
         bail!("{WHAT}: expected input [n, c, h, w], got {:?}", x.shape());
     };
+    if x.device() != Device::Cpu {
+        return stage_by_stage(x, stages, &convs);
+    }
     let xs = cpu_input(x, WHAT)?;
     refuse_nan(&xs, WHAT)?;
     let mut act = channels_last_u8(&xs, c, h * w, first.input_quant());
@@ -102,6 +108,19 @@ pub fn run(x: &Tensor, stages: &[Stage]) -> Result<Tensor> {
         }
     }
     unreachable!("the last stage returns")
+}
+
+/// The stages one after the other through the layers' own forward (each convolution with its
+/// activation, then its pooling): the chain's result where its u8 form does not run.
+fn stage_by_stage(x: &Tensor, stages: &[Stage], convs: &[&QuantizedConv2d]) -> Result<Tensor> {
+    let mut y = x.clone();
+    for (stage, conv) in stages.iter().zip(convs) {
+        y = conv.forward_with(&y, stage.activation)?;
+        if let Some(p) = stage.pool {
+            y = y.max_pool2d(p)?;
+        }
+    }
+    Ok(y)
 }
 
 /// x's NCHW f32 images quantized with `q`, channels last: pixel p of image i at (i·hw + p)·c.

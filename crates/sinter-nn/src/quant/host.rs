@@ -10,7 +10,7 @@ use sinter_core::{bail, is_grad_enabled, Device, HostValues, Result, Tensor};
 /// contiguous f32 tensor is read in place (no copy).
 pub(crate) fn cpu_input<'a>(x: &'a Tensor, layer: &str) -> Result<HostValues<'a>> {
     if x.device() != Device::Cpu {
-        bail!("{layer}: this int8 layer runs on the CPU only (int8 Linears and embeddings run on CUDA too), and this input is on {}; run the quantized model with --device cpu (or use the f32 checkpoint on the GPU)", x.device());
+        bail!("{layer}: this int8 layer runs on the CPU only (int8 Linears, embeddings and convolutions run on CUDA too), and this input is on {}; run the quantized model with --device cpu (or use the f32 checkpoint on the GPU)", x.device());
     }
     if !x.dtype().is_float() {
         bail!("{layer}: expected a float input, got {}", x.dtype());

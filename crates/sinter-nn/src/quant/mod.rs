@@ -29,10 +29,12 @@
 //! into named tensors (int8 weights + f32 scales) and back. Int8 Linears and embedding tables
 //! (lookups and tied heads) run through the seam's qmatmul kernel
 //! (`sinter_core::kernels::qmatmul`) on the device of their input — the CPU or CUDA, the same
-//! code, the weight uploaded on first use; int8 convolutions, chains and GGML layers run on the
-//! CPU only (a CUDA input gets an error). No int8 layer carries a gradient. A model whose
+//! code, the weight uploaded on first use; so do int8 convolutions (the folder's `QConv2d`:
+//! im2col with the static mapping, then the int8 GEMM). GGML layers run on the CPU only (a
+//! CUDA input gets an error). No int8 layer carries a gradient. A model whose
 //! int8 convolutions follow one another (conv → activation → max pool → conv) runs them as a
-//! [`chain`], u8 activations passed from one to the next.
+//! [`chain`], u8 activations passed from one to the next (on the CPU; on CUDA the chain's
+//! stages run in turn).
 //!
 //! The same slot also holds a Linear whose weight stays in a GGML block format from a GGUF
 //! file ([`ggml::GgmlLinear`]): one quantized-layer trait ([`slot::Int8Layer`]) for both.

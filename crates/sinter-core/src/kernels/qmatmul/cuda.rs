@@ -30,7 +30,7 @@ pub(super) struct DevicePlane<'a> {
     pub scales: &'a Tensor,
 }
 
-fn qkernel(
+pub(super) fn qkernel(
     name: &str,
     launch: impl Fn(&[TensorMeta]) -> Result<KernelLaunch> + Send + Sync + 'static,
 ) -> Result<CudaKernel> {
@@ -39,7 +39,7 @@ fn qkernel(
 }
 
 /// A grid-stride launch of `items` threads.
-fn strided(items: usize) -> KernelLaunch {
+pub(super) fn strided(items: usize) -> KernelLaunch {
     let blocks = items.div_ceil(BLOCK as usize).clamp(1, MAX_BLOCKS) as u32;
     KernelLaunch {
         grid: (blocks, 1, 1),
@@ -259,4 +259,20 @@ pub(super) fn forward(
         Activation::GeluTanh => y.gelu(),
         Activation::GeluErf => y.gelu_erf(),
     }
+}
+
+/// y [m, n] = act((a·Wᵀ − z·Σw)·(s·w_scale) + bias) for u8 rows `a` (i64 words [m, ⌈k/8⌉])
+/// that all share one static mapping (`scale` f32 [1], `zero` i64 [1]): the int8
+/// convolution's columns.
+pub(super) fn gemm_static(
+    a: &Tensor,
+    p: &DevicePlane<'_>,
+    scale: &Tensor,
+    zero: &Tensor,
+    bias: Option<&Tensor>,
+    act: Activation,
+) -> Result<Tensor> {
+    let mut inputs = vec![a, p.values, p.sums, scale, zero, p.scales];
+    inputs.extend(bias);
+    Ok(gemm_op(bias.is_some(), act)?.apply(&inputs)?.remove(0))
 }

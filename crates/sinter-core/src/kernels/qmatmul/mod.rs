@@ -7,6 +7,8 @@
 //! - `cpu.rs`: the CPU's int8 GEMM (`sinter_cpu::int8`, packed panels, AVX2/VNNI paths).
 //! - `cuda.rs` and `qmatmul.cu`: the CUDA kernels (dp4a GEMM, the per-row quantizer) as
 //!   custom-op kernels, so they also run on the emulated device.
+//! - `conv.rs`: the int8 convolution ([`QConv2d`]): im2col into u8 columns with a static
+//!   input mapping, then this folder's int8 GEMM, on every device.
 //!
 //! The int8 kind ([`QFormat::Int8`]): weights symmetric int8 per output channel
 //! (w[j, ·] ≈ scale[j]·q[j, ·]), activations quantized to u8 per row at run time (dynamic: each
@@ -17,22 +19,27 @@
 //! the same f32 operations in the same order, so they agree to the last bit except in GELU
 //! (each device's tanh/erf, within a few ulps).
 //!
-//! More kinds (the GGML block formats of GGUF files: Q8_0, Q4_0, Q4_1, Q4_K, Q6_K) join as
-//! variants of [`QFormat`], with their form in [`QWeight`]'s planes, their CPU kernel in
-//! `cpu.rs` and their CUDA kernel in `cuda.rs` (or a clear refusal there).
+//! The GGML kinds ([`QFormat::Ggml`], `ggml.rs`): the block formats of GGUF files (Q8_0, Q4_0,
+//! Q4_1, Q4_K, Q5_K, Q6_K) kept as the file stores them, one plane of parts stacked by rows;
+//! sinter-cpu's dot kernels on the CPU, dequantize-and-GEMM on CUDA. Another kind joins as
+//! one more [`QFormat`] variant, its form in [`QWeight`]'s planes and its kernels here.
 //!
 //! No gradient: an input that tracks one is an error (quantized layers are for inference).
 
+mod conv;
 mod cpu;
 mod cuda;
+mod ggml;
 
 use std::sync::Arc;
 
+use sinter_cpu::ggml_quant::QuantMatrix;
 use sinter_cpu::int8::PackedWeights;
 pub use sinter_cpu::int8::{ActTerms, Activation};
 
 use crate::op::UnaryOp;
 use crate::{bail, is_grad_enabled, DType, Device, Result, Tensor};
+pub use conv::{conv_reference, refuse_nan, ConvIn, ConvOut, Geom, QConv2d, COL_BUDGET};
 pub use cuda::QMATMUL_CU;
 
 /// The largest k: above it the i32 sums could overflow (255 · 127 · k < 2³¹).
@@ -44,6 +51,8 @@ pub const MAX_K: usize = sinter_cpu::int8::pack::MAX_K;
 pub enum QFormat {
     /// Symmetric int8 per output channel, u8 activations quantized per row at run time.
     Int8,
+    /// GGML blocks (one type per part of rows), as a GGUF file stores them.
+    Ggml,
 }
 
 /// One int8 plane of a weight, in its device's form.
@@ -62,6 +71,10 @@ enum Plane {
         sums: Tensor,
         scales: Tensor,
     },
+    /// A GGML matrix on the CPU (sinter-cpu's form: rows grouped for its dot kernels).
+    GgmlCpu(Arc<QuantMatrix>),
+    /// A GGML matrix on a CUDA device: its parts' blocks row after row.
+    GgmlDevice(Vec<ggml::DevicePart>),
 }
 
 /// A quantized [n, k] weight on one device: one int8 plane, or two (w ≈ s₁·q₁ + s₂·q₂, the
@@ -128,8 +141,59 @@ impl QWeight {
         QWeight::int8_cpu(Arc::new(packed), scales.into())?.to_device(device)
     }
 
+    /// A GGML weight on the CPU ([n, k]: its rows are the output channels).
+    pub fn ggml(matrix: Arc<QuantMatrix>) -> QWeight {
+        QWeight {
+            format: QFormat::Ggml,
+            n: matrix.n(),
+            k: matrix.k(),
+            device: Device::Cpu,
+            planes: vec![Plane::GgmlCpu(matrix)],
+        }
+    }
+
+    /// The CPU matrix of a GGML weight on the CPU (the CPU decode step reads it directly).
+    pub fn ggml_matrix(&self) -> Option<&Arc<QuantMatrix>> {
+        match self.planes.first() {
+            Some(Plane::GgmlCpu(m)) => Some(m),
+            _ => None,
+        }
+    }
+
+    /// Rows `ids` (i64, any shape, each < n) of a GGML weight dequantized: f32 [ids.., k]
+    /// on the weight's device (token tables kept quantized).
+    pub fn lookup(&self, ids: &Tensor) -> Result<Tensor> {
+        if ids.dtype() != DType::I64 {
+            bail!("qmatmul: lookup ids must be i64, got {}", ids.dtype());
+        }
+        if ids.device() != self.device {
+            bail!(
+                "qmatmul: lookup ids on {} for a weight on {}; move one of them",
+                ids.device(),
+                self.device
+            );
+        }
+        let host = ids.to_vec_i64()?;
+        if let Some(&bad) = host.iter().find(|&&i| i < 0 || i as usize >= self.n) {
+            bail!(
+                "qmatmul: token id {bad} is outside the table's {} rows",
+                self.n
+            );
+        }
+        let mut shape = ids.shape().to_vec();
+        shape.push(self.k);
+        match &self.planes[..] {
+            [Plane::GgmlCpu(m)] => Tensor::from_vec(ggml::lookup_cpu(m, &host)?, &shape, Device::Cpu),
+            [Plane::GgmlDevice(parts)] => ggml::lookup_device(parts, self.k, ids),
+            _ => bail!("qmatmul: lookup of rows is for GGML weights; an int8 table has its own"),
+        }
+    }
+
     /// This weight with `second` (same shape, format and device) as its second plane.
     pub fn with_second_plane(mut self, second: QWeight) -> Result<QWeight> {
+        if self.format != QFormat::Int8 {
+            bail!("qmatmul: only int8 weights take a second plane, not {:?}", self.format);
+        }
         let same = (second.format, second.n, second.k, second.device)
             == (self.format, self.n, self.k, self.device);
         if !same || self.planes.len() != 1 || second.planes.len() != 1 {
@@ -164,6 +228,9 @@ impl QWeight {
         };
         Ok(match plane {
             Plane::Cpu { packed, scales } => (packed.unpack(), scales.to_vec()),
+            Plane::GgmlCpu(_) | Plane::GgmlDevice(_) => {
+                bail!("qmatmul: a GGML weight has blocks, not int8 planes")
+            }
             Plane::Device { values, scales, .. } => {
                 let ld = row_bytes(self.k);
                 let words = values.to_vec_i64()?;
@@ -194,6 +261,25 @@ impl QWeight {
     }
 
     fn plane_on(&self, p: usize, device: Device) -> Result<Plane> {
+        match (&self.planes[p], device) {
+            (Plane::GgmlCpu(m), Device::Cpu) => return Ok(Plane::GgmlCpu(m.clone())),
+            (Plane::GgmlCpu(m), dev) => return Ok(Plane::GgmlDevice(ggml::upload(m, dev)?)),
+            (Plane::GgmlDevice(parts), Device::Cpu) => {
+                return Ok(Plane::GgmlCpu(Arc::new(ggml::download(parts, self.k)?)))
+            }
+            (Plane::GgmlDevice(parts), dev) => {
+                let moved = (parts.iter())
+                    .map(|d| {
+                        Ok(ggml::DevicePart {
+                            blocks: d.blocks.to_device(dev)?,
+                            ..d.clone()
+                        })
+                    })
+                    .collect::<Result<_>>()?;
+                return Ok(Plane::GgmlDevice(moved));
+            }
+            _ => {}
+        }
         if let (
             Plane::Device {
                 values,
@@ -293,6 +379,9 @@ pub fn qmatmul(
         }
     }
     let rows = x.numel() / k.max(1);
+    if w.format == QFormat::Ggml {
+        return ggml_forward(x, w, bias, activation, rows);
+    }
     // The rule both devices follow (the CPU's GEMM decides the same way inside).
     let terms = terms.for_weight(rows, k.div_ceil(4) * 4 * n);
     let mut shape = x.shape().to_vec();
@@ -304,7 +393,7 @@ pub fn qmatmul(
                 .iter()
                 .map(|p| match p {
                     Plane::Cpu { packed, scales } => Ok((&**packed, &**scales)),
-                    Plane::Device { .. } => bail!("qmatmul: a device plane in a CPU weight"),
+                    _ => bail!("qmatmul: a device or GGML plane in a CPU int8 weight"),
                 })
                 .collect::<Result<_>>()?;
             let y = cpu::forward(x, &planes, bias, activation, terms)?;
@@ -324,7 +413,7 @@ pub fn qmatmul(
                         sums,
                         scales,
                     }),
-                    Plane::Cpu { .. } => bail!("qmatmul: a CPU plane in a device weight"),
+                    _ => bail!("qmatmul: a CPU or GGML plane in a device int8 weight"),
                 })
                 .collect::<Result<_>>()?;
             let x2 = x.to_dtype(DType::F32)?.contiguous()?.reshape(&[rows, k])?;
@@ -332,6 +421,34 @@ pub fn qmatmul(
         }
     };
     Ok(QOutput { y, terms })
+}
+
+/// qmatmul of a GGML weight (activation terms do not apply: its kernels quantize per block).
+fn ggml_forward(
+    x: &Tensor,
+    w: &QWeight,
+    bias: Option<&Tensor>,
+    activation: Activation,
+    rows: usize,
+) -> Result<QOutput> {
+    let mut shape = x.shape().to_vec();
+    *shape.last_mut().expect("rank ≥ 1") = w.n;
+    let y = match &w.planes[..] {
+        [Plane::GgmlCpu(m)] => Tensor::from_vec(
+            ggml::forward_cpu(x, m, bias, activation)?,
+            &shape,
+            Device::Cpu,
+        )?,
+        [Plane::GgmlDevice(parts)] => {
+            let x2 = x.to_dtype(DType::F32)?.contiguous()?.reshape(&[rows, w.k])?;
+            ggml::forward_device(&x2, parts, w.k, bias, activation)?.reshape(&shape)?
+        }
+        _ => bail!("qmatmul: a GGML weight without its one plane of blocks"),
+    };
+    Ok(QOutput {
+        y,
+        terms: ActTerms::One,
+    })
 }
 
 /// The op's arithmetic, exactly, on the host: each row of `x` ([m, k]) quantized as the CPU
@@ -369,15 +486,20 @@ pub fn reference(
                 }
             }
             *o += bias.map_or(0.0, |b| b[j] as f64);
-            *o = match activation {
-                Activation::None => *o,
-                Activation::Relu => o.max(0.0),
-                Activation::GeluTanh => UnaryOp::GeluTanh.apply_f64(*o),
-                Activation::GeluErf => UnaryOp::GeluErf.apply_f64(*o),
-            };
+            *o = activate_f64(*o, activation);
         }
     }
     Ok(y)
+}
+
+/// The epilogue's activation in f64 (the references').
+fn activate_f64(v: f64, activation: Activation) -> f64 {
+    match activation {
+        Activation::None => v,
+        Activation::Relu => v.max(0.0),
+        Activation::GeluTanh => UnaryOp::GeluTanh.apply_f64(v),
+        Activation::GeluErf => UnaryOp::GeluErf.apply_f64(v),
+    }
 }
 
 #[cfg(test)]

@@ -8,7 +8,9 @@
 
 use super::*;
 use crate::kernels::test_support::{devices, values};
-use sinter_cpu::int8::{gemm_i32, quantize_rows_terms, Int8Path};
+use crate::Conv2dParams;
+use sinter_cpu::ggml_quant::GgmlType;
+use sinter_cpu::int8::{gemm_i32, quantize_rows_terms, Int8Path, QParams};
 
 /// (m, n, k).
 const SHAPES: [(usize, usize, usize); 5] = [
@@ -242,5 +244,214 @@ fn bad_calls_are_errors_that_say_what_to_do() {
             ActTerms::Auto,
         ));
         assert!(e.contains("QWeight::to_device"), "{e}");
+    }
+}
+
+/// One int8 convolution case: (n, c, h, w, out, kh, kw, stride, padding, dilation).
+type ConvCase = (usize, usize, usize, usize, usize, usize, usize, usize, usize, usize);
+
+/// Odd sizes: k = c·kh·kw not a multiple of 8, a 1×1 kernel, stride, dilation, padding wider
+/// than one tap, one image, more output channels than the GEMM's 64 tile.
+const CONV_CASES: [ConvCase; 5] = [
+    (2, 3, 7, 6, 5, 3, 3, 1, 1, 1),
+    (1, 4, 9, 9, 3, 1, 1, 2, 0, 1),
+    (3, 2, 8, 7, 4, 3, 2, 2, 2, 1),
+    (2, 5, 10, 9, 6, 3, 3, 1, 2, 2),
+    (1, 3, 5, 5, 70, 2, 2, 1, 1, 1),
+];
+
+fn conv_of(case: ConvCase, seed: u64, with_bias: bool) -> QConv2d {
+    let (_, c, _, _, o, kh, kw, stride, padding, dilation) = case;
+    let params = Conv2dParams {
+        stride: stride.into(),
+        padding: padding.into(),
+        dilation: dilation.into(),
+        ..Default::default()
+    };
+    let bias = values(seed + 3, o, -1.0, 1.0);
+    QConv2d::new(
+        &int8s(seed, o * c * kh * kw),
+        [o, c, kh, kw],
+        &values(seed + 1, o, 0.001, 0.02),
+        with_bias.then_some(&bias[..]),
+        params,
+        QParams::from_range(-2.5, 3.0).unwrap(),
+    )
+    .unwrap()
+}
+
+#[test]
+fn qconv_matches_the_exact_reference_and_the_devices_agree() {
+    for (i, &case) in CONV_CASES.iter().enumerate() {
+        let (n, c, h, w, o, ..) = case;
+        let seed = 200 + 10 * i as u64;
+        // Values beyond the calibrated range saturate, as on the CPU.
+        let x = values(seed + 5, n * c * h * w, -3.5, 4.0);
+        for (v, act) in ACTS.into_iter().enumerate() {
+            let conv = conv_of(case, seed, (i + v) % 2 == 0);
+            let want = conv_reference(&conv, &x, [n, h, w], act).unwrap();
+            let mut outs: Vec<(Device, Vec<f32>)> = Vec::new();
+            for dev in devices() {
+                let xt = Tensor::from_vec(x.clone(), &[n, c, h, w], dev).unwrap();
+                let y = conv.forward(&xt, act).unwrap();
+                let what = format!("{dev} case {i} {act:?}");
+                let g = conv.geometry_of(h, w).unwrap().win;
+                assert_eq!(y.shape(), [n, o, g.oh, g.ow], "{what}");
+                assert_eq!(y.device(), dev, "{what}");
+                let y = y.to_vec_f32().unwrap();
+                let scale = want.iter().fold(1e-3f64, |a, w| a.max(w.abs()));
+                for (j, (&g, &w)) in y.iter().zip(&want).enumerate() {
+                    assert!(
+                        (g as f64 - w).abs() <= 2e-6 * w.abs() + 2e-6 * scale,
+                        "{what}[{j}]: got {g}, want {w}"
+                    );
+                }
+                outs.push((dev, y));
+            }
+            if matches!(act, Activation::None | Activation::Relu) {
+                for (dev, y) in &outs[1..] {
+                    let same = y
+                        .iter()
+                        .zip(&outs[0].1)
+                        .all(|(a, b)| a.to_bits() == b.to_bits());
+                    assert!(same, "{dev} case {i} {act:?}: not the CPU's bits");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn qconv_refuses_nan_gradients_and_wrong_shapes_on_every_device() {
+    let case = CONV_CASES[0];
+    let (n, c, h, w, ..) = case;
+    let conv = conv_of(case, 1, true);
+    for dev in devices() {
+        let mut x = values(9, n * c * h * w, -1.0, 1.0);
+        let msg = |x: &Tensor| conv.forward(x, Activation::None).unwrap_err().to_string();
+        let ok = Tensor::from_vec(x.clone(), &[n, c, h, w], dev).unwrap();
+        assert!(msg(&ok.to_var().unwrap()).contains("no_grad"), "{dev}");
+        let e = msg(&ok.reshape(&[n, c, h * w]).unwrap());
+        assert!(e.contains("expected input [n, 3, h, w]"), "{dev}: {e}");
+        x[17] = f32::NAN;
+        let e = msg(&Tensor::from_vec(x, &[n, c, h, w], dev).unwrap());
+        assert!(e.contains("NaN (first at flat index 17)"), "{dev}: {e}");
+    }
+    let p = Conv2dParams {
+        groups: 2,
+        ..Default::default()
+    };
+    let e = QConv2d::new(&[1; 4], [2, 2, 1, 1], &[0.1; 2], None, p, QParams::from_range(0.0, 1.0).unwrap()).unwrap_err();
+    assert!(e.to_string().contains("grouped"), "{e}");
+}
+
+/// A GGML weight [n, k] of type `ty` quantized from deterministic values.
+fn ggml_matrix(ty: GgmlType, n: usize, k: usize, seed: u64) -> QuantMatrix {
+    let w = values(seed, n * k, -1.0, 1.0);
+    let bytes = sinter_cpu::ggml_quant::quantize::quantize(ty, &w, k).unwrap();
+    QuantMatrix::new(ty, n, k, bytes).unwrap()
+}
+
+/// Every kind sinter-cpu has dot kernels for (`DOT_TYPES`), and a matrix stacked from two kinds (a fused
+/// projection whose parts a GGUF file stores in different types): (matrix, k).
+fn ggml_cases() -> Vec<(QuantMatrix, usize)> {
+    let mut v: Vec<_> = [
+        (GgmlType::Q8_0, 64),
+        (GgmlType::Q4_0, 96),
+        (GgmlType::Q4_1, 64),
+        (GgmlType::Q4_K, 256),
+        (GgmlType::Q6_K, 256),
+    ]
+    .into_iter()
+    .enumerate()
+    .map(|(i, (ty, k))| (ggml_matrix(ty, 37 + 8 * i, k, 300 + i as u64), k))
+    .collect();
+    let stacked = QuantMatrix::stack(vec![
+        ggml_matrix(GgmlType::Q4_K, 24, 256, 400),
+        ggml_matrix(GgmlType::Q6_K, 9, 256, 401),
+    ])
+    .unwrap();
+    v.push((stacked, 256));
+    v
+}
+
+/// The CUDA kernel's dequantized rows are the CPU's bit for bit (every kind, partial groups
+/// of rows, ids in any order and repeated), and a weight survives the round trip.
+#[test]
+fn ggml_rows_dequantize_to_the_cpus_bits_on_every_device() {
+    for (m, k) in ggml_cases() {
+        let n = m.n();
+        let want = m.dequantize();
+        let ids: Vec<i64> = (0..n as i64).rev().chain([0, 3, 3]).collect();
+        let single = m.types().len() == 1;
+        let cpu = QWeight::ggml(Arc::new(m));
+        for dev in devices() {
+            let what = format!("{:?} [{n}×{k}] on {dev}", cpu.ggml_matrix().unwrap().types());
+            let w = cpu.to_device(dev).unwrap();
+            assert_eq!((w.format(), w.n(), w.k()), (QFormat::Ggml, n, k), "{what}");
+            let back = w.to_device(Device::Cpu).unwrap();
+            let back = back.ggml_matrix().unwrap().dequantize();
+            assert!(back.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()), "{what}: round trip");
+            if !single && dev != Device::Cpu {
+                let ids = Tensor::from_vec(vec![0i64], &[1], dev).unwrap();
+                assert!(w.lookup(&ids).unwrap_err().to_string().contains("stacked"), "{what}");
+                continue;
+            }
+            let it = Tensor::from_vec(ids.clone(), &[ids.len()], dev).unwrap();
+            let rows = w.lookup(&it).unwrap();
+            assert_eq!(rows.shape(), [ids.len(), k], "{what}");
+            let rows = rows.to_vec_f32().unwrap();
+            for (r, &id) in ids.iter().enumerate() {
+                let (got, exp) = (&rows[r * k..(r + 1) * k], &want[id as usize * k..][..k]);
+                let same = got.iter().zip(exp).all(|(a, b)| a.to_bits() == b.to_bits());
+                assert!(same, "{what}: row {id}");
+            }
+            let bad = Tensor::from_vec(vec![n as i64], &[1], dev).unwrap();
+            let e = w.lookup(&bad).unwrap_err().to_string();
+            assert!(e.contains(&format!("token id {n} is outside the table's {n} rows")), "{e}");
+        }
+    }
+}
+
+/// qmatmul with a GGML weight against x · dequantized(W)ᵀ + b in f64: on CUDA (exact
+/// dequantization, an f32 GEMM) to f32 rounding; on the CPU within the error of its 8-bit
+/// per-block activations (and to f32 rounding from 32 rows, where it dequantizes too).
+#[test]
+fn qmatmul_of_ggml_weights_matches_the_dequantized_product() {
+    for (c, (m, k)) in ggml_cases().into_iter().enumerate() {
+        let n = m.n();
+        let wd = m.dequantize();
+        let cpu = QWeight::ggml(Arc::new(m));
+        let bias = values(500 + c as u64, n, -0.5, 0.5);
+        for rows in [3, 40] {
+            let x = values(600 + c as u64, rows * k, -1.0, 1.0);
+            let act = ACTS[(c + rows) % 4];
+            let want: Vec<f64> = (0..rows * n)
+                .map(|t| {
+                    let (i, j) = (t / n, t % n);
+                    let dot: f64 = (0..k)
+                        .map(|p| x[i * k + p] as f64 * wd[j * k + p] as f64)
+                        .sum();
+                    activate_f64(dot + bias[j] as f64, act)
+                })
+                .collect();
+            let scale = want.iter().fold(1e-3f64, |a, w| a.max(w.abs()));
+            for dev in devices() {
+                let w = cpu.to_device(dev).unwrap();
+                let xt = Tensor::from_vec(x.clone(), &[rows, k], dev).unwrap();
+                let bt = Tensor::from_vec(bias.clone(), &[n], dev).unwrap();
+                let y = qmatmul(&xt, &w, Some(&bt), act, ActTerms::Auto).unwrap().y;
+                assert_eq!((y.shape(), y.device()), (&[rows, n][..], dev));
+                let exact = dev != Device::Cpu || rows >= 32;
+                let tol = if exact { 1e-5 } else { 2e-2 };
+                let y = y.to_vec_f32().unwrap();
+                for (t, (&g, &w)) in y.iter().zip(&want).enumerate() {
+                    assert!(
+                        (g as f64 - w).abs() <= tol * scale,
+                        "case {c} {dev} {rows} rows {act:?} [{t}]: got {g}, want {w}"
+                    );
+                }
+            }
+        }
     }
 }
