@@ -616,9 +616,10 @@ impl Tensor {
     /// Its gradient, if any, moves too. Records nothing (parameters are leaves).
     ///
     /// Only for a tensor that covers its whole storage contiguously (a parameter or buffer as
-    /// created); a view into a larger storage is an error, as is a device that cannot be used
-    /// (then nothing changes and the tensor stays usable where it was). Move a model before
-    /// creating its optimizer, whose state is allocated beside the parameters.
+    /// created), or that broadcasts a storage of one value (a stand-in weight whose layer runs
+    /// a quantized form); a view into a larger storage is an error, as is a device that cannot
+    /// be used (then nothing changes and the tensor stays usable where it was). Move a model
+    /// before creating its optimizer, whose state is allocated beside the parameters.
     pub fn move_to_device_(&self, device: Device) -> Result<()> {
         let from = self.device();
         if from == device {
@@ -626,7 +627,10 @@ impl Tensor {
         }
         check_device(device)?;
         let storage_len = self.storage().len();
-        if self.layout().contiguous_range() != Some(0..storage_len) {
+        let one_value = storage_len == 1
+            && self.layout().offset() == 0
+            && self.layout().strides().iter().all(|&s| s == 0);
+        if !one_value && self.layout().contiguous_range() != Some(0..storage_len) {
             bail!(
                 "move_to_device_: a tensor of shape {:?} that views part of a larger storage (or strides over it) cannot be moved in place; move the tensor that owns the storage, or use to_device",
                 self.shape()
@@ -634,7 +638,12 @@ impl Tensor {
         }
         let moved = {
             let _g = crate::no_grad();
-            self.detach().to_device(device)?
+            // One value: its storage is what moves; the layout keeps broadcasting it.
+            let mut whole = self.detach();
+            for d in 0..whole.rank() * one_value as usize {
+                whole = whole.narrow(d as isize, 0, 1)?;
+            }
+            whole.to_device(device)?
         };
         // `moved` is a fresh tensor: take its storage without copying when we hold the only
         // reference (always, barring a concurrent reader), else clone it.

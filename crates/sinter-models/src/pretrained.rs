@@ -8,7 +8,8 @@
 //! or, for inference ([`GgufWeights::Quantized`]), its projection weights in a format with dot
 //! kernels (Q8_0, Q4_0, Q4_1, Q4_K, Q6_K) stay in their blocks: each such Linear runs a
 //! `sinter_nn::quant::GgmlLinear` installed in its quant slot and holds only a placeholder
-//! f32 weight (no copy). Such a model runs on the CPU, without gradients.
+//! f32 weight (no copy). Such a model runs without gradients, on the CPU or a CUDA device
+//! (the layers' qmatmul op dequantizes the blocks there for each product).
 
 use std::collections::{HashMap, HashSet};
 use std::path::Path;
@@ -43,7 +44,7 @@ pub enum GgufWeights {
     /// Everything dequantized to f32 (trainable; runs on any device).
     #[default]
     F32,
-    /// Projection weights with dot kernels kept in their blocks (CPU inference only).
+    /// Projection weights with dot kernels kept in their blocks (inference only).
     Quantized,
 }
 

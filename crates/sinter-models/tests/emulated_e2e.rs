@@ -369,3 +369,40 @@ fn assert_close_l2(what: &str, a: &[f32], b: &[f32], tol: f64) {
         diff / base
     );
 }
+
+/// A GGUF model whose projections stay in their GGML blocks (the tiny Llama fixture written
+/// as Q8_0 and as Q4_K by `quantize_gguf`) runs on the device through the same layers: each
+/// product dequantizes its blocks on the device (the CPU's values exactly) and multiplies in
+/// f32, so its logits equal the same file dequantized to f32 on the CPU up to f32 summation
+/// order (the CPU's run of the blocks differs by its 8-bit activations).
+#[test]
+fn a_gguf_model_kept_quantized_runs_on_the_device() {
+    use sinter_cpu::ggml_quant::GgmlType;
+    use sinter_models::gguf::{quantize_gguf, GgufFile};
+    use sinter_models::{load_pretrained, load_pretrained_as, GgufWeights};
+    let Some(dev) = cuda() else { return };
+    let _no_grad = sinter_core::no_grad();
+    let src = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/gguf/llama-tiny.gguf"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let ids = Tensor::from_slice(&[1i64, 5, 9, 3, 17, 22, 30, 2], &[1, 8], Device::Cpu).unwrap();
+    for ty in [GgmlType::Q8_0, GgmlType::Q4_K] {
+        let path = dir.path().join(format!("llama-tiny-{ty}.gguf"));
+        quantize_gguf(&GgufFile::open(src).unwrap(), ty, &path).unwrap();
+        let dense = load_pretrained(&path).unwrap();
+        let kept = load_pretrained_as(&path, GgufWeights::Quantized).unwrap();
+        let blocks = sinter_nn::quant::layers(&kept)
+            .into_iter()
+            .filter(|(_, h)| h.slot.int8().is_some())
+            .count();
+        assert!(blocks > 0, "{ty}: no projection kept in blocks");
+        let want = dense.forward(&ids).unwrap().to_vec_f32().unwrap();
+        sinter_nn::move_module(&kept, dev).unwrap();
+        let got = kept.forward(&ids.to_device(dev).unwrap()).unwrap();
+        assert_eq!(got.device(), dev);
+        let what = format!("{ty} GGUF logits on the device");
+        assert_close(&what, &got.to_vec_f32().unwrap(), &want, 1e-4);
+    }
+}

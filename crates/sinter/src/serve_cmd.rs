@@ -74,7 +74,8 @@ pub fn load_lm(path: &Path, device: Device) -> Result<LoadedLm> {
 
 /// How a GGUF file's weights load to run: kept in their blocks on the CPU (the quantized
 /// dot kernels: a fraction of f32's memory traffic per token), in f32 with `--dequantize`
-/// or on a GPU (no quantized kernels there).
+/// or on a GPU (blocks kept there would be dequantized for every product, which an f32
+/// weight skips; a model that only fits quantized loads with `GgufWeights::Quantized`).
 pub fn gguf_weights(dequantize: bool, device: Device) -> GgufWeights {
     if dequantize || device != Device::Cpu {
         GgufWeights::F32

@@ -201,16 +201,10 @@ impl QConv2d {
         const WHAT: &str = "QuantizedConv2d";
         let c = self.shape[1];
         let &[n, xc, h, w] = x.shape() else {
-            bail!(
-                "{WHAT}: expected input [n, {c}, h, w], got {:?}",
-                x.shape()
-            );
+            bail!("{WHAT}: expected input [n, {c}, h, w], got {:?}", x.shape());
         };
         if xc != c {
-            bail!(
-                "{WHAT}: expected input [n, {c}, h, w], got {:?}",
-                x.shape()
-            );
+            bail!("{WHAT}: expected input [n, {c}, h, w], got {:?}", x.shape());
         }
         if !x.dtype().is_float() {
             bail!("{WHAT}: expected a float input, got {}", x.dtype());
@@ -382,7 +376,14 @@ impl QConv2d {
             sums,
             scales,
         };
-        let y = cuda::gemm_static(&cols, &plane, &form.scale, &form.zero, form.bias.as_ref(), act)?;
+        let y = cuda::gemm_static(
+            &cols,
+            &plane,
+            &form.scale,
+            &form.zero,
+            form.bias.as_ref(),
+            act,
+        )?;
         y.reshape(&[n, l, o])?
             .permute(&[0, 2, 1])?
             .contiguous()?
@@ -417,10 +418,19 @@ fn im2col_op(g: Geom, q: QParams) -> Result<CustomOp> {
             .dtypes(&[DType::F32])
             .outputs(move |m| {
                 let &[n, c, h, wd] = &m[0].shape[..] else {
-                    bail!("qconv_im2col_u8: expected x [n, c, h, w], got {:?}", m[0].shape);
+                    bail!(
+                        "qconv_im2col_u8: expected x [n, c, h, w], got {:?}",
+                        m[0].shape
+                    );
                 };
                 if (c, h, wd) != (g.c, w.h, w.w) {
-                    bail!("qconv_im2col_u8: x {:?} is not [n, {}, {}, {}]", m[0].shape, g.c, w.h, w.w);
+                    bail!(
+                        "qconv_im2col_u8: x {:?} is not [n, {}, {}, {}]",
+                        m[0].shape,
+                        g.c,
+                        w.h,
+                        w.w
+                    );
                 }
                 Ok(vec![OutputSpec::new(&[n * w.oh * w.ow, words], DType::I64)])
             })

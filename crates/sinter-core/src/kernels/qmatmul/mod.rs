@@ -183,7 +183,9 @@ impl QWeight {
         let mut shape = ids.shape().to_vec();
         shape.push(self.k);
         match &self.planes[..] {
-            [Plane::GgmlCpu(m)] => Tensor::from_vec(ggml::lookup_cpu(m, &host)?, &shape, Device::Cpu),
+            [Plane::GgmlCpu(m)] => {
+                Tensor::from_vec(ggml::lookup_cpu(m, &host)?, &shape, Device::Cpu)
+            }
             [Plane::GgmlDevice(parts)] => ggml::lookup_device(parts, self.k, ids),
             _ => bail!("qmatmul: lookup of rows is for GGML weights; an int8 table has its own"),
         }
@@ -192,7 +194,10 @@ impl QWeight {
     /// This weight with `second` (same shape, format and device) as its second plane.
     pub fn with_second_plane(mut self, second: QWeight) -> Result<QWeight> {
         if self.format != QFormat::Int8 {
-            bail!("qmatmul: only int8 weights take a second plane, not {:?}", self.format);
+            bail!(
+                "qmatmul: only int8 weights take a second plane, not {:?}",
+                self.format
+            );
         }
         let same = (second.format, second.n, second.k, second.device)
             == (self.format, self.n, self.k, self.device);
@@ -440,7 +445,10 @@ fn ggml_forward(
             Device::Cpu,
         )?,
         [Plane::GgmlDevice(parts)] => {
-            let x2 = x.to_dtype(DType::F32)?.contiguous()?.reshape(&[rows, w.k])?;
+            let x2 = x
+                .to_dtype(DType::F32)?
+                .contiguous()?
+                .reshape(&[rows, w.k])?;
             ggml::forward_device(&x2, parts, w.k, bias, activation)?.reshape(&shape)?
         }
         _ => bail!("qmatmul: a GGML weight without its one plane of blocks"),

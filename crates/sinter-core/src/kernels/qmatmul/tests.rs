@@ -248,7 +248,18 @@ fn bad_calls_are_errors_that_say_what_to_do() {
 }
 
 /// One int8 convolution case: (n, c, h, w, out, kh, kw, stride, padding, dilation).
-type ConvCase = (usize, usize, usize, usize, usize, usize, usize, usize, usize, usize);
+type ConvCase = (
+    usize,
+    usize,
+    usize,
+    usize,
+    usize,
+    usize,
+    usize,
+    usize,
+    usize,
+    usize,
+);
 
 /// Odd sizes: k = c·kh·kw not a multiple of 8, a 1×1 kernel, stride, dilation, padding wider
 /// than one tap, one image, more output channels than the GEMM's 64 tile.
@@ -341,7 +352,15 @@ fn qconv_refuses_nan_gradients_and_wrong_shapes_on_every_device() {
         groups: 2,
         ..Default::default()
     };
-    let e = QConv2d::new(&[1; 4], [2, 2, 1, 1], &[0.1; 2], None, p, QParams::from_range(0.0, 1.0).unwrap()).unwrap_err();
+    let e = QConv2d::new(
+        &[1; 4],
+        [2, 2, 1, 1],
+        &[0.1; 2],
+        None,
+        p,
+        QParams::from_range(0.0, 1.0).unwrap(),
+    )
+    .unwrap_err();
     assert!(e.to_string().contains("grouped"), "{e}");
 }
 
@@ -386,15 +405,26 @@ fn ggml_rows_dequantize_to_the_cpus_bits_on_every_device() {
         let single = m.types().len() == 1;
         let cpu = QWeight::ggml(Arc::new(m));
         for dev in devices() {
-            let what = format!("{:?} [{n}×{k}] on {dev}", cpu.ggml_matrix().unwrap().types());
+            let what = format!(
+                "{:?} [{n}×{k}] on {dev}",
+                cpu.ggml_matrix().unwrap().types()
+            );
             let w = cpu.to_device(dev).unwrap();
             assert_eq!((w.format(), w.n(), w.k()), (QFormat::Ggml, n, k), "{what}");
             let back = w.to_device(Device::Cpu).unwrap();
             let back = back.ggml_matrix().unwrap().dequantize();
-            assert!(back.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()), "{what}: round trip");
+            assert!(
+                back.iter()
+                    .zip(&want)
+                    .all(|(a, b)| a.to_bits() == b.to_bits()),
+                "{what}: round trip"
+            );
             if !single && dev != Device::Cpu {
                 let ids = Tensor::from_vec(vec![0i64], &[1], dev).unwrap();
-                assert!(w.lookup(&ids).unwrap_err().to_string().contains("stacked"), "{what}");
+                assert!(
+                    w.lookup(&ids).unwrap_err().to_string().contains("stacked"),
+                    "{what}"
+                );
                 continue;
             }
             let it = Tensor::from_vec(ids.clone(), &[ids.len()], dev).unwrap();
@@ -408,7 +438,10 @@ fn ggml_rows_dequantize_to_the_cpus_bits_on_every_device() {
             }
             let bad = Tensor::from_vec(vec![n as i64], &[1], dev).unwrap();
             let e = w.lookup(&bad).unwrap_err().to_string();
-            assert!(e.contains(&format!("token id {n} is outside the table's {n} rows")), "{e}");
+            assert!(
+                e.contains(&format!("token id {n} is outside the table's {n} rows")),
+                "{e}"
+            );
         }
     }
 }
