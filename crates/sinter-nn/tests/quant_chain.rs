@@ -161,3 +161,40 @@ fn a_chain_checks_its_shapes() {
         .to_string();
     assert!(e.contains("padding"), "{e}");
 }
+
+/// On a CUDA device (the emulated one without a GPU) a chain runs its stages in turn through
+/// the convolutions' device op and gives the CPU chain's output bit for bit.
+#[test]
+fn a_chain_on_the_cuda_device_equals_the_cpu_chain() {
+    let emulated = sinter_core::cuda::runtime::enable_emulation(1);
+    if !sinter_core::cuda::is_available() {
+        let required = std::env::var("SINTER_REQUIRE_EMU").is_ok_and(|v| v == "1");
+        assert!(
+            !required,
+            "SINTER_REQUIRE_EMU=1 but no emulated CUDA device: {emulated:?}"
+        );
+        eprintln!("skipped: no CUDA device and no emulated one ({emulated:?})");
+        return;
+    }
+    let dev = Device::Cuda(0);
+    let mut rng = Rng::new(21);
+    let same = Conv2dParams::square(1, 1, 1, 1);
+    let stages = vec![
+        (
+            int8_conv(3, 8, same, (-1.5, 1.5), &mut rng),
+            Activation::Relu,
+            Some(Pool2dParams::square(2, 2, 0)),
+        ),
+        (
+            int8_conv(8, 6, same, (0.0, 0.8), &mut rng),
+            Activation::Relu,
+            Some(Pool2dParams::square(2, 2, 0)),
+        ),
+    ];
+    let _g = no_grad();
+    let x = Tensor::randn(&[3, 3, 12, 12], 0.0, 1.0, &mut rng, DType::F32, Device::Cpu).unwrap();
+    let on_cpu = chained(&x, &stages).unwrap();
+    let on_dev = chained(&x.to_device(dev).unwrap(), &stages).unwrap();
+    assert_eq!((on_dev.device(), on_dev.shape()), (dev, on_cpu.shape()));
+    assert_eq!(bits(&on_dev), bits(&on_cpu));
+}
