@@ -78,6 +78,33 @@ fn weight(seed: u64, n: usize, k: usize, planes: usize, dev: Device) -> (QWeight
     (w, host)
 }
 
+/// A kernel's f32 output within f32 rounding of the f64 reference.
+fn assert_near_reference(what: &str, y: &[f32], want: &[f64]) {
+    assert_eq!(y.len(), want.len(), "{what}");
+    let scale = want.iter().fold(1e-3f64, |a, w| a.max(w.abs()));
+    for (i, (&g, &w)) in y.iter().zip(want).enumerate() {
+        assert!(
+            (g as f64 - w).abs() <= 2e-6 * w.abs() + 2e-6 * scale,
+            "{what}[{i}]: got {g}, want {w}"
+        );
+    }
+}
+
+/// Outside GELU (each device's tanh/erf) the devices compute the same f32 operations: every
+/// device's output has the first's (the CPU's) bits.
+fn assert_devices_agree(what: &str, outs: &[(Device, Vec<f32>)], act: Activation) {
+    if !matches!(act, Activation::None | Activation::Relu) {
+        return;
+    }
+    for (dev, y) in &outs[1..] {
+        let same = y
+            .iter()
+            .zip(&outs[0].1)
+            .all(|(a, b)| a.to_bits() == b.to_bits());
+        assert!(same, "{dev} {what} {act:?}: not the CPU's bits");
+    }
+}
+
 #[test]
 fn qmatmul_matches_the_exact_reference_and_the_devices_agree() {
     for (c, &(m, n, k)) in SHAPES.iter().enumerate() {
@@ -110,25 +137,10 @@ fn qmatmul_matches_the_exact_reference_and_the_devices_agree() {
                 let hp: Vec<_> = host.iter().map(|(q, s)| (&q[..], &s[..])).collect();
                 let want =
                     reference(&x, k, &hp, with_bias.then_some(&bias[..]), act, terms).unwrap();
-                let scale = want.iter().fold(1e-3f64, |a, w| a.max(w.abs()));
-                for (i, (&g, &w)) in y.iter().zip(&want).enumerate() {
-                    assert!(
-                        (g as f64 - w).abs() <= 2e-6 * w.abs() + 2e-6 * scale,
-                        "{what}[{i}]: got {g}, want {w}"
-                    );
-                }
+                assert_near_reference(&what, &y, &want);
                 outs.push((dev, y));
             }
-            // Outside GELU (each device's tanh/erf) the devices compute the same f32 operations.
-            if matches!(act, Activation::None | Activation::Relu) {
-                for (dev, y) in &outs[1..] {
-                    let same = y
-                        .iter()
-                        .zip(&outs[0].1)
-                        .all(|(a, b)| a.to_bits() == b.to_bits());
-                    assert!(same, "{dev} [{m}×{n}×{k}] {act:?}: not the CPU's bits");
-                }
-            }
+            assert_devices_agree(&format!("[{m}×{n}×{k}]"), &outs, act);
         }
     }
 }
@@ -310,24 +322,10 @@ fn qconv_matches_the_exact_reference_and_the_devices_agree() {
                 assert_eq!(y.shape(), [n, o, g.oh, g.ow], "{what}");
                 assert_eq!(y.device(), dev, "{what}");
                 let y = y.to_vec_f32().unwrap();
-                let scale = want.iter().fold(1e-3f64, |a, w| a.max(w.abs()));
-                for (j, (&g, &w)) in y.iter().zip(&want).enumerate() {
-                    assert!(
-                        (g as f64 - w).abs() <= 2e-6 * w.abs() + 2e-6 * scale,
-                        "{what}[{j}]: got {g}, want {w}"
-                    );
-                }
+                assert_near_reference(&what, &y, &want);
                 outs.push((dev, y));
             }
-            if matches!(act, Activation::None | Activation::Relu) {
-                for (dev, y) in &outs[1..] {
-                    let same = y
-                        .iter()
-                        .zip(&outs[0].1)
-                        .all(|(a, b)| a.to_bits() == b.to_bits());
-                    assert!(same, "{dev} case {i} {act:?}: not the CPU's bits");
-                }
-            }
+            assert_devices_agree(&format!("conv case {i}"), &outs, act);
         }
     }
 }
