@@ -44,3 +44,15 @@ pub use elementwise::{
     swiglu_isa, unary, unary_backward, unary_backward_isa, unary_in_place, unary_isa, Unary,
 };
 pub use reduce::dot_lanes;
+
+/// A vector of `n` f32 values for a kernel that writes every one of them before anything
+/// reads it: no zero fill (the fused kernels' outputs; a zeroed buffer costs a pass over
+/// memory that the kernel's own writes repeat).
+#[allow(clippy::uninit_vec)]
+pub fn output_vec(n: usize) -> Vec<f32> {
+    let mut v = Vec::with_capacity(n);
+    // SAFETY: f32 has no invalid bit patterns, and every caller overwrites all n values before
+    // the vector is read or returned.
+    unsafe { v.set_len(n) };
+    v
+}

@@ -13,6 +13,7 @@ use std::sync::{Mutex, OnceLock};
 
 use sinter_core::custom_op::{CustomOp, HostOutput, OutputSpec};
 use sinter_core::{bail, DType, Result, Tensor};
+use sinter_cpu::math::output_vec;
 
 use super::for_rows;
 
@@ -45,7 +46,7 @@ fn op(inverse: bool) -> Result<&'static CustomOp> {
             let (xs, cos, sin) = (x[0].f32()?, x[1].f32()?, x[2].f32()?);
             let shape = x[0].shape();
             let (t, d) = (shape[2], shape[3]);
-            let mut y = vec![0f32; xs.len()];
+            let mut y = output_vec(xs.len());
             for_rows(xs, d, &mut y, d, |r, xr, yr| {
                 let p = r % t;
                 rotate(xr, &cos[p * d..][..d], &sin[p * d..][..d], sign, yr)
@@ -105,7 +106,7 @@ fn packed_op(inverse: bool, rotated: usize) -> Result<CustomOp> {
             let (xs, cos, sin) = (x[0].f32()?, x[1].f32()?, x[2].f32()?);
             let shape = x[0].shape();
             let (t, w, d) = (shape[1], shape[2], x[1].shape()[1]);
-            let mut y = vec![0f32; xs.len()];
+            let mut y = output_vec(xs.len());
             for_rows(xs, w, &mut y, w, |r, xr, yr| {
                 let p = r % t;
                 let (c, s) = (&cos[p * d..][..d], &sin[p * d..][..d]);
