@@ -493,6 +493,83 @@ fn swiglu_matches_f64_on_every_isa() {
                 .map(|(&g, &u)| g as f64 / (1.0 + (-g as f64).exp()) * u as f64)
                 .collect();
             close(&format!("swiglu {isa:?} n={n}"), &y, &want, 1e-5, 1e-7);
+            // The backward: dgate = dy·up·silu'(gate), dup = dy·silu(gate).
+            let dy = vals(n, 5, 1.0);
+            let (mut dg, mut du) = (vec![f32::NAN; n], vec![f32::NAN; n]);
+            sinter_cpu::math::swiglu_backward_isa(isa, &g, &u, &dy, &mut dg, &mut du);
+            let sig = |g: f32| 1.0 / (1.0 + (-g as f64).exp());
+            let want_dg: Vec<f64> = (0..n)
+                .map(|i| {
+                    let s = sig(g[i]);
+                    dy[i] as f64 * u[i] as f64 * s * (1.0 + g[i] as f64 * (1.0 - s))
+                })
+                .collect();
+            let want_du: Vec<f64> = (0..n)
+                .map(|i| dy[i] as f64 * g[i] as f64 * sig(g[i]))
+                .collect();
+            close(
+                &format!("swiglu dgate {isa:?} n={n}"),
+                &dg,
+                &want_dg,
+                1e-5,
+                1e-6,
+            );
+            close(
+                &format!("swiglu dup {isa:?} n={n}"),
+                &du,
+                &want_du,
+                1e-5,
+                1e-6,
+            );
         }
     }
+}
+
+/// Rotary positions over 3 heads of d on every ISA, both directions, against f64; the inverse
+/// undoes the forward.
+#[test]
+fn rope_rotation_matches_f64_and_its_inverse_undoes_it_on_every_isa() {
+    use sinter_cpu::math::rope::rope_rotate_isa;
+    for isa in Isa::available() {
+        for d in [2usize, 14, 34] {
+            let half = d / 2;
+            let x = vals(3 * d, d as u64 + 21, 3.0);
+            let angle = vals(d, 23, 3.0);
+            let cos: Vec<f32> = angle.iter().map(|a| a.cos()).collect();
+            let sin: Vec<f32> = angle.iter().map(|a| a.sin()).collect();
+            for sign in [1.0f32, -1.0] {
+                let mut y = vec![f32::NAN; x.len()];
+                rope_rotate_isa(isa, &x, &cos, &sin, sign, &mut y);
+                let mut want = vec![0f64; x.len()];
+                for (h, xh) in x.chunks(d).enumerate() {
+                    for i in 0..half {
+                        let (a, b) = (xh[i] as f64, xh[half + i] as f64);
+                        let (s1, s2) = (
+                            sign as f64 * sin[i] as f64,
+                            sign as f64 * sin[half + i] as f64,
+                        );
+                        want[h * d + i] = a * cos[i] as f64 - b * s1;
+                        want[h * d + half + i] = b * cos[half + i] as f64 + a * s2;
+                    }
+                }
+                close(
+                    &format!("rope {isa:?} d={d} sign {sign}"),
+                    &y,
+                    &want,
+                    1e-5,
+                    1e-6,
+                );
+            }
+        }
+    }
+    // Tables of one angle per pair (as RoPE builds them) make the rotation orthogonal.
+    let d = 34;
+    let angle = vals(d / 2, 29, 3.0).repeat(2);
+    let (cos, sin): (Vec<f32>, Vec<f32>) = angle.iter().map(|a| (a.cos(), a.sin())).unzip();
+    let x = vals(2 * d, 31, 3.0);
+    let (mut y, mut back) = (vec![0f32; x.len()], vec![0f32; x.len()]);
+    rope_rotate_isa(Isa::get(), &x, &cos, &sin, 1.0, &mut y);
+    rope_rotate_isa(Isa::get(), &y, &cos, &sin, -1.0, &mut back);
+    let want: Vec<f64> = x.iter().map(|&v| v as f64).collect();
+    close("rope inverse of forward", &back, &want, 1e-5, 1e-5);
 }
