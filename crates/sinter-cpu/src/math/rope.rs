@@ -16,7 +16,7 @@ use crate::{with_isa, Isa};
 pub fn rope_rotate_isa(isa: Isa, x: &[f32], cos: &[f32], sin: &[f32], sign: f32, y: &mut [f32]) {
     let d = cos.len();
     assert!(
-        d > 0 && d % 2 == 0 && sin.len() == d && x.len() == y.len() && x.len() % d == 0,
+        d > 0 && d.is_multiple_of(2) && sin.len() == d && x.len() == y.len() && x.len().is_multiple_of(d),
         "rope_rotate: x {} and y {} must be whole heads of the tables' even width (cos {d}, sin {})",
         x.len(),
         y.len(),
