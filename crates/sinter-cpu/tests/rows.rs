@@ -385,23 +385,99 @@ fn adamw_follows_pytorchs_formula_on_every_isa() {
     }
 }
 
+/// RMSNorm in f64 per row of n: (y, 1/rms per row).
+fn rms_norm_f64(x: &[f32], w: &[f32], eps: f32) -> (Vec<f64>, Vec<f64>) {
+    let n = w.len();
+    let (mut y, mut inv) = (Vec::with_capacity(x.len()), vec![]);
+    for row in x.chunks(n) {
+        let ms: f64 = row.iter().map(|&v| (v as f64).powi(2)).sum::<f64>() / n as f64;
+        let r = 1.0 / (ms + eps as f64).sqrt();
+        y.extend(row.iter().zip(w).map(|(&v, &g)| v as f64 * r * g as f64));
+        inv.push(r);
+    }
+    (y, inv)
+}
+
 #[test]
 fn rms_norm_rows_match_f64_on_every_isa() {
+    use sinter_cpu::math::rms_norm::{residual_rms_norm_rows, rms_norm_rows};
     for isa in Isa::available() {
         for n in LENS {
             let rows = 3;
             let x = vals(rows * n, n as u64 + 5, 4.0);
+            let a = vals(rows * n, n as u64 + 6, 2.0);
             let w = vals(n, 17, 2.0);
             let eps = 1e-5f32;
             let mut y = vec![0f32; x.len()];
-            sinter_cpu::math::rms_norm::rms_norm_rows(isa, &x, &w, eps, &mut y);
-            let mut want = Vec::with_capacity(x.len());
-            for row in x.chunks(n) {
-                let ms: f64 = row.iter().map(|&v| (v as f64).powi(2)).sum::<f64>() / n as f64;
-                let inv = 1.0 / (ms + eps as f64).sqrt();
-                want.extend(row.iter().zip(&w).map(|(&v, &g)| v as f64 * inv * g as f64));
+            rms_norm_rows(isa, &x, &w, eps, &mut y);
+            close(
+                &format!("rms_norm {isa:?} n={n}"),
+                &y,
+                &rms_norm_f64(&x, &w, eps).0,
+                1e-5,
+                1e-6,
+            );
+            // The residual form: the sum exactly, its norm bit-identical to the plain kernel's.
+            let (mut s, mut ys) = (vec![f32::NAN; x.len()], vec![f32::NAN; x.len()]);
+            residual_rms_norm_rows(isa, &x, &a, &w, eps, &mut s, &mut ys);
+            let sum: Vec<f32> = x.iter().zip(&a).map(|(p, q)| p + q).collect();
+            assert_eq!(s, sum, "residual_rms_norm sum {isa:?} n={n}");
+            rms_norm_rows(isa, &sum, &w, eps, &mut y);
+            assert_eq!(ys, y, "residual_rms_norm {isa:?} n={n}");
+        }
+    }
+}
+
+/// dx = r·dy·w − x·r³·Σ(dy·w·x)/n (+ the sum's gradient) and dw += Σ_rows dy·x·r, in f64.
+#[test]
+fn rms_norm_backward_rows_match_f64_on_every_isa() {
+    use sinter_cpu::math::rms_norm::rms_norm_backward_rows;
+    for isa in Isa::available() {
+        for n in LENS {
+            let rows = 3;
+            let x = vals(rows * n, n as u64 + 7, 4.0);
+            let dy = vals(rows * n, n as u64 + 8, 1.0);
+            let ds = vals(rows * n, n as u64 + 9, 1.0);
+            let w = vals(n, 19, 2.0);
+            let eps = 1e-5f32;
+            let (_, inv) = rms_norm_f64(&x, &w, eps);
+            let (mut want_dx, mut want_dw) = (vec![0f64; x.len()], vec![0.5f64; n]);
+            for (r, &ri) in inv.iter().enumerate() {
+                let at = r * n..(r + 1) * n;
+                let dot: f64 = at
+                    .clone()
+                    .map(|i| dy[i] as f64 * w[i - r * n] as f64 * x[i] as f64)
+                    .sum();
+                for i in at {
+                    let j = i - r * n;
+                    want_dx[i] =
+                        ri * dy[i] as f64 * w[j] as f64 - x[i] as f64 * ri.powi(3) * dot / n as f64;
+                    want_dw[j] += dy[i] as f64 * x[i] as f64 * ri;
+                }
             }
-            close(&format!("rms_norm {isa:?} n={n}"), &y, &want, 1e-5, 1e-6);
+            for with_sum in [false, true] {
+                let (mut dx, mut dw) = (vec![f32::NAN; x.len()], vec![0.5f32; n]);
+                let dsum = with_sum.then_some(&ds[..]);
+                rms_norm_backward_rows(isa, &x, &w, eps, &dy, dsum, &mut dx, &mut dw);
+                let want: Vec<f64> = if with_sum {
+                    want_dx
+                        .iter()
+                        .zip(&ds)
+                        .map(|(d, &s)| d + s as f64)
+                        .collect()
+                } else {
+                    want_dx.clone()
+                };
+                let what = format!("rms_norm_backward {isa:?} n={n} sum {with_sum}");
+                close(&format!("{what}: dx"), &dx, &want, 1e-4, 1e-5);
+                close(
+                    &format!("{what}: dw (accumulated onto 0.5)"),
+                    &dw,
+                    &want_dw,
+                    1e-4,
+                    1e-5,
+                );
+            }
         }
     }
 }
@@ -417,6 +493,83 @@ fn swiglu_matches_f64_on_every_isa() {
                 .map(|(&g, &u)| g as f64 / (1.0 + (-g as f64).exp()) * u as f64)
                 .collect();
             close(&format!("swiglu {isa:?} n={n}"), &y, &want, 1e-5, 1e-7);
+            // The backward: dgate = dy·up·silu'(gate), dup = dy·silu(gate).
+            let dy = vals(n, 5, 1.0);
+            let (mut dg, mut du) = (vec![f32::NAN; n], vec![f32::NAN; n]);
+            sinter_cpu::math::swiglu_backward_isa(isa, &g, &u, &dy, &mut dg, &mut du);
+            let sig = |g: f32| 1.0 / (1.0 + (-g as f64).exp());
+            let want_dg: Vec<f64> = (0..n)
+                .map(|i| {
+                    let s = sig(g[i]);
+                    dy[i] as f64 * u[i] as f64 * s * (1.0 + g[i] as f64 * (1.0 - s))
+                })
+                .collect();
+            let want_du: Vec<f64> = (0..n)
+                .map(|i| dy[i] as f64 * g[i] as f64 * sig(g[i]))
+                .collect();
+            close(
+                &format!("swiglu dgate {isa:?} n={n}"),
+                &dg,
+                &want_dg,
+                1e-5,
+                1e-6,
+            );
+            close(
+                &format!("swiglu dup {isa:?} n={n}"),
+                &du,
+                &want_du,
+                1e-5,
+                1e-6,
+            );
         }
     }
+}
+
+/// Rotary positions over 3 heads of d on every ISA, both directions, against f64; the inverse
+/// undoes the forward.
+#[test]
+fn rope_rotation_matches_f64_and_its_inverse_undoes_it_on_every_isa() {
+    use sinter_cpu::math::rope::rope_rotate_isa;
+    for isa in Isa::available() {
+        for d in [2usize, 14, 34] {
+            let half = d / 2;
+            let x = vals(3 * d, d as u64 + 21, 3.0);
+            let angle = vals(d, 23, 3.0);
+            let cos: Vec<f32> = angle.iter().map(|a| a.cos()).collect();
+            let sin: Vec<f32> = angle.iter().map(|a| a.sin()).collect();
+            for sign in [1.0f32, -1.0] {
+                let mut y = vec![f32::NAN; x.len()];
+                rope_rotate_isa(isa, &x, &cos, &sin, sign, &mut y);
+                let mut want = vec![0f64; x.len()];
+                for (h, xh) in x.chunks(d).enumerate() {
+                    for i in 0..half {
+                        let (a, b) = (xh[i] as f64, xh[half + i] as f64);
+                        let (s1, s2) = (
+                            sign as f64 * sin[i] as f64,
+                            sign as f64 * sin[half + i] as f64,
+                        );
+                        want[h * d + i] = a * cos[i] as f64 - b * s1;
+                        want[h * d + half + i] = b * cos[half + i] as f64 + a * s2;
+                    }
+                }
+                close(
+                    &format!("rope {isa:?} d={d} sign {sign}"),
+                    &y,
+                    &want,
+                    1e-5,
+                    1e-6,
+                );
+            }
+        }
+    }
+    // Tables of one angle per pair (as RoPE builds them) make the rotation orthogonal.
+    let d = 34;
+    let angle = vals(d / 2, 29, 3.0).repeat(2);
+    let (cos, sin): (Vec<f32>, Vec<f32>) = angle.iter().map(|a| (a.cos(), a.sin())).unzip();
+    let x = vals(2 * d, 31, 3.0);
+    let (mut y, mut back) = (vec![0f32; x.len()], vec![0f32; x.len()]);
+    rope_rotate_isa(Isa::get(), &x, &cos, &sin, 1.0, &mut y);
+    rope_rotate_isa(Isa::get(), &y, &cos, &sin, -1.0, &mut back);
+    let want: Vec<f64> = x.iter().map(|&v| v as f64).collect();
+    close("rope inverse of forward", &back, &want, 1e-5, 1e-5);
 }

@@ -619,6 +619,71 @@ fn fused_rms_norm_rope_and_swiglu_equal_their_composites() {
     }
 }
 
+/// The fused residual + RMSNorm (one op: x + a and its norm) against the sum followed by the
+/// composite norm: both outputs, and the gradients of x, a and the weight with a loss that
+/// reads both outputs (so the sum's own gradient and the norm's meet in x and a). Widths with
+/// a vector tail; 3 rows (one thread) and 130 (the parallel path, three dw partial sums).
+#[test]
+fn fused_residual_rms_norm_equals_the_sum_then_the_composite_norm() {
+    use sinter_nn::Norm;
+    let mut rng = Rng::new(13);
+    for (rows, n) in [(3usize, 20usize), (130, 128)] {
+        let x0 = randn(&[rows, n], &mut rng);
+        let a0 = randn(&[rows, n], &mut rng).mul_scalar(0.5).unwrap();
+        let weight = randn(&[n], &mut rng).to_var().unwrap();
+        let norm = Norm::from_weights(NormKind::RmsNorm, weight.clone(), None, 1e-6).unwrap();
+        let (ws, wy) = (randn(&[rows, n], &mut rng), randn(&[rows, n], &mut rng));
+        let run = |fused: bool| -> [Vec<f32>; 5] {
+            weight.zero_grad();
+            let (x, a) = (x0.to_var().unwrap(), a0.to_var().unwrap());
+            let (s, y) = if fused {
+                norm.residual(&x, &a).unwrap()
+            } else {
+                let s = x.add(&a).unwrap();
+                let y = norm.forward_composite(&s).unwrap();
+                (s, y)
+            };
+            let loss = s.mul(&ws).unwrap().add(&y.mul(&wy).unwrap()).unwrap();
+            loss.sum_all().unwrap().backward().unwrap();
+            [
+                &s,
+                &y,
+                &x.grad().unwrap(),
+                &a.grad().unwrap(),
+                &weight.grad().unwrap(),
+            ]
+            .map(vals)
+        };
+        let (fused, composite) = (run(true), run(false));
+        let what = format!("residual rms_norm, {rows}×{n}");
+        assert_eq!(fused[0], composite[0], "{what}: the sum");
+        assert_close(&format!("{what}: output"), &fused[1], &composite[1], 2e-6);
+        for (k, name) in [(2, "x"), (3, "a"), (4, "weight")] {
+            assert_close(
+                &format!("{what}: grad {name}"),
+                &fused[k],
+                &composite[k],
+                1e-5,
+            );
+        }
+        // The two gradient paths both arrive: x's gradient is not the sum's alone.
+        assert!(fused[2]
+            .iter()
+            .zip(vals(&ws))
+            .any(|(g, w)| (g - w).abs() > 1e-3));
+    }
+    // Mismatched x and a are an error naming the op, not a panic.
+    let n = Norm::from_weights(NormKind::RmsNorm, randn(&[4], &mut rng), None, 1e-6).unwrap();
+    let e = n
+        .residual(&randn(&[2, 4], &mut rng), &randn(&[3, 4], &mut rng))
+        .expect_err("shapes")
+        .to_string();
+    assert!(
+        e.contains("residual_rms_norm") && e.contains("[3, 4]"),
+        "{e}"
+    );
+}
+
 /// Wrong shapes reach the fused kernels' checks as errors, not panics.
 #[test]
 fn fused_kernels_refuse_wrong_shapes() {

@@ -153,6 +153,57 @@ pub fn swiglu_isa(isa: Isa, gate: &[f32], up: &[f32], y: &mut [f32]) {
     with_isa!(isa, S => zip_map::<S, 2>([g, u], y, n, #[inline(always)] |[gv, uv]| S::mul(silu::<S>(gv), uv)))
 }
 
+/// The backward of [`swiglu_isa`] given dy, in one pass: with s = sigmoid(gate),
+/// dgate = dy·up·s·(1 + gate·(1 − s)) and dup = dy·gate·s (no fused multiply-adds, so the
+/// values are those of the same formulas in scalar code).
+///
+/// # Panics
+/// If the lengths differ (a caller bug).
+pub fn swiglu_backward_isa(
+    isa: Isa,
+    gate: &[f32],
+    up: &[f32],
+    dy: &[f32],
+    dgate: &mut [f32],
+    dup: &mut [f32],
+) {
+    let n = dy.len();
+    assert!(
+        [gate.len(), up.len(), dgate.len(), dup.len()]
+            .iter()
+            .all(|&l| l == n),
+        "swiglu_backward: gate {}, up {}, dy {n}, dgate {} and dup {} lengths differ",
+        gate.len(),
+        up.len(),
+        dgate.len(),
+        dup.len()
+    );
+    let (g, u, d) = (gate.as_ptr(), up.as_ptr(), dy.as_ptr());
+    let (dg, du) = (dgate.as_mut_ptr(), dup.as_mut_ptr());
+    // SAFETY: the five slices hold n values and the outputs are distinct &mut slices.
+    with_isa!(isa, S => {
+        let one = S::splat(1.0);
+        let l = S::LANES;
+        let mut i = 0;
+        while i < n {
+            let lanes = (n - i).min(l);
+            let ld = |p: *const f32| if lanes == l { S::load(p.add(i)) } else { S::load_partial(p.add(i), lanes) };
+            let (gv, uv, dv) = (ld(g), ld(u), ld(d));
+            let sv = sigmoid::<S>(gv);
+            let dgv = S::mul(S::mul(S::mul(dv, uv), sv), S::add(one, S::mul(gv, S::sub(one, sv))));
+            let duv = S::mul(S::mul(dv, gv), sv);
+            if lanes == l {
+                S::store(dg.add(i), dgv);
+                S::store(du.add(i), duv);
+            } else {
+                S::store_partial(dg.add(i), dgv, lanes);
+                S::store_partial(du.add(i), duv, lanes);
+            }
+            i += l;
+        }
+    })
+}
+
 /// y = f(x) on [`Isa::get`]'s instruction set.
 pub fn unary(f: Unary, x: &[f32], y: &mut [f32]) {
     unary_isa(Isa::get(), f, x, y)

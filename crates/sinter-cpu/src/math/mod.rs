@@ -23,6 +23,7 @@
 //!
 //! - [`elementwise`]: y = f(x) and dx = g·f'(x) over slices ([`Unary`]).
 //! - [`cached_attention`]: one query row against a KV cache (decode and prefill).
+//! - [`rope`]: rotary positions over a row's heads (both directions).
 //! - [`softmax`], [`cross_entropy`], [`layer_norm`], [`rms_norm`], [`bias_act`], [`adamw`]: fused row and
 //!   optimizer kernels (see each module for what it reads and writes).
 pub mod activation;
@@ -36,11 +37,25 @@ mod exp_log;
 pub mod layer_norm;
 mod reduce;
 pub mod rms_norm;
+pub mod rope;
 mod sigmoid_tanh;
 pub mod softmax;
 
 pub use activation::Activation;
 pub use elementwise::{
-    swiglu_isa, unary, unary_backward, unary_backward_isa, unary_in_place, unary_isa, Unary,
+    swiglu_backward_isa, swiglu_isa, unary, unary_backward, unary_backward_isa, unary_in_place,
+    unary_isa, Unary,
 };
 pub use reduce::dot_lanes;
+
+/// A vector of `n` f32 values for a kernel that writes every one of them before anything
+/// reads it: no zero fill (the fused kernels' outputs; a zeroed buffer costs a pass over
+/// memory that the kernel's own writes repeat).
+#[allow(clippy::uninit_vec)]
+pub fn output_vec(n: usize) -> Vec<f32> {
+    let mut v = Vec::with_capacity(n);
+    // SAFETY: f32 has no invalid bit patterns, and every caller overwrites all n values before
+    // the vector is read or returned.
+    unsafe { v.set_len(n) };
+    v
+}

@@ -63,10 +63,17 @@ impl RmsNorm {
     }
 }
 
+impl RmsNorm {
+    /// Whether the fused kernels take `x`: f32 on the CPU, with f32 weights.
+    fn fused_applies(&self, x: &Tensor) -> bool {
+        super::fused::applies(x) && self.weight.dtype() == DType::F32
+    }
+}
+
 impl Module for RmsNorm {
     /// The fused kernel for f32 on the CPU, else the composite.
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        if super::fused::applies(x) && self.weight.dtype() == DType::F32 {
+        if self.fused_applies(x) {
             super::fused::rms_norm::rms_norm(x, &self.weight, self.eps)
         } else {
             self.forward_composite(x)
@@ -140,11 +147,15 @@ impl Norm {
             Norm::Rms(n) => n.forward_composite(x),
         }
     }
-    /// x + a and its normalisation: one fused pass for LayerNorm, two ops for RMSNorm.
+    /// x + a and its normalisation in one fused pass (RMSNorm: where its kernel applies, f32 on
+    /// the CPU; elsewhere the sum, then the norm).
     pub fn residual(&self, x: &Tensor, a: &Tensor) -> Result<(Tensor, Tensor)> {
         match self {
             Norm::Layer(ln) => {
                 sinter_core::fused::residual_layer_norm(x, a, &ln.weight, &ln.bias, ln.eps)
+            }
+            Norm::Rms(n) if n.fused_applies(x) && super::fused::applies(a) => {
+                super::fused::rms_norm::residual_rms_norm(x, a, &n.weight, n.eps)
             }
             Norm::Rms(n) => {
                 let sum = x.add(a)?;

@@ -1,8 +1,11 @@
-//! RMSNorm, y = x / √(mean(x²) + eps) · w over the last dimension, as one custom op: the
-//! forward is sinter-cpu's vectorised row kernel, the backward one pass per row that
-//! recomputes the row's 1/rms (cheaper than keeping it) and gives dx and this row's share of dw.
+//! RMSNorm, y = x / √(mean(x²) + eps) · w over the last dimension, and its residual form
+//! (s = x + a, y = rms_norm(s)), each one custom op: the forwards are sinter-cpu's vectorised
+//! row kernels, the backward one more op whose pass per row recomputes the row's 1/rms
+//! (cheaper than keeping it) and gives dx and the row's share of dw.
 //!
-//! With r = 1/√(mean(x²) + eps) and g = dy·w: dx = r·g − x·r³·(g·x)/n, dw = Σ_rows dy·x·r.
+//! The residual form writes the sum and its norm in one pass over x and a, and its backward
+//! adds the sum's own gradient into dx in the same pass (no separate accumulation of the two
+//! gradients that reach the sum): a pre-norm block's `x + attn` followed by RMSNorm.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -10,7 +13,8 @@ use std::sync::Mutex;
 use rayon::prelude::*;
 use sinter_core::custom_op::{CustomOp, HostOutput, OutputSpec, TensorMeta};
 use sinter_core::{bail, DType, Result, Tensor};
-use sinter_cpu::math::rms_norm::rms_norm_rows;
+use sinter_cpu::math::output_vec;
+use sinter_cpu::math::rms_norm::{residual_rms_norm_rows, rms_norm_backward_rows, rms_norm_rows};
 use sinter_cpu::Isa;
 
 use super::for_rows;
@@ -20,42 +24,81 @@ use super::for_rows;
 const DW_ROWS: usize = 64;
 
 /// The width n of x [.., n] against w [n], or why they do not fit.
-fn width(x: &TensorMeta, w: &TensorMeta) -> Result<usize> {
+fn width(op: &str, x: &TensorMeta, w: &TensorMeta) -> Result<usize> {
     match (x.shape.last(), &w.shape[..]) {
         (Some(&n), &[m]) if n == m && n > 0 => Ok(n),
         _ => bail!(
-            "rms_norm: x must be [.., n] and the weight [n]; got {:?} and {:?}",
+            "{op}: x must be [.., n] and the weight [n]; got {:?} and {:?}",
             x.shape,
             w.shape
         ),
     }
 }
 
-/// y = rms_norm(x, w) (fused forward and backward on the CPU, f32).
-pub(crate) fn rms_norm(x: &Tensor, w: &Tensor, eps: f32) -> Result<Tensor> {
-    Ok(ops(eps)?.0.apply(&[x, w])?.remove(0))
+/// An error unless `b` has `a`'s shape.
+fn same_shape(op: &str, (an, a): (&str, &TensorMeta), (bn, b): (&str, &TensorMeta)) -> Result<()> {
+    if a.shape != b.shape {
+        bail!(
+            "{op}: {bn} {:?} must have {an}'s shape {:?}",
+            b.shape,
+            a.shape
+        );
+    }
+    Ok(())
 }
 
-/// The (forward, backward) pair for one eps (models have one or two; built once each).
-fn ops(eps: f32) -> Result<(CustomOp, CustomOp)> {
-    static OPS: Mutex<Option<HashMap<u32, (CustomOp, CustomOp)>>> = Mutex::new(None);
+/// y = rms_norm(x, w) (fused forward and backward on the CPU, f32).
+pub(crate) fn rms_norm(x: &Tensor, w: &Tensor, eps: f32) -> Result<Tensor> {
+    Ok(ops(eps)?.plain.apply(&[x, w])?.remove(0))
+}
+
+/// (x + a, rms_norm(x + a, w)) in one pass (fused forward and backward on the CPU, f32);
+/// gradients reaching either output flow to x, a and w.
+pub(crate) fn residual_rms_norm(
+    x: &Tensor,
+    a: &Tensor,
+    w: &Tensor,
+    eps: f32,
+) -> Result<(Tensor, Tensor)> {
+    let mut out = ops(eps)?.residual.apply(&[x, a, w])?;
+    let y = out.pop().expect("two outputs");
+    Ok((out.pop().expect("two outputs"), y))
+}
+
+/// The ops for one eps (models have one or two; built once each).
+#[derive(Clone)]
+struct Ops {
+    plain: CustomOp,
+    residual: CustomOp,
+}
+
+fn ops(eps: f32) -> Result<Ops> {
+    static OPS: Mutex<Option<HashMap<u32, Ops>>> = Mutex::new(None);
     let mut all = OPS.lock().unwrap_or_else(|e| e.into_inner());
     let all = all.get_or_insert_with(HashMap::new);
     if let Some(p) = all.get(&eps.to_bits()) {
         return Ok(p.clone());
     }
-    let backward = backward_op(eps)?;
-    let bw = backward.clone();
-    let forward = CustomOp::builder("rms_norm")
+    let ops = Ops {
+        plain: plain_op(eps, backward_op("rms_norm_backward", eps, false)?)?,
+        residual: residual_op(eps, backward_op("residual_rms_norm_backward", eps, true)?)?,
+    };
+    all.insert(eps.to_bits(), ops.clone());
+    Ok(ops)
+}
+
+/// (x, w) → y; backward (dy, x, w) → (dx, dw).
+fn plain_op(eps: f32, backward: CustomOp) -> Result<CustomOp> {
+    CustomOp::builder("rms_norm")
         .inputs(2)
         .outputs(|m| {
-            width(&m[0], &m[1])?;
+            width("rms_norm", &m[0], &m[1])?;
             Ok(vec![OutputSpec::new(&m[0].shape, DType::F32)])
         })
         .cpu(move |x| {
             let (xs, w) = (x[0].f32()?, x[1].f32()?);
             let n = w.len();
-            let mut y = vec![0f32; xs.len()];
+            let mut y = output_vec(xs.len());
             let isa = Isa::get();
             for_rows(xs, n, &mut y, n, |_, xr, yr| {
                 rms_norm_rows(isa, xr, w, eps, yr)
@@ -63,56 +106,95 @@ fn ops(eps: f32) -> Result<(CustomOp, CustomOp)> {
             Ok(vec![HostOutput::f32(y, x[0].shape())])
         })
         .backward(move |ctx| {
-            let mut g = bw.apply(&[ctx.grad(0), ctx.input(0), ctx.input(1)])?;
+            let mut g = backward.apply(&[ctx.grad(0), ctx.input(0), ctx.input(1)])?;
             let dw = g.pop();
             let dx = g.pop();
             Ok(vec![dx, dw])
         })
-        .build()?;
-    all.insert(eps.to_bits(), (forward.clone(), backward.clone()));
-    Ok((forward, backward))
+        .build()
 }
 
-/// (dy, x, w) → (dx, dw).
-fn backward_op(eps: f32) -> Result<CustomOp> {
-    CustomOp::builder("rms_norm_backward")
+/// (x, a, w) → (s = x + a, y = rms_norm(s)); backward (ds, dy, s, w) → (dx = da, dw).
+fn residual_op(eps: f32, backward: CustomOp) -> Result<CustomOp> {
+    const OP: &str = "residual_rms_norm";
+    CustomOp::builder(OP)
         .inputs(3)
         .outputs(|m| {
-            let n = width(&m[1], &m[2])?;
-            if m[0].shape != m[1].shape {
-                bail!(
-                    "rms_norm_backward: dy {:?} must have x's shape {:?}",
-                    m[0].shape,
-                    m[1].shape
-                );
+            same_shape(OP, ("x", &m[0]), ("a", &m[1]))?;
+            width(OP, &m[0], &m[2])?;
+            let spec = OutputSpec::new(&m[0].shape, DType::F32);
+            Ok(vec![spec.clone(), spec])
+        })
+        .cpu(move |x| {
+            let (xs, a, w) = (x[0].f32()?, x[1].f32()?, x[2].f32()?);
+            let n = w.len();
+            let (mut s, mut y) = (output_vec(xs.len()), output_vec(xs.len()));
+            let isa = Isa::get();
+            let per = DW_ROWS * n;
+            let chunk = |(c, (sc, yc)): (usize, (&mut [f32], &mut [f32]))| {
+                let (xc, ac) = (&xs[c * per..][..sc.len()], &a[c * per..][..sc.len()]);
+                residual_rms_norm_rows(isa, xc, ac, w, eps, sc, yc)
+            };
+            if xs.len() >= super::PARALLEL_FROM {
+                s.par_chunks_mut(per)
+                    .zip(y.par_chunks_mut(per))
+                    .enumerate()
+                    .for_each(chunk);
+            } else {
+                s.chunks_mut(per)
+                    .zip(y.chunks_mut(per))
+                    .enumerate()
+                    .for_each(chunk);
+            }
+            let shape = x[0].shape();
+            Ok(vec![HostOutput::f32(s, shape), HostOutput::f32(y, shape)])
+        })
+        .backward(move |ctx| {
+            let mut g = backward.apply(&[ctx.grad(0), ctx.grad(1), ctx.output(0), ctx.input(2)])?;
+            let dw = g.pop();
+            let dx = g.pop();
+            Ok(vec![dx.clone(), dx, dw])
+        })
+        .build()
+}
+
+/// (dy, x, w) → (dx, dw), or with `with_sum` (ds, dy, x, w) → (ds + dx, dw).
+fn backward_op(name: &'static str, eps: f32, with_sum: bool) -> Result<CustomOp> {
+    let first = usize::from(with_sum);
+    CustomOp::builder(name)
+        .inputs(3 + first)
+        .outputs(move |m| {
+            let (dy, x, w) = (&m[first], &m[first + 1], &m[first + 2]);
+            let n = width(name, x, w)?;
+            same_shape(name, ("x", x), ("dy", dy))?;
+            if with_sum {
+                same_shape(name, ("x", x), ("ds", &m[0]))?;
             }
             Ok(vec![
-                OutputSpec::new(&m[1].shape, DType::F32),
+                OutputSpec::new(&x.shape, DType::F32),
                 OutputSpec::new(&[n], DType::F32),
             ])
         })
         .cpu(move |x| {
-            let (dy, xs, w) = (x[0].f32()?, x[1].f32()?, x[2].f32()?);
+            let ds = if with_sum { Some(x[0].f32()?) } else { None };
+            let (dy, xs, w) = (x[first].f32()?, x[first + 1].f32()?, x[first + 2].f32()?);
             let n = w.len();
-            let mut dx = vec![0f32; xs.len()];
+            let mut dx = output_vec(xs.len());
+            let per = DW_ROWS * n;
+            let isa = Isa::get();
             // Chunks of DW_ROWS rows, each giving its rows' dx and its partial dw; the partials
             // are summed in chunk order.
             let chunk = |(c, dxc): (usize, &mut [f32])| -> Vec<f32> {
                 let mut dw = vec![0f32; n];
-                let first = c * DW_ROWS;
-                for (i, dxr) in dxc.chunks_mut(n).enumerate() {
-                    let (xr, dyr) = (&xs[(first + i) * n..][..n], &dy[(first + i) * n..][..n]);
-                    backward_row(xr, dyr, w, eps, dxr, &mut dw);
-                }
+                let (xc, dyc) = (&xs[c * per..][..dxc.len()], &dy[c * per..][..dxc.len()]);
+                let dsc = ds.map(|d| &d[c * per..][..dxc.len()]);
+                rms_norm_backward_rows(isa, xc, w, eps, dyc, dsc, dxc, &mut dw);
                 dw
             };
             let partials: Vec<Vec<f32>> = if xs.len() >= super::PARALLEL_FROM {
-                dx.par_chunks_mut(DW_ROWS * n)
-                    .enumerate()
-                    .map(chunk)
-                    .collect()
+                dx.par_chunks_mut(per).enumerate().map(chunk).collect()
             } else {
-                dx.chunks_mut(DW_ROWS * n).enumerate().map(chunk).collect()
+                dx.chunks_mut(per).enumerate().map(chunk).collect()
             };
             let mut dw = vec![0f32; n];
             for p in partials {
@@ -121,28 +203,9 @@ fn backward_op(eps: f32) -> Result<CustomOp> {
                 }
             }
             Ok(vec![
-                HostOutput::f32(dx, x[1].shape()),
+                HostOutput::f32(dx, x[first + 1].shape()),
                 HostOutput::f32(dw, &[n]),
             ])
         })
         .build()
-}
-
-/// One row: dx from dy, x and w, and the row's share of dw added to `dw`.
-fn backward_row(xr: &[f32], dyr: &[f32], w: &[f32], eps: f32, dxr: &mut [f32], dw: &mut [f32]) {
-    let n = w.len() as f32;
-    let (sq, dot) = xr
-        .iter()
-        .zip(dyr.iter().zip(w))
-        .fold((0f32, 0f32), |(s, d), (&xv, (&g, &wv))| {
-            (s + xv * xv, d + g * wv * xv)
-        });
-    let inv = 1.0 / (sq / n + eps).sqrt();
-    let k = inv * inv * inv * dot / n;
-    for ((o, &xv), (&g, &wv)) in dxr.iter_mut().zip(xr).zip(dyr.iter().zip(w)) {
-        *o = inv * g * wv - xv * k;
-    }
-    for ((acc, &g), &xv) in dw.iter_mut().zip(dyr).zip(xr) {
-        *acc += g * xv * inv;
-    }
 }

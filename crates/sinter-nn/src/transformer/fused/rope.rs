@@ -13,6 +13,9 @@ use std::sync::{Mutex, OnceLock};
 
 use sinter_core::custom_op::{CustomOp, HostOutput, OutputSpec};
 use sinter_core::{bail, DType, Result, Tensor};
+use sinter_cpu::math::output_vec;
+use sinter_cpu::math::rope::rope_rotate_isa;
+use sinter_cpu::Isa;
 
 use super::for_rows;
 
@@ -45,7 +48,7 @@ fn op(inverse: bool) -> Result<&'static CustomOp> {
             let (xs, cos, sin) = (x[0].f32()?, x[1].f32()?, x[2].f32()?);
             let shape = x[0].shape();
             let (t, d) = (shape[2], shape[3]);
-            let mut y = vec![0f32; xs.len()];
+            let mut y = output_vec(xs.len());
             for_rows(xs, d, &mut y, d, |r, xr, yr| {
                 let p = r % t;
                 rotate(xr, &cos[p * d..][..d], &sin[p * d..][..d], sign, yr)
@@ -105,15 +108,13 @@ fn packed_op(inverse: bool, rotated: usize) -> Result<CustomOp> {
             let (xs, cos, sin) = (x[0].f32()?, x[1].f32()?, x[2].f32()?);
             let shape = x[0].shape();
             let (t, w, d) = (shape[1], shape[2], x[1].shape()[1]);
-            let mut y = vec![0f32; xs.len()];
+            let mut y = output_vec(xs.len());
             for_rows(xs, w, &mut y, w, |r, xr, yr| {
                 let p = r % t;
                 let (c, s) = (&cos[p * d..][..d], &sin[p * d..][..d]);
                 let (xq, xv) = xr.split_at(rotated * d);
                 let (yq, yv) = yr.split_at_mut(rotated * d);
-                for (xh, yh) in xq.chunks(d).zip(yq.chunks_mut(d)) {
-                    rotate(xh, c, s, sign, yh);
-                }
+                rotate(xq, c, s, sign, yq);
                 yv.copy_from_slice(xv);
             });
             Ok(vec![HostOutput::f32(y, shape)])
@@ -131,19 +132,8 @@ fn packed_op(inverse: bool, rotated: usize) -> Result<CustomOp> {
     Ok(op)
 }
 
-/// One head vector: y₁ = x₁·cos₁ − x₂·s₁, y₂ = x₂·cos₂ + x₁·s₂ with s = sign·sin.
+/// One position's heads (x holds whole heads of d = cos.len()): y₁ = x₁·cos₁ − x₂·s₁,
+/// y₂ = x₂·cos₂ + x₁·s₂ with s = sign·sin (sinter-cpu's vectorised kernel).
 fn rotate(x: &[f32], cos: &[f32], sin: &[f32], sign: f32, y: &mut [f32]) {
-    let half = x.len() / 2;
-    let (x1, x2) = x.split_at(half);
-    let (y1, y2) = y.split_at_mut(half);
-    let (c1, c2) = cos.split_at(half);
-    let (s1, s2) = sin.split_at(half);
-    // Zipped (no indexing) so that the loop vectorises without bounds checks.
-    let ys = y1.iter_mut().zip(y2.iter_mut());
-    let xs = x1.iter().zip(x2);
-    let tables = c1.iter().zip(c2).zip(s1.iter().zip(s2));
-    for ((o1, o2), ((&a, &b), ((&c1, &c2), (&s1, &s2)))) in ys.zip(xs.zip(tables)) {
-        *o1 = a * c1 - b * (sign * s1);
-        *o2 = b * c2 + a * (sign * s2);
-    }
+    rope_rotate_isa(Isa::get(), x, cos, sin, sign, y)
 }

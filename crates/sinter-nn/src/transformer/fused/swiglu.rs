@@ -7,7 +7,8 @@ use std::sync::OnceLock;
 
 use sinter_core::custom_op::{CustomOp, HostOutput, OutputSpec, TensorMeta};
 use sinter_core::{bail, DType, Result, Tensor};
-use sinter_cpu::math::{unary, Unary};
+use sinter_cpu::math::{output_vec, swiglu_backward_isa, swiglu_isa};
+use sinter_cpu::Isa;
 
 use super::for_rows;
 
@@ -50,13 +51,11 @@ fn forward_op() -> Result<&'static CustomOp> {
         .cpu(|x| {
             let h = x[0].f32()?;
             let n = x[0].shape().last().copied().unwrap_or(0) / 2;
-            let mut y = vec![0f32; h.len() / 2];
+            let mut y = output_vec(h.len() / 2);
+            let isa = Isa::get();
             for_rows(h, 2 * n, &mut y, n, |_, hr, yr| {
                 let (gate, up) = hr.split_at(n);
-                unary(Unary::Silu, gate, yr);
-                for (o, &u) in yr.iter_mut().zip(up) {
-                    *o *= u;
-                }
+                swiglu_isa(isa, gate, up, yr);
             });
             Ok(vec![HostOutput::f32(y, &halved(x[0].shape()))])
         })
@@ -90,20 +89,12 @@ fn backward_op() -> Result<&'static CustomOp> {
         .cpu(|x| {
             let (dy, h) = (x[0].f32()?, x[1].f32()?);
             let n = x[1].shape().last().copied().unwrap_or(0) / 2;
-            let mut dh = vec![0f32; h.len()];
+            let mut dh = output_vec(h.len());
+            let isa = Isa::get();
             for_rows(h, 2 * n, &mut dh, 2 * n, |r, hr, dhr| {
                 let (gate, up) = hr.split_at(n);
-                let dyr = &dy[r * n..][..n];
                 let (dgate, dup) = dhr.split_at_mut(n);
-                // s = sigmoid(gate), parked in dup until it is used.
-                unary(Unary::Sigmoid, gate, dup);
-                // Zipped (no indexing) so that the loop vectorises without bounds checks.
-                let pairs = dgate.iter_mut().zip(dup.iter_mut());
-                for ((dg, du), ((&g, &u), &d)) in pairs.zip(gate.iter().zip(up).zip(dyr)) {
-                    let s = *du;
-                    *dg = d * u * s * (1.0 + g * (1.0 - s));
-                    *du = d * g * s;
-                }
+                swiglu_backward_isa(isa, gate, up, &dy[r * n..][..n], dgate, dup);
             });
             Ok(vec![HostOutput::f32(dh, x[1].shape())])
         })
