@@ -46,15 +46,8 @@ macro_rules! with_cpu_vec {
 }
 
 /// A vector of `n` f32 values for a kernel that writes every one of them before anything
-/// reads it (a GEMM with β = 0, a convolution's output): no zero fill.
-#[allow(clippy::uninit_vec)]
-pub(crate) fn output_vec(n: usize) -> Vec<f32> {
-    let mut v = Vec::with_capacity(n);
-    // SAFETY: f32 has no invalid bit patterns, and every caller overwrites all n values before
-    // the vector is read or returned.
-    unsafe { v.set_len(n) };
-    v
-}
+/// reads it (a GEMM with β = 0, a convolution's output): no zero fill (sinter-cpu's rule).
+pub(crate) use sinter_cpu::math::output_vec;
 
 /// Gathers the elements a layout addresses into a new row-major vector.
 pub fn gather_strided<T: Copy + Send + Sync>(src: &[T], layout: &Layout) -> Vec<T> {
