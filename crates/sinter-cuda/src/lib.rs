@@ -57,7 +57,7 @@
 //! loaded with `dlopen` at run time, so it builds and runs where CUDA is absent.
 
 pub mod alloc;
-mod check;
+pub mod check;
 pub mod comm;
 pub mod cudnn;
 pub mod device;
