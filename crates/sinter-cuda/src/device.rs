@@ -60,12 +60,12 @@ impl CudaDevice {
     pub fn new(ordinal: usize) -> Result<CudaDevice> {
         let info = runtime::device_info(ordinal)?;
         // The one place that picks the driver (both implement `DriverOps`).
-        let (driver, raw): (Driver, _) = if runtime::is_emulated() {
+        let (driver, raw) = if runtime::is_emulated() {
             let (d, raw) = EmuDriver::new(ordinal)?;
-            (Box::new(d), raw)
+            (Driver::new(d), raw)
         } else {
             let (d, raw) = RealDriver::new(&info)?;
-            (Box::new(d), raw)
+            (Driver::new(d), raw)
         };
         Ok(CudaDevice {
             arch: info.arch(),

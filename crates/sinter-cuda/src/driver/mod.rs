@@ -154,4 +154,18 @@ pub(crate) trait DriverOps: Send + Sync {
 }
 
 /// A device's driver (one of the [`DriverOps`] implementations, picked when the device opens).
-pub(crate) type Driver = Box<dyn DriverOps>;
+pub(crate) struct Driver(Box<dyn DriverOps>);
+
+impl Driver {
+    pub(crate) fn new(d: impl DriverOps + 'static) -> Driver {
+        Driver(Box::new(d))
+    }
+}
+
+impl std::ops::Deref for Driver {
+    type Target = dyn DriverOps;
+
+    fn deref(&self) -> &(dyn DriverOps + 'static) {
+        &*self.0
+    }
+}
