@@ -52,9 +52,6 @@ use crate::cpu::CpuStorage;
 
 use crate::op::{BinaryOp, ReduceOp, UnaryOp};
 use crate::{DType, Device, Error, Layout, Result, Rng};
-/// The step control block's slots and the loss-scaler settings (one layout for the CPU and the
-/// kernels; see `tensor::step_ctl`).
-pub use sinter_cuda::ops::adamw::{ctl, ScalerCfg};
 use sinter_types::{conv_out_size, Hw};
 
 // ---- the parameters of the primitives ----------------------------------------------------------

@@ -5,7 +5,7 @@ use crate::alloc::DevSlice;
 use crate::dtype::DType;
 use crate::error::{CudaError, Result};
 
-pub(crate) fn need_float(op: &'static str, d: DType) -> Result<()> {
+pub fn need_float(op: &'static str, d: DType) -> Result<()> {
     if d.is_float() {
         Ok(())
     } else {
@@ -16,7 +16,7 @@ pub(crate) fn need_float(op: &'static str, d: DType) -> Result<()> {
     }
 }
 
-pub(crate) fn need_dtype(op: &'static str, what: &str, s: &DevSlice<'_>, d: DType) -> Result<()> {
+pub fn need_dtype(op: &'static str, what: &str, s: &DevSlice<'_>, d: DType) -> Result<()> {
     if s.dtype() == d {
         Ok(())
     } else {
@@ -27,7 +27,7 @@ pub(crate) fn need_dtype(op: &'static str, what: &str, s: &DevSlice<'_>, d: DTyp
     }
 }
 
-pub(crate) fn need_len(op: &'static str, what: &str, s: &DevSlice<'_>, n: usize) -> Result<()> {
+pub fn need_len(op: &'static str, what: &str, s: &DevSlice<'_>, n: usize) -> Result<()> {
     if s.len() == n {
         Ok(())
     } else {
@@ -38,18 +38,12 @@ pub(crate) fn need_len(op: &'static str, what: &str, s: &DevSlice<'_>, n: usize)
     }
 }
 
-pub(crate) fn need(
-    op: &'static str,
-    what: &str,
-    s: &DevSlice<'_>,
-    d: DType,
-    n: usize,
-) -> Result<()> {
+pub fn need(op: &'static str, what: &str, s: &DevSlice<'_>, d: DType, n: usize) -> Result<()> {
     need_dtype(op, what, s, d)?;
     need_len(op, what, s, n)
 }
 
-pub(crate) fn opt_need(
+pub fn opt_need(
     op: &'static str,
     what: &str,
     s: &Option<DevSlice<'_>>,

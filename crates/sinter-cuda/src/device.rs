@@ -59,12 +59,13 @@ impl CudaDevice {
     /// a real GPU, or an emulated device when the process serves those (see [`runtime::mode`]).
     pub fn new(ordinal: usize) -> Result<CudaDevice> {
         let info = runtime::device_info(ordinal)?;
+        // The one place that picks the driver (both implement `DriverOps`).
         let (driver, raw) = if runtime::is_emulated() {
             let (d, raw) = EmuDriver::new(ordinal)?;
-            (Driver::Emulated(d), raw)
+            (Driver::new(d), raw)
         } else {
             let (d, raw) = RealDriver::new(&info)?;
-            (Driver::Real(d), raw)
+            (Driver::new(d), raw)
         };
         Ok(CudaDevice {
             arch: info.arch(),
@@ -93,7 +94,7 @@ impl CudaDevice {
     }
     /// True for an emulated device (the CPU kernel emulator; not a GPU).
     pub fn is_emulated(&self) -> bool {
-        matches!(self.driver, Driver::Emulated(_))
+        self.emulated().is_some()
     }
     /// The stream all of sinter's work on this device is ordered on.
     pub fn stream(&self) -> &Stream {
@@ -111,17 +112,11 @@ impl CudaDevice {
     }
     /// The CUDA driver of a real GPU (None when emulated).
     pub(crate) fn real(&self) -> Option<&RealDriver> {
-        match &self.driver {
-            Driver::Real(r) => Some(r),
-            Driver::Emulated(_) => None,
-        }
+        RealDriver::of(&self.driver)
     }
     /// The driver of an emulated device (None on a real GPU).
     pub(crate) fn emulated(&self) -> Option<&EmuDriver> {
-        match &self.driver {
-            Driver::Real(_) => None,
-            Driver::Emulated(e) => Some(e),
-        }
+        EmuDriver::of(&self.driver)
     }
 
     /// Wait for all queued work.
@@ -286,22 +281,24 @@ impl CudaDevice {
     pub fn launch_user(&self, src: &KernelSource, l: &UserLaunch) -> Result<()> {
         let plan = l.plan();
         plan.validate()?;
-        match self.driver() {
-            Driver::Real(r) => {
-                let compiled = src.ptx(self.arch())?;
-                src.check_launch(&compiled, l)?;
-                r.launch_user(src, &compiled, &plan)
-            }
-            Driver::Emulated(e) => {
-                // The NVRTC check keeps the emulated device honest about what a GPU would
-                // accept; without NVRTC the emulator still checks names and argument sizes.
-                if crate::nvrtc::nvrtc_present() {
-                    let compiled = src.ptx(self.arch())?;
-                    src.check_launch(&compiled, l)?;
-                }
-                e.launch_user(src, &plan, l.cost())
-            }
+        if let Some(r) = self.real() {
+            let compiled = src.ptx(self.arch())?;
+            src.check_launch(&compiled, l)?;
+            return r.launch_user(src, &compiled, &plan);
         }
+        let e = self.emulated().ok_or_else(|| {
+            CudaError::invalid(
+                "custom kernel launch",
+                "the device has no driver for custom kernels",
+            )
+        })?;
+        // The NVRTC check keeps the emulated device honest about what a GPU would accept;
+        // without NVRTC the emulator still checks names and argument sizes.
+        if crate::nvrtc::nvrtc_present() {
+            let compiled = src.ptx(self.arch())?;
+            src.check_launch(&compiled, l)?;
+        }
+        e.launch_user(src, &plan, l.cost())
     }
 
     // ----------------------------------------------------------------------------- GEMM

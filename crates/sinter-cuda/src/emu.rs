@@ -36,6 +36,7 @@ use std::collections::HashMap;
 use std::ffi::c_void;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use crate::error::{CudaError, Result};
@@ -472,8 +473,11 @@ impl Emulator {
 
     fn compile(&self, dir: &Path, stem: &str, source: &str, so: &Path, list: &Path) -> Result<()> {
         std::fs::create_dir_all(dir).map_err(|e| io_err(dir, e))?;
-        // A private work folder, so concurrent processes never see each other's half-written files.
-        let work = dir.join(format!("tmp-{stem}-{}", std::process::id()));
+        // A private work folder, so concurrent builds never see each other's half-written files:
+        // other processes', and other emulators' of this process (a test's and a device's).
+        static BUILDS: AtomicU64 = AtomicU64::new(0);
+        let n = BUILDS.fetch_add(1, Ordering::Relaxed);
+        let work = dir.join(format!("tmp-{stem}-{}-{n}", std::process::id()));
         std::fs::create_dir_all(&work).map_err(|e| io_err(&work, e))?;
         for (name, text) in HEADERS {
             let p = work.join(name);

@@ -338,7 +338,6 @@ impl Launch {
             | KernelFile::Binary
             | KernelFile::Conv
             | KernelFile::Dropout
-            | KernelFile::AdamW
             | KernelFile::Int
             | KernelFile::Bool => OpClass::Elementwise,
         }

@@ -24,9 +24,12 @@
 //! probing (`libs.rs`) and operand checks; the descriptors (launch plans and their by-value
 //! struct arguments in [`launch`], GEMM and convolution descriptors in `gemm/desc.rs` and
 //! `cudnn/desc.rs`, custom kernel sources in [`user_kernel`]) and NVRTC; the kernel emulator;
-//! the drivers (the real one and the emulated device, with [`runtime`] choosing between them:
-//! still one knot, listed in `.ci/cycles-allowed`); the device; then the libraries (cuBLASLt,
-//! cuDNN, NCCL) and the kernel wrappers ([`ops`]).
+//! the process's mode and device description (`mode.rs`); the driver traits ([`driver`]:
+//! streams, events, copies, launches, graphs) and the collectives trait (`comm/api.rs`); their
+//! implementations, the real GPU's (`driver/real.rs`, `comm/nccl.rs`) and the emulated
+//! device's ([`emulated`]), which do not know each other; above both, what picks one:
+//! [`runtime`], the device ([`CudaDevice::new`]) and the communicator ([`comm`]); then the
+//! libraries (cuBLASLt, cuDNN) and the kernel wrappers ([`ops`]).
 //!
 //! # The emulated CUDA device
 //!
@@ -36,7 +39,8 @@
 //! say "emulated CUDA device (CPU kernel emulator); not a GPU". It is never chosen as a
 //! fall-back; without a C++ compiler, selecting it is an error that says so.
 //!
-//! The split between a GPU and the emulation is only in [`driver`]: device memory is host
+//! The split between a GPU and the emulation is only in the implementations of [`driver`]'s
+//! traits (and of the collectives'): device memory is host
 //! memory (256-byte aligned, 0xFF-filled when fresh, bounded by `SINTER_CUDA_EMU_MEMORY_GIB`,
 //! default 4), copies are `memcpy`, every launch plan runs the real kernel in the kernel
 //! emulator on a device of 2 SMs, cuBLASLt and cuDNN are host reference implementations of
@@ -57,7 +61,7 @@
 //! loaded with `dlopen` at run time, so it builds and runs where CUDA is absent.
 
 pub mod alloc;
-mod check;
+pub mod check;
 pub mod comm;
 pub mod cudnn;
 pub mod device;
@@ -70,6 +74,7 @@ pub mod gemm;
 pub mod graph;
 pub mod launch;
 mod libs;
+mod mode;
 pub mod nvrtc;
 pub mod ops;
 mod pool;

@@ -28,14 +28,13 @@ pub enum KernelFile {
     Embedding,
     Conv,
     Dropout,
-    AdamW,
     Int,
     Bool,
 }
 
 impl KernelFile {
     /// Every kernel file.
-    pub const ALL: [KernelFile; 10] = [
+    pub const ALL: [KernelFile; 9] = [
         KernelFile::Unary,
         KernelFile::Binary,
         KernelFile::Copy,
@@ -43,7 +42,6 @@ impl KernelFile {
         KernelFile::Embedding,
         KernelFile::Conv,
         KernelFile::Dropout,
-        KernelFile::AdamW,
         KernelFile::Int,
         KernelFile::Bool,
     ];
@@ -58,7 +56,6 @@ impl KernelFile {
             KernelFile::Embedding => "embedding.cu",
             KernelFile::Conv => "conv.cu",
             KernelFile::Dropout => "dropout.cu",
-            KernelFile::AdamW => "adamw.cu",
             KernelFile::Int => "int.cu",
             KernelFile::Bool => "bool.cu",
         }
@@ -74,7 +71,6 @@ impl KernelFile {
             KernelFile::Embedding => include_str!("../kernels/embedding.cu"),
             KernelFile::Conv => include_str!("../kernels/conv.cu"),
             KernelFile::Dropout => include_str!("../kernels/dropout.cu"),
-            KernelFile::AdamW => include_str!("../kernels/adamw.cu"),
             KernelFile::Int => include_str!("../kernels/int.cu"),
             KernelFile::Bool => include_str!("../kernels/bool.cu"),
         }

@@ -79,7 +79,7 @@ impl KernelSource {
     }
 
     /// The name of the kernel emulator's build of this source (one per text).
-    pub(crate) fn emu_stem(&self) -> String {
+    pub fn emu_stem(&self) -> String {
         format!(
             "user-{}-{:016x}",
             self.name.trim_end_matches(".cu"),
@@ -162,7 +162,7 @@ pub struct UserLaunch {
 
 impl UserLaunch {
     /// The launch as the drivers take it (its kernel file is not used: the source is given).
-    pub(crate) fn plan(&self) -> Launch {
+    pub fn plan(&self) -> Launch {
         Launch {
             file: KernelFile::Unary,
             name: self.kernel.clone(),

@@ -1,13 +1,13 @@
 //! PyTorch's semantics at the edges (issue 14) in the kernels, run through the CPU emulator:
-//! NaN through relu, maximum/minimum and max pooling, and AdamW's scalars (the precision of
-//! cross-entropy on a confident prediction is sinter-core's kernels/cross_entropy/ tests). Expected values marked "PyTorch" were printed by
+//! NaN through relu, maximum/minimum and max pooling (AdamW's scalars are sinter-core's
+//! kernels/optimizer/ tests, the precision of cross-entropy on a confident prediction its
+//! kernels/cross_entropy/ tests). Expected values marked "PyTorch" were printed by
 //! PyTorch 2.15 (CPU) with crates/sinter-core/tests/semantics_torch.py.
 
 #[path = "emu/harness.rs"]
 mod harness;
 
 use harness::*;
-use sinter_cuda::ops::adamw::{self, ctl, AdamW};
 use sinter_cuda::ops::binary::{self, BinaryOp};
 use sinter_cuda::ops::conv::{self, Window2d};
 use sinter_cuda::ops::unary::{self, UnaryOp};
@@ -96,96 +96,5 @@ fn max_pool_propagates_nan_to_the_last_nan() {
         exec1(e, l.unwrap().unwrap(), &[&gy, &am, &gx]);
         let want = [0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 2.0, 0.0, 3.0, 0.0, 0.0, 0.0];
         assert_same(&format!("max_pool2d backward {d}"), &gx.get(), &want);
-    }
-}
-
-/// Two steps of `torch.optim.AdamW(lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01)`
-/// on f32, plain and driven by the step control block: bit for bit the shared rule
-/// (`sinter_types::AdamW`: the f64 hyper-parameters, each scalar factor rounded to f32 once, as
-/// PyTorch computes them from Python floats). PyTorch's own values for these two steps are
-/// checked on the CPU and the CUDA device by sinter-core's tests/semantics.rs.
-#[test]
-fn adamw_follows_the_shared_rule_step_by_step() {
-    let Some(e) = emu() else { return };
-    let grads = [[0.1, -0.2, 3.0, 1e-3], [-0.3, 0.05, 2.5, 0.0]];
-    for with_ctl in [false, true] {
-        let p = Buf::from_f64(DType::F32, &[0.5, -1.25, 2.0, 0.0], 0);
-        let m = Buf::from_f64(DType::F32, &[0.0; 4], 0);
-        let v = Buf::from_f64(DType::F32, &[0.0; 4], 0);
-        for (step, gv) in grads.iter().enumerate() {
-            let cfg = AdamW {
-                hyper: sinter_types::AdamW {
-                    lr: 1e-3,
-                    beta1: 0.9,
-                    beta2: 0.999,
-                    eps: 1e-8,
-                    weight_decay: 0.01,
-                    step: step as u64 + 1,
-                },
-                grad_scale: 1.0,
-            };
-            let g = Buf::from_f64(DType::F32, gv, 0);
-            let (l, c) = if with_ctl {
-                // lr and the step count from the block (its lr is f32: 1e-3 within 1e-11).
-                let mut block = vec![0.0; ctl::LEN];
-                block[ctl::LR] = 1e-3;
-                block[ctl::STEPS] = step as f64;
-                block[ctl::GRAD_FACTOR] = 1.0;
-                let c = Buf::from_f64(DType::F32, &block, 0);
-                let cfg = AdamW {
-                    hyper: sinter_types::AdamW {
-                        lr: 99.0,
-                        ..cfg.hyper
-                    },
-                    ..cfg
-                }
-                .at_step(1);
-                let l = adamw::plan_adamw_ctl(
-                    &T1,
-                    p.slice(),
-                    g.slice(),
-                    m.slice(),
-                    v.slice(),
-                    None,
-                    &cfg,
-                    c.slice(),
-                );
-                (l, Some(c))
-            } else {
-                let l = adamw::plan_adamw(
-                    &T1,
-                    p.slice(),
-                    g.slice(),
-                    m.slice(),
-                    v.slice(),
-                    None,
-                    &cfg,
-                    None,
-                );
-                (l, None)
-            };
-            let before = (p.get(), m.get(), v.get());
-            let mut bufs = vec![&p, &g, &m, &v];
-            bufs.extend(c.as_ref());
-            exec1(e, l.unwrap().unwrap(), &bufs);
-            // The host reference (`AdamW::reference`) is the kernel's arithmetic, bit for bit
-            // (with the block's f32 learning rate when the block drives the step).
-            let lr = if with_ctl {
-                1e-3f32 as f64
-            } else {
-                cfg.hyper.lr
-            };
-            let cfg = AdamW {
-                hyper: sinter_types::AdamW { lr, ..cfg.hyper },
-                ..cfg
-            };
-            for (i, &gi) in gv.iter().enumerate() {
-                let f = |x: f64| x as f32;
-                let (rp, rm, rv) =
-                    cfg.reference(f(before.0[i]), f(gi), f(before.1[i]), f(before.2[i]));
-                let got = (f(p.get()[i]), f(m.get()[i]), f(v.get()[i]));
-                assert_eq!(got, (rp, rm, rv), "adamw (ctl {with_ctl}) element {i}");
-            }
-        }
     }
 }

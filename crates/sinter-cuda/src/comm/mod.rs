@@ -7,8 +7,10 @@
 //! order it with events and poll [`Comm::async_error`] while waiting, as with NCCL. A collective
 //! whose peers never arrive stays pending until [`Comm::abort`].
 
+pub(crate) mod api;
 mod nccl;
 
+pub use api::{RedOp, UniqueId, UNIQUE_ID_BYTES};
 pub use nccl::{split_nccl_version, NCCL_HINT};
 
 use std::sync::Arc;
@@ -16,23 +18,9 @@ use std::sync::Arc;
 use crate::alloc::DevSlice;
 use crate::device::CudaDevice;
 use crate::driver::Stream;
-use crate::dtype::DType;
 use crate::emulated::collective::EmuComm;
 use crate::error::{CudaError, Result};
-
-/// Bytes of a unique id (`ncclUniqueId`).
-pub const UNIQUE_ID_BYTES: usize = 128;
-
-/// What every member of a communicator passes to [`Comm::init_rank`]; made once by
-/// [`unique_id`] and handed to the others (sinter-dist sends it through its TCP store).
-pub type UniqueId = [u8; UNIQUE_ID_BYTES];
-
-/// Reduction of [`Comm::all_reduce`] and [`Comm::reduce_scatter`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum RedOp {
-    Sum,
-    Avg,
-}
+use api::{Call, Collectives, Op};
 
 /// Which collectives library serves this process's devices.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -73,14 +61,10 @@ pub fn unique_id() -> Result<UniqueId> {
     }
 }
 
-enum Imp {
-    Nccl(nccl::NcclComm),
-    Emulated(EmuComm),
-}
-
 /// One member (rank) of a communicator, on one device.
 pub struct Comm {
-    imp: Imp,
+    /// NCCL or the emulated collectives, picked by the device (the one place that chooses).
+    imp: Box<dyn Collectives>,
     dev: Arc<CudaDevice>,
     rank: usize,
     nranks: usize,
@@ -92,7 +76,7 @@ impl std::fmt::Debug for Comm {
             .field("rank", &self.rank)
             .field("nranks", &self.nranks)
             .field("device", &self.dev.ordinal())
-            .field("emulated", &matches!(self.imp, Imp::Emulated(_)))
+            .field("emulated", &self.imp.is_emulated())
             .finish()
     }
 }
@@ -112,10 +96,10 @@ impl Comm {
                 format!("rank {rank} of {nranks}"),
             ));
         }
-        let imp = if dev.is_emulated() {
-            Imp::Emulated(EmuComm::init_rank(dev.ordinal(), id, nranks, rank)?)
+        let imp: Box<dyn Collectives> = if dev.is_emulated() {
+            Box::new(EmuComm::init_rank(dev.ordinal(), id, nranks, rank)?)
         } else {
-            Imp::Nccl(nccl::NcclComm::init_rank(dev, id, nranks, rank)?)
+            Box::new(nccl::NcclComm::init_rank(dev, id, nranks, rank)?)
         };
         Ok(Comm {
             imp,
@@ -238,13 +222,7 @@ impl Comm {
                 ));
             }
         }
-        let own_stream = match &self.imp {
-            Imp::Nccl(_) => stream.real().is_some(),
-            Imp::Emulated(_) => stream
-                .emulated()
-                .is_some_and(|s| s.ordinal() == self.dev.ordinal()),
-        };
-        if !own_stream {
+        if !self.imp.owns(&self.dev, stream) {
             return bad("the stream must belong to the communicator's device".into());
         }
         let op = Op {
@@ -255,60 +233,16 @@ impl Comm {
             count: send_len,
             recv_count: recv_len,
         };
-        match &self.imp {
-            Imp::Nccl(n) => n.call(&self.dev, &op, stream),
-            Imp::Emulated(e) => e.call(op, stream.emulated().expect("checked above")),
-        }
+        self.imp.call(&self.dev, &op, stream)
     }
 
     /// The communicator's asynchronous error (a peer failed, the connection broke), if any.
     pub fn async_error(&self) -> Option<String> {
-        match &self.imp {
-            Imp::Nccl(n) => n.async_error(),
-            Imp::Emulated(e) => e.async_error(),
-        }
+        self.imp.async_error()
     }
 
     /// Abort: pending and future operations fail instead of waiting for peers.
     pub fn abort(&mut self) {
-        match &mut self.imp {
-            Imp::Nccl(n) => n.abort(),
-            Imp::Emulated(e) => e.abort(),
-        }
+        self.imp.abort()
     }
-}
-
-/// Which collective.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Call {
-    AllReduce(RedOp),
-    ReduceScatter(RedOp),
-    AllGather,
-    Broadcast(usize),
-    Send(usize),
-    Recv(usize),
-}
-
-impl Call {
-    fn name(self) -> &'static str {
-        match self {
-            Call::AllReduce(_) => "all_reduce",
-            Call::ReduceScatter(_) => "reduce_scatter",
-            Call::AllGather => "all_gather",
-            Call::Broadcast(_) => "broadcast",
-            Call::Send(_) => "send",
-            Call::Recv(_) => "recv",
-        }
-    }
-}
-
-/// A validated collective: device addresses and element counts (`count` of the send buffer).
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct Op {
-    pub call: Call,
-    pub dtype: DType,
-    pub send: u64,
-    pub recv: u64,
-    pub count: usize,
-    pub recv_count: usize,
 }

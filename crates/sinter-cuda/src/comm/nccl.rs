@@ -4,8 +4,9 @@ use std::sync::Arc;
 
 use cudarc::nccl::sys as nsys;
 
-use super::{Call, Op, RedOp, UniqueId};
+use super::api::{Call, Collectives, Op, RedOp, UniqueId};
 use crate::device::CudaDevice;
+use crate::driver::real::RealStream;
 use crate::driver::Stream;
 use crate::dtype::DType;
 use crate::error::{guard, CudaError, Result};
@@ -103,17 +104,27 @@ impl NcclComm {
         }
         Ok(NcclComm(comm))
     }
+}
 
-    pub(super) fn call(&self, dev: &CudaDevice, op: &Op, stream: &Stream) -> Result<()> {
+impl Collectives for NcclComm {
+    fn owns(&self, _dev: &CudaDevice, stream: &Stream) -> bool {
+        RealStream::of(stream).is_some()
+    }
+
+    fn is_emulated(&self) -> bool {
+        false
+    }
+
+    fn call(&self, dev: &CudaDevice, op: &Op, stream: &Stream) -> Result<()> {
         if self.0.is_null() {
             return Err(CudaError::invalid("nccl", "the communicator was aborted"));
         }
         if let Some(r) = dev.real() {
             r.bind()?;
         }
-        let s = stream
-            .real()
+        let s = RealStream::of(stream)
             .ok_or_else(|| CudaError::invalid("nccl", "not a CUDA stream"))?
+            .0
             .cu_stream() as nsys::cudaStream_t;
         let dt = data_type(op.dtype);
         let (send, recv) = (op.send as *const _, op.recv as *mut _);
@@ -141,7 +152,7 @@ impl NcclComm {
         Ok(())
     }
 
-    pub(super) fn async_error(&self) -> Option<String> {
+    fn async_error(&self) -> Option<String> {
         if self.0.is_null() {
             return None;
         }
@@ -152,7 +163,7 @@ impl NcclComm {
             .then(|| format!("{e:?}"))
     }
 
-    pub(super) fn abort(&mut self) {
+    fn abort(&mut self) {
         if !self.0.is_null() {
             // SAFETY: live communicator; abort makes pending kernels return.
             unsafe { nsys::ncclCommAbort(self.0) };

@@ -1,20 +1,24 @@
 //! A real GPU through the CUDA driver (cudarc): the primary context, the compute stream, the
 //! kernel modules compiled by NVRTC, copies, launches and stream capture.
 
+use std::any::Any;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use cudarc::driver::{
-    result as dr, sys as ds, CudaContext, CudaFunction, CudaModule, CudaStream, LaunchConfig,
-    PushKernelArg,
+    result as dr, sys as ds, CudaContext, CudaEvent, CudaFunction, CudaGraph, CudaModule,
+    CudaStream, LaunchConfig, PushKernelArg,
 };
 
-use super::{Stream, StreamImpl};
+use super::{
+    foreign_event, Driver, DriverOps, Event, EventOps, GraphExec, GraphOps, Stream, StreamOps,
+};
 use crate::alloc::{RawAlloc, RawAllocError};
 use crate::error::{guard, CudaError, DriverResultExt, Result};
 use crate::launch::{Arg, Launch};
+use crate::libs::libraries;
+use crate::mode::DeviceInfo;
 use crate::nvrtc::{KernelCache, KernelFile, Output};
-use crate::runtime::{self, DeviceInfo};
 use crate::user_kernel::{CompiledPtx, KernelSource};
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -74,14 +78,14 @@ pub(crate) struct RealDriver {
     modules: Mutex<HashMap<KernelFile, Arc<CudaModule>>>,
     functions: Mutex<HashMap<KernelFile, HashMap<String, CudaFunction>>>,
     /// Custom kernels ([`crate::user_kernel`]) by source id, then kernel name (boxed: rarely
-    /// used, and it keeps `Driver`'s variants close in size).
+    /// used).
     user_functions: Box<Mutex<HashMap<u128, UserModule>>>,
 }
 
 impl RealDriver {
     /// The driver of the GPU `info` describes, and its raw allocator.
     pub(crate) fn new(info: &DeviceInfo) -> Result<(RealDriver, Box<dyn RawAlloc>)> {
-        let libs = runtime::libraries();
+        let libs = libraries();
         for (ok, lib, hint) in [
             (
                 libs.driver,
@@ -124,7 +128,7 @@ impl RealDriver {
         };
         let driver = RealDriver {
             ctx,
-            stream: Stream(StreamImpl::Real(cu.clone())),
+            stream: Stream(Arc::new(RealStream(cu.clone()))),
             cu,
             arch: info.arch(),
             driver_version: info.driver_version.unwrap_or((0, 0)),
@@ -142,53 +146,14 @@ impl RealDriver {
         self.ctx.bind_to_thread().ctx("cuCtxSetCurrent")
     }
 
-    pub(crate) fn stream(&self) -> &Stream {
-        &self.stream
-    }
-
     /// The raw compute stream (for cuBLASLt and cuDNN).
     pub(crate) fn cu_stream(&self) -> ds::CUstream {
         self.cu.cu_stream()
     }
 
-    pub(crate) fn new_stream(&self) -> Result<Stream> {
-        self.bind()?;
-        let s = self.ctx.new_stream().ctx("cuStreamCreate")?;
-        Ok(Stream(StreamImpl::Real(s)))
-    }
-
-    pub(crate) fn memset_zero(&self, ptr: u64, bytes: usize) -> Result<()> {
-        self.bind()?;
-        // SAFETY: the range lies in a live allocation (DevSlice invariant); stream-ordered.
-        unsafe { dr::memset_d8_async(ptr, 0, bytes, self.cu.cu_stream()) }.ctx("cuMemsetD8Async")
-    }
-
-    pub(crate) fn copy_dtod(&self, src: u64, dst: u64, bytes: usize) -> Result<()> {
-        self.bind()?;
-        // SAFETY: both ranges lie in live allocations; stream-ordered.
-        unsafe { dr::memcpy_dtod_async(dst, src, bytes, self.cu.cu_stream()) }
-            .ctx("cuMemcpyDtoDAsync")
-    }
-
-    pub(crate) fn copy_htod(&self, src: &[u8], dst: u64) -> Result<()> {
-        self.bind()?;
-        let pinned = is_page_locked(src.as_ptr() as u64);
-        // SAFETY: the caller checked the sizes. From pageable memory the driver stages `src`
-        // before the call returns, so it may be reused at once (and the host need not wait for
-        // the device's queue: a training step's batch upload does not stall it); page-locked
-        // memory is read later by the copy engine, so then we synchronise before returning.
-        unsafe { dr::memcpy_htod_async(dst, src, self.cu.cu_stream()) }.ctx("cuMemcpyHtoDAsync")?;
-        if pinned {
-            self.cu.synchronize().ctx("cuStreamSynchronize")?;
-        }
-        Ok(())
-    }
-
-    pub(crate) fn copy_dtoh(&self, src: u64, dst: &mut [u8]) -> Result<()> {
-        self.bind()?;
-        // SAFETY: the caller checked the sizes; synchronised before `dst` is used.
-        unsafe { dr::memcpy_dtoh_async(dst, src, self.cu.cu_stream()) }.ctx("cuMemcpyDtoHAsync")?;
-        self.cu.synchronize().ctx("cuStreamSynchronize")
+    /// The real GPU's driver of `d` (None when it is another kind).
+    pub(crate) fn of(d: &Driver) -> Option<&RealDriver> {
+        d.as_any().downcast_ref()
     }
 
     fn module(&self, file: KernelFile) -> Result<Arc<CudaModule>> {
@@ -233,18 +198,6 @@ impl RealDriver {
             .or_default()
             .insert(name.to_string(), f.clone());
         Ok(f)
-    }
-
-    pub(crate) fn preload_kernels(&self) -> Result<()> {
-        for f in KernelFile::ALL {
-            self.module(f)?;
-        }
-        Ok(())
-    }
-
-    pub(crate) fn launch(&self, l: &Launch) -> Result<()> {
-        let func = self.function(l.file, &l.name)?;
-        self.launch_function(&func, l)
     }
 
     /// Launch `l`'s kernel from a custom source (`compiled` is its PTX for this device, already
@@ -304,8 +257,66 @@ impl RealDriver {
                 msg: format!("{}: {e:?}", l.name),
             })
     }
+}
 
-    pub(crate) fn begin_capture(&self) -> Result<()> {
+impl DriverOps for RealDriver {
+    fn stream(&self) -> &Stream {
+        &self.stream
+    }
+
+    fn new_stream(&self) -> Result<Stream> {
+        self.bind()?;
+        let s = self.ctx.new_stream().ctx("cuStreamCreate")?;
+        Ok(Stream(Arc::new(RealStream(s))))
+    }
+
+    fn memset_zero(&self, ptr: u64, bytes: usize) -> Result<()> {
+        self.bind()?;
+        // SAFETY: the range lies in a live allocation (DevSlice invariant); stream-ordered.
+        unsafe { dr::memset_d8_async(ptr, 0, bytes, self.cu.cu_stream()) }.ctx("cuMemsetD8Async")
+    }
+
+    fn copy_dtod(&self, src: u64, dst: u64, bytes: usize) -> Result<()> {
+        self.bind()?;
+        // SAFETY: both ranges lie in live allocations; stream-ordered.
+        unsafe { dr::memcpy_dtod_async(dst, src, bytes, self.cu.cu_stream()) }
+            .ctx("cuMemcpyDtoDAsync")
+    }
+
+    fn copy_htod(&self, src: &[u8], dst: u64) -> Result<()> {
+        self.bind()?;
+        let pinned = is_page_locked(src.as_ptr() as u64);
+        // SAFETY: the caller checked the sizes. From pageable memory the driver stages `src`
+        // before the call returns, so it may be reused at once (and the host need not wait for
+        // the device's queue: a training step's batch upload does not stall it); page-locked
+        // memory is read later by the copy engine, so then we synchronise before returning.
+        unsafe { dr::memcpy_htod_async(dst, src, self.cu.cu_stream()) }.ctx("cuMemcpyHtoDAsync")?;
+        if pinned {
+            self.cu.synchronize().ctx("cuStreamSynchronize")?;
+        }
+        Ok(())
+    }
+
+    fn copy_dtoh(&self, src: u64, dst: &mut [u8]) -> Result<()> {
+        self.bind()?;
+        // SAFETY: the caller checked the sizes; synchronised before `dst` is used.
+        unsafe { dr::memcpy_dtoh_async(dst, src, self.cu.cu_stream()) }.ctx("cuMemcpyDtoHAsync")?;
+        self.cu.synchronize().ctx("cuStreamSynchronize")
+    }
+
+    fn launch(&self, l: &Launch) -> Result<()> {
+        let func = self.function(l.file, &l.name)?;
+        self.launch_function(&func, l)
+    }
+
+    fn preload_kernels(&self) -> Result<()> {
+        for f in KernelFile::ALL {
+            self.module(f)?;
+        }
+        Ok(())
+    }
+
+    fn begin_capture(&self) -> Result<()> {
         // Thread-local mode: calls that are unsafe during capture (cuMemAlloc, synchronising
         // ones) fail on this thread, the one that enqueues the step; other threads are unaffected.
         self.cu
@@ -313,10 +324,76 @@ impl RealDriver {
             .ctx("cuStreamBeginCapture")
     }
 
-    pub(crate) fn end_capture(&self) -> Result<Option<cudarc::driver::CudaGraph>> {
+    fn end_capture(&self) -> Result<Option<GraphExec>> {
         self.cu
             .end_capture(ds::CUgraphInstantiate_flags(0))
             .ctx("cuStreamEndCapture / cuGraphInstantiate")
+            .map(|g| g.map(|g| GraphExec(Box::new(RealGraph(g)))))
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+/// A stream of a real GPU.
+pub(crate) struct RealStream(pub(crate) Arc<CudaStream>);
+
+impl RealStream {
+    /// The CUDA stream of `s` (None when it is an emulated device's).
+    pub(crate) fn of(s: &Stream) -> Option<&RealStream> {
+        s.0.as_any().downcast_ref()
+    }
+}
+
+impl StreamOps for RealStream {
+    fn record_event(&self) -> Result<Event> {
+        let e = self.0.record_event(None).ctx("cuEventRecord")?;
+        Ok(Event(Box::new(RealEvent(e))))
+    }
+
+    fn wait(&self, event: &Event) -> Result<()> {
+        let e = event.0.as_any().downcast_ref::<RealEvent>();
+        let e = e.ok_or_else(foreign_event)?;
+        self.0.wait(&e.0).ctx("cuStreamWaitEvent")
+    }
+
+    fn synchronize(&self) -> Result<()> {
+        self.0.synchronize().ctx("cuStreamSynchronize")
+    }
+
+    fn describe(&self) -> String {
+        "CUDA".into()
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+/// An event of a real GPU's stream.
+struct RealEvent(CudaEvent);
+
+impl EventOps for RealEvent {
+    fn query(&self) -> Result<bool> {
+        self.0.try_is_complete().ctx("cuEventQuery")
+    }
+
+    fn describe(&self) -> &'static str {
+        "CUDA"
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+/// A graph instantiated on a real GPU.
+struct RealGraph(CudaGraph);
+
+impl GraphOps for RealGraph {
+    fn launch(&self) -> Result<()> {
+        self.0.launch().ctx("cuGraphLaunch")
     }
 }
 

@@ -24,7 +24,9 @@ use std::time::{Duration, Instant};
 
 use super::blas::{load, store};
 use super::EmuStream;
-use crate::comm::{Call, Op, RedOp, UniqueId, UNIQUE_ID_BYTES};
+use crate::comm::api::{Call, Collectives, Op, RedOp, UniqueId, UNIQUE_ID_BYTES};
+use crate::device::CudaDevice;
+use crate::driver::Stream;
 use crate::dtype::DType;
 use crate::error::{CudaError, Result};
 
@@ -812,10 +814,23 @@ impl EmuComm {
             seq: AtomicU64::new(0),
         })
     }
+}
+
+impl Collectives for EmuComm {
+    fn owns(&self, dev: &CudaDevice, stream: &Stream) -> bool {
+        EmuStream::of(stream).is_some_and(|s| s.ordinal() == dev.ordinal())
+    }
+
+    fn is_emulated(&self) -> bool {
+        true
+    }
 
     /// Queue `op` on `stream` (the collectives are numbered in queueing order, the order
     /// every rank must follow).
-    pub(crate) fn call(&self, op: Op, stream: &EmuStream) -> Result<()> {
+    fn call(&self, _dev: &CudaDevice, op: &Op, stream: &Stream) -> Result<()> {
+        let stream = EmuStream::of(stream)
+            .ok_or_else(|| comm_err("nccl", "not a stream of an emulated device"))?;
+        let op = *op;
         if self.client.aborted.load(Ordering::SeqCst) {
             return Err(comm_err("nccl", "the communicator was aborted"));
         }
@@ -830,11 +845,11 @@ impl EmuComm {
         }))
     }
 
-    pub(crate) fn async_error(&self) -> Option<String> {
+    fn async_error(&self) -> Option<String> {
         lock(&self.client.error).clone()
     }
 
-    pub(crate) fn abort(&mut self) {
+    fn abort(&mut self) {
         self.client.aborted.store(true, Ordering::SeqCst);
         let _ = self.control.shutdown(Shutdown::Both);
     }

@@ -36,18 +36,20 @@ mod queue;
 pub mod sdpa;
 pub mod trace;
 
+use std::any::Any;
 use std::fmt::Write as _;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use crate::alloc::RawAlloc;
 use crate::cudnn::{ConvProblem, Pass};
-use crate::driver::{Stream, StreamImpl};
+use crate::driver::{foreign_event, Driver, DriverOps, Event, EventOps, GraphExec, GraphOps};
+use crate::driver::{Stream, StreamOps};
 use crate::emu::{Emulator, Order, ResolvedKernel};
 use crate::error::{CudaError, Result};
 use crate::gemm::GemmDesc;
 use crate::launch::Launch;
+use crate::mode::DeviceInfo;
 use crate::nvrtc::KernelFile;
-use crate::runtime::DeviceInfo;
 use crate::user_kernel::KernelSource;
 
 use blas::GemmJob;
@@ -62,7 +64,8 @@ pub use trace::trace_gpu;
 /// devices. Must come before the first use of CUDA; asking again for the same GPU is fine.
 pub fn enable_trace(gpu: gpu_model::GpuSpec) -> Result<()> {
     trace::set_gpu(gpu)?;
-    crate::runtime::enable_emulation(1)
+    crate::mode::select_emulation(1)?;
+    ready()
 }
 
 /// Whether emulated devices can be served here: always in trace-only mode (nothing runs),
@@ -110,8 +113,8 @@ pub(crate) fn emulator() -> Result<Arc<Emulator>> {
 
 /// How the emulated device was selected, for messages.
 fn selection() -> String {
-    match std::env::var(crate::runtime::EMU_VAR) {
-        Ok(v) if !v.is_empty() && v != "0" => format!("{}={v}", crate::runtime::EMU_VAR),
+    match std::env::var(crate::mode::EMU_VAR) {
+        Ok(v) if !v.is_empty() && v != "0" => format!("{}={v}", crate::mode::EMU_VAR),
         _ => "enable_emulation".into(),
     }
 }
@@ -201,7 +204,7 @@ pub(crate) fn report(devices: usize) -> String {
             let _ = writeln!(
                 out,
                 "to fix:\n  - install g++ (or set SINTER_EMU_CXX to a C++20 compiler), or unset {}",
-                crate::runtime::EMU_VAR
+                crate::mode::EMU_VAR
             );
         }
     }
@@ -359,6 +362,11 @@ pub(crate) struct EmuStream {
 }
 
 impl EmuStream {
+    /// The emulated stream of `s` (None when it is a real GPU's).
+    pub(crate) fn of(s: &Stream) -> Option<&EmuStream> {
+        s.0.as_any().downcast_ref()
+    }
+
     pub(crate) fn ordinal(&self) -> usize {
         self.shared.ordinal
     }
@@ -453,6 +461,49 @@ impl EmuGraph {
     }
 }
 
+impl StreamOps for EmuStream {
+    fn record_event(&self) -> Result<Event> {
+        Ok(Event(Box::new(EmuStream::record_event(self)?)))
+    }
+
+    fn wait(&self, event: &Event) -> Result<()> {
+        let e = event.0.as_any().downcast_ref::<EmuEvent>();
+        EmuStream::wait(self, e.ok_or_else(foreign_event)?)
+    }
+
+    fn synchronize(&self) -> Result<()> {
+        EmuStream::synchronize(self)
+    }
+
+    fn describe(&self) -> String {
+        format!("emulated device {}", self.ordinal())
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+impl EventOps for EmuEvent {
+    fn query(&self) -> Result<bool> {
+        EmuEvent::query(self)
+    }
+
+    fn describe(&self) -> &'static str {
+        "emulated"
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+impl GraphOps for EmuGraph {
+    fn launch(&self) -> Result<()> {
+        EmuGraph::launch(self)
+    }
+}
+
 /// The driver of one emulated device.
 pub(crate) struct EmuDriver {
     shared: Arc<Shared>,
@@ -468,6 +519,11 @@ impl Drop for EmuDriver {
 }
 
 impl EmuDriver {
+    /// The emulated device's driver of `d` (None when it is a real GPU's).
+    pub(crate) fn of(d: &Driver) -> Option<&EmuDriver> {
+        d.as_any().downcast_ref()
+    }
+
     /// Emulated device `ordinal` and its raw allocator.
     pub(crate) fn new(ordinal: usize) -> Result<(EmuDriver, Box<dyn RawAlloc>)> {
         let trace = trace_gpu().is_some();
@@ -490,7 +546,7 @@ impl EmuDriver {
         } else {
             Box::new(memory::HostMemory::new(ordinal, memory_capacity(), queue))
         };
-        let stream = Stream(StreamImpl::Emulated(EmuStream {
+        let stream = Stream(Arc::new(EmuStream {
             shared: shared.clone(),
             compute: true,
         }));
@@ -504,80 +560,12 @@ impl EmuDriver {
         ))
     }
 
-    pub(crate) fn stream(&self) -> &Stream {
-        &self.stream
-    }
-
-    pub(crate) fn new_stream(&self) -> Stream {
-        Stream(StreamImpl::Emulated(EmuStream {
-            shared: self.shared.clone(),
-            compute: false,
-        }))
-    }
-
-    pub(crate) fn memset_zero(&self, ptr: u64, bytes: usize) -> Result<()> {
-        self.shared
-            .enqueue(Recorded::Zero { ptr, bytes }, || cost::memset_cost(bytes))
-    }
-
-    pub(crate) fn copy_dtod(&self, src: u64, dst: u64, bytes: usize) -> Result<()> {
-        self.shared.enqueue(Recorded::Copy { src, dst, bytes }, || {
-            cost::copy_cost(bytes)
-        })
-    }
-
     /// The kernel emulator, or an error in trace-only mode (which runs nothing).
     fn emulator(&self) -> Result<&Arc<Emulator>> {
         self.emulator.as_ref().ok_or_else(|| CudaError::Emulator {
             op: "trace",
             msg: "a trace-only emulated device runs no kernels".into(),
         })
-    }
-
-    /// Like a copy from pageable memory: the bytes are staged now, written in stream order.
-    pub(crate) fn copy_htod(&self, src: &[u8], dst: u64) -> Result<()> {
-        self.shared.not_in_capture("a host-to-device copy")?;
-        cost::record(self.shared.ordinal, || {
-            cost::host_copy_cost(src.len(), true)
-        });
-        if self.shared.trace {
-            return Ok(());
-        }
-        let staged = src.to_vec();
-        self.shared.queue.submit(Box::new(move || {
-            // SAFETY: `dst` addresses `staged.len()` bytes of a live buffer (checked by the
-            // caller); stream order keeps it live until this runs.
-            unsafe { std::ptr::copy_nonoverlapping(staged.as_ptr(), dst as *mut u8, staged.len()) };
-            Ok(())
-        }))?;
-        self.shared.after_submit()
-    }
-
-    pub(crate) fn copy_dtoh(&self, src: u64, dst: &mut [u8]) -> Result<()> {
-        cost::record(self.shared.ordinal, || {
-            cost::host_copy_cost(dst.len(), false)
-        });
-        if self.shared.trace {
-            // Nothing ran: the value is meaningless, zeros say so least surprisingly.
-            dst.fill(0);
-            return Ok(());
-        }
-        self.shared.queue.synchronize()?;
-        // SAFETY: `src` addresses `dst.len()` bytes of a live buffer (checked by the caller),
-        // and every queued write to it has run.
-        unsafe { std::ptr::copy_nonoverlapping(src as *const u8, dst.as_mut_ptr(), dst.len()) };
-        Ok(())
-    }
-
-    pub(crate) fn launch(&self, l: &Launch) -> Result<()> {
-        check_shared_mem(l)?;
-        let cost = || l.cost();
-        if self.shared.trace {
-            return self.shared.enqueue(Recorded::Traced, cost);
-        }
-        let k = self.emulator()?.resolve(l)?;
-        self.shared
-            .enqueue(Recorded::Kernel(Arc::new((l.clone(), k))), cost)
     }
 
     /// Launch `l`'s kernel from a custom source (built for the emulator once per text).
@@ -593,16 +581,6 @@ impl EmuDriver {
         let k = Emulator::resolve_in(&lib, l)?;
         self.shared
             .enqueue(Recorded::Kernel(Arc::new((l.clone(), k))), cost)
-    }
-
-    pub(crate) fn preload_kernels(&self) -> Result<()> {
-        let Some(e) = &self.emulator else {
-            return Ok(());
-        };
-        for f in KernelFile::ALL {
-            e.library(f)?;
-        }
-        Ok(())
     }
 
     /// cuBLASLt's matmul, served on the host.
@@ -629,8 +607,88 @@ impl EmuDriver {
         self.shared
             .enqueue(Recorded::Sdpa(SdpaJob::new(graph, ptrs)), || cost)
     }
+}
 
-    pub(crate) fn begin_capture(&self) -> Result<()> {
+impl DriverOps for EmuDriver {
+    fn stream(&self) -> &Stream {
+        &self.stream
+    }
+
+    fn new_stream(&self) -> Result<Stream> {
+        Ok(Stream(Arc::new(EmuStream {
+            shared: self.shared.clone(),
+            compute: false,
+        })))
+    }
+
+    fn memset_zero(&self, ptr: u64, bytes: usize) -> Result<()> {
+        self.shared
+            .enqueue(Recorded::Zero { ptr, bytes }, || cost::memset_cost(bytes))
+    }
+
+    fn copy_dtod(&self, src: u64, dst: u64, bytes: usize) -> Result<()> {
+        self.shared.enqueue(Recorded::Copy { src, dst, bytes }, || {
+            cost::copy_cost(bytes)
+        })
+    }
+
+    /// Like a copy from pageable memory: the bytes are staged now, written in stream order.
+    fn copy_htod(&self, src: &[u8], dst: u64) -> Result<()> {
+        self.shared.not_in_capture("a host-to-device copy")?;
+        cost::record(self.shared.ordinal, || {
+            cost::host_copy_cost(src.len(), true)
+        });
+        if self.shared.trace {
+            return Ok(());
+        }
+        let staged = src.to_vec();
+        self.shared.queue.submit(Box::new(move || {
+            // SAFETY: `dst` addresses `staged.len()` bytes of a live buffer (checked by the
+            // caller); stream order keeps it live until this runs.
+            unsafe { std::ptr::copy_nonoverlapping(staged.as_ptr(), dst as *mut u8, staged.len()) };
+            Ok(())
+        }))?;
+        self.shared.after_submit()
+    }
+
+    fn copy_dtoh(&self, src: u64, dst: &mut [u8]) -> Result<()> {
+        cost::record(self.shared.ordinal, || {
+            cost::host_copy_cost(dst.len(), false)
+        });
+        if self.shared.trace {
+            // Nothing ran: the value is meaningless, zeros say so least surprisingly.
+            dst.fill(0);
+            return Ok(());
+        }
+        self.shared.queue.synchronize()?;
+        // SAFETY: `src` addresses `dst.len()` bytes of a live buffer (checked by the caller),
+        // and every queued write to it has run.
+        unsafe { std::ptr::copy_nonoverlapping(src as *const u8, dst.as_mut_ptr(), dst.len()) };
+        Ok(())
+    }
+
+    fn launch(&self, l: &Launch) -> Result<()> {
+        check_shared_mem(l)?;
+        let cost = || l.cost();
+        if self.shared.trace {
+            return self.shared.enqueue(Recorded::Traced, cost);
+        }
+        let k = self.emulator()?.resolve(l)?;
+        self.shared
+            .enqueue(Recorded::Kernel(Arc::new((l.clone(), k))), cost)
+    }
+
+    fn preload_kernels(&self) -> Result<()> {
+        let Some(e) = &self.emulator else {
+            return Ok(());
+        };
+        for f in KernelFile::ALL {
+            e.library(f)?;
+        }
+        Ok(())
+    }
+
+    fn begin_capture(&self) -> Result<()> {
         let mut cap = lock(&self.shared.capture);
         if cap.is_some() {
             return Err(CudaError::invalid(
@@ -643,12 +701,22 @@ impl EmuDriver {
     }
 
     /// The recorded graph, or None when nothing was recorded (or no capture was running).
-    pub(crate) fn end_capture(&self) -> Option<EmuGraph> {
-        let (ops, costs) = lock(&self.shared.capture).take()?;
-        (!ops.is_empty()).then(|| EmuGraph {
+    fn end_capture(&self) -> Result<Option<GraphExec>> {
+        let Some((ops, costs)) = lock(&self.shared.capture).take() else {
+            return Ok(None);
+        };
+        if ops.is_empty() {
+            return Ok(None);
+        }
+        let graph = EmuGraph {
             shared: self.shared.clone(),
             ops: ops.into(),
             costs: costs.into(),
-        })
+        };
+        Ok(Some(GraphExec(Box::new(graph))))
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
     }
 }

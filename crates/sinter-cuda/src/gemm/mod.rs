@@ -22,6 +22,7 @@ use cudarc::cublaslt::{result as lr, sys as ls};
 use crate::alloc::DeviceBuffer;
 use crate::driver::real::RealDriver;
 use crate::driver::Driver;
+use crate::emulated::EmuDriver;
 use crate::error::{guard, CudaError, DriverResultExt, Result};
 
 mod desc;
@@ -133,8 +134,8 @@ impl GemmEngine {
     /// The engine of the device with this driver, holding `workspace` (its
     /// [`WORKSPACE_BYTES`], allocated by the device).
     pub(crate) fn new(driver: &Driver, workspace: DeviceBuffer) -> Result<Self> {
-        let lt = match driver {
-            Driver::Real(r) => {
+        let lt = match RealDriver::of(driver) {
+            Some(r) => {
                 r.bind()?;
                 let handle = Handle(guard(|| lr::create_handle().ctx("cublasLtCreate"))?);
                 Some(Lt {
@@ -142,7 +143,7 @@ impl GemmEngine {
                     algos: Mutex::default(),
                 })
             }
-            Driver::Emulated(_) => None,
+            None => None,
         };
         Ok(GemmEngine { lt, workspace })
     }
@@ -152,12 +153,12 @@ impl GemmEngine {
         if p.m == 0 || p.n == 0 {
             return Ok(());
         }
-        match (&self.lt, driver) {
-            (Some(lt), Driver::Real(r)) => {
+        match (&self.lt, RealDriver::of(driver), EmuDriver::of(driver)) {
+            (Some(lt), Some(r), _) => {
                 r.bind()?;
                 guard(|| self.run_lt(lt, r, g, &p))
             }
-            (_, Driver::Emulated(e)) => e.gemm(g),
+            (_, _, Some(e)) => e.gemm(g),
             _ => Err(CudaError::invalid(
                 "gemm",
                 "the GEMM engine belongs to another kind of device",

@@ -2,7 +2,6 @@
 //! function (validates arguments, picks the kernel and grid, builds the argument list) and a
 //! device function that runs the plan on the device's stream.
 
-pub mod adamw;
 pub mod binary;
 pub mod boolean;
 pub mod conv;
@@ -33,7 +32,6 @@ pub fn sample_plans(t: &LaunchTarget) -> Vec<Launch> {
     v.extend(embedding::samples(t));
     v.extend(conv::samples(t));
     v.extend(dropout::samples(t));
-    v.extend(adamw::samples(t));
     v.extend(int::samples(t));
     v.extend(boolean::samples(t));
     v
@@ -64,8 +62,6 @@ mod tests {
             "sum_mid_partial_f16",
             "embedding_bwd_bf16",
             "emb_bwd_scan",
-            "adamw_copy_bf16",
-            "adamw_multi_f32",
             "rand_normal_f16",
             "col2im_f32",
         ] {

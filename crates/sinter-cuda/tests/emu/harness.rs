@@ -212,10 +212,11 @@ impl Rng {
 /// Run steps once, threads in forward order; then check the canaries of `bufs`.
 pub fn exec(e: &Emulator, steps: &[Step], bufs: &[&Buf]) {
     // SAFETY: every pointer in the steps comes from a live `Buf` of the calling test.
-    unsafe { e.run_steps(steps, Order::Forward) }.unwrap_or_else(|err| panic!("{err}"));
-    for b in bufs {
-        b.check_guards(&step_names(steps));
-    }
+    run_once(
+        &step_names(steps),
+        |o| unsafe { e.run_steps(steps, o) },
+        bufs,
+    );
 }
 
 pub fn exec1(e: &Emulator, l: Launch, bufs: &[&Buf]) {
@@ -225,18 +226,38 @@ pub fn exec1(e: &Emulator, l: Launch, bufs: &[&Buf]) {
 /// Run steps in forward thread order and again, from the same inputs, in reverse order; the
 /// results must be bit-identical (a missing barrier or order-dependent sum would differ).
 pub fn exec_both(e: &Emulator, steps: &[Step], bufs: &mut [&mut Buf]) {
-    let before: Vec<Vec<u8>> = bufs.iter().map(|b| b.bytes().to_vec()).collect();
-    let names = step_names(steps);
     // SAFETY: as in `exec`.
-    unsafe { e.run_steps(steps, Order::Forward) }.unwrap_or_else(|err| panic!("{err}"));
+    run_twice(
+        &step_names(steps),
+        |o| unsafe { e.run_steps(steps, o) },
+        bufs,
+    );
+}
+
+/// [`exec`] for any way of running kernels on the emulator (`run` gets the thread order), e.g.
+/// a custom kernel source's launches: `names` names what ran, in messages.
+pub fn run_once(names: &str, run: impl FnOnce(Order) -> sinter_cuda::Result<()>, bufs: &[&Buf]) {
+    run(Order::Forward).unwrap_or_else(|err| panic!("{err}"));
+    for b in bufs {
+        b.check_guards(names);
+    }
+}
+
+/// [`exec_both`] for any way of running kernels on the emulator (see [`run_once`]).
+pub fn run_twice(
+    names: &str,
+    run: impl Fn(Order) -> sinter_cuda::Result<()>,
+    bufs: &mut [&mut Buf],
+) {
+    let before: Vec<Vec<u8>> = bufs.iter().map(|b| b.bytes().to_vec()).collect();
+    run(Order::Forward).unwrap_or_else(|err| panic!("{err}"));
     let fwd: Vec<Vec<u8>> = bufs.iter().map(|b| b.bytes().to_vec()).collect();
     for (b, s) in bufs.iter_mut().zip(&before) {
         b.bytes_mut().copy_from_slice(s);
     }
-    // SAFETY: as in `exec`.
-    unsafe { e.run_steps(steps, Order::Reverse) }.unwrap_or_else(|err| panic!("{err}"));
+    run(Order::Reverse).unwrap_or_else(|err| panic!("{err}"));
     for (k, (b, f)) in bufs.iter().zip(&fwd).enumerate() {
-        b.check_guards(&names);
+        b.check_guards(names);
         assert!(
             b.bytes() == f.as_slice(),
             "{names}: buffer {k} differs between forward and reverse thread order (missing barrier?)"

@@ -1,13 +1,14 @@
 //! The optimizer's CPU loops: AdamW and SGD over host slices (also what ZeRO steps its shards
 //! with), and the step control block's two updates. The arithmetic is the kernels' in
-//! `adamw.cu`: AdamW is `sinter_types::AdamW`'s shared rule through sinter-cpu's vectorised
+//! `optimizer.cu`: AdamW is `sinter_types::AdamW`'s shared rule through sinter-cpu's vectorised
 //! kernel, bit for bit on every ISA.
 
 use rayon::prelude::*;
 use sinter_cpu::math::adamw::adamw;
 use sinter_cpu::Isa;
 
-use crate::backend::{ctl, AdamWParams, ScalerCfg, SgdParams};
+use super::control::{ctl, ScalerCfg};
+use crate::backend::{AdamWParams, SgdParams};
 use crate::cpu::reduce::sum_squares as sum_squares_f64;
 use crate::cpu::{CpuStorage, PAR_THRESHOLD};
 use crate::{DType, Error, Layout, Result};
@@ -74,7 +75,7 @@ pub fn sgd_step_scaled(
     }
 }
 
-/// `step_prepare` (same arithmetic as the kernel in adamw.cu): from the squared global norm of
+/// `step_prepare` (same arithmetic as the kernel in optimizer.cu): from the squared global norm of
 /// the loss-scaled gradients, set found_inf (with dynamic scaling), the unscaled norm and the
 /// gradient factor min(1, max_norm / (norm + 1e-6)) / scale; `max_norm` ≤ 0: no clipping.
 pub fn step_prepare(c: &mut [f32], sumsq: f32, max_norm: f32, dynamic: bool) {

@@ -1,19 +1,18 @@
-//! The optimizer steps on the device: one fused kernel per parameter, in place (sinter-cuda's
-//! `kernels/adamw.cu` through its launch plans `ops/adamw.rs`). Parameter, moments and
+//! The optimizer steps on the device: one fused kernel per parameter (or per 32 of them), in
+//! place (`optimizer.cu` of this folder through its launch plans, `plans.rs`). Parameter, moments and
 //! momentum buffer are f32 and contiguous (as on the CPU); the gradient may be of any float
 //! dtype or layout (it is made contiguous f32 first). On the first step the parameter and its
 //! state are moved into the allocator's permanent pool. Also the step control block's kernels,
-//! and the global gradient norm (`optimizer.cu` of this folder, launched here).
-
-use std::sync::OnceLock;
+//! and the global gradient norm (launched here).
 
 use sinter_cuda::emulated::cost::{OpClass, Traffic};
 use sinter_cuda::launch::{Arg, ELEMWISE_BLOCK};
-use sinter_cuda::ops::adamw as ka;
-use sinter_cuda::user_kernel::{KernelSource, UserLaunch};
+use sinter_cuda::user_kernel::UserLaunch;
 use sinter_cuda::CudaDevice;
 
-use crate::backend::{AdamWParams, ScalerCfg, SgdParams};
+use super::control::ScalerCfg;
+use super::plans::{self as ka, source};
+use crate::backend::{AdamWParams, SgdParams};
 use crate::cuda::creation::{download, promote_in_place};
 use crate::cuda::storage::{CudaStorage, DevView};
 use crate::cuda::{alloc, OnOp};
@@ -187,9 +186,6 @@ pub(super) fn adamw_many_storage(
 
 // ---- the global gradient norm (optimizer.cu, launched from here) ----------------------------
 
-/// The CUDA C++ of the folder's kernels (compiled by NVRTC at the first launch on a device).
-const OPTIMIZER_CU: &str = include_str!("optimizer.cu");
-
 /// Tensors one `sumsq_multi` launch reads (`SUMSQ_SLOTS` in optimizer.cu: 192 (pointer, length)
 /// pairs are 3 KiB of the 4 KiB of kernel parameters).
 pub(super) const SUMSQ_SLOTS: usize = 192;
@@ -198,15 +194,6 @@ const _: () = assert!((2 + 2 * SUMSQ_SLOTS) * 8 <= 4096);
 
 /// Threads per block of the grad-norm kernels.
 const SUMSQ_BLOCK: u32 = ELEMWISE_BLOCK;
-
-fn source() -> Result<&'static KernelSource> {
-    static SOURCE: OnceLock<KernelSource> = OnceLock::new();
-    if let Some(s) = SOURCE.get() {
-        return Ok(s);
-    }
-    let s = KernelSource::new("optimizer.cu", OPTIMIZER_CU).on("optimizer.cu")?;
-    Ok(SOURCE.get_or_init(|| s))
-}
 
 /// Blocks (= partial sums) a tensor of `n` elements gets; from n only, so the result is the same
 /// on every GPU (`sumsq_blocks` in optimizer.cu).
@@ -230,7 +217,8 @@ fn launch(
         args,
         declared: Some((OpClass::Elementwise, t)),
     };
-    dev.launch_user(source()?, &l).on("grad_sum_squares")
+    dev.launch_user(source().on("optimizer.cu")?, &l)
+        .on("grad_sum_squares")
 }
 
 /// Σ x² over the parts (one device) as a one-element f32 storage there: one `sumsq_multi`
@@ -312,6 +300,7 @@ pub(super) fn sum_squares_host(parts: &[(&CudaStorage, &Layout)]) -> Result<f64>
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::kernels::optimizer::plans::OPTIMIZER_CU;
 
     #[test]
     fn sumsq_partition_and_slots_match_the_kernel() {

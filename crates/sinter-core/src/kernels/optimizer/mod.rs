@@ -6,8 +6,11 @@
 //!   [`step_ctl`]), their checks, and the one match on the device.
 //! - [`cpu`]: the host loops (also what ZeRO steps its host shards with), the step control
 //!   block's two updates in host memory.
-//! - `cuda.rs`: the device side: the updates through sinter-cuda's `kernels/adamw.cu` and
-//!   `ops/adamw.rs`; the grad-norm kernels of `optimizer.cu` (this folder), launched here.
+//! - `cuda.rs`: the device side: the updates and the step control block through the launch
+//!   plans of `plans.rs`, the grad-norm kernels launched directly; all of them in
+//!   `optimizer.cu`.
+//! - `control.rs`: the step control block's slots and the loss scaler's settings (shared by
+//!   the CPU loops and the kernels).
 //! - [`grad_norm`]: the global gradient norm in one pass (one multi-tensor launch on CUDA).
 //! - [`step_ctl`]: the step control block (found_inf, clip factor, loss scale, lr, counters).
 //!
@@ -15,12 +18,17 @@
 //! scalar factor rounded to f32 once, as PyTorch); the CPU loop and the kernel follow it bit
 //! for bit, and `tests/conformance/optim.rs` holds both to the f64 reference.
 
+mod control;
 pub mod cpu;
 mod cuda;
 pub mod grad_norm;
+mod plans;
 pub mod step_ctl;
+#[cfg(test)]
+mod tests;
 
-use crate::backend::{AdamWParams, ScalerCfg, SgdParams};
+use crate::backend::{AdamWParams, SgdParams};
+use control::ScalerCfg;
 use std::collections::HashSet;
 
 use crate::storage::Storage;

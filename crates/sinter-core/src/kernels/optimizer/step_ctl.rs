@@ -11,7 +11,7 @@
 use crate::backend::{AdamWParams, SgdParams};
 use crate::{bail, DType, Device, Error, Result, Tensor};
 
-pub use crate::backend::{ctl, ScalerCfg};
+pub use super::control::{ctl, ScalerCfg};
 
 /// Σ g² over all gradients as a 1-element f32 tensor on `device` (one deterministic pass; an
 /// inf or NaN anywhere makes it non-finite). No host read where the data is not on the host.

@@ -1,51 +1,58 @@
-//! Wrappers for `kernels/adamw.cu`: fused AdamW and SGD over flat f32 buffers, and the step
-//! control block that keeps a training step's
-//! decisions (skip on inf/NaN, loss scale, clip factor, learning rate, step count) on the device.
+//! The launch plans of `optimizer.cu`'s updates: fused AdamW and SGD over flat f32 buffers,
+//! and the step control block's two kernels that keep a training step's decisions (skip on
+//! inf/NaN, loss scale, clip factor, learning rate, step count) on the device. Each `plan_*`
+//! checks its operands and builds the launch (with its declared traffic for the GPU cost
+//! model); the device functions below queue it. The kernel source is compiled by NVRTC at the
+//! first launch on a device (the emulated device runs it through the kernel emulator).
 
-use super::{fake_slice, kname, need, need_dtype, opt_need};
-use crate::alloc::DevSlice;
-use crate::device::CudaDevice;
-use crate::dtype::DType;
-use crate::error::{CudaError, Result};
-use crate::launch::{Arg, KernelStruct, Launch, LaunchTarget, Traffic, ELEMWISE_BLOCK};
-use crate::nvrtc::KernelFile;
+use std::sync::OnceLock;
 
-/// Slots of the step control block: a small f32 buffer on the device that the optimizer and
-/// step kernels read and update, so a training step needs no host round trip (and a captured
-/// CUDA graph replays with the current values). Must match the `CTL_*` defines in adamw.cu.
-pub mod ctl {
-    /// 1 when the step's (loss-scaled) gradients hold inf/NaN: the optimizer skips the update.
-    pub const FOUND_INF: usize = 0;
-    /// Learning rate of the current step (from the schedule table).
-    pub const LR: usize = 1;
-    /// Optimizer updates taken (skipped steps excluded); AdamW's bias corrections use it + 1.
-    pub const STEPS: usize = 2;
-    /// Multiplies every gradient in the optimizer pass: clip factor / loss scale.
-    pub const GRAD_FACTOR: usize = 3;
-    /// The loss scale (1 without dynamic scaling).
-    pub const SCALE: usize = 4;
-    /// Good steps in a row since the scale last changed (the growth tracker).
-    pub const GOOD_STEPS: usize = 5;
-    /// Steps of the schedule done (skipped ones included): the index into the lr table.
-    pub const ITER: usize = 6;
-    /// Steps skipped for inf/NaN gradients.
-    pub const SKIPPED: usize = 7;
-    /// Global gradient norm of the last step (unscaled, before clipping).
-    pub const GRAD_NORM: usize = 8;
-    /// Slots in the block.
-    pub const LEN: usize = 9;
+use sinter_cuda::check::{need, need_dtype, opt_need};
+use sinter_cuda::emulated::cost::OpClass;
+use sinter_cuda::launch::{Arg, KernelStruct, LaunchTarget, Traffic, ELEMWISE_BLOCK};
+use sinter_cuda::user_kernel::{KernelSource, UserLaunch};
+use sinter_cuda::{CudaDevice, CudaError, DType, DevSlice, Result};
+
+use super::control::{ctl, ScalerCfg};
+
+/// The CUDA C++ of the folder's kernels (compiled by NVRTC at the first launch on a device).
+pub(super) const OPTIMIZER_CU: &str = include_str!("optimizer.cu");
+
+/// `optimizer.cu` as a kernel source, made once per process.
+pub(super) fn source() -> Result<&'static KernelSource> {
+    static SOURCE: OnceLock<KernelSource> = OnceLock::new();
+    if let Some(s) = SOURCE.get() {
+        return Ok(s);
+    }
+    let s = KernelSource::new("optimizer.cu", OPTIMIZER_CU)?;
+    Ok(SOURCE.get_or_init(|| s))
 }
 
-/// Growth / backoff of dynamic loss scaling for [`plan_step_finish`].
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct ScalerCfg {
-    pub growth: f32,
-    pub backoff: f32,
-    /// Good steps in a row before the scale grows.
-    pub interval: u64,
+/// A 1-D launch of kernel `name`; with `traffic`, declared to the cost model as elementwise work
+/// (without, the cost model estimates it as an elementwise kernel).
+fn launch(
+    name: impl Into<String>,
+    grid: u32,
+    block: u32,
+    args: Vec<Arg>,
+    traffic: Option<Traffic>,
+) -> UserLaunch {
+    UserLaunch {
+        kernel: name.into(),
+        grid: (grid, 1, 1),
+        block: (block, 1, 1),
+        shared_mem: 0,
+        args,
+        declared: traffic.map(|t| (OpClass::Elementwise, t)),
+    }
 }
 
-/// Matches `struct AdamArgs` in adamw.cu (72 bytes). The hyper-parameters travel as f64: the
+/// Queues a launch (of `optimizer.cu`) on the device.
+fn run(dev: &CudaDevice, l: &UserLaunch) -> Result<()> {
+    dev.launch_user(source()?, l)
+}
+
+/// Matches `struct AdamArgs` in optimizer.cu (72 bytes). The hyper-parameters travel as f64: the
 /// kernel computes its scalar factors in f64 and rounds each to f32 once, as PyTorch does.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -66,7 +73,7 @@ pub struct AdamArgs {
 // SAFETY: repr(C), six f64, f32 + i32, two u64: no padding.
 unsafe impl KernelStruct for AdamArgs {}
 
-/// Matches `struct SgdArgs` in adamw.cu (48 bytes).
+/// Matches `struct SgdArgs` in optimizer.cu (48 bytes).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct SgdArgs {
@@ -127,6 +134,7 @@ impl AdamW {
     /// The kernel's arithmetic for one element: (p, g, m, v) -> (p, m, v). The kernel's
     /// `adam_factors` and `adam_one` are `sinter_types::AdamW::factors` and
     /// `AdamWFactors::update` in CUDA.
+    #[cfg(test)]
     pub fn reference(&self, p: f32, g: f32, m: f32, v: f32) -> (f32, f32, f32) {
         self.hyper.factors().update(p, g * self.grad_scale, m, v)
     }
@@ -174,7 +182,7 @@ pub fn plan_adamw(
     copy: Option<DevSlice<'_>>,
     cfg: &AdamW,
     found_inf: Option<DevSlice<'_>>,
-) -> Result<Option<Launch>> {
+) -> Result<Option<UserLaunch>> {
     plan_adamw_impl(t, param, grad, m, v, copy, cfg, found_inf, None)
 }
 
@@ -191,7 +199,7 @@ pub fn plan_adamw_ctl(
     copy: Option<DevSlice<'_>>,
     cfg: &AdamW,
     ctl: DevSlice<'_>,
-) -> Result<Option<Launch>> {
+) -> Result<Option<UserLaunch>> {
     need("adamw", "step control", &ctl, DType::F32, ctl::LEN)?;
     let flag = ctl.slice(ctl::FOUND_INF, 1)?;
     plan_adamw_impl(t, param, grad, m, v, copy, cfg, Some(flag), Some(ctl))
@@ -208,7 +216,7 @@ fn plan_adamw_impl(
     cfg: &AdamW,
     found_inf: Option<DevSlice<'_>>,
     ctl: Option<DevSlice<'_>>,
-) -> Result<Option<Launch>> {
+) -> Result<Option<UserLaunch>> {
     let op = "adamw";
     let n = param.len();
     for (w, s) in [("param", &param), ("grad", &grad), ("m", &m), ("v", &v)] {
@@ -237,28 +245,26 @@ fn plan_adamw_impl(
             }
             need(op, "copy", &c, c.dtype(), n)?;
             args.push(Arg::Ptr(c.ptr()));
-            kname("adamw_copy", c.dtype())
+            format!("adamw_copy_{}", c.dtype().suffix())
         }
     };
     args.extend([Arg::I64(n as i64), Arg::bytes(&a)]);
     // param, grad, m, v read; param, m, v (and the half copy) written.
     let copy_bytes = copy.map_or(0, |c| c.num_bytes());
     let traffic = Traffic::bytes(4 * n * 4, 3 * n * 4 + copy_bytes).with_flops(12 * n);
-    Ok(Some(
-        Launch::new(
-            KernelFile::AdamW,
-            name,
-            t.elementwise_grid(n, 4),
-            ELEMWISE_BLOCK,
-            args,
-        )
-        .with_traffic(traffic),
-    ))
+    let grid = t.elementwise_grid(n, 4);
+    Ok(Some(launch(
+        name,
+        grid,
+        ELEMWISE_BLOCK,
+        args,
+        Some(traffic),
+    )))
 }
 
-/// Parameters one multi-tensor AdamW launch steps (`ADAMW_SLOTS` in adamw.cu).
+/// Parameters one multi-tensor AdamW launch steps (`ADAMW_SLOTS` in optimizer.cu).
 pub const ADAMW_SLOTS: usize = 32;
-/// Elements of one block task of the multi-tensor kernel (`ADAMW_CHUNK` in adamw.cu).
+/// Elements of one block task of the multi-tensor kernel (`ADAMW_CHUNK` in optimizer.cu).
 pub const ADAMW_CHUNK: usize = 4096;
 
 /// One parameter of a multi-tensor AdamW step: flat f32 (param, grad, m, v) and its group's
@@ -287,7 +293,7 @@ pub fn plan_adamw_multi(
     slots: &[AdamSlot<'_>],
     cfg: &AdamW,
     ctl: Option<DevSlice<'_>>,
-) -> Result<Vec<Launch>> {
+) -> Result<Vec<UserLaunch>> {
     let op = "adamw_multi";
     opt_need(op, "step control", &ctl, DType::F32, ctl::LEN)?;
     let flag = ctl.map(|c| c.slice(ctl::FOUND_INF, 1)).transpose()?;
@@ -328,16 +334,13 @@ pub fn plan_adamw_multi(
         let grid = chunks.min(t.max_blocks(ELEMWISE_BLOCK) as usize) as u32;
         // As plan_adamw per element: param, grad, m, v read; param, m, v written.
         let traffic = Traffic::bytes(4 * elems * 4, 3 * elems * 4).with_flops(12 * elems);
-        out.push(
-            Launch::new(
-                KernelFile::AdamW,
-                "adamw_multi_f32",
-                grid,
-                ELEMWISE_BLOCK,
-                args,
-            )
-            .with_traffic(traffic),
-        );
+        out.push(launch(
+            "adamw_multi_f32",
+            grid,
+            ELEMWISE_BLOCK,
+            args,
+            Some(traffic),
+        ));
     }
     Ok(out)
 }
@@ -350,7 +353,7 @@ pub fn plan_sgd(
     buf: Option<DevSlice<'_>>,
     cfg: &Sgd,
     found_inf: Option<DevSlice<'_>>,
-) -> Result<Option<Launch>> {
+) -> Result<Option<UserLaunch>> {
     plan_sgd_impl(t, param, grad, buf, cfg, found_inf, None)
 }
 
@@ -362,7 +365,7 @@ pub fn plan_sgd_ctl(
     buf: Option<DevSlice<'_>>,
     cfg: &Sgd,
     ctl: DevSlice<'_>,
-) -> Result<Option<Launch>> {
+) -> Result<Option<UserLaunch>> {
     need("sgd", "step control", &ctl, DType::F32, ctl::LEN)?;
     let flag = ctl.slice(ctl::FOUND_INF, 1)?;
     plan_sgd_impl(t, param, grad, buf, cfg, Some(flag), Some(ctl))
@@ -376,7 +379,7 @@ fn plan_sgd_impl(
     cfg: &Sgd,
     found_inf: Option<DevSlice<'_>>,
     ctl: Option<DevSlice<'_>>,
-) -> Result<Option<Launch>> {
+) -> Result<Option<UserLaunch>> {
     let n = param.len();
     need("sgd", "param", &param, DType::F32, n)?;
     need("sgd", "grad", &grad, DType::F32, n)?;
@@ -388,8 +391,7 @@ fn plan_sgd_impl(
     if n == 0 {
         return Ok(None);
     }
-    Ok(Some(Launch::new(
-        KernelFile::AdamW,
+    Ok(Some(launch(
         "sgd_f32",
         t.grid_for(n, ELEMWISE_BLOCK),
         ELEMWISE_BLOCK,
@@ -403,6 +405,7 @@ fn plan_sgd_impl(
                 ..cfg.args(found_inf.map_or(0, |s| s.ptr()))
             }),
         ],
+        None,
     )))
 }
 
@@ -414,14 +417,13 @@ pub fn plan_step_prepare(
     sumsq: DevSlice<'_>,
     max_norm: f32,
     dynamic: bool,
-) -> Result<Launch> {
+) -> Result<UserLaunch> {
     need("step_prepare", "step control", &ctl, DType::F32, ctl::LEN)?;
     need("step_prepare", "sumsq", &sumsq, DType::F32, 1)?;
     if max_norm.is_nan() {
         return Err(CudaError::invalid("step_prepare", "max_norm is NaN"));
     }
-    Ok(Launch::new(
-        KernelFile::AdamW,
+    Ok(launch(
         "step_prepare",
         1,
         32,
@@ -431,6 +433,7 @@ pub fn plan_step_prepare(
             Arg::F32(max_norm),
             Arg::I32(dynamic as i32),
         ],
+        None,
     ))
 }
 
@@ -440,7 +443,7 @@ pub fn plan_step_finish(
     ctl: DevSlice<'_>,
     lr_table: DevSlice<'_>,
     scaler: Option<ScalerCfg>,
-) -> Result<Launch> {
+) -> Result<UserLaunch> {
     need("step_finish", "step control", &ctl, DType::F32, ctl::LEN)?;
     need_dtype("step_finish", "lr table", &lr_table, DType::F32)?;
     if lr_table.is_empty() {
@@ -461,8 +464,7 @@ pub fn plan_step_finish(
             ),
         ));
     }
-    Ok(Launch::new(
-        KernelFile::AdamW,
+    Ok(launch(
         "step_finish",
         1,
         32,
@@ -475,6 +477,7 @@ pub fn plan_step_finish(
             Arg::F32(s.interval as f32),
             Arg::I32(scaler.is_some() as i32),
         ],
+        None,
     ))
 }
 
@@ -490,16 +493,8 @@ pub fn adamw(
     cfg: &AdamW,
     found_inf: Option<DevSlice<'_>>,
 ) -> Result<()> {
-    dev.run_opt(plan_adamw(
-        &dev.target(),
-        param,
-        grad,
-        m,
-        v,
-        copy,
-        cfg,
-        found_inf,
-    )?)
+    let l = plan_adamw(&dev.target(), param, grad, m, v, copy, cfg, found_inf)?;
+    l.map_or(Ok(()), |l| run(dev, &l))
 }
 
 /// AdamW over many parameters on the device (see [`plan_adamw_multi`]).
@@ -510,7 +505,7 @@ pub fn adamw_multi(
     ctl: Option<DevSlice<'_>>,
 ) -> Result<()> {
     for l in plan_adamw_multi(&dev.target(), slots, cfg, ctl)? {
-        dev.launch(&l)?;
+        run(dev, &l)?;
     }
     Ok(())
 }
@@ -527,16 +522,8 @@ pub fn adamw_ctl(
     cfg: &AdamW,
     ctl: DevSlice<'_>,
 ) -> Result<()> {
-    dev.run_opt(plan_adamw_ctl(
-        &dev.target(),
-        param,
-        grad,
-        m,
-        v,
-        copy,
-        cfg,
-        ctl,
-    )?)
+    let l = plan_adamw_ctl(&dev.target(), param, grad, m, v, copy, cfg, ctl)?;
+    l.map_or(Ok(()), |l| run(dev, &l))
 }
 
 /// One SGD step driven by the step control block.
@@ -548,7 +535,8 @@ pub fn sgd_ctl(
     cfg: &Sgd,
     ctl: DevSlice<'_>,
 ) -> Result<()> {
-    dev.run_opt(plan_sgd_ctl(&dev.target(), param, grad, buf, cfg, ctl)?)
+    let l = plan_sgd_ctl(&dev.target(), param, grad, buf, cfg, ctl)?;
+    l.map_or(Ok(()), |l| run(dev, &l))
 }
 
 /// `step_prepare` on the device (see [`plan_step_prepare`]).
@@ -559,7 +547,7 @@ pub fn step_prepare(
     max_norm: f32,
     dynamic: bool,
 ) -> Result<()> {
-    dev.launch(&plan_step_prepare(ctl, sumsq, max_norm, dynamic)?)
+    run(dev, &plan_step_prepare(ctl, sumsq, max_norm, dynamic)?)
 }
 
 /// `step_finish` on the device (see [`plan_step_finish`]).
@@ -569,7 +557,7 @@ pub fn step_finish(
     lr_table: DevSlice<'_>,
     scaler: Option<ScalerCfg>,
 ) -> Result<()> {
-    dev.launch(&plan_step_finish(ctl, lr_table, scaler)?)
+    run(dev, &plan_step_finish(ctl, lr_table, scaler)?)
 }
 
 /// One SGD step on the device.
@@ -581,10 +569,14 @@ pub fn sgd(
     cfg: &Sgd,
     found_inf: Option<DevSlice<'_>>,
 ) -> Result<()> {
-    dev.run_opt(plan_sgd(&dev.target(), param, grad, buf, cfg, found_inf)?)
+    let l = plan_sgd(&dev.target(), param, grad, buf, cfg, found_inf)?;
+    l.map_or(Ok(()), |l| run(dev, &l))
 }
 
-pub(crate) fn samples(t: &LaunchTarget) -> Vec<Launch> {
+/// One sample plan per kernel of the source, built with fake pointers (for the NVRTC check).
+#[cfg(test)]
+pub(super) fn samples(t: &LaunchTarget) -> Vec<UserLaunch> {
+    use sinter_cuda::ops::fake_slice;
     let mut v = Vec::new();
     let n = 1000;
     let f = || fake_slice(DType::F32, n);
@@ -669,6 +661,7 @@ pub(crate) fn samples(t: &LaunchTarget) -> Vec<Launch> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use sinter_cuda::ops::fake_slice;
 
     #[test]
     fn struct_layouts() {
@@ -740,7 +733,7 @@ mod tests {
 
     #[test]
     fn multi_plans_take_32_slots_a_launch_within_the_parameter_limit() {
-        use crate::launch::ParamKind;
+        use sinter_cuda::launch::ParamKind;
         let t = LaunchTarget { sm_count: 4 };
         let cfg = AdamW {
             hyper: sinter_types::AdamW {
