@@ -19,9 +19,10 @@
 //     x (f32 NCHW) at that output pixel, k in the weight's (c, ky, kx) order, each value
 //     quantized with the layer's static mapping (q_byte with inv = 1/scale, zp), a tap in the
 //     padding the zero point (the real value 0), bytes beyond k zero. One thread per 8-byte word.
-// ggml_dequantize_rows(w, ids, out; ty, k, row_bytes, count)
+// ggml_dequantize_rows(w, ids, out; ty, k, row_bytes, count, block_elems, block_bytes)
 //     the GGML kinds (ggml.rs): out[i, c] = value c of row ids[i] of a matrix in a GGML block
-//     format (`ty`: ggml's type id; rows `row_bytes` apart in w's bytes), computed exactly as
+//     format (`ty`: ggml's type id, one of Q8_0, Q4_0, Q4_1, Q4_K, Q6_K; rows `row_bytes` apart
+//     in w's bytes), computed exactly as
 //     sinter_cpu::ggml_quant's blocks dequantize it: f16 scales widened, each product and sum
 //     rounded once (__fmul_rn / __fadd_rn, never contracted into an FMA). One thread a value.
 // qmatmul_f32[_bias](a, w, sums, row_scale, row_zero, w_scale, [bias,] out;
@@ -315,11 +316,11 @@ __device__ __forceinline__ float g_f16(const unsigned char* p) {
     return __half2float(__ushort_as_half((unsigned short)(p[0] | (p[1] << 8))));
 }
 
-// q·d + m and d·q − m, each step rounded once, as the CPU's f32 expressions.
+// d·q + m and d·q − m, each step rounded once, as the CPU's f32 expressions.
 __device__ __forceinline__ float g_mad(float d, int q, float m) { return __fadd_rn(__fmul_rn(d, (float)q), m); }
 __device__ __forceinline__ float g_msub(float d, int q, float m) { return __fadd_rn(__fmul_rn(d, (float)q), -m); }
 
-// Scale and minimum of sub-block j of a Q4_K/Q5_K block from its 12 packed bytes.
+// Scale and minimum of sub-block j of a Q4_K block from its 12 packed bytes.
 __device__ __forceinline__ void g_scale_min_k4(int j, const unsigned char* q, int* sc, int* m) {
     if (j < 4) {
         *sc = q[j] & 63;
@@ -330,12 +331,10 @@ __device__ __forceinline__ void g_scale_min_k4(int j, const unsigned char* q, in
     }
 }
 
-// Value e of the block at b (type ids: ggml's).
+// Value e of the block at b (type ids: ggml's). The kinds a GGML weight holds: those sinter-cpu
+// has dot kernels for (`DOT_TYPES`: Q8_0, Q4_0, Q4_1, Q4_K, Q6_K).
 __device__ float ggml_value(int ty, const unsigned char* b, int e) {
     switch (ty) {
-        case 0: return __int_as_float(b[0] | (b[1] << 8) | (b[2] << 16) | ((int)b[3] << 24));  // F32
-        case 1: return g_f16(b);                                                                  // F16
-        case 30: return __int_as_float((b[0] | (b[1] << 8)) << 16);                              // BF16
         case 2: {  // Q4_0: d, qs[16]; value j low nibble, j + 16 high
             const unsigned char q = b[2 + e % 16];
             return __fmul_rn(g_f16(b), (float)((e < 16 ? q & 0xF : q >> 4) - 8));
@@ -344,36 +343,11 @@ __device__ float ggml_value(int ty, const unsigned char* b, int e) {
             const unsigned char q = b[4 + e % 16];
             return g_mad(g_f16(b), e < 16 ? q & 0xF : q >> 4, g_f16(b + 2));
         }
-        case 6:
-        case 7: {  // Q5_0: d, qh[4], qs[16]; Q5_1: d, m, qh[4], qs[16]
-            const unsigned char* h = b + (ty == 6 ? 2 : 4);
-            const unsigned qh = h[0] | (h[1] << 8) | (h[2] << 16) | ((unsigned)h[3] << 24);
-            const unsigned char q = h[4 + e % 16];
-            const int v = (e < 16 ? q & 0xF : q >> 4) | (((qh >> e) & 1) << 4);
-            return ty == 6 ? __fmul_rn(g_f16(b), (float)(v - 16)) : g_mad(g_f16(b), v, g_f16(b + 2));
-        }
         case 8: return __fmul_rn(g_f16(b), (float)(signed char)b[2 + e]);  // Q8_0: d, qs[32]
-        case 10: {  // Q2_K: scales[16], qs[64], d, dmin; sub-block = half·8 + pass·2 + part
-            const int sb = e / 16, l = e % 16, h = sb / 8, s = (sb % 8) / 2, t = sb % 2;
-            const int sc = b[sb], q = (b[16 + h * 32 + t * 16 + l] >> (2 * s)) & 3;
-            const float dl = __fmul_rn(g_f16(b + 80), (float)(sc & 0xF));
-            return g_msub(dl, q, __fmul_rn(g_f16(b + 82), (float)(sc >> 4)));
-        }
-        case 11: {  // Q3_K: hmask[32], qs[64], scales[12], d; the high bit stored inverted
-            const int sb = e / 16, l = e % 16, h = sb / 8, s = (sb % 8) / 2, t = sb % 2;
-            const unsigned char* S = b + 96;
-            const int low = sb < 8 ? S[sb] & 0xF : S[sb - 8] >> 4;
-            const int sc = (low | (((S[8 + sb % 4] >> (2 * (sb / 4))) & 3) << 4)) - 32;
-            const int q = (b[32 + h * 32 + t * 16 + l] >> (2 * s)) & 3;
-            const int high = ((b[t * 16 + l] >> (h * 4 + s)) & 1) ? 0 : 4;
-            return __fmul_rn(__fmul_rn(g_f16(b + 108), (float)sc), (float)(q - high));
-        }
-        case 12:
-        case 13: {  // Q4_K: d, dmin, scales[12], qs[128]; Q5_K: + qh[32] before qs
+        case 12: {  // Q4_K: d, dmin, scales[12], qs[128]
             const int pair = e / 64, hi = (e % 64) / 32, l = e % 32, j = 2 * pair + hi;
-            const unsigned char* qs = b + (ty == 12 ? 16 : 48);
-            int q = hi ? qs[pair * 32 + l] >> 4 : qs[pair * 32 + l] & 0xF;
-            if (ty == 13) q |= ((b[16 + l] >> j) & 1) << 4;
+            const unsigned char* qs = b + 16;
+            const int q = hi ? qs[pair * 32 + l] >> 4 : qs[pair * 32 + l] & 0xF;
             int sc, m;
             g_scale_min_k4(j, b + 4, &sc, &m);
             return g_msub(__fmul_rn(g_f16(b), (float)sc), q, __fmul_rn(g_f16(b + 2), (float)m));
@@ -393,7 +367,7 @@ extern "C" __global__ void ggml_dequantize_rows(const i64* w64, const i64* ids, 
                                                 i64 row_bytes, i64 count, i64 block_elems, i64 block_bytes) {
     const unsigned char* w = reinterpret_cast<const unsigned char*>(w64);
     for (i64 t = (i64)blockIdx.x * blockDim.x + threadIdx.x; t < count * k; t += (i64)gridDim.x * blockDim.x) {
-        const i64 i = t / k, c = t % k, row = ids ? ids[i] : i;
+        const i64 i = t / k, c = t % k, row = ids[i];
         const unsigned char* blk = w + row * row_bytes + (c / block_elems) * block_bytes;
         out[t] = ggml_value((int)ty, blk, (int)(c % block_elems));
     }
