@@ -30,7 +30,7 @@ use std::ops::Range;
 use std::time::{Duration, Instant};
 
 use sinter_core::{bail, DType, Error, Result, Tensor};
-use sinter_models::{Gpt, GptConfig};
+use sinter_models::{Decoder, DecoderConfig};
 use sinter_nn::module::{join, shared_rng, NamedTensor};
 use sinter_nn::{Dropout, Embedding, Linear, Module, Norm, TransformerBlock};
 
@@ -238,7 +238,7 @@ pub fn partition_layers(n_layer: usize, stages: usize) -> Result<Vec<Range<usize
 
 /// Names and shapes of the parameters stage `s` owns (the last stage's copy of the tied
 /// `wte` is not listed: stage 0 owns it).
-fn owned_specs(cfg: &GptConfig, parts: &[Range<usize>], s: usize) -> Vec<(String, Vec<usize>)> {
+fn owned_specs(cfg: &DecoderConfig, parts: &[Range<usize>], s: usize) -> Vec<(String, Vec<usize>)> {
     let all = gpt_param_specs(cfg);
     let last = parts.len() - 1;
     let mut v: Vec<(String, Vec<usize>)> = Vec::new();
@@ -264,8 +264,8 @@ fn owned_specs(cfg: &GptConfig, parts: &[Range<usize>], s: usize) -> Vec<(String
 
 /// One pipeline stage of the GPT: blocks `layers`, plus the embeddings on the first stage and
 /// `ln_f` and the (tied) head on the last. Parameter names are the full model's.
-pub struct GptStage {
-    pub config: GptConfig,
+pub struct DecoderStage {
+    pub config: DecoderConfig,
     pub stage: usize,
     pub num_stages: usize,
     /// Global indices of this stage's blocks.
@@ -281,11 +281,11 @@ pub struct GptStage {
     drop: Dropout,
 }
 
-impl GptStage {
+impl DecoderStage {
     /// Stage `stage` of `num_stages` built from the full, standard-named weights (copied).
     /// Dropout (if the config has any) draws from a generator seeded per stage.
     pub fn from_named(
-        cfg: &GptConfig,
+        cfg: &DecoderConfig,
         weights: &[(String, Tensor)],
         stage: usize,
         num_stages: usize,
@@ -308,7 +308,7 @@ impl GptStage {
             )?);
         }
         let tied = cfg.arch.tie_head;
-        Ok(GptStage {
+        Ok(DecoderStage {
             config: cfg.clone(),
             stage,
             num_stages,
@@ -413,7 +413,7 @@ impl GptStage {
     }
 }
 
-impl Module for GptStage {
+impl Module for DecoderStage {
     /// Activations out of this stage; on the last stage, the logits `[b, t, V]`.
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let h = self.body(x)?;
@@ -479,7 +479,7 @@ pub struct PipelineStats {
 
 /// Runs one stage of a pipeline-parallel GPT.
 pub struct PipelineGpt {
-    pub stage: GptStage,
+    pub stage: DecoderStage,
     pub schedule: Schedule,
     pub micro_batches: usize,
     comm: Box<dyn Communicator>,
@@ -491,7 +491,7 @@ pub struct PipelineGpt {
 impl PipelineGpt {
     /// This rank's stage (its rank in `comm`, the pipeline group) of a full model.
     pub fn from_gpt(
-        gpt: &Gpt,
+        gpt: &Decoder,
         comm: Box<dyn Communicator>,
         schedule: Schedule,
         micro_batches: usize,
@@ -507,7 +507,7 @@ impl PipelineGpt {
 
     /// This rank's stage built from the full, standard-named weights (copied).
     pub fn from_named(
-        cfg: &GptConfig,
+        cfg: &DecoderConfig,
         weights: &[(String, Tensor)],
         mut comm: Box<dyn Communicator>,
         schedule: Schedule,
@@ -518,7 +518,7 @@ impl PipelineGpt {
         }
         let (s, p) = (comm.rank(), comm.world_size());
         let parts = partition_layers(cfg.n_layer, p)?;
-        let stage = GptStage::from_named(cfg, weights, s, p)?;
+        let stage = DecoderStage::from_named(cfg, weights, s, p)?;
         // Only a tied head has a second copy of `wte` on the last stage to keep in step.
         let tied = if p > 1 && cfg.arch.tie_head && (s == 0 || s == p - 1) {
             Some(comm.new_group(&[0, p - 1]).map_err(comm_err)?)
@@ -698,7 +698,7 @@ impl PipelineGpt {
 
     /// Full tensors from every stage: `local(name, param)` gives the values of something laid
     /// out like this stage's parameter `name` (weight, gradient, optimizer state). Collective
-    /// over the pipeline group; standard names, `Gpt::parameters()` order.
+    /// over the pipeline group; standard names, `Decoder::parameters()` order.
     pub fn gather_with(
         &mut self,
         local_of: &dyn Fn(&str, &Tensor) -> Result<Vec<f32>>,
@@ -752,7 +752,7 @@ impl PipelineGpt {
             .collect()
     }
 
-    /// The full model's weights under the standard names, in `Gpt::parameters()` order
+    /// The full model's weights under the standard names, in `Decoder::parameters()` order
     /// (collective over the pipeline group; every stage gets them).
     pub fn gather_weights(&mut self) -> Result<Vec<(String, Tensor)>> {
         self.gather(false)

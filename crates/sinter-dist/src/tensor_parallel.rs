@@ -24,7 +24,7 @@
 //! all-reduce forward, identity backward) after each row-parallel layer. That is one all-reduce per
 //! sub-layer in forward and one in backward.
 //!
-//! [`TpGpt`] is built by slicing a full [`Gpt`] (or its named weights), and
+//! [`TpGpt`] is built by slicing a full [`Decoder`] (or its named weights), and
 //! [`TpGpt::gather_weights`] / [`TpGpt::gather_grads`] put the shards back together under the
 //! standard names (`blocks.0.attn.qkv.weight`, …), so checkpoints do not depend on the layout.
 
@@ -33,7 +33,7 @@ use std::ops::Range;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use sinter_core::{bail, with_custom_backward, DType, Device, Error, Result, Tensor};
-use sinter_models::{Gpt, GptConfig};
+use sinter_models::{Decoder, DecoderConfig};
 use sinter_nn::module::{join, shared_rng, NamedTensor, TensorKind};
 use sinter_nn::{BlockConfig, Embedding, Linear, Module, Norm, NormKind, TransformerBlock};
 
@@ -73,14 +73,14 @@ pub(crate) fn f32_tensor(data: Vec<f32>, shape: &[usize]) -> Result<Tensor> {
 // Parameter layout of the GPT
 // ---------------------------------------------------------------------------------------------
 
-/// Names and shapes of the GPT's parameters, in the order `Gpt::parameters()` lists them
-/// (`GptConfig::param_specs`, the model's own list).
-pub fn gpt_param_specs(cfg: &GptConfig) -> Vec<(String, Vec<usize>)> {
+/// Names and shapes of the GPT's parameters, in the order `Decoder::parameters()` lists them
+/// (`DecoderConfig::param_specs`, the model's own list).
+pub fn gpt_param_specs(cfg: &DecoderConfig) -> Vec<(String, Vec<usize>)> {
     cfg.param_specs()
 }
 
 /// Names and shapes of block `i`'s parameters, in `TransformerBlock::collect`'s order.
-pub(crate) fn block_param_specs(cfg: &GptConfig, i: usize) -> Vec<(String, Vec<usize>)> {
+pub(crate) fn block_param_specs(cfg: &DecoderConfig, i: usize) -> Vec<(String, Vec<usize>)> {
     cfg.block_param_specs(i)
 }
 
@@ -90,7 +90,7 @@ pub(crate) struct WeightSource<'a> {
 }
 
 impl<'a> WeightSource<'a> {
-    pub(crate) fn new(cfg: &GptConfig, weights: &'a [(String, Tensor)]) -> Result<Self> {
+    pub(crate) fn new(cfg: &DecoderConfig, weights: &'a [(String, Tensor)]) -> Result<Self> {
         let map: HashMap<&str, &Tensor> = weights.iter().map(|(n, t)| (n.as_str(), t)).collect();
         for (name, shape) in gpt_param_specs(cfg) {
             match map.get(name.as_str()) {
@@ -120,7 +120,13 @@ impl<'a> WeightSource<'a> {
         new_var(d, &s)
     }
     /// Rank `r`'s shard (of `tp`) of `name`, laid out as [`Shard::of`] says, as a new variable.
-    pub(crate) fn shard(&self, cfg: &GptConfig, name: &str, tp: usize, r: usize) -> Result<Tensor> {
+    pub(crate) fn shard(
+        &self,
+        cfg: &DecoderConfig,
+        name: &str,
+        tp: usize,
+        r: usize,
+    ) -> Result<Tensor> {
         let (full, shape) = self.data(name)?;
         let s = Shard::of(cfg, name);
         new_var(s.slice(&full, &shape, tp, r)?, &s.local_shape(&shape, tp))
@@ -159,7 +165,7 @@ pub enum Shard {
 
 impl Shard {
     /// The layout of the GPT parameter `name` under tensor parallelism.
-    pub fn of(cfg: &GptConfig, name: &str) -> Shard {
+    pub fn of(cfg: &DecoderConfig, name: &str) -> Shard {
         let leaf = name
             .rsplit_once("blocks.")
             .map(|(_, r)| r.split_once('.').map_or(r, |(_, l)| l))
@@ -464,7 +470,7 @@ pub fn vocab_parallel_cross_entropy(
 /// Checks that `cfg` can be split over `tp` ranks: whole query and key/value heads, MLP
 /// columns and vocabulary rows per rank, no dropout. Every block shape (GPT-2's and the
 /// Llama family's) is sharded.
-pub fn check_tp_config(cfg: &GptConfig, tp: usize) -> Result<()> {
+pub fn check_tp_config(cfg: &DecoderConfig, tp: usize) -> Result<()> {
     if tp == 0 {
         bail!("tensor parallel: the group size must be at least 1");
     }
@@ -490,7 +496,7 @@ pub fn check_tp_config(cfg: &GptConfig, tp: usize) -> Result<()> {
 
 /// The configuration of one rank's shard of block `layer`: its share of the query heads,
 /// key/value heads and MLP columns; everything else as in the full block.
-fn local_block_config(cfg: &GptConfig, layer: usize, tp: usize) -> BlockConfig {
+fn local_block_config(cfg: &DecoderConfig, layer: usize, tp: usize) -> BlockConfig {
     let mut b = cfg.layer_config(layer);
     b.n_head /= tp;
     b.n_kv_head /= tp;
@@ -518,7 +524,7 @@ pub struct TpBlock {
 impl TpBlock {
     /// Block `i` of `cfg` for this rank, from the full weights in `src`.
     fn from_source(
-        cfg: &GptConfig,
+        cfg: &DecoderConfig,
         i: usize,
         src: &WeightSource,
         comm: &SharedComm,
@@ -617,7 +623,7 @@ impl Module for TpBlock {
 /// with this rank's shard as value ([`Shard::of`] gives each one's layout), so an optimizer
 /// over [`Module::parameters`] updates the shards and its state is sharded alike.
 pub struct TpGpt {
-    pub config: GptConfig,
+    pub config: DecoderConfig,
     /// This rank's token-embedding rows (also the tied output head's rows).
     pub wte: Embedding,
     /// The learned position table (replicated); None with rotary positions.
@@ -633,7 +639,7 @@ pub struct TpGpt {
 
 impl TpGpt {
     /// Slices a full model for this rank of the tensor-parallel group `comm`.
-    pub fn from_gpt(gpt: &Gpt, comm: Box<dyn Communicator>) -> Result<Self> {
+    pub fn from_gpt(gpt: &Decoder, comm: Box<dyn Communicator>) -> Result<Self> {
         let weights = gpt.parameters();
         Self::from_named(&gpt.config, &weights, comm)
     }
@@ -641,7 +647,7 @@ impl TpGpt {
     /// Slices the full, standard-named weights of a GPT with config `cfg` (the weights are
     /// copied; they may be shared by the threads of all ranks).
     pub fn from_named(
-        cfg: &GptConfig,
+        cfg: &DecoderConfig,
         weights: &[(String, Tensor)],
         comm: Box<dyn Communicator>,
     ) -> Result<Self> {
@@ -848,7 +854,7 @@ impl TpGpt {
         Shard::of(&self.config, name).slice(full, shape, self.tp_size, self.tp_rank)
     }
 
-    /// The full weights under the standard names, in `Gpt::parameters()` order (collective:
+    /// The full weights under the standard names, in `Decoder::parameters()` order (collective:
     /// every rank of the group calls it and gets the same result).
     pub fn gather_weights(&self) -> Result<Vec<(String, Tensor)>> {
         self.gather(false)
@@ -930,7 +936,7 @@ mod tests {
             Shard::Cols.slice(&full, &[3, 4], 2, 1).unwrap(),
             vec![2.0, 3.0, 6.0, 7.0, 10.0, 11.0]
         );
-        let gpt2 = GptConfig::default();
+        let gpt2 = DecoderConfig::default();
         let c = gpt2.n_embd;
         assert_eq!(
             Shard::of(&gpt2, "blocks.3.attn.qkv.bias"),
@@ -944,7 +950,7 @@ mod tests {
         assert_eq!(Shard::of(&gpt2, "blocks.1.mlp.fc.weight"), Shard::Rows);
         assert_eq!(Shard::of(&gpt2, "wte.weight"), Shard::Rows);
         assert_eq!(Shard::of(&gpt2, "wpe.weight"), Shard::Replicated);
-        let llama = GptConfig::preset("llama-tiny").unwrap();
+        let llama = DecoderConfig::preset("llama-tiny").unwrap();
         // 4 heads of 32, 2 kv heads; SwiGLU's gate and up of 344 each.
         assert_eq!(
             Shard::of(&llama, "blocks.0.attn.qkv.weight"),

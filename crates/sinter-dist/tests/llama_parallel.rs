@@ -17,7 +17,7 @@ use sinter_dist::{
     run_on_threads, Communicator, DataParallel, ShardedAlgo, ThreadGroup, ZeroOptimizer,
     ZeroOptions,
 };
-use sinter_models::{DecoderArch, Gpt, GptConfig};
+use sinter_models::{Decoder, DecoderArch, DecoderConfig};
 use sinter_nn::module::shared_rng;
 use sinter_nn::{AdamW, Module, Optimizer, Sgd};
 
@@ -40,8 +40,8 @@ const GRAD_TOL: f64 = 1e-5;
 const WEIGHT_L2_TOL: f64 = 1e-4;
 const WEIGHT_TOL: f64 = 1e-2;
 
-fn llama_tiny() -> GptConfig {
-    GptConfig::preset("llama-tiny").expect("llama-tiny is a preset")
+fn llama_tiny() -> DecoderConfig {
+    DecoderConfig::preset("llama-tiny").expect("llama-tiny is a preset")
 }
 
 /// One rank's run: initial weights, batches, and what serial training gives.
@@ -54,7 +54,7 @@ struct Fixture {
     weights: Named,
 }
 
-fn loss_of(gpt: &Gpt, ids: &Tensor, tg: &Tensor) -> Tensor {
+fn loss_of(gpt: &Decoder, ids: &Tensor, tg: &Tensor) -> Tensor {
     let n = ids.numel();
     gpt.forward(ids)
         .unwrap()
@@ -65,8 +65,8 @@ fn loss_of(gpt: &Gpt, ids: &Tensor, tg: &Tensor) -> Tensor {
 }
 
 /// A GPT of `cfg` holding a private copy of `init`.
-fn model_from(cfg: &GptConfig, init: &Named) -> Gpt {
-    let gpt = Gpt::new(cfg.clone(), &mut Rng::new(0), &shared_rng(0)).unwrap();
+fn model_from(cfg: &DecoderConfig, init: &Named) -> Decoder {
+    let gpt = Decoder::new(cfg.clone(), &mut Rng::new(0), &shared_rng(0)).unwrap();
     for ((n, p), (m, w)) in gpt.parameters().iter().zip(init) {
         assert_eq!(n, m);
         p.assign(w).unwrap();
@@ -93,7 +93,7 @@ impl Opt {
     }
 }
 
-fn fixture_for(cfg: &GptConfig, opt: Opt) -> Fixture {
+fn fixture_for(cfg: &DecoderConfig, opt: Opt) -> Fixture {
     let (init, batches) = setup(cfg, BATCH, STEPS);
     let gpt = model_from(cfg, &init);
     let mut opt = opt.over(gpt.parameters());
@@ -239,7 +239,7 @@ fn llama_tiny_zero_2_stages_1_and_2_equal_one_rank() {
 
 /// Tensor parallel over 2 ranks from `f.init`: (gathered logits of the first batch, losses,
 /// first step's gathered gradients, gathered weights after the steps) per rank.
-fn tp2(cfg: &GptConfig, f: &Fixture, opt: Opt) -> Vec<(Tensor, Vec<f32>, Named, Named)> {
+fn tp2(cfg: &DecoderConfig, f: &Fixture, opt: Opt) -> Vec<(Tensor, Vec<f32>, Named, Named)> {
     run_on_threads(2, T, |c| {
         let model = TpGpt::from_named(cfg, &f.init, Box::new(c)).unwrap();
         // Slicing then gathering gives back the exact full weights.
@@ -305,7 +305,7 @@ fn llama_tiny_tensor_parallel_2_equals_one_rank() {
 fn tensor_parallel_shards_qk_norm_and_qkv_bias() {
     // Qwen3's QK-norm (replicated weights seen by each rank's heads only) and Qwen2's qkv
     // bias (sharded with the heads) on llama-tiny's grouped-query block.
-    let cfg = GptConfig {
+    let cfg = DecoderConfig {
         n_layer: 2,
         block_size: 16,
         arch: DecoderArch {
@@ -347,7 +347,7 @@ fn tensor_parallel_refuses_kv_heads_that_do_not_split() {
         Box::new(ThreadGroup::with_timeout(n, Duration::from_secs(2)).swap_remove(0))
     };
     // Multi-query: 4 query heads share 1 kv head, which 2 ranks cannot split.
-    let mqa = GptConfig {
+    let mqa = DecoderConfig {
         arch: DecoderArch {
             n_kv_head: Some(1),
             ..llama_tiny().arch

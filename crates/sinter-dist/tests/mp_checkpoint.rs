@@ -17,7 +17,7 @@ use sinter_core::{Result, Rng, Tensor};
 use sinter_dist::pipeline::{ParallelSpec, ParallelTrainer, Schedule};
 use sinter_dist::run_on_threads;
 use sinter_dist::tensor_parallel::{snapshot_parameters, IGNORE_INDEX};
-use sinter_models::{Gpt, GptConfig};
+use sinter_models::{Decoder, DecoderConfig};
 use sinter_nn::module::shared_rng;
 use sinter_nn::{AdamW, Module, Optimizer, Sgd};
 
@@ -26,8 +26,8 @@ const LR: f64 = 3e-3;
 /// See tests/tp_gpt.rs: AdamW amplifies f32 rounding differences of near-zero gradients.
 const WEIGHT_TOL: f64 = 2e-4;
 
-fn config() -> GptConfig {
-    GptConfig {
+fn config() -> DecoderConfig {
+    DecoderConfig {
         n_layer: 2,
         n_head: 4,
         n_embd: 32,
@@ -61,7 +61,7 @@ struct Ckpt {
 
 /// Trains under `sp` from `start` (weights and, if given, optimizer state) on `batches`.
 fn run(
-    cfg: &GptConfig,
+    cfg: &DecoderConfig,
     sp: &ParallelSpec,
     start: &Named,
     state: Option<(&Named, u64)>,
@@ -212,13 +212,13 @@ fn sgd(p: Named) -> Result<Box<dyn Optimizer>> {
 
 /// Serial SGD with `clip_grad_norm`; returns the weights and the norm of each step.
 fn serial_clipped(
-    cfg: &GptConfig,
+    cfg: &DecoderConfig,
     init: &Named,
     batches: &[(Tensor, Tensor)],
     m: usize,
     clip: Option<f64>,
 ) -> (Named, Vec<f64>) {
-    let gpt = Gpt::new(cfg.clone(), &mut Rng::new(0), &shared_rng(0)).unwrap();
+    let gpt = Decoder::new(cfg.clone(), &mut Rng::new(0), &shared_rng(0)).unwrap();
     for ((_, p), (_, w)) in gpt.parameters().iter().zip(init) {
         p.assign(w).unwrap();
     }

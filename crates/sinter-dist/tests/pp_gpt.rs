@@ -15,7 +15,7 @@ use sinter_dist::pipeline::{
 };
 use sinter_dist::tensor_parallel::{snapshot_parameters, IGNORE_INDEX};
 use sinter_dist::{run_on_threads, ThreadGroup};
-use sinter_models::{Gpt, GptConfig};
+use sinter_models::{Decoder, DecoderConfig};
 use sinter_nn::module::shared_rng;
 use sinter_nn::{AdamW, Module, Optimizer};
 
@@ -30,8 +30,8 @@ const WD: f64 = 0.1;
 const WEIGHT_TOL: f64 = 1e-4;
 const BATCH: usize = 8;
 
-fn config() -> GptConfig {
-    GptConfig {
+fn config() -> DecoderConfig {
+    DecoderConfig {
         n_layer: 4,
         n_head: 4,
         n_embd: 32,
@@ -42,7 +42,7 @@ fn config() -> GptConfig {
     }
 }
 
-fn setup(cfg: &GptConfig, b: usize, n: usize) -> (Named, Vec<(Tensor, Tensor)>) {
+fn setup(cfg: &DecoderConfig, b: usize, n: usize) -> (Named, Vec<(Tensor, Tensor)>) {
     gpt_common::setup_with(cfg, b, n, 11, 5)
 }
 
@@ -52,8 +52,8 @@ struct Serial {
     weights: Named,
 }
 
-fn serial(cfg: &GptConfig, init: &Named, batches: &[(Tensor, Tensor)]) -> Serial {
-    let gpt = Gpt::new(cfg.clone(), &mut Rng::new(0), &shared_rng(0)).unwrap();
+fn serial(cfg: &DecoderConfig, init: &Named, batches: &[(Tensor, Tensor)]) -> Serial {
+    let gpt = Decoder::new(cfg.clone(), &mut Rng::new(0), &shared_rng(0)).unwrap();
     for ((n, p), (m, w)) in gpt.parameters().iter().zip(init) {
         assert_eq!(n, m);
         p.assign(w).unwrap();
@@ -259,11 +259,11 @@ fn pp_bad_configs_are_errors_not_hangs() {
         Box::new(ThreadGroup::with_timeout(n, Duration::from_secs(2)).swap_remove(r))
     };
     // Fewer layers than stages.
-    let small = GptConfig {
+    let small = DecoderConfig {
         n_layer: 2,
         ..cfg.clone()
     };
-    let gpt = Gpt::new(small.clone(), &mut Rng::new(1), &shared_rng(1)).unwrap();
+    let gpt = Decoder::new(small.clone(), &mut Rng::new(1), &shared_rng(1)).unwrap();
     for r in 0..4 {
         let e = PipelineGpt::from_gpt(&gpt, comm(4, r), Schedule::OneFOneB, 4)
             .err()
@@ -330,7 +330,7 @@ fn pp_bad_configs_are_errors_not_hangs() {
 /// AdamW steps (tensor parallel: tests/llama_parallel.rs).
 #[test]
 fn pp_runs_the_llama_block_like_one_rank() {
-    let cfg = GptConfig {
+    let cfg = DecoderConfig {
         arch: sinter_models::DecoderArch {
             n_kv_head: Some(2),
             mlp_hidden: Some(48),

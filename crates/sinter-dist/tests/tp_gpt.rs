@@ -15,7 +15,7 @@ use sinter_dist::tensor_parallel::{
     TpGpt, IGNORE_INDEX,
 };
 use sinter_dist::{run_on_threads, Communicator, ThreadGroup};
-use sinter_models::{Gpt, GptConfig};
+use sinter_models::{Decoder, DecoderConfig};
 use sinter_nn::module::shared_rng;
 use sinter_nn::{AdamW, Module, Optimizer};
 
@@ -29,8 +29,8 @@ const WD: f64 = 0.1;
 /// shows up between serial and plain data-parallel training, which only reorders sums).
 const WEIGHT_TOL: f64 = 1e-4;
 
-fn config() -> GptConfig {
-    GptConfig {
+fn config() -> DecoderConfig {
+    DecoderConfig {
         n_layer: 2,
         n_head: 4,
         n_embd: 32,
@@ -53,8 +53,8 @@ struct Serial {
     weights: Named,
 }
 
-fn serial(cfg: &GptConfig, init: &Named, batches: &[(Tensor, Tensor)]) -> Serial {
-    let gpt = Gpt::new(cfg.clone(), &mut Rng::new(0), &shared_rng(0)).unwrap();
+fn serial(cfg: &DecoderConfig, init: &Named, batches: &[(Tensor, Tensor)]) -> Serial {
+    let gpt = Decoder::new(cfg.clone(), &mut Rng::new(0), &shared_rng(0)).unwrap();
     for ((n, p), (m, w)) in gpt.parameters().iter().zip(init) {
         assert_eq!(n, m);
         p.assign(w).unwrap();
@@ -275,7 +275,7 @@ fn tp_bad_configs_are_errors() {
     };
     let base = config();
     let (init, _) = setup(&base, 1, 0);
-    let err = |cfg: &GptConfig, w: &Named, n: usize| -> String {
+    let err = |cfg: &DecoderConfig, w: &Named, n: usize| -> String {
         match TpGpt::from_named(cfg, w, comm(n)) {
             Ok(_) => panic!("tp={n} with {cfg:?} should be rejected"),
             Err(e) => e.to_string(),
@@ -285,15 +285,15 @@ fn tp_bad_configs_are_errors() {
     let e = err(&base, &init, 3);
     assert!(e.contains("heads") && e.contains("3"), "{e}");
     // Heads divide but the vocabulary does not.
-    let cfg = GptConfig {
+    let cfg = DecoderConfig {
         vocab_size: 66,
         ..base.clone()
     };
-    let gpt = Gpt::new(cfg.clone(), &mut Rng::new(1), &shared_rng(1)).unwrap();
+    let gpt = Decoder::new(cfg.clone(), &mut Rng::new(1), &shared_rng(1)).unwrap();
     let e = err(&cfg, &gpt.parameters(), 4);
     assert!(e.contains("vocabulary"), "{e}");
     // Dropout would need synchronised generators.
-    let cfg = GptConfig {
+    let cfg = DecoderConfig {
         dropout: 0.1,
         ..base.clone()
     };
@@ -301,7 +301,7 @@ fn tp_bad_configs_are_errors() {
     // Weights that do not belong to the config.
     let e = err(&base, &init[1..].to_vec(), 2);
     assert!(e.contains("wte.weight") && e.contains("missing"), "{e}");
-    let cfg = GptConfig {
+    let cfg = DecoderConfig {
         n_layer: 3,
         ..base.clone()
     };

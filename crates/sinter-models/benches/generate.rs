@@ -17,17 +17,17 @@ mod common;
 
 use common::{budget, machine_line, rounds, time_it, Stats};
 use sinter_core::Rng;
-use sinter_models::gpt::{ContextPolicy, GenerateOptions, GptSequence, SamplingParams};
-use sinter_models::{Gpt, GptConfig};
+use sinter_models::decoder::{ContextPolicy, DecoderSequence, GenerateOptions, SamplingParams};
+use sinter_models::{Decoder, DecoderConfig};
 use sinter_nn::module::shared_rng;
 use sinter_nn::Module;
 
-fn model(preset: &str, block_size: usize) -> Gpt {
-    let cfg = GptConfig {
+fn model(preset: &str, block_size: usize) -> Decoder {
+    let cfg = DecoderConfig {
         block_size,
-        ..GptConfig::preset(preset).unwrap()
+        ..DecoderConfig::preset(preset).unwrap()
     };
-    let m = Gpt::new(cfg, &mut Rng::new(0), &shared_rng(0)).unwrap();
+    let m = Decoder::new(cfg, &mut Rng::new(0), &shared_rng(0)).unwrap();
     m.set_training(false);
     m
 }
@@ -87,7 +87,7 @@ fn single() {
 }
 
 /// n sequences with `cached` positions each, ready to decode.
-fn sequences(m: &Gpt, n: usize, cached: usize) -> Vec<GptSequence> {
+fn sequences(m: &Decoder, n: usize, cached: usize) -> Vec<DecoderSequence> {
     let v = m.config.vocab_size;
     (0..n)
         .map(|i| {
@@ -115,7 +115,7 @@ fn batch() {
         "| model | n | step median ms | tokens/s (median) | tokens/s (best) | vs n = 1 | steps |"
     );
     println!("|---|---:|---:|---:|---:|---:|---:|");
-    // "packed": the weights packed once for the GEMMs (`Gpt::pack_weights`, as the server).
+    // "packed": the weights packed once for the GEMMs (`Decoder::pack_weights`, as the server).
     for (preset, packed, sizes) in [
         ("gpt-tiny", false, &[1usize, 4, 16, 64][..]),
         ("gpt-tiny", true, &[1usize, 4, 16, 64][..]),
@@ -142,7 +142,7 @@ fn batch() {
                         seqs = sequences(&m, n, 32);
                         steps = 0;
                     }
-                    let mut refs: Vec<&mut GptSequence> = seqs.iter_mut().collect();
+                    let mut refs: Vec<&mut DecoderSequence> = seqs.iter_mut().collect();
                     std::hint::black_box(m.decode(&mut refs).unwrap());
                     for s in refs {
                         s.push(2);

@@ -23,7 +23,7 @@ use safetensors::tensor::{Dtype, SafeTensors};
 use sinter_core::{DType, Device, Rng, Tensor};
 use sinter_models::hf_gpt2::hf_gpt2_config_json;
 use sinter_models::hf_gpt2::hf_gpt2_name;
-use sinter_models::{hf_gpt2_config, load_hf_gpt2, save_hf_gpt2, Gpt};
+use sinter_models::{hf_gpt2_config, load_hf_gpt2, save_hf_gpt2, Decoder};
 use sinter_nn::module::shared_rng;
 use sinter_nn::Module;
 
@@ -98,7 +98,7 @@ fn run() -> AnyResult<bool> {
     let weights = dir.join("model.safetensors");
     let config = hf_gpt2_config(&weights, None)?;
     eprintln!("config from {}: {config:?}", weights.display());
-    let model = Gpt::new(config.clone(), &mut Rng::new(0), &shared_rng(0))?;
+    let model = Decoder::new(config.clone(), &mut Rng::new(0), &shared_rng(0))?;
     load_hf_gpt2(&weights, &model)?;
     model.set_training(false);
     if let Some(out) = &export {

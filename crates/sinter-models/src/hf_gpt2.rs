@@ -1,4 +1,4 @@
-//! GPT-2 weights in Hugging Face's safetensors layout, to and from [`Gpt`].
+//! GPT-2 weights in Hugging Face's safetensors layout, to and from [`Decoder`].
 //!
 //! Hugging Face names (optionally prefixed `transformer.`, as `GPT2LMHeadModel` saves them):
 //!
@@ -22,12 +22,12 @@ use safetensors::tensor::{SafeTensors, TensorView};
 use sinter_core::{bail, Error, Result, Tensor};
 use sinter_nn::{Module, TensorKind};
 
-use crate::gpt::{Gpt, GptConfig};
+use crate::decoder::{Decoder, DecoderConfig};
 use crate::hf_file;
 
 const PREFIX: &str = "transformer.";
 
-/// The Hugging Face name of one of [`Gpt`]'s tensors, and whether it is a Conv1D weight
+/// The Hugging Face name of one of [`Decoder`]'s tensors, and whether it is a Conv1D weight
 /// (stored transposed, `[in, out]`). `None` for a name GPT-2 does not have.
 pub fn hf_gpt2_name(ours: &str) -> Option<(String, bool)> {
     match ours {
@@ -82,7 +82,7 @@ fn by_hf_name<'a>(st: &'a SafeTensors<'a>) -> Result<BTreeMap<String, TensorView
 /// `GPT2Model`) into `model`, transposing the Conv1D weights. Every tensor is checked first —
 /// names, shapes (the error names the tensor and both shapes), nothing missing, nothing
 /// unexpected — and the model is changed only if all of them fit.
-pub fn load_hf_gpt2(path: impl AsRef<Path>, model: &Gpt) -> Result<()> {
+pub fn load_hf_gpt2(path: impl AsRef<Path>, model: &Decoder) -> Result<()> {
     let path = path.as_ref();
     let bytes = hf_file::read(path, WHAT)?;
     load_hf_gpt2_bytes(&bytes, model)
@@ -90,7 +90,7 @@ pub fn load_hf_gpt2(path: impl AsRef<Path>, model: &Gpt) -> Result<()> {
 }
 
 /// [`load_hf_gpt2`] from the bytes of a safetensors file.
-pub fn load_hf_gpt2_bytes(bytes: &[u8], model: &Gpt) -> Result<()> {
+pub fn load_hf_gpt2_bytes(bytes: &[u8], model: &Decoder) -> Result<()> {
     let st = hf_file::parse(bytes, Path::new("the data"))?;
     let mut file = by_hf_name(&st)?;
     let mut problems = Vec::new();
@@ -183,7 +183,7 @@ pub fn load_hf_gpt2_bytes(bytes: &[u8], model: &Gpt) -> Result<()> {
 /// The safetensors bytes of `model` in Hugging Face's GPT-2 layout (`transformer.`-prefixed,
 /// Conv1D weights transposed, no `lm_head.weight` since it is tied), with the metadata
 /// `format = pt` that `transformers` requires, and `n_head`.
-pub fn hf_gpt2_bytes(model: &Gpt) -> Result<Vec<u8>> {
+pub fn hf_gpt2_bytes(model: &Decoder) -> Result<Vec<u8>> {
     let mut tensors = Vec::new();
     for nt in model.named_tensors() {
         let Some((hf, conv1d)) = hf_gpt2_name(&nt.name) else {
@@ -207,16 +207,16 @@ pub fn hf_gpt2_bytes(model: &Gpt) -> Result<Vec<u8>> {
 
 /// Saves `model` as a Hugging Face GPT-2 `model.safetensors` (see [`hf_gpt2_bytes`]),
 /// atomically: a temporary file in the same directory, fsynced, then renamed over `path`.
-pub fn save_hf_gpt2(model: &Gpt, path: impl AsRef<Path>) -> Result<()> {
+pub fn save_hf_gpt2(model: &Decoder, path: impl AsRef<Path>) -> Result<()> {
     hf_file::write_atomic(path.as_ref(), &hf_gpt2_bytes(model)?)
 }
 
-/// The [`GptConfig`] of a Hugging Face GPT-2 safetensors file, from its shapes: layers
+/// The [`DecoderConfig`] of a Hugging Face GPT-2 safetensors file, from its shapes: layers
 /// (`h.{i}`), width and vocabulary (`wte`), context (`wpe`). The head count is not in the
 /// shapes: it comes from the file's `n_head` metadata if present, else `n_head`, else the
 /// `"n_head"` of a `config.json` beside the file (as `save_pretrained` writes), else
 /// width / 64 (every published GPT-2 size has 64-wide heads).
-pub fn hf_gpt2_config(path: impl AsRef<Path>, n_head: Option<usize>) -> Result<GptConfig> {
+pub fn hf_gpt2_config(path: impl AsRef<Path>, n_head: Option<usize>) -> Result<DecoderConfig> {
     let path = path.as_ref();
     let bytes = hf_file::read(path, WHAT)?;
     let (_, meta) = SafeTensors::read_metadata(&bytes).map_err(|e| {
@@ -267,19 +267,19 @@ pub fn hf_gpt2_config(path: impl AsRef<Path>, n_head: Option<usize>) -> Result<G
         .or(n_head)
         .or_else(from_json)
         .unwrap_or((wte[1] / 64).max(1));
-    Ok(GptConfig {
+    Ok(DecoderConfig {
         n_layer,
         n_head,
         n_embd: wte[1],
         block_size: wpe[0],
         vocab_size: wte[0],
-        ..GptConfig::preset("gpt2").expect("preset")
+        ..DecoderConfig::preset("gpt2").expect("preset")
     })
 }
 
 /// A Hugging Face `config.json` for `GPT2LMHeadModel` with this config, so a directory with
 /// it and [`save_hf_gpt2`]'s `model.safetensors` loads with `from_pretrained`.
-pub fn hf_gpt2_config_json(c: &GptConfig) -> String {
+pub fn hf_gpt2_config_json(c: &DecoderConfig) -> String {
     format!(
         r#"{{
   "architectures": ["GPT2LMHeadModel"],

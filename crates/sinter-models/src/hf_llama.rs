@@ -1,6 +1,6 @@
 //! Llama-family decoders (Llama 2/3.x, Mistral, Qwen2/2.5, Qwen3, SmolLM2) in Hugging Face's
-//! layout: `config.json` → `GptConfig`, safetensors (one file or sharded with
-//! `model.safetensors.index.json`; f32, bf16, f16) → a `Gpt` with the Llama block, and back
+//! layout: `config.json` → `DecoderConfig`, safetensors (one file or sharded with
+//! `model.safetensors.index.json`; f32, bf16, f16) → a `Decoder` with the Llama block, and back
 //! (`save_hf_llama`, what `save_pretrained` writes).
 //!
 //! | Hugging Face | sinter |
@@ -24,8 +24,8 @@ use sinter_core::{bail, no_grad, DType, Error, Result, Tensor};
 use sinter_nn::module::shared_rng;
 use sinter_nn::{MlpKind, Module, NormKind, RopeConfig, RopeScaling};
 
+use crate::decoder::{Decoder, DecoderArch, DecoderConfig};
 use crate::gguf;
-use crate::gpt::{DecoderArch, Gpt, GptConfig};
 use crate::hf_file;
 
 const WHAT: &str = "Llama-family";
@@ -207,10 +207,10 @@ fn rope_of(cfg: &Value, src: &str) -> Result<RopeConfig> {
     Ok(rope)
 }
 
-/// The `GptConfig` (Llama block) of a Hugging Face `config.json`. `src` names the file in
+/// The `DecoderConfig` (Llama block) of a Hugging Face `config.json`. `src` names the file in
 /// messages. Fields that would change the computation and that this loader does not know
 /// are refused by name rather than ignored.
-pub fn llama_config_from_hf_json(cfg: &Value, src: &str) -> Result<GptConfig> {
+pub fn llama_config_from_hf_json(cfg: &Value, src: &str) -> Result<DecoderConfig> {
     let fam = family(cfg, src)?;
     let Some(obj) = cfg.as_object() else {
         bail!("{src}: expected a JSON object");
@@ -251,7 +251,7 @@ pub fn llama_config_from_hf_json(cfg: &Value, src: &str) -> Result<GptConfig> {
         }
     }
     let attention_bias = bool_field(cfg, "attention_bias", false, src)?;
-    let config = GptConfig {
+    let config = DecoderConfig {
         n_layer,
         n_head: heads,
         n_embd: width,
@@ -311,7 +311,7 @@ fn qwen_full_attention_layers(cfg: &Value, n_layer: usize, src: &str) -> Result<
 }
 
 /// The family name a config is written back under.
-fn family_of(c: &GptConfig) -> (&'static str, &'static str) {
+fn family_of(c: &DecoderConfig) -> (&'static str, &'static str) {
     match (c.arch.qk_norm, c.arch.qkv_bias && !c.arch.out_bias) {
         (true, _) => FAMILIES[3],
         (false, true) => FAMILIES[2],
@@ -321,7 +321,7 @@ fn family_of(c: &GptConfig) -> (&'static str, &'static str) {
 }
 
 /// `config.json` for `c` as transformers writes it.
-pub fn hf_llama_config_json(c: &GptConfig) -> Result<Value> {
+pub fn hf_llama_config_json(c: &DecoderConfig) -> Result<Value> {
     let act = match c.arch.mlp {
         MlpKind::SwiGlu => "silu",
         MlpKind::GeGlu => "gelu_pytorch_tanh",
@@ -391,7 +391,7 @@ pub fn hf_llama_config_json(c: &GptConfig) -> Result<Value> {
 }
 
 /// For each of the model's tensors, the Hugging Face tensors stacked (by rows) to make it.
-pub(crate) fn name_map(c: &GptConfig) -> Vec<(String, Vec<String>)> {
+pub(crate) fn name_map(c: &DecoderConfig) -> Vec<(String, Vec<String>)> {
     let a = &c.arch;
     let mut m: Vec<(String, Vec<String>)> = vec![(
         "wte.weight".into(),
@@ -456,10 +456,10 @@ pub(crate) fn name_map(c: &GptConfig) -> Vec<(String, Vec<String>)> {
 /// Every tensor the model needs must be there with its shape; a tensor left over is an error
 /// (a tied model's `lm_head.weight` must equal the embedding).
 pub fn gpt_from_hf_tensors(
-    config: GptConfig,
+    config: DecoderConfig,
     tensors: Vec<(String, Tensor)>,
     src: &str,
-) -> Result<Gpt> {
+) -> Result<Decoder> {
     let _g = no_grad();
     let mut file: HashMap<String, Tensor> = tensors.into_iter().collect();
     let shapes: HashMap<String, Vec<usize>> = config.param_specs().into_iter().collect();
@@ -543,7 +543,7 @@ pub fn gpt_from_hf_tensors(
         }
         t.to_var()
     };
-    Gpt::from_named(config, &mut get, &shared_rng(0))
+    Decoder::from_named(config, &mut get, &shared_rng(0))
 }
 
 /// The safetensors files of a Hugging Face directory: `model.safetensors`, or the shards
@@ -599,7 +599,7 @@ pub fn read_hf_tensors(dir: &Path) -> Result<Vec<(String, Tensor)>> {
 }
 
 /// A Llama-family model from a Hugging Face directory (`config.json` + safetensors).
-pub fn load_hf_llama(dir: impl AsRef<Path>) -> Result<Gpt> {
+pub fn load_hf_llama(dir: impl AsRef<Path>) -> Result<Decoder> {
     let dir = dir.as_ref();
     let cfg_path = dir.join("config.json");
     let text = std::fs::read_to_string(&cfg_path)
@@ -612,7 +612,7 @@ pub fn load_hf_llama(dir: impl AsRef<Path>) -> Result<Gpt> {
 }
 
 /// The model's tensors under Hugging Face's names (f32, stacked tensors split again).
-pub fn hf_llama_tensors(model: &Gpt) -> Result<Vec<(String, Tensor)>> {
+pub fn hf_llama_tensors(model: &Decoder) -> Result<Vec<(String, Tensor)>> {
     let ours: BTreeMap<String, Tensor> = model.parameters().into_iter().collect();
     let mut out = Vec::new();
     for (name, parts) in name_map(&model.config) {
@@ -643,7 +643,7 @@ pub fn hf_llama_tensors(model: &Gpt) -> Result<Vec<(String, Tensor)>> {
 /// Writes `model` as a Hugging Face directory (`config.json`, `model.safetensors`) that
 /// transformers' `from_pretrained` loads. Files are written atomically; an existing
 /// directory's files are replaced only by complete new ones.
-pub fn save_hf_llama(model: &Gpt, dir: impl AsRef<Path>) -> Result<()> {
+pub fn save_hf_llama(model: &Decoder, dir: impl AsRef<Path>) -> Result<()> {
     let dir = dir.as_ref();
     std::fs::create_dir_all(dir)
         .map_err(|e| Error::Msg(format!("cannot create {}: {e}", dir.display())))?;

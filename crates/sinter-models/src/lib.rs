@@ -4,8 +4,8 @@
 
 pub mod bert;
 pub mod cnn;
+pub mod decoder;
 pub mod gguf;
-pub mod gpt;
 pub mod hf_bert;
 mod hf_file;
 pub mod hf_gpt2;
@@ -18,7 +18,7 @@ pub mod resnet;
 
 pub use bert::{mask_batch, mask_tokens, Bert, BertConfig, HiddenAct, MlmMasking};
 pub use cnn::LeNet;
-pub use gpt::{DecoderArch, Gpt, GptConfig};
+pub use decoder::{Decoder, DecoderArch, DecoderConfig};
 pub use hf_bert::{
     bert_config_from_hf_file, bert_config_from_hf_json, from_hf_pretrained, hf_bert_config_json,
     hf_bert_tensors, load_hf_bert, save_hf_bert,
@@ -135,7 +135,7 @@ pub fn build_with(
             )?)
         }
         "gpt-tiny" | "gpt2" | "llama-tiny" => {
-            let mut cfg = GptConfig::preset(name).expect("listed preset");
+            let mut cfg = DecoderConfig::preset(name).expect("listed preset");
             if data.classes > cfg.vocab_size {
                 cfg.vocab_size = data.classes;
             }
@@ -143,7 +143,7 @@ pub fn build_with(
             if let [t] = data.input.as_slice() {
                 cfg.block_size = cfg.block_size.max(*t);
             }
-            let mut gpt = Gpt::new(cfg, rng, dropout_rng)?;
+            let mut gpt = Decoder::new(cfg, rng, dropout_rng)?;
             gpt.set_recompute(options.recompute);
             Box::new(gpt)
         }

@@ -37,7 +37,7 @@ pub struct BatchLoss {
 }
 
 /// A trainable model: a [`Module`] that knows its task and computes its own loss. `Any`, so
-/// that a loaded `Box<dyn Model>` can be taken back as its concrete type (`serve` owns a `Gpt`).
+/// that a loaded `Box<dyn Model>` can be taken back as its concrete type (`serve` owns a `Decoder`).
 pub trait Model: Module + std::any::Any {
     /// What the model consumes and produces.
     fn task(&self) -> Task;

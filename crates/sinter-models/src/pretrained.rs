@@ -22,11 +22,11 @@ use sinter_nn::quant::{self, GgmlLinear, LayerHandle, LayerKind, QuantState};
 
 use crate::gguf::{self, GgufFile};
 use crate::hf_llama::{gpt_from_hf_tensors, llama_config_from_hf_json, load_hf_llama, name_map};
-use crate::{Gpt, GptConfig};
+use crate::{Decoder, DecoderConfig};
 
 /// A model ready to generate: weights, tokenizer, and the chat template if it has one.
 pub struct Pretrained {
-    pub model: Gpt,
+    pub model: Decoder,
     pub tokenizer: TextTokenizer,
     pub chat_template: Option<ChatTemplate>,
 }
@@ -49,13 +49,13 @@ pub enum GgufWeights {
 }
 
 /// The model at `path`: a `.gguf` file or a Hugging Face directory (GGUF weights in f32).
-pub fn load_pretrained(path: impl AsRef<Path>) -> Result<Gpt> {
+pub fn load_pretrained(path: impl AsRef<Path>) -> Result<Decoder> {
     load_pretrained_as(path, GgufWeights::F32)
 }
 
 /// [`load_pretrained`], with a GGUF file's weights loaded as `weights` says (a Hugging
 /// Face directory is f32 either way).
-pub fn load_pretrained_as(path: impl AsRef<Path>, weights: GgufWeights) -> Result<Gpt> {
+pub fn load_pretrained_as(path: impl AsRef<Path>, weights: GgufWeights) -> Result<Decoder> {
     let path = path.as_ref();
     if is_gguf(path) {
         let file = GgufFile::open(path)?;
@@ -76,7 +76,7 @@ pub fn load_pretrained_as(path: impl AsRef<Path>, weights: GgufWeights) -> Resul
     )))
 }
 
-fn model_of_gguf(file: &GgufFile, weights: GgufWeights) -> Result<Gpt> {
+fn model_of_gguf(file: &GgufFile, weights: GgufWeights) -> Result<Decoder> {
     let src = file.path().display().to_string();
     if weights == GgufWeights::F32 {
         let (config, tensors) = gguf::to_hf(file)?;
@@ -104,7 +104,10 @@ fn all_tensor_names(file: &GgufFile) -> HashSet<String> {
 /// Linear weights and the token table (lookups dequantize its rows; as the tied head it is
 /// a Linear), every part 2-D of a dot-kernel type. A tied table whose file also holds an
 /// `output.weight` stays f32: the loader checks the two are equal.
-fn quantized_linears(file: &GgufFile, config: &GptConfig) -> Result<Vec<(String, Vec<String>)>> {
+fn quantized_linears(
+    file: &GgufFile,
+    config: &DecoderConfig,
+) -> Result<Vec<(String, Vec<String>)>> {
     let gguf_of: HashMap<String, String> = file
         .tensor_infos()
         .iter()
@@ -131,7 +134,11 @@ fn quantized_linears(file: &GgufFile, config: &GptConfig) -> Result<Vec<(String,
 
 /// Gives each planned Linear of `model` its quantized weight (Q and K rows unpermuted as
 /// `gguf::to_hf` does for the llama architecture).
-fn install_quantized(file: &GgufFile, model: &Gpt, plan: Vec<(String, Vec<String>)>) -> Result<()> {
+fn install_quantized(
+    file: &GgufFile,
+    model: &Decoder,
+    plan: Vec<(String, Vec<String>)>,
+) -> Result<()> {
     let src = file.path().display();
     let arch = file.get_str("general.architecture")?;
     let (heads, kv_heads) = (model.config.n_head, model.config.n_kv_head());

@@ -3,7 +3,9 @@
 
 use sinter_core::{DType, Device, Rng, Tensor};
 use sinter_models::bert::{special, IGNORE_INDEX};
-use sinter_models::{mask_batch, mask_tokens, Bert, BertConfig, Gpt, GptConfig, MlmMasking};
+use sinter_models::{
+    mask_batch, mask_tokens, Bert, BertConfig, Decoder, DecoderConfig, MlmMasking,
+};
 use sinter_nn::module::shared_rng;
 use sinter_nn::{AdamW, Module, Optimizer};
 
@@ -116,15 +118,15 @@ fn attention_is_bidirectional_unlike_gpt() {
         "changing the last token left position 0 unchanged ({d})"
     );
     // The same probe on GPT: causal, so position 0 cannot see the last token.
-    let gcfg = GptConfig {
+    let gcfg = DecoderConfig {
         n_layer: 2,
         n_head: 2,
         n_embd: 32,
         block_size: 16,
         vocab_size: 64,
-        ..GptConfig::preset("gpt-tiny").unwrap()
+        ..DecoderConfig::preset("gpt-tiny").unwrap()
     };
-    let g = Gpt::new(gcfg, &mut Rng::new(1), &shared_rng(1)).unwrap();
+    let g = Decoder::new(gcfg, &mut Rng::new(1), &shared_rng(1)).unwrap();
     g.set_training(false);
     assert_eq!(max_abs_diff(&first(&g, &a), &first(&g, &b)), 0.0);
 }

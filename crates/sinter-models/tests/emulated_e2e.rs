@@ -15,7 +15,7 @@
 
 use sinter_core::{Device, Rng, Tensor};
 use sinter_models::bert::IGNORE_INDEX;
-use sinter_models::{Bert, BertConfig, Gpt, GptConfig};
+use sinter_models::{Bert, BertConfig, Decoder, DecoderConfig};
 use sinter_nn::module::shared_rng;
 use sinter_nn::optim::{AdamW, Optimizer};
 use sinter_nn::{Module, Recompute};
@@ -25,8 +25,8 @@ fn cuda() -> Option<Device> {
     sinter_cuda::testing::gpu_tests(1).map(|_| Device::Cuda(0))
 }
 
-fn config(dropout: f32) -> GptConfig {
-    GptConfig {
+fn config(dropout: f32) -> DecoderConfig {
+    DecoderConfig {
         n_layer: 2,
         n_head: 2,
         n_embd: 32,
@@ -84,8 +84,8 @@ fn train(dev: Device, dropout: f32, fast_path: bool, recompute: Recompute) -> St
     train_config(dev, config(dropout), fast_path, recompute)
 }
 
-fn train_config(dev: Device, cfg: GptConfig, fast_path: bool, recompute: Recompute) -> Steps {
-    let mut m = Gpt::new(cfg, &mut Rng::new(5), &shared_rng(6)).unwrap();
+fn train_config(dev: Device, cfg: DecoderConfig, fast_path: bool, recompute: Recompute) -> Steps {
+    let mut m = Decoder::new(cfg, &mut Rng::new(5), &shared_rng(6)).unwrap();
     m.set_fast_path(fast_path);
     m.set_recompute(recompute);
     train_steps(&m, dev, |m, s, dev| {
@@ -132,8 +132,8 @@ fn same_training(dropout: f32, fast_path: bool, recompute: Recompute) {
 /// A Llama-family block with every option the CPU tests cover: grouped (here one) kv head,
 /// qkv bias, QK-norm, rotary positions, a sliding window shorter than the sequence, an
 /// untied head.
-fn llama_config() -> GptConfig {
-    GptConfig {
+fn llama_config() -> DecoderConfig {
+    DecoderConfig {
         n_head: 4,
         arch: sinter_models::DecoderArch {
             n_kv_head: Some(1),
@@ -205,7 +205,7 @@ fn dropout_trains_on_the_device() {
 fn kv_cache_generation_matches_the_cpu_tokens() {
     let Some(dev) = cuda() else { return };
     let make = || {
-        let m = Gpt::new(config(0.0), &mut Rng::new(11), &shared_rng(11)).unwrap();
+        let m = Decoder::new(config(0.0), &mut Rng::new(11), &shared_rng(11)).unwrap();
         m.set_training(false);
         m
     };
@@ -283,7 +283,7 @@ fn the_fused_classifier_loss_trains_like_the_cpu() {
     let Some(dev) = cuda() else { return };
     for (name, cfg) in [("gpt", config(0.0)), ("llama", llama_config())] {
         let run = |d| {
-            let m = Gpt::new(cfg.clone(), &mut Rng::new(5), &shared_rng(6)).unwrap();
+            let m = Decoder::new(cfg.clone(), &mut Rng::new(5), &shared_rng(6)).unwrap();
             train_steps(&m, d, |m, s, dev| {
                 let (x, y) = batch(s);
                 let (x, y) = (x.to_device(dev).unwrap(), y.to_device(dev).unwrap());
@@ -302,7 +302,7 @@ fn the_fused_classifier_loss_trains_like_the_cpu() {
 fn gpt_step_with_cudnn_attention_matches_flash() {
     use sinter_core::kernels::attention::{with_attention_backend, AttentionBackend};
     let Some(dev) = cuda() else { return };
-    let cfg = GptConfig {
+    let cfg = DecoderConfig {
         n_layer: 2,
         n_head: 2,
         n_embd: 128,
@@ -313,7 +313,7 @@ fn gpt_step_with_cudnn_attention_matches_flash() {
     };
     let run = |backend| {
         with_attention_backend(backend, || {
-            let m = Gpt::new(cfg.clone(), &mut Rng::new(5), &shared_rng(6)).unwrap();
+            let m = Decoder::new(cfg.clone(), &mut Rng::new(5), &shared_rng(6)).unwrap();
             train_steps(&m, dev, |m, s, dev| {
                 let (x, y) = batch(s);
                 let _amp = sinter_core::amp::autocast(sinter_core::DType::BF16);

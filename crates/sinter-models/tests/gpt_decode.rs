@@ -4,13 +4,13 @@
 //! give the same tokens with and without the KV cache, and keep the window they promise.
 
 use sinter_core::{no_grad, Device, Rng, Tensor};
-use sinter_models::gpt::{ContextPolicy, GenerateOptions, GptSequence, SamplingParams};
-use sinter_models::{Gpt, GptConfig};
+use sinter_models::decoder::{ContextPolicy, DecoderSequence, GenerateOptions, SamplingParams};
+use sinter_models::{Decoder, DecoderConfig};
 use sinter_nn::module::shared_rng;
 use sinter_nn::Module;
 
-fn model(block_size: usize, seed: u64) -> Gpt {
-    let cfg = GptConfig {
+fn model(block_size: usize, seed: u64) -> Decoder {
+    let cfg = DecoderConfig {
         n_layer: 2,
         n_head: 4,
         n_embd: 32,
@@ -19,7 +19,7 @@ fn model(block_size: usize, seed: u64) -> Gpt {
         dropout: 0.0,
         ..Default::default()
     };
-    let m = Gpt::new(cfg, &mut Rng::new(seed), &shared_rng(seed)).unwrap();
+    let m = Decoder::new(cfg, &mut Rng::new(seed), &shared_rng(seed)).unwrap();
     m.set_training(false);
     m
 }
@@ -37,7 +37,7 @@ fn max_err(a: &[f32], b: &[f32]) -> f32 {
 }
 
 /// Logits of the last position of `tokens`, by a full forward (no cache).
-fn full_logits(m: &Gpt, tokens: &[i64]) -> Vec<f32> {
+fn full_logits(m: &Decoder, tokens: &[i64]) -> Vec<f32> {
     let _g = no_grad();
     let x = Tensor::from_slice(tokens, &[1, tokens.len()], Device::Cpu).unwrap();
     let y = m.forward(&x).unwrap();
@@ -59,7 +59,7 @@ fn batched_decode_equals_each_sequence_alone() {
     // Sequence i joins at step join[i] and leaves after `steps[i]` tokens.
     let join = [0usize, 0, 2, 5];
     let steps = [12usize, 4, 9, 10];
-    let mut seqs: Vec<Option<GptSequence>> = prompts.iter().map(|_| None).collect();
+    let mut seqs: Vec<Option<DecoderSequence>> = prompts.iter().map(|_| None).collect();
     let mut batched_tokens: Vec<Vec<i64>> = vec![Vec::new(); prompts.len()];
     let mut sizes_seen = std::collections::BTreeSet::new();
     for step in 0..20 {
@@ -96,7 +96,7 @@ fn batched_decode_equals_each_sequence_alone() {
             .iter()
             .map(|&i| full_logits(&m, seqs[i].as_ref().unwrap().tokens()))
             .collect();
-        let mut refs: Vec<&mut GptSequence> = Vec::new();
+        let mut refs: Vec<&mut DecoderSequence> = Vec::new();
         for (i, s) in seqs.iter_mut().enumerate() {
             if active.contains(&i) {
                 refs.push(s.as_mut().unwrap());
@@ -231,7 +231,7 @@ fn windows_follow_the_policy() {
 #[test]
 fn a_reused_cache_decodes_as_a_fresh_one() {
     let m = model(24, 6);
-    let run = |s: &mut GptSequence, n: usize| -> Vec<Vec<f32>> {
+    let run = |s: &mut DecoderSequence, n: usize| -> Vec<Vec<f32>> {
         (0..n)
             .map(|_| {
                 let logits = m.next_logits(s).unwrap();
@@ -322,13 +322,13 @@ fn a_prompt_fed_through_decode_steps_gives_its_prefill_logits() {
 }
 
 /// gpt-tiny's shapes (width 128, 4 heads of 32: whole AVX-512 vectors), trained-scale weights.
-fn tiny_model(block_size: usize, seed: u64) -> Gpt {
-    let cfg = GptConfig {
+fn tiny_model(block_size: usize, seed: u64) -> Decoder {
+    let cfg = DecoderConfig {
         block_size,
         vocab_size: 64,
-        ..GptConfig::preset("gpt-tiny").unwrap()
+        ..DecoderConfig::preset("gpt-tiny").unwrap()
     };
-    let m = Gpt::new(cfg, &mut Rng::new(seed), &shared_rng(seed)).unwrap();
+    let m = Decoder::new(cfg, &mut Rng::new(seed), &shared_rng(seed)).unwrap();
     m.set_training(false);
     m
 }
@@ -341,7 +341,7 @@ fn the_host_step_equals_the_tensor_path() {
     host_step_against_tensor_path(&tiny_model(40, 8), 1e-4);
 }
 
-/// With its weights packed for the GEMMs (`Gpt::pack_weights`, as the server does) the host
+/// With its weights packed for the GEMMs (`Decoder::pack_weights`, as the server does) the host
 /// step still equals the tensor path; after every weight moves in place (as in a training
 /// step) the step notices and reads the new weights, not the stale packs.
 #[test]
@@ -407,7 +407,7 @@ fn the_int8_host_step_equals_the_int8_tensor_path() {
 /// model; for an int8 one, a rounding-order difference upstream can flip an activation's u8
 /// rounding, which moves a key or value by about one quantization step (seen with the
 /// scalar f32 GEMM: 0.003).
-fn host_step_against_tensor_path(m: &Gpt, tol: f32) {
+fn host_step_against_tensor_path(m: &Decoder, tol: f32) {
     let v = 64;
     // Nine sequences (a step of 8 rows or more is split across two threads: between
     // sequences here, inside the 20-token prompt's prefill).
@@ -415,13 +415,13 @@ fn host_step_against_tensor_path(m: &Gpt, tol: f32) {
     let prompts: Vec<Vec<i64>> = (lens.iter().enumerate())
         .map(|(i, &n)| (0..n).map(|j| ((i * 13 + j * 7) % v) as i64).collect())
         .collect();
-    let mut seqs: Vec<GptSequence> = prompts
+    let mut seqs: Vec<DecoderSequence> = prompts
         .iter()
         .map(|p| m.sequence(p, 30, 40, ContextPolicy::Shift, true).unwrap())
         .collect();
-    let mut refs: Vec<sinter_models::gpt::KvCache> =
+    let mut refs: Vec<sinter_models::decoder::KvCache> =
         prompts.iter().map(|_| m.kv_cache(1).unwrap()).collect();
-    let step = |cache: &mut sinter_models::gpt::KvCache, ids: &[i64]| -> Vec<f32> {
+    let step = |cache: &mut sinter_models::decoder::KvCache, ids: &[i64]| -> Vec<f32> {
         let x = Tensor::from_slice(ids, &[1, ids.len()], Device::Cpu).unwrap();
         let y = m.forward_step(&x, cache).unwrap();
         y.narrow(1, ids.len() - 1, 1).unwrap().to_vec_f32().unwrap()
@@ -434,7 +434,7 @@ fn host_step_against_tensor_path(m: &Gpt, tol: f32) {
         s.push(argmax(&want) as i64);
     }
     for t in 0..12 {
-        let mut batch: Vec<&mut GptSequence> = seqs.iter_mut().collect();
+        let mut batch: Vec<&mut DecoderSequence> = seqs.iter_mut().collect();
         let logits = m.decode(&mut batch).unwrap();
         for (i, s) in batch.into_iter().enumerate() {
             let want = step(&mut refs[i], &s.tokens()[s.tokens().len() - 1..]);
@@ -477,7 +477,7 @@ fn host_generation_gives_the_reference_tokens() {
 
 /// 40 tokens after a fixed prompt at context 24, with the KV cache (the host step) and
 /// without (a full forward over the window per token).
-fn generate_both_ways(m: &Gpt, policy: ContextPolicy, temperature: f64) -> [Vec<i64>; 2] {
+fn generate_both_ways(m: &Decoder, policy: ContextPolicy, temperature: f64) -> [Vec<i64>; 2] {
     let prompt = [3i64, 1, 4, 1, 5, 9, 2, 6];
     [true, false].map(|use_cache| {
         let o = GenerateOptions {
@@ -498,10 +498,10 @@ fn generate_both_ways(m: &Gpt, policy: ContextPolicy, temperature: f64) -> [Vec<
 /// A Llama-family model with every option the block takes (RMSNorm, SwiGLU, rotary positions
 /// with Llama 3's scaling, 4 query heads sharing 2 kv heads, qkv bias, QK-norm, an untied
 /// head), its norms' and biases' weights drawn at random so that none is an identity.
-fn llama_model(block_size: usize, seed: u64) -> Gpt {
+fn llama_model(block_size: usize, seed: u64) -> Decoder {
     use sinter_nn::transformer::{RopeConfig, RopeScaling};
-    let base = GptConfig::preset("llama-tiny").unwrap();
-    let cfg = GptConfig {
+    let base = DecoderConfig::preset("llama-tiny").unwrap();
+    let cfg = DecoderConfig {
         block_size,
         vocab_size: 64,
         arch: sinter_models::DecoderArch {
@@ -520,7 +520,7 @@ fn llama_model(block_size: usize, seed: u64) -> Gpt {
         },
         ..base
     };
-    let m = Gpt::new(cfg, &mut Rng::new(seed), &shared_rng(seed)).unwrap();
+    let m = Decoder::new(cfg, &mut Rng::new(seed), &shared_rng(seed)).unwrap();
     m.set_training(false);
     let _g = no_grad();
     let mut rng = Rng::new(seed + 100);

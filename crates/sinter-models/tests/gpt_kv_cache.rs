@@ -5,13 +5,13 @@
 use std::time::Instant;
 
 use sinter_core::{no_grad, DType, Device, Rng, Tensor};
-use sinter_models::gpt::{sample_token, KvCache};
-use sinter_models::{Gpt, GptConfig};
+use sinter_models::decoder::{sample_token, KvCache};
+use sinter_models::{Decoder, DecoderConfig};
 use sinter_nn::module::shared_rng;
 use sinter_nn::{Module, Recompute};
 
-fn small() -> GptConfig {
-    GptConfig {
+fn small() -> DecoderConfig {
+    DecoderConfig {
         n_layer: 2,
         n_head: 4,
         n_embd: 32,
@@ -22,8 +22,8 @@ fn small() -> GptConfig {
     }
 }
 
-fn model(cfg: GptConfig, seed: u64) -> Gpt {
-    let m = Gpt::new(cfg, &mut Rng::new(seed), &shared_rng(seed)).unwrap();
+fn model(cfg: DecoderConfig, seed: u64) -> Decoder {
+    let m = Decoder::new(cfg, &mut Rng::new(seed), &shared_rng(seed)).unwrap();
     m.set_training(false);
     m
 }
@@ -56,7 +56,7 @@ fn scale(v: &[f32]) -> f32 {
 /// (logits, loss, gradients by name) of one training step's forward and backward.
 type Step = (Vec<f32>, f32, Vec<(String, Vec<f32>)>);
 
-fn step(m: &Gpt, x: &Tensor, y: &Tensor) -> Step {
+fn step(m: &Decoder, x: &Tensor, y: &Tensor) -> Step {
     m.zero_grad();
     let logits = m.forward(x).unwrap();
     let loss = logits.cross_entropy(y, -100).unwrap();
@@ -105,9 +105,9 @@ fn fast_path_matches_the_composite_gpt() {
 #[test]
 fn recompute_modes_give_the_same_loss_and_gradients() {
     for dropout in [0.0, 0.1] {
-        let cfg = GptConfig { dropout, ..small() };
+        let cfg = DecoderConfig { dropout, ..small() };
         let drop_rng = shared_rng(4);
-        let mut m = Gpt::new(cfg, &mut Rng::new(1), &drop_rng).unwrap();
+        let mut m = Decoder::new(cfg, &mut Rng::new(1), &drop_rng).unwrap();
         let (b, t) = (2, 33);
         let x = tensor(&ids(b, t, 37, 5), b, t);
         let y = tensor(&ids(b, t, 37, 6), b, t);
@@ -218,9 +218,9 @@ fn sample_token_greedy_and_top_k() {
 #[ignore]
 fn bench_generation_with_and_without_kv_cache() {
     for block_size in [256, 64] {
-        let cfg = GptConfig {
+        let cfg = DecoderConfig {
             block_size,
-            ..GptConfig::preset("gpt-tiny").unwrap()
+            ..DecoderConfig::preset("gpt-tiny").unwrap()
         };
         let m = model(cfg, 0);
         let prompt: Vec<i64> = "ROMEO:".bytes().map(|b| b as i64).collect();

@@ -8,28 +8,28 @@ use sinter_core::{Device, Rng, Tensor};
 use sinter_models::hf_gpt2::{
     hf_gpt2_bytes, hf_gpt2_config_json, hf_gpt2_name, load_hf_gpt2_bytes,
 };
-use sinter_models::{hf_gpt2_config, load_hf_gpt2, save_hf_gpt2, Gpt, GptConfig};
+use sinter_models::{hf_gpt2_config, load_hf_gpt2, save_hf_gpt2, Decoder, DecoderConfig};
 use sinter_nn::module::shared_rng;
 use sinter_nn::Module;
 
-fn config() -> GptConfig {
-    GptConfig {
+fn config() -> DecoderConfig {
+    DecoderConfig {
         n_layer: 2,
         n_head: 2,
         n_embd: 32,
         block_size: 16,
         vocab_size: 50,
-        ..GptConfig::preset("gpt-tiny").unwrap()
+        ..DecoderConfig::preset("gpt-tiny").unwrap()
     }
 }
 
-fn model(seed: u64) -> Gpt {
-    let m = Gpt::new(config(), &mut Rng::new(seed), &shared_rng(seed)).unwrap();
+fn model(seed: u64) -> Decoder {
+    let m = Decoder::new(config(), &mut Rng::new(seed), &shared_rng(seed)).unwrap();
     m.set_training(false);
     m
 }
 
-fn logits(m: &Gpt) -> Vec<f32> {
+fn logits(m: &Decoder) -> Vec<f32> {
     let ids: Vec<i64> = (0..24).map(|i| (i * 7 % 50) as i64).collect();
     m.forward(&Tensor::from_slice(&ids, &[2, 12], Device::Cpu).unwrap())
         .unwrap()
@@ -37,7 +37,7 @@ fn logits(m: &Gpt) -> Vec<f32> {
         .unwrap()
 }
 
-fn weights(m: &Gpt) -> Vec<Vec<f32>> {
+fn weights(m: &Decoder) -> Vec<Vec<f32>> {
     m.parameters()
         .iter()
         .map(|(_, t)| t.to_vec_f32().unwrap())
@@ -46,7 +46,7 @@ fn weights(m: &Gpt) -> Vec<Vec<f32>> {
 
 /// A safetensors file with `edit` applied to the HF tensors of `m` (name → Some(tensor) to
 /// replace or add, None to remove), keys without the `transformer.` prefix.
-fn edited(m: &Gpt, edit: &[(&str, Option<Tensor>)]) -> Vec<u8> {
+fn edited(m: &Decoder, edit: &[(&str, Option<Tensor>)]) -> Vec<u8> {
     let bytes = hf_gpt2_bytes(m).unwrap();
     let st = SafeTensors::deserialize(&bytes).unwrap();
     let mut tensors: Vec<(String, Vec<usize>, Vec<u8>)> = st
@@ -107,8 +107,8 @@ fn names_map_to_hugging_face() {
     assert_eq!(hf_gpt2_name("blocks.x.ln1.bias"), None);
     assert_eq!(hf_gpt2_name("head.weight"), None);
     // Every tensor of GPT-2 small maps, to 12·12 + 4 distinct names.
-    let g = Gpt::new(
-        GptConfig::preset("gpt2").unwrap(),
+    let g = Decoder::new(
+        DecoderConfig::preset("gpt2").unwrap(),
         &mut Rng::new(0),
         &shared_rng(0),
     )
@@ -298,8 +298,8 @@ fn untied_heads_and_extra_layers_are_refused() {
         .to_string();
     assert!(err.contains("lm_head.weight"), "{err}");
     // A file with three layers for a two-layer model.
-    let big = Gpt::new(
-        GptConfig {
+    let big = Decoder::new(
+        DecoderConfig {
             n_layer: 3,
             ..config()
         },

@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 use sinter_models::hf_llama::{llama_config_from_hf_json, load_hf_llama, save_hf_llama};
-use sinter_models::Gpt;
+use sinter_models::Decoder;
 use sinter_nn::Module;
 
 fn fixture(name: &str) -> PathBuf {
@@ -22,7 +22,7 @@ fn fixture(name: &str) -> PathBuf {
         .join(name)
 }
 
-fn check_against_transformers(model: &Gpt, dir: &Path, tol: f32) {
+fn check_against_transformers(model: &Decoder, dir: &Path, tol: f32) {
     for (i, r) in read_references(&dir.join("ref")).iter().enumerate() {
         assert_eq!(r.vocab, model.config.vocab_size);
         let ours = model

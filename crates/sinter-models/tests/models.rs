@@ -1,12 +1,12 @@
 use sinter_core::{DType, Device, Rng, Tensor};
-use sinter_models::{build, DataShape, Gpt, GptConfig};
+use sinter_models::{build, DataShape, Decoder, DecoderConfig};
 use sinter_nn::module::shared_rng;
 use sinter_nn::Module;
 
 #[test]
 fn gpt2_preset_has_gpt2_small_parameter_count() {
     // Counted without building 124M random numbers: embeddings + 12 blocks + ln_f, head tied.
-    let c = GptConfig::preset("gpt2").unwrap();
+    let c = DecoderConfig::preset("gpt2").unwrap();
     let (l, d, v, t) = (c.n_layer, c.n_embd, c.vocab_size, c.block_size);
     let per_block =
         2 * 2 * d + (d * 3 * d + 3 * d) + (d * d + d) + (d * 4 * d + 4 * d) + (4 * d * d + d);
@@ -16,7 +16,7 @@ fn gpt2_preset_has_gpt2_small_parameter_count() {
 
 #[test]
 fn gpt_names_shapes_and_causality() {
-    let cfg = GptConfig {
+    let cfg = DecoderConfig {
         n_layer: 2,
         n_head: 2,
         n_embd: 16,
@@ -25,7 +25,7 @@ fn gpt_names_shapes_and_causality() {
         dropout: 0.0,
         ..Default::default()
     };
-    let m = Gpt::new(cfg, &mut Rng::new(0), &shared_rng(1)).unwrap();
+    let m = Decoder::new(cfg, &mut Rng::new(0), &shared_rng(1)).unwrap();
     let names: Vec<String> = m.parameters().into_iter().map(|(n, _)| n).collect();
     assert!(
         names.contains(&"blocks.0.attn.qkv.weight".to_string()),

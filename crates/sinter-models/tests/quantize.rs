@@ -7,7 +7,7 @@
 use std::collections::HashMap;
 
 use sinter_core::{no_grad, DType, Device, Rng, Tensor};
-use sinter_models::{Bert, BertConfig, Gpt, GptConfig, LeNet, ResNet18};
+use sinter_models::{Bert, BertConfig, Decoder, DecoderConfig, LeNet, ResNet18};
 use sinter_nn::module::shared_rng;
 use sinter_nn::quant::{self, StateTensor};
 use sinter_nn::{MaxPool2d, Module};
@@ -39,7 +39,7 @@ fn round_trip(a: &dyn Module, b: &dyn Module) {
 
 #[test]
 fn gpt_quantizes_every_projection_and_the_tied_head_and_still_generates() {
-    let cfg = GptConfig {
+    let cfg = DecoderConfig {
         n_layer: 2,
         n_head: 4,
         n_embd: 32,
@@ -48,7 +48,7 @@ fn gpt_quantizes_every_projection_and_the_tied_head_and_still_generates() {
         dropout: 0.0,
         ..Default::default()
     };
-    let m = Gpt::new(cfg.clone(), &mut Rng::new(1), &shared_rng(1)).unwrap();
+    let m = Decoder::new(cfg.clone(), &mut Rng::new(1), &shared_rng(1)).unwrap();
     m.set_training(false);
     let report = quant::quantize(&m, &mut no_calibration).unwrap();
     assert_eq!(kinds(&report, "linear"), 4 * cfg.n_layer);
@@ -63,7 +63,7 @@ fn gpt_quantizes_every_projection_and_the_tied_head_and_still_generates() {
         "KV cache and recomputation pick the same int8 tokens"
     );
 
-    let b = Gpt::new(cfg, &mut Rng::new(2), &shared_rng(2)).unwrap();
+    let b = Decoder::new(cfg, &mut Rng::new(2), &shared_rng(2)).unwrap();
     round_trip(&m, &b);
     let ids = Tensor::from_slice(&[3i64, 1, 4, 1, 5, 9], &[2, 3], Device::Cpu).unwrap();
     let _g = no_grad();

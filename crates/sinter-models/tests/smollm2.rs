@@ -20,7 +20,7 @@ use serde_json::Value;
 use sinter_data::ChatMessage;
 use sinter_models::hf_llama::{load_hf_llama, save_hf_llama};
 use sinter_models::{
-    load_pretrained, load_pretrained_as, load_pretrained_with_tokenizer, GgufWeights, Gpt,
+    load_pretrained, load_pretrained_as, load_pretrained_with_tokenizer, Decoder, GgufWeights,
 };
 use sinter_nn::Module;
 
@@ -59,7 +59,7 @@ fn numpy_reference(gguf: &Path, out: &Path) -> Option<Vec<Reference>> {
     Some(read_references(out))
 }
 
-fn check(model: &Gpt, refs: &[Reference], what: &str, with_greedy: bool) {
+fn check(model: &Decoder, refs: &[Reference], what: &str, with_greedy: bool) {
     for (i, r) in refs.iter().enumerate() {
         let ours = model
             .forward(&ids_tensor(&r.ids))
@@ -199,7 +199,7 @@ fn per_position(a: &[f32], b: &[f32], v: usize) -> (Vec<f32>, Vec<bool>) {
 }
 
 /// Greedy tokens through the KV cache (the host step) with the logits that picked each.
-fn greedy_logits(model: &Gpt, prompt: &[i64], n: usize) -> (Vec<i64>, Vec<f32>) {
+fn greedy_logits(model: &Decoder, prompt: &[i64], n: usize) -> (Vec<i64>, Vec<f32>) {
     let mut cache = model.kv_cache_with_capacity(1, prompt.len() + n).unwrap();
     let v = model.config.vocab_size;
     let first = model.forward_step(&ids_tensor(prompt), &mut cache).unwrap();
@@ -251,7 +251,7 @@ fn smollm2_kept_quantized_matches_dequantized() {
     let v = f32_model.config.vocab_size;
     for (i, ids) in prompt_ids().iter().enumerate() {
         let logits =
-            |m: &Gpt, ids: &[i64]| m.forward(&ids_tensor(ids)).unwrap().to_vec_f32().unwrap();
+            |m: &Decoder, ids: &[i64]| m.forward(&ids_tensor(ids)).unwrap().to_vec_f32().unwrap();
         let (a, b) = (logits(&f32_model, ids), logits(&q_model, ids));
         let (mut rel, same) = per_position(&b, &a, v);
         let agree = same.iter().filter(|s| **s).count() as f32 / same.len() as f32;

@@ -5,7 +5,7 @@
 use axum::http::StatusCode;
 use serde::Deserialize;
 use serde_json::{json, Value};
-use sinter_models::gpt::SamplingParams;
+use sinter_models::decoder::SamplingParams;
 
 use std::sync::Arc;
 

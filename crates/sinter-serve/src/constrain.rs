@@ -22,7 +22,7 @@ use std::sync::Arc;
 
 use serde_json::Value;
 use sinter_core::Rng;
-use sinter_models::gpt::SamplingParams;
+use sinter_models::decoder::SamplingParams;
 
 use crate::text::Tokenizer;
 

@@ -27,7 +27,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use sinter_core::Rng;
-use sinter_models::gpt::SamplingParams;
+use sinter_models::decoder::SamplingParams;
 use tokio::sync::mpsc;
 
 use crate::constrain::{self, JsonState, Schema, TokenBytes};

@@ -39,6 +39,6 @@ pub use api::{chat_prompt, Limits};
 pub use conn::Timeouts;
 pub use embed::{BertEmbedder, EmbedModel, Embedder};
 pub use engine::{Finish, GenRequest};
-pub use model::{GptModel, ServeModel};
+pub use model::{DecoderModel, ServeModel};
 pub use server::{ServeOptions, Server};
 pub use text::Tokenizer;

@@ -7,8 +7,8 @@
 use std::sync::Mutex;
 
 use anyhow::Result;
-use sinter_models::gpt::{ContextPolicy, GptSequence, KvCache};
-use sinter_models::Gpt;
+use sinter_models::decoder::{ContextPolicy, DecoderSequence, KvCache};
+use sinter_models::Decoder;
 
 use crate::prefix::PrefixCache;
 
@@ -50,12 +50,12 @@ pub trait ServeModel: Send + 'static {
 }
 
 /// A GPT with f32 weights, and how its sequences outgrow the context.
-pub struct GptModel {
-    pub gpt: Gpt,
+pub struct DecoderModel {
+    pub gpt: Decoder,
     /// Tokens a sequence is conditioned on (≤ block_size).
     pub context: usize,
     pub policy: ContextPolicy,
-    /// KV caches of sequences that left, for the next ones (`Gpt::sequence_reusing`: no
+    /// KV caches of sequences that left, for the next ones (`Decoder::sequence_reusing`: no
     /// allocation, zeroing or page faults per request). Never more than the most sequences
     /// that ran at once: each came from a running sequence, and `start` takes from here
     /// before it allocates.
@@ -67,14 +67,14 @@ pub struct GptModel {
 /// Prefixes are multiples of this many tokens.
 pub const PREFIX_BLOCK: usize = 16;
 
-impl GptModel {
+impl DecoderModel {
     /// Serves `gpt` with up to `context` tokens per sequence. Its weights are packed for the
-    /// CPU decode step once here (`Gpt::pack_weights`; a step that finds a weight written
+    /// CPU decode step once here (`Decoder::pack_weights`; a step that finds a weight written
     /// since reads it in place again).
-    pub fn new(gpt: Gpt, context: usize) -> Result<GptModel> {
+    pub fn new(gpt: Decoder, context: usize) -> Result<DecoderModel> {
         let context = context.clamp(1, gpt.config.block_size);
         gpt.pack_weights()?;
-        Ok(GptModel {
+        Ok(DecoderModel {
             gpt,
             context,
             policy: ContextPolicy::Shift,
@@ -84,7 +84,7 @@ impl GptModel {
     }
 
     /// Keeps at most `max_bytes` of shared prompt prefixes' keys and values (0: no reuse).
-    pub fn with_prefix_cache(mut self, max_bytes: usize) -> GptModel {
+    pub fn with_prefix_cache(mut self, max_bytes: usize) -> DecoderModel {
         self.prefix =
             (max_bytes > 0).then(|| Mutex::new(PrefixCache::new(PREFIX_BLOCK, max_bytes)));
         self
@@ -97,15 +97,15 @@ impl GptModel {
     }
 }
 
-impl ServeModel for GptModel {
-    type Seq = GptSequence;
+impl ServeModel for DecoderModel {
+    type Seq = DecoderSequence;
     fn vocab_size(&self) -> usize {
         self.gpt.config.vocab_size
     }
     fn context(&self) -> usize {
         self.context
     }
-    fn start(&self, prompt: &[i64], max_new: usize) -> Result<GptSequence> {
+    fn start(&self, prompt: &[i64], max_new: usize) -> Result<DecoderSequence> {
         let mut spare = self.spare.lock().unwrap_or_else(|e| e.into_inner());
         let mut seq =
             self.gpt
@@ -116,30 +116,30 @@ impl ServeModel for GptModel {
         }
         Ok(seq)
     }
-    fn reused(&self, seq: &GptSequence) -> usize {
+    fn reused(&self, seq: &DecoderSequence) -> usize {
         seq.cached()
     }
-    fn prompt_done(&self, seq: &GptSequence) {
+    fn prompt_done(&self, seq: &DecoderSequence) {
         if let (Some(mut p), Some(cache)) = (self.prefix_cache(), seq.cache()) {
             p.store(&seq.tokens()[..seq.prompt_len()], cache);
         }
     }
-    fn pending(&self, seq: &GptSequence) -> usize {
+    fn pending(&self, seq: &DecoderSequence) -> usize {
         seq.pending().len()
     }
-    fn can_feed(&self, seq: &GptSequence) -> bool {
+    fn can_feed(&self, seq: &DecoderSequence) -> bool {
         seq.can_feed()
     }
-    fn prefill(&self, seq: &mut GptSequence, max_chunk: usize) -> Result<Option<Vec<f32>>> {
+    fn prefill(&self, seq: &mut DecoderSequence, max_chunk: usize) -> Result<Option<Vec<f32>>> {
         Ok(self.gpt.prefill(seq, max_chunk)?)
     }
-    fn decode(&self, seqs: &mut [&mut GptSequence]) -> Result<Vec<f32>> {
+    fn decode(&self, seqs: &mut [&mut DecoderSequence]) -> Result<Vec<f32>> {
         Ok(self.gpt.decode(seqs)?)
     }
-    fn push(&self, seq: &mut GptSequence, token: i64) {
+    fn push(&self, seq: &mut DecoderSequence, token: i64) {
         seq.push(token)
     }
-    fn recycle(&self, seq: GptSequence) {
+    fn recycle(&self, seq: DecoderSequence) {
         if let Some(cache) = seq.into_cache() {
             let mut spare = self.spare.lock().unwrap_or_else(|e| e.into_inner());
             spare.push(cache);

@@ -14,7 +14,7 @@
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
 
-use sinter_models::gpt::KvCache;
+use sinter_models::decoder::KvCache;
 
 /// One cached prefix: its tokens and each layer's keys and values, [kv_heads, n, head_dim].
 struct Entry {

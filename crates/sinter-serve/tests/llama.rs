@@ -1,7 +1,7 @@
 //! A pretrained Llama-family model served with its own tokenizer and chat template: a tiny
 //! random Llama in Hugging Face layout (written here with `save_hf_llama`) and a hand-made
 //! SentencePiece-style tokenizer (byte fallback, ChatML special tokens, a chat template).
-//! The chat prompt's ids are exactly the template's rendering, greedy answers are `Gpt`'s
+//! The chat prompt's ids are exactly the template's rendering, greedy answers are `Decoder`'s
 //! greedy tokens decoded, streamed text equals the whole response, the tokenizer's stop tokens
 //! end a completion with "stop", and bad requests are 4xx while the server keeps serving.
 
@@ -10,13 +10,15 @@ use std::path::Path;
 use serde_json::{json, Value};
 use sinter_core::Rng;
 use sinter_data::{ChatMessage, TextTokenizer};
-use sinter_models::gpt::{ContextPolicy, GenerateOptions, SamplingParams};
+use sinter_models::decoder::{ContextPolicy, GenerateOptions, SamplingParams};
 use sinter_models::hf_llama::save_hf_llama;
-use sinter_models::{load_pretrained, load_pretrained_with_tokenizer, DecoderArch, Gpt, GptConfig};
+use sinter_models::{
+    load_pretrained, load_pretrained_with_tokenizer, Decoder, DecoderArch, DecoderConfig,
+};
 use sinter_nn::module::shared_rng;
 use sinter_nn::Module;
 use sinter_serve::text::TokenText;
-use sinter_serve::{GptModel, ServeOptions, Server, Tokenizer};
+use sinter_serve::{DecoderModel, ServeOptions, Server, Tokenizer};
 
 const CONTEXT: usize = 128;
 /// Rows of the model's embedding: more than the tokenizer's ids (as real models pad theirs),
@@ -98,7 +100,7 @@ fn write_config(dir: &Path, eos: &str, template: Option<&str>) {
 /// A tiny random Llama (grouped-query attention, SwiGLU, rotary) with the tokenizer above,
 /// in `dir`.
 fn write_model(dir: &Path, template: Option<&str>) {
-    let cfg = GptConfig {
+    let cfg = DecoderConfig {
         n_layer: 2,
         n_head: 4,
         n_embd: 32,
@@ -111,7 +113,7 @@ fn write_model(dir: &Path, template: Option<&str>) {
             ..DecoderArch::llama(10_000.0)
         },
     };
-    let gpt = Gpt::new(cfg, &mut Rng::new(7), &shared_rng(7)).unwrap();
+    let gpt = Decoder::new(cfg, &mut Rng::new(7), &shared_rng(7)).unwrap();
     save_hf_llama(&gpt, dir).unwrap();
     std::fs::write(dir.join("tokenizer.json"), tokenizer_json().to_string()).unwrap();
     write_config(dir, "</s>", template);
@@ -121,7 +123,7 @@ fn tokenizer(dir: &Path) -> TextTokenizer {
     TextTokenizer::from_file(dir.join("tokenizer.json")).unwrap()
 }
 
-/// `Gpt`'s own greedy continuation of `prompt` (no stop tokens).
+/// `Decoder`'s own greedy continuation of `prompt` (no stop tokens).
 fn gpt_greedy(dir: &Path, prompt: &[i64], n: usize) -> Vec<i64> {
     let gpt = load_pretrained(dir).unwrap();
     gpt.set_training(false);
@@ -155,7 +157,7 @@ fn decode(tok: &TextTokenizer, ids: &[i64]) -> String {
 fn serve(dir: &Path, name: &str) -> (Server, String) {
     let p = load_pretrained_with_tokenizer(dir).unwrap();
     p.model.set_training(false);
-    let model = GptModel::new(p.model, CONTEXT).unwrap();
+    let model = DecoderModel::new(p.model, CONTEXT).unwrap();
     let o = ServeOptions {
         port: 0,
         model_name: name.into(),

@@ -15,7 +15,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use sinter_nn::Module;
-use sinter_serve::{GptModel, ServeOptions, Server, Tokenizer};
+use sinter_serve::{DecoderModel, ServeOptions, Server, Tokenizer};
 
 mod common;
 #[path = "../../../tests/support/real_weights.rs"]
@@ -39,7 +39,7 @@ fn serve(gguf: &Path) -> Server {
     let p = sinter_models::load_pretrained_with_tokenizer(gguf).unwrap();
     p.model.set_training(false);
     let context = p.model.config.block_size;
-    let model = GptModel::new(p.model, context).unwrap();
+    let model = DecoderModel::new(p.model, context).unwrap();
     let o = ServeOptions {
         port: 0,
         model_name: GGUF.into(),

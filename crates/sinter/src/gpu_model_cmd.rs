@@ -179,7 +179,7 @@ fn trace_step(a: &GpuModelArgs) -> Result<Traced> {
 }
 
 fn gpt_dims(model: &str) -> Result<(usize, usize)> {
-    let c = sinter_models::GptConfig::preset(model)
+    let c = sinter_models::DecoderConfig::preset(model)
         .ok_or_else(|| anyhow!("no GPT preset named {model}"))?;
     Ok((c.n_layer, c.n_embd))
 }

@@ -6,7 +6,7 @@ use std::path::Path;
 
 use anyhow::{anyhow, bail, Result};
 use sinter_core::Rng;
-use sinter_models::gpt::SamplingParams;
+use sinter_models::decoder::SamplingParams;
 use sinter_models::{DataShape, Model, Task};
 use sinter_serve::Tokenizer;
 
@@ -177,7 +177,7 @@ pub fn generate(
     check_temperature(how.temperature)?;
     let gpt = model
         .as_any()
-        .and_then(|m| m.downcast_ref::<sinter_models::Gpt>())
+        .and_then(|m| m.downcast_ref::<sinter_models::Decoder>())
         .ok_or_else(|| {
             anyhow!("generate needs a GPT checkpoint; this model cannot generate text")
         })?;
@@ -202,7 +202,7 @@ pub fn export_hf(checkpoint: &Path, out: &Path) -> Result<u64> {
     let gpt = inf
         .model
         .as_any()
-        .and_then(|m| m.downcast_ref::<sinter_models::Gpt>())
+        .and_then(|m| m.downcast_ref::<sinter_models::Decoder>())
         .ok_or_else(|| {
             anyhow!(
                 "{} holds a '{}' model; export writes Llama-family GPT checkpoints (llama-tiny or one fine-tuned from a pretrained model), not int8 or other models",

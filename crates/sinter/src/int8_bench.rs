@@ -22,7 +22,7 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use serde_json::{json, Value};
 use sinter_core::{no_grad, DType, Device, Rng, Tensor};
-use sinter_models::{DataShape, Gpt, Task};
+use sinter_models::{DataShape, Decoder, Task};
 use sinter_nn::module::shared_rng;
 use sinter_nn::quant::{self, ActTerms, QuantizeOptions, QuantizedLinear};
 use sinter_nn::{Linear, Module};
@@ -415,7 +415,8 @@ fn speed_rows(a: &Int8BenchArgs, timer: &Timer, rep: &mut Report, p: &Pair) -> R
                 .min(gf.config.block_size);
             let prompt: Vec<i64> = (0..8).map(|_| rng.below(vocab) as i64).collect();
             let n = a.tokens.min(gf.config.block_size - prompt.len());
-            let gen = |m: &Gpt| m.generate_with(&prompt, n, 0.0, 0, ctx, true, &mut Rng::new(0));
+            let gen =
+                |m: &Decoder| m.generate_with(&prompt, n, 0.0, 0, ctx, true, &mut Rng::new(0));
             let (tf, tq) = timer.pair(
                 || gen(gf).map(|_| ()).map_err(Into::into),
                 || gen(gq).map(|_| ()).map_err(Into::into),
@@ -454,7 +455,7 @@ fn speed_rows(a: &Int8BenchArgs, timer: &Timer, rep: &mut Report, p: &Pair) -> R
 /// model's top-1/top-2 logit gaps and the int8 error in that gap.
 fn agreement_rows(
     rep: &mut Report,
-    (gf, gq): (&Gpt, &Gpt),
+    (gf, gq): (&Decoder, &Decoder),
     prompts: &[Vec<i64>],
     n: usize,
     ctx: usize,
@@ -463,7 +464,7 @@ fn agreement_rows(
     let (mut free, mut first, mut flips, mut positions) = (Vec::new(), Vec::new(), 0, 0);
     let (mut gaps, mut gap_err, mut err2, mut ref2) = (Vec::new(), Vec::new(), 0f64, 0f64);
     for prompt in prompts {
-        let gen = |m: &Gpt| m.generate_with(prompt, n, 0.0, 0, ctx, true, &mut Rng::new(0));
+        let gen = |m: &Decoder| m.generate_with(prompt, n, 0.0, 0, ctx, true, &mut Rng::new(0));
         let (sf, sq) = (gen(gf)?, gen(gq)?);
         let (new_f, new_q) = (&sf[prompt.len()..], &sq[prompt.len()..]);
         let same = new_f.iter().zip(new_q).filter(|(x, y)| x == y).count();
@@ -572,8 +573,8 @@ fn forward_row(
     Ok(())
 }
 
-fn as_gpt(m: &dyn Module) -> Result<&Gpt> {
+fn as_gpt(m: &dyn Module) -> Result<&Decoder> {
     m.as_any()
-        .and_then(|a| a.downcast_ref::<Gpt>())
+        .and_then(|a| a.downcast_ref::<Decoder>())
         .context("expected a GPT model")
 }

@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use anyhow::{bail, Result};
 use clap::Args;
-use sinter_models::gpt::ContextPolicy;
+use sinter_models::decoder::ContextPolicy;
 
 #[derive(Args)]
 pub struct LlmBenchArgs {

@@ -10,19 +10,21 @@ use std::time::Duration;
 use anyhow::{anyhow, bail, Context, Result};
 use clap::Args;
 use sinter_core::{Device, Rng};
-use sinter_models::gpt::{ContextPolicy, GenerateOptions};
-use sinter_models::{GgufWeights, Gpt, GptConfig};
+use sinter_models::decoder::{ContextPolicy, GenerateOptions};
+use sinter_models::{Decoder, DecoderConfig, GgufWeights};
 use sinter_nn::module::shared_rng;
 use sinter_nn::Module;
 use sinter_serve::bench::{self, LoadOptions, LoadReport};
 use sinter_serve::text::Utf8Stream;
-use sinter_serve::{BertEmbedder, Embedder, GptModel, ServeOptions, Server, Timeouts, Tokenizer};
+use sinter_serve::{
+    BertEmbedder, DecoderModel, Embedder, ServeOptions, Server, Timeouts, Tokenizer,
+};
 
 use crate::inference;
 
 /// A GPT ready for inference, with how to turn text into its tokens.
 pub struct LoadedLm {
-    pub gpt: Gpt,
+    pub gpt: Decoder,
     pub tokenizer: Tokenizer,
     /// The context it was trained with (≤ its position table).
     pub context: usize,
@@ -37,7 +39,7 @@ pub fn load_lm(path: &Path, device: Device) -> Result<LoadedLm> {
     let inf = inference::load_model(path)?;
     let model_name = inf.info.model.clone();
     let model: Box<dyn std::any::Any> = inf.model;
-    let gpt = *model.downcast::<Gpt>().map_err(|_| {
+    let gpt = *model.downcast::<Decoder>().map_err(|_| {
         anyhow!(
             "{} holds a '{model_name}' model; generate and serve need a GPT checkpoint (gpt-tiny or gpt2)",
             path.display()
@@ -234,7 +236,7 @@ fn generate_pretrained(
     g: &GenerateArgs,
     path: &Path,
     policy: ContextPolicy,
-    sampling: sinter_models::gpt::SamplingParams,
+    sampling: sinter_models::decoder::SamplingParams,
     device: Device,
 ) -> Result<()> {
     let weights = gguf_weights(g.dequantize, device);
@@ -458,8 +460,8 @@ fn listen_url(addr: std::net::SocketAddr) -> String {
     )
 }
 
-fn gpt_model(lm: LoadedLm, policy: &str) -> Result<(GptModel, Tokenizer)> {
-    let mut model = GptModel::new(lm.gpt, lm.context)?;
+fn gpt_model(lm: LoadedLm, policy: &str) -> Result<(DecoderModel, Tokenizer)> {
+    let mut model = DecoderModel::new(lm.gpt, lm.context)?;
     model.policy = policy
         .parse()
         .map_err(|e| anyhow!("--context-policy: {e}"))?;
@@ -603,10 +605,10 @@ pub struct BenchServeArgs {
 
 /// A random GPT of a preset, for load tests without a checkpoint.
 fn random_lm(preset: &str, context: Option<usize>) -> Result<LoadedLm> {
-    let cfg = GptConfig::preset(preset)
+    let cfg = DecoderConfig::preset(preset)
         .ok_or_else(|| anyhow!("--model: '{preset}' is not a GPT preset (gpt-tiny, gpt2)"))?;
     let block = context.unwrap_or(cfg.block_size.min(256));
-    let cfg = GptConfig {
+    let cfg = DecoderConfig {
         block_size: block,
         ..cfg
     };
@@ -615,7 +617,7 @@ fn random_lm(preset: &str, context: Option<usize>) -> Result<LoadedLm> {
     } else {
         Tokenizer::gpt2()
     };
-    let gpt = Gpt::new(cfg, &mut Rng::new(0), &shared_rng(0))?;
+    let gpt = Decoder::new(cfg, &mut Rng::new(0), &shared_rng(0))?;
     gpt.set_training(false);
     Ok(LoadedLm {
         gpt,

@@ -7,7 +7,9 @@ use std::path::{Path, PathBuf};
 
 use common::*;
 use sinter_core::{Device, Rng, Tensor};
-use sinter_models::{load_pretrained, load_pretrained_with_tokenizer, DecoderArch, Gpt, GptConfig};
+use sinter_models::{
+    load_pretrained, load_pretrained_with_tokenizer, Decoder, DecoderArch, DecoderConfig,
+};
 
 const CHARS: &str = "\n ,.abcdefghijklmnopqrstuvwxyz";
 const EOS: &str = "</s>";
@@ -36,7 +38,7 @@ fn write_tiny_llama(dir: &Path) {
         serde_json::json!({ "eos_token": EOS }).to_string(),
     )
     .unwrap();
-    let config = GptConfig {
+    let config = DecoderConfig {
         n_layer: 2,
         n_head: 4,
         n_embd: 64,
@@ -49,7 +51,7 @@ fn write_tiny_llama(dir: &Path) {
             ..DecoderArch::llama(10_000.0)
         },
     };
-    let model = Gpt::new(config, &mut Rng::new(7), &sinter_nn::module::shared_rng(0)).unwrap();
+    let model = Decoder::new(config, &mut Rng::new(7), &sinter_nn::module::shared_rng(0)).unwrap();
     sinter_models::save_hf_llama(&model, dir).unwrap();
 }
 
@@ -198,7 +200,7 @@ fn a_resumed_fine_tune_equals_an_uninterrupted_one() {
 }
 
 /// The logits of `model` for a fixed window of ids.
-fn logits(model: &Gpt) -> Vec<f32> {
+fn logits(model: &Decoder) -> Vec<f32> {
     let ids: Vec<i64> = (0..24).map(|i| (i * 7 % 30) as i64).collect();
     let x = Tensor::from_vec(ids, &[1, 24], Device::Cpu).unwrap();
     sinter_nn::Module::forward(model, &x)
@@ -339,7 +341,7 @@ fn write_st(path: &Path, tensors: &[(String, Vec<f32>, Vec<usize>)]) {
 
 /// The base model with the PEFT adapter in `dir` installed by hand through sinter-nn (not
 /// through the CLI's loader): an independent reading of PEFT's names.
-fn base_with_adapter(base: &str, dir: &Path) -> Gpt {
+fn base_with_adapter(base: &str, dir: &Path) -> Decoder {
     let model = load_pretrained(base).unwrap();
     let tensors = read_st(&dir.join("adapter_model.safetensors"));
     let cfg: serde_json::Value =

@@ -8,7 +8,7 @@
 //! steps its optimizer over its own (sharded or staged) parameters.
 
 use sinter_core::{bail, Result, Tensor};
-use sinter_models::GptConfig;
+use sinter_models::DecoderConfig;
 use sinter_nn::Optimizer;
 
 use super::{PipelineGpt, PipelineStats, Schedule};
@@ -52,7 +52,7 @@ impl ParallelSpec {
     }
 
     /// Checks the spec against a model and a world size.
-    pub fn validate(&self, cfg: &GptConfig, world: usize) -> Result<()> {
+    pub fn validate(&self, cfg: &DecoderConfig, world: usize) -> Result<()> {
         if self.dp == 0 || self.tp == 0 || self.pp == 0 || self.micro_batches == 0 {
             bail!(
                 "parallel spec: dp, tp, pp and micro_batches must all be at least 1 (got {self:?})"
@@ -128,7 +128,7 @@ impl ParallelTrainer {
     /// mesh, builds this rank's shard or stage of the model from the full weights `init`
     /// (standard names) and its optimizer with `make_optimizer(local parameters)`.
     pub fn new(
-        cfg: &GptConfig,
+        cfg: &DecoderConfig,
         init: &[(String, Tensor)],
         spec: &ParallelSpec,
         comm: &mut dyn Communicator,
@@ -381,7 +381,7 @@ impl ParallelTrainer {
         self.optimizer.load_state(steps, &local)
     }
 
-    /// The full model's weights under the standard names, in `Gpt::parameters()` order
+    /// The full model's weights under the standard names, in `Decoder::parameters()` order
     /// (collective over the model-parallel group; every rank gets them).
     pub fn gather_weights(&mut self) -> Result<Vec<(String, Tensor)>> {
         match &mut self.engine {
@@ -404,7 +404,7 @@ impl ParallelTrainer {
 pub struct ParallelReport {
     /// Mean loss over the global batch, per step.
     pub losses: Vec<f32>,
-    /// The full weights after the last step, standard names, `Gpt::parameters()` order.
+    /// The full weights after the last step, standard names, `Decoder::parameters()` order.
     pub weights: Vec<(String, Tensor)>,
     /// Pipeline statistics of the last step on this rank's stage (without tensor parallelism).
     pub pipeline: Option<PipelineStats>,
@@ -414,7 +414,7 @@ pub struct ParallelReport {
 /// `batches` (global `(ids, targets)` pairs, the same on every rank) under `spec`, on the world
 /// `comm`. Every rank calls it; each returns the same losses and gathered weights.
 pub fn train_gpt_parallel(
-    cfg: &GptConfig,
+    cfg: &DecoderConfig,
     init: &[(String, Tensor)],
     spec: &ParallelSpec,
     comm: &mut dyn Communicator,

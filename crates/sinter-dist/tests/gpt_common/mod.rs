@@ -4,7 +4,7 @@
 
 use sinter_core::{Device, Rng, Tensor};
 use sinter_dist::tensor_parallel::snapshot_parameters;
-use sinter_models::{Gpt, GptConfig};
+use sinter_models::{Decoder, DecoderConfig};
 use sinter_nn::module::shared_rng;
 
 pub type Named = Vec<(String, Tensor)>;
@@ -12,13 +12,13 @@ pub type Named = Vec<(String, Tensor)>;
 /// A GPT's initial weights (fresh storage, from `model_seed`) and `n` random (ids, targets)
 /// batches of `b` × block_size tokens (from `data_seed`).
 pub fn setup_with(
-    cfg: &GptConfig,
+    cfg: &DecoderConfig,
     b: usize,
     n: usize,
     model_seed: u64,
     data_seed: u64,
 ) -> (Named, Vec<(Tensor, Tensor)>) {
-    let gpt = Gpt::new(cfg.clone(), &mut Rng::new(model_seed), &shared_rng(1)).unwrap();
+    let gpt = Decoder::new(cfg.clone(), &mut Rng::new(model_seed), &shared_rng(1)).unwrap();
     let init = snapshot_parameters(&gpt).unwrap();
     let mut rng = Rng::new(data_seed);
     let t = cfg.block_size;
@@ -38,7 +38,7 @@ pub fn setup_with(
 }
 
 /// `setup_with` the seeds the TP and checkpoint tests use.
-pub fn setup(cfg: &GptConfig, b: usize, n: usize) -> (Named, Vec<(Tensor, Tensor)>) {
+pub fn setup(cfg: &DecoderConfig, b: usize, n: usize) -> (Named, Vec<(Tensor, Tensor)>) {
     setup_with(cfg, b, n, 7, 42)
 }
 
@@ -133,7 +133,7 @@ pub fn assert_losses_close(got: &[f32], want: &[f32], what: &str) {
 /// `batches` by a `stages`-stage 1F1B pipeline of `micro` micro-batches with AdamW(lr, wd),
 /// on threads that must finish within `limit`.
 pub fn train_pipeline(
-    cfg: &GptConfig,
+    cfg: &DecoderConfig,
     init: &Named,
     batches: &[(Tensor, Tensor)],
     (stages, micro): (usize, usize),

@@ -6,7 +6,7 @@ use std::path::Path;
 
 use serde_json::Value;
 use sinter_core::{Device, Tensor};
-use sinter_models::Gpt;
+use sinter_models::Decoder;
 
 pub struct Reference {
     pub ids: Vec<i64>,
@@ -77,7 +77,7 @@ pub fn ids_tensor(ids: &[i64]) -> Tensor {
 }
 
 /// Greedy continuation through the KV cache: the prompt as one prefill, then a token a step.
-pub fn greedy(model: &Gpt, prompt: &[i64], n: usize) -> Vec<i64> {
+pub fn greedy(model: &Decoder, prompt: &[i64], n: usize) -> Vec<i64> {
     let mut cache = model.kv_cache_with_capacity(1, prompt.len() + n).unwrap();
     let v = model.config.vocab_size;
     let all = model

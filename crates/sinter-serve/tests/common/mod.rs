@@ -6,14 +6,14 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use sinter_core::Rng;
-use sinter_models::{Gpt, GptConfig};
+use sinter_models::{Decoder, DecoderConfig};
 use sinter_nn::module::shared_rng;
 use sinter_nn::Module;
-use sinter_serve::GptModel;
+use sinter_serve::DecoderModel;
 
 /// 2 layers, width 32, context 64, 256 byte tokens; its text is gibberish, fixed by `seed`.
-pub fn tiny_gpt(seed: u64) -> GptModel {
-    let cfg = GptConfig {
+pub fn tiny_gpt(seed: u64) -> DecoderModel {
+    let cfg = DecoderConfig {
         n_layer: 2,
         n_head: 2,
         n_embd: 32,
@@ -22,9 +22,9 @@ pub fn tiny_gpt(seed: u64) -> GptModel {
         dropout: 0.0,
         ..Default::default()
     };
-    let gpt = Gpt::new(cfg, &mut Rng::new(seed), &shared_rng(seed)).unwrap();
+    let gpt = Decoder::new(cfg, &mut Rng::new(seed), &shared_rng(seed)).unwrap();
     gpt.set_training(false);
-    GptModel::new(gpt, 64).unwrap()
+    DecoderModel::new(gpt, 64).unwrap()
 }
 
 /// The Python to run client scripts with ($PYTHON, else python3).

@@ -9,7 +9,7 @@ use std::path::Path;
 use anyhow::{anyhow, bail, Context, Result};
 use serde_json::{json, Value};
 use sinter_core::{DType, Device, Rng, Tensor};
-use sinter_models::Gpt;
+use sinter_models::Decoder;
 use sinter_nn::lora::{self, LoraConfig, Segment};
 
 use crate::config::LoraSettings;
@@ -21,7 +21,7 @@ pub const CONFIG_FILE: &str = "adapter_config.json";
 /// Installs fresh adapters on `model` (A drawn from `seed`). Returns the adapted
 /// projections' short names.
 pub fn install_adapters(
-    model: &Gpt,
+    model: &Decoder,
     s: &LoraSettings,
     seed: u64,
     drop_rng: &SharedRng,
@@ -38,7 +38,7 @@ pub fn install_adapters(
 
 /// [`install_adapters`], and everything else frozen (a run that trains them).
 pub fn install(
-    model: &Gpt,
+    model: &Decoder,
     s: &LoraSettings,
     seed: u64,
     drop_rng: &SharedRng,
@@ -52,7 +52,7 @@ pub fn install(
 /// channel (`lora::FrozenInt8`) or GGML blocks (`lora::FrozenGgml`: q8_0, q4_0, q4_1, q4_k)
 /// — a frozen form that passes gradients to its input, and its f32 weight released.
 /// Returns how many layers were quantized.
-pub fn quantize_base(model: &mut Gpt, base: &str) -> Result<usize> {
+pub fn quantize_base(model: &mut Decoder, base: &str) -> Result<usize> {
     let ggml = match base {
         "int8" => None,
         name => Some(ggml_type_of(name)?),
@@ -87,7 +87,7 @@ pub fn quantize_base(model: &mut Gpt, base: &str) -> Result<usize> {
 /// `--lora-base gguf`: the blocks a GGUF file was loaded with (`GgufWeights::Quantized`)
 /// become the frozen base that passes gradients. Returns how many layers hold them; none is
 /// an error (the file keeps its matrices in f32/f16: nothing to save).
-pub fn keep_gguf_base(model: &Gpt, path: &std::path::Path) -> Result<usize> {
+pub fn keep_gguf_base(model: &Decoder, path: &std::path::Path) -> Result<usize> {
     let n = sinter_nn::quant::layers(model)
         .iter()
         .filter(|(_, h)| lora::freeze_ggml_slot(&h.slot))
@@ -118,7 +118,7 @@ fn peft_name(module: &str, factor: &str) -> String {
 }
 
 /// Every installed adapter segment as (HF module name, short name, segment).
-fn segments(model: &Gpt) -> Vec<(String, &'static str, Segment)> {
+fn segments(model: &Decoder) -> Vec<(String, &'static str, Segment)> {
     let mut out = Vec::new();
     for (i, b) in model.blocks.iter().enumerate() {
         for p in lora::projections(b) {
@@ -135,7 +135,7 @@ fn segments(model: &Gpt) -> Vec<(String, &'static str, Segment)> {
 
 /// Writes the model's adapters to `dir` in PEFT's format; `base` is what
 /// `base_model_name_or_path` records.
-pub fn export_peft(model: &Gpt, s: &LoraSettings, base: &str, dir: &Path) -> Result<()> {
+pub fn export_peft(model: &Decoder, s: &LoraSettings, base: &str, dir: &Path) -> Result<()> {
     let segs = segments(model);
     if segs.is_empty() {
         bail!("the model carries no LoRA adapter to export");
@@ -254,7 +254,7 @@ fn read_config(dir: &Path) -> Result<PeftConfig> {
 
 /// Reads a PEFT LoRA adapter from `dir` and installs it on `model` (unmerged: the base
 /// is untouched). Every problem is an error naming the file and tensor.
-pub fn load_peft(model: &Gpt, dir: &Path) -> Result<()> {
+pub fn load_peft(model: &Decoder, dir: &Path) -> Result<()> {
     let cfg = read_config(dir)?;
     let path = dir.join(WEIGHTS_FILE);
     let bytes = std::fs::read(&path).with_context(|| format!("cannot read {}", path.display()))?;
@@ -356,7 +356,7 @@ pub fn load_peft(model: &Gpt, dir: &Path) -> Result<()> {
 
 /// Folds every installed adapter into its layer's weight (W += scale·B·A) and removes it, so
 /// the model runs (and exports) as a plain model. Returns how many layers were merged.
-pub fn merge(model: &Gpt) -> Result<usize> {
+pub fn merge(model: &Decoder) -> Result<usize> {
     let mut n = 0;
     for b in &model.blocks {
         for l in [&b.attn.qkv, &b.attn.proj, &b.mlp.fc, &b.mlp.proj] {
@@ -379,7 +379,7 @@ pub fn merge(model: &Gpt) -> Result<usize> {
 /// tensors, then folded into the base weights (`export` writes what a user runs; a QLoRA
 /// run's adapters go onto the f32 base, as PEFT merges them).
 pub fn restore_merged(
-    model: &Gpt,
+    model: &Decoder,
     s: &LoraSettings,
     seed: u64,
     loaded: &HashMap<String, Tensor>,
@@ -397,7 +397,7 @@ pub fn restore_merged(
 
 /// `--adapter DIR` of generate and serve: the adapter (if given) read and merged into
 /// `model` (wherever its weights live; a quantized layer keeps it unmerged).
-pub fn apply_adapter_opt(model: &Gpt, dir: Option<&Path>) -> Result<()> {
+pub fn apply_adapter_opt(model: &Decoder, dir: Option<&Path>) -> Result<()> {
     let Some(dir) = dir else { return Ok(()) };
     load_peft(model, dir).with_context(|| format!("loading the adapter {}", dir.display()))?;
     merge(model)?;
@@ -429,8 +429,8 @@ pub fn export_run(s: &super::Setup, dir: &Path) -> Result<()> {
 }
 
 /// The GPT inside a run's model (LoRA runs are pretrained Llama-family models).
-pub fn gpt_of(m: &dyn sinter_models::Model) -> Result<&Gpt> {
+pub fn gpt_of(m: &dyn sinter_models::Model) -> Result<&Decoder> {
     m.as_any()
-        .and_then(|a| a.downcast_ref::<Gpt>())
+        .and_then(|a| a.downcast_ref::<Decoder>())
         .context("LoRA adapters are for GPT-style (Llama-family) models")
 }

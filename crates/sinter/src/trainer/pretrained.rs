@@ -8,7 +8,7 @@ use std::sync::Arc;
 use anyhow::{bail, Context, Result};
 use sinter_core::Rng;
 use sinter_data::{DataSpec, Dataset, OpenOptions, Split, TextTokenizer, Windows};
-use sinter_models::{GgufWeights, Gpt, Task};
+use sinter_models::{Decoder, GgufWeights, Task};
 use sinter_nn::module::shared_rng;
 
 use super::Setup;
@@ -78,7 +78,7 @@ pub fn setup_pretrained(config: TrainConfig, path: &Path) -> Result<Setup> {
 }
 
 /// The model at `path` without its tokenizer (a checkpoint's weights replace its own).
-pub fn load_architecture(path: &Path) -> Result<Gpt> {
+pub fn load_architecture(path: &Path) -> Result<Decoder> {
     sinter_models::load_pretrained(path).with_context(|| {
         format!(
             "loading {}, the pretrained model this checkpoint was trained from (it must still be there)",
@@ -87,7 +87,7 @@ pub fn load_architecture(path: &Path) -> Result<Gpt> {
     })
 }
 
-fn check_context(config: &TrainConfig, model: &Gpt, path: &Path) -> Result<()> {
+fn check_context(config: &TrainConfig, model: &Decoder, path: &Path) -> Result<()> {
     if config.context > model.config.block_size {
         bail!(
             "--context {} is longer than the {} tokens {} was trained for; give --context {} or less",

@@ -12,7 +12,7 @@ use serde_json::{json, Value};
 use sinter_core::{Device, Tensor};
 use sinter_dist::pipeline::{ParallelSpec, ParallelTrainer, Schedule};
 use sinter_dist::{Communicator, DistEnv, ReduceOp};
-use sinter_models::{Gpt, Task};
+use sinter_models::{Decoder, Task};
 
 use super::{make_optimizer, LoaderShard, LrPlan, Readout, StepEngine};
 use crate::config::TrainConfig;
@@ -96,7 +96,7 @@ impl ParallelEngine {
         let gpt = s
             .model
             .as_any()
-            .and_then(|m| m.downcast_ref::<Gpt>())
+            .and_then(|m| m.downcast_ref::<Decoder>())
             .ok_or_else(|| anyhow!("--tp/--pp split a GPT; {} is not one", s.config.model))?;
         let init = s.model.parameters();
         let c = s.config.clone();

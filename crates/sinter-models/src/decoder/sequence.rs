@@ -21,7 +21,7 @@ use std::str::FromStr;
 
 use sinter_core::{bail, Result};
 
-use super::{Gpt, KvCache};
+use super::{Decoder, KvCache};
 
 /// How a sequence longer than the context is conditioned (see the module comment).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -59,7 +59,7 @@ impl std::fmt::Display for ContextPolicy {
 /// (`tokens[start..]`), and that window's KV cache (`None`: the window is recomputed for
 /// every token, the reference path). The cache holds `tokens[start..start + cached]`; the
 /// rest of the window is pending (one token while decoding, more after a prompt or a shift).
-pub struct GptSequence {
+pub struct DecoderSequence {
     tokens: Vec<i64>,
     prompt_len: usize,
     start: usize,
@@ -68,7 +68,7 @@ pub struct GptSequence {
     policy: ContextPolicy,
 }
 
-impl Gpt {
+impl Decoder {
     /// A sequence starting from `prompt`, conditioned on at most `context` (≤ block_size)
     /// tokens. With `use_cache` its KV cache holds `capacity` positions: `context`, or less
     /// when the whole sequence (prompt plus `max_new` tokens) is known to be shorter.
@@ -79,7 +79,7 @@ impl Gpt {
         context: usize,
         policy: ContextPolicy,
         use_cache: bool,
-    ) -> Result<GptSequence> {
+    ) -> Result<DecoderSequence> {
         if prompt.is_empty() {
             bail!("gpt: generation needs a prompt of at least one token");
         }
@@ -98,7 +98,7 @@ impl Gpt {
         } else {
             None
         };
-        Ok(GptSequence {
+        Ok(DecoderSequence {
             tokens: prompt.to_vec(),
             prompt_len: prompt.len(),
             start: prompt.len().saturating_sub(context),
@@ -120,7 +120,7 @@ impl Gpt {
         context: usize,
         policy: ContextPolicy,
         spare: &mut Vec<KvCache>,
-    ) -> Result<GptSequence> {
+    ) -> Result<DecoderSequence> {
         let context = context.clamp(1, self.config.block_size);
         let need = prompt.len().saturating_add(max_new).min(context);
         let fits = spare
@@ -140,8 +140,8 @@ impl Gpt {
     }
 }
 
-impl GptSequence {
-    /// The sequence's KV cache, for another sequence (`Gpt::sequence_reusing`).
+impl DecoderSequence {
+    /// The sequence's KV cache, for another sequence (`Decoder::sequence_reusing`).
     pub fn into_cache(self) -> Option<KvCache> {
         self.cache
     }
@@ -175,7 +175,7 @@ impl GptSequence {
         &self.tokens[self.start + self.cached()..]
     }
     /// Whether exactly one token is pending and the cache has room for it: the next call is
-    /// a one-position decode step (`Gpt::decode`) that yields the next token's logits.
+    /// a one-position decode step (`Decoder::decode`) that yields the next token's logits.
     pub fn is_decoding(&self) -> bool {
         self.can_feed() && self.pending().len() == 1
     }
@@ -217,7 +217,7 @@ impl GptSequence {
 
     /// Gives the sequence a cache of the full context when its window has outgrown the
     /// capacity it was sized for (more tokens generated than it was created for).
-    pub(crate) fn fit_cache(&mut self, model: &Gpt) -> Result<()> {
+    pub(crate) fn fit_cache(&mut self, model: &Decoder) -> Result<()> {
         let window = self.tokens.len() - self.start;
         if self.cache.as_ref().is_some_and(|c| c.capacity() < window) {
             self.cache = Some(model.kv_cache_with_capacity(1, self.context)?);

@@ -4,7 +4,7 @@
 
 use sinter_core::{Result, Rng};
 
-use super::{ContextPolicy, Gpt, SamplingParams};
+use super::{ContextPolicy, Decoder, SamplingParams};
 
 /// What to generate: how many tokens, how to pick them, and the context.
 #[derive(Clone, Copy, Debug)]
@@ -18,7 +18,7 @@ pub struct GenerateOptions {
     pub use_cache: bool,
 }
 
-impl Gpt {
+impl Decoder {
     /// Samples up to `o.max_new` tokens after `prompt`, calling `on_token` with each as soon
     /// as it is picked (it returns false to stop early). Returns prompt and continuation.
     pub fn generate_streaming(

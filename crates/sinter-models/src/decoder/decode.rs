@@ -12,9 +12,9 @@ use sinter_core::{bail, fused, no_grad, Device, Result, Tensor};
 use sinter_nn::Module;
 
 use super::host_step::{host_cache, DecoderParts, HostModel, StepRow};
-use super::{Gpt, GptSequence, KvCache};
+use super::{Decoder, DecoderSequence, KvCache};
 
-impl Gpt {
+impl Decoder {
     /// Logits [n, vocab] of one new token per sequence: `ids[i]` at position
     /// `caches[i].len()` of sequence i, whose earlier keys and values are in `caches[i]`
     /// (batch 1, appended to). Equal, row by row, to `forward_step` of each sequence alone
@@ -103,7 +103,7 @@ impl Gpt {
     /// (`can_feed`): returns n rows of `vocab_size` logits, row-major. A row is the next
     /// token's logits when its sequence has nothing pending left (`pending()` empty), else
     /// the logits of a prompt position, which callers skip.
-    pub fn decode(&self, seqs: &mut [&mut GptSequence]) -> Result<Vec<f32>> {
+    pub fn decode(&self, seqs: &mut [&mut DecoderSequence]) -> Result<Vec<f32>> {
         let mut ids = Vec::with_capacity(seqs.len());
         for (i, s) in seqs.iter().enumerate() {
             if !s.can_feed() {
@@ -125,7 +125,7 @@ impl Gpt {
     /// None while more chunks remain (long prompts are fed in chunks so that a server can
     /// interleave them with other sequences' decode steps). Without a cache, recomputes the
     /// whole window and returns its logits.
-    pub fn prefill(&self, seq: &mut GptSequence, max_chunk: usize) -> Result<Option<Vec<f32>>> {
+    pub fn prefill(&self, seq: &mut DecoderSequence, max_chunk: usize) -> Result<Option<Vec<f32>>> {
         let _g = no_grad();
         let device = self.wte.weight.device();
         let ids = |t: &[i64]| -> Result<Tensor> {
@@ -200,7 +200,7 @@ impl Gpt {
 
     /// The next-token logits of one sequence: a decode step when one token is pending, else
     /// a whole prefill.
-    pub fn next_logits(&self, seq: &mut GptSequence) -> Result<Vec<f32>> {
+    pub fn next_logits(&self, seq: &mut DecoderSequence) -> Result<Vec<f32>> {
         if seq.is_decoding() {
             return self.decode(&mut [seq]);
         }
@@ -210,7 +210,7 @@ impl Gpt {
     }
 }
 
-impl Gpt {
+impl Decoder {
     /// The host step's view of this model, or None when the tensor path must run (see
     /// `host_step`'s module comment).
     pub(crate) fn host_model(&self) -> Option<HostModel<'_>> {

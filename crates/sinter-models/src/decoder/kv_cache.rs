@@ -3,7 +3,7 @@
 use sinter_nn::LayerKvCache;
 
 /// The keys and values of every layer for the positions generated so far (batch as given
-/// to `Gpt::kv_cache`, capacity `block_size`).
+/// to `Decoder::kv_cache`, capacity `block_size`).
 pub struct KvCache {
     pub layers: Vec<LayerKvCache>,
 }

@@ -24,7 +24,7 @@ mod sequence;
 pub use generate::GenerateOptions;
 pub use kv_cache::KvCache;
 pub use sampling::{sample_token, SamplingParams};
-pub use sequence::{ContextPolicy, GptSequence};
+pub use sequence::{ContextPolicy, DecoderSequence};
 
 use std::sync::{Arc, Mutex};
 
@@ -40,9 +40,9 @@ use sinter_nn::{
 };
 
 /// The decoder's sizes and, in `arch`, the shape of its blocks: GPT-2's by default, the
-/// Llama family's with `DecoderArch::llama`. One model type runs both (`Gpt`).
+/// Llama family's with `DecoderArch::llama`. One model type runs both (`Decoder`).
 #[derive(Clone, Debug, PartialEq)]
-pub struct GptConfig {
+pub struct DecoderConfig {
     pub n_layer: usize,
     pub n_head: usize,
     pub n_embd: usize,
@@ -127,18 +127,18 @@ impl Default for DecoderArch {
     }
 }
 
-impl Default for GptConfig {
+impl Default for DecoderConfig {
     /// The `gpt-tiny` preset.
     fn default() -> Self {
-        GptConfig::preset("gpt-tiny").expect("gpt-tiny is a preset")
+        DecoderConfig::preset("gpt-tiny").expect("gpt-tiny is a preset")
     }
 }
 
-impl GptConfig {
-    pub fn preset(name: &str) -> Option<GptConfig> {
+impl DecoderConfig {
+    pub fn preset(name: &str) -> Option<DecoderConfig> {
         match name {
             // Byte-level, trainable on a 2-core CPU in minutes.
-            "gpt-tiny" => Some(GptConfig {
+            "gpt-tiny" => Some(DecoderConfig {
                 n_layer: 4,
                 n_head: 4,
                 n_embd: 128,
@@ -148,7 +148,7 @@ impl GptConfig {
                 arch: DecoderArch::gpt2(),
             }),
             // GPT-2 small: 124M parameters.
-            "gpt2" => Some(GptConfig {
+            "gpt2" => Some(DecoderConfig {
                 n_layer: 12,
                 n_head: 12,
                 n_embd: 768,
@@ -159,7 +159,7 @@ impl GptConfig {
             }),
             // gpt-tiny's size as a Llama: grouped-query attention (2 kv heads), SwiGLU of
             // 344 (≈ 8/3 · 128, as Llama sizes it), RMSNorm, rotary positions.
-            "llama-tiny" => Some(GptConfig {
+            "llama-tiny" => Some(DecoderConfig {
                 n_layer: 4,
                 n_head: 4,
                 n_embd: 128,
@@ -248,7 +248,7 @@ impl GptConfig {
         self.block_config().check()
     }
 
-    /// Names and shapes of the parameters, in the order `Gpt::parameters()` lists them
+    /// Names and shapes of the parameters, in the order `Decoder::parameters()` lists them
     /// (every block shape: GPT-2's and the Llama family's).
     pub fn param_specs(&self) -> Vec<(String, Vec<usize>)> {
         let c = self.n_embd;
@@ -297,8 +297,8 @@ impl GptConfig {
     }
 }
 
-pub struct Gpt {
-    pub config: GptConfig,
+pub struct Decoder {
+    pub config: DecoderConfig,
     pub wte: Embedding,
     /// The learned position table (GPT-2); None with rotary positions.
     pub wpe: Option<Embedding>,
@@ -315,8 +315,8 @@ pub struct Gpt {
     scratch: Mutex<host_step::Scratch>,
 }
 
-impl Gpt {
-    pub fn new(config: GptConfig, rng: &mut Rng, drop_rng: &SharedRng) -> Result<Self> {
+impl Decoder {
+    pub fn new(config: DecoderConfig, rng: &mut Rng, drop_rng: &SharedRng) -> Result<Self> {
         config.check()?;
         let c = &config;
         let blocks = (0..c.n_layer)
@@ -337,7 +337,7 @@ impl Gpt {
                 None,
             ))
         };
-        Ok(Gpt {
+        Ok(Decoder {
             wte,
             wpe,
             blocks,
@@ -352,11 +352,11 @@ impl Gpt {
         })
     }
 
-    /// The model from named weights (`GptConfig::param_specs`' names; `get` checks them),
+    /// The model from named weights (`DecoderConfig::param_specs`' names; `get` checks them),
     /// drawing nothing at random: loading a pretrained model costs its copy, not an
     /// initialisation it would overwrite.
     pub fn from_named(
-        config: GptConfig,
+        config: DecoderConfig,
         get: &mut dyn FnMut(&str) -> Result<Tensor>,
         drop_rng: &SharedRng,
     ) -> Result<Self> {
@@ -387,7 +387,7 @@ impl Gpt {
             true => None,
             false => Some(Linear::from_weights(get("lm_head.weight")?, None)),
         };
-        Ok(Gpt {
+        Ok(Decoder {
             wte,
             wpe,
             blocks,
@@ -607,7 +607,7 @@ impl Gpt {
     }
 }
 
-impl Module for Gpt {
+impl Module for Decoder {
     fn as_any(&self) -> Option<&dyn std::any::Any> {
         Some(self)
     }
@@ -634,7 +634,7 @@ impl Module for Gpt {
     }
 }
 
-impl Model for Gpt {
+impl Model for Decoder {
     fn task(&self) -> Task {
         Task::LanguageModel
     }

@@ -6,7 +6,7 @@
 //!
 //! A step takes rows — each one token at one absolute position of one sequence — and runs
 //! every block on all of them at once: the weights are read in place (`Tensor::host_f32`)
-//! or, after `Gpt::pack_weights` (the server), from copies packed once for the GEMM's
+//! or, after `Decoder::pack_weights` (the server), from copies packed once for the GEMM's
 //! micro-kernels; each projection is one GEMM with its bias (and GELU) in its epilogue, the
 //! residual adds are the GEMMs' β = 1 accumulation into the residual stream, the norms
 //! write into scratch buffers kept between steps, and attention rotates each row's query and
@@ -17,7 +17,7 @@
 //! per product cost more than it saved); a step of many rows is split in two parts instead,
 //! one per core (`step`). A larger weight (a real model's) is streamed by every core.
 //!
-//! It is the same model as the tensor path (`Gpt::forward_step`, the reference it is tested
+//! It is the same model as the tensor path (`Decoder::forward_step`, the reference it is tested
 //! against): the same weights, the same kernels' arithmetic up to the order of a few f32
 //! additions. It applies when every weight is a contiguous f32 tensor on the CPU, the caches
 //! are f32 CPU buffers, and no layer is being calibrated; a Linear with an int8 form runs
@@ -56,7 +56,7 @@ pub(crate) struct StepRow {
 #[derive(Default)]
 pub(crate) struct Scratch {
     parts: [Buffers; 2],
-    /// The weights packed for the GEMMs (`Gpt::pack_weights`), while they match the model.
+    /// The weights packed for the GEMMs (`Decoder::pack_weights`), while they match the model.
     packed: Option<PackedWeights>,
 }
 
@@ -259,7 +259,7 @@ pub(crate) struct HostModel<'a> {
     isa: Isa,
 }
 
-/// What of a decoder the host step reads, borrowed from the model (`Gpt::host_model` fills
+/// What of a decoder the host step reads, borrowed from the model (`Decoder::host_model` fills
 /// it): the modules and the sizes the blocks do not carry.
 pub(crate) struct DecoderParts<'a> {
     pub wte: &'a Embedding,
