@@ -171,6 +171,7 @@ pub fn binary_strided(
 mod tests {
     use super::super::fake_slice;
     use super::*;
+    use crate::launch::Arg;
 
     #[test]
     fn strided_plans() {

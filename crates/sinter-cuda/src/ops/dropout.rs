@@ -199,7 +199,6 @@ pub fn rand_normal(
 
 #[cfg(test)]
 mod tests {
-    use super::super::fake_slice;
     use super::*;
 
     #[test]
