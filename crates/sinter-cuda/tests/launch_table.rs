@@ -13,11 +13,22 @@ use sinter_cuda::ops::boolean::{
     bool_reduce_dtype, plan_bool_binary, plan_bool_reduce, plan_fill_bool, plan_where_bool, BoolOp,
     DTYPES as BOOL_DTYPES,
 };
+use sinter_cuda::ops::conv::{
+    plan_avgpool2d_backward, plan_avgpool2d_forward, plan_batchnorm_apply,
+    plan_batchnorm_backward_dx, plan_batchnorm_backward_reduce, plan_batchnorm_stats, plan_col2im,
+    plan_im2col, plan_maxpool2d_backward, plan_maxpool2d_forward, BnShape, Window2d,
+};
 use sinter_cuda::ops::copy::{plan_cast, plan_strided_copy};
 use sinter_cuda::ops::dropout::{plan_dropout, plan_random};
+use sinter_cuda::ops::embedding::{
+    backward_scratch_len, plan_embedding_backward, plan_embedding_forward,
+};
 use sinter_cuda::ops::int::{
     plan_arange, plan_fill_i64, plan_gather_rows_i64, plan_index_check, plan_index_flat,
     plan_int_binary, plan_int_matmul, plan_int_reduce, IntReduce,
+};
+use sinter_cuda::ops::reduce::{
+    plan_arg_last, plan_arg_mid, plan_sum_last, plan_sum_mid, sum_mid_scratch_len, ArgReduce,
 };
 use sinter_cuda::ops::unary::{plan_fill, plan_unary, plan_unary_backward, UnaryOp};
 use sinter_cuda::DType;
@@ -77,6 +88,18 @@ impl Record {
             Err(e) => format!("error {e}"),
         };
         self.0.push(format!("{label}: {text}"));
+    }
+
+    fn steps(&mut self, label: String, r: sinter_cuda::Result<Vec<Step>>) {
+        match r {
+            Ok(steps) if steps.is_empty() => self.0.push(format!("{label}: none")),
+            Ok(steps) => {
+                for (k, s) in steps.iter().enumerate() {
+                    self.0.push(format!("{label} [{k}]: {}", step_text(s)));
+                }
+            }
+            Err(e) => self.0.push(format!("{label}: error {e}")),
+        }
     }
 
     fn step(&mut self, label: String, r: sinter_cuda::Result<Option<Step>>) {
@@ -288,6 +311,198 @@ fn random(t: &LaunchTarget, r: &mut Record) {
     }
 }
 
+fn reduce(t: &LaunchTarget, r: &mut Record) {
+    for d in DType::FLOATS {
+        for (rows, n) in [(0usize, 5usize), (4, 1000), (3, 1), (1000, 50257), (7, 0)] {
+            let (x, o, i) = (
+                slice(0, d, rows * n),
+                slice(1, d, rows),
+                slice(2, DType::I64, rows),
+            );
+            r.launch(
+                format!("sum_last {d} {rows}x{n}"),
+                plan_sum_last(t, x, o, rows, n, 0.5),
+            );
+            for w in [ArgReduce::Max, ArgReduce::Min] {
+                r.launch(
+                    format!("arg_last {w:?} {d} {rows}x{n}"),
+                    plan_arg_last(t, w, x, o, Some(i), rows, n),
+                );
+                r.launch(
+                    format!("arg_last {w:?} {d} {rows}x{n} no idx"),
+                    plan_arg_last(t, w, x, o, None, rows, n),
+                );
+            }
+        }
+        for [outer, n, inner] in [
+            [0usize, 3, 4],
+            [4, 10, 3],
+            [4, 1000, 3],
+            [1, 16384, 768],
+            [5, 10, 1],
+            [4096, 100, 64],
+        ] {
+            let oi = outer * inner;
+            let (x, o) = (slice(0, d, oi * n), slice(1, d, oi));
+            let part = sum_mid_scratch_len(t, outer, n, inner);
+            let part = (part > 0).then(|| slice(3, DType::F32, part));
+            r.steps(
+                format!("sum_mid {d} {outer}x{n}x{inner}"),
+                plan_sum_mid(t, x, o, part, outer, n, inner, 0.25),
+            );
+            for w in [ArgReduce::Max, ArgReduce::Min] {
+                let i = slice(2, DType::I64, oi);
+                r.launch(
+                    format!("arg_mid {w:?} {d} {outer}x{n}x{inner}"),
+                    plan_arg_mid(t, w, x, o, Some(i), outer, n, inner),
+                );
+            }
+        }
+    }
+}
+
+fn embedding(t: &LaunchTarget, r: &mut Record) {
+    for d in DType::FLOATS {
+        for (vocab, dim, count) in [
+            (10usize, 8usize, 5usize),
+            (50257, 768, 8192),
+            (7, 3, 0),
+            (5, 0, 4),
+        ] {
+            let (w, idx, out) = (
+                slice(0, d, vocab * dim),
+                slice(1, DType::I64, count),
+                slice(2, d, count * dim),
+            );
+            r.launch(
+                format!("embedding_forward {d} {vocab}x{dim} {count}"),
+                plan_embedding_forward(t, w, idx, out, vocab, dim),
+            );
+            let scratch = slice(3, DType::I32, backward_scratch_len(vocab, count));
+            for accumulate in [false, true] {
+                r.steps(
+                    format!("embedding_backward {d} {vocab}x{dim} {count} {accumulate}"),
+                    plan_embedding_backward(t, out, idx, w, scratch, vocab, dim, accumulate),
+                );
+            }
+        }
+    }
+}
+
+fn conv(t: &LaunchTarget, r: &mut Record) {
+    let windows = [
+        Window2d {
+            n: 2,
+            c: 3,
+            h: 8,
+            w: 6,
+            kernel: (3, 3),
+            stride: (1, 1),
+            padding: (1, 1),
+            dilation: (1, 1),
+            ceil_mode: false,
+        },
+        Window2d {
+            n: 4,
+            c: 64,
+            h: 56,
+            w: 56,
+            kernel: (2, 3),
+            stride: (2, 2),
+            padding: (1, 0),
+            dilation: (1, 2),
+            ceil_mode: true,
+        },
+    ];
+    for d in DType::FLOATS {
+        for (k, g) in windows.iter().enumerate() {
+            let (oh, ow) = g.out_hw().unwrap();
+            let (nin, nout) = (g.n * g.c * g.h * g.w, g.n * g.c * oh * ow);
+            let col = g.col_len().unwrap();
+            let img = g.c * g.h * g.w;
+            let (x, c, y) = (slice(0, d, nin), slice(1, d, col), slice(2, d, nout));
+            let am = slice(3, DType::I64, nout);
+            r.launch(format!("im2col {d} {k}"), plan_im2col(t, x, c, g, img));
+            for acc in [false, true] {
+                r.launch(
+                    format!("col2im {d} {k} {acc}"),
+                    plan_col2im(t, c, x, g, img, acc),
+                );
+            }
+            r.launch(
+                format!("maxpool {d} {k}"),
+                plan_maxpool2d_forward(t, x, y, Some(am), g),
+            );
+            r.launch(
+                format!("maxpool {d} {k} no argmax"),
+                plan_maxpool2d_forward(t, x, y, None, g),
+            );
+            r.launch(
+                format!("maxpool_backward {d} {k}"),
+                plan_maxpool2d_backward(t, y, am, x, g),
+            );
+            for pad in [false, true] {
+                r.launch(
+                    format!("avgpool {d} {k} {pad}"),
+                    plan_avgpool2d_forward(t, x, y, g, pad),
+                );
+                r.launch(
+                    format!("avgpool_backward {d} {k} {pad}"),
+                    plan_avgpool2d_backward(t, y, x, g, pad),
+                );
+            }
+        }
+        for s in [
+            BnShape { n: 2, c: 3, hw: 10 },
+            BnShape {
+                n: 32,
+                c: 256,
+                hw: 196,
+            },
+            BnShape { n: 0, c: 3, hw: 4 },
+        ] {
+            let (nx, c) = (s.n * s.c * s.hw, s.c);
+            let f = DType::F32;
+            let (x, gy, dx, y) = (
+                slice(0, d, nx),
+                slice(1, d, nx),
+                slice(2, d, nx),
+                slice(3, d, nx),
+            );
+            let (mean, var, sg, sgx) = (
+                slice(4, f, c),
+                slice(5, f, c),
+                slice(6, f, c),
+                slice(7, f, c),
+            );
+            let (gamma, beta) = (slice(8, d, c), slice(9, d, c));
+            let label = format!("{d} {}x{}x{}", s.n, s.c, s.hw);
+            r.launch(
+                format!("bn_stats {label}"),
+                plan_batchnorm_stats(t, x, mean, var, &s),
+            );
+            r.launch(
+                format!("bn_apply {label}"),
+                plan_batchnorm_apply(t, x, mean, var, Some(gamma), Some(beta), y, &s),
+            );
+            r.launch(
+                format!("bn_apply {label} affine-free"),
+                plan_batchnorm_apply(t, x, mean, var, None, None, y, &s),
+            );
+            r.launch(
+                format!("bn_bwd_reduce {label}"),
+                plan_batchnorm_backward_reduce(t, x, gy, mean, var, sg, sgx, &s),
+            );
+            for gamma in [Some(gamma), None] {
+                r.launch(
+                    format!("bn_bwd_dx {label} {}", gamma.is_some()),
+                    plan_batchnorm_backward_dx(t, x, gy, mean, var, gamma, sg, sgx, dx, &s),
+                );
+            }
+        }
+    }
+}
+
 #[test]
 fn planned_launches_match_the_recorded_ones() {
     let mut r = Record(Vec::new());
@@ -299,6 +514,9 @@ fn planned_launches_match_the_recorded_ones() {
         copy(&t, &mut r);
         int(&t, &mut r);
         random(&t, &mut r);
+        reduce(&t, &mut r);
+        embedding(&t, &mut r);
+        conv(&t, &mut r);
     }
     let got = r.0.join("\n") + "\n";
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden/launches.txt");
