@@ -99,7 +99,7 @@ pub static BINARY_STRIDED: Kernel = Kernel {
     dtypes2: &[],
     args: &[In("a"), In("b"), Out("out"), Items, Strided],
     grid: Grid::PerItem,
-    traffic: Cost::Broadcast { flops: 1 },
+    traffic: Cost::Partial { flops: 1 },
 };
 
 /// The rows of `kernels/binary.cu`.

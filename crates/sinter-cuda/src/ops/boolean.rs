@@ -83,7 +83,7 @@ pub static CMP: Kernel = Kernel {
     dtypes2: &[],
     args: &[In("a"), In("b"), Out("out"), Items, Strided],
     grid: Grid::PerItem,
-    traffic: Cost::Broadcast { flops: 1 },
+    traffic: Cost::Partial { flops: 1 },
 };
 
 /// out = a or / and b of two bools through strides.
@@ -95,7 +95,7 @@ pub static BOOL_LOGIC: Kernel = Kernel {
     dtypes2: &[],
     args: &[In("a"), In("b"), Out("out"), Items, Strided],
     grid: Grid::PerItem,
-    traffic: Cost::Broadcast { flops: 1 },
+    traffic: Cost::Partial { flops: 1 },
 };
 
 /// out = cond ? a : b through strides.
@@ -107,7 +107,7 @@ pub static WHERE: Kernel = Kernel {
     dtypes2: &[],
     args: &[In("cond"), In("a"), In("b"), Out("out"), Items, Strided],
     grid: Grid::PerItem,
-    traffic: Cost::Broadcast { flops: 1 },
+    traffic: Cost::Partial { flops: 1 },
 };
 
 /// out[:] = value.

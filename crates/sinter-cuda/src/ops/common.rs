@@ -57,10 +57,6 @@ pub(crate) fn all_contiguous(
     Ok(cst.iter().all(|s| is_contiguous_coalesced(&cs, s)))
 }
 
-pub(crate) fn kname(base: &str, d: DType) -> String {
-    format!("{base}_{}", d.suffix())
-}
-
 pub(crate) fn rows_times_n(op: &'static str, rows: usize, n: usize) -> Result<usize> {
     rows.checked_mul(n)
         .ok_or_else(|| CudaError::invalid(op, "rows * n overflows"))

@@ -36,7 +36,7 @@ const fn int_row(name: &'static str, args: &'static [Slot]) -> Kernel {
 /// out = a op b for i64 operands through strides.
 pub static INT_BINARY: Kernel = Kernel {
     ops: binary_ops,
-    traffic: Cost::Broadcast { flops: 1 },
+    traffic: Cost::Partial { flops: 1 },
     ..int_row(
         "int_{op}_i64",
         &[In("a"), In("b"), Out("out"), Items, Strided],

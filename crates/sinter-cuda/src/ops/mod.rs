@@ -1,6 +1,8 @@
-//! Rust wrappers of the kernels: one module per kernel file. Each op has a pure `plan_*`
-//! function (validates arguments, picks the kernel and grid, builds the argument list) and a
-//! device function that runs the plan on the device's stream.
+//! Rust wrappers of the kernels: one module per kernel file. Each file declares its kernels as
+//! rows of the kernel table (`table.rs`: name rule, argument slots, geometry, traffic); each op
+//! has a pure `plan_*` function (checks its arguments, then one call into its row: the generic
+//! planner picks the kernel and grid and builds the argument list) and a device function that
+//! runs the plan on the device's stream.
 
 pub mod binary;
 pub mod boolean;
@@ -17,19 +19,21 @@ mod common;
 
 pub(crate) use crate::check::{need, need_dtype, need_float, need_len, opt_need};
 use crate::launch::{Launch, LaunchTarget};
-pub(crate) use common::{all_contiguous, kname, numel, ptr_of, rows_times_n, steps};
+pub(crate) use common::{all_contiguous, numel, ptr_of, rows_times_n, steps};
 pub use common::{fake_slice, kernels_of};
 
-/// Every row of the kernel table. Families not in it yet (their plans are still hand-written,
-/// with their own `samples()`): reduce, embedding, conv.
+/// Every row of the kernel table: each kernel file's rows.
 pub fn kernel_table() -> impl Iterator<Item = &'static table::Kernel> {
     [
         &unary::KERNELS[..],
         &binary::KERNELS,
-        &boolean::KERNELS,
         &copy::KERNELS,
-        &int::KERNELS,
+        &reduce::KERNELS,
+        &embedding::KERNELS,
+        &conv::KERNELS,
         &dropout::KERNELS,
+        &int::KERNELS,
+        &boolean::KERNELS,
     ]
     .into_iter()
     .flatten()
@@ -41,11 +45,7 @@ pub fn kernel_table() -> impl Iterator<Item = &'static table::Kernel> {
 /// that no compiled kernel is left without a wrapper.
 #[doc(hidden)]
 pub fn sample_plans(t: &LaunchTarget) -> Vec<Launch> {
-    let mut v: Vec<Launch> = kernel_table().flat_map(|k| k.samples(t)).collect();
-    v.extend(reduce::samples(t));
-    v.extend(embedding::samples(t));
-    v.extend(conv::samples(t));
-    v
+    kernel_table().flat_map(|k| k.samples(t)).collect()
 }
 
 #[cfg(test)]

@@ -9,7 +9,9 @@ use crate::alloc::DevSlice;
 use crate::check::need_len;
 use crate::dtype::DType;
 use crate::error::{CudaError, Result};
-use crate::launch::{Arg, Launch, LaunchTarget, StridedMeta, Traffic, ELEMWISE_BLOCK};
+use crate::launch::{
+    row_block, rows_grid, Arg, ArgBytes, Launch, LaunchTarget, StridedMeta, Traffic, ELEMWISE_BLOCK,
+};
 use crate::nvrtc::KernelFile;
 
 /// One kernel family: the kernels one name rule spells over its ops and dtypes.
@@ -44,8 +46,12 @@ pub enum Slot {
     U64(&'static str),
     I32(&'static str),
     F32(&'static str),
+    /// A pointer the kernel may skip (0 = none: an optional output), not counted as traffic.
+    Ptr(&'static str),
     /// The strided-operand description of a broadcasting kernel.
     Strided,
+    /// A C struct of this many bytes, by value ([`Arg::bytes`]).
+    Struct(&'static str, usize),
 }
 
 /// The launch geometry of a row: grid and block from the call's work items.
@@ -60,6 +66,20 @@ pub enum Grid {
     Groups(usize),
     /// One block of this many threads.
     OneBlock(u32),
+    /// A row-group per block for rows of [`Call::row`] elements ([`row_block`]), one row per
+    /// item.
+    Rows,
+    /// One block of this many threads per item (grid-stride beyond the cap).
+    BlockPerItem(u32),
+    /// One block per item sized for a row of [`Call::row`] elements: `per_thread` elements
+    /// a thread (None: one 128-bit pack of `{d}`), a power of two from 32 to `max_threads`
+    /// threads (grid-stride beyond the cap).
+    BlockPerRow {
+        per_thread: Option<usize>,
+        max_threads: u32,
+    },
+    /// Tiles of this block shape over the grid the call gives ([`Call::tiles`]).
+    Tiled((u32, u32, u32)),
 }
 
 /// What the cost model is told a launch moves and computes.
@@ -73,9 +93,12 @@ pub enum Cost {
     /// Reads and writes each work item once, as elements of `{d}` (a strided copy, whose
     /// operands may be wider than the items they move).
     Items,
-    /// Like `Moves`, but the `In` operands may broadcast: the call gives the bytes read
-    /// ([`Call::read`]).
-    Broadcast { flops: usize },
+    /// Like `Moves`, but the `In` operands are read in part (broadcast, gathered): the call
+    /// gives the bytes read ([`Call::read`]).
+    Partial { flops: usize },
+    /// Reads every `In` operand whole and writes every `Out` operand, with one operation per
+    /// element of the first `In` (a reduction).
+    Reduce,
 }
 
 /// One call of a row: everything its slots, name rule and geometry take.
@@ -89,8 +112,12 @@ pub struct Call<'a> {
     pub items: usize,
     pub operands: &'a [DevSlice<'a>],
     pub scalars: &'a [Arg],
-    /// Bytes the `In` operands read, for [`Cost::Broadcast`].
+    /// Bytes the `In` operands read, for [`Cost::Partial`].
     pub read: Option<usize>,
+    /// The row length, for [`Grid::Rows`].
+    pub row: usize,
+    /// The grid, for [`Grid::Tiled`].
+    pub tiles: (u32, u32, u32),
 }
 
 impl<'a> Call<'a> {
@@ -104,7 +131,17 @@ impl<'a> Call<'a> {
             operands,
             scalars: &[],
             read: None,
+            row: 0,
+            tiles: (1, 1, 1),
         }
+    }
+
+    pub fn row(self, row: usize) -> Self {
+        Call { row, ..self }
+    }
+
+    pub fn tiles(self, tiles: (u32, u32, u32)) -> Self {
+        Call { tiles, ..self }
     }
 
     pub fn op(self, op: &'static str) -> Self {
@@ -151,20 +188,13 @@ impl Kernel {
         if call.items == 0 {
             return Ok(None);
         }
-        let (args, read, written) = self.args_of(call)?;
-        let (grid, block) = match self.grid {
-            Grid::Packed => (
-                t.elementwise_grid(call.items, call.dtype.size()),
-                ELEMWISE_BLOCK,
-            ),
-            Grid::PerItem => (t.grid_for(call.items, ELEMWISE_BLOCK), ELEMWISE_BLOCK),
-            Grid::Groups(k) => (
-                t.grid_for(call.items.div_ceil(k), ELEMWISE_BLOCK),
-                ELEMWISE_BLOCK,
-            ),
-            Grid::OneBlock(threads) => (1, threads),
+        let (args, read, written, first_in) = self.args_of(call)?;
+        let (grid, block) = self.geometry(t, call);
+        let launch = Launch {
+            grid,
+            block,
+            ..Launch::new(self.file, self.kernel_name(call), 1, 1, args)
         };
-        let launch = Launch::new(self.file, self.kernel_name(call), grid, block, args);
         let traffic = match self.traffic {
             Cost::Estimated => return Ok(Some(launch)),
             Cost::Moves { flops } => Traffic::bytes(read, written).with_flops(flops * call.items),
@@ -172,18 +202,56 @@ impl Kernel {
                 let bytes = call.items * call.dtype.size();
                 Traffic::bytes(bytes, bytes)
             }
-            Cost::Broadcast { flops } => {
+            Cost::Partial { flops } => {
                 let read = call
                     .read
                     .ok_or_else(|| self.mismatch("no bytes read given"))?;
                 Traffic::bytes(read, written).with_flops(flops * call.items)
             }
+            Cost::Reduce => Traffic::bytes(read, written).with_flops(first_in),
         };
         Ok(Some(launch.with_traffic(traffic)))
     }
 
-    /// The arguments of `call` slot by slot, with the bytes of its `In` and `Out` operands.
-    fn args_of(&self, call: &Call<'_>) -> Result<(Vec<Arg>, usize, usize)> {
+    /// Grid and block of `call` under the row's geometry rule.
+    fn geometry(&self, t: &LaunchTarget, call: &Call<'_>) -> ((u32, u32, u32), (u32, u32, u32)) {
+        let line = |grid: u32, block: u32| ((grid, 1, 1), (block, 1, 1));
+        match self.grid {
+            Grid::Packed => line(
+                t.elementwise_grid(call.items, call.dtype.size()),
+                ELEMWISE_BLOCK,
+            ),
+            Grid::PerItem => line(t.grid_for(call.items, ELEMWISE_BLOCK), ELEMWISE_BLOCK),
+            Grid::Groups(k) => line(
+                t.grid_for(call.items.div_ceil(k), ELEMWISE_BLOCK),
+                ELEMWISE_BLOCK,
+            ),
+            Grid::OneBlock(threads) => line(1, threads),
+            Grid::Rows => {
+                let (bx, by) = row_block(call.row);
+                ((rows_grid(t, call.items, by, bx * by), 1, 1), (bx, by, 1))
+            }
+            Grid::BlockPerItem(threads) => line(blocks_for(t, call.items, threads), threads),
+            Grid::BlockPerRow {
+                per_thread,
+                max_threads,
+            } => {
+                let per_thread = per_thread.unwrap_or(16 / call.dtype.size());
+                let threads = call
+                    .row
+                    .div_ceil(per_thread)
+                    .next_power_of_two()
+                    .clamp(32, max_threads as usize) as u32;
+                line(blocks_for(t, call.items, threads), threads)
+            }
+            Grid::Tiled(block) => (call.tiles, block),
+        }
+    }
+
+    /// The arguments of `call` slot by slot, with the bytes of its `In` and `Out` operands and
+    /// the elements of its first `In`.
+    #[allow(clippy::type_complexity)]
+    fn args_of(&self, call: &Call<'_>) -> Result<(Vec<Arg>, usize, usize, usize)> {
         if !self.dtypes.contains(&call.dtype)
             || !(self.dtypes2.is_empty() || self.dtypes2.contains(&call.dtype2))
         {
@@ -197,7 +265,7 @@ impl Kernel {
             ));
         }
         let (mut operands, mut scalars) = (call.operands.iter(), call.scalars.iter());
-        let (mut read, mut written) = (0, 0);
+        let (mut read, mut written, mut first_in) = (0, 0, None);
         let mut args = Vec::with_capacity(self.args.len());
         for slot in self.args {
             let arg = match *slot {
@@ -206,7 +274,10 @@ impl Kernel {
                         .next()
                         .ok_or_else(|| self.mismatch(format!("operand {what} missing")))?;
                     match slot {
-                        Slot::In(_) => read += s.num_bytes(),
+                        Slot::In(_) => {
+                            read += s.num_bytes();
+                            first_in.get_or_insert(s.len());
+                        }
                         _ => written += s.num_bytes(),
                     }
                     Arg::Ptr(s.ptr())
@@ -227,7 +298,7 @@ impl Kernel {
         if operands.next().is_some() || scalars.next().is_some() {
             return Err(self.mismatch("more operands or scalars than slots"));
         }
-        Ok((args, read, written))
+        Ok((args, read, written, first_in.unwrap_or(0)))
     }
 
     fn mismatch(&self, what: impl std::fmt::Display) -> CudaError {
@@ -319,6 +390,8 @@ impl Kernel {
                 Slot::U64(_) => Some(Arg::U64(1)),
                 Slot::I32(_) => Some(Arg::I32(1)),
                 Slot::F32(_) => Some(Arg::F32(1.0)),
+                Slot::Ptr(_) => Some(Arg::Ptr(0)),
+                Slot::Struct(_, size) => Some(Arg::Bytes(ArgBytes::zeroed(*size))),
                 Slot::Strided => Some(Arg::Strided(StridedMeta::default())),
             })
             .collect();
@@ -336,6 +409,11 @@ impl Kernel {
     }
 }
 
+/// One block per item, capped for grid-stride loops.
+fn blocks_for(t: &LaunchTarget, items: usize, threads: u32) -> u32 {
+    items.min(t.max_blocks(threads) as usize) as u32
+}
+
 fn slot_takes(slot: Slot, a: &Arg) -> bool {
     matches!(
         (slot, a),
@@ -343,6 +421,7 @@ fn slot_takes(slot: Slot, a: &Arg) -> bool {
             | (Slot::U64(_), Arg::U64(_))
             | (Slot::I32(_), Arg::I32(_))
             | (Slot::F32(_), Arg::F32(_))
+            | (Slot::Ptr(_), Arg::Ptr(_))
             | (Slot::Strided, Arg::Strided(_))
-    )
+    ) || matches!((slot, a), (Slot::Struct(_, size), Arg::Bytes(b)) if b.as_slice().len() == size)
 }
