@@ -114,7 +114,7 @@ pub struct Call<'a> {
     pub scalars: &'a [Arg],
     /// Bytes the `In` operands read, for [`Cost::Partial`].
     pub read: Option<usize>,
-    /// The row length, for [`Grid::Rows`].
+    /// The row length, for [`Grid::Rows`] and [`Grid::BlockPerRow`].
     pub row: usize,
     /// The grid, for [`Grid::Tiled`].
     pub tiles: (u32, u32, u32),
@@ -424,4 +424,92 @@ fn slot_takes(slot: Slot, a: &Arg) -> bool {
             | (Slot::Ptr(_), Arg::Ptr(_))
             | (Slot::Strided, Arg::Strided(_))
     ) || matches!((slot, a), (Slot::Struct(_, size), Arg::Bytes(b)) if b.as_slice().len() == size)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ops::{binary, copy, kernel_table, unary};
+
+    const T: LaunchTarget = LaunchTarget { sm_count: 4 };
+
+    #[test]
+    fn name_rules_fill_every_placeholder() {
+        let x = [fake_slice(DType::BF16, 8), fake_slice(DType::I64, 8)];
+        let cast = Call::new(DType::BF16, 8, &x).dtype2(DType::I64);
+        assert_eq!(copy::CAST.kernel_name(&cast), "cast_bf16_i64");
+        let call = Call::new(DType::F16, 8, &x);
+        assert_eq!(copy::STRIDED_COPY.kernel_name(&call), "strided_copy_u16");
+        assert_eq!(
+            unary::UNARY.kernel_name(&call.op("gelu_erf")),
+            "gelu_erf_f16"
+        );
+        for row in kernel_table() {
+            for l in row.samples(&T) {
+                assert!(!l.name.contains('{'), "{}: {}", row.name, l.name);
+                l.validate().unwrap();
+            }
+        }
+    }
+
+    #[test]
+    fn calls_that_do_not_fit_their_row_are_errors() {
+        let s = [fake_slice(DType::F32, 8), fake_slice(DType::F32, 8)];
+        let p = [Arg::F32(1.0), Arg::F32(2.0)];
+        let ok = Call::new(DType::F32, 8, &s).op("exp").scalars(&p);
+        assert!(unary::UNARY.plan(&T, &ok).unwrap().is_some());
+        // No kernel for i64; a scalar of the wrong type; one operand short; one scalar too many.
+        let i64s = [fake_slice(DType::I64, 8), fake_slice(DType::I64, 8)];
+        let no_kernel = Call::new(DType::I64, 8, &i64s).op("exp").scalars(&p);
+        let err = unary::UNARY.plan(&T, &no_kernel).unwrap_err().to_string();
+        assert!(err.contains("no kernel for exp_i64"), "{err}");
+        let wrong = [Arg::I64(1), Arg::F32(2.0)];
+        assert!(unary::UNARY.plan(&T, &ok.scalars(&wrong)).is_err());
+        let short = Call {
+            operands: &s[..1],
+            ..ok
+        };
+        assert!(unary::UNARY.plan(&T, &short).is_err());
+        let extra = [Arg::F32(1.0), Arg::F32(2.0), Arg::F32(3.0)];
+        assert!(unary::UNARY.plan(&T, &ok.scalars(&extra)).is_err());
+        // A partial-traffic row without the bytes read.
+        let three = [s[0], s[1], fake_slice(DType::F32, 8)];
+        let meta = [Arg::Strided(StridedMeta::default())];
+        let call = Call::new(DType::F32, 8, &three).op("add").scalars(&meta);
+        let err = binary::BINARY_STRIDED
+            .plan(&T, &call)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("no bytes read given"), "{err}");
+        assert!(binary::BINARY_STRIDED
+            .plan(
+                &T,
+                &Call {
+                    read: Some(64),
+                    ..call
+                }
+            )
+            .unwrap()
+            .is_some());
+        // No work: no launch.
+        assert!(unary::UNARY
+            .plan(&T, &Call { items: 0, ..ok })
+            .unwrap()
+            .is_none());
+    }
+
+    #[test]
+    fn geometry_and_traffic_rules() {
+        let (x, y) = (fake_slice(DType::BF16, 4096), fake_slice(DType::BF16, 4096));
+        let p = [Arg::F32(0.0), Arg::F32(0.0)];
+        let operands = [x, y];
+        let call = Call::new(DType::BF16, 4096, &operands)
+            .op("exp")
+            .scalars(&p);
+        let l = unary::UNARY.plan(&T, &call).unwrap().unwrap();
+        // Eight bf16 a thread, 256 threads a block; x read and y written once, a flop each.
+        assert_eq!((l.grid, l.block), ((2, 1, 1), (256, 1, 1)));
+        assert_eq!(l.traffic, Some(Traffic::bytes(8192, 8192).with_flops(4096)));
+        assert_eq!(l.args[2], Arg::I64(4096));
+    }
 }
