@@ -237,6 +237,19 @@ impl ArgBytes {
         ArgBytes { bytes, len }
     }
 
+    /// `len` zero bytes: a struct's size without its values (the plan samples the NVRTC test
+    /// compares with the compiled kernels' parameters).
+    pub fn zeroed(len: usize) -> ArgBytes {
+        assert!(
+            len <= ARG_BYTES_MAX,
+            "a kernel struct argument of {len} bytes exceeds {ARG_BYTES_MAX}"
+        );
+        ArgBytes {
+            bytes: [0; ARG_BYTES_MAX],
+            len,
+        }
+    }
+
     /// The struct's bytes.
     pub fn as_slice(&self) -> &[u8] {
         &self.bytes[..self.len]

@@ -16,7 +16,7 @@ pub const NCCL_HINT: &str = "NCCL is loaded at run time under the bare name `lib
 
 /// NCCL's version if the driver and NCCL both load, else an explanation with the fix.
 pub(super) fn version() -> std::result::Result<(u32, u32, u32), String> {
-    let libs = crate::runtime::libraries();
+    let libs = crate::libs::libraries();
     if !libs.driver {
         return Err("the CUDA driver (libcuda.so.1) is not loadable on this machine".into());
     }

@@ -3,12 +3,13 @@
 //! `ops::boolean`'s; i64 arithmetic is `ops::int`'s (both take [`StridedIn`] operands).
 
 pub use super::common::StridedIn;
-use super::{all_contiguous, fake_slice, kname, need, need_dtype, need_float, numel, plan_strided};
+use super::table::{Call, Cost, Grid, Kernel, Slot::*};
+use super::{all_contiguous, need, need_dtype, need_float, numel};
 use crate::alloc::DevSlice;
 use crate::device::CudaDevice;
 use crate::dtype::DType;
 use crate::error::Result;
-use crate::launch::{Arg, Launch, LaunchTarget, Traffic, ELEMWISE_BLOCK};
+use crate::launch::{Launch, LaunchTarget};
 use crate::nvrtc::KernelFile;
 
 /// out = a (op) b: the arithmetic ops (comparisons are [`super::boolean::BoolOp`]s).
@@ -73,6 +74,37 @@ impl BinaryOp {
     }
 }
 
+pub(crate) fn binary_ops() -> Vec<&'static str> {
+    BinaryOp::ALL.iter().map(|op| op.kernel_base()).collect()
+}
+
+/// out = a op b, contiguous.
+pub static BINARY: Kernel = Kernel {
+    file: KernelFile::Binary,
+    name: "{op}_{d}",
+    ops: binary_ops,
+    dtypes: &DType::FLOATS,
+    dtypes2: &[],
+    args: &[In("a"), In("b"), Out("out"), Items],
+    grid: Grid::Packed,
+    traffic: Cost::Moves { flops: 1 },
+};
+
+/// out = a op b through strides (0 = broadcast).
+pub static BINARY_STRIDED: Kernel = Kernel {
+    file: KernelFile::Binary,
+    name: "{op}_strided_{d}",
+    ops: binary_ops,
+    dtypes: &DType::FLOATS,
+    dtypes2: &[],
+    args: &[In("a"), In("b"), Out("out"), Items, Strided],
+    grid: Grid::PerItem,
+    traffic: Cost::Partial { flops: 1 },
+};
+
+/// The rows of `kernels/binary.cu`.
+pub static KERNELS: [&Kernel; 2] = [&BINARY, &BINARY_STRIDED];
+
 /// Plan out = a op b on contiguous operands of equal length.
 pub fn plan_binary(
     t: &LaunchTarget,
@@ -85,26 +117,8 @@ pub fn plan_binary(
     need_float("binary", d)?;
     need("binary", "b", &b, d, a.len())?;
     need("binary", "out", &out, d, a.len())?;
-    if a.is_empty() {
-        return Ok(None);
-    }
-    Ok(Some(
-        Launch::new(
-            KernelFile::Binary,
-            kname(op.kernel_base(), d),
-            t.elementwise_grid(a.len(), d.size()),
-            ELEMWISE_BLOCK,
-            vec![
-                Arg::Ptr(a.ptr()),
-                Arg::Ptr(b.ptr()),
-                Arg::Ptr(out.ptr()),
-                Arg::I64(a.len() as i64),
-            ],
-        )
-        .with_traffic(
-            Traffic::bytes(a.num_bytes() + b.num_bytes(), out.num_bytes()).with_flops(a.len()),
-        ),
-    ))
+    let operands = [a, b, out];
+    BINARY.plan(t, &Call::new(d, a.len(), &operands).op(op.kernel_base()))
 }
 
 /// Plan out (contiguous, `shape`) = a op b with strided/broadcast operands. Falls back to the
@@ -126,8 +140,8 @@ pub fn plan_binary_strided(
     if n > 0 && all_contiguous(OP, &[&a, &b], shape)? {
         return plan_binary(t, op, a.data.slice(0, n)?, b.data.slice(0, n)?, out);
     }
-    let kernel = format!("{}_strided_{}", op.kernel_base(), d.suffix());
-    plan_strided(t, OP, (KernelFile::Binary, kernel), &[&a, &b], out, shape)
+    let call = Call::new(d, n, &[]).op(op.kernel_base());
+    BINARY_STRIDED.plan_strided(t, OP, call, &[&a, &b], out, shape)
 }
 
 /// out = a op b (contiguous; out may alias a or b).
@@ -153,29 +167,11 @@ pub fn binary_strided(
     dev.run_opt(plan_binary_strided(&dev.target(), op, a, b, out, shape)?)
 }
 
-pub(crate) fn samples(t: &LaunchTarget) -> Vec<Launch> {
-    let mut v = Vec::new();
-    for d in DType::FLOATS {
-        let (a, b, o) = (fake_slice(d, 32), fake_slice(d, 8), fake_slice(d, 32));
-        for op in BinaryOp::ALL {
-            v.extend(plan_binary(t, op, a, a, o).unwrap());
-            let sa = StridedIn {
-                data: a,
-                strides: &[8, 1],
-            };
-            let sb = StridedIn {
-                data: b,
-                strides: &[0, 1],
-            };
-            v.extend(plan_binary_strided(t, op, sa, sb, o, &[4, 8]).unwrap());
-        }
-    }
-    v
-}
-
 #[cfg(test)]
 mod tests {
+    use super::super::fake_slice;
     use super::*;
+    use crate::launch::Arg;
 
     #[test]
     fn strided_plans() {

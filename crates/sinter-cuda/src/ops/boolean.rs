@@ -4,13 +4,14 @@
 //! any, all, first true). A bool buffer (`DType::Bool`) holds one byte per element, 0 or 1.
 
 use super::binary::StridedIn;
-use super::int::{plan_mid_reduce, IntReduce};
-use super::{fake_slice, need_dtype, plan_strided};
+use super::int::{plan_mid_reduce, IntReduce, MID_REDUCE_ARGS};
+use super::need_dtype;
+use super::table::{no_ops, Call, Cost, Grid, Kernel, Slot::*};
 use crate::alloc::DevSlice;
 use crate::device::CudaDevice;
 use crate::dtype::DType;
 use crate::error::{CudaError, Result};
-use crate::launch::{Arg, Launch, LaunchTarget, ELEMWISE_BLOCK};
+use crate::launch::{Arg, Launch, LaunchTarget};
 use crate::nvrtc::KernelFile;
 
 /// The tensor dtypes the comparison and where kernels are instantiated for.
@@ -55,15 +56,86 @@ impl BoolOp {
         }
     }
 
-    /// The kernel of this op on two `d` operands: None for or / and of non-bools.
-    fn kernel_name(self, d: DType) -> Option<String> {
+    /// The row of this op's kernels.
+    fn kernel(self) -> &'static Kernel {
         match self {
-            BoolOp::Or | BoolOp::And if d != DType::Bool => None,
-            BoolOp::Or | BoolOp::And => Some(format!("bool_{}", self.name())),
-            _ => Some(format!("cmp_{}_{}", self.name(), d.suffix())),
+            BoolOp::Or | BoolOp::And => &BOOL_LOGIC,
+            _ => &CMP,
         }
     }
 }
+
+/// The ops whose kernels `row` holds.
+fn ops_of(row: &Kernel) -> Vec<&'static str> {
+    BoolOp::ALL
+        .iter()
+        .filter(|op| std::ptr::eq(op.kernel(), row))
+        .map(|op| op.name())
+        .collect()
+}
+
+/// out = a cmp b (bools) through strides.
+pub static CMP: Kernel = Kernel {
+    file: KernelFile::Bool,
+    name: "cmp_{op}_{d}",
+    ops: || ops_of(&CMP),
+    dtypes: &DTYPES,
+    dtypes2: &[],
+    args: &[In("a"), In("b"), Out("out"), Items, Strided],
+    grid: Grid::PerItem,
+    traffic: Cost::Partial { flops: 1 },
+};
+
+/// out = a or / and b of two bools through strides.
+pub static BOOL_LOGIC: Kernel = Kernel {
+    file: KernelFile::Bool,
+    name: "bool_{op}",
+    ops: || ops_of(&BOOL_LOGIC),
+    dtypes: &[DType::Bool],
+    dtypes2: &[],
+    args: &[In("a"), In("b"), Out("out"), Items, Strided],
+    grid: Grid::PerItem,
+    traffic: Cost::Partial { flops: 1 },
+};
+
+/// out = cond ? a : b through strides.
+pub static WHERE: Kernel = Kernel {
+    file: KernelFile::Bool,
+    name: "where_cond_{d}",
+    ops: no_ops,
+    dtypes: &DTYPES,
+    dtypes2: &[],
+    args: &[In("cond"), In("a"), In("b"), Out("out"), Items, Strided],
+    grid: Grid::PerItem,
+    traffic: Cost::Partial { flops: 1 },
+};
+
+/// out[:] = value.
+pub static FILL_BOOL: Kernel = Kernel {
+    file: KernelFile::Bool,
+    name: "fill_bool",
+    ops: no_ops,
+    dtypes: &[DType::Bool],
+    dtypes2: &[],
+    args: &[Out("out"), Items, I32("value")],
+    grid: Grid::PerItem,
+    traffic: Cost::Estimated,
+};
+
+/// A reduction of bools over the middle dim, into `{d2}` (see [`plan_bool_reduce`]).
+pub static BOOL_REDUCE: Kernel = Kernel {
+    file: KernelFile::Bool,
+    name: "bool_reduce_{d2}",
+    ops: no_ops,
+    dtypes: &[DType::Bool],
+    dtypes2: &[DType::I64, DType::Bool],
+    args: MID_REDUCE_ARGS,
+    grid: Grid::PerItem,
+    traffic: Cost::Estimated,
+};
+
+/// The rows of `kernels/bool.cu`.
+pub static KERNELS: [&Kernel; 5] = [&CMP, &BOOL_LOGIC, &WHERE, &FILL_BOOL, &BOOL_REDUCE];
 
 /// Plan out (bool, contiguous, `shape`) = a op b, for a comparison of two operands of one dtype
 /// in [`DTYPES`], or or / and of two bools; strided/broadcast operands.
@@ -83,12 +155,17 @@ pub fn plan_bool_binary(
             format!("no kernel for {d} operands"),
         ));
     }
-    let name = op.kernel_name(d).ok_or_else(|| {
-        CudaError::invalid(OP, format!("{} needs bool operands, got {d}", op.name()))
-    })?;
+    let row = op.kernel();
+    if !row.dtypes.contains(&d) {
+        return Err(CudaError::invalid(
+            OP,
+            format!("{} needs bool operands, got {d}", op.name()),
+        ));
+    }
     need_dtype(OP, "b", &b.data, d)?;
     need_dtype(OP, "out", &out, DType::Bool)?;
-    plan_strided(t, OP, (KernelFile::Bool, name), &[&a, &b], out, shape)
+    let call = Call::new(d, 0, &[]).op(op.name());
+    row.plan_strided(t, OP, call, &[&a, &b], out, shape)
 }
 
 /// Plan out (contiguous, `shape`) = cond ? a : b with a bool condition; a, b and out of one
@@ -112,27 +189,17 @@ pub fn plan_where_bool(
     need_dtype(OP, "cond", &cond.data, DType::Bool)?;
     need_dtype(OP, "b", &b.data, d)?;
     need_dtype(OP, "out", &out, d)?;
-    let kernel = (KernelFile::Bool, format!("where_cond_{}", d.suffix()));
-    plan_strided(t, OP, kernel, &[&cond, &a, &b], out, shape)
+    WHERE.plan_strided(t, OP, Call::new(d, 0, &[]), &[&cond, &a, &b], out, shape)
 }
 
 /// Plan out[:] = value (a bool buffer).
 pub fn plan_fill_bool(t: &LaunchTarget, out: DevSlice<'_>, value: bool) -> Result<Option<Launch>> {
     need_dtype("fill_bool", "out", &out, DType::Bool)?;
-    if out.is_empty() {
-        return Ok(None);
-    }
-    Ok(Some(Launch::new(
-        KernelFile::Bool,
-        "fill_bool",
-        t.grid_for(out.len(), ELEMWISE_BLOCK),
-        ELEMWISE_BLOCK,
-        vec![
-            Arg::Ptr(out.ptr()),
-            Arg::I64(out.len() as i64),
-            Arg::I32(value as i32),
-        ],
-    )))
+    let (operands, scalars) = ([out], [Arg::I32(value as i32)]);
+    FILL_BOOL.plan(
+        t,
+        &Call::new(DType::Bool, out.len(), &operands).scalars(&scalars),
+    )
 }
 
 /// Plan out[o, i] = reduce_k x[o, k, i] of a contiguous bool [outer, n, inner] (n >= 1), read
@@ -148,18 +215,13 @@ pub fn plan_bool_reduce(
     inner: usize,
 ) -> Result<Option<Launch>> {
     need_dtype("bool_reduce", "x", &x, DType::Bool)?;
-    let out_dtype = bool_reduce_dtype(op);
-    let kernel = (
-        KernelFile::Bool,
-        format!("bool_reduce_{}", out_dtype.suffix()),
-    );
     plan_mid_reduce(
         t,
         "bool_reduce",
-        kernel,
+        &BOOL_REDUCE,
         op,
         x,
-        (out, out_dtype),
+        (out, bool_reduce_dtype(op)),
         [outer, n, inner],
     )
 }
@@ -223,44 +285,9 @@ pub fn fill_bool(dev: &CudaDevice, out: DevSlice<'_>, value: bool) -> Result<()>
     dev.run_opt(plan_fill_bool(&dev.target(), out, value)?)
 }
 
-pub(crate) fn samples(t: &LaunchTarget) -> Vec<Launch> {
-    let mut v = Vec::new();
-    let shape = [4usize, 8];
-    let (full, row): (&[i64], &[i64]) = (&[8, 1], &[0, 1]);
-    for d in DTYPES {
-        let (a, b) = (fake_slice(d, 32), fake_slice(d, 8));
-        let (sa, sb) = (
-            StridedIn {
-                data: a,
-                strides: full,
-            },
-            StridedIn {
-                data: b,
-                strides: row,
-            },
-        );
-        let out = fake_slice(DType::Bool, 32);
-        for op in BoolOp::ALL {
-            if op.kernel_name(d).is_some() {
-                v.extend(plan_bool_binary(t, op, sa, sb, out, &shape).unwrap());
-            }
-        }
-        let c = StridedIn {
-            data: fake_slice(DType::Bool, 8),
-            strides: row,
-        };
-        v.extend(plan_where_bool(t, c, sa, sb, fake_slice(d, 32), &shape).unwrap());
-    }
-    v.extend(plan_fill_bool(t, fake_slice(DType::Bool, 5), true).unwrap());
-    for op in [IntReduce::Sum, IntReduce::Max] {
-        let out = fake_slice(bool_reduce_dtype(op), 8);
-        v.extend(plan_bool_reduce(t, op, fake_slice(DType::Bool, 32), out, 2, 4, 4).unwrap());
-    }
-    v
-}
-
 #[cfg(test)]
 mod tests {
+    use super::super::fake_slice;
     use super::*;
 
     #[test]

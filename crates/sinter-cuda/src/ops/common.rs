@@ -1,16 +1,11 @@
-//! What the kernel wrappers share: operand checks and strided-operand plans, the launch of an
-//! optional plan, and fake slices for plan tests. Below every wrapper module (they import it;
+//! What the kernel wrappers share: operand checks, strided-operand coalescing, the launch of
+//! an optional plan, and fake slices for plan tests. Below every wrapper module (they import it;
 //! it imports none of them).
 
 use crate::alloc::DevSlice;
-use crate::check::need_len;
 use crate::dtype::DType;
 use crate::error::{CudaError, Result};
-use crate::launch::{
-    check_strided_bounds, coalesce, is_contiguous_coalesced, Arg, Launch, LaunchTarget, Step,
-    StridedMeta, Traffic, ELEMWISE_BLOCK,
-};
-use crate::nvrtc::KernelFile;
+use crate::launch::{check_strided_bounds, coalesce, is_contiguous_coalesced, Launch, Step};
 
 /// An operand viewed through element strides (relative to the slice start; 0 = broadcast).
 #[derive(Clone, Copy, Debug)]
@@ -33,7 +28,7 @@ pub(crate) fn numel(op: &'static str, shape: &[usize]) -> Result<usize> {
 
 /// Check that each operand's strides stay inside its slice, then merge the dims that are
 /// contiguous in all of them: the coalesced shape and per-operand strides.
-fn coalesce_operands(
+pub(crate) fn coalesce_operands(
     op: &'static str,
     ins: &[&StridedIn<'_>],
     shape: &[usize],
@@ -60,56 +55,6 @@ pub(crate) fn all_contiguous(
 ) -> Result<bool> {
     let (cs, cst) = coalesce_operands(op, ins, shape)?;
     Ok(cst.iter().all(|s| is_contiguous_coalesced(&cs, s)))
-}
-
-/// Plan one strided elementwise kernel, `kernel(in_0, .., out, n, StridedMeta)` with `n` the
-/// elements of `shape`: every operand read through its strides (0 = broadcast), `out`
-/// contiguous over `shape` (its dtype is the caller's to check). None for an empty shape.
-pub(crate) fn plan_strided(
-    t: &LaunchTarget,
-    op: &'static str,
-    (file, kernel): (KernelFile, String),
-    ins: &[&StridedIn<'_>],
-    out: DevSlice<'_>,
-    shape: &[usize],
-) -> Result<Option<Launch>> {
-    let n = numel(op, shape)?;
-    need_len(op, "out", &out, n)?;
-    if n == 0 {
-        return Ok(None);
-    }
-    let (cs, cst) = coalesce_operands(op, ins, shape)?;
-    let meta = StridedMeta::new(&cs, &cst)?;
-    let mut args: Vec<Arg> = ins.iter().map(|s| Arg::Ptr(s.data.ptr())).collect();
-    args.extend([Arg::Ptr(out.ptr()), Arg::I64(n as i64), Arg::Strided(meta)]);
-    // A broadcast operand (stride 0) is read once per distinct element.
-    let read: usize = ins
-        .iter()
-        .zip(&cst)
-        .map(|(s, st)| {
-            let distinct: usize = cs
-                .iter()
-                .zip(st)
-                .filter(|(_, &x)| x != 0)
-                .map(|(&d, _)| d)
-                .product();
-            distinct * s.data.dtype().size()
-        })
-        .sum();
-    Ok(Some(
-        Launch::new(
-            file,
-            kernel,
-            t.grid_for(n, ELEMWISE_BLOCK),
-            ELEMWISE_BLOCK,
-            args,
-        )
-        .with_traffic(Traffic::bytes(read, n * out.dtype().size()).with_flops(n)),
-    ))
-}
-
-pub(crate) fn kname(base: &str, d: DType) -> String {
-    format!("{base}_{}", d.suffix())
 }
 
 pub(crate) fn rows_times_n(op: &'static str, rows: usize, n: usize) -> Result<usize> {

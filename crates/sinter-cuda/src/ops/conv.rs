@@ -1,12 +1,13 @@
 //! Wrappers for `kernels/conv.cu`: im2col/col2im for GEMM-based conv2d, max/avg pooling and
 //! batch-norm statistics, all NCHW.
 
-use super::{fake_slice, kname, need, need_float, opt_need, ptr_of};
+use super::table::{no_ops, Call, Cost, Grid, Kernel, Slot, Slot::*};
+use super::{need, need_float, opt_need, ptr_of};
 use crate::alloc::DevSlice;
 use crate::device::CudaDevice;
 use crate::dtype::DType;
 use crate::error::{CudaError, Result};
-use crate::launch::{Arg, KernelStruct, Launch, LaunchTarget, ELEMWISE_BLOCK};
+use crate::launch::{Arg, KernelStruct, Launch, LaunchTarget};
 use crate::nvrtc::KernelFile;
 use sinter_types::pool_out_size;
 
@@ -182,6 +183,135 @@ fn input_extent(g: &Window2d, img_stride: usize) -> usize {
     }
 }
 
+const CONV_META: Slot = Struct("meta", std::mem::size_of::<ConvMeta>());
+const POOL_META: Slot = Struct("meta", std::mem::size_of::<PoolMeta>());
+const BN_SHAPE: [Slot; 3] = [I64("n"), I64("c"), I64("hw")];
+
+/// A row of conv.cu over the float dtypes, one thread per item unless `grid` says otherwise,
+/// its traffic estimated.
+const fn conv_row(name: &'static str, args: &'static [Slot], grid: Grid) -> Kernel {
+    Kernel {
+        file: KernelFile::Conv,
+        name,
+        ops: no_ops,
+        dtypes: &DType::FLOATS,
+        dtypes2: &[],
+        args,
+        grid,
+        traffic: Cost::Estimated,
+    }
+}
+
+/// One block per channel, four elements of its N*H*W a thread.
+const PER_CHANNEL: Grid = Grid::BlockPerRow {
+    per_thread: Some(4),
+    max_threads: 1024,
+};
+
+pub static IM2COL: Kernel = conv_row(
+    "im2col_{d}",
+    &[In("x"), Out("col"), CONV_META],
+    Grid::PerItem,
+);
+pub static COL2IM: Kernel = conv_row(
+    "col2im_{d}",
+    &[In("col"), Out("x"), CONV_META, I32("accumulate")],
+    Grid::PerItem,
+);
+pub static MAXPOOL_FWD: Kernel = conv_row(
+    "maxpool2d_fwd_{d}",
+    &[In("x"), Out("y"), Ptr("argmax"), POOL_META],
+    Grid::PerItem,
+);
+pub static MAXPOOL_BWD: Kernel = conv_row(
+    "maxpool2d_bwd_{d}",
+    &[In("gy"), In("argmax"), Out("gx"), POOL_META],
+    Grid::PerItem,
+);
+pub static AVGPOOL_FWD: Kernel = conv_row(
+    "avgpool2d_fwd_{d}",
+    &[In("x"), Out("y"), POOL_META],
+    Grid::PerItem,
+);
+pub static AVGPOOL_BWD: Kernel = conv_row(
+    "avgpool2d_bwd_{d}",
+    &[In("gy"), Out("gx"), POOL_META],
+    Grid::PerItem,
+);
+pub static BN_STATS: Kernel = conv_row(
+    "batchnorm_stats_{d}",
+    &[
+        In("x"),
+        Out("mean"),
+        Out("var"),
+        BN_SHAPE[0],
+        BN_SHAPE[1],
+        BN_SHAPE[2],
+    ],
+    PER_CHANNEL,
+);
+pub static BN_APPLY: Kernel = conv_row(
+    "batchnorm_apply_{d}",
+    &[
+        In("x"),
+        In("mean"),
+        In("invstd"),
+        Ptr("gamma"),
+        Ptr("beta"),
+        Out("y"),
+        BN_SHAPE[0],
+        BN_SHAPE[1],
+        BN_SHAPE[2],
+    ],
+    Grid::PerItem,
+);
+pub static BN_BWD_REDUCE: Kernel = conv_row(
+    "batchnorm_bwd_reduce_{d}",
+    &[
+        In("x"),
+        In("gy"),
+        In("mean"),
+        In("invstd"),
+        Out("sum_gy"),
+        Out("sum_gy_xhat"),
+        BN_SHAPE[0],
+        BN_SHAPE[1],
+        BN_SHAPE[2],
+    ],
+    PER_CHANNEL,
+);
+pub static BN_BWD_DX: Kernel = conv_row(
+    "batchnorm_bwd_dx_{d}",
+    &[
+        In("x"),
+        In("gy"),
+        In("mean"),
+        In("invstd"),
+        Ptr("gamma"),
+        In("sum_gy"),
+        In("sum_gy_xhat"),
+        Out("dx"),
+        BN_SHAPE[0],
+        BN_SHAPE[1],
+        BN_SHAPE[2],
+    ],
+    Grid::PerItem,
+);
+
+/// The rows of `kernels/conv.cu`.
+pub static KERNELS: [&Kernel; 10] = [
+    &IM2COL,
+    &COL2IM,
+    &MAXPOOL_FWD,
+    &MAXPOOL_BWD,
+    &AVGPOOL_FWD,
+    &AVGPOOL_BWD,
+    &BN_STATS,
+    &BN_APPLY,
+    &BN_BWD_REDUCE,
+    &BN_BWD_DX,
+];
+
 /// Plan col = im2col(x). `x` starts at the group's first channel; images are `img_stride` apart.
 pub fn plan_im2col(
     t: &LaunchTarget,
@@ -198,20 +328,8 @@ pub fn plan_im2col(
     }
     let n = g.col_len()?;
     need("im2col", "col", &col, d, n)?;
-    if n == 0 {
-        return Ok(None);
-    }
-    Ok(Some(Launch::new(
-        KernelFile::Conv,
-        kname("im2col", d),
-        t.grid_for(n, ELEMWISE_BLOCK),
-        ELEMWISE_BLOCK,
-        vec![
-            Arg::Ptr(x.ptr()),
-            Arg::Ptr(col.ptr()),
-            Arg::bytes(&g.conv_meta(img_stride)?),
-        ],
-    )))
+    let (operands, scalars) = ([x, col], [Arg::bytes(&g.conv_meta(img_stride)?)]);
+    IM2COL.plan(t, &Call::new(d, n, &operands).scalars(&scalars))
 }
 
 /// Plan x (+)= col2im(col), the adjoint of im2col.
@@ -231,21 +349,12 @@ pub fn plan_col2im(
     }
     need("col2im", "col", &col, d, g.col_len()?)?;
     let n = g.n * g.c * g.h * g.w;
-    if n == 0 {
-        return Ok(None);
-    }
-    Ok(Some(Launch::new(
-        KernelFile::Conv,
-        kname("col2im", d),
-        t.grid_for(n, ELEMWISE_BLOCK),
-        ELEMWISE_BLOCK,
-        vec![
-            Arg::Ptr(col.ptr()),
-            Arg::Ptr(x.ptr()),
-            Arg::bytes(&g.conv_meta(img_stride)?),
-            Arg::I32(accumulate as i32),
-        ],
-    )))
+    let operands = [col, x];
+    let scalars = [
+        Arg::bytes(&g.conv_meta(img_stride)?),
+        Arg::I32(accumulate as i32),
+    ];
+    COL2IM.plan(t, &Call::new(d, n, &operands).scalars(&scalars))
 }
 
 /// Plan 2-D max pooling (argmax optional, i64, index within the plane).
@@ -266,18 +375,9 @@ pub fn plan_maxpool2d_forward(
     if nout == 0 {
         return Ok(None);
     }
-    Ok(Some(Launch::new(
-        KernelFile::Conv,
-        kname("maxpool2d_fwd", d),
-        t.grid_for(nout, ELEMWISE_BLOCK),
-        ELEMWISE_BLOCK,
-        vec![
-            Arg::Ptr(x.ptr()),
-            Arg::Ptr(y.ptr()),
-            Arg::Ptr(ptr_of(&argmax)),
-            Arg::bytes(&g.pool_meta(false)?),
-        ],
-    )))
+    let operands = [x, y];
+    let scalars = [Arg::Ptr(ptr_of(&argmax)), Arg::bytes(&g.pool_meta(false)?)];
+    MAXPOOL_FWD.plan(t, &Call::new(d, nout, &operands).scalars(&scalars))
 }
 
 /// Plan the max-pool backward from the saved argmax (gather form, deterministic).
@@ -298,18 +398,8 @@ pub fn plan_maxpool2d_backward(
     if nin == 0 {
         return Ok(None);
     }
-    Ok(Some(Launch::new(
-        KernelFile::Conv,
-        kname("maxpool2d_bwd", d),
-        t.grid_for(nin, ELEMWISE_BLOCK),
-        ELEMWISE_BLOCK,
-        vec![
-            Arg::Ptr(gy.ptr()),
-            Arg::Ptr(argmax.ptr()),
-            Arg::Ptr(gx.ptr()),
-            Arg::bytes(&g.pool_meta(false)?),
-        ],
-    )))
+    let (operands, scalars) = ([gy, argmax, gx], [Arg::bytes(&g.pool_meta(false)?)]);
+    MAXPOOL_BWD.plan(t, &Call::new(d, nin, &operands).scalars(&scalars))
 }
 
 fn avg_check(g: &Window2d) -> Result<()> {
@@ -340,17 +430,8 @@ pub fn plan_avgpool2d_forward(
     if nout == 0 {
         return Ok(None);
     }
-    Ok(Some(Launch::new(
-        KernelFile::Conv,
-        kname("avgpool2d_fwd", d),
-        t.grid_for(nout, ELEMWISE_BLOCK),
-        ELEMWISE_BLOCK,
-        vec![
-            Arg::Ptr(x.ptr()),
-            Arg::Ptr(y.ptr()),
-            Arg::bytes(&g.pool_meta(count_include_pad)?),
-        ],
-    )))
+    let (operands, scalars) = ([x, y], [Arg::bytes(&g.pool_meta(count_include_pad)?)]);
+    AVGPOOL_FWD.plan(t, &Call::new(d, nout, &operands).scalars(&scalars))
 }
 
 /// Plan the average-pool backward (gather form).
@@ -371,17 +452,8 @@ pub fn plan_avgpool2d_backward(
     if nin == 0 {
         return Ok(None);
     }
-    Ok(Some(Launch::new(
-        KernelFile::Conv,
-        kname("avgpool2d_bwd", d),
-        t.grid_for(nin, ELEMWISE_BLOCK),
-        ELEMWISE_BLOCK,
-        vec![
-            Arg::Ptr(gy.ptr()),
-            Arg::Ptr(gx.ptr()),
-            Arg::bytes(&g.pool_meta(count_include_pad)?),
-        ],
-    )))
+    let (operands, scalars) = ([gy, gx], [Arg::bytes(&g.pool_meta(count_include_pad)?)]);
+    AVGPOOL_BWD.plan(t, &Call::new(d, nin, &operands).scalars(&scalars))
 }
 
 /// Batch-norm shape: x is [n, c, hw].
@@ -405,10 +477,14 @@ impl BnShape {
     }
 }
 
-fn bn_block_grid(t: &LaunchTarget, s: &BnShape) -> (u32, u32) {
-    let per = s.n * s.hw;
-    let block = (per.div_ceil(4)).next_power_of_two().clamp(32, 1024) as u32;
-    (s.c.min(t.max_blocks(block) as usize).max(1) as u32, block)
+/// A per-channel call: one item per channel, rows of N*H*W.
+fn per_channel<'a>(
+    d: DType,
+    s: &BnShape,
+    operands: &'a [DevSlice<'a>],
+    scalars: &'a [Arg],
+) -> Call<'a> {
+    Call::new(d, s.c, operands).row(s.n * s.hw).scalars(scalars)
 }
 
 /// Plan per-channel mean and biased variance (f32, [c]) over N*H*W.
@@ -433,16 +509,7 @@ pub fn plan_batchnorm_stats(
             "statistics over zero elements",
         ));
     }
-    let (grid, block) = bn_block_grid(t, s);
-    let mut args = vec![Arg::Ptr(x.ptr()), Arg::Ptr(mean.ptr()), Arg::Ptr(var.ptr())];
-    args.extend(s.args());
-    Ok(Some(Launch::new(
-        KernelFile::Conv,
-        kname("batchnorm_stats", d),
-        grid,
-        block,
-        args,
-    )))
+    BN_STATS.plan(t, &per_channel(d, s, &[x, mean, var], &s.args()))
 }
 
 /// Plan y = (x - mean) * invstd * gamma + beta per channel (gamma/beta optional).
@@ -465,25 +532,10 @@ pub fn plan_batchnorm_apply(
     need("batchnorm_apply", "invstd", &invstd, DType::F32, s.c)?;
     opt_need("batchnorm_apply", "gamma", &gamma, d, s.c)?;
     opt_need("batchnorm_apply", "beta", &beta, d, s.c)?;
-    if s.numel() == 0 {
-        return Ok(None);
-    }
-    let mut args = vec![
-        Arg::Ptr(x.ptr()),
-        Arg::Ptr(mean.ptr()),
-        Arg::Ptr(invstd.ptr()),
-        Arg::Ptr(ptr_of(&gamma)),
-        Arg::Ptr(ptr_of(&beta)),
-        Arg::Ptr(y.ptr()),
-    ];
-    args.extend(s.args());
-    Ok(Some(Launch::new(
-        KernelFile::Conv,
-        kname("batchnorm_apply", d),
-        t.grid_for(s.numel(), ELEMWISE_BLOCK),
-        ELEMWISE_BLOCK,
-        args,
-    )))
+    let operands = [x, mean, invstd, y];
+    let affine = [Arg::Ptr(ptr_of(&gamma)), Arg::Ptr(ptr_of(&beta))];
+    let scalars = [&affine[..], &s.args()].concat();
+    BN_APPLY.plan(t, &Call::new(d, s.numel(), &operands).scalars(&scalars))
 }
 
 /// Plan per-channel Σ gy and Σ gy * xhat (f32, [c]) for the training-mode backward.
@@ -514,23 +566,8 @@ pub fn plan_batchnorm_backward_reduce(
     if s.c == 0 {
         return Ok(None);
     }
-    let (grid, block) = bn_block_grid(t, s);
-    let mut args = vec![
-        Arg::Ptr(x.ptr()),
-        Arg::Ptr(gy.ptr()),
-        Arg::Ptr(mean.ptr()),
-        Arg::Ptr(invstd.ptr()),
-        Arg::Ptr(sum_gy.ptr()),
-        Arg::Ptr(sum_gy_xhat.ptr()),
-    ];
-    args.extend(s.args());
-    Ok(Some(Launch::new(
-        KernelFile::Conv,
-        kname("batchnorm_bwd_reduce", d),
-        grid,
-        block,
-        args,
-    )))
+    let operands = [x, gy, mean, invstd, sum_gy, sum_gy_xhat];
+    BN_BWD_REDUCE.plan(t, &per_channel(d, s, &operands, &s.args()))
 }
 
 /// Plan the training-mode dx from the reductions.
@@ -562,27 +599,9 @@ pub fn plan_batchnorm_backward_dx(
     ] {
         need(op, w, v, DType::F32, s.c)?;
     }
-    if s.numel() == 0 {
-        return Ok(None);
-    }
-    let mut args = vec![
-        Arg::Ptr(x.ptr()),
-        Arg::Ptr(gy.ptr()),
-        Arg::Ptr(mean.ptr()),
-        Arg::Ptr(invstd.ptr()),
-        Arg::Ptr(ptr_of(&gamma)),
-        Arg::Ptr(sum_gy.ptr()),
-        Arg::Ptr(sum_gy_xhat.ptr()),
-        Arg::Ptr(dx.ptr()),
-    ];
-    args.extend(s.args());
-    Ok(Some(Launch::new(
-        KernelFile::Conv,
-        kname("batchnorm_bwd_dx", d),
-        t.grid_for(s.numel(), ELEMWISE_BLOCK),
-        ELEMWISE_BLOCK,
-        args,
-    )))
+    let operands = [x, gy, mean, invstd, sum_gy, sum_gy_xhat, dx];
+    let scalars = [&[Arg::Ptr(ptr_of(&gamma))][..], &s.args()].concat();
+    BN_BWD_DX.plan(t, &Call::new(d, s.numel(), &operands).scalars(&scalars))
 }
 
 /// col = im2col(x).
@@ -749,44 +768,9 @@ pub fn batchnorm_backward_dx(
     )?)
 }
 
-pub(crate) fn samples(t: &LaunchTarget) -> Vec<Launch> {
-    let mut v = Vec::new();
-    let g = Window2d {
-        n: 2,
-        c: 3,
-        h: 8,
-        w: 8,
-        kernel: (3, 3),
-        stride: (1, 1),
-        padding: (1, 1),
-        dilation: (1, 1),
-        ceil_mode: false,
-    };
-    let bn = BnShape { n: 2, c: 3, hw: 64 };
-    let nin = 2 * 3 * 64;
-    for d in DType::FLOATS {
-        let x = fake_slice(d, nin);
-        let col = fake_slice(d, g.col_len().unwrap());
-        v.extend(plan_im2col(t, x, col, &g, 3 * 64).unwrap());
-        v.extend(plan_col2im(t, col, x, &g, 3 * 64, true).unwrap());
-        let (y, am) = (fake_slice(d, nin), fake_slice(DType::I64, nin));
-        v.extend(plan_maxpool2d_forward(t, x, y, Some(am), &g).unwrap());
-        v.extend(plan_maxpool2d_backward(t, y, am, x, &g).unwrap());
-        v.extend(plan_avgpool2d_forward(t, x, y, &g, true).unwrap());
-        v.extend(plan_avgpool2d_backward(t, y, x, &g, false).unwrap());
-        let f = |_| fake_slice(DType::F32, 3);
-        let (m, iv, s1, s2) = (f(0), f(1), f(2), f(3));
-        let gm = fake_slice(d, 3);
-        v.extend(plan_batchnorm_stats(t, x, m, iv, &bn).unwrap());
-        v.extend(plan_batchnorm_apply(t, x, m, iv, Some(gm), Some(gm), y, &bn).unwrap());
-        v.extend(plan_batchnorm_backward_reduce(t, x, y, m, iv, s1, s2, &bn).unwrap());
-        v.extend(plan_batchnorm_backward_dx(t, x, y, m, iv, Some(gm), s1, s2, x, &bn).unwrap());
-    }
-    v
-}
-
 #[cfg(test)]
 mod tests {
+    use super::super::fake_slice;
     use super::*;
 
     #[test]

@@ -1,25 +1,44 @@
 //! Wrappers for `kernels/copy.cu`: strided copies (for `contiguous()` and strided writes) and
 //! dtype casts.
 
-use super::{fake_slice, need_len};
+use super::need_len;
+use super::table::{no_ops, Call, Cost, Grid, Kernel, Slot::*};
 use crate::alloc::DevSlice;
 use crate::device::CudaDevice;
 use crate::dtype::DType;
 use crate::error::{CudaError, Result};
 use crate::launch::{
-    check_strided_bounds, coalesce, is_contiguous_coalesced, Arg, Launch, LaunchTarget, Step,
-    StridedMeta, Traffic, ELEMWISE_BLOCK,
+    check_strided_bounds, coalesce, is_contiguous_coalesced, Arg, LaunchTarget, Step, StridedMeta,
 };
 use crate::nvrtc::KernelFile;
 
-fn word_name(d: DType) -> &'static str {
-    match d.size() {
-        1 => "u8",
-        2 => "u16",
-        4 => "u32",
-        _ => "u64",
-    }
-}
+/// dst[dst_strides] = src[src_strides], by element size.
+pub static STRIDED_COPY: Kernel = Kernel {
+    file: KernelFile::Copy,
+    name: "strided_copy_{w}",
+    ops: no_ops,
+    // The kernels exist per element size (u8 .. u64): every dtype has one.
+    dtypes: &DType::ALL,
+    dtypes2: &[],
+    args: &[In("src"), Out("dst"), Items, Strided],
+    grid: Grid::PerItem,
+    traffic: Cost::Items,
+};
+
+/// y = x converted to y's dtype (`{d}` to `{d2}`, the identities included).
+pub static CAST: Kernel = Kernel {
+    file: KernelFile::Copy,
+    name: "cast_{d}_{d2}",
+    ops: no_ops,
+    dtypes: &DType::ALL,
+    dtypes2: &DType::ALL,
+    args: &[In("x"), Out("y"), Items],
+    grid: Grid::Packed,
+    traffic: Cost::Moves { flops: 0 },
+};
+
+/// The rows of `kernels/copy.cu`.
+pub static KERNELS: [&Kernel; 2] = [&STRIDED_COPY, &CAST];
 
 /// Plan dst[dst_strides] = src[src_strides] over `shape` (same dtype). A copy that is contiguous
 /// on both sides after merging dims becomes a plain device memcpy.
@@ -55,22 +74,9 @@ pub fn plan_strided_copy(
             bytes: n * d.size(),
         }));
     }
-    let meta = StridedMeta::new(&cs, &cst)?;
-    Ok(Some(Step::Kernel(
-        Launch::new(
-            KernelFile::Copy,
-            format!("strided_copy_{}", word_name(d)),
-            t.grid_for(n, ELEMWISE_BLOCK),
-            ELEMWISE_BLOCK,
-            vec![
-                Arg::Ptr(src.ptr()),
-                Arg::Ptr(dst.ptr()),
-                Arg::I64(n as i64),
-                Arg::Strided(meta),
-            ],
-        )
-        .with_traffic(Traffic::bytes(n * d.size(), n * d.size())),
-    )))
+    let (operands, meta) = ([src, dst], [Arg::Strided(StridedMeta::new(&cs, &cst)?)]);
+    let call = Call::new(d, n, &operands).scalars(&meta);
+    Ok(STRIDED_COPY.plan(t, &call)?.map(Step::Kernel))
 }
 
 /// Plan y = cast(x), both contiguous with the same length. Same dtype = memcpy.
@@ -86,20 +92,9 @@ pub fn plan_cast(t: &LaunchTarget, x: DevSlice<'_>, y: DevSlice<'_>) -> Result<O
             bytes: x.num_bytes(),
         }));
     }
-    Ok(Some(Step::Kernel(
-        Launch::new(
-            KernelFile::Copy,
-            format!("cast_{}_{}", x.dtype().suffix(), y.dtype().suffix()),
-            t.elementwise_grid(x.len(), x.dtype().size()),
-            ELEMWISE_BLOCK,
-            vec![
-                Arg::Ptr(x.ptr()),
-                Arg::Ptr(y.ptr()),
-                Arg::I64(x.len() as i64),
-            ],
-        )
-        .with_traffic(Traffic::bytes(x.num_bytes(), y.num_bytes())),
-    )))
+    let operands = [x, y];
+    let call = Call::new(x.dtype(), x.len(), &operands).dtype2(y.dtype());
+    Ok(CAST.plan(t, &call)?.map(Step::Kernel))
 }
 
 /// dst[dst_strides] = src[src_strides] over `shape`.
@@ -133,40 +128,9 @@ pub fn cast(dev: &CudaDevice, x: DevSlice<'_>, y: DevSlice<'_>) -> Result<()> {
     dev.run_steps(plan_cast(&dev.target(), x, y)?.into_iter())
 }
 
-pub(crate) fn samples(t: &LaunchTarget) -> Vec<Launch> {
-    let mut v = Vec::new();
-    for d in [DType::U8, DType::F16, DType::F32, DType::I64] {
-        let (s, o) = (fake_slice(d, 12), fake_slice(d, 12));
-        if let Some(Step::Kernel(l)) =
-            plan_strided_copy(t, s, &[1, 3], o, &[4, 1], &[3, 4]).unwrap()
-        {
-            v.push(l);
-        }
-    }
-    for a in DType::ALL {
-        for b in DType::ALL {
-            if let Some(Step::Kernel(l)) =
-                plan_cast(t, fake_slice(a, 100), fake_slice(b, 100)).unwrap()
-            {
-                v.push(l);
-            }
-        }
-    }
-    // The identity casts exist as kernels too (cast_f32_f32, ...): plan them directly.
-    for a in DType::ALL {
-        v.push(Launch::new(
-            KernelFile::Copy,
-            format!("cast_{0}_{0}", a.suffix()),
-            1,
-            ELEMWISE_BLOCK,
-            vec![Arg::Ptr(0), Arg::Ptr(0), Arg::I64(0)],
-        ));
-    }
-    v
-}
-
 #[cfg(test)]
 mod tests {
+    use super::super::fake_slice;
     use super::*;
 
     #[test]

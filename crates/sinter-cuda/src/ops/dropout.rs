@@ -1,12 +1,13 @@
 //! Wrappers for `kernels/dropout.cu`: Philox-based dropout and random fills, plus a CPU mirror of
 //! the generator so the CPU backend and tests can reproduce the device's random stream exactly.
 
-use super::{fake_slice, kname, need, need_float};
+use super::table::{no_ops, Call, Cost, Grid, Kernel, Slot::*};
+use super::{need, need_float};
 use crate::alloc::DevSlice;
 use crate::device::CudaDevice;
 use crate::dtype::DType;
 use crate::error::{CudaError, Result};
-use crate::launch::{Arg, Launch, LaunchTarget, ELEMWISE_BLOCK};
+use crate::launch::{Arg, Launch, LaunchTarget};
 use crate::nvrtc::KernelFile;
 
 /// Philox4x32-10 (same constants and rounds as dropout.cu).
@@ -57,9 +58,47 @@ pub fn philox_offset_advance(n: usize) -> u64 {
     n.div_ceil(4) as u64
 }
 
-fn groups_grid(t: &LaunchTarget, n: usize) -> u32 {
-    t.grid_for(n.div_ceil(4), ELEMWISE_BLOCK)
-}
+/// y = dropout(x; p) with the mask from (seed, offset).
+pub static DROPOUT: Kernel = Kernel {
+    file: KernelFile::Dropout,
+    name: "dropout_{d}",
+    ops: no_ops,
+    dtypes: &DType::FLOATS,
+    dtypes2: &[],
+    args: &[
+        In("x"),
+        Out("y"),
+        Items,
+        F32("p"),
+        U64("seed"),
+        U64("offset"),
+    ],
+    // Four numbers per Philox call.
+    grid: Grid::Groups(4),
+    traffic: Cost::Estimated,
+};
+
+/// y ~ U[a, b) or N(a, b^2).
+pub static RANDOM: Kernel = Kernel {
+    file: KernelFile::Dropout,
+    name: "rand_{op}_{d}",
+    ops: || vec!["uniform", "normal"],
+    dtypes: &DType::FLOATS,
+    dtypes2: &[],
+    args: &[
+        Out("y"),
+        Items,
+        F32("a"),
+        F32("b"),
+        U64("seed"),
+        U64("offset"),
+    ],
+    grid: Grid::Groups(4),
+    traffic: Cost::Estimated,
+};
+
+/// The rows of `kernels/dropout.cu`.
+pub static KERNELS: [&Kernel; 2] = [&DROPOUT, &RANDOM];
 
 /// Plan y = dropout(x; p) with the mask from (seed, offset). The backward is the same plan on gy.
 pub fn plan_dropout(
@@ -79,23 +118,8 @@ pub fn plan_dropout(
             format!("p = {p} outside [0, 1]"),
         ));
     }
-    if x.is_empty() {
-        return Ok(None);
-    }
-    Ok(Some(Launch::new(
-        KernelFile::Dropout,
-        kname("dropout", d),
-        groups_grid(t, x.len()),
-        ELEMWISE_BLOCK,
-        vec![
-            Arg::Ptr(x.ptr()),
-            Arg::Ptr(y.ptr()),
-            Arg::I64(x.len() as i64),
-            Arg::F32(p),
-            Arg::U64(seed),
-            Arg::U64(offset),
-        ],
-    )))
+    let (operands, scalars) = ([x, y], [Arg::F32(p), Arg::U64(seed), Arg::U64(offset)]);
+    DROPOUT.plan(t, &Call::new(d, x.len(), &operands).scalars(&scalars))
 }
 
 /// Plan y ~ U[lo, hi) (`normal = false`) or N(lo, hi^2) (`normal = true`: lo = mean, hi = std).
@@ -110,28 +134,11 @@ pub fn plan_random(
 ) -> Result<Option<Launch>> {
     let d = y.dtype();
     need_float("random", d)?;
-    if y.is_empty() {
-        return Ok(None);
-    }
-    let base = if normal {
-        "rand_normal"
-    } else {
-        "rand_uniform"
-    };
-    Ok(Some(Launch::new(
-        KernelFile::Dropout,
-        kname(base, d),
-        groups_grid(t, y.len()),
-        ELEMWISE_BLOCK,
-        vec![
-            Arg::Ptr(y.ptr()),
-            Arg::I64(y.len() as i64),
-            Arg::F32(a),
-            Arg::F32(b),
-            Arg::U64(seed),
-            Arg::U64(offset),
-        ],
-    )))
+    let op = if normal { "normal" } else { "uniform" };
+    let operands = [y];
+    let scalars = [Arg::F32(a), Arg::F32(b), Arg::U64(seed), Arg::U64(offset)];
+    let call = Call::new(d, y.len(), &operands).op(op).scalars(&scalars);
+    RANDOM.plan(t, &call)
 }
 
 /// y = dropout(x; p); the mask is a function of (seed, offset, index) only.
@@ -188,17 +195,6 @@ pub fn rand_normal(
         seed,
         offset,
     )?)
-}
-
-pub(crate) fn samples(t: &LaunchTarget) -> Vec<Launch> {
-    let mut v = Vec::new();
-    for d in DType::FLOATS {
-        let (x, y) = (fake_slice(d, 1001), fake_slice(d, 1001));
-        v.extend(plan_dropout(t, x, y, 0.1, 7, 0).unwrap());
-        v.extend(plan_random(t, false, y, 0.0, 1.0, 7, 0).unwrap());
-        v.extend(plan_random(t, true, y, 0.0, 1.0, 7, 0).unwrap());
-    }
-    v
 }
 
 #[cfg(test)]

@@ -1,12 +1,100 @@
 //! Wrappers for `kernels/embedding.cu`: row gather and the deterministic scatter-add backward.
 
-use super::{fake_slice, kname, need, need_float, rows_times_n};
+use super::table::{no_ops, Call, Cost, Grid, Kernel, Slot, Slot::*};
+use super::{need, need_float, rows_times_n};
 use crate::alloc::{DevSlice, Pool};
 use crate::device::CudaDevice;
 use crate::dtype::DType;
 use crate::error::{CudaError, Result};
-use crate::launch::{Arg, Launch, LaunchTarget, Step, Traffic, ELEMWISE_BLOCK};
+use crate::launch::{Arg, Launch, LaunchTarget, Step};
 use crate::nvrtc::KernelFile;
+
+/// out[i, :] = weight[idx[i], :], one block per index.
+pub static FORWARD: Kernel = Kernel {
+    file: KernelFile::Embedding,
+    name: "embedding_fwd_{d}",
+    ops: no_ops,
+    dtypes: &DType::FLOATS,
+    dtypes2: &[],
+    args: &[
+        In("weight"),
+        In("idx"),
+        Out("out"),
+        Items,
+        I64("vocab"),
+        I64("dim"),
+    ],
+    grid: Grid::BlockPerRow {
+        per_thread: None,
+        max_threads: 256,
+    },
+    traffic: Cost::Partial { flops: 0 },
+};
+
+/// An index helper of the backward (`{d}` is the index dtype), one thread per index, its
+/// traffic estimated.
+const fn helper(name: &'static str, args: &'static [Slot], grid: Grid) -> Kernel {
+    Kernel {
+        file: KernelFile::Embedding,
+        name,
+        ops: no_ops,
+        dtypes: &[DType::I64],
+        dtypes2: &[],
+        args,
+        grid,
+        traffic: Cost::Estimated,
+    }
+}
+
+/// counts[v] = how many indices are v.
+pub static BWD_COUNT: Kernel = helper(
+    "emb_bwd_count",
+    &[In("idx"), Out("counts"), I64("num_idx"), I64("vocab")],
+    Grid::PerItem,
+);
+/// offsets = exclusive scan of counts, in one block.
+pub static BWD_SCAN: Kernel = helper(
+    "emb_bwd_scan",
+    &[In("counts"), Out("offsets"), I64("vocab")],
+    Grid::OneBlock(1024),
+);
+/// pos = the indices' positions grouped by row.
+pub static BWD_FILL: Kernel = helper(
+    "emb_bwd_fill",
+    &[
+        In("idx"),
+        In("offsets"),
+        Out("cursor"),
+        Out("pos"),
+        I64("num_idx"),
+        I64("vocab"),
+    ],
+    Grid::PerItem,
+);
+/// gw (+)= the sum of gy's rows of each weight row, one block per weight row.
+pub static BACKWARD: Kernel = Kernel {
+    file: KernelFile::Embedding,
+    name: "embedding_bwd_{d}",
+    ops: no_ops,
+    dtypes: &DType::FLOATS,
+    dtypes2: &[],
+    args: &[
+        In("gy"),
+        In("idx"),
+        In("offsets"),
+        In("pos"),
+        Out("gw"),
+        I64("num_idx"),
+        Items,
+        I64("dim"),
+        I32("accumulate"),
+    ],
+    grid: Grid::BlockPerItem(256),
+    traffic: Cost::Partial { flops: 0 },
+};
+
+/// The rows of `kernels/embedding.cu`.
+pub static KERNELS: [&Kernel; 5] = [&FORWARD, &BWD_COUNT, &BWD_SCAN, &BWD_FILL, &BACKWARD];
 
 /// Plan out[i, :] = weight[idx[i], :] (zero row for an out-of-range index).
 pub fn plan_embedding_forward(
@@ -23,34 +111,18 @@ pub fn plan_embedding_forward(
     need(op, "weight", &weight, d, rows_times_n(op, vocab, dim)?)?;
     need(op, "idx", &idx, DType::I64, idx.len())?;
     need(op, "out", &out, d, rows_times_n(op, idx.len(), dim)?)?;
-    if idx.is_empty() || dim == 0 {
+    if dim == 0 {
         return Ok(None);
     }
-    let block = dim
-        .div_ceil(16 / d.size())
-        .next_power_of_two()
-        .clamp(32, 256) as u32;
-    Ok(Some(
-        Launch::new(
-            KernelFile::Embedding,
-            kname("embedding_fwd", d),
-            idx.len().min(t.max_blocks(block) as usize) as u32,
-            block,
-            vec![
-                Arg::Ptr(weight.ptr()),
-                Arg::Ptr(idx.ptr()),
-                Arg::Ptr(out.ptr()),
-                Arg::I64(idx.len() as i64),
-                Arg::I64(vocab as i64),
-                Arg::I64(dim as i64),
-            ],
-        )
+    let (operands, scalars) = ([weight, idx, out], [vocab, dim].map(|v| Arg::I64(v as i64)));
+    let call = Call {
         // The indices, and one weight row per index, gathered.
-        .with_traffic(Traffic::bytes(
-            idx.num_bytes() + out.num_bytes(),
-            out.num_bytes(),
-        )),
-    ))
+        read: Some(idx.num_bytes() + out.num_bytes()),
+        ..Call::new(d, idx.len(), &operands)
+            .row(dim)
+            .scalars(&scalars)
+    };
+    FORWARD.plan(t, &call)
 }
 
 /// i32 scratch elements the backward needs: counts and cursor ([vocab] each), offsets
@@ -97,67 +169,33 @@ pub fn plan_embedding_backward(
     let offsets = scratch.slice(2 * vocab, vocab + 1)?;
     let pos = scratch.slice(3 * vocab + 1, num_idx)?;
     let (ni, v) = (Arg::I64(num_idx as i64), Arg::I64(vocab as i64));
+    // The helpers run even without indices: the scan still writes the offsets.
+    let helper = |row: &Kernel, operands: &[DevSlice<'_>], scalars: &[Arg]| {
+        let call = Call::new(DType::I64, num_idx.max(1), operands).scalars(scalars);
+        row.plan(t, &call)
+    };
     let mut steps = vec![Step::Zero {
         ptr: counts.ptr(),
         bytes: 2 * vocab * 4,
     }];
-    let g = t.grid_for(num_idx, ELEMWISE_BLOCK);
-    steps.push(Step::Kernel(Launch::new(
-        KernelFile::Embedding,
-        "emb_bwd_count",
-        g,
-        ELEMWISE_BLOCK,
-        vec![Arg::Ptr(idx.ptr()), Arg::Ptr(counts.ptr()), ni, v],
-    )));
-    steps.push(Step::Kernel(Launch::new(
-        KernelFile::Embedding,
-        "emb_bwd_scan",
-        1,
-        1024,
-        vec![Arg::Ptr(counts.ptr()), Arg::Ptr(offsets.ptr()), v],
-    )));
-    steps.push(Step::Kernel(Launch::new(
-        KernelFile::Embedding,
-        "emb_bwd_fill",
-        g,
-        ELEMWISE_BLOCK,
-        vec![
-            Arg::Ptr(idx.ptr()),
-            Arg::Ptr(offsets.ptr()),
-            Arg::Ptr(cursor.ptr()),
-            Arg::Ptr(pos.ptr()),
-            ni,
-            v,
-        ],
-    )));
-    steps.push(Step::Kernel(
-        Launch::new(
-            KernelFile::Embedding,
-            kname("embedding_bwd", d),
-            vocab.min(t.max_blocks(256) as usize) as u32,
-            256,
-            vec![
-                Arg::Ptr(gy.ptr()),
-                Arg::Ptr(idx.ptr()),
-                Arg::Ptr(offsets.ptr()),
-                Arg::Ptr(pos.ptr()),
-                Arg::Ptr(gw.ptr()),
-                ni,
-                v,
-                Arg::I64(dim as i64),
-                Arg::I32(accumulate as i32),
-            ],
-        )
-        // Every gradient row is written (zero where no index points); gy, idx and the position
-        // lists are read once.
-        .with_traffic(Traffic::bytes(
+    steps.extend(super::steps(helper(&BWD_COUNT, &[idx, counts], &[ni, v])?));
+    steps.extend(super::steps(helper(&BWD_SCAN, &[counts, offsets], &[v])?));
+    let fill_operands = [idx, offsets, cursor, pos];
+    steps.extend(super::steps(helper(&BWD_FILL, &fill_operands, &[ni, v])?));
+    let operands = [gy, idx, offsets, pos, gw];
+    let scalars = [ni, Arg::I64(dim as i64), Arg::I32(accumulate as i32)];
+    let call = Call {
+        // Every gradient row is written (zero where no index points); gy, idx and the
+        // position lists are read once.
+        read: Some(
             gy.num_bytes()
                 + idx.num_bytes()
                 + (vocab + 1 + num_idx) * 4
                 + if accumulate { gw.num_bytes() } else { 0 },
-            gw.num_bytes(),
-        )),
-    ));
+        ),
+        ..Call::new(d, vocab, &operands).scalars(&scalars)
+    };
+    steps.extend(super::steps(BACKWARD.plan(t, &call)?));
     Ok(steps)
 }
 
@@ -207,23 +245,4 @@ pub fn embedding_backward(
         accumulate,
     )?;
     dev.run_steps(steps.into_iter())
-}
-
-pub(crate) fn samples(t: &LaunchTarget) -> Vec<Launch> {
-    let mut v = Vec::new();
-    let (vocab, dim, ni) = (100, 64, 10);
-    let idx = fake_slice(DType::I64, ni);
-    let scratch = fake_slice(DType::I32, backward_scratch_len(vocab, ni));
-    for (k, d) in DType::FLOATS.into_iter().enumerate() {
-        let (w, o) = (fake_slice(d, vocab * dim), fake_slice(d, ni * dim));
-        v.extend(plan_embedding_forward(t, w, idx, o, vocab, dim).unwrap());
-        let steps = plan_embedding_backward(t, o, idx, w, scratch, vocab, dim, false).unwrap();
-        let ks = super::kernels_of(steps);
-        // The dtype-independent helpers once.
-        v.extend(
-            ks.into_iter()
-                .filter(|l| k == 0 || l.name.starts_with("embedding_")),
-        );
-    }
-    v
 }

@@ -2,13 +2,14 @@
 //! fill, arange (every dtype), i64 reductions, row gathers through device ids, and the
 //! device-side index check that records the first bad index in a small slot buffer.
 
-use super::binary::{BinaryOp, StridedIn};
-use super::{fake_slice, need, need_dtype, need_len, numel, plan_strided};
+use super::binary::{binary_ops, BinaryOp, StridedIn};
+use super::table::{no_ops, Call, Cost, Grid, Kernel, Slot, Slot::*};
+use super::{need, need_dtype, need_len, numel};
 use crate::alloc::DevSlice;
 use crate::device::CudaDevice;
 use crate::dtype::DType;
 use crate::error::{CudaError, Result};
-use crate::launch::{Arg, Launch, LaunchTarget, ELEMWISE_BLOCK};
+use crate::launch::{Arg, Launch, LaunchTarget};
 use crate::nvrtc::KernelFile;
 
 /// Elements of the error slot [`plan_index_check`] writes: {position + 1, value, bound, tag},
@@ -17,6 +18,87 @@ pub const SLOT_LEN: usize = 4;
 
 /// Threads of the one-block index check (a power of two: the block reduction halves it).
 pub const CHECK_BLOCK: u32 = 1024;
+
+/// An i64 row of int.cu with `args`, one thread per item, its traffic estimated.
+const fn int_row(name: &'static str, args: &'static [Slot]) -> Kernel {
+    Kernel {
+        file: KernelFile::Int,
+        name,
+        ops: no_ops,
+        dtypes: &[DType::I64],
+        dtypes2: &[],
+        args,
+        grid: Grid::PerItem,
+        traffic: Cost::Estimated,
+    }
+}
+
+/// out = a op b for i64 operands through strides.
+pub static INT_BINARY: Kernel = Kernel {
+    ops: binary_ops,
+    traffic: Cost::Partial { flops: 1 },
+    ..int_row(
+        "int_{op}_i64",
+        &[In("a"), In("b"), Out("out"), Items, Strided],
+    )
+};
+pub static INT_FILL: Kernel = int_row("int_fill_i64", &[Out("y"), Items, I64("value")]);
+/// y[i] = start + i * step, the f64 operands as bits.
+pub static ARANGE: Kernel = Kernel {
+    dtypes: &[DType::F32, DType::F16, DType::BF16, DType::I64],
+    ..int_row("arange_{d}", &[Out("y"), Items, U64("start"), U64("step")])
+};
+pub static INT_REDUCE: Kernel = Kernel {
+    dtypes2: &[DType::I64],
+    ..int_row("int_reduce_i64", MID_REDUCE_ARGS)
+};
+pub static INT_MATMUL: Kernel = int_row(
+    "int_matmul_i64",
+    &[
+        In("a"),
+        In("b"),
+        Out("out"),
+        I64("batch"),
+        I64("m"),
+        I64("n"),
+        I64("k"),
+    ],
+);
+pub static INDEX_FLAT: Kernel = int_row(
+    "index_flat",
+    &[In("idx"), Out("flat"), I64("k"), I64("outer"), I64("n")],
+);
+pub static GATHER_ROWS: Kernel = int_row(
+    "int_gather_rows_i64",
+    &[In("x"), In("rows"), Out("out"), I64("count"), I64("inner")],
+);
+pub static INDEX_CHECK: Kernel = Kernel {
+    grid: Grid::OneBlock(CHECK_BLOCK),
+    ..int_row(
+        "index_check",
+        &[
+            In("idx"),
+            Items,
+            I64("bound"),
+            I64("ignore"),
+            I32("has_ignore"),
+            I64("tag"),
+            Out("slot"),
+        ],
+    )
+};
+
+/// The rows of `kernels/int.cu`.
+pub static KERNELS: [&Kernel; 8] = [
+    &INT_BINARY,
+    &INT_FILL,
+    &ARANGE,
+    &INT_REDUCE,
+    &INT_MATMUL,
+    &INDEX_FLAT,
+    &GATHER_ROWS,
+    &INDEX_CHECK,
+];
 
 /// Plan out (contiguous i64, `shape`) = a op b for i64 operands through strides.
 pub fn plan_int_binary(
@@ -31,23 +113,18 @@ pub fn plan_int_binary(
     need_dtype(OP, "a", &a.data, DType::I64)?;
     need_dtype(OP, "b", &b.data, DType::I64)?;
     need_dtype(OP, "out", &out, DType::I64)?;
-    let kernel = (KernelFile::Int, format!("int_{}_i64", op.kernel_base()));
-    plan_strided(t, OP, kernel, &[&a, &b], out, shape)
+    let call = Call::new(DType::I64, 0, &[]).op(op.kernel_base());
+    INT_BINARY.plan_strided(t, OP, call, &[&a, &b], out, shape)
 }
 
 /// Plan y[:] = value (i64).
 pub fn plan_fill_i64(t: &LaunchTarget, y: DevSlice<'_>, value: i64) -> Result<Option<Launch>> {
     need_dtype("fill_i64", "y", &y, DType::I64)?;
-    if y.is_empty() {
-        return Ok(None);
-    }
-    Ok(Some(Launch::new(
-        KernelFile::Int,
-        "int_fill_i64",
-        t.grid_for(y.len(), ELEMWISE_BLOCK),
-        ELEMWISE_BLOCK,
-        vec![Arg::Ptr(y.ptr()), Arg::I64(y.len() as i64), Arg::I64(value)],
-    )))
+    let (operands, scalars) = ([y], [Arg::I64(value)]);
+    INT_FILL.plan(
+        t,
+        &Call::new(DType::I64, y.len(), &operands).scalars(&scalars),
+    )
 }
 
 /// Plan y[i] = start + i * step in f64, then cast to y's dtype like the CPU backend (floats
@@ -59,7 +136,7 @@ pub fn plan_arange(
     step: f64,
 ) -> Result<Option<Launch>> {
     let d = y.dtype();
-    if !matches!(d, DType::F32 | DType::F16 | DType::BF16 | DType::I64) {
+    if !ARANGE.dtypes.contains(&d) {
         return Err(CudaError::invalid("arange", format!("no kernel for {d}")));
     }
     if !start.is_finite() || !step.is_finite() {
@@ -68,21 +145,8 @@ pub fn plan_arange(
             format!("start {start} and step {step} must be finite"),
         ));
     }
-    if y.is_empty() {
-        return Ok(None);
-    }
-    Ok(Some(Launch::new(
-        KernelFile::Int,
-        format!("arange_{}", d.suffix()),
-        t.grid_for(y.len(), ELEMWISE_BLOCK),
-        ELEMWISE_BLOCK,
-        vec![
-            Arg::Ptr(y.ptr()),
-            Arg::I64(y.len() as i64),
-            Arg::U64(start.to_bits()),
-            Arg::U64(step.to_bits()),
-        ],
-    )))
+    let (operands, scalars) = ([y], [Arg::U64(start.to_bits()), Arg::U64(step.to_bits())]);
+    ARANGE.plan(t, &Call::new(d, y.len(), &operands).scalars(&scalars))
 }
 
 /// Which reduction of int.cu's `int_reduce_i64` and bool.cu's `bool_reduce_*` (the kernels'
@@ -107,11 +171,10 @@ pub fn plan_int_reduce(
     inner: usize,
 ) -> Result<Option<Launch>> {
     need_dtype("int_reduce", "x", &x, DType::I64)?;
-    let kernel = (KernelFile::Int, "int_reduce_i64".to_string());
     plan_mid_reduce(
         t,
         "int_reduce",
-        kernel,
+        &INT_REDUCE,
         op,
         x,
         (out, DType::I64),
@@ -119,13 +182,23 @@ pub fn plan_int_reduce(
     )
 }
 
-/// Plan `kernel(x, out, outer, n, inner, op)`: a reduction of a contiguous [outer, n, inner]
-/// over its middle dim (n >= 1), one thread per output, into `out` (`outer * inner` elements
-/// of the given dtype). x's dtype is the caller's to check.
+/// The parameters of a middle-dim reduction kernel: `kernel(x, out, outer, n, inner, op)`.
+pub(crate) const MID_REDUCE_ARGS: &[Slot] = &[
+    In("x"),
+    Out("out"),
+    I64("outer"),
+    I64("n"),
+    I64("inner"),
+    I32("op"),
+];
+
+/// Plan a `row` of [`MID_REDUCE_ARGS`]: a reduction of a contiguous [outer, n, inner] over
+/// its middle dim (n >= 1), one thread per output, into `out` (`outer * inner` elements of
+/// the given dtype, the row's `{d2}`). x's dtype is the caller's to check.
 pub(crate) fn plan_mid_reduce(
     t: &LaunchTarget,
     name: &'static str,
-    (file, kernel): (KernelFile, String),
+    row: &Kernel,
     op: IntReduce,
     x: DevSlice<'_>,
     (out, out_dtype): (DevSlice<'_>, DType),
@@ -142,23 +215,11 @@ pub(crate) fn plan_mid_reduce(
     if n == 0 {
         return Err(CudaError::invalid(name, "cannot reduce an empty dimension"));
     }
-    if m == 0 {
-        return Ok(None);
-    }
-    Ok(Some(Launch::new(
-        file,
-        kernel,
-        t.grid_for(m, ELEMWISE_BLOCK),
-        ELEMWISE_BLOCK,
-        vec![
-            Arg::Ptr(x.ptr()),
-            Arg::Ptr(out.ptr()),
-            Arg::I64(outer as i64),
-            Arg::I64(n as i64),
-            Arg::I64(inner as i64),
-            Arg::I32(op as i32),
-        ],
-    )))
+    let operands = [x, out];
+    let scalars = [outer, n, inner].map(|v| Arg::I64(v as i64));
+    let scalars = [&scalars[..], &[Arg::I32(op as i32)]].concat();
+    let call = Call::new(x.dtype(), m, &operands).dtype2(out_dtype);
+    row.plan(t, &call.scalars(&scalars))
 }
 
 /// Plan out[b] = a[b] @ b[b] for contiguous i64 a [batch, m, k] and b [batch, k, n] into
@@ -176,24 +237,12 @@ pub fn plan_int_matmul(
     need(name, "b", &b, DType::I64, size(&[batch, k, n])?)?;
     let total = size(&[batch, m, n])?;
     need(name, "out", &out, DType::I64, total)?;
-    if total == 0 {
-        return Ok(None);
-    }
-    Ok(Some(Launch::new(
-        KernelFile::Int,
-        "int_matmul_i64",
-        t.grid_for(total, ELEMWISE_BLOCK),
-        ELEMWISE_BLOCK,
-        vec![
-            Arg::Ptr(a.ptr()),
-            Arg::Ptr(b.ptr()),
-            Arg::Ptr(out.ptr()),
-            Arg::I64(batch as i64),
-            Arg::I64(m as i64),
-            Arg::I64(n as i64),
-            Arg::I64(k as i64),
-        ],
-    )))
+    let operands = [a, b, out];
+    let scalars = [batch, m, n, k].map(|v| Arg::I64(v as i64));
+    INT_MATMUL.plan(
+        t,
+        &Call::new(DType::I64, total, &operands).scalars(&scalars),
+    )
 }
 
 /// Plan flat[o * k + j] = o * n + idx[j] (row ids into x viewed as [outer * n, inner]); an id
@@ -213,22 +262,12 @@ pub fn plan_index_flat(
         .checked_mul(outer)
         .ok_or_else(|| CudaError::invalid(name, "k * outer overflows"))?;
     need(name, "flat", &flat, DType::I64, total)?;
-    if total == 0 {
-        return Ok(None);
-    }
-    Ok(Some(Launch::new(
-        KernelFile::Int,
-        "index_flat",
-        t.grid_for(total, ELEMWISE_BLOCK),
-        ELEMWISE_BLOCK,
-        vec![
-            Arg::Ptr(idx.ptr()),
-            Arg::Ptr(flat.ptr()),
-            Arg::I64(k as i64),
-            Arg::I64(outer as i64),
-            Arg::I64(n as i64),
-        ],
-    )))
+    let operands = [idx, flat];
+    let scalars = [k, outer, n].map(|v| Arg::I64(v as i64));
+    INDEX_FLAT.plan(
+        t,
+        &Call::new(DType::I64, total, &operands).scalars(&scalars),
+    )
 }
 
 /// Plan out[r, :] = x[rows[r], :] for i64 x of `x_rows` rows of `inner` (ids already in range).
@@ -261,22 +300,9 @@ pub fn plan_gather_rows_i64(
             .checked_mul(inner)
             .ok_or_else(|| CudaError::invalid(name, "shape overflows"))?,
     )?;
-    if count == 0 || inner == 0 {
-        return Ok(None);
-    }
-    Ok(Some(Launch::new(
-        KernelFile::Int,
-        "int_gather_rows_i64",
-        t.grid_for(count * inner, ELEMWISE_BLOCK),
-        ELEMWISE_BLOCK,
-        vec![
-            Arg::Ptr(x.ptr()),
-            Arg::Ptr(rows.ptr()),
-            Arg::Ptr(out.ptr()),
-            Arg::I64(count as i64),
-            Arg::I64(inner as i64),
-        ],
-    )))
+    let (operands, scalars) = ([x, rows, out], [count, inner].map(|v| Arg::I64(v as i64)));
+    let call = Call::new(DType::I64, count * inner, &operands).scalars(&scalars);
+    GATHER_ROWS.plan(t, &call)
 }
 
 /// Plan the check of `idx` against [0, bound) (values equal to `ignore` pass when given): the
@@ -291,24 +317,16 @@ pub fn plan_index_check(
 ) -> Result<Option<Launch>> {
     need_dtype("index_check", "idx", &idx, DType::I64)?;
     need("index_check", "slot", &slot, DType::I64, SLOT_LEN)?;
-    if idx.is_empty() {
-        return Ok(None);
-    }
-    Ok(Some(Launch::new(
-        KernelFile::Int,
-        "index_check",
-        1,
-        CHECK_BLOCK,
-        vec![
-            Arg::Ptr(idx.ptr()),
-            Arg::I64(idx.len() as i64),
-            Arg::I64(bound as i64),
-            Arg::I64(ignore.unwrap_or(0)),
-            Arg::I32(ignore.is_some() as i32),
-            Arg::I64(tag),
-            Arg::Ptr(slot.ptr()),
-        ],
-    )))
+    let operands = [idx, slot];
+    let scalars = [
+        Arg::I64(bound as i64),
+        Arg::I64(ignore.unwrap_or(0)),
+        Arg::I32(ignore.is_some() as i32),
+        Arg::I64(tag),
+    ];
+    let call = Call::new(DType::I64, idx.len(), &operands).scalars(&scalars);
+    // One block whatever the device: the target does not enter the plan.
+    INDEX_CHECK.plan(&LaunchTarget { sm_count: 1 }, &call)
 }
 
 /// The error an index-check slot holds, if any: (position, value, bound, tag).
@@ -392,39 +410,9 @@ pub fn index_check(
     dev.run_opt(plan_index_check(idx, bound, ignore, tag, slot)?)
 }
 
-pub(crate) fn samples(t: &LaunchTarget) -> Vec<Launch> {
-    let mut v = Vec::new();
-    let (a, b, o) = (
-        fake_slice(DType::I64, 32),
-        fake_slice(DType::I64, 8),
-        fake_slice(DType::I64, 32),
-    );
-    let sa = || StridedIn {
-        data: a,
-        strides: &[8, 1],
-    };
-    let sb = || StridedIn {
-        data: b,
-        strides: &[0, 1],
-    };
-    for op in BinaryOp::ALL {
-        v.extend(plan_int_binary(t, op, sa(), sb(), o, &[4, 8]).unwrap());
-    }
-    for d in [DType::F32, DType::F16, DType::BF16, DType::I64] {
-        v.extend(plan_arange(t, fake_slice(d, 10), 1.0, 0.5).unwrap());
-    }
-    v.extend(plan_fill_i64(t, o, 7).unwrap());
-    v.extend(plan_int_reduce(t, IntReduce::Sum, a, b, 2, 4, 4).unwrap());
-    let mm = |n| fake_slice(DType::I64, n);
-    v.extend(plan_int_matmul(t, mm(6), mm(12), mm(8), [1, 2, 4, 3]).unwrap());
-    v.extend(plan_index_flat(t, b, o, 4, 10).unwrap());
-    v.extend(plan_gather_rows_i64(t, a, b, o, 8, 4).unwrap());
-    v.extend(plan_index_check(a, 10, Some(-100), 1, fake_slice(DType::I64, SLOT_LEN)).unwrap());
-    v
-}
-
 #[cfg(test)]
 mod tests {
+    use super::super::fake_slice;
     use super::*;
 
     fn t() -> LaunchTarget {

@@ -1,6 +1,8 @@
-//! Rust wrappers of the kernels: one module per kernel file. Each op has a pure `plan_*`
-//! function (validates arguments, picks the kernel and grid, builds the argument list) and a
-//! device function that runs the plan on the device's stream.
+//! Rust wrappers of the kernels: one module per kernel file. Each file declares its kernels as
+//! rows of the kernel table (`table.rs`: name rule, argument slots, geometry, traffic); each op
+//! has a pure `plan_*` function (checks its arguments, then one call into its row: the generic
+//! planner picks the kernel and grid and builds the argument list) and a device function that
+//! runs the plan on the device's stream.
 
 pub mod binary;
 pub mod boolean;
@@ -10,31 +12,40 @@ pub mod dropout;
 pub mod embedding;
 pub mod int;
 pub mod reduce;
+pub mod table;
 pub mod unary;
 
 mod common;
 
 pub(crate) use crate::check::{need, need_dtype, need_float, need_len, opt_need};
 use crate::launch::{Launch, LaunchTarget};
-pub(crate) use common::{all_contiguous, kname, numel, plan_strided, ptr_of, rows_times_n, steps};
+pub(crate) use common::{all_contiguous, numel, ptr_of, rows_times_n, steps};
 pub use common::{fake_slice, kernels_of};
+
+/// Every row of the kernel table: each kernel file's rows.
+pub fn kernel_table() -> impl Iterator<Item = &'static table::Kernel> {
+    [
+        &unary::KERNELS[..],
+        &binary::KERNELS,
+        &copy::KERNELS,
+        &reduce::KERNELS,
+        &embedding::KERNELS,
+        &conv::KERNELS,
+        &dropout::KERNELS,
+        &int::KERNELS,
+        &boolean::KERNELS,
+    ]
+    .into_iter()
+    .flatten()
+    .copied()
+}
 
 /// One sample plan per kernel instantiation that the wrappers can launch, built with fake
 /// pointers. The NVRTC test checks each against the compiled PTX (name and parameter types) and
 /// that no compiled kernel is left without a wrapper.
 #[doc(hidden)]
 pub fn sample_plans(t: &LaunchTarget) -> Vec<Launch> {
-    let mut v = Vec::new();
-    v.extend(unary::samples(t));
-    v.extend(binary::samples(t));
-    v.extend(copy::samples(t));
-    v.extend(reduce::samples(t));
-    v.extend(embedding::samples(t));
-    v.extend(conv::samples(t));
-    v.extend(dropout::samples(t));
-    v.extend(int::samples(t));
-    v.extend(boolean::samples(t));
-    v
+    kernel_table().flat_map(|k| k.samples(t)).collect()
 }
 
 #[cfg(test)]

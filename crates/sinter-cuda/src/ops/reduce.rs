@@ -1,14 +1,13 @@
 //! Wrappers for `kernels/reduce.cu`: sum (mean via `scale`) and max/min with arg-index, over the
 //! last dim of `[rows, n]` or the middle dim of `[outer, n, inner]`.
 
-use super::{fake_slice, kname, need, need_float, opt_need, ptr_of, rows_times_n};
+use super::table::{no_ops, Call, Cost, Grid, Kernel, Slot, Slot::*};
+use super::{need, need_float, opt_need, ptr_of, rows_times_n};
 use crate::alloc::{DevSlice, Pool};
 use crate::device::CudaDevice;
 use crate::dtype::DType;
 use crate::error::{CudaError, Result};
-use crate::launch::{
-    row_block, rows_grid, Arg, Launch, LaunchTarget, Step, Traffic, ELEMWISE_BLOCK,
-};
+use crate::launch::{Arg, Launch, LaunchTarget, Step};
 use crate::nvrtc::KernelFile;
 
 /// Max or min.
@@ -27,24 +26,98 @@ impl ArgReduce {
     }
 }
 
-fn row_launch(
-    t: &LaunchTarget,
-    file: KernelFile,
-    name: String,
-    rows: usize,
-    n: usize,
-    args: Vec<Arg>,
-) -> Launch {
-    let (bx, by) = row_block(n);
-    Launch {
-        file,
+/// out[r] = scale * Σ_j x[r, j] over rows of `n`.
+pub static SUM_LAST: Kernel = Kernel {
+    file: KernelFile::Reduce,
+    name: "sum_last_{d}",
+    ops: no_ops,
+    dtypes: &DType::FLOATS,
+    dtypes2: &[],
+    args: &[In("x"), Out("out"), Items, I64("n"), F32("scale")],
+    grid: Grid::Rows,
+    traffic: Cost::Reduce,
+};
+
+/// out[r] = max_j (min_j) x[r, j], idx[r] its first index.
+pub static ARG_LAST: Kernel = Kernel {
+    file: KernelFile::Reduce,
+    name: "{op}_last_{d}",
+    ops: arg_ops,
+    dtypes: &DType::FLOATS,
+    dtypes2: &[],
+    args: &[In("x"), Out("out"), Ptr("idx"), Items, I64("n")],
+    grid: Grid::Rows,
+    traffic: Cost::Estimated,
+};
+
+/// The parameters of the middle-dim sums: `(x, out, outer, n, inner, chunk, scale)`.
+const SUM_MID_ARGS: &[Slot] = &[
+    In("x"),
+    Out("out"),
+    I64("outer"),
+    I64("n"),
+    I64("inner"),
+    I64("chunk"),
+    F32("scale"),
+];
+
+/// A middle-dim sum row: 32 x 8 tiles over (inner, outer, chunks).
+const fn sum_mid_row(name: &'static str) -> Kernel {
+    Kernel {
+        file: KernelFile::Reduce,
         name,
-        grid: (rows_grid(t, rows, by, bx * by), 1, 1),
-        block: (bx, by, 1),
-        shared_mem: 0,
-        traffic: None,
-        args,
+        ops: no_ops,
+        dtypes: &DType::FLOATS,
+        dtypes2: &[],
+        args: SUM_MID_ARGS,
+        grid: Grid::Tiled(MID_TILE),
+        traffic: Cost::Reduce,
     }
+}
+
+const MID_TILE: (u32, u32, u32) = (32, 8, 1);
+
+/// out[o, i] = scale * Σ_j x[o, j, i] in one pass.
+pub static SUM_MID: Kernel = sum_mid_row("sum_mid_{d}");
+/// f32 partial sums over chunks of the middle dim.
+pub static SUM_MID_PARTIAL: Kernel = sum_mid_row("sum_mid_partial_{d}");
+/// out = scale * the sum of the partials.
+pub static SUM_MID_FINISH: Kernel = sum_mid_row("sum_mid_finish_{d}");
+
+/// out[o, i] = max_j (min_j) x[o, j, i], idx its first index.
+pub static ARG_MID: Kernel = Kernel {
+    file: KernelFile::Reduce,
+    name: "{op}_mid_{d}",
+    ops: arg_ops,
+    dtypes: &DType::FLOATS,
+    dtypes2: &[],
+    args: &[
+        In("x"),
+        Out("out"),
+        Ptr("idx"),
+        I64("outer"),
+        I64("n"),
+        I64("inner"),
+    ],
+    grid: Grid::PerItem,
+    traffic: Cost::Estimated,
+};
+
+/// The rows of `kernels/reduce.cu`.
+pub static KERNELS: [&Kernel; 6] = [
+    &SUM_LAST,
+    &ARG_LAST,
+    &SUM_MID,
+    &SUM_MID_PARTIAL,
+    &SUM_MID_FINISH,
+    &ARG_MID,
+];
+
+fn arg_ops() -> Vec<&'static str> {
+    [ArgReduce::Max, ArgReduce::Min]
+        .iter()
+        .map(|w| w.base())
+        .collect()
 }
 
 /// Plan out[r] = scale * Σ_j x[r, j].
@@ -60,26 +133,9 @@ pub fn plan_sum_last(
     need_float("sum_last", d)?;
     need("sum_last", "x", &x, d, rows_times_n("sum_last", rows, n)?)?;
     need("sum_last", "out", &out, d, rows)?;
-    if rows == 0 {
-        return Ok(None);
-    }
-    Ok(Some(
-        row_launch(
-            t,
-            KernelFile::Reduce,
-            kname("sum_last", d),
-            rows,
-            n,
-            vec![
-                Arg::Ptr(x.ptr()),
-                Arg::Ptr(out.ptr()),
-                Arg::I64(rows as i64),
-                Arg::I64(n as i64),
-                Arg::F32(scale),
-            ],
-        )
-        .with_traffic(Traffic::bytes(x.num_bytes(), out.num_bytes()).with_flops(rows * n)),
-    ))
+    let (operands, scalars) = ([x, out], [Arg::I64(n as i64), Arg::F32(scale)]);
+    let call = Call::new(d, rows, &operands).row(n).scalars(&scalars);
+    SUM_LAST.plan(t, &call)
 }
 
 /// Plan out[r] = max_j (or min_j) x[r, j], idx[r] = its first index (idx optional, i64).
@@ -100,23 +156,9 @@ pub fn plan_arg_last(
     if n == 0 && rows > 0 {
         return Err(CudaError::invalid("max_last", "max over an empty dim"));
     }
-    if rows == 0 {
-        return Ok(None);
-    }
-    Ok(Some(row_launch(
-        t,
-        KernelFile::Reduce,
-        format!("{}_last_{}", which.base(), d.suffix()),
-        rows,
-        n,
-        vec![
-            Arg::Ptr(x.ptr()),
-            Arg::Ptr(out.ptr()),
-            Arg::Ptr(ptr_of(&idx)),
-            Arg::I64(rows as i64),
-            Arg::I64(n as i64),
-        ],
-    )))
+    let (operands, scalars) = ([x, out], [Arg::Ptr(ptr_of(&idx)), Arg::I64(n as i64)]);
+    let call = Call::new(d, rows, &operands).op(which.base()).row(n);
+    ARG_LAST.plan(t, &call.scalars(&scalars))
 }
 
 /// How to split the middle dim: (chunks, rows per chunk). One chunk when the (outer, inner)
@@ -170,53 +212,46 @@ pub fn plan_sum_mid(
         return Ok(super::steps(plan_sum_last(t, x, out, outer, n, scale)?));
     }
     let (chunks, len) = mid_chunks(t, outer, n, inner);
-    let block = (32, 8, 1);
-    let gx = inner.div_ceil(32) as u32;
-    let gy = outer.min(65535) as u32;
-    let common = |xp: u64, op: u64, o: usize, nn: usize, i: usize, c: usize, s: f32| {
-        vec![
-            Arg::Ptr(xp),
-            Arg::Ptr(op),
-            Arg::I64(o as i64),
-            Arg::I64(nn as i64),
-            Arg::I64(i as i64),
-            Arg::I64(c as i64),
-            Arg::F32(s),
-        ]
+    let tiles = |chunks: usize| {
+        (
+            inner.div_ceil(32) as u32,
+            outer.min(65535) as u32,
+            chunks as u32,
+        )
+    };
+    // One launch of `row` over `x` into `out`: (outer, n, inner, chunk, scale) as the kernel's.
+    let launch = |row: &Kernel,
+                  x: DevSlice<'_>,
+                  out: DevSlice<'_>,
+                  dims: [usize; 4],
+                  scale: f32,
+                  tiles: (u32, u32, u32)|
+     -> Result<Vec<Step>> {
+        let operands = [x, out];
+        let mut scalars = dims.map(|v| Arg::I64(v as i64)).to_vec();
+        scalars.push(Arg::F32(scale));
+        let call = Call::new(d, oi, &operands).scalars(&scalars).tiles(tiles);
+        Ok(super::steps(row.plan(t, &call)?))
     };
     if chunks == 1 {
-        return Ok(vec![Step::Kernel(Launch {
-            file: KernelFile::Reduce,
-            name: kname("sum_mid", d),
-            grid: (gx, gy, 1),
-            block,
-            shared_mem: 0,
-            traffic: Some(Traffic::bytes(x.num_bytes(), out.num_bytes()).with_flops(oi * n)),
-            args: common(x.ptr(), out.ptr(), outer, n, inner, n, scale),
-        })]);
+        return launch(&SUM_MID, x, out, [outer, n, inner, n], scale, tiles(1));
     }
     let part = part.ok_or_else(|| CudaError::invalid("sum_mid", "scratch required"))?;
     need("sum_mid", "scratch", &part, DType::F32, chunks * oi)?;
-    Ok(vec![
-        Step::Kernel(Launch {
-            file: KernelFile::Reduce,
-            name: kname("sum_mid_partial", d),
-            grid: (gx, gy, chunks as u32),
-            block,
-            shared_mem: 0,
-            traffic: Some(Traffic::bytes(x.num_bytes(), chunks * oi * 4).with_flops(oi * n)),
-            args: common(x.ptr(), part.ptr(), outer, n, inner, len, 1.0),
-        }),
-        Step::Kernel(Launch {
-            file: KernelFile::Reduce,
-            name: kname("sum_mid_finish", d),
-            grid: (oi.div_ceil(32) as u32, 1, 1),
-            block,
-            shared_mem: 0,
-            traffic: Some(Traffic::bytes(chunks * oi * 4, out.num_bytes()).with_flops(oi * chunks)),
-            args: common(part.ptr(), out.ptr(), 1, chunks, oi, chunks, scale),
-        }),
-    ])
+    let dims = [outer, n, inner, len];
+    let finish = (oi.div_ceil(32) as u32, 1, 1);
+    Ok([
+        launch(&SUM_MID_PARTIAL, x, part, dims, 1.0, tiles(chunks))?,
+        launch(
+            &SUM_MID_FINISH,
+            part,
+            out,
+            [1, chunks, oi, chunks],
+            scale,
+            finish,
+        )?,
+    ]
+    .concat())
 }
 
 /// Plan out[o, i] = max_j x[o, j, i] (or min), idx = first arg index (optional).
@@ -240,23 +275,15 @@ pub fn plan_arg_mid(
     if n == 0 && oi > 0 {
         return Err(CudaError::invalid("max_mid", "max over an empty dim"));
     }
-    if oi == 0 {
-        return Ok(None);
-    }
-    Ok(Some(Launch::new(
-        KernelFile::Reduce,
-        format!("{}_mid_{}", which.base(), d.suffix()),
-        t.grid_for(oi, ELEMWISE_BLOCK),
-        ELEMWISE_BLOCK,
-        vec![
-            Arg::Ptr(x.ptr()),
-            Arg::Ptr(out.ptr()),
-            Arg::Ptr(ptr_of(&idx)),
-            Arg::I64(outer as i64),
-            Arg::I64(n as i64),
-            Arg::I64(inner as i64),
-        ],
-    )))
+    let operands = [x, out];
+    let scalars = [
+        Arg::Ptr(ptr_of(&idx)),
+        Arg::I64(outer as i64),
+        Arg::I64(n as i64),
+        Arg::I64(inner as i64),
+    ];
+    let call = Call::new(d, oi, &operands).op(which.base());
+    ARG_MID.plan(t, &call.scalars(&scalars))
 }
 
 /// out[r] = scale * Σ_j x[r, j] (scale = 1/n for a mean).
@@ -339,31 +366,9 @@ pub fn arg_mid(
     )?)
 }
 
-pub(crate) fn samples(t: &LaunchTarget) -> Vec<Launch> {
-    let mut v = Vec::new();
-    for d in DType::FLOATS {
-        let x = fake_slice(d, 4 * 1000 * 3);
-        let o = fake_slice(d, 4);
-        let i = fake_slice(DType::I64, 4);
-        v.extend(plan_sum_last(t, x.slice(0, 4000).unwrap(), o, 4, 1000, 1.0).unwrap());
-        for w in [ArgReduce::Max, ArgReduce::Min] {
-            v.extend(plan_arg_last(t, w, x.slice(0, 4000).unwrap(), o, Some(i), 4, 1000).unwrap());
-            v.extend(plan_arg_mid(t, w, x, fake_slice(d, 12), None, 4, 1000, 3).unwrap());
-        }
-        let o12 = fake_slice(d, 12);
-        v.extend(super::kernels_of(
-            plan_sum_mid(t, x.slice(0, 12 * 10).unwrap(), o12, None, 4, 10, 3, 1.0).unwrap(),
-        ));
-        let part = fake_slice(DType::F32, sum_mid_scratch_len(t, 4, 1000, 3));
-        v.extend(super::kernels_of(
-            plan_sum_mid(t, x, o12, Some(part), 4, 1000, 3, 0.5).unwrap(),
-        ));
-    }
-    v
-}
-
 #[cfg(test)]
 mod tests {
+    use super::super::fake_slice;
     use super::*;
 
     #[test]

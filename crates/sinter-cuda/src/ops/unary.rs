@@ -1,11 +1,12 @@
 //! Wrappers for `kernels/unary.cu`: elementwise maps, their backward, and fill.
 
-use super::{fake_slice, kname, need, need_float};
+use super::table::{no_ops, Call, Cost, Grid, Kernel, Slot::*};
+use super::{need, need_float};
 use crate::alloc::DevSlice;
 use crate::device::CudaDevice;
 use crate::dtype::DType;
 use crate::error::Result;
-use crate::launch::{Arg, Launch, LaunchTarget, Traffic, ELEMWISE_BLOCK};
+use crate::launch::{Arg, Launch, LaunchTarget};
 use crate::nvrtc::KernelFile;
 
 /// An elementwise map y = f(x).
@@ -149,8 +150,59 @@ impl UnaryOp {
 /// erf for references (defined once in sinter-types).
 pub use sinter_types::erf;
 
-fn grid(t: &LaunchTarget, n: usize, d: DType) -> u32 {
-    t.elementwise_grid(n, d.size())
+fn unary_ops() -> Vec<&'static str> {
+    UnaryOp::all().iter().map(|op| op.kernel_base()).collect()
+}
+
+/// y = op(x).
+pub static UNARY: Kernel = Kernel {
+    file: KernelFile::Unary,
+    name: "{op}_{d}",
+    ops: unary_ops,
+    dtypes: &DType::FLOATS,
+    dtypes2: &[],
+    args: &[In("x"), Out("y"), Items, F32("p0"), F32("p1")],
+    grid: Grid::Packed,
+    traffic: Cost::Moves { flops: 1 },
+};
+
+/// gx = op'(saved) * gy.
+pub static UNARY_BACKWARD: Kernel = Kernel {
+    file: KernelFile::Unary,
+    name: "{op}_bwd_{d}",
+    ops: unary_ops,
+    dtypes: &DType::FLOATS,
+    dtypes2: &[],
+    args: &[
+        In("saved"),
+        In("gy"),
+        Out("gx"),
+        Items,
+        F32("p0"),
+        F32("p1"),
+    ],
+    grid: Grid::Packed,
+    traffic: Cost::Moves { flops: 1 },
+};
+
+/// y[..] = value.
+pub static FILL: Kernel = Kernel {
+    file: KernelFile::Unary,
+    name: "fill_{d}",
+    ops: no_ops,
+    dtypes: &DType::FLOATS,
+    dtypes2: &[],
+    args: &[Out("y"), Items, F32("value")],
+    grid: Grid::Packed,
+    traffic: Cost::Moves { flops: 0 },
+};
+
+/// The rows of `kernels/unary.cu`.
+pub static KERNELS: [&Kernel; 3] = [&UNARY, &UNARY_BACKWARD, &FILL];
+
+fn params(op: UnaryOp) -> [Arg; 2] {
+    let (p0, p1) = op.params();
+    [Arg::F32(p0), Arg::F32(p1)]
 }
 
 /// Plan y = op(x). None when empty.
@@ -163,26 +215,9 @@ pub fn plan_unary(
     let d = x.dtype();
     need_float("unary", d)?;
     need("unary", "y", &y, d, x.len())?;
-    if x.is_empty() {
-        return Ok(None);
-    }
-    let (p0, p1) = op.params();
-    Ok(Some(
-        Launch::new(
-            KernelFile::Unary,
-            kname(op.kernel_base(), d),
-            grid(t, x.len(), d),
-            ELEMWISE_BLOCK,
-            vec![
-                Arg::Ptr(x.ptr()),
-                Arg::Ptr(y.ptr()),
-                Arg::I64(x.len() as i64),
-                Arg::F32(p0),
-                Arg::F32(p1),
-            ],
-        )
-        .with_traffic(Traffic::bytes(x.num_bytes(), y.num_bytes()).with_flops(x.len())),
-    ))
+    let (operands, scalars) = ([x, y], params(op));
+    let call = Call::new(d, x.len(), &operands).op(op.kernel_base());
+    UNARY.plan(t, &call.scalars(&scalars))
 }
 
 /// Plan gx = op'(saved) * gy, where `saved` is x or y per [`UnaryOp::saves`] (ignored — may be
@@ -198,48 +233,16 @@ pub fn plan_unary_backward(
     need_float("unary_backward", d)?;
     need("unary_backward", "saved", &saved, d, gy.len())?;
     need("unary_backward", "gx", &gx, d, gy.len())?;
-    if gy.is_empty() {
-        return Ok(None);
-    }
-    let (p0, p1) = op.params();
-    Ok(Some(
-        Launch::new(
-            KernelFile::Unary,
-            format!("{}_bwd_{}", op.kernel_base(), d.suffix()),
-            grid(t, gy.len(), d),
-            ELEMWISE_BLOCK,
-            vec![
-                Arg::Ptr(saved.ptr()),
-                Arg::Ptr(gy.ptr()),
-                Arg::Ptr(gx.ptr()),
-                Arg::I64(gy.len() as i64),
-                Arg::F32(p0),
-                Arg::F32(p1),
-            ],
-        )
-        .with_traffic(
-            Traffic::bytes(saved.num_bytes() + gy.num_bytes(), gx.num_bytes()).with_flops(gy.len()),
-        ),
-    ))
+    let (operands, scalars) = ([saved, gy, gx], params(op));
+    let call = Call::new(d, gy.len(), &operands).op(op.kernel_base());
+    UNARY_BACKWARD.plan(t, &call.scalars(&scalars))
 }
 
 /// Plan y[..] = value.
 pub fn plan_fill(t: &LaunchTarget, y: DevSlice<'_>, value: f32) -> Result<Option<Launch>> {
     let d = y.dtype();
     need_float("fill", d)?;
-    if y.is_empty() {
-        return Ok(None);
-    }
-    Ok(Some(
-        Launch::new(
-            KernelFile::Unary,
-            kname("fill", d),
-            grid(t, y.len(), d),
-            ELEMWISE_BLOCK,
-            vec![Arg::Ptr(y.ptr()), Arg::I64(y.len() as i64), Arg::F32(value)],
-        )
-        .with_traffic(Traffic::bytes(0, y.num_bytes())),
-    ))
+    FILL.plan(t, &Call::new(d, y.len(), &[y]).scalars(&[Arg::F32(value)]))
 }
 
 /// y = op(x) on the device (y may be x: in place).
@@ -263,25 +266,9 @@ pub fn fill(dev: &CudaDevice, y: DevSlice<'_>, value: f32) -> Result<()> {
     dev.run_opt(plan_fill(&dev.target(), y, value)?)
 }
 
-pub(crate) fn samples(t: &LaunchTarget) -> Vec<Launch> {
-    let mut v = Vec::new();
-    for d in DType::FLOATS {
-        let (a, b, c) = (
-            fake_slice(d, 1000),
-            fake_slice(d, 1000),
-            fake_slice(d, 1000),
-        );
-        for op in UnaryOp::all() {
-            v.extend(plan_unary(t, op, a, b).unwrap());
-            v.extend(plan_unary_backward(t, op, a, b, c).unwrap());
-        }
-        v.extend(plan_fill(t, a, 1.0).unwrap());
-    }
-    v
-}
-
 #[cfg(test)]
 mod tests {
+    use super::super::fake_slice;
     use super::*;
 
     #[test]
