@@ -5,7 +5,7 @@
 use rayon::prelude::*;
 use sinter_cpu::math::{self, Unary};
 
-use super::{CpuStorage, PAR_THRESHOLD};
+use super::{output_vec, CpuStorage, PAR_THRESHOLD};
 use crate::backend::check_where;
 use crate::op::{BinaryOp, UnaryOp};
 use crate::{DType, Layout, Result};
@@ -51,7 +51,8 @@ pub fn unary(s: &CpuStorage, layout: &Layout, op: UnaryOp) -> CpuStorage {
     let x = s.f32_contiguous(layout);
     let y = match simd_unary(op) {
         Some(f) => {
-            let mut y = vec![0f32; x.len()];
+            // map_chunks writes every value: no zero fill.
+            let mut y = output_vec(x.len());
             map_chunks(&mut y, |at, o| math::unary(f, &x[at..at + o.len()], o));
             y
         }
@@ -69,7 +70,8 @@ pub fn unary(s: &CpuStorage, layout: &Layout, op: UnaryOp) -> CpuStorage {
 /// grad_in = grad_out * f'(x), from contiguous x, y = f(x) and grad_out of one shape.
 pub fn unary_backward(op: UnaryOp, x: &[f32], y: &[f32], g: &[f32], dtype: DType) -> CpuStorage {
     let n = g.len();
-    let mut out = vec![0f32; n];
+    // Every value is written below (a SIMD map or `derivative_times`): no zero fill.
+    let mut out = output_vec(n);
     if let Some(f) = simd_unary(op) {
         map_chunks(&mut out, |at, o| {
             let r = at..at + o.len();

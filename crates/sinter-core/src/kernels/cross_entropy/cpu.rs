@@ -7,7 +7,7 @@ use sinter_cpu::Isa;
 
 use crate::backend::{check_indices, IndexUse};
 use crate::cpu::nn::{row_tasks, rows_per_task};
-use crate::cpu::CpuStorage;
+use crate::cpu::{output_vec, CpuStorage};
 use crate::custom_op::{HostInput, HostOutput};
 use crate::Result;
 use sinter_cpu::math::cross_entropy::STATS_PER_ROW as STATS;
@@ -47,7 +47,8 @@ pub(super) fn backward(x: &[HostInput<'_>], ignore: i64) -> Result<Vec<HostOutpu
     let c = x[0].shape().last().copied().unwrap_or(1);
     let (logits, targets) = (x[0].f32_values()?, x[1].i64()?);
     let (stats, grad) = (x[2].f32()?, x[3].f32()?);
-    let mut out = vec![0f32; logits.len()];
+    // Every row is written (an ignored target's with zeros): no zero fill.
+    let mut out = output_vec(logits.len());
     let isa = Isa::get();
     row_tasks(&mut out, c, |r0, o| {
         let rows = r0..r0 + o.len() / c;

@@ -80,7 +80,8 @@ pub(super) fn backward(x: &[HostInput<'_>]) -> Result<Vec<HostOutput>> {
     let (rows, n) = rows_n(&x[1]);
     let (g, xs, gamma) = (x[0].f32_values()?, x[1].f32_values()?, x[2].f32_values()?);
     let (mean, rstd) = (x[3].f32()?, x[4].f32()?);
-    let mut dx = vec![0f32; xs.len()];
+    // Every row of dx is written below: no zero fill.
+    let mut dx = output_vec(xs.len());
     let (dg, db) = if rows == 0 {
         (vec![0f32; n], vec![0f32; n])
     } else {
