@@ -33,6 +33,16 @@ pub(crate) fn applies(x: &Tensor) -> bool {
     }
 }
 
+/// `t` in `dtype` (itself when it already is): an output gradient as a backward kernel reads
+/// it, in its output's dtype.
+fn in_dtype(t: &Tensor, dtype: DType) -> sinter_core::Result<Tensor> {
+    if t.dtype() == dtype {
+        Ok(t.clone())
+    } else {
+        t.to_dtype(dtype)
+    }
+}
+
 /// Below this many elements a kernel runs on one thread: rayon's fork costs more than it saves
 /// (the LLTM kernels measured the same threshold on 2 cores).
 pub(super) const PARALLEL_FROM: usize = 1 << 14;

@@ -22,7 +22,7 @@ use sinter_cpu::math::output_vec;
 use sinter_cpu::math::rms_norm::{residual_rms_norm_rows, rms_norm_backward_rows, rms_norm_rows};
 use sinter_cpu::Isa;
 
-use super::{cuda, for_rows, FLOATS};
+use super::{cuda, for_rows, in_dtype, FLOATS};
 
 /// Rows per partial sum of dw: fixed (not per thread), so the result does not depend on the
 /// thread count.
@@ -182,9 +182,12 @@ impl Backward {
         let cast: Vec<Tensor> = ins
             .iter()
             .enumerate()
-            .map(|(i, t)| match i >= grads || t.dtype() == self.dtype {
-                true => Ok((*t).clone()),
-                false => t.to_dtype(self.dtype),
+            .map(|(i, t)| {
+                if i < grads {
+                    in_dtype(t, self.dtype)
+                } else {
+                    Ok((*t).clone())
+                }
             })
             .collect::<Result<_>>()?;
         let refs: Vec<&Tensor> = cast.iter().collect();

@@ -21,7 +21,7 @@ use sinter_cpu::math::output_vec;
 use sinter_cpu::math::rope::rope_rotate_isa;
 use sinter_cpu::Isa;
 
-use super::{cuda, for_rows, FLOATS};
+use super::{cuda, for_rows, in_dtype, FLOATS};
 
 /// Rotates heads x [b, h, t, d] by the angle tables cos, sin [t, d] of their positions.
 pub(crate) fn rope(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
@@ -78,7 +78,8 @@ fn op(inverse: bool, dtype: DType) -> Result<CustomOp> {
         })
         .cuda(cuda::rope(dtype, 1, sign)?)
         .backward(move |ctx| {
-            let back = op(!inverse, dtype)?.apply(&[ctx.grad(0), ctx.input(1), ctx.input(2)])?;
+            let dy = in_dtype(ctx.grad(0), dtype)?;
+            let back = op(!inverse, dtype)?.apply(&[&dy, ctx.input(1), ctx.input(2)])?;
             Ok(vec![back.into_iter().next(), None, None])
         })
         .build()?;
@@ -148,7 +149,7 @@ fn packed_op(inverse: bool, rotated: usize, dtype: DType) -> Result<CustomOp> {
         .cuda(cuda::rope(dtype, rotated, sign)?)
         .backward(move |ctx| {
             let back = packed_op(!inverse, rotated, dtype)?.apply(&[
-                ctx.grad(0),
+                &in_dtype(ctx.grad(0), dtype)?,
                 ctx.input(1),
                 ctx.input(2),
             ])?;

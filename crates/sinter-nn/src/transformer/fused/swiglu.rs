@@ -12,7 +12,7 @@ use sinter_core::{bail, DType, Result, Tensor};
 use sinter_cpu::math::{output_vec, swiglu_backward_isa, swiglu_isa};
 use sinter_cpu::Isa;
 
-use super::{cuda, for_rows, FLOATS};
+use super::{cuda, for_rows, in_dtype, FLOATS};
 
 /// The branch width n of h [.., 2n], or why h does not split.
 fn branch(h: &TensorMeta) -> Result<usize> {
@@ -73,11 +73,7 @@ fn forward_op(dtype: DType, backward: CustomOp) -> Result<CustomOp> {
         })
         .cuda(cuda::swiglu_forward(dtype)?)
         .backward(move |ctx| {
-            let dy = ctx.grad(0);
-            let dy = match dy.dtype() == dtype {
-                true => dy.clone(),
-                false => dy.to_dtype(dtype)?,
-            };
+            let dy = in_dtype(ctx.grad(0), dtype)?;
             let dh = backward.apply(&[&dy, ctx.input(0)])?.remove(0);
             Ok(vec![Some(dh)])
         })
