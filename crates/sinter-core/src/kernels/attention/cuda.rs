@@ -1,5 +1,5 @@
 //! Flash attention on the device: the kernels of `flash_attention.cu` through the plans of
-//! `cuda_flash.rs` (f16/bf16, head dims 64 and 128, views read in place when their last
+//! `cuda_flash.rs` (f16/bf16, head dims 32, 64 and 128, views read in place when their last
 //! dimension is contiguous). Other dtypes and head dims are
 //! declined (`None`), and the op runs its composite of device ops instead (same values and
 //! gradients).
@@ -15,7 +15,7 @@ use crate::cuda::storage::CudaStorage;
 use crate::cuda::{alloc, OnOp};
 use crate::{DType, Layout, Result};
 
-/// True when the flash attention kernels cover these operands: f16/bf16, head dim 64 or 128.
+/// True when the flash attention kernels cover these operands: f16/bf16, head dim 32, 64 or 128.
 /// Layouts never disqualify: a view whose last dim is not contiguous is gathered first.
 pub(super) fn flash_applies(dtype: DType, head_dim: usize) -> bool {
     kfa::supported(dtype, head_dim) && !FLASH_UNCOMPILABLE.load(Ordering::Relaxed)

@@ -1,7 +1,7 @@
 //! The launch plans of `flash_attention.cu` (this folder): FlashAttention-2 forward (O and the
 //! per-row log-sum-exp) and backward (D = rowsum(dO∘O), then dK/dV per key block and dQ per query
 //! block: two kernels, one writer per output, no atomics), multi-head or grouped-query (a kv
-//! head's dK/dV block sums over its query heads). f16/bf16, head dims 64 and 128;
+//! head's dK/dV block sums over its query heads). f16/bf16, head dims 32, 64 and 128;
 //! `cuda.rs` runs the composite for anything else ([`supported`]). Each plan is pure (checked
 //! without a device); [`flash_forward`] and [`flash_backward`] queue them on a device.
 
@@ -37,7 +37,7 @@ const DOT_THREADS: u32 = 256;
 
 /// True when the kernels cover this dtype and head dimension.
 pub(super) fn supported(dtype: DType, head_dim: usize) -> bool {
-    matches!(dtype, DType::F16 | DType::BF16) && matches!(head_dim, 64 | 128)
+    matches!(dtype, DType::F16 | DType::BF16) && matches!(head_dim, 32 | 64 | 128)
 }
 
 /// The problem: q [b, h, tq, d], k and v [b, kv_h, tk, d] (query head i reads kv head
@@ -205,7 +205,7 @@ fn check_shape(op: &'static str, s: &AttnShape, d: DType) -> Result<()> {
         return Err(CudaError::invalid(
             op,
             format!(
-                "the kernels cover f16/bf16 with head dim 64 or 128, got {d} with head dim {}; use the composite",
+                "the kernels cover f16/bf16 with head dim 32, 64 or 128, got {d} with head dim {}; use the composite",
                 s.d
             ),
         ));
@@ -483,7 +483,7 @@ pub(super) fn samples() -> Vec<UserLaunch> {
     use sinter_cuda::ops::fake_slice;
     let mut out = Vec::new();
     for dt in [DType::F16, DType::BF16] {
-        for hd in [64, 128] {
+        for hd in [32, 64, 128] {
             let s = AttnShape {
                 b: 2,
                 h: 3,
@@ -542,7 +542,8 @@ mod tests {
     fn coverage_and_fallback_choice() {
         assert!(supported(DType::BF16, 64) && supported(DType::F16, 128));
         assert!(!supported(DType::F32, 64), "f32 keeps the composite");
-        assert!(!supported(DType::BF16, 96) && !supported(DType::F16, 32));
+        assert!(supported(DType::BF16, 32), "llama-tiny's heads");
+        assert!(!supported(DType::BF16, 96) && !supported(DType::F16, 16));
         let s = shape(8, 8, 96);
         let v = packed(DType::BF16, 2, 4, 8, 96);
         let e = plan_flash_forward(&s, v, v, v, v, fake_slice(DType::F32, 64)).unwrap_err();
@@ -756,7 +757,7 @@ mod tests {
         let src = source().unwrap();
         let plans = samples();
         // Forward, dK/dV and dQ per dtype and head dim, one row dot per dtype.
-        assert_eq!(plans.len(), 2 * 2 * 3 + 2);
+        assert_eq!(plans.len(), 2 * 3 * 3 + 2);
         for arch in ["sm_80", "sm_90"] {
             let ptx = src.ptx(arch).unwrap_or_else(|e| panic!("{arch}: {e}"));
             for l in &plans {

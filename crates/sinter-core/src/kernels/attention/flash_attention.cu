@@ -1,5 +1,5 @@
 // flash_attention.cu — FlashAttention-2 forward and backward on tensor cores (WMMA 16x16x16,
-// f16/bf16 inputs, f32 accumulation), head dims 64 and 128.
+// f16/bf16 inputs, f32 accumulation), head dims 32, 64 and 128.
 //
 // Layouts: q, o, dout, dq [b, h, tq, D] and k, v, dk, dv [b, h / g, tk, D] are strided views
 // (batch, head and row strides in elements; the last dim contiguous), read and written in place:
@@ -471,6 +471,7 @@ __device__ __forceinline__ void fa_bwd_dq(const T* q, const T* k, const T* v, co
                                                 i64 d, i64 h, i64 tq, FA_VIEW(o), FA_VIEW(g)) {       \
         fa_bwd_dot<T>(o, dout, dvec, rows, d, h, tq, FA_VIEW_ARGS(o), FA_VIEW_ARGS(g));               \
     }                                                                                                 \
+    FA_T_D(sfx, T, 32)                                                                                \
     FA_T_D(sfx, T, 64)                                                                                \
     FA_T_D(sfx, T, 128)
 FA_T(f16, __half)

@@ -11,7 +11,7 @@
 //! - `cpu.rs`: FlashAttention-2 on the CPU (64 × 64 tiles through sinter-cpu's GEMM, an online
 //!   softmax, causal key blocks above the diagonal skipped); `cpu_decode.rs`: the decoding step
 //!   (a dot product per cached key and an axpy per cached value).
-//! - `cuda.rs`: the tensor-core flash kernels (f16/bf16, head dims 64 and 128) on CUDA storages;
+//! - `cuda.rs`: the tensor-core flash kernels (f16/bf16, head dims 32, 64 and 128) on CUDA storages;
 //!   `flash_attention.cu` holds the kernels and `cuda_flash.rs` their launch plans (pure,
 //!   checked without a device) and declared traffic. `cudnn.rs`: cuDNN's fused SDPA (issue
 //!   24), tried first where the loaded cuDNN takes the case; `select.rs`: the choice

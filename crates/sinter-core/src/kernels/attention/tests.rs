@@ -156,7 +156,7 @@ fn cpu_packed_gqa_matches_the_f64_reference() {
     }
 }
 
-/// The same on CUDA (the flash kernels, f16 and bf16, head dims 64 and 128): kv groups of 1,
+/// The same on CUDA (the flash kernels, f16 and bf16, head dims 32, 64 and 128): kv groups of 1,
 /// 2 and 4 (multi-query), sequence lengths off the 64/32-row tiles, causal and not. On the
 /// GPU or the emulated device; skipped without either.
 #[test]
@@ -172,6 +172,7 @@ fn cuda_packed_gqa_matches_the_f64_reference() {
         ((2, 4, 1, 37, 64, false), DType::F16),
         ((1, 2, 2, 33, 128, true), DType::BF16),
         ((1, 4, 1, 40, 128, true), DType::F16),
+        ((2, 4, 2, 65, 32, true), DType::BF16),
     ];
     for (i, (c, dtype)) in cases.into_iter().enumerate() {
         run_packed_gqa(c, dtype, Device::Cuda(0), 50 + i as u64);
@@ -284,7 +285,7 @@ fn packed_gqa_refuses_heads_that_do_not_fit() {
 
 // ---- the CUDA flash kernels (flash_attention.cu) against the f64 reference -----------------
 // On the real GPU when present, else on the emulated device (the kernel emulator runs the
-// kernels); skipped without either. f16 and bf16, head dims 64 and 128, causal (with tq = tk,
+// kernels); skipped without either. f16 and bf16, head dims 32, 64 and 128, causal (with tq = tk,
 // tq < tk and tq > tk, where early query rows see no key) and not, sequence lengths that are
 // not multiples of the 64/32-row tiles, batch·heads > 1, and q, k, v read in place as views of
 // packed buffers or as unaligned tensors.
@@ -531,6 +532,17 @@ fn cuda_flash_kernels_head_dim_64() {
         case(DType::F16, 64, (2, 1), (20, 70), true, Packing::Unaligned),
     ];
     run_flash_cases(&cases, 100);
+}
+
+/// Head dim 32 (llama-tiny's heads).
+#[test]
+fn cuda_flash_kernels_head_dim_32() {
+    let cases = [
+        case(DType::BF16, 32, (2, 2), (70, 70), true, Packing::Qkv),
+        case(DType::F16, 32, (1, 2), (37, 100), true, Packing::Kv),
+        case(DType::BF16, 32, (1, 1), (33, 40), false, Packing::Unaligned),
+    ];
+    run_flash_cases(&cases, 250);
 }
 
 #[test]
