@@ -137,12 +137,7 @@ impl Rope {
     }
 
     /// cos, sin [n, head_dim] for positions 0..n (n at least `len`).
-    pub(crate) fn tables(
-        &self,
-        len: usize,
-        device: Device,
-        dtype: DType,
-    ) -> Result<(Tensor, Tensor)> {
+    fn tables(&self, len: usize, device: Device, dtype: DType) -> Result<(Tensor, Tensor)> {
         let mut all = self.tables.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(t) = all
             .iter()

@@ -15,8 +15,6 @@ mod cuda;
 pub(crate) mod rms_norm;
 pub(crate) mod rope;
 pub(crate) mod swiglu;
-#[cfg(test)]
-mod tests;
 
 use rayon::prelude::*;
 use sinter_core::{DType, Device, Tensor};

@@ -1,15 +1,17 @@
-//! The folder's CUDA kernels (`llama_fused.cu`) against the CPU: each op on the CUDA device
-//! (the emulated one without a GPU: the kernel emulator runs the kernels NVRTC compiled) in
-//! f32, f16 and bf16 against the same op on the CPU in f32 over the same (rounded) values —
+//! The Llama family's fused ops on CUDA (`transformer/fused/llama_fused.cu`) against the CPU:
+//! RMSNorm (and its residual form), rotary positions and SwiGLU on the CUDA device (the
+//! emulated one without a GPU: the kernel emulator runs the kernels NVRTC compiled) in f32,
+//! f16 and bf16 against the same layers on the CPU in f32 over the same (rounded) values —
 //! outputs and every gradient — and a grouped-query Llama block on CUDA (flash attention
 //! reading the packed heads, the fused norms, rotation and SwiGLU) against the CPU block.
+//! Its own process: the emulated device must be chosen before anything touches CUDA.
 
 use sinter_core::{amp, DType, Device, Rng, Tensor};
 
-use super::{rms_norm, rope as fused_rope, swiglu};
-use crate::module::{shared_rng, Module};
-use crate::transformer::{
-    BlockConfig, MlpKind, NormKind, Rope, RopeConfig, RopeScaling, TransformerBlock,
+use sinter_nn::module::shared_rng;
+use sinter_nn::{
+    move_module, BlockConfig, MlpKind, Module, Norm, NormKind, RmsNorm, Rope, RopeConfig,
+    RopeScaling, TransformerBlock,
 };
 
 /// The CUDA device: a real GPU when this process uses one, else the emulated one (None, test
@@ -105,9 +107,12 @@ fn cuda_rms_norm_equals_the_cpu() {
                 let (x, xd) = pair(&[rows, n], &mut rng, dtype, dev);
                 let (a, ad) = pair(&[rows, n], &mut rng, dtype, dev);
                 let (w, wd) = pair(&[n], &mut rng, param, dev);
-                assert!(rms_norm::applies(&xd, &wd), "{what}: the kernels apply");
-                let y = rms_norm::rms_norm(&x, &w, 1e-5).unwrap();
-                let yd = rms_norm::rms_norm(&xd, &wd, 1e-5).unwrap();
+                let norm = |w: &Tensor| RmsNorm {
+                    weight: w.clone(),
+                    eps: 1e-5,
+                };
+                let y = norm(&w).forward(&x).unwrap();
+                let yd = norm(&wd).forward(&xd).unwrap();
                 assert_eq!(yd.dtype(), dtype);
                 assert_close(&format!("{what}: y"), &yd, &y, tol(dtype));
                 backward(&y, 1);
@@ -128,7 +133,8 @@ fn cuda_rms_norm_equals_the_cpu() {
                     t.zero_grad();
                 }
                 let run = |x: &Tensor, a: &Tensor, w: &Tensor| {
-                    let (s, y) = rms_norm::residual_rms_norm(x, a, w, 1e-5).unwrap();
+                    let n = Norm::from_weights(NormKind::RmsNorm, w.clone(), None, 1e-5).unwrap();
+                    let (s, y) = n.residual(x, a).unwrap();
                     backward(&s.add(&y).unwrap(), 2);
                     (s, y)
                 };
@@ -167,18 +173,9 @@ fn cuda_rope_equals_the_cpu() {
                 d,
             )
             .unwrap();
-            let tables = |dev: Device, dt: DType| {
-                let (c, s) = rope.tables(start + t, dev, dt).unwrap();
-                (
-                    c.narrow(0, start, t).unwrap(),
-                    s.narrow(0, start, t).unwrap(),
-                )
-            };
             let (x, xd) = pair(&[2, 3, t, d], &mut rng, dtype, dev);
-            let (c, s) = tables(Device::Cpu, DType::F32);
-            let (cd, sd) = tables(dev, dtype);
-            let y = fused_rope::rope(&x, &c, &s).unwrap();
-            let yd = fused_rope::rope(&xd, &cd, &sd).unwrap();
+            let y = rope.apply(&x, start).unwrap();
+            let yd = rope.apply(&xd, start).unwrap();
             assert_close(&format!("{what}: y"), &yd, &y, 2.0 * tol(dtype));
             backward(&y, 3);
             backward(&yd, 3);
@@ -186,8 +183,8 @@ fn cuda_rope_equals_the_cpu() {
             assert_close(&format!("{what}: dx"), &g, &e, 2.0 * tol(dtype));
 
             let (q, qd) = pair(&[2, t, 8 * d], &mut rng, dtype, dev);
-            let y = fused_rope::rope_packed(&q, &c, &s, 6).unwrap();
-            let yd = fused_rope::rope_packed(&qd, &cd, &sd, 6).unwrap();
+            let y = rope.apply_packed(&q, start, 6).unwrap();
+            let yd = rope.apply_packed(&qd, start, 6).unwrap();
             assert_close(&format!("{what}: packed y"), &yd, &y, 2.0 * tol(dtype));
             let v = |x: &Tensor| x.narrow(2, 6 * d, 2 * d).unwrap();
             assert_eq!(vals(&v(&yd)), vals(&v(&qd)), "{what}: v untouched");
@@ -208,7 +205,8 @@ fn cuda_swiglu_equals_the_cpu() {
         for (rows, n) in [(5usize, 96usize), (33, 13)] {
             let what = format!("swiglu {dtype} {rows}×{n}");
             let (h, hd) = pair(&[rows, 2 * n], &mut rng, dtype, dev);
-            let (y, yd) = (swiglu::swiglu(&h).unwrap(), swiglu::swiglu(&hd).unwrap());
+            let act = |h: &Tensor| MlpKind::SwiGlu.activate(h).unwrap();
+            let (y, yd) = (act(&h), act(&hd));
             assert_eq!(yd.shape(), &[rows, n]);
             assert_close(&format!("{what}: y"), &yd, &y, 2.0 * tol(dtype));
             backward(&y, 5);
@@ -262,7 +260,7 @@ fn cuda_llama_block_step_equals_the_cpu() {
         let what = format!("kv {kv} autocast {autocast}");
         let run = |dev: Device, autocast: bool| {
             let b = llama_block(kv, 40);
-            crate::device::move_module(&b, dev).unwrap();
+            move_module(&b, dev).unwrap();
             let x = Tensor::randn(
                 &[2, 70, 256],
                 0.0,
