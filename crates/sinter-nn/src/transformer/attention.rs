@@ -8,9 +8,9 @@
 //! `forward` takes the fast path: flash attention (`sinter_core::fused`, never building the
 //! t×t matrix) reading the packed projection in place, after one rotation pass over it where
 //! positions are rotary (everywhere for GPT-2's heads; for rotary or grouped heads where those
-//! kernels run, f32 on the CPU). `forward_composite` is the unfused reference (explicit masked
-//! softmax). `forward_step` runs against a KV cache (generation), which keeps the kv heads
-//! unshared: a grouped model caches n_head / n_kv_head times less.
+//! kernels run: f32 on the CPU, every float dtype on CUDA). `forward_composite` is the unfused
+//! reference (explicit masked softmax). `forward_step` runs against a KV cache (generation),
+//! which keeps the kv heads unshared: a grouped model caches n_head / n_kv_head times less.
 
 use sinter_core::{bail, fused, DType, Device, Result, Rng, Tensor};
 
@@ -117,8 +117,8 @@ impl CausalSelfAttention {
 
     /// Whether flash attention reads the heads from the packed projection in place: always
     /// for GPT-2's heads (no rotation, norm or sharing); with rotary positions or grouped heads
-    /// where the packed rotation and grouped kernels run (f32 on the CPU; CUDA's packed
-    /// kernels take GPT-2's layout). QK-norm splits the heads.
+    /// where the packed rotation and grouped kernels run (f32 on the CPU, every float dtype on
+    /// CUDA). QK-norm splits the heads.
     fn reads_packed(&self, x: &Tensor) -> bool {
         let gpt2 = self.rope.is_none() && self.n_kv_head == self.n_head;
         self.q_norm.is_none() && (gpt2 || super::fused::applies(x))

@@ -11,7 +11,7 @@ use crate::module::{join, Module, NamedTensor, SharedRng};
 /// The activation of an MLP kind, beside the MLP that applies it.
 impl MlpKind {
     /// The activation of `fc`'s output h: [.., fc_rows] → [.., hidden] (SwiGLU's fused
-    /// kernel for f32 on the CPU).
+    /// kernels where they apply: f32 on the CPU, every float dtype on CUDA).
     pub fn activate(self, h: &Tensor) -> Result<Tensor> {
         match self {
             MlpKind::SwiGlu if super::fused::applies(h) => super::fused::swiglu::swiglu(h),

@@ -64,14 +64,15 @@ impl RmsNorm {
 }
 
 impl RmsNorm {
-    /// Whether the fused kernels take `x`: f32 on the CPU, with f32 weights.
+    /// Whether the fused kernels take `x`: f32 on the CPU with f32 weights; on CUDA f32, f16 or
+    /// bf16 with the weights in x's dtype or f32.
     fn fused_applies(&self, x: &Tensor) -> bool {
-        super::fused::applies(x) && self.weight.dtype() == DType::F32
+        super::fused::rms_norm::applies(x, &self.weight)
     }
 }
 
 impl Module for RmsNorm {
-    /// The fused kernel for f32 on the CPU, else the composite.
+    /// The fused kernels where they apply (see `fused_applies`), else the composite.
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         if self.fused_applies(x) {
             super::fused::rms_norm::rms_norm(x, &self.weight, self.eps)
@@ -147,14 +148,14 @@ impl Norm {
             Norm::Rms(n) => n.forward_composite(x),
         }
     }
-    /// x + a and its normalisation in one fused pass (RMSNorm: where its kernel applies, f32 on
-    /// the CPU; elsewhere the sum, then the norm).
+    /// x + a and its normalisation in one fused pass (RMSNorm: where its kernel applies to x
+    /// and a of one dtype; elsewhere the sum, then the norm).
     pub fn residual(&self, x: &Tensor, a: &Tensor) -> Result<(Tensor, Tensor)> {
         match self {
             Norm::Layer(ln) => {
                 sinter_core::fused::residual_layer_norm(x, a, &ln.weight, &ln.bias, ln.eps)
             }
-            Norm::Rms(n) if n.fused_applies(x) && super::fused::applies(a) => {
+            Norm::Rms(n) if n.fused_applies(x) && a.dtype() == x.dtype() => {
                 super::fused::rms_norm::residual_rms_norm(x, a, &n.weight, n.eps)
             }
             Norm::Rms(n) => {

@@ -178,7 +178,7 @@ impl Rope {
     }
 
     /// Rotates heads `x` [b, h, t, head_dim] holding positions start..start + t (the fused
-    /// kernel for f32 on the CPU, else the composite).
+    /// kernel where it applies: f32 on the CPU, floats on CUDA; else the composite).
     pub fn apply(&self, x: &Tensor, start: usize) -> Result<Tensor> {
         self.apply_with(x, start, false)
     }
@@ -203,7 +203,8 @@ impl Rope {
 
     /// Rotates the first `rotated` heads of a packed projection qkv [b, t, w] (q's heads then
     /// k's, head_dim columns each) at positions start..start + t; the other columns (v) pass
-    /// through. The fused kernel for f32 on the CPU, else the composite.
+    /// through. The fused kernel where it applies (f32 on the CPU, floats on CUDA), else the
+    /// composite.
     pub fn apply_packed(&self, qkv: &Tensor, start: usize, rotated: usize) -> Result<Tensor> {
         self.apply_packed_with(qkv, start, rotated, false)
     }

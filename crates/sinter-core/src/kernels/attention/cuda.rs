@@ -1,5 +1,5 @@
 //! Flash attention on the device: the kernels of `flash_attention.cu` through the plans of
-//! `cuda_flash.rs` (f16/bf16, head dims 64 and 128, views read in place when their last
+//! `cuda_flash.rs` (f16/bf16, head dims 32, 64 and 128, views read in place when their last
 //! dimension is contiguous). Other dtypes and head dims are
 //! declined (`None`), and the op runs its composite of device ops instead (same values and
 //! gradients).
@@ -15,7 +15,7 @@ use crate::cuda::storage::CudaStorage;
 use crate::cuda::{alloc, OnOp};
 use crate::{DType, Layout, Result};
 
-/// True when the flash attention kernels cover these operands: f16/bf16, head dim 64 or 128.
+/// True when the flash attention kernels cover these operands: f16/bf16, head dim 32, 64 or 128.
 /// Layouts never disqualify: a view whose last dim is not contiguous is gathered first.
 pub(super) fn flash_applies(dtype: DType, head_dim: usize) -> bool {
     kfa::supported(dtype, head_dim) && !FLASH_UNCOMPILABLE.load(Ordering::Relaxed)
@@ -29,6 +29,7 @@ fn shape_of(g: &AttnGeom) -> AttnShape {
     AttnShape {
         b: g.b,
         h: g.h,
+        kv_h: g.kv_h,
         tq: g.tq,
         tk: g.tk,
         d: g.d,
@@ -193,19 +194,27 @@ pub(super) fn gradient_operand(grad: (&CudaStorage, &Layout), dtype: DType) -> R
     })
 }
 
-/// The [b, h, t, d] views of q, k and v inside a packed [b, t, 3·h·d] projection (and of dq, dk
-/// and dv inside its gradient): the thirds at element offsets 0, c and 2c, row stride 3c.
-fn thirds<'a>(buf: &'a DeviceBuffer, off: usize, g: &AttnGeom) -> Result<[AttnView<'a>; 3]> {
-    let c = g.h * g.d;
-    let strides = [g.tq * 3 * c, g.d, 3 * c];
+/// Columns of a packed projection's row: (h + 2·kv_h)·d.
+fn packed_width(g: &AttnGeom) -> usize {
+    (g.h + 2 * g.kv_h) * g.d
+}
+
+/// The [b, heads, t, d] views of q, k and v inside a packed [b, t, (h + 2·kv_h)·d] projection
+/// (and of dq, dk and dv inside its gradient): the query heads at element offset 0, the key
+/// heads at h·d and the value heads at (h + kv_h)·d, row stride the projection's width.
+fn head_groups<'a>(buf: &'a DeviceBuffer, off: usize, g: &AttnGeom) -> Result<[AttnView<'a>; 3]> {
+    let w = packed_width(g);
+    let strides = [g.tq * w, g.d, w];
     Ok([
         view_of(buf, off, strides)?,
-        view_of(buf, off + c, strides)?,
-        view_of(buf, off + 2 * c, strides)?,
+        view_of(buf, off + g.h * g.d, strides)?,
+        view_of(buf, off + (g.h + g.kv_h) * g.d, strides)?,
     ])
 }
 
-/// Self-attention straight from a packed qkv [b, t, 3·h·d] (GPT-2's layout): Some((y, lse)) with
+/// Self-attention straight from a packed qkv [b, t, (h + 2·kv_h)·d] (GPT-2's thirds when
+/// kv_h = h, Llama's grouped heads otherwise: each kv head read in place by its query heads,
+/// never repeated): Some((y, lse)) with
 /// y [b, t, h·d], the heads merged by the kernel's own stores (no split or merge copies), or
 /// None where the flash kernels do not apply.
 pub(super) fn attention_packed(
@@ -223,7 +232,7 @@ pub(super) fn attention_packed(
     let rows = g.b * g.h * g.tq;
     let y = alloc(dev, rows * g.d, dtype)?;
     let lse = alloc(dev, rows, DType::F32)?;
-    let [q, k, v] = thirds(&x.buf, x.off, g)?;
+    let [q, k, v] = head_groups(&x.buf, x.off, g)?;
     let merged = view_of(&y, 0, [g.tq * c, g.d, c])?;
     if !forward_or_decline(dev, &s, [q, k, v, merged], &lse)? {
         return Ok(None);
@@ -234,8 +243,9 @@ pub(super) fn attention_packed(
     )))
 }
 
-/// dqkv [b, t, 3·h·d] of [`attention_packed`]: the backward kernels write dq, dk and dv straight
-/// into its thirds (every element once: no zero fill, no sum of three partial gradients).
+/// dqkv [b, t, (h + 2·kv_h)·d] of [`attention_packed`]: the backward kernels write dq, dk and dv
+/// straight into its head groups (every element once: no zero fill, no sum of partial
+/// gradients; a kv head's dk and dv are summed over its query heads inside the kernel).
 pub(super) fn attention_packed_backward(
     qkv: (&CudaStorage, &Layout),
     y: (&CudaStorage, &Layout),
@@ -251,9 +261,9 @@ pub(super) fn attention_packed_backward(
     let x = qkv.0.window(qkv.1)?;
     let yv = y.0.window(y.1)?;
     let gv = grad.0.window_as(grad.1, dtype)?;
-    let dqkv = alloc(dev, g.b * g.tq * 3 * c, dtype)?;
-    let [q, k, v] = thirds(&x.buf, x.off, g)?;
-    let [dq, dk, dv] = thirds(&dqkv, 0, g)?;
+    let dqkv = alloc(dev, g.b * g.tq * packed_width(g), dtype)?;
+    let [q, k, v] = head_groups(&x.buf, x.off, g)?;
+    let [dq, dk, dv] = head_groups(&dqkv, 0, g)?;
     kfa::flash_backward(
         dev,
         &s,

@@ -1,6 +1,7 @@
 //! The launch plans of `flash_attention.cu` (this folder): FlashAttention-2 forward (O and the
 //! per-row log-sum-exp) and backward (D = rowsum(dO∘O), then dK/dV per key block and dQ per query
-//! block: two kernels, one writer per output, no atomics). f16/bf16, head dims 64 and 128;
+//! block: two kernels, one writer per output, no atomics), multi-head or grouped-query (a kv
+//! head's dK/dV block sums over its query heads). f16/bf16, head dims 32, 64 and 128;
 //! `cuda.rs` runs the composite for anything else ([`supported`]). Each plan is pure (checked
 //! without a device); [`flash_forward`] and [`flash_backward`] queue them on a device.
 
@@ -36,14 +37,16 @@ const DOT_THREADS: u32 = 256;
 
 /// True when the kernels cover this dtype and head dimension.
 pub(super) fn supported(dtype: DType, head_dim: usize) -> bool {
-    matches!(dtype, DType::F16 | DType::BF16) && matches!(head_dim, 64 | 128)
+    matches!(dtype, DType::F16 | DType::BF16) && matches!(head_dim, 32 | 64 | 128)
 }
 
-/// The problem: q [b, h, tq, d], k and v [b, h, tk, d]; the causal mask is aligned bottom-right.
+/// The problem: q [b, h, tq, d], k and v [b, kv_h, tk, d] (query head i reads kv head
+/// i / (h / kv_h)); the causal mask is aligned bottom-right.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub(super) struct AttnShape {
     pub(super) b: usize,
     pub(super) h: usize,
+    pub(super) kv_h: usize,
     pub(super) tq: usize,
     pub(super) tk: usize,
     pub(super) d: usize,
@@ -59,10 +62,40 @@ pub(super) struct AttnView<'a> {
     pub(super) strides: [usize; 3],
 }
 
+impl AttnShape {
+    /// Query heads per kv head.
+    fn group(&self) -> usize {
+        self.h / self.kv_h
+    }
+}
+
+/// Which heads a view holds: the query heads (q, o, dout, dq) or the kv heads (k, v, dk, dv).
+#[derive(Clone, Copy, PartialEq)]
+enum Heads {
+    Query,
+    Kv,
+}
+
+impl Heads {
+    fn of(self, s: &AttnShape) -> usize {
+        match self {
+            Heads::Query => s.h,
+            Heads::Kv => s.kv_h,
+        }
+    }
+}
+
 impl AttnView<'_> {
-    /// Every element of the [s.b, s.h, t, s.d] view lies inside `data`.
-    fn check(&self, op: &'static str, what: &str, d: DType, s: &AttnShape, t: usize) -> Result<()> {
-        let (b, h, hd) = (s.b, s.h, s.d);
+    /// Every element of the [s.b, heads, t, s.d] view lies inside `data`.
+    fn check(
+        &self,
+        op: &'static str,
+        (what, heads): (&str, Heads),
+        d: DType,
+        s: &AttnShape,
+        t: usize,
+    ) -> Result<()> {
+        let (b, h, hd) = (s.b, heads.of(s), s.d);
         need_dtype(op, what, &self.data, d)?;
         if b == 0 || h == 0 || t == 0 {
             return Ok(());
@@ -90,17 +123,18 @@ impl AttnView<'_> {
     fn check_out(
         &self,
         op: &'static str,
-        what: &str,
+        (what, heads): (&str, Heads),
         d: DType,
         s: &AttnShape,
         t: usize,
     ) -> Result<()> {
-        self.check(op, what, d, s, t)?;
-        if s.b * s.h * t * s.d == 0 {
+        self.check(op, (what, heads), d, s, t)?;
+        let h = heads.of(s);
+        if s.b * h * t * s.d == 0 {
             return Ok(());
         }
         let [sb, sh, st] = self.strides;
-        let mut dims: Vec<(usize, usize)> = [(sb, s.b), (sh, s.h), (st, t), (1, s.d)]
+        let mut dims: Vec<(usize, usize)> = [(sb, s.b), (sh, h), (st, t), (1, s.d)]
             .into_iter()
             .filter(|&(_, n)| n > 1)
             .collect();
@@ -111,8 +145,8 @@ impl AttnView<'_> {
                 return Err(CudaError::invalid(
                     op,
                     format!(
-                        "{what} view [{}, {}, {t}, {}] with strides {:?} writes some elements twice",
-                        s.b, s.h, s.d, self.strides
+                        "{what} view [{}, {h}, {t}, {}] with strides {:?} writes some elements twice",
+                        s.b, s.d, self.strides
                     ),
                 ));
             }
@@ -171,8 +205,17 @@ fn check_shape(op: &'static str, s: &AttnShape, d: DType) -> Result<()> {
         return Err(CudaError::invalid(
             op,
             format!(
-                "the kernels cover f16/bf16 with head dim 64 or 128, got {d} with head dim {}; use the composite",
+                "the kernels cover f16/bf16 with head dim 32, 64 or 128, got {d} with head dim {}; use the composite",
                 s.d
+            ),
+        ));
+    }
+    if s.kv_h == 0 || !s.h.is_multiple_of(s.kv_h) {
+        return Err(CudaError::invalid(
+            op,
+            format!(
+                "{} query heads cannot share {} kv heads (a whole number of query heads per kv head)",
+                s.h, s.kv_h
             ),
         ));
     }
@@ -192,6 +235,7 @@ fn check_shape(op: &'static str, s: &AttnShape, d: DType) -> Result<()> {
 fn geometry_args(s: &AttnShape, q: &AttnView, k: &AttnView, v: &AttnView) -> Vec<Arg> {
     let mut a = vec![
         Arg::I64(s.h as i64),
+        Arg::I64(s.group() as i64),
         Arg::I64(s.tq as i64),
         Arg::I64(s.tk as i64),
     ];
@@ -212,9 +256,9 @@ fn attention_flops(s: &AttnShape) -> usize {
     }
 }
 
-/// Bytes of one [b, h, t, d] operand.
-fn view_bytes(s: &AttnShape, t: usize, d: DType) -> usize {
-    s.b * s.h * t * s.d * d.size()
+/// Bytes of one [b, heads, t, d] operand.
+fn view_bytes(s: &AttnShape, heads: Heads, t: usize, d: DType) -> usize {
+    s.b * heads.of(s) * t * s.d * d.size()
 }
 
 fn kernel_name(base: &str, d: DType, head_dim: usize) -> String {
@@ -234,10 +278,10 @@ pub(super) fn plan_flash_forward(
     let op = "flash_attention_forward";
     let d = q.data.dtype();
     check_shape(op, s, d)?;
-    q.check(op, "q", d, s, s.tq)?;
-    k.check(op, "k", d, s, s.tk)?;
-    v.check(op, "v", d, s, s.tk)?;
-    o.check_out(op, "o", d, s, s.tq)?;
+    q.check(op, ("q", Heads::Query), d, s, s.tq)?;
+    k.check(op, ("k", Heads::Kv), d, s, s.tk)?;
+    v.check(op, ("v", Heads::Kv), d, s, s.tk)?;
+    o.check_out(op, ("o", Heads::Query), d, s, s.tq)?;
     let rows = s.b * s.h * s.tq;
     need(op, "lse", &lse, DType::F32, rows)?;
     if rows == 0 {
@@ -255,11 +299,11 @@ pub(super) fn plan_flash_forward(
     args.push(Arg::F32(s.scale));
     args.push(Arg::I32(s.causal as i32));
     // q, k, v in; o and the f32 log-sum-exp out.
-    let t = Traffic::bytes(
-        view_bytes(s, s.tq, d) + 2 * view_bytes(s, s.tk, d),
-        view_bytes(s, s.tq, d) + rows * 4,
-    )
-    .with_tensor_flops(attention_flops(s));
+    let (qb, kb) = (
+        view_bytes(s, Heads::Query, s.tq, d),
+        view_bytes(s, Heads::Kv, s.tk, d),
+    );
+    let t = Traffic::bytes(qb + 2 * kb, qb + rows * 4).with_tensor_flops(attention_flops(s));
     Ok(Some(launch(
         kernel_name("fa_fwd", d, s.d),
         ((s.b * s.h) as u32, s.tq.div_ceil(FWD_ROWS) as u32, 1),
@@ -290,14 +334,15 @@ pub(super) fn plan_flash_backward(
     let op = "flash_attention_backward";
     let d = q.data.dtype();
     check_shape(op, s, d)?;
-    q.check(op, "q", d, s, s.tq)?;
-    k.check(op, "k", d, s, s.tk)?;
-    v.check(op, "v", d, s, s.tk)?;
-    o.check(op, "o", d, s, s.tq)?;
-    dout.check(op, "dout", d, s, s.tq)?;
-    dq.check_out(op, "dq", d, s, s.tq)?;
-    dk.check_out(op, "dk", d, s, s.tk)?;
-    dv.check_out(op, "dv", d, s, s.tk)?;
+    let (query, kv) = (Heads::Query, Heads::Kv);
+    q.check(op, ("q", query), d, s, s.tq)?;
+    k.check(op, ("k", kv), d, s, s.tk)?;
+    v.check(op, ("v", kv), d, s, s.tk)?;
+    o.check(op, ("o", query), d, s, s.tq)?;
+    dout.check(op, ("dout", query), d, s, s.tq)?;
+    dq.check_out(op, ("dq", query), d, s, s.tq)?;
+    dk.check_out(op, ("dk", kv), d, s, s.tk)?;
+    dv.check_out(op, ("dv", kv), d, s, s.tk)?;
     if dk.strides != dv.strides {
         return Err(CudaError::invalid(
             op,
@@ -332,7 +377,7 @@ pub(super) fn plan_flash_backward(
             (qrows.div_ceil(rows_per_block) as u32, 1, 1),
             DOT_THREADS,
             args,
-            Traffic::bytes(2 * view_bytes(s, s.tq, d), qrows * 4),
+            Traffic::bytes(2 * view_bytes(s, query, s.tq, d), qrows * 4),
         ));
     }
     let common = |outs: &[u64], out_view: &AttnView| {
@@ -354,32 +399,33 @@ pub(super) fn plan_flash_backward(
     };
     // With no queries dk and dv are 0, with no keys dq is 0: the kernels write those zeros
     // (their loops run no tile), so a strided view is never cleared as a whole range. Each
-    // kernel's grid: (b·h, blocks of BWD_ROWS rows of its output).
+    // kernel's grid: (b · its output's heads, blocks of BWD_ROWS rows of its output).
     // Both kernels read q, k, v, dout and the two f32 row vectors. dK/dV recomputes S and P
     // and forms dP, dV and dK (4 products); dQ recomputes S and P, forms dP and dQ (3).
-    let read = 2 * view_bytes(s, s.tq, d) + 2 * view_bytes(s, s.tk, d) + 2 * qrows * 4;
+    let (qb, kb) = (view_bytes(s, query, s.tq, d), view_bytes(s, kv, s.tk, d));
+    let read = 2 * qb + 2 * kb + 2 * qrows * 4;
     let pass = attention_flops(s) / 2;
     let launches = [
         (
             "fa_bwd_dkdv",
-            s.tk,
+            (s.kv_h, s.tk),
             vec![dk.data.ptr(), dv.data.ptr()],
             &dk,
-            Traffic::bytes(read, 2 * view_bytes(s, s.tk, d)).with_tensor_flops(4 * pass),
+            Traffic::bytes(read, 2 * kb).with_tensor_flops(4 * pass),
         ),
         (
             "fa_bwd_dq",
-            s.tq,
+            (s.h, s.tq),
             vec![dq.data.ptr()],
             &dq,
-            Traffic::bytes(read, view_bytes(s, s.tq, d)).with_tensor_flops(3 * pass),
+            Traffic::bytes(read, qb).with_tensor_flops(3 * pass),
         ),
     ];
-    for (base, rows, outs, view, traffic) in launches {
+    for (base, (heads, rows), outs, view, traffic) in launches {
         if rows > 0 {
             steps.push(launch(
                 kernel_name(base, d, s.d),
-                ((s.b * s.h) as u32, rows.div_ceil(BWD_ROWS) as u32, 1),
+                ((s.b * heads) as u32, rows.div_ceil(BWD_ROWS) as u32, 1),
                 BWD_THREADS,
                 common(&outs, view),
                 traffic,
@@ -437,10 +483,11 @@ pub(super) fn samples() -> Vec<UserLaunch> {
     use sinter_cuda::ops::fake_slice;
     let mut out = Vec::new();
     for dt in [DType::F16, DType::BF16] {
-        for hd in [64, 128] {
+        for hd in [32, 64, 128] {
             let s = AttnShape {
                 b: 2,
                 h: 3,
+                kv_h: 3,
                 tq: 40,
                 tk: 70,
                 d: hd,
@@ -475,6 +522,7 @@ mod tests {
         AttnShape {
             b: 2,
             h: 4,
+            kv_h: 4,
             tq,
             tk,
             d,
@@ -494,7 +542,8 @@ mod tests {
     fn coverage_and_fallback_choice() {
         assert!(supported(DType::BF16, 64) && supported(DType::F16, 128));
         assert!(!supported(DType::F32, 64), "f32 keeps the composite");
-        assert!(!supported(DType::BF16, 96) && !supported(DType::F16, 32));
+        assert!(supported(DType::BF16, 32), "llama-tiny's heads");
+        assert!(!supported(DType::BF16, 96) && !supported(DType::F16, 16));
         let s = shape(8, 8, 96);
         let v = packed(DType::BF16, 2, 4, 8, 96);
         let e = plan_flash_forward(&s, v, v, v, v, fake_slice(DType::F32, 64)).unwrap_err();
@@ -523,17 +572,18 @@ mod tests {
             "b·h blocks × ceil(100 / 64) query blocks"
         );
         assert_eq!(l.block, (128, 1, 1));
-        assert_eq!(l.args.len(), 5 + 3 + 9 + 3 + 2);
+        assert_eq!(l.args.len(), 5 + 4 + 9 + 3 + 2);
         assert_eq!(l.args[3], Arg::Ptr(o.data.ptr()));
-        assert_eq!(l.args[6], Arg::I64(100));
-        assert_eq!(l.args[7], Arg::I64(130));
-        assert_eq!(l.args[8], Arg::I64(4 * 100 * 128), "q batch stride");
-        assert_eq!(l.args[13], Arg::I64(128), "k row stride");
-        assert_eq!(l.args[17], Arg::I64(100 * 4 * 128), "o batch stride");
-        assert_eq!(l.args[18], Arg::I64(128), "o head stride");
-        assert_eq!(l.args[19], Arg::I64(4 * 128), "o row stride");
-        assert_eq!(l.args[20], Arg::F32(0.1));
-        assert_eq!(l.args[21], Arg::I32(1));
+        assert_eq!(l.args[6], Arg::I64(1), "query heads per kv head");
+        assert_eq!(l.args[7], Arg::I64(100));
+        assert_eq!(l.args[8], Arg::I64(130));
+        assert_eq!(l.args[9], Arg::I64(4 * 100 * 128), "q batch stride");
+        assert_eq!(l.args[14], Arg::I64(128), "k row stride");
+        assert_eq!(l.args[18], Arg::I64(100 * 4 * 128), "o batch stride");
+        assert_eq!(l.args[19], Arg::I64(128), "o head stride");
+        assert_eq!(l.args[20], Arg::I64(4 * 128), "o row stride");
+        assert_eq!(l.args[21], Arg::F32(0.1));
+        assert_eq!(l.args[22], Arg::I32(1));
     }
 
     #[test]
@@ -541,6 +591,7 @@ mod tests {
         let s = AttnShape {
             b: 1,
             h: 2,
+            kv_h: 2,
             tq: 4,
             tk: 4,
             d: 64,
@@ -628,6 +679,40 @@ mod tests {
         assert_eq!(names, ["fa_bwd_dot_bf16", "fa_bwd_dq_bf16_d64"]);
     }
 
+    /// Grouped heads: 6 query heads over 2 kv heads. k, v, dk and dv are checked as 2 heads,
+    /// the dK/dV grid has one block row per (batch, kv head) and every kernel gets the group;
+    /// a group that does not divide is refused.
+    #[test]
+    fn grouped_heads_plans() {
+        let s = AttnShape {
+            h: 6,
+            kv_h: 2,
+            ..shape(40, 40, 64)
+        };
+        let dt = DType::F16;
+        let (q, kv) = (packed(dt, 2, 6, 40, 64), packed(dt, 2, 2, 40, 64));
+        let qn = 2 * 6 * 40;
+        let (lse, dvec) = (fake_slice(DType::F32, qn), fake_slice(DType::F32, qn));
+        let f = plan_flash_forward(&s, q, kv, kv, q, lse).unwrap().unwrap();
+        assert_eq!(f.grid, (12, 1, 1), "b · query heads");
+        assert_eq!(f.args[6], Arg::I64(3));
+        let steps = plan_flash_backward(&s, q, kv, kv, q, q, lse, dvec, q, kv, kv).unwrap();
+        assert_eq!(
+            steps[1].grid,
+            (4, 2, 1),
+            "b · kv heads × ceil(40 / 32) key blocks"
+        );
+        assert_eq!(steps[2].grid, (12, 2, 1), "b · query heads × query blocks");
+        // The group follows h: after 6 pointers and dk, dv (dK/dV) or dq (dQ).
+        assert_eq!(steps[1].args[9], Arg::I64(3));
+        assert_eq!(steps[2].args[8], Arg::I64(3));
+        // kv views read as 6 heads reach past their memory.
+        let e = plan_flash_forward(&AttnShape { kv_h: 6, ..s }, q, kv, kv, q, lse).unwrap_err();
+        assert!(e.to_string().contains("k view"), "{e}");
+        let e = plan_flash_forward(&AttnShape { kv_h: 4, ..s }, q, kv, kv, q, lse).unwrap_err();
+        assert!(e.to_string().contains("cannot share"), "{e}");
+    }
+
     /// Causal forward, b 2, h 3, T 128, d 64: 4·b·h·T²·d / 2 tensor FLOPs; q, k, v read and o
     /// written once (bf16), plus the f32 log-sum-exp.
     #[test]
@@ -635,6 +720,7 @@ mod tests {
         let s = AttnShape {
             b: 2,
             h: 3,
+            kv_h: 3,
             tq: 128,
             tk: 128,
             d: 64,
@@ -671,7 +757,7 @@ mod tests {
         let src = source().unwrap();
         let plans = samples();
         // Forward, dK/dV and dQ per dtype and head dim, one row dot per dtype.
-        assert_eq!(plans.len(), 2 * 2 * 3 + 2);
+        assert_eq!(plans.len(), 2 * 3 * 3 + 2);
         for arch in ["sm_80", "sm_90"] {
             let ptx = src.ptx(arch).unwrap_or_else(|e| panic!("{arch}: {e}"));
             for l in &plans {

@@ -27,6 +27,10 @@ static FAILED: AtomicBool = AtomicBool::new(false);
 /// Whether the "SINTER_ATTENTION=cudnn but cuDNN cannot take this" note was printed.
 static NOTED: AtomicBool = AtomicBool::new(false);
 
+/// cuDNN's SDPA takes grouped-query attention itself (its frontend documents K and V with
+/// fewer heads than Q, a divisor of them), but `SdpaProblem` (and the emulated device's host
+/// execution of the graph) has one head count: grouped heads are declined (the flash kernels
+/// read them in place) until sinter-cuda's SDPA graph learns a kv head count.
 fn problem(g: &AttnGeom, dtype: DType) -> SdpaProblem {
     SdpaProblem {
         b: g.b,
@@ -220,6 +224,9 @@ pub(super) fn attention_packed(
     g: &AttnGeom,
 ) -> Result<Option<(CudaStorage, CudaStorage)>> {
     let (dev, dtype) = (qkv.0.device(), qkv.0.dtype());
+    if g.kv_h != g.h {
+        return Ok(None); // grouped heads: see `problem`
+    }
     let p = problem(g, dtype);
     if !takes(dev, &p, SdpaPass::Forward) {
         return Ok(None);
@@ -259,6 +266,9 @@ pub(super) fn attention_packed_backward(
     g: &AttnGeom,
 ) -> Result<Option<CudaStorage>> {
     let (dev, dtype) = (qkv.0.device(), qkv.0.dtype());
+    if g.kv_h != g.h {
+        return Ok(None); // grouped heads: see `problem`
+    }
     let p = problem(g, dtype);
     if !takes(dev, &p, SdpaPass::Backward) {
         return Ok(None);

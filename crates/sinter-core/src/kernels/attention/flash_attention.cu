@@ -1,24 +1,27 @@
 // flash_attention.cu — FlashAttention-2 forward and backward on tensor cores (WMMA 16x16x16,
-// f16/bf16 inputs, f32 accumulation), head dims 64 and 128.
+// f16/bf16 inputs, f32 accumulation), head dims 32, 64 and 128.
 //
-// Layouts: q, o, dout, dq [b, h, tq, D] and k, v, dk, dv [b, h, tk, D] are strided views (batch,
-// head and row strides in elements; the last dim contiguous), read and written in place: e.g. q,
-// k, v and dq, dk, dv as the three thirds of one packed projection [b, t, 3, h, D] and its
-// gradient, o and dout with the heads merged, [b, t, h, D]. dk and dv share one set of strides.
+// Layouts: q, o, dout, dq [b, h, tq, D] and k, v, dk, dv [b, h / g, tk, D] are strided views
+// (batch, head and row strides in elements; the last dim contiguous), read and written in place:
+// e.g. q, k, v and dq, dk, dv as the head groups of one packed projection [b, t, h + 2·h/g, D]
+// and its gradient, o and dout with the heads merged, [b, t, h, D]. dk and dv share one set of
+// strides. Grouped-query attention: query head i reads kv head i / g (g = 1: multi-head).
 // lse and dvec are contiguous f32 [b, h, tq]. The causal mask is aligned bottom-right: query i
 // sees keys 0 .. tk - tq + i (tq <= tk is decoding against a KV cache). A query row that sees no
 // key (causal with tq > tk) gets o = 0 and lse = -inf, as on the CPU.
 //
-// fa_fwd_<t>_d<D>(q, k, v, o, lse, h, tq, tk, q strides[3], k strides[3], v strides[3],
+// fa_fwd_<t>_d<D>(q, k, v, o, lse, h, g, tq, tk, q strides[3], k strides[3], v strides[3],
 //                 o strides[3], scale, causal)           grid (b*h, ceil(tq/64)), block 128
 //     Reads q, k, v; writes o and lse = log Σ_j exp(scale q·k_j) per query row.
 // fa_bwd_dot_<t>(o, dout, dvec, rows, D, h, tq, o strides[3], dout strides[3])  one warp per row
 //     dvec = rowsum(dout ∘ o), the D_i of FlashAttention-2's backward.
-// fa_bwd_dkdv_<t>_d<D>(q, k, v, dout, lse, dvec, dk, dv, h, tq, tk, q/k/v strides, dout strides[3],
-//                      dk/dv strides[3], scale, causal)  grid (b*h, ceil(tk/32)), block 64
-//     Per block of 32 keys, loops over the query blocks that see them: recomputes
+// fa_bwd_dkdv_<t>_d<D>(q, k, v, dout, lse, dvec, dk, dv, h, g, tq, tk, q/k/v strides,
+//                      dout strides[3], dk/dv strides[3], scale, causal)
+//                                                        grid (b*h/g, ceil(tk/32)), block 64
+//     Per block of 32 keys of one kv head, loops over the query blocks of its g query heads
+//     that see them (the group's sum in one block: no atomics): recomputes
 //     P = exp(scale q kᵀ - lse), dV += Pᵀ dO, dS = P ∘ (dO vᵀ - D), dK += scale dSᵀ Q.
-// fa_bwd_dq_<t>_d<D>(q, k, v, dout, lse, dvec, dq, h, tq, tk, q/k/v strides, dout strides[3],
+// fa_bwd_dq_<t>_d<D>(q, k, v, dout, lse, dvec, dq, h, g, tq, tk, q/k/v strides, dout strides[3],
 //                    dq strides[3], scale, causal)
 //                                                        grid (b*h, ceil(tq/32)), block 64
 //     Per block of 32 queries, loops over the visible key blocks: dQ += scale dS K.
@@ -105,8 +108,8 @@ __device__ __forceinline__ void fa_store_rows(FaFragC* acc, float* scratch, T* o
 // ---------------------------------------------------------------------------------------------
 // Forward: 4 warps x 16 query rows, key tiles of 32.
 template <typename T, int D>
-__device__ __forceinline__ void fa_fwd(const T* q, const T* k, const T* v, T* o, float* lse, i64 H, i64 tq,
-                                       i64 tk, i64 qsb, i64 qsh, i64 qst, i64 ksb, i64 ksh, i64 kst, i64 vsb,
+__device__ __forceinline__ void fa_fwd(const T* q, const T* k, const T* v, T* o, float* lse, i64 H, i64 G,
+                                       i64 tq, i64 tk, i64 qsb, i64 qsh, i64 qst, i64 ksb, i64 ksh, i64 kst, i64 vsb,
                                        i64 vsh, i64 vst, i64 osb, i64 osh, i64 ost, float scale,
                                        int causal) {
     constexpr int BR = 64, BC = 32, LD = D + 8, LS = BC + 4, LP = BC + 8, HALF = BC / 2;
@@ -120,8 +123,8 @@ __device__ __forceinline__ void fa_fwd(const T* q, const T* k, const T* v, T* o,
     const i64 bh = blockIdx.x, b = bh / H, hh = bh % H;
     const i64 i0 = (i64)blockIdx.y * BR;
     const int nr = (int)min((i64)BR, tq - i0);
-    const T* kb = k + b * ksb + hh * ksh;
-    const T* vb = v + b * vsb + hh * vsh;
+    const T* kb = k + b * ksb + (hh / G) * ksh;  // the kv head of query head hh
+    const T* vb = v + b * vsb + (hh / G) * vsh;
     fa_load_tile<T, D, LD>(sq, q + b * qsb + hh * qsh + i0 * qst, qst, BR, nr);
     fa_fill_rowids(srow);
     __syncthreads();
@@ -237,7 +240,7 @@ __device__ __forceinline__ void fa_bwd_dot(const T* o, const T* dout, float* dve
 // dK, dV: 2 warps x 16 keys, query tiles of 32.
 template <typename T, int D>
 __device__ __forceinline__ void fa_bwd_dkdv(const T* q, const T* k, const T* v, const T* dout, const float* lse,
-                                            const float* dvec, T* dk, T* dv, i64 H, i64 tq, i64 tk, i64 qsb,
+                                            const float* dvec, T* dk, T* dv, i64 H, i64 G, i64 tq, i64 tk, i64 qsb,
                                             i64 qsh, i64 qst, i64 ksb, i64 ksh, i64 kst, i64 vsb, i64 vsh,
                                             i64 vst, i64 gsb, i64 gsh, i64 gst, i64 dsb, i64 dsh, i64 dst,
                                             float scale, int causal) {
@@ -250,13 +253,12 @@ __device__ __forceinline__ void fa_bwd_dkdv(const T* q, const T* k, const T* v, 
     __shared__ __align__(128) float sdp[2][FA_WARP * LS];
     __shared__ float slse[BQ], sdv[BQ];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const i64 bh = blockIdx.x, b = bh / H, hh = bh % H;
+    // One block per (batch, kv head): it sums over the G query heads that read the kv head.
+    const i64 KV = H / G, bk = blockIdx.x, b = bk / KV, hk = bk % KV;
     const i64 j0 = (i64)blockIdx.y * BK;
     const int nk = (int)min((i64)BK, tk - j0);
-    fa_load_tile<T, D, LD>(sk, k + b * ksb + hh * ksh + j0 * kst, kst, BK, nk);
-    fa_load_tile<T, D, LD>(sv, v + b * vsb + hh * vsh + j0 * vst, vst, BK, nk);
-    const T* qb = q + b * qsb + hh * qsh;
-    const T* dob = dout + b * gsb + hh * gsh;
+    fa_load_tile<T, D, LD>(sk, k + b * ksb + hk * ksh + j0 * kst, kst, BK, nk);
+    fa_load_tile<T, D, LD>(sv, v + b * vsb + hk * vsh + j0 * vst, vst, BK, nk);
     FaFragC adk[D / 16], adv[D / 16];
 #pragma unroll
     for (int f = 0; f < D / 16; ++f) {
@@ -272,7 +274,14 @@ __device__ __forceinline__ void fa_bwd_dkdv(const T* q, const T* k, const T* v, 
     // The first query row that sees key j0 (causal), rounded down to a tile.
     i64 qstart = causal ? j0 + tq - tk : 0;
     qstart = qstart < 0 ? 0 : (qstart / BQ) * BQ;
-    for (i64 q0 = qstart; q0 < tq; q0 += BQ) {
+    // The group's query heads one after the other, into the same accumulators: each kv head's
+    // gradient is its one block's sum, in a fixed order (no atomics, deterministic).
+    const i64 qtiles = (tq - qstart + BQ - 1) / BQ;
+    for (i64 it = 0; it < G * qtiles; ++it) {
+        const i64 bh = b * H + hk * G + it / qtiles, hh = bh % H;
+        const i64 q0 = qstart + (it % qtiles) * BQ;
+        const T* qb = q + b * qsb + hh * qsh;
+        const T* dob = dout + b * gsb + hh * gsh;
         const int nq = (int)min((i64)BQ, tq - q0);
         __syncthreads();
         fa_load_tile<T, D, LD>(sq, qb + q0 * qst, qst, BQ, nq);
@@ -338,15 +347,15 @@ __device__ __forceinline__ void fa_bwd_dkdv(const T* q, const T* k, const T* v, 
         __syncwarp();
     }
     const i64 row0 = j0 + warp * FA_WARP;
-    fa_store_rows<T, D, LS>(adk, sw, dk + b * dsb + hh * dsh, dst, row0, tk, scale);
-    fa_store_rows<T, D, LS>(adv, sw, dv + b * dsb + hh * dsh, dst, row0, tk, 1.f);
+    fa_store_rows<T, D, LS>(adk, sw, dk + b * dsb + hk * dsh, dst, row0, tk, scale);
+    fa_store_rows<T, D, LS>(adv, sw, dv + b * dsb + hk * dsh, dst, row0, tk, 1.f);
 }
 
 // ---------------------------------------------------------------------------------------------
 // dQ: 2 warps x 16 queries, key tiles of 32.
 template <typename T, int D>
 __device__ __forceinline__ void fa_bwd_dq(const T* q, const T* k, const T* v, const T* dout, const float* lse,
-                                          const float* dvec, T* dq, i64 H, i64 tq, i64 tk, i64 qsb, i64 qsh,
+                                          const float* dvec, T* dq, i64 H, i64 G, i64 tq, i64 tk, i64 qsb, i64 qsh,
                                           i64 qst, i64 ksb, i64 ksh, i64 kst, i64 vsb, i64 vsh, i64 vst,
                                           i64 gsb, i64 gsh, i64 gst, i64 dsb, i64 dsh, i64 dst, float scale,
                                           int causal) {
@@ -363,8 +372,8 @@ __device__ __forceinline__ void fa_bwd_dq(const T* q, const T* k, const T* v, co
     const int nq = (int)min((i64)BQ, tq - i0);
     fa_load_tile<T, D, LD>(sq, q + b * qsb + hh * qsh + i0 * qst, qst, BQ, nq);
     fa_load_tile<T, D, LD>(sdo, dout + b * gsb + hh * gsh + i0 * gst, gst, BQ, nq);
-    const T* kb = k + b * ksb + hh * ksh;
-    const T* vb = v + b * vsb + hh * vsh;
+    const T* kb = k + b * ksb + (hh / G) * ksh;
+    const T* vb = v + b * vsb + (hh / G) * vsh;
     FaFragC adq[D / 16];
 #pragma unroll
     for (int f = 0; f < D / 16; ++f) wmma::fill_fragment(adq[f], 0.f);
@@ -439,20 +448,22 @@ __device__ __forceinline__ void fa_bwd_dq(const T* q, const T* k, const T* v, co
 #define FA_VIEW_ARGS(x) x##sb, x##sh, x##st
 #define FA_T_D(sfx, T, D)                                                                              \
     extern "C" __global__ void __launch_bounds__(128) fa_fwd_##sfx##_d##D(                            \
-        const T* q, const T* k, const T* v, T* o, float* lse, i64 h, i64 tq, i64 tk, FA_STRIDES,      \
-        FA_VIEW(o), float scale, int causal) {                                                         \
-        fa_fwd<T, D>(q, k, v, o, lse, h, tq, tk, FA_STRIDE_ARGS, FA_VIEW_ARGS(o), scale, causal);      \
+        const T* q, const T* k, const T* v, T* o, float* lse, i64 h, i64 g, i64 tq, i64 tk,           \
+        FA_STRIDES, FA_VIEW(o), float scale, int causal) {                                             \
+        fa_fwd<T, D>(q, k, v, o, lse, h, g, tq, tk, FA_STRIDE_ARGS, FA_VIEW_ARGS(o), scale, causal);   \
     }                                                                                                  \
     extern "C" __global__ void __launch_bounds__(64) fa_bwd_dkdv_##sfx##_d##D(                        \
         const T* q, const T* k, const T* v, const T* dout, const float* lse, const float* dvec, T* dk, \
-        T* dv, i64 h, i64 tq, i64 tk, FA_STRIDES, FA_VIEW(g), FA_VIEW(d), float scale, int causal) {   \
-        fa_bwd_dkdv<T, D>(q, k, v, dout, lse, dvec, dk, dv, h, tq, tk, FA_STRIDE_ARGS, FA_VIEW_ARGS(g), \
+        T* dv, i64 h, i64 grp, i64 tq, i64 tk, FA_STRIDES, FA_VIEW(g), FA_VIEW(d), float scale,       \
+        int causal) {                                                                                  \
+        fa_bwd_dkdv<T, D>(q, k, v, dout, lse, dvec, dk, dv, h, grp, tq, tk, FA_STRIDE_ARGS,            \
+                          FA_VIEW_ARGS(g),                                                             \
                           FA_VIEW_ARGS(d), scale, causal);                                             \
     }                                                                                                  \
     extern "C" __global__ void __launch_bounds__(64) fa_bwd_dq_##sfx##_d##D(                          \
         const T* q, const T* k, const T* v, const T* dout, const float* lse, const float* dvec, T* dq, \
-        i64 h, i64 tq, i64 tk, FA_STRIDES, FA_VIEW(g), FA_VIEW(d), float scale, int causal) {          \
-        fa_bwd_dq<T, D>(q, k, v, dout, lse, dvec, dq, h, tq, tk, FA_STRIDE_ARGS, FA_VIEW_ARGS(g),       \
+        i64 h, i64 grp, i64 tq, i64 tk, FA_STRIDES, FA_VIEW(g), FA_VIEW(d), float scale, int causal) { \
+        fa_bwd_dq<T, D>(q, k, v, dout, lse, dvec, dq, h, grp, tq, tk, FA_STRIDE_ARGS, FA_VIEW_ARGS(g),  \
                         FA_VIEW_ARGS(d), scale, causal);                                               \
     }
 #define FA_T(sfx, T)                                                                                  \
@@ -460,6 +471,7 @@ __device__ __forceinline__ void fa_bwd_dq(const T* q, const T* k, const T* v, co
                                                 i64 d, i64 h, i64 tq, FA_VIEW(o), FA_VIEW(g)) {       \
         fa_bwd_dot<T>(o, dout, dvec, rows, d, h, tq, FA_VIEW_ARGS(o), FA_VIEW_ARGS(g));               \
     }                                                                                                 \
+    FA_T_D(sfx, T, 32)                                                                                \
     FA_T_D(sfx, T, 64)                                                                                \
     FA_T_D(sfx, T, 128)
 FA_T(f16, __half)

@@ -11,7 +11,7 @@
 //! - `cpu.rs`: FlashAttention-2 on the CPU (64 × 64 tiles through sinter-cpu's GEMM, an online
 //!   softmax, causal key blocks above the diagonal skipped); `cpu_decode.rs`: the decoding step
 //!   (a dot product per cached key and an axpy per cached value).
-//! - `cuda.rs`: the tensor-core flash kernels (f16/bf16, head dims 64 and 128) on CUDA storages;
+//! - `cuda.rs`: the tensor-core flash kernels (f16/bf16, head dims 32, 64 and 128) on CUDA storages;
 //!   `flash_attention.cu` holds the kernels and `cuda_flash.rs` their launch plans (pure,
 //!   checked without a device) and declared traffic. `cudnn.rs`: cuDNN's fused SDPA (issue
 //!   24), tried first where the loaded cuDNN takes the case; `select.rs`: the choice
@@ -225,8 +225,6 @@ fn packed(qkv: &Tensor, g: &AttnGeom) -> Result<Option<(Storage, Storage)>> {
             let (y, lse) = cpu::packed((x, l), g);
             Some((Storage::Cpu(y), Storage::Cpu(lse)))
         }
-        // CUDA's packed kernels read GPT-2's thirds: grouped heads take the composite.
-        On::Cuda(_) if g.kv_h != g.h => None,
         On::Cuda([x]) => match cudnn::attention_packed((x, l), g)? {
             Some(r) => Some(r),
             None => cuda::attention_packed((x, l), g)?,
@@ -274,9 +272,10 @@ pub fn attention_packed(qkv: &Tensor, n_head: usize, causal: bool, scale: f32) -
 
 /// [`attention_packed`] with grouped-query attention: qkv [b, t, (h + 2·kv)·d] holds `n_head`
 /// query heads, then `n_kv_head` key heads and as many value heads (Llama's packed projection);
-/// query head i reads kv head i / (n_head / n_kv_head). [b, t, h·d] out. The CPU kernels read
-/// the shared heads in place (no repeated k and v, forward or backward); CUDA runs the
-/// composite when n_kv_head < n_head. Equal to [`attention_packed_gqa_reference`].
+/// query head i reads kv head i / (n_head / n_kv_head). [b, t, h·d] out. The CPU and CUDA
+/// kernels read the shared heads in place (no repeated k and v, forward or backward; a kv
+/// head's gradient is summed over its query heads in the kernel). cuDNN runs multi-head only.
+/// Equal to [`attention_packed_gqa_reference`].
 pub fn attention_packed_gqa(
     qkv: &Tensor,
     n_head: usize,

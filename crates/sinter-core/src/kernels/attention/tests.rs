@@ -146,81 +146,122 @@ fn cpu_kernels_match_the_f64_reference() {
 /// kernels. Across a tile edge, one kv head for all (multi-query) and none shared (h = kv).
 #[test]
 fn cpu_packed_gqa_matches_the_f64_reference() {
-    let mut rng = crate::Rng::new(5);
     let cases = [
         (2usize, 4usize, 2usize, 70usize, 8usize, true),
         (1, 6, 1, 9, 4, false),
         (1, 3, 3, 5, 4, true),
     ];
-    for (b, h, kv, t, d, causal) in cases {
-        let (w, g, scale) = ((h + 2 * kv) * d, h / kv, 0.3f32);
-        let mut mk = |shape: &[usize]| {
-            Tensor::randn(shape, 0.0, 1.0, &mut rng, DType::F32, Device::Cpu).unwrap()
-        };
-        let (qkv, dy) = (mk(&[b, t, w]).to_var().unwrap(), mk(&[b, t, h * d]));
-        let y = attention_packed_gqa(&qkv, h, kv, causal, scale).unwrap();
-        y.mul(&dy).unwrap().sum_all().unwrap().backward().unwrap();
-        let f64s = |t: &Tensor| -> Vec<f64> {
-            t.to_vec_f32().unwrap().into_iter().map(f64::from).collect()
-        };
-        let (x, dyv) = (f64s(&qkv), f64s(&dy));
-        // Every (batch, query head, time, element) with its index in [b, h, t, d], in qkv's
-        // row for q, k and v, and in y's row.
-        let each = || {
-            (0..b).flat_map(move |bi| {
-                (0..h).flat_map(move |hi| {
-                    (0..t).flat_map(move |ti| {
-                        (0..d).map(move |e| {
-                            let row = (bi * t + ti) * w;
-                            let cols =
-                                [hi * d + e, (h + hi / g) * d + e, (h + kv + hi / g) * d + e];
-                            let i = ((bi * h + hi) * t + ti) * d + e;
-                            (i, cols.map(|c| row + c), (bi * t + ti) * h * d + hi * d + e)
-                        })
+    for (i, c) in cases.into_iter().enumerate() {
+        run_packed_gqa(c, DType::F32, Device::Cpu, 5 + i as u64);
+    }
+}
+
+/// The same on CUDA (the flash kernels, f16 and bf16, head dims 32, 64 and 128): kv groups of 1,
+/// 2 and 4 (multi-query), sequence lengths off the 64/32-row tiles, causal and not. On the
+/// GPU or the emulated device; skipped without either.
+#[test]
+fn cuda_packed_gqa_matches_the_f64_reference() {
+    if sinter_cuda::testing::gpu_tests(1).is_none() {
+        return;
+    }
+    let cases = [
+        (
+            (1usize, 4usize, 2usize, 70usize, 64usize, true),
+            DType::BF16,
+        ),
+        ((2, 4, 1, 37, 64, false), DType::F16),
+        ((1, 2, 2, 33, 128, true), DType::BF16),
+        ((1, 4, 1, 40, 128, true), DType::F16),
+        ((2, 4, 2, 65, 32, true), DType::BF16),
+    ];
+    for (i, (c, dtype)) in cases.into_iter().enumerate() {
+        run_packed_gqa(c, dtype, Device::Cuda(0), 50 + i as u64);
+    }
+}
+
+/// One case of the grouped packed op on `dev` in `dtype` against the f64 reference and the
+/// composite (see the tests above); on CUDA in half precision the flash kernels must apply.
+fn run_packed_gqa(
+    (b, h, kv, t, d, causal): (usize, usize, usize, usize, usize, bool),
+    dtype: DType,
+    dev: Device,
+    seed: u64,
+) {
+    let mut rng = crate::Rng::new(seed);
+    let (w, g, scale) = ((h + 2 * kv) * d, h / kv, 0.3f32);
+    let mut mk = |shape: &[usize]| {
+        Tensor::randn(shape, 0.0, 1.0, &mut rng, DType::F32, Device::Cpu)
+            .unwrap()
+            .to_dtype(dtype)
+            .unwrap()
+            .to_device(dev)
+            .unwrap()
+    };
+    let (qkv, dy) = (mk(&[b, t, w]).to_var().unwrap(), mk(&[b, t, h * d]));
+    if dev != Device::Cpu && dtype != DType::F32 {
+        let geom = geom::of_packed(&qkv, h, kv, causal, scale).unwrap();
+        assert!(packed(&qkv, &geom).unwrap().is_some(), "the kernels apply");
+    }
+    let y = attention_packed_gqa(&qkv, h, kv, causal, scale).unwrap();
+    y.mul(&dy).unwrap().sum_all().unwrap().backward().unwrap();
+    let (x, dyv) = (f64s(&qkv), f64s(&dy));
+    // Every (batch, query head, time, element) with its index in [b, h, t, d], in qkv's
+    // row for q, k and v, and in y's row.
+    let each = || {
+        (0..b).flat_map(move |bi| {
+            (0..h).flat_map(move |hi| {
+                (0..t).flat_map(move |ti| {
+                    (0..d).map(move |e| {
+                        let row = (bi * t + ti) * w;
+                        let cols = [hi * d + e, (h + hi / g) * d + e, (h + kv + hi / g) * d + e];
+                        let i = ((bi * h + hi) * t + ti) * d + e;
+                        (i, cols.map(|c| row + c), (bi * t + ti) * h * d + hi * d + e)
                     })
                 })
             })
-        };
-        let n = b * h * t * d;
-        let (mut q, mut k, mut v, mut dout) =
-            (vec![0.0; n], vec![0.0; n], vec![0.0; n], vec![0.0; n]);
-        for (i, [cq, ck, cv], yi) in each() {
-            (q[i], k[i], v[i], dout[i]) = (x[cq], x[ck], x[cv], dyv[yi]);
-        }
-        let z = reference::Dims {
-            bh: b * h,
-            tq: t,
-            tk: t,
-            d,
-        };
-        let (o, _) = reference::forward(&q, &k, &v, z, causal, scale as f64);
-        let (dq, dk, dv) = reference::backward(&q, &k, &v, &dout, z, causal, scale as f64);
-        let (mut y_want, mut dx_want) = (vec![0.0; b * t * h * d], vec![0.0; b * t * w]);
-        for (i, [cq, ck, cv], yi) in each() {
-            y_want[yi] = o[i];
-            dx_want[cq] = dq[i];
-            dx_want[ck] += dk[i];
-            dx_want[cv] += dv[i];
-        }
-        let what = format!("b {b} h {h} kv {kv} t {t} d {d} causal {causal}");
-        let close = |name: &str, got: &[f64], want: &[f64], tol: f64| {
-            assert_eq!(got.len(), want.len(), "{what}: {name}");
-            for (j, (a, e)) in got.iter().zip(want).enumerate() {
-                assert!(
-                    (a - e).abs() < tol * (1.0 + e.abs()),
-                    "{what}: {name}[{j}]: {a} vs {e}"
-                );
-            }
-        };
-        let dx = f64s(&qkv.grad().unwrap());
-        close("y", &f64s(&y), &y_want, 1e-4);
-        close("dqkv", &dx, &dx_want, 1e-4);
-        qkv.zero_grad();
-        let yc = attention_packed_gqa_reference(&qkv, h, kv, causal, scale).unwrap();
-        yc.mul(&dy).unwrap().sum_all().unwrap().backward().unwrap();
-        close("composite y", &f64s(&yc), &f64s(&y), 1e-5);
-        close("composite dqkv", &f64s(&qkv.grad().unwrap()), &dx, 1e-5);
+        })
+    };
+    let n = b * h * t * d;
+    let (mut q, mut k, mut v, mut dout) = (vec![0.0; n], vec![0.0; n], vec![0.0; n], vec![0.0; n]);
+    for (i, [cq, ck, cv], yi) in each() {
+        (q[i], k[i], v[i], dout[i]) = (x[cq], x[ck], x[cv], dyv[yi]);
     }
+    let z = reference::Dims {
+        bh: b * h,
+        tq: t,
+        tk: t,
+        d,
+    };
+    let (o, _) = reference::forward(&q, &k, &v, z, causal, scale as f64);
+    let (dq, dk, dv) = reference::backward(&q, &k, &v, &dout, z, causal, scale as f64);
+    let (mut y_want, mut dx_want) = (vec![0.0; b * t * h * d], vec![0.0; b * t * w]);
+    for (i, [cq, ck, cv], yi) in each() {
+        y_want[yi] = o[i];
+        dx_want[cq] = dq[i];
+        dx_want[ck] += dk[i];
+        dx_want[cv] += dv[i];
+    }
+    let what = format!("{dtype} on {dev}: b {b} h {h} kv {kv} t {t} d {d} causal {causal}");
+    let close = |name: &str, got: &[f64], want: &[f64], tol: f64| {
+        if dtype != DType::F32 {
+            return check_flash(&format!("{what}: {name}"), dtype, got, want);
+        }
+        assert_eq!(got.len(), want.len(), "{what}: {name}");
+        for (j, (a, e)) in got.iter().zip(want).enumerate() {
+            assert!(
+                (a - e).abs() < tol * (1.0 + e.abs()),
+                "{what}: {name}[{j}]: {a} vs {e}"
+            );
+        }
+    };
+    let dx = f64s(&qkv.grad().unwrap());
+    close("y", &f64s(&y), &y_want, 1e-4);
+    close("dqkv", &dx, &dx_want, 1e-4);
+    qkv.zero_grad();
+    let yc = attention_packed_gqa_reference(&qkv, h, kv, causal, scale).unwrap();
+    yc.mul(&dy).unwrap().sum_all().unwrap().backward().unwrap();
+    close("composite y", &f64s(&yc), &f64s(&y), 1e-5);
+    close("composite dqkv", &f64s(&qkv.grad().unwrap()), &dx, 1e-5);
 }
 
 /// Grouped heads that do not divide, or a width that is not whole heads, are refused by name.
@@ -244,7 +285,7 @@ fn packed_gqa_refuses_heads_that_do_not_fit() {
 
 // ---- the CUDA flash kernels (flash_attention.cu) against the f64 reference -----------------
 // On the real GPU when present, else on the emulated device (the kernel emulator runs the
-// kernels); skipped without either. f16 and bf16, head dims 64 and 128, causal (with tq = tk,
+// kernels); skipped without either. f16 and bf16, head dims 32, 64 and 128, causal (with tq = tk,
 // tq < tk and tq > tk, where early query rows see no key) and not, sequence lengths that are
 // not multiples of the 64/32-row tiles, batch·heads > 1, and q, k, v read in place as views of
 // packed buffers or as unaligned tensors.
@@ -491,6 +532,17 @@ fn cuda_flash_kernels_head_dim_64() {
         case(DType::F16, 64, (2, 1), (20, 70), true, Packing::Unaligned),
     ];
     run_flash_cases(&cases, 100);
+}
+
+/// Head dim 32 (llama-tiny's heads).
+#[test]
+fn cuda_flash_kernels_head_dim_32() {
+    let cases = [
+        case(DType::BF16, 32, (2, 2), (70, 70), true, Packing::Qkv),
+        case(DType::F16, 32, (1, 2), (37, 100), true, Packing::Kv),
+        case(DType::BF16, 32, (1, 1), (33, 40), false, Packing::Unaligned),
+    ];
+    run_flash_cases(&cases, 250);
 }
 
 #[test]

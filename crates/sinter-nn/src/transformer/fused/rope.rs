@@ -7,34 +7,54 @@
 //! Two layouts: heads [b, h, t, d] (`rope`), and the packed projection [b, t, (h + 2·kv)·d]
 //! (`rope_packed`), whose q and k heads are rotated in place of the split, rotate and re-pack
 //! (and the zero-filled gradients of those splits) before attention reads the packed heads.
+//!
+//! On CUDA both launch `llama_fused.cu`'s `rope_<t>` (f32, f16, bf16; one thread per element,
+//! the tables in x's dtype): heads are rows of one head, the packed projection rows of `rotated`
+//! heads followed by the columns that pass through.
 
 use std::collections::HashMap;
-use std::sync::{Mutex, OnceLock};
+use std::sync::Mutex;
 
-use sinter_core::custom_op::{CustomOp, HostOutput, OutputSpec};
+use sinter_core::custom_op::{CustomOp, HostOutput, OutputSpec, TensorMeta};
 use sinter_core::{bail, DType, Result, Tensor};
 use sinter_cpu::math::output_vec;
 use sinter_cpu::math::rope::rope_rotate_isa;
 use sinter_cpu::Isa;
 
-use super::for_rows;
+use super::{cuda, for_rows, in_dtype, FLOATS};
 
 /// Rotates heads x [b, h, t, d] by the angle tables cos, sin [t, d] of their positions.
 pub(crate) fn rope(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
-    Ok(op(false)?.apply(&[x, cos, sin])?.remove(0))
+    Ok(op(false, x.dtype())?.apply(&[x, cos, sin])?.remove(0))
 }
 
-/// The rotation (`inverse` false) or its inverse, each built once.
-fn op(inverse: bool) -> Result<&'static CustomOp> {
-    static OPS: [OnceLock<CustomOp>; 2] = [OnceLock::new(), OnceLock::new()];
-    let slot = &OPS[inverse as usize];
-    if let Some(op) = slot.get() {
-        return Ok(op);
+/// An error unless the tables have x's dtype (the kernels read one type).
+fn same_dtype(op: &str, m: &[TensorMeta]) -> Result<()> {
+    if m[1].dtype != m[0].dtype || m[2].dtype != m[0].dtype {
+        bail!(
+            "{op}: the tables ({}, {}) must have x's dtype {}",
+            m[1].dtype,
+            m[2].dtype,
+            m[0].dtype
+        );
+    }
+    Ok(())
+}
+
+/// The rotation (`inverse` false) or its inverse for x in `dtype`, each built once.
+fn op(inverse: bool, dtype: DType) -> Result<CustomOp> {
+    static OPS: Mutex<Option<HashMap<(bool, DType), CustomOp>>> = Mutex::new(None);
+    let mut all = OPS.lock().unwrap_or_else(|e| e.into_inner());
+    let all = all.get_or_insert_with(HashMap::new);
+    if let Some(op) = all.get(&(inverse, dtype)) {
+        return Ok(op.clone());
     }
     let sign = if inverse { -1.0 } else { 1.0 };
-    let op = CustomOp::builder(if inverse { "rope_inverse" } else { "rope" })
+    let name = if inverse { "rope_inverse" } else { "rope" };
+    let op = CustomOp::builder(name)
         .inputs(3)
-        .outputs(|m| {
+        .dtypes(&FLOATS)
+        .outputs(move |m| {
             let (x, c, s) = (&m[0].shape, &m[1].shape, &m[2].shape);
             match &x[..] {
                 &[_, _, t, d] if d % 2 == 0 && c[..] == [t, d] && s[..] == [t, d] => {}
@@ -42,7 +62,8 @@ fn op(inverse: bool) -> Result<&'static CustomOp> {
                     "rope: heads must be [batch, heads, time, even head_dim] and the tables [time, head_dim]; got {x:?}, {c:?} and {s:?}"
                 ),
             }
-            Ok(vec![OutputSpec::new(x, DType::F32)])
+            same_dtype(name, m)?;
+            Ok(vec![OutputSpec::new(x, m[0].dtype)])
         })
         .cpu(move |x| {
             let (xs, cos, sin) = (x[0].f32()?, x[1].f32()?, x[2].f32()?);
@@ -55,12 +76,15 @@ fn op(inverse: bool) -> Result<&'static CustomOp> {
             });
             Ok(vec![HostOutput::f32(y, shape)])
         })
+        .cuda(cuda::rope(dtype, 1, sign)?)
         .backward(move |ctx| {
-            let back = op(!inverse)?.apply(&[ctx.grad(0), ctx.input(1), ctx.input(2)])?;
+            let dy = in_dtype(ctx.grad(0), dtype)?;
+            let back = op(!inverse, dtype)?.apply(&[&dy, ctx.input(1), ctx.input(2)])?;
             Ok(vec![back.into_iter().next(), None, None])
         })
         .build()?;
-    Ok(slot.get_or_init(|| op))
+    all.insert((inverse, dtype), op.clone());
+    Ok(op)
 }
 
 /// Rotates the first `rotated` heads (of d = cos's width) of every position of a packed
@@ -72,17 +96,18 @@ pub(crate) fn rope_packed(
     sin: &Tensor,
     rotated: usize,
 ) -> Result<Tensor> {
-    Ok(packed_op(false, rotated)?
+    Ok(packed_op(false, rotated, qkv.dtype())?
         .apply(&[qkv, cos, sin])?
         .remove(0))
 }
 
-/// The packed rotation or its inverse for `rotated` heads, each built once.
-fn packed_op(inverse: bool, rotated: usize) -> Result<CustomOp> {
-    static OPS: Mutex<Option<HashMap<(bool, usize), CustomOp>>> = Mutex::new(None);
+/// The packed rotation or its inverse for `rotated` heads in `dtype`, each built once.
+fn packed_op(inverse: bool, rotated: usize, dtype: DType) -> Result<CustomOp> {
+    type Key = (bool, usize, DType);
+    static OPS: Mutex<Option<HashMap<Key, CustomOp>>> = Mutex::new(None);
     let mut all = OPS.lock().unwrap_or_else(|e| e.into_inner());
     let all = all.get_or_insert_with(HashMap::new);
-    if let Some(op) = all.get(&(inverse, rotated)) {
+    if let Some(op) = all.get(&(inverse, rotated, dtype)) {
         return Ok(op.clone());
     }
     let sign = if inverse { -1.0 } else { 1.0 };
@@ -93,6 +118,7 @@ fn packed_op(inverse: bool, rotated: usize) -> Result<CustomOp> {
     };
     let op = CustomOp::builder(name)
         .inputs(3)
+        .dtypes(&FLOATS)
         .outputs(move |m| {
             let (x, c, s) = (&m[0].shape, &m[1].shape, &m[2].shape);
             match (&x[..], &c[..]) {
@@ -102,7 +128,8 @@ fn packed_op(inverse: bool, rotated: usize) -> Result<CustomOp> {
                     "rope_packed: expected a projection [batch, time, width] whose first {rotated} heads are rotated by tables [time, even head_dim] with {rotated}·head_dim ≤ width; got {x:?}, {c:?} and {s:?}"
                 ),
             }
-            Ok(vec![OutputSpec::new(x, DType::F32)])
+            same_dtype(name, m)?;
+            Ok(vec![OutputSpec::new(x, m[0].dtype)])
         })
         .cpu(move |x| {
             let (xs, cos, sin) = (x[0].f32()?, x[1].f32()?, x[2].f32()?);
@@ -119,16 +146,17 @@ fn packed_op(inverse: bool, rotated: usize) -> Result<CustomOp> {
             });
             Ok(vec![HostOutput::f32(y, shape)])
         })
+        .cuda(cuda::rope(dtype, rotated, sign)?)
         .backward(move |ctx| {
-            let back = packed_op(!inverse, rotated)?.apply(&[
-                ctx.grad(0),
+            let back = packed_op(!inverse, rotated, dtype)?.apply(&[
+                &in_dtype(ctx.grad(0), dtype)?,
                 ctx.input(1),
                 ctx.input(2),
             ])?;
             Ok(vec![back.into_iter().next(), None, None])
         })
         .build()?;
-    all.insert((inverse, rotated), op.clone());
+    all.insert((inverse, rotated, dtype), op.clone());
     Ok(op)
 }
 

@@ -1,16 +1,18 @@
 //! SwiGLU's gate, y = silu(gate)·up for h = [gate | up] along the last dimension, as one
 //! custom op; its backward, one more, writes d[gate | up] in one pass (the composite's
 //! `narrow` backward zero-fills and copies each half instead). With s = sigmoid(gate):
-//! dgate = dy·up·s·(1 + gate·(1 − s)), dup = dy·gate·s.
+//! dgate = dy·up·s·(1 + gate·(1 − s)), dup = dy·gate·s. On CUDA both launch
+//! `llama_fused.cu`'s kernels (f32, f16, bf16; one thread per output element).
 
-use std::sync::OnceLock;
+use std::collections::HashMap;
+use std::sync::Mutex;
 
 use sinter_core::custom_op::{CustomOp, HostOutput, OutputSpec, TensorMeta};
 use sinter_core::{bail, DType, Result, Tensor};
 use sinter_cpu::math::{output_vec, swiglu_backward_isa, swiglu_isa};
 use sinter_cpu::Isa;
 
-use super::for_rows;
+use super::{cuda, for_rows, in_dtype, FLOATS};
 
 /// The branch width n of h [.., 2n], or why h does not split.
 fn branch(h: &TensorMeta) -> Result<usize> {
@@ -33,20 +35,30 @@ fn halved(shape: &[usize]) -> Vec<usize> {
 
 /// silu(gate)·up of h [.., 2n] → [.., n].
 pub(crate) fn swiglu(h: &Tensor) -> Result<Tensor> {
-    Ok(forward_op()?.apply(&[h])?.remove(0))
+    Ok(ops(h.dtype())?.0.apply(&[h])?.remove(0))
 }
 
-fn forward_op() -> Result<&'static CustomOp> {
-    static OP: OnceLock<CustomOp> = OnceLock::new();
-    if let Some(op) = OP.get() {
-        return Ok(op);
+/// The forward and backward ops for h in `dtype`, built once.
+fn ops(dtype: DType) -> Result<(CustomOp, CustomOp)> {
+    static OPS: Mutex<Option<HashMap<DType, (CustomOp, CustomOp)>>> = Mutex::new(None);
+    let mut all = OPS.lock().unwrap_or_else(|e| e.into_inner());
+    let all = all.get_or_insert_with(HashMap::new);
+    if let Some(ops) = all.get(&dtype) {
+        return Ok(ops.clone());
     }
-    let backward = backward_op()?;
-    let op = CustomOp::builder("swiglu")
+    let backward = backward_op(dtype)?;
+    let ops = (forward_op(dtype, backward.clone())?, backward);
+    all.insert(dtype, ops.clone());
+    Ok(ops)
+}
+
+fn forward_op(dtype: DType, backward: CustomOp) -> Result<CustomOp> {
+    CustomOp::builder("swiglu")
         .inputs(1)
+        .dtypes(&FLOATS)
         .outputs(|m| {
             branch(&m[0])?;
-            Ok(vec![OutputSpec::new(&halved(&m[0].shape), DType::F32)])
+            Ok(vec![OutputSpec::new(&halved(&m[0].shape), m[0].dtype)])
         })
         .cpu(|x| {
             let h = x[0].f32()?;
@@ -59,22 +71,20 @@ fn forward_op() -> Result<&'static CustomOp> {
             });
             Ok(vec![HostOutput::f32(y, &halved(x[0].shape()))])
         })
+        .cuda(cuda::swiglu_forward(dtype)?)
         .backward(move |ctx| {
-            let dh = backward.apply(&[ctx.grad(0), ctx.input(0)])?.remove(0);
+            let dy = in_dtype(ctx.grad(0), dtype)?;
+            let dh = backward.apply(&[&dy, ctx.input(0)])?.remove(0);
             Ok(vec![Some(dh)])
         })
-        .build()?;
-    Ok(OP.get_or_init(|| op))
+        .build()
 }
 
 /// (dy [.., n], h [.., 2n]) → dh [.., 2n].
-fn backward_op() -> Result<&'static CustomOp> {
-    static OP: OnceLock<CustomOp> = OnceLock::new();
-    if let Some(op) = OP.get() {
-        return Ok(op);
-    }
-    let op = CustomOp::builder("swiglu_backward")
+fn backward_op(dtype: DType) -> Result<CustomOp> {
+    CustomOp::builder("swiglu_backward")
         .inputs(2)
+        .dtypes(&FLOATS)
         .outputs(|m| {
             branch(&m[1])?;
             if m[0].shape != halved(&m[1].shape) {
@@ -84,7 +94,7 @@ fn backward_op() -> Result<&'static CustomOp> {
                     m[1].shape
                 );
             }
-            Ok(vec![OutputSpec::new(&m[1].shape, DType::F32)])
+            Ok(vec![OutputSpec::new(&m[1].shape, m[1].dtype)])
         })
         .cpu(|x| {
             let (dy, h) = (x[0].f32()?, x[1].f32()?);
@@ -98,6 +108,6 @@ fn backward_op() -> Result<&'static CustomOp> {
             });
             Ok(vec![HostOutput::f32(dh, x[1].shape())])
         })
-        .build()?;
-    Ok(OP.get_or_init(|| op))
+        .cuda(cuda::swiglu_backward(dtype)?)
+        .build()
 }
