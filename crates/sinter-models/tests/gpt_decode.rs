@@ -333,7 +333,7 @@ fn tiny_model(block_size: usize, seed: u64) -> Decoder {
     m
 }
 
-/// On the CPU, prefills and decode steps run the host step (`gpt/host_step.rs`); the tensor
+/// On the CPU, prefills and decode steps run the host step (`decoder/host_step.rs`); the tensor
 /// path (`forward_step`) is the reference: same logits within f32 rounding, and the same keys
 /// and values in the caches.
 #[test]
