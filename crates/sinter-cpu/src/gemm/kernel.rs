@@ -172,8 +172,12 @@ pub(crate) unsafe fn store_tile<S: Simd, const MV: usize, const NR: usize>(
     t: &TileOut,
 ) {
     let lanes = S::LANES;
-    let (alpha, beta) = (S::splat(t.alpha), S::splat(t.beta));
     let epilogue = t.last && (!t.bias.is_null() || !t.pre.is_null() || t.act != Activation::None);
+    if !epilogue && t.alpha == 1.0 && t.rows == MV * lanes && t.cols == NR {
+        store_full_tile::<S, MV, NR>(acc, t.c, t.ldc, t.beta);
+        return;
+    }
+    let (alpha, beta) = (S::splat(t.alpha), S::splat(t.beta));
     for (j, col) in acc.iter().enumerate().take(t.cols) {
         let c = t.c.offset(j as isize * t.ldc);
         let bias_j = (!t.bias.is_null() && !t.bias_along_rows).then(|| S::splat(*t.bias.add(j)));
@@ -208,6 +212,45 @@ pub(crate) unsafe fn store_tile<S: Simd, const MV: usize, const NR: usize>(
                 S::store(c.add(r0), x)
             } else {
                 S::store_partial(c.add(r0), x, n)
+            }
+        }
+    }
+}
+
+/// C = acc + β·C for a whole tile with no epilogue: the common case (every interior tile of
+/// every k block but the last), with constant trip counts so `acc` stays in registers and no
+/// per-vector branch runs (the general loop's checks cost ~5 % of a 1024³ product on Zen 3).
+///
+/// # Safety
+/// The MR × NR tile at `c` (unit row stride, columns `ldc` apart) is valid.
+#[inline(always)]
+unsafe fn store_full_tile<S: Simd, const MV: usize, const NR: usize>(
+    acc: &Acc<S, MV, NR>,
+    c: *mut f32,
+    ldc: isize,
+    beta: f32,
+) {
+    let lanes = S::LANES;
+    if beta == 0.0 {
+        for (j, col) in acc.iter().enumerate() {
+            let c = c.offset(j as isize * ldc);
+            for (v, &a) in col.iter().enumerate() {
+                S::store(c.add(v * lanes), a);
+            }
+        }
+    } else if beta == 1.0 {
+        for (j, col) in acc.iter().enumerate() {
+            let c = c.offset(j as isize * ldc);
+            for (v, &a) in col.iter().enumerate() {
+                S::store(c.add(v * lanes), S::add(S::load(c.add(v * lanes)), a));
+            }
+        }
+    } else {
+        let beta = S::splat(beta);
+        for (j, col) in acc.iter().enumerate() {
+            let c = c.offset(j as isize * ldc);
+            for (v, &a) in col.iter().enumerate() {
+                S::store(c.add(v * lanes), S::fma(S::load(c.add(v * lanes)), beta, a));
             }
         }
     }
