@@ -7,7 +7,7 @@
 //! Anything else is gathered into a contiguous copy first. A broadcast right operand against a
 //! batch of row-major left matrices (every `nn.Linear`) becomes one tall GEMM.
 
-use sinter_cuda::{Epilogue, GemmDType, GemmDesc, GemmShape};
+use sinter_cuda::{CudaError, Epilogue, GemmDType, GemmDesc, GemmShape};
 
 use super::storage::{CudaStorage, DevView};
 use super::{alloc, alloc_zeros, OnOp};
@@ -328,7 +328,9 @@ pub(crate) fn linear_weight_bias_grad(
         dw.as_slice(),
     );
     desc.epilogue = Epilogue::BGradA(db.as_slice());
-    super::gemm_align::gemm(dev, &desc, op)?;
+    if !grad_gemm(dev, &desc, op)? {
+        return Ok(None);
+    }
     Ok(Some((g.sibling(dw, dtype), g.sibling(db, dtype))))
 }
 
@@ -371,8 +373,25 @@ pub(crate) fn linear_dgelu_bias_grad(
         aux: pv.slice(),
         bias_grad: db.as_slice(),
     };
-    super::gemm_align::gemm(dev, &desc, op)?;
+    if !grad_gemm(dev, &desc, op)? {
+        return Ok(None);
+    }
     Ok(Some((g.sibling(du, dtype), g.sibling(db, dtype))))
+}
+
+/// Runs a GEMM with a gradient epilogue: false when cuBLASLt's heuristic offers no algorithm
+/// for it (an epilogue, shape or alignment this cuBLASLt refuses), before anything ran, so the
+/// caller runs the separate passes instead. Not padded (`gemm_align`): a padded copy of C
+/// would need its bias gradient trimmed too, and the backward's shapes are the forward's.
+fn grad_gemm(dev: &sinter_cuda::CudaDevice, desc: &GemmDesc<'_>, op: &'static str) -> Result<bool> {
+    match dev.gemm(desc) {
+        Ok(()) => Ok(true),
+        Err(CudaError::Blas {
+            op: "cublasLtMatmulAlgoGetHeuristic",
+            ..
+        }) => Ok(false),
+        Err(e) => Err(e).on(op),
+    }
 }
 
 #[cfg(test)]
