@@ -273,8 +273,8 @@ mod tests {
     }
 
     /// On the emulated device, the backward of the half-precision MLP is GEMMs with gradient
-    /// epilogues (no GELU-backward pass, no bias-gradient reduction), and falls back to those
-    /// passes where the width refuses the epilogue.
+    /// epilogues (no GELU-backward pass, no bias-gradient reduction), and falls back to the
+    /// GELU-backward pass where the width refuses the DGELU epilogue.
     #[test]
     fn the_half_mlp_backward_runs_in_gemm_epilogues_where_they_apply() {
         use sinter_cuda::emulated::cost;
@@ -293,8 +293,10 @@ mod tests {
             let bgrad = format!("gemm bf16 {out}x{hid}x{rows} Aᵀ +bgradA");
             let fused = hid % 8 == 0;
             assert_eq!(has(&dgelu), fused, "{shape:?}: {keys:?}");
-            assert_eq!(has(&bgrad), fused, "{shape:?}: {keys:?}");
             assert_eq!(has("gelu_tanh_bwd_bf16"), !fused, "{shape:?}: {keys:?}");
+            // The projection's bias gradient rides on its weight gradient either way (the
+            // fall-back's Linear backward takes the same epilogue).
+            assert!(has(&bgrad), "{shape:?}: {keys:?}");
         }
     }
 }
