@@ -37,7 +37,7 @@
 //! Some primitives are fast paths a backend may decline by returning `Ok(None)`
 //! (`linear`, `linear_bias_gelu`, `bias_gelu`): the op above the seam then runs its composite of other ops, with the
 //! same values and gradients. The CPU declines the GEMM epilogues outside f32; CUDA declines
-//! fused bias + GELU without a GEMM, and the plain `linear` epilogue.
+//! fused bias + GELU without a GEMM.
 //! Attention and conv2d + bias + ReLU are no primitives: `kernels/attention/`,
 //! `kernels/conv_bias_relu/`.
 //!

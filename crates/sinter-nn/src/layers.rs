@@ -7,7 +7,7 @@ use sinter_core::{bail, no_grad, Conv2dParams, Hw, Pool2dParams, Result, Rng, Te
 use crate::init;
 use crate::lora::adapter::LoraSlot;
 use crate::module::{buffer, join, layer_weight, param, Module, NamedTensor, SharedRng};
-use crate::quant::slot::{Activation, LayerHandle, LayerKind, QuantSlot};
+use crate::quant::slot::{Activation, LayerHandle, LayerKind, QuantSlot, QuantState};
 
 /// y = x Wᵀ + b over the last dimension; weight [out, in].
 pub struct Linear {
@@ -64,6 +64,11 @@ impl Linear {
             Some(b) => sinter_core::fused::linear_bias_gelu(x, &self.weight, b),
             None => self.forward(x)?.gelu(),
         }
+    }
+    /// True when the layer runs its own f32-master weights (no adapter, no int8 form, not
+    /// calibrating): what an op fusing it with a neighbour may assume.
+    pub fn is_plain(&self) -> bool {
+        self.lora.get().is_none() && matches!(self.quant.state(), QuantState::F32)
     }
     fn handle(&self) -> LayerHandle {
         LayerHandle {

@@ -7,7 +7,7 @@
 //! Anything else is gathered into a contiguous copy first. A broadcast right operand against a
 //! batch of row-major left matrices (every `nn.Linear`) becomes one tall GEMM.
 
-use sinter_cuda::{Epilogue, GemmDType, GemmDesc, GemmShape};
+use sinter_cuda::{CudaError, Epilogue, GemmDType, GemmDesc, GemmShape};
 
 use super::storage::{CudaStorage, DevView};
 use super::{alloc, alloc_zeros, OnOp};
@@ -186,6 +186,52 @@ pub(crate) fn matmul(
     Ok(a.sibling(out, dtype))
 }
 
+/// y [rows, out] = x Wᵀ (+ b) as one GEMM (x's elements read row-major as [rows, in], W
+/// [out, in]), the bias added by the BIAS epilogue as the output is stored: no separate add
+/// pass over y, and the op's backward (`fused::linear`) writes dW in the weight's layout and,
+/// at f16/bf16, the bias gradient beside it. None for non-float dtypes or mixed operands (the
+/// op then runs its composite, which reports them).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn linear(
+    x: &CudaStorage,
+    xl: &Layout,
+    w: &CudaStorage,
+    wl: &Layout,
+    bias: Option<(&CudaStorage, &Layout)>,
+    rows: usize,
+    inp: usize,
+    out: usize,
+) -> Result<Option<CudaStorage>> {
+    let op = "linear";
+    let dtype = x.dtype();
+    let same = w.dtype() == dtype && bias.is_none_or(|(b, _)| b.dtype() == dtype);
+    if !dtype.is_float() || !same {
+        return Ok(None);
+    }
+    let dev = x.device();
+    if rows * out == 0 || inp == 0 {
+        // An empty output, or an empty sum: y is the bias broadcast (or zeros); the
+        // composite says that more simply than a GEMM.
+        return Ok(None);
+    }
+    let (xv, wv) = (x.window(xl)?, w.window(wl)?);
+    let bv = bias.map(|(b, bl)| b.window(bl)).transpose()?;
+    let y = alloc(dev, rows * out, dtype)?;
+    // B is the weight stored [out, in]: x Wᵀ is the transposed-B product.
+    let mut desc = GemmDesc::new(
+        gemm_dtype(op, dtype)?,
+        GemmShape::new(rows, out, inp).trans(false, true),
+        xv.slice(),
+        wv.slice(),
+        y.as_slice(),
+    );
+    if let Some(bv) = &bv {
+        desc.epilogue = Epilogue::Bias(bv.slice());
+    }
+    super::gemm_align::gemm(dev, &desc, op)?;
+    Ok(Some(x.sibling(y, dtype)))
+}
+
 /// True when `linear_bias_gelu` runs as one cuBLASLt GEMM with the GELU_AUX_BIAS epilogue:
 /// f16/bf16 (the mixed-precision Transformer path; f32 keeps the composite) and an output width
 /// that is a multiple of 8 (cuBLASLt's rule for the aux matrix's leading dimension).
@@ -236,6 +282,116 @@ pub(crate) fn linear_bias_gelu(
         super::gemm_align::gemm(dev, &desc, op)?;
     }
     Ok(Some((x.sibling(y, dtype), x.sibling(pre, dtype))))
+}
+
+/// True when a Linear's backward runs its bias gradient in the GEMM epilogues (BGRADB beside
+/// dW, DGELU_BGRAD beside a GELU's gradient): f16/bf16 only, where the forward's epilogues
+/// run too (f32 keeps its separate passes), and `SINTER_GEMM_GRAD_EPILOGUES=0` not set (the
+/// A/B switch against the separate passes).
+pub(crate) fn grad_epilogues_apply(dtype: DType) -> bool {
+    use std::sync::OnceLock;
+    static ON: OnceLock<bool> = OnceLock::new();
+    let on = *ON.get_or_init(|| {
+        std::env::var("SINTER_GEMM_GRAD_EPILOGUES").map_or(true, |v| v.trim() != "0")
+    });
+    on && matches!(dtype, DType::F16 | DType::BF16)
+}
+
+/// (dW [out, inp], db [out]) = (gᵀ x, Σ_rows g) for g [rows, out] and x [rows, inp], as one
+/// GEMM whose BGRADB epilogue reduces g while it reads it for the product; None where the
+/// epilogue does not apply (see [`grad_epilogues_apply`]).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn linear_weight_bias_grad(
+    g: &CudaStorage,
+    gl: &Layout,
+    x: &CudaStorage,
+    xl: &Layout,
+    rows: usize,
+    inp: usize,
+    out: usize,
+) -> Result<Option<(CudaStorage, CudaStorage)>> {
+    let op = "linear_backward";
+    let dtype = g.dtype();
+    if !grad_epilogues_apply(dtype) || x.dtype() != dtype || rows == 0 || out == 0 || inp == 0 {
+        return Ok(None);
+    }
+    let dev = g.device();
+    let (gv, xv) = (g.window(gl)?, x.window(xl)?);
+    let dw = alloc(dev, out * inp, dtype)?;
+    let db = alloc(dev, out, dtype)?;
+    // A = gᵀ (g stored [rows, out] = [k, m]), B = x stored [k, n].
+    let mut desc = GemmDesc::new(
+        gemm_dtype(op, dtype)?,
+        GemmShape::new(out, inp, rows).trans(true, false),
+        gv.slice(),
+        xv.slice(),
+        dw.as_slice(),
+    );
+    desc.epilogue = Epilogue::BGradA(db.as_slice());
+    if !grad_gemm(dev, &desc, op)? {
+        return Ok(None);
+    }
+    Ok(Some((g.sibling(dw, dtype), g.sibling(db, dtype))))
+}
+
+/// (du [rows, hid], db [hid]) = ((g W) ∘ gelu'(pre), Σ_rows du) for g [rows, out], the weight
+/// W [out, hid] of the Linear after the GELU and the pre-activation `pre` [rows, hid] its
+/// forward stored: one GEMM with cuBLASLt's DGELU_BGRAD epilogue, in place of the product, the
+/// GELU backward pass and the bias-gradient reduction. None where it does not apply (dtype, or
+/// hid not a multiple of 8: the aux matrix's leading-dimension rule).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn linear_dgelu_bias_grad(
+    g: &CudaStorage,
+    gl: &Layout,
+    w: &CudaStorage,
+    wl: &Layout,
+    pre: &CudaStorage,
+    prel: &Layout,
+    rows: usize,
+    out: usize,
+    hid: usize,
+) -> Result<Option<(CudaStorage, CudaStorage)>> {
+    let op = "linear_gelu_backward";
+    let dtype = g.dtype();
+    let same = w.dtype() == dtype && pre.dtype() == dtype;
+    let empty = rows == 0 || out == 0;
+    if !grad_epilogues_apply(dtype) || !same || !linear_gelu_applies(dtype, hid) || empty {
+        return Ok(None);
+    }
+    let dev = g.device();
+    let (gv, wv, pv) = (g.window(gl)?, w.window(wl)?, pre.window(prel)?);
+    let du = alloc(dev, rows * hid, dtype)?;
+    let db = alloc(dev, hid, dtype)?;
+    let mut desc = GemmDesc::new(
+        gemm_dtype(op, dtype)?,
+        GemmShape::new(rows, hid, out),
+        gv.slice(),
+        wv.slice(),
+        du.as_slice(),
+    );
+    desc.epilogue = Epilogue::DGeluBGrad {
+        aux: pv.slice(),
+        bias_grad: db.as_slice(),
+    };
+    if !grad_gemm(dev, &desc, op)? {
+        return Ok(None);
+    }
+    Ok(Some((g.sibling(du, dtype), g.sibling(db, dtype))))
+}
+
+/// Runs a GEMM with a gradient epilogue: false when cuBLASLt's heuristic offers no algorithm
+/// for it (an epilogue, shape or alignment this cuBLASLt refuses), before anything ran, so the
+/// caller runs the separate passes instead. Not padded (`gemm_align`): a padded copy of C
+/// would need its bias gradient trimmed too, and the backward's shapes are the forward's.
+fn grad_gemm(dev: &sinter_cuda::CudaDevice, desc: &GemmDesc<'_>, op: &'static str) -> Result<bool> {
+    match dev.gemm(desc) {
+        Ok(()) => Ok(true),
+        Err(CudaError::Blas {
+            op: "cublasLtMatmulAlgoGetHeuristic",
+            ..
+        }) => Ok(false),
+        Err(e) => Err(e).on(op),
+    }
 }
 
 #[cfg(test)]

@@ -64,6 +64,18 @@ impl BackendStorage for CudaStorage {
     fn matmul(&self, l: &Layout, rhs: &Self, rl: &Layout) -> Result<Self> {
         matmul::matmul(self, l, rhs, rl)
     }
+    fn linear(
+        &self,
+        l: &Layout,
+        w: &Self,
+        wl: &Layout,
+        bias: Option<(&Self, &Layout)>,
+        rows: usize,
+        inp: usize,
+        out: usize,
+    ) -> Result<Option<Self>> {
+        matmul::linear(self, l, w, wl, bias, rows, inp, out)
+    }
     fn conv2d(&self, l: &Layout, w: &Self, wl: &Layout, g: &ConvGeom) -> Result<Self> {
         conv::conv2d(self, l, w, wl, g)
     }

@@ -11,6 +11,7 @@
 //! [`linear_reference`], the composite.
 
 use super::float_input;
+use crate::storage::Storage;
 use crate::tensor::output;
 use crate::{bail, Error, Result, Tensor};
 
@@ -41,6 +42,12 @@ pub fn linear(x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> Result<Tensor> {
     let inputs: Vec<&Tensor> = [Some(&x2), Some(w), b].into_iter().flatten().collect();
     let y = output(y, &[rows, out], "linear", &inputs, move |g, _| {
         let dx = xt.tracks_grad().then(|| g.matmul(&wt)).transpose()?;
+        let both = wt.tracks_grad() && bt.as_ref().is_some_and(|b| b.tracks_grad());
+        if both {
+            if let Some((dw, db)) = weight_bias_grad(g, &xt)? {
+                return Ok(vec![dx, Some(dw), Some(db)]);
+            }
+        }
         let dw = wt.tracks_grad().then(|| g.t()?.matmul(&xt)).transpose()?;
         let mut grads = vec![dx, dw];
         if let Some(bt) = &bt {
@@ -53,6 +60,38 @@ pub fn linear(x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> Result<Tensor> {
         Ok(grads)
     });
     y.reshape(&shape)
+}
+
+/// (dW, db) = (gᵀ x, Σ_rows g) for g [rows, out] and x [rows, in] in one GEMM whose epilogue
+/// reduces the bias gradient (CUDA, f16/bf16: `cuda::matmul::linear_weight_bias_grad`); None
+/// elsewhere, for the separate product and reduction. Backward passes only (the results are
+/// untracked), as autograd runs them with grad mode off.
+pub(crate) fn weight_bias_grad(g: &Tensor, x: &Tensor) -> Result<Option<(Tensor, Tensor)>> {
+    let (&[rows, out], &[xr, inp]) = (g.shape(), x.shape()) else {
+        return Ok(None);
+    };
+    if crate::is_grad_enabled() || xr != rows {
+        return Ok(None);
+    }
+    let (gs, xs) = (g.storage(), x.storage());
+    let (Storage::Cuda(gc), Storage::Cuda(xc)) = (&*gs, &*xs) else {
+        return Ok(None);
+    };
+    let fused = crate::cuda::matmul::linear_weight_bias_grad(
+        gc,
+        g.layout(),
+        xc,
+        x.layout(),
+        rows,
+        inp,
+        out,
+    )?;
+    Ok(fused.map(|(dw, db)| {
+        (
+            Tensor::from_storage(Storage::Cuda(dw), &[out, inp]),
+            Tensor::from_storage(Storage::Cuda(db), &[out]),
+        )
+    }))
 }
 
 /// The composite reference: `x.matmul(w.t())` (+ b), the leading dims folded into rows.

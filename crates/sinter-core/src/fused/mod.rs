@@ -5,6 +5,7 @@
 //! `linear` (x Wᵀ + b with the bias in the GEMM's epilogue) is a backend primitive.
 
 pub mod linear;
+pub mod mlp;
 
 pub use crate::kernels::attention::{
     attention, attention_packed, attention_packed_gqa, attention_packed_gqa_reference,
@@ -18,6 +19,7 @@ pub use crate::kernels::conv_bias_relu::{conv2d_bias_relu, conv2d_bias_relu_refe
 pub use crate::kernels::layer_norm::{residual_layer_norm, residual_layer_norm_reference};
 pub use crate::kernels::optimizer::grad_norm::global_grad_norm;
 pub use linear::{linear, linear_reference};
+pub use mlp::{mlp_gelu, mlp_gelu_reference};
 
 use crate::{Result, Tensor};
 

@@ -14,7 +14,7 @@ pub mod optimizer;
 pub mod qmatmul;
 pub mod softmax;
 #[cfg(test)]
-mod test_support;
+pub(crate) mod test_support;
 
 use std::collections::HashMap;
 use std::hash::Hash;

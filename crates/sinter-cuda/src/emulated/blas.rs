@@ -11,6 +11,16 @@
 //! C_b[i, j] = GELU_tanh(t) or t                    (rounded once to the storage dtype)
 //! ```
 //!
+//! and for the gradient epilogues (α = 1, β = 0, one matrix: `GemmDesc::validate`):
+//!
+//! ```text
+//! DGelu:      C[i, j] = t · GELU_tanh'(aux[i, j])   (aux read from its storage dtype)
+//! DGeluBGrad: the same, and bias_grad[j] = Σ_i C[i, j] over the f32 values before rounding
+//! BGradA:     C[i, j] = t, and bias_grad[i] = Σ_k op(A)[i, k]
+//! ```
+//!
+//! (f32 sums in index order, each rounded once to the storage dtype.)
+//!
 //! with the leading dimensions, transposes and batch strides of [`GemmShape`] (the same
 //! defaults as [`lt_params`](crate::gemm::lt_params)). f16/bf16 inputs are widened exactly to f32;
 //! TF32 is computed as f32 (the emulation does not reproduce tensor-core rounding). The sum order
@@ -28,6 +38,13 @@ pub fn gelu_tanh(x: f32) -> f32 {
     0.5 * x * (1.0 + (C * (x + 0.044_715 * x * x * x)).tanh())
 }
 
+/// d GELU_tanh / dx: what cuBLASLt's DGELU epilogues multiply the product by.
+pub fn gelu_tanh_grad(x: f32) -> f32 {
+    const C: f32 = 0.797_884_6; // sqrt(2 / pi)
+    let th = (C * (x + 0.044_715 * x * x * x)).tanh();
+    0.5 * (1.0 + th) + 0.5 * x * (1.0 - th * th) * C * (1.0 + 3.0 * 0.044_715 * x * x)
+}
+
 /// What to apply after the product.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Post {
@@ -36,6 +53,9 @@ enum Post {
     BiasGelu,
     Gelu,
     BiasGeluAux,
+    DGelu,
+    DGeluBGrad,
+    BGradA,
 }
 
 /// A validated GEMM with raw addresses: what the emulated device queues (it outlives the
@@ -64,6 +84,11 @@ impl GemmJob {
             Epilogue::BiasGelu(b) => (Post::BiasGelu, b.ptr(), 0),
             Epilogue::Gelu => (Post::Gelu, 0, 0),
             Epilogue::BiasGeluAux { bias, aux } => (Post::BiasGeluAux, bias.ptr(), aux.ptr()),
+            Epilogue::DGelu { aux } => (Post::DGelu, 0, aux.ptr()),
+            Epilogue::DGeluBGrad { aux, bias_grad } => {
+                (Post::DGeluBGrad, bias_grad.ptr(), aux.ptr())
+            }
+            Epilogue::BGradA(g) => (Post::BGradA, g.ptr(), 0),
         };
         Ok(GemmJob {
             dtype: g.dtype,
@@ -93,7 +118,10 @@ impl GemmJob {
         let ix = s.indexing();
         // SAFETY (all loads and stores below): offsets stay inside the extents that
         // `GemmDesc::validate` checked against the slices' lengths.
-        let bias: Vec<f32> = if self.bias != 0 {
+        // The gradient epilogues write the bias vector; the others read it.
+        let reads_bias = matches!(self.post, Post::Bias | Post::BiasGelu | Post::BiasGeluAux);
+        let mut bias_grad = vec![0f32; if reads_bias { 0 } else { m.max(n) }];
+        let bias: Vec<f32> = if reads_bias {
             (0..n).map(|j| unsafe { load(d, self.bias, j) }).collect()
         } else {
             vec![0.0; n]
@@ -106,6 +134,9 @@ impl GemmJob {
             for i in 0..m {
                 for kk in 0..k {
                     pa[i * k + kk] = unsafe { load(d, self.a, ix.a(bt, i, kk)) };
+                }
+                if self.post == Post::BGradA {
+                    bias_grad[i] = pa[i * k..i * k + k].iter().sum();
                 }
             }
             for kk in 0..k {
@@ -135,10 +166,25 @@ impl GemmJob {
                             unsafe { store(d, self.aux, i * n + j, t) };
                             gelu_tanh(t)
                         }
+                        Post::DGelu | Post::DGeluBGrad => {
+                            t * gelu_tanh_grad(unsafe { load(d, self.aux, i * n + j) })
+                        }
+                        Post::BGradA => t,
                     };
+                    if self.post == Post::DGeluBGrad {
+                        bias_grad[j] += out;
+                    }
                     unsafe { store(d, self.c, at, out) };
                 }
             }
+        }
+        let grad_len = match self.post {
+            Post::DGeluBGrad => n,
+            Post::BGradA => m,
+            _ => 0,
+        };
+        for (j, &g) in bias_grad.iter().take(grad_len).enumerate() {
+            unsafe { store(d, self.bias, j, g) };
         }
     }
 }
@@ -258,6 +304,15 @@ mod tests {
         BiasGelu,
         Gelu,
         BiasGeluAux,
+        DGelu,
+        DGeluBGrad,
+        BGradA,
+    }
+
+    fn gelu64_grad(x: f64) -> f64 {
+        let c = (2.0 / std::f64::consts::PI).sqrt();
+        let th = (c * (x + 0.044715 * x.powi(3))).tanh();
+        0.5 * (1.0 + th) + 0.5 * x * (1.0 - th * th) * c * (1.0 + 3.0 * 0.044715 * x * x)
     }
 
     /// Runs one problem through the host GEMM and checks every output (and the aux output)
@@ -277,7 +332,17 @@ mod tests {
             Host::new(d, &cv)
         };
         let bias = Host::new(d, &biasv);
-        let aux = Host::nan(d, s.m * s.n);
+        // The backward epilogues read a pre-activation (scaled to reach GELU's curved part)
+        // and write a bias gradient; the forward one writes the aux matrix.
+        let reads_aux = matches!(epi, Epi::DGelu | Epi::DGeluBGrad);
+        let auxv: Vec<f64> = rng.vec(s.m * s.n, d).iter().map(|v| v * 3.0).collect();
+        let aux = if reads_aux {
+            Host::new(d, &auxv)
+        } else {
+            Host::nan(d, s.m * s.n)
+        };
+        let auxv = aux.get();
+        let bias_grad = Host::nan(d, if epi == Epi::BGradA { s.m } else { s.n });
         let mut g = GemmDesc::new(dt, s, a.slice(), b.slice(), c.slice());
         g.alpha = alpha;
         g.beta = beta;
@@ -290,10 +355,18 @@ mod tests {
                 bias: bias.slice(),
                 aux: aux.slice(),
             },
+            Epi::DGelu => Epilogue::DGelu { aux: aux.slice() },
+            Epi::DGeluBGrad => Epilogue::DGeluBGrad {
+                aux: aux.slice(),
+                bias_grad: bias_grad.slice(),
+            },
+            Epi::BGradA => Epilogue::BGradA(bias_grad.slice()),
         };
         // SAFETY: every slice addresses a live host array of the validated size.
         unsafe { GemmJob::new(&g).unwrap().run() };
-        let (got, got_aux) = (c.get(), aux.get());
+        let (got, got_aux, got_bg) = (c.get(), aux.get(), bias_grad.get());
+        // Bias gradients: (sum, sum of magnitudes) per element, accumulated below.
+        let mut bg = vec![(0.0f64, 0.0f64); got_bg.len()];
         let ix = s.indexing();
         let with_bias = matches!(epi, Epi::Bias | Epi::BiasGelu | Epi::BiasGeluAux);
         let gelu = matches!(epi, Epi::Gelu | Epi::BiasGelu | Epi::BiasGeluAux);
@@ -317,7 +390,27 @@ mod tests {
                         t += biasv[j];
                         mag += biasv[j].abs();
                     }
-                    let want = if gelu { gelu64(t) } else { t };
+                    let mut want = if gelu { gelu64(t) } else { t };
+                    if reads_aux {
+                        let g = gelu64_grad(auxv[i * s.n + j]);
+                        want *= g;
+                        mag *= g.abs();
+                        // Headroom for GELU' evaluated in f32.
+                        mag += want.abs();
+                    }
+                    match epi {
+                        Epi::DGeluBGrad => {
+                            bg[j].0 += want;
+                            bg[j].1 += mag + want.abs();
+                        }
+                        Epi::BGradA if bt == 0 && j == 0 => {
+                            for kk in 0..s.k {
+                                let x = av[ix.a(bt, i, kk)];
+                                bg[i] = (bg[i].0 + x, bg[i].1 + x.abs());
+                            }
+                        }
+                        _ => {}
+                    }
                     let tol = rtol(dt) * (mag + want.abs() + 1e-3);
                     let what =
                         format!("{dt:?} {s:?} alpha {alpha} beta {beta} {epi:?} [{bt},{i},{j}]");
@@ -331,6 +424,15 @@ mod tests {
                         assert!((a - t).abs() <= tol, "{what} aux: got {a}, want {t}");
                     }
                 }
+            }
+        }
+        if matches!(epi, Epi::DGeluBGrad | Epi::BGradA) {
+            for (j, (&g, &(want, mag))) in got_bg.iter().zip(&bg).enumerate() {
+                let tol = rtol(dt) * (mag + want.abs() + 1e-3);
+                assert!(
+                    (g - want).abs() <= tol,
+                    "{dt:?} {s:?} {epi:?} bias gradient [{j}]: got {g}, want {want}"
+                );
             }
         }
         // Outside the matrices (padding of ldc, gaps between batches) C is untouched.
@@ -396,6 +498,14 @@ mod tests {
                     check(dt, *s, 1.0, 0.0, Epi::BiasGeluAux, &mut rng);
                     check(dt, *s, 0.5, 1.0, Epi::BiasGeluAux, &mut rng);
                 }
+                let half = matches!(dt, GemmDType::BF16 | GemmDType::F16);
+                if half && s.batch == 1 {
+                    check(dt, *s, 1.0, 0.0, Epi::BGradA, &mut rng);
+                    if s.n % 8 == 0 {
+                        check(dt, *s, 1.0, 0.0, Epi::DGelu, &mut rng);
+                        check(dt, *s, 1.0, 0.0, Epi::DGeluBGrad, &mut rng);
+                    }
+                }
             }
         }
     }
@@ -429,5 +539,44 @@ mod tests {
             c.slice(),
         );
         assert!(GemmJob::new(&g).is_err());
+    }
+
+    #[test]
+    fn gradient_epilogues_refuse_what_they_do_not_define() {
+        let d = DType::BF16;
+        let (a, b, c) = (
+            Host::new(d, &[1.0; 4 * 3]),
+            Host::new(d, &[1.0; 3 * 8]),
+            Host::nan(d, 4 * 8),
+        );
+        let (aux, bg) = (Host::new(d, &[0.5; 32]), Host::nan(d, 8));
+        let s = GemmShape::new(4, 8, 3);
+        let mut g = GemmDesc::new(GemmDType::BF16, s, a.slice(), b.slice(), c.slice());
+        g.epilogue = Epilogue::DGeluBGrad {
+            aux: aux.slice(),
+            bias_grad: bg.slice(),
+        };
+        assert!(GemmJob::new(&g).is_ok());
+        g.beta = 1.0;
+        assert!(GemmJob::new(&g).is_err(), "beta must be 0");
+        g.beta = 0.0;
+        g.alpha = 2.0;
+        assert!(GemmJob::new(&g).is_err(), "alpha must be 1");
+        g.alpha = 1.0;
+        g.epilogue = Epilogue::BGradA(bg.slice());
+        assert!(
+            GemmJob::new(&g).is_err(),
+            "BGradA's vector has m = 4 elements"
+        );
+        g.epilogue = Epilogue::DGelu {
+            aux: Host::new(d, &[0.5; 8]).slice(),
+        };
+        assert!(GemmJob::new(&g).is_err(), "aux must hold m x n");
+        let f = |v: &[f64]| Host::new(DType::F32, v);
+        let (af, bf, cf, auxf) = (f(&[1.0; 12]), f(&[1.0; 24]), f(&[0.0; 32]), f(&[0.5; 32]));
+        let mut g = GemmDesc::new(GemmDType::F32, s, af.slice(), bf.slice(), cf.slice());
+        g.epilogue = Epilogue::DGelu { aux: auxf.slice() };
+        assert!(GemmJob::new(&g).is_err(), "f32 keeps its separate passes");
+        assert!((gelu_tanh_grad(0.7) as f64 - gelu64_grad(0.7)).abs() < 1e-6);
     }
 }

@@ -288,6 +288,23 @@ pub enum Epilogue<'a> {
         bias: DevSlice<'a>,
         aux: DevSlice<'a>,
     },
+    /// (A·B) ∘ GELU'(aux): the backward of a GELU through the GEMM that produces the gradient
+    /// of its output, `aux` being the pre-activation [`Epilogue::BiasGeluAux`] stored (same
+    /// layout rules: row-major [m, n], unbatched, n a multiple of 8). cuBLASLt's DGELU.
+    DGelu {
+        aux: DevSlice<'a>,
+    },
+    /// [`Epilogue::DGelu`], and `bias_grad[j] = Σ_i C[i, j]` over its result: the gradient of
+    /// the bias the forward added, in the same call. cuBLASLt's DGELU_BGRAD (its bias vector
+    /// spans the rows of its column-major D, our n).
+    DGeluBGrad {
+        aux: DevSlice<'a>,
+        bias_grad: DevSlice<'a>,
+    },
+    /// A·B, and `bias_grad[i] = Σ_k op(A)[i, k]`: beside a weight gradient dW = dYᵀ·X (A = dYᵀ)
+    /// the bias gradient Σ_rows dY comes from the same read of dY. cuBLASLt's BGRADB, as our A
+    /// is its B (its bias vector spans the columns of its D, our m).
+    BGradA(DevSlice<'a>),
 }
 
 impl Epilogue<'_> {
@@ -299,14 +316,56 @@ impl Epilogue<'_> {
             Epilogue::BiasGelu(_) => E::CUBLASLT_EPILOGUE_GELU_BIAS,
             Epilogue::Gelu => E::CUBLASLT_EPILOGUE_GELU,
             Epilogue::BiasGeluAux { .. } => E::CUBLASLT_EPILOGUE_GELU_AUX_BIAS,
+            Epilogue::DGelu { .. } => E::CUBLASLT_EPILOGUE_DGELU,
+            Epilogue::DGeluBGrad { .. } => E::CUBLASLT_EPILOGUE_DGELU_BGRAD,
+            Epilogue::BGradA(_) => E::CUBLASLT_EPILOGUE_BGRADB,
         }
     }
+    /// What cuBLASLt's bias pointer addresses: the bias read, or the bias gradient written.
     pub(crate) fn bias(&self) -> Option<DevSlice<'_>> {
         match *self {
-            Epilogue::Bias(b) | Epilogue::BiasGelu(b) | Epilogue::BiasGeluAux { bias: b, .. } => {
-                Some(b)
-            }
+            Epilogue::Bias(b)
+            | Epilogue::BiasGelu(b)
+            | Epilogue::BiasGeluAux { bias: b, .. }
+            | Epilogue::DGeluBGrad { bias_grad: b, .. }
+            | Epilogue::BGradA(b) => Some(b),
             _ => None,
+        }
+    }
+    /// The [m, n] pre-activation matrix written (forward) or read (backward).
+    pub(crate) fn aux(&self) -> Option<DevSlice<'_>> {
+        match *self {
+            Epilogue::BiasGeluAux { aux, .. }
+            | Epilogue::DGelu { aux }
+            | Epilogue::DGeluBGrad { aux, .. } => Some(aux),
+            _ => None,
+        }
+    }
+    /// True for the backward epilogues (they take α = 1, β = 0 and one matrix: see
+    /// [`GemmDesc::validate`]).
+    pub fn is_gradient(&self) -> bool {
+        matches!(
+            self,
+            Epilogue::DGelu { .. } | Epilogue::DGeluBGrad { .. } | Epilogue::BGradA(_)
+        )
+    }
+    /// Elements of the bias vector: n, except BGradA's (one per row of op(A): m).
+    fn bias_len(&self, s: &GemmShape) -> usize {
+        match self {
+            Epilogue::BGradA(_) => s.m,
+            _ => s.n,
+        }
+    }
+    fn suffix(&self) -> &'static str {
+        match self {
+            Epilogue::None => "",
+            Epilogue::Bias(_) => " +bias",
+            Epilogue::BiasGelu(_) => " +bias+gelu",
+            Epilogue::Gelu => " +gelu",
+            Epilogue::BiasGeluAux { .. } => " +bias+gelu+aux",
+            Epilogue::DGelu { .. } => " +dgelu",
+            Epilogue::DGeluBGrad { .. } => " +dgelu+bgrad",
+            Epilogue::BGradA(_) => " +bgradA",
         }
     }
 }
@@ -340,25 +399,23 @@ impl GemmDesc<'_> {
         let b = s.batch.max(1);
         let mn = s.m * s.n * b;
         let read = (s.m * s.k + s.k * s.n) * b + if g.beta != 0.0 { mn } else { 0 };
-        let (bias, aux) = match g.epilogue {
+        // (elements read, elements written) by the epilogue besides A, B and C.
+        let (epi_read, epi_write) = match g.epilogue {
             Epilogue::None | Epilogue::Gelu => (0, 0),
             Epilogue::Bias(_) | Epilogue::BiasGelu(_) => (s.n, 0),
             Epilogue::BiasGeluAux { .. } => (s.n, mn),
+            Epilogue::DGelu { .. } => (mn, 0),
+            Epilogue::DGeluBGrad { .. } => (mn, s.n),
+            Epilogue::BGradA(_) => (0, s.m),
         };
         let flops = 2 * s.m * s.n * s.k * b;
-        let traffic = Traffic::bytes((read + bias) * elem, (mn + aux) * elem);
+        let traffic = Traffic::bytes((read + epi_read) * elem, (mn + epi_write) * elem);
         let traffic = if g.dtype == GemmDType::F32 {
             traffic.with_flops(flops)
         } else {
             traffic.with_tensor_flops(flops)
         };
-        let epi = match g.epilogue {
-            Epilogue::None => "",
-            Epilogue::Bias(_) => " +bias",
-            Epilogue::BiasGelu(_) => " +bias+gelu",
-            Epilogue::Gelu => " +gelu",
-            Epilogue::BiasGeluAux { .. } => " +bias+gelu+aux",
-        };
+        let epi = g.epilogue.suffix();
         let batch = if b > 1 {
             format!(" x{b}")
         } else {
@@ -439,14 +496,22 @@ impl<'a> GemmDesc<'a> {
             }
         }
         if let Some(b) = self.epilogue.bias() {
-            if b.dtype() != d || b.len() != self.shape.n {
+            let len = self.epilogue.bias_len(&self.shape);
+            if b.dtype() != d || b.len() != len {
                 return Err(CudaError::invalid(
                     "gemm",
-                    format!("bias must be {} x {d}", self.shape.n),
+                    format!(
+                        "the bias (or its gradient) must be {len} x {d}, got {} x {}",
+                        b.len(),
+                        b.dtype()
+                    ),
                 ));
             }
         }
-        if let Epilogue::BiasGeluAux { aux, .. } = self.epilogue {
+        // cuBLASLt's rules for the aux matrix: the type of D (the default of its
+        // EPILOGUE_AUX_DATA_TYPE outside FP8), a leading dimension (here n) divisible by 8, and
+        // no batch of aux matrices (sinter sets no AUX_BATCH_STRIDE).
+        if let Some(aux) = self.epilogue.aux() {
             let (m, n) = (self.shape.m, self.shape.n);
             if aux.dtype() != d
                 || aux.len() != m * n
@@ -456,13 +521,33 @@ impl<'a> GemmDesc<'a> {
                 return Err(CudaError::invalid(
                     "gemm",
                     format!(
-                        "the GELU aux output must be an unbatched {m} x {n} {d} matrix with n a multiple of 8 (got {} elements of {}, batch {})",
+                        "the GELU aux matrix must be an unbatched {m} x {n} {d} matrix with n a multiple of 8 (got {} elements of {}, batch {})",
                         aux.len(),
                         aux.dtype(),
                         self.shape.batch
                     ),
                 ));
             }
+        }
+        // The gradient epilogues are defined here for a plain product (what the backward
+        // passes call): α scaling the reduced bias gradient or β mixing an old C into the
+        // GELU gradient would be ambiguous, and a batch would need one bias vector each.
+        if self.epilogue.is_gradient()
+            && (self.alpha != 1.0 || self.beta != 0.0 || self.shape.batch != 1)
+        {
+            return Err(CudaError::invalid(
+                "gemm",
+                format!(
+                    "the gradient epilogues take alpha 1, beta 0 and one matrix (got alpha {}, beta {}, batch {})",
+                    self.alpha, self.beta, self.shape.batch
+                ),
+            ));
+        }
+        if self.epilogue.is_gradient() && self.dtype.storage() == DType::F32 {
+            return Err(CudaError::invalid(
+                "gemm",
+                "the gradient epilogues run at f16/bf16 (the f32 backward keeps its separate passes)",
+            ));
         }
         Ok(p)
     }

@@ -183,7 +183,7 @@ impl GemmEngine {
             if bias_ptr != 0 {
                 set_desc(&desc, D::CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias_ptr)?;
             }
-            if let Epilogue::BiasGeluAux { aux, .. } = g.epilogue {
+            if let Some(aux) = g.epilogue.aux() {
                 // Row-major [m, n] is cuBLASLt's column-major n x m: leading dim n.
                 let (ptr, ld) = (aux.ptr(), g.shape.n as i64);
                 set_desc(&desc, D::CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &ptr)?;

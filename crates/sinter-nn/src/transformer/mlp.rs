@@ -74,8 +74,21 @@ impl Mlp {
     }
 
     /// GELU: fc, bias and GELU fused (one GEMM with a GELU epilogue on CUDA at f16/bf16; the
-    /// matmul then the fused bias + GELU elsewhere), then the projection.
+    /// matmul then the fused bias + GELU elsewhere), then the projection; with both biases
+    /// and plain layers, one op (`fused::mlp_gelu`: its backward folds GELU's gradient and
+    /// both bias gradients into the GEMMs' epilogues on CUDA at f16/bf16).
     pub fn forward_fused(&self, x: &Tensor) -> Result<Tensor> {
+        let both = (&self.fc.bias, &self.proj.bias);
+        if let (MlpKind::Gelu, (Some(bf), Some(bp))) = (self.kind, both) {
+            if self.fc.is_plain() && self.proj.is_plain() {
+                let y = sinter_core::fused::mlp_gelu(
+                    x,
+                    (&self.fc.weight, bf),
+                    (&self.proj.weight, bp),
+                )?;
+                return self.dropout.forward(&y);
+            }
+        }
         let h = match self.kind {
             MlpKind::Gelu => self.fc.forward_gelu(x)?,
             kind => kind.activate(&self.fc.forward(x)?)?,
