@@ -31,7 +31,10 @@ fn args_text(args: &[Arg]) -> String {
 
 /// Every field of a launch of a built-in kernel file.
 pub fn launch_text(l: &Launch) -> String {
-    let file = l.file.map_or("given".to_string(), |f| format!("{f:?}"));
+    let file = match l.file {
+        Some(f) => format!("{f:?}"),
+        None => "given".into(),
+    };
     format!(
         "{file} {} grid {:?} block {:?} smem {} args [{}] traffic {:?}",
         l.name,

@@ -626,9 +626,12 @@ pub fn plan_sum_squares(
         let mut operands = vec![partial.slice(at, blocks)?];
         let mut scalars = vec![Arg::I64(run as i64)];
         for k in 0..SUMSQ_SLOTS {
-            let x = group.get(k);
-            operands.push(x.copied().unwrap_or_else(|| absent()));
-            scalars.push(Arg::I64(x.map_or(0, |x| x.len() as i64)));
+            let (x, n) = match group.get(k) {
+                Some(&x) => (x, x.len() as i64),
+                None => (absent(), 0),
+            };
+            operands.push(x);
+            scalars.push(Arg::I64(n));
         }
         // The partial sums are always written (an empty tensor's is 0): one work item a block.
         let call = Call::new(dtype, blocks, &operands)
