@@ -575,7 +575,7 @@ impl Emulator {
     /// Find `l`'s kernel (compiling its file on first use) and check the plan against it:
     /// launch limits, kernel name, parameter count and sizes. Nothing runs.
     pub fn resolve(&self, l: &Launch) -> Result<ResolvedKernel> {
-        let lib = self.library(l.file)?;
+        let lib = self.library(l.built_in_file()?)?;
         Self::resolve_in(&lib, l)
     }
 

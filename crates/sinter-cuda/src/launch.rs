@@ -303,7 +303,9 @@ impl ParamKind {
 /// A planned kernel launch.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Launch {
-    pub file: KernelFile,
+    /// The built-in kernel file of the kernel; None for a kernel of a source handed over with
+    /// the launch ([`CudaDevice::launch_user`](crate::CudaDevice::launch_user)).
+    pub file: Option<KernelFile>,
     pub name: String,
     pub grid: (u32, u32, u32),
     pub block: (u32, u32, u32),
@@ -316,16 +318,16 @@ pub struct Launch {
 }
 
 impl Launch {
-    /// A 1-D launch.
+    /// A 1-D launch (of a built-in kernel file, or None: of a source given beside).
     pub fn new(
-        file: KernelFile,
+        file: impl Into<Option<KernelFile>>,
         name: impl Into<String>,
         grid: u32,
         block: u32,
         args: Vec<Arg>,
     ) -> Self {
         Launch {
-            file,
+            file: file.into(),
             name: name.into(),
             grid: (grid, 1, 1),
             block: (block, 1, 1),
@@ -333,6 +335,20 @@ impl Launch {
             args,
             traffic: None,
         }
+    }
+
+    /// The built-in kernel file; an error for a kernel of a given source (which is launched
+    /// with its source, [`CudaDevice::launch_user`](crate::CudaDevice::launch_user)).
+    pub fn built_in_file(&self) -> Result<KernelFile> {
+        self.file.ok_or_else(|| {
+            CudaError::invalid(
+                "launch",
+                format!(
+                    "kernel `{}` is not in a built-in kernel file: launch it with its source (launch_user)",
+                    self.name
+                ),
+            )
+        })
     }
 
     /// The same launch with its memory traffic and arithmetic declared.
@@ -344,7 +360,12 @@ impl Launch {
     /// The class of work a kernel of `file` does, for the GPU cost model (one rule for every
     /// launch plan).
     pub fn class(&self) -> OpClass {
-        match self.file {
+        let Some(file) = self.file else {
+            // A kernel of a given source declares its class with its traffic; the estimate is
+            // an elementwise kernel's.
+            return OpClass::Elementwise;
+        };
+        match file {
             KernelFile::Copy => OpClass::Copy,
             KernelFile::Reduce | KernelFile::Embedding => OpClass::Row,
             KernelFile::Unary

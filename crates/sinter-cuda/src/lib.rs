@@ -71,6 +71,7 @@ pub mod emu;
 pub mod emulated;
 pub mod error;
 pub mod gemm;
+pub mod golden;
 pub mod graph;
 pub mod launch;
 mod libs;

@@ -13,12 +13,12 @@
 //! NVRTC check when NVRTC is present.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use crate::emulated::cost::{Call, OpClass};
 use crate::error::{CudaError, Result};
 use crate::launch::{Arg, Launch, Traffic};
-use crate::nvrtc::{self, KernelCache, KernelFile, Output, PtxEntry};
+use crate::nvrtc::{self, KernelCache, Output, PtxEntry};
 
 /// CUDA C++ source of one or more `extern "C" __global__` kernels.
 #[derive(Debug)]
@@ -146,6 +146,51 @@ impl KernelSource {
     }
 }
 
+/// A kernel source that lives beside its op (a `.cu` file of one of sinter-core's kernel
+/// folders, `include_str!`-ed): what a kernel table row names as its source
+/// ([`Source::User`](crate::ops::table::Source::User)). Made into a [`KernelSource`] once per
+/// process, at the first launch.
+pub struct UserFile {
+    name: &'static str,
+    text: &'static str,
+    made: OnceLock<KernelSource>,
+}
+
+impl UserFile {
+    /// `text` under the file name `name` (see [`KernelSource::new`]).
+    pub const fn new(name: &'static str, text: &'static str) -> UserFile {
+        UserFile {
+            name,
+            text,
+            made: OnceLock::new(),
+        }
+    }
+
+    pub fn name(&self) -> &'static str {
+        self.name
+    }
+
+    /// The CUDA C++ text (without the prelude).
+    pub fn text(&self) -> &'static str {
+        self.text
+    }
+
+    /// The source, made at the first call (an error for a bad file name).
+    pub fn source(&self) -> Result<&KernelSource> {
+        if let Some(s) = self.made.get() {
+            return Ok(s);
+        }
+        let s = KernelSource::new(self.name, self.text)?;
+        Ok(self.made.get_or_init(|| s))
+    }
+}
+
+impl std::fmt::Debug for UserFile {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "UserFile({})", self.name)
+    }
+}
+
 /// One launch of a kernel of a [`KernelSource`].
 #[derive(Clone, Debug, PartialEq)]
 pub struct UserLaunch {
@@ -161,10 +206,10 @@ pub struct UserLaunch {
 }
 
 impl UserLaunch {
-    /// The launch as the drivers take it (its kernel file is not used: the source is given).
+    /// The launch as the drivers take it (no built-in kernel file: the source is given beside).
     pub fn plan(&self) -> Launch {
         Launch {
-            file: KernelFile::Unary,
+            file: None,
             name: self.kernel.clone(),
             grid: self.grid,
             block: self.block,

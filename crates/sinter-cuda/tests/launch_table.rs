@@ -4,10 +4,12 @@
 //! the kernel table replaced them. A difference means a launch changed: the emulated results
 //! and the GPU cost model's figures would move with it.
 //!
-//! After an intended change, rewrite the file with `SINTER_BLESS=1` and review its diff.
+//! After an intended change, rewrite the file with `SINTER_BLESS=1` and review its diff. The
+//! kernels whose sources live beside their ops in sinter-core are pinned the same way there.
 
 use sinter_cuda::alloc::DevSlice;
-use sinter_cuda::launch::{Arg, Launch, LaunchTarget, Step};
+use sinter_cuda::golden::{self, launch_text};
+use sinter_cuda::launch::{Launch, LaunchTarget, Step};
 use sinter_cuda::ops::binary::{plan_binary, plan_binary_strided, BinaryOp, StridedIn};
 use sinter_cuda::ops::boolean::{
     bool_reduce_dtype, plan_bool_binary, plan_bool_reduce, plan_fill_bool, plan_where_bool, BoolOp,
@@ -38,35 +40,6 @@ use sinter_cuda::DType;
 fn slice(k: u64, dtype: DType, len: usize) -> DevSlice<'static> {
     // SAFETY: only used to build launch plans, never dereferenced.
     unsafe { DevSlice::from_raw(0x7000_0000_0000 + k * 0x100_0000, len, dtype) }
-}
-
-fn arg_text(a: &Arg) -> String {
-    match a {
-        Arg::Ptr(p) => format!("ptr {p:#x}"),
-        Arg::I64(v) => format!("i64 {v}"),
-        Arg::U64(v) => format!("u64 {v}"),
-        Arg::I32(v) => format!("i32 {v}"),
-        Arg::F32(v) => format!("f32 {:#010x}", v.to_bits()),
-        Arg::Strided(m) => format!("strided {m:?}"),
-        Arg::Bytes(b) => {
-            let hex: String = b.as_slice().iter().map(|x| format!("{x:02x}")).collect();
-            format!("bytes {hex}")
-        }
-    }
-}
-
-fn launch_text(l: &Launch) -> String {
-    let args: Vec<String> = l.args.iter().map(arg_text).collect();
-    format!(
-        "{:?} {} grid {:?} block {:?} smem {} args [{}] traffic {:?}",
-        l.file,
-        l.name,
-        l.grid,
-        l.block,
-        l.shared_mem,
-        args.join(", "),
-        l.traffic
-    )
 }
 
 fn step_text(s: &Step) -> String {
@@ -518,17 +491,6 @@ fn planned_launches_match_the_recorded_ones() {
         embedding(&t, &mut r);
         conv(&t, &mut r);
     }
-    let got = r.0.join("\n") + "\n";
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden/launches.txt");
-    if std::env::var("SINTER_BLESS").is_ok_and(|v| v == "1") {
-        std::fs::write(&path, &got).unwrap();
-        return;
-    }
-    let want = std::fs::read_to_string(&path)
-        .unwrap_or_else(|e| panic!("{}: {e} (record it with SINTER_BLESS=1)", path.display()));
-    let (got, want): (Vec<&str>, Vec<&str>) = (got.lines().collect(), want.lines().collect());
-    for (k, (g, w)) in got.iter().zip(&want).enumerate() {
-        assert_eq!(g, w, "line {} of {} differs", k + 1, path.display());
-    }
-    assert_eq!(got.len(), want.len(), "number of recorded launches");
+    golden::check(&path, &r.0);
 }

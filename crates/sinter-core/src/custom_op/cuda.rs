@@ -113,6 +113,18 @@ pub struct KernelLaunch {
 }
 
 impl KernelLaunch {
+    /// A launch of `grid` blocks of `block` threads, without shared memory, scalars or declared
+    /// cost (added with [`KernelLaunch::arg`] and [`KernelLaunch::with_cost`]).
+    pub fn new(grid: (u32, u32, u32), block: (u32, u32, u32)) -> KernelLaunch {
+        KernelLaunch {
+            grid,
+            block,
+            shared_mem: 0,
+            scalars: Vec::new(),
+            cost: None,
+        }
+    }
+
     /// One thread per item, in 1-D blocks of `block` threads (at least one block).
     pub fn linear(items: usize, block: u32) -> Result<KernelLaunch> {
         let blocks = items.div_ceil(block.max(1) as usize).max(1);
@@ -124,13 +136,7 @@ impl KernelLaunch {
                     "KernelLaunch::linear: {items} items need {blocks} blocks of {block}, more than a grid holds; loop over the items in the kernel (grid-stride) instead"
                 ))
             })?;
-        Ok(KernelLaunch {
-            grid: (grid, 1, 1),
-            block: (block, 1, 1),
-            shared_mem: 0,
-            scalars: Vec::new(),
-            cost: None,
-        })
+        Ok(KernelLaunch::new((grid, 1, 1), (block, 1, 1)))
     }
     /// The same launch with its traffic declared for the cost model.
     pub fn with_cost(mut self, class: OpClass, t: Traffic) -> KernelLaunch {

@@ -58,13 +58,10 @@ pub(super) fn bytes(m: &TensorMeta) -> usize {
 pub(super) fn row_launch(op: &str, m: &TensorMeta) -> Result<KernelLaunch> {
     let (rows, n) = rows_n(m);
     let (bx, by) = row_block(n);
-    Ok(KernelLaunch {
-        grid: (rows_grid(&target(op, m)?, rows, by, bx * by), 1, 1),
-        block: (bx, by, 1),
-        shared_mem: 0,
-        scalars: Vec::new(),
-        cost: None,
-    })
+    Ok(KernelLaunch::new(
+        (rows_grid(&target(op, m)?, rows, by, bx * by), 1, 1),
+        (bx, by, 1),
+    ))
 }
 
 /// Queues the device check of `targets` (class indices on a CUDA device) against [0, bound),

@@ -305,7 +305,7 @@ impl DriverOps for RealDriver {
     }
 
     fn launch(&self, l: &Launch) -> Result<()> {
-        let func = self.function(l.file, &l.name)?;
+        let func = self.function(l.built_in_file()?, &l.name)?;
         self.launch_function(&func, l)
     }
 

@@ -3,7 +3,7 @@
 //! `ops::boolean`'s; i64 arithmetic is `ops::int`'s (both take [`StridedIn`] operands).
 
 pub use super::common::StridedIn;
-use super::table::{Call, Cost, Grid, Kernel, Slot::*};
+use super::table::{Call, Cost, Grid, Kernel, Slot::*, Source};
 use super::{all_contiguous, need, need_dtype, need_float, numel};
 use crate::alloc::DevSlice;
 use crate::device::CudaDevice;
@@ -80,7 +80,7 @@ pub(crate) fn binary_ops() -> Vec<&'static str> {
 
 /// out = a op b, contiguous.
 pub static BINARY: Kernel = Kernel {
-    file: KernelFile::Binary,
+    source: Source::File(KernelFile::Binary),
     name: "{op}_{d}",
     ops: binary_ops,
     dtypes: &DType::FLOATS,
@@ -92,7 +92,7 @@ pub static BINARY: Kernel = Kernel {
 
 /// out = a op b through strides (0 = broadcast).
 pub static BINARY_STRIDED: Kernel = Kernel {
-    file: KernelFile::Binary,
+    source: Source::File(KernelFile::Binary),
     name: "{op}_strided_{d}",
     ops: binary_ops,
     dtypes: &DType::FLOATS,

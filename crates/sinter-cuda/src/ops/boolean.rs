@@ -6,7 +6,7 @@
 use super::binary::StridedIn;
 use super::int::{plan_mid_reduce, IntReduce, MID_REDUCE_ARGS};
 use super::need_dtype;
-use super::table::{no_ops, Call, Cost, Grid, Kernel, Slot::*};
+use super::table::{no_ops, Call, Cost, Grid, Kernel, Slot::*, Source};
 use crate::alloc::DevSlice;
 use crate::device::CudaDevice;
 use crate::dtype::DType;
@@ -76,7 +76,7 @@ fn ops_of(row: &Kernel) -> Vec<&'static str> {
 
 /// out = a cmp b (bools) through strides.
 pub static CMP: Kernel = Kernel {
-    file: KernelFile::Bool,
+    source: Source::File(KernelFile::Bool),
     name: "cmp_{op}_{d}",
     ops: || ops_of(&CMP),
     dtypes: &DTYPES,
@@ -88,7 +88,7 @@ pub static CMP: Kernel = Kernel {
 
 /// out = a or / and b of two bools through strides.
 pub static BOOL_LOGIC: Kernel = Kernel {
-    file: KernelFile::Bool,
+    source: Source::File(KernelFile::Bool),
     name: "bool_{op}",
     ops: || ops_of(&BOOL_LOGIC),
     dtypes: &[DType::Bool],
@@ -100,7 +100,7 @@ pub static BOOL_LOGIC: Kernel = Kernel {
 
 /// out = cond ? a : b through strides.
 pub static WHERE: Kernel = Kernel {
-    file: KernelFile::Bool,
+    source: Source::File(KernelFile::Bool),
     name: "where_cond_{d}",
     ops: no_ops,
     dtypes: &DTYPES,
@@ -112,7 +112,7 @@ pub static WHERE: Kernel = Kernel {
 
 /// out[:] = value.
 pub static FILL_BOOL: Kernel = Kernel {
-    file: KernelFile::Bool,
+    source: Source::File(KernelFile::Bool),
     name: "fill_bool",
     ops: no_ops,
     dtypes: &[DType::Bool],
@@ -124,7 +124,7 @@ pub static FILL_BOOL: Kernel = Kernel {
 
 /// A reduction of bools over the middle dim, into `{d2}` (see [`plan_bool_reduce`]).
 pub static BOOL_REDUCE: Kernel = Kernel {
-    file: KernelFile::Bool,
+    source: Source::File(KernelFile::Bool),
     name: "bool_reduce_{d2}",
     ops: no_ops,
     dtypes: &[DType::Bool],

@@ -1,7 +1,7 @@
 //! Wrappers for `kernels/conv.cu`: im2col/col2im for GEMM-based conv2d, max/avg pooling and
 //! batch-norm statistics, all NCHW.
 
-use super::table::{no_ops, Call, Cost, Grid, Kernel, Slot, Slot::*};
+use super::table::{no_ops, Call, Cost, Grid, Kernel, Slot, Slot::*, Source};
 use super::{need, need_float, opt_need, ptr_of};
 use crate::alloc::DevSlice;
 use crate::device::CudaDevice;
@@ -191,7 +191,7 @@ const BN_SHAPE: [Slot; 3] = [I64("n"), I64("c"), I64("hw")];
 /// its traffic estimated.
 const fn conv_row(name: &'static str, args: &'static [Slot], grid: Grid) -> Kernel {
     Kernel {
-        file: KernelFile::Conv,
+        source: Source::File(KernelFile::Conv),
         name,
         ops: no_ops,
         dtypes: &DType::FLOATS,

@@ -2,7 +2,7 @@
 //! dtype casts.
 
 use super::need_len;
-use super::table::{no_ops, Call, Cost, Grid, Kernel, Slot::*};
+use super::table::{no_ops, Call, Cost, Grid, Kernel, Slot::*, Source};
 use crate::alloc::DevSlice;
 use crate::device::CudaDevice;
 use crate::dtype::DType;
@@ -14,7 +14,7 @@ use crate::nvrtc::KernelFile;
 
 /// dst[dst_strides] = src[src_strides], by element size.
 pub static STRIDED_COPY: Kernel = Kernel {
-    file: KernelFile::Copy,
+    source: Source::File(KernelFile::Copy),
     name: "strided_copy_{w}",
     ops: no_ops,
     // The kernels exist per element size (u8 .. u64): every dtype has one.
@@ -27,7 +27,7 @@ pub static STRIDED_COPY: Kernel = Kernel {
 
 /// y = x converted to y's dtype (`{d}` to `{d2}`, the identities included).
 pub static CAST: Kernel = Kernel {
-    file: KernelFile::Copy,
+    source: Source::File(KernelFile::Copy),
     name: "cast_{d}_{d2}",
     ops: no_ops,
     dtypes: &DType::ALL,

@@ -1,7 +1,7 @@
 //! Wrappers for `kernels/dropout.cu`: Philox-based dropout and random fills, plus a CPU mirror of
 //! the generator so the CPU backend and tests can reproduce the device's random stream exactly.
 
-use super::table::{no_ops, Call, Cost, Grid, Kernel, Slot::*};
+use super::table::{no_ops, Call, Cost, Grid, Kernel, Slot::*, Source};
 use super::{need, need_float};
 use crate::alloc::DevSlice;
 use crate::device::CudaDevice;
@@ -60,7 +60,7 @@ pub fn philox_offset_advance(n: usize) -> u64 {
 
 /// y = dropout(x; p) with the mask from (seed, offset).
 pub static DROPOUT: Kernel = Kernel {
-    file: KernelFile::Dropout,
+    source: Source::File(KernelFile::Dropout),
     name: "dropout_{d}",
     ops: no_ops,
     dtypes: &DType::FLOATS,
@@ -80,7 +80,7 @@ pub static DROPOUT: Kernel = Kernel {
 
 /// y ~ U[a, b) or N(a, b^2).
 pub static RANDOM: Kernel = Kernel {
-    file: KernelFile::Dropout,
+    source: Source::File(KernelFile::Dropout),
     name: "rand_{op}_{d}",
     ops: || vec!["uniform", "normal"],
     dtypes: &DType::FLOATS,

@@ -1,6 +1,6 @@
 //! Wrappers for `kernels/embedding.cu`: row gather and the deterministic scatter-add backward.
 
-use super::table::{no_ops, Call, Cost, Grid, Kernel, Slot, Slot::*};
+use super::table::{no_ops, Call, Cost, Grid, Kernel, Slot, Slot::*, Source};
 use super::{need, need_float, rows_times_n};
 use crate::alloc::{DevSlice, Pool};
 use crate::device::CudaDevice;
@@ -11,7 +11,7 @@ use crate::nvrtc::KernelFile;
 
 /// out[i, :] = weight[idx[i], :], one block per index.
 pub static FORWARD: Kernel = Kernel {
-    file: KernelFile::Embedding,
+    source: Source::File(KernelFile::Embedding),
     name: "embedding_fwd_{d}",
     ops: no_ops,
     dtypes: &DType::FLOATS,
@@ -35,7 +35,7 @@ pub static FORWARD: Kernel = Kernel {
 /// traffic estimated.
 const fn helper(name: &'static str, args: &'static [Slot], grid: Grid) -> Kernel {
     Kernel {
-        file: KernelFile::Embedding,
+        source: Source::File(KernelFile::Embedding),
         name,
         ops: no_ops,
         dtypes: &[DType::I64],
@@ -73,7 +73,7 @@ pub static BWD_FILL: Kernel = helper(
 );
 /// gw (+)= the sum of gy's rows of each weight row, one block per weight row.
 pub static BACKWARD: Kernel = Kernel {
-    file: KernelFile::Embedding,
+    source: Source::File(KernelFile::Embedding),
     name: "embedding_bwd_{d}",
     ops: no_ops,
     dtypes: &DType::FLOATS,

@@ -3,7 +3,7 @@
 //! device-side index check that records the first bad index in a small slot buffer.
 
 use super::binary::{binary_ops, BinaryOp, StridedIn};
-use super::table::{no_ops, Call, Cost, Grid, Kernel, Slot, Slot::*};
+use super::table::{no_ops, Call, Cost, Grid, Kernel, Slot, Slot::*, Source};
 use super::{need, need_dtype, need_len, numel};
 use crate::alloc::DevSlice;
 use crate::device::CudaDevice;
@@ -22,7 +22,7 @@ pub const CHECK_BLOCK: u32 = 1024;
 /// An i64 row of int.cu with `args`, one thread per item, its traffic estimated.
 const fn int_row(name: &'static str, args: &'static [Slot]) -> Kernel {
     Kernel {
-        file: KernelFile::Int,
+        source: Source::File(KernelFile::Int),
         name,
         ops: no_ops,
         dtypes: &[DType::I64],

@@ -1,7 +1,7 @@
 //! Wrappers for `kernels/reduce.cu`: sum (mean via `scale`) and max/min with arg-index, over the
 //! last dim of `[rows, n]` or the middle dim of `[outer, n, inner]`.
 
-use super::table::{no_ops, Call, Cost, Grid, Kernel, Slot, Slot::*};
+use super::table::{no_ops, Call, Cost, Grid, Kernel, Slot, Slot::*, Source};
 use super::{need, need_float, opt_need, ptr_of, rows_times_n};
 use crate::alloc::{DevSlice, Pool};
 use crate::device::CudaDevice;
@@ -28,7 +28,7 @@ impl ArgReduce {
 
 /// out[r] = scale * Σ_j x[r, j] over rows of `n`.
 pub static SUM_LAST: Kernel = Kernel {
-    file: KernelFile::Reduce,
+    source: Source::File(KernelFile::Reduce),
     name: "sum_last_{d}",
     ops: no_ops,
     dtypes: &DType::FLOATS,
@@ -40,7 +40,7 @@ pub static SUM_LAST: Kernel = Kernel {
 
 /// out[r] = max_j (min_j) x[r, j], idx[r] its first index.
 pub static ARG_LAST: Kernel = Kernel {
-    file: KernelFile::Reduce,
+    source: Source::File(KernelFile::Reduce),
     name: "{op}_last_{d}",
     ops: arg_ops,
     dtypes: &DType::FLOATS,
@@ -64,7 +64,7 @@ const SUM_MID_ARGS: &[Slot] = &[
 /// A middle-dim sum row: 32 x 8 tiles over (inner, outer, chunks).
 const fn sum_mid_row(name: &'static str) -> Kernel {
     Kernel {
-        file: KernelFile::Reduce,
+        source: Source::File(KernelFile::Reduce),
         name,
         ops: no_ops,
         dtypes: &DType::FLOATS,
@@ -86,7 +86,7 @@ pub static SUM_MID_FINISH: Kernel = sum_mid_row("sum_mid_finish_{d}");
 
 /// out[o, i] = max_j (min_j) x[o, j, i], idx its first index.
 pub static ARG_MID: Kernel = Kernel {
-    file: KernelFile::Reduce,
+    source: Source::File(KernelFile::Reduce),
     name: "{op}_mid_{d}",
     ops: arg_ops,
     dtypes: &DType::FLOATS,

@@ -1,22 +1,39 @@
-//! The kernel table: one declarative row per kernel family (kernel file, name rule, argument
+//! The kernel table: one declarative row per kernel family (kernel source, name rule, argument
 //! slots, launch geometry, traffic rule) and the one planner that turns a row plus a call's
 //! operands into a [`Launch`]. The op wrappers check their arguments and make one call into
 //! it; the NVRTC compile-all test plans one sample of every kernel a row names, so a kernel
 //! cannot be compiled without a wrapper or launched without being compiled.
+//!
+//! A row's source is a built-in kernel file of this crate, or a `.cu` file that lives beside
+//! its op in sinter-core's kernel folders ([`Source::User`]): those rows are planned the same
+//! way ([`Kernel::plan_user`]) and launched with their source
+//! ([`CudaDevice::launch_user`](crate::CudaDevice::launch_user)).
 
 use super::common::{coalesce_operands, fake_slice, numel, StridedIn};
 use crate::alloc::DevSlice;
 use crate::check::need_len;
 use crate::dtype::DType;
+use crate::emulated::cost::OpClass;
 use crate::error::{CudaError, Result};
 use crate::launch::{
     row_block, rows_grid, Arg, ArgBytes, Launch, LaunchTarget, StridedMeta, Traffic, ELEMWISE_BLOCK,
 };
 use crate::nvrtc::KernelFile;
+use crate::user_kernel::{UserFile, UserLaunch};
+
+/// Where a row's kernels are compiled from.
+#[derive(Clone, Copy, Debug)]
+pub enum Source {
+    /// A built-in kernel file (its kind of work for the cost model follows from the file).
+    File(KernelFile),
+    /// A kernel file of an op outside this crate, with the kind of work its declared traffic is
+    /// (what [`Launch::class`] tells for a built-in file).
+    User(&'static UserFile, OpClass),
+}
 
 /// One kernel family: the kernels one name rule spells over its ops and dtypes.
 pub struct Kernel {
-    pub file: KernelFile,
+    pub source: Source,
     /// The kernel name: `{op}` is the call's op, `{d}` its dtype's suffix, `{d2}` the second
     /// dtype's suffix, `{w}` the unsigned word of `{d}`'s size (`u8` .. `u64`).
     pub name: &'static str,
@@ -40,6 +57,8 @@ pub enum Slot {
     In(&'static str),
     /// An operand the kernel writes (its bytes count as written).
     Out(&'static str),
+    /// An operand the kernel updates in place (its bytes count as read and as written).
+    InOut(&'static str),
     /// The work items, as i64.
     Items,
     I64(&'static str),
@@ -99,6 +118,9 @@ pub enum Cost {
     /// Reads every `In` operand whole and writes every `Out` operand, with one operation per
     /// element of the first `In` (a reduction).
     Reduce,
+    /// Reads every `In` operand whole and writes every `Out` operand, with `flops` operations
+    /// per element read (a multi-tensor reduction, whose work items are its blocks).
+    Scan { flops: usize },
 }
 
 /// One call of a row: everything its slots, name rule and geometry take.
@@ -190,10 +212,14 @@ impl Kernel {
         }
         let (args, read, written, first_in) = self.args_of(call)?;
         let (grid, block) = self.geometry(t, call);
+        let file = match self.source {
+            Source::File(f) => Some(f),
+            Source::User(..) => None,
+        };
         let launch = Launch {
             grid,
             block,
-            ..Launch::new(self.file, self.kernel_name(call), 1, 1, args)
+            ..Launch::new(file, self.kernel_name(call), 1, 1, args)
         };
         let traffic = match self.traffic {
             Cost::Estimated => return Ok(Some(launch)),
@@ -208,9 +234,20 @@ impl Kernel {
                     .ok_or_else(|| self.mismatch("no bytes read given"))?;
                 Traffic::bytes(read, written).with_flops(flops * call.items)
             }
-            Cost::Reduce => Traffic::bytes(read, written).with_flops(first_in),
+            Cost::Reduce => Traffic::bytes(read, written).with_flops(first_in.0),
+            Cost::Scan { flops } => Traffic::bytes(read, written).with_flops(flops * first_in.1),
         };
         Ok(Some(launch.with_traffic(traffic)))
+    }
+
+    /// The launch of `call` of a row whose source lives beside its op, as
+    /// [`CudaDevice::launch_user`](crate::CudaDevice::launch_user) takes it (with the row's kind
+    /// of work); None without work items.
+    pub fn plan_user(&self, t: &LaunchTarget, call: &Call<'_>) -> Result<Option<UserLaunch>> {
+        let Source::User(_, class) = self.source else {
+            return Err(self.mismatch("a built-in kernel file's row planned as a user kernel"));
+        };
+        Ok(self.plan(t, call)?.map(|l| to_user(l, class)))
     }
 
     /// Grid and block of `call` under the row's geometry rule.
@@ -248,10 +285,10 @@ impl Kernel {
         }
     }
 
-    /// The arguments of `call` slot by slot, with the bytes of its `In` and `Out` operands and
-    /// the elements of its first `In`.
+    /// The arguments of `call` slot by slot, with the bytes its operands read and write, and
+    /// the elements of its first `In` and of all its `In`s.
     #[allow(clippy::type_complexity)]
-    fn args_of(&self, call: &Call<'_>) -> Result<(Vec<Arg>, usize, usize, usize)> {
+    fn args_of(&self, call: &Call<'_>) -> Result<(Vec<Arg>, usize, usize, (usize, usize))> {
         if !self.dtypes.contains(&call.dtype)
             || !(self.dtypes2.is_empty() || self.dtypes2.contains(&call.dtype2))
         {
@@ -265,20 +302,21 @@ impl Kernel {
             ));
         }
         let (mut operands, mut scalars) = (call.operands.iter(), call.scalars.iter());
-        let (mut read, mut written, mut first_in) = (0, 0, None);
+        let (mut read, mut written, mut first_in, mut all_in) = (0, 0, None, 0);
         let mut args = Vec::with_capacity(self.args.len());
         for slot in self.args {
             let arg = match *slot {
-                Slot::In(what) | Slot::Out(what) => {
+                Slot::In(what) | Slot::Out(what) | Slot::InOut(what) => {
                     let s = operands
                         .next()
                         .ok_or_else(|| self.mismatch(format!("operand {what} missing")))?;
-                    match slot {
-                        Slot::In(_) => {
-                            read += s.num_bytes();
-                            first_in.get_or_insert(s.len());
-                        }
-                        _ => written += s.num_bytes(),
+                    if matches!(slot, Slot::In(_) | Slot::InOut(_)) {
+                        read += s.num_bytes();
+                        first_in.get_or_insert(s.len());
+                        all_in += s.len();
+                    }
+                    if matches!(slot, Slot::Out(_) | Slot::InOut(_)) {
+                        written += s.num_bytes();
                     }
                     Arg::Ptr(s.ptr())
                 }
@@ -298,7 +336,7 @@ impl Kernel {
         if operands.next().is_some() || scalars.next().is_some() {
             return Err(self.mismatch("more operands or scalars than slots"));
         }
-        Ok((args, read, written, first_in.unwrap_or(0)))
+        Ok((args, read, written, (first_in.unwrap_or(0), all_in)))
     }
 
     fn mismatch(&self, what: impl std::fmt::Display) -> CudaError {
@@ -354,6 +392,17 @@ impl Kernel {
         self.plan(t, &call)
     }
 
+    /// [`Kernel::samples`] of a row whose source lives beside its op, as
+    /// [`UserFile::source`]'s `check_launch` takes them.
+    pub fn user_samples(&self, t: &LaunchTarget) -> Vec<UserLaunch> {
+        let class = match self.source {
+            Source::User(_, class) => class,
+            Source::File(_) => OpClass::Elementwise,
+        };
+        let samples = self.samples(t).into_iter();
+        samples.map(|l| to_user(l, class)).collect()
+    }
+
     /// One launch of every kernel this row names, with fake operands: what the NVRTC test
     /// checks against the compiled PTX.
     pub fn samples(&self, t: &LaunchTarget) -> Vec<Launch> {
@@ -378,14 +427,14 @@ impl Kernel {
         let operands: Vec<DevSlice<'static>> = self
             .args
             .iter()
-            .filter(|s| matches!(s, Slot::In(_) | Slot::Out(_)))
+            .filter(|s| matches!(s, Slot::In(_) | Slot::Out(_) | Slot::InOut(_)))
             .map(|_| fake_slice(d, 64))
             .collect();
         let scalars: Vec<Arg> = self
             .args
             .iter()
             .filter_map(|s| match s {
-                Slot::In(_) | Slot::Out(_) | Slot::Items => None,
+                Slot::In(_) | Slot::Out(_) | Slot::InOut(_) | Slot::Items => None,
                 Slot::I64(_) => Some(Arg::I64(1)),
                 Slot::U64(_) => Some(Arg::U64(1)),
                 Slot::I32(_) => Some(Arg::I32(1)),
@@ -406,6 +455,18 @@ impl Kernel {
             Ok(Some(l)) => l,
             other => panic!("the sample of {} does not plan: {other:?}", self.name),
         }
+    }
+}
+
+/// A launch of a user row as the device takes it, declared as `class` work.
+fn to_user(l: Launch, class: OpClass) -> UserLaunch {
+    UserLaunch {
+        kernel: l.name,
+        grid: l.grid,
+        block: l.block,
+        shared_mem: l.shared_mem,
+        args: l.args,
+        declared: l.traffic.map(|t| (class, t)),
     }
 }
 

@@ -1,6 +1,6 @@
 //! Wrappers for `kernels/unary.cu`: elementwise maps, their backward, and fill.
 
-use super::table::{no_ops, Call, Cost, Grid, Kernel, Slot::*};
+use super::table::{no_ops, Call, Cost, Grid, Kernel, Slot::*, Source};
 use super::{need, need_float};
 use crate::alloc::DevSlice;
 use crate::device::CudaDevice;
@@ -156,7 +156,7 @@ fn unary_ops() -> Vec<&'static str> {
 
 /// y = op(x).
 pub static UNARY: Kernel = Kernel {
-    file: KernelFile::Unary,
+    source: Source::File(KernelFile::Unary),
     name: "{op}_{d}",
     ops: unary_ops,
     dtypes: &DType::FLOATS,
@@ -168,7 +168,7 @@ pub static UNARY: Kernel = Kernel {
 
 /// gx = op'(saved) * gy.
 pub static UNARY_BACKWARD: Kernel = Kernel {
-    file: KernelFile::Unary,
+    source: Source::File(KernelFile::Unary),
     name: "{op}_bwd_{d}",
     ops: unary_ops,
     dtypes: &DType::FLOATS,
@@ -187,7 +187,7 @@ pub static UNARY_BACKWARD: Kernel = Kernel {
 
 /// y[..] = value.
 pub static FILL: Kernel = Kernel {
-    file: KernelFile::Unary,
+    source: Source::File(KernelFile::Unary),
     name: "fill_{d}",
     ops: no_ops,
     dtypes: &DType::FLOATS,

@@ -157,17 +157,13 @@ pub(super) fn params_kernel(dtype: DType) -> Result<CudaKernel> {
         let (chunks, len) = param_chunks(&m[0])?;
         let read = bytes(&m[0]) + bytes(&m[1]) + 2 * rows * 4;
         let t = Traffic::bytes(read, 2 * chunks * n * 4).with_flops(5 * rows * n);
-        Ok(KernelLaunch {
-            grid: (n.div_ceil(32) as u32, chunks as u32, 1),
-            block: (32, 8, 1),
-            shared_mem: 0,
-            scalars: Vec::new(),
-            cost: None,
-        }
-        .arg(rows as i64)
-        .arg(n as i64)
-        .arg(len as i64)
-        .with_cost(OpClass::Row, t))
+        Ok(
+            KernelLaunch::new((n.div_ceil(32) as u32, chunks as u32, 1), (32, 8, 1))
+                .arg(rows as i64)
+                .arg(n as i64)
+                .arg(len as i64)
+                .with_cost(OpClass::Row, t),
+        )
     })
 }
 
@@ -178,15 +174,9 @@ pub(super) fn finish_kernel(dtype: DType) -> Result<CudaKernel> {
         let (chunks, n) = (m[0].shape[0], m[0].shape[1]);
         let grid = target(&m[0])?.grid_for(n, ELEMWISE_BLOCK);
         let t = Traffic::bytes(2 * chunks * n * 4, 2 * n * dtype.size_in_bytes());
-        Ok(KernelLaunch {
-            grid: (grid, 1, 1),
-            block: (ELEMWISE_BLOCK, 1, 1),
-            shared_mem: 0,
-            scalars: Vec::new(),
-            cost: None,
-        }
-        .arg(chunks as i64)
-        .arg(n as i64)
-        .with_cost(OpClass::Row, t))
+        Ok(KernelLaunch::new((grid, 1, 1), (ELEMWISE_BLOCK, 1, 1))
+            .arg(chunks as i64)
+            .arg(n as i64)
+            .with_cost(OpClass::Row, t))
     })
 }

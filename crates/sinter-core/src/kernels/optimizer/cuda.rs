@@ -1,17 +1,12 @@
 //! The optimizer steps on the device: one fused kernel per parameter (or per 32 of them), in
-//! place (`optimizer.cu` of this folder through its launch plans, `plans.rs`). Parameter, moments and
+//! place (`optimizer.cu` of this folder through its kernel table rows, `plans.rs`). Parameter, moments and
 //! momentum buffer are f32 and contiguous (as on the CPU); the gradient may be of any float
 //! dtype or layout (it is made contiguous f32 first). On the first step the parameter and its
 //! state are moved into the allocator's permanent pool. Also the step control block's kernels,
-//! and the global gradient norm (launched here).
-
-use sinter_cuda::emulated::cost::{OpClass, Traffic};
-use sinter_cuda::launch::{Arg, ELEMWISE_BLOCK};
-use sinter_cuda::user_kernel::UserLaunch;
-use sinter_cuda::CudaDevice;
+//! and the global gradient norm.
 
 use super::control::ScalerCfg;
-use super::plans::{self as ka, source};
+use super::plans as ka;
 use crate::backend::{AdamWParams, SgdParams};
 use crate::cuda::creation::{download, promote_in_place};
 use crate::cuda::storage::{CudaStorage, DevView};
@@ -63,11 +58,11 @@ pub(super) fn adamw_storage(
     };
     let (ps, gs, ms, vs) = (pv.slice(), g.slice(), mv.slice(), vv.slice());
     match ctl {
-        None => ka::adamw(dev, ps, gs, ms, vs, None, &cfg, None),
+        None => ka::adamw(dev, ps, gs, ms, vs, &cfg),
         Some((c, cl)) => {
             let cv = c.window(cl)?;
             // The step number is read on the device; the plan only checks it is 1-based.
-            ka::adamw_ctl(dev, ps, gs, ms, vs, None, &cfg.at_step(1), cv.slice())
+            ka::adamw_ctl(dev, ps, gs, ms, vs, &cfg.at_step(1), cv.slice())
         }
     }
     .on(op)
@@ -103,7 +98,7 @@ pub(super) fn sgd_storage(
         None
     };
     match ctl {
-        None => ka::sgd(dev, pv.slice(), g.slice(), b, &cfg, None),
+        None => ka::sgd(dev, pv.slice(), g.slice(), b, &cfg),
         Some((c, cl)) => {
             let cv = c.window(cl)?;
             ka::sgd_ctl(dev, pv.slice(), g.slice(), b, &cfg, cv.slice())
@@ -184,46 +179,10 @@ pub(super) fn adamw_many_storage(
     .on(op)
 }
 
-// ---- the global gradient norm (optimizer.cu, launched from here) ----------------------------
+// ---- the global gradient norm (optimizer.cu) ------------------------------------------------
 
-/// Tensors one `sumsq_multi` launch reads (`SUMSQ_SLOTS` in optimizer.cu: 192 (pointer, length)
-/// pairs are 3 KiB of the 4 KiB of kernel parameters).
-pub(super) const SUMSQ_SLOTS: usize = 192;
-// A full launch's parameters fit CUDA's 4 KiB: (partial, count) and 8-byte (x, n) pairs.
-const _: () = assert!((2 + 2 * SUMSQ_SLOTS) * 8 <= 4096);
-
-/// Threads per block of the grad-norm kernels.
-const SUMSQ_BLOCK: u32 = ELEMWISE_BLOCK;
-
-/// Blocks (= partial sums) a tensor of `n` elements gets; from n only, so the result is the same
-/// on every GPU (`sumsq_blocks` in optimizer.cu).
-fn sumsq_blocks(n: usize) -> usize {
-    n.div_ceil(SUMSQ_BLOCK as usize * 16).clamp(1, 1024)
-}
-
-fn launch(
-    dev: &CudaDevice,
-    kernel: String,
-    grid: usize,
-    block: u32,
-    args: Vec<Arg>,
-    t: Traffic,
-) -> Result<()> {
-    let l = UserLaunch {
-        kernel,
-        grid: (grid as u32, 1, 1),
-        block: (block, 1, 1),
-        shared_mem: 0,
-        args,
-        declared: Some((OpClass::Elementwise, t)),
-    };
-    dev.launch_user(source().on("optimizer.cu")?, &l)
-        .on("grad_sum_squares")
-}
-
-/// Σ x² over the parts (one device) as a one-element f32 storage there: one `sumsq_multi`
-/// launch per run of up to [`SUMSQ_SLOTS`] tensors of one dtype (partials in tensor order), then
-/// one fixed-order finish. Deterministic, and the same bits however the tensors are grouped.
+/// Σ x² over the parts (one device) as a one-element f32 storage there (see
+/// [`ka::plan_sum_squares`]). Deterministic, and the same bits however the tensors are grouped.
 pub(super) fn sum_squares(parts: &[(&CudaStorage, &Layout)]) -> Result<CudaStorage> {
     let op = "grad_sum_squares";
     let first = parts[0].0;
@@ -232,61 +191,11 @@ pub(super) fn sum_squares(parts: &[(&CudaStorage, &Layout)]) -> Result<CudaStora
         .iter()
         .map(|(s, l)| s.window(l))
         .collect::<Result<Vec<_>>>()?;
-    let total: usize = views.iter().map(|v| sumsq_blocks(v.len)).sum();
+    let total: usize = views.iter().map(|v| ka::sumsq_blocks(v.len)).sum();
     let partial = alloc(dev, total, DType::F32)?;
     let out = alloc(dev, 1, DType::F32)?;
-    let mut at = 0;
-    let mut rest = &views[..];
-    while let Some(v0) = rest.first() {
-        let dtype = v0.buf.dtype();
-        let run = rest
-            .iter()
-            .take(SUMSQ_SLOTS)
-            .take_while(|v| v.buf.dtype() == dtype)
-            .count();
-        let (group, next) = rest.split_at(run);
-        rest = next;
-        let blocks: usize = group.iter().map(|v| sumsq_blocks(v.len)).sum();
-        let mut args = vec![
-            Arg::Ptr(partial.slice(at, blocks).on(op)?.ptr()),
-            Arg::I64(run as i64),
-        ];
-        for k in 0..SUMSQ_SLOTS {
-            match group.get(k) {
-                Some(v) => args.extend([Arg::Ptr(v.slice().ptr()), Arg::I64(v.len as i64)]),
-                None => args.extend([Arg::Ptr(0), Arg::I64(0)]),
-            }
-        }
-        let elems: usize = group.iter().map(|v| v.len).sum();
-        let t = Traffic::bytes(elems * dtype.size_in_bytes(), blocks * 4).with_flops(2 * elems);
-        let sfx = match dtype {
-            DType::F16 => "f16",
-            DType::BF16 => "bf16",
-            DType::F32 => "f32",
-            d => {
-                return Err(Error::Msg(format!(
-                    "{op}: gradients must be float, got {d:?}"
-                )))
-            }
-        };
-        launch(
-            dev,
-            format!("sumsq_multi_{sfx}"),
-            blocks,
-            SUMSQ_BLOCK,
-            args,
-            t,
-        )?;
-        at += blocks;
-    }
-    let args = vec![
-        Arg::Ptr(partial.ptr()),
-        Arg::I64(total as i64),
-        Arg::Ptr(out.ptr()),
-        Arg::I32(0),
-    ];
-    let t = Traffic::bytes(total * 4, 4).with_flops(total);
-    launch(dev, "sumsq_finish".into(), 1, 1024, args, t)?;
+    let xs: Vec<_> = views.iter().map(|v| v.slice()).collect();
+    ka::sum_squares(dev, &xs, partial.as_slice(), out.as_slice()).on(op)?;
     Ok(first.sibling(out, DType::F32))
 }
 
@@ -295,22 +204,4 @@ pub(super) fn sum_squares_host(parts: &[(&CudaStorage, &Layout)]) -> Result<f64>
     let s = sum_squares(parts)?;
     let one = Layout::contiguous(&[1]);
     Ok(download(&s, &one)?.f32_contiguous(&one)[0] as f64)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::kernels::optimizer::plans::OPTIMIZER_CU;
-
-    #[test]
-    fn sumsq_partition_and_slots_match_the_kernel() {
-        assert_eq!(sumsq_blocks(0), 1);
-        assert_eq!(sumsq_blocks(4096), 1);
-        assert_eq!(sumsq_blocks(4097), 2);
-        assert_eq!(sumsq_blocks(1 << 30), 1024);
-        // The host's slot count and block span are the kernel's.
-        assert!(OPTIMIZER_CU.contains(&format!("#define SUMSQ_SLOTS {SUMSQ_SLOTS}\n")));
-        assert_eq!(SUMSQ_BLOCK, 256);
-        assert!(OPTIMIZER_CU.contains("#define SUMSQ_PER_THREAD 16\n"));
-    }
 }

@@ -6,9 +6,9 @@
 //!   [`step_ctl`]), their checks, and the one match on the device.
 //! - [`cpu`]: the host loops (also what ZeRO steps its host shards with), the step control
 //!   block's two updates in host memory.
-//! - `cuda.rs`: the device side: the updates and the step control block through the launch
-//!   plans of `plans.rs`, the grad-norm kernels launched directly; all of them in
-//!   `optimizer.cu`.
+//! - `cuda.rs`: the device side: the storages' windows handed to the launches of `plans.rs`.
+//! - `plans.rs`: `optimizer.cu`'s kernels as rows of sinter-cuda's kernel table (updates, step
+//!   control block, grad norm), the checks of their operands, and their device functions.
 //! - `control.rs`: the step control block's slots and the loss scaler's settings (shared by
 //!   the CPU loops and the kernels).
 //! - [`grad_norm`]: the global gradient norm in one pass (one multi-tensor launch on CUDA).

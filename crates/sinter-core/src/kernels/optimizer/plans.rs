@@ -1,16 +1,16 @@
-//! The launch plans of `optimizer.cu`'s updates: fused AdamW and SGD over flat f32 buffers,
-//! and the step control block's two kernels that keep a training step's decisions (skip on
-//! inf/NaN, loss scale, clip factor, learning rate, step count) on the device. Each `plan_*`
-//! checks its operands and builds the launch (with its declared traffic for the GPU cost
-//! model); the device functions below queue it. The kernel source is compiled by NVRTC at the
-//! first launch on a device (the emulated device runs it through the kernel emulator).
-
-use std::sync::OnceLock;
+//! The launches of `optimizer.cu`'s kernels as rows of sinter-cuda's kernel table: fused AdamW
+//! and SGD over flat f32 buffers, the step control block's two kernels that keep a training
+//! step's decisions (skip on inf/NaN, loss scale, clip factor, learning rate, step count) on
+//! the device, and the global gradient norm's two. Each `plan_*` checks its operands and makes
+//! one call of its row (which declares the traffic for the GPU cost model); the device
+//! functions below queue it. The kernel source is compiled by NVRTC at the first launch on a
+//! device (the emulated device runs it through the kernel emulator).
 
 use sinter_cuda::check::{need, need_dtype, opt_need};
 use sinter_cuda::emulated::cost::OpClass;
-use sinter_cuda::launch::{Arg, KernelStruct, LaunchTarget, Traffic, ELEMWISE_BLOCK};
-use sinter_cuda::user_kernel::{KernelSource, UserLaunch};
+use sinter_cuda::launch::{Arg, KernelStruct, LaunchTarget, ELEMWISE_BLOCK};
+use sinter_cuda::ops::table::{no_ops, Call, Cost, Grid, Kernel, Slot, Slot::*, Source};
+use sinter_cuda::user_kernel::{UserFile, UserLaunch};
 use sinter_cuda::{CudaDevice, CudaError, DType, DevSlice, Result};
 
 use super::control::{ctl, ScalerCfg};
@@ -18,38 +18,15 @@ use super::control::{ctl, ScalerCfg};
 /// The CUDA C++ of the folder's kernels (compiled by NVRTC at the first launch on a device).
 pub(super) const OPTIMIZER_CU: &str = include_str!("optimizer.cu");
 
-/// `optimizer.cu` as a kernel source, made once per process.
-pub(super) fn source() -> Result<&'static KernelSource> {
-    static SOURCE: OnceLock<KernelSource> = OnceLock::new();
-    if let Some(s) = SOURCE.get() {
-        return Ok(s);
-    }
-    let s = KernelSource::new("optimizer.cu", OPTIMIZER_CU)?;
-    Ok(SOURCE.get_or_init(|| s))
-}
+/// `optimizer.cu`, the source of every row below.
+pub(super) static OPTIMIZER: UserFile = UserFile::new("optimizer.cu", OPTIMIZER_CU);
 
-/// A 1-D launch of kernel `name`; with `traffic`, declared to the cost model as elementwise work
-/// (without, the cost model estimates it as an elementwise kernel).
-fn launch(
-    name: impl Into<String>,
-    grid: u32,
-    block: u32,
-    args: Vec<Arg>,
-    traffic: Option<Traffic>,
-) -> UserLaunch {
-    UserLaunch {
-        kernel: name.into(),
-        grid: (grid, 1, 1),
-        block: (block, 1, 1),
-        shared_mem: 0,
-        args,
-        declared: traffic.map(|t| (OpClass::Elementwise, t)),
-    }
-}
+/// The rows' source: every kernel of the file is declared as elementwise work.
+const SOURCE: Source = Source::User(&OPTIMIZER, OpClass::Elementwise);
 
 /// Queues a launch (of `optimizer.cu`) on the device.
 fn run(dev: &CudaDevice, l: &UserLaunch) -> Result<()> {
-    dev.launch_user(source()?, l)
+    dev.launch_user(OPTIMIZER.source()?, l)
 }
 
 /// Matches `struct AdamArgs` in optimizer.cu (72 bytes). The hyper-parameters travel as f64: the
@@ -170,96 +147,244 @@ impl Sgd {
     }
 }
 
-/// Plan one fused AdamW step on flat f32 (param, grad, m, v), optionally writing a bf16/f16 copy
-/// of the new parameters; skipped on the device when `*found_inf != 0`.
-#[allow(clippy::too_many_arguments)]
+/// `adamw_f32(p, g, m, v, n, AdamArgs)`: one fused AdamW step in place.
+pub static ADAMW: Kernel = Kernel {
+    source: SOURCE,
+    name: "adamw_{d}",
+    ops: no_ops,
+    dtypes: &[DType::F32],
+    dtypes2: &[],
+    args: &[
+        InOut("param"),
+        In("grad"),
+        InOut("m"),
+        InOut("v"),
+        Items,
+        Struct("args", 72),
+    ],
+    grid: Grid::Packed,
+    traffic: Cost::Moves { flops: 12 },
+};
+
+/// `adamw_copy_{bf16,f16}`: [`ADAMW`] that also writes a half copy of the new parameters. No
+/// step uses the copy yet; the tests plan the kernel from this row.
+#[cfg(test)]
+pub static ADAMW_COPY: Kernel = Kernel {
+    source: SOURCE,
+    name: "adamw_copy_{d2}",
+    ops: no_ops,
+    dtypes: &[DType::F32],
+    dtypes2: &[DType::BF16, DType::F16],
+    args: &[
+        InOut("param"),
+        In("grad"),
+        InOut("m"),
+        InOut("v"),
+        Out("copy"),
+        Items,
+        Struct("args", 72),
+    ],
+    grid: Grid::Packed,
+    traffic: Cost::Moves { flops: 12 },
+};
+
+/// The parameters of `adamw_multi_f32`: the step's `AdamArgs`, the slots in use, then
+/// [`ADAMW_SLOTS`] × (param, grad, m, v, n, weight decay bits, lr bits, lr scale).
+const fn multi_slots() -> [Slot; 2 + 8 * ADAMW_SLOTS] {
+    let mut s = [Items; 2 + 8 * ADAMW_SLOTS];
+    s[0] = Struct("args", 72);
+    s[1] = I64("count");
+    let mut k = 0;
+    while k < ADAMW_SLOTS {
+        let at = 2 + 8 * k;
+        s[at] = InOut("param");
+        s[at + 1] = In("grad");
+        s[at + 2] = InOut("m");
+        s[at + 3] = InOut("v");
+        s[at + 4] = I64("n");
+        s[at + 5] = U64("weight decay");
+        s[at + 6] = U64("lr");
+        s[at + 7] = F32("lr scale");
+        k += 1;
+    }
+    s
+}
+static MULTI_SLOTS: [Slot; 2 + 8 * ADAMW_SLOTS] = multi_slots();
+
+/// `adamw_multi_f32`: AdamW over up to [`ADAMW_SLOTS`] parameters, one block per
+/// [`ADAMW_CHUNK`] of each (the call gives the grid); work items are elements.
+pub static ADAMW_MULTI: Kernel = Kernel {
+    source: SOURCE,
+    name: "adamw_multi_{d}",
+    ops: no_ops,
+    dtypes: &[DType::F32],
+    dtypes2: &[],
+    args: &MULTI_SLOTS,
+    grid: Grid::Tiled((ELEMWISE_BLOCK, 1, 1)),
+    traffic: Cost::Moves { flops: 12 },
+};
+
+/// `sgd_f32(p, g, buf, n, SgdArgs)`: one SGD step in place (buf 0: no momentum).
+pub static SGD: Kernel = Kernel {
+    source: SOURCE,
+    name: "sgd_{d}",
+    ops: no_ops,
+    dtypes: &[DType::F32],
+    dtypes2: &[],
+    args: &[
+        InOut("param"),
+        In("grad"),
+        Ptr("momentum buffer"),
+        Items,
+        Struct("args", 48),
+    ],
+    grid: Grid::PerItem,
+    traffic: Cost::Estimated,
+};
+
+/// `step_prepare(ctl, sumsq, max_norm, dynamic)`: one thread.
+pub static STEP_PREPARE: Kernel = Kernel {
+    source: SOURCE,
+    name: "step_prepare",
+    ops: no_ops,
+    dtypes: &[DType::F32],
+    dtypes2: &[],
+    args: &[InOut("ctl"), In("sumsq"), F32("max_norm"), I32("dynamic")],
+    grid: Grid::OneBlock(32),
+    traffic: Cost::Estimated,
+};
+
+/// `step_finish(ctl, lr_table, n_lr, growth, backoff, interval, dynamic)`: one thread.
+pub static STEP_FINISH: Kernel = Kernel {
+    source: SOURCE,
+    name: "step_finish",
+    ops: no_ops,
+    dtypes: &[DType::F32],
+    dtypes2: &[],
+    args: &[
+        InOut("ctl"),
+        In("lr table"),
+        I64("lr table entries"),
+        F32("growth"),
+        F32("backoff"),
+        F32("interval"),
+        I32("dynamic"),
+    ],
+    grid: Grid::OneBlock(32),
+    traffic: Cost::Estimated,
+};
+
+/// The parameters of `sumsq_multi_*`: the partial sums, the slots in use, then
+/// [`SUMSQ_SLOTS`] × (x, n).
+const fn sumsq_slots() -> [Slot; 2 + 2 * SUMSQ_SLOTS] {
+    let mut s = [Items; 2 + 2 * SUMSQ_SLOTS];
+    s[0] = Out("partial");
+    s[1] = I64("count");
+    let mut k = 0;
+    while k < SUMSQ_SLOTS {
+        s[2 + 2 * k] = In("x");
+        s[3 + 2 * k] = I64("n");
+        k += 1;
+    }
+    s
+}
+static SUMSQ_SLOT_LIST: [Slot; 2 + 2 * SUMSQ_SLOTS] = sumsq_slots();
+
+/// `sumsq_multi_{d}`: the partial sums of x² of up to [`SUMSQ_SLOTS`] tensors, [`sumsq_blocks`]
+/// blocks each (the call gives the grid; work items are the blocks).
+pub static SUMSQ_MULTI: Kernel = Kernel {
+    source: SOURCE,
+    name: "sumsq_multi_{d}",
+    ops: no_ops,
+    dtypes: &[DType::F32, DType::F16, DType::BF16],
+    dtypes2: &[],
+    args: &SUMSQ_SLOT_LIST,
+    grid: Grid::Tiled((SUMSQ_BLOCK, 1, 1)),
+    traffic: Cost::Scan { flops: 2 },
+};
+
+/// `sumsq_finish(partial, count, out, accumulate)`: the partial sums added in a fixed order by
+/// one block.
+pub static SUMSQ_FINISH: Kernel = Kernel {
+    source: SOURCE,
+    name: "sumsq_finish",
+    ops: no_ops,
+    dtypes: &[DType::F32],
+    dtypes2: &[],
+    args: &[In("partial"), Items, Out("out"), I32("accumulate")],
+    grid: Grid::OneBlock(1024),
+    traffic: Cost::Reduce,
+};
+
+/// Every row of `optimizer.cu` (the NVRTC test checks one sample of each kernel against the PTX).
+#[cfg(test)]
+pub(super) static KERNELS: [&Kernel; 8] = [
+    &ADAMW,
+    &ADAMW_COPY,
+    &ADAMW_MULTI,
+    &SGD,
+    &STEP_PREPARE,
+    &STEP_FINISH,
+    &SUMSQ_MULTI,
+    &SUMSQ_FINISH,
+];
+
+/// A slot of a multi-tensor launch left empty (the kernel reads nothing through it).
+fn absent() -> DevSlice<'static> {
+    // SAFETY: zero elements at address 0: never dereferenced (the kernel skips the slot).
+    unsafe { DevSlice::from_raw(0, 0, DType::F32) }
+}
+
+/// Plan one fused AdamW step on flat f32 (param, grad, m, v).
 pub fn plan_adamw(
     t: &LaunchTarget,
     param: DevSlice<'_>,
     grad: DevSlice<'_>,
     m: DevSlice<'_>,
     v: DevSlice<'_>,
-    copy: Option<DevSlice<'_>>,
     cfg: &AdamW,
-    found_inf: Option<DevSlice<'_>>,
 ) -> Result<Option<UserLaunch>> {
-    plan_adamw_impl(t, param, grad, m, v, copy, cfg, found_inf, None)
+    plan_adamw_impl(t, [param, grad, m, v], cfg.args(0)?)
 }
 
 /// [`plan_adamw`] driven by the step control block `ctl` ([`ctl::LEN`] f32): skipped when
 /// `ctl[FOUND_INF] != 0`; lr, step number and a gradient factor come from the block
 /// (`cfg.lr` and `cfg.step` are ignored, `cfg.step` must still be ≥ 1).
-#[allow(clippy::too_many_arguments)]
 pub fn plan_adamw_ctl(
     t: &LaunchTarget,
     param: DevSlice<'_>,
     grad: DevSlice<'_>,
     m: DevSlice<'_>,
     v: DevSlice<'_>,
-    copy: Option<DevSlice<'_>>,
     cfg: &AdamW,
     ctl: DevSlice<'_>,
 ) -> Result<Option<UserLaunch>> {
     need("adamw", "step control", &ctl, DType::F32, ctl::LEN)?;
-    let flag = ctl.slice(ctl::FOUND_INF, 1)?;
-    plan_adamw_impl(t, param, grad, m, v, copy, cfg, Some(flag), Some(ctl))
+    let a = ctl_args(cfg, ctl)?;
+    plan_adamw_impl(t, [param, grad, m, v], a)
 }
 
-#[allow(clippy::too_many_arguments)]
+/// The kernel arguments of a step driven by the control block `ctl`.
+pub(super) fn ctl_args(cfg: &AdamW, ctl: DevSlice<'_>) -> Result<AdamArgs> {
+    let flag = ctl.slice(ctl::FOUND_INF, 1)?;
+    Ok(AdamArgs {
+        ctl: ctl.ptr(),
+        ..cfg.args(flag.ptr())?
+    })
+}
+
 fn plan_adamw_impl(
     t: &LaunchTarget,
-    param: DevSlice<'_>,
-    grad: DevSlice<'_>,
-    m: DevSlice<'_>,
-    v: DevSlice<'_>,
-    copy: Option<DevSlice<'_>>,
-    cfg: &AdamW,
-    found_inf: Option<DevSlice<'_>>,
-    ctl: Option<DevSlice<'_>>,
+    operands: [DevSlice<'_>; 4],
+    a: AdamArgs,
 ) -> Result<Option<UserLaunch>> {
-    let op = "adamw";
-    let n = param.len();
-    for (w, s) in [("param", &param), ("grad", &grad), ("m", &m), ("v", &v)] {
-        need(op, w, s, DType::F32, n)?;
+    let n = operands[0].len();
+    for (w, s) in ["param", "grad", "m", "v"].iter().zip(&operands) {
+        need("adamw", w, s, DType::F32, n)?;
     }
-    opt_need(op, "found_inf", &found_inf, DType::F32, 1)?;
-    let mut a = cfg.args(found_inf.map_or(0, |s| s.ptr()))?;
-    a.ctl = ctl.map_or(0, |s| s.ptr());
-    if n == 0 {
-        return Ok(None);
-    }
-    let mut args = vec![
-        Arg::Ptr(param.ptr()),
-        Arg::Ptr(grad.ptr()),
-        Arg::Ptr(m.ptr()),
-        Arg::Ptr(v.ptr()),
-    ];
-    let name = match copy {
-        None => "adamw_f32".to_string(),
-        Some(c) => {
-            if !matches!(c.dtype(), DType::BF16 | DType::F16) {
-                return Err(CudaError::invalid(
-                    op,
-                    "the parameter copy must be bf16 or f16",
-                ));
-            }
-            need(op, "copy", &c, c.dtype(), n)?;
-            args.push(Arg::Ptr(c.ptr()));
-            format!("adamw_copy_{}", c.dtype().suffix())
-        }
-    };
-    args.extend([Arg::I64(n as i64), Arg::bytes(&a)]);
-    // param, grad, m, v read; param, m, v (and the half copy) written.
-    let copy_bytes = copy.map_or(0, |c| c.num_bytes());
-    let traffic = Traffic::bytes(4 * n * 4, 3 * n * 4 + copy_bytes).with_flops(12 * n);
-    let grid = t.elementwise_grid(n, 4);
-    Ok(Some(launch(
-        name,
-        grid,
-        ELEMWISE_BLOCK,
-        args,
-        Some(traffic),
-    )))
+    let scalars = [Arg::bytes(&a)];
+    let call = Call::new(DType::F32, n, &operands).scalars(&scalars);
+    ADAMW.plan_user(t, &call)
 }
 
 /// Parameters one multi-tensor AdamW launch steps (`ADAMW_SLOTS` in optimizer.cu).
@@ -296,51 +421,41 @@ pub fn plan_adamw_multi(
 ) -> Result<Vec<UserLaunch>> {
     let op = "adamw_multi";
     opt_need(op, "step control", &ctl, DType::F32, ctl::LEN)?;
-    let flag = ctl.map(|c| c.slice(ctl::FOUND_INF, 1)).transpose()?;
-    let mut a = cfg.args(flag.map_or(0, |s| s.ptr()))?;
-    a.ctl = ctl.map_or(0, |s| s.ptr());
+    let a = match ctl {
+        Some(c) => ctl_args(cfg, c)?,
+        None => cfg.args(0)?,
+    };
     let mut out = Vec::new();
     for group in slots.chunks(ADAMW_SLOTS) {
-        let mut args = vec![Arg::bytes(&a), Arg::I64(group.len() as i64)];
+        let mut operands = Vec::with_capacity(4 * ADAMW_SLOTS);
+        let mut scalars = vec![Arg::bytes(&a), Arg::I64(group.len() as i64)];
         let (mut chunks, mut elems) = (0, 0);
         for k in 0..ADAMW_SLOTS {
             let Some(s) = group.get(k) else {
-                args.extend([Arg::Ptr(0); 4]);
-                args.extend([Arg::I64(0), Arg::U64(0), Arg::U64(0), Arg::F32(0.0)]);
+                operands.extend([absent(); 4]);
+                scalars.extend([Arg::I64(0), Arg::U64(0), Arg::U64(0), Arg::F32(0.0)]);
                 continue;
             };
             let n = s.param.len();
-            for (w, x) in [
-                ("param", &s.param),
-                ("grad", &s.grad),
-                ("m", &s.m),
-                ("v", &s.v),
-            ] {
+            let xs = [s.param, s.grad, s.m, s.v];
+            for (w, x) in ["param", "grad", "m", "v"].iter().zip(&xs) {
                 need(op, w, x, DType::F32, n)?;
             }
             chunks += n.div_ceil(ADAMW_CHUNK);
             elems += n;
-            args.extend([s.param, s.grad, s.m, s.v].map(|x| Arg::Ptr(x.ptr())));
-            args.extend([
+            operands.extend(xs);
+            scalars.extend([
                 Arg::I64(n as i64),
                 Arg::U64(s.weight_decay.to_bits()),
                 Arg::U64(s.lr.to_bits()),
                 Arg::F32(s.lr_scale),
             ]);
         }
-        if elems == 0 {
-            continue;
-        }
         let grid = chunks.min(t.max_blocks(ELEMWISE_BLOCK) as usize) as u32;
-        // As plan_adamw per element: param, grad, m, v read; param, m, v written.
-        let traffic = Traffic::bytes(4 * elems * 4, 3 * elems * 4).with_flops(12 * elems);
-        out.push(launch(
-            "adamw_multi_f32",
-            grid,
-            ELEMWISE_BLOCK,
-            args,
-            Some(traffic),
-        ));
+        let call = Call::new(DType::F32, elems, &operands)
+            .scalars(&scalars)
+            .tiles((grid, 1, 1));
+        out.extend(ADAMW_MULTI.plan_user(t, &call)?);
     }
     Ok(out)
 }
@@ -352,9 +467,8 @@ pub fn plan_sgd(
     grad: DevSlice<'_>,
     buf: Option<DevSlice<'_>>,
     cfg: &Sgd,
-    found_inf: Option<DevSlice<'_>>,
 ) -> Result<Option<UserLaunch>> {
-    plan_sgd_impl(t, param, grad, buf, cfg, found_inf, None)
+    plan_sgd_impl(t, param, grad, buf, cfg.args(0))
 }
 
 /// [`plan_sgd`] driven by the step control block (see [`plan_adamw_ctl`]; `cfg.lr` is ignored).
@@ -368,7 +482,11 @@ pub fn plan_sgd_ctl(
 ) -> Result<Option<UserLaunch>> {
     need("sgd", "step control", &ctl, DType::F32, ctl::LEN)?;
     let flag = ctl.slice(ctl::FOUND_INF, 1)?;
-    plan_sgd_impl(t, param, grad, buf, cfg, Some(flag), Some(ctl))
+    let a = SgdArgs {
+        ctl: ctl.ptr(),
+        ..cfg.args(flag.ptr())
+    };
+    plan_sgd_impl(t, param, grad, buf, a)
 }
 
 fn plan_sgd_impl(
@@ -376,43 +494,32 @@ fn plan_sgd_impl(
     param: DevSlice<'_>,
     grad: DevSlice<'_>,
     buf: Option<DevSlice<'_>>,
-    cfg: &Sgd,
-    found_inf: Option<DevSlice<'_>>,
-    ctl: Option<DevSlice<'_>>,
+    a: SgdArgs,
 ) -> Result<Option<UserLaunch>> {
     let n = param.len();
     need("sgd", "param", &param, DType::F32, n)?;
     need("sgd", "grad", &grad, DType::F32, n)?;
     opt_need("sgd", "momentum buffer", &buf, DType::F32, n)?;
-    opt_need("sgd", "found_inf", &found_inf, DType::F32, 1)?;
-    if cfg.momentum != 0.0 && buf.is_none() {
+    if a.momentum != 0.0 && buf.is_none() {
         return Err(CudaError::invalid("sgd", "momentum needs a buffer"));
     }
-    if n == 0 {
-        return Ok(None);
-    }
-    Ok(Some(launch(
-        "sgd_f32",
-        t.grid_for(n, ELEMWISE_BLOCK),
-        ELEMWISE_BLOCK,
-        vec![
-            Arg::Ptr(param.ptr()),
-            Arg::Ptr(grad.ptr()),
-            Arg::Ptr(buf.map_or(0, |b| b.ptr())),
-            Arg::I64(n as i64),
-            Arg::bytes(&SgdArgs {
-                ctl: ctl.map_or(0, |s| s.ptr()),
-                ..cfg.args(found_inf.map_or(0, |s| s.ptr()))
-            }),
-        ],
-        None,
-    )))
+    let scalars = [Arg::Ptr(buf.map_or(0, |b| b.ptr())), Arg::bytes(&a)];
+    let operands = [param, grad];
+    let call = Call::new(DType::F32, n, &operands).scalars(&scalars);
+    SGD.plan_user(t, &call)
+}
+
+/// The launch of a one-thread row's call (of one work item: never none).
+fn one(row: &Kernel, t: &LaunchTarget, call: Call<'_>) -> Result<UserLaunch> {
+    let l = row.plan_user(t, &call)?;
+    l.ok_or_else(|| CudaError::invalid(row.name, "a one-thread call without its work item"))
 }
 
 /// Plan `step_prepare`: from `sumsq` (1 f32, the squared global norm of the loss-scaled
 /// gradients) set found_inf (when `dynamic`), the norm and the gradient factor in `ctl`.
 /// `max_norm` ≤ 0 means no clipping.
 pub fn plan_step_prepare(
+    t: &LaunchTarget,
     ctl: DevSlice<'_>,
     sumsq: DevSlice<'_>,
     max_norm: f32,
@@ -423,23 +530,19 @@ pub fn plan_step_prepare(
     if max_norm.is_nan() {
         return Err(CudaError::invalid("step_prepare", "max_norm is NaN"));
     }
-    Ok(launch(
-        "step_prepare",
-        1,
-        32,
-        vec![
-            Arg::Ptr(ctl.ptr()),
-            Arg::Ptr(sumsq.ptr()),
-            Arg::F32(max_norm),
-            Arg::I32(dynamic as i32),
-        ],
-        None,
-    ))
+    let scalars = [Arg::F32(max_norm), Arg::I32(dynamic as i32)];
+    let operands = [ctl, sumsq];
+    one(
+        &STEP_PREPARE,
+        t,
+        Call::new(DType::F32, 1, &operands).scalars(&scalars),
+    )
 }
 
 /// Plan `step_finish`: update the loss scale (when `scaler` is given), the step and schedule
 /// counters, and load the next learning rate from `lr_table` (f32, at least one entry).
 pub fn plan_step_finish(
+    t: &LaunchTarget,
     ctl: DevSlice<'_>,
     lr_table: DevSlice<'_>,
     scaler: Option<ScalerCfg>,
@@ -464,36 +567,96 @@ pub fn plan_step_finish(
             ),
         ));
     }
-    Ok(launch(
-        "step_finish",
-        1,
-        32,
-        vec![
-            Arg::Ptr(ctl.ptr()),
-            Arg::Ptr(lr_table.ptr()),
-            Arg::I64(lr_table.len() as i64),
-            Arg::F32(s.growth),
-            Arg::F32(s.backoff),
-            Arg::F32(s.interval as f32),
-            Arg::I32(scaler.is_some() as i32),
-        ],
-        None,
-    ))
+    let scalars = [
+        Arg::I64(lr_table.len() as i64),
+        Arg::F32(s.growth),
+        Arg::F32(s.backoff),
+        Arg::F32(s.interval as f32),
+        Arg::I32(scaler.is_some() as i32),
+    ];
+    let operands = [ctl, lr_table];
+    one(
+        &STEP_FINISH,
+        t,
+        Call::new(DType::F32, 1, &operands).scalars(&scalars),
+    )
+}
+
+/// Tensors one `sumsq_multi` launch reads (`SUMSQ_SLOTS` in optimizer.cu: 192 (pointer, length)
+/// pairs are 3 KiB of the 4 KiB of kernel parameters).
+pub const SUMSQ_SLOTS: usize = 192;
+// A full launch's parameters fit CUDA's 4 KiB: (partial, count) and 8-byte (x, n) pairs.
+const _: () = assert!((2 + 2 * SUMSQ_SLOTS) * 8 <= 4096);
+
+/// Threads per block of the grad-norm kernels.
+const SUMSQ_BLOCK: u32 = ELEMWISE_BLOCK;
+
+/// Blocks (= partial sums) a tensor of `n` elements gets; from n only, so the result is the same
+/// on every GPU (`sumsq_blocks` in optimizer.cu).
+pub fn sumsq_blocks(n: usize) -> usize {
+    n.div_ceil(SUMSQ_BLOCK as usize * 16).clamp(1, 1024)
+}
+
+/// Plan Σ x² over `xs` (float, one device) into `out` (1 f32): one `sumsq_multi` launch per run
+/// of up to [`SUMSQ_SLOTS`] tensors of one dtype writing its partial sums into `partial` (f32,
+/// [`sumsq_blocks`] per tensor, in tensor order), then one fixed-order finish.
+pub fn plan_sum_squares(
+    t: &LaunchTarget,
+    xs: &[DevSlice<'_>],
+    partial: DevSlice<'_>,
+    out: DevSlice<'_>,
+) -> Result<Vec<UserLaunch>> {
+    let op = "grad_sum_squares";
+    let total: usize = xs.iter().map(|x| sumsq_blocks(x.len())).sum();
+    need(op, "partial sums", &partial, DType::F32, total)?;
+    need(op, "out", &out, DType::F32, 1)?;
+    let mut launches = Vec::new();
+    let mut at = 0;
+    let mut rest = xs;
+    while let Some(x0) = rest.first() {
+        let dtype = x0.dtype();
+        let run = rest
+            .iter()
+            .take(SUMSQ_SLOTS)
+            .take_while(|x| x.dtype() == dtype)
+            .count();
+        let (group, next) = rest.split_at(run);
+        rest = next;
+        let blocks: usize = group.iter().map(|x| sumsq_blocks(x.len())).sum();
+        let mut operands = vec![partial.slice(at, blocks)?];
+        let mut scalars = vec![Arg::I64(run as i64)];
+        for k in 0..SUMSQ_SLOTS {
+            let (x, n) = match group.get(k) {
+                Some(&x) => (x, x.len() as i64),
+                None => (absent(), 0),
+            };
+            operands.push(x);
+            scalars.push(Arg::I64(n));
+        }
+        // The partial sums are always written (an empty tensor's is 0): one work item a block.
+        let call = Call::new(dtype, blocks, &operands)
+            .scalars(&scalars)
+            .tiles((blocks as u32, 1, 1));
+        launches.extend(SUMSQ_MULTI.plan_user(t, &call)?);
+        at += blocks;
+    }
+    let operands = [partial, out];
+    let scalars = [Arg::I32(0)];
+    let call = Call::new(DType::F32, total, &operands).scalars(&scalars);
+    launches.extend(SUMSQ_FINISH.plan_user(t, &call)?);
+    Ok(launches)
 }
 
 /// One fused AdamW step on the device.
-#[allow(clippy::too_many_arguments)]
 pub fn adamw(
     dev: &CudaDevice,
     param: DevSlice<'_>,
     grad: DevSlice<'_>,
     m: DevSlice<'_>,
     v: DevSlice<'_>,
-    copy: Option<DevSlice<'_>>,
     cfg: &AdamW,
-    found_inf: Option<DevSlice<'_>>,
 ) -> Result<()> {
-    let l = plan_adamw(&dev.target(), param, grad, m, v, copy, cfg, found_inf)?;
+    let l = plan_adamw(&dev.target(), param, grad, m, v, cfg)?;
     l.map_or(Ok(()), |l| run(dev, &l))
 }
 
@@ -518,11 +681,22 @@ pub fn adamw_ctl(
     grad: DevSlice<'_>,
     m: DevSlice<'_>,
     v: DevSlice<'_>,
-    copy: Option<DevSlice<'_>>,
     cfg: &AdamW,
     ctl: DevSlice<'_>,
 ) -> Result<()> {
-    let l = plan_adamw_ctl(&dev.target(), param, grad, m, v, copy, cfg, ctl)?;
+    let l = plan_adamw_ctl(&dev.target(), param, grad, m, v, cfg, ctl)?;
+    l.map_or(Ok(()), |l| run(dev, &l))
+}
+
+/// One SGD step on the device.
+pub fn sgd(
+    dev: &CudaDevice,
+    param: DevSlice<'_>,
+    grad: DevSlice<'_>,
+    buf: Option<DevSlice<'_>>,
+    cfg: &Sgd,
+) -> Result<()> {
+    let l = plan_sgd(&dev.target(), param, grad, buf, cfg)?;
     l.map_or(Ok(()), |l| run(dev, &l))
 }
 
@@ -547,7 +721,10 @@ pub fn step_prepare(
     max_norm: f32,
     dynamic: bool,
 ) -> Result<()> {
-    run(dev, &plan_step_prepare(ctl, sumsq, max_norm, dynamic)?)
+    run(
+        dev,
+        &plan_step_prepare(&dev.target(), ctl, sumsq, max_norm, dynamic)?,
+    )
 }
 
 /// `step_finish` on the device (see [`plan_step_finish`]).
@@ -557,111 +734,47 @@ pub fn step_finish(
     lr_table: DevSlice<'_>,
     scaler: Option<ScalerCfg>,
 ) -> Result<()> {
-    run(dev, &plan_step_finish(ctl, lr_table, scaler)?)
+    run(
+        dev,
+        &plan_step_finish(&dev.target(), ctl, lr_table, scaler)?,
+    )
 }
 
-/// One SGD step on the device.
-pub fn sgd(
+/// Σ x² on the device (see [`plan_sum_squares`]).
+pub fn sum_squares(
     dev: &CudaDevice,
-    param: DevSlice<'_>,
-    grad: DevSlice<'_>,
-    buf: Option<DevSlice<'_>>,
-    cfg: &Sgd,
-    found_inf: Option<DevSlice<'_>>,
+    xs: &[DevSlice<'_>],
+    partial: DevSlice<'_>,
+    out: DevSlice<'_>,
 ) -> Result<()> {
-    let l = plan_sgd(&dev.target(), param, grad, buf, cfg, found_inf)?;
-    l.map_or(Ok(()), |l| run(dev, &l))
+    for l in plan_sum_squares(&dev.target(), xs, partial, out)? {
+        run(dev, &l)?;
+    }
+    Ok(())
 }
 
-/// One sample plan per kernel of the source, built with fake pointers (for the NVRTC check).
+/// One sample launch of every kernel of the source, with fake pointers (for the NVRTC check).
 #[cfg(test)]
 pub(super) fn samples(t: &LaunchTarget) -> Vec<UserLaunch> {
-    use sinter_cuda::ops::fake_slice;
-    let mut v = Vec::new();
-    let n = 1000;
-    let f = || fake_slice(DType::F32, n);
-    let cfg = AdamW {
-        hyper: sinter_types::AdamW {
-            lr: 1e-3,
-            beta1: 0.9,
-            beta2: 0.999,
-            eps: 1e-8,
-            weight_decay: 0.1,
-            step: 1,
-        },
-        grad_scale: 1.0,
-    };
-    v.extend(plan_adamw(t, f(), f(), f(), f(), None, &cfg, None).unwrap());
-    v.extend(
-        plan_adamw(
-            t,
-            f(),
-            f(),
-            f(),
-            f(),
-            Some(fake_slice(DType::BF16, n)),
-            &cfg,
-            None,
-        )
-        .unwrap(),
-    );
-    v.extend(
-        plan_adamw(
-            t,
-            f(),
-            f(),
-            f(),
-            f(),
-            Some(fake_slice(DType::F16, n)),
-            &cfg,
-            Some(fake_slice(DType::F32, 1)),
-        )
-        .unwrap(),
-    );
-    let slot = |k: usize| AdamSlot {
-        param: f(),
-        grad: f(),
-        m: f(),
-        v: f(),
-        weight_decay: 0.01 * k as f64,
-        lr: 1e-3,
-        lr_scale: 1.0,
-    };
-    let slots: Vec<AdamSlot> = (0..3).map(slot).collect();
-    v.extend(plan_adamw_multi(t, &slots, &cfg, None).unwrap());
-    let sgd = Sgd {
-        lr: 0.1,
-        momentum: 0.9,
-        dampening: 0.0,
-        weight_decay: 0.0,
-        nesterov: true,
-        first_step: false,
-        grad_scale: 1.0,
-    };
-    v.extend(plan_sgd(t, f(), f(), Some(f()), &sgd, None).unwrap());
-    let c = || fake_slice(DType::F32, ctl::LEN);
-    v.extend(plan_adamw_ctl(t, f(), f(), f(), f(), None, &cfg, c()).unwrap());
-    v.extend(plan_sgd_ctl(t, f(), f(), Some(f()), &sgd, c()).unwrap());
-    v.push(plan_step_prepare(c(), fake_slice(DType::F32, 1), 1.0, true).unwrap());
-    v.push(
-        plan_step_finish(
-            c(),
-            fake_slice(DType::F32, 100),
-            Some(ScalerCfg {
-                growth: 2.0,
-                backoff: 0.5,
-                interval: 2000,
-            }),
-        )
-        .unwrap(),
-    );
-    v
+    KERNELS.iter().flat_map(|k| k.user_samples(t)).collect()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use sinter_cuda::ops::fake_slice;
+
+    #[test]
+    fn sumsq_partition_and_slots_match_the_kernel() {
+        assert_eq!(sumsq_blocks(0), 1);
+        assert_eq!(sumsq_blocks(4096), 1);
+        assert_eq!(sumsq_blocks(4097), 2);
+        assert_eq!(sumsq_blocks(1 << 30), 1024);
+        // The host's slot count and block span are the kernel's.
+        assert!(OPTIMIZER_CU.contains(&format!("#define SUMSQ_SLOTS {SUMSQ_SLOTS}\n")));
+        assert_eq!(SUMSQ_BLOCK, 256);
+        assert!(OPTIMIZER_CU.contains("#define SUMSQ_PER_THREAD 16\n"));
+    }
 
     #[test]
     fn struct_layouts() {
@@ -685,7 +798,7 @@ mod tests {
             },
             grad_scale: 1.0,
         };
-        let l = plan_adamw_ctl(&t, f(), f(), f(), f(), None, &cfg, c)
+        let l = plan_adamw_ctl(&t, f(), f(), f(), f(), &cfg, c)
             .unwrap()
             .unwrap();
         let want = AdamArgs {
@@ -696,18 +809,18 @@ mod tests {
         assert_eq!(l.args.last(), Some(&Arg::bytes(&want)));
         // A block of the wrong size is refused.
         let short = fake_slice(DType::F32, ctl::LEN - 1);
-        assert!(plan_adamw_ctl(&t, f(), f(), f(), f(), None, &cfg, short).is_err());
-        assert!(plan_step_prepare(short, fake_slice(DType::F32, 1), 1.0, true).is_err());
-        let p = plan_step_prepare(c, fake_slice(DType::F32, 1), 0.0, false).unwrap();
+        assert!(plan_adamw_ctl(&t, f(), f(), f(), f(), &cfg, short).is_err());
+        assert!(plan_step_prepare(&t, short, fake_slice(DType::F32, 1), 1.0, true).is_err());
+        let p = plan_step_prepare(&t, c, fake_slice(DType::F32, 1), 0.0, false).unwrap();
         assert_eq!(p.args[3], Arg::I32(0));
         let bad = ScalerCfg {
             growth: 0.5,
             backoff: 0.5,
             interval: 10,
         };
-        assert!(plan_step_finish(c, fake_slice(DType::F32, 3), Some(bad)).is_err());
-        assert!(plan_step_finish(c, fake_slice(DType::F32, 0), None).is_err());
-        let fin = plan_step_finish(c, fake_slice(DType::F32, 3), None).unwrap();
+        assert!(plan_step_finish(&t, c, fake_slice(DType::F32, 3), Some(bad)).is_err());
+        assert!(plan_step_finish(&t, c, fake_slice(DType::F32, 0), None).is_err());
+        let fin = plan_step_finish(&t, c, fake_slice(DType::F32, 3), None).unwrap();
         assert_eq!(fin.args[2], Arg::I64(3));
         assert_eq!(fin.args[6], Arg::I32(0));
     }

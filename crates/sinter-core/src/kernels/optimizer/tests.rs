@@ -15,18 +15,40 @@ use std::sync::Arc;
 
 use harness::*;
 use sinter_cuda::emu::{EmuLibrary, Emulator};
-use sinter_cuda::launch::LaunchTarget;
+use sinter_cuda::launch::{Arg, LaunchTarget};
+use sinter_cuda::ops::table::Call;
 use sinter_cuda::user_kernel::UserLaunch;
-use sinter_cuda::DType;
+use sinter_cuda::{DType, DevSlice};
 
 use super::control::{ctl, ScalerCfg};
 use super::plans::{self, AdamW, Sgd, OPTIMIZER_CU};
 
 /// `optimizer.cu` built by the kernel emulator (once per emulator).
 fn library(e: &Emulator) -> Arc<EmuLibrary> {
-    let src = plans::source().unwrap();
+    let src = plans::OPTIMIZER.source().unwrap();
     e.library_from_source(&src.emu_stem(), src.program_source())
         .unwrap_or_else(|err| panic!("{err}"))
+}
+
+/// The AdamW launch with a half `copy` of the new parameters and the kernel arguments `a` (e.g.
+/// a found_inf flag that skips the step when set): what the kernels offer beyond the plans,
+/// planned from the rows directly.
+fn adamw_launch(
+    t: &LaunchTarget,
+    [p, g, m, v]: [DevSlice<'_>; 4],
+    copy: Option<DevSlice<'_>>,
+    a: plans::AdamArgs,
+) -> sinter_cuda::Result<Option<UserLaunch>> {
+    let scalars = [Arg::bytes(&a)];
+    let (row, operands) = match copy {
+        None => (&plans::ADAMW, vec![p, g, m, v]),
+        Some(c) => (&plans::ADAMW_COPY, vec![p, g, m, v, c]),
+    };
+    let dtype2 = copy.map_or(DType::F32, |c| c.dtype());
+    let call = Call::new(DType::F32, p.len(), &operands)
+        .dtype2(dtype2)
+        .scalars(&scalars);
+    row.plan_user(t, &call)
 }
 
 /// Runs `l` once (threads in forward order), then checks the canaries of `bufs`.
@@ -71,15 +93,11 @@ fn adamw_sgd_and_grad_norm() {
                 let v = Buf::from_f64(DType::F32, &vv, shift);
                 let c = copy.map(|d| Buf::zeros(d, n, shift));
                 let fi = Buf::from_f64(DType::F32, &[skip as i32 as f64], 0);
-                let l = plans::plan_adamw(
+                let l = adamw_launch(
                     &T1,
-                    p.slice(),
-                    g.slice(),
-                    m.slice(),
-                    v.slice(),
+                    [p.slice(), g.slice(), m.slice(), v.slice()],
                     c.as_ref().map(|c| c.slice()),
-                    &cfg,
-                    Some(fi.slice()),
+                    cfg.args(fi.slice().ptr()).unwrap(),
                 )
                 .unwrap()
                 .unwrap();
@@ -145,7 +163,6 @@ fn adamw_sgd_and_grad_norm() {
                 g.slice(),
                 (momentum != 0.0).then(|| b.slice()),
                 &cfg,
-                None,
             )
             .unwrap()
             .unwrap();
@@ -219,7 +236,7 @@ fn step_control_block_drives_adamw_and_sgd() {
         let mut c = Buf::from_f64(DType::F32, &c0, 0);
         let mut s = Buf::from_f64(DType::F32, &[sumsq], 0);
         let what = format!("sumsq {sumsq} max_norm {max_norm} dynamic {dynamic}");
-        let l = plans::plan_step_prepare(c.slice(), s.slice(), max_norm, dynamic).unwrap();
+        let l = plans::plan_step_prepare(&T1, c.slice(), s.slice(), max_norm, dynamic).unwrap();
         run_both(e, &l, &mut [&mut c, &mut s]);
         let s32 = sumsq as f32;
         let bad = !s32.is_finite();
@@ -265,15 +282,11 @@ fn step_control_block_drives_adamw_and_sgd() {
         let mut m = Buf::from_f64(DType::F32, &mv, 0);
         let mut v = Buf::from_f64(DType::F32, &vv, 0);
         let mut cp = Buf::from_f64(DType::BF16, &vec![7.0; n], 0);
-        let l = plans::plan_adamw_ctl(
+        let l = adamw_launch(
             &T1,
-            p.slice(),
-            g.slice(),
-            m.slice(),
-            v.slice(),
+            [p.slice(), g.slice(), m.slice(), v.slice()],
             Some(cp.slice()),
-            &cfg,
-            c.slice(),
+            plans::ctl_args(&cfg, c.slice()).unwrap(),
         )
         .unwrap()
         .unwrap();
@@ -335,8 +348,8 @@ fn step_control_block_drives_adamw_and_sgd() {
         // of the table: its last entry).
         let mut t = Buf::from_f64(DType::F32, &table, 0);
         let before = c.get();
-        let l =
-            plans::plan_step_finish(c.slice(), t.slice(), with_scaler.then_some(scaler)).unwrap();
+        let l = plans::plan_step_finish(&T1, c.slice(), t.slice(), with_scaler.then_some(scaler))
+            .unwrap();
         run_both(e, &l, &mut [&mut c, &mut t]);
         let mut want = before.clone();
         if skip {
@@ -405,22 +418,12 @@ fn adamw_follows_the_shared_rule_step_by_step() {
                     g.slice(),
                     m.slice(),
                     v.slice(),
-                    None,
                     &cfg,
                     c.slice(),
                 );
                 (l, Some(c))
             } else {
-                let l = plans::plan_adamw(
-                    &T1,
-                    p.slice(),
-                    g.slice(),
-                    m.slice(),
-                    v.slice(),
-                    None,
-                    &cfg,
-                    None,
-                );
+                let l = plans::plan_adamw(&T1, p.slice(), g.slice(), m.slice(), v.slice(), &cfg);
                 (l, None)
             };
             let before = (p.get(), m.get(), v.get());
@@ -479,7 +482,13 @@ fn adamw_on_the_test_device_with_a_copy_and_a_skip() {
         grad_scale: 0.5,
     };
     let (ps, gs, ms, vs) = (p.as_slice(), g.as_slice(), m.as_slice(), v.as_slice());
-    plans::adamw(&d, ps, gs, ms, vs, Some(copy.as_slice()), &cfg, None).unwrap();
+    let run = |copy, found_inf: Option<sinter_cuda::DevSlice<'_>>| {
+        let a = cfg.args(found_inf.map_or(0, |f| f.ptr())).unwrap();
+        let l = adamw_launch(&d.target(), [ps, gs, ms, vs], copy, a);
+        let src = plans::OPTIMIZER.source().unwrap();
+        d.launch_user(src, &l.unwrap().unwrap()).unwrap();
+    };
+    run(Some(copy.as_slice()), None);
     let want: Vec<(f32, f32, f32)> = (0..n)
         .map(|i| cfg.reference(pv[i], gv[i], mv[i], vv[i]))
         .collect();
@@ -494,7 +503,7 @@ fn adamw_on_the_test_device_with_a_copy_and_a_skip() {
     }
     // A set found_inf flag skips the step on the device.
     let inf = up(&[1.0]);
-    plans::adamw(&d, ps, gs, ms, vs, None, &cfg, Some(inf.as_slice())).unwrap();
+    run(None, Some(inf.as_slice()));
     assert_eq!(d.dtoh::<f32>(ps).unwrap(), got_p);
 }
 
@@ -503,33 +512,16 @@ fn nvrtc_compiles_every_kernel_and_the_plans_match_their_parameters() {
     if !crate::kernels::test_support::nvrtc_available() {
         return;
     }
-    let src = plans::source().unwrap();
+    let src = plans::OPTIMIZER.source().unwrap();
     let samples = plans::samples(&LaunchTarget { sm_count: 132 });
-    // The grad-norm kernels are launched by cuda.rs: (pointer, count) and 192 (x, n) pairs.
-    let sumsq = 2 + 2 * super::cuda::SUMSQ_SLOTS;
-    let grad_norm = [
-        ("sumsq_multi_f32", sumsq),
-        ("sumsq_multi_f16", sumsq),
-        ("sumsq_multi_bf16", sumsq),
-        ("sumsq_finish", 4),
-    ];
     for arch in ["sm_80", "sm_90"] {
         let ptx = src.ptx(arch).unwrap_or_else(|e| panic!("{arch}: {e}"));
         for l in &samples {
             src.check_launch(&ptx, l)
                 .unwrap_or_else(|e| panic!("{arch}: {e}"));
         }
-        for (name, params) in grad_norm {
-            let e = ptx.entries.iter().find(|e| e.name == name);
-            let e = e.unwrap_or_else(|| panic!("{arch}: no kernel {name}"));
-            assert_eq!(e.params.len(), params, "{arch}: {name}'s parameters");
-        }
-        // No kernel of the source is left without a plan.
-        let planned: HashSet<&str> = samples
-            .iter()
-            .map(|l| l.kernel.as_str())
-            .chain(grad_norm.map(|(n, _)| n))
-            .collect();
+        // No kernel of the source is left without a row.
+        let planned: HashSet<&str> = samples.iter().map(|l| l.kernel.as_str()).collect();
         for e in &ptx.entries {
             assert!(
                 planned.contains(e.name.as_str()),
@@ -570,4 +562,136 @@ fn the_control_block_slots_and_slot_counts_are_the_kernels() {
         OPTIMIZER_CU.contains(&chunk),
         "optimizer.cu lacks `{chunk}`"
     );
+}
+
+/// Operand `k` of a golden sample at its own address (never dereferenced), so the recorded
+/// pointers do not depend on test order.
+fn at(k: u64, dtype: DType, len: usize) -> sinter_cuda::DevSlice<'static> {
+    // SAFETY: only used to build launch plans, never dereferenced.
+    unsafe { sinter_cuda::DevSlice::from_raw(0x7000_0000_0000 + k * 0x100_0000, len, dtype) }
+}
+
+/// The launches of sample calls of every plan, pinned against `launches.golden` (recorded from
+/// the hand-written plans before the kernel table's rows replaced them; see
+/// `sinter_cuda::golden`).
+#[test]
+fn planned_launches_match_the_recorded_ones() {
+    use sinter_cuda::golden::user_launch_text;
+    let mut lines = Vec::new();
+    let mut rec = |label: String, r: sinter_cuda::Result<Vec<UserLaunch>>| match r {
+        _ if label.starts_with('#') => lines.push(label),
+        Ok(ls) if ls.is_empty() => lines.push(format!("{label}: none")),
+        Ok(ls) => {
+            for (k, l) in ls.iter().enumerate() {
+                lines.push(format!("{label} [{k}]: {}", user_launch_text(l)));
+            }
+        }
+        Err(e) => lines.push(format!("{label}: error {e}")),
+    };
+    let f = |k, n| at(k, DType::F32, n);
+    let cfg = AdamW {
+        hyper: sinter_types::AdamW {
+            lr: 1e-3,
+            beta1: 0.9,
+            beta2: 0.95,
+            eps: 1e-8,
+            weight_decay: 0.1,
+            step: 7,
+        },
+        grad_scale: 0.5,
+    };
+    let sgd = Sgd {
+        lr: 0.1,
+        momentum: 0.9,
+        dampening: 0.1,
+        weight_decay: 0.01,
+        nesterov: true,
+        first_step: false,
+        grad_scale: 2.0,
+    };
+    let c = at(9, DType::F32, ctl::LEN);
+    for sm_count in [1, 132] {
+        let t = LaunchTarget { sm_count };
+        let t = &t;
+        rec(format!("# sm_count {sm_count}"), Ok(Vec::new()));
+        for n in [0usize, 1, 1000, 1 << 22] {
+            let (p, g, m, v) = (f(0, n), f(1, n), f(2, n), f(3, n));
+            let l = plans::plan_adamw(t, p, g, m, v, &cfg);
+            rec(format!("adamw {n}"), l.map(Vec::from_iter));
+            let l = plans::plan_adamw_ctl(t, p, g, m, v, &cfg, c);
+            rec(format!("adamw_ctl {n}"), l.map(Vec::from_iter));
+            for d in [DType::BF16, DType::F16] {
+                let (copy, fi) = (at(4, d, n), f(5, 1));
+                let l = cfg.args(fi.ptr());
+                let l = l.and_then(|a| adamw_launch(t, [p, g, m, v], Some(copy), a));
+                rec(format!("adamw_copy {d:?} {n}"), l.map(Vec::from_iter));
+            }
+            for buf in [None, Some(f(6, n))] {
+                let l = plans::plan_sgd(t, p, g, buf, &sgd);
+                rec(format!("sgd {n} {}", buf.is_some()), l.map(Vec::from_iter));
+                let l = plans::plan_sgd_ctl(t, p, g, buf, &sgd, c);
+                rec(
+                    format!("sgd_ctl {n} {}", buf.is_some()),
+                    l.map(Vec::from_iter),
+                );
+            }
+        }
+        for count in [0usize, 3, 33, 70] {
+            let slots: Vec<plans::AdamSlot> = (0..count)
+                .map(|k| {
+                    let n = [0, 10, 4096, 4097, 3 * 4096 + 1][k % 5];
+                    let base = 16 + 4 * k as u64;
+                    plans::AdamSlot {
+                        param: f(base, n),
+                        grad: f(base + 1, n),
+                        m: f(base + 2, n),
+                        v: f(base + 3, n),
+                        weight_decay: 0.01 * k as f64,
+                        lr: 1e-3 * (k + 1) as f64,
+                        lr_scale: 0.5 + k as f32,
+                    }
+                })
+                .collect();
+            for ctl in [None, Some(c)] {
+                let l = plans::plan_adamw_multi(t, &slots, &cfg, ctl);
+                rec(format!("adamw_multi {count} {}", ctl.is_some()), l);
+            }
+        }
+        for (max_norm, dynamic) in [(1.0, true), (0.0, false)] {
+            let l = plans::plan_step_prepare(t, c, f(7, 1), max_norm, dynamic);
+            rec(
+                format!("step_prepare {max_norm} {dynamic}"),
+                l.map(|l| vec![l]),
+            );
+        }
+        let scaler = ScalerCfg {
+            growth: 2.0,
+            backoff: 0.5,
+            interval: 2000,
+        };
+        for s in [None, Some(scaler)] {
+            let l = plans::plan_step_finish(t, c, f(8, 100), s);
+            rec(format!("step_finish {}", s.is_some()), l.map(|l| vec![l]));
+        }
+        let mixed = [
+            (DType::F32, 1000),
+            (DType::F32, 5000),
+            (DType::BF16, 100),
+            (DType::F16, 0),
+            (DType::F32, 4096 * 300),
+        ];
+        let many: Vec<(DType, usize)> = (0..200).map(|k| (DType::F32, 7 * k)).collect();
+        for (what, list) in [("mixed", &mixed[..]), ("many", &many[..])] {
+            let xs: Vec<_> = (0..)
+                .zip(list)
+                .map(|(k, &(d, n))| at(300 + k, d, n))
+                .collect();
+            let total = xs.iter().map(|x| plans::sumsq_blocks(x.len())).sum();
+            let l = plans::plan_sum_squares(t, &xs, f(10, total), f(11, 1));
+            rec(format!("sum_squares {what}"), l);
+        }
+    }
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("src/kernels/optimizer/launches.golden");
+    sinter_cuda::golden::check(&path, &lines);
 }

@@ -41,13 +41,7 @@ pub(super) fn qkernel(
 /// A grid-stride launch of `items` threads.
 pub(super) fn strided(items: usize) -> KernelLaunch {
     let blocks = items.div_ceil(BLOCK as usize).clamp(1, MAX_BLOCKS) as u32;
-    KernelLaunch {
-        grid: (blocks, 1, 1),
-        block: (BLOCK, 1, 1),
-        shared_mem: 0,
-        scalars: Vec::new(),
-        cost: None,
-    }
+    KernelLaunch::new((blocks, 1, 1), (BLOCK, 1, 1))
 }
 
 /// Input: values [n, w] (i64 words of bytes); output: sums [n] (i64).

@@ -126,17 +126,13 @@ pub(super) fn rms_backward_dw(dtype: DType) -> Result<CudaKernel> {
         let chunks = dw_chunks(&m[0]);
         let t =
             Traffic::bytes(2 * bytes(&m[0]) + rows * 4, chunks * n * 4).with_flops(3 * rows * n);
-        Ok(KernelLaunch {
-            grid: (n.div_ceil(32) as u32, chunks as u32, 1),
-            block: (32, 8, 1),
-            shared_mem: 0,
-            scalars: Vec::new(),
-            cost: None,
-        }
-        .arg(rows as i64)
-        .arg(n as i64)
-        .arg(DW_CHUNK as i64)
-        .with_cost(OpClass::Row, t))
+        Ok(
+            KernelLaunch::new((n.div_ceil(32) as u32, chunks as u32, 1), (32, 8, 1))
+                .arg(rows as i64)
+                .arg(n as i64)
+                .arg(DW_CHUNK as i64)
+                .with_cost(OpClass::Row, t),
+        )
     })
 }
 
