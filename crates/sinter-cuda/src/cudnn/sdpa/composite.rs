@@ -472,7 +472,11 @@ pub fn composite_supports(
             "{ver} has known fused-attention bugs (cudnn-frontend declines 9.10.0/9.10.1)"
         ));
     }
-    if p.causal && p.tq != p.tk && v < (9, 6, 0) && (p.tq % 64 != 0 || p.tk % 64 != 0) {
+    if p.causal
+        && p.tq != p.tk
+        && v < (9, 6, 0)
+        && (!p.tq.is_multiple_of(64) || !p.tk.is_multiple_of(64))
+    {
         return Err(format!(
             "{ver}: a causal mask with {} queries and {} keys needs both multiples of 64 before 9.6.0",
             p.tq, p.tk
