@@ -26,7 +26,11 @@
 //! efficiencies come from public figures (bf16, causal, head dim 64): forward 288 TFLOP/s on an
 //! H100 at T 1k (FlashAttention-3 paper, Fig. 5) = 0.29 of 989.4; backward from NVIDIA's H200
 //! figures for cuDNN 9.19 at T 2k, 264 bwd against 310 fwd, applied to that forward: 0.29 ·
-//! 264 / 310 = 0.25 (the same SMs and clocks as the H100).
+//! 264 / 310 = 0.25 (the same SMs and clocks as the H100), i.e. 247 TFLOP/s by the 2.5×-forward
+//! count, the low end of the published 264–350 TFLOP/s backward figures. The composite
+//! fused-attention graph (what cuDNN 9.14, the H200's, runs for causal and backward passes) is
+//! matched by cuDNN to the same fused flash-attention engines: its calls carry the same key and
+//! are priced at the same rates, one library call each.
 
 use std::collections::BTreeMap;
 

@@ -17,15 +17,21 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use super::blas::{load, store};
 use super::cost::{Call, OpClass, Traffic};
-use crate::cudnn::sdpa::graph::{Role, SdpaGraph, SdpaPass, Version};
+use crate::cudnn::sdpa::composite::{Binding, CTensor, CompositeGraph, OpKind, Pw};
+use crate::cudnn::sdpa::graph::{
+    Elem, Role, Scalar, SdpaGraph, SdpaLayout, SdpaPass, SdpaProblem, Version,
+};
 use crate::dtype::DType;
+use crate::error::{CudaError, Result};
 
 /// The start of every cuDNN attention call's cost key (the GPU model prices them by it).
 pub const KEY_PREFIX: &str = "cudnn sdpa";
 
-/// The cuDNN release emulated devices report unless told otherwise: one that takes the SDPA
-/// operations (see `cudnn::sdpa::graph::version_supports`), so traced steps take the cuDNN path.
-pub const DEFAULT_VERSION: Version = (9, 22, 0);
+/// The cuDNN release emulated devices report unless told otherwise: 9.14.0, what the one real
+/// GPU lent to this project (an H200) had, so the cost model prices what that machine would
+/// run: the unified SDPA_FWD for a non-causal forward, the composite graph for the rest (see
+/// `cudnn::sdpa::choose`).
+pub const DEFAULT_VERSION: Version = (9, 14, 0);
 
 fn version_slot() -> &'static Mutex<Option<Version>> {
     static SLOT: OnceLock<Mutex<Option<Version>>> = OnceLock::new();
@@ -65,6 +71,108 @@ pub fn cudnn_version() -> Option<Version> {
 /// Emulate cuDNN release `v` (None: no cuDNN) from now on, process-wide.
 pub fn set_cudnn_version(v: Option<Version>) {
     *version_slot().lock().unwrap_or_else(|p| p.into_inner()) = v;
+}
+
+/// The composite fused-attention graph a real device would hand cuDNN, recognised as the one
+/// pattern cuDNN's fused engines (and this emulation) run, and described for the host execution.
+/// The problem is read back from the graph's own tensors (dims, dtypes, strides, the scale, the
+/// mask's nodes), the canonical graph rebuilt from it and compared node by node and tensor by
+/// tensor: anything else is declined, as cuDNN's heuristics would find no engine for it.
+pub(crate) fn host_graph(c: &CompositeGraph) -> Result<SdpaGraph> {
+    let op = "emulated cudnn composite attention";
+    let unknown = |why: String| {
+        CudaError::invalid(
+            op,
+            format!("not the fused-attention pattern cuDNN's engines run ({why})"),
+        )
+    };
+    let dev = |r: Role| {
+        c.tensors
+            .iter()
+            .find(|t| t.binding == Binding::Device(r))
+            .ok_or_else(|| unknown(format!("no {r:?} operand")))
+    };
+    let rows = |t: &CTensor| [t.strides[0], t.strides[1], t.strides[2]].map(|s| s as usize);
+    let cols = |t: &CTensor| [t.strides[0], t.strides[1], t.strides[3]].map(|s| s as usize);
+    let (q, kt) = (dev(Role::Q)?, dev(Role::K)?);
+    let [b, h, tq, d] = q.dims.map(|x| x.max(0) as usize);
+    let dtype = match q.elem {
+        Elem::Half => DType::F16,
+        Elem::BFloat16 => DType::BF16,
+        e => return Err(unknown(format!("q is {e:?}"))),
+    };
+    let scale = match c.tensors.iter().find(|t| t.name == "attn_scale") {
+        Some(CTensor {
+            binding: Binding::ByValue(Scalar::F32(s)),
+            ..
+        }) => *s,
+        _ => return Err(unknown("no by-value fp32 attention scale".into())),
+    };
+    let causal = c.nodes.iter().any(|n| {
+        matches!(
+            n.kind,
+            OpKind::Pointwise {
+                mode: Pw::CmpGe,
+                ..
+            }
+        )
+    });
+    let p = SdpaProblem {
+        b,
+        h,
+        tq,
+        tk: kt.dims[3].max(0) as usize,
+        d,
+        dtype,
+        causal,
+        scale,
+    };
+    let mut layout = SdpaLayout::dense(&p);
+    layout.q = rows(q);
+    layout.k = cols(kt);
+    layout.o = rows(dev(Role::O)?);
+    match c.pass {
+        SdpaPass::Forward => layout.v = rows(dev(Role::V)?),
+        SdpaPass::Backward => {
+            layout.v = cols(dev(Role::V)?);
+            layout.d_o = rows(dev(Role::DO)?);
+            layout.dq = rows(dev(Role::DQ)?);
+            layout.dk = rows(dev(Role::DK)?);
+            layout.dv = rows(dev(Role::DV)?);
+        }
+    }
+    let want = CompositeGraph::build(&p, &layout, c.pass)?;
+    if want.nodes.len() != c.nodes.len() {
+        return Err(unknown(format!(
+            "{} nodes where the pattern has {}",
+            c.nodes.len(),
+            want.nodes.len()
+        )));
+    }
+    if let Some((i, (got, w))) = c
+        .nodes
+        .iter()
+        .zip(&want.nodes)
+        .enumerate()
+        .find(|(_, (g, w))| g != w)
+    {
+        return Err(unknown(format!(
+            "node {i} is {got:?} where the pattern has {w:?}"
+        )));
+    }
+    if c.tensors.len() != want.tensors.len() {
+        return Err(unknown(format!(
+            "{} tensors where the pattern has {}",
+            c.tensors.len(),
+            want.tensors.len()
+        )));
+    }
+    if let Some((got, w)) = c.tensors.iter().zip(&want.tensors).find(|(g, w)| g != w) {
+        return Err(unknown(format!(
+            "tensor {got:?} where the pattern has {w:?}"
+        )));
+    }
+    SdpaGraph::build(&p, &layout, c.pass)
 }
 
 /// A validated SDPA call with raw addresses, as the emulated device queues it.
@@ -443,6 +551,75 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// The composite graph is recognised back into the problem it was built from (packed and
+    /// dense, both passes, causal or not); a graph off the pattern is declined with a reason.
+    #[test]
+    fn composite_graphs_are_recognised_and_others_declined() {
+        use crate::cudnn::sdpa::composite::{CompositeGraph, OpKind, Red};
+        for (causal, tq, tk, packed) in [
+            (true, 128, 128, true),
+            (false, 37, 100, false),
+            (true, 5, 9, false),
+        ] {
+            let p = SdpaProblem {
+                b: 2,
+                h: 3,
+                tq,
+                tk,
+                d: 64,
+                dtype: DType::F16,
+                causal,
+                scale: 0.3,
+            };
+            let l = if packed {
+                SdpaLayout::packed(tq, 3, 64)
+            } else {
+                SdpaLayout::dense(&p)
+            };
+            for pass in [SdpaPass::Forward, SdpaPass::Backward] {
+                let c = CompositeGraph::build(&p, &l, pass).unwrap();
+                // The same problem, operand views and mask (a forward's unused gradient
+                // strides are not in its graph).
+                let host = host_graph(&c).unwrap();
+                let want = SdpaGraph::build(&p, &l, pass).unwrap();
+                assert_eq!(
+                    (host.problem, host.tensors, host.mask),
+                    (want.problem, want.tensors, want.mask)
+                );
+            }
+        }
+        let p = SdpaProblem {
+            b: 1,
+            h: 2,
+            tq: 64,
+            tk: 64,
+            d: 64,
+            dtype: DType::BF16,
+            causal: true,
+            scale: 0.125,
+        };
+        let l = SdpaLayout::dense(&p);
+        let good = CompositeGraph::build(&p, &l, SdpaPass::Forward).unwrap();
+        let mut c = good.clone();
+        let i = c.nodes.iter().position(|n| n.name == "row_max").unwrap();
+        c.nodes[i].kind = OpKind::Reduction(Red::Add);
+        let e = host_graph(&c).unwrap_err().to_string();
+        assert!(
+            e.contains("not the fused-attention pattern") && e.contains("node 6"),
+            "{e}"
+        );
+        let mut c = good.clone();
+        c.nodes.pop();
+        assert!(host_graph(&c).unwrap_err().to_string().contains("13 nodes"));
+        let mut c = good.clone();
+        let t = c.tensors.iter_mut().find(|t| t.name == "p").unwrap();
+        t.elem = Elem::Float;
+        assert!(host_graph(&c).unwrap_err().to_string().contains("pattern"));
+        let mut c = good;
+        c.tensors.retain(|t| t.name != "attn_scale");
+        assert!(host_graph(&c).unwrap_err().to_string().contains("scale"));
     }
 
     #[test]

@@ -66,7 +66,8 @@ pub(super) fn takes(dev: &CudaDevice, p: &SdpaProblem, pass: SdpaPass) -> bool {
     match ok {
         Ok(()) => true,
         Err(why) => {
-            // A causal backward on flash is the plan (see the version rules), not news.
+            // A backward cuDNN declines (e.g. the composite graph's key-count rule) runs flash
+            // on cuDNN's stats: expected, not news.
             let news = pass == SdpaPass::Forward;
             if chosen == AttentionBackend::Cudnn && news && !NOTED.swap(true, Ordering::Relaxed) {
                 eprintln!("sinter: SINTER_ATTENTION=cudnn, but cuDNN cannot take this attention ({why}); using sinter's flash kernel where it cannot");

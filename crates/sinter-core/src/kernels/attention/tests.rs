@@ -578,16 +578,18 @@ fn cuda_flash_kernels_single_rows() {
 }
 
 // ---- cuDNN's fused attention (cudnn.rs) through the same cases ------------------------------
-// On the emulated device cuDNN is the host execution of the SDPA graph the real device would
-// build (emulated::sdpa in sinter-cuda); on a GPU it is cuDNN itself, when the loaded release
-// takes the SDPA operations. The forward must have run through cuDNN wherever it applies; a
-// causal backward runs the flash kernel on cuDNN's stats (no published cuDNN takes a causal
-// SDPA_BWD), a non-causal one runs cuDNN's.
+// On the emulated device cuDNN is the host execution of the graph the real device would build
+// (emulated::sdpa in sinter-cuda: the unified SDPA operation, or the composite fused-attention
+// graph, checked against the pattern cuDNN's engines run); on a GPU it is cuDNN itself. Which
+// pass cuDNN takes follows the loaded release (the emulated device reports 9.14.0, the H200's:
+// unified non-causal forward, composite causal forward and composite backward where the key
+// count is a multiple of 128); the rest runs the flash kernels on cuDNN's stats.
 
-/// Whether cuDNN takes this case's forward here (f16/bf16, 16-byte aligned views, causal rows
-/// that all see a key, a cuDNN that takes the pass).
-fn cudnn_expected(c: &Case) -> bool {
-    let p = sinter_cuda::cudnn::sdpa::SdpaProblem {
+/// Whether cuDNN takes this case's forward and its backward here (f16/bf16, 16-byte aligned
+/// views, causal rows that all see a key, a cuDNN that takes the pass through either graph).
+fn cudnn_expected(c: &Case) -> [Option<sinter_cuda::cudnn::sdpa::Form>; 2] {
+    use sinter_cuda::cudnn::sdpa::{self as sdpa, SdpaPass};
+    let p = sdpa::SdpaProblem {
         b: c.b,
         h: c.h,
         tq: c.tq,
@@ -598,15 +600,21 @@ fn cudnn_expected(c: &Case) -> bool {
         scale: 1.0,
     };
     let dev = crate::cuda::device(0).expect("the test device");
-    let pass = sinter_cuda::cudnn::sdpa::SdpaPass::Forward;
-    !matches!(c.packing, Packing::Unaligned)
-        && sinter_cuda::cudnn::sdpa::supports(&dev, &p, pass).is_ok()
+    let v = sdpa::loaded_version(&dev);
+    [SdpaPass::Forward, SdpaPass::Backward].map(|pass| {
+        (!matches!(c.packing, Packing::Unaligned))
+            .then(|| sdpa::choose(v, &p, pass).ok())
+            .flatten()
+    })
 }
 
-fn run_cudnn_cases(cases: &[Case], seed: u64) {
+/// Runs the cases through cuDNN and checks how many cuDNN calls each made; returns how many
+/// passes took the composite graph.
+fn run_cudnn_cases(cases: &[Case], seed: u64) -> usize {
     if sinter_cuda::testing::gpu_tests(1).is_none() {
-        return;
+        return 0;
     }
+    let mut composite = 0;
     for (i, c) in cases.iter().enumerate() {
         let before = cudnn::calls_on_this_thread();
         run_cases(
@@ -615,15 +623,16 @@ fn run_cudnn_cases(cases: &[Case], seed: u64) {
             AttentionBackend::Cudnn,
         );
         let ran = cudnn::calls_on_this_thread() - before;
-        if cudnn_expected(c) {
-            // The test's own extra forward for the stats, the op's forward, and the backward
-            // unless it is causal (flash's backward then).
-            let want = if c.causal { 2 } else { 3 };
-            assert_eq!(ran, want, "cuDNN calls for {c:?}");
-        } else {
-            assert_eq!(ran, 0, "cuDNN must decline {c:?}");
-        }
+        let [fwd, bwd] = cudnn_expected(c);
+        // The test's own extra forward for the stats and the op's forward, then the backward.
+        let want = 2 * fwd.is_some() as usize + bwd.is_some() as usize;
+        assert_eq!(ran, want, "cuDNN calls for {c:?} ({fwd:?}, {bwd:?})");
+        composite += [fwd, bwd]
+            .iter()
+            .filter(|f| **f == Some(sinter_cuda::cudnn::sdpa::Form::Composite))
+            .count();
     }
+    composite
 }
 
 #[test]
@@ -648,4 +657,26 @@ fn cudnn_attention_head_dim_128() {
         case(DType::BF16, 128, (1, 2), (37, 100), true, Packing::Kv),
     ];
     run_cudnn_cases(&cases, 500);
+}
+
+/// Key counts that are multiples of 128 and causal forwards: cuDNN's composite fused-attention
+/// graph (on the emulated device's default 9.14.0), forward and backward, causal and not, bf16
+/// and f16, head dims 64 and 128, packed qkv and separate q/kv, against the reference.
+#[test]
+fn cudnn_composite_attention() {
+    let cases = [
+        case(DType::BF16, 64, (2, 2), (128, 128), true, Packing::Qkv),
+        case(DType::F16, 64, (1, 2), (128, 128), false, Packing::Kv),
+        case(DType::F16, 128, (1, 2), (128, 128), true, Packing::Kv),
+        case(DType::BF16, 128, (2, 1), (128, 128), false, Packing::Qkv),
+        case(DType::BF16, 64, (1, 1), (64, 256), true, Packing::Kv),
+    ];
+    let composite = run_cudnn_cases(&cases, 600);
+    let emulated_default = sinter_cuda::testing::gpu_tests(1).is_some()
+        && sinter_cuda::runtime::is_emulated()
+        && std::env::var("SINTER_CUDA_EMU_CUDNN").is_err();
+    if emulated_default {
+        // Causal forwards (3) and every backward (5) through the composite graph.
+        assert_eq!(composite, 8);
+    }
 }

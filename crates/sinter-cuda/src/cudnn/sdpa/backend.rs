@@ -18,7 +18,8 @@ use cs::cudnnBackendAttributeType_t as T;
 use cs::cudnnBackendDescriptorType_t as K;
 use cudarc::cudnn::sys as cs;
 
-use super::graph::{Elem, Role, Scalar, SdpaGraph, SdpaLayout, SdpaPass, TensorSpec};
+use super::composite::CompositeGraph;
+use super::graph::{Elem, Role, Scalar, SdpaGraph, SdpaLayout, SdpaPass, SdpaProblem, TensorSpec};
 use crate::dtype::DType;
 
 /// A cuDNN call that did not return SUCCESS: which step, and the status.
@@ -42,7 +43,7 @@ fn check(step: &'static str, s: cs::cudnnStatus_t) -> R<()> {
 }
 
 /// One backend descriptor, destroyed once when dropped.
-struct Desc(cs::cudnnBackendDescriptor_t);
+pub(super) struct Desc(cs::cudnnBackendDescriptor_t);
 
 impl Drop for Desc {
     fn drop(&mut self) {
@@ -52,7 +53,7 @@ impl Drop for Desc {
 }
 
 impl Desc {
-    fn new(kind: K) -> R<Desc> {
+    pub(super) fn new(kind: K) -> R<Desc> {
         let mut d: cs::cudnnBackendDescriptor_t = std::ptr::null_mut();
         // SAFETY: cuDNN writes one handle into `d`.
         check("cudnnBackendCreateDescriptor", unsafe {
@@ -63,7 +64,7 @@ impl Desc {
 
     /// Sets attribute `name` to `values`, whose Rust type must be what `ty` says (cuDNN reads
     /// `values.len()` elements of it).
-    fn set<V>(&self, name: A, ty: T, values: &[V]) -> R<()> {
+    pub(super) fn set<V>(&self, name: A, ty: T, values: &[V]) -> R<()> {
         // SAFETY: a live descriptor and a slice of the attribute's element type.
         check("cudnnBackendSetAttribute", unsafe {
             cs::cudnnBackendSetAttribute(
@@ -76,12 +77,12 @@ impl Desc {
         })
     }
 
-    fn set_descs(&self, name: A, descs: &[&Desc]) -> R<()> {
+    pub(super) fn set_descs(&self, name: A, descs: &[&Desc]) -> R<()> {
         let raw: Vec<cs::cudnnBackendDescriptor_t> = descs.iter().map(|d| d.0).collect();
         self.set(name, T::CUDNN_TYPE_BACKEND_DESCRIPTOR, &raw)
     }
 
-    fn finalize(self) -> R<Desc> {
+    pub(super) fn finalize(self) -> R<Desc> {
         // SAFETY: a live descriptor.
         check("cudnnBackendFinalize", unsafe {
             cs::cudnnBackendFinalize(self.0)
@@ -90,61 +91,50 @@ impl Desc {
     }
 }
 
-fn data_type(e: Elem) -> cs::cudnnDataType_t {
+pub(super) fn data_type(e: Elem) -> cs::cudnnDataType_t {
     match e {
         Elem::Half => cs::cudnnDataType_t::CUDNN_DATA_HALF,
         Elem::BFloat16 => cs::cudnnDataType_t::CUDNN_DATA_BFLOAT16,
         Elem::Float => cs::cudnnDataType_t::CUDNN_DATA_FLOAT,
         Elem::Int32 => cs::cudnnDataType_t::CUDNN_DATA_INT32,
+        Elem::Boolean => cs::cudnnDataType_t::CUDNN_DATA_BOOLEAN,
     }
 }
 
-/// The byte alignment a tensor promises: 16 for device tensors (sinter's buffers are 256-byte
-/// aligned and every view offset the attention op makes is a multiple of 8 elements, as the
-/// head dim is), the element size for by-value scalars.
-fn alignment(t: &TensorSpec) -> i64 {
-    if t.value.is_some() {
-        4
-    } else {
-        16
-    }
-}
-
-fn tensor(t: &TensorSpec) -> R<Desc> {
+/// A tensor descriptor. Device tensors promise 16-byte alignment (sinter's buffers are
+/// 256-byte aligned and every view offset the attention op makes is a multiple of 8 elements,
+/// as the head dim is); by-value scalars their element size.
+pub(super) fn tensor_desc(
+    uid: i64,
+    elem: Elem,
+    dims: &[i64; 4],
+    strides: &[i64; 4],
+    is_virtual: bool,
+    by_value: bool,
+) -> R<Desc> {
     let d = Desc::new(K::CUDNN_BACKEND_TENSOR_DESCRIPTOR)?;
-    d.set(
-        A::CUDNN_ATTR_TENSOR_UNIQUE_ID,
-        T::CUDNN_TYPE_INT64,
-        &[t.uid],
-    )?;
+    d.set(A::CUDNN_ATTR_TENSOR_UNIQUE_ID, T::CUDNN_TYPE_INT64, &[uid])?;
     d.set(
         A::CUDNN_ATTR_TENSOR_DATA_TYPE,
         T::CUDNN_TYPE_DATA_TYPE,
-        &[data_type(t.elem)],
+        &[data_type(elem)],
     )?;
+    let alignment: i64 = if by_value { 4 } else { 16 };
     d.set(
         A::CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT,
         T::CUDNN_TYPE_INT64,
-        &[alignment(t)],
+        &[alignment],
     )?;
-    d.set(
-        A::CUDNN_ATTR_TENSOR_DIMENSIONS,
-        T::CUDNN_TYPE_INT64,
-        &t.dims,
-    )?;
-    d.set(
-        A::CUDNN_ATTR_TENSOR_STRIDES,
-        T::CUDNN_TYPE_INT64,
-        &t.strides,
-    )?;
-    if t.is_virtual {
+    d.set(A::CUDNN_ATTR_TENSOR_DIMENSIONS, T::CUDNN_TYPE_INT64, dims)?;
+    d.set(A::CUDNN_ATTR_TENSOR_STRIDES, T::CUDNN_TYPE_INT64, strides)?;
+    if is_virtual {
         d.set(
             A::CUDNN_ATTR_TENSOR_IS_VIRTUAL,
             T::CUDNN_TYPE_BOOLEAN,
             &[true],
         )?;
     }
-    if t.value.is_some() {
+    if by_value {
         d.set(
             A::CUDNN_ATTR_TENSOR_IS_BY_VALUE,
             T::CUDNN_TYPE_BOOLEAN,
@@ -152,6 +142,17 @@ fn tensor(t: &TensorSpec) -> R<Desc> {
         )?;
     }
     d.finalize()
+}
+
+fn tensor(t: &TensorSpec) -> R<Desc> {
+    tensor_desc(
+        t.uid,
+        t.elem,
+        &t.dims,
+        &t.strides,
+        t.is_virtual,
+        t.value.is_some(),
+    )
 }
 
 /// The attributes of each role on the pass's operation.
@@ -271,16 +272,22 @@ pub(super) struct Plan {
 unsafe impl Send for Plan {}
 unsafe impl Sync for Plan {}
 
-/// Operation graph → heuristics → the first engine config that finalizes as a plan.
 fn build(handle: cs::cudnnHandle_t, g: &SdpaGraph) -> R<Plan> {
-    let (op, mut keep) = operation(handle, g)?;
+    let (op, keep) = operation(handle, g)?;
+    finish(handle, vec![op], keep)
+}
+
+/// Operation graph of `ops` → heuristics → the first engine config that finalizes as a plan
+/// (`keep`: descriptors the operations refer to, kept alive with the plan).
+pub(super) fn finish(handle: cs::cudnnHandle_t, ops: Vec<Desc>, mut keep: Vec<Desc>) -> R<Plan> {
     let graph = Desc::new(K::CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR)?;
     graph.set(
         A::CUDNN_ATTR_OPERATIONGRAPH_HANDLE,
         T::CUDNN_TYPE_HANDLE,
         &[handle],
     )?;
-    graph.set_descs(A::CUDNN_ATTR_OPERATIONGRAPH_OPS, &[&op])?;
+    let op_refs: Vec<&Desc> = ops.iter().collect();
+    graph.set_descs(A::CUDNN_ATTR_OPERATIONGRAPH_OPS, &op_refs)?;
     let graph = graph.finalize()?;
     let heur = Desc::new(K::CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR)?;
     heur.set_descs(A::CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, &[&graph])?;
@@ -355,7 +362,8 @@ fn build(handle: cs::cudnnHandle_t, g: &SdpaGraph) -> R<Plan> {
             &mut ws as *mut i64 as *mut c_void,
         )
     })?;
-    keep.extend([op, graph, heur]);
+    keep.extend(ops);
+    keep.extend([graph, heur]);
     keep.extend(configs);
     Ok(Plan {
         plan,
@@ -368,6 +376,8 @@ fn build(handle: cs::cudnnHandle_t, g: &SdpaGraph) -> R<Plan> {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 struct PlanKey {
     ordinal: usize,
+    /// The composite graph rather than the unified operation.
+    composite: bool,
     pass: SdpaPass,
     dims: [usize; 5],
     dtype: DType,
@@ -375,15 +385,21 @@ struct PlanKey {
     layout: SdpaLayout,
 }
 
-fn key(ordinal: usize, g: &SdpaGraph) -> PlanKey {
-    let p = &g.problem;
+fn key(
+    ordinal: usize,
+    composite: bool,
+    pass: SdpaPass,
+    p: &SdpaProblem,
+    l: &SdpaLayout,
+) -> PlanKey {
     PlanKey {
         ordinal,
-        pass: g.pass,
+        composite,
+        pass,
         dims: [p.b, p.h, p.tq, p.tk, p.d],
         dtype: p.dtype,
         causal: p.causal,
-        layout: g.layout,
+        layout: *l,
     }
 }
 
@@ -402,12 +418,31 @@ pub(super) fn plan(
     g: &SdpaGraph,
     declined: impl Fn(&Fail) -> bool,
 ) -> R<Option<Arc<Plan>>> {
-    let k = key(ordinal, g);
+    let k = key(ordinal, false, g.pass, &g.problem, &g.layout);
+    cached(k, || build(handle, g), declined)
+}
+
+/// The cached plan of the composite graph `c` on device `ordinal` (as [`plan`]).
+pub(super) fn composite_plan(
+    handle: cs::cudnnHandle_t,
+    ordinal: usize,
+    c: &CompositeGraph,
+    declined: impl Fn(&Fail) -> bool,
+) -> R<Option<Arc<Plan>>> {
+    let k = key(ordinal, true, c.pass, &c.problem, &c.layout);
+    cached(k, || super::lower::build(handle, c), declined)
+}
+
+fn cached(
+    k: PlanKey,
+    build: impl FnOnce() -> R<Plan>,
+    declined: impl Fn(&Fail) -> bool,
+) -> R<Option<Arc<Plan>>> {
     let mut plans = cache().lock().unwrap_or_else(|p| p.into_inner());
     if let Some(p) = plans.get(&k) {
         return Ok(p.clone());
     }
-    let built = match build(handle, g) {
+    let built = match build() {
         Ok(p) => Some(Arc::new(p)),
         Err(f) if declined(&f) => None,
         Err(f) => return Err(f),
@@ -421,38 +456,35 @@ impl Plan {
         self.workspace
     }
 
-    /// Runs the plan on the handle's stream: `ptrs` binds every device tensor of `g`, the
-    /// by-value scalars come from `g` itself.
+    /// Runs the plan on the handle's stream: `bound` gives every device (and workspace)
+    /// tensor's (uid, address), `scalars` every by-value tensor's (uid, value).
     ///
     /// # Safety
-    /// `handle` is the device's live cuDNN handle (held exclusively); the pointers address
-    /// device buffers of the graph's extents that stay live in stream order; `workspace`
-    /// holds `self.workspace()` bytes (or is null when that is 0).
+    /// `handle` is the device's live cuDNN handle (held exclusively); the addresses are device
+    /// buffers of the graph's extents that stay live in stream order; `workspace` holds
+    /// `self.workspace()` bytes (or is null when that is 0).
     pub(super) unsafe fn execute(
         &self,
         handle: cs::cudnnHandle_t,
-        g: &SdpaGraph,
-        ptrs: &[(Role, u64)],
+        bound: &[(i64, u64)],
+        scalars: &[(i64, Scalar)],
         workspace: *mut c_void,
     ) -> R<()> {
         // Host copies of the by-value scalars, alive until cudnnBackendExecute returns (cuDNN
         // reads them when it launches).
-        let scalars: Vec<(i64, Box<[u8; 4]>)> = g
-            .tensors
+        let values: Vec<(i64, Box<[u8; 4]>)> = scalars
             .iter()
-            .filter_map(|t| {
-                t.value.map(|v| {
-                    let bytes = match v {
-                        Scalar::F32(x) => x.to_ne_bytes(),
-                        Scalar::I32(x) => x.to_ne_bytes(),
-                    };
-                    (t.uid, Box::new(bytes))
-                })
+            .map(|(uid, v)| {
+                let bytes = match v {
+                    Scalar::F32(x) => x.to_ne_bytes(),
+                    Scalar::I32(x) => x.to_ne_bytes(),
+                };
+                (*uid, Box::new(bytes))
             })
             .collect();
-        let mut uids: Vec<i64> = ptrs.iter().map(|(r, _)| r.uid()).collect();
-        let mut data: Vec<*mut c_void> = ptrs.iter().map(|p| p.1 as *mut c_void).collect();
-        for (uid, b) in &scalars {
+        let mut uids: Vec<i64> = bound.iter().map(|b| b.0).collect();
+        let mut data: Vec<*mut c_void> = bound.iter().map(|b| b.1 as *mut c_void).collect();
+        for (uid, b) in &values {
             uids.push(*uid);
             data.push(b.as_ptr() as *mut c_void);
         }
@@ -483,7 +515,6 @@ impl Plan {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cudnn::sdpa::graph::SdpaProblem;
 
     /// Every tensor the graph binds (and the by-value scale) is an operand attribute of the
     /// pass's operation; the mask's tensors are not (they go to the subgraph).

@@ -221,6 +221,8 @@ pub enum Elem {
     BFloat16,
     Float,
     Int32,
+    /// The composite graph's mask predicate.
+    Boolean,
 }
 
 /// A scalar passed by value (from host memory, in the variant pack).

@@ -2,9 +2,13 @@
 //! reading q, k and v as strided views (e.g. the thirds of a packed qkv projection) and writing
 //! o in the layout the output projection reads: no permute copies.
 //!
-//! - `graph.rs`: the call as plain data ([`SdpaGraph`]) and the version rules
-//!   ([`version_supports`]); unit-tested without a GPU.
-//! - `backend.rs`: that graph as cuDNN backend descriptors, cached plans, variant packs.
+//! - `graph.rs`: the call as plain data ([`SdpaGraph`]: one unified SDPA_FWD/SDPA_BWD
+//!   operation) and its version rules ([`version_supports`]); unit-tested without a GPU.
+//! - `composite.rs`: the same call as cuDNN's composite fused-attention graph (matmul,
+//!   pointwise, reduction nodes: [`composite::CompositeGraph`]) and its version rules, for the
+//!   releases the unified operations do not cover (every causal backward; a causal forward
+//!   before 9.21, any pass before 9.13/9.17). [`choose`] picks the graph.
+//! - `backend.rs`: either graph as cuDNN backend descriptors, cached plans, variant packs.
 //! - The emulated device runs the same graph on the host (`emulated::sdpa`) and reports a cuDNN
 //!   version of its own (`SINTER_CUDA_EMU_CUDNN`).
 //!
@@ -13,7 +17,9 @@
 //! then runs sinter's flash kernel. A cuDNN failure past that is an `Err`.
 
 mod backend;
+pub mod composite;
 pub mod graph;
+mod lower;
 
 use std::sync::Arc;
 
@@ -35,14 +41,39 @@ pub fn loaded_version(dev: &CudaDevice) -> Option<Version> {
     }
 }
 
-/// Ok when cuDNN on `dev` takes `pass` of `p`; Err says why not (the caller falls back).
+/// Which graph cuDNN is given for a pass.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Form {
+    /// One SDPA_FWD / SDPA_BWD operation ([`SdpaGraph`]).
+    Unified,
+    /// The composite fused-attention graph ([`composite::CompositeGraph`]).
+    Composite,
+}
+
+/// The graph cuDNN release `loaded` takes for `pass` of `p`: the unified operation where the
+/// release has it, else the composite graph where the release takes that; Err says why neither.
+pub fn choose(
+    loaded: Option<Version>,
+    p: &SdpaProblem,
+    pass: SdpaPass,
+) -> std::result::Result<Form, String> {
+    p.supported()?;
+    match version_supports(loaded, pass, p.causal) {
+        Ok(()) => Ok(Form::Unified),
+        Err(unified) => composite::composite_supports(loaded, p, pass)
+            .map(|()| Form::Composite)
+            .map_err(|c| format!("{unified}; and the composite graph: {c}")),
+    }
+}
+
+/// Ok when cuDNN on `dev` takes `pass` of `p` (through either graph); Err says why not (the
+/// caller falls back).
 pub fn supports(
     dev: &CudaDevice,
     p: &SdpaProblem,
     pass: SdpaPass,
 ) -> std::result::Result<(), String> {
-    p.supported()?;
-    version_supports(loaded_version(dev), pass, p.causal)
+    choose(loaded_version(dev), p, pass).map(|_| ())
 }
 
 /// The forward's operands: q, k, v and o start at their element (0, 0, 0, 0); stats is fp32
@@ -147,16 +178,28 @@ fn run(
     pass: SdpaPass,
     bound: &[(Role, DevSlice<'_>)],
 ) -> Result<Ran> {
-    if let Err(why) = supports(dev, p, pass) {
-        return Ok(Ran::Unsupported(why));
-    }
+    let form = match choose(loaded_version(dev), p, pass) {
+        Ok(f) => f,
+        Err(why) => return Ok(Ran::Unsupported(why)),
+    };
+    // The unified graph describes every operand's view (the composite binds the same memory,
+    // k and v transposed), so it checks the operands for both forms.
     let g = Arc::new(SdpaGraph::build(p, layout, pass)?);
     let ptrs = check_operands(&g, bound)?;
-    if let Some(emu) = dev.emulated() {
-        emu.sdpa(g, ptrs)?;
-        return Ok(Ran::Done);
-    }
-    match run_real(dev, &g, &ptrs) {
+    let r = match (form, dev.emulated()) {
+        (Form::Unified, Some(emu)) => emu.sdpa(g, ptrs).map(|()| Ran::Done),
+        (Form::Composite, Some(emu)) => {
+            let c = composite::CompositeGraph::build(p, layout, pass)?;
+            let host = crate::emulated::sdpa::host_graph(&c)?;
+            emu.sdpa(Arc::new(host), ptrs).map(|()| Ran::Done)
+        }
+        (Form::Unified, None) => run_real(dev, &g, &ptrs),
+        (Form::Composite, None) => {
+            let c = composite::CompositeGraph::build(p, layout, pass)?;
+            run_real_composite(dev, &c, &ptrs)
+        }
+    };
+    match r {
         Err(CudaError::Panicked(m)) => Ok(Ran::Unsupported(format!("a cuDNN call panicked: {m}"))),
         r => r,
     }
@@ -198,10 +241,85 @@ fn run_real(dev: &CudaDevice, g: &SdpaGraph, ptrs: &[(Role, u64)]) -> Result<Ran
     let ws_ptr = ws
         .as_ref()
         .map_or(std::ptr::null_mut(), |b| b.ptr() as *mut std::ffi::c_void);
+    let bound: Vec<(i64, u64)> = ptrs.iter().map(|(r, p)| (r.uid(), *p)).collect();
+    let scalars: Vec<(i64, Scalar)> = g
+        .tensors
+        .iter()
+        .filter_map(|t| t.value.map(|v| (t.uid, v)))
+        .collect();
     // SAFETY: the handle is held under the state's lock; the operands were checked against
     // the graph's extents; the workspace is a temporary-pool buffer released in stream order
     // after this call's work.
-    guard(|| Ok(unsafe { plan.execute(handle, g, ptrs, ws_ptr) }))?.map_err(fail)?;
+    guard(|| Ok(unsafe { plan.execute(handle, &bound, &scalars, ws_ptr) }))?.map_err(fail)?;
+    drop(held);
+    Ok(Ran::Done)
+}
+
+/// The composite graph on a real device: as [`run_real`], with the graph's own workspace
+/// tensors (Σ and the zeroed dQ accumulator) placed after the plan's workspace.
+fn run_real_composite(
+    dev: &CudaDevice,
+    c: &composite::CompositeGraph,
+    ptrs: &[(Role, u64)],
+) -> Result<Ran> {
+    let slot = super::state_of(dev)?;
+    let held = super::lock(&slot);
+    let Some(state) = held.as_ref() else {
+        return Ok(Ran::Unsupported(
+            "cuDNN could not be initialised on this device".into(),
+        ));
+    };
+    let handle = state.handle;
+    if let Some(r) = dev.real() {
+        r.bind()?;
+    }
+    let fail = |f: backend::Fail| CudaError::Cudnn {
+        op: "cudnn sdpa (composite)",
+        msg: format!("{}: status {}", f.step, f.status),
+    };
+    let plan = guard(|| {
+        Ok(backend::composite_plan(handle, dev.ordinal(), c, |f| {
+            super::falls_back(f.status)
+        }))
+    })?
+    .map_err(fail)?;
+    let Some(plan) = plan else {
+        return Ok(Ran::Unsupported(format!(
+            "cuDNN declined the composite attention {} graph",
+            c.pass.name()
+        )));
+    };
+    let base = plan.workspace().div_ceil(256) * 256;
+    let total = base + c.workspace_bytes();
+    let ws = if total > 0 {
+        Some(dev.alloc(total, DType::U8, Pool::Temporary)?)
+    } else {
+        None
+    };
+    let ws_ptr = ws.as_ref().map_or(0, |b| b.ptr());
+    let mut bound: Vec<(i64, u64)> = ptrs.iter().map(|(r, p)| (r.uid(), *p)).collect();
+    for t in &c.tensors {
+        if let composite::Binding::Workspace(at) = t.binding {
+            bound.push((t.uid, ws_ptr + (base + at) as u64));
+        }
+    }
+    if let Some(buf) = &ws {
+        for (at, bytes) in c.zeroed_workspace() {
+            dev.zero(buf.slice(base + at, bytes)?)?;
+        }
+    }
+    // SAFETY: as in `run_real`; the graph's workspace tensors lie inside the buffer.
+    guard(|| {
+        Ok(unsafe {
+            plan.execute(
+                handle,
+                &bound,
+                &c.scalars(),
+                ws_ptr as *mut std::ffi::c_void,
+            )
+        })
+    })?
+    .map_err(fail)?;
     drop(held);
     Ok(Ran::Done)
 }
