@@ -18,7 +18,6 @@ use cs::cudnnBackendAttributeType_t as T;
 use cs::cudnnBackendDescriptorType_t as K;
 use cudarc::cudnn::sys as cs;
 
-use super::composite::CompositeGraph;
 use super::graph::{Elem, Role, Scalar, SdpaGraph, SdpaLayout, SdpaPass, SdpaProblem, TensorSpec};
 use crate::dtype::DType;
 
@@ -374,7 +373,7 @@ pub(super) fn finish(handle: cs::cudnnHandle_t, ops: Vec<Desc>, mut keep: Vec<De
 
 /// What a plan depends on: everything in the graph but the by-value scalars.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-struct PlanKey {
+pub(super) struct PlanKey {
     ordinal: usize,
     /// The composite graph rather than the unified operation.
     composite: bool,
@@ -385,7 +384,7 @@ struct PlanKey {
     layout: SdpaLayout,
 }
 
-fn key(
+pub(super) fn key(
     ordinal: usize,
     composite: bool,
     pass: SdpaPass,
@@ -422,18 +421,9 @@ pub(super) fn plan(
     cached(k, || build(handle, g), declined)
 }
 
-/// The cached plan of the composite graph `c` on device `ordinal` (as [`plan`]).
-pub(super) fn composite_plan(
-    handle: cs::cudnnHandle_t,
-    ordinal: usize,
-    c: &CompositeGraph,
-    declined: impl Fn(&Fail) -> bool,
-) -> R<Option<Arc<Plan>>> {
-    let k = key(ordinal, true, c.pass, &c.problem, &c.layout);
-    cached(k, || super::lower::build(handle, c), declined)
-}
-
-fn cached(
+/// The plan under `k`, built by `build` on first use; Ok(None) when cuDNN declined it
+/// (remembered).
+pub(super) fn cached(
     k: PlanKey,
     build: impl FnOnce() -> R<Plan>,
     declined: impl Fn(&Fail) -> bool,

@@ -278,7 +278,7 @@ fn run_real_composite(
         msg: format!("{}: status {}", f.step, f.status),
     };
     let plan = guard(|| {
-        Ok(backend::composite_plan(handle, dev.ordinal(), c, |f| {
+        Ok(lower::composite_plan(handle, dev.ordinal(), c, |f| {
             super::falls_back(f.status)
         }))
     })?
