@@ -1,5 +1,7 @@
-//! The fused row kernels (softmax, cross-entropy, layer norm, bias + activation, AdamW) on
+//! The fused row kernels (softmax, cross-entropy, bias + activation, AdamW, RMSNorm) on
 //! every ISA against f64 references, on row lengths that are not multiples of any vector.
+//! LayerNorm's row kernels are tested in sinter-core's LayerNorm folder, beside the op's one
+//! f64 reference.
 
 mod reference;
 
@@ -8,9 +10,6 @@ use sinter_cpu::math::adamw::{adamw, AdamW};
 use sinter_cpu::math::bias_act::{bias_act_backward_rows, bias_act_rows};
 use sinter_cpu::math::cross_entropy::{
     cross_entropy_rows, cross_entropy_rows_backward, STATS_PER_ROW,
-};
-use sinter_cpu::math::layer_norm::{
-    layer_norm_backward_rows, layer_norm_rows, residual_layer_norm_rows,
 };
 use sinter_cpu::math::softmax::{exp_shifted, row_max, softmax_rows, softmax_rows_backward};
 use sinter_cpu::Isa;
@@ -198,83 +197,6 @@ fn cross_entropy_keeps_precision_for_confident_predictions_and_checks_targets() 
         let (mut loss, mut stats) = (vec![0f32; 2], vec![0f32; 2 * STATS_PER_ROW]);
         let e = cross_entropy_rows(isa, &x, 3, &[0, 3], -100, &mut loss, &mut stats).unwrap_err();
         assert!(e.to_string().contains("target 3 at row 1"), "{e}");
-    }
-}
-
-#[test]
-fn layer_norm_rows_match_f64_with_and_without_residual_and_backward() {
-    for isa in Isa::available() {
-        for n in LENS {
-            let rows = 5;
-            let x = vals(rows * n, 3 + n as u64, 3.0);
-            let res = vals(rows * n, 5, 1.0);
-            let gamma = vals(n, 11, 1.0);
-            let beta = vals(n, 13, 1.0);
-            let g = vals(rows * n, 17, 1.0);
-            let eps = 1e-5f32;
-            let s: Vec<f32> = x.iter().zip(&res).map(|(a, b)| a + b).collect();
-            let (mut y, mut y2, mut sum) = (
-                vec![0f32; x.len()],
-                vec![0f32; x.len()],
-                vec![0f32; x.len()],
-            );
-            let (mut mean, mut rstd) = (vec![0f32; rows], vec![0f32; rows]);
-            let (mut mean2, mut rstd2) = (vec![0f32; rows], vec![0f32; rows]);
-            layer_norm_rows(isa, &s, &gamma, &beta, eps, &mut y, &mut mean, &mut rstd);
-            residual_layer_norm_rows(
-                isa, &x, &res, &gamma, &beta, eps, &mut sum, &mut y2, &mut mean2, &mut rstd2,
-            );
-            assert_eq!(sum, s, "{isa:?} residual sum n={n}");
-            assert_eq!(y, y2, "{isa:?} residual form n={n}");
-            let (mut want, mut want_dx) = (vec![0f64; x.len()], vec![0f64; x.len()]);
-            let (mut want_dg, mut want_db) = (vec![0f64; n], vec![0f64; n]);
-            for r in 0..rows {
-                let row: Vec<f64> = s[r * n..(r + 1) * n].iter().map(|&v| v as f64).collect();
-                let m = row.iter().sum::<f64>() / n as f64;
-                let var = row.iter().map(|v| (v - m).powi(2)).sum::<f64>() / n as f64;
-                let rs = 1.0 / (var + eps as f64).sqrt();
-                let xh: Vec<f64> = row.iter().map(|v| (v - m) * rs).collect();
-                let dxh: Vec<f64> = (0..n)
-                    .map(|j| g[r * n + j] as f64 * gamma[j] as f64)
-                    .collect();
-                let (a, b) = (
-                    dxh.iter().sum::<f64>() / n as f64,
-                    dxh.iter().zip(&xh).map(|(p, q)| p * q).sum::<f64>() / n as f64,
-                );
-                for j in 0..n {
-                    want[r * n + j] = xh[j] * gamma[j] as f64 + beta[j] as f64;
-                    want_dx[r * n + j] = rs * (dxh[j] - a - xh[j] * b);
-                    want_dg[j] += g[r * n + j] as f64 * xh[j];
-                    want_db[j] += g[r * n + j] as f64;
-                }
-            }
-            close(&format!("{isa:?} layer norm n={n}"), &y, &want, 1e-5, 2e-6);
-            let (mut dx, mut dg, mut db) = (vec![0f32; x.len()], vec![0f32; n], vec![0f32; n]);
-            layer_norm_backward_rows(isa, &s, &gamma, &mean, &rstd, &g, &mut dx, &mut dg, &mut db);
-            // n = 1 normalises to 0 with a huge rstd: compare with an absolute floor scaled by it.
-            let floor = if n == 1 { 1e-2 } else { 1e-5 };
-            close(
-                &format!("{isa:?} layer norm dx n={n}"),
-                &dx,
-                &want_dx,
-                1e-4,
-                floor,
-            );
-            close(
-                &format!("{isa:?} layer norm dgamma n={n}"),
-                &dg,
-                &want_dg,
-                1e-4,
-                1e-5,
-            );
-            close(
-                &format!("{isa:?} layer norm dbeta n={n}"),
-                &db,
-                &want_db,
-                1e-5,
-                1e-6,
-            );
-        }
     }
 }
 

@@ -751,4 +751,53 @@ mod tests {
             }
         }
     }
+
+    /// The CPU row kernels themselves on every instruction set this CPU has (the seam picks
+    /// one), against the same f64 reference: row lengths that are not multiples of any vector,
+    /// the residual form's sum and values bit-identical to the plain kernel's, and the backward.
+    #[test]
+    fn cpu_row_kernels_match_the_reference_on_every_isa() {
+        use sinter_cpu::math::layer_norm::{
+            layer_norm_backward_rows, layer_norm_rows, residual_layer_norm_rows,
+        };
+        let f64s = |v: &[f32]| v.iter().map(|&a| a as f64).collect::<Vec<f64>>();
+        let close = |what: &str, got: &[f32], want: &[f64], rel: f64, abs: f64| {
+            assert_eq!(got.len(), want.len(), "{what}: length");
+            for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
+                let ok = (g as f64 - w).abs() <= rel * w.abs() + abs;
+                assert!(ok, "{what}[{i}]: got {g}, want {w}");
+            }
+        };
+        let (rows, eps) = (5, 1e-5f32);
+        for isa in sinter_cpu::Isa::available() {
+            for n in [1usize, 7, 17, 63, 129] {
+                let x = values(3 + n as u64, rows * n, -3.0, 3.0);
+                let res = values(5, rows * n, -1.0, 1.0);
+                let (gamma, beta) = (values(11, n, -1.0, 1.0), values(13, n, -1.0, 1.0));
+                let g = values(17, rows * n, -1.0, 1.0);
+                let s: Vec<f32> = x.iter().zip(&res).map(|(a, b)| a + b).collect();
+                let [mut y, mut y2, mut sum] = [0; 3].map(|_| vec![0f32; x.len()]);
+                let [mut mean, mut rstd, mut mean2, mut rstd2] = [0; 4].map(|_| vec![0f32; rows]);
+                layer_norm_rows(isa, &s, &gamma, &beta, eps, &mut y, &mut mean, &mut rstd);
+                residual_layer_norm_rows(
+                    isa, &x, &res, &gamma, &beta, eps, &mut sum, &mut y2, &mut mean2, &mut rstd2,
+                );
+                assert_eq!(sum, s, "{isa:?} residual sum n={n}");
+                assert_eq!(y, y2, "{isa:?} residual form n={n}");
+                let (sf, gf) = (f64s(&s), f64s(&gamma));
+                let (want, _, _) = reference::forward(&sf, &gf, &f64s(&beta), n, eps as f64);
+                close(&format!("{isa:?} n={n}"), &y, &want, 1e-5, 2e-6);
+                let [mut dx, mut dg, mut db] = [x.len(), n, n].map(|l| vec![0f32; l]);
+                layer_norm_backward_rows(
+                    isa, &s, &gamma, &mean, &rstd, &g, &mut dx, &mut dg, &mut db,
+                );
+                let (wdx, wdg, wdb) = reference::backward(&sf, &gf, &f64s(&g), n, eps as f64);
+                // n = 1 normalises to 0 with a huge rstd: an absolute floor scaled by it.
+                let floor = if n == 1 { 1e-2 } else { 1e-5 };
+                close(&format!("{isa:?} dx n={n}"), &dx, &wdx, 1e-4, floor);
+                close(&format!("{isa:?} dgamma n={n}"), &dg, &wdg, 1e-4, 1e-5);
+                close(&format!("{isa:?} dbeta n={n}"), &db, &wdb, 1e-5, 1e-6);
+            }
+        }
+    }
 }
