@@ -205,7 +205,12 @@ fn run(
     }
 }
 
-fn run_real(dev: &CudaDevice, g: &SdpaGraph, ptrs: &[(Role, u64)]) -> Result<Ran> {
+/// Runs `f` with this device's cuDNN handle, bound to the device and held under the state's
+/// lock until `f` returns (its plan executes under it), or says why cuDNN cannot run here.
+fn with_handle(
+    dev: &CudaDevice,
+    f: impl FnOnce(cudarc::cudnn::sys::cudnnHandle_t) -> Result<Ran>,
+) -> Result<Ran> {
     let slot = super::state_of(dev)?;
     let held = super::lock(&slot);
     let Some(state) = held.as_ref() else {
@@ -213,10 +218,22 @@ fn run_real(dev: &CudaDevice, g: &SdpaGraph, ptrs: &[(Role, u64)]) -> Result<Ran
             "cuDNN could not be initialised on this device".into(),
         ));
     };
-    let handle = state.handle;
     if let Some(r) = dev.real() {
         r.bind()?;
     }
+    f(state.handle)
+}
+
+fn run_real(dev: &CudaDevice, g: &SdpaGraph, ptrs: &[(Role, u64)]) -> Result<Ran> {
+    with_handle(dev, |handle| run_real_on(dev, handle, g, ptrs))
+}
+
+fn run_real_on(
+    dev: &CudaDevice,
+    handle: cudarc::cudnn::sys::cudnnHandle_t,
+    g: &SdpaGraph,
+    ptrs: &[(Role, u64)],
+) -> Result<Ran> {
     let fail = |f: backend::Fail| CudaError::Cudnn {
         op: "cudnn sdpa",
         msg: format!("{}: status {}", f.step, f.status),
@@ -251,7 +268,6 @@ fn run_real(dev: &CudaDevice, g: &SdpaGraph, ptrs: &[(Role, u64)]) -> Result<Ran
     // the graph's extents; the workspace is a temporary-pool buffer released in stream order
     // after this call's work.
     guard(|| Ok(unsafe { plan.execute(handle, &bound, &scalars, ws_ptr) }))?.map_err(fail)?;
-    drop(held);
     Ok(Ran::Done)
 }
 
@@ -262,17 +278,15 @@ fn run_real_composite(
     c: &composite::CompositeGraph,
     ptrs: &[(Role, u64)],
 ) -> Result<Ran> {
-    let slot = super::state_of(dev)?;
-    let held = super::lock(&slot);
-    let Some(state) = held.as_ref() else {
-        return Ok(Ran::Unsupported(
-            "cuDNN could not be initialised on this device".into(),
-        ));
-    };
-    let handle = state.handle;
-    if let Some(r) = dev.real() {
-        r.bind()?;
-    }
+    with_handle(dev, |handle| run_real_composite_on(dev, handle, c, ptrs))
+}
+
+fn run_real_composite_on(
+    dev: &CudaDevice,
+    handle: cudarc::cudnn::sys::cudnnHandle_t,
+    c: &composite::CompositeGraph,
+    ptrs: &[(Role, u64)],
+) -> Result<Ran> {
     let fail = |f: backend::Fail| CudaError::Cudnn {
         op: "cudnn sdpa (composite)",
         msg: format!("{}: status {}", f.step, f.status),
@@ -308,7 +322,7 @@ fn run_real_composite(
             dev.zero(buf.slice(base + at, bytes)?)?;
         }
     }
-    // SAFETY: as in `run_real`; the graph's workspace tensors lie inside the buffer.
+    // SAFETY: as in `run_real_on`; the graph's workspace tensors lie inside the buffer.
     guard(|| {
         Ok(unsafe {
             plan.execute(
@@ -320,6 +334,5 @@ fn run_real_composite(
         })
     })?
     .map_err(fail)?;
-    drop(held);
     Ok(Ran::Done)
 }
