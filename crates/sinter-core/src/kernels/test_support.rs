@@ -94,6 +94,17 @@ where
     }
 }
 
+/// Runs the backward from sum(y · gy), `gy` held constant: each variable under `y` then holds
+/// its gradient for the upstream gradient `gy`.
+pub(crate) fn backward_with(y: &Tensor, gy: &Tensor) {
+    y.mul(&gy.detach())
+        .unwrap()
+        .sum_all()
+        .unwrap()
+        .backward()
+        .unwrap();
+}
+
 /// The gradient the backward left on the variable `v` within `tol` of `want` (as
 /// [`assert_close`]).
 pub(crate) fn assert_grad_close(what: &str, v: &Tensor, want: &[f64], tol: (f64, f64)) {

@@ -5,7 +5,7 @@
 
 use super::*;
 use crate::kernels::test_support::{
-    assert_close, assert_grad_close, devices, f64s, values, var, Tol,
+    assert_close, assert_grad_close, backward_with, devices, f64s, values, var, Tol,
 };
 
 /// (relative, absolute) tolerance of a value stored in each dtype.
@@ -30,12 +30,7 @@ fn bias_gelu_and_its_gradients_match_f64() {
                 let (rt, at) = TOL.of(d);
                 assert_eq!(y.dtype(), d, "{what}: y in x's dtype");
                 assert_close(&what, &f64s(&y), &reference::forward(&xv, &bv, n), (rt, at));
-                y.mul(&gy.detach())
-                    .unwrap()
-                    .sum_all()
-                    .unwrap()
-                    .backward()
-                    .unwrap();
+                backward_with(&y, &gy);
                 let (dx, db) = reference::backward(&xv, &bv, &gyv, n);
                 let ra = at * (rows as f64).sqrt() * 4.0;
                 assert_grad_close(&format!("{what} dx"), &x, &dx, (rt * 2.0, at));
@@ -74,12 +69,7 @@ fn linear_bias_gelu_and_its_gradients_match_f64() {
                     &reference::forward(&xw, &bv, out),
                     (rt * 2.0, ab),
                 );
-                y.mul(&gy.detach())
-                    .unwrap()
-                    .sum_all()
-                    .unwrap()
-                    .backward()
-                    .unwrap();
+                backward_with(&y, &gy);
                 let (du, db) = reference::backward(&xw, &bv, &gyv, out);
                 let dx: Vec<f64> = (0..rows * inp)
                     .map(|i| {

@@ -435,7 +435,7 @@ mod tests {
 
     use super::*;
     use crate::kernels::test_support::{
-        assert_close, assert_grad_close, devices, f64s, values, var, Tol,
+        assert_close, assert_grad_close, backward_with, devices, f64s, values, var, Tol,
     };
 
     /// (relative, absolute) tolerance of a value stored in each dtype.
@@ -481,12 +481,7 @@ mod tests {
                     let (want, _, _) = reference::forward(&xv, &gv, &bv, n, 1e-5);
                     assert_eq!(y.dtype(), d, "{what}: y in x's dtype");
                     assert_close(&what, &f64s(&y), &want, (rt * 2.0, at * 4.0));
-                    y.mul(&gy.detach())
-                        .unwrap()
-                        .sum_all()
-                        .unwrap()
-                        .backward()
-                        .unwrap();
+                    backward_with(&y, &gy);
                     let (dx, dg, db) = reference::backward(&xv, &gv, &gyv, n, 1e-5);
                     let ra = at * (rows as f64).sqrt() * 8.0;
                     assert_grad_close(&format!("{what} dx"), &x, &dx, (rt * 4.0, at * 20.0));
@@ -613,12 +608,7 @@ mod tests {
                 let (b, _) = var(values(9, n, -0.5, 0.5), &[n], pd, dev);
                 let (gy, gyv) = var(values(10, rows * n, -1.0, 1.0), &[rows, n], d, dev);
                 let y = x.detach().layer_norm(&g, &b, 1e-5).unwrap();
-                y.mul(&gy.detach())
-                    .unwrap()
-                    .sum_all()
-                    .unwrap()
-                    .backward()
-                    .unwrap();
+                backward_with(&y, &gy);
                 let (_, dg, db) = reference::backward(&xv, &gv, &gyv, n, 1e-5);
                 let (rt, at) = TOL.of(d);
                 let ra = at * (rows as f64).sqrt() * 8.0;
