@@ -2,7 +2,7 @@
 //! conformance suite runs them on the emulated CUDA device too).
 
 use super::*;
-use crate::kernels::test_support::values;
+use crate::kernels::test_support::{assert_close, f64s, magnitude, values};
 
 #[test]
 fn causal_mask_from_aranges_matches_the_bottom_right_rule() {
@@ -103,9 +103,6 @@ fn cpu_kernels_match_the_f64_reference() {
             .expect("the CPU has a kernel");
         let o = attention(&q, &k, &v, causal, 0.4).unwrap();
         o.mul(&w).unwrap().sum_all().unwrap().backward().unwrap();
-        let f64s = |t: &Tensor| -> Vec<f64> {
-            t.to_vec_f32().unwrap().into_iter().map(f64::from).collect()
-        };
         let z = reference::Dims {
             bh: b * h,
             tq,
@@ -115,12 +112,7 @@ fn cpu_kernels_match_the_f64_reference() {
         let (qv, kv, vv) = (f64s(&q), f64s(&k), f64s(&v));
         let (o_ref, lse_ref) = reference::forward(&qv, &kv, &vv, z, causal, 0.4);
         let (dq, dk, dv) = reference::backward(&qv, &kv, &vv, &f64s(&w), z, causal, 0.4);
-        let lse_got: Vec<f64> = Tensor::from_storage(lse, &[b * h * tq])
-            .to_vec_f32()
-            .unwrap()
-            .into_iter()
-            .map(f64::from)
-            .collect();
+        let lse_got = f64s(&Tensor::from_storage(lse, &[b * h * tq]));
         let pairs = [
             ("o", f64s(&o), o_ref),
             ("lse", lse_got, lse_ref),
@@ -129,13 +121,8 @@ fn cpu_kernels_match_the_f64_reference() {
             ("dv", f64s(&v.grad().unwrap()), dv),
         ];
         for (what, got, want) in pairs {
-            assert_eq!(got.len(), want.len(), "{what}");
-            for (a, b) in got.iter().zip(&want) {
-                assert!(
-                    (a - b).abs() < 1e-4 * (1.0 + b.abs()),
-                    "{what} (tq {tq}, tk {tk}): {a} vs {b}"
-                );
-            }
+            let what = format!("{what} (tq {tq}, tk {tk})");
+            assert_close(&what, &got, &want, (1e-4, 1e-4));
         }
     }
 }
@@ -246,13 +233,7 @@ fn run_packed_gqa(
         if dtype != DType::F32 {
             return check_flash(&format!("{what}: {name}"), dtype, got, want);
         }
-        assert_eq!(got.len(), want.len(), "{what}: {name}");
-        for (j, (a, e)) in got.iter().zip(want).enumerate() {
-            assert!(
-                (a - e).abs() < tol * (1.0 + e.abs()),
-                "{what}: {name}[{j}]: {a} vs {e}"
-            );
-        }
+        assert_close(&format!("{what}: {name}"), got, want, (tol, tol));
     };
     let dx = f64s(&qkv.grad().unwrap());
     close("y", &f64s(&y), &y_want, 1e-4);
@@ -378,27 +359,7 @@ fn check_flash(what: &str, d: DType, got: &[f64], want: &[f64]) {
     } else {
         (2e-2, 1.2e-2)
     };
-    let big = want
-        .iter()
-        .filter(|x| x.is_finite())
-        .fold(1e-3f64, |a, &x| a.max(x.abs()));
-    check_values(what, got, want, (rtol, afrac * big));
-}
-
-fn check_values(what: &str, got: &[f64], want: &[f64], (rtol, atol): (f64, f64)) {
-    assert_eq!(got.len(), want.len(), "{what}: lengths");
-    for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
-        let ok = if w.is_infinite() {
-            g == w
-        } else {
-            (g - w).abs() <= atol + rtol * w.abs()
-        };
-        assert!(ok, "{what}[{i}]: got {g}, want {w}");
-    }
-}
-
-fn f64s(t: &Tensor) -> Vec<f64> {
-    t.to_vec_f32().unwrap().into_iter().map(f64::from).collect()
+    assert_close(what, got, want, (rtol, afrac * magnitude(want)));
 }
 
 fn run_flash_case(c: &Case, seed: u64, dev: Device) {
@@ -466,7 +427,7 @@ fn run_flash_case(c: &Case, seed: u64, dev: Device) {
     let what = format!("flash on {dev}: {c:?}");
     check_flash(&format!("{what}: o"), d, &f64s(&o), &o_ref);
     let lse = Tensor::from_storage(lse, &[b * h * tq]);
-    check_values(&format!("{what}: lse"), &f64s(&lse), &lse_ref, (1e-4, 1e-4));
+    assert_close(&format!("{what}: lse"), &f64s(&lse), &lse_ref, (1e-4, 1e-4));
 
     o.mul(&w).unwrap().sum_all().unwrap().backward().unwrap();
     let grads: Vec<Tensor> = bases

@@ -4,41 +4,16 @@
 //! for Linear in bf16/f16 at widths that are multiples of 8, the composite at others).
 
 use super::*;
-use crate::kernels::test_support::{devices, values};
+use crate::kernels::test_support::{
+    assert_close, assert_grad_close, backward_with, devices, f64s, values, var, Tol,
+};
 
-/// (relative, absolute) tolerance of a value stored in `d`.
-fn tol(d: DType) -> (f64, f64) {
-    match d {
-        DType::F32 => (1e-5, 1e-5),
-        DType::BF16 => (1.0 / 64.0, 1.0 / 64.0),
-        _ => (1.0 / 512.0, 1.0 / 512.0),
-    }
-}
-
-fn f64s(t: &Tensor) -> Vec<f64> {
-    t.to_vec_f32().unwrap().iter().map(|&v| v as f64).collect()
-}
-
-fn assert_close(what: &str, got: &Tensor, want: &[f64], (rel, abs): (f64, f64)) {
-    let got = f64s(got);
-    assert_eq!(got.len(), want.len(), "{what}: lengths");
-    for (i, (g, w)) in got.iter().zip(want).enumerate() {
-        assert!(
-            (g - w).abs() <= rel * w.abs() + abs,
-            "{what}[{i}]: got {g}, want {w}"
-        );
-    }
-}
-
-/// A variable of `d` on `dev` holding `v` rounded to `d`, and the rounded values.
-fn var(v: Vec<f32>, shape: &[usize], d: DType, dev: Device) -> (Tensor, Vec<f64>) {
-    let t = Tensor::from_vec(v, shape, Device::Cpu)
-        .unwrap()
-        .to_dtype(d)
-        .unwrap();
-    let f = f64s(&t);
-    (t.to_device(dev).unwrap().to_var().unwrap(), f)
-}
+/// (relative, absolute) tolerance of a value stored in each dtype.
+const TOL: Tol = Tol {
+    f32: (1e-5, 1e-5),
+    bf16: (1.0 / 64.0, 1.0 / 64.0),
+    f16: (1.0 / 512.0, 1.0 / 512.0),
+};
 
 #[test]
 fn bias_gelu_and_its_gradients_match_f64() {
@@ -52,29 +27,14 @@ fn bias_gelu_and_its_gradients_match_f64() {
                 let (gy, gyv) = var(values(s + 2, rows * n, -1.0, 1.0), &[rows, n], d, dev);
                 let y = bias_gelu(&x, &b).unwrap();
                 let what = format!("bias_gelu {dev} {d} {rows}x{n}");
-                let (rt, at) = tol(d);
+                let (rt, at) = TOL.of(d);
                 assert_eq!(y.dtype(), d, "{what}: y in x's dtype");
-                assert_close(&what, &y, &reference::forward(&xv, &bv, n), (rt, at));
-                y.mul(&gy.detach())
-                    .unwrap()
-                    .sum_all()
-                    .unwrap()
-                    .backward()
-                    .unwrap();
+                assert_close(&what, &f64s(&y), &reference::forward(&xv, &bv, n), (rt, at));
+                backward_with(&y, &gy);
                 let (dx, db) = reference::backward(&xv, &bv, &gyv, n);
                 let ra = at * (rows as f64).sqrt() * 4.0;
-                assert_close(
-                    &format!("{what} dx"),
-                    &x.grad().unwrap(),
-                    &dx,
-                    (rt * 2.0, at),
-                );
-                assert_close(
-                    &format!("{what} dbias"),
-                    &b.grad().unwrap(),
-                    &db,
-                    (rt * 2.0, ra),
-                );
+                assert_grad_close(&format!("{what} dx"), &x, &dx, (rt * 2.0, at));
+                assert_grad_close(&format!("{what} dbias"), &b, &db, (rt * 2.0, ra));
             }
         }
     }
@@ -101,20 +61,15 @@ fn linear_bias_gelu_and_its_gradients_match_f64() {
                         (0..inp).map(|j| xv[r * inp + j] * wv[o * inp + j]).sum()
                     })
                     .collect();
-                let (rt, at) = tol(d);
+                let (rt, at) = TOL.of(d);
                 let ab = at * 2.0;
                 assert_close(
                     &what,
-                    &y,
+                    &f64s(&y),
                     &reference::forward(&xw, &bv, out),
                     (rt * 2.0, ab),
                 );
-                y.mul(&gy.detach())
-                    .unwrap()
-                    .sum_all()
-                    .unwrap()
-                    .backward()
-                    .unwrap();
+                backward_with(&y, &gy);
                 let (du, db) = reference::backward(&xw, &bv, &gyv, out);
                 let dx: Vec<f64> = (0..rows * inp)
                     .map(|i| {
@@ -129,9 +84,9 @@ fn linear_bias_gelu_and_its_gradients_match_f64() {
                     })
                     .collect();
                 let gt = (rt * 4.0, at * 8.0);
-                assert_close(&format!("{what} dx"), &x.grad().unwrap(), &dx, gt);
-                assert_close(&format!("{what} dw"), &w.grad().unwrap(), &dw, gt);
-                assert_close(&format!("{what} db"), &b.grad().unwrap(), &db, gt);
+                assert_grad_close(&format!("{what} dx"), &x, &dx, gt);
+                assert_grad_close(&format!("{what} dw"), &w, &dw, gt);
+                assert_grad_close(&format!("{what} db"), &b, &db, gt);
             }
         }
     }

@@ -5,51 +5,26 @@
 //! vector width or 128, padding columns, a scaled upstream gradient, and its errors.
 
 use super::*;
-
-/// The CUDA device of this process, or None (the skip was printed).
-fn cuda() -> Option<Device> {
-    sinter_cuda::testing::gpu_tests(1).map(|_| Device::Cuda(0))
-}
-
-fn devices() -> Vec<Device> {
-    let mut v = vec![Device::Cpu];
-    v.extend(cuda());
-    v
-}
+use crate::kernels::test_support::{assert_close, devices, Tol};
 
 /// Deterministic logits in about [-6, 6] (a few rows confident), `rows` × `n`.
 fn values(rows: usize, n: usize) -> Vec<f32> {
-    let mut s = 0x9e37_79b9_7f4a_7c15u64;
-    (0..rows * n)
-        .map(|i| {
-            s = s
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            let u = (s >> 40) as f32 / (1u64 << 24) as f32;
-            let spike = if i % 97 == 0 { 8.0 } else { 0.0 };
-            (u - 0.5) * 12.0 + spike
-        })
+    // Seed 1: the logits these cases were chosen with.
+    let spread = crate::kernels::test_support::values(1, rows * n, -6.0, 6.0);
+    let spike = |i: usize| if i.is_multiple_of(97) { 8.0 } else { 0.0 };
+    spread
+        .iter()
+        .enumerate()
+        .map(|(i, v)| v + spike(i))
         .collect()
 }
 
-/// Relative tolerance of a value stored in `d`.
-fn tol(d: DType) -> f32 {
-    match d {
-        DType::F32 => 2e-6,
-        DType::BF16 => 1.0 / 128.0,
-        _ => 1.0 / 1024.0,
-    }
-}
-
-fn assert_close(what: &str, got: &[f32], want: &[f32], rel: f32, abs: f32) {
-    assert_eq!(got.len(), want.len(), "{what}: lengths");
-    for (i, (g, w)) in got.iter().zip(want).enumerate() {
-        assert!(
-            (g - w).abs() <= rel * w.abs() + abs,
-            "{what}[{i}]: got {g}, want {w}"
-        );
-    }
-}
+/// (relative, absolute) tolerance of a gradient stored in each dtype.
+const TOL: Tol = Tol {
+    f32: (2e-6, 1e-7),
+    bf16: (1.0 / 128.0, 1e-7),
+    f16: (1.0 / 1024.0, 1e-7),
+};
 
 /// One case: loss and dlogits of the fused op against the reference's, the padding's gradient
 /// exactly 0, and on CUDA the logits' own memory holding the gradient.
@@ -96,7 +71,7 @@ fn case(dev: Device, d: DType, rows: usize, n: usize, valid: usize, scale: f32) 
     );
     let gf = gf.to_vec_f32().unwrap();
     let gw = xr.grad().unwrap().to_vec_f32().unwrap();
-    assert_close(&what, &gf, &gw, tol(d), 1e-7);
+    assert_close(&what, &gf, &gw, TOL.of(d));
     for r in 0..rows {
         assert!(
             gf[r * n + valid..(r + 1) * n].iter().all(|&v| v == 0.0),

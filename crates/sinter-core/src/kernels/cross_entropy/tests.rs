@@ -5,41 +5,15 @@
 //! confident predictions (the loss keeps its digits), and bad targets.
 
 use super::*;
-use crate::kernels::test_support::{devices, values};
+use crate::kernels::test_support::{assert_close, devices, f64s, values, var, Tol};
 use crate::kernels::FLOATS;
 
-/// (relative, absolute) tolerance of a value stored in `d`.
-fn tol(d: DType) -> (f64, f64) {
-    match d {
-        DType::F32 => (2e-5, 2e-6),
-        DType::F16 => (2e-3, 2e-4),
-        _ => (1.6e-2, 2e-3),
-    }
-}
-
-fn f64s(t: &Tensor) -> Vec<f64> {
-    t.to_vec_f32().unwrap().iter().map(|&v| v as f64).collect()
-}
-
-fn assert_close(what: &str, got: &[f64], want: &[f64], (rel, abs): (f64, f64)) {
-    assert_eq!(got.len(), want.len(), "{what}: lengths");
-    for (i, (g, w)) in got.iter().zip(want).enumerate() {
-        assert!(
-            (g - w).abs() <= rel * w.abs() + abs,
-            "{what}[{i}]: got {g}, want {w}"
-        );
-    }
-}
-
-/// Logits of `d` on `dev` (a variable) holding `v` rounded to `d`, and the rounded values.
-fn logits(v: Vec<f32>, shape: &[usize], d: DType, dev: Device) -> (Tensor, Vec<f64>) {
-    let t = Tensor::from_vec(v, shape, Device::Cpu)
-        .unwrap()
-        .to_dtype(d)
-        .unwrap();
-    let f = f64s(&t);
-    (t.to_device(dev).unwrap().to_var().unwrap(), f)
-}
+/// (relative, absolute) tolerance of a value stored in each dtype.
+const TOL: Tol = Tol {
+    f32: (2e-5, 2e-6),
+    bf16: (1.6e-2, 2e-3),
+    f16: (2e-3, 2e-4),
+};
 
 const IGNORE: i64 = -100;
 
@@ -59,7 +33,7 @@ fn row_losses_and_their_gradient_match_f64() {
             .enumerate()
             {
                 let s = 10 * k as u64;
-                let (x, xv) = logits(values(s, rows * c, -4.0, 4.0), &[rows, c], d, dev);
+                let (x, xv) = var(values(s, rows * c, -4.0, 4.0), &[rows, c], d, dev);
                 // Every third row ignored; the others pick a class spread over the row.
                 let tv: Vec<i64> = (0..rows)
                     .map(|r| {
@@ -91,7 +65,7 @@ fn row_losses_and_their_gradient_match_f64() {
                 let dx = x.grad().unwrap();
                 assert_eq!(dx.dtype(), d, "{what}: dlogits in the logits' dtype");
                 let want = reference::backward(&xv, &tv, c, IGNORE, &gv);
-                let (rt, at) = tol(d);
+                let (rt, at) = TOL.of(d);
                 assert_close(
                     &format!("{what} dlogits"),
                     &f64s(&dx),
@@ -135,7 +109,7 @@ fn confident_predictions_keep_their_digits() {
         for d in FLOATS {
             for (k, (xv, target)) in rows.iter().enumerate() {
                 let n = xv.len();
-                let (x, xq) = logits(xv.clone(), &[1, n], d, dev);
+                let (x, xq) = var(xv.clone(), &[1, n], d, dev);
                 let t = Tensor::from_vec(vec![*target], &[1], dev).unwrap();
                 let loss = f64s(&row_losses(&x, &t, false, IGNORE).unwrap());
                 let want = reference::forward(&xq, &[*target], n, IGNORE);

@@ -434,38 +434,16 @@ mod tests {
     //! sums, and a residual whose memory is not 16-byte aligned (the kernels' scalar path).
 
     use super::*;
-    use crate::kernels::test_support::{devices, values};
+    use crate::kernels::test_support::{
+        assert_close, assert_grad_close, backward_with, devices, f64s, values, var, Tol,
+    };
 
-    /// (relative, absolute) tolerance of a value stored in `d`.
-    fn tol(d: DType) -> (f64, f64) {
-        match d {
-            DType::F32 => (1e-5, 1e-5),
-            DType::BF16 => (1.0 / 128.0, 1.0 / 128.0),
-            _ => (1.0 / 1024.0, 1.0 / 1024.0),
-        }
-    }
-
-    fn assert_close(what: &str, got: &Tensor, want: &[f64], (rel, abs): (f64, f64)) {
-        let got = got.to_vec_f32().unwrap();
-        assert_eq!(got.len(), want.len(), "{what}: lengths");
-        for (i, (&g, w)) in got.iter().zip(want).enumerate() {
-            let g = g as f64;
-            assert!(
-                (g - w).abs() <= rel * w.abs() + abs,
-                "{what}[{i}]: got {g}, want {w}"
-            );
-        }
-    }
-
-    /// A variable of `d` on `dev` holding `v` rounded to `d`, and the rounded values.
-    fn var(v: Vec<f32>, shape: &[usize], d: DType, dev: Device) -> (Tensor, Vec<f64>) {
-        let t = Tensor::from_vec(v, shape, Device::Cpu)
-            .unwrap()
-            .to_dtype(d)
-            .unwrap();
-        let f = t.to_vec_f32().unwrap().iter().map(|&a| a as f64).collect();
-        (t.to_device(dev).unwrap().to_var().unwrap(), f)
-    }
+    /// (relative, absolute) tolerance of a value stored in each dtype.
+    const TOL: Tol = Tol {
+        f32: (1e-5, 1e-5),
+        bf16: (1.0 / 128.0, 1.0 / 128.0),
+        f16: (1.0 / 1024.0, 1.0 / 1024.0),
+    };
 
     /// The last, rows of 7000, are too long for the one-pass CUDA backward's shared memory: the
     /// two-kernel backward serves them.
@@ -499,36 +477,16 @@ mod tests {
                     let (gy, gyv) = var(values(s + 3, rows * n, -1.0, 1.0), &[rows, n], d, dev);
                     let y = x.layer_norm(&g, &b, 1e-5).unwrap();
                     let what = format!("layer_norm {dev} {d} (parameters {pd}) {rows}x{n}");
-                    let (rt, at) = tol(d);
+                    let (rt, at) = TOL.of(d);
                     let (want, _, _) = reference::forward(&xv, &gv, &bv, n, 1e-5);
                     assert_eq!(y.dtype(), d, "{what}: y in x's dtype");
-                    assert_close(&what, &y, &want, (rt * 2.0, at * 4.0));
-                    y.mul(&gy.detach())
-                        .unwrap()
-                        .sum_all()
-                        .unwrap()
-                        .backward()
-                        .unwrap();
+                    assert_close(&what, &f64s(&y), &want, (rt * 2.0, at * 4.0));
+                    backward_with(&y, &gy);
                     let (dx, dg, db) = reference::backward(&xv, &gv, &gyv, n, 1e-5);
                     let ra = at * (rows as f64).sqrt() * 8.0;
-                    assert_close(
-                        &format!("{what} dx"),
-                        &x.grad().unwrap(),
-                        &dx,
-                        (rt * 4.0, at * 20.0),
-                    );
-                    assert_close(
-                        &format!("{what} dgamma"),
-                        &g.grad().unwrap(),
-                        &dg,
-                        (rt * 2.0, ra),
-                    );
-                    assert_close(
-                        &format!("{what} dbeta"),
-                        &b.grad().unwrap(),
-                        &db,
-                        (rt * 2.0, ra),
-                    );
+                    assert_grad_close(&format!("{what} dx"), &x, &dx, (rt * 4.0, at * 20.0));
+                    assert_grad_close(&format!("{what} dgamma"), &g, &dg, (rt * 2.0, ra));
+                    assert_grad_close(&format!("{what} dbeta"), &b, &db, (rt * 2.0, ra));
                     for p in [&g, &b] {
                         assert_eq!(p.grad().unwrap().dtype(), pd, "{what}: parameter gradients");
                     }
@@ -569,7 +527,7 @@ mod tests {
                     let (h, y) = residual_layer_norm(&x, &r, &g, &b, 1e-5).unwrap();
                     let what =
                         format!("residual_layer_norm {dev} {d} (parameters {pd}) {rows}x{n}");
-                    let (rt, at) = tol(d);
+                    let (rt, at) = TOL.of(d);
                     // h is x + r rounded to d; the statistics are those of the rounded h.
                     let sum = Tensor::from_vec(
                         xv.iter()
@@ -582,15 +540,10 @@ mod tests {
                     .unwrap()
                     .to_dtype(d)
                     .unwrap();
-                    let hv: Vec<f64> = sum
-                        .to_vec_f32()
-                        .unwrap()
-                        .iter()
-                        .map(|&a| a as f64)
-                        .collect();
-                    assert_close(&format!("{what} h"), &h, &hv, (0.0, 0.0));
+                    let hv = f64s(&sum);
+                    assert_close(&format!("{what} h"), &f64s(&h), &hv, (0.0, 0.0));
                     let (want, _, _) = reference::forward(&hv, &gv, &bv, n, 1e-5);
-                    assert_close(&format!("{what} y"), &y, &want, (rt * 2.0, at * 4.0));
+                    assert_close(&format!("{what} y"), &f64s(&y), &want, (rt * 2.0, at * 4.0));
                     let loss = h.mul(&gh.detach()).unwrap().sum_all().unwrap();
                     let loss = loss
                         .add(&y.mul(&gy.detach()).unwrap().sum_all().unwrap())
@@ -600,26 +553,16 @@ mod tests {
                     // Both inputs get the sum's whole gradient: its own plus LayerNorm's.
                     let dh: Vec<f64> = dh.iter().zip(&ghv).map(|(a, b)| a + b).collect();
                     let ra = at * (rows as f64).sqrt() * 8.0;
+                    assert_grad_close(&format!("{what} dx"), &x, &dh, (rt * 4.0, at * 20.0));
+                    let dr = rbuf.grad().unwrap().narrow(0, 1, rows * n).unwrap();
                     assert_close(
-                        &format!("{what} dx"),
-                        &x.grad().unwrap(),
+                        &format!("{what} dr"),
+                        &f64s(&dr),
                         &dh,
                         (rt * 4.0, at * 20.0),
                     );
-                    let dr = rbuf.grad().unwrap().narrow(0, 1, rows * n).unwrap();
-                    assert_close(&format!("{what} dr"), &dr, &dh, (rt * 4.0, at * 20.0));
-                    assert_close(
-                        &format!("{what} dgamma"),
-                        &g.grad().unwrap(),
-                        &dg,
-                        (rt * 2.0, ra),
-                    );
-                    assert_close(
-                        &format!("{what} dbeta"),
-                        &b.grad().unwrap(),
-                        &db,
-                        (rt * 2.0, ra),
-                    );
+                    assert_grad_close(&format!("{what} dgamma"), &g, &dg, (rt * 2.0, ra));
+                    assert_grad_close(&format!("{what} dbeta"), &b, &db, (rt * 2.0, ra));
                     for p in [&g, &b] {
                         assert_eq!(p.grad().unwrap().dtype(), pd, "{what}: parameter gradients");
                     }
@@ -640,7 +583,7 @@ mod tests {
             assert_eq!(y.dtype(), DType::BF16);
             // Both devices read gamma and beta in f32: only y's own rounding to bf16 is left.
             let (want, _, _) = reference::forward(&xv, &gv, &bv, n, 1e-5);
-            assert_close(&format!("{dev} y"), &y, &want, tol(DType::BF16));
+            assert_close(&format!("{dev} y"), &f64s(&y), &want, TOL.bf16);
             y.sum_all().unwrap().backward().unwrap();
             let (_, _, db) = reference::backward(&xv, &gv, &vec![1.0; rows * n], n, 1e-5);
             for p in [&g, &b] {
@@ -650,7 +593,7 @@ mod tests {
                     "{dev}: a parameter's gradient"
                 );
             }
-            assert_close(&format!("{dev} dbeta"), &b.grad().unwrap(), &db, (0.0, 0.0));
+            assert_grad_close(&format!("{dev} dbeta"), &b, &db, (0.0, 0.0));
         }
     }
 
@@ -665,28 +608,13 @@ mod tests {
                 let (b, _) = var(values(9, n, -0.5, 0.5), &[n], pd, dev);
                 let (gy, gyv) = var(values(10, rows * n, -1.0, 1.0), &[rows, n], d, dev);
                 let y = x.detach().layer_norm(&g, &b, 1e-5).unwrap();
-                y.mul(&gy.detach())
-                    .unwrap()
-                    .sum_all()
-                    .unwrap()
-                    .backward()
-                    .unwrap();
+                backward_with(&y, &gy);
                 let (_, dg, db) = reference::backward(&xv, &gv, &gyv, n, 1e-5);
-                let (rt, at) = tol(d);
+                let (rt, at) = TOL.of(d);
                 let ra = at * (rows as f64).sqrt() * 8.0;
                 let what = format!("{dev} {d} (parameters {pd})");
-                assert_close(
-                    &format!("{what} dgamma"),
-                    &g.grad().unwrap(),
-                    &dg,
-                    (rt * 2.0, ra),
-                );
-                assert_close(
-                    &format!("{what} dbeta"),
-                    &b.grad().unwrap(),
-                    &db,
-                    (rt * 2.0, ra),
-                );
+                assert_grad_close(&format!("{what} dgamma"), &g, &dg, (rt * 2.0, ra));
+                assert_grad_close(&format!("{what} dbeta"), &b, &db, (rt * 2.0, ra));
                 assert!(
                     x.grad().is_none(),
                     "{what}: no gradient for the detached input"
@@ -760,14 +688,7 @@ mod tests {
         use sinter_cpu::math::layer_norm::{
             layer_norm_backward_rows, layer_norm_rows, residual_layer_norm_rows,
         };
-        let f64s = |v: &[f32]| v.iter().map(|&a| a as f64).collect::<Vec<f64>>();
-        let close = |what: &str, got: &[f32], want: &[f64], rel: f64, abs: f64| {
-            assert_eq!(got.len(), want.len(), "{what}: length");
-            for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
-                let ok = (g as f64 - w).abs() <= rel * w.abs() + abs;
-                assert!(ok, "{what}[{i}]: got {g}, want {w}");
-            }
-        };
+        let wide = |v: &[f32]| v.iter().map(|&a| a as f64).collect::<Vec<f64>>();
         let (rows, eps) = (5, 1e-5f32);
         for isa in sinter_cpu::Isa::available() {
             for n in [1usize, 7, 17, 63, 129] {
@@ -784,19 +705,19 @@ mod tests {
                 );
                 assert_eq!(sum, s, "{isa:?} residual sum n={n}");
                 assert_eq!(y, y2, "{isa:?} residual form n={n}");
-                let (sf, gf) = (f64s(&s), f64s(&gamma));
-                let (want, _, _) = reference::forward(&sf, &gf, &f64s(&beta), n, eps as f64);
-                close(&format!("{isa:?} n={n}"), &y, &want, 1e-5, 2e-6);
+                let (sf, gf) = (wide(&s), wide(&gamma));
+                let (want, _, _) = reference::forward(&sf, &gf, &wide(&beta), n, eps as f64);
+                assert_close(&format!("{isa:?} n={n}"), &y, &want, (1e-5, 2e-6));
                 let [mut dx, mut dg, mut db] = [x.len(), n, n].map(|l| vec![0f32; l]);
                 layer_norm_backward_rows(
                     isa, &s, &gamma, &mean, &rstd, &g, &mut dx, &mut dg, &mut db,
                 );
-                let (wdx, wdg, wdb) = reference::backward(&sf, &gf, &f64s(&g), n, eps as f64);
+                let (wdx, wdg, wdb) = reference::backward(&sf, &gf, &wide(&g), n, eps as f64);
                 // n = 1 normalises to 0 with a huge rstd: an absolute floor scaled by it.
                 let floor = if n == 1 { 1e-2 } else { 1e-5 };
-                close(&format!("{isa:?} dx n={n}"), &dx, &wdx, 1e-4, floor);
-                close(&format!("{isa:?} dgamma n={n}"), &dg, &wdg, 1e-4, 1e-5);
-                close(&format!("{isa:?} dbeta n={n}"), &db, &wdb, 1e-5, 1e-6);
+                assert_close(&format!("{isa:?} dx n={n}"), &dx, &wdx, (1e-4, floor));
+                assert_close(&format!("{isa:?} dgamma n={n}"), &dg, &wdg, (1e-4, 1e-5));
+                assert_close(&format!("{isa:?} dbeta n={n}"), &db, &wdb, (1e-5, 1e-6));
             }
         }
     }

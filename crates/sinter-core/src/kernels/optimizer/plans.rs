@@ -21,8 +21,20 @@ pub(super) const OPTIMIZER_CU: &str = include_str!("optimizer.cu");
 /// `optimizer.cu`, the source of every row below.
 pub(super) static OPTIMIZER: UserFile = UserFile::new("optimizer.cu", OPTIMIZER_CU);
 
-/// The rows' source: every kernel of the file is declared as elementwise work.
-const SOURCE: Source = Source::User(&OPTIMIZER, OpClass::Elementwise);
+/// A row of `optimizer.cu`: every kernel of the file is declared as elementwise work, has no
+/// `{op}`, and (unless the row says otherwise) is built for f32 alone; the row gives the rest.
+const fn row(name: &'static str, args: &'static [Slot], grid: Grid, traffic: Cost) -> Kernel {
+    Kernel {
+        source: Source::User(&OPTIMIZER, OpClass::Elementwise),
+        name,
+        ops: no_ops,
+        dtypes: &[DType::F32],
+        dtypes2: &[],
+        args,
+        grid,
+        traffic,
+    }
+}
 
 /// Queues a launch (of `optimizer.cu`) on the device.
 fn run(dev: &CudaDevice, l: &UserLaunch) -> Result<()> {
@@ -148,13 +160,9 @@ impl Sgd {
 }
 
 /// `adamw_f32(p, g, m, v, n, AdamArgs)`: one fused AdamW step in place.
-pub static ADAMW: Kernel = Kernel {
-    source: SOURCE,
-    name: "adamw_{d}",
-    ops: no_ops,
-    dtypes: &[DType::F32],
-    dtypes2: &[],
-    args: &[
+pub static ADAMW: Kernel = row(
+    "adamw_{d}",
+    &[
         InOut("param"),
         In("grad"),
         InOut("m"),
@@ -162,30 +170,29 @@ pub static ADAMW: Kernel = Kernel {
         Items,
         Struct("args", 72),
     ],
-    grid: Grid::Packed,
-    traffic: Cost::Moves { flops: 12 },
-};
+    Grid::Packed,
+    Cost::Moves { flops: 12 },
+);
 
 /// `adamw_copy_{bf16,f16}`: [`ADAMW`] that also writes a half copy of the new parameters. No
 /// step uses the copy yet; the tests plan the kernel from this row.
 #[cfg(test)]
 pub static ADAMW_COPY: Kernel = Kernel {
-    source: SOURCE,
-    name: "adamw_copy_{d2}",
-    ops: no_ops,
-    dtypes: &[DType::F32],
     dtypes2: &[DType::BF16, DType::F16],
-    args: &[
-        InOut("param"),
-        In("grad"),
-        InOut("m"),
-        InOut("v"),
-        Out("copy"),
-        Items,
-        Struct("args", 72),
-    ],
-    grid: Grid::Packed,
-    traffic: Cost::Moves { flops: 12 },
+    ..row(
+        "adamw_copy_{d2}",
+        &[
+            InOut("param"),
+            In("grad"),
+            InOut("m"),
+            InOut("v"),
+            Out("copy"),
+            Items,
+            Struct("args", 72),
+        ],
+        Grid::Packed,
+        Cost::Moves { flops: 12 },
+    )
 };
 
 /// The parameters of `adamw_multi_f32`: the step's `AdamArgs`, the slots in use, then
@@ -213,55 +220,39 @@ static MULTI_SLOTS: [Slot; 2 + 8 * ADAMW_SLOTS] = multi_slots();
 
 /// `adamw_multi_f32`: AdamW over up to [`ADAMW_SLOTS`] parameters, one block per
 /// [`ADAMW_CHUNK`] of each (the call gives the grid); work items are elements.
-pub static ADAMW_MULTI: Kernel = Kernel {
-    source: SOURCE,
-    name: "adamw_multi_{d}",
-    ops: no_ops,
-    dtypes: &[DType::F32],
-    dtypes2: &[],
-    args: &MULTI_SLOTS,
-    grid: Grid::Tiled((ELEMWISE_BLOCK, 1, 1)),
-    traffic: Cost::Moves { flops: 12 },
-};
+pub static ADAMW_MULTI: Kernel = row(
+    "adamw_multi_{d}",
+    &MULTI_SLOTS,
+    Grid::Tiled((ELEMWISE_BLOCK, 1, 1)),
+    Cost::Moves { flops: 12 },
+);
 
 /// `sgd_f32(p, g, buf, n, SgdArgs)`: one SGD step in place (buf 0: no momentum).
-pub static SGD: Kernel = Kernel {
-    source: SOURCE,
-    name: "sgd_{d}",
-    ops: no_ops,
-    dtypes: &[DType::F32],
-    dtypes2: &[],
-    args: &[
+pub static SGD: Kernel = row(
+    "sgd_{d}",
+    &[
         InOut("param"),
         In("grad"),
         Ptr("momentum buffer"),
         Items,
         Struct("args", 48),
     ],
-    grid: Grid::PerItem,
-    traffic: Cost::Estimated,
-};
+    Grid::PerItem,
+    Cost::Estimated,
+);
 
 /// `step_prepare(ctl, sumsq, max_norm, dynamic)`: one thread.
-pub static STEP_PREPARE: Kernel = Kernel {
-    source: SOURCE,
-    name: "step_prepare",
-    ops: no_ops,
-    dtypes: &[DType::F32],
-    dtypes2: &[],
-    args: &[InOut("ctl"), In("sumsq"), F32("max_norm"), I32("dynamic")],
-    grid: Grid::OneBlock(32),
-    traffic: Cost::Estimated,
-};
+pub static STEP_PREPARE: Kernel = row(
+    "step_prepare",
+    &[InOut("ctl"), In("sumsq"), F32("max_norm"), I32("dynamic")],
+    Grid::OneBlock(32),
+    Cost::Estimated,
+);
 
 /// `step_finish(ctl, lr_table, n_lr, growth, backoff, interval, dynamic)`: one thread.
-pub static STEP_FINISH: Kernel = Kernel {
-    source: SOURCE,
-    name: "step_finish",
-    ops: no_ops,
-    dtypes: &[DType::F32],
-    dtypes2: &[],
-    args: &[
+pub static STEP_FINISH: Kernel = row(
+    "step_finish",
+    &[
         InOut("ctl"),
         In("lr table"),
         I64("lr table entries"),
@@ -270,9 +261,9 @@ pub static STEP_FINISH: Kernel = Kernel {
         F32("interval"),
         I32("dynamic"),
     ],
-    grid: Grid::OneBlock(32),
-    traffic: Cost::Estimated,
-};
+    Grid::OneBlock(32),
+    Cost::Estimated,
+);
 
 /// The parameters of `sumsq_multi_*`: the partial sums, the slots in use, then
 /// [`SUMSQ_SLOTS`] × (x, n).
@@ -293,28 +284,23 @@ static SUMSQ_SLOT_LIST: [Slot; 2 + 2 * SUMSQ_SLOTS] = sumsq_slots();
 /// `sumsq_multi_{d}`: the partial sums of x² of up to [`SUMSQ_SLOTS`] tensors, [`sumsq_blocks`]
 /// blocks each (the call gives the grid; work items are the blocks).
 pub static SUMSQ_MULTI: Kernel = Kernel {
-    source: SOURCE,
-    name: "sumsq_multi_{d}",
-    ops: no_ops,
     dtypes: &[DType::F32, DType::F16, DType::BF16],
-    dtypes2: &[],
-    args: &SUMSQ_SLOT_LIST,
-    grid: Grid::Tiled((SUMSQ_BLOCK, 1, 1)),
-    traffic: Cost::Scan { flops: 2 },
+    ..row(
+        "sumsq_multi_{d}",
+        &SUMSQ_SLOT_LIST,
+        Grid::Tiled((SUMSQ_BLOCK, 1, 1)),
+        Cost::Scan { flops: 2 },
+    )
 };
 
 /// `sumsq_finish(partial, count, out, accumulate)`: the partial sums added in a fixed order by
 /// one block.
-pub static SUMSQ_FINISH: Kernel = Kernel {
-    source: SOURCE,
-    name: "sumsq_finish",
-    ops: no_ops,
-    dtypes: &[DType::F32],
-    dtypes2: &[],
-    args: &[In("partial"), Items, Out("out"), I32("accumulate")],
-    grid: Grid::OneBlock(1024),
-    traffic: Cost::Reduce,
-};
+pub static SUMSQ_FINISH: Kernel = row(
+    "sumsq_finish",
+    &[In("partial"), Items, Out("out"), I32("accumulate")],
+    Grid::OneBlock(1024),
+    Cost::Reduce,
+);
 
 /// Every row of `optimizer.cu` (the NVRTC test checks one sample of each kernel against the PTX).
 #[cfg(test)]

@@ -7,7 +7,7 @@
 //! one and two weight planes, each activation, with and without bias.
 
 use super::*;
-use crate::kernels::test_support::{devices, values};
+use crate::kernels::test_support::{assert_close, devices, magnitude, values};
 use crate::Conv2dParams;
 use sinter_cpu::ggml_quant::GgmlType;
 use sinter_cpu::int8::{gemm_i32, quantize_rows_terms, Int8Path, QParams};
@@ -80,14 +80,7 @@ fn weight(seed: u64, n: usize, k: usize, planes: usize, dev: Device) -> (QWeight
 
 /// A kernel's f32 output within f32 rounding of the f64 reference.
 fn assert_near_reference(what: &str, y: &[f32], want: &[f64]) {
-    assert_eq!(y.len(), want.len(), "{what}");
-    let scale = want.iter().fold(1e-3f64, |a, w| a.max(w.abs()));
-    for (i, (&g, &w)) in y.iter().zip(want).enumerate() {
-        assert!(
-            (g as f64 - w).abs() <= 2e-6 * w.abs() + 2e-6 * scale,
-            "{what}[{i}]: got {g}, want {w}"
-        );
-    }
+    assert_close(what, y, want, (2e-6, 2e-6 * magnitude(want)));
 }
 
 /// Outside GELU (each device's tanh/erf) the devices compute the same f32 operations: every
@@ -466,7 +459,7 @@ fn qmatmul_of_ggml_weights_matches_the_dequantized_product() {
                     activate_f64(dot + bias[j] as f64, act)
                 })
                 .collect();
-            let scale = want.iter().fold(1e-3f64, |a, w| a.max(w.abs()));
+            let scale = magnitude(&want);
             for dev in devices() {
                 let w = cpu.to_device(dev).unwrap();
                 let xt = Tensor::from_vec(x.clone(), &[rows, k], dev).unwrap();
@@ -475,13 +468,8 @@ fn qmatmul_of_ggml_weights_matches_the_dequantized_product() {
                 assert_eq!((y.shape(), y.device()), (&[rows, n][..], dev));
                 let exact = dev != Device::Cpu || rows >= 32;
                 let tol = if exact { 1e-5 } else { 2e-2 };
-                let y = y.to_vec_f32().unwrap();
-                for (t, (&g, &w)) in y.iter().zip(&want).enumerate() {
-                    assert!(
-                        (g as f64 - w).abs() <= tol * scale,
-                        "case {c} {dev} {rows} rows {act:?} [{t}]: got {g}, want {w}"
-                    );
-                }
+                let what = format!("case {c} {dev} {rows} rows {act:?}");
+                assert_close(&what, &y.to_vec_f32().unwrap(), &want, (0.0, tol * scale));
             }
         }
     }

@@ -5,40 +5,14 @@
 //! input and a non-float one.
 
 use super::*;
-use crate::kernels::test_support::{devices, values};
+use crate::kernels::test_support::{assert_close, backward_with, devices, f64s, values, var, Tol};
 
-/// (relative, absolute) tolerance of a value stored in `d`.
-fn tol(d: DType) -> (f64, f64) {
-    match d {
-        DType::F32 => (2e-5, 2e-6),
-        DType::F16 => (2e-3, 2e-4),
-        _ => (1.6e-2, 2e-3),
-    }
-}
-
-fn f64s(t: &Tensor) -> Vec<f64> {
-    t.to_vec_f32().unwrap().iter().map(|&v| v as f64).collect()
-}
-
-fn assert_close(what: &str, got: &[f64], want: &[f64], (rel, abs): (f64, f64)) {
-    assert_eq!(got.len(), want.len(), "{what}: lengths");
-    for (i, (g, w)) in got.iter().zip(want).enumerate() {
-        assert!(
-            (g - w).abs() <= rel * w.abs() + abs,
-            "{what}[{i}]: got {g}, want {w}"
-        );
-    }
-}
-
-/// A variable of `d` on `dev` holding `v` rounded to `d`, and the rounded values.
-fn var(v: Vec<f32>, shape: &[usize], d: DType, dev: Device) -> (Tensor, Vec<f64>) {
-    let t = Tensor::from_vec(v, shape, Device::Cpu)
-        .unwrap()
-        .to_dtype(d)
-        .unwrap();
-    let f = f64s(&t);
-    (t.to_device(dev).unwrap().to_var().unwrap(), f)
-}
+/// (relative, absolute) tolerance of a value stored in each dtype.
+const TOL: Tol = Tol {
+    f32: (2e-5, 2e-6),
+    bf16: (1.6e-2, 2e-3),
+    f16: (2e-3, 2e-4),
+};
 
 const SHAPES: [(usize, usize); 7] = [
     (1, 1),
@@ -66,18 +40,13 @@ fn softmax_and_log_softmax_and_their_gradients_match_f64() {
                     }
                     .unwrap();
                     let what = format!("{} {dev} {d} {rows}x{n}", name(log));
-                    let (rt, at) = tol(d);
+                    let (rt, at) = TOL.of(d);
                     assert_eq!(y.dtype(), d, "{what}: y in x's dtype");
                     let yv = f64s(&y);
                     let want = reference::forward(&xv, n, log);
                     let fwd_abs = at * if log { 20.0 } else { 1.0 };
                     assert_close(&what, &yv, &want, (rt * 2.0, fwd_abs));
-                    y.mul(&gy.detach())
-                        .unwrap()
-                        .sum_all()
-                        .unwrap()
-                        .backward()
-                        .unwrap();
+                    backward_with(&y, &gy);
                     // The backward reads the stored y, so the reference starts from it too.
                     let dx = reference::backward(&yv, &gyv, n, log);
                     let got = x.grad().unwrap();

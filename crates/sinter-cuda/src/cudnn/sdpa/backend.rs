@@ -271,7 +271,7 @@ pub(super) struct Plan {
 unsafe impl Send for Plan {}
 unsafe impl Sync for Plan {}
 
-fn build(handle: cs::cudnnHandle_t, g: &SdpaGraph) -> R<Plan> {
+pub(super) fn build(handle: cs::cudnnHandle_t, g: &SdpaGraph) -> R<Plan> {
     let (op, keep) = operation(handle, g)?;
     finish(handle, vec![op], keep)
 }
@@ -407,18 +407,6 @@ type Cache = Mutex<HashMap<PlanKey, Option<Arc<Plan>>>>;
 fn cache() -> &'static Cache {
     static PLANS: OnceLock<Cache> = OnceLock::new();
     PLANS.get_or_init(Default::default)
-}
-
-/// The cached plan of `g` on device `ordinal`, built on first use; Ok(None) when cuDNN declined
-/// it (remembered).
-pub(super) fn plan(
-    handle: cs::cudnnHandle_t,
-    ordinal: usize,
-    g: &SdpaGraph,
-    declined: impl Fn(&Fail) -> bool,
-) -> R<Option<Arc<Plan>>> {
-    let k = key(ordinal, false, g.pass, &g.problem, &g.layout);
-    cached(k, || build(handle, g), declined)
 }
 
 /// The plan under `k`, built by `build` on first use; Ok(None) when cuDNN declined it

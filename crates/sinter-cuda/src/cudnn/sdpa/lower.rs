@@ -5,29 +5,17 @@
 //! `backend::Fail`, which the caller turns into a fall-back to sinter's flash kernels.
 
 use std::collections::HashMap;
-use std::sync::Arc;
 
 use cs::cudnnBackendAttributeName_t as A;
 use cs::cudnnBackendAttributeType_t as T;
 use cs::cudnnBackendDescriptorType_t as K;
 use cudarc::cudnn::sys as cs;
 
-use super::backend::{cached, data_type, finish, key, tensor_desc, Desc, Fail, Plan};
+use super::backend::{data_type, finish, tensor_desc, Desc, Fail, Plan};
 use super::composite::{Binding, CompositeGraph, Node, OpKind, Pw, Red};
 use super::graph::Elem;
 
 type R<X> = std::result::Result<X, Fail>;
-
-/// The cached plan of the composite graph `c` on device `ordinal` (as `backend::plan`).
-pub(super) fn composite_plan(
-    handle: cs::cudnnHandle_t,
-    ordinal: usize,
-    c: &CompositeGraph,
-    declined: impl Fn(&Fail) -> bool,
-) -> R<Option<Arc<Plan>>> {
-    let k = key(ordinal, true, c.pass, &c.problem, &c.layout);
-    cached(k, || build(handle, c), declined)
-}
 
 /// The graph's plan: every tensor, every node, in order.
 pub(super) fn build(handle: cs::cudnnHandle_t, c: &CompositeGraph) -> R<Plan> {

@@ -224,6 +224,31 @@ fn with_handle(
     f(state.handle)
 }
 
+/// How a cuDNN backend failure reads as an error of `op`.
+fn cudnn_error(op: &'static str) -> impl Fn(backend::Fail) -> CudaError {
+    move |f| CudaError::Cudnn {
+        op,
+        msg: format!("{}: status {}", f.step, f.status),
+    }
+}
+
+/// The plan cache's entry under `k`, built by `build` on first use (a panic in cuDNN is an
+/// error of `op`); None when cuDNN declined the graph (remembered), which the caller answers
+/// with [`declined`].
+fn cached_plan(
+    op: &'static str,
+    k: backend::PlanKey,
+    build: impl FnOnce() -> std::result::Result<backend::Plan, backend::Fail>,
+) -> Result<Option<Arc<backend::Plan>>> {
+    let plan = guard(|| Ok(backend::cached(k, build, |f| super::falls_back(f.status))))?;
+    plan.map_err(cudnn_error(op))
+}
+
+/// The answer when cuDNN declines `pass` of a graph: the caller falls back.
+fn declined(graph: &str, pass: SdpaPass) -> Ran {
+    Ran::Unsupported(format!("cuDNN declined the {graph} {} graph", pass.name()))
+}
+
 fn run_real(dev: &CudaDevice, g: &SdpaGraph, ptrs: &[(Role, u64)]) -> Result<Ran> {
     with_handle(dev, |handle| run_real_on(dev, handle, g, ptrs))
 }
@@ -234,21 +259,10 @@ fn run_real_on(
     g: &SdpaGraph,
     ptrs: &[(Role, u64)],
 ) -> Result<Ran> {
-    let fail = |f: backend::Fail| CudaError::Cudnn {
-        op: "cudnn sdpa",
-        msg: format!("{}: status {}", f.step, f.status),
-    };
-    let plan = guard(|| {
-        Ok(backend::plan(handle, dev.ordinal(), g, |f| {
-            super::falls_back(f.status)
-        }))
-    })?
-    .map_err(fail)?;
-    let Some(plan) = plan else {
-        return Ok(Ran::Unsupported(format!(
-            "cuDNN declined the SDPA {} graph",
-            g.pass.name()
-        )));
+    let op = "cudnn sdpa";
+    let k = backend::key(dev.ordinal(), false, g.pass, &g.problem, &g.layout);
+    let Some(plan) = cached_plan(op, k, || backend::build(handle, g))? else {
+        return Ok(declined("SDPA", g.pass));
     };
     let ws = if plan.workspace() > 0 {
         Some(dev.alloc(plan.workspace(), DType::U8, Pool::Temporary)?)
@@ -267,7 +281,8 @@ fn run_real_on(
     // SAFETY: the handle is held under the state's lock; the operands were checked against
     // the graph's extents; the workspace is a temporary-pool buffer released in stream order
     // after this call's work.
-    guard(|| Ok(unsafe { plan.execute(handle, &bound, &scalars, ws_ptr) }))?.map_err(fail)?;
+    guard(|| Ok(unsafe { plan.execute(handle, &bound, &scalars, ws_ptr) }))?
+        .map_err(cudnn_error(op))?;
     Ok(Ran::Done)
 }
 
@@ -287,21 +302,10 @@ fn run_real_composite_on(
     c: &composite::CompositeGraph,
     ptrs: &[(Role, u64)],
 ) -> Result<Ran> {
-    let fail = |f: backend::Fail| CudaError::Cudnn {
-        op: "cudnn sdpa (composite)",
-        msg: format!("{}: status {}", f.step, f.status),
-    };
-    let plan = guard(|| {
-        Ok(lower::composite_plan(handle, dev.ordinal(), c, |f| {
-            super::falls_back(f.status)
-        }))
-    })?
-    .map_err(fail)?;
-    let Some(plan) = plan else {
-        return Ok(Ran::Unsupported(format!(
-            "cuDNN declined the composite attention {} graph",
-            c.pass.name()
-        )));
+    let op = "cudnn sdpa (composite)";
+    let k = backend::key(dev.ordinal(), true, c.pass, &c.problem, &c.layout);
+    let Some(plan) = cached_plan(op, k, || lower::build(handle, c))? else {
+        return Ok(declined("composite attention", c.pass));
     };
     let base = plan.workspace().div_ceil(256) * 256;
     let total = base + c.workspace_bytes();
@@ -333,6 +337,6 @@ fn run_real_composite_on(
             )
         })
     })?
-    .map_err(fail)?;
+    .map_err(cudnn_error(op))?;
     Ok(Ran::Done)
 }
