@@ -22,6 +22,23 @@ PYTHON="${PYTHON:-python3}"
 OUT_DIR="${OUT:-bench/gpu/out/prove}"
 mkdir -p "${OUT_DIR}"
 OUT_DIR="$(cd "${OUT_DIR}" && pwd)"
+# pack.sh carries the binaries xz-compressed: unpack them once beside the tree (xz, else
+# Python's lzma), and run them from there.
+if [[ -f "${CARRY}/sinter.xz" ]]; then
+    UNPACKED="${ROOT}/.gpu-carry-unpacked"
+    mkdir -p "${UNPACKED}"
+    for z in "${CARRY}"/*.xz; do
+        bin="${UNPACKED}/$(basename "${z}" .xz)"
+        [[ -x "${bin}" && "${bin}" -nt "${z}" ]] && continue
+        if command -v xz > /dev/null; then
+            xz -dc "${z}" > "${bin}"
+        else
+            "${PYTHON}" -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], "wb"))' "${z}" "${bin}"
+        fi || { echo "prove: could not unpack ${z}" >&2; exit 2; }
+        chmod +x "${bin}"
+    done
+    CARRY="${UNPACKED}"
+fi
 [[ -x "${CARRY}/sinter" ]] || { echo "prove: ${CARRY}/sinter missing: run bench/gpu/pack.sh on the build machine and carry ${CARRY}" >&2; exit 2; }
 # shellcheck source=bench/gpu/cuda_env.sh
 source "${ROOT}/bench/gpu/cuda_env.sh"

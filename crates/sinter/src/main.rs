@@ -201,6 +201,19 @@ fn train_options(k: &ConfigFile, notes: Vec<String>) -> Result<trainer::TrainOpt
     })
 }
 
+/// Makes this (the main) thread worker 0 of rayon's global pool, beside RAYON_NUM_THREADS − 1
+/// (default: one per CPU) spawned workers. A parallel op started here then runs "in worker":
+/// this thread does its share and the others steal the rest. Started from outside the pool,
+/// each op (hundreds per training step) was injected into the pool while this thread slept on
+/// a latch and was woken again, and the idle workers' yields contended with it for the cores.
+fn join_rayon_pool() {
+    // Fails only when a global pool exists already (nothing builds one before this); the
+    // default pool then serves as before.
+    let _ = rayon::ThreadPoolBuilder::new()
+        .use_current_thread()
+        .build_global();
+}
+
 fn run() -> Result<()> {
     let cli = Cli::parse();
     checkpoint::set_verify(!cli.no_verify);
@@ -243,6 +256,7 @@ fn run() -> Result<()> {
 
 fn main() -> ExitCode {
     signals::die_with_launcher();
+    join_rayon_pool();
     let result = run().context("sinter");
     let ok = result.is_ok();
     let code = match result {

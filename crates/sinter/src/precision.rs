@@ -283,9 +283,15 @@ pub fn info_report() -> String {
     let mut o = String::new();
     let _ = writeln!(o, "sinter {}", env!("CARGO_PKG_VERSION"));
     let _ = writeln!(o, "devices:");
+    // The main thread joins the pool at start-up (main.rs): say so, as `sinter info` runs on it.
+    let main_in_pool = if rayon::current_thread_index().is_some() {
+        ", the main thread one of them"
+    } else {
+        ""
+    };
     let _ = writeln!(
         o,
-        "  cpu: {} threads (rayon; set RAYON_NUM_THREADS to change)",
+        "  cpu: {} threads (rayon{main_in_pool}; set RAYON_NUM_THREADS to change)",
         rayon::current_num_threads()
     );
     let libs = sinter_core::cuda::runtime::libraries();

@@ -374,6 +374,24 @@ fn schedule_names_the_pipeline_schedule_and_points_lr_schedules_elsewhere() {
     );
 }
 
+/// The main thread is one of rayon's workers (so a step's parallel ops run "in worker"
+/// instead of being injected into the pool op by op), and the pool still has the size
+/// RAYON_NUM_THREADS asks for.
+#[test]
+fn the_main_thread_is_one_of_the_rayon_threads_asked_for() {
+    let o = sinter_cmd()
+        .arg("info")
+        .env("RAYON_NUM_THREADS", "3")
+        .output()
+        .expect("the binary runs");
+    assert!(o.status.success());
+    let t = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        t.contains("cpu: 3 threads (rayon, the main thread one of them;"),
+        "{t}"
+    );
+}
+
 #[test]
 fn info_names_the_devices_and_dtypes() {
     let o = sinter(&["info"]);
