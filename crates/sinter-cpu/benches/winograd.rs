@@ -3,7 +3,10 @@
 //! Prints ms per call (median of the pooled rounds, passes interleaved) and the GFLOP/s of
 //! the direct convolution's 2·n·o·oh·ow·c·9 flops (the figure the conv bench reports).
 //!
-//!     flock /tmp/bench.lock chrt -f 1 cargo bench -p sinter-cpu --bench winograd
+//!     flock /tmp/bench.lock chrt -f 1 cargo bench -p sinter-cpu --bench winograd [-- forward|data|filter]
+//!
+//! `SINTER_BENCH_ROUNDS` rounds (default 3) of `SINTER_BENCH_SECS` per pass (default 0.5);
+//! the machine is noisy, so compare two builds by alternating their binaries.
 
 mod common;
 
