@@ -484,7 +484,7 @@ fn filter_grad_block(
         let (gy, rows) = rest.split_at_mut(glen);
         with_isa!(isa, S => {
             input_transform::<S>(l, tiling, units.clone(), x, v, rows);
-            grad_transform::<S>(l, tiling, units.clone(), dy, gy, rows)
+            grad_transform::<S>(l, tiling, units.clone(), dy, gy)
         });
         Gemm::new(l.cout, l.cin, t)
             .isa(isa)
@@ -721,8 +721,7 @@ unsafe fn input_tile_row<S: Simd>(rows: *const f32, tw: usize, v: *mut f32, xs: 
 }
 
 /// A dY Aᵀ for every output-gradient channel and tile of the block's units (gy: [16][cout][t],
-/// the points [`point_stride`] apart);
-/// tiles past the output's edge read zeros.
+/// the points [`point_stride`] apart); tiles past the output's edge read zeros.
 ///
 /// # Safety
 /// The CPU has `S`'s ISA.
@@ -733,50 +732,81 @@ unsafe fn grad_transform<S: Interleave>(
     units: Range<usize>,
     dy: &[f32],
     gy: &mut [f32],
-    rows: &mut [f32],
 ) {
     let (tw, th) = (tiling.tw, tiling.th);
     let t = units.len() * tw;
     let plane_len = l.oh * l.ow;
-    let (rows, pad) = rows.split_at_mut(rows.len() - pad_len(tw));
+    let xs = point_stride(l.cout, t);
     for (ui, unit) in units.enumerate() {
         let (img, ty) = (unit / th, unit % th);
+        let second = 2 * ty + 1 < l.oh;
         for oc in 0..l.cout {
             let plane = &dy[(img * l.cout + oc) * plane_len..][..plane_len];
-            split_rows::<S>(plane, (l.oh, l.ow), (2 * ty) as isize, 0, tw, 2, rows, pad);
-            grad_tile_row::<S>(
-                rows.as_ptr(),
-                tw,
-                gy.as_mut_ptr().add(oc * t + ui * tw),
-                point_stride(l.cout, t),
-            );
+            let row0 = &plane[2 * ty * l.ow..][..l.ow];
+            let row1 = if second {
+                &plane[(2 * ty + 1) * l.ow..][..l.ow]
+            } else {
+                &[][..]
+            };
+            let out = gy.as_mut_ptr().add(oc * t + ui * tw);
+            grad_tile_row::<S>(row0, row1, tw, out, xs);
         }
     }
 }
 
-/// A dY Aᵀ for the tw tiles of one tile row: each 2×2 tile [[a, b], [c, d]] from the split
-/// rows (a, b: row 0 even and odd, c, d: row 1), point ξ of tile k to `gy + ξ·xs + k`.
-/// A combines the rows into (r0, r0 + r1, r0 − r1, −r1), and the columns the same way.
+/// Columns 2k, 2k + 2, … and 2k + 1, 2k + 3, … of `row` (`lanes` of each; zero past its
+/// end, all zero for an empty row), read straight from the row where two whole vectors fit
+/// in it, else through a copy.
 ///
 /// # Safety
-/// `rows` holds 4·(tw + 1) values; `gy + ξ·xs + k` is writable for ξ < 16, k < tw.
+/// The CPU has `S`'s ISA.
 #[inline(always)]
-unsafe fn grad_tile_row<S: Simd>(rows: *const f32, tw: usize, gy: *mut f32, xs: usize) {
-    let stride = tw + 1;
+unsafe fn unzip_at<S: Interleave>(row: &[f32], k: usize, lanes: usize) -> (S::V, S::V) {
+    let at = 2 * k;
+    if at + 2 * S::LANES <= row.len() {
+        let p = row.as_ptr().add(at);
+        return S::unzip(S::load(p), S::load(p.add(S::LANES)));
+    }
+    if at >= row.len() {
+        return (S::zero(), S::zero());
+    }
+    // The row's last values, zero after them: 2·lanes ≤ 2·LANES ≤ 32.
+    let mut buf = [0f32; 32];
+    let n = (row.len() - at).min(2 * lanes);
+    copy_short(&mut buf[..n], &row[at..at + n]);
+    S::unzip(S::load(buf.as_ptr()), S::load(buf.as_ptr().add(S::LANES)))
+}
+
+/// A dY Aᵀ for the tw tiles of one tile row, from its two output-gradient rows (the second
+/// empty past the bottom edge; columns past the right edge read zeros): each 2×2 tile
+/// [[a, b], [c, d]] (a, b: row 0's even and odd columns, c, d: row 1's), point ξ of tile k
+/// to `gy + ξ·xs + k`. A combines the rows into (r0, r0 + r1, r0 − r1, −r1), and the
+/// columns the same way. The rows are unzipped where they lie (no copy per row).
+///
+/// # Safety
+/// The CPU has `S`'s ISA; `gy + ξ·xs + k` is writable for ξ < 16, k < tw.
+#[inline(always)]
+unsafe fn grad_tile_row<S: Interleave>(
+    row0: &[f32],
+    row1: &[f32],
+    tw: usize,
+    gy: *mut f32,
+    xs: usize,
+) {
     let mut k = 0;
     while k < tw {
         let lanes = S::LANES.min(tw - k);
-        let ld = |r: usize| load_lanes::<S>(rows, r * stride + k, lanes);
-        let (a, b, c, d) = (ld(0), ld(1), ld(2), ld(3));
-        let neg = |v| S::sub(S::zero(), v);
+        let (a, b) = unzip_at::<S>(row0, k, lanes);
+        let (c, d) = unzip_at::<S>(row1, k, lanes);
+        let (nc, nd) = (S::sub(S::zero(), c), S::sub(S::zero(), d));
         let row_pairs = [
             (a, b),
             (S::add(a, c), S::add(b, d)),
             (S::sub(a, c), S::sub(b, d)),
-            (neg(c), neg(d)),
+            (nc, nd),
         ];
         for (i, (p, q)) in row_pairs.into_iter().enumerate() {
-            let out = [p, S::add(p, q), S::sub(p, q), neg(q)];
+            let out = [p, S::add(p, q), S::sub(p, q), S::sub(S::zero(), q)];
             for (j, val) in out.into_iter().enumerate() {
                 store_lanes::<S>(gy.add((4 * i + j) * xs + k), val, lanes);
             }
