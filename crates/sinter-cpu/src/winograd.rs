@@ -31,6 +31,7 @@ use std::ops::Range;
 use rayon::prelude::*;
 
 use crate::gemm::{Batch, Gemm, MatMut, MatRef};
+use crate::im2col::copy_short;
 use crate::simd::{load_lanes, store_lanes, Simd};
 use crate::{with_isa, Isa};
 
@@ -394,6 +395,17 @@ struct OutPtr(*mut f32);
 unsafe impl Send for OutPtr {}
 unsafe impl Sync for OutPtr {}
 
+/// Values from one Winograd point's matrix (`channels` × `tiles`) to the next in a block's
+/// transformed data: whole 64-byte lines, an odd number of them. The transforms write (and
+/// the output transform reads) all 16 points of a tile at once; at a stride of a multiple of
+/// 4 KiB (64 channels × 80 tiles: 20 KiB) those 16 streams fall in one L1 set and evict each
+/// other, while an odd number of lines spreads them over 16 sets.
+fn point_stride(channels: usize, tiles: usize) -> usize {
+    const LINE: usize = 16;
+    let lines = (channels * tiles).div_ceil(LINE);
+    (lines | 1) * LINE
+}
+
 /// Values of a block's split input rows: the 2·units + 2 input rows of its tile rows, each
 /// as (even, odd) × (tw + 1), then one padded row ([`pad_len`]).
 fn split_rows_len(tiling: &Tiling) -> usize {
@@ -415,7 +427,8 @@ fn conv_tiles(isa: Isa, l: &Layer, x: &[f32], u: &[f32], e: Epilogue, y: &mut [f
     let block = |b: usize| {
         let units = tiling.range(b);
         let t = units.len() * tiling.tw;
-        let (vlen, mlen) = (POINTS * l.cin * t, POINTS * l.cout * t);
+        let (vs, ms) = (point_stride(l.cin, t), point_stride(l.cout, t));
+        let (vlen, mlen) = (POINTS * vs, POINTS * ms);
         with_scratch(vlen + mlen + split_rows_len(&tiling), |s| {
             let (v, rest) = s.split_at_mut(vlen);
             let (m, rows) = rest.split_at_mut(mlen);
@@ -429,8 +442,8 @@ fn conv_tiles(isa: Isa, l: &Layer, x: &[f32], u: &[f32], e: Epilogue, y: &mut [f
                     .batch(Batch {
                         count: POINTS,
                         a: (l.cout * l.cin) as isize,
-                        b: (l.cin * t) as isize,
-                        c: (l.cout * t) as isize,
+                        b: vs as isize,
+                        c: ms as isize,
                     })
                     .run(
                         MatRef::row_major(u, l.cin),
@@ -464,13 +477,14 @@ fn filter_grad_block(
 ) {
     let units = tiling.range(b);
     let t = units.len() * tiling.tw;
-    let (vlen, glen) = (POINTS * l.cin * t, POINTS * l.cout * t);
+    let (vs, gs) = (point_stride(l.cin, t), point_stride(l.cout, t));
+    let (vlen, glen) = (POINTS * vs, POINTS * gs);
     with_scratch(vlen + glen + split_rows_len(tiling), |s| {
         let (v, rest) = s.split_at_mut(vlen);
         let (gy, rows) = rest.split_at_mut(glen);
         with_isa!(isa, S => {
             input_transform::<S>(l, tiling, units.clone(), x, v, rows);
-            grad_transform::<S>(l, tiling, units.clone(), dy, gy, rows)
+            grad_transform::<S>(l, tiling, units.clone(), dy, gy)
         });
         Gemm::new(l.cout, l.cin, t)
             .isa(isa)
@@ -478,8 +492,8 @@ fn filter_grad_block(
             .beta(1.0)
             .batch(Batch {
                 count: POINTS,
-                a: (l.cout * t) as isize,
-                b: (l.cin * t) as isize,
+                a: gs as isize,
+                b: vs as isize,
                 c: (l.cout * l.cin) as isize,
             })
             .run(
@@ -583,19 +597,21 @@ unsafe fn split_rows<S: Interleave>(
     // The padded row as the unzip reads it: whole pairs of vectors.
     let padded = 2 * stride.next_multiple_of(S::LANES);
     let pad = &mut pad[..padded];
+    // Only columns pw..pw + n change from row to row: the zeros around them are stored once.
+    // (A memmove and two memset calls per row of 16 values cost more than its unzip: ~10 %
+    // of the conv bench's forward + backward.)
+    let n = w.min(padded - pw);
+    zero::<S>(pad);
     for r in 0..nrows {
         let (even, odd) = rows[2 * r * stride..(2 * r + 2) * stride].split_at_mut(stride);
         let y = y0 + r as isize;
         if y < 0 || y >= h as isize {
-            even.fill(0.0);
-            odd.fill(0.0);
+            zero::<S>(even);
+            zero::<S>(odd);
             continue;
         }
         let src = &plane[y as usize * w..][..w];
-        let n = w.min(padded - pw);
-        pad[..pw].fill(0.0);
-        pad[pw..pw + n].copy_from_slice(&src[..n]);
-        pad[pw + n..].fill(0.0);
+        copy_short(&mut pad[pw..pw + n], &src[..n]);
         let mut k = 0;
         while k < stride {
             let lanes = S::LANES.min(stride - k);
@@ -608,8 +624,19 @@ unsafe fn split_rows<S: Interleave>(
     }
 }
 
+/// Zeroes `buf` with vector stores (inline: no memset call for a few dozen values).
+#[inline(always)]
+unsafe fn zero<S: Simd>(buf: &mut [f32]) {
+    let mut i = 0;
+    while i < buf.len() {
+        let lanes = S::LANES.min(buf.len() - i);
+        store_lanes::<S>(buf.as_mut_ptr().add(i), S::zero(), lanes);
+        i += lanes;
+    }
+}
+
 /// V[ξ][ch][tile] = Bᵀ d B for every input channel and tile of the block's units
-/// (v: [16][cin][t], t = the block's tiles).
+/// (v: [16][cin][t], t = the block's tiles, the points [`point_stride`] apart).
 ///
 /// # Safety
 /// The CPU has `S`'s ISA.
@@ -643,7 +670,7 @@ unsafe fn input_transform<S: Interleave>(
                     rows.as_ptr().add(4 * i * stride),
                     tw,
                     v.as_mut_ptr().add(ch * t + (ui0 + i) * tw),
-                    l.cin * t,
+                    point_stride(l.cin, t),
                 );
             }
         }
@@ -693,8 +720,8 @@ unsafe fn input_tile_row<S: Simd>(rows: *const f32, tw: usize, v: *mut f32, xs: 
     }
 }
 
-/// A dY Aᵀ for every output-gradient channel and tile of the block's units (gy: [16][cout][t]);
-/// tiles past the output's edge read zeros.
+/// A dY Aᵀ for every output-gradient channel and tile of the block's units (gy: [16][cout][t],
+/// the points [`point_stride`] apart); tiles past the output's edge read zeros.
 ///
 /// # Safety
 /// The CPU has `S`'s ISA.
@@ -705,50 +732,81 @@ unsafe fn grad_transform<S: Interleave>(
     units: Range<usize>,
     dy: &[f32],
     gy: &mut [f32],
-    rows: &mut [f32],
 ) {
     let (tw, th) = (tiling.tw, tiling.th);
     let t = units.len() * tw;
     let plane_len = l.oh * l.ow;
-    let (rows, pad) = rows.split_at_mut(rows.len() - pad_len(tw));
+    let xs = point_stride(l.cout, t);
     for (ui, unit) in units.enumerate() {
         let (img, ty) = (unit / th, unit % th);
+        let second = 2 * ty + 1 < l.oh;
         for oc in 0..l.cout {
             let plane = &dy[(img * l.cout + oc) * plane_len..][..plane_len];
-            split_rows::<S>(plane, (l.oh, l.ow), (2 * ty) as isize, 0, tw, 2, rows, pad);
-            grad_tile_row::<S>(
-                rows.as_ptr(),
-                tw,
-                gy.as_mut_ptr().add(oc * t + ui * tw),
-                l.cout * t,
-            );
+            let row0 = &plane[2 * ty * l.ow..][..l.ow];
+            let row1 = if second {
+                &plane[(2 * ty + 1) * l.ow..][..l.ow]
+            } else {
+                &[][..]
+            };
+            let out = gy.as_mut_ptr().add(oc * t + ui * tw);
+            grad_tile_row::<S>(row0, row1, tw, out, xs);
         }
     }
 }
 
-/// A dY Aᵀ for the tw tiles of one tile row: each 2×2 tile [[a, b], [c, d]] from the split
-/// rows (a, b: row 0 even and odd, c, d: row 1), point ξ of tile k to `gy + ξ·xs + k`.
-/// A combines the rows into (r0, r0 + r1, r0 − r1, −r1), and the columns the same way.
+/// Columns 2k, 2k + 2, … and 2k + 1, 2k + 3, … of `row` (`lanes` of each; zero past its
+/// end, all zero for an empty row), read straight from the row where two whole vectors fit
+/// in it, else through a copy.
 ///
 /// # Safety
-/// `rows` holds 4·(tw + 1) values; `gy + ξ·xs + k` is writable for ξ < 16, k < tw.
+/// The CPU has `S`'s ISA.
 #[inline(always)]
-unsafe fn grad_tile_row<S: Simd>(rows: *const f32, tw: usize, gy: *mut f32, xs: usize) {
-    let stride = tw + 1;
+unsafe fn unzip_at<S: Interleave>(row: &[f32], k: usize, lanes: usize) -> (S::V, S::V) {
+    let at = 2 * k;
+    if at + 2 * S::LANES <= row.len() {
+        let p = row.as_ptr().add(at);
+        return S::unzip(S::load(p), S::load(p.add(S::LANES)));
+    }
+    if at >= row.len() {
+        return (S::zero(), S::zero());
+    }
+    // The row's last values, zero after them: 2·lanes ≤ 2·LANES ≤ 32.
+    let mut buf = [0f32; 32];
+    let n = (row.len() - at).min(2 * lanes);
+    copy_short(&mut buf[..n], &row[at..at + n]);
+    S::unzip(S::load(buf.as_ptr()), S::load(buf.as_ptr().add(S::LANES)))
+}
+
+/// A dY Aᵀ for the tw tiles of one tile row, from its two output-gradient rows (the second
+/// empty past the bottom edge; columns past the right edge read zeros): each 2×2 tile
+/// [[a, b], [c, d]] (a, b: row 0's even and odd columns, c, d: row 1's), point ξ of tile k
+/// to `gy + ξ·xs + k`. A combines the rows into (r0, r0 + r1, r0 − r1, −r1), and the
+/// columns the same way. The rows are unzipped where they lie (no copy per row).
+///
+/// # Safety
+/// The CPU has `S`'s ISA; `gy + ξ·xs + k` is writable for ξ < 16, k < tw.
+#[inline(always)]
+unsafe fn grad_tile_row<S: Interleave>(
+    row0: &[f32],
+    row1: &[f32],
+    tw: usize,
+    gy: *mut f32,
+    xs: usize,
+) {
     let mut k = 0;
     while k < tw {
         let lanes = S::LANES.min(tw - k);
-        let ld = |r: usize| load_lanes::<S>(rows, r * stride + k, lanes);
-        let (a, b, c, d) = (ld(0), ld(1), ld(2), ld(3));
-        let neg = |v| S::sub(S::zero(), v);
+        let (a, b) = unzip_at::<S>(row0, k, lanes);
+        let (c, d) = unzip_at::<S>(row1, k, lanes);
+        let (nc, nd) = (S::sub(S::zero(), c), S::sub(S::zero(), d));
         let row_pairs = [
             (a, b),
             (S::add(a, c), S::add(b, d)),
             (S::sub(a, c), S::sub(b, d)),
-            (neg(c), neg(d)),
+            (nc, nd),
         ];
         for (i, (p, q)) in row_pairs.into_iter().enumerate() {
-            let out = [p, S::add(p, q), S::sub(p, q), neg(q)];
+            let out = [p, S::add(p, q), S::sub(p, q), S::sub(S::zero(), q)];
             for (j, val) in out.into_iter().enumerate() {
                 store_lanes::<S>(gy.add((4 * i + j) * xs + k), val, lanes);
             }
@@ -782,7 +840,7 @@ unsafe fn output_transform<S: Interleave>(
             let rows = (row0, (2 * ty + 1 < l.oh).then(|| row0.add(l.ow)));
             let bias = e.bias.map(|b| b[oc]);
             let m = m.as_ptr().add(oc * t + ui * tw);
-            output_tile_row::<S>(m, l.cout * t, (tw, l.ow), rows, bias, e.relu);
+            output_tile_row::<S>(m, point_stride(l.cout, t), (tw, l.ow), rows, bias, e.relu);
         }
     }
 }
