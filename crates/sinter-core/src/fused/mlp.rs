@@ -178,7 +178,7 @@ fn gelu_input_grad(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kernels::test_support::{devices, values};
+    use crate::kernels::test_support::{assert_close, devices, magnitude, values};
     use crate::DType;
 
     /// (rows, in, hid, out): hid 16 takes the epilogues on CUDA at f16/bf16, hid 12 does not
@@ -235,17 +235,14 @@ mod tests {
             .collect()
     }
 
-    fn assert_close(what: &str, got: &[Vec<f32>], want: &[Vec<f32>], rel: f32) {
+    /// y and each gradient within `rel` of `want`'s, relative to the value plus the largest
+    /// magnitude of that output (the kernels' one closeness rule, `test_support`).
+    fn assert_all_close(what: &str, got: &[Vec<f32>], want: &[Vec<f32>], rel: f64) {
         let names = ["y", "dx", "dW_fc", "db_fc", "dW_proj", "db_proj"];
+        assert_eq!(got.len(), names.len(), "{what}: outputs");
         for ((g, w), name) in got.iter().zip(want).zip(names) {
-            assert_eq!(g.len(), w.len(), "{what} {name}");
-            let scale = w.iter().fold(0f32, |m, v| m.max(v.abs()));
-            for (i, (a, b)) in g.iter().zip(w).enumerate() {
-                assert!(
-                    (a - b).abs() <= rel * (b.abs() + scale),
-                    "{what} {name}[{i}]: got {a}, want {b}"
-                );
-            }
+            let scale = magnitude(&w.iter().map(|&v| f64::from(v)).collect::<Vec<_>>());
+            assert_close(&format!("{what} {name}"), g, w, (rel, rel * scale));
         }
     }
 
@@ -264,9 +261,9 @@ mod tests {
                         _ => 4e-3,
                     };
                     let fused = run(mlp_gelu, &ins, d, dev);
-                    assert_close(&what, &fused, &want, rel);
+                    assert_all_close(&what, &fused, &want, rel);
                     let composite = run(mlp_gelu_reference, &ins, d, dev);
-                    assert_close(&format!("{what} vs composite"), &fused, &composite, rel);
+                    assert_all_close(&format!("{what} vs composite"), &fused, &composite, rel);
                 }
             }
         }
