@@ -1138,9 +1138,9 @@ async fn embeddings_equal_bert_embed_of_each_input_alone() {
         assert!(worst <= 1e-5, "input {i}: worst difference {worst:e}");
     }
     // Token ids, and base64: exactly the little-endian bytes of the vector the float format
-    // returns for the same input. (Against `alone` only within 1e-5: on AVX-512 a product may
-    // run on the gemm crate in one thread context and on sinter's kernels in another, which
-    // sum k in a different order.)
+    // returns for the same input. Against `alone` only within 1e-5: the server runs its batch
+    // with an attention mask and `alone` without one, and on an AVX-512 Xeon the two differed
+    // in the last bit of a few values.
     let request = |format: &str| {
         json!({"model": "tiny-embed", "input": [104, 105], "encoding_format": format}).to_string()
     };
