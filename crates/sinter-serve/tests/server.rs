@@ -1084,6 +1084,23 @@ async fn response_format_answers_are_json_of_the_schema() {
     server.shutdown().unwrap();
 }
 
+/// An embedding's JSON array of numbers as f32s.
+fn floats(v: &Value) -> Vec<f32> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_f64().unwrap() as f32)
+        .collect()
+}
+
+/// The largest |a − b| over the pairs.
+fn worst_difference(a: &[f32], b: &[f32]) -> f32 {
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
+}
+
 /// `/v1/embeddings` on a tiny random BERT: each input's vector equals `Bert::embed` of its
 /// ids alone (padding in the server's batches masked out), in input order, float or base64;
 /// usage counts the tokens; bad inputs are 400s naming `input`; completions are refused
@@ -1122,19 +1139,10 @@ async fn embeddings_equal_bert_embed_of_each_input_alone() {
             (d["index"].as_u64(), d["object"].as_str()),
             (Some(i as u64), Some("embedding"))
         );
-        let got: Vec<f32> = d["embedding"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|x| x.as_f64().unwrap() as f32)
-            .collect();
+        let got = floats(&d["embedding"]);
         let want = alone(&t.bytes().map(i64::from).collect::<Vec<_>>());
         assert_eq!(got.len(), 32);
-        let worst = got
-            .iter()
-            .zip(&want)
-            .map(|(a, b)| (a - b).abs())
-            .fold(0.0, f32::max);
+        let worst = worst_difference(&got, &want);
         assert!(worst <= 1e-5, "input {i}: worst difference {worst:e}");
     }
     // Token ids, and base64: exactly the little-endian bytes of the vector the float format
@@ -1146,23 +1154,14 @@ async fn embeddings_equal_bert_embed_of_each_input_alone() {
     };
     let (status, _, f) = post(&url, "/v1/embeddings", &request("float")).await;
     assert_eq!(status, 200, "{f}");
-    let floats: Vec<f32> = f["data"][0]["embedding"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_f64().unwrap() as f32)
-        .collect();
+    let got = floats(&f["data"][0]["embedding"]);
     let want = alone(&[104, 105]);
-    assert_eq!(floats.len(), want.len());
-    let worst = floats
-        .iter()
-        .zip(&want)
-        .map(|(a, b)| (a - b).abs())
-        .fold(0.0, f32::max);
+    assert_eq!(got.len(), want.len());
+    let worst = worst_difference(&got, &want);
     assert!(worst <= 1e-5, "token ids: worst difference {worst:e}");
     let (status, _, b) = post(&url, "/v1/embeddings", &request("base64")).await;
     assert_eq!(status, 200, "{b}");
-    let bytes: Vec<u8> = floats.iter().flat_map(|x| x.to_le_bytes()).collect();
+    let bytes: Vec<u8> = got.iter().flat_map(|x| x.to_le_bytes()).collect();
     assert_eq!(
         b["data"][0]["embedding"],
         sinter_serve::embed::base64(&bytes)
