@@ -557,7 +557,8 @@ fn batches_with_broadcast_operands_match_separate_products() {
 #[test]
 fn prepacked_b_gives_the_same_products_as_plain_b() {
     for isa in Isa::available() {
-        for &(m, n, k) in &[(1, 7, 5), (17, 45, 33), (64, 100, 700), (3, 129, 1)] {
+        // 65 rows: 64 with k ≥ 512 take AVX-512's dot form with a plain B (gemv.rs).
+        for &(m, n, k) in &[(1, 7, 5), (17, 45, 33), (65, 100, 700), (3, 129, 1)] {
             let mut rng = Lcg(11);
             let (a, w, bias) = (rng.vec(m * k), rng.vec(n * k), rng.vec(n));
             // y = x·Wᵀ with W [n, k] (nn.Linear's layout): B = Wᵀ, read in place.
@@ -600,6 +601,7 @@ fn prepacked_b_gives_the_same_products_as_plain_b() {
                     Activation::GeluTanh,
                 );
                 for i in 0..m * n {
+                    assert_close("plain", c1[i], want[i], k);
                     assert_close("packed", c2[i], want[i], k);
                     assert_close("packed pre", pre[i], want_pre[i], k);
                 }
@@ -794,8 +796,9 @@ fn every_row_count_against_a_prepacked_weight_matches_the_reference() {
 #[test]
 fn thin_products_x_times_w_transposed_match_the_reference() {
     // A decode step of 2..16 sequences: x [m, k] · Wᵀ with W [n, k] read in place, the shape
-    // that takes the matrix-vector path's dot form (columns four at a time); 17 rows take
-    // the packed GEMM. With β, bias, activation and two threads.
+    // that takes the matrix-vector path's dot form; 17 rows take the packed GEMM, except on
+    // AVX-512 with k ≥ 512, where the dot form runs to 64 rows (gemv.rs `DOT_COLUMNS`). With
+    // β, bias, activation and two threads; tile edges in both directions and a k tail.
     use Layout::*;
     for isa in Isa::available() {
         for (s, &(m, n, k)) in [
@@ -806,6 +809,10 @@ fn thin_products_x_times_w_transposed_match_the_reference() {
             (13, 65, 129),
             (16, 70, 45),
             (17, 20, 9),
+            (17, 41, 512),
+            (40, 9, 515),
+            (64, 70, 600),
+            (65, 12, 520),
         ]
         .iter()
         .enumerate()
@@ -830,6 +837,92 @@ fn thin_products_x_times_w_transposed_match_the_reference() {
                     threads,
                     100 + s as u64,
                 );
+            }
+        }
+    }
+}
+
+/// x·Wᵀ in the dot form: a row of x gives the same bits alone (one sequence decoding) as in
+/// a batch of up to 16 rows, whatever the alignment of W in its buffer; larger batches (on
+/// AVX-512 with k ≥ 512 the form runs to 64 rows, starting with a part vector that aligns W)
+/// match the reference at every alignment and give the same bits on 1 and 3 threads.
+#[test]
+fn x_times_w_transposed_gives_a_row_the_same_bits_alone_and_in_a_few_row_batch() {
+    let (n, k) = (37, 531);
+    let mut rng = Lcg(7);
+    let x = rng.vec(64 * k);
+    let w = rng.vec(n * k);
+    for isa in Isa::available() {
+        for shift in [0, 1, 5, 13] {
+            // W [n, k] row-major at `shift` floats into its buffer: B = Wᵀ.
+            let mut wbuf = vec![f32::NAN; shift + n * k];
+            wbuf[shift..].copy_from_slice(&w);
+            let run = |m: usize, threads: usize| {
+                let mut c = vec![0f32; m * n];
+                own(m, n, k)
+                    .isa(isa)
+                    .threads(threads)
+                    .run(
+                        MatRef {
+                            data: &x[..m * k],
+                            offset: 0,
+                            rs: k as isize,
+                            cs: 1,
+                        },
+                        MatRef {
+                            data: &wbuf,
+                            offset: shift,
+                            rs: 1,
+                            cs: k as isize,
+                        },
+                        MatMut {
+                            data: &mut c,
+                            offset: 0,
+                            rs: n as isize,
+                            cs: 1,
+                        },
+                    )
+                    .unwrap();
+                c
+            };
+            let product = |m: usize| run(m, 1);
+            let alone = product(1);
+            for j in 0..n {
+                let want: f64 = (0..k).map(|p| x[p] as f64 * w[j * k + p] as f64).sum();
+                assert_close(
+                    &format!("{isa:?} shift {shift} C[0,{j}]"),
+                    alone[j],
+                    want,
+                    k,
+                );
+            }
+            for m in [2, 5, 16, 17, 40, 64] {
+                let batch = product(m);
+                if m <= 16 {
+                    assert_eq!(
+                        batch[..n].iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                        alone.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                        "{isa:?} shift {shift}: row 0 of a batch of {m} differs from the row alone"
+                    );
+                }
+                // Threads share W's rows: the same bits on 1 and 3 (the part vector follows
+                // W's start, not a thread's first row).
+                assert!(
+                    run(m, 3) == batch,
+                    "{isa:?} shift {shift}: a batch of {m} differs between 1 and 3 threads"
+                );
+                let last = &batch[(m - 1) * n..];
+                for j in 0..n {
+                    let want: f64 = (0..k)
+                        .map(|p| x[(m - 1) * k + p] as f64 * w[j * k + p] as f64)
+                        .sum();
+                    assert_close(
+                        &format!("{isa:?} shift {shift} m {m} C[{},{j}]", m - 1),
+                        last[j],
+                        want,
+                        k,
+                    );
+                }
             }
         }
     }

@@ -432,7 +432,7 @@ pub(crate) unsafe fn run<S: Simd, const MV: usize, const NR: usize>(
     } else {
         p.packed_kc
     };
-    if super::gemv::applies(p) {
+    if super::gemv::applies(p, S::LANES) {
         let parts = threads.min(p.m.div_ceil(mr)).max(1);
         if parts == 1 {
             return super::gemv::run_rows::<S, MV>(p, 0..p.m);

@@ -8,15 +8,16 @@
 use super::problem::Problem;
 
 /// Whether the crate runs `p` on `threads`: a plain product (no epilogue, B not prepacked,
-/// k > 0) on one thread, or on several when every dimension is at least 256, unless it has 2 to
-/// `gemv::FEW_COLUMNS` columns (our dot form, `gemv.rs`, is 2.8× faster there; one column
-/// stays with the crate, measured as fast as ours). Split across
+/// k > 0) on one thread, or on several when every dimension is at least 256, unless it takes
+/// our dot form with 2 or more columns (`gemv.rs`: 2.8× faster to `gemv::FEW_COLUMNS`
+/// columns, 1.4× at 64 × 3072 × 768; one column stays with the crate, measured as fast as
+/// ours). Split across
 /// threads, the skinny products of a small Transformer (gpt-tiny: 768×512×128, 768×128×512,
 /// 768×384×128) ran 0.96–1.25× as fast on our kernels as on the crate's (its threaded speed
 /// on them varied between runs; 768×128×512 was 1.18–1.25× on ours in every run).
 pub(crate) fn applies(p: &Problem, threads: usize) -> bool {
     (threads == 1 || p.m.min(p.n).min(p.k) >= 256)
-        && !(p.n > 1 && super::gemv::applies(p))
+        && !(p.n > 1 && super::gemv::applies(p, 16))
         && p.bias.is_null()
         && p.pre.is_null()
         && p.act == super::Activation::None
