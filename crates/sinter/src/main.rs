@@ -28,16 +28,16 @@ mod trainer;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-/// Large blocks on 64-byte lines: whole-line vector loads of tensor data (see `LineAligned`).
-#[global_allocator]
-static ALLOCATOR: sinter_core::cpu::alloc::LineAligned = sinter_core::cpu::alloc::LineAligned;
-
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 
 use train_args::TrainArgs;
 
 use config::{ConfigFile, TrainConfig};
+
+/// Large blocks on 64-byte lines: whole-line vector loads of tensor data (see `LineAligned`).
+#[global_allocator]
+static ALLOCATOR: sinter_core::cpu::alloc::LineAligned = sinter_core::cpu::alloc::LineAligned;
 
 #[derive(Parser)]
 #[command(
