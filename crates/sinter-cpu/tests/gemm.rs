@@ -905,8 +905,7 @@ fn x_times_w_transposed_gives_a_row_the_same_bits_alone_and_in_a_few_row_batch()
                         "{isa:?} shift {shift}: row 0 of a batch of {m} differs from the row alone"
                     );
                 }
-                // Threads share W's rows: the same bits on 1 and 3 (the part vector follows
-                // W's start, not a thread's first row).
+                // Threads share W's rows: the same bits on 1 and 3.
                 assert!(
                     run(m, 3) == batch,
                     "{isa:?} shift {shift}: a batch of {m} differs between 1 and 3 threads"

@@ -17,6 +17,7 @@ use super::problem::Problem;
 /// on them varied between runs; 768×128×512 was 1.18–1.25× on ours in every run).
 pub(crate) fn applies(p: &Problem, threads: usize) -> bool {
     (threads == 1 || p.m.min(p.n).min(p.k) >= 256)
+        // 16 lanes: the crate only ever runs on AVX-512 (`dispatch`).
         && !(p.n > 1 && super::gemv::applies(p, 16))
         && p.bias.is_null()
         && p.pre.is_null()

@@ -341,8 +341,8 @@ unsafe fn dot_tile<S: Simd, const R: usize, const C: usize>(
     }
 }
 
-/// acc[g][c] + A[g, q..q + lanes] · bv[c], lane-wise (lanes past `lanes` read as zero). By
-/// value, not through a reference: the accumulators must stay in registers.
+/// acc[g][c] + A[g, q..q + lanes] · bv[c], lane-wise (lanes past `lanes` read as zero), the
+/// accumulators taken and returned by value as the micro-kernel's are.
 #[inline(always)]
 unsafe fn dot_step<S: Simd, const R: usize, const C: usize>(
     mut acc: [[S::V; C]; R],
