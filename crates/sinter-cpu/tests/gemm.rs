@@ -2,7 +2,7 @@
 //! transposed and strided operands, α/β, batches, epilogues, prepacked B, NaN propagation
 //! and argument errors.
 
-use sinter_cpu::gemm::{Activation, Batch, Gemm, Kernels, MatMut, MatRef, PackedB};
+use sinter_cpu::gemm::{Activation, Batch, CacheSizes, Gemm, Kernels, MatMut, MatRef, PackedB};
 use sinter_cpu::Isa;
 
 /// A product on sinter-cpu's own kernels (Kernels::Auto may hand plain products to the gemm
@@ -953,6 +953,44 @@ fn large_row_major_a_packed_by_transposing_copy_matches_the_reference() {
                 threads,
                 17,
             );
+        }
+    }
+}
+
+#[test]
+fn avx2_products_on_either_side_of_the_panel_order_switch_match_the_reference() {
+    // AVX2 runs a block's row panels outermost while B's block (internal columns × kc) fits a
+    // quarter of L2, and BLIS's column order past that (driver.rs `panel_first`): one product
+    // on each side of the switch, B read in place (Wᵀ) and packed, with the whole epilogue,
+    // on 1 and 2 threads. C is row-major, so the driver's B is the user's A and its columns
+    // are C's rows.
+    use Layout::*;
+    if !Isa::available().contains(&Isa::Avx2) {
+        return;
+    }
+    let k = 64;
+    // Past the switch even when 2 threads split those columns between them.
+    let past = 2 * (CacheSizes::get().l2 / 4) / (k * 4) + 7;
+    for (m, n) in [(40, 300), (past, 37)] {
+        // B in place (A row-major: the internal B's k is contiguous) and packed.
+        for (la, lb) in [(RowMajor, ColMajor), (ColMajor, RowMajor)] {
+            for threads in [1, 2] {
+                check_case(
+                    Isa::Avx2,
+                    m,
+                    n,
+                    k,
+                    la,
+                    lb,
+                    RowMajor,
+                    0.5,
+                    1.0,
+                    true,
+                    Activation::GeluTanh,
+                    threads,
+                    m as u64,
+                );
+            }
         }
     }
 }

@@ -119,10 +119,12 @@ impl BBlock {
 /// Tuning switches read once from the environment (for measuring; unset: the measured
 /// defaults): SINTER_GEMM_B_IN_PLACE = 0 / 1 forces packing / in-place reading of a B whose k
 /// is contiguous (see [`b_in_place`]); SINTER_GEMM_PREFETCH_C = 0 / 1 turns the C-tile
-/// prefetch off / on.
+/// prefetch off / on; SINTER_GEMM_PANEL_FIRST = 0 / 1 / a byte count runs [`run_block`]'s
+/// row panels outermost never / always / for B blocks up to that size (see [`panel_first`]).
 struct Tuning {
     b_in_place: Option<bool>,
     prefetch_c: Option<bool>,
+    panel_first: Option<usize>,
 }
 
 fn tuning() -> &'static Tuning {
@@ -132,6 +134,12 @@ fn tuning() -> &'static Tuning {
         Tuning {
             b_in_place: flag("SINTER_GEMM_B_IN_PLACE"),
             prefetch_c: flag("SINTER_GEMM_PREFETCH_C"),
+            panel_first: std::env::var("SINTER_GEMM_PANEL_FIRST").ok().and_then(|v| {
+                match v.trim() {
+                    "1" => Some(usize::MAX),
+                    v => v.parse().ok(),
+                }
+            }),
         }
     })
 }
@@ -158,6 +166,13 @@ fn in_place_pays(kc: usize, rows: usize, cols: usize, mc: usize, l2: usize) -> b
 /// The tiles of C's rows ic..ic + mcb against the B block `b`: packs A's block into `abuf`
 /// (or points into a prepacked A) and runs the micro-kernel over every tile.
 ///
+/// Two orders. Column panels outermost (BLIS's): one B micro-panel stays in L1 while the
+/// whole packed A block streams from L2 past it, which suits a B block too large for L2.
+/// Row panels outermost, each A panel packed just before its tiles (see [`panel_first`]):
+/// the panel is written to L1 and used there by every column panel, never written back to
+/// L2 and read again, and B's block streams from L2 instead — cheaper for thin products whose
+/// B block fits L2 (x·Wᵀ on 64 rows, where each call packs the whole weight).
+///
 /// # Safety
 /// As [`run_range`]; `b`'s panels are packed; `abuf` holds mcb (rounded up to MR) · kcb.
 #[inline(always)]
@@ -169,45 +184,108 @@ unsafe fn run_block<S: Simd, const MV: usize, const NR: usize>(
     abuf: &mut [f32],
 ) {
     let mr = MV * S::LANES;
-    let (ncb, kcb) = (b.ncb, b.kcb);
-    let (first, last) = (b.pc == 0, b.pc + kcb >= p.k);
-    let apanels: *const f32 = if p.packed_a.is_null() {
-        let asrc = Src {
-            ptr: p.a.offset(ic as isize * p.rsa + b.pc as isize * p.csa),
-            fs: p.rsa,
-            ks: p.csa,
-        };
-        pack_panels(asrc, mcb, kcb, mr, abuf, S::LANES >= 8);
-        abuf.as_ptr()
+    let kcb = b.kcb;
+    let a_src = Src {
+        ptr: p.a.offset(ic as isize * p.rsa + b.pc as isize * p.csa),
+        fs: p.rsa,
+        ks: p.csa,
+    };
+    let prepacked = if p.packed_a.is_null() {
+        None
     } else {
         // ic is a multiple of MR (threads and mc split on panel bounds).
         let padded_m = p.m.div_ceil(mr) * mr;
-        p.packed_a.add(block_offset(b.pc, padded_m) + ic * kcb)
+        Some(p.packed_a.add(block_offset(b.pc, padded_m) + ic * kcb))
     };
-    for jr in (0..ncb).step_by(NR) {
-        let bp = b.panels.add(jr * kcb);
+    if panel_first(S::LANES, b.ncb, kcb) {
         for ir in (0..mcb).step_by(mr) {
-            let (rows, cols) = (mr.min(mcb - ir), NR.min(ncb - jr));
-            // Prefetching the C tile was measured on AVX2 (Zen 3) only: the AVX-512 path (16
-            // lanes) is left as it was until someone measures it there.
-            if p.rsc == 1 && tuning().prefetch_c.unwrap_or(S::LANES <= 8) {
-                let at = (ic + ir) as isize + (b.jc + jr) as isize * p.csc;
-                prefetch_tile(p.c.offset(at), p.csc, rows, cols);
-            }
-            let acc = if b.in_place {
-                let last_col = ncb - 1;
-                let cols: [*const f32; NR] = std::array::from_fn(
-                    #[inline(always)]
-                    |j| b.src.ptr.offset((jr + j).min(last_col) as isize * p.csb),
-                );
-                microkernel_kcontig_b::<S, MV, NR>(kcb, apanels.add(ir * kcb), &cols)
-            } else {
-                microkernel::<S, MV, NR>(kcb, apanels.add(ir * kcb), bp)
+            let panel = match prepacked {
+                Some(a) => a.add(ir * kcb),
+                None => {
+                    let src = Src {
+                        ptr: a_src.ptr.offset(ir as isize * p.rsa),
+                        ..a_src
+                    };
+                    pack_panels(src, mr.min(mcb - ir), kcb, mr, abuf, S::LANES >= 8);
+                    abuf.as_ptr()
+                }
             };
-            let beta = if first { p.beta } else { 1.0 };
-            p.store::<S, MV, NR>(&acc, ic + ir, b.jc + jr, rows, cols, beta, last);
+            for jr in (0..b.ncb).step_by(NR) {
+                run_tile::<S, MV, NR>(p, b, ic, ir, mcb, jr, panel);
+            }
+        }
+        return;
+    }
+    let apanels: *const f32 = match prepacked {
+        Some(a) => a,
+        None => {
+            pack_panels(a_src, mcb, kcb, mr, abuf, S::LANES >= 8);
+            abuf.as_ptr()
+        }
+    };
+    for jr in (0..b.ncb).step_by(NR) {
+        for ir in (0..mcb).step_by(mr) {
+            run_tile::<S, MV, NR>(p, b, ic, ir, mcb, jr, apanels.add(ir * kcb));
         }
     }
+}
+
+/// Whether [`run_block`] runs row panels outermost for a B block of `ncb` columns × `kcb` with
+/// `lanes`-wide vectors: on AVX2 (16 × 6 tiles) while that block takes at most a quarter of
+/// L2. Measured with `benches/gemm.rs` capped to AVX2 on a Xeon (2 MiB L2, 2 threads, 2026-11-30):
+/// x·Wᵀ 64 × 3072 × 768 122–129 → 131–135 GFLOP/s, 32 rows 91–101 → 107–108, 256³ 129–139 →
+/// 149–151, gpt-tiny's shapes unchanged within the noise. AVX-512's 32 × 12 tiles lost up to
+/// 10 % on gpt-tiny's k = 128 products that way, so they keep the column order.
+fn panel_first(lanes: usize, ncb: usize, kcb: usize) -> bool {
+    let bytes = ncb * kcb * std::mem::size_of::<f32>();
+    match tuning().panel_first {
+        Some(limit) => bytes <= limit,
+        None => panel_first_pays(lanes, bytes, CacheSizes::get().l2),
+    }
+}
+
+/// [`panel_first`]'s rule for a B block of `bytes` under an L2 of `l2` bytes.
+pub(crate) fn panel_first_pays(lanes: usize, bytes: usize, l2: usize) -> bool {
+    lanes == 8 && bytes <= l2 / 4
+}
+
+/// One MR × NR tile of C: row panel `ir` (at `apanel`, packed) against column panel `jr` of
+/// `b`, stored through the epilogue.
+///
+/// # Safety
+/// As [`run_block`]; `apanel` holds MR · kcb packed values.
+#[inline(always)]
+unsafe fn run_tile<S: Simd, const MV: usize, const NR: usize>(
+    p: &Problem,
+    b: &BBlock,
+    ic: usize,
+    ir: usize,
+    mcb: usize,
+    jr: usize,
+    apanel: *const f32,
+) {
+    let mr = MV * S::LANES;
+    let (ncb, kcb) = (b.ncb, b.kcb);
+    let (first, last) = (b.pc == 0, b.pc + kcb >= p.k);
+    let (rows, cols) = (mr.min(mcb - ir), NR.min(ncb - jr));
+    // Prefetching the C tile was measured on AVX2 (Zen 3) only: the AVX-512 path (16
+    // lanes) is left as it was until someone measures it there.
+    if p.rsc == 1 && tuning().prefetch_c.unwrap_or(S::LANES <= 8) {
+        let at = (ic + ir) as isize + (b.jc + jr) as isize * p.csc;
+        prefetch_tile(p.c.offset(at), p.csc, rows, cols);
+    }
+    let acc = if b.in_place {
+        let last_col = ncb - 1;
+        let cols: [*const f32; NR] = std::array::from_fn(
+            #[inline(always)]
+            |j| b.src.ptr.offset((jr + j).min(last_col) as isize * p.csb),
+        );
+        microkernel_kcontig_b::<S, MV, NR>(kcb, apanel, &cols)
+    } else {
+        microkernel::<S, MV, NR>(kcb, apanel, b.panels.add(jr * kcb))
+    };
+    let beta = if first { p.beta } else { 1.0 };
+    p.store::<S, MV, NR>(&acc, ic + ir, b.jc + jr, rows, cols, beta, last);
 }
 
 /// The k-block size of `p` under `blk` (a prepacked A fixes it).
@@ -517,6 +595,24 @@ mod tests {
         assert!(pays(128, 512, 768), "gpt-tiny fc1 (768×512×128)");
         assert!(pays(512, 128, 768), "gpt-tiny fc2: one row block");
         assert!(pays(4096, 100, 4096), "one row block sweeps B once");
+    }
+
+    #[test]
+    fn row_panels_go_outermost_on_avx2_for_b_blocks_within_a_quarter_of_l2() {
+        let l2 = 2 << 20;
+        // x·Wᵀ on 64 rows: B is xᵀ, 64 columns × kc 512.
+        assert!(panel_first_pays(8, 64 * 512 * 4, l2));
+        assert!(panel_first_pays(8, l2 / 4, l2));
+        assert!(!panel_first_pays(8, l2 / 4 + 4, l2), "past a quarter of L2");
+        assert!(!panel_first_pays(8, 2048 * 512 * 4, l2), "2048³'s B block");
+        assert!(
+            !panel_first_pays(16, 64 * 512 * 4, l2),
+            "AVX-512 keeps BLIS's order"
+        );
+        assert!(
+            !panel_first_pays(1, 4 * 16 * 4, l2),
+            "scalar keeps BLIS's order"
+        );
     }
 
     #[test]
