@@ -2,7 +2,7 @@
 """PyTorch's side of bench/vs-torch: the twin of each `sinter bench cpu` case, same JSON.
 
 Usage: torch_side.py CASE [CASE ...] [--json] [--secs S] [--threads N] [--checkpoint DIR]
-                     [--init DIR] [--tokens N] [--compile] [--int8] [--cache DIR]
+                     [--init DIR] [--tokens N] [--compile] [--int8] [--numpy] [--cache DIR]
 
 Cases (as in crates/sinter/src/bench_cpu.rs): gemm:N, conv, cnn-step, gpt-step, llama-step, gpt-forward,
 cnn-infer:B, generate[:T], train, plus eval (validation loss and accuracy of --checkpoint, as
@@ -13,7 +13,8 @@ llama-step and train start from its weights with its run config (learning rate, 
 batch, context, seed, schedule), on batches in sinter's order. --checkpoint DIR: the trained
 sinter checkpoint that gpt-forward, cnn-infer, generate and eval load. --compile: the model
 under torch.compile (gpt-step, llama-step, gpt-forward). --int8: torch.ao.quantization.quantize_dynamic
-(qint8 Linear layers) on the model (cnn-infer, generate, eval, linear).
+(qint8 Linear layers) on the model (cnn-infer, generate, eval, linear). --numpy: gemm through
+numpy's matmul (numpy's wheels bundle OpenBLAS), the OpenBLAS rows of the table.
 """
 
 import argparse
@@ -113,12 +114,21 @@ def val_data(config):
 def gemm(n, args):
     g = torch.Generator().manual_seed(n)
     a, b = torch.randn(n, n, generator=g), torch.randn(n, n, generator=g)
+    if args.numpy:
+        # numpy's own BLAS (the wheels bundle OpenBLAS), on contiguous float32 arrays.
+        import numpy as np
+        a, b = a.numpy(), b.numpy()
+        mm = lambda: np.matmul(a, b)  # noqa: E731
+        exact = lambda i: a[i].astype(np.float64) @ b.astype(np.float64)  # noqa: E731
+    else:
+        mm = lambda: a @ b  # noqa: E731
+        exact = lambda i: (a[i].double() @ b.double()).numpy()  # noqa: E731
     i = n // 3
-    want = a[i].double() @ b.double()
-    got = (a @ b)[i].double()
+    want = torch.from_numpy(exact(i))
+    got = torch.as_tensor(mm()[i]).double()
     if not torch.all((got - want).abs() <= 1e-4 * math.sqrt(n) * (1 + want.abs())):
         sys.exit(f"torch_side: gemm {n}³ is wrong")
-    times = time_it(2, args.secs, 5, lambda: a @ b)
+    times = time_it(2, args.secs, 5, mm)
     return [figure(f"gemm:{n}", f"f32 GEMM {n}³", 2 * n**3 / statistics.median(times) / 1e9, "GFLOP/s", times)]
 
 
@@ -300,6 +310,16 @@ def whole_train(args):
                    first_logged_loss=first_window, steps=total)]
 
 
+def numpy_blas():
+    """numpy's BLAS, as its build configuration and threadpool name it (for the report)."""
+    import numpy as np
+    try:
+        cfg = np.show_config(mode="dicts")["Build Dependencies"]["blas"]
+        return f"numpy {np.__version__}, {cfg.get('name')} {cfg.get('version')}"
+    except Exception as e:  # older numpy: no mode="dicts"
+        return f"numpy {np.__version__} (BLAS not named: {e})"
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("cases", nargs="+")
@@ -311,6 +331,7 @@ def main():
     ap.add_argument("--tokens", type=int, default=200)
     ap.add_argument("--compile", action="store_true")
     ap.add_argument("--int8", action="store_true")
+    ap.add_argument("--numpy", action="store_true", help="gemm through numpy's BLAS (OpenBLAS in the wheels) instead of torch")
     ap.add_argument("--cache", help="directory for cached shuffle orders")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -341,6 +362,7 @@ def main():
             sys.exit(f"torch_side: unknown case {case!r}")
     report = {
         "engine": f"PyTorch {torch.__version__}",
+        "blas": numpy_blas() if args.numpy else None,
         "threads": torch.get_num_threads(),
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "quantized_engine": torch.backends.quantized.engine,

@@ -57,7 +57,20 @@ ROWS = [
     ("int8 cnn-infer:256", "int8", ("cnn-infer:256", {"checkpoint": "cnn-int8"}), ("cnn-infer:256", {"checkpoint": "cnn", "int8": True}), None),
     ("int8 linear:1", "int8", ("linear-int8:1", {}), ("linear:1", {"int8": True}), None),
     ("int8 linear:64", "int8", ("linear-int8:64", {}), ("linear:64", {"int8": True}), None),
+    # OpenBLAS (issue 28 asks for ≥ 1.0× it): numpy's matmul, whose wheels bundle OpenBLAS, in
+    # the "torch" column's place, in a process of its own. sinter's figure is the same round's
+    # `gemm:N` job as the f32 row above (one process serves both rows).
+    ("openblas gemm:256", "openblas", ("gemm:256", {}), ("gemm:256", {"numpy": True}), None),
+    ("openblas gemm:1024", "openblas", ("gemm:1024", {}), ("gemm:1024", {"numpy": True}), None),
+    ("openblas gemm:2048", "openblas", ("gemm:2048", {}), ("gemm:2048", {"numpy": True}), None),
 ]
+
+# The table's groups: (group, heading, the other engine's column, its short name in the ratio).
+GROUPS = (
+    ("main", "f32", "PyTorch eager", "PyTorch"),
+    ("int8", "int8 (issue 12): sinter's quantized checkpoints beside PyTorch's quantize_dynamic", "PyTorch eager", "PyTorch"),
+    ("openblas", "f32 GEMM beside OpenBLAS (numpy's matmul; the wheels bundle OpenBLAS)", "OpenBLAS (numpy)", "OpenBLAS"),
+)
 
 INT8_MISSING = "not available yet: `sinter quantize` is not in this build (issue 12)"
 
@@ -232,7 +245,7 @@ class Bench:
         secs = str(self.args.secs)
         if engine == "sinter":
             return self.sinter("bench", "cpu", case, "--json", "--secs", secs, *extra), None
-        flags = (["--compile"] if opts.get("compile") else []) + (["--int8"] if opts.get("int8") else [])
+        flags = [f"--{k}" for k in ("compile", "int8", "numpy") if opts.get(k)]
         return self.torch_cmd(case, "--secs", secs, *extra, *flags), None
 
     def measure(self):
@@ -410,17 +423,17 @@ def render(meta, bench, rows, summary):
     md += [f"- date: {meta['date']}", f"- command: `{meta['command']}`",
            f"- machine: {m.get('model')} (family {m.get('family')}, model {m.get('model_number')}; {' '.join(m.get('flags', []))}), "
            f"{m['nproc']} CPUs, {m.get('mem_gib', '?')} GiB",
-           f"- sinter: {meta['sinter']} (git {meta['git']}); PyTorch: {meta['torch']}",
+           f"- sinter: {meta['sinter']} (git {meta['git']}); PyTorch: {meta['torch']}; OpenBLAS rows: {meta.get('numpy_blas', '?')}",
            f"- {meta['threads']} threads per side (RAYON_NUM_THREADS, torch.set_num_threads); scheduling: {meta['policy']}",
            f"- instruction sets: {'capped to AVX2/FMA on both sides (--isa avx2)' if meta.get('isa') == 'avx2' else 'each engine picks the widest this CPU has'}",
            f"- {meta['rounds']} round(s), interleaved, {meta['secs']} s of repetitions per figure; medians of the rounds' medians "
            "(round spread: how far the rounds' medians lie apart, max / min − 1; a large one means other load got in)",
            f"- load average before: {meta['loadavg_before']}; after: {meta['loadavg_after']}",
            "- ratio = sinter's speed / PyTorch's (> 1: sinter is faster); memory = peak resident set of each process (VmHWM)", ""]
-    for group, title in (("main", "f32"), ("int8", "int8 (issue 12): sinter's quantized checkpoints beside PyTorch's quantize_dynamic")):
+    for group, title, other, short in GROUPS:
         if not any(g == group for _, g, *_ in rows):
             continue
-        md += [f"## {title}", "", "| measure | sinter | PyTorch eager | torch.compile | sinter / PyTorch | peak RSS MiB sinter / PyTorch | round spread sinter / PyTorch |",
+        md += [f"## {title}", "", f"| measure | sinter | {other} | torch.compile | sinter / {short} | peak RSS MiB sinter / {short} | round spread sinter / {short} |",
                "|---|---:|---:|---:|---:|---:|---:|"]
         for rid, g, *_ in rows:
             if g != group:
@@ -499,7 +512,7 @@ def main():
     ap.add_argument("--secs", type=float)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--isa", choices=["native", "avx2"], default="native",
-                    help="avx2: cap both engines to AVX2/FMA (SINTER_CPU_ISA, ATEN_CPU_CAPABILITY, MKL_ENABLE_INSTRUCTIONS, ONEDNN_MAX_CPU_ISA)")
+                    help="avx2: cap the engines to AVX2/FMA (SINTER_CPU_ISA, ATEN_CPU_CAPABILITY, MKL_ENABLE_INSTRUCTIONS, ONEDNN_MAX_CPU_ISA, OPENBLAS_CORETYPE=Haswell)")
     ap.add_argument("--gpt-steps", type=int, help="training steps of the gpt-tiny checkpoint (default 2000; --quick 60)")
     ap.add_argument("--gpt256-steps", type=int, help="training steps of the context-256 checkpoint (default 100; --quick 10)")
     ap.add_argument("--rows", nargs="*", help="regular expressions: only rows whose id matches one")
@@ -522,13 +535,15 @@ def main():
         # Both engines capped to AVX2/FMA (and AVX2 int8, no VNNI) for every process started from
         # here: the machine of issue 10's "≥ 0.9× on a machine with only AVX2", emulated.
         os.environ.update(SINTER_CPU_ISA="avx2", SINTER_CPU_INT8="avx2", ATEN_CPU_CAPABILITY="avx2",
-                          MKL_ENABLE_INSTRUCTIONS="AVX2", ONEDNN_MAX_CPU_ISA="AVX2")
+                          MKL_ENABLE_INSTRUCTIONS="AVX2", ONEDNN_MAX_CPU_ISA="AVX2", OPENBLAS_CORETYPE="Haswell")
     torch_version = cmd_out([args.python, "-c", "import torch; print(torch.__version__, '(' + torch.backends.cpu.get_cpu_capability() + ')')"]) or "not importable"
+    blas_probe = "import numpy as np; c = np.show_config(mode='dicts')['Build Dependencies']['blas']; print('numpy', np.__version__, c['name'], c['version'])"
+    numpy_blas = cmd_out([args.python, "-c", blas_probe]) or "numpy not importable"
     git = cmd_out(["git", "rev-parse", "--short", "HEAD"]) + (" + uncommitted changes" if cmd_out(["git", "status", "--porcelain", "--untracked-files=no"]) else "")
     meta = {
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "command": " ".join(["bench/vs-torch/run", *user_args(sys.argv[1:])]),
-        "machine": machine(), "git": git or "?", "sinter": cmd_out([args.sinter, "--version"]) or "?", "torch": torch_version,
+        "machine": machine(), "git": git or "?", "sinter": cmd_out([args.sinter, "--version"]) or "?", "torch": torch_version, "numpy_blas": numpy_blas,
         "threads": args.threads, "isa": args.isa, "rounds": args.rounds, "secs": args.secs, "gpt_steps": args.gpt_steps, "loadavg_before": loadavg(),
     }
     bench = Bench(args)
