@@ -37,6 +37,7 @@ use std::time::Duration;
 use anyhow::{anyhow, bail, Context, Result};
 use clap::Args;
 use serde_json::{json, Map, Value};
+use sinter_core::cpu::hot_workers::HotWorkers;
 use sinter_core::{no_grad, Conv2dParams, DType, Device, Rng, Tensor};
 use sinter_data::DataLoader;
 use sinter_models::Task;
@@ -463,6 +464,8 @@ fn train_step(
     let data = batches(&s, true, c.batch_size, 32)?;
     let mut i = 0usize;
     let mut step = || -> Result<f32> {
+        // As `sinter train`'s steps run (trainer_loop.rs).
+        let _hot = HotWorkers::engage();
         let (x, y) = &data[i % data.len()];
         i += 1;
         let l = loss(&s, x, y)?;

@@ -4,6 +4,7 @@
 pub mod alloc;
 pub mod conv;
 pub mod elementwise;
+pub mod hot_workers;
 pub mod matmul;
 pub mod nn;
 mod primitives;

@@ -1,6 +1,7 @@
 //! Validation: loss (and accuracy for classifiers) over the validation data, in order.
 
 use anyhow::Result;
+use sinter_core::cpu::hot_workers::HotWorkers;
 use sinter_core::no_grad;
 use sinter_data::DataLoader;
 
@@ -75,6 +76,7 @@ pub fn evaluate_until(
 ) -> Result<Option<EvalResult>> {
     let device = sinter_nn::module_device(s.model.as_ref())?;
     let _g = no_grad();
+    let _hot = HotWorkers::engage();
     s.model.set_training(false);
     let bs = s.config.batch_size.max(1);
     let mut loader = DataLoader::new(s.val.clone(), bs, false, false, 0);

@@ -6,6 +6,7 @@ use std::time::Instant;
 
 use anyhow::{anyhow, bail, Result};
 use serde_json::{json, Value};
+use sinter_core::cpu::hot_workers::HotWorkers;
 use sinter_core::Tensor;
 use sinter_data::{DataLoader, LoaderPosition};
 use sinter_nn::LrSchedule;
@@ -284,7 +285,11 @@ impl<'a> Trainer<'a> {
 
     fn train_step(&mut self, step: u64) -> Result<()> {
         let batches = self.next_batches(step)?;
-        self.engine.step(&self.s, step, &batches)?;
+        {
+            // The step's parallel ops find the other workers awake (cpu/hot_workers.rs).
+            let _hot = HotWorkers::engage();
+            self.engine.step(&self.s, step, &batches)?;
+        }
         self.progress.pending += 1;
         self.progress.window.steps += 1;
         let done = step + 1;
