@@ -108,7 +108,7 @@ fn spin_for_work(stop: &AtomicBool, owner: usize, idle: Duration) {
                 std::hint::spin_loop();
                 spins += 1;
                 // The clock is read every 256 idle looks, not on each.
-                if spins % 256 == 0 && last_work.elapsed() > idle {
+                if spins.is_multiple_of(256) && last_work.elapsed() > idle {
                     return;
                 }
             }
