@@ -286,8 +286,9 @@ impl<'a> Trainer<'a> {
     fn train_step(&mut self, step: u64) -> Result<()> {
         let batches = self.next_batches(step)?;
         {
-            // The step's parallel ops find the other workers awake (cpu/hot_workers.rs).
-            let _hot = HotWorkers::engage();
+            // The step's parallel ops find the other workers awake (cpu/hot_workers.rs); not
+            // with other ranks, which may share this machine's cores.
+            let _hot = (self.engine.world_size() == 1).then(HotWorkers::engage);
             self.engine.step(&self.s, step, &batches)?;
         }
         self.progress.pending += 1;
