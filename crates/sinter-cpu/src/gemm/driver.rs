@@ -169,9 +169,10 @@ fn in_place_pays(kc: usize, rows: usize, cols: usize, mc: usize, l2: usize) -> b
 /// Two orders. Column panels outermost (BLIS's): one B micro-panel stays in L1 while the
 /// whole packed A block streams from L2 past it, which suits a B block too large for L2.
 /// Row panels outermost, each A panel packed just before its tiles (see [`panel_first`]):
-/// the panel is written to L1 and used there by every column panel, never written back to
-/// L2 and read again, and B's block streams from L2 instead — cheaper for thin products whose
-/// B block fits L2 (x·Wᵀ on 64 rows, where each call packs the whole weight).
+/// the panel is written into L1 and every column panel reads it there, instead of the whole
+/// packed block going out to L2 and streaming back once per column panel, and B's block
+/// streams from L2 instead — cheaper for thin products whose B block fits L2 (x·Wᵀ on 64
+/// rows, where each call packs the whole weight).
 ///
 /// # Safety
 /// As [`run_range`]; `b`'s panels are packed; `abuf` holds mcb (rounded up to MR) · kcb.
