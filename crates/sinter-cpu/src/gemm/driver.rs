@@ -186,8 +186,12 @@ unsafe fn run_block<S: Simd, const MV: usize, const NR: usize>(
 ) {
     let mr = MV * S::LANES;
     let kcb = b.kcb;
-    let a_src = Src {
-        ptr: p.a.offset(ic as isize * p.rsa + b.pc as isize * p.csa),
+    // A's rows ic + r.. of this k block, to pack (only without a prepacked A, whose `a` is
+    // null).
+    let a_rows = |r: usize| Src {
+        ptr: p
+            .a
+            .offset((ic + r) as isize * p.rsa + b.pc as isize * p.csa),
         fs: p.rsa,
         ks: p.csa,
     };
@@ -203,11 +207,7 @@ unsafe fn run_block<S: Simd, const MV: usize, const NR: usize>(
             let panel = match prepacked {
                 Some(a) => a.add(ir * kcb),
                 None => {
-                    let src = Src {
-                        ptr: a_src.ptr.offset(ir as isize * p.rsa),
-                        ..a_src
-                    };
-                    pack_panels(src, mr.min(mcb - ir), kcb, mr, abuf, S::LANES >= 8);
+                    pack_panels(a_rows(ir), mr.min(mcb - ir), kcb, mr, abuf, S::LANES >= 8);
                     abuf.as_ptr()
                 }
             };
@@ -220,7 +220,7 @@ unsafe fn run_block<S: Simd, const MV: usize, const NR: usize>(
     let apanels: *const f32 = match prepacked {
         Some(a) => a,
         None => {
-            pack_panels(a_src, mcb, kcb, mr, abuf, S::LANES >= 8);
+            pack_panels(a_rows(0), mcb, kcb, mr, abuf, S::LANES >= 8);
             abuf.as_ptr()
         }
     };
