@@ -6,9 +6,8 @@
 //! from [`shifted_log_sum`] (exact-ish for a confident row). Backward reads y and g, writes dx: softmax dx = y·(g − Σ y·g),
 //! log-softmax dx = g − e^y·Σ g.
 //!
-//! The pieces of an online softmax (flash attention's tiles, which rescale a running max and
-//! sum instead of normalising a whole row): [`row_max`] and [`exp_shifted`], one vector pass
-//! each.
+//! The online softmax of FlashAttention's tiles (a running max and sum rescaled block by
+//! block instead of whole rows normalised) is in [`super::flash_rows`].
 
 use super::exp_log::exp;
 use super::reduce::{dot, for_vectors, load_lanes, max, store_lanes, sum};
@@ -81,31 +80,6 @@ pub fn softmax_rows_backward(isa: Isa, y: &[f32], g: &[f32], dx: &mut [f32], n: 
             }
         }
     })
-}
-
-/// max of the values: −inf for none, NaN if any is NaN.
-pub fn row_max(isa: Isa, x: &[f32]) -> f32 {
-    if x.is_empty() {
-        return f32::NEG_INFINITY;
-    }
-    with_isa!(isa, S => max::<S>(x.as_ptr(), x.len()))
-}
-
-/// x[i] = e^(x[i] − shift) for the first `live` values and 0 for the rest; returns the sum
-/// of the live exponentials.
-///
-/// # Panics
-/// If `live` exceeds the row (a caller bug).
-pub fn exp_shifted(isa: Isa, x: &mut [f32], live: usize, shift: f32) -> f32 {
-    assert!(
-        live <= x.len(),
-        "exp_shifted: {live} live values in a row of {}",
-        x.len()
-    );
-    let (head, tail) = x.split_at_mut(live);
-    tail.fill(0.0);
-    let p = head.as_mut_ptr();
-    with_isa!(isa, S => exp_sum_row::<S, true>(p, p, head.len(), shift))
 }
 
 /// ln Σ e^(x − m) over a row whose maximum is m, taken as ln_1p of the sum without one

@@ -7,7 +7,7 @@
 
 use rayon::prelude::*;
 use sinter_cpu::gemm::{Gemm, MatMut, MatRef};
-use sinter_cpu::math::softmax;
+use sinter_cpu::math::flash_rows;
 use sinter_cpu::Isa;
 
 use super::geom::AttnGeom;
@@ -78,15 +78,6 @@ impl OutView {
     unsafe fn row(&self, b: usize, h: usize, i: usize) -> *mut f32 {
         self.ptr
             .add(self.off + b * self.sb + h * self.sh + i * self.st)
-    }
-    /// Sets rows i0..i0 + n of head (b, h) (d values each) to 0.
-    ///
-    /// # Safety
-    /// As for [`OutView::row`], and no other task may touch these rows meanwhile.
-    unsafe fn zero_rows(&self, b: usize, h: usize, i0: usize, n: usize, d: usize) {
-        for i in i0..i0 + n {
-            std::slice::from_raw_parts_mut(self.row(b, h, i), d).fill(0.0);
-        }
     }
 }
 
@@ -236,11 +227,12 @@ unsafe fn forward_tile(
 ) {
     let (d, nr, isa) = (g.d, lse.len(), Isa::get());
     let hk = hi / g.group();
-    o.zero_rows(bi, hi, i0, nr, d);
     let orow = |r: usize| std::slice::from_raw_parts_mut(o.row(bi, hi, i0 + r), d);
     let kend = g.limit(i0 + nr - 1);
     let mut m = vec![f32::NEG_INFINITY; nr];
     let mut l = vec![0f32; nr];
+    let mut alpha = vec![0f32; nr];
+    let mut live = vec![0usize; nr];
     let mut s = vec![0f32; nr * BC];
     let mut j0 = 0;
     while j0 < kend {
@@ -262,23 +254,19 @@ unsafe fn forward_tile(
             k.st,
             g.scale,
         );
-        for r in 0..nr {
-            let row = &mut s[r * nc..(r + 1) * nc];
-            let lim = g.limit(i0 + r).saturating_sub(j0).min(nc);
-            if lim == 0 {
-                row.fill(0.0);
-                continue;
-            }
-            let m_new = m[r].max(softmax::row_max(isa, &row[..lim]));
-            let alpha = (m[r] - m_new).exp();
-            let sum = softmax::exp_shifted(isa, row, lim, m_new);
-            l[r] = l[r] * alpha + sum;
-            if alpha != 1.0 {
-                orow(r).iter_mut().for_each(|x| *x *= alpha);
-            }
-            m[r] = m_new;
+        for (r, n) in live.iter_mut().enumerate() {
+            *n = g.limit(i0 + r).saturating_sub(j0).min(nc);
         }
-        // O_i += P V_j
+        let tile = &mut s[..nr * nc];
+        flash_rows::online_softmax_tile(isa, tile, nc, &live, &mut m, &mut l, &mut alpha);
+        // The first key block writes O_i (nothing to rescale or add to yet).
+        let first = j0 == 0;
+        for (r, &a) in alpha.iter().enumerate() {
+            if !first && a != 1.0 {
+                orow(r).iter_mut().for_each(|x| *x *= a);
+            }
+        }
+        // O_i (+)= P V_j
         // SAFETY: s is nr×nc, rows j0..j0+nc of v exist, o's rows i0..i0+nr are this task's.
         mm(
             nr,
@@ -286,7 +274,7 @@ unsafe fn forward_tile(
             nc,
             o.row(bi, hi, i0),
             o.st,
-            true,
+            !first,
             s.as_ptr(),
             nc,
             1,
@@ -365,19 +353,13 @@ unsafe fn backward_head(
 ) {
     let (tq, tk, d, isa) = (g.tq, g.tk, g.d, Isa::get());
     let hk = hi / g.group();
-    let row = |x: &View, i: usize| std::slice::from_raw_parts(x.ptr(bi, hi, i), d);
     // D_i = rowsum(dO_i ∘ O_i)
-    let dsum: Vec<f32> = (0..tq)
-        .map(|i| {
-            row(&o, i)
-                .iter()
-                .zip(row(&dout, i))
-                .map(|(a, b)| a * b)
-                .sum()
-        })
-        .collect();
+    let rows = |x: &View| std::slice::from_raw_parts(x.ptr(bi, hi, 0), (tq - 1) * x.st + d);
+    let mut dsum = vec![0f32; tq];
+    flash_rows::strided_row_dots(isa, (rows(&o), o.st), (rows(&dout), dout.st), d, &mut dsum);
     let mut p = vec![0f32; BR * BC];
     let mut ds = vec![0f32; BR * BC];
+    let mut live = vec![0usize; BR];
     let mut j0 = 0;
     while j0 < tk {
         let nc = BC.min(tk - j0);
@@ -402,16 +384,11 @@ unsafe fn backward_head(
                 k.st,
                 g.scale,
             );
-            for r in 0..nr {
-                let row = &mut p[r * nc..(r + 1) * nc];
-                let lim = g.limit(i0 + r).saturating_sub(j0).min(nc);
-                let m = lse[i0 + r];
-                if m == f32::NEG_INFINITY {
-                    row.fill(0.0);
-                    continue;
-                }
-                softmax::exp_shifted(isa, row, lim, m);
+            for (r, n) in live[..nr].iter_mut().enumerate() {
+                *n = g.limit(i0 + r).saturating_sub(j0).min(nc);
             }
+            let (lse_i, live_i) = (&lse[i0..i0 + nr], &live[..nr]);
+            flash_rows::probabilities_tile(isa, &mut p[..nr * nc], nc, live_i, lse_i);
             // dV_j += Pᵀ dO_i
             mm(
                 nc,
@@ -445,15 +422,8 @@ unsafe fn backward_head(
                 1.0,
             );
             // dS = P ∘ (dP − D_i)
-            for r in 0..nr {
-                let di = dsum[i0 + r];
-                for (x, &pv) in ds[r * nc..(r + 1) * nc]
-                    .iter_mut()
-                    .zip(&p[r * nc..(r + 1) * nc])
-                {
-                    *x = pv * (*x - di);
-                }
-            }
+            let (dp, p_i) = (&mut ds[..nr * nc], &p[..nr * nc]);
+            flash_rows::softmax_grad_tile(isa, dp, p_i, nc, &dsum[i0..i0 + nr]);
             // dQ_i += scale · dS K_j
             mm(
                 nr,
