@@ -5,9 +5,10 @@
 //!     SINTER_ATTN_SHAPES=12x4x64x32,4x12x256x64 cargo bench -p sinter-core --bench attention
 //!
 //! A shape is batch × heads × tokens × head dim, causal. The pool's other workers spin for
-//! work meanwhile ([`HotWorkers`]), as they do through a training step. GFLOP/s counts the products a
-//! causal kernel has to do (half of each t × t score matrix, 2 products forward and 5
-//! backward, with the diagonal blocks whole), so it says how close the tiles get to the GEMM.
+//! work meanwhile ([`HotWorkers`]), as they do through a training step. GFLOP/s counts only
+//! the causal part of each product (t·(t + 1)/2 of a head's t × t scores, each a length-d dot
+//! product; 2 products forward, 5 backward), not the masked half the 64 × 64 tiles compute
+//! anyway. PyTorch's side, to run alternately beside it: `bench/vs-torch/attention_torch.py`.
 
 mod common;
 
@@ -50,7 +51,7 @@ fn main() {
         .and_then(|x| x.to_var())
         .expect("qkv");
         let scale = 1.0 / (d as f32).sqrt();
-        // One head's causal products: t·t/2 of each t × t × d product (plus the diagonal).
+        // One product's causal flops over all heads: t·(t + 1)/2 scores of d multiply-adds.
         let half = (b * h) as f64 * (t * (t + 1) / 2) as f64 * d as f64 * 2.0;
         let fwd = || {
             let _g = sinter_core::no_grad();
