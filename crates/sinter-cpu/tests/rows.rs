@@ -202,7 +202,7 @@ fn flash_attention_row_passes_match_f64() {
                 );
             }
         }
-        // A NaN score is the row's maximum, as in PyTorch: the whole row turns NaN.
+        // A NaN score does not vanish: the row's running sum (and so its output) turns NaN.
         let (mut m, mut l, mut alpha) = ([f32::NEG_INFINITY], [0f32], [0f32]);
         let mut s = [1.0, f32::NAN, 3.0, 0.5];
         flash_rows::online_softmax_tile(isa, &mut s, 4, &[3], &mut m, &mut l, &mut alpha);

@@ -13,11 +13,12 @@
 //! Engaged around each training step of a single-process run and each evaluation (the
 //! trainer, `sinter bench cpu`'s steps). Not in multi-process runs: `sinter launch` may put
 //! several ranks on one machine, each with a full pool, and a spinner would take a core from
-//! another rank while its own rank waits in a collective. Measured on 2 Xeon cores (2026-11-30, `sinter bench cpu`, off / on, interleaved):
-//! capped to AVX2, gpt-tiny step 17.6–17.9k → 17.6–18.6k tokens/s, llama-tiny 19.0–20.3k →
-//! 20.0–21.1k, CNN step 2.13–2.22 → 1.85–1.91 ms, the default `sinter train` 1.57–1.62 →
-//! 1.41–1.42 s; native AVX-512, gpt 27.4–28.5k → 29.0–29.5k, llama 29.7–31.2k → 31.9–33.2k,
-//! CNN step 1.86–1.88 → 1.49–1.59 ms. Not engaged for generation or one-image inference:
+//! another rank while its own rank waits in a collective. Measured on 2 Xeon cores
+//! (2026-11-30, `sinter bench cpu`, off / on, interleaved): capped to AVX2, gpt-tiny step
+//! 17.6–17.9k → 17.6–18.6k tokens/s, llama-tiny 19.0–20.3k → 20.0–21.1k, CNN step
+//! 2.13–2.22 → 1.85–1.91 ms, the default `sinter train` 1.57–1.62 → 1.41–1.42 s; native
+//! AVX-512, gpt 27.4–28.5k → 29.0–29.5k, llama 29.7–31.2k → 31.9–33.2k, CNN step 1.86–1.88 →
+//! 1.49–1.59 ms. Not engaged for generation or one-image inference:
 //! there a hot worker steals halves of ops too small to split, and decoding ran slower
 //! (context 256: 6.2–7.2k → 5.4–5.7k tokens/s).
 
