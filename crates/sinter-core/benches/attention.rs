@@ -1,4 +1,4 @@
-//! CPU attention (FlashAttention-2 tiles through sinter-cpu's GEMM) at the shapes of the
+//! CPU attention (FlashAttention-2 tiles, sinter-cpu's `math/flash_tiles.rs`) at the shapes of the
 //! decoders' training steps: forward, and forward + backward, from a packed qkv projection.
 //!
 //!     chrt -f 1 cargo bench -p sinter-core --bench attention

@@ -11,7 +11,6 @@ use sinter_cpu::math::bias_act::{bias_act_backward_rows, bias_act_rows};
 use sinter_cpu::math::cross_entropy::{
     cross_entropy_rows, cross_entropy_rows_backward, STATS_PER_ROW,
 };
-use sinter_cpu::math::flash_rows;
 use sinter_cpu::math::softmax::{softmax_rows, softmax_rows_backward};
 use sinter_cpu::Isa;
 
@@ -90,127 +89,6 @@ fn softmax_and_log_softmax_rows_match_f64_forward_and_backward() {
                 );
             }
         }
-    }
-}
-
-/// FlashAttention's row passes over tiles whose rows see 0, some or all of their columns
-/// (causal rows), at widths that are and are not whole vectors, over two key blocks so the
-/// second rescales the first: against the same steps in f64.
-#[test]
-fn flash_attention_row_passes_match_f64() {
-    for isa in Isa::available() {
-        for nc in [1, 7, 16, 17, 64] {
-            let rows = 9;
-            let live: Vec<usize> = (0..rows).map(|r| (r * nc / 4).min(nc)).collect();
-            let (mut m, mut l, mut alpha) = (
-                vec![f32::NEG_INFINITY; rows],
-                vec![0f32; rows],
-                vec![0f32; rows],
-            );
-            let (mut m64, mut l64) = (vec![f64::NEG_INFINITY; rows], vec![0f64; rows]);
-            for block in 0..2 {
-                let s = vals(rows * nc, (nc * 10 + block) as u64, 12.0);
-                let mut got = s.clone();
-                flash_rows::online_softmax_tile(
-                    isa, &mut got, nc, &live, &mut m, &mut l, &mut alpha,
-                );
-                let mut want = vec![0f64; s.len()];
-                for r in 0..rows {
-                    let what = format!("{isa:?} online_softmax_tile nc={nc} block {block} row {r}");
-                    let row = &s[r * nc..r * nc + live[r]];
-                    if row.is_empty() {
-                        assert_eq!(alpha[r], 1.0, "{what}");
-                        continue;
-                    }
-                    let m_new = row.iter().fold(m64[r], |a, &v| a.max(v as f64));
-                    let a = (m64[r] - m_new).exp();
-                    for (j, &v) in row.iter().enumerate() {
-                        // The kernel's argument is the f32 difference.
-                        want[r * nc + j] = ((v - m_new as f32) as f64).exp();
-                    }
-                    l64[r] = l64[r] * a + want[r * nc..(r + 1) * nc].iter().sum::<f64>();
-                    m64[r] = m_new;
-                    assert_eq!(m[r] as f64, m_new, "{what}: running max");
-                    close(&what, &[alpha[r]], &[a], 1e-6, 0.0);
-                }
-                let what = format!("{isa:?} online_softmax_tile nc={nc} block {block}");
-                close(&what, &got, &want, 2e-7, 0.0);
-                close(&format!("{what} sums"), &l, &l64, 1e-6, 0.0);
-
-                // The backward's probabilities against the final log-sum-exp; a row that saw
-                // no key (lse = −inf) is all 0.
-                let lse: Vec<f32> = (0..rows)
-                    .map(|r| {
-                        if l64[r] > 0.0 {
-                            (m64[r] + l64[r].ln()) as f32
-                        } else {
-                            f32::NEG_INFINITY
-                        }
-                    })
-                    .collect();
-                let mut p = s.clone();
-                flash_rows::probabilities_tile(isa, &mut p, nc, &live, &lse);
-                let want_p: Vec<f64> = (0..rows * nc)
-                    .map(|i| {
-                        let (r, j) = (i / nc, i % nc);
-                        if j < live[r] && lse[r] != f32::NEG_INFINITY {
-                            ((s[i] - lse[r]) as f64).exp()
-                        } else {
-                            0.0
-                        }
-                    })
-                    .collect();
-                close(
-                    &format!("{isa:?} probabilities_tile nc={nc}"),
-                    &p,
-                    &want_p,
-                    2e-7,
-                    0.0,
-                );
-
-                // dS = P ∘ (dP − D) and D = rowsum(dO ∘ O) over rows 5 apart.
-                let dp = vals(rows * nc, 77, 1.0);
-                let dsum = vals(rows, 78, 1.0);
-                let mut ds = dp.clone();
-                flash_rows::softmax_grad_tile(isa, &mut ds, &p, nc, &dsum);
-                let want_ds: Vec<f64> = (0..rows * nc)
-                    .map(|i| p[i] as f64 * (dp[i] as f64 - dsum[i / nc] as f64))
-                    .collect();
-                close(
-                    &format!("{isa:?} softmax_grad_tile nc={nc}"),
-                    &ds,
-                    &want_ds,
-                    1e-6,
-                    1e-7,
-                );
-                let (a, b) = (vals(rows * nc + 5, 79, 1.0), vals(rows * 5 + nc, 80, 1.0));
-                let mut dots = vec![0f32; rows];
-                flash_rows::strided_row_dots(isa, (&a, nc), (&b, 5), nc.min(5), &mut dots);
-                let want_dots: Vec<f64> = (0..rows)
-                    .map(|i| {
-                        (0..nc.min(5))
-                            .map(|c| a[i * nc + c] as f64 * b[i * 5 + c] as f64)
-                            .sum()
-                    })
-                    .collect();
-                close(
-                    &format!("{isa:?} strided_row_dots nc={nc}"),
-                    &dots,
-                    &want_dots,
-                    1e-5,
-                    1e-6,
-                );
-            }
-        }
-        // A NaN score does not vanish: the row's running sum (and so its output) turns NaN.
-        let (mut m, mut l, mut alpha) = ([f32::NEG_INFINITY], [0f32], [0f32]);
-        let mut s = [1.0, f32::NAN, 3.0, 0.5];
-        flash_rows::online_softmax_tile(isa, &mut s, 4, &[3], &mut m, &mut l, &mut alpha);
-        assert!(
-            l[0].is_nan(),
-            "{isa:?}: a NaN score vanished from the row's sum"
-        );
-        assert_eq!(s[3], 0.0, "{isa:?}: the value past the live ones");
     }
 }
 

@@ -23,7 +23,7 @@
 //!
 //! - [`elementwise`]: y = f(x) and dx = g·f'(x) over slices ([`Unary`]).
 //! - [`cached_attention`]: one query row against a KV cache (decode and prefill).
-//! - [`flash_rows`]: the row passes between the products of CPU FlashAttention's tiles.
+//! - [`flash_tiles`]: the products and softmax passes of CPU FlashAttention's tiles.
 //! - [`rope`]: rotary positions over a row's heads (both directions).
 //! - [`softmax`], [`cross_entropy`], [`layer_norm`], [`rms_norm`], [`bias_act`], [`adamw`]: fused row and
 //!   optimizer kernels (see each module for what it reads and writes).
@@ -35,7 +35,7 @@ pub mod cross_entropy;
 pub mod elementwise;
 mod erf;
 mod exp_log;
-pub mod flash_rows;
+pub mod flash_tiles;
 pub mod layer_norm;
 mod reduce;
 pub mod rms_norm;

@@ -7,7 +7,7 @@
 //! log-softmax dx = g − e^y·Σ g.
 //!
 //! The online softmax of FlashAttention's tiles (a running max and sum rescaled block by
-//! block instead of whole rows normalised) is in [`super::flash_rows`].
+//! block instead of whole rows normalised) is in [`super::flash_tiles`].
 
 use super::exp_log::exp;
 use super::reduce::{dot, for_vectors, load_lanes, max, store_lanes, sum};

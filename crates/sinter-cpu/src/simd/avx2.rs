@@ -93,6 +93,18 @@ unsafe impl Simd for Avx2 {
         _mm256_blendv_ps(m, _mm256_add_ps(a, b), nan)
     }
     #[inline(always)]
+    unsafe fn max_fast(a: __m256, b: __m256) -> __m256 {
+        _mm256_max_ps(a, b)
+    }
+    #[inline(always)]
+    unsafe fn min_fast(a: __m256, b: __m256) -> __m256 {
+        _mm256_min_ps(a, b)
+    }
+    #[inline(always)]
+    unsafe fn pow2i(n: __m256) -> __m256 {
+        pow2i(n)
+    }
+    #[inline(always)]
     unsafe fn sqrt(a: __m256) -> __m256 {
         _mm256_sqrt_ps(a)
     }

@@ -84,6 +84,19 @@ unsafe impl Simd for Avx512 {
         _mm512_mask_blend_ps(nan, m, _mm512_add_ps(a, b))
     }
     #[inline(always)]
+    unsafe fn max_fast(a: __m512, b: __m512) -> __m512 {
+        _mm512_max_ps(a, b)
+    }
+    #[inline(always)]
+    unsafe fn min_fast(a: __m512, b: __m512) -> __m512 {
+        _mm512_min_ps(a, b)
+    }
+    #[inline(always)]
+    unsafe fn pow2i(n: __m512) -> __m512 {
+        let e = _mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127));
+        _mm512_castsi512_ps(_mm512_slli_epi32::<23>(e))
+    }
+    #[inline(always)]
     unsafe fn sqrt(a: __m512) -> __m512 {
         _mm512_sqrt_ps(a)
     }

@@ -38,6 +38,13 @@ pub unsafe trait Simd: Copy + Send + Sync + 'static {
     unsafe fn max(a: Self::V, b: Self::V) -> Self::V;
     /// Lane-wise minimum; NaN in either operand gives NaN.
     unsafe fn min(a: Self::V, b: Self::V) -> Self::V;
+    /// `a > b ? a : b` per lane, one instruction on x86: a NaN in either operand gives `b`
+    /// (for hot loops whose NaN is caught another way; see [`Simd::max`] for the strict one).
+    unsafe fn max_fast(a: Self::V, b: Self::V) -> Self::V;
+    /// `a < b ? a : b` per lane: a NaN in either operand gives `b`.
+    unsafe fn min_fast(a: Self::V, b: Self::V) -> Self::V;
+    /// 2^n for integral `n` (as f32) in [−126, 127], from the exponent bits.
+    unsafe fn pow2i(n: Self::V) -> Self::V;
     unsafe fn sqrt(a: Self::V) -> Self::V;
     unsafe fn abs(a: Self::V) -> Self::V;
     /// The sign bit of `sign` on the magnitude of `mag`.

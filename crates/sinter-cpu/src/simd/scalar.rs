@@ -75,6 +75,26 @@ unsafe impl Simd for Scalar {
         }
     }
     #[inline(always)]
+    unsafe fn max_fast(a: f32, b: f32) -> f32 {
+        if a > b {
+            a
+        } else {
+            b
+        }
+    }
+    #[inline(always)]
+    unsafe fn min_fast(a: f32, b: f32) -> f32 {
+        if a < b {
+            a
+        } else {
+            b
+        }
+    }
+    #[inline(always)]
+    unsafe fn pow2i(n: f32) -> f32 {
+        pow2i(n)
+    }
+    #[inline(always)]
     unsafe fn sqrt(a: f32) -> f32 {
         a.sqrt()
     }

@@ -6,8 +6,7 @@
 //! Causal masking is aligned bottom-right (`AttnGeom::limit`).
 
 use rayon::prelude::*;
-use sinter_cpu::gemm::{Gemm, MatMut, MatRef};
-use sinter_cpu::math::flash_rows;
+use sinter_cpu::math::flash_tiles::{self, Rows, RowsMut, Side};
 use sinter_cpu::Isa;
 
 use super::geom::AttnGeom;
@@ -15,7 +14,7 @@ use crate::cpu::CpuStorage;
 use crate::Layout;
 
 /// Query rows per tile.
-const BR: usize = 64;
+const BR: usize = flash_tiles::MAX_QUERIES;
 /// Keys per tile.
 const BC: usize = 64;
 
@@ -83,7 +82,7 @@ impl OutView {
 
 /// An operand's values: the storage itself when it can be read in place (f32 with a unit
 /// last stride), else an f32 row-major copy.
-enum Src<'a> {
+pub(super) enum Src<'a> {
     InPlace(&'a [f32], &'a Layout),
     Copied(Vec<f32>, Layout),
 }
@@ -133,78 +132,61 @@ impl<'a> Src<'a> {
     }
 }
 
-/// dst[m×n] (row stride `dst_rs`, unit column stride) = (dst if `accumulate`, else 0) +
-/// beta · a[m×k] · b[k×n], with a and b given by row and column strides.
-///
-/// # Safety
-/// Every addressed element of `dst`, `a` and `b` must be in bounds, and `dst` must not
-/// overlap `a` or `b`.
-#[allow(clippy::too_many_arguments)]
-#[inline]
-unsafe fn mm(
-    m: usize,
-    n: usize,
-    k: usize,
-    dst: *mut f32,
-    dst_rs: usize,
-    accumulate: bool,
-    a: *const f32,
-    a_rs: usize,
-    a_cs: usize,
-    b: *const f32,
-    b_rs: usize,
-    b_cs: usize,
-    beta: f32,
-) {
-    if m == 0 || n == 0 {
-        return;
-    }
-    if k == 0 {
-        if !accumulate {
-            for r in 0..m {
-                std::slice::from_raw_parts_mut(dst.add(r * dst_rs), n).fill(0.0);
-            }
+impl View<'_> {
+    /// Rows i.. of head (b, h) as flash tiles read them.
+    #[inline]
+    fn rows(&self, b: usize, h: usize, i: usize) -> Rows {
+        Rows {
+            ptr: self.ptr(b, h, i),
+            stride: self.st,
         }
-        return;
     }
-    // The slices reach exactly the last addressed element of each operand.
-    let extent =
-        |rows: usize, rs: usize, cols: usize, cs: usize| (rows - 1) * rs + (cols - 1) * cs + 1;
-    let a = std::slice::from_raw_parts(a, extent(m, a_rs, k, a_cs));
-    let b = std::slice::from_raw_parts(b, extent(k, b_rs, n, b_cs));
-    let dst = std::slice::from_raw_parts_mut(dst, extent(m, dst_rs, n, 1));
-    let view = |data, rs: usize, cs: usize| MatRef {
-        data,
-        offset: 0,
-        rs: rs as isize,
-        cs: cs as isize,
-    };
-    // One thread: the callers already run one tile per core.
-    Gemm::new(m, n, k)
-        .alpha(beta)
-        .beta(if accumulate { 1.0 } else { 0.0 })
-        .threads(1)
-        .run(
-            view(a, a_rs, a_cs),
-            view(b, b_rs, b_cs),
-            MatMut {
-                data: dst,
-                offset: 0,
-                rs: dst_rs as isize,
-                cs: 1,
-            },
-        )
-        .expect("internal error: attention tile views out of bounds")
+}
+
+impl OutView {
+    /// # Safety
+    /// As [`OutView::row`].
+    #[inline]
+    unsafe fn rows(&self, b: usize, h: usize, i: usize) -> RowsMut {
+        RowsMut {
+            ptr: self.row(b, h, i),
+            stride: self.st,
+        }
+    }
+}
+
+/// How many of the keys j0..j0 + nc each query i0.. sees (the causal rule, bottom-right), 0
+/// for a query with no key at all (lse = −inf).
+fn live_counts(
+    g: &AttnGeom,
+    (i0, j0, nc): (usize, usize, usize),
+    lse: Option<&[f32]>,
+    live: &mut [usize],
+) {
+    for (r, n) in live.iter_mut().enumerate() {
+        let sees_none = lse.is_some_and(|l| l[r] == f32::NEG_INFINITY);
+        *n = if sees_none {
+            0
+        } else {
+            g.limit(i0 + r).saturating_sub(j0).min(nc)
+        };
+    }
 }
 
 /// Forward over every (batch, head, query block): writes o's rows and lse [b, h, tq]
 /// (contiguous).
-fn forward_views(g: &AttnGeom, q: View, k: View, v: View, o: OutView, lse: &mut [f32]) {
+fn forward_views(
+    g: &AttnGeom,
+    isa: Isa,
+    (q, k, v): (View, View, View),
+    o: OutView,
+    lse: &mut [f32],
+) {
     lse.par_chunks_mut(g.tq).enumerate().for_each(|(bh, lse)| {
         let (bi, hi) = (bh / g.h, bh % g.h);
         lse.par_chunks_mut(BR).enumerate().for_each(|(qb, lse)| {
             // SAFETY: this task alone writes rows qb·BR.. (lse.len() of them) of head (bi, hi).
-            unsafe { forward_tile(g, q, k, v, o, bi, hi, qb * BR, lse) };
+            unsafe { forward_tile(g, isa, (q, k, v), o, (bi, hi, qb * BR), lse) };
         });
     });
 }
@@ -213,80 +195,72 @@ fn forward_views(g: &AttnGeom, q: View, k: View, v: View, o: OutView, lse: &mut 
 ///
 /// # Safety
 /// The rows i0..i0 + lse.len() of head (bi, hi) exist in `o` and no other task touches them.
-#[allow(clippy::too_many_arguments)]
 unsafe fn forward_tile(
     g: &AttnGeom,
-    q: View,
-    k: View,
-    v: View,
+    isa: Isa,
+    (q, k, v): (View, View, View),
     o: OutView,
-    bi: usize,
-    hi: usize,
-    i0: usize,
+    (bi, hi, i0): (usize, usize, usize),
     lse: &mut [f32],
 ) {
-    let (d, nr, isa) = (g.d, lse.len(), Isa::get());
+    let (d, nr) = (g.d, lse.len());
     let hk = hi / g.group();
-    let orow = |r: usize| std::slice::from_raw_parts_mut(o.row(bi, hi, i0 + r), d);
+    let (ld, qs) = (
+        flash_tiles::tile_stride(isa, nr),
+        flash_tiles::packed_stride(isa, nr),
+    );
+    // One buffer for the block's state: Qᵀ, the score tile, and per query m, l, α, the block
+    // maximum.
+    // Every value is written before it is read (l is zeroed below): no zero fill.
+    let mut buf = sinter_cpu::math::output_vec(d * qs + BC * ld + 3 * nr + ld);
+    let (qt, rest) = buf.split_at_mut(d * qs);
+    let (tile, rest) = rest.split_at_mut(BC * ld);
+    let (m, rest) = rest.split_at_mut(nr);
+    let (l, rest) = rest.split_at_mut(nr);
+    let (alpha, block_max) = rest.split_at_mut(nr);
+    m.fill(f32::NEG_INFINITY);
+    l.fill(0.0);
+    // SAFETY (all calls below): rows i0..i0+nr of q and o and j0..j0+nc of k and v exist by
+    // the shape checks; o's rows are this task's.
+    flash_tiles::pack_transposed(q.rows(bi, hi, i0), nr, d, qt, qs);
+    let mut live = [0usize; BR];
+    let live = &mut live[..nr];
     let kend = g.limit(i0 + nr - 1);
-    let mut m = vec![f32::NEG_INFINITY; nr];
-    let mut l = vec![0f32; nr];
-    let mut alpha = vec![0f32; nr];
-    let mut live = vec![0usize; nr];
-    let mut s = vec![0f32; nr * BC];
     let mut j0 = 0;
     while j0 < kend {
         let nc = BC.min(kend - j0);
-        // S = scale · Q_i K_jᵀ
-        // SAFETY: rows i0..i0+nr of q and j0..j0+nc of k exist (shapes checked); s holds nr×nc.
-        mm(
-            nr,
+        live_counts(g, (i0, j0, nc), None, live);
+        let kr = k.rows(bi, hk, j0);
+        flash_tiles::logits(
+            isa,
+            kr,
             nc,
+            (qt, qs),
             d,
-            s.as_mut_ptr(),
-            nc,
-            false,
-            q.ptr(bi, hi, i0),
-            q.st,
-            1,
-            k.ptr(bi, hk, j0),
-            1,
-            k.st,
             g.scale,
+            live,
+            (tile, ld),
+            block_max,
         );
-        for (r, n) in live.iter_mut().enumerate() {
-            *n = g.limit(i0 + r).saturating_sub(j0).min(nc);
-        }
-        let tile = &mut s[..nr * nc];
-        flash_rows::online_softmax_tile(isa, tile, nc, &live, &mut m, &mut l, &mut alpha);
-        // The first key block writes O_i (nothing to rescale or add to yet).
-        let first = j0 == 0;
-        for (r, &a) in alpha.iter().enumerate() {
-            if !first && a != 1.0 {
-                orow(r).iter_mut().for_each(|x| *x *= a);
-            }
-        }
-        // O_i (+)= P V_j
-        // SAFETY: s is nr×nc, rows j0..j0+nc of v exist, o's rows i0..i0+nr are this task's.
-        mm(
+        flash_tiles::online_softmax(isa, (tile, ld), live, block_max, m, l, alpha);
+        // O_i = α·O_i + P V_j (α = 0 on a query's first keys: O is written, not read).
+        let (vr, or) = (v.rows(bi, hk, j0), o.rows(bi, hi, i0));
+        flash_tiles::tile_product(
+            isa,
+            Side::Queries,
+            (tile, ld),
+            live,
             nr,
+            vr,
             d,
-            nc,
-            o.row(bi, hi, i0),
-            o.st,
-            !first,
-            s.as_ptr(),
-            nc,
-            1,
-            v.ptr(bi, hk, j0),
-            v.st,
-            1,
+            or,
+            Some(alpha),
             1.0,
         );
         j0 += BC;
     }
     for r in 0..nr {
-        let row = orow(r);
+        let row = std::slice::from_raw_parts_mut(o.row(bi, hi, i0 + r), d);
         if l[r] > 0.0 {
             let inv = 1.0 / l[r];
             row.iter_mut().for_each(|x| *x *= inv);
@@ -308,20 +282,20 @@ struct Grads {
     dv: OutView,
 }
 
+/// The backward's operands: q, k, v, the forward's output o and the output gradient dout.
+#[derive(Clone, Copy)]
+struct BackwardViews<'a> {
+    q: View<'a>,
+    k: View<'a>,
+    v: View<'a>,
+    o: View<'a>,
+    dout: View<'a>,
+}
+
 /// Backward over every (batch, key/value head), the query heads sharing it one after another
 /// (each adds its share of dk and dv): writes every row of dq, dk and dv, which must be 0 on
 /// entry; lse is contiguous.
-#[allow(clippy::too_many_arguments)]
-fn backward_views(
-    g: &AttnGeom,
-    q: View,
-    k: View,
-    v: View,
-    o: View,
-    lse: &[f32],
-    dout: View,
-    grads: Grads,
-) {
+fn backward_views(g: &AttnGeom, isa: Isa, x: BackwardViews, lse: &[f32], grads: Grads) {
     (0..g.b * g.kv_h).into_par_iter().for_each(|bk| {
         let (bi, hk) = (bk / g.kv_h, bk % g.kv_h);
         for hi in hk * g.group()..(hk + 1) * g.group() {
@@ -329,7 +303,7 @@ fn backward_views(
             let lse = &lse[bh * g.tq..(bh + 1) * g.tq];
             // SAFETY: this task alone writes kv head (bi, hk)'s rows of dk and dv and the rows
             // of dq of the query heads that read it.
-            unsafe { backward_head(g, q, k, v, bi, hi, o, lse, dout, grads) };
+            unsafe { backward_head(g, isa, x, (bi, hi), lse, grads) };
         }
     });
 }
@@ -338,122 +312,80 @@ fn backward_views(
 ///
 /// # Safety
 /// Those rows exist and no other task touches them meanwhile.
-#[allow(clippy::too_many_arguments)]
 unsafe fn backward_head(
     g: &AttnGeom,
-    q: View,
-    k: View,
-    v: View,
-    bi: usize,
-    hi: usize,
-    o: View,
+    isa: Isa,
+    BackwardViews { q, k, v, o, dout }: BackwardViews,
+    (bi, hi): (usize, usize),
     lse: &[f32],
-    dout: View,
     Grads { dq, dk, dv }: Grads,
 ) {
-    let (tq, tk, d, isa) = (g.tq, g.tk, g.d, Isa::get());
+    let (tq, tk, d) = (g.tq, g.tk, g.d);
     let hk = hi / g.group();
     // D_i = rowsum(dO_i ∘ O_i)
     let rows = |x: &View| std::slice::from_raw_parts(x.ptr(bi, hi, 0), (tq - 1) * x.st + d);
-    let mut dsum = vec![0f32; tq];
-    flash_rows::strided_row_dots(isa, (rows(&o), o.st), (rows(&dout), dout.st), d, &mut dsum);
-    let mut p = vec![0f32; BR * BC];
-    let mut ds = vec![0f32; BR * BC];
-    let mut live = vec![0usize; BR];
+    let (ld, qs) = (
+        flash_tiles::tile_stride(isa, tq.min(BR)),
+        flash_tiles::packed_stride(isa, tq),
+    );
+    // Qᵀ and dOᵀ of the whole head (every key block reads every query block), the
+    // probability and dS tiles, and D.
+    // Every value is written before it is read: no zero fill.
+    let mut buf = sinter_cpu::math::output_vec(2 * d * qs + 2 * BC * ld + tq);
+    let (qt, rest) = buf.split_at_mut(d * qs);
+    let (dot, rest) = rest.split_at_mut(d * qs);
+    let (p, rest) = rest.split_at_mut(BC * ld);
+    let (ds, dsum) = rest.split_at_mut(BC * ld);
+    flash_tiles::strided_row_dots(isa, (rows(&o), o.st), (rows(&dout), dout.st), d, dsum);
+    // SAFETY (all calls below): the addressed rows exist by the shape checks and dq/dk/dv
+    // rows i0..i0+nr / j0..j0+nc are this task's.
+    flash_tiles::pack_transposed(q.rows(bi, hi, 0), tq, d, qt, qs);
+    flash_tiles::pack_transposed(dout.rows(bi, hi, 0), tq, d, dot, qs);
+    let mut live = [0usize; BR];
     let mut j0 = 0;
     while j0 < tk {
         let nc = BC.min(tk - j0);
+        let (kr, vr) = (k.rows(bi, hk, j0), v.rows(bi, hk, j0));
+        let (dkr, dvr) = (dk.rows(bi, hk, j0), dv.rows(bi, hk, j0));
         let mut i0 = g.first_row_seeing(j0);
         while i0 < tq {
             let nr = BR.min(tq - i0);
-            // P = exp(scale · Q_i K_jᵀ − lse_i), zero where masked.
-            // SAFETY (all mm calls below): the addressed rows exist by the shape checks, the
-            // tile buffers hold nr×nc, and dq/dk/dv rows i0..i0+nr / j0..j0+nc are this task's.
-            mm(
-                nr,
-                nc,
-                d,
-                p.as_mut_ptr(),
-                nc,
-                false,
-                q.ptr(bi, hi, i0),
-                q.st,
-                1,
-                k.ptr(bi, hk, j0),
-                1,
-                k.st,
-                g.scale,
-            );
-            for (r, n) in live[..nr].iter_mut().enumerate() {
-                *n = g.limit(i0 + r).saturating_sub(j0).min(nc);
-            }
-            let (lse_i, live_i) = (&lse[i0..i0 + nr], &live[..nr]);
-            flash_rows::probabilities_tile(isa, &mut p[..nr * nc], nc, live_i, lse_i);
+            let (lse_i, dsum_i) = (&lse[i0..i0 + nr], &dsum[i0..i0 + nr]);
+            let live = &mut live[..nr];
+            live_counts(g, (i0, j0, nc), Some(lse_i), live);
+            let (qt_i, dot_i) = ((&qt[i0..], qs), (&dot[i0..], qs));
+            let (qr, dor) = (q.rows(bi, hi, i0), dout.rows(bi, hi, i0));
+            // P = exp(scale · Q_i K_jᵀ − lse_i), key-major, 0 where masked.
+            flash_tiles::probabilities(isa, kr, nc, qt_i, d, g.scale, live, lse_i, (p, ld));
             // dV_j += Pᵀ dO_i
-            mm(
-                nc,
-                d,
-                nr,
-                dv.row(bi, hk, j0),
-                dv.st,
-                true,
-                p.as_ptr(),
-                1,
-                nc,
-                dout.ptr(bi, hi, i0),
-                dout.st,
-                1,
-                1.0,
-            );
-            // dP = dO_i V_jᵀ
-            mm(
-                nr,
-                nc,
-                d,
-                ds.as_mut_ptr(),
-                nc,
-                false,
-                dout.ptr(bi, hi, i0),
-                dout.st,
-                1,
-                v.ptr(bi, hk, j0),
-                1,
-                v.st,
-                1.0,
-            );
-            // dS = P ∘ (dP − D_i)
-            let (dp, p_i) = (&mut ds[..nr * nc], &p[..nr * nc]);
-            flash_rows::softmax_grad_tile(isa, dp, p_i, nc, &dsum[i0..i0 + nr]);
+            flash_tiles::tile_product(isa, Side::Keys, (p, ld), live, nc, dor, d, dvr, None, 1.0);
+            // dS = P ∘ (dO_i V_jᵀ − D_i)
+            flash_tiles::softmax_grad(isa, vr, nc, dot_i, d, live, dsum_i, p, (ds, ld));
             // dQ_i += scale · dS K_j
-            mm(
+            let dqr = dq.rows(bi, hi, i0);
+            flash_tiles::tile_product(
+                isa,
+                Side::Queries,
+                (ds, ld),
+                live,
                 nr,
+                kr,
                 d,
-                nc,
-                dq.row(bi, hi, i0),
-                dq.st,
-                true,
-                ds.as_ptr(),
-                nc,
-                1,
-                k.ptr(bi, hk, j0),
-                k.st,
-                1,
+                dqr,
+                None,
                 g.scale,
             );
             // dK_j += scale · dSᵀ Q_i
-            mm(
+            flash_tiles::tile_product(
+                isa,
+                Side::Keys,
+                (ds, ld),
+                live,
                 nc,
+                qr,
                 d,
-                nr,
-                dk.row(bi, hk, j0),
-                dk.st,
-                true,
-                ds.as_ptr(),
-                1,
-                nc,
-                q.ptr(bi, hi, i0),
-                q.st,
-                1,
+                dkr,
+                None,
                 g.scale,
             );
             i0 += BR;
@@ -469,20 +401,21 @@ fn contiguous_out(buf: &mut [f32], g: &AttnGeom, heads: usize, t: usize) -> OutV
 }
 
 /// Forward over every (batch, head, query block): (o [b, h, tq, d], lse [b, h, tq]).
-fn forward(g: &AttnGeom, q: &Src, k: &Src, v: &Src) -> (Vec<f32>, Vec<f32>) {
+pub(super) fn forward(g: &AttnGeom, isa: Isa, q: &Src, k: &Src, v: &Src) -> (Vec<f32>, Vec<f32>) {
     let mut o = vec![0f32; g.b * g.h * g.tq * g.d];
     let mut lse = vec![f32::NEG_INFINITY; g.b * g.h * g.tq];
     if !o.is_empty() {
         let ov = contiguous_out(&mut o, g, g.h, g.tq);
-        forward_views(g, q.view(), k.view(), v.view(), ov, &mut lse);
+        forward_views(g, isa, (q.view(), k.view(), v.view()), ov, &mut lse);
     }
     (o, lse)
 }
 
 /// (dq, dk, dv), contiguous [b, h, tq, d] and [b, kv_h, tk, d], from the operands, the
 /// forward's output `o`, its log-sum-exp `lse` (contiguous) and the output gradient `dout`.
-fn backward(
+pub(super) fn backward(
     g: &AttnGeom,
+    isa: Isa,
     (q, k, v): (&Src, &Src, &Src),
     o: &Src,
     lse: &[f32],
@@ -497,8 +430,14 @@ fn backward(
             dk: contiguous_out(&mut dk, g, g.kv_h, g.tk),
             dv: contiguous_out(&mut dv, g, g.kv_h, g.tk),
         };
-        let (q, k, v) = (q.view(), k.view(), v.view());
-        backward_views(g, q, k, v, o.view(), lse, dout.view(), grads);
+        let x = BackwardViews {
+            q: q.view(),
+            k: k.view(),
+            v: v.view(),
+            o: o.view(),
+            dout: dout.view(),
+        };
+        backward_views(g, isa, x, lse, grads);
     }
     (dq, dk, dv)
 }
@@ -519,7 +458,7 @@ fn forward_packed(g: &AttnGeom, qkv: &Src) -> (Vec<f32>, Vec<f32>) {
     if !y.is_empty() {
         let yv = OutView::of(&mut y, (g.b, g.h, t, g.d), [0, t * c, g.d, c]);
         let [q, k, v] = packed_columns(g).0.map(|col| qkv.heads(col, g.d));
-        forward_views(g, q, k, v, yv, &mut lse);
+        forward_views(g, Isa::get(), (q, k, v), yv, &mut lse);
     }
     (y, lse)
 }
@@ -539,7 +478,14 @@ fn backward_packed(g: &AttnGeom, qkv: &Src, y: &Src, lse: &[f32], dy: &Src) -> V
             dv,
         };
         let [q, k, v] = [cq, ck, cv].map(|col| qkv.heads(col, g.d));
-        backward_views(g, q, k, v, y.heads(0, g.d), lse, dy.heads(0, g.d), grads);
+        let x = BackwardViews {
+            q,
+            k,
+            v,
+            o: y.heads(0, g.d),
+            dout: dy.heads(0, g.d),
+        };
+        backward_views(g, Isa::get(), x, lse, grads);
     }
     dqkv
 }
@@ -553,6 +499,7 @@ pub(super) fn attention(
 ) -> (CpuStorage, CpuStorage) {
     let (o, lse) = forward(
         g,
+        Isa::get(),
         &Src::of(q.0, q.1),
         &Src::of(k.0, k.1),
         &Src::of(v.0, v.1),
@@ -571,6 +518,7 @@ pub(super) fn attention_backward(
     let lse = lse.f32_contiguous(&Layout::contiguous(&[lse.len()]));
     let (dq, dk, dv) = backward(
         g,
+        Isa::get(),
         (&Src::of(q.0, q.1), &Src::of(k.0, k.1), &Src::of(v.0, v.1)),
         &Src::of(o.0, o.1),
         &lse,

@@ -8,9 +8,9 @@
 //!   to and are tested against, and [`reference`], the f64 values every kernel test of every
 //!   crate checks against.
 //! - `geom.rs`: the geometry of a call and the checks that derive it from the operands.
-//! - `cpu.rs`: FlashAttention-2 on the CPU (64 × 64 tiles through sinter-cpu's GEMM, an online
-//!   softmax whose row passes are sinter-cpu's `math/flash_rows.rs`, causal key blocks above the
-//!   diagonal skipped; `benches/attention.rs` times it); `cpu_decode.rs`: the decoding step
+//! - `cpu.rs`: FlashAttention-2 on the CPU (64 × 64 tiles whose products and softmax passes are
+//!   sinter-cpu's `math/flash_tiles.rs`, stored key-major so the softmax runs down the keys;
+//!   causal blocks skipped at register-tile grain; `benches/attention.rs` times it); `cpu_decode.rs`: the decoding step
 //!   (a dot product per cached key and an axpy per cached value).
 //! - `cuda.rs`: the tensor-core flash kernels (f16/bf16, head dims 32, 64 and 128) on CUDA storages;
 //!   `flash_attention.cu` holds the kernels and `cuda_flash.rs` their launch plans (pure,
