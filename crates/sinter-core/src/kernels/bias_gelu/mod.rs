@@ -136,7 +136,7 @@ pub fn linear_bias_gelu(x: &Tensor, w: &Tensor, b: &Tensor) -> Result<Tensor> {
     };
     let (xt, wt, bt) = (x.clone(), w.clone(), b.clone());
     let y = output_of(&y, "linear_bias_gelu", &[x, w, b], move |g, _| {
-        let du = Tensor::unary_backward(UnaryOp::GeluTanh, &pre, &pre, g)?;
+        let (du, db) = gelu_grad_and_sum(g, &pre, bt.tracks_grad())?;
         let dx = xt
             .tracks_grad()
             .then(|| du.matmul(&wt)?.reshape(xt.shape()))
@@ -145,13 +145,28 @@ pub fn linear_bias_gelu(x: &Tensor, w: &Tensor, b: &Tensor) -> Result<Tensor> {
             .tracks_grad()
             .then(|| du.t()?.matmul(&xt.reshape(&[rows, inp])?))
             .transpose()?;
-        let db = bt
-            .tracks_grad()
-            .then(|| du.sum_to_shape(&[out]))
-            .transpose()?;
         Ok(vec![dx, dw, db])
     });
     y.reshape(&shape)
+}
+
+/// du = g ∘ gelu'(pre) and, when `with_sum`, its column sums (the bias gradient): on the CPU
+/// in one pass (the bias-GELU backward rows with a zero bias, so the sums come from the
+/// values in registers instead of a second read of du), elsewhere the unary backward and a
+/// reduction.
+fn gelu_grad_and_sum(g: &Tensor, pre: &Tensor, with_sum: bool) -> Result<(Tensor, Option<Tensor>)> {
+    let out = *pre.shape().last().expect("a [rows, out] pre-activation");
+    if with_sum && pre.device() == Device::Cpu && g.device() == Device::Cpu {
+        let zero = Tensor::zeros(&[out], pre.dtype(), Device::Cpu)?;
+        let mut d = backward_op()?
+            .apply(&[&g.detach(), pre, &zero])?
+            .into_iter();
+        let (du, db) = (d.next().expect("dx"), d.next().expect("dbias"));
+        return Ok((du, Some(db)));
+    }
+    let du = Tensor::unary_backward(UnaryOp::GeluTanh, pre, pre, g)?;
+    let db = with_sum.then(|| du.sum_to_shape(&[out])).transpose()?;
+    Ok((du, db))
 }
 
 /// The composite reference: `(x Wᵀ).add(b).gelu()` from unfused ops.
