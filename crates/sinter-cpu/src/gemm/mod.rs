@@ -39,7 +39,7 @@ mod gemm_crate;
 mod gemv;
 mod kernel;
 mod matrix;
-mod pack;
+pub(crate) mod pack;
 mod prepacked;
 mod problem;
 

@@ -53,7 +53,7 @@ pub(crate) unsafe fn pack_panels(
             // k is contiguous (a transposing copy).
             #[cfg(target_arch = "x86_64")]
             let done = if avx && w == width && width.is_multiple_of(8) {
-                transpose_rows_x86(base, src.fs, width, kc, out)
+                transpose_rows_x86(base, src.fs, width, kc, (out, width))
             } else {
                 0
             };
@@ -95,23 +95,25 @@ pub(crate) unsafe fn pack_panels(
 /// is contiguous: 8 rows × 8 k are loaded as 8 vectors, transposed in registers and stored
 /// as 8 k of 8 rows. The scalar walk it replaces (one load and one store per value, the row
 /// pointers spilled) was ~30 % of a 64 × 3072 × 768 x·Wᵀ on Zen 3, where each call packs the
-/// whole weight. Returns how many k it packed.
+/// whole weight. Row f of k lands at `out[k·ld + f]` (ld ≥ width; the GEMM's panels have
+/// ld = width, FlashAttention's transposed queries a padded stride). Returns how many k it
+/// packed.
 ///
 /// # Safety
-/// Rows `base + f·fs`, f < width, hold kc readable values; `out` holds width · kc; the CPU
-/// has AVX.
+/// Rows `base + f·fs`, f < width, hold kc readable values; `out` holds (kc − 1)·ld + width;
+/// the CPU has AVX.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx")]
-unsafe fn transpose_rows_x86(
+pub(crate) unsafe fn transpose_rows_x86(
     base: *const f32,
     fs: isize,
     width: usize,
     kc: usize,
-    out: &mut [f32],
+    (out, ld): (&mut [f32], usize),
 ) -> usize {
     use std::arch::x86_64::*;
     let whole = kc / 8 * 8;
-    debug_assert!(out.len() >= width * kc);
+    assert!(ld >= width && (kc == 0 || out.len() >= (kc - 1) * ld + width));
     let dst = out.as_mut_ptr();
     for g in (0..width).step_by(8) {
         let row0 = base.offset(g as isize * fs);
@@ -138,8 +140,8 @@ unsafe fn transpose_rows_x86(
             for j in 0..4 {
                 let lo = _mm256_permute2f128_ps::<0x20>(s[j], s[4 + j]);
                 let hi = _mm256_permute2f128_ps::<0x31>(s[j], s[4 + j]);
-                _mm256_storeu_ps(dst.add((k + j) * width + g), lo);
-                _mm256_storeu_ps(dst.add((k + j + 4) * width + g), hi);
+                _mm256_storeu_ps(dst.add((k + j) * ld + g), lo);
+                _mm256_storeu_ps(dst.add((k + j + 4) * ld + g), hi);
             }
         }
     }

@@ -73,27 +73,29 @@ pub struct RowsMut {
 ///
 /// # Panics
 /// If `dst` is shorter than d·ld or n > ld (a caller bug).
-pub unsafe fn pack_transposed(src: Rows, n: usize, d: usize, dst: &mut [f32], ld: usize) {
+pub unsafe fn pack_transposed(isa: Isa, src: Rows, n: usize, d: usize, dst: &mut [f32], ld: usize) {
     assert!(
         n <= ld && dst.len() >= d * ld,
         "pack_transposed: {n} rows into {} values at stride {ld}",
         dst.len()
     );
-    // Eight rows at a time: each source row is read sequentially, the eight stores per value
-    // land in one line of each destination row.
-    let mut i = 0;
-    while i + 8 <= n {
-        let rows: [*const f32; 8] = std::array::from_fn(|r| src.ptr.add((i + r) * src.stride));
-        for (c, out) in dst.chunks_exact_mut(ld).take(d).enumerate() {
-            for (r, row) in rows.iter().enumerate() {
-                out[i + r] = *row.add(c);
-            }
-        }
-        i += 8;
-    }
+    // Whole groups of 8 rows × 8 values through registers (the GEMM's transposing pack).
+    let rows8 = n / 8 * 8;
+    #[cfg(target_arch = "x86_64")]
+    let done = if isa != Isa::Scalar && rows8 > 0 {
+        crate::gemm::pack::transpose_rows_x86(src.ptr, src.stride as isize, rows8, d, (dst, ld))
+    } else {
+        0
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let done = {
+        let _ = isa;
+        0
+    };
     for (c, out) in dst.chunks_exact_mut(ld).take(d).enumerate() {
-        for (r, o) in out[i..n].iter_mut().enumerate() {
-            *o = *src.ptr.add((i + r) * src.stride + c);
+        let from = if c < done { rows8 } else { 0 };
+        for (i, o) in out.iter_mut().enumerate().take(n).skip(from) {
+            *o = *src.ptr.add(i * src.stride + c);
         }
         out[n..ld].fill(0.0);
     }
@@ -126,9 +128,13 @@ fn first_query_seeing(live: &[usize], j: usize) -> usize {
     live.iter().position(|&n| n > j).unwrap_or(live.len())
 }
 
+/// A register tile's sums: `acc[r][v]` = Σ_c X[j0 + r][c]·Yᵀ[c][(v0 + v)·LANES..].
+type ScoreTile<S> = [[<S as Simd>::V; NV]; MR];
+
 /// The scores of keys 0..nk: for every register tile of MR keys × NV query vectors that some
-/// query of it sees, `store(j, v, acc)` with acc = Σ_c X[j][c]·Yᵀ[c][v·LANES..]; every other
-/// vector of the tile's rows is written 0.
+/// query of it sees, `store(j0, rows, v0, vectors, &acc)` with the tile's first key and
+/// vector, how many of its rows and vectors exist, and its sums; every other vector of the
+/// tile's rows is written 0.
 ///
 /// # Safety
 /// X's rows 0..nk are readable for d values; `yt` holds d rows of `yt_stride` ≥ the vectors
@@ -142,7 +148,7 @@ unsafe fn scores_with<S: Simd>(
     d: usize,
     live: &[usize],
     (tile, ld): (*mut f32, usize),
-    mut store: impl FnMut(usize, usize, S::V),
+    mut store: impl FnMut(usize, usize, usize, usize, &ScoreTile<S>),
 ) {
     let l = S::LANES;
     let nv = live.len().div_ceil(l);
@@ -172,11 +178,7 @@ unsafe fn scores_with<S: Simd>(
                     }
                 }
             }
-            for (r, row) in acc.iter().enumerate().take(mr) {
-                for (v, &a) in row.iter().enumerate().take(nv - v0) {
-                    store(j0 + r, v0 + v, a);
-                }
-            }
+            store(j0, mr, v0, (nv - v0).min(NV), &acc);
             v0 += NV;
         }
         j0 += MR;
@@ -215,15 +217,23 @@ pub unsafe fn logits(
     let (t, bm) = (tile.as_mut_ptr(), block_max.as_mut_ptr());
     with_isa!(isa, S => {
         let a = S::splat(alpha);
-        scores_with::<S>(keys, nk, (qt.as_ptr(), qt_stride), d, live, (t, ld), |j, v, acc| {
-            let at = v * S::LANES;
-            let s = S::mul(acc, a);
-            S::store(t.add(j * ld + at), s);
-            let seen = S::lt(S::splat(j as f32), S::load(lim.as_ptr().add(at)));
-            let m = S::load(bm.add(at));
-            let s = S::select(seen, s, S::splat(f32::NEG_INFINITY));
-            S::store(bm.add(at), S::max_fast(m, s));
-        })
+        let ninf = S::splat(f32::NEG_INFINITY);
+        let tile_out = |j0: usize, mr: usize, v0: usize, nvh: usize, acc: &ScoreTile<S>| {
+            for v in 0..nvh {
+                let at = (v0 + v) * S::LANES;
+                let limv = S::load(lim.as_ptr().add(at));
+                // The tile's maximum in registers first: one update of block_max per vector.
+                let mut mx = ninf;
+                for (r, row) in acc.iter().enumerate().take(mr) {
+                    let s = S::mul(row[v], a);
+                    S::store(t.add((j0 + r) * ld + at), s);
+                    let seen = S::lt(S::splat((j0 + r) as f32), limv);
+                    mx = S::max_fast(mx, S::select(seen, s, ninf));
+                }
+                S::store(bm.add(at), S::max_fast(S::load(bm.add(at)), mx));
+            }
+        };
+        scores_with::<S>(keys, nk, (qt.as_ptr(), qt_stride), d, live, (t, ld), tile_out)
     })
 }
 
@@ -254,12 +264,18 @@ pub unsafe fn probabilities(
     let t = tile.as_mut_ptr();
     with_isa!(isa, S => {
         let a = S::splat(alpha);
-        scores_with::<S>(keys, nk, (qt.as_ptr(), qt_stride), d, live, (t, ld), |j, v, acc| {
-            let at = v * S::LANES;
-            let seen = S::lt(S::splat(j as f32), S::load(lim.as_ptr().add(at)));
-            let x = S::sub(S::mul(acc, a), S::load(lse.as_ptr().add(at)));
-            S::store(t.add(j * ld + at), S::select(seen, exp_softmax::<S>(x), S::zero()));
-        })
+        let tile_out = |j0: usize, mr: usize, v0: usize, nvh: usize, acc: &ScoreTile<S>| {
+            for v in 0..nvh {
+                let at = (v0 + v) * S::LANES;
+                let (limv, lsev) = (S::load(lim.as_ptr().add(at)), S::load(lse.as_ptr().add(at)));
+                for (r, row) in acc.iter().enumerate().take(mr) {
+                    let seen = S::lt(S::splat((j0 + r) as f32), limv);
+                    let e = exp_softmax::<S>(S::sub(S::mul(row[v], a), lsev));
+                    S::store(t.add((j0 + r) * ld + at), S::select(seen, e, S::zero()));
+                }
+            }
+        };
+        scores_with::<S>(keys, nk, (qt.as_ptr(), qt_stride), d, live, (t, ld), tile_out)
     })
 }
 
@@ -291,11 +307,16 @@ pub unsafe fn softmax_grad(
     let dsum = padded(dsum);
     let (t, pp) = (ds.as_mut_ptr(), p.as_ptr());
     with_isa!(isa, S => {
-        scores_with::<S>(values, nk, (dot.as_ptr(), dot_stride), d, live, (t, ld), |j, v, acc| {
-            let at = j * ld + v * S::LANES;
-            let dv = S::load(dsum.as_ptr().add(v * S::LANES));
-            S::store(t.add(at), S::mul(S::load(pp.add(at)), S::sub(acc, dv)));
-        })
+        let tile_out = |j0: usize, mr: usize, v0: usize, nvh: usize, acc: &ScoreTile<S>| {
+            for v in 0..nvh {
+                let dv = S::load(dsum.as_ptr().add((v0 + v) * S::LANES));
+                for (r, row) in acc.iter().enumerate().take(mr) {
+                    let at = (j0 + r) * ld + (v0 + v) * S::LANES;
+                    S::store(t.add(at), S::mul(S::load(pp.add(at)), S::sub(row[v], dv)));
+                }
+            }
+        };
+        scores_with::<S>(values, nk, (dot.as_ptr(), dot_stride), d, live, (t, ld), tile_out)
     })
 }
 

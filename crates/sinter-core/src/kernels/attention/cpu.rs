@@ -222,7 +222,7 @@ unsafe fn forward_tile(
     l.fill(0.0);
     // SAFETY (all calls below): rows i0..i0+nr of q and o and j0..j0+nc of k and v exist by
     // the shape checks; o's rows are this task's.
-    flash_tiles::pack_transposed(q.rows(bi, hi, i0), nr, d, qt, qs);
+    flash_tiles::pack_transposed(isa, q.rows(bi, hi, i0), nr, d, qt, qs);
     let mut live = [0usize; BR];
     let live = &mut live[..nr];
     let kend = g.limit(i0 + nr - 1);
@@ -339,8 +339,8 @@ unsafe fn backward_head(
     flash_tiles::strided_row_dots(isa, (rows(&o), o.st), (rows(&dout), dout.st), d, dsum);
     // SAFETY (all calls below): the addressed rows exist by the shape checks and dq/dk/dv
     // rows i0..i0+nr / j0..j0+nc are this task's.
-    flash_tiles::pack_transposed(q.rows(bi, hi, 0), tq, d, qt, qs);
-    flash_tiles::pack_transposed(dout.rows(bi, hi, 0), tq, d, dot, qs);
+    flash_tiles::pack_transposed(isa, q.rows(bi, hi, 0), tq, d, qt, qs);
+    flash_tiles::pack_transposed(isa, dout.rows(bi, hi, 0), tq, d, dot, qs);
     let mut live = [0usize; BR];
     let mut j0 = 0;
     while j0 < tk {
