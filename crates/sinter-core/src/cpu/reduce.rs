@@ -13,6 +13,12 @@ pub fn reduce_f32(x: &[f32], outer: usize, n: usize, inner: usize, op: ReduceOp)
         return out;
     }
     let work = outer * n * inner;
+    if op == ReduceOp::Sum && inner > 1 && outer == 1 && work >= super::PAR_THRESHOLD {
+        // Column sums of one [n, inner] matrix (a bias gradient): split the rows, not the
+        // single output.
+        column_sums(x, n, inner, &mut out);
+        return out;
+    }
     let body = |(o, dst): (usize, &mut [f32])| {
         let base = o * n * inner;
         match op {
@@ -55,6 +61,35 @@ pub fn reduce_f32(x: &[f32], outer: usize, n: usize, inner: usize, op: ReduceOp)
         out.chunks_mut(inner).enumerate().for_each(body);
     }
     out
+}
+
+/// Rows summed per column chunk of the columns' sums.
+const SUM_CHUNK_ROWS: usize = 64;
+
+/// out[c] = Σ_k x[k·inner + c] in f64, over fixed chunks of rows in parallel and the chunks'
+/// partial sums added in order: the same value whatever the thread count.
+fn column_sums(x: &[f32], n: usize, inner: usize, out: &mut [f32]) {
+    let partials: Vec<Vec<f64>> = x[..n * inner]
+        .par_chunks(SUM_CHUNK_ROWS * inner)
+        .map(|rows| {
+            let mut acc = vec![0f64; inner];
+            for r in rows.chunks_exact(inner) {
+                for (a, &v) in acc.iter_mut().zip(r) {
+                    *a += v as f64;
+                }
+            }
+            acc
+        })
+        .collect();
+    let mut total = vec![0f64; inner];
+    for p in partials {
+        for (t, v) in total.iter_mut().zip(p) {
+            *t += v;
+        }
+    }
+    for (o, t) in out.iter_mut().zip(total) {
+        *o = t as f32;
+    }
 }
 
 /// Reduces i64 x viewed as [outer, n, inner] over the middle dimension, exactly (never through
@@ -165,5 +200,31 @@ mod tests {
         assert_eq!(reduce_f32(&[], 1, 0, 3, ReduceOp::Sum), [0.0; 3]);
         assert!(reduce_i64(&[], 1, 2, 0, ReduceOp::Sum).is_empty());
         assert_eq!(reduce_i64(&[], 1, 0, 3, ReduceOp::Sum), [0; 3]);
+    }
+
+    /// A bias gradient's column sums (one [n, inner] matrix, split by rows across threads):
+    /// the f64 sums of every column, and the same bits on 1 thread and on 3.
+    #[test]
+    fn column_sums_match_f64_and_do_not_depend_on_threads() {
+        let (n, inner) = (301, 150);
+        let x: Vec<f32> = (0..n * inner)
+            .map(|i| ((i * 7919) % 1000) as f32 / 37.0 - 13.0)
+            .collect();
+        let on = |threads: usize| {
+            rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .unwrap()
+                .install(|| reduce_f32(&x, 1, n, inner, ReduceOp::Sum))
+        };
+        let (one, three) = (on(1), on(3));
+        assert_eq!(one, three);
+        for (c, &got) in one.iter().enumerate() {
+            let want: f64 = (0..n).map(|k| x[k * inner + c] as f64).sum();
+            assert!(
+                (got as f64 - want).abs() <= 1e-6 * want.abs().max(1.0),
+                "column {c}: {got} vs {want}"
+            );
+        }
     }
 }
