@@ -19,8 +19,9 @@ const LOG2E: f32 = std::f32::consts::LOG2_E;
 /// e^x per lane.
 #[inline(always)]
 pub(crate) unsafe fn exp<S: Simd>(x: S::V) -> S::V {
-    // Beyond these e^x is inf or 0 in f32; clamping keeps 2^n in ldexp's range.
-    let xc = S::min(S::max(x, S::splat(-104.0)), S::splat(89.0));
+    // Beyond these e^x is inf or 0 in f32; clamping keeps 2^n in ldexp's range. The
+    // one-instruction clamps return their second operand on NaN: x goes second.
+    let xc = S::min_fast(S::splat(89.0), S::max_fast(S::splat(-104.0), x));
     let n = S::round(S::mul(xc, S::splat(LOG2E)));
     let r = S::fnma(n, S::splat(LN2_HI), xc);
     let r = S::fnma(n, S::splat(LN2_LO), r);
