@@ -7,8 +7,9 @@
 //! A shape is batch × heads × tokens × head dim, causal. The pool's other workers spin for
 //! work meanwhile ([`HotWorkers`]), as they do through a training step. GFLOP/s counts only
 //! the causal part of each product (t·(t + 1)/2 of a head's t × t scores, each a length-d dot
-//! product; 2 products forward, 5 backward), not the masked half the 64 × 64 tiles compute
-//! anyway. PyTorch's side, to run alternately beside it: `bench/vs-torch/attention_torch.py`.
+//! product; 2 products forward, 5 backward), not the masked part of the register tiles along
+//! the diagonal, which are computed whole. PyTorch's side, to run alternately beside it:
+//! `bench/vs-torch/attention_torch.py`.
 
 mod common;
 

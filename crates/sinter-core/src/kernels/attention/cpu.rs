@@ -209,9 +209,9 @@ unsafe fn forward_tile(
         flash_tiles::tile_stride(isa, nr),
         flash_tiles::packed_stride(isa, nr),
     );
-    // One buffer for the block's state: Qᵀ, the score tile, and per query m, l, α, the block
-    // maximum.
-    // Every value is written before it is read (l is zeroed below): no zero fill.
+    // One buffer for the block's state (Qᵀ, the score tile, and per query m, l, α and the
+    // block maximum); every value is written before it is read (m and l are set below), so no
+    // zero fill.
     let mut buf = sinter_cpu::math::output_vec(d * qs + BC * ld + 3 * nr + ld);
     let (qt, rest) = buf.split_at_mut(d * qs);
     let (tile, rest) = rest.split_at_mut(BC * ld);
@@ -329,8 +329,8 @@ unsafe fn backward_head(
         flash_tiles::packed_stride(isa, tq),
     );
     // Qᵀ and dOᵀ of the whole head (every key block reads every query block), the
-    // probability and dS tiles, and D.
-    // Every value is written before it is read: no zero fill.
+    // probability and dS tiles, and D; every value is written before it is read, so no zero
+    // fill.
     let mut buf = sinter_cpu::math::output_vec(2 * d * qs + 2 * BC * ld + tq);
     let (qt, rest) = buf.split_at_mut(d * qs);
     let (dot, rest) = rest.split_at_mut(d * qs);
