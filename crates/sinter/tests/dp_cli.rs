@@ -812,16 +812,23 @@ fn a_rank_that_dies_restarts_the_group_to_the_same_final_weights() {
     assert_no_rank_left(&tag, 2);
 }
 
-/// A port `p` with `p` and `p + 1` free now (the elastic launchers' and the ranks' stores).
+/// A port `p` with `p` and `p + 1` free now (the elastic launchers' and the ranks' stores),
+/// below Linux's ephemeral range (32768–60999): a port the OS hands out as `:0` can become a
+/// client socket's local port meanwhile (a launcher connecting to `p` got `p + 1` once, and the
+/// rank's store then failed to bind it), which ports below the range never do.
 fn two_free_ports() -> u16 {
-    for _ in 0..50 {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let p = l.local_addr().unwrap().port();
-        if p < u16::MAX && std::net::TcpListener::bind(("127.0.0.1", p + 1)).is_ok() {
+    use std::sync::atomic::{AtomicU16, Ordering};
+    // Tests run in parallel in this process: each call starts from its own port.
+    static NEXT: AtomicU16 = AtomicU16::new(0);
+    let start = 20_000 + (std::process::id() % 500) as u16 * 20;
+    for _ in 0..200 {
+        let p = start + NEXT.fetch_add(2, Ordering::Relaxed) % 2_000;
+        let free = |port: u16| std::net::TcpListener::bind(("0.0.0.0", port)).is_ok();
+        if free(p) && free(p + 1) {
             return p;
         }
     }
-    panic!("no two consecutive free ports");
+    panic!("no two consecutive free ports below 32768");
 }
 
 /// `sinter launch` of node `node` of 2, one rank each, with restarts, in the background.
