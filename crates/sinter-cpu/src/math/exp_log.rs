@@ -16,12 +16,10 @@ pub(crate) const LN2_HI: f32 = 0.693_145_75; // 0x3f317200: exact in f32, n·LN2
 pub(crate) const LN2_LO: f32 = 1.428_606_8e-6;
 const LOG2E: f32 = std::f32::consts::LOG2_E;
 
-/// e^x per lane.
+/// (e^r, n) with x = n·ln2 + r for a clamped x: the reduction and polynomial [`exp`] and
+/// [`exp_softmax`] share (they differ in the clamp and in how 2^n is applied).
 #[inline(always)]
-pub(crate) unsafe fn exp<S: Simd>(x: S::V) -> S::V {
-    // Beyond these e^x is inf or 0 in f32; clamping keeps 2^n in ldexp's range. The
-    // one-instruction clamps return their second operand on NaN: x goes second.
-    let xc = S::min_fast(S::splat(89.0), S::max_fast(S::splat(-104.0), x));
+unsafe fn reduced<S: Simd>(xc: S::V) -> (S::V, S::V) {
     let n = S::round(S::mul(xc, S::splat(LOG2E)));
     let r = S::fnma(n, S::splat(LN2_HI), xc);
     let r = S::fnma(n, S::splat(LN2_LO), r);
@@ -37,6 +35,16 @@ pub(crate) unsafe fn exp<S: Simd>(x: S::V) -> S::V {
     ] {
         p = S::fma(p, r, S::splat(c));
     }
+    (p, n)
+}
+
+/// e^x per lane.
+#[inline(always)]
+pub(crate) unsafe fn exp<S: Simd>(x: S::V) -> S::V {
+    // Beyond these e^x is inf or 0 in f32; clamping keeps 2^n in ldexp's range. The
+    // one-instruction clamps return their second operand on NaN: x goes second.
+    let xc = S::min_fast(S::splat(89.0), S::max_fast(S::splat(-104.0), x));
+    let (p, n) = reduced::<S>(xc);
     let y = S::ldexp(p, n);
     // NaN in, NaN out (the clamp above already made it NaN, this keeps its payload).
     S::select(S::is_nan(x), x, y)
@@ -52,21 +60,7 @@ pub(crate) unsafe fn exp<S: Simd>(x: S::V) -> S::V {
 pub(crate) unsafe fn exp_softmax<S: Simd>(x: S::V) -> S::V {
     // max_fast/min_fast return their second operand when either is NaN: x goes second.
     let xc = S::min_fast(S::splat(88.0), S::max_fast(S::splat(-87.3), x));
-    let n = S::round(S::mul(xc, S::splat(LOG2E)));
-    let r = S::fnma(n, S::splat(LN2_HI), xc);
-    let r = S::fnma(n, S::splat(LN2_LO), r);
-    let mut p = S::splat(1.0 / 5040.0);
-    for c in [
-        1.0 / 720.0,
-        1.0 / 120.0,
-        1.0 / 24.0,
-        1.0 / 6.0,
-        0.5,
-        1.0,
-        1.0,
-    ] {
-        p = S::fma(p, r, S::splat(c));
-    }
+    let (p, n) = reduced::<S>(xc);
     S::mul(p, S::pow2i(n))
 }
 

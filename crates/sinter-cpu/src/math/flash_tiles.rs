@@ -209,8 +209,14 @@ pub unsafe fn logits(
     (tile, ld): (&mut [f32], usize),
     block_max: &mut [f32],
 ) {
-    check_tile(isa, live.len(), nk, tile.len(), ld);
-    check_packed(isa, live.len(), d, qt.len(), qt_stride);
+    check_scores(
+        isa,
+        live.len(),
+        nk,
+        (tile.len(), ld),
+        (qt.len(), qt_stride),
+        d,
+    );
     assert!(block_max.len() >= ld, "logits: block_max shorter than {ld}");
     let lim = live_lanes(live);
     block_max[..ld].fill(f32::NEG_INFINITY);
@@ -257,8 +263,14 @@ pub unsafe fn probabilities(
     lse: &[f32],
     (tile, ld): (&mut [f32], usize),
 ) {
-    check_tile(isa, live.len(), nk, tile.len(), ld);
-    check_packed(isa, live.len(), d, qt.len(), qt_stride);
+    check_scores(
+        isa,
+        live.len(),
+        nk,
+        (tile.len(), ld),
+        (qt.len(), qt_stride),
+        d,
+    );
     assert_eq!(lse.len(), live.len(), "probabilities: lse per query");
     let (lim, lse) = (live_lanes(live), padded(lse));
     let t = tile.as_mut_ptr();
@@ -300,8 +312,14 @@ pub unsafe fn softmax_grad(
     p: &[f32],
     (ds, ld): (&mut [f32], usize),
 ) {
-    check_tile(isa, live.len(), nk, ds.len(), ld);
-    check_packed(isa, live.len(), d, dot.len(), dot_stride);
+    check_scores(
+        isa,
+        live.len(),
+        nk,
+        (ds.len(), ld),
+        (dot.len(), dot_stride),
+        d,
+    );
     assert!(p.len() >= nk * ld, "softmax_grad: p shorter than the tile");
     assert_eq!(dsum.len(), live.len(), "softmax_grad: D per query");
     let dsum = padded(dsum);
@@ -581,6 +599,20 @@ fn check_tile(isa: Isa, queries: usize, keys: usize, len: usize, ld: usize) {
             && len >= keys * ld,
         "flash tiles: {queries} queries × {keys} keys do not fit a tile of {len} values at stride {ld}"
     );
+}
+
+/// The operands of a scores function fit: the tile ([`check_tile`]) and the packed queries
+/// ([`check_packed`]).
+fn check_scores(
+    isa: Isa,
+    queries: usize,
+    keys: usize,
+    (tile_len, ld): (usize, usize),
+    (packed_len, stride): (usize, usize),
+    d: usize,
+) {
+    check_tile(isa, queries, keys, tile_len, ld);
+    check_packed(isa, queries, d, packed_len, stride);
 }
 
 /// A [`pack_transposed`] buffer for `queries` queries read in vector pairs: d rows at a
