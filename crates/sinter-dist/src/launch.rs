@@ -34,6 +34,19 @@ pub struct LaunchSpec {
     /// Program each rank runs, and its arguments.
     pub program: String,
     pub args: Vec<String>,
+    /// CPU threads this node's ranks share: each gets RAYON_NUM_THREADS = its part
+    /// ([`thread_share`]). None: the ranks inherit the launcher's environment (a
+    /// RAYON_NUM_THREADS set there, else a thread per core each, which oversubscribes the
+    /// cores as soon as two ranks share a machine).
+    #[serde(default)]
+    pub cpu_threads: Option<usize>,
+}
+
+/// Local rank `local`'s part of `threads` CPU threads shared by `ranks` ranks: an equal
+/// split, the remainder to the first ranks, and at least one each.
+pub fn thread_share(threads: usize, ranks: usize, local: usize) -> usize {
+    let ranks = ranks.max(1);
+    (threads / ranks + usize::from(local < threads % ranks)).max(1)
 }
 
 /// One rank of the layout.
@@ -76,7 +89,7 @@ impl LaunchSpec {
         (0..self.nproc_per_node)
             .map(|local| {
                 let rank = node * self.nproc_per_node + local;
-                let env = vec![
+                let mut env = vec![
                     ("RANK".to_string(), rank.to_string()),
                     ("WORLD_SIZE".to_string(), world.to_string()),
                     ("LOCAL_RANK".to_string(), local.to_string()),
@@ -89,6 +102,10 @@ impl LaunchSpec {
                     ("MASTER_ADDR".to_string(), self.master_addr.clone()),
                     ("MASTER_PORT".to_string(), self.master_port.to_string()),
                 ];
+                if let Some(threads) = self.cpu_threads {
+                    let share = thread_share(threads, self.nproc_per_node, local);
+                    env.push(("RAYON_NUM_THREADS".to_string(), share.to_string()));
+                }
                 RankPlan {
                     rank,
                     local_rank: local,

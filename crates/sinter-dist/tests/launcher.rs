@@ -18,6 +18,7 @@ fn sh_spec(nproc: usize, script: &str) -> LaunchSpec {
         master_port: 29500,
         program: "sh".into(),
         args: vec!["-c".into(), script.into()],
+        cpu_threads: None,
     }
 }
 
@@ -220,6 +221,7 @@ fn dry_run_shows_layout_and_env() {
         master_port: 29500,
         program: "train".into(),
         args: vec!["--config".into(), "my run.toml".into()],
+        cpu_threads: None,
     };
     let s = dry_run(&spec);
     assert!(
@@ -395,4 +397,46 @@ fn elastic_restarts_rerun_the_group_until_it_succeeds_or_restarts_run_out() {
         e.contains("rank 1 (local rank 1 on node 0) failed with exit code 3; no restarts left (--max-restarts 1 used)"),
         "{e}"
     );
+}
+
+#[test]
+fn ranks_share_the_nodes_cpu_threads_when_asked() {
+    use sinter_dist::launch::thread_share;
+    // 7 threads over 3 ranks: 3, 2, 2; never 0 (more ranks than threads: 1 each).
+    assert_eq!(
+        (0..3).map(|r| thread_share(7, 3, r)).collect::<Vec<_>>(),
+        [3, 2, 2]
+    );
+    assert_eq!(
+        (0..4).map(|r| thread_share(2, 4, r)).collect::<Vec<_>>(),
+        [1, 1, 1, 1]
+    );
+    assert_eq!(thread_share(16, 1, 0), 16);
+
+    let mut spec = sh_spec(2, r#"echo "threads ${RAYON_NUM_THREADS:-unset}""#);
+    spec.cpu_threads = Some(5);
+    let (opts, lines) = capture(1000);
+    launch::run_with(&spec, &opts).unwrap();
+    let lines = lines.lock().unwrap().clone();
+    for want in ["[rank 0] threads 3", "[rank 1] threads 2"] {
+        assert!(lines.iter().any(|l| l == want), "{want:?} not in {lines:?}");
+    }
+    assert!(
+        dry_run(&spec).contains("RAYON_NUM_THREADS=3"),
+        "{}",
+        dry_run(&spec)
+    );
+
+    // None: the variable is left to the environment the ranks inherit.
+    spec.cpu_threads = None;
+    let (opts, lines) = capture(1000);
+    launch::run_with(&spec, &opts).unwrap();
+    let lines = lines.lock().unwrap().clone();
+    assert!(
+        !lines
+            .iter()
+            .any(|l| l.contains("threads 3") || l.contains("threads 2")),
+        "{lines:?}"
+    );
+    assert!(!dry_run(&spec).contains("RAYON_NUM_THREADS="));
 }

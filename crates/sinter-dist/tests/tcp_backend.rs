@@ -316,6 +316,7 @@ fn launcher_starts_tcp_ranks_as_processes() {
         ]
         .map(String::from)
         .to_vec(),
+        cpu_threads: None,
     };
     let lines = Arc::new(Mutex::new(Vec::new()));
     let opts = LaunchOptions {

@@ -98,7 +98,18 @@ fn spec(
         master_port,
         program: program.to_string_lossy().into_owned(),
         args,
+        cpu_threads: rank_threads(std::env::var_os("RAYON_NUM_THREADS").is_some()),
     })
+}
+
+/// The CPU threads this node's ranks share ([`LaunchSpec::cpu_threads`]): the cores this
+/// process may use (affinity and cgroup quota), unless RAYON_NUM_THREADS is set, which then
+/// reaches every rank as it is (a count per rank, as torchrun passes OMP_NUM_THREADS).
+fn rank_threads(user_set: bool) -> Option<usize> {
+    if user_set {
+        return None;
+    }
+    std::thread::available_parallelism().ok().map(|n| n.get())
 }
 
 /// `sinter launch`: re-runs this binary with the arguments after `--` in `nproc_per_node`

@@ -79,6 +79,8 @@ enum Command {
     /// Version, devices, threads and dtypes.
     Info,
     /// Start N ranks of a sinter command on this node: `sinter launch --nproc-per-node 4 -- train …`.
+    /// The ranks share the node's cores (each gets RAYON_NUM_THREADS = its part) unless
+    /// RAYON_NUM_THREADS is set, which then gives each rank that many threads.
     Launch(dist_cmd::LaunchArgs),
     /// Benchmarks: `bench cpu` (GEMM, conv, training, inference), `bench scaling` (analytic
     /// scaling model), `bench allreduce` (host all-reduce bandwidth), `bench gpu

@@ -326,6 +326,43 @@ fn a_killed_rank_fails_the_launch_naming_it_and_the_last_checkpoint_loads() {
 }
 
 #[test]
+fn launch_shares_the_cores_among_its_ranks_unless_rayon_num_threads_is_set() {
+    let dry = |threads: Option<&str>| {
+        let mut c = sinter_cmd();
+        c.args([
+            "launch",
+            "--nproc-per-node",
+            "2",
+            "--dry-run",
+            "--",
+            "train",
+        ]);
+        match threads {
+            Some(t) => c.env("RAYON_NUM_THREADS", t),
+            None => c.env_remove("RAYON_NUM_THREADS"),
+        };
+        let o = c.output().unwrap();
+        ok(&o);
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    };
+    let cores = std::thread::available_parallelism().unwrap().get();
+    let text = dry(None);
+    for (rank, share) in [(0, cores.div_ceil(2)), (1, (cores / 2).max(1))] {
+        let line = text
+            .lines()
+            .find(|l| l.contains(&format!("[rank {rank}]")))
+            .unwrap_or_else(|| panic!("no rank {rank} in {text}"));
+        assert!(
+            line.contains(&format!("RAYON_NUM_THREADS={share} "))
+                || line.ends_with(&format!("RAYON_NUM_THREADS={share}")),
+            "rank {rank} of 2 on {cores} cores: {line}"
+        );
+    }
+    // The user's count reaches every rank as it is: the launcher sets nothing over it.
+    assert!(!dry(Some("3")).contains("RAYON_NUM_THREADS="));
+}
+
+#[test]
 fn launch_dry_run_and_bench_commands() {
     let o = sinter(&[
         "launch",

@@ -12,7 +12,7 @@
 //!
 //! Engaged around each training step of a single-process run and each evaluation (the
 //! trainer, `sinter bench cpu`'s steps). Not in multi-process runs: `sinter launch` may put
-//! several ranks on one machine, each with a full pool, and a spinner would take a core from
+//! several ranks on one machine, sharing its cores, and a spinner would take a core from
 //! another rank while its own rank waits in a collective. Measured on 2 Xeon cores
 //! (2026-11-30, `sinter bench cpu`, off / on, interleaved): capped to AVX2, gpt-tiny step
 //! 17.6–17.9k → 17.6–18.6k tokens/s, llama-tiny 19.0–20.3k → 20.0–21.1k, CNN step
