@@ -7,6 +7,7 @@
 
 use rayon::prelude::*;
 use sinter_cpu::math::flash_tiles::{self, Rows, RowsMut, Side};
+use sinter_cpu::math::output_vec;
 use sinter_cpu::Isa;
 
 use super::geom::AttnGeom;
@@ -77,6 +78,15 @@ impl OutView {
     unsafe fn row(&self, b: usize, h: usize, i: usize) -> *mut f32 {
         self.ptr
             .add(self.off + b * self.sb + h * self.sh + i * self.st)
+    }
+    /// Sets rows 0..t of (b, h) to 0 (d values each).
+    ///
+    /// # Safety
+    /// As [`Self::row`] for each of those rows, which no other thread touches meanwhile.
+    unsafe fn zero_rows(&self, b: usize, h: usize, t: usize, d: usize) {
+        for i in 0..t {
+            std::slice::from_raw_parts_mut(self.row(b, h, i), d).fill(0.0);
+        }
     }
 }
 
@@ -212,7 +222,7 @@ unsafe fn forward_tile(
     // One buffer for the block's state (Qᵀ, the score tile, and per query m, l, α and the
     // block maximum); every value is written before it is read (m and l are set below), so no
     // zero fill.
-    let mut buf = sinter_cpu::math::output_vec(d * qs + BC * ld + 3 * nr + ld);
+    let mut buf = output_vec(d * qs + BC * ld + 3 * nr + ld);
     let (qt, rest) = buf.split_at_mut(d * qs);
     let (tile, rest) = rest.split_at_mut(BC * ld);
     let (m, rest) = rest.split_at_mut(nr);
@@ -273,8 +283,8 @@ unsafe fn forward_tile(
     }
 }
 
-/// The gradients' destinations: rows of dq [b, h, tq, d], dk and dv [b, kv_h, tk, d], all 0
-/// on entry (the kernels accumulate into them).
+/// The gradients' destinations: rows of dq [b, h, tq, d], dk and dv [b, kv_h, tk, d], which
+/// the kernels accumulate into after each task has zeroed its own rows.
 #[derive(Clone, Copy)]
 struct Grads {
     dq: OutView,
@@ -293,12 +303,23 @@ struct BackwardViews<'a> {
 }
 
 /// Backward over every (batch, key/value head), the query heads sharing it one after another
-/// (each adds its share of dk and dv): writes every row of dq, dk and dv, which must be 0 on
-/// entry; lse is contiguous.
+/// (each adds its share of dk and dv): writes every row of dq, dk and dv (their prior values
+/// are not read); lse is contiguous.
 fn backward_views(g: &AttnGeom, isa: Isa, x: BackwardViews, lse: &[f32], grads: Grads) {
     (0..g.b * g.kv_h).into_par_iter().for_each(|bk| {
         let (bi, hk) = (bk / g.kv_h, bk % g.kv_h);
-        for hi in hk * g.group()..(hk + 1) * g.group() {
+        let heads = hk * g.group()..(hk + 1) * g.group();
+        // The rows the kernels accumulate into start at 0, zeroed here by the task that owns
+        // them (in parallel, and warm in its cache) rather than by one memset of the buffers.
+        // SAFETY: as below: these rows are this task's alone.
+        unsafe {
+            grads.dk.zero_rows(bi, hk, g.tk, g.d);
+            grads.dv.zero_rows(bi, hk, g.tk, g.d);
+            for hi in heads.clone() {
+                grads.dq.zero_rows(bi, hi, g.tq, g.d);
+            }
+        }
+        for hi in heads {
             let bh = bi * g.h + hi;
             let lse = &lse[bh * g.tq..(bh + 1) * g.tq];
             // SAFETY: this task alone writes kv head (bi, hk)'s rows of dk and dv and the rows
@@ -331,7 +352,7 @@ unsafe fn backward_head(
     // Qᵀ and dOᵀ of the whole head (every key block reads every query block), the
     // probability and dS tiles, and D; every value is written before it is read, so no zero
     // fill.
-    let mut buf = sinter_cpu::math::output_vec(2 * d * qs + 2 * BC * ld + tq);
+    let mut buf = output_vec(2 * d * qs + 2 * BC * ld + tq);
     let (qt, rest) = buf.split_at_mut(d * qs);
     let (dot, rest) = rest.split_at_mut(d * qs);
     let (p, rest) = rest.split_at_mut(BC * ld);
@@ -421,10 +442,14 @@ pub(super) fn backward(
     lse: &[f32],
     dout: &Src,
 ) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
-    let mut dq = vec![0f32; g.b * g.h * g.tq * g.d];
-    let mut dk = vec![0f32; g.b * g.kv_h * g.tk * g.d];
-    let mut dv = vec![0f32; g.b * g.kv_h * g.tk * g.d];
-    if !dq.is_empty() && !dk.is_empty() {
+    let (nq, nk) = (g.b * g.h * g.tq * g.d, g.b * g.kv_h * g.tk * g.d);
+    if nq == 0 || nk == 0 {
+        // No queries or no keys: every gradient is 0.
+        return (vec![0f32; nq], vec![0f32; nk], vec![0f32; nk]);
+    }
+    // Every value is written by `backward_views`.
+    let (mut dq, mut dk, mut dv) = (output_vec(nq), output_vec(nk), output_vec(nk));
+    {
         let grads = Grads {
             dq: contiguous_out(&mut dq, g, g.h, g.tq),
             dk: contiguous_out(&mut dk, g, g.kv_h, g.tk),
@@ -468,8 +493,12 @@ fn forward_packed(g: &AttnGeom, qkv: &Src) -> (Vec<f32>, Vec<f32>) {
 fn backward_packed(g: &AttnGeom, qkv: &Src, y: &Src, lse: &[f32], dy: &Src) -> Vec<f32> {
     let t = g.tq;
     let ([cq, ck, cv], w) = packed_columns(g);
-    let mut dqkv = vec![0f32; g.b * t * w];
-    if !dqkv.is_empty() {
+    if g.b * t * w == 0 {
+        return Vec::new();
+    }
+    // Every value is written by `backward_views` (q, k and v's columns cover each row).
+    let mut dqkv = output_vec(g.b * t * w);
+    {
         // One pointer for the three: dv's view (the furthest columns) is bounds-checked.
         let dv = OutView::of(&mut dqkv, (g.b, g.kv_h, t, g.d), [cv, t * w, g.d, w]);
         let grads = Grads {
